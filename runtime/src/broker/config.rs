@@ -1,0 +1,187 @@
+//! System-instance bootstrap from a TOML file (the shape of flux-core's `[bootstrap]` table).
+//!
+//! ```toml
+//! [bootstrap]
+//! instance = "cluster"                 # optional name; brokers of different instances refuse each other
+//! default_port = 8050
+//! default_bind = "tcp://0.0.0.0:%p"    # %h = the host's name, %p = port
+//! default_connect = "tcp://%h:%p"
+//! hosts = [
+//!   { host = "node0", bind = "tcp://10.200.0.1:8050", connect = "tcp://10.200.0.1:8050" },
+//!   { host = "node[1-3]" },            # RFC 29 hostlist; ranks follow the order of the expanded list
+//! ]
+//! [tbon]
+//! topo = "kary:2"                      # optional
+//! ```
+
+use crate::hostlist::Hostlist;
+use serde::Deserialize;
+
+/// One `hosts` entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostEntry {
+    /// RFC 29 hostlist.
+    pub host: String,
+    /// Endpoint to bind, overriding `default_bind`.
+    pub bind: Option<String>,
+    /// Endpoint peers connect to, overriding `default_connect`.
+    pub connect: Option<String>,
+}
+
+/// The `[bootstrap]` table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bootstrap {
+    /// Instance name.
+    #[serde(default)]
+    pub instance: Option<String>,
+    /// Port substituted for `%p`.
+    #[serde(default)]
+    pub default_port: Option<u16>,
+    /// Default bind endpoint.
+    #[serde(default)]
+    pub default_bind: Option<String>,
+    /// Default connect endpoint.
+    #[serde(default)]
+    pub default_connect: Option<String>,
+    /// Hosts, in rank order.
+    pub hosts: Vec<HostEntry>,
+}
+
+/// The `[tbon]` table.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TbonTable {
+    /// `tbon.topo`.
+    pub topo: Option<String>,
+}
+
+/// A whole config file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    /// Bootstrap table.
+    pub bootstrap: Bootstrap,
+    /// Optional TBON table.
+    #[serde(default)]
+    pub tbon: TbonTable,
+}
+
+/// One rank of the instance, resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankEndpoint {
+    /// Host name.
+    pub host: String,
+    /// Endpoint to bind.
+    pub bind: String,
+    /// Endpoint to connect to.
+    pub connect: String,
+}
+
+/// Error in a config file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// File unreadable.
+    #[error("{path}: {err}")]
+    Read {
+        /// Path.
+        path: String,
+        /// Error.
+        err: std::io::Error,
+    },
+    /// Not valid TOML or wrong shape.
+    #[error("{path}: {err}")]
+    Parse {
+        /// Path.
+        path: String,
+        /// Error.
+        err: String,
+    },
+    /// Host not found.
+    #[error("host '{0}' is not listed in bootstrap.hosts (use --hostname or --rank to override)")]
+    UnknownHost(String),
+    /// Missing endpoint.
+    #[error("bootstrap.hosts: no {what} endpoint for host '{host}' and no default_{what}")]
+    NoEndpoint {
+        /// bind or connect.
+        what: &'static str,
+        /// Host.
+        host: String,
+    },
+}
+
+impl ConfigFile {
+    /// Read and parse a config file.
+    pub fn load(path: &str) -> Result<ConfigFile, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|err| ConfigError::Read { path: path.into(), err })?;
+        ConfigFile::parse(&text).map_err(|err| ConfigError::Parse { path: path.into(), err })
+    }
+
+    /// Parse config text.
+    pub fn parse(text: &str) -> Result<ConfigFile, String> {
+        let c: ConfigFile = toml::from_str(text).map_err(|e| e.to_string())?;
+        if c.bootstrap.hosts.is_empty() {
+            return Err("bootstrap.hosts: must list at least one host".into());
+        }
+        Ok(c)
+    }
+
+    /// Every rank's host and endpoints, in rank order.
+    pub fn ranks(&self) -> Result<Vec<RankEndpoint>, ConfigError> {
+        let b = &self.bootstrap;
+        let port = b.default_port.map(|p| p.to_string()).unwrap_or_default();
+        let mut out = Vec::new();
+        for (i, e) in b.hosts.iter().enumerate() {
+            let hl = Hostlist::parse(&e.host).map_err(|err| ConfigError::Parse { path: format!("bootstrap.hosts[{i}].host"), err: err.to_string() })?;
+            for h in hl.iter() {
+                let sub = |t: &str| t.replace("%h", h).replace("%p", &port);
+                let bind = e.bind.as_deref().or(b.default_bind.as_deref()).map(sub).ok_or(ConfigError::NoEndpoint { what: "bind", host: h.to_string() })?;
+                let connect = e.connect.as_deref().or(b.default_connect.as_deref()).map(sub).ok_or(ConfigError::NoEndpoint { what: "connect", host: h.to_string() })?;
+                out.push(RankEndpoint { host: h.to_string(), bind, connect });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Rank of `hostname`.
+    pub fn rank_of(&self, hostname: &str) -> Result<u32, ConfigError> {
+        self.ranks()?.iter().position(|r| r.host == hostname).map(|p| p as u32).ok_or_else(|| ConfigError::UnknownHost(hostname.into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expands_hosts_and_defaults() {
+        let c = ConfigFile::parse(
+            r#"
+[bootstrap]
+default_port = 8050
+default_bind = "tcp://0.0.0.0:%p"
+default_connect = "tcp://%h:%p"
+hosts = [ { host = "node0", bind = "tcp://10.200.0.1:9000", connect = "tcp://10.200.0.1:9000" }, { host = "node[1-3]" } ]
+[tbon]
+topo = "kary:2"
+"#,
+        )
+        .unwrap();
+        let r = c.ranks().unwrap();
+        assert_eq!(r.len(), 4);
+        assert_eq!(r[0].connect, "tcp://10.200.0.1:9000");
+        assert_eq!(r[2].connect, "tcp://node2:8050");
+        assert_eq!(c.rank_of("node3").unwrap(), 3);
+        assert!(matches!(c.rank_of("nope"), Err(ConfigError::UnknownHost(_))));
+        assert_eq!(c.tbon.topo.as_deref(), Some("kary:2"));
+    }
+
+    #[test]
+    fn rejects_bad_configs() {
+        assert!(ConfigFile::parse("[bootstrap]\nhosts = []").is_err());
+        assert!(ConfigFile::parse("[bootstrap]\nhosts = [{host='a'}]\nbogus = 1").is_err());
+        let c = ConfigFile::parse("[bootstrap]\nhosts = [{host='a'}]").unwrap();
+        assert!(matches!(c.ranks(), Err(ConfigError::NoEndpoint { .. })));
+    }
+}

@@ -1,0 +1,770 @@
+//! Broker core: state, routing and the main loop.
+
+use super::local;
+use super::transport::{link_from_stream, Link, LinkEvent, LinkTx, TcpTransport, Transport};
+use crate::hwloc::{NodeResources, NodeTopology, TopologySource};
+use crate::idset::IdSet;
+use crate::jobs::{Action, JobCore, JobId};
+use crate::message::{errno, Message, MsgType, FLAG_NORESPONSE, NODEID_ANY, NODEID_UPSTREAM, ROUTE_LOCAL};
+use crate::shellproto::{ShellExit, ShellReport};
+use crate::topology::{Hop, Topology};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc;
+use tracing::{debug, error, info, warn};
+
+/// How a broker gets its overlay listening socket.
+#[derive(Debug, Clone)]
+pub enum ListenSpec {
+    /// An already bound TCP listener inherited from `vigil start` (file descriptor number).
+    Fd(i32),
+    /// Bind this endpoint (`tcp://host:port`).
+    Endpoint(String),
+}
+
+/// Everything a broker needs to start.
+#[derive(Debug, Clone)]
+pub struct BrokerOptions {
+    /// This broker's rank.
+    pub rank: u32,
+    /// Number of brokers.
+    pub size: u32,
+    /// TBON shape.
+    pub topo: Topology,
+    /// Host name reported to rank 0.
+    pub hostname: String,
+    /// Instance identifier (peers with another id are refused).
+    pub instance: String,
+    /// Connect endpoint of every rank, by rank (only the parent's is used).
+    pub endpoints: Vec<String>,
+    /// Overlay listener.
+    pub listen: ListenSpec,
+    /// Directory for sockets and logs.
+    pub rundir: PathBuf,
+    /// Attributes set with `-S` (reported by getattr).
+    pub attrs: BTreeMap<String, String>,
+    /// Initial program (rank 0 only); `None` = run none and stay up until signalled.
+    pub initial_program: Option<Vec<String>>,
+    /// Where this node's topology comes from.
+    pub topology: TopologySource,
+    /// Declared GPU count overriding discovery.
+    pub declared_gpus: Option<u32>,
+    /// Seconds to wait for the parent to accept our connection.
+    pub connect_timeout: f64,
+}
+
+/// Inputs of the core loop.
+pub(crate) enum Input {
+    Peer(Peer, u64, Message),
+    PeerClosed(Peer, u64, String),
+    ChildHello { conn: u64, msg: Message, link_tx: LinkTx, peer: String, rx: mpsc::UnboundedReceiver<LinkEvent> },
+    LocalNew { id: u32, uid: u32, tx: LinkTx },
+    ShellDone { id: JobId, report: Option<ShellReport>, status: i32 },
+    InitialExit(i32),
+    Signal(i32),
+}
+
+/// Who a message came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Peer {
+    Parent,
+    Child(u32),
+    Local(u32),
+}
+
+pub(crate) struct ChildLink {
+    pub tx: LinkTx,
+    pub conn: u64,
+}
+
+pub(crate) struct LocalClient {
+    pub tx: LinkTx,
+    pub uid: u32,
+    pub subs: Vec<String>,
+    pub streaming: bool,
+}
+
+/// What an internal request (sent by the core itself) was for.
+pub(crate) enum Internal {
+    Spawn { id: JobId, rank: u32 },
+    Ignore,
+}
+
+/// Liveness of a rank as rank 0 knows it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum MemberState {
+    Online,
+    Offline,
+    Lost,
+}
+
+/// A streaming request for a job's eventlog and/or output.
+pub(crate) struct Watcher {
+    pub req: Message,
+    pub id: JobId,
+    pub ev_pos: usize,
+    pub out_pos: usize,
+    pub eventlog: bool,
+    pub output: bool,
+    pub follow: bool,
+}
+
+pub(crate) struct Core {
+    pub opts: BrokerOptions,
+    pub uid: u32,
+    pub start: Instant,
+    pub started_at: f64,
+    pub resources: NodeResources,
+    pub transport: &'static str,
+    pub input_tx: mpsc::UnboundedSender<Input>,
+    pub parent: Option<LinkTx>,
+    pub children: HashMap<u32, ChildLink>,
+    pub locals: HashMap<u32, LocalClient>,
+    pub event_seq: u32,
+    pub internal: HashMap<u32, Internal>,
+    pub next_tag: u32,
+    pub shells: HashMap<JobId, i32>,
+    pub jobcore: Option<JobCore>,
+    pub watchers: Vec<Watcher>,
+    pub members: BTreeMap<u32, (MemberState, String)>,
+    pub shutting_down: Option<Instant>,
+    pub initial_started: bool,
+    pub exit_code: i32,
+    pub local_uri: String,
+}
+
+pub(crate) fn now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+/// How long a broker waits for its children to leave during shutdown.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Run a broker until the instance shuts down; returns the process exit code (rank 0: the initial program's).
+pub async fn run(opts: BrokerOptions) -> i32 {
+    match run_inner(opts).await {
+        Ok(code) => code,
+        Err(e) => {
+            error!("{e}");
+            eprintln!("vigil-broker: {e}");
+            1
+        }
+    }
+}
+
+async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
+    let rank = opts.rank;
+    // Discover the node (hwloc): degrade to a plain CPU count if hwloc fails.
+    let resources = match NodeTopology::load(&opts.topology) {
+        Ok(t) => t.resources(opts.declared_gpus),
+        Err(e) => {
+            let n = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
+            warn!("hwloc topology unavailable ({e}); falling back to {n} cores from the CPU count");
+            NodeResources { cores: n, pus: n, numa: 1, packages: 1, gpus: opts.declared_gpus.unwrap_or(0), gpu_names: vec![], source: "cpu-count".into() }
+        }
+    };
+    info!(rank, cores = resources.cores, gpus = resources.gpus, source = %resources.source, "node discovered");
+
+    let (input_tx, mut input_rx) = mpsc::unbounded_channel::<Input>();
+
+    // Overlay listener.
+    let listener = match &opts.listen {
+        ListenSpec::Fd(fd) => {
+            // SAFETY: `vigil start` bound this TCP listener and passed us its descriptor, which nothing else in
+            // this process owns; we take ownership exactly once here.
+            let std_l = unsafe { <std::net::TcpListener as std::os::fd::FromRawFd>::from_raw_fd(*fd) };
+            std_l.set_nonblocking(true).map_err(|e| format!("listener fd {fd}: {e}"))?;
+            tokio::net::TcpListener::from_std(std_l).map_err(|e| format!("listener fd {fd}: {e}"))?
+        }
+        ListenSpec::Endpoint(ep) => {
+            let addr = ep.strip_prefix("tcp://").unwrap_or(ep);
+            tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot bind overlay endpoint {ep}: {e}"))?
+        }
+    };
+    let tx2 = input_tx.clone();
+    let instance = opts.instance.clone();
+    tokio::spawn(accept_children(listener, tx2, instance));
+
+    // Local connector.
+    std::fs::create_dir_all(&opts.rundir).map_err(|e| format!("cannot create rundir {}: {e}", opts.rundir.display()))?;
+    let sock = opts.rundir.join(format!("local-{rank}"));
+    let _ = std::fs::remove_file(&sock);
+    let ul = tokio::net::UnixListener::bind(&sock).map_err(|e| format!("cannot bind {}: {e}", sock.display()))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        // Access control is the SO_PEERCRED check, which gives a clear refusal; the file mode stays open.
+        let _ = std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o777));
+    }
+    let uid = nix::unistd::getuid().as_raw();
+    let local_uri = format!("local://{}", sock.display());
+    tokio::spawn(local::accept_local(ul, input_tx.clone(), uid, rank, opts.size, opts.instance.clone()));
+
+    // Signals.
+    for (kind, num) in [(tokio::signal::unix::SignalKind::terminate(), libc::SIGTERM), (tokio::signal::unix::SignalKind::interrupt(), libc::SIGINT), (tokio::signal::unix::SignalKind::hangup(), libc::SIGHUP)] {
+        if let Ok(mut s) = tokio::signal::unix::signal(kind) {
+            let tx = input_tx.clone();
+            tokio::spawn(async move {
+                while s.recv().await.is_some() {
+                    let _ = tx.send(Input::Signal(num));
+                }
+            });
+        }
+    }
+
+    let started_at = now();
+    let mut core = Core {
+        uid,
+        start: Instant::now(),
+        started_at,
+        resources,
+        transport: TcpTransport.name(),
+        input_tx: input_tx.clone(),
+        parent: None,
+        children: HashMap::new(),
+        locals: HashMap::new(),
+        event_seq: 0,
+        internal: HashMap::new(),
+        next_tag: 1,
+        shells: HashMap::new(),
+        jobcore: if rank == 0 { Some(JobCore::new(started_at)) } else { None },
+        watchers: Vec::new(),
+        members: BTreeMap::new(),
+        shutting_down: None,
+        initial_started: false,
+        exit_code: 0,
+        local_uri,
+        opts,
+    };
+    if let Some(jc) = core.jobcore.as_mut() {
+        if let Some(k) = core.opts.attrs.get("exec.kill-timeout").and_then(|v| crate::duration::parse_duration_secs(v).ok()) {
+            jc.kill_timeout = k;
+        }
+    }
+
+    // Connect to the parent.
+    if let Some(parent) = core.opts.topo.parent(core.opts.size, rank) {
+        let ep = core.opts.endpoints.get(parent as usize).cloned().ok_or_else(|| format!("no endpoint for parent rank {parent}"))?;
+        let link = connect_parent(&core, &ep).await?;
+        core.parent = Some(link.tx.clone());
+        let tx = input_tx.clone();
+        tokio::spawn(pump(link.rx, Peer::Parent, 0, tx));
+        info!(rank, parent, "connected to parent at {ep}");
+    }
+    // Register with rank 0 (locally on rank 0).
+    let reg = json!({"rank": rank, "hostname": core.opts.hostname, "resources": core.resources,
+        "topology": topology_string(&core.opts.topology), "declared_gpus": core.opts.declared_gpus});
+    let mut m = Message::request("resource.register", 0, &reg);
+    m.flags = FLAG_NORESPONSE;
+    core.route_request(Peer::Local(u32::MAX), m);
+
+    loop {
+        let deadline = core.next_deadline();
+        let input = tokio::select! {
+            i = input_rx.recv() => i,
+            _ = sleep_until(deadline) => None,
+        };
+        match input {
+            Some(i) => core.handle(i),
+            None => core.on_timer(),
+        }
+        core.drain_actions();
+        if core.finished() {
+            break;
+        }
+    }
+    core.cleanup();
+    info!(rank, code = core.exit_code, "broker exiting");
+    Ok(core.exit_code)
+}
+
+async fn sleep_until(t: Option<Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(tokio::time::Instant::from_std(t)).await,
+        None => std::future::pending::<()>().await,
+    }
+}
+
+fn topology_string(t: &TopologySource) -> String {
+    match t {
+        TopologySource::Live => "live".into(),
+        TopologySource::Synthetic(s) => format!("synthetic:{s}"),
+        TopologySource::XmlFile(p) => format!("xml:{}", p.display()),
+    }
+}
+
+/// Forward a link's events into the core as inputs tagged with the peer.
+pub(crate) async fn pump(mut rx: mpsc::UnboundedReceiver<LinkEvent>, peer: Peer, conn: u64, tx: mpsc::UnboundedSender<Input>) {
+    while let Some(ev) = rx.recv().await {
+        let i = match ev {
+            LinkEvent::Message(m) => Input::Peer(peer, conn, m),
+            LinkEvent::Closed(why) => {
+                let _ = tx.send(Input::PeerClosed(peer, conn, why));
+                return;
+            }
+        };
+        if tx.send(i).is_err() {
+            return;
+        }
+    }
+    let _ = tx.send(Input::PeerClosed(peer, conn, "link dropped".into()));
+}
+
+async fn accept_children(l: tokio::net::TcpListener, tx: mpsc::UnboundedSender<Input>, _instance: String) {
+    let mut conn: u64 = 0;
+    loop {
+        let (s, addr) = match l.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                warn!("overlay accept: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = s.set_nodelay(true);
+        conn += 1;
+        let c = conn;
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let mut link = link_from_stream(s, addr.to_string());
+            // The first message must be a hello, within 5 s.
+            let first = tokio::time::timeout(Duration::from_secs(5), link.rx.recv()).await;
+            match first {
+                Ok(Some(LinkEvent::Message(m))) if m.msgtype == MsgType::Control && m.topic == "hello" => {
+                    let _ = tx.send(Input::ChildHello { conn: c, msg: m, link_tx: link.tx, peer: link.peer, rx: link.rx });
+                }
+                Ok(Some(LinkEvent::Message(m))) => {
+                    warn!("overlay peer {addr}: expected hello, got {:?} '{}'; disconnecting", m.msgtype, m.topic);
+                }
+                Ok(Some(LinkEvent::Closed(why))) => warn!("overlay peer {addr} disconnected before hello: {why}"),
+                Ok(None) => {}
+                Err(_) => warn!("overlay peer {addr}: no hello within 5s; disconnecting"),
+            }
+        });
+    }
+}
+
+async fn connect_parent(core: &Core, ep: &str) -> Result<Link, String> {
+    let deadline = Instant::now() + Duration::from_secs_f64(core.opts.connect_timeout);
+    let mut delay = Duration::from_millis(5);
+    loop {
+        match TcpTransport.connect(ep.to_string()).await {
+            Ok(mut link) => {
+                let hello = Message::control(
+                    "hello",
+                    &json!({"rank": core.opts.rank, "instance": core.opts.instance, "version": crate::message::WIRE_VERSION, "hostname": core.opts.hostname}),
+                );
+                let _ = link.tx.send(hello);
+                match tokio::time::timeout(Duration::from_secs(10), link.rx.recv()).await {
+                    Ok(Some(LinkEvent::Message(m))) if m.topic == "hello-ack" => return Ok(link),
+                    Ok(Some(LinkEvent::Message(m))) if m.topic == "refused" => {
+                        return Err(format!("parent at {ep} refused us: {}", m.errstr().unwrap_or_default()))
+                    }
+                    other => warn!("parent at {ep}: bad handshake ({:?}); retrying", other.map(|o| o.map(|e| format!("{e:?}")))),
+                }
+            }
+            Err(e) => debug!("connect {ep}: {e}"),
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("could not connect to parent at {ep} within {}s", core.opts.connect_timeout));
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(200));
+    }
+}
+
+impl Core {
+    pub(crate) fn rank(&self) -> u32 {
+        self.opts.rank
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        let mut t: Option<Instant> = None;
+        if let Some(jc) = &self.jobcore {
+            if let Some(d) = jc.next_deadline() {
+                let dt = (d - now()).max(0.0);
+                t = Some(Instant::now() + Duration::from_secs_f64(dt));
+            }
+        }
+        if let Some(s) = self.shutting_down {
+            let d = s + SHUTDOWN_GRACE;
+            t = Some(t.map_or(d, |x| x.min(d)));
+        }
+        t
+    }
+
+    fn on_timer(&mut self) {
+        let n = now();
+        if let Some(jc) = self.jobcore.as_mut() {
+            jc.handle_timeout(n);
+        }
+    }
+
+    fn finished(&self) -> bool {
+        match self.shutting_down {
+            Some(s) => self.children.is_empty() || s.elapsed() >= SHUTDOWN_GRACE,
+            None => false,
+        }
+    }
+
+    fn cleanup(&mut self) {
+        for (_, pgid) in self.shells.drain() {
+            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
+        }
+        let _ = std::fs::remove_file(self.opts.rundir.join(format!("local-{}", self.rank())));
+    }
+
+    pub(crate) fn begin_shutdown(&mut self, why: &str) {
+        if self.shutting_down.is_some() {
+            return;
+        }
+        info!(rank = self.rank(), "shutting down: {why}");
+        self.shutting_down = Some(Instant::now());
+        for c in self.children.values() {
+            let _ = c.tx.send(Message::control("shutdown", &json!({"reason": why})));
+        }
+        for (_, pgid) in self.shells.iter() {
+            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(*pgid), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+
+    fn handle(&mut self, input: Input) {
+        match input {
+            Input::Peer(peer, conn, msg) => {
+                if let Peer::Child(r) = peer {
+                    if self.children.get(&r).map(|c| c.conn) != Some(conn) {
+                        return; // stale link
+                    }
+                }
+                self.on_message(peer, msg);
+            }
+            Input::PeerClosed(peer, conn, why) => self.on_closed(peer, conn, &why),
+            Input::ChildHello { conn, msg, link_tx, peer, rx } => self.on_hello(conn, msg, link_tx, peer, rx),
+            Input::LocalNew { id, uid, tx } => {
+                self.locals.insert(id, LocalClient { tx, uid, subs: Vec::new(), streaming: false });
+            }
+            Input::ShellDone { id, report, status } => {
+                self.shells.remove(&id);
+                let exit = ShellExit { id: id.0, rank: self.rank(), report, shell_status: status };
+                let mut m = Message::request(crate::shellproto::TOPIC_SHELL_EXIT, 0, &exit);
+                m.flags = FLAG_NORESPONSE;
+                self.route_request(Peer::Local(u32::MAX), m);
+            }
+            Input::InitialExit(code) => {
+                info!("initial program exited with code {code}");
+                self.exit_code = code;
+                self.begin_shutdown("initial program exited");
+            }
+            Input::Signal(sig) => {
+                if sig == libc::SIGTERM || (self.rank() == 0 && self.opts.initial_program.is_none()) {
+                    if self.exit_code == 0 {
+                        self.exit_code = 128 + sig;
+                    }
+                    self.begin_shutdown(&format!("signal {sig}"));
+                } else {
+                    debug!("ignoring signal {sig}; the initial program handles it");
+                }
+            }
+        }
+    }
+
+    fn on_hello(&mut self, conn: u64, msg: Message, tx: LinkTx, peer: String, rx: mpsc::UnboundedReceiver<LinkEvent>) {
+        let v = msg.json();
+        let rank = v.get("rank").and_then(Value::as_u64).map(|r| r as u32);
+        let inst = v.get("instance").and_then(Value::as_str).unwrap_or("");
+        let refuse = |why: String| {
+            warn!("refusing overlay peer {peer}: {why}");
+            let _ = tx.send(Message::control("refused", &json!({"errstr": why})));
+        };
+        let Some(rank) = rank else { return refuse("hello without a rank".into()) };
+        if inst != self.opts.instance {
+            return refuse(format!("rank {rank} belongs to instance '{inst}', not '{}'", self.opts.instance));
+        }
+        if self.opts.topo.parent(self.opts.size, rank) != Some(self.rank()) {
+            return refuse(format!("rank {rank} is not a child of rank {}", self.rank()));
+        }
+        if self.shutting_down.is_some() {
+            return refuse("broker is shutting down".into());
+        }
+        if let Some(old) = self.children.remove(&rank) {
+            warn!("rank {rank} reconnected; dropping its old link");
+            drop(old);
+        }
+        let _ = tx.send(Message::control("hello-ack", &json!({"rank": self.rank()})));
+        self.children.insert(rank, ChildLink { tx, conn });
+        tokio::spawn(pump(rx, Peer::Child(rank), conn, self.input_tx.clone()));
+        debug!("child rank {rank} connected from {peer}");
+    }
+
+    fn on_closed(&mut self, peer: Peer, conn: u64, why: &str) {
+        match peer {
+            Peer::Parent => {
+                if self.shutting_down.is_none() {
+                    error!("lost connection to parent: {why}; exiting");
+                    self.exit_code = 1;
+                    self.begin_shutdown("lost parent");
+                }
+                self.parent = None;
+                // No parent: nothing more to wait for beyond our own children.
+            }
+            Peer::Child(r) => {
+                if self.children.get(&r).map(|c| c.conn) != Some(conn) {
+                    return;
+                }
+                self.children.remove(&r);
+                let subtree: IdSet = self.opts.topo.subtree(self.opts.size, r).into_iter().collect();
+                if self.shutting_down.is_some() {
+                    debug!("child rank {r} left");
+                    return;
+                }
+                warn!("lost child rank {r} ({why}); subtree {subtree} is lost");
+                let mut m = Message::request("overlay.lost", 0, &json!({"ranks": subtree.to_string(), "reason": why}));
+                m.flags = FLAG_NORESPONSE;
+                self.route_request(Peer::Local(u32::MAX), m);
+            }
+            Peer::Local(id) => {
+                if let Some(c) = self.locals.remove(&id) {
+                    if c.streaming {
+                        // Let rank 0 drop watchers this client left behind.
+                        let mut m = Message::request("job-info.disconnect", 0, &json!({}));
+                        m.flags = FLAG_NORESPONSE;
+                        self.route_request(Peer::Local(id), m);
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_message(&mut self, from: Peer, msg: Message) {
+        match msg.msgtype {
+            MsgType::Request => self.route_request(from, msg),
+            MsgType::Response => self.route_response(msg),
+            MsgType::Event => {
+                if from == Peer::Parent {
+                    self.deliver_event(msg);
+                } else {
+                    warn!("dropping event '{}' from {from:?}: events flow down from rank 0 only", msg.topic);
+                }
+            }
+            MsgType::Control => match (from, msg.topic.as_str()) {
+                (Peer::Parent, "shutdown") => self.begin_shutdown("parent is shutting down"),
+                (_, t) => debug!("ignoring control '{t}' from {from:?}"),
+            },
+        }
+    }
+
+    pub(crate) fn send_to(&self, peer: Peer, msg: Message) -> bool {
+        let tx = match peer {
+            Peer::Parent => self.parent.as_ref(),
+            Peer::Child(r) => self.children.get(&r).map(|c| &c.tx),
+            Peer::Local(id) => self.locals.get(&id).map(|c| &c.tx),
+        };
+        tx.is_some_and(|t| t.send(msg).is_ok())
+    }
+
+    /// Route a request: stamp the route, deliver locally or forward towards `nodeid`.
+    pub(crate) fn route_request(&mut self, from: Peer, mut msg: Message) {
+        match from {
+            Peer::Local(id) => {
+                if id != u32::MAX {
+                    msg.userid = self.locals.get(&id).map(|c| c.uid).unwrap_or(u32::MAX);
+                    msg.route.push(ROUTE_LOCAL | id);
+                } else {
+                    msg.userid = self.uid;
+                }
+                if msg.nodeid == NODEID_UPSTREAM {
+                    match self.opts.topo.parent(self.opts.size, self.rank()) {
+                        Some(p) => msg.nodeid = p,
+                        None => return self.respond_error(&msg, errno::EHOSTUNREACH, "rank 0 has no upstream"),
+                    }
+                }
+            }
+            Peer::Child(r) => msg.route.push(r),
+            Peer::Parent => msg.route.push(self.opts.topo.parent(self.opts.size, self.rank()).unwrap_or(0)),
+        }
+        if msg.route.len() > crate::message::MAX_ROUTE {
+            return self.respond_error(&msg, errno::EPROTO, "route too deep");
+        }
+        let service = msg.topic.split('.').next().unwrap_or("").to_string();
+        let local = super::services::offers(self.rank(), &service);
+        let hop = if msg.nodeid == NODEID_ANY {
+            if local {
+                Hop::Local
+            } else {
+                Hop::Parent
+            }
+        } else if msg.nodeid >= self.opts.size {
+            return self.respond_error(&msg, errno::EHOSTUNREACH, &format!("no such rank {} (size {})", msg.nodeid, self.opts.size));
+        } else {
+            self.opts.topo.next_hop(self.opts.size, self.rank(), msg.nodeid)
+        };
+        match hop {
+            Hop::Local => super::services::dispatch(self, msg),
+            Hop::Child(c) => {
+                if !self.send_to(Peer::Child(c), msg.clone()) {
+                    self.respond_error(&msg, errno::EHOSTUNREACH, &format!("rank {} is unreachable (rank {c} is not connected)", msg.nodeid));
+                }
+            }
+            Hop::Parent => {
+                if self.parent.is_none() {
+                    let e = if msg.nodeid == NODEID_ANY { errno::ENOSYS } else { errno::EHOSTUNREACH };
+                    let why = if e == errno::ENOSYS { format!("no service offers '{}'", msg.topic) } else { "parent not connected".into() };
+                    return self.respond_error(&msg, e, &why);
+                }
+                self.send_to(Peer::Parent, msg);
+            }
+        }
+    }
+
+    /// Route a response back along its route stack.
+    pub(crate) fn route_response(&mut self, mut msg: Message) {
+        match msg.route.pop() {
+            None => self.internal_response(msg),
+            Some(e) if e & ROUTE_LOCAL != 0 => {
+                let id = e & !ROUTE_LOCAL;
+                if id == (u32::MAX & !ROUTE_LOCAL) {
+                    return self.internal_response(msg);
+                }
+                self.send_to(Peer::Local(id), msg);
+            }
+            Some(r) => {
+                let peer = if Some(r) == self.opts.topo.parent(self.opts.size, self.rank()) { Peer::Parent } else { Peer::Child(r) };
+                if !self.send_to(peer, msg) {
+                    debug!("dropping response: {peer:?} gone");
+                }
+            }
+        }
+    }
+
+    pub(crate) fn respond(&mut self, req: &Message, payload: &impl serde::Serialize) {
+        if req.flags & FLAG_NORESPONSE != 0 {
+            return;
+        }
+        let r = Message::response_to(req, payload);
+        self.route_response(r);
+    }
+
+    pub(crate) fn respond_error(&mut self, req: &Message, errnum: u32, errstr: &str) {
+        if req.flags & FLAG_NORESPONSE != 0 {
+            if errnum != errno::ENODATA {
+                debug!("request '{}' failed: {errstr}", req.topic);
+            }
+            return;
+        }
+        let r = Message::error_to(req, errnum, errstr);
+        self.route_response(r);
+    }
+
+    /// Send a request from the core itself; its response comes back to [`Core::internal_response`].
+    pub(crate) fn internal_request(&mut self, topic: &str, nodeid: u32, payload: &Value, purpose: Internal) {
+        let tag = self.next_tag;
+        self.next_tag = self.next_tag.wrapping_add(1).max(1);
+        let mut m = Message::request(topic, nodeid, payload);
+        m.matchtag = tag;
+        self.internal.insert(tag, purpose);
+        self.route_request(Peer::Local(u32::MAX), m);
+    }
+
+    fn internal_response(&mut self, msg: Message) {
+        let Some(purpose) = self.internal.remove(&msg.matchtag) else { return };
+        match purpose {
+            Internal::Spawn { id, rank } => {
+                let r = if msg.errnum == 0 { Ok(()) } else { Err(msg.errstr().unwrap_or_else(|| crate::client::errno_str(msg.errnum).into())) };
+                if let Some(jc) = self.jobcore.as_mut() {
+                    jc.shell_spawned(now(), id, rank, r);
+                }
+            }
+            Internal::Ignore => {}
+        }
+    }
+
+    /// Publish an event (rank 0 only): sequence it and send it down the tree.
+    pub(crate) fn publish(&mut self, topic: &str, payload: &Value) {
+        if self.rank() != 0 {
+            let mut m = Message::request("broker.pub", 0, &json!({"topic": topic, "payload": payload}));
+            m.flags = FLAG_NORESPONSE;
+            return self.route_request(Peer::Local(u32::MAX), m);
+        }
+        self.event_seq += 1;
+        let mut m = Message::event(topic, payload);
+        m.seq = self.event_seq;
+        self.deliver_event(m);
+    }
+
+    fn deliver_event(&mut self, msg: Message) {
+        for c in self.children.values() {
+            let _ = c.tx.send(msg.clone());
+        }
+        for c in self.locals.values() {
+            if c.subs.iter().any(|s| msg.topic.starts_with(s.as_str())) {
+                let _ = c.tx.send(msg.clone());
+            }
+        }
+    }
+
+    /// Carry out what the job core asked for, and wake watchers.
+    pub(crate) fn drain_actions(&mut self) {
+        loop {
+            let Some(a) = self.jobcore.as_mut().and_then(|j| j.poll_action()) else { break };
+            match a {
+                Action::SpawnShell { id, rank, input } => {
+                    let payload = json!({"id": id.0, "input": *input});
+                    self.internal_request("rexec.spawn", rank, &payload, Internal::Spawn { id, rank });
+                }
+                Action::SignalShells { id, ranks, signal } => {
+                    for r in ranks {
+                        let mut m = Message::request("rexec.kill", r, &json!({"id": id.0, "signal": signal}));
+                        m.flags = FLAG_NORESPONSE;
+                        self.route_request(Peer::Local(u32::MAX), m);
+                    }
+                }
+                Action::Updated(id) => super::services::wake_watchers(self, id),
+            }
+        }
+        self.maybe_start_initial();
+    }
+
+    fn maybe_start_initial(&mut self) {
+        if self.initial_started || self.rank() != 0 || self.shutting_down.is_some() {
+            return;
+        }
+        let Some(jc) = &self.jobcore else { return };
+        if (jc.pool.ranks.len() as u32) < self.opts.size {
+            return;
+        }
+        self.initial_started = true;
+        info!("instance of {} brokers is up after {:.3}s", self.opts.size, self.start.elapsed().as_secs_f64());
+        let Some(argv) = self.opts.initial_program.clone() else { return };
+        let tx = self.input_tx.clone();
+        let uri = self.local_uri.clone();
+        tokio::spawn(async move {
+            let code = run_initial(argv, uri).await;
+            let _ = tx.send(Input::InitialExit(code));
+        });
+    }
+}
+
+async fn run_initial(argv: Vec<String>, uri: String) -> i32 {
+    let mut cmd = tokio::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..]).env(crate::client::URI_ENV, &uri);
+    if let Some(dir) = std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.to_path_buf())) {
+        let path = std::env::var("PATH").unwrap_or_default();
+        cmd.env("PATH", format!("{}:{path}", dir.display()));
+    }
+    match cmd.status().await {
+        Ok(s) => {
+            use std::os::unix::process::ExitStatusExt;
+            s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0))
+        }
+        Err(e) => {
+            eprintln!("vigil: cannot run initial program '{}': {e}", argv[0]);
+            if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            }
+        }
+    }
+}

@@ -1,0 +1,460 @@
+//! Request handlers of the broker's services (dispatch by topic).
+
+use super::core::{now, Core, Internal, MemberState, Watcher};
+use crate::hwloc::NodeResources;
+use crate::idset::IdSet;
+use crate::jobs::{JobId, JobState};
+use crate::message::{errno, Message, FLAG_STREAMING, ROUTE_LOCAL};
+use crate::shellproto::{OutputLine, ShellExit, ShellReport};
+use serde_json::{json, Value};
+use tracing::{debug, info, warn};
+
+/// Services offered by every broker.
+const EVERY_RANK: &[&str] = &["broker", "rexec"];
+/// Services offered by rank 0 only.
+const RANK0: &[&str] = &["job-manager", "job-info", "job-exec", "resource", "overlay"];
+
+/// True if a broker of `rank` offers `service`.
+pub(crate) fn offers(rank: u32, service: &str) -> bool {
+    EVERY_RANK.contains(&service) || (rank == 0 && RANK0.contains(&service))
+}
+
+fn field<'a>(v: &'a Value, name: &str) -> Result<&'a Value, (u32, String)> {
+    v.get(name).ok_or((errno::EPROTO, format!("missing '{name}' in request")))
+}
+
+fn parse_id(v: &Value) -> Result<JobId, (u32, String)> {
+    match field(v, "id")? {
+        Value::Number(n) => n.as_u64().map(JobId).ok_or((errno::EPROTO, "bad job id".into())),
+        Value::String(s) => JobId::parse(s).map_err(|e| (errno::EINVAL, e.to_string())),
+        _ => Err((errno::EPROTO, "bad job id".into())),
+    }
+}
+
+fn parse_ranks(v: &Value) -> Result<IdSet, (u32, String)> {
+    let s = field(v, "ranks")?.as_str().ok_or((errno::EPROTO, "ranks must be an idset string".into()))?;
+    IdSet::parse(s).map_err(|e| (errno::EINVAL, format!("invalid ranks '{s}': {e}")))
+}
+
+/// Handle a request addressed to this broker.
+pub(crate) fn dispatch(core: &mut Core, msg: Message) {
+    let body = match msg.decode::<Value>() {
+        Ok(v) => v,
+        Err(e) => return core.respond_error(&msg, errno::EPROTO, &format!("payload is not JSON: {e}")),
+    };
+    let r = handle(core, &msg, &body);
+    match r {
+        Ok(Some(v)) => core.respond(&msg, &v),
+        Ok(None) => {}
+        Err((e, s)) => core.respond_error(&msg, e, &s),
+    }
+}
+
+type Reply = Result<Option<Value>, (u32, String)>;
+
+fn handle(core: &mut Core, msg: &Message, body: &Value) -> Reply {
+    let rank = core.rank();
+    match msg.topic.as_str() {
+        "broker.ping" => Ok(Some(json!({"rank": rank, "hostname": core.opts.hostname, "pid": std::process::id(), "route": msg.route.len()}))),
+        "broker.getattr" => {
+            let name = field(body, "name")?.as_str().unwrap_or("");
+            attrs(core).remove(name).map(|v| Some(json!({"value": v}))).ok_or((errno::ENOENT, format!("no such attribute '{name}'")))
+        }
+        "broker.lsattr" => Ok(Some(json!({"attrs": attrs(core)}))),
+        "broker.info" => Ok(Some(info(core))),
+        "broker.sub" | "broker.unsub" => {
+            let topic = field(body, "topic")?.as_str().unwrap_or("").to_string();
+            let Some(&last) = msg.route.last() else { return Err((errno::EPROTO, "not a local client".into())) };
+            if last & ROUTE_LOCAL == 0 || msg.route.len() != 1 {
+                return Err((errno::EPROTO, "subscriptions are for local clients only".into()));
+            }
+            if let Some(c) = core.locals.get_mut(&(last & !ROUTE_LOCAL)) {
+                if msg.topic == "broker.sub" {
+                    c.subs.push(topic);
+                } else {
+                    c.subs.retain(|s| *s != topic);
+                }
+            }
+            Ok(Some(json!({})))
+        }
+        "broker.pub" => {
+            if rank != 0 {
+                return Err((errno::EPROTO, "events are published on rank 0".into()));
+            }
+            let topic = field(body, "topic")?.as_str().unwrap_or("").to_string();
+            let payload = body.get("payload").cloned().unwrap_or(Value::Null);
+            core.publish(&topic, &payload);
+            Ok(Some(json!({})))
+        }
+        "rexec.spawn" => spawn_shell(core, msg, body),
+        "rexec.kill" => {
+            let id = parse_id(body)?;
+            let sig = field(body, "signal")?.as_i64().unwrap_or(libc::SIGTERM as i64) as i32;
+            if let Some(&pgid) = core.shells.get(&id) {
+                debug!("signal {sig} to shell of job {id} (pgid {pgid})");
+                // SAFETY: killpg with a pgid we created (the shell's own group) and a plain signal number.
+                unsafe { libc::killpg(pgid, sig) };
+                Ok(Some(json!({})))
+            } else {
+                Err((errno::ENOENT, format!("no shell of job {id} on rank {rank}")))
+            }
+        }
+        t if t.starts_with("resource.") || t.starts_with("overlay.") => resource(core, msg, body),
+        t if t.starts_with("job-manager.") || t.starts_with("job-info.") || t.starts_with("job-exec.") => jobs(core, msg, body),
+        t => Err((errno::ENOSYS, format!("unknown service method '{t}'"))),
+    }
+}
+
+fn attrs(core: &Core) -> std::collections::BTreeMap<String, String> {
+    let mut a = core.opts.attrs.clone();
+    let o = &core.opts;
+    a.insert("rank".into(), o.rank.to_string());
+    a.insert("size".into(), o.size.to_string());
+    a.insert("hostname".into(), o.hostname.clone());
+    a.insert("tbon.topo".into(), o.topo.to_string());
+    a.insert("tbon.level".into(), o.topo.level(o.size, o.rank).to_string());
+    a.insert("tbon.maxlevel".into(), o.topo.depth(o.size).saturating_sub(1).to_string());
+    a.insert("tbon.transport".into(), core.transport.into());
+    a.insert("tbon.endpoint".into(), o.endpoints.get(o.rank as usize).cloned().unwrap_or_default());
+    if let Some(p) = o.topo.parent(o.size, o.rank) {
+        a.insert("tbon.parent-endpoint".into(), o.endpoints.get(p as usize).cloned().unwrap_or_default());
+    }
+    a.insert("rundir".into(), o.rundir.display().to_string());
+    a.insert("local-uri".into(), core.local_uri.clone());
+    a.insert("instance-id".into(), o.instance.clone());
+    a.insert("broker.pid".into(), std::process::id().to_string());
+    a.insert("broker.starttime".into(), format!("{:.3}", core.started_at));
+    a.entry("instance-level".into()).or_insert_with(|| "0".into());
+    a.insert("resource.source".into(), core.resources.source.clone());
+    a
+}
+
+fn info(core: &Core) -> Value {
+    let o = &core.opts;
+    let state = if core.shutting_down.is_some() {
+        "shutdown"
+    } else if o.rank == 0 && !core.initial_started {
+        "join"
+    } else {
+        "run"
+    };
+    json!({
+        "rank": o.rank, "size": o.size, "hostname": o.hostname, "state": state,
+        "uptime": core.start.elapsed().as_secs_f64(), "topo": o.topo.to_string(),
+        "depth": o.topo.depth(o.size), "level": o.topo.level(o.size, o.rank),
+        "transport": core.transport, "instance_level": o.attrs.get("instance-level").cloned().unwrap_or_else(|| "0".into()),
+        "resource_source": core.resources.source,
+    })
+}
+
+// ------------------------------------------------------------------------------------------- rexec
+
+fn shell_path(core: &Core) -> std::path::PathBuf {
+    if let Some(p) = core.opts.attrs.get("exec.shell") {
+        return p.into();
+    }
+    if let Ok(p) = std::env::var("VIGIL_SHELL") {
+        return p.into();
+    }
+    std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.join("vigil-shell"))).unwrap_or_else(|| "vigil-shell".into())
+}
+
+fn spawn_shell(core: &mut Core, _msg: &Message, body: &Value) -> Reply {
+    use std::process::Stdio;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let id = parse_id(body)?;
+    let mut input = field(body, "input")?.clone();
+    if core.shutting_down.is_some() {
+        return Err((errno::EAGAIN, "broker is shutting down".into()));
+    }
+    if core.shells.contains_key(&id) {
+        return Err((errno::EEXIST, format!("job {id} already has a shell on rank {}", core.rank())));
+    }
+    input["uri"] = json!(core.local_uri);
+    let path = shell_path(core);
+    let mut cmd = tokio::process::Command::new(&path);
+    cmd.arg(format!("--jobid={id}"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .process_group(0)
+        .env(crate::client::URI_ENV, &core.local_uri)
+        .kill_on_drop(false);
+    let mut child = cmd.spawn().map_err(|e| (errno::ENOENT, format!("cannot run {}: {e}", path.display())))?;
+    let pid = child.id().unwrap_or(0) as i32;
+    core.shells.insert(id, pid);
+    let mut stdin = child.stdin.take();
+    let mut stdout = child.stdout.take();
+    let tx = core.input_tx.clone();
+    let data = serde_json::to_vec(&input).unwrap_or_default();
+    tokio::spawn(async move {
+        if let Some(mut s) = stdin.take() {
+            let _ = s.write_all(&data).await;
+            let _ = s.shutdown().await;
+        }
+        let mut out = String::new();
+        if let Some(s) = stdout.as_mut() {
+            let _ = s.read_to_string(&mut out).await;
+        }
+        let status = match child.wait().await {
+            Ok(st) => {
+                use std::os::unix::process::ExitStatusExt;
+                st.into_raw()
+            }
+            Err(_) => 0x7f00,
+        };
+        let report = out.lines().rev().find_map(|l| serde_json::from_str::<ShellReport>(l).ok());
+        let _ = tx.send(super::core::Input::ShellDone { id, report, status });
+    });
+    Ok(Some(json!({"pid": pid})))
+}
+
+// ------------------------------------------------------------------------------------------- resource
+
+fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
+    let n = now();
+    let size = core.opts.size;
+    let topo = core.opts.topo;
+    match msg.topic.as_str() {
+        "resource.register" => {
+            let rank = field(body, "rank")?.as_u64().ok_or((errno::EPROTO, "bad rank".into()))? as u32;
+            if rank >= size {
+                return Err((errno::EPROTO, format!("rank {rank} out of range")));
+            }
+            let hostname = body.get("hostname").and_then(Value::as_str).unwrap_or("").to_string();
+            let res: NodeResources = serde_json::from_value(field(body, "resources")?.clone()).map_err(|e| (errno::EPROTO, e.to_string()))?;
+            let topology = body.get("topology").and_then(Value::as_str).unwrap_or("live").to_string();
+            let dg = body.get("declared_gpus").and_then(Value::as_u64).map(|g| g as u32);
+            let cores: IdSet = (0..res.cores).collect();
+            let gpus: IdSet = (0..res.gpus).collect();
+            core.members.insert(rank, (MemberState::Online, String::new()));
+            if let Some(jc) = core.jobcore.as_mut() {
+                jc.rank_online(n, rank, &hostname, cores, gpus, (topology, dg));
+            }
+            debug!("rank {rank} ({hostname}) joined with {} cores, {} GPUs", res.cores, res.gpus);
+            Ok(Some(json!({})))
+        }
+        "overlay.lost" => {
+            let ranks = parse_ranks(body)?;
+            let reason = body.get("reason").and_then(Value::as_str).unwrap_or("").to_string();
+            warn!("ranks {ranks} lost: {reason}");
+            for r in ranks.iter() {
+                core.members.insert(r, (MemberState::Lost, reason.clone()));
+            }
+            if let Some(jc) = core.jobcore.as_mut() {
+                jc.ranks_lost(n, &ranks);
+            }
+            core.publish("overlay.lost", &json!({"ranks": ranks.to_string(), "reason": reason}));
+            Ok(Some(json!({})))
+        }
+        "overlay.status" => {
+            let jc = core.jobcore.as_ref().ok_or((errno::ENOSYS, "not rank 0".into()))?;
+            let ranks: Vec<Value> = (0..size)
+                .map(|r| {
+                    let (state, why) = core.members.get(&r).cloned().unwrap_or((MemberState::Offline, String::new()));
+                    let host = jc.pool.ranks.get(&r).map(|p| p.hostname.clone()).unwrap_or_default();
+                    json!({"rank": r, "hostname": host, "state": state, "reason": why,
+                           "parent": topo.parent(size, r), "children": topo.children(size, r)})
+                })
+                .collect();
+            Ok(Some(json!({"size": size, "topo": topo.to_string(), "depth": topo.depth(size),
+                "critical_ranks": IdSet::from_iter(topo.critical_ranks(size)).to_string(),
+                "transport": core.transport, "ranks": ranks})))
+        }
+        "resource.status" => {
+            let jc = core.jobcore.as_ref().ok_or((errno::ENOSYS, "not rank 0".into()))?;
+            let mut rows = Vec::new();
+            for r in 0..size {
+                let p = jc.pool.ranks.get(&r);
+                let (state, reason, at) = match p {
+                    None => ("down", "never joined".to_string(), None),
+                    Some(p) if p.drained.is_some() => ("drained", p.drained.clone().unwrap_or_default(), p.drained_at),
+                    Some(p) if !p.up => ("down", core.members.get(&r).map(|m| m.1.clone()).unwrap_or_default(), None),
+                    Some(p) if p.torpid => ("torpid", String::new(), None),
+                    Some(_) => ("avail", String::new(), None),
+                };
+                rows.push(json!({"rank": r, "hostname": p.map(|p| p.hostname.clone()).unwrap_or_default(), "state": state,
+                    "reason": reason, "since": at, "up": p.is_some_and(|p| p.up)}));
+            }
+            Ok(Some(json!({"ranks": rows})))
+        }
+        "resource.list" => {
+            let jc = core.jobcore.as_ref().ok_or((errno::ENOSYS, "not rank 0".into()))?;
+            let rows: Vec<Value> = jc.pool.ranks.values().map(|p| json!({
+                "rank": p.rank, "hostname": p.hostname, "up": p.up, "drained": p.drained.is_some(), "torpid": p.torpid,
+                "cores": p.cores.to_string(), "gpus": p.gpus.to_string(),
+                "alloc_cores": p.alloc_cores.to_string(), "alloc_gpus": p.alloc_gpus.to_string(),
+                "ncores": p.cores.len(), "ngpus": p.gpus.len(), "nalloc_cores": p.alloc_cores.len(), "nalloc_gpus": p.alloc_gpus.len(),
+            })).collect();
+            Ok(Some(json!({"ranks": rows})))
+        }
+        "resource.drain" | "resource.undrain" => {
+            if msg.userid != core.uid {
+                return Err((errno::EPERM, "only the instance owner may drain or undrain".into()));
+            }
+            let ranks = parse_ranks(body)?;
+            let jc = core.jobcore.as_mut().ok_or((errno::ENOSYS, "not rank 0".into()))?;
+            let r = if msg.topic == "resource.drain" {
+                let reason = body.get("reason").and_then(Value::as_str).unwrap_or("");
+                jc.drain(n, &ranks, reason)
+            } else {
+                jc.undrain(n, &ranks)
+            };
+            r.map(|_| Some(json!({}))).map_err(|e| (errno::EINVAL, e))
+        }
+        "resource.eventlog" => {
+            let jc = core.jobcore.as_ref().ok_or((errno::ENOSYS, "not rank 0".into()))?;
+            Ok(Some(json!({"eventlog": jc.resource_eventlog})))
+        }
+        "resource.R" => {
+            let jc = core.jobcore.as_ref().ok_or((errno::ENOSYS, "not rank 0".into()))?;
+            let ranks: Vec<crate::r::RankResources> = jc.pool.ranks.values().map(|p| crate::r::RankResources {
+                rank: p.rank, hostname: p.hostname.clone(), cores: p.cores.clone(), gpus: p.gpus.clone() }).collect();
+            Ok(Some(serde_json::to_value(crate::r::Rv1::from_ranks(&ranks, core.started_at, 0.0)).unwrap_or(Value::Null)))
+        }
+        t => Err((errno::ENOSYS, format!("unknown service method '{t}'"))),
+    }
+}
+
+// ------------------------------------------------------------------------------------------- jobs
+
+fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
+    let n = now();
+    let owner = msg.userid == core.uid;
+    let Some(jc) = core.jobcore.as_mut() else { return Err((errno::ENOSYS, "job services run on rank 0".into())) };
+    match msg.topic.as_str() {
+        "job-manager.submit" => {
+            let spec = field(body, "jobspec")?;
+            match jc.submit(n, spec, msg.userid) {
+                Ok(id) => {
+                    info!("job {id} submitted");
+                    Ok(Some(json!({"id": id.0, "id_f58": id.f58()})))
+                }
+                Err(e) => Err((errno::EINVAL, e.to_string())),
+            }
+        }
+        "job-manager.list" => {
+            let all = body.get("all").and_then(Value::as_bool).unwrap_or(false);
+            let jobs: Vec<Value> = jc.jobs.values().rev().filter(|j| all || j.state.is_active()).map(|j| j.info()).collect();
+            Ok(Some(json!({"jobs": jobs})))
+        }
+        "job-manager.info" => {
+            let id = parse_id(body)?;
+            let j = jc.jobs.get(&id).ok_or((errno::ENOENT, format!("unknown job id {id}")))?;
+            Ok(Some(json!({"info": j.info(), "jobspec": j.jobspec, "R": j.r})))
+        }
+        "job-manager.cancel" => {
+            let id = parse_id(body)?;
+            let note = body.get("note").and_then(Value::as_str).unwrap_or("canceled by user").to_string();
+            jc.cancel(n, id, msg.userid, owner, &note).map(|_| Some(json!({})))
+        }
+        "job-manager.raise" => {
+            let id = parse_id(body)?;
+            let kind = body.get("type").and_then(Value::as_str).unwrap_or("exec").to_string();
+            let sev = body.get("severity").and_then(Value::as_u64).unwrap_or(0).min(7) as u32;
+            let note = body.get("note").and_then(Value::as_str).unwrap_or("").to_string();
+            if !owner && jc.jobs.get(&id).is_some_and(|j| j.userid != msg.userid) {
+                return Err((errno::EPERM, "not your job".into()));
+            }
+            if jc.raise(n, id, &kind, sev, &note) {
+                Ok(Some(json!({})))
+            } else {
+                Err((errno::ENOENT, format!("job {id} is not active")))
+            }
+        }
+        "job-info.attach" | "job-manager.eventlog" => {
+            let id = parse_id(body)?;
+            if !jc.jobs.contains_key(&id) {
+                return Err((errno::ENOENT, format!("unknown job id {id}")));
+            }
+            let is_attach = msg.topic == "job-info.attach";
+            let follow = body.get("follow").and_then(Value::as_bool).unwrap_or(is_attach);
+            let w = Watcher {
+                req: msg.clone(),
+                id,
+                ev_pos: 0,
+                out_pos: 0,
+                eventlog: body.get("eventlog").and_then(Value::as_bool).unwrap_or(true),
+                output: is_attach && body.get("output").and_then(Value::as_bool).unwrap_or(true),
+                follow: follow && msg.flags & FLAG_STREAMING != 0,
+            };
+            if let Some(&last) = msg.route.first() {
+                if last & ROUTE_LOCAL != 0 && msg.route.len() == 1 {
+                    if let Some(c) = core.locals.get_mut(&(last & !ROUTE_LOCAL)) {
+                        c.streaming = true;
+                    }
+                }
+            }
+            // Mark remote clients' brokers too: they set `streaming` when forwarding (see core::on_closed).
+            core.watchers.push(w);
+            wake_watchers(core, id);
+            Ok(None)
+        }
+        "job-info.disconnect" => {
+            let route = msg.route.clone();
+            core.watchers.retain(|w| w.req.route != route);
+            Ok(None)
+        }
+        "job-exec.output" => {
+            let id = parse_id(body)?;
+            let lines: Vec<OutputLine> = serde_json::from_value(field(body, "lines")?.clone()).map_err(|e| (errno::EPROTO, e.to_string()))?;
+            jc.output(id, lines);
+            Ok(Some(json!({})))
+        }
+        "job-exec.task-exit" => {
+            let id = parse_id(body)?;
+            let task = body.get("rank").and_then(Value::as_u64).unwrap_or(0) as u32;
+            let status = body.get("status").and_then(Value::as_i64).unwrap_or(0) as i32;
+            jc.task_exit(n, id, task, status);
+            Ok(Some(json!({})))
+        }
+        "job-exec.exception" => {
+            let id = parse_id(body)?;
+            let kind = body.get("type").and_then(Value::as_str).unwrap_or("exec").to_string();
+            let sev = body.get("severity").and_then(Value::as_u64).unwrap_or(0).min(7) as u32;
+            let note = body.get("note").and_then(Value::as_str).unwrap_or("").to_string();
+            jc.raise(n, id, &kind, sev, &note);
+            Ok(Some(json!({})))
+        }
+        "job-exec.shell-exit" => {
+            let exit: ShellExit = serde_json::from_value(body.clone()).map_err(|e| (errno::EPROTO, e.to_string()))?;
+            jc.shell_exit(n, exit);
+            Ok(Some(json!({})))
+        }
+        t => Err((errno::ENOSYS, format!("unknown service method '{t}'"))),
+    }
+}
+
+/// Send new eventlog entries and output lines to the watchers of job `id`; end finished streams with ENODATA.
+pub(crate) fn wake_watchers(core: &mut Core, id: JobId) {
+    let Some(jc) = core.jobcore.as_ref() else { return };
+    let Some(job) = jc.jobs.get(&id) else { return };
+    let inactive = job.state == JobState::Inactive;
+    let mut out: Vec<Message> = Vec::new();
+    let mut done = Vec::new();
+    for (i, w) in core.watchers.iter_mut().enumerate().filter(|(_, w)| w.id == id) {
+        if w.eventlog {
+            for e in &job.eventlog[w.ev_pos..] {
+                out.push(Message::response_to(&w.req, &json!({"event": e})));
+            }
+            w.ev_pos = job.eventlog.len();
+        }
+        if w.output {
+            for l in &job.output[w.out_pos..] {
+                out.push(Message::response_to(&w.req, &json!({"output": l})));
+            }
+            w.out_pos = job.output.len();
+        }
+        if inactive || !w.follow {
+            out.push(Message::error_to(&w.req, errno::ENODATA, ""));
+            done.push(i);
+        }
+    }
+    for i in done.into_iter().rev() {
+        core.watchers.remove(i);
+    }
+    for m in out {
+        core.route_response(m);
+    }
+    let _ = Internal::Ignore;
+}

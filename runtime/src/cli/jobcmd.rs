@@ -1,0 +1,434 @@
+//! Job commands: `run`, `submit`, `jobs`, `cancel`, `job submit|eventlog|attach|wait|cancel|info`.
+
+use super::{connect, fmt_secs};
+use crate::client::Client;
+use crate::jobs::JobId;
+use crate::jobspec::{Jobspec, JobspecBuilder};
+use clap::{Args, Subcommand};
+use serde_json::{json, Value};
+use std::io::Write;
+
+/// Options shared by `run` and `submit` (flux run / flux submit shapes).
+#[derive(Args, Debug, Clone)]
+#[command(trailing_var_arg = true)]
+pub struct SubmitArgs {
+    /// Number of nodes.
+    #[arg(short = 'N', long = "nodes")]
+    pub nodes: Option<u32>,
+    /// Number of tasks (default: 1, or one per node with -N).
+    #[arg(short = 'n', long = "ntasks")]
+    pub ntasks: Option<u32>,
+    /// Cores per task.
+    #[arg(short = 'c', long = "cores-per-task", default_value_t = 1)]
+    pub cores_per_task: u32,
+    /// GPUs per task.
+    #[arg(short = 'g', long = "gpus-per-task", default_value_t = 0)]
+    pub gpus_per_task: u32,
+    /// Time limit: minutes, or a duration with a unit (30s, 10m, 2h, 1d); 0 or inf = none.
+    #[arg(short = 't', long = "time-limit")]
+    pub time_limit: Option<String>,
+    /// Allocate whole nodes.
+    #[arg(long)]
+    pub exclusive: bool,
+    /// Environment edits (repeatable): VAR=VAL sets, -PATTERN removes (a trailing * matches a prefix).
+    /// The submitter's whole environment is passed by default.
+    #[arg(long = "env", value_name = "RULE", allow_hyphen_values = true)]
+    pub env: Vec<String>,
+    /// Working directory of the tasks (default: the current directory).
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// Shell option NAME[=VALUE] (repeatable): cpu-affinity=off|on|per-task, gpu-affinity=..., exit-timeout=DURATION|none.
+    #[arg(short = 'o', long = "setopt", value_name = "OPT")]
+    pub setopt: Vec<String>,
+    /// Prefix output lines with the task rank (`run` only).
+    #[arg(short = 'l', long = "label-io")]
+    pub label_io: bool,
+    /// Print the jobspec instead of submitting it.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Command and arguments.
+    #[arg(value_name = "COMMAND", required = true)]
+    pub command: Vec<String>,
+}
+
+fn parse_time_limit(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    if t == "inf" || t == "infinity" || t == "none" {
+        return Ok(0.0);
+    }
+    if let Ok(m) = t.parse::<f64>() {
+        if m < 0.0 || !m.is_finite() {
+            return Err(format!("-t {s}: must be >= 0"));
+        }
+        return Ok(m * 60.0);
+    }
+    let v = crate::duration::parse_duration_secs(t).map_err(|e| format!("-t {s}: {e}"))?;
+    Ok(if v.is_finite() { v } else { 0.0 })
+}
+
+fn glob_match(pat: &str, name: &str) -> bool {
+    match pat.strip_suffix('*') {
+        Some(p) => name.starts_with(p),
+        None => pat == name,
+    }
+}
+
+/// Build the jobspec for `run`/`submit`.
+pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
+    let mut b = JobspecBuilder::new(a.command.clone()).cores_per_task(a.cores_per_task).gpus_per_task(a.gpus_per_task).exclusive(a.exclusive);
+    if let Some(n) = a.nodes {
+        if n == 0 {
+            return Err("-N must be at least 1".into());
+        }
+        b = b.nnodes(n);
+    }
+    if let Some(n) = a.ntasks {
+        if n == 0 {
+            return Err("-n must be at least 1".into());
+        }
+        b = b.ntasks(n);
+    }
+    if a.cores_per_task == 0 {
+        return Err("-c must be at least 1".into());
+    }
+    if let Some(t) = &a.time_limit {
+        b = b.duration(parse_time_limit(t)?);
+    }
+    let cwd = match &a.cwd {
+        Some(c) => c.clone(),
+        None => std::env::current_dir().map(|p| p.display().to_string()).map_err(|e| format!("cannot read the current directory: {e}"))?,
+    };
+    b = b.cwd(cwd);
+    let mut env: std::collections::BTreeMap<String, String> = std::env::vars().filter(|(k, _)| !k.starts_with("VIGIL_")).collect();
+    for rule in &a.env {
+        if let Some(p) = rule.strip_prefix('-') {
+            env.retain(|k, _| !glob_match(p, k));
+        } else if let Some((k, v)) = rule.split_once('=') {
+            if k.is_empty() {
+                return Err(format!("--env {rule}: empty variable name"));
+            }
+            env.insert(k.into(), v.into());
+        } else if let Ok(v) = std::env::var(rule) {
+            env.insert(rule.clone(), v);
+        }
+    }
+    for (k, v) in env {
+        b = b.env(k, v);
+    }
+    for o in &a.setopt {
+        let (k, v) = match o.split_once('=') {
+            Some((k, v)) => (k, Value::String(v.into())),
+            None => (o.as_str(), Value::Bool(true)),
+        };
+        match (k, &v) {
+            ("cpu-affinity", Value::String(s)) => {
+                s.parse::<crate::hwloc::CpuAffinity>().map_err(|e| format!("-o {o}: {e}"))?;
+            }
+            ("gpu-affinity", Value::String(s)) => {
+                s.parse::<crate::hwloc::GpuAffinity>().map_err(|e| format!("-o {o}: {e}"))?;
+            }
+            ("exit-timeout", Value::String(s)) if s != "none" => {
+                crate::duration::parse_duration_secs(s).map_err(|e| format!("-o {o}: {e}"))?;
+            }
+            _ => {}
+        }
+        b = b.shell_option(k, v);
+    }
+    b.build().map_err(|e| e.to_string())
+}
+
+/// `vigil run` (attach = true) and `vigil submit`.
+pub(crate) async fn run(a: SubmitArgs, attach_after: bool) -> Result<i32, String> {
+    let spec = build_jobspec(&a)?;
+    if a.dry_run {
+        println!("{}", spec.to_json());
+        return Ok(0);
+    }
+    let c = connect().await?;
+    let id = submit(&c, &spec).await?;
+    if !attach_after {
+        println!("{id}");
+        return Ok(0);
+    }
+    attach(&c, id, a.label_io).await
+}
+
+async fn submit(c: &Client, spec: &Jobspec) -> Result<JobId, String> {
+    let v: Value = serde_json::from_str(&spec.to_json()).map_err(|e| e.to_string())?;
+    let r = c.rpc("job-manager.submit", 0, &json!({"jobspec": v})).await.map_err(|e| e.errstr)?;
+    r.get("id").and_then(Value::as_u64).map(JobId).ok_or_else(|| "malformed submit response".into())
+}
+
+/// Stream a job's output and exceptions until it is INACTIVE; return its exit code.
+/// Ctrl-C once cancels the job (and keeps waiting for it to end); twice detaches.
+pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, String> {
+    let mut s = c.rpc_stream("job-info.attach", 0, &json!({"id": id.0})).map_err(|e| e.errstr)?;
+    let mut code: Option<i32> = None;
+    let mut fatal = false;
+    let mut ctrlc = 0;
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
+    let stdout = std::io::stdout();
+    let stderr = std::io::stderr();
+    loop {
+        let next = tokio::select! {
+            n = s.next() => n,
+            _ = async { match sigint.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending::<()>().await } } => {
+                ctrlc += 1;
+                if ctrlc == 1 {
+                    eprintln!("vigil: canceling job {id} (Ctrl-C again to detach)");
+                    let _ = c.rpc("job-manager.cancel", 0, &json!({"id": id.0, "note": "interrupted by user (Ctrl-C)"})).await;
+                    continue;
+                }
+                eprintln!("vigil: detached from job {id}");
+                return Ok(130);
+            }
+        };
+        let Some(item) = next else { break };
+        let v = item.map_err(|e| e.errstr)?;
+        if let Some(o) = v.get("output") {
+            let rank = o.get("rank").and_then(Value::as_u64).unwrap_or(0);
+            let data = o.get("data").and_then(Value::as_str).unwrap_or("");
+            let is_err = o.get("stream").and_then(Value::as_str) == Some("stderr");
+            let line = if label { format!("{rank}: {data}\n") } else { format!("{data}\n") };
+            let r = if is_err { stderr.lock().write_all(line.as_bytes()) } else { stdout.lock().write_all(line.as_bytes()) };
+            if r.is_err() {
+                // Broken pipe: stop printing, keep waiting for the exit code.
+            }
+        } else if let Some(e) = v.get("event") {
+            let name = e.get("name").and_then(Value::as_str).unwrap_or("");
+            let ctx = e.get("context").cloned().unwrap_or(Value::Null);
+            match name {
+                "exception" => {
+                    let sev = ctx.get("severity").and_then(Value::as_u64).unwrap_or(0);
+                    if sev == 0 {
+                        fatal = true;
+                    }
+                    eprintln!(
+                        "vigil: job {id}: exception type={} severity={sev}: {}",
+                        ctx.get("type").and_then(Value::as_str).unwrap_or("?"),
+                        ctx.get("note").and_then(Value::as_str).unwrap_or("")
+                    );
+                }
+                "finish" => {
+                    let st = ctx.get("status").and_then(Value::as_i64).unwrap_or(0) as i32;
+                    code = Some(crate::shellproto::exit_code(st));
+                }
+                _ => {}
+            }
+        }
+    }
+    let _ = std::io::stdout().flush();
+    Ok(match code {
+        Some(0) if fatal => 1,
+        Some(c) => c,
+        None => 1,
+    })
+}
+
+/// Options of `vigil jobs`.
+#[derive(Args, Debug)]
+pub struct JobsArgs {
+    /// Include inactive jobs.
+    #[arg(short = 'a', long)]
+    pub all: bool,
+    /// Print JSON (one object with a "jobs" array).
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn short_state(j: &Value) -> &'static str {
+    match (j["state"].as_str().unwrap_or(""), j["result"].as_str()) {
+        ("NEW", _) => "N",
+        ("DEPEND", _) => "D",
+        ("PRIORITY", _) => "P",
+        ("SCHED", _) => "S",
+        ("RUN", _) => "R",
+        ("CLEANUP", _) => "C",
+        (_, Some("COMPLETED")) => "CD",
+        (_, Some("CANCELED")) => "CA",
+        (_, Some("TIMEOUT")) => "TO",
+        _ => "F",
+    }
+}
+
+/// `vigil jobs`.
+pub(crate) async fn jobs(a: JobsArgs) -> Result<i32, String> {
+    let c = connect().await?;
+    let r = c.rpc("job-manager.list", 0, &json!({"all": a.all})).await.map_err(|e| e.errstr)?;
+    if a.json {
+        println!("{r}");
+        return Ok(0);
+    }
+    let now = crate::broker_now();
+    println!("{:>14} {:>8} {:<12} {:>2} {:>6} {:>6} {:>8} INFO", "JOBID", "USER", "NAME", "ST", "NTASKS", "NNODES", "TIME");
+    for j in r["jobs"].as_array().cloned().unwrap_or_default() {
+        let uid = j["userid"].as_u64().unwrap_or(0) as u32;
+        let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten().map(|u| u.name).unwrap_or_else(|| uid.to_string());
+        let t_run = j["t_run"].as_f64();
+        let t_end = j["t_inactive"].as_f64().unwrap_or(now);
+        let time = t_run.map(|t| fmt_secs(t_end - t)).unwrap_or_else(|| "-".into());
+        let info = match j["state"].as_str() {
+            Some("INACTIVE") => match j["exception"].as_object() {
+                Some(e) => format!("{}: {}", e.get("type").and_then(Value::as_str).unwrap_or(""), e.get("note").and_then(Value::as_str).unwrap_or("")),
+                None => format!("exit {}", j["exit_code"].as_i64().unwrap_or(0)),
+            },
+            _ => j["nodelist"].as_str().unwrap_or("").to_string(),
+        };
+        println!(
+            "{:>14} {:>8} {:<12} {:>2} {:>6} {:>6} {:>8} {}",
+            j["id_f58"].as_str().unwrap_or(""),
+            user,
+            j["name"].as_str().unwrap_or("").chars().take(12).collect::<String>(),
+            short_state(&j),
+            j["ntasks"].as_u64().unwrap_or(0),
+            j["nnodes"].as_u64().unwrap_or(0),
+            time,
+            info
+        );
+    }
+    Ok(0)
+}
+
+/// Options of `vigil cancel`.
+#[derive(Args, Debug)]
+pub struct CancelArgs {
+    /// Reason recorded in the cancel exception.
+    #[arg(short = 'm', long = "message")]
+    pub message: Option<String>,
+    /// Job ids.
+    #[arg(required = true)]
+    pub ids: Vec<String>,
+}
+
+/// `vigil cancel`.
+pub(crate) async fn cancel(a: CancelArgs) -> Result<i32, String> {
+    let ids = a.ids.iter().map(|s| JobId::parse(s).map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?;
+    let c = connect().await?;
+    let mut rc = 0;
+    for id in ids {
+        let note = a.message.clone().unwrap_or_else(|| "canceled by user".into());
+        if let Err(e) = c.rpc("job-manager.cancel", 0, &json!({"id": id.0, "note": note})).await {
+            eprintln!("vigil: cancel {id}: {}", e.errstr);
+            rc = 1;
+        }
+    }
+    Ok(rc)
+}
+
+/// `vigil job` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum JobCmd {
+    /// Submit a jobspec file (YAML or JSON; `-` for stdin) and print the job id.
+    Submit {
+        /// Jobspec file.
+        file: String,
+    },
+    /// Print a job's eventlog (RFC 18).
+    Eventlog {
+        /// Job id.
+        id: String,
+        /// Print raw JSON lines.
+        #[arg(long)]
+        json: bool,
+        /// Keep printing new events until the job is inactive.
+        #[arg(short = 'f', long)]
+        follow: bool,
+    },
+    /// Attach to a job: stream its output, exit with its exit code.
+    Attach {
+        /// Job id.
+        id: String,
+        /// Prefix output lines with the task rank.
+        #[arg(short = 'l', long = "label-io")]
+        label_io: bool,
+    },
+    /// Wait for a job to finish and exit with its exit code.
+    Wait {
+        /// Job id.
+        id: String,
+    },
+    /// Cancel a job.
+    Cancel(CancelArgs),
+    /// Print a job's summary, jobspec and R as JSON.
+    Info {
+        /// Job id.
+        id: String,
+    },
+}
+
+fn parse_id(s: &str) -> Result<JobId, String> {
+    JobId::parse(s).map_err(|e| e.to_string())
+}
+
+/// `vigil job ...`.
+pub(crate) async fn job(cmd: JobCmd) -> Result<i32, String> {
+    match cmd {
+        JobCmd::Submit { file } => {
+            let text = if file == "-" {
+                let mut s = String::new();
+                std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).map_err(|e| format!("stdin: {e}"))?;
+                s
+            } else {
+                std::fs::read_to_string(&file).map_err(|e| format!("{file}: {e}"))?
+            };
+            let spec = Jobspec::parse(&text).map_err(|e| format!("{file}: {e}"))?;
+            let c = connect().await?;
+            let id = submit(&c, &spec).await?;
+            println!("{id}");
+            Ok(0)
+        }
+        JobCmd::Eventlog { id, json, follow } => {
+            let id = parse_id(&id)?;
+            let c = connect().await?;
+            let mut s = if follow {
+                c.rpc_stream("job-manager.eventlog", 0, &json!({"id": id.0, "follow": true}))
+            } else {
+                c.rpc_stream("job-manager.eventlog", 0, &json!({"id": id.0, "follow": false}))
+            }
+            .map_err(|e| e.errstr)?;
+            while let Some(item) = s.next().await {
+                let v = item.map_err(|e| e.errstr)?;
+                let Some(e) = v.get("event") else { continue };
+                if json {
+                    println!("{e}");
+                } else {
+                    let ctx = e.get("context").and_then(Value::as_object).map(|m| {
+                        m.iter().map(|(k, v)| format!("{k}={}", v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()))).collect::<Vec<_>>().join(" ")
+                    });
+                    println!("{:.6} {} {}", e["timestamp"].as_f64().unwrap_or(0.0), e["name"].as_str().unwrap_or(""), ctx.unwrap_or_default());
+                }
+            }
+            Ok(0)
+        }
+        JobCmd::Attach { id, label_io } => {
+            let id = parse_id(&id)?;
+            let c = connect().await?;
+            attach(&c, id, label_io).await
+        }
+        JobCmd::Wait { id } => {
+            let id = parse_id(&id)?;
+            let c = connect().await?;
+            let mut s = c.rpc_stream("job-manager.eventlog", 0, &json!({"id": id.0, "follow": true})).map_err(|e| e.errstr)?;
+            let mut code = 1;
+            let mut fatal = false;
+            while let Some(item) = s.next().await {
+                let v = item.map_err(|e| e.errstr)?;
+                let e = &v["event"];
+                match e["name"].as_str() {
+                    Some("finish") => code = crate::shellproto::exit_code(e["context"]["status"].as_i64().unwrap_or(0) as i32),
+                    Some("exception") if e["context"]["severity"].as_u64() == Some(0) => fatal = true,
+                    _ => {}
+                }
+            }
+            Ok(if code == 0 && fatal { 1 } else { code })
+        }
+        JobCmd::Cancel(a) => cancel(a).await,
+        JobCmd::Info { id } => {
+            let id = parse_id(&id)?;
+            let c = connect().await?;
+            let r = c.rpc("job-manager.info", 0, &json!({"id": id.0})).await.map_err(|e| e.errstr)?;
+            println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+            Ok(0)
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! The `vigil` command line: `start`, `broker`, job commands (`run`, `submit`, `jobs`, `cancel`, `job ...`),
+//! resource and overlay status, attributes. Command shapes follow flux(1) so Flux and Slurm habits carry over.
+//!
+//! Exit codes: 0 success; 1 error (one line on stderr naming what is wrong); 2 usage error (from clap);
+//! `vigil run` / `vigil job wait` / `vigil start` exit with the job's or initial program's exit code.
+
+mod jobcmd;
+mod start;
+mod status;
+
+use clap::{Parser, Subcommand};
+
+/// Top-level options and subcommand.
+#[derive(Parser, Debug)]
+#[command(name = "vigil", version, about = "Vigil: a failure-aware resource manager for HPC clusters", propagate_version = true)]
+pub struct Cli {
+    /// Subcommand.
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+/// `vigil` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Start an instance of brokers on this machine and run COMMAND (default: your shell) inside it.
+    Start(start::StartArgs),
+    /// Run one broker of a system instance from a TOML bootstrap file.
+    Broker(start::BrokerArgs),
+    /// Submit a job and attach to it: stream its output, exit with its exit code.
+    Run(jobcmd::SubmitArgs),
+    /// Submit a job and print its id.
+    Submit(jobcmd::SubmitArgs),
+    /// List jobs.
+    Jobs(jobcmd::JobsArgs),
+    /// Cancel jobs.
+    Cancel(jobcmd::CancelArgs),
+    /// Job subcommands: submit a jobspec file, eventlog, attach, wait, cancel, info.
+    #[command(subcommand)]
+    Job(jobcmd::JobCmd),
+    /// Resource subcommands: status, list, drain, undrain, R, eventlog.
+    #[command(subcommand)]
+    Resource(status::ResourceCmd),
+    /// Overlay subcommands: status.
+    #[command(subcommand)]
+    Overlay(status::OverlayCmd),
+    /// Show the instance's state, size, depth, uptime and transport.
+    Uptime,
+    /// Print the value of a broker attribute.
+    Getattr(status::GetattrArgs),
+    /// List broker attributes.
+    Lsattr(status::LsattrArgs),
+    /// Send a ping to a rank and print the round-trip time.
+    Ping(status::PingArgs),
+}
+
+/// Entry point of the `vigil` binary; returns the process exit code.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Start(a) => start::start(a),
+        Cmd::Broker(a) => start::broker(a),
+        cmd => {
+            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => return fail(format!("cannot start runtime: {e}")),
+            };
+            rt.block_on(async move {
+                let r = match cmd {
+                    Cmd::Run(a) => jobcmd::run(a, true).await,
+                    Cmd::Submit(a) => jobcmd::run(a, false).await,
+                    Cmd::Jobs(a) => jobcmd::jobs(a).await,
+                    Cmd::Cancel(a) => jobcmd::cancel(a).await,
+                    Cmd::Job(c) => jobcmd::job(c).await,
+                    Cmd::Resource(c) => status::resource(c).await,
+                    Cmd::Overlay(c) => status::overlay(c).await,
+                    Cmd::Uptime => status::uptime().await,
+                    Cmd::Getattr(a) => status::getattr(a).await,
+                    Cmd::Lsattr(a) => status::lsattr(a).await,
+                    Cmd::Ping(a) => status::ping(a).await,
+                    Cmd::Start(_) | Cmd::Broker(_) => Ok(0),
+                };
+                r.unwrap_or_else(fail)
+            })
+        }
+    }
+}
+
+/// Print `vigil: msg` to stderr and return exit code 1.
+pub(crate) fn fail(msg: String) -> i32 {
+    eprintln!("vigil: {msg}");
+    1
+}
+
+/// Connect to `$VIGIL_URI`, mapping errors to one line.
+pub(crate) async fn connect() -> Result<crate::client::Client, String> {
+    crate::client::Client::connect_env().await.map_err(|e| e.to_string())
+}
+
+/// Parse `-S name=value` pairs.
+pub(crate) fn parse_attrs(list: &[String]) -> Result<std::collections::BTreeMap<String, String>, String> {
+    let mut m = std::collections::BTreeMap::new();
+    for s in list {
+        let (k, v) = s.split_once('=').ok_or_else(|| format!("-S {s}: expected ATTR=VALUE"))?;
+        if k.is_empty() {
+            return Err(format!("-S {s}: empty attribute name"));
+        }
+        m.insert(k.to_string(), v.to_string());
+    }
+    Ok(m)
+}
+
+/// Human-readable duration for tables: `45s`, `3.2m`, `1.5h`, `2.1d`.
+pub(crate) fn fmt_secs(s: f64) -> String {
+    if s < 60.0 {
+        format!("{s:.1}s")
+    } else if s < 3600.0 {
+        format!("{:.1}m", s / 60.0)
+    } else if s < 86400.0 {
+        format!("{:.1}h", s / 3600.0)
+    } else {
+        format!("{:.1}d", s / 86400.0)
+    }
+}

@@ -1,0 +1,333 @@
+//! `vigil start` (a test instance on this machine) and `vigil broker` (one broker of a configured instance).
+
+use super::{fail, parse_attrs};
+use crate::broker::config::ConfigFile;
+use crate::broker::{BrokerOptions, ListenSpec};
+use crate::hwloc::TopologySource;
+use crate::topology::Topology;
+use clap::Args;
+use std::collections::BTreeMap;
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Options of `vigil start`.
+#[derive(Args, Debug)]
+#[command(trailing_var_arg = true)]
+pub struct StartArgs {
+    /// Number of brokers to start on this machine.
+    #[arg(long = "test-size", value_name = "N", default_value_t = 1)]
+    pub test_size: u32,
+    /// Set a broker attribute (repeatable), e.g. `-S tbon.topo=kary:2`, `-S resource.synthetic="pack:4 numa:1 core:24 pu:2"`.
+    #[arg(short = 'S', long = "setattr", value_name = "ATTR=VAL")]
+    pub setattr: Vec<String>,
+    /// Initial program and its arguments (default: $SHELL).
+    #[arg(value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+/// Options of `vigil broker`.
+#[derive(Args, Debug)]
+#[command(trailing_var_arg = true)]
+pub struct BrokerArgs {
+    /// TOML bootstrap file listing the instance's hosts (see docs/system-instance.md).
+    #[arg(long, value_name = "FILE")]
+    pub config: String,
+    /// Host name to look up in the config (default: this machine's).
+    #[arg(long)]
+    pub hostname: Option<String>,
+    /// Rank to use, bypassing the host name lookup.
+    #[arg(long)]
+    pub rank: Option<u32>,
+    /// Inherited, already bound overlay listener (used by `vigil start`).
+    #[arg(long, value_name = "FD")]
+    pub listen_fd: Option<i32>,
+    /// Run directory for the local socket (default: /run/vigil or a temporary directory).
+    #[arg(long)]
+    pub rundir: Option<PathBuf>,
+    /// Instance id shared by all brokers of the instance.
+    #[arg(long)]
+    pub instance: Option<String>,
+    /// Set a broker attribute (repeatable).
+    #[arg(short = 'S', long = "setattr", value_name = "ATTR=VAL")]
+    pub setattr: Vec<String>,
+    /// Initial program (rank 0 only); without one, the instance runs until SIGTERM.
+    #[arg(value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+fn init_logging(attrs: &BTreeMap<String, String>, rank: u32) {
+    let level = attrs.get("log-level").cloned().or_else(|| std::env::var("VIGIL_LOG").ok()).unwrap_or_else(|| "warn".into());
+    let filter = tracing_subscriber::EnvFilter::try_new(&level).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_thread_ids(false)
+        .compact()
+        .try_init();
+    tracing::debug!(rank, "logging at {level}");
+}
+
+fn hostname() -> String {
+    nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "localhost".into())
+}
+
+/// Topology from `tbon.topo` or the `tbon.fanout` shorthand.
+pub(crate) fn topology_from_attrs(attrs: &BTreeMap<String, String>) -> Result<Topology, String> {
+    match (attrs.get("tbon.topo"), attrs.get("tbon.fanout")) {
+        (Some(t), _) => t.parse().map_err(|e: crate::topology::TopologyParseError| e.to_string()),
+        (None, Some(f)) => f.parse::<u32>().map(Topology::Kary).map_err(|_| format!("invalid tbon.fanout '{f}': expected a number")),
+        (None, None) => Ok(Topology::default()),
+    }
+}
+
+fn topology_source(attrs: &BTreeMap<String, String>) -> Result<(TopologySource, Option<u32>), String> {
+    let src = match (attrs.get("resource.synthetic"), attrs.get("resource.xml")) {
+        (Some(_), Some(_)) => return Err("set only one of resource.synthetic and resource.xml".into()),
+        (Some(s), None) => TopologySource::Synthetic(s.clone()),
+        (None, Some(x)) => TopologySource::XmlFile(x.into()),
+        (None, None) => TopologySource::Live,
+    };
+    // Load once here so a bad description is one clear error, not N broker failures.
+    if src != TopologySource::Live {
+        crate::hwloc::NodeTopology::load(&src).map_err(|e| format!("resource topology: {e}"))?;
+    }
+    let gpus = match attrs.get("resource.gpus") {
+        Some(g) => Some(g.parse::<u32>().map_err(|_| format!("invalid resource.gpus '{g}': expected a count"))?),
+        None => None,
+    };
+    Ok((src, gpus))
+}
+
+const KNOWN_ATTRS: &[&str] = &[
+    "tbon.topo", "tbon.fanout", "tbon.connect_timeout", "resource.synthetic", "resource.xml", "resource.gpus",
+    "exec.kill-timeout", "exec.shell", "log-level", "rundir", "instance-level",
+];
+
+fn check_attrs(attrs: &BTreeMap<String, String>) -> Result<(), String> {
+    for k in attrs.keys() {
+        if !KNOWN_ATTRS.contains(&k.as_str()) {
+            return Err(format!("unknown attribute '{k}' (known: {})", KNOWN_ATTRS.join(", ")));
+        }
+    }
+    if let Some(v) = attrs.get("exec.kill-timeout") {
+        crate::duration::parse_duration_secs(v).map_err(|e| format!("exec.kill-timeout: {e}"))?;
+    }
+    Ok(())
+}
+
+/// `vigil start`.
+pub fn start(a: StartArgs) -> i32 {
+    match start_inner(a) {
+        Ok(c) => c,
+        Err(e) => fail(e),
+    }
+}
+
+fn start_inner(a: StartArgs) -> Result<i32, String> {
+    let attrs = parse_attrs(&a.setattr)?;
+    check_attrs(&attrs)?;
+    init_logging(&attrs, 0);
+    if a.test_size == 0 {
+        return Err("--test-size must be at least 1".into());
+    }
+    if a.test_size > 4096 {
+        return Err("--test-size is limited to 4096 brokers on one machine".into());
+    }
+    let topo = topology_from_attrs(&attrs)?;
+    topology_source(&attrs)?;
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the vigil binary: {e}"))?;
+    let rundir = match attrs.get("rundir") {
+        Some(d) => PathBuf::from(d),
+        None => {
+            let base = std::env::var("TMPDIR").unwrap_or_else(|_| "/tmp".into());
+            PathBuf::from(base).join(format!("vigil-{}-{}", std::process::id(), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0)))
+        }
+    };
+    std::fs::create_dir_all(&rundir).map_err(|e| format!("cannot create {}: {e}", rundir.display()))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&rundir, std::fs::Permissions::from_mode(0o755));
+    }
+    // Bind every broker's overlay listener here, so no port can be taken between choosing and binding it.
+    let mut listeners = Vec::new();
+    let mut endpoints = Vec::new();
+    for _ in 0..a.test_size {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("cannot bind a loopback port: {e}"))?;
+        let port = l.local_addr().map_err(|e| e.to_string())?.port();
+        endpoints.push(format!("tcp://127.0.0.1:{port}"));
+        listeners.push(l);
+    }
+    let host = hostname();
+    let mut cfg = String::from("# generated by vigil start\n[bootstrap]\nhosts = [\n");
+    for ep in &endpoints {
+        cfg.push_str(&format!("  {{ host = \"{host}\", bind = \"{ep}\", connect = \"{ep}\" }},\n"));
+    }
+    cfg.push_str(&format!("]\n[tbon]\ntopo = \"{topo}\"\n"));
+    let cfg_path = rundir.join("config.toml");
+    std::fs::write(&cfg_path, cfg).map_err(|e| format!("cannot write {}: {e}", cfg_path.display()))?;
+    let instance = format!("{}-{}", host, rundir.file_name().and_then(|s| s.to_str()).unwrap_or("vigil"));
+
+    let command = if a.command.is_empty() { vec![std::env::var("SHELL").unwrap_or_else(|_| "/bin/sh".into())] } else { a.command.clone() };
+    let mut children = Vec::new();
+    for (rank, l) in listeners.into_iter().enumerate() {
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.arg("broker")
+            .arg(format!("--config={}", cfg_path.display()))
+            .arg(format!("--rank={rank}"))
+            .arg("--listen-fd=3")
+            .arg(format!("--rundir={}", rundir.display()))
+            .arg(format!("--instance={instance}"));
+        for s in &a.setattr {
+            cmd.arg(format!("--setattr={s}"));
+        }
+        if rank == 0 {
+            cmd.arg("--").args(&command);
+        } else {
+            cmd.stdin(std::process::Stdio::null());
+        }
+        let fd = l.as_raw_fd();
+        // SAFETY: between fork and exec we only call dup2 (async-signal-safe) to place the listener at fd 3;
+        // dup2 clears FD_CLOEXEC on the new descriptor.
+        unsafe {
+            cmd.pre_exec(move || {
+                if fd == 3 {
+                    let flags = libc::fcntl(3, libc::F_GETFD);
+                    libc::fcntl(3, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
+                } else if libc::dup2(fd, 3) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().map_err(|e| format!("cannot start broker {rank}: {e}"))?;
+        drop(l);
+        children.push(child);
+    }
+    // SIGINT goes to the initial program (same terminal); we wait for the instance to wind down.
+    // SAFETY: setting the disposition of SIGINT/SIGQUIT to ignore in a single-threaded process.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        libc::signal(libc::SIGQUIT, libc::SIG_IGN);
+    }
+    let code = wait_instance(&mut children);
+    let _ = std::fs::remove_dir_all(&rundir);
+    Ok(code)
+}
+
+/// Wait for rank 0; if another broker dies first with an error, tear the instance down.
+fn wait_instance(children: &mut [std::process::Child]) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    let code_of = |s: std::process::ExitStatus| s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0));
+    let mut rank0: Option<i32> = None;
+    let mut failed: Option<(usize, i32)> = None;
+    loop {
+        for (r, c) in children.iter_mut().enumerate() {
+            if let Ok(Some(st)) = c.try_wait() {
+                if r == 0 && rank0.is_none() {
+                    rank0 = Some(code_of(st));
+                } else if r != 0 && failed.is_none() && rank0.is_none() && !st.success() {
+                    failed = Some((r, code_of(st)));
+                }
+            }
+        }
+        if rank0.is_some() || failed.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if let Some((r, c)) = failed {
+        eprintln!("vigil: broker {r} exited with code {c}; shutting the instance down");
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(children[0].id() as i32), nix::sys::signal::Signal::SIGTERM);
+    }
+    // Give the rest of the tree time to leave, then make sure nothing is left behind.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let mut all = true;
+        for (r, c) in children.iter_mut().enumerate() {
+            match c.try_wait() {
+                Ok(Some(st)) => {
+                    if r == 0 && rank0.is_none() {
+                        rank0 = Some(code_of(st));
+                    }
+                }
+                _ => all = false,
+            }
+        }
+        if all {
+            break;
+        }
+        if Instant::now() >= deadline {
+            for c in children.iter_mut() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    match failed {
+        Some(_) => rank0.filter(|c| *c != 0).unwrap_or(1),
+        None => rank0.unwrap_or(1),
+    }
+}
+
+/// `vigil broker`.
+pub fn broker(a: BrokerArgs) -> i32 {
+    let mut attrs = match parse_attrs(&a.setattr) {
+        Ok(m) => m,
+        Err(e) => return fail(e),
+    };
+    let cfg = match ConfigFile::load(&a.config) {
+        Ok(c) => c,
+        Err(e) => return fail(e.to_string()),
+    };
+    if let (Some(t), false) = (&cfg.tbon.topo, attrs.contains_key("tbon.topo") || attrs.contains_key("tbon.fanout")) {
+        attrs.insert("tbon.topo".into(), t.clone());
+    }
+    let r = (|| -> Result<BrokerOptions, String> {
+        check_attrs(&attrs)?;
+        let ranks = cfg.ranks().map_err(|e| e.to_string())?;
+        let host = a.hostname.clone().unwrap_or_else(hostname);
+        let rank = match a.rank {
+            Some(r) if (r as usize) < ranks.len() => r,
+            Some(r) => return Err(format!("--rank {r} is out of range: the config lists {} hosts", ranks.len())),
+            None => cfg.rank_of(&host).map_err(|e| e.to_string())?,
+        };
+        let topo = topology_from_attrs(&attrs)?;
+        let (topology, declared_gpus) = topology_source(&attrs)?;
+        let listen = match a.listen_fd {
+            Some(fd) => ListenSpec::Fd(fd),
+            None => ListenSpec::Endpoint(ranks[rank as usize].bind.clone()),
+        };
+        let rundir = a.rundir.clone().or_else(|| attrs.get("rundir").map(PathBuf::from)).unwrap_or_else(|| PathBuf::from("/tmp").join(format!("vigil-broker-{rank}-{}", std::process::id())));
+        let connect_timeout = attrs.get("tbon.connect_timeout").and_then(|v| crate::duration::parse_duration_secs(v).ok()).unwrap_or(60.0);
+        Ok(BrokerOptions {
+            rank,
+            size: ranks.len() as u32,
+            topo,
+            hostname: if a.rank.is_some() && a.hostname.is_none() { ranks[rank as usize].host.clone() } else { host },
+            instance: a.instance.clone().or_else(|| cfg.bootstrap.instance.clone()).unwrap_or_else(|| "vigil".into()),
+            endpoints: ranks.iter().map(|r| r.connect.clone()).collect(),
+            listen,
+            rundir,
+            attrs: attrs.clone(),
+            initial_program: if rank == 0 && !a.command.is_empty() { Some(a.command.clone()) } else { None },
+            topology,
+            declared_gpus,
+            connect_timeout,
+        })
+    })();
+    let opts = match r {
+        Ok(o) => o,
+        Err(e) => return fail(e),
+    };
+    init_logging(&attrs, opts.rank);
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => return fail(format!("cannot start runtime: {e}")),
+    };
+    rt.block_on(crate::broker::run(opts))
+}

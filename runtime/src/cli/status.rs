@@ -1,0 +1,337 @@
+//! Status commands: `resource`, `overlay status`, `uptime`, `getattr`, `lsattr`, `ping`.
+
+use super::{connect, fmt_secs};
+use crate::hostlist::Hostlist;
+use crate::idset::IdSet;
+use clap::{Args, Subcommand};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+
+/// `vigil resource` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum ResourceCmd {
+    /// Show which ranks are avail, drained, torpid or down, with hostlists.
+    Status {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show free, allocated and down cores and GPUs.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Drain ranks (no new work is placed on them): RANKS is an idset ("1-3,5") or a hostlist.
+    Drain {
+        /// Ranks (idset) or hosts (hostlist).
+        targets: String,
+        /// Reason.
+        reason: Vec<String>,
+    },
+    /// Return drained ranks to service.
+    Undrain {
+        /// Ranks (idset) or hosts (hostlist).
+        targets: String,
+    },
+    /// Print the instance's R (RFC 20).
+    R,
+    /// Print the resource eventlog (RFC 44).
+    Eventlog,
+}
+
+/// `vigil overlay` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum OverlayCmd {
+    /// Draw the TBON with each broker's state and each subtree's health.
+    Status {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Options of `vigil getattr`.
+#[derive(Args, Debug)]
+pub struct GetattrArgs {
+    /// Attribute name.
+    pub name: String,
+    /// Ask this rank's broker (default: the one this command is attached to).
+    #[arg(short, long)]
+    pub rank: Option<u32>,
+}
+
+/// Options of `vigil lsattr`.
+#[derive(Args, Debug)]
+pub struct LsattrArgs {
+    /// Show values.
+    #[arg(short = 'v', long)]
+    pub values: bool,
+}
+
+/// Options of `vigil ping`.
+#[derive(Args, Debug)]
+pub struct PingArgs {
+    /// Target rank.
+    pub rank: u32,
+    /// Number of pings.
+    #[arg(short, long, default_value_t = 1)]
+    pub count: u32,
+}
+
+async fn resolve_targets(c: &crate::client::Client, t: &str) -> Result<IdSet, String> {
+    if let Ok(s) = IdSet::parse(t) {
+        return Ok(s);
+    }
+    let hl = Hostlist::parse(t).map_err(|e| format!("'{t}' is neither an idset of ranks nor a hostlist: {e}"))?;
+    let st = c.rpc("resource.status", 0, &json!({})).await.map_err(|e| e.errstr)?;
+    let mut out = IdSet::new();
+    for h in hl.iter() {
+        let r = st["ranks"].as_array().and_then(|a| a.iter().find(|r| r["hostname"].as_str() == Some(h))).and_then(|r| r["rank"].as_u64());
+        match r {
+            Some(r) => {
+                out.insert(r as u32);
+            }
+            None => return Err(format!("unknown host '{h}'")),
+        }
+    }
+    Ok(out)
+}
+
+fn hosts_of(rows: &[&Value]) -> String {
+    let hl: Hostlist = rows.iter().map(|r| r["hostname"].as_str().unwrap_or("").to_string()).collect();
+    hl.to_string()
+}
+
+/// `vigil resource ...`.
+pub(crate) async fn resource(cmd: ResourceCmd) -> Result<i32, String> {
+    let c = connect().await?;
+    match cmd {
+        ResourceCmd::Status { json: as_json } => {
+            let r = c.rpc("resource.status", 0, &json!({})).await.map_err(|e| e.errstr)?;
+            if as_json {
+                println!("{r}");
+                return Ok(0);
+            }
+            let rows = r["ranks"].as_array().cloned().unwrap_or_default();
+            let mut groups: BTreeMap<(usize, String, String), Vec<&Value>> = BTreeMap::new();
+            for row in &rows {
+                let st = row["state"].as_str().unwrap_or("").to_string();
+                let order = ["avail", "torpid", "drained", "down"].iter().position(|s| *s == st).unwrap_or(9);
+                let reason = row["reason"].as_str().unwrap_or("").to_string();
+                groups.entry((order, st, reason)).or_default().push(row);
+            }
+            println!("{:>8} {:>6} {:<12} {:<24} REASON", "STATE", "NNODES", "RANKS", "NODELIST");
+            for s in ["avail", "drained", "down"] {
+                if !groups.keys().any(|k| k.1 == s) {
+                    groups.insert((["avail", "torpid", "drained", "down"].iter().position(|x| *x == s).unwrap_or(9), s.into(), String::new()), vec![]);
+                }
+            }
+            for ((_, st, reason), rs) in &groups {
+                let ranks: IdSet = rs.iter().filter_map(|r| r["rank"].as_u64()).map(|r| r as u32).collect();
+                println!("{:>8} {:>6} {:<12} {:<24} {}", st, rs.len(), ranks.to_string(), hosts_of(rs), reason);
+            }
+            Ok(0)
+        }
+        ResourceCmd::List { json: as_json } => {
+            let r = c.rpc("resource.list", 0, &json!({})).await.map_err(|e| e.errstr)?;
+            if as_json {
+                println!("{r}");
+                return Ok(0);
+            }
+            let rows = r["ranks"].as_array().cloned().unwrap_or_default();
+            let u = |v: &Value, k: &str| v[k].as_u64().unwrap_or(0);
+            let mut free = (Vec::new(), 0, 0);
+            let mut alloc = (Vec::new(), 0, 0);
+            let mut down = (Vec::new(), 0, 0);
+            for row in &rows {
+                if !row["up"].as_bool().unwrap_or(false) {
+                    down.0.push(row);
+                    down.1 += u(row, "ncores");
+                    down.2 += u(row, "ngpus");
+                    continue;
+                }
+                let (fc, fg) = (u(row, "ncores") - u(row, "nalloc_cores"), u(row, "ngpus") - u(row, "nalloc_gpus"));
+                if fc > 0 || fg > 0 {
+                    free.0.push(row);
+                    free.1 += fc;
+                    free.2 += fg;
+                }
+                if u(row, "nalloc_cores") > 0 || u(row, "nalloc_gpus") > 0 {
+                    alloc.0.push(row);
+                    alloc.1 += u(row, "nalloc_cores");
+                    alloc.2 += u(row, "nalloc_gpus");
+                }
+            }
+            println!("{:>10} {:>6} {:>8} {:>6} NODELIST", "STATE", "NNODES", "NCORES", "NGPUS");
+            for (name, g) in [("free", &free), ("allocated", &alloc), ("down", &down)] {
+                println!("{:>10} {:>6} {:>8} {:>6} {}", name, g.0.len(), g.1, g.2, hosts_of(&g.0));
+            }
+            Ok(0)
+        }
+        ResourceCmd::Drain { targets, reason } => {
+            let ranks = resolve_targets(&c, &targets).await?;
+            c.rpc("resource.drain", 0, &json!({"ranks": ranks.to_string(), "reason": reason.join(" ")})).await.map_err(|e| e.errstr)?;
+            Ok(0)
+        }
+        ResourceCmd::Undrain { targets } => {
+            let ranks = resolve_targets(&c, &targets).await?;
+            c.rpc("resource.undrain", 0, &json!({"ranks": ranks.to_string()})).await.map_err(|e| e.errstr)?;
+            Ok(0)
+        }
+        ResourceCmd::R => {
+            let r = c.rpc("resource.R", 0, &json!({})).await.map_err(|e| e.errstr)?;
+            println!("{r}");
+            Ok(0)
+        }
+        ResourceCmd::Eventlog => {
+            let r = c.rpc("resource.eventlog", 0, &json!({})).await.map_err(|e| e.errstr)?;
+            for e in r["eventlog"].as_array().cloned().unwrap_or_default() {
+                println!("{e}");
+            }
+            Ok(0)
+        }
+    }
+}
+
+/// Health of the subtree rooted at `rank`: full, partial (some offline), degraded (some lost), lost, offline.
+fn subtree_health(ranks: &[Value], rank: usize) -> &'static str {
+    let st = |r: usize| ranks.get(r).and_then(|v| v["state"].as_str()).unwrap_or("offline");
+    match st(rank) {
+        "lost" => return "lost",
+        "offline" => return "offline",
+        _ => {}
+    }
+    let mut stack = vec![rank];
+    let (mut offline, mut lost) = (false, false);
+    while let Some(r) = stack.pop() {
+        match st(r) {
+            "lost" => lost = true,
+            "offline" => offline = true,
+            _ => {}
+        }
+        if let Some(ch) = ranks.get(r).and_then(|v| v["children"].as_array()) {
+            stack.extend(ch.iter().filter_map(|c| c.as_u64()).map(|c| c as usize));
+        }
+    }
+    if lost {
+        "degraded"
+    } else if offline {
+        "partial"
+    } else {
+        "full"
+    }
+}
+
+fn draw(ranks: &[Value], rank: usize, prefix: &str, last: bool, root: bool, out: &mut String) {
+    let v = &ranks[rank];
+    let health = subtree_health(ranks, rank);
+    let reason = v["reason"].as_str().filter(|s| !s.is_empty()).map(|s| format!(" ({s})")).unwrap_or_default();
+    let branch = if root { "" } else if last { "└─ " } else { "├─ " };
+    out.push_str(&format!("{prefix}{branch}{} {}: {health}{reason}\n", rank, v["hostname"].as_str().unwrap_or("?")));
+    let ch: Vec<usize> = v["children"].as_array().map(|a| a.iter().filter_map(|c| c.as_u64()).map(|c| c as usize).collect()).unwrap_or_default();
+    let np = if root { String::new() } else { format!("{prefix}{}", if last { "   " } else { "│  " }) };
+    for (i, c) in ch.iter().enumerate() {
+        if *c < ranks.len() {
+            draw(ranks, *c, &np, i + 1 == ch.len(), false, out);
+        }
+    }
+}
+
+/// `vigil overlay status`.
+pub(crate) async fn overlay(cmd: OverlayCmd) -> Result<i32, String> {
+    let c = connect().await?;
+    match cmd {
+        OverlayCmd::Status { json: as_json } => {
+            let r = c.rpc("overlay.status", 0, &json!({})).await.map_err(|e| e.errstr)?;
+            if as_json {
+                println!("{r}");
+                return Ok(0);
+            }
+            let ranks = r["ranks"].as_array().cloned().unwrap_or_default();
+            println!(
+                "size {}, topo {}, depth {}, transport {}, critical ranks {}",
+                r["size"],
+                r["topo"].as_str().unwrap_or(""),
+                r["depth"],
+                r["transport"].as_str().unwrap_or(""),
+                r["critical_ranks"].as_str().unwrap_or("")
+            );
+            let mut out = String::new();
+            if !ranks.is_empty() {
+                draw(&ranks, 0, "", true, true, &mut out);
+            }
+            print!("{out}");
+            Ok(0)
+        }
+    }
+}
+
+/// `vigil uptime`.
+pub(crate) async fn uptime() -> Result<i32, String> {
+    let c = connect().await?;
+    let r = c.rpc("broker.info", 0, &json!({})).await.map_err(|e| e.errstr)?;
+    let owner = nix::unistd::User::from_uid(nix::unistd::getuid()).ok().flatten().map(|u| u.name).unwrap_or_default();
+    let now = chrono_like_now();
+    println!(
+        " {now} {} {}, owner {owner}, depth {}, size {}, tbon {} (levels {}), transport {}, resources {}",
+        r["state"].as_str().unwrap_or("?"),
+        fmt_secs(r["uptime"].as_f64().unwrap_or(0.0)),
+        r["instance_level"].as_str().unwrap_or("0"),
+        r["size"],
+        r["topo"].as_str().unwrap_or(""),
+        r["depth"],
+        r["transport"].as_str().unwrap_or(""),
+        r["resource_source"].as_str().unwrap_or(""),
+    );
+    Ok(0)
+}
+
+fn chrono_like_now() -> String {
+    let t = crate::broker_now() as i64;
+    let mut tm: libc::tm = unsafe_zeroed_tm();
+    // SAFETY: localtime_r writes into the tm we own; t is a valid time_t.
+    unsafe { libc::localtime_r(&t, &mut tm) };
+    format!("{:02}:{:02}:{:02}", tm.tm_hour, tm.tm_min, tm.tm_sec)
+}
+
+fn unsafe_zeroed_tm() -> libc::tm {
+    // SAFETY: libc::tm is a plain C struct of integers (and a nullable pointer); all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+/// `vigil getattr`.
+pub(crate) async fn getattr(a: GetattrArgs) -> Result<i32, String> {
+    let c = connect().await?;
+    let rank = a.rank.unwrap_or(c.welcome.rank);
+    let r = c.rpc("broker.getattr", rank, &json!({"name": a.name})).await.map_err(|e| format!("{}: {}", a.name, e.errstr))?;
+    println!("{}", r["value"].as_str().unwrap_or(""));
+    Ok(0)
+}
+
+/// `vigil lsattr`.
+pub(crate) async fn lsattr(a: LsattrArgs) -> Result<i32, String> {
+    let c = connect().await?;
+    let r = c.rpc("broker.lsattr", c.welcome.rank, &json!({})).await.map_err(|e| e.errstr)?;
+    if let Some(m) = r["attrs"].as_object() {
+        for (k, v) in m {
+            if a.values {
+                println!("{k:<24} {}", v.as_str().unwrap_or(""));
+            } else {
+                println!("{k}");
+            }
+        }
+    }
+    Ok(0)
+}
+
+/// `vigil ping`.
+pub(crate) async fn ping(a: PingArgs) -> Result<i32, String> {
+    let c = connect().await?;
+    for i in 0..a.count.max(1) {
+        let t = std::time::Instant::now();
+        let r = c.rpc("broker.ping", a.rank, &json!({"seq": i})).await.map_err(|e| format!("rank {}: {}", a.rank, e.errstr))?;
+        println!("rank {} ({}): seq={i} time={:.3} ms hops={}", a.rank, r["hostname"].as_str().unwrap_or(""), t.elapsed().as_secs_f64() * 1e3, r["route"]);
+    }
+    Ok(0)
+}

@@ -1,0 +1,270 @@
+//! Client side of the local connector: RPCs, response streams and events over a broker's Unix socket.
+//!
+//! A `VIGIL_URI` has the form `local:///path/to/local-N` (a bare path is accepted too). On connect the broker
+//! answers with a `welcome` control message (`{"rank", "size", "instance", "uid"}`) or a `refused` one
+//! (`{"errstr"}`), e.g. when the connecting uid is not the instance owner's (SO_PEERCRED check).
+
+use crate::message::{errno, read_frame, Message, MsgType, FLAG_NORESPONSE, FLAG_STREAMING};
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::io::AsyncWriteExt;
+use tokio::net::UnixStream;
+use tokio::sync::mpsc;
+
+/// Environment variable naming the URI of the broker a command talks to.
+pub const URI_ENV: &str = "VIGIL_URI";
+
+/// Failure of an RPC: the errno of the error response (POSIX) and its message.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("{errstr}")]
+pub struct RpcError {
+    /// POSIX errno (e.g. 38 ENOSYS, 113 EHOSTUNREACH); 0 never appears here.
+    pub errnum: u32,
+    /// Human-readable reason (the response's `errstr`, or the errno's description).
+    pub errstr: String,
+}
+
+impl RpcError {
+    fn from_response(m: &Message) -> RpcError {
+        let errstr = m.errstr().unwrap_or_else(|| errno_str(m.errnum).to_string());
+        RpcError { errnum: m.errnum, errstr }
+    }
+    fn disconnected() -> RpcError {
+        RpcError { errnum: errno::EHOSTUNREACH, errstr: "lost connection to broker".into() }
+    }
+}
+
+/// Short description of the errno values Vigil uses.
+pub fn errno_str(e: u32) -> &'static str {
+    match e {
+        errno::EPERM => "Operation not permitted",
+        errno::ENOENT => "No such file or directory",
+        errno::EINVAL => "Invalid argument",
+        errno::ENOSYS => "Function not implemented",
+        errno::ENODATA => "No data available",
+        errno::EPROTO => "Protocol error",
+        errno::EHOSTUNREACH => "No route to host",
+        errno::ENOSPC => "No space left on device",
+        errno::EEXIST => "File exists",
+        errno::EBUSY => "Device or resource busy",
+        errno::EAGAIN => "Resource temporarily unavailable",
+        _ => "Unknown error",
+    }
+}
+
+/// Error connecting to a broker.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// `VIGIL_URI` is not set and no URI was given.
+    #[error("VIGIL_URI is not set: run this command inside an instance (vigil start) or pass --uri")]
+    NoUri,
+    /// The URI scheme is not `local://`.
+    #[error("unsupported URI '{0}': expected local:///path")]
+    BadUri(String),
+    /// The socket could not be reached.
+    #[error("cannot connect to {path}: {err}")]
+    Io {
+        /// Socket path.
+        path: String,
+        /// Underlying error.
+        err: std::io::Error,
+    },
+    /// The broker refused the connection (e.g. not the instance owner).
+    #[error("broker refused connection: {0}")]
+    Refused(String),
+    /// The broker sent something other than a welcome.
+    #[error("protocol error during connect: {0}")]
+    Protocol(String),
+}
+
+/// What the broker said about itself on connect.
+#[derive(Debug, Clone, serde::Deserialize, Serialize, Default)]
+pub struct Welcome {
+    /// Rank of the broker this client is attached to.
+    pub rank: u32,
+    /// Number of brokers in the instance.
+    pub size: u32,
+    /// Instance identifier.
+    #[serde(default)]
+    pub instance: String,
+    /// uid of the instance owner.
+    #[serde(default)]
+    pub uid: u32,
+}
+
+type Pending = Arc<Mutex<HashMap<u32, mpsc::UnboundedSender<Message>>>>;
+
+/// A connection to one broker. Cheap to clone; all clones share the connection.
+#[derive(Clone)]
+pub struct Client {
+    tx: mpsc::UnboundedSender<Message>,
+    pending: Pending,
+    events: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Message>>>,
+    next_tag: Arc<AtomicU32>,
+    /// The broker's welcome (its rank, the instance size...).
+    pub welcome: Welcome,
+}
+
+/// Parse a `local://` URI (or bare path) into a socket path.
+pub fn uri_to_path(uri: &str) -> Result<String, ConnectError> {
+    if let Some(p) = uri.strip_prefix("local://") {
+        Ok(p.to_string())
+    } else if uri.starts_with('/') || uri.starts_with('.') {
+        Ok(uri.to_string())
+    } else {
+        Err(ConnectError::BadUri(uri.to_string()))
+    }
+}
+
+impl Client {
+    /// Connect to the broker named by `$VIGIL_URI`.
+    pub async fn connect_env() -> Result<Client, ConnectError> {
+        let uri = std::env::var(URI_ENV).map_err(|_| ConnectError::NoUri)?;
+        Client::connect(&uri).await
+    }
+
+    /// Connect to the broker at `uri` (`local:///path`) and wait for its welcome.
+    pub async fn connect(uri: &str) -> Result<Client, ConnectError> {
+        let path = uri_to_path(uri)?;
+        let stream = UnixStream::connect(&path).await.map_err(|err| ConnectError::Io { path: path.clone(), err })?;
+        let (mut rd, mut wr) = stream.into_split();
+        let first = read_frame(&mut rd).await.map_err(|e| ConnectError::Protocol(e.to_string()))?;
+        let welcome = match first {
+            Some(m) if m.msgtype == MsgType::Control && m.topic == "welcome" => {
+                m.decode::<Welcome>().map_err(|e| ConnectError::Protocol(e.to_string()))?
+            }
+            Some(m) if m.msgtype == MsgType::Control && m.topic == "refused" => {
+                return Err(ConnectError::Refused(m.errstr().unwrap_or_else(|| "no reason given".into())))
+            }
+            Some(m) => return Err(ConnectError::Protocol(format!("unexpected {:?} '{}'", m.msgtype, m.topic))),
+            None => return Err(ConnectError::Refused("connection closed by broker".into())),
+        };
+        let (tx, mut rx) = mpsc::unbounded_channel::<Message>();
+        let (etx, erx) = mpsc::unbounded_channel::<Message>();
+        let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
+        tokio::spawn(async move {
+            while let Some(m) = rx.recv().await {
+                if wr.write_all(&m.encode()).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let p2 = pending.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(m)) = read_frame(&mut rd).await {
+                match m.msgtype {
+                    MsgType::Response => {
+                        let tx = p2.lock().ok().and_then(|g| g.get(&m.matchtag).cloned());
+                        if let Some(tx) = tx {
+                            let _ = tx.send(m);
+                        }
+                    }
+                    MsgType::Event => {
+                        let _ = etx.send(m);
+                    }
+                    _ => {}
+                }
+            }
+            // Dropping the senders wakes every waiter with "disconnected".
+            if let Ok(mut g) = p2.lock() {
+                g.clear();
+            }
+        });
+        Ok(Client {
+            tx,
+            pending,
+            events: Arc::new(tokio::sync::Mutex::new(erx)),
+            next_tag: Arc::new(AtomicU32::new(1)),
+            welcome,
+        })
+    }
+
+    fn send_request(&self, topic: &str, nodeid: u32, payload: &impl Serialize, flags: u8) -> Result<(u32, mpsc::UnboundedReceiver<Message>), RpcError> {
+        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+        let mut m = Message::request(topic, nodeid, payload);
+        m.matchtag = tag;
+        m.flags = flags;
+        let (tx, rx) = mpsc::unbounded_channel();
+        if flags & FLAG_NORESPONSE == 0 {
+            if let Ok(mut g) = self.pending.lock() {
+                g.insert(tag, tx);
+            }
+        }
+        self.tx.send(m).map_err(|_| RpcError::disconnected())?;
+        Ok((tag, rx))
+    }
+
+    fn forget(&self, tag: u32) {
+        if let Ok(mut g) = self.pending.lock() {
+            g.remove(&tag);
+        }
+    }
+
+    /// Send a request and wait for its single response. `nodeid` is a rank or [`crate::message::NODEID_ANY`].
+    pub async fn rpc(&self, topic: &str, nodeid: u32, payload: &impl Serialize) -> Result<Value, RpcError> {
+        let (tag, mut rx) = self.send_request(topic, nodeid, payload, 0)?;
+        let r = rx.recv().await;
+        self.forget(tag);
+        match r {
+            Some(m) if m.errnum == 0 => Ok(m.json()),
+            Some(m) => Err(RpcError::from_response(&m)),
+            None => Err(RpcError::disconnected()),
+        }
+    }
+
+    /// Send a request that wants no response.
+    pub fn send(&self, topic: &str, nodeid: u32, payload: &impl Serialize) -> Result<(), RpcError> {
+        self.send_request(topic, nodeid, payload, FLAG_NORESPONSE).map(|_| ())
+    }
+
+    /// Send a streaming request; read its responses with [`RpcStream::next`] until it ends (ENODATA).
+    pub fn rpc_stream(&self, topic: &str, nodeid: u32, payload: &impl Serialize) -> Result<RpcStream, RpcError> {
+        let (tag, rx) = self.send_request(topic, nodeid, payload, FLAG_STREAMING)?;
+        Ok(RpcStream { rx, done: false, tag, client: self.clone() })
+    }
+
+    /// Subscribe to events whose topic starts with `prefix`.
+    pub async fn subscribe(&self, prefix: &str) -> Result<(), RpcError> {
+        self.rpc("broker.sub", crate::message::NODEID_ANY, &serde_json::json!({"topic": prefix})).await.map(|_| ())
+    }
+
+    /// Wait for the next event this client subscribed to; `None` when the connection closed.
+    pub async fn next_event(&self) -> Option<Message> {
+        self.events.lock().await.recv().await
+    }
+}
+
+/// The responses of a streaming RPC.
+pub struct RpcStream {
+    rx: mpsc::UnboundedReceiver<Message>,
+    done: bool,
+    tag: u32,
+    client: Client,
+}
+
+impl RpcStream {
+    /// Next response payload; `None` after the normal end of the stream (ENODATA); `Some(Err)` once on error.
+    pub async fn next(&mut self) -> Option<Result<Value, RpcError>> {
+        if self.done {
+            return None;
+        }
+        let r = match self.rx.recv().await {
+            Some(m) if m.errnum == 0 => return Some(Ok(m.json())),
+            Some(m) if m.errnum == errno::ENODATA => None,
+            Some(m) => Some(Err(RpcError::from_response(&m))),
+            None => Some(Err(RpcError::disconnected())),
+        };
+        self.done = true;
+        self.client.forget(self.tag);
+        r
+    }
+}
+
+impl Drop for RpcStream {
+    fn drop(&mut self) {
+        self.client.forget(self.tag);
+    }
+}

@@ -1,0 +1,682 @@
+//! Job manager, scheduler and exec system of an instance, as one sans-IO state machine ([`JobCore`]).
+//!
+//! Rank 0's broker feeds it requests and reports (submit, cancel, shell spawned, output, shell exit, rank lost)
+//! with the current time in seconds since the epoch, calls [`JobCore::handle_timeout`] at
+//! [`JobCore::next_deadline`], and carries out the [`Action`]s it queues (start a shell on a rank, signal
+//! shells, wake watchers). No sockets, clocks or tasks live here, so every rule (RFC 21 states, FCFS
+//! allocation, time limits, exit-timeout, kill escalation, lost ranks) is tested deterministically.
+
+pub mod jobid;
+pub mod sched;
+pub mod state;
+
+use crate::eventlog::Event;
+use crate::idset::IdSet;
+use crate::jobspec::{JobRequest, Jobspec};
+use crate::r::{RankResources, Rv1};
+use crate::shellproto::{exit_code, OutputLine, ShellExit, ShellInput};
+pub use jobid::JobId;
+use sched::{Pool, RankAlloc};
+use serde_json::{json, Value};
+pub use state::JobState;
+use std::collections::{BTreeMap, VecDeque};
+
+/// Default `exit-timeout`: after the first task exits, the others have this long (seconds).
+pub const DEFAULT_EXIT_TIMEOUT: f64 = 30.0;
+/// Default time between SIGTERM and SIGKILL when a job is cancelled or fails (seconds).
+pub const DEFAULT_KILL_TIMEOUT: f64 = 5.0;
+
+/// Something the broker must do for the job core.
+#[derive(Clone, Debug)]
+pub enum Action {
+    /// Start one job shell on `rank` with this input.
+    SpawnShell {
+        /// Job.
+        id: JobId,
+        /// Broker rank.
+        rank: u32,
+        /// Shell input (boxed: it is large).
+        input: Box<ShellInput>,
+    },
+    /// Send `signal` to the shells (and their tasks) of job `id` on `ranks`.
+    SignalShells {
+        /// Job.
+        id: JobId,
+        /// Broker ranks.
+        ranks: Vec<u32>,
+        /// Signal number.
+        signal: i32,
+    },
+    /// The job's eventlog or output grew: wake its watchers.
+    Updated(JobId),
+}
+
+/// An RFC 21 exception.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Exception {
+    /// Type, e.g. `cancel`, `timelimit`, `exec`, `node-failure`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// 0 = fatal, 1..7 informational.
+    pub severity: u32,
+    /// Human-readable note.
+    pub note: String,
+}
+
+/// Why a submission was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// The jobspec is malformed (the message names the field).
+    #[error("{0}")]
+    Jobspec(String),
+    /// The request can never fit in this instance.
+    #[error("unsatisfiable request: {0}")]
+    Unsatisfiable(#[from] sched::Unsatisfiable),
+}
+
+/// State of one job shell.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ShellState {
+    /// Index among the job's shells.
+    pub shell_rank: u32,
+    /// Broker rank.
+    pub rank: u32,
+    /// Tasks on this shell.
+    pub ntasks: u32,
+    /// The broker confirmed the shell started.
+    pub spawned: bool,
+    /// The shell is gone (exited, failed to start or its rank was lost).
+    pub exited: bool,
+    /// Largest task wait status reported by this shell.
+    pub status: Option<i32>,
+}
+
+/// One job.
+#[derive(Clone, Debug)]
+pub struct Job {
+    /// Id.
+    pub id: JobId,
+    /// Submitting user.
+    pub userid: u32,
+    /// State (RFC 21).
+    pub state: JobState,
+    /// The jobspec as submitted.
+    pub jobspec: Value,
+    /// Validated request.
+    pub req: JobRequest,
+    /// RFC 18 eventlog.
+    pub eventlog: Vec<Event>,
+    /// Task output, in arrival order.
+    pub output: Vec<OutputLine>,
+    /// Allocation, once allocated.
+    pub alloc: Vec<RankAlloc>,
+    /// R of the allocation (RFC 20).
+    pub r: Option<Rv1>,
+    /// Shells by broker rank.
+    pub shells: BTreeMap<u32, ShellState>,
+    /// Submission time (s since epoch).
+    pub t_submit: f64,
+    /// Allocation time.
+    pub t_run: Option<f64>,
+    /// Time it became INACTIVE.
+    pub t_inactive: Option<f64>,
+    /// Time limit expiry (s since epoch), if limited.
+    pub expiration: Option<f64>,
+    /// exit-timeout in seconds (`None` = none).
+    pub exit_timeout: Option<f64>,
+    /// When the first task exited.
+    pub first_exit: Option<f64>,
+    /// When SIGTERM was sent to kill the job.
+    pub term_sent: Option<f64>,
+    /// SIGKILL was sent.
+    pub kill_sent: bool,
+    /// The first fatal exception.
+    pub fatal: Option<Exception>,
+    /// Finish status (largest task wait status).
+    pub status: Option<i32>,
+}
+
+impl Job {
+    fn post(&mut self, now: f64, name: &str, context: Value) {
+        let next = self.state.apply(name, &context).unwrap_or(self.state);
+        self.state = next;
+        self.eventlog.push(Event::with_time(now, name, context));
+    }
+
+    /// Outcome as `vigil jobs` shows it: COMPLETED, FAILED, CANCELED, TIMEOUT (INACTIVE jobs only).
+    pub fn result(&self) -> Option<&'static str> {
+        if self.state != JobState::Inactive {
+            return None;
+        }
+        Some(match (&self.fatal, self.status) {
+            (Some(e), _) if e.kind == "cancel" => "CANCELED",
+            (Some(e), _) if e.kind == "timelimit" => "TIMEOUT",
+            (Some(_), _) => "FAILED",
+            (None, Some(s)) if s == 0 => "COMPLETED",
+            _ => "FAILED",
+        })
+    }
+
+    /// Exit code shown to users: from the finish status (code or 128+signal), 1 if the job never ran tasks.
+    pub fn exit_code(&self) -> Option<i32> {
+        if self.state != JobState::Inactive {
+            return None;
+        }
+        Some(match self.status {
+            Some(s) => {
+                let c = exit_code(s);
+                if c == 0 && self.fatal.is_some() {
+                    1
+                } else {
+                    c
+                }
+            }
+            None => 1,
+        })
+    }
+
+    /// Summary for `vigil jobs --json`.
+    pub fn info(&self) -> Value {
+        let nodelist = self.r.as_ref().and_then(|r| r.execution.nodelist.first().cloned()).unwrap_or_default();
+        let ranks: IdSet = self.alloc.iter().map(|a| a.rank).collect();
+        json!({
+            "id": self.id.0, "id_f58": self.id.f58(), "userid": self.userid, "state": self.state.name(),
+            "name": self.req.command.first().map(|c| c.rsplit('/').next().unwrap_or(c)).unwrap_or(""),
+            "ntasks": self.req.ntasks, "nnodes": self.alloc.len(), "ranks": ranks.to_string(), "nodelist": nodelist,
+            "t_submit": self.t_submit, "t_run": self.t_run, "t_inactive": self.t_inactive,
+            "expiration": self.expiration, "result": self.result(), "exit_code": self.exit_code(),
+            "exception": self.fatal, "duration": self.req.duration,
+        })
+    }
+}
+
+/// The job manager, scheduler and exec system of one instance.
+#[derive(Debug)]
+pub struct JobCore {
+    /// Resources of the instance.
+    pub pool: Pool,
+    /// Every job, active or inactive.
+    pub jobs: BTreeMap<JobId, Job>,
+    queue: VecDeque<JobId>,
+    actions: VecDeque<Action>,
+    epoch: f64,
+    last_ms: u64,
+    seq: u32,
+    /// Seconds between SIGTERM and SIGKILL when a job is killed.
+    pub kill_timeout: f64,
+    /// RFC 44 resource eventlog.
+    pub resource_eventlog: Vec<Event>,
+    /// Topology source string per rank (for shell input).
+    pub topology: BTreeMap<u32, (String, Option<u32>)>,
+}
+
+impl JobCore {
+    /// A job core for an instance started at `epoch` (s since the Unix epoch).
+    pub fn new(epoch: f64) -> JobCore {
+        JobCore {
+            pool: Pool::default(),
+            jobs: BTreeMap::new(),
+            queue: VecDeque::new(),
+            actions: VecDeque::new(),
+            epoch,
+            last_ms: 0,
+            seq: 0,
+            kill_timeout: DEFAULT_KILL_TIMEOUT,
+            resource_eventlog: Vec::new(),
+            topology: BTreeMap::new(),
+        }
+    }
+
+    /// Next queued action, if any.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    fn new_id(&mut self, now: f64) -> JobId {
+        let ms = ((now - self.epoch).max(0.0) * 1000.0) as u64;
+        if ms > self.last_ms {
+            self.last_ms = ms;
+            self.seq = 0;
+        } else {
+            self.seq += 1;
+            if self.seq >= 1024 {
+                self.last_ms += 1;
+                self.seq = 0;
+            }
+        }
+        JobId::from_parts(self.last_ms, self.seq)
+    }
+
+    // ---------------------------------------------------------------- resources
+
+    /// A broker joined with its node's resources (RFC 44 `online`).
+    pub fn rank_online(&mut self, now: f64, rank: u32, hostname: &str, cores: IdSet, gpus: IdSet, topology: (String, Option<u32>)) {
+        self.pool.add_rank(rank, hostname, cores, gpus);
+        self.topology.insert(rank, topology);
+        self.resource_eventlog.push(Event::with_time(now, "online", json!({"idset": rank.to_string()})));
+        self.schedule(now);
+    }
+
+    /// Drain `ranks` with `reason`; errors name ranks that are not in the instance.
+    pub fn drain(&mut self, now: f64, ranks: &IdSet, reason: &str) -> Result<(), String> {
+        self.check_ranks(ranks)?;
+        for r in ranks.iter() {
+            if let Some(p) = self.pool.ranks.get_mut(&r) {
+                p.drained = Some(reason.to_string());
+                p.drained_at = Some(now);
+            }
+        }
+        self.resource_eventlog.push(Event::with_time(now, "drain", json!({"idset": ranks.to_string(), "reason": reason})));
+        Ok(())
+    }
+
+    /// Return drained `ranks` to service.
+    pub fn undrain(&mut self, now: f64, ranks: &IdSet) -> Result<(), String> {
+        self.check_ranks(ranks)?;
+        let not: IdSet = ranks.iter().filter(|r| self.pool.ranks.get(r).is_some_and(|p| p.drained.is_none())).collect();
+        if !not.is_empty() {
+            return Err(format!("rank(s) {not} not drained"));
+        }
+        for r in ranks.iter() {
+            if let Some(p) = self.pool.ranks.get_mut(&r) {
+                p.drained = None;
+                p.drained_at = None;
+            }
+        }
+        self.resource_eventlog.push(Event::with_time(now, "undrain", json!({"idset": ranks.to_string()})));
+        self.schedule(now);
+        Ok(())
+    }
+
+    fn check_ranks(&self, ranks: &IdSet) -> Result<(), String> {
+        let bad: IdSet = ranks.iter().filter(|r| !self.pool.ranks.contains_key(r)).collect();
+        if ranks.is_empty() {
+            return Err("no ranks given".into());
+        }
+        if bad.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("rank(s) {bad} not in this instance"))
+        }
+    }
+
+    /// Brokers on `ranks` were lost (a whole subtree). Their resources go down; running jobs with a shell there
+    /// get a fatal `exec` exception (the critical-rank rules of later work refine this).
+    pub fn ranks_lost(&mut self, now: f64, ranks: &IdSet) {
+        for r in ranks.iter() {
+            if let Some(p) = self.pool.ranks.get_mut(&r) {
+                p.up = false;
+            }
+        }
+        self.resource_eventlog.push(Event::with_time(now, "offline", json!({"idset": ranks.to_string()})));
+        let ids: Vec<JobId> = self.jobs.values().filter(|j| j.state == JobState::Run || j.state == JobState::Cleanup).map(|j| j.id).collect();
+        for id in ids {
+            let lost: Vec<u32> = self.jobs[&id].shells.keys().copied().filter(|r| ranks.contains(*r)).collect();
+            if lost.is_empty() {
+                continue;
+            }
+            let host = self.pool.ranks.get(&lost[0]).map(|p| p.hostname.clone()).unwrap_or_default();
+            if let Some(j) = self.jobs.get_mut(&id) {
+                for r in &lost {
+                    if let Some(s) = j.shells.get_mut(r) {
+                        s.exited = true;
+                    }
+                }
+            }
+            self.raise(now, id, "exec", 0, &format!("lost contact with job shell on {host} (rank {})", lost[0]));
+            self.maybe_finish(now, id);
+        }
+    }
+
+    // ---------------------------------------------------------------- jobs
+
+    /// Submit a jobspec (RFC 25, as JSON) for `userid`. Refuses malformed and never-satisfiable requests
+    /// without creating anything.
+    pub fn submit(&mut self, now: f64, jobspec: &Value, userid: u32) -> Result<JobId, SubmitError> {
+        let spec = Jobspec::from_value(jobspec).map_err(|e| SubmitError::Jobspec(e.to_string()))?;
+        let req = spec.validate().map_err(|e| SubmitError::Jobspec(e.to_string()))?;
+        self.pool.feasible(&req)?;
+        let id = self.new_id(now);
+        let exit_timeout = match req.shell_options.get("exit-timeout") {
+            Some(Value::String(s)) => crate::duration::parse_duration_secs(s).ok().filter(|v| v.is_finite()),
+            Some(Value::Number(n)) => n.as_f64().filter(|v| *v > 0.0),
+            _ => Some(DEFAULT_EXIT_TIMEOUT),
+        };
+        let mut job = Job {
+            id,
+            userid,
+            state: JobState::New,
+            jobspec: jobspec.clone(),
+            req,
+            eventlog: Vec::new(),
+            output: Vec::new(),
+            alloc: Vec::new(),
+            r: None,
+            shells: BTreeMap::new(),
+            t_submit: now,
+            t_run: None,
+            t_inactive: None,
+            expiration: None,
+            exit_timeout,
+            first_exit: None,
+            term_sent: None,
+            kill_sent: false,
+            fatal: None,
+            status: None,
+        };
+        job.post(now, "submit", json!({"userid": userid, "urgency": 16, "flags": 0, "version": 1}));
+        job.post(now, "validate", json!({}));
+        job.post(now, "depend", json!({}));
+        job.post(now, "priority", json!({"priority": 16}));
+        self.jobs.insert(id, job);
+        self.queue.push_back(id);
+        self.actions.push_back(Action::Updated(id));
+        self.schedule(now);
+        Ok(id)
+    }
+
+    /// Strict FCFS: allocate the head of the queue while it fits; a head that does not fit blocks the rest.
+    pub fn schedule(&mut self, now: f64) {
+        while let Some(&id) = self.queue.front() {
+            let Some(job) = self.jobs.get(&id) else {
+                self.queue.pop_front();
+                continue;
+            };
+            if job.state != JobState::Sched {
+                self.queue.pop_front();
+                continue;
+            }
+            let req = job.req.clone();
+            match self.pool.allocate(&req) {
+                Some(alloc) => {
+                    self.queue.pop_front();
+                    self.start(now, id, alloc);
+                }
+                None => break,
+            }
+        }
+    }
+
+    fn start(&mut self, now: f64, id: JobId, alloc: Vec<RankAlloc>) {
+        let ranks: Vec<RankResources> = alloc
+            .iter()
+            .map(|a| RankResources {
+                rank: a.rank,
+                hostname: self.pool.ranks.get(&a.rank).map(|p| p.hostname.clone()).unwrap_or_default(),
+                cores: a.cores.clone(),
+                gpus: a.gpus.clone(),
+            })
+            .collect();
+        let Some(job) = self.jobs.get_mut(&id) else { return };
+        let expiration = job.req.duration.filter(|d| *d > 0.0).map(|d| now + d);
+        let r = Rv1::from_ranks(&ranks, now, expiration.unwrap_or(0.0));
+        // Distribute tasks over the allocated slots: every slot gets ntasks/nslots, the first ones one more.
+        let nslots: u32 = alloc.iter().map(|a| a.slots).sum::<u32>().max(1);
+        let (base, extra) = (job.req.ntasks / nslots, job.req.ntasks % nslots);
+        let mut slot_index = 0u32;
+        let mut counts = Vec::new();
+        for a in &alloc {
+            let mut n = 0;
+            for _ in 0..a.slots {
+                n += base + u32::from(slot_index < extra);
+                slot_index += 1;
+            }
+            counts.push(n);
+        }
+        let taskmap = taskmap(&counts);
+        job.alloc = alloc.clone();
+        job.r = Some(r.clone());
+        job.t_run = Some(now);
+        job.expiration = expiration;
+        let rv = serde_json::to_value(&r).unwrap_or(Value::Null);
+        job.post(now, "alloc", json!({"R": rv}));
+        let mut first = 0;
+        let nshells = alloc.len() as u32;
+        for (i, a) in alloc.iter().enumerate() {
+            let (topology, declared_gpus) = self.topology.get(&a.rank).cloned().unwrap_or(("live".into(), None));
+            let input = ShellInput {
+                id: id.0,
+                id_f58: id.f58(),
+                shell_rank: i as u32,
+                broker_rank: a.rank,
+                nshells,
+                ntasks: job.req.ntasks,
+                first_task: first,
+                local_tasks: counts[i],
+                cores: a.cores.iter().collect(),
+                gpus: a.gpus.iter().collect(),
+                cores_per_task: job.req.cores_per_slot,
+                gpus_per_task: job.req.gpus_per_slot,
+                command: job.req.command.clone(),
+                environment: job.req.environment.clone(),
+                cwd: job.req.cwd.clone(),
+                options: job.req.shell_options.clone(),
+                taskmap: taskmap.clone(),
+                r: rv.clone(),
+                topology,
+                declared_gpus,
+                uri: String::new(),
+            };
+            job.shells.insert(a.rank, ShellState { shell_rank: i as u32, rank: a.rank, ntasks: counts[i], spawned: false, exited: false, status: None });
+            first += counts[i];
+            self.actions.push_back(Action::SpawnShell { id, rank: a.rank, input: Box::new(input) });
+        }
+        self.actions.push_back(Action::Updated(id));
+    }
+
+    /// The broker on `rank` started (Ok) or failed to start (Err) the job's shell.
+    pub fn shell_spawned(&mut self, now: f64, id: JobId, rank: u32, result: Result<(), String>) {
+        let Some(job) = self.jobs.get_mut(&id) else { return };
+        let Some(sh) = job.shells.get_mut(&rank) else { return };
+        match result {
+            Ok(()) => {
+                sh.spawned = true;
+                if job.state == JobState::Run && job.shells.values().all(|s| s.spawned) {
+                    job.post(now, "start", json!({}));
+                    self.actions.push_back(Action::Updated(id));
+                }
+            }
+            Err(e) => {
+                sh.exited = true;
+                let host = self.pool.ranks.get(&rank).map(|p| p.hostname.clone()).unwrap_or_default();
+                self.raise(now, id, "exec", 0, &format!("failed to start job shell on {host} (rank {rank}): {e}"));
+                self.maybe_finish(now, id);
+            }
+        }
+    }
+
+    /// A task of job `id` exited: starts the exit-timeout clock at the first one.
+    pub fn task_exit(&mut self, now: f64, id: JobId, _task: u32, _status: i32) {
+        if let Some(j) = self.jobs.get_mut(&id) {
+            if j.first_exit.is_none() {
+                j.first_exit = Some(now);
+            }
+        }
+    }
+
+    /// Output lines from a shell.
+    pub fn output(&mut self, id: JobId, lines: Vec<OutputLine>) {
+        if let Some(j) = self.jobs.get_mut(&id) {
+            j.output.extend(lines);
+            self.actions.push_back(Action::Updated(id));
+        }
+    }
+
+    /// A shell ended (reported by its broker).
+    pub fn shell_exit(&mut self, now: f64, exit: ShellExit) {
+        let id = JobId(exit.id);
+        let host = self.pool.ranks.get(&exit.rank).map(|p| p.hostname.clone()).unwrap_or_default();
+        let Some(job) = self.jobs.get_mut(&id) else { return };
+        let Some(sh) = job.shells.get_mut(&exit.rank) else { return };
+        if sh.exited {
+            return;
+        }
+        sh.exited = true;
+        let killing = job.term_sent.is_some();
+        match &exit.report {
+            Some(rep) => {
+                sh.status = Some(rep.status);
+                if let Some(e) = &rep.error {
+                    let note = format!("job shell on {host} (rank {}): {e}", exit.rank);
+                    self.raise(now, id, "exec", 0, &note);
+                }
+            }
+            None => {
+                sh.status = Some(exit.shell_status);
+                if !killing {
+                    let note = format!(
+                        "job shell on {host} (rank {}) {} without reporting",
+                        exit.rank,
+                        crate::shellproto::describe_status(exit.shell_status)
+                    );
+                    self.raise(now, id, "exec", 0, &note);
+                }
+            }
+        }
+        self.maybe_finish(now, id);
+    }
+
+    fn maybe_finish(&mut self, now: f64, id: JobId) {
+        let Some(job) = self.jobs.get_mut(&id) else { return };
+        if !(job.state == JobState::Run || job.state == JobState::Cleanup) || !job.shells.values().all(|s| s.exited) {
+            return;
+        }
+        if job.t_inactive.is_some() {
+            return;
+        }
+        let reported: Vec<i32> = job.shells.values().filter_map(|s| s.status).collect();
+        if !reported.is_empty() {
+            let status = reported.iter().copied().max_by_key(|s| exit_code(*s)).unwrap_or(0);
+            job.status = Some(status);
+            job.post(now, "finish", json!({"status": status}));
+        } else if job.state == JobState::Run {
+            job.post(now, "exception", json!({"type": "exec", "severity": 0, "note": "no job shell reported"}));
+        }
+        let ranks: IdSet = job.alloc.iter().map(|a| a.rank).collect();
+        job.post(now, "release", json!({"ranks": ranks.to_string(), "final": true}));
+        let alloc = std::mem::take(&mut job.alloc);
+        job.alloc = alloc.clone();
+        self.pool.free(&alloc, None);
+        let job = self.jobs.get_mut(&id).expect("job exists");
+        job.post(now, "free", json!({}));
+        job.post(now, "clean", json!({}));
+        job.t_inactive = Some(now);
+        self.actions.push_back(Action::Updated(id));
+        self.schedule(now);
+    }
+
+    /// Raise an exception on job `id`. Severity 0 is fatal: a pending job is removed at once, a running one is
+    /// killed (SIGTERM, then SIGKILL after `kill_timeout`). Returns false if the job is not active.
+    pub fn raise(&mut self, now: f64, id: JobId, kind: &str, severity: u32, note: &str) -> bool {
+        let Some(job) = self.jobs.get_mut(&id) else { return false };
+        if !job.state.is_active() {
+            return false;
+        }
+        let exc = Exception { kind: kind.to_string(), severity, note: note.to_string() };
+        job.post(now, "exception", json!({"type": kind, "severity": severity, "note": note}));
+        self.actions.push_back(Action::Updated(id));
+        if severity != 0 {
+            return true;
+        }
+        if job.fatal.is_none() {
+            job.fatal = Some(exc);
+        }
+        if job.t_run.is_none() {
+            // Never allocated: straight to INACTIVE.
+            self.queue.retain(|j| *j != id);
+            job.post(now, "clean", json!({}));
+            job.t_inactive = Some(now);
+            self.schedule(now);
+            return true;
+        }
+        if job.term_sent.is_none() {
+            job.term_sent = Some(now);
+            let ranks: Vec<u32> = job.shells.values().filter(|s| !s.exited).map(|s| s.rank).collect();
+            if !ranks.is_empty() {
+                self.actions.push_back(Action::SignalShells { id, ranks, signal: libc::SIGTERM });
+            }
+        }
+        self.maybe_finish(now, id);
+        true
+    }
+
+    /// Cancel job `id` on behalf of `userid` (`owner` = the instance owner may cancel any job).
+    pub fn cancel(&mut self, now: f64, id: JobId, userid: u32, owner: bool, note: &str) -> Result<(), (u32, String)> {
+        use crate::message::errno;
+        let job = self.jobs.get(&id).ok_or((errno::ENOENT, format!("unknown job id {id}")))?;
+        if !owner && job.userid != userid {
+            return Err((errno::EPERM, format!("job {id} belongs to uid {}", job.userid)));
+        }
+        if !job.state.is_active() {
+            return Err((errno::EINVAL, format!("job {id} is inactive")));
+        }
+        self.raise(now, id, "cancel", 0, note);
+        Ok(())
+    }
+
+    /// The earliest time [`JobCore::handle_timeout`] must run, if any.
+    pub fn next_deadline(&self) -> Option<f64> {
+        let mut best: Option<f64> = None;
+        let mut consider = |t: f64| best = Some(best.map_or(t, |b: f64| b.min(t)));
+        for j in self.jobs.values().filter(|j| j.state == JobState::Run || j.state == JobState::Cleanup) {
+            if j.term_sent.is_none() {
+                if let Some(e) = j.expiration {
+                    consider(e);
+                }
+                if let (Some(f), Some(t)) = (j.first_exit, j.exit_timeout) {
+                    consider(f + t);
+                }
+            } else if !j.kill_sent {
+                consider(j.term_sent.unwrap_or(0.0) + self.kill_timeout);
+            }
+        }
+        best
+    }
+
+    /// Fire every rule whose time has come: time limits, exit-timeout, SIGKILL escalation.
+    pub fn handle_timeout(&mut self, now: f64) {
+        let ids: Vec<JobId> = self.jobs.values().filter(|j| j.state == JobState::Run || j.state == JobState::Cleanup).map(|j| j.id).collect();
+        for id in ids {
+            let j = &self.jobs[&id];
+            if j.term_sent.is_none() {
+                if j.expiration.is_some_and(|e| now >= e) {
+                    let lim = crate::duration::format_duration(std::time::Duration::from_secs_f64(j.req.duration.unwrap_or(0.0)));
+                    self.raise(now, id, "timelimit", 0, &format!("job exceeded its time limit of {lim}"));
+                } else if let (Some(f), Some(t)) = (j.first_exit, j.exit_timeout) {
+                    if now >= f + t {
+                        let lim = crate::duration::format_duration(std::time::Duration::from_secs_f64(t));
+                        self.raise(now, id, "exec", 0, &format!("exit-timeout ({lim}) expired: tasks still running after the first task exited"));
+                    }
+                }
+            } else if !j.kill_sent && now >= j.term_sent.unwrap_or(0.0) + self.kill_timeout {
+                let ranks: Vec<u32> = j.shells.values().filter(|s| !s.exited).map(|s| s.rank).collect();
+                if let Some(j) = self.jobs.get_mut(&id) {
+                    j.kill_sent = true;
+                }
+                if !ranks.is_empty() {
+                    self.actions.push_back(Action::SignalShells { id, ranks, signal: libc::SIGKILL });
+                }
+            }
+        }
+    }
+
+    /// Jobs not yet INACTIVE, in id order.
+    pub fn active(&self) -> impl Iterator<Item = &Job> {
+        self.jobs.values().filter(|j| j.state.is_active())
+    }
+}
+
+/// RFC 34 task map for per-node task counts (consecutive nodes with equal counts are merged).
+pub fn taskmap(counts: &[u32]) -> Value {
+    let mut map: Vec<[u32; 4]> = Vec::new();
+    for (i, &c) in counts.iter().enumerate() {
+        match map.last_mut() {
+            Some(b) if b[2] == c && b[0] + b[1] == i as u32 => b[1] += 1,
+            _ => map.push([i as u32, 1, c, 1]),
+        }
+    }
+    json!({"version": 1, "map": map})
+}
+
+#[cfg(test)]
+mod tests;

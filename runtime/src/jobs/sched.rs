@@ -1,0 +1,338 @@
+//! The resource pool and a first-come-first-served scheduler, as a plain state machine.
+//!
+//! The pool holds, per broker rank, the cores and GPUs the rank reported when it joined (ids as in R, RFC 20),
+//! what is allocated, and the rank's state: `up` (online, not lost), `drained` (administrative, with a reason),
+//! `torpid` (no new work). Allocation is first fit in rank order: the lowest ranks and the lowest core ids first.
+
+use crate::idset::IdSet;
+use crate::jobspec::JobRequest;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// One rank's resources and state.
+#[derive(Clone, Debug, Serialize)]
+pub struct RankPool {
+    /// Broker rank.
+    pub rank: u32,
+    /// Hostname the broker reported.
+    pub hostname: String,
+    /// Every core id (hwloc logical index) of the node.
+    pub cores: IdSet,
+    /// Every GPU id of the node.
+    pub gpus: IdSet,
+    /// Cores currently allocated to jobs.
+    pub alloc_cores: IdSet,
+    /// GPUs currently allocated to jobs.
+    pub alloc_gpus: IdSet,
+    /// Broker is online (joined and not lost).
+    pub up: bool,
+    /// Peer is torpid: up, but no new work is placed there.
+    pub torpid: bool,
+    /// Drain reason when drained (administratively removed from scheduling).
+    pub drained: Option<String>,
+    /// When the rank was drained, seconds since the epoch.
+    pub drained_at: Option<f64>,
+}
+
+impl RankPool {
+    /// True if new work may be placed on this rank.
+    pub fn schedulable(&self) -> bool {
+        self.up && !self.torpid && self.drained.is_none()
+    }
+    fn free_cores(&self) -> IdSet {
+        self.cores.difference(&self.alloc_cores)
+    }
+    fn free_gpus(&self) -> IdSet {
+        self.gpus.difference(&self.alloc_gpus)
+    }
+}
+
+/// The share of one rank given to a job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RankAlloc {
+    /// Broker rank.
+    pub rank: u32,
+    /// Allocated core ids.
+    pub cores: IdSet,
+    /// Allocated GPU ids.
+    pub gpus: IdSet,
+    /// Number of jobspec slots placed on this rank.
+    pub slots: u32,
+}
+
+/// Why a request can never be satisfied by this instance (refused at submit).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Unsatisfiable {
+    /// More nodes than the instance has.
+    #[error("requested {want} nodes but this instance has {have}")]
+    Nodes {
+        /// Requested.
+        want: u32,
+        /// Available in the instance.
+        have: u32,
+    },
+    /// A slot larger than any node.
+    #[error("requested {want_cores} cores and {want_gpus} GPUs per node but the largest node has {have_cores} cores and {have_gpus} GPUs")]
+    NodeTooSmall {
+        /// Cores wanted on one node.
+        want_cores: u32,
+        /// GPUs wanted on one node.
+        want_gpus: u32,
+        /// Cores of the largest node.
+        have_cores: u32,
+        /// GPUs of the largest node.
+        have_gpus: u32,
+    },
+    /// More slots than the instance can hold.
+    #[error("requested {want} slots of {cores} cores and {gpus} GPUs but this instance holds at most {have}")]
+    Slots {
+        /// Slots wanted.
+        want: u32,
+        /// Cores per slot.
+        cores: u32,
+        /// GPUs per slot.
+        gpus: u32,
+        /// Slots the whole instance could hold.
+        have: u32,
+    },
+}
+
+/// Resource pool of an instance, keyed by rank.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Pool {
+    /// Per-rank resources (only ranks that joined at least once).
+    pub ranks: BTreeMap<u32, RankPool>,
+}
+
+impl Pool {
+    /// Add (or refresh, on re-join) a rank with its node's cores and GPUs; marks it up.
+    pub fn add_rank(&mut self, rank: u32, hostname: &str, cores: IdSet, gpus: IdSet) {
+        let e = self.ranks.entry(rank).or_insert_with(|| RankPool {
+            rank,
+            hostname: hostname.to_string(),
+            cores: cores.clone(),
+            gpus: gpus.clone(),
+            alloc_cores: IdSet::new(),
+            alloc_gpus: IdSet::new(),
+            up: true,
+            torpid: false,
+            drained: None,
+            drained_at: None,
+        });
+        e.hostname = hostname.to_string();
+        e.cores = cores;
+        e.gpus = gpus;
+        e.up = true;
+        e.torpid = false;
+    }
+
+    /// Slots of `c` cores and `g` GPUs that fit in `cores` free cores and `gpus` free GPUs.
+    fn fit(cores: u32, gpus: u32, c: u32, g: u32) -> u32 {
+        let by_c = if c == 0 { u32::MAX } else { cores / c };
+        let by_g = if g == 0 { u32::MAX } else { gpus / g };
+        by_c.min(by_g)
+    }
+
+    /// Check whether `req` could ever run here (all known ranks, free or not, up or not).
+    pub fn feasible(&self, req: &JobRequest) -> Result<(), Unsatisfiable> {
+        let c = req.cores_per_slot;
+        let g = req.gpus_per_slot;
+        let (max_c, max_g) = self
+            .ranks
+            .values()
+            .map(|r| (r.cores.len() as u32, r.gpus.len() as u32))
+            .fold((0, 0), |a, b| (a.0.max(b.0), a.1.max(b.1)));
+        match req.nnodes {
+            Some(n) => {
+                let have = self.ranks.len() as u32;
+                if n > have {
+                    return Err(Unsatisfiable::Nodes { want: n, have });
+                }
+                let per = req.slots_per_node.unwrap_or(1);
+                let fits = self.ranks.values().filter(|r| Self::fit(r.cores.len() as u32, r.gpus.len() as u32, c, g) >= per).count() as u32;
+                if fits < n {
+                    return Err(Unsatisfiable::NodeTooSmall { want_cores: per * c, want_gpus: per * g, have_cores: max_c, have_gpus: max_g });
+                }
+            }
+            None => {
+                if Self::fit(max_c, max_g, c, g) == 0 {
+                    return Err(Unsatisfiable::NodeTooSmall { want_cores: c, want_gpus: g, have_cores: max_c, have_gpus: max_g });
+                }
+                let have: u64 = self.ranks.values().map(|r| Self::fit(r.cores.len() as u32, r.gpus.len() as u32, c, g) as u64).sum();
+                if (req.nslots as u64) > have {
+                    return Err(Unsatisfiable::Slots { want: req.nslots, cores: c, gpus: g, have: have.min(u32::MAX as u64) as u32 });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Try to allocate `req` now from schedulable ranks. `None` if it does not fit at the moment.
+    /// On success the resources are marked allocated.
+    pub fn allocate(&mut self, req: &JobRequest) -> Option<Vec<RankAlloc>> {
+        let c = req.cores_per_slot;
+        let g = req.gpus_per_slot;
+        let mut plan: Vec<RankAlloc> = Vec::new();
+        match req.nnodes {
+            Some(n) => {
+                let per = req.slots_per_node.unwrap_or(1);
+                for r in self.ranks.values().filter(|r| r.schedulable()) {
+                    if plan.len() as u32 == n {
+                        break;
+                    }
+                    let (fc, fg) = (r.free_cores(), r.free_gpus());
+                    if req.exclusive && (!r.alloc_cores.is_empty() || !r.alloc_gpus.is_empty()) {
+                        continue;
+                    }
+                    if Self::fit(fc.len() as u32, fg.len() as u32, c, g) >= per {
+                        let (cores, gpus) = if req.exclusive {
+                            (r.cores.clone(), r.gpus.clone())
+                        } else {
+                            (fc.iter().take((per * c) as usize).collect(), fg.iter().take((per * g) as usize).collect())
+                        };
+                        plan.push(RankAlloc { rank: r.rank, cores, gpus, slots: per });
+                    }
+                }
+                if (plan.len() as u32) < n {
+                    return None;
+                }
+            }
+            None => {
+                let mut left = req.nslots;
+                for r in self.ranks.values().filter(|r| r.schedulable()) {
+                    if left == 0 {
+                        break;
+                    }
+                    let (fc, fg) = (r.free_cores(), r.free_gpus());
+                    let k = Self::fit(fc.len() as u32, fg.len() as u32, c, g).min(left);
+                    if k > 0 {
+                        plan.push(RankAlloc {
+                            rank: r.rank,
+                            cores: fc.iter().take((k * c) as usize).collect(),
+                            gpus: fg.iter().take((k * g) as usize).collect(),
+                            slots: k,
+                        });
+                        left -= k;
+                    }
+                }
+                if left > 0 {
+                    return None;
+                }
+            }
+        }
+        for a in &plan {
+            if let Some(r) = self.ranks.get_mut(&a.rank) {
+                r.alloc_cores = r.alloc_cores.union(&a.cores);
+                r.alloc_gpus = r.alloc_gpus.union(&a.gpus);
+            }
+        }
+        Some(plan)
+    }
+
+    /// Return an allocation's resources on `ranks` (all of it when `ranks` is `None`).
+    pub fn free(&mut self, alloc: &[RankAlloc], ranks: Option<&IdSet>) {
+        for a in alloc {
+            if ranks.is_some_and(|s| !s.contains(a.rank)) {
+                continue;
+            }
+            if let Some(r) = self.ranks.get_mut(&a.rank) {
+                r.alloc_cores = r.alloc_cores.difference(&a.cores);
+                r.alloc_gpus = r.alloc_gpus.difference(&a.gpus);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn req(nnodes: Option<u32>, nslots: u32, c: u32, g: u32) -> JobRequest {
+        let mut spec = crate::jobspec::JobspecBuilder::new(vec!["true".into()]);
+        spec.nnodes = nnodes;
+        spec.ntasks = Some(nslots);
+        spec.cores_per_task = c;
+        spec.gpus_per_task = g;
+        spec.build().unwrap().validate().unwrap()
+    }
+
+    fn pool(n: u32, cores: u32, gpus: u32) -> Pool {
+        let mut p = Pool::default();
+        for r in 0..n {
+            p.add_rank(r, &format!("node{r}"), (0..cores).collect(), (0..gpus).collect());
+        }
+        p
+    }
+
+    #[test]
+    fn node_request_first_fit() {
+        let mut p = pool(4, 2, 0);
+        let a = p.allocate(&req(Some(4), 8, 1, 0)).unwrap();
+        assert_eq!(a.iter().map(|x| x.rank).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+        assert!(a.iter().all(|x| x.cores.len() == 2 && x.slots == 2));
+        assert!(p.allocate(&req(None, 1, 1, 0)).is_none(), "pool is full");
+        p.free(&a, None);
+        assert!(p.allocate(&req(None, 1, 1, 0)).is_some());
+    }
+
+    #[test]
+    fn drained_and_down_ranks_are_skipped() {
+        let mut p = pool(3, 2, 0);
+        p.ranks.get_mut(&0).unwrap().drained = Some("maint".into());
+        p.ranks.get_mut(&1).unwrap().up = false;
+        let a = p.allocate(&req(Some(1), 1, 1, 0)).unwrap();
+        assert_eq!(a[0].rank, 2);
+        assert!(p.allocate(&req(Some(2), 2, 1, 0)).is_none());
+        assert!(p.feasible(&req(Some(3), 3, 1, 0)).is_ok(), "drained/down ranks still count for feasibility");
+    }
+
+    #[test]
+    fn infeasible_requests_name_what_is_missing() {
+        let p = pool(4, 2, 0);
+        assert_eq!(p.feasible(&req(Some(5), 5, 1, 0)), Err(Unsatisfiable::Nodes { want: 5, have: 4 }));
+        assert!(matches!(p.feasible(&req(None, 1, 3, 0)), Err(Unsatisfiable::NodeTooSmall { .. })));
+        assert!(matches!(p.feasible(&req(None, 1, 1, 1)), Err(Unsatisfiable::NodeTooSmall { have_gpus: 0, .. })));
+        assert!(matches!(p.feasible(&req(None, 9, 1, 0)), Err(Unsatisfiable::Slots { want: 9, have: 8, .. })));
+        let e = p.feasible(&req(Some(5), 5, 1, 0)).unwrap_err().to_string();
+        assert!(e.contains("5 nodes") && e.contains("has 4"), "{e}");
+    }
+
+    #[test]
+    fn gpus_are_allocated_per_slot() {
+        let mut p = pool(2, 96, 4);
+        let a = p.allocate(&req(None, 6, 8, 1)).unwrap();
+        assert_eq!(a.len(), 2);
+        assert_eq!(a[0].gpus.len(), 4);
+        assert_eq!(a[1].gpus.len(), 2);
+        assert_eq!(a[1].cores.len(), 16);
+    }
+
+    proptest! {
+        #[test]
+        fn never_overallocates(jobs in proptest::collection::vec((proptest::option::of(1u32..4), 1u32..6, 1u32..3, 0u32..2), 1..20)) {
+            let mut p = pool(4, 4, 2);
+            let mut live = Vec::new();
+            for (i, (n, s, c, g)) in jobs.into_iter().enumerate() {
+                let s = n.map_or(s, |n| s.max(n));
+                let r = req(n, s, c, g);
+                if let Some(a) = p.allocate(&r) {
+                    let slots: u32 = a.iter().map(|x| x.slots).sum();
+                    prop_assert!(slots >= r.nslots.min(slots));
+                    for x in &a {
+                        prop_assert!(x.cores.len() as u32 >= x.slots * c);
+                    }
+                    live.push(a);
+                }
+                for rp in p.ranks.values() {
+                    prop_assert!(rp.alloc_cores.is_subset(&rp.cores));
+                    prop_assert!(rp.alloc_gpus.is_subset(&rp.gpus));
+                }
+                let total: usize = live.iter().flatten().map(|x| x.cores.len()).sum();
+                let alloc: usize = p.ranks.values().map(|r| r.alloc_cores.len()).sum();
+                prop_assert_eq!(total, alloc, "allocations never overlap");
+                if i % 3 == 2 { if let Some(a) = live.pop() { p.free(&a, None); } }
+            }
+        }
+    }
+}

@@ -1,0 +1,1304 @@
+//! Job specifications, following Flux RFC 14 ("Canonical Job Specification")
+//! restricted to the Jobspec V1 subset of Flux RFC 25.
+//!
+//! A jobspec is a YAML or JSON document:
+//!
+//! ```yaml
+//! version: 1
+//! resources:
+//!   - type: node
+//!     count: 2
+//!     with:
+//!       - type: slot
+//!         label: task
+//!         count: 2
+//!         with:
+//!           - type: core
+//!             count: 4
+//!           - type: gpu
+//!             count: 1
+//! tasks:
+//!   - command: ["app", "--input", "x"]
+//!     slot: task
+//!     count: {per_slot: 1}
+//! attributes:
+//!   system:
+//!     duration: 3600      # seconds; 0 = unlimited
+//!     cwd: /home/user
+//!     environment: {HOME: /home/user}
+//!     shell: {options: {verbose: 1}}
+//!   user: {}
+//! ```
+//!
+//! [`Jobspec::parse`] checks the RFC 14 structure (types and allowed keys);
+//! [`Jobspec::validate`] applies the RFC 25 V1 rules and summarises the
+//! request as a [`JobRequest`]. [`JobspecBuilder`] builds V1 jobspecs the way
+//! `flux run`/`flux submit` do from command-line options. Every error names
+//! the offending field, e.g. `resources[0].with[0].count: must be an integer >= 1`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::{Map, Value};
+use thiserror::Error;
+
+/// Keys of `attributes.system` that are recognised (RFC 14/25 and common Flux
+/// usage) but not interpreted by [`Jobspec::validate`]; they do not produce
+/// warnings. Any other key besides `duration`, `cwd`, `environment` and
+/// `shell` yields a warning in [`JobRequest::warnings`].
+pub const RECOGNIZED_SYSTEM_KEYS: &[&str] = &[
+    "queue",
+    "bank",
+    "project",
+    "constraints",
+    "dependencies",
+    "files",
+    "job",
+];
+
+/// Errors from parsing, validating or building a jobspec (RFC 14/25).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum JobspecError {
+    /// The text was neither valid JSON (when it starts with `{`) nor YAML.
+    #[error("jobspec syntax error: {0}")]
+    Syntax(String),
+    /// A field was missing, of the wrong type, unknown, or violates RFC 25.
+    /// `path` names it, e.g. `tasks[0].command`.
+    #[error("{path}: {message}")]
+    Invalid {
+        /// Path of the offending field, e.g. `resources[0].with[0].count`;
+        /// `(root)` for the document itself.
+        path: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A [`JobspecBuilder`] option was invalid (message uses CLI option names,
+    /// e.g. `-n must be >= -N`).
+    #[error("{0}")]
+    Builder(String),
+    /// Serialization failed (only from [`Jobspec::to_yaml`]).
+    #[error("jobspec serialization failed: {0}")]
+    Serialize(String),
+}
+
+fn invalid(path: impl Into<String>, message: impl Into<String>) -> JobspecError {
+    JobspecError::Invalid {
+        path: path.into(),
+        message: message.into(),
+    }
+}
+
+/// A jobspec document in RFC 14 structure (not yet checked against RFC 25).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Jobspec {
+    /// Jobspec version (`version`); RFC 25 requires 1.
+    pub version: u64,
+    /// Resource request graph (`resources`).
+    pub resources: Vec<Resource>,
+    /// Tasks to run (`tasks`).
+    pub tasks: Vec<Task>,
+    /// Job attributes (`attributes`).
+    pub attributes: Attributes,
+}
+
+/// A resource vertex (RFC 14 `resources` entry), e.g. `node`, `slot`, `core`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Resource {
+    /// Resource type (`type`): `node`, `slot`, `core`, `gpu`, ...
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// How many (`count`).
+    pub count: Count,
+    /// Slot label (`label`), referenced by `tasks[].slot`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// Exclusive allocation (`exclusive`), meaningful on `node`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exclusive: Option<bool>,
+    /// Child vertices (`with`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub with: Vec<Resource>,
+}
+
+/// A resource `count`: an integer or an RFC 14 range object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum Count {
+    /// A fixed count, e.g. `count: 4`.
+    Fixed(u64),
+    /// A range, e.g. `count: {min: 2}`; V1 uses `min`.
+    Range(CountRange),
+}
+
+/// RFC 14 range count: `{min, max?, operator?, operand?}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CountRange {
+    /// Minimum count.
+    pub min: u64,
+    /// Maximum count.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max: Option<u64>,
+    /// Progression operator: `+`, `*` or `^`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub operator: Option<String>,
+    /// Progression operand.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub operand: Option<u64>,
+}
+
+/// A task entry (RFC 14 `tasks` element).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Task {
+    /// Command and arguments (`command`).
+    pub command: Vec<String>,
+    /// Label of the slot the task runs in (`slot`).
+    pub slot: String,
+    /// Task count (`count`).
+    pub count: TaskCount,
+    /// Per-task attributes (`attributes`), kept opaque.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attributes: Option<Map<String, Value>>,
+}
+
+/// Task `count`: `{per_slot: N}` or `{total: N}` (serialized as a
+/// one-entry mapping in both JSON and YAML).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TaskCount {
+    /// `{per_slot: N}`: N tasks in each slot (V1 requires 1).
+    PerSlot(u64),
+    /// `{total: N}`: N tasks distributed over all slots.
+    Total(u64),
+}
+
+impl Serialize for TaskCount {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let (key, n) = match self {
+            TaskCount::PerSlot(n) => ("per_slot", n),
+            TaskCount::Total(n) => ("total", n),
+        };
+        let mut map = serializer.serialize_map(Some(1))?;
+        map.serialize_entry(key, n)?;
+        map.end()
+    }
+}
+
+/// The `attributes` section.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct Attributes {
+    /// `attributes.system`: attributes interpreted by the resource manager.
+    pub system: System,
+    /// `attributes.user`: free-form user attributes; omitted when empty.
+    #[serde(skip_serializing_if = "Map::is_empty")]
+    pub user: Map<String, Value>,
+}
+
+/// `attributes.system`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct System {
+    /// Time limit in seconds, `>= 0`; 0 means unlimited (RFC 25 requires it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration: Option<f64>,
+    /// Working directory of the tasks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// Environment of the tasks; omitted when empty.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub environment: BTreeMap<String, String>,
+    /// Job shell settings.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shell: Option<Shell>,
+    /// Any other keys, kept verbatim.
+    #[serde(flatten)]
+    pub other: Map<String, Value>,
+}
+
+/// `attributes.system.shell`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct Shell {
+    /// `options`: job shell options (e.g. `{"verbose": 1}`).
+    pub options: Map<String, Value>,
+    /// Any other keys, kept verbatim.
+    #[serde(flatten)]
+    pub other: Map<String, Value>,
+}
+
+/// The validated summary of a V1 jobspec, produced by [`Jobspec::validate`].
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct JobRequest {
+    /// Number of nodes when a `node` level is present, else `None`.
+    pub nnodes: Option<u32>,
+    /// Total slots: `nnodes * slots_per_node` with a node level, else the slot count.
+    pub nslots: u32,
+    /// Slots per node when a `node` level is present.
+    pub slots_per_node: Option<u32>,
+    /// Cores in each slot (`>= 1`).
+    pub cores_per_slot: u32,
+    /// GPUs in each slot (0 if none requested).
+    pub gpus_per_slot: u32,
+    /// Total number of tasks.
+    pub ntasks: u32,
+    /// Command and arguments (non-empty).
+    pub command: Vec<String>,
+    /// Time limit in seconds; `None` means unlimited (`duration: 0`).
+    pub duration: Option<f64>,
+    /// Working directory.
+    pub cwd: Option<String>,
+    /// Task environment.
+    pub environment: BTreeMap<String, String>,
+    /// Job shell options (`attributes.system.shell.options`).
+    pub shell_options: Map<String, Value>,
+    /// Whether nodes are requested exclusively.
+    pub exclusive: bool,
+    /// Non-fatal findings, e.g. `attributes.system.foo: unknown key, ignored`.
+    pub warnings: Vec<String>,
+}
+
+// ---------------------------------------------------------------------------
+// Structural parsing (Value -> Jobspec) with paths.
+
+fn check_keys(obj: &Map<String, Value>, allowed: &[&str], path: &str) -> Result<(), JobspecError> {
+    for key in obj.keys() {
+        if !allowed.contains(&key.as_str()) {
+            let p = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
+            return Err(invalid(p, format!("unknown key (expected one of: {})", allowed.join(", "))));
+        }
+    }
+    Ok(())
+}
+
+fn as_object<'a>(v: &'a Value, path: &str) -> Result<&'a Map<String, Value>, JobspecError> {
+    v.as_object().ok_or_else(|| invalid(path, "must be a mapping"))
+}
+
+fn as_count_int(v: &Value, path: &str) -> Result<u64, JobspecError> {
+    v.as_u64().ok_or_else(|| invalid(path, "must be an integer >= 1"))
+}
+
+fn as_string(v: &Value, path: &str) -> Result<String, JobspecError> {
+    v.as_str()
+        .map(str::to_string)
+        .ok_or_else(|| invalid(path, "must be a string"))
+}
+
+fn parse_count(v: &Value, path: &str) -> Result<Count, JobspecError> {
+    match v {
+        Value::Object(obj) => {
+            check_keys(obj, &["min", "max", "operator", "operand"], path)?;
+            let min_path = format!("{path}.min");
+            let min = as_count_int(obj.get("min").ok_or_else(|| invalid(&min_path, "required"))?, &min_path)?;
+            let max = obj
+                .get("max")
+                .map(|m| as_count_int(m, &format!("{path}.max")))
+                .transpose()?;
+            let operator = match obj.get("operator") {
+                None => None,
+                Some(Value::String(s)) if matches!(s.as_str(), "+" | "*" | "^") => Some(s.clone()),
+                Some(_) => return Err(invalid(format!("{path}.operator"), "must be one of +, *, ^")),
+            };
+            let operand = obj
+                .get("operand")
+                .map(|m| as_count_int(m, &format!("{path}.operand")))
+                .transpose()?;
+            Ok(Count::Range(CountRange {
+                min,
+                max,
+                operator,
+                operand,
+            }))
+        }
+        _ => as_count_int(v, path).map(Count::Fixed),
+    }
+}
+
+fn parse_resource(v: &Value, path: &str) -> Result<Resource, JobspecError> {
+    let obj = as_object(v, path)?;
+    check_keys(obj, &["type", "count", "label", "exclusive", "with"], path)?;
+    let kind = match obj.get("type") {
+        Some(Value::String(s)) if !s.is_empty() => s.clone(),
+        _ => return Err(invalid(format!("{path}.type"), "required non-empty string")),
+    };
+    let count_path = format!("{path}.count");
+    let count = parse_count(obj.get("count").ok_or_else(|| invalid(&count_path, "required"))?, &count_path)?;
+    let label = obj
+        .get("label")
+        .map(|l| as_string(l, &format!("{path}.label")))
+        .transpose()?;
+    let exclusive = match obj.get("exclusive") {
+        None => None,
+        Some(Value::Bool(b)) => Some(*b),
+        Some(_) => return Err(invalid(format!("{path}.exclusive"), "must be a boolean")),
+    };
+    let with = match obj.get("with") {
+        None => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| parse_resource(item, &format!("{path}.with[{i}]")))
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(invalid(format!("{path}.with"), "must be a list of resources")),
+    };
+    Ok(Resource {
+        kind,
+        count,
+        label,
+        exclusive,
+        with,
+    })
+}
+
+fn parse_task(v: &Value, path: &str) -> Result<Task, JobspecError> {
+    let obj = as_object(v, path)?;
+    check_keys(obj, &["command", "slot", "count", "attributes"], path)?;
+    let cmd_err = || invalid(format!("{path}.command"), "must be a non-empty array of strings");
+    let command = match obj.get("command") {
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|a| a.as_str().map(str::to_string).ok_or_else(cmd_err))
+            .collect::<Result<Vec<_>, _>>()?,
+        _ => return Err(cmd_err()),
+    };
+    let slot = match obj.get("slot") {
+        Some(Value::String(s)) => s.clone(),
+        _ => return Err(invalid(format!("{path}.slot"), "required string (the slot label)")),
+    };
+    let count_path = format!("{path}.count");
+    let count_obj = as_object(
+        obj.get("count").ok_or_else(|| invalid(&count_path, "required"))?,
+        &count_path,
+    )?;
+    check_keys(count_obj, &["per_slot", "total"], &count_path)?;
+    let count = match (count_obj.get("per_slot"), count_obj.get("total")) {
+        (Some(n), None) => TaskCount::PerSlot(as_count_int(n, &format!("{count_path}.per_slot"))?),
+        (None, Some(n)) => TaskCount::Total(as_count_int(n, &format!("{count_path}.total"))?),
+        _ => return Err(invalid(count_path, "must have exactly one of per_slot or total")),
+    };
+    let attributes = obj
+        .get("attributes")
+        .map(|a| as_object(a, &format!("{path}.attributes")).cloned())
+        .transpose()?;
+    Ok(Task {
+        command,
+        slot,
+        count,
+        attributes,
+    })
+}
+
+fn parse_system(v: &Value) -> Result<System, JobspecError> {
+    let path = "attributes.system";
+    let obj = as_object(v, path)?;
+    let mut sys = System::default();
+    for (key, value) in obj {
+        let p = format!("{path}.{key}");
+        match key.as_str() {
+            "duration" => {
+                let d = value
+                    .as_f64()
+                    .filter(|d| d.is_finite() && *d >= 0.0)
+                    .ok_or_else(|| invalid(&p, "must be a number of seconds >= 0"))?;
+                sys.duration = Some(d);
+            }
+            "cwd" => sys.cwd = Some(as_string(value, &p)?),
+            "environment" => {
+                for (name, val) in as_object(value, &p)? {
+                    let s = as_string(val, &format!("{p}.{name}"))?;
+                    sys.environment.insert(name.clone(), s);
+                }
+            }
+            "shell" => {
+                let shell_obj = as_object(value, &p)?;
+                let mut shell = Shell::default();
+                for (sk, sv) in shell_obj {
+                    if sk == "options" {
+                        shell.options = as_object(sv, &format!("{p}.options"))?.clone();
+                    } else {
+                        shell.other.insert(sk.clone(), sv.clone());
+                    }
+                }
+                sys.shell = Some(shell);
+            }
+            _ => {
+                sys.other.insert(key.clone(), value.clone());
+            }
+        }
+    }
+    Ok(sys)
+}
+
+fn parse_attributes(v: &Value) -> Result<Attributes, JobspecError> {
+    let obj = as_object(v, "attributes")?;
+    check_keys(obj, &["system", "user"], "attributes")?;
+    let system = obj.get("system").map(parse_system).transpose()?.unwrap_or_default();
+    let user = obj
+        .get("user")
+        .map(|u| as_object(u, "attributes.user").cloned())
+        .transpose()?
+        .unwrap_or_default();
+    Ok(Attributes { system, user })
+}
+
+/// Check a V1 count: integer or `{min}` with `1 <= value <= u32::MAX`.
+fn v1_count(count: &Count, path: &str) -> Result<u32, JobspecError> {
+    let (value, p) = match count {
+        Count::Fixed(n) => (*n, path.to_string()),
+        Count::Range(r) => {
+            if let Some(max) = r.max {
+                if max < r.min {
+                    return Err(invalid(format!("{path}.max"), "must be >= min"));
+                }
+            }
+            (r.min, format!("{path}.min"))
+        }
+    };
+    if value < 1 {
+        return Err(invalid(p, "must be an integer >= 1"));
+    }
+    u32::try_from(value).map_err(|_| invalid(p, format!("must be at most {}", u32::MAX)))
+}
+
+/// Check a leaf (`core`/`gpu`) vertex inside a slot.
+fn v1_leaf(r: &Resource, path: &str) -> Result<u32, JobspecError> {
+    if !r.with.is_empty() {
+        return Err(invalid(format!("{path}.with"), format!("{} may not contain other resources", r.kind)));
+    }
+    if r.label.is_some() {
+        return Err(invalid(format!("{path}.label"), "only allowed on slot"));
+    }
+    if r.exclusive.is_some() {
+        return Err(invalid(format!("{path}.exclusive"), "only allowed on node"));
+    }
+    v1_count(&r.count, &format!("{path}.count"))
+}
+
+impl Jobspec {
+    /// Parse jobspec text: JSON if it starts with `{` (after whitespace),
+    /// otherwise YAML. Checks the RFC 14 structure only; call
+    /// [`Jobspec::validate`] for the RFC 25 V1 rules.
+    ///
+    /// # Errors
+    /// [`JobspecError::Syntax`] for malformed JSON/YAML;
+    /// [`JobspecError::Invalid`] naming the field for unknown keys (e.g.
+    /// `foo: unknown key`), missing or mistyped fields.
+    pub fn parse(text: &str) -> Result<Jobspec, JobspecError> {
+        let value: Value = if text.trim_start().starts_with('{') {
+            serde_json::from_str(text).map_err(|e| JobspecError::Syntax(format!("JSON: {e}")))?
+        } else {
+            serde_yaml::from_str(text).map_err(|e| JobspecError::Syntax(format!("YAML: {e}")))?
+        };
+        Jobspec::from_value(&value)
+    }
+
+    /// Convert a JSON value to a [`Jobspec`], checking RFC 14 structure.
+    ///
+    /// Required: `version` (non-negative integer), `resources` (list),
+    /// `tasks` (list). Optional: `attributes` with `system` and `user`.
+    ///
+    /// # Errors
+    /// As [`Jobspec::parse`], without `Syntax`.
+    pub fn from_value(value: &Value) -> Result<Jobspec, JobspecError> {
+        let root = value
+            .as_object()
+            .ok_or_else(|| invalid("(root)", "jobspec must be a mapping"))?;
+        check_keys(root, &["version", "resources", "tasks", "attributes"], "")?;
+        let version = match root.get("version") {
+            None => return Err(invalid("version", "required")),
+            Some(v) => v
+                .as_u64()
+                .ok_or_else(|| invalid("version", format!("must be 1, got {v}")))?,
+        };
+        let resources = match root.get("resources") {
+            Some(Value::Array(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, r)| parse_resource(r, &format!("resources[{i}]")))
+                .collect::<Result<_, _>>()?,
+            _ => return Err(invalid("resources", "required list of resources")),
+        };
+        let tasks = match root.get("tasks") {
+            Some(Value::Array(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, t)| parse_task(t, &format!("tasks[{i}]")))
+                .collect::<Result<_, _>>()?,
+            _ => return Err(invalid("tasks", "required list of tasks")),
+        };
+        let attributes = root
+            .get("attributes")
+            .map(parse_attributes)
+            .transpose()?
+            .unwrap_or_default();
+        Ok(Jobspec {
+            version,
+            resources,
+            tasks,
+            attributes,
+        })
+    }
+
+    /// Apply the RFC 25 Jobspec V1 rules and summarise the request.
+    ///
+    /// Rules: `version` is 1; `resources` has exactly one vertex, either
+    /// `node` (count, optional `exclusive`) containing exactly one `slot`, or
+    /// a `slot`; the slot has a non-empty `label`, a count, and contains one
+    /// `core` and at most one `gpu` (counts `>= 1`, no children); counts are
+    /// integers or `{min: N}` (min is used); `tasks` has exactly one task
+    /// with a non-empty `command`, `slot` equal to the slot label, and count
+    /// `{per_slot: 1}` or `{total: N >= 1}`; `attributes.system.duration`
+    /// is present (seconds, 0 = unlimited).
+    ///
+    /// Unknown `attributes.system` keys (other than
+    /// [`RECOGNIZED_SYSTEM_KEYS`]) and unknown `attributes.system.shell` keys
+    /// become [`JobRequest::warnings`].
+    ///
+    /// # Errors
+    /// [`JobspecError::Invalid`] naming the field, e.g.
+    /// `version: must be 1, got 2`,
+    /// `resources[0].with[0].count: must be an integer >= 1`,
+    /// `tasks[0].command: must be a non-empty array of strings`.
+    pub fn validate(&self) -> Result<JobRequest, JobspecError> {
+        if self.version != 1 {
+            return Err(invalid("version", format!("must be 1, got {}", self.version)));
+        }
+        let [top] = self.resources.as_slice() else {
+            return Err(invalid(
+                "resources",
+                format!("must contain exactly one resource (node or slot), got {}", self.resources.len()),
+            ));
+        };
+        let (nnodes, slot, slot_path, exclusive) = match top.kind.as_str() {
+            "node" => {
+                let n = v1_count(&top.count, "resources[0].count")?;
+                if top.label.is_some() {
+                    return Err(invalid("resources[0].label", "only allowed on slot"));
+                }
+                let [slot] = top.with.as_slice() else {
+                    return Err(invalid("resources[0].with", "node must contain exactly one slot"));
+                };
+                if slot.kind != "slot" {
+                    return Err(invalid(
+                        "resources[0].with[0].type",
+                        format!("must be slot, got {}", slot.kind),
+                    ));
+                }
+                (Some(n), slot, "resources[0].with[0]", top.exclusive.unwrap_or(false))
+            }
+            "slot" => (None, top, "resources[0]", false),
+            other => {
+                return Err(invalid(
+                    "resources[0].type",
+                    format!("must be node or slot, got {other}"),
+                ))
+            }
+        };
+        if slot.exclusive.is_some() {
+            return Err(invalid(format!("{slot_path}.exclusive"), "only allowed on node"));
+        }
+        let label = match &slot.label {
+            Some(l) if !l.is_empty() => l.as_str(),
+            _ => return Err(invalid(format!("{slot_path}.label"), "required non-empty string")),
+        };
+        let slots = v1_count(&slot.count, &format!("{slot_path}.count"))?;
+        let mut cores = None;
+        let mut gpus = None;
+        for (i, child) in slot.with.iter().enumerate() {
+            let p = format!("{slot_path}.with[{i}]");
+            let target = match child.kind.as_str() {
+                "core" => &mut cores,
+                "gpu" => &mut gpus,
+                other => {
+                    return Err(invalid(
+                        format!("{p}.type"),
+                        format!("must be core or gpu, got {other}"),
+                    ))
+                }
+            };
+            if target.is_some() {
+                return Err(invalid(&p, format!("duplicate {} in slot", child.kind)));
+            }
+            *target = Some(v1_leaf(child, &p)?);
+        }
+        let Some(cores_per_slot) = cores else {
+            return Err(invalid(format!("{slot_path}.with"), "slot must contain a core"));
+        };
+        let nslots = match nnodes {
+            Some(n) => n
+                .checked_mul(slots)
+                .ok_or_else(|| invalid("resources", "total slot count exceeds 4294967295"))?,
+            None => slots,
+        };
+
+        let [task] = self.tasks.as_slice() else {
+            return Err(invalid(
+                "tasks",
+                format!("must contain exactly one task, got {}", self.tasks.len()),
+            ));
+        };
+        if task.command.is_empty() {
+            return Err(invalid("tasks[0].command", "must be a non-empty array of strings"));
+        }
+        if task.slot != label {
+            return Err(invalid(
+                "tasks[0].slot",
+                format!("must equal the slot label {label:?}, got {:?}", task.slot),
+            ));
+        }
+        let ntasks = match task.count {
+            TaskCount::PerSlot(1) => nslots,
+            TaskCount::PerSlot(_) => return Err(invalid("tasks[0].count.per_slot", "must be 1")),
+            // N tasks distributed over the slots; fewer tasks than slots is
+            // normal (`flux run -N2 -n3` gives 4 slots, 3 tasks).
+            TaskCount::Total(n) => v1_count(&Count::Fixed(n), "tasks[0].count.total")?,
+        };
+
+        let sys = &self.attributes.system;
+        let duration = match sys.duration {
+            None => {
+                return Err(invalid(
+                    "attributes.system.duration",
+                    "required (seconds, 0 = unlimited)",
+                ))
+            }
+            Some(d) if !(d.is_finite() && d >= 0.0) => {
+                return Err(invalid("attributes.system.duration", "must be a number of seconds >= 0"))
+            }
+            Some(d) => (d > 0.0).then_some(d),
+        };
+        let mut warnings = Vec::new();
+        for key in sys.other.keys() {
+            if !RECOGNIZED_SYSTEM_KEYS.contains(&key.as_str()) {
+                warnings.push(format!("attributes.system.{key}: unknown key, ignored"));
+            }
+        }
+        if let Some(shell) = &sys.shell {
+            for key in shell.other.keys() {
+                warnings.push(format!("attributes.system.shell.{key}: unknown key, ignored"));
+            }
+        }
+        Ok(JobRequest {
+            nnodes,
+            nslots,
+            slots_per_node: nnodes.map(|_| slots),
+            cores_per_slot,
+            gpus_per_slot: gpus.unwrap_or(0),
+            ntasks,
+            command: task.command.clone(),
+            duration,
+            cwd: sys.cwd.clone(),
+            environment: sys.environment.clone(),
+            shell_options: sys.shell.as_ref().map(|s| s.options.clone()).unwrap_or_default(),
+            exclusive,
+            warnings,
+        })
+    }
+
+    /// Encode as compact JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_value(self)
+            .map(|v| v.to_string())
+            .unwrap_or_default()
+    }
+
+    /// Encode as YAML.
+    ///
+    /// # Errors
+    /// [`JobspecError::Serialize`] if the YAML emitter fails.
+    pub fn to_yaml(&self) -> Result<String, JobspecError> {
+        serde_yaml::to_string(self).map_err(|e| JobspecError::Serialize(e.to_string()))
+    }
+}
+
+impl<'de> Deserialize<'de> for Jobspec {
+    /// Deserialize with the structural checks of [`Jobspec::from_value`].
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let v = Value::deserialize(deserializer)?;
+        Jobspec::from_value(&v).map_err(serde::de::Error::custom)
+    }
+}
+
+impl std::str::FromStr for Jobspec {
+    type Err = JobspecError;
+    /// Same as [`Jobspec::parse`].
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Jobspec::parse(s)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Builder.
+
+/// Builds a V1 jobspec from `flux run`-style options.
+///
+/// - Without `nnodes` (`-N`): `slot[ntasks]>core[cores_per_task]` (plus
+///   `gpu[gpus_per_task]` when > 0), tasks `{per_slot: 1}`; `ntasks` defaults
+///   to 1.
+/// - With `-N N` and `-n n` (`n >= N`): `node[N]>slot[ceil(n/N)]>core[c]`,
+///   tasks `{total: n}`.
+/// - With `-N N` alone: `node[N]>slot[1]>core[c]`, tasks `{per_slot: 1}`
+///   (N tasks).
+///
+/// The slot label is `task`. `duration` is seconds (`None` = 0 = unlimited).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct JobspecBuilder {
+    /// Command and arguments (must be non-empty).
+    pub command: Vec<String>,
+    /// `-N`: number of nodes.
+    pub nnodes: Option<u32>,
+    /// `-n`: number of tasks.
+    pub ntasks: Option<u32>,
+    /// `-c`: cores per task (`>= 1`; [`JobspecBuilder::new`] sets 1).
+    pub cores_per_task: u32,
+    /// `-g`: GPUs per task.
+    pub gpus_per_task: u32,
+    /// `-t`: time limit in seconds (`None` = unlimited).
+    pub duration: Option<f64>,
+    /// `--cwd`: working directory.
+    pub cwd: Option<String>,
+    /// `--env`: task environment.
+    pub environment: BTreeMap<String, String>,
+    /// `-o`: job shell options.
+    pub shell_options: Map<String, Value>,
+    /// `--exclusive`: allocate whole nodes (requires `-N`).
+    pub exclusive: bool,
+}
+
+impl JobspecBuilder {
+    /// Start a builder for `command` with 1 core per task and all else unset.
+    pub fn new<I, S>(command: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        JobspecBuilder {
+            command: command.into_iter().map(Into::into).collect(),
+            cores_per_task: 1,
+            ..Default::default()
+        }
+    }
+
+    /// Set `-N` (number of nodes).
+    pub fn nnodes(mut self, n: u32) -> Self {
+        self.nnodes = Some(n);
+        self
+    }
+
+    /// Set `-n` (number of tasks).
+    pub fn ntasks(mut self, n: u32) -> Self {
+        self.ntasks = Some(n);
+        self
+    }
+
+    /// Set `-c` (cores per task).
+    pub fn cores_per_task(mut self, c: u32) -> Self {
+        self.cores_per_task = c;
+        self
+    }
+
+    /// Set `-g` (GPUs per task).
+    pub fn gpus_per_task(mut self, g: u32) -> Self {
+        self.gpus_per_task = g;
+        self
+    }
+
+    /// Set `-t` (time limit, seconds; 0 = unlimited).
+    pub fn duration(mut self, secs: f64) -> Self {
+        self.duration = Some(secs);
+        self
+    }
+
+    /// Set `--cwd`.
+    pub fn cwd(mut self, dir: impl Into<String>) -> Self {
+        self.cwd = Some(dir.into());
+        self
+    }
+
+    /// Add one environment variable.
+    pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.environment.insert(name.into(), value.into());
+        self
+    }
+
+    /// Add one job shell option (`-o name=value`).
+    pub fn shell_option(mut self, name: impl Into<String>, value: Value) -> Self {
+        self.shell_options.insert(name.into(), value);
+        self
+    }
+
+    /// Set `--exclusive`.
+    pub fn exclusive(mut self, on: bool) -> Self {
+        self.exclusive = on;
+        self
+    }
+
+    /// Produce the jobspec (which passes [`Jobspec::validate`]).
+    ///
+    /// # Errors
+    /// [`JobspecError::Builder`] for an empty command, `-N`/`-n`/`-c` of 0,
+    /// a negative or non-finite `-t`, `--exclusive` without `-N`, or
+    /// `-n must be >= -N`.
+    pub fn build(self) -> Result<Jobspec, JobspecError> {
+        let err = |m: &str| Err(JobspecError::Builder(m.to_string()));
+        if self.command.is_empty() {
+            return err("command must not be empty");
+        }
+        if self.cores_per_task == 0 {
+            return err("-c/--cores-per-task must be >= 1");
+        }
+        if self.ntasks == Some(0) {
+            return err("-n/--ntasks must be >= 1");
+        }
+        if self.nnodes == Some(0) {
+            return err("-N/--nodes must be >= 1");
+        }
+        let duration = self.duration.unwrap_or(0.0);
+        if !(duration.is_finite() && duration >= 0.0) {
+            return err("-t/--time-limit must be >= 0");
+        }
+        if self.exclusive && self.nnodes.is_none() {
+            return err("--exclusive requires -N/--nodes");
+        }
+        let mut leaves = vec![leaf("core", self.cores_per_task)];
+        if self.gpus_per_task > 0 {
+            leaves.push(leaf("gpu", self.gpus_per_task));
+        }
+        let slot = |count: u32| Resource {
+            kind: "slot".into(),
+            count: Count::Fixed(u64::from(count)),
+            label: Some("task".into()),
+            exclusive: None,
+            with: leaves.clone(),
+        };
+        let (resource, count) = match (self.nnodes, self.ntasks) {
+            (None, n) => (slot(n.unwrap_or(1)), TaskCount::PerSlot(1)),
+            (Some(nodes), None) => (node(nodes, self.exclusive, slot(1)), TaskCount::PerSlot(1)),
+            (Some(nodes), Some(n)) => {
+                if n < nodes {
+                    return err("-n must be >= -N");
+                }
+                let per_node = n.div_ceil(nodes);
+                (
+                    node(nodes, self.exclusive, slot(per_node)),
+                    TaskCount::Total(u64::from(n)),
+                )
+            }
+        };
+        Ok(Jobspec {
+            version: 1,
+            resources: vec![resource],
+            tasks: vec![Task {
+                command: self.command,
+                slot: "task".into(),
+                count,
+                attributes: None,
+            }],
+            attributes: Attributes {
+                system: System {
+                    duration: Some(duration),
+                    cwd: self.cwd,
+                    environment: self.environment,
+                    shell: (!self.shell_options.is_empty()).then(|| Shell {
+                        options: self.shell_options,
+                        other: Map::new(),
+                    }),
+                    other: Map::new(),
+                },
+                user: Map::new(),
+            },
+        })
+    }
+}
+
+fn leaf(kind: &str, count: u32) -> Resource {
+    Resource {
+        kind: kind.into(),
+        count: Count::Fixed(u64::from(count)),
+        label: None,
+        exclusive: None,
+        with: Vec::new(),
+    }
+}
+
+fn node(count: u32, exclusive: bool, slot: Resource) -> Resource {
+    Resource {
+        kind: "node".into(),
+        count: Count::Fixed(u64::from(count)),
+        label: None,
+        exclusive: exclusive.then_some(true),
+        with: vec![slot],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    /// RFC 25 style: a single slot with cores, per-slot task count.
+    const SIMPLE_YAML: &str = r#"
+version: 1
+resources:
+  - type: slot
+    count: 4
+    label: default
+    with:
+      - type: core
+        count: 2
+tasks:
+  - command: [ "hostname" ]
+    slot: default
+    count:
+      per_slot: 1
+attributes:
+  system:
+    duration: 0
+"#;
+
+    /// RFC 25 style: nodes, each with slots of cores and a GPU, total tasks.
+    const NODE_GPU_YAML: &str = r#"
+version: 1
+resources:
+  - type: node
+    count: 2
+    exclusive: true
+    with:
+      - type: slot
+        count: {min: 3}
+        label: task
+        with:
+          - type: core
+            count: 4
+          - type: gpu
+            count: 1
+tasks:
+  - command: [ "flux", "start", "app --x" ]
+    slot: task
+    count:
+      total: 5
+attributes:
+  system:
+    duration: 3600.5
+    cwd: /home/flux
+    environment:
+      HOME: /home/flux
+      LANG: C
+    shell:
+      options:
+        verbose: 1
+    queue: batch
+    mystery: 7
+  user:
+    study: 42
+"#;
+
+    fn parse_ok(s: &str) -> Jobspec {
+        Jobspec::parse(s).expect("valid jobspec")
+    }
+
+    #[test]
+    fn simple_slot_core() {
+        let js = parse_ok(SIMPLE_YAML);
+        let req = js.validate().expect("valid V1");
+        assert_eq!(
+            req,
+            JobRequest {
+                nnodes: None,
+                nslots: 4,
+                slots_per_node: None,
+                cores_per_slot: 2,
+                gpus_per_slot: 0,
+                ntasks: 4,
+                command: vec!["hostname".into()],
+                duration: None,
+                ..Default::default()
+            }
+        );
+        assert_eq!(Jobspec::parse(&js.to_json()), Ok(js.clone()));
+    }
+
+    #[test]
+    fn node_slot_core_gpu() {
+        let js = parse_ok(NODE_GPU_YAML);
+        let req = js.validate().expect("valid V1");
+        assert_eq!(req.nnodes, Some(2));
+        assert_eq!(req.slots_per_node, Some(3));
+        assert_eq!(req.nslots, 6);
+        assert_eq!(req.cores_per_slot, 4);
+        assert_eq!(req.gpus_per_slot, 1);
+        assert_eq!(req.ntasks, 5);
+        assert_eq!(req.command, ["flux", "start", "app --x"]);
+        assert_eq!(req.duration, Some(3600.5));
+        assert_eq!(req.cwd.as_deref(), Some("/home/flux"));
+        assert_eq!(req.environment.get("LANG").map(String::as_str), Some("C"));
+        assert_eq!(req.shell_options.get("verbose"), Some(&json!(1)));
+        assert!(req.exclusive);
+        assert_eq!(
+            req.warnings,
+            vec!["attributes.system.mystery: unknown key, ignored".to_string()]
+        );
+        assert_eq!(js.attributes.user.get("study"), Some(&json!(42)));
+        // Round trip via JSON and YAML keeps everything.
+        assert_eq!(Jobspec::parse(&js.to_json()), Ok(js.clone()));
+        let yaml = js.to_yaml().expect("yaml");
+        assert_eq!(Jobspec::parse(&yaml), Ok(js.clone()));
+        // serde Deserialize path.
+        let via_serde: Result<Jobspec, _> = serde_json::from_str(&js.to_json());
+        assert_eq!(via_serde.ok(), Some(js));
+    }
+
+    /// Apply `edit` to the JSON form of NODE_GPU_YAML and return the error text
+    /// from parse+validate.
+    fn error_after(edit: impl Fn(&mut Value)) -> String {
+        let mut v = serde_json::to_value(parse_ok(NODE_GPU_YAML)).expect("to_value");
+        edit(&mut v);
+        match Jobspec::parse(&v.to_string()).and_then(|js| js.validate()) {
+            Ok(_) => "no error".to_string(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    fn remove(v: &mut Value, key: &str) {
+        if let Some(o) = v.as_object_mut() {
+            o.remove(key);
+        }
+    }
+
+    #[test]
+    fn rejections_name_the_field() {
+        type Edit = Box<dyn Fn(&mut Value)>;
+        let slot = "/resources/0/with/0";
+        let cases: Vec<(Edit, &str)> = vec![
+            (Box::new(|v| v["version"] = json!(2)), "version: must be 1, got 2"),
+            (Box::new(|v| v["version"] = json!("1")), "version: must be 1, got \"1\""),
+            (Box::new(|v| remove(v, "version")), "version: required"),
+            (Box::new(|v| v["bogus"] = json!(1)), "bogus: unknown key"),
+            (Box::new(|v| remove(v, "resources")), "resources: required list"),
+            (Box::new(|v| v["resources"] = json!([])), "resources: must contain exactly one resource"),
+            (Box::new(|v| v["resources"][0]["type"] = json!("socket")), "resources[0].type: must be node or slot, got socket"),
+            (Box::new(|v| v["resources"][0]["type"] = json!(3)), "resources[0].type: required non-empty string"),
+            (Box::new(|v| v["resources"][0]["count"] = json!(0)), "resources[0].count: must be an integer >= 1"),
+            (Box::new(|v| v["resources"][0]["count"] = json!(-1)), "resources[0].count: must be an integer >= 1"),
+            (Box::new(|v| v["resources"][0]["count"] = json!(1.5)), "resources[0].count: must be an integer >= 1"),
+            (Box::new(|v| v["resources"][0]["count"] = json!(5_000_000_000u64)), "resources[0].count: must be at most 4294967295"),
+            (Box::new(|v| remove(&mut v["resources"][0], "count")), "resources[0].count: required"),
+            (Box::new(|v| v["resources"][0]["exclusive"] = json!("yes")), "resources[0].exclusive: must be a boolean"),
+            (Box::new(|v| v["resources"][0]["label"] = json!("x")), "resources[0].label: only allowed on slot"),
+            (Box::new(|v| v["resources"][0]["unit"] = json!("GB")), "resources[0].unit: unknown key"),
+            (Box::new(|v| v["resources"][0]["with"] = json!({})), "resources[0].with: must be a list"),
+            (Box::new(|v| v["resources"][0]["with"] = json!([])), "resources[0].with: node must contain exactly one slot"),
+            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["type"] = json!("core") } }), "resources[0].with[0].type: must be slot, got core"),
+            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["count"] = json!(0) } }), "resources[0].with[0].count: must be an integer >= 1"),
+            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["count"] = json!({"min": 0}) } }), "resources[0].with[0].count.min: must be an integer >= 1"),
+            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["count"] = json!({"max": 2}) } }), "resources[0].with[0].count.min: required"),
+            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["count"] = json!({"min": 3, "max": 2}) } }), "resources[0].with[0].count.max: must be >= min"),
+            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["count"] = json!({"min": 3, "step": 2}) } }), "resources[0].with[0].count.step: unknown key"),
+            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["count"] = json!({"min": 3, "operator": "%"}) } }), "resources[0].with[0].count.operator: must be one of"),
+            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { remove(s, "label") } }), "resources[0].with[0].label: required non-empty string"),
+            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["label"] = json!(7) } }), "resources[0].with[0].label: must be a string"),
+            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["exclusive"] = json!(true) } }), "resources[0].with[0].exclusive: only allowed on node"),
+            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["with"] = json!([{"type": "gpu", "count": 1}]) } }), "resources[0].with[0].with: slot must contain a core"),
+            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["with"][1]["type"] = json!("core") } }), "resources[0].with[0].with[1]: duplicate core in slot"),
+            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["with"][1]["type"] = json!("memory") } }), "resources[0].with[0].with[1].type: must be core or gpu, got memory"),
+            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["with"][0]["count"] = json!(0) } }), "resources[0].with[0].with[0].count: must be an integer >= 1"),
+            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["with"][1]["count"] = json!("one") } }), "resources[0].with[0].with[1].count: must be an integer >= 1"),
+            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["with"][0]["with"] = json!([{"type": "pu", "count": 1}]) } }), "resources[0].with[0].with[0].with: core may not contain other resources"),
+            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["with"][0]["label"] = json!("c") } }), "resources[0].with[0].with[0].label: only allowed on slot"),
+            (Box::new(|v| v["resources"] = json!([{"type": "slot", "count": 1, "label": "task", "with": [{"type": "core", "count": 1}]}, {"type": "slot", "count": 1, "label": "b", "with": []}])), "resources: must contain exactly one resource (node or slot), got 2"),
+            (Box::new(|v| remove(v, "tasks")), "tasks: required list"),
+            (Box::new(|v| v["tasks"] = json!([])), "tasks: must contain exactly one task, got 0"),
+            (Box::new(|v| v["tasks"][0]["command"] = json!([])), "tasks[0].command: must be a non-empty array of strings"),
+            (Box::new(|v| v["tasks"][0]["command"] = json!("hostname")), "tasks[0].command: must be a non-empty array of strings"),
+            (Box::new(|v| v["tasks"][0]["command"] = json!(["a", 1])), "tasks[0].command: must be a non-empty array of strings"),
+            (Box::new(|v| v["tasks"][0]["slot"] = json!("other")), "tasks[0].slot: must equal the slot label \"task\", got \"other\""),
+            (Box::new(|v| remove(&mut v["tasks"][0], "slot")), "tasks[0].slot: required string"),
+            (Box::new(|v| v["tasks"][0]["count"] = json!({"per_slot": 2})), "tasks[0].count.per_slot: must be 1"),
+            (Box::new(|v| v["tasks"][0]["count"] = json!({"total": 0})), "tasks[0].count.total: must be an integer >= 1"),
+            (Box::new(|v| v["tasks"][0]["count"] = json!({"total": 1, "per_slot": 1})), "tasks[0].count: must have exactly one of per_slot or total"),
+            (Box::new(|v| v["tasks"][0]["count"] = json!({"each": 1})), "tasks[0].count.each: unknown key"),
+            (Box::new(|v| v["tasks"][0]["count"] = json!(1)), "tasks[0].count: must be a mapping"),
+            (Box::new(|v| v["tasks"][0]["where"] = json!(1)), "tasks[0].where: unknown key"),
+            (Box::new(|v| v["tasks"][0] = json!("x")), "tasks[0]: must be a mapping"),
+            (Box::new(|v| v["attributes"]["other"] = json!({})), "attributes.other: unknown key"),
+            (Box::new(|v| v["attributes"]["user"] = json!([])), "attributes.user: must be a mapping"),
+            (Box::new(|v| v["attributes"]["system"] = json!(1)), "attributes.system: must be a mapping"),
+            (Box::new(|v| remove(&mut v["attributes"]["system"], "duration")), "attributes.system.duration: required"),
+            (Box::new(|v| remove(v, "attributes")), "attributes.system.duration: required"),
+            (Box::new(|v| v["attributes"]["system"]["duration"] = json!(-1)), "attributes.system.duration: must be a number of seconds >= 0"),
+            (Box::new(|v| v["attributes"]["system"]["duration"] = json!("1h")), "attributes.system.duration: must be a number of seconds >= 0"),
+            (Box::new(|v| v["attributes"]["system"]["cwd"] = json!(1)), "attributes.system.cwd: must be a string"),
+            (Box::new(|v| v["attributes"]["system"]["environment"]["X"] = json!(1)), "attributes.system.environment.X: must be a string"),
+            (Box::new(|v| v["attributes"]["system"]["environment"] = json!([])), "attributes.system.environment: must be a mapping"),
+            (Box::new(|v| v["attributes"]["system"]["shell"]["options"] = json!(1)), "attributes.system.shell.options: must be a mapping"),
+        ];
+        for (edit, want) in cases {
+            let got = error_after(edit);
+            assert!(got.starts_with(want), "want {want:?}\n got {got:?}");
+        }
+    }
+
+    #[test]
+    fn syntax_and_root_errors() {
+        assert!(matches!(Jobspec::parse("{"), Err(JobspecError::Syntax(_))));
+        assert!(matches!(Jobspec::parse("a: [1"), Err(JobspecError::Syntax(_))));
+        assert_eq!(
+            Jobspec::parse("").map_err(|e| e.to_string()),
+            Err("(root): jobspec must be a mapping".to_string())
+        );
+        assert_eq!(
+            Jobspec::parse("- 1\n- 2").map_err(|e| e.to_string()),
+            Err("(root): jobspec must be a mapping".to_string())
+        );
+        assert!(Jobspec::parse("  {\"version\": 1, \"resources\": [], \"tasks\": []}").is_ok());
+    }
+
+    #[test]
+    fn builder_defaults_to_one_slot() {
+        let js = JobspecBuilder::new(["hostname"]).build().expect("build");
+        let req = js.validate().expect("valid");
+        assert_eq!((req.nnodes, req.nslots, req.ntasks, req.cores_per_slot), (None, 1, 1, 1));
+        assert_eq!(req.duration, None);
+        let v: Value = serde_json::from_str(&js.to_json()).expect("json");
+        assert_eq!(
+            v,
+            json!({"version": 1,
+                   "resources": [{"type": "slot", "count": 1, "label": "task",
+                                  "with": [{"type": "core", "count": 1}]}],
+                   "tasks": [{"command": ["hostname"], "slot": "task", "count": {"per_slot": 1}}],
+                   "attributes": {"system": {"duration": 0.0}}})
+        );
+    }
+
+    #[test]
+    fn builder_follows_flux_run_conventions() {
+        // -n4 -c2 -g1 -t 60
+        let js = JobspecBuilder::new(["app", "-v"])
+            .ntasks(4)
+            .cores_per_task(2)
+            .gpus_per_task(1)
+            .duration(60.0)
+            .cwd("/tmp")
+            .env("A", "b")
+            .shell_option("verbose", json!(2))
+            .build()
+            .expect("build");
+        let req = js.validate().expect("valid");
+        assert_eq!(
+            (req.nnodes, req.nslots, req.ntasks, req.cores_per_slot, req.gpus_per_slot),
+            (None, 4, 4, 2, 1)
+        );
+        assert_eq!(req.duration, Some(60.0));
+        assert_eq!(req.cwd.as_deref(), Some("/tmp"));
+        assert_eq!(req.environment.get("A").map(String::as_str), Some("b"));
+        assert_eq!(req.shell_options.get("verbose"), Some(&json!(2)));
+
+        // -N2 -n5 --exclusive
+        let js = JobspecBuilder::new(["app"]).nnodes(2).ntasks(5).exclusive(true).build().expect("build");
+        let req = js.validate().expect("valid");
+        assert_eq!(
+            (req.nnodes, req.slots_per_node, req.nslots, req.ntasks, req.exclusive),
+            (Some(2), Some(3), 6, 5, true)
+        );
+        assert!(matches!(js.tasks[0].count, TaskCount::Total(5)));
+
+        // -N3 alone
+        let req = JobspecBuilder::new(["app"]).nnodes(3).build().and_then(|j| j.validate()).expect("valid");
+        assert_eq!((req.nnodes, req.slots_per_node, req.nslots, req.ntasks), (Some(3), Some(1), 3, 3));
+    }
+
+    #[test]
+    fn builder_errors() {
+        let cases = [
+            (JobspecBuilder::new(Vec::<String>::new()), "command must not be empty"),
+            (JobspecBuilder::new(["a"]).nnodes(4).ntasks(2), "-n must be >= -N"),
+            (JobspecBuilder::new(["a"]).ntasks(0), "-n/--ntasks must be >= 1"),
+            (JobspecBuilder::new(["a"]).nnodes(0), "-N/--nodes must be >= 1"),
+            (JobspecBuilder::new(["a"]).cores_per_task(0), "-c/--cores-per-task must be >= 1"),
+            (JobspecBuilder::new(["a"]).duration(-1.0), "-t/--time-limit must be >= 0"),
+            (JobspecBuilder::new(["a"]).duration(f64::NAN), "-t/--time-limit must be >= 0"),
+            (JobspecBuilder::new(["a"]).exclusive(true), "--exclusive requires -N/--nodes"),
+        ];
+        for (b, want) in cases {
+            assert_eq!(b.build().map_err(|e| e.to_string()), Err(want.to_string()));
+        }
+    }
+
+    #[test]
+    fn builder_round_trips_tricky_strings() {
+        let js = JobspecBuilder::new(["sh", "-c", "echo 'hi'; exit 0", "true", "1", "null", "~", "- x", ""])
+            .nnodes(2)
+            .ntasks(2)
+            .env("EMPTY", "")
+            .env("NUM", "007")
+            .env("YES", "yes")
+            .cwd("#not a comment")
+            .build()
+            .expect("build");
+        assert_eq!(Jobspec::parse(&js.to_json()), Ok(js.clone()));
+        assert_eq!(js.to_yaml().and_then(|y| Jobspec::parse(&y)), Ok(js.clone()));
+    }
+
+    proptest! {
+        #[test]
+        fn parse_never_panics(s in "\\PC*") {
+            if let Ok(js) = Jobspec::parse(&s) {
+                let _ = js.validate();
+            }
+        }
+
+        #[test]
+        fn parse_never_panics_yamlish(s in "[a-z0-9:{}\\[\\]\\-,'\" \\n&*!|>#.]{0,64}") {
+            if let Ok(js) = Jobspec::parse(&s) {
+                let _ = js.validate();
+            }
+        }
+
+        #[test]
+        fn parse_never_panics_on_mutated_example(i in 0usize..NODE_GPU_YAML.len(), c in "[a-z0-9:{}\\[\\]\\- \\n]{1,3}") {
+            let mut s = NODE_GPU_YAML.to_string();
+            if s.is_char_boundary(i) {
+                s.insert_str(i, &c);
+            }
+            if let Ok(js) = Jobspec::parse(&s) {
+                let _ = js.validate();
+            }
+        }
+
+        #[test]
+        fn builder_output_validates_and_round_trips(
+            nnodes in proptest::option::of(1u32..8),
+            extra in proptest::option::of(0u32..20),
+            cores in 1u32..5,
+            gpus in 0u32..3,
+            // Millisecond-resolution durations: serde_json's default float
+            // parser is only exact up to ~16 significant digits.
+            dur in proptest::option::of((0u64..1_000_000_000).prop_map(|ms| ms as f64 / 1000.0)),
+            args in proptest::collection::vec("\\PC{0,8}", 1..4),
+            envs in proptest::collection::btree_map("[A-Z_]{1,6}", "\\PC{0,8}", 0..3),
+        ) {
+            let mut b = JobspecBuilder::new(args.clone()).cores_per_task(cores).gpus_per_task(gpus);
+            if let Some(n) = nnodes { b = b.nnodes(n); }
+            // ntasks >= nnodes when both given
+            let ntasks = extra.map(|e| nnodes.unwrap_or(1) + e);
+            if let Some(n) = ntasks { b = b.ntasks(n); }
+            if let Some(d) = dur { b = b.duration(d); }
+            b.environment = envs.clone();
+            let js = match b.build() {
+                Ok(js) => js,
+                Err(e) => return Err(TestCaseError::fail(format!("build failed: {e}"))),
+            };
+            let req = js.validate();
+            prop_assert!(req.is_ok(), "{:?}", req);
+            if let Ok(req) = req {
+                prop_assert_eq!(req.ntasks, ntasks.or(nnodes).unwrap_or(1));
+                prop_assert!(req.nslots >= req.ntasks);
+                prop_assert_eq!(req.cores_per_slot, cores);
+                prop_assert_eq!(req.gpus_per_slot, gpus);
+                prop_assert_eq!(&req.command, &args);
+                prop_assert_eq!(&req.environment, &envs);
+                prop_assert!(req.warnings.is_empty());
+            }
+            prop_assert_eq!(Jobspec::parse(&js.to_json()), Ok(js.clone()));
+            prop_assert_eq!(js.to_yaml().and_then(|y| Jobspec::parse(&y)), Ok(js.clone()));
+        }
+    }
+}

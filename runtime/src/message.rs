@@ -1,0 +1,415 @@
+//! Vigil messages and their wire codec (version 1).
+//!
+//! One framing is used on every link: the TBON overlay between brokers (TCP today, RDMA later) and the local
+//! connector between a broker and its clients (Unix socket). The format is documented in `docs/wire-format.md`:
+//!
+//! ```text
+//! u32 length (big-endian) of everything after this field, at most MAX_FRAME bytes
+//! header (28 bytes, big-endian integers):
+//!   magic "VG" | version u8 (=1) | type u8 | flags u8 | nroute u8 | topic_len u16
+//!   matchtag u32 | nodeid u32 | userid u32 | errnum u32 | seq u32
+//! route stack: nroute x u32
+//! topic: topic_len bytes of UTF-8
+//! payload: the rest (JSON, possibly empty)
+//! ```
+//!
+//! Decoding never panics: every malformed frame yields a [`DecodeError`], after which the receiver drops the
+//! connection of the peer that sent it.
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Wire magic, "VG".
+pub const MAGIC: [u8; 2] = *b"VG";
+/// The only wire version this build speaks.
+pub const WIRE_VERSION: u8 = 1;
+/// Largest accepted frame (bytes after the length field): 64 MiB.
+pub const MAX_FRAME: u32 = 64 << 20;
+/// Largest route stack; deeper routes are refused (a TBON deeper than this is a bug).
+pub const MAX_ROUTE: usize = 64;
+/// Fixed header size after the length field, in bytes.
+pub const HEADER_LEN: usize = 28;
+/// `nodeid` meaning "the nearest broker that offers this service, else upstream".
+pub const NODEID_ANY: u32 = u32::MAX;
+/// `nodeid` meaning "the parent of the broker this client is attached to".
+pub const NODEID_UPSTREAM: u32 = u32::MAX - 1;
+/// Route-stack entries with this bit set name a local client connection, not an overlay peer.
+pub const ROUTE_LOCAL: u32 = 1 << 31;
+
+/// Request flag: the sender wants no response.
+pub const FLAG_NORESPONSE: u8 = 1;
+/// Request flag: the sender expects a stream of responses ended by `ENODATA`.
+pub const FLAG_STREAMING: u8 = 2;
+
+/// POSIX errno values used in responses (CONVENTIONS.md).
+pub mod errno {
+    /// Operation not permitted (unauthorised request).
+    pub const EPERM: u32 = 1;
+    /// No such entry (unknown job id, attribute...).
+    pub const ENOENT: u32 = 2;
+    /// Invalid argument (bad payload).
+    pub const EINVAL: u32 = 22;
+    /// Function not implemented: no such service.
+    pub const ENOSYS: u32 = 38;
+    /// No data: the normal end of a response stream.
+    pub const ENODATA: u32 = 61;
+    /// Protocol error.
+    pub const EPROTO: u32 = 71;
+    /// Resource temporarily unavailable.
+    pub const EAGAIN: u32 = 11;
+    /// Already exists / in a conflicting state.
+    pub const EEXIST: u32 = 17;
+    /// Busy.
+    pub const EBUSY: u32 = 16;
+    /// No space: the request can never be satisfied in this instance.
+    pub const ENOSPC: u32 = 28;
+    /// Host unreachable: the rank is not connected or was lost.
+    pub const EHOSTUNREACH: u32 = 113;
+}
+
+/// Message type (header byte 3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MsgType {
+    /// A request, routed by `nodeid`; answered by zero or more responses with the same matchtag.
+    Request = 1,
+    /// A response, routed back along the request's route stack.
+    Response = 2,
+    /// An event, sequenced by rank 0 and delivered to every broker.
+    Event = 3,
+    /// A control message between two directly connected peers (hello, shutdown, heartbeat...).
+    Control = 4,
+}
+
+impl MsgType {
+    fn from_u8(v: u8) -> Option<MsgType> {
+        Some(match v {
+            1 => MsgType::Request,
+            2 => MsgType::Response,
+            3 => MsgType::Event,
+            4 => MsgType::Control,
+            _ => return None,
+        })
+    }
+}
+
+/// One Vigil message, decoded.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Message {
+    /// Request, response, event or control.
+    pub msgtype: MsgType,
+    /// `FLAG_*` bits.
+    pub flags: u8,
+    /// Service topic, e.g. `job-manager.submit`.
+    pub topic: String,
+    /// Matches responses to their request; chosen by the requester.
+    pub matchtag: u32,
+    /// Requests: destination rank, [`NODEID_ANY`] or [`NODEID_UPSTREAM`]. Unused otherwise.
+    pub nodeid: u32,
+    /// uid of the original sender, stamped by the first broker that receives it from a local client.
+    pub userid: u32,
+    /// Responses: 0 on success, else a POSIX errno; the payload may carry `{"errstr": ...}`.
+    pub errnum: u32,
+    /// Events: sequence number assigned by rank 0. Unused otherwise.
+    pub seq: u32,
+    /// Route stack: hops a request crossed, popped by its responses.
+    pub route: Vec<u32>,
+    /// JSON payload bytes (may be empty).
+    pub payload: Vec<u8>,
+}
+
+/// Why a frame could not be decoded.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    /// The frame is shorter than its header or than its declared contents.
+    #[error("truncated frame ({0} bytes)")]
+    Truncated(usize),
+    /// The frame length exceeds [`MAX_FRAME`].
+    #[error("frame of {0} bytes exceeds the {MAX_FRAME}-byte limit")]
+    TooLarge(u32),
+    /// The magic bytes are not "VG": the peer does not speak this protocol.
+    #[error("bad magic {0:02x?}: not a Vigil peer")]
+    BadMagic([u8; 2]),
+    /// The peer speaks a different wire version.
+    #[error("unsupported wire version {0} (this broker speaks {WIRE_VERSION})")]
+    Version(u8),
+    /// Unknown message type byte.
+    #[error("unknown message type {0}")]
+    BadType(u8),
+    /// Route stack deeper than [`MAX_ROUTE`].
+    #[error("route stack of {0} entries exceeds {MAX_ROUTE}")]
+    RouteTooDeep(usize),
+    /// Topic is not UTF-8.
+    #[error("topic is not valid UTF-8")]
+    BadTopic,
+}
+
+/// Error reading a frame from a stream.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// The stream failed or closed mid-frame.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// The frame was malformed.
+    #[error("malformed frame: {0}")]
+    Decode(#[from] DecodeError),
+}
+
+impl Message {
+    fn base(msgtype: MsgType, topic: &str, payload: Vec<u8>) -> Message {
+        Message {
+            msgtype,
+            flags: 0,
+            topic: topic.to_string(),
+            matchtag: 0,
+            nodeid: NODEID_ANY,
+            userid: 0,
+            errnum: 0,
+            seq: 0,
+            route: Vec::new(),
+            payload,
+        }
+    }
+
+    /// A request for `topic` to `nodeid` with a JSON payload.
+    pub fn request(topic: &str, nodeid: u32, payload: &impl Serialize) -> Message {
+        let mut m = Message::base(MsgType::Request, topic, to_json(payload));
+        m.nodeid = nodeid;
+        m
+    }
+
+    /// An event for `topic` with a JSON payload (its `seq` is assigned by rank 0).
+    pub fn event(topic: &str, payload: &impl Serialize) -> Message {
+        Message::base(MsgType::Event, topic, to_json(payload))
+    }
+
+    /// A control message (peer-to-peer, never routed).
+    pub fn control(topic: &str, payload: &impl Serialize) -> Message {
+        Message::base(MsgType::Control, topic, to_json(payload))
+    }
+
+    /// A successful response to `req` carrying `payload`.
+    pub fn response_to(req: &Message, payload: &impl Serialize) -> Message {
+        let mut m = Message::base(MsgType::Response, &req.topic, to_json(payload));
+        m.matchtag = req.matchtag;
+        m.route = req.route.clone();
+        m.userid = req.userid;
+        m
+    }
+
+    /// An error response to `req`: `errnum` (POSIX errno) and an optional human message as `{"errstr": ...}`.
+    pub fn error_to(req: &Message, errnum: u32, errstr: &str) -> Message {
+        let payload = if errstr.is_empty() { Vec::new() } else { to_json(&serde_json::json!({"errstr": errstr})) };
+        let mut m = Message::base(MsgType::Response, &req.topic, payload);
+        m.matchtag = req.matchtag;
+        m.route = req.route.clone();
+        m.errnum = errnum.max(1);
+        m.userid = req.userid;
+        m
+    }
+
+    /// Decode the payload as `T`.
+    pub fn decode<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        if self.payload.is_empty() {
+            serde_json::from_slice(b"null")
+        } else {
+            serde_json::from_slice(&self.payload)
+        }
+    }
+
+    /// The payload as a JSON value (`Null` when empty or not JSON).
+    pub fn json(&self) -> Value {
+        self.decode::<Value>().unwrap_or(Value::Null)
+    }
+
+    /// For error responses, the `errstr` of the payload, if any.
+    pub fn errstr(&self) -> Option<String> {
+        self.json().get("errstr").and_then(|v| v.as_str()).map(str::to_string)
+    }
+
+    /// Encode as one frame, length prefix included.
+    pub fn encode(&self) -> Vec<u8> {
+        let topic = self.topic.as_bytes();
+        let topic_len = topic.len().min(u16::MAX as usize);
+        let nroute = self.route.len().min(MAX_ROUTE);
+        let body = HEADER_LEN + 4 * nroute + topic_len + self.payload.len();
+        let mut b = Vec::with_capacity(4 + body);
+        b.extend_from_slice(&(body as u32).to_be_bytes());
+        b.extend_from_slice(&MAGIC);
+        b.push(WIRE_VERSION);
+        b.push(self.msgtype as u8);
+        b.push(self.flags);
+        b.push(nroute as u8);
+        b.extend_from_slice(&(topic_len as u16).to_be_bytes());
+        for v in [self.matchtag, self.nodeid, self.userid, self.errnum, self.seq] {
+            b.extend_from_slice(&v.to_be_bytes());
+        }
+        for r in &self.route[..nroute] {
+            b.extend_from_slice(&r.to_be_bytes());
+        }
+        b.extend_from_slice(&topic[..topic_len]);
+        b.extend_from_slice(&self.payload);
+        b
+    }
+
+    /// Decode the body of one frame (the bytes after the length prefix).
+    pub fn decode_body(body: &[u8]) -> Result<Message, DecodeError> {
+        if body.len() < HEADER_LEN {
+            return Err(DecodeError::Truncated(body.len()));
+        }
+        let magic = [body[0], body[1]];
+        if magic != MAGIC {
+            return Err(DecodeError::BadMagic(magic));
+        }
+        if body[2] != WIRE_VERSION {
+            return Err(DecodeError::Version(body[2]));
+        }
+        let msgtype = MsgType::from_u8(body[3]).ok_or(DecodeError::BadType(body[3]))?;
+        let flags = body[4];
+        let nroute = body[5] as usize;
+        if nroute > MAX_ROUTE {
+            return Err(DecodeError::RouteTooDeep(nroute));
+        }
+        let topic_len = u16::from_be_bytes([body[6], body[7]]) as usize;
+        let u = |o: usize| u32::from_be_bytes([body[o], body[o + 1], body[o + 2], body[o + 3]]);
+        let (matchtag, nodeid, userid, errnum, seq) = (u(8), u(12), u(16), u(20), u(24));
+        let need = HEADER_LEN + 4 * nroute + topic_len;
+        if body.len() < need {
+            return Err(DecodeError::Truncated(body.len()));
+        }
+        let route = (0..nroute).map(|i| u(HEADER_LEN + 4 * i)).collect();
+        let t0 = HEADER_LEN + 4 * nroute;
+        let topic = std::str::from_utf8(&body[t0..t0 + topic_len]).map_err(|_| DecodeError::BadTopic)?.to_string();
+        Ok(Message { msgtype, flags, topic, matchtag, nodeid, userid, errnum, seq, route, payload: body[need..].to_vec() })
+    }
+
+    /// Decode one complete frame (length prefix included); the length must match exactly.
+    pub fn decode_frame(frame: &[u8]) -> Result<Message, DecodeError> {
+        if frame.len() < 4 {
+            return Err(DecodeError::Truncated(frame.len()));
+        }
+        let len = u32::from_be_bytes([frame[0], frame[1], frame[2], frame[3]]);
+        if len > MAX_FRAME {
+            return Err(DecodeError::TooLarge(len));
+        }
+        if frame.len() - 4 != len as usize {
+            return Err(DecodeError::Truncated(frame.len()));
+        }
+        Message::decode_body(&frame[4..])
+    }
+}
+
+fn to_json(v: &impl Serialize) -> Vec<u8> {
+    match serde_json::to_value(v) {
+        Ok(Value::Null) | Err(_) => Vec::new(),
+        Ok(v) => serde_json::to_vec(&v).unwrap_or_default(),
+    }
+}
+
+/// Read one frame from `r`. `Ok(None)` on a clean end of stream before any byte of a frame.
+pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Message>, FrameError> {
+    let mut lenb = [0u8; 4];
+    let mut got = 0;
+    while got < 4 {
+        let n = r.read(&mut lenb[got..]).await?;
+        if n == 0 {
+            if got == 0 {
+                return Ok(None);
+            }
+            return Err(DecodeError::Truncated(got).into());
+        }
+        got += n;
+    }
+    let len = u32::from_be_bytes(lenb);
+    if len > MAX_FRAME {
+        return Err(DecodeError::TooLarge(len).into());
+    }
+    if (len as usize) < HEADER_LEN {
+        return Err(DecodeError::Truncated(len as usize).into());
+    }
+    // Check the header before trusting a large length from an unknown peer.
+    let mut head = [0u8; 4];
+    r.read_exact(&mut head).await?;
+    if head[..2] != MAGIC {
+        return Err(DecodeError::BadMagic([head[0], head[1]]).into());
+    }
+    if head[2] != WIRE_VERSION {
+        return Err(DecodeError::Version(head[2]).into());
+    }
+    let mut body = vec![0u8; len as usize];
+    body[..4].copy_from_slice(&head);
+    r.read_exact(&mut body[4..]).await?;
+    Ok(Some(Message::decode_body(&body)?))
+}
+
+/// Write one frame to `w` (not flushed beyond the writer's own buffering).
+pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, msg: &Message) -> std::io::Result<()> {
+    w.write_all(&msg.encode()).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn round_trip() {
+        let mut m = Message::request("job-manager.submit", 3, &serde_json::json!({"a": 1}));
+        m.matchtag = 7;
+        m.route = vec![1, ROUTE_LOCAL | 4];
+        m.flags = FLAG_STREAMING;
+        let f = m.encode();
+        assert_eq!(Message::decode_frame(&f).unwrap(), m);
+        let r = Message::error_to(&m, errno::ENOSYS, "no such service");
+        let d = Message::decode_frame(&r.encode()).unwrap();
+        assert_eq!(d.errnum, errno::ENOSYS);
+        assert_eq!(d.errstr().as_deref(), Some("no such service"));
+        assert_eq!(d.route, m.route);
+    }
+
+    #[test]
+    fn rejects_bad_frames() {
+        let m = Message::event("x", &serde_json::json!({}));
+        let mut f = m.encode();
+        f[6] = 2;
+        assert_eq!(Message::decode_frame(&f), Err(DecodeError::Version(2)));
+        let mut f = m.encode();
+        f[4] = b'X';
+        assert!(matches!(Message::decode_frame(&f), Err(DecodeError::BadMagic(_))));
+        let mut f = m.encode();
+        f[7] = 9;
+        assert_eq!(Message::decode_frame(&f), Err(DecodeError::BadType(9)));
+        let f = m.encode();
+        assert!(Message::decode_frame(&f[..f.len() - 1]).is_err());
+    }
+
+    #[tokio::test]
+    async fn stream_rejects_garbage_and_huge_lengths() {
+        let mut g: &[u8] = b"GET / HTTP/1.1\r\n\r\n";
+        assert!(read_frame(&mut g).await.is_err());
+        let mut huge: &[u8] = &[0xff, 0xff, 0xff, 0xff, b'V', b'G', 1, 1];
+        assert!(matches!(read_frame(&mut huge).await, Err(FrameError::Decode(DecodeError::TooLarge(_)))));
+        let mut empty: &[u8] = b"";
+        assert!(read_frame(&mut empty).await.unwrap().is_none());
+    }
+
+    proptest! {
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = Message::decode_frame(&bytes);
+            let _ = Message::decode_body(&bytes);
+        }
+
+        #[test]
+        fn truncations_are_errors(topic in "[a-z.-]{0,30}", n in 0usize..1000, route in proptest::collection::vec(any::<u32>(), 0..5)) {
+            let mut m = Message::request(&topic, 1, &serde_json::json!({"n": n}));
+            m.route = route;
+            let f = m.encode();
+            prop_assert_eq!(Message::decode_frame(&f).unwrap(), m);
+            for cut in 0..f.len() {
+                prop_assert!(Message::decode_frame(&f[..cut]).is_err());
+            }
+        }
+    }
+}

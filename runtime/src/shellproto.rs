@@ -1,0 +1,125 @@
+//! What the exec system hands a job shell, and what the shell reports back.
+//!
+//! A broker starts `vigil-shell` with a [`ShellInput`] as JSON on its standard input. While running, the shell
+//! sends requests over the local connector (topics below) to the exec system on rank 0; when its tasks are done it
+//! writes one [`ShellReport`] as a JSON line to its standard output and exits. The broker reads that report and
+//! forwards it with the shell's own wait status as `job-exec.shell-exit`, so a shell that crashes is noticed too.
+
+use serde::{Deserialize, Serialize};
+
+/// Topic for a batch of output lines (`{"id", "lines": [OutputLine]}`), sent without response while running
+/// and once with a response to flush.
+pub const TOPIC_OUTPUT: &str = "job-exec.output";
+/// Topic for a task's exit (`{"id", "rank", "status"}`), sent without response; starts the exit-timeout clock.
+pub const TOPIC_TASK_EXIT: &str = "job-exec.task-exit";
+/// Topic for an exception raised by a shell (`{"id", "type", "severity", "note"}`).
+pub const TOPIC_EXCEPTION: &str = "job-exec.exception";
+/// Topic the broker uses to report a shell's end (`ShellExit`).
+pub const TOPIC_SHELL_EXIT: &str = "job-exec.shell-exit";
+
+/// Input of one job shell (one per allocated rank).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ShellInput {
+    /// Job id (FLUID).
+    pub id: u64,
+    /// Job id in f58 form, for `VIGIL_JOB_ID`.
+    pub id_f58: String,
+    /// Index of this shell among the job's shells (0 = leader).
+    pub shell_rank: u32,
+    /// Broker rank the shell runs on.
+    pub broker_rank: u32,
+    /// Number of shells (= nodes) of the job.
+    pub nshells: u32,
+    /// Total tasks of the job.
+    pub ntasks: u32,
+    /// Global rank of this shell's first task.
+    pub first_task: u32,
+    /// Number of tasks this shell runs.
+    pub local_tasks: u32,
+    /// Core ids (hwloc logical indices) allocated on this node.
+    pub cores: Vec<u32>,
+    /// GPU ids allocated on this node.
+    pub gpus: Vec<u32>,
+    /// Cores per task (jobspec slot size).
+    pub cores_per_task: u32,
+    /// GPUs per task.
+    pub gpus_per_task: u32,
+    /// Task command line.
+    pub command: Vec<String>,
+    /// Task environment (the submitter's, as edited by `--env`).
+    pub environment: std::collections::BTreeMap<String, String>,
+    /// Working directory of the tasks.
+    pub cwd: Option<String>,
+    /// Shell options (`-o name=value`), e.g. `cpu-affinity`, `gpu-affinity`.
+    pub options: serde_json::Map<String, serde_json::Value>,
+    /// RFC 34 task map, `{"version":1,"map":[[nodeid,nnodes,ppn,repeat],...]}`.
+    pub taskmap: serde_json::Value,
+    /// The job's whole R (RFC 20).
+    pub r: serde_json::Value,
+    /// Topology source of this node: `live`, `synthetic:<desc>` or `xml:<path>`.
+    pub topology: String,
+    /// Declared GPU count of this node, if any (`resource.gpus`).
+    pub declared_gpus: Option<u32>,
+    /// URI of the local broker.
+    pub uri: String,
+}
+
+/// Final report of a shell, one JSON line on its stdout.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ShellReport {
+    /// Largest wait status of the shell's tasks (POSIX encoding: `code << 8` or the signal number).
+    pub status: i32,
+    /// Per-task wait statuses, by global task rank.
+    pub tasks: Vec<(u32, i32)>,
+    /// Set if the shell failed before or while launching tasks.
+    pub error: Option<String>,
+}
+
+/// A broker's report of a shell's end (`job-exec.shell-exit` payload).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ShellExit {
+    /// Job id.
+    pub id: u64,
+    /// Broker rank of the shell.
+    pub rank: u32,
+    /// The shell's report, if it wrote one.
+    pub report: Option<ShellReport>,
+    /// Wait status of the shell process itself.
+    pub shell_status: i32,
+}
+
+/// One line of task output.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct OutputLine {
+    /// Global task rank.
+    pub rank: u32,
+    /// `stdout` or `stderr`.
+    pub stream: String,
+    /// The line, without its trailing newline.
+    pub data: String,
+}
+
+/// Exit code as a shell shows it for a POSIX wait status: the code if exited, `128 + signal` if killed.
+pub fn exit_code(status: i32) -> i32 {
+    if status & 0x7f == 0 {
+        (status >> 8) & 0xff
+    } else {
+        128 + (status & 0x7f)
+    }
+}
+
+/// Describe a wait status, e.g. "exited with exit code 3" or "killed by signal 9 (Killed)".
+pub fn describe_status(status: i32) -> String {
+    if status & 0x7f == 0 {
+        format!("exited with exit code {}", (status >> 8) & 0xff)
+    } else {
+        let sig = status & 0x7f;
+        let name = nix::sys::signal::Signal::try_from(sig).map(|s| s.as_str().to_string()).unwrap_or_else(|_| format!("signal {sig}"));
+        format!("killed by {name}")
+    }
+}
+
+/// Encode an exit code as a wait status (`code << 8`).
+pub fn status_exited(code: i32) -> i32 {
+    (code & 0xff) << 8
+}

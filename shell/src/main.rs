@@ -1,0 +1,287 @@
+//! `vigil-shell`: the job shell. One runs per node of a job, started by the local broker (`rexec.spawn`).
+//!
+//! It reads its [`ShellInput`] as JSON on stdin, places the node's tasks with hwloc (`-o cpu-affinity=off|on|per-task`,
+//! `-o gpu-affinity=off|on|per-task`), binds them on a live topology, launches them with the `VIGIL_*`
+//! environment, forwards their stdout/stderr line by line to the exec system on rank 0 (`job-exec.output`),
+//! reports each task's exit (`job-exec.task-exit`, which starts the job-wide exit-timeout clock), forwards
+//! signals, and finally writes one [`ShellReport`] JSON line on stdout.
+//!
+//! Exit codes: 0 when a report was written (whatever the tasks did); 1 if the input could not be read.
+
+use std::collections::BTreeMap;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::Stdio;
+use std::str::FromStr;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::sync::mpsc;
+use vigil::client::Client;
+use vigil::hwloc::{format_cpulist, CpuAffinity, CpuMask, GpuAffinity, NodeTopology, PlacementRequest, TaskPlacement, TopologySource};
+use vigil::message::NODEID_ANY;
+use vigil::shellproto::{status_exited, OutputLine, ShellInput, ShellReport, TOPIC_OUTPUT, TOPIC_TASK_EXIT};
+
+/// Longest line forwarded as one output entry (bytes); longer lines are split.
+const MAX_LINE: usize = 64 * 1024;
+/// Most lines sent in one `job-exec.output` message.
+const BATCH_LINES: usize = 256;
+
+fn main() {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("vigil-shell: cannot start runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    std::process::exit(rt.block_on(run()));
+}
+
+fn opt_str(input: &ShellInput, name: &str) -> Option<String> {
+    input.options.get(name).map(|v| match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    })
+}
+
+async fn run() -> i32 {
+    let mut text = String::new();
+    if let Err(e) = std::io::Read::read_to_string(&mut std::io::stdin(), &mut text) {
+        eprintln!("vigil-shell: cannot read input: {e}");
+        return 1;
+    }
+    let input: ShellInput = match serde_json::from_str(&text) {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("vigil-shell: malformed shell input: {e}");
+            return 1;
+        }
+    };
+    let report = match Shell::new(input).await {
+        Ok(mut sh) => sh.run().await,
+        Err(e) => ShellReport { status: status_exited(1), tasks: vec![], error: Some(e) },
+    };
+    println!("{}", serde_json::to_string(&report).unwrap_or_default());
+    0
+}
+
+struct Shell {
+    input: ShellInput,
+    client: Client,
+    placement: Vec<TaskPlacement>,
+    bind: bool,
+    notes: Vec<String>,
+}
+
+impl Shell {
+    async fn new(input: ShellInput) -> Result<Shell, String> {
+        let client = Client::connect(&input.uri).await.map_err(|e| format!("cannot connect to broker: {e}"))?;
+        let cpu = match opt_str(&input, "cpu-affinity") {
+            Some(v) => CpuAffinity::from_str(&v).map_err(|e| e.to_string())?,
+            None => CpuAffinity::PerTask,
+        };
+        let gpu = match opt_str(&input, "gpu-affinity") {
+            Some(v) => GpuAffinity::from_str(&v).map_err(|e| e.to_string())?,
+            None => GpuAffinity::PerTask,
+        };
+        let src = TopologySource::from_str(&input.topology).unwrap_or(TopologySource::Live);
+        let mut notes = Vec::new();
+        let (placement, bind) = match NodeTopology::load(&src) {
+            Ok(topo) => {
+                let req = PlacementRequest {
+                    cores: input.cores.clone(),
+                    gpus: input.gpus.clone(),
+                    ntasks: input.local_tasks,
+                    cores_per_task: input.cores_per_task.max(1),
+                    gpus_per_task: input.gpus_per_task,
+                    cpu_affinity: cpu,
+                    gpu_affinity: gpu,
+                };
+                let p = topo.place(&req).map_err(|e| format!("placement failed: {e}"))?;
+                let live = topo.is_live();
+                if !live && cpu != CpuAffinity::Off && input.shell_rank == 0 {
+                    notes.push(format!("vigil-shell: {} topology: task placement computed and exported in VIGIL_TASK_CPUS, but not bound", src));
+                }
+                (p, live && cpu != CpuAffinity::Off)
+            }
+            Err(e) => {
+                notes.push(format!("vigil-shell: hwloc unavailable ({e}); tasks are not bound"));
+                (Vec::new(), false)
+            }
+        };
+        Ok(Shell { input, client, placement, bind, notes })
+    }
+
+    fn task_env(&self, local: u32) -> BTreeMap<String, String> {
+        let i = &self.input;
+        let mut env = i.environment.clone();
+        env.insert("VIGIL_JOB_ID".into(), i.id_f58.clone());
+        env.insert("VIGIL_TASK_RANK".into(), (i.first_task + local).to_string());
+        env.insert("VIGIL_TASK_LOCAL_RANK".into(), local.to_string());
+        env.insert("VIGIL_JOB_SIZE".into(), i.ntasks.to_string());
+        env.insert("VIGIL_JOB_NNODES".into(), i.nshells.to_string());
+        env.insert("VIGIL_SHELL_RANK".into(), i.shell_rank.to_string());
+        env.insert("VIGIL_BROKER_RANK".into(), i.broker_rank.to_string());
+        env.insert("VIGIL_URI".into(), i.uri.clone());
+        env.insert("VIGIL_TASKMAP".into(), i.taskmap.to_string());
+        if let Some(p) = self.placement.get(local as usize) {
+            if let Some(cpus) = &p.cpus {
+                env.insert("VIGIL_TASK_CPUS".into(), format_cpulist(cpus));
+            }
+            env.insert("VIGIL_TASK_CORES".into(), format_cpulist(&p.cores));
+            if let Some(g) = &p.gpus {
+                let list = g.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",");
+                env.insert("CUDA_VISIBLE_DEVICES".into(), list.clone());
+                env.insert("ROCR_VISIBLE_DEVICES".into(), list);
+            }
+        }
+        env
+    }
+
+    async fn run(&mut self) -> ShellReport {
+        let id = self.input.id;
+        let (out_tx, mut out_rx) = mpsc::unbounded_channel::<OutputLine>();
+        for n in self.notes.drain(..) {
+            let _ = out_tx.send(OutputLine { rank: self.input.first_task, stream: "stderr".into(), data: n });
+        }
+        // Forwarder: batch lines, send without waiting; the final flush below waits for rank 0's ack.
+        let client = self.client.clone();
+        let fwd = tokio::spawn(async move {
+            while let Some(first) = out_rx.recv().await {
+                let mut batch = vec![first];
+                while batch.len() < BATCH_LINES {
+                    match out_rx.try_recv() {
+                        Ok(l) => batch.push(l),
+                        Err(_) => break,
+                    }
+                }
+                let _ = client.send(TOPIC_OUTPUT, 0, &serde_json::json!({"id": id, "lines": batch}));
+            }
+        });
+
+        let (exit_tx, mut exit_rx) = mpsc::unbounded_channel::<(u32, i32)>();
+        let mut pids = Vec::new();
+        let mut tasks: Vec<(u32, i32)> = Vec::new();
+        let mut readers = Vec::new();
+        for local in 0..self.input.local_tasks {
+            let rank = self.input.first_task + local;
+            let Some(prog) = self.input.command.first() else { break };
+            let mut cmd = std::process::Command::new(prog);
+            cmd.args(&self.input.command[1..]).env_clear().envs(self.task_env(local)).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+            if let Some(cwd) = &self.input.cwd {
+                cmd.current_dir(cwd);
+            }
+            if self.bind {
+                if let Some(cpus) = self.placement.get(local as usize).and_then(|p| p.cpus.clone()) {
+                    match CpuMask::new(&cpus) {
+                        Ok(mask) => {
+                            // SAFETY: the closure only calls sched_setaffinity on a mask built before fork
+                            // (no allocation, async-signal-safe).
+                            unsafe {
+                                cmd.pre_exec(move || mask.apply());
+                            }
+                        }
+                        Err(e) => {
+                            let _ = out_tx.send(OutputLine { rank, stream: "stderr".into(), data: format!("vigil-shell: cannot bind task {rank}: {e}") });
+                        }
+                    }
+                }
+            }
+            let mut cmd = tokio::process::Command::from(cmd);
+            match cmd.spawn() {
+                Ok(mut child) => {
+                    if let Some(pid) = child.id() {
+                        pids.push(pid as i32);
+                    }
+                    if let Some(o) = child.stdout.take() {
+                        readers.push(tokio::spawn(forward(o, rank, "stdout", out_tx.clone())));
+                    }
+                    if let Some(e) = child.stderr.take() {
+                        readers.push(tokio::spawn(forward(e, rank, "stderr", out_tx.clone())));
+                    }
+                    let etx = exit_tx.clone();
+                    tokio::spawn(async move {
+                        let st = child.wait().await.map(|s| s.into_raw()).unwrap_or(status_exited(1));
+                        let _ = etx.send((rank, st));
+                    });
+                }
+                Err(e) => {
+                    let code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
+                    let _ = out_tx.send(OutputLine { rank, stream: "stderr".into(), data: format!("vigil-shell: task {rank}: cannot execute '{prog}': {e}") });
+                    let _ = exit_tx.send((rank, status_exited(code)));
+                }
+            }
+        }
+        drop(exit_tx);
+
+        let mut sigs = Vec::new();
+        for k in [tokio::signal::unix::SignalKind::terminate(), tokio::signal::unix::SignalKind::interrupt(), tokio::signal::unix::SignalKind::hangup(), tokio::signal::unix::SignalKind::user_defined1(), tokio::signal::unix::SignalKind::user_defined2()] {
+            if let Ok(s) = tokio::signal::unix::signal(k) {
+                sigs.push((k.as_raw_value(), s));
+            }
+        }
+        let (sig_tx, mut sig_rx) = mpsc::unbounded_channel::<i32>();
+        for (num, mut s) in sigs {
+            let tx = sig_tx.clone();
+            tokio::spawn(async move {
+                while s.recv().await.is_some() {
+                    let _ = tx.send(num);
+                }
+            });
+        }
+
+        let n = self.input.local_tasks as usize;
+        while tasks.len() < n {
+            tokio::select! {
+                e = exit_rx.recv() => match e {
+                    Some((rank, st)) => {
+                        tasks.push((rank, st));
+                        let _ = self.client.send(TOPIC_TASK_EXIT, 0, &serde_json::json!({"id": id, "rank": rank, "status": st}));
+                    }
+                    None => break,
+                },
+                Some(sig) = sig_rx.recv() => {
+                    for p in &pids {
+                        // SAFETY: plain kill(2) on a child pid we spawned.
+                        unsafe { libc::kill(*p, sig) };
+                    }
+                }
+            }
+        }
+        for r in readers {
+            let _ = r.await;
+        }
+        drop(out_tx);
+        let _ = fwd.await;
+        // Flush: an acknowledged request on the same path guarantees every line before it reached rank 0.
+        let _ = tokio::time::timeout(Duration::from_secs(30), self.client.rpc(TOPIC_OUTPUT, 0, &serde_json::json!({"id": id, "lines": []}))).await;
+        let _ = NODEID_ANY;
+        tasks.sort_unstable();
+        let status = tasks.iter().map(|t| t.1).max_by_key(|s| vigil::shellproto::exit_code(*s)).unwrap_or(0);
+        ShellReport { status, tasks, error: None }
+    }
+}
+
+/// Read `r` line by line and forward each line (split at `MAX_LINE` bytes) as output of task `rank`.
+async fn forward<R: AsyncRead + Unpin>(r: R, rank: u32, stream: &'static str, tx: mpsc::UnboundedSender<OutputLine>) {
+    let mut rd = BufReader::new(r);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        let n = match (&mut rd).take(MAX_LINE as u64).read_until(b'\n', &mut buf).await {
+            Ok(n) => n,
+            Err(_) => break,
+        };
+        if n == 0 {
+            break;
+        }
+        if buf.last() == Some(&b'\n') {
+            buf.pop();
+        }
+        let data = String::from_utf8_lossy(&buf).into_owned();
+        if tx.send(OutputLine { rank, stream: stream.into(), data }).is_err() {
+            break;
+        }
+    }
+}
+
+use tokio::io::AsyncReadExt as _;
