@@ -249,12 +249,11 @@ mod tests {
     use proptest::prelude::*;
 
     fn req(nnodes: Option<u32>, nslots: u32, c: u32, g: u32) -> JobRequest {
-        let mut spec = crate::jobspec::JobspecBuilder::new(vec!["true".into()]);
-        spec.nnodes = nnodes;
-        spec.ntasks = Some(nslots);
-        spec.cores_per_task = c;
-        spec.gpus_per_task = g;
-        spec.build().unwrap().validate().unwrap()
+        let mut b = crate::jobspec::JobspecBuilder::new(vec!["true".to_string()]).ntasks(nslots).cores_per_task(c).gpus_per_task(g);
+        if let Some(n) = nnodes {
+            b = b.nnodes(n);
+        }
+        b.build().unwrap().validate().unwrap()
     }
 
     fn pool(n: u32, cores: u32, gpus: u32) -> Pool {

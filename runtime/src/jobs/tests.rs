@@ -1,0 +1,284 @@
+//! Deterministic tests of the job core: time is a plain number, actions are inspected directly.
+
+use super::*;
+use crate::jobspec::JobspecBuilder;
+use crate::shellproto::{status_exited, ShellReport};
+
+const T0: f64 = 1_000_000.0;
+
+fn core(nranks: u32, cores: u32, gpus: u32) -> JobCore {
+    let mut c = JobCore::new(T0);
+    for r in 0..nranks {
+        c.rank_online(T0, r, &format!("node{r}"), (0..cores).collect(), (0..gpus).collect(), ("live".into(), None));
+    }
+    c
+}
+
+fn spec(b: JobspecBuilder) -> Value {
+    serde_json::from_str(&b.build().expect("valid jobspec").to_json()).expect("json")
+}
+
+fn cmd() -> JobspecBuilder {
+    JobspecBuilder::new(vec!["true".to_string()])
+}
+
+fn actions(c: &mut JobCore) -> Vec<Action> {
+    std::iter::from_fn(|| c.poll_action()).collect()
+}
+
+fn spawns(a: &[Action]) -> Vec<(JobId, u32, ShellInput)> {
+    a.iter()
+        .filter_map(|x| match x {
+            Action::SpawnShell { id, rank, input } => Some((*id, *rank, (**input).clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn signals(a: &[Action]) -> Vec<(Vec<u32>, i32)> {
+    a.iter()
+        .filter_map(|x| match x {
+            Action::SignalShells { ranks, signal, .. } => Some((ranks.clone(), *signal)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn exit_shell(c: &mut JobCore, t: f64, id: JobId, rank: u32, status: i32) {
+    c.shell_exit(t, ShellExit { id: id.0, rank, report: Some(ShellReport { status, tasks: vec![], error: None }), shell_status: 0 });
+}
+
+fn names(c: &JobCore, id: JobId) -> Vec<String> {
+    c.jobs[&id].eventlog.iter().map(|e| e.name.clone()).collect()
+}
+
+#[test]
+fn job_runs_through_every_state() {
+    let mut c = core(4, 2, 0);
+    let id = c.submit(T0 + 1.0, &spec(cmd().nnodes(4).ntasks(8)), 1000).unwrap();
+    let a = actions(&mut c);
+    let s = spawns(&a);
+    assert_eq!(s.len(), 4);
+    assert_eq!(s.iter().map(|x| (x.1, x.2.first_task, x.2.local_tasks)).collect::<Vec<_>>(), vec![(0, 0, 2), (1, 2, 2), (2, 4, 2), (3, 6, 2)]);
+    assert_eq!(s[0].2.taskmap, json!({"version": 1, "map": [[0, 4, 2, 1]]}));
+    assert_eq!(c.jobs[&id].state, JobState::Run);
+    for r in 0..4 {
+        c.shell_spawned(T0 + 2.0, id, r, Ok(()));
+    }
+    assert!(names(&c, id).contains(&"start".to_string()));
+    for r in 0..4 {
+        exit_shell(&mut c, T0 + 3.0, id, r, 0);
+    }
+    let j = &c.jobs[&id];
+    assert_eq!(j.state, JobState::Inactive);
+    assert_eq!(j.result(), Some("COMPLETED"));
+    assert_eq!(j.exit_code(), Some(0));
+    assert_eq!(names(&c, id), ["submit", "validate", "depend", "priority", "alloc", "start", "finish", "release", "free", "clean"]);
+    let ctx: Vec<Value> = j.eventlog.iter().map(|e| Value::Object(e.context.clone())).collect();
+    let replayed = state::replay(j.eventlog.iter().zip(&ctx).map(|(e, c)| (e.name.as_str(), c))).unwrap();
+    assert_eq!(replayed, JobState::Inactive);
+    assert!(c.pool.ranks.values().all(|p| p.alloc_cores.is_empty()), "resources returned");
+}
+
+#[test]
+fn exit_code_is_the_largest_task_code() {
+    let mut c = core(2, 2, 0);
+    let id = c.submit(T0, &spec(cmd().nnodes(2).ntasks(2)), 0).unwrap();
+    actions(&mut c);
+    exit_shell(&mut c, T0 + 1.0, id, 0, status_exited(3));
+    assert_eq!(c.jobs[&id].state, JobState::Run, "waits for every shell");
+    exit_shell(&mut c, T0 + 1.0, id, 1, 9); // killed by SIGKILL
+    assert_eq!(c.jobs[&id].exit_code(), Some(137));
+    assert_eq!(c.jobs[&id].result(), Some("FAILED"));
+}
+
+#[test]
+fn fcfs_waits_and_never_backfills() {
+    let mut c = core(1, 2, 0);
+    let a = c.submit(T0, &spec(cmd().ntasks(1)), 0).unwrap();
+    let b = c.submit(T0, &spec(cmd().ntasks(2)), 0).unwrap();
+    let d = c.submit(T0, &spec(cmd().ntasks(1)), 0).unwrap();
+    assert_eq!(c.jobs[&a].state, JobState::Run);
+    assert_eq!(c.jobs[&b].state, JobState::Sched, "does not fit yet");
+    assert_eq!(c.jobs[&d].state, JobState::Sched, "strict FCFS: no backfill past the blocked head");
+    actions(&mut c);
+    exit_shell(&mut c, T0 + 1.0, a, 0, 0);
+    assert_eq!(c.jobs[&b].state, JobState::Run);
+    assert_eq!(c.jobs[&d].state, JobState::Sched);
+    exit_shell(&mut c, T0 + 2.0, b, 0, 0);
+    assert_eq!(c.jobs[&d].state, JobState::Run);
+}
+
+#[test]
+fn refused_requests_create_nothing() {
+    let mut c = core(4, 2, 0);
+    let e = c.submit(T0, &spec(cmd().nnodes(5)), 0).unwrap_err().to_string();
+    assert!(e.contains("5 nodes"), "{e}");
+    let e = c.submit(T0, &spec(cmd().cores_per_task(3)), 0).unwrap_err().to_string();
+    assert!(e.contains("cores"), "{e}");
+    let e = c.submit(T0, &spec(cmd().gpus_per_task(1)), 0).unwrap_err().to_string();
+    assert!(e.contains("GPUs"), "{e}");
+    let mut bad = spec(cmd());
+    bad["version"] = json!(2);
+    let e = c.submit(T0, &bad, 0).unwrap_err().to_string();
+    assert!(e.contains("version"), "{e}");
+    assert!(c.jobs.is_empty());
+    assert!(actions(&mut c).is_empty());
+}
+
+#[test]
+fn cancel_pending_and_running() {
+    let mut c = core(1, 1, 0);
+    let run = c.submit(T0, &spec(cmd()), 7).unwrap();
+    let pend = c.submit(T0, &spec(cmd()), 7).unwrap();
+    actions(&mut c);
+    assert_eq!(c.cancel(T0 + 1.0, pend, 8, false, "x").unwrap_err().0, crate::message::errno::EPERM);
+    c.cancel(T0 + 1.0, pend, 7, false, "user").unwrap();
+    assert_eq!(c.jobs[&pend].state, JobState::Inactive);
+    assert_eq!(c.jobs[&pend].result(), Some("CANCELED"));
+    assert!(spawns(&actions(&mut c)).is_empty(), "a canceled pending job never starts");
+
+    c.cancel(T0 + 2.0, run, 0, true, "owner").unwrap();
+    assert_eq!(signals(&actions(&mut c)), vec![(vec![0], libc::SIGTERM)]);
+    assert_eq!(c.next_deadline(), Some(T0 + 2.0 + DEFAULT_KILL_TIMEOUT));
+    c.handle_timeout(T0 + 2.0 + DEFAULT_KILL_TIMEOUT);
+    assert_eq!(signals(&actions(&mut c)), vec![(vec![0], libc::SIGKILL)]);
+    exit_shell(&mut c, T0 + 8.0, run, 0, 9);
+    assert_eq!(c.jobs[&run].result(), Some("CANCELED"));
+    assert_eq!(c.jobs[&run].exit_code(), Some(137));
+    assert!(c.cancel(T0 + 9.0, run, 0, true, "again").is_err(), "inactive jobs cannot be canceled");
+}
+
+#[test]
+fn time_limit_and_exit_timeout() {
+    let mut c = core(2, 2, 0);
+    let id = c.submit(T0, &spec(cmd().duration(10.0)), 0).unwrap();
+    actions(&mut c);
+    assert_eq!(c.next_deadline(), Some(T0 + 10.0));
+    c.handle_timeout(T0 + 9.999);
+    assert!(c.jobs[&id].fatal.is_none());
+    c.handle_timeout(T0 + 10.0);
+    assert_eq!(c.jobs[&id].fatal.as_ref().map(|e| e.kind.as_str()), Some("timelimit"));
+    assert_eq!(signals(&actions(&mut c)).len(), 1);
+
+    let id2 = c.submit(T0, &spec(cmd().nnodes(1).ntasks(2).shell_option("exit-timeout", json!("2s"))), 0).unwrap();
+    actions(&mut c);
+    c.task_exit(T0 + 1.0, id2, 0, 0);
+    assert_eq!(c.next_deadline().map(|d| (d * 1000.0).round() / 1000.0), Some(T0 + 3.0));
+    c.handle_timeout(T0 + 3.0);
+    let e = c.jobs[&id2].fatal.clone().unwrap();
+    assert!(e.note.contains("exit-timeout"), "{e:?}");
+
+    let id3 = c.submit(T0, &spec(cmd().shell_option("exit-timeout", json!("none"))), 0).unwrap();
+    actions(&mut c);
+    c.task_exit(T0 + 1.0, id3, 0, 0);
+    c.handle_timeout(T0 + 1000.0);
+    assert!(c.jobs[&id3].fatal.is_none(), "exit-timeout=none never fires");
+}
+
+#[test]
+fn shell_failures_are_fatal_and_never_hang() {
+    let mut c = core(2, 1, 0);
+    let id = c.submit(T0, &spec(cmd().nnodes(2)), 0).unwrap();
+    actions(&mut c);
+    c.shell_spawned(T0, id, 0, Ok(()));
+    c.shell_spawned(T0, id, 1, Err("no such file".into()));
+    assert_eq!(c.jobs[&id].fatal.as_ref().map(|e| e.kind.as_str()), Some("exec"));
+    assert_eq!(signals(&actions(&mut c)), vec![(vec![0], libc::SIGTERM)], "the surviving shell is killed");
+    exit_shell(&mut c, T0 + 1.0, id, 0, 15);
+    assert_eq!(c.jobs[&id].state, JobState::Inactive);
+
+    // A shell that dies without writing its report.
+    let id = c.submit(T0, &spec(cmd().nnodes(2)), 0).unwrap();
+    actions(&mut c);
+    c.shell_exit(T0 + 1.0, ShellExit { id: id.0, rank: 1, report: None, shell_status: 11 });
+    let e = c.jobs[&id].fatal.clone().unwrap();
+    assert!(e.note.contains("rank 1") && e.note.contains("without reporting"), "{e:?}");
+    exit_shell(&mut c, T0 + 2.0, id, 0, 15);
+    assert_eq!(c.jobs[&id].state, JobState::Inactive);
+}
+
+#[test]
+fn lost_rank_fails_its_jobs_and_leaves_the_pool() {
+    let mut c = core(3, 1, 0);
+    let id = c.submit(T0, &spec(cmd().nnodes(2)), 0).unwrap();
+    let other = c.submit(T0, &spec(cmd().nnodes(1)), 0).unwrap();
+    actions(&mut c);
+    c.ranks_lost(T0 + 1.0, &IdSet::from_iter([1]));
+    assert_eq!(c.jobs[&id].fatal.as_ref().map(|e| e.kind.as_str()), Some("exec"));
+    assert!(c.jobs[&other].fatal.is_none(), "jobs elsewhere are untouched");
+    exit_shell(&mut c, T0 + 2.0, id, 0, 15);
+    assert_eq!(c.jobs[&id].state, JobState::Inactive, "no hang waiting for the lost shell");
+    assert!(!c.pool.ranks[&1].up);
+    let id3 = c.submit(T0 + 3.0, &spec(cmd().nnodes(1)), 0).unwrap();
+    let s = spawns(&actions(&mut c));
+    assert_eq!(s.iter().map(|x| x.1).collect::<Vec<_>>(), vec![0], "lost rank 1 gets no new work");
+    let _ = id3;
+}
+
+#[test]
+fn drain_blocks_new_work_until_undrain() {
+    let mut c = core(2, 1, 0);
+    c.drain(T0, &IdSet::from_iter([1]), "maintenance").unwrap();
+    assert!(c.drain(T0, &IdSet::from_iter([5]), "x").is_err());
+    let id = c.submit(T0, &spec(cmd().nnodes(2)), 0).unwrap();
+    assert_eq!(c.jobs[&id].state, JobState::Sched);
+    assert!(c.undrain(T0, &IdSet::from_iter([0])).is_err(), "rank 0 is not drained");
+    c.undrain(T0 + 1.0, &IdSet::from_iter([1])).unwrap();
+    assert_eq!(c.jobs[&id].state, JobState::Run);
+    let names: Vec<_> = c.resource_eventlog.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names.iter().filter(|n| **n == "online").count(), 2);
+    assert!(names.contains(&"drain") && names.contains(&"undrain"));
+}
+
+#[test]
+fn taskmap_blocks() {
+    assert_eq!(taskmap(&[2, 2, 2, 2]), json!({"version": 1, "map": [[0, 4, 2, 1]]}));
+    assert_eq!(taskmap(&[3, 3, 2]), json!({"version": 1, "map": [[0, 2, 3, 1], [2, 1, 2, 1]]}));
+    assert_eq!(taskmap(&[]), json!({"version": 1, "map": []}));
+}
+
+/// 4096 ranks, 2000 jobs of random shapes in virtual time: every job ends, nothing leaks, FCFS order holds.
+#[test]
+fn many_jobs_on_thousands_of_ranks() {
+    let mut c = core(4096, 4, 0);
+    let mut rng: u64 = 0x9e3779b97f4a7c15;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut t = T0;
+    let mut ids = Vec::new();
+    for _ in 0..2000 {
+        let n = (next() % 512 + 1) as u32;
+        ids.push(c.submit(t, &spec(cmd().nnodes(n).ntasks(n * 2)), 0).unwrap());
+    }
+    let mut running: Vec<(JobId, Vec<u32>)> = Vec::new();
+    let mut started_order = Vec::new();
+    for _ in 0..100_000 {
+        for a in actions(&mut c) {
+            if let Action::SpawnShell { id, rank, .. } = a {
+                match running.iter_mut().find(|x| x.0 == id) {
+                    Some(x) => x.1.push(rank),
+                    None => {
+                        started_order.push(id);
+                        running.push((id, vec![rank]));
+                    }
+                }
+            }
+        }
+        if running.is_empty() {
+            break;
+        }
+        t += 1.0;
+        let (id, ranks) = running.remove((next() % running.len() as u64) as usize);
+        for r in ranks {
+            exit_shell(&mut c, t, id, r, 0);
+        }
+    }
+    assert!(c.jobs.values().all(|j| j.state == JobState::Inactive && j.result() == Some("COMPLETED")));
+    assert_eq!(started_order, ids, "FCFS: jobs start in submission order");
+    assert!(c.pool.ranks.values().all(|p| p.alloc_cores.is_empty()));
+}

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Install the Debian packages Vigil needs to build and test (Debian 12). Idempotent and quiet when all is present.
+set -euo pipefail
+PKGS=(pkg-config libhwloc-dev libudev-dev hwloc iproute2 procps)
+missing=()
+for p in "${PKGS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+    echo "ci/setup.sh: installing ${missing[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+command -v cargo >/dev/null || { echo "ci/setup.sh: cargo not found: install a Rust toolchain (rustup)" >&2; exit 1; }
