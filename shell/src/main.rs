@@ -83,8 +83,16 @@ impl Shell {
             Some(v) => GpuAffinity::from_str(&v).map_err(|e| e.to_string())?,
             None => GpuAffinity::PerTask,
         };
-        let src = TopologySource::from_str(&input.topology).unwrap_or(TopologySource::Live);
         let mut notes = Vec::new();
+        if input.topology == "cpu-count" {
+            let p = cpu_count_placement(&input, cpu, gpu);
+            if input.shell_rank == 0 {
+                notes.push("vigil-shell: no hwloc topology on this node; tasks bound by CPU number".to_string());
+            }
+            let bind = cpu != CpuAffinity::Off;
+            return Ok(Shell { input, client, placement: p, bind, notes });
+        }
+        let src = TopologySource::from_str(&input.topology).unwrap_or(TopologySource::Live);
         let (placement, bind) = match NodeTopology::load(&src) {
             Ok(topo) => {
                 let req = PlacementRequest {
@@ -259,6 +267,42 @@ impl Shell {
         let status = tasks.iter().map(|t| t.1).max_by_key(|s| vigil::shellproto::exit_code(*s)).unwrap_or(0);
         ShellReport { status, tasks, error: None }
     }
+}
+
+/// Placement without hwloc: core id `i` is the `i`-th CPU this shell may run on; tasks get consecutive blocks
+/// of `cores_per_task` of the allocated cores (shared round-robin if there are too few).
+fn cpu_count_placement(input: &ShellInput, cpu: CpuAffinity, gpu: GpuAffinity) -> Vec<TaskPlacement> {
+    let allowed = vigil::hwloc::current_affinity().unwrap_or_default();
+    let cpu_of = |core: u32| -> u32 {
+        if allowed.is_empty() {
+            core
+        } else {
+            allowed[core as usize % allowed.len()]
+        }
+    };
+    let c = input.cores_per_task.max(1) as usize;
+    let cores = &input.cores;
+    (0..input.local_tasks as usize)
+        .map(|i| {
+            let mine: Vec<u32> = if cores.is_empty() {
+                vec![]
+            } else {
+                (0..c).map(|k| cores[(i * c + k) % cores.len()]).collect()
+            };
+            let (task_cores, cpus) = match cpu {
+                CpuAffinity::Off => (cores.clone(), None),
+                CpuAffinity::On => (cores.clone(), Some(cores.iter().map(|&x| cpu_of(x)).collect())),
+                CpuAffinity::PerTask => (mine.clone(), Some(mine.iter().map(|&x| cpu_of(x)).collect())),
+            };
+            let g = input.gpus_per_task as usize;
+            let gpus = match gpu {
+                GpuAffinity::Off => None,
+                GpuAffinity::On => Some(input.gpus.clone()),
+                GpuAffinity::PerTask => Some(input.gpus.iter().skip(i * g).take(g).copied().collect()),
+            };
+            TaskPlacement { cpus, cores: task_cores, numa: vec![0], gpus }
+        })
+        .collect()
 }
 
 /// Read `r` line by line and forward each line (split at `MAX_LINE` bytes) as output of task `rank`.

@@ -157,13 +157,20 @@ pub async fn run(opts: BrokerOptions) -> i32 {
 
 async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
     let rank = opts.rank;
-    // Discover the node (hwloc): degrade to a plain CPU count if hwloc fails.
-    let resources = match NodeTopology::load(&opts.topology) {
-        Ok(t) => t.resources(opts.declared_gpus),
+    // Discover the node with hwloc; degrade to the CPU count if hwloc is unavailable or disabled
+    // (`resource.discovery=cpu-count`). The degradation is logged once and shown by `vigil uptime`.
+    let forced = core_opts_discovery(&opts);
+    let loaded = if forced { Err("disabled by resource.discovery=cpu-count".to_string()) } else { NodeTopology::load(&opts.topology).map_err(|e| e.to_string()) };
+    let (resources, topology_str) = match loaded {
+        Ok(t) => (t.resources(opts.declared_gpus), topology_string(&opts.topology)),
         Err(e) => {
-            let n = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
-            warn!("hwloc topology unavailable ({e}); falling back to {n} cores from the CPU count");
-            NodeResources { cores: n, pus: n, numa: 1, packages: 1, gpus: opts.declared_gpus.unwrap_or(0), gpu_names: vec![], source: "cpu-count".into() }
+            let n = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
+                .map(|set| (0..nix::sched::CpuSet::count()).filter(|&i| set.is_set(i).unwrap_or(false)).count() as u32)
+                .unwrap_or(1)
+                .max(1);
+            warn!("hwloc topology unavailable ({e}); falling back to {n} cores from the CPU count, tasks bound by CPU number");
+            let r = NodeResources { cores: n, pus: n, numa: 1, packages: 1, gpus: opts.declared_gpus.unwrap_or(0), gpu_names: vec![], source: format!("cpu-count ({e})") };
+            (r, "cpu-count".to_string())
         }
     };
     info!(rank, cores = resources.cores, gpus = resources.gpus, source = %resources.source, "node discovered");
@@ -255,7 +262,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
     }
     // Register with rank 0 (locally on rank 0).
     let reg = json!({"rank": rank, "hostname": core.opts.hostname, "resources": core.resources,
-        "topology": topology_string(&core.opts.topology), "declared_gpus": core.opts.declared_gpus});
+        "topology": topology_str, "declared_gpus": core.opts.declared_gpus});
     let mut m = Message::request("resource.register", 0, &reg);
     m.flags = FLAG_NORESPONSE;
     core.route_request(Peer::Local(u32::MAX), m);
@@ -285,6 +292,10 @@ async fn sleep_until(t: Option<Instant>) {
         Some(t) => tokio::time::sleep_until(tokio::time::Instant::from_std(t)).await,
         None => std::future::pending::<()>().await,
     }
+}
+
+fn core_opts_discovery(opts: &BrokerOptions) -> bool {
+    opts.attrs.get("resource.discovery").is_some_and(|v| v == "cpu-count")
 }
 
 fn topology_string(t: &TopologySource) -> String {
@@ -748,7 +759,7 @@ impl Core {
 
 async fn run_initial(argv: Vec<String>, uri: String) -> i32 {
     let mut cmd = tokio::process::Command::new(&argv[0]);
-    cmd.args(&argv[1..]).env(crate::client::URI_ENV, &uri);
+    cmd.args(&argv[1..]).env(crate::client::URI_ENV, &uri).kill_on_drop(true);
     if let Some(dir) = std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.to_path_buf())) {
         let path = std::env::var("PATH").unwrap_or_default();
         cmd.env("PATH", format!("{}:{path}", dir.display()));

@@ -51,6 +51,9 @@ pub enum Cmd {
     Lsattr(status::LsattrArgs),
     /// Send a ping to a rank and print the round-trip time.
     Ping(status::PingArgs),
+    /// Publish or subscribe to events (sequenced by rank 0, delivered to every broker).
+    #[command(subcommand)]
+    Event(status::EventCmd),
 }
 
 /// Entry point of the `vigil` binary; returns the process exit code.
@@ -77,6 +80,7 @@ pub fn main() -> i32 {
                     Cmd::Getattr(a) => status::getattr(a).await,
                     Cmd::Lsattr(a) => status::lsattr(a).await,
                     Cmd::Ping(a) => status::ping(a).await,
+                    Cmd::Event(c) => status::event(c).await,
                     Cmd::Start(_) | Cmd::Broker(_) => Ok(0),
                 };
                 r.unwrap_or_else(fail)

@@ -57,16 +57,26 @@ pub struct BrokerArgs {
     pub command: Vec<String>,
 }
 
+struct BrokerFormat {
+    rank: u32,
+}
+
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for BrokerFormat
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(&self, ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>, mut w: tracing_subscriber::fmt::format::Writer<'_>, ev: &tracing::Event<'_>) -> std::fmt::Result {
+        write!(w, "vigil-broker[{}]: {}: ", self.rank, ev.metadata().level().as_str().to_lowercase())?;
+        ctx.field_format().format_fields(w.by_ref(), ev)?;
+        writeln!(w)
+    }
+}
+
 fn init_logging(attrs: &BTreeMap<String, String>, rank: u32) {
     let level = attrs.get("log-level").cloned().or_else(|| std::env::var("VIGIL_LOG").ok()).unwrap_or_else(|| "warn".into());
     let filter = tracing_subscriber::EnvFilter::try_new(&level).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .with_thread_ids(false)
-        .compact()
-        .try_init();
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).event_format(BrokerFormat { rank }).try_init();
     tracing::debug!(rank, "logging at {level}");
 }
 
@@ -103,13 +113,18 @@ fn topology_source(attrs: &BTreeMap<String, String>) -> Result<(TopologySource, 
 
 const KNOWN_ATTRS: &[&str] = &[
     "tbon.topo", "tbon.fanout", "tbon.connect_timeout", "resource.synthetic", "resource.xml", "resource.gpus",
-    "exec.kill-timeout", "exec.shell", "log-level", "rundir", "instance-level",
+    "exec.kill-timeout", "exec.shell", "log-level", "rundir", "instance-level", "resource.discovery",
 ];
 
 fn check_attrs(attrs: &BTreeMap<String, String>) -> Result<(), String> {
     for k in attrs.keys() {
         if !KNOWN_ATTRS.contains(&k.as_str()) {
             return Err(format!("unknown attribute '{k}' (known: {})", KNOWN_ATTRS.join(", ")));
+        }
+    }
+    if let Some(v) = attrs.get("resource.discovery") {
+        if v != "hwloc" && v != "cpu-count" {
+            return Err(format!("invalid resource.discovery '{v}': expected hwloc or cpu-count"));
         }
     }
     if let Some(v) = attrs.get("exec.kill-timeout") {
@@ -189,10 +204,11 @@ fn start_inner(a: StartArgs) -> Result<i32, String> {
             cmd.stdin(std::process::Stdio::null());
         }
         let fd = l.as_raw_fd();
-        // SAFETY: between fork and exec we only call dup2 (async-signal-safe) to place the listener at fd 3;
-        // dup2 clears FD_CLOEXEC on the new descriptor.
+        // SAFETY: between fork and exec we only call prctl, fcntl and dup2 (async-signal-safe) to tie the broker's
+        // life to ours and place the listener at fd 3; dup2 clears FD_CLOEXEC on the new descriptor.
         unsafe {
             cmd.pre_exec(move || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong);
                 if fd == 3 {
                     let flags = libc::fcntl(3, libc::F_GETFD);
                     libc::fcntl(3, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
@@ -207,17 +223,26 @@ fn start_inner(a: StartArgs) -> Result<i32, String> {
         children.push(child);
     }
     // SIGINT goes to the initial program (same terminal); we wait for the instance to wind down.
-    // SAFETY: setting the disposition of SIGINT/SIGQUIT to ignore in a single-threaded process.
+    // SAFETY: setting signal dispositions; the SIGTERM/SIGHUP handler only stores to an atomic.
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
         libc::signal(libc::SIGQUIT, libc::SIG_IGN);
+        libc::signal(libc::SIGTERM, on_term as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGHUP, on_term as *const () as libc::sighandler_t);
     }
     let code = wait_instance(&mut children);
     let _ = std::fs::remove_dir_all(&rundir);
     Ok(code)
 }
 
+static TERMINATE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_term(_sig: libc::c_int) {
+    TERMINATE.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
 /// Wait for rank 0; if another broker dies first with an error, tear the instance down.
+/// SIGTERM or SIGHUP to `vigil start` is passed to rank 0, which shuts the instance down.
 fn wait_instance(children: &mut [std::process::Child]) -> i32 {
     use std::os::unix::process::ExitStatusExt;
     let code_of = |s: std::process::ExitStatus| s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0));
@@ -235,6 +260,10 @@ fn wait_instance(children: &mut [std::process::Child]) -> i32 {
         }
         if rank0.is_some() || failed.is_some() {
             break;
+        }
+        if TERMINATE.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            eprintln!("vigil: terminating the instance");
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(children[0].id() as i32), nix::sys::signal::Signal::SIGTERM);
         }
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -335,3 +335,51 @@ pub(crate) async fn ping(a: PingArgs) -> Result<i32, String> {
     }
     Ok(0)
 }
+
+/// `vigil event` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum EventCmd {
+    /// Publish an event with an optional JSON payload.
+    Pub {
+        /// Event topic.
+        topic: String,
+        /// JSON payload (default: none).
+        payload: Option<String>,
+    },
+    /// Print events whose topic starts with PREFIX, one JSON object per line: {"topic", "seq", "payload"}.
+    Sub {
+        /// Exit after this many events.
+        #[arg(short, long)]
+        count: Option<u64>,
+        /// Topic prefix.
+        prefix: String,
+    },
+}
+
+/// `vigil event ...`.
+pub(crate) async fn event(cmd: EventCmd) -> Result<i32, String> {
+    let c = connect().await?;
+    match cmd {
+        EventCmd::Pub { topic, payload } => {
+            let p: Value = match payload {
+                Some(s) => serde_json::from_str(&s).map_err(|e| format!("payload is not JSON: {e}"))?,
+                None => Value::Null,
+            };
+            c.rpc("broker.pub", 0, &json!({"topic": topic, "payload": p})).await.map_err(|e| e.errstr)?;
+            Ok(0)
+        }
+        EventCmd::Sub { count, prefix } => {
+            c.subscribe(&prefix).await.map_err(|e| e.errstr)?;
+            let mut n = 0;
+            println!("{}", json!({"subscribed": prefix}));
+            while let Some(m) = c.next_event().await {
+                println!("{}", json!({"topic": m.topic, "seq": m.seq, "payload": m.json()}));
+                n += 1;
+                if count.is_some_and(|c| n >= c) {
+                    break;
+                }
+            }
+            Ok(0)
+        }
+    }
+}

@@ -39,6 +39,9 @@ impl RankPool {
     pub fn schedulable(&self) -> bool {
         self.up && !self.torpid && self.drained.is_none()
     }
+    fn nfree(&self) -> (u32, u32) {
+        ((self.cores.len() - self.alloc_cores.len()) as u32, (self.gpus.len() - self.alloc_gpus.len()) as u32)
+    }
     fn free_cores(&self) -> IdSet {
         self.cores.difference(&self.alloc_cores)
     }
@@ -180,11 +183,12 @@ impl Pool {
                     if plan.len() as u32 == n {
                         break;
                     }
-                    let (fc, fg) = (r.free_cores(), r.free_gpus());
                     if req.exclusive && (!r.alloc_cores.is_empty() || !r.alloc_gpus.is_empty()) {
                         continue;
                     }
-                    if Self::fit(fc.len() as u32, fg.len() as u32, c, g) >= per {
+                    let (nc, ng) = r.nfree();
+                    if Self::fit(nc, ng, c, g) >= per {
+                        let (fc, fg) = (r.free_cores(), r.free_gpus());
                         let (cores, gpus) = if req.exclusive {
                             (r.cores.clone(), r.gpus.clone())
                         } else {
@@ -203,9 +207,10 @@ impl Pool {
                     if left == 0 {
                         break;
                     }
-                    let (fc, fg) = (r.free_cores(), r.free_gpus());
-                    let k = Self::fit(fc.len() as u32, fg.len() as u32, c, g).min(left);
+                    let (nc, ng) = r.nfree();
+                    let k = Self::fit(nc, ng, c, g).min(left);
                     if k > 0 {
+                        let (fc, fg) = (r.free_cores(), r.free_gpus());
                         plan.push(RankAlloc {
                             rank: r.rank,
                             cores: fc.iter().take((k * c) as usize).collect(),

@@ -1,0 +1,204 @@
+//! Instance sizes and TBON shapes, and shutdown: `vigil start`, `vigil overlay status`, `vigil run` on every
+//! rank, exit codes of the initial program, nothing left behind.
+
+mod common;
+
+use common::*;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Expected parent of `r` in an instance of `size` with `topo` (computed independently of the code under test).
+fn expected_parent(topo: &str, r: u32) -> Option<u32> {
+    if r == 0 {
+        return None;
+    }
+    Some(match topo {
+        "binomial" => r & !(1u32 << (31 - r.leading_zeros())),
+        t => {
+            let k: u32 = t.strip_prefix("kary:").unwrap_or(t).parse().expect("kary:K");
+            if k == 0 {
+                0
+            } else {
+                (r - 1) / k
+            }
+        }
+    })
+}
+
+/// Start `size` brokers with `topo` (None = default kary:32) and check the overlay and one task per rank.
+fn check_topology(size: u32, topo: Option<&str>) {
+    let attr = topo.map(|t| format!("tbon.topo={t}"));
+    let attrs: Vec<&str> = attr.iter().map(String::as_str).collect();
+    let inst = Instance::start(size, &attrs);
+    let topo = topo.unwrap_or("kary:32");
+
+    let o = inst.vigil(&["overlay", "status", "--json"]);
+    o.ok();
+    let v = o.json();
+    assert_eq!(v["size"].as_u64(), Some(size as u64), "{}", o.dump());
+    assert_eq!(v["topo"].as_str(), Some(topo), "{}", o.dump());
+    let ranks = v["ranks"].as_array().expect("ranks array");
+    assert_eq!(ranks.len(), size as usize, "{}", o.dump());
+    // Expected children from the expected parents.
+    let mut children: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    for r in 1..size {
+        children.entry(expected_parent(topo, r).unwrap()).or_default().push(r as u64);
+    }
+    let mut max_level = 0;
+    for (i, row) in ranks.iter().enumerate() {
+        let r = i as u32;
+        assert_eq!(row["rank"].as_u64(), Some(r as u64), "row {i}: {row}");
+        assert_eq!(row["state"].as_str(), Some("online"), "rank {r} not online: {row}");
+        let parent = row["parent"].as_u64().map(|p| p as u32);
+        assert_eq!(parent, expected_parent(topo, r), "parent of rank {r} in {topo} size {size}: {row}");
+        let got: Vec<u64> = row["children"].as_array().expect("children").iter().filter_map(|c| c.as_u64()).collect();
+        assert_eq!(got, children.get(&r).cloned().unwrap_or_default(), "children of rank {r} in {topo} size {size}: {row}");
+        let mut level = 0;
+        let mut x = r;
+        while let Some(p) = expected_parent(topo, x) {
+            level += 1;
+            x = p;
+        }
+        max_level = max_level.max(level);
+    }
+    assert_eq!(v["depth"].as_u64(), Some(max_level as u64 + 1), "depth: {}", o.dump());
+
+    // The level attribute of the deepest rank agrees with the tree.
+    let last = (size - 1).to_string();
+    let lv = inst.vigil(&["getattr", "tbon.level", "-r", &last]);
+    lv.ok();
+    let mut want = 0;
+    let mut x = size - 1;
+    while let Some(p) = expected_parent(topo, x) {
+        want += 1;
+        x = p;
+    }
+    assert_eq!(lv.stdout.trim(), want.to_string(), "{}", lv.dump());
+
+    // One task per broker: every rank exactly once.
+    let n = size.to_string();
+    let o = inst.vigil(&["run", "-N", &n, "-n", &n, "printenv", "VIGIL_BROKER_RANK"]);
+    o.ok();
+    let mut got: Vec<u32> = o.lines().iter().map(|l| l.trim().parse().unwrap_or_else(|_| panic!("bad line {l:?}:\n{}", o.dump()))).collect();
+    got.sort_unstable();
+    assert_eq!(got, (0..size).collect::<Vec<_>>(), "{}", o.dump());
+}
+
+#[test]
+#[ignore = "BUG: a 1-broker instance never starts its initial program (rank 0 only checks after an input arrives)"]
+fn size1_instance_runs_initial_program() {
+    // `vigil start` with the default --test-size=1 must run the command; today it hangs until killed.
+    let (o, _d) = start_and_run(1, &[], &["sh", "-c", "echo started-ok"], Duration::from_secs(10));
+    o.code_is(0);
+    assert_eq!(o.stdout.trim(), "started-ok", "{}", o.dump());
+}
+
+#[test]
+fn size1_overlay_and_run() {
+    // Instance::start pokes rank 0's socket to work around the size-1 bug above.
+    check_topology(1, None);
+}
+
+#[test]
+fn size4_kary2() {
+    check_topology(4, Some("kary:2"));
+}
+
+#[test]
+fn size4_flat() {
+    check_topology(4, Some("kary:0"));
+}
+
+#[test]
+fn size4_binomial() {
+    check_topology(4, Some("binomial"));
+}
+
+#[test]
+fn size16_kary2() {
+    check_topology(16, Some("kary:2"));
+}
+
+#[test]
+fn size16_flat() {
+    check_topology(16, Some("kary:0"));
+}
+
+#[test]
+fn size16_binomial() {
+    check_topology(16, Some("binomial"));
+}
+
+#[test]
+fn size16_fanout3_shorthand() {
+    // tbon.fanout=K is kary:K.
+    let inst = Instance::start(16, &["tbon.fanout=3"]);
+    let o = inst.vigil(&["overlay", "status", "--json"]);
+    o.ok();
+    let v = o.json();
+    assert_eq!(v["topo"].as_str(), Some("kary:3"), "{}", o.dump());
+    for row in v["ranks"].as_array().unwrap() {
+        let r = row["rank"].as_u64().unwrap() as u32;
+        assert_eq!(row["parent"].as_u64().map(|p| p as u32), expected_parent("kary:3", r), "{row}");
+        assert_eq!(row["state"].as_str(), Some("online"), "{row}");
+    }
+}
+
+#[test]
+fn initial_program_exit_code_is_propagated() {
+    let (o, _d) = start_and_run(2, &[], &["sh", "-c", "exit 7"], Duration::from_secs(20));
+    o.code_is(7);
+    let (o, _d) = start_and_run(2, &[], &["sh", "-c", "exit 0"], Duration::from_secs(20));
+    o.code_is(0);
+    // Killed by a signal: 128 + signal, as a shell reports it.
+    let (o, _d) = start_and_run(2, &[], &["sh", "-c", "kill -TERM $$"], Duration::from_secs(20));
+    o.code_is(143);
+}
+
+#[test]
+fn missing_initial_program_is_127() {
+    let (o, _d) = start_and_run(2, &[], &["/nonexistent/initial-program-xyz"], Duration::from_secs(20));
+    o.code_is(127);
+    assert!(o.stderr.contains("initial-program-xyz"), "error should name the program:\n{}", o.dump());
+}
+
+#[test]
+fn shutdown_leaves_no_brokers_shells_or_tasks() {
+    // Running jobs at exit: one on every rank, plus a one-node job. After `vigil start` returns, no process of
+    // the instance (brokers: --rundir under our tempdir; shells and tasks: TMPDIR in their environment) remains.
+    let tok = unique_token();
+    let sleep_arg = format!("300.{tok}");
+    let script = format!(
+        "vigil submit -N4 -n4 sleep {sleep_arg} >/dev/null && vigil submit sleep {sleep_arg} >/dev/null || exit 99; \
+         i=0; while [ $i -lt 100 ]; do \
+           n=$(vigil jobs | grep -c ' R '); [ \"$n\" = 2 ] && exit 7; sleep 0.1; i=$((i+1)); done; exit 98"
+    );
+    let dir = tempdir();
+    let mut c = vigil_cmd(dir.path());
+    c.args(["start", "--test-size=4", "sh", "-c", &script]);
+    let mut r = spawn(c, Some(dir.path()));
+    // While it runs, the tasks exist (so the check below is not vacuous).
+    let seen = wait_for(Duration::from_secs(15), || processes_with_argv(&["sleep", &sleep_arg]).len() >= 5 || r.exited());
+    let o = r.wait(Duration::from_secs(40));
+    o.code_is(7);
+    assert!(seen, "the 5 tasks never ran:\n{}", o.dump());
+    // SIGKILLed processes may take a moment to disappear.
+    let gone = wait_for(Duration::from_secs(3), || marked_processes(dir.path()).is_empty());
+    let left = marked_processes(dir.path());
+    kill_marked(dir.path());
+    assert!(gone, "processes left behind after vigil start exited: {left:#?}\n{}", o.dump());
+    assert!(processes_with_argv(&["sleep", &sleep_arg]).is_empty(), "tasks survived");
+    // The rundir is removed.
+    let rundirs: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("vigil-")).collect();
+    assert!(rundirs.is_empty(), "rundir left behind: {rundirs:?}");
+}
+
+#[test]
+fn instance_stop_returns_initial_program_code() {
+    // Same through the Instance helper (initial program waits, then exits with 5), with 4 brokers.
+    let inst = Instance::start(4, &["tbon.topo=kary:2"]);
+    inst.vigil(&["run", "-N4", "true"]).ok();
+    let (o, left) = inst.stop_with(5);
+    o.code_is(5);
+    assert!(left.is_empty(), "processes left behind: {left:#?}\n{}", o.dump());
+}
