@@ -229,6 +229,20 @@ pub fn format_eventlog(events: &[Event]) -> String {
     out
 }
 
+impl serde::Serialize for Event {
+    /// Serializes as the RFC 18 object: `{"timestamp", "name", "context"}` (context omitted when empty).
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("timestamp", &self.timestamp)?;
+        m.serialize_entry("name", &self.name)?;
+        if !self.context.is_empty() {
+            m.serialize_entry("context", &self.context)?;
+        }
+        m.end()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -344,19 +358,5 @@ mod tests {
                 prop_assert_eq!(Event::parse_line(&micro.to_line()), Ok(micro));
             }
         }
-    }
-}
-
-impl serde::Serialize for Event {
-    /// Serializes as the RFC 18 object: `{"timestamp", "name", "context"}` (context omitted when empty).
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let mut m = s.serialize_map(None)?;
-        m.serialize_entry("timestamp", &self.timestamp)?;
-        m.serialize_entry("name", &self.name)?;
-        if !self.context.is_empty() {
-            m.serialize_entry("context", &self.context)?;
-        }
-        m.end()
     }
 }

@@ -548,7 +548,16 @@ impl Core {
         }
     }
 
-    fn on_message(&mut self, from: Peer, msg: Message) {
+    fn on_message(&mut self, from: Peer, mut msg: Message) {
+        if let Peer::Local(_) = from {
+            // Clients only send requests, and never choose their own route: a forged route stack could
+            // otherwise steer responses to other peers.
+            if msg.msgtype != MsgType::Request {
+                debug!("dropping {:?} '{}' from local client", msg.msgtype, msg.topic);
+                return;
+            }
+            msg.route.clear();
+        }
         match msg.msgtype {
             MsgType::Request => self.route_request(from, msg),
             MsgType::Response => self.route_response(msg),
@@ -635,9 +644,6 @@ impl Core {
             None => self.internal_response(msg),
             Some(e) if e & ROUTE_LOCAL != 0 => {
                 let id = e & !ROUTE_LOCAL;
-                if id == (u32::MAX & !ROUTE_LOCAL) {
-                    return self.internal_response(msg);
-                }
                 self.send_to(Peer::Local(id), msg);
             }
             Some(r) => {
@@ -717,8 +723,7 @@ impl Core {
 
     /// Carry out what the job core asked for, and wake watchers.
     pub(crate) fn drain_actions(&mut self) {
-        loop {
-            let Some(a) = self.jobcore.as_mut().and_then(|j| j.poll_action()) else { break };
+        while let Some(a) = self.jobcore.as_mut().and_then(|j| j.poll_action()) {
             match a {
                 Action::SpawnShell { id, rank, input } => {
                     let payload = json!({"id": id.0, "input": *input});

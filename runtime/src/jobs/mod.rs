@@ -152,7 +152,7 @@ impl Job {
             (Some(e), _) if e.kind == "cancel" => "CANCELED",
             (Some(e), _) if e.kind == "timelimit" => "TIMEOUT",
             (Some(_), _) => "FAILED",
-            (None, Some(s)) if s == 0 => "COMPLETED",
+            (None, Some(0)) => "COMPLETED",
             _ => "FAILED",
         })
     }

@@ -131,8 +131,8 @@ impl Pool {
 
     /// Slots of `c` cores and `g` GPUs that fit in `cores` free cores and `gpus` free GPUs.
     fn fit(cores: u32, gpus: u32, c: u32, g: u32) -> u32 {
-        let by_c = if c == 0 { u32::MAX } else { cores / c };
-        let by_g = if g == 0 { u32::MAX } else { gpus / g };
+        let by_c = cores.checked_div(c).unwrap_or(u32::MAX);
+        let by_g = gpus.checked_div(g).unwrap_or(u32::MAX);
         by_c.min(by_g)
     }
 
