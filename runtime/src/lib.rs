@@ -23,6 +23,7 @@ pub mod idset;
 pub mod jobs;
 pub mod jobspec;
 pub mod message;
+pub mod pmi;
 pub mod r;
 pub mod shellproto;
 pub mod topology;

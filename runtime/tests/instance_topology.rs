@@ -16,11 +16,8 @@ fn expected_parent(topo: &str, r: u32) -> Option<u32> {
         "binomial" => r & !(1u32 << (31 - r.leading_zeros())),
         t => {
             let k: u32 = t.strip_prefix("kary:").unwrap_or(t).parse().expect("kary:K");
-            if k == 0 {
-                0
-            } else {
-                (r - 1) / k
-            }
+            // kary:0 is flat: every rank's parent is 0.
+            (r - 1).checked_div(k).unwrap_or(0)
         }
     })
 }
@@ -85,7 +82,7 @@ fn check_topology(size: u32, topo: Option<&str>) {
 }
 
 #[test]
-#[ignore = "BUG: a 1-broker instance never starts its initial program (rank 0 only checks after an input arrives)"]
+
 fn size1_instance_runs_initial_program() {
     // `vigil start` with the default --test-size=1 must run the command; today it hangs until killed.
     let (o, _d) = start_and_run(1, &[], &["sh", "-c", "echo started-ok"], Duration::from_secs(10));
@@ -201,4 +198,77 @@ fn instance_stop_returns_initial_program_code() {
     let (o, left) = inst.stop_with(5);
     o.code_is(5);
     assert!(left.is_empty(), "processes left behind: {left:#?}\n{}", o.dump());
+}
+
+/// Start 3 brokers whose initial program submits a 3-node job and a 1-node job (tasks `sleep JOBMARK`), then
+/// runs `sleep INITMARK` in the foreground. Returns once all 4 tasks and the initial sleep run.
+fn start_busy_instance(job_marker: &str, init_marker: &str) -> (Running, tempfile::TempDir) {
+    let script = format!(
+        "vigil submit -N3 sleep {job_marker} >/dev/null && vigil submit sleep {job_marker} >/dev/null || exit 99; sleep {init_marker} >/dev/null 2>&1"
+    );
+    let dir = tempdir();
+    let mut c = vigil_cmd(dir.path());
+    c.args(["start", "--test-size=3", "sh", "-c", &script]);
+    let mut r = spawn(c, Some(dir.path()));
+    let up = wait_for(Duration::from_secs(15), || {
+        r.exited() || (processes_with_argv(&["sleep", job_marker]).len() == 4 && !processes_with_argv(&["sleep", init_marker]).is_empty())
+    });
+    assert!(up && !r.exited(), "instance did not get busy:\n{}", r.wait(Duration::from_secs(1)).dump());
+    (r, dir)
+}
+
+/// Brokers, job shells and job tasks of the instance marked by `dir` that are still alive after a grace period.
+fn instance_leftovers(dir: &std::path::Path, job_marker: &str) -> Vec<(i32, String)> {
+    let pick = || -> Vec<(i32, String)> {
+        let mut v: Vec<(i32, String)> =
+            marked_processes(dir).into_iter().filter(|(_, cl)| cl.contains(" broker ") || cl.contains("vigil-shell")).collect();
+        v.extend(processes_with_argv(&["sleep", job_marker]));
+        v
+    };
+    wait_for(Duration::from_secs(3), || pick().is_empty());
+    pick()
+}
+
+fn signal_pid(pid: u32, sig: i32) {
+    // SAFETY: kill(2) of a child process we spawned and have not reaped.
+    unsafe {
+        libc::kill(pid as i32, sig);
+    }
+}
+
+#[test]
+fn sigterm_to_vigil_start_tears_the_instance_down() {
+    let (job, init) = (format!("300.{}", unique_token()), format!("301.{}", unique_token()));
+    let (r, dir) = start_busy_instance(&job, &init);
+    signal_pid(r.pid(), libc::SIGTERM);
+    let o = r.wait(Duration::from_secs(20));
+    assert!(!o.timed_out && o.code != 0, "{}", o.dump());
+    let left = instance_leftovers(dir.path(), &job);
+    kill_marked(dir.path());
+    assert!(left.is_empty(), "left behind after SIGTERM: {left:#?}\n{}", o.dump());
+}
+
+#[test]
+fn sigkill_to_vigil_start_leaves_no_brokers_shells_or_tasks() {
+    let (job, init) = (format!("300.{}", unique_token()), format!("301.{}", unique_token()));
+    let (r, dir) = start_busy_instance(&job, &init);
+    signal_pid(r.pid(), libc::SIGKILL);
+    let o = r.wait(Duration::from_secs(5));
+    assert_eq!(o.code, 137, "{}", o.dump());
+    let left = instance_leftovers(dir.path(), &job);
+    kill_marked(dir.path());
+    assert!(left.is_empty(), "left behind after SIGKILL: {left:#?}");
+}
+
+#[test]
+
+fn termination_also_ends_the_initial_programs_children() {
+    let (job, init) = (format!("300.{}", unique_token()), format!("301.{}", unique_token()));
+    let (r, dir) = start_busy_instance(&job, &init);
+    signal_pid(r.pid(), libc::SIGTERM);
+    let o = r.wait(Duration::from_secs(20));
+    wait_for(Duration::from_secs(3), || processes_with_argv(&["sleep", &init]).is_empty());
+    let left = processes_with_argv(&["sleep", &init]);
+    kill_marked(dir.path());
+    assert!(left.is_empty(), "initial program's child survived: {left:?}\n{}", o.dump());
 }

@@ -62,6 +62,7 @@ pub(crate) enum Input {
     ChildHello { conn: u64, msg: Message, link_tx: LinkTx, peer: String, rx: mpsc::UnboundedReceiver<LinkEvent> },
     LocalNew { id: u32, uid: u32, tx: LinkTx },
     ShellDone { id: JobId, report: Option<ShellReport>, status: i32 },
+    InitialStarted(i32),
     InitialExit(i32),
     Signal(i32),
 }
@@ -134,6 +135,7 @@ pub(crate) struct Core {
     pub initial_started: bool,
     pub exit_code: i32,
     pub local_uri: String,
+    pub initial_pgid: Option<i32>,
 }
 
 pub(crate) fn now() -> f64 {
@@ -243,6 +245,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         initial_started: false,
         exit_code: 0,
         local_uri,
+        initial_pgid: None,
         opts,
     };
     if let Some(jc) = core.jobcore.as_mut() {
@@ -267,6 +270,8 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
     m.flags = FLAG_NORESPONSE;
     core.route_request(Peer::Local(u32::MAX), m);
 
+    // On a single-broker instance nothing else arrives: act on the registration right away.
+    core.drain_actions();
     loop {
         let deadline = core.next_deadline();
         let input = tokio::select! {
@@ -358,7 +363,7 @@ async fn accept_children(l: tokio::net::TcpListener, tx: mpsc::UnboundedSender<I
 }
 
 async fn connect_parent(core: &Core, ep: &str) -> Result<Link, String> {
-    let deadline = Instant::now() + Duration::from_secs_f64(core.opts.connect_timeout);
+    let deadline = Instant::now() + Duration::from_secs_f64(core.opts.connect_timeout.clamp(0.0, 1e7));
     let mut delay = Duration::from_millis(5);
     loop {
         match TcpTransport.connect(ep.to_string()).await {
@@ -395,7 +400,8 @@ impl Core {
         let mut t: Option<Instant> = None;
         if let Some(jc) = &self.jobcore {
             if let Some(d) = jc.next_deadline() {
-                let dt = (d - now()).max(0.0);
+                // Clamp: a time limit of centuries must not overflow the clock.
+                let dt = (d - now()).clamp(0.0, 86400.0 * 365.0);
                 t = Some(Instant::now() + Duration::from_secs_f64(dt));
             }
         }
@@ -421,6 +427,12 @@ impl Core {
     }
 
     fn cleanup(&mut self) {
+        if let Some(pg) = self.initial_pgid.take() {
+            // Whatever the initial program left behind (background jobs) ends with the instance.
+            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pg), nix::sys::signal::Signal::SIGTERM);
+            std::thread::sleep(Duration::from_millis(50));
+            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pg), nix::sys::signal::Signal::SIGKILL);
+        }
         for (_, pgid) in self.shells.drain() {
             let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
         }
@@ -463,6 +475,7 @@ impl Core {
                 m.flags = FLAG_NORESPONSE;
                 self.route_request(Peer::Local(u32::MAX), m);
             }
+            Input::InitialStarted(pgid) => self.initial_pgid = Some(pgid),
             Input::InitialExit(code) => {
                 info!("initial program exited with code {code}");
                 self.exit_code = code;
@@ -472,6 +485,9 @@ impl Core {
                 if sig == libc::SIGTERM || (self.rank() == 0 && self.opts.initial_program.is_none()) {
                     if self.exit_code == 0 {
                         self.exit_code = 128 + sig;
+                    }
+                    if let Some(pg) = self.initial_pgid {
+                        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pg), nix::sys::signal::Signal::SIGTERM);
                     }
                     self.begin_shutdown(&format!("signal {sig}"));
                 } else {
@@ -499,9 +515,8 @@ impl Core {
         if self.shutting_down.is_some() {
             return refuse("broker is shutting down".into());
         }
-        if let Some(old) = self.children.remove(&rank) {
-            warn!("rank {rank} reconnected; dropping its old link");
-            drop(old);
+        if self.children.contains_key(&rank) {
+            return refuse(format!("rank {rank} is already connected"));
         }
         let _ = tx.send(Message::control("hello-ack", &json!({"rank": self.rank()})));
         self.children.insert(rank, ChildLink { tx, conn });
@@ -756,23 +771,50 @@ impl Core {
         let tx = self.input_tx.clone();
         let uri = self.local_uri.clone();
         tokio::spawn(async move {
-            let code = run_initial(argv, uri).await;
+            let code = run_initial(argv, uri, tx.clone()).await;
             let _ = tx.send(Input::InitialExit(code));
         });
     }
 }
 
-async fn run_initial(argv: Vec<String>, uri: String) -> i32 {
-    let mut cmd = tokio::process::Command::new(&argv[0]);
-    cmd.args(&argv[1..]).env(crate::client::URI_ENV, &uri).kill_on_drop(true);
+/// Run the initial program in its own process group, made the terminal's foreground group when stdin is a
+/// tty (so Ctrl-C reaches it, not the brokers). Reports its pgid, then its exit code.
+async fn run_initial(argv: Vec<String>, uri: String, tx: mpsc::UnboundedSender<Input>) -> i32 {
+    use std::os::unix::process::CommandExt as _;
+    let mut cmd = std::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..]).env(crate::client::URI_ENV, &uri);
     if let Some(dir) = std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.to_path_buf())) {
         let path = std::env::var("PATH").unwrap_or_default();
         cmd.env("PATH", format!("{}:{path}", dir.display()));
     }
-    match cmd.status().await {
-        Ok(s) => {
-            use std::os::unix::process::ExitStatusExt;
-            s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0))
+    // SAFETY: isatty on fd 0 has no preconditions.
+    let tty = unsafe { libc::isatty(0) } == 1;
+    // SAFETY: only async-signal-safe calls between fork and exec: setpgid, signal, tcsetpgrp, getpid.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::setpgid(0, 0);
+            if tty {
+                libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+                libc::tcsetpgrp(0, libc::getpid());
+                libc::signal(libc::SIGTTOU, libc::SIG_DFL);
+            }
+            Ok(())
+        });
+    }
+    let mut cmd = tokio::process::Command::from(cmd);
+    cmd.kill_on_drop(true);
+    let code = match cmd.spawn() {
+        Ok(mut child) => {
+            if let Some(pid) = child.id() {
+                let _ = tx.send(Input::InitialStarted(pid as i32));
+            }
+            match child.wait().await {
+                Ok(s) => {
+                    use std::os::unix::process::ExitStatusExt;
+                    s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0))
+                }
+                Err(_) => 1,
+            }
         }
         Err(e) => {
             eprintln!("vigil: cannot run initial program '{}': {e}", argv[0]);
@@ -782,5 +824,15 @@ async fn run_initial(argv: Vec<String>, uri: String) -> i32 {
                 126
             }
         }
+    };
+    if tty {
+        // Take the terminal back for `vigil start`'s process group.
+        // SAFETY: plain libc calls on fd 0; SIGTTOU is ignored around tcsetpgrp so a background group may call it.
+        unsafe {
+            let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+            libc::tcsetpgrp(0, libc::getpgrp());
+            libc::signal(libc::SIGTTOU, old);
+        }
     }
+    code
 }

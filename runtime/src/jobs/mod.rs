@@ -640,11 +640,11 @@ impl JobCore {
             let j = &self.jobs[&id];
             if j.term_sent.is_none() {
                 if j.expiration.is_some_and(|e| now >= e) {
-                    let lim = crate::duration::format_duration(std::time::Duration::from_secs_f64(j.req.duration.unwrap_or(0.0)));
+                    let lim = fmt_limit(j.req.duration.unwrap_or(0.0));
                     self.raise(now, id, "timelimit", 0, &format!("job exceeded its time limit of {lim}"));
                 } else if let (Some(f), Some(t)) = (j.first_exit, j.exit_timeout) {
                     if now >= f + t {
-                        let lim = crate::duration::format_duration(std::time::Duration::from_secs_f64(t));
+                        let lim = fmt_limit(t);
                         self.raise(now, id, "exec", 0, &format!("exit-timeout ({lim}) expired: tasks still running after the first task exited"));
                     }
                 }
@@ -664,6 +664,10 @@ impl JobCore {
     pub fn active(&self) -> impl Iterator<Item = &Job> {
         self.jobs.values().filter(|j| j.state.is_active())
     }
+}
+
+fn fmt_limit(secs: f64) -> String {
+    std::time::Duration::try_from_secs_f64(secs).map(crate::duration::format_duration).unwrap_or_else(|_| format!("{secs}s"))
 }
 
 /// RFC 34 task map for per-node task counts (consecutive nodes with equal counts are merged).

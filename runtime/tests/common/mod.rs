@@ -162,9 +162,10 @@ impl Running {
         };
         let elapsed = self.started.elapsed();
         // Output pipes may be held by stray descendants: do not wait for them forever.
-        let grace = Duration::from_secs(if timed_out { 2 } else { 5 });
-        let stdout = String::from_utf8_lossy(&self.out.recv_timeout(grace).unwrap_or_default()).into_owned();
-        let stderr = String::from_utf8_lossy(&self.err.recv_timeout(grace).unwrap_or_default()).into_owned();
+        let until = Instant::now() + Duration::from_secs(if timed_out { 2 } else { 5 });
+        let left = || until.saturating_duration_since(Instant::now());
+        let stdout = String::from_utf8_lossy(&self.out.recv_timeout(left()).unwrap_or_default()).into_owned();
+        let stderr = String::from_utf8_lossy(&self.err.recv_timeout(left()).unwrap_or_default()).into_owned();
         Output { code: status.map(exit_code).unwrap_or(-1), stdout, stderr, elapsed, timed_out, what: self.what }
     }
 }

@@ -1,0 +1,242 @@
+//! PMI-1 "simple" wire protocol (Flux RFC 13; what MPICH's simple PMI client speaks): line codec and a client.
+//!
+//! A line is `key=value` tokens separated by single spaces and ended by `\n`, at most [`MAX_LINE`] bytes; each
+//! token is split at its first `=` (values may contain `=`). The first token is `cmd=NAME` (or `mcmd=spawn`,
+//! which Vigil does not support). The server side lives in `vigil-shell`; the [`Client`] here is what a broker
+//! uses to bootstrap a nested instance under any PMI-1 launcher.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+
+/// Longest PMI line, newline included (MPICH's `PMIU_MAXLINE`).
+pub const MAX_LINE: usize = 1024;
+/// `kvsname_max` served by `get_maxes`.
+pub const KVSNAME_MAX: usize = 256;
+/// `keylen_max` served by `get_maxes`.
+pub const KEYLEN_MAX: usize = 256;
+/// `vallen_max` served by `get_maxes`; longer values are split by MPICH into `key-seg-i/N` keys.
+pub const VALLEN_MAX: usize = 1024 - 64;
+
+/// A decoded PMI line: its command and its other tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Line {
+    /// Value of the leading `cmd=` token.
+    pub cmd: String,
+    /// Every other `key=value` token, in order of appearance (last one wins for duplicates).
+    pub args: BTreeMap<String, String>,
+}
+
+/// Why a PMI line was rejected.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum LineError {
+    /// Longer than [`MAX_LINE`].
+    #[error("PMI line exceeds {MAX_LINE} bytes")]
+    TooLong,
+    /// Empty line.
+    #[error("empty PMI line")]
+    Empty,
+    /// A token without `=`.
+    #[error("malformed PMI token '{0}' (expected key=value)")]
+    BadToken(String),
+    /// First token is not `cmd=` (or is `mcmd=`, multi-line commands being unsupported).
+    #[error("PMI line does not start with cmd= ('{0}')")]
+    NoCmd(String),
+    /// Not UTF-8.
+    #[error("PMI line is not valid UTF-8")]
+    NotUtf8,
+}
+
+impl Line {
+    /// Parse one line (without or with its trailing newline).
+    pub fn parse(raw: &[u8]) -> Result<Line, LineError> {
+        if raw.len() > MAX_LINE {
+            return Err(LineError::TooLong);
+        }
+        let s = std::str::from_utf8(raw).map_err(|_| LineError::NotUtf8)?;
+        let s = s.strip_suffix('\n').unwrap_or(s).trim_matches(' ');
+        if s.is_empty() {
+            return Err(LineError::Empty);
+        }
+        let mut cmd = None;
+        let mut args = BTreeMap::new();
+        for (i, tok) in s.split(' ').filter(|t| !t.is_empty()).enumerate() {
+            let (k, v) = tok.split_once('=').ok_or_else(|| LineError::BadToken(tok.chars().take(64).collect()))?;
+            if i == 0 {
+                if k != "cmd" {
+                    return Err(LineError::NoCmd(tok.chars().take(64).collect()));
+                }
+                cmd = Some(v.to_string());
+            } else {
+                args.insert(k.to_string(), v.to_string());
+            }
+        }
+        Ok(Line { cmd: cmd.unwrap_or_default(), args })
+    }
+
+    /// A line `cmd=NAME k=v ...` with the given tokens.
+    pub fn new(cmd: &str, args: &[(&str, &str)]) -> Line {
+        Line { cmd: cmd.to_string(), args: args.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() }
+    }
+
+    /// Encode with a trailing newline. Token order: `cmd` first, then the others sorted by key.
+    pub fn encode(&self) -> String {
+        let mut s = format!("cmd={}", self.cmd);
+        for (k, v) in &self.args {
+            s.push(' ');
+            s.push_str(k);
+            s.push('=');
+            s.push_str(v);
+        }
+        s.push('\n');
+        s
+    }
+
+    /// The value of token `key`.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.args.get(key).map(String::as_str)
+    }
+}
+
+/// PMI_process_mapping value for an RFC 34 task map (`[[nodeid, nnodes, ppn, repeat], ...]`):
+/// `(vector,(nodeid,nnodes,ppn),...)`, each block repeated `repeat` times.
+pub fn process_mapping(taskmap: &serde_json::Value) -> String {
+    let mut s = String::from("(vector");
+    if let Some(blocks) = taskmap.get("map").and_then(|m| m.as_array()) {
+        for b in blocks {
+            let f = |i: usize| b.get(i).and_then(|v| v.as_u64()).unwrap_or(0);
+            for _ in 0..f(3).max(1) {
+                s.push_str(&format!(",({},{},{})", f(0), f(1), f(2)));
+            }
+        }
+    }
+    s.push(')');
+    s
+}
+
+/// Errors of the PMI client.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// `PMI_FD`, `PMI_RANK` or `PMI_SIZE` missing or malformed.
+    #[error("not started by a PMI-1 launcher: {0}")]
+    NoEnv(String),
+    /// Socket error.
+    #[error("PMI i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// The server sent something unexpected or an error code.
+    #[error("PMI protocol: {0}")]
+    Protocol(String),
+}
+
+/// A blocking PMI-1 client over the inherited `PMI_FD` socket.
+pub struct Client {
+    rd: BufReader<std::os::unix::net::UnixStream>,
+    wr: std::os::unix::net::UnixStream,
+    /// `PMI_RANK`.
+    pub rank: u32,
+    /// `PMI_SIZE`.
+    pub size: u32,
+    /// The job's KVS name.
+    pub kvsname: String,
+}
+
+impl Client {
+    /// Take the launcher's socket from `PMI_FD`, `PMI_RANK`, `PMI_SIZE` and run `init`, `get_my_kvsname`.
+    pub fn from_env() -> Result<Client, ClientError> {
+        let var = |n: &str| std::env::var(n).map_err(|_| ClientError::NoEnv(format!("{n} is not set")));
+        let fd: i32 = var("PMI_FD")?.parse().map_err(|_| ClientError::NoEnv("PMI_FD is not a number".into()))?;
+        let rank: u32 = var("PMI_RANK")?.parse().map_err(|_| ClientError::NoEnv("PMI_RANK is not a number".into()))?;
+        let size: u32 = var("PMI_SIZE")?.parse().map_err(|_| ClientError::NoEnv("PMI_SIZE is not a number".into()))?;
+        // SAFETY: the launcher passed this descriptor for our exclusive use; we take ownership once.
+        let s = unsafe { <std::os::unix::net::UnixStream as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let wr = s.try_clone()?;
+        let mut c = Client { rd: BufReader::new(s), wr, rank, size, kvsname: String::new() };
+        let r = c.call(&Line::new("init", &[("pmi_version", "1"), ("pmi_subversion", "1")]), "response_to_init")?;
+        c.check(&r)?;
+        let r = c.call(&Line::new("get_my_kvsname", &[]), "my_kvsname")?;
+        c.check(&r)?;
+        c.kvsname = r.get("kvsname").unwrap_or("").to_string();
+        Ok(c)
+    }
+
+    fn call(&mut self, l: &Line, expect: &str) -> Result<Line, ClientError> {
+        self.wr.write_all(l.encode().as_bytes())?;
+        let mut buf = Vec::new();
+        self.rd.read_until(b'\n', &mut buf)?;
+        if buf.is_empty() {
+            return Err(ClientError::Protocol("server closed the connection".into()));
+        }
+        let r = Line::parse(&buf).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        if r.cmd != expect {
+            return Err(ClientError::Protocol(format!("expected {expect}, got {}", r.cmd)));
+        }
+        Ok(r)
+    }
+
+    fn check(&self, r: &Line) -> Result<(), ClientError> {
+        match r.get("rc") {
+            Some("0") | None => Ok(()),
+            Some(rc) => Err(ClientError::Protocol(format!("{} failed with rc={rc} {}", r.cmd, r.get("msg").unwrap_or("")))),
+        }
+    }
+
+    /// Put `key=value` in the job's KVS (visible to others after the next barrier).
+    pub fn put(&mut self, key: &str, value: &str) -> Result<(), ClientError> {
+        let kvs = self.kvsname.clone();
+        let r = self.call(&Line::new("put", &[("kvsname", &kvs), ("key", key), ("value", value)]), "put_result")?;
+        self.check(&r)
+    }
+
+    /// Get `key` from the job's KVS; `Ok(None)` if it does not exist.
+    pub fn get(&mut self, key: &str) -> Result<Option<String>, ClientError> {
+        let kvs = self.kvsname.clone();
+        let r = self.call(&Line::new("get", &[("kvsname", &kvs), ("key", key)]), "get_result")?;
+        Ok(if r.get("rc") == Some("0") { Some(r.get("value").unwrap_or("").to_string()) } else { None })
+    }
+
+    /// Enter the job-wide barrier and wait for everyone.
+    pub fn barrier(&mut self) -> Result<(), ClientError> {
+        let r = self.call(&Line::new("barrier_in", &[]), "barrier_out")?;
+        self.check(&r)
+    }
+
+    /// Say goodbye (`finalize`).
+    pub fn finalize(&mut self) -> Result<(), ClientError> {
+        let r = self.call(&Line::new("finalize", &[]), "finalize_ack")?;
+        self.check(&r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn parse_and_encode() {
+        let l = Line::parse(b"cmd=put kvsname=k key=a value=x=y==z\n").unwrap();
+        assert_eq!(l.cmd, "put");
+        assert_eq!(l.get("value"), Some("x=y==z"));
+        assert_eq!(Line::parse(l.encode().as_bytes()).unwrap(), l);
+        assert_eq!(Line::parse(b"cmd=barrier_in\n").unwrap().cmd, "barrier_in");
+        assert!(matches!(Line::parse(b"mcmd=spawn\n"), Err(LineError::NoCmd(_))));
+        assert!(matches!(Line::parse(b"cmd=put junk\n"), Err(LineError::BadToken(_))));
+        assert_eq!(Line::parse(b"\n"), Err(LineError::Empty));
+        assert_eq!(Line::parse(&[b'a'; 1025]), Err(LineError::TooLong));
+        assert_eq!(Line::parse(&[0xff, b'\n']), Err(LineError::NotUtf8));
+    }
+
+    #[test]
+    fn mapping() {
+        let tm = serde_json::json!({"version": 1, "map": [[0, 4, 2, 1]]});
+        assert_eq!(process_mapping(&tm), "(vector,(0,4,2))");
+        let tm = serde_json::json!({"version": 1, "map": [[0, 2, 3, 1], [2, 1, 2, 1]]});
+        assert_eq!(process_mapping(&tm), "(vector,(0,2,3),(2,1,2))");
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics(b in proptest::collection::vec(any::<u8>(), 0..1100)) {
+            let _ = Line::parse(&b);
+        }
+    }
+}

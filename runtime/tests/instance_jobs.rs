@@ -1,0 +1,323 @@
+//! Jobs end to end: exit codes, output routing and ordering, cancel, time limits, exit-timeout, kill
+//! escalation, jobspec files.
+
+mod common;
+
+use common::*;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+#[test]
+fn task_exit_code_is_run_exit_code() {
+    let inst = Instance::start(2, &[]);
+    inst.vigil(&["run", "-n2", "sh", "-c", "exit 3"]).code_is(3);
+    // The largest exit code of all tasks wins.
+    inst.vigil(&["run", "-N2", "-n2", "sh", "-c", "exit $((VIGIL_TASK_RANK * 4 + 1))"]).code_is(5);
+    inst.vigil(&["run", "-n2", "true"]).code_is(0);
+    // A task killed by SIGKILL: 128 + 9.
+    inst.vigil(&["run", "sh", "-c", "kill -9 $$"]).code_is(137);
+    // jobs -a agrees.
+    let jobs = inst.jobs();
+    let codes: Vec<i64> = jobs.iter().map(|j| j["exit_code"].as_i64().unwrap_or(-1)).collect();
+    // Listed newest first.
+    assert_eq!(codes, vec![137, 0, 5, 3], "{jobs:#?}");
+    assert_eq!(jobs[1]["result"].as_str(), Some("COMPLETED"));
+    assert_eq!(jobs[0]["result"].as_str(), Some("FAILED"));
+}
+
+#[test]
+fn stdout_and_stderr_are_routed_and_labelled() {
+    let inst = Instance::start(2, &[]);
+    let o = inst.vigil(&["run", "-N2", "-n3", "sh", "-c", "echo OUT-$VIGIL_TASK_RANK; echo ERR-$VIGIL_TASK_RANK >&2"]);
+    o.ok();
+    let mut out = o.lines();
+    out.sort_unstable();
+    assert_eq!(out, vec!["OUT-0", "OUT-1", "OUT-2"], "{}", o.dump());
+    let mut err: Vec<&str> = o.stderr.lines().filter(|l| l.starts_with("ERR-")).collect();
+    err.sort_unstable();
+    assert_eq!(err, vec!["ERR-0", "ERR-1", "ERR-2"], "{}", o.dump());
+    assert!(!o.stderr.contains("OUT-"), "stdout leaked to stderr:\n{}", o.dump());
+
+    // -l: "RANK: line" on both streams.
+    let o = inst.vigil(&["run", "-N2", "-n3", "-l", "sh", "-c", "echo OUT-$VIGIL_TASK_RANK; echo ERR-$VIGIL_TASK_RANK >&2"]);
+    o.ok();
+    let mut out = o.lines();
+    out.sort_unstable();
+    assert_eq!(out, vec!["0: OUT-0", "1: OUT-1", "2: OUT-2"], "{}", o.dump());
+    let mut err: Vec<&str> = o.stderr.lines().filter(|l| l.contains("ERR-")).collect();
+    err.sort_unstable();
+    assert_eq!(err, vec!["0: ERR-0", "1: ERR-1", "2: ERR-2"], "{}", o.dump());
+}
+
+#[test]
+fn task_environment() {
+    let inst = Instance::start(2, &[]);
+    let o = inst.vigil(&[
+        "run", "-N2", "-n3", "--env", "EXTRA=hello", "sh", "-c",
+        "echo $VIGIL_TASK_RANK $VIGIL_TASK_LOCAL_RANK $VIGIL_JOB_SIZE $VIGIL_JOB_NNODES $VIGIL_BROKER_RANK $EXTRA",
+    ]);
+    o.ok();
+    let mut lines = o.lines();
+    lines.sort_unstable();
+    // -N2 -n3: two tasks on the first node, one on the second.
+    assert_eq!(lines, vec!["0 0 3 2 0 hello", "1 1 3 2 0 hello", "2 0 3 2 1 hello"], "{}", o.dump());
+}
+
+#[test]
+fn missing_command_exits_127_with_a_clear_message() {
+    let inst = Instance::start(2, &[]);
+    let o = inst.vigil(&["run", "-n2", "no-such-command-xyz"]);
+    o.code_is(127);
+    let msgs: Vec<&str> = o.stderr.lines().filter(|l| l.contains("no-such-command-xyz")).collect();
+    assert_eq!(msgs.len(), 2, "one message per task expected:\n{}", o.dump());
+    assert!(msgs.iter().all(|m| m.contains("No such file")), "{}", o.dump());
+}
+
+#[test]
+fn thousand_lines_per_task_arrive_in_order() {
+    let inst = Instance::start(2, &[]);
+    let o = inst.vigil(&["run", "-N2", "-n4", "-l", "sh", "-c", "seq -f line%g 1 1000; seq -f err%g 1 300 >&2"]);
+    o.ok();
+    let mut per: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    for l in o.stdout.lines() {
+        let (r, data) = l.split_once(": ").unwrap_or_else(|| panic!("unlabelled line {l:?}"));
+        per.entry(r.parse().unwrap()).or_default().push(data.to_string());
+    }
+    assert_eq!(per.len(), 4, "tasks seen: {:?}", per.keys().collect::<Vec<_>>());
+    let want: Vec<String> = (1..=1000).map(|i| format!("line{i}")).collect();
+    for (r, lines) in &per {
+        assert_eq!(lines.len(), 1000, "task {r} line count");
+        assert!(lines == &want, "task {r}: lines out of order or altered");
+    }
+    for r in 0..4 {
+        let errs: Vec<&str> = o.stderr.lines().filter_map(|l| l.strip_prefix(&format!("{r}: err"))).collect();
+        let want: Vec<String> = (1..=300).map(|i| i.to_string()).collect();
+        assert_eq!(errs, want, "stderr of task {r}");
+    }
+}
+
+#[test]
+fn cancel_kills_the_job_and_records_it() {
+    let inst = Instance::start(2, &[]);
+    let marker = format!("100.{}", unique_token());
+    let id = inst.submit(&["sleep", &marker]);
+    assert!(inst.wait_state(&id, "RUN", Duration::from_secs(10)), "job never ran: {}", inst.job(&id));
+    assert!(wait_for(Duration::from_secs(10), || !processes_with_argv(&["sleep", &marker]).is_empty()), "task never started");
+    inst.vigil(&["cancel", &id]).ok();
+    let w = inst.vigil(&["job", "wait", &id]);
+    assert!(!w.timed_out && w.code != 0, "job wait should fail for a canceled job:\n{}", w.dump());
+    let j = inst.job(&id);
+    assert_eq!(j["state"].as_str(), Some("INACTIVE"), "{j}");
+    assert_eq!(j["result"].as_str(), Some("CANCELED"), "{j}");
+    assert_eq!(j["exception"]["type"].as_str(), Some("cancel"), "{j}");
+    let ev = inst.vigil(&["job", "eventlog", &id]);
+    ev.ok();
+    let exc: Vec<&str> = ev.stdout.lines().filter(|l| l.split_whitespace().nth(1) == Some("exception")).collect();
+    assert_eq!(exc.len(), 1, "{}", ev.dump());
+    assert!(exc[0].contains("type=cancel") && exc[0].contains("severity=0"), "{}", ev.dump());
+    assert!(ev.stdout.lines().last().unwrap_or("").contains(" clean"), "eventlog must end with clean:\n{}", ev.dump());
+    assert!(wait_for(Duration::from_secs(3), || processes_with_argv(&["sleep", &marker]).is_empty()), "sleep {marker} still running after cancel");
+    // Canceling again is an error naming the state.
+    let again = inst.vigil(&["cancel", &id]);
+    assert_eq!(again.code, 1, "{}", again.dump());
+    assert!(again.stderr.contains("inactive"), "{}", again.dump());
+    // `vigil jobs -a` shows CA.
+    let t = inst.vigil(&["jobs", "-a"]);
+    let row = t.stdout.lines().find(|l| l.contains(&id)).unwrap_or_else(|| panic!("{}", t.dump()));
+    assert_eq!(row.split_whitespace().nth(3), Some("CA"), "{row}");
+}
+
+#[test]
+fn cancel_a_pending_job() {
+    let inst = Instance::start(2, &[]);
+    // Fill all 4 cores, then a pending job.
+    let marker = format!("100.{}", unique_token());
+    let hog = inst.submit(&["-N2", "-n4", "sleep", &marker]);
+    assert!(inst.wait_state(&hog, "RUN", Duration::from_secs(10)));
+    let pending = inst.submit(&["true"]);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(inst.state(&pending), "SCHED");
+    inst.vigil(&["cancel", &pending]).ok();
+    inst.vigil(&["job", "wait", &pending]).code_is(1);
+    let j = inst.job(&pending);
+    assert_eq!(j["result"].as_str(), Some("CANCELED"), "{j}");
+    assert!(j["t_run"].is_null(), "a canceled pending job never ran: {j}");
+    inst.vigil(&["cancel", &hog]).ok();
+    assert!(inst.wait_state(&hog, "INACTIVE", Duration::from_secs(10)));
+    assert!(wait_for(Duration::from_secs(3), || processes_with_argv(&["sleep", &marker]).is_empty()));
+}
+
+#[test]
+fn time_limit_ends_the_job() {
+    let inst = Instance::start(2, &[]);
+    let t0 = Instant::now();
+    let o = inst.vigil(&["run", "-t", "1s", "sleep", "30"]);
+    let took = t0.elapsed();
+    assert!(!o.timed_out && o.code != 0, "{}", o.dump());
+    assert!(took < Duration::from_secs(10), "took {took:?}:\n{}", o.dump());
+    assert!(o.stderr.contains("type=timelimit"), "{}", o.dump());
+    let jobs = inst.jobs();
+    assert_eq!(jobs[0]["result"].as_str(), Some("TIMEOUT"), "{jobs:#?}");
+    let t = inst.vigil(&["jobs", "-a"]);
+    let row = t.stdout.lines().nth(1).unwrap_or("");
+    assert_eq!(row.split_whitespace().nth(3), Some("TO"), "{}", t.dump());
+    let id = jobs[0]["id_f58"].as_str().unwrap();
+    let ev = inst.vigil(&["job", "eventlog", id]);
+    assert!(ev.stdout.lines().any(|l| l.contains(" exception ") && l.contains("type=timelimit")), "{}", ev.dump());
+}
+
+#[test]
+fn time_limit_escalates_to_sigkill_after_kill_timeout() {
+    // A task that ignores SIGTERM is SIGKILLed exec.kill-timeout after the limit.
+    let inst = Instance::start(2, &["exec.kill-timeout=1s"]);
+    let t0 = Instant::now();
+    let o = inst.vigil(&["run", "-t", "1s", "sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"]);
+    let took = t0.elapsed();
+    o.code_is(137);
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    assert!(o.stderr.contains("type=timelimit"), "{}", o.dump());
+}
+
+#[test]
+
+fn huge_time_limit_does_not_crash_the_instance() {
+    let inst = Instance::start(2, &[]);
+    let o = inst.vigil_t(&["run", "-t", "1e18", "true"], Duration::from_secs(10));
+    o.code_is(0);
+    inst.vigil(&["run", "true"]).ok();
+}
+
+#[test]
+fn exit_timeout_kills_stragglers() {
+    let inst = Instance::start(2, &[]);
+    let t0 = Instant::now();
+    let o = inst.vigil(&["run", "-n2", "-o", "exit-timeout=1s", "sh", "-c", "[ $VIGIL_TASK_RANK = 0 ] || sleep 30"]);
+    let took = t0.elapsed();
+    assert!(!o.timed_out && o.code != 0, "{}", o.dump());
+    assert!(took < Duration::from_secs(10), "took {took:?}:\n{}", o.dump());
+    let exc: Vec<&str> = o.stderr.lines().filter(|l| l.contains("exception")).collect();
+    assert!(exc.iter().any(|l| l.contains("type=exec") && l.contains("exit-timeout")), "{}", o.dump());
+    // Without the option (default 30 s) the same job is not killed after 1 s: it ends normally.
+    let o = inst.vigil(&["run", "-n2", "sh", "-c", "[ $VIGIL_TASK_RANK = 0 ] || sleep 2"]);
+    o.code_is(0);
+    // exit-timeout=none: never.
+    inst.vigil(&["run", "-n2", "-o", "exit-timeout=none", "sh", "-c", "[ $VIGIL_TASK_RANK = 0 ] || sleep 1.5"]).code_is(0);
+}
+
+const YAML_SPEC: &str = "version: 1
+resources:
+  - type: slot
+    count: 2
+    label: default
+    with:
+      - type: core
+        count: 1
+tasks:
+  - command: [ \"sh\", \"-c\", \"echo yaml-$VIGIL_TASK_RANK-of-$VIGIL_JOB_SIZE\" ]
+    slot: default
+    count:
+      per_slot: 1
+attributes:
+  system:
+    duration: 0
+";
+
+#[test]
+fn jobspec_files_yaml_and_json() {
+    let inst = Instance::start(2, &[]);
+    let d = inst.dir.path();
+    std::fs::write(d.join("job.yaml"), YAML_SPEC).unwrap();
+    let s = inst.vigil(&["job", "submit", "job.yaml"]);
+    s.ok();
+    let id = s.stdout.trim().to_string();
+    let a = inst.vigil(&["job", "attach", &id]);
+    a.ok();
+    let mut l = a.lines();
+    l.sort_unstable();
+    assert_eq!(l, vec!["yaml-0-of-2", "yaml-1-of-2"], "{}", a.dump());
+
+    // JSON: node > slot > core with a total task count, on both nodes, with a cwd.
+    let json = serde_json::json!({
+        "version": 1,
+        "resources": [{"type": "node", "count": 2, "with": [
+            {"type": "slot", "count": 1, "label": "t", "with": [{"type": "core", "count": 1}]}]}],
+        "tasks": [{"command": ["sh", "-c", "echo json-$VIGIL_BROKER_RANK-$(pwd)"], "slot": "t", "count": {"total": 2}}],
+        "attributes": {"system": {"duration": 0, "cwd": "/"}}
+    });
+    std::fs::write(d.join("job.json"), json.to_string()).unwrap();
+    let s = inst.vigil(&["job", "submit", "job.json"]);
+    s.ok();
+    let id = s.stdout.trim().to_string();
+    inst.vigil(&["job", "wait", &id]).ok();
+    let a = inst.vigil(&["job", "attach", &id]);
+    a.ok();
+    let mut l = a.lines();
+    l.sort_unstable();
+    assert_eq!(l, vec!["json-0-/", "json-1-/"], "{}", a.dump());
+    // The stored jobspec and R are what was asked for.
+    let info = inst.vigil(&["job", "info", &id]);
+    info.ok();
+    let v = info.json();
+    assert_eq!(v["jobspec"]["resources"][0]["type"].as_str(), Some("node"), "{v}");
+    assert_eq!(v["info"]["nnodes"].as_u64(), Some(2), "{v}");
+
+    // From stdin.
+    let mut c = inst.cmd();
+    c.args(["job", "submit", "-"]);
+    let f = std::fs::File::open(d.join("job.yaml")).unwrap();
+    c.stdin(f);
+    let child = c.stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    inst.vigil(&["job", "wait", &id]).ok();
+}
+
+#[test]
+fn job_wait_and_attach_after_the_fact() {
+    let inst = Instance::start(2, &[]);
+    let id = inst.submit(&["-n2", "sh", "-c", "echo late-$VIGIL_TASK_RANK; exit 4"]);
+    inst.vigil(&["job", "wait", &id]).code_is(4);
+    // Attaching to a finished job replays its output and exit code.
+    let a = inst.vigil(&["job", "attach", "-l", &id]);
+    a.code_is(4);
+    let mut l = a.lines();
+    l.sort_unstable();
+    assert_eq!(l, vec!["0: late-0", "1: late-1"], "{}", a.dump());
+    // Unknown ids are errors.
+    let w = inst.vigil(&["job", "wait", "fNoSuchJob"]);
+    assert_eq!(w.code, 1, "{}", w.dump());
+    let w = inst.vigil(&["job", "wait", "not-an-id!"]);
+    assert_eq!(w.code, 1, "{}", w.dump());
+}
+
+#[test]
+fn long_lines_and_missing_final_newline() {
+    let inst = Instance::start(2, &[]);
+    // 100000 bytes in one line are forwarded in chunks; nothing is lost. A last line without '\n' arrives.
+    let o = inst.vigil(&["run", "sh", "-c", "head -c 100000 /dev/zero | tr '\\0' x; echo; printf tail-no-newline"]);
+    o.ok();
+    let lines: Vec<&str> = o.stdout.lines().collect();
+    assert_eq!(lines.last().copied(), Some("tail-no-newline"), "{:?}", &o.stdout[o.stdout.len().saturating_sub(100)..]);
+    let xs: String = lines[..lines.len() - 1].concat();
+    assert_eq!(xs.len(), 100000, "line lengths {:?}", lines.iter().map(|l| l.len()).collect::<Vec<_>>());
+    assert!(xs.bytes().all(|b| b == b'x'));
+}
+
+#[test]
+fn ctrl_c_on_run_cancels_the_job() {
+    let inst = Instance::start(2, &[]);
+    let marker = format!("100.{}", unique_token());
+    let r = inst.vigil_spawn(&["run", "sleep", &marker]);
+    assert!(wait_for(Duration::from_secs(10), || !processes_with_argv(&["sleep", &marker]).is_empty()), "task never started");
+    // SAFETY: kill(2) of the child we spawned (not yet reaped).
+    unsafe {
+        libc::kill(r.pid() as i32, libc::SIGINT);
+    }
+    let o = r.wait(Duration::from_secs(15));
+    assert!(!o.timed_out && o.code != 0, "{}", o.dump());
+    assert!(o.stderr.contains("canceling job"), "{}", o.dump());
+    let jobs = inst.jobs();
+    assert_eq!(jobs[0]["result"].as_str(), Some("CANCELED"), "{jobs:#?}");
+    assert!(wait_for(Duration::from_secs(3), || processes_with_argv(&["sleep", &marker]).is_empty()));
+}
