@@ -73,6 +73,9 @@ pub struct ShellReport {
     pub tasks: Vec<(u32, i32)>,
     /// Set if the shell failed before or while launching tasks.
     pub error: Option<String>,
+    /// Exit code a task asked for with PMI `abort` (MPI_Abort); it becomes the job's exit code.
+    #[serde(default)]
+    pub abort_code: Option<i32>,
 }
 
 /// A broker's report of a shell's end (`job-exec.shell-exit` payload).

@@ -8,7 +8,10 @@
 //!
 //! Exit codes: 0 when a report was written (whatever the tasks did); 1 if the input could not be read.
 
+mod pmi;
+
 use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::Stdio;
 use std::str::FromStr;
@@ -58,7 +61,7 @@ async fn run() -> i32 {
     };
     let report = match Shell::new(input).await {
         Ok(mut sh) => sh.run().await,
-        Err(e) => ShellReport { status: status_exited(1), tasks: vec![], error: Some(e) },
+        Err(e) => ShellReport { status: status_exited(1), tasks: vec![], error: Some(e), abort_code: None },
     };
     println!("{}", serde_json::to_string(&report).unwrap_or_default());
     0
@@ -166,6 +169,16 @@ impl Shell {
             }
         });
 
+        // PMI-1: one socketpair per task, served by this shell; `-o pmi=off` disables it.
+        let use_pmi = opt_str(&self.input, "pmi").is_none_or(|v| v != "off" && v != "none");
+        let mut pmi_srv = pmi::PmiServer::new(
+            format!("vigil-{}", self.input.id_f58),
+            self.input.ntasks,
+            self.input.first_task..self.input.first_task + self.input.local_tasks,
+            vigil::pmi::process_mapping(&self.input.taskmap),
+        );
+        let (pmi_tx, mut pmi_rx) = mpsc::unbounded_channel::<(u32, Option<Vec<u8>>)>();
+        let mut pmi_writers: BTreeMap<u32, mpsc::UnboundedSender<String>> = BTreeMap::new();
         let (exit_tx, mut exit_rx) = mpsc::unbounded_channel::<(u32, i32)>();
         let mut pids = Vec::new();
         let mut tasks: Vec<(u32, i32)> = Vec::new();
@@ -175,6 +188,31 @@ impl Shell {
             let Some(prog) = self.input.command.first() else { break };
             let mut cmd = std::process::Command::new(prog);
             cmd.args(&self.input.command[1..]).env_clear().envs(self.task_env(local)).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+            let mut pmi_parent: Option<std::os::unix::net::UnixStream> = None;
+            let mut pmi_child: Option<OwnedFd> = None;
+            if use_pmi {
+                match std::os::unix::net::UnixStream::pair() {
+                    Ok((a, b)) => {
+                        let fd = b.as_raw_fd();
+                        cmd.env("PMI_FD", fd.to_string()).env("PMI_RANK", rank.to_string()).env("PMI_SIZE", self.input.ntasks.to_string());
+                        // SAFETY: fcntl on a descriptor we own, between fork and exec (async-signal-safe): the task
+                        // inherits its own end of the socketpair; every other descriptor stays close-on-exec.
+                        unsafe {
+                            cmd.pre_exec(move || {
+                                if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+                                    return Err(std::io::Error::last_os_error());
+                                }
+                                Ok(())
+                            });
+                        }
+                        pmi_parent = Some(a);
+                        pmi_child = Some(b.into());
+                    }
+                    Err(e) => {
+                        let _ = out_tx.send(OutputLine { rank, stream: "stderr".into(), data: format!("vigil-shell: cannot create PMI socket for task {rank}: {e}") });
+                    }
+                }
+            }
             if let Some(cwd) = &self.input.cwd {
                 cmd.current_dir(cwd);
             }
@@ -195,7 +233,16 @@ impl Shell {
                 }
             }
             let mut cmd = tokio::process::Command::from(cmd);
-            match cmd.spawn() {
+            let spawned = cmd.spawn();
+            drop(pmi_child);
+            if let (Ok(_), Some(p)) = (&spawned, pmi_parent) {
+                if p.set_nonblocking(true).is_ok() {
+                    if let Ok(p) = tokio::net::UnixStream::from_std(p) {
+                        pmi_writers.insert(rank, pmi_conn(p, rank, pmi_tx.clone()));
+                    }
+                }
+            }
+            match spawned {
                 Ok(mut child) => {
                     if let Some(pid) = child.id() {
                         pids.push(pid as i32);
@@ -237,9 +284,22 @@ impl Shell {
             });
         }
 
+        let (barrier_tx, mut barrier_rx) = mpsc::unbounded_channel::<Result<BTreeMap<String, String>, String>>();
+        let mut abort_code: Option<i32> = None;
         let n = self.input.local_tasks as usize;
         while tasks.len() < n {
+            let mut outs = Vec::new();
             tokio::select! {
+                Some((rank, line)) = pmi_rx.recv() => {
+                    outs = match line {
+                        Some(l) => pmi_srv.handle(rank, &l),
+                        None => pmi_srv.closed(rank),
+                    };
+                }
+                Some(r) = barrier_rx.recv() => match r {
+                    Ok(all) => outs = pmi_srv.barrier_done(all),
+                    Err(e) => outs.push(pmi::Out::Fatal { note: format!("PMI barrier failed: {e}"), exit_code: None }),
+                },
                 e = exit_rx.recv() => match e {
                     Some((rank, st)) => {
                         tasks.push((rank, st));
@@ -254,6 +314,40 @@ impl Shell {
                     }
                 }
             }
+            for o in outs {
+                match o {
+                    pmi::Out::Reply(rank, line) => {
+                        if let Some(w) = pmi_writers.get(&rank) {
+                            let _ = w.send(line.encode());
+                        }
+                    }
+                    pmi::Out::Barrier(puts) => {
+                        if self.input.nshells <= 1 {
+                            let _ = barrier_tx.send(Ok(puts));
+                        } else {
+                            let c = self.client.clone();
+                            let tx = barrier_tx.clone();
+                            let body = serde_json::json!({"id": id, "shell_rank": self.input.shell_rank, "kvs": puts});
+                            tokio::spawn(async move {
+                                let r = c.rpc("job-exec.pmi-barrier", 0, &body).await.map_err(|e| e.errstr).and_then(|v| {
+                                    serde_json::from_value::<BTreeMap<String, String>>(v.get("kvs").cloned().unwrap_or_default()).map_err(|e| e.to_string())
+                                });
+                                let _ = tx.send(r);
+                            });
+                        }
+                    }
+                    pmi::Out::Fatal { note, exit_code } => {
+                        if exit_code.is_some() {
+                            abort_code = exit_code;
+                        }
+                        let _ = self.client.send(vigil::shellproto::TOPIC_EXCEPTION, 0, &serde_json::json!({"id": id, "type": "exec", "severity": 0, "note": note}));
+                        for p in &pids {
+                            // SAFETY: plain kill(2) on a child pid we spawned.
+                            unsafe { libc::kill(*p, libc::SIGTERM) };
+                        }
+                    }
+                }
+            }
         }
         for r in readers {
             let _ = r.await;
@@ -265,7 +359,7 @@ impl Shell {
         let _ = NODEID_ANY;
         tasks.sort_unstable();
         let status = tasks.iter().map(|t| t.1).max_by_key(|s| vigil::shellproto::exit_code(*s)).unwrap_or(0);
-        ShellReport { status, tasks, error: None }
+        ShellReport { status, tasks, error: None, abort_code }
     }
 }
 
@@ -303,6 +397,38 @@ fn cpu_count_placement(input: &ShellInput, cpu: CpuAffinity, gpu: GpuAffinity) -
             TaskPlacement { cpus, cores: task_cores, numa: vec![0], gpus }
         })
         .collect()
+}
+
+/// Serve one task's PMI socket: lines in go to `tx` as `(rank, Some(line))`, then `(rank, None)` at EOF;
+/// returns a sender for reply lines.
+fn pmi_conn(s: tokio::net::UnixStream, rank: u32, tx: mpsc::UnboundedSender<(u32, Option<Vec<u8>>)>) -> mpsc::UnboundedSender<String> {
+    use tokio::io::AsyncWriteExt;
+    let (rd, mut wr) = s.into_split();
+    let (wtx, mut wrx) = mpsc::unbounded_channel::<String>();
+    tokio::spawn(async move {
+        while let Some(l) = wrx.recv().await {
+            if wr.write_all(l.as_bytes()).await.is_err() {
+                break;
+            }
+        }
+    });
+    tokio::spawn(async move {
+        let mut rd = BufReader::new(rd);
+        loop {
+            let mut buf = Vec::new();
+            // Read at most one byte more than the limit, so an over-long line is seen as such.
+            match (&mut rd).take(vigil::pmi::MAX_LINE as u64 + 1).read_until(b'\n', &mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    if tx.send((rank, Some(buf))).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+        let _ = tx.send((rank, None));
+    });
+    wtx
 }
 
 /// Read `r` line by line and forward each line (split at `MAX_LINE` bytes) as output of task `rank`.

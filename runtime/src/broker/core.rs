@@ -136,6 +136,7 @@ pub(crate) struct Core {
     pub exit_code: i32,
     pub local_uri: String,
     pub initial_pgid: Option<i32>,
+    pub pmi_barriers: HashMap<JobId, (Vec<Message>, serde_json::Map<String, Value>)>,
 }
 
 pub(crate) fn now() -> f64 {
@@ -246,6 +247,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         exit_code: 0,
         local_uri,
         initial_pgid: None,
+        pmi_barriers: HashMap::new(),
         opts,
     };
     if let Some(jc) = core.jobcore.as_mut() {

@@ -413,8 +413,33 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             let kind = body.get("type").and_then(Value::as_str).unwrap_or("exec").to_string();
             let sev = body.get("severity").and_then(Value::as_u64).unwrap_or(0).min(7) as u32;
             let note = body.get("note").and_then(Value::as_str).unwrap_or("").to_string();
-            jc.raise(n, id, &kind, sev, &note);
+            if sev == 0 && jc.jobs.get(&id).is_some_and(|j| j.fatal.is_some()) {
+                // Already going down: later shell reports are consequences of the first cause.
+                debug!("job {id}: not posting follow-up exception: {note}");
+            } else {
+                jc.raise(n, id, &kind, sev, &note);
+            }
             Ok(Some(json!({})))
+        }
+        "job-exec.pmi-barrier" => {
+            // One exchange per barrier per shell: hold each shell's request until all of the job's shells have
+            // arrived, then answer all of them with the union of their puts.
+            let id = parse_id(body)?;
+            let job = jc.jobs.get_mut(&id).filter(|j| j.state == JobState::Run).ok_or((errno::ENOENT, format!("job {id} is not running")))?;
+            job.pmi_exchanges += 1;
+            let nshells = job.shells.len();
+            let kvs = body.get("kvs").and_then(Value::as_object).cloned().unwrap_or_default();
+            let b = core.pmi_barriers.entry(id).or_default();
+            b.0.push(msg.clone());
+            b.1.extend(kvs);
+            if b.0.len() >= nshells {
+                let (reqs, all) = core.pmi_barriers.remove(&id).unwrap_or_default();
+                let payload = json!({"kvs": all});
+                for r in reqs {
+                    core.respond(&r, &payload);
+                }
+            }
+            Ok(None)
         }
         "job-exec.shell-exit" => {
             let exit: ShellExit = serde_json::from_value(body.clone()).map_err(|e| (errno::EPROTO, e.to_string()))?;
@@ -452,6 +477,9 @@ pub(crate) fn wake_watchers(core: &mut Core, id: JobId) {
     }
     for i in done.into_iter().rev() {
         core.watchers.remove(i);
+    }
+    if inactive {
+        core.pmi_barriers.remove(&id);
     }
     for m in out {
         core.route_response(m);

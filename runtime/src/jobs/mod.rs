@@ -89,6 +89,8 @@ pub struct ShellState {
     pub exited: bool,
     /// Largest task wait status reported by this shell.
     pub status: Option<i32>,
+    /// Exit code requested by a task's PMI abort on this shell.
+    pub abort_code: Option<i32>,
 }
 
 /// One job.
@@ -134,6 +136,8 @@ pub struct Job {
     pub fatal: Option<Exception>,
     /// Finish status (largest task wait status).
     pub status: Option<i32>,
+    /// PMI barrier requests received from this job's shells (one per shell per barrier).
+    pub pmi_exchanges: u32,
 }
 
 impl Job {
@@ -185,7 +189,7 @@ impl Job {
             "ntasks": self.req.ntasks, "nnodes": self.alloc.len(), "ranks": ranks.to_string(), "nodelist": nodelist,
             "t_submit": self.t_submit, "t_run": self.t_run, "t_inactive": self.t_inactive,
             "expiration": self.expiration, "result": self.result(), "exit_code": self.exit_code(),
-            "exception": self.fatal, "duration": self.req.duration,
+            "exception": self.fatal, "duration": self.req.duration, "pmi_exchanges": self.pmi_exchanges,
         })
     }
 }
@@ -363,6 +367,7 @@ impl JobCore {
             kill_sent: false,
             fatal: None,
             status: None,
+            pmi_exchanges: 0,
         };
         job.post(now, "submit", json!({"userid": userid, "urgency": 16, "flags": 0, "version": 1}));
         job.post(now, "validate", json!({}));
@@ -457,7 +462,7 @@ impl JobCore {
                 declared_gpus,
                 uri: String::new(),
             };
-            job.shells.insert(a.rank, ShellState { shell_rank: i as u32, rank: a.rank, ntasks: counts[i], spawned: false, exited: false, status: None });
+            job.shells.insert(a.rank, ShellState { shell_rank: i as u32, rank: a.rank, ntasks: counts[i], spawned: false, exited: false, status: None, abort_code: None });
             first += counts[i];
             self.actions.push_back(Action::SpawnShell { id, rank: a.rank, input: Box::new(input) });
         }
@@ -516,6 +521,7 @@ impl JobCore {
         match &exit.report {
             Some(rep) => {
                 sh.status = Some(rep.status);
+                sh.abort_code = rep.abort_code;
                 if let Some(e) = &rep.error {
                     let note = format!("job shell on {host} (rank {}): {e}", exit.rank);
                     self.raise(now, id, "exec", 0, &note);
@@ -546,7 +552,11 @@ impl JobCore {
         }
         let reported: Vec<i32> = job.shells.values().filter_map(|s| s.status).collect();
         if !reported.is_empty() {
-            let status = reported.iter().copied().max_by_key(|s| exit_code(*s)).unwrap_or(0);
+            let mut status = reported.iter().copied().max_by_key(|s| exit_code(*s)).unwrap_or(0);
+            if let Some(code) = job.shells.values().find_map(|s| s.abort_code) {
+                // MPI_Abort(code): the job exits with the code the application asked for.
+                status = crate::shellproto::status_exited(code);
+            }
             job.status = Some(status);
             job.post(now, "finish", json!({"status": status}));
         } else if job.state == JobState::Run {

@@ -45,7 +45,7 @@ fn signals(a: &[Action]) -> Vec<(Vec<u32>, i32)> {
 }
 
 fn exit_shell(c: &mut JobCore, t: f64, id: JobId, rank: u32, status: i32) {
-    c.shell_exit(t, ShellExit { id: id.0, rank, report: Some(ShellReport { status, tasks: vec![], error: None }), shell_status: 0 });
+    c.shell_exit(t, ShellExit { id: id.0, rank, report: Some(ShellReport { status, tasks: vec![], error: None, abort_code: None }), shell_status: 0 });
 }
 
 fn names(c: &JobCore, id: JobId) -> Vec<String> {

@@ -1,0 +1,16 @@
+/* Rank 1 calls MPI_Abort(7) while the others wait in a barrier: the job must end with exit code 7, not hang. */
+#include <mpi.h>
+#include <unistd.h>
+
+int main(int argc, char **argv)
+{
+    int rank;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 1)
+        MPI_Abort(MPI_COMM_WORLD, 7);
+    MPI_Barrier(MPI_COMM_WORLD);
+    sleep(60);
+    MPI_Finalize();
+    return 0;
+}
