@@ -62,6 +62,10 @@ pub struct ShellInput {
     pub declared_gpus: Option<u32>,
     /// URI of the local broker.
     pub uri: String,
+    /// Files to create in the job's temporary directory before the tasks start (`attributes.system.files` of
+    /// the jobspec: name → `{"data": "...", "mode": 493}`); a batch script travels this way.
+    #[serde(default)]
+    pub files: serde_json::Map<String, serde_json::Value>,
 }
 
 /// Final report of a shell, one JSON line on its stdout.

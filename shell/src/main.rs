@@ -68,6 +68,7 @@ async fn run() -> i32 {
 }
 
 struct Shell {
+    tmpdir: Option<std::path::PathBuf>,
     input: ShellInput,
     client: Client,
     placement: Vec<TaskPlacement>,
@@ -93,7 +94,7 @@ impl Shell {
                 notes.push("vigil-shell: no hwloc topology on this node; tasks bound by CPU number".to_string());
             }
             let bind = cpu != CpuAffinity::Off;
-            return Ok(Shell { input, client, placement: p, bind, notes });
+            return Ok(Shell { tmpdir: None, input, client, placement: p, bind, notes });
         }
         let src = TopologySource::from_str(&input.topology).unwrap_or(TopologySource::Live);
         let (placement, bind) = match NodeTopology::load(&src) {
@@ -119,7 +120,7 @@ impl Shell {
                 (Vec::new(), false)
             }
         };
-        Ok(Shell { input, client, placement, bind, notes })
+        Ok(Shell { tmpdir: None, input, client, placement, bind, notes })
     }
 
     fn task_env(&self, local: u32) -> BTreeMap<String, String> {
@@ -134,6 +135,13 @@ impl Shell {
         env.insert("VIGIL_BROKER_RANK".into(), i.broker_rank.to_string());
         env.insert("VIGIL_URI".into(), i.uri.clone());
         env.insert("VIGIL_TASKMAP".into(), i.taskmap.to_string());
+        env.insert("VIGIL_NODE_TOPOLOGY".into(), i.topology.clone());
+        if let Some(g) = i.declared_gpus {
+            env.insert("VIGIL_NODE_GPUS".into(), g.to_string());
+        }
+        if let Some(t) = &self.tmpdir {
+            env.insert("VIGIL_JOB_TMPDIR".into(), t.display().to_string());
+        }
         if let Some(p) = self.placement.get(local as usize) {
             if let Some(cpus) = &p.cpus {
                 env.insert("VIGIL_TASK_CPUS".into(), format_cpulist(cpus));
@@ -148,8 +156,53 @@ impl Shell {
         env
     }
 
+    /// Create the job's temporary directory on this node: `R.json` (the job's R, RFC 20) and the jobspec's files.
+    fn make_tmpdir(&mut self) -> Result<(), String> {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        let base = std::env::var("TMPDIR").unwrap_or_else(|_| "/tmp".into());
+        let dir = std::path::PathBuf::from(base).join(format!("vigil-job-{}-{}", self.input.id_f58, self.input.shell_rank));
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        std::fs::write(dir.join("R.json"), self.input.r.to_string()).map_err(|e| format!("cannot write R.json: {e}"))?;
+        for (name, f) in &self.input.files {
+            if name.contains('/') || name == ".." || name.is_empty() {
+                return Err(format!("invalid file name '{name}' in attributes.system.files"));
+            }
+            let data = f.get("data").and_then(|d| d.as_str()).unwrap_or("");
+            let mode = f.get("mode").and_then(|m| m.as_u64()).unwrap_or(0o644) as u32 & 0o777;
+            let path = dir.join(name);
+            std::fs::write(&path, data).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).map_err(|e| format!("chmod {}: {e}", path.display()))?;
+        }
+        self.tmpdir = Some(dir);
+        Ok(())
+    }
+
+    /// Open the files named by the `output` shell option (`{"stdout": {"path"}, "stderr": {"path"}}`, `{{id}}`
+    /// replaced by the job id), relative to the job's working directory, for appending.
+    fn output_files(&self) -> Result<(Option<std::fs::File>, Option<std::fs::File>), String> {
+        let open = |which: &str| -> Result<Option<std::fs::File>, String> {
+            let Some(p) = self.input.options.get("output").and_then(|o| o.get(which)).and_then(|o| o.get("path")).and_then(|p| p.as_str()) else {
+                return Ok(None);
+            };
+            let p = p.replace("{{id}}", &self.input.id_f58);
+            let path = match &self.input.cwd {
+                Some(c) if !p.starts_with('/') => std::path::Path::new(c).join(&p),
+                _ => std::path::PathBuf::from(&p),
+            };
+            std::fs::OpenOptions::new().create(true).append(true).open(&path).map(Some).map_err(|e| format!("cannot open output file {}: {e}", path.display()))
+        };
+        Ok((open("stdout")?, open("stderr")?))
+    }
+
     async fn run(&mut self) -> ShellReport {
         let id = self.input.id;
+        if let Err(e) = self.make_tmpdir() {
+            return ShellReport { status: status_exited(1), tasks: vec![], error: Some(e), abort_code: None };
+        }
+        let (mut out_file, mut err_file) = match self.output_files() {
+            Ok(f) => f,
+            Err(e) => return ShellReport { status: status_exited(1), tasks: vec![], error: Some(e), abort_code: None },
+        };
         let (out_tx, mut out_rx) = mpsc::unbounded_channel::<OutputLine>();
         for n in self.notes.drain(..) {
             let _ = out_tx.send(OutputLine { rank: self.input.first_task, stream: "stderr".into(), data: n });
@@ -163,6 +216,13 @@ impl Shell {
                     match out_rx.try_recv() {
                         Ok(l) => batch.push(l),
                         Err(_) => break,
+                    }
+                }
+                for l in &batch {
+                    use std::io::Write as _;
+                    let f = if l.stream == "stderr" { err_file.as_mut().or(out_file.as_mut()) } else { out_file.as_mut() };
+                    if let Some(f) = f {
+                        let _ = writeln!(f, "{}", l.data);
                     }
                 }
                 let _ = client.send(TOPIC_OUTPUT, 0, &serde_json::json!({"id": id, "lines": batch}));
@@ -359,6 +419,9 @@ impl Shell {
         let _ = NODEID_ANY;
         tasks.sort_unstable();
         let status = tasks.iter().map(|t| t.1).max_by_key(|s| vigil::shellproto::exit_code(*s)).unwrap_or(0);
+        if let Some(t) = self.tmpdir.take() {
+            let _ = std::fs::remove_dir_all(t);
+        }
         ShellReport { status, tasks, error: None, abort_code }
     }
 }

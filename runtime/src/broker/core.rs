@@ -53,6 +53,11 @@ pub struct BrokerOptions {
     pub declared_gpus: Option<u32>,
     /// Seconds to wait for the parent to accept our connection.
     pub connect_timeout: f64,
+    /// Cores and GPUs this broker owns, when it is part of a nested instance (from the enclosing job's R);
+    /// `None` = the whole node as discovered.
+    pub resources_override: Option<(IdSet, IdSet)>,
+    /// URI of the enclosing instance's broker on this node, for a nested instance.
+    pub parent_uri: Option<String>,
 }
 
 /// Inputs of the core loop.
@@ -266,7 +271,12 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         info!(rank, parent, "connected to parent at {ep}");
     }
     // Register with rank 0 (locally on rank 0).
+    let (cores, gpus): (IdSet, IdSet) = match &core.opts.resources_override {
+        Some((c, g)) => (c.clone(), g.clone()),
+        None => ((0..core.resources.cores).collect(), (0..core.resources.gpus).collect()),
+    };
     let reg = json!({"rank": rank, "hostname": core.opts.hostname, "resources": core.resources,
+        "cores": cores.to_string(), "gpus": gpus.to_string(),
         "topology": topology_str, "declared_gpus": core.opts.declared_gpus});
     let mut m = Message::request("resource.register", 0, &reg);
     m.flags = FLAG_NORESPONSE;
@@ -769,6 +779,21 @@ impl Core {
         }
         self.initial_started = true;
         info!("instance of {} brokers is up after {:.3}s", self.opts.size, self.start.elapsed().as_secs_f64());
+        if let (Some(puri), Some(jobid)) = (self.opts.parent_uri.clone(), self.opts.attrs.get("jobid").cloned()) {
+            // A nested instance tells its parent's exec system where it lives and which ranks are critical.
+            let report = json!({"id": jobid, "uri": self.local_uri, "size": self.opts.size,
+                "critical_ranks": IdSet::from_iter(self.opts.topo.critical_ranks(self.opts.size)).to_string()});
+            tokio::spawn(async move {
+                match crate::client::Client::connect(&puri).await {
+                    Ok(c) => {
+                        if let Err(e) = c.rpc("job-exec.nested", 0, &report).await {
+                            warn!("could not report to the enclosing instance: {e}");
+                        }
+                    }
+                    Err(e) => warn!("could not reach the enclosing instance at {puri}: {e}"),
+                }
+            });
+        }
         let Some(argv) = self.opts.initial_program.clone() else { return };
         let tx = self.input_tx.clone();
         let uri = self.local_uri.clone();

@@ -86,6 +86,20 @@ fn handle(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             core.publish(&topic, &payload);
             Ok(Some(json!({})))
         }
+        "broker.shutdown" => {
+            if rank != 0 {
+                return Err((errno::EINVAL, "shutdown is requested from rank 0".into()));
+            }
+            if msg.userid != core.uid {
+                return Err((errno::EPERM, "only the instance owner may shut it down".into()));
+            }
+            let code = body.get("exit_code").and_then(Value::as_i64).unwrap_or(0) as i32;
+            if core.shutting_down.is_none() {
+                core.exit_code = code;
+            }
+            core.begin_shutdown("shutdown requested");
+            Ok(Some(json!({})))
+        }
         "rexec.spawn" => spawn_shell(core, msg, body),
         "rexec.kill" => {
             let id = parse_id(body)?;
@@ -225,13 +239,19 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             let res: NodeResources = serde_json::from_value(field(body, "resources")?.clone()).map_err(|e| (errno::EPROTO, e.to_string()))?;
             let topology = body.get("topology").and_then(Value::as_str).unwrap_or("live").to_string();
             let dg = body.get("declared_gpus").and_then(Value::as_u64).map(|g| g as u32);
-            let cores: IdSet = (0..res.cores).collect();
-            let gpus: IdSet = (0..res.gpus).collect();
+            let ids = |k: &str, n: u32| -> Result<IdSet, (u32, String)> {
+                match body.get(k).and_then(Value::as_str) {
+                    Some(s) => IdSet::parse(s).map_err(|e| (errno::EPROTO, format!("{k}: {e}"))),
+                    None => Ok((0..n).collect()),
+                }
+            };
+            let cores = ids("cores", res.cores)?;
+            let gpus = ids("gpus", res.gpus)?;
             core.members.insert(rank, (MemberState::Online, String::new()));
             if let Some(jc) = core.jobcore.as_mut() {
                 jc.rank_online(n, rank, &hostname, cores, gpus, (topology, dg));
             }
-            debug!("rank {rank} ({hostname}) joined with {} cores, {} GPUs", res.cores, res.gpus);
+            debug!("rank {rank} ({hostname}) joined with cores {} and GPUs {}", body["cores"], body["gpus"]);
             Ok(Some(json!({})))
         }
         "overlay.lost" => {
@@ -419,6 +439,22 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             } else {
                 jc.raise(n, id, &kind, sev, &note);
             }
+            Ok(Some(json!({})))
+        }
+        "job-exec.nested" => {
+            // A nested instance (batch/alloc job) reports its URI and its critical ranks (its own numbering,
+            // which follows the order of the job's allocated ranks).
+            let id = parse_id(body)?;
+            let job = jc.jobs.get_mut(&id).ok_or((errno::ENOENT, format!("unknown job id {id}")))?;
+            let uri = field(body, "uri")?.as_str().unwrap_or("").to_string();
+            let crit = IdSet::parse(body.get("critical_ranks").and_then(Value::as_str).unwrap_or("0")).map_err(|e| (errno::EPROTO, e.to_string()))?;
+            let ranks: Vec<u32> = job.alloc.iter().map(|a| a.rank).collect();
+            let parent_crit: IdSet = crit.iter().filter_map(|c| ranks.get(c as usize).copied()).collect();
+            let size = body.get("size").and_then(Value::as_u64).unwrap_or(0);
+            let memo = json!({"uri": uri, "size": size, "critical_ranks": crit.to_string(), "critical_broker_ranks": parent_crit.to_string()});
+            job.instance = Some(memo.clone());
+            jc.memo(n, id, memo);
+            info!("job {id} is an instance of {size} brokers at {uri}; critical ranks {parent_crit}");
             Ok(Some(json!({})))
         }
         "job-exec.pmi-barrier" => {

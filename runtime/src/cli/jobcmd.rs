@@ -46,6 +46,12 @@ pub struct SubmitArgs {
     /// Print the jobspec instead of submitting it.
     #[arg(long)]
     pub dry_run: bool,
+    /// Write the job's stdout (and stderr, unless --error) to this file (`{{id}}` = job id), on each node.
+    #[arg(long)]
+    pub output: Option<String>,
+    /// Write the job's stderr to this file.
+    #[arg(long)]
+    pub error: Option<String>,
     /// Command and arguments.
     #[arg(value_name = "COMMAND", required = true)]
     pub command: Vec<String>,
@@ -133,6 +139,16 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
             _ => {}
         }
         b = b.shell_option(k, v);
+    }
+    let mut out = serde_json::Map::new();
+    if let Some(p) = &a.output {
+        out.insert("stdout".into(), json!({"type": "file", "path": p}));
+    }
+    if let Some(p) = &a.error {
+        out.insert("stderr".into(), json!({"type": "file", "path": p}));
+    }
+    if !out.is_empty() {
+        b = b.shell_option("output", Value::Object(out));
     }
     b.build().map_err(|e| e.to_string())
 }

@@ -5,6 +5,7 @@
 //! `vigil run` / `vigil job wait` / `vigil start` exit with the job's or initial program's exit code.
 
 mod jobcmd;
+mod nested;
 mod start;
 mod status;
 
@@ -30,6 +31,12 @@ pub enum Cmd {
     Run(jobcmd::SubmitArgs),
     /// Submit a job and print its id.
     Submit(jobcmd::SubmitArgs),
+    /// Submit a batch script to run as the initial program of a new instance on the allocated nodes.
+    Batch(nested::BatchArgs),
+    /// Allocate nodes as a new instance and run COMMAND (default: your shell) inside it.
+    Alloc(nested::AllocArgs),
+    /// Run COMMAND (default: your shell) inside a running batch or alloc job's instance.
+    Proxy(nested::ProxyArgs),
     /// List jobs.
     Jobs(jobcmd::JobsArgs),
     /// Cancel jobs.
@@ -71,6 +78,9 @@ pub fn main() -> i32 {
                 let r = match cmd {
                     Cmd::Run(a) => jobcmd::run(a, true).await,
                     Cmd::Submit(a) => jobcmd::run(a, false).await,
+                    Cmd::Batch(a) => nested::batch(a).await,
+                    Cmd::Alloc(a) => nested::alloc(a).await,
+                    Cmd::Proxy(a) => nested::proxy(a).await,
                     Cmd::Jobs(a) => jobcmd::jobs(a).await,
                     Cmd::Cancel(a) => jobcmd::cancel(a).await,
                     Cmd::Job(c) => jobcmd::job(c).await,

@@ -31,9 +31,13 @@ pub struct StartArgs {
 #[derive(Args, Debug)]
 #[command(trailing_var_arg = true)]
 pub struct BrokerArgs {
-    /// TOML bootstrap file listing the instance's hosts (see docs/system-instance.md).
+    /// TOML bootstrap file listing the instance's hosts (see docs/system-instance.md). Without it the broker
+    /// bootstraps through PMI-1 (`PMI_FD`, `PMI_RANK`, `PMI_SIZE`), as the brokers of a batch or alloc job do.
     #[arg(long, value_name = "FILE")]
-    pub config: String,
+    pub config: Option<String>,
+    /// Batch mode (PMI bootstrap): rank 0 runs `$VIGIL_JOB_TMPDIR/NAME` with the arguments after `--`.
+    #[arg(long, value_name = "NAME")]
+    pub job_script: Option<String>,
     /// Host name to look up in the config (default: this machine's).
     #[arg(long)]
     pub hostname: Option<String>,
@@ -113,10 +117,10 @@ fn topology_source(attrs: &BTreeMap<String, String>) -> Result<(TopologySource, 
 
 const KNOWN_ATTRS: &[&str] = &[
     "tbon.topo", "tbon.fanout", "tbon.connect_timeout", "resource.synthetic", "resource.xml", "resource.gpus",
-    "exec.kill-timeout", "exec.shell", "log-level", "rundir", "instance-level", "resource.discovery",
+    "exec.kill-timeout", "exec.shell", "log-level", "rundir", "instance-level", "resource.discovery", "jobid", "parent-uri",
 ];
 
-fn check_attrs(attrs: &BTreeMap<String, String>) -> Result<(), String> {
+pub(crate) fn check_attrs(attrs: &BTreeMap<String, String>) -> Result<(), String> {
     for k in attrs.keys() {
         if !KNOWN_ATTRS.contains(&k.as_str()) {
             return Err(format!("unknown attribute '{k}' (known: {})", KNOWN_ATTRS.join(", ")));
@@ -312,58 +316,173 @@ fn wait_instance(children: &mut [std::process::Child]) -> i32 {
 
 /// `vigil broker`.
 pub fn broker(a: BrokerArgs) -> i32 {
-    let mut attrs = match parse_attrs(&a.setattr) {
+    let attrs = match parse_attrs(&a.setattr) {
         Ok(m) => m,
         Err(e) => return fail(e),
     };
-    let cfg = match ConfigFile::load(&a.config) {
-        Ok(c) => c,
-        Err(e) => return fail(e.to_string()),
-    };
-    if let (Some(t), false) = (&cfg.tbon.topo, attrs.contains_key("tbon.topo") || attrs.contains_key("tbon.fanout")) {
-        attrs.insert("tbon.topo".into(), t.clone());
-    }
-    let r = (|| -> Result<BrokerOptions, String> {
-        check_attrs(&attrs)?;
-        let ranks = cfg.ranks().map_err(|e| e.to_string())?;
-        let host = a.hostname.clone().unwrap_or_else(hostname);
-        let rank = match a.rank {
-            Some(r) if (r as usize) < ranks.len() => r,
-            Some(r) => return Err(format!("--rank {r} is out of range: the config lists {} hosts", ranks.len())),
-            None => cfg.rank_of(&host).map_err(|e| e.to_string())?,
-        };
-        let topo = topology_from_attrs(&attrs)?;
-        let (topology, declared_gpus) = topology_source(&attrs)?;
-        let listen = match a.listen_fd {
-            Some(fd) => ListenSpec::Fd(fd),
-            None => ListenSpec::Endpoint(ranks[rank as usize].bind.clone()),
-        };
-        let rundir = a.rundir.clone().or_else(|| attrs.get("rundir").map(PathBuf::from)).unwrap_or_else(|| PathBuf::from("/tmp").join(format!("vigil-broker-{rank}-{}", std::process::id())));
-        let connect_timeout = attrs.get("tbon.connect_timeout").and_then(|v| crate::duration::parse_duration_secs(v).ok()).unwrap_or(60.0);
-        Ok(BrokerOptions {
-            rank,
-            size: ranks.len() as u32,
-            topo,
-            hostname: if a.rank.is_some() && a.hostname.is_none() { ranks[rank as usize].host.clone() } else { host },
-            instance: a.instance.clone().or_else(|| cfg.bootstrap.instance.clone()).unwrap_or_else(|| "vigil".into()),
-            endpoints: ranks.iter().map(|r| r.connect.clone()).collect(),
-            listen,
-            rundir,
-            attrs: attrs.clone(),
-            initial_program: if rank == 0 && !a.command.is_empty() { Some(a.command.clone()) } else { None },
-            topology,
-            declared_gpus,
-            connect_timeout,
-        })
-    })();
-    let opts = match r {
-        Ok(o) => o,
-        Err(e) => return fail(e),
-    };
-    init_logging(&attrs, opts.rank);
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return fail(format!("cannot start runtime: {e}")),
     };
+    let opts = match &a.config {
+        Some(path) => config_bootstrap(&a, path, attrs.clone()),
+        None => rt.block_on(pmi_bootstrap(&a, attrs.clone())),
+    };
+    let opts = match opts {
+        Ok(o) => o,
+        Err(e) => return fail(e),
+    };
+    init_logging(&opts.attrs, opts.rank);
     rt.block_on(crate::broker::run(opts))
+}
+
+fn config_bootstrap(a: &BrokerArgs, path: &str, mut attrs: BTreeMap<String, String>) -> Result<BrokerOptions, String> {
+    let cfg = ConfigFile::load(path).map_err(|e| e.to_string())?;
+    if let (Some(t), false) = (&cfg.tbon.topo, attrs.contains_key("tbon.topo") || attrs.contains_key("tbon.fanout")) {
+        attrs.insert("tbon.topo".into(), t.clone());
+    }
+    check_attrs(&attrs)?;
+    let ranks = cfg.ranks().map_err(|e| e.to_string())?;
+    let host = a.hostname.clone().unwrap_or_else(hostname);
+    let rank = match a.rank {
+        Some(r) if (r as usize) < ranks.len() => r,
+        Some(r) => return Err(format!("--rank {r} is out of range: the config lists {} hosts", ranks.len())),
+        None => cfg.rank_of(&host).map_err(|e| e.to_string())?,
+    };
+    let topo = topology_from_attrs(&attrs)?;
+    let (topology, declared_gpus) = topology_source(&attrs)?;
+    let listen = match a.listen_fd {
+        Some(fd) => ListenSpec::Fd(fd),
+        None => ListenSpec::Endpoint(ranks[rank as usize].bind.clone()),
+    };
+    let rundir = a.rundir.clone().or_else(|| attrs.get("rundir").map(PathBuf::from)).unwrap_or_else(|| PathBuf::from("/tmp").join(format!("vigil-broker-{rank}-{}", std::process::id())));
+    Ok(BrokerOptions {
+        rank,
+        size: ranks.len() as u32,
+        topo,
+        hostname: if a.rank.is_some() && a.hostname.is_none() { ranks[rank as usize].host.clone() } else { host },
+        instance: a.instance.clone().or_else(|| cfg.bootstrap.instance.clone()).unwrap_or_else(|| "vigil".into()),
+        endpoints: ranks.iter().map(|r| r.connect.clone()).collect(),
+        listen,
+        rundir,
+        initial_program: if rank == 0 && !a.command.is_empty() { Some(a.command.clone()) } else { None },
+        topology,
+        declared_gpus,
+        connect_timeout: connect_timeout(&attrs),
+        resources_override: None,
+        parent_uri: None,
+        attrs,
+    })
+}
+
+fn connect_timeout(attrs: &BTreeMap<String, String>) -> f64 {
+    attrs.get("tbon.connect_timeout").and_then(|v| crate::duration::parse_duration_secs(v).ok()).filter(|v| v.is_finite()).unwrap_or(60.0)
+}
+
+/// Bootstrap a nested instance through PMI-1: every broker binds a port, puts its endpoint, and after the
+/// barrier fetches its parent's. Resources come from the enclosing job's R (`$VIGIL_JOB_TMPDIR/R.json`), ranks
+/// renumbered from 0; the node's topology source from `$VIGIL_NODE_TOPOLOGY`.
+async fn pmi_bootstrap(a: &BrokerArgs, mut attrs: BTreeMap<String, String>) -> Result<BrokerOptions, String> {
+    let parent_uri = std::env::var(crate::client::URI_ENV).ok();
+    let mut level = 1u32;
+    let mut bind_ip = "127.0.0.1".to_string();
+    if let Some(uri) = &parent_uri {
+        if let Ok(c) = crate::client::Client::connect(uri).await {
+            let get = |name: &'static str| {
+                let c = c.clone();
+                async move { c.rpc("broker.getattr", crate::message::NODEID_ANY, &serde_json::json!({"name": name})).await.ok().and_then(|v| v["value"].as_str().map(str::to_string)) }
+            };
+            if let Some(l) = get("instance-level").await.and_then(|l| l.parse::<u32>().ok()) {
+                level = l + 1;
+            }
+            if let Some(ep) = get("tbon.endpoint").await {
+                let hostport = ep.strip_prefix("tcp://").unwrap_or(&ep);
+                if let Some((h, _)) = hostport.rsplit_once(':') {
+                    if h != "0.0.0.0" && !h.is_empty() {
+                        bind_ip = h.trim_matches(['[', ']']).to_string();
+                    }
+                }
+            }
+        }
+    }
+    attrs.entry("instance-level".into()).or_insert_with(|| level.to_string());
+    if let Some(id) = std::env::var("VIGIL_JOB_ID").ok() {
+        attrs.entry("jobid".into()).or_insert(id);
+    }
+    if let Some(u) = &parent_uri {
+        attrs.entry("parent-uri".into()).or_insert_with(|| u.clone());
+    }
+    let tmpdir = std::env::var("VIGIL_JOB_TMPDIR").map(PathBuf::from).map_err(|_| "VIGIL_JOB_TMPDIR is not set: a PMI-bootstrapped broker runs as a task of a Vigil job (vigil batch / alloc)".to_string())?;
+    let mut pmi = crate::pmi::Client::from_env().map_err(|e| format!("no --config given and {e}"))?;
+    let (rank, size) = (pmi.rank, pmi.size);
+    let listener = std::net::TcpListener::bind((bind_ip.as_str(), 0)).map_err(|e| format!("cannot bind {bind_ip}: {e}"))?;
+    let port = listener.local_addr().map_err(|e| e.to_string())?.port();
+    let me = format!("tcp://{bind_ip}:{port}");
+    pmi.put(&format!("vigil.ep.{rank}"), &me).map_err(|e| e.to_string())?;
+    if rank == 0 {
+        let mut rnd = [0u8; 16];
+        std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut rnd)).map_err(|e| format!("/dev/urandom: {e}"))?;
+        pmi.put("vigil.instance", &rnd.iter().map(|b| format!("{b:02x}")).collect::<String>()).map_err(|e| e.to_string())?;
+    }
+    pmi.barrier().map_err(|e| e.to_string())?;
+    let instance = pmi.get("vigil.instance").map_err(|e| e.to_string())?.ok_or("PMI: vigil.instance missing after barrier")?;
+    // Nested instances default to a flat tree up to 256 brokers: the fewest critical ranks (rank 0 only).
+    if !attrs.contains_key("tbon.topo") && !attrs.contains_key("tbon.fanout") {
+        attrs.insert("tbon.topo".into(), if size <= 257 { "kary:0".into() } else { "kary:256".into() });
+    }
+    check_attrs(&attrs)?;
+    let topo = topology_from_attrs(&attrs)?;
+    let mut endpoints = vec![String::new(); size as usize];
+    endpoints[rank as usize] = me;
+    if let Some(p) = topo.parent(size, rank) {
+        endpoints[p as usize] = pmi.get(&format!("vigil.ep.{p}")).map_err(|e| e.to_string())?.ok_or_else(|| format!("PMI: no endpoint for parent rank {p}"))?;
+    }
+    pmi.finalize().map_err(|e| e.to_string())?;
+    drop(pmi);
+
+    // Resources: this rank's share of the enclosing job's R, renumbered from 0.
+    let rtext = std::fs::read_to_string(tmpdir.join("R.json")).map_err(|e| format!("cannot read the job's R: {e}"))?;
+    let r = crate::r::Rv1::parse(&rtext).map_err(|e| format!("the job's R: {e}"))?.renumber();
+    let mine = r.to_ranks().map_err(|e| e.to_string())?.into_iter().find(|x| x.rank == rank).ok_or_else(|| format!("rank {rank} is not in the job's R"))?;
+    if !attrs.contains_key("resource.synthetic") && !attrs.contains_key("resource.xml") {
+        if let Ok(t) = std::env::var("VIGIL_NODE_TOPOLOGY") {
+            if let Some(d) = t.strip_prefix("synthetic:") {
+                attrs.insert("resource.synthetic".into(), d.into());
+            } else if let Some(x) = t.strip_prefix("xml:") {
+                attrs.insert("resource.xml".into(), x.into());
+            } else if t == "cpu-count" {
+                attrs.entry("resource.discovery".into()).or_insert_with(|| "cpu-count".into());
+            }
+        }
+    }
+    if let Ok(g) = std::env::var("VIGIL_NODE_GPUS") {
+        attrs.entry("resource.gpus".into()).or_insert(g);
+    }
+    let (topology, declared_gpus) = topology_source(&attrs)?;
+    let initial_program = match (&a.job_script, rank) {
+        (Some(name), 0) => {
+            let mut v = vec![tmpdir.join(name).display().to_string()];
+            v.extend(a.command.iter().cloned());
+            Some(v)
+        }
+        (None, 0) if !a.command.is_empty() => Some(a.command.clone()),
+        _ => None,
+    };
+    Ok(BrokerOptions {
+        rank,
+        size,
+        topo,
+        hostname: if mine.hostname.is_empty() { hostname() } else { mine.hostname.clone() },
+        instance,
+        endpoints,
+        listen: ListenSpec::Fd(std::os::fd::IntoRawFd::into_raw_fd(listener)),
+        rundir: tmpdir.join("rundir"),
+        initial_program,
+        topology,
+        declared_gpus,
+        connect_timeout: connect_timeout(&attrs),
+        resources_override: Some((mine.cores, mine.gpus)),
+        parent_uri,
+        attrs,
+    })
 }

@@ -138,6 +138,8 @@ pub struct Job {
     pub status: Option<i32>,
     /// PMI barrier requests received from this job's shells (one per shell per barrier).
     pub pmi_exchanges: u32,
+    /// For a nested instance (batch/alloc): `{"uri", "size", "critical_ranks", "critical_broker_ranks"}`.
+    pub instance: Option<Value>,
 }
 
 impl Job {
@@ -185,11 +187,13 @@ impl Job {
         let ranks: IdSet = self.alloc.iter().map(|a| a.rank).collect();
         json!({
             "id": self.id.0, "id_f58": self.id.f58(), "userid": self.userid, "state": self.state.name(),
-            "name": self.req.command.first().map(|c| c.rsplit('/').next().unwrap_or(c)).unwrap_or(""),
+            "name": self.jobspec.pointer("/attributes/system/job/name").and_then(Value::as_str)
+                .or_else(|| self.req.command.first().map(|c| c.rsplit('/').next().unwrap_or(c))).unwrap_or(""),
             "ntasks": self.req.ntasks, "nnodes": self.alloc.len(), "ranks": ranks.to_string(), "nodelist": nodelist,
             "t_submit": self.t_submit, "t_run": self.t_run, "t_inactive": self.t_inactive,
             "expiration": self.expiration, "result": self.result(), "exit_code": self.exit_code(),
-            "exception": self.fatal, "duration": self.req.duration, "pmi_exchanges": self.pmi_exchanges,
+            "exception": self.fatal, "duration": self.req.duration, "pmi_exchanges": self.pmi_exchanges, "instance": self.instance,
+            "uri": self.instance.as_ref().and_then(|i| i.get("uri")).cloned(),
         })
     }
 }
@@ -368,6 +372,7 @@ impl JobCore {
             fatal: None,
             status: None,
             pmi_exchanges: 0,
+            instance: None,
         };
         job.post(now, "submit", json!({"userid": userid, "urgency": 16, "flags": 0, "version": 1}));
         job.post(now, "validate", json!({}));
@@ -461,6 +466,7 @@ impl JobCore {
                 topology,
                 declared_gpus,
                 uri: String::new(),
+                files: job.jobspec.pointer("/attributes/system/files").and_then(Value::as_object).cloned().unwrap_or_default(),
             };
             job.shells.insert(a.rank, ShellState { shell_rank: i as u32, rank: a.rank, ntasks: counts[i], spawned: false, exited: false, status: None, abort_code: None });
             first += counts[i];
@@ -495,6 +501,16 @@ impl JobCore {
         if let Some(j) = self.jobs.get_mut(&id) {
             if j.first_exit.is_none() {
                 j.first_exit = Some(now);
+            }
+        }
+    }
+
+    /// Post an RFC 21 `memo` event (e.g. a nested instance's URI) on an active job.
+    pub fn memo(&mut self, now: f64, id: JobId, context: Value) {
+        if let Some(j) = self.jobs.get_mut(&id) {
+            if j.state.is_active() {
+                j.post(now, "memo", context);
+                self.actions.push_back(Action::Updated(id));
             }
         }
     }

@@ -1,0 +1,410 @@
+//! Nested instances: `vigil batch`, `vigil alloc` and `vigil proxy`.
+//!
+//! A batch or alloc job's tasks are brokers, one per node of the allocation (whole nodes), which bootstrap the
+//! child instance through the job shell's PMI-1 server. The child owns exactly the job's resources (its R,
+//! renumbered from 0), reports its URI and critical ranks to the parent (a `memo` event), and exits when its
+//! initial program does: the batch script, or for `alloc` when the command run on the user's terminal exits.
+
+use super::connect;
+use super::jobcmd::{build_jobspec, SubmitArgs};
+use crate::client::Client;
+use crate::jobs::JobId;
+use clap::{Args, Parser};
+use serde_json::{json, Value};
+
+/// Options shared by `batch` and `alloc` (also accepted in `# vigil:` directives of a batch script).
+#[derive(Args, Debug, Clone, Default)]
+pub struct InstanceOpts {
+    /// Number of nodes (whole nodes are allocated; default 1).
+    #[arg(short = 'N', long = "nodes")]
+    pub nodes: Option<u32>,
+    /// Not supported: batch and alloc allocate whole nodes (-N).
+    #[arg(short = 'n', long = "ntasks")]
+    pub ntasks: Option<u32>,
+    /// Time limit: minutes, or a duration with a unit (30s, 10m, 2h).
+    #[arg(short = 't', long = "time-limit")]
+    pub time_limit: Option<String>,
+    /// Output file of the job (`{{id}}` = job id); batch default `vigil-{{id}}.out`.
+    #[arg(long)]
+    pub output: Option<String>,
+    /// Separate file for the job's stderr.
+    #[arg(long)]
+    pub error: Option<String>,
+    /// Working directory.
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// Environment edits, as for `vigil run`.
+    #[arg(long = "env", value_name = "RULE", allow_hyphen_values = true)]
+    pub env: Vec<String>,
+    /// Job shell options.
+    #[arg(short = 'o', long = "setopt")]
+    pub setopt: Vec<String>,
+    /// Attribute of the child instance's brokers (repeatable), e.g. `-S tbon.topo=kary:2`.
+    #[arg(short = 'S', long = "setattr", value_name = "ATTR=VAL")]
+    pub setattr: Vec<String>,
+    /// More child broker options, whitespace-separated (`--broker-opts="-S tbon.topo=binomial"`).
+    #[arg(long = "broker-opts", allow_hyphen_values = true)]
+    pub broker_opts: Vec<String>,
+}
+
+/// Parser for the options of `# vigil:` directives.
+#[derive(Parser, Debug)]
+#[command(no_binary_name = true, disable_help_flag = true)]
+struct DirectiveParser {
+    #[command(flatten)]
+    opts: InstanceOpts,
+}
+
+/// `vigil batch` arguments.
+#[derive(Args, Debug)]
+#[command(trailing_var_arg = true)]
+pub struct BatchArgs {
+    /// Instance options.
+    #[command(flatten)]
+    pub opts: InstanceOpts,
+    /// Print the jobspec instead of submitting it.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Batch script and its arguments.
+    #[arg(value_name = "SCRIPT", required = true)]
+    pub script: Vec<String>,
+}
+
+/// `vigil alloc` arguments.
+#[derive(Args, Debug)]
+#[command(trailing_var_arg = true)]
+pub struct AllocArgs {
+    /// Instance options.
+    #[command(flatten)]
+    pub opts: InstanceOpts,
+    /// Command to run inside the allocation (default: your shell).
+    #[arg(value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+/// `vigil proxy` arguments.
+#[derive(Args, Debug)]
+#[command(trailing_var_arg = true)]
+pub struct ProxyArgs {
+    /// Job id of a batch or alloc job.
+    pub id: String,
+    /// Command to run with VIGIL_URI set to the job's instance (default: your shell).
+    #[arg(value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+/// Split a directive line into words, honouring single and double quotes.
+pub(crate) fn split_words(s: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut have = false;
+    let mut quote: Option<char> = None;
+    for c in s.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => cur.push(c),
+            (None, '\'' | '"') => {
+                quote = Some(c);
+                have = true;
+            }
+            (None, c) if c.is_whitespace() => {
+                if have || !cur.is_empty() {
+                    out.push(std::mem::take(&mut cur));
+                    have = false;
+                }
+            }
+            (None, c) => cur.push(c),
+        }
+    }
+    if quote.is_some() {
+        return Err(format!("unterminated quote in '{s}'"));
+    }
+    if have || !cur.is_empty() {
+        out.push(cur);
+    }
+    Ok(out)
+}
+
+/// Submission directives of a batch script (like RFC 36): `# vigil: OPTIONS` lines in the leading block of
+/// comments (after the `#!` line). Returns the parsed options with the line numbers they came from.
+pub(crate) fn parse_directives(script: &str) -> Result<Option<InstanceOpts>, String> {
+    let mut words = Vec::new();
+    for (i, line) in script.lines().enumerate() {
+        let t = line.trim();
+        if i == 0 && t.starts_with("#!") {
+            continue;
+        }
+        if t.is_empty() {
+            continue;
+        }
+        if !t.starts_with('#') {
+            break;
+        }
+        let body = t.trim_start_matches('#').trim_start();
+        if let Some(rest) = body.strip_prefix("vigil:") {
+            words.extend(split_words(rest).map_err(|e| format!("script line {}: {e}", i + 1))?);
+        }
+    }
+    if words.is_empty() {
+        return Ok(None);
+    }
+    DirectiveParser::try_parse_from(&words).map(|d| Some(d.opts)).map_err(|e| format!("batch directive: {}", e.to_string().lines().next().unwrap_or("")))
+}
+
+fn merge<T: PartialEq + Clone + std::fmt::Debug>(name: &str, cli: &mut Option<T>, dir: &Option<T>) -> Result<(), String> {
+    match (&*cli, dir) {
+        (Some(a), Some(b)) if a != b => Err(format!("option {name} {a:?} contradicts the script's directive {name} {b:?}")),
+        (None, Some(b)) => {
+            *cli = Some(b.clone());
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Merge directives into command-line options; the same option with different values is an error.
+pub(crate) fn merge_opts(mut cli: InstanceOpts, dir: Option<InstanceOpts>) -> Result<InstanceOpts, String> {
+    let Some(d) = dir else { return Ok(cli) };
+    merge("-N", &mut cli.nodes, &d.nodes)?;
+    merge("-n", &mut cli.ntasks, &d.ntasks)?;
+    merge("-t", &mut cli.time_limit, &d.time_limit)?;
+    merge("--output", &mut cli.output, &d.output)?;
+    merge("--error", &mut cli.error, &d.error)?;
+    merge("--cwd", &mut cli.cwd, &d.cwd)?;
+    let mut env = d.env;
+    env.extend(cli.env);
+    cli.env = env;
+    let mut o = d.setopt;
+    o.extend(cli.setopt);
+    cli.setopt = o;
+    let mut s = d.setattr;
+    s.extend(cli.setattr);
+    cli.setattr = s;
+    let mut b = d.broker_opts;
+    b.extend(cli.broker_opts);
+    cli.broker_opts = b;
+    Ok(cli)
+}
+
+/// Child broker arguments from `-S` and `--broker-opts`, validated here so a typo is one clear error at submit.
+fn broker_args(o: &InstanceOpts) -> Result<Vec<String>, String> {
+    let mut attrs = Vec::new();
+    for s in &o.setattr {
+        attrs.push(s.clone());
+    }
+    for b in &o.broker_opts {
+        let w = split_words(b)?;
+        let mut it = w.into_iter();
+        while let Some(x) = it.next() {
+            if x == "-S" || x == "--setattr" {
+                attrs.push(it.next().ok_or("--broker-opts: -S needs ATTR=VAL")?);
+            } else if let Some(v) = x.strip_prefix("--setattr=").or_else(|| x.strip_prefix("-S")) {
+                attrs.push(v.to_string());
+            } else {
+                return Err(format!("--broker-opts: unsupported broker option '{x}' (use -S ATTR=VAL)"));
+            }
+        }
+    }
+    let map = super::parse_attrs(&attrs)?;
+    super::start::check_attrs(&map).map_err(|e| format!("child broker: {e}"))?;
+    Ok(attrs.into_iter().map(|a| format!("--setattr={a}")).collect())
+}
+
+fn instance_jobspec(o: &InstanceOpts, name: &str, command: Vec<String>, default_output: Option<&str>, files: Option<Value>) -> Result<Value, String> {
+    if o.ntasks.is_some() {
+        return Err("-n is not supported by batch and alloc: they allocate whole nodes, use -N".into());
+    }
+    let nodes = o.nodes.unwrap_or(1);
+    if nodes == 0 {
+        return Err("-N must be at least 1".into());
+    }
+    let mut setopt = o.setopt.clone();
+    if !setopt.iter().any(|s| s.starts_with("exit-timeout")) {
+        setopt.push("exit-timeout=none".into());
+    }
+    let a = SubmitArgs {
+        nodes: Some(nodes),
+        ntasks: Some(nodes),
+        cores_per_task: 1,
+        gpus_per_task: 0,
+        time_limit: o.time_limit.clone(),
+        exclusive: true,
+        env: o.env.clone(),
+        cwd: o.cwd.clone(),
+        setopt,
+        label_io: false,
+        dry_run: false,
+        output: None,
+        error: None,
+        command,
+    };
+    let spec = build_jobspec(&a)?;
+    let mut v: Value = serde_json::from_str(&spec.to_json()).map_err(|e| e.to_string())?;
+    let output = o.output.clone().or_else(|| default_output.map(str::to_string));
+    if let Some(opts) = v.pointer_mut("/attributes/system").and_then(Value::as_object_mut) {
+        let shell = opts.entry("shell").or_insert_with(|| json!({}));
+        if let Some(sh) = shell.as_object_mut() {
+            let options = sh.entry("options").or_insert_with(|| json!({}));
+            let mut out = serde_json::Map::new();
+            if let Some(p) = &output {
+                out.insert("stdout".into(), json!({"type": "file", "path": p}));
+            }
+            if let Some(p) = &o.error {
+                out.insert("stderr".into(), json!({"type": "file", "path": p}));
+            }
+            if !out.is_empty() {
+                options["output"] = Value::Object(out);
+            }
+        }
+        if let Some(f) = files {
+            opts.insert("files".into(), f);
+        }
+        opts.insert("job".into(), json!({"name": name}));
+    }
+    Ok(v)
+}
+
+fn vigil_exe() -> Result<String, String> {
+    std::env::current_exe().map(|p| p.display().to_string()).map_err(|e| format!("cannot find the vigil binary: {e}"))
+}
+
+async fn submit_value(c: &Client, v: &Value) -> Result<JobId, String> {
+    let r = c.rpc("job-manager.submit", 0, &json!({"jobspec": v})).await.map_err(|e| e.errstr)?;
+    r.get("id").and_then(Value::as_u64).map(JobId).ok_or_else(|| "malformed submit response".into())
+}
+
+/// `vigil batch`.
+pub(crate) async fn batch(a: BatchArgs) -> Result<i32, String> {
+    let path = &a.script[0];
+    let meta = std::fs::metadata(path).map_err(|e| format!("batch script {path}: {e}"))?;
+    if !meta.is_file() {
+        return Err(format!("batch script {path}: not a regular file"));
+    }
+    let text = std::fs::read(path).map_err(|e| format!("batch script {path}: {e}"))?;
+    let text = String::from_utf8(text).map_err(|_| format!("batch script {path}: not UTF-8 text"))?;
+    if !text.starts_with("#!") {
+        return Err(format!("batch script {path}: must start with a #! line naming its interpreter"));
+    }
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if meta.permissions().mode() & 0o111 == 0 {
+            return Err(format!("batch script {path}: not executable (chmod +x {path})"));
+        }
+    }
+    let opts = merge_opts(a.opts.clone(), parse_directives(&text)?)?;
+    let mut cmd = vec![vigil_exe()?, "broker".into(), "--job-script=script".into()];
+    cmd.extend(broker_args(&opts)?);
+    cmd.push("--".into());
+    cmd.extend(a.script[1..].iter().cloned());
+    let files = json!({"script": {"data": text, "mode": 0o700}});
+    let name = std::path::Path::new(path).file_name().and_then(|n| n.to_str()).unwrap_or("batch").to_string();
+    let v = instance_jobspec(&opts, &name, cmd, Some("vigil-{{id}}.out"), Some(files))?;
+    if a.dry_run {
+        println!("{v}");
+        return Ok(0);
+    }
+    let c = connect().await?;
+    let id = submit_value(&c, &v).await?;
+    println!("{id}");
+    Ok(0)
+}
+
+/// Follow job `id`'s eventlog until the nested instance reports its URI; `Err` with the job's exceptions if
+/// the job ends first.
+async fn wait_for_instance(c: &Client, id: JobId) -> Result<String, String> {
+    let mut s = c.rpc_stream("job-manager.eventlog", 0, &json!({"id": id.0, "follow": true})).map_err(|e| e.errstr)?;
+    let mut notes = Vec::new();
+    while let Some(item) = s.next().await {
+        let v = item.map_err(|e| e.errstr)?;
+        let e = &v["event"];
+        match e["name"].as_str() {
+            Some("memo") => {
+                if let Some(u) = e["context"]["uri"].as_str() {
+                    return Ok(u.to_string());
+                }
+            }
+            Some("exception") => notes.push(format!("{}: {}", e["context"]["type"].as_str().unwrap_or(""), e["context"]["note"].as_str().unwrap_or(""))),
+            _ => {}
+        }
+    }
+    Err(format!("job {id} ended before its instance started{}", if notes.is_empty() { String::new() } else { format!(" ({})", notes.join("; ")) }))
+}
+
+async fn run_with_uri(uri: &str, command: &[String]) -> Result<i32, String> {
+    let argv: Vec<String> = if command.is_empty() { vec![std::env::var("SHELL").unwrap_or_else(|_| "/bin/sh".into())] } else { command.to_vec() };
+    let st = tokio::process::Command::new(&argv[0]).args(&argv[1..]).env(crate::client::URI_ENV, uri).status().await.map_err(|e| format!("cannot run {}: {e}", argv[0]))?;
+    use std::os::unix::process::ExitStatusExt;
+    Ok(st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0)))
+}
+
+/// `vigil alloc`.
+pub(crate) async fn alloc(a: AllocArgs) -> Result<i32, String> {
+    let mut cmd = vec![vigil_exe()?, "broker".into()];
+    cmd.extend(broker_args(&a.opts)?);
+    let v = instance_jobspec(&a.opts, "alloc", cmd, None, None)?;
+    let c = connect().await?;
+    let id = submit_value(&c, &v).await?;
+    eprintln!("vigil: job {id}: waiting for {} node(s)", a.opts.nodes.unwrap_or(1));
+    let uri = tokio::select! {
+        r = wait_for_instance(&c, id) => r?,
+        _ = tokio::signal::ctrl_c() => {
+            let _ = c.rpc("job-manager.cancel", 0, &json!({"id": id.0, "note": "alloc interrupted"})).await;
+            return Err(format!("job {id}: canceled while waiting for resources"));
+        }
+    };
+    // SAFETY: ignoring SIGINT in this process while the command owns the terminal (it gets its own SIGINT).
+    unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+    let code = run_with_uri(&uri, &a.command).await?;
+    // Shut the child instance down and wait until the job is gone.
+    if let Ok(child) = Client::connect(&uri).await {
+        let _ = child.rpc("broker.shutdown", 0, &json!({"exit_code": code})).await;
+    }
+    let mut s = c.rpc_stream("job-manager.eventlog", 0, &json!({"id": id.0, "follow": true})).map_err(|e| e.errstr)?;
+    while let Some(item) = s.next().await {
+        if item.is_err() {
+            break;
+        }
+    }
+    Ok(code)
+}
+
+/// `vigil proxy`.
+pub(crate) async fn proxy(a: ProxyArgs) -> Result<i32, String> {
+    let id = JobId::parse(&a.id).map_err(|e| e.to_string())?;
+    let c = connect().await?;
+    let r = c.rpc("job-manager.info", 0, &json!({"id": id.0})).await.map_err(|e| e.errstr)?;
+    let uri = r["info"]["uri"].as_str().ok_or_else(|| format!("job {id} is not a running instance (no URI reported)"))?.to_string();
+    if r["info"]["state"].as_str() != Some("RUN") {
+        return Err(format!("job {id} is not running"));
+    }
+    run_with_uri(&uri, &a.command).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_and_directives() {
+        assert_eq!(split_words(r#" -N 4  --output "a b.out" -S 'x=1 2'"#).unwrap(), vec!["-N", "4", "--output", "a b.out", "-S", "x=1 2"]);
+        assert!(split_words("'open").is_err());
+        let s = "#!/bin/sh\n# vigil: -N 4 -t 10m\n#vigil: -S tbon.topo=kary:2\n\necho hi\n# vigil: -N 9\n";
+        let d = parse_directives(s).unwrap().unwrap();
+        assert_eq!(d.nodes, Some(4), "directives after the first command are ignored");
+        assert_eq!(d.time_limit.as_deref(), Some("10m"));
+        assert_eq!(d.setattr, vec!["tbon.topo=kary:2"]);
+        assert!(parse_directives("#!/bin/sh\necho\n").unwrap().is_none());
+        assert!(parse_directives("#!/bin/sh\n# vigil: --bogus\n").unwrap_err().contains("bogus"));
+    }
+
+    #[test]
+    fn contradictions_are_errors() {
+        let cli = InstanceOpts { nodes: Some(2), ..Default::default() };
+        let dir = InstanceOpts { nodes: Some(4), time_limit: Some("5m".into()), ..Default::default() };
+        let e = merge_opts(cli.clone(), Some(dir)).unwrap_err();
+        assert!(e.contains("-N") && e.contains("contradicts"), "{e}");
+        let same = InstanceOpts { nodes: Some(2), time_limit: Some("5m".into()), ..Default::default() };
+        let m = merge_opts(cli, Some(same)).unwrap();
+        assert_eq!((m.nodes, m.time_limit.as_deref()), (Some(2), Some("5m")));
+    }
+}
