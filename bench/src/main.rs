@@ -1,1 +1,735 @@
-fn main() {}
+//! `vigil-bench`: Vigil's benchmark harness, comparing against flux-core 0.88 figures measured on the same machine.
+//!
+//! `cargo run --release -p vigil-bench -- [--runs 5] [--vigil PATH]` measures, each over `--runs` runs:
+//! 1. the wall time of `vigil start --test-size=N true` for N = 1, 4, 16;
+//! 2. the latency of `vigil run -N4 true` inside a running 4-broker instance;
+//! 3. the throughput of 200 `true` jobs submitted at once to that instance;
+//! 4. the resident memory of the brokers of an idle 4-broker instance.
+//!
+//! Metrics 2 and 3 are measured by this same binary started as the instance's initial program
+//! (`vigil-bench inner jobs ...`, hidden); metric 4 by `vigil-bench inner rss ...`. Each writes its samples
+//! as JSON to a file the outer harness names and reads back after the instance has exited.
+//!
+//! The results are printed as a markdown table and written to `bench/results/first-light.{json,md}`.
+//! The exit code is 0 if every metric was measured, 1 otherwise (a failed metric is still recorded, with
+//! its error, so a hang or a failed job shows up in the results instead of disappearing).
+
+use clap::{Args, Parser, Subcommand};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// flux-core 0.88 reference: `flux start --test-size=1 true` wall time on this machine, seconds.
+const REF_START_N1_S: f64 = 0.91;
+/// flux-core 0.88 reference: `flux start --test-size=4 true` wall time on this machine, seconds.
+const REF_START_N4_S: f64 = 1.43;
+/// flux-core 0.88 reference: `flux start --test-size=16 true` wall time on this machine, seconds.
+const REF_START_N16_S: f64 = 3.51;
+/// flux-core 0.88 reference: latency of `flux run -N4 true` in a 4-broker instance, seconds.
+const REF_RUN_N4_LATENCY_S: f64 = 0.27;
+/// flux-core 0.88 reference: throughput of 200 `true` jobs submitted at once to a 4-broker instance, jobs/s.
+const REF_THROUGHPUT_JOBS_PER_S: f64 = 43.0;
+/// flux-core 0.88 reference: VmRSS of one idle broker of a 4-broker instance, MB.
+const REF_IDLE_BROKER_RSS_MB: f64 = 18.0;
+
+/// Number of jobs submitted at once in the throughput benchmark.
+const THROUGHPUT_JOBS: usize = 200;
+/// Number of brokers of the instance used for the latency, throughput and RSS benchmarks.
+const INSTANCE_SIZE: u32 = 4;
+/// How long one `vigil start --test-size=N true` may take before it counts as hung.
+const START_TIMEOUT_S: u64 = 30;
+/// How long the instance running the latency and throughput benchmarks may take in total.
+const JOBS_INSTANCE_TIMEOUT_S: u64 = 900;
+/// How long the instance measuring idle RSS may take.
+const RSS_INSTANCE_TIMEOUT_S: u64 = 60;
+/// How long the idle instance sits before its brokers' RSS is read, seconds.
+const RSS_SETTLE_S: f64 = 1.0;
+/// How long `vigil run -N4 true` may take before the latency benchmark gives up.
+const RUN_TIMEOUT_S: u64 = 60;
+
+/// Command line of `vigil-bench`.
+#[derive(Parser, Debug)]
+#[command(name = "vigil-bench", about = "Benchmark Vigil against flux-core 0.88 reference figures")]
+struct Cli {
+    /// Timed runs per metric (at least 5 for the published table).
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// The `vigil` binary to benchmark (default: `vigil` next to this binary, i.e. target/release/vigil).
+    #[arg(long, value_name = "PATH")]
+    vigil: Option<PathBuf>,
+    /// Directory receiving first-light.json and first-light.md (default: bench/results of the source tree).
+    #[arg(long, value_name = "DIR")]
+    out_dir: Option<PathBuf>,
+    /// Hidden modes run inside an instance by the harness itself.
+    #[command(subcommand)]
+    cmd: Option<TopCmd>,
+}
+
+/// Subcommands of `vigil-bench`; all hidden, for use by the harness only.
+#[derive(Subcommand, Debug)]
+enum TopCmd {
+    /// Measurements taken from inside an instance (run as its initial program).
+    #[command(hide = true, subcommand)]
+    Inner(InnerCmd),
+}
+
+/// What the inner harness measures.
+#[derive(Subcommand, Debug)]
+enum InnerCmd {
+    /// Latency of `vigil run -N4 true`, then throughput of a burst of `true` jobs.
+    Jobs(InnerJobsArgs),
+    /// VmRSS of every broker of the (idle) instance.
+    Rss(InnerRssArgs),
+}
+
+/// Options of `vigil-bench inner jobs`.
+#[derive(Args, Debug)]
+struct InnerJobsArgs {
+    /// Timed runs of each measurement.
+    #[arg(long)]
+    runs: usize,
+    /// The `vigil` binary used for `vigil run`.
+    #[arg(long)]
+    vigil: PathBuf,
+    /// Jobs per throughput burst.
+    #[arg(long, default_value_t = THROUGHPUT_JOBS)]
+    jobs: usize,
+    /// Nodes requested by the latency job (`vigil run -N<nodes> true`).
+    #[arg(long, default_value_t = INSTANCE_SIZE)]
+    nodes: u32,
+    /// File receiving the JSON results.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+/// Options of `vigil-bench inner rss`.
+#[derive(Args, Debug)]
+struct InnerRssArgs {
+    /// Number of brokers expected in the instance.
+    #[arg(long)]
+    expect: usize,
+    /// Seconds to wait after the instance is up before reading RSS.
+    #[arg(long, default_value_t = RSS_SETTLE_S)]
+    settle_s: f64,
+    /// File receiving the JSON results.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+/// Results of `vigil-bench inner jobs`, passed back to the outer harness as JSON.
+#[derive(Serialize, Deserialize, Debug, Default)]
+struct InnerJobsResult {
+    /// Latency of each timed `vigil run -N4 true`, seconds.
+    run_latency_s: Vec<f64>,
+    /// Jobs per second of each throughput burst (jobs / time from first submit to last INACTIVE).
+    throughput_jobs_per_s: Vec<f64>,
+    /// Time to get all submit responses of each burst, seconds.
+    submit_s: Vec<f64>,
+    /// First error met, if any (the samples above are then incomplete).
+    error: Option<String>,
+}
+
+/// Results of `vigil-bench inner rss`, passed back to the outer harness as JSON.
+#[derive(Serialize, Deserialize, Debug, Default)]
+struct InnerRssResult {
+    /// VmRSS of each broker, MB (1 MB = 1024 kB of /proc/PID/status).
+    broker_rss_mb: Vec<f64>,
+    /// Error, if the brokers could not be found or read.
+    error: Option<String>,
+}
+
+/// Which direction of a metric is an improvement.
+#[derive(Serialize, Debug, Clone, Copy, PartialEq)]
+#[serde(rename_all = "lowercase")]
+enum Better {
+    /// Smaller is better (times, memory).
+    Lower,
+    /// Larger is better (throughput).
+    Higher,
+}
+
+/// One row of the results: samples, their summary, the reference figure and the improvement ratio.
+#[derive(Serialize, Debug)]
+struct Metric {
+    /// Machine name with the unit as suffix, e.g. `start_n4_wall_s`.
+    name: String,
+    /// Human label for the markdown table.
+    label: String,
+    /// Unit of the samples (`s`, `jobs/s`, `MB`).
+    unit: String,
+    /// Which direction is better.
+    better: Better,
+    /// Raw samples.
+    samples: Vec<f64>,
+    /// Median of the samples.
+    median: Option<f64>,
+    /// Smallest sample.
+    min: Option<f64>,
+    /// Largest sample.
+    max: Option<f64>,
+    /// flux-core 0.88 figure on this machine.
+    flux_088: f64,
+    /// Improvement factor over flux-core (>1 means Vigil is better): reference/vigil for lower-is-better
+    /// metrics, vigil/reference for throughput.
+    ratio: Option<f64>,
+    /// Why the metric could not be measured (fully), if so.
+    error: Option<String>,
+}
+
+impl Metric {
+    /// A metric from its samples; computes the summary and ratio.
+    fn new(name: &str, label: &str, unit: &str, better: Better, flux_088: f64, samples: Vec<f64>, error: Option<String>) -> Metric {
+        let (median, min, max) = summarize(&samples);
+        let ratio = median.filter(|m| *m > 0.0).map(|m| match better {
+            Better::Lower => flux_088 / m,
+            Better::Higher => m / flux_088,
+        });
+        // Four decimals (0.1 ms, 0.1 kB) are plenty and keep the committed JSON small and diffable.
+        let r4 = |x: f64| (x * 1e4).round() / 1e4;
+        let samples = samples.into_iter().map(r4).collect();
+        let (median, min, max) = (median.map(r4), min.map(r4), max.map(r4));
+        let ratio = ratio.map(|x| (x * 100.0).round() / 100.0);
+        Metric { name: name.into(), label: label.into(), unit: unit.into(), better, samples, median, min, max, flux_088, ratio, error }
+    }
+}
+
+/// Median, min and max of `v` (`None`s when empty).
+fn summarize(v: &[f64]) -> (Option<f64>, Option<f64>, Option<f64>) {
+    if v.is_empty() {
+        return (None, None, None);
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    let median = if n % 2 == 1 { s[n / 2] } else { (s[n / 2 - 1] + s[n / 2]) / 2.0 };
+    (Some(median), Some(s[0]), Some(s[n - 1]))
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let code = match cli.cmd {
+        Some(TopCmd::Inner(InnerCmd::Jobs(a))) => inner_jobs(a),
+        Some(TopCmd::Inner(InnerCmd::Rss(a))) => inner_rss(a),
+        None => match outer(cli.runs, cli.vigil, cli.out_dir) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("vigil-bench: {e}");
+                1
+            }
+        },
+    };
+    std::process::exit(code);
+}
+
+// ------------------------------------------------------------------------------------------- outer harness
+
+/// The `vigil` binary to use: `--vigil`, or `vigil` next to this binary; with `vigil-shell` beside it.
+fn find_vigil(arg: Option<PathBuf>) -> Result<PathBuf, String> {
+    let hint = "run `cargo build --release --workspace` first, or pass --vigil PATH";
+    let path = match arg {
+        Some(p) => p,
+        None => {
+            let exe = std::env::current_exe().map_err(|e| format!("cannot locate this binary: {e}"))?;
+            exe.parent().map(|d| d.join("vigil")).ok_or("cannot locate the directory of this binary")?
+        }
+    };
+    if !path.is_file() {
+        return Err(format!("vigil binary not found at {}: {hint}", path.display()));
+    }
+    let path = path.canonicalize().map_err(|e| format!("{}: {e}", path.display()))?;
+    let shell = path.with_file_name("vigil-shell");
+    if !shell.is_file() {
+        return Err(format!("vigil-shell not found at {} (brokers start job shells from there): {hint}", shell.display()));
+    }
+    Ok(path)
+}
+
+/// How a timed child process ended.
+enum Ended {
+    /// It exited (or was killed by a signal) after `elapsed_s` seconds.
+    Exited {
+        /// Exit status.
+        status: ExitStatus,
+        /// Wall time from spawn to exit, seconds.
+        elapsed_s: f64,
+    },
+    /// It did not exit within the timeout; its process group was killed.
+    TimedOut,
+}
+
+/// Spawn `cmd` in a process group of its own, wait at most `timeout`, and time it. On timeout, SIGTERM then
+/// SIGKILL the whole group (the instance's brokers and initial program), so nothing is left behind.
+fn run_timed(mut cmd: Command, timeout: Duration) -> Result<Ended, String> {
+    cmd.process_group(0).stdin(Stdio::null());
+    let t0 = Instant::now();
+    let mut child = cmd.spawn().map_err(|e| format!("cannot run {:?}: {e}", cmd.get_program()))?;
+    let pgid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let st = child.wait();
+        let _ = tx.send((st, t0.elapsed().as_secs_f64()));
+    });
+    match rx.recv_timeout(timeout) {
+        Ok((st, elapsed_s)) => {
+            let _ = waiter.join();
+            let status = st.map_err(|e| format!("wait: {e}"))?;
+            Ok(Ended::Exited { status, elapsed_s })
+        }
+        Err(_) => {
+            signal_group(pgid, "TERM");
+            if rx.recv_timeout(Duration::from_secs(5)).is_err() {
+                signal_group(pgid, "KILL");
+                let _ = rx.recv_timeout(Duration::from_secs(5));
+            }
+            // Stragglers that left the group wait (e.g. brokers whose parent died) get the same treatment.
+            signal_group(pgid, "KILL");
+            let _ = waiter.join();
+            Ok(Ended::TimedOut)
+        }
+    }
+}
+
+/// Send SIG`sig` to process group `pgid` (which this harness created) with kill(1).
+fn signal_group(pgid: u32, sig: &str) {
+    let _ = Command::new("kill").arg(format!("-{sig}")).arg("--").arg(format!("-{pgid}")).stderr(Stdio::null()).status();
+}
+
+/// A fresh scratch file name for an inner run's results.
+fn scratch_file(tag: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    std::env::temp_dir().join(format!("vigil-bench-{}-{nanos}-{tag}.json", std::process::id()))
+}
+
+/// Metric 1: wall time of `vigil start --test-size=N true`, after one untimed warm-up run.
+fn bench_start(vigil: &Path, size: u32, runs: usize) -> (Vec<f64>, Option<String>) {
+    let mut samples = Vec::new();
+    for i in 0..=runs {
+        let mut cmd = Command::new(vigil);
+        cmd.arg("start").arg(format!("--test-size={size}")).arg("true");
+        match run_timed(cmd, Duration::from_secs(START_TIMEOUT_S)) {
+            Ok(Ended::Exited { status, elapsed_s }) if status.success() => {
+                if i > 0 {
+                    samples.push(elapsed_s);
+                }
+            }
+            Ok(Ended::Exited { status, .. }) => return (samples, Some(format!("`vigil start --test-size={size} true` failed: {status}"))),
+            Ok(Ended::TimedOut) => {
+                return (samples, Some(format!("`vigil start --test-size={size} true` hung: killed after {START_TIMEOUT_S} s")));
+            }
+            Err(e) => return (samples, Some(e)),
+        }
+    }
+    (samples, None)
+}
+
+/// Metrics 2 and 3: start a 4-broker instance whose initial program is `vigil-bench inner jobs`.
+fn bench_jobs(vigil: &Path, runs: usize) -> InnerJobsResult {
+    let out = scratch_file("jobs");
+    let r = (|| -> Result<InnerJobsResult, String> {
+        let me = std::env::current_exe().map_err(|e| format!("cannot locate this binary: {e}"))?;
+        let mut cmd = Command::new(vigil);
+        cmd.arg("start").arg(format!("--test-size={INSTANCE_SIZE}")).arg(&me).args(["inner", "jobs"]);
+        cmd.arg(format!("--runs={runs}")).arg(format!("--jobs={THROUGHPUT_JOBS}")).arg(format!("--nodes={INSTANCE_SIZE}"));
+        cmd.arg("--vigil").arg(vigil).arg("--out").arg(&out);
+        let ended = run_timed(cmd, Duration::from_secs(JOBS_INSTANCE_TIMEOUT_S))?;
+        // Whatever the exit status, the inner harness may have recorded samples and the reason it stopped.
+        let mut res: InnerJobsResult = match std::fs::read_to_string(&out) {
+            Ok(s) => serde_json::from_str(&s).map_err(|e| format!("bad inner results in {}: {e}", out.display()))?,
+            Err(_) => InnerJobsResult::default(),
+        };
+        match ended {
+            Ended::Exited { status, .. } if !status.success() && res.error.is_none() => {
+                res.error = Some(format!("instance running the inner harness failed: {status}"));
+            }
+            Ended::TimedOut => {
+                res.error = Some(format!("instance running the inner harness hung: killed after {JOBS_INSTANCE_TIMEOUT_S} s"));
+            }
+            _ => {}
+        }
+        Ok(res)
+    })();
+    let _ = std::fs::remove_file(&out);
+    r.unwrap_or_else(|e| InnerJobsResult { error: Some(e), ..Default::default() })
+}
+
+/// Metric 4: `runs` idle 4-broker instances, each reading its brokers' RSS after [`RSS_SETTLE_S`].
+fn bench_rss(vigil: &Path, runs: usize) -> (Vec<f64>, Option<String>) {
+    let mut samples = Vec::new();
+    let me = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => return (samples, Some(format!("cannot locate this binary: {e}"))),
+    };
+    for _ in 0..runs {
+        let out = scratch_file("rss");
+        let mut cmd = Command::new(vigil);
+        cmd.arg("start").arg(format!("--test-size={INSTANCE_SIZE}")).arg(&me).args(["inner", "rss"]);
+        cmd.arg(format!("--expect={INSTANCE_SIZE}")).arg("--out").arg(&out);
+        let ended = run_timed(cmd, Duration::from_secs(RSS_INSTANCE_TIMEOUT_S));
+        let res: Option<InnerRssResult> = std::fs::read_to_string(&out).ok().and_then(|s| serde_json::from_str(&s).ok());
+        let _ = std::fs::remove_file(&out);
+        let err = match (ended, res) {
+            (Err(e), _) => Some(e),
+            (Ok(Ended::TimedOut), _) => Some(format!("idle instance hung: killed after {RSS_INSTANCE_TIMEOUT_S} s")),
+            (Ok(_), Some(r)) if r.error.is_some() => r.error,
+            (Ok(Ended::Exited { status, .. }), _) if !status.success() => Some(format!("idle instance failed: {status}")),
+            (Ok(_), None) => Some("the inner harness wrote no RSS results".into()),
+            (Ok(_), Some(r)) => {
+                samples.extend(r.broker_rss_mb);
+                None
+            }
+        };
+        if err.is_some() {
+            return (samples, err);
+        }
+    }
+    (samples, None)
+}
+
+/// Output of `vigil --version`, trimmed (for the record).
+fn vigil_version(vigil: &Path) -> String {
+    Command::new(vigil)
+        .arg("--version")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Run every benchmark, print and write the results; returns the exit code.
+fn outer(runs: usize, vigil: Option<PathBuf>, out_dir: Option<PathBuf>) -> Result<i32, String> {
+    if runs == 0 {
+        return Err("--runs must be at least 1".into());
+    }
+    if runs < 5 {
+        eprintln!("vigil-bench: warning: --runs {runs} is below the 5 runs the published table uses");
+    }
+    let vigil = find_vigil(vigil)?;
+    let out_dir = out_dir.unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("results"));
+    let mut metrics = Vec::new();
+
+    for (size, reference) in [(1, REF_START_N1_S), (4, REF_START_N4_S), (16, REF_START_N16_S)] {
+        eprintln!("vigil-bench: vigil start --test-size={size} true ({runs} runs + 1 warm-up)");
+        let (samples, err) = bench_start(&vigil, size, runs);
+        let label = format!("`vigil start --test-size={size} true` wall time (s)");
+        metrics.push(Metric::new(&format!("start_n{size}_wall_s"), &label, "s", Better::Lower, reference, samples, err));
+    }
+
+    eprintln!("vigil-bench: vigil run -N{INSTANCE_SIZE} true latency and {THROUGHPUT_JOBS}-job throughput ({runs} runs each)");
+    let jobs = bench_jobs(&vigil, runs);
+    // Attribute the inner error to the measurement that was under way when it happened.
+    let latency_done = jobs.run_latency_s.len() >= runs;
+    let (lat_err, tput_err) = match &jobs.error {
+        Some(e) if !latency_done => (Some(e.clone()), Some(format!("not measured: {e}"))),
+        Some(e) => (None, Some(e.clone())),
+        None => (None, None),
+    };
+    metrics.push(Metric::new(
+        "run_n4_latency_s",
+        &format!("`vigil run -N{INSTANCE_SIZE} true` latency (s)"),
+        "s",
+        Better::Lower,
+        REF_RUN_N4_LATENCY_S,
+        jobs.run_latency_s.clone(),
+        lat_err,
+    ));
+    metrics.push(Metric::new(
+        "throughput_200_true_jobs_per_s",
+        &format!("throughput, {THROUGHPUT_JOBS} `true` jobs at once (jobs/s)"),
+        "jobs/s",
+        Better::Higher,
+        REF_THROUGHPUT_JOBS_PER_S,
+        jobs.throughput_jobs_per_s.clone(),
+        tput_err,
+    ));
+
+    eprintln!("vigil-bench: idle broker RSS ({runs} idle instances of {INSTANCE_SIZE} brokers)");
+    let (rss, rss_err) = bench_rss(&vigil, runs);
+    metrics.push(Metric::new(
+        "idle_broker_rss_mb",
+        &format!("idle broker RSS, {INSTANCE_SIZE}-broker instance (MB)"),
+        "MB",
+        Better::Lower,
+        REF_IDLE_BROKER_RSS_MB,
+        rss,
+        rss_err,
+    ));
+
+    let version = vigil_version(&vigil);
+    let ncpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let now_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let table = markdown_table(&metrics);
+    let failed: Vec<&Metric> = metrics.iter().filter(|m| m.error.is_some()).collect();
+
+    println!("{table}");
+    for m in &failed {
+        eprintln!("vigil-bench: FAILED {}: {}", m.name, m.error.as_deref().unwrap_or(""));
+    }
+
+    let doc = json!({
+        "benchmark": "vigil-bench first-light",
+        "vigil_version": version,
+        "runs": runs,
+        "unix_time_s": now_s,
+        "cpus": ncpus,
+        "throughput_submit_s": summary_json(&jobs.submit_s),
+        "metrics": metrics,
+    });
+    std::fs::create_dir_all(&out_dir).map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;
+    let json_path = out_dir.join("first-light.json");
+    let md_path = out_dir.join("first-light.md");
+    let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
+    std::fs::write(&json_path, text + "\n").map_err(|e| format!("cannot write {}: {e}", json_path.display()))?;
+    let mut md = format!(
+        "# Vigil first light vs flux-core 0.88\n\n`cargo run --release -p vigil-bench -- --runs {runs}` ({version}, {ncpus} CPUs, \
+         unix time {now_s}). Medians, min and max over {runs} runs; flux-core figures measured on the same machine. \
+         Ratio: improvement factor, >1 means Vigil is better (reference/vigil for times and memory, vigil/reference \
+         for throughput).\n\n{table}\n"
+    );
+    if !failed.is_empty() {
+        md.push_str("\nFailures:\n\n");
+        for m in &failed {
+            md.push_str(&format!("- `{}`: {}\n", m.name, m.error.as_deref().unwrap_or("")));
+        }
+    }
+    std::fs::write(&md_path, md).map_err(|e| format!("cannot write {}: {e}", md_path.display()))?;
+    eprintln!("vigil-bench: wrote {} and {}", json_path.display(), md_path.display());
+    Ok(if failed.is_empty() { 0 } else { 1 })
+}
+
+/// `{"median", "min", "max"}` of `v` (seconds) as JSON, rounded to 0.1 ms.
+fn summary_json(v: &[f64]) -> Value {
+    let r4 = |x: Option<f64>| x.map(|x| (x * 1e4).round() / 1e4);
+    let (median, min, max) = summarize(v);
+    json!({"median": r4(median), "min": r4(min), "max": r4(max)})
+}
+
+/// Format a value of `unit` for the table.
+fn fmt_value(v: Option<f64>, unit: &str) -> String {
+    match v {
+        None => "-".into(),
+        Some(x) if unit == "s" => format!("{x:.3}"),
+        Some(x) => format!("{x:.1}"),
+    }
+}
+
+/// The markdown table of `metrics`.
+fn markdown_table(metrics: &[Metric]) -> String {
+    let mut t = String::from("| metric | vigil median | min | max | flux-core 0.88 | ratio |\n|---|---:|---:|---:|---:|---:|\n");
+    for m in metrics {
+        let median = match (&m.error, m.median) {
+            (Some(_), None) => "FAILED".to_string(),
+            (Some(_), med) => format!("{} (FAILED)", fmt_value(med, &m.unit)),
+            (None, med) => fmt_value(med, &m.unit),
+        };
+        let ratio = m.ratio.map(|r| format!("{r:.1}x")).unwrap_or_else(|| "-".into());
+        let reference = if m.unit == "s" { format!("{:.2}", m.flux_088) } else { format!("{:.0}", m.flux_088) };
+        t.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} |\n",
+            m.label,
+            median,
+            fmt_value(m.min, &m.unit),
+            fmt_value(m.max, &m.unit),
+            reference,
+            ratio
+        ));
+    }
+    t
+}
+
+// ------------------------------------------------------------------------------------------- inner: jobs
+
+/// `vigil-bench inner jobs`: measure, write the JSON results, exit 0 only if everything was measured.
+fn inner_jobs(a: InnerJobsArgs) -> i32 {
+    let mut res = InnerJobsResult::default();
+    let r = inner_jobs_measure(&a, &mut res);
+    if let Err(e) = r {
+        eprintln!("vigil-bench inner: {e}");
+        res.error = Some(e);
+    }
+    let text = serde_json::to_string(&res).unwrap_or_default();
+    if let Err(e) = std::fs::write(&a.out, text) {
+        eprintln!("vigil-bench inner: cannot write {}: {e}", a.out.display());
+        return 1;
+    }
+    if res.error.is_some() {
+        1
+    } else {
+        0
+    }
+}
+
+/// Run the latency then the throughput measurement, appending samples to `res` as they come.
+fn inner_jobs_measure(a: &InnerJobsArgs, res: &mut InnerJobsResult) -> Result<(), String> {
+    let uri = std::env::var(vigil::client::URI_ENV).map_err(|_| "VIGIL_URI is not set: run me inside `vigil start`".to_string())?;
+    // Latency: `vigil run -N4 true` as a user would type it; the first run is an untimed warm-up.
+    for i in 0..=a.runs {
+        let lat_s = time_vigil_run(&a.vigil, a.nodes)?;
+        if i > 0 {
+            res.run_latency_s.push(lat_s);
+        }
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| format!("cannot start tokio: {e}"))?;
+    rt.block_on(async {
+        let client = vigil::client::Client::connect(&uri).await.map_err(|e| format!("cannot connect to {uri}: {e}"))?;
+        let spec = vigil::jobspec::JobspecBuilder::new(vec!["true"]).build().map_err(|e| format!("jobspec: {e}"))?.to_json();
+        let spec: Value = serde_json::from_str(&spec).map_err(|e| format!("jobspec JSON: {e}"))?;
+        let payload = json!({"jobspec": spec});
+        // One untimed warm-up burst of a few jobs, then the timed bursts.
+        throughput_burst(&client, &payload, 8).await?;
+        for _ in 0..a.runs {
+            let (submit_s, total_s) = throughput_burst(&client, &payload, a.jobs).await?;
+            res.submit_s.push(submit_s);
+            res.throughput_jobs_per_s.push(a.jobs as f64 / total_s);
+        }
+        Ok::<(), String>(())
+    })
+}
+
+/// Spawn `vigil run -N<nodes> true` and return its wall time; error unless it exits 0 within [`RUN_TIMEOUT_S`].
+fn time_vigil_run(vigil: &Path, nodes: u32) -> Result<f64, String> {
+    let mut cmd = Command::new(vigil);
+    cmd.arg("run").arg(format!("-N{nodes}")).arg("true");
+    match run_timed(cmd, Duration::from_secs(RUN_TIMEOUT_S))? {
+        Ended::Exited { status, elapsed_s } if status.success() => Ok(elapsed_s),
+        Ended::Exited { status, .. } => Err(format!("`vigil run -N{nodes} true` failed: {status}")),
+        Ended::TimedOut => Err(format!("`vigil run -N{nodes} true` hung: killed after {RUN_TIMEOUT_S} s")),
+    }
+}
+
+/// Outcome of one job, read from its eventlog.
+struct JobOutcome {
+    /// Exit code from the `finish` event (None if the job never finished).
+    exit_code: Option<i32>,
+    /// Note of the first fatal exception, if any.
+    fatal: Option<String>,
+}
+
+/// Follow job `id`'s eventlog until it ends (the job is INACTIVE) and report how the job ended.
+async fn wait_inactive(client: &vigil::client::Client, id: u64) -> Result<JobOutcome, String> {
+    let mut s = client.rpc_stream("job-manager.eventlog", 0, &json!({"id": id, "follow": true})).map_err(|e| format!("eventlog {id}: {e}"))?;
+    let mut out = JobOutcome { exit_code: None, fatal: None };
+    while let Some(item) = s.next().await {
+        let v = item.map_err(|e| format!("eventlog {id}: {e}"))?;
+        let e = &v["event"];
+        match e["name"].as_str() {
+            Some("finish") => out.exit_code = Some(vigil::shellproto::exit_code(e["context"]["status"].as_i64().unwrap_or(-1) as i32)),
+            Some("exception") if e["context"]["severity"].as_u64() == Some(0) && out.fatal.is_none() => {
+                out.fatal = Some(format!("{}: {}", e["context"]["type"].as_str().unwrap_or("?"), e["context"]["note"].as_str().unwrap_or("")));
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+/// Submit `n` jobs at once, wait until all are INACTIVE, and check each completed with exit code 0.
+/// Returns (seconds until every submit was answered, seconds from first submit to last INACTIVE).
+async fn throughput_burst(client: &vigil::client::Client, payload: &Value, n: usize) -> Result<(f64, f64), String> {
+    let t0 = Instant::now();
+    // All requests go out before the first answer is awaited: the client pipelines them on one connection.
+    let mut submits = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let c = client.clone();
+        let p = payload.clone();
+        submits.spawn(async move { (i, c.rpc("job-manager.submit", 0, &p).await) });
+    }
+    let mut ids = vec![0u64; n];
+    while let Some(r) = submits.join_next().await {
+        let (i, r) = r.map_err(|e| format!("submit task: {e}"))?;
+        let v = r.map_err(|e| format!("submit: {e}"))?;
+        ids[i] = v["id"].as_u64().ok_or_else(|| format!("malformed submit response: {v}"))?;
+    }
+    let submit_s = t0.elapsed().as_secs_f64();
+    let mut waits = tokio::task::JoinSet::new();
+    for &id in &ids {
+        let c = client.clone();
+        waits.spawn(async move { (id, wait_inactive(&c, id).await) });
+    }
+    let mut bad = Vec::new();
+    while let Some(r) = waits.join_next().await {
+        let (id, r) = r.map_err(|e| format!("wait task: {e}"))?;
+        match r? {
+            JobOutcome { exit_code: Some(0), fatal: None } => {}
+            JobOutcome { exit_code, fatal } => bad.push(format!("job {id}: exit code {exit_code:?}, exception {fatal:?}")),
+        }
+    }
+    let total_s = t0.elapsed().as_secs_f64();
+    // Cross-check with the job manager's own view: every job INACTIVE, COMPLETED, exit code 0.
+    let list = client.rpc("job-manager.list", 0, &json!({"all": true})).await.map_err(|e| format!("job-manager.list: {e}"))?;
+    let jobs = list["jobs"].as_array().cloned().unwrap_or_default();
+    for &id in &ids {
+        match jobs.iter().find(|j| j["id"].as_u64() == Some(id)) {
+            None => bad.push(format!("job {id}: missing from job-manager.list")),
+            Some(j) if j["state"] != "INACTIVE" || j["result"] != "COMPLETED" || j["exit_code"] != 0 => {
+                bad.push(format!("job {id}: state {} result {} exit code {}", j["state"], j["result"], j["exit_code"]));
+            }
+            Some(_) => {}
+        }
+    }
+    if !bad.is_empty() {
+        let shown: Vec<&str> = bad.iter().take(5).map(String::as_str).collect();
+        return Err(format!("{} of {n} throughput jobs did not complete with exit code 0: {}", bad.len(), shown.join("; ")));
+    }
+    Ok((submit_s, total_s))
+}
+
+// ------------------------------------------------------------------------------------------- inner: rss
+
+/// `vigil-bench inner rss`: wait, read the VmRSS of this instance's brokers, write the JSON results.
+fn inner_rss(a: InnerRssArgs) -> i32 {
+    std::thread::sleep(Duration::from_secs_f64(a.settle_s.max(0.0)));
+    let res = match broker_rss_mb(a.expect) {
+        Ok(v) => InnerRssResult { broker_rss_mb: v, error: None },
+        Err(e) => {
+            eprintln!("vigil-bench inner: {e}");
+            InnerRssResult { broker_rss_mb: vec![], error: Some(e) }
+        }
+    };
+    let ok = res.error.is_none();
+    if let Err(e) = std::fs::write(&a.out, serde_json::to_string(&res).unwrap_or_default()) {
+        eprintln!("vigil-bench inner: cannot write {}: {e}", a.out.display());
+        return 1;
+    }
+    if ok {
+        0
+    } else {
+        1
+    }
+}
+
+/// VmRSS (MB) of every `vigil broker` process whose `--rundir` is this instance's (taken from `VIGIL_URI`,
+/// `local://RUNDIR/local-0`); error unless exactly `expect` are found.
+fn broker_rss_mb(expect: usize) -> Result<Vec<f64>, String> {
+    let uri = std::env::var(vigil::client::URI_ENV).map_err(|_| "VIGIL_URI is not set: run me inside `vigil start`".to_string())?;
+    let sock = PathBuf::from(vigil::client::uri_to_path(&uri).map_err(|e| e.to_string())?);
+    let rundir = sock.parent().ok_or_else(|| format!("no run directory in {uri}"))?;
+    // Brokers started by `vigil start` carry `--rundir=RUNDIR` (and `--config=RUNDIR/config.toml`) in argv.
+    let want = format!("--rundir={}", rundir.display());
+    let want_cfg = format!("--config={}", rundir.join("config.toml").display());
+    let mut rss = Vec::new();
+    let procs = std::fs::read_dir("/proc").map_err(|e| format!("/proc: {e}"))?;
+    for ent in procs.flatten() {
+        let name = ent.file_name();
+        let Some(pid) = name.to_str().filter(|s| s.bytes().all(|b| b.is_ascii_digit())) else { continue };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let is_broker = args.get(1) == Some(&b"broker".as_slice()) && args.iter().any(|a| *a == want.as_bytes() || *a == want_cfg.as_bytes());
+        if !is_broker {
+            continue;
+        }
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { continue };
+        let kb = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .ok_or_else(|| format!("no VmRSS in /proc/{pid}/status"))?;
+        rss.push(kb / 1024.0);
+    }
+    if rss.len() != expect {
+        return Err(format!("found {} broker processes with {want}, expected {expect}", rss.len()));
+    }
+    Ok(rss)
+}
