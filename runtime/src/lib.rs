@@ -22,6 +22,7 @@ pub mod hwloc;
 pub mod idset;
 pub mod jobs;
 pub mod jobspec;
+pub mod membership;
 pub mod message;
 pub mod pmi;
 pub mod r;

@@ -96,7 +96,12 @@ impl Shell {
             let bind = cpu != CpuAffinity::Off;
             return Ok(Shell { tmpdir: None, input, client, placement: p, bind, notes });
         }
-        let src = TopologySource::from_str(&input.topology).unwrap_or(TopologySource::Live);
+        // `live-xml:PATH` is the broker's snapshot of this very machine: placement from the XML, real binding.
+        let (src, snapshot) = match input.topology.strip_prefix("live-xml:") {
+            Some(p) if std::path::Path::new(p).exists() => (TopologySource::XmlFile(p.into()), true),
+            Some(_) => (TopologySource::Live, false),
+            None => (TopologySource::from_str(&input.topology).unwrap_or(TopologySource::Live), false),
+        };
         let (placement, bind) = match NodeTopology::load(&src) {
             Ok(topo) => {
                 let req = PlacementRequest {
@@ -109,7 +114,7 @@ impl Shell {
                     gpu_affinity: gpu,
                 };
                 let p = topo.place(&req).map_err(|e| format!("placement failed: {e}"))?;
-                let live = topo.is_live();
+                let live = topo.is_live() || snapshot;
                 if !live && cpu != CpuAffinity::Off && input.shell_rank == 0 {
                     notes.push(format!("vigil-shell: {} topology: task placement computed and exported in VIGIL_TASK_CPUS, but not bound", src));
                 }

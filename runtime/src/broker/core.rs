@@ -170,7 +170,18 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
     let forced = core_opts_discovery(&opts);
     let loaded = if forced { Err("disabled by resource.discovery=cpu-count".to_string()) } else { NodeTopology::load(&opts.topology).map_err(|e| e.to_string()) };
     let (resources, topology_str) = match loaded {
-        Ok(t) => (t.resources(opts.declared_gpus), topology_string(&opts.topology)),
+        Ok(t) => {
+            let mut src = topology_string(&opts.topology);
+            if t.is_live() {
+                // Discovering a live machine costs shells ~20 ms of CPU each; hand them an XML snapshot instead.
+                let path = opts.rundir.join(format!("topology-{rank}.xml"));
+                match t.export_xml().map_err(|e| e.to_string()).and_then(|x| std::fs::create_dir_all(&opts.rundir).and_then(|_| std::fs::write(&path, x)).map_err(|e| e.to_string())) {
+                    Ok(()) => src = format!("live-xml:{}", path.display()),
+                    Err(e) => debug!("no topology snapshot for shells ({e}); they will discover the node themselves"),
+                }
+            }
+            (t.resources(opts.declared_gpus), src)
+        }
         Err(e) => {
             let n = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
                 .map(|set| (0..nix::sched::CpuSet::count()).filter(|&i| set.is_set(i).unwrap_or(false)).count() as u32)

@@ -66,6 +66,11 @@ pub enum Cmd {
 /// Entry point of the `vigil` binary; returns the process exit code.
 pub fn main() -> i32 {
     let cli = Cli::parse();
+    if !matches!(cli.cmd, Cmd::Run(_) | Cmd::Job(jobcmd::JobCmd::Attach { .. }) | Cmd::Start(_) | Cmd::Broker(_) | Cmd::Alloc(_)) {
+        // Listing commands behave like Unix filters: `vigil jobs | head` ends quietly on a closed pipe.
+        // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     match cli.cmd {
         Cmd::Start(a) => start::start(a),
         Cmd::Broker(a) => start::broker(a),

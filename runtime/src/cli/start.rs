@@ -406,7 +406,7 @@ async fn pmi_bootstrap(a: &BrokerArgs, mut attrs: BTreeMap<String, String>) -> R
         }
     }
     attrs.entry("instance-level".into()).or_insert_with(|| level.to_string());
-    if let Some(id) = std::env::var("VIGIL_JOB_ID").ok() {
+    if let Ok(id) = std::env::var("VIGIL_JOB_ID") {
         attrs.entry("jobid".into()).or_insert(id);
     }
     if let Some(u) = &parent_uri {

@@ -348,6 +348,19 @@ impl NodeTopology {
         matches!(self.source, TopologySource::Live)
     }
 
+    /// The topology as an hwloc XML document (for shells to load quickly instead of rediscovering the machine).
+    ///
+    /// # Errors
+    /// [`TopoError::Internal`] if hwloc cannot export it.
+    pub fn export_xml(&self) -> Result<String, TopoError> {
+        guarded(|| {
+            self.topo
+                .export_xml(hwlocality::topology::export::xml::XMLExportFlags::empty())
+                .map(|x| x.to_string())
+                .map_err(|e| TopoError::Internal(format!("hwloc XML export failed: {e}")))
+        })
+    }
+
     /// The source this topology was loaded from.
     pub fn source(&self) -> &TopologySource {
         &self.source

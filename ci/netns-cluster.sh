@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Make N "nodes" on this machine as network namespaces on a private bridge, run one Vigil broker per node with the
+# config-file bootstrap, and kill, stall or heal nodes. Needs root (ip netns).
+#
+#   ci/netns-cluster.sh up     NAME N [-S ATTR=VAL]...  create nodes NAME-n0..n(N-1) (10.200.0.1..N) and start brokers
+#   ci/netns-cluster.sh uri    NAME                    print rank 0's VIGIL_URI
+#   ci/netns-cluster.sh run    NAME K CMD...           run CMD inside node K's namespace
+#   ci/netns-cluster.sh kill   NAME K                  silent node death: cut K's link (no RST/FIN reaches peers), then SIGKILL every process of K
+#   ci/netns-cluster.sh stall  NAME K | cont NAME K    SIGSTOP / SIGCONT node K's broker
+#   ci/netns-cluster.sh cut    NAME K | heal NAME K    take node K's link down / up (processes untouched)
+#   ci/netns-cluster.sh pids   NAME K                  processes of node K
+#   ci/netns-cluster.sh down   NAME                    kill everything and remove namespaces, links and files
+#
+# NAME is a short tag (<= 6 characters) so several clusters can coexist; each has its own hub namespace holding
+# the bridge, so addresses never leak into the root namespace. State lives in ${VIGIL_NETNS_DIR:-/tmp}/vigil-netns-NAME.
+set -euo pipefail
+
+VIGIL=${VIGIL:-$(cd "$(dirname "$0")/.." && pwd)/target/debug/vigil}
+cmd=${1:-}; name=${2:-}
+[ -n "$cmd" ] && [ -n "$name" ] || { sed -n '2,14p' "$0"; exit 2; }
+[ ${#name} -le 6 ] || { echo "netns-cluster: NAME must be at most 6 characters" >&2; exit 2; }
+dir=${VIGIL_NETNS_DIR:-/tmp}/vigil-netns-$name
+hub=vn-$name-hub
+ns() { echo "vn-$name-n$1"; }
+hostveth() { echo "vn${name}h$1"; }
+
+node_pids() { ip netns pids "$(ns "$1")" 2>/dev/null || true; }
+
+case "$cmd" in
+up)
+    n=${3:?N}; shift 3
+    mkdir -p "$dir"
+    ip netns add "$hub"
+    ip -n "$hub" link add br0 type bridge
+    ip -n "$hub" link set br0 up
+    ip -n "$hub" link set lo up
+    {
+        echo "[bootstrap]"
+        echo "instance = \"$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')\""
+        echo "hosts = ["
+        for ((k = 0; k < n; k++)); do
+            echo "  { host = \"node$k\", bind = \"tcp://10.200.0.$((k + 1)):8050\", connect = \"tcp://10.200.0.$((k + 1)):8050\" },"
+        done
+        echo "]"
+    } > "$dir/config.toml"
+    chmod 600 "$dir/config.toml"
+    for ((k = 0; k < n; k++)); do
+        nsk=$(ns $k)
+        ip netns add "$nsk"
+        ip link add "$(hostveth $k)" type veth peer name eth0 netns "$nsk"
+        ip link set "$(hostveth $k)" netns "$hub"
+        ip -n "$hub" link set "$(hostveth $k)" master br0 up
+        ip -n "$nsk" addr add "10.200.0.$((k + 1))/16" dev eth0
+        ip -n "$nsk" link set eth0 up
+        ip -n "$nsk" link set lo up
+    done
+    echo "$n" > "$dir/size"
+    for ((k = 0; k < n; k++)); do
+        mkdir -p "$dir/node$k"
+        ip netns exec "$(ns $k)" setsid "$VIGIL" broker --config="$dir/config.toml" --hostname="node$k" \
+            --rundir="$dir/node$k" "$@" > "$dir/node$k/broker.log" 2>&1 < /dev/null &
+        echo $! > "$dir/node$k/broker.pid"
+    done
+    # Wait until rank 0 answers and every rank is online.
+    for _ in $(seq 1 300); do
+        if [ -S "$dir/node0/local-0" ] && VIGIL_URI="local://$dir/node0/local-0" "$VIGIL" overlay status --json 2>/dev/null \
+            | grep -o '"state":"online"' | wc -l | grep -qx "$n"; then
+            exit 0
+        fi
+        sleep 0.1
+    done
+    echo "netns-cluster: instance did not come up; logs in $dir/node*/broker.log" >&2
+    exit 1
+    ;;
+uri) echo "local://$dir/node0/local-0" ;;
+run) k=${3:?K}; shift 3; exec ip netns exec "$(ns "$k")" "$@" ;;
+pids) node_pids "${3:?K}" ;;
+kill)
+    k=${3:?K}
+    ip -n "$hub" link set "$(hostveth "$k")" down
+    ip -n "$(ns "$k")" link set eth0 down 2>/dev/null || true
+    for _ in 1 2 3; do
+        p=$(node_pids "$k"); [ -z "$p" ] && break
+        kill -9 $p 2>/dev/null || true
+        sleep 0.05
+    done
+    ;;
+stall) kill -STOP "$(cat "$dir/node${3:?K}/broker.pid")" ;;
+cont) kill -CONT "$(cat "$dir/node${3:?K}/broker.pid")" ;;
+cut) ip -n "$hub" link set "$(hostveth "${3:?K}")" down ;;
+heal) ip -n "$hub" link set "$(hostveth "${3:?K}")" up; ip -n "$(ns "${3:?K}")" link set eth0 up 2>/dev/null || true ;;
+down)
+    n=$(cat "$dir/size" 2>/dev/null || echo 64)
+    for ((k = 0; k < n; k++)); do
+        p=$(node_pids $k); [ -n "$p" ] && kill -CONT $p 2>/dev/null; [ -n "$p" ] && kill -9 $p 2>/dev/null
+        ip netns del "$(ns $k)" 2>/dev/null || true
+    done
+    ip netns del "$hub" 2>/dev/null || true
+    rm -rf "$dir"
+    ;;
+*) sed -n '2,14p' "$0"; exit 2 ;;
+esac

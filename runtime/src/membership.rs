@@ -1,0 +1,349 @@
+//! Peer liveness: the membership state machine that turns every signal a broker has about a peer into one
+//! verdict: online, torpid, lost or offline (CONVENTIONS.md).
+//!
+//! Sans-IO: the broker feeds [`Membership::signal`] with what it observes (connection closed or reset, any
+//! traffic, heartbeat replies, the kernel's TCP ACK state from `TCP_INFO`, and later the eBPF detectors'
+//! events) and calls [`Membership::tick`] at [`Membership::next_deadline`]. Each call returns the state changes.
+//!
+//! Rules, with the attributes that tune them (seconds):
+//! - a connection that closes without a goodbye (EOF, reset, timeout) is **lost** at once; with a goodbye it
+//!   is **offline**;
+//! - no traffic at all from the peer for `tbon.torpid_max` → **torpid** (no new work is placed there); any
+//!   traffic → back to **online** ("lively");
+//! - data we sent that the peer's *kernel* has not acknowledged for `tbon.lost_timeout` → **lost**: the node or
+//!   its link is gone. A stalled broker (SIGSTOP, swapping, starved) still has its kernel ACK our heartbeats, so
+//!   it is torpid, never lost.
+//! - a process-exit report for the peer's broker (eBPF, later) → **lost** at once.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Liveness of a peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PeerState {
+    /// Connected and heard from recently.
+    Online,
+    /// Connected, but silent longer than `torpid_max`: given no new work, not given up.
+    Torpid,
+    /// Declared dead: its connection failed or its node stopped acknowledging.
+    Lost,
+    /// Never joined, or left cleanly.
+    Offline,
+}
+
+/// Thresholds (seconds). Defaults chosen by measurement (see docs/failure-detection.md).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Config {
+    /// `tbon.heartbeat_period`: how often a parent sends a heartbeat to each child.
+    pub heartbeat_period: f64,
+    /// `tbon.torpid_max`: silence after which a peer is torpid.
+    pub torpid_max: f64,
+    /// `tbon.lost_timeout`: how long our data may stay unacknowledged by the peer's kernel before the peer is lost.
+    pub lost_timeout: f64,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config { heartbeat_period: 0.05, torpid_max: 0.5, lost_timeout: 0.15 }
+    }
+}
+
+/// What a broker observed about a peer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Signal {
+    /// The peer connected (and said hello).
+    Connected,
+    /// The peer said goodbye and closed.
+    Goodbye,
+    /// The connection closed or failed without a goodbye (EOF, reset, ETIMEDOUT, malformed frame...).
+    Closed(String),
+    /// Any message arrived from the peer.
+    Traffic,
+    /// Kernel TCP state from `TCP_INFO`: `unacked` segments outstanding, `last_ack_age` seconds since the peer's
+    /// kernel last acknowledged anything.
+    KernelAck {
+        /// Segments sent and not yet acknowledged.
+        unacked: u32,
+        /// Seconds since the last ACK was received.
+        last_ack_age: f64,
+    },
+    /// The peer's broker process is known to have exited (process-exit watcher).
+    ProcessExit(String),
+}
+
+/// A state change.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Transition {
+    /// Peer rank.
+    pub rank: u32,
+    /// Previous state.
+    pub from: PeerState,
+    /// New state.
+    pub to: PeerState,
+    /// Why, for logs and `vigil overlay status`.
+    pub reason: String,
+}
+
+#[derive(Clone, Debug)]
+struct Peer {
+    state: PeerState,
+    last_traffic: f64,
+    /// When our oldest unacknowledged data was first seen unacknowledged (None = nothing outstanding).
+    unacked_since: Option<f64>,
+    reason: String,
+}
+
+/// Liveness of a set of peers (a broker's children).
+#[derive(Clone, Debug)]
+pub struct Membership {
+    cfg: Config,
+    peers: BTreeMap<u32, Peer>,
+}
+
+impl Membership {
+    /// A membership with these thresholds, tracking no peer yet.
+    pub fn new(cfg: Config) -> Membership {
+        Membership { cfg, peers: BTreeMap::new() }
+    }
+
+    /// The thresholds.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Current state of `rank` (Offline if unknown).
+    pub fn state(&self, rank: u32) -> PeerState {
+        self.peers.get(&rank).map_or(PeerState::Offline, |p| p.state)
+    }
+
+    /// Reason of the current state of `rank`.
+    pub fn reason(&self, rank: u32) -> &str {
+        self.peers.get(&rank).map_or("", |p| p.reason.as_str())
+    }
+
+    /// Every tracked peer and its state.
+    pub fn states(&self) -> impl Iterator<Item = (u32, PeerState)> + '_ {
+        self.peers.iter().map(|(r, p)| (*r, p.state))
+    }
+
+    fn set(&mut self, rank: u32, to: PeerState, reason: String) -> Option<Transition> {
+        let p = self.peers.get_mut(&rank)?;
+        if p.state == to {
+            return None;
+        }
+        let from = p.state;
+        p.state = to;
+        p.reason = reason.clone();
+        Some(Transition { rank, from, to, reason })
+    }
+
+    /// Feed one observation about `rank` at time `now` (seconds).
+    pub fn signal(&mut self, now: f64, rank: u32, s: Signal) -> Vec<Transition> {
+        if s == Signal::Connected {
+            let p = self.peers.entry(rank).or_insert(Peer { state: PeerState::Offline, last_traffic: now, unacked_since: None, reason: String::new() });
+            p.last_traffic = now;
+            p.unacked_since = None;
+            return self.set(rank, PeerState::Online, "connected".into()).into_iter().collect();
+        }
+        let Some(p) = self.peers.get_mut(&rank) else { return vec![] };
+        let state = p.state;
+        if state == PeerState::Lost || state == PeerState::Offline {
+            return vec![];
+        }
+        match s {
+            Signal::Connected => vec![],
+            Signal::Goodbye => self.set(rank, PeerState::Offline, "left".into()).into_iter().collect(),
+            Signal::Closed(why) => self.set(rank, PeerState::Lost, why).into_iter().collect(),
+            Signal::ProcessExit(why) => self.set(rank, PeerState::Lost, why).into_iter().collect(),
+            Signal::Traffic => {
+                p.last_traffic = now;
+                p.unacked_since = None;
+                if state == PeerState::Torpid {
+                    return self.set(rank, PeerState::Online, "lively".into()).into_iter().collect();
+                }
+                vec![]
+            }
+            Signal::KernelAck { unacked, last_ack_age } => {
+                if unacked == 0 {
+                    p.unacked_since = None;
+                } else {
+                    // Outstanding data: it has been unacknowledged at least since the last ACK we got.
+                    let since = now - last_ack_age.max(0.0);
+                    p.unacked_since = Some(p.unacked_since.map_or(since, |s: f64| s.max(since)));
+                }
+                self.tick_one(now, rank)
+            }
+        }
+    }
+
+    fn tick_one(&mut self, now: f64, rank: u32) -> Vec<Transition> {
+        let cfg = self.cfg;
+        let Some(p) = self.peers.get(&rank) else { return vec![] };
+        match p.state {
+            PeerState::Online | PeerState::Torpid => {
+                if let Some(since) = p.unacked_since {
+                    if now >= since + cfg.lost_timeout - 1e-9 {
+                        let why = format!("node not responding: no TCP acknowledgement for {:.0} ms", (now - since) * 1e3);
+                        return self.set(rank, PeerState::Lost, why).into_iter().collect();
+                    }
+                }
+                if p.state == PeerState::Online && now >= p.last_traffic + cfg.torpid_max - 1e-9 {
+                    let why = format!("broker silent for {:.0} ms (its node still acknowledges)", (now - p.last_traffic) * 1e3);
+                    return self.set(rank, PeerState::Torpid, why).into_iter().collect();
+                }
+                vec![]
+            }
+            _ => vec![],
+        }
+    }
+
+    /// Apply time-based rules at `now`.
+    pub fn tick(&mut self, now: f64) -> Vec<Transition> {
+        let ranks: Vec<u32> = self.peers.keys().copied().collect();
+        ranks.into_iter().flat_map(|r| self.tick_one(now, r)).collect()
+    }
+
+    /// Earliest time a time-based rule could fire.
+    pub fn next_deadline(&self) -> Option<f64> {
+        let mut best: Option<f64> = None;
+        for p in self.peers.values() {
+            let mut c = |t: f64| best = Some(best.map_or(t, |b: f64| b.min(t)));
+            if matches!(p.state, PeerState::Online | PeerState::Torpid) {
+                if let Some(s) = p.unacked_since {
+                    c(s + self.cfg.lost_timeout);
+                }
+                if p.state == PeerState::Online {
+                    c(p.last_traffic + self.cfg.torpid_max);
+                }
+            }
+        }
+        best
+    }
+
+    /// Forget `rank` (e.g. after it was reported lost and its subtree handled).
+    pub fn remove(&mut self, rank: u32) {
+        self.peers.remove(&rank);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m() -> Membership {
+        let mut m = Membership::new(Config::default());
+        m.signal(0.0, 1, Signal::Connected);
+        m
+    }
+
+    #[test]
+    fn close_without_goodbye_is_lost_at_once() {
+        let mut m = m();
+        let t = m.signal(0.001, 1, Signal::Closed("connection reset".into()));
+        assert_eq!(t[0].to, PeerState::Lost);
+        assert!(m.signal(0.002, 1, Signal::Traffic).is_empty(), "lost is final");
+        let mut m2 = self::m();
+        assert_eq!(m2.signal(0.1, 1, Signal::Goodbye)[0].to, PeerState::Offline);
+    }
+
+    #[test]
+    fn stalled_broker_is_torpid_never_lost_while_its_kernel_acks() {
+        let mut m = m();
+        let mut t = 0.0;
+        let mut saw_torpid = None;
+        // 10 s of SIGSTOP: no traffic, but every heartbeat is ACKed by the kernel within a millisecond.
+        while t < 10.0 {
+            t += 0.05;
+            for tr in m.signal(t, 1, Signal::KernelAck { unacked: 0, last_ack_age: 0.001 }) {
+                assert_ne!(tr.to, PeerState::Lost, "{tr:?}");
+                if tr.to == PeerState::Torpid {
+                    saw_torpid.get_or_insert(t);
+                }
+            }
+            for tr in m.tick(t) {
+                assert_ne!(tr.to, PeerState::Lost);
+                if tr.to == PeerState::Torpid {
+                    saw_torpid.get_or_insert(t);
+                }
+            }
+        }
+        let at = saw_torpid.expect("torpid");
+        assert!(at <= 1.0, "torpid within 1 s, at {at}");
+        assert_eq!(m.signal(t, 1, Signal::Traffic)[0].to, PeerState::Online, "lively after SIGCONT");
+    }
+
+    #[test]
+    fn silent_node_is_lost_after_lost_timeout() {
+        let mut m = m();
+        m.signal(1.0, 1, Signal::Traffic);
+        // Heartbeat sent at 1.0 never acknowledged.
+        assert!(m.signal(1.05, 1, Signal::KernelAck { unacked: 1, last_ack_age: 0.05 }).is_empty());
+        let d = m.next_deadline().unwrap();
+        assert!((d - 1.15).abs() < 1e-9, "{d}");
+        let t = m.tick(1.15);
+        assert_eq!(t[0].to, PeerState::Lost);
+        assert!(t[0].reason.contains("no TCP acknowledgement"));
+    }
+
+    #[test]
+    fn saturated_but_alive_never_lost() {
+        // CPU saturation: traffic arrives late and irregularly (up to 400 ms gaps), ACKs within 40 ms
+        // (delayed ACK). Never lost; torpid allowed only for gaps longer than torpid_max.
+        let mut m = m();
+        let mut t = 0.0;
+        let mut seed: u64 = 7;
+        for _ in 0..100_000 {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let gap = (seed >> 33) as f64 / (1u64 << 31) as f64 * 0.4;
+            t += 0.05;
+            let ack_age = ((seed >> 20) & 0xff) as f64 / 255.0 * 0.04;
+            for tr in m.signal(t, 1, Signal::KernelAck { unacked: 1, last_ack_age: ack_age }) {
+                assert_ne!(tr.to, PeerState::Lost);
+            }
+            if gap < 0.2 {
+                m.signal(t, 1, Signal::Traffic);
+            }
+            for tr in m.tick(t) {
+                assert_ne!(tr.to, PeerState::Lost);
+            }
+        }
+    }
+
+    #[test]
+    fn many_peers_virtual_time() {
+        // 16384 peers; every 7th goes silent at t=1 (node gone), every 11th stalls; the rest stay healthy.
+        let mut m = Membership::new(Config::default());
+        let n = 16384u32;
+        for r in 1..=n {
+            m.signal(0.0, r, Signal::Connected);
+        }
+        let mut t = 0.0;
+        while t < 3.0 {
+            t += 0.05;
+            for r in 1..=n {
+                let gone = r % 7 == 0 && t > 1.0;
+                let stalled = r % 11 == 0 && !gone && t > 1.0;
+                if gone {
+                    m.signal(t, r, Signal::KernelAck { unacked: 2, last_ack_age: t - 1.0 });
+                } else {
+                    m.signal(t, r, Signal::KernelAck { unacked: 0, last_ack_age: 0.0 });
+                    if !stalled {
+                        m.signal(t, r, Signal::Traffic);
+                    }
+                }
+            }
+            m.tick(t);
+        }
+        for r in 1..=n {
+            let want = if r % 7 == 0 {
+                PeerState::Lost
+            } else if r % 11 == 0 {
+                PeerState::Torpid
+            } else {
+                PeerState::Online
+            };
+            assert_eq!(m.state(r), want, "rank {r}");
+        }
+    }
+}
