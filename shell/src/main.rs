@@ -349,12 +349,20 @@ impl Shell {
             });
         }
 
+        // Lost-shell notices (node failures elsewhere in the job) arrive as events on `shell.<jobid>`.
+        let _ = self.client.subscribe(&format!("shell.{}", self.input.id_f58)).await;
         let (barrier_tx, mut barrier_rx) = mpsc::unbounded_channel::<Result<BTreeMap<String, String>, String>>();
         let mut abort_code: Option<i32> = None;
         let n = self.input.local_tasks as usize;
         while tasks.len() < n {
             let mut outs = Vec::new();
             tokio::select! {
+                Some(ev) = self.client.next_event() => {
+                    let v = ev.json();
+                    let note = v.get("note").and_then(|n| n.as_str()).unwrap_or("");
+                    let _ = out_tx.send(OutputLine { rank: self.input.first_task, stream: "stderr".into(),
+                        data: format!("vigil-shell: node failure: lost job shell(s) {} on {note}; the job continues", v.get("lost_shells").map(|l| l.to_string()).unwrap_or_default()) });
+                }
                 Some((rank, line)) = pmi_rx.recv() => {
                     outs = match line {
                         Some(l) => pmi_srv.handle(rank, &l),

@@ -1,7 +1,8 @@
 //! Broker core: state, routing and the main loop.
 
 use super::local;
-use super::transport::{link_from_stream, Link, LinkEvent, LinkTx, TcpTransport, Transport};
+use super::transport::{link_from_stream_fd, tcp_ack_state, tune_tcp, Link, LinkEvent, LinkTx, TcpTransport, Transport, TCP_USER_TIMEOUT_MS};
+use crate::membership::{Membership, PeerState, Signal, Transition};
 use crate::hwloc::{NodeResources, NodeTopology, TopologySource};
 use crate::idset::IdSet;
 use crate::jobs::{Action, JobCore, JobId};
@@ -64,7 +65,7 @@ pub struct BrokerOptions {
 pub(crate) enum Input {
     Peer(Peer, u64, Message),
     PeerClosed(Peer, u64, String),
-    ChildHello { conn: u64, msg: Message, link_tx: LinkTx, peer: String, rx: mpsc::UnboundedReceiver<LinkEvent> },
+    ChildHello { conn: u64, msg: Message, link_tx: LinkTx, peer: String, rx: mpsc::UnboundedReceiver<LinkEvent>, sock: Option<std::os::fd::OwnedFd>, tasks: Vec<tokio::task::AbortHandle> },
     LocalNew { id: u32, uid: u32, tx: LinkTx },
     ShellDone { id: JobId, report: Option<ShellReport>, status: i32 },
     InitialStarted(i32),
@@ -83,6 +84,16 @@ pub(crate) enum Peer {
 pub(crate) struct ChildLink {
     pub tx: LinkTx,
     pub conn: u64,
+    pub sock: Option<std::os::fd::OwnedFd>,
+    pub tasks: Vec<tokio::task::AbortHandle>,
+}
+
+impl Drop for ChildLink {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
 }
 
 pub(crate) struct LocalClient {
@@ -103,6 +114,7 @@ pub(crate) enum Internal {
 #[serde(rename_all = "lowercase")]
 pub(crate) enum MemberState {
     Online,
+    Torpid,
     Offline,
     Lost,
 }
@@ -142,10 +154,35 @@ pub(crate) struct Core {
     pub local_uri: String,
     pub initial_pgid: Option<i32>,
     pub pmi_barriers: HashMap<JobId, (Vec<Message>, serde_json::Map<String, Value>)>,
+    /// Liveness of this broker's children (and, under rank u32::MAX, of its parent).
+    pub membership: Membership,
+    pub parent_sock: Option<std::os::fd::OwnedFd>,
+    pub next_heartbeat: Instant,
+    /// Children that said goodbye: their disconnect is "offline", not "lost".
+    pub goodbye: std::collections::HashSet<u32>,
 }
 
 pub(crate) fn now() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+/// Membership key for the parent link.
+const PARENT: u32 = u32::MAX;
+
+/// Membership thresholds from `tbon.heartbeat_period`, `tbon.torpid_max`, `tbon.lost_timeout` (FSD durations).
+pub(crate) fn membership_config(attrs: &BTreeMap<String, String>) -> crate::membership::Config {
+    let mut c = crate::membership::Config::default();
+    let get = |k: &str| attrs.get(k).and_then(|v| crate::duration::parse_duration_secs(v).ok()).filter(|v| v.is_finite() && *v > 0.0);
+    if let Some(v) = get("tbon.heartbeat_period") {
+        c.heartbeat_period = v;
+    }
+    if let Some(v) = get("tbon.torpid_max") {
+        c.torpid_max = v;
+    }
+    if let Some(v) = get("tbon.lost_timeout") {
+        c.lost_timeout = v;
+    }
+    c
 }
 
 /// How long a broker waits for its children to leave during shutdown.
@@ -264,6 +301,10 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         local_uri,
         initial_pgid: None,
         pmi_barriers: HashMap::new(),
+        membership: Membership::new(membership_config(&opts.attrs)),
+        parent_sock: None,
+        next_heartbeat: Instant::now(),
+        goodbye: std::collections::HashSet::new(),
         opts,
     };
     if let Some(jc) = core.jobcore.as_mut() {
@@ -277,6 +318,9 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         let ep = core.opts.endpoints.get(parent as usize).cloned().ok_or_else(|| format!("no endpoint for parent rank {parent}"))?;
         let link = connect_parent(&core, &ep).await?;
         core.parent = Some(link.tx.clone());
+        core.parent_sock = link.sock;
+        let now_s = core.clock();
+        core.membership.signal(now_s, PARENT, Signal::Connected);
         let tx = input_tx.clone();
         tokio::spawn(pump(link.rx, Peer::Parent, 0, tx));
         info!(rank, parent, "connected to parent at {ep}");
@@ -362,17 +406,18 @@ async fn accept_children(l: tokio::net::TcpListener, tx: mpsc::UnboundedSender<I
                 continue;
             }
         };
-        let _ = s.set_nodelay(true);
+        tune_tcp(&s, TCP_USER_TIMEOUT_MS);
+        let dup = { use std::os::fd::AsFd; s.as_fd().try_clone_to_owned().ok() };
         conn += 1;
         let c = conn;
         let tx = tx.clone();
         tokio::spawn(async move {
-            let mut link = link_from_stream(s, addr.to_string());
+            let mut link = link_from_stream_fd(s, addr.to_string(), dup);
             // The first message must be a hello, within 5 s.
             let first = tokio::time::timeout(Duration::from_secs(5), link.rx.recv()).await;
             match first {
                 Ok(Some(LinkEvent::Message(m))) if m.msgtype == MsgType::Control && m.topic == "hello" => {
-                    let _ = tx.send(Input::ChildHello { conn: c, msg: m, link_tx: link.tx, peer: link.peer, rx: link.rx });
+                    let _ = tx.send(Input::ChildHello { conn: c, msg: m, link_tx: link.tx, peer: link.peer, rx: link.rx, sock: link.sock, tasks: link.tasks });
                 }
                 Ok(Some(LinkEvent::Message(m))) => {
                     warn!("overlay peer {addr}: expected hello, got {:?} '{}'; disconnecting", m.msgtype, m.topic);
@@ -432,7 +477,95 @@ impl Core {
             let d = s + SHUTDOWN_GRACE;
             t = Some(t.map_or(d, |x| x.min(d)));
         }
+        if self.shutting_down.is_none() && (self.parent.is_some() || !self.children.is_empty()) {
+            let d = self.next_heartbeat;
+            t = Some(t.map_or(d, |x| x.min(d)));
+        }
+        if let Some(d) = self.membership.next_deadline() {
+            let d = self.start + Duration::from_secs_f64(d.max(0.0));
+            t = Some(t.map_or(d, |x| x.min(d)));
+        }
         t
+    }
+
+    /// Seconds since this broker started (the membership machine's clock).
+    pub(crate) fn clock(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
+    }
+
+    /// Send heartbeats to every peer and sample each link's kernel ACK state.
+    fn heartbeat(&mut self) {
+        let now = self.clock();
+        let hb = Message::control("hb", &json!({}));
+        let mut signals = Vec::new();
+        if let Some(p) = &self.parent {
+            let _ = p.send(hb.clone());
+            if let Some((unacked, age_ms)) = self.parent_sock.as_ref().and_then(tcp_ack_state) {
+                signals.push((PARENT, Signal::KernelAck { unacked, last_ack_age: age_ms as f64 / 1e3 }));
+            }
+        }
+        for (r, c) in &self.children {
+            let _ = c.tx.send(hb.clone());
+            if let Some((unacked, age_ms)) = c.sock.as_ref().and_then(tcp_ack_state) {
+                signals.push((*r, Signal::KernelAck { unacked, last_ack_age: age_ms as f64 / 1e3 }));
+            }
+        }
+        for (r, s) in signals {
+            let t = self.membership.signal(now, r, s);
+            self.apply_transitions(t);
+        }
+        let period = Duration::from_secs_f64(self.membership.config().heartbeat_period);
+        self.next_heartbeat = Instant::now() + period;
+    }
+
+    /// Act on liveness verdicts: lost children (and their subtrees) are reported to rank 0 and dropped; torpid
+    /// and lively ones are reported so rank 0 stops (or resumes) placing work there; a lost parent ends us.
+    fn apply_transitions(&mut self, ts: Vec<Transition>) {
+        for t in ts {
+            if t.rank == PARENT {
+                match t.to {
+                    PeerState::Lost if self.shutting_down.is_none() => {
+                        error!("lost parent: {}; exiting", t.reason);
+                        self.exit_code = 1;
+                        self.parent = None;
+                        self.begin_shutdown("lost parent");
+                    }
+                    PeerState::Torpid => warn!("parent is torpid: {}", t.reason),
+                    PeerState::Online if t.from == PeerState::Torpid => info!("parent is lively again"),
+                    _ => {}
+                }
+                continue;
+            }
+            let r = t.rank;
+            match t.to {
+                PeerState::Lost => {
+                    if let Some(c) = self.children.remove(&r) {
+                        self.child_lost(r, &t.reason);
+                        drop(c);
+                    }
+                    self.membership.remove(r);
+                }
+                PeerState::Torpid | PeerState::Online if self.shutting_down.is_none() => {
+                    let (topic, what) = if t.to == PeerState::Torpid { ("overlay.torpid", "torpid") } else { ("overlay.lively", "lively") };
+                    if t.to == PeerState::Online && t.from != PeerState::Torpid {
+                        continue;
+                    }
+                    warn!("child rank {r} is {what}: {}", t.reason);
+                    let mut m = Message::request(topic, 0, &json!({"ranks": r.to_string(), "reason": t.reason}));
+                    m.flags = FLAG_NORESPONSE;
+                    self.route_request(Peer::Local(u32::MAX), m);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn child_lost(&mut self, r: u32, why: &str) {
+        let subtree: IdSet = self.opts.topo.subtree(self.opts.size, r).into_iter().collect();
+        warn!("lost child rank {r} ({why}); subtree {subtree} is lost");
+        let mut m = Message::request("overlay.lost", 0, &json!({"ranks": subtree.to_string(), "reason": why}));
+        m.flags = FLAG_NORESPONSE;
+        self.route_request(Peer::Local(u32::MAX), m);
     }
 
     fn on_timer(&mut self) {
@@ -440,6 +573,11 @@ impl Core {
         if let Some(jc) = self.jobcore.as_mut() {
             jc.handle_timeout(n);
         }
+        if self.shutting_down.is_none() && Instant::now() >= self.next_heartbeat {
+            self.heartbeat();
+        }
+        let t = self.membership.tick(self.clock());
+        self.apply_transitions(t);
     }
 
     fn finished(&self) -> bool {
@@ -468,6 +606,9 @@ impl Core {
         }
         info!(rank = self.rank(), "shutting down: {why}");
         self.shutting_down = Some(Instant::now());
+        if let Some(p) = &self.parent {
+            let _ = p.send(Message::control("goodbye", &json!({"reason": why})));
+        }
         for c in self.children.values() {
             let _ = c.tx.send(Message::control("shutdown", &json!({"reason": why})));
         }
@@ -479,15 +620,24 @@ impl Core {
     fn handle(&mut self, input: Input) {
         match input {
             Input::Peer(peer, conn, msg) => {
-                if let Peer::Child(r) = peer {
-                    if self.children.get(&r).map(|c| c.conn) != Some(conn) {
-                        return; // stale link
+                match peer {
+                    Peer::Child(r) => {
+                        if self.children.get(&r).map(|c| c.conn) != Some(conn) {
+                            return; // stale link
+                        }
+                        let t = self.membership.signal(self.clock(), r, Signal::Traffic);
+                        self.apply_transitions(t);
                     }
+                    Peer::Parent => {
+                        let t = self.membership.signal(self.clock(), PARENT, Signal::Traffic);
+                        self.apply_transitions(t);
+                    }
+                    Peer::Local(_) => {}
                 }
                 self.on_message(peer, msg);
             }
             Input::PeerClosed(peer, conn, why) => self.on_closed(peer, conn, &why),
-            Input::ChildHello { conn, msg, link_tx, peer, rx } => self.on_hello(conn, msg, link_tx, peer, rx),
+            Input::ChildHello { conn, msg, link_tx, peer, rx, sock, tasks } => self.on_hello(conn, msg, link_tx, peer, rx, sock, tasks),
             Input::LocalNew { id, uid, tx } => {
                 self.locals.insert(id, LocalClient { tx, uid, subs: Vec::new(), streaming: false });
             }
@@ -520,7 +670,8 @@ impl Core {
         }
     }
 
-    fn on_hello(&mut self, conn: u64, msg: Message, tx: LinkTx, peer: String, rx: mpsc::UnboundedReceiver<LinkEvent>) {
+    #[allow(clippy::too_many_arguments)]
+    fn on_hello(&mut self, conn: u64, msg: Message, tx: LinkTx, peer: String, rx: mpsc::UnboundedReceiver<LinkEvent>, sock: Option<std::os::fd::OwnedFd>, tasks: Vec<tokio::task::AbortHandle>) {
         let v = msg.json();
         let rank = v.get("rank").and_then(Value::as_u64).map(|r| r as u32);
         let inst = v.get("instance").and_then(Value::as_str).unwrap_or("");
@@ -542,7 +693,8 @@ impl Core {
             return refuse(format!("rank {rank} is already connected"));
         }
         let _ = tx.send(Message::control("hello-ack", &json!({"rank": self.rank()})));
-        self.children.insert(rank, ChildLink { tx, conn });
+        self.children.insert(rank, ChildLink { tx, conn, sock, tasks });
+        self.membership.signal(self.clock(), rank, Signal::Connected);
         tokio::spawn(pump(rx, Peer::Child(rank), conn, self.input_tx.clone()));
         debug!("child rank {rank} connected from {peer}");
     }
@@ -562,16 +714,25 @@ impl Core {
                 if self.children.get(&r).map(|c| c.conn) != Some(conn) {
                     return;
                 }
-                self.children.remove(&r);
-                let subtree: IdSet = self.opts.topo.subtree(self.opts.size, r).into_iter().collect();
-                if self.shutting_down.is_some() {
+                if self.shutting_down.is_some() || self.goodbye.remove(&r) {
+                    self.children.remove(&r);
+                    self.membership.remove(r);
                     debug!("child rank {r} left");
+                    if self.shutting_down.is_none() {
+                        let subtree: IdSet = self.opts.topo.subtree(self.opts.size, r).into_iter().collect();
+                        let mut m = Message::request("overlay.offline", 0, &json!({"ranks": subtree.to_string(), "reason": "left"}));
+                        m.flags = FLAG_NORESPONSE;
+                        self.route_request(Peer::Local(u32::MAX), m);
+                    }
                     return;
                 }
-                warn!("lost child rank {r} ({why}); subtree {subtree} is lost");
-                let mut m = Message::request("overlay.lost", 0, &json!({"ranks": subtree.to_string(), "reason": why}));
-                m.flags = FLAG_NORESPONSE;
-                self.route_request(Peer::Local(u32::MAX), m);
+                let t = self.membership.signal(self.clock(), r, Signal::Closed(why.to_string()));
+                self.apply_transitions(t);
+                if self.children.remove(&r).is_some() {
+                    // Membership already had it as lost or unknown: still report the loss once.
+                    self.child_lost(r, why);
+                    self.membership.remove(r);
+                }
             }
             Peer::Local(id) => {
                 if let Some(c) = self.locals.remove(&id) {
@@ -608,6 +769,10 @@ impl Core {
             }
             MsgType::Control => match (from, msg.topic.as_str()) {
                 (Peer::Parent, "shutdown") => self.begin_shutdown("parent is shutting down"),
+                (_, "hb") => {}
+                (Peer::Child(r), "goodbye") => {
+                    self.goodbye.insert(r);
+                }
                 (_, t) => debug!("ignoring control '{t}' from {from:?}"),
             },
         }
@@ -775,6 +940,11 @@ impl Core {
                     }
                 }
                 Action::Updated(id) => super::services::wake_watchers(self, id),
+                Action::NotifyShell { id, rank, lost_shells, note } => {
+                    let mut m = Message::request("rexec.notify", rank, &json!({"id": id.0, "lost_shells": lost_shells, "note": note}));
+                    m.flags = FLAG_NORESPONSE;
+                    self.route_request(Peer::Local(u32::MAX), m);
+                }
             }
         }
         self.maybe_start_initial();

@@ -100,6 +100,18 @@ fn handle(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             core.begin_shutdown("shutdown requested");
             Ok(Some(json!({})))
         }
+        "rexec.notify" => {
+            // A lost-shell notice for the job's leader shell: delivered as a local event `shell.<jobid>.lost`
+            // to the shell, which subscribed to `shell.<jobid>`.
+            let id = parse_id(body)?;
+            let ev = Message::event(&format!("shell.{id}.lost"), body);
+            for c in core.locals.values() {
+                if c.subs.iter().any(|s| ev.topic.starts_with(s.as_str())) {
+                    let _ = c.tx.send(ev.clone());
+                }
+            }
+            Ok(Some(json!({})))
+        }
         "rexec.spawn" => spawn_shell(core, msg, body),
         "rexec.kill" => {
             let id = parse_id(body)?;
@@ -254,17 +266,32 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             debug!("rank {rank} ({hostname}) joined with cores {} and GPUs {}", body["cores"], body["gpus"]);
             Ok(Some(json!({})))
         }
-        "overlay.lost" => {
+        "overlay.torpid" | "overlay.lively" => {
             let ranks = parse_ranks(body)?;
             let reason = body.get("reason").and_then(Value::as_str).unwrap_or("").to_string();
-            warn!("ranks {ranks} lost: {reason}");
+            let torpid = msg.topic == "overlay.torpid";
             for r in ranks.iter() {
-                core.members.insert(r, (MemberState::Lost, reason.clone()));
+                if core.members.get(&r).is_some_and(|m| m.0 == MemberState::Online || m.0 == MemberState::Torpid) {
+                    core.members.insert(r, (if torpid { MemberState::Torpid } else { MemberState::Online }, if torpid { reason.clone() } else { String::new() }));
+                }
+            }
+            if let Some(jc) = core.jobcore.as_mut() {
+                jc.ranks_torpid(n, &ranks, torpid);
+            }
+            Ok(Some(json!({})))
+        }
+        "overlay.lost" | "overlay.offline" => {
+            let ranks = parse_ranks(body)?;
+            let reason = body.get("reason").and_then(Value::as_str).unwrap_or("").to_string();
+            let state = if msg.topic == "overlay.lost" { MemberState::Lost } else { MemberState::Offline };
+            warn!("ranks {ranks} {}: {reason}", if state == MemberState::Lost { "lost" } else { "offline" });
+            for r in ranks.iter() {
+                core.members.insert(r, (state.clone(), reason.clone()));
             }
             if let Some(jc) = core.jobcore.as_mut() {
                 jc.ranks_lost(n, &ranks);
             }
-            core.publish("overlay.lost", &json!({"ranks": ranks.to_string(), "reason": reason}));
+            core.publish(&msg.topic.clone(), &json!({"ranks": ranks.to_string(), "reason": reason}));
             Ok(Some(json!({})))
         }
         "overlay.status" => {
@@ -289,8 +316,12 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
                 let (state, reason, at) = match p {
                     None => ("down", "never joined".to_string(), None),
                     Some(p) if p.drained.is_some() => ("drained", p.drained.clone().unwrap_or_default(), p.drained_at),
-                    Some(p) if !p.up => ("down", core.members.get(&r).map(|m| m.1.clone()).unwrap_or_default(), None),
-                    Some(p) if p.torpid => ("torpid", String::new(), None),
+                    Some(p) if !p.up => {
+                        let m = core.members.get(&r).cloned();
+                        let st = if m.as_ref().is_some_and(|m| m.0 == MemberState::Lost) { "lost" } else { "down" };
+                        (st, m.map(|m| m.1).unwrap_or_default(), None)
+                    }
+                    Some(p) if p.torpid => ("torpid", core.members.get(&r).map(|m| m.1.clone()).unwrap_or_default(), None),
                     Some(_) => ("avail", String::new(), None),
                 };
                 rows.push(json!({"rank": r, "hostname": p.map(|p| p.hostname.clone()).unwrap_or_default(), "state": state,

@@ -30,6 +30,38 @@ pub struct Link {
     pub rx: mpsc::UnboundedReceiver<LinkEvent>,
     /// Peer address, for logs.
     pub peer: String,
+    /// A duplicate of the socket's descriptor, for `TCP_INFO` (None for non-TCP links).
+    pub sock: Option<std::os::fd::OwnedFd>,
+    /// Abort handles of the link's reader and writer tasks (to drop a lost peer's link at once).
+    pub tasks: Vec<tokio::task::AbortHandle>,
+}
+
+/// Kernel TCP state of a socket (`TCP_INFO`): segments sent and not yet acknowledged, and milliseconds since
+/// the last ACK was received. `None` if the descriptor is not a TCP socket.
+pub fn tcp_ack_state(fd: &std::os::fd::OwnedFd) -> Option<(u32, u32)> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: tcp_info is plain old data; getsockopt writes at most `len` bytes into it.
+    unsafe {
+        let mut info: libc::tcp_info = std::mem::zeroed();
+        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+        let r = libc::getsockopt(fd.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_INFO, &mut info as *mut _ as *mut libc::c_void, &mut len);
+        if r != 0 {
+            return None;
+        }
+        Some((info.tcpi_unacked, info.tcpi_last_ack_recv))
+    }
+}
+
+/// Configure an overlay TCP socket: no Nagle delay, and `TCP_USER_TIMEOUT` (milliseconds) as a kernel backstop
+/// so data unacknowledged that long fails the connection even if userspace is starved.
+pub fn tune_tcp(s: &tokio::net::TcpStream, user_timeout_ms: u32) {
+    use std::os::fd::AsRawFd;
+    let _ = s.set_nodelay(true);
+    let v: libc::c_uint = user_timeout_ms;
+    // SAFETY: setsockopt with a valid fd and a c_uint option value of the right size.
+    unsafe {
+        libc::setsockopt(s.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, &v as *const _ as *const libc::c_void, std::mem::size_of::<libc::c_uint>() as libc::socklen_t);
+    }
 }
 
 /// A way to reach overlay peers. Implementations: [`TcpTransport`]; RDMA comes later.
@@ -45,10 +77,18 @@ pub fn link_from_stream<S>(stream: S, peer: String) -> Link
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
+    link_from_stream_fd(stream, peer, None)
+}
+
+/// Like [`link_from_stream`], keeping `sock` (a duplicate descriptor) for `TCP_INFO`.
+pub fn link_from_stream_fd<S>(stream: S, peer: String, sock: Option<std::os::fd::OwnedFd>) -> Link
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
     let (mut rd, wr) = tokio::io::split(stream);
     let (tx, mut out_rx) = mpsc::unbounded_channel::<Message>();
     let (in_tx, rx) = mpsc::unbounded_channel::<LinkEvent>();
-    tokio::spawn(async move {
+    let wt = tokio::spawn(async move {
         let mut w = BufWriter::new(wr);
         while let Some(m) = out_rx.recv().await {
             if w.write_all(&m.encode()).await.is_err() {
@@ -66,7 +106,7 @@ where
         }
         let _ = w.shutdown().await;
     });
-    tokio::spawn(async move {
+    let rt = tokio::spawn(async move {
         loop {
             match read_frame(&mut rd).await {
                 Ok(Some(m)) => {
@@ -85,8 +125,11 @@ where
             }
         }
     });
-    Link { tx, rx, peer }
+    Link { tx, rx, peer, sock, tasks: vec![wt.abort_handle(), rt.abort_handle()] }
 }
+
+/// `TCP_USER_TIMEOUT` of overlay sockets (ms): the kernel's backstop behind the membership rules.
+pub const TCP_USER_TIMEOUT_MS: u32 = 2000;
 
 /// TCP overlay transport (tokio, `TCP_NODELAY`).
 #[derive(Debug, Default, Clone, Copy)]
@@ -100,8 +143,9 @@ impl Transport for TcpTransport {
         Box::pin(async move {
             let addr = endpoint.strip_prefix("tcp://").unwrap_or(&endpoint).to_string();
             let s = tokio::net::TcpStream::connect(&addr).await?;
-            s.set_nodelay(true)?;
-            Ok(link_from_stream(s, addr))
+            tune_tcp(&s, TCP_USER_TIMEOUT_MS);
+            let dup = { use std::os::fd::AsFd; s.as_fd().try_clone_to_owned().ok() };
+            Ok(link_from_stream_fd(s, addr, dup))
         })
     }
 }

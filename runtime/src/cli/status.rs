@@ -117,14 +117,14 @@ pub(crate) async fn resource(cmd: ResourceCmd) -> Result<i32, String> {
             let mut groups: BTreeMap<(usize, String, String), Vec<&Value>> = BTreeMap::new();
             for row in &rows {
                 let st = row["state"].as_str().unwrap_or("").to_string();
-                let order = ["avail", "torpid", "drained", "down"].iter().position(|s| *s == st).unwrap_or(9);
+                let order = ["avail", "torpid", "drained", "lost", "down"].iter().position(|s| *s == st).unwrap_or(9);
                 let reason = row["reason"].as_str().unwrap_or("").to_string();
                 groups.entry((order, st, reason)).or_default().push(row);
             }
             println!("{:>8} {:>6} {:<12} {:<24} REASON", "STATE", "NNODES", "RANKS", "NODELIST");
             for s in ["avail", "drained", "down"] {
                 if !groups.keys().any(|k| k.1 == s) {
-                    groups.insert((["avail", "torpid", "drained", "down"].iter().position(|x| *x == s).unwrap_or(9), s.into(), String::new()), vec![]);
+                    groups.insert((["avail", "torpid", "drained", "lost", "down"].iter().position(|x| *x == s).unwrap_or(9), s.into(), String::new()), vec![]);
                 }
             }
             for ((_, st, reason), rs) in &groups {
@@ -194,7 +194,8 @@ pub(crate) async fn resource(cmd: ResourceCmd) -> Result<i32, String> {
     }
 }
 
-/// Health of the subtree rooted at `rank`: full, partial (some offline), degraded (some lost), lost, offline.
+/// Health of the subtree rooted at `rank`: full, partial (some offline), degraded (some lost or torpid), lost,
+/// offline.
 fn subtree_health(ranks: &[Value], rank: usize) -> &'static str {
     let st = |r: usize| ranks.get(r).and_then(|v| v["state"].as_str()).unwrap_or("offline");
     match st(rank) {
@@ -206,7 +207,7 @@ fn subtree_health(ranks: &[Value], rank: usize) -> &'static str {
     let (mut offline, mut lost) = (false, false);
     while let Some(r) = stack.pop() {
         match st(r) {
-            "lost" => lost = true,
+            "lost" | "torpid" => lost = true,
             "offline" => offline = true,
             _ => {}
         }
@@ -228,7 +229,11 @@ fn draw(ranks: &[Value], rank: usize, prefix: &str, last: bool, root: bool, out:
     let health = subtree_health(ranks, rank);
     let reason = v["reason"].as_str().filter(|s| !s.is_empty()).map(|s| format!(" ({s})")).unwrap_or_default();
     let branch = if root { "" } else if last { "└─ " } else { "├─ " };
-    out.push_str(&format!("{prefix}{branch}{} {}: {health}{reason}\n", rank, v["hostname"].as_str().unwrap_or("?")));
+    let own = match v["state"].as_str() {
+        Some("torpid") => " [torpid]",
+        _ => "",
+    };
+    out.push_str(&format!("{prefix}{branch}{} {}: {health}{own}{reason}\n", rank, v["hostname"].as_str().unwrap_or("?")));
     let ch: Vec<usize> = v["children"].as_array().map(|a| a.iter().filter_map(|c| c.as_u64()).map(|c| c as usize).collect()).unwrap_or_default();
     let np = if root { String::new() } else { format!("{prefix}{}", if last { "   " } else { "│  " }) };
     for (i, c) in ch.iter().enumerate() {

@@ -49,6 +49,17 @@ pub enum Action {
     },
     /// The job's eventlog or output grew: wake its watchers.
     Updated(JobId),
+    /// Tell the job's leader shell (on broker `rank`) that shells were lost to a node failure.
+    NotifyShell {
+        /// Job.
+        id: JobId,
+        /// Broker rank of the leader shell.
+        rank: u32,
+        /// Shell ranks lost.
+        lost_shells: Vec<u32>,
+        /// Hosts and ranks, for the shell's message.
+        note: String,
+    },
 }
 
 /// An RFC 21 exception.
@@ -308,22 +319,53 @@ impl JobCore {
         }
     }
 
-    /// Brokers on `ranks` were lost (a whole subtree). Their resources go down; running jobs with a shell there
-    /// get a fatal `exec` exception (the critical-rank rules of later work refine this).
+    /// Ranks became torpid (`true`: no new work placed there) or lively again (`false`); RFC 44 events.
+    pub fn ranks_torpid(&mut self, now: f64, ranks: &IdSet, torpid: bool) {
+        for r in ranks.iter() {
+            if let Some(p) = self.pool.ranks.get_mut(&r) {
+                p.torpid = torpid;
+            }
+        }
+        let name = if torpid { "torpid" } else { "lively" };
+        self.resource_eventlog.push(Event::with_time(now, name, json!({"idset": ranks.to_string()})));
+        if !torpid {
+            self.schedule(now);
+        }
+    }
+
+    /// Critical broker ranks of a job: every shell of an ordinary job; for a nested instance, the ranks it
+    /// reported (its rank 0 and routers, mapped to this instance's ranks).
+    pub fn critical_ranks(job: &Job) -> IdSet {
+        match job.instance.as_ref().and_then(|i| i.get("critical_broker_ranks")).and_then(Value::as_str).and_then(|s| IdSet::parse(s).ok()) {
+            Some(c) => c,
+            None => job.shells.keys().copied().collect(),
+        }
+    }
+
+    /// Brokers on `ranks` were lost (a whole subtree). Their resources go down. For every running job with a
+    /// shell there: losing a critical rank raises a fatal `exec` exception (severity 0); losing any other raises
+    /// a `node-failure` exception (severity 2), releases the lost ranks' resources early (RFC 32 partial
+    /// release), tells the job's leader shell, and the job keeps running on the survivors.
     pub fn ranks_lost(&mut self, now: f64, ranks: &IdSet) {
         for r in ranks.iter() {
             if let Some(p) = self.pool.ranks.get_mut(&r) {
                 p.up = false;
+                p.torpid = false;
             }
         }
         self.resource_eventlog.push(Event::with_time(now, "offline", json!({"idset": ranks.to_string()})));
         let ids: Vec<JobId> = self.jobs.values().filter(|j| j.state == JobState::Run || j.state == JobState::Cleanup).map(|j| j.id).collect();
         for id in ids {
-            let lost: Vec<u32> = self.jobs[&id].shells.keys().copied().filter(|r| ranks.contains(*r)).collect();
+            let job = &self.jobs[&id];
+            let lost: Vec<u32> = job.shells.iter().filter(|(r, s)| ranks.contains(**r) && !s.exited).map(|(r, _)| *r).collect();
             if lost.is_empty() {
                 continue;
             }
-            let host = self.pool.ranks.get(&lost[0]).map(|p| p.hostname.clone()).unwrap_or_default();
+            let critical = Self::critical_ranks(job);
+            let hosts: Vec<String> = lost.iter().map(|r| self.pool.ranks.get(r).map(|p| p.hostname.clone()).unwrap_or_default()).collect();
+            let lost_set: IdSet = lost.iter().copied().collect();
+            let what = lost.iter().zip(&hosts).map(|(r, h)| format!("{h} (rank {r})")).collect::<Vec<_>>().join(", ");
+            let fatal = lost.iter().any(|r| critical.contains(*r));
             if let Some(j) = self.jobs.get_mut(&id) {
                 for r in &lost {
                     if let Some(s) = j.shells.get_mut(r) {
@@ -331,9 +373,25 @@ impl JobCore {
                     }
                 }
             }
-            self.raise(now, id, "exec", 0, &format!("lost contact with job shell on {host} (rank {})", lost[0]));
+            if fatal {
+                self.raise(now, id, "exec", 0, &format!("lost critical rank: {what}"));
+            } else {
+                self.raise(now, id, "node-failure", 2, &format!("lost node {what}; the job continues on the remaining nodes"));
+                let leader = self.jobs[&id].shells.values().filter(|s| !s.exited).min_by_key(|s| s.shell_rank).map(|s| s.rank);
+                let shell_ranks: Vec<u32> = lost.iter().filter_map(|r| self.jobs[&id].shells.get(r).map(|s| s.shell_rank)).collect();
+                if let Some(j) = self.jobs.get_mut(&id) {
+                    j.post(now, "release", json!({"ranks": lost_set.to_string(), "final": false}));
+                    let alloc = j.alloc.clone();
+                    self.pool.free(&alloc, Some(&lost_set));
+                }
+                if let Some(leader) = leader {
+                    self.actions.push_back(Action::NotifyShell { id, rank: leader, lost_shells: shell_ranks, note: what.clone() });
+                }
+                self.actions.push_back(Action::Updated(id));
+            }
             self.maybe_finish(now, id);
         }
+        self.schedule(now);
     }
 
     // ---------------------------------------------------------------- jobs
