@@ -116,7 +116,7 @@ fn topology_source(attrs: &BTreeMap<String, String>) -> Result<(TopologySource, 
 }
 
 const KNOWN_ATTRS: &[&str] = &[
-    "tbon.topo", "tbon.fanout", "tbon.connect_timeout", "resource.synthetic", "resource.xml", "resource.gpus",
+    "tbon.topo", "tbon.fanout", "tbon.connect_timeout", "tbon.heartbeat_period", "tbon.torpid_max", "tbon.lost_timeout", "resource.synthetic", "resource.xml", "resource.gpus",
     "exec.kill-timeout", "exec.shell", "log-level", "rundir", "instance-level", "resource.discovery", "jobid", "parent-uri",
 ];
 
@@ -129,6 +129,14 @@ pub(crate) fn check_attrs(attrs: &BTreeMap<String, String>) -> Result<(), String
     if let Some(v) = attrs.get("resource.discovery") {
         if v != "hwloc" && v != "cpu-count" {
             return Err(format!("invalid resource.discovery '{v}': expected hwloc or cpu-count"));
+        }
+    }
+    for k in ["tbon.heartbeat_period", "tbon.torpid_max", "tbon.lost_timeout", "tbon.connect_timeout"] {
+        if let Some(v) = attrs.get(k) {
+            let s = crate::duration::parse_duration_secs(v).map_err(|e| format!("{k}: {e}"))?;
+            if !(s > 0.0) {
+                return Err(format!("{k}: must be greater than 0"));
+            }
         }
     }
     if let Some(v) = attrs.get("exec.kill-timeout") {

@@ -282,3 +282,87 @@ fn many_jobs_on_thousands_of_ranks() {
     assert_eq!(started_order, ids, "FCFS: jobs start in submission order");
     assert!(c.pool.ranks.values().all(|p| p.alloc_cores.is_empty()));
 }
+
+fn make_instance(c: &mut JobCore, id: JobId, critical_broker_ranks: &str) {
+    let j = c.jobs.get_mut(&id).unwrap();
+    j.instance = Some(json!({"uri": "local:///x", "critical_ranks": "0", "critical_broker_ranks": critical_broker_ranks}));
+}
+
+#[test]
+fn nested_instance_survives_a_non_critical_node() {
+    let mut c = core(5, 2, 0);
+    let id = c.submit(T0, &spec(cmd().nnodes(5).exclusive(true)), 0).unwrap();
+    actions(&mut c);
+    for r in 0..5 {
+        c.shell_spawned(T0, id, r, Ok(()));
+    }
+    make_instance(&mut c, id, "0");
+    c.ranks_lost(T0 + 1.0, &IdSet::from_iter([3]));
+    let j = &c.jobs[&id];
+    assert_eq!(j.state, JobState::Run, "non-critical loss keeps the job running");
+    assert!(j.fatal.is_none());
+    let exc: Vec<_> = j.eventlog.iter().filter(|e| e.name == "exception").collect();
+    assert_eq!(exc.len(), 1);
+    assert_eq!(exc[0].context["type"], json!("node-failure"));
+    assert_eq!(exc[0].context["severity"], json!(2));
+    assert!(j.eventlog.iter().any(|e| e.name == "release" && e.context["final"] == json!(false) && e.context["ranks"] == json!("3")));
+    assert!(c.pool.ranks[&3].alloc_cores.is_empty(), "the lost node's resources are released early");
+    let a = actions(&mut c);
+    assert!(a.iter().any(|x| matches!(x, Action::NotifyShell { rank: 0, lost_shells, .. } if lost_shells == &vec![3])), "{a:?}");
+    assert!(signals(&a).is_empty(), "nothing is killed");
+    for r in [0, 1, 2, 4] {
+        exit_shell(&mut c, T0 + 2.0, id, r, 0);
+    }
+    let j = &c.jobs[&id];
+    assert_eq!(j.state, JobState::Inactive, "completes without the lost shell");
+    assert_eq!(j.result(), Some("COMPLETED"));
+    assert_eq!(j.exit_code(), Some(0));
+}
+
+#[test]
+fn losing_a_critical_rank_is_fatal() {
+    let mut c = core(5, 2, 0);
+    let id = c.submit(T0, &spec(cmd().nnodes(4).exclusive(true)), 0).unwrap();
+    actions(&mut c);
+    make_instance(&mut c, id, "0,2");
+    c.ranks_lost(T0 + 1.0, &IdSet::from_iter([2]));
+    let j = &c.jobs[&id];
+    let e = j.fatal.clone().expect("fatal");
+    assert_eq!((e.kind.as_str(), e.severity), ("exec", 0));
+    assert!(e.note.contains("critical") && e.note.contains("rank 2"), "{e:?}");
+    assert_eq!(signals(&actions(&mut c)), vec![(vec![0, 1, 3], libc::SIGTERM)], "survivors are killed");
+}
+
+#[test]
+fn torpid_ranks_get_no_new_work_until_lively() {
+    let mut c = core(2, 1, 0);
+    c.ranks_torpid(T0, &IdSet::from_iter([1]), true);
+    let id = c.submit(T0, &spec(cmd().nnodes(2)), 0).unwrap();
+    assert_eq!(c.jobs[&id].state, JobState::Sched);
+    c.ranks_torpid(T0 + 1.0, &IdSet::from_iter([1]), false);
+    assert_eq!(c.jobs[&id].state, JobState::Run);
+    let names: Vec<_> = c.resource_eventlog.iter().map(|e| e.name.as_str()).collect();
+    assert!(names.ends_with(&["torpid", "lively"]));
+}
+
+/// A 2048-node nested instance on 4096 ranks loses 200 non-critical nodes one by one in virtual time: it keeps
+/// running, every loss is one severity-2 exception and one partial release; then its rank 0 dies: fatal.
+#[test]
+fn large_instance_loses_many_nodes() {
+    let mut c = core(4096, 4, 0);
+    let id = c.submit(T0, &spec(cmd().nnodes(2048).exclusive(true)), 0).unwrap();
+    actions(&mut c);
+    make_instance(&mut c, id, "0");
+    let mut t = T0;
+    for k in 0..200u32 {
+        t += 0.01;
+        c.ranks_lost(t, &IdSet::from_iter([1 + k * 7]));
+        assert_eq!(c.jobs[&id].state, JobState::Run);
+    }
+    let j = &c.jobs[&id];
+    assert_eq!(j.eventlog.iter().filter(|e| e.name == "exception").count(), 200);
+    assert_eq!(j.eventlog.iter().filter(|e| e.name == "release").count(), 200);
+    assert!(j.fatal.is_none());
+    c.ranks_lost(t + 1.0, &IdSet::from_iter([0]));
+    assert_eq!(c.jobs[&id].fatal.as_ref().map(|e| e.severity), Some(0));
+}
