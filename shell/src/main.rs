@@ -376,6 +376,11 @@ impl Shell {
                 e = exit_rx.recv() => match e {
                     Some((rank, st)) => {
                         tasks.push((rank, st));
+                        // A task that exits without PMI_Finalize fails the job even if something it started
+                        // still holds its PMI socket open.
+                        if use_pmi {
+                            outs.extend(pmi_srv.closed(rank));
+                        }
                         let _ = self.client.send(TOPIC_TASK_EXIT, 0, &serde_json::json!({"id": id, "rank": rank, "status": st}));
                     }
                     None => break,

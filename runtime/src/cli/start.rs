@@ -131,6 +131,7 @@ pub(crate) fn check_attrs(attrs: &BTreeMap<String, String>) -> Result<(), String
             return Err(format!("invalid resource.discovery '{v}': expected hwloc or cpu-count"));
         }
     }
+    topology_from_attrs(attrs)?;
     for k in ["tbon.heartbeat_period", "tbon.torpid_max", "tbon.lost_timeout", "tbon.connect_timeout"] {
         if let Some(v) = attrs.get(k) {
             let s = crate::duration::parse_duration_secs(v).map_err(|e| format!("{k}: {e}"))?;

@@ -1,0 +1,367 @@
+//! Nested instances end to end: `vigil batch` (directives, output files, exit codes, two levels), `vigil alloc`,
+//! `vigil proxy`, the critical ranks a child reports to its parent, the resources a child sees, and bad input.
+
+mod common;
+
+use common::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::Duration;
+
+/// Timeout of a command that waits for a whole nested instance.
+const NESTED_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Write an executable script `name` into the instance's directory; returns "./name".
+fn script(inst: &Instance, name: &str, body: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let p = inst.dir.path().join(name);
+    std::fs::write(&p, body).expect("write script");
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod script");
+    format!("./{name}")
+}
+
+/// `vigil batch ARGS...`, returning the job id it prints.
+#[track_caller]
+fn batch(inst: &Instance, args: &[&str]) -> String {
+    let mut a = vec!["batch"];
+    a.extend_from_slice(args);
+    let o = inst.vigil(&a);
+    o.ok();
+    let id = o.stdout.trim().to_string();
+    assert!(id.starts_with('f') && !id.contains(char::is_whitespace), "bad job id:\n{}", o.dump());
+    id
+}
+
+/// Read a file of the instance's directory.
+#[track_caller]
+fn read(inst: &Instance, name: &str) -> String {
+    std::fs::read_to_string(inst.dir.path().join(name)).unwrap_or_else(|e| panic!("cannot read {name}: {e}"))
+}
+
+/// `vigil job info ID` as JSON.
+#[track_caller]
+fn job_info(inst: &Instance, id: &str) -> serde_json::Value {
+    let o = inst.vigil(&["job", "info", id]);
+    o.ok();
+    o.json()
+}
+
+/// Cores per node of the instance (from rank 0).
+#[track_caller]
+fn cores_per_node(inst: &Instance) -> u64 {
+    let o = inst.vigil(&["resource", "list", "--json"]);
+    o.ok();
+    o.json()["ranks"][0]["ncores"].as_u64().unwrap_or_else(|| panic!("{}", o.dump()))
+}
+
+/// The (NNODES, NCORES) of the `free` row of a `vigil resource list` table found in `text`.
+fn free_row(text: &str) -> Option<(u64, u64)> {
+    text.lines().find_map(|l| {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        (w.first() == Some(&"free") && w.len() >= 4).then(|| (w[1].parse().ok(), w[2].parse().ok())).and_then(|(a, b)| Some((a?, b?)))
+    })
+}
+
+/// Expand an idset / cpulist ("0-2,5").
+fn expand(s: &str) -> Vec<u32> {
+    let mut v = Vec::new();
+    for part in s.split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => v.extend(a.parse::<u32>().unwrap()..=b.parse::<u32>().unwrap()),
+            None => v.push(part.parse().unwrap()),
+        }
+    }
+    v
+}
+
+/// Format ranks as an idset ("0,2-3").
+fn idset(ranks: &[u32]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ranks.len() {
+        let mut j = i;
+        while j + 1 < ranks.len() && ranks[j + 1] == ranks[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j { ranks[i].to_string() } else { format!("{}-{}", ranks[i], ranks[j]) });
+        i = j + 1;
+    }
+    out.join(",")
+}
+
+/// A batch script that waits until the file `go` exists in `dir`, then prints "done".
+fn waiter(dir: &Path, go: &str) -> String {
+    format!("#!/bin/sh\nwhile [ ! -e '{}' ]; do sleep 0.1; done\necho done\n", dir.join(go).display())
+}
+
+/// Wait until job `id` reports its nested instance (info.uri); returns `info`.
+#[track_caller]
+fn wait_for_uri(inst: &Instance, id: &str) -> serde_json::Value {
+    let mut info = serde_json::Value::Null;
+    let ok = wait_for(NESTED_TIMEOUT, || {
+        info = job_info(inst, id)["info"].clone();
+        info["uri"].is_string() || info["state"].as_str() == Some("INACTIVE")
+    });
+    assert!(ok && info["uri"].is_string(), "job {id} never reported its instance: {info}");
+    info
+}
+
+const BATCH_SCRIPT: &str = r#"#!/bin/sh
+# vigil: -N 2
+echo "size $(vigil getattr size)"
+echo "level $(vigil getattr instance-level)"
+echo "args $*"
+vigil resource list
+vigil run -N2 -n2 printenv VIGIL_BROKER_RANK | sort | sed 's/^/broker-rank /'
+exit 5
+"#;
+
+#[track_caller]
+fn check_batch_output(text: &str, per_node: u64) {
+    let lines: Vec<&str> = text.lines().collect();
+    for want in ["size 2", "level 1", "args one two words", "broker-rank 0", "broker-rank 1"] {
+        assert!(lines.contains(&want), "missing {want:?} in the batch output:\n{text}");
+    }
+    assert_eq!(free_row(text), Some((2, 2 * per_node)), "the child owns 2 nodes, {} cores:\n{text}", 2 * per_node);
+}
+
+#[test]
+fn batch_runs_the_script_in_a_child_instance() {
+    let inst = Instance::start(3, &[]);
+    let per_node = cores_per_node(&inst);
+    let s = script(&inst, "job.sh", BATCH_SCRIPT);
+    let id = batch(&inst, &[&s, "one", "two words"]);
+    inst.vigil_t(&["job", "wait", &id], NESTED_TIMEOUT).code_is(5);
+    let text = read(&inst, &format!("vigil-{id}.out"));
+    check_batch_output(&text, per_node);
+    let j = inst.job(&id);
+    assert_eq!((j["state"].as_str(), j["exit_code"].as_i64(), j["nnodes"].as_u64()), (Some("INACTIVE"), Some(5), Some(2)), "{j}");
+    assert_eq!(j["name"].as_str(), Some("job.sh"), "{j}");
+
+    // --output instead of the default file.
+    let id2 = batch(&inst, &["--output=custom.out", &s, "one", "two words"]);
+    inst.vigil_t(&["job", "wait", &id2], NESTED_TIMEOUT).code_is(5);
+    check_batch_output(&read(&inst, "custom.out"), per_node);
+    assert!(!inst.dir.path().join(format!("vigil-{id2}.out")).exists(), "--output replaces the default file");
+    // Everything is free again in the parent.
+    let l = inst.vigil(&["resource", "list"]);
+    assert_eq!(free_row(&l.stdout), Some((3, 3 * per_node)), "{}", l.dump());
+}
+
+#[test]
+fn batch_in_a_batch_is_level_two() {
+    let inst = Instance::start(3, &[]);
+    script(&inst, "inner.sh", "#!/bin/sh\n# vigil: -N 2\necho \"inner level $(vigil getattr instance-level) size $(vigil getattr size)\"\nvigil uptime\n");
+    let outer = script(
+        &inst,
+        "outer.sh",
+        "#!/bin/sh\n# vigil: -N 3\necho \"outer level $(vigil getattr instance-level) size $(vigil getattr size)\"\n\
+         id=$(vigil batch --output=inner.out ./inner.sh) || exit 90\nvigil job wait $id\necho \"inner exit $?\"\nvigil jobs -a\n",
+    );
+    let id = batch(&inst, &["--output=outer.out", &outer]);
+    inst.vigil_t(&["job", "wait", &id], NESTED_TIMEOUT).code_is(0);
+    let o = read(&inst, "outer.out");
+    assert!(o.lines().any(|l| l == "outer level 1 size 3"), "{o}");
+    assert!(o.lines().any(|l| l == "inner exit 0"), "{o}");
+    assert!(o.lines().any(|l| l.contains("inner.sh") && l.split_whitespace().nth(3) == Some("CD")), "the outer instance ran the inner batch:\n{o}");
+    let i = read(&inst, "inner.out");
+    assert!(i.lines().any(|l| l == "inner level 2 size 2"), "{i}");
+    let up = i.lines().find(|l| l.contains("owner")).unwrap_or_else(|| panic!("no uptime line:\n{i}"));
+    assert!(up.contains("depth 2,") && up.contains("size 2,"), "{up}");
+    // The parent only knows the outer job.
+    let jobs = inst.jobs();
+    assert_eq!(jobs.len(), 1, "{jobs:#?}");
+    // Nothing of either child instance outlives the parent.
+    let (out, left) = inst.stop_with(0);
+    out.code_is(0);
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+#[test]
+fn alloc_runs_a_command_and_gives_everything_back() {
+    let inst = Instance::start(3, &[]);
+    let per_node = cores_per_node(&inst);
+    let o = inst.vigil_t(&["alloc", "-N2", "sh", "-c", "vigil getattr size; vigil run -N2 -n2 true || exit 9; exit 3"], NESTED_TIMEOUT);
+    o.code_is(3);
+    assert_eq!(o.lines(), vec!["2"], "{}", o.dump());
+    let id = o
+        .stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("vigil: job ").and_then(|r| r.split(':').next()))
+        .unwrap_or_else(|| panic!("no job id on stderr:\n{}", o.dump()))
+        .to_string();
+    let j = inst.job(&id);
+    assert_eq!(j["state"].as_str(), Some("INACTIVE"), "{j}");
+    assert_eq!(j["exit_code"].as_i64(), Some(3), "{j}");
+    assert_eq!(j["nnodes"].as_u64(), Some(2), "{j}");
+    let l = inst.vigil(&["resource", "list"]);
+    l.ok();
+    assert_eq!(free_row(&l.stdout), Some((3, 3 * per_node)), "everything free again:\n{}", l.dump());
+    let (out, left) = inst.stop_with(0);
+    out.code_is(0);
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+#[test]
+fn proxy_reaches_a_running_batch_instance() {
+    let inst = Instance::start(3, &[]);
+    let s = script(&inst, "wait.sh", &waiter(inst.dir.path(), "go"));
+    let id = batch(&inst, &["-N2", &s]);
+    let info = wait_for_uri(&inst, &id);
+    assert_eq!(info["state"].as_str(), Some("RUN"), "{info}");
+    let p = inst.vigil(&["proxy", &id, "vigil", "getattr", "size"]);
+    p.ok();
+    assert_eq!(p.stdout.trim(), "2", "{}", p.dump());
+    let p = inst.vigil(&["proxy", &id, "sh", "-c", "exit 6"]);
+    p.code_is(6);
+    std::fs::write(inst.dir.path().join("go"), "").unwrap();
+    inst.vigil_t(&["job", "wait", &id], NESTED_TIMEOUT).code_is(0);
+    assert_eq!(read(&inst, &format!("vigil-{id}.out")).trim(), "done");
+    // A finished instance and an ordinary job cannot be proxied.
+    let p = inst.vigil(&["proxy", &id, "true"]);
+    assert_eq!(p.code, 1, "{}", p.dump());
+    assert!(p.stderr.contains("not running"), "{}", p.dump());
+    let plain = inst.submit(&["true"]);
+    inst.vigil(&["job", "wait", &plain]).ok();
+    let p = inst.vigil(&["proxy", &plain, "true"]);
+    assert_eq!(p.code, 1, "{}", p.dump());
+    assert!(p.stderr.contains("not a running instance"), "{}", p.dump());
+}
+
+/// Run a -N3 waiter batch with `extra` options; returns (job ranks in the parent, info.instance).
+#[track_caller]
+fn critical(inst: &Instance, extra: &[&str], go: &str) -> (Vec<u32>, serde_json::Value) {
+    let s = script(inst, &format!("{go}.sh"), &waiter(inst.dir.path(), go));
+    let mut args: Vec<&str> = vec!["-N3"];
+    args.extend_from_slice(extra);
+    args.push(&s);
+    let id = batch(inst, &args);
+    let info = wait_for_uri(inst, &id);
+    let ranks = expand(info["ranks"].as_str().unwrap_or(""));
+    let p = inst.vigil(&["proxy", &id, "vigil", "overlay", "status"]);
+    p.ok();
+    std::fs::write(inst.dir.path().join(go), "").unwrap();
+    inst.vigil_t(&["job", "wait", &id], NESTED_TIMEOUT).code_is(0);
+    let inner = info["instance"]["critical_ranks"].as_str().unwrap_or("?").to_string();
+    assert!(p.stdout.lines().next().unwrap_or("").contains(&format!("critical ranks {inner}")), "the child's own view agrees:\n{}", p.dump());
+    (ranks, info["instance"].clone())
+}
+
+#[test]
+fn critical_ranks_are_recorded_in_the_parent() {
+    let inst = Instance::start(4, &[]);
+    // Flat (the default of a nested instance): only rank 0 is critical. Rank 0 of the parent is drained, so the
+    // child's rank 0 is some other parent rank.
+    inst.vigil(&["resource", "drain", "0", "test"]).ok();
+    let (ranks, i) = critical(&inst, &[], "go1");
+    assert_eq!(ranks, vec![1, 2, 3], "{i}");
+    assert_eq!(i["size"].as_u64(), Some(3), "{i}");
+    assert_eq!(i["critical_ranks"].as_str(), Some("0"), "{i}");
+    assert_eq!(i["critical_broker_ranks"].as_str(), Some(idset(&ranks[..1]).as_str()), "{i}");
+    inst.vigil(&["resource", "undrain", "0"]).ok();
+
+    // A chain: ranks 0 and 1 are critical; with parent rank 1 drained they are parent ranks 0 and 2.
+    inst.vigil(&["resource", "drain", "1", "test"]).ok();
+    let (ranks, i) = critical(&inst, &["-S", "tbon.topo=kary:1"], "go2");
+    assert_eq!(ranks, vec![0, 2, 3], "{i}");
+    assert_eq!(i["critical_ranks"].as_str(), Some("0-1"), "{i}");
+    assert_eq!(i["critical_broker_ranks"].as_str(), Some(idset(&ranks[..2]).as_str()), "{i}");
+}
+
+#[test]
+fn child_sees_synthetic_resources_and_places_tasks() {
+    let inst = Instance::start(2, &["resource.synthetic=pack:4 numa:1 core:24 pu:2"]);
+    let s = script(
+        &inst,
+        "syn.sh",
+        "#!/bin/sh\nvigil resource list\nvigil run -N2 -n8 -c12 sh -c 'echo \"cores $VIGIL_BROKER_RANK $VIGIL_TASK_RANK $VIGIL_TASK_CORES\"'\n",
+    );
+    let id = batch(&inst, &["-N2", &s]);
+    inst.vigil_t(&["job", "wait", &id], NESTED_TIMEOUT).code_is(0);
+    let text = read(&inst, &format!("vigil-{id}.out"));
+    assert_eq!(free_row(&text), Some((2, 192)), "{text}");
+    let mut per_node: BTreeMap<u32, Vec<Vec<u32>>> = BTreeMap::new();
+    let mut tasks = BTreeSet::new();
+    for l in text.lines().filter_map(|l| l.strip_prefix("cores ")) {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        assert_eq!(w.len(), 3, "{l:?} in:\n{text}");
+        tasks.insert(w[1].parse::<u32>().unwrap());
+        per_node.entry(w[0].parse().unwrap()).or_default().push(expand(w[2]));
+    }
+    assert_eq!(tasks, (0..8).collect::<BTreeSet<u32>>(), "{text}");
+    assert_eq!(per_node.keys().copied().collect::<Vec<_>>(), vec![0, 1], "{text}");
+    for (node, blocks) in &per_node {
+        assert_eq!(blocks.len(), 4, "node {node}:\n{text}");
+        let mut all = BTreeSet::new();
+        for b in blocks {
+            assert_eq!(b.len(), 12, "12 cores per task on node {node}:\n{text}");
+            assert!(b.iter().all(|c| *c < 96 && all.insert(*c)), "overlapping or out-of-range cores on node {node}:\n{text}");
+        }
+    }
+}
+
+#[test]
+fn bad_batch_and_alloc_input_is_refused() {
+    let inst = Instance::start(3, &[]);
+    let d = inst.dir.path();
+    std::fs::write(d.join("noexec.sh"), "#!/bin/sh\necho hi\n").unwrap();
+    script(&inst, "noshebang.sh", "echo hi\n");
+    script(&inst, "n4.sh", "#!/bin/sh\n# vigil: -N 4\necho hi\n");
+    script(&inst, "ok.sh", "#!/bin/sh\necho hi\n");
+    let before = inst.jobs().len();
+    let cases: &[(&[&str], &[&str])] = &[
+        (&["batch", "./missing.sh"], &["missing.sh", "No such file"]),
+        (&["batch", "./noexec.sh"], &["noexec.sh", "not executable"]),
+        (&["batch", "./noshebang.sh"], &["noshebang.sh", "#!"]),
+        (&["batch", "-N", "2", "./n4.sh"], &["-N", "contradicts"]),
+        (&["batch", "-N", "5", "./ok.sh"], &["5 nodes", "3"]),
+        (&["batch", "./n4.sh"], &["4 nodes", "3"]),
+        (&["batch", "-n", "4", "./ok.sh"], &["-n", "use -N"]),
+        (&["batch", "-S", "no.such.attr=1", "./ok.sh"], &["no.such.attr"]),
+        (&["alloc", "-N", "5", "true"], &["5 nodes", "3"]),
+        (&["alloc", "-n", "2", "true"], &["-n", "use -N"]),
+    ];
+    for (args, words) in cases {
+        let o = inst.vigil(args);
+        assert_eq!(o.code, 1, "{}", o.dump());
+        assert!(o.stdout.trim().is_empty(), "no job id expected:\n{}", o.dump());
+        let err = o.stderr.trim();
+        assert!(err.lines().count() == 1 && err.starts_with("vigil: "), "one clear error line expected:\n{}", o.dump());
+        for w in *words {
+            assert!(err.contains(w), "error should mention {w:?}:\n{}", o.dump());
+        }
+    }
+    assert_eq!(inst.jobs().len(), before, "no job may be left in the parent: {:#?}", inst.jobs());
+}
+
+#[test]
+fn bad_child_topology_is_refused_at_submit() {
+    let inst = Instance::start(3, &[]);
+    script(&inst, "ok.sh", "#!/bin/sh\necho hi\n");
+    for args in [&["batch", "-S", "tbon.topo=mesh", "./ok.sh"][..], &["alloc", "-S", "tbon.topo=mesh", "true"][..]] {
+        let o = inst.vigil(args);
+        assert_eq!(o.code, 1, "{}", o.dump());
+        assert!(o.stdout.trim().is_empty(), "no job id expected:\n{}", o.dump());
+        assert!(o.stderr.contains("mesh") && !o.stderr.contains("PMI"), "the error should name the bad topology:\n{}", o.dump());
+    }
+    assert!(inst.jobs().is_empty(), "no job may be left in the parent: {:#?}", inst.jobs());
+}
+
+#[test]
+fn batch_exit_codes() {
+    let inst = Instance::start(2, &[]);
+    let ok = script(&inst, "ok.sh", "#!/bin/sh\necho fine\nexit 0\n");
+    let k9 = script(&inst, "k9.sh", "#!/bin/sh\necho before\nkill -9 $$\necho after\n");
+    let a = batch(&inst, &[&ok]);
+    let b = batch(&inst, &[&k9]);
+    inst.vigil_t(&["job", "wait", &a], NESTED_TIMEOUT).code_is(0);
+    let w = inst.vigil_t(&["job", "wait", &b], NESTED_TIMEOUT);
+    assert!(!w.timed_out && w.code != 0, "{}", w.dump());
+    let ja = inst.job(&a);
+    assert_eq!((ja["result"].as_str(), ja["exit_code"].as_i64()), (Some("COMPLETED"), Some(0)), "{ja}");
+    let jb = inst.job(&b);
+    assert_eq!(jb["result"].as_str(), Some("FAILED"), "{jb}");
+    assert_ne!(jb["exit_code"].as_i64(), Some(0), "{jb}");
+    assert_eq!(read(&inst, &format!("vigil-{a}.out")).trim(), "fine");
+    assert_eq!(read(&inst, &format!("vigil-{b}.out")).trim(), "before");
+}
