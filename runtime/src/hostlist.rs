@@ -14,9 +14,7 @@
 //! [`Hostlist`] keeps the hosts in the given order (duplicates included).
 
 use std::fmt;
-use std::str::FromStr;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use thiserror::Error;
 
 /// Largest number of hostnames [`Hostlist::parse`] will expand from one
@@ -414,26 +412,7 @@ impl<S: Into<String>> FromIterator<S> for Hostlist {
     }
 }
 
-impl FromStr for Hostlist {
-    type Err = HostlistError;
-    /// Same as [`Hostlist::parse`].
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Hostlist::parse(s)
-    }
-}
-
-impl Serialize for Hostlist {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for Hostlist {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(deserializer)?;
-        Hostlist::parse(&s).map_err(serde::de::Error::custom)
-    }
-}
+string_form!(Hostlist, HostlistError);
 
 #[cfg(test)]
 mod tests {

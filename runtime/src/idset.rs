@@ -11,9 +11,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::str::FromStr;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use thiserror::Error;
 
 /// Largest number of ids [`IdSet::parse`] will expand from one string
@@ -279,26 +277,7 @@ impl fmt::Display for IdSet {
     }
 }
 
-impl FromStr for IdSet {
-    type Err = IdSetError;
-    /// Same as [`IdSet::parse`].
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        IdSet::parse(s)
-    }
-}
-
-impl Serialize for IdSet {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for IdSet {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(deserializer)?;
-        IdSet::parse(&s).map_err(serde::de::Error::custom)
-    }
-}
+string_form!(IdSet, IdSetError);
 
 #[cfg(test)]
 mod tests {

@@ -12,6 +12,33 @@
 //! - I/O around the core: [`broker`] (overlay transport, local connector, services), [`client`], [`cli`];
 //! - the broker ↔ job shell contract: [`shellproto`].
 
+/// Implements `FromStr`, `Serialize` and `Deserialize` for a type whose canonical form is a string: parsing with
+/// `$ty::parse` and printing with its `Display` (idsets, hostlists).
+macro_rules! string_form {
+    ($ty:ident, $err:ident) => {
+        impl std::str::FromStr for $ty {
+            type Err = $err;
+            /// Same as the type's `parse`.
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                $ty::parse(s)
+            }
+        }
+
+        impl serde::Serialize for $ty {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_str(self)
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let s = <String as serde::Deserialize>::deserialize(deserializer)?;
+                $ty::parse(&s).map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
 pub mod broker;
 pub mod cli;
 pub mod client;
