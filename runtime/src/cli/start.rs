@@ -135,7 +135,7 @@ pub(crate) fn check_attrs(attrs: &BTreeMap<String, String>) -> Result<(), String
     for k in ["tbon.heartbeat_period", "tbon.torpid_max", "tbon.lost_timeout", "tbon.connect_timeout"] {
         if let Some(v) = attrs.get(k) {
             let s = crate::duration::parse_duration_secs(v).map_err(|e| format!("{k}: {e}"))?;
-            if !(s > 0.0) {
+            if s.is_nan() || s <= 0.0 {
                 return Err(format!("{k}: must be greater than 0"));
             }
         }
