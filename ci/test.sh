@@ -4,5 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ci/setup.sh
+# Network-namespace "nodes" left over from an interrupted run (ci/netns-cluster.sh names them vn-*).
+if [ "$(id -u)" -eq 0 ]; then
+    for ns in $(ip netns list 2>/dev/null | awk '/^vn-/{print $1}'); do ip netns del "$ns" 2>/dev/null || true; done
+    # The failure tests attach nothing to tracefs yet, but the eBPF detectors will: mount it when missing.
+    mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
+fi
 cargo build --workspace --locked
 cargo test --workspace --locked -- --test-threads=4 "$@"

@@ -219,6 +219,45 @@ mod tests {
         assert_eq!(Topology::default().depth(1), 1);
     }
 
+    /// 16384 brokers: every rank reaches rank 0 and rank 0 reaches every rank in exactly `level` hops, and a
+    /// lost router's subtree is exactly the ranks whose route crosses it.
+    #[test]
+    fn sixteen_thousand_brokers() {
+        let size = 16384;
+        for t in [Topology::Kary(32), Topology::Kary(2), Topology::Binomial, Topology::Kary(0)] {
+            let mut hops_total = 0u64;
+            for r in 0..size {
+                let mut at = 0;
+                let mut hops = 0;
+                while at != r {
+                    match t.next_hop(size, at, r) {
+                        Hop::Child(c) => at = c,
+                        other => panic!("{t}: unexpected {other:?} from {at} to {r}"),
+                    }
+                    hops += 1;
+                }
+                assert_eq!(hops, t.level(size, r), "{t} rank {r}");
+                hops_total += hops as u64;
+            }
+            assert!(hops_total > 0);
+            let router = t.children(size, 0)[0];
+            let sub = t.subtree(size, router);
+            let crosses = (0..size).filter(|&r| {
+                let mut x = r;
+                while let Some(p) = t.parent(size, x) {
+                    if x == router {
+                        return true;
+                    }
+                    x = p;
+                }
+                x == router
+            });
+            assert_eq!(crosses.count(), sub.len(), "{t}");
+        }
+        assert_eq!(Topology::Kary(32).depth(size), 4);
+        assert_eq!(Topology::Binomial.depth(size), 15);
+    }
+
     proptest! {
         #[test]
         fn parent_child_agree(t in topo(), size in 1u32..600) {
