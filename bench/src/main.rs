@@ -13,6 +13,14 @@
 //! The results are printed as a markdown table and written to `bench/results/first-light.{json,md}`.
 //! The exit code is 0 if every metric was measured, 1 otherwise (a failed metric is still recorded, with
 //! its error, so a hang or a failed job shows up in the results instead of disappearing).
+//!
+//! Two more groups are subcommands, each writing `bench/results/<group>.{json,md}`:
+//! - `vigil-bench mpi` (module [`mpi`]): launch latency of an 8-rank MPI hello under `vigil run` versus
+//!   `mpiexec.hydra` on this machine, and the wall time of `vigil alloc -N4 true`;
+//! - `vigil-bench detect` (module [`detect`], root only): failure-detection latencies on network-namespace
+//!   nodes (`ci/netns-cluster.sh`), taken from rank 0's own resource and job eventlogs.
+//!
+//! `vigil-bench all` runs first light, then `mpi`, then `detect`.
 
 use clap::{Args, Parser, Subcommand};
 use serde::{Deserialize, Serialize};
@@ -21,6 +29,9 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
+
+mod detect;
+mod mpi;
 
 /// flux-core 0.88 reference: `flux start --test-size=1 true` wall time on this machine, seconds.
 const REF_START_N1_S: f64 = 0.91;
@@ -58,22 +69,42 @@ struct Cli {
     #[arg(long, default_value_t = 5)]
     runs: usize,
     /// The `vigil` binary to benchmark (default: `vigil` next to this binary, i.e. target/release/vigil).
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", global = true)]
     vigil: Option<PathBuf>,
-    /// Directory receiving first-light.json and first-light.md (default: bench/results of the source tree).
-    #[arg(long, value_name = "DIR")]
+    /// Directory receiving the results, `<group>.json` and `<group>.md` (default: bench/results of the source tree).
+    #[arg(long, value_name = "DIR", global = true)]
     out_dir: Option<PathBuf>,
-    /// Hidden modes run inside an instance by the harness itself.
+    /// Benchmark group to run (default: the first-light table).
     #[command(subcommand)]
     cmd: Option<TopCmd>,
 }
 
-/// Subcommands of `vigil-bench`; all hidden, for use by the harness only.
+/// Subcommands of `vigil-bench`: benchmark groups, and hidden modes for the harness itself.
 #[derive(Subcommand, Debug)]
 enum TopCmd {
+    /// MPI hello launch latency (`vigil run` vs `mpiexec.hydra`) and `vigil alloc -N4 true` wall time.
+    Mpi(mpi::MpiArgs),
+    /// Failure-detection latencies on network-namespace nodes (needs root).
+    Detect(detect::DetectArgs),
+    /// First light, then `mpi`, then `detect`.
+    All(AllArgs),
     /// Measurements taken from inside an instance (run as its initial program).
     #[command(hide = true, subcommand)]
     Inner(InnerCmd),
+}
+
+/// Options of `vigil-bench all`.
+#[derive(Args, Debug)]
+struct AllArgs {
+    /// Timed runs per first-light metric.
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Timed runs per `mpi` metric.
+    #[arg(long, default_value_t = mpi::DEFAULT_RUNS)]
+    mpi_runs: usize,
+    /// Trials per `detect` measurement.
+    #[arg(long, default_value_t = detect::DEFAULT_TRIALS)]
+    trials: usize,
 }
 
 /// What the inner harness measures.
@@ -83,6 +114,8 @@ enum InnerCmd {
     Jobs(InnerJobsArgs),
     /// VmRSS of every broker of the (idle) instance.
     Rss(InnerRssArgs),
+    /// `vigil run -N4 -n8 ./hello` latency and `vigil alloc -N4 true` wall time.
+    Mpi(mpi::InnerMpiArgs),
 }
 
 /// Options of `vigil-bench inner jobs`.
@@ -210,18 +243,131 @@ fn summarize(v: &[f64]) -> (Option<f64>, Option<f64>, Option<f64>) {
 
 fn main() {
     let cli = Cli::parse();
+    let report = |r: Result<i32, String>| match r {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("vigil-bench: {e}");
+            1
+        }
+    };
     let code = match cli.cmd {
         Some(TopCmd::Inner(InnerCmd::Jobs(a))) => inner_jobs(a),
         Some(TopCmd::Inner(InnerCmd::Rss(a))) => inner_rss(a),
-        None => match outer(cli.runs, cli.vigil, cli.out_dir) {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("vigil-bench: {e}");
-                1
-            }
-        },
+        Some(TopCmd::Inner(InnerCmd::Mpi(a))) => mpi::inner_mpi(a),
+        Some(TopCmd::Mpi(a)) => report(mpi::run(&a, cli.vigil, cli.out_dir)),
+        Some(TopCmd::Detect(a)) => report(detect::run(&a, cli.vigil, cli.out_dir)),
+        Some(TopCmd::All(a)) => {
+            // Every group runs even if an earlier one failed; the exit code is the worst of the three.
+            let first = report(outer(a.runs, cli.vigil.clone(), cli.out_dir.clone()));
+            let m = report(mpi::run(&mpi::MpiArgs { runs: a.mpi_runs }, cli.vigil.clone(), cli.out_dir.clone()));
+            let d = report(detect::run(&detect::DetectArgs { trials: a.trials, ..Default::default() }, cli.vigil, cli.out_dir));
+            first.max(m).max(d)
+        }
+        None => report(outer(cli.runs, cli.vigil, cli.out_dir)),
     };
     std::process::exit(code);
+}
+
+/// The results directory: `--out-dir`, or bench/results of the source tree.
+fn results_dir(out_dir: Option<PathBuf>) -> PathBuf {
+    out_dir.unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("results"))
+}
+
+/// Write `doc` as `<group>.json` and `md` as `<group>.md` in `out_dir`.
+fn write_results(out_dir: &Path, group: &str, doc: &Value, md: &str) -> Result<(), String> {
+    std::fs::create_dir_all(out_dir).map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;
+    let json_path = out_dir.join(format!("{group}.json"));
+    let md_path = out_dir.join(format!("{group}.md"));
+    let text = serde_json::to_string_pretty(doc).map_err(|e| e.to_string())?;
+    std::fs::write(&json_path, text + "\n").map_err(|e| format!("cannot write {}: {e}", json_path.display()))?;
+    std::fs::write(&md_path, md).map_err(|e| format!("cannot write {}: {e}", md_path.display()))?;
+    eprintln!("vigil-bench: wrote {} and {}", json_path.display(), md_path.display());
+    Ok(())
+}
+
+/// Seconds since the Unix epoch, as a float (the clock rank 0 stamps its eventlogs with).
+fn now_epoch_s() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+/// Round to 0.1 ms (or 0.1 kB, ...): plenty, and keeps the committed JSON small and diffable.
+fn r4(x: f64) -> f64 {
+    (x * 1e4).round() / 1e4
+}
+
+/// Nearest-rank 99th percentile of `v` (`None` when empty): with fewer than 100 samples it is the maximum.
+fn p99(v: &[f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let rank = ((0.99 * s.len() as f64).ceil() as usize).clamp(1, s.len());
+    Some(s[rank - 1])
+}
+
+/// How a timed child process with captured output ended.
+enum Captured {
+    /// It exited after `elapsed_s` seconds.
+    Exited {
+        /// Exit status.
+        status: ExitStatus,
+        /// Wall time from spawn to exit (and end of its output), seconds.
+        elapsed_s: f64,
+        /// Its standard output.
+        stdout: String,
+        /// Its standard error.
+        stderr: String,
+    },
+    /// It did not exit within the timeout; its process group was killed.
+    TimedOut,
+}
+
+/// Like [`run_timed`], but capture stdout and stderr; the time runs until the process has exited and both
+/// pipes are closed (the command is done when its output is).
+fn run_captured(cmd: Command, timeout: Duration) -> Result<Captured, String> {
+    run_captured_with(cmd, timeout, |_| {})
+}
+
+/// [`run_captured`], calling `on_spawn` with the child's process group id as soon as it runs.
+fn run_captured_with(mut cmd: Command, timeout: Duration, on_spawn: impl FnOnce(u32)) -> Result<Captured, String> {
+    cmd.process_group(0).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let t0 = Instant::now();
+    let child = cmd.spawn().map_err(|e| format!("cannot run {:?}: {e}", cmd.get_program()))?;
+    let pgid = child.id();
+    on_spawn(pgid);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let out = child.wait_with_output();
+        let _ = tx.send((out, t0.elapsed().as_secs_f64()));
+    });
+    match rx.recv_timeout(timeout) {
+        Ok((out, elapsed_s)) => {
+            let _ = waiter.join();
+            let out = out.map_err(|e| format!("wait: {e}"))?;
+            Ok(Captured::Exited {
+                status: out.status,
+                elapsed_s,
+                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            })
+        }
+        Err(_) => {
+            signal_group(pgid, "TERM");
+            if rx.recv_timeout(Duration::from_secs(5)).is_err() {
+                signal_group(pgid, "KILL");
+                let _ = rx.recv_timeout(Duration::from_secs(5));
+            }
+            signal_group(pgid, "KILL");
+            let _ = waiter.join();
+            Ok(Captured::TimedOut)
+        }
+    }
+}
+
+/// The last line of `s` that is not blank (for error messages quoting a command's stderr).
+fn last_line(s: &str) -> &str {
+    s.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim()
 }
 
 // ------------------------------------------------------------------------------------------- outer harness
@@ -407,7 +553,7 @@ fn outer(runs: usize, vigil: Option<PathBuf>, out_dir: Option<PathBuf>) -> Resul
         eprintln!("vigil-bench: warning: --runs {runs} is below the 5 runs the published table uses");
     }
     let vigil = find_vigil(vigil)?;
-    let out_dir = out_dir.unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("results"));
+    let out_dir = results_dir(out_dir);
     let mut metrics = Vec::new();
 
     for (size, reference) in [(1, REF_START_N1_S), (4, REF_START_N4_S), (16, REF_START_N16_S)] {

@@ -137,6 +137,11 @@ fn attrs(core: &Core) -> std::collections::BTreeMap<String, String> {
     a.insert("rank".into(), o.rank.to_string());
     a.insert("size".into(), o.size.to_string());
     a.insert("hostname".into(), o.hostname.clone());
+    let m = core.membership.config();
+    let ms = |s: f64| format!("{}ms", (s * 1e3).round());
+    a.entry("tbon.heartbeat_period".into()).or_insert_with(|| ms(m.heartbeat_period));
+    a.entry("tbon.torpid_max".into()).or_insert_with(|| ms(m.torpid_max));
+    a.entry("tbon.lost_timeout".into()).or_insert_with(|| ms(m.lost_timeout));
     a.insert("tbon.topo".into(), o.topo.to_string());
     a.insert("tbon.level".into(), o.topo.level(o.size, o.rank).to_string());
     a.insert("tbon.maxlevel".into(), o.topo.depth(o.size).saturating_sub(1).to_string());
@@ -197,6 +202,8 @@ fn spawn_shell(core: &mut Core, _msg: &Message, body: &Value) -> Reply {
         return Err((errno::EEXIST, format!("job {id} already has a shell on rank {}", core.rank())));
     }
     input["uri"] = json!(core.local_uri);
+    let shell_rank = input.get("shell_rank").and_then(Value::as_u64).unwrap_or(0);
+    let tmpdir = std::path::PathBuf::from(std::env::var("TMPDIR").unwrap_or_else(|_| "/tmp".into())).join(format!("vigil-job-{id}-{shell_rank}"));
     let path = shell_path(core);
     let mut cmd = tokio::process::Command::new(&path);
     cmd.arg(format!("--jobid={id}"))
@@ -230,6 +237,8 @@ fn spawn_shell(core: &mut Core, _msg: &Message, body: &Value) -> Reply {
             Err(_) => 0x7f00,
         };
         let report = out.lines().rev().find_map(|l| serde_json::from_str::<ShellReport>(l).ok());
+        // The shell removes its job tmpdir itself; if it was killed, do it here.
+        let _ = std::fs::remove_dir_all(&tmpdir);
         let _ = tx.send(super::core::Input::ShellDone { id, report, status });
     });
     Ok(Some(json!({"pid": pid})))
