@@ -59,7 +59,7 @@ pub fn errno_str(e: u32) -> &'static str {
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
     /// `VIGIL_URI` is not set and no URI was given.
-    #[error("VIGIL_URI is not set: run this command inside an instance (vigil start) or pass --uri")]
+    #[error("VIGIL_URI is not set: run this command inside an instance (vigil start ...), or set VIGIL_URI=local:///RUNDIR/local-0")]
     NoUri,
     /// The URI scheme is not `local://`.
     #[error("unsupported URI '{0}': expected local:///path")]

@@ -168,9 +168,15 @@ impl Membership {
                 if unacked == 0 {
                     p.unacked_since = None;
                 } else {
-                    // Outstanding data: it has been unacknowledged at least since the last ACK we got.
-                    let since = now - last_ack_age.max(0.0);
-                    p.unacked_since = Some(p.unacked_since.map_or(since, |s: f64| s.max(since)));
+                    // Outstanding data. Count from when we first *saw* it outstanding, not from the last ACK:
+                    // after a quiet spell (a starved broker sends nothing, so nothing is ACKed) the last ACK is
+                    // old even though the data was just sent. Any ACK since then is progress: the peer's kernel
+                    // is alive and what is outstanding now is newer, so the count restarts.
+                    let acked_at = now - last_ack_age.max(0.0);
+                    p.unacked_since = Some(match p.unacked_since {
+                        Some(s) if acked_at <= s => s,
+                        _ => now,
+                    });
                 }
                 self.tick_one(now, rank)
             }
@@ -277,13 +283,39 @@ mod tests {
     fn silent_node_is_lost_after_lost_timeout() {
         let mut m = m();
         m.signal(1.0, 1, Signal::Traffic);
-        // Heartbeat sent at 1.0 never acknowledged.
+        // Heartbeat sent at 1.0 never acknowledged; first seen outstanding at the 1.05 sample.
         assert!(m.signal(1.05, 1, Signal::KernelAck { unacked: 1, last_ack_age: 0.05 }).is_empty());
         let d = m.next_deadline().unwrap();
-        assert!((d - 1.15).abs() < 1e-9, "{d}");
-        let t = m.tick(1.15);
+        assert!((d - 1.20).abs() < 1e-9, "{d}");
+        assert!(m.tick(1.19).is_empty());
+        let t = m.tick(1.20);
         assert_eq!(t[0].to, PeerState::Lost);
         assert!(t[0].reason.contains("no TCP acknowledgement"));
+    }
+
+    #[test]
+    fn a_starved_sender_is_not_mistaken_for_a_dead_peer() {
+        // Our broker was starved for 2 s (sent nothing, so nothing was ACKed), then sends a heartbeat and samples
+        // at once: the data is outstanding for microseconds, but the last ACK is 2 s old. Not lost.
+        let mut m = m();
+        assert!(m.signal(2.0, 1, Signal::KernelAck { unacked: 1, last_ack_age: 2.0 }).iter().all(|t| t.to != PeerState::Lost));
+        assert!(m.tick(2.01).iter().all(|t| t.to != PeerState::Lost));
+        // ACKed by the next sample.
+        assert!(m.signal(2.05, 1, Signal::KernelAck { unacked: 0, last_ack_age: 0.04 }).iter().all(|t| t.to != PeerState::Lost));
+        assert!(m.tick(2.5).iter().all(|t| t.to != PeerState::Lost));
+    }
+
+    #[test]
+    fn progress_between_late_samples_restarts_the_count() {
+        // Samples 200 ms apart (our broker starved); data outstanding at both, but the peer ACKed in between.
+        let mut m = m();
+        m.signal(1.0, 1, Signal::KernelAck { unacked: 1, last_ack_age: 0.3 });
+        let t = m.signal(1.2, 1, Signal::KernelAck { unacked: 1, last_ack_age: 0.199 });
+        assert!(t.iter().all(|t| t.to != PeerState::Lost), "{t:?}");
+        assert!(m.tick(1.3).iter().all(|t| t.to != PeerState::Lost));
+        // No progress at all afterwards: lost.
+        let t = m.signal(1.36, 1, Signal::KernelAck { unacked: 2, last_ack_age: 0.359 });
+        assert!(t.iter().any(|t| t.to == PeerState::Lost), "{t:?}");
     }
 
     #[test]

@@ -62,6 +62,10 @@ pub struct ShellInput {
     pub declared_gpus: Option<u32>,
     /// URI of the local broker.
     pub uri: String,
+    /// The job's temporary directory on this node (`VIGIL_JOB_TMPDIR`), inside the broker's run directory so it
+    /// is unique to this instance and removed with it; set by the broker that starts the shell.
+    #[serde(default)]
+    pub tmpdir: Option<String>,
     /// Files to create in the job's temporary directory before the tasks start (`attributes.system.files` of
     /// the jobspec: name → `{"data": "...", "mode": 493}`); a batch script travels this way.
     #[serde(default)]
@@ -95,15 +99,61 @@ pub struct ShellExit {
     pub shell_status: i32,
 }
 
-/// One line of task output.
+/// One chunk of task output: a line, or part of one. Output is carried byte for byte: a chunk that is not
+/// UTF-8 travels base64-encoded, and `eol` says whether a newline ended it (a line longer than the shell's
+/// chunk size, or a last line without newline, has `eol: false`).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct OutputLine {
     /// Global task rank.
     pub rank: u32,
     /// `stdout` or `stderr`.
     pub stream: String,
-    /// The line, without its trailing newline.
+    /// The chunk without its trailing newline: UTF-8 text, or base64 when `enc` is `"base64"`.
     pub data: String,
+    /// `"base64"` when `data` is base64-encoded bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enc: Option<String>,
+    /// A newline ended this chunk.
+    #[serde(default = "yes")]
+    pub eol: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl OutputLine {
+    /// A chunk from raw bytes (without the newline), UTF-8 text when possible, else base64.
+    pub fn from_bytes(rank: u32, stream: &str, bytes: &[u8], eol: bool) -> OutputLine {
+        use base64::Engine as _;
+        match std::str::from_utf8(bytes) {
+            Ok(t) => OutputLine { rank, stream: stream.into(), data: t.into(), enc: None, eol },
+            Err(_) => OutputLine { rank, stream: stream.into(), data: base64::engine::general_purpose::STANDARD.encode(bytes), enc: Some("base64".into()), eol },
+        }
+    }
+
+    /// A complete text line (a message from the shell itself).
+    pub fn text(rank: u32, stream: &str, text: String) -> OutputLine {
+        OutputLine { rank, stream: stream.into(), data: text, enc: None, eol: true }
+    }
+
+    /// The chunk's bytes, newline included when `eol`.
+    pub fn bytes(&self) -> Vec<u8> {
+        use base64::Engine as _;
+        let mut b = match self.enc.as_deref() {
+            Some("base64") => base64::engine::general_purpose::STANDARD.decode(&self.data).unwrap_or_else(|_| self.data.as_bytes().to_vec()),
+            _ => self.data.as_bytes().to_vec(),
+        };
+        if self.eol {
+            b.push(b'\n');
+        }
+        b
+    }
+
+    /// Approximate memory held by this chunk, in bytes.
+    pub fn size(&self) -> usize {
+        self.data.len() + self.stream.len() + 32
+    }
 }
 
 /// Exit code as a shell shows it for a POSIX wait status: the code if exited, `128 + signal` if killed.

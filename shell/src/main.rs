@@ -11,6 +11,7 @@
 mod pmi;
 
 use std::collections::BTreeMap;
+use std::io::Write as _;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::Stdio;
@@ -27,6 +28,10 @@ use vigil::shellproto::{status_exited, OutputLine, ShellInput, ShellReport, TOPI
 const MAX_LINE: usize = 64 * 1024;
 /// Most lines sent in one `job-exec.output` message.
 const BATCH_LINES: usize = 256;
+/// Output chunks buffered in the shell before tasks block on their pipes.
+const OUTPUT_QUEUE: usize = 1024;
+/// `job-exec.output` batches in flight to rank 0 before the shell waits for an acknowledgement.
+const OUTPUT_WINDOW: usize = 8;
 
 fn main() {
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
@@ -63,7 +68,8 @@ async fn run() -> i32 {
         Ok(mut sh) => sh.run().await,
         Err(e) => ShellReport { status: status_exited(1), tasks: vec![], error: Some(e), abort_code: None },
     };
-    println!("{}", serde_json::to_string(&report).unwrap_or_default());
+    // The broker reads this report from our stdout; if it is gone there is nobody to tell.
+    let _ = writeln!(std::io::stdout(), "{}", serde_json::to_string(&report).unwrap_or_default());
     0
 }
 
@@ -78,6 +84,11 @@ struct Shell {
 
 impl Shell {
     async fn new(input: ShellInput) -> Result<Shell, String> {
+        if let Some(cwd) = &input.cwd {
+            if !std::path::Path::new(cwd).is_dir() {
+                return Err(format!("working directory {cwd} does not exist on this node"));
+            }
+        }
         let client = Client::connect(&input.uri).await.map_err(|e| format!("cannot connect to broker: {e}"))?;
         let cpu = match opt_str(&input, "cpu-affinity") {
             Some(v) => CpuAffinity::from_str(&v).map_err(|e| e.to_string())?,
@@ -164,8 +175,13 @@ impl Shell {
     /// Create the job's temporary directory on this node: `R.json` (the job's R, RFC 20) and the jobspec's files.
     fn make_tmpdir(&mut self) -> Result<(), String> {
         use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-        let base = std::env::var("TMPDIR").unwrap_or_else(|_| "/tmp".into());
-        let dir = std::path::PathBuf::from(base).join(format!("vigil-job-{}-{}", self.input.id_f58, self.input.shell_rank));
+        let dir = match &self.input.tmpdir {
+            Some(d) => std::path::PathBuf::from(d),
+            None => {
+                let base = std::env::var("TMPDIR").unwrap_or_else(|_| "/tmp".into());
+                std::path::PathBuf::from(base).join(format!("vigil-job-{}-{}-{}", self.input.id_f58, self.input.shell_rank, std::process::id()))
+            }
+        };
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         std::fs::write(dir.join("R.json"), self.input.r.to_string()).map_err(|e| format!("cannot write R.json: {e}"))?;
         for (name, f) in &self.input.files {
@@ -208,13 +224,16 @@ impl Shell {
             Ok(f) => f,
             Err(e) => return ShellReport { status: status_exited(1), tasks: vec![], error: Some(e), abort_code: None },
         };
-        let (out_tx, mut out_rx) = mpsc::unbounded_channel::<OutputLine>();
+        // Bounded: a task that writes faster than rank 0 takes its output blocks on its pipe (backpressure)
+        // instead of growing the shell's memory.
+        let (out_tx, mut out_rx) = mpsc::channel::<OutputLine>(OUTPUT_QUEUE);
         for n in self.notes.drain(..) {
-            let _ = out_tx.send(OutputLine { rank: self.input.first_task, stream: "stderr".into(), data: n });
+            let _ = out_tx.try_send(OutputLine::text(self.input.first_task, "stderr", n));
         }
         // Forwarder: batch lines, send without waiting; the final flush below waits for rank 0's ack.
         let client = self.client.clone();
         let fwd = tokio::spawn(async move {
+            let mut inflight: std::collections::VecDeque<tokio::task::JoinHandle<()>> = std::collections::VecDeque::new();
             while let Some(first) = out_rx.recv().await {
                 let mut batch = vec![first];
                 while batch.len() < BATCH_LINES {
@@ -223,14 +242,33 @@ impl Shell {
                         Err(_) => break,
                     }
                 }
-                for l in &batch {
+                let mut rest = Vec::new();
+                for l in batch {
                     use std::io::Write as _;
                     let f = if l.stream == "stderr" { err_file.as_mut().or(out_file.as_mut()) } else { out_file.as_mut() };
-                    if let Some(f) = f {
-                        let _ = writeln!(f, "{}", l.data);
+                    match f {
+                        Some(f) => {
+                            let _ = f.write_all(&l.bytes());
+                        }
+                        None => rest.push(l),
                     }
                 }
-                let _ = client.send(TOPIC_OUTPUT, 0, &serde_json::json!({"id": id, "lines": batch}));
+                if rest.is_empty() {
+                    continue;
+                }
+                // At most OUTPUT_WINDOW batches in flight: rank 0's acknowledgements pace the shell.
+                if inflight.len() >= OUTPUT_WINDOW {
+                    if let Some(h) = inflight.pop_front() {
+                        let _ = h.await;
+                    }
+                }
+                let c = client.clone();
+                inflight.push_back(tokio::spawn(async move {
+                    let _ = c.rpc(TOPIC_OUTPUT, 0, &serde_json::json!({"id": id, "lines": rest})).await;
+                }));
+            }
+            for h in inflight {
+                let _ = h.await;
             }
         });
 
@@ -274,7 +312,7 @@ impl Shell {
                         pmi_child = Some(b.into());
                     }
                     Err(e) => {
-                        let _ = out_tx.send(OutputLine { rank, stream: "stderr".into(), data: format!("vigil-shell: cannot create PMI socket for task {rank}: {e}") });
+                        let _ = out_tx.try_send(OutputLine::text(rank, "stderr", format!("vigil-shell: cannot create PMI socket for task {rank}: {e}")));
                     }
                 }
             }
@@ -292,7 +330,7 @@ impl Shell {
                             }
                         }
                         Err(e) => {
-                            let _ = out_tx.send(OutputLine { rank, stream: "stderr".into(), data: format!("vigil-shell: cannot bind task {rank}: {e}") });
+                            let _ = out_tx.try_send(OutputLine::text(rank, "stderr", format!("vigil-shell: cannot bind task {rank}: {e}")));
                         }
                     }
                 }
@@ -326,7 +364,7 @@ impl Shell {
                 }
                 Err(e) => {
                     let code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
-                    let _ = out_tx.send(OutputLine { rank, stream: "stderr".into(), data: format!("vigil-shell: task {rank}: cannot execute '{prog}': {e}") });
+                    let _ = out_tx.try_send(OutputLine::text(rank, "stderr", format!("vigil-shell: task {rank}: cannot execute '{prog}': {e}")));
                     let _ = exit_tx.send((rank, status_exited(code)));
                 }
             }
@@ -353,15 +391,26 @@ impl Shell {
         let _ = self.client.subscribe(&format!("shell.{}", self.input.id_f58)).await;
         let (barrier_tx, mut barrier_rx) = mpsc::unbounded_channel::<Result<BTreeMap<String, String>, String>>();
         let mut abort_code: Option<i32> = None;
+        let mut broker_gone = false;
         let n = self.input.local_tasks as usize;
         while tasks.len() < n {
             let mut outs = Vec::new();
             tokio::select! {
-                Some(ev) = self.client.next_event() => {
+                ev = self.client.next_event(), if !broker_gone => {
+                    let Some(ev) = ev else {
+                        // Our broker is gone (killed, or its node is being torn down): nobody will collect these
+                        // tasks' output or status, so do not leave them running.
+                        broker_gone = true;
+                        for p in &pids {
+                            // SAFETY: plain kill(2) on a child pid we spawned.
+                            unsafe { libc::kill(*p, libc::SIGKILL) };
+                        }
+                        continue;
+                    };
                     let v = ev.json();
                     let note = v.get("note").and_then(|n| n.as_str()).unwrap_or("");
-                    let _ = out_tx.send(OutputLine { rank: self.input.first_task, stream: "stderr".into(),
-                        data: format!("vigil-shell: node failure: lost job shell(s) {} on {note}; the job continues", v.get("lost_shells").map(|l| l.to_string()).unwrap_or_default()) });
+                    let _ = out_tx.try_send(OutputLine::text(self.input.first_task, "stderr",
+                        format!("vigil-shell: node failure: lost job shell(s) {} on {note}; the job continues", v.get("lost_shells").map(|l| l.to_string()).unwrap_or_default())));
                 }
                 Some((rank, line)) = pmi_rx.recv() => {
                     outs = match line {
@@ -427,8 +476,15 @@ impl Shell {
                 }
             }
         }
+        // Every task has exited; a process they left in the background may still hold their stdout open.
+        // Give the pipes a moment to drain, then stop reading (the broker kills what is left of the job's
+        // process group once this shell exits).
+        let drain_until = tokio::time::Instant::now() + Duration::from_secs(1);
         for r in readers {
-            let _ = r.await;
+            let abort = r.abort_handle();
+            if tokio::time::timeout_at(drain_until, r).await.is_err() {
+                abort.abort();
+            }
         }
         drop(out_tx);
         let _ = fwd.await;
@@ -512,8 +568,9 @@ fn pmi_conn(s: tokio::net::UnixStream, rank: u32, tx: mpsc::UnboundedSender<(u32
     wtx
 }
 
-/// Read `r` line by line and forward each line (split at `MAX_LINE` bytes) as output of task `rank`.
-async fn forward<R: AsyncRead + Unpin>(r: R, rank: u32, stream: &'static str, tx: mpsc::UnboundedSender<OutputLine>) {
+/// Read `r` and forward it as output of task `rank`: one chunk per line (newline stripped, `eol` set), lines
+/// longer than `MAX_LINE` bytes in several chunks, bytes exactly as written.
+async fn forward<R: AsyncRead + Unpin>(r: R, rank: u32, stream: &'static str, tx: mpsc::Sender<OutputLine>) {
     let mut rd = BufReader::new(r);
     let mut buf = Vec::new();
     loop {
@@ -525,11 +582,11 @@ async fn forward<R: AsyncRead + Unpin>(r: R, rank: u32, stream: &'static str, tx
         if n == 0 {
             break;
         }
-        if buf.last() == Some(&b'\n') {
+        let eol = buf.last() == Some(&b'\n');
+        if eol {
             buf.pop();
         }
-        let data = String::from_utf8_lossy(&buf).into_owned();
-        if tx.send(OutputLine { rank, stream: stream.into(), data }).is_err() {
+        if tx.send(OutputLine::from_bytes(rank, stream, &buf, eol)).await.is_err() {
             break;
         }
     }

@@ -498,17 +498,18 @@ impl Core {
         let now = self.clock();
         let hb = Message::control("hb", &json!({}));
         let mut signals = Vec::new();
+        // Sample before sending: what is outstanding then was sent at least a moment ago, not just now.
         if let Some(p) = &self.parent {
-            let _ = p.send(hb.clone());
             if let Some((unacked, age_ms)) = self.parent_sock.as_ref().and_then(tcp_ack_state) {
                 signals.push((PARENT, Signal::KernelAck { unacked, last_ack_age: age_ms as f64 / 1e3 }));
             }
+            let _ = p.send(hb.clone());
         }
         for (r, c) in &self.children {
-            let _ = c.tx.send(hb.clone());
             if let Some((unacked, age_ms)) = c.sock.as_ref().and_then(tcp_ack_state) {
                 signals.push((*r, Signal::KernelAck { unacked, last_ack_age: age_ms as f64 / 1e3 }));
             }
+            let _ = c.tx.send(hb.clone());
         }
         for (r, s) in signals {
             let t = self.membership.signal(now, r, s);
@@ -530,7 +531,7 @@ impl Core {
                         self.parent = None;
                         self.begin_shutdown("lost parent");
                     }
-                    PeerState::Torpid => warn!("parent is torpid: {}", t.reason),
+                    PeerState::Torpid => info!("parent is torpid: {}", t.reason),
                     PeerState::Online if t.from == PeerState::Torpid => info!("parent is lively again"),
                     _ => {}
                 }
@@ -550,7 +551,7 @@ impl Core {
                     if t.to == PeerState::Online && t.from != PeerState::Torpid {
                         continue;
                     }
-                    warn!("child rank {r} is {what}: {}", t.reason);
+                    info!("child rank {r} is {what}: {}", t.reason);
                     let mut m = Message::request(topic, 0, &json!({"ranks": r.to_string(), "reason": t.reason}));
                     m.flags = FLAG_NORESPONSE;
                     self.route_request(Peer::Local(u32::MAX), m);
@@ -598,6 +599,17 @@ impl Core {
             let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
         }
         let _ = std::fs::remove_file(self.opts.rundir.join(format!("local-{}", self.rank())));
+        let _ = std::fs::remove_file(self.opts.rundir.join(format!("topology-{}.xml", self.rank())));
+        // Job directories of shells that were killed with the instance.
+        if let Ok(rd) = std::fs::read_dir(&self.opts.rundir) {
+            for e in rd.flatten() {
+                let n = e.file_name();
+                let n = n.to_string_lossy();
+                if n.starts_with('j') && n.contains('.') && e.path().is_dir() {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
     }
 
     pub(crate) fn begin_shutdown(&mut self, why: &str) {
@@ -960,6 +972,9 @@ impl Core {
         }
         self.initial_started = true;
         info!("instance of {} brokers is up after {:.3}s", self.opts.size, self.start.elapsed().as_secs_f64());
+        // Tells `vigil start` the instance is up: from now on a broker's death is the instance's business
+        // (a lost rank), not a failed start.
+        let _ = std::fs::write(self.opts.rundir.join("up"), format!("{}\n", self.opts.size));
         if let (Some(puri), Some(jobid)) = (self.opts.parent_uri.clone(), self.opts.attrs.get("jobid").cloned()) {
             // A nested instance tells its parent's exec system where it lives and which ranks are critical.
             let report = json!({"id": jobid, "uri": self.local_uri, "size": self.opts.size,

@@ -203,7 +203,10 @@ fn spawn_shell(core: &mut Core, _msg: &Message, body: &Value) -> Reply {
     }
     input["uri"] = json!(core.local_uri);
     let shell_rank = input.get("shell_rank").and_then(Value::as_u64).unwrap_or(0);
-    let tmpdir = std::path::PathBuf::from(std::env::var("TMPDIR").unwrap_or_else(|_| "/tmp".into())).join(format!("vigil-job-{id}-{shell_rank}"));
+    // Short names: a nested instance's socket lives below this directory and Unix socket paths are limited
+    // to 108 bytes.
+    let tmpdir = core.opts.rundir.join(format!("j{id}.{shell_rank}"));
+    input["tmpdir"] = json!(tmpdir.display().to_string());
     let path = shell_path(core);
     let mut cmd = tokio::process::Command::new(&path);
     cmd.arg(format!("--jobid={id}"))
@@ -237,7 +240,10 @@ fn spawn_shell(core: &mut Core, _msg: &Message, body: &Value) -> Reply {
             Err(_) => 0x7f00,
         };
         let report = out.lines().rev().find_map(|l| serde_json::from_str::<ShellReport>(l).ok());
-        // The shell removes its job tmpdir itself; if it was killed, do it here.
+        // Whatever the job left in the background dies with it (the shell's process group), and the shell's
+        // job tmpdir goes too if the shell was killed before removing it.
+        // SAFETY: killpg on the process group the shell led; no memory is touched.
+        unsafe { libc::killpg(pid, libc::SIGKILL) };
         let _ = std::fs::remove_dir_all(&tmpdir);
         let _ = tx.send(super::core::Input::ShellDone { id, report, status });
     });
@@ -541,10 +547,16 @@ pub(crate) fn wake_watchers(core: &mut Core, id: JobId) {
             w.ev_pos = job.eventlog.len();
         }
         if w.output {
-            for l in &job.output[w.out_pos..] {
+            if w.out_pos < job.output_base {
+                let missed = job.output_base - w.out_pos;
+                let note = crate::shellproto::OutputLine::text(0, "stderr", format!("vigil: {missed} output chunk(s) dropped: over the {} MiB kept per job (use --output FILE)", crate::jobs::OUTPUT_KEEP >> 20));
+                out.push(Message::response_to(&w.req, &json!({"output": note})));
+                w.out_pos = job.output_base;
+            }
+            for l in job.output.iter().skip(w.out_pos - job.output_base) {
                 out.push(Message::response_to(&w.req, &json!({"output": l})));
             }
-            w.out_pos = job.output.len();
+            w.out_pos = job.output_base + job.output.len();
         }
         if inactive || !w.follow {
             out.push(Message::error_to(&w.req, errno::ENODATA, ""));

@@ -176,19 +176,32 @@ async fn submit(c: &Client, spec: &Jobspec) -> Result<JobId, String> {
 }
 
 /// Stream a job's output and exceptions until it is INACTIVE; return its exit code.
-/// Ctrl-C once cancels the job (and keeps waiting for it to end); twice detaches.
+/// Ctrl-C or SIGTERM once cancels the job (and keeps waiting for it to end); Ctrl-C twice detaches. If our
+/// stdout is closed (`vigil run ... | head`), the job is canceled too, as srun does.
 pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, String> {
+    use tokio::signal::unix::{signal, SignalKind};
     let mut s = c.rpc_stream("job-info.attach", 0, &json!({"id": id.0})).map_err(|e| e.errstr)?;
     let mut code: Option<i32> = None;
     let mut fatal = false;
     let mut ctrlc = 0;
-    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
-    let stdout = std::io::stdout();
-    let stderr = std::io::stderr();
+    let mut sigint = signal(SignalKind::interrupt()).ok();
+    let mut sigterm = signal(SignalKind::terminate()).ok();
+    let mut stdout = std::io::stdout();
+    let mut stderr = std::io::stderr();
+    let mut at_line_start: std::collections::HashMap<(u64, bool), bool> = std::collections::HashMap::new();
+    let mut closed = false;
+    async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
+        match s.as_mut() {
+            Some(s) => {
+                s.recv().await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    }
     loop {
         let next = tokio::select! {
             n = s.next() => n,
-            _ = async { match sigint.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending::<()>().await } } => {
+            _ = recv(&mut sigint) => {
                 ctrlc += 1;
                 if ctrlc == 1 {
                     eprintln!("vigil: canceling job {id} (Ctrl-C again to detach)");
@@ -198,17 +211,31 @@ pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, St
                 eprintln!("vigil: detached from job {id}");
                 return Ok(130);
             }
+            _ = recv(&mut sigterm) => {
+                let _ = c.rpc("job-manager.cancel", 0, &json!({"id": id.0, "note": "vigil run was terminated"})).await;
+                continue;
+            }
         };
         let Some(item) = next else { break };
         let v = item.map_err(|e| e.errstr)?;
         if let Some(o) = v.get("output") {
-            let rank = o.get("rank").and_then(Value::as_u64).unwrap_or(0);
-            let data = o.get("data").and_then(Value::as_str).unwrap_or("");
-            let is_err = o.get("stream").and_then(Value::as_str) == Some("stderr");
-            let line = if label { format!("{rank}: {data}\n") } else { format!("{data}\n") };
-            let r = if is_err { stderr.lock().write_all(line.as_bytes()) } else { stdout.lock().write_all(line.as_bytes()) };
-            if r.is_err() {
-                // Broken pipe: stop printing, keep waiting for the exit code.
+            if closed {
+                continue;
+            }
+            let Ok(line) = serde_json::from_value::<crate::shellproto::OutputLine>(o.clone()) else { continue };
+            let is_err = line.stream == "stderr";
+            let bytes = line.bytes();
+            let start = at_line_start.entry((line.rank as u64, is_err)).or_insert(true);
+            let mut buf = Vec::with_capacity(bytes.len() + 8);
+            if label && *start {
+                buf.extend_from_slice(format!("{}: ", line.rank).as_bytes());
+            }
+            buf.extend_from_slice(&bytes);
+            *start = line.eol;
+            let r = if is_err { stderr.write_all(&buf) } else { stdout.write_all(&buf).and_then(|_| stdout.flush()) };
+            if r.is_err() && !is_err {
+                closed = true;
+                let _ = c.rpc("job-manager.cancel", 0, &json!({"id": id.0, "note": "output of vigil run was closed"})).await;
             }
         } else if let Some(e) = v.get("event") {
             let name = e.get("name").and_then(Value::as_str).unwrap_or("");
@@ -219,11 +246,13 @@ pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, St
                     if sev == 0 {
                         fatal = true;
                     }
-                    eprintln!(
-                        "vigil: job {id}: exception type={} severity={sev}: {}",
-                        ctx.get("type").and_then(Value::as_str).unwrap_or("?"),
-                        ctx.get("note").and_then(Value::as_str).unwrap_or("")
-                    );
+                    if !closed {
+                        eprintln!(
+                            "vigil: job {id}: exception type={} severity={sev}: {}",
+                            ctx.get("type").and_then(Value::as_str).unwrap_or("?"),
+                            ctx.get("note").and_then(Value::as_str).unwrap_or("")
+                        );
+                    }
                 }
                 "finish" => {
                     let st = ctx.get("status").and_then(Value::as_i64).unwrap_or(0) as i32;
@@ -233,7 +262,10 @@ pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, St
             }
         }
     }
-    let _ = std::io::stdout().flush();
+    let _ = stdout.flush();
+    if closed {
+        return Ok(128 + libc::SIGPIPE);
+    }
     Ok(match code {
         Some(0) if fatal => 1,
         Some(c) => c,

@@ -80,7 +80,7 @@ where
 fn init_logging(attrs: &BTreeMap<String, String>, rank: u32) {
     let level = attrs.get("log-level").cloned().or_else(|| std::env::var("VIGIL_LOG").ok()).unwrap_or_else(|| "warn".into());
     let filter = tracing_subscriber::EnvFilter::try_new(&level).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).event_format(BrokerFormat { rank }).try_init();
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false).event_format(BrokerFormat { rank }).try_init();
     tracing::debug!(rank, "logging at {level}");
 }
 
@@ -132,6 +132,12 @@ pub(crate) fn check_attrs(attrs: &BTreeMap<String, String>) -> Result<(), String
         }
     }
     topology_from_attrs(attrs)?;
+    if let Some(l) = attrs.get("log-level") {
+        let level_ok = ["error", "warn", "info", "debug", "trace", "off"].contains(&l.as_str());
+        if !level_ok && (!l.contains('=') || tracing_subscriber::EnvFilter::try_new(l).is_err()) {
+            return Err(format!("invalid log-level '{l}': expected error, warn, info, debug or trace"));
+        }
+    }
     for k in ["tbon.heartbeat_period", "tbon.torpid_max", "tbon.lost_timeout", "tbon.connect_timeout"] {
         if let Some(v) = attrs.get(k) {
             let s = crate::duration::parse_duration_secs(v).map_err(|e| format!("{k}: {e}"))?;
@@ -250,7 +256,7 @@ fn start_inner(a: StartArgs) -> Result<i32, String> {
         libc::signal(libc::SIGTERM, on_term as *const () as libc::sighandler_t);
         libc::signal(libc::SIGHUP, on_term as *const () as libc::sighandler_t);
     }
-    let code = wait_instance(&mut children);
+    let code = wait_instance(&mut children, &rundir.join("up"));
     let _ = std::fs::remove_dir_all(&rundir);
     Ok(code)
 }
@@ -263,7 +269,7 @@ extern "C" fn on_term(_sig: libc::c_int) {
 
 /// Wait for rank 0; if another broker dies first with an error, tear the instance down.
 /// SIGTERM or SIGHUP to `vigil start` is passed to rank 0, which shuts the instance down.
-fn wait_instance(children: &mut [std::process::Child]) -> i32 {
+fn wait_instance(children: &mut [std::process::Child], up: &std::path::Path) -> i32 {
     use std::os::unix::process::ExitStatusExt;
     let code_of = |s: std::process::ExitStatus| s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0));
     let mut rank0: Option<i32> = None;
@@ -273,7 +279,9 @@ fn wait_instance(children: &mut [std::process::Child]) -> i32 {
             if let Ok(Some(st)) = c.try_wait() {
                 if r == 0 && rank0.is_none() {
                     rank0 = Some(code_of(st));
-                } else if r != 0 && failed.is_none() && rank0.is_none() && !st.success() {
+                } else if r != 0 && failed.is_none() && rank0.is_none() && !st.success() && !up.exists() {
+                    // Before the instance is up a dead broker means rank 0 would wait forever: give up.
+                    // Afterwards rank 0 sees the lost rank itself and the instance carries on.
                     failed = Some((r, code_of(st)));
                 }
             }
@@ -421,6 +429,9 @@ async fn pmi_bootstrap(a: &BrokerArgs, mut attrs: BTreeMap<String, String>) -> R
     if let Some(u) = &parent_uri {
         attrs.entry("parent-uri".into()).or_insert_with(|| u.clone());
     }
+    if std::env::var("PMI_FD").is_err() {
+        return Err("no --config FILE given, and not started by a PMI-1 launcher (PMI_FD is not set): see docs/system-instance.md".into());
+    }
     let tmpdir = std::env::var("VIGIL_JOB_TMPDIR").map(PathBuf::from).map_err(|_| "VIGIL_JOB_TMPDIR is not set: a PMI-bootstrapped broker runs as a task of a Vigil job (vigil batch / alloc)".to_string())?;
     let mut pmi = crate::pmi::Client::from_env().map_err(|e| format!("no --config given and {e}"))?;
     let (rank, size) = (pmi.rank, pmi.size);
@@ -485,7 +496,7 @@ async fn pmi_bootstrap(a: &BrokerArgs, mut attrs: BTreeMap<String, String>) -> R
         instance,
         endpoints,
         listen: ListenSpec::Fd(std::os::fd::IntoRawFd::into_raw_fd(listener)),
-        rundir: tmpdir.join("rundir"),
+        rundir: tmpdir.join("r"),
         initial_program,
         topology,
         declared_gpus,

@@ -35,6 +35,7 @@ pub enum ResourceCmd {
         targets: String,
     },
     /// Print the instance's R (RFC 20).
+    #[command(name = "R", alias = "r")]
     R,
     /// Print the resource eventlog (RFC 44).
     Eventlog,

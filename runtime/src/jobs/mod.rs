@@ -23,6 +23,9 @@ use std::collections::{BTreeMap, VecDeque};
 
 /// Default `exit-timeout`: after the first task exits, the others have this long (seconds).
 pub const DEFAULT_EXIT_TIMEOUT: f64 = 30.0;
+/// Output kept per job on rank 0 for `attach` and `run` (bytes); older chunks are dropped beyond it, and a
+/// watcher that fell that far behind is told how much it missed. (Use `--output FILE` for large output.)
+pub const OUTPUT_KEEP: usize = 16 << 20;
 /// Default time between SIGTERM and SIGKILL when a job is cancelled or fails (seconds).
 pub const DEFAULT_KILL_TIMEOUT: f64 = 5.0;
 
@@ -119,8 +122,12 @@ pub struct Job {
     pub req: JobRequest,
     /// RFC 18 eventlog.
     pub eventlog: Vec<Event>,
-    /// Task output, in arrival order.
-    pub output: Vec<OutputLine>,
+    /// Task output kept for watchers, in arrival order; at most [`OUTPUT_KEEP`] bytes, oldest dropped first.
+    pub output: VecDeque<OutputLine>,
+    /// Absolute index of `output[0]` (chunks dropped so far).
+    pub output_base: usize,
+    /// Bytes held in `output`.
+    pub output_bytes: usize,
     /// Allocation, once allocated.
     pub alloc: Vec<RankAlloc>,
     /// R of the allocation (RFC 20).
@@ -415,7 +422,9 @@ impl JobCore {
             jobspec: jobspec.clone(),
             req,
             eventlog: Vec::new(),
-            output: Vec::new(),
+            output: VecDeque::new(),
+            output_base: 0,
+            output_bytes: 0,
             alloc: Vec::new(),
             r: None,
             shells: BTreeMap::new(),
@@ -478,19 +487,28 @@ impl JobCore {
         let Some(job) = self.jobs.get_mut(&id) else { return };
         let expiration = job.req.duration.filter(|d| *d > 0.0).map(|d| now + d);
         let r = Rv1::from_ranks(&ranks, now, expiration.unwrap_or(0.0));
-        // Distribute tasks over the allocated slots: every slot gets ntasks/nslots, the first ones one more.
-        let nslots: u32 = alloc.iter().map(|a| a.slots).sum::<u32>().max(1);
-        let (base, extra) = (job.req.ntasks / nslots, job.req.ntasks % nslots);
-        let mut slot_index = 0u32;
-        let mut counts = Vec::new();
-        for a in &alloc {
-            let mut n = 0;
-            for _ in 0..a.slots {
-                n += base + u32::from(slot_index < extra);
-                slot_index += 1;
-            }
-            counts.push(n);
-        }
+        // Distribute tasks: with a node count, evenly over the nodes (the first nodes get one more), as
+        // `srun -N` / `flux run -N` do; without, over the slots in allocation order.
+        let counts: Vec<u32> = if job.req.nnodes.is_some() {
+            let n = alloc.len().max(1) as u32;
+            let (base, extra) = (job.req.ntasks / n, job.req.ntasks % n);
+            (0..alloc.len() as u32).map(|i| base + u32::from(i < extra)).collect()
+        } else {
+            let nslots: u32 = alloc.iter().map(|a| a.slots).sum::<u32>().max(1);
+            let (base, extra) = (job.req.ntasks / nslots, job.req.ntasks % nslots);
+            let mut slot_index = 0u32;
+            alloc
+                .iter()
+                .map(|a| {
+                    let mut n = 0;
+                    for _ in 0..a.slots {
+                        n += base + u32::from(slot_index < extra);
+                        slot_index += 1;
+                    }
+                    n
+                })
+                .collect()
+        };
         let taskmap = taskmap(&counts);
         job.alloc = alloc.clone();
         job.r = Some(r.clone());
@@ -524,6 +542,7 @@ impl JobCore {
                 topology,
                 declared_gpus,
                 uri: String::new(),
+                tmpdir: None,
                 files: job.jobspec.pointer("/attributes/system/files").and_then(Value::as_object).cloned().unwrap_or_default(),
             };
             job.shells.insert(a.rank, ShellState { shell_rank: i as u32, rank: a.rank, ntasks: counts[i], spawned: false, exited: false, status: None, abort_code: None });
@@ -576,7 +595,22 @@ impl JobCore {
     /// Output lines from a shell.
     pub fn output(&mut self, id: JobId, lines: Vec<OutputLine>) {
         if let Some(j) = self.jobs.get_mut(&id) {
-            j.output.extend(lines);
+            if lines.is_empty() {
+                return;
+            }
+            for l in lines {
+                j.output_bytes += l.size();
+                j.output.push_back(l);
+            }
+            while j.output_bytes > OUTPUT_KEEP {
+                match j.output.pop_front() {
+                    Some(l) => {
+                        j.output_bytes -= l.size();
+                        j.output_base += 1;
+                    }
+                    None => break,
+                }
+            }
             self.actions.push_back(Action::Updated(id));
         }
     }

@@ -232,6 +232,15 @@ fn drain_blocks_new_work_until_undrain() {
 }
 
 #[test]
+fn tasks_spread_evenly_over_requested_nodes() {
+    let mut c = core(4, 2, 0);
+    c.submit(T0, &spec(cmd().nnodes(3).ntasks(4)), 0).unwrap();
+    let s = spawns(&actions(&mut c));
+    assert_eq!(s.iter().map(|x| (x.1, x.2.first_task, x.2.local_tasks)).collect::<Vec<_>>(), vec![(0, 0, 2), (1, 2, 1), (2, 3, 1)]);
+    assert_eq!(s[0].2.taskmap, json!({"version": 1, "map": [[0, 1, 2, 1], [1, 2, 1, 1]]}));
+}
+
+#[test]
 fn taskmap_blocks() {
     assert_eq!(taskmap(&[2, 2, 2, 2]), json!({"version": 1, "map": [[0, 4, 2, 1]]}));
     assert_eq!(taskmap(&[3, 3, 2]), json!({"version": 1, "map": [[0, 2, 3, 1], [2, 1, 2, 1]]}));

@@ -1,0 +1,692 @@
+//! Failure injection on clusters of network-namespace "nodes" (`ci/netns-cluster.sh`): one broker per namespace on
+//! a private bridge, killed (`kill -9`), silently removed (link cut, then every process killed), or stalled
+//! (SIGSTOP). Needs root.
+//!
+//! Every test owns a cluster with a unique short name; a guard runs `ci/netns-cluster.sh down NAME` whatever
+//! happens (panics included). Measured latencies are printed (`cargo test -- --nocapture`), never asserted: this
+//! machine is shared and noisy. Assertions are about outcomes and orderings; deadlines only prevent hangs.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Deadline for one cluster-script command (`up` of 6 nodes takes well under a second when idle).
+const SCRIPT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Deadline for a verdict (lost, torpid, online) that normally takes well under a second.
+const VERDICT: Duration = Duration::from_secs(10);
+/// Deadline for a job to end.
+const JOB_END: Duration = Duration::from_secs(60);
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+}
+
+fn cluster_script() -> PathBuf {
+    repo_root().join("ci/netns-cluster.sh")
+}
+
+/// Wall-clock time in seconds since the epoch (the brokers' event timestamps use the same clock).
+fn now_s() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+fn ms(secs: f64) -> String {
+    format!("{:.0} ms", secs * 1e3)
+}
+
+/// A fresh cluster name "f" + 4 hex digits that no other cluster uses, claimed by creating its state directory.
+fn claim_name() -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    for attempt in 0..1000u64 {
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+        let mut x = nanos ^ ((std::process::id() as u64) << 32) ^ ((COUNTER.fetch_add(1, Ordering::Relaxed) as u64) << 48) ^ attempt;
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xff51afd7ed558ccd);
+        x ^= x >> 29;
+        let name = format!("f{:04x}", x & 0xffff);
+        if Path::new(&format!("/run/netns/vn-{name}-hub")).exists() {
+            continue;
+        }
+        // The script does `mkdir -p` of this directory: creating it first is an atomic claim of the name.
+        if std::fs::create_dir(format!("/tmp/vigil-netns-{name}")).is_ok() {
+            return name;
+        }
+    }
+    panic!("no free cluster name");
+}
+
+/// A `vigil` command against `uri`, with `dir` as TMPDIR and cwd.
+fn vigil_at(dir: &Path, uri: &str, args: &[&str], timeout: Duration) -> Output {
+    let mut c = vigil_cmd(dir);
+    c.env("VIGIL_URI", uri).args(args);
+    run(c, timeout, None)
+}
+
+/// The entry of `rank` in `vigil overlay status --json` or `vigil resource status --json`.
+fn rank_entry(v: &Value, rank: u32) -> Value {
+    v["ranks"].as_array().and_then(|a| a.iter().find(|r| r["rank"].as_u64() == Some(rank as u64))).cloned().unwrap_or(Value::Null)
+}
+
+/// Parse JSON lines (eventlogs).
+fn json_lines(s: &str) -> Vec<Value> {
+    s.lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad eventlog line {l:?}: {e}"))).collect()
+}
+
+/// An idset string containing `rank` (plain forms only: "2", "1-3", "0,2").
+fn idset_has(s: &str, rank: u32) -> bool {
+    s.split(',').any(|part| match part.split_once('-') {
+        Some((a, b)) => matches!((a.trim().parse::<u32>(), b.trim().parse::<u32>()), (Ok(a), Ok(b)) if a <= rank && rank <= b),
+        None => part.trim().parse::<u32>() == Ok(rank),
+    })
+}
+
+/// One cluster of namespace nodes; dropping it tears everything down.
+struct Cluster {
+    name: String,
+    uri: String,
+    /// TMPDIR of the brokers and of every command (so job directories never collide between clusters), and the
+    /// marker for a last-resort kill of anything left.
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    #[track_caller]
+    fn up(size: u32) -> Cluster {
+        let name = claim_name();
+        let dir = tempdir();
+        // The guard exists before `up` runs: a half-made cluster is torn down too.
+        let mut c = Cluster { name, uri: String::new(), dir };
+        let t = Instant::now();
+        c.script(&["up", &c.name.clone(), &size.to_string()]).ok();
+        let uri = c.script(&["uri", &c.name.clone()]);
+        uri.ok();
+        c.uri = uri.stdout.trim().to_string();
+        eprintln!("[{}] cluster of {size} nodes up in {:.2}s", c.name, t.elapsed().as_secs_f64());
+        c
+    }
+
+    fn script(&self, args: &[&str]) -> Output {
+        let mut c = Command::new(cluster_script());
+        c.args(args)
+            .env("VIGIL", vigil_bin())
+            .env("TMPDIR", self.dir.path())
+            .env("PATH", path_env())
+            .env_remove("VIGIL_URI")
+            .env_remove("VIGIL_NETNS_DIR")
+            .current_dir(self.dir.path());
+        run(c, SCRIPT_TIMEOUT, None)
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `vigil ARGS...` against rank 0.
+    fn vigil(&self, args: &[&str]) -> Output {
+        vigil_at(self.path(), &self.uri, args, CMD_TIMEOUT)
+    }
+
+    /// `vigil ARGS...` with extra environment, in `cwd`.
+    fn vigil_in(&self, cwd: &Path, env: &[(&str, &str)], args: &[&str], timeout: Duration) -> Output {
+        let mut c = vigil_cmd(self.path());
+        c.env("VIGIL_URI", &self.uri).current_dir(cwd).args(args);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        run(c, timeout, None)
+    }
+
+    #[track_caller]
+    fn json(&self, args: &[&str]) -> Value {
+        let o = self.vigil(args);
+        o.ok();
+        o.json()
+    }
+
+    /// (state, reason) of `rank` in `vigil overlay status --json`.
+    fn overlay_rank(&self, rank: u32) -> (String, String) {
+        let o = self.vigil(&["overlay", "status", "--json"]);
+        if o.code != 0 {
+            return (String::new(), o.dump());
+        }
+        let e = rank_entry(&o.json(), rank);
+        (e["state"].as_str().unwrap_or("").to_string(), e["reason"].as_str().unwrap_or("").to_string())
+    }
+
+    /// Poll the overlay every `every` until `rank` is in `state`; returns (seconds since `since`, reason).
+    #[track_caller]
+    fn wait_overlay_state(&self, rank: u32, state: &str, since: Instant, every: Duration) -> (f64, String) {
+        loop {
+            let (s, reason) = self.overlay_rank(rank);
+            if s == state {
+                return (since.elapsed().as_secs_f64(), reason);
+            }
+            assert!(since.elapsed() < VERDICT, "[{}] rank {rank} not {state} within {VERDICT:?}: {s} ({reason})", self.name);
+            std::thread::sleep(every);
+        }
+    }
+
+    fn resource_eventlog(&self) -> Vec<Value> {
+        let o = self.vigil(&["resource", "eventlog"]);
+        o.ok();
+        json_lines(&o.stdout)
+    }
+
+    /// Timestamp of the first resource event `name` for `rank`.
+    fn resource_event_time(&self, name: &str, rank: u32) -> Option<f64> {
+        self.resource_eventlog()
+            .iter()
+            .find(|e| e["name"] == name && idset_has(e["context"]["idset"].as_str().unwrap_or(""), rank))
+            .and_then(|e| e["timestamp"].as_f64())
+    }
+
+    fn job_eventlog(&self, id: &str) -> Vec<Value> {
+        let o = self.vigil(&["job", "eventlog", "--json", id]);
+        o.ok();
+        json_lines(&o.stdout)
+    }
+
+    #[track_caller]
+    fn job(&self, id: &str) -> Value {
+        let v = self.json(&["jobs", "-a", "--json"]);
+        v["jobs"]
+            .as_array()
+            .and_then(|a| a.iter().find(|j| j["id_f58"].as_str() == Some(id)))
+            .cloned()
+            .unwrap_or_else(|| panic!("job {id} not listed: {v}"))
+    }
+
+    #[track_caller]
+    fn submit(&self, args: &[&str]) -> String {
+        let mut a = vec!["submit"];
+        a.extend_from_slice(args);
+        let o = self.vigil(&a);
+        o.ok();
+        let id = o.stdout.trim().to_string();
+        assert!(id.starts_with('f') && !id.contains(char::is_whitespace), "bad job id:\n{}", o.dump());
+        id
+    }
+
+    /// Silent node death of node `k`; returns the wall time just before the link was cut.
+    #[track_caller]
+    fn kill_node(&self, k: u32) -> f64 {
+        let t = now_s();
+        self.script(&["kill", &self.name, &k.to_string()]).ok();
+        eprintln!("[{}] node{k} silently killed at {t:.3} (script took {})", self.name, ms(now_s() - t));
+        t
+    }
+
+    fn broker_pid(&self, k: u32) -> i32 {
+        let p = format!("/tmp/vigil-netns-{}/node{k}/broker.pid", self.name);
+        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}")).trim().parse().unwrap_or_else(|e| panic!("{p}: {e}"))
+    }
+
+    /// Processes of node `k` (pid, command line).
+    fn node_processes(&self, k: u32) -> Vec<(i32, String)> {
+        let o = self.script(&["pids", &self.name, &k.to_string()]);
+        o.stdout
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+            .filter_map(|pid| {
+                let cl = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+                let cl = cl.split(|b| *b == 0).map(|p| String::from_utf8_lossy(p).into_owned()).collect::<Vec<_>>().join(" ");
+                Some((pid, cl.trim().to_string()))
+            })
+            .collect()
+    }
+
+    /// Processes of node `k` other than its own broker.
+    fn node_leftovers(&self, k: u32) -> Vec<(i32, String)> {
+        let broker = self.broker_pid(k);
+        self.node_processes(k).into_iter().filter(|(p, _)| *p != broker).collect()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // The brokers' logs explain most failures: print them before they are removed.
+            for k in 0.. {
+                let Ok(log) = std::fs::read_to_string(format!("/tmp/vigil-netns-{}/node{k}/broker.log", self.name)) else { break };
+                let lines: Vec<&str> = log.lines().collect();
+                eprintln!("[{}] --- node{k}/broker.log (last 30 lines) ---\n{}", self.name, lines[lines.len().saturating_sub(30)..].join("\n"));
+            }
+        }
+        let o = self.script(&["down", &self.name]);
+        if o.code != 0 {
+            eprintln!("[{}] down failed:\n{}", self.name, o.dump());
+        }
+        kill_marked(self.dir.path());
+        let _ = std::fs::remove_dir_all(format!("/tmp/vigil-netns-{}", self.name));
+    }
+}
+
+// ------------------------------------------------------------------------------------------- liveness
+
+#[test]
+fn broker_kill_is_lost() {
+    let c = Cluster::up(3);
+    let pid = c.broker_pid(2);
+    let t0 = now_s();
+    let since = Instant::now();
+    // SAFETY: kill(2) of the broker this test's cluster started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0, "kill -9 {pid}");
+    let (took, reason) = c.wait_overlay_state(2, "lost", since, Duration::from_millis(10));
+    let ev = c.resource_event_time("offline", 2).map(|t| ms(t - t0)).unwrap_or_else(|| "none".into());
+    eprintln!("[{}] kill -9 broker -> lost: seen by polling after {}, offline event after {ev}; reason: {reason}", c.name, ms(took));
+    assert!(reason.to_lowercase().contains("connection"), "reason should mention the connection: {reason:?}");
+
+    let rs = c.json(&["resource", "status", "--json"]);
+    assert_eq!(rank_entry(&rs, 2)["state"], "lost", "{rs}");
+    for r in [0, 1] {
+        assert_eq!(rank_entry(&rs, r)["state"], "avail", "{rs}");
+    }
+    c.vigil(&["run", "-N2", "true"]).ok();
+    // Nothing else changed: ranks 0 and 1 still online.
+    for r in [0, 1] {
+        assert_eq!(c.overlay_rank(r).0, "online");
+    }
+}
+
+#[test]
+fn silent_node_loss_is_lost() {
+    let c = Cluster::up(3);
+    let since = Instant::now();
+    let t0 = c.kill_node(2);
+    let (took, reason) = c.wait_overlay_state(2, "lost", since, Duration::from_millis(10));
+    let ev = c.resource_event_time("offline", 2).map(|t| ms(t - t0)).unwrap_or_else(|| "none".into());
+    eprintln!("[{}] silent node loss -> lost: seen by polling after {}, offline event after {ev}; reason: {reason}", c.name, ms(took));
+    assert!(reason.contains("TCP acknowledgement"), "reason should mention the missing TCP acknowledgement: {reason:?}");
+    let rs = c.json(&["resource", "status", "--json"]);
+    assert_eq!(rank_entry(&rs, 2)["state"], "lost", "{rs}");
+    c.vigil(&["run", "-N2", "true"]).ok();
+}
+
+#[test]
+fn stalled_broker_is_torpid_never_lost() {
+    let c = Cluster::up(3);
+    let t_stall = now_s();
+    let since = Instant::now();
+    c.script(&["stall", &c.name, "2"]).ok();
+
+    // One thread watches rank 2 every 50 ms for 4 s while the main thread checks scheduling.
+    let (seen, n_polls, id3) = std::thread::scope(|s| {
+        let watcher = s.spawn(|| {
+            let mut seen: Vec<(f64, String, String)> = Vec::new();
+            let mut n = 0;
+            while since.elapsed() < Duration::from_secs(4) {
+                let (st, reason) = c.overlay_rank(2);
+                n += 1;
+                if seen.last().map(|l| l.1 != st).unwrap_or(true) {
+                    seen.push((since.elapsed().as_secs_f64(), st, reason));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            (seen, n)
+        });
+
+        let (took, reason) = c.wait_overlay_state(2, "torpid", since, Duration::from_millis(20));
+        eprintln!("[{}] stall -> torpid seen by polling after {}; reason: {reason}", c.name, ms(took));
+        let rs = c.json(&["resource", "status", "--json"]);
+        assert_eq!(rank_entry(&rs, 2)["state"], "torpid", "{rs}");
+        let text = c.vigil(&["resource", "status"]);
+        text.ok();
+        assert!(text.stdout.lines().any(|l| l.trim_start().starts_with("torpid") && l.contains("node2")), "{}", text.dump());
+
+        // The survivors still run work, and nothing new goes to the torpid rank.
+        c.vigil(&["run", "-N2", "true"]).ok();
+        let jobs = c.json(&["jobs", "-a", "--json"]);
+        let n2 = jobs["jobs"].as_array().unwrap().iter().find(|j| j["nnodes"] == 2).cloned().unwrap_or_else(|| panic!("{jobs}"));
+        assert_eq!(n2["ranks"], "0-1", "the -N2 job used the torpid rank: {n2}");
+        // Strict FCFS (docs/architecture.md): a blocked -N3 at the head of the queue would hold back the -N2,
+        // so the -N3 is submitted after the -N2 ran.
+        let id3 = c.submit(&["-N3", "true"]);
+        for _ in 0..10 {
+            std::thread::sleep(Duration::from_millis(100));
+            assert_eq!(c.job(&id3)["state"], "SCHED", "a -N3 job started while rank 2 is torpid");
+        }
+        assert_eq!(c.overlay_rank(2).0, "torpid", "rank 2 stopped being torpid while still stopped");
+        let (seen, n) = watcher.join().expect("watcher");
+        (seen, n, id3)
+    });
+    eprintln!("[{}] rank 2 over {n_polls} polls in 4 s of SIGSTOP: {seen:?}", c.name);
+    assert!(seen.iter().any(|s| s.1 == "torpid"), "never torpid: {seen:?}");
+    assert!(seen.iter().all(|s| s.1 != "lost"), "a stalled broker was declared lost: {seen:?}");
+    assert_eq!(c.job(&id3)["state"], "SCHED");
+
+    let t_cont = now_s();
+    let since = Instant::now();
+    c.script(&["cont", &c.name, "2"]).ok();
+    let (took, _) = c.wait_overlay_state(2, "online", since, Duration::from_millis(20));
+    eprintln!("[{}] cont -> online seen by polling after {}", c.name, ms(took));
+    let text = c.vigil(&["overlay", "status"]);
+    text.ok();
+    assert!(text.stdout.lines().any(|l| l.contains("2 node2: full")), "{}", text.dump());
+    let w = c.vigil(&["job", "wait", &id3]);
+    w.ok();
+    assert_eq!(c.job(&id3)["ranks"], "0-2");
+
+    let log = c.resource_eventlog();
+    let for2 = |name: &str| log.iter().position(|e| e["name"] == name && idset_has(e["context"]["idset"].as_str().unwrap_or(""), 2));
+    let (torpid, lively) = (for2("torpid").expect("torpid event for rank 2"), for2("lively").expect("lively event for rank 2"));
+    assert!(torpid < lively, "torpid must precede lively: {log:?}");
+    assert!(for2("offline").is_none(), "rank 2 went offline: {log:?}");
+    let ts = |i: usize| log[i]["timestamp"].as_f64().unwrap_or(0.0);
+    eprintln!("[{}] eventlog: stall -> torpid event {}, cont -> lively event {}", c.name, ms(ts(torpid) - t_stall), ms(ts(lively) - t_cont));
+}
+
+// ------------------------------------------------------------------------------------------- exec rules
+
+/// The exception events of a job eventlog.
+fn exceptions(log: &[Value]) -> Vec<&Value> {
+    log.iter().filter(|e| e["name"] == "exception").collect()
+}
+
+#[test]
+fn ordinary_job_loses_a_node() {
+    let c = Cluster::up(4);
+    let id = c.submit(&["-N4", "-n4", "sleep", "60"]);
+    let has_sleep = |k: u32| c.node_processes(k).iter().any(|(_, cl)| cl == "sleep 60");
+    assert!(wait_for(Duration::from_secs(20), || (0..4).all(has_sleep)), "the job's tasks did not start on every node");
+    let t0 = c.kill_node(3);
+    let w = c.vigil_in(c.path(), &[], &["job", "wait", &id], JOB_END);
+    assert!(!w.timed_out, "job wait hung:\n{}", w.dump());
+    assert_ne!(w.code, 0, "job wait after losing a critical node:\n{}", w.dump());
+    let j = c.job(&id);
+    assert_eq!(j["state"], "INACTIVE", "{j}");
+    eprintln!("[{}] job inactive {} after the kill (job wait exit {})", c.name, ms(j["t_inactive"].as_f64().unwrap_or(0.0) - t0), w.code);
+
+    let log = c.job_eventlog(&id);
+    let ex = exceptions(&log);
+    assert!(!ex.is_empty(), "no exception: {log:?}");
+    let ctx = &ex[0]["context"];
+    assert_eq!(ctx["type"], "exec", "{log:?}");
+    assert_eq!(ctx["severity"], 0, "{log:?}");
+    assert!(ctx["note"].as_str().unwrap_or("").contains("node3"), "{log:?}");
+    eprintln!("[{}] exec exception {} after the kill: {}", c.name, ms(ex[0]["timestamp"].as_f64().unwrap_or(0.0) - t0), ctx["note"]);
+
+    let clean = || (0..3).all(|k| !has_sleep(k));
+    assert!(wait_for(Duration::from_secs(5), clean), "tasks left on the survivors: {:?}", (0..3).map(|k| c.node_leftovers(k)).collect::<Vec<_>>());
+    for k in 0..3 {
+        assert!(c.node_leftovers(k).is_empty(), "node{k} still runs: {:?}", c.node_leftovers(k));
+    }
+}
+
+/// Newest checkpoint per application rank: rank -> (node, step), from CKPT_ROOT/node*/ckpt.RANK.
+fn checkpoints(root: &Path) -> BTreeMap<u32, (String, u32)> {
+    let mut m = BTreeMap::new();
+    let Ok(rd) = std::fs::read_dir(root) else { return m };
+    for node in rd.flatten() {
+        let nname = node.file_name().to_string_lossy().into_owned();
+        if !nname.starts_with("node") {
+            continue;
+        }
+        let Ok(files) = std::fs::read_dir(node.path()) else { continue };
+        for f in files.flatten() {
+            let fname = f.file_name().to_string_lossy().into_owned();
+            let Some(rank) = fname.strip_prefix("ckpt.").and_then(|r| r.parse::<u32>().ok()) else { continue };
+            let Some(step) = std::fs::read_to_string(f.path()).ok().and_then(|s| s.trim().parse::<u32>().ok()) else { continue };
+            let e = m.entry(rank).or_insert((nname.clone(), step));
+            if step > e.1 {
+                *e = (nname.clone(), step);
+            }
+        }
+    }
+    m
+}
+
+/// A running N+1 checkpoint/restart batch job on a 6-node cluster with rank 0 drained.
+struct Ckpt {
+    c: Cluster,
+    id: String,
+    root: PathBuf,
+    work: PathBuf,
+}
+
+const STEPS: u32 = 16;
+
+#[track_caller]
+fn start_ckpt(min_step: u32) -> Ckpt {
+    let c = Cluster::up(6);
+    c.vigil(&["resource", "drain", "0", "login"]).ok();
+    let root = c.path().join("ckpt");
+    let work = c.path().join("work");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&work).unwrap();
+    let ex = repo_root().join("examples/ckpt");
+    let (batch, app) = (ex.join("batch.sh"), ex.join("app.sh"));
+    let o = c.vigil_in(
+        &work,
+        &[("CKPT_ROOT", root.to_str().unwrap()), ("STEP_S", "0.25")],
+        &["batch", "-N5", batch.to_str().unwrap(), app.to_str().unwrap(), &STEPS.to_string()],
+        CMD_TIMEOUT,
+    );
+    o.ok();
+    let id = o.stdout.trim().to_string();
+    assert!(id.starts_with('f'), "{}", o.dump());
+    let since = Instant::now();
+    let ready = wait_for(Duration::from_secs(30), || {
+        let m = checkpoints(&root);
+        (0..4).all(|r| m.get(&r).is_some_and(|(_, s)| *s >= min_step))
+    });
+    let m = checkpoints(&root);
+    assert!(
+        ready,
+        "the 4 app ranks did not reach step {min_step}: {m:?}\n{}",
+        std::fs::read_to_string(work.join(format!("vigil-{id}.out"))).unwrap_or_default()
+    );
+    eprintln!("[{}] batch job {id}: all ranks at step >= {min_step} after {:.2}s: {m:?}", c.name, since.elapsed().as_secs_f64());
+    // Application rank r runs on child rank r = node r+1; the spare is node5.
+    for r in 0..4 {
+        assert_eq!(m[&r].0, format!("node{}", r + 1), "unexpected placement: {m:?}");
+    }
+    Ckpt { c, id, root, work }
+}
+
+impl Ckpt {
+    fn output(&self) -> String {
+        std::fs::read_to_string(self.work.join(format!("vigil-{}.out", self.id))).unwrap_or_default()
+    }
+}
+
+/// The timestamp at the start of the first line of `out` containing `what`, and that line.
+fn stamped<'a>(out: &'a str, what: &str) -> Option<(f64, &'a str)> {
+    out.lines().find(|l| l.contains(what)).and_then(|l| Some((l.split_whitespace().next()?.parse().ok()?, l)))
+}
+
+#[test]
+fn n_plus_one_checkpoint_restart() {
+    let k = start_ckpt(3);
+    let c = &k.c;
+    let t_kill = c.kill_node(4);
+    let w = c.vigil_in(c.path(), &[], &["job", "wait", &k.id], JOB_END);
+    let out = k.output();
+    let log = c.job_eventlog(&k.id);
+    let ctx = format!(
+        "{}\n--- vigil-{}.out ---\n{out}\n--- eventlog ---\n{}",
+        w.dump(),
+        k.id,
+        log.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")
+    );
+    assert_eq!((w.timed_out, w.code), (false, 0), "the batch job did not survive the loss of node4:\n{ctx}");
+
+    // Parent: exactly one exception, non-fatal, and rank 4 released early.
+    let ex = exceptions(&log);
+    assert_eq!(ex.len(), 1, "exactly one exception expected:\n{ctx}");
+    assert_eq!(ex[0]["context"]["type"], "node-failure", "{ctx}");
+    assert_eq!(ex[0]["context"]["severity"], 2, "{ctx}");
+    assert!(
+        log.iter().any(|e| e["name"] == "release" && e["context"]["final"] == false && e["context"]["ranks"] == "4"),
+        "no release{{final=false}} of rank 4:\n{ctx}"
+    );
+    let t_exc = ex[0]["timestamp"].as_f64().unwrap_or(0.0);
+
+    // The batch script: launch 1 fails after the kill, the lost checkpoint is rebuilt on the spare, launch 2 resumes.
+    let (t_end1, l1) = stamped(&out, "launch 1 ended with exit code").unwrap_or_else(|| panic!("launch 1 did not end:\n{ctx}"));
+    let rc1: i32 = l1.rsplit(' ').next().and_then(|s| s.parse().ok()).unwrap_or(0);
+    assert_ne!(rc1, 0, "launch 1 should fail:\n{ctx}");
+    assert!(t_end1 > t_kill, "launch 1 ended before the kill:\n{ctx}");
+    let (t_rebuilt, rebuilt) = stamped(&out, "rebuilt checkpoint of rank 3").unwrap_or_else(|| panic!("no rebuild of rank 3:\n{ctx}"));
+    assert!(rebuilt.contains("on spare node5"), "{rebuilt}\n{ctx}");
+    let rebuilt_step: u32 = rebuilt.split("(step ").nth(1).and_then(|s| s.split(')').next()).and_then(|s| s.parse().ok()).unwrap_or(0);
+    assert!(rebuilt_step >= 3, "rebuilt from an old partner copy:\n{ctx}");
+    assert_eq!(out.matches("rebuilt checkpoint").count(), 1, "only rank 3 should be rebuilt:\n{ctx}");
+    let launch2 = out.find("launch 2:").unwrap_or_else(|| panic!("no launch 2:\n{ctx}"));
+    let after = &out[launch2..];
+    let mut resumed = BTreeMap::new();
+    let mut completed = BTreeSet::new();
+    for l in after.lines() {
+        let Some(rest) = l.strip_prefix("rank ") else { continue };
+        let rank: u32 = rest.split_whitespace().next().and_then(|s| s.parse().ok()).unwrap_or(99);
+        if let Some(s) = l.split("resuming from checkpoint at step ").nth(1) {
+            resumed.insert(rank, s.trim().parse::<u32>().unwrap_or(0));
+        }
+        if l.ends_with(&format!("completed {STEPS} steps")) {
+            completed.insert(rank);
+        }
+        assert!(!l.contains("starting from step 0"), "a rank restarted from scratch: {l}\n{ctx}");
+    }
+    assert_eq!(resumed.keys().copied().collect::<Vec<_>>(), vec![0, 1, 2, 3], "every rank must resume:\n{ctx}");
+    assert!(resumed.values().all(|s| *s >= 3), "resumed too early: {resumed:?}\n{ctx}");
+    assert!(after.contains("rank 3 on node5: resuming"), "rank 3 should resume on the spare:\n{ctx}");
+    assert_eq!(completed, (0..4).collect(), "not every rank completed:\n{ctx}");
+    assert!(out.contains("launch 2 ended with exit code 0"), "{ctx}");
+
+    let off = c.resource_event_time("offline", 4);
+    eprintln!(
+        "[{}] N+1: kill at {t_kill:.3}; parent offline event +{}; node-failure exception +{}; launch 1 ended +{} (exit {rc1}); rebuilt +{}; resumed at steps {resumed:?}",
+        c.name,
+        off.map(|t| ms(t - t_kill)).unwrap_or_else(|| "none".into()),
+        ms(t_exc - t_kill),
+        ms(t_end1 - t_kill),
+        ms(t_rebuilt - t_kill),
+    );
+    // The final checkpoints: rank 3 finished on the spare, the others where they started.
+    let m = checkpoints(&k.root);
+    let want: BTreeMap<u32, (String, u32)> = (0..4).map(|r| (r, (format!("node{}", if r == 3 { 5 } else { r + 1 }), STEPS))).collect();
+    assert_eq!(m, want, "final checkpoints:\n{ctx}");
+}
+
+#[test]
+fn critical_rank_loss_is_fatal() {
+    let k = start_ckpt(1);
+    let c = &k.c;
+    let t_kill = c.kill_node(1);
+    let w = c.vigil_in(c.path(), &[], &["job", "wait", &k.id], JOB_END);
+    let log = c.job_eventlog(&k.id);
+    let ctx = format!(
+        "{}\n--- vigil-{}.out ---\n{}\n--- eventlog ---\n{}",
+        w.dump(),
+        k.id,
+        k.output(),
+        log.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")
+    );
+    assert!(!w.timed_out, "job wait hung:\n{ctx}");
+    assert_ne!(w.code, 0, "{ctx}");
+    let j = c.job(&k.id);
+    assert_eq!(j["state"], "INACTIVE", "{ctx}");
+    let ex = exceptions(&log);
+    assert!(!ex.is_empty(), "{ctx}");
+    assert_eq!(ex[0]["context"]["type"], "exec", "{ctx}");
+    assert_eq!(ex[0]["context"]["severity"], 0, "{ctx}");
+    assert!(ex[0]["context"]["note"].as_str().unwrap_or("").contains("node1"), "{ctx}");
+    eprintln!(
+        "[{}] critical rank lost: exec exception +{}, job inactive +{} after the kill (job wait exit {})",
+        c.name,
+        ms(ex[0]["timestamp"].as_f64().unwrap_or(0.0) - t_kill),
+        ms(j["t_inactive"].as_f64().unwrap_or(0.0) - t_kill),
+        w.code
+    );
+
+    // Nothing of the job (child brokers, shells, app, its sleeps) remains on the other nodes.
+    let others = [0u32, 2, 3, 4, 5];
+    let since = Instant::now();
+    let clean = wait_for(Duration::from_secs(10), || others.iter().all(|k| c.node_leftovers(*k).is_empty()));
+    let left: Vec<_> = others.iter().map(|k| (*k, c.node_leftovers(*k))).filter(|(_, l)| !l.is_empty()).collect();
+    assert!(clean, "processes left after the job ended: {left:?}\n{ctx}");
+    eprintln!("[{}] survivors clean {} after the job ended", c.name, ms(since.elapsed().as_secs_f64()));
+    // The parent keeps working on the survivors.
+    c.vigil(&["run", "-N4", "true"]).ok();
+}
+
+#[test]
+fn nested_instance_keeps_scheduling_on_survivors() {
+    let c = Cluster::up(5);
+    c.vigil(&["resource", "drain", "0", "login"]).ok();
+    let work = c.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let gate = c.path().join("gate");
+    std::fs::create_dir_all(&gate).unwrap();
+    let script = work.join("job.sh");
+    std::fs::write(
+        &script,
+        r#"#!/bin/sh
+echo started > "$GATE/started"
+while [ ! -e "$GATE/go" ]; do sleep 0.05; done
+vigil run -N3 -n3 sh -c 'echo "host: $(vigil getattr hostname)"'
+rc=$?
+echo "inner run exit code $rc"
+echo "status-json: $(vigil resource status --json)"
+vigil resource status
+exit $rc
+"#,
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let o = c.vigil_in(&work, &[("GATE", gate.to_str().unwrap())], &["batch", "-N4", script.to_str().unwrap()], CMD_TIMEOUT);
+    o.ok();
+    let id = o.stdout.trim().to_string();
+    let out_path = work.join(format!("vigil-{id}.out"));
+    assert!(
+        wait_for(Duration::from_secs(30), || gate.join("started").exists()),
+        "batch script did not start:\n{}",
+        std::fs::read_to_string(&out_path).unwrap_or_default()
+    );
+
+    let info = c.json(&["job", "info", &id]);
+    let child_uri = info["info"]["instance"]["uri"].as_str().unwrap_or_else(|| panic!("no child uri: {info}")).to_string();
+    let t_kill = c.kill_node(4);
+    // Wait until both the parent and the child know (child rank 3 is on node4).
+    assert!(
+        wait_for(VERDICT, || exceptions(&c.job_eventlog(&id)).iter().any(|e| e["context"]["type"] == "node-failure")),
+        "no node-failure exception: {:?}",
+        c.job_eventlog(&id)
+    );
+    let child_lost = || {
+        let o = vigil_at(c.path(), &child_uri, &["resource", "status", "--json"], CMD_TIMEOUT);
+        o.code == 0 && rank_entry(&o.json(), 3)["state"] == "lost"
+    };
+    assert!(wait_for(VERDICT, child_lost), "the child never saw its rank 3 lost");
+    eprintln!("[{}] child and parent saw node4 lost {} after the kill", c.name, ms(now_s() - t_kill));
+    std::fs::write(gate.join("go"), "").unwrap();
+
+    let w = c.vigil_in(c.path(), &[], &["job", "wait", &id], JOB_END);
+    let out = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let log = c.job_eventlog(&id);
+    let ctx = format!("{}\n--- out ---\n{out}\n--- eventlog ---\n{}", w.dump(), log.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n"));
+    assert_eq!((w.timed_out, w.code), (false, 0), "{ctx}");
+    assert!(out.contains("inner run exit code 0"), "{ctx}");
+    let hosts: BTreeSet<&str> = out.lines().filter_map(|l| l.strip_prefix("host: ")).map(str::trim).collect();
+    assert_eq!(hosts.len(), 3, "3 distinct nodes expected: {hosts:?}\n{ctx}");
+    assert!(!hosts.contains("node4"), "ran on the lost node: {hosts:?}\n{ctx}");
+    let status: Value = out
+        .lines()
+        .find_map(|l| l.strip_prefix("status-json: "))
+        .and_then(|s| serde_json::from_str(s).ok())
+        .unwrap_or_else(|| panic!("no child resource status:\n{ctx}"));
+    let states: Vec<&str> = status["ranks"].as_array().unwrap().iter().map(|r| r["state"].as_str().unwrap_or("")).collect();
+    assert_eq!(states.iter().filter(|s| **s == "lost").count(), 1, "{status}\n{ctx}");
+    assert_eq!(rank_entry(&status, 3)["hostname"], "node4", "{status}");
+    assert_eq!(rank_entry(&status, 3)["state"], "lost", "{status}");
+    let ex = exceptions(&log);
+    assert_eq!(ex.len(), 1, "{ctx}");
+    assert_eq!(ex[0]["context"]["type"], "node-failure", "{ctx}");
+    assert_eq!(ex[0]["context"]["severity"], 2, "{ctx}");
+}
