@@ -15,7 +15,7 @@
 # the bridge, so addresses never leak into the root namespace. State lives in ${VIGIL_NETNS_DIR:-/tmp}/vigil-netns-NAME.
 set -euo pipefail
 
-VIGIL=${VIGIL:-$(cd "$(dirname "$0")/.." && pwd)/target/debug/vigil}
+VIGIL=${VIGIL:-$(command -v vigil || echo "$(cd "$(dirname "$0")/.." && pwd)/target/debug/vigil")}
 cmd=${1:-}; name=${2:-}
 [ -n "$cmd" ] && [ -n "$name" ] || { sed -n '2,14p' "$0"; exit 2; }
 [ ${#name} -le 6 ] || { echo "netns-cluster: NAME must be at most 6 characters" >&2; exit 2; }
