@@ -1,0 +1,103 @@
+// SPDX-License-Identifier: GPL-2.0
+/* Vigil TCP connection failure detector (IPv4).
+ *
+ * Watches a set of local-perspective 4-tuples (saddr, sport, daddr, dport)
+ * and reports resets received, close transitions and retransmits.
+ * Key layout: addresses in network byte order, ports in host byte order
+ * (that is how the tracepoints record them).
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include "events.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+#define VIGIL_AF_INET 2
+#define VIGIL_IPPROTO_TCP 6
+/* include/net/tcp_states.h */
+#define TCPS_FIN_WAIT1 4
+#define TCPS_CLOSE 7
+#define TCPS_CLOSE_WAIT 8
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct vigil_tcp_key);
+	__type(value, __u8);
+} WATCHED_TCP SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+} TCP_EVENTS SEC(".maps");
+
+static __always_inline void make_key(struct vigil_tcp_key *k, const __u8 *saddr, const __u8 *daddr,
+				     __u16 sport, __u16 dport)
+{
+	/* The address arrays live in the tracepoint record (ctx). With CO-RE the
+	 * array base is computed as ctx+off, and the verifier rejects loads via
+	 * a modified ctx pointer, so copy them with a helper instead. */
+	bpf_probe_read_kernel(&k->saddr, 4, saddr);
+	bpf_probe_read_kernel(&k->daddr, 4, daddr);
+	k->sport = sport;
+	k->dport = dport;
+}
+
+static __always_inline void emit(const struct vigil_tcp_key *k, __u32 kind, int oldstate, int newstate)
+{
+	struct vigil_tcp_event *e = bpf_ringbuf_reserve(&TCP_EVENTS, sizeof(*e), 0);
+	if (!e)
+		return;
+	e->ktime_ns = bpf_ktime_get_ns();
+	e->key = *k;
+	e->kind = kind;
+	e->oldstate = oldstate;
+	e->newstate = newstate;
+	e->pid = bpf_get_current_pid_tgid() >> 32;
+	bpf_ringbuf_submit(e, 0);
+}
+
+SEC("tracepoint/sock/inet_sock_set_state")
+int vigil_inet_sock_set_state(struct trace_event_raw_inet_sock_set_state *ctx)
+{
+	if (ctx->protocol != VIGIL_IPPROTO_TCP || ctx->family != VIGIL_AF_INET)
+		return 0;
+	int newstate = ctx->newstate;
+	if (newstate != TCPS_CLOSE && newstate != TCPS_CLOSE_WAIT &&
+	    newstate != TCPS_FIN_WAIT1)
+		return 0;
+	struct vigil_tcp_key k = {};
+	make_key(&k, ctx->saddr, ctx->daddr, ctx->sport, ctx->dport);
+	if (!bpf_map_lookup_elem(&WATCHED_TCP, &k))
+		return 0;
+	emit(&k, VIGIL_TCP_CLOSE, ctx->oldstate, newstate);
+	if (newstate == TCPS_CLOSE)
+		bpf_map_delete_elem(&WATCHED_TCP, &k); /* connection is gone: drop the watch */
+	return 0;
+}
+
+SEC("tracepoint/tcp/tcp_retransmit_skb")
+int vigil_tcp_retransmit_skb(struct trace_event_raw_tcp_retransmit_skb *ctx)
+{
+	if (ctx->family != VIGIL_AF_INET)
+		return 0;
+	struct vigil_tcp_key k = {};
+	make_key(&k, ctx->saddr, ctx->daddr, ctx->sport, ctx->dport);
+	if (!bpf_map_lookup_elem(&WATCHED_TCP, &k))
+		return 0;
+	emit(&k, VIGIL_TCP_RETRANSMIT, -1, ctx->state);
+	return 0;
+}
+
+SEC("tracepoint/tcp/tcp_receive_reset")
+int vigil_tcp_receive_reset(struct trace_event_raw_tcp_event_sk *ctx)
+{
+	if (ctx->family != VIGIL_AF_INET)
+		return 0;
+	struct vigil_tcp_key k = {};
+	make_key(&k, ctx->saddr, ctx->daddr, ctx->sport, ctx->dport);
+	if (!bpf_map_lookup_elem(&WATCHED_TCP, &k))
+		return 0;
+	emit(&k, VIGIL_TCP_RESET, -1, -1);
+	return 0;
+}

@@ -1,0 +1,77 @@
+//! Error type shared by all watchers.
+
+use std::io;
+
+/// Errors from creating or driving a watcher.
+#[derive(Debug, thiserror::Error)]
+pub enum EbpfError {
+    /// The eBPF backend needs root; carries the effective uid.
+    #[error("not running as root (euid {0})")]
+    NotRoot(u32),
+    /// Called outside of a tokio runtime (no reactor for `AsyncFd`).
+    #[error("must be called from within a tokio runtime")]
+    NoRuntime,
+    /// tracefs is not mounted and mounting it on /sys/kernel/tracing failed.
+    #[error("cannot mount tracefs on /sys/kernel/tracing: {0}")]
+    Tracefs(#[source] io::Error),
+    /// Parsing/loading the BPF object (maps, BTF relocations) failed.
+    #[error("loading BPF object: {}", chain(.0))]
+    Load(#[from] aya::EbpfError),
+    /// Loading (verifier) or attaching one program failed.
+    #[error("BPF program {name}: {}", chain(.source))]
+    Program {
+        /// Program (function) name in the BPF object.
+        name: &'static str,
+        /// Underlying aya error.
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    /// A BPF map operation failed.
+    #[error("BPF map {name}: {}", chain(.source))]
+    Map {
+        /// Map name in the BPF object.
+        name: &'static str,
+        /// Underlying aya error.
+        #[source]
+        source: aya::maps::MapError,
+    },
+    /// The BPF object lacks an expected program or map (build mismatch).
+    #[error("BPF object has no {0}")]
+    Missing(&'static str),
+    /// The pid does not exist (already reaped) or is not a thread-group leader.
+    #[error("no such process {pid}: {source}")]
+    NoSuchProcess {
+        /// The pid passed to `watch`.
+        pid: u32,
+        /// Error from `pidfd_open(2)`.
+        #[source]
+        source: io::Error,
+    },
+    /// Other I/O error (pidfd, epoll registration, ...).
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+/// Renders an error with its `source()` chain ("a: b: c"); aya's top-level
+/// messages alone are often too terse to diagnose a verifier rejection.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(src) = cur {
+        let m = src.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = src.source();
+    }
+    s
+}
+
+pub(crate) fn map_err(name: &'static str) -> impl FnOnce(aya::maps::MapError) -> EbpfError {
+    move |source| EbpfError::Map { name, source }
+}
+
+pub(crate) fn prog_err(name: &'static str) -> impl FnOnce(aya::programs::ProgramError) -> EbpfError {
+    move |source| EbpfError::Program { name, source }
+}

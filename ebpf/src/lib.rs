@@ -1,0 +1,40 @@
+//! Failure detectors for the Vigil resource manager.
+//!
+//! * [`ExitWatcher`]: eBPF process-exit detector (tracepoints
+//!   `sched/sched_process_exit`, `signal/signal_generate`, `oom/mark_victim`)
+//!   reporting one [`ExitEvent`] per exiting watched process through a BPF
+//!   ring buffer polled with tokio's [`AsyncFd`](tokio::io::unix::AsyncFd).
+//! * [`PidfdWatcher`]: userspace fallback built on `pidfd_open(2)` +
+//!   `waitid(P_PIDFD, WNOWAIT)`, same API, less information (no sender, no
+//!   OOM flag, no status for non-children).
+//! * [`Detector`]: picks the eBPF backend when possible and falls back to the
+//!   userspace one with a human-readable reason, logged once per process.
+//! * [`TcpWatcher`]: eBPF TCP connection watcher (reset / close / retransmit)
+//!   for a set of IPv4 4-tuples.
+//!
+//! All timestamps are `CLOCK_MONOTONIC` nanoseconds (the clock of
+//! `bpf_ktime_get_ns()`); compare them with [`monotonic_ns`].
+//!
+//! Every type here must be created from inside a tokio runtime (they register
+//! file descriptors with its reactor). The eBPF backends need root (or
+//! `CAP_BPF` + `CAP_PERFMON`) and mount tracefs on `/sys/kernel/tracing` if it
+//! is not mounted.
+
+#![warn(missing_docs)]
+
+mod detector;
+mod ebpf_exit;
+mod error;
+mod event;
+mod pidfd;
+mod ring;
+mod sys;
+mod tcp;
+
+pub use detector::{Backend, DETECTOR_ENV, Detector, DetectorMode, ExitDetector};
+pub use ebpf_exit::ExitWatcher;
+pub use error::EbpfError;
+pub use event::{EventSource, ExitEvent, ExitStatus};
+pub use pidfd::PidfdWatcher;
+pub use sys::monotonic_ns;
+pub use tcp::{TcpEvent, TcpEventKind, TcpTuple, TcpWatcher};

@@ -1,0 +1,115 @@
+//! Thin syscall wrappers (clock, pidfd, waitid, tracefs mount).
+
+use std::{
+    ffi::CStr,
+    io,
+    os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
+    path::Path,
+    sync::Mutex,
+};
+
+use crate::event::ExitStatus;
+
+/// `CLOCK_MONOTONIC` now, in nanoseconds: the clock used by
+/// `bpf_ktime_get_ns()` and by every `ktime_ns` field of this crate.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    debug_assert_eq!(rc, 0);
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+pub(crate) fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// `pidfd_open(pid, 0)`; works for live and zombie (unreaped) processes.
+pub(crate) fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall with integer arguments; no memory is passed.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0 as libc::c_uint) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the syscall returned a fresh file descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// True when the process behind `pidfd` has exited (pidfd is readable).
+pub(crate) fn pidfd_exited(pidfd: BorrowedFd<'_>) -> io::Result<bool> {
+    let mut pfd = libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: `pfd` is one valid pollfd and nfds is 1; timeout 0 never blocks.
+    let rc = unsafe { libc::poll(&mut pfd, 1, 0) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(rc > 0 && pfd.revents & libc::POLLIN != 0)
+}
+
+const P_PIDFD: libc::idtype_t = 3;
+
+/// Exit status of an exited child via `waitid(P_PIDFD, WEXITED|WNOHANG|WNOWAIT)`.
+///
+/// `WNOWAIT` leaves the child reapable by its owner (e.g. `Child::wait`).
+/// Returns [`ExitStatus::Unknown`] for non-children (`ECHILD`), for children
+/// already reaped by someone else, or if the child is not yet waitable.
+pub(crate) fn waitid_nowait(pidfd: BorrowedFd<'_>) -> ExitStatus {
+    // SAFETY: siginfo_t is plain data; all-zero is a valid value and is what
+    // WNOHANG relies on to signal "no state change" (si_pid stays 0).
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `info` is a valid writable siginfo_t; the fd is borrowed and open.
+    let rc = unsafe {
+        libc::waitid(
+            P_PIDFD,
+            pidfd.as_raw_fd() as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        )
+    };
+    if rc != 0 {
+        return ExitStatus::Unknown;
+    }
+    // SAFETY: waitid filled a SIGCHLD siginfo, for which si_pid/si_status are
+    // the valid union members.
+    let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
+    if pid == 0 {
+        return ExitStatus::Unknown;
+    }
+    match info.si_code {
+        libc::CLD_EXITED => ExitStatus::Exited(status),
+        libc::CLD_KILLED => ExitStatus::Signaled { signal: status, core_dumped: false },
+        libc::CLD_DUMPED => ExitStatus::Signaled { signal: status, core_dumped: true },
+        _ => ExitStatus::Unknown,
+    }
+}
+
+static TRACEFS_LOCK: Mutex<()> = Mutex::new(());
+
+/// Makes sure tracefs is reachable where aya looks for it.
+///
+/// Must run before the first `TracePoint::attach` in the process: aya caches
+/// the tracefs location (or its absence) in a process-wide `LazyLock`.
+pub(crate) fn ensure_tracefs() -> io::Result<()> {
+    let _g = TRACEFS_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let mounted = |p: &str| Path::new(p).join("events").is_dir();
+    if mounted("/sys/kernel/tracing") || mounted("/sys/kernel/debug/tracing") {
+        return Ok(());
+    }
+    let src: &CStr = c"nodev";
+    let target: &CStr = c"/sys/kernel/tracing";
+    let fstype: &CStr = c"tracefs";
+    // SAFETY: all pointers are NUL-terminated C string literals that outlive
+    // the call; `data` may be NULL for tracefs.
+    let rc = unsafe {
+        libc::mount(src.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null())
+    };
+    if rc != 0 {
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EBUSY) && mounted("/sys/kernel/tracing") {
+            return Ok(());
+        }
+        return Err(err);
+    }
+    Ok(())
+}
