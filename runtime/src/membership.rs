@@ -45,7 +45,7 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Config {
-        Config { heartbeat_period: 0.05, torpid_max: 0.5, lost_timeout: 0.15 }
+        Config { heartbeat_period: 0.05, torpid_max: 0.5, lost_timeout: 0.12 }
     }
 }
 
@@ -286,9 +286,9 @@ mod tests {
         // Heartbeat sent at 1.0 never acknowledged; first seen outstanding at the 1.05 sample.
         assert!(m.signal(1.05, 1, Signal::KernelAck { unacked: 1, last_ack_age: 0.05 }).is_empty());
         let d = m.next_deadline().unwrap();
-        assert!((d - 1.20).abs() < 1e-9, "{d}");
-        assert!(m.tick(1.19).is_empty());
-        let t = m.tick(1.20);
+        assert!((d - 1.17).abs() < 1e-9, "{d}");
+        assert!(m.tick(1.16).is_empty());
+        let t = m.tick(1.17);
         assert_eq!(t[0].to, PeerState::Lost);
         assert!(t[0].reason.contains("no TCP acknowledgement"));
     }
