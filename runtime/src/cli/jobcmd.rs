@@ -136,7 +136,8 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
             ("exit-timeout", Value::String(s)) if s != "none" => {
                 crate::duration::parse_duration_secs(s).map_err(|e| format!("-o {o}: {e}"))?;
             }
-            _ => {}
+            ("cpu-affinity" | "gpu-affinity" | "exit-timeout" | "pmi" | "output", _) => {}
+            _ => eprintln!("vigil: warning: unknown shell option '{k}' (known: cpu-affinity, gpu-affinity, exit-timeout, pmi)"),
         }
         b = b.shell_option(k, v);
     }
