@@ -321,6 +321,7 @@ pub(crate) async fn jobs(a: JobsArgs) -> Result<i32, String> {
                 Some(e) => format!("{}: {}", e.get("type").and_then(Value::as_str).unwrap_or(""), e.get("note").and_then(Value::as_str).unwrap_or("")),
                 None => format!("exit {}", j["exit_code"].as_i64().unwrap_or(0)),
             },
+            Some("RUN") if j["uri"].is_string() => format!("{} {}", j["nodelist"].as_str().unwrap_or(""), j["uri"].as_str().unwrap_or("")),
             _ => j["nodelist"].as_str().unwrap_or("").to_string(),
         };
         println!(
