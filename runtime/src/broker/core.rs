@@ -147,7 +147,8 @@ pub(crate) struct Core {
     pub shells: HashMap<JobId, i32>,
     pub jobcore: Option<JobCore>,
     pub watchers: Vec<Watcher>,
-    pub members: BTreeMap<u32, (MemberState, String)>,
+    /// Rank 0: every rank's state, reason and since when (s since the epoch).
+    pub members: BTreeMap<u32, (MemberState, String, f64)>,
     pub shutting_down: Option<Instant>,
     pub initial_started: bool,
     pub exit_code: i32,

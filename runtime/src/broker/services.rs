@@ -274,7 +274,7 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             };
             let cores = ids("cores", res.cores)?;
             let gpus = ids("gpus", res.gpus)?;
-            core.members.insert(rank, (MemberState::Online, String::new()));
+            core.members.insert(rank, (MemberState::Online, String::new(), n));
             if let Some(jc) = core.jobcore.as_mut() {
                 jc.rank_online(n, rank, &hostname, cores, gpus, (topology, dg));
             }
@@ -287,7 +287,7 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             let torpid = msg.topic == "overlay.torpid";
             for r in ranks.iter() {
                 if core.members.get(&r).is_some_and(|m| m.0 == MemberState::Online || m.0 == MemberState::Torpid) {
-                    core.members.insert(r, (if torpid { MemberState::Torpid } else { MemberState::Online }, if torpid { reason.clone() } else { String::new() }));
+                    core.members.insert(r, (if torpid { MemberState::Torpid } else { MemberState::Online }, if torpid { reason.clone() } else { String::new() }, n));
                 }
             }
             if let Some(jc) = core.jobcore.as_mut() {
@@ -301,7 +301,7 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             let state = if msg.topic == "overlay.lost" { MemberState::Lost } else { MemberState::Offline };
             warn!("ranks {ranks} {}: {reason}", if state == MemberState::Lost { "lost" } else { "offline" });
             for r in ranks.iter() {
-                core.members.insert(r, (state.clone(), reason.clone()));
+                core.members.insert(r, (state.clone(), reason.clone(), n));
             }
             if let Some(jc) = core.jobcore.as_mut() {
                 jc.ranks_lost(n, &ranks);
@@ -313,9 +313,9 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             let jc = core.jobcore.as_ref().ok_or((errno::ENOSYS, "not rank 0".into()))?;
             let ranks: Vec<Value> = (0..size)
                 .map(|r| {
-                    let (state, why) = core.members.get(&r).cloned().unwrap_or((MemberState::Offline, String::new()));
+                    let (state, why, since) = core.members.get(&r).cloned().unwrap_or((MemberState::Offline, String::new(), 0.0));
                     let host = jc.pool.ranks.get(&r).map(|p| p.hostname.clone()).unwrap_or_default();
-                    json!({"rank": r, "hostname": host, "state": state, "reason": why,
+                    json!({"rank": r, "hostname": host, "state": state, "reason": why, "since": since,
                            "parent": topo.parent(size, r), "children": topo.children(size, r)})
                 })
                 .collect();
@@ -334,9 +334,9 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
                     Some(p) if !p.up => {
                         let m = core.members.get(&r).cloned();
                         let st = if m.as_ref().is_some_and(|m| m.0 == MemberState::Lost) { "lost" } else { "down" };
-                        (st, m.map(|m| m.1).unwrap_or_default(), None)
+                        (st, m.as_ref().map(|m| m.1.clone()).unwrap_or_default(), m.map(|m| m.2))
                     }
-                    Some(p) if p.torpid => ("torpid", core.members.get(&r).map(|m| m.1.clone()).unwrap_or_default(), None),
+                    Some(p) if p.torpid => ("torpid", core.members.get(&r).map(|m| m.1.clone()).unwrap_or_default(), core.members.get(&r).map(|m| m.2)),
                     Some(_) => ("avail", String::new(), None),
                 };
                 rows.push(json!({"rank": r, "hostname": p.map(|p| p.hostname.clone()).unwrap_or_default(), "state": state,
