@@ -9,6 +9,9 @@ use crate::shellproto::{OutputLine, ShellExit, ShellReport};
 use serde_json::{json, Value};
 use tracing::{debug, info, warn};
 
+/// Which failure detectors this broker runs (the eBPF detectors of `ebpf/` are not wired in yet).
+const DETECTORS: &str = "process-exit: userspace (waitpid), links: userspace (heartbeats + TCP_INFO), heartbeat replies: userspace (broker)";
+
 /// Services offered by every broker.
 const EVERY_RANK: &[&str] = &["broker", "rexec"];
 /// Services offered by rank 0 only.
@@ -174,6 +177,7 @@ fn info(core: &Core) -> Value {
         "uptime": core.start.elapsed().as_secs_f64(), "topo": o.topo.to_string(),
         "depth": o.topo.depth(o.size), "level": o.topo.level(o.size, o.rank),
         "transport": core.transport, "instance_level": o.attrs.get("instance-level").cloned().unwrap_or_else(|| "0".into()),
+        "detectors": DETECTORS,
         "resource_source": core.resources.source,
     })
 }
@@ -321,7 +325,7 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
                 .collect();
             Ok(Some(json!({"size": size, "topo": topo.to_string(), "depth": topo.depth(size),
                 "critical_ranks": IdSet::from_iter(topo.critical_ranks(size)).to_string(),
-                "transport": core.transport, "ranks": ranks})))
+                "transport": core.transport, "detectors": DETECTORS, "ranks": ranks})))
         }
         "resource.status" => {
             let jc = core.jobcore.as_ref().ok_or((errno::ENOSYS, "not rank 0".into()))?;

@@ -263,6 +263,9 @@ pub(crate) async fn overlay(cmd: OverlayCmd) -> Result<i32, String> {
                 r["transport"].as_str().unwrap_or(""),
                 r["critical_ranks"].as_str().unwrap_or("")
             );
+            if let Some(d) = r["detectors"].as_str() {
+                println!("detectors: {d}");
+            }
             let mut out = String::new();
             if !ranks.is_empty() {
                 draw(&ranks, 0, "", true, true, &mut out);
@@ -290,6 +293,9 @@ pub(crate) async fn uptime() -> Result<i32, String> {
         r["transport"].as_str().unwrap_or(""),
         r["resource_source"].as_str().unwrap_or(""),
     );
+    if let Some(d) = r["detectors"].as_str() {
+        println!(" detectors: {d}");
+    }
     Ok(0)
 }
 
