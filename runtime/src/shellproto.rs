@@ -150,9 +150,9 @@ impl OutputLine {
         b
     }
 
-    /// Approximate memory held by this chunk, in bytes.
+    /// Approximate memory held by this chunk, in bytes (its data plus the allocations around it).
     pub fn size(&self) -> usize {
-        self.data.len() + self.stream.len() + 32
+        self.data.len() + self.stream.len() + 96
     }
 }
 

@@ -190,6 +190,7 @@ pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, St
     let mut stdout = std::io::stdout();
     let mut stderr = std::io::stderr();
     let mut at_line_start: std::collections::HashMap<(u64, bool), bool> = std::collections::HashMap::new();
+    let mut open_line: [Option<u32>; 2] = [None, None];
     let mut closed = false;
     async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
         match s.as_mut() {
@@ -226,13 +227,24 @@ pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, St
             let Ok(line) = serde_json::from_value::<crate::shellproto::OutputLine>(o.clone()) else { continue };
             let is_err = line.stream == "stderr";
             let bytes = line.bytes();
-            let start = at_line_start.entry((line.rank as u64, is_err)).or_insert(true);
             let mut buf = Vec::with_capacity(bytes.len() + 8);
-            if label && *start {
-                buf.extend_from_slice(format!("{}: ", line.rank).as_bytes());
+            if label {
+                // Labels only at line starts: another task's unfinished line is ended first.
+                let open = &mut open_line[usize::from(is_err)];
+                if let Some(o) = *open {
+                    if o != line.rank {
+                        buf.push(b'\n');
+                        at_line_start.insert((o as u64, is_err), true);
+                    }
+                }
+                let start = at_line_start.entry((line.rank as u64, is_err)).or_insert(true);
+                if *start {
+                    buf.extend_from_slice(format!("{}: ", line.rank).as_bytes());
+                }
+                *start = line.eol;
+                *open = if line.eol { None } else { Some(line.rank) };
             }
             buf.extend_from_slice(&bytes);
-            *start = line.eol;
             let r = if is_err { stderr.write_all(&buf) } else { stdout.write_all(&buf).and_then(|_| stdout.flush()) };
             if r.is_err() && !is_err {
                 closed = true;
@@ -261,6 +273,14 @@ pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, St
                 }
                 _ => {}
             }
+        }
+    }
+    if label {
+        if open_line[0].is_some() {
+            let _ = stdout.write_all(b"\n");
+        }
+        if open_line[1].is_some() {
+            let _ = stderr.write_all(b"\n");
         }
     }
     let _ = stdout.flush();

@@ -26,6 +26,10 @@ pub const DEFAULT_EXIT_TIMEOUT: f64 = 30.0;
 /// Output kept per job on rank 0 for `attach` and `run` (bytes); older chunks are dropped beyond it, and a
 /// watcher that fell that far behind is told how much it missed. (Use `--output FILE` for large output.)
 pub const OUTPUT_KEEP: usize = 16 << 20;
+/// Output kept for each job once it is INACTIVE (its tail, bytes), for `vigil job attach` after the fact.
+pub const INACTIVE_OUTPUT_KEEP: usize = 1 << 20;
+/// Output kept for all INACTIVE jobs together (bytes); beyond it the oldest jobs' output is dropped.
+pub const INACTIVE_OUTPUT_TOTAL: usize = 64 << 20;
 /// Default time between SIGTERM and SIGKILL when a job is cancelled or fails (seconds).
 pub const DEFAULT_KILL_TIMEOUT: f64 = 5.0;
 
@@ -234,6 +238,8 @@ pub struct JobCore {
     pub resource_eventlog: Vec<Event>,
     /// Topology source string per rank (for shell input).
     pub topology: BTreeMap<u32, (String, Option<u32>)>,
+    /// INACTIVE jobs still holding output, oldest first.
+    inactive_output: VecDeque<JobId>,
 }
 
 impl JobCore {
@@ -250,6 +256,7 @@ impl JobCore {
             kill_timeout: DEFAULT_KILL_TIMEOUT,
             resource_eventlog: Vec::new(),
             topology: BTreeMap::new(),
+            inactive_output: VecDeque::new(),
         }
     }
 
@@ -592,6 +599,23 @@ impl JobCore {
         }
     }
 
+    /// A job became INACTIVE: keep only the tail of its output, and drop the output of the oldest inactive jobs
+    /// beyond [`INACTIVE_OUTPUT_TOTAL`], so a long-lived instance does not grow with every job it ran.
+    fn retire_output(&mut self, id: JobId) {
+        if let Some(j) = self.jobs.get_mut(&id) {
+            trim_output(j, INACTIVE_OUTPUT_KEEP);
+            self.inactive_output.push_back(id);
+        }
+        let mut total: usize = self.inactive_output.iter().filter_map(|i| self.jobs.get(i)).map(|j| j.output_bytes).sum();
+        while total > INACTIVE_OUTPUT_TOTAL {
+            let Some(old) = self.inactive_output.pop_front() else { break };
+            if let Some(j) = self.jobs.get_mut(&old) {
+                total -= j.output_bytes;
+                trim_output(j, 0);
+            }
+        }
+    }
+
     /// Output lines from a shell.
     pub fn output(&mut self, id: JobId, lines: Vec<OutputLine>) {
         if let Some(j) = self.jobs.get_mut(&id) {
@@ -602,15 +626,7 @@ impl JobCore {
                 j.output_bytes += l.size();
                 j.output.push_back(l);
             }
-            while j.output_bytes > OUTPUT_KEEP {
-                match j.output.pop_front() {
-                    Some(l) => {
-                        j.output_bytes -= l.size();
-                        j.output_base += 1;
-                    }
-                    None => break,
-                }
-            }
+            trim_output(j, OUTPUT_KEEP);
             self.actions.push_back(Action::Updated(id));
         }
     }
@@ -680,6 +696,7 @@ impl JobCore {
         job.post(now, "clean", json!({}));
         job.t_inactive = Some(now);
         self.actions.push_back(Action::Updated(id));
+        self.retire_output(id);
         self.schedule(now);
     }
 
@@ -786,6 +803,23 @@ impl JobCore {
 
 fn fmt_limit(secs: f64) -> String {
     std::time::Duration::try_from_secs_f64(secs).map(crate::duration::format_duration).unwrap_or_else(|_| format!("{secs}s"))
+}
+
+/// Drop a job's oldest output until at most `keep` bytes remain.
+fn trim_output(j: &mut Job, keep: usize) {
+    let before = j.output.len();
+    while j.output_bytes > keep {
+        match j.output.pop_front() {
+            Some(l) => {
+                j.output_bytes -= l.size();
+                j.output_base += 1;
+            }
+            None => break,
+        }
+    }
+    if j.output.len() < before {
+        j.output.shrink_to_fit();
+    }
 }
 
 /// RFC 34 task map for per-node task counts (consecutive nodes with equal counts are merged).

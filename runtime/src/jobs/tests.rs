@@ -375,3 +375,27 @@ fn large_instance_loses_many_nodes() {
     c.ranks_lost(t + 1.0, &IdSet::from_iter([0]));
     assert_eq!(c.jobs[&id].fatal.as_ref().map(|e| e.severity), Some(0));
 }
+
+/// Output held on rank 0 is bounded: per running job, per inactive job, and for all inactive jobs together.
+#[test]
+fn output_retention_is_bounded() {
+    let mut c = core(1, 1, 0);
+    let chunk = "x".repeat(64 * 1024);
+    let mut ids = Vec::new();
+    for k in 0..80 {
+        let id = c.submit(T0 + k as f64, &spec(cmd()), 0).unwrap();
+        actions(&mut c);
+        // 20 MiB of output: more than the 16 MiB kept while running.
+        let lines: Vec<OutputLine> = (0..320).map(|_| OutputLine::text(0, "stdout", chunk.clone())).collect();
+        c.output(id, lines);
+        assert!(c.jobs[&id].output_bytes <= OUTPUT_KEEP);
+        assert!(c.jobs[&id].output_base > 0, "the oldest chunks were dropped");
+        exit_shell(&mut c, T0 + k as f64 + 0.5, id, 0, 0);
+        assert!(c.jobs[&id].output_bytes <= INACTIVE_OUTPUT_KEEP, "an inactive job keeps only its tail");
+        ids.push(id);
+    }
+    let total: usize = c.jobs.values().map(|j| j.output_bytes).sum();
+    assert!(total <= INACTIVE_OUTPUT_TOTAL, "{total}");
+    assert_eq!(c.jobs[&ids[0]].output_bytes, 0, "the oldest job's output went first");
+    assert!(c.jobs[&ids[79]].output_bytes > 0, "the newest job keeps its tail");
+}
