@@ -308,7 +308,7 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
                 core.members.insert(r, (state.clone(), reason.clone(), n));
             }
             if let Some(jc) = core.jobcore.as_mut() {
-                jc.ranks_lost(n, &ranks);
+                jc.ranks_down(n, &ranks, if state == MemberState::Lost { "lost" } else { "offline" }, &reason);
             }
             core.publish(&msg.topic.clone(), &json!({"ranks": ranks.to_string(), "reason": reason}));
             Ok(Some(json!({})))

@@ -361,13 +361,23 @@ impl JobCore {
     /// a `node-failure` exception (severity 2), releases the lost ranks' resources early (RFC 32 partial
     /// release), tells the job's leader shell, and the job keeps running on the survivors.
     pub fn ranks_lost(&mut self, now: f64, ranks: &IdSet) {
+        self.ranks_down(now, ranks, "lost", "")
+    }
+
+    /// Like [`JobCore::ranks_lost`], recording why in the RFC 44 `offline` event: `state` is `lost` (failure) or
+    /// `offline` (the broker left), `reason` the membership verdict.
+    pub fn ranks_down(&mut self, now: f64, ranks: &IdSet, state: &str, reason: &str) {
         for r in ranks.iter() {
             if let Some(p) = self.pool.ranks.get_mut(&r) {
                 p.up = false;
                 p.torpid = false;
             }
         }
-        self.resource_eventlog.push(Event::with_time(now, "offline", json!({"idset": ranks.to_string()})));
+        let mut ctx = json!({"idset": ranks.to_string(), "state": state});
+        if !reason.is_empty() {
+            ctx["reason"] = json!(reason);
+        }
+        self.resource_eventlog.push(Event::with_time(now, "offline", ctx));
         let ids: Vec<JobId> = self.jobs.values().filter(|j| j.state == JobState::Run || j.state == JobState::Cleanup).map(|j| j.id).collect();
         for id in ids {
             let job = &self.jobs[&id];
