@@ -12,3 +12,5 @@ if [ "$(id -u)" -eq 0 ]; then
 fi
 cargo build --workspace --locked
 cargo test --workspace --locked -- --test-threads=4 "$@"
+# Public items are documented and intra-doc links resolve.
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet

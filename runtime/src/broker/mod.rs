@@ -1,6 +1,6 @@
 //! The broker: one per node, joined with its peers into a TBON.
 //!
-//! One task owns all broker state ([`Core`]) and handles a stream of [`Input`]s: messages from the parent, the
+//! One task owns all broker state (`Core`) and handles a stream of `Input`s: messages from the parent, the
 //! children and local clients, link closures, shell reports, timers. Routing decisions use the pure
 //! [`crate::topology`] functions; the instance services of rank 0 (job manager, scheduler, exec, resource) are the
 //! sans-IO [`crate::jobs::JobCore`]. Everything that blocks (sockets, processes) runs in small tasks that talk to
