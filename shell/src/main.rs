@@ -286,11 +286,12 @@ impl Shell {
         let mut pids = Vec::new();
         let mut tasks: Vec<(u32, i32)> = Vec::new();
         let mut readers = Vec::new();
+        let mut stdins: Vec<mpsc::UnboundedSender<Option<Vec<u8>>>> = Vec::new();
         for local in 0..self.input.local_tasks {
             let rank = self.input.first_task + local;
             let Some(prog) = self.input.command.first() else { break };
             let mut cmd = std::process::Command::new(prog);
-            cmd.args(&self.input.command[1..]).env_clear().envs(self.task_env(local)).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+            cmd.args(&self.input.command[1..]).env_clear().envs(self.task_env(local)).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
             let mut pmi_parent: Option<std::os::unix::net::UnixStream> = None;
             let mut pmi_child: Option<OwnedFd> = None;
             if use_pmi {
@@ -350,6 +351,9 @@ impl Shell {
                     if let Some(pid) = child.id() {
                         pids.push(pid as i32);
                     }
+                    if let Some(si) = child.stdin.take() {
+                        stdins.push(stdin_writer(si));
+                    }
                     if let Some(o) = child.stdout.take() {
                         readers.push(tokio::spawn(forward(o, rank, "stdout", out_tx.clone())));
                     }
@@ -370,6 +374,26 @@ impl Shell {
             }
         }
         drop(exit_tx);
+        // The job's standard input (from `vigil run`), broadcast to every task; EOF closes their stdin.
+        {
+            let c = self.client.clone();
+            let stdins = std::mem::take(&mut stdins);
+            tokio::spawn(async move {
+                use base64::Engine as _;
+                if let Ok(mut s) = c.rpc_stream("job-info.stdin", 0, &serde_json::json!({"id": id})) {
+                    while let Some(Ok(v)) = s.next().await {
+                        let Some(d) = v.get("data").and_then(|d| d.as_str()) else { continue };
+                        let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(d) else { continue };
+                        for w in &stdins {
+                            let _ = w.send(Some(bytes.clone()));
+                        }
+                    }
+                }
+                for w in &stdins {
+                    let _ = w.send(None);
+                }
+            });
+        }
 
         let mut sigs = Vec::new();
         for k in [tokio::signal::unix::SignalKind::terminate(), tokio::signal::unix::SignalKind::interrupt(), tokio::signal::unix::SignalKind::hangup(), tokio::signal::unix::SignalKind::user_defined1(), tokio::signal::unix::SignalKind::user_defined2()] {
@@ -534,6 +558,22 @@ fn cpu_count_placement(input: &ShellInput, cpu: CpuAffinity, gpu: GpuAffinity) -
             TaskPlacement { cpus, cores: task_cores, numa: vec![0], gpus }
         })
         .collect()
+}
+
+/// Feed a task's stdin from a queue; `None` (or a closed queue) closes it. A task that does not read only
+/// costs the queued bytes.
+fn stdin_writer(mut si: tokio::process::ChildStdin) -> mpsc::UnboundedSender<Option<Vec<u8>>> {
+    use tokio::io::AsyncWriteExt;
+    let (tx, mut rx) = mpsc::unbounded_channel::<Option<Vec<u8>>>();
+    tokio::spawn(async move {
+        while let Some(Some(b)) = rx.recv().await {
+            if si.write_all(&b).await.is_err() {
+                break;
+            }
+        }
+        drop(si);
+    });
+    tx
 }
 
 /// Serve one task's PMI socket: lines in go to `tx` as `(rank, Some(line))`, then `(rank, None)` at EOF;

@@ -127,6 +127,9 @@ pub(crate) struct Watcher {
     pub out_pos: usize,
     pub eventlog: bool,
     pub output: bool,
+    /// A job shell reading the job's standard input.
+    pub stdin: bool,
+    pub in_pos: usize,
     pub follow: bool,
 }
 

@@ -397,6 +397,12 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             let spec = field(body, "jobspec")?;
             match jc.submit(n, spec, msg.userid) {
                 Ok(id) => {
+                    if body.get("stdin").and_then(Value::as_bool) == Some(true) {
+                        // `vigil run` streams its standard input to the tasks (job-exec.stdin).
+                        if let Some(j) = jc.jobs.get_mut(&id) {
+                            j.stdin_eof = false;
+                        }
+                    }
                     info!("job {id} submitted");
                     Ok(Some(json!({"id": id.0, "id_f58": id.f58()})))
                 }
@@ -446,6 +452,8 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
                 out_pos: 0,
                 eventlog: body.get("eventlog").and_then(Value::as_bool).unwrap_or(true),
                 output: is_attach && body.get("output").and_then(Value::as_bool).unwrap_or(true),
+                stdin: false,
+                in_pos: 0,
                 follow: follow && msg.flags & FLAG_STREAMING != 0,
             };
             if let Some(&last) = msg.route.first() {
@@ -457,6 +465,26 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             }
             // Mark remote clients' brokers too: they set `streaming` when forwarding (see core::on_closed).
             core.watchers.push(w);
+            wake_watchers(core, id);
+            Ok(None)
+        }
+        "job-exec.stdin" => {
+            let id = parse_id(body)?;
+            if !owner && jc.jobs.get(&id).is_some_and(|j| j.userid != msg.userid) {
+                return Err((errno::EPERM, "not your job".into()));
+            }
+            let data = body.get("data").and_then(Value::as_str).map(str::to_string);
+            let eof = body.get("eof").and_then(Value::as_bool).unwrap_or(false);
+            jc.stdin(id, data, eof).map_err(|e| (errno::EINVAL, e))?;
+            Ok(Some(json!({})))
+        }
+        "job-info.stdin" => {
+            // A job shell reads the job's standard input: every chunk so far, then new ones, ENODATA at the end.
+            let id = parse_id(body)?;
+            if !jc.jobs.contains_key(&id) {
+                return Err((errno::ENOENT, format!("unknown job id {id}")));
+            }
+            core.watchers.push(Watcher { req: msg.clone(), id, ev_pos: 0, out_pos: 0, in_pos: 0, eventlog: false, output: false, stdin: true, follow: msg.flags & FLAG_STREAMING != 0 });
             wake_watchers(core, id);
             Ok(None)
         }
@@ -561,6 +589,17 @@ pub(crate) fn wake_watchers(core: &mut Core, id: JobId) {
                 out.push(Message::response_to(&w.req, &json!({"output": l})));
             }
             w.out_pos = job.output_base + job.output.len();
+        }
+        if w.stdin {
+            for d in &job.stdin[w.in_pos..] {
+                out.push(Message::response_to(&w.req, &json!({"data": d})));
+            }
+            w.in_pos = job.stdin.len();
+            if job.stdin_eof || inactive || !w.follow {
+                out.push(Message::error_to(&w.req, errno::ENODATA, ""));
+                done.push(i);
+            }
+            continue;
         }
         if inactive || !w.follow {
             out.push(Message::error_to(&w.req, errno::ENODATA, ""));

@@ -162,17 +162,44 @@ pub(crate) async fn run(a: SubmitArgs, attach_after: bool) -> Result<i32, String
         return Ok(0);
     }
     let c = connect().await?;
-    let id = submit(&c, &spec).await?;
+    let id = submit_with(&c, &spec, attach_after).await?;
     if !attach_after {
         println!("{id}");
         return Ok(0);
     }
-    attach(&c, id, a.label_io).await
+    // Standard input goes to every task (as srun does by default), paced by rank 0's acknowledgements.
+    let c2 = c.clone();
+    let feeder = tokio::spawn(async move {
+        use base64::Engine as _;
+        use tokio::io::AsyncReadExt;
+        let mut input = tokio::io::stdin();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match input.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let data = base64::engine::general_purpose::STANDARD.encode(&buf[..n]);
+                    if c2.rpc("job-exec.stdin", 0, &json!({"id": id.0, "data": data})).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+        let _ = c2.rpc("job-exec.stdin", 0, &json!({"id": id.0, "eof": true})).await;
+    });
+    let r = attach(&c, id, a.label_io).await;
+    feeder.abort();
+    r
 }
 
 async fn submit(c: &Client, spec: &Jobspec) -> Result<JobId, String> {
+    submit_with(c, spec, false).await
+}
+
+/// Submit; with `stdin` the job's tasks read what this process then sends as `job-exec.stdin`.
+async fn submit_with(c: &Client, spec: &Jobspec, stdin: bool) -> Result<JobId, String> {
     let v: Value = serde_json::from_str(&spec.to_json()).map_err(|e| e.to_string())?;
-    let r = c.rpc("job-manager.submit", 0, &json!({"jobspec": v})).await.map_err(|e| e.errstr)?;
+    let r = c.rpc("job-manager.submit", 0, &json!({"jobspec": v, "stdin": stdin})).await.map_err(|e| e.errstr)?;
     r.get("id").and_then(Value::as_u64).map(JobId).ok_or_else(|| "malformed submit response".into())
 }
 

@@ -162,6 +162,10 @@ pub struct Job {
     pub pmi_exchanges: u32,
     /// For a nested instance (batch/alloc): `{"uri", "size", "critical_ranks", "critical_broker_ranks"}`.
     pub instance: Option<Value>,
+    /// Standard input sent by `vigil run` (base64 chunks), broadcast to every task.
+    pub stdin: Vec<String>,
+    /// No more standard input will come (always true for jobs submitted without `vigil run`).
+    pub stdin_eof: bool,
 }
 
 impl Job {
@@ -457,6 +461,8 @@ impl JobCore {
             status: None,
             pmi_exchanges: 0,
             instance: None,
+            stdin: Vec::new(),
+            stdin_eof: true,
         };
         job.post(now, "submit", json!({"userid": userid, "urgency": 16, "flags": 0, "version": 1}));
         job.post(now, "validate", json!({}));
@@ -624,6 +630,22 @@ impl JobCore {
                 trim_output(j, 0);
             }
         }
+    }
+
+    /// Standard input for job `id` (a base64 chunk, or end of input). Refused once the input has ended.
+    pub fn stdin(&mut self, id: JobId, data: Option<String>, eof: bool) -> Result<(), String> {
+        let j = self.jobs.get_mut(&id).ok_or_else(|| format!("unknown job id {id}"))?;
+        if j.stdin_eof {
+            return Err(format!("standard input of job {id} is closed"));
+        }
+        if let Some(d) = data {
+            j.stdin.push(d);
+        }
+        if eof || !j.state.is_active() {
+            j.stdin_eof = true;
+        }
+        self.actions.push_back(Action::Updated(id));
+        Ok(())
     }
 
     /// Output lines from a shell.
