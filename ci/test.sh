@@ -10,6 +10,7 @@ if [ "$(id -u)" -eq 0 ]; then
     # The failure tests attach nothing to tracefs yet, but the eBPF detectors will: mount it when missing.
     mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
 fi
+cargo fmt --all --check
 cargo build --workspace --locked
 cargo test --workspace --locked -- --test-threads=4 "$@"
 # Public items are documented and intra-doc links resolve.

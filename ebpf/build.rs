@@ -21,15 +21,12 @@ fn main() {
         println!("cargo:rerun-if-changed={src}");
         let obj = out.join(format!("{prog}.bpf.o"));
         let mut cmd = Command::new(&clang);
-        cmd.args(["-O2", "-g", "-target", "bpf", "-D__TARGET_ARCH_x86", "-Wall", "-Werror"])
-            .arg("-Ibpf");
+        cmd.args(["-O2", "-g", "-target", "bpf", "-D__TARGET_ARCH_x86", "-Wall", "-Werror"]).arg("-Ibpf");
         if let Ok(inc) = env::var("LIBBPF_INCLUDE") {
             cmd.arg(format!("-I{inc}"));
         }
         cmd.arg("-c").arg(&src).arg("-o").arg(&obj);
-        let status = cmd.status().unwrap_or_else(|e| {
-            panic!("failed to run {clang} (install clang + libbpf-dev): {e}")
-        });
+        let status = cmd.status().unwrap_or_else(|e| panic!("failed to run {clang} (install clang + libbpf-dev): {e}"));
         assert!(status.success(), "{clang} failed on {src}: {status}");
     }
 }

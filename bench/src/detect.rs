@@ -18,7 +18,10 @@
 //! nodes of a 6-node cluster. Every cluster is brought `down` when done, on error, on panic, and on
 //! SIGINT/SIGTERM/SIGHUP.
 
-use crate::{find_vigil, last_line, now_epoch_s, p99, r4, results_dir, run_captured, run_captured_with, signal_group, summarize, vigil_version, write_results, Captured};
+use crate::{
+    find_vigil, last_line, now_epoch_s, p99, r4, results_dir, run_captured, run_captured_with, signal_group, summarize,
+    vigil_version, write_results, Captured,
+};
 use clap::Args;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -95,7 +98,12 @@ static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 /// Bring cluster `name` down with `script` (best effort, output discarded).
 fn down(script: &Path, vigil: &Path, name: &str) {
-    let _ = Command::new(script).args(["down", name]).env("VIGIL", vigil).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).status();
+    let _ = Command::new(script)
+        .args(["down", name])
+        .env("VIGIL", vigil)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
 }
 
 /// On SIGINT, SIGTERM or SIGHUP: bring every live cluster down, then exit 130.
@@ -108,7 +116,9 @@ fn install_signal_cleanup() {
         };
         use tokio::signal::unix::{signal, SignalKind};
         // Register the handlers now (on this thread), so no signal slips through before the thread runs.
-        let sigs = rt.block_on(async { (signal(SignalKind::interrupt()), signal(SignalKind::terminate()), signal(SignalKind::hangup())) });
+        let sigs = rt.block_on(async {
+            (signal(SignalKind::interrupt()), signal(SignalKind::terminate()), signal(SignalKind::hangup()))
+        });
         let (Ok(mut int), Ok(mut term), Ok(mut hup)) = sigs else { return };
         std::thread::spawn(move || {
             rt.block_on(async {
@@ -156,7 +166,11 @@ struct Cluster {
 impl Cluster {
     /// A fresh unused name: `vb` + 3 digits of our pid + a counter letter.
     fn fresh_name(netns_dir: &Path) -> String {
-        let netns = Command::new("ip").args(["netns", "list"]).output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+        let netns = Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
         loop {
             let i = NEXT_NAME.fetch_add(1, Ordering::SeqCst);
             let tag = char::from_digit((i % 36) as u32, 36).unwrap_or('z');
@@ -179,7 +193,9 @@ impl Cluster {
         let mut c = Cluster { name, script: script.to_path_buf(), vigil: vigil.to_path_buf(), dir, client: None };
         c.script_cmd(&["up", &c.name.clone(), &n.to_string()], 120)?;
         let uri = c.script_cmd(&["uri", &c.name.clone()], 10)?.trim().to_string();
-        let client = rt.block_on(Client::connect(&uri)).map_err(|e| format!("cannot connect to rank 0 of cluster {} at {uri}: {e}", c.name))?;
+        let client = rt
+            .block_on(Client::connect(&uri))
+            .map_err(|e| format!("cannot connect to rank 0 of cluster {} at {uri}: {e}", c.name))?;
         c.client = Some(client);
         Ok(c)
     }
@@ -201,8 +217,12 @@ impl Cluster {
         SCRIPT_PGID.store(0, Ordering::SeqCst);
         match r? {
             Captured::Exited { status, stdout, .. } if status.success() => Ok(stdout),
-            Captured::Exited { status, stderr, .. } => Err(format!("`netns-cluster.sh {}` failed: {status}: {}", args.join(" "), last_line(&stderr))),
-            Captured::TimedOut => Err(format!("`netns-cluster.sh {}` hung: killed after {timeout_s} s", args.join(" "))),
+            Captured::Exited { status, stderr, .. } => {
+                Err(format!("`netns-cluster.sh {}` failed: {status}: {}", args.join(" "), last_line(&stderr)))
+            }
+            Captured::TimedOut => {
+                Err(format!("`netns-cluster.sh {}` hung: killed after {timeout_s} s", args.join(" ")))
+            }
         }
     }
 
@@ -214,7 +234,11 @@ impl Cluster {
     /// Pid of node `k`'s broker, checked to be a `vigil broker` of this cluster.
     fn broker_pid(&self, k: usize) -> Result<i32, String> {
         let f = self.dir.join(format!("node{k}/broker.pid"));
-        let pid: i32 = std::fs::read_to_string(&f).map_err(|e| format!("{}: {e}", f.display()))?.trim().parse().map_err(|e| format!("{}: {e}", f.display()))?;
+        let pid: i32 = std::fs::read_to_string(&f)
+            .map_err(|e| format!("{}: {e}", f.display()))?
+            .trim()
+            .parse()
+            .map_err(|e| format!("{}: {e}", f.display()))?;
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         let want = format!("--rundir={}", self.dir.join(format!("node{k}")).display());
         let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
@@ -231,7 +255,9 @@ impl Cluster {
         cmd.args(args).env(vigil::client::URI_ENV, uri).current_dir(cwd);
         match run_captured(cmd, Duration::from_secs(30))? {
             Captured::Exited { status, stdout, .. } if status.success() => Ok(stdout),
-            Captured::Exited { status, stderr, .. } => Err(format!("`vigil {}` failed: {status}: {}", args.join(" "), last_line(&stderr))),
+            Captured::Exited { status, stderr, .. } => {
+                Err(format!("`vigil {}` failed: {status}: {}", args.join(" "), last_line(&stderr)))
+            }
             Captured::TimedOut => Err(format!("`vigil {}` hung", args.join(" "))),
         }
     }
@@ -265,13 +291,24 @@ fn resource_events(rt: &tokio::runtime::Runtime, c: &Client) -> Result<Vec<ResEv
     let mut out = Vec::new();
     for e in r["eventlog"].as_array().cloned().unwrap_or_default() {
         let ranks = IdSet::parse(e["context"]["idset"].as_str().unwrap_or("")).unwrap_or_default();
-        out.push(ResEvent { name: e["name"].as_str().unwrap_or("").to_string(), ranks, ts: e["timestamp"].as_f64().unwrap_or(0.0) });
+        out.push(ResEvent {
+            name: e["name"].as_str().unwrap_or("").to_string(),
+            ranks,
+            ts: e["timestamp"].as_f64().unwrap_or(0.0),
+        });
     }
     Ok(out)
 }
 
 /// Poll the resource eventlog until an event `name` for rank `k` stamped at or after `since` appears; its timestamp.
-fn wait_res_event(rt: &tokio::runtime::Runtime, c: &Client, name: &str, k: usize, since: f64, timeout_s: f64) -> Result<Option<f64>, String> {
+fn wait_res_event(
+    rt: &tokio::runtime::Runtime,
+    c: &Client,
+    name: &str,
+    k: usize,
+    since: f64,
+    timeout_s: f64,
+) -> Result<Option<f64>, String> {
     let deadline = Instant::now() + Duration::from_secs_f64(timeout_s);
     loop {
         let evs = resource_events(rt, c)?;
@@ -288,7 +325,9 @@ fn wait_res_event(rt: &tokio::runtime::Runtime, c: &Client, name: &str, k: usize
 /// Job `id`'s eventlog so far.
 fn job_events(rt: &tokio::runtime::Runtime, c: &Client, id: JobId) -> Result<Vec<Value>, String> {
     rt.block_on(async {
-        let mut s = c.rpc_stream("job-manager.eventlog", 0, &json!({"id": id.0, "follow": false})).map_err(|e| format!("eventlog {id}: {e}"))?;
+        let mut s = c
+            .rpc_stream("job-manager.eventlog", 0, &json!({"id": id.0, "follow": false}))
+            .map_err(|e| format!("eventlog {id}: {e}"))?;
         let mut v = Vec::new();
         while let Some(item) = s.next().await {
             let item = item.map_err(|e| format!("eventlog {id}: {e}"))?;
@@ -302,12 +341,21 @@ fn job_events(rt: &tokio::runtime::Runtime, c: &Client, id: JobId) -> Result<Vec
 
 /// Job `id`'s `job-manager.info` summary.
 fn job_info(rt: &tokio::runtime::Runtime, c: &Client, id: JobId) -> Result<Value, String> {
-    let r = rt.block_on(c.rpc("job-manager.info", 0, &json!({"id": id.0}))).map_err(|e| format!("job-manager.info {id}: {e}"))?;
+    let r = rt
+        .block_on(c.rpc("job-manager.info", 0, &json!({"id": id.0})))
+        .map_err(|e| format!("job-manager.info {id}: {e}"))?;
     Ok(r["info"].clone())
 }
 
 /// Poll job `id` until `pred(info)` holds; the info, or an error after `timeout_s`.
-fn wait_job(rt: &tokio::runtime::Runtime, c: &Client, id: JobId, what: &str, timeout_s: f64, pred: impl Fn(&Value) -> bool) -> Result<Value, String> {
+fn wait_job(
+    rt: &tokio::runtime::Runtime,
+    c: &Client,
+    id: JobId,
+    what: &str,
+    timeout_s: f64,
+    pred: impl Fn(&Value) -> bool,
+) -> Result<Value, String> {
     let deadline = Instant::now() + Duration::from_secs_f64(timeout_s);
     loop {
         let info = job_info(rt, c, id)?;
@@ -385,8 +433,9 @@ fn measure_lost(rt: &tokio::runtime::Runtime, script: &Path, vigil: &Path, a: &D
                     }
                 }
                 let t_injected = now_epoch_s();
-                let ts = wait_res_event(rt, cl.client(), "offline", k, t0, LOST_TIMEOUT_S)?
-                    .ok_or_else(|| format!("cluster {} rank {k}: no offline verdict within {LOST_TIMEOUT_S} s", cl.name))?;
+                let ts = wait_res_event(rt, cl.client(), "offline", k, t0, LOST_TIMEOUT_S)?.ok_or_else(|| {
+                    format!("cluster {} rank {k}: no offline verdict within {LOST_TIMEOUT_S} s", cl.name)
+                })?;
                 s.samples.push(ts - t0);
                 s.trials.push(json!({"cluster": cl.name, "rank": k, "t0": t0, "inject_s": r4(t_injected - t0), "offline_ts": ts, "latency_s": r4(ts - t0)}));
                 sleep_s(SETTLE_S);
@@ -406,7 +455,8 @@ fn measure_nested(rt: &tokio::runtime::Runtime, script: &Path, vigil: &Path, a: 
         std::fs::write(&batch, "#!/bin/sh\nexec sleep 600\n").map_err(|e| format!("{}: {e}", batch.display()))?;
         {
             use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&batch, std::fs::Permissions::from_mode(0o755)).map_err(|e| format!("{}: {e}", batch.display()))?;
+            std::fs::set_permissions(&batch, std::fs::Permissions::from_mode(0o755))
+                .map_err(|e| format!("{}: {e}", batch.display()))?;
         }
         while s.samples.len() < a.trials {
             let n = a.victims.min(a.trials - s.samples.len());
@@ -415,40 +465,51 @@ fn measure_nested(rt: &tokio::runtime::Runtime, script: &Path, vigil: &Path, a: 
             let r = (|| -> Result<(), String> {
                 for _ in 0..n {
                     let batch_s = batch.display().to_string();
-                    let out = cl.vigil_cmd(&["batch", &format!("-N{BATCH_NODES}"), "--output=/dev/null", &batch_s], work)?;
+                    let out =
+                        cl.vigil_cmd(&["batch", &format!("-N{BATCH_NODES}"), "--output=/dev/null", &batch_s], work)?;
                     let id = JobId::parse(out.trim()).map_err(|e| format!("vigil batch printed {out:?}: {e}"))?;
                     job_ids.push(id);
                     if let Ok(mut j) = JOBS.lock() {
                         j.push(id);
                     }
-                    let info = wait_job(rt, cl.client(), id, "running as an instance", 30.0, |i| i["state"] == "RUN" && i["instance"]["uri"].is_string())?;
+                    let info = wait_job(rt, cl.client(), id, "running as an instance", 30.0, |i| {
+                        i["state"] == "RUN" && i["instance"]["uri"].is_string()
+                    })?;
                     // The child instance reported itself; give its brokers a moment to finish wiring up.
                     sleep_s(0.3);
-                    let ranks = IdSet::parse(info["ranks"].as_str().unwrap_or("")).map_err(|e| format!("job {id} ranks: {e}"))?;
-                    let crit = IdSet::parse(info["instance"]["critical_broker_ranks"].as_str().unwrap_or("0")).map_err(|e| format!("job {id} critical ranks: {e}"))?;
-                    let victim = ranks
-                        .iter()
-                        .rev()
-                        .find(|r| *r != 0 && !crit.contains(*r))
-                        .ok_or_else(|| format!("job {id}: no non-critical node besides rank 0 (ranks {ranks}, critical {crit})"))?;
+                    let ranks = IdSet::parse(info["ranks"].as_str().unwrap_or(""))
+                        .map_err(|e| format!("job {id} ranks: {e}"))?;
+                    let crit = IdSet::parse(info["instance"]["critical_broker_ranks"].as_str().unwrap_or("0"))
+                        .map_err(|e| format!("job {id} critical ranks: {e}"))?;
+                    let victim = ranks.iter().rev().find(|r| *r != 0 && !crit.contains(*r)).ok_or_else(|| {
+                        format!("job {id}: no non-critical node besides rank 0 (ranks {ranks}, critical {crit})")
+                    })?;
                     let t0 = now_epoch_s();
                     cl.script_cmd(&["kill", &cl.name, &victim.to_string()], 30)?;
                     let t_injected = now_epoch_s();
                     let deadline = Instant::now() + Duration::from_secs_f64(LOST_TIMEOUT_S);
                     let exc = loop {
                         let evs = job_events(rt, cl.client(), id)?;
-                        if let Some(e) = evs.into_iter().find(|e| e["name"] == "exception" && e["timestamp"].as_f64().unwrap_or(0.0) >= t0) {
+                        if let Some(e) = evs
+                            .into_iter()
+                            .find(|e| e["name"] == "exception" && e["timestamp"].as_f64().unwrap_or(0.0) >= t0)
+                        {
                             break e;
                         }
                         if Instant::now() >= deadline {
-                            return Err(format!("job {id}: no exception within {LOST_TIMEOUT_S} s of losing rank {victim}"));
+                            return Err(format!(
+                                "job {id}: no exception within {LOST_TIMEOUT_S} s of losing rank {victim}"
+                            ));
                         }
                         sleep_s(POLL_S);
                     };
                     let ts = exc["timestamp"].as_f64().unwrap_or(0.0);
                     let severity = exc["context"]["severity"].as_u64();
                     let kind = exc["context"]["type"].as_str().unwrap_or("").to_string();
-                    let offline = resource_events(rt, cl.client())?.into_iter().find(|e| e.name == "offline" && e.ranks.contains(victim) && e.ts >= t0).map(|e| e.ts);
+                    let offline = resource_events(rt, cl.client())?
+                        .into_iter()
+                        .find(|e| e.name == "offline" && e.ranks.contains(victim) && e.ts >= t0)
+                        .map(|e| e.ts);
                     sleep_s(0.1);
                     let state = job_info(rt, cl.client(), id)?["state"].as_str().unwrap_or("").to_string();
                     s.samples.push(ts - t0);
@@ -463,8 +524,12 @@ fn measure_nested(rt: &tokio::runtime::Runtime, script: &Path, vigil: &Path, a: 
                     if state == "RUN" {
                         s.survived += 1;
                     }
-                    rt.block_on(cl.client().rpc("job-manager.cancel", 0, &json!({"id": id.0, "note": "vigil-bench detect: trial done"})))
-                        .map_err(|e| format!("cancel {id}: {e}"))?;
+                    rt.block_on(cl.client().rpc(
+                        "job-manager.cancel",
+                        0,
+                        &json!({"id": id.0, "note": "vigil-bench detect: trial done"}),
+                    ))
+                    .map_err(|e| format!("cancel {id}: {e}"))?;
                     wait_job(rt, cl.client(), id, "inactive after cancel", 30.0, |i| i["state"] == "INACTIVE")?;
                     sleep_s(SETTLE_S);
                 }
@@ -524,7 +589,11 @@ fn measure_stall(rt: &tokio::runtime::Runtime, script: &Path, vigil: &Path, a: &
             let cont = cl.script_cmd(&["cont", &cl.name, &k.to_string()], 10);
             let lively = wait_res_event(rt, cl.client(), "lively", k, t0, 10.0)?;
             sleep_s(SETTLE_S);
-            let offline: Vec<f64> = resource_events(rt, cl.client())?.into_iter().filter(|e| e.name == "offline" && e.ranks.contains(k as u32) && e.ts >= t0).map(|e| e.ts).collect();
+            let offline: Vec<f64> = resource_events(rt, cl.client())?
+                .into_iter()
+                .filter(|e| e.name == "offline" && e.ranks.contains(k as u32) && e.ts >= t0)
+                .map(|e| e.ts)
+                .collect();
             s.false_lost += offline.len();
             if !offline.is_empty() {
                 dead[k] = true;
@@ -558,7 +627,9 @@ fn measure_stall(rt: &tokio::runtime::Runtime, script: &Path, vigil: &Path, a: &
 fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).and_then(|l| l.split_whitespace().nth(2)).map(|u| u == "0"))
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("Uid:")).and_then(|l| l.split_whitespace().nth(2)).map(|u| u == "0")
+        })
         .unwrap_or(false)
 }
 
@@ -610,11 +681,15 @@ pub(crate) fn run(a: &DetectArgs, vigil: Option<PathBuf>, out_dir: Option<PathBu
         eprintln!("vigil-bench: warning: --trials {} is below the 20 trials the published table uses", a.trials);
     }
     let vigil = find_vigil(vigil)?;
-    let script = a.netns_script.clone().unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../ci/netns-cluster.sh"));
+    let script =
+        a.netns_script.clone().unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../ci/netns-cluster.sh"));
     let script = script.canonicalize().map_err(|e| format!("netns script {}: {e}", script.display()))?;
     let out_dir = results_dir(out_dir);
     install_signal_cleanup();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| format!("cannot start tokio: {e}"))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start tokio: {e}"))?;
     let work = std::env::temp_dir().join(format!("vigil-bench-detect-{}", std::process::id()));
     std::fs::create_dir_all(&work).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
     if let Ok(mut w) = WORK_DIR.lock() {
@@ -651,12 +726,41 @@ pub(crate) fn run(a: &DetectArgs, vigil: Option<PathBuf>, out_dir: Option<PathBu
     let total_s = started.elapsed().as_secs_f64();
 
     let rows: [Row<'_>; 4] = [
-        ("kill9_lost_s", "(a) broker `kill -9` → lost", "offline", &kill9, REF_KILL9_S, "median; at most one 2 s heartbeat"),
-        ("silent_lost_s", "(b) silent node loss (`netns-cluster.sh kill`) → lost", "offline", &silent, REF_SILENT_S, "the 20 s TCP user timeout"),
-        ("nested_exception_s", "(c) non-critical node of a batch job silently lost → job exception", "exception", &nested, REF_NESTED_S, "range"),
-        ("stall_torpid_s", "(d) broker SIGSTOPped (`netns-cluster.sh stall`) → torpid", "torpid", &stall, REF_TORPID_S, "range"),
+        (
+            "kill9_lost_s",
+            "(a) broker `kill -9` → lost",
+            "offline",
+            &kill9,
+            REF_KILL9_S,
+            "median; at most one 2 s heartbeat",
+        ),
+        (
+            "silent_lost_s",
+            "(b) silent node loss (`netns-cluster.sh kill`) → lost",
+            "offline",
+            &silent,
+            REF_SILENT_S,
+            "the 20 s TCP user timeout",
+        ),
+        (
+            "nested_exception_s",
+            "(c) non-critical node of a batch job silently lost → job exception",
+            "exception",
+            &nested,
+            REF_NESTED_S,
+            "range",
+        ),
+        (
+            "stall_torpid_s",
+            "(d) broker SIGSTOPped (`netns-cluster.sh stall`) → torpid",
+            "torpid",
+            &stall,
+            REF_TORPID_S,
+            "range",
+        ),
     ];
-    let p99_head = if a.trials < 100 { format!("p99 (s; = max at {} trials)", a.trials) } else { "p99 (s)".to_string() };
+    let p99_head =
+        if a.trials < 100 { format!("p99 (s; = max at {} trials)", a.trials) } else { "p99 (s)".to_string() };
     let mut table = format!("| event → verdict | trials | median (s) | {p99_head} | min (s) | max (s) | flux-core 0.88 (s) | ratio flux/vigil |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
     let mut metrics = Vec::new();
     let mut failed = Vec::new();
@@ -726,7 +830,10 @@ pub(crate) fn run(a: &DetectArgs, vigil: Option<PathBuf>, out_dir: Option<PathBu
         "stall_lively_after_cont": stall.lively,
         "nested_job_still_running_after_exception": nested.survived,
     });
-    let attrs_text = attrs.as_object().map(|m| m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("?"))).collect::<Vec<_>>().join(", ")).unwrap_or_default();
+    let attrs_text = attrs
+        .as_object()
+        .map(|m| m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("?"))).collect::<Vec<_>>().join(", "))
+        .unwrap_or_default();
     let p99_note = if n < 100 { format!(", so with {n} trials it is the maximum") } else { String::new() };
     let mut md = format!(
         "# Failure detection vs flux-core 0.88\n\n`vigil-bench detect --trials {n}` ({version}, {ncpus} CPUs, unix time {now_s}, \

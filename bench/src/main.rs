@@ -214,7 +214,15 @@ struct Metric {
 
 impl Metric {
     /// A metric from its samples; computes the summary and ratio.
-    fn new(name: &str, label: &str, unit: &str, better: Better, flux_088: f64, samples: Vec<f64>, error: Option<String>) -> Metric {
+    fn new(
+        name: &str,
+        label: &str,
+        unit: &str,
+        better: Better,
+        flux_088: f64,
+        samples: Vec<f64>,
+        error: Option<String>,
+    ) -> Metric {
         let (median, min, max) = summarize(&samples);
         let ratio = median.filter(|m| *m > 0.0).map(|m| match better {
             Better::Lower => flux_088 / m,
@@ -225,7 +233,19 @@ impl Metric {
         let samples = samples.into_iter().map(r4).collect();
         let (median, min, max) = (median.map(r4), min.map(r4), max.map(r4));
         let ratio = ratio.map(|x| (x * 100.0).round() / 100.0);
-        Metric { name: name.into(), label: label.into(), unit: unit.into(), better, samples, median, min, max, flux_088, ratio, error }
+        Metric {
+            name: name.into(),
+            label: label.into(),
+            unit: unit.into(),
+            better,
+            samples,
+            median,
+            min,
+            max,
+            flux_088,
+            ratio,
+            error,
+        }
     }
 }
 
@@ -260,7 +280,11 @@ fn main() {
             // Every group runs even if an earlier one failed; the exit code is the worst of the three.
             let first = report(outer(a.runs, cli.vigil.clone(), cli.out_dir.clone()));
             let m = report(mpi::run(&mpi::MpiArgs { runs: a.mpi_runs }, cli.vigil.clone(), cli.out_dir.clone()));
-            let d = report(detect::run(&detect::DetectArgs { trials: a.trials, ..Default::default() }, cli.vigil, cli.out_dir));
+            let d = report(detect::run(
+                &detect::DetectArgs { trials: a.trials, ..Default::default() },
+                cli.vigil,
+                cli.out_dir,
+            ));
             first.max(m).max(d)
         }
         None => report(outer(cli.runs, cli.vigil, cli.out_dir)),
@@ -388,7 +412,10 @@ fn find_vigil(arg: Option<PathBuf>) -> Result<PathBuf, String> {
     let path = path.canonicalize().map_err(|e| format!("{}: {e}", path.display()))?;
     let shell = path.with_file_name("vigil-shell");
     if !shell.is_file() {
-        return Err(format!("vigil-shell not found at {} (brokers start job shells from there): {hint}", shell.display()));
+        return Err(format!(
+            "vigil-shell not found at {} (brokers start job shells from there): {hint}",
+            shell.display()
+        ));
     }
     Ok(path)
 }
@@ -440,12 +467,14 @@ fn run_timed(mut cmd: Command, timeout: Duration) -> Result<Ended, String> {
 
 /// Send SIG`sig` to process group `pgid` (which this harness created) with kill(1).
 fn signal_group(pgid: u32, sig: &str) {
-    let _ = Command::new("kill").arg(format!("-{sig}")).arg("--").arg(format!("-{pgid}")).stderr(Stdio::null()).status();
+    let _ =
+        Command::new("kill").arg(format!("-{sig}")).arg("--").arg(format!("-{pgid}")).stderr(Stdio::null()).status();
 }
 
 /// A fresh scratch file name for an inner run's results.
 fn scratch_file(tag: &str) -> PathBuf {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
     std::env::temp_dir().join(format!("vigil-bench-{}-{nanos}-{tag}.json", std::process::id()))
 }
 
@@ -461,9 +490,14 @@ fn bench_start(vigil: &Path, size: u32, runs: usize) -> (Vec<f64>, Option<String
                     samples.push(elapsed_s);
                 }
             }
-            Ok(Ended::Exited { status, .. }) => return (samples, Some(format!("`vigil start --test-size={size} true` failed: {status}"))),
+            Ok(Ended::Exited { status, .. }) => {
+                return (samples, Some(format!("`vigil start --test-size={size} true` failed: {status}")))
+            }
             Ok(Ended::TimedOut) => {
-                return (samples, Some(format!("`vigil start --test-size={size} true` hung: killed after {START_TIMEOUT_S} s")));
+                return (
+                    samples,
+                    Some(format!("`vigil start --test-size={size} true` hung: killed after {START_TIMEOUT_S} s")),
+                );
             }
             Err(e) => return (samples, Some(e)),
         }
@@ -478,7 +512,9 @@ fn bench_jobs(vigil: &Path, runs: usize) -> InnerJobsResult {
         let me = std::env::current_exe().map_err(|e| format!("cannot locate this binary: {e}"))?;
         let mut cmd = Command::new(vigil);
         cmd.arg("start").arg(format!("--test-size={INSTANCE_SIZE}")).arg(&me).args(["inner", "jobs"]);
-        cmd.arg(format!("--runs={runs}")).arg(format!("--jobs={THROUGHPUT_JOBS}")).arg(format!("--nodes={INSTANCE_SIZE}"));
+        cmd.arg(format!("--runs={runs}"))
+            .arg(format!("--jobs={THROUGHPUT_JOBS}"))
+            .arg(format!("--nodes={INSTANCE_SIZE}"));
         cmd.arg("--vigil").arg(vigil).arg("--out").arg(&out);
         let ended = run_timed(cmd, Duration::from_secs(JOBS_INSTANCE_TIMEOUT_S))?;
         // Whatever the exit status, the inner harness may have recorded samples and the reason it stopped.
@@ -491,7 +527,8 @@ fn bench_jobs(vigil: &Path, runs: usize) -> InnerJobsResult {
                 res.error = Some(format!("instance running the inner harness failed: {status}"));
             }
             Ended::TimedOut => {
-                res.error = Some(format!("instance running the inner harness hung: killed after {JOBS_INSTANCE_TIMEOUT_S} s"));
+                res.error =
+                    Some(format!("instance running the inner harness hung: killed after {JOBS_INSTANCE_TIMEOUT_S} s"));
             }
             _ => {}
         }
@@ -514,13 +551,16 @@ fn bench_rss(vigil: &Path, runs: usize) -> (Vec<f64>, Option<String>) {
         cmd.arg("start").arg(format!("--test-size={INSTANCE_SIZE}")).arg(&me).args(["inner", "rss"]);
         cmd.arg(format!("--expect={INSTANCE_SIZE}")).arg("--out").arg(&out);
         let ended = run_timed(cmd, Duration::from_secs(RSS_INSTANCE_TIMEOUT_S));
-        let res: Option<InnerRssResult> = std::fs::read_to_string(&out).ok().and_then(|s| serde_json::from_str(&s).ok());
+        let res: Option<InnerRssResult> =
+            std::fs::read_to_string(&out).ok().and_then(|s| serde_json::from_str(&s).ok());
         let _ = std::fs::remove_file(&out);
         let err = match (ended, res) {
             (Err(e), _) => Some(e),
             (Ok(Ended::TimedOut), _) => Some(format!("idle instance hung: killed after {RSS_INSTANCE_TIMEOUT_S} s")),
             (Ok(_), Some(r)) if r.error.is_some() => r.error,
-            (Ok(Ended::Exited { status, .. }), _) if !status.success() => Some(format!("idle instance failed: {status}")),
+            (Ok(Ended::Exited { status, .. }), _) if !status.success() => {
+                Some(format!("idle instance failed: {status}"))
+            }
             (Ok(_), None) => Some("the inner harness wrote no RSS results".into()),
             (Ok(_), Some(r)) => {
                 samples.extend(r.broker_rss_mb);
@@ -560,10 +600,20 @@ fn outer(runs: usize, vigil: Option<PathBuf>, out_dir: Option<PathBuf>) -> Resul
         eprintln!("vigil-bench: vigil start --test-size={size} true ({runs} runs + 1 warm-up)");
         let (samples, err) = bench_start(&vigil, size, runs);
         let label = format!("`vigil start --test-size={size} true` wall time (s)");
-        metrics.push(Metric::new(&format!("start_n{size}_wall_s"), &label, "s", Better::Lower, reference, samples, err));
+        metrics.push(Metric::new(
+            &format!("start_n{size}_wall_s"),
+            &label,
+            "s",
+            Better::Lower,
+            reference,
+            samples,
+            err,
+        ));
     }
 
-    eprintln!("vigil-bench: vigil run -N{INSTANCE_SIZE} true latency and {THROUGHPUT_JOBS}-job throughput ({runs} runs each)");
+    eprintln!(
+        "vigil-bench: vigil run -N{INSTANCE_SIZE} true latency and {THROUGHPUT_JOBS}-job throughput ({runs} runs each)"
+    );
     let jobs = bench_jobs(&vigil, runs);
     // Attribute the inner error to the measurement that was under way when it happened.
     let latency_done = jobs.run_latency_s.len() >= runs;
@@ -663,7 +713,9 @@ fn fmt_value(v: Option<f64>, unit: &str) -> String {
 
 /// The markdown table of `metrics`.
 fn markdown_table(metrics: &[Metric]) -> String {
-    let mut t = String::from("| metric | vigil median | min | max | flux-core 0.88 | ratio |\n|---|---:|---:|---:|---:|---:|\n");
+    let mut t = String::from(
+        "| metric | vigil median | min | max | flux-core 0.88 | ratio |\n|---|---:|---:|---:|---:|---:|\n",
+    );
     for m in metrics {
         let median = match (&m.error, m.median) {
             (Some(_), None) => "FAILED".to_string(),
@@ -709,7 +761,8 @@ fn inner_jobs(a: InnerJobsArgs) -> i32 {
 
 /// Run the latency then the throughput measurement, appending samples to `res` as they come.
 fn inner_jobs_measure(a: &InnerJobsArgs, res: &mut InnerJobsResult) -> Result<(), String> {
-    let uri = std::env::var(vigil::client::URI_ENV).map_err(|_| "VIGIL_URI is not set: run me inside `vigil start`".to_string())?;
+    let uri = std::env::var(vigil::client::URI_ENV)
+        .map_err(|_| "VIGIL_URI is not set: run me inside `vigil start`".to_string())?;
     // Latency: `vigil run -N4 true` as a user would type it; the first run is an untimed warm-up.
     for i in 0..=a.runs {
         let lat_s = time_vigil_run(&a.vigil, a.nodes)?;
@@ -717,10 +770,14 @@ fn inner_jobs_measure(a: &InnerJobsArgs, res: &mut InnerJobsResult) -> Result<()
             res.run_latency_s.push(lat_s);
         }
     }
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| format!("cannot start tokio: {e}"))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start tokio: {e}"))?;
     rt.block_on(async {
         let client = vigil::client::Client::connect(&uri).await.map_err(|e| format!("cannot connect to {uri}: {e}"))?;
-        let spec = vigil::jobspec::JobspecBuilder::new(vec!["true"]).build().map_err(|e| format!("jobspec: {e}"))?.to_json();
+        let spec =
+            vigil::jobspec::JobspecBuilder::new(vec!["true"]).build().map_err(|e| format!("jobspec: {e}"))?.to_json();
         let spec: Value = serde_json::from_str(&spec).map_err(|e| format!("jobspec JSON: {e}"))?;
         let payload = json!({"jobspec": spec});
         // One untimed warm-up burst of a few jobs, then the timed bursts.
@@ -755,15 +812,23 @@ struct JobOutcome {
 
 /// Follow job `id`'s eventlog until it ends (the job is INACTIVE) and report how the job ended.
 async fn wait_inactive(client: &vigil::client::Client, id: u64) -> Result<JobOutcome, String> {
-    let mut s = client.rpc_stream("job-manager.eventlog", 0, &json!({"id": id, "follow": true})).map_err(|e| format!("eventlog {id}: {e}"))?;
+    let mut s = client
+        .rpc_stream("job-manager.eventlog", 0, &json!({"id": id, "follow": true}))
+        .map_err(|e| format!("eventlog {id}: {e}"))?;
     let mut out = JobOutcome { exit_code: None, fatal: None };
     while let Some(item) = s.next().await {
         let v = item.map_err(|e| format!("eventlog {id}: {e}"))?;
         let e = &v["event"];
         match e["name"].as_str() {
-            Some("finish") => out.exit_code = Some(vigil::shellproto::exit_code(e["context"]["status"].as_i64().unwrap_or(-1) as i32)),
+            Some("finish") => {
+                out.exit_code = Some(vigil::shellproto::exit_code(e["context"]["status"].as_i64().unwrap_or(-1) as i32))
+            }
             Some("exception") if e["context"]["severity"].as_u64() == Some(0) && out.fatal.is_none() => {
-                out.fatal = Some(format!("{}: {}", e["context"]["type"].as_str().unwrap_or("?"), e["context"]["note"].as_str().unwrap_or("")));
+                out.fatal = Some(format!(
+                    "{}: {}",
+                    e["context"]["type"].as_str().unwrap_or("?"),
+                    e["context"]["note"].as_str().unwrap_or("")
+                ));
             }
             _ => {}
         }
@@ -799,12 +864,15 @@ async fn throughput_burst(client: &vigil::client::Client, payload: &Value, n: us
         let (id, r) = r.map_err(|e| format!("wait task: {e}"))?;
         match r? {
             JobOutcome { exit_code: Some(0), fatal: None } => {}
-            JobOutcome { exit_code, fatal } => bad.push(format!("job {id}: exit code {exit_code:?}, exception {fatal:?}")),
+            JobOutcome { exit_code, fatal } => {
+                bad.push(format!("job {id}: exit code {exit_code:?}, exception {fatal:?}"))
+            }
         }
     }
     let total_s = t0.elapsed().as_secs_f64();
     // Cross-check with the job manager's own view: every job INACTIVE, COMPLETED, exit code 0.
-    let list = client.rpc("job-manager.list", 0, &json!({"all": true})).await.map_err(|e| format!("job-manager.list: {e}"))?;
+    let list =
+        client.rpc("job-manager.list", 0, &json!({"all": true})).await.map_err(|e| format!("job-manager.list: {e}"))?;
     let jobs = list["jobs"].as_array().cloned().unwrap_or_default();
     for &id in &ids {
         match jobs.iter().find(|j| j["id"].as_u64() == Some(id)) {
@@ -817,7 +885,11 @@ async fn throughput_burst(client: &vigil::client::Client, payload: &Value, n: us
     }
     if !bad.is_empty() {
         let shown: Vec<&str> = bad.iter().take(5).map(String::as_str).collect();
-        return Err(format!("{} of {n} throughput jobs did not complete with exit code 0: {}", bad.len(), shown.join("; ")));
+        return Err(format!(
+            "{} of {n} throughput jobs did not complete with exit code 0: {}",
+            bad.len(),
+            shown.join("; ")
+        ));
     }
     Ok((submit_s, total_s))
 }
@@ -849,7 +921,8 @@ fn inner_rss(a: InnerRssArgs) -> i32 {
 /// VmRSS (MB) of every `vigil broker` process whose `--rundir` is this instance's (taken from `VIGIL_URI`,
 /// `local://RUNDIR/local-0`); error unless exactly `expect` are found.
 fn broker_rss_mb(expect: usize) -> Result<Vec<f64>, String> {
-    let uri = std::env::var(vigil::client::URI_ENV).map_err(|_| "VIGIL_URI is not set: run me inside `vigil start`".to_string())?;
+    let uri = std::env::var(vigil::client::URI_ENV)
+        .map_err(|_| "VIGIL_URI is not set: run me inside `vigil start`".to_string())?;
     let sock = PathBuf::from(vigil::client::uri_to_path(&uri).map_err(|e| e.to_string())?);
     let rundir = sock.parent().ok_or_else(|| format!("no run directory in {uri}"))?;
     // Brokers started by `vigil start` carry `--rundir=RUNDIR` (and `--config=RUNDIR/config.toml`) in argv.
@@ -862,7 +935,8 @@ fn broker_rss_mb(expect: usize) -> Result<Vec<f64>, String> {
         let Some(pid) = name.to_str().filter(|s| s.bytes().all(|b| b.is_ascii_digit())) else { continue };
         let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
         let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-        let is_broker = args.get(1) == Some(&b"broker".as_slice()) && args.iter().any(|a| *a == want.as_bytes() || *a == want_cfg.as_bytes());
+        let is_broker = args.get(1) == Some(&b"broker".as_slice())
+            && args.iter().any(|a| *a == want.as_bytes() || *a == want_cfg.as_bytes());
         if !is_broker {
             continue;
         }

@@ -10,7 +10,10 @@
 //! Both Vigil measurements are taken by `vigil-bench inner mpi`, started as the instance's initial program.
 //! Every run's output is checked (8 distinct ranks of 8, exit code 0); a wrong output fails the metric.
 
-use crate::{find_vigil, last_line, now_epoch_s, r4, results_dir, run_captured, scratch_file, summarize, vigil_version, write_results, Captured};
+use crate::{
+    find_vigil, last_line, now_epoch_s, r4, results_dir, run_captured, scratch_file, summarize, vigil_version,
+    write_results, Captured,
+};
 use crate::{run_timed, Ended};
 use clap::Args;
 use serde::{Deserialize, Serialize};
@@ -82,7 +85,10 @@ fn check_hello(stdout: &str) -> Result<(), String> {
         seen[rank] = true;
     }
     if lines != RANKS {
-        return Err(format!("{lines} hello lines instead of {RANKS}: {:?}", stdout.lines().take(10).collect::<Vec<_>>()));
+        return Err(format!(
+            "{lines} hello lines instead of {RANKS}: {:?}",
+            stdout.lines().take(10).collect::<Vec<_>>()
+        ));
     }
     Ok(())
 }
@@ -221,10 +227,11 @@ pub(crate) fn run(a: &MpiArgs, vigil: Option<PathBuf>, out_dir: Option<PathBuf>)
         cell(alloc_min),
         cell(alloc_max),
     ));
-    let errors: Vec<(&str, &String)> = [("hydra", &m.hydra_error), ("vigil run", &m.inner.run_error), ("vigil alloc", &m.inner.alloc_error)]
-        .into_iter()
-        .filter_map(|(k, e)| e.as_ref().map(|e| (k, e)))
-        .collect();
+    let errors: Vec<(&str, &String)> =
+        [("hydra", &m.hydra_error), ("vigil run", &m.inner.run_error), ("vigil alloc", &m.inner.alloc_error)]
+            .into_iter()
+            .filter_map(|(k, e)| e.as_ref().map(|e| (k, e)))
+            .collect();
     println!("{table}");
     for (k, e) in &errors {
         eprintln!("vigil-bench: FAILED {k}: {e}");
@@ -235,7 +242,12 @@ pub(crate) fn run(a: &MpiArgs, vigil: Option<PathBuf>, out_dir: Option<PathBuf>)
         .arg("--version")
         .output()
         .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).lines().find(|l| l.contains("Version")).map(|l| l.split_whitespace().last().unwrap_or("").to_string()))
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .find(|l| l.contains("Version"))
+                .map(|l| l.split_whitespace().last().unwrap_or("").to_string())
+        })
         .unwrap_or_default();
     let ncpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     let now_s = now_epoch_s().floor();
@@ -291,7 +303,9 @@ fn measure(runs: usize, vigil: &Path, dir: &Path) -> Result<Measured, String> {
     eprintln!("vigil-bench: {HYDRA_CMD} ({first} runs + 1 warm-up)");
     let (mut hydra_s, mut hydra_error) = sample(first, 1, || hydra_once(dir));
 
-    eprintln!("vigil-bench: {VIGIL_RUN_CMD} and {ALLOC_CMD} in a {NODES}-broker instance ({runs} runs + 1 warm-up each)");
+    eprintln!(
+        "vigil-bench: {VIGIL_RUN_CMD} and {ALLOC_CMD} in a {NODES}-broker instance ({runs} runs + 1 warm-up each)"
+    );
     let out = scratch_file("mpi");
     let me = std::env::current_exe().map_err(|e| format!("cannot locate this binary: {e}"))?;
     let mut cmd = Command::new(vigil);
@@ -304,8 +318,12 @@ fn measure(runs: usize, vigil: &Path, dir: &Path) -> Result<Measured, String> {
     };
     let _ = std::fs::remove_file(&out);
     let instance_err = match ended {
-        Ended::Exited { status, .. } if !status.success() => Some(format!("instance running the inner harness failed: {status}")),
-        Ended::TimedOut => Some(format!("instance running the inner harness hung: killed after {INSTANCE_TIMEOUT_S} s")),
+        Ended::Exited { status, .. } if !status.success() => {
+            Some(format!("instance running the inner harness failed: {status}"))
+        }
+        Ended::TimedOut => {
+            Some(format!("instance running the inner harness hung: killed after {INSTANCE_TIMEOUT_S} s"))
+        }
         Ended::Exited { .. } => None,
     };
     if let Some(e) = instance_err {

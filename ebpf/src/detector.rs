@@ -114,17 +114,13 @@ impl Detector {
     pub fn with_mode(mode: DetectorMode) -> Result<Detector, EbpfError> {
         let det = match mode {
             DetectorMode::RequireEbpf => Detector::Ebpf(Box::new(ExitWatcher::new()?)),
-            DetectorMode::ForceUserspace => Detector::Userspace {
-                watcher: PidfdWatcher::new()?,
-                reason: "userspace (forced)".to_owned(),
-            },
+            DetectorMode::ForceUserspace => {
+                Detector::Userspace { watcher: PidfdWatcher::new()?, reason: "userspace (forced)".to_owned() }
+            }
             DetectorMode::Auto => {
                 let euid = sys::euid();
                 if euid != 0 {
-                    Detector::Userspace {
-                        watcher: PidfdWatcher::new()?,
-                        reason: "userspace (no root)".to_owned(),
-                    }
+                    Detector::Userspace { watcher: PidfdWatcher::new()?, reason: "userspace (no root)".to_owned() }
                 } else {
                     match ExitWatcher::new() {
                         Ok(w) => Detector::Ebpf(Box::new(w)),

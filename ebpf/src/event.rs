@@ -145,13 +145,7 @@ mod tests {
     fn decode_status() {
         assert_eq!(ExitStatus::from_wait_status(3 << 8), ExitStatus::Exited(3));
         assert_eq!(ExitStatus::from_wait_status(0), ExitStatus::Exited(0));
-        assert_eq!(
-            ExitStatus::from_wait_status(9),
-            ExitStatus::Signaled { signal: 9, core_dumped: false }
-        );
-        assert_eq!(
-            ExitStatus::from_wait_status(11 | 0x80),
-            ExitStatus::Signaled { signal: 11, core_dumped: true }
-        );
+        assert_eq!(ExitStatus::from_wait_status(9), ExitStatus::Signaled { signal: 9, core_dumped: false });
+        assert_eq!(ExitStatus::from_wait_status(11 | 0x80), ExitStatus::Signaled { signal: 11, core_dumped: true });
     }
 }

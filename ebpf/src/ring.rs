@@ -36,11 +36,8 @@ pub(crate) fn attach_tracepoint(
     category: &str,
     name: &str,
 ) -> Result<(), EbpfError> {
-    let p: &mut TracePoint = bpf
-        .program_mut(prog)
-        .ok_or(EbpfError::Missing(prog))?
-        .try_into()
-        .map_err(prog_err(prog))?;
+    let p: &mut TracePoint =
+        bpf.program_mut(prog).ok_or(EbpfError::Missing(prog))?.try_into().map_err(prog_err(prog))?;
     p.load().map_err(prog_err(prog))?;
     // The link is owned by the program, which lives as long as the `Ebpf`.
     p.attach(category, name).map_err(prog_err(prog))?;
@@ -63,10 +60,7 @@ pub(crate) fn take_ring(bpf: &mut Ebpf, name: &'static str) -> Result<AsyncFd<Ri
 ///
 /// Returns `Ready(None)` only if the epoll registration failed (stream end).
 /// Records shorter than `T` are skipped.
-pub(crate) fn poll_ring<T: Copy>(
-    ring: &mut AsyncFd<RingBuf<MapData>>,
-    cx: &mut Context<'_>,
-) -> Poll<Option<T>> {
+pub(crate) fn poll_ring<T: Copy>(ring: &mut AsyncFd<RingBuf<MapData>>, cx: &mut Context<'_>) -> Poll<Option<T>> {
     loop {
         let mut guard = match ready!(ring.poll_read_ready_mut(cx)) {
             Ok(g) => g,

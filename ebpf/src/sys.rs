@@ -60,12 +60,7 @@ pub(crate) fn waitid_nowait(pidfd: BorrowedFd<'_>) -> ExitStatus {
     let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
     // SAFETY: `info` is a valid writable siginfo_t; the fd is borrowed and open.
     let rc = unsafe {
-        libc::waitid(
-            P_PIDFD,
-            pidfd.as_raw_fd() as libc::id_t,
-            &mut info,
-            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
-        )
+        libc::waitid(P_PIDFD, pidfd.as_raw_fd() as libc::id_t, &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT)
     };
     if rc != 0 {
         return ExitStatus::Unknown;
@@ -101,9 +96,7 @@ pub(crate) fn ensure_tracefs() -> io::Result<()> {
     let fstype: &CStr = c"tracefs";
     // SAFETY: all pointers are NUL-terminated C string literals that outlive
     // the call; `data` may be NULL for tracefs.
-    let rc = unsafe {
-        libc::mount(src.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null())
-    };
+    let rc = unsafe { libc::mount(src.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
     if rc != 0 {
         let err = io::Error::last_os_error();
         if err.raw_os_error() == Some(libc::EBUSY) && mounted("/sys/kernel/tracing") {

@@ -182,7 +182,13 @@ impl Client {
         })
     }
 
-    fn send_request(&self, topic: &str, nodeid: u32, payload: &impl Serialize, flags: u8) -> Result<(u32, mpsc::UnboundedReceiver<Message>), RpcError> {
+    fn send_request(
+        &self,
+        topic: &str,
+        nodeid: u32,
+        payload: &impl Serialize,
+        flags: u8,
+    ) -> Result<(u32, mpsc::UnboundedReceiver<Message>), RpcError> {
         let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
         let mut m = Message::request(topic, nodeid, payload);
         m.matchtag = tag;

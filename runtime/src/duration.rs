@@ -86,9 +86,7 @@ pub fn parse_duration_secs(s: &str) -> Result<f64, DurationError> {
     if t.starts_with('-') {
         return Err(DurationError::Negative(clip(s)));
     }
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || matches!(c, '.' | 'e' | 'E' | '+' | '-')))
-        .unwrap_or(t.len());
+    let split = t.find(|c: char| !(c.is_ascii_digit() || matches!(c, '.' | 'e' | 'E' | '+' | '-'))).unwrap_or(t.len());
     // An 'e' directly followed by nothing numeric is not an exponent; but no
     // RFC 23 unit starts with 'e', so such input is invalid either way.
     let (number, unit) = t.split_at(split);
@@ -102,16 +100,9 @@ pub fn parse_duration_secs(s: &str) -> Result<f64, DurationError> {
         "m" => (60.0, 1.0),
         "h" => (3600.0, 1.0),
         "d" => (86400.0, 1.0),
-        other => {
-            return Err(DurationError::InvalidUnit {
-                input: clip(s),
-                unit: clip(other),
-            })
-        }
+        other => return Err(DurationError::InvalidUnit { input: clip(s), unit: clip(other) }),
     };
-    let value: f64 = number
-        .parse()
-        .map_err(|_| DurationError::InvalidNumber(clip(s)))?;
+    let value: f64 = number.parse().map_err(|_| DurationError::InvalidNumber(clip(s)))?;
     let secs = value * multiplier / divisor;
     if !secs.is_finite() {
         return Err(DurationError::Overflow(clip(s)));
@@ -125,9 +116,7 @@ pub fn parse_duration_secs(s: &str) -> Result<f64, DurationError> {
 /// back to the `f64` path.
 fn exact_decimal(t: &str) -> Option<Duration> {
     const NS: u128 = 1_000_000_000;
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (number, unit) = t.split_at(split);
     let unit_ns: u128 = match unit {
         "" | "s" => NS,
@@ -171,9 +160,7 @@ pub fn parse_duration(s: &str) -> Result<Option<Duration>, DurationError> {
     if let Some(d) = exact_decimal(s.trim()) {
         return Ok(Some(d));
     }
-    Duration::try_from_secs_f64(secs)
-        .map(Some)
-        .map_err(|_| DurationError::Overflow(clip(s)))
+    Duration::try_from_secs_f64(secs).map(Some).map_err(|_| DurationError::Overflow(clip(s)))
 }
 
 /// Format a [`Duration`] in compact RFC 23 form using the largest unit that
@@ -246,14 +233,8 @@ mod tests {
         for s in ["NaN", "nan", "abc", ".", "1..2", "+1", "1e", "e5", "1.2.3s", "infs", "1 s"] {
             assert!(parse_duration(s).is_err(), "{s}");
         }
-        assert!(matches!(
-            parse_duration("5x"),
-            Err(DurationError::InvalidUnit { .. })
-        ));
-        assert!(matches!(
-            parse_duration("5sec"),
-            Err(DurationError::InvalidUnit { .. })
-        ));
+        assert!(matches!(parse_duration("5x"), Err(DurationError::InvalidUnit { .. })));
+        assert!(matches!(parse_duration("5sec"), Err(DurationError::InvalidUnit { .. })));
         assert!(matches!(parse_duration("1e400"), Err(DurationError::Overflow(_))));
         assert!(matches!(parse_duration("1e300d"), Err(DurationError::Overflow(_))));
         assert!(matches!(parse_duration("1e19d"), Err(DurationError::Overflow(_))));

@@ -65,10 +65,7 @@ pub struct Event {
 /// microseconds (as Flux eventlogs record it, which also makes the value
 /// survive a JSON round trip exactly); 0.0 if the clock reads before the epoch.
 pub fn now_timestamp() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as f64 / 1e6)
-        .unwrap_or(0.0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as f64 / 1e6).unwrap_or(0.0)
 }
 
 impl Event {
@@ -104,11 +101,7 @@ impl Event {
     /// # Errors
     /// As [`Event::new`], plus [`EventlogError::Timestamp`] if `timestamp` is
     /// negative or not finite.
-    pub fn with_timestamp(
-        timestamp: f64,
-        name: impl Into<String>,
-        context: Value,
-    ) -> Result<Event, EventlogError> {
+    pub fn with_timestamp(timestamp: f64, name: impl Into<String>, context: Value) -> Result<Event, EventlogError> {
         if !(timestamp.is_finite() && timestamp >= 0.0) {
             return Err(EventlogError::Timestamp);
         }
@@ -121,11 +114,7 @@ impl Event {
             Value::Object(m) => m,
             _ => return Err(EventlogError::Context),
         };
-        Ok(Event {
-            timestamp,
-            name,
-            context,
-        })
+        Ok(Event { timestamp, name, context })
     }
 
     /// Encode as a single-line JSON object without a trailing newline, keys
@@ -135,9 +124,7 @@ impl Event {
     /// non-finite `timestamp` (only possible by setting the field directly)
     /// is written as `null`, which [`Event::parse_line`] rejects.
     pub fn to_line(&self) -> String {
-        let ts = serde_json::Number::from_f64(self.timestamp)
-            .map(Value::Number)
-            .unwrap_or(Value::Null);
+        let ts = serde_json::Number::from_f64(self.timestamp).map(Value::Number).unwrap_or(Value::Null);
         let name = Value::String(self.name.clone());
         if self.context.is_empty() {
             format!("{{\"timestamp\":{ts},\"name\":{name}}}")
@@ -154,15 +141,11 @@ impl Event {
     /// non-negative finite number, `name` is not a non-empty string, `context`
     /// is present but not an object, or an unknown key is present.
     pub fn parse_line(line: &str) -> Result<Event, EventlogError> {
-        let body = line
-            .strip_suffix('\n')
-            .map(|l| l.strip_suffix('\r').unwrap_or(l))
-            .unwrap_or(line);
+        let body = line.strip_suffix('\n').map(|l| l.strip_suffix('\r').unwrap_or(l)).unwrap_or(line);
         if body.contains('\n') {
             return Err(EventlogError::EmbeddedNewline);
         }
-        let value: Value =
-            serde_json::from_str(body).map_err(|e| EventlogError::Json(e.to_string()))?;
+        let value: Value = serde_json::from_str(body).map_err(|e| EventlogError::Json(e.to_string()))?;
         let Value::Object(mut obj) = value else {
             return Err(EventlogError::NotObject);
         };
@@ -185,11 +168,7 @@ impl Event {
         if let Some(key) = obj.keys().next() {
             return Err(EventlogError::UnknownKey(key.clone()));
         }
-        Ok(Event {
-            timestamp,
-            name,
-            context,
-        })
+        Ok(Event { timestamp, name, context })
     }
 }
 
@@ -210,10 +189,7 @@ pub fn parse_eventlog(log: &str) -> Result<Vec<Event>, EventlogError> {
         .enumerate()
         .map(|(i, line)| {
             let line = line.strip_suffix('\r').unwrap_or(line);
-            Event::parse_line(line).map_err(|e| EventlogError::Line {
-                line: i + 1,
-                source: Box::new(e),
-            })
+            Event::parse_line(line).map_err(|e| EventlogError::Line { line: i + 1, source: Box::new(e) })
         })
         .collect()
 }
@@ -282,10 +258,7 @@ mod tests {
         assert_eq!(Event::parse_line(&e.to_line()), Ok(e));
         assert_eq!(Event::new("", Value::Null), Err(EventlogError::Name));
         assert_eq!(Event::new("x", json!([1])), Err(EventlogError::Context));
-        assert_eq!(
-            Event::with_timestamp(-1.0, "x", Value::Null),
-            Err(EventlogError::Timestamp)
-        );
+        assert_eq!(Event::with_timestamp(-1.0, "x", Value::Null), Err(EventlogError::Timestamp));
     }
 
     #[test]
@@ -320,10 +293,7 @@ mod tests {
         let err = parse_eventlog("{\"timestamp\":1,\"name\":\"a\"}\n\n").expect_err("blank");
         assert!(matches!(err, EventlogError::Line { line: 2, .. }), "{err}");
         assert_eq!(parse_eventlog(""), Ok(vec![]));
-        assert!(matches!(
-            parse_eventlog("\n"),
-            Err(EventlogError::Line { line: 1, .. })
-        ));
+        assert!(matches!(parse_eventlog("\n"), Err(EventlogError::Line { line: 1, .. })));
     }
 
     proptest! {

@@ -235,19 +235,12 @@ impl Budget {
     /// Charge `count` hosts of up to `len` bytes each; `false` if over budget.
     fn charge(&mut self, count: u64, len: usize) -> bool {
         self.hosts = self.hosts.saturating_add(count);
-        self.bytes = self
-            .bytes
-            .saturating_add(count.saturating_mul(len as u64));
+        self.bytes = self.bytes.saturating_add(count.saturating_mul(len as u64));
         self.hosts <= MAX_HOSTS && self.bytes <= MAX_EXPANDED_BYTES
     }
 }
 
-fn expand_term(
-    input: &str,
-    term: &str,
-    hosts: &mut Vec<String>,
-    total: &mut Budget,
-) -> Result<(), HostlistError> {
+fn expand_term(input: &str, term: &str, hosts: &mut Vec<String>, total: &mut Budget) -> Result<(), HostlistError> {
     if term.is_empty() {
         return Err(HostlistError::EmptyHost { input: clip(input) });
     }
@@ -269,16 +262,10 @@ fn expand_term(
         return Err(HostlistError::Brackets { input: clip(input) });
     }
     if ranges.is_empty() {
-        return Err(HostlistError::InvalidRange {
-            input: clip(input),
-            range: String::new(),
-        });
+        return Err(HostlistError::InvalidRange { input: clip(input), range: String::new() });
     }
     for element in ranges.split(',') {
-        let bad = || HostlistError::InvalidRange {
-            input: clip(input),
-            range: clip(element),
-        };
+        let bad = || HostlistError::InvalidRange { input: clip(input), range: clip(element) };
         let (lo_s, hi_s) = element.split_once('-').unwrap_or((element, element));
         for part in [lo_s, hi_s] {
             if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
@@ -286,17 +273,11 @@ fn expand_term(
             }
         }
         let num = |d: &str| {
-            d.parse::<u64>().map_err(|_| HostlistError::Overflow {
-                input: clip(input),
-                range: clip(element),
-            })
+            d.parse::<u64>().map_err(|_| HostlistError::Overflow { input: clip(input), range: clip(element) })
         };
         let (lo, hi) = (num(lo_s)?, num(hi_s)?);
         if hi < lo {
-            return Err(HostlistError::ReversedRange {
-                input: clip(input),
-                range: clip(element),
-            });
+            return Err(HostlistError::ReversedRange { input: clip(input), range: clip(element) });
         }
         let count = (hi - lo).saturating_add(1);
         let width = pad_width(lo_s);
@@ -322,18 +303,10 @@ struct Split<'a> {
 fn split_host(host: &str) -> Option<Split<'_>> {
     let bytes = host.as_bytes();
     let end = bytes.iter().rposition(|b| b.is_ascii_digit())? + 1;
-    let start = bytes[..end]
-        .iter()
-        .rposition(|b| !b.is_ascii_digit())
-        .map_or(0, |i| i + 1);
+    let start = bytes[..end].iter().rposition(|b| !b.is_ascii_digit()).map_or(0, |i| i + 1);
     let digits = &host[start..end];
     let value = digits.parse::<u64>().ok()?;
-    Some(Split {
-        prefix: &host[..start],
-        digits,
-        value,
-        suffix: &host[end..],
-    })
+    Some(Split { prefix: &host[..start], digits, value, suffix: &host[end..] })
 }
 
 /// One range element inside a bracket while compressing.
@@ -361,27 +334,18 @@ impl fmt::Display for Hostlist {
                 i += 1;
                 continue;
             };
-            let mut runs = vec![Run {
-                lo_digits: head.digits,
-                hi: head.value,
-                width: pad_width(head.digits),
-            }];
+            let mut runs = vec![Run { lo_digits: head.digits, hi: head.value, width: pad_width(head.digits) }];
             let mut j = i + 1;
             while let Some(next) = self.0.get(j).and_then(|h| split_host(h)) {
                 if next.prefix != head.prefix || next.suffix != head.suffix {
                     break;
                 }
                 let extends = runs.last().is_some_and(|run| {
-                    run.hi.checked_add(1) == Some(next.value)
-                        && format_num(next.value, run.width) == next.digits
+                    run.hi.checked_add(1) == Some(next.value) && format_num(next.value, run.width) == next.digits
                 });
                 match runs.last_mut() {
                     Some(run) if extends => run.hi = next.value,
-                    _ => runs.push(Run {
-                        lo_digits: next.digits,
-                        hi: next.value,
-                        width: pad_width(next.digits),
-                    }),
+                    _ => runs.push(Run { lo_digits: next.digits, hi: next.value, width: pad_width(next.digits) }),
                 }
                 j += 1;
             }
@@ -432,8 +396,8 @@ mod tests {
         assert_eq!(
             expand("fluke[6-13],node[01-03,7],foo"),
             [
-                "fluke6", "fluke7", "fluke8", "fluke9", "fluke10", "fluke11", "fluke12", "fluke13",
-                "node01", "node02", "node03", "node7", "foo"
+                "fluke6", "fluke7", "fluke8", "fluke9", "fluke10", "fluke11", "fluke12", "fluke13", "node01", "node02",
+                "node03", "node7", "foo"
             ]
         );
         assert_eq!(expand("foo[1-3]"), ["foo1", "foo2", "foo3"]);

@@ -133,10 +133,7 @@ impl IdSet {
                 }
             };
             if hi < lo {
-                return Err(IdSetError::ReversedRange {
-                    input: clip(s),
-                    element: clip(element),
-                });
+                return Err(IdSetError::ReversedRange { input: clip(s), element: clip(element) });
             }
             total += u64::from(hi - lo) + 1;
             if total > MAX_IDS {
@@ -223,21 +220,12 @@ impl IdSet {
 /// Parse one RFC 22 integer: ASCII digits only, no leading zero, fits `u32`.
 fn parse_id(input: &str, element: &str, digits: &str) -> Result<u32, IdSetError> {
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(IdSetError::Invalid {
-            input: clip(input),
-            element: clip(element),
-        });
+        return Err(IdSetError::Invalid { input: clip(input), element: clip(element) });
     }
     if digits.len() > 1 && digits.starts_with('0') {
-        return Err(IdSetError::LeadingZero {
-            input: clip(input),
-            element: clip(digits),
-        });
+        return Err(IdSetError::LeadingZero { input: clip(input), element: clip(digits) });
     }
-    digits.parse::<u32>().map_err(|_| IdSetError::Overflow {
-        input: clip(input),
-        element: clip(digits),
-    })
+    digits.parse::<u32>().map_err(|_| IdSetError::Overflow { input: clip(input), element: clip(digits) })
 }
 
 impl FromIterator<u32> for IdSet {

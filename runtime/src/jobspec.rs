@@ -46,15 +46,8 @@ use thiserror::Error;
 /// usage) but not interpreted by [`Jobspec::validate`]; they do not produce
 /// warnings. Any other key besides `duration`, `cwd`, `environment` and
 /// `shell` yields a warning in [`JobRequest::warnings`].
-pub const RECOGNIZED_SYSTEM_KEYS: &[&str] = &[
-    "queue",
-    "bank",
-    "project",
-    "constraints",
-    "dependencies",
-    "files",
-    "job",
-];
+pub const RECOGNIZED_SYSTEM_KEYS: &[&str] =
+    &["queue", "bank", "project", "constraints", "dependencies", "files", "job"];
 
 /// Errors from parsing, validating or building a jobspec (RFC 14/25).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -82,10 +75,7 @@ pub enum JobspecError {
 }
 
 fn invalid(path: impl Into<String>, message: impl Into<String>) -> JobspecError {
-    JobspecError::Invalid {
-        path: path.into(),
-        message: message.into(),
-    }
+    JobspecError::Invalid { path: path.into(), message: message.into() }
 }
 
 /// A jobspec document in RFC 14 structure (not yet checked against RFC 25).
@@ -276,9 +266,7 @@ fn as_count_int(v: &Value, path: &str) -> Result<u64, JobspecError> {
 }
 
 fn as_string(v: &Value, path: &str) -> Result<String, JobspecError> {
-    v.as_str()
-        .map(str::to_string)
-        .ok_or_else(|| invalid(path, "must be a string"))
+    v.as_str().map(str::to_string).ok_or_else(|| invalid(path, "must be a string"))
 }
 
 fn parse_count(v: &Value, path: &str) -> Result<Count, JobspecError> {
@@ -287,25 +275,14 @@ fn parse_count(v: &Value, path: &str) -> Result<Count, JobspecError> {
             check_keys(obj, &["min", "max", "operator", "operand"], path)?;
             let min_path = format!("{path}.min");
             let min = as_count_int(obj.get("min").ok_or_else(|| invalid(&min_path, "required"))?, &min_path)?;
-            let max = obj
-                .get("max")
-                .map(|m| as_count_int(m, &format!("{path}.max")))
-                .transpose()?;
+            let max = obj.get("max").map(|m| as_count_int(m, &format!("{path}.max"))).transpose()?;
             let operator = match obj.get("operator") {
                 None => None,
                 Some(Value::String(s)) if matches!(s.as_str(), "+" | "*" | "^") => Some(s.clone()),
                 Some(_) => return Err(invalid(format!("{path}.operator"), "must be one of +, *, ^")),
             };
-            let operand = obj
-                .get("operand")
-                .map(|m| as_count_int(m, &format!("{path}.operand")))
-                .transpose()?;
-            Ok(Count::Range(CountRange {
-                min,
-                max,
-                operator,
-                operand,
-            }))
+            let operand = obj.get("operand").map(|m| as_count_int(m, &format!("{path}.operand"))).transpose()?;
+            Ok(Count::Range(CountRange { min, max, operator, operand }))
         }
         _ => as_count_int(v, path).map(Count::Fixed),
     }
@@ -320,10 +297,7 @@ fn parse_resource(v: &Value, path: &str) -> Result<Resource, JobspecError> {
     };
     let count_path = format!("{path}.count");
     let count = parse_count(obj.get("count").ok_or_else(|| invalid(&count_path, "required"))?, &count_path)?;
-    let label = obj
-        .get("label")
-        .map(|l| as_string(l, &format!("{path}.label")))
-        .transpose()?;
+    let label = obj.get("label").map(|l| as_string(l, &format!("{path}.label"))).transpose()?;
     let exclusive = match obj.get("exclusive") {
         None => None,
         Some(Value::Bool(b)) => Some(*b),
@@ -338,13 +312,7 @@ fn parse_resource(v: &Value, path: &str) -> Result<Resource, JobspecError> {
             .collect::<Result<_, _>>()?,
         Some(_) => return Err(invalid(format!("{path}.with"), "must be a list of resources")),
     };
-    Ok(Resource {
-        kind,
-        count,
-        label,
-        exclusive,
-        with,
-    })
+    Ok(Resource { kind, count, label, exclusive, with })
 }
 
 fn parse_task(v: &Value, path: &str) -> Result<Task, JobspecError> {
@@ -352,10 +320,9 @@ fn parse_task(v: &Value, path: &str) -> Result<Task, JobspecError> {
     check_keys(obj, &["command", "slot", "count", "attributes"], path)?;
     let cmd_err = || invalid(format!("{path}.command"), "must be a non-empty array of strings");
     let command = match obj.get("command") {
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|a| a.as_str().map(str::to_string).ok_or_else(cmd_err))
-            .collect::<Result<Vec<_>, _>>()?,
+        Some(Value::Array(items)) => {
+            items.iter().map(|a| a.as_str().map(str::to_string).ok_or_else(cmd_err)).collect::<Result<Vec<_>, _>>()?
+        }
         _ => return Err(cmd_err()),
     };
     let slot = match obj.get("slot") {
@@ -363,26 +330,15 @@ fn parse_task(v: &Value, path: &str) -> Result<Task, JobspecError> {
         _ => return Err(invalid(format!("{path}.slot"), "required string (the slot label)")),
     };
     let count_path = format!("{path}.count");
-    let count_obj = as_object(
-        obj.get("count").ok_or_else(|| invalid(&count_path, "required"))?,
-        &count_path,
-    )?;
+    let count_obj = as_object(obj.get("count").ok_or_else(|| invalid(&count_path, "required"))?, &count_path)?;
     check_keys(count_obj, &["per_slot", "total"], &count_path)?;
     let count = match (count_obj.get("per_slot"), count_obj.get("total")) {
         (Some(n), None) => TaskCount::PerSlot(as_count_int(n, &format!("{count_path}.per_slot"))?),
         (None, Some(n)) => TaskCount::Total(as_count_int(n, &format!("{count_path}.total"))?),
         _ => return Err(invalid(count_path, "must have exactly one of per_slot or total")),
     };
-    let attributes = obj
-        .get("attributes")
-        .map(|a| as_object(a, &format!("{path}.attributes")).cloned())
-        .transpose()?;
-    Ok(Task {
-        command,
-        slot,
-        count,
-        attributes,
-    })
+    let attributes = obj.get("attributes").map(|a| as_object(a, &format!("{path}.attributes")).cloned()).transpose()?;
+    Ok(Task { command, slot, count, attributes })
 }
 
 fn parse_system(v: &Value) -> Result<System, JobspecError> {
@@ -430,11 +386,7 @@ fn parse_attributes(v: &Value) -> Result<Attributes, JobspecError> {
     let obj = as_object(v, "attributes")?;
     check_keys(obj, &["system", "user"], "attributes")?;
     let system = obj.get("system").map(parse_system).transpose()?.unwrap_or_default();
-    let user = obj
-        .get("user")
-        .map(|u| as_object(u, "attributes.user").cloned())
-        .transpose()?
-        .unwrap_or_default();
+    let user = obj.get("user").map(|u| as_object(u, "attributes.user").cloned()).transpose()?.unwrap_or_default();
     Ok(Attributes { system, user })
 }
 
@@ -497,15 +449,11 @@ impl Jobspec {
     /// # Errors
     /// As [`Jobspec::parse`], without `Syntax`.
     pub fn from_value(value: &Value) -> Result<Jobspec, JobspecError> {
-        let root = value
-            .as_object()
-            .ok_or_else(|| invalid("(root)", "jobspec must be a mapping"))?;
+        let root = value.as_object().ok_or_else(|| invalid("(root)", "jobspec must be a mapping"))?;
         check_keys(root, &["version", "resources", "tasks", "attributes"], "")?;
         let version = match root.get("version") {
             None => return Err(invalid("version", "required")),
-            Some(v) => v
-                .as_u64()
-                .ok_or_else(|| invalid("version", format!("must be 1, got {v}")))?,
+            Some(v) => v.as_u64().ok_or_else(|| invalid("version", format!("must be 1, got {v}")))?,
         };
         let resources = match root.get("resources") {
             Some(Value::Array(items)) => items
@@ -523,17 +471,8 @@ impl Jobspec {
                 .collect::<Result<_, _>>()?,
             _ => return Err(invalid("tasks", "required list of tasks")),
         };
-        let attributes = root
-            .get("attributes")
-            .map(parse_attributes)
-            .transpose()?
-            .unwrap_or_default();
-        Ok(Jobspec {
-            version,
-            resources,
-            tasks,
-            attributes,
-        })
+        let attributes = root.get("attributes").map(parse_attributes).transpose()?.unwrap_or_default();
+        Ok(Jobspec { version, resources, tasks, attributes })
     }
 
     /// Apply the RFC 25 Jobspec V1 rules and summarise the request.
@@ -576,20 +515,12 @@ impl Jobspec {
                     return Err(invalid("resources[0].with", "node must contain exactly one slot"));
                 };
                 if slot.kind != "slot" {
-                    return Err(invalid(
-                        "resources[0].with[0].type",
-                        format!("must be slot, got {}", slot.kind),
-                    ));
+                    return Err(invalid("resources[0].with[0].type", format!("must be slot, got {}", slot.kind)));
                 }
                 (Some(n), slot, "resources[0].with[0]", top.exclusive.unwrap_or(false))
             }
             "slot" => (None, top, "resources[0]", false),
-            other => {
-                return Err(invalid(
-                    "resources[0].type",
-                    format!("must be node or slot, got {other}"),
-                ))
-            }
+            other => return Err(invalid("resources[0].type", format!("must be node or slot, got {other}"))),
         };
         if slot.exclusive.is_some() {
             return Err(invalid(format!("{slot_path}.exclusive"), "only allowed on node"));
@@ -606,12 +537,7 @@ impl Jobspec {
             let target = match child.kind.as_str() {
                 "core" => &mut cores,
                 "gpu" => &mut gpus,
-                other => {
-                    return Err(invalid(
-                        format!("{p}.type"),
-                        format!("must be core or gpu, got {other}"),
-                    ))
-                }
+                other => return Err(invalid(format!("{p}.type"), format!("must be core or gpu, got {other}"))),
             };
             if target.is_some() {
                 return Err(invalid(&p, format!("duplicate {} in slot", child.kind)));
@@ -622,26 +548,20 @@ impl Jobspec {
             return Err(invalid(format!("{slot_path}.with"), "slot must contain a core"));
         };
         let nslots = match nnodes {
-            Some(n) => n
-                .checked_mul(slots)
-                .ok_or_else(|| invalid("resources", "total slot count exceeds 4294967295"))?,
+            Some(n) => {
+                n.checked_mul(slots).ok_or_else(|| invalid("resources", "total slot count exceeds 4294967295"))?
+            }
             None => slots,
         };
 
         let [task] = self.tasks.as_slice() else {
-            return Err(invalid(
-                "tasks",
-                format!("must contain exactly one task, got {}", self.tasks.len()),
-            ));
+            return Err(invalid("tasks", format!("must contain exactly one task, got {}", self.tasks.len())));
         };
         if task.command.is_empty() {
             return Err(invalid("tasks[0].command", "must be a non-empty array of strings"));
         }
         if task.slot != label {
-            return Err(invalid(
-                "tasks[0].slot",
-                format!("must equal the slot label {label:?}, got {:?}", task.slot),
-            ));
+            return Err(invalid("tasks[0].slot", format!("must equal the slot label {label:?}, got {:?}", task.slot)));
         }
         let ntasks = match task.count {
             TaskCount::PerSlot(1) => nslots,
@@ -653,12 +573,7 @@ impl Jobspec {
 
         let sys = &self.attributes.system;
         let duration = match sys.duration {
-            None => {
-                return Err(invalid(
-                    "attributes.system.duration",
-                    "required (seconds, 0 = unlimited)",
-                ))
-            }
+            None => return Err(invalid("attributes.system.duration", "required (seconds, 0 = unlimited)")),
             Some(d) if !(d.is_finite() && d >= 0.0) => {
                 return Err(invalid("attributes.system.duration", "must be a number of seconds >= 0"))
             }
@@ -694,9 +609,7 @@ impl Jobspec {
 
     /// Encode as compact JSON.
     pub fn to_json(&self) -> String {
-        serde_json::to_value(self)
-            .map(|v| v.to_string())
-            .unwrap_or_default()
+        serde_json::to_value(self).map(|v| v.to_string()).unwrap_or_default()
     }
 
     /// Encode as YAML.
@@ -876,30 +789,20 @@ impl JobspecBuilder {
                     return err("-n must be >= -N");
                 }
                 let per_node = n.div_ceil(nodes);
-                (
-                    node(nodes, self.exclusive, slot(per_node)),
-                    TaskCount::Total(u64::from(n)),
-                )
+                (node(nodes, self.exclusive, slot(per_node)), TaskCount::Total(u64::from(n)))
             }
         };
         Ok(Jobspec {
             version: 1,
             resources: vec![resource],
-            tasks: vec![Task {
-                command: self.command,
-                slot: "task".into(),
-                count,
-                attributes: None,
-            }],
+            tasks: vec![Task { command: self.command, slot: "task".into(), count, attributes: None }],
             attributes: Attributes {
                 system: System {
                     duration: Some(duration),
                     cwd: self.cwd,
                     environment: self.environment,
-                    shell: (!self.shell_options.is_empty()).then(|| Shell {
-                        options: self.shell_options,
-                        other: Map::new(),
-                    }),
+                    shell: (!self.shell_options.is_empty())
+                        .then(|| Shell { options: self.shell_options, other: Map::new() }),
                     other: Map::new(),
                 },
                 user: Map::new(),
@@ -1032,10 +935,7 @@ attributes:
         assert_eq!(req.environment.get("LANG").map(String::as_str), Some("C"));
         assert_eq!(req.shell_options.get("verbose"), Some(&json!(1)));
         assert!(req.exclusive);
-        assert_eq!(
-            req.warnings,
-            vec!["attributes.system.mystery: unknown key, ignored".to_string()]
-        );
+        assert_eq!(req.warnings, vec!["attributes.system.mystery: unknown key, ignored".to_string()]);
         assert_eq!(js.attributes.user.get("study"), Some(&json!(42)));
         // Round trip via JSON and YAML keeps everything.
         assert_eq!(Jobspec::parse(&js.to_json()), Ok(js.clone()));
@@ -1074,46 +974,197 @@ attributes:
             (Box::new(|v| v["bogus"] = json!(1)), "bogus: unknown key"),
             (Box::new(|v| remove(v, "resources")), "resources: required list"),
             (Box::new(|v| v["resources"] = json!([])), "resources: must contain exactly one resource"),
-            (Box::new(|v| v["resources"][0]["type"] = json!("socket")), "resources[0].type: must be node or slot, got socket"),
+            (
+                Box::new(|v| v["resources"][0]["type"] = json!("socket")),
+                "resources[0].type: must be node or slot, got socket",
+            ),
             (Box::new(|v| v["resources"][0]["type"] = json!(3)), "resources[0].type: required non-empty string"),
             (Box::new(|v| v["resources"][0]["count"] = json!(0)), "resources[0].count: must be an integer >= 1"),
             (Box::new(|v| v["resources"][0]["count"] = json!(-1)), "resources[0].count: must be an integer >= 1"),
             (Box::new(|v| v["resources"][0]["count"] = json!(1.5)), "resources[0].count: must be an integer >= 1"),
-            (Box::new(|v| v["resources"][0]["count"] = json!(5_000_000_000u64)), "resources[0].count: must be at most 4294967295"),
+            (
+                Box::new(|v| v["resources"][0]["count"] = json!(5_000_000_000u64)),
+                "resources[0].count: must be at most 4294967295",
+            ),
             (Box::new(|v| remove(&mut v["resources"][0], "count")), "resources[0].count: required"),
             (Box::new(|v| v["resources"][0]["exclusive"] = json!("yes")), "resources[0].exclusive: must be a boolean"),
             (Box::new(|v| v["resources"][0]["label"] = json!("x")), "resources[0].label: only allowed on slot"),
             (Box::new(|v| v["resources"][0]["unit"] = json!("GB")), "resources[0].unit: unknown key"),
             (Box::new(|v| v["resources"][0]["with"] = json!({})), "resources[0].with: must be a list"),
-            (Box::new(|v| v["resources"][0]["with"] = json!([])), "resources[0].with: node must contain exactly one slot"),
-            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["type"] = json!("core") } }), "resources[0].with[0].type: must be slot, got core"),
-            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["count"] = json!(0) } }), "resources[0].with[0].count: must be an integer >= 1"),
-            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["count"] = json!({"min": 0}) } }), "resources[0].with[0].count.min: must be an integer >= 1"),
-            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["count"] = json!({"max": 2}) } }), "resources[0].with[0].count.min: required"),
-            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["count"] = json!({"min": 3, "max": 2}) } }), "resources[0].with[0].count.max: must be >= min"),
-            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["count"] = json!({"min": 3, "step": 2}) } }), "resources[0].with[0].count.step: unknown key"),
-            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["count"] = json!({"min": 3, "operator": "%"}) } }), "resources[0].with[0].count.operator: must be one of"),
-            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { remove(s, "label") } }), "resources[0].with[0].label: required non-empty string"),
-            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["label"] = json!(7) } }), "resources[0].with[0].label: must be a string"),
-            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["exclusive"] = json!(true) } }), "resources[0].with[0].exclusive: only allowed on node"),
-            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["with"] = json!([{"type": "gpu", "count": 1}]) } }), "resources[0].with[0].with: slot must contain a core"),
-            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["with"][1]["type"] = json!("core") } }), "resources[0].with[0].with[1]: duplicate core in slot"),
-            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["with"][1]["type"] = json!("memory") } }), "resources[0].with[0].with[1].type: must be core or gpu, got memory"),
-            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["with"][0]["count"] = json!(0) } }), "resources[0].with[0].with[0].count: must be an integer >= 1"),
-            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["with"][1]["count"] = json!("one") } }), "resources[0].with[0].with[1].count: must be an integer >= 1"),
-            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["with"][0]["with"] = json!([{"type": "pu", "count": 1}]) } }), "resources[0].with[0].with[0].with: core may not contain other resources"),
-            (Box::new(move |v| { if let Some(s) = v.pointer_mut(slot) { s["with"][0]["label"] = json!("c") } }), "resources[0].with[0].with[0].label: only allowed on slot"),
-            (Box::new(|v| v["resources"] = json!([{"type": "slot", "count": 1, "label": "task", "with": [{"type": "core", "count": 1}]}, {"type": "slot", "count": 1, "label": "b", "with": []}])), "resources: must contain exactly one resource (node or slot), got 2"),
+            (
+                Box::new(|v| v["resources"][0]["with"] = json!([])),
+                "resources[0].with: node must contain exactly one slot",
+            ),
+            (
+                Box::new(move |v| {
+                    if let Some(s) = v.pointer_mut(slot) {
+                        s["type"] = json!("core")
+                    }
+                }),
+                "resources[0].with[0].type: must be slot, got core",
+            ),
+            (
+                Box::new(move |v| {
+                    if let Some(s) = v.pointer_mut(slot) {
+                        s["count"] = json!(0)
+                    }
+                }),
+                "resources[0].with[0].count: must be an integer >= 1",
+            ),
+            (
+                Box::new(move |v| {
+                    if let Some(s) = v.pointer_mut(slot) {
+                        s["count"] = json!({"min": 0})
+                    }
+                }),
+                "resources[0].with[0].count.min: must be an integer >= 1",
+            ),
+            (
+                Box::new(move |v| {
+                    if let Some(s) = v.pointer_mut(slot) {
+                        s["count"] = json!({"max": 2})
+                    }
+                }),
+                "resources[0].with[0].count.min: required",
+            ),
+            (
+                Box::new(move |v| {
+                    if let Some(s) = v.pointer_mut(slot) {
+                        s["count"] = json!({"min": 3, "max": 2})
+                    }
+                }),
+                "resources[0].with[0].count.max: must be >= min",
+            ),
+            (
+                Box::new(move |v| {
+                    if let Some(s) = v.pointer_mut(slot) {
+                        s["count"] = json!({"min": 3, "step": 2})
+                    }
+                }),
+                "resources[0].with[0].count.step: unknown key",
+            ),
+            (
+                Box::new(move |v| {
+                    if let Some(s) = v.pointer_mut(slot) {
+                        s["count"] = json!({"min": 3, "operator": "%"})
+                    }
+                }),
+                "resources[0].with[0].count.operator: must be one of",
+            ),
+            (
+                Box::new(move |v| {
+                    if let Some(s) = v.pointer_mut(slot) {
+                        remove(s, "label")
+                    }
+                }),
+                "resources[0].with[0].label: required non-empty string",
+            ),
+            (
+                Box::new(move |v| {
+                    if let Some(s) = v.pointer_mut(slot) {
+                        s["label"] = json!(7)
+                    }
+                }),
+                "resources[0].with[0].label: must be a string",
+            ),
+            (
+                Box::new(move |v| {
+                    if let Some(s) = v.pointer_mut(slot) {
+                        s["exclusive"] = json!(true)
+                    }
+                }),
+                "resources[0].with[0].exclusive: only allowed on node",
+            ),
+            (
+                Box::new(move |v| {
+                    if let Some(s) = v.pointer_mut(slot) {
+                        s["with"] = json!([{"type": "gpu", "count": 1}])
+                    }
+                }),
+                "resources[0].with[0].with: slot must contain a core",
+            ),
+            (
+                Box::new(move |v| {
+                    if let Some(s) = v.pointer_mut(slot) {
+                        s["with"][1]["type"] = json!("core")
+                    }
+                }),
+                "resources[0].with[0].with[1]: duplicate core in slot",
+            ),
+            (
+                Box::new(move |v| {
+                    if let Some(s) = v.pointer_mut(slot) {
+                        s["with"][1]["type"] = json!("memory")
+                    }
+                }),
+                "resources[0].with[0].with[1].type: must be core or gpu, got memory",
+            ),
+            (
+                Box::new(move |v| {
+                    if let Some(s) = v.pointer_mut(slot) {
+                        s["with"][0]["count"] = json!(0)
+                    }
+                }),
+                "resources[0].with[0].with[0].count: must be an integer >= 1",
+            ),
+            (
+                Box::new(move |v| {
+                    if let Some(s) = v.pointer_mut(slot) {
+                        s["with"][1]["count"] = json!("one")
+                    }
+                }),
+                "resources[0].with[0].with[1].count: must be an integer >= 1",
+            ),
+            (
+                Box::new(move |v| {
+                    if let Some(s) = v.pointer_mut(slot) {
+                        s["with"][0]["with"] = json!([{"type": "pu", "count": 1}])
+                    }
+                }),
+                "resources[0].with[0].with[0].with: core may not contain other resources",
+            ),
+            (
+                Box::new(move |v| {
+                    if let Some(s) = v.pointer_mut(slot) {
+                        s["with"][0]["label"] = json!("c")
+                    }
+                }),
+                "resources[0].with[0].with[0].label: only allowed on slot",
+            ),
+            (
+                Box::new(
+                    |v| v["resources"] = json!([{"type": "slot", "count": 1, "label": "task", "with": [{"type": "core", "count": 1}]}, {"type": "slot", "count": 1, "label": "b", "with": []}]),
+                ),
+                "resources: must contain exactly one resource (node or slot), got 2",
+            ),
             (Box::new(|v| remove(v, "tasks")), "tasks: required list"),
             (Box::new(|v| v["tasks"] = json!([])), "tasks: must contain exactly one task, got 0"),
-            (Box::new(|v| v["tasks"][0]["command"] = json!([])), "tasks[0].command: must be a non-empty array of strings"),
-            (Box::new(|v| v["tasks"][0]["command"] = json!("hostname")), "tasks[0].command: must be a non-empty array of strings"),
-            (Box::new(|v| v["tasks"][0]["command"] = json!(["a", 1])), "tasks[0].command: must be a non-empty array of strings"),
-            (Box::new(|v| v["tasks"][0]["slot"] = json!("other")), "tasks[0].slot: must equal the slot label \"task\", got \"other\""),
+            (
+                Box::new(|v| v["tasks"][0]["command"] = json!([])),
+                "tasks[0].command: must be a non-empty array of strings",
+            ),
+            (
+                Box::new(|v| v["tasks"][0]["command"] = json!("hostname")),
+                "tasks[0].command: must be a non-empty array of strings",
+            ),
+            (
+                Box::new(|v| v["tasks"][0]["command"] = json!(["a", 1])),
+                "tasks[0].command: must be a non-empty array of strings",
+            ),
+            (
+                Box::new(|v| v["tasks"][0]["slot"] = json!("other")),
+                "tasks[0].slot: must equal the slot label \"task\", got \"other\"",
+            ),
             (Box::new(|v| remove(&mut v["tasks"][0], "slot")), "tasks[0].slot: required string"),
             (Box::new(|v| v["tasks"][0]["count"] = json!({"per_slot": 2})), "tasks[0].count.per_slot: must be 1"),
-            (Box::new(|v| v["tasks"][0]["count"] = json!({"total": 0})), "tasks[0].count.total: must be an integer >= 1"),
-            (Box::new(|v| v["tasks"][0]["count"] = json!({"total": 1, "per_slot": 1})), "tasks[0].count: must have exactly one of per_slot or total"),
+            (
+                Box::new(|v| v["tasks"][0]["count"] = json!({"total": 0})),
+                "tasks[0].count.total: must be an integer >= 1",
+            ),
+            (
+                Box::new(|v| v["tasks"][0]["count"] = json!({"total": 1, "per_slot": 1})),
+                "tasks[0].count: must have exactly one of per_slot or total",
+            ),
             (Box::new(|v| v["tasks"][0]["count"] = json!({"each": 1})), "tasks[0].count.each: unknown key"),
             (Box::new(|v| v["tasks"][0]["count"] = json!(1)), "tasks[0].count: must be a mapping"),
             (Box::new(|v| v["tasks"][0]["where"] = json!(1)), "tasks[0].where: unknown key"),
@@ -1123,12 +1174,27 @@ attributes:
             (Box::new(|v| v["attributes"]["system"] = json!(1)), "attributes.system: must be a mapping"),
             (Box::new(|v| remove(&mut v["attributes"]["system"], "duration")), "attributes.system.duration: required"),
             (Box::new(|v| remove(v, "attributes")), "attributes.system.duration: required"),
-            (Box::new(|v| v["attributes"]["system"]["duration"] = json!(-1)), "attributes.system.duration: must be a number of seconds >= 0"),
-            (Box::new(|v| v["attributes"]["system"]["duration"] = json!("1h")), "attributes.system.duration: must be a number of seconds >= 0"),
+            (
+                Box::new(|v| v["attributes"]["system"]["duration"] = json!(-1)),
+                "attributes.system.duration: must be a number of seconds >= 0",
+            ),
+            (
+                Box::new(|v| v["attributes"]["system"]["duration"] = json!("1h")),
+                "attributes.system.duration: must be a number of seconds >= 0",
+            ),
             (Box::new(|v| v["attributes"]["system"]["cwd"] = json!(1)), "attributes.system.cwd: must be a string"),
-            (Box::new(|v| v["attributes"]["system"]["environment"]["X"] = json!(1)), "attributes.system.environment.X: must be a string"),
-            (Box::new(|v| v["attributes"]["system"]["environment"] = json!([])), "attributes.system.environment: must be a mapping"),
-            (Box::new(|v| v["attributes"]["system"]["shell"]["options"] = json!(1)), "attributes.system.shell.options: must be a mapping"),
+            (
+                Box::new(|v| v["attributes"]["system"]["environment"]["X"] = json!(1)),
+                "attributes.system.environment.X: must be a string",
+            ),
+            (
+                Box::new(|v| v["attributes"]["system"]["environment"] = json!([])),
+                "attributes.system.environment: must be a mapping",
+            ),
+            (
+                Box::new(|v| v["attributes"]["system"]["shell"]["options"] = json!(1)),
+                "attributes.system.shell.options: must be a mapping",
+            ),
         ];
         for (edit, want) in cases {
             let got = error_after(edit);
@@ -1140,10 +1206,7 @@ attributes:
     fn syntax_and_root_errors() {
         assert!(matches!(Jobspec::parse("{"), Err(JobspecError::Syntax(_))));
         assert!(matches!(Jobspec::parse("a: [1"), Err(JobspecError::Syntax(_))));
-        assert_eq!(
-            Jobspec::parse("").map_err(|e| e.to_string()),
-            Err("(root): jobspec must be a mapping".to_string())
-        );
+        assert_eq!(Jobspec::parse("").map_err(|e| e.to_string()), Err("(root): jobspec must be a mapping".to_string()));
         assert_eq!(
             Jobspec::parse("- 1\n- 2").map_err(|e| e.to_string()),
             Err("(root): jobspec must be a mapping".to_string())
@@ -1182,10 +1245,7 @@ attributes:
             .build()
             .expect("build");
         let req = js.validate().expect("valid");
-        assert_eq!(
-            (req.nnodes, req.nslots, req.ntasks, req.cores_per_slot, req.gpus_per_slot),
-            (None, 4, 4, 2, 1)
-        );
+        assert_eq!((req.nnodes, req.nslots, req.ntasks, req.cores_per_slot, req.gpus_per_slot), (None, 4, 4, 2, 1));
         assert_eq!(req.duration, Some(60.0));
         assert_eq!(req.cwd.as_deref(), Some("/tmp"));
         assert_eq!(req.environment.get("A").map(String::as_str), Some("b"));

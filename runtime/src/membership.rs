@@ -141,7 +141,12 @@ impl Membership {
     /// Feed one observation about `rank` at time `now` (seconds).
     pub fn signal(&mut self, now: f64, rank: u32, s: Signal) -> Vec<Transition> {
         if s == Signal::Connected {
-            let p = self.peers.entry(rank).or_insert(Peer { state: PeerState::Offline, last_traffic: now, unacked_since: None, reason: String::new() });
+            let p = self.peers.entry(rank).or_insert(Peer {
+                state: PeerState::Offline,
+                last_traffic: now,
+                unacked_since: None,
+                reason: String::new(),
+            });
             p.last_traffic = now;
             p.unacked_since = None;
             return self.set(rank, PeerState::Online, "connected".into()).into_iter().collect();
@@ -190,12 +195,16 @@ impl Membership {
             PeerState::Online | PeerState::Torpid => {
                 if let Some(since) = p.unacked_since {
                     if now >= since + cfg.lost_timeout - 1e-9 {
-                        let why = format!("node not responding: no TCP acknowledgement for {:.0} ms", (now - since) * 1e3);
+                        let why =
+                            format!("node not responding: no TCP acknowledgement for {:.0} ms", (now - since) * 1e3);
                         return self.set(rank, PeerState::Lost, why).into_iter().collect();
                     }
                 }
                 if p.state == PeerState::Online && now >= p.last_traffic + cfg.torpid_max - 1e-9 {
-                    let why = format!("broker silent for {:.0} ms (its node still acknowledges)", (now - p.last_traffic) * 1e3);
+                    let why = format!(
+                        "broker silent for {:.0} ms (its node still acknowledges)",
+                        (now - p.last_traffic) * 1e3
+                    );
                     return self.set(rank, PeerState::Torpid, why).into_iter().collect();
                 }
                 vec![]
@@ -298,10 +307,16 @@ mod tests {
         // Our broker was starved for 2 s (sent nothing, so nothing was ACKed), then sends a heartbeat and samples
         // at once: the data is outstanding for microseconds, but the last ACK is 2 s old. Not lost.
         let mut m = m();
-        assert!(m.signal(2.0, 1, Signal::KernelAck { unacked: 1, last_ack_age: 2.0 }).iter().all(|t| t.to != PeerState::Lost));
+        assert!(m
+            .signal(2.0, 1, Signal::KernelAck { unacked: 1, last_ack_age: 2.0 })
+            .iter()
+            .all(|t| t.to != PeerState::Lost));
         assert!(m.tick(2.01).iter().all(|t| t.to != PeerState::Lost));
         // ACKed by the next sample.
-        assert!(m.signal(2.05, 1, Signal::KernelAck { unacked: 0, last_ack_age: 0.04 }).iter().all(|t| t.to != PeerState::Lost));
+        assert!(m
+            .signal(2.05, 1, Signal::KernelAck { unacked: 0, last_ack_age: 0.04 })
+            .iter()
+            .all(|t| t.to != PeerState::Lost));
         assert!(m.tick(2.5).iter().all(|t| t.to != PeerState::Lost));
     }
 

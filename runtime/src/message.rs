@@ -281,7 +281,18 @@ impl Message {
         let route = (0..nroute).map(|i| u(HEADER_LEN + 4 * i)).collect();
         let t0 = HEADER_LEN + 4 * nroute;
         let topic = std::str::from_utf8(&body[t0..t0 + topic_len]).map_err(|_| DecodeError::BadTopic)?.to_string();
-        Ok(Message { msgtype, flags, topic, matchtag, nodeid, userid, errnum, seq, route, payload: body[need..].to_vec() })
+        Ok(Message {
+            msgtype,
+            flags,
+            topic,
+            matchtag,
+            nodeid,
+            userid,
+            errnum,
+            seq,
+            route,
+            payload: body[need..].to_vec(),
+        })
     }
 
     /// Decode one complete frame (length prefix included); the length must match exactly.

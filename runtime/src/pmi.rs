@@ -175,7 +175,9 @@ impl Client {
     fn check(&self, r: &Line) -> Result<(), ClientError> {
         match r.get("rc") {
             Some("0") | None => Ok(()),
-            Some(rc) => Err(ClientError::Protocol(format!("{} failed with rc={rc} {}", r.cmd, r.get("msg").unwrap_or("")))),
+            Some(rc) => {
+                Err(ClientError::Protocol(format!("{} failed with rc={rc} {}", r.cmd, r.get("msg").unwrap_or(""))))
+            }
         }
     }
 

@@ -72,10 +72,7 @@ pub enum RError {
 }
 
 fn invalid(path: impl Into<String>, message: impl Into<String>) -> RError {
-    RError::Invalid {
-        path: path.into(),
-        message: message.into(),
-    }
+    RError::Invalid { path: path.into(), message: message.into() }
 }
 
 /// An RFC 20 R version 1 document.
@@ -203,11 +200,7 @@ fn parse_entry(v: &Value, i: usize, budget: &mut u64) -> Result<RLiteEntry, RErr
     };
     check_keys(obj, &["rank", "children"], &path)?;
     let rank_path = format!("{path}.rank");
-    let rank = get_idset(
-        obj.get("rank").ok_or_else(|| invalid(&rank_path, "required"))?,
-        &rank_path,
-        budget,
-    )?;
+    let rank = get_idset(obj.get("rank").ok_or_else(|| invalid(&rank_path, "required"))?, &rank_path, budget)?;
     if rank.is_empty() {
         return Err(invalid(rank_path, "must be a non-empty idset"));
     }
@@ -217,26 +210,16 @@ fn parse_entry(v: &Value, i: usize, budget: &mut u64) -> Result<RLiteEntry, RErr
     };
     for key in children.keys() {
         if key != "core" && key != "gpu" {
-            return Err(invalid(
-                format!("{cpath}.{key}"),
-                "unsupported resource type (expected core or gpu)",
-            ));
+            return Err(invalid(format!("{cpath}.{key}"), "unsupported resource type (expected core or gpu)"));
         }
     }
     let core_path = format!("{cpath}.core");
-    let core = get_idset(
-        children.get("core").ok_or_else(|| invalid(&core_path, "required"))?,
-        &core_path,
-        budget,
-    )?;
+    let core = get_idset(children.get("core").ok_or_else(|| invalid(&core_path, "required"))?, &core_path, budget)?;
     let gpu = match children.get("gpu") {
         None => None,
         Some(g) => Some(get_idset(g, &format!("{cpath}.gpu"), budget)?).filter(|s| !s.is_empty()),
     };
-    Ok(RLiteEntry {
-        rank,
-        children: Children { core, gpu },
-    })
+    Ok(RLiteEntry { rank, children: Children { core, gpu } })
 }
 
 /// Concatenated expansion of nodelist hostlists; errors name the element.
@@ -290,20 +273,13 @@ impl Rv1 {
         let Some(Value::Object(exec)) = root.get("execution") else {
             return Err(invalid("execution", "required object"));
         };
-        check_keys(
-            exec,
-            &["R_lite", "nodelist", "properties", "starttime", "expiration"],
-            "execution",
-        )?;
+        check_keys(exec, &["R_lite", "nodelist", "properties", "starttime", "expiration"], "execution")?;
         let Some(Value::Array(entries)) = exec.get("R_lite") else {
             return Err(invalid("execution.R_lite", "required array"));
         };
         let mut budget = 0u64;
-        let r_lite = entries
-            .iter()
-            .enumerate()
-            .map(|(i, e)| parse_entry(e, i, &mut budget))
-            .collect::<Result<Vec<_>, _>>()?;
+        let r_lite =
+            entries.iter().enumerate().map(|(i, e)| parse_entry(e, i, &mut budget)).collect::<Result<Vec<_>, _>>()?;
         let mut all = IdSet::new();
         for (i, entry) in r_lite.iter().enumerate() {
             for r in entry.rank.iter() {
@@ -363,9 +339,7 @@ impl Rv1 {
 
     /// Encode as compact RFC 20 JSON.
     pub fn to_json(&self) -> String {
-        serde_json::to_value(self)
-            .map(|v| v.to_string())
-            .unwrap_or_default()
+        serde_json::to_value(self).map(|v| v.to_string()).unwrap_or_default()
     }
 
     /// Build R from per-rank resources.
@@ -383,20 +357,14 @@ impl Rv1 {
         let mut r_lite: Vec<RLiteEntry> = Vec::new();
         let mut index: HashMap<Children, usize> = HashMap::new();
         for r in &sorted {
-            let children = Children {
-                core: r.cores.clone(),
-                gpu: Some(r.gpus.clone()).filter(|g| !g.is_empty()),
-            };
+            let children = Children { core: r.cores.clone(), gpu: Some(r.gpus.clone()).filter(|g| !g.is_empty()) };
             match index.get(&children) {
                 Some(&i) => {
                     r_lite[i].rank.insert(r.rank);
                 }
                 None => {
                     index.insert(children.clone(), r_lite.len());
-                    r_lite.push(RLiteEntry {
-                        rank: IdSet::from_iter([r.rank]),
-                        children,
-                    });
+                    r_lite.push(RLiteEntry { rank: IdSet::from_iter([r.rank]), children });
                 }
             }
         }
@@ -407,13 +375,7 @@ impl Rv1 {
         };
         Rv1 {
             version: 1,
-            execution: Execution {
-                r_lite,
-                nodelist,
-                properties: BTreeMap::new(),
-                starttime,
-                expiration,
-            },
+            execution: Execution { r_lite, nodelist, properties: BTreeMap::new(), starttime, expiration },
             scheduling: None,
             attributes: None,
         }
@@ -440,22 +402,15 @@ impl Rv1 {
         if total > MAX_EXPANDED_IDS {
             return Err(RError::TooLarge);
         }
-        let mut pairs: Vec<(u32, &Children)> = self
-            .execution
-            .r_lite
-            .iter()
-            .flat_map(|e| e.rank.iter().map(move |r| (r, &e.children)))
-            .collect();
+        let mut pairs: Vec<(u32, &Children)> =
+            self.execution.r_lite.iter().flat_map(|e| e.rank.iter().map(move |r| (r, &e.children))).collect();
         pairs.sort_by_key(|p| p.0);
         if let Some(w) = pairs.windows(2).find(|w| w[0].0 == w[1].0) {
             return Err(RError::DuplicateRank(w[0].0));
         }
         let hosts = expand_nodelist(&self.execution.nodelist)?;
         if !hosts.is_empty() && hosts.len() != pairs.len() {
-            return Err(RError::NodelistMismatch {
-                nhosts: hosts.len(),
-                nranks: pairs.len(),
-            });
+            return Err(RError::NodelistMismatch { nhosts: hosts.len(), nranks: pairs.len() });
         }
         Ok(pairs
             .into_iter()
@@ -496,12 +451,7 @@ impl Rv1 {
         let kept = ranks.intersection(keep);
         let nodelist = match self.hosts_by_rank() {
             Some(hosts) if !kept.is_empty() => {
-                let hl: Hostlist = ranks
-                    .iter()
-                    .zip(hosts)
-                    .filter(|(r, _)| kept.contains(*r))
-                    .map(|(_, h)| h)
-                    .collect();
+                let hl: Hostlist = ranks.iter().zip(hosts).filter(|(r, _)| kept.contains(*r)).map(|(_, h)| h).collect();
                 vec![hl.to_string()]
             }
             _ => Vec::new(),
@@ -512,10 +462,7 @@ impl Rv1 {
             .iter()
             .filter_map(|e| {
                 let rank = e.rank.intersection(keep);
-                (!rank.is_empty()).then(|| RLiteEntry {
-                    rank,
-                    children: e.children.clone(),
-                })
+                (!rank.is_empty()).then(|| RLiteEntry { rank, children: e.children.clone() })
             })
             .collect();
         let properties = self
@@ -557,11 +504,7 @@ impl Rv1 {
 
     /// Total number of cores (sum over entries of ranks x cores per rank).
     pub fn ncores(&self) -> u64 {
-        self.execution
-            .r_lite
-            .iter()
-            .map(|e| e.rank.len() as u64 * e.children.core.len() as u64)
-            .sum()
+        self.execution.r_lite.iter().map(|e| e.rank.len() as u64 * e.children.core.len() as u64).sum()
     }
 
     /// Total number of GPUs (sum over entries of ranks x GPUs per rank).
@@ -603,12 +546,7 @@ mod tests {
     }
 
     fn rr(rank: u32, host: &str, cores: &str, gpus: &str) -> RankResources {
-        RankResources {
-            rank,
-            hostname: host.into(),
-            cores: ids(cores),
-            gpus: ids(gpus),
-        }
+        RankResources { rank, hostname: host.into(), cores: ids(cores), gpus: ids(gpus) }
     }
 
     #[test]
@@ -696,28 +634,73 @@ mod tests {
         type Edit = Box<dyn Fn(&mut Value)>;
         let cases: Vec<(Edit, &str)> = vec![
             (Box::new(|v| v["version"] = json!(2)), "version: must be 1, got 2"),
-            (Box::new(|v| { v.as_object_mut().map(|o| o.remove("version")); }), "version: required"),
+            (
+                Box::new(|v| {
+                    v.as_object_mut().map(|o| o.remove("version"));
+                }),
+                "version: required",
+            ),
             (Box::new(|v| v["bogus"] = json!(1)), "bogus: unknown key"),
             (Box::new(|v| v["execution"] = json!([])), "execution: required object"),
             (Box::new(|v| v["execution"]["R_lite"] = json!({})), "execution.R_lite: required array"),
             (Box::new(|v| v["execution"]["extra"] = json!(1)), "execution.extra: unknown key"),
-            (Box::new(|v| v["execution"]["R_lite"][0]["rank"] = json!(0)), "execution.R_lite[0].rank: must be an idset string"),
-            (Box::new(|v| v["execution"]["R_lite"][0]["rank"] = json!("")), "execution.R_lite[0].rank: must be a non-empty idset"),
-            (Box::new(|v| v["execution"]["R_lite"][0]["rank"] = json!("3-0")), "execution.R_lite[0].rank: invalid idset"),
-            (Box::new(|v| v["execution"]["R_lite"][0]["children"]["core"] = json!("01")), "execution.R_lite[0].children.core: invalid idset"),
-            (Box::new(|v| v["execution"]["R_lite"][0]["children"]["gpu"] = json!(["0"])), "execution.R_lite[0].children.gpu: must be an idset string"),
-            (Box::new(|v| v["execution"]["R_lite"][0]["children"]["fpga"] = json!("0")), "execution.R_lite[0].children.fpga: unsupported resource type"),
-            (Box::new(|v| { v["execution"]["R_lite"][0]["children"].as_object_mut().map(|o| o.remove("core")); }), "execution.R_lite[0].children.core: required"),
-            (Box::new(|v| { v["execution"]["R_lite"][0].as_object_mut().map(|o| o.remove("children")); }), "execution.R_lite[0].children: required object"),
+            (
+                Box::new(|v| v["execution"]["R_lite"][0]["rank"] = json!(0)),
+                "execution.R_lite[0].rank: must be an idset string",
+            ),
+            (
+                Box::new(|v| v["execution"]["R_lite"][0]["rank"] = json!("")),
+                "execution.R_lite[0].rank: must be a non-empty idset",
+            ),
+            (
+                Box::new(|v| v["execution"]["R_lite"][0]["rank"] = json!("3-0")),
+                "execution.R_lite[0].rank: invalid idset",
+            ),
+            (
+                Box::new(|v| v["execution"]["R_lite"][0]["children"]["core"] = json!("01")),
+                "execution.R_lite[0].children.core: invalid idset",
+            ),
+            (
+                Box::new(|v| v["execution"]["R_lite"][0]["children"]["gpu"] = json!(["0"])),
+                "execution.R_lite[0].children.gpu: must be an idset string",
+            ),
+            (
+                Box::new(|v| v["execution"]["R_lite"][0]["children"]["fpga"] = json!("0")),
+                "execution.R_lite[0].children.fpga: unsupported resource type",
+            ),
+            (
+                Box::new(|v| {
+                    v["execution"]["R_lite"][0]["children"].as_object_mut().map(|o| o.remove("core"));
+                }),
+                "execution.R_lite[0].children.core: required",
+            ),
+            (
+                Box::new(|v| {
+                    v["execution"]["R_lite"][0].as_object_mut().map(|o| o.remove("children"));
+                }),
+                "execution.R_lite[0].children: required object",
+            ),
             (Box::new(|v| v["execution"]["R_lite"][0]["x"] = json!(1)), "execution.R_lite[0].x: unknown key"),
-            (Box::new(|v| v["execution"]["R_lite"] = json!([{"rank":"0-3","children":{"core":"0"}},{"rank":"3","children":{"core":"0"}}])), "execution.R_lite[1].rank: rank 3 appears in an earlier entry"),
-            (Box::new(|v| v["execution"]["nodelist"] = json!(["node[0-2]"])), "execution.nodelist: 3 hosts for 4 ranks"),
+            (
+                Box::new(|v| {
+                    v["execution"]["R_lite"] =
+                        json!([{"rank":"0-3","children":{"core":"0"}},{"rank":"3","children":{"core":"0"}}])
+                }),
+                "execution.R_lite[1].rank: rank 3 appears in an earlier entry",
+            ),
+            (
+                Box::new(|v| v["execution"]["nodelist"] = json!(["node[0-2]"])),
+                "execution.nodelist: 3 hosts for 4 ranks",
+            ),
             (Box::new(|v| v["execution"]["nodelist"] = json!(["node[0-"])), "execution.nodelist[0]: invalid hostlist"),
             (Box::new(|v| v["execution"]["nodelist"] = json!([1])), "execution.nodelist[0]: must be a hostlist string"),
             (Box::new(|v| v["execution"]["nodelist"] = json!("node[0-3]")), "execution.nodelist: must be an array"),
             (Box::new(|v| v["execution"]["starttime"] = json!(-1)), "execution.starttime: must be a number >= 0"),
             (Box::new(|v| v["execution"]["expiration"] = json!("x")), "execution.expiration: must be a number >= 0"),
-            (Box::new(|v| v["execution"]["properties"] = json!({"foo": "7"})), "execution.properties.foo: names ranks not present"),
+            (
+                Box::new(|v| v["execution"]["properties"] = json!({"foo": "7"})),
+                "execution.properties.foo: names ranks not present",
+            ),
             (Box::new(|v| v["execution"]["properties"] = json!([])), "execution.properties: must be an object"),
         ];
         for (mutate, want) in cases {
@@ -727,10 +710,7 @@ mod tests {
             assert!(err.starts_with(want), "want {want:?}, got {err:?}");
         }
         assert!(matches!(Rv1::parse("{"), Err(RError::Json(_))));
-        assert_eq!(
-            Rv1::parse("[]").map_err(|e| e.to_string()),
-            Err("(root): R must be a JSON object".to_string())
-        );
+        assert_eq!(Rv1::parse("[]").map_err(|e| e.to_string()), Err("(root): R must be a JSON object".to_string()));
     }
 
     #[test]

@@ -128,7 +128,13 @@ impl OutputLine {
         use base64::Engine as _;
         match std::str::from_utf8(bytes) {
             Ok(t) => OutputLine { rank, stream: stream.into(), data: t.into(), enc: None, eol },
-            Err(_) => OutputLine { rank, stream: stream.into(), data: base64::engine::general_purpose::STANDARD.encode(bytes), enc: Some("base64".into()), eol },
+            Err(_) => OutputLine {
+                rank,
+                stream: stream.into(),
+                data: base64::engine::general_purpose::STANDARD.encode(bytes),
+                enc: Some("base64".into()),
+                eol,
+            },
         }
     }
 
@@ -141,7 +147,9 @@ impl OutputLine {
     pub fn bytes(&self) -> Vec<u8> {
         use base64::Engine as _;
         let mut b = match self.enc.as_deref() {
-            Some("base64") => base64::engine::general_purpose::STANDARD.decode(&self.data).unwrap_or_else(|_| self.data.as_bytes().to_vec()),
+            Some("base64") => base64::engine::general_purpose::STANDARD
+                .decode(&self.data)
+                .unwrap_or_else(|_| self.data.as_bytes().to_vec()),
             _ => self.data.as_bytes().to_vec(),
         };
         if self.eol {
@@ -171,7 +179,9 @@ pub fn describe_status(status: i32) -> String {
         format!("exited with exit code {}", (status >> 8) & 0xff)
     } else {
         let sig = status & 0x7f;
-        let name = nix::sys::signal::Signal::try_from(sig).map(|s| s.as_str().to_string()).unwrap_or_else(|_| format!("signal {sig}"));
+        let name = nix::sys::signal::Signal::try_from(sig)
+            .map(|s| s.as_str().to_string())
+            .unwrap_or_else(|_| format!("signal {sig}"));
         format!("killed by {name}")
     }
 }

@@ -45,7 +45,10 @@ fn claim_name() -> String {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
     for attempt in 0..1000u64 {
         let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
-        let mut x = nanos ^ ((std::process::id() as u64) << 32) ^ ((COUNTER.fetch_add(1, Ordering::Relaxed) as u64) << 48) ^ attempt;
+        let mut x = nanos
+            ^ ((std::process::id() as u64) << 32)
+            ^ ((COUNTER.fetch_add(1, Ordering::Relaxed) as u64) << 48)
+            ^ attempt;
         x ^= x >> 33;
         x = x.wrapping_mul(0xff51afd7ed558ccd);
         x ^= x >> 29;
@@ -70,18 +73,27 @@ fn vigil_at(dir: &Path, uri: &str, args: &[&str], timeout: Duration) -> Output {
 
 /// The entry of `rank` in `vigil overlay status --json` or `vigil resource status --json`.
 fn rank_entry(v: &Value, rank: u32) -> Value {
-    v["ranks"].as_array().and_then(|a| a.iter().find(|r| r["rank"].as_u64() == Some(rank as u64))).cloned().unwrap_or(Value::Null)
+    v["ranks"]
+        .as_array()
+        .and_then(|a| a.iter().find(|r| r["rank"].as_u64() == Some(rank as u64)))
+        .cloned()
+        .unwrap_or(Value::Null)
 }
 
 /// Parse JSON lines (eventlogs).
 fn json_lines(s: &str) -> Vec<Value> {
-    s.lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad eventlog line {l:?}: {e}"))).collect()
+    s.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad eventlog line {l:?}: {e}")))
+        .collect()
 }
 
 /// An idset string containing `rank` (plain forms only: "2", "1-3", "0,2").
 fn idset_has(s: &str, rank: u32) -> bool {
     s.split(',').any(|part| match part.split_once('-') {
-        Some((a, b)) => matches!((a.trim().parse::<u32>(), b.trim().parse::<u32>()), (Ok(a), Ok(b)) if a <= rank && rank <= b),
+        Some((a, b)) => {
+            matches!((a.trim().parse::<u32>(), b.trim().parse::<u32>()), (Ok(a), Ok(b)) if a <= rank && rank <= b)
+        }
         None => part.trim().parse::<u32>() == Ok(rank),
     })
 }
@@ -167,7 +179,11 @@ impl Cluster {
             if s == state {
                 return (since.elapsed().as_secs_f64(), reason);
             }
-            assert!(since.elapsed() < VERDICT, "[{}] rank {rank} not {state} within {VERDICT:?}: {s} ({reason})", self.name);
+            assert!(
+                since.elapsed() < VERDICT,
+                "[{}] rank {rank} not {state} within {VERDICT:?}: {s} ({reason})",
+                self.name
+            );
             std::thread::sleep(every);
         }
     }
@@ -224,7 +240,11 @@ impl Cluster {
 
     fn broker_pid(&self, k: u32) -> i32 {
         let p = format!("/tmp/vigil-netns-{}/node{k}/broker.pid", self.name);
-        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}")).trim().parse().unwrap_or_else(|e| panic!("{p}: {e}"))
+        std::fs::read_to_string(&p)
+            .unwrap_or_else(|e| panic!("{p}: {e}"))
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{p}: {e}"))
     }
 
     /// Processes of node `k` (pid, command line).
@@ -235,7 +255,11 @@ impl Cluster {
             .filter_map(|p| p.parse::<i32>().ok())
             .filter_map(|pid| {
                 let cl = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-                let cl = cl.split(|b| *b == 0).map(|p| String::from_utf8_lossy(p).into_owned()).collect::<Vec<_>>().join(" ");
+                let cl = cl
+                    .split(|b| *b == 0)
+                    .map(|p| String::from_utf8_lossy(p).into_owned())
+                    .collect::<Vec<_>>()
+                    .join(" ");
                 Some((pid, cl.trim().to_string()))
             })
             .collect()
@@ -253,9 +277,16 @@ impl Drop for Cluster {
         if std::thread::panicking() {
             // The brokers' logs explain most failures: print them before they are removed.
             for k in 0.. {
-                let Ok(log) = std::fs::read_to_string(format!("/tmp/vigil-netns-{}/node{k}/broker.log", self.name)) else { break };
+                let Ok(log) = std::fs::read_to_string(format!("/tmp/vigil-netns-{}/node{k}/broker.log", self.name))
+                else {
+                    break;
+                };
                 let lines: Vec<&str> = log.lines().collect();
-                eprintln!("[{}] --- node{k}/broker.log (last 30 lines) ---\n{}", self.name, lines[lines.len().saturating_sub(30)..].join("\n"));
+                eprintln!(
+                    "[{}] --- node{k}/broker.log (last 30 lines) ---\n{}",
+                    self.name,
+                    lines[lines.len().saturating_sub(30)..].join("\n")
+                );
             }
         }
         let o = self.script(&["down", &self.name]);
@@ -279,7 +310,11 @@ fn broker_kill_is_lost() {
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0, "kill -9 {pid}");
     let (took, reason) = c.wait_overlay_state(2, "lost", since, Duration::from_millis(10));
     let ev = c.resource_event_time("offline", 2).map(|t| ms(t - t0)).unwrap_or_else(|| "none".into());
-    eprintln!("[{}] kill -9 broker -> lost: seen by polling after {}, offline event after {ev}; reason: {reason}", c.name, ms(took));
+    eprintln!(
+        "[{}] kill -9 broker -> lost: seen by polling after {}, offline event after {ev}; reason: {reason}",
+        c.name,
+        ms(took)
+    );
     assert!(reason.to_lowercase().contains("connection"), "reason should mention the connection: {reason:?}");
 
     let rs = c.json(&["resource", "status", "--json"]);
@@ -301,8 +336,15 @@ fn silent_node_loss_is_lost() {
     let t0 = c.kill_node(2);
     let (took, reason) = c.wait_overlay_state(2, "lost", since, Duration::from_millis(10));
     let ev = c.resource_event_time("offline", 2).map(|t| ms(t - t0)).unwrap_or_else(|| "none".into());
-    eprintln!("[{}] silent node loss -> lost: seen by polling after {}, offline event after {ev}; reason: {reason}", c.name, ms(took));
-    assert!(reason.contains("TCP acknowledgement"), "reason should mention the missing TCP acknowledgement: {reason:?}");
+    eprintln!(
+        "[{}] silent node loss -> lost: seen by polling after {}, offline event after {ev}; reason: {reason}",
+        c.name,
+        ms(took)
+    );
+    assert!(
+        reason.contains("TCP acknowledgement"),
+        "reason should mention the missing TCP acknowledgement: {reason:?}"
+    );
     let rs = c.json(&["resource", "status", "--json"]);
     assert_eq!(rank_entry(&rs, 2)["state"], "lost", "{rs}");
     c.vigil(&["run", "-N2", "true"]).ok();
@@ -337,12 +379,22 @@ fn stalled_broker_is_torpid_never_lost() {
         assert_eq!(rank_entry(&rs, 2)["state"], "torpid", "{rs}");
         let text = c.vigil(&["resource", "status"]);
         text.ok();
-        assert!(text.stdout.lines().any(|l| l.trim_start().starts_with("torpid") && l.contains("node2")), "{}", text.dump());
+        assert!(
+            text.stdout.lines().any(|l| l.trim_start().starts_with("torpid") && l.contains("node2")),
+            "{}",
+            text.dump()
+        );
 
         // The survivors still run work, and nothing new goes to the torpid rank.
         c.vigil(&["run", "-N2", "true"]).ok();
         let jobs = c.json(&["jobs", "-a", "--json"]);
-        let n2 = jobs["jobs"].as_array().unwrap().iter().find(|j| j["nnodes"] == 2).cloned().unwrap_or_else(|| panic!("{jobs}"));
+        let n2 = jobs["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["nnodes"] == 2)
+            .cloned()
+            .unwrap_or_else(|| panic!("{jobs}"));
         assert_eq!(n2["ranks"], "0-1", "the -N2 job used the torpid rank: {n2}");
         // Strict FCFS (docs/architecture.md): a blocked -N3 at the head of the queue would hold back the -N2,
         // so the -N3 is submitted after the -N2 ran.
@@ -373,12 +425,20 @@ fn stalled_broker_is_torpid_never_lost() {
     assert_eq!(c.job(&id3)["ranks"], "0-2");
 
     let log = c.resource_eventlog();
-    let for2 = |name: &str| log.iter().position(|e| e["name"] == name && idset_has(e["context"]["idset"].as_str().unwrap_or(""), 2));
-    let (torpid, lively) = (for2("torpid").expect("torpid event for rank 2"), for2("lively").expect("lively event for rank 2"));
+    let for2 = |name: &str| {
+        log.iter().position(|e| e["name"] == name && idset_has(e["context"]["idset"].as_str().unwrap_or(""), 2))
+    };
+    let (torpid, lively) =
+        (for2("torpid").expect("torpid event for rank 2"), for2("lively").expect("lively event for rank 2"));
     assert!(torpid < lively, "torpid must precede lively: {log:?}");
     assert!(for2("offline").is_none(), "rank 2 went offline: {log:?}");
     let ts = |i: usize| log[i]["timestamp"].as_f64().unwrap_or(0.0);
-    eprintln!("[{}] eventlog: stall -> torpid event {}, cont -> lively event {}", c.name, ms(ts(torpid) - t_stall), ms(ts(lively) - t_cont));
+    eprintln!(
+        "[{}] eventlog: stall -> torpid event {}, cont -> lively event {}",
+        c.name,
+        ms(ts(torpid) - t_stall),
+        ms(ts(lively) - t_cont)
+    );
 }
 
 // ------------------------------------------------------------------------------------------- exec rules
@@ -400,7 +460,12 @@ fn ordinary_job_loses_a_node() {
     assert_ne!(w.code, 0, "job wait after losing a critical node:\n{}", w.dump());
     let j = c.job(&id);
     assert_eq!(j["state"], "INACTIVE", "{j}");
-    eprintln!("[{}] job inactive {} after the kill (job wait exit {})", c.name, ms(j["t_inactive"].as_f64().unwrap_or(0.0) - t0), w.code);
+    eprintln!(
+        "[{}] job inactive {} after the kill (job wait exit {})",
+        c.name,
+        ms(j["t_inactive"].as_f64().unwrap_or(0.0) - t0),
+        w.code
+    );
 
     let log = c.job_eventlog(&id);
     let ex = exceptions(&log);
@@ -409,10 +474,19 @@ fn ordinary_job_loses_a_node() {
     assert_eq!(ctx["type"], "exec", "{log:?}");
     assert_eq!(ctx["severity"], 0, "{log:?}");
     assert!(ctx["note"].as_str().unwrap_or("").contains("node3"), "{log:?}");
-    eprintln!("[{}] exec exception {} after the kill: {}", c.name, ms(ex[0]["timestamp"].as_f64().unwrap_or(0.0) - t0), ctx["note"]);
+    eprintln!(
+        "[{}] exec exception {} after the kill: {}",
+        c.name,
+        ms(ex[0]["timestamp"].as_f64().unwrap_or(0.0) - t0),
+        ctx["note"]
+    );
 
     let clean = || (0..3).all(|k| !has_sleep(k));
-    assert!(wait_for(Duration::from_secs(5), clean), "tasks left on the survivors: {:?}", (0..3).map(|k| c.node_leftovers(k)).collect::<Vec<_>>());
+    assert!(
+        wait_for(Duration::from_secs(5), clean),
+        "tasks left on the survivors: {:?}",
+        (0..3).map(|k| c.node_leftovers(k)).collect::<Vec<_>>()
+    );
     for k in 0..3 {
         assert!(c.node_leftovers(k).is_empty(), "node{k} still runs: {:?}", c.node_leftovers(k));
     }
@@ -431,7 +505,9 @@ fn checkpoints(root: &Path) -> BTreeMap<u32, (String, u32)> {
         for f in files.flatten() {
             let fname = f.file_name().to_string_lossy().into_owned();
             let Some(rank) = fname.strip_prefix("ckpt.").and_then(|r| r.parse::<u32>().ok()) else { continue };
-            let Some(step) = std::fs::read_to_string(f.path()).ok().and_then(|s| s.trim().parse::<u32>().ok()) else { continue };
+            let Some(step) = std::fs::read_to_string(f.path()).ok().and_then(|s| s.trim().parse::<u32>().ok()) else {
+                continue;
+            };
             let e = m.entry(rank).or_insert((nname.clone(), step));
             if step > e.1 {
                 *e = (nname.clone(), step);
@@ -481,7 +557,11 @@ fn start_ckpt(min_step: u32) -> Ckpt {
         "the 4 app ranks did not reach step {min_step}: {m:?}\n{}",
         std::fs::read_to_string(work.join(format!("vigil-{id}.out"))).unwrap_or_default()
     );
-    eprintln!("[{}] batch job {id}: all ranks at step >= {min_step} after {:.2}s: {m:?}", c.name, since.elapsed().as_secs_f64());
+    eprintln!(
+        "[{}] batch job {id}: all ranks at step >= {min_step} after {:.2}s: {m:?}",
+        c.name,
+        since.elapsed().as_secs_f64()
+    );
     // Application rank r runs on child rank r = node r+1; the spare is node5.
     for r in 0..4 {
         assert_eq!(m[&r].0, format!("node{}", r + 1), "unexpected placement: {m:?}");
@@ -528,13 +608,16 @@ fn n_plus_one_checkpoint_restart() {
     let t_exc = ex[0]["timestamp"].as_f64().unwrap_or(0.0);
 
     // The batch script: launch 1 fails after the kill, the lost checkpoint is rebuilt on the spare, launch 2 resumes.
-    let (t_end1, l1) = stamped(&out, "launch 1 ended with exit code").unwrap_or_else(|| panic!("launch 1 did not end:\n{ctx}"));
+    let (t_end1, l1) =
+        stamped(&out, "launch 1 ended with exit code").unwrap_or_else(|| panic!("launch 1 did not end:\n{ctx}"));
     let rc1: i32 = l1.rsplit(' ').next().and_then(|s| s.parse().ok()).unwrap_or(0);
     assert_ne!(rc1, 0, "launch 1 should fail:\n{ctx}");
     assert!(t_end1 > t_kill, "launch 1 ended before the kill:\n{ctx}");
-    let (t_rebuilt, rebuilt) = stamped(&out, "rebuilt checkpoint of rank 3").unwrap_or_else(|| panic!("no rebuild of rank 3:\n{ctx}"));
+    let (t_rebuilt, rebuilt) =
+        stamped(&out, "rebuilt checkpoint of rank 3").unwrap_or_else(|| panic!("no rebuild of rank 3:\n{ctx}"));
     assert!(rebuilt.contains("on spare node5"), "{rebuilt}\n{ctx}");
-    let rebuilt_step: u32 = rebuilt.split("(step ").nth(1).and_then(|s| s.split(')').next()).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let rebuilt_step: u32 =
+        rebuilt.split("(step ").nth(1).and_then(|s| s.split(')').next()).and_then(|s| s.parse().ok()).unwrap_or(0);
     assert!(rebuilt_step >= 3, "rebuilt from an old partner copy:\n{ctx}");
     assert_eq!(out.matches("rebuilt checkpoint").count(), 1, "only rank 3 should be rebuilt:\n{ctx}");
     let launch2 = out.find("launch 2:").unwrap_or_else(|| panic!("no launch 2:\n{ctx}"));
@@ -569,7 +652,8 @@ fn n_plus_one_checkpoint_restart() {
     );
     // The final checkpoints: rank 3 finished on the spare, the others where they started.
     let m = checkpoints(&k.root);
-    let want: BTreeMap<u32, (String, u32)> = (0..4).map(|r| (r, (format!("node{}", if r == 3 { 5 } else { r + 1 }), STEPS))).collect();
+    let want: BTreeMap<u32, (String, u32)> =
+        (0..4).map(|r| (r, (format!("node{}", if r == 3 { 5 } else { r + 1 }), STEPS))).collect();
     assert_eq!(m, want, "final checkpoints:\n{ctx}");
 }
 
@@ -640,7 +724,12 @@ exit $rc
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let o = c.vigil_in(&work, &[("GATE", gate.to_str().unwrap())], &["batch", "-N4", script.to_str().unwrap()], CMD_TIMEOUT);
+    let o = c.vigil_in(
+        &work,
+        &[("GATE", gate.to_str().unwrap())],
+        &["batch", "-N4", script.to_str().unwrap()],
+        CMD_TIMEOUT,
+    );
     o.ok();
     let id = o.stdout.trim().to_string();
     let out_path = work.join(format!("vigil-{id}.out"));
@@ -651,7 +740,8 @@ exit $rc
     );
 
     let info = c.json(&["job", "info", &id]);
-    let child_uri = info["info"]["instance"]["uri"].as_str().unwrap_or_else(|| panic!("no child uri: {info}")).to_string();
+    let child_uri =
+        info["info"]["instance"]["uri"].as_str().unwrap_or_else(|| panic!("no child uri: {info}")).to_string();
     let t_kill = c.kill_node(4);
     // Wait until both the parent and the child know (child rank 3 is on node4).
     assert!(
@@ -670,7 +760,11 @@ exit $rc
     let w = c.vigil_in(c.path(), &[], &["job", "wait", &id], JOB_END);
     let out = std::fs::read_to_string(&out_path).unwrap_or_default();
     let log = c.job_eventlog(&id);
-    let ctx = format!("{}\n--- out ---\n{out}\n--- eventlog ---\n{}", w.dump(), log.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n"));
+    let ctx = format!(
+        "{}\n--- out ---\n{out}\n--- eventlog ---\n{}",
+        w.dump(),
+        log.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")
+    );
     assert_eq!((w.timed_out, w.code), (false, 0), "{ctx}");
     assert!(out.contains("inner run exit code 0"), "{ctx}");
     let hosts: BTreeSet<&str> = out.lines().filter_map(|l| l.strip_prefix("host: ")).map(str::trim).collect();
@@ -681,7 +775,8 @@ exit $rc
         .find_map(|l| l.strip_prefix("status-json: "))
         .and_then(|s| serde_json::from_str(s).ok())
         .unwrap_or_else(|| panic!("no child resource status:\n{ctx}"));
-    let states: Vec<&str> = status["ranks"].as_array().unwrap().iter().map(|r| r["state"].as_str().unwrap_or("")).collect();
+    let states: Vec<&str> =
+        status["ranks"].as_array().unwrap().iter().map(|r| r["state"].as_str().unwrap_or("")).collect();
     assert_eq!(states.iter().filter(|s| **s == "lost").count(), 1, "{status}\n{ctx}");
     assert_eq!(rank_entry(&status, 3)["hostname"], "node4", "{status}");
     assert_eq!(rank_entry(&status, 3)["state"], "lost", "{status}");

@@ -1,7 +1,7 @@
 //! Tests against the live machine: loading, binding round trips.
 
-use vigil::hwloc::*;
 use std::collections::BTreeSet;
+use vigil::hwloc::*;
 
 #[test]
 fn live_topology_loads() {
@@ -32,10 +32,7 @@ fn live_topology_loads() {
     let cpus: BTreeSet<u32> = p[0].cpus.clone().unwrap().into_iter().collect();
     assert_eq!(cpus.len() as u32, r.pus);
     for c in current_affinity().unwrap() {
-        assert!(
-            cpus.contains(&c),
-            "allowed cpu {c} not in topology {cpus:?}"
-        );
+        assert!(cpus.contains(&c), "allowed cpu {c} not in topology {cpus:?}");
     }
 }
 
@@ -78,11 +75,7 @@ fn bind_rejects_bad_cpus() {
             let e = bind_current_process(&[1023]).unwrap_err();
             assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
         }
-        assert_eq!(
-            current_affinity().unwrap(),
-            before,
-            "failed binds must not change affinity"
-        );
+        assert_eq!(current_affinity().unwrap(), before, "failed binds must not change affinity");
     })
     .join()
     .unwrap();
@@ -106,8 +99,7 @@ fn cpumask_apply_in_forked_child() {
             // SAFETY: zeroed cpu_set_t is valid; syscalls on our own stack data.
             unsafe {
                 let mut set: libc::cpu_set_t = std::mem::zeroed();
-                if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0
-                {
+                if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
                     3
                 } else if libc::CPU_COUNT(&set) == 1 && libc::CPU_ISSET(cpu as usize, &set) {
                     0
@@ -125,11 +117,7 @@ fn cpumask_apply_in_forked_child() {
     assert_eq!(rc, pid);
     assert!(libc::WIFEXITED(status), "child did not exit normally");
     assert_eq!(libc::WEXITSTATUS(status), 0, "child binding check failed");
-    assert_eq!(
-        current_affinity().unwrap(),
-        before,
-        "parent affinity changed"
-    );
+    assert_eq!(current_affinity().unwrap(), before, "parent affinity changed");
 }
 
 /// The intended production use: `pre_exec(move || mask.apply())`.

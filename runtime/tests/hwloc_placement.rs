@@ -2,8 +2,8 @@
 
 use hwlocality::object::types::ObjectType;
 use hwlocality::topology::export::xml::XMLExportFlags;
-use vigil::hwloc::*;
 use std::collections::BTreeSet;
+use vigil::hwloc::*;
 
 const ELCAP: &str = "pack:4 numa:1 core:24 pu:2";
 const SMALL: &str = "pack:2 numa:2 core:4 pu:1";
@@ -163,42 +163,20 @@ fn gpu_per_task_split() {
     r.gpus = vec![0, 1, 2, 3];
     r.gpus_per_task = 1;
     let g: Vec<_> = t.place(&r).unwrap().into_iter().map(|x| x.gpus).collect();
-    assert_eq!(
-        g,
-        vec![Some(vec![0]), Some(vec![1]), Some(vec![2]), Some(vec![3])]
-    );
+    assert_eq!(g, vec![Some(vec![0]), Some(vec![1]), Some(vec![2]), Some(vec![3])]);
 
     r.gpus_per_task = 2;
     let g: Vec<_> = t.place(&r).unwrap().into_iter().map(|x| x.gpus).collect();
-    assert_eq!(
-        g,
-        vec![
-            Some(vec![0, 1]),
-            Some(vec![2, 3]),
-            Some(vec![]),
-            Some(vec![])
-        ]
-    );
+    assert_eq!(g, vec![Some(vec![0, 1]), Some(vec![2, 3]), Some(vec![]), Some(vec![])]);
 
     // g == 0: even split, first tasks get the remainder
     r.gpus_per_task = 0;
     r.gpus = vec![6, 7];
     let g: Vec<_> = t.place(&r).unwrap().into_iter().map(|x| x.gpus).collect();
-    assert_eq!(
-        g,
-        vec![Some(vec![6]), Some(vec![7]), Some(vec![]), Some(vec![])]
-    );
+    assert_eq!(g, vec![Some(vec![6]), Some(vec![7]), Some(vec![]), Some(vec![])]);
     r.gpus = (0..10).collect();
-    let g: Vec<_> = t
-        .place(&r)
-        .unwrap()
-        .into_iter()
-        .map(|x| x.gpus.unwrap())
-        .collect();
-    assert_eq!(
-        g,
-        vec![vec![0, 1, 2], vec![3, 4, 5], vec![6, 7], vec![8, 9]]
-    );
+    let g: Vec<_> = t.place(&r).unwrap().into_iter().map(|x| x.gpus.unwrap()).collect();
+    assert_eq!(g, vec![vec![0, 1, 2], vec![3, 4, 5], vec![6, 7], vec![8, 9]]);
 
     r.gpu_affinity = GpuAffinity::On;
     r.gpus = vec![1, 3];
@@ -218,9 +196,7 @@ fn oversubscription_round_robin() {
     assert_eq!(cores, vec![vec![0, 1], vec![2, 3], vec![0, 1]]);
     // more cores per task than allocated: everyone gets everything
     let p = t.place(&req(vec![8, 9], 2, 5)).unwrap();
-    assert!(p
-        .iter()
-        .all(|x| x.cores == vec![8, 9] && x.cpus == Some(vec![8, 9])));
+    assert!(p.iter().all(|x| x.cores == vec![8, 9] && x.cpus == Some(vec![8, 9])));
     // cores_per_task == 0 is treated as 1
     let p = t.place(&req(vec![0, 1, 2, 3], 2, 0)).unwrap();
     assert_eq!(p[0].cores, vec![0, 1]);
@@ -231,33 +207,15 @@ fn oversubscription_round_robin() {
 fn bad_requests_are_errors() {
     let t = synth(ELCAP);
     let e = t.place(&req(vec![0, 200], 1, 1)).unwrap_err();
-    assert_eq!(
-        e,
-        TopoError::UnknownCore {
-            index: 200,
-            available: 96
-        }
-    );
+    assert_eq!(e, TopoError::UnknownCore { index: 200, available: 96 });
     assert!(e.to_string().contains("200"), "{e}");
     // checked even with affinity off
     let mut r = req(vec![96], 1, 1);
     r.cpu_affinity = CpuAffinity::Off;
-    assert!(matches!(
-        t.place(&r),
-        Err(TopoError::UnknownCore { index: 96, .. })
-    ));
-    assert_eq!(
-        t.place(&req(vec![3, 1, 3], 1, 1)).unwrap_err(),
-        TopoError::DuplicateCore(3)
-    );
-    assert_eq!(
-        t.place(&req(vec![], 2, 1)).unwrap_err(),
-        TopoError::NoCores { ntasks: 2 }
-    );
-    assert!(matches!(
-        t.place(&req(vec![0], u32::MAX, 1)),
-        Err(TopoError::TooManyTasks { .. })
-    ));
+    assert!(matches!(t.place(&r), Err(TopoError::UnknownCore { index: 96, .. })));
+    assert_eq!(t.place(&req(vec![3, 1, 3], 1, 1)).unwrap_err(), TopoError::DuplicateCore(3));
+    assert_eq!(t.place(&req(vec![], 2, 1)).unwrap_err(), TopoError::NoCores { ntasks: 2 });
+    assert!(matches!(t.place(&req(vec![0], u32::MAX, 1)), Err(TopoError::TooManyTasks { .. })));
     assert_eq!(t.place(&req(vec![], 0, 1)).unwrap(), vec![]);
 }
 
@@ -287,17 +245,12 @@ fn tmpfile(name: &str) -> std::path::PathBuf {
 fn xml_roundtrip() {
     let s = synth(ELCAP);
     let path = tmpfile("elcap.xml");
-    s.topology()
-        .export_xml_file(Some(&path), XMLExportFlags::empty())
-        .unwrap();
+    s.topology().export_xml_file(Some(&path), XMLExportFlags::empty()).unwrap();
     let x = NodeTopology::load(&TopologySource::XmlFile(path.clone())).unwrap();
     assert!(!x.is_live());
     let (rs, rx) = (s.resources(None), x.resources(None));
     assert_eq!(rx.source, format!("xml:{}", path.display()));
-    assert_eq!(
-        (rx.cores, rx.pus, rx.numa, rx.packages),
-        (rs.cores, rs.pus, rs.numa, rs.packages)
-    );
+    assert_eq!((rx.cores, rx.pus, rx.numa, rx.packages), (rs.cores, rs.pus, rs.numa, rs.packages));
     let r = req((0..96).collect(), 8, 12);
     assert_eq!(x.place(&r).unwrap(), s.place(&r).unwrap());
     std::fs::remove_file(&path).ok();
@@ -308,15 +261,9 @@ fn xml_roundtrip() {
 #[test]
 fn xml_gpu_discovery() {
     let s = synth(SMALL);
-    let xml = s
-        .topology()
-        .export_xml(XMLExportFlags::empty())
-        .unwrap()
-        .as_str()
-        .to_string();
-    let mut io = String::from(
-        r#"<object type="Bridge" gp_index="9000" bridge_type="0-1" depth="0" bridge_pci="0000:[00-02]">"#,
-    );
+    let xml = s.topology().export_xml(XMLExportFlags::empty()).unwrap().as_str().to_string();
+    let mut io =
+        String::from(r#"<object type="Bridge" gp_index="9000" bridge_type="0-1" depth="0" bridge_pci="0000:[00-02]">"#);
     for i in 0..2u32 {
         let g = 9100 + i * 10;
         io.push_str(&format!(
@@ -350,11 +297,7 @@ fn parse_hwloc_bitmap(s: &str) -> Vec<u32> {
     let mut out = Vec::new();
     for (w, word) in s.trim().split(',').rev().enumerate() {
         let word = word.trim_start_matches("0x");
-        let v = if word.is_empty() {
-            0
-        } else {
-            u32::from_str_radix(word, 16).unwrap()
-        };
+        let v = if word.is_empty() { 0 } else { u32::from_str_radix(word, 16).unwrap() };
         for b in 0..32 {
             if v & (1 << b) != 0 {
                 out.push(w as u32 * 32 + b);
@@ -379,16 +322,9 @@ fn matches_hwloc_distrib_if_installed() {
                 return;
             }
         };
-        let theirs: Vec<Vec<u32>> = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(parse_hwloc_bitmap)
-            .collect();
-        let ours: Vec<Vec<u32>> = t
-            .place(&req((0..96).collect(), n, 1))
-            .unwrap()
-            .into_iter()
-            .map(|p| p.cpus.unwrap())
-            .collect();
+        let theirs: Vec<Vec<u32>> = String::from_utf8_lossy(&out.stdout).lines().map(parse_hwloc_bitmap).collect();
+        let ours: Vec<Vec<u32>> =
+            t.place(&req((0..96).collect(), n, 1)).unwrap().into_iter().map(|p| p.cpus.unwrap()).collect();
         assert_eq!(ours, theirs, "ntasks={n}");
     }
 }
@@ -414,8 +350,7 @@ fn unequal_smt_exact_fit_falls_back_to_count_split() {
     }
     topo.edit(|ed| ed.restrict(&keep, RestrictFlags::empty()).unwrap());
     let path = tmpfile("unequal.xml");
-    topo.export_xml_file(Some(&path), XMLExportFlags::empty())
-        .unwrap();
+    topo.export_xml_file(Some(&path), XMLExportFlags::empty()).unwrap();
     let x = NodeTopology::load(&TopologySource::XmlFile(path.clone())).unwrap();
     assert_eq!((x.resources(None).cores, x.resources(None).pus), (4, 6));
     let p = x.place(&req(vec![0, 1, 2, 3], 2, 2)).unwrap();

@@ -1,8 +1,8 @@
 //! Property tests: placement never panics and keeps its invariants.
 
-use vigil::hwloc::*;
 use proptest::prelude::*;
 use std::collections::BTreeSet;
+use vigil::hwloc::*;
 
 const SMALL: &str = "pack:2 numa:2 core:4 pu:1"; // 16 cores, 4 NUMA (core/4)
 const ELCAP: &str = "pack:4 numa:1 core:24 pu:2"; // 96 cores, core k -> PUs 2k,2k+1
@@ -12,25 +12,13 @@ fn load(desc: &str) -> NodeTopology {
 }
 
 fn cpu_mode() -> impl Strategy<Value = CpuAffinity> {
-    prop_oneof![
-        Just(CpuAffinity::Off),
-        Just(CpuAffinity::On),
-        Just(CpuAffinity::PerTask)
-    ]
+    prop_oneof![Just(CpuAffinity::Off), Just(CpuAffinity::On), Just(CpuAffinity::PerTask)]
 }
 fn gpu_mode() -> impl Strategy<Value = GpuAffinity> {
-    prop_oneof![
-        Just(GpuAffinity::Off),
-        Just(GpuAffinity::On),
-        Just(GpuAffinity::PerTask)
-    ]
+    prop_oneof![Just(GpuAffinity::Off), Just(GpuAffinity::On), Just(GpuAffinity::PerTask)]
 }
 
-fn request(
-    max_core: u32,
-    max_cores: usize,
-    max_tasks: u32,
-) -> impl Strategy<Value = PlacementRequest> {
+fn request(max_core: u32, max_cores: usize, max_tasks: u32) -> impl Strategy<Value = PlacementRequest> {
     (
         prop::collection::vec(0..max_core, 0..max_cores),
         prop::collection::vec(0u32..8, 0..6),
@@ -61,13 +49,7 @@ fn check(
 ) -> Result<(), TestCaseError> {
     // Predict errors.
     if let Some(&bad) = req.cores.iter().find(|&&c| c >= ncores) {
-        prop_assert_eq!(
-            res,
-            Err(TopoError::UnknownCore {
-                index: bad,
-                available: ncores
-            })
-        );
+        prop_assert_eq!(res, Err(TopoError::UnknownCore { index: bad, available: ncores }));
         return Ok(());
     }
     let alloc: BTreeSet<u32> = req.cores.iter().copied().collect();
@@ -146,11 +128,8 @@ fn check(
     }
     if req.gpu_affinity == GpuAffinity::PerTask {
         let all: Vec<u32> = p.iter().flat_map(|t| t.gpus.clone().unwrap()).collect();
-        let expect_len = if req.gpus_per_task == 0 {
-            req.gpus.len()
-        } else {
-            req.gpus.len().min(n * req.gpus_per_task as usize)
-        };
+        let expect_len =
+            if req.gpus_per_task == 0 { req.gpus.len() } else { req.gpus.len().min(n * req.gpus_per_task as usize) };
         prop_assert_eq!(&all[..], &req.gpus[..expect_len]);
     }
     Ok(())

@@ -45,7 +45,8 @@ wait
     let mut orders = Vec::new();
     for r in 0..7 {
         let text = std::fs::read_to_string(out.join(format!("sub-{r}.txt"))).expect("subscriber output");
-        let events: Vec<serde_json::Value> = text.lines().filter(|l| l.contains("\"topic\"")).map(|l| serde_json::from_str(l).expect("json")).collect();
+        let events: Vec<serde_json::Value> =
+            text.lines().filter(|l| l.contains("\"topic\"")).map(|l| serde_json::from_str(l).expect("json")).collect();
         assert_eq!(events.len(), 3, "rank {r}: {text}");
         let is: Vec<i64> = events.iter().map(|e| e["payload"]["i"].as_i64().unwrap_or(-1)).collect();
         assert_eq!(is, vec![1, 2, 3], "rank {r} sees the events in publication order");

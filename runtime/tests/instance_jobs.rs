@@ -39,7 +39,15 @@ fn stdout_and_stderr_are_routed_and_labelled() {
     assert!(!o.stderr.contains("OUT-"), "stdout leaked to stderr:\n{}", o.dump());
 
     // -l: "RANK: line" on both streams.
-    let o = inst.vigil(&["run", "-N2", "-n3", "-l", "sh", "-c", "echo OUT-$VIGIL_TASK_RANK; echo ERR-$VIGIL_TASK_RANK >&2"]);
+    let o = inst.vigil(&[
+        "run",
+        "-N2",
+        "-n3",
+        "-l",
+        "sh",
+        "-c",
+        "echo OUT-$VIGIL_TASK_RANK; echo ERR-$VIGIL_TASK_RANK >&2",
+    ]);
     o.ok();
     let mut out = o.lines();
     out.sort_unstable();
@@ -53,7 +61,13 @@ fn stdout_and_stderr_are_routed_and_labelled() {
 fn task_environment() {
     let inst = Instance::start(2, &[]);
     let o = inst.vigil(&[
-        "run", "-N2", "-n3", "--env", "EXTRA=hello", "sh", "-c",
+        "run",
+        "-N2",
+        "-n3",
+        "--env",
+        "EXTRA=hello",
+        "sh",
+        "-c",
         "echo $VIGIL_TASK_RANK $VIGIL_TASK_LOCAL_RANK $VIGIL_JOB_SIZE $VIGIL_JOB_NNODES $VIGIL_BROKER_RANK $EXTRA",
     ]);
     o.ok();
@@ -102,7 +116,10 @@ fn cancel_kills_the_job_and_records_it() {
     let marker = format!("100.{}", unique_token());
     let id = inst.submit(&["sleep", &marker]);
     assert!(inst.wait_state(&id, "RUN", Duration::from_secs(10)), "job never ran: {}", inst.job(&id));
-    assert!(wait_for(Duration::from_secs(10), || !processes_with_argv(&["sleep", &marker]).is_empty()), "task never started");
+    assert!(
+        wait_for(Duration::from_secs(10), || !processes_with_argv(&["sleep", &marker]).is_empty()),
+        "task never started"
+    );
     inst.vigil(&["cancel", &id]).ok();
     let w = inst.vigil(&["job", "wait", &id]);
     assert!(!w.timed_out && w.code != 0, "job wait should fail for a canceled job:\n{}", w.dump());
@@ -116,7 +133,10 @@ fn cancel_kills_the_job_and_records_it() {
     assert_eq!(exc.len(), 1, "{}", ev.dump());
     assert!(exc[0].contains("type=cancel") && exc[0].contains("severity=0"), "{}", ev.dump());
     assert!(ev.stdout.lines().last().unwrap_or("").contains(" clean"), "eventlog must end with clean:\n{}", ev.dump());
-    assert!(wait_for(Duration::from_secs(3), || processes_with_argv(&["sleep", &marker]).is_empty()), "sleep {marker} still running after cancel");
+    assert!(
+        wait_for(Duration::from_secs(3), || processes_with_argv(&["sleep", &marker]).is_empty()),
+        "sleep {marker} still running after cancel"
+    );
     // Canceling again is an error naming the state.
     let again = inst.vigil(&["cancel", &id]);
     assert_eq!(again.code, 1, "{}", again.dump());
@@ -201,7 +221,8 @@ fn exit_timeout_kills_stragglers() {
     let o = inst.vigil(&["run", "-n2", "sh", "-c", "[ $VIGIL_TASK_RANK = 0 ] || sleep 2"]);
     o.code_is(0);
     // exit-timeout=none: never.
-    inst.vigil(&["run", "-n2", "-o", "exit-timeout=none", "sh", "-c", "[ $VIGIL_TASK_RANK = 0 ] || sleep 1.5"]).code_is(0);
+    inst.vigil(&["run", "-n2", "-o", "exit-timeout=none", "sh", "-c", "[ $VIGIL_TASK_RANK = 0 ] || sleep 1.5"])
+        .code_is(0);
 }
 
 const YAML_SPEC: &str = "version: 1
@@ -309,7 +330,10 @@ fn ctrl_c_on_run_cancels_the_job() {
     let inst = Instance::start(2, &[]);
     let marker = format!("100.{}", unique_token());
     let r = inst.vigil_spawn(&["run", "sleep", &marker]);
-    assert!(wait_for(Duration::from_secs(10), || !processes_with_argv(&["sleep", &marker]).is_empty()), "task never started");
+    assert!(
+        wait_for(Duration::from_secs(10), || !processes_with_argv(&["sleep", &marker]).is_empty()),
+        "task never started"
+    );
     // SAFETY: kill(2) of the child we spawned (not yet reaped).
     unsafe {
         libc::kill(r.pid() as i32, libc::SIGINT);

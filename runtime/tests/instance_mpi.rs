@@ -89,7 +89,8 @@ fn mpi_hello_on_four_brokers() {
     o.ok();
     let mut seen: BTreeMap<u32, u32> = BTreeMap::new();
     for (task, line) in labelled(&o) {
-        let rest = line.strip_prefix("hello from rank ").unwrap_or_else(|| panic!("unexpected line {line:?}:\n{}", o.dump()));
+        let rest =
+            line.strip_prefix("hello from rank ").unwrap_or_else(|| panic!("unexpected line {line:?}:\n{}", o.dump()));
         let mut w = rest.split_whitespace();
         let rank: u32 = w.next().and_then(|r| r.parse().ok()).unwrap_or_else(|| panic!("{line:?}"));
         assert_eq!((w.next(), w.next()), (Some("of"), Some("8")), "wrong size in {line:?}:\n{}", o.dump());
@@ -143,7 +144,11 @@ fn mpi_ring_passes_ranks_to_the_right() {
     for l in o.lines() {
         // "rank R: received G from rank L OK"
         let w: Vec<&str> = l.split_whitespace().collect();
-        assert!(w.len() == 8 && w[0] == "rank" && w[2] == "received" && w[7] == "OK", "unexpected line {l:?}:\n{}", o.dump());
+        assert!(
+            w.len() == 8 && w[0] == "rank" && w[2] == "received" && w[7] == "OK",
+            "unexpected line {l:?}:\n{}",
+            o.dump()
+        );
         let r: u32 = w[1].trim_end_matches(':').parse().unwrap();
         let g: u32 = w[3].parse().unwrap();
         assert!(got.insert(r, g).is_none(), "rank {r} twice:\n{}", o.dump());
@@ -165,7 +170,11 @@ fn mpi_abort_ends_the_job_with_its_exit_code() {
     let exc: Vec<&str> = o.stderr.lines().filter(|l| l.contains("exception")).collect();
     assert_eq!(exc.len(), 1, "exactly one exception expected:\n{}", o.dump());
     assert!(exc[0].contains("MPI_Abort"), "the exception names MPI_Abort:\n{}", o.dump());
-    assert!(wait_for(Duration::from_secs(5), || running_binary(&prog).is_empty()), "tasks left running: {:?}", running_binary(&prog));
+    assert!(
+        wait_for(Duration::from_secs(5), || running_binary(&prog).is_empty()),
+        "tasks left running: {:?}",
+        running_binary(&prog)
+    );
     let id = newest_job(&inst);
     let info = job_info(&inst, &id);
     assert_eq!(info["info"]["exit_code"].as_i64(), Some(7), "{info}");
@@ -199,7 +208,16 @@ fn pmi_off_runs_mpi_as_singletons() {
     let lines = o.lines();
     assert_eq!(lines.len(), 4, "{}", o.dump());
     assert!(lines.iter().all(|l| l.starts_with("hello from rank 0 of 1 ")), "every task is a singleton:\n{}", o.dump());
-    let o = inst.vigil(&["run", "-N2", "-n2", "-o", "pmi=off", "sh", "-c", "echo ${PMI_FD-unset} ${PMI_RANK-unset} ${PMI_SIZE-unset}"]);
+    let o = inst.vigil(&[
+        "run",
+        "-N2",
+        "-n2",
+        "-o",
+        "pmi=off",
+        "sh",
+        "-c",
+        "echo ${PMI_FD-unset} ${PMI_RANK-unset} ${PMI_SIZE-unset}",
+    ]);
     o.ok();
     assert_eq!(o.lines(), vec!["unset unset unset"; 2], "{}", o.dump());
     // And without the option they are set.
@@ -353,20 +371,35 @@ fn steps(o: &Output) -> BTreeMap<(u32, String), BTreeMap<String, String>> {
     let mut m = BTreeMap::new();
     for l in o.stdout.lines() {
         let mut w = l.splitn(4, ' ');
-        let (Some(r), Some("STEP"), Some(name), Some(reply)) = (w.next(), w.next(), w.next(), w.next()) else { continue };
-        let kv: BTreeMap<String, String> = reply.split(' ').filter_map(|t| t.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let (Some(r), Some("STEP"), Some(name), Some(reply)) = (w.next(), w.next(), w.next(), w.next()) else {
+            continue;
+        };
+        let kv: BTreeMap<String, String> =
+            reply.split(' ').filter_map(|t| t.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
         m.insert((r.parse().unwrap_or(u32::MAX), name.to_string()), kv);
     }
     m
 }
 
 #[track_caller]
-fn step<'a>(s: &'a BTreeMap<(u32, String), BTreeMap<String, String>>, rank: u32, name: &str, o: &Output) -> &'a BTreeMap<String, String> {
-    s.get(&(rank, name.to_string())).unwrap_or_else(|| panic!("task {rank} has no reply for step {name}:\n{}", o.dump()))
+fn step<'a>(
+    s: &'a BTreeMap<(u32, String), BTreeMap<String, String>>,
+    rank: u32,
+    name: &str,
+    o: &Output,
+) -> &'a BTreeMap<String, String> {
+    s.get(&(rank, name.to_string()))
+        .unwrap_or_else(|| panic!("task {rank} has no reply for step {name}:\n{}", o.dump()))
 }
 
 #[track_caller]
-fn expect(s: &BTreeMap<(u32, String), BTreeMap<String, String>>, rank: u32, name: &str, want: &[(&str, &str)], o: &Output) {
+fn expect(
+    s: &BTreeMap<(u32, String), BTreeMap<String, String>>,
+    rank: u32,
+    name: &str,
+    want: &[(&str, &str)],
+    o: &Output,
+) {
     let got = step(s, rank, name, o);
     for (k, v) in want {
         assert_eq!(got.get(*k).map(String::as_str), Some(*v), "task {rank} step {name}: {k} in {got:?}:\n{}", o.dump());
@@ -380,8 +413,20 @@ fn pmi_every_command_over_two_shells() {
     o.ok();
     let s = steps(&o);
     for r in 0..2 {
-        expect(&s, r, "init", &[("cmd", "response_to_init"), ("rc", "0"), ("pmi_version", "1"), ("pmi_subversion", "1")], &o);
-        expect(&s, r, "maxes", &[("cmd", "maxes"), ("rc", "0"), ("kvsname_max", "256"), ("keylen_max", "256"), ("vallen_max", "960")], &o);
+        expect(
+            &s,
+            r,
+            "init",
+            &[("cmd", "response_to_init"), ("rc", "0"), ("pmi_version", "1"), ("pmi_subversion", "1")],
+            &o,
+        );
+        expect(
+            &s,
+            r,
+            "maxes",
+            &[("cmd", "maxes"), ("rc", "0"), ("kvsname_max", "256"), ("keylen_max", "256"), ("vallen_max", "960")],
+            &o,
+        );
         expect(&s, r, "appnum", &[("cmd", "appnum"), ("rc", "0"), ("appnum", "0")], &o);
         expect(&s, r, "universe", &[("cmd", "universe_size"), ("rc", "0"), ("size", "2")], &o);
         expect(&s, r, "barrier", &[("cmd", "barrier_out"), ("rc", "0")], &o);
@@ -448,7 +493,11 @@ fn check_protocol_error(inst: &Instance, mode: &str, what: &str) -> Output {
     assert!(!o.stdout.contains("UNEXPECTED"), "{}", o.dump());
     let exc: Vec<&str> = o.stderr.lines().filter(|l| l.contains("exception")).collect();
     assert_eq!(exc.len(), 1, "one exception expected:\n{}", o.dump());
-    assert!(exc[0].contains("protocol error") && exc[0].contains(what), "protocol error naming {what:?} expected:\n{}", o.dump());
+    assert!(
+        exc[0].contains("protocol error") && exc[0].contains(what),
+        "protocol error naming {what:?} expected:\n{}",
+        o.dump()
+    );
     let id = newest_job(inst);
     let j = inst.job(&id);
     assert_eq!(j["result"].as_str(), Some("FAILED"), "{j}");
@@ -472,7 +521,11 @@ fn pmi_overlong_line_fails_the_job_cleanly() {
     let inst = Instance::start(2, &[]);
     let o = check_protocol_error(&inst, "overlong", "1024");
     // The 1024-byte line right before it was accepted.
-    assert!(o.stdout.contains("0 STEP put-1024 cmd=put_result rc=0"), "a line of exactly 1024 bytes is valid:\n{}", o.dump());
+    assert!(
+        o.stdout.contains("0 STEP put-1024 cmd=put_result rc=0"),
+        "a line of exactly 1024 bytes is valid:\n{}",
+        o.dump()
+    );
 }
 
 #[test]

@@ -58,7 +58,9 @@ fn cores_per_node(inst: &Instance) -> u64 {
 fn free_row(text: &str) -> Option<(u64, u64)> {
     text.lines().find_map(|l| {
         let w: Vec<&str> = l.split_whitespace().collect();
-        (w.first() == Some(&"free") && w.len() >= 4).then(|| (w[1].parse().ok(), w[2].parse().ok())).and_then(|(a, b)| Some((a?, b?)))
+        (w.first() == Some(&"free") && w.len() >= 4)
+            .then(|| (w[1].parse().ok(), w[2].parse().ok()))
+            .and_then(|(a, b)| Some((a?, b?)))
     })
 }
 
@@ -135,7 +137,11 @@ fn batch_runs_the_script_in_a_child_instance() {
     let text = read(&inst, &format!("vigil-{id}.out"));
     check_batch_output(&text, per_node);
     let j = inst.job(&id);
-    assert_eq!((j["state"].as_str(), j["exit_code"].as_i64(), j["nnodes"].as_u64()), (Some("INACTIVE"), Some(5), Some(2)), "{j}");
+    assert_eq!(
+        (j["state"].as_str(), j["exit_code"].as_i64(), j["nnodes"].as_u64()),
+        (Some("INACTIVE"), Some(5), Some(2)),
+        "{j}"
+    );
     assert_eq!(j["name"].as_str(), Some("job.sh"), "{j}");
 
     // --output instead of the default file.
@@ -163,7 +169,10 @@ fn batch_in_a_batch_is_level_two() {
     let o = read(&inst, "outer.out");
     assert!(o.lines().any(|l| l == "outer level 1 size 3"), "{o}");
     assert!(o.lines().any(|l| l == "inner exit 0"), "{o}");
-    assert!(o.lines().any(|l| l.contains("inner.sh") && l.split_whitespace().nth(3) == Some("CD")), "the outer instance ran the inner batch:\n{o}");
+    assert!(
+        o.lines().any(|l| l.contains("inner.sh") && l.split_whitespace().nth(3) == Some("CD")),
+        "the outer instance ran the inner batch:\n{o}"
+    );
     let i = read(&inst, "inner.out");
     assert!(i.lines().any(|l| l == "inner level 2 size 2"), "{i}");
     let up = i.lines().find(|l| l.contains("owner")).unwrap_or_else(|| panic!("no uptime line:\n{i}"));
@@ -181,7 +190,10 @@ fn batch_in_a_batch_is_level_two() {
 fn alloc_runs_a_command_and_gives_everything_back() {
     let inst = Instance::start(3, &[]);
     let per_node = cores_per_node(&inst);
-    let o = inst.vigil_t(&["alloc", "-N2", "sh", "-c", "vigil getattr size; vigil run -N2 -n2 true || exit 9; exit 3"], NESTED_TIMEOUT);
+    let o = inst.vigil_t(
+        &["alloc", "-N2", "sh", "-c", "vigil getattr size; vigil run -N2 -n2 true || exit 9; exit 3"],
+        NESTED_TIMEOUT,
+    );
     o.code_is(3);
     assert_eq!(o.lines(), vec!["2"], "{}", o.dump());
     let id = o
@@ -243,7 +255,11 @@ fn critical(inst: &Instance, extra: &[&str], go: &str) -> (Vec<u32>, serde_json:
     std::fs::write(inst.dir.path().join(go), "").unwrap();
     inst.vigil_t(&["job", "wait", &id], NESTED_TIMEOUT).code_is(0);
     let inner = info["instance"]["critical_ranks"].as_str().unwrap_or("?").to_string();
-    assert!(p.stdout.lines().next().unwrap_or("").contains(&format!("critical ranks {inner}")), "the child's own view agrees:\n{}", p.dump());
+    assert!(
+        p.stdout.lines().next().unwrap_or("").contains(&format!("critical ranks {inner}")),
+        "the child's own view agrees:\n{}",
+        p.dump()
+    );
     (ranks, info["instance"].clone())
 }
 
@@ -295,7 +311,10 @@ fn child_sees_synthetic_resources_and_places_tasks() {
         let mut all = BTreeSet::new();
         for b in blocks {
             assert_eq!(b.len(), 12, "12 cores per task on node {node}:\n{text}");
-            assert!(b.iter().all(|c| *c < 96 && all.insert(*c)), "overlapping or out-of-range cores on node {node}:\n{text}");
+            assert!(
+                b.iter().all(|c| *c < 96 && all.insert(*c)),
+                "overlapping or out-of-range cores on node {node}:\n{text}"
+            );
         }
     }
 }
@@ -342,7 +361,11 @@ fn bad_child_topology_is_refused_at_submit() {
         let o = inst.vigil(args);
         assert_eq!(o.code, 1, "{}", o.dump());
         assert!(o.stdout.trim().is_empty(), "no job id expected:\n{}", o.dump());
-        assert!(o.stderr.contains("mesh") && !o.stderr.contains("PMI"), "the error should name the bad topology:\n{}", o.dump());
+        assert!(
+            o.stderr.contains("mesh") && !o.stderr.contains("PMI"),
+            "the error should name the bad topology:\n{}",
+            o.dump()
+        );
     }
     assert!(inst.jobs().is_empty(), "no job may be left in the parent: {:#?}", inst.jobs());
 }

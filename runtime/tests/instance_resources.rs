@@ -102,7 +102,11 @@ fn live_placement_per_task_on_off() {
 fn free_row(inst: &Instance) -> (u64, u64, u64) {
     let o = inst.vigil(&["resource", "list"]);
     o.ok();
-    let row = o.stdout.lines().find(|l| l.split_whitespace().next() == Some("free")).unwrap_or_else(|| panic!("{}", o.dump()));
+    let row = o
+        .stdout
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some("free"))
+        .unwrap_or_else(|| panic!("{}", o.dump()));
     let f: Vec<u64> = row.split_whitespace().skip(1).take(3).map(|x| x.parse().unwrap()).collect();
     (f[0], f[1], f[2])
 }
@@ -116,7 +120,16 @@ fn synthetic_96_core_nodes() {
     let g = inst.vigil(&["getattr", "resource.source"]);
     assert!(g.stdout.starts_with("synthetic:"), "{}", g.dump());
 
-    let o = inst.vigil(&["run", "-N2", "-n8", "-c12", "-l", "sh", "-c", "echo $VIGIL_BROKER_RANK $VIGIL_TASK_CORES $VIGIL_TASK_CPUS"]);
+    let o = inst.vigil(&[
+        "run",
+        "-N2",
+        "-n8",
+        "-c12",
+        "-l",
+        "sh",
+        "-c",
+        "echo $VIGIL_BROKER_RANK $VIGIL_TASK_CORES $VIGIL_TASK_CPUS",
+    ]);
     o.ok();
     type CoresCpus = (BTreeSet<u32>, BTreeSet<u32>);
     let mut per_node: BTreeMap<u32, Vec<CoresCpus>> = BTreeMap::new();
@@ -156,7 +169,16 @@ fn synthetic_96_core_nodes() {
 fn synthetic_gpus_per_task() {
     let inst = Instance::start(2, &[SYNTH, "resource.gpus=4"]);
     assert_eq!(free_row(&inst), (2, 192, 8));
-    let o = inst.vigil(&["run", "-N2", "-n8", "-g1", "-l", "sh", "-c", "echo $VIGIL_BROKER_RANK $CUDA_VISIBLE_DEVICES $ROCR_VISIBLE_DEVICES"]);
+    let o = inst.vigil(&[
+        "run",
+        "-N2",
+        "-n8",
+        "-g1",
+        "-l",
+        "sh",
+        "-c",
+        "echo $VIGIL_BROKER_RANK $CUDA_VISIBLE_DEVICES $ROCR_VISIBLE_DEVICES",
+    ]);
     o.ok();
     let mut per_node: BTreeMap<u32, Vec<String>> = BTreeMap::new();
     for l in o.lines() {
@@ -183,7 +205,8 @@ fn drain_blocks_scheduling_until_undrain() {
     inst.vigil(&["resource", "drain", "1", "maintenance"]).ok();
     let s = inst.vigil(&["resource", "status"]);
     s.ok();
-    let row = s.stdout.lines().find(|l| l.trim_start().starts_with("drained")).unwrap_or_else(|| panic!("{}", s.dump()));
+    let row =
+        s.stdout.lines().find(|l| l.trim_start().starts_with("drained")).unwrap_or_else(|| panic!("{}", s.dump()));
     let f: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(f[1], "1", "nnodes: {row}");
     assert_eq!(f[2], "1", "ranks: {row}");
@@ -315,7 +338,12 @@ fn cli_usage_errors() {
     let errs: Vec<&str> = o.stderr.lines().filter(|l| l.starts_with("error:")).collect();
     assert_eq!(errs.len(), 1, "{}", o.dump());
     assert!(errs[0].contains("--bogus-option"), "{}", o.dump());
-    for args in [vec!["run", "-n", "0", "true"], vec!["run", "-N", "3", "-n", "2", "true"], vec!["run", "--time-limit=-5", "true"], vec!["run", "-o", "exit-timeout=soon", "true"]] {
+    for args in [
+        vec!["run", "-n", "0", "true"],
+        vec!["run", "-N", "3", "-n", "2", "true"],
+        vec!["run", "--time-limit=-5", "true"],
+        vec!["run", "-o", "exit-timeout=soon", "true"],
+    ] {
         let o = inst.vigil(&args);
         assert_eq!(o.code, 1, "{}", o.dump());
         assert_eq!(o.stderr.lines().count(), 1, "{}", o.dump());

@@ -74,7 +74,10 @@ fn overlay_random_bytes() {
     for seed in [1u64, 7, 0xdead_beef] {
         let mut s = connect_overlay(&addr);
         send_all(&mut s, &junk(512, seed));
-        assert!(peer_closes(&mut s, Duration::from_secs(8)), "broker kept a connection that sent garbage (seed {seed})");
+        assert!(
+            peer_closes(&mut s, Duration::from_secs(8)),
+            "broker kept a connection that sent garbage (seed {seed})"
+        );
     }
     // HTTP on the overlay port.
     let mut s = connect_overlay(&addr);
@@ -149,9 +152,15 @@ fn overlay_hello_from_a_rank_that_is_not_a_child() {
     let addr = overlay_endpoint(&inst);
     let iid = instance_id(&inst);
     // kary:2: rank 0's children are 1 and 2; 3 is rank 1's child; 0 and 99 are nobody's child of 0.
-    for (rank, instance, why) in [(3u64, iid.as_str(), "not a child"), (0, iid.as_str(), "not a child"), (99, iid.as_str(), "not a child"), (1, "other-instance", "instance")] {
+    for (rank, instance, why) in [
+        (3u64, iid.as_str(), "not a child"),
+        (0, iid.as_str(), "not a child"),
+        (99, iid.as_str(), "not a child"),
+        (1, "other-instance", "instance"),
+    ] {
         let mut s = connect_overlay(&addr);
-        let hello = serde_json::json!({"rank": rank, "instance": instance, "version": 1, "hostname": "impostor"}).to_string();
+        let hello =
+            serde_json::json!({"rank": rank, "instance": instance, "version": 1, "hostname": "impostor"}).to_string();
         send_all(&mut s, &encode_frame(1, T_CONTROL, 0, "hello", 0, u32::MAX, &[], hello.as_bytes()));
         s.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
         let f = read_frame(&mut s).unwrap_or_else(|e| panic!("rank {rank}: no answer to hello: {e}")).expect("a frame");
@@ -184,7 +193,14 @@ fn connect_local(inst: &Instance) -> UnixStream {
 fn local_socket_garbage() {
     let inst = Instance::start(4, &["tbon.topo=kary:2"]);
     // Random bytes, huge length, wrong version: the broker drops that client only.
-    for (i, bad) in [junk(300, 42), vec![0xff, 0xff, 0xff, 0xff, b'V', b'G', 1, 1], encode_frame(2, T_REQUEST, 0, "broker.ping", 1, 0, &[], b"{}")].iter().enumerate() {
+    for (i, bad) in [
+        junk(300, 42),
+        vec![0xff, 0xff, 0xff, 0xff, b'V', b'G', 1, 1],
+        encode_frame(2, T_REQUEST, 0, "broker.ping", 1, 0, &[], b"{}"),
+    ]
+    .iter()
+    .enumerate()
+    {
         let mut s = connect_local(&inst);
         send_all(&mut s, bad);
         assert!(peer_closes(&mut s, Duration::from_secs(8)), "case {i}: client not dropped");

@@ -49,7 +49,11 @@ fn check_topology(size: u32, topo: Option<&str>) {
         let parent = row["parent"].as_u64().map(|p| p as u32);
         assert_eq!(parent, expected_parent(topo, r), "parent of rank {r} in {topo} size {size}: {row}");
         let got: Vec<u64> = row["children"].as_array().expect("children").iter().filter_map(|c| c.as_u64()).collect();
-        assert_eq!(got, children.get(&r).cloned().unwrap_or_default(), "children of rank {r} in {topo} size {size}: {row}");
+        assert_eq!(
+            got,
+            children.get(&r).cloned().unwrap_or_default(),
+            "children of rank {r} in {topo} size {size}: {row}"
+        );
         let mut level = 0;
         let mut x = r;
         while let Some(p) = expected_parent(topo, x) {
@@ -76,7 +80,11 @@ fn check_topology(size: u32, topo: Option<&str>) {
     let n = size.to_string();
     let o = inst.vigil(&["run", "-N", &n, "-n", &n, "printenv", "VIGIL_BROKER_RANK"]);
     o.ok();
-    let mut got: Vec<u32> = o.lines().iter().map(|l| l.trim().parse().unwrap_or_else(|_| panic!("bad line {l:?}:\n{}", o.dump()))).collect();
+    let mut got: Vec<u32> = o
+        .lines()
+        .iter()
+        .map(|l| l.trim().parse().unwrap_or_else(|_| panic!("bad line {l:?}:\n{}", o.dump())))
+        .collect();
     got.sort_unstable();
     assert_eq!(got, (0..size).collect::<Vec<_>>(), "{}", o.dump());
 }
@@ -175,7 +183,8 @@ fn shutdown_leaves_no_brokers_shells_or_tasks() {
     c.args(["start", "--test-size=4", "sh", "-c", &script]);
     let mut r = spawn(c, Some(dir.path()));
     // While it runs, the tasks exist (so the check below is not vacuous).
-    let seen = wait_for(Duration::from_secs(15), || processes_with_argv(&["sleep", &sleep_arg]).len() >= 5 || r.exited());
+    let seen =
+        wait_for(Duration::from_secs(15), || processes_with_argv(&["sleep", &sleep_arg]).len() >= 5 || r.exited());
     let o = r.wait(Duration::from_secs(40));
     o.code_is(7);
     assert!(seen, "the 5 tasks never ran:\n{}", o.dump());
@@ -186,7 +195,11 @@ fn shutdown_leaves_no_brokers_shells_or_tasks() {
     assert!(gone, "processes left behind after vigil start exited: {left:#?}\n{}", o.dump());
     assert!(processes_with_argv(&["sleep", &sleep_arg]).is_empty(), "tasks survived");
     // The rundir is removed.
-    let rundirs: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("vigil-")).collect();
+    let rundirs: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("vigil-"))
+        .collect();
     assert!(rundirs.is_empty(), "rundir left behind: {rundirs:?}");
 }
 
@@ -211,7 +224,9 @@ fn start_busy_instance(job_marker: &str, init_marker: &str) -> (Running, tempfil
     c.args(["start", "--test-size=3", "sh", "-c", &script]);
     let mut r = spawn(c, Some(dir.path()));
     let up = wait_for(Duration::from_secs(15), || {
-        r.exited() || (processes_with_argv(&["sleep", job_marker]).len() == 4 && !processes_with_argv(&["sleep", init_marker]).is_empty())
+        r.exited()
+            || (processes_with_argv(&["sleep", job_marker]).len() == 4
+                && !processes_with_argv(&["sleep", init_marker]).is_empty())
     });
     assert!(up && !r.exited(), "instance did not get busy:\n{}", r.wait(Duration::from_secs(1)).dump());
     (r, dir)
@@ -220,8 +235,10 @@ fn start_busy_instance(job_marker: &str, init_marker: &str) -> (Running, tempfil
 /// Brokers, job shells and job tasks of the instance marked by `dir` that are still alive after a grace period.
 fn instance_leftovers(dir: &std::path::Path, job_marker: &str) -> Vec<(i32, String)> {
     let pick = || -> Vec<(i32, String)> {
-        let mut v: Vec<(i32, String)> =
-            marked_processes(dir).into_iter().filter(|(_, cl)| cl.contains(" broker ") || cl.contains("vigil-shell")).collect();
+        let mut v: Vec<(i32, String)> = marked_processes(dir)
+            .into_iter()
+            .filter(|(_, cl)| cl.contains(" broker ") || cl.contains("vigil-shell"))
+            .collect();
         v.extend(processes_with_argv(&["sleep", job_marker]));
         v
     };

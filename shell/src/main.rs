@@ -20,7 +20,9 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::sync::mpsc;
 use vigil::client::Client;
-use vigil::hwloc::{format_cpulist, CpuAffinity, CpuMask, GpuAffinity, NodeTopology, PlacementRequest, TaskPlacement, TopologySource};
+use vigil::hwloc::{
+    format_cpulist, CpuAffinity, CpuMask, GpuAffinity, NodeTopology, PlacementRequest, TaskPlacement, TopologySource,
+};
 use vigil::message::NODEID_ANY;
 use vigil::shellproto::{status_exited, OutputLine, ShellInput, ShellReport, TOPIC_OUTPUT, TOPIC_TASK_EXIT};
 
@@ -179,11 +181,21 @@ impl Shell {
             Some(d) => std::path::PathBuf::from(d),
             None => {
                 let base = std::env::var("TMPDIR").unwrap_or_else(|_| "/tmp".into());
-                std::path::PathBuf::from(base).join(format!("vigil-job-{}-{}-{}", self.input.id_f58, self.input.shell_rank, std::process::id()))
+                std::path::PathBuf::from(base).join(format!(
+                    "vigil-job-{}-{}-{}",
+                    self.input.id_f58,
+                    self.input.shell_rank,
+                    std::process::id()
+                ))
             }
         };
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        std::fs::write(dir.join("R.json"), self.input.r.to_string()).map_err(|e| format!("cannot write R.json: {e}"))?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        std::fs::write(dir.join("R.json"), self.input.r.to_string())
+            .map_err(|e| format!("cannot write R.json: {e}"))?;
         for (name, f) in &self.input.files {
             if name.contains('/') || name == ".." || name.is_empty() {
                 return Err(format!("invalid file name '{name}' in attributes.system.files"));
@@ -192,7 +204,8 @@ impl Shell {
             let mode = f.get("mode").and_then(|m| m.as_u64()).unwrap_or(0o644) as u32 & 0o777;
             let path = dir.join(name);
             std::fs::write(&path, data).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).map_err(|e| format!("chmod {}: {e}", path.display()))?;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+                .map_err(|e| format!("chmod {}: {e}", path.display()))?;
         }
         self.tmpdir = Some(dir);
         Ok(())
@@ -202,7 +215,14 @@ impl Shell {
     /// replaced by the job id), relative to the job's working directory, for appending.
     fn output_files(&self) -> Result<(Option<std::fs::File>, Option<std::fs::File>), String> {
         let open = |which: &str| -> Result<Option<std::fs::File>, String> {
-            let Some(p) = self.input.options.get("output").and_then(|o| o.get(which)).and_then(|o| o.get("path")).and_then(|p| p.as_str()) else {
+            let Some(p) = self
+                .input
+                .options
+                .get("output")
+                .and_then(|o| o.get(which))
+                .and_then(|o| o.get("path"))
+                .and_then(|p| p.as_str())
+            else {
                 return Ok(None);
             };
             let p = p.replace("{{id}}", &self.input.id_f58);
@@ -210,7 +230,12 @@ impl Shell {
                 Some(c) if !p.starts_with('/') => std::path::Path::new(c).join(&p),
                 _ => std::path::PathBuf::from(&p),
             };
-            std::fs::OpenOptions::new().create(true).append(true).open(&path).map(Some).map_err(|e| format!("cannot open output file {}: {e}", path.display()))
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .map(Some)
+                .map_err(|e| format!("cannot open output file {}: {e}", path.display()))
         };
         Ok((open("stdout")?, open("stderr")?))
     }
@@ -233,7 +258,8 @@ impl Shell {
         // Forwarder: batch lines, send without waiting; the final flush below waits for rank 0's ack.
         let client = self.client.clone();
         let fwd = tokio::spawn(async move {
-            let mut inflight: std::collections::VecDeque<tokio::task::JoinHandle<()>> = std::collections::VecDeque::new();
+            let mut inflight: std::collections::VecDeque<tokio::task::JoinHandle<()>> =
+                std::collections::VecDeque::new();
             while let Some(first) = out_rx.recv().await {
                 let mut batch = vec![first];
                 while batch.len() < BATCH_LINES {
@@ -245,7 +271,8 @@ impl Shell {
                 let mut rest = Vec::new();
                 for l in batch {
                     use std::io::Write as _;
-                    let f = if l.stream == "stderr" { err_file.as_mut().or(out_file.as_mut()) } else { out_file.as_mut() };
+                    let f =
+                        if l.stream == "stderr" { err_file.as_mut().or(out_file.as_mut()) } else { out_file.as_mut() };
                     match f {
                         Some(f) => {
                             let _ = f.write_all(&l.bytes());
@@ -291,14 +318,21 @@ impl Shell {
             let rank = self.input.first_task + local;
             let Some(prog) = self.input.command.first() else { break };
             let mut cmd = std::process::Command::new(prog);
-            cmd.args(&self.input.command[1..]).env_clear().envs(self.task_env(local)).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+            cmd.args(&self.input.command[1..])
+                .env_clear()
+                .envs(self.task_env(local))
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
             let mut pmi_parent: Option<std::os::unix::net::UnixStream> = None;
             let mut pmi_child: Option<OwnedFd> = None;
             if use_pmi {
                 match std::os::unix::net::UnixStream::pair() {
                     Ok((a, b)) => {
                         let fd = b.as_raw_fd();
-                        cmd.env("PMI_FD", fd.to_string()).env("PMI_RANK", rank.to_string()).env("PMI_SIZE", self.input.ntasks.to_string());
+                        cmd.env("PMI_FD", fd.to_string())
+                            .env("PMI_RANK", rank.to_string())
+                            .env("PMI_SIZE", self.input.ntasks.to_string());
                         // SAFETY: fcntl on a descriptor we own, between fork and exec (async-signal-safe): the task
                         // inherits its own end of the socketpair; every other descriptor stays close-on-exec.
                         unsafe {
@@ -313,7 +347,11 @@ impl Shell {
                         pmi_child = Some(b.into());
                     }
                     Err(e) => {
-                        let _ = out_tx.try_send(OutputLine::text(rank, "stderr", format!("vigil-shell: cannot create PMI socket for task {rank}: {e}")));
+                        let _ = out_tx.try_send(OutputLine::text(
+                            rank,
+                            "stderr",
+                            format!("vigil-shell: cannot create PMI socket for task {rank}: {e}"),
+                        ));
                     }
                 }
             }
@@ -331,7 +369,11 @@ impl Shell {
                             }
                         }
                         Err(e) => {
-                            let _ = out_tx.try_send(OutputLine::text(rank, "stderr", format!("vigil-shell: cannot bind task {rank}: {e}")));
+                            let _ = out_tx.try_send(OutputLine::text(
+                                rank,
+                                "stderr",
+                                format!("vigil-shell: cannot bind task {rank}: {e}"),
+                            ));
                         }
                     }
                 }
@@ -368,7 +410,11 @@ impl Shell {
                 }
                 Err(e) => {
                     let code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
-                    let _ = out_tx.try_send(OutputLine::text(rank, "stderr", format!("vigil-shell: task {rank}: cannot execute '{prog}': {e}")));
+                    let _ = out_tx.try_send(OutputLine::text(
+                        rank,
+                        "stderr",
+                        format!("vigil-shell: task {rank}: cannot execute '{prog}': {e}"),
+                    ));
                     let _ = exit_tx.send((rank, status_exited(code)));
                 }
             }
@@ -396,7 +442,13 @@ impl Shell {
         }
 
         let mut sigs = Vec::new();
-        for k in [tokio::signal::unix::SignalKind::terminate(), tokio::signal::unix::SignalKind::interrupt(), tokio::signal::unix::SignalKind::hangup(), tokio::signal::unix::SignalKind::user_defined1(), tokio::signal::unix::SignalKind::user_defined2()] {
+        for k in [
+            tokio::signal::unix::SignalKind::terminate(),
+            tokio::signal::unix::SignalKind::interrupt(),
+            tokio::signal::unix::SignalKind::hangup(),
+            tokio::signal::unix::SignalKind::user_defined1(),
+            tokio::signal::unix::SignalKind::user_defined2(),
+        ] {
             if let Ok(s) = tokio::signal::unix::signal(k) {
                 sigs.push((k.as_raw_value(), s));
             }
@@ -480,9 +532,13 @@ impl Shell {
                             let tx = barrier_tx.clone();
                             let body = serde_json::json!({"id": id, "shell_rank": self.input.shell_rank, "kvs": puts});
                             tokio::spawn(async move {
-                                let r = c.rpc("job-exec.pmi-barrier", 0, &body).await.map_err(|e| e.errstr).and_then(|v| {
-                                    serde_json::from_value::<BTreeMap<String, String>>(v.get("kvs").cloned().unwrap_or_default()).map_err(|e| e.to_string())
-                                });
+                                let r =
+                                    c.rpc("job-exec.pmi-barrier", 0, &body).await.map_err(|e| e.errstr).and_then(|v| {
+                                        serde_json::from_value::<BTreeMap<String, String>>(
+                                            v.get("kvs").cloned().unwrap_or_default(),
+                                        )
+                                        .map_err(|e| e.to_string())
+                                    });
                                 let _ = tx.send(r);
                             });
                         }
@@ -491,7 +547,11 @@ impl Shell {
                         if exit_code.is_some() {
                             abort_code = exit_code;
                         }
-                        let _ = self.client.send(vigil::shellproto::TOPIC_EXCEPTION, 0, &serde_json::json!({"id": id, "type": "exec", "severity": 0, "note": note}));
+                        let _ = self.client.send(
+                            vigil::shellproto::TOPIC_EXCEPTION,
+                            0,
+                            &serde_json::json!({"id": id, "type": "exec", "severity": 0, "note": note}),
+                        );
                         for p in &pids {
                             // SAFETY: plain kill(2) on a child pid we spawned.
                             unsafe { libc::kill(*p, libc::SIGTERM) };
@@ -513,7 +573,11 @@ impl Shell {
         drop(out_tx);
         let _ = fwd.await;
         // Flush: an acknowledged request on the same path guarantees every line before it reached rank 0.
-        let _ = tokio::time::timeout(Duration::from_secs(30), self.client.rpc(TOPIC_OUTPUT, 0, &serde_json::json!({"id": id, "lines": []}))).await;
+        let _ = tokio::time::timeout(
+            Duration::from_secs(30),
+            self.client.rpc(TOPIC_OUTPUT, 0, &serde_json::json!({"id": id, "lines": []})),
+        )
+        .await;
         let _ = NODEID_ANY;
         tasks.sort_unstable();
         let status = tasks.iter().map(|t| t.1).max_by_key(|s| vigil::shellproto::exit_code(*s)).unwrap_or(0);
@@ -539,11 +603,8 @@ fn cpu_count_placement(input: &ShellInput, cpu: CpuAffinity, gpu: GpuAffinity) -
     let cores = &input.cores;
     (0..input.local_tasks as usize)
         .map(|i| {
-            let mine: Vec<u32> = if cores.is_empty() {
-                vec![]
-            } else {
-                (0..c).map(|k| cores[(i * c + k) % cores.len()]).collect()
-            };
+            let mine: Vec<u32> =
+                if cores.is_empty() { vec![] } else { (0..c).map(|k| cores[(i * c + k) % cores.len()]).collect() };
             let (task_cores, cpus) = match cpu {
                 CpuAffinity::Off => (cores.clone(), None),
                 CpuAffinity::On => (cores.clone(), Some(cores.iter().map(|&x| cpu_of(x)).collect())),
@@ -578,7 +639,11 @@ fn stdin_writer(mut si: tokio::process::ChildStdin) -> mpsc::UnboundedSender<Opt
 
 /// Serve one task's PMI socket: lines in go to `tx` as `(rank, Some(line))`, then `(rank, None)` at EOF;
 /// returns a sender for reply lines.
-fn pmi_conn(s: tokio::net::UnixStream, rank: u32, tx: mpsc::UnboundedSender<(u32, Option<Vec<u8>>)>) -> mpsc::UnboundedSender<String> {
+fn pmi_conn(
+    s: tokio::net::UnixStream,
+    rank: u32,
+    tx: mpsc::UnboundedSender<(u32, Option<Vec<u8>>)>,
+) -> mpsc::UnboundedSender<String> {
     use tokio::io::AsyncWriteExt;
     let (rd, mut wr) = s.into_split();
     let (wtx, mut wrx) = mpsc::unbounded_channel::<String>();

@@ -98,7 +98,11 @@ impl PmiServer {
             }
             "get_maxes" => vec![ok(
                 "maxes",
-                &[("kvsname_max", &KVSNAME_MAX.to_string()), ("keylen_max", &KEYLEN_MAX.to_string()), ("vallen_max", &VALLEN_MAX.to_string())],
+                &[
+                    ("kvsname_max", &KVSNAME_MAX.to_string()),
+                    ("keylen_max", &KEYLEN_MAX.to_string()),
+                    ("vallen_max", &VALLEN_MAX.to_string()),
+                ],
             )],
             "get_appnum" => vec![ok("appnum", &[("appnum", "0")])],
             "get_universe_size" => vec![ok("universe_size", &[("size", &self.size.to_string())])],
@@ -174,7 +178,8 @@ impl PmiServer {
     pub fn closed(&mut self, rank: u32) -> Vec<Out> {
         let st = self.tasks.entry(rank).or_default();
         if st.init && !st.finalized {
-            return self.fatal(format!("task {rank} closed its PMI connection before PMI_Finalize (exited or crashed)"), None);
+            return self
+                .fatal(format!("task {rank} closed its PMI connection before PMI_Finalize (exited or crashed)"), None);
         }
         vec![]
     }
@@ -204,7 +209,10 @@ mod tests {
         assert_eq!(reply(&s.handle(0, b"cmd=get_appnum\n")).get("appnum"), Some("0"));
         assert_eq!(reply(&s.handle(0, b"cmd=get_universe_size\n")).get("size"), Some("4"));
         assert_eq!(reply(&s.handle(0, b"cmd=get_my_kvsname\n")).get("kvsname"), Some("kvs-1"));
-        assert_eq!(reply(&s.handle(0, b"cmd=get kvsname=kvs-1 key=PMI_process_mapping\n")).get("value"), Some("(vector,(0,2,2))"));
+        assert_eq!(
+            reply(&s.handle(0, b"cmd=get kvsname=kvs-1 key=PMI_process_mapping\n")).get("value"),
+            Some("(vector,(0,2,2))")
+        );
         assert_eq!(reply(&s.handle(0, b"cmd=put kvsname=kvs-1 key=a value=b=c\n")).get("rc"), Some("0"));
         assert_eq!(reply(&s.handle(1, b"cmd=get kvsname=kvs-1 key=a\n")).get("value"), Some("b=c"));
         let miss = s.handle(1, b"cmd=get kvsname=kvs-1 key=nope\n");

@@ -68,7 +68,9 @@ fn main() {
             hog(num(2) as usize)
         }
         _ => {
-            eprintln!("usage: vigil-exit-helper [--wait-stdin] exit N|exit-thread N|sleep|segv|segv-thread|hog MIB|cg-hog PROCS MIB");
+            eprintln!(
+                "usage: vigil-exit-helper [--wait-stdin] exit N|exit-thread N|sleep|segv|segv-thread|hog MIB|cg-hog PROCS MIB"
+            );
             std::process::exit(64);
         }
     }

@@ -133,11 +133,24 @@ impl ConfigFile {
         let port = b.default_port.map(|p| p.to_string()).unwrap_or_default();
         let mut out = Vec::new();
         for (i, e) in b.hosts.iter().enumerate() {
-            let hl = Hostlist::parse(&e.host).map_err(|err| ConfigError::Parse { path: format!("bootstrap.hosts[{i}].host"), err: err.to_string() })?;
+            let hl = Hostlist::parse(&e.host).map_err(|err| ConfigError::Parse {
+                path: format!("bootstrap.hosts[{i}].host"),
+                err: err.to_string(),
+            })?;
             for h in hl.iter() {
                 let sub = |t: &str| t.replace("%h", h).replace("%p", &port);
-                let bind = e.bind.as_deref().or(b.default_bind.as_deref()).map(sub).ok_or(ConfigError::NoEndpoint { what: "bind", host: h.to_string() })?;
-                let connect = e.connect.as_deref().or(b.default_connect.as_deref()).map(sub).ok_or(ConfigError::NoEndpoint { what: "connect", host: h.to_string() })?;
+                let bind = e
+                    .bind
+                    .as_deref()
+                    .or(b.default_bind.as_deref())
+                    .map(sub)
+                    .ok_or(ConfigError::NoEndpoint { what: "bind", host: h.to_string() })?;
+                let connect = e
+                    .connect
+                    .as_deref()
+                    .or(b.default_connect.as_deref())
+                    .map(sub)
+                    .ok_or(ConfigError::NoEndpoint { what: "connect", host: h.to_string() })?;
                 out.push(RankEndpoint { host: h.to_string(), bind, connect });
             }
         }
@@ -146,7 +159,11 @@ impl ConfigFile {
 
     /// Rank of `hostname`.
     pub fn rank_of(&self, hostname: &str) -> Result<u32, ConfigError> {
-        self.ranks()?.iter().position(|r| r.host == hostname).map(|p| p as u32).ok_or_else(|| ConfigError::UnknownHost(hostname.into()))
+        self.ranks()?
+            .iter()
+            .position(|r| r.host == hostname)
+            .map(|p| p as u32)
+            .ok_or_else(|| ConfigError::UnknownHost(hostname.into()))
     }
 }
 

@@ -1,11 +1,13 @@
 //! Broker core: state, routing and the main loop.
 
 use super::local;
-use super::transport::{link_from_stream_fd, tcp_ack_state, tune_tcp, Link, LinkEvent, LinkTx, TcpTransport, Transport, TCP_USER_TIMEOUT_MS};
-use crate::membership::{Membership, PeerState, Signal, Transition};
+use super::transport::{
+    link_from_stream_fd, tcp_ack_state, tune_tcp, Link, LinkEvent, LinkTx, TcpTransport, Transport, TCP_USER_TIMEOUT_MS,
+};
 use crate::hwloc::{NodeResources, NodeTopology, TopologySource};
 use crate::idset::IdSet;
 use crate::jobs::{Action, JobCore, JobId};
+use crate::membership::{Membership, PeerState, Signal, Transition};
 use crate::message::{errno, Message, MsgType, FLAG_NORESPONSE, NODEID_ANY, NODEID_UPSTREAM, ROUTE_LOCAL};
 use crate::shellproto::{ShellExit, ShellReport};
 use crate::topology::{Hop, Topology};
@@ -65,9 +67,25 @@ pub struct BrokerOptions {
 pub(crate) enum Input {
     Peer(Peer, u64, Message),
     PeerClosed(Peer, u64, String),
-    ChildHello { conn: u64, msg: Message, link_tx: LinkTx, peer: String, rx: mpsc::UnboundedReceiver<LinkEvent>, sock: Option<std::os::fd::OwnedFd>, tasks: Vec<tokio::task::AbortHandle> },
-    LocalNew { id: u32, uid: u32, tx: LinkTx },
-    ShellDone { id: JobId, report: Option<ShellReport>, status: i32 },
+    ChildHello {
+        conn: u64,
+        msg: Message,
+        link_tx: LinkTx,
+        peer: String,
+        rx: mpsc::UnboundedReceiver<LinkEvent>,
+        sock: Option<std::os::fd::OwnedFd>,
+        tasks: Vec<tokio::task::AbortHandle>,
+    },
+    LocalNew {
+        id: u32,
+        uid: u32,
+        tx: LinkTx,
+    },
+    ShellDone {
+        id: JobId,
+        report: Option<ShellReport>,
+        status: i32,
+    },
     InitialStarted(i32),
     InitialExit(i32),
     Signal(i32),
@@ -176,7 +194,9 @@ const PARENT: u32 = u32::MAX;
 /// Membership thresholds from `tbon.heartbeat_period`, `tbon.torpid_max`, `tbon.lost_timeout` (FSD durations).
 pub(crate) fn membership_config(attrs: &BTreeMap<String, String>) -> crate::membership::Config {
     let mut c = crate::membership::Config::default();
-    let get = |k: &str| attrs.get(k).and_then(|v| crate::duration::parse_duration_secs(v).ok()).filter(|v| v.is_finite() && *v > 0.0);
+    let get = |k: &str| {
+        attrs.get(k).and_then(|v| crate::duration::parse_duration_secs(v).ok()).filter(|v| v.is_finite() && *v > 0.0)
+    };
     if let Some(v) = get("tbon.heartbeat_period") {
         c.heartbeat_period = v;
     }
@@ -209,14 +229,22 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
     // Discover the node with hwloc; degrade to the CPU count if hwloc is unavailable or disabled
     // (`resource.discovery=cpu-count`). The degradation is logged once and shown by `vigil uptime`.
     let forced = core_opts_discovery(&opts);
-    let loaded = if forced { Err("disabled by resource.discovery=cpu-count".to_string()) } else { NodeTopology::load(&opts.topology).map_err(|e| e.to_string()) };
+    let loaded = if forced {
+        Err("disabled by resource.discovery=cpu-count".to_string())
+    } else {
+        NodeTopology::load(&opts.topology).map_err(|e| e.to_string())
+    };
     let (resources, topology_str) = match loaded {
         Ok(t) => {
             let mut src = topology_string(&opts.topology);
             if t.is_live() {
                 // Discovering a live machine costs shells ~20 ms of CPU each; hand them an XML snapshot instead.
                 let path = opts.rundir.join(format!("topology-{rank}.xml"));
-                match t.export_xml().map_err(|e| e.to_string()).and_then(|x| std::fs::create_dir_all(&opts.rundir).and_then(|_| std::fs::write(&path, x)).map_err(|e| e.to_string())) {
+                match t.export_xml().map_err(|e| e.to_string()).and_then(|x| {
+                    std::fs::create_dir_all(&opts.rundir)
+                        .and_then(|_| std::fs::write(&path, x))
+                        .map_err(|e| e.to_string())
+                }) {
                     Ok(()) => src = format!("live-xml:{}", path.display()),
                     Err(e) => debug!("no topology snapshot for shells ({e}); they will discover the node themselves"),
                 }
@@ -229,7 +257,15 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
                 .unwrap_or(1)
                 .max(1);
             warn!("hwloc topology unavailable ({e}); falling back to {n} cores from the CPU count, tasks bound by CPU number");
-            let r = NodeResources { cores: n, pus: n, numa: 1, packages: 1, gpus: opts.declared_gpus.unwrap_or(0), gpu_names: vec![], source: format!("cpu-count ({e})") };
+            let r = NodeResources {
+                cores: n,
+                pus: n,
+                numa: 1,
+                packages: 1,
+                gpus: opts.declared_gpus.unwrap_or(0),
+                gpu_names: vec![],
+                source: format!("cpu-count ({e})"),
+            };
             (r, "cpu-count".to_string())
         }
     };
@@ -256,7 +292,8 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
     tokio::spawn(accept_children(listener, tx2, instance));
 
     // Local connector.
-    std::fs::create_dir_all(&opts.rundir).map_err(|e| format!("cannot create rundir {}: {e}", opts.rundir.display()))?;
+    std::fs::create_dir_all(&opts.rundir)
+        .map_err(|e| format!("cannot create rundir {}: {e}", opts.rundir.display()))?;
     let sock = opts.rundir.join(format!("local-{rank}"));
     let _ = std::fs::remove_file(&sock);
     let ul = tokio::net::UnixListener::bind(&sock).map_err(|e| format!("cannot bind {}: {e}", sock.display()))?;
@@ -270,7 +307,11 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
     tokio::spawn(local::accept_local(ul, input_tx.clone(), uid, rank, opts.size, opts.instance.clone()));
 
     // Signals.
-    for (kind, num) in [(tokio::signal::unix::SignalKind::terminate(), libc::SIGTERM), (tokio::signal::unix::SignalKind::interrupt(), libc::SIGINT), (tokio::signal::unix::SignalKind::hangup(), libc::SIGHUP)] {
+    for (kind, num) in [
+        (tokio::signal::unix::SignalKind::terminate(), libc::SIGTERM),
+        (tokio::signal::unix::SignalKind::interrupt(), libc::SIGINT),
+        (tokio::signal::unix::SignalKind::hangup(), libc::SIGHUP),
+    ] {
         if let Ok(mut s) = tokio::signal::unix::signal(kind) {
             let tx = input_tx.clone();
             tokio::spawn(async move {
@@ -312,14 +353,21 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         opts,
     };
     if let Some(jc) = core.jobcore.as_mut() {
-        if let Some(k) = core.opts.attrs.get("exec.kill-timeout").and_then(|v| crate::duration::parse_duration_secs(v).ok()) {
+        if let Some(k) =
+            core.opts.attrs.get("exec.kill-timeout").and_then(|v| crate::duration::parse_duration_secs(v).ok())
+        {
             jc.kill_timeout = k;
         }
     }
 
     // Connect to the parent.
     if let Some(parent) = core.opts.topo.parent(core.opts.size, rank) {
-        let ep = core.opts.endpoints.get(parent as usize).cloned().ok_or_else(|| format!("no endpoint for parent rank {parent}"))?;
+        let ep = core
+            .opts
+            .endpoints
+            .get(parent as usize)
+            .cloned()
+            .ok_or_else(|| format!("no endpoint for parent rank {parent}"))?;
         let link = connect_parent(&core, &ep).await?;
         core.parent = Some(link.tx.clone());
         core.parent_sock = link.sock;
@@ -383,7 +431,12 @@ fn topology_string(t: &TopologySource) -> String {
 }
 
 /// Forward a link's events into the core as inputs tagged with the peer.
-pub(crate) async fn pump(mut rx: mpsc::UnboundedReceiver<LinkEvent>, peer: Peer, conn: u64, tx: mpsc::UnboundedSender<Input>) {
+pub(crate) async fn pump(
+    mut rx: mpsc::UnboundedReceiver<LinkEvent>,
+    peer: Peer,
+    conn: u64,
+    tx: mpsc::UnboundedSender<Input>,
+) {
     while let Some(ev) = rx.recv().await {
         let i = match ev {
             LinkEvent::Message(m) => Input::Peer(peer, conn, m),
@@ -411,7 +464,10 @@ async fn accept_children(l: tokio::net::TcpListener, tx: mpsc::UnboundedSender<I
             }
         };
         tune_tcp(&s, TCP_USER_TIMEOUT_MS);
-        let dup = { use std::os::fd::AsFd; s.as_fd().try_clone_to_owned().ok() };
+        let dup = {
+            use std::os::fd::AsFd;
+            s.as_fd().try_clone_to_owned().ok()
+        };
         conn += 1;
         let c = conn;
         let tx = tx.clone();
@@ -421,7 +477,15 @@ async fn accept_children(l: tokio::net::TcpListener, tx: mpsc::UnboundedSender<I
             let first = tokio::time::timeout(Duration::from_secs(5), link.rx.recv()).await;
             match first {
                 Ok(Some(LinkEvent::Message(m))) if m.msgtype == MsgType::Control && m.topic == "hello" => {
-                    let _ = tx.send(Input::ChildHello { conn: c, msg: m, link_tx: link.tx, peer: link.peer, rx: link.rx, sock: link.sock, tasks: link.tasks });
+                    let _ = tx.send(Input::ChildHello {
+                        conn: c,
+                        msg: m,
+                        link_tx: link.tx,
+                        peer: link.peer,
+                        rx: link.rx,
+                        sock: link.sock,
+                        tasks: link.tasks,
+                    });
                 }
                 Ok(Some(LinkEvent::Message(m))) => {
                     warn!("overlay peer {addr}: expected hello, got {:?} '{}'; disconnecting", m.msgtype, m.topic);
@@ -450,7 +514,10 @@ async fn connect_parent(core: &Core, ep: &str) -> Result<Link, String> {
                     Ok(Some(LinkEvent::Message(m))) if m.topic == "refused" => {
                         return Err(format!("parent at {ep} refused us: {}", m.errstr().unwrap_or_default()))
                     }
-                    other => warn!("parent at {ep}: bad handshake ({:?}); retrying", other.map(|o| o.map(|e| format!("{e:?}")))),
+                    other => warn!(
+                        "parent at {ep}: bad handshake ({:?}); retrying",
+                        other.map(|o| o.map(|e| format!("{e:?}")))
+                    ),
                 }
             }
             Err(e) => debug!("connect {ep}: {e}"),
@@ -551,7 +618,11 @@ impl Core {
                     self.membership.remove(r);
                 }
                 PeerState::Torpid | PeerState::Online if self.shutting_down.is_none() => {
-                    let (topic, what) = if t.to == PeerState::Torpid { ("overlay.torpid", "torpid") } else { ("overlay.lively", "lively") };
+                    let (topic, what) = if t.to == PeerState::Torpid {
+                        ("overlay.torpid", "torpid")
+                    } else {
+                        ("overlay.lively", "lively")
+                    };
                     if t.to == PeerState::Online && t.from != PeerState::Torpid {
                         continue;
                     }
@@ -653,7 +724,9 @@ impl Core {
                 self.on_message(peer, msg);
             }
             Input::PeerClosed(peer, conn, why) => self.on_closed(peer, conn, &why),
-            Input::ChildHello { conn, msg, link_tx, peer, rx, sock, tasks } => self.on_hello(conn, msg, link_tx, peer, rx, sock, tasks),
+            Input::ChildHello { conn, msg, link_tx, peer, rx, sock, tasks } => {
+                self.on_hello(conn, msg, link_tx, peer, rx, sock, tasks)
+            }
             Input::LocalNew { id, uid, tx } => {
                 self.locals.insert(id, LocalClient { tx, uid, subs: Vec::new(), streaming: false });
             }
@@ -676,7 +749,8 @@ impl Core {
                         self.exit_code = 128 + sig;
                     }
                     if let Some(pg) = self.initial_pgid {
-                        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pg), nix::sys::signal::Signal::SIGTERM);
+                        let _ =
+                            nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pg), nix::sys::signal::Signal::SIGTERM);
                     }
                     self.begin_shutdown(&format!("signal {sig}"));
                 } else {
@@ -687,7 +761,16 @@ impl Core {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn on_hello(&mut self, conn: u64, msg: Message, tx: LinkTx, peer: String, rx: mpsc::UnboundedReceiver<LinkEvent>, sock: Option<std::os::fd::OwnedFd>, tasks: Vec<tokio::task::AbortHandle>) {
+    fn on_hello(
+        &mut self,
+        conn: u64,
+        msg: Message,
+        tx: LinkTx,
+        peer: String,
+        rx: mpsc::UnboundedReceiver<LinkEvent>,
+        sock: Option<std::os::fd::OwnedFd>,
+        tasks: Vec<tokio::task::AbortHandle>,
+    ) {
         let v = msg.json();
         let rank = v.get("rank").and_then(Value::as_u64).map(|r| r as u32);
         let inst = v.get("instance").and_then(Value::as_str).unwrap_or("");
@@ -736,7 +819,11 @@ impl Core {
                     debug!("child rank {r} left");
                     if self.shutting_down.is_none() {
                         let subtree: IdSet = self.opts.topo.subtree(self.opts.size, r).into_iter().collect();
-                        let mut m = Message::request("overlay.offline", 0, &json!({"ranks": subtree.to_string(), "reason": "left"}));
+                        let mut m = Message::request(
+                            "overlay.offline",
+                            0,
+                            &json!({"ranks": subtree.to_string(), "reason": "left"}),
+                        );
                         m.flags = FLAG_NORESPONSE;
                         self.route_request(Peer::Local(u32::MAX), m);
                     }
@@ -835,7 +922,11 @@ impl Core {
                 Hop::Parent
             }
         } else if msg.nodeid >= self.opts.size {
-            return self.respond_error(&msg, errno::EHOSTUNREACH, &format!("no such rank {} (size {})", msg.nodeid, self.opts.size));
+            return self.respond_error(
+                &msg,
+                errno::EHOSTUNREACH,
+                &format!("no such rank {} (size {})", msg.nodeid, self.opts.size),
+            );
         } else {
             self.opts.topo.next_hop(self.opts.size, self.rank(), msg.nodeid)
         };
@@ -843,13 +934,21 @@ impl Core {
             Hop::Local => super::services::dispatch(self, msg),
             Hop::Child(c) => {
                 if !self.send_to(Peer::Child(c), msg.clone()) {
-                    self.respond_error(&msg, errno::EHOSTUNREACH, &format!("rank {} is unreachable (rank {c} is not connected)", msg.nodeid));
+                    self.respond_error(
+                        &msg,
+                        errno::EHOSTUNREACH,
+                        &format!("rank {} is unreachable (rank {c} is not connected)", msg.nodeid),
+                    );
                 }
             }
             Hop::Parent => {
                 if self.parent.is_none() {
                     let e = if msg.nodeid == NODEID_ANY { errno::ENOSYS } else { errno::EHOSTUNREACH };
-                    let why = if e == errno::ENOSYS { format!("no service offers '{}'", msg.topic) } else { "parent not connected".into() };
+                    let why = if e == errno::ENOSYS {
+                        format!("no service offers '{}'", msg.topic)
+                    } else {
+                        "parent not connected".into()
+                    };
                     return self.respond_error(&msg, e, &why);
                 }
                 self.send_to(Peer::Parent, msg);
@@ -866,7 +965,11 @@ impl Core {
                 self.send_to(Peer::Local(id), msg);
             }
             Some(r) => {
-                let peer = if Some(r) == self.opts.topo.parent(self.opts.size, self.rank()) { Peer::Parent } else { Peer::Child(r) };
+                let peer = if Some(r) == self.opts.topo.parent(self.opts.size, self.rank()) {
+                    Peer::Parent
+                } else {
+                    Peer::Child(r)
+                };
                 if !self.send_to(peer, msg) {
                     debug!("dropping response: {peer:?} gone");
                 }
@@ -907,7 +1010,11 @@ impl Core {
         let Some(purpose) = self.internal.remove(&msg.matchtag) else { return };
         match purpose {
             Internal::Spawn { id, rank } => {
-                let r = if msg.errnum == 0 { Ok(()) } else { Err(msg.errstr().unwrap_or_else(|| crate::client::errno_str(msg.errnum).into())) };
+                let r = if msg.errnum == 0 {
+                    Ok(())
+                } else {
+                    Err(msg.errstr().unwrap_or_else(|| crate::client::errno_str(msg.errnum).into()))
+                };
                 if let Some(jc) = self.jobcore.as_mut() {
                     jc.shell_spawned(now(), id, rank, r);
                 }
@@ -957,7 +1064,11 @@ impl Core {
                 }
                 Action::Updated(id) => super::services::wake_watchers(self, id),
                 Action::NotifyShell { id, rank, lost_shells, note } => {
-                    let mut m = Message::request("rexec.notify", rank, &json!({"id": id.0, "lost_shells": lost_shells, "note": note}));
+                    let mut m = Message::request(
+                        "rexec.notify",
+                        rank,
+                        &json!({"id": id.0, "lost_shells": lost_shells, "note": note}),
+                    );
                     m.flags = FLAG_NORESPONSE;
                     self.route_request(Peer::Local(u32::MAX), m);
                 }

@@ -8,7 +8,14 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-pub(crate) async fn accept_local(l: tokio::net::UnixListener, tx: mpsc::UnboundedSender<Input>, owner: u32, rank: u32, size: u32, instance: String) {
+pub(crate) async fn accept_local(
+    l: tokio::net::UnixListener,
+    tx: mpsc::UnboundedSender<Input>,
+    owner: u32,
+    rank: u32,
+    size: u32,
+    instance: String,
+) {
     let mut next: u32 = 0;
     loop {
         let s = match l.accept().await {
@@ -42,7 +49,10 @@ pub(crate) async fn accept_local(l: tokio::net::UnixListener, tx: mpsc::Unbounde
         }
         next = (next + 1) % (1 << 30);
         let id = next;
-        let _ = link.tx.send(Message::control("welcome", &json!({"rank": rank, "size": size, "instance": instance, "uid": owner})));
+        let _ = link.tx.send(Message::control(
+            "welcome",
+            &json!({"rank": rank, "size": size, "instance": instance, "uid": owner}),
+        ));
         if tx.send(Input::LocalNew { id, uid, tx: link.tx }).is_err() {
             return;
         }

@@ -58,10 +58,15 @@ type Reply = Result<Option<Value>, (u32, String)>;
 fn handle(core: &mut Core, msg: &Message, body: &Value) -> Reply {
     let rank = core.rank();
     match msg.topic.as_str() {
-        "broker.ping" => Ok(Some(json!({"rank": rank, "hostname": core.opts.hostname, "pid": std::process::id(), "route": msg.route.len()}))),
+        "broker.ping" => Ok(Some(
+            json!({"rank": rank, "hostname": core.opts.hostname, "pid": std::process::id(), "route": msg.route.len()}),
+        )),
         "broker.getattr" => {
             let name = field(body, "name")?.as_str().unwrap_or("");
-            attrs(core).remove(name).map(|v| Some(json!({"value": v}))).ok_or((errno::ENOENT, format!("no such attribute '{name}'")))
+            attrs(core)
+                .remove(name)
+                .map(|v| Some(json!({"value": v})))
+                .ok_or((errno::ENOENT, format!("no such attribute '{name}'")))
         }
         "broker.lsattr" => Ok(Some(json!({"attrs": attrs(core)}))),
         "broker.info" => Ok(Some(info(core))),
@@ -129,7 +134,9 @@ fn handle(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             }
         }
         t if t.starts_with("resource.") || t.starts_with("overlay.") => resource(core, msg, body),
-        t if t.starts_with("job-manager.") || t.starts_with("job-info.") || t.starts_with("job-exec.") => jobs(core, msg, body),
+        t if t.starts_with("job-manager.") || t.starts_with("job-info.") || t.starts_with("job-exec.") => {
+            jobs(core, msg, body)
+        }
         t => Err((errno::ENOSYS, format!("unknown service method '{t}'"))),
     }
 }
@@ -191,7 +198,10 @@ fn shell_path(core: &Core) -> std::path::PathBuf {
     if let Ok(p) = std::env::var("VIGIL_SHELL") {
         return p.into();
     }
-    std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.join("vigil-shell"))).unwrap_or_else(|| "vigil-shell".into())
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("vigil-shell")))
+        .unwrap_or_else(|| "vigil-shell".into())
 }
 
 fn spawn_shell(core: &mut Core, _msg: &Message, body: &Value) -> Reply {
@@ -267,7 +277,8 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
                 return Err((errno::EPROTO, format!("rank {rank} out of range")));
             }
             let hostname = body.get("hostname").and_then(Value::as_str).unwrap_or("").to_string();
-            let res: NodeResources = serde_json::from_value(field(body, "resources")?.clone()).map_err(|e| (errno::EPROTO, e.to_string()))?;
+            let res: NodeResources = serde_json::from_value(field(body, "resources")?.clone())
+                .map_err(|e| (errno::EPROTO, e.to_string()))?;
             let topology = body.get("topology").and_then(Value::as_str).unwrap_or("live").to_string();
             let dg = body.get("declared_gpus").and_then(Value::as_u64).map(|g| g as u32);
             let ids = |k: &str, n: u32| -> Result<IdSet, (u32, String)> {
@@ -291,7 +302,14 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             let torpid = msg.topic == "overlay.torpid";
             for r in ranks.iter() {
                 if core.members.get(&r).is_some_and(|m| m.0 == MemberState::Online || m.0 == MemberState::Torpid) {
-                    core.members.insert(r, (if torpid { MemberState::Torpid } else { MemberState::Online }, if torpid { reason.clone() } else { String::new() }, n));
+                    core.members.insert(
+                        r,
+                        (
+                            if torpid { MemberState::Torpid } else { MemberState::Online },
+                            if torpid { reason.clone() } else { String::new() },
+                            n,
+                        ),
+                    );
                 }
             }
             if let Some(jc) = core.jobcore.as_mut() {
@@ -317,7 +335,8 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             let jc = core.jobcore.as_ref().ok_or((errno::ENOSYS, "not rank 0".into()))?;
             let ranks: Vec<Value> = (0..size)
                 .map(|r| {
-                    let (state, why, since) = core.members.get(&r).cloned().unwrap_or((MemberState::Offline, String::new(), 0.0));
+                    let (state, why, since) =
+                        core.members.get(&r).cloned().unwrap_or((MemberState::Offline, String::new(), 0.0));
                     let host = jc.pool.ranks.get(&r).map(|p| p.hostname.clone()).unwrap_or_default();
                     json!({"rank": r, "hostname": host, "state": state, "reason": why, "since": since,
                            "parent": topo.parent(size, r), "children": topo.children(size, r)})
@@ -340,11 +359,17 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
                         let st = if m.as_ref().is_some_and(|m| m.0 == MemberState::Lost) { "lost" } else { "down" };
                         (st, m.as_ref().map(|m| m.1.clone()).unwrap_or_default(), m.map(|m| m.2))
                     }
-                    Some(p) if p.torpid => ("torpid", core.members.get(&r).map(|m| m.1.clone()).unwrap_or_default(), core.members.get(&r).map(|m| m.2)),
+                    Some(p) if p.torpid => (
+                        "torpid",
+                        core.members.get(&r).map(|m| m.1.clone()).unwrap_or_default(),
+                        core.members.get(&r).map(|m| m.2),
+                    ),
                     Some(_) => ("avail", String::new(), None),
                 };
-                rows.push(json!({"rank": r, "hostname": p.map(|p| p.hostname.clone()).unwrap_or_default(), "state": state,
-                    "reason": reason, "since": at, "up": p.is_some_and(|p| p.up)}));
+                rows.push(
+                    json!({"rank": r, "hostname": p.map(|p| p.hostname.clone()).unwrap_or_default(), "state": state,
+                    "reason": reason, "since": at, "up": p.is_some_and(|p| p.up)}),
+                );
             }
             Ok(Some(json!({"ranks": rows})))
         }
@@ -378,9 +403,20 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
         }
         "resource.R" => {
             let jc = core.jobcore.as_ref().ok_or((errno::ENOSYS, "not rank 0".into()))?;
-            let ranks: Vec<crate::r::RankResources> = jc.pool.ranks.values().map(|p| crate::r::RankResources {
-                rank: p.rank, hostname: p.hostname.clone(), cores: p.cores.clone(), gpus: p.gpus.clone() }).collect();
-            Ok(Some(serde_json::to_value(crate::r::Rv1::from_ranks(&ranks, core.started_at, 0.0)).unwrap_or(Value::Null)))
+            let ranks: Vec<crate::r::RankResources> = jc
+                .pool
+                .ranks
+                .values()
+                .map(|p| crate::r::RankResources {
+                    rank: p.rank,
+                    hostname: p.hostname.clone(),
+                    cores: p.cores.clone(),
+                    gpus: p.gpus.clone(),
+                })
+                .collect();
+            Ok(Some(
+                serde_json::to_value(crate::r::Rv1::from_ranks(&ranks, core.started_at, 0.0)).unwrap_or(Value::Null),
+            ))
         }
         t => Err((errno::ENOSYS, format!("unknown service method '{t}'"))),
     }
@@ -411,7 +447,8 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
         }
         "job-manager.list" => {
             let all = body.get("all").and_then(Value::as_bool).unwrap_or(false);
-            let jobs: Vec<Value> = jc.jobs.values().rev().filter(|j| all || j.state.is_active()).map(|j| j.info()).collect();
+            let jobs: Vec<Value> =
+                jc.jobs.values().rev().filter(|j| all || j.state.is_active()).map(|j| j.info()).collect();
             Ok(Some(json!({"jobs": jobs})))
         }
         "job-manager.info" => {
@@ -484,7 +521,17 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             if !jc.jobs.contains_key(&id) {
                 return Err((errno::ENOENT, format!("unknown job id {id}")));
             }
-            core.watchers.push(Watcher { req: msg.clone(), id, ev_pos: 0, out_pos: 0, in_pos: 0, eventlog: false, output: false, stdin: true, follow: msg.flags & FLAG_STREAMING != 0 });
+            core.watchers.push(Watcher {
+                req: msg.clone(),
+                id,
+                ev_pos: 0,
+                out_pos: 0,
+                in_pos: 0,
+                eventlog: false,
+                output: false,
+                stdin: true,
+                follow: msg.flags & FLAG_STREAMING != 0,
+            });
             wake_watchers(core, id);
             Ok(None)
         }
@@ -495,7 +542,8 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
         }
         "job-exec.output" => {
             let id = parse_id(body)?;
-            let lines: Vec<OutputLine> = serde_json::from_value(field(body, "lines")?.clone()).map_err(|e| (errno::EPROTO, e.to_string()))?;
+            let lines: Vec<OutputLine> =
+                serde_json::from_value(field(body, "lines")?.clone()).map_err(|e| (errno::EPROTO, e.to_string()))?;
             jc.output(id, lines);
             Ok(Some(json!({})))
         }
@@ -525,7 +573,8 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             let id = parse_id(body)?;
             let job = jc.jobs.get_mut(&id).ok_or((errno::ENOENT, format!("unknown job id {id}")))?;
             let uri = field(body, "uri")?.as_str().unwrap_or("").to_string();
-            let crit = IdSet::parse(body.get("critical_ranks").and_then(Value::as_str).unwrap_or("0")).map_err(|e| (errno::EPROTO, e.to_string()))?;
+            let crit = IdSet::parse(body.get("critical_ranks").and_then(Value::as_str).unwrap_or("0"))
+                .map_err(|e| (errno::EPROTO, e.to_string()))?;
             let ranks: Vec<u32> = job.alloc.iter().map(|a| a.rank).collect();
             let parent_crit: IdSet = crit.iter().filter_map(|c| ranks.get(c as usize).copied()).collect();
             let size = body.get("size").and_then(Value::as_u64).unwrap_or(0);
@@ -539,7 +588,11 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             // One exchange per barrier per shell: hold each shell's request until all of the job's shells have
             // arrived, then answer all of them with the union of their puts.
             let id = parse_id(body)?;
-            let job = jc.jobs.get_mut(&id).filter(|j| j.state == JobState::Run).ok_or((errno::ENOENT, format!("job {id} is not running")))?;
+            let job = jc
+                .jobs
+                .get_mut(&id)
+                .filter(|j| j.state == JobState::Run)
+                .ok_or((errno::ENOENT, format!("job {id} is not running")))?;
             job.pmi_exchanges += 1;
             let nshells = job.shells.len();
             let kvs = body.get("kvs").and_then(Value::as_object).cloned().unwrap_or_default();
@@ -581,7 +634,14 @@ pub(crate) fn wake_watchers(core: &mut Core, id: JobId) {
         if w.output {
             if w.out_pos < job.output_base {
                 let missed = job.output_base - w.out_pos;
-                let note = crate::shellproto::OutputLine::text(0, "stderr", format!("vigil: {missed} output chunk(s) dropped: over the {} MiB kept per job (use --output FILE)", crate::jobs::OUTPUT_KEEP >> 20));
+                let note = crate::shellproto::OutputLine::text(
+                    0,
+                    "stderr",
+                    format!(
+                        "vigil: {missed} output chunk(s) dropped: over the {} MiB kept per job (use --output FILE)",
+                        crate::jobs::OUTPUT_KEEP >> 20
+                    ),
+                );
                 out.push(Message::response_to(&w.req, &json!({"output": note})));
                 w.out_pos = job.output_base;
             }

@@ -44,7 +44,13 @@ pub fn tcp_ack_state(fd: &std::os::fd::OwnedFd) -> Option<(u32, u32)> {
     unsafe {
         let mut info: libc::tcp_info = std::mem::zeroed();
         let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-        let r = libc::getsockopt(fd.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_INFO, &mut info as *mut _ as *mut libc::c_void, &mut len);
+        let r = libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            &mut info as *mut _ as *mut libc::c_void,
+            &mut len,
+        );
         if r != 0 {
             return None;
         }
@@ -60,7 +66,13 @@ pub fn tune_tcp(s: &tokio::net::TcpStream, user_timeout_ms: u32) {
     let v: libc::c_uint = user_timeout_ms;
     // SAFETY: setsockopt with a valid fd and a c_uint option value of the right size.
     unsafe {
-        libc::setsockopt(s.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, &v as *const _ as *const libc::c_void, std::mem::size_of::<libc::c_uint>() as libc::socklen_t);
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            &v as *const _ as *const libc::c_void,
+            std::mem::size_of::<libc::c_uint>() as libc::socklen_t,
+        );
     }
 }
 
@@ -144,7 +156,10 @@ impl Transport for TcpTransport {
             let addr = endpoint.strip_prefix("tcp://").unwrap_or(&endpoint).to_string();
             let s = tokio::net::TcpStream::connect(&addr).await?;
             tune_tcp(&s, TCP_USER_TIMEOUT_MS);
-            let dup = { use std::os::fd::AsFd; s.as_fd().try_clone_to_owned().ok() };
+            let dup = {
+                use std::os::fd::AsFd;
+                s.as_fd().try_clone_to_owned().ok()
+            };
             Ok(link_from_stream_fd(s, addr, dup))
         })
     }

@@ -81,7 +81,10 @@ fn glob_match(pat: &str, name: &str) -> bool {
 
 /// Build the jobspec for `run`/`submit`.
 pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
-    let mut b = JobspecBuilder::new(a.command.clone()).cores_per_task(a.cores_per_task).gpus_per_task(a.gpus_per_task).exclusive(a.exclusive);
+    let mut b = JobspecBuilder::new(a.command.clone())
+        .cores_per_task(a.cores_per_task)
+        .gpus_per_task(a.gpus_per_task)
+        .exclusive(a.exclusive);
     if let Some(n) = a.nodes {
         if n == 0 {
             return Err("-N must be at least 1".into());
@@ -102,10 +105,13 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
     }
     let cwd = match &a.cwd {
         Some(c) => c.clone(),
-        None => std::env::current_dir().map(|p| p.display().to_string()).map_err(|e| format!("cannot read the current directory: {e}"))?,
+        None => std::env::current_dir()
+            .map(|p| p.display().to_string())
+            .map_err(|e| format!("cannot read the current directory: {e}"))?,
     };
     b = b.cwd(cwd);
-    let mut env: std::collections::BTreeMap<String, String> = std::env::vars().filter(|(k, _)| !k.starts_with("VIGIL_")).collect();
+    let mut env: std::collections::BTreeMap<String, String> =
+        std::env::vars().filter(|(k, _)| !k.starts_with("VIGIL_")).collect();
     for rule in &a.env {
         if let Some(p) = rule.strip_prefix('-') {
             env.retain(|k, _| !glob_match(p, k));
@@ -137,7 +143,9 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
                 crate::duration::parse_duration_secs(s).map_err(|e| format!("-o {o}: {e}"))?;
             }
             ("cpu-affinity" | "gpu-affinity" | "exit-timeout" | "pmi" | "output", _) => {}
-            _ => eprintln!("vigil: warning: unknown shell option '{k}' (known: cpu-affinity, gpu-affinity, exit-timeout, pmi)"),
+            _ => eprintln!(
+                "vigil: warning: unknown shell option '{k}' (known: cpu-affinity, gpu-affinity, exit-timeout, pmi)"
+            ),
         }
         b = b.shell_option(k, v);
     }
@@ -275,7 +283,9 @@ pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, St
             let r = if is_err { stderr.write_all(&buf) } else { stdout.write_all(&buf).and_then(|_| stdout.flush()) };
             if r.is_err() && !is_err {
                 closed = true;
-                let _ = c.rpc("job-manager.cancel", 0, &json!({"id": id.0, "note": "output of vigil run was closed"})).await;
+                let _ = c
+                    .rpc("job-manager.cancel", 0, &json!({"id": id.0, "note": "output of vigil run was closed"}))
+                    .await;
             }
         } else if let Some(e) = v.get("event") {
             let name = e.get("name").and_then(Value::as_str).unwrap_or("");
@@ -356,19 +366,32 @@ pub(crate) async fn jobs(a: JobsArgs) -> Result<i32, String> {
         return Ok(0);
     }
     let now = crate::broker_now();
-    println!("{:>14} {:>8} {:<12} {:>2} {:>6} {:>6} {:>8} INFO", "JOBID", "USER", "NAME", "ST", "NTASKS", "NNODES", "TIME");
+    println!(
+        "{:>14} {:>8} {:<12} {:>2} {:>6} {:>6} {:>8} INFO",
+        "JOBID", "USER", "NAME", "ST", "NTASKS", "NNODES", "TIME"
+    );
     for j in r["jobs"].as_array().cloned().unwrap_or_default() {
         let uid = j["userid"].as_u64().unwrap_or(0) as u32;
-        let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok().flatten().map(|u| u.name).unwrap_or_else(|| uid.to_string());
+        let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+            .ok()
+            .flatten()
+            .map(|u| u.name)
+            .unwrap_or_else(|| uid.to_string());
         let t_run = j["t_run"].as_f64();
         let t_end = j["t_inactive"].as_f64().unwrap_or(now);
         let time = t_run.map(|t| fmt_secs(t_end - t)).unwrap_or_else(|| "-".into());
         let info = match j["state"].as_str() {
             Some("INACTIVE") => match j["exception"].as_object() {
-                Some(e) => format!("{}: {}", e.get("type").and_then(Value::as_str).unwrap_or(""), e.get("note").and_then(Value::as_str).unwrap_or("")),
+                Some(e) => format!(
+                    "{}: {}",
+                    e.get("type").and_then(Value::as_str).unwrap_or(""),
+                    e.get("note").and_then(Value::as_str).unwrap_or("")
+                ),
                 None => format!("exit {}", j["exit_code"].as_i64().unwrap_or(0)),
             },
-            Some("RUN") if j["uri"].is_string() => format!("{} {}", j["nodelist"].as_str().unwrap_or(""), j["uri"].as_str().unwrap_or("")),
+            Some("RUN") if j["uri"].is_string() => {
+                format!("{} {}", j["nodelist"].as_str().unwrap_or(""), j["uri"].as_str().unwrap_or(""))
+            }
             _ => j["nodelist"].as_str().unwrap_or("").to_string(),
         };
         println!(
@@ -490,9 +513,19 @@ pub(crate) async fn job(cmd: JobCmd) -> Result<i32, String> {
                     println!("{e}");
                 } else {
                     let ctx = e.get("context").and_then(Value::as_object).map(|m| {
-                        m.iter().map(|(k, v)| format!("{k}={}", v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()))).collect::<Vec<_>>().join(" ")
+                        m.iter()
+                            .map(|(k, v)| {
+                                format!("{k}={}", v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()))
+                            })
+                            .collect::<Vec<_>>()
+                            .join(" ")
                     });
-                    println!("{:.6} {} {}", e["timestamp"].as_f64().unwrap_or(0.0), e["name"].as_str().unwrap_or(""), ctx.unwrap_or_default());
+                    println!(
+                        "{:.6} {} {}",
+                        e["timestamp"].as_f64().unwrap_or(0.0),
+                        e["name"].as_str().unwrap_or(""),
+                        ctx.unwrap_or_default()
+                    );
                 }
             }
             Ok(0)
@@ -505,14 +538,17 @@ pub(crate) async fn job(cmd: JobCmd) -> Result<i32, String> {
         JobCmd::Wait { id } => {
             let id = parse_id(&id)?;
             let c = connect().await?;
-            let mut s = c.rpc_stream("job-manager.eventlog", 0, &json!({"id": id.0, "follow": true})).map_err(|e| e.errstr)?;
+            let mut s =
+                c.rpc_stream("job-manager.eventlog", 0, &json!({"id": id.0, "follow": true})).map_err(|e| e.errstr)?;
             let mut code = 1;
             let mut fatal = false;
             while let Some(item) = s.next().await {
                 let v = item.map_err(|e| e.errstr)?;
                 let e = &v["event"];
                 match e["name"].as_str() {
-                    Some("finish") => code = crate::shellproto::exit_code(e["context"]["status"].as_i64().unwrap_or(0) as i32),
+                    Some("finish") => {
+                        code = crate::shellproto::exit_code(e["context"]["status"].as_i64().unwrap_or(0) as i32)
+                    }
                     Some("exception") if e["context"]["severity"].as_u64() == Some(0) => fatal = true,
                     _ => {}
                 }

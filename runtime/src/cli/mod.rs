@@ -13,7 +13,12 @@ use clap::{Parser, Subcommand};
 
 /// Top-level options and subcommand.
 #[derive(Parser, Debug)]
-#[command(name = "vigil", version, about = "Vigil: a failure-aware resource manager for HPC clusters", propagate_version = true)]
+#[command(
+    name = "vigil",
+    version,
+    about = "Vigil: a failure-aware resource manager for HPC clusters",
+    propagate_version = true
+)]
 pub struct Cli {
     /// Subcommand.
     #[command(subcommand)]
@@ -66,7 +71,10 @@ pub enum Cmd {
 /// Entry point of the `vigil` binary; returns the process exit code.
 pub fn main() -> i32 {
     let cli = Cli::parse();
-    if !matches!(cli.cmd, Cmd::Run(_) | Cmd::Job(jobcmd::JobCmd::Attach { .. }) | Cmd::Start(_) | Cmd::Broker(_) | Cmd::Alloc(_)) {
+    if !matches!(
+        cli.cmd,
+        Cmd::Run(_) | Cmd::Job(jobcmd::JobCmd::Attach { .. }) | Cmd::Start(_) | Cmd::Broker(_) | Cmd::Alloc(_)
+    ) {
         // Listing commands behave like Unix filters: `vigil jobs | head` ends quietly on a closed pipe.
         // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };

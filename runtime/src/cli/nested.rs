@@ -148,12 +148,20 @@ pub(crate) fn parse_directives(script: &str) -> Result<Option<InstanceOpts>, Str
     if words.is_empty() {
         return Ok(None);
     }
-    DirectiveParser::try_parse_from(&words).map(|d| Some(d.opts)).map_err(|e| format!("batch directive: {}", e.to_string().lines().next().unwrap_or("")))
+    DirectiveParser::try_parse_from(&words)
+        .map(|d| Some(d.opts))
+        .map_err(|e| format!("batch directive: {}", e.to_string().lines().next().unwrap_or("")))
 }
 
-fn merge<T: PartialEq + Clone + std::fmt::Debug>(name: &str, cli: &mut Option<T>, dir: &Option<T>) -> Result<(), String> {
+fn merge<T: PartialEq + Clone + std::fmt::Debug>(
+    name: &str,
+    cli: &mut Option<T>,
+    dir: &Option<T>,
+) -> Result<(), String> {
     match (&*cli, dir) {
-        (Some(a), Some(b)) if a != b => Err(format!("option {name} {a:?} contradicts the script's directive {name} {b:?}")),
+        (Some(a), Some(b)) if a != b => {
+            Err(format!("option {name} {a:?} contradicts the script's directive {name} {b:?}"))
+        }
         (None, Some(b)) => {
             *cli = Some(b.clone());
             Ok(())
@@ -210,7 +218,13 @@ fn broker_args(o: &InstanceOpts) -> Result<Vec<String>, String> {
     Ok(attrs.into_iter().map(|a| format!("--setattr={a}")).collect())
 }
 
-fn instance_jobspec(o: &InstanceOpts, name: &str, command: Vec<String>, default_output: Option<&str>, files: Option<Value>) -> Result<Value, String> {
+fn instance_jobspec(
+    o: &InstanceOpts,
+    name: &str,
+    command: Vec<String>,
+    default_output: Option<&str>,
+    files: Option<Value>,
+) -> Result<Value, String> {
     if o.ntasks.is_some() {
         return Err("-n is not supported by batch and alloc: they allocate whole nodes, use -N".into());
     }
@@ -323,16 +337,32 @@ async fn wait_for_instance(c: &Client, id: JobId) -> Result<String, String> {
                     return Ok(u.to_string());
                 }
             }
-            Some("exception") => notes.push(format!("{}: {}", e["context"]["type"].as_str().unwrap_or(""), e["context"]["note"].as_str().unwrap_or(""))),
+            Some("exception") => notes.push(format!(
+                "{}: {}",
+                e["context"]["type"].as_str().unwrap_or(""),
+                e["context"]["note"].as_str().unwrap_or("")
+            )),
             _ => {}
         }
     }
-    Err(format!("job {id} ended before its instance started{}", if notes.is_empty() { String::new() } else { format!(" ({})", notes.join("; ")) }))
+    Err(format!(
+        "job {id} ended before its instance started{}",
+        if notes.is_empty() { String::new() } else { format!(" ({})", notes.join("; ")) }
+    ))
 }
 
 async fn run_with_uri(uri: &str, command: &[String]) -> Result<i32, String> {
-    let argv: Vec<String> = if command.is_empty() { vec![std::env::var("SHELL").unwrap_or_else(|_| "/bin/sh".into())] } else { command.to_vec() };
-    let st = tokio::process::Command::new(&argv[0]).args(&argv[1..]).env(crate::client::URI_ENV, uri).status().await.map_err(|e| format!("cannot run {}: {e}", argv[0]))?;
+    let argv: Vec<String> = if command.is_empty() {
+        vec![std::env::var("SHELL").unwrap_or_else(|_| "/bin/sh".into())]
+    } else {
+        command.to_vec()
+    };
+    let st = tokio::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .env(crate::client::URI_ENV, uri)
+        .status()
+        .await
+        .map_err(|e| format!("cannot run {}: {e}", argv[0]))?;
     use std::os::unix::process::ExitStatusExt;
     Ok(st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0)))
 }
@@ -373,7 +403,10 @@ pub(crate) async fn proxy(a: ProxyArgs) -> Result<i32, String> {
     let id = JobId::parse(&a.id).map_err(|e| e.to_string())?;
     let c = connect().await?;
     let r = c.rpc("job-manager.info", 0, &json!({"id": id.0})).await.map_err(|e| e.errstr)?;
-    let uri = r["info"]["uri"].as_str().ok_or_else(|| format!("job {id} is not a running instance (no URI reported)"))?.to_string();
+    let uri = r["info"]["uri"]
+        .as_str()
+        .ok_or_else(|| format!("job {id} is not a running instance (no URI reported)"))?
+        .to_string();
     if r["info"]["state"].as_str() != Some("RUN") {
         return Err(format!("job {id} is not running"));
     }
@@ -386,7 +419,10 @@ mod tests {
 
     #[test]
     fn words_and_directives() {
-        assert_eq!(split_words(r#" -N 4  --output "a b.out" -S 'x=1 2'"#).unwrap(), vec!["-N", "4", "--output", "a b.out", "-S", "x=1 2"]);
+        assert_eq!(
+            split_words(r#" -N 4  --output "a b.out" -S 'x=1 2'"#).unwrap(),
+            vec!["-N", "4", "--output", "a b.out", "-S", "x=1 2"]
+        );
         assert!(split_words("'open").is_err());
         let s = "#!/bin/sh\n# vigil: -N 4 -t 10m\n#vigil: -S tbon.topo=kary:2\n\necho hi\n# vigil: -N 9\n";
         let d = parse_directives(s).unwrap().unwrap();

@@ -88,7 +88,10 @@ async fn resolve_targets(c: &crate::client::Client, t: &str) -> Result<IdSet, St
     let st = c.rpc("resource.status", 0, &json!({})).await.map_err(|e| e.errstr)?;
     let mut out = IdSet::new();
     for h in hl.iter() {
-        let r = st["ranks"].as_array().and_then(|a| a.iter().find(|r| r["hostname"].as_str() == Some(h))).and_then(|r| r["rank"].as_u64());
+        let r = st["ranks"]
+            .as_array()
+            .and_then(|a| a.iter().find(|r| r["hostname"].as_str() == Some(h)))
+            .and_then(|r| r["rank"].as_u64());
         match r {
             Some(r) => {
                 out.insert(r as u32);
@@ -125,7 +128,14 @@ pub(crate) async fn resource(cmd: ResourceCmd) -> Result<i32, String> {
             println!("{:>8} {:>6} {:<12} {:<24} REASON", "STATE", "NNODES", "RANKS", "NODELIST");
             for s in ["avail", "drained", "down"] {
                 if !groups.keys().any(|k| k.1 == s) {
-                    groups.insert((["avail", "torpid", "drained", "lost", "down"].iter().position(|x| *x == s).unwrap_or(9), s.into(), String::new()), vec![]);
+                    groups.insert(
+                        (
+                            ["avail", "torpid", "drained", "lost", "down"].iter().position(|x| *x == s).unwrap_or(9),
+                            s.into(),
+                            String::new(),
+                        ),
+                        vec![],
+                    );
                 }
             }
             for ((_, st, reason), rs) in &groups {
@@ -172,7 +182,9 @@ pub(crate) async fn resource(cmd: ResourceCmd) -> Result<i32, String> {
         }
         ResourceCmd::Drain { targets, reason } => {
             let ranks = resolve_targets(&c, &targets).await?;
-            c.rpc("resource.drain", 0, &json!({"ranks": ranks.to_string(), "reason": reason.join(" ")})).await.map_err(|e| e.errstr)?;
+            c.rpc("resource.drain", 0, &json!({"ranks": ranks.to_string(), "reason": reason.join(" ")}))
+                .await
+                .map_err(|e| e.errstr)?;
             Ok(0)
         }
         ResourceCmd::Undrain { targets } => {
@@ -229,13 +241,26 @@ fn draw(ranks: &[Value], rank: usize, prefix: &str, last: bool, root: bool, out:
     let v = &ranks[rank];
     let health = subtree_health(ranks, rank);
     let reason = v["reason"].as_str().filter(|s| !s.is_empty()).map(|s| format!(" ({s})")).unwrap_or_default();
-    let branch = if root { "" } else if last { "└─ " } else { "├─ " };
+    let branch = if root {
+        ""
+    } else if last {
+        "└─ "
+    } else {
+        "├─ "
+    };
     let own = match v["state"].as_str() {
         Some("torpid") => " [torpid]",
         _ => "",
     };
-    out.push_str(&format!("{prefix}{branch}{} {}: {health}{own}{reason}\n", rank, v["hostname"].as_str().unwrap_or("?")));
-    let ch: Vec<usize> = v["children"].as_array().map(|a| a.iter().filter_map(|c| c.as_u64()).map(|c| c as usize).collect()).unwrap_or_default();
+    out.push_str(&format!(
+        "{prefix}{branch}{} {}: {health}{own}{reason}\n",
+        rank,
+        v["hostname"].as_str().unwrap_or("?")
+    ));
+    let ch: Vec<usize> = v["children"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|c| c.as_u64()).map(|c| c as usize).collect())
+        .unwrap_or_default();
     let np = if root { String::new() } else { format!("{prefix}{}", if last { "   " } else { "│  " }) };
     for (i, c) in ch.iter().enumerate() {
         if *c < ranks.len() {
@@ -316,7 +341,10 @@ fn unsafe_zeroed_tm() -> libc::tm {
 pub(crate) async fn getattr(a: GetattrArgs) -> Result<i32, String> {
     let c = connect().await?;
     let rank = a.rank.unwrap_or(c.welcome.rank);
-    let r = c.rpc("broker.getattr", rank, &json!({"name": a.name})).await.map_err(|e| format!("{}: {}", a.name, e.errstr))?;
+    let r = c
+        .rpc("broker.getattr", rank, &json!({"name": a.name}))
+        .await
+        .map_err(|e| format!("{}: {}", a.name, e.errstr))?;
     println!("{}", r["value"].as_str().unwrap_or(""));
     Ok(0)
 }
@@ -342,8 +370,17 @@ pub(crate) async fn ping(a: PingArgs) -> Result<i32, String> {
     let c = connect().await?;
     for i in 0..a.count.max(1) {
         let t = std::time::Instant::now();
-        let r = c.rpc("broker.ping", a.rank, &json!({"seq": i})).await.map_err(|e| format!("rank {}: {}", a.rank, e.errstr))?;
-        println!("rank {} ({}): seq={i} time={:.3} ms hops={}", a.rank, r["hostname"].as_str().unwrap_or(""), t.elapsed().as_secs_f64() * 1e3, r["route"]);
+        let r = c
+            .rpc("broker.ping", a.rank, &json!({"seq": i}))
+            .await
+            .map_err(|e| format!("rank {}: {}", a.rank, e.errstr))?;
+        println!(
+            "rank {} ({}): seq={i} time={:.3} ms hops={}",
+            a.rank,
+            r["hostname"].as_str().unwrap_or(""),
+            t.elapsed().as_secs_f64() * 1e3,
+            r["route"]
+        );
     }
     Ok(0)
 }

@@ -23,8 +23,6 @@
 //! No public function panics on any input: every failure is reported as a
 //! [`TopoError`] (or an [`std::io::Error`] for the syscall wrappers).
 
-
-
 mod placement;
 
 pub use placement::{CpuAffinity, GpuAffinity, PlacementRequest, TaskPlacement, MAX_TASKS};
@@ -215,10 +213,7 @@ impl fmt::Debug for NodeTopology {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NodeTopology")
             .field("source", &self.source)
-            .field(
-                "cores",
-                &self.topo.objects_with_type(ObjectType::Core).len(),
-            )
+            .field("cores", &self.topo.objects_with_type(ObjectType::Core).len())
             .field("pus", &self.topo.objects_with_type(ObjectType::PU).len())
             .finish()
     }
@@ -241,34 +236,25 @@ pub(crate) fn guarded<T>(f: impl FnOnce() -> Result<T, TopoError>) -> Result<T, 
 }
 
 fn build_topology(src: &TopologySource) -> Result<Topology, TopoError> {
-    let load_err = |reason: String| TopoError::Load {
-        origin: src.to_string(),
-        reason,
-    };
+    let load_err = |reason: String| TopoError::Load { origin: src.to_string(), reason };
     let builder = Topology::builder();
     let builder = match src {
         TopologySource::Live => builder,
-        TopologySource::Synthetic(desc) => builder
-            .from_synthetic(desc)
-            .map_err(|e| load_err(e.to_string()))?,
+        TopologySource::Synthetic(desc) => builder.from_synthetic(desc).map_err(|e| load_err(e.to_string()))?,
         TopologySource::XmlFile(path) => {
             // hwlocality 1.0.0-alpha.13's `from_xml_file` panics
             // (`unreachable!`) when hwloc reports anything but EINVAL, e.g.
             // ENOENT or EISDIR, so read the file ourselves and hand hwloc
             // the buffer.
             let text = std::fs::read_to_string(path).map_err(|e| load_err(e.to_string()))?;
-            builder
-                .from_xml(&text)
-                .map_err(|e| load_err(e.to_string()))?
+            builder.from_xml(&text).map_err(|e| load_err(e.to_string()))?
         }
     };
     // Keep "important" I/O objects (PCI devices, bridges with children,
     // OS devices such as CUDA/OpenCL/RSMI/NVML/LevelZero GPUs, NICs,
     // storage). The default filter drops all I/O, which would hide GPUs.
     // Synthetic topologies have no I/O; the filter is harmless there.
-    let builder = builder
-        .with_io_type_filter(TypeFilter::KeepImportant)
-        .map_err(|e| load_err(e.to_string()))?;
+    let builder = builder.with_io_type_filter(TypeFilter::KeepImportant).map_err(|e| load_err(e.to_string()))?;
     builder.build().map_err(|e| load_err(e.to_string()))
 }
 
@@ -293,23 +279,14 @@ fn gpu_backend(obj: &TopologyObject) -> Option<usize> {
     }
     match obj.attributes() {
         Some(ObjectAttributes::OSDevice(a))
-            if matches!(
-                a.device_type(),
-                OSDeviceType::GPU | OSDeviceType::CoProcessor
-            ) => {}
+            if matches!(a.device_type(), OSDeviceType::GPU | OSDeviceType::CoProcessor) => {}
         _ => return None,
     }
     let subtype = obj.subtype().map(|s| s.to_string_lossy().into_owned());
-    let name = obj
-        .name()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let name = obj.name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     GPU_BACKENDS.iter().position(|(sub, prefix)| {
-        subtype
-            .as_deref()
-            .is_some_and(|s| s.eq_ignore_ascii_case(sub))
-            || (name.starts_with(prefix)
-                && name[prefix.len()..].starts_with(|c: char| c.is_ascii_digit()))
+        subtype.as_deref().is_some_and(|s| s.eq_ignore_ascii_case(sub))
+            || (name.starts_with(prefix) && name[prefix.len()..].starts_with(|c: char| c.is_ascii_digit()))
     })
 }
 
@@ -329,16 +306,12 @@ impl NodeTopology {
     /// read/parse the XML file, or fails to discover the live machine.
     pub fn load(src: &TopologySource) -> Result<Self, TopoError> {
         let topo = guarded(|| build_topology(src)).map_err(|e| match e {
-            TopoError::Internal(msg) => TopoError::Load {
-                origin: src.to_string(),
-                reason: format!("hwlocality panicked: {msg}"),
-            },
+            TopoError::Internal(msg) => {
+                TopoError::Load { origin: src.to_string(), reason: format!("hwlocality panicked: {msg}") }
+            }
             other => other,
         })?;
-        Ok(NodeTopology {
-            topo,
-            source: src.clone(),
-        })
+        Ok(NodeTopology { topo, source: src.clone() })
     }
 
     /// `true` iff the topology was discovered from the running machine
@@ -407,10 +380,7 @@ impl NodeTopology {
         let mut per_backend: Vec<Vec<String>> = vec![Vec::new(); GPU_BACKENDS.len()];
         for obj in self.topo.objects_with_type(ObjectType::OSDevice) {
             if let Some(b) = gpu_backend(obj) {
-                let name = obj
-                    .name()
-                    .map(|s| s.to_string_lossy().into_owned())
-                    .unwrap_or_default();
+                let name = obj.name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
                 per_backend[b].push(name);
             }
         }
@@ -541,10 +511,7 @@ impl CpuMask {
         let mut set = empty_cpu_set();
         for &c in cpus {
             if c >= CPU_SETSIZE_U32 {
-                return Err(TopoError::CpuOutOfRange {
-                    cpu: c,
-                    limit: CPU_SETSIZE_U32,
-                });
+                return Err(TopoError::CpuOutOfRange { cpu: c, limit: CPU_SETSIZE_U32 });
             }
             // SAFETY: c < CPU_SETSIZE, so CPU_SET stays in bounds.
             unsafe { libc::CPU_SET(c as usize, &mut set) };
@@ -574,8 +541,7 @@ impl CpuMask {
     pub fn apply(&self) -> std::io::Result<()> {
         // SAFETY: valid pointer to a fully initialised cpu_set_t of the
         // size passed.
-        let rc =
-            unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.0) };
+        let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.0) };
         if rc == 0 {
             Ok(())
         } else {
@@ -632,9 +598,7 @@ pub fn current_affinity() -> std::io::Result<Vec<u32>> {
         let bytes = buf.len() * std::mem::size_of::<libc::c_ulong>();
         // SAFETY: buf is `bytes` long and suitably aligned for cpu_set_t's
         // element type; the kernel writes at most `bytes` bytes.
-        let rc = unsafe {
-            libc::sched_getaffinity(0, bytes, buf.as_mut_ptr().cast::<libc::cpu_set_t>())
-        };
+        let rc = unsafe { libc::sched_getaffinity(0, bytes, buf.as_mut_ptr().cast::<libc::cpu_set_t>()) };
         if rc == 0 {
             let mut out = Vec::new();
             for (w, word) in buf.iter().enumerate() {
@@ -663,14 +627,8 @@ mod tests {
     fn cpulist_roundtrip() {
         assert_eq!(format_cpulist(&[]), "");
         assert_eq!(format_cpulist(&[3, 0, 1, 2, 8, 11, 10, 10]), "0-3,8,10-11");
-        assert_eq!(
-            format_cpulist(&[u32::MAX, u32::MAX - 1]),
-            format!("{}-{}", u32::MAX - 1, u32::MAX)
-        );
-        assert_eq!(
-            parse_cpulist("0-3,8,10-11").unwrap(),
-            vec![0, 1, 2, 3, 8, 10, 11]
-        );
+        assert_eq!(format_cpulist(&[u32::MAX, u32::MAX - 1]), format!("{}-{}", u32::MAX - 1, u32::MAX));
+        assert_eq!(parse_cpulist("0-3,8,10-11").unwrap(), vec![0, 1, 2, 3, 8, 10, 11]);
         assert_eq!(parse_cpulist(" 5 ").unwrap(), vec![5]);
         assert_eq!(parse_cpulist("").unwrap(), Vec::<u32>::new());
         assert!(parse_cpulist("3-1").is_err());
@@ -687,19 +645,13 @@ mod tests {
         ] {
             assert_eq!(s.to_string().parse::<TopologySource>().unwrap(), s);
         }
-        assert!(matches!(
-            "bogus".parse::<TopologySource>(),
-            Err(TopoError::InvalidSource(_))
-        ));
+        assert!(matches!("bogus".parse::<TopologySource>(), Err(TopoError::InvalidSource(_))));
     }
 
     #[test]
     fn cpumask_validation() {
         assert_eq!(CpuMask::new(&[]).unwrap_err(), TopoError::EmptyCpuList);
-        assert!(matches!(
-            CpuMask::new(&[0, 5000]),
-            Err(TopoError::CpuOutOfRange { cpu: 5000, .. })
-        ));
+        assert!(matches!(CpuMask::new(&[0, 5000]), Err(TopoError::CpuOutOfRange { cpu: 5000, .. })));
         assert_eq!(CpuMask::new(&[3, 1, 3]).unwrap().cpus(), vec![1, 3]);
         let e = bind_current_process(&[]).unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);

@@ -68,10 +68,7 @@ fn parse_affinity(option: &'static str, s: &str) -> Result<(bool, bool), TopoErr
         "off" => Ok((true, false)),
         "on" => Ok((false, true)),
         "per-task" => Ok((false, false)),
-        _ => Err(TopoError::InvalidAffinity {
-            option,
-            value: s.to_string(),
-        }),
+        _ => Err(TopoError::InvalidAffinity { option, value: s.to_string() }),
     }
 }
 
@@ -104,20 +101,14 @@ impl FromStr for GpuAffinity {
 impl fmt::Display for CpuAffinity {
     /// `"off"`, `"on"` or `"per-task"`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(affinity_name(
-            *self == CpuAffinity::Off,
-            *self == CpuAffinity::On,
-        ))
+        f.write_str(affinity_name(*self == CpuAffinity::Off, *self == CpuAffinity::On))
     }
 }
 
 impl fmt::Display for GpuAffinity {
     /// `"off"`, `"on"` or `"per-task"`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(affinity_name(
-            *self == GpuAffinity::Off,
-            *self == GpuAffinity::On,
-        ))
+        f.write_str(affinity_name(*self == GpuAffinity::Off, *self == GpuAffinity::On))
     }
 }
 
@@ -231,9 +222,8 @@ fn per_task_cores(
         let per = c.min(m);
         return Ok((0..n)
             .map(|i| {
-                let mut v: Vec<usize> = (0..per)
-                    .map(|j| ((i as u128 * c as u128 + j as u128) % m as u128) as usize)
-                    .collect();
+                let mut v: Vec<usize> =
+                    (0..per).map(|j| ((i as u128 * c as u128 + j as u128) % m as u128) as usize).collect();
                 v.sort_unstable();
                 v.dedup();
                 v
@@ -270,31 +260,19 @@ fn per_task_cores(
     if ok {
         Ok(result)
     } else {
-        Ok(linear_chunks(m, n)
-            .into_iter()
-            .map(|r| r.collect())
-            .collect())
+        Ok(linear_chunks(m, n).into_iter().map(|r| r.collect()).collect())
     }
 }
 
 /// Implementation of [`super::NodeTopology::place`].
-pub(crate) fn place(
-    topo: &Topology,
-    req: &PlacementRequest,
-) -> Result<Vec<TaskPlacement>, TopoError> {
+pub(crate) fn place(topo: &Topology, req: &PlacementRequest) -> Result<Vec<TaskPlacement>, TopoError> {
     if req.ntasks > MAX_TASKS {
-        return Err(TopoError::TooManyTasks {
-            ntasks: req.ntasks,
-            max: MAX_TASKS,
-        });
+        return Err(TopoError::TooManyTasks { ntasks: req.ntasks, max: MAX_TASKS });
     }
     let all_cores: Vec<&TopologyObject> = topo.objects_with_type(ObjectType::Core).collect();
     for &idx in &req.cores {
         if idx as usize >= all_cores.len() {
-            return Err(TopoError::UnknownCore {
-                index: idx,
-                available: to_u32(all_cores.len()),
-            });
+            return Err(TopoError::UnknownCore { index: idx, available: to_u32(all_cores.len()) });
         }
     }
     let mut sorted = req.cores.clone();
@@ -322,10 +300,7 @@ pub(crate) fn place(
 
     let numa_nodes: Vec<(u32, CpuSet)> = topo
         .objects_with_type(ObjectType::NUMANode)
-        .filter_map(|o| {
-            o.cpuset()
-                .map(|s| (to_u32(o.logical_index()), s.clone_target()))
-        })
+        .filter_map(|o| o.cpuset().map(|s| (to_u32(o.logical_index()), s.clone_target())))
         .collect();
 
     let mut out = Vec::with_capacity(n);
@@ -341,17 +316,8 @@ pub(crate) fn place(
             CpuAffinity::Off => None,
             _ => Some(set.iter_set().map(|b| to_u32(usize::from(b))).collect()),
         };
-        let numa: Vec<u32> = numa_nodes
-            .iter()
-            .filter(|(_, ns)| ns.intersects(&set))
-            .map(|(l, _)| *l)
-            .collect();
-        out.push(TaskPlacement {
-            cpus,
-            cores,
-            numa,
-            gpus: gpus_for_task(req, i, n),
-        });
+        let numa: Vec<u32> = numa_nodes.iter().filter(|(_, ns)| ns.intersects(&set)).map(|(l, _)| *l).collect();
+        out.push(TaskPlacement { cpus, cores, numa, gpus: gpus_for_task(req, i, n) });
     }
     Ok(out)
 }
@@ -415,9 +381,6 @@ mod tests {
         let e = "ON".parse::<GpuAffinity>().unwrap_err();
         assert!(e.to_string().contains("gpu-affinity") && e.to_string().contains("'ON'"));
         assert_eq!(CpuAffinity::default(), CpuAffinity::PerTask);
-        assert_eq!(
-            serde_json::to_string(&CpuAffinity::PerTask).unwrap(),
-            "\"per-task\""
-        );
+        assert_eq!(serde_json::to_string(&CpuAffinity::PerTask).unwrap(), "\"per-task\"");
     }
 }

@@ -287,7 +287,15 @@ impl JobCore {
     // ---------------------------------------------------------------- resources
 
     /// A broker joined with its node's resources (RFC 44 `online`).
-    pub fn rank_online(&mut self, now: f64, rank: u32, hostname: &str, cores: IdSet, gpus: IdSet, topology: (String, Option<u32>)) {
+    pub fn rank_online(
+        &mut self,
+        now: f64,
+        rank: u32,
+        hostname: &str,
+        cores: IdSet,
+        gpus: IdSet,
+        topology: (String, Option<u32>),
+    ) {
         self.pool.add_rank(rank, hostname, cores, gpus);
         self.topology.insert(rank, topology);
         self.resource_eventlog.push(Event::with_time(now, "online", json!({"idset": rank.to_string()})));
@@ -303,7 +311,11 @@ impl JobCore {
                 p.drained_at = Some(now);
             }
         }
-        self.resource_eventlog.push(Event::with_time(now, "drain", json!({"idset": ranks.to_string(), "reason": reason})));
+        self.resource_eventlog.push(Event::with_time(
+            now,
+            "drain",
+            json!({"idset": ranks.to_string(), "reason": reason}),
+        ));
         Ok(())
     }
 
@@ -354,7 +366,13 @@ impl JobCore {
     /// Critical broker ranks of a job: every shell of an ordinary job; for a nested instance, the ranks it
     /// reported (its rank 0 and routers, mapped to this instance's ranks).
     pub fn critical_ranks(job: &Job) -> IdSet {
-        match job.instance.as_ref().and_then(|i| i.get("critical_broker_ranks")).and_then(Value::as_str).and_then(|s| IdSet::parse(s).ok()) {
+        match job
+            .instance
+            .as_ref()
+            .and_then(|i| i.get("critical_broker_ranks"))
+            .and_then(Value::as_str)
+            .and_then(|s| IdSet::parse(s).ok())
+        {
             Some(c) => c,
             None => job.shells.keys().copied().collect(),
         }
@@ -382,15 +400,22 @@ impl JobCore {
             ctx["reason"] = json!(reason);
         }
         self.resource_eventlog.push(Event::with_time(now, "offline", ctx));
-        let ids: Vec<JobId> = self.jobs.values().filter(|j| j.state == JobState::Run || j.state == JobState::Cleanup).map(|j| j.id).collect();
+        let ids: Vec<JobId> = self
+            .jobs
+            .values()
+            .filter(|j| j.state == JobState::Run || j.state == JobState::Cleanup)
+            .map(|j| j.id)
+            .collect();
         for id in ids {
             let job = &self.jobs[&id];
-            let lost: Vec<u32> = job.shells.iter().filter(|(r, s)| ranks.contains(**r) && !s.exited).map(|(r, _)| *r).collect();
+            let lost: Vec<u32> =
+                job.shells.iter().filter(|(r, s)| ranks.contains(**r) && !s.exited).map(|(r, _)| *r).collect();
             if lost.is_empty() {
                 continue;
             }
             let critical = Self::critical_ranks(job);
-            let hosts: Vec<String> = lost.iter().map(|r| self.pool.ranks.get(r).map(|p| p.hostname.clone()).unwrap_or_default()).collect();
+            let hosts: Vec<String> =
+                lost.iter().map(|r| self.pool.ranks.get(r).map(|p| p.hostname.clone()).unwrap_or_default()).collect();
             let lost_set: IdSet = lost.iter().copied().collect();
             let what = lost.iter().zip(&hosts).map(|(r, h)| format!("{h} (rank {r})")).collect::<Vec<_>>().join(", ");
             let fatal = lost.iter().any(|r| critical.contains(*r));
@@ -404,16 +429,29 @@ impl JobCore {
             if fatal {
                 self.raise(now, id, "exec", 0, &format!("lost critical rank: {what}"));
             } else {
-                self.raise(now, id, "node-failure", 2, &format!("lost node {what}; the job continues on the remaining nodes"));
-                let leader = self.jobs[&id].shells.values().filter(|s| !s.exited).min_by_key(|s| s.shell_rank).map(|s| s.rank);
-                let shell_ranks: Vec<u32> = lost.iter().filter_map(|r| self.jobs[&id].shells.get(r).map(|s| s.shell_rank)).collect();
+                self.raise(
+                    now,
+                    id,
+                    "node-failure",
+                    2,
+                    &format!("lost node {what}; the job continues on the remaining nodes"),
+                );
+                let leader =
+                    self.jobs[&id].shells.values().filter(|s| !s.exited).min_by_key(|s| s.shell_rank).map(|s| s.rank);
+                let shell_ranks: Vec<u32> =
+                    lost.iter().filter_map(|r| self.jobs[&id].shells.get(r).map(|s| s.shell_rank)).collect();
                 if let Some(j) = self.jobs.get_mut(&id) {
                     j.post(now, "release", json!({"ranks": lost_set.to_string(), "final": false}));
                     let alloc = j.alloc.clone();
                     self.pool.free(&alloc, Some(&lost_set));
                 }
                 if let Some(leader) = leader {
-                    self.actions.push_back(Action::NotifyShell { id, rank: leader, lost_shells: shell_ranks, note: what.clone() });
+                    self.actions.push_back(Action::NotifyShell {
+                        id,
+                        rank: leader,
+                        lost_shells: shell_ranks,
+                        note: what.clone(),
+                    });
                 }
                 self.actions.push_back(Action::Updated(id));
             }
@@ -566,9 +604,25 @@ impl JobCore {
                 declared_gpus,
                 uri: String::new(),
                 tmpdir: None,
-                files: job.jobspec.pointer("/attributes/system/files").and_then(Value::as_object).cloned().unwrap_or_default(),
+                files: job
+                    .jobspec
+                    .pointer("/attributes/system/files")
+                    .and_then(Value::as_object)
+                    .cloned()
+                    .unwrap_or_default(),
             };
-            job.shells.insert(a.rank, ShellState { shell_rank: i as u32, rank: a.rank, ntasks: counts[i], spawned: false, exited: false, status: None, abort_code: None });
+            job.shells.insert(
+                a.rank,
+                ShellState {
+                    shell_rank: i as u32,
+                    rank: a.rank,
+                    ntasks: counts[i],
+                    spawned: false,
+                    exited: false,
+                    status: None,
+                    abort_code: None,
+                },
+            );
             first += counts[i];
             self.actions.push_back(Action::SpawnShell { id, rank: a.rank, input: Box::new(input) });
         }
@@ -622,7 +676,8 @@ impl JobCore {
             trim_output(j, INACTIVE_OUTPUT_KEEP);
             self.inactive_output.push_back(id);
         }
-        let mut total: usize = self.inactive_output.iter().filter_map(|i| self.jobs.get(i)).map(|j| j.output_bytes).sum();
+        let mut total: usize =
+            self.inactive_output.iter().filter_map(|i| self.jobs.get(i)).map(|j| j.output_bytes).sum();
         while total > INACTIVE_OUTPUT_TOTAL {
             let Some(old) = self.inactive_output.pop_front() else { break };
             if let Some(j) = self.jobs.get_mut(&old) {
@@ -802,7 +857,12 @@ impl JobCore {
 
     /// Fire every rule whose time has come: time limits, exit-timeout, SIGKILL escalation.
     pub fn handle_timeout(&mut self, now: f64) {
-        let ids: Vec<JobId> = self.jobs.values().filter(|j| j.state == JobState::Run || j.state == JobState::Cleanup).map(|j| j.id).collect();
+        let ids: Vec<JobId> = self
+            .jobs
+            .values()
+            .filter(|j| j.state == JobState::Run || j.state == JobState::Cleanup)
+            .map(|j| j.id)
+            .collect();
         for id in ids {
             let j = &self.jobs[&id];
             if j.term_sent.is_none() {
@@ -812,7 +872,13 @@ impl JobCore {
                 } else if let (Some(f), Some(t)) = (j.first_exit, j.exit_timeout) {
                     if now >= f + t {
                         let lim = fmt_limit(t);
-                        self.raise(now, id, "exec", 0, &format!("exit-timeout ({lim}) expired: tasks still running after the first task exited"));
+                        self.raise(
+                            now,
+                            id,
+                            "exec",
+                            0,
+                            &format!("exit-timeout ({lim}) expired: tasks still running after the first task exited"),
+                        );
                     }
                 }
             } else if !j.kill_sent && now >= j.term_sent.unwrap_or(0.0) + self.kill_timeout {
@@ -834,7 +900,9 @@ impl JobCore {
 }
 
 fn fmt_limit(secs: f64) -> String {
-    std::time::Duration::try_from_secs_f64(secs).map(crate::duration::format_duration).unwrap_or_else(|_| format!("{secs}s"))
+    std::time::Duration::try_from_secs_f64(secs)
+        .map(crate::duration::format_duration)
+        .unwrap_or_else(|_| format!("{secs}s"))
 }
 
 /// Drop a job's oldest output until at most `keep` bytes remain.

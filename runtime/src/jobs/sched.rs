@@ -152,18 +152,41 @@ impl Pool {
                     return Err(Unsatisfiable::Nodes { want: n, have });
                 }
                 let per = req.slots_per_node.unwrap_or(1);
-                let fits = self.ranks.values().filter(|r| Self::fit(r.cores.len() as u32, r.gpus.len() as u32, c, g) >= per).count() as u32;
+                let fits = self
+                    .ranks
+                    .values()
+                    .filter(|r| Self::fit(r.cores.len() as u32, r.gpus.len() as u32, c, g) >= per)
+                    .count() as u32;
                 if fits < n {
-                    return Err(Unsatisfiable::NodeTooSmall { want_cores: per * c, want_gpus: per * g, have_cores: max_c, have_gpus: max_g });
+                    return Err(Unsatisfiable::NodeTooSmall {
+                        want_cores: per * c,
+                        want_gpus: per * g,
+                        have_cores: max_c,
+                        have_gpus: max_g,
+                    });
                 }
             }
             None => {
                 if Self::fit(max_c, max_g, c, g) == 0 {
-                    return Err(Unsatisfiable::NodeTooSmall { want_cores: c, want_gpus: g, have_cores: max_c, have_gpus: max_g });
+                    return Err(Unsatisfiable::NodeTooSmall {
+                        want_cores: c,
+                        want_gpus: g,
+                        have_cores: max_c,
+                        have_gpus: max_g,
+                    });
                 }
-                let have: u64 = self.ranks.values().map(|r| Self::fit(r.cores.len() as u32, r.gpus.len() as u32, c, g) as u64).sum();
+                let have: u64 = self
+                    .ranks
+                    .values()
+                    .map(|r| Self::fit(r.cores.len() as u32, r.gpus.len() as u32, c, g) as u64)
+                    .sum();
                 if (req.nslots as u64) > have {
-                    return Err(Unsatisfiable::Slots { want: req.nslots, cores: c, gpus: g, have: have.min(u32::MAX as u64) as u32 });
+                    return Err(Unsatisfiable::Slots {
+                        want: req.nslots,
+                        cores: c,
+                        gpus: g,
+                        have: have.min(u32::MAX as u64) as u32,
+                    });
                 }
             }
         }
@@ -254,7 +277,10 @@ mod tests {
     use proptest::prelude::*;
 
     fn req(nnodes: Option<u32>, nslots: u32, c: u32, g: u32) -> JobRequest {
-        let mut b = crate::jobspec::JobspecBuilder::new(vec!["true".to_string()]).ntasks(nslots).cores_per_task(c).gpus_per_task(g);
+        let mut b = crate::jobspec::JobspecBuilder::new(vec!["true".to_string()])
+            .ntasks(nslots)
+            .cores_per_task(c)
+            .gpus_per_task(g);
         if let Some(n) = nnodes {
             b = b.nnodes(n);
         }

@@ -95,7 +95,9 @@ pub struct TransitionError {
 }
 
 /// Replay `(name, context)` pairs from NEW; the eventlog must start with `submit`.
-pub fn replay<'a>(events: impl IntoIterator<Item = (&'a str, &'a serde_json::Value)>) -> Result<JobState, TransitionError> {
+pub fn replay<'a>(
+    events: impl IntoIterator<Item = (&'a str, &'a serde_json::Value)>,
+) -> Result<JobState, TransitionError> {
     let mut s = JobState::New;
     for (n, c) in events {
         s = s.apply(n, c)?;
@@ -111,7 +113,8 @@ mod tests {
     #[test]
     fn happy_path() {
         let e = json!({});
-        let names = ["submit", "validate", "depend", "priority", "alloc", "start", "finish", "release", "free", "clean"];
+        let names =
+            ["submit", "validate", "depend", "priority", "alloc", "start", "finish", "release", "free", "clean"];
         assert_eq!(replay(names.iter().map(|n| (*n, &e))).unwrap(), JobState::Inactive);
     }
 

@@ -45,7 +45,15 @@ fn signals(a: &[Action]) -> Vec<(Vec<u32>, i32)> {
 }
 
 fn exit_shell(c: &mut JobCore, t: f64, id: JobId, rank: u32, status: i32) {
-    c.shell_exit(t, ShellExit { id: id.0, rank, report: Some(ShellReport { status, tasks: vec![], error: None, abort_code: None }), shell_status: 0 });
+    c.shell_exit(
+        t,
+        ShellExit {
+            id: id.0,
+            rank,
+            report: Some(ShellReport { status, tasks: vec![], error: None, abort_code: None }),
+            shell_status: 0,
+        },
+    );
 }
 
 fn names(c: &JobCore, id: JobId) -> Vec<String> {
@@ -59,7 +67,10 @@ fn job_runs_through_every_state() {
     let a = actions(&mut c);
     let s = spawns(&a);
     assert_eq!(s.len(), 4);
-    assert_eq!(s.iter().map(|x| (x.1, x.2.first_task, x.2.local_tasks)).collect::<Vec<_>>(), vec![(0, 0, 2), (1, 2, 2), (2, 4, 2), (3, 6, 2)]);
+    assert_eq!(
+        s.iter().map(|x| (x.1, x.2.first_task, x.2.local_tasks)).collect::<Vec<_>>(),
+        vec![(0, 0, 2), (1, 2, 2), (2, 4, 2), (3, 6, 2)]
+    );
     assert_eq!(s[0].2.taskmap, json!({"version": 1, "map": [[0, 4, 2, 1]]}));
     assert_eq!(c.jobs[&id].state, JobState::Run);
     for r in 0..4 {
@@ -73,7 +84,10 @@ fn job_runs_through_every_state() {
     assert_eq!(j.state, JobState::Inactive);
     assert_eq!(j.result(), Some("COMPLETED"));
     assert_eq!(j.exit_code(), Some(0));
-    assert_eq!(names(&c, id), ["submit", "validate", "depend", "priority", "alloc", "start", "finish", "release", "free", "clean"]);
+    assert_eq!(
+        names(&c, id),
+        ["submit", "validate", "depend", "priority", "alloc", "start", "finish", "release", "free", "clean"]
+    );
     let ctx: Vec<Value> = j.eventlog.iter().map(|e| Value::Object(e.context.clone())).collect();
     let replayed = state::replay(j.eventlog.iter().zip(&ctx).map(|(e, c)| (e.name.as_str(), c))).unwrap();
     assert_eq!(replayed, JobState::Inactive);
@@ -236,7 +250,10 @@ fn tasks_spread_evenly_over_requested_nodes() {
     let mut c = core(4, 2, 0);
     c.submit(T0, &spec(cmd().nnodes(3).ntasks(4)), 0).unwrap();
     let s = spawns(&actions(&mut c));
-    assert_eq!(s.iter().map(|x| (x.1, x.2.first_task, x.2.local_tasks)).collect::<Vec<_>>(), vec![(0, 0, 2), (1, 2, 1), (2, 3, 1)]);
+    assert_eq!(
+        s.iter().map(|x| (x.1, x.2.first_task, x.2.local_tasks)).collect::<Vec<_>>(),
+        vec![(0, 0, 2), (1, 2, 1), (2, 3, 1)]
+    );
     assert_eq!(s[0].2.taskmap, json!({"version": 1, "map": [[0, 1, 2, 1], [1, 2, 1, 1]]}));
 }
 
@@ -294,7 +311,8 @@ fn many_jobs_on_thousands_of_ranks() {
 
 fn make_instance(c: &mut JobCore, id: JobId, critical_broker_ranks: &str) {
     let j = c.jobs.get_mut(&id).unwrap();
-    j.instance = Some(json!({"uri": "local:///x", "critical_ranks": "0", "critical_broker_ranks": critical_broker_ranks}));
+    j.instance =
+        Some(json!({"uri": "local:///x", "critical_ranks": "0", "critical_broker_ranks": critical_broker_ranks}));
 }
 
 #[test]
@@ -314,10 +332,16 @@ fn nested_instance_survives_a_non_critical_node() {
     assert_eq!(exc.len(), 1);
     assert_eq!(exc[0].context["type"], json!("node-failure"));
     assert_eq!(exc[0].context["severity"], json!(2));
-    assert!(j.eventlog.iter().any(|e| e.name == "release" && e.context["final"] == json!(false) && e.context["ranks"] == json!("3")));
+    assert!(j
+        .eventlog
+        .iter()
+        .any(|e| e.name == "release" && e.context["final"] == json!(false) && e.context["ranks"] == json!("3")));
     assert!(c.pool.ranks[&3].alloc_cores.is_empty(), "the lost node's resources are released early");
     let a = actions(&mut c);
-    assert!(a.iter().any(|x| matches!(x, Action::NotifyShell { rank: 0, lost_shells, .. } if lost_shells == &vec![3])), "{a:?}");
+    assert!(
+        a.iter().any(|x| matches!(x, Action::NotifyShell { rank: 0, lost_shells, .. } if lost_shells == &vec![3])),
+        "{a:?}"
+    );
     assert!(signals(&a).is_empty(), "nothing is killed");
     for r in [0, 1, 2, 4] {
         exit_shell(&mut c, T0 + 2.0, id, r, 0);

@@ -81,7 +81,8 @@ impl Output {
     /// stdout parsed as one JSON value.
     #[track_caller]
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_str(self.stdout.trim()).unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", self.dump()))
+        serde_json::from_str(self.stdout.trim())
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", self.dump()))
     }
 }
 
@@ -200,7 +201,11 @@ pub fn marked_processes(marker: &Path) -> Vec<(i32, String)> {
         let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
         let hit = |hay: &[u8]| hay.windows(needle.len()).any(|w| w == needle.as_slice());
         if hit(&cmdline) || hit(&environ) {
-            let cl = cmdline.split(|b| *b == 0).map(|p| String::from_utf8_lossy(p).into_owned()).collect::<Vec<_>>().join(" ");
+            let cl = cmdline
+                .split(|b| *b == 0)
+                .map(|p| String::from_utf8_lossy(p).into_owned())
+                .collect::<Vec<_>>()
+                .join(" ");
             found.push((pid, cl.trim().to_string()));
         }
     }
@@ -404,7 +409,10 @@ impl Instance {
     /// The job object of `id` (f58) from `vigil jobs -a --json`.
     #[track_caller]
     pub fn job(&self, id: &str) -> serde_json::Value {
-        self.jobs().into_iter().find(|j| j["id_f58"].as_str() == Some(id)).unwrap_or_else(|| panic!("job {id} not listed"))
+        self.jobs()
+            .into_iter()
+            .find(|j| j["id_f58"].as_str() == Some(id))
+            .unwrap_or_else(|| panic!("job {id} not listed"))
     }
 
     /// The job's state name (SCHED, RUN, INACTIVE...).
@@ -462,7 +470,16 @@ pub fn poke_local_socket(dir: &Path) -> bool {
 /// version, type, flags, route count, u16 topic length, matchtag, nodeid, userid, errnum, seq (u32 each,
 /// big-endian), route entries, topic, payload.
 #[allow(clippy::too_many_arguments)]
-pub fn encode_frame(version: u8, msgtype: u8, flags: u8, topic: &str, matchtag: u32, nodeid: u32, route: &[u32], payload: &[u8]) -> Vec<u8> {
+pub fn encode_frame(
+    version: u8,
+    msgtype: u8,
+    flags: u8,
+    topic: &str,
+    matchtag: u32,
+    nodeid: u32,
+    route: &[u32],
+    payload: &[u8],
+) -> Vec<u8> {
     let mut body = Vec::new();
     body.extend_from_slice(b"VG");
     body.push(version);
