@@ -61,14 +61,6 @@ fn newest_job(inst: &Instance) -> String {
     jobs.first().and_then(|j| j["id_f58"].as_str()).unwrap_or_else(|| panic!("no job listed: {jobs:#?}")).to_string()
 }
 
-/// `vigil job info ID` as JSON.
-#[track_caller]
-fn job_info(inst: &Instance, id: &str) -> serde_json::Value {
-    let o = inst.vigil(&["job", "info", id]);
-    o.ok();
-    o.json()
-}
-
 /// The `-l` labelled stdout of a run: (task rank, line) pairs; panics on an unlabelled line.
 #[track_caller]
 fn labelled(o: &Output) -> Vec<(u32, String)> {
@@ -176,7 +168,7 @@ fn mpi_abort_ends_the_job_with_its_exit_code() {
         running_binary(&prog)
     );
     let id = newest_job(&inst);
-    let info = job_info(&inst, &id);
+    let info = inst.job_info(&id);
     assert_eq!(info["info"]["exit_code"].as_i64(), Some(7), "{info}");
     assert_eq!(info["info"]["result"].as_str(), Some("FAILED"), "{info}");
     assert!(info["info"]["exception"]["note"].as_str().unwrap_or("").contains("MPI_Abort"), "{info}");
@@ -193,7 +185,7 @@ fn pmi_exchanges_once_per_shell_per_barrier() {
     o.ok();
     assert_eq!(o.lines().len(), 16, "{}", o.dump());
     let id = newest_job(&inst);
-    let info = job_info(&inst, &id);
+    let info = inst.job_info(&id);
     let n = info["info"]["pmi_exchanges"].as_u64().unwrap_or_else(|| panic!("no info.pmi_exchanges: {info}"));
     // One exchange per shell per barrier (4 shells), a handful of barriers: not one per key or per task.
     assert!(n > 0 && n.is_multiple_of(4) && n <= 4 * 6, "pmi_exchanges = {n}: expected a multiple of 4, at most 24");

@@ -38,14 +38,6 @@ fn read(inst: &Instance, name: &str) -> String {
     std::fs::read_to_string(inst.dir.path().join(name)).unwrap_or_else(|e| panic!("cannot read {name}: {e}"))
 }
 
-/// `vigil job info ID` as JSON.
-#[track_caller]
-fn job_info(inst: &Instance, id: &str) -> serde_json::Value {
-    let o = inst.vigil(&["job", "info", id]);
-    o.ok();
-    o.json()
-}
-
 /// Cores per node of the instance (from rank 0).
 #[track_caller]
 fn cores_per_node(inst: &Instance) -> u64 {
@@ -101,7 +93,7 @@ fn waiter(dir: &Path, go: &str) -> String {
 fn wait_for_uri(inst: &Instance, id: &str) -> serde_json::Value {
     let mut info = serde_json::Value::Null;
     let ok = wait_for(NESTED_TIMEOUT, || {
-        info = job_info(inst, id)["info"].clone();
+        info = inst.job_info(id)["info"].clone();
         info["uri"].is_string() || info["state"].as_str() == Some("INACTIVE")
     });
     assert!(ok && info["uri"].is_string(), "job {id} never reported its instance: {info}");

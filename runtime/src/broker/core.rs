@@ -14,7 +14,7 @@ use crate::topology::{Hop, Topology};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
@@ -184,9 +184,8 @@ pub(crate) struct Core {
     pub goodbye: std::collections::HashSet<u32>,
 }
 
-pub(crate) fn now() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
-}
+/// Wall-clock time in seconds since the epoch (the job core's clock).
+pub(crate) use crate::broker_now as now;
 
 /// Membership key for the parent link.
 const PARENT: u32 = u32::MAX;
@@ -236,7 +235,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
     };
     let (resources, topology_str) = match loaded {
         Ok(t) => {
-            let mut src = topology_string(&opts.topology);
+            let mut src = opts.topology.to_string();
             if t.is_live() {
                 // Discovering a live machine costs shells ~20 ms of CPU each; hand them an XML snapshot instead.
                 let path = opts.rundir.join(format!("topology-{rank}.xml"));
@@ -420,14 +419,6 @@ async fn sleep_until(t: Option<Instant>) {
 
 fn core_opts_discovery(opts: &BrokerOptions) -> bool {
     opts.attrs.get("resource.discovery").is_some_and(|v| v == "cpu-count")
-}
-
-fn topology_string(t: &TopologySource) -> String {
-    match t {
-        TopologySource::Live => "live".into(),
-        TopologySource::Synthetic(s) => format!("synthetic:{s}"),
-        TopologySource::XmlFile(p) => format!("xml:{}", p.display()),
-    }
 }
 
 /// Forward a link's events into the core as inputs tagged with the peer.

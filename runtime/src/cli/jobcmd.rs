@@ -207,6 +207,11 @@ async fn submit(c: &Client, spec: &Jobspec) -> Result<JobId, String> {
 /// Submit; with `stdin` the job's tasks read what this process then sends as `job-exec.stdin`.
 async fn submit_with(c: &Client, spec: &Jobspec, stdin: bool) -> Result<JobId, String> {
     let v: Value = serde_json::from_str(&spec.to_json()).map_err(|e| e.to_string())?;
+    submit_value(c, &v, stdin).await
+}
+
+/// Submit a jobspec already in JSON form (`job-manager.submit`); returns the new job's id.
+pub(crate) async fn submit_value(c: &Client, v: &Value, stdin: bool) -> Result<JobId, String> {
     let r = c.rpc("job-manager.submit", 0, &json!({"jobspec": v, "stdin": stdin})).await.map_err(|e| e.errstr)?;
     r.get("id").and_then(Value::as_u64).map(JobId).ok_or_else(|| "malformed submit response".into())
 }

@@ -6,7 +6,7 @@
 //! initial program does: the batch script, or for `alloc` when the command run on the user's terminal exits.
 
 use super::connect;
-use super::jobcmd::{build_jobspec, SubmitArgs};
+use super::jobcmd::{build_jobspec, submit_value, SubmitArgs};
 use crate::client::Client;
 use crate::jobs::JobId;
 use clap::{Args, Parser};
@@ -282,11 +282,6 @@ fn vigil_exe() -> Result<String, String> {
     std::env::current_exe().map(|p| p.display().to_string()).map_err(|e| format!("cannot find the vigil binary: {e}"))
 }
 
-async fn submit_value(c: &Client, v: &Value) -> Result<JobId, String> {
-    let r = c.rpc("job-manager.submit", 0, &json!({"jobspec": v})).await.map_err(|e| e.errstr)?;
-    r.get("id").and_then(Value::as_u64).map(JobId).ok_or_else(|| "malformed submit response".into())
-}
-
 /// `vigil batch`.
 pub(crate) async fn batch(a: BatchArgs) -> Result<i32, String> {
     let path = &a.script[0];
@@ -318,7 +313,7 @@ pub(crate) async fn batch(a: BatchArgs) -> Result<i32, String> {
         return Ok(0);
     }
     let c = connect().await?;
-    let id = submit_value(&c, &v).await?;
+    let id = submit_value(&c, &v, false).await?;
     println!("{id}");
     Ok(0)
 }
@@ -373,7 +368,7 @@ pub(crate) async fn alloc(a: AllocArgs) -> Result<i32, String> {
     cmd.extend(broker_args(&a.opts)?);
     let v = instance_jobspec(&a.opts, "alloc", cmd, None, None)?;
     let c = connect().await?;
-    let id = submit_value(&c, &v).await?;
+    let id = submit_value(&c, &v, false).await?;
     eprintln!("vigil: job {id}: waiting for {} node(s)", a.opts.nodes.unwrap_or(1));
     let uri = tokio::select! {
         r = wait_for_instance(&c, id) => r?,

@@ -775,8 +775,7 @@ impl JobCore {
         }
         let ranks: IdSet = job.alloc.iter().map(|a| a.rank).collect();
         job.post(now, "release", json!({"ranks": ranks.to_string(), "final": true}));
-        let alloc = std::mem::take(&mut job.alloc);
-        job.alloc = alloc.clone();
+        let alloc = job.alloc.clone();
         self.pool.free(&alloc, None);
         let job = self.jobs.get_mut(&id).expect("job exists");
         job.post(now, "free", json!({}));

@@ -386,6 +386,14 @@ impl Instance {
         spawn(c, None)
     }
 
+    /// `vigil job info ID` as JSON.
+    #[track_caller]
+    pub fn job_info(&self, id: &str) -> serde_json::Value {
+        let o = self.vigil(&["job", "info", id]);
+        o.ok();
+        o.json()
+    }
+
     /// `vigil submit ARGS...`, returning the job id.
     #[track_caller]
     pub fn submit(&self, args: &[&str]) -> String {
