@@ -7,7 +7,7 @@
 //! relocations make the objects portable to other kernels.
 use std::{env, path::PathBuf, process::Command};
 
-const PROGRAMS: &[&str] = &["exit", "tcp"];
+const PROGRAMS: &[&str] = &["exit", "tcp", "xdp"];
 
 fn main() {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));
@@ -16,6 +16,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=LIBBPF_INCLUDE");
     println!("cargo:rerun-if-changed=bpf/vmlinux.h");
     println!("cargo:rerun-if-changed=bpf/events.h");
+    println!("cargo:rerun-if-changed=bpf/probe.h");
     for prog in PROGRAMS {
         let src = format!("bpf/{prog}.bpf.c");
         println!("cargo:rerun-if-changed={src}");

@@ -11,6 +11,9 @@
 //!   userspace one with a human-readable reason, logged once per process.
 //! * [`TcpWatcher`]: eBPF TCP connection watcher (reset / close / retransmit)
 //!   for a set of IPv4 4-tuples.
+//! * [`XdpResponder`]: XDP heartbeat responder answering a parent's [`Probe`]s
+//!   in the kernel with each registered broker's liveness and heartbeat age;
+//!   [`UserspaceResponder`] is its fallback.
 //!
 //! All timestamps are `CLOCK_MONOTONIC` nanoseconds (the clock of
 //! `bpf_ktime_get_ns()`); compare them with [`monotonic_ns`].
@@ -27,14 +30,18 @@ mod ebpf_exit;
 mod error;
 mod event;
 mod pidfd;
+mod probe;
 mod ring;
 mod sys;
 mod tcp;
+mod xdp;
 
 pub use detector::{Backend, DETECTOR_ENV, Detector, DetectorMode, ExitDetector};
 pub use ebpf_exit::ExitWatcher;
 pub use error::EbpfError;
 pub use event::{EventSource, ExitEvent, ExitStatus};
 pub use pidfd::PidfdWatcher;
-pub use sys::monotonic_ns;
+pub use probe::{FLAG_ALIVE, FLAG_UNKNOWN, HeartbeatClock, PROBE_LEN, Probe, ProbeKind, UserspaceResponder};
+pub use sys::{interface_for_addr, monotonic_ns};
 pub use tcp::{TcpEvent, TcpEventKind, TcpTuple, TcpWatcher};
+pub use xdp::{HbState, HbTable, XdpResponder};

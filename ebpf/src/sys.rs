@@ -106,3 +106,54 @@ pub(crate) fn ensure_tracefs() -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Mounts bpffs on `/sys/fs/bpf` if nothing is mounted there (needed to pin maps shared between brokers).
+pub(crate) fn ensure_bpffs() -> io::Result<()> {
+    const BPF_FS_MAGIC: i64 = 0xcafe4a11;
+    let target: &CStr = c"/sys/fs/bpf";
+    // SAFETY: statfs writes into a zeroed, correctly sized struct; the path is a NUL-terminated literal.
+    let is_bpffs = unsafe {
+        let mut st: libc::statfs = std::mem::zeroed();
+        libc::statfs(target.as_ptr(), &mut st) == 0 && st.f_type as i64 == BPF_FS_MAGIC
+    };
+    if is_bpffs {
+        return Ok(());
+    }
+    let src: &CStr = c"bpf";
+    // SAFETY: NUL-terminated C string literals that outlive the call; `data` may be NULL for bpffs.
+    let rc = unsafe { libc::mount(src.as_ptr(), target.as_ptr(), src.as_ptr(), 0, std::ptr::null()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Name of the network interface that carries IPv4 address `addr` (`lo` for 127.0.0.0/8), if any.
+pub fn interface_for_addr(addr: std::net::Ipv4Addr) -> Option<String> {
+    if addr.is_loopback() {
+        return Some("lo".to_owned());
+    }
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list we free below with freeifaddrs; we only read nodes while
+    // the list is alive, and check every pointer before dereferencing it.
+    unsafe {
+        if libc::getifaddrs(&mut head) != 0 {
+            return None;
+        }
+        let mut found = None;
+        let mut cur = head;
+        while !cur.is_null() {
+            let ifa = &*cur;
+            if !ifa.ifa_addr.is_null() && (*ifa.ifa_addr).sa_family as i32 == libc::AF_INET {
+                let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
+                if u32::from_be(sin.sin_addr.s_addr) == u32::from(addr) && !ifa.ifa_name.is_null() {
+                    found = Some(CStr::from_ptr(ifa.ifa_name).to_string_lossy().into_owned());
+                    break;
+                }
+            }
+            cur = ifa.ifa_next;
+        }
+        libc::freeifaddrs(head);
+        found
+    }
+}

@@ -1,0 +1,139 @@
+//! XDP heartbeat responder in network namespaces this test creates (veth pair 10.200.250.0/24, and a
+//! namespace's own loopback). Run as root.
+
+use std::{net::UdpSocket, process::Command, sync::Arc, time::Duration};
+
+use vigil_ebpf::{HbTable, Probe, ProbeKind, XdpResponder, monotonic_ns};
+
+struct Netns(Vec<String>);
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for n in &self.0 {
+            let _ = Command::new("ip").args(["netns", "del", n]).status();
+        }
+    }
+}
+
+fn ip(args: &str) {
+    let st = Command::new("ip").args(args.split_whitespace()).status().expect("ip");
+    assert!(st.success(), "ip {args}");
+}
+
+/// Runs `f` on a thread that entered network namespace `ns`.
+fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let path = format!("/var/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let fd = std::fs::File::open(&path).expect("netns file");
+        // SAFETY: setns on a valid netns fd; affects only this thread.
+        let rc = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&fd), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
+        f()
+    })
+    .join()
+    .expect("netns thread")
+}
+
+fn probe(sock: &UdpSocket, to: &str, seq: u32) -> Option<Probe> {
+    sock.send_to(&Probe::request(seq, 5, monotonic_ns()).encode(), to).unwrap();
+    let mut buf = [0u8; 128];
+    loop {
+        let n = sock.recv(&mut buf).ok()?;
+        if let Some(p) = Probe::decode(&buf[..n]).filter(|p| p.seq == seq) {
+            return Some(p);
+        }
+    }
+}
+
+#[test]
+fn kernel_answers_over_veth_with_heartbeat_age_and_liveness() {
+    let tag = std::process::id() % 100_000;
+    let (a, b) = (format!("vx{tag}a"), format!("vx{tag}b"));
+    let _ns = Netns(vec![a.clone(), b.clone()]);
+    ip(&format!("netns add {a}"));
+    ip(&format!("netns add {b}"));
+    ip(&format!("link add vxa{tag} netns {a} type veth peer name vxb{tag} netns {b}"));
+    ip(&format!("-n {a} addr add 10.200.250.1/24 dev vxa{tag}"));
+    ip(&format!("-n {b} addr add 10.200.250.2/24 dev vxb{tag}"));
+    ip(&format!("-n {a} link set vxa{tag} up"));
+    ip(&format!("-n {b} link set vxb{tag} up"));
+
+    // Node A: the responder, and a "broker" registered on port 7100 that never runs a responder itself.
+    let ifname = format!("vxa{tag}");
+    let resp = in_ns(&a, move || XdpResponder::attach(&ifname).expect("attach XDP"));
+    assert_eq!(resp.mode(), "generic");
+    let table: Arc<HbTable> = resp.table();
+    table.register(7100, 4242).unwrap();
+
+    // Node B: the parent probing.
+    let replies = in_ns(&b, move || {
+        let s = UdpSocket::bind("10.200.250.2:0").unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        let first = probe(&s, "10.200.250.1:7100", 1);
+        std::thread::sleep(Duration::from_millis(150));
+        let later = probe(&s, "10.200.250.1:7100", 2);
+        let unknown = probe(&s, "10.200.250.1:7101", 3);
+        (first, later, unknown)
+    });
+    let (first, later, unknown) = replies;
+    let first = first.expect("kernel reply over veth");
+    let later = later.expect("second reply");
+    assert_eq!(first.kind, ProbeKind::ReplyKernel);
+    assert_eq!((first.seq, first.rank), (1, 5));
+    assert!(first.alive());
+    assert!(later.hb_age_ns >= first.hb_age_ns + 100_000_000, "age grows: {first:?} {later:?}");
+    assert_eq!(later.answered, 2);
+    assert!(unknown.is_none(), "an unregistered port is not answered by the kernel");
+
+    // A heartbeat resets the age; the broker's death clears `alive`.
+    table.heartbeat(7100).unwrap();
+    assert_eq!(table.mark_dead(4242), 1);
+    let after = in_ns(&b, move || {
+        let s = UdpSocket::bind("10.200.250.2:0").unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        probe(&s, "10.200.250.1:7100", 4)
+    })
+    .expect("reply after death");
+    assert!(!after.alive());
+    assert!(after.hb_age_ns < 100_000_000, "{after:?}");
+    assert_eq!(table.entries().len(), 1);
+
+    // Detached on drop: nobody answers any more.
+    drop(resp);
+    let none = in_ns(&b, move || {
+        let s = UdpSocket::bind("10.200.250.2:0").unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        probe(&s, "10.200.250.1:7100", 5)
+    });
+    assert!(none.is_none());
+}
+
+#[test]
+fn generic_xdp_on_loopback_is_shared_through_a_pinned_table() {
+    let tag = std::process::id() % 100_000;
+    let a = format!("vx{tag}l");
+    let _ns = Netns(vec![a.clone()]);
+    ip(&format!("netns add {a}"));
+    ip(&format!("-n {a} link set lo up"));
+    let pin = std::path::PathBuf::from(format!("/sys/fs/bpf/vigil-test-{tag}/hb"));
+    let pin2 = pin.clone();
+    let (got, second_attach_failed) = in_ns(&a, move || {
+        let mut resp = XdpResponder::attach("lo").expect("attach on lo");
+        resp.pin_table(&pin2).expect("pin");
+        let second_attach_failed = XdpResponder::attach("lo").is_err();
+        // Another broker of the machine registers through the pinned table.
+        let other = HbTable::open_pinned(&pin2).expect("open pinned");
+        other.register(7200, 1).unwrap();
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        let got = probe(&s, "127.0.0.1:7200", 9);
+        drop(resp);
+        (got, second_attach_failed)
+    });
+    let got = got.expect("kernel reply on lo");
+    assert_eq!(got.kind, ProbeKind::ReplyKernel);
+    assert!(got.alive());
+    assert!(second_attach_failed, "one XDP program per interface: the second attach must fail");
+    assert!(!pin.exists(), "the pin is removed with its responder");
+    let _ = std::fs::remove_dir(pin.parent().unwrap());
+}
