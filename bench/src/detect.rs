@@ -191,7 +191,13 @@ impl Cluster {
         }
         // From here on, dropping `c` (on any error) brings whatever was created down.
         let mut c = Cluster { name, script: script.to_path_buf(), vigil: vigil.to_path_buf(), dir, client: None };
-        c.script_cmd(&["up", &c.name.clone(), &n.to_string()], 120)?;
+        // Extra broker arguments, e.g. `VIGIL_BENCH_BROKER_ARGS=--setattr=broker.detectors=userspace` to measure the
+        // userspace fallback detectors.
+        let extra = std::env::var("VIGIL_BENCH_BROKER_ARGS").unwrap_or_default();
+        let mut args = vec!["up".to_string(), c.name.clone(), n.to_string()];
+        args.extend(extra.split_whitespace().map(str::to_string));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        c.script_cmd(&args, 120)?;
         let uri = c.script_cmd(&["uri", &c.name.clone()], 10)?.trim().to_string();
         let client = rt
             .block_on(Client::connect(&uri))

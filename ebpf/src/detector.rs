@@ -112,6 +112,17 @@ impl Detector {
     /// [`DetectorMode::RequireEbpf`] or when called outside a tokio runtime.
     /// The choice (and fallback reason) is logged at most once per process.
     pub fn with_mode(mode: DetectorMode) -> Result<Detector, EbpfError> {
+        let det = Self::choose(mode)?;
+        let desc = det.description().to_owned();
+        REPORT_ONCE.call_once(|| match &det {
+            Detector::Ebpf(_) => log::info!("vigil exit detector: {desc}"),
+            Detector::Userspace { .. } => log::warn!("vigil exit detector: {desc}"),
+        });
+        Ok(det)
+    }
+
+    /// Like [`with_mode`](Self::with_mode) without logging the choice (for callers that report it themselves).
+    pub fn choose(mode: DetectorMode) -> Result<Detector, EbpfError> {
         let det = match mode {
             DetectorMode::RequireEbpf => Detector::Ebpf(Box::new(ExitWatcher::new()?)),
             DetectorMode::ForceUserspace => {
@@ -133,11 +144,6 @@ impl Detector {
                 }
             }
         };
-        let desc = det.description().to_owned();
-        REPORT_ONCE.call_once(|| match &det {
-            Detector::Ebpf(_) => log::info!("vigil exit detector: {desc}"),
-            Detector::Userspace { .. } => log::warn!("vigil exit detector: {desc}"),
-        });
         Ok(det)
     }
 

@@ -13,7 +13,13 @@
 //! - data we sent that the peer's *kernel* has not acknowledged for `tbon.lost_timeout` → **lost**: the node or
 //!   its link is gone. A stalled broker (SIGSTOP, swapping, starved) still has its kernel ACK our heartbeats, so
 //!   it is torpid, never lost.
-//! - a process-exit report for the peer's broker (eBPF, later) → **lost** at once.
+//! - a process-exit report for the peer's broker → **lost** at once;
+//! - heartbeat probes answered by the peer node's *kernel* (the XDP responder) arm the probe rules: a reply
+//!   saying the broker process is dead → **lost** at once; `tbon.probe_misses` consecutive probes (sent every
+//!   `tbon.probe_period`) left unanswered → **lost** (the node or its link is gone); a reply whose broker
+//!   heartbeat is older than `tbon.torpid_max` → **torpid**. While the kernel answers, the node is never
+//!   declared lost on TCP acknowledgements alone. Replies from a userspace responder prove only that the
+//!   broker process runs, so they never arm the miss rule (a stopped broker would look like a dead node).
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -41,11 +47,15 @@ pub struct Config {
     pub torpid_max: f64,
     /// `tbon.lost_timeout`: how long our data may stay unacknowledged by the peer's kernel before the peer is lost.
     pub lost_timeout: f64,
+    /// `tbon.probe_period`: how often a parent probes each child node's responder.
+    pub probe_period: f64,
+    /// `tbon.probe_misses`: consecutive unanswered probes after which a kernel-answering node is lost.
+    pub probe_misses: u32,
 }
 
 impl Default for Config {
     fn default() -> Config {
-        Config { heartbeat_period: 0.05, torpid_max: 0.5, lost_timeout: 0.12 }
+        Config { heartbeat_period: 0.05, torpid_max: 0.5, lost_timeout: 0.12, probe_period: 0.01, probe_misses: 3 }
     }
 }
 
@@ -70,6 +80,21 @@ pub enum Signal {
     },
     /// The peer's broker process is known to have exited (process-exit watcher).
     ProcessExit(String),
+    /// A heartbeat probe reply from the peer's node.
+    ProbeReply {
+        /// Answered by the node's kernel (XDP), not by the broker's userspace.
+        kernel: bool,
+        /// The reply says the broker process is alive.
+        alive: bool,
+        /// Seconds since the peer broker's last userspace heartbeat, as its node reports.
+        hb_age: f64,
+    },
+    /// `misses` consecutive probes to the peer went unanswered (counted by the prober after reading every
+    /// reply that had arrived, so a stalled prober does not count its own stall).
+    ProbeMissed {
+        /// Consecutive unanswered probes.
+        misses: u32,
+    },
 }
 
 /// A state change.
@@ -91,6 +116,8 @@ struct Peer {
     last_traffic: f64,
     /// When our oldest unacknowledged data was first seen unacknowledged (None = nothing outstanding).
     unacked_since: Option<f64>,
+    /// When the peer's node kernel last answered a probe (None = never: probe rules not armed).
+    kernel_reply: Option<f64>,
     reason: String,
 }
 
@@ -145,10 +172,12 @@ impl Membership {
                 state: PeerState::Offline,
                 last_traffic: now,
                 unacked_since: None,
+                kernel_reply: None,
                 reason: String::new(),
             });
             p.last_traffic = now;
             p.unacked_since = None;
+            p.kernel_reply = None;
             return self.set(rank, PeerState::Online, "connected".into()).into_iter().collect();
         }
         let Some(p) = self.peers.get_mut(&rank) else { return vec![] };
@@ -161,6 +190,31 @@ impl Membership {
             Signal::Goodbye => self.set(rank, PeerState::Offline, "left".into()).into_iter().collect(),
             Signal::Closed(why) => self.set(rank, PeerState::Lost, why).into_iter().collect(),
             Signal::ProcessExit(why) => self.set(rank, PeerState::Lost, why).into_iter().collect(),
+            Signal::ProbeReply { kernel: false, .. } => vec![],
+            Signal::ProbeReply { kernel: true, alive: false, .. } => self
+                .set(rank, PeerState::Lost, "broker process exited (its node's kernel reports)".into())
+                .into_iter()
+                .collect(),
+            Signal::ProbeReply { kernel: true, alive: true, hb_age } => {
+                p.kernel_reply = Some(now);
+                // The node answered: whatever TCP data is outstanding is not a dead node.
+                p.unacked_since = None;
+                if state == PeerState::Online && hb_age >= self.cfg.torpid_max - 1e-9 {
+                    let why = format!("broker stalled for {:.0} ms (its node's kernel answers)", hb_age * 1e3);
+                    return self.set(rank, PeerState::Torpid, why).into_iter().collect();
+                }
+                vec![]
+            }
+            Signal::ProbeMissed { misses } => {
+                if p.kernel_reply.is_some() && misses >= self.cfg.probe_misses {
+                    let why = format!(
+                        "node not responding: {misses} heartbeat probes unanswered by its kernel ({:.0} ms)",
+                        misses as f64 * self.cfg.probe_period * 1e3
+                    );
+                    return self.set(rank, PeerState::Lost, why).into_iter().collect();
+                }
+                vec![]
+            }
             Signal::Traffic => {
                 p.last_traffic = now;
                 p.unacked_since = None;
@@ -193,7 +247,10 @@ impl Membership {
         let Some(p) = self.peers.get(&rank) else { return vec![] };
         match p.state {
             PeerState::Online | PeerState::Torpid => {
-                if let Some(since) = p.unacked_since {
+                // Never lost on TCP alone while the node's kernel answers probes (see the module rules).
+                let kernel_answers =
+                    p.kernel_reply.is_some_and(|k| now < k + cfg.probe_period * f64::from(cfg.probe_misses.max(1)));
+                if let (Some(since), false) = (p.unacked_since, kernel_answers) {
                     if now >= since + cfg.lost_timeout - 1e-9 {
                         let why =
                             format!("node not responding: no TCP acknowledgement for {:.0} ms", (now - since) * 1e3);
@@ -286,6 +343,51 @@ mod tests {
         let at = saw_torpid.expect("torpid");
         assert!(at <= 1.0, "torpid within 1 s, at {at}");
         assert_eq!(m.signal(t, 1, Signal::Traffic)[0].to, PeerState::Online, "lively after SIGCONT");
+    }
+
+    #[test]
+    fn kernel_probe_rules() {
+        let cfg = Config::default();
+        let mut m = m();
+        // Userspace replies never arm the miss rule.
+        m.signal(0.01, 1, Signal::ProbeReply { kernel: false, alive: true, hb_age: 0.0 });
+        assert!(m.signal(0.05, 1, Signal::ProbeMissed { misses: 10 }).is_empty());
+        // A kernel reply arms it; fewer than probe_misses misses are tolerated.
+        assert!(m.signal(0.06, 1, Signal::ProbeReply { kernel: true, alive: true, hb_age: 0.01 }).is_empty());
+        assert!(m.signal(0.08, 1, Signal::ProbeMissed { misses: cfg.probe_misses - 1 }).is_empty());
+        let t = m.signal(0.09, 1, Signal::ProbeMissed { misses: cfg.probe_misses });
+        assert_eq!(t[0].to, PeerState::Lost);
+        assert!(t[0].reason.contains("unanswered by its kernel"), "{}", t[0].reason);
+
+        // Broker dead per the kernel: lost at once.
+        let mut m = self::m();
+        let t = m.signal(0.1, 1, Signal::ProbeReply { kernel: true, alive: false, hb_age: 0.0 });
+        assert_eq!(t[0].to, PeerState::Lost);
+
+        // Stalled broker: torpid from its heartbeat age, never lost while the kernel answers, even with TCP data
+        // outstanding for far longer than lost_timeout.
+        let mut m = self::m();
+        let mut t = 0.0;
+        let mut torpid_at = None;
+        while t < 5.0 {
+            t += cfg.probe_period;
+            let age = t; // the broker stopped at 0
+            let mut tr = m.signal(t, 1, Signal::ProbeReply { kernel: true, alive: true, hb_age: age });
+            tr.extend(m.signal(t, 1, Signal::KernelAck { unacked: 3, last_ack_age: t }));
+            tr.extend(m.tick(t));
+            for x in tr {
+                assert_ne!(x.to, PeerState::Lost, "{x:?}");
+                if x.to == PeerState::Torpid {
+                    torpid_at.get_or_insert(t);
+                    assert!(x.reason.contains("kernel answers"), "{}", x.reason);
+                }
+            }
+        }
+        let at = torpid_at.expect("torpid");
+        assert!(at >= cfg.torpid_max - 1e-9 && at <= cfg.torpid_max + 0.02, "torpid at {at}");
+        // Once the kernel goes quiet too, the TCP rule applies again.
+        let tr = m.tick(t + cfg.probe_period * cfg.probe_misses as f64 + cfg.lost_timeout);
+        assert_eq!(tr.first().map(|x| x.to), Some(PeerState::Lost), "{tr:?}");
     }
 
     #[test]

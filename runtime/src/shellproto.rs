@@ -17,6 +17,13 @@ pub const TOPIC_EXCEPTION: &str = "job-exec.exception";
 /// Topic the broker uses to report a shell's end (`ShellExit`).
 pub const TOPIC_SHELL_EXIT: &str = "job-exec.shell-exit";
 
+/// Environment variable telling a job shell which broker rank watches its tasks' exits (`detect.watch`).
+pub const DETECTOR_RANK_ENV: &str = "VIGIL_DETECTOR_RANK";
+
+/// Topic a job shell uses to be told, once, when one of its task processes exits: request `{"pid": N}`,
+/// response `{"pid", "exit_code" | "signal", "oom_killed", "sender_pid", "ktime_ns", "source"}`.
+pub const TOPIC_DETECT_WATCH: &str = "detect.watch";
+
 /// Input of one job shell (one per allocated rank).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ShellInput {

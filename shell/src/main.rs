@@ -310,6 +310,12 @@ impl Shell {
         let (pmi_tx, mut pmi_rx) = mpsc::unbounded_channel::<(u32, Option<Vec<u8>>)>();
         let mut pmi_writers: BTreeMap<u32, mpsc::UnboundedSender<String>> = BTreeMap::new();
         let (exit_tx, mut exit_rx) = mpsc::unbounded_channel::<(u32, i32)>();
+        // Early exit reports from the exit detector (eBPF: at the kernel's exit tracepoint): rank, report.
+        let (early_tx, mut early_rx) = mpsc::unbounded_channel::<(u32, serde_json::Value)>();
+        let detector_rank: Option<u32> =
+            std::env::var(vigil::shellproto::DETECTOR_RANK_ENV).ok().and_then(|r| r.parse().ok());
+        let exit_on_error = self.input.options.get("exit-on-error").is_some_and(|v| v != &serde_json::json!(false));
+        let mut failed_early: std::collections::HashSet<u32> = std::collections::HashSet::new();
         let mut pids = Vec::new();
         let mut tasks: Vec<(u32, i32)> = Vec::new();
         let mut readers = Vec::new();
@@ -392,6 +398,19 @@ impl Shell {
                 Ok(mut child) => {
                     if let Some(pid) = child.id() {
                         pids.push(pid as i32);
+                        // Be told of the task's death by the node's exit detector, before its memory is freed.
+                        if let Some(dr) = detector_rank {
+                            let c = self.client.clone();
+                            let tx = early_tx.clone();
+                            tokio::spawn(async move {
+                                if let Ok(v) = c
+                                    .rpc(vigil::shellproto::TOPIC_DETECT_WATCH, dr, &serde_json::json!({"pid": pid}))
+                                    .await
+                                {
+                                    let _ = tx.send((rank, v));
+                                }
+                            });
+                        }
                     }
                     if let Some(si) = child.stdin.take() {
                         stdins.push(stdin_writer(si));
@@ -498,13 +517,33 @@ impl Shell {
                     Ok(all) => outs = pmi_srv.barrier_done(all),
                     Err(e) => outs.push(pmi::Out::Fatal { note: format!("PMI barrier failed: {e}"), exit_code: None }),
                 },
+                Some((rank, v)) = early_rx.recv() => {
+                    // The task is dead (its memory may still be being freed): act on it now; its status is
+                    // recorded when it is reaped.
+                    let code = v.get("exit_code").and_then(|c| c.as_i64());
+                    let signal = v.get("signal").and_then(|c| c.as_i64());
+                    let failed = signal.is_some() || code.is_some_and(|c| c != 0);
+                    if use_pmi {
+                        failed_early.insert(rank);
+                        outs.extend(pmi_srv.closed(rank));
+                    }
+                    if exit_on_error && failed && outs.is_empty() {
+                        failed_early.insert(rank);
+                        outs.push(pmi::Out::Fatal { note: task_failure_note(rank, code, signal, &v), exit_code: None });
+                    }
+                }
                 e = exit_rx.recv() => match e {
                     Some((rank, st)) => {
                         tasks.push((rank, st));
                         // A task that exits without PMI_Finalize fails the job even if something it started
                         // still holds its PMI socket open.
-                        if use_pmi {
+                        if use_pmi && !failed_early.contains(&rank) {
                             outs.extend(pmi_srv.closed(rank));
+                        }
+                        if exit_on_error && !failed_early.contains(&rank) && vigil::shellproto::exit_code(st) != 0 {
+                            failed_early.insert(rank);
+                            let (code, signal) = if st & 0x7f != 0 { (None, Some((st & 0x7f) as i64)) } else { (Some(((st >> 8) & 0xff) as i64), None) };
+                            outs.push(pmi::Out::Fatal { note: task_failure_note(rank, code, signal, &serde_json::Value::Null), exit_code: None });
                         }
                         let _ = self.client.send(TOPIC_TASK_EXIT, 0, &serde_json::json!({"id": id, "rank": rank, "status": st}));
                     }
@@ -586,6 +625,17 @@ impl Shell {
         }
         ShellReport { status, tasks, error: None, abort_code }
     }
+}
+
+/// Exception note for a task that failed under `-o exit-on-error` (exit code or signal, OOM, who sent it).
+fn task_failure_note(rank: u32, code: Option<i64>, signal: Option<i64>, report: &serde_json::Value) -> String {
+    let how = match (signal, code) {
+        (Some(s), _) => format!("was killed by signal {s}"),
+        (None, Some(c)) => format!("exited with code {c}"),
+        (None, None) => "exited".to_string(),
+    };
+    let oom = if report.get("oom_killed").and_then(|o| o.as_bool()) == Some(true) { " (OOM killer)" } else { "" };
+    format!("task {rank} {how}{oom} (exit-on-error)")
 }
 
 /// Placement without hwloc: core id `i` is the `i`-th CPU this shell may run on; tasks get consecutive blocks

@@ -89,6 +89,8 @@ pub(crate) enum Input {
     InitialStarted(i32),
     InitialExit(i32),
     Signal(i32),
+    /// From the failure detectors (`detect.rs`); `requeued` marks a kernel TCP event already put back once.
+    Detect(super::detect::DetectInput, bool),
 }
 
 /// Who a message came from.
@@ -104,6 +106,8 @@ pub(crate) struct ChildLink {
     pub conn: u64,
     pub sock: Option<std::os::fd::OwnedFd>,
     pub tasks: Vec<tokio::task::AbortHandle>,
+    /// The connection's 4-tuple as registered with the TCP watcher.
+    pub tuple: Option<vigil_ebpf::TcpTuple>,
 }
 
 impl Drop for ChildLink {
@@ -182,6 +186,10 @@ pub(crate) struct Core {
     pub next_heartbeat: Instant,
     /// Children that said goodbye: their disconnect is "offline", not "lost".
     pub goodbye: std::collections::HashSet<u32>,
+    /// Failure detectors (None if the overlay address is not IPv4).
+    pub detect: Option<super::detect::Detectors>,
+    /// The parent link's 4-tuple as registered with the TCP watcher.
+    pub parent_tuple: Option<vigil_ebpf::TcpTuple>,
 }
 
 /// Wall-clock time in seconds since the epoch (the job core's clock).
@@ -190,7 +198,8 @@ pub(crate) use crate::broker_now as now;
 /// Membership key for the parent link.
 const PARENT: u32 = u32::MAX;
 
-/// Membership thresholds from `tbon.heartbeat_period`, `tbon.torpid_max`, `tbon.lost_timeout` (FSD durations).
+/// Membership thresholds from `tbon.heartbeat_period`, `tbon.torpid_max`, `tbon.lost_timeout`, `tbon.probe_period`
+/// (FSD durations) and `tbon.probe_misses` (a count).
 pub(crate) fn membership_config(attrs: &BTreeMap<String, String>) -> crate::membership::Config {
     let mut c = crate::membership::Config::default();
     let get = |k: &str| {
@@ -204,6 +213,12 @@ pub(crate) fn membership_config(attrs: &BTreeMap<String, String>) -> crate::memb
     }
     if let Some(v) = get("tbon.lost_timeout") {
         c.lost_timeout = v;
+    }
+    if let Some(v) = get("tbon.probe_period") {
+        c.probe_period = v;
+    }
+    if let Some(v) = attrs.get("tbon.probe_misses").and_then(|v| v.parse::<u32>().ok()).filter(|v| *v > 0) {
+        c.probe_misses = v;
     }
     c
 }
@@ -286,6 +301,17 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
             tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot bind overlay endpoint {ep}: {e}"))?
         }
     };
+    // The overlay's own address (a wildcard listener uses the address peers know us by).
+    let core_listen_ip = listener.local_addr().ok().map(|a| a.ip()).and_then(|ip| {
+        if ip.is_unspecified() {
+            opts.endpoints.get(opts.rank as usize).and_then(|ep| {
+                let hp = ep.strip_prefix("tcp://").unwrap_or(ep);
+                hp.parse::<std::net::SocketAddr>().ok().map(|a| a.ip())
+            })
+        } else {
+            Some(ip)
+        }
+    });
     let tx2 = input_tx.clone();
     let instance = opts.instance.clone();
     tokio::spawn(accept_children(listener, tx2, instance));
@@ -349,8 +375,38 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         parent_sock: None,
         next_heartbeat: Instant::now(),
         goodbye: std::collections::HashSet::new(),
+        detect: None,
+        parent_tuple: None,
         opts,
     };
+    // Failure detectors: a probe socket and responder on the overlay address, eBPF loaded in the background.
+    {
+        let ip = match core_listen_ip {
+            Some(std::net::IpAddr::V4(ip)) => Some(ip),
+            _ => None,
+        };
+        let owner =
+            core.opts.attrs.get("broker.detector-rank").and_then(|r| r.parse::<u32>().ok()).is_none_or(|r| r == rank);
+        match ip {
+            Some(ip) => {
+                let (dtx, mut drx) = mpsc::unbounded_channel();
+                let itx = input_tx.clone();
+                tokio::spawn(async move {
+                    while let Some(d) = drx.recv().await {
+                        if itx.send(Input::Detect(d, false)).is_err() {
+                            return;
+                        }
+                    }
+                });
+                let mc = *core.membership.config();
+                match super::detect::Detectors::start(&core.opts.attrs, &core.opts.instance, ip, owner, &mc, dtx) {
+                    Ok(d) => core.detect = Some(d),
+                    Err(e) => warn!("failure detectors unavailable ({e}); membership relies on TCP alone"),
+                }
+            }
+            None => warn!("overlay address is not IPv4: heartbeat probes and XDP disabled; membership relies on TCP"),
+        }
+    }
     if let Some(jc) = core.jobcore.as_mut() {
         if let Some(k) =
             core.opts.attrs.get("exec.kill-timeout").and_then(|v| crate::duration::parse_duration_secs(v).ok())
@@ -370,6 +426,8 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         let link = connect_parent(&core, &ep).await?;
         core.parent = Some(link.tx.clone());
         core.parent_sock = link.sock;
+        core.parent_tuple =
+            core.parent_sock.as_ref().and_then(|s| core.detect.as_ref().and_then(|d| d.watch_link(PARENT, s)));
         let now_s = core.clock();
         core.membership.signal(now_s, PARENT, Signal::Connected);
         let tx = input_tx.clone();
@@ -497,7 +555,8 @@ async fn connect_parent(core: &Core, ep: &str) -> Result<Link, String> {
             Ok(mut link) => {
                 let hello = Message::control(
                     "hello",
-                    &json!({"rank": core.opts.rank, "instance": core.opts.instance, "version": crate::message::WIRE_VERSION, "hostname": core.opts.hostname}),
+                    &json!({"rank": core.opts.rank, "instance": core.opts.instance, "version": crate::message::WIRE_VERSION, "hostname": core.opts.hostname,
+                        "probe_port": core.detect.as_ref().map(|d| d.probe_port)}),
                 );
                 let _ = link.tx.send(hello);
                 match tokio::time::timeout(Duration::from_secs(10), link.rx.recv()).await {
@@ -557,6 +616,9 @@ impl Core {
 
     /// Send heartbeats to every peer and sample each link's kernel ACK state.
     fn heartbeat(&mut self) {
+        if let Some(d) = self.detect.as_mut() {
+            d.beat();
+        }
         let now = self.clock();
         let hb = Message::control("hb", &json!({}));
         let mut signals = Vec::new();
@@ -602,6 +664,7 @@ impl Core {
             let r = t.rank;
             match t.to {
                 PeerState::Lost => {
+                    self.forget_child_detectors(r);
                     if let Some(c) = self.children.remove(&r) {
                         self.child_lost(r, &t.reason);
                         drop(c);
@@ -655,6 +718,9 @@ impl Core {
     }
 
     fn cleanup(&mut self) {
+        if let Some(d) = self.detect.as_mut() {
+            d.shutdown();
+        }
         if let Some(pg) = self.initial_pgid.take() {
             // Whatever the initial program left behind (background jobs) ends with the instance.
             let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pg), nix::sys::signal::Signal::SIGTERM);
@@ -728,6 +794,7 @@ impl Core {
                 m.flags = FLAG_NORESPONSE;
                 self.route_request(Peer::Local(u32::MAX), m);
             }
+            Input::Detect(d, requeued) => self.on_detect(d, requeued),
             Input::InitialStarted(pgid) => self.initial_pgid = Some(pgid),
             Input::InitialExit(code) => {
                 info!("initial program exited with code {code}");
@@ -783,10 +850,26 @@ impl Core {
             return refuse(format!("rank {rank} is already connected"));
         }
         let _ = tx.send(Message::control("hello-ack", &json!({"rank": self.rank()})));
-        self.children.insert(rank, ChildLink { tx, conn, sock, tasks });
+        let tuple = sock.as_ref().and_then(|s| self.detect.as_ref().and_then(|d| d.watch_link(rank, s)));
+        if let (Some(d), Some(port)) =
+            (self.detect.as_mut(), v.get("probe_port").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok()))
+        {
+            if let Ok(addr) = peer.parse::<std::net::SocketAddr>() {
+                d.probe_child(rank, std::net::SocketAddr::new(addr.ip(), port));
+            }
+        }
+        self.children.insert(rank, ChildLink { tx, conn, sock, tasks, tuple });
         self.membership.signal(self.clock(), rank, Signal::Connected);
         tokio::spawn(pump(rx, Peer::Child(rank), conn, self.input_tx.clone()));
         debug!("child rank {rank} connected from {peer}");
+    }
+
+    pub(crate) fn on_closed_pub(&mut self, peer: Peer, conn: u64, why: &str) {
+        self.on_closed(peer, conn, why)
+    }
+
+    pub(crate) fn apply_transitions_pub(&mut self, ts: Vec<Transition>) {
+        self.apply_transitions(ts)
     }
 
     fn on_closed(&mut self, peer: Peer, conn: u64, why: &str) {
@@ -805,6 +888,7 @@ impl Core {
                     return;
                 }
                 if self.shutting_down.is_some() || self.goodbye.remove(&r) {
+                    self.forget_child_detectors(r);
                     self.children.remove(&r);
                     self.membership.remove(r);
                     debug!("child rank {r} left");
@@ -822,6 +906,7 @@ impl Core {
                 }
                 let t = self.membership.signal(self.clock(), r, Signal::Closed(why.to_string()));
                 self.apply_transitions(t);
+                self.forget_child_detectors(r);
                 if self.children.remove(&r).is_some() {
                     // Membership already had it as lost or unknown: still report the loss once.
                     self.child_lost(r, why);

@@ -12,6 +12,7 @@
 
 pub mod config;
 mod core;
+mod detect;
 mod local;
 mod services;
 pub mod transport;

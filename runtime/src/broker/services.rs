@@ -9,11 +9,17 @@ use crate::shellproto::{OutputLine, ShellExit, ShellReport};
 use serde_json::{json, Value};
 use tracing::{debug, info, warn};
 
-/// Which failure detectors this broker runs (the eBPF detectors of `ebpf/` are not wired in yet).
-const DETECTORS: &str = "process-exit: userspace (waitpid), links: userspace (heartbeats + TCP_INFO), heartbeat replies: userspace (broker)";
+/// Which failure detectors this broker runs, as `{process_exit, tcp, responder, probes}` (detect.rs).
+fn detectors(core: &Core) -> Value {
+    match &core.detect {
+        Some(d) => serde_json::to_value(&d.status).unwrap_or_default(),
+        None => json!({"process_exit": "userspace (waitpid)", "tcp": "userspace (socket errors and TCP_INFO)",
+            "responder": "none (overlay address is not IPv4)", "probes": "none"}),
+    }
+}
 
 /// Services offered by every broker.
-const EVERY_RANK: &[&str] = &["broker", "rexec"];
+const EVERY_RANK: &[&str] = &["broker", "rexec", "detect"];
 /// Services offered by rank 0 only.
 const RANK0: &[&str] = &["job-manager", "job-info", "job-exec", "resource", "overlay"];
 
@@ -70,6 +76,16 @@ fn handle(core: &mut Core, msg: &Message, body: &Value) -> Reply {
         }
         "broker.lsattr" => Ok(Some(json!({"attrs": attrs(core)}))),
         "broker.info" => Ok(Some(info(core))),
+        "detect.watch" => {
+            // Answered once, when the process exits (before its memory is torn down with eBPF).
+            let pid = field(body, "pid")?
+                .as_u64()
+                .and_then(|p| u32::try_from(p).ok())
+                .filter(|p| *p > 1)
+                .ok_or((errno::EINVAL, "pid must be a process id".into()))?;
+            core.detect_watch(msg.clone(), pid).map_err(|e| (errno::ENOSYS, e))?;
+            Ok(None)
+        }
         "broker.sub" | "broker.unsub" => {
             let topic = field(body, "topic")?.as_str().unwrap_or("").to_string();
             let Some(&last) = msg.route.last() else { return Err((errno::EPROTO, "not a local client".into())) };
@@ -184,12 +200,17 @@ fn info(core: &Core) -> Value {
         "uptime": core.start.elapsed().as_secs_f64(), "topo": o.topo.to_string(),
         "depth": o.topo.depth(o.size), "level": o.topo.level(o.size, o.rank),
         "transport": core.transport, "instance_level": o.attrs.get("instance-level").cloned().unwrap_or_else(|| "0".into()),
-        "detectors": DETECTORS,
+        "detectors": detectors(core),
         "resource_source": core.resources.source,
     })
 }
 
 // ------------------------------------------------------------------------------------------- rexec
+
+/// Rank whose process-exit detector watches this machine's tasks (`broker.detector-rank`, else this broker).
+fn detector_rank(core: &Core) -> u32 {
+    core.opts.attrs.get("broker.detector-rank").and_then(|r| r.parse().ok()).unwrap_or(core.rank())
+}
 
 fn shell_path(core: &Core) -> std::path::PathBuf {
     if let Some(p) = core.opts.attrs.get("exec.shell") {
@@ -229,6 +250,7 @@ fn spawn_shell(core: &mut Core, _msg: &Message, body: &Value) -> Reply {
         .stderr(Stdio::inherit())
         .process_group(0)
         .env(crate::client::URI_ENV, &core.local_uri)
+        .env(crate::shellproto::DETECTOR_RANK_ENV, detector_rank(core).to_string())
         .kill_on_drop(false);
     let mut child = cmd.spawn().map_err(|e| (errno::ENOENT, format!("cannot run {}: {e}", path.display())))?;
     let pid = child.id().unwrap_or(0) as i32;
@@ -344,7 +366,7 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
                 .collect();
             Ok(Some(json!({"size": size, "topo": topo.to_string(), "depth": topo.depth(size),
                 "critical_ranks": IdSet::from_iter(topo.critical_ranks(size)).to_string(),
-                "transport": core.transport, "detectors": DETECTORS, "ranks": ranks})))
+                "transport": core.transport, "detectors": detectors(core), "ranks": ranks})))
         }
         "resource.status" => {
             let jc = core.jobcore.as_ref().ok_or((errno::ENOSYS, "not rank 0".into()))?;

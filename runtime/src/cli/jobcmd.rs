@@ -37,7 +37,8 @@ pub struct SubmitArgs {
     /// Working directory of the tasks (default: the current directory).
     #[arg(long)]
     pub cwd: Option<String>,
-    /// Shell option NAME[=VALUE] (repeatable): cpu-affinity=off|on|per-task, gpu-affinity=..., exit-timeout=DURATION|none.
+    /// Shell option NAME[=VALUE] (repeatable): cpu-affinity=off|on|per-task, gpu-affinity=..., exit-timeout=DURATION|none,
+    /// exit-on-error (a task that exits non-zero or by a signal fails the whole job at once).
     #[arg(short = 'o', long = "setopt", value_name = "OPT")]
     pub setopt: Vec<String>,
     /// Prefix output lines with the task rank (`run` only).
@@ -142,9 +143,9 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
             ("exit-timeout", Value::String(s)) if s != "none" => {
                 crate::duration::parse_duration_secs(s).map_err(|e| format!("-o {o}: {e}"))?;
             }
-            ("cpu-affinity" | "gpu-affinity" | "exit-timeout" | "pmi" | "output", _) => {}
+            ("cpu-affinity" | "gpu-affinity" | "exit-timeout" | "pmi" | "output" | "exit-on-error", _) => {}
             _ => eprintln!(
-                "vigil: warning: unknown shell option '{k}' (known: cpu-affinity, gpu-affinity, exit-timeout, pmi)"
+                "vigil: warning: unknown shell option '{k}' (known: cpu-affinity, gpu-affinity, exit-timeout, pmi, exit-on-error)"
             ),
         }
         b = b.shell_option(k, v);

@@ -136,6 +136,10 @@ const KNOWN_ATTRS: &[&str] = &[
     "tbon.heartbeat_period",
     "tbon.torpid_max",
     "tbon.lost_timeout",
+    "tbon.probe_period",
+    "tbon.probe_misses",
+    "broker.detectors",
+    "broker.detector-rank",
     "resource.synthetic",
     "resource.xml",
     "resource.gpus",
@@ -167,7 +171,21 @@ pub(crate) fn check_attrs(attrs: &BTreeMap<String, String>) -> Result<(), String
             return Err(format!("invalid log-level '{l}': expected error, warn, info, debug or trace"));
         }
     }
-    for k in ["tbon.heartbeat_period", "tbon.torpid_max", "tbon.lost_timeout", "tbon.connect_timeout"] {
+    if let Some(v) = attrs.get("broker.detectors") {
+        if !["auto", "ebpf", "userspace"].contains(&v.as_str()) {
+            return Err(format!("invalid broker.detectors '{v}': expected auto, ebpf or userspace"));
+        }
+    }
+    for k in ["tbon.probe_misses", "broker.detector-rank"] {
+        if let Some(v) = attrs.get(k) {
+            if v.parse::<u32>().map_or(true, |n| n == 0 && k == "tbon.probe_misses") {
+                return Err(format!("invalid {k} '{v}': expected a positive integer"));
+            }
+        }
+    }
+    for k in
+        ["tbon.heartbeat_period", "tbon.torpid_max", "tbon.lost_timeout", "tbon.connect_timeout", "tbon.probe_period"]
+    {
         if let Some(v) = attrs.get(k) {
             let s = crate::duration::parse_duration_secs(v).map_err(|e| format!("{k}: {e}"))?;
             if s.is_nan() || s <= 0.0 {
@@ -271,6 +289,10 @@ fn start_inner(a: StartArgs) -> Result<i32, String> {
             .arg(format!("--rundir={}", rundir.display()));
         for s in &a.setattr {
             cmd.arg(format!("--setattr={s}"));
+        }
+        // All brokers of a test instance share this machine: rank 0 loads the eBPF detectors once for all.
+        if !a.setattr.iter().any(|s| s.starts_with("broker.detector-rank=")) {
+            cmd.arg("--setattr=broker.detector-rank=0");
         }
         if rank == 0 {
             cmd.arg("--").args(&command);

@@ -288,8 +288,8 @@ pub(crate) async fn overlay(cmd: OverlayCmd) -> Result<i32, String> {
                 r["transport"].as_str().unwrap_or(""),
                 r["critical_ranks"].as_str().unwrap_or("")
             );
-            if let Some(d) = r["detectors"].as_str() {
-                println!("detectors: {d}");
+            for l in detector_lines(&r["detectors"]) {
+                println!("detectors: {l}");
             }
             let mut out = String::new();
             if !ranks.is_empty() {
@@ -318,10 +318,18 @@ pub(crate) async fn uptime() -> Result<i32, String> {
         r["transport"].as_str().unwrap_or(""),
         r["resource_source"].as_str().unwrap_or(""),
     );
-    if let Some(d) = r["detectors"].as_str() {
-        println!(" detectors: {d}");
+    for l in detector_lines(&r["detectors"]) {
+        println!(" detectors: {l}");
     }
     Ok(0)
+}
+
+/// One line per failure detector: `process-exit ebpf`, `responder userspace (reason)`, ...
+fn detector_lines(d: &Value) -> Vec<String> {
+    [("process-exit", "process_exit"), ("tcp", "tcp"), ("responder", "responder"), ("probes", "probes")]
+        .iter()
+        .filter_map(|(label, k)| d[*k].as_str().map(|v| format!("{label} {v}")))
+        .collect()
 }
 
 fn chrono_like_now() -> String {

@@ -1,0 +1,697 @@
+//! A broker's failure detectors (the `ebpf/` crate) and their glue to the membership machine.
+//!
+//! * **process exit** (`sched_process_exit` + `signal_generate` + `oom/mark_victim`, or pidfd/waitid): job shells
+//!   register their tasks (`detect.watch`), and each exit reaches the shell before the kernel has torn the task's
+//!   memory down; rank 0 of a test instance also watches the other brokers of its machine.
+//! * **TCP** (`inet_sock_set_state`, `tcp_receive_reset`, `tcp_retransmit_skb`) on the overlay's sockets: a reset
+//!   or close makes the peer lost at once; a retransmit is a hint that makes the prober probe that child now.
+//! * **heartbeat responder**: the node's kernel (XDP) answers the parent's UDP probes with this broker's
+//!   liveness and heartbeat age; without XDP a userspace thread answers (it stops with the broker, so its
+//!   silence is never read as a dead node).
+//! * **prober** (parents): every `tbon.probe_period` a probe to each child node; consecutive misses and
+//!   replies go to the membership machine as [`Signal::ProbeMissed`] / [`Signal::ProbeReply`].
+//!
+//! eBPF loading costs ~0.1 s of CPU, so it runs in the background after the broker is up, and only once per
+//! machine in a test instance (`broker.detector-rank`: the other brokers use that rank's detectors). Every
+//! fallback is logged once and shown by `vigil uptime` / `vigil overlay status` ([`DetectorStatus`]).
+
+use crate::membership::Signal;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+use vigil_ebpf::{
+    Detector, DetectorMode, ExitEvent, HbTable, HeartbeatClock, Probe, ProbeKind, TcpEvent, TcpEventKind, TcpTuple,
+    TcpWatcher, UserspaceResponder, XdpResponder,
+};
+
+/// What each detector runs on: `ebpf`/`xdp ...` or `userspace (reason)`. Shown by `vigil uptime` and
+/// `vigil overlay status`.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct DetectorStatus {
+    /// Process-exit detection of tasks, shells and brokers.
+    pub process_exit: String,
+    /// Overlay TCP connection watching.
+    pub tcp: String,
+    /// Who answers the parent's heartbeat probes for this broker.
+    pub responder: String,
+    /// Probing of children: period and misses that make a kernel-answering node lost.
+    pub probes: String,
+}
+
+/// How the detectors are chosen (`broker.detectors`).
+fn mode(attrs: &std::collections::BTreeMap<String, String>) -> DetectorMode {
+    match attrs.get("broker.detectors").map(String::as_str) {
+        Some("userspace") => DetectorMode::ForceUserspace,
+        Some("ebpf") => DetectorMode::RequireEbpf,
+        _ => DetectorMode::from_env(),
+    }
+}
+
+/// Where to pin the responder table shared by the brokers of one test instance (derived from the instance
+/// id without revealing it).
+pub(crate) fn table_pin_path(instance: &str) -> std::path::PathBuf {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (instance, "vigil-hb").hash(&mut h);
+    std::path::PathBuf::from(format!("/sys/fs/bpf/vigil/hb-{:016x}", h.finish()))
+}
+
+/// Inputs the detectors send to the core loop.
+pub(crate) enum DetectInput {
+    /// Background loading finished.
+    Loaded(Box<Loaded>),
+    /// A watched process exited.
+    Exit(ExitEvent),
+    /// A kernel event on the overlay connection of `rank` (u32::MAX = the parent).
+    Tcp(u32, TcpEvent),
+    /// A liveness signal about child `rank` from the prober.
+    Probe(u32, Signal),
+}
+
+/// Result of background loading.
+pub(crate) struct Loaded {
+    exit: Result<Detector, String>,
+    tcp: Result<TcpWatcher, String>,
+    xdp: Result<XdpResponder, String>,
+    shared_table: Option<Arc<HbTable>>,
+    /// `broker.detectors=ebpf` and this detector could not run on eBPF.
+    pub(crate) required_failed: Option<String>,
+}
+
+enum ExitCmd {
+    Watch(u32),
+}
+
+enum TcpCmd {
+    Watch(u32, TcpTuple),
+    Unwatch(TcpTuple),
+}
+
+/// Commands to the prober task.
+pub(crate) enum ProbeCmd {
+    /// Probe child `rank` at this address.
+    Add(u32, SocketAddr),
+    /// Stop probing `rank`.
+    Remove(u32),
+    /// Probe `rank` now (suspect hint).
+    Now(u32),
+}
+
+/// The detectors of one broker.
+pub(crate) struct Detectors {
+    /// What runs, for status output.
+    pub status: DetectorStatus,
+    /// UDP port of this broker's probe socket (told to the parent in the hello).
+    pub probe_port: u16,
+    clock: Arc<HeartbeatClock>,
+    table: Option<Arc<HbTable>>,
+    _xdp: Option<XdpResponder>,
+    _user: Option<UserspaceResponder>,
+    exit_tx: Option<mpsc::UnboundedSender<ExitCmd>>,
+    tcp_tx: Option<mpsc::UnboundedSender<TcpCmd>>,
+    prober: Option<mpsc::UnboundedSender<ProbeCmd>>,
+    /// Brokers of this machine whose exits we watch (test-instance owner), by pid.
+    watched_brokers: std::collections::HashSet<u32>,
+    /// Pids of processes watched for local clients: pid → request to answer on.
+    pub(crate) exit_waiters: HashMap<u32, crate::message::Message>,
+    owner: bool,
+    bind_ip: Ipv4Addr,
+    input_tx: mpsc::UnboundedSender<DetectInput>,
+    probe_period: f64,
+    probe_misses: u32,
+}
+
+impl Detectors {
+    /// Binds the probe socket on `bind_ip`, starts the userspace responder (replaced by XDP once loaded) and
+    /// the background loader. `owner` = this broker loads the machine's detectors (else it uses
+    /// `broker.detector-rank`'s through the pinned table).
+    pub(crate) fn start(
+        attrs: &std::collections::BTreeMap<String, String>,
+        instance: &str,
+        bind_ip: Ipv4Addr,
+        owner: bool,
+        cfg: &crate::membership::Config,
+        input_tx: mpsc::UnboundedSender<DetectInput>,
+    ) -> Result<Detectors, String> {
+        let sock = std::net::UdpSocket::bind((bind_ip, 0)).map_err(|e| format!("probe socket on {bind_ip}: {e}"))?;
+        let probe_port = sock.local_addr().map_err(|e| e.to_string())?.port();
+        let clock = Arc::new(HeartbeatClock::default());
+        clock.beat();
+        let user = UserspaceResponder::spawn(sock, clock.clone()).map_err(|e| format!("responder thread: {e}"))?;
+        let mode = mode(attrs);
+        let pending = "userspace (eBPF detectors loading)".to_string();
+        let status = DetectorStatus {
+            process_exit: pending.clone(),
+            tcp: pending.clone(),
+            responder: "userspace (XDP responder loading)".into(),
+            probes: format!(
+                "every {:.0} ms, lost after {} unanswered by a node's kernel",
+                cfg.probe_period * 1e3,
+                cfg.probe_misses
+            ),
+        };
+        let d = Detectors {
+            status,
+            probe_port,
+            clock,
+            table: None,
+            _xdp: None,
+            _user: Some(user),
+            exit_tx: None,
+            tcp_tx: None,
+            prober: None,
+            watched_brokers: Default::default(),
+            exit_waiters: HashMap::new(),
+            owner,
+            bind_ip,
+            input_tx: input_tx.clone(),
+            probe_period: cfg.probe_period,
+            probe_misses: cfg.probe_misses,
+        };
+        let ifname = vigil_ebpf::interface_for_addr(bind_ip);
+        let pin = table_pin_path(instance);
+        let test_instance = attrs.contains_key("broker.detector-rank");
+        // A plain thread, not spawn_blocking: a short-lived broker must not wait for the load to finish on exit.
+        let rt = tokio::runtime::Handle::current();
+        let spawned = std::thread::Builder::new().name("vigil-detectors".into()).spawn(move || {
+            let _g = rt.enter();
+            let loaded = load(mode, owner, ifname, test_instance.then_some(pin));
+            let _ = input_tx.send(DetectInput::Loaded(Box::new(loaded)));
+        });
+        if let Err(e) = spawned {
+            warn!("cannot start the detector loader thread ({e}); detectors stay userspace");
+        }
+        Ok(d)
+    }
+
+    /// Takes the loaded detectors into use: starts their tasks, registers this broker with the responder.
+    pub(crate) fn loaded(&mut self, l: Loaded) {
+        let pid = std::process::id();
+        match l.exit {
+            Ok(det) => {
+                self.status.process_exit = det.description().to_string();
+                let (tx, rx) = mpsc::unbounded_channel();
+                tokio::spawn(exit_task(det, rx, self.input_tx.clone()));
+                self.exit_tx = Some(tx);
+            }
+            Err(why) => self.status.process_exit = why,
+        }
+        match l.tcp {
+            Ok(w) => {
+                self.status.tcp = "ebpf".into();
+                let (tx, rx) = mpsc::unbounded_channel();
+                tokio::spawn(tcp_task(w, rx, self.input_tx.clone()));
+                self.tcp_tx = Some(tx);
+            }
+            Err(why) => self.status.tcp = why,
+        }
+        let table = match l.xdp {
+            Ok(x) => {
+                self.status.responder = format!("xdp ({} on {})", x.mode(), x.interface());
+                let t = x.table();
+                self._xdp = Some(x);
+                Some(t)
+            }
+            Err(why) => match l.shared_table {
+                Some(t) => {
+                    self.status.responder = "xdp (shared with this machine's detector rank)".into();
+                    Some(t)
+                }
+                None => {
+                    self.status.responder = why;
+                    None
+                }
+            },
+        };
+        if let Some(t) = &table {
+            if let Err(e) = t.register(self.probe_port, pid) {
+                self.status.responder = format!("userspace (registering with the XDP responder failed: {e})");
+            } else {
+                // The kernel answers from now on; the userspace thread would only see what XDP passes.
+                self.table = table;
+            }
+        }
+        let s = &self.status;
+        let all_ebpf = !s.process_exit.starts_with("userspace") && s.tcp == "ebpf" && s.responder.starts_with("xdp");
+        let shared = !self.owner && s.responder.starts_with("xdp");
+        if all_ebpf || shared {
+            info!("failure detectors: process-exit {}, tcp {}, responder {}", s.process_exit, s.tcp, s.responder);
+        } else {
+            warn!(
+                "failure detectors degraded: process-exit {}, tcp {}, responder {}",
+                s.process_exit, s.tcp, s.responder
+            );
+        }
+    }
+
+    /// Called every heartbeat period from the core loop: the userspace heartbeat the responder reports, and (on
+    /// the machine's detector owner) exit watches on the brokers registered in its table.
+    pub(crate) fn beat(&mut self) {
+        self.clock.beat();
+        if let Some(t) = &self.table {
+            let _ = t.heartbeat(self.probe_port);
+            if self.owner && self._xdp.is_some() {
+                if let Some(tx) = &self.exit_tx {
+                    let me = std::process::id();
+                    for (_, st) in t.entries() {
+                        if st.pid != me && st.alive == 1 && self.watched_brokers.insert(st.pid) {
+                            let _ = tx.send(ExitCmd::Watch(st.pid));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A watched process exited: if it is a broker of this machine, the responder now answers "dead" for it.
+    /// Returns true if the pid was a broker.
+    pub(crate) fn on_exit(&mut self, pid: u32) -> bool {
+        if self.watched_brokers.remove(&pid) {
+            if let Some(t) = &self.table {
+                t.mark_dead(pid);
+            }
+            return true;
+        }
+        false
+    }
+
+    /// Watch a process's exit (for a local client); false if no exit detector is loaded yet.
+    pub(crate) fn watch_pid(&self, pid: u32) -> bool {
+        self.exit_tx.as_ref().is_some_and(|tx| tx.send(ExitCmd::Watch(pid)).is_ok())
+    }
+
+    /// Watch the overlay connection of `rank` (u32::MAX = parent) given a duplicate of its socket.
+    pub(crate) fn watch_link(&self, rank: u32, sock: &std::os::fd::OwnedFd) -> Option<TcpTuple> {
+        let tx = self.tcp_tx.as_ref()?;
+        let t = socket_tuple(sock)?;
+        let _ = tx.send(TcpCmd::Watch(rank, t));
+        Some(t)
+    }
+
+    /// Stop watching a connection.
+    pub(crate) fn unwatch_link(&self, t: TcpTuple) {
+        if let Some(tx) = &self.tcp_tx {
+            let _ = tx.send(TcpCmd::Unwatch(t));
+        }
+    }
+
+    /// Start probing child `rank` whose node answers at `addr` (its overlay address, its probe port).
+    pub(crate) fn probe_child(&mut self, rank: u32, addr: SocketAddr) {
+        if self.prober.is_none() {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let sock = match std::net::UdpSocket::bind((self.bind_ip, 0))
+                .and_then(|s| s.set_nonblocking(true).map(|_| s))
+                .and_then(tokio::net::UdpSocket::from_std)
+            {
+                Ok(s) => s,
+                Err(e) => {
+                    warn!(
+                        "no heartbeat prober (UDP socket on {}: {e}); children are judged on TCP alone",
+                        self.bind_ip
+                    );
+                    return;
+                }
+            };
+            let period = Duration::from_secs_f64(self.probe_period.max(0.001));
+            tokio::spawn(prober_task(sock, rx, self.input_tx.clone(), period, self.probe_misses));
+            self.prober = Some(tx);
+        }
+        if let Some(p) = &self.prober {
+            let _ = p.send(ProbeCmd::Add(rank, addr));
+        }
+    }
+
+    /// Send a command to the prober (no-op without one).
+    pub(crate) fn prober_cmd(&self, c: ProbeCmd) {
+        if let Some(p) = &self.prober {
+            let _ = p.send(c);
+        }
+    }
+
+    /// Clean exit: remove this broker from the responder table (a killed broker stays, marked dead by the
+    /// machine's detector owner).
+    pub(crate) fn shutdown(&mut self) {
+        if let Some(t) = self.table.take() {
+            let _ = t.unregister(self.probe_port);
+        }
+    }
+}
+
+/// The 4-tuple of a connected IPv4 TCP socket.
+fn socket_tuple(sock: &std::os::fd::OwnedFd) -> Option<TcpTuple> {
+    use std::os::fd::AsFd;
+    let s = socket2_addrs(sock.as_fd())?;
+    TcpTuple::of(s.0, s.1)
+}
+
+fn socket2_addrs(fd: std::os::fd::BorrowedFd<'_>) -> Option<(SocketAddr, SocketAddr)> {
+    use std::os::fd::AsRawFd;
+    let get = |peer: bool| -> Option<SocketAddr> {
+        // SAFETY: sockaddr_in is plain old data; get{sock,peer}name write at most `len` bytes into it.
+        unsafe {
+            let mut sa: libc::sockaddr_in = std::mem::zeroed();
+            let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            let p = &mut sa as *mut libc::sockaddr_in as *mut libc::sockaddr;
+            let rc = if peer {
+                libc::getpeername(fd.as_raw_fd(), p, &mut len)
+            } else {
+                libc::getsockname(fd.as_raw_fd(), p, &mut len)
+            };
+            if rc != 0 || sa.sin_family as i32 != libc::AF_INET {
+                return None;
+            }
+            let ip = Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr));
+            Some(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(sa.sin_port))))
+        }
+    };
+    Some((get(false)?, get(true)?))
+}
+
+/// Background loading (blocking: aya parses BTF and the verifier runs).
+fn load(mode: DetectorMode, owner: bool, ifname: Option<String>, pin: Option<std::path::PathBuf>) -> Loaded {
+    if !owner {
+        // Another broker of this machine owns the detectors: use its responder table once it is pinned.
+        let mut shared = None;
+        if let Some(p) = &pin {
+            for _ in 0..50 {
+                if let Ok(t) = HbTable::open_pinned(p) {
+                    shared = Some(Arc::new(t));
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        let why = "userspace (this machine's detector rank runs the eBPF detectors)".to_string();
+        return Loaded {
+            exit: Err(why.clone()),
+            tcp: Err(why.clone()),
+            xdp: Err(if shared.is_some() { why } else { "userspace (no shared XDP responder found)".into() }),
+            shared_table: shared,
+            required_failed: None,
+        };
+    }
+    let exit = Detector::choose(mode).map_err(|e| format!("userspace (none: {e})"));
+    let forced = mode == DetectorMode::ForceUserspace;
+    let tcp = if forced {
+        Err("userspace (forced by broker.detectors=userspace): socket errors and TCP_INFO".into())
+    } else {
+        TcpWatcher::new().map_err(|e| format!("userspace (BPF load failed: {e}): socket errors and TCP_INFO"))
+    };
+    let xdp = if forced {
+        Err("userspace (forced by broker.detectors=userspace)".into())
+    } else {
+        match &ifname {
+            None => Err("userspace (no interface carries the overlay address)".into()),
+            Some(i) => {
+                XdpResponder::attach(i).map_err(|e| format!("userspace (XDP on {i}: {e})")).and_then(|mut x| match &pin
+                {
+                    Some(p) => x.pin_table(p).map(|_| x).map_err(|e| format!("userspace (pinning the table: {e})")),
+                    None => Ok(x),
+                })
+            }
+        }
+    };
+    let required_failed = if mode == DetectorMode::RequireEbpf {
+        [exit.as_ref().err(), tcp.as_ref().err(), xdp.as_ref().err()].into_iter().flatten().next().cloned()
+    } else {
+        None
+    };
+    // aya keeps parsed BTF and relocation scratch in freed heap; hand it back to the system.
+    // SAFETY: malloc_trim only releases free heap memory; it is safe to call at any time.
+    unsafe { libc::malloc_trim(0) };
+    Loaded { exit, tcp, xdp, shared_table: None, required_failed }
+}
+
+async fn exit_task(
+    mut det: Detector,
+    mut rx: mpsc::UnboundedReceiver<ExitCmd>,
+    tx: mpsc::UnboundedSender<DetectInput>,
+) {
+    loop {
+        tokio::select! {
+            c = rx.recv() => match c {
+                Some(ExitCmd::Watch(pid)) => {
+                    if let Err(e) = det.watch(pid) {
+                        tracing::debug!("cannot watch pid {pid}: {e}");
+                    }
+                }
+                None => return,
+            },
+            ev = det.next_event() => match ev {
+                Some(ev) => {
+                    if tx.send(DetectInput::Exit(ev)).is_err() {
+                        return;
+                    }
+                }
+                None => return,
+            },
+        }
+    }
+}
+
+async fn tcp_task(mut w: TcpWatcher, mut rx: mpsc::UnboundedReceiver<TcpCmd>, tx: mpsc::UnboundedSender<DetectInput>) {
+    let mut ranks: HashMap<TcpTuple, u32> = HashMap::new();
+    loop {
+        tokio::select! {
+            c = rx.recv() => match c {
+                Some(TcpCmd::Watch(rank, t)) => {
+                    if w.watch(t).is_ok() {
+                        ranks.insert(t, rank);
+                    }
+                }
+                Some(TcpCmd::Unwatch(t)) => {
+                    let _ = w.unwatch(t);
+                    ranks.remove(&t);
+                }
+                None => return,
+            },
+            ev = w.next_event() => match ev {
+                Some(ev) => {
+                    if let Some(&r) = ranks.get(&ev.tuple) {
+                        if !matches!(ev.kind, TcpEventKind::Retransmit { .. }) {
+                            ranks.remove(&ev.tuple);
+                            let _ = w.unwatch(ev.tuple);
+                        }
+                        if tx.send(DetectInput::Tcp(r, ev)).is_err() {
+                            return;
+                        }
+                    }
+                }
+                None => return,
+            },
+        }
+    }
+}
+
+struct ProbeTarget {
+    addr: SocketAddr,
+    /// Last sequence number sent, and the last one answered.
+    sent: u32,
+    answered: u32,
+    /// Last reply's kind and whether its heartbeat age was over the torpid threshold (to report changes only).
+    kernel: Option<bool>,
+    stalled: bool,
+    missed_reported: u32,
+}
+
+/// Probes every child each period. Replies are read as they arrive; misses are counted only at the start of a
+/// period after every reply that has arrived was read, so a starved prober never blames its children.
+async fn prober_task(
+    sock: tokio::net::UdpSocket,
+    mut rx: mpsc::UnboundedReceiver<ProbeCmd>,
+    tx: mpsc::UnboundedSender<DetectInput>,
+    period: Duration,
+    misses: u32,
+) {
+    let mut targets: HashMap<u32, ProbeTarget> = HashMap::new();
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut buf = [0u8; 128];
+    // Reported as torpid-worthy when the child's heartbeat is older than this (the membership machine
+    // applies the real threshold; this only limits how often replies are forwarded).
+    let stall_note = Duration::from_millis(100).as_secs_f64();
+    let handle_reply = |targets: &mut HashMap<u32, ProbeTarget>, n: usize, buf: &[u8]| {
+        let Some(p) = Probe::decode(&buf[..n]) else { return };
+        let Some(t) = targets.get_mut(&p.rank) else { return };
+        if p.kind == ProbeKind::Request || p.seq > t.sent || p.seq <= t.answered {
+            return;
+        }
+        t.answered = p.seq;
+        t.missed_reported = 0;
+        let kernel = p.kind == ProbeKind::ReplyKernel;
+        let age = p.hb_age_ns as f64 / 1e9;
+        let stalled = age >= stall_note;
+        if t.kernel != Some(kernel) || stalled || t.stalled != stalled || !p.alive() {
+            t.kernel = Some(kernel);
+            t.stalled = stalled;
+            let _ = tx.send(DetectInput::Probe(p.rank, Signal::ProbeReply { kernel, alive: p.alive(), hb_age: age }));
+        }
+    };
+    loop {
+        tokio::select! {
+            c = rx.recv() => match c {
+                Some(ProbeCmd::Add(r, addr)) => {
+                    targets.insert(r, ProbeTarget { addr, sent: 0, answered: 0, kernel: None, stalled: false, missed_reported: 0 });
+                }
+                Some(ProbeCmd::Remove(r)) => { targets.remove(&r); }
+                Some(ProbeCmd::Now(r)) => {
+                    if let Some(t) = targets.get_mut(&r) {
+                        t.sent += 1;
+                        let _ = sock.try_send_to(&Probe::request(t.sent, r, vigil_ebpf::monotonic_ns()).encode(), t.addr);
+                    }
+                }
+                None => return,
+            },
+            r = sock.recv_from(&mut buf) => {
+                if let Ok((n, _)) = r {
+                    handle_reply(&mut targets, n, &buf);
+                }
+            }
+            _ = tick.tick() => {
+                // Read everything that has arrived before judging.
+                while let Ok((n, _)) = sock.try_recv_from(&mut buf) {
+                    handle_reply(&mut targets, n, &buf);
+                }
+                let now = vigil_ebpf::monotonic_ns();
+                for (r, t) in targets.iter_mut() {
+                    let outstanding = t.sent - t.answered;
+                    if outstanding >= misses && outstanding > t.missed_reported {
+                        t.missed_reported = outstanding;
+                        let _ = tx.send(DetectInput::Probe(*r, Signal::ProbeMissed { misses: outstanding }));
+                    }
+                    t.sent += 1;
+                    let _ = sock.try_send_to(&Probe::request(t.sent, *r, now).encode(), t.addr);
+                }
+            }
+        }
+    }
+}
+
+impl super::core::Core {
+    /// Stop probing and watching child `r` (its link is going away).
+    pub(crate) fn forget_child_detectors(&mut self, r: u32) {
+        let tuple = self.children.get(&r).and_then(|c| c.tuple);
+        if let Some(d) = self.detect.as_ref() {
+            d.prober_cmd(ProbeCmd::Remove(r));
+            if let Some(t) = tuple {
+                d.unwatch_link(t);
+            }
+        }
+    }
+
+    /// Act on what the detectors report.
+    pub(crate) fn on_detect(&mut self, d: DetectInput, requeued: bool) {
+        use super::core::{Input, Peer};
+        const PARENT: u32 = u32::MAX;
+        match d {
+            DetectInput::Loaded(l) => {
+                let required = l.required_failed.clone();
+                let Some(det) = self.detect.as_mut() else { return };
+                det.loaded(*l);
+                // Links that connected while loading.
+                let links: Vec<(u32, Option<TcpTuple>)> = self
+                    .children
+                    .iter()
+                    .map(|(r, c)| (*r, c.sock.as_ref().and_then(|s| det.watch_link(*r, s))))
+                    .collect();
+                for (r, t) in links {
+                    if let Some(c) = self.children.get_mut(&r) {
+                        c.tuple = t;
+                    }
+                }
+                self.parent_tuple = self.parent_sock.as_ref().and_then(|s| det.watch_link(PARENT, s));
+                if let Some(why) = required {
+                    tracing::error!("broker.detectors=ebpf, but {why}; exiting");
+                    self.exit_code = 1;
+                    self.begin_shutdown("required eBPF detectors unavailable");
+                }
+            }
+            DetectInput::Exit(ev) => {
+                let pid = ev.pid;
+                if self.detect.as_mut().is_some_and(|d| d.on_exit(pid)) {
+                    info!("broker process {pid} on this machine exited ({:?}); the responder now says so", ev.status);
+                }
+                if let Some(req) = self.detect.as_mut().and_then(|d| d.exit_waiters.remove(&pid)) {
+                    let (code, signal) = match ev.status {
+                        vigil_ebpf::ExitStatus::Exited(c) => (Some(c), None),
+                        vigil_ebpf::ExitStatus::Signaled { signal, .. } => (None, Some(signal)),
+                        vigil_ebpf::ExitStatus::Unknown => (None, None),
+                    };
+                    let body = serde_json::json!({"pid": pid, "exit_code": code, "signal": signal,
+                        "oom_killed": ev.oom_killed, "sender_pid": ev.sender_pid, "ktime_ns": ev.ktime_ns,
+                        "source": format!("{:?}", ev.source)});
+                    self.respond(&req, &body);
+                }
+            }
+            DetectInput::Tcp(rank, ev) => {
+                if let TcpEventKind::Retransmit { .. } = ev.kind {
+                    if rank != PARENT {
+                        if let Some(d) = self.detect.as_ref() {
+                            d.prober_cmd(ProbeCmd::Now(rank));
+                        }
+                    }
+                    return;
+                }
+                let why = match ev.kind {
+                    TcpEventKind::Reset => "connection reset (kernel TCP event)".to_string(),
+                    k => format!("connection closed (kernel TCP event {k:?})"),
+                };
+                // A goodbye may still be in the socket or in our input queue: let it pass first, so a clean
+                // departure is never mistaken for a loss.
+                if !requeued {
+                    let tx = self.input_tx.clone();
+                    let sock_has_data = if rank == PARENT {
+                        self.parent_sock.as_ref().is_some_and(unread_bytes)
+                    } else {
+                        self.children.get(&rank).and_then(|c| c.sock.as_ref()).is_some_and(unread_bytes)
+                    };
+                    let inp = Input::Detect(DetectInput::Tcp(rank, ev), true);
+                    if sock_has_data {
+                        tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                            let _ = tx.send(inp);
+                        });
+                    } else {
+                        let _ = tx.send(inp);
+                    }
+                    return;
+                }
+                if rank == PARENT {
+                    if self.parent.is_some() {
+                        self.on_closed_pub(Peer::Parent, 0, &why);
+                    }
+                } else if let Some(conn) = self.children.get(&rank).map(|c| c.conn) {
+                    self.on_closed_pub(Peer::Child(rank), conn, &why);
+                }
+            }
+            DetectInput::Probe(rank, sig) => {
+                let now = self.clock();
+                let t = self.membership.signal(now, rank, sig);
+                self.apply_transitions_pub(t);
+            }
+        }
+    }
+
+    /// Register a local client's request to be answered when process `pid` exits (`detect.watch`).
+    pub(crate) fn detect_watch(&mut self, req: crate::message::Message, pid: u32) -> Result<(), String> {
+        let d = self.detect.as_mut().ok_or("no failure detectors on this broker")?;
+        if !d.watch_pid(pid) {
+            return Err("the process-exit detector is not loaded (yet)".into());
+        }
+        d.exit_waiters.insert(pid, req);
+        Ok(())
+    }
+}
+
+/// Bytes received on a socket and not yet read (FIONREAD).
+fn unread_bytes(fd: &std::os::fd::OwnedFd) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int through a valid pointer; the fd is a socket we own a duplicate of.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::FIONREAD, &mut n) };
+    rc == 0 && n > 0
+}
