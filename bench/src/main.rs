@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 
 mod detect;
 mod mpi;
+mod uring_link;
 
 /// flux-core 0.88 reference: `flux start --test-size=1 true` wall time on this machine, seconds.
 const REF_START_N1_S: f64 = 0.91;
