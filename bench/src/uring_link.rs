@@ -29,7 +29,7 @@ use vigil::message::{DecodeError, FrameError, Message, HEADER_LEN, MAGIC, MAX_FR
 /// Submission queue entries of a link's ring (at most three operations are ever in flight).
 const RING_ENTRIES: u32 = 8;
 /// Initial size of the receive buffer; it grows to hold a larger frame.
-const RECV_BUF: usize = 256 << 10;
+pub(crate) const RECV_BUF: usize = 256 << 10;
 /// Below this much free space at the end of the receive buffer, it is compacted before the next `RECV`.
 const MIN_RECV_SPACE: usize = 64 << 10;
 /// `user_data` of the socket `RECV`.
