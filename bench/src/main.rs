@@ -20,6 +20,9 @@
 //! - `vigil-bench detect` (module [`detect`], root only): failure-detection latencies on network-namespace
 //!   nodes (`ci/netns-cluster.sh`), taken from rank 0's own resource and job eventlogs.
 //!
+//! - `vigil-bench uring` (module [`uring`]): an `io_uring` overlay link ([`uring_link`]) against the tokio
+//!   (epoll) transport on loopback TCP, RPC round trip and streaming throughput; needs no `vigil` binary.
+//!
 //! `vigil-bench all` runs first light, then `mpi`, then `detect`.
 
 use clap::{Args, Parser, Subcommand};
@@ -32,6 +35,8 @@ use std::time::{Duration, Instant};
 
 mod detect;
 mod mpi;
+mod uring;
+mod uring_link;
 
 /// flux-core 0.88 reference: `flux start --test-size=1 true` wall time on this machine, seconds.
 const REF_START_N1_S: f64 = 0.91;
@@ -86,6 +91,8 @@ enum TopCmd {
     Mpi(mpi::MpiArgs),
     /// Failure-detection latencies on network-namespace nodes (needs root).
     Detect(detect::DetectArgs),
+    /// io_uring vs tokio (epoll) for overlay TCP links: RPC round trip and streaming throughput.
+    Uring(uring::UringArgs),
     /// First light, then `mpi`, then `detect`.
     All(AllArgs),
     /// Measurements taken from inside an instance (run as its initial program).
@@ -276,6 +283,7 @@ fn main() {
         Some(TopCmd::Inner(InnerCmd::Mpi(a))) => mpi::inner_mpi(a),
         Some(TopCmd::Mpi(a)) => report(mpi::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Detect(a)) => report(detect::run(&a, cli.vigil, cli.out_dir)),
+        Some(TopCmd::Uring(a)) => report(uring::run(&a, cli.out_dir)),
         Some(TopCmd::All(a)) => {
             // Every group runs even if an earlier one failed; the exit code is the worst of the three.
             let first = report(outer(a.runs, cli.vigil.clone(), cli.out_dir.clone()));
