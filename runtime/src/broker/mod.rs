@@ -13,6 +13,7 @@
 pub mod config;
 mod core;
 mod local;
+pub(crate) mod rdma_link;
 mod services;
 pub mod transport;
 

@@ -136,6 +136,9 @@ const KNOWN_ATTRS: &[&str] = &[
     "tbon.heartbeat_period",
     "tbon.torpid_max",
     "tbon.lost_timeout",
+    "tbon.transport",
+    "tbon.rdma_timeout",
+    "tbon.rdma_retry_cnt",
     "resource.synthetic",
     "resource.xml",
     "resource.gpus",
@@ -161,6 +164,7 @@ pub(crate) fn check_attrs(attrs: &BTreeMap<String, String>) -> Result<(), String
         }
     }
     topology_from_attrs(attrs)?;
+    crate::broker::rdma_link::settings(attrs)?;
     if let Some(l) = attrs.get("log-level") {
         let level_ok = ["error", "warn", "info", "debug", "trace", "off"].contains(&l.as_str());
         if !level_ok && (!l.contains('=') || tracing_subscriber::EnvFilter::try_new(l).is_err()) {
