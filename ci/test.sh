@@ -16,3 +16,16 @@ cargo build --workspace --locked
 cargo test --workspace --locked -- --test-threads=4 "$@"
 # Public items are documented and intra-doc links resolve.
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
+# RDMA verbs tests on soft-RoCE: directly where this kernel has rdma_rxe, else inside the rxe-vm harness
+# (../shared/tools/rxe-vm next to the repository, or $RXE_VM), else skipped with a note.
+if [ "$(id -u)" -eq 0 ] && modprobe rdma_rxe 2>/dev/null; then
+    ci/rdma-tests.sh build && ci/rdma-tests.sh run
+else
+    harness=${RXE_VM:-$(cd .. && pwd)/shared/tools/rxe-vm/run-rxe-vm.sh}
+    if [ "$(id -u)" -eq 0 ] && [ -f "$harness" ]; then
+        ci/rdma-tests.sh build
+        WORK=${RXE_VM_WORK:-/tmp/rxe-vm-ci} VM_TIMEOUT=${RXE_VM_TIMEOUT:-600} bash "$harness" run "$PWD/ci/rdma-tests.sh" run
+    else
+        echo "RDMA tests skipped: this kernel has no rdma_rxe and no rxe-vm harness at $harness (or not root)"
+    fi
+fi

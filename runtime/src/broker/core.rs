@@ -1,6 +1,7 @@
 //! Broker core: state, routing and the main loop.
 
 use super::local;
+use super::rdma_link;
 use super::transport::{
     link_from_stream_fd, tcp_ack_state, tune_tcp, Link, LinkEvent, LinkTx, TcpTransport, Transport, TCP_USER_TIMEOUT_MS,
 };
@@ -75,6 +76,8 @@ pub(crate) enum Input {
         rx: mpsc::UnboundedReceiver<LinkEvent>,
         sock: Option<std::os::fd::OwnedFd>,
         tasks: Vec<tokio::task::AbortHandle>,
+        /// The answer to the child's RDMA offer (see `rdma_link`).
+        rdma: Box<rdma_link::Answer>,
     },
     LocalNew {
         id: u32,
@@ -161,7 +164,6 @@ pub(crate) struct Core {
     pub start: Instant,
     pub started_at: f64,
     pub resources: NodeResources,
-    pub transport: &'static str,
     pub input_tx: mpsc::UnboundedSender<Input>,
     pub parent: Option<LinkTx>,
     pub children: HashMap<u32, ChildLink>,
@@ -190,6 +192,9 @@ pub(crate) struct Core {
     pub detect: Option<super::detect::Detectors>,
     /// The parent link's 4-tuple as registered with the TCP watcher.
     pub parent_tuple: Option<vigil_ebpf::TcpTuple>,
+    /// `tbon.transport` settings and the transport each overlay link uses.
+    pub rdma: std::sync::Arc<rdma_link::Settings>,
+    pub links: rdma_link::Links,
 }
 
 /// Wall-clock time in seconds since the epoch (the job core's clock).
@@ -314,7 +319,8 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
     });
     let tx2 = input_tx.clone();
     let instance = opts.instance.clone();
-    tokio::spawn(accept_children(listener, tx2, instance));
+    let rdma = std::sync::Arc::new(rdma_link::settings(&opts.attrs)?);
+    tokio::spawn(accept_children(listener, tx2, instance, rdma.clone()));
 
     // Local connector.
     std::fs::create_dir_all(&opts.rundir)
@@ -353,7 +359,6 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         start: Instant::now(),
         started_at,
         resources,
-        transport: TcpTransport.name(),
         input_tx: input_tx.clone(),
         parent: None,
         children: HashMap::new(),
@@ -377,6 +382,8 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         goodbye: std::collections::HashSet::new(),
         detect: None,
         parent_tuple: None,
+        rdma,
+        links: rdma_link::Links::default(),
         opts,
     };
     // Failure detectors: a probe socket and responder on the overlay address, eBPF loaded in the background.
@@ -423,8 +430,11 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
             .get(parent as usize)
             .cloned()
             .ok_or_else(|| format!("no endpoint for parent rank {parent}"))?;
-        let link = connect_parent(&core, &ep).await?;
+        let (link, choice) = connect_parent(&core, &ep).await?;
         core.parent = Some(link.tx.clone());
+        // Tell rank 0 which transport our parent link uses (for `vigil overlay status` and `uptime`).
+        core.route_request(Peer::Local(u32::MAX), rdma_link::report(rank, &choice));
+        core.links.parent = Some(choice);
         core.parent_sock = link.sock;
         core.parent_tuple =
             core.parent_sock.as_ref().and_then(|s| core.detect.as_ref().and_then(|d| d.watch_link(PARENT, s)));
@@ -501,7 +511,12 @@ pub(crate) async fn pump(
     let _ = tx.send(Input::PeerClosed(peer, conn, "link dropped".into()));
 }
 
-async fn accept_children(l: tokio::net::TcpListener, tx: mpsc::UnboundedSender<Input>, _instance: String) {
+async fn accept_children(
+    l: tokio::net::TcpListener,
+    tx: mpsc::UnboundedSender<Input>,
+    _instance: String,
+    rdma: std::sync::Arc<rdma_link::Settings>,
+) {
     let mut conn: u64 = 0;
     loop {
         let (s, addr) = match l.accept().await {
@@ -520,12 +535,16 @@ async fn accept_children(l: tokio::net::TcpListener, tx: mpsc::UnboundedSender<I
         conn += 1;
         let c = conn;
         let tx = tx.clone();
+        let rdma = rdma.clone();
         tokio::spawn(async move {
             let mut link = link_from_stream_fd(s, addr.to_string(), dup);
             // The first message must be a hello, within 5 s.
             let first = tokio::time::timeout(Duration::from_secs(5), link.rx.recv()).await;
             match first {
                 Ok(Some(LinkEvent::Message(m))) if m.msgtype == MsgType::Control && m.topic == "hello" => {
+                    // Answer the child's RDMA offer here, off the core (opening a device takes milliseconds).
+                    let local = link.sock.as_ref().and_then(rdma_link::local_ip);
+                    let rdma = Box::new(rdma_link::Answer::new(&rdma, local, &m.json()));
                     let _ = tx.send(Input::ChildHello {
                         conn: c,
                         msg: m,
@@ -534,6 +553,7 @@ async fn accept_children(l: tokio::net::TcpListener, tx: mpsc::UnboundedSender<I
                         rx: link.rx,
                         sock: link.sock,
                         tasks: link.tasks,
+                        rdma,
                     });
                 }
                 Ok(Some(LinkEvent::Message(m))) => {
@@ -547,20 +567,35 @@ async fn accept_children(l: tokio::net::TcpListener, tx: mpsc::UnboundedSender<I
     }
 }
 
-async fn connect_parent(core: &Core, ep: &str) -> Result<Link, String> {
+async fn connect_parent(core: &Core, ep: &str) -> Result<(Link, rdma_link::LinkChoice), String> {
     let deadline = Instant::now() + Duration::from_secs_f64(core.opts.connect_timeout.clamp(0.0, 1e7));
     let mut delay = Duration::from_millis(5);
     loop {
         match TcpTransport.connect(ep.to_string()).await {
             Ok(mut link) => {
+                // Offer RDMA when a verbs device serves our end of this connection (see rdma_link).
+                let offer = rdma_link::Offer::new(&core.rdma, link.sock.as_ref().and_then(rdma_link::local_ip))?;
                 let hello = Message::control(
                     "hello",
-                    &json!({"rank": core.opts.rank, "instance": core.opts.instance, "version": crate::message::WIRE_VERSION, "hostname": core.opts.hostname,
-                        "probe_port": core.detect.as_ref().map(|d| d.probe_port)}),
+                    &rdma_link::merge(
+                        json!({"rank": core.opts.rank, "instance": core.opts.instance, "version": crate::message::WIRE_VERSION, "hostname": core.opts.hostname,
+                            "probe_port": core.detect.as_ref().map(|d| d.probe_port)}),
+                        offer.hello_fields(),
+                    ),
                 );
                 let _ = link.tx.send(hello);
                 match tokio::time::timeout(Duration::from_secs(10), link.rx.recv()).await {
-                    Ok(Some(LinkEvent::Message(m))) if m.topic == "hello-ack" => return Ok(link),
+                    Ok(Some(LinkEvent::Message(m))) if m.topic == "hello-ack" => {
+                        let (conn, choice) = offer.finish(&core.rdma, &m.json())?;
+                        log_choice("parent", &choice);
+                        if let Some(conn) = conn {
+                            let (tx, rx, tasks) = rdma_link::bridge(link.tx, link.rx, conn);
+                            link.tx = tx;
+                            link.rx = rx;
+                            link.tasks.extend(tasks);
+                        }
+                        return Ok((link, choice));
+                    }
                     Ok(Some(LinkEvent::Message(m))) if m.topic == "refused" => {
                         return Err(format!("parent at {ep} refused us: {}", m.errstr().unwrap_or_default()))
                     }
@@ -577,6 +612,15 @@ async fn connect_parent(core: &Core, ep: &str) -> Result<Link, String> {
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_millis(200));
+    }
+}
+
+/// Log once which transport an overlay link uses (and why not RDMA).
+fn log_choice(peer: &str, c: &rdma_link::LinkChoice) {
+    if c.transport == "rdma" {
+        info!("overlay link to {peer}: rdma on {}", c.detail);
+    } else {
+        info!("overlay link to {peer}: tcp ({})", c.detail);
     }
 }
 
@@ -781,8 +825,8 @@ impl Core {
                 self.on_message(peer, msg);
             }
             Input::PeerClosed(peer, conn, why) => self.on_closed(peer, conn, &why),
-            Input::ChildHello { conn, msg, link_tx, peer, rx, sock, tasks } => {
-                self.on_hello(conn, msg, link_tx, peer, rx, sock, tasks)
+            Input::ChildHello { conn, msg, link_tx, peer, rx, sock, tasks, rdma } => {
+                self.on_hello(conn, msg, link_tx, peer, rx, sock, tasks, *rdma)
             }
             Input::LocalNew { id, uid, tx } => {
                 self.locals.insert(id, LocalClient { tx, uid, subs: Vec::new(), streaming: false });
@@ -827,7 +871,8 @@ impl Core {
         peer: String,
         rx: mpsc::UnboundedReceiver<LinkEvent>,
         sock: Option<std::os::fd::OwnedFd>,
-        tasks: Vec<tokio::task::AbortHandle>,
+        mut tasks: Vec<tokio::task::AbortHandle>,
+        rdma: rdma_link::Answer,
     ) {
         let v = msg.json();
         let rank = v.get("rank").and_then(Value::as_u64).map(|r| r as u32);
@@ -849,7 +894,24 @@ impl Core {
         if self.children.contains_key(&rank) {
             return refuse(format!("rank {rank} is already connected"));
         }
-        let _ = tx.send(Message::control("hello-ack", &json!({"rank": self.rank()})));
+        if let rdma_link::Answer::Refuse(why) = &rdma {
+            return refuse(why.clone());
+        }
+        let ack = rdma_link::merge(json!({"rank": self.rank()}), rdma.ack_fields());
+        let _ = tx.send(Message::control("hello-ack", &ack));
+        let (tx, rx) = match rdma {
+            rdma_link::Answer::Rdma(c, choice) => {
+                log_choice(&format!("child rank {rank}"), &choice);
+                let (tx, rx, t) = rdma_link::bridge(tx, rx, *c);
+                tasks.extend(t);
+                (tx, rx)
+            }
+            rdma_link::Answer::Tcp(choice) => {
+                log_choice(&format!("child rank {rank}"), &choice);
+                (tx, rx)
+            }
+            rdma_link::Answer::Refuse(_) => return,
+        };
         let tuple = sock.as_ref().and_then(|s| self.detect.as_ref().and_then(|d| d.watch_link(rank, s)));
         if let (Some(d), Some(port)) =
             (self.detect.as_mut(), v.get("probe_port").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok()))

@@ -14,6 +14,7 @@ pub mod config;
 mod core;
 mod detect;
 mod local;
+pub(crate) mod rdma_link;
 mod services;
 pub mod transport;
 

@@ -171,7 +171,7 @@ fn attrs(core: &Core) -> std::collections::BTreeMap<String, String> {
     a.insert("tbon.topo".into(), o.topo.to_string());
     a.insert("tbon.level".into(), o.topo.level(o.size, o.rank).to_string());
     a.insert("tbon.maxlevel".into(), o.topo.depth(o.size).saturating_sub(1).to_string());
-    a.insert("tbon.transport".into(), core.transport.into());
+    a.insert("tbon.transport".into(), core.links.summary());
     a.insert("tbon.endpoint".into(), o.endpoints.get(o.rank as usize).cloned().unwrap_or_default());
     if let Some(p) = o.topo.parent(o.size, o.rank) {
         a.insert("tbon.parent-endpoint".into(), o.endpoints.get(p as usize).cloned().unwrap_or_default());
@@ -199,7 +199,7 @@ fn info(core: &Core) -> Value {
         "rank": o.rank, "size": o.size, "hostname": o.hostname, "state": state,
         "uptime": core.start.elapsed().as_secs_f64(), "topo": o.topo.to_string(),
         "depth": o.topo.depth(o.size), "level": o.topo.level(o.size, o.rank),
-        "transport": core.transport, "instance_level": o.attrs.get("instance-level").cloned().unwrap_or_else(|| "0".into()),
+        "transport": core.links.summary(), "instance_level": o.attrs.get("instance-level").cloned().unwrap_or_else(|| "0".into()),
         "detectors": detectors(core),
         "resource_source": core.resources.source,
     })
@@ -361,12 +361,18 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
                         core.members.get(&r).cloned().unwrap_or((MemberState::Offline, String::new(), 0.0));
                     let host = jc.pool.ranks.get(&r).map(|p| p.hostname.clone()).unwrap_or_default();
                     json!({"rank": r, "hostname": host, "state": state, "reason": why, "since": since,
-                           "parent": topo.parent(size, r), "children": topo.children(size, r)})
+                           "parent": topo.parent(size, r), "children": topo.children(size, r),
+                           "link": core.links.of_rank(r)})
                 })
                 .collect();
             Ok(Some(json!({"size": size, "topo": topo.to_string(), "depth": topo.depth(size),
                 "critical_ranks": IdSet::from_iter(topo.critical_ranks(size)).to_string(),
-                "transport": core.transport, "detectors": detectors(core), "ranks": ranks})))
+                "transport": core.links.summary(), "detectors": detectors(core), "ranks": ranks})))
+        }
+        "overlay.transport" => {
+            // A child's report of its parent link (rdma_link).
+            core.links.on_report(body).map_err(|e| (errno::EPROTO, e))?;
+            Ok(Some(json!({})))
         }
         "resource.status" => {
             let jc = core.jobcore.as_ref().ok_or((errno::ENOSYS, "not rank 0".into()))?;

@@ -140,6 +140,9 @@ const KNOWN_ATTRS: &[&str] = &[
     "tbon.probe_misses",
     "broker.detectors",
     "broker.detector-rank",
+    "tbon.transport",
+    "tbon.rdma_timeout",
+    "tbon.rdma_retry_cnt",
     "resource.synthetic",
     "resource.xml",
     "resource.gpus",
@@ -165,6 +168,7 @@ pub(crate) fn check_attrs(attrs: &BTreeMap<String, String>) -> Result<(), String
         }
     }
     topology_from_attrs(attrs)?;
+    crate::broker::rdma_link::settings(attrs)?;
     if let Some(l) = attrs.get("log-level") {
         let level_ok = ["error", "warn", "info", "debug", "trace", "off"].contains(&l.as_str());
         if !level_ok && (!l.contains('=') || tracing_subscriber::EnvFilter::try_new(l).is_err()) {

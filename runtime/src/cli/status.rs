@@ -295,6 +295,16 @@ pub(crate) async fn overlay(cmd: OverlayCmd) -> Result<i32, String> {
             if !ranks.is_empty() {
                 draw(&ranks, 0, "", true, true, &mut out);
             }
+            // Each rank's link to its parent: rdma (device) or tcp (why not rdma).
+            for l in ranks.iter().filter(|l| l["link"].is_object()) {
+                out.push_str(&format!(
+                    "link {} -> {}: {} ({})\n",
+                    l["rank"],
+                    l["parent"],
+                    l["link"]["transport"].as_str().unwrap_or("?"),
+                    l["link"]["detail"].as_str().unwrap_or("")
+                ));
+            }
             print!("{out}");
             Ok(0)
         }

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# RDMA overlay benchmark, one run inside the soft-RoCE VM (rxe0 = 10.200.0.1 on veth0, rxe1 = 10.200.0.2 on
+# veth1). On the host:
+#   cargo build --release -p vigil -p vigil-shell && cargo build --release -p vigil-rdma --example rtt
+#   WORK=/tmp/rxe-vm-rdma ../shared/tools/rxe-vm/run-rxe-vm.sh run $PWD/bench/rdma.sh
+# It measures, in the same run on the same devices:
+#  - perftest ib_send_lat (1000 iterations, 2 bytes) and ib_send_bw (65536 bytes) between rxe0 and rxe1;
+#  - vigil-rdma round trip of a 2-byte message (1000, median), completion-channel and busy-poll modes;
+#  - overlay RPC round trip (`vigil ping -c 1000 1`, median) between two brokers on the two addresses, with the
+#    overlay on RDMA and on TCP over the same veth pair;
+#  - peer loss detection over RDMA (the verbs peer-QP-destroyed test: time to IBV_WC_RETRY_EXC_ERR).
+# Writes $OUT/rdma.md (OUT=/mnt/out) with the table; copy it to bench/results/rdma.md.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+REL=$ROOT/target/release
+OUT=${OUT:-/mnt/out}
+A0=${RXE_A0:-10.200.0.1} A1=${RXE_A1:-10.200.0.2} G0=${RXE_G0:-1} G1=${RXE_G1:-1}
+export PATH=$REL:$PATH
+T=$(mktemp -d /tmp/vigil-rdma-bench.XXXXXX)
+N=1000
+med() { sort -n | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]; else print "nan"}'; }
+
+# perftest (server on rxe1, client on rxe0). ib_send_lat reports the one-way latency (half the round trip).
+timeout 120 ib_send_lat -d rxe1 -x "$G1" -F -n $N >"$T/lat.s" 2>&1 &
+sleep 1
+timeout 120 ib_send_lat -d rxe0 -x "$G0" -F -n $N "$A1" >"$T/lat.c" 2>&1
+wait
+cat "$T/lat.c"
+LAT=$(awk '/t_typical/{h=1; next} h && $1 ~ /^[0-9]+$/ {print $5; exit}' "$T/lat.c")
+timeout 120 ib_send_bw -d rxe1 -x "$G1" -F -n 2000 >"$T/bw.s" 2>&1 &
+sleep 1
+timeout 120 ib_send_bw -d rxe0 -x "$G0" -F -n 2000 "$A1" >"$T/bw.c" 2>&1
+wait
+cat "$T/bw.c"
+BW=$(awk '/BW average/{h=1; next} h && $1 ~ /^[0-9]+$/ {print $4; exit}' "$T/bw.c")
+
+# vigil-rdma alone (both QPs in one process, one tokio thread).
+RTT_EV=$(timeout 120 "$REL/examples/rtt" event ct $N | sed -n 's/.*median_us=\([0-9.]*\).*/\1/p')
+RTT_BUSY=$(timeout 120 "$REL/examples/rtt" busy ct $N | sed -n 's/.*median_us=\([0-9.]*\).*/\1/p')
+
+# Two brokers, overlay on rdma then on tcp.
+cat >"$T/vigil.toml" <<EOF
+[bootstrap]
+instance = "rdma-bench"
+hosts = [
+  { host = "n0", bind = "tcp://$A0:8051", connect = "tcp://$A0:8051" },
+  { host = "n1", bind = "tcp://$A1:8051", connect = "tcp://$A1:8051" },
+]
+EOF
+cat >"$T/pings.sh" <<EOF
+#!/bin/bash
+vigil uptime
+vigil ping -c 50 1 >/dev/null
+vigil ping -c $N 1
+EOF
+chmod +x "$T/pings.sh"
+declare -A PING
+for tr in rdma tcp; do
+    mkdir -p "$T/$tr/r0" "$T/$tr/r1"
+    vigil broker --config "$T/vigil.toml" --rank 1 --rundir "$T/$tr/r1" -S tbon.transport=$tr >"$T/$tr.r1.log" 2>&1 &
+    p1=$!
+    timeout 300 vigil broker --config "$T/vigil.toml" --rank 0 --rundir "$T/$tr/r0" -S tbon.transport=$tr \
+        "$T/pings.sh" >"$T/$tr.ping" 2>"$T/$tr.r0.log" </dev/null
+    wait $p1
+    head -1 "$T/$tr.ping"
+    PING[$tr]=$(sed -n 's/.*time=\([0-9.]*\) ms.*/\1/p' "$T/$tr.ping" | med)
+    echo "overlay ping over $tr: median ${PING[$tr]} ms ($(grep -c 'time=' "$T/$tr.ping") pings)"
+done
+
+# Peer loss detection over RDMA (timeout 12, retry_cnt 1): 5 runs of the verbs test.
+DET=()
+if [ -f "$ROOT/target/rdma-tests/bins.env" ]; then
+    . "$ROOT/target/rdma-tests/bins.env"
+    for i in 1 2 3 4 5; do
+        d=$(VIGIL_RDMA_TESTS=1 "$VERBS_TEST" --exact peer_qp_destroyed --nocapture 2>&1 |
+            sed -n 's/.*error after \([0-9.]*\)\(ms\|µs\|s\).*/\1 \2/p' |
+            awk '{v=$1; if ($2=="µs") v/=1000; if ($2=="s") v*=1000; printf "%.1f", v}')
+        DET+=("$d")
+    done
+fi
+DETMED=$(printf '%s\n' "${DET[@]}" | med)
+
+us() { awk -v v="$1" 'BEGIN { printf "%.1f", v * 1000 }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+PR=$(us "${PING[rdma]}") PT=$(us "${PING[tcp]}")
+LAT_RTT=$(awk -v l="$LAT" 'BEGIN { printf "%.1f", 2 * l }')
+cat >"$OUT/rdma.md" <<EOF
+# RDMA overlay benchmark (soft-RoCE in the rxe-vm, TCG emulation, one run)
+
+Kernel $(uname -r), rxe0 on veth0 ($A0) and rxe1 on veth1 ($A1), same veth pair for RDMA and TCP.
+Emulated: absolute numbers are noisy; compare ratios within this run. Medians over $N round trips.
+
+| measurement | median | ratio |
+|---|---|---|
+| perftest ib_send_lat, one way (2 B) | $LAT µs | |
+| perftest ib_send_lat, as a round trip (2 × one way) | $LAT_RTT µs | 1.00 |
+| vigil-rdma message round trip, completion channel (2 B, one process) | $RTT_EV µs | $(ratio "$RTT_EV" "$LAT_RTT") × ib_send_lat RTT |
+| vigil-rdma message round trip, busy poll (2 B, one process) | $RTT_BUSY µs | $(ratio "$RTT_BUSY" "$LAT_RTT") × ib_send_lat RTT |
+| overlay RPC round trip \`vigil ping 1\`, overlay on RDMA | $PR µs | $(ratio "$PR" "$LAT_RTT") × ib_send_lat RTT |
+| overlay RPC round trip \`vigil ping 1\`, overlay on TCP | $PT µs | RDMA/TCP = $(ratio "$PR" "$PT") |
+| perftest ib_send_bw (64 KiB) | $BW MB/s | |
+| peer loss detection over RDMA (peer QP destroyed → IBV_WC_RETRY_EXC_ERR, timeout 12, retry_cnt 1; 5 runs: ${DET[*]} ms) | $DETMED ms | |
+EOF
+cat "$OUT/rdma.md"
+rm -rf "$T"

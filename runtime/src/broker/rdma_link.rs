@@ -1,0 +1,385 @@
+//! RDMA verbs for overlay links, chosen per link (`tbon.transport=auto|rdma|tcp`, default auto).
+//!
+//! Every overlay link starts as TCP. The child puts an offer in its `hello` when a verbs device serves the local
+//! address of its TCP connection: `"rdma": LocalInfo` (QP number, GID, PSN, ring depth...; see
+//! [`vigil_rdma::LocalInfo`]), or `"rdma_unavailable": reason`. The parent, in the task that read the hello,
+//! looks for a device serving its own end of the connection; if it has one it connects a QP to the offer and
+//! answers in `hello-ack` with `"rdma": LocalInfo`, else with `"rdma_refused": reason`. From then on both sides
+//! carry every overlay message over the QP; the TCP connection stays open as a side channel: control messages
+//! (heartbeats, goodbye, shutdown) are sent on it too, so its EOF, reset or `TCP_USER_TIMEOUT` and the kernel
+//! ACK state keep working as liveness signals, and a goodbye is never lost behind a QP that the exiting process
+//! destroys. A QP error (`IBV_WC_RETRY_EXC_ERR` ~40 ms after the peer stops answering with the default
+//! `tbon.rdma_timeout` 12 / `tbon.rdma_retry_cnt` 1) or a fatal async event closes the link, which the
+//! membership machine turns into a lost peer.
+//!
+//! `tbon.transport=rdma` fails a link that cannot use RDMA (the child exits with the reason, the parent refuses
+//! the child); `tcp` never tries. The choice of each link and the reason for a TCP fallback are logged once and
+//! shown by `vigil overlay status` and `vigil uptime` (each child reports its parent link to rank 0 with
+//! `overlay.transport`).
+
+use super::transport::{LinkEvent, LinkTx};
+use crate::message::{Message, MsgType};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use tokio::sync::mpsc;
+use vigil_rdma::{Config, Connection, Endpoint, LocalInfo, Prepared};
+
+/// `tbon.transport`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// RDMA where both ends have a device serving the link's addresses, else TCP.
+    Auto,
+    /// RDMA or fail the link.
+    Rdma,
+    /// Never try RDMA.
+    Tcp,
+}
+
+/// Transport settings from the attributes.
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    pub mode: Mode,
+    pub cfg: Config,
+}
+
+/// Parse and validate `tbon.transport`, `tbon.rdma_timeout` (QP timeout exponent, 1..=31, default 12) and
+/// `tbon.rdma_retry_cnt` (1..=6, default 1).
+pub(crate) fn settings(attrs: &BTreeMap<String, String>) -> Result<Settings, String> {
+    let mode = match attrs.get("tbon.transport").map(String::as_str) {
+        None | Some("auto") => Mode::Auto,
+        Some("rdma") => Mode::Rdma,
+        Some("tcp") => Mode::Tcp,
+        Some(v) => return Err(format!("invalid tbon.transport '{v}': expected auto, rdma or tcp")),
+    };
+    let mut cfg = Config::default();
+    let num = |k: &str| -> Result<Option<u8>, String> {
+        attrs.get(k).map(|v| v.parse::<u8>().map_err(|_| format!("{k}: '{v}' is not a number 0..255"))).transpose()
+    };
+    if let Some(t) = num("tbon.rdma_timeout")? {
+        cfg.timeout = t;
+    }
+    if let Some(r) = num("tbon.rdma_retry_cnt")? {
+        cfg.retry_cnt = r;
+    }
+    cfg.validate().map_err(|e| e.to_string())?;
+    Ok(Settings { mode, cfg })
+}
+
+/// What one overlay link runs on, for logs and status.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct LinkChoice {
+    /// "rdma" or "tcp".
+    pub transport: &'static str,
+    /// For rdma: the device, port and GID; for tcp: why not rdma.
+    pub detail: String,
+}
+
+impl LinkChoice {
+    fn tcp(why: impl Into<String>) -> LinkChoice {
+        LinkChoice { transport: "tcp", detail: why.into() }
+    }
+    fn rdma(c: &Connection) -> LinkChoice {
+        LinkChoice {
+            transport: "rdma",
+            detail: format!("{} port {} gid {} ({})", c.device.name, c.device.port, c.device.gid_index, c.device.gid),
+        }
+    }
+    fn to_json(&self) -> Value {
+        json!({"transport": self.transport, "detail": self.detail})
+    }
+}
+
+/// Per-broker record of link choices.
+#[derive(Debug, Default)]
+pub(crate) struct Links {
+    /// This broker's link to its parent.
+    pub parent: Option<LinkChoice>,
+    /// Rank 0: every rank's link to its parent, as reported with `overlay.transport`.
+    pub by_rank: BTreeMap<u32, LinkChoice>,
+}
+
+impl Links {
+    /// One line for `vigil uptime` / `overlay status`: "rdma", "tcp (fallback: why)", "mixed (rdma N, tcp M: why)",
+    /// or "tcp" for a single broker.
+    pub fn summary(&self) -> String {
+        let mut all: Vec<&LinkChoice> = self.by_rank.values().collect();
+        if all.is_empty() {
+            all.extend(self.parent.as_ref());
+        }
+        let n_rdma = all.iter().filter(|c| c.transport == "rdma").count();
+        let first_tcp = all.iter().find(|c| c.transport == "tcp");
+        match (n_rdma, first_tcp) {
+            (0, None) => "tcp".into(),
+            (_, None) => "rdma".into(),
+            (0, Some(t)) => format!("tcp (fallback: {})", t.detail),
+            (n, Some(t)) => format!("mixed (rdma {n}, tcp {}: {})", all.len() - n, t.detail),
+        }
+    }
+
+    /// Rank 0's view of `rank`'s parent link, for `overlay.status` rows.
+    pub fn of_rank(&self, rank: u32) -> Value {
+        self.by_rank.get(&rank).map(LinkChoice::to_json).unwrap_or(Value::Null)
+    }
+
+    /// Record an `overlay.transport` report (rank 0).
+    pub fn on_report(&mut self, body: &Value) -> Result<(), String> {
+        let rank = body.get("rank").and_then(Value::as_u64).ok_or("missing rank")? as u32;
+        let transport = match body.get("transport").and_then(Value::as_str) {
+            Some("rdma") => "rdma",
+            Some("tcp") => "tcp",
+            _ => return Err("transport must be rdma or tcp".into()),
+        };
+        let detail = body.get("detail").and_then(Value::as_str).unwrap_or("").chars().take(400).collect();
+        self.by_rank.insert(rank, LinkChoice { transport, detail });
+        Ok(())
+    }
+}
+
+/// The `overlay.transport` request a child sends to rank 0 about its parent link.
+pub(crate) fn report(rank: u32, c: &LinkChoice) -> Message {
+    let mut m =
+        Message::request("overlay.transport", 0, &json!({"rank": rank, "transport": c.transport, "detail": c.detail}));
+    m.flags = crate::message::FLAG_NORESPONSE;
+    m
+}
+
+/// Local IP address of a socket (the overlay's own end of a connection).
+pub(crate) fn local_ip(fd: &std::os::fd::OwnedFd) -> Option<IpAddr> {
+    // A duplicate of the descriptor, closed again when the temporary stream drops.
+    let s = std::net::TcpStream::from(fd.try_clone().ok()?);
+    s.local_addr().ok().map(|a| a.ip())
+}
+
+/// Child side, before the hello: what to offer.
+#[derive(Debug)]
+pub(crate) struct Offer {
+    prepared: Option<Prepared>,
+    why_not: String,
+}
+
+impl Offer {
+    /// Prepare a QP if a device serves `local`. Err when `tbon.transport=rdma` and none can be used.
+    pub fn new(s: &Settings, local: Option<IpAddr>) -> Result<Offer, String> {
+        if s.mode == Mode::Tcp {
+            return Ok(Offer { prepared: None, why_not: "tbon.transport=tcp".into() });
+        }
+        let r = local
+            .ok_or_else(|| "local address of the overlay connection unknown".to_string())
+            .and_then(|ip| vigil_rdma::find_device(ip).map_err(|e| e.to_string()))
+            .and_then(|d| Endpoint::prepare(&d, s.cfg.clone()).map_err(|e| e.to_string()));
+        match r {
+            Ok((p, _)) => Ok(Offer { prepared: Some(p), why_not: String::new() }),
+            Err(e) if s.mode == Mode::Rdma => Err(format!("tbon.transport=rdma but {e}")),
+            Err(e) => Ok(Offer { prepared: None, why_not: e }),
+        }
+    }
+
+    /// Fields to add to the hello payload.
+    pub fn hello_fields(&self) -> Value {
+        match &self.prepared {
+            Some(p) => json!({"rdma": p.local_info()}),
+            None => json!({"rdma_unavailable": self.why_not}),
+        }
+    }
+
+    /// After the hello-ack: connect the QP to the parent's answer, or fall back to TCP with the reason.
+    pub fn finish(self, s: &Settings, ack: &Value) -> Result<(Option<Connection>, LinkChoice), String> {
+        let res = match (self.prepared, ack.get("rdma")) {
+            (None, _) => Err(format!("this side: {}", self.why_not)),
+            (Some(p), Some(info)) => serde_json::from_value::<LocalInfo>(info.clone())
+                .map_err(|e| format!("parent's rdma answer is malformed: {e}"))
+                .and_then(|info| p.connect(&info).map_err(|e| e.to_string())),
+            (Some(_), None) => Err(match ack.get("rdma_refused").and_then(Value::as_str) {
+                Some(why) => format!("parent: {why}"),
+                None => "parent did not answer the rdma offer".into(),
+            }),
+        };
+        match res {
+            Ok(c) => {
+                let choice = LinkChoice::rdma(&c);
+                Ok((Some(c), choice))
+            }
+            Err(e) if s.mode == Mode::Rdma => Err(format!("tbon.transport=rdma but {e}")),
+            Err(e) => Ok((None, LinkChoice::tcp(e))),
+        }
+    }
+}
+
+/// Parent side: the answer to a child's hello.
+pub(crate) enum Answer {
+    /// A connected QP (passive side: it sends once the child's first packet arrives).
+    Rdma(Box<Connection>, LinkChoice),
+    /// Stay on TCP, for this reason.
+    Tcp(LinkChoice),
+    /// `tbon.transport=rdma` and RDMA is impossible: refuse the child.
+    Refuse(String),
+}
+
+impl Answer {
+    /// Decide from the hello's offer and a device serving `local` (our end of the connection).
+    pub fn new(s: &Settings, local: Option<IpAddr>, hello: &Value) -> Answer {
+        let res: Result<Connection, String> = if s.mode == Mode::Tcp {
+            Err("tbon.transport=tcp".into())
+        } else if let Some(offer) = hello.get("rdma") {
+            serde_json::from_value::<LocalInfo>(offer.clone())
+                .map_err(|e| format!("child's rdma offer is malformed: {e}"))
+                .and_then(|info| {
+                    let ip = local.ok_or_else(|| "local address of the overlay connection unknown".to_string())?;
+                    let dev = vigil_rdma::find_device(ip).map_err(|e| e.to_string())?;
+                    let (p, _) = Endpoint::prepare(&dev, s.cfg.clone()).map_err(|e| e.to_string())?;
+                    p.accept(&info).map_err(|e| e.to_string())
+                })
+        } else {
+            Err(match hello.get("rdma_unavailable").and_then(Value::as_str) {
+                Some(why) => format!("child: {why}"),
+                None => "child made no rdma offer".into(),
+            })
+        };
+        match res {
+            Ok(c) => {
+                let choice = LinkChoice::rdma(&c);
+                Answer::Rdma(Box::new(c), choice)
+            }
+            Err(e) if s.mode == Mode::Rdma => Answer::Refuse(format!("tbon.transport=rdma but {e}")),
+            Err(e) => Answer::Tcp(LinkChoice::tcp(e)),
+        }
+    }
+
+    /// Fields to add to the hello-ack payload.
+    pub fn ack_fields(&self) -> Value {
+        match self {
+            Answer::Rdma(c, _) => json!({"rdma": c.local}),
+            Answer::Tcp(c) => json!({"rdma_refused": c.detail}),
+            Answer::Refuse(why) => json!({"rdma_refused": why}),
+        }
+    }
+}
+
+/// Merge the fields of `extra` (an object) into `base` (an object).
+pub(crate) fn merge(mut base: Value, extra: Value) -> Value {
+    if let (Some(b), Value::Object(e)) = (base.as_object_mut(), extra) {
+        b.extend(e);
+    }
+    base
+}
+
+/// Carry a link's messages over `conn`, keeping its TCP connection (`tcp_tx`, `tcp_rx`) as the side channel.
+/// Returns the link's new sender and event receiver, and the abort handles of the two bridge tasks.
+pub(crate) fn bridge(
+    tcp_tx: LinkTx,
+    mut tcp_rx: mpsc::UnboundedReceiver<LinkEvent>,
+    conn: Connection,
+) -> (LinkTx, mpsc::UnboundedReceiver<LinkEvent>, Vec<tokio::task::AbortHandle>) {
+    let (tx, mut out_rx) = mpsc::unbounded_channel::<Message>();
+    let (in_tx, rx) = mpsc::unbounded_channel::<LinkEvent>();
+    let (sender, mut receiver) = conn.split();
+    let wt = tokio::spawn(async move {
+        while let Some(m) = out_rx.recv().await {
+            if m.msgtype == MsgType::Control {
+                // Heartbeats, goodbye, shutdown also on TCP: liveness signals and ordered goodbyes.
+                let _ = tcp_tx.send(m.clone());
+            }
+            if sender.send(m.encode()).await.is_err() {
+                // The reader reports why.
+                break;
+            }
+        }
+    });
+    let rt = tokio::spawn(async move {
+        let why = loop {
+            tokio::select! {
+                r = receiver.recv() => match r {
+                    Ok(frame) => match Message::decode_frame(&frame) {
+                        Ok(m) => {
+                            if in_tx.send(LinkEvent::Message(m)).is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) => break format!("rdma: {e}"),
+                    },
+                    Err(e) => break e.to_string(),
+                },
+                ev = tcp_rx.recv() => match ev {
+                    Some(LinkEvent::Message(m)) => {
+                        if in_tx.send(LinkEvent::Message(m)).is_err() {
+                            return;
+                        }
+                    }
+                    Some(LinkEvent::Closed(why)) => break why,
+                    None => break "tcp side channel dropped".into(),
+                },
+            }
+        };
+        let _ = in_tx.send(LinkEvent::Closed(why));
+    });
+    (tx, rx, vec![wt.abort_handle(), rt.abort_handle()])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attrs(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+        kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn settings_parse_and_refuse_forever() {
+        let s = settings(&attrs(&[])).unwrap();
+        assert_eq!(s.mode, Mode::Auto);
+        assert_eq!((s.cfg.timeout, s.cfg.retry_cnt), (12, 1));
+        assert_eq!(settings(&attrs(&[("tbon.transport", "rdma")])).unwrap().mode, Mode::Rdma);
+        assert!(settings(&attrs(&[("tbon.transport", "ib")])).unwrap_err().contains("auto, rdma or tcp"));
+        assert!(settings(&attrs(&[("tbon.rdma_retry_cnt", "7")])).unwrap_err().contains("forever"));
+        assert!(settings(&attrs(&[("tbon.rdma_timeout", "0")])).is_err());
+        assert!(settings(&attrs(&[("tbon.rdma_timeout", "x")])).is_err());
+        let s = settings(&attrs(&[("tbon.rdma_timeout", "14"), ("tbon.rdma_retry_cnt", "2")])).unwrap();
+        assert_eq!((s.cfg.timeout, s.cfg.retry_cnt), (14, 2));
+    }
+
+    #[test]
+    fn auto_falls_back_with_a_reason_on_loopback() {
+        let s = settings(&attrs(&[])).unwrap();
+        let offer = Offer::new(&s, Some("127.0.0.1".parse().unwrap())).unwrap();
+        let f = offer.hello_fields();
+        let why = f["rdma_unavailable"].as_str().unwrap().to_string();
+        assert!(why.contains("no verbs devices") || why.contains("127.0.0.1"), "{why}");
+        // The parent sees no offer and answers with a refusal that names the child's reason.
+        let a = Answer::new(&s, Some("127.0.0.1".parse().unwrap()), &f);
+        let Answer::Tcp(c) = &a else { panic!("expected tcp") };
+        assert!(c.detail.starts_with("child: "), "{}", c.detail);
+        let (conn, choice) = offer.finish(&s, &a.ack_fields()).unwrap();
+        assert!(conn.is_none());
+        assert_eq!(choice.transport, "tcp");
+        assert!(choice.detail.contains("this side"), "{}", choice.detail);
+    }
+
+    #[test]
+    fn rdma_mode_fails_without_device() {
+        let s = settings(&attrs(&[("tbon.transport", "rdma")])).unwrap();
+        let e = Offer::new(&s, Some("127.0.0.1".parse().unwrap())).unwrap_err();
+        assert!(e.starts_with("tbon.transport=rdma but"), "{e}");
+        let a = Answer::new(&s, Some("127.0.0.1".parse().unwrap()), &json!({"rank": 1}));
+        assert!(matches!(a, Answer::Refuse(_)));
+    }
+
+    #[test]
+    fn malformed_offer_is_a_reason_not_a_panic() {
+        let s = settings(&attrs(&[])).unwrap();
+        let a = Answer::new(&s, Some("127.0.0.1".parse().unwrap()), &json!({"rdma": {"qpn": "x"}}));
+        let Answer::Tcp(c) = a else { panic!() };
+        assert!(c.detail.contains("malformed"), "{}", c.detail);
+    }
+
+    #[test]
+    fn summary() {
+        let mut l = Links::default();
+        assert_eq!(l.summary(), "tcp");
+        l.on_report(&json!({"rank": 1, "transport": "rdma", "detail": "rxe0"})).unwrap();
+        assert_eq!(l.summary(), "rdma");
+        l.on_report(&json!({"rank": 2, "transport": "tcp", "detail": "no verbs devices"})).unwrap();
+        assert_eq!(l.summary(), "mixed (rdma 1, tcp 1: no verbs devices)");
+        assert!(l.on_report(&json!({"rank": 3, "transport": "carrier pigeon"})).is_err());
+    }
+}
