@@ -7,7 +7,7 @@ ci/setup.sh
 # Network-namespace "nodes" left over from an interrupted run (ci/netns-cluster.sh names them vn-*).
 if [ "$(id -u)" -eq 0 ]; then
     for ns in $(ip netns list 2>/dev/null | awk '/^vn-/{print $1}'); do ip netns del "$ns" 2>/dev/null || true; done
-    # The failure tests attach nothing to tracefs yet, but the eBPF detectors will: mount it when missing.
+    # The eBPF detectors attach to tracepoints: mount tracefs when missing.
     mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
 fi
 # Formatting (rustfmt.toml); skipped with a note where the toolchain has no rustfmt component.
