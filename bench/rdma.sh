@@ -6,8 +6,10 @@
 # It measures, in the same run on the same devices:
 #  - perftest ib_send_lat (1000 iterations, 2 bytes) and ib_send_bw (65536 bytes) between rxe0 and rxe1;
 #  - vigil-rdma round trip of a 2-byte message (1000, median), completion-channel and busy-poll modes;
-#  - overlay RPC round trip (`vigil ping -c 1000 1`, median) between two brokers on the two addresses, with the
-#    overlay on RDMA and on TCP over the same veth pair;
+#  - overlay RPC round trip between two brokers on the two addresses, timed by broker 0 itself
+#    (`vigil ping --overlay-only`) and as a client sees it (`vigil ping`), and streaming throughput (64 KiB
+#    pings, 16 in flight), with the overlay on RDMA (completion channel, and busy poll) and on TCP over the
+#    same veth pair;
 #  - peer loss detection over RDMA (the verbs peer-QP-destroyed test: time to IBV_WC_RETRY_EXC_ERR).
 # Writes $OUT/rdma.md (OUT=/mnt/out) with the table; copy it to bench/results/rdma.md.
 set -uo pipefail
@@ -52,19 +54,29 @@ cat >"$T/pings.sh" <<EOF
 vigil uptime
 vigil ping -c 50 1 >/dev/null
 vigil ping -c $N 1
+vigil ping --overlay-only -c 200 1 >/dev/null
+vigil ping --overlay-only -c $N 1
+vigil ping --overlay-only -c 300 --window 16 --size 65536 1
 EOF
 chmod +x "$T/pings.sh"
-declare -A PING
-for tr in rdma tcp; do
-    mkdir -p "$T/$tr/r0" "$T/$tr/r1"
-    vigil broker --config "$T/vigil.toml" --rank 1 --rundir "$T/$tr/r1" -S tbon.transport=$tr >"$T/$tr.r1.log" 2>&1 &
+declare -A PING OVL STREAM
+# rdma-busy: the same links with tbon.rdma_poll=busy (completion queues polled in a loop: latency benchmark mode).
+for run in rdma rdma-busy tcp; do
+    tr=${run%-busy}
+    extra=()
+    [ "$run" = rdma-busy ] && extra=(-S tbon.rdma_poll=busy)
+    mkdir -p "$T/$run/r0" "$T/$run/r1"
+    vigil broker --config "$T/vigil.toml" --rank 1 --rundir "$T/$run/r1" -S tbon.transport=$tr "${extra[@]}" >"$T/$run.r1.log" 2>&1 &
     p1=$!
-    timeout 300 vigil broker --config "$T/vigil.toml" --rank 0 --rundir "$T/$tr/r0" -S tbon.transport=$tr \
-        "$T/pings.sh" >"$T/$tr.ping" 2>"$T/$tr.r0.log" </dev/null
+    timeout 300 vigil broker --config "$T/vigil.toml" --rank 0 --rundir "$T/$run/r0" -S tbon.transport=$tr "${extra[@]}" \
+        "$T/pings.sh" >"$T/$run.ping" 2>"$T/$run.r0.log" </dev/null
     wait $p1
-    head -1 "$T/$tr.ping"
-    PING[$tr]=$(sed -n 's/.*time=\([0-9.]*\) ms.*/\1/p' "$T/$tr.ping" | med)
-    echo "overlay ping over $tr: median ${PING[$tr]} ms ($(grep -c 'time=' "$T/$tr.ping") pings)"
+    head -1 "$T/$run.ping"
+    PING[$run]=$(sed -n 's/.*time=\([0-9.]*\) ms.*/\1/p' "$T/$run.ping" | med)
+    OVL[$run]=$(grep "overlay round trips" "$T/$run.ping" | sed -n '1s/.*median \([0-9.]*\) us.*/\1/p')
+    STREAM[$run]=$(grep "overlay round trips" "$T/$run.ping" | sed -n '2s/.*, \([0-9.]*\) MB\/s sent.*/\1/p')
+    grep "overlay round trips" "$T/$run.ping"
+    echo "overlay over $run: client ping median ${PING[$run]} ms, broker-timed RTT ${OVL[$run]} us, stream ${STREAM[$run]} MB/s"
 done
 
 # Peer loss detection over RDMA (timeout 12, retry_cnt 1): 5 runs of the verbs test.
@@ -82,7 +94,7 @@ DETMED=$(printf '%s\n' "${DET[@]}" | med)
 
 us() { awk -v v="$1" 'BEGIN { printf "%.1f", v * 1000 }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
-PR=$(us "${PING[rdma]}") PT=$(us "${PING[tcp]}")
+PR=$(us "${PING[rdma]}") PT=$(us "${PING[tcp]}") PB=$(us "${PING[rdma-busy]}")
 LAT_RTT=$(awk -v l="$LAT" 'BEGIN { printf "%.1f", 2 * l }')
 cat >"$OUT/rdma.md" <<EOF
 # RDMA overlay benchmark (soft-RoCE in the rxe-vm, TCG emulation, one run)
@@ -96,8 +108,15 @@ Emulated: absolute numbers are noisy; compare ratios within this run. Medians ov
 | perftest ib_send_lat, as a round trip (2 × one way) | $LAT_RTT µs | 1.00 |
 | vigil-rdma message round trip, completion channel (2 B, one process) | $RTT_EV µs | $(ratio "$RTT_EV" "$LAT_RTT") × ib_send_lat RTT |
 | vigil-rdma message round trip, busy poll (2 B, one process) | $RTT_BUSY µs | $(ratio "$RTT_BUSY" "$LAT_RTT") × ib_send_lat RTT |
-| overlay RPC round trip \`vigil ping 1\`, overlay on RDMA | $PR µs | $(ratio "$PR" "$LAT_RTT") × ib_send_lat RTT |
-| overlay RPC round trip \`vigil ping 1\`, overlay on TCP | $PT µs | RDMA/TCP = $(ratio "$PR" "$PT") |
+| overlay RPC round trip between the brokers, timed by broker 0 (\`vigil ping --overlay-only\`), RDMA | ${OVL[rdma]} µs | $(ratio "${OVL[rdma]}" "$LAT_RTT") × ib_send_lat RTT |
+| same, RDMA with \`tbon.rdma_poll=busy\` | ${OVL[rdma-busy]} µs | $(ratio "${OVL[rdma-busy]}" "$LAT_RTT") × ib_send_lat RTT |
+| same, TCP | ${OVL[tcp]} µs | RDMA/TCP = $(ratio "${OVL[rdma]}" "${OVL[tcp]}"), busy RDMA/TCP = $(ratio "${OVL[rdma-busy]}" "${OVL[tcp]}") |
+| client RPC round trip \`vigil ping 1\` (client → Unix socket → broker 0 → overlay → broker 1 and back), RDMA | $PR µs | $(ratio "$PR" "$LAT_RTT") × ib_send_lat RTT |
+| same, RDMA busy poll | $PB µs | $(ratio "$PB" "$LAT_RTT") × ib_send_lat RTT |
+| same, TCP | $PT µs | RDMA/TCP = $(ratio "$PR" "$PT") |
+| overlay streaming, 64 KiB pings, 16 in flight, RDMA | ${STREAM[rdma]} MB/s | $(ratio "${STREAM[rdma]}" "$BW") × ib_send_bw |
+| same, RDMA busy poll | ${STREAM[rdma-busy]} MB/s | $(ratio "${STREAM[rdma-busy]}" "$BW") × ib_send_bw |
+| same, TCP | ${STREAM[tcp]} MB/s | RDMA/TCP = $(ratio "${STREAM[rdma]}" "${STREAM[tcp]}") |
 | perftest ib_send_bw (64 KiB) | $BW MB/s | |
 | peer loss detection over RDMA (peer QP destroyed → IBV_WC_RETRY_EXC_ERR, timeout 12, retry_cnt 1; 5 runs: ${DET[*]} ms) | $DETMED ms | |
 EOF

@@ -289,3 +289,19 @@ fn termination_also_ends_the_initial_programs_children() {
     kill_marked(dir.path());
     assert!(left.is_empty(), "initial program's child survived: {left:?}\n{}", o.dump());
 }
+
+#[test]
+fn overlay_round_trips_timed_by_the_broker() {
+    // `vigil ping --overlay-only`: rank 0 times the round trips itself; every one must come back.
+    let inst = Instance::start(3, &["tbon.topo=kary:1"]);
+    let o = inst.vigil(&["ping", "--overlay-only", "-c", "200", "--size", "1000", "2"]);
+    o.ok();
+    let line = o.stdout.trim();
+    assert!(line.starts_with("rank 2: 200 overlay round trips: median "), "{}", o.dump());
+    let median: f64 =
+        line.split("median ").nth(1).and_then(|s| s.split(' ').next()).and_then(|s| s.parse().ok()).unwrap();
+    assert!(median > 0.0, "{line}");
+    let bad = inst.vigil(&["ping", "--overlay-only", "7"]);
+    assert_ne!(bad.code, 0, "{}", bad.dump());
+    assert!(bad.stderr.contains("below the instance size"), "{}", bad.dump());
+}

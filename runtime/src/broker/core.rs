@@ -130,8 +130,30 @@ pub(crate) struct LocalClient {
 
 /// What an internal request (sent by the core itself) was for.
 pub(crate) enum Internal {
-    Spawn { id: JobId, rank: u32 },
+    Spawn {
+        id: JobId,
+        rank: u32,
+    },
     Ignore,
+    /// One round trip of overlay RTT measurement `run` (`broker.rtt`), sent at the given instant.
+    Rtt {
+        run: u64,
+        sent: Instant,
+    },
+}
+
+/// An overlay round-trip measurement run by this broker for a client (`broker.rtt`): `count` `broker.ping`
+/// requests to `target`, at most `window` in flight, timed in the core loop (no client hop in the measurement).
+pub(crate) struct RttRun {
+    pub req: Message,
+    pub target: u32,
+    /// Requests still to send.
+    pub left: u32,
+    pub window: u32,
+    pub inflight: u32,
+    pub payload: Value,
+    pub started: Instant,
+    pub samples_us: Vec<f64>,
 }
 
 /// Liveness of a rank as rank 0 knows it.
@@ -192,6 +214,8 @@ pub(crate) struct Core {
     pub detect: Option<super::detect::Detectors>,
     /// The parent link's 4-tuple as registered with the TCP watcher.
     pub parent_tuple: Option<vigil_ebpf::TcpTuple>,
+    /// Overlay RTT measurements in progress (`broker.rtt`), by id.
+    pub rtt_runs: HashMap<u64, RttRun>,
     /// `tbon.transport` settings and the transport each overlay link uses.
     pub rdma: std::sync::Arc<rdma_link::Settings>,
     pub links: rdma_link::Links,
@@ -382,6 +406,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         goodbye: std::collections::HashSet::new(),
         detect: None,
         parent_tuple: None,
+        rtt_runs: HashMap::new(),
         rdma,
         links: rdma_link::Links::default(),
         opts,
@@ -1158,6 +1183,44 @@ impl Core {
                 }
             }
             Internal::Ignore => {}
+            Internal::Rtt { run, sent } => {
+                let Some(r) = self.rtt_runs.get_mut(&run) else { return };
+                r.inflight -= 1;
+                if msg.errnum != 0 {
+                    let e = msg.errstr().unwrap_or_else(|| crate::client::errno_str(msg.errnum).into());
+                    if let Some(r) = self.rtt_runs.remove(&run) {
+                        self.respond_error(&r.req, msg.errnum, &e);
+                    }
+                    return;
+                }
+                r.samples_us.push(sent.elapsed().as_secs_f64() * 1e6);
+                self.rtt_next(run);
+            }
+        }
+    }
+
+    /// Fill RTT run `id`'s window, or answer the client with the samples (µs) and the elapsed time (s) when done.
+    pub(crate) fn rtt_next(&mut self, id: u64) {
+        loop {
+            let Some(r) = self.rtt_runs.get_mut(&id) else { return };
+            if r.left == 0 {
+                if r.inflight == 0 {
+                    let r = self.rtt_runs.remove(&id).expect("present");
+                    let elapsed = r.started.elapsed().as_secs_f64();
+                    self.respond(
+                        &r.req,
+                        &json!({"target": r.target, "samples_us": r.samples_us, "elapsed_s": elapsed}),
+                    );
+                }
+                return;
+            }
+            if r.inflight >= r.window {
+                return;
+            }
+            r.left -= 1;
+            r.inflight += 1;
+            let (target, payload) = (r.target, r.payload.clone());
+            self.internal_request("broker.ping", target, &payload, Internal::Rtt { run: id, sent: Instant::now() });
         }
     }
 

@@ -62,6 +62,11 @@ pub(crate) fn settings(attrs: &BTreeMap<String, String>) -> Result<Settings, Str
     if let Some(r) = num("tbon.rdma_retry_cnt")? {
         cfg.retry_cnt = r;
     }
+    cfg.busy_poll = match attrs.get("tbon.rdma_poll").map(String::as_str) {
+        None | Some("event") => false,
+        Some("busy") => true,
+        Some(v) => return Err(format!("invalid tbon.rdma_poll '{v}': expected event or busy")),
+    };
     cfg.validate().map_err(|e| e.to_string())?;
     Ok(Settings { mode, cfg })
 }

@@ -76,6 +76,30 @@ fn handle(core: &mut Core, msg: &Message, body: &Value) -> Reply {
         }
         "broker.lsattr" => Ok(Some(json!({"attrs": attrs(core)}))),
         "broker.info" => Ok(Some(info(core))),
+        "broker.rtt" => {
+            // Overlay round trips timed by this broker: the client's own hop is not in the samples.
+            let target =
+                field(body, "rank")?.as_u64().and_then(|r| u32::try_from(r).ok()).filter(|r| *r < core.opts.size);
+            let target =
+                target.ok_or((errno::EINVAL, format!("rank must be below the instance size {}", core.opts.size)))?;
+            let count = body.get("count").and_then(Value::as_u64).unwrap_or(1).clamp(1, 1_000_000) as u32;
+            let size = body.get("size").and_then(Value::as_u64).unwrap_or(0).min(1 << 20) as usize;
+            let window = body.get("window").and_then(Value::as_u64).unwrap_or(1).clamp(1, 1024) as u32;
+            let run = super::core::RttRun {
+                req: msg.clone(),
+                target,
+                left: count,
+                window,
+                inflight: 0,
+                payload: json!({"pad": "x".repeat(size)}),
+                started: std::time::Instant::now(),
+                samples_us: Vec::with_capacity(count as usize),
+            };
+            let id = u64::from(core.next_tag) << 32 | core.rtt_runs.len() as u64;
+            core.rtt_runs.insert(id, run);
+            core.rtt_next(id);
+            Ok(None)
+        }
         "detect.watch" => {
             // Answered once, when the process exits (before its memory is torn down with eBPF).
             let pid = field(body, "pid")?

@@ -143,6 +143,7 @@ const KNOWN_ATTRS: &[&str] = &[
     "tbon.transport",
     "tbon.rdma_timeout",
     "tbon.rdma_retry_cnt",
+    "tbon.rdma_poll",
     "resource.synthetic",
     "resource.xml",
     "resource.gpus",

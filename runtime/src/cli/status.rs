@@ -78,6 +78,16 @@ pub struct PingArgs {
     /// Number of pings.
     #[arg(short, long, default_value_t = 1)]
     pub count: u32,
+    /// Let the local broker time the round trips itself (overlay only, no client hop) and print the median,
+    /// p99 and mean in µs instead of one line per ping.
+    #[arg(long)]
+    pub overlay_only: bool,
+    /// Bytes of padding in each ping (with --overlay-only).
+    #[arg(long, default_value_t = 0)]
+    pub size: u32,
+    /// Pings kept in flight (with --overlay-only): above 1 it measures streaming throughput.
+    #[arg(long, default_value_t = 1)]
+    pub window: u32,
 }
 
 async fn resolve_targets(c: &crate::client::Client, t: &str) -> Result<IdSet, String> {
@@ -386,6 +396,34 @@ pub(crate) async fn lsattr(a: LsattrArgs) -> Result<i32, String> {
 /// `vigil ping`.
 pub(crate) async fn ping(a: PingArgs) -> Result<i32, String> {
     let c = connect().await?;
+    if a.overlay_only {
+        let r = c
+            .rpc(
+                "broker.rtt",
+                crate::message::NODEID_ANY,
+                &json!({"rank": a.rank, "count": a.count.max(1), "size": a.size, "window": a.window}),
+            )
+            .await
+            .map_err(|e| format!("rank {}: {}", a.rank, e.errstr))?;
+        let mut v: Vec<f64> =
+            r["samples_us"].as_array().map(|a| a.iter().filter_map(Value::as_f64).collect()).unwrap_or_default();
+        v.sort_by(f64::total_cmp);
+        let pick = |q: f64| v.get(((v.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
+        let mean = v.iter().sum::<f64>() / v.len().max(1) as f64;
+        let secs = r["elapsed_s"].as_f64().unwrap_or(0.0).max(1e-9);
+        let n = v.len() as f64;
+        println!(
+            "rank {}: {} overlay round trips: median {:.1} us, p99 {:.1} us, mean {:.1} us; {:.0} msgs/s, {:.2} MB/s sent",
+            a.rank,
+            v.len(),
+            pick(0.5),
+            pick(0.99),
+            mean,
+            n / secs,
+            n * f64::from(a.size) / secs / 1e6
+        );
+        return Ok(0);
+    }
     for i in 0..a.count.max(1) {
         let t = std::time::Instant::now();
         let r = c
