@@ -97,7 +97,9 @@ pub fn link_from_stream_fd<S>(stream: S, peer: String, sock: Option<std::os::fd:
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
-    let (mut rd, wr) = tokio::io::split(stream);
+    let (rd, wr) = tokio::io::split(stream);
+    // Buffered: one read(2) brings many small frames instead of three reads per frame (header, body, ...).
+    let mut rd = tokio::io::BufReader::with_capacity(64 * 1024, rd);
     let (tx, mut out_rx) = mpsc::unbounded_channel::<Message>();
     let (in_tx, rx) = mpsc::unbounded_channel::<LinkEvent>();
     let wt = tokio::spawn(async move {
