@@ -49,6 +49,8 @@ pub mod errno {
     pub const EPERM: u32 = 1;
     /// No such entry (unknown job id, attribute...).
     pub const ENOENT: u32 = 2;
+    /// No such process (a pid to watch is already gone).
+    pub const ESRCH: u32 = 3;
     /// Invalid argument (bad payload).
     pub const EINVAL: u32 = 22;
     /// Function not implemented: no such service.

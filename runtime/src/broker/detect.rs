@@ -66,6 +66,8 @@ pub(crate) enum DetectInput {
     Loaded(Box<Loaded>),
     /// A watched process exited.
     Exit(ExitEvent),
+    /// A process could not be watched (already gone): pid, why.
+    WatchFailed(u32, String),
     /// A kernel event on the overlay connection of `rank` (u32::MAX = the parent).
     Tcp(u32, TcpEvent),
     /// A liveness signal about child `rank` from the prober.
@@ -437,6 +439,7 @@ async fn exit_task(
                 Some(ExitCmd::Watch(pid)) => {
                     if let Err(e) = det.watch(pid) {
                         tracing::debug!("cannot watch pid {pid}: {e}");
+                        let _ = tx.send(DetectInput::WatchFailed(pid, e.to_string()));
                     }
                 }
                 None => return,
@@ -511,14 +514,26 @@ async fn prober_task(
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut buf = [0u8; 128];
+    // Replies must echo our request's timestamp, which we key with a random value: a forged reply (anyone can
+    // send UDP) cannot make a child look dead or alive without having seen our request.
+    let key = {
+        let mut k = [0u8; 8];
+        let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut k));
+        u64::from_ne_bytes(k) ^ vigil_ebpf::monotonic_ns()
+    };
     // Reported as torpid-worthy when the child's heartbeat is older than this (the membership machine
     // applies the real threshold; this only limits how often replies are forwarded).
     let stall_note = Duration::from_millis(100).as_secs_f64();
-    let handle_reply = |targets: &mut HashMap<u32, ProbeTarget>, n: usize, buf: &[u8]| {
+    let handle_reply = |targets: &mut HashMap<u32, ProbeTarget>, n: usize, buf: &[u8], from: SocketAddr| {
         let Some(p) = Probe::decode(&buf[..n]) else { return };
         let Some(t) = targets.get_mut(&p.rank) else { return };
-        if p.kind == ProbeKind::Request || p.seq > t.sent || p.seq <= t.answered {
+        if p.kind == ProbeKind::Request || p.seq > t.sent || p.seq <= t.answered || from != t.addr {
             return;
+        }
+        let sent = p.sent_ns ^ key;
+        let now = vigil_ebpf::monotonic_ns();
+        if sent > now || now - sent > 60_000_000_000 {
+            return; // not an echo of one of our requests
         }
         t.answered = p.seq;
         t.missed_reported = 0;
@@ -541,22 +556,22 @@ async fn prober_task(
                 Some(ProbeCmd::Now(r)) => {
                     if let Some(t) = targets.get_mut(&r) {
                         t.sent += 1;
-                        let _ = sock.try_send_to(&Probe::request(t.sent, r, vigil_ebpf::monotonic_ns()).encode(), t.addr);
+                        let _ = sock.try_send_to(&Probe::request(t.sent, r, vigil_ebpf::monotonic_ns() ^ key).encode(), t.addr);
                     }
                 }
                 None => return,
             },
             r = sock.recv_from(&mut buf) => {
-                if let Ok((n, _)) = r {
-                    handle_reply(&mut targets, n, &buf);
+                if let Ok((n, from)) = r {
+                    handle_reply(&mut targets, n, &buf, from);
                 }
             }
             _ = tick.tick() => {
                 // Read everything that has arrived before judging.
-                while let Ok((n, _)) = sock.try_recv_from(&mut buf) {
-                    handle_reply(&mut targets, n, &buf);
+                while let Ok((n, from)) = sock.try_recv_from(&mut buf) {
+                    handle_reply(&mut targets, n, &buf, from);
                 }
-                let now = vigil_ebpf::monotonic_ns();
+                let now = vigil_ebpf::monotonic_ns() ^ key;
                 for (r, t) in targets.iter_mut() {
                     let outstanding = t.sent - t.answered;
                     if outstanding >= misses && outstanding > t.missed_reported {
@@ -625,6 +640,15 @@ impl super::core::Core {
                         "oom_killed": ev.oom_killed, "sender_pid": ev.sender_pid, "ktime_ns": ev.ktime_ns,
                         "source": format!("{:?}", ev.source)});
                     self.respond(&req, &body);
+                }
+            }
+            DetectInput::WatchFailed(pid, why) => {
+                if let Some(req) = self.detect.as_mut().and_then(|d| d.exit_waiters.remove(&pid)) {
+                    self.respond_error(
+                        &req,
+                        crate::message::errno::ESRCH,
+                        &format!("cannot watch process {pid}: {why}"),
+                    );
                 }
             }
             DetectInput::Tcp(rank, ev) => {
