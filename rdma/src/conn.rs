@@ -317,6 +317,8 @@ impl Prepared {
             owed: 0,
             credit_threshold: (cfg.depth / 2).max(1),
             free_slots: (0..slots).rev().collect(),
+            in_flight: VecDeque::new(),
+            since_signal: 0,
             pending: VecDeque::new(),
             assembling: Vec::new(),
             max_message: cfg.max_message,
@@ -497,6 +499,10 @@ struct Driver {
     device: String,
     /// Busy-poll passes without work since the last async event check.
     idle_passes: u32,
+    /// Send slots posted and not yet known complete, in post order, with whether each was signaled.
+    in_flight: VecDeque<(u32, bool)>,
+    /// Unsignaled sends posted since the last signaled one.
+    since_signal: u32,
     res: Resources,
 }
 
@@ -657,7 +663,13 @@ impl Driver {
             return Err(ConnError::Io(format!("completion for unknown slot {slot}")));
         }
         if !is_recv {
-            self.free_slots.push(slot);
+            // Only signaled sends complete; everything posted before this one is done too.
+            while let Some((s, _)) = self.in_flight.pop_front() {
+                self.free_slots.push(s);
+                if s == slot {
+                    break;
+                }
+            }
             return Ok(());
         }
         if w.wc_flags & rdma_sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 == 0 {
@@ -740,18 +752,15 @@ impl Driver {
                 unsafe {
                     std::ptr::copy_nonoverlapping(msg.as_ptr().add(*off), self.res.send_buf.addr().add(so), n);
                 }
-                let credits = self.owed.min(CREDIT_MASK);
-                let imm = credits | if more { F_MORE } else { 0 };
-                self.res
-                    .qp
-                    .post_send(slot as u64, &self.res.send_buf, so, n as u32, imm)
-                    .map_err(|e| ConnError::Io(e.to_string()))?;
-                self.owed -= credits;
-                self.send_credits -= 1;
                 *off = end;
                 if !more {
                     self.pending.pop_front();
                 }
+                let credits = self.owed.min(CREDIT_MASK);
+                let imm = credits | if more { F_MORE } else { 0 };
+                self.post(slot, so, n as u32, imm, false)?;
+                self.owed -= credits;
+                self.send_credits -= 1;
             }
         }
         if self.owed >= self.credit_threshold {
@@ -773,16 +782,30 @@ impl Driver {
     fn post_control(&mut self, flag: u32) -> Result<bool, ConnError> {
         let Some(slot) = self.free_slots.pop() else { return Ok(false) };
         let credits = self.owed.min(CREDIT_MASK);
-        self.res
-            .qp
-            .post_send(slot as u64, &self.res.send_buf, slot as usize * self.frag, 0, flag | credits)
-            .map_err(|e| ConnError::Io(e.to_string()))?;
+        // READY and CLOSE are signaled: every earlier send is then known complete (teardown waits for it).
+        self.post(slot, slot as usize * self.frag, 0, flag | credits, flag & (F_CLOSE | F_READY) != 0)?;
         self.owed -= credits;
         Ok(true)
     }
 
+    /// Post a send from `slot`. Sends are signaled only every half ring, when slots run low, or when `force`d:
+    /// an unsignaled send costs no completion and no wake-up (a ping-pong then wakes once per message
+    /// instead of twice); its slot is freed by the next signaled completion.
+    fn post(&mut self, slot: u32, off: usize, len: u32, imm: u32, force: bool) -> Result<(), ConnError> {
+        let signaled = force || self.since_signal + 1 >= (self.slots / 2).max(1) || self.free_slots.len() <= 2;
+        self.res
+            .qp
+            .post_send(slot as u64, &self.res.send_buf, off, len, imm, signaled)
+            .map_err(|e| ConnError::Io(e.to_string()))?;
+        self.in_flight.push_back((slot, signaled));
+        self.since_signal = if signaled { 0 } else { self.since_signal + 1 };
+        Ok(())
+    }
+
     fn check_done(&self) -> Step {
-        let sends_done = self.free_slots.len() as u32 == self.slots;
+        // Unsignaled sends are known complete only through a later signaled one (our CLOSE); once the peer has
+        // closed, nothing will follow them, and destroying the QP flushes them.
+        let sends_done = self.in_flight.is_empty() || (self.peer_closed && self.in_flight.iter().all(|x| !x.1));
         let sending_done = !self.sender_open && self.pending.is_empty() && (self.close_sent || self.peer_closed);
         if sending_done && sends_done && (!self.receiver_open || self.peer_closed) {
             return Step::Done;

@@ -500,8 +500,18 @@ impl Qp {
         rc_err("ibv_post_recv", rc)
     }
 
-    /// Post one signaled SEND_WITH_IMM of `len` bytes at `offset` in `buf` (`len` may be 0).
-    pub fn post_send(&self, wr_id: u64, buf: &Buffer, offset: usize, len: u32, imm: u32) -> io::Result<()> {
+    /// Post one SEND_WITH_IMM of `len` bytes at `offset` in `buf` (`len` may be 0). Only a `signaled` send
+    /// produces a completion when it succeeds (the QP is created with `sq_sig_all = 0`); since a send queue
+    /// completes in order, a signaled completion also means every send posted before it is done.
+    pub fn post_send(
+        &self,
+        wr_id: u64,
+        buf: &Buffer,
+        offset: usize,
+        len: u32,
+        imm: u32,
+        signaled: bool,
+    ) -> io::Result<()> {
         debug_assert!(offset + len as usize <= buf.len());
         let mut sge = sys::ibv_sge { addr: buf.addr() as u64 + offset as u64, length: len, lkey: buf.lkey() };
         // SAFETY: ibv_send_wr is plain old data (pointers, integers, unions of those); zero is valid.
@@ -511,11 +521,12 @@ impl Qp {
         wr.sg_list = &mut sge;
         wr.num_sge = if len == 0 { 0 } else { 1 };
         wr.opcode = sys::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM;
-        wr.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        wr.send_flags = if signaled { sys::ibv_send_flags::IBV_SEND_SIGNALED.0 } else { 0 };
         wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
         let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
         // SAFETY: valid QP; the SGE lies inside a registered buffer that outlives the QP, and the connection does
-        // not touch that slot again until the send's completion; WR and SGE are read during the call only.
+        // not touch that slot again until this send's completion or a later signaled one (in-order send queue);
+        // WR and SGE are read during the call only.
         let rc = unsafe { sys::ibv_post_send(self.as_ptr(), &mut wr, &mut bad) };
         rc_err("ibv_post_send", rc)
     }
