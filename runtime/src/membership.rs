@@ -24,6 +24,13 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// A kernel reply older than this (seconds) no longer vouches for the node (the prober refreshes it every second).
+pub const KERNEL_REPLY_STALE: f64 = 2.5;
+
+/// Shortest `tbon.probe_period` accepted (seconds): below it, a reply delayed by softirq scheduling on a busy node
+/// would count as a miss.
+pub const MIN_PROBE_PERIOD: f64 = 0.005;
+
 /// Liveness of a peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -118,6 +125,8 @@ struct Peer {
     unacked_since: Option<f64>,
     /// When the peer's node kernel last answered a probe (None = never: probe rules not armed).
     kernel_reply: Option<f64>,
+    /// Consecutive probes the prober last reported unanswered (0 = the kernel is answering).
+    kernel_missing: u32,
     reason: String,
 }
 
@@ -173,6 +182,7 @@ impl Membership {
                 last_traffic: now,
                 unacked_since: None,
                 kernel_reply: None,
+                kernel_missing: 0,
                 reason: String::new(),
             });
             p.last_traffic = now;
@@ -197,6 +207,7 @@ impl Membership {
                 .collect(),
             Signal::ProbeReply { kernel: true, alive: true, hb_age } => {
                 p.kernel_reply = Some(now);
+                p.kernel_missing = 0;
                 // The node answered: whatever TCP data is outstanding is not a dead node.
                 p.unacked_since = None;
                 if state == PeerState::Online && hb_age >= self.cfg.torpid_max - 1e-9 {
@@ -206,6 +217,7 @@ impl Membership {
                 vec![]
             }
             Signal::ProbeMissed { misses } => {
+                p.kernel_missing = misses;
                 if p.kernel_reply.is_some() && misses >= self.cfg.probe_misses {
                     let why = format!(
                         "node not responding: {misses} heartbeat probes unanswered by its kernel ({:.0} ms)",
@@ -247,9 +259,10 @@ impl Membership {
         let Some(p) = self.peers.get(&rank) else { return vec![] };
         match p.state {
             PeerState::Online | PeerState::Torpid => {
-                // Never lost on TCP alone while the node's kernel answers probes (see the module rules).
+                // Never lost on TCP alone while the node's kernel answers probes (see the module rules): the
+                // prober reports every miss and, at least every second, that replies still come.
                 let kernel_answers =
-                    p.kernel_reply.is_some_and(|k| now < k + cfg.probe_period * f64::from(cfg.probe_misses.max(1)));
+                    p.kernel_missing == 0 && p.kernel_reply.is_some_and(|k| now < k + KERNEL_REPLY_STALE);
                 if let (Some(since), false) = (p.unacked_since, kernel_answers) {
                     if now >= since + cfg.lost_timeout - 1e-9 {
                         let why =
@@ -385,9 +398,27 @@ mod tests {
         }
         let at = torpid_at.expect("torpid");
         assert!(at >= cfg.torpid_max - 1e-9 && at <= cfg.torpid_max + 0.02, "torpid at {at}");
-        // Once the kernel goes quiet too, the TCP rule applies again.
-        let tr = m.tick(t + cfg.probe_period * cfg.probe_misses as f64 + cfg.lost_timeout);
+        // Once the kernel goes quiet too (one miss reported), the TCP rule applies again.
+        assert!(m.signal(t, 1, Signal::ProbeMissed { misses: 1 }).is_empty());
+        let tr = m.tick(t + cfg.lost_timeout);
         assert_eq!(tr.first().map(|x| x.to), Some(PeerState::Lost), "{tr:?}");
+
+        // A link blip: TCP data stays unacknowledged far longer than lost_timeout while the kernel keeps answering
+        // (or misses fewer than probe_misses): never lost.
+        let mut m = self::m();
+        m.signal(0.0, 1, Signal::ProbeReply { kernel: true, alive: true, hb_age: 0.01 });
+        let mut t = 0.0;
+        while t < 1.0 {
+            t += 0.05;
+            let mut tr = m.signal(t, 1, Signal::KernelAck { unacked: 2, last_ack_age: t });
+            if (t * 100.0).round() as i64 % 20 == 0 {
+                tr.extend(m.signal(t, 1, Signal::ProbeMissed { misses: cfg.probe_misses - 1 }));
+                tr.extend(m.signal(t, 1, Signal::ProbeReply { kernel: true, alive: true, hb_age: 0.01 }));
+            }
+            tr.extend(m.tick(t));
+            assert!(tr.iter().all(|x| x.to != PeerState::Lost), "at {t}: {tr:?}");
+        }
+        assert_ne!(m.state(1), PeerState::Lost);
     }
 
     #[test]

@@ -314,8 +314,14 @@ impl Shell {
         let (early_tx, mut early_rx) = mpsc::unbounded_channel::<(u32, serde_json::Value)>();
         let detector_rank: Option<u32> =
             std::env::var(vigil::shellproto::DETECTOR_RANK_ENV).ok().and_then(|r| r.parse().ok());
-        let exit_on_error = self.input.options.get("exit-on-error").is_some_and(|v| v != &serde_json::json!(false));
-        let mut failed_early: std::collections::HashSet<u32> = std::collections::HashSet::new();
+        let exit_on_error = self.input.options.get("exit-on-error").is_some_and(|v| match v {
+            serde_json::Value::Bool(b) => *b,
+            serde_json::Value::String(s) => !matches!(s.as_str(), "0" | "false" | "no" | "off"),
+            _ => true,
+        });
+        // Tasks whose PMI connection was already judged closed, and tasks that already failed the job.
+        let mut pmi_closed: std::collections::HashSet<u32> = std::collections::HashSet::new();
+        let mut exit_failed: std::collections::HashSet<u32> = std::collections::HashSet::new();
         let mut pids = Vec::new();
         let mut tasks: Vec<(u32, i32)> = Vec::new();
         let mut readers = Vec::new();
@@ -519,17 +525,16 @@ impl Shell {
                 },
                 Some((rank, v)) = early_rx.recv() => {
                     // The task is dead (its memory may still be being freed): act on it now; its status is
-                    // recorded when it is reaped.
+                    // recorded when it is reaped. A report without a status (userspace detector watching a
+                    // process that is not its child) only closes PMI; exit-on-error then waits for the reap.
                     let code = v.get("exit_code").and_then(|c| c.as_i64());
                     let signal = v.get("signal").and_then(|c| c.as_i64());
-                    let failed = signal.is_some() || code.is_some_and(|c| c != 0);
-                    if use_pmi {
-                        failed_early.insert(rank);
+                    if use_pmi && pmi_closed.insert(rank) {
                         outs.extend(pmi_srv.closed(rank));
                     }
-                    if exit_on_error && failed && outs.is_empty() {
-                        failed_early.insert(rank);
-                        outs.push(pmi::Out::Fatal { note: task_failure_note(rank, code, signal, &v), exit_code: None });
+                    let failed = signal.is_some() || code.is_some_and(|c| c != 0);
+                    if exit_on_error && failed && !any_fatal(&outs) && exit_failed.insert(rank) {
+                        outs.push(pmi::Out::Fatal { note: task_failure_note(rank, code, signal, &v), exit_code: Some(task_code(code, signal)) });
                     }
                 }
                 e = exit_rx.recv() => match e {
@@ -537,13 +542,12 @@ impl Shell {
                         tasks.push((rank, st));
                         // A task that exits without PMI_Finalize fails the job even if something it started
                         // still holds its PMI socket open.
-                        if use_pmi && !failed_early.contains(&rank) {
+                        if use_pmi && pmi_closed.insert(rank) {
                             outs.extend(pmi_srv.closed(rank));
                         }
-                        if exit_on_error && !failed_early.contains(&rank) && vigil::shellproto::exit_code(st) != 0 {
-                            failed_early.insert(rank);
+                        if exit_on_error && vigil::shellproto::exit_code(st) != 0 && !any_fatal(&outs) && exit_failed.insert(rank) {
                             let (code, signal) = if st & 0x7f != 0 { (None, Some((st & 0x7f) as i64)) } else { (Some(((st >> 8) & 0xff) as i64), None) };
-                            outs.push(pmi::Out::Fatal { note: task_failure_note(rank, code, signal, &serde_json::Value::Null), exit_code: None });
+                            outs.push(pmi::Out::Fatal { note: task_failure_note(rank, code, signal, &serde_json::Value::Null), exit_code: Some(task_code(code, signal)) });
                         }
                         let _ = self.client.send(TOPIC_TASK_EXIT, 0, &serde_json::json!({"id": id, "rank": rank, "status": st}));
                     }
@@ -624,6 +628,20 @@ impl Shell {
             let _ = std::fs::remove_dir_all(t);
         }
         ShellReport { status, tasks, error: None, abort_code }
+    }
+}
+
+/// True if `outs` already fails the job.
+fn any_fatal(outs: &[pmi::Out]) -> bool {
+    outs.iter().any(|o| matches!(o, pmi::Out::Fatal { .. }))
+}
+
+/// Shell-style exit code of a task: its exit code, or 128 + the signal that killed it.
+fn task_code(code: Option<i64>, signal: Option<i64>) -> i32 {
+    match (signal, code) {
+        (Some(s), _) => 128 + s as i32,
+        (None, Some(c)) => c as i32,
+        (None, None) => 1,
     }
 }
 

@@ -124,7 +124,6 @@ pub(crate) struct Detectors {
     bind_ip: Ipv4Addr,
     input_tx: mpsc::UnboundedSender<DetectInput>,
     probe_period: f64,
-    probe_misses: u32,
 }
 
 impl Detectors {
@@ -172,7 +171,6 @@ impl Detectors {
             bind_ip,
             input_tx: input_tx.clone(),
             probe_period: cfg.probe_period,
-            probe_misses: cfg.probe_misses,
         };
         let ifname = vigil_ebpf::interface_for_addr(bind_ip);
         let pin = table_pin_path(instance);
@@ -318,8 +316,8 @@ impl Detectors {
                     return;
                 }
             };
-            let period = Duration::from_secs_f64(self.probe_period.max(0.001));
-            tokio::spawn(prober_task(sock, rx, self.input_tx.clone(), period, self.probe_misses));
+            let period = Duration::from_secs_f64(self.probe_period.max(crate::membership::MIN_PROBE_PERIOD));
+            tokio::spawn(prober_task(sock, rx, self.input_tx.clone(), period));
             self.prober = Some(tx);
         }
         if let Some(p) = &self.prober {
@@ -499,6 +497,8 @@ struct ProbeTarget {
     kernel: Option<bool>,
     stalled: bool,
     missed_reported: u32,
+    /// When a reply was last forwarded to the core (`CLOCK_MONOTONIC` ns).
+    forwarded_ns: u64,
 }
 
 /// Probes every child each period. Replies are read as they arrive; misses are counted only at the start of a
@@ -508,7 +508,6 @@ async fn prober_task(
     mut rx: mpsc::UnboundedReceiver<ProbeCmd>,
     tx: mpsc::UnboundedSender<DetectInput>,
     period: Duration,
-    misses: u32,
 ) {
     let mut targets: HashMap<u32, ProbeTarget> = HashMap::new();
     let mut tick = tokio::time::interval(period);
@@ -536,13 +535,17 @@ async fn prober_task(
             return; // not an echo of one of our requests
         }
         t.answered = p.seq;
+        let recovered = t.missed_reported > 0;
         t.missed_reported = 0;
         let kernel = p.kind == ProbeKind::ReplyKernel;
         let age = p.hb_age_ns as f64 / 1e9;
         let stalled = age >= stall_note;
-        if t.kernel != Some(kernel) || stalled || t.stalled != stalled || !p.alive() {
+        // Forward what changes a verdict, and once a second that replies still come.
+        let refresh = now.saturating_sub(t.forwarded_ns) >= 1_000_000_000;
+        if t.kernel != Some(kernel) || stalled || t.stalled != stalled || !p.alive() || recovered || refresh {
             t.kernel = Some(kernel);
             t.stalled = stalled;
+            t.forwarded_ns = now;
             let _ = tx.send(DetectInput::Probe(p.rank, Signal::ProbeReply { kernel, alive: p.alive(), hb_age: age }));
         }
     };
@@ -550,7 +553,7 @@ async fn prober_task(
         tokio::select! {
             c = rx.recv() => match c {
                 Some(ProbeCmd::Add(r, addr)) => {
-                    targets.insert(r, ProbeTarget { addr, sent: 0, answered: 0, kernel: None, stalled: false, missed_reported: 0 });
+                    targets.insert(r, ProbeTarget { addr, sent: 0, answered: 0, kernel: None, stalled: false, missed_reported: 0, forwarded_ns: 0 });
                 }
                 Some(ProbeCmd::Remove(r)) => { targets.remove(&r); }
                 Some(ProbeCmd::Now(r)) => {
@@ -574,7 +577,8 @@ async fn prober_task(
                 let now = vigil_ebpf::monotonic_ns() ^ key;
                 for (r, t) in targets.iter_mut() {
                     let outstanding = t.sent - t.answered;
-                    if outstanding >= misses && outstanding > t.missed_reported {
+                    // Every new miss is reported: the first one already stops vouching for the node's TCP.
+                    if outstanding >= 1 && outstanding > t.missed_reported && t.kernel.is_some() {
                         t.missed_reported = outstanding;
                         let _ = tx.send(DetectInput::Probe(*r, Signal::ProbeMissed { misses: outstanding }));
                     }

@@ -140,6 +140,11 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
             ("gpu-affinity", Value::String(s)) => {
                 s.parse::<crate::hwloc::GpuAffinity>().map_err(|e| format!("-o {o}: {e}"))?;
             }
+            ("exit-on-error", Value::String(s))
+                if !matches!(s.as_str(), "1" | "true" | "yes" | "on" | "0" | "false" | "no" | "off") =>
+            {
+                return Err(format!("-o {o}: expected exit-on-error[=1|0|true|false|yes|no|on|off]"));
+            }
             ("exit-timeout", Value::String(s)) if s != "none" => {
                 crate::duration::parse_duration_secs(s).map_err(|e| format!("-o {o}: {e}"))?;
             }

@@ -193,8 +193,14 @@ pub(crate) fn check_attrs(attrs: &BTreeMap<String, String>) -> Result<(), String
     {
         if let Some(v) = attrs.get(k) {
             let s = crate::duration::parse_duration_secs(v).map_err(|e| format!("{k}: {e}"))?;
-            if s.is_nan() || s <= 0.0 {
-                return Err(format!("{k}: must be greater than 0"));
+            if !s.is_finite() || s <= 0.0 {
+                return Err(format!("{k}: must be a finite duration greater than 0"));
+            }
+            if k == "tbon.probe_period" && s < crate::membership::MIN_PROBE_PERIOD {
+                return Err(format!(
+                    "{k}: {v} is too short: at least {:.0}ms (a busy node may delay a reply by a few ms)",
+                    crate::membership::MIN_PROBE_PERIOD * 1e3
+                ));
             }
         }
     }
