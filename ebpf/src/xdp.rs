@@ -121,7 +121,7 @@ pub struct XdpResponder {
     table: std::sync::Arc<HbTable>,
     interface: String,
     mode: &'static str,
-    pinned: Option<std::path::PathBuf>,
+    pinned: Vec<std::path::PathBuf>,
     // Owns the program and its link; dropping detaches.
     _bpf: Ebpf,
 }
@@ -165,7 +165,7 @@ impl XdpResponder {
             table: std::sync::Arc::new(HbTable { map: Mutex::new(table) }),
             interface: interface.to_owned(),
             mode,
-            pinned: None,
+            pinned: Vec::new(),
             _bpf: bpf,
         })
     }
@@ -186,7 +186,8 @@ impl XdpResponder {
     }
 
     /// Pins the table at `path` (on bpffs, mounted on `/sys/fs/bpf` if needed) for the other brokers of this
-    /// machine; removed again when the responder is dropped. A stale pin at `path` is replaced.
+    /// machine; removed again when the responder is dropped. A stale pin at `path` is replaced. May be called
+    /// for several paths.
     pub fn pin_table(&mut self, path: &Path) -> Result<(), EbpfError> {
         sys::ensure_bpffs()?;
         if let Some(dir) = path.parent() {
@@ -195,14 +196,14 @@ impl XdpResponder {
         let _ = std::fs::remove_file(path);
         let m = self.table.lock();
         aya::maps::IterableMap::map(&*m).pin(path).map_err(|e| EbpfError::Io(std::io::Error::other(e.to_string())))?;
-        self.pinned = Some(path.to_owned());
+        self.pinned.push(path.to_owned());
         Ok(())
     }
 }
 
 impl Drop for XdpResponder {
     fn drop(&mut self) {
-        if let Some(p) = self.pinned.take() {
+        for p in self.pinned.drain(..) {
             let _ = std::fs::remove_file(p);
         }
     }

@@ -469,6 +469,10 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         tokio::spawn(pump(link.rx, Peer::Parent, 0, tx));
         info!(rank, parent, "connected to parent at {ep}");
     }
+    // The eBPF detectors load in the background now that we have joined the overlay.
+    if let Some(d) = core.detect.as_mut() {
+        d.begin_load();
+    }
     // Register with rank 0 (locally on rank 0).
     let (cores, gpus): (IdSet, IdSet) = match &core.opts.resources_override {
         Some((c, g)) => (c.clone(), g.clone()),
@@ -553,10 +557,7 @@ async fn accept_children(
             }
         };
         tune_tcp(&s, TCP_USER_TIMEOUT_MS);
-        let dup = {
-            use std::os::fd::AsFd;
-            s.as_fd().try_clone_to_owned().ok()
-        };
+        let (s, dup) = super::transport::raise_socket(s);
         conn += 1;
         let c = conn;
         let tx = tx.clone();

@@ -60,6 +60,14 @@ pub(crate) fn table_pin_path(instance: &str) -> std::path::PathBuf {
     std::path::PathBuf::from(format!("/sys/fs/bpf/vigil/hb-{:016x}", h.finish()))
 }
 
+/// Where the XDP owner of `interface` (in this network namespace) pins its responder table for the other
+/// brokers of the machine.
+fn interface_pin_path(interface: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let ns = std::fs::metadata("/proc/self/ns/net").map(|m| m.ino()).unwrap_or(0);
+    std::path::PathBuf::from(format!("/sys/fs/bpf/vigil/hb-ns{ns}-{interface}"))
+}
+
 /// Inputs the detectors send to the core loop.
 pub(crate) enum DetectInput {
     /// Background loading finished.
@@ -124,6 +132,10 @@ pub(crate) struct Detectors {
     bind_ip: Ipv4Addr,
     input_tx: mpsc::UnboundedSender<DetectInput>,
     probe_period: f64,
+    /// The background load, until [`begin_load`](Self::begin_load) starts it.
+    loader: Option<Box<dyn FnOnce() -> Loaded + Send>>,
+    /// Log fallbacks at info, not warn (a nested instance: its stderr is the user's job output).
+    quiet: bool,
 }
 
 impl Detectors {
@@ -155,7 +167,7 @@ impl Detectors {
                 cfg.probe_misses
             ),
         };
-        let d = Detectors {
+        let mut d = Detectors {
             status,
             probe_port,
             clock,
@@ -171,21 +183,31 @@ impl Detectors {
             bind_ip,
             input_tx: input_tx.clone(),
             probe_period: cfg.probe_period,
+            loader: None,
+            quiet: attrs.get("instance-level").is_some_and(|l| l != "0"),
         };
         let ifname = vigil_ebpf::interface_for_addr(bind_ip);
         let pin = table_pin_path(instance);
         let test_instance = attrs.contains_key("broker.detector-rank");
+        d.loader = Some(Box::new(move || load(mode, owner, ifname, test_instance.then_some(pin))));
+        Ok(d)
+    }
+
+    /// Start loading the eBPF detectors in the background, once the link to the parent is up (the ~0.1 s of
+    /// CPU it costs then does not delay joining the overlay).
+    pub(crate) fn begin_load(&mut self) {
+        let Some(f) = self.loader.take() else { return };
+        let input_tx = self.input_tx.clone();
         // A plain thread, not spawn_blocking: a short-lived broker must not wait for the load to finish on exit.
         let rt = tokio::runtime::Handle::current();
         let spawned = std::thread::Builder::new().name("vigil-detectors".into()).spawn(move || {
             let _g = rt.enter();
-            let loaded = load(mode, owner, ifname, test_instance.then_some(pin));
+            let loaded = f();
             let _ = input_tx.send(DetectInput::Loaded(Box::new(loaded)));
         });
         if let Err(e) = spawned {
             warn!("cannot start the detector loader thread ({e}); detectors stay userspace");
         }
-        Ok(d)
     }
 
     /// Takes the loaded detectors into use: starts their tasks, registers this broker with the responder.
@@ -218,7 +240,11 @@ impl Detectors {
             }
             Err(why) => match l.shared_table {
                 Some(t) => {
-                    self.status.responder = "xdp (shared with this machine's detector rank)".into();
+                    self.status.responder = if self.owner {
+                        "xdp (shared: another broker of this machine owns the program)".into()
+                    } else {
+                        "xdp (shared with this machine's detector rank)".into()
+                    };
                     Some(t)
                 }
                 None => {
@@ -237,8 +263,9 @@ impl Detectors {
         }
         let s = &self.status;
         let all_ebpf = !s.process_exit.starts_with("userspace") && s.tcp == "ebpf" && s.responder.starts_with("xdp");
-        let shared = !self.owner && s.responder.starts_with("xdp");
-        if all_ebpf || shared {
+        let shared = s.responder.starts_with("xdp (shared");
+        let forced = s.tcp.contains("forced");
+        if all_ebpf || shared || forced || self.quiet {
             info!("failure detectors: process-exit {}, tcp {}, responder {}", s.process_exit, s.tcp, s.responder);
         } else {
             warn!(
@@ -401,18 +428,31 @@ fn load(mode: DetectorMode, owner: bool, ifname: Option<String>, pin: Option<std
     } else {
         TcpWatcher::new().map_err(|e| format!("userspace (BPF load failed: {e}): socket errors and TCP_INFO"))
     };
+    let mut shared_table = None;
     let xdp = if forced {
         Err("userspace (forced by broker.detectors=userspace)".into())
     } else {
         match &ifname {
             None => Err("userspace (no interface carries the overlay address)".into()),
-            Some(i) => {
-                XdpResponder::attach(i).map_err(|e| format!("userspace (XDP on {i}: {e})")).and_then(|mut x| match &pin
-                {
-                    Some(p) => x.pin_table(p).map(|_| x).map_err(|e| format!("userspace (pinning the table: {e})")),
-                    None => Ok(x),
-                })
-            }
+            Some(i) => match XdpResponder::attach(i) {
+                Ok(mut x) => {
+                    // Other brokers of this machine (nested instances, the rest of a test instance) register
+                    // their probe ports through the pinned table.
+                    let pin_err = |e: vigil_ebpf::EbpfError| format!("userspace (pinning the table: {e})");
+                    let mut r = x.pin_table(&interface_pin_path(i)).map_err(pin_err);
+                    if let (Ok(()), Some(p)) = (&r, &pin) {
+                        r = x.pin_table(p).map_err(pin_err);
+                    }
+                    r.map(|_| x)
+                }
+                Err(e) => {
+                    // Busy: if the program there is another Vigil broker's, share its table.
+                    if let Ok(t) = HbTable::open_pinned(&interface_pin_path(i)) {
+                        shared_table = Some(Arc::new(t));
+                    }
+                    Err(format!("userspace (XDP on {i}: {e})"))
+                }
+            },
         }
     };
     let required_failed = if mode == DetectorMode::RequireEbpf {
@@ -423,7 +463,8 @@ fn load(mode: DetectorMode, owner: bool, ifname: Option<String>, pin: Option<std
     // aya keeps parsed BTF and relocation scratch in freed heap; hand it back to the system.
     // SAFETY: malloc_trim only releases free heap memory; it is safe to call at any time.
     unsafe { libc::malloc_trim(0) };
-    Loaded { exit, tcp, xdp, shared_table: None, required_failed }
+    let required_failed = if shared_table.is_some() && xdp.is_err() { None } else { required_failed };
+    Loaded { exit, tcp, xdp, shared_table, required_failed }
 }
 
 async fn exit_task(

@@ -165,6 +165,42 @@ pub const TCP_USER_TIMEOUT_MS: u32 = 2000;
 #[derive(Debug, Default, Clone, Copy)]
 pub struct TcpTransport;
 
+/// Lowest descriptor number given to overlay sockets ([`raise_socket`]).
+pub const OVERLAY_FD_FLOOR: i32 = 1000;
+
+/// Move an overlay socket to a descriptor at or above [`OVERLAY_FD_FLOOR`] and return it with a duplicate (for
+/// `TCP_INFO`), also high. Why: when a broker is killed, the kernel releases its files in reverse order of
+/// their numbers, and releasing the eBPF detectors' links waits for RCU grace periods (tens of ms). With the
+/// sockets numbered highest, they are released first, so the peer sees the connection close (the broker is
+/// dead) at once rather than missing heartbeat probes (which would look like a dead node). On failure (descriptor
+/// limit), the socket is returned as it was.
+pub fn raise_socket(s: tokio::net::TcpStream) -> (tokio::net::TcpStream, Option<std::os::fd::OwnedFd>) {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let dup_high = |fd: i32| -> Option<std::os::fd::OwnedFd> {
+        // SAFETY: F_DUPFD_CLOEXEC on a valid descriptor returns a new descriptor we then own exclusively.
+        let n = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, OVERLAY_FD_FLOOR) };
+        // SAFETY: `n` is a fresh descriptor returned by fcntl and owned by nobody else.
+        (n >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(n) })
+    };
+    let Some(high) = dup_high(s.as_raw_fd()) else {
+        let dup = std::os::fd::AsFd::as_fd(&s).try_clone_to_owned().ok();
+        return (s, dup);
+    };
+    let std_s = std::net::TcpStream::from(high);
+    let moved = std_s.set_nonblocking(true).and_then(|_| tokio::net::TcpStream::from_std(std_s));
+    match moved {
+        Ok(t) => {
+            drop(s); // the low-numbered original
+            let dup = dup_high(t.as_raw_fd());
+            (t, dup)
+        }
+        Err(_) => {
+            let dup = std::os::fd::AsFd::as_fd(&s).try_clone_to_owned().ok();
+            (s, dup)
+        }
+    }
+}
+
 impl Transport for TcpTransport {
     fn name(&self) -> &'static str {
         "tcp"
@@ -174,10 +210,7 @@ impl Transport for TcpTransport {
             let addr = endpoint.strip_prefix("tcp://").unwrap_or(&endpoint).to_string();
             let s = tokio::net::TcpStream::connect(&addr).await?;
             tune_tcp(&s, TCP_USER_TIMEOUT_MS);
-            let dup = {
-                use std::os::fd::AsFd;
-                s.as_fd().try_clone_to_owned().ok()
-            };
+            let (s, dup) = raise_socket(s);
             Ok(link_from_stream_fd(s, addr, dup))
         })
     }
