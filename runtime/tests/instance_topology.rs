@@ -304,4 +304,10 @@ fn overlay_round_trips_timed_by_the_broker() {
     let bad = inst.vigil(&["ping", "--overlay-only", "7"]);
     assert_ne!(bad.code, 0, "{}", bad.dump());
     assert!(bad.stderr.contains("below the instance size"), "{}", bad.dump());
+    for args in [&["-c", "0", "1"][..], &["--size", "2000000", "1"], &["--window", "0", "1"], &["0"]] {
+        let mut a = vec!["ping", "--overlay-only"];
+        a.extend_from_slice(args);
+        let o = inst.vigil(&a);
+        assert_ne!(o.code, 0, "{:?} should be refused: {}", a, o.dump());
+    }
 }

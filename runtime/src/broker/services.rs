@@ -82,9 +82,20 @@ fn handle(core: &mut Core, msg: &Message, body: &Value) -> Reply {
                 field(body, "rank")?.as_u64().and_then(|r| u32::try_from(r).ok()).filter(|r| *r < core.opts.size);
             let target =
                 target.ok_or((errno::EINVAL, format!("rank must be below the instance size {}", core.opts.size)))?;
-            let count = body.get("count").and_then(Value::as_u64).unwrap_or(1).clamp(1, 1_000_000) as u32;
-            let size = body.get("size").and_then(Value::as_u64).unwrap_or(0).min(1 << 20) as usize;
-            let window = body.get("window").and_then(Value::as_u64).unwrap_or(1).clamp(1, 1024) as u32;
+            if target == core.rank() {
+                return Err((errno::EINVAL, "a round trip to this broker itself does not cross the overlay".into()));
+            }
+            let count = body.get("count").and_then(Value::as_u64).unwrap_or(1);
+            let size = body.get("size").and_then(Value::as_u64).unwrap_or(0);
+            if count == 0 || count > 1_000_000 || size > 1 << 20 {
+                return Err((errno::EINVAL, "count must be 1..1000000 and size at most 1 MiB".into()));
+            }
+            let (count, size) = (count as u32, size as usize);
+            let window = body.get("window").and_then(Value::as_u64).unwrap_or(1);
+            if window == 0 || window > 1024 {
+                return Err((errno::EINVAL, "window must be 1..1024".into()));
+            }
+            let window = window as u32;
             let run = super::core::RttRun {
                 req: msg.clone(),
                 target,
@@ -192,10 +203,14 @@ fn attrs(core: &Core) -> std::collections::BTreeMap<String, String> {
     a.entry("tbon.heartbeat_period".into()).or_insert_with(|| ms(m.heartbeat_period));
     a.entry("tbon.torpid_max".into()).or_insert_with(|| ms(m.torpid_max));
     a.entry("tbon.lost_timeout".into()).or_insert_with(|| ms(m.lost_timeout));
+    a.entry("tbon.probe_period".into()).or_insert_with(|| ms(m.probe_period));
+    a.entry("tbon.probe_misses".into()).or_insert_with(|| m.probe_misses.to_string());
+    a.entry("broker.detectors".into()).or_insert_with(|| "auto".into());
     a.insert("tbon.topo".into(), o.topo.to_string());
     a.insert("tbon.level".into(), o.topo.level(o.size, o.rank).to_string());
     a.insert("tbon.maxlevel".into(), o.topo.depth(o.size).saturating_sub(1).to_string());
-    a.insert("tbon.transport".into(), core.links.summary());
+    a.entry("tbon.transport".into()).or_insert_with(|| "auto".into());
+    a.insert("tbon.transport-active".into(), core.links.summary());
     a.insert("tbon.endpoint".into(), o.endpoints.get(o.rank as usize).cloned().unwrap_or_default());
     if let Some(p) = o.topo.parent(o.size, o.rank) {
         a.insert("tbon.parent-endpoint".into(), o.endpoints.get(p as usize).cloned().unwrap_or_default());

@@ -180,6 +180,9 @@ pub(crate) fn check_attrs(attrs: &BTreeMap<String, String>) -> Result<(), String
         if !["auto", "ebpf", "userspace"].contains(&v.as_str()) {
             return Err(format!("invalid broker.detectors '{v}': expected auto, ebpf or userspace"));
         }
+        if v == "ebpf" && !nix::unistd::geteuid().is_root() {
+            return Err("broker.detectors=ebpf needs root to load eBPF programs (use auto to fall back)".into());
+        }
     }
     for k in ["tbon.probe_misses", "broker.detector-rank"] {
         if let Some(v) = attrs.get(k) {

@@ -82,7 +82,7 @@ pub struct PingArgs {
     /// p99 and mean in µs instead of one line per ping.
     #[arg(long)]
     pub overlay_only: bool,
-    /// Bytes of padding in each ping (with --overlay-only).
+    /// Bytes of padding in each ping (with --overlay-only), at most 1 MiB.
     #[arg(long, default_value_t = 0)]
     pub size: u32,
     /// Pings kept in flight (with --overlay-only): above 1 it measures streaming throughput.
@@ -397,6 +397,12 @@ pub(crate) async fn lsattr(a: LsattrArgs) -> Result<i32, String> {
 pub(crate) async fn ping(a: PingArgs) -> Result<i32, String> {
     let c = connect().await?;
     if a.overlay_only {
+        if a.count == 0 || a.window == 0 {
+            return Err("--count and --window must be at least 1".into());
+        }
+        if a.size > 1 << 20 {
+            return Err(format!("--size {} is too large: at most 1048576 bytes", a.size));
+        }
         let r = c
             .rpc(
                 "broker.rtt",
