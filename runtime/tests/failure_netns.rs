@@ -843,3 +843,30 @@ exit $rc
     assert_eq!(ex[0]["context"]["type"], "node-failure", "{ctx}");
     assert_eq!(ex[0]["context"]["severity"], 2, "{ctx}");
 }
+
+/// A nested instance on the nodes of its parent shares the parent brokers' XDP responder (one XDP program per
+/// interface) instead of falling back, and leaves without any false "lost" verdict.
+#[test]
+fn nested_instance_shares_the_xdp_responder() {
+    if !nix_is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let c = Cluster::up(3);
+    let _ = detectors(&c);
+    let work = tempdir();
+    let script = work.path().join("nested.sh");
+    std::fs::write(&script, "#!/bin/sh\nfor i in $(seq 1 100); do vigil uptime | grep -q loading || break; sleep 0.05; done\nvigil uptime\n")
+        .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let o = c.vigil_in(work.path(), &[], &["batch", "-N2", script.to_str().unwrap()], CMD_TIMEOUT);
+    o.ok();
+    let id = o.stdout.trim().to_string();
+    c.vigil_in(work.path(), &[], &["job", "wait", &id], CMD_TIMEOUT).ok();
+    let out = std::fs::read_to_string(work.path().join(format!("vigil-{id}.out"))).unwrap_or_default();
+    eprintln!("[{}] nested uptime:\n{out}", c.name);
+    assert!(out.contains("responder xdp (shared"), "{out}");
+    assert!(out.contains("process-exit ebpf"), "{out}");
+    assert!(!out.contains("lost child") && !out.contains("degraded"), "{out}");
+}

@@ -1039,6 +1039,8 @@ impl Core {
                 (_, "hb") => {}
                 (Peer::Child(r), "goodbye") => {
                     self.goodbye.insert(r);
+                    // It is leaving: its responder stops answering before its connection closes.
+                    self.forget_child_detectors(r);
                 }
                 (_, t) => debug!("ignoring control '{t}' from {from:?}"),
             },

@@ -738,6 +738,9 @@ impl super::core::Core {
                 }
             }
             DetectInput::Probe(rank, sig) => {
+                if self.shutting_down.is_some() || self.goodbye.contains(&rank) {
+                    return; // children leave on their own during shutdown
+                }
                 let now = self.clock();
                 let t = self.membership.signal(now, rank, sig);
                 self.apply_transitions_pub(t);
