@@ -257,11 +257,12 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Run a broker until the instance shuts down; returns the process exit code (rank 0: the initial program's).
 pub async fn run(opts: BrokerOptions) -> i32 {
+    let rank = opts.rank;
     match run_inner(opts).await {
         Ok(code) => code,
         Err(e) => {
-            error!("{e}");
-            eprintln!("vigil-broker: {e}");
+            // Once, in the log's format, and even with log-level=off: this is why the broker is exiting.
+            eprintln!("vigil-broker[{rank}]: error: {e}");
             1
         }
     }

@@ -253,6 +253,11 @@ fn start_inner(a: StartArgs) -> Result<i32, String> {
         use std::os::unix::fs::PermissionsExt;
         let _ = std::fs::set_permissions(&rundir, std::fs::Permissions::from_mode(0o755));
     }
+    if a.test_size > 1 && attrs.get("tbon.transport").is_some_and(|t| t == "rdma") {
+        return Err("tbon.transport=rdma: a test instance's overlay runs on loopback, which no verbs device serves; \
+                    use auto or tcp (RDMA needs brokers bound to addresses of RDMA-capable interfaces, see docs/rdma.md)"
+            .into());
+    }
     // Bind every broker's overlay listener here, so no port can be taken between choosing and binding it.
     let mut listeners = Vec::new();
     let mut endpoints = Vec::new();
@@ -416,7 +421,8 @@ fn wait_instance(children: &mut [std::process::Child], up: &std::path::Path) -> 
         std::thread::sleep(Duration::from_millis(10));
     }
     match failed {
-        Some(_) => rank0.filter(|c| *c != 0).unwrap_or(1),
+        // Rank 0 was terminated by us: report the broker that failed, not the SIGTERM.
+        Some((_, c)) => c.max(1),
         None => rank0.unwrap_or(1),
     }
 }
