@@ -15,7 +15,12 @@
 # the bridge, so addresses never leak into the root namespace. State lives in ${VIGIL_NETNS_DIR:-/tmp}/vigil-netns-NAME.
 set -euo pipefail
 
-VIGIL=${VIGIL:-$(command -v vigil || echo "$(cd "$(dirname "$0")/.." && pwd)/target/debug/vigil")}
+# The vigil binary: $VIGIL, else vigil on PATH, else this tree's release build (ci/main-job.sh), else its debug build.
+root=$(cd "$(dirname "$0")/.." && pwd)
+if [ -z "${VIGIL:-}" ]; then
+    VIGIL=$(command -v vigil || true)
+    [ -n "$VIGIL" ] || { [ -x "$root/target/release/vigil" ] && VIGIL=$root/target/release/vigil; } || VIGIL=$root/target/debug/vigil
+fi
 cmd=${1:-}; name=${2:-}
 [ -n "$cmd" ] && [ -n "$name" ] || { sed -n '2,14p' "$0"; exit 2; }
 [ ${#name} -le 6 ] || { echo "netns-cluster: NAME must be at most 6 characters" >&2; exit 2; }

@@ -306,6 +306,16 @@ impl Membership {
         best
     }
 
+    /// We (the observer) were stalled until `now`: what we did not see during the stall says nothing about the
+    /// peers, so every silence and outstanding-data clock restarts now. Call before [`tick`](Self::tick) when
+    /// the observer notices it ran late by more than `torpid_max`.
+    pub fn grace(&mut self, now: f64) {
+        for p in self.peers.values_mut() {
+            p.last_traffic = p.last_traffic.max(now);
+            p.unacked_since = None;
+        }
+    }
+
     /// Forget `rank` (e.g. after it was reported lost and its subtree handled).
     pub fn remove(&mut self, rank: u32) {
         self.peers.remove(&rank);
@@ -356,6 +366,18 @@ mod tests {
         let at = saw_torpid.expect("torpid");
         assert!(at <= 1.0, "torpid within 1 s, at {at}");
         assert_eq!(m.signal(t, 1, Signal::Traffic)[0].to, PeerState::Online, "lively after SIGCONT");
+    }
+
+    #[test]
+    fn observer_stall_is_not_blamed_on_peers() {
+        let mut m = m();
+        m.signal(0.0, 1, Signal::Traffic);
+        // We were stopped from 0.0 to 4.0: the peer's heartbeats are still queued, unread.
+        m.grace(4.0);
+        assert!(m.tick(4.0).is_empty());
+        assert_eq!(m.state(1), PeerState::Online);
+        // Real silence after the stall still counts.
+        assert_eq!(m.tick(4.0 + Config::default().torpid_max).first().map(|t| t.to), Some(PeerState::Torpid));
     }
 
     #[test]

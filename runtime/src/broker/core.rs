@@ -774,6 +774,13 @@ impl Core {
         if let Some(jc) = self.jobcore.as_mut() {
             jc.handle_timeout(n);
         }
+        // Running this late means we were stopped or starved: our peers' traffic is queued, unread. Restart the
+        // silence clocks rather than declare everyone torpid (or lost) for our own stall.
+        let late = Instant::now().saturating_duration_since(self.next_heartbeat).as_secs_f64();
+        if late > self.membership.config().torpid_max {
+            info!("this broker ran {:.0} ms late (stopped or starved); not judging peers on that gap", late * 1e3);
+            self.membership.grace(self.clock());
+        }
         if self.shutting_down.is_none() && Instant::now() >= self.next_heartbeat {
             self.heartbeat();
         }
