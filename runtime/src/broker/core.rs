@@ -873,7 +873,11 @@ impl Core {
                 self.route_request(Peer::Local(u32::MAX), m);
             }
             Input::Detect(d, requeued) => self.on_detect(d, requeued),
-            Input::InitialStarted(pgid) => self.initial_pgid = Some(pgid),
+            Input::InitialStarted(pgid) => {
+                self.initial_pgid = Some(pgid);
+                // For `vigil start`, which outlives a killed rank 0 and then ends what it started.
+                let _ = std::fs::write(self.opts.rundir.join("initial.pgid"), pgid.to_string());
+            }
             Input::InitialExit(code) => {
                 info!("initial program exited with code {code}");
                 self.exit_code = code;

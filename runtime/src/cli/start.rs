@@ -346,6 +346,17 @@ fn start_inner(a: StartArgs) -> Result<i32, String> {
         libc::signal(libc::SIGHUP, on_term as *const () as libc::sighandler_t);
     }
     let code = wait_instance(&mut children, &rundir.join("up"));
+    // A rank 0 killed outright (SIGKILL, OOM) could not end the initial program: do it here.
+    if let Some(pg) =
+        std::fs::read_to_string(rundir.join("initial.pgid")).ok().and_then(|s| s.trim().parse::<i32>().ok())
+    {
+        let pg = nix::unistd::Pid::from_raw(pg);
+        if pg.as_raw() > 1 && nix::sys::signal::killpg(pg, None).is_ok() {
+            let _ = nix::sys::signal::killpg(pg, nix::sys::signal::Signal::SIGTERM);
+            std::thread::sleep(Duration::from_millis(100));
+            let _ = nix::sys::signal::killpg(pg, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
     let _ = std::fs::remove_dir_all(&rundir);
     Ok(code)
 }
