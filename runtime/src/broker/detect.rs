@@ -332,6 +332,10 @@ impl Detectors {
             let (tx, rx) = mpsc::unbounded_channel();
             let sock = match std::net::UdpSocket::bind((self.bind_ip, 0))
                 .and_then(|s| s.set_nonblocking(true).map(|_| s))
+                .map(|s| {
+                    grow_receive_buffer(&s);
+                    s
+                })
                 .and_then(tokio::net::UdpSocket::from_std)
             {
                 Ok(s) => s,
@@ -529,6 +533,33 @@ async fn tcp_task(mut w: TcpWatcher, mut rx: mpsc::UnboundedReceiver<TcpCmd>, tx
     }
 }
 
+/// Probes sent back to back before the prober reads the replies that came in.
+const PROBE_GROUP: usize = 32;
+
+/// Receive buffer of the prober's socket, bytes: room for the replies of a whole round of a wide parent.
+const PROBE_RCVBUF: libc::c_int = 4 << 20;
+
+/// Enlarge a socket's receive buffer to [`PROBE_RCVBUF`] (beyond `net.core.rmem_max` when root).
+fn grow_receive_buffer(s: &std::net::UdpSocket) {
+    use std::os::fd::AsRawFd;
+    let v = PROBE_RCVBUF;
+    for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
+        // SAFETY: setsockopt on a socket we own with a c_int option value of the size passed.
+        let rc = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                &v as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc == 0 {
+            return;
+        }
+    }
+}
+
 struct ProbeTarget {
     addr: SocketAddr,
     /// Last sequence number sent, and the last one answered.
@@ -616,6 +647,7 @@ async fn prober_task(
                     handle_reply(&mut targets, n, &buf, from);
                 }
                 let now = vigil_ebpf::monotonic_ns() ^ key;
+                let mut batch = Vec::with_capacity(targets.len());
                 for (r, t) in targets.iter_mut() {
                     let outstanding = t.sent - t.answered;
                     // Every new miss is reported: the first one already stops vouching for the node's TCP.
@@ -624,7 +656,17 @@ async fn prober_task(
                         let _ = tx.send(DetectInput::Probe(*r, Signal::ProbeMissed { misses: outstanding }));
                     }
                     t.sent += 1;
-                    let _ = sock.try_send_to(&Probe::request(t.sent, *r, now).encode(), t.addr);
+                    batch.push((*r, t.sent, t.addr));
+                }
+                // Send in small groups and read the replies in between: a burst of hundreds of replies would
+                // otherwise overflow the socket and make the same (last) children miss every round.
+                for group in batch.chunks(PROBE_GROUP) {
+                    for (r, seq, addr) in group {
+                        let _ = sock.try_send_to(&Probe::request(*seq, *r, now).encode(), *addr);
+                    }
+                    while let Ok((n, from)) = sock.try_recv_from(&mut buf) {
+                        handle_reply(&mut targets, n, &buf, from);
+                    }
                 }
             }
         }
