@@ -14,6 +14,12 @@ hogs=()
 trap cleanup EXIT
 ci/netns-cluster.sh up "$name" 8
 export VIGIL_URI=$(ci/netns-cluster.sh uri "$name")
+# Detectors load in the background after start-up: wait for them, and say what rank 0 runs on.
+for _ in $(seq 1 300); do
+    st=$("$VIGIL" overlay status)
+    case $st in *loading*) sleep 0.1 ;; *) break ;; esac
+done
+echo "$st" | grep '^detectors' | sed 's/^/soak: rank 0 /'
 ncpu=$(nproc)
 for ((i = 0; i <= ncpu; i++)); do sh -c 'while :; do :; done' & hogs+=($!); done
 start=$(date +%s)
