@@ -547,6 +547,8 @@ struct Series {
     lively: usize,
     /// (c) only: trials whose job was still running after the node-failure exception.
     survived: usize,
+    /// (e) only: trials whose kill raised no exit-on-error exception (the job ended by exit-timeout instead).
+    no_exception: usize,
     /// Every rank's detectors in the first cluster used (`broker.info`).
     detectors: Value,
     /// Did every cluster used run the detectors of the mode asked for?
@@ -1065,7 +1067,13 @@ pub(crate) fn run(a: &DetectArgs, vigil: Option<PathBuf>, out_dir: Option<PathBu
     let mut failed = Vec::new();
     let mut missed = Vec::new();
     for (row, per_mode) in &results {
-        let trials: Vec<String> = per_mode.iter().map(|(_, s)| s.samples.len().to_string()).collect();
+        let trials: Vec<String> = per_mode
+            .iter()
+            .map(|(_, s)| match s.no_exception {
+                0 => s.samples.len().to_string(),
+                k => format!("{} (+{k} without exception)", s.samples.len()),
+            })
+            .collect();
         let mut line = format!("| {} | {} |", row.label, trials.join(" / "));
         for (_, s) in per_mode {
             let (m, p) = mode_cells(s);
@@ -1102,6 +1110,18 @@ pub(crate) fn run(a: &DetectArgs, vigil: Option<PathBuf>, out_dir: Option<PathBu
             if row.key == "stall_torpid_s" {
                 j["false_lost"] = json!(s.false_lost);
                 j["lively_after_cont"] = json!(s.lively);
+            }
+            if row.key.starts_with("task_") {
+                j["no_exit_on_error_exception"] = json!(s.no_exception);
+                if s.no_exception > 0 {
+                    failed.push(format!(
+                        "{} [{m}]: {} of {} kills raised no exit-on-error exception (the job ended by its {} s exit-timeout)",
+                        row.key,
+                        s.no_exception,
+                        s.trials.len(),
+                        task::EXIT_TIMEOUT_S
+                    ));
+                }
             }
             if row.key == "nested_exception_s" {
                 j["job_still_running_after_exception"] = json!(s.survived);

@@ -366,6 +366,12 @@ pub(super) fn table(costs: &[Cost], target_pct: f64) -> (String, Option<String>)
     );
     for c in costs {
         for (name, v) in &c.variants {
+            if v.is_empty() {
+                let why = c.error.as_deref().filter(|e| e.starts_with(name.as_str())).unwrap_or("not measured");
+                t.push_str(&format!("| {} | {name} | FAILED | | | | |\n", c.children));
+                t.push_str(&format!("| | | ({}) | | | | |\n", why.replace('|', "/")));
+                continue;
+            }
             let online: Vec<String> = v.iter().map(|r| format!("{}/{}", r.online_end, c.children + 1)).collect();
             let drops: Vec<String> = v.iter().map(|r| r.udp_rcvbuf_errors.to_string()).collect();
             t.push_str(&format!(
