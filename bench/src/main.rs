@@ -123,6 +123,8 @@ enum InnerCmd {
     Rss(InnerRssArgs),
     /// `vigil run -N4 -n8 ./hello` latency and `vigil alloc -N4 true` wall time.
     Mpi(mpi::InnerMpiArgs),
+    /// CPU time of rank 0's broker (the prober) over an idle period.
+    ProbeCost(detect::InnerCostArgs),
 }
 
 /// Options of `vigil-bench inner jobs`.
@@ -281,6 +283,7 @@ fn main() {
         Some(TopCmd::Inner(InnerCmd::Jobs(a))) => inner_jobs(a),
         Some(TopCmd::Inner(InnerCmd::Rss(a))) => inner_rss(a),
         Some(TopCmd::Inner(InnerCmd::Mpi(a))) => mpi::inner_mpi(a),
+        Some(TopCmd::Inner(InnerCmd::ProbeCost(a))) => detect::inner_cost(a),
         Some(TopCmd::Mpi(a)) => report(mpi::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Detect(a)) => report(detect::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Uring(a)) => report(uring::run(&a, cli.out_dir)),
