@@ -332,10 +332,7 @@ impl Detectors {
             let (tx, rx) = mpsc::unbounded_channel();
             let sock = match std::net::UdpSocket::bind((self.bind_ip, 0))
                 .and_then(|s| s.set_nonblocking(true).map(|_| s))
-                .map(|s| {
-                    grow_receive_buffer(&s);
-                    s
-                })
+                .inspect(grow_receive_buffer)
                 .and_then(tokio::net::UdpSocket::from_std)
             {
                 Ok(s) => s,
@@ -533,6 +530,122 @@ async fn tcp_task(mut w: TcpWatcher, mut rx: mpsc::UnboundedReceiver<TcpCmd>, tx
     }
 }
 
+/// Send probes with one `sendmmsg(2)`; errors (a child's address unreachable) are ignored: the miss counts.
+fn send_batch(sock: &tokio::net::UdpSocket, pkts: &[([u8; vigil_ebpf::PROBE_LEN], SocketAddr)]) {
+    use std::os::fd::AsRawFd;
+    let addrs: Vec<libc::sockaddr_in> = pkts
+        .iter()
+        .map(|(_, a)| {
+            // SAFETY: sockaddr_in is plain old data; all-zero is valid before we fill it.
+            let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+            if let SocketAddr::V4(v4) = a {
+                sa.sin_family = libc::AF_INET as libc::sa_family_t;
+                sa.sin_port = v4.port().to_be();
+                sa.sin_addr.s_addr = u32::from(*v4.ip()).to_be();
+            }
+            sa
+        })
+        .collect();
+    let mut iovs: Vec<libc::iovec> =
+        pkts.iter().map(|(b, _)| libc::iovec { iov_base: b.as_ptr() as *mut libc::c_void, iov_len: b.len() }).collect();
+    let mut hdrs: Vec<libc::mmsghdr> = (0..pkts.len())
+        .map(|i| {
+            // SAFETY: mmsghdr is plain old data; all-zero is valid before we fill it.
+            let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
+            h.msg_hdr.msg_name = &addrs[i] as *const libc::sockaddr_in as *mut libc::c_void;
+            h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            h.msg_hdr.msg_iov = &mut iovs[i];
+            h.msg_hdr.msg_iovlen = 1;
+            h
+        })
+        .collect();
+    let mut off = 0;
+    while off < hdrs.len() {
+        // SAFETY: every header points at an address and an iovec that live until the call returns; the kernel
+        // only reads them (and writes msg_len).
+        let n = unsafe {
+            libc::sendmmsg(
+                sock.as_raw_fd(),
+                hdrs[off..].as_mut_ptr(),
+                (hdrs.len() - off) as libc::c_uint,
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n <= 0 {
+            off += 1; // skip the datagram that failed (e.g. unreachable) and go on
+        } else {
+            off += n as usize;
+        }
+    }
+}
+
+/// Read every reply waiting on the socket, up to `bufs.len()` per `recvmmsg(2)`: (length, sender, data).
+fn recv_batch<'a>(sock: &tokio::net::UdpSocket, bufs: &'a mut [[u8; 128]]) -> Vec<(usize, SocketAddr, &'a [u8])> {
+    use std::os::fd::AsRawFd;
+    let mut out: Vec<(usize, SocketAddr)> = Vec::new();
+    let cap = bufs.len();
+    // One batch per call; `drain_replies` loops.
+    let r = sock.try_io(tokio::io::Interest::READABLE, || {
+        // SAFETY: sockaddr_in is plain old data; all-zero is valid (the kernel fills it).
+        let zero: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        let mut addrs: Vec<libc::sockaddr_in> = vec![zero; cap];
+        let mut iovs: Vec<libc::iovec> = bufs
+            .iter_mut()
+            .map(|b| libc::iovec { iov_base: b.as_mut_ptr() as *mut libc::c_void, iov_len: b.len() })
+            .collect();
+        let mut hdrs: Vec<libc::mmsghdr> = (0..cap)
+            .map(|i| {
+                // SAFETY: mmsghdr is plain old data; all-zero is valid before we fill it.
+                let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
+                h.msg_hdr.msg_name = &mut addrs[i] as *mut libc::sockaddr_in as *mut libc::c_void;
+                h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+                h.msg_hdr.msg_iov = &mut iovs[i];
+                h.msg_hdr.msg_iovlen = 1;
+                h
+            })
+            .collect();
+        // SAFETY: every header points at a buffer, an iovec and an address that outlive the call; the kernel
+        // writes at most iov_len bytes and msg_namelen bytes into them.
+        let n = unsafe {
+            libc::recvmmsg(
+                sock.as_raw_fd(),
+                hdrs.as_mut_ptr(),
+                cap as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        for i in 0..n as usize {
+            let a = &addrs[i];
+            let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+            out.push((hdrs[i].msg_len as usize, SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(a.sin_port)))));
+        }
+        Ok(())
+    });
+    if r.is_err() {
+        return Vec::new();
+    }
+    out.into_iter().zip(bufs.iter()).map(|((n, a), b)| (n, a, &b[..n.min(b.len())])).collect()
+}
+
+/// Read every reply waiting on the socket, batch after batch, and hand each to `f`.
+fn drain_replies(sock: &tokio::net::UdpSocket, bufs: &mut [[u8; 128]], mut f: impl FnMut(usize, &[u8], SocketAddr)) {
+    let cap = bufs.len();
+    loop {
+        let got = recv_batch(sock, bufs);
+        let full = got.len() == cap;
+        for (n, from, b) in got {
+            f(n, b, from);
+        }
+        if !full {
+            return;
+        }
+    }
+}
+
 /// Probes sent back to back before the prober reads the replies that came in.
 const PROBE_GROUP: usize = 32;
 
@@ -584,7 +697,7 @@ async fn prober_task(
     let mut targets: HashMap<u32, ProbeTarget> = HashMap::new();
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut buf = [0u8; 128];
+    let mut rbufs = vec![[0u8; 128]; PROBE_GROUP];
     // Replies must echo our request's timestamp, which we key with a random value: a forged reply (anyone can
     // send UDP) cannot make a child look dead or alive without having seen our request.
     let key = {
@@ -636,16 +749,14 @@ async fn prober_task(
                 }
                 None => return,
             },
-            r = sock.recv_from(&mut buf) => {
-                if let Ok((n, from)) = r {
-                    handle_reply(&mut targets, n, &buf, from);
+            r = sock.readable() => {
+                if r.is_ok() {
+                    drain_replies(&sock, &mut rbufs, |n, b, from| handle_reply(&mut targets, n, b, from));
                 }
             }
             _ = tick.tick() => {
                 // Read everything that has arrived before judging.
-                while let Ok((n, from)) = sock.try_recv_from(&mut buf) {
-                    handle_reply(&mut targets, n, &buf, from);
-                }
+                drain_replies(&sock, &mut rbufs, |n, b, from| handle_reply(&mut targets, n, b, from));
                 let now = vigil_ebpf::monotonic_ns() ^ key;
                 let mut batch = Vec::with_capacity(targets.len());
                 for (r, t) in targets.iter_mut() {
@@ -661,12 +772,10 @@ async fn prober_task(
                 // Send in small groups and read the replies in between: a burst of hundreds of replies would
                 // otherwise overflow the socket and make the same (last) children miss every round.
                 for group in batch.chunks(PROBE_GROUP) {
-                    for (r, seq, addr) in group {
-                        let _ = sock.try_send_to(&Probe::request(*seq, *r, now).encode(), *addr);
-                    }
-                    while let Ok((n, from)) = sock.try_recv_from(&mut buf) {
-                        handle_reply(&mut targets, n, &buf, from);
-                    }
+                    let pkts: Vec<([u8; vigil_ebpf::PROBE_LEN], SocketAddr)> =
+                        group.iter().map(|(r, seq, addr)| (Probe::request(*seq, *r, now).encode(), *addr)).collect();
+                    send_batch(&sock, &pkts);
+                    drain_replies(&sock, &mut rbufs, |n, b, from| handle_reply(&mut targets, n, b, from));
                 }
             }
         }
