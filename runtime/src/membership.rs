@@ -259,10 +259,11 @@ impl Membership {
         let Some(p) = self.peers.get(&rank) else { return vec![] };
         match p.state {
             PeerState::Online | PeerState::Torpid => {
-                // Never lost on TCP alone while the node's kernel answers probes (see the module rules): the
-                // prober reports every miss and, at least every second, that replies still come.
-                let kernel_answers =
-                    p.kernel_missing == 0 && p.kernel_reply.is_some_and(|k| now < k + KERNEL_REPLY_STALE);
+                // Never lost on TCP alone while the node's kernel answers probes (see the module rules; the prober
+                // reports at least every second that replies still come). While armed, a dead node is the probe
+                // rule's call (probe_misses in a row): TCP data left unacknowledged after a link blip, while
+                // retransmissions back off, is not a dead node.
+                let kernel_answers = p.kernel_reply.is_some_and(|k| now < k + KERNEL_REPLY_STALE);
                 if let (Some(since), false) = (p.unacked_since, kernel_answers) {
                     if now >= since + cfg.lost_timeout - 1e-9 {
                         let why =
@@ -420,9 +421,10 @@ mod tests {
         }
         let at = torpid_at.expect("torpid");
         assert!(at >= cfg.torpid_max - 1e-9 && at <= cfg.torpid_max + 0.02, "torpid at {at}");
-        // Once the kernel goes quiet too (one miss reported), the TCP rule applies again.
+        // Once the kernel goes quiet for good (no reply for KERNEL_REPLY_STALE), the TCP rule applies again.
         assert!(m.signal(t, 1, Signal::ProbeMissed { misses: 1 }).is_empty());
-        let tr = m.tick(t + cfg.lost_timeout);
+        assert!(m.tick(t + cfg.lost_timeout).is_empty(), "one miss is the probe rule's call");
+        let tr = m.tick(t + KERNEL_REPLY_STALE + cfg.lost_timeout);
         assert_eq!(tr.first().map(|x| x.to), Some(PeerState::Lost), "{tr:?}");
 
         // A link blip: TCP data stays unacknowledged far longer than lost_timeout while the kernel keeps answering

@@ -162,7 +162,7 @@ impl Detectors {
             tcp: pending.clone(),
             responder: "userspace (XDP responder loading)".into(),
             probes: format!(
-                "every {:.0} ms, lost after {} unanswered by a node's kernel",
+                "every {:.0} ms; a child whose kernel (XDP) answers is lost after {} unanswered in a row",
                 cfg.probe_period * 1e3,
                 cfg.probe_misses
             ),

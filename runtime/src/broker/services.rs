@@ -206,6 +206,10 @@ fn attrs(core: &Core) -> std::collections::BTreeMap<String, String> {
     a.entry("tbon.probe_period".into()).or_insert_with(|| ms(m.probe_period));
     a.entry("tbon.probe_misses".into()).or_insert_with(|| m.probe_misses.to_string());
     a.entry("broker.detectors".into()).or_insert_with(|| "auto".into());
+    let rd = vigil_rdma::Config::default();
+    a.entry("tbon.rdma_timeout".into()).or_insert_with(|| rd.timeout.to_string());
+    a.entry("tbon.rdma_retry_cnt".into()).or_insert_with(|| rd.retry_cnt.to_string());
+    a.entry("tbon.rdma_poll".into()).or_insert_with(|| "event".into());
     a.insert("tbon.topo".into(), o.topo.to_string());
     a.insert("tbon.level".into(), o.topo.level(o.size, o.rank).to_string());
     a.insert("tbon.maxlevel".into(), o.topo.depth(o.size).saturating_sub(1).to_string());

@@ -199,6 +199,9 @@ pub(crate) fn check_attrs(attrs: &BTreeMap<String, String>) -> Result<(), String
             if !s.is_finite() || s <= 0.0 {
                 return Err(format!("{k}: must be a finite duration greater than 0"));
             }
+            if s > 3600.0 {
+                return Err(format!("{k}: {v} is longer than an hour; liveness would effectively be off"));
+            }
             if k == "tbon.probe_period" && s < crate::membership::MIN_PROBE_PERIOD {
                 return Err(format!(
                     "{k}: {v} is too short: at least {:.0}ms (a busy node may delay a reply by a few ms)",
@@ -206,6 +209,14 @@ pub(crate) fn check_attrs(attrs: &BTreeMap<String, String>) -> Result<(), String
                 ));
             }
         }
+    }
+    let mc = crate::broker::membership_config_pub(attrs);
+    if mc.heartbeat_period >= mc.torpid_max {
+        return Err(format!(
+            "tbon.heartbeat_period ({:.0} ms) must be shorter than tbon.torpid_max ({:.0} ms), or every peer looks torpid",
+            mc.heartbeat_period * 1e3,
+            mc.torpid_max * 1e3
+        ));
     }
     if let Some(v) = attrs.get("exec.kill-timeout") {
         crate::duration::parse_duration_secs(v).map_err(|e| format!("exec.kill-timeout: {e}"))?;
