@@ -750,6 +750,19 @@ fn markdown_table(metrics: &[Metric]) -> String {
 
 // ------------------------------------------------------------------------------------------- inner: jobs
 
+/// Write an inner measurement's JSON result to `out`; the exit code: 0 if it was written and `ok`, else 1.
+pub(crate) fn write_inner_result(out: &Path, res: &impl serde::Serialize, ok: bool) -> i32 {
+    if let Err(e) = std::fs::write(out, serde_json::to_string(res).unwrap_or_default()) {
+        eprintln!("vigil-bench inner: cannot write {}: {e}", out.display());
+        return 1;
+    }
+    if ok {
+        0
+    } else {
+        1
+    }
+}
+
 /// `vigil-bench inner jobs`: measure, write the JSON results, exit 0 only if everything was measured.
 fn inner_jobs(a: InnerJobsArgs) -> i32 {
     let mut res = InnerJobsResult::default();
@@ -758,16 +771,7 @@ fn inner_jobs(a: InnerJobsArgs) -> i32 {
         eprintln!("vigil-bench inner: {e}");
         res.error = Some(e);
     }
-    let text = serde_json::to_string(&res).unwrap_or_default();
-    if let Err(e) = std::fs::write(&a.out, text) {
-        eprintln!("vigil-bench inner: cannot write {}: {e}", a.out.display());
-        return 1;
-    }
-    if res.error.is_some() {
-        1
-    } else {
-        0
-    }
+    write_inner_result(&a.out, &res, res.error.is_none())
 }
 
 /// Run the latency then the throughput measurement, appending samples to `res` as they come.
@@ -917,16 +921,7 @@ fn inner_rss(a: InnerRssArgs) -> i32 {
             InnerRssResult { broker_rss_mb: vec![], error: Some(e) }
         }
     };
-    let ok = res.error.is_none();
-    if let Err(e) = std::fs::write(&a.out, serde_json::to_string(&res).unwrap_or_default()) {
-        eprintln!("vigil-bench inner: cannot write {}: {e}", a.out.display());
-        return 1;
-    }
-    if ok {
-        0
-    } else {
-        1
-    }
+    write_inner_result(&a.out, &res, res.error.is_none())
 }
 
 /// VmRSS (MB) of every `vigil broker` process whose `--rundir` is this instance's (taken from `VIGIL_URI`,

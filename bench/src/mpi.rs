@@ -365,13 +365,6 @@ pub(crate) fn inner_mpi(a: InnerMpiArgs) -> i32 {
     for e in [&res.run_error, &res.alloc_error].into_iter().flatten() {
         eprintln!("vigil-bench inner: {e}");
     }
-    if let Err(e) = std::fs::write(&a.out, serde_json::to_string(&res).unwrap_or_default()) {
-        eprintln!("vigil-bench inner: cannot write {}: {e}", a.out.display());
-        return 1;
-    }
-    if res.run_error.is_some() || res.alloc_error.is_some() {
-        1
-    } else {
-        0
-    }
+    let ok = res.run_error.is_none() && res.alloc_error.is_none();
+    crate::write_inner_result(&a.out, &res, ok)
 }

@@ -125,8 +125,6 @@ struct Peer {
     unacked_since: Option<f64>,
     /// When the peer's node kernel last answered a probe (None = never: probe rules not armed).
     kernel_reply: Option<f64>,
-    /// Consecutive probes the prober last reported unanswered (0 = the kernel is answering).
-    kernel_missing: u32,
     reason: String,
 }
 
@@ -182,7 +180,6 @@ impl Membership {
                 last_traffic: now,
                 unacked_since: None,
                 kernel_reply: None,
-                kernel_missing: 0,
                 reason: String::new(),
             });
             p.last_traffic = now;
@@ -207,7 +204,6 @@ impl Membership {
                 .collect(),
             Signal::ProbeReply { kernel: true, alive: true, hb_age } => {
                 p.kernel_reply = Some(now);
-                p.kernel_missing = 0;
                 // The node answered: whatever TCP data is outstanding is not a dead node.
                 p.unacked_since = None;
                 if state == PeerState::Online && hb_age >= self.cfg.torpid_max - 1e-9 {
@@ -217,7 +213,6 @@ impl Membership {
                 vec![]
             }
             Signal::ProbeMissed { misses } => {
-                p.kernel_missing = misses;
                 if p.kernel_reply.is_some() && misses >= self.cfg.probe_misses {
                     let why = format!(
                         "node not responding: {misses} heartbeat probes unanswered by its kernel ({:.0} ms)",

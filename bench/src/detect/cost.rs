@@ -143,16 +143,7 @@ pub(crate) fn inner(a: InnerCostArgs) -> i32 {
         eprintln!("vigil-bench inner: {e}");
         res.error = Some(e);
     }
-    let ok = res.error.is_none();
-    if let Err(e) = std::fs::write(&a.out, serde_json::to_string(&res).unwrap_or_default()) {
-        eprintln!("vigil-bench inner: cannot write {}: {e}", a.out.display());
-        return 1;
-    }
-    if ok {
-        0
-    } else {
-        1
-    }
+    crate::write_inner_result(&a.out, &res, res.error.is_none())
 }
 
 /// Wait for the instance, then take the two readings.

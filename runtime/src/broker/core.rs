@@ -716,7 +716,7 @@ impl Core {
 
     /// Act on liveness verdicts: lost children (and their subtrees) are reported to rank 0 and dropped; torpid
     /// and lively ones are reported so rank 0 stops (or resumes) placing work there; a lost parent ends us.
-    fn apply_transitions(&mut self, ts: Vec<Transition>) {
+    pub(crate) fn apply_transitions(&mut self, ts: Vec<Transition>) {
         for t in ts {
             if t.rank == PARENT {
                 match t.to {
@@ -964,15 +964,7 @@ impl Core {
         debug!("child rank {rank} connected from {peer}");
     }
 
-    pub(crate) fn on_closed_pub(&mut self, peer: Peer, conn: u64, why: &str) {
-        self.on_closed(peer, conn, why)
-    }
-
-    pub(crate) fn apply_transitions_pub(&mut self, ts: Vec<Transition>) {
-        self.apply_transitions(ts)
-    }
-
-    fn on_closed(&mut self, peer: Peer, conn: u64, why: &str) {
+    pub(crate) fn on_closed(&mut self, peer: Peer, conn: u64, why: &str) {
         match peer {
             Peer::Parent => {
                 if self.shutting_down.is_none() {

@@ -456,15 +456,16 @@ fn load(mode: DetectorMode, owner: bool, ifname: Option<String>, pin: Option<std
             },
         }
     };
+    // A shared XDP table is an eBPF responder too.
+    let xdp_failed = xdp.as_ref().err().filter(|_| shared_table.is_none());
     let required_failed = if mode == DetectorMode::RequireEbpf {
-        [exit.as_ref().err(), tcp.as_ref().err(), xdp.as_ref().err()].into_iter().flatten().next().cloned()
+        [exit.as_ref().err(), tcp.as_ref().err(), xdp_failed].into_iter().flatten().next().cloned()
     } else {
         None
     };
     // aya keeps parsed BTF and relocation scratch in freed heap; hand it back to the system.
     // SAFETY: malloc_trim only releases free heap memory; it is safe to call at any time.
     unsafe { libc::malloc_trim(0) };
-    let required_failed = if shared_table.is_some() && xdp.is_err() { None } else { required_failed };
     Loaded { exit, tcp, xdp, shared_table, required_failed }
 }
 
@@ -882,10 +883,10 @@ impl super::core::Core {
                 }
                 if rank == PARENT {
                     if self.parent.is_some() {
-                        self.on_closed_pub(Peer::Parent, 0, &why);
+                        self.on_closed(Peer::Parent, 0, &why);
                     }
                 } else if let Some(conn) = self.children.get(&rank).map(|c| c.conn) {
-                    self.on_closed_pub(Peer::Child(rank), conn, &why);
+                    self.on_closed(Peer::Child(rank), conn, &why);
                 }
             }
             DetectInput::Probe(rank, sig) => {
@@ -894,7 +895,7 @@ impl super::core::Core {
                 }
                 let now = self.clock();
                 let t = self.membership.signal(now, rank, sig);
-                self.apply_transitions_pub(t);
+                self.apply_transitions(t);
             }
         }
     }

@@ -18,9 +18,5 @@ pub(crate) mod rdma_link;
 mod services;
 pub mod transport;
 
+pub(crate) use self::core::membership_config;
 pub use self::core::{run, BrokerOptions, ListenSpec};
-
-/// Liveness thresholds a broker would use with these attributes (`tbon.*`), for validating them up front.
-pub fn membership_config_pub(attrs: &std::collections::BTreeMap<String, String>) -> crate::membership::Config {
-    self::core::membership_config(attrs)
-}

@@ -210,7 +210,7 @@ pub(crate) fn check_attrs(attrs: &BTreeMap<String, String>) -> Result<(), String
             }
         }
     }
-    let mc = crate::broker::membership_config_pub(attrs);
+    let mc = crate::broker::membership_config(attrs);
     if mc.heartbeat_period >= mc.torpid_max {
         return Err(format!(
             "tbon.heartbeat_period ({:.0} ms) must be shorter than tbon.torpid_max ({:.0} ms), or every peer looks torpid",
