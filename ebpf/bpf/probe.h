@@ -10,6 +10,8 @@
 #define VIGIL_PROBE_REQUEST    1 /* parent -> child node */
 #define VIGIL_PROBE_REPLY_XDP  2 /* answered by the node's kernel (XDP) */
 #define VIGIL_PROBE_REPLY_USER 3 /* answered by the broker's userspace responder thread */
+#define VIGIL_PROBE_GROUP      4 /* parent -> every child node at once (IP multicast); answered by the kernels of
+                                  * the nodes that learned this parent from an earlier unicast request */
 
 /* reply flags */
 #define VIGIL_PROBE_ALIVE   (1u << 0) /* the broker process is alive */
@@ -33,6 +35,41 @@ struct vigil_hb_state {
 	__u64 answered; /* probes answered (XDP) */
 	__u32 pid;      /* broker tgid */
 	__u32 alive;    /* 1 while the broker runs; cleared when its exit is seen */
+};
+
+/* Child side: a parent learned from a unicast request, so that its group (multicast) requests can be answered.
+ * Key: the parent prober's IPv4 address and UDP port (network byte order). */
+struct vigil_parent_key {
+	__u32 addr;
+	__u32 port; /* __u16 widened */
+};
+
+struct vigil_parent {
+	__u32 rank;      /* the parent's id for this child, echoed in replies */
+	__u32 addr;      /* the child's own IPv4 address (destination of the unicast request) */
+	__u16 port;      /* the child broker's probe port (destination port of the unicast request) */
+	__u8 mac[6];     /* the child's own MAC (destination MAC of the unicast request) */
+};
+
+/* Parent side: where the kernel collects the replies of one child, so the prober reads them all with one
+ * batched map read instead of receiving every datagram on its socket. Key: prober port, child rank. */
+struct vigil_result_key {
+	__u32 port; /* prober's UDP port, network byte order, __u16 widened */
+	__u32 rank;
+};
+
+struct vigil_result {
+	__u32 expect_addr; /* written by the prober: replies from any other address/port are not collected */
+	__u16 expect_port;
+	__u8 kind;         /* VIGIL_PROBE_REPLY_* of the last reply, 0 if none yet */
+	__u8 pad;
+	__u32 seq;         /* last reply's fields, host byte order */
+	__u16 flags;
+	__u16 pad2;
+	__u64 sent_ns;
+	__u64 hb_age_ns;
+	__u64 answered;
+	__u64 replies;     /* replies collected for this child */
 };
 
 #endif

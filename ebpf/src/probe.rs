@@ -37,6 +37,10 @@ pub enum ProbeKind {
     ReplyKernel,
     /// Answered by the child broker's userspace thread: proves the broker process runs.
     ReplyUserspace,
+    /// A parent's request to all its children at once, sent to an IP multicast group: answered (with a unicast
+    /// [`ReplyKernel`](Self::ReplyKernel)) by the kernel of every node that learned this parent from an earlier
+    /// unicast [`Request`](Self::Request); others ignore it.
+    Group,
 }
 
 impl ProbeKind {
@@ -45,6 +49,7 @@ impl ProbeKind {
             ProbeKind::Request => 1,
             ProbeKind::ReplyKernel => 2,
             ProbeKind::ReplyUserspace => 3,
+            ProbeKind::Group => 4,
         }
     }
     fn from_code(c: u8) -> Option<ProbeKind> {
@@ -52,6 +57,7 @@ impl ProbeKind {
             1 => ProbeKind::Request,
             2 => ProbeKind::ReplyKernel,
             3 => ProbeKind::ReplyUserspace,
+            4 => ProbeKind::Group,
             _ => return None,
         })
     }
@@ -80,6 +86,11 @@ impl Probe {
     /// A request for child `rank`.
     pub fn request(seq: u32, rank: u32, sent_ns: u64) -> Probe {
         Probe { kind: ProbeKind::Request, flags: 0, seq, rank, sent_ns, hb_age_ns: 0, answered: 0 }
+    }
+
+    /// A group request (to every child that learned this parent), sequence `seq`.
+    pub fn group(seq: u32, sent_ns: u64) -> Probe {
+        Probe { kind: ProbeKind::Group, flags: 0, seq, rank: 0, sent_ns, hb_age_ns: 0, answered: 0 }
     }
 
     /// Whether the reply says the broker process is alive.

@@ -157,3 +157,71 @@ pub fn interface_for_addr(addr: std::net::Ipv4Addr) -> Option<String> {
         found
     }
 }
+
+/// `bpf(BPF_MAP_LOOKUP_BATCH)` over a whole hash map: calls `f(key, value)` for every entry, as raw bytes of
+/// `key_size` and `value_size` bytes (the map's own sizes). One system call per `chunk` entries, not two per entry as
+/// iterating with `BPF_MAP_GET_NEXT_KEY` + lookups would cost. Errors are the kernel's (`EINVAL` if the sizes do
+/// not match the map, `ENOSPC` if a hash bucket holds more than `chunk` entries).
+pub(crate) fn map_lookup_batch(
+    fd: BorrowedFd<'_>,
+    key_size: usize,
+    value_size: usize,
+    chunk: usize,
+    mut f: impl FnMut(&[u8], &[u8]),
+) -> io::Result<()> {
+    /// `union bpf_attr`, member `batch` (include/uapi/linux/bpf.h).
+    #[repr(C)]
+    #[derive(Default)]
+    struct BatchAttr {
+        in_batch: u64,
+        out_batch: u64,
+        keys: u64,
+        values: u64,
+        count: u32,
+        map_fd: u32,
+        elem_flags: u64,
+        flags: u64,
+    }
+    const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+    let mut keys = vec![0u8; key_size * chunk];
+    let mut values = vec![0u8; value_size * chunk];
+    // Hash maps use a bucket index (u32) as the batch position; 8 bytes leaves room for any map type.
+    let mut pos_in = [0u8; 8];
+    let mut pos_out = [0u8; 8];
+    let mut first = true;
+    loop {
+        let mut attr = BatchAttr {
+            in_batch: if first { 0 } else { pos_in.as_ptr() as u64 },
+            out_batch: pos_out.as_mut_ptr() as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: chunk as u32,
+            map_fd: fd.as_raw_fd() as u32,
+            ..Default::default()
+        };
+        // SAFETY: `attr` points at buffers that live across the call and hold `chunk` keys and values of the
+        // sizes given; the kernel writes at most `count` of each and the batch position into `pos_out`.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                &mut attr as *mut BatchAttr,
+                std::mem::size_of::<BatchAttr>() as u32,
+            )
+        };
+        let err = (rc < 0).then(io::Error::last_os_error);
+        let n = (attr.count as usize).min(chunk);
+        if rc == 0 || err.as_ref().and_then(|e| e.raw_os_error()) == Some(libc::ENOENT) {
+            for i in 0..n {
+                f(&keys[i * key_size..(i + 1) * key_size], &values[i * value_size..(i + 1) * value_size]);
+            }
+        }
+        match err {
+            None => {}
+            Some(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
+            Some(e) => return Err(e),
+        }
+        pos_in = pos_out;
+        first = false;
+    }
+}

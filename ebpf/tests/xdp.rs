@@ -137,3 +137,108 @@ fn generic_xdp_on_loopback_is_shared_through_a_pinned_table() {
     assert!(!pin.exists(), "the pin is removed with its responder");
     let _ = std::fs::remove_dir(pin.parent().unwrap());
 }
+
+/// Sets the interface a socket sends multicast on (`IP_MULTICAST_IF`, by local address).
+fn multicast_from(sock: &UdpSocket, local: std::net::Ipv4Addr) {
+    let a = libc::in_addr { s_addr: u32::from(local).to_be() };
+    // SAFETY: setsockopt on a socket we own, with an in_addr option value of the size passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(sock),
+            libc::IPPROTO_IP,
+            libc::IP_MULTICAST_IF,
+            &a as *const libc::in_addr as *const libc::c_void,
+            std::mem::size_of::<libc::in_addr>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "IP_MULTICAST_IF: {}", std::io::Error::last_os_error());
+}
+
+/// Waits until the kernel has collected a reply with sequence `seq` from each of `ranks`.
+fn wait_collected(t: &HbTable, port: u16, ranks: &[u32], seq: u32) -> Vec<Probe> {
+    for _ in 0..100 {
+        let got = t.collected(port).unwrap();
+        let mut hits: Vec<Probe> = got.iter().map(|(p, _)| *p).filter(|p| p.seq == seq).collect();
+        if hits.len() == ranks.len() {
+            hits.sort_by_key(|p| p.rank);
+            return hits;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("replies to seq {seq} not all collected: {:?}", t.collected(port).unwrap());
+}
+
+#[test]
+fn group_probe_answered_by_children_kernels_and_replies_collected_on_the_parent() {
+    let tag = std::process::id() % 100_000;
+    let names: Vec<String> = ["h", "p", "c", "d"].iter().map(|s| format!("vg{tag}{s}")).collect();
+    let _ns = Netns(names.clone());
+    for n in &names {
+        ip(&format!("netns add {n}"));
+    }
+    let hub = &names[0];
+    ip(&format!("-n {hub} link add br0 type bridge"));
+    ip(&format!("-n {hub} link set br0 up"));
+    // Parent 10.200.251.1, children 10.200.251.2 and .3, each on a veth into the hub's bridge.
+    for (i, n) in names[1..].iter().enumerate() {
+        let (h, e) = (format!("vg{tag}h{i}"), format!("vg{tag}e{i}"));
+        ip(&format!("link add {h} netns {hub} type veth peer name {e} netns {n}"));
+        ip(&format!("-n {hub} link set {h} master br0 up"));
+        ip(&format!("-n {n} addr add 10.200.251.{}/24 dev {e}", i + 1));
+        ip(&format!("-n {n} link set {e} up"));
+    }
+    let attach = |ns: &str, i: usize| {
+        let ifname = format!("vg{tag}e{i}");
+        in_ns(ns, move || XdpResponder::attach(&ifname).expect("attach XDP"))
+    };
+    let parent = attach(&names[1], 0);
+    let child1 = attach(&names[2], 1);
+    let child2 = attach(&names[3], 2);
+    child1.table().register(7100, 41).unwrap();
+    child2.table().register(7100, 42).unwrap();
+    let pt = parent.table();
+    assert!(pt.collects_replies());
+
+    let sock = in_ns(&names[1], || {
+        let s = UdpSocket::bind("10.200.251.1:0").unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+        multicast_from(&s, "10.200.251.1".parse().unwrap());
+        s
+    });
+    let port = sock.local_addr().unwrap().port();
+    pt.expect_reply(port, 1, "10.200.251.2:7100".parse().unwrap()).unwrap();
+    pt.expect_reply(port, 2, "10.200.251.3:7100".parse().unwrap()).unwrap();
+
+    // Unicast requests: answered by each child's kernel, collected by the parent's, never seen by the socket.
+    sock.send_to(&Probe::request(1, 1, 11).encode(), "10.200.251.2:7100").unwrap();
+    sock.send_to(&Probe::request(1, 2, 11).encode(), "10.200.251.3:7100").unwrap();
+    let got = wait_collected(&pt, port, &[1, 2], 1);
+    assert!(got.iter().all(|p| p.kind == ProbeKind::ReplyKernel && p.alive() && p.sent_ns == 11), "{got:?}");
+    let mut buf = [0u8; 128];
+    assert!(sock.recv(&mut buf).is_err(), "collected replies must not reach the prober's socket");
+
+    // One multicast datagram: both children's kernels answer it (they learned this parent), with their ranks.
+    child2.table().mark_dead(42);
+    sock.send_to(&Probe::group(2, 22).encode(), "239.255.86.71:22087").unwrap();
+    let got = wait_collected(&pt, port, &[1, 2], 2);
+    assert_eq!(
+        got.iter().map(|p| (p.rank, p.kind, p.sent_ns)).collect::<Vec<_>>(),
+        vec![(1, ProbeKind::ReplyKernel, 22), (2, ProbeKind::ReplyKernel, 22)]
+    );
+    assert!(got[0].alive() && !got[1].alive(), "the dead broker's node says so: {got:?}");
+
+    // A parent the children never heard of gets no answer; a reply from an unexpected address is not collected.
+    let stranger = in_ns(&names[1], || {
+        let s = UdpSocket::bind("10.200.251.1:0").unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+        multicast_from(&s, "10.200.251.1".parse().unwrap());
+        s
+    });
+    stranger.send_to(&Probe::group(3, 33).encode(), "239.255.86.71:22087").unwrap();
+    assert!(stranger.recv(&mut buf).is_err(), "children answer only the parents that probed them");
+    pt.forget_reply(port, 2).unwrap();
+    sock.send_to(&Probe::request(4, 2, 44).encode(), "10.200.251.3:7100").unwrap();
+    let n = sock.recv(&mut buf).expect("a reply nobody collects reaches the socket");
+    assert_eq!(Probe::decode(&buf[..n]).map(|p| (p.seq, p.rank)), Some((4, 2)));
+    assert_eq!(pt.collected(port).unwrap().len(), 1);
+}
