@@ -51,6 +51,49 @@ fn mode(attrs: &std::collections::BTreeMap<String, String>) -> DetectorMode {
     }
 }
 
+/// Default `tbon.probe_group`: an administratively scoped IPv4 multicast group (RFC 2365) and port.
+pub(crate) const DEFAULT_PROBE_GROUP: &str = "239.255.86.71:22087";
+
+/// `tbon.probe_group`: where a parent sends its one-per-period group probe (`ADDR:PORT`, IPv4 multicast), or
+/// `off` (every child probed by unicast). Errors name the attribute and what is expected.
+pub(crate) fn probe_group(attrs: &std::collections::BTreeMap<String, String>) -> Result<Option<SocketAddrV4>, String> {
+    let v = attrs.get("tbon.probe_group").map(String::as_str).unwrap_or(DEFAULT_PROBE_GROUP);
+    if v == "off" {
+        return Ok(None);
+    }
+    let bad = || {
+        format!(
+            "invalid tbon.probe_group '{v}': expected off or an IPv4 multicast ADDR:PORT (e.g. {DEFAULT_PROBE_GROUP})"
+        )
+    };
+    let a: SocketAddrV4 = v.parse().map_err(|_| bad())?;
+    if !a.ip().is_multicast() || a.port() == 0 {
+        return Err(bad());
+    }
+    Ok(Some(a))
+}
+
+/// Sets a prober socket to send group probes out of the interface of `local`, one hop, not looped back.
+fn multicast_sender(s: &std::net::UdpSocket, local: Ipv4Addr) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let a = libc::in_addr { s_addr: u32::from(local).to_be() };
+    // SAFETY: setsockopt on a socket we own, with an in_addr option value of the size passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_MULTICAST_IF,
+            &a as *const libc::in_addr as *const libc::c_void,
+            std::mem::size_of::<libc::in_addr>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    s.set_multicast_ttl_v4(1)?;
+    s.set_multicast_loop_v4(false)
+}
+
 /// Where to pin the responder table shared by the brokers of one test instance (derived from the instance
 /// id without revealing it).
 pub(crate) fn table_pin_path(instance: &str) -> std::path::PathBuf {
@@ -109,6 +152,8 @@ pub(crate) enum ProbeCmd {
     Remove(u32),
     /// Probe `rank` now (suspect hint).
     Now(u32),
+    /// This node's kernel collects probe replies (the XDP responder's table, with its reply table).
+    Collector(Arc<HbTable>),
 }
 
 /// The detectors of one broker.
@@ -132,6 +177,8 @@ pub(crate) struct Detectors {
     bind_ip: Ipv4Addr,
     input_tx: mpsc::UnboundedSender<DetectInput>,
     probe_period: f64,
+    /// `tbon.probe_group` (None: off, or the overlay is on loopback where one node holds every child).
+    group: Option<SocketAddrV4>,
     /// The background load, until [`begin_load`](Self::begin_load) starts it.
     loader: Option<Box<dyn FnOnce() -> Loaded + Send>>,
     /// Log fallbacks at info, not warn (a nested instance: its stderr is the user's job output).
@@ -152,6 +199,14 @@ impl Detectors {
     ) -> Result<Detectors, String> {
         let sock = std::net::UdpSocket::bind((bind_ip, 0)).map_err(|e| format!("probe socket on {bind_ip}: {e}"))?;
         let probe_port = sock.local_addr().map_err(|e| e.to_string())?.port();
+        let group = probe_group(attrs)?.filter(|_| !bind_ip.is_loopback());
+        if let Some(g) = group {
+            // The kernel answers group probes before any socket sees them; joining only tells multicast-aware
+            // switches (IGMP snooping) to deliver the group here.
+            if let Err(e) = sock.join_multicast_v4(g.ip(), &bind_ip) {
+                info!("not joining probe group {g} on {bind_ip} ({e}); a snooping switch may not deliver it");
+            }
+        }
         let clock = Arc::new(HeartbeatClock::default());
         clock.beat();
         let user = UserspaceResponder::spawn(sock, clock.clone()).map_err(|e| format!("responder thread: {e}"))?;
@@ -162,8 +217,14 @@ impl Detectors {
             tcp: pending.clone(),
             responder: "userspace (XDP responder loading)".into(),
             probes: format!(
-                "every {:.0} ms; a child whose kernel (XDP) answers is lost after {} unanswered in a row",
+                "every {:.0} ms{}; a child whose kernel (XDP) answers is lost after {} unanswered in a row",
                 cfg.probe_period * 1e3,
+                match (probe_group(attrs)?, bind_ip.is_loopback()) {
+                    (Some(g), false) =>
+                        format!(", by one multicast datagram to {g} once a child's kernel has answered"),
+                    (Some(_), true) => ", by unicast (loopback: group probes need one node per child)".into(),
+                    (None, _) => ", by unicast (tbon.probe_group=off)".into(),
+                },
                 cfg.probe_misses
             ),
         };
@@ -183,6 +244,7 @@ impl Detectors {
             bind_ip,
             input_tx: input_tx.clone(),
             probe_period: cfg.probe_period,
+            group,
             loader: None,
             quiet: attrs.get("instance-level").is_some_and(|l| l != "0"),
         };
@@ -259,6 +321,9 @@ impl Detectors {
             } else {
                 // The kernel answers from now on; the userspace thread would only see what XDP passes.
                 self.table = table;
+                if let (Some(p), Some(t)) = (&self.prober, &self.table) {
+                    let _ = p.send(ProbeCmd::Collector(t.clone()));
+                }
             }
         }
         let s = &self.status;
@@ -330,8 +395,18 @@ impl Detectors {
     pub(crate) fn probe_child(&mut self, rank: u32, addr: SocketAddr) {
         if self.prober.is_none() {
             let (tx, rx) = mpsc::unbounded_channel();
+            let mut group = self.group;
             let sock = match std::net::UdpSocket::bind((self.bind_ip, 0))
                 .and_then(|s| s.set_nonblocking(true).map(|_| s))
+                .inspect(|s| {
+                    if let (Some(g), Err(e)) = (group, multicast_sender(s, self.bind_ip)) {
+                        warn!(
+                            "group probes to {g} off (multicast from {}: {e}); children probed by unicast",
+                            self.bind_ip
+                        );
+                        group = None;
+                    }
+                })
                 .inspect(grow_receive_buffer)
                 .and_then(tokio::net::UdpSocket::from_std)
             {
@@ -345,7 +420,10 @@ impl Detectors {
                 }
             };
             let period = Duration::from_secs_f64(self.probe_period.max(crate::membership::MIN_PROBE_PERIOD));
-            tokio::spawn(prober_task(sock, rx, self.input_tx.clone(), period));
+            tokio::spawn(prober_task(sock, rx, self.input_tx.clone(), period, group));
+            if let Some(t) = &self.table {
+                let _ = tx.send(ProbeCmd::Collector(t.clone()));
+            }
             self.prober = Some(tx);
         }
         if let Some(p) = &self.prober {
@@ -676,8 +754,7 @@ fn grow_receive_buffer(s: &std::net::UdpSocket) {
 
 struct ProbeTarget {
     addr: SocketAddr,
-    /// Last sequence number sent, and the last one answered.
-    sent: u32,
+    /// Last round this child answered.
     answered: u32,
     /// Last reply's kind and whether its heartbeat age was over the torpid threshold (to report changes only).
     kernel: Option<bool>,
@@ -685,37 +762,103 @@ struct ProbeTarget {
     missed_reported: u32,
     /// When a reply was last forwarded to the core (`CLOCK_MONOTONIC` ns).
     forwarded_ns: u64,
+    /// Probed by the group datagram (its kernel answered a unicast probe and learned us), not by unicast.
+    grouped: bool,
 }
 
-/// Probes every child each period. Replies are read as they arrive; misses are counted only at the start of a
-/// period after every reply that has arrived was read, so a starved prober never blames its children.
-async fn prober_task(
-    sock: tokio::net::UdpSocket,
-    mut rx: mpsc::UnboundedReceiver<ProbeCmd>,
+/// The prober's state: its children and the current round.
+struct Prober {
+    targets: HashMap<u32, ProbeTarget>,
+    /// Current round (sequence number of the last probes sent); a child that answered round `r` has
+    /// `round - r` probes outstanding.
+    round: u32,
+    /// Key mixed into every request's timestamp: replies must echo it, so a forged reply (anyone can send UDP)
+    /// cannot make a child look dead or alive without having seen our request.
+    key: u64,
+    /// The kernel's reply collector on this node, and our port in it.
+    collector: Option<(Arc<HbTable>, u16)>,
+    /// Where group probes go (IP multicast), when this prober may use them.
+    group: Option<SocketAddrV4>,
+    /// Children per IPv4 address: only a child alone on its node can be group-probed (a node's kernel
+    /// answers one broker per parent).
+    per_ip: HashMap<Ipv4Addr, u32>,
     tx: mpsc::UnboundedSender<DetectInput>,
-    period: Duration,
-) {
-    let mut targets: HashMap<u32, ProbeTarget> = HashMap::new();
-    let mut tick = tokio::time::interval(period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut rbufs = vec![[0u8; 128]; PROBE_GROUP];
-    // Replies must echo our request's timestamp, which we key with a random value: a forged reply (anyone can
-    // send UDP) cannot make a child look dead or alive without having seen our request.
-    let key = {
-        let mut k = [0u8; 8];
-        let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut k));
-        u64::from_ne_bytes(k) ^ vigil_ebpf::monotonic_ns()
-    };
-    // Reported as torpid-worthy when the child's heartbeat is older than this (the membership machine
-    // applies the real threshold; this only limits how often replies are forwarded).
-    let stall_note = Duration::from_millis(100).as_secs_f64();
-    let handle_reply = |targets: &mut HashMap<u32, ProbeTarget>, n: usize, buf: &[u8], from: SocketAddr| {
-        let Some(p) = Probe::decode(&buf[..n]) else { return };
-        let Some(t) = targets.get_mut(&p.rank) else { return };
-        if p.kind == ProbeKind::Request || p.seq > t.sent || p.seq <= t.answered || from != t.addr {
+}
+
+impl Prober {
+    fn add(&mut self, rank: u32, addr: SocketAddr) {
+        if let Some(old) = self.targets.remove(&rank) {
+            self.forget(rank, old.addr);
+        }
+        if let (Some((t, port)), SocketAddr::V4(a)) = (&self.collector, addr) {
+            let _ = t.expect_reply(*port, rank, a);
+        }
+        if let SocketAddr::V4(a) = addr {
+            *self.per_ip.entry(*a.ip()).or_default() += 1;
+        }
+        let t = ProbeTarget {
+            addr,
+            answered: self.round,
+            kernel: None,
+            stalled: false,
+            missed_reported: 0,
+            forwarded_ns: 0,
+            grouped: false,
+        };
+        self.targets.insert(rank, t);
+    }
+
+    fn forget(&mut self, rank: u32, addr: SocketAddr) {
+        if let Some((t, port)) = &self.collector {
+            let _ = t.forget_reply(*port, rank);
+        }
+        if let SocketAddr::V4(a) = addr {
+            if let Some(n) = self.per_ip.get_mut(a.ip()) {
+                *n -= 1;
+                if *n == 0 {
+                    self.per_ip.remove(a.ip());
+                }
+            }
+        }
+    }
+
+    fn remove(&mut self, rank: u32) {
+        if let Some(t) = self.targets.remove(&rank) {
+            self.forget(rank, t.addr);
+        }
+    }
+
+    /// The kernel collects our replies from now on.
+    fn set_collector(&mut self, table: Arc<HbTable>, port: u16) {
+        for (r, t) in &self.targets {
+            if let SocketAddr::V4(a) = t.addr {
+                let _ = table.expect_reply(port, *r, a);
+            }
+        }
+        self.collector = Some((table, port));
+    }
+
+    /// Whether child `rank` at `addr` may be probed by the group datagram.
+    fn groupable(&self, addr: SocketAddr) -> bool {
+        match addr {
+            SocketAddr::V4(a) => {
+                self.group.is_some() && self.collector.is_some() && self.per_ip.get(a.ip()).copied() == Some(1)
+            }
+            SocketAddr::V6(_) => false,
+        }
+    }
+
+    /// A reply (read from the socket, `from` its sender; or collected by the kernel, which checked the sender).
+    fn reply(&mut self, p: &Probe, from: SocketAddr) {
+        if p.kind == ProbeKind::Request || p.kind == ProbeKind::Group || p.seq > self.round {
             return;
         }
-        let sent = p.sent_ns ^ key;
+        let groupable = self.groupable(from);
+        let Some(t) = self.targets.get_mut(&p.rank) else { return };
+        if p.seq <= t.answered || from != t.addr {
+            return;
+        }
+        let sent = p.sent_ns ^ self.key;
         let now = vigil_ebpf::monotonic_ns();
         if sent > now || now - sent > 60_000_000_000 {
             return; // not an echo of one of our requests
@@ -724,59 +867,141 @@ async fn prober_task(
         let recovered = t.missed_reported > 0;
         t.missed_reported = 0;
         let kernel = p.kind == ProbeKind::ReplyKernel;
+        // Its kernel answered: it knows us now, and answers the group datagram from the next round.
+        t.grouped = kernel && groupable;
         let age = p.hb_age_ns as f64 / 1e9;
-        let stalled = age >= stall_note;
+        // Reported as torpid-worthy when the child's heartbeat is older than this (the membership machine
+        // applies the real threshold; this only limits how often replies are forwarded).
+        let stalled = age >= 0.1;
         // Forward what changes a verdict, and once a second that replies still come.
         let refresh = now.saturating_sub(t.forwarded_ns) >= 1_000_000_000;
         if t.kernel != Some(kernel) || stalled || t.stalled != stalled || !p.alive() || recovered || refresh {
             t.kernel = Some(kernel);
             t.stalled = stalled;
             t.forwarded_ns = now;
-            let _ = tx.send(DetectInput::Probe(p.rank, Signal::ProbeReply { kernel, alive: p.alive(), hb_age: age }));
+            let _ =
+                self.tx.send(DetectInput::Probe(p.rank, Signal::ProbeReply { kernel, alive: p.alive(), hb_age: age }));
         }
+    }
+
+    /// Replies the kernel collected since the last read.
+    fn read_collected(&mut self) {
+        let Some((t, port)) = &self.collector else { return };
+        let got = match t.collected(*port) {
+            Ok(g) => g,
+            Err(e) => {
+                warn!("reading collected probe replies failed ({e}); the prober receives them itself");
+                for (r, _) in self.targets.iter() {
+                    let _ = t.forget_reply(*port, *r);
+                }
+                self.collector = None;
+                for t in self.targets.values_mut() {
+                    t.grouped = false;
+                }
+                return;
+            }
+        };
+        for (p, _) in got {
+            if let Some(addr) = self.targets.get(&p.rank).map(|t| t.addr) {
+                self.reply(&p, addr);
+            }
+        }
+    }
+
+    /// Start of a period: count misses, then the next round's probes: (group datagram wanted, unicast list).
+    fn next_round(&mut self) -> (bool, Vec<(u32, SocketAddr)>) {
+        let mut unicast = Vec::new();
+        let mut group = false;
+        for (r, t) in self.targets.iter_mut() {
+            let outstanding = self.round - t.answered;
+            // Every new miss is reported: the first one already stops vouching for the node's TCP.
+            if outstanding >= 1 && outstanding > t.missed_reported && t.kernel.is_some() {
+                t.missed_reported = outstanding;
+                let _ = self.tx.send(DetectInput::Probe(*r, Signal::ProbeMissed { misses: outstanding }));
+            }
+            // A grouped child that missed a round also gets a unicast probe: it double-checks over another path
+            // and teaches a node that forgot us (LRU, reboot) who we are.
+            if t.grouped {
+                group = true;
+            }
+            if !t.grouped || outstanding >= 1 {
+                unicast.push((*r, t.addr));
+            }
+        }
+        self.round += 1;
+        (group, unicast)
+    }
+}
+
+/// Probes every child each period: children whose kernel has answered (and that are alone on their node) by one
+/// IP multicast datagram per period, the others by unicast. Replies are collected by this node's kernel where
+/// it can (no datagram reaches the socket), else read from the socket as they arrive. Misses are counted only
+/// at the start of a period after every reply that has arrived was read, so a starved prober never blames its
+/// children.
+async fn prober_task(
+    sock: tokio::net::UdpSocket,
+    mut rx: mpsc::UnboundedReceiver<ProbeCmd>,
+    tx: mpsc::UnboundedSender<DetectInput>,
+    period: Duration,
+    group: Option<SocketAddrV4>,
+) {
+    let port = sock.local_addr().map(|a| a.port()).unwrap_or(0);
+    let key = {
+        let mut k = [0u8; 8];
+        let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut k));
+        u64::from_ne_bytes(k) ^ vigil_ebpf::monotonic_ns()
+    };
+    let mut pr = Prober { targets: HashMap::new(), round: 0, key, collector: None, group, per_ip: HashMap::new(), tx };
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut rbufs = vec![[0u8; 128]; PROBE_GROUP];
+    let mut drain = |pr: &mut Prober, sock: &tokio::net::UdpSocket| {
+        drain_replies(sock, &mut rbufs, |n, b, from| {
+            if let Some(p) = Probe::decode(&b[..n]) {
+                pr.reply(&p, from);
+            }
+        })
     };
     loop {
         tokio::select! {
             c = rx.recv() => match c {
-                Some(ProbeCmd::Add(r, addr)) => {
-                    targets.insert(r, ProbeTarget { addr, sent: 0, answered: 0, kernel: None, stalled: false, missed_reported: 0, forwarded_ns: 0 });
-                }
-                Some(ProbeCmd::Remove(r)) => { targets.remove(&r); }
+                Some(ProbeCmd::Add(r, addr)) => pr.add(r, addr),
+                Some(ProbeCmd::Remove(r)) => pr.remove(r),
                 Some(ProbeCmd::Now(r)) => {
-                    if let Some(t) = targets.get_mut(&r) {
-                        t.sent += 1;
-                        let _ = sock.try_send_to(&Probe::request(t.sent, r, vigil_ebpf::monotonic_ns() ^ key).encode(), t.addr);
+                    if let (Some(t), true) = (pr.targets.get(&r), pr.round > 0) {
+                        let _ = sock.try_send_to(&Probe::request(pr.round, r, vigil_ebpf::monotonic_ns() ^ pr.key).encode(), t.addr);
+                    }
+                }
+                Some(ProbeCmd::Collector(t)) => {
+                    if pr.collector.is_none() && t.collects_replies() {
+                        pr.set_collector(t, port);
                     }
                 }
                 None => return,
             },
             r = sock.readable() => {
                 if r.is_ok() {
-                    drain_replies(&sock, &mut rbufs, |n, b, from| handle_reply(&mut targets, n, b, from));
+                    drain(&mut pr, &sock);
                 }
             }
             _ = tick.tick() => {
                 // Read everything that has arrived before judging.
-                drain_replies(&sock, &mut rbufs, |n, b, from| handle_reply(&mut targets, n, b, from));
-                let now = vigil_ebpf::monotonic_ns() ^ key;
-                let mut batch = Vec::with_capacity(targets.len());
-                for (r, t) in targets.iter_mut() {
-                    let outstanding = t.sent - t.answered;
-                    // Every new miss is reported: the first one already stops vouching for the node's TCP.
-                    if outstanding >= 1 && outstanding > t.missed_reported && t.kernel.is_some() {
-                        t.missed_reported = outstanding;
-                        let _ = tx.send(DetectInput::Probe(*r, Signal::ProbeMissed { misses: outstanding }));
-                    }
-                    t.sent += 1;
-                    batch.push((*r, t.sent, t.addr));
+                drain(&mut pr, &sock);
+                pr.read_collected();
+                let (group_wanted, unicast) = pr.next_round();
+                let now = vigil_ebpf::monotonic_ns() ^ pr.key;
+                if let (true, Some(g)) = (group_wanted, pr.group) {
+                    let _ = sock.try_send_to(&Probe::group(pr.round, now).encode(), SocketAddr::V4(g));
                 }
                 // Send in small groups and read the replies in between: a burst of hundreds of replies would
                 // otherwise overflow the socket and make the same (last) children miss every round.
-                for group in batch.chunks(PROBE_GROUP) {
+                for chunk in unicast.chunks(PROBE_GROUP) {
                     let pkts: Vec<([u8; vigil_ebpf::PROBE_LEN], SocketAddr)> =
-                        group.iter().map(|(r, seq, addr)| (Probe::request(*seq, *r, now).encode(), *addr)).collect();
+                        chunk.iter().map(|(r, addr)| (Probe::request(pr.round, *r, now).encode(), *addr)).collect();
                     send_batch(&sock, &pkts);
-                    drain_replies(&sock, &mut rbufs, |n, b, from| handle_reply(&mut targets, n, b, from));
+                    if pr.collector.is_none() {
+                        drain(&mut pr, &sock);
+                    }
                 }
             }
         }

@@ -12,7 +12,7 @@
 
 pub mod config;
 mod core;
-mod detect;
+pub(crate) mod detect;
 mod local;
 pub(crate) mod rdma_link;
 mod services;

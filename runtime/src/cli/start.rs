@@ -138,6 +138,7 @@ const KNOWN_ATTRS: &[&str] = &[
     "tbon.lost_timeout",
     "tbon.probe_period",
     "tbon.probe_misses",
+    "tbon.probe_group",
     "broker.detectors",
     "broker.detector-rank",
     "tbon.transport",
@@ -170,6 +171,7 @@ pub(crate) fn check_attrs(attrs: &BTreeMap<String, String>) -> Result<(), String
     }
     topology_from_attrs(attrs)?;
     crate::broker::rdma_link::settings(attrs)?;
+    crate::broker::detect::probe_group(attrs)?;
     if let Some(l) = attrs.get("log-level") {
         let level_ok = ["error", "warn", "info", "debug", "trace", "off"].contains(&l.as_str());
         if !level_ok && (!l.contains('=') || tracing_subscriber::EnvFilter::try_new(l).is_err()) {
