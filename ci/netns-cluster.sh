@@ -2,7 +2,8 @@
 # Make N "nodes" on this machine as network namespaces on a private bridge, run one Vigil broker per node with the
 # config-file bootstrap, and kill, stall or heal nodes. Needs root (ip netns).
 #
-#   ci/netns-cluster.sh up     NAME N [-S ATTR=VAL]...  create nodes NAME-n0..n(N-1) (10.200.0.1..N) and start brokers
+#   ci/netns-cluster.sh up     NAME N [-S ATTR=VAL]...  create nodes NAME-n0..n(N-1) and start brokers; node K has
+#                                                      address 10.200.(K/200).(K%200+1) (10.200.0.1.. for K < 200)
 #   ci/netns-cluster.sh uri    NAME                    print rank 0's VIGIL_URI
 #   ci/netns-cluster.sh run    NAME K CMD...           run CMD inside node K's namespace
 #   ci/netns-cluster.sh kill   NAME K                  silent node death: cut K's link (no RST/FIN reaches peers), then SIGKILL every process of K
@@ -22,12 +23,13 @@ if [ -z "${VIGIL:-}" ]; then
     [ -n "$VIGIL" ] || { [ -x "$root/target/release/vigil" ] && VIGIL=$root/target/release/vigil; } || VIGIL=$root/target/debug/vigil
 fi
 cmd=${1:-}; name=${2:-}
-[ -n "$cmd" ] && [ -n "$name" ] || { sed -n '2,14p' "$0"; exit 2; }
+[ -n "$cmd" ] && [ -n "$name" ] || { sed -n '2,16p' "$0"; exit 2; }
 [ ${#name} -le 6 ] || { echo "netns-cluster: NAME must be at most 6 characters" >&2; exit 2; }
 dir=${VIGIL_NETNS_DIR:-/tmp}/vigil-netns-$name
 hub=vn-$name-hub
 ns() { echo "vn-$name-n$1"; }
 hostveth() { echo "vn${name}h$1"; }
+addr() { echo "10.200.$(($1 / 200)).$(($1 % 200 + 1))"; }
 
 node_pids() { ip netns pids "$(ns "$1")" 2>/dev/null || true; }
 
@@ -44,7 +46,7 @@ up)
         echo "instance = \"$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')\""
         echo "hosts = ["
         for ((k = 0; k < n; k++)); do
-            echo "  { host = \"node$k\", bind = \"tcp://10.200.0.$((k + 1)):8050\", connect = \"tcp://10.200.0.$((k + 1)):8050\" },"
+            echo "  { host = \"node$k\", bind = \"tcp://$(addr $k):8050\", connect = \"tcp://$(addr $k):8050\" },"
         done
         echo "]"
     } > "$dir/config.toml"
@@ -55,7 +57,7 @@ up)
         ip link add "$(hostveth $k)" type veth peer name eth0 netns "$nsk"
         ip link set "$(hostveth $k)" netns "$hub"
         ip -n "$hub" link set "$(hostveth $k)" master br0 up
-        ip -n "$nsk" addr add "10.200.0.$((k + 1))/16" dev eth0
+        ip -n "$nsk" addr add "$(addr $k)/16" dev eth0
         ip -n "$nsk" link set eth0 up
         ip -n "$nsk" link set lo up
     done
@@ -66,8 +68,8 @@ up)
             --rundir="$dir/node$k" "$@" > "$dir/node$k/broker.log" 2>&1 < /dev/null &
         echo $! > "$dir/node$k/broker.pid"
     done
-    # Wait until rank 0 answers and every rank is online.
-    for _ in $(seq 1 300); do
+    # Wait until rank 0 answers and every rank is online (30 s, plus 0.4 s per node for big clusters).
+    for _ in $(seq 1 $((300 + 4 * n))); do
         if [ -S "$dir/node0/local-0" ] && VIGIL_URI="local://$dir/node0/local-0" "$VIGIL" overlay status --json 2>/dev/null \
             | grep -o '"state":"online"' | wc -l | grep -qx "$n"; then
             exit 0
@@ -103,5 +105,5 @@ down)
     ip netns del "$hub" 2>/dev/null || true
     rm -rf "$dir"
     ;;
-*) sed -n '2,14p' "$0"; exit 2 ;;
+*) sed -n '2,16p' "$0"; exit 2 ;;
 esac

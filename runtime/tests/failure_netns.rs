@@ -364,6 +364,22 @@ fn silent_node_loss_is_lost() {
     }
     // Let the prober see a few kernel replies from the children.
     std::thread::sleep(Duration::from_millis(300));
+    if kernel {
+        // Each child's kernel answered a unicast probe, learned its parent, and is now probed by the one
+        // multicast datagram per period; the parent's kernel collects the replies.
+        let want = "2 children by group datagram, 0 by unicast; replies collected by the kernel (XDP)";
+        let t = Instant::now();
+        let mut probing = String::new();
+        while t.elapsed() < VERDICT {
+            probing =
+                c.json(&["overlay", "status", "--json"])["detectors"]["probing"].as_str().unwrap_or("").to_string();
+            if probing == want {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(probing, want);
+    }
     let since = Instant::now();
     let t0 = c.kill_node(2);
     let (took, reason) = c.wait_overlay_state(2, "lost", since, Duration::from_millis(10));
@@ -401,6 +417,9 @@ fn forced_userspace_detectors_fall_back_and_still_detect() {
     up.ok();
     assert!(up.stdout.contains("responder userspace (forced"), "{}", up.dump());
     std::thread::sleep(Duration::from_millis(300));
+    // No kernel answers or collects: every child is probed by unicast, replies come to the prober's socket.
+    let probing = c.json(&["overlay", "status", "--json"])["detectors"]["probing"].clone();
+    assert_eq!(probing, "0 children by group datagram, 2 by unicast; replies received on the prober's socket");
     let since = Instant::now();
     c.kill_node(2);
     let (took, reason) = c.wait_overlay_state(2, "lost", since, Duration::from_millis(10));

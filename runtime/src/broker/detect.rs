@@ -42,6 +42,34 @@ pub struct DetectorStatus {
     pub probes: String,
 }
 
+/// What the prober does right now (parents only), for `vigil overlay status`: updated every period.
+#[derive(Debug, Default)]
+pub(crate) struct ProberStats {
+    /// Children probed by the group datagram.
+    pub grouped: std::sync::atomic::AtomicU32,
+    /// Children probed by unicast.
+    pub unicast: std::sync::atomic::AtomicU32,
+    /// Replies are collected by this node's kernel (XDP), not received on the prober's socket.
+    pub collected: std::sync::atomic::AtomicBool,
+}
+
+impl ProberStats {
+    /// One line: `3 children by group datagram, 1 by unicast; replies collected by the kernel (XDP)`.
+    pub(crate) fn describe(&self) -> String {
+        use std::sync::atomic::Ordering::Relaxed;
+        format!(
+            "{} children by group datagram, {} by unicast; replies {}",
+            self.grouped.load(Relaxed),
+            self.unicast.load(Relaxed),
+            if self.collected.load(Relaxed) {
+                "collected by the kernel (XDP)"
+            } else {
+                "received on the prober's socket"
+            }
+        )
+    }
+}
+
 /// How the detectors are chosen (`broker.detectors`).
 fn mode(attrs: &std::collections::BTreeMap<String, String>) -> DetectorMode {
     match attrs.get("broker.detectors").map(String::as_str) {
@@ -179,6 +207,8 @@ pub(crate) struct Detectors {
     probe_period: f64,
     /// `tbon.probe_group` (None: off, or the overlay is on loopback where one node holds every child).
     group: Option<SocketAddrV4>,
+    /// What the prober does (once this broker has children).
+    pub(crate) prober_stats: Option<Arc<ProberStats>>,
     /// The background load, until [`begin_load`](Self::begin_load) starts it.
     loader: Option<Box<dyn FnOnce() -> Loaded + Send>>,
     /// Log fallbacks at info, not warn (a nested instance: its stderr is the user's job output).
@@ -245,6 +275,7 @@ impl Detectors {
             input_tx: input_tx.clone(),
             probe_period: cfg.probe_period,
             group,
+            prober_stats: None,
             loader: None,
             quiet: attrs.get("instance-level").is_some_and(|l| l != "0"),
         };
@@ -420,7 +451,9 @@ impl Detectors {
                 }
             };
             let period = Duration::from_secs_f64(self.probe_period.max(crate::membership::MIN_PROBE_PERIOD));
-            tokio::spawn(prober_task(sock, rx, self.input_tx.clone(), period, group));
+            let stats = Arc::new(ProberStats::default());
+            self.prober_stats = Some(stats.clone());
+            tokio::spawn(prober_task(sock, rx, self.input_tx.clone(), period, group, stats));
             if let Some(t) = &self.table {
                 let _ = tx.send(ProbeCmd::Collector(t.clone()));
             }
@@ -944,6 +977,7 @@ async fn prober_task(
     tx: mpsc::UnboundedSender<DetectInput>,
     period: Duration,
     group: Option<SocketAddrV4>,
+    stats: Arc<ProberStats>,
 ) {
     let port = sock.local_addr().map(|a| a.port()).unwrap_or(0);
     let key = {
@@ -989,6 +1023,13 @@ async fn prober_task(
                 drain(&mut pr, &sock);
                 pr.read_collected();
                 let (group_wanted, unicast) = pr.next_round();
+                {
+                    use std::sync::atomic::Ordering::Relaxed;
+                    let grouped = pr.targets.values().filter(|t| t.grouped).count() as u32;
+                    stats.grouped.store(grouped, Relaxed);
+                    stats.unicast.store(pr.targets.len() as u32 - grouped, Relaxed);
+                    stats.collected.store(pr.collector.is_some(), Relaxed);
+                }
                 let now = vigil_ebpf::monotonic_ns() ^ pr.key;
                 if let (true, Some(g)) = (group_wanted, pr.group) {
                     let _ = sock.try_send_to(&Probe::group(pr.round, now).encode(), SocketAddr::V4(g));

@@ -9,10 +9,17 @@ use crate::shellproto::{OutputLine, ShellExit, ShellReport};
 use serde_json::{json, Value};
 use tracing::{debug, info, warn};
 
-/// Which failure detectors this broker runs, as `{process_exit, tcp, responder, probes}` (detect.rs).
+/// Which failure detectors this broker runs, as `{process_exit, tcp, responder, probes}` (detect.rs), and on a
+/// parent `probing` (children by group datagram / unicast, where replies are read).
 fn detectors(core: &Core) -> Value {
     match &core.detect {
-        Some(d) => serde_json::to_value(&d.status).unwrap_or_default(),
+        Some(d) => {
+            let mut v = serde_json::to_value(&d.status).unwrap_or_default();
+            if let (Some(s), Some(o)) = (&d.prober_stats, v.as_object_mut()) {
+                o.insert("probing".into(), s.describe().into());
+            }
+            v
+        }
         None => json!({"process_exit": "userspace (waitpid)", "tcp": "userspace (socket errors and TCP_INFO)",
             "responder": "none (overlay address is not IPv4)", "probes": "none"}),
     }

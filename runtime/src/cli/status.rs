@@ -346,10 +346,16 @@ pub(crate) async fn uptime() -> Result<i32, String> {
 
 /// One line per failure detector: `process-exit ebpf`, `responder userspace (reason)`, ...
 fn detector_lines(d: &Value) -> Vec<String> {
-    [("process-exit", "process_exit"), ("tcp", "tcp"), ("responder", "responder"), ("probes", "probes")]
-        .iter()
-        .filter_map(|(label, k)| d[*k].as_str().map(|v| format!("{label} {v}")))
-        .collect()
+    [
+        ("process-exit", "process_exit"),
+        ("tcp", "tcp"),
+        ("responder", "responder"),
+        ("probes", "probes"),
+        ("probing", "probing"),
+    ]
+    .iter()
+    .filter_map(|(label, k)| d[*k].as_str().map(|v| format!("{label} {v}")))
+    .collect()
 }
 
 fn chrono_like_now() -> String {

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Prober CPU cost on a parent node: a flat netns instance of N+1 nodes (rank 0 the parent of N children, default
+# N = 256), each node its own network namespace with its own broker and eBPF detectors, measured idle.
+#
+# Isolation: the parent node's broker is pinned on CPU 0 and its interface's receive processing is steered there
+# (RPS); every child broker, the bridge ports (the "network") and this script run on CPU 1. The parent node's cost
+# is rank 0's CPU time (user + system: its prober, its sends) plus CPU 0's irq + softirq time (the kernel's receive
+# path, XDP reply collection), from /proc; CPU 0's total busy time is shown too (it also counts anything else the
+# machine runs there). Variants, each in a
+# fresh instance, alternating RUNS times: probes effectively off (tbon.probe_period=3600s, the baseline), unicast
+# probes (tbon.probe_group=off: one datagram per child per period), group probes (the default: one multicast
+# datagram per period, replies collected by XDP). Cost = variant - baseline, in % of one core, medians over runs.
+# Also checks that no child was declared lost. Needs root and 2+ CPUs. Writes bench/results/probe-cost.{md,json}.
+#   bench/probe-cost.sh [N] [IDLE_S] [RUNS]       (defaults 256 20 3)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ncpu=$(nproc)
+n=${1:-256}
+idle=${2:-20}
+runs=${3:-3}
+name=pc$$
+name=${name:0:6}
+[ "$ncpu" -ge 2 ] || { echo "probe-cost: needs 2 CPUs" >&2; exit 2; }
+[ -x target/release/vigil ] || cargo build --release -p vigil
+export VIGIL=${VIGIL:-$PWD/target/release/vigil}
+dir=${VIGIL_NETNS_DIR:-/tmp}/vigil-netns-$name
+out=bench/results
+trap 'ci/netns-cluster.sh down "$name" >/dev/null 2>&1 || true' EXIT
+taskset -p 2 $$ >/dev/null # this script (and what it starts) on CPU 1
+
+# CPU 0 jiffies: busy (everything but idle and iowait), and irq + softirq.
+cpu0_busy() { awk '$1 == "cpu0" { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
+cpu0_irq() { awk '$1 == "cpu0" { print $7 + $8 }' /proc/stat; }
+hz=$(getconf CLK_TCK)
+
+variants=("baseline|probes off (tbon.probe_period=3600s)|-S tbon.probe_period=3600s"
+    "unicast|unicast probes (tbon.probe_group=off)|-S tbon.probe_group=off"
+    "group|group probes (default)|")
+results=()
+for ((r = 1; r <= runs; r++)); do
+    for v in "${variants[@]}"; do
+        IFS='|' read -r key label attrs <<< "$v"
+        # shellcheck disable=SC2086
+        ci/netns-cluster.sh up "$name" $((n + 1)) -S tbon.topo=kary:0 $attrs
+        export VIGIL_URI=$(ci/netns-cluster.sh uri "$name")
+        # Pin: node 0's processes on CPU 0, every other node's on CPU 1; receive processing likewise.
+        for p in $(ci/netns-cluster.sh pids "$name" 0); do taskset -a -p 1 "$p" >/dev/null; done
+        for ((k = 1; k <= n; k++)); do
+            for p in $(ci/netns-cluster.sh pids "$name" $k); do taskset -a -p 2 "$p" >/dev/null; done
+        done
+        ip netns exec "vn-$name-n0" sh -c 'echo 1 > /sys/class/net/eth0/queues/rx-0/rps_cpus'
+        for ((k = 1; k <= n; k++)); do
+            ip netns exec "vn-$name-n$k" sh -c 'echo 2 > /sys/class/net/eth0/queues/rx-0/rps_cpus'
+        done
+        ip netns exec "vn-$name-hub" sh -c 'for f in /sys/class/net/*/queues/rx-0/rps_cpus; do echo 2 > $f; done'
+        # Every broker's detectors loaded (each node's own broker answers on its local socket), then settle.
+        for ((k = 0; k <= n; k++)); do
+            for _ in $(seq 1 600); do
+                s=$(VIGIL_URI="local://$dir/node$k/local-$k" "$VIGIL" overlay status 2> /dev/null || true)
+                case $s in *loading* | "") sleep 0.2 ;; *) break ;; esac
+            done
+        done
+        st=$("$VIGIL" overlay status)
+        sleep 5
+        pid0=$(cat "$dir/node0/broker.pid")
+        b0=$(cpu0_busy); i0=$(cpu0_irq); t0=$(date +%s%N)
+        u0=$(awk '{ print $14 + $15 }' "/proc/$pid0/stat")
+        sleep "$idle"
+        b1=$(cpu0_busy); i1=$(cpu0_irq); t1=$(date +%s%N)
+        u1=$(awk '{ print $14 + $15 }' "/proc/$pid0/stat")
+        online=$("$VIGIL" overlay status --json | grep -o '"state":"online"' | wc -l)
+        read -r cpu broker irq < <(awk -v b="$((b1 - b0))" -v u="$((u1 - u0))" -v i="$((i1 - i0))" -v hz="$hz" \
+            -v ns="$((t1 - t0))" 'BEGIN { w = ns / 1e9; printf "%.3f %.3f %.3f\n", 100 * b / hz / w, 100 * u / hz / w, 100 * i / hz / w }')
+        probes=$(echo "$st" | grep '^detectors: probes' | sed 's/^detectors: //')
+        printf 'probe-cost: run %d %-8s rank 0 broker %6.2f %%  CPU 0 irq+softirq %6.2f %%  CPU 0 busy %6.2f %%  online %d/%d\n' \
+            "$r" "$key" "$broker" "$irq" "$cpu" "$online" $((n + 1))
+        results+=("$key $cpu $broker $irq $online")
+        [ "$r" = 1 ] && echo "$st" | grep '^detectors' | sed "s/^/probe-cost: $key: rank 0 /"
+        ci/netns-cluster.sh down "$name"
+    done
+done
+
+python3 - "$n" "$idle" "$runs" "$ncpu" "$(uname -r)" "${results[@]}" <<'PYEOF'
+import json, statistics, sys, time
+n, idle, runs, ncpu, kernel = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+rows = []
+for a in sys.argv[6:]:
+    key, cpu, broker, irq, online = a.split()
+    rows.append({"variant": key, "cpu0_busy_pct": float(cpu), "rank0_broker_pct": float(broker),
+                 "cpu0_irq_softirq_pct": float(irq), "parent_pct": float(broker) + float(irq), "online": int(online)})
+by = {}
+for r in rows:
+    by.setdefault(r["variant"], []).append(r)
+fields = ["parent_pct", "rank0_broker_pct", "cpu0_irq_softirq_pct", "cpu0_busy_pct"]
+med = {k: {f: statistics.median(r[f] for r in v) for f in fields} | {"min_online": min(r["online"] for r in v)} for k, v in by.items()}
+base = med["baseline"]["parent_pct"]
+cost = {k: med[k]["parent_pct"] - base for k in med if k != "baseline"}
+labels = {"baseline": "probes off (`tbon.probe_period=3600s`)", "unicast": "unicast probes (`tbon.probe_group=off`)",
+          "group": "group probes (default)"}
+doc = {"children": n, "idle_s": idle, "runs": runs, "cpus": ncpu, "kernel": kernel, "unix_time": int(time.time()),
+       "runs_raw": rows, "median": med, "cost_pct": cost}
+json.dump(doc, open("bench/results/probe-cost.json", "w"), indent=1)
+md = [f"# Prober CPU cost on the parent node ({n} children, netns test bed)\n",
+      f"`bench/probe-cost.sh {n} {idle:g} {runs}` (kernel {kernel}, {ncpu} CPUs, unix time {doc['unix_time']}). A flat instance of "
+      f"{n + 1} nodes, one network namespace and one broker (with its eBPF detectors) per node, on one bridge, idle. "
+      "Rank 0's broker is pinned on CPU 0 and its interface's receive processing steered there (RPS); the children, "
+      "the bridge and the harness run on CPU 1. The parent node's CPU = rank 0's CPU time (user + system) + CPU 0's irq "
+      f"+ softirq time, over {idle:g} s; medians of {runs} runs per variant, each run a fresh instance, variants "
+      "alternating. CPU 0's total busy time also counts whatever else the machine ran there.\n",
+      "| variant | parent node, % of a core | rank 0 broker | CPU 0 irq + softirq | cost of probing | CPU 0 busy | ranks online at the end |",
+      "|---|---:|---:|---:|---:|---:|---:|"]
+for k in ["baseline", "unicast", "group"]:
+    if k not in med:
+        continue
+    m = med[k]
+    c = "" if k == "baseline" else f"**{cost[k]:+.2f} %**"
+    md.append(f"| {labels[k]} | {m['parent_pct']:.2f} % | {m['rank0_broker_pct']:.2f} % | {m['cpu0_irq_softirq_pct']:.2f} % | {c} | "
+              f"{m['cpu0_busy_pct']:.2f} % | {m['min_online']}/{n + 1} |")
+g, u = cost.get("group"), cost.get("unicast")
+md.append("")
+if g is not None and u is not None:
+    verdict = "met" if g < 1.0 else "**missed**"
+    ratio = f" Unicast / group: {u / g:.1f}x." if g > 0.05 else ""
+    md.append(f"Cost of probing {n} children every 10 ms with group probes: {g:.2f} % of a core (target below 1 %: {verdict}); "
+              f"with unicast probes: {u:.2f} %.{ratio}")
+md.append("\nRuns (parent node %): " + "; ".join(f"{r['variant']} {r['parent_pct']:.2f}" for r in rows))
+open("bench/results/probe-cost.md", "w").write("\n".join(md) + "\n")
+print("\n".join(md))
+PYEOF
