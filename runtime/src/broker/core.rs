@@ -432,7 +432,9 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
                     }
                 });
                 let mc = *core.membership.config();
-                match super::detect::Detectors::start(&core.opts.attrs, &core.opts.instance, ip, owner, &mc, dtx) {
+                let ranks = (rank, core.opts.topo.parent(core.opts.size, rank));
+                match super::detect::Detectors::start(&core.opts.attrs, &core.opts.instance, ip, owner, ranks, &mc, dtx)
+                {
                     Ok(d) => core.detect = Some(d),
                     Err(e) => warn!("failure detectors unavailable ({e}); membership relies on TCP alone"),
                 }

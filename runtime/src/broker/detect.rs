@@ -49,6 +49,8 @@ pub(crate) struct ProberStats {
     pub grouped: std::sync::atomic::AtomicU32,
     /// Children probed by unicast.
     pub unicast: std::sync::atomic::AtomicU32,
+    /// Of the unicast ones, those the group datagram does not reach.
+    pub unreached: std::sync::atomic::AtomicU32,
     /// Replies are collected by this node's kernel (XDP), not received on the prober's socket.
     pub collected: std::sync::atomic::AtomicBool,
 }
@@ -57,10 +59,12 @@ impl ProberStats {
     /// One line: `3 children by group datagram, 1 by unicast; replies collected by the kernel (XDP)`.
     pub(crate) fn describe(&self) -> String {
         use std::sync::atomic::Ordering::Relaxed;
+        let unreached = self.unreached.load(Relaxed);
         format!(
-            "{} children by group datagram, {} by unicast; replies {}",
+            "{} children by group datagram, {} by unicast{}; replies {}",
             self.grouped.load(Relaxed),
             self.unicast.load(Relaxed),
+            if unreached > 0 { format!(" ({unreached} not reached by the group)") } else { String::new() },
             if self.collected.load(Relaxed) {
                 "collected by the kernel (XDP)"
             } else {
@@ -79,26 +83,50 @@ fn mode(attrs: &std::collections::BTreeMap<String, String>) -> DetectorMode {
     }
 }
 
-/// Default `tbon.probe_group`: an administratively scoped IPv4 multicast group (RFC 2365) and port.
-pub(crate) const DEFAULT_PROBE_GROUP: &str = "239.255.86.71:22087";
+/// UDP port of group probes in `tbon.probe_group=auto`.
+pub(crate) const PROBE_GROUP_PORT: u16 = 22087;
 
-/// `tbon.probe_group`: where a parent sends its one-per-period group probe (`ADDR:PORT`, IPv4 multicast), or
-/// `off` (every child probed by unicast). Errors name the attribute and what is expected.
-pub(crate) fn probe_group(attrs: &std::collections::BTreeMap<String, String>) -> Result<Option<SocketAddrV4>, String> {
-    let v = attrs.get("tbon.probe_group").map(String::as_str).unwrap_or(DEFAULT_PROBE_GROUP);
-    if v == "off" {
-        return Ok(None);
+/// `tbon.probe_group`: where a parent sends its one-per-period group probe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ProbeGroup {
+    /// Every child probed by unicast.
+    Off,
+    /// Each parent its own IPv4 multicast group, `239.255.R1.R0:22087` for parent rank `R` (`R1.R0` its low 16
+    /// bits; 239.255.0.0/16 is the IPv4 local scope, RFC 2365), so a multicast-aware switch (IGMP snooping)
+    /// delivers a parent's probes to its children only.
+    Auto,
+    /// One group for every parent (an admin's choice).
+    Fixed(SocketAddrV4),
+}
+
+impl ProbeGroup {
+    /// The group parent `rank` probes its children on.
+    pub(crate) fn for_parent(self, rank: u32) -> Option<SocketAddrV4> {
+        match self {
+            ProbeGroup::Off => None,
+            ProbeGroup::Auto => {
+                Some(SocketAddrV4::new(Ipv4Addr::new(239, 255, (rank >> 8) as u8, rank as u8), PROBE_GROUP_PORT))
+            }
+            ProbeGroup::Fixed(a) => Some(a),
+        }
     }
-    let bad = || {
-        format!(
-            "invalid tbon.probe_group '{v}': expected off or an IPv4 multicast ADDR:PORT (e.g. {DEFAULT_PROBE_GROUP})"
-        )
-    };
+}
+
+/// Parses `tbon.probe_group`: `auto` (default), `off`, or an IPv4 multicast `ADDR:PORT`. Errors name the
+/// attribute and what is expected.
+pub(crate) fn probe_group(attrs: &std::collections::BTreeMap<String, String>) -> Result<ProbeGroup, String> {
+    let v = attrs.get("tbon.probe_group").map(String::as_str).unwrap_or("auto");
+    match v {
+        "auto" => return Ok(ProbeGroup::Auto),
+        "off" => return Ok(ProbeGroup::Off),
+        _ => {}
+    }
+    let bad = || format!("invalid tbon.probe_group '{v}': expected auto, off or an IPv4 multicast ADDR:PORT");
     let a: SocketAddrV4 = v.parse().map_err(|_| bad())?;
     if !a.ip().is_multicast() || a.port() == 0 {
         return Err(bad());
     }
-    Ok(Some(a))
+    Ok(ProbeGroup::Fixed(a))
 }
 
 /// Sets a prober socket to send group probes out of the interface of `local`, one hop, not looped back.
@@ -205,7 +233,8 @@ pub(crate) struct Detectors {
     bind_ip: Ipv4Addr,
     input_tx: mpsc::UnboundedSender<DetectInput>,
     probe_period: f64,
-    /// `tbon.probe_group` (None: off, or the overlay is on loopback where one node holds every child).
+    /// The group this broker probes its children on (None: `tbon.probe_group=off`, or the overlay is on
+    /// loopback, where one node holds every child).
     group: Option<SocketAddrV4>,
     /// What the prober does (once this broker has children).
     pub(crate) prober_stats: Option<Arc<ProberStats>>,
@@ -224,13 +253,16 @@ impl Detectors {
         instance: &str,
         bind_ip: Ipv4Addr,
         owner: bool,
+        ranks: (u32, Option<u32>),
         cfg: &crate::membership::Config,
         input_tx: mpsc::UnboundedSender<DetectInput>,
     ) -> Result<Detectors, String> {
+        let (rank, parent) = ranks;
         let sock = std::net::UdpSocket::bind((bind_ip, 0)).map_err(|e| format!("probe socket on {bind_ip}: {e}"))?;
         let probe_port = sock.local_addr().map_err(|e| e.to_string())?.port();
-        let group = probe_group(attrs)?.filter(|_| !bind_ip.is_loopback());
-        if let Some(g) = group {
+        let groups = probe_group(attrs)?;
+        let group = groups.for_parent(rank).filter(|_| !bind_ip.is_loopback());
+        if let Some(g) = parent.and_then(|p| groups.for_parent(p)).filter(|_| !bind_ip.is_loopback()) {
             // The kernel answers group probes before any socket sees them; joining only tells multicast-aware
             // switches (IGMP snooping) to deliver the group here.
             if let Err(e) = sock.join_multicast_v4(g.ip(), &bind_ip) {
@@ -249,7 +281,7 @@ impl Detectors {
             probes: format!(
                 "every {:.0} ms{}; a child whose kernel (XDP) answers is lost after {} unanswered in a row",
                 cfg.probe_period * 1e3,
-                match (probe_group(attrs)?, bind_ip.is_loopback()) {
+                match (probe_group(attrs)?.for_parent(rank), bind_ip.is_loopback()) {
                     (Some(g), false) =>
                         format!(", by one multicast datagram to {g} once a child's kernel has answered"),
                     (Some(_), true) => ", by unicast (loopback: group probes need one node per child)".into(),
@@ -797,7 +829,17 @@ struct ProbeTarget {
     forwarded_ns: u64,
     /// Probed by the group datagram (its kernel answered a unicast probe and learned us), not by unicast.
     grouped: bool,
+    /// Round of the last unicast probe sent to it.
+    last_unicast: u32,
+    /// Rounds in a row, probed by the group datagram alone, that it did not answer.
+    group_only_misses: u32,
+    /// Group probes do not reach it (multicast filtered on the way): unicast only from now on.
+    no_group: bool,
 }
+
+/// Group-only rounds in a row a child may miss while it still answers unicast probes before it is probed by
+/// unicast for good (the network does not deliver the group to it).
+const GROUP_MISSES_MAX: u32 = 3;
 
 /// The prober's state: its children and the current round.
 struct Prober {
@@ -816,6 +858,10 @@ struct Prober {
     /// answers one broker per parent).
     per_ip: HashMap<Ipv4Addr, u32>,
     tx: mpsc::UnboundedSender<DetectInput>,
+    /// A child that group probes do not reach was reported (once per prober).
+    no_group_logged: bool,
+    /// The kernel collects replies (`collector` is set): group replies, which never reach the socket, are seen.
+    collects: bool,
 }
 
 impl Prober {
@@ -837,6 +883,9 @@ impl Prober {
             missed_reported: 0,
             forwarded_ns: 0,
             grouped: false,
+            last_unicast: 0,
+            group_only_misses: 0,
+            no_group: false,
         };
         self.targets.insert(rank, t);
     }
@@ -869,14 +918,13 @@ impl Prober {
             }
         }
         self.collector = Some((table, port));
+        self.collects = true;
     }
 
     /// Whether child `rank` at `addr` may be probed by the group datagram.
     fn groupable(&self, addr: SocketAddr) -> bool {
         match addr {
-            SocketAddr::V4(a) => {
-                self.group.is_some() && self.collector.is_some() && self.per_ip.get(a.ip()).copied() == Some(1)
-            }
+            SocketAddr::V4(a) => self.group.is_some() && self.collects && self.per_ip.get(a.ip()).copied() == Some(1),
             SocketAddr::V6(_) => false,
         }
     }
@@ -901,7 +949,7 @@ impl Prober {
         t.missed_reported = 0;
         let kernel = p.kind == ProbeKind::ReplyKernel;
         // Its kernel answered: it knows us now, and answers the group datagram from the next round.
-        t.grouped = kernel && groupable;
+        t.grouped = kernel && groupable && !t.no_group;
         let age = p.hb_age_ns as f64 / 1e9;
         // Reported as torpid-worthy when the child's heartbeat is older than this (the membership machine
         // applies the real threshold; this only limits how often replies are forwarded).
@@ -928,6 +976,7 @@ impl Prober {
                     let _ = t.forget_reply(*port, *r);
                 }
                 self.collector = None;
+                self.collects = false;
                 for t in self.targets.values_mut() {
                     t.grouped = false;
                 }
@@ -947,6 +996,24 @@ impl Prober {
         let mut group = false;
         for (r, t) in self.targets.iter_mut() {
             let outstanding = self.round - t.answered;
+            if t.grouped && t.last_unicast != self.round {
+                // The last round reached it by the group datagram alone.
+                t.group_only_misses = if outstanding >= 1 { t.group_only_misses + 1 } else { 0 };
+                if t.group_only_misses >= GROUP_MISSES_MAX {
+                    t.grouped = false;
+                    t.no_group = true;
+                    let g = self.group.map(|g| g.to_string()).unwrap_or_default();
+                    if !self.no_group_logged {
+                        self.no_group_logged = true;
+                        warn!(
+                            "group probes to {g} do not reach child rank {r} (it answers unicast probes only); it is \
+                             probed by unicast from now on (others like it are logged at debug level)"
+                        );
+                    } else {
+                        tracing::debug!("group probes to {g} do not reach child rank {r}; probed by unicast");
+                    }
+                }
+            }
             // Every new miss is reported: the first one already stops vouching for the node's TCP.
             if outstanding >= 1 && outstanding > t.missed_reported && t.kernel.is_some() {
                 t.missed_reported = outstanding;
@@ -959,6 +1026,7 @@ impl Prober {
             }
             if !t.grouped || outstanding >= 1 {
                 unicast.push((*r, t.addr));
+                t.last_unicast = self.round + 1;
             }
         }
         self.round += 1;
@@ -985,7 +1053,17 @@ async fn prober_task(
         let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut k));
         u64::from_ne_bytes(k) ^ vigil_ebpf::monotonic_ns()
     };
-    let mut pr = Prober { targets: HashMap::new(), round: 0, key, collector: None, group, per_ip: HashMap::new(), tx };
+    let mut pr = Prober {
+        targets: HashMap::new(),
+        round: 0,
+        key,
+        collector: None,
+        group,
+        per_ip: HashMap::new(),
+        tx,
+        no_group_logged: false,
+        collects: false,
+    };
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut rbufs = vec![[0u8; 128]; PROBE_GROUP];
@@ -1002,8 +1080,10 @@ async fn prober_task(
                 Some(ProbeCmd::Add(r, addr)) => pr.add(r, addr),
                 Some(ProbeCmd::Remove(r)) => pr.remove(r),
                 Some(ProbeCmd::Now(r)) => {
-                    if let (Some(t), true) = (pr.targets.get(&r), pr.round > 0) {
-                        let _ = sock.try_send_to(&Probe::request(pr.round, r, vigil_ebpf::monotonic_ns() ^ pr.key).encode(), t.addr);
+                    let round = pr.round;
+                    if let (Some(t), true) = (pr.targets.get_mut(&r), round > 0) {
+                        t.last_unicast = round;
+                        let _ = sock.try_send_to(&Probe::request(round, r, vigil_ebpf::monotonic_ns() ^ pr.key).encode(), t.addr);
                     }
                 }
                 Some(ProbeCmd::Collector(t)) => {
@@ -1028,6 +1108,7 @@ async fn prober_task(
                     let grouped = pr.targets.values().filter(|t| t.grouped).count() as u32;
                     stats.grouped.store(grouped, Relaxed);
                     stats.unicast.store(pr.targets.len() as u32 - grouped, Relaxed);
+                    stats.unreached.store(pr.targets.values().filter(|t| t.no_group).count() as u32, Relaxed);
                     stats.collected.store(pr.collector.is_some(), Relaxed);
                 }
                 let now = vigil_ebpf::monotonic_ns() ^ pr.key;
@@ -1184,4 +1265,163 @@ fn unread_bytes(fd: &std::os::fd::OwnedFd) -> bool {
     // SAFETY: FIONREAD writes one c_int through a valid pointer; the fd is a socket we own a duplicate of.
     let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::FIONREAD, &mut n) };
     rc == 0 && n > 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prober(group: bool) -> (Prober, mpsc::UnboundedReceiver<DetectInput>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let group = group.then(|| ProbeGroup::Auto.for_parent(0)).flatten();
+        let pr = Prober {
+            targets: HashMap::new(),
+            round: 0,
+            key: 0x5eed,
+            collector: None,
+            group,
+            per_ip: HashMap::new(),
+            tx,
+            no_group_logged: false,
+            collects: true,
+        };
+        (pr, rx)
+    }
+
+    fn addr(host: u8) -> SocketAddr {
+        SocketAddr::from(([10, 200, 0, host], 7000))
+    }
+
+    fn reply(pr: &mut Prober, rank: u32, kind: ProbeKind) {
+        let p = Probe {
+            kind,
+            flags: vigil_ebpf::FLAG_ALIVE,
+            seq: pr.round,
+            rank,
+            sent_ns: vigil_ebpf::monotonic_ns() ^ pr.key,
+            hb_age_ns: 0,
+            answered: 1,
+        };
+        let from = pr.targets[&rank].addr;
+        pr.reply(&p, from);
+    }
+
+    fn misses(rx: &mut mpsc::UnboundedReceiver<DetectInput>) -> Vec<(u32, u32)> {
+        let mut v = Vec::new();
+        while let Ok(d) = rx.try_recv() {
+            if let DetectInput::Probe(r, Signal::ProbeMissed { misses }) = d {
+                v.push((r, misses));
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn probe_group_attribute() {
+        let a = |v: &str| std::collections::BTreeMap::from([("tbon.probe_group".to_string(), v.to_string())]);
+        assert_eq!(probe_group(&Default::default()), Ok(ProbeGroup::Auto));
+        assert_eq!(probe_group(&a("off")), Ok(ProbeGroup::Off));
+        assert_eq!(ProbeGroup::Auto.for_parent(258), Some("239.255.1.2:22087".parse().unwrap()));
+        let fixed = probe_group(&a("239.1.2.3:999")).unwrap();
+        assert_eq!(fixed.for_parent(7), Some("239.1.2.3:999".parse().unwrap()));
+        for bad in ["10.0.0.1:5", "239.1.2.3:0", "239.1.2.3", "yes"] {
+            assert!(probe_group(&a(bad)).unwrap_err().contains("tbon.probe_group"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_child_whose_kernel_answered_moves_to_the_group_datagram() {
+        let (mut pr, mut rx) = prober(true);
+        pr.add(1, addr(2));
+        pr.add(2, addr(3));
+        let (group, unicast) = pr.next_round();
+        assert!(!group);
+        assert_eq!(unicast.len(), 2);
+        reply(&mut pr, 1, ProbeKind::ReplyKernel);
+        reply(&mut pr, 2, ProbeKind::ReplyUserspace);
+        let (group, unicast) = pr.next_round();
+        assert!(group, "rank 1's kernel answered: it is probed by the group datagram");
+        assert_eq!(unicast, vec![(2, addr(3))], "a userspace responder never sees group probes");
+        assert!(misses(&mut rx).is_empty());
+    }
+
+    #[test]
+    fn without_group_or_kernel_collection_or_alone_on_its_node_probes_stay_unicast() {
+        for (group, collects, same_node) in [(false, true, false), (true, false, false), (true, true, true)] {
+            let (mut pr, _rx) = prober(group);
+            pr.collects = collects;
+            pr.add(1, addr(2));
+            pr.add(2, if same_node { SocketAddr::from(([10, 200, 0, 2], 7001)) } else { addr(3) });
+            pr.next_round();
+            reply(&mut pr, 1, ProbeKind::ReplyKernel);
+            reply(&mut pr, 2, ProbeKind::ReplyKernel);
+            let (g, unicast) = pr.next_round();
+            assert!(!g && unicast.len() == 2, "group {group} collects {collects} same node {same_node}");
+        }
+    }
+
+    #[test]
+    fn a_silent_grouped_child_is_probed_by_unicast_too_and_misses_count_every_round() {
+        let (mut pr, mut rx) = prober(true);
+        pr.add(1, addr(2));
+        pr.next_round();
+        reply(&mut pr, 1, ProbeKind::ReplyKernel);
+        let (group, unicast) = pr.next_round();
+        assert!(group && unicast.is_empty());
+        // Silent from now on.
+        let (_, unicast) = pr.next_round();
+        assert_eq!(unicast, vec![(1, addr(2))], "a missed group round brings a unicast probe as well");
+        pr.next_round();
+        pr.next_round();
+        assert_eq!(misses(&mut rx), vec![(1, 1), (1, 2), (1, 3)]);
+    }
+
+    #[test]
+    fn a_child_the_group_does_not_reach_falls_back_to_unicast_and_is_never_counted_lost() {
+        let (mut pr, mut rx) = prober(true);
+        pr.add(1, addr(2));
+        let mut worst = 0;
+        for _ in 0..40 {
+            let (_, unicast) = pr.next_round();
+            // The network drops the multicast datagram: only unicast probes are answered.
+            if unicast.iter().any(|(r, _)| *r == 1) {
+                reply(&mut pr, 1, ProbeKind::ReplyKernel);
+            }
+            worst = misses(&mut rx).iter().map(|(_, m)| *m).max().unwrap_or(0).max(worst);
+        }
+        let t = &pr.targets[&1];
+        assert!(t.no_group && !t.grouped, "probed by unicast for good");
+        assert_eq!(worst, 1, "never more than one miss in a row: far from lost");
+        // From then on every round is unicast and answered: no more misses.
+        for _ in 0..5 {
+            let (group, unicast) = pr.next_round();
+            assert!(!group && unicast.len() == 1);
+            reply(&mut pr, 1, ProbeKind::ReplyKernel);
+        }
+        assert!(misses(&mut rx).is_empty());
+    }
+
+    #[test]
+    fn stale_forged_and_foreign_replies_are_ignored() {
+        let (mut pr, mut rx) = prober(true);
+        pr.add(1, addr(2));
+        pr.next_round();
+        pr.next_round();
+        let good = Probe {
+            kind: ProbeKind::ReplyKernel,
+            flags: vigil_ebpf::FLAG_ALIVE,
+            seq: pr.round,
+            rank: 1,
+            sent_ns: vigil_ebpf::monotonic_ns() ^ pr.key,
+            hb_age_ns: 0,
+            answered: 1,
+        };
+        pr.reply(&Probe { sent_ns: 12345, ..good }, addr(2)); // not keyed with our secret
+        pr.reply(&good, addr(9)); // from another address
+        pr.reply(&Probe { seq: pr.round + 1, ..good }, addr(2)); // a round not sent yet
+        assert_eq!(pr.targets[&1].answered, 0);
+        pr.reply(&good, addr(2));
+        assert_eq!(pr.targets[&1].answered, pr.round);
+        let _ = misses(&mut rx);
+    }
 }

@@ -212,7 +212,7 @@ fn attrs(core: &Core) -> std::collections::BTreeMap<String, String> {
     a.entry("tbon.lost_timeout".into()).or_insert_with(|| ms(m.lost_timeout));
     a.entry("tbon.probe_period".into()).or_insert_with(|| ms(m.probe_period));
     a.entry("tbon.probe_misses".into()).or_insert_with(|| m.probe_misses.to_string());
-    a.entry("tbon.probe_group".into()).or_insert_with(|| super::detect::DEFAULT_PROBE_GROUP.into());
+    a.entry("tbon.probe_group".into()).or_insert_with(|| "auto".into());
     a.entry("broker.detectors".into()).or_insert_with(|| "auto".into());
     let rd = vigil_rdma::Config::default();
     a.entry("tbon.rdma_timeout".into()).or_insert_with(|| rd.timeout.to_string());
