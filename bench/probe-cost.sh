@@ -18,14 +18,22 @@ ncpu=$(nproc)
 n=${1:-256}
 idle=${2:-20}
 runs=${3:-3}
-name=pc$$
-name=${name:0:6}
+name=pc$(printf '%04d' $(($$ % 10000)))
 [ "$ncpu" -ge 2 ] || { echo "probe-cost: needs 2 CPUs" >&2; exit 2; }
-[ -x target/release/vigil ] || cargo build --release -p vigil
+cargo build --release -p vigil 2>&1 | tail -1 # measure this tree, not a stale build
 export VIGIL=${VIGIL:-$PWD/target/release/vigil}
 dir=${VIGIL_NETNS_DIR:-/tmp}/vigil-netns-$name
 out=bench/results
-trap 'ci/netns-cluster.sh down "$name" >/dev/null 2>&1 || true' EXIT
+logs=${PROBE_COST_LOGS:-/tmp/vigil-probe-cost-logs}
+cleanup() {
+    # Keep the brokers' logs of the last instance (why it failed to come up, what rank 0 saw).
+    if [ -d "$dir" ]; then
+        rm -rf "$logs" && mkdir -p "$logs"
+        for f in "$dir"/node*/broker.log; do [ -s "$f" ] && cp "$f" "$logs/$(basename "$(dirname "$f")").log"; done
+    fi
+    ci/netns-cluster.sh down "$name" > /dev/null 2>&1 || true
+}
+trap cleanup EXIT
 taskset -p 2 $$ >/dev/null # this script (and what it starts) on CPU 1
 
 # CPU 0 jiffies: busy (everything but idle and iowait), and irq + softirq.
@@ -40,8 +48,9 @@ results=()
 for ((r = 1; r <= runs; r++)); do
     for v in "${variants[@]}"; do
         IFS='|' read -r key label attrs <<< "$v"
+        # Start-up (257 brokers loading their eBPF programs) on every CPU; pinned once up.
         # shellcheck disable=SC2086
-        ci/netns-cluster.sh up "$name" $((n + 1)) -S tbon.topo=kary:0 $attrs
+        taskset -c "0-$((ncpu - 1))" ci/netns-cluster.sh up "$name" $((n + 1)) -S tbon.topo=kary:0 $attrs
         export VIGIL_URI=$(ci/netns-cluster.sh uri "$name")
         # Pin: node 0's processes on CPU 0, every other node's on CPU 1; receive processing likewise.
         for p in $(ci/netns-cluster.sh pids "$name" 0); do taskset -a -p 1 "$p" >/dev/null; done

@@ -51,25 +51,31 @@ struct vigil_parent {
 	__u8 mac[6];     /* the child's own MAC (destination MAC of the unicast request) */
 };
 
-/* Parent side: where the kernel collects the replies of one child, so the prober reads them all with one
- * batched map read instead of receiving every datagram on its socket. Key: prober port, child rank. */
-struct vigil_result_key {
-	__u32 port; /* prober's UDP port, network byte order, __u16 widened */
-	__u32 rank;
-};
+/* Parent side: where the kernel collects the replies of one child, so the prober reads them from shared memory
+ * (the array is mmapped) instead of receiving every datagram on its socket. Index: a slot the prober chose
+ * and put in its requests' `rank` field, which unicast and group replies echo. A prober owns whole blocks of
+ * VIGIL_SLOT_BLOCK slots, claimed in SLOT_CLAIMS. */
+#define VIGIL_SLOTS 65536
+#define VIGIL_SLOT_BLOCK 64
 
 struct vigil_result {
-	__u32 expect_addr; /* written by the prober: replies from any other address/port are not collected */
-	__u16 expect_port;
+	__u32 expect_addr; /* written by the prober: replies from any other address/port, or to another prober */
+	__u16 expect_port; /*   port, are not collected (network byte order) */
+	__u16 prober_port;
+	__u32 seq;         /* last reply's fields, host byte order; seq written last */
+	__u16 flags;
 	__u8 kind;         /* VIGIL_PROBE_REPLY_* of the last reply, 0 if none yet */
 	__u8 pad;
-	__u32 seq;         /* last reply's fields, host byte order */
-	__u16 flags;
-	__u16 pad2;
 	__u64 sent_ns;
 	__u64 hb_age_ns;
 	__u64 answered;
-	__u64 replies;     /* replies collected for this child */
+	__u64 replies;     /* replies collected in this slot */
+};
+
+/* Owner of a block of slots (key: block number). */
+struct vigil_slot_claim {
+	__u32 pid;
+	__u32 port; /* prober's UDP port, host byte order */
 };
 
 #endif

@@ -13,9 +13,9 @@
  * (PARENTS). A parent can then probe all its children with one IP multicast datagram per period; each child
  * node's kernel answers it with a unicast reply built from what it learned (its own address, MAC and port).
  *
- * Reply collection: on a parent's node, a reply addressed to a prober that registered the child in RESULTS
- * (key: prober port, child rank), and coming from the address the prober expects, is recorded there and
- * dropped. The prober reads all its children's replies with one batched map read per period; no datagram
+ * Reply collection: on a parent's node, a reply whose slot (the `rank` field, chosen by the prober) is set up
+ * in RESULTS for this prober's port and the address the reply comes from is recorded there and dropped. The
+ * prober reads its children's replies from the mmapped array, no system call per period, and no datagram
  * reaches its socket. Replies nobody registered go up the stack as before. */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -42,11 +42,20 @@ struct {
 } PARENTS SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
-	__type(key, struct vigil_result_key);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, VIGIL_SLOTS);
+	__type(key, __u32);
 	__type(value, struct vigil_result);
 } RESULTS SEC(".maps");
+
+/* Used by the probers only (atomic claims of slot blocks); here so it lives and is pinned with RESULTS. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, VIGIL_SLOTS / VIGIL_SLOT_BLOCK);
+	__type(key, __u32);
+	__type(value, struct vigil_slot_claim);
+} SLOT_CLAIMS SEC(".maps");
 
 static __always_inline __u64 htonll(__u64 v)
 {
@@ -100,9 +109,9 @@ int vigil_hb_responder(struct xdp_md *ctx)
 
 	if (p->type == VIGIL_PROBE_REPLY_XDP || p->type == VIGIL_PROBE_REPLY_USER) {
 		/* Parent side: collect a reply for a prober that asked for it. */
-		struct vigil_result_key rk = { .port = udp->dest, .rank = bpf_ntohl(p->rank) };
-		struct vigil_result *r = bpf_map_lookup_elem(&RESULTS, &rk);
-		if (!r || r->expect_addr != ip->saddr || r->expect_port != udp->source)
+		__u32 slot = bpf_ntohl(p->rank);
+		struct vigil_result *r = bpf_map_lookup_elem(&RESULTS, &slot);
+		if (!r || r->expect_addr != ip->saddr || r->expect_port != udp->source || r->prober_port != udp->dest)
 			return XDP_PASS;
 		r->kind = p->type;
 		r->flags = bpf_ntohs(p->flags);

@@ -5,8 +5,8 @@
 //! heartbeat). Several brokers on one machine (a test instance) share one responder: its owner pins the
 //! table on bpffs ([`XdpResponder::pin_table`]) and the others open it ([`HbTable::open_pinned`]).
 //!
-//! The same program collects, on a parent's node, the replies to that parent's probes ([`HbTable::expect_reply`],
-//! [`HbTable::collected`]): the prober reads all its children's replies with one batched map read, and answers
+//! The same program collects, on a parent's node, the replies to that parent's probes ([`HbTable::replies`],
+//! [`ReplyArea`](crate::ReplyArea)): the prober reads its children's replies from shared memory, and answers
 //! to group probes (one IP multicast datagram per period for all children, [`crate::ProbeKind::Group`]) come
 //! from each child node's kernel, which learned its parent from an earlier unicast request.
 //!
@@ -16,7 +16,7 @@
 //! heartbeat rates. Physical NICs try native (driver) mode first. One XDP program per interface: if another
 //! is attached, [`XdpResponder::attach`] fails with [`EbpfError::Program`] and the caller falls back.
 
-use std::{os::fd::AsFd, path::Path, sync::Mutex};
+use std::{path::Path, sync::Mutex};
 
 use aya::{
     Ebpf, EbpfLoader, Pod,
@@ -49,39 +49,6 @@ pub struct HbState {
 unsafe impl Pod for HbState {}
 const _: () = assert!(std::mem::size_of::<HbState>() == 24);
 
-/// Key of the reply table (`struct vigil_result_key`).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-struct ResultKey {
-    port: u32,
-    rank: u32,
-}
-// SAFETY: two u32, no padding: every bit pattern is valid.
-unsafe impl Pod for ResultKey {}
-
-/// Value of the reply table (`struct vigil_result` in `bpf/probe.h`): the last reply collected for one child.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-struct ResultSlot {
-    expect_addr: u32,
-    expect_port: u16,
-    kind: u8,
-    pad: u8,
-    seq: u32,
-    flags: u16,
-    pad2: u16,
-    sent_ns: u64,
-    hb_age_ns: u64,
-    answered: u64,
-    replies: u64,
-}
-// SAFETY: repr(C) integers laid out without implicit padding (explicit pad fields; 48 bytes, checked below).
-unsafe impl Pod for ResultSlot {}
-const _: () = assert!(std::mem::size_of::<ResultSlot>() == 48);
-
-/// Entries read per `BPF_MAP_LOOKUP_BATCH` call (more than any hash bucket holds).
-const BATCH: usize = 1024;
-
 fn key(port: u16) -> u32 {
     // The BPF program widens the network-order `udp->dest` into a u32 key.
     u32::from(port.to_be())
@@ -91,107 +58,40 @@ fn key(port: u16) -> u32 {
 #[derive(Debug)]
 pub struct HbTable {
     map: Mutex<HashMap<MapData, u32, HbState>>,
-    /// Reply collection (`RESULTS`); absent when opened from a pin made by an older build.
-    results: Option<Mutex<HashMap<MapData, ResultKey, ResultSlot>>>,
+    /// Reply collection (`RESULTS` + `SLOT_CLAIMS`); absent when opened from pins made by an older build.
+    replies: Option<std::sync::Arc<crate::ReplyArea>>,
 }
 
-/// Where the reply table is pinned, next to the responder table pinned at `path`.
-fn results_pin(path: &Path) -> std::path::PathBuf {
+/// Where the reply array and its claims are pinned, next to the responder table pinned at `path`.
+fn side_pin(path: &Path, what: &str) -> std::path::PathBuf {
     let mut p = path.as_os_str().to_owned();
-    p.push("-results"); // bpffs refuses names with a dot
+    p.push("-"); // bpffs refuses names with a dot
+    p.push(what);
     p.into()
 }
 
 impl HbTable {
-    fn from_map_data(data: MapData, results: Option<MapData>) -> Result<HbTable, EbpfError> {
+    fn from_map_data(data: MapData, replies: Option<crate::ReplyArea>) -> Result<HbTable, EbpfError> {
         let map = Map::from_map_data(data).map_err(map_err("RESPONDERS"))?;
         let map = HashMap::try_from(map).map_err(map_err("RESPONDERS"))?;
-        let results = match results {
-            Some(r) => {
-                let r = Map::from_map_data(r).map_err(map_err("RESULTS"))?;
-                Some(Mutex::new(HashMap::try_from(r).map_err(map_err("RESULTS"))?))
-            }
-            None => None,
-        };
-        Ok(HbTable { map: Mutex::new(map), results })
+        Ok(HbTable { map: Mutex::new(map), replies: replies.map(std::sync::Arc::new) })
     }
 
-    /// Opens a table pinned by another broker's [`XdpResponder::pin_table`] (and its reply table, if pinned).
+    /// Opens a table pinned by another broker's [`XdpResponder::pin_table`] (and its reply array, if pinned).
     /// Errors if nothing is pinned there.
     pub fn open_pinned(path: &Path) -> Result<HbTable, EbpfError> {
-        let results = MapData::from_pin(results_pin(path)).ok();
-        Self::from_map_data(MapData::from_pin(path).map_err(map_err("RESPONDERS"))?, results)
-    }
-
-    /// Whether this node's kernel collects probe replies ([`expect_reply`](Self::expect_reply) works).
-    pub fn collects_replies(&self) -> bool {
-        self.results.is_some()
-    }
-
-    fn results(&self) -> Result<std::sync::MutexGuard<'_, HashMap<MapData, ResultKey, ResultSlot>>, EbpfError> {
-        let r = self.results.as_ref().ok_or(EbpfError::Missing("RESULTS"))?;
-        Ok(r.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-
-    /// Has the kernel collect the replies to prober `prober_port`'s probes of child `rank` that come from
-    /// `from` (the child's probe address): they are recorded in the reply table and dropped before they reach
-    /// the prober's socket. Replaces any earlier registration (and its last reply).
-    pub fn expect_reply(&self, prober_port: u16, rank: u32, from: std::net::SocketAddrV4) -> Result<(), EbpfError> {
-        let slot = ResultSlot {
-            expect_addr: u32::from(*from.ip()).to_be(),
-            expect_port: from.port().to_be(),
-            ..Default::default()
+        let pinned = |what| MapData::from_pin(side_pin(path, what)).ok().and_then(|d| Map::from_map_data(d).ok());
+        let replies = match (pinned("results"), pinned("claims")) {
+            (Some(r), Some(c)) => crate::ReplyArea::new(r, c).ok(),
+            _ => None,
         };
-        self.results()?.insert(ResultKey { port: key(prober_port), rank }, slot, 0).map_err(map_err("RESULTS"))
+        Self::from_map_data(MapData::from_pin(path).map_err(map_err("RESPONDERS"))?, replies)
     }
 
-    /// Stops collecting replies for child `rank` of prober `prober_port`. Not an error if absent.
-    pub fn forget_reply(&self, prober_port: u16, rank: u32) -> Result<(), EbpfError> {
-        match self.results()?.remove(&ResultKey { port: key(prober_port), rank }) {
-            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-            Err(e) => Err(map_err("RESULTS")(e)),
-        }
-    }
-
-    /// The last reply collected for each child of prober `prober_port` that has answered at least once:
-    /// (reply, replies collected so far). Reads the whole table with batched lookups (a few system calls, not
-    /// two per child).
-    pub fn collected(&self, prober_port: u16) -> Result<Vec<(crate::Probe, u64)>, EbpfError> {
-        let m = self.results()?;
-        let fd = aya::maps::IterableMap::map(&*m).fd().as_fd();
-        let want = key(prober_port);
-        let mut out = Vec::new();
-        let ks = std::mem::size_of::<ResultKey>();
-        let vs = std::mem::size_of::<ResultSlot>();
-        sys::map_lookup_batch(fd, ks, vs, BATCH, |k, v| {
-            // SAFETY: `k` and `v` are exactly the sizes of the Pod types (checked by the kernel against the
-            // map's key and value sizes, which match them); read_unaligned copes with any alignment.
-            let (k, v) = unsafe {
-                (
-                    std::ptr::read_unaligned(k.as_ptr() as *const ResultKey),
-                    std::ptr::read_unaligned(v.as_ptr() as *const ResultSlot),
-                )
-            };
-            if k.port != want {
-                return;
-            }
-            let kind = match v.kind {
-                2 => crate::ProbeKind::ReplyKernel,
-                3 => crate::ProbeKind::ReplyUserspace,
-                _ => return,
-            };
-            let p = crate::Probe {
-                kind,
-                flags: v.flags,
-                seq: v.seq,
-                rank: k.rank,
-                sent_ns: v.sent_ns,
-                hb_age_ns: v.hb_age_ns,
-                answered: v.answered,
-            };
-            out.push((p, v.replies));
-        })?;
-        Ok(out)
+    /// This node's reply array, where the kernel collects the replies to a prober's probes (`None`: the
+    /// program predates it, or mapping it failed).
+    pub fn replies(&self) -> Option<std::sync::Arc<crate::ReplyArea>> {
+        self.replies.clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<MapData, u32, HbState>> {
@@ -289,9 +189,10 @@ impl XdpResponder {
         let data = bpf.take_map("RESPONDERS").ok_or(EbpfError::Missing("RESPONDERS"))?;
         let table = HashMap::try_from(data).map_err(map_err("RESPONDERS"))?;
         let results = bpf.take_map("RESULTS").ok_or(EbpfError::Missing("RESULTS"))?;
-        let results = HashMap::try_from(results).map_err(map_err("RESULTS"))?;
+        let claims = bpf.take_map("SLOT_CLAIMS").ok_or(EbpfError::Missing("SLOT_CLAIMS"))?;
+        let replies = crate::ReplyArea::new(results, claims)?;
         Ok(XdpResponder {
-            table: std::sync::Arc::new(HbTable { map: Mutex::new(table), results: Some(Mutex::new(results)) }),
+            table: std::sync::Arc::new(HbTable { map: Mutex::new(table), replies: Some(std::sync::Arc::new(replies)) }),
             interface: interface.to_owned(),
             mode,
             pinned: Vec::new(),
@@ -328,12 +229,13 @@ impl XdpResponder {
         aya::maps::IterableMap::map(&*m).pin(path).map_err(pin_err)?;
         self.pinned.push(path.to_owned());
         drop(m);
-        if let Some(r) = &self.table.results {
-            let rp = results_pin(path);
+        if let Some(r) = &self.table.replies {
+            let (rp, cp) = (side_pin(path, "results"), side_pin(path, "claims"));
             let _ = std::fs::remove_file(&rp);
-            let r = r.lock().unwrap_or_else(|e| e.into_inner());
-            aya::maps::IterableMap::map(&*r).pin(&rp).map_err(pin_err)?;
+            let _ = std::fs::remove_file(&cp);
+            r.pin(&rp, &cp).map_err(pin_err)?;
             self.pinned.push(rp);
+            self.pinned.push(cp);
         }
         Ok(())
     }

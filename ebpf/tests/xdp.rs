@@ -3,7 +3,7 @@
 
 use std::{net::UdpSocket, process::Command, sync::Arc, time::Duration};
 
-use vigil_ebpf::{HbTable, Probe, ProbeKind, XdpResponder, monotonic_ns};
+use vigil_ebpf::{HbTable, Probe, ProbeKind, ReplyArea, XdpResponder, monotonic_ns};
 
 struct Netns(Vec<String>);
 
@@ -154,18 +154,17 @@ fn multicast_from(sock: &UdpSocket, local: std::net::Ipv4Addr) {
     assert_eq!(rc, 0, "IP_MULTICAST_IF: {}", std::io::Error::last_os_error());
 }
 
-/// Waits until the kernel has collected a reply with sequence `seq` from each of `ranks`.
-fn wait_collected(t: &HbTable, port: u16, ranks: &[u32], seq: u32) -> Vec<Probe> {
+/// Waits until the kernel has collected a reply with sequence `seq` in each of `slots`.
+fn wait_collected(area: &ReplyArea, slots: &[u32], seq: u32) -> Vec<Probe> {
     for _ in 0..100 {
-        let got = t.collected(port).unwrap();
-        let mut hits: Vec<Probe> = got.iter().map(|(p, _)| *p).filter(|p| p.seq == seq).collect();
-        if hits.len() == ranks.len() {
-            hits.sort_by_key(|p| p.rank);
+        let hits: Vec<Probe> =
+            slots.iter().filter_map(|s| area.read(*s)).map(|(p, _)| p).filter(|p| p.seq == seq).collect();
+        if hits.len() == slots.len() {
             return hits;
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    panic!("replies to seq {seq} not all collected: {:?}", t.collected(port).unwrap());
+    panic!("replies to seq {seq} not all collected: {:?}", slots.iter().map(|s| area.read(*s)).collect::<Vec<_>>());
 }
 
 #[test]
@@ -196,8 +195,7 @@ fn group_probe_answered_by_children_kernels_and_replies_collected_on_the_parent(
     let child2 = attach(&names[3], 2);
     child1.table().register(7100, 41).unwrap();
     child2.table().register(7100, 42).unwrap();
-    let pt = parent.table();
-    assert!(pt.collects_replies());
+    let area = parent.table().replies().expect("reply array mapped");
 
     let sock = in_ns(&names[1], || {
         let s = UdpSocket::bind("10.200.251.1:0").unwrap();
@@ -206,28 +204,33 @@ fn group_probe_answered_by_children_kernels_and_replies_collected_on_the_parent(
         s
     });
     let port = sock.local_addr().unwrap().port();
-    pt.expect_reply(port, 1, "10.200.251.2:7100".parse().unwrap()).unwrap();
-    pt.expect_reply(port, 2, "10.200.251.3:7100".parse().unwrap()).unwrap();
+    let first = area.claim_block(port).unwrap();
+    let second = area.claim_block(port).unwrap();
+    assert_ne!(first, second, "a claimed block is never handed out twice");
+    let (s1, s2) = (first, first + 1);
+    area.expect(s1, port, "10.200.251.2:7100".parse().unwrap());
+    area.expect(s2, port, "10.200.251.3:7100".parse().unwrap());
 
     // Unicast requests: answered by each child's kernel, collected by the parent's, never seen by the socket.
-    sock.send_to(&Probe::request(1, 1, 11).encode(), "10.200.251.2:7100").unwrap();
-    sock.send_to(&Probe::request(1, 2, 11).encode(), "10.200.251.3:7100").unwrap();
-    let got = wait_collected(&pt, port, &[1, 2], 1);
+    sock.send_to(&Probe::request(1, s1, 11).encode(), "10.200.251.2:7100").unwrap();
+    sock.send_to(&Probe::request(1, s2, 11).encode(), "10.200.251.3:7100").unwrap();
+    let got = wait_collected(&area, &[s1, s2], 1);
     assert!(got.iter().all(|p| p.kind == ProbeKind::ReplyKernel && p.alive() && p.sent_ns == 11), "{got:?}");
     let mut buf = [0u8; 128];
     assert!(sock.recv(&mut buf).is_err(), "collected replies must not reach the prober's socket");
 
-    // One multicast datagram: both children's kernels answer it (they learned this parent), with their ranks.
+    // One multicast datagram: both children's kernels answer it (they learned this parent), with their slots.
     child2.table().mark_dead(42);
     sock.send_to(&Probe::group(2, 22).encode(), "239.255.86.71:22087").unwrap();
-    let got = wait_collected(&pt, port, &[1, 2], 2);
+    let got = wait_collected(&area, &[s1, s2], 2);
     assert_eq!(
         got.iter().map(|p| (p.rank, p.kind, p.sent_ns)).collect::<Vec<_>>(),
-        vec![(1, ProbeKind::ReplyKernel, 22), (2, ProbeKind::ReplyKernel, 22)]
+        vec![(s1, ProbeKind::ReplyKernel, 22), (s2, ProbeKind::ReplyKernel, 22)]
     );
     assert!(got[0].alive() && !got[1].alive(), "the dead broker's node says so: {got:?}");
+    assert_eq!(area.read(s1).unwrap().1, 2, "two replies collected in the slot");
 
-    // A parent the children never heard of gets no answer; a reply from an unexpected address is not collected.
+    // A parent the children never heard of gets no answer; a slot nobody set up collects nothing.
     let stranger = in_ns(&names[1], || {
         let s = UdpSocket::bind("10.200.251.1:0").unwrap();
         s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
@@ -236,9 +239,11 @@ fn group_probe_answered_by_children_kernels_and_replies_collected_on_the_parent(
     });
     stranger.send_to(&Probe::group(3, 33).encode(), "239.255.86.71:22087").unwrap();
     assert!(stranger.recv(&mut buf).is_err(), "children answer only the parents that probed them");
-    pt.forget_reply(port, 2).unwrap();
-    sock.send_to(&Probe::request(4, 2, 44).encode(), "10.200.251.3:7100").unwrap();
+    area.forget(s2);
+    sock.send_to(&Probe::request(4, s2, 44).encode(), "10.200.251.3:7100").unwrap();
     let n = sock.recv(&mut buf).expect("a reply nobody collects reaches the socket");
-    assert_eq!(Probe::decode(&buf[..n]).map(|p| (p.seq, p.rank)), Some((4, 2)));
-    assert_eq!(pt.collected(port).unwrap().len(), 1);
+    assert_eq!(Probe::decode(&buf[..n]).map(|p| (p.seq, p.rank)), Some((4, s2)));
+    area.release_block(first);
+    area.release_block(second);
+    assert_eq!(area.claim_block(port).unwrap(), first, "released blocks are claimed again");
 }

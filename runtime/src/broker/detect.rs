@@ -819,6 +819,9 @@ fn grow_receive_buffer(s: &std::net::UdpSocket) {
 
 struct ProbeTarget {
     addr: SocketAddr,
+    /// What requests carry in their `rank` field and replies echo: a slot of this node's reply array where the
+    /// kernel collects the child's replies, or [`NO_SLOT`] | rank.
+    id: u32,
     /// Last round this child answered.
     answered: u32,
     /// Last reply's kind and whether its heartbeat age was over the torpid threshold (to report changes only).
@@ -841,6 +844,9 @@ struct ProbeTarget {
 /// unicast for good (the network does not deliver the group to it).
 const GROUP_MISSES_MAX: u32 = 3;
 
+/// Marks an id that is not a reply-array slot (slots are below [`vigil_ebpf::SLOTS`]).
+const NO_SLOT: u32 = 0x8000_0000;
+
 /// The prober's state: its children and the current round.
 struct Prober {
     targets: HashMap<u32, ProbeTarget>,
@@ -850,8 +856,15 @@ struct Prober {
     /// Key mixed into every request's timestamp: replies must echo it, so a forged reply (anyone can send UDP)
     /// cannot make a child look dead or alive without having seen our request.
     key: u64,
-    /// The kernel's reply collector on this node, and our port in it.
-    collector: Option<(Arc<HbTable>, u16)>,
+    /// This node's reply array, where the kernel collects our children's replies.
+    area: Option<Arc<vigil_ebpf::ReplyArea>>,
+    /// Our UDP port (replies in the array are checked against it).
+    port: u16,
+    /// Slot blocks we claimed in the array, and their slots not in use.
+    blocks: Vec<u32>,
+    free: Vec<u32>,
+    /// Child rank by request id.
+    ids: HashMap<u32, u32>,
     /// Where group probes go (IP multicast), when this prober may use them.
     group: Option<SocketAddrV4>,
     /// Children per IPv4 address: only a child alone on its node can be group-probed (a node's kernel
@@ -860,23 +873,69 @@ struct Prober {
     tx: mpsc::UnboundedSender<DetectInput>,
     /// A child that group probes do not reach was reported (once per prober).
     no_group_logged: bool,
-    /// The kernel collects replies (`collector` is set): group replies, which never reach the socket, are seen.
+    /// The kernel collects replies (`area` is set): group replies, which never reach the socket, are seen.
     collects: bool,
 }
 
+impl Drop for Prober {
+    fn drop(&mut self) {
+        if let Some(a) = &self.area {
+            for b in self.blocks.drain(..) {
+                a.release_block(b);
+            }
+        }
+    }
+}
+
 impl Prober {
+    /// A request id for child `rank`: a free slot of the reply array (claiming a block when none is left), else
+    /// [`NO_SLOT`] | rank (replies then come to the socket).
+    fn new_id(&mut self, rank: u32) -> u32 {
+        let Some(area) = &self.area else { return NO_SLOT | rank };
+        if self.free.is_empty() {
+            match area.claim_block(self.port) {
+                Ok(first) => {
+                    self.blocks.push(first);
+                    self.free.extend((first..first + vigil_ebpf::SLOT_BLOCK).rev());
+                }
+                Err(e) => {
+                    tracing::debug!("no reply slot for child rank {rank} ({e}); its replies come to the socket");
+                    return NO_SLOT | rank;
+                }
+            }
+        }
+        self.free.pop().unwrap_or(NO_SLOT | rank)
+    }
+
+    fn drop_id(&mut self, id: u32) {
+        self.ids.remove(&id);
+        if id & NO_SLOT == 0 {
+            if let Some(a) = &self.area {
+                a.forget(id);
+            }
+            self.free.push(id);
+        }
+    }
+
+    /// Gives child `rank` an id, and has the kernel collect its replies when the id is a slot.
+    fn assign(&mut self, rank: u32, addr: SocketAddr) -> u32 {
+        let id = self.new_id(rank);
+        if let (Some(area), SocketAddr::V4(a), true) = (&self.area, addr, id & NO_SLOT == 0) {
+            area.expect(id, self.port, a);
+        }
+        self.ids.insert(id, rank);
+        id
+    }
+
     fn add(&mut self, rank: u32, addr: SocketAddr) {
-        if let Some(old) = self.targets.remove(&rank) {
-            self.forget(rank, old.addr);
-        }
-        if let (Some((t, port)), SocketAddr::V4(a)) = (&self.collector, addr) {
-            let _ = t.expect_reply(*port, rank, a);
-        }
+        self.remove(rank);
         if let SocketAddr::V4(a) = addr {
             *self.per_ip.entry(*a.ip()).or_default() += 1;
         }
+        let id = self.assign(rank, addr);
         let t = ProbeTarget {
             addr,
+            id,
             answered: self.round,
             kernel: None,
             stalled: false,
@@ -890,11 +949,10 @@ impl Prober {
         self.targets.insert(rank, t);
     }
 
-    fn forget(&mut self, rank: u32, addr: SocketAddr) {
-        if let Some((t, port)) = &self.collector {
-            let _ = t.forget_reply(*port, rank);
-        }
-        if let SocketAddr::V4(a) = addr {
+    fn remove(&mut self, rank: u32) {
+        let Some(t) = self.targets.remove(&rank) else { return };
+        self.drop_id(t.id);
+        if let SocketAddr::V4(a) = t.addr {
             if let Some(n) = self.per_ip.get_mut(a.ip()) {
                 *n -= 1;
                 if *n == 0 {
@@ -904,21 +962,19 @@ impl Prober {
         }
     }
 
-    fn remove(&mut self, rank: u32) {
-        if let Some(t) = self.targets.remove(&rank) {
-            self.forget(rank, t.addr);
-        }
-    }
-
-    /// The kernel collects our replies from now on.
-    fn set_collector(&mut self, table: Arc<HbTable>, port: u16) {
-        for (r, t) in &self.targets {
-            if let SocketAddr::V4(a) = t.addr {
-                let _ = table.expect_reply(port, *r, a);
+    /// The kernel collects our replies from now on: every child gets a slot (and is re-taught by unicast).
+    fn set_area(&mut self, area: Arc<vigil_ebpf::ReplyArea>) {
+        self.area = Some(area);
+        self.collects = true;
+        let children: Vec<(u32, u32, SocketAddr)> = self.targets.iter().map(|(r, t)| (*r, t.id, t.addr)).collect();
+        for (rank, old, addr) in children {
+            self.drop_id(old);
+            let id = self.assign(rank, addr);
+            if let Some(t) = self.targets.get_mut(&rank) {
+                t.id = id;
+                t.grouped = false;
             }
         }
-        self.collector = Some((table, port));
-        self.collects = true;
     }
 
     /// Whether child `rank` at `addr` may be probed by the group datagram.
@@ -935,7 +991,8 @@ impl Prober {
             return;
         }
         let groupable = self.groupable(from);
-        let Some(t) = self.targets.get_mut(&p.rank) else { return };
+        let Some(&rank) = self.ids.get(&p.rank) else { return };
+        let Some(t) = self.targets.get_mut(&rank) else { return };
         if p.seq <= t.answered || from != t.addr {
             return;
         }
@@ -961,30 +1018,17 @@ impl Prober {
             t.stalled = stalled;
             t.forwarded_ns = now;
             let _ =
-                self.tx.send(DetectInput::Probe(p.rank, Signal::ProbeReply { kernel, alive: p.alive(), hb_age: age }));
+                self.tx.send(DetectInput::Probe(rank, Signal::ProbeReply { kernel, alive: p.alive(), hb_age: age }));
         }
     }
 
-    /// Replies the kernel collected since the last read.
+    /// Replies the kernel collected since the last read (a read of shared memory per child, no system call).
     fn read_collected(&mut self) {
-        let Some((t, port)) = &self.collector else { return };
-        let got = match t.collected(*port) {
-            Ok(g) => g,
-            Err(e) => {
-                warn!("reading collected probe replies failed ({e}); the prober receives them itself");
-                for (r, _) in self.targets.iter() {
-                    let _ = t.forget_reply(*port, *r);
-                }
-                self.collector = None;
-                self.collects = false;
-                for t in self.targets.values_mut() {
-                    t.grouped = false;
-                }
-                return;
-            }
-        };
-        for (p, _) in got {
-            if let Some(addr) = self.targets.get(&p.rank).map(|t| t.addr) {
+        let Some(area) = self.area.clone() else { return };
+        let slots: Vec<(u32, SocketAddr)> =
+            self.targets.values().filter(|t| t.id & NO_SLOT == 0).map(|t| (t.id, t.addr)).collect();
+        for (slot, addr) in slots {
+            if let Some((p, _)) = area.read(slot) {
                 self.reply(&p, addr);
             }
         }
@@ -1025,7 +1069,7 @@ impl Prober {
                 group = true;
             }
             if !t.grouped || outstanding >= 1 {
-                unicast.push((*r, t.addr));
+                unicast.push((t.id, t.addr));
                 t.last_unicast = self.round + 1;
             }
         }
@@ -1057,7 +1101,11 @@ async fn prober_task(
         targets: HashMap::new(),
         round: 0,
         key,
-        collector: None,
+        area: None,
+        port,
+        blocks: Vec::new(),
+        free: Vec::new(),
+        ids: HashMap::new(),
         group,
         per_ip: HashMap::new(),
         tx,
@@ -1083,12 +1131,12 @@ async fn prober_task(
                     let round = pr.round;
                     if let (Some(t), true) = (pr.targets.get_mut(&r), round > 0) {
                         t.last_unicast = round;
-                        let _ = sock.try_send_to(&Probe::request(round, r, vigil_ebpf::monotonic_ns() ^ pr.key).encode(), t.addr);
+                        let _ = sock.try_send_to(&Probe::request(round, t.id, vigil_ebpf::monotonic_ns() ^ pr.key).encode(), t.addr);
                     }
                 }
                 Some(ProbeCmd::Collector(t)) => {
-                    if pr.collector.is_none() && t.collects_replies() {
-                        pr.set_collector(t, port);
+                    if let (None, Some(area)) = (&pr.area, t.replies()) {
+                        pr.set_area(area);
                     }
                 }
                 None => return,
@@ -1109,7 +1157,7 @@ async fn prober_task(
                     stats.grouped.store(grouped, Relaxed);
                     stats.unicast.store(pr.targets.len() as u32 - grouped, Relaxed);
                     stats.unreached.store(pr.targets.values().filter(|t| t.no_group).count() as u32, Relaxed);
-                    stats.collected.store(pr.collector.is_some(), Relaxed);
+                    stats.collected.store(pr.area.is_some(), Relaxed);
                 }
                 let now = vigil_ebpf::monotonic_ns() ^ pr.key;
                 if let (true, Some(g)) = (group_wanted, pr.group) {
@@ -1121,7 +1169,7 @@ async fn prober_task(
                     let pkts: Vec<([u8; vigil_ebpf::PROBE_LEN], SocketAddr)> =
                         chunk.iter().map(|(r, addr)| (Probe::request(pr.round, *r, now).encode(), *addr)).collect();
                     send_batch(&sock, &pkts);
-                    if pr.collector.is_none() {
+                    if pr.area.is_none() {
                         drain(&mut pr, &sock);
                     }
                 }
@@ -1278,7 +1326,11 @@ mod tests {
             targets: HashMap::new(),
             round: 0,
             key: 0x5eed,
-            collector: None,
+            area: None,
+            port: 9,
+            blocks: Vec::new(),
+            free: Vec::new(),
+            ids: HashMap::new(),
             group,
             per_ip: HashMap::new(),
             tx,
@@ -1297,7 +1349,7 @@ mod tests {
             kind,
             flags: vigil_ebpf::FLAG_ALIVE,
             seq: pr.round,
-            rank,
+            rank: pr.targets[&rank].id,
             sent_ns: vigil_ebpf::monotonic_ns() ^ pr.key,
             hb_age_ns: 0,
             answered: 1,
@@ -1341,7 +1393,7 @@ mod tests {
         reply(&mut pr, 2, ProbeKind::ReplyUserspace);
         let (group, unicast) = pr.next_round();
         assert!(group, "rank 1's kernel answered: it is probed by the group datagram");
-        assert_eq!(unicast, vec![(2, addr(3))], "a userspace responder never sees group probes");
+        assert_eq!(unicast, vec![(pr.targets[&2].id, addr(3))], "a userspace responder never sees group probes");
         assert!(misses(&mut rx).is_empty());
     }
 
@@ -1370,7 +1422,7 @@ mod tests {
         assert!(group && unicast.is_empty());
         // Silent from now on.
         let (_, unicast) = pr.next_round();
-        assert_eq!(unicast, vec![(1, addr(2))], "a missed group round brings a unicast probe as well");
+        assert_eq!(unicast, vec![(pr.targets[&1].id, addr(2))], "a missed group round brings a unicast probe as well");
         pr.next_round();
         pr.next_round();
         assert_eq!(misses(&mut rx), vec![(1, 1), (1, 2), (1, 3)]);
@@ -1384,7 +1436,7 @@ mod tests {
         for _ in 0..40 {
             let (_, unicast) = pr.next_round();
             // The network drops the multicast datagram: only unicast probes are answered.
-            if unicast.iter().any(|(r, _)| *r == 1) {
+            if unicast.iter().any(|(id, _)| *id == pr.targets[&1].id) {
                 reply(&mut pr, 1, ProbeKind::ReplyKernel);
             }
             worst = misses(&mut rx).iter().map(|(_, m)| *m).max().unwrap_or(0).max(worst);
@@ -1411,7 +1463,7 @@ mod tests {
             kind: ProbeKind::ReplyKernel,
             flags: vigil_ebpf::FLAG_ALIVE,
             seq: pr.round,
-            rank: 1,
+            rank: pr.targets[&1].id,
             sent_ns: vigil_ebpf::monotonic_ns() ^ pr.key,
             hb_age_ns: 0,
             answered: 1,

@@ -1,0 +1,225 @@
+//! Reply collection on a parent's node: the XDP program records each child's last probe reply in an mmapped
+//! array (`RESULTS` in `bpf/xdp.bpf.c`), so a prober reads all its children's replies from shared memory, with
+//! no system call and no datagram per reply.
+//!
+//! Slots: a prober puts a slot number in its requests' `rank` field; unicast replies echo it, and a child node's
+//! kernel, which learned it from a unicast request, puts it in its replies to group probes. Slots come in blocks
+//! of [`SLOT_BLOCK`] claimed atomically in `SLOT_CLAIMS` (insert-if-absent), so the probers of every broker on
+//! a node (nested and test instances) share one array without coordination. A prober releases its blocks when
+//! it stops; blocks of a prober whose process is gone are reclaimed when no block is free.
+
+use std::{net::SocketAddrV4, sync::Mutex};
+
+use aya::{
+    Pod,
+    maps::{Array, HashMap, IterableMap, Map, MapData},
+};
+
+use crate::{
+    Probe, ProbeKind,
+    error::{EbpfError, map_err},
+};
+
+/// Slots in the array (`VIGIL_SLOTS` in `bpf/probe.h`).
+pub const SLOTS: u32 = 65536;
+/// Slots per claimed block (`VIGIL_SLOT_BLOCK`).
+pub const SLOT_BLOCK: u32 = 64;
+
+/// One slot (`struct vigil_result` in `bpf/probe.h`): the last reply collected for one child.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct ResultSlot {
+    expect_addr: u32,
+    expect_port: u16,
+    prober_port: u16,
+    seq: u32,
+    flags: u16,
+    kind: u8,
+    pad: u8,
+    sent_ns: u64,
+    hb_age_ns: u64,
+    answered: u64,
+    replies: u64,
+}
+const _: () = assert!(std::mem::size_of::<ResultSlot>() == 48);
+// SAFETY: repr(C) integers with explicit padding fields (48 bytes, checked above): every bit pattern is valid.
+unsafe impl Pod for ResultSlot {}
+
+/// Owner of a block of slots (`struct vigil_slot_claim`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct SlotClaim {
+    pid: u32,
+    port: u32,
+}
+// SAFETY: two u32, no padding: every bit pattern is valid.
+unsafe impl Pod for SlotClaim {}
+
+/// Whether no process `pid` exists.
+fn pid_gone(pid: u32) -> bool {
+    // SAFETY: kill with signal 0 sends nothing; it only checks that the process exists.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+}
+
+/// `BPF_NOEXIST`: insert only if the key is absent (include/uapi/linux/bpf.h).
+const BPF_NOEXIST: u64 = 1;
+
+/// The node's reply array, mapped into this process, and the table of slot claims.
+pub struct ReplyArea {
+    /// Keeps the array's map alive for as long as it is mapped.
+    results: Array<MapData, ResultSlot>,
+    claims: Mutex<HashMap<MapData, u32, SlotClaim>>,
+    base: *mut ResultSlot,
+}
+
+// SAFETY: `base` points into a MAP_SHARED mapping that lives as long as the ReplyArea; every access goes through
+// volatile reads and writes of plain integers (the kernel writes the same memory concurrently), never through
+// references, so sharing the pointer between threads creates no data race in the Rust sense.
+unsafe impl Send for ReplyArea {}
+// SAFETY: as above.
+unsafe impl Sync for ReplyArea {}
+
+impl std::fmt::Debug for ReplyArea {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplyArea").field("slots", &SLOTS).finish()
+    }
+}
+
+const AREA_BYTES: usize = SLOTS as usize * std::mem::size_of::<ResultSlot>();
+
+impl ReplyArea {
+    /// Maps `results` (the `RESULTS` array, created with `BPF_F_MMAPABLE`) and takes `claims` (`SLOT_CLAIMS`).
+    pub(crate) fn new(results: Map, claims: Map) -> Result<ReplyArea, EbpfError> {
+        use std::os::fd::{AsFd, AsRawFd};
+        let claims = HashMap::try_from(claims).map_err(map_err("SLOT_CLAIMS"))?;
+        let results: Array<MapData, ResultSlot> = Array::try_from(results).map_err(map_err("RESULTS"))?;
+        if results.len() != SLOTS {
+            return Err(EbpfError::Missing("RESULTS of VIGIL_SLOTS entries"));
+        }
+        let fd = results.map().fd().as_fd().as_raw_fd();
+        // SAFETY: maps AREA_BYTES (the array's whole value area: SLOTS values of 48 bytes, a multiple of the page
+        // size) of a BPF array map created mmapable; the result is checked before use and unmapped on drop.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), AREA_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(EbpfError::Io(std::io::Error::last_os_error()));
+        }
+        Ok(ReplyArea { results, claims: Mutex::new(claims), base: p as *mut ResultSlot })
+    }
+
+    /// Pins the array at `results` and the claims at `claims` (bpffs paths) for the other brokers of the node.
+    pub(crate) fn pin(&self, results: &std::path::Path, claims: &std::path::Path) -> Result<(), aya::pin::PinError> {
+        self.results.map().pin(results)?;
+        let c = self.claims.lock().unwrap_or_else(|e| e.into_inner());
+        aya::maps::IterableMap::map(&*c).pin(claims)
+    }
+
+    fn slot(&self, slot: u32) -> Option<*mut ResultSlot> {
+        // SAFETY: in bounds (checked): the mapping holds SLOTS slots.
+        (slot < SLOTS).then(|| unsafe { self.base.add(slot as usize) })
+    }
+
+    /// Claims a free block of [`SLOT_BLOCK`] slots for the prober on UDP `port`; returns its first slot.
+    /// Blocks of probers whose process is gone are reclaimed when none is free. Errors: every block taken.
+    pub fn claim_block(&self, port: u16) -> Result<u32, EbpfError> {
+        let me = SlotClaim { pid: std::process::id(), port: u32::from(port) };
+        let mut claims = self.claims.lock().unwrap_or_else(|e| e.into_inner());
+        for attempt in 0..2 {
+            for b in 0..SLOTS / SLOT_BLOCK {
+                if claims.insert(b, me, BPF_NOEXIST).is_ok() {
+                    for s in b * SLOT_BLOCK..(b + 1) * SLOT_BLOCK {
+                        self.forget(s);
+                    }
+                    return Ok(b * SLOT_BLOCK);
+                }
+            }
+            if attempt == 0 {
+                // Reclaim the blocks of dead probers.
+                let dead: Vec<u32> =
+                    claims.iter().filter_map(Result::ok).filter(|(_, c)| pid_gone(c.pid)).map(|(b, _)| b).collect();
+                for b in dead {
+                    let _ = claims.remove(&b);
+                }
+            }
+        }
+        Err(EbpfError::Io(std::io::Error::other("every reply slot block is claimed")))
+    }
+
+    /// Gives back the block starting at `first_slot` (its slots stop collecting).
+    pub fn release_block(&self, first_slot: u32) {
+        for s in first_slot..first_slot.saturating_add(SLOT_BLOCK).min(SLOTS) {
+            self.forget(s);
+        }
+        let _ = self.claims.lock().unwrap_or_else(|e| e.into_inner()).remove(&(first_slot / SLOT_BLOCK));
+    }
+
+    /// Collect, in `slot`, the replies to prober `prober_port` that come from `from`; clears the slot's last reply.
+    pub fn expect(&self, slot: u32, prober_port: u16, from: SocketAddrV4) {
+        let Some(p) = self.slot(slot) else { return };
+        use std::sync::atomic::{Ordering, fence};
+        // SAFETY: `p` is in bounds of the live mapping; volatile writes of integers (the kernel reads concurrently).
+        // The address is written last: the XDP program matches on it, so it never sees a half-set slot.
+        unsafe {
+            std::ptr::addr_of_mut!((*p).expect_addr).write_volatile(0);
+            fence(Ordering::Release);
+            std::ptr::addr_of_mut!((*p).kind).write_volatile(0);
+            std::ptr::addr_of_mut!((*p).seq).write_volatile(0);
+            std::ptr::addr_of_mut!((*p).expect_port).write_volatile(from.port().to_be());
+            std::ptr::addr_of_mut!((*p).prober_port).write_volatile(prober_port.to_be());
+            fence(Ordering::Release);
+            std::ptr::addr_of_mut!((*p).expect_addr).write_volatile(u32::from(*from.ip()).to_be());
+        }
+    }
+
+    /// Stop collecting in `slot`.
+    pub fn forget(&self, slot: u32) {
+        let Some(p) = self.slot(slot) else { return };
+        // SAFETY: in bounds of the live mapping; a volatile integer write. No reply comes from 0.0.0.0.
+        unsafe { std::ptr::addr_of_mut!((*p).expect_addr).write_volatile(0) };
+    }
+
+    /// The last reply collected in `slot` (its `rank` field is the slot), and how many were collected; `None`
+    /// before the first.
+    pub fn read(&self, slot: u32) -> Option<(Probe, u64)> {
+        let p = self.slot(slot)?;
+        use std::sync::atomic::{Ordering, fence};
+        for _ in 0..4 {
+            // SAFETY: in bounds of the live mapping; volatile reads of integers the kernel may be writing. The
+            // kernel writes `seq` last: a slot read between two equal `seq` values is consistent.
+            let (seq, v, seq2) = unsafe {
+                let seq = std::ptr::addr_of!((*p).seq).read_volatile();
+                fence(Ordering::Acquire);
+                let v = (
+                    std::ptr::addr_of!((*p).kind).read_volatile(),
+                    std::ptr::addr_of!((*p).flags).read_volatile(),
+                    std::ptr::addr_of!((*p).sent_ns).read_volatile(),
+                    std::ptr::addr_of!((*p).hb_age_ns).read_volatile(),
+                    std::ptr::addr_of!((*p).answered).read_volatile(),
+                    std::ptr::addr_of!((*p).replies).read_volatile(),
+                );
+                fence(Ordering::Acquire);
+                (seq, v, std::ptr::addr_of!((*p).seq).read_volatile())
+            };
+            if seq != seq2 {
+                continue;
+            }
+            let (kind, flags, sent_ns, hb_age_ns, answered, replies) = v;
+            let kind = match kind {
+                2 => ProbeKind::ReplyKernel,
+                3 => ProbeKind::ReplyUserspace,
+                _ => return None,
+            };
+            return Some((Probe { kind, flags, seq, rank: slot, sent_ns, hb_age_ns, answered }, replies));
+        }
+        None
+    }
+}
+
+impl Drop for ReplyArea {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `new`; no access follows (we are being dropped).
+        unsafe { libc::munmap(self.base as *mut libc::c_void, AREA_BYTES) };
+    }
+}
