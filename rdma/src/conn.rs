@@ -489,6 +489,31 @@ impl Sender {
         }
     }
 
+    /// Queue one message and post what credits allow at once, without waiting: what credits do not cover
+    /// stays queued (unbounded) and goes out as the peer returns them. For callers that already bound what
+    /// they queue, or that queued into an unbounded channel before (the broker's overlay links); fails once
+    /// the connection has ended, or with [`ConnError::PeerClosed`] once the peer has closed it.
+    pub fn send_now(&self, msg: Vec<u8>) -> Result<(), ConnError> {
+        if msg.len() as u64 > self.max {
+            return Err(ConnError::TooLarge { len: msg.len() as u64, max: self.max });
+        }
+        let mut e = self.shared.lock();
+        if let Some(err) = &e.ended {
+            return Err(err.clone());
+        }
+        if e.peer_closed {
+            return Err(ConnError::PeerClosed);
+        }
+        e.pending.push_back((msg, 0));
+        if let Err(err) = e.progress() {
+            e.fail(err.clone());
+            drop(e);
+            self.shared.driver.notify_one();
+            return Err(err);
+        }
+        Ok(())
+    }
+
     /// Largest message the peer accepts, bytes.
     pub fn max_message(&self) -> u64 {
         self.max
@@ -798,12 +823,24 @@ impl Driver {
             }
             drain = false;
             let Some(comp) = self.comp_fd.as_ref() else {
-                // Busy-poll mode: drain every pass, check async events (a system call) every 64 idle passes.
+                // Busy-poll mode: drain every pass. While the receiver is open it polls the CQ itself as it
+                // waits for a message (a second spinning task would only lengthen every scheduler round):
+                // pass again when woken or after 1 ms, checking async events (a system call) each time.
+                // Otherwise spin, checking async events every 64 idle passes.
                 drain = true;
-                if self.idle_passes % 64 == 63 {
+                let receiving = self.shared.lock().receiver_open;
+                if receiving || self.idle_passes % 64 == 63 {
                     self.shared.lock().take_async_events()?;
                 }
-                tokio::task::yield_now().await;
+                if receiving {
+                    tokio::select! {
+                        biased;
+                        _ = self.shared.driver.notified() => {}
+                        _ = tokio::time::sleep(std::time::Duration::from_millis(1)) => {}
+                    }
+                } else {
+                    tokio::task::yield_now().await;
+                }
                 continue;
             };
             tokio::select! {
