@@ -3,7 +3,8 @@
 use super::local;
 use super::rdma_link;
 use super::transport::{
-    link_from_stream_fd, tcp_ack_state, tune_tcp, Link, LinkEvent, LinkTx, TcpTransport, Transport, TCP_USER_TIMEOUT_MS,
+    link_from_stream_fd, tcp_ack_state, tune_tcp, Link, LinkEvent, LinkRx, LinkTx, TcpTransport, Transport,
+    TCP_USER_TIMEOUT_MS,
 };
 use crate::hwloc::{NodeResources, NodeTopology, TopologySource};
 use crate::idset::IdSet;
@@ -73,7 +74,7 @@ pub(crate) enum Input {
         msg: Message,
         link_tx: LinkTx,
         peer: String,
-        rx: mpsc::UnboundedReceiver<LinkEvent>,
+        rx: LinkRx,
         sock: Option<std::os::fd::OwnedFd>,
         tasks: Vec<tokio::task::AbortHandle>,
         /// The answer to the child's RDMA offer (see `rdma_link`).
@@ -151,7 +152,8 @@ pub(crate) struct RttRun {
     pub left: u32,
     pub window: u32,
     pub inflight: u32,
-    pub payload: Value,
+    /// The requests' payload, JSON-encoded once for the whole run.
+    pub payload: Vec<u8>,
     pub started: Instant,
     pub samples_us: Vec<f64>,
 }
@@ -520,12 +522,7 @@ fn core_opts_discovery(opts: &BrokerOptions) -> bool {
 }
 
 /// Forward a link's events into the core as inputs tagged with the peer.
-pub(crate) async fn pump(
-    mut rx: mpsc::UnboundedReceiver<LinkEvent>,
-    peer: Peer,
-    conn: u64,
-    tx: mpsc::UnboundedSender<Input>,
-) {
+pub(crate) async fn pump(mut rx: LinkRx, peer: Peer, conn: u64, tx: mpsc::UnboundedSender<Input>) {
     while let Some(ev) = rx.recv().await {
         let i = match ev {
             LinkEvent::Message(m) => Input::Peer(peer, conn, m),
@@ -616,10 +613,9 @@ async fn connect_parent(core: &Core, ep: &str) -> Result<(Link, rdma_link::LinkC
                         let (conn, choice) = offer.finish(&core.rdma, &m.json())?;
                         log_choice("parent", &choice);
                         if let Some(conn) = conn {
-                            let (tx, rx, tasks) = rdma_link::bridge(link.tx, link.rx, conn);
+                            let (tx, rx) = rdma_link::bridge(link.tx, link.rx, conn);
                             link.tx = tx;
                             link.rx = rx;
-                            link.tasks.extend(tasks);
                         }
                         return Ok((link, choice));
                     }
@@ -907,9 +903,9 @@ impl Core {
         msg: Message,
         tx: LinkTx,
         peer: String,
-        rx: mpsc::UnboundedReceiver<LinkEvent>,
+        rx: LinkRx,
         sock: Option<std::os::fd::OwnedFd>,
-        mut tasks: Vec<tokio::task::AbortHandle>,
+        tasks: Vec<tokio::task::AbortHandle>,
         rdma: rdma_link::Answer,
     ) {
         let v = msg.json();
@@ -940,9 +936,7 @@ impl Core {
         let (tx, rx) = match rdma {
             rdma_link::Answer::Rdma(c, choice) => {
                 log_choice(&format!("child rank {rank}"), &choice);
-                let (tx, rx, t) = rdma_link::bridge(tx, rx, *c);
-                tasks.extend(t);
-                (tx, rx)
+                rdma_link::bridge(tx, rx, *c)
             }
             rdma_link::Answer::Tcp(choice) => {
                 log_choice(&format!("child rank {rank}"), &choice);
@@ -1168,9 +1162,13 @@ impl Core {
 
     /// Send a request from the core itself; its response comes back to [`Core::internal_response`].
     pub(crate) fn internal_request(&mut self, topic: &str, nodeid: u32, payload: &Value, purpose: Internal) {
+        self.internal_request_msg(Message::request(topic, nodeid, payload), purpose)
+    }
+
+    /// [`Core::internal_request`] with a message built by the caller.
+    fn internal_request_msg(&mut self, mut m: Message, purpose: Internal) {
         let tag = self.next_tag;
         self.next_tag = self.next_tag.wrapping_add(1).max(1);
-        let mut m = Message::request(topic, nodeid, payload);
         m.matchtag = tag;
         self.internal.insert(tag, purpose);
         self.route_request(Peer::Local(u32::MAX), m);
@@ -1226,8 +1224,8 @@ impl Core {
             }
             r.left -= 1;
             r.inflight += 1;
-            let (target, payload) = (r.target, r.payload.clone());
-            self.internal_request("broker.ping", target, &payload, Internal::Rtt { run: id, sent: Instant::now() });
+            let m = Message::request_json("broker.ping", r.target, r.payload.clone());
+            self.internal_request_msg(m, Internal::Rtt { run: id, sent: Instant::now() });
         }
     }
 
