@@ -102,7 +102,7 @@ fn handle(core: &mut Core, msg: &Message, body: &Value) -> Reply {
                 left: count,
                 window,
                 inflight: 0,
-                payload: json!({"pad": "x".repeat(size)}),
+                payload: serde_json::to_vec(&json!({"pad": "x".repeat(size)})).unwrap_or_default(),
                 started: std::time::Instant::now(),
                 samples_us: Vec::with_capacity(count as usize),
             };
