@@ -490,11 +490,22 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
 
     // On a single-broker instance nothing else arrives: act on the registration right away.
     core.drain_actions();
+    // One timer for the loop, moved only when the deadline changes: registering a new timer for every input
+    // cost a timer-wheel insertion and removal per message.
+    let timer = tokio::time::sleep(Duration::from_secs(86400));
+    tokio::pin!(timer);
+    let mut armed: Option<Instant> = None;
     loop {
         let deadline = core.next_deadline();
+        if deadline != armed {
+            if let Some(d) = deadline {
+                timer.as_mut().reset(tokio::time::Instant::from_std(d));
+            }
+            armed = deadline;
+        }
         let input = tokio::select! {
             i = input_rx.recv() => i,
-            _ = sleep_until(deadline) => None,
+            _ = &mut timer, if armed.is_some() => None,
         };
         match input {
             Some(i) => core.handle(i),
@@ -508,13 +519,6 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
     core.cleanup();
     info!(rank, code = core.exit_code, "broker exiting");
     Ok(core.exit_code)
-}
-
-async fn sleep_until(t: Option<Instant>) {
-    match t {
-        Some(t) => tokio::time::sleep_until(tokio::time::Instant::from_std(t)).await,
-        None => std::future::pending::<()>().await,
-    }
 }
 
 fn core_opts_discovery(opts: &BrokerOptions) -> bool {
