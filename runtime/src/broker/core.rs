@@ -458,7 +458,8 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
             .get(parent as usize)
             .cloned()
             .ok_or_else(|| format!("no endpoint for parent rank {parent}"))?;
-        let (link, choice) = connect_parent(&core, &ep).await?;
+        let probe_port = core.detect.as_ref().map(|d| d.probe_port);
+        let (link, choice) = connect_parent(&core.opts, &core.rdma, probe_port, &ep).await?;
         core.parent = Some(link.tx.clone());
         // Tell rank 0 which transport our parent link uses (for `vigil overlay status` and `uptime`).
         core.route_request(Peer::Local(u32::MAX), rdma_link::report(rank, &choice));
@@ -595,26 +596,31 @@ async fn accept_children(
     }
 }
 
-async fn connect_parent(core: &Core, ep: &str) -> Result<(Link, rdma_link::LinkChoice), String> {
-    let deadline = Instant::now() + Duration::from_secs_f64(core.opts.connect_timeout.clamp(0.0, 1e7));
+async fn connect_parent(
+    opts: &BrokerOptions,
+    rdma: &rdma_link::Settings,
+    probe_port: Option<u16>,
+    ep: &str,
+) -> Result<(Link, rdma_link::LinkChoice), String> {
+    let deadline = Instant::now() + Duration::from_secs_f64(opts.connect_timeout.clamp(0.0, 1e7));
     let mut delay = Duration::from_millis(5);
     loop {
         match TcpTransport.connect(ep.to_string()).await {
             Ok(mut link) => {
                 // Offer RDMA when a verbs device serves our end of this connection (see rdma_link).
-                let offer = rdma_link::Offer::new(&core.rdma, link.sock.as_ref().and_then(rdma_link::local_ip))?;
+                let offer = rdma_link::Offer::new(rdma, link.sock.as_ref().and_then(rdma_link::local_ip))?;
                 let hello = Message::control(
                     "hello",
                     &rdma_link::merge(
-                        json!({"rank": core.opts.rank, "instance": core.opts.instance, "version": crate::message::WIRE_VERSION, "hostname": core.opts.hostname,
-                            "probe_port": core.detect.as_ref().map(|d| d.probe_port)}),
+                        json!({"rank": opts.rank, "instance": opts.instance, "version": crate::message::WIRE_VERSION, "hostname": opts.hostname,
+                            "probe_port": probe_port}),
                         offer.hello_fields(),
                     ),
                 );
                 let _ = link.tx.send(hello);
                 match tokio::time::timeout(Duration::from_secs(10), link.rx.recv()).await {
                     Ok(Some(LinkEvent::Message(m))) if m.topic == "hello-ack" => {
-                        let (conn, choice) = offer.finish(&core.rdma, &m.json())?;
+                        let (conn, choice) = offer.finish(rdma, &m.json())?;
                         log_choice("parent", &choice);
                         if let Some(conn) = conn {
                             let (tx, rx) = rdma_link::bridge(link.tx, link.rx, conn);
@@ -635,7 +641,7 @@ async fn connect_parent(core: &Core, ep: &str) -> Result<(Link, rdma_link::LinkC
             Err(e) => debug!("connect {ep}: {e}"),
         }
         if Instant::now() >= deadline {
-            return Err(format!("could not connect to parent at {ep} within {}s", core.opts.connect_timeout));
+            return Err(format!("could not connect to parent at {ep} within {}s", opts.connect_timeout));
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_millis(200));
