@@ -5,7 +5,9 @@
 #   WORK=/tmp/rxe-vm-rdma ../shared/tools/rxe-vm/run-rxe-vm.sh run $PWD/bench/rdma.sh
 # It measures, in the same run on the same devices:
 #  - perftest ib_send_lat (1000 iterations, 2 bytes) and ib_send_bw (65536 bytes) between rxe0 and rxe1;
-#  - vigil-rdma round trip of a 2-byte message (1000, median), completion-channel and busy-poll modes;
+#  - vigil-rdma round trip of a 2-byte message (1000, median), completion-channel and busy-poll modes (tokio),
+#    and, narrower, SyncConnection (no tokio: post_send + poll_cq in a loop) with both ends in one thread and
+#    with the echoing end on its own thread (shaped like perftest's two processes);
 #  - overlay RPC round trip between two brokers on the two addresses, timed by broker 0 itself
 #    (`vigil ping --overlay-only`) and as a client sees it (`vigil ping`), and streaming throughput (64 KiB
 #    pings, 16 in flight), with the overlay on RDMA (completion channel, and busy poll) and on TCP over the
@@ -39,6 +41,8 @@ BW=$(awk '/BW average/{h=1; next} h && $1 ~ /^[0-9]+$/ {print $4; exit}' "$T/bw.
 # vigil-rdma alone (both QPs in one process, one tokio thread).
 RTT_EV=$(timeout 120 "$REL/examples/rtt" event ct $N | sed -n 's/.*median_us=\([0-9.]*\).*/\1/p')
 RTT_BUSY=$(timeout 120 "$REL/examples/rtt" busy ct $N | sed -n 's/.*median_us=\([0-9.]*\).*/\1/p')
+RTT_SYNC1=$(timeout 120 "$REL/examples/rtt" sync ct $N | sed -n 's/.*median_us=\([0-9.]*\).*/\1/p')
+RTT_SYNC2=$(timeout 120 "$REL/examples/rtt" sync mt $N | sed -n 's/.*median_us=\([0-9.]*\).*/\1/p')
 
 # Two brokers, overlay on rdma then on tcp.
 cat >"$T/vigil.toml" <<EOF
@@ -108,6 +112,8 @@ Emulated: absolute numbers are noisy; compare ratios within this run. Medians ov
 | perftest ib_send_lat, as a round trip (2 × one way) | $LAT_RTT µs | 1.00 |
 | vigil-rdma message round trip, completion channel (2 B, one process) | $RTT_EV µs | $(ratio "$RTT_EV" "$LAT_RTT") × ib_send_lat RTT |
 | vigil-rdma message round trip, busy poll (2 B, one process) | $RTT_BUSY µs | $(ratio "$RTT_BUSY" "$LAT_RTT") × ib_send_lat RTT |
+| narrower: vigil-rdma \`SyncConnection\` round trip, no tokio, both ends in one thread (2 B) | $RTT_SYNC1 µs | $(ratio "$RTT_SYNC1" "$LAT_RTT") × ib_send_lat RTT |
+| narrower: same, echoing end on its own thread (like perftest's two processes) | $RTT_SYNC2 µs | $(ratio "$RTT_SYNC2" "$LAT_RTT") × ib_send_lat RTT |
 | overlay RPC round trip between the brokers, timed by broker 0 (\`vigil ping --overlay-only\`), RDMA | ${OVL[rdma]} µs | $(ratio "${OVL[rdma]}" "$LAT_RTT") × ib_send_lat RTT |
 | same, RDMA with \`tbon.rdma_poll=busy\` | ${OVL[rdma-busy]} µs | $(ratio "${OVL[rdma-busy]}" "$LAT_RTT") × ib_send_lat RTT |
 | same, TCP | ${OVL[tcp]} µs | RDMA/TCP = $(ratio "${OVL[rdma]}" "${OVL[tcp]}"), busy RDMA/TCP = $(ratio "${OVL[rdma-busy]}" "${OVL[tcp]}") |

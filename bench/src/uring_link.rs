@@ -107,7 +107,7 @@ pub(crate) fn uring_link(stream: std::net::TcpStream, peer: String) -> io::Resul
         Ok(Err(e)) => return Err(e),
         Err(_) => return Err(io::Error::other("the io_uring link thread died before starting")),
     }
-    Ok(UringLink { link: Link { tx, rx, peer, sock: None, tasks: Vec::new() }, thread })
+    Ok(UringLink { link: Link { tx: tx.into(), rx: rx.into(), peer, sock: None, tasks: Vec::new() }, thread })
 }
 
 /// Waker of the ring thread: a write to its eventfd completes the pending eventfd `READ`.

@@ -27,13 +27,20 @@
 //! Credits travel in every packet's immediate value; when half the ring is owed and nothing is going the
 //! other way, a credit-only packet is sent (these use the control receive slots, never a data credit).
 //!
-//! # Completions
-//! One completion queue per connection, bound to its own completion channel whose descriptor is registered
-//! with tokio (`AsyncFd`). After each channel event the CQ is re-armed (`ibv_req_notify_cq`) *before* it is
-//! drained to empty, so a completion that arrives during the drain raises a new event: no wake-up is lost.
-//! [`Config::busy_poll`] replaces this with a polling loop for latency measurements. The device context's
-//! async event descriptor is watched the same way: a fatal QP event or the port going down ends the
-//! connection with [`ConnError::AsyncEvent`].
+//! # Completions and tasks
+//! The protocol state and the verbs objects of a connection live in one engine behind a mutex that is never
+//! held across an `await`. [`Sender::send`] queues a message and posts what credits allow from the caller's
+//! own task, and [`Receiver::recv`] takes a message and returns its credit inline: neither hops through
+//! another task. A driver task per connection waits for completions: one completion queue per connection,
+//! bound to its own completion channel whose descriptor is registered with tokio (`AsyncFd`). After each
+//! channel event the CQ is re-armed (`ibv_req_notify_cq`) *before* it is drained to empty, so a completion
+//! that arrives during the drain raises a new event: no wake-up is lost. [`Config::busy_poll`] replaces this
+//! with a polling loop for latency measurements, and the receiver then polls the CQ itself. The device
+//! context's async event descriptor is watched the same way: a fatal QP event or the port going down ends
+//! the connection with [`ConnError::AsyncEvent`].
+//!
+//! [`SyncConnection`] is the same engine without tokio, driven by the caller's thread: `post_send` and
+//! `poll_cq` in a loop, as perftest does (what the verbs layer costs with no runtime at all).
 
 use crate::config::{Config, ConfigError};
 use crate::device::Device;
@@ -43,7 +50,6 @@ use std::collections::VecDeque;
 use std::net::Ipv6Addr;
 use std::sync::{Arc, Mutex};
 use tokio::io::unix::AsyncFd;
-use tokio::sync::mpsc;
 use tracing::debug;
 
 /// Version of the QP wire protocol described in the module docs; peers with another version are refused.
@@ -272,7 +278,24 @@ impl Prepared {
         self.start(remote, true)
     }
 
-    fn start(self, remote: &RemoteInfo, active: bool) -> Result<Connection, SetupError> {
+    /// Passive side, without tokio: like [`Prepared::accept`], but the connection is a [`SyncConnection`]
+    /// driven by the caller's own thread (busy polling; [`Config::busy_poll`] is ignored).
+    pub fn accept_sync(self, remote: &RemoteInfo) -> Result<SyncConnection, SetupError> {
+        self.start_sync(remote, false)
+    }
+
+    /// Active side, without tokio: like [`Prepared::connect`], but returns a [`SyncConnection`].
+    pub fn connect_sync(self, remote: &RemoteInfo) -> Result<SyncConnection, SetupError> {
+        self.start_sync(remote, true)
+    }
+
+    fn start_sync(self, remote: &RemoteInfo, active: bool) -> Result<SyncConnection, SetupError> {
+        let (engine, local, device) = self.engine(remote, active)?;
+        Ok(SyncConnection { engine, passes: 0, local, remote: remote.clone(), device })
+    }
+
+    /// Connect the QP, post every receive and build the protocol state.
+    fn engine(self, remote: &RemoteInfo, active: bool) -> Result<(Engine, LocalInfo, Device), SetupError> {
         check_remote(remote)?;
         let Prepared { res, cfg, device, local } = self;
         let verr = |source: std::io::Error| SetupError::Verbs { device: device.name.clone(), source };
@@ -292,23 +315,8 @@ impl Prepared {
         for i in 0..slots {
             res.qp.post_recv(RECV_TAG | i as u64, &res.recv_buf, i as usize * frag as usize, frag).map_err(verr)?;
         }
-        let comp_fd = if cfg.busy_poll {
-            None
-        } else {
-            res.cq.req_notify().map_err(verr)?;
-            Some(register_fd(res.chan.fd()).map_err(verr)?)
-        };
-        let async_fd = register_fd(res.ctx.async_fd()).map_err(verr)?;
-
-        let shared =
-            Arc::new(Shared { error: Mutex::new(None), abort: false.into(), abort_notify: tokio::sync::Notify::new() });
-        let (cmd_tx, cmd_rx) = mpsc::channel::<Vec<u8>>(1);
-        let (credit_tx, credit_rx) = mpsc::unbounded_channel::<u32>();
-        let (deliver_tx, deliver_rx) = mpsc::unbounded_channel::<Result<Vec<u8>, ConnError>>();
         let send_frag = frag.min(remote.frag_size) as usize;
-        let driver = Driver {
-            comp_fd,
-            async_fd,
+        let engine = Engine {
             slots,
             frag: frag as usize,
             send_frag,
@@ -321,6 +329,7 @@ impl Prepared {
             since_signal: 0,
             pending: VecDeque::new(),
             assembling: Vec::new(),
+            inbox: VecDeque::new(),
             max_message: cfg.max_message,
             ready: active,
             send_ready: active,
@@ -328,20 +337,44 @@ impl Prepared {
             receiver_open: true,
             close_sent: false,
             peer_closed: false,
-            deliver: deliver_tx,
-            cmd_rx,
-            credit_rx,
-            shared: shared.clone(),
+            peer_closed_reported: false,
+            ended: None,
             port: device.port,
             device: device.name.clone(),
-            idle_passes: 0,
-            res,
+            // SAFETY: ibv_wc is plain old data (integers and a union of integers); zero is a valid value.
+            wc: (0..POLL_BATCH).map(|_| unsafe { std::mem::zeroed::<rdma_sys::ibv_wc>() }).collect(),
+            res: Some(res),
         };
         debug!(device = %device.name, qpn = local.qpn, remote_qpn = remote.qpn, active, "rdma connection up");
+        Ok((engine, local, device))
+    }
+
+    fn start(self, remote: &RemoteInfo, active: bool) -> Result<Connection, SetupError> {
+        let busy = self.cfg.busy_poll;
+        let name = self.device.name.clone();
+        let verr = |source: std::io::Error| SetupError::Verbs { device: name.clone(), source };
+        let (engine, local, device) = self.engine(remote, active)?;
+        let res = engine.res.as_ref().expect("set by engine()");
+        let comp_fd = if busy {
+            None
+        } else {
+            res.cq.req_notify().map_err(verr)?;
+            Some(register_fd(res.chan.fd()).map_err(verr)?)
+        };
+        let async_fd = register_fd(res.ctx.async_fd()).map_err(verr)?;
+        let shared = Arc::new(Shared {
+            engine: Mutex::new(engine),
+            busy,
+            abort: false.into(),
+            driver: tokio::sync::Notify::new(),
+            readable: tokio::sync::Notify::new(),
+            writable: tokio::sync::Notify::new(),
+        });
+        let driver = Driver { comp_fd, async_fd, shared: shared.clone(), idle_passes: 0 };
         tokio::spawn(driver.run());
         Ok(Connection {
-            sender: Sender { tx: cmd_tx, shared: shared.clone(), max: remote.max_message },
-            receiver: Receiver { rx: deliver_rx, credit_tx, shared },
+            sender: Sender { shared: shared.clone(), max: remote.max_message },
+            receiver: Receiver { shared },
             local,
             remote: remote.clone(),
             device,
@@ -374,26 +407,42 @@ impl Sender {
     /// Destroy the QP at once, without a CLOSE packet: to the peer this looks like a crashed process (its next
     /// send fails with `IBV_WC_RETRY_EXC_ERR`). The receiver then reports [`ConnError::Closed`].
     pub fn abort(self) {
+        // Ended before this half drops: no pass may send a CLOSE for it.
+        self.shared.lock().fail(ConnError::Closed);
         self.shared.abort.store(true, std::sync::atomic::Ordering::SeqCst);
-        self.shared.abort_notify.notify_one();
+        self.shared.driver.notify_one();
     }
 }
 
+/// Messages accepted by [`Sender::send`] beyond what credits let onto the wire; more make it wait.
+const MAX_QUEUED: usize = 2;
+
+/// State shared by a connection's [`Sender`], [`Receiver`] and driver task. The engine's lock is never held
+/// across an `await`; the sender posts and the receiver takes messages (and returns credits) inline, under
+/// the lock, so neither needs a hop through the driver task.
 struct Shared {
-    error: Mutex<Option<ConnError>>,
+    engine: Mutex<Engine>,
+    /// [`Config::busy_poll`]: the receiver polls the completion queue itself instead of waiting to be woken.
+    busy: bool,
     abort: std::sync::atomic::AtomicBool,
-    abort_notify: tokio::sync::Notify,
+    /// Wakes the driver: abort, a half dropped, an error found inline.
+    driver: tokio::sync::Notify,
+    /// Wakes a waiting receiver: a message arrived or the connection ended.
+    readable: tokio::sync::Notify,
+    /// Wakes a waiting sender: queue space freed or the connection ended.
+    writable: tokio::sync::Notify,
 }
 
 impl Shared {
-    fn error(&self) -> ConnError {
-        self.error.lock().ok().and_then(|e| e.clone()).unwrap_or(ConnError::Closed)
+    fn lock(&self) -> std::sync::MutexGuard<'_, Engine> {
+        // A panic while holding the lock cannot leave the engine half-updated in a way that matters more than
+        // the panic itself; keep going with the inner value.
+        self.engine.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 /// Sending half: whole messages, fragmented and flow-controlled.
 pub struct Sender {
-    tx: mpsc::Sender<Vec<u8>>,
     shared: Arc<Shared>,
     max: u64,
 }
@@ -405,13 +454,64 @@ impl std::fmt::Debug for Sender {
 }
 
 impl Sender {
-    /// Queue one message for the peer. Waits while the peer has no room (no credits); fails once the
-    /// connection has ended, with the reason.
+    /// Queue one message for the peer and post what credits allow at once (from the caller's task). Waits
+    /// while the peer has no room (no credits and two messages already waiting); fails once the connection
+    /// has ended, with the reason, or with [`ConnError::PeerClosed`] once the peer has closed it.
     pub async fn send(&self, msg: Vec<u8>) -> Result<(), ConnError> {
         if msg.len() as u64 > self.max {
             return Err(ConnError::TooLarge { len: msg.len() as u64, max: self.max });
         }
-        self.tx.send(msg).await.map_err(|_| self.shared.error())
+        let mut msg = Some(msg);
+        loop {
+            let notified = self.shared.writable.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut e = self.shared.lock();
+                if let Some(err) = &e.ended {
+                    return Err(err.clone());
+                }
+                if e.peer_closed {
+                    return Err(ConnError::PeerClosed);
+                }
+                if e.pending.len() < MAX_QUEUED {
+                    e.pending.push_back((msg.take().expect("sent once"), 0));
+                    if let Err(err) = e.progress() {
+                        e.fail(err.clone());
+                        drop(e);
+                        self.shared.driver.notify_one();
+                        return Err(err);
+                    }
+                    return Ok(());
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Queue one message and post what credits allow at once, without waiting: what credits do not cover
+    /// stays queued (unbounded) and goes out as the peer returns them. For callers that already bound what
+    /// they queue, or that queued into an unbounded channel before (the broker's overlay links); fails once
+    /// the connection has ended, or with [`ConnError::PeerClosed`] once the peer has closed it.
+    pub fn send_now(&self, msg: Vec<u8>) -> Result<(), ConnError> {
+        if msg.len() as u64 > self.max {
+            return Err(ConnError::TooLarge { len: msg.len() as u64, max: self.max });
+        }
+        let mut e = self.shared.lock();
+        if let Some(err) = &e.ended {
+            return Err(err.clone());
+        }
+        if e.peer_closed {
+            return Err(ConnError::PeerClosed);
+        }
+        e.pending.push_back((msg, 0));
+        if let Err(err) = e.progress() {
+            e.fail(err.clone());
+            drop(e);
+            self.shared.driver.notify_one();
+            return Err(err);
+        }
+        Ok(())
     }
 
     /// Largest message the peer accepts, bytes.
@@ -420,10 +520,15 @@ impl Sender {
     }
 }
 
+impl Drop for Sender {
+    fn drop(&mut self) {
+        self.shared.lock().sender_open = false;
+        self.shared.driver.notify_one();
+    }
+}
+
 /// Receiving half: whole messages in order, then one error saying why the connection ended.
 pub struct Receiver {
-    rx: mpsc::UnboundedReceiver<Result<Vec<u8>, ConnError>>,
-    credit_tx: mpsc::UnboundedSender<u32>,
     shared: Arc<Shared>,
 }
 
@@ -435,15 +540,147 @@ impl std::fmt::Debug for Receiver {
 
 impl Receiver {
     /// The next message, or why the connection ended ([`ConnError::PeerClosed`] after an orderly close).
-    /// Taking a message returns its credit to the peer.
+    /// Taking a message returns its credit to the peer. In busy-poll mode this polls the completion queue
+    /// itself between yields, so a message is taken in the same task pass that finds it.
     pub async fn recv(&mut self) -> Result<Vec<u8>, ConnError> {
-        match self.rx.recv().await {
-            Some(Ok(m)) => {
-                let _ = self.credit_tx.send(1);
-                Ok(m)
+        loop {
+            let notified = self.shared.readable.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut e = self.shared.lock();
+                let mut r = e.take_message();
+                if r.is_none() && self.shared.busy && e.ended.is_none() {
+                    if let Err(err) = e.poll_once() {
+                        e.fail(err);
+                        self.shared.driver.notify_one();
+                    }
+                    r = e.take_message();
+                }
+                if let Some(r) = r {
+                    let woke = e.ended.is_some();
+                    drop(e);
+                    if woke {
+                        self.shared.driver.notify_one();
+                    }
+                    return r;
+                }
             }
-            Some(Err(e)) => Err(e),
-            None => Err(self.shared.error()),
+            if self.shared.busy {
+                tokio::task::yield_now().await;
+            } else {
+                notified.await;
+            }
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        {
+            let mut e = self.shared.lock();
+            e.receiver_open = false;
+            // Messages nobody will take: their buffers are free, return the credits.
+            e.owed += e.inbox.len() as u32;
+            e.inbox.clear();
+        }
+        self.shared.driver.notify_one();
+    }
+}
+
+/// A connection driven synchronously by the caller's thread, without tokio: [`SyncConnection::send`] posts
+/// at once, [`SyncConnection::poll`] polls the completion queue once. For latency-critical loops (and to
+/// measure the verbs layer alone); the wire protocol, flow control and error reporting are those of
+/// [`Connection`]. Dropping it sends CLOSE and waits for the send to complete (at most 100 ms).
+pub struct SyncConnection {
+    engine: Engine,
+    /// Polls since the last check of the async event descriptor.
+    passes: u32,
+    /// This side's connection info.
+    pub local: LocalInfo,
+    /// The peer's connection info.
+    pub remote: RemoteInfo,
+    /// The device, port and GID this side uses.
+    pub device: Device,
+}
+
+impl std::fmt::Debug for SyncConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SyncConnection").field("device", &self.device.name).field("local", &self.local).finish()
+    }
+}
+
+impl SyncConnection {
+    /// Queue one message and post what credits allow at once; fails once the connection has ended or the
+    /// peer has closed it. Never blocks: what does not fit waits in the
+    /// queue and goes out from later [`SyncConnection::poll`] calls as the peer returns credits.
+    pub fn send(&mut self, msg: &[u8]) -> Result<(), ConnError> {
+        if let Some(e) = &self.engine.ended {
+            return Err(e.clone());
+        }
+        if self.engine.peer_closed {
+            return Err(ConnError::PeerClosed);
+        }
+        if msg.len() as u64 > self.remote.max_message {
+            return Err(ConnError::TooLarge { len: msg.len() as u64, max: self.remote.max_message });
+        }
+        let r = self.engine.send_now(msg);
+        self.check(r)
+    }
+
+    /// Poll the completion queue once and send what became possible; returns the next whole message if one
+    /// is there. Every 64th call without work also checks the device's async events (one system call).
+    pub fn poll(&mut self) -> Result<Option<Vec<u8>>, ConnError> {
+        if let Some(r) = self.engine.take_message() {
+            return r.map(Some);
+        }
+        let did = self.engine.poll_once();
+        let did = self.check(did)?;
+        self.passes = if did > 0 { 0 } else { self.passes.wrapping_add(1) };
+        if self.passes % 64 == 63 {
+            let r = self.engine.take_async_events();
+            self.check(r)?;
+        }
+        self.engine.take_message().transpose()
+    }
+
+    /// Busy-poll until the next whole message arrives, or the connection ends.
+    pub fn recv(&mut self) -> Result<Vec<u8>, ConnError> {
+        loop {
+            if let Some(m) = self.poll()? {
+                return Ok(m);
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    fn check<T>(&mut self, r: Result<T, ConnError>) -> Result<T, ConnError> {
+        if let Err(e) = &r {
+            self.engine.fail(e.clone());
+        }
+        r
+    }
+}
+
+impl Drop for SyncConnection {
+    fn drop(&mut self) {
+        let e = &mut self.engine;
+        e.sender_open = false;
+        e.receiver_open = false;
+        e.owed += e.inbox.len() as u32;
+        e.inbox.clear();
+        let t = std::time::Instant::now();
+        while e.ended.is_none() && t.elapsed() < std::time::Duration::from_millis(100) {
+            if let Err(err) = e.poll_once() {
+                e.fail(err);
+                break;
+            }
+            if let Step::Done = e.check_done() {
+                break;
+            }
+        }
+        if let (Some(_), Some(res)) = (&e.ended, &e.res) {
+            let _ = res.qp.set_error();
         }
     }
 }
@@ -459,16 +696,25 @@ impl std::os::fd::AsRawFd for Fd {
 /// Register a verbs object's descriptor with tokio for readability.
 fn register_fd(fd: i32) -> std::io::Result<AsyncFd<Fd>> {
     // SAFETY: `fd` belongs to the completion channel or device context in the connection's `Resources`, which
-    // the `Driver` owns and drops only after its `AsyncFd`s (field order), so the descriptor stays open and
+    // the `Driver` drops only after its `AsyncFd`s (see `Driver::run`), so the descriptor stays open and
     // unchanged for the whole life of the `AsyncFd`.
     unsafe { AsyncFd::register_with_interest(Fd(fd), tokio::io::Interest::READABLE) }.map_err(|e| e.into_parts().1)
 }
 
-/// The task that owns a connection's QP and CQ.
+/// The task that waits for a connection's completion events (or busy-polls), handles what the sender and
+/// receiver do not do inline (credit-only packets while idle, CLOSE, async events), and tears down.
 struct Driver {
-    // The AsyncFds are deregistered from the reactor before the descriptors close with `res`.
+    // The AsyncFds are deregistered from the reactor before the descriptors close with the resources.
     comp_fd: Option<AsyncFd<Fd>>,
     async_fd: AsyncFd<Fd>,
+    shared: Arc<Shared>,
+    /// Busy-poll passes without work since the last async event check.
+    idle_passes: u32,
+}
+
+/// The protocol state and verbs resources of one connection (no tokio): what [`Connection`] shares between
+/// its halves and [`SyncConnection`] owns.
+struct Engine {
     slots: u32,
     frag: usize,
     send_frag: usize,
@@ -482,6 +728,8 @@ struct Driver {
     /// Messages waiting for credits, with the offset of their next fragment.
     pending: VecDeque<(Vec<u8>, usize)>,
     assembling: Vec<u8>,
+    /// Whole messages received and not yet taken (their last fragment's credit is still held).
+    inbox: VecDeque<Vec<u8>>,
     max_message: u64,
     /// We may send data (the active side at once; the passive side after the peer's first packet).
     ready: bool,
@@ -491,19 +739,20 @@ struct Driver {
     receiver_open: bool,
     close_sent: bool,
     peer_closed: bool,
-    deliver: mpsc::UnboundedSender<Result<Vec<u8>, ConnError>>,
-    cmd_rx: mpsc::Receiver<Vec<u8>>,
-    credit_rx: mpsc::UnboundedReceiver<u32>,
-    shared: Arc<Shared>,
+    /// The receiver has been told [`ConnError::PeerClosed`].
+    peer_closed_reported: bool,
+    /// Why the connection ended; set once.
+    ended: Option<ConnError>,
     port: u8,
     device: String,
-    /// Busy-poll passes without work since the last async event check.
-    idle_passes: u32,
     /// Send slots posted and not yet known complete, in post order, with whether each was signaled.
     in_flight: VecDeque<(u32, bool)>,
     /// Unsignaled sends posted since the last signaled one.
     since_signal: u32,
-    res: Resources,
+    /// Work completions of one poll (allocated once).
+    wc: Vec<rdma_sys::ibv_wc>,
+    /// None once the driver has torn the connection down.
+    res: Option<Resources>,
 }
 
 enum Step {
@@ -514,110 +763,177 @@ enum Step {
 impl Driver {
     async fn run(mut self) {
         let r = self.run_inner().await;
-        if let Err(e) = r {
-            debug!(device = %self.device, "rdma connection ended: {e}");
-            if let Ok(mut g) = self.shared.error.lock() {
-                g.get_or_insert(e.clone());
+        let res = {
+            let mut e = self.shared.lock();
+            match r {
+                Err(err) => {
+                    debug!(device = %e.device, "rdma connection ended: {err}");
+                    e.fail(err);
+                    if let Some(res) = &e.res {
+                        // Flush outstanding work requests before the QP is destroyed (clean teardown).
+                        let _ = res.qp.set_error();
+                    }
+                }
+                Ok(()) => {
+                    e.ended.get_or_insert(ConnError::Closed);
+                }
             }
-            let _ = self.deliver.send(Err(e));
-            // Flush outstanding work requests before the QP is destroyed (clean teardown after an error).
-            let _ = self.res.qp.set_error();
+            e.res.take()
+        };
+        self.shared.readable.notify_waiters();
+        self.shared.writable.notify_waiters();
+        // Deregister the descriptors, then destroy QP, buffers, CQ, channel, PD, context (in that order).
+        let Driver { comp_fd, async_fd, .. } = self;
+        drop(comp_fd);
+        drop(async_fd);
+        drop(res);
+    }
+
+    /// One pass under the lock: what failed inline, new completions, sends; wakes the halves as needed.
+    fn pass(&mut self, drain: bool) -> Result<Step, ConnError> {
+        let mut e = self.shared.lock();
+        if let Some(err) = &e.ended {
+            return Err(err.clone());
         }
-        // `self` drops here: AsyncFds, then QP, buffers, CQ, channel, PD, context.
+        let before = (e.inbox.len(), e.pending.len(), e.peer_closed);
+        let n = if drain { e.drain_cq()? } else { 0 };
+        e.progress()?;
+        let step = e.check_done();
+        let after = (e.inbox.len(), e.pending.len(), e.peer_closed);
+        drop(e);
+        if after.0 > before.0 || after.2 != before.2 {
+            self.shared.readable.notify_waiters();
+        }
+        if after.1 < MAX_QUEUED && (after.1 < before.1 || n > 0) {
+            self.shared.writable.notify_waiters();
+        }
+        self.idle_passes = if n > 0 { 0 } else { self.idle_passes.wrapping_add(1) };
+        Ok(step)
     }
 
     async fn run_inner(&mut self) -> Result<(), ConnError> {
-        if self.comp_fd.is_some() {
-            // Armed in `start`; completions that came before are drained now.
-            self.drain_cq()?;
-        }
+        // In event mode the CQ was armed in `start`; completions that came before are drained now.
+        let mut drain = true;
         loop {
             if self.shared.abort.load(std::sync::atomic::Ordering::SeqCst) {
                 return Err(ConnError::Closed);
             }
-            self.progress()?;
-            if let Step::Done = self.check_done() {
+            if let Step::Done = self.pass(drain)? {
                 return Ok(());
             }
-            if self.comp_fd.is_none() {
-                self.busy_step().await?;
+            drain = false;
+            let Some(comp) = self.comp_fd.as_ref() else {
+                // Busy-poll mode: drain every pass. While the receiver is open it polls the CQ itself as it
+                // waits for a message (a second spinning task would only lengthen every scheduler round):
+                // pass again when woken or after 1 ms, checking async events (a system call) each time.
+                // Otherwise spin, checking async events every 64 idle passes.
+                drain = true;
+                let receiving = self.shared.lock().receiver_open;
+                if receiving || self.idle_passes % 64 == 63 {
+                    self.shared.lock().take_async_events()?;
+                }
+                if receiving {
+                    tokio::select! {
+                        biased;
+                        _ = self.shared.driver.notified() => {}
+                        _ = tokio::time::sleep(std::time::Duration::from_millis(1)) => {}
+                    }
+                } else {
+                    tokio::task::yield_now().await;
+                }
                 continue;
-            }
-            let accept_cmd = self.sender_open && self.pending.is_empty();
-            let comp = self.comp_fd.as_ref().expect("event mode");
+            };
             tokio::select! {
                 biased;
-                _ = self.shared.abort_notify.notified() => {}
+                _ = self.shared.driver.notified() => {}
                 r = comp.readable() => {
                     let mut g = r.map_err(|e| ConnError::Io(e.to_string()))?;
-                    while let CqEvent::Event = self.res.cq.take_event().map_err(|e| ConnError::Io(e.to_string()))? {}
+                    let e = self.shared.lock();
+                    let cq = &e.res.as_ref().ok_or(ConnError::Closed)?.cq;
+                    while let CqEvent::Event = cq.take_event().map_err(|e| ConnError::Io(e.to_string()))? {}
                     g.clear_ready();
-                    // Re-arm first, then drain to empty: a completion after the drain raises a new event.
-                    self.res.cq.req_notify().map_err(|e| ConnError::Io(e.to_string()))?;
-                    self.drain_cq()?;
+                    // Re-arm first, then drain to empty (next pass): a completion after the drain raises a
+                    // new event.
+                    cq.req_notify().map_err(|e| ConnError::Io(e.to_string()))?;
+                    drain = true;
                 }
                 r = self.async_fd.readable() => {
                     let mut g = r.map_err(|e| ConnError::Io(e.to_string()))?;
-                    let ev = self.take_async_events();
+                    let ev = self.shared.lock().take_async_events();
                     g.clear_ready();
                     ev?;
                 }
-                c = self.credit_rx.recv(), if self.receiver_open => match c {
-                    Some(n) => self.owed += n,
-                    None => self.receiver_open = false,
-                },
-                m = self.cmd_rx.recv(), if accept_cmd => match m {
-                    Some(m) => self.pending.push_back((m, 0)),
-                    None => self.sender_open = false,
-                },
             }
         }
     }
+}
 
-    /// Busy-poll mode: one pass over every source, yielding to tokio when idle.
-    async fn busy_step(&mut self) -> Result<(), ConnError> {
-        let mut did = self.drain_cq()? > 0;
-        while self.receiver_open {
-            match self.credit_rx.try_recv() {
-                Ok(n) => {
-                    self.owed += n;
-                    did = true;
+impl Engine {
+    fn res(&self) -> Result<&Resources, ConnError> {
+        self.res.as_ref().ok_or(ConnError::Closed)
+    }
+
+    /// Record why the connection ended (the first reason wins).
+    fn fail(&mut self, e: ConnError) {
+        self.ended.get_or_insert(e);
+    }
+
+    /// The next message for the receiver (returning its credit), or why the connection ended; None if
+    /// neither is there yet.
+    fn take_message(&mut self) -> Option<Result<Vec<u8>, ConnError>> {
+        if let Some(m) = self.inbox.pop_front() {
+            self.owed += 1;
+            if self.owed >= self.credit_threshold && self.ended.is_none() {
+                // Nothing may be going the other way soon: return the credits now.
+                if let Err(e) = self.progress() {
+                    self.fail(e);
                 }
-                Err(mpsc::error::TryRecvError::Empty) => break,
-                Err(mpsc::error::TryRecvError::Disconnected) => self.receiver_open = false,
             }
+            return Some(Ok(m));
         }
-        if self.sender_open && self.pending.is_empty() {
-            match self.cmd_rx.try_recv() {
-                Ok(m) => {
-                    self.pending.push_back((m, 0));
-                    did = true;
-                }
-                Err(mpsc::error::TryRecvError::Empty) => {}
-                Err(mpsc::error::TryRecvError::Disconnected) => self.sender_open = false,
-            }
+        if self.peer_closed && !self.peer_closed_reported {
+            self.peer_closed_reported = true;
+            return Some(Err(ConnError::PeerClosed));
         }
-        // Checking the async event descriptor costs a system call: do it every 64 idle passes only.
-        self.idle_passes = if did { 0 } else { self.idle_passes.wrapping_add(1) };
-        if self.idle_passes % 64 == 63 {
-            self.take_async_events()?;
+        self.ended.clone().map(Err)
+    }
+
+    /// Drain the CQ once and send what became possible; returns the number of completions.
+    fn poll_once(&mut self) -> Result<usize, ConnError> {
+        let n = self.drain_cq()?;
+        self.progress()?;
+        Ok(n)
+    }
+
+    /// Queue `msg` and post it. A message that fits one fragment, with credits and nothing queued ahead of
+    /// it, is copied straight into a send slot (no allocation); else it is queued.
+    fn send_now(&mut self, msg: &[u8]) -> Result<(), ConnError> {
+        if self.pending.is_empty()
+            && self.ready
+            && !self.send_ready
+            && self.send_credits > 0
+            && self.free_slots.len() > 1
+            && msg.len() <= self.send_frag
+        {
+            let slot = self.free_slots.pop().expect("checked");
+            self.post_data(slot, msg, false)?;
+        } else {
+            self.pending.push_back((msg.to_vec(), 0));
         }
-        if !did {
-            tokio::task::yield_now().await;
-        }
-        Ok(())
+        self.progress()
     }
 
     fn take_async_events(&self) -> Result<(), ConnError> {
+        let res = self.res()?;
         loop {
-            let ev = verbs::take_async_event(&self.res.ctx).map_err(|e| ConnError::Io(e.to_string()))?;
+            let ev = verbs::take_async_event(&res.ctx).map_err(|e| ConnError::Io(e.to_string()))?;
             let Some((ty, element)) = ev else { return Ok(()) };
             let name = verbs::event_type_str(ty);
             let ours = match ty {
                 // QP events: element is the QP pointer.
-                1..=3 => element == self.res.qp.as_ptr() as u64,
+                1..=3 => element == res.qp.as_ptr() as u64,
                 // CQ error: element is the CQ pointer.
-                0 => element == self.res.cq.as_ptr() as u64,
+                0 => element == res.cq.as_ptr() as u64,
                 // Port down: element is the port number.
                 10 => element as u32 == self.port as u32,
                 8 => true,
@@ -632,16 +948,22 @@ impl Driver {
 
     /// Poll the CQ to empty; returns the number of completions handled.
     fn drain_cq(&mut self) -> Result<usize, ConnError> {
-        // SAFETY: ibv_wc is plain old data (integers and a union of integers); zero is a valid value.
-        let mut wc: [rdma_sys::ibv_wc; POLL_BATCH] = unsafe { std::mem::zeroed() };
+        // Taken out for the loop (on_completion needs `&mut self`) and put back, even on error.
+        let mut wc = std::mem::take(&mut self.wc);
+        let r = self.drain_into(&mut wc);
+        self.wc = wc;
+        r
+    }
+
+    fn drain_into(&mut self, wc: &mut [rdma_sys::ibv_wc]) -> Result<usize, ConnError> {
         let mut total = 0;
         loop {
-            let n = self.res.cq.poll(&mut wc).map_err(|e| ConnError::Io(e.to_string()))?;
+            let n = self.res()?.cq.poll(wc).map_err(|e| ConnError::Io(e.to_string()))?;
             for w in &wc[..n] {
                 self.on_completion(w)?;
             }
             total += n;
-            if n < POLL_BATCH {
+            if n < wc.len() {
                 return Ok(total);
             }
         }
@@ -697,7 +1019,6 @@ impl Driver {
             }
             if imm & F_CLOSE != 0 {
                 self.peer_closed = true;
-                let _ = self.deliver.send(Err(ConnError::PeerClosed));
             }
         } else {
             if self.peer_closed {
@@ -707,25 +1028,33 @@ impl Driver {
                 return Err(ConnError::Protocol(format!("message longer than the {}-byte limit", self.max_message)));
             }
             let off = slot as usize * self.frag;
+            let res = self.res.as_ref().ok_or(ConnError::Closed)?;
             // SAFETY: the receive for this slot completed, so the device no longer writes to
             // [off, off+len), which lies inside the registered receive buffer (len <= frag checked above).
-            let data = unsafe { std::slice::from_raw_parts(self.res.recv_buf.addr().add(off), len) };
-            self.assembling.extend_from_slice(data);
+            let data = unsafe { std::slice::from_raw_parts(res.recv_buf.addr().add(off), len) };
             if imm & F_MORE != 0 {
+                self.assembling.extend_from_slice(data);
                 // Copied: the buffer is free again, return its credit now.
                 self.owed += 1;
             } else {
-                let m = std::mem::take(&mut self.assembling);
-                if !self.receiver_open || self.deliver.send(Ok(m)).is_err() {
-                    self.receiver_open = false;
+                // A whole message in one fragment is copied once, into a buffer of its exact size.
+                let m = if self.assembling.is_empty() {
+                    data.to_vec()
+                } else {
+                    self.assembling.extend_from_slice(data);
+                    std::mem::take(&mut self.assembling)
+                };
+                if self.receiver_open {
+                    self.inbox.push_back(m);
+                } else {
                     self.owed += 1;
                 }
             }
         }
         // Every receive slot is reposted at once; credits (not slots) bound what the peer may send.
-        self.res
-            .qp
-            .post_recv(RECV_TAG | slot as u64, &self.res.recv_buf, slot as usize * self.frag, self.frag as u32)
+        let res = self.res()?;
+        res.qp
+            .post_recv(RECV_TAG | slot as u64, &res.recv_buf, slot as usize * self.frag, self.frag as u32)
             .map_err(|e| ConnError::Io(e.to_string()))
     }
 
@@ -741,26 +1070,14 @@ impl Driver {
         if self.ready {
             // Keep one slot for a control packet.
             while self.send_credits > 0 && self.free_slots.len() > 1 {
-                let Some((msg, off)) = self.pending.front_mut() else { break };
-                let end = (*off + self.send_frag).min(msg.len());
+                let Some((msg, off)) = self.pending.pop_front() else { break };
+                let end = (off + self.send_frag).min(msg.len());
                 let more = end < msg.len();
                 let slot = self.free_slots.pop().expect("checked");
-                let so = slot as usize * self.frag;
-                let n = end - *off;
-                // SAFETY: `slot` is free (its previous send completed), so the device does not read it; the
-                // copy stays inside the registered send buffer (n <= send_frag <= frag).
-                unsafe {
-                    std::ptr::copy_nonoverlapping(msg.as_ptr().add(*off), self.res.send_buf.addr().add(so), n);
+                self.post_data(slot, &msg[off..end], more)?;
+                if more {
+                    self.pending.push_front((msg, end));
                 }
-                *off = end;
-                if !more {
-                    self.pending.pop_front();
-                }
-                let credits = self.owed.min(CREDIT_MASK);
-                let imm = credits | if more { F_MORE } else { 0 };
-                self.post(slot, so, n as u32, imm, false)?;
-                self.owed -= credits;
-                self.send_credits -= 1;
             }
         }
         if self.owed >= self.credit_threshold {
@@ -775,6 +1092,24 @@ impl Driver {
         {
             self.close_sent = true;
         }
+        Ok(())
+    }
+
+    /// Copy one fragment into the free send `slot` and post it with the owed credits; costs a credit.
+    fn post_data(&mut self, slot: u32, data: &[u8], more: bool) -> Result<(), ConnError> {
+        let so = slot as usize * self.frag;
+        let n = data.len().min(self.send_frag);
+        let res = self.res()?;
+        // SAFETY: `slot` is free (its previous send completed), so the device does not read it; the copy stays
+        // inside the registered send buffer (n <= send_frag <= frag).
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), res.send_buf.addr().add(so), n);
+        }
+        let credits = self.owed.min(CREDIT_MASK);
+        let imm = credits | if more { F_MORE } else { 0 };
+        self.post(slot, so, n as u32, imm, false)?;
+        self.owed -= credits;
+        self.send_credits -= 1;
         Ok(())
     }
 
@@ -793,9 +1128,9 @@ impl Driver {
     /// instead of twice); its slot is freed by the next signaled completion.
     fn post(&mut self, slot: u32, off: usize, len: u32, imm: u32, force: bool) -> Result<(), ConnError> {
         let signaled = force || self.since_signal + 1 >= (self.slots / 2).max(1) || self.free_slots.len() <= 2;
-        self.res
-            .qp
-            .post_send(slot as u64, &self.res.send_buf, off, len, imm, signaled)
+        let res = self.res()?;
+        res.qp
+            .post_send(slot as u64, &res.send_buf, off, len, imm, signaled)
             .map_err(|e| ConnError::Io(e.to_string()))?;
         self.in_flight.push_back((slot, signaled));
         self.since_signal = if signaled { 0 } else { self.since_signal + 1 };

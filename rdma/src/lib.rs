@@ -5,7 +5,8 @@
 //! - [`Endpoint::prepare`] → [`LocalInfo`] (serde) → [`Prepared::accept`] / [`Prepared::connect`] →
 //!   [`Connection`]: a reliable-connected QP pair set up over an existing channel, carrying whole messages with
 //!   credit-based flow control and fragmentation; completions reach tokio through the completion channel's
-//!   descriptor (or a busy-polling loop, [`Config::busy_poll`]).
+//!   descriptor (or a busy-polling loop, [`Config::busy_poll`]). [`Prepared::accept_sync`] /
+//!   [`Prepared::connect_sync`] give a [`SyncConnection`] instead: no tokio, polled by the caller's thread.
 //! - Errors end a connection with a reason ([`ConnError`]): an error work completion (e.g.
 //!   `IBV_WC_RETRY_EXC_ERR` when the peer stopped acknowledging), or an async event (`IBV_EVENT_QP_FATAL`,
 //!   `IBV_EVENT_PORT_ERR`). The broker turns that into a lost peer.
@@ -28,7 +29,7 @@ mod verbs;
 pub use config::{Config, ConfigError};
 pub use conn::{
     wc_status_name, ConnError, Connection, Endpoint, LocalInfo, Prepared, Receiver, RemoteInfo, Sender, SetupError,
-    PROTOCOL_VERSION,
+    SyncConnection, PROTOCOL_VERSION,
 };
 pub use device::{find_device, gid_for, Device, NoDevice};
 pub use verbs::{device_names, event_type_str, wc_status_str};

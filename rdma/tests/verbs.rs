@@ -115,6 +115,36 @@ async fn busy_poll_mode() {
     let _ = tokio::time::timeout(Duration::from_secs(5), echo).await;
 }
 
+#[test]
+fn sync_connection() {
+    let Some((da, db)) = devices() else { return };
+    let (pa, ia) = Endpoint::prepare(&da, Config::default()).expect("prepare a");
+    let (pb, ib) = Endpoint::prepare(&db, Config::default()).expect("prepare b");
+    let mut b = pb.accept_sync(&ia).expect("accept");
+    let mut a = pa.connect_sync(&ib).expect("connect");
+    // Sizes: empty, one fragment, several fragments, more fragments than credits (queued, sent by polls).
+    let sizes = [0usize, 2, 16384, 40_000, 600_000];
+    let echo = std::thread::spawn(move || {
+        for _ in 0..sizes.len() * 20 {
+            let m = b.recv().expect("echo recv");
+            b.send(&m).expect("echo send");
+        }
+        // Dropped here: an orderly close.
+    });
+    let t = Instant::now();
+    for i in 0..20u8 {
+        for (k, &len) in sizes.iter().enumerate() {
+            let m = pattern(len, i.wrapping_add(k as u8));
+            a.send(&m).unwrap();
+            assert!(a.recv().unwrap() == m, "message of {len} bytes corrupted");
+        }
+    }
+    eprintln!("{} synchronous round trips: {:?}", sizes.len() * 20, t.elapsed());
+    echo.join().unwrap();
+    assert_eq!(a.recv(), Err(ConnError::PeerClosed));
+    assert_eq!(a.send(b"late"), Err(ConnError::PeerClosed));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flow_control_under_load() {
     let Some((da, db)) = devices() else { return };

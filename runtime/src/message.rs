@@ -181,6 +181,13 @@ impl Message {
         m
     }
 
+    /// A request for `topic` to `nodeid` whose payload is already JSON-encoded (`payload` is not checked).
+    pub fn request_json(topic: &str, nodeid: u32, payload: Vec<u8>) -> Message {
+        let mut m = Message::base(MsgType::Request, topic, payload);
+        m.nodeid = nodeid;
+        m
+    }
+
     /// An event for `topic` with a JSON payload (its `seq` is assigned by rank 0).
     pub fn event(topic: &str, payload: &impl Serialize) -> Message {
         Message::base(MsgType::Event, topic, to_json(payload))
@@ -313,10 +320,12 @@ impl Message {
     }
 }
 
+/// JSON bytes of `v`; empty for null or when `v` cannot be serialised. Serialised directly, without an
+/// intermediate `Value` (which cost a deep copy of every payload).
 fn to_json(v: &impl Serialize) -> Vec<u8> {
-    match serde_json::to_value(v) {
-        Ok(Value::Null) | Err(_) => Vec::new(),
-        Ok(v) => serde_json::to_vec(&v).unwrap_or_default(),
+    match serde_json::to_vec(v) {
+        Ok(b) if b != b"null" => b,
+        _ => Vec::new(),
     }
 }
 

@@ -3,7 +3,8 @@
 use super::local;
 use super::rdma_link;
 use super::transport::{
-    link_from_stream_fd, tcp_ack_state, tune_tcp, Link, LinkEvent, LinkTx, TcpTransport, Transport, TCP_USER_TIMEOUT_MS,
+    link_from_stream_fd, tcp_ack_state, tune_tcp, Link, LinkEvent, LinkRx, LinkTx, TcpTransport, Transport,
+    TCP_USER_TIMEOUT_MS,
 };
 use crate::hwloc::{NodeResources, NodeTopology, TopologySource};
 use crate::idset::IdSet;
@@ -73,7 +74,7 @@ pub(crate) enum Input {
         msg: Message,
         link_tx: LinkTx,
         peer: String,
-        rx: mpsc::UnboundedReceiver<LinkEvent>,
+        rx: LinkRx,
         sock: Option<std::os::fd::OwnedFd>,
         tasks: Vec<tokio::task::AbortHandle>,
         /// The answer to the child's RDMA offer (see `rdma_link`).
@@ -151,7 +152,8 @@ pub(crate) struct RttRun {
     pub left: u32,
     pub window: u32,
     pub inflight: u32,
-    pub payload: Value,
+    /// The requests' payload, JSON-encoded once for the whole run.
+    pub payload: Vec<u8>,
     pub started: Instant,
     pub samples_us: Vec<f64>,
 }
@@ -458,7 +460,8 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
             .get(parent as usize)
             .cloned()
             .ok_or_else(|| format!("no endpoint for parent rank {parent}"))?;
-        let (link, choice) = connect_parent(&core, &ep).await?;
+        let probe_port = core.detect.as_ref().map(|d| d.probe_port);
+        let (link, choice) = connect_parent(&core.opts, &core.rdma, probe_port, &ep).await?;
         core.parent = Some(link.tx.clone());
         // Tell rank 0 which transport our parent link uses (for `vigil overlay status` and `uptime`).
         core.route_request(Peer::Local(u32::MAX), rdma_link::report(rank, &choice));
@@ -490,11 +493,22 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
 
     // On a single-broker instance nothing else arrives: act on the registration right away.
     core.drain_actions();
+    // One timer for the loop, moved only when the deadline changes: registering a new timer for every input
+    // cost a timer-wheel insertion and removal per message.
+    let timer = tokio::time::sleep(Duration::from_secs(86400));
+    tokio::pin!(timer);
+    let mut armed: Option<Instant> = None;
     loop {
         let deadline = core.next_deadline();
+        if deadline != armed {
+            if let Some(d) = deadline {
+                timer.as_mut().reset(tokio::time::Instant::from_std(d));
+            }
+            armed = deadline;
+        }
         let input = tokio::select! {
             i = input_rx.recv() => i,
-            _ = sleep_until(deadline) => None,
+            _ = &mut timer, if armed.is_some() => None,
         };
         match input {
             Some(i) => core.handle(i),
@@ -510,24 +524,12 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
     Ok(core.exit_code)
 }
 
-async fn sleep_until(t: Option<Instant>) {
-    match t {
-        Some(t) => tokio::time::sleep_until(tokio::time::Instant::from_std(t)).await,
-        None => std::future::pending::<()>().await,
-    }
-}
-
 fn core_opts_discovery(opts: &BrokerOptions) -> bool {
     opts.attrs.get("resource.discovery").is_some_and(|v| v == "cpu-count")
 }
 
 /// Forward a link's events into the core as inputs tagged with the peer.
-pub(crate) async fn pump(
-    mut rx: mpsc::UnboundedReceiver<LinkEvent>,
-    peer: Peer,
-    conn: u64,
-    tx: mpsc::UnboundedSender<Input>,
-) {
+pub(crate) async fn pump(mut rx: LinkRx, peer: Peer, conn: u64, tx: mpsc::UnboundedSender<Input>) {
     while let Some(ev) = rx.recv().await {
         let i = match ev {
             LinkEvent::Message(m) => Input::Peer(peer, conn, m),
@@ -596,32 +598,36 @@ async fn accept_children(
     }
 }
 
-async fn connect_parent(core: &Core, ep: &str) -> Result<(Link, rdma_link::LinkChoice), String> {
-    let deadline = Instant::now() + Duration::from_secs_f64(core.opts.connect_timeout.clamp(0.0, 1e7));
+async fn connect_parent(
+    opts: &BrokerOptions,
+    rdma: &rdma_link::Settings,
+    probe_port: Option<u16>,
+    ep: &str,
+) -> Result<(Link, rdma_link::LinkChoice), String> {
+    let deadline = Instant::now() + Duration::from_secs_f64(opts.connect_timeout.clamp(0.0, 1e7));
     let mut delay = Duration::from_millis(5);
     loop {
         match TcpTransport.connect(ep.to_string()).await {
             Ok(mut link) => {
                 // Offer RDMA when a verbs device serves our end of this connection (see rdma_link).
-                let offer = rdma_link::Offer::new(&core.rdma, link.sock.as_ref().and_then(rdma_link::local_ip))?;
+                let offer = rdma_link::Offer::new(rdma, link.sock.as_ref().and_then(rdma_link::local_ip))?;
                 let hello = Message::control(
                     "hello",
                     &rdma_link::merge(
-                        json!({"rank": core.opts.rank, "instance": core.opts.instance, "version": crate::message::WIRE_VERSION, "hostname": core.opts.hostname,
-                            "probe_port": core.detect.as_ref().map(|d| d.probe_port)}),
+                        json!({"rank": opts.rank, "instance": opts.instance, "version": crate::message::WIRE_VERSION, "hostname": opts.hostname,
+                            "probe_port": probe_port}),
                         offer.hello_fields(),
                     ),
                 );
                 let _ = link.tx.send(hello);
                 match tokio::time::timeout(Duration::from_secs(10), link.rx.recv()).await {
                     Ok(Some(LinkEvent::Message(m))) if m.topic == "hello-ack" => {
-                        let (conn, choice) = offer.finish(&core.rdma, &m.json())?;
+                        let (conn, choice) = offer.finish(rdma, &m.json())?;
                         log_choice("parent", &choice);
                         if let Some(conn) = conn {
-                            let (tx, rx, tasks) = rdma_link::bridge(link.tx, link.rx, conn);
+                            let (tx, rx) = rdma_link::bridge(link.tx, link.rx, conn);
                             link.tx = tx;
                             link.rx = rx;
-                            link.tasks.extend(tasks);
                         }
                         return Ok((link, choice));
                     }
@@ -637,7 +643,7 @@ async fn connect_parent(core: &Core, ep: &str) -> Result<(Link, rdma_link::LinkC
             Err(e) => debug!("connect {ep}: {e}"),
         }
         if Instant::now() >= deadline {
-            return Err(format!("could not connect to parent at {ep} within {}s", core.opts.connect_timeout));
+            return Err(format!("could not connect to parent at {ep} within {}s", opts.connect_timeout));
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_millis(200));
@@ -909,9 +915,9 @@ impl Core {
         msg: Message,
         tx: LinkTx,
         peer: String,
-        rx: mpsc::UnboundedReceiver<LinkEvent>,
+        rx: LinkRx,
         sock: Option<std::os::fd::OwnedFd>,
-        mut tasks: Vec<tokio::task::AbortHandle>,
+        tasks: Vec<tokio::task::AbortHandle>,
         rdma: rdma_link::Answer,
     ) {
         let v = msg.json();
@@ -942,9 +948,7 @@ impl Core {
         let (tx, rx) = match rdma {
             rdma_link::Answer::Rdma(c, choice) => {
                 log_choice(&format!("child rank {rank}"), &choice);
-                let (tx, rx, t) = rdma_link::bridge(tx, rx, *c);
-                tasks.extend(t);
-                (tx, rx)
+                rdma_link::bridge(tx, rx, *c)
             }
             rdma_link::Answer::Tcp(choice) => {
                 log_choice(&format!("child rank {rank}"), &choice);
@@ -1170,9 +1174,13 @@ impl Core {
 
     /// Send a request from the core itself; its response comes back to [`Core::internal_response`].
     pub(crate) fn internal_request(&mut self, topic: &str, nodeid: u32, payload: &Value, purpose: Internal) {
+        self.internal_request_msg(Message::request(topic, nodeid, payload), purpose)
+    }
+
+    /// [`Core::internal_request`] with a message built by the caller.
+    fn internal_request_msg(&mut self, mut m: Message, purpose: Internal) {
         let tag = self.next_tag;
         self.next_tag = self.next_tag.wrapping_add(1).max(1);
-        let mut m = Message::request(topic, nodeid, payload);
         m.matchtag = tag;
         self.internal.insert(tag, purpose);
         self.route_request(Peer::Local(u32::MAX), m);
@@ -1228,8 +1236,8 @@ impl Core {
             }
             r.left -= 1;
             r.inflight += 1;
-            let (target, payload) = (r.target, r.payload.clone());
-            self.internal_request("broker.ping", target, &payload, Internal::Rtt { run: id, sent: Instant::now() });
+            let m = Message::request_json("broker.ping", r.target, r.payload.clone());
+            self.internal_request_msg(m, Internal::Rtt { run: id, sent: Instant::now() });
         }
     }
 

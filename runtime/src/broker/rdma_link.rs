@@ -17,12 +17,11 @@
 //! shown by `vigil overlay status` and `vigil uptime` (each child reports its parent link to rank 0 with
 //! `overlay.transport`).
 
-use super::transport::{LinkEvent, LinkTx};
+use super::transport::{LinkEvent, LinkRx, LinkTx};
 use crate::message::{Message, MsgType};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use tokio::sync::mpsc;
 use vigil_rdma::{Config, Connection, Endpoint, LocalInfo, Prepared};
 
 /// `tbon.transport`.
@@ -270,55 +269,67 @@ pub(crate) fn merge(mut base: Value, extra: Value) -> Value {
 }
 
 /// Carry a link's messages over `conn`, keeping its TCP connection (`tcp_tx`, `tcp_rx`) as the side channel.
-/// Returns the link's new sender and event receiver, and the abort handles of the two bridge tasks.
-pub(crate) fn bridge(
-    tcp_tx: LinkTx,
-    mut tcp_rx: mpsc::UnboundedReceiver<LinkEvent>,
-    conn: Connection,
-) -> (LinkTx, mpsc::UnboundedReceiver<LinkEvent>, Vec<tokio::task::AbortHandle>) {
-    let (tx, mut out_rx) = mpsc::unbounded_channel::<Message>();
-    let (in_tx, rx) = mpsc::unbounded_channel::<LinkEvent>();
-    let (sender, mut receiver) = conn.split();
-    let wt = tokio::spawn(async move {
-        while let Some(m) = out_rx.recv().await {
-            if m.msgtype == MsgType::Control {
-                // Heartbeats, goodbye, shutdown also on TCP: liveness signals and ordered goodbyes.
-                let _ = tcp_tx.send(m.clone());
-            }
-            if sender.send(m.encode()).await.is_err() {
-                // The reader reports why.
-                break;
-            }
+/// Returns the link's new halves. No task is involved: the sender encodes and posts from the caller's task,
+/// and the receiver takes and decodes messages in the task that reads the link (the broker's pump).
+pub(crate) fn bridge(tcp_tx: LinkTx, tcp_rx: LinkRx, conn: Connection) -> (LinkTx, LinkRx) {
+    let (sender, receiver) = conn.split();
+    (LinkTx::rdma(RdmaTx { sender, tcp: tcp_tx }), LinkRx::rdma(RdmaRx { receiver, tcp: tcp_rx, done: false }))
+}
+
+/// Sending half of an RDMA link.
+#[derive(Debug)]
+pub(crate) struct RdmaTx {
+    sender: vigil_rdma::Sender,
+    tcp: LinkTx,
+}
+
+impl RdmaTx {
+    /// Encode and post `m` (queued while the peer has no credits: unbounded, like a TCP link's queue).
+    /// Control messages (heartbeats, goodbye, shutdown) also go on TCP: liveness signals and ordered
+    /// goodbyes. Gives `m` back once the connection has ended (the receiving half reports why).
+    pub(crate) fn send(&self, m: Message) -> Result<(), Message> {
+        if m.msgtype == MsgType::Control {
+            let _ = self.tcp.send(m.clone());
         }
-    });
-    let rt = tokio::spawn(async move {
-        let why = loop {
-            tokio::select! {
-                r = receiver.recv() => match r {
-                    Ok(frame) => match Message::decode_frame(&frame) {
-                        Ok(m) => {
-                            if in_tx.send(LinkEvent::Message(m)).is_err() {
-                                return;
-                            }
-                        }
-                        Err(e) => break format!("rdma: {e}"),
-                    },
-                    Err(e) => break e.to_string(),
+        match self.sender.send_now(m.encode()) {
+            Ok(()) => Ok(()),
+            Err(_) => Err(m),
+        }
+    }
+}
+
+/// Receiving half of an RDMA link: QP messages merged with the TCP side channel's.
+#[derive(Debug)]
+pub(crate) struct RdmaRx {
+    receiver: vigil_rdma::Receiver,
+    tcp: LinkRx,
+    /// `Closed` has been reported.
+    done: bool,
+}
+
+impl RdmaRx {
+    /// The next message from either path, or `Closed` with the first reason either path gives (a QP error,
+    /// a frame that does not decode, the TCP connection's end); then None.
+    pub(crate) async fn recv(&mut self) -> Option<LinkEvent> {
+        if self.done {
+            return None;
+        }
+        let ev = tokio::select! {
+            r = self.receiver.recv() => match r {
+                Ok(frame) => match Message::decode_frame(&frame) {
+                    Ok(m) => LinkEvent::Message(m),
+                    Err(e) => LinkEvent::Closed(format!("rdma: {e}")),
                 },
-                ev = tcp_rx.recv() => match ev {
-                    Some(LinkEvent::Message(m)) => {
-                        if in_tx.send(LinkEvent::Message(m)).is_err() {
-                            return;
-                        }
-                    }
-                    Some(LinkEvent::Closed(why)) => break why,
-                    None => break "tcp side channel dropped".into(),
-                },
-            }
+                Err(e) => LinkEvent::Closed(e.to_string()),
+            },
+            ev = Box::pin(self.tcp.recv()) => match ev {
+                Some(ev) => ev,
+                None => LinkEvent::Closed("tcp side channel dropped".into()),
+            },
         };
-        let _ = in_tx.send(LinkEvent::Closed(why));
-    });
-    (tx, rx, vec![wt.abort_handle(), rt.abort_handle()])
+        self.done = matches!(ev, LinkEvent::Closed(_));
+        Some(ev)
+    }
 }
 
 #[cfg(test)]

@@ -25,6 +25,12 @@ fn detectors(core: &Core) -> Value {
     }
 }
 
+/// This process's id, asked of the kernel once (a system call per `broker.ping` otherwise).
+fn pid() -> u32 {
+    static PID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *PID.get_or_init(std::process::id)
+}
+
 /// Services offered by every broker.
 const EVERY_RANK: &[&str] = &["broker", "rexec", "detect"];
 /// Services offered by rank 0 only.
@@ -71,9 +77,9 @@ type Reply = Result<Option<Value>, (u32, String)>;
 fn handle(core: &mut Core, msg: &Message, body: &Value) -> Reply {
     let rank = core.rank();
     match msg.topic.as_str() {
-        "broker.ping" => Ok(Some(
-            json!({"rank": rank, "hostname": core.opts.hostname, "pid": std::process::id(), "route": msg.route.len()}),
-        )),
+        "broker.ping" => {
+            Ok(Some(json!({"rank": rank, "hostname": core.opts.hostname, "pid": pid(), "route": msg.route.len()})))
+        }
         "broker.getattr" => {
             let name = field(body, "name")?.as_str().unwrap_or("");
             attrs(core)
@@ -109,7 +115,7 @@ fn handle(core: &mut Core, msg: &Message, body: &Value) -> Reply {
                 left: count,
                 window,
                 inflight: 0,
-                payload: json!({"pad": "x".repeat(size)}),
+                payload: serde_json::to_vec(&json!({"pad": "x".repeat(size)})).unwrap_or_default(),
                 started: std::time::Instant::now(),
                 samples_us: Vec::with_capacity(count as usize),
             };

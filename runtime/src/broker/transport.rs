@@ -10,8 +10,68 @@ use std::pin::Pin;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::mpsc;
 
-/// Sending half of a link: queue a message for the peer.
-pub type LinkTx = mpsc::UnboundedSender<Message>;
+/// Sending half of a link: queue a message for the peer, never waiting. A TCP link (or a local client) queues
+/// into its writer task's channel; an RDMA link encodes and posts from the caller's task (see `rdma_link`).
+#[derive(Clone, Debug)]
+pub struct LinkTx(TxPath);
+
+#[derive(Clone, Debug)]
+enum TxPath {
+    Chan(mpsc::UnboundedSender<Message>),
+    Rdma(std::sync::Arc<super::rdma_link::RdmaTx>),
+}
+
+impl LinkTx {
+    /// Queue `m` for the peer; gives it back when the link has closed.
+    pub fn send(&self, m: Message) -> Result<(), Message> {
+        match &self.0 {
+            TxPath::Chan(tx) => tx.send(m).map_err(|e| e.0),
+            TxPath::Rdma(tx) => tx.send(m),
+        }
+    }
+
+    pub(crate) fn rdma(tx: super::rdma_link::RdmaTx) -> LinkTx {
+        LinkTx(TxPath::Rdma(std::sync::Arc::new(tx)))
+    }
+}
+
+impl From<mpsc::UnboundedSender<Message>> for LinkTx {
+    fn from(tx: mpsc::UnboundedSender<Message>) -> LinkTx {
+        LinkTx(TxPath::Chan(tx))
+    }
+}
+
+/// Receiving half of a link: its messages, then one [`LinkEvent::Closed`]. A TCP link reads from its reader
+/// task's channel; an RDMA link takes and decodes messages from the QP in the caller's task, merged with its
+/// TCP side channel (see `rdma_link`).
+#[derive(Debug)]
+pub struct LinkRx(RxPath);
+
+#[derive(Debug)]
+enum RxPath {
+    Chan(mpsc::UnboundedReceiver<LinkEvent>),
+    Rdma(Box<super::rdma_link::RdmaRx>),
+}
+
+impl LinkRx {
+    /// The next event; None once the link is gone (after its `Closed`).
+    pub async fn recv(&mut self) -> Option<LinkEvent> {
+        match &mut self.0 {
+            RxPath::Chan(rx) => rx.recv().await,
+            RxPath::Rdma(rx) => rx.recv().await,
+        }
+    }
+
+    pub(crate) fn rdma(rx: super::rdma_link::RdmaRx) -> LinkRx {
+        LinkRx(RxPath::Rdma(Box::new(rx)))
+    }
+}
+
+impl From<mpsc::UnboundedReceiver<LinkEvent>> for LinkRx {
+    fn from(rx: mpsc::UnboundedReceiver<LinkEvent>) -> LinkRx {
+        LinkRx(RxPath::Chan(rx))
+    }
+}
 
 /// What a link's reader reports.
 #[derive(Debug)]
@@ -27,7 +87,7 @@ pub struct Link {
     /// Send messages to the peer.
     pub tx: LinkTx,
     /// Receive messages from the peer, then one `Closed`.
-    pub rx: mpsc::UnboundedReceiver<LinkEvent>,
+    pub rx: LinkRx,
     /// Peer address, for logs.
     pub peer: String,
     /// A duplicate of the socket's descriptor, for `TCP_INFO` (None for non-TCP links).
@@ -155,7 +215,7 @@ where
             }
         }
     });
-    Link { tx, rx, peer, sock, tasks: vec![wt.abort_handle(), rt.abort_handle()] }
+    Link { tx: tx.into(), rx: rx.into(), peer, sock, tasks: vec![wt.abort_handle(), rt.abort_handle()] }
 }
 
 /// `TCP_USER_TIMEOUT` of overlay sockets (ms): the kernel's backstop behind the membership rules.

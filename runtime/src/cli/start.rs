@@ -470,7 +470,16 @@ pub fn broker(a: BrokerArgs) -> i32 {
         Err(e) => return fail(e),
     };
     init_logging(&opts.attrs, opts.rank);
-    rt.block_on(crate::broker::run(opts))
+    // The broker's loop runs as a task, not as the `block_on` future itself: waking `block_on`'s future costs a
+    // write to the runtime's eventfd (and an epoll event) every time, while waking a task from the same thread
+    // is a queue push. The pumps wake the loop for every overlay message.
+    rt.block_on(async move {
+        match tokio::spawn(crate::broker::run(opts)).await {
+            Ok(code) => code,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => 1,
+        }
+    })
 }
 
 fn config_bootstrap(a: &BrokerArgs, path: &str, mut attrs: BTreeMap<String, String>) -> Result<BrokerOptions, String> {
