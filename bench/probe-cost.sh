@@ -10,6 +10,9 @@
 # fresh instance, alternating RUNS times: probes effectively off (tbon.probe_period=3600s, the baseline), unicast
 # probes (tbon.probe_group=off: one datagram per child per period), group probes (the default: one multicast
 # datagram per period, replies collected by XDP). Cost = variant - baseline, in % of one core, medians over runs.
+# Every variant runs with tbon.heartbeat_period=200ms and tbon.torpid_max=2s: 256 child brokers sharing one core
+# with their 50 ms default heartbeats keep it busy, and replies delayed by a starved core would be counted against
+# the parent (late replies bring extra unicast probes).
 # Also checks that no child was declared lost. Needs root and 2+ CPUs. Writes bench/results/probe-cost.{md,json}.
 #   bench/probe-cost.sh [N] [IDLE_S] [RUNS]       (defaults 256 20 3)
 set -euo pipefail
@@ -50,7 +53,7 @@ for ((r = 1; r <= runs; r++)); do
         IFS='|' read -r key label attrs <<< "$v"
         # Start-up (257 brokers loading their eBPF programs) on every CPU; pinned once up.
         # shellcheck disable=SC2086
-        taskset -c "0-$((ncpu - 1))" ci/netns-cluster.sh up "$name" $((n + 1)) -S tbon.topo=kary:0 $attrs
+        taskset -c "0-$((ncpu - 1))" ci/netns-cluster.sh up "$name" $((n + 1)) -S tbon.topo=kary:0 -S tbon.heartbeat_period=200ms -S tbon.torpid_max=2s $attrs
         export VIGIL_URI=$(ci/netns-cluster.sh uri "$name")
         # Pin: node 0's processes on CPU 0, every other node's on CPU 1; receive processing likewise.
         for p in $(ci/netns-cluster.sh pids "$name" 0); do taskset -a -p 1 "$p" >/dev/null; done

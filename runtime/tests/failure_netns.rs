@@ -816,9 +816,10 @@ exit $rc
         std::fs::read_to_string(&out_path).unwrap_or_default()
     );
 
-    let info = c.json(&["job", "info", &id]);
-    let child_uri =
-        info["info"]["instance"]["uri"].as_str().unwrap_or_else(|| panic!("no child uri: {info}")).to_string();
+    // The child reports its URI in a memo event, which may land just after its initial program started.
+    let uri = || c.json(&["job", "info", &id])["info"]["instance"]["uri"].as_str().map(str::to_string);
+    assert!(wait_for(VERDICT, || uri().is_some()), "no child uri: {}", c.json(&["job", "info", &id]));
+    let child_uri = uri().unwrap_or_default();
     let t_kill = c.kill_node(4);
     // Wait until both the parent and the child know (child rank 3 is on node4).
     assert!(

@@ -233,6 +233,8 @@ pub(crate) struct Detectors {
     bind_ip: Ipv4Addr,
     input_tx: mpsc::UnboundedSender<DetectInput>,
     probe_period: f64,
+    /// `tbon.torpid_max`, seconds.
+    torpid_max: f64,
     /// The group this broker probes its children on (None: `tbon.probe_group=off`, or the overlay is on
     /// loopback, where one node holds every child).
     group: Option<SocketAddrV4>,
@@ -306,6 +308,7 @@ impl Detectors {
             bind_ip,
             input_tx: input_tx.clone(),
             probe_period: cfg.probe_period,
+            torpid_max: cfg.torpid_max,
             group,
             prober_stats: None,
             loader: None,
@@ -485,7 +488,7 @@ impl Detectors {
             let period = Duration::from_secs_f64(self.probe_period.max(crate::membership::MIN_PROBE_PERIOD));
             let stats = Arc::new(ProberStats::default());
             self.prober_stats = Some(stats.clone());
-            tokio::spawn(prober_task(sock, rx, self.input_tx.clone(), period, group, stats));
+            tokio::spawn(prober_task(sock, rx, self.input_tx.clone(), period, group, stats, self.torpid_max));
             if let Some(t) = &self.table {
                 let _ = tx.send(ProbeCmd::Collector(t.clone()));
             }
@@ -875,6 +878,8 @@ struct Prober {
     no_group_logged: bool,
     /// The kernel collects replies (`area` is set): group replies, which never reach the socket, are seen.
     collects: bool,
+    /// Heartbeat age (s) from which every reply is forwarded to the core: half of `tbon.torpid_max`.
+    stall_note: f64,
 }
 
 impl Drop for Prober {
@@ -1008,9 +1013,9 @@ impl Prober {
         // Its kernel answered: it knows us now, and answers the group datagram from the next round.
         t.grouped = kernel && groupable && !t.no_group;
         let age = p.hb_age_ns as f64 / 1e9;
-        // Reported as torpid-worthy when the child's heartbeat is older than this (the membership machine
-        // applies the real threshold; this only limits how often replies are forwarded).
-        let stalled = age >= 0.1;
+        // Forwarded every time once the child's heartbeat is half way to torpid (the membership machine applies
+        // the real threshold; this only limits how often replies reach the core).
+        let stalled = age >= self.stall_note;
         // Forward what changes a verdict, and once a second that replies still come.
         let refresh = now.saturating_sub(t.forwarded_ns) >= 1_000_000_000;
         if t.kernel != Some(kernel) || stalled || t.stalled != stalled || !p.alive() || recovered || refresh {
@@ -1090,6 +1095,7 @@ async fn prober_task(
     period: Duration,
     group: Option<SocketAddrV4>,
     stats: Arc<ProberStats>,
+    torpid_max: f64,
 ) {
     let port = sock.local_addr().map(|a| a.port()).unwrap_or(0);
     let key = {
@@ -1111,6 +1117,7 @@ async fn prober_task(
         tx,
         no_group_logged: false,
         collects: false,
+        stall_note: torpid_max / 2.0,
     };
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -1336,6 +1343,7 @@ mod tests {
             tx,
             no_group_logged: false,
             collects: true,
+            stall_note: 0.25,
         };
         (pr, rx)
     }
