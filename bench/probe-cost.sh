@@ -118,7 +118,9 @@ md = [f"# Prober CPU cost on the parent node ({n} children, netns test bed)\n",
       "Rank 0's broker is pinned on CPU 0 and its interface's receive processing steered there (RPS); the children, "
       "the bridge and the harness run on CPU 1. The parent node's CPU = rank 0's CPU time (user + system) + CPU 0's irq "
       f"+ softirq time, over {idle:g} s; medians of {runs} runs per variant, each run a fresh instance, variants "
-      "alternating. CPU 0's total busy time also counts whatever else the machine ran there.\n",
+      "alternating. Every variant runs with `tbon.heartbeat_period=200ms` and `tbon.torpid_max=2s` (256 child brokers share "
+      "one core; with 50 ms heartbeats they keep it saturated and delay the replies). CPU 0's total busy time also counts "
+      "whatever else the machine ran there.\n",
       "| variant | parent node, % of a core | rank 0 broker | CPU 0 irq + softirq | cost of probing | CPU 0 busy | ranks online at the end |",
       "|---|---:|---:|---:|---:|---:|---:|"]
 for k in ["baseline", "unicast", "group"]:
