@@ -893,6 +893,32 @@ impl Drop for Prober {
 }
 
 impl Prober {
+    /// A prober on UDP `port` with no children yet; `stall_note` in seconds.
+    fn new(
+        key: u64,
+        port: u16,
+        group: Option<SocketAddrV4>,
+        tx: mpsc::UnboundedSender<DetectInput>,
+        stall_note: f64,
+    ) -> Prober {
+        Prober {
+            targets: HashMap::new(),
+            round: 0,
+            key,
+            area: None,
+            port,
+            blocks: Vec::new(),
+            free: Vec::new(),
+            ids: HashMap::new(),
+            group,
+            per_ip: HashMap::new(),
+            tx,
+            no_group_logged: false,
+            collects: false,
+            stall_note,
+        }
+    }
+
     /// A request id for child `rank`: a free slot of the reply array (claiming a block when none is left), else
     /// [`NO_SLOT`] | rank (replies then come to the socket).
     fn new_id(&mut self, rank: u32) -> u32 {
@@ -1103,22 +1129,7 @@ async fn prober_task(
         let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut k));
         u64::from_ne_bytes(k) ^ vigil_ebpf::monotonic_ns()
     };
-    let mut pr = Prober {
-        targets: HashMap::new(),
-        round: 0,
-        key,
-        area: None,
-        port,
-        blocks: Vec::new(),
-        free: Vec::new(),
-        ids: HashMap::new(),
-        group,
-        per_ip: HashMap::new(),
-        tx,
-        no_group_logged: false,
-        collects: false,
-        stall_note: torpid_max / 2.0,
-    };
+    let mut pr = Prober::new(key, port, group, tx, torpid_max / 2.0);
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut rbufs = vec![[0u8; 128]; PROBE_GROUP];
@@ -1329,22 +1340,9 @@ mod tests {
     fn prober(group: bool) -> (Prober, mpsc::UnboundedReceiver<DetectInput>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let group = group.then(|| ProbeGroup::Auto.for_parent(0)).flatten();
-        let pr = Prober {
-            targets: HashMap::new(),
-            round: 0,
-            key: 0x5eed,
-            area: None,
-            port: 9,
-            blocks: Vec::new(),
-            free: Vec::new(),
-            ids: HashMap::new(),
-            group,
-            per_ip: HashMap::new(),
-            tx,
-            no_group_logged: false,
-            collects: true,
-            stall_note: 0.25,
-        };
+        let mut pr = Prober::new(0x5eed, 9, group, tx, 0.25);
+        // As if this node's kernel collected replies (no BPF in unit tests: replies are fed in directly).
+        pr.collects = true;
         (pr, rx)
     }
 
