@@ -83,7 +83,7 @@ for ((r = 1; r <= runs; r++)); do
         online=$("$VIGIL" overlay status --json | grep -o '"state":"online"' | wc -l)
         read -r cpu broker irq < <(awk -v b="$((b1 - b0))" -v u="$((u1 - u0))" -v i="$((i1 - i0))" -v hz="$hz" \
             -v ns="$((t1 - t0))" 'BEGIN { w = ns / 1e9; printf "%.3f %.3f %.3f\n", 100 * b / hz / w, 100 * u / hz / w, 100 * i / hz / w }')
-        probes=$(echo "$st" | grep '^detectors: probes' | sed 's/^detectors: //')
+        probes=$(echo "$st" | grep '^detectors (rank 0): probes' | sed 's/^detectors (rank 0): //')
         printf 'probe-cost: run %d %-8s rank 0 broker %6.2f %%  CPU 0 irq+softirq %6.2f %%  CPU 0 busy %6.2f %%  online %d/%d\n' \
             "$r" "$key" "$broker" "$irq" "$cpu" "$online" $((n + 1))
         results+=("$key $cpu $broker $irq $online")

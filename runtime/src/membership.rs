@@ -206,7 +206,10 @@ impl Membership {
                 p.kernel_reply = Some(now);
                 // The node answered: whatever TCP data is outstanding is not a dead node.
                 p.unacked_since = None;
-                if state == PeerState::Online && hb_age >= self.cfg.torpid_max - 1e-9 {
+                // A reply saying the broker last beat `hb_age` ago is stale if the broker has talked to us since
+                // (it resumed, and its node's table had not caught up when the kernel answered).
+                let heard_since = p.last_traffic > now - hb_age + 1e-3;
+                if state == PeerState::Online && hb_age >= self.cfg.torpid_max - 1e-9 && !heard_since {
                     let why = format!("broker stalled for {:.0} ms (its node's kernel answers)", hb_age * 1e3);
                     return self.set(rank, PeerState::Torpid, why).into_iter().collect();
                 }
@@ -320,6 +323,24 @@ impl Membership {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_stale_probe_reply_after_a_resume_does_not_make_the_broker_torpid_again() {
+        let cfg = Config::default();
+        let mut m = Membership::new(cfg);
+        m.signal(0.0, 1, Signal::Connected);
+        m.signal(0.01, 1, Signal::ProbeReply { kernel: true, alive: true, hb_age: 0.0 });
+        // Stalled: the kernel reports a heartbeat 0.6 s old.
+        let t = m.signal(0.6, 1, Signal::ProbeReply { kernel: true, alive: true, hb_age: 0.6 });
+        assert_eq!(t.first().map(|t| t.to), Some(PeerState::Torpid));
+        // Resumed: it talks to us, then a reply computed from the old heartbeat arrives.
+        assert_eq!(m.signal(0.9, 1, Signal::Traffic).first().map(|t| t.to), Some(PeerState::Online));
+        assert!(m.signal(0.902, 1, Signal::ProbeReply { kernel: true, alive: true, hb_age: 0.9 }).is_empty());
+        assert_eq!(m.state(1), PeerState::Online);
+        // A later stall (no traffic since) is still seen.
+        let t = m.signal(1.6, 1, Signal::ProbeReply { kernel: true, alive: true, hb_age: 0.6 });
+        assert_eq!(t.first().map(|t| t.to), Some(PeerState::Torpid));
+    }
+
     use super::*;
 
     fn m() -> Membership {

@@ -890,3 +890,36 @@ fn nested_instance_shares_the_xdp_responder() {
     assert!(out.contains("process-exit ebpf"), "{out}");
     assert!(!out.contains("lost child") && !out.contains("degraded"), "{out}");
 }
+
+/// A stalled router forwards nothing: the ranks below it get no new work while it is torpid (shown with why),
+/// and take work again once it resumes.
+#[test]
+fn ranks_behind_a_torpid_router_get_no_new_work() {
+    // kary:2 on 7 nodes: rank 2 is the parent of ranks 5 and 6.
+    let c = Cluster::up_with(7, &["--setattr=tbon.topo=kary:2"]);
+    c.script(&["stall", &c.name, "2"]).ok();
+    let since = Instant::now();
+    c.wait_overlay_state(2, "torpid", since, Duration::from_millis(20));
+    let (took, reason) = c.wait_overlay_state(5, "torpid", since, Duration::from_millis(20));
+    eprintln!("[{}] rank 5 torpid after {}: {reason}", c.name, ms(took));
+    assert!(reason.contains("behind torpid router rank 2"), "{reason:?}");
+    assert_eq!(c.overlay_rank(6).0, "torpid");
+    assert_eq!(c.overlay_rank(1).0, "online", "rank 1's subtree is not behind rank 2");
+    // With every other rank drained, a 2-node job could only go to ranks 5 and 6: it must wait.
+    c.vigil(&["resource", "drain", "0-1,3-4", "test"]).ok();
+    let o = c.vigil(&["submit", "-N2", "true"]);
+    o.ok();
+    let id = o.stdout.trim().to_string();
+    std::thread::sleep(Duration::from_millis(1500));
+    let jobs = c.vigil(&["jobs", "-a"]);
+    let line = jobs.stdout.lines().find(|l| l.contains(&id)).unwrap_or("").to_string();
+    assert!(line.split_whitespace().any(|w| w == "S"), "job should still wait for nodes: {line:?}\n{}", jobs.dump());
+    c.script(&["cont", &c.name, "2"]).ok();
+    let since = Instant::now();
+    c.wait_overlay_state(2, "online", since, Duration::from_millis(20));
+    let (took, _) = c.wait_overlay_state(5, "online", since, Duration::from_millis(20));
+    eprintln!("[{}] rank 5 back online {} after rank 2 resumed", c.name, ms(took));
+    assert_eq!(c.overlay_rank(6).0, "online");
+    // Behind a lively router again: the job runs there.
+    c.vigil(&["job", "wait", &id]).ok();
+}

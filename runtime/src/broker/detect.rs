@@ -126,6 +126,12 @@ pub(crate) fn probe_group(attrs: &std::collections::BTreeMap<String, String>) ->
     if !a.ip().is_multicast() || a.port() == 0 {
         return Err(bad());
     }
+    if a.ip().octets()[..3] == [224, 0, 0] {
+        return Err(format!(
+            "invalid tbon.probe_group '{v}': 224.0.0.0/24 is the link-local control block (every host on the \
+             subnet listens); use a group of 239.0.0.0/8"
+        ));
+    }
     Ok(ProbeGroup::Fixed(a))
 }
 
@@ -1382,7 +1388,7 @@ mod tests {
         assert_eq!(ProbeGroup::Auto.for_parent(258), Some("239.255.1.2:22087".parse().unwrap()));
         let fixed = probe_group(&a("239.1.2.3:999")).unwrap();
         assert_eq!(fixed.for_parent(7), Some("239.1.2.3:999".parse().unwrap()));
-        for bad in ["10.0.0.1:5", "239.1.2.3:0", "239.1.2.3", "yes"] {
+        for bad in ["10.0.0.1:5", "239.1.2.3:0", "239.1.2.3", "yes", "224.0.0.1:5000"] {
             assert!(probe_group(&a(bad)).unwrap_err().contains("tbon.probe_group"), "{bad}");
         }
     }

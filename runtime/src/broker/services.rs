@@ -376,19 +376,37 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             Ok(Some(json!({})))
         }
         "overlay.torpid" | "overlay.lively" => {
-            let ranks = parse_ranks(body)?;
+            let reported = parse_ranks(body)?;
             let reason = body.get("reason").and_then(Value::as_str).unwrap_or("").to_string();
             let torpid = msg.topic == "overlay.torpid";
+            // A torpid router forwards nothing: the ranks below it are unreachable too, so they get no new work
+            // either (and come back with it, unless they were torpid on their own account).
+            const BEHIND: &str = "unreachable behind torpid router rank";
+            let mut ranks = reported.clone();
+            for r in reported.iter() {
+                for d in core.opts.topo.subtree(core.opts.size, r).into_iter().filter(|d| *d != r) {
+                    let m = core.members.get(&d);
+                    let ok = if torpid {
+                        m.is_some_and(|m| m.0 == MemberState::Online)
+                    } else {
+                        m.is_some_and(|m| m.0 == MemberState::Torpid && m.1.starts_with(BEHIND))
+                    };
+                    if ok {
+                        ranks.insert(d);
+                    }
+                }
+            }
             for r in ranks.iter() {
                 if core.members.get(&r).is_some_and(|m| m.0 == MemberState::Online || m.0 == MemberState::Torpid) {
-                    core.members.insert(
-                        r,
-                        (
-                            if torpid { MemberState::Torpid } else { MemberState::Online },
-                            if torpid { reason.clone() } else { String::new() },
-                            n,
-                        ),
-                    );
+                    let why = match (torpid, reported.contains(r)) {
+                        (false, _) => String::new(),
+                        (true, true) => reason.clone(),
+                        (true, false) => {
+                            let via = reported.iter().find(|x| core.opts.topo.subtree(core.opts.size, *x).contains(&r));
+                            format!("{BEHIND} {}", via.unwrap_or(0))
+                        }
+                    };
+                    core.members.insert(r, (if torpid { MemberState::Torpid } else { MemberState::Online }, why, n));
                 }
             }
             if let Some(jc) = core.jobcore.as_mut() {

@@ -298,8 +298,9 @@ pub(crate) async fn overlay(cmd: OverlayCmd) -> Result<i32, String> {
                 r["transport"].as_str().unwrap_or(""),
                 r["critical_ranks"].as_str().unwrap_or("")
             );
+            // overlay.status is rank 0's service: these are its detectors and its prober.
             for l in detector_lines(&r["detectors"]) {
-                println!("detectors: {l}");
+                println!("detectors (rank 0): {l}");
             }
             let mut out = String::new();
             if !ranks.is_empty() {
@@ -339,7 +340,7 @@ pub(crate) async fn uptime() -> Result<i32, String> {
         r["resource_source"].as_str().unwrap_or(""),
     );
     for l in detector_lines(&r["detectors"]) {
-        println!(" detectors: {l}");
+        println!(" detectors (rank {}): {l}", r["rank"].as_u64().unwrap_or(0));
     }
     Ok(0)
 }
