@@ -74,6 +74,14 @@ up)
             | grep -o '"state":"online"' | wc -l | grep -qx "$n"; then
             exit 0
         fi
+        # Every broker already gone (e.g. a refused attribute): say why now instead of waiting out the timeout.
+        alive=0
+        for ((k = 0; k < n; k++)); do kill -0 "$(cat "$dir/node$k/broker.pid")" 2> /dev/null && { alive=1; break; }; done
+        if [ $alive = 0 ]; then
+            echo "netns-cluster: every broker exited; node 0 said:" >&2
+            tail -n 3 "$dir/node0/broker.log" >&2
+            exit 1
+        fi
         sleep 0.1
     done
     echo "netns-cluster: instance did not come up; logs in $dir/node*/broker.log" >&2
