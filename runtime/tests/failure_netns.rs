@@ -905,6 +905,9 @@ fn ranks_behind_a_torpid_router_get_no_new_work() {
     assert!(reason.contains("behind torpid router rank 2"), "{reason:?}");
     assert_eq!(c.overlay_rank(6).0, "torpid");
     assert_eq!(c.overlay_rank(1).0, "online", "rank 1's subtree is not behind rank 2");
+    // A ping to the stalled router gives up and says why.
+    let p = c.vigil(&["ping", "--timeout", "1s", "2"]);
+    assert!(p.code == 1 && p.stderr.contains("rank 2 is torpid"), "{}", p.dump());
     // With every other rank drained, a 2-node job could only go to ranks 5 and 6: it must wait.
     c.vigil(&["resource", "drain", "0-1,3-4", "test"]).ok();
     let o = c.vigil(&["submit", "-N2", "true"]);

@@ -88,6 +88,23 @@ pub struct PingArgs {
     /// Pings kept in flight (with --overlay-only): above 1 it measures streaming throughput.
     #[arg(long, default_value_t = 1)]
     pub window: u32,
+    /// Give up on a ping after this long (FSD duration, e.g. 10s, 500ms; 0 waits forever) and say what state
+    /// the rank is in (a torpid broker answers only once it resumes).
+    #[arg(long, default_value = "10s")]
+    pub timeout: String,
+}
+
+/// Why rank `rank` may not answer, from rank 0's overlay view: ` (rank 3 is torpid: broker silent for ...)`.
+async fn rank_state_hint(c: &crate::client::Client, rank: u32) -> String {
+    let Ok(st) = c.rpc("overlay.status", 0, &json!({})).await else { return String::new() };
+    let entry = st["ranks"].as_array().and_then(|a| a.iter().find(|r| r["rank"].as_u64() == Some(u64::from(rank))));
+    match entry {
+        Some(e) if e["state"] != "online" => {
+            let why = e["reason"].as_str().filter(|w| !w.is_empty()).map(|w| format!(": {w}")).unwrap_or_default();
+            format!(" (rank {rank} is {}{why})", e["state"].as_str().unwrap_or("?"))
+        }
+        _ => String::new(),
+    }
 }
 
 async fn resolve_targets(c: &crate::client::Client, t: &str) -> Result<IdSet, String> {
@@ -400,8 +417,36 @@ pub(crate) async fn lsattr(a: LsattrArgs) -> Result<i32, String> {
     Ok(0)
 }
 
+/// One RPC to `nodeid` about `rank`, waiting up to `limit.0` seconds (0: forever; `limit.1` is how the user
+/// wrote it); on expiry the error says what state `rank` is in.
+async fn rpc_within(
+    c: &crate::client::Client,
+    topic: &str,
+    nodeid: u32,
+    body: Value,
+    rank: u32,
+    limit: (f64, &str),
+) -> Result<Value, String> {
+    let fut = c.rpc(topic, nodeid, &body);
+    let r = if limit.0 == 0.0 {
+        fut.await
+    } else {
+        match tokio::time::timeout(std::time::Duration::from_secs_f64(limit.0), fut).await {
+            Ok(r) => r,
+            Err(_) => {
+                return Err(format!("rank {rank}: no answer within {}{}", limit.1, rank_state_hint(c, rank).await))
+            }
+        }
+    };
+    r.map_err(|e| format!("rank {rank}: {}", e.errstr))
+}
+
 /// `vigil ping`.
 pub(crate) async fn ping(a: PingArgs) -> Result<i32, String> {
+    let limit =
+        crate::duration::parse_duration_secs(&a.timeout).ok().filter(|t| t.is_finite() && *t >= 0.0).ok_or_else(
+            || format!("invalid --timeout '{}': expected a duration such as 10s or 500ms (0: none)", a.timeout),
+        )?;
     let c = connect().await?;
     if a.overlay_only {
         if a.count == 0 || a.window == 0 {
@@ -410,14 +455,8 @@ pub(crate) async fn ping(a: PingArgs) -> Result<i32, String> {
         if a.size > 1 << 20 {
             return Err(format!("--size {} is too large: at most 1048576 bytes", a.size));
         }
-        let r = c
-            .rpc(
-                "broker.rtt",
-                crate::message::NODEID_ANY,
-                &json!({"rank": a.rank, "count": a.count.max(1), "size": a.size, "window": a.window}),
-            )
-            .await
-            .map_err(|e| format!("rank {}: {}", a.rank, e.errstr))?;
+        let body = json!({"rank": a.rank, "count": a.count.max(1), "size": a.size, "window": a.window});
+        let r = rpc_within(&c, "broker.rtt", crate::message::NODEID_ANY, body, a.rank, (limit, &a.timeout)).await?;
         let mut v: Vec<f64> =
             r["samples_us"].as_array().map(|a| a.iter().filter_map(Value::as_f64).collect()).unwrap_or_default();
         v.sort_by(f64::total_cmp);
@@ -439,10 +478,7 @@ pub(crate) async fn ping(a: PingArgs) -> Result<i32, String> {
     }
     for i in 0..a.count.max(1) {
         let t = std::time::Instant::now();
-        let r = c
-            .rpc("broker.ping", a.rank, &json!({"seq": i}))
-            .await
-            .map_err(|e| format!("rank {}: {}", a.rank, e.errstr))?;
+        let r = rpc_within(&c, "broker.ping", a.rank, json!({"seq": i}), a.rank, (limit, &a.timeout)).await?;
         println!(
             "rank {} ({}): seq={i} time={:.3} ms hops={}",
             a.rank,
