@@ -140,18 +140,7 @@ fn generic_xdp_on_loopback_is_shared_through_a_pinned_table() {
 
 /// Sets the interface a socket sends multicast on (`IP_MULTICAST_IF`, by local address).
 fn multicast_from(sock: &UdpSocket, local: std::net::Ipv4Addr) {
-    let a = libc::in_addr { s_addr: u32::from(local).to_be() };
-    // SAFETY: setsockopt on a socket we own, with an in_addr option value of the size passed.
-    let rc = unsafe {
-        libc::setsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(sock),
-            libc::IPPROTO_IP,
-            libc::IP_MULTICAST_IF,
-            &a as *const libc::in_addr as *const libc::c_void,
-            std::mem::size_of::<libc::in_addr>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(rc, 0, "IP_MULTICAST_IF: {}", std::io::Error::last_os_error());
+    socket2::SockRef::from(sock).set_multicast_if_v4(&local).expect("IP_MULTICAST_IF");
 }
 
 /// Waits until the kernel has collected a reply with sequence `seq` in each of `slots`.

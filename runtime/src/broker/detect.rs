@@ -137,21 +137,7 @@ pub(crate) fn probe_group(attrs: &std::collections::BTreeMap<String, String>) ->
 
 /// Sets a prober socket to send group probes out of the interface of `local`, one hop, not looped back.
 fn multicast_sender(s: &std::net::UdpSocket, local: Ipv4Addr) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let a = libc::in_addr { s_addr: u32::from(local).to_be() };
-    // SAFETY: setsockopt on a socket we own, with an in_addr option value of the size passed.
-    let rc = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::IPPROTO_IP,
-            libc::IP_MULTICAST_IF,
-            &a as *const libc::in_addr as *const libc::c_void,
-            std::mem::size_of::<libc::in_addr>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    socket2::SockRef::from(s).set_multicast_if_v4(&local)?;
     s.set_multicast_ttl_v4(1)?;
     s.set_multicast_loop_v4(false)
 }
@@ -289,7 +275,7 @@ impl Detectors {
             probes: format!(
                 "every {:.0} ms{}; a child whose kernel (XDP) answers is lost after {} unanswered in a row",
                 cfg.probe_period * 1e3,
-                match (probe_group(attrs)?.for_parent(rank), bind_ip.is_loopback()) {
+                match (groups.for_parent(rank), bind_ip.is_loopback()) {
                     (Some(g), false) =>
                         format!(", by one multicast datagram to {g} once a child's kernel has answered"),
                     (Some(_), true) => ", by unicast (loopback: group probes need one node per child)".into(),
@@ -886,6 +872,8 @@ struct Prober {
     collects: bool,
     /// Heartbeat age (s) from which every reply is forwarded to the core: half of `tbon.torpid_max`.
     stall_note: f64,
+    /// After the last round: children probed by the group datagram, and those the group does not reach.
+    counts: (u32, u32),
 }
 
 impl Drop for Prober {
@@ -922,6 +910,7 @@ impl Prober {
             no_group_logged: false,
             collects: false,
             stall_note,
+            counts: (0, 0),
         }
     }
 
@@ -1075,6 +1064,7 @@ impl Prober {
     fn next_round(&mut self) -> (bool, Vec<(u32, SocketAddr)>) {
         let mut unicast = Vec::new();
         let mut group = false;
+        let (mut grouped, mut unreached) = (0, 0);
         for (r, t) in self.targets.iter_mut() {
             let outstanding = self.round - t.answered;
             if t.grouped && t.last_unicast != self.round {
@@ -1104,6 +1094,10 @@ impl Prober {
             // and teaches a node that forgot us (LRU, reboot) who we are.
             if t.grouped {
                 group = true;
+                grouped += 1;
+            }
+            if t.no_group {
+                unreached += 1;
             }
             if !t.grouped || outstanding >= 1 {
                 unicast.push((t.id, t.addr));
@@ -1111,6 +1105,7 @@ impl Prober {
             }
         }
         self.round += 1;
+        self.counts = (grouped, unreached);
         (group, unicast)
     }
 }
@@ -1177,10 +1172,10 @@ async fn prober_task(
                 let (group_wanted, unicast) = pr.next_round();
                 {
                     use std::sync::atomic::Ordering::Relaxed;
-                    let grouped = pr.targets.values().filter(|t| t.grouped).count() as u32;
+                    let (grouped, unreached) = pr.counts;
                     stats.grouped.store(grouped, Relaxed);
                     stats.unicast.store(pr.targets.len() as u32 - grouped, Relaxed);
-                    stats.unreached.store(pr.targets.values().filter(|t| t.no_group).count() as u32, Relaxed);
+                    stats.unreached.store(unreached, Relaxed);
                     stats.collected.store(pr.area.is_some(), Relaxed);
                 }
                 let now = vigil_ebpf::monotonic_ns() ^ pr.key;

@@ -383,6 +383,8 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             // either (and come back with it, unless they were torpid on their own account).
             const BEHIND: &str = "unreachable behind torpid router rank";
             let mut ranks = reported.clone();
+            // Rank below a reported router → that router.
+            let mut behind = std::collections::BTreeMap::<u32, u32>::new();
             for r in reported.iter() {
                 for d in core.opts.topo.subtree(core.opts.size, r).into_iter().filter(|d| *d != r) {
                     let m = core.members.get(&d);
@@ -393,18 +395,16 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
                     };
                     if ok {
                         ranks.insert(d);
+                        behind.entry(d).or_insert(r);
                     }
                 }
             }
             for r in ranks.iter() {
                 if core.members.get(&r).is_some_and(|m| m.0 == MemberState::Online || m.0 == MemberState::Torpid) {
-                    let why = match (torpid, reported.contains(r)) {
-                        (false, _) => String::new(),
-                        (true, true) => reason.clone(),
-                        (true, false) => {
-                            let via = reported.iter().find(|x| core.opts.topo.subtree(core.opts.size, *x).contains(&r));
-                            format!("{BEHIND} {}", via.unwrap_or(0))
-                        }
+                    let why = match (torpid, reported.contains(r), behind.get(&r)) {
+                        (false, _, _) => String::new(),
+                        (true, false, Some(via)) => format!("{BEHIND} {via}"),
+                        (true, _, _) => reason.clone(),
                     };
                     core.members.insert(r, (if torpid { MemberState::Torpid } else { MemberState::Online }, why, n));
                 }
