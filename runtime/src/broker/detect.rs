@@ -874,6 +874,8 @@ struct Prober {
     stall_note: f64,
     /// After the last round: children probed by the group datagram, and those the group does not reach.
     counts: (u32, u32),
+    /// Reused by every period's read of the reply array: (rank, slot, address) of the children with a slot.
+    scratch: Vec<(u32, u32, SocketAddr)>,
 }
 
 impl Drop for Prober {
@@ -911,6 +913,7 @@ impl Prober {
             collects: false,
             stall_note,
             counts: (0, 0),
+            scratch: Vec::new(),
         }
     }
 
@@ -1013,26 +1016,39 @@ impl Prober {
 
     /// A reply (read from the socket, `from` its sender; or collected by the kernel, which checked the sender).
     fn reply(&mut self, p: &Probe, from: SocketAddr) {
+        let Some(&rank) = self.ids.get(&p.rank) else { return };
+        self.accept(rank, p, from, vigil_ebpf::monotonic_ns());
+    }
+
+    /// A reply for child `rank` (its id already matched), at `now` (CLOCK_MONOTONIC, ns).
+    fn accept(&mut self, rank: u32, p: &Probe, from: SocketAddr, now: u64) {
         if p.kind == ProbeKind::Request || p.kind == ProbeKind::Group || p.seq > self.round {
             return;
         }
-        let groupable = self.groupable(from);
-        let Some(&rank) = self.ids.get(&p.rank) else { return };
-        let Some(t) = self.targets.get_mut(&rank) else { return };
+        let kernel = p.kind == ProbeKind::ReplyKernel;
+        // Its kernel answered: it knows us now, and answers the group datagram from the next round. (Looked up
+        // only for a child not grouped yet: this runs for every child every period.)
+        let groupable = |t: &ProbeTarget| {
+            if t.grouped {
+                kernel
+            } else {
+                kernel && !t.no_group && self.groupable(from)
+            }
+        };
+        let Some(t) = self.targets.get(&rank) else { return };
         if p.seq <= t.answered || from != t.addr {
             return;
         }
         let sent = p.sent_ns ^ self.key;
-        let now = vigil_ebpf::monotonic_ns();
         if sent > now || now - sent > 60_000_000_000 {
             return; // not an echo of one of our requests
         }
+        let grouped = groupable(t);
+        let Some(t) = self.targets.get_mut(&rank) else { return };
         t.answered = p.seq;
         let recovered = t.missed_reported > 0;
         t.missed_reported = 0;
-        let kernel = p.kind == ProbeKind::ReplyKernel;
-        // Its kernel answered: it knows us now, and answers the group datagram from the next round.
-        t.grouped = kernel && groupable && !t.no_group;
+        t.grouped = grouped;
         let age = p.hb_age_ns as f64 / 1e9;
         // Forwarded every time once the child's heartbeat is half way to torpid (the membership machine applies
         // the real threshold; this only limits how often replies reach the core).
@@ -1048,16 +1064,20 @@ impl Prober {
         }
     }
 
-    /// Replies the kernel collected since the last read (a read of shared memory per child, no system call).
+    /// Replies the kernel collected since the last read (a read of shared memory per child, no system call; one
+    /// clock read per period).
     fn read_collected(&mut self) {
         let Some(area) = self.area.clone() else { return };
-        let slots: Vec<(u32, SocketAddr)> =
-            self.targets.values().filter(|t| t.id & NO_SLOT == 0).map(|t| (t.id, t.addr)).collect();
-        for (slot, addr) in slots {
+        let now = vigil_ebpf::monotonic_ns();
+        let mut slots = std::mem::take(&mut self.scratch);
+        slots.clear();
+        slots.extend(self.targets.iter().filter(|(_, t)| t.id & NO_SLOT == 0).map(|(r, t)| (*r, t.id, t.addr)));
+        for &(rank, slot, addr) in &slots {
             if let Some((p, _)) = area.read(slot) {
-                self.reply(&p, addr);
+                self.accept(rank, &p, addr, now);
             }
         }
+        self.scratch = slots;
     }
 
     /// Start of a period: count misses, then the next round's probes: (group datagram wanted, unicast list).
