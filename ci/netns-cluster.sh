@@ -111,6 +111,8 @@ down)
         ip netns del "$(ns $k)" 2>/dev/null || true
     done
     ip netns del "$hub" 2>/dev/null || true
+    # Whatever is left of this instance's namespaces (an instance killed half way up has no size file).
+    for k in $(ip netns list | awk -v p="vn-$name-n" 'index($1, p) == 1 { print $1 }'); do ip netns del "$k" 2>/dev/null || true; done
     rm -rf "$dir"
     ;;
 *) sed -n '2,16p' "$0"; exit 2 ;;
