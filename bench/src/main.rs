@@ -23,6 +23,9 @@
 //! - `vigil-bench uring` (module [`uring`]): an `io_uring` overlay link ([`uring_link`]) against the tokio
 //!   (epoll) transport on loopback TCP, RPC round trip and streaming throughput; needs no `vigil` binary.
 //!
+//! - `vigil-bench fwq` (module [`fwq`]): fixed-work-quanta OS noise on the core it is pinned to, one JSON line;
+//!   `bench/probe-cost.sh` runs it on the parent's core.
+//!
 //! `vigil-bench all` runs first light, then `mpi`, then `detect`.
 
 use clap::{Args, Parser, Subcommand};
@@ -34,6 +37,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 mod detect;
+mod fwq;
 mod mpi;
 mod uring;
 mod uring_link;
@@ -93,6 +97,8 @@ enum TopCmd {
     Detect(detect::DetectArgs),
     /// io_uring vs tokio (epoll) for overlay TCP links: RPC round trip and streaming throughput.
     Uring(uring::UringArgs),
+    /// Fixed-work-quanta OS noise: what else running on this core steals from a compute-bound process.
+    Fwq(fwq::FwqArgs),
     /// First light, then `mpi`, then `detect`.
     All(AllArgs),
     /// Measurements taken from inside an instance (run as its initial program).
@@ -287,6 +293,7 @@ fn main() {
         Some(TopCmd::Mpi(a)) => report(mpi::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Detect(a)) => report(detect::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Uring(a)) => report(uring::run(&a, cli.out_dir)),
+        Some(TopCmd::Fwq(a)) => fwq::run(&a),
         Some(TopCmd::All(a)) => {
             // Every group runs even if an earlier one failed; the exit code is the worst of the three.
             let first = report(outer(a.runs, cli.vigil.clone(), cli.out_dir.clone()));
