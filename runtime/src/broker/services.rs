@@ -550,14 +550,25 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
         }
         "job-manager.list" => {
             let all = body.get("all").and_then(Value::as_bool).unwrap_or(false);
+            let with_reason = |j: &crate::jobs::Job| {
+                let mut v = j.info();
+                if let Some(r) = jc.pending_reason(j.id) {
+                    v["reason_pending"] = Value::String(r);
+                }
+                v
+            };
             let jobs: Vec<Value> =
-                jc.jobs.values().rev().filter(|j| all || j.state.is_active()).map(|j| j.info()).collect();
+                jc.jobs.values().rev().filter(|j| all || j.state.is_active()).map(with_reason).collect();
             Ok(Some(json!({"jobs": jobs})))
         }
         "job-manager.info" => {
             let id = parse_id(body)?;
             let j = jc.jobs.get(&id).ok_or((errno::ENOENT, format!("unknown job id {id}")))?;
-            Ok(Some(json!({"info": j.info(), "jobspec": j.jobspec, "R": j.r})))
+            let mut info = j.info();
+            if let Some(r) = jc.pending_reason(id) {
+                info["reason_pending"] = Value::String(r);
+            }
+            Ok(Some(json!({"info": info, "jobspec": j.jobspec, "R": j.r})))
         }
         "job-manager.cancel" => {
             let id = parse_id(body)?;

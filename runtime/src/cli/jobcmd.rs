@@ -403,6 +403,7 @@ pub(crate) async fn jobs(a: JobsArgs) -> Result<i32, String> {
             Some("RUN") if j["uri"].is_string() => {
                 format!("{} {}", j["nodelist"].as_str().unwrap_or(""), j["uri"].as_str().unwrap_or(""))
             }
+            Some("SCHED") => j["reason_pending"].as_str().unwrap_or("").to_string(),
             _ => j["nodelist"].as_str().unwrap_or("").to_string(),
         };
         println!(

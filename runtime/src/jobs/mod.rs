@@ -513,6 +513,19 @@ impl JobCore {
         Ok(id)
     }
 
+    /// Why job `id` is still waiting for resources (`None` unless it is SCHED): for the head of the queue what
+    /// the pool lacks ([`Pool::pending_reason`]); for the others the job they wait behind (strict first come,
+    /// first served).
+    pub fn pending_reason(&self, id: JobId) -> Option<String> {
+        let job = self.jobs.get(&id).filter(|j| j.state == JobState::Sched)?;
+        let head = self.queue.iter().find(|q| self.jobs.get(q).is_some_and(|j| j.state == JobState::Sched))?;
+        if *head == id {
+            Some(self.pool.pending_reason(&job.req))
+        } else {
+            Some(format!("priority: queued behind job {} (first come, first served)", head.f58()))
+        }
+    }
+
     /// Strict FCFS: allocate the head of the queue while it fits; a head that does not fit blocks the rest.
     pub fn schedule(&mut self, now: f64) {
         while let Some(&id) = self.queue.front() {

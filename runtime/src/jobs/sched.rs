@@ -257,6 +257,80 @@ impl Pool {
         Some(plan)
     }
 
+    /// Why `req`, which [`Pool::allocate`] cannot place now, is waiting: what it needs, what the schedulable ranks
+    /// can give at the moment, and the ranks out of scheduling (the REASON of Slurm's `squeue`, Flux's
+    /// `reason_pending`). Shape: `resources: needs 4 nodes with 2 cores free, 2 can take it now (1 busy, 1 torpid, 1 down)` or
+    /// `resources: needs 8 slots of 2 cores, 3 free now (1 drained)`.
+    pub fn pending_reason(&self, req: &JobRequest) -> String {
+        let (c, g) = (req.cores_per_slot, req.gpus_per_slot);
+        let (mut down, mut torpid, mut drained) = (0u32, 0u32, 0u32);
+        for r in self.ranks.values() {
+            if !r.up {
+                down += 1;
+            } else if r.drained.is_some() {
+                drained += 1;
+            } else if r.torpid {
+                torpid += 1;
+            }
+        }
+        let amount = |c: u32, g: u32| match (c, g) {
+            (c, 0) => format!("{c} core{}", if c == 1 { "" } else { "s" }),
+            (c, g) => format!("{c} core{} and {g} GPU{}", if c == 1 { "" } else { "s" }, if g == 1 { "" } else { "s" }),
+        };
+        let out = |busy: Option<u32>| {
+            let parts: Vec<String> =
+                [(busy.unwrap_or(0), "busy"), (torpid, "torpid"), (down, "down"), (drained, "drained")]
+                    .iter()
+                    .filter(|(k, _)| *k > 0)
+                    .map(|(k, what)| format!("{k} {what}"))
+                    .collect();
+            if parts.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", parts.join(", "))
+            }
+        };
+        match req.nnodes {
+            Some(n) => {
+                let per = req.slots_per_node.unwrap_or(1);
+                let (mut now, mut busy) = (0u32, 0u32);
+                for r in self.ranks.values().filter(|r| r.schedulable()) {
+                    let (nc, ng) = r.nfree();
+                    let idle = r.alloc_cores.is_empty() && r.alloc_gpus.is_empty();
+                    if Self::fit(nc, ng, c, g) >= per && (idle || !req.exclusive) {
+                        now += 1;
+                    } else {
+                        busy += 1;
+                    }
+                }
+                let what = if req.exclusive {
+                    format!("whole nodes with at least {}", amount(per * c, per * g))
+                } else {
+                    format!("nodes with {} free", amount(per * c, per * g))
+                };
+                format!("resources: needs {n} {what}, {now} can take it now{}", out(Some(busy)))
+            }
+            None => {
+                let free: u64 = self
+                    .ranks
+                    .values()
+                    .filter(|r| r.schedulable())
+                    .map(|r| {
+                        let (nc, ng) = r.nfree();
+                        Self::fit(nc, ng, c, g) as u64
+                    })
+                    .sum();
+                format!(
+                    "resources: needs {} slot{} of {}, {free} free now{}",
+                    req.nslots,
+                    if req.nslots == 1 { "" } else { "s" },
+                    amount(c, g),
+                    out(None)
+                )
+            }
+        }
+    }
+
     /// Return an allocation's resources on `ranks` (all of it when `ranks` is `None`).
     pub fn free(&mut self, alloc: &[RankAlloc], ranks: Option<&IdSet>) {
         for a in alloc {
@@ -326,6 +400,29 @@ mod tests {
         assert!(matches!(p.feasible(&req(None, 9, 1, 0)), Err(Unsatisfiable::Slots { want: 9, have: 8, .. })));
         let e = p.feasible(&req(Some(5), 5, 1, 0)).unwrap_err().to_string();
         assert!(e.contains("5 nodes") && e.contains("has 4"), "{e}");
+    }
+
+    #[test]
+    fn pending_reason_says_what_is_missing_and_why() {
+        let mut p = pool(4, 4, 0);
+        let a = p.allocate(&req(Some(1), 1, 4, 0)).unwrap(); // rank 0 full
+        assert_eq!(a[0].rank, 0);
+        p.ranks.get_mut(&1).unwrap().torpid = true;
+        p.ranks.get_mut(&2).unwrap().up = false;
+        let r = req(Some(2), 2, 1, 0);
+        assert!(p.allocate(&r).is_none());
+        assert_eq!(
+            p.pending_reason(&r),
+            "resources: needs 2 nodes with 1 core free, 1 can take it now (1 busy, 1 torpid, 1 down)"
+        );
+        let r = req(None, 6, 2, 0);
+        assert!(p.allocate(&r).is_none());
+        assert_eq!(p.pending_reason(&r), "resources: needs 6 slots of 2 cores, 2 free now (1 torpid, 1 down)");
+        p.ranks.get_mut(&3).unwrap().drained = Some("maint".into());
+        assert_eq!(
+            p.pending_reason(&r),
+            "resources: needs 6 slots of 2 cores, 0 free now (1 torpid, 1 down, 1 drained)"
+        );
     }
 
     #[test]

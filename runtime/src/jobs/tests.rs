@@ -423,3 +423,26 @@ fn output_retention_is_bounded() {
     assert_eq!(c.jobs[&ids[0]].output_bytes, 0, "the oldest job's output went first");
     assert!(c.jobs[&ids[79]].output_bytes > 0, "the newest job keeps its tail");
 }
+
+#[test]
+fn pending_jobs_say_why_they_wait() {
+    let mut c = core(2, 1, 0);
+    let run = c.submit(T0, &spec(cmd().nnodes(2).ntasks(2)), 7).unwrap();
+    let head = c.submit(T0, &spec(cmd()), 7).unwrap();
+    let behind = c.submit(T0, &spec(cmd()), 7).unwrap();
+    actions(&mut c);
+    assert_eq!(c.pending_reason(run), None, "a running job waits for nothing");
+    assert_eq!(
+        c.pending_reason(head).as_deref(),
+        Some("resources: needs 1 slot of 1 core, 0 free now"),
+        "the head of the queue names what it needs"
+    );
+    assert_eq!(
+        c.pending_reason(behind),
+        Some(format!("priority: queued behind job {} (first come, first served)", head.f58()))
+    );
+    // The head canceled: the next one is the head now.
+    c.cancel(T0 + 1.0, head, 7, false, "user").unwrap();
+    assert_eq!(c.pending_reason(head), None);
+    assert!(c.pending_reason(behind).unwrap().starts_with("resources: "));
+}
