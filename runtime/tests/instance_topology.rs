@@ -64,6 +64,31 @@ fn check_topology(size: u32, topo: Option<&str>) {
     }
     assert_eq!(v["depth"].as_u64(), Some(max_level as u64 + 1), "depth: {}", o.dump());
 
+    // A router's view (`--rank`): its subtree only, and its own prober probing exactly its children.
+    if let Some((&router, kids)) = children.iter().find(|(r, _)| **r != 0) {
+        let mut subtree = vec![router as u64];
+        let mut i = 0;
+        while i < subtree.len() {
+            subtree.extend(children.get(&(subtree[i] as u32)).cloned().unwrap_or_default());
+            i += 1;
+        }
+        let rs = router.to_string();
+        let o = inst.vigil(&["overlay", "status", "--rank", &rs]);
+        o.ok();
+        let tree: Vec<&str> = o
+            .lines()
+            .into_iter()
+            .filter(|l| !l.starts_with("size") && !l.starts_with("detectors") && !l.starts_with("link"))
+            .collect();
+        assert!(tree[0].starts_with(&format!("{router} ")), "subtree drawn from rank {router}:\n{}", o.dump());
+        assert_eq!(tree.len(), subtree.len(), "the subtree of rank {router}, {subtree:?}:\n{}", o.dump());
+        let probing =
+            format!("detectors (rank {router}): probing 0 children by group datagram, {} by unicast", kids.len());
+        assert!(o.stdout.contains(&probing), "want {probing:?}:\n{}", o.dump());
+        let bad = inst.vigil(&["overlay", "status", "--rank", &size.to_string()]);
+        assert!(bad.code != 0 && bad.stderr.contains("the instance has ranks"), "{}", bad.dump());
+    }
+
     // The level attribute of the deepest rank agrees with the tree.
     let last = (size - 1).to_string();
     let lv = inst.vigil(&["getattr", "tbon.level", "-r", &last]);

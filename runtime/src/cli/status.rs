@@ -49,6 +49,10 @@ pub enum OverlayCmd {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Draw the subtree rooted at this rank and show that broker's own detectors and prober (a router's
+        /// view of its children), as `flux overlay status --rank`.
+        #[arg(short, long, default_value_t = 0)]
+        rank: u32,
     },
 }
 
@@ -300,8 +304,18 @@ fn draw(ranks: &[Value], rank: usize, prefix: &str, last: bool, root: bool, out:
 pub(crate) async fn overlay(cmd: OverlayCmd) -> Result<i32, String> {
     let c = connect().await?;
     match cmd {
-        OverlayCmd::Status { json: as_json } => {
-            let r = c.rpc("overlay.status", 0, &json!({})).await.map_err(|e| e.errstr)?;
+        OverlayCmd::Status { json: as_json, rank } => {
+            let mut r = c.rpc("overlay.status", 0, &json!({})).await.map_err(|e| e.errstr)?;
+            let size = r["size"].as_u64().unwrap_or(0);
+            if u64::from(rank) >= size {
+                return Err(format!("--rank {rank}: the instance has ranks 0-{}", size.saturating_sub(1)));
+            }
+            if rank != 0 {
+                // overlay.status is rank 0's service; a router's own detectors come from its broker.info.
+                let info =
+                    c.rpc("broker.info", rank, &json!({})).await.map_err(|e| format!("rank {rank}: {}", e.errstr))?;
+                r["detectors"] = info["detectors"].clone();
+            }
             if as_json {
                 println!("{r}");
                 return Ok(0);
@@ -315,16 +329,31 @@ pub(crate) async fn overlay(cmd: OverlayCmd) -> Result<i32, String> {
                 r["transport"].as_str().unwrap_or(""),
                 r["critical_ranks"].as_str().unwrap_or("")
             );
-            // overlay.status is rank 0's service: these are its detectors and its prober.
             for l in detector_lines(&r["detectors"]) {
-                println!("detectors (rank 0): {l}");
+                println!("detectors (rank {rank}): {l}");
             }
             let mut out = String::new();
-            if !ranks.is_empty() {
-                draw(&ranks, 0, "", true, true, &mut out);
+            if (rank as usize) < ranks.len() {
+                draw(&ranks, rank as usize, "", true, true, &mut out);
             }
-            // Each rank's link to its parent: rdma (device) or tcp (why not rdma).
-            for l in ranks.iter().filter(|l| l["link"].is_object()) {
+            // Each rank's link to its parent: rdma (device) or tcp (why not rdma), within the drawn subtree.
+            let mut subtree = std::collections::BTreeSet::new();
+            let mut stack = vec![rank as usize];
+            while let Some(x) = stack.pop() {
+                if x < ranks.len() && subtree.insert(x) {
+                    stack.extend(
+                        ranks[x]["children"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(|c| c.as_u64())
+                            .map(|c| c as usize),
+                    );
+                }
+            }
+            for l in ranks.iter().filter(|l| {
+                l["link"].is_object() && l["rank"].as_u64().is_some_and(|x| subtree.contains(&(x as usize)))
+            }) {
                 out.push_str(&format!(
                     "link {} -> {}: {} ({})\n",
                     l["rank"],
