@@ -193,6 +193,21 @@ fn missing_initial_program_is_127() {
 }
 
 #[test]
+fn refused_start_leaves_no_run_directory() {
+    // TMPDIR is the test's own directory: a refused or failed start must leave nothing in it.
+    for attrs in [&["tbon.transport=rdma"][..], &["tbon.topo=bogus"][..]] {
+        let (o, d) = start_and_run(2, attrs, &["true"], Duration::from_secs(20));
+        o.code_is(1);
+        let left: Vec<_> = std::fs::read_dir(d.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert!(left.is_empty(), "{attrs:?} left {left:?}:\n{}", o.dump());
+    }
+    let (o, d) = start_and_run(2, &[], &["true"], Duration::from_secs(20));
+    o.ok();
+    let left: Vec<_> = std::fs::read_dir(d.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "a finished instance left {left:?}:\n{}", o.dump());
+}
+
+#[test]
 fn shutdown_leaves_no_brokers_shells_or_tasks() {
     // Running jobs at exit: one on every rank, plus a one-node job. After `vigil start` returns, no process of
     // the instance (brokers: --rundir under our tempdir; shells and tasks: TMPDIR in their environment) remains.

@@ -246,6 +246,11 @@ fn start_inner(a: StartArgs) -> Result<i32, String> {
     }
     let topo = topology_from_attrs(&attrs)?;
     topology_source(&attrs)?;
+    if a.test_size > 1 && attrs.get("tbon.transport").is_some_and(|t| t == "rdma") {
+        return Err("tbon.transport=rdma: a test instance's overlay runs on loopback, which no verbs device serves; \
+                    use auto or tcp (RDMA needs brokers bound to addresses of RDMA-capable interfaces, see docs/rdma.md)"
+            .into());
+    }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the vigil binary: {e}"))?;
     let rundir = match attrs.get("rundir") {
         Some(d) => PathBuf::from(d),
@@ -262,14 +267,11 @@ fn start_inner(a: StartArgs) -> Result<i32, String> {
         }
     };
     std::fs::create_dir_all(&rundir).map_err(|e| format!("cannot create {}: {e}", rundir.display()))?;
+    // Removed however this function returns: an instance that fails to start leaves no empty run directory.
+    let _rundir_guard = RemoveOnDrop(rundir.clone());
     {
         use std::os::unix::fs::PermissionsExt;
         let _ = std::fs::set_permissions(&rundir, std::fs::Permissions::from_mode(0o755));
-    }
-    if a.test_size > 1 && attrs.get("tbon.transport").is_some_and(|t| t == "rdma") {
-        return Err("tbon.transport=rdma: a test instance's overlay runs on loopback, which no verbs device serves; \
-                    use auto or tcp (RDMA needs brokers bound to addresses of RDMA-capable interfaces, see docs/rdma.md)"
-            .into());
     }
     // Bind every broker's overlay listener here, so no port can be taken between choosing and binding it.
     let mut listeners = Vec::new();
@@ -370,8 +372,16 @@ fn start_inner(a: StartArgs) -> Result<i32, String> {
             let _ = nix::sys::signal::killpg(pg, nix::sys::signal::Signal::SIGKILL);
         }
     }
-    let _ = std::fs::remove_dir_all(&rundir);
     Ok(code)
+}
+
+/// Removes a directory tree when dropped (the test instance's run directory).
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 static TERMINATE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
