@@ -322,7 +322,7 @@ pub(crate) async fn overlay(cmd: OverlayCmd) -> Result<i32, String> {
             }
             let ranks = r["ranks"].as_array().cloned().unwrap_or_default();
             println!(
-                "size {}, topo {}, depth {}, transport {}, critical ranks {}",
+                "size {}, topo {}, levels {}, transport {}, critical ranks {}",
                 r["size"],
                 r["topo"].as_str().unwrap_or(""),
                 r["depth"],
