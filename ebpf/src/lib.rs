@@ -46,4 +46,4 @@ pub use probe::{FLAG_ALIVE, FLAG_UNKNOWN, HeartbeatClock, PROBE_LEN, Probe, Prob
 pub use replies::{ReplyArea, SLOT_BLOCK, SLOTS};
 pub use sys::{interface_for_addr, monotonic_ns};
 pub use tcp::{TcpEvent, TcpEventKind, TcpTuple, TcpWatcher};
-pub use xdp::{HbState, HbTable, XdpResponder};
+pub use xdp::{HbState, HbTable, XdpResponder, sweep_stale_pins};

@@ -241,6 +241,51 @@ impl XdpResponder {
     }
 }
 
+/// Removes the responder tables pinned under `dir` (and their `-results` / `-claims` side maps) that no loaded
+/// BPF program uses any more: those of brokers killed outright (SIGKILL, OOM), whose `Drop` never ran. A pin holds
+/// its map in kernel memory (the reply array alone is 3 MiB) until it is unlinked. A table in use is referenced by
+/// its XDP program, which lives as long as its owner. Returns the paths removed; a missing `dir` is not an error.
+///
+/// # Errors
+/// [`EbpfError`] if the loaded programs cannot be listed (no `CAP_SYS_ADMIN`/`CAP_BPF`): nothing is removed then.
+pub fn sweep_stale_pins(dir: &Path) -> Result<Vec<std::path::PathBuf>, EbpfError> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Ok(Vec::new()) };
+    let mut used = std::collections::HashSet::new();
+    for p in aya::programs::loaded_programs() {
+        let p = p.map_err(|e| EbpfError::Io(std::io::Error::other(e.to_string())))?;
+        if let Ok(Some(ids)) = p.map_ids() {
+            used.extend(ids);
+        }
+    }
+    let names: Vec<std::path::PathBuf> = entries.flatten().map(|e| e.path()).collect();
+    let is_side = |p: &Path| {
+        p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.ends_with("-results") || n.ends_with("-claims"))
+    };
+    let mut removed = Vec::new();
+    for base in names.iter().filter(|p| !is_side(p)) {
+        let stale = match aya::maps::MapInfo::from_pin(base) {
+            Ok(m) => !used.contains(&m.id()),
+            Err(_) => false, // not a map we can read: leave it
+        };
+        if stale {
+            for p in [base.clone(), side_pin(base, "results"), side_pin(base, "claims")] {
+                if std::fs::remove_file(&p).is_ok() {
+                    removed.push(p);
+                }
+            }
+        }
+    }
+    // Side maps whose table is gone.
+    for side in names.iter().filter(|p| is_side(p)) {
+        let n = side.to_string_lossy();
+        let base = n.trim_end_matches("-results").trim_end_matches("-claims");
+        if !Path::new(base).exists() && std::fs::remove_file(side).is_ok() {
+            removed.push(side.clone());
+        }
+    }
+    Ok(removed)
+}
+
 impl Drop for XdpResponder {
     fn drop(&mut self) {
         for p in self.pinned.drain(..) {

@@ -236,3 +236,42 @@ fn group_probe_answered_by_children_kernels_and_replies_collected_on_the_parent(
     area.release_block(second);
     assert_eq!(area.claim_block(port).unwrap(), first, "released blocks are claimed again");
 }
+
+#[test]
+fn stale_pins_of_killed_brokers_are_swept_and_live_ones_kept() {
+    let tag = std::process::id() % 100_000;
+    let (a, b) = (format!("vx{tag}s"), format!("vx{tag}d"));
+    let _ns = Netns(vec![a.clone(), b.clone()]);
+    for n in [&a, &b] {
+        ip(&format!("netns add {n}"));
+        ip(&format!("-n {n} link set lo up"));
+    }
+    let dir = std::path::PathBuf::from(format!("/sys/fs/bpf/vigil-test-sweep-{tag}"));
+    let d = dir.clone();
+    let (removed, left) = in_ns(&a, move || {
+        let mut live = XdpResponder::attach("lo").expect("attach on lo");
+        live.pin_table(&d.join("live")).expect("pin live");
+        // A killed broker's pins: a table (and its reply array) pinned, the program that used them gone. Made by
+        // pinning a second responder's maps again under other names, then dropping it (its Drop unpins its own).
+        let d2 = d.clone();
+        in_ns(&b, move || {
+            let mut dead = XdpResponder::attach("lo").expect("attach on lo");
+            dead.pin_table(&d2.join("tmp")).expect("pin tmp");
+            for (from, to) in [("tmp", "dead"), ("tmp-results", "dead-results")] {
+                let m = aya::maps::MapData::from_pin(d2.join(from)).expect("open pin");
+                m.pin(d2.join(to)).expect("pin again");
+            }
+            drop(dead);
+        });
+        let mut removed = vigil_ebpf::sweep_stale_pins(&d).expect("sweep");
+        removed.sort();
+        let mut left: Vec<String> =
+            std::fs::read_dir(&d).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        left.sort();
+        drop(live);
+        (removed, left)
+    });
+    let _ = std::fs::remove_dir(&dir);
+    assert_eq!(removed, vec![dir.join("dead"), dir.join("dead-results")], "the dead broker's table and array");
+    assert_eq!(left, vec!["live", "live-claims", "live-results"], "the live responder's pins stay");
+}

@@ -142,13 +142,16 @@ fn multicast_sender(s: &std::net::UdpSocket, local: Ipv4Addr) -> std::io::Result
     s.set_multicast_loop_v4(false)
 }
 
+/// Directory (on bpffs) of the responder tables the brokers of a machine share.
+const PIN_DIR: &str = "/sys/fs/bpf/vigil";
+
 /// Where to pin the responder table shared by the brokers of one test instance (derived from the instance
 /// id without revealing it).
 pub(crate) fn table_pin_path(instance: &str) -> std::path::PathBuf {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     (instance, "vigil-hb").hash(&mut h);
-    std::path::PathBuf::from(format!("/sys/fs/bpf/vigil/hb-{:016x}", h.finish()))
+    std::path::PathBuf::from(format!("{PIN_DIR}/hb-{:016x}", h.finish()))
 }
 
 /// Where the XDP owner of `interface` (in this network namespace) pins its responder table for the other
@@ -156,7 +159,7 @@ pub(crate) fn table_pin_path(instance: &str) -> std::path::PathBuf {
 fn interface_pin_path(interface: &str) -> std::path::PathBuf {
     use std::os::unix::fs::MetadataExt;
     let ns = std::fs::metadata("/proc/self/ns/net").map(|m| m.ino()).unwrap_or(0);
-    std::path::PathBuf::from(format!("/sys/fs/bpf/vigil/hb-ns{ns}-{interface}"))
+    std::path::PathBuf::from(format!("{PIN_DIR}/hb-ns{ns}-{interface}"))
 }
 
 /// Inputs the detectors send to the core loop.
@@ -575,6 +578,15 @@ fn load(mode: DetectorMode, owner: bool, ifname: Option<String>, pin: Option<std
             None => Err("userspace (no interface carries the overlay address)".into()),
             Some(i) => match XdpResponder::attach(i) {
                 Ok(mut x) => {
+                    // Tables pinned by brokers killed outright stay in kernel memory until unlinked.
+                    match vigil_ebpf::sweep_stale_pins(std::path::Path::new(PIN_DIR)) {
+                        Ok(gone) if !gone.is_empty() => tracing::info!(
+                            "removed {} stale responder pins (of brokers killed without cleaning up) from {PIN_DIR}",
+                            gone.len()
+                        ),
+                        Ok(_) => {}
+                        Err(e) => tracing::debug!("stale pins in {PIN_DIR} not checked: {e}"),
+                    }
                     // Other brokers of this machine (nested instances, the rest of a test instance) register
                     // their probe ports through the pinned table.
                     let pin_err = |e: vigil_ebpf::EbpfError| format!("userspace (pinning the table: {e})");
