@@ -565,7 +565,8 @@ impl Receiver {
     /// The next message, or why the connection ended ([`ConnError::PeerClosed`] after an orderly close).
     /// Taking a message returns its credit to the peer. In busy-poll mode this polls the completion queue
     /// itself, between passes of the runtime's other ready tasks, so a message is taken in the same task pass
-    /// that finds it.
+    /// that finds it; await it from a spawned task, not from `block_on`'s own future (whose every wake-up
+    /// writes the runtime's eventfd, and which is polled only between rounds of the other tasks).
     pub async fn recv(&mut self) -> Result<Vec<u8>, ConnError> {
         if self.shared.busy {
             return self.recv_busy().await;
