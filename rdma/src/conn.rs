@@ -514,6 +514,29 @@ impl Sender {
         Ok(())
     }
 
+    /// Like [`Sender::send_now`], for a message of `len` bytes that `fill` writes: when it fits one fragment
+    /// and a credit is available (nothing queued ahead of it), `fill` writes straight into a registered send
+    /// buffer, with no allocation and no second copy; otherwise into a queued buffer of its own.
+    pub fn send_now_with(&self, len: usize, fill: impl FnOnce(&mut [u8])) -> Result<(), ConnError> {
+        if len as u64 > self.max {
+            return Err(ConnError::TooLarge { len: len as u64, max: self.max });
+        }
+        let mut e = self.shared.lock();
+        if let Some(err) = &e.ended {
+            return Err(err.clone());
+        }
+        if e.peer_closed {
+            return Err(ConnError::PeerClosed);
+        }
+        if let Err(err) = e.send_with(len, fill) {
+            e.fail(err.clone());
+            drop(e);
+            self.shared.driver.notify_one();
+            return Err(err);
+        }
+        Ok(())
+    }
+
     /// Largest message the peer accepts, bytes.
     pub fn max_message(&self) -> u64 {
         self.max
@@ -541,38 +564,83 @@ impl std::fmt::Debug for Receiver {
 impl Receiver {
     /// The next message, or why the connection ended ([`ConnError::PeerClosed`] after an orderly close).
     /// Taking a message returns its credit to the peer. In busy-poll mode this polls the completion queue
-    /// itself between yields, so a message is taken in the same task pass that finds it.
+    /// itself, between passes of the runtime's other ready tasks, so a message is taken in the same task pass
+    /// that finds it; await it from a spawned task, not from `block_on`'s own future (whose every wake-up
+    /// writes the runtime's eventfd, and which is polled only between rounds of the other tasks).
     pub async fn recv(&mut self) -> Result<Vec<u8>, ConnError> {
+        if self.shared.busy {
+            return self.recv_busy().await;
+        }
         loop {
             let notified = self.shared.readable.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            {
-                let mut e = self.shared.lock();
-                let mut r = e.take_message();
-                if r.is_none() && self.shared.busy && e.ended.is_none() {
-                    if let Err(err) = e.poll_once() {
-                        e.fail(err);
-                        self.shared.driver.notify_one();
-                    }
-                    r = e.take_message();
-                }
-                if let Some(r) = r {
-                    let woke = e.ended.is_some();
-                    drop(e);
-                    if woke {
-                        self.shared.driver.notify_one();
-                    }
-                    return r;
-                }
+            if let Some(r) = self.try_take(false) {
+                return r;
             }
-            if self.shared.busy {
-                tokio::task::yield_now().await;
-            } else {
-                notified.await;
-            }
+            notified.await;
         }
     }
+
+    /// Busy-poll mode: poll the completion queue between passes of the other tasks, with no waker registered
+    /// (the driver does not wake a busy receiver).
+    async fn recv_busy(&mut self) -> Result<Vec<u8>, ConnError> {
+        loop {
+            if let Some(r) = self.try_take(true) {
+                return r;
+            }
+            requeue().await;
+        }
+    }
+
+    /// The next message if one is there, without waiting: `None` when there is none yet. In busy-poll mode
+    /// ([`Config::busy_poll`]) this polls the completion queue first, so a caller's own polling loop (one that
+    /// watches several connections) receives without a task of its own. Once the connection has ended,
+    /// `Some(Err(..))` says why, as [`Receiver::recv`] does.
+    pub fn try_recv(&mut self) -> Option<Result<Vec<u8>, ConnError>> {
+        self.try_take(self.shared.busy)
+    }
+
+    /// Whether this receiver's connection busy-polls ([`Config::busy_poll`]).
+    pub fn is_busy_poll(&self) -> bool {
+        self.shared.busy
+    }
+
+    /// Take the next message (polling the completion queue first if `poll` and none is waiting).
+    fn try_take(&self, poll: bool) -> Option<Result<Vec<u8>, ConnError>> {
+        let mut e = self.shared.lock();
+        let mut r = e.take_message();
+        if r.is_none() && poll && e.ended.is_none() {
+            if let Err(err) = e.poll_once() {
+                e.fail(err);
+                self.shared.driver.notify_one();
+            }
+            r = e.take_message();
+        }
+        let r = r?;
+        let woke = e.ended.is_some();
+        drop(e);
+        if woke {
+            self.shared.driver.notify_one();
+        }
+        Some(r)
+    }
+}
+
+/// Let the runtime run its other ready tasks once, then continue: the task wakes itself and goes to the back
+/// of the run queue. Unlike `tokio::task::yield_now`, which defers the wake-up until the scheduler has polled
+/// its I/O driver (an `epoll_wait` system call per yield when nothing else is ready), a busy-polling loop then
+/// costs no system call per pass; the runtime still polls its driver every `event_interval` (61) tasks.
+fn requeue() -> impl std::future::Future<Output = ()> {
+    let mut woke = false;
+    std::future::poll_fn(move |cx| {
+        if woke {
+            return std::task::Poll::Ready(());
+        }
+        woke = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    })
 }
 
 impl Drop for Receiver {
@@ -908,17 +976,32 @@ impl Engine {
     /// Queue `msg` and post it. A message that fits one fragment, with credits and nothing queued ahead of
     /// it, is copied straight into a send slot (no allocation); else it is queued.
     fn send_now(&mut self, msg: &[u8]) -> Result<(), ConnError> {
+        self.send_with(msg.len(), |b| b.copy_from_slice(msg))
+    }
+
+    /// [`Engine::send_now`] for a message of `len` bytes written by `fill`: into a free send slot when it
+    /// fits one fragment and may go at once, else into a queued buffer.
+    fn send_with(&mut self, len: usize, fill: impl FnOnce(&mut [u8])) -> Result<(), ConnError> {
         if self.pending.is_empty()
             && self.ready
             && !self.send_ready
             && self.send_credits > 0
             && self.free_slots.len() > 1
-            && msg.len() <= self.send_frag
+            && len <= self.send_frag
         {
             let slot = self.free_slots.pop().expect("checked");
-            self.post_data(slot, msg, false)?;
+            let so = slot as usize * self.frag;
+            let res = self.res()?;
+            // SAFETY: `slot` is free (its previous send completed), so the device does not read it; the range
+            // [so, so+len) lies inside the registered send buffer (len <= send_frag <= frag), and nothing else
+            // refers to it until it is posted below.
+            let buf = unsafe { std::slice::from_raw_parts_mut(res.send_buf.addr().add(so), len) };
+            fill(buf);
+            self.post_filled(slot, len, false)?;
         } else {
-            self.pending.push_back((msg.to_vec(), 0));
+            let mut v = vec![0u8; len];
+            fill(&mut v);
+            self.pending.push_back((v, 0));
         }
         self.progress()
     }
@@ -1105,9 +1188,15 @@ impl Engine {
         unsafe {
             std::ptr::copy_nonoverlapping(data.as_ptr(), res.send_buf.addr().add(so), n);
         }
+        self.post_filled(slot, n, more)
+    }
+
+    /// Post the first `n` bytes of send `slot`, already written, as a data fragment with the owed credits;
+    /// costs a credit.
+    fn post_filled(&mut self, slot: u32, n: usize, more: bool) -> Result<(), ConnError> {
         let credits = self.owed.min(CREDIT_MASK);
         let imm = credits | if more { F_MORE } else { 0 };
-        self.post(slot, so, n as u32, imm, false)?;
+        self.post(slot, slot as usize * self.frag, n as u32, imm, false)?;
         self.owed -= credits;
         self.send_credits -= 1;
         Ok(())

@@ -115,6 +115,59 @@ async fn busy_poll_mode() {
     let _ = tokio::time::timeout(Duration::from_secs(5), echo).await;
 }
 
+/// A busy-polling receiver on a current-thread runtime (the broker's) leaves room for the other tasks: timers
+/// fire and other tasks run while it waits.
+#[test]
+fn busy_poll_shares_a_current_thread_runtime() {
+    let Some((da, db)) = devices() else { return };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async move {
+        let cfg = Config { busy_poll: true, ..Config::default() };
+        let (a, b) = pair(&da, &db, cfg.clone(), cfg);
+        let (atx, _arx) = a.split();
+        let (_btx, mut brx) = b.split();
+        let waiting = tokio::spawn(async move { brx.recv().await.map(|m| (m, brx)) });
+        // The receiver spins meanwhile; this task and its timer must still make progress.
+        let t = Instant::now();
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let dt = t.elapsed();
+        assert!(dt < Duration::from_secs(2), "timers starved by a busy receiver: 5 x 10 ms took {dt:?}");
+        atx.send_now_with(5, |b| b.copy_from_slice(b"spins")).unwrap();
+        let (m, _brx) = tokio::time::timeout(Duration::from_secs(5), waiting).await.unwrap().unwrap().unwrap();
+        assert_eq!(m, b"spins");
+    });
+}
+
+/// `send_now_with` writes in place when a credit is free and queues otherwise (no credits left, or a message
+/// larger than one fragment); everything arrives whole and in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_now_with_in_place_and_queued() {
+    let Some((da, db)) = devices() else { return };
+    let cfg = Config { depth: 4, frag_size: 1024, ..Config::default() };
+    let (a, b) = pair(&da, &db, cfg.clone(), cfg);
+    let (atx, _arx) = a.split();
+    let (_btx, mut brx) = b.split();
+    let len = |i: u32| if i.is_multiple_of(7) { 2500 + i as usize } else { 4 + (i as usize % 900) };
+    // 64 messages at once: far beyond the 4 credits, so most are queued and go out as credits return.
+    for i in 0..64u32 {
+        atx.send_now_with(len(i), |b| {
+            b.copy_from_slice(&pattern(b.len(), i as u8));
+            b[..4].copy_from_slice(&i.to_be_bytes());
+        })
+        .unwrap();
+    }
+    for i in 0..64u32 {
+        let m = tokio::time::timeout(Duration::from_secs(10), brx.recv()).await.expect("in time").unwrap();
+        assert_eq!(m.len(), len(i), "message {i}");
+        assert_eq!(&m[..4], i.to_be_bytes(), "order");
+        assert_eq!(&m[4..], &pattern(len(i), i as u8)[4..], "content of {i}");
+    }
+    let e = atx.send_now_with((64 << 20) + 5, |_| unreachable!("too large: never filled")).unwrap_err();
+    assert!(matches!(e, ConnError::TooLarge { .. }), "{e}");
+}
+
 #[test]
 fn sync_connection() {
     let Some((da, db)) = devices() else { return };

@@ -207,6 +207,12 @@ impl Message {
         m
     }
 
+    /// A successful response to `req` carrying `payload` (JSON bytes, not checked), built from the request
+    /// itself: its topic and route stack move into the response instead of being copied.
+    pub fn into_response(self, payload: Vec<u8>) -> Message {
+        Message { msgtype: MsgType::Response, flags: 0, nodeid: NODEID_ANY, errnum: 0, seq: 0, payload, ..self }
+    }
+
     /// An error response to `req`: `errnum` (POSIX errno) and an optional human message as `{"errstr": ...}`.
     pub fn error_to(req: &Message, errnum: u32, errstr: &str) -> Message {
         let payload = if errstr.is_empty() { Vec::new() } else { to_json(&serde_json::json!({"errstr": errstr})) };
@@ -237,33 +243,66 @@ impl Message {
         self.json().get("errstr").and_then(|v| v.as_str()).map(str::to_string)
     }
 
+    /// Length of the frame [`Message::encode`] produces, length prefix included, in bytes.
+    pub fn encoded_len(&self) -> usize {
+        4 + HEADER_LEN
+            + 4 * self.route.len().min(MAX_ROUTE)
+            + self.topic.len().min(u16::MAX as usize)
+            + self.payload.len()
+    }
+
     /// Encode as one frame, length prefix included.
     pub fn encode(&self) -> Vec<u8> {
-        let topic = self.topic.as_bytes();
-        let topic_len = topic.len().min(u16::MAX as usize);
-        let nroute = self.route.len().min(MAX_ROUTE);
-        let body = HEADER_LEN + 4 * nroute + topic_len + self.payload.len();
-        let mut b = Vec::with_capacity(4 + body);
-        b.extend_from_slice(&(body as u32).to_be_bytes());
-        b.extend_from_slice(&MAGIC);
-        b.push(WIRE_VERSION);
-        b.push(self.msgtype as u8);
-        b.push(self.flags);
-        b.push(nroute as u8);
-        b.extend_from_slice(&(topic_len as u16).to_be_bytes());
-        for v in [self.matchtag, self.nodeid, self.userid, self.errnum, self.seq] {
-            b.extend_from_slice(&v.to_be_bytes());
-        }
-        for r in &self.route[..nroute] {
-            b.extend_from_slice(&r.to_be_bytes());
-        }
-        b.extend_from_slice(&topic[..topic_len]);
-        b.extend_from_slice(&self.payload);
+        let mut b = vec![0u8; self.encoded_len()];
+        self.encode_into(&mut b);
         b
+    }
+
+    /// Encode as one frame into `out`, which must be exactly [`Message::encoded_len`] bytes long (e.g. a
+    /// transport's registered send buffer: no allocation, no second copy).
+    ///
+    /// # Panics
+    /// If `out` has another length.
+    pub fn encode_into(&self, out: &mut [u8]) {
+        assert_eq!(out.len(), self.encoded_len(), "encode_into needs a buffer of encoded_len() bytes");
+        let topic = &self.topic.as_bytes()[..self.topic.len().min(u16::MAX as usize)];
+        let nroute = self.route.len().min(MAX_ROUTE);
+        let body = out.len() - 4;
+        let (head, rest) = out.split_at_mut(4 + HEADER_LEN);
+        head[0..4].copy_from_slice(&(body as u32).to_be_bytes());
+        head[4..6].copy_from_slice(&MAGIC);
+        head[6] = WIRE_VERSION;
+        head[7] = self.msgtype as u8;
+        head[8] = self.flags;
+        head[9] = nroute as u8;
+        head[10..12].copy_from_slice(&(topic.len() as u16).to_be_bytes());
+        for (i, v) in [self.matchtag, self.nodeid, self.userid, self.errnum, self.seq].into_iter().enumerate() {
+            head[12 + 4 * i..16 + 4 * i].copy_from_slice(&v.to_be_bytes());
+        }
+        let (routes, rest) = rest.split_at_mut(4 * nroute);
+        for (d, r) in routes.chunks_exact_mut(4).zip(&self.route) {
+            d.copy_from_slice(&r.to_be_bytes());
+        }
+        let (t, p) = rest.split_at_mut(topic.len());
+        t.copy_from_slice(topic);
+        p.copy_from_slice(&self.payload);
     }
 
     /// Decode the body of one frame (the bytes after the length prefix).
     pub fn decode_body(body: &[u8]) -> Result<Message, DecodeError> {
+        let (mut m, off) = Message::decode_head(body)?;
+        m.payload = body[off..].to_vec();
+        Ok(m)
+    }
+
+    /// [`Message::decode_body`] of a body the caller owns: the payload keeps the body's allocation (moved to
+    /// its front) instead of being copied into a new one.
+    pub fn decode_body_owned(body: Vec<u8>) -> Result<Message, DecodeError> {
+        Message::decode_owned(body, 0)
+    }
+
+    /// Everything but the payload, and the payload's offset in `body`.
+    fn decode_head(body: &[u8]) -> Result<(Message, usize), DecodeError> {
         if body.len() < HEADER_LEN {
             return Err(DecodeError::Truncated(body.len()));
         }
@@ -287,25 +326,25 @@ impl Message {
         if body.len() < need {
             return Err(DecodeError::Truncated(body.len()));
         }
-        let route = (0..nroute).map(|i| u(HEADER_LEN + 4 * i)).collect();
+        // Room for the hop the receiving broker pushes when it routes a request on.
+        let mut route = Vec::with_capacity(nroute + 1);
+        route.extend((0..nroute).map(|i| u(HEADER_LEN + 4 * i)));
         let t0 = HEADER_LEN + 4 * nroute;
         let topic = std::str::from_utf8(&body[t0..t0 + topic_len]).map_err(|_| DecodeError::BadTopic)?.to_string();
-        Ok(Message {
-            msgtype,
-            flags,
-            topic,
-            matchtag,
-            nodeid,
-            userid,
-            errnum,
-            seq,
-            route,
-            payload: body[need..].to_vec(),
-        })
+        let m = Message { msgtype, flags, topic, matchtag, nodeid, userid, errnum, seq, route, payload: Vec::new() };
+        Ok((m, need))
     }
 
-    /// Decode one complete frame (length prefix included); the length must match exactly.
-    pub fn decode_frame(frame: &[u8]) -> Result<Message, DecodeError> {
+    /// Decode `buf[start..]` as a body; the payload takes over `buf`.
+    fn decode_owned(mut buf: Vec<u8>, start: usize) -> Result<Message, DecodeError> {
+        let (mut m, off) = Message::decode_head(&buf[start..])?;
+        buf.drain(..start + off);
+        m.payload = buf;
+        Ok(m)
+    }
+
+    /// Check the length prefix of a complete frame: it must match the frame's length exactly.
+    fn check_frame(frame: &[u8]) -> Result<(), DecodeError> {
         if frame.len() < 4 {
             return Err(DecodeError::Truncated(frame.len()));
         }
@@ -316,13 +355,26 @@ impl Message {
         if frame.len() - 4 != len as usize {
             return Err(DecodeError::Truncated(frame.len()));
         }
+        Ok(())
+    }
+
+    /// Decode one complete frame (length prefix included); the length must match exactly.
+    pub fn decode_frame(frame: &[u8]) -> Result<Message, DecodeError> {
+        Message::check_frame(frame)?;
         Message::decode_body(&frame[4..])
+    }
+
+    /// [`Message::decode_frame`] of a frame the caller owns (e.g. as a transport received it): the payload
+    /// keeps the frame's allocation instead of being copied.
+    pub fn decode_frame_owned(frame: Vec<u8>) -> Result<Message, DecodeError> {
+        Message::check_frame(&frame)?;
+        Message::decode_owned(frame, 4)
     }
 }
 
 /// JSON bytes of `v`; empty for null or when `v` cannot be serialised. Serialised directly, without an
 /// intermediate `Value` (which cost a deep copy of every payload).
-fn to_json(v: &impl Serialize) -> Vec<u8> {
+pub(crate) fn to_json(v: &impl Serialize) -> Vec<u8> {
     match serde_json::to_vec(v) {
         Ok(b) if b != b"null" => b,
         _ => Vec::new(),
@@ -362,7 +414,7 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Messag
     let mut body = vec![0u8; len as usize];
     body[..4].copy_from_slice(&head);
     r.read_exact(&mut body[4..]).await?;
-    Ok(Some(Message::decode_body(&body)?))
+    Ok(Some(Message::decode_body_owned(body)?))
 }
 
 /// Write one frame to `w` (not flushed beyond the writer's own buffering).
@@ -388,6 +440,27 @@ mod tests {
         assert_eq!(d.errnum, errno::ENOSYS);
         assert_eq!(d.errstr().as_deref(), Some("no such service"));
         assert_eq!(d.route, m.route);
+    }
+
+    #[test]
+    fn encode_into_and_into_response() {
+        let mut m = Message::request("broker.ping", 1, &serde_json::json!({"pad": "xyz"}));
+        m.matchtag = 9;
+        m.userid = 1000;
+        m.flags = FLAG_STREAMING;
+        m.route = vec![ROUTE_LOCAL | 2, 0];
+        let f = m.encode();
+        assert_eq!(f.len(), m.encoded_len());
+        // The header as documented: length, magic, version, type, flags, nroute, topic length, ...
+        assert_eq!(&f[..12], &[0, 0, 0, (f.len() - 4) as u8, b'V', b'G', 1, 1, 2, 2, 0, 11]);
+        let mut g = vec![0u8; m.encoded_len()];
+        m.encode_into(&mut g);
+        assert_eq!(f, g);
+        assert_eq!(Message::decode_frame(&g).unwrap(), m);
+        // A response built from the request itself equals the copying constructor's.
+        let copy = Message::response_to(&m, &serde_json::json!({"ok": 1}));
+        let moved = m.clone().into_response(to_json(&serde_json::json!({"ok": 1})));
+        assert_eq!(moved, copy);
     }
 
     #[test]
@@ -421,6 +494,17 @@ mod tests {
         fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = Message::decode_frame(&bytes);
             let _ = Message::decode_body(&bytes);
+        }
+
+        #[test]
+        fn owned_decoders_agree(bytes in proptest::collection::vec(any::<u8>(), 0..200), topic in "[a-z.]{0,20}", pad in 0usize..100) {
+            let _ = Message::decode_frame_owned(bytes.clone());
+            prop_assert_eq!(Message::decode_body_owned(bytes.clone()), Message::decode_body(&bytes));
+            let mut m = Message::request(&topic, 2, &serde_json::json!({"pad": "x".repeat(pad)}));
+            m.route = vec![1, 2];
+            let f = m.encode();
+            prop_assert_eq!(Message::decode_frame_owned(f.clone()), Ok(m));
+            prop_assert_eq!(Message::decode_frame_owned(f[..f.len() - 1].to_vec()), Message::decode_frame(&f[..f.len() - 1]));
         }
 
         #[test]

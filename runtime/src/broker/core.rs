@@ -107,6 +107,8 @@ pub(crate) enum Peer {
 
 pub(crate) struct ChildLink {
     pub tx: LinkTx,
+    /// The QP half of a busy-polling RDMA link, polled by the core loop ([`Core::poll_busy`]).
+    pub busy: Option<rdma_link::BusyRx>,
     pub conn: u64,
     pub sock: Option<std::os::fd::OwnedFd>,
     pub tasks: Vec<tokio::task::AbortHandle>,
@@ -221,6 +223,10 @@ pub(crate) struct Core {
     /// `tbon.transport` settings and the transport each overlay link uses.
     pub rdma: std::sync::Arc<rdma_link::Settings>,
     pub links: rdma_link::Links,
+    /// The QP half of the parent link when it busy-polls ([`Core::poll_busy`]).
+    pub parent_busy: Option<rdma_link::BusyRx>,
+    /// Alternates which busy link [`Core::poll_busy`] polls first.
+    pub busy_turn: bool,
 }
 
 /// Wall-clock time in seconds since the epoch (the job core's clock).
@@ -412,6 +418,8 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         rtt_runs: HashMap::new(),
         rdma,
         links: rdma_link::Links::default(),
+        parent_busy: None,
+        busy_turn: false,
         opts,
     };
     // Failure detectors: a probe socket and responder on the overlay address, eBPF loaded in the background.
@@ -461,8 +469,9 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
             .cloned()
             .ok_or_else(|| format!("no endpoint for parent rank {parent}"))?;
         let probe_port = core.detect.as_ref().map(|d| d.probe_port);
-        let (link, choice) = connect_parent(&core.opts, &core.rdma, probe_port, &ep).await?;
+        let (link, choice, busy) = connect_parent(&core.opts, &core.rdma, probe_port, &ep).await?;
         core.parent = Some(link.tx.clone());
+        core.parent_busy = busy;
         // Tell rank 0 which transport our parent link uses (for `vigil overlay status` and `uptime`).
         core.route_request(Peer::Local(u32::MAX), rdma_link::report(rank, &choice));
         core.links.parent = Some(choice);
@@ -506,8 +515,11 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
             }
             armed = deadline;
         }
+        // Busy-polling RDMA links are polled here, by this task, between its other inputs.
+        let busy = core.rdma.cfg.busy_poll;
         let input = tokio::select! {
             i = input_rx.recv() => i,
+            i = std::future::poll_fn(|cx| core.poll_busy(cx)), if busy => Some(i),
             _ = &mut timer, if armed.is_some() => None,
         };
         match input {
@@ -603,7 +615,7 @@ async fn connect_parent(
     rdma: &rdma_link::Settings,
     probe_port: Option<u16>,
     ep: &str,
-) -> Result<(Link, rdma_link::LinkChoice), String> {
+) -> Result<(Link, rdma_link::LinkChoice, Option<rdma_link::BusyRx>), String> {
     let deadline = Instant::now() + Duration::from_secs_f64(opts.connect_timeout.clamp(0.0, 1e7));
     let mut delay = Duration::from_millis(5);
     loop {
@@ -624,12 +636,14 @@ async fn connect_parent(
                     Ok(Some(LinkEvent::Message(m))) if m.topic == "hello-ack" => {
                         let (conn, choice) = offer.finish(rdma, &m.json())?;
                         log_choice("parent", &choice);
+                        let mut busy = None;
                         if let Some(conn) = conn {
-                            let (tx, rx) = rdma_link::bridge(link.tx, link.rx, conn);
+                            let (tx, rx, b) = rdma_link::bridge(link.tx, link.rx, conn);
                             link.tx = tx;
                             link.rx = rx;
+                            busy = b;
                         }
-                        return Ok((link, choice));
+                        return Ok((link, choice, busy));
                     }
                     Ok(Some(LinkEvent::Message(m))) if m.topic == "refused" => {
                         return Err(format!("parent at {ep} refused us: {}", m.errstr().unwrap_or_default()))
@@ -662,6 +676,51 @@ fn log_choice(peer: &str, c: &rdma_link::LinkChoice) {
 impl Core {
     pub(crate) fn rank(&self) -> u32 {
         self.opts.rank
+    }
+
+    /// Poll every busy-polling RDMA link's completion queue once (parent and children, alternating which
+    /// comes first): the first event found, as an input. A link whose QP path ends is dropped here after its
+    /// `Closed`. With nothing found, the task wakes itself to poll again after the runtime's other ready tasks
+    /// (no system call per pass: see `vigil_rdma`'s busy receiver); without any busy link it just waits for
+    /// the loop's other inputs.
+    fn poll_busy(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Input> {
+        use std::task::Poll;
+        self.busy_turn = !self.busy_turn;
+        let mut any = false;
+        for pass in 0..2 {
+            if (pass == 0) == self.busy_turn {
+                if let Some(b) = self.parent_busy.as_mut() {
+                    any = true;
+                    if let Some(ev) = b.poll() {
+                        return Poll::Ready(match ev {
+                            LinkEvent::Message(m) => Input::Peer(Peer::Parent, 0, m),
+                            LinkEvent::Closed(why) => {
+                                self.parent_busy = None;
+                                Input::PeerClosed(Peer::Parent, 0, why)
+                            }
+                        });
+                    }
+                }
+            } else {
+                for (&r, c) in self.children.iter_mut() {
+                    let Some(b) = c.busy.as_mut() else { continue };
+                    any = true;
+                    if let Some(ev) = b.poll() {
+                        return Poll::Ready(match ev {
+                            LinkEvent::Message(m) => Input::Peer(Peer::Child(r), c.conn, m),
+                            LinkEvent::Closed(why) => {
+                                c.busy = None;
+                                Input::PeerClosed(Peer::Child(r), c.conn, why)
+                            }
+                        });
+                    }
+                }
+            }
+        }
+        if any {
+            cx.waker().wake_by_ref();
+        }
+        Poll::Pending
     }
 
     fn next_deadline(&self) -> Option<Instant> {
@@ -732,6 +791,7 @@ impl Core {
                         error!("lost parent: {}; exiting", t.reason);
                         self.exit_code = 1;
                         self.parent = None;
+                        self.parent_busy = None;
                         self.begin_shutdown("lost parent");
                     }
                     PeerState::Torpid => info!("parent is torpid: {}", t.reason),
@@ -945,14 +1005,14 @@ impl Core {
         }
         let ack = rdma_link::merge(json!({"rank": self.rank()}), rdma.ack_fields());
         let _ = tx.send(Message::control("hello-ack", &ack));
-        let (tx, rx) = match rdma {
+        let (tx, rx, busy) = match rdma {
             rdma_link::Answer::Rdma(c, choice) => {
                 log_choice(&format!("child rank {rank}"), &choice);
                 rdma_link::bridge(tx, rx, *c)
             }
             rdma_link::Answer::Tcp(choice) => {
                 log_choice(&format!("child rank {rank}"), &choice);
-                (tx, rx)
+                (tx, rx, None)
             }
             rdma_link::Answer::Refuse(_) => return,
         };
@@ -964,7 +1024,7 @@ impl Core {
                 d.probe_child(rank, std::net::SocketAddr::new(addr.ip(), port));
             }
         }
-        self.children.insert(rank, ChildLink { tx, conn, sock, tasks, tuple });
+        self.children.insert(rank, ChildLink { tx, busy, conn, sock, tasks, tuple });
         self.membership.signal(self.clock(), rank, Signal::Connected);
         tokio::spawn(pump(rx, Peer::Child(rank), conn, self.input_tx.clone()));
         debug!("child rank {rank} connected from {peer}");
@@ -979,6 +1039,7 @@ impl Core {
                     self.begin_shutdown("lost parent");
                 }
                 self.parent = None;
+                self.parent_busy = None;
                 // No parent: nothing more to wait for beyond our own children.
             }
             Peer::Child(r) => {
@@ -1058,12 +1119,20 @@ impl Core {
     }
 
     pub(crate) fn send_to(&self, peer: Peer, msg: Message) -> bool {
+        self.try_send(peer, msg).is_ok()
+    }
+
+    /// Send `msg` to `peer`; gives it back when that peer is not connected or its link has closed.
+    pub(crate) fn try_send(&self, peer: Peer, msg: Message) -> Result<(), Message> {
         let tx = match peer {
             Peer::Parent => self.parent.as_ref(),
             Peer::Child(r) => self.children.get(&r).map(|c| &c.tx),
             Peer::Local(id) => self.locals.get(&id).map(|c| &c.tx),
         };
-        tx.is_some_and(|t| t.send(msg).is_ok())
+        match tx {
+            Some(t) => t.send(msg),
+            None => Err(msg),
+        }
     }
 
     /// Route a request: stamp the route, deliver locally or forward towards `nodeid`.
@@ -1089,8 +1158,7 @@ impl Core {
         if msg.route.len() > crate::message::MAX_ROUTE {
             return self.respond_error(&msg, errno::EPROTO, "route too deep");
         }
-        let service = msg.topic.split('.').next().unwrap_or("").to_string();
-        let local = super::services::offers(self.rank(), &service);
+        let local = super::services::offers(self.rank(), msg.topic.split('.').next().unwrap_or(""));
         let hop = if msg.nodeid == NODEID_ANY {
             if local {
                 Hop::Local
@@ -1109,7 +1177,8 @@ impl Core {
         match hop {
             Hop::Local => super::services::dispatch(self, msg),
             Hop::Child(c) => {
-                if !self.send_to(Peer::Child(c), msg.clone()) {
+                // A closed link gives the message back for the error response: no copy is kept meanwhile.
+                if let Err(msg) = self.try_send(Peer::Child(c), msg) {
                     self.respond_error(
                         &msg,
                         errno::EHOSTUNREACH,
@@ -1158,6 +1227,15 @@ impl Core {
             return;
         }
         let r = Message::response_to(req, payload);
+        self.route_response(r);
+    }
+
+    /// Answer `req` with `payload` (JSON bytes), moving the request into its response.
+    pub(crate) fn respond_with(&mut self, req: Message, payload: Vec<u8>) {
+        if req.flags & FLAG_NORESPONSE != 0 {
+            return;
+        }
+        let r = req.into_response(payload);
         self.route_response(r);
     }
 

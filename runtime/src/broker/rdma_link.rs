@@ -271,9 +271,37 @@ pub(crate) fn merge(mut base: Value, extra: Value) -> Value {
 /// Carry a link's messages over `conn`, keeping its TCP connection (`tcp_tx`, `tcp_rx`) as the side channel.
 /// Returns the link's new halves. No task is involved: the sender encodes and posts from the caller's task,
 /// and the receiver takes and decodes messages in the task that reads the link (the broker's pump).
-pub(crate) fn bridge(tcp_tx: LinkTx, tcp_rx: LinkRx, conn: Connection) -> (LinkTx, LinkRx) {
+///
+/// A busy-polling connection (`tbon.rdma_poll=busy`) is returned apart instead, as a [`BusyRx`], with the TCP
+/// side channel as the link's receiving half: the broker's core loop polls it itself between inputs, so a
+/// message goes from the completion queue to the core with no hand-off between tasks.
+pub(crate) fn bridge(tcp_tx: LinkTx, tcp_rx: LinkRx, conn: Connection) -> (LinkTx, LinkRx, Option<BusyRx>) {
     let (sender, receiver) = conn.split();
-    (LinkTx::rdma(RdmaTx { sender, tcp: tcp_tx }), LinkRx::rdma(RdmaRx { receiver, tcp: tcp_rx, done: false }))
+    let tx = LinkTx::rdma(RdmaTx { sender, tcp: tcp_tx });
+    if receiver.is_busy_poll() {
+        return (tx, tcp_rx, Some(BusyRx { receiver }));
+    }
+    (tx, LinkRx::rdma(RdmaRx { receiver, tcp: tcp_rx, done: false }), None)
+}
+
+/// The QP receiving half of a busy-polling RDMA link, polled by the core loop itself ([`BusyRx::poll`]).
+#[derive(Debug)]
+pub(crate) struct BusyRx {
+    receiver: vigil_rdma::Receiver,
+}
+
+impl BusyRx {
+    /// Poll the completion queue once: the next message, or `Closed` with why the QP path ended (after which
+    /// the caller drops this receiver), or None when nothing has arrived.
+    pub(crate) fn poll(&mut self) -> Option<LinkEvent> {
+        Some(match self.receiver.try_recv()? {
+            Ok(frame) => match Message::decode_frame_owned(frame) {
+                Ok(m) => LinkEvent::Message(m),
+                Err(e) => LinkEvent::Closed(format!("rdma: {e}")),
+            },
+            Err(e) => LinkEvent::Closed(e.to_string()),
+        })
+    }
 }
 
 /// Sending half of an RDMA link.
@@ -291,7 +319,8 @@ impl RdmaTx {
         if m.msgtype == MsgType::Control {
             let _ = self.tcp.send(m.clone());
         }
-        match self.sender.send_now(m.encode()) {
+        // Encoded straight into a registered send buffer when it can go at once.
+        match self.sender.send_now_with(m.encoded_len(), |b| m.encode_into(b)) {
             Ok(()) => Ok(()),
             Err(_) => Err(m),
         }
@@ -316,13 +345,13 @@ impl RdmaRx {
         }
         let ev = tokio::select! {
             r = self.receiver.recv() => match r {
-                Ok(frame) => match Message::decode_frame(&frame) {
+                Ok(frame) => match Message::decode_frame_owned(frame) {
                     Ok(m) => LinkEvent::Message(m),
                     Err(e) => LinkEvent::Closed(format!("rdma: {e}")),
                 },
                 Err(e) => LinkEvent::Closed(e.to_string()),
             },
-            ev = Box::pin(self.tcp.recv()) => match ev {
+            ev = std::future::poll_fn(|cx| self.tcp.poll_chan(cx)) => match ev {
                 Some(ev) => ev,
                 None => LinkEvent::Closed("tcp side channel dropped".into()),
             },

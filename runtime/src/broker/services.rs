@@ -60,36 +60,80 @@ fn parse_ranks(v: &Value) -> Result<IdSet, (u32, String)> {
 
 /// Handle a request addressed to this broker.
 pub(crate) fn dispatch(core: &mut Core, msg: Message) {
-    let body = match msg.decode::<Value>() {
-        Ok(v) => v,
-        Err(e) => return core.respond_error(&msg, errno::EPROTO, &format!("payload is not JSON: {e}")),
-    };
-    let r = handle(core, &msg, &body);
+    let r = handle(core, &msg, &Body::new(&msg));
     match r {
-        Ok(Some(v)) => core.respond(&msg, &v),
+        // The request moves into its response (topic and route stack reused, not copied).
+        Ok(Some(Out(payload))) => core.respond_with(msg, payload),
         Ok(None) => {}
         Err((e, s)) => core.respond_error(&msg, e, &s),
     }
 }
 
-type Reply = Result<Option<Value>, (u32, String)>;
+/// A request's JSON payload, parsed when a handler first asks for it: a handler that reads no payload
+/// (`broker.ping`, `broker.info`...) does not pay for parsing one (the size of a ping's padding, for instance).
+struct Body<'a> {
+    msg: &'a Message,
+    parsed: std::cell::OnceCell<Result<Value, String>>,
+}
 
-fn handle(core: &mut Core, msg: &Message, body: &Value) -> Reply {
+impl<'a> Body<'a> {
+    fn new(msg: &'a Message) -> Body<'a> {
+        Body { msg, parsed: std::cell::OnceCell::new() }
+    }
+
+    /// The payload as JSON (`null` when empty), or `EPROTO` when it is not JSON.
+    fn json(&self) -> Result<&Value, (u32, String)> {
+        let r = self.parsed.get_or_init(|| self.msg.decode::<Value>().map_err(|e| format!("payload is not JSON: {e}")));
+        r.as_ref().map_err(|e| (errno::EPROTO, e.clone()))
+    }
+}
+
+/// A handler's answer: the response payload, JSON-encoded. From a [`Value`], or directly from a typed
+/// `Serialize` value with [`Out::json`] (no intermediate `Value` tree).
+struct Out(Vec<u8>);
+
+impl Out {
+    fn json(v: &impl serde::Serialize) -> Out {
+        Out(crate::message::to_json(v))
+    }
+}
+
+impl From<Value> for Out {
+    fn from(v: Value) -> Out {
+        Out::json(&v)
+    }
+}
+
+/// The `broker.ping` answer.
+#[derive(serde::Serialize)]
+struct Pong<'a> {
+    rank: u32,
+    hostname: &'a str,
+    pid: u32,
+    /// Hops the request crossed (its route stack's depth here).
+    route: usize,
+}
+
+type Reply = Result<Option<Out>, (u32, String)>;
+
+fn handle(core: &mut Core, msg: &Message, lazy: &Body<'_>) -> Reply {
     let rank = core.rank();
     match msg.topic.as_str() {
         "broker.ping" => {
-            Ok(Some(json!({"rank": rank, "hostname": core.opts.hostname, "pid": pid(), "route": msg.route.len()})))
+            Ok(Some(Out::json(&Pong { rank, hostname: &core.opts.hostname, pid: pid(), route: msg.route.len() })))
         }
         "broker.getattr" => {
+            let body = lazy.json()?;
             let name = field(body, "name")?.as_str().unwrap_or("");
             attrs(core)
                 .remove(name)
-                .map(|v| Some(json!({"value": v})))
+                .map(|v| Some(json!({"value": v}).into()))
                 .ok_or((errno::ENOENT, format!("no such attribute '{name}'")))
         }
-        "broker.lsattr" => Ok(Some(json!({"attrs": attrs(core)}))),
-        "broker.info" => Ok(Some(info(core))),
+        "broker.lsattr" => Ok(Some(json!({"attrs": attrs(core)}).into())),
+        "broker.info" => Ok(Some(info(core).into())),
         "broker.rtt" => {
+            let body = lazy.json()?;
             // Overlay round trips timed by this broker: the client's own hop is not in the samples.
             let target =
                 field(body, "rank")?.as_u64().and_then(|r| u32::try_from(r).ok()).filter(|r| *r < core.opts.size);
@@ -125,6 +169,7 @@ fn handle(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             Ok(None)
         }
         "detect.watch" => {
+            let body = lazy.json()?;
             // Answered once, when the process exits (before its memory is torn down with eBPF).
             let pid = field(body, "pid")?
                 .as_u64()
@@ -135,6 +180,7 @@ fn handle(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             Ok(None)
         }
         "broker.sub" | "broker.unsub" => {
+            let body = lazy.json()?;
             let topic = field(body, "topic")?.as_str().unwrap_or("").to_string();
             let Some(&last) = msg.route.last() else { return Err((errno::EPROTO, "not a local client".into())) };
             if last & ROUTE_LOCAL == 0 || msg.route.len() != 1 {
@@ -147,18 +193,20 @@ fn handle(core: &mut Core, msg: &Message, body: &Value) -> Reply {
                     c.subs.retain(|s| *s != topic);
                 }
             }
-            Ok(Some(json!({})))
+            Ok(Some(json!({}).into()))
         }
         "broker.pub" => {
+            let body = lazy.json()?;
             if rank != 0 {
                 return Err((errno::EPROTO, "events are published on rank 0".into()));
             }
             let topic = field(body, "topic")?.as_str().unwrap_or("").to_string();
             let payload = body.get("payload").cloned().unwrap_or(Value::Null);
             core.publish(&topic, &payload);
-            Ok(Some(json!({})))
+            Ok(Some(json!({}).into()))
         }
         "broker.shutdown" => {
+            let body = lazy.json()?;
             if rank != 0 {
                 return Err((errno::EINVAL, "shutdown is requested from rank 0".into()));
             }
@@ -170,9 +218,10 @@ fn handle(core: &mut Core, msg: &Message, body: &Value) -> Reply {
                 core.exit_code = code;
             }
             core.begin_shutdown("shutdown requested");
-            Ok(Some(json!({})))
+            Ok(Some(json!({}).into()))
         }
         "rexec.notify" => {
+            let body = lazy.json()?;
             // A lost-shell notice for the job's leader shell: delivered as a local event `shell.<jobid>.lost`
             // to the shell, which subscribed to `shell.<jobid>`.
             let id = parse_id(body)?;
@@ -182,24 +231,25 @@ fn handle(core: &mut Core, msg: &Message, body: &Value) -> Reply {
                     let _ = c.tx.send(ev.clone());
                 }
             }
-            Ok(Some(json!({})))
+            Ok(Some(json!({}).into()))
         }
-        "rexec.spawn" => spawn_shell(core, msg, body),
+        "rexec.spawn" => spawn_shell(core, msg, lazy.json()?),
         "rexec.kill" => {
+            let body = lazy.json()?;
             let id = parse_id(body)?;
             let sig = field(body, "signal")?.as_i64().unwrap_or(libc::SIGTERM as i64) as i32;
             if let Some(&pgid) = core.shells.get(&id) {
                 debug!("signal {sig} to shell of job {id} (pgid {pgid})");
                 // SAFETY: killpg with a pgid we created (the shell's own group) and a plain signal number.
                 unsafe { libc::killpg(pgid, sig) };
-                Ok(Some(json!({})))
+                Ok(Some(json!({}).into()))
             } else {
                 Err((errno::ENOENT, format!("no shell of job {id} on rank {rank}")))
             }
         }
-        t if t.starts_with("resource.") || t.starts_with("overlay.") => resource(core, msg, body),
+        t if t.starts_with("resource.") || t.starts_with("overlay.") => resource(core, msg, lazy.json()?),
         t if t.starts_with("job-manager.") || t.starts_with("job-info.") || t.starts_with("job-exec.") => {
-            jobs(core, msg, body)
+            jobs(core, msg, lazy.json()?)
         }
         t => Err((errno::ENOSYS, format!("unknown service method '{t}'"))),
     }
@@ -340,7 +390,7 @@ fn spawn_shell(core: &mut Core, _msg: &Message, body: &Value) -> Reply {
         let _ = std::fs::remove_dir_all(&tmpdir);
         let _ = tx.send(super::core::Input::ShellDone { id, report, status });
     });
-    Ok(Some(json!({"pid": pid})))
+    Ok(Some(json!({"pid": pid}).into()))
 }
 
 // ------------------------------------------------------------------------------------------- resource
@@ -373,7 +423,7 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
                 jc.rank_online(n, rank, &hostname, cores, gpus, (topology, dg));
             }
             debug!("rank {rank} ({hostname}) joined with cores {} and GPUs {}", body["cores"], body["gpus"]);
-            Ok(Some(json!({})))
+            Ok(Some(json!({}).into()))
         }
         "overlay.torpid" | "overlay.lively" => {
             let reported = parse_ranks(body)?;
@@ -412,7 +462,7 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             if let Some(jc) = core.jobcore.as_mut() {
                 jc.ranks_torpid(n, &ranks, torpid);
             }
-            Ok(Some(json!({})))
+            Ok(Some(json!({}).into()))
         }
         "overlay.lost" | "overlay.offline" => {
             let ranks = parse_ranks(body)?;
@@ -426,7 +476,7 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
                 jc.ranks_down(n, &ranks, if state == MemberState::Lost { "lost" } else { "offline" }, &reason);
             }
             core.publish(&msg.topic.clone(), &json!({"ranks": ranks.to_string(), "reason": reason}));
-            Ok(Some(json!({})))
+            Ok(Some(json!({}).into()))
         }
         "overlay.status" => {
             let jc = core.jobcore.as_ref().ok_or((errno::ENOSYS, "not rank 0".into()))?;
@@ -440,14 +490,17 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
                            "link": core.links.of_rank(r)})
                 })
                 .collect();
-            Ok(Some(json!({"size": size, "topo": topo.to_string(), "depth": topo.depth(size),
+            Ok(Some(
+                json!({"size": size, "topo": topo.to_string(), "depth": topo.depth(size),
                 "critical_ranks": IdSet::from_iter(topo.critical_ranks(size)).to_string(),
-                "transport": core.links.summary(), "detectors": detectors(core), "ranks": ranks})))
+                "transport": core.links.summary(), "detectors": detectors(core), "ranks": ranks})
+                .into(),
+            ))
         }
         "overlay.transport" => {
             // A child's report of its parent link (rdma_link).
             core.links.on_report(body).map_err(|e| (errno::EPROTO, e))?;
-            Ok(Some(json!({})))
+            Ok(Some(json!({}).into()))
         }
         "resource.status" => {
             let jc = core.jobcore.as_ref().ok_or((errno::ENOSYS, "not rank 0".into()))?;
@@ -474,7 +527,7 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
                     "reason": reason, "since": at, "up": p.is_some_and(|p| p.up)}),
                 );
             }
-            Ok(Some(json!({"ranks": rows})))
+            Ok(Some(json!({"ranks": rows}).into()))
         }
         "resource.list" => {
             let jc = core.jobcore.as_ref().ok_or((errno::ENOSYS, "not rank 0".into()))?;
@@ -484,7 +537,7 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
                 "alloc_cores": p.alloc_cores.to_string(), "alloc_gpus": p.alloc_gpus.to_string(),
                 "ncores": p.cores.len(), "ngpus": p.gpus.len(), "nalloc_cores": p.alloc_cores.len(), "nalloc_gpus": p.alloc_gpus.len(),
             })).collect();
-            Ok(Some(json!({"ranks": rows})))
+            Ok(Some(json!({"ranks": rows}).into()))
         }
         "resource.drain" | "resource.undrain" => {
             if msg.userid != core.uid {
@@ -498,11 +551,11 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             } else {
                 jc.undrain(n, &ranks)
             };
-            r.map(|_| Some(json!({}))).map_err(|e| (errno::EINVAL, e))
+            r.map(|_| Some(json!({}).into())).map_err(|e| (errno::EINVAL, e))
         }
         "resource.eventlog" => {
             let jc = core.jobcore.as_ref().ok_or((errno::ENOSYS, "not rank 0".into()))?;
-            Ok(Some(json!({"eventlog": jc.resource_eventlog})))
+            Ok(Some(json!({"eventlog": jc.resource_eventlog}).into()))
         }
         "resource.R" => {
             let jc = core.jobcore.as_ref().ok_or((errno::ENOSYS, "not rank 0".into()))?;
@@ -517,9 +570,7 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
                     gpus: p.gpus.clone(),
                 })
                 .collect();
-            Ok(Some(
-                serde_json::to_value(crate::r::Rv1::from_ranks(&ranks, core.started_at, 0.0)).unwrap_or(Value::Null),
-            ))
+            Ok(Some(Out::json(&crate::r::Rv1::from_ranks(&ranks, core.started_at, 0.0))))
         }
         t => Err((errno::ENOSYS, format!("unknown service method '{t}'"))),
     }
@@ -543,7 +594,7 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
                         }
                     }
                     info!("job {id} submitted");
-                    Ok(Some(json!({"id": id.0, "id_f58": id.f58()})))
+                    Ok(Some(json!({"id": id.0, "id_f58": id.f58()}).into()))
                 }
                 Err(e) => Err((errno::EINVAL, e.to_string())),
             }
@@ -559,7 +610,7 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             };
             let jobs: Vec<Value> =
                 jc.jobs.values().rev().filter(|j| all || j.state.is_active()).map(with_reason).collect();
-            Ok(Some(json!({"jobs": jobs})))
+            Ok(Some(json!({"jobs": jobs}).into()))
         }
         "job-manager.info" => {
             let id = parse_id(body)?;
@@ -568,12 +619,12 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             if let Some(r) = jc.pending_reason(id) {
                 info["reason_pending"] = Value::String(r);
             }
-            Ok(Some(json!({"info": info, "jobspec": j.jobspec, "R": j.r})))
+            Ok(Some(json!({"info": info, "jobspec": j.jobspec, "R": j.r}).into()))
         }
         "job-manager.cancel" => {
             let id = parse_id(body)?;
             let note = body.get("note").and_then(Value::as_str).unwrap_or("canceled by user").to_string();
-            jc.cancel(n, id, msg.userid, owner, &note).map(|_| Some(json!({})))
+            jc.cancel(n, id, msg.userid, owner, &note).map(|_| Some(json!({}).into()))
         }
         "job-manager.raise" => {
             let id = parse_id(body)?;
@@ -584,7 +635,7 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
                 return Err((errno::EPERM, "not your job".into()));
             }
             if jc.raise(n, id, &kind, sev, &note) {
-                Ok(Some(json!({})))
+                Ok(Some(json!({}).into()))
             } else {
                 Err((errno::ENOENT, format!("job {id} is not active")))
             }
@@ -627,7 +678,7 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             let data = body.get("data").and_then(Value::as_str).map(str::to_string);
             let eof = body.get("eof").and_then(Value::as_bool).unwrap_or(false);
             jc.stdin(id, data, eof).map_err(|e| (errno::EINVAL, e))?;
-            Ok(Some(json!({})))
+            Ok(Some(json!({}).into()))
         }
         "job-info.stdin" => {
             // A job shell reads the job's standard input: every chunk so far, then new ones, ENODATA at the end.
@@ -659,14 +710,14 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             let lines: Vec<OutputLine> =
                 serde_json::from_value(field(body, "lines")?.clone()).map_err(|e| (errno::EPROTO, e.to_string()))?;
             jc.output(id, lines);
-            Ok(Some(json!({})))
+            Ok(Some(json!({}).into()))
         }
         "job-exec.task-exit" => {
             let id = parse_id(body)?;
             let task = body.get("rank").and_then(Value::as_u64).unwrap_or(0) as u32;
             let status = body.get("status").and_then(Value::as_i64).unwrap_or(0) as i32;
             jc.task_exit(n, id, task, status);
-            Ok(Some(json!({})))
+            Ok(Some(json!({}).into()))
         }
         "job-exec.exception" => {
             let id = parse_id(body)?;
@@ -679,7 +730,7 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             } else {
                 jc.raise(n, id, &kind, sev, &note);
             }
-            Ok(Some(json!({})))
+            Ok(Some(json!({}).into()))
         }
         "job-exec.nested" => {
             // A nested instance (batch/alloc job) reports its URI and its critical ranks (its own numbering,
@@ -696,7 +747,7 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             job.instance = Some(memo.clone());
             jc.memo(n, id, memo);
             info!("job {id} is an instance of {size} brokers at {uri}; critical ranks {parent_crit}");
-            Ok(Some(json!({})))
+            Ok(Some(json!({}).into()))
         }
         "job-exec.pmi-barrier" => {
             // One exchange per barrier per shell: hold each shell's request until all of the job's shells have
@@ -725,7 +776,7 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
         "job-exec.shell-exit" => {
             let exit: ShellExit = serde_json::from_value(body.clone()).map_err(|e| (errno::EPROTO, e.to_string()))?;
             jc.shell_exit(n, exit);
-            Ok(Some(json!({})))
+            Ok(Some(json!({}).into()))
         }
         t => Err((errno::ENOSYS, format!("unknown service method '{t}'"))),
     }

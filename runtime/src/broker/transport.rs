@@ -62,6 +62,15 @@ impl LinkRx {
         }
     }
 
+    /// Poll a channel-backed link (a TCP link: the side channel of an RDMA link) for its next event, with no
+    /// future to allocate; `Ready(None)` (gone) for an RDMA link, which is never a side channel.
+    pub(crate) fn poll_chan(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<LinkEvent>> {
+        match &mut self.0 {
+            RxPath::Chan(rx) => rx.poll_recv(cx),
+            RxPath::Rdma(_) => std::task::Poll::Ready(None),
+        }
+    }
+
     pub(crate) fn rdma(rx: super::rdma_link::RdmaRx) -> LinkRx {
         LinkRx(RxPath::Rdma(Box::new(rx)))
     }
@@ -180,13 +189,17 @@ where
     let (in_tx, rx) = mpsc::unbounded_channel::<LinkEvent>();
     let wt = tokio::spawn(async move {
         let mut w = BufWriter::new(wr);
+        // One frame buffer for the link's life: encoding allocates nothing per message.
+        let mut frame = Vec::new();
         while let Some(m) = out_rx.recv().await {
-            if w.write_all(&m.encode()).await.is_err() {
+            encode_reusing(&m, &mut frame);
+            if w.write_all(&frame).await.is_err() {
                 return;
             }
             // Batch what is already queued, then flush once.
             while let Ok(m) = out_rx.try_recv() {
-                if w.write_all(&m.encode()).await.is_err() {
+                encode_reusing(&m, &mut frame);
+                if w.write_all(&frame).await.is_err() {
                     return;
                 }
             }
@@ -216,6 +229,18 @@ where
         }
     });
     Link { tx: tx.into(), rx: rx.into(), peer, sock, tasks: vec![wt.abort_handle(), rt.abort_handle()] }
+}
+
+/// Encode `m` into `frame`, replacing what it held (its allocation is reused, unless a rare large message left
+/// it above 1 MiB).
+fn encode_reusing(m: &Message, frame: &mut Vec<u8>) {
+    let len = m.encoded_len();
+    if frame.capacity() > 1 << 20 && len <= 1 << 20 {
+        *frame = Vec::new();
+    }
+    frame.clear();
+    frame.resize(len, 0);
+    m.encode_into(frame);
 }
 
 /// `TCP_USER_TIMEOUT` of overlay sockets (ms): the kernel's backstop behind the membership rules.
