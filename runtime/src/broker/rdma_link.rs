@@ -66,7 +66,15 @@ pub(crate) fn settings(attrs: &BTreeMap<String, String>) -> Result<Settings, Str
         Some("busy") => true,
         Some(v) => return Err(format!("invalid tbon.rdma_poll '{v}': expected event or busy")),
     };
-    cfg.validate().map_err(|e| e.to_string())?;
+    cfg.validate().map_err(|e| {
+        // Name the attribute the value came from; the other fields are not settable.
+        let attr = match e {
+            vigil_rdma::ConfigError::Timeout(_) => "tbon.rdma_timeout: ",
+            vigil_rdma::ConfigError::RetryCnt(_) => "tbon.rdma_retry_cnt: ",
+            _ => "",
+        };
+        format!("{attr}{e}")
+    })?;
     Ok(Settings { mode, cfg })
 }
 
@@ -205,6 +213,10 @@ impl Offer {
                 Ok((Some(c), choice))
             }
             Err(e) if s.mode == Mode::Rdma => Err(format!("tbon.transport=rdma but {e}")),
+            // Said where it shows (logs, overlay status, uptime): the busy polling asked for does not happen.
+            Err(e) if s.cfg.busy_poll => {
+                Ok((None, LinkChoice::tcp(format!("{e}; tbon.rdma_poll=busy has no effect on TCP"))))
+            }
             Err(e) => Ok((None, LinkChoice::tcp(e))),
         }
     }
@@ -377,7 +389,8 @@ mod tests {
         assert_eq!(settings(&attrs(&[("tbon.transport", "rdma")])).unwrap().mode, Mode::Rdma);
         assert!(settings(&attrs(&[("tbon.transport", "ib")])).unwrap_err().contains("auto, rdma or tcp"));
         assert!(settings(&attrs(&[("tbon.rdma_retry_cnt", "7")])).unwrap_err().contains("forever"));
-        assert!(settings(&attrs(&[("tbon.rdma_timeout", "0")])).is_err());
+        assert!(settings(&attrs(&[("tbon.rdma_timeout", "0")])).unwrap_err().starts_with("tbon.rdma_timeout: "));
+        assert!(settings(&attrs(&[("tbon.rdma_retry_cnt", "0")])).unwrap_err().starts_with("tbon.rdma_retry_cnt: "));
         assert!(settings(&attrs(&[("tbon.rdma_timeout", "x")])).is_err());
         let s = settings(&attrs(&[("tbon.rdma_timeout", "14"), ("tbon.rdma_retry_cnt", "2")])).unwrap();
         assert_eq!((s.cfg.timeout, s.cfg.retry_cnt), (14, 2));
@@ -398,6 +411,13 @@ mod tests {
         assert!(conn.is_none());
         assert_eq!(choice.transport, "tcp");
         assert!(choice.detail.contains("this side"), "{}", choice.detail);
+        assert!(!choice.detail.contains("rdma_poll"), "{}", choice.detail);
+        // Busy polling asked for on a link that fell back: said in the link's reason.
+        let busy = settings(&attrs(&[("tbon.rdma_poll", "busy")])).unwrap();
+        let offer = Offer::new(&busy, Some("127.0.0.1".parse().unwrap())).unwrap();
+        let a = Answer::new(&busy, Some("127.0.0.1".parse().unwrap()), &offer.hello_fields());
+        let (_, choice) = offer.finish(&busy, &a.ack_fields()).unwrap();
+        assert!(choice.detail.ends_with("tbon.rdma_poll=busy has no effect on TCP"), "{}", choice.detail);
     }
 
     #[test]
