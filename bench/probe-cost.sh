@@ -23,7 +23,8 @@
 # generic per-CPU queue). napi: the veth runs its own NAPI receive ring (GRO on), polled by a NAPI thread pinned on
 # CPU 0 (threaded NAPI), the way a NIC driver polls its ring: woken once, it drains every packet that arrived. Writes
 # bench/results/probe-cost.{md,json}, or probe-cost-napi.{md,json} for napi.
-# Also checks that no child was declared lost. Needs root and 2+ CPUs. Writes bench/results/probe-cost.{md,json}.
+# Also checks that no child was declared lost, and warns when the baseline itself is noisy (something else is
+# using CPU 0: the figures then say little). Needs root and 2+ CPUs.
 #   bench/probe-cost.sh [N] [IDLE_S] [RUNS]       (defaults 256 20 3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +32,9 @@ ncpu=$(nproc)
 n=${1:-256}
 idle=${2:-20}
 runs=${3:-3}
+for v in "$n" "$idle" "$runs"; do
+    case $v in '' | *[!0-9]* | 0) echo "usage: bench/probe-cost.sh [N IDLE_S RUNS] (positive integers; defaults 256 20 3)" >&2; exit 2 ;; esac
+done
 rx=${PARENT_RX:-rps}
 case $rx in rps) suffix= ;; napi) suffix=-napi ;; *) echo "probe-cost: PARENT_RX must be rps or napi" >&2; exit 2 ;; esac
 name=pc$(printf '%04d' $(($$ % 10000)))
@@ -57,7 +61,8 @@ taskset -p 2 $$ >/dev/null # this script (and what it starts) on CPU 1
 cpu0_busy() { awk '$1 == "cpu0" { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
 napi_thread_jiffies() {
     local t=0 p
-    for p in $(pgrep -x 'napi/eth0-[0-9]+' || true); do t=$((t + $(awk '{ print $14 + $15 }' "/proc/$p/stat" 2>/dev/null || echo 0))); done
+    [ "$rx" = napi ] || { echo 0; return; }
+    for p in $(pgrep 'napi/eth0-[0-9]' || true); do t=$((t + $(awk '{ print $14 + $15 }' "/proc/$p/stat" 2>/dev/null || echo 0))); done
     echo $t
 }
 cpu0_irq() { echo $(($(awk '$1 == "cpu0" { print $7 + $8 }' /proc/stat) + $(napi_thread_jiffies))); }
@@ -83,7 +88,7 @@ for ((r = 1; r <= runs; r++)); do
             ip netns exec "vn-$name-n0" ethtool -K eth0 gro on
             ip netns exec "vn-$name-n0" sh -c 'echo 1 > /sys/class/net/eth0/threaded'
             # Only the parent's eth0 runs threaded NAPI: its thread is the one napi/eth0-* kernel thread.
-            for p in $(pgrep -x 'napi/eth0-[0-9]+' || true); do taskset -p 1 "$p" > /dev/null; done
+            for p in $(pgrep 'napi/eth0-[0-9]' || true); do taskset -p 1 "$p" > /dev/null; done
         else
             ip netns exec "vn-$name-n0" sh -c 'echo 1 > /sys/class/net/eth0/queues/rx-0/rps_cpus'
         fi
@@ -153,7 +158,7 @@ md = [f"# Prober CPU cost on the parent node ({n} children, netns test bed)\n",
       + "); the children, "
       "the bridge and the harness run on CPU 1. The parent node's CPU = rank 0's CPU time (user + system) + CPU 0's irq "
       f"+ softirq time, over {idle:g} s; medians of {runs} runs per variant, each run a fresh instance, variants "
-      "alternating. Every variant runs with `tbon.heartbeat_period=200ms` and `tbon.torpid_max=2s` (256 child brokers share "
+      f"alternating. Every variant runs with `tbon.heartbeat_period=200ms` and `tbon.torpid_max=2s` ({n} child brokers share "
       "one core; with 50 ms heartbeats they keep it saturated and delay the replies). CPU 0's total busy time also counts "
       "whatever else the machine ran there.\n",
       "| variant | parent node, % of a core | rank 0 broker | CPU 0 irq + softirq" + (" + NAPI thread" if rx == "napi" else "") + " | cost of probing | CPU 0 busy | ranks online at the end |",
@@ -186,6 +191,11 @@ if g2 is not None:
     md.append("")
     md.append(f"Cost of probing {n} children every 10 ms with group probes to a job on the parent's core: {g2:.2f} % "
               f"(target below 1 %: {'met' if g2 < 1.0 else '**missed**'}).")
+bb, bn = med["baseline"]["cpu0_busy_pct"], med["baseline"]["fwq_noise_pct"]
+if bb > 20 or bn > 15:
+    md.append(f"\n**Warning: noisy baseline** (probes off: CPU 0 {bb:.1f} % busy idle, FWQ noise {bn:.1f} %): something else "
+              "ran on CPU 0; these figures say little about probing. Rerun on an otherwise idle machine.")
+    print("probe-cost: WARNING: noisy baseline; rerun on an idle machine", file=sys.stderr)
 md.append("\nRuns (parent node %, FWQ noise %): " + "; ".join(f"{r['variant']} {r['parent_pct']:.2f} {r['fwq_noise_pct']:.2f}" for r in rows))
 open(f"bench/results/probe-cost{suffix}.md", "w").write("\n".join(md) + "\n")
 print("\n".join(md))

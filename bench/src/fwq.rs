@@ -21,11 +21,11 @@ use std::time::{Duration, Instant};
 /// Options of `vigil-bench fwq`.
 #[derive(Args, Debug)]
 pub struct FwqArgs {
-    /// Length of the measurement, seconds.
-    #[arg(long, default_value_t = 10.0)]
+    /// Length of the measurement, seconds (up to 3600).
+    #[arg(long, default_value_t = 10.0, allow_negative_numbers = true)]
     pub seconds: f64,
-    /// Length of one undisturbed work quantum, microseconds.
-    #[arg(long, default_value_t = 100.0)]
+    /// Length of one undisturbed work quantum, microseconds (1 to 1,000,000).
+    #[arg(long, default_value_t = 100.0, allow_negative_numbers = true)]
     pub quantum_us: f64,
 }
 
@@ -98,13 +98,18 @@ fn summarize(mut d: Vec<u64>, elapsed: Duration) -> FwqResult {
 
 /// Run the measurement and print its JSON line; exit code 0, or 1 on bad arguments.
 pub fn run(a: &FwqArgs) -> i32 {
-    if !(a.seconds > 0.0 && a.quantum_us >= 1.0) {
-        eprintln!("vigil-bench fwq: --seconds must be > 0 and --quantum-us >= 1");
+    if !(a.seconds > 0.0 && a.seconds <= 3600.0) {
+        eprintln!("vigil-bench fwq: --seconds must be in (0, 3600], got {}", a.seconds);
+        return 1;
+    }
+    if !(1.0..=1e6).contains(&a.quantum_us) {
+        eprintln!("vigil-bench fwq: --quantum-us must be in [1, 1000000], got {}", a.quantum_us);
         return 1;
     }
     let iters = calibrate(Duration::from_secs_f64(a.quantum_us / 1e6));
     let end = Duration::from_secs_f64(a.seconds);
-    let mut d = Vec::with_capacity((a.seconds * 1e6 / a.quantum_us) as usize + 16);
+    // One duration per quantum; capped so a slow machine with tiny quanta cannot ask for gigabytes up front.
+    let mut d = Vec::with_capacity(((a.seconds * 1e6 / a.quantum_us) as usize).min(1 << 24) + 16);
     let start = Instant::now();
     let mut last = start;
     while last - start < end {
