@@ -80,11 +80,12 @@ up)
         if [ $alive = 0 ]; then
             echo "netns-cluster: every broker exited; node 0 said:" >&2
             tail -n 3 "$dir/node0/broker.log" >&2
+            echo "netns-cluster: remove its namespaces with: $0 down $name" >&2
             exit 1
         fi
         sleep 0.1
     done
-    echo "netns-cluster: instance did not come up; logs in $dir/node*/broker.log" >&2
+    echo "netns-cluster: instance did not come up; logs in $dir/node*/broker.log; remove it with: $0 down $name" >&2
     exit 1
     ;;
 uri) echo "local://$dir/node0/local-0" ;;

@@ -6,7 +6,16 @@ cd "$(dirname "$0")/.."
 ci/setup.sh
 # Network-namespace "nodes" left over from an interrupted run (ci/netns-cluster.sh names them vn-*).
 if [ "$(id -u)" -eq 0 ]; then
-    for ns in $(ip netns list 2>/dev/null | awk '/^vn-/{print $1}'); do ip netns del "$ns" 2>/dev/null || true; done
+    # Only clusters with no live process in any of their namespaces: another user's running cluster (a benchmark,
+    # a demo) on a shared machine is left alone.
+    for c in $(ip netns list 2>/dev/null | awk '{print $1}' | sed -n 's/^vn-\(.*\)-\(hub\|n[0-9]*\)$/\1/p' | sort -u); do
+        live=0
+        for ns in $(ip netns list | awk -v p="vn-$c-" 'index($1, p) == 1 {print $1}'); do
+            [ -n "$(ip netns pids "$ns" 2>/dev/null)" ] && { live=1; break; }
+        done
+        [ $live = 1 ] && continue
+        for ns in $(ip netns list | awk -v p="vn-$c-" 'index($1, p) == 1 {print $1}'); do ip netns del "$ns" 2>/dev/null || true; done
+    done
     # The eBPF detectors attach to tracepoints: mount tracefs when missing.
     mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
 fi
