@@ -55,6 +55,18 @@ fn work(iters: u64) -> u64 {
     x
 }
 
+/// The shortest of `trials` timed runs of [`work`]`(iters)`: the undisturbed duration.
+fn fastest(iters: u64, trials: usize) -> Duration {
+    (0..trials.max(1))
+        .map(|_| {
+            let t = Instant::now();
+            black_box(work(iters));
+            t.elapsed()
+        })
+        .min()
+        .unwrap_or(Duration::ZERO)
+}
+
 /// Iterations of [`work`] that take `quantum` undisturbed: the fastest of several trials, scaled.
 fn calibrate(quantum: Duration) -> u64 {
     let mut iters: u64 = 1000;
@@ -67,15 +79,8 @@ fn calibrate(quantum: Duration) -> u64 {
         }
         iters *= 2;
     }
-    let best = (0..20)
-        .map(|_| {
-            let t = Instant::now();
-            black_box(work(iters));
-            t.elapsed()
-        })
-        .min()
-        .unwrap_or(Duration::from_millis(1));
-    ((iters as f64) * quantum.as_secs_f64() / best.as_secs_f64()).max(1.0) as u64
+    let best = fastest(iters, 20);
+    ((iters as f64) * quantum.as_secs_f64() / best.as_secs_f64().max(1e-9)).max(1.0) as u64
 }
 
 /// The quantiles and noise of a run with these quantum durations (ns) over `elapsed`.
@@ -142,14 +147,7 @@ mod tests {
     #[test]
     fn calibrated_quantum_is_near_the_asked_length() {
         let iters = calibrate(Duration::from_micros(200));
-        let best = (0..20)
-            .map(|_| {
-                let t = Instant::now();
-                black_box(work(iters));
-                t.elapsed()
-            })
-            .min()
-            .unwrap();
+        let best = fastest(iters, 20);
         // Loose: a shared test machine may be slower than during calibration, never 10x faster.
         assert!(best > Duration::from_micros(20) && best < Duration::from_millis(20), "{best:?}");
     }
