@@ -1018,14 +1018,6 @@ impl Prober {
         }
     }
 
-    /// Whether child `rank` at `addr` may be probed by the group datagram.
-    fn groupable(&self, addr: SocketAddr) -> bool {
-        match addr {
-            SocketAddr::V4(a) => self.group.is_some() && self.collects && self.per_ip.get(a.ip()).copied() == Some(1),
-            SocketAddr::V6(_) => false,
-        }
-    }
-
     /// A reply (read from the socket, `from` its sender; or collected by the kernel, which checked the sender).
     fn reply(&mut self, p: &Probe, from: SocketAddr) {
         let Some(&rank) = self.ids.get(&p.rank) else { return };
@@ -1038,25 +1030,19 @@ impl Prober {
             return;
         }
         let kernel = p.kind == ProbeKind::ReplyKernel;
-        // Its kernel answered: it knows us now, and answers the group datagram from the next round. (Looked up
-        // only for a child not grouped yet: this runs for every child every period.)
-        let groupable = |t: &ProbeTarget| {
-            if t.grouped {
-                kernel
-            } else {
-                kernel && !t.no_group && self.groupable(from)
-            }
-        };
-        let Some(t) = self.targets.get(&rank) else { return };
-        if p.seq <= t.answered || from != t.addr {
-            return;
-        }
         let sent = p.sent_ns ^ self.key;
         if sent > now || now - sent > 60_000_000_000 {
             return; // not an echo of one of our requests
         }
-        let grouped = groupable(t);
+        // Fields borrowed apart from the target, so one lookup serves the whole reply.
+        let (group, collects, per_ip) = (self.group, self.collects, &self.per_ip);
         let Some(t) = self.targets.get_mut(&rank) else { return };
+        if p.seq <= t.answered || from != t.addr {
+            return;
+        }
+        // Its kernel answered: it knows us now, and answers the group datagram from the next round. (Looked up
+        // only for a child not grouped yet: this runs for every child every period.)
+        let grouped = kernel && (t.grouped || (!t.no_group && groupable(group, collects, per_ip, from)));
         t.answered = p.seq;
         let recovered = t.missed_reported > 0;
         t.missed_reported = 0;
@@ -1139,6 +1125,16 @@ impl Prober {
         self.round += 1;
         self.counts = (grouped, unreached);
         (group, unicast)
+    }
+}
+
+/// Whether a child at `addr` may be probed by the group datagram: the prober has a group, the kernel collects
+/// replies (group replies never reach the socket), and the child is alone on its node (`per_ip` counts children
+/// per address: a node's kernel answers one broker per parent).
+fn groupable(group: Option<SocketAddrV4>, collects: bool, per_ip: &HashMap<Ipv4Addr, u32>, addr: SocketAddr) -> bool {
+    match addr {
+        SocketAddr::V4(a) => group.is_some() && collects && per_ip.get(a.ip()).copied() == Some(1),
+        SocketAddr::V6(_) => false,
     }
 }
 
