@@ -67,6 +67,15 @@ up)
         ip netns exec "$(ns $k)" setsid "$VIGIL" broker --config="$dir/config.toml" --hostname="node$k" \
             --rundir="$dir/node$k" "$@" > "$dir/node$k/broker.log" 2>&1 < /dev/null &
         echo $! > "$dir/node$k/broker.pid"
+        # Rank 0 (the parent every test and benchmark looks at) first, with its eBPF detectors attached before
+        # the others start: the kernel takes at most 64 BPF programs per tracepoint, so in instances of more than
+        # 64 nodes on one kernel the later brokers fall back to userspace watchers, and rank 0 must not be one.
+        if [ "$k" = 0 ] && [ "$n" -gt 64 ]; then
+            for _ in $(seq 1 100); do
+                s=$(VIGIL_URI="local://$dir/node0/local-0" "$VIGIL" overlay status 2> /dev/null || true)
+                case $s in *loading* | "") sleep 0.1 ;; *) break ;; esac
+            done
+        fi
     done
     # Wait until rank 0 answers and every rank is online (30 s, plus 0.4 s per node for big clusters).
     for _ in $(seq 1 $((300 + 4 * n))); do

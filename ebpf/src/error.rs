@@ -26,6 +26,18 @@ pub enum EbpfError {
         #[source]
         source: aya::programs::ProgramError,
     },
+    /// The tracepoint already has as many BPF programs attached as the kernel allows (64 per tracepoint,
+    /// `BPF_TRACE_MAX_PROGS`; attaching one more fails with `E2BIG`). Every broker on a machine attaches its own
+    /// watchers, so a test instance of more than 64 brokers on one kernel runs out.
+    #[error(
+        "BPF program {name}: tracepoint {tracepoint} already has the kernel's maximum of 64 BPF programs attached (other brokers on this machine hold them)"
+    )]
+    TracepointFull {
+        /// Program (function) name in the BPF object.
+        name: &'static str,
+        /// `category/name` of the tracepoint.
+        tracepoint: String,
+    },
     /// A BPF map operation failed.
     #[error("BPF map {name}: {}", chain(.source))]
     Map {
@@ -72,6 +84,35 @@ pub(crate) fn map_err(name: &'static str) -> impl FnOnce(aya::maps::MapError) ->
     move |source| EbpfError::Map { name, source }
 }
 
+/// Whether `e` (or an error it wraps) is the system call error `E2BIG`.
+pub(crate) fn is_e2big(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(x) = cur {
+        if x.downcast_ref::<io::Error>().and_then(io::Error::raw_os_error) == Some(libc::E2BIG) {
+            return true;
+        }
+        cur = x.source();
+    }
+    false
+}
+
 pub(crate) fn prog_err(name: &'static str) -> impl FnOnce(aya::programs::ProgramError) -> EbpfError {
     move |source| EbpfError::Program { name, source }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn e2big_is_found_in_a_chain_of_errors() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("attaching")]
+        struct Wrap(#[source] io::Error);
+        assert!(is_e2big(&io::Error::from_raw_os_error(libc::E2BIG)));
+        assert!(is_e2big(&Wrap(io::Error::from_raw_os_error(libc::E2BIG))));
+        assert!(!is_e2big(&Wrap(io::Error::from_raw_os_error(libc::EPERM))));
+        let full = EbpfError::TracepointFull { name: "p", tracepoint: "sched/sched_process_exit".into() };
+        assert!(full.to_string().contains("sched/sched_process_exit") && full.to_string().contains("64"), "{full}");
+    }
 }

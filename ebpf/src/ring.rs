@@ -40,7 +40,13 @@ pub(crate) fn attach_tracepoint(
         bpf.program_mut(prog).ok_or(EbpfError::Missing(prog))?.try_into().map_err(prog_err(prog))?;
     p.load().map_err(prog_err(prog))?;
     // The link is owned by the program, which lives as long as the `Ebpf`.
-    p.attach(category, name).map_err(prog_err(prog))?;
+    p.attach(category, name).map_err(|e| {
+        if crate::error::is_e2big(&e) {
+            EbpfError::TracepointFull { name: prog, tracepoint: format!("{category}/{name}") }
+        } else {
+            prog_err(prog)(e)
+        }
+    })?;
     Ok(())
 }
 
