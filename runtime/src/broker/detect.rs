@@ -53,6 +53,8 @@ pub(crate) struct ProberStats {
     pub unreached: std::sync::atomic::AtomicU32,
     /// Replies are collected by this node's kernel (XDP), not received on the prober's socket.
     pub collected: std::sync::atomic::AtomicBool,
+    /// Periods in which no child answered and none was blamed (this node's own receive path looked stalled).
+    pub void_rounds: std::sync::atomic::AtomicU64,
 }
 
 impl ProberStats {
@@ -60,8 +62,9 @@ impl ProberStats {
     pub(crate) fn describe(&self) -> String {
         use std::sync::atomic::Ordering::Relaxed;
         let unreached = self.unreached.load(Relaxed);
+        let void = self.void_rounds.load(Relaxed);
         format!(
-            "{} children by group datagram, {} by unicast{}; replies {}",
+            "{} children by group datagram, {} by unicast{}; replies {}{}",
             self.grouped.load(Relaxed),
             self.unicast.load(Relaxed),
             if unreached > 0 { format!(" ({unreached} not reached by the group)") } else { String::new() },
@@ -69,6 +72,11 @@ impl ProberStats {
                 "collected by the kernel (XDP)"
             } else {
                 "received on the prober's socket"
+            },
+            if void > 0 {
+                format!("; {void} periods not judged (no child answered: this node's receive path was behind)")
+            } else {
+                String::new()
             }
         )
     }
@@ -469,8 +477,12 @@ impl Detectors {
                     }
                 })
                 .inspect(grow_receive_buffer)
-                .and_then(tokio::net::UdpSocket::from_std)
-            {
+                .and_then(|s| {
+                    // SAFETY: the UdpSocket owns its descriptor, which stays open and the same until the AsyncFd
+                    // that holds the socket drops it (after deregistering it).
+                    unsafe { tokio::io::unix::AsyncFd::register_with_interest(s, tokio::io::Interest::READABLE) }
+                        .map_err(|e| e.into_parts().1)
+                }) {
                 Ok(s) => s,
                 Err(e) => {
                     warn!(
@@ -681,8 +693,13 @@ async fn tcp_task(mut w: TcpWatcher, mut rx: mpsc::UnboundedReceiver<TcpCmd>, tx
     }
 }
 
+/// The prober's UDP socket, non-blocking, registered with the runtime for readability only: sends never wake the
+/// runtime. (A socket registered for writability too, as `tokio::net::UdpSocket` is, reports a new writable edge
+/// each time a sent datagram leaves the send buffer: one more pass through `epoll_wait` per period.)
+type ProbeSocket = tokio::io::unix::AsyncFd<std::net::UdpSocket>;
+
 /// Send probes with one `sendmmsg(2)`; errors (a child's address unreachable) are ignored: the miss counts.
-fn send_batch(sock: &tokio::net::UdpSocket, pkts: &[([u8; vigil_ebpf::PROBE_LEN], SocketAddr)]) {
+fn send_batch(sock: &ProbeSocket, pkts: &[([u8; vigil_ebpf::PROBE_LEN], SocketAddr)]) {
     use std::os::fd::AsRawFd;
     let addrs: Vec<libc::sockaddr_in> = pkts
         .iter()
@@ -731,12 +748,12 @@ fn send_batch(sock: &tokio::net::UdpSocket, pkts: &[([u8; vigil_ebpf::PROBE_LEN]
 }
 
 /// Read every reply waiting on the socket, up to `bufs.len()` per `recvmmsg(2)`: (length, sender, data).
-fn recv_batch<'a>(sock: &tokio::net::UdpSocket, bufs: &'a mut [[u8; 128]]) -> Vec<(usize, SocketAddr, &'a [u8])> {
+fn recv_batch<'a>(sock: &ProbeSocket, bufs: &'a mut [[u8; 128]]) -> Vec<(usize, SocketAddr, &'a [u8])> {
     use std::os::fd::AsRawFd;
     let mut out: Vec<(usize, SocketAddr)> = Vec::new();
     let cap = bufs.len();
     // One batch per call; `drain_replies` loops.
-    let r = sock.try_io(tokio::io::Interest::READABLE, || {
+    let r = (|| {
         // SAFETY: sockaddr_in is plain old data; all-zero is valid (the kernel fills it).
         let zero: libc::sockaddr_in = unsafe { std::mem::zeroed() };
         let mut addrs: Vec<libc::sockaddr_in> = vec![zero; cap];
@@ -774,8 +791,8 @@ fn recv_batch<'a>(sock: &tokio::net::UdpSocket, bufs: &'a mut [[u8; 128]]) -> Ve
             let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
             out.push((hdrs[i].msg_len as usize, SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(a.sin_port)))));
         }
-        Ok(())
-    });
+        Ok::<(), std::io::Error>(())
+    })();
     if r.is_err() {
         return Vec::new();
     }
@@ -783,7 +800,7 @@ fn recv_batch<'a>(sock: &tokio::net::UdpSocket, bufs: &'a mut [[u8; 128]]) -> Ve
 }
 
 /// Read every reply waiting on the socket, batch after batch, and hand each to `f`.
-fn drain_replies(sock: &tokio::net::UdpSocket, bufs: &mut [[u8; 128]], mut f: impl FnMut(usize, &[u8], SocketAddr)) {
+fn drain_replies(sock: &ProbeSocket, bufs: &mut [[u8; 128]], mut f: impl FnMut(usize, &[u8], SocketAddr)) {
     let cap = bufs.len();
     loop {
         let got = recv_batch(sock, bufs);
@@ -851,6 +868,10 @@ struct ProbeTarget {
 /// unicast for good (the network does not deliver the group to it).
 const GROUP_MISSES_MAX: u32 = 3;
 
+/// Children whose kernel answers from which a period with no reply at all is not judged ([`Prober::next_round`]).
+/// Below it, one silent child is as likely as a stalled parent.
+const VOID_MIN_CHILDREN: usize = 3;
+
 /// Marks an id that is not a reply-array slot (slots are below [`vigil_ebpf::SLOTS`]).
 const NO_SLOT: u32 = 0x8000_0000;
 
@@ -888,6 +909,15 @@ struct Prober {
     counts: (u32, u32),
     /// Reused by every period's read of the reply array: (rank, slot, address) of the children with a slot.
     scratch: Vec<(u32, u32, SocketAddr)>,
+    /// Newest round any child answered.
+    newest: u32,
+    /// Rounds left unjudged because no child answered (see [`Prober::next_round`]), and whether that was logged.
+    void_rounds: u64,
+    stall_logged: bool,
+    /// Unjudged rounds in a row just now.
+    void_streak: u32,
+    /// Unjudged rounds in a row after which grouped children answered the unicast re-probe.
+    group_suspect: u32,
 }
 
 impl Drop for Prober {
@@ -926,6 +956,11 @@ impl Prober {
             stall_note,
             counts: (0, 0),
             scratch: Vec::new(),
+            newest: 0,
+            void_rounds: 0,
+            stall_logged: false,
+            void_streak: 0,
+            group_suspect: 0,
         }
     }
 
@@ -1044,6 +1079,7 @@ impl Prober {
         // only for a child not grouped yet: this runs for every child every period.)
         let grouped = kernel && (t.grouped || (!t.no_group && groupable(group, collects, per_ip, from)));
         t.answered = p.seq;
+        self.newest = self.newest.max(p.seq);
         let recovered = t.missed_reported > 0;
         t.missed_reported = 0;
         t.grouped = grouped;
@@ -1079,15 +1115,64 @@ impl Prober {
     }
 
     /// Start of a period: count misses, then the next round's probes: (group datagram wanted, unicast list).
+    ///
+    /// A period in which no child at all answered, while at least [`VOID_MIN_CHILDREN`] children's kernels have
+    /// been answering, is not judged: nobody is blamed and the round is probed again under the same number.
+    /// Many nodes going silent in the same 10 ms is far more often this node's own receive path falling behind
+    /// (its CPU starved, a receive queue backed up, its own link down) than that many deaths at once; a reply
+    /// processed late still arrives, and replies are read in the order they came, so once any child answers the
+    /// newest round the others' missing replies are not stuck behind it. Nodes really gone all at once are
+    /// judged on TCP (`tbon.lost_timeout`) once their replies are older than the probe rule's vouching window.
     fn next_round(&mut self) -> (bool, Vec<(u32, SocketAddr)>) {
+        let answering = self.targets.values().filter(|t| t.kernel == Some(true)).count();
+        let void = self.round > 0 && self.newest < self.round && answering >= VOID_MIN_CHILDREN;
+        if void {
+            self.void_rounds += 1;
+            self.void_streak += 1;
+            if !self.stall_logged {
+                self.stall_logged = true;
+                warn!(
+                    "no child answered the last probe ({answering} children's kernels answer): this node's own \
+                     receive path looks stalled; nobody is blamed until replies come again (counted in \
+                     `vigil overlay status`; later ones at debug level)"
+                );
+            } else {
+                tracing::debug!("no child answered probe round {}: not judged", self.round);
+            }
+        } else if self.void_streak > 0 {
+            // Answered again after a round nobody answered, re-probed by unicast. If grouped children answered,
+            // it was perhaps the group datagram, not us, that failed: after GROUP_MISSES_MAX such rounds in a
+            // row the group is given up for every child.
+            self.void_streak = 0;
+            if self.targets.values().any(|t| t.grouped && t.answered == self.round) {
+                self.group_suspect += 1;
+            }
+            if self.group_suspect >= GROUP_MISSES_MAX {
+                self.group_suspect = 0;
+                let g = self.group.map(|g| g.to_string()).unwrap_or_default();
+                warn!(
+                    "group probes to {g} reach none of the children (they answer unicast probes only); they are \
+                     probed by unicast from now on"
+                );
+                for t in self.targets.values_mut().filter(|t| t.grouped) {
+                    t.grouped = false;
+                    t.no_group = true;
+                }
+            }
+        }
         let mut unicast = Vec::new();
         let mut group = false;
         let (mut grouped, mut unreached) = (0, 0);
+        // The round the next probes carry: a round nobody answered is probed again under its own number.
+        let next = if void { self.round } else { self.round + 1 };
         for (r, t) in self.targets.iter_mut() {
             let outstanding = self.round - t.answered;
-            if t.grouped && t.last_unicast != self.round {
+            if !void && t.grouped && t.last_unicast != self.round {
                 // The last round reached it by the group datagram alone.
                 t.group_only_misses = if outstanding >= 1 { t.group_only_misses + 1 } else { 0 };
+                if outstanding == 0 {
+                    self.group_suspect = 0; // the group datagram reaches children
+                }
                 if t.group_only_misses >= GROUP_MISSES_MAX {
                     t.grouped = false;
                     t.no_group = true;
@@ -1104,7 +1189,7 @@ impl Prober {
                 }
             }
             // Every new miss is reported: the first one already stops vouching for the node's TCP.
-            if outstanding >= 1 && outstanding > t.missed_reported && t.kernel.is_some() {
+            if !void && outstanding >= 1 && outstanding > t.missed_reported && t.kernel.is_some() {
                 t.missed_reported = outstanding;
                 let _ = self.tx.send(DetectInput::Probe(*r, Signal::ProbeMissed { misses: outstanding }));
             }
@@ -1119,12 +1204,113 @@ impl Prober {
             }
             if !t.grouped || outstanding >= 1 {
                 unicast.push((t.id, t.addr));
-                t.last_unicast = self.round + 1;
+                t.last_unicast = next;
             }
         }
-        self.round += 1;
+        self.round = next;
         self.counts = (grouped, unreached);
         (group, unicast)
+    }
+}
+
+/// The prober's period: a periodic `CLOCK_MONOTONIC` timerfd watched by the runtime, or tokio's `Interval` if the
+/// kernel refuses a timerfd. The timerfd is the cheaper of the two, and the prober wakes 100 times a second on
+/// every parent: tokio re-arms an `Interval` in its timer wheel on every tick, and when that deadline becomes the
+/// runtime's earliest it wakes itself through its eventfd, a write and a second pass through `epoll_wait` per
+/// period (seen with `perf trace` on a parent of 16 children). The kernel re-arms a timerfd by itself.
+enum Ticker {
+    /// Readable once a period; a read returns the periods elapsed since the last read.
+    Fd {
+        /// The timerfd.
+        fd: tokio::io::unix::AsyncFd<PeriodFd>,
+        /// Its period.
+        period: Duration,
+        /// When its next expiry is due.
+        due: std::time::Instant,
+    },
+    /// The fallback.
+    Tokio(tokio::time::Interval),
+}
+
+/// A timerfd, as tokio's `AsyncFd` wants it (`AsRawFd`).
+struct PeriodFd(nix::sys::timerfd::TimerFd);
+
+impl std::os::fd::AsRawFd for PeriodFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsFd;
+        self.0.as_fd().as_raw_fd()
+    }
+}
+
+impl Ticker {
+    /// Ticks every `period` (the first tick one period from now).
+    fn new(period: Duration) -> Ticker {
+        use nix::sys::time::TimeSpec;
+        use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
+        let fd = TimerFd::new(ClockId::CLOCK_MONOTONIC, TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC)
+            .and_then(|t| {
+                t.set(Expiration::Interval(TimeSpec::from_duration(period)), TimerSetTimeFlags::empty())?;
+                Ok(t)
+            })
+            .map_err(std::io::Error::from)
+            .and_then(|t| {
+                // SAFETY: `PeriodFd` owns the timerfd and always returns that descriptor; it is closed only when
+                // the `PeriodFd` drops, which the `AsyncFd` that holds it does after deregistering it.
+                unsafe { tokio::io::unix::AsyncFd::register_with_interest(PeriodFd(t), tokio::io::Interest::READABLE) }
+                    .map_err(|e| e.into_parts().1)
+            });
+        match fd {
+            Ok(fd) => Ticker::Fd { fd, period, due: std::time::Instant::now() + period },
+            Err(e) => {
+                warn!("prober: no timerfd ({e}); its period is kept by the runtime's timer");
+                let mut t = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+                // A starved prober skips the periods it missed rather than probing in a burst to catch up.
+                t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                Ticker::Tokio(t)
+            }
+        }
+    }
+
+    /// Waits for the next period. Cancel-safe (a `select!` branch): an expiry not yet read stays in the timerfd.
+    /// A tick taken late (by more than a quarter period: the prober was starved) moves the schedule so the next
+    /// one comes a full period later, as tokio's `MissedTickBehavior::Delay` does: each round's probes always
+    /// get a whole period to be answered before the next round counts them missing.
+    async fn tick(&mut self) {
+        match self {
+            Ticker::Tokio(t) => {
+                t.tick().await;
+            }
+            Ticker::Fd { fd, period, due } => loop {
+                let Ok(mut ready) = fd.readable().await else {
+                    // The runtime lost the descriptor (it is shutting down): wait a period the plain way.
+                    tokio::time::sleep(*period).await;
+                    return;
+                };
+                let mut n = [0u8; 8];
+                match ready.try_io(|f| {
+                    nix::unistd::read(std::os::fd::AsRawFd::as_raw_fd(f.get_ref()), &mut n)
+                        .map_err(std::io::Error::from)
+                }) {
+                    Ok(_) => {
+                        // Read to zero: the next expiry is a new edge. Saves a read that would say EAGAIN.
+                        ready.clear_ready();
+                        let now = std::time::Instant::now();
+                        if now > *due + *period / 4 {
+                            use nix::sys::timerfd::{Expiration, TimerSetTimeFlags};
+                            let every = Expiration::Interval(nix::sys::time::TimeSpec::from_duration(*period));
+                            // Re-arming also clears an expiry that came meanwhile. If it fails the old
+                            // schedule goes on, which only shortens the next period once.
+                            let _ = fd.get_ref().0.set(every, TimerSetTimeFlags::empty());
+                            *due = now + *period;
+                        } else {
+                            *due += *period;
+                        }
+                        return;
+                    }
+                    Err(_would_block) => continue,
+                }
+            },
+        }
     }
 }
 
@@ -1138,13 +1324,22 @@ fn groupable(group: Option<SocketAddrV4>, collects: bool, per_ip: &HashMap<Ipv4A
     }
 }
 
+/// The socket's readiness as the runtime last saw it, without waiting: `Some` if a datagram may be waiting.
+fn readable_now(sock: &ProbeSocket) -> Option<tokio::io::unix::AsyncFdReadyGuard<'_, std::net::UdpSocket>> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match sock.poll_read_ready(&mut cx) {
+        std::task::Poll::Ready(Ok(g)) => Some(g),
+        _ => None,
+    }
+}
+
 /// Probes every child each period: children whose kernel has answered (and that are alone on their node) by one
 /// IP multicast datagram per period, the others by unicast. Replies are collected by this node's kernel where
 /// it can (no datagram reaches the socket), else read from the socket as they arrive. Misses are counted only
 /// at the start of a period after every reply that has arrived was read, so a starved prober never blames its
 /// children.
 async fn prober_task(
-    sock: tokio::net::UdpSocket,
+    sock: ProbeSocket,
     mut rx: mpsc::UnboundedReceiver<ProbeCmd>,
     tx: mpsc::UnboundedSender<DetectInput>,
     period: Duration,
@@ -1152,17 +1347,16 @@ async fn prober_task(
     stats: Arc<ProberStats>,
     torpid_max: f64,
 ) {
-    let port = sock.local_addr().map(|a| a.port()).unwrap_or(0);
+    let port = sock.get_ref().local_addr().map(|a| a.port()).unwrap_or(0);
     let key = {
         let mut k = [0u8; 8];
         let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut k));
         u64::from_ne_bytes(k) ^ vigil_ebpf::monotonic_ns()
     };
     let mut pr = Prober::new(key, port, group, tx, torpid_max / 2.0);
-    let mut tick = tokio::time::interval(period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tick = Ticker::new(period);
     let mut rbufs = vec![[0u8; 128]; PROBE_GROUP];
-    let mut drain = |pr: &mut Prober, sock: &tokio::net::UdpSocket| {
+    let mut drain = |pr: &mut Prober, sock: &ProbeSocket| {
         drain_replies(sock, &mut rbufs, |n, b, from| {
             if let Some(p) = Probe::decode(&b[..n]) {
                 pr.reply(&p, from);
@@ -1178,7 +1372,7 @@ async fn prober_task(
                     let round = pr.round;
                     if let (Some(t), true) = (pr.targets.get_mut(&r), round > 0) {
                         t.last_unicast = round;
-                        let _ = sock.try_send_to(&Probe::request(round, t.id, vigil_ebpf::monotonic_ns() ^ pr.key).encode(), t.addr);
+                        let _ = sock.get_ref().send_to(&Probe::request(round, t.id, vigil_ebpf::monotonic_ns() ^ pr.key).encode(), t.addr);
                     }
                 }
                 Some(ProbeCmd::Collector(t)) => {
@@ -1189,13 +1383,21 @@ async fn prober_task(
                 None => return,
             },
             r = sock.readable() => {
-                if r.is_ok() {
+                if let Ok(mut ready) = r {
                     drain(&mut pr, &sock);
+                    // Drained to EAGAIN: a datagram arriving from now on is a new edge, seen at the next wait.
+                    ready.clear_ready();
                 }
             }
             _ = tick.tick() => {
-                // Read everything that has arrived before judging.
-                drain(&mut pr, &sock);
+                // Read everything that has arrived before judging. With the kernel collecting replies the socket
+                // is read only if the runtime saw a datagram come (this branch may run before the readable one).
+                if pr.area.is_none() {
+                    drain(&mut pr, &sock);
+                } else if let Some(mut ready) = readable_now(&sock) {
+                    drain(&mut pr, &sock);
+                    ready.clear_ready();
+                }
                 pr.read_collected();
                 let (group_wanted, unicast) = pr.next_round();
                 {
@@ -1204,11 +1406,12 @@ async fn prober_task(
                     stats.grouped.store(grouped, Relaxed);
                     stats.unicast.store(pr.targets.len() as u32 - grouped, Relaxed);
                     stats.unreached.store(unreached, Relaxed);
+                    stats.void_rounds.store(pr.void_rounds, Relaxed);
                     stats.collected.store(pr.area.is_some(), Relaxed);
                 }
                 let now = vigil_ebpf::monotonic_ns() ^ pr.key;
                 if let (true, Some(g)) = (group_wanted, pr.group) {
-                    let _ = sock.try_send_to(&Probe::group(pr.round, now).encode(), SocketAddr::V4(g));
+                    let _ = sock.get_ref().send_to(&Probe::group(pr.round, now).encode(), SocketAddr::V4(g));
                 }
                 // Send in small groups and read the replies in between: a burst of hundreds of replies would
                 // otherwise overflow the socket and make the same (last) children miss every round.
@@ -1488,6 +1691,87 @@ mod tests {
         assert!(misses(&mut rx).is_empty());
     }
 
+    /// A prober with children 1..=n whose kernels answered once, all grouped.
+    fn grouped_children(n: u32) -> (Prober, mpsc::UnboundedReceiver<DetectInput>) {
+        let (mut pr, mut rx) = prober(true);
+        for r in 1..=n {
+            pr.add(r, addr(1 + r as u8));
+        }
+        pr.next_round();
+        for r in 1..=n {
+            reply(&mut pr, r, ProbeKind::ReplyKernel);
+        }
+        let (group, unicast) = pr.next_round();
+        assert!(group && unicast.is_empty());
+        assert!(misses(&mut rx).is_empty());
+        (pr, rx)
+    }
+
+    #[test]
+    fn a_round_no_child_answers_is_not_judged_but_one_silent_child_is() {
+        let (mut pr, mut rx) = grouped_children(4);
+        let round = pr.round;
+        // This node's receive path stalls: nobody's reply arrives for 5 periods.
+        for k in 0..5 {
+            let (group, unicast) = pr.next_round();
+            assert!(group && unicast.len() == 4, "period {k}: the round is probed again, by unicast too");
+            assert_eq!(pr.round, round, "the same round number");
+        }
+        assert!(misses(&mut rx).is_empty(), "nobody blamed for our own stall");
+        assert_eq!(pr.void_rounds, 5);
+        // Replies come again (late ones count for the round re-probed); rank 4 stays silent: it alone is judged.
+        for _ in 0..4 {
+            for r in 1..=3 {
+                reply(&mut pr, r, ProbeKind::ReplyKernel);
+            }
+            pr.next_round();
+        }
+        assert_eq!(misses(&mut rx), vec![(4, 1), (4, 2), (4, 3), (4, 4)]);
+        assert_eq!(pr.void_rounds, 5);
+    }
+
+    #[test]
+    fn with_fewer_than_three_answering_children_silence_is_judged() {
+        let (mut pr, mut rx) = grouped_children(2);
+        for _ in 0..3 {
+            pr.next_round();
+        }
+        let mut m = misses(&mut rx);
+        m.sort();
+        assert_eq!(m, vec![(1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (2, 3)]);
+        assert_eq!(pr.void_rounds, 0);
+    }
+
+    #[test]
+    fn a_group_that_reaches_no_child_is_given_up_without_blaming_anyone() {
+        let (mut pr, mut rx) = grouped_children(4);
+        // The network stops delivering the multicast datagram to everyone: only unicast probes are answered.
+        let mut worst = 0;
+        for _ in 0..40 {
+            let (_, unicast) = pr.next_round();
+            let ids: Vec<u32> = unicast.iter().map(|(id, _)| *id).collect();
+            for r in 1..=4 {
+                if ids.contains(&pr.targets[&r].id) {
+                    reply(&mut pr, r, ProbeKind::ReplyKernel);
+                }
+            }
+            worst = misses(&mut rx).iter().map(|(_, m)| *m).max().unwrap_or(0).max(worst);
+        }
+        assert!(pr.targets.values().all(|t| t.no_group && !t.grouped), "every child probed by unicast for good");
+        assert!(worst <= 1, "never more than one miss in a row, got {worst}");
+        // From then on every round is answered and judged.
+        let v = pr.void_rounds;
+        for _ in 0..5 {
+            let (group, unicast) = pr.next_round();
+            assert!(!group && unicast.len() == 4);
+            for r in 1..=4 {
+                reply(&mut pr, r, ProbeKind::ReplyKernel);
+            }
+        }
+        assert_eq!(pr.void_rounds, v);
+        assert!(misses(&mut rx).is_empty());
+    }
+
     #[test]
     fn stale_forged_and_foreign_replies_are_ignored() {
         let (mut pr, mut rx) = prober(true);
@@ -1510,5 +1794,59 @@ mod tests {
         pr.reply(&good, addr(2));
         assert_eq!(pr.targets[&1].answered, pr.round);
         let _ = misses(&mut rx);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn ticker_keeps_its_period_and_skips_what_a_starved_prober_missed() {
+        let period = Duration::from_millis(10);
+        let mut t = Ticker::new(period);
+        assert!(matches!(t, Ticker::Fd { .. }), "a timerfd on Linux");
+        let start = std::time::Instant::now();
+        for _ in 0..5 {
+            t.tick().await;
+        }
+        let five = start.elapsed();
+        assert!(five >= Duration::from_millis(45), "5 periods of 10 ms took {five:?}");
+        // Starved for 5 periods: one tick at once, then a whole period before the next (no catch-up burst, and
+        // the round taken late still gets a full period for its replies).
+        std::thread::sleep(period * 5);
+        let late = std::time::Instant::now();
+        t.tick().await;
+        assert!(late.elapsed() < period, "the missed period is reported at once");
+        let after = std::time::Instant::now();
+        t.tick().await;
+        let gap = after.elapsed();
+        assert!(gap >= Duration::from_millis(9), "a full period after a late tick, got {gap:?}");
+        // Taken 8 ms after it was due (less than a period late): still a full period to the next.
+        std::thread::sleep(Duration::from_millis(18));
+        t.tick().await;
+        let after = std::time::Instant::now();
+        t.tick().await;
+        let gap = after.elapsed();
+        assert!(gap >= Duration::from_millis(9), "a full period after a tick 8 ms late, got {gap:?}");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn probe_socket_readiness_is_seen_without_waiting_and_cleared_by_draining() {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+        s.set_nonblocking(true).expect("nonblocking");
+        let to = s.local_addr().expect("addr");
+        // SAFETY: the UdpSocket owns its descriptor for the AsyncFd's whole life.
+        let sock = unsafe { tokio::io::unix::AsyncFd::register_with_interest(s, tokio::io::Interest::READABLE) }
+            .map_err(|e| e.into_parts().1)
+            .expect("register");
+        assert!(readable_now(&sock).is_none(), "nothing came yet");
+        let probe = Probe::request(1, 7, 42).encode();
+        sock.get_ref().send_to(&probe, to).expect("send");
+        // The runtime sees it come (then the guard is dropped without clearing, as when the tick branch runs first).
+        drop(tokio::time::timeout(Duration::from_secs(2), sock.readable()).await.expect("readable").expect("ready"));
+        let mut ready = readable_now(&sock).expect("readiness seen without waiting");
+        let mut bufs = vec![[0u8; 128]; 4];
+        let mut got = Vec::new();
+        drain_replies(&sock, &mut bufs, |n, b, from| got.push((n, b.to_vec(), from)));
+        ready.clear_ready();
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].0, &got[0].1[..], got[0].2), (probe.len(), &probe[..], to));
+        assert!(readable_now(&sock).is_none(), "drained and cleared");
     }
 }
