@@ -3,9 +3,10 @@
 # N = 256), each node its own network namespace with its own broker and eBPF detectors, measured idle.
 #
 # Isolation: the parent node's broker is pinned on CPU 0 and its interface's receive processing is steered there
-# (RPS); every child broker, the bridge ports (the "network") and this script run on CPU 1. The parent node's cost
-# is rank 0's CPU time (user + system: its prober, its sends) plus CPU 0's irq + softirq time (the kernel's receive
-# path, XDP reply collection), from /proc; CPU 0's total busy time is shown too (it also counts anything else the
+# (RPS or its NAPI thread, below); every child broker, the bridge ports (the "network") and this script run on CPU 1.
+# The parent node's cost is rank 0's run time (all threads, exact, from schedstat: its prober, its sends), plus the
+# NAPI thread's run time (PARENT_RX=napi), plus CPU 0's irq + softirq time (tick-sampled, from /proc/stat: the
+# kernel's receive path under RPS); CPU 0's total busy time is shown too (it also counts anything else the
 # machine runs there). Variants, each in a
 # fresh instance, alternating RUNS times: probes effectively off (tbon.probe_period=3600s, the baseline), unicast
 # probes (tbon.probe_group=off: one datagram per child per period), group probes (the default: one multicast
@@ -21,10 +22,15 @@
 # PARENT_RX=rps (default) or napi: how the parent's interface hands received packets to CPU 0. rps: the veth's
 # packets are queued to CPU 0's backlog by receive packet steering (one inter-processor interrupt per batch, the
 # generic per-CPU queue). napi: the veth runs its own NAPI receive ring (GRO on), polled by a NAPI thread pinned on
-# CPU 0 (threaded NAPI), the way a NIC driver polls its ring: woken once, it drains every packet that arrived. Writes
+# CPU 0 at real-time priority (threaded NAPI standing for a NIC's receive softirq), the way a NIC driver polls its
+# ring: woken once, it drains every packet that arrived. (The hub's end of the veth gets TSO off, without which a
+# veth bypasses its ring for forwarded packets; the script stops if the NAPI thread never ran.) Writes
 # bench/results/probe-cost.{md,json}, or probe-cost-napi.{md,json} for napi.
-# Also checks that no child was declared lost, and warns when the baseline itself is noisy (something else is
-# using CPU 0: the figures then say little). Needs root and 2+ CPUs.
+# Also reports the ranks online at the end (a child declared lost shows there), the XDP program's own time per
+# packet (kernel BPF statistics, in a separate 5 s window), and, with probes off, the floor: what a process that only
+# wakes every 10 ms and sends one datagram on the parent's interface costs (`vigil-bench tick`). Warns when the
+# baseline itself is noisy (something else is using CPU 0: the figures then say little). Needs root, bpftool
+# (optional) and 2+ CPUs.
 #   bench/probe-cost.sh [N] [IDLE_S] [RUNS]       (defaults 256 20 3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,27 +52,48 @@ dir=${VIGIL_NETNS_DIR:-/tmp}/vigil-netns-$name
 out=bench/results
 logs=${PROBE_COST_LOGS:-/tmp/vigil-probe-cost-logs}
 cleanup() {
-    # Keep the brokers' logs of the last instance (why it failed to come up, what rank 0 saw).
+    # Keep the brokers' logs of an instance left behind (why it failed to come up, what rank 0 saw).
     if [ -d "$dir" ]; then
-        rm -rf "$logs" && mkdir -p "$logs"
-        for f in "$dir"/node*/broker.log; do [ -s "$f" ] && cp "$f" "$logs/$(basename "$(dirname "$f")").log"; done
+        mkdir -p "$logs/last"
+        for f in "$dir"/node*/broker.log; do [ -s "$f" ] && cp "$f" "$logs/last/$(basename "$(dirname "$f")").log"; done
     fi
     ci/netns-cluster.sh down "$name" > /dev/null 2>&1 || true
+    sysctl -qw kernel.bpf_stats_enabled="$stats_was" 2> /dev/null || true
 }
 trap cleanup EXIT
+rm -rf "$logs"/run* "$logs/last" # logs of an earlier run would pass for this one's
 taskset -p 2 $$ >/dev/null # this script (and what it starts) on CPU 1
 
-# CPU 0 jiffies: busy (everything but idle and iowait), and the kernel's receive work: irq + softirq, plus the
-# parent's NAPI thread (PARENT_RX=napi; its polling is system time of that thread, not softirq time).
+# Accounting. Task CPU time is read from /proc/PID/task/*/schedstat (the scheduler's own run time, in ns): the
+# utime/stime of /proc/PID/stat are sampled by the tick (4 ms at HZ=250), and a broker that runs some 30 µs every
+# 10 ms is caught by a tick only now and then, so those figures are noisy. CPU 0's irq + softirq time is still the
+# tick-sampled /proc/stat figure unless the kernel has CONFIG_IRQ_TIME_ACCOUNTING; with PARENT_RX=napi the
+# receive work runs in the NAPI thread, whose run time is exact.
 cpu0_busy() { awk '$1 == "cpu0" { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
-napi_thread_jiffies() {
-    local t=0 p
-    [ "$rx" = napi ] || { echo 0; return; }
-    for p in $(pgrep 'napi/eth0-[0-9]' || true); do t=$((t + $(awk '{ print $14 + $15 }' "/proc/$p/stat" 2>/dev/null || echo 0))); done
+cpu0_irq() { awk '$1 == "cpu0" { print $7 + $8 }' /proc/stat; }
+# Run time in ns of every thread of the given processes.
+task_ns() {
+    local t=0 p f a
+    for p in "$@"; do
+        for f in /proc/"$p"/task/*/schedstat; do read -r a _ < "$f" 2> /dev/null && t=$((t + a)); done
+    done
     echo $t
 }
-cpu0_irq() { echo $(($(awk '$1 == "cpu0" { print $7 + $8 }' /proc/stat) + $(napi_thread_jiffies))); }
+napi_pids() { [ "$rx" = napi ] && pgrep 'napi/eth0-[0-9]' || true; }
 hz=$(getconf CLK_TCK)
+# The kernel's per-program statistics (run time of each BPF program) cost two clock reads per run: off while
+# measuring, on for a separate window that times the parent's XDP program alone (needs bpftool).
+stats_was=$(sysctl -n kernel.bpf_stats_enabled 2> /dev/null || echo 0)
+sysctl -qw kernel.bpf_stats_enabled=0 2> /dev/null || true
+have_bpftool=$(command -v bpftool > /dev/null && echo 1 || echo 0)
+[ "$have_bpftool" = 1 ] || echo "probe-cost: no bpftool: the XDP program's own run time is not measured" >&2
+# XDP program on the parent's eth0: "run_cnt run_time_ns" (cumulative, counted while statistics are on).
+xdp_stats() {
+    local id
+    id=$(ip -n "vn-$name-n0" -d link show eth0 | grep -o 'prog/xdp id [0-9]*' | awk '{ print $3 }' | head -1)
+    [ -n "$id" ] || { echo "0 0"; return; }
+    bpftool prog show id "$id" -j | python3 -c 'import json,sys; p=json.load(sys.stdin); print(p.get("run_cnt", 0), p.get("run_time_ns", 0))'
+}
 
 variants=("baseline|probes off (tbon.probe_period=3600s)|-S tbon.probe_period=3600s"
     "unicast|unicast probes (tbon.probe_group=off)|-S tbon.probe_group=off"
@@ -86,9 +113,16 @@ for ((r = 1; r <= runs; r++)); do
         done
         if [ "$rx" = napi ]; then
             ip netns exec "vn-$name-n0" ethtool -K eth0 gro on
+            # A veth hands a packet to its peer's NAPI ring only if the sending end has no TSO (or the packet comes
+            # from a local socket): the replies come through the bridge, so the hub's end of the parent's veth
+            # gets TSO and GSO off. Without this the replies bypass the ring and are processed on the bridge's CPU.
+            ip netns exec "vn-$name-hub" ethtool -K "vn${name}h0" tso off gso off
             ip netns exec "vn-$name-n0" sh -c 'echo 1 > /sys/class/net/eth0/threaded'
-            # Only the parent's eth0 runs threaded NAPI: its thread is the one napi/eth0-* kernel thread.
-            for p in $(pgrep 'napi/eth0-[0-9]' || true); do taskset -p 1 "$p" > /dev/null; done
+            # Only the parent's eth0 runs threaded NAPI: its thread is the one napi/eth0-* kernel thread. It stands
+            # for a NIC's receive softirq, which preempts tasks: real-time priority. At normal priority it waits
+            # behind the broker and FWQ, the veth's 256-entry ring overflows in the bursts of replies and drops
+            # some, and the children at the end of each burst are (rightly, from what arrives) declared lost.
+            for p in $(pgrep 'napi/eth0-[0-9]' || true); do taskset -p 1 "$p" > /dev/null; chrt -f -p 50 "$p"; done
         else
             ip netns exec "vn-$name-n0" sh -c 'echo 1 > /sys/class/net/eth0/queues/rx-0/rps_cpus'
         fi
@@ -99,6 +133,7 @@ for ((r = 1; r <= runs; r++)); do
         # Every broker's detectors loaded (each node's own broker answers on its local socket), then settle.
         for ((k = 0; k <= n; k++)); do
             for _ in $(seq 1 600); do
+                kill -0 "$(cat "$dir/node$k/broker.pid")" 2> /dev/null || break # gone (lost): counted below
                 s=$(VIGIL_URI="local://$dir/node$k/local-$k" "$VIGIL" overlay status 2> /dev/null || true)
                 case $s in *loading* | "") sleep 0.2 ;; *) break ;; esac
             done
@@ -106,20 +141,52 @@ for ((r = 1; r <= runs; r++)); do
         st=$("$VIGIL" overlay status)
         sleep 5
         pid0=$(cat "$dir/node0/broker.pid")
-        b0=$(cpu0_busy); i0=$(cpu0_irq); t0=$(date +%s%N)
-        u0=$(awk '{ print $14 + $15 }' "/proc/$pid0/stat")
+        napi=$(napi_pids)
+        # shellcheck disable=SC2086
+        b0=$(cpu0_busy); i0=$(cpu0_irq); u0=$(task_ns "$pid0"); q0=$(task_ns $napi); t0=$(date +%s%N)
         sleep "$idle"
-        b1=$(cpu0_busy); i1=$(cpu0_irq); t1=$(date +%s%N)
-        u1=$(awk '{ print $14 + $15 }' "/proc/$pid0/stat")
+        # shellcheck disable=SC2086
+        b1=$(cpu0_busy); i1=$(cpu0_irq); u1=$(task_ns "$pid0"); q1=$(task_ns $napi); t1=$(date +%s%N)
         fwq=$(taskset -c 0 "$fwq_bin" fwq --seconds "$idle")
         read -r noise rate < <(echo "$fwq" | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["noise_pct"], r["work_rate"])')
-        online=$("$VIGIL" overlay status --json | grep -o '"state":"online"' | wc -l)
-        read -r cpu broker irq < <(awk -v b="$((b1 - b0))" -v u="$((u1 - u0))" -v i="$((i1 - i0))" -v hz="$hz" \
-            -v ns="$((t1 - t0))" 'BEGIN { w = ns / 1e9; printf "%.3f %.3f %.3f\n", 100 * b / hz / w, 100 * u / hz / w, 100 * i / hz / w }')
-        probes=$(echo "$st" | grep '^detectors (rank 0): probes' | sed 's/^detectors (rank 0): //')
-        printf 'probe-cost: run %d %-8s rank 0 broker %6.2f %%  CPU 0 irq+softirq %6.2f %%  CPU 0 busy %6.2f %%  FWQ noise %5.2f %%  online %d/%d\n' \
-            "$r" "$key" "$broker" "$irq" "$cpu" "$noise" "$online" $((n + 1))
-        results+=("$key $cpu $broker $irq $online $noise $rate")
+        # The XDP program's own time per packet, in a short window of its own (statistics on).
+        xdp_ns=0 xdp_pps=0
+        if [ "$have_bpftool" = 1 ] && sysctl -qw kernel.bpf_stats_enabled=1 2> /dev/null; then
+            read -r c0 r0 < <(xdp_stats); x0=$(date +%s%N)
+            sleep 5
+            read -r c1 r1 < <(xdp_stats); x1=$(date +%s%N)
+            sysctl -qw kernel.bpf_stats_enabled=0
+            read -r xdp_ns xdp_pps < <(awk -v c="$((c1 - c0))" -v r="$((r1 - r0))" -v ns="$((x1 - x0))" \
+                'BEGIN { printf "%.0f %.0f\n", c ? r / c : 0, c / (ns / 1e9) }')
+        fi
+        # The floor (with probes off, on the parent's node and core): what waking every 10 ms and sending one
+        # datagram on the parent's interface costs by itself, before any prober logic (`vigil-bench tick`).
+        floor=0
+        if [ "$key" = baseline ]; then
+            ip0=$(ip -n "vn-$name-n0" -4 -o addr show eth0 | awk '{ split($4, a, "/"); print a[1] }')
+            floor=$(ip netns exec "vn-$name-n0" taskset -c 0 "$fwq_bin" tick --to 239.255.254.254:22087 --from "$ip0" \
+                --period-ms 10 --seconds "$idle" | python3 -c 'import json,sys; print(json.load(sys.stdin)["cpu_pct"])')
+            echo "probe-cost: run $r floor (wake every 10 ms, send one datagram): $floor % of a core"
+        fi
+        states=$("$VIGIL" overlay status --json | grep -o '"state":"[a-z]*"' | cut -d'"' -f4 | sort | uniq -c | awk '{ printf "%s%s %s", sep, $1, $2; sep = ", " }')
+        online=$(echo "$states" | grep -o '[0-9]* online' | awk '{ print $1 }')
+        online=${online:-0}
+        if [ "$online" -lt $((n + 1)) ]; then
+            # Keep this instance's logs: which ranks, and why (torpid: starved; lost: the verdict's reason).
+            mkdir -p "$logs/run$r-$key"
+            for f in "$dir"/node*/broker.log; do [ -s "$f" ] && cp "$f" "$logs/run$r-$key/$(basename "$(dirname "$f")").log"; done
+            echo "probe-cost: run $r $key: ranks by state: $states; logs in $logs/run$r-$key"
+        fi
+        read -r cpu broker irq nq < <(awk -v b="$((b1 - b0))" -v u="$((u1 - u0))" -v i="$((i1 - i0))" -v q="$((q1 - q0))" \
+            -v hz="$hz" -v ns="$((t1 - t0))" \
+            'BEGIN { w = ns / 1e9; printf "%.3f %.3f %.3f %.3f\n", 100 * b / hz / w, 100 * u / ns, 100 * i / hz / w, 100 * q / ns }')
+        if [ "$rx" = napi ] && [ "$key" != baseline ] && [ "$((q1 - q0))" -eq 0 ]; then
+            echo "probe-cost: the parent's NAPI thread did not run: replies bypassed its ring; the figures would omit the kernel's receive work" >&2
+            exit 1
+        fi
+        printf 'probe-cost: run %d %-8s rank 0 broker %6.2f %%  NAPI thread %5.2f %%  CPU 0 irq+softirq %6.2f %%  CPU 0 busy %6.2f %%  FWQ noise %5.2f %%  XDP %s ns x %s/s  online %d/%d\n' \
+            "$r" "$key" "$broker" "$nq" "$irq" "$cpu" "$noise" "$xdp_ns" "$xdp_pps" "$online" $((n + 1))
+        results+=("$key $cpu $broker $irq $online $noise $rate $nq $xdp_ns $xdp_pps $floor")
         [ "$r" = 1 ] && echo "$st" | grep '^detectors' | sed "s/^/probe-cost: $key: rank 0 /"
         ci/netns-cluster.sh down "$name"
     done
@@ -131,14 +198,17 @@ n, idle, runs, ncpu, kernel, rx = int(sys.argv[1]), float(sys.argv[2]), int(sys.
 suffix = "" if rx == "rps" else "-" + rx
 rows = []
 for a in sys.argv[7:]:
-    key, cpu, broker, irq, online, noise, rate = a.split()
+    key, cpu, broker, irq, online, noise, rate, napi, xdp_ns, xdp_pps, floor = a.split()
     rows.append({"variant": key, "cpu0_busy_pct": float(cpu), "rank0_broker_pct": float(broker),
-                 "cpu0_irq_softirq_pct": float(irq), "parent_pct": float(broker) + float(irq), "online": int(online),
-                 "fwq_noise_pct": float(noise), "fwq_work_rate": float(rate)})
+                 "cpu0_irq_softirq_pct": float(irq), "napi_thread_pct": float(napi),
+                 "parent_pct": float(broker) + float(irq) + float(napi), "online": int(online),
+                 "fwq_noise_pct": float(noise), "fwq_work_rate": float(rate),
+                 "xdp_ns_per_packet": float(xdp_ns), "xdp_packets_per_s": float(xdp_pps), "floor_pct": float(floor)})
 by = {}
 for r in rows:
     by.setdefault(r["variant"], []).append(r)
-fields = ["parent_pct", "rank0_broker_pct", "cpu0_irq_softirq_pct", "cpu0_busy_pct", "fwq_noise_pct", "fwq_work_rate"]
+fields = ["parent_pct", "rank0_broker_pct", "cpu0_irq_softirq_pct", "napi_thread_pct", "cpu0_busy_pct", "fwq_noise_pct",
+          "fwq_work_rate", "xdp_ns_per_packet", "xdp_packets_per_s", "floor_pct"]
 med = {k: {f: statistics.median(r[f] for r in v) for f in fields} | {"min_online": min(r["online"] for r in v)} for k, v in by.items()}
 base = med["baseline"]["parent_pct"]
 cost = {k: med[k]["parent_pct"] - base for k in med if k != "baseline"}
@@ -156,20 +226,25 @@ md = [f"# Prober CPU cost on the parent node ({n} children, netns test bed)\n",
       "Rank 0's broker is pinned on CPU 0 and its interface's receive processing done there ("
       + ("receive packet steering to CPU 0's backlog" if rx == "rps" else "the veth's NAPI ring, GRO on, polled by its NAPI thread pinned on CPU 0")
       + "); the children, "
-      "the bridge and the harness run on CPU 1. The parent node's CPU = rank 0's CPU time (user + system) + CPU 0's irq "
-      f"+ softirq time, over {idle:g} s; medians of {runs} runs per variant, each run a fresh instance, variants "
+      "the bridge and the harness run on CPU 1. The parent node's CPU = rank 0's run time (all its threads, from "
+      "`/proc/PID/task/*/schedstat`, exact)" + (" + the NAPI thread's run time (exact)" if rx == "napi" else "")
+      + " + CPU 0's irq + softirq time (`/proc/stat`, sampled by the 4 ms tick), "
+      f"over {idle:g} s; medians of {runs} runs per variant, each run a fresh instance, variants "
       f"alternating. Every variant runs with `tbon.heartbeat_period=200ms` and `tbon.torpid_max=2s` ({n} child brokers share "
       "one core; with 50 ms heartbeats they keep it saturated and delay the replies). CPU 0's total busy time also counts "
       "whatever else the machine ran there.\n",
-      "| variant | parent node, % of a core | rank 0 broker | CPU 0 irq + softirq" + (" + NAPI thread" if rx == "napi" else "") + " | cost of probing | CPU 0 busy | ranks online at the end |",
-      "|---|---:|---:|---:|---:|---:|---:|"]
+      "| variant | parent node, % of a core | rank 0 broker | NAPI thread | CPU 0 irq + softirq | cost of probing | CPU 0 busy | "
+      "XDP program per packet | packets/s through it | ranks online at the end |",
+      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 for k in ["baseline", "unicast", "group"]:
     if k not in med:
         continue
     m = med[k]
     c = "" if k == "baseline" else f"**{cost[k]:+.2f} %**"
-    md.append(f"| {labels[k]} | {m['parent_pct']:.2f} % | {m['rank0_broker_pct']:.2f} % | {m['cpu0_irq_softirq_pct']:.2f} % | {c} | "
-              f"{m['cpu0_busy_pct']:.2f} % | {m['min_online']}/{n + 1} |")
+    napi = f"{m['napi_thread_pct']:.2f} %" if rx == "napi" else "-"
+    xdp = f"{m['xdp_ns_per_packet']:.0f} ns" if m["xdp_packets_per_s"] > 0 else "-"
+    md.append(f"| {labels[k]} | {m['parent_pct']:.2f} % | {m['rank0_broker_pct']:.2f} % | {napi} | {m['cpu0_irq_softirq_pct']:.2f} % | {c} | "
+              f"{m['cpu0_busy_pct']:.2f} % | {xdp} | {m['xdp_packets_per_s']:.0f} | {m['min_online']}/{n + 1} |")
 g, u = cost.get("group"), cost.get("unicast")
 md.append("")
 if g is not None and u is not None:
@@ -177,6 +252,24 @@ if g is not None and u is not None:
     ratio = f" Unicast / group: {u / g:.1f}x." if g > 0.05 else ""
     md.append(f"Cost of probing {n} children every 10 ms with group probes: {g:.2f} % of a core (target below 1 %: {verdict}); "
               f"with unicast probes: {u:.2f} %.{ratio}")
+if g is not None:
+    d = {f: med["group"][f] - med["baseline"][f] for f in ["rank0_broker_pct", "napi_thread_pct", "cpu0_irq_softirq_pct"]}
+    xg = med["group"]
+    line = (f"Where the group cost goes: rank 0's broker {d['rank0_broker_pct']:+.2f} %, "
+            + (f"NAPI thread {d['napi_thread_pct']:+.2f} %, " if rx == "napi" else "")
+            + f"CPU 0 irq + softirq {d['cpu0_irq_softirq_pct']:+.2f} %.")
+    if xg["xdp_packets_per_s"] > 0:
+        line += (f" The XDP program itself (kernel BPF statistics, a separate 5 s window): {xg['xdp_ns_per_packet']:.0f} ns "
+                 f"per packet x {xg['xdp_packets_per_s']:.0f} packets/s = "
+                 f"{xg['xdp_ns_per_packet'] * xg['xdp_packets_per_s'] / 1e7:.2f} % of a core.")
+    md.append(line)
+    fl = med["baseline"]["floor_pct"]
+    if fl > 0:
+        md.append("")
+        md.append(f"Floor on this machine: a process that only wakes every 10 ms and sends one datagram on the parent's "
+                  f"interface (`vigil-bench tick`, on CPU 0 in the parent's namespace, probes off) uses {fl:.2f} % of a core "
+                  f"(its own run time). Rank 0's part of the cost of group probing is {d['rank0_broker_pct']:+.2f} %: "
+                  f"{d['rank0_broker_pct'] - fl:+.2f} % above that floor.")
 md += ["", "Busy core: `vigil-bench fwq` (fixed work quanta of 100 µs, a compute-bound process pinned on CPU 0 beside rank 0's "
        f"broker, {idle:g} s in the same instance right after the idle window). Noise = share of CPU 0 lost to "
        "interruptions; cost of probing = noise with probing minus noise with probes off; work rate relative to probes off.\n",

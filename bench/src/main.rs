@@ -39,6 +39,7 @@ use std::time::{Duration, Instant};
 mod detect;
 mod fwq;
 mod mpi;
+mod tick;
 mod uring;
 mod uring_link;
 
@@ -99,6 +100,8 @@ enum TopCmd {
     Uring(uring::UringArgs),
     /// Fixed-work-quanta OS noise: what else running on this core steals from a compute-bound process.
     Fwq(fwq::FwqArgs),
+    /// The floor of a periodic prober: wake every period, send one datagram, report the CPU time that took.
+    Tick(tick::TickArgs),
     /// First light, then `mpi`, then `detect`.
     All(AllArgs),
     /// Measurements taken from inside an instance (run as its initial program).
@@ -294,6 +297,7 @@ fn main() {
         Some(TopCmd::Detect(a)) => report(detect::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Uring(a)) => report(uring::run(&a, cli.out_dir)),
         Some(TopCmd::Fwq(a)) => fwq::run(&a),
+        Some(TopCmd::Tick(a)) => tick::run(&a),
         Some(TopCmd::All(a)) => {
             // Every group runs even if an earlier one failed; the exit code is the worst of the three.
             let first = report(outer(a.runs, cli.vigil.clone(), cli.out_dir.clone()));
