@@ -1,5 +1,6 @@
 //! Round-trip latency between two local verbs devices (e.g. rxe0/rxe1 in the soft-RoCE VM).
-//! `rtt [event|busy|sync] [ct|mt] [N]`: completion mode, threads, round trips (default 1000).
+//! `rtt [event|busy|sync] [ct|mt] [N] [BYTES] [MAX_INLINE]`: completion mode, threads, round trips (default
+//! 1000), message size (default 2), and [`Config::max_inline`] (default: the default's).
 //! - `event`, `busy`: [`vigil_rdma::Connection`] in a tokio runtime, `ct` = current-thread, `mt` = two workers.
 //! - `sync`: [`vigil_rdma::SyncConnection`] (no tokio, busy polling), `ct` = both ends polled by one thread,
 //!   `mt` = the echoing end on its own thread (like perftest's two processes).
@@ -28,10 +29,10 @@ fn report(mode: &str, mt: bool, n: usize, mut v: Vec<f64>) {
 }
 
 /// Synchronous round trips: no tokio, no task hand-off; `post_send` and `poll_cq` in a loop, as perftest does.
-fn sync_rtt(mt: bool, n: usize) {
+fn sync_rtt(mt: bool, n: usize, msg: Vec<u8>, cfg: Config) {
     let (da, db) = devices();
-    let (pa, ia) = Endpoint::prepare(&da, Config::default()).expect("prepare");
-    let (pb, ib) = Endpoint::prepare(&db, Config::default()).expect("prepare");
+    let (pa, ia) = Endpoint::prepare(&da, cfg.clone()).expect("prepare");
+    let (pb, ib) = Endpoint::prepare(&db, cfg).expect("prepare");
     let b = pb.accept_sync(&ia).expect("accept");
     let mut a = pa.connect_sync(&ib).expect("connect");
     let total = n + 50;
@@ -51,7 +52,7 @@ fn sync_rtt(mt: bool, n: usize) {
     let mut v = Vec::with_capacity(n);
     for i in 0..total {
         let t = Instant::now();
-        a.send(&[1, 2]).expect("send");
+        a.send(&msg).expect("send");
         if let Some(b) = b.as_mut() {
             let m = b.recv().expect("b recv");
             b.send(&m).expect("b send");
@@ -71,8 +72,13 @@ fn main() {
     let busy = mode == "busy";
     let mt = args.get(2).is_some_and(|a| a == "mt");
     let n: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1000);
+    let msg: Vec<u8> = (0..args.get(4).and_then(|s| s.parse().ok()).unwrap_or(2usize)).map(|i| i as u8).collect();
+    let mut cfg = Config { busy_poll: busy, ..Config::default() };
+    if let Some(m) = args.get(5).and_then(|s| s.parse().ok()) {
+        cfg.max_inline = m;
+    }
     if mode == "sync" {
-        return sync_rtt(mt, n);
+        return sync_rtt(mt, n, msg, cfg);
     }
     let rt = if mt {
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()
@@ -86,7 +92,6 @@ fn main() {
     rt.block_on(async move {
         tokio::spawn(async move {
             let (da, db) = devices();
-            let cfg = Config { busy_poll: busy, ..Config::default() };
             let (pa, ia) = Endpoint::prepare(&da, cfg.clone()).expect("prepare");
             let (pb, ib) = Endpoint::prepare(&db, cfg).expect("prepare");
             let b = pb.accept(&ia).expect("accept");
@@ -103,7 +108,7 @@ fn main() {
             let mut v = Vec::with_capacity(n);
             for i in 0..n + 50 {
                 let t = Instant::now();
-                atx.send(vec![1, 2]).await.expect("send");
+                atx.send(msg.clone()).await.expect("send");
                 arx.recv().await.expect("recv");
                 if i >= 50 {
                     v.push(t.elapsed().as_secs_f64() * 1e6);

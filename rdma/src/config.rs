@@ -28,6 +28,11 @@ pub struct Config {
     /// Largest message accepted from the peer, in bytes (default 64 MiB, the wire format's `MAX_FRAME`
     /// plus the length prefix). A peer that sends more is a protocol error.
     pub max_message: u64,
+    /// Messages (fragments) of at most this many bytes are sent inline (`IBV_SEND_INLINE`): the CPU copies
+    /// them into the work request as it is posted, which spares the device a memory-region lookup and a read
+    /// of the send buffer. Default 236, what perftest's latency tests use; 0 disables. The device may grant
+    /// less (a device without inline sends: none) or more; the granted size is used. At most 1024.
+    pub max_inline: u32,
     /// Poll the completion queue in a loop instead of sleeping on the completion channel's descriptor.
     /// Lower latency, one core kept busy per connection: for latency benchmarks only. Default false.
     pub busy_poll: bool,
@@ -43,6 +48,7 @@ impl Default for Config {
             depth: 32,
             frag_size: 16384,
             max_message: 64 * 1024 * 1024 + 4,
+            max_inline: 236,
             busy_poll: false,
         }
     }
@@ -72,6 +78,9 @@ pub enum ConfigError {
     /// `max_message` is zero.
     #[error("rdma max_message must be at least 1 byte")]
     MaxMessage,
+    /// `max_inline` above 1024.
+    #[error("rdma max_inline {0} is invalid: use 0..=1024 bytes")]
+    MaxInline(u32),
 }
 
 impl Config {
@@ -97,6 +106,9 @@ impl Config {
         }
         if self.max_message == 0 {
             return Err(ConfigError::MaxMessage);
+        }
+        if self.max_inline > 1024 {
+            return Err(ConfigError::MaxInline(self.max_inline));
         }
         Ok(())
     }
@@ -135,5 +147,6 @@ mod tests {
         assert_eq!(Config { depth: 1, ..Config::default() }.validate(), Err(ConfigError::Depth(1)));
         assert_eq!(Config { frag_size: 100, ..Config::default() }.validate(), Err(ConfigError::FragSize(100)));
         assert_eq!(Config { rnr_retry: 8, ..Config::default() }.validate(), Err(ConfigError::RnrRetry(8)));
+        assert_eq!(Config { max_inline: 4096, ..Config::default() }.validate(), Err(ConfigError::MaxInline(4096)));
     }
 }

@@ -178,7 +178,7 @@ impl Endpoint {
         let chan = CompChannel::new(&ctx).map_err(verr)?;
         let slots = cfg.depth + CTRL_SLOTS;
         let cq = Cq::new(&ctx, &chan, (2 * slots + 4) as i32).map_err(verr)?;
-        let qp = Qp::new_rc(&pd, &cq, slots, slots).map_err(verr)?;
+        let qp = Qp::new_rc(&pd, &cq, slots, slots, cfg.max_inline).map_err(verr)?;
         let frag = cfg.frag_size as usize;
         let send_buf = Buffer::new(&pd, frag * slots as usize).map_err(verr)?;
         let recv_buf = Buffer::new(&pd, frag * slots as usize).map_err(verr)?;
@@ -345,7 +345,8 @@ impl Prepared {
             wc: (0..POLL_BATCH).map(|_| unsafe { std::mem::zeroed::<rdma_sys::ibv_wc>() }).collect(),
             res: Some(res),
         };
-        debug!(device = %device.name, qpn = local.qpn, remote_qpn = remote.qpn, active, "rdma connection up");
+        let max_inline = engine.res.as_ref().map_or(0, |r| r.qp.max_inline());
+        debug!(device = %device.name, qpn = local.qpn, remote_qpn = remote.qpn, active, max_inline, "rdma connection up");
         Ok((engine, local, device))
     }
 

@@ -368,6 +368,8 @@ impl Drop for Cq {
 /// A reliable-connected queue pair.
 pub(crate) struct Qp {
     ptr: NonNull<sys::ibv_qp>,
+    /// Largest send the device accepts inline (`IBV_SEND_INLINE`), as granted at creation; 0 for none.
+    max_inline: u32,
     _cq: Arc<Cq>,
     _pd: Arc<Pd>,
 }
@@ -389,21 +391,36 @@ pub(crate) struct QpPath {
 }
 
 impl Qp {
-    pub fn new_rc(pd: &Arc<Pd>, cq: &Arc<Cq>, send_wr: u32, recv_wr: u32) -> io::Result<Qp> {
-        // SAFETY: plain old data initialised field by field below.
-        let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-        init.send_cq = cq.as_ptr();
-        init.recv_cq = cq.as_ptr();
-        init.qp_type = sys::ibv_qp_type::IBV_QPT_RC;
-        init.cap.max_send_wr = send_wr;
-        init.cap.max_recv_wr = recv_wr;
-        init.cap.max_send_sge = 1;
-        init.cap.max_recv_sge = 1;
-        init.sq_sig_all = 0;
-        // SAFETY: valid PD and CQ; `init` is fully initialised.
-        let p = unsafe { sys::ibv_create_qp(pd.as_ptr(), &mut init) };
-        let ptr = NonNull::new(p).ok_or_else(|| last_err("ibv_create_qp"))?;
-        Ok(Qp { ptr, _cq: cq.clone(), _pd: pd.clone() })
+    /// Create an RC QP using `cq` for both queues. `max_inline` is the inline send size asked for (0: none);
+    /// a device that refuses it gets a second try without inline sends, and the size it granted (which may be
+    /// larger than asked) is what [`Qp::post_send`] uses.
+    pub fn new_rc(pd: &Arc<Pd>, cq: &Arc<Cq>, send_wr: u32, recv_wr: u32, max_inline: u32) -> io::Result<Qp> {
+        let create = |max_inline: u32| {
+            // SAFETY: plain old data initialised field by field below.
+            let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+            init.send_cq = cq.as_ptr();
+            init.recv_cq = cq.as_ptr();
+            init.qp_type = sys::ibv_qp_type::IBV_QPT_RC;
+            init.cap.max_send_wr = send_wr;
+            init.cap.max_recv_wr = recv_wr;
+            init.cap.max_send_sge = 1;
+            init.cap.max_recv_sge = 1;
+            init.cap.max_inline_data = max_inline;
+            init.sq_sig_all = 0;
+            // SAFETY: valid PD and CQ; `init` is fully initialised; on success libibverbs writes the granted
+            // capabilities back into `init.cap`.
+            let p = unsafe { sys::ibv_create_qp(pd.as_ptr(), &mut init) };
+            NonNull::new(p).map(|p| (p, init.cap.max_inline_data)).ok_or_else(|| last_err("ibv_create_qp"))
+        };
+        let (ptr, max_inline) = match create(max_inline) {
+            Err(_) if max_inline > 0 => create(0)?,
+            r => r?,
+        };
+        Ok(Qp { ptr, max_inline, _cq: cq.clone(), _pd: pd.clone() })
+    }
+    /// Largest message [`Qp::post_send`] sends inline (0: none).
+    pub fn max_inline(&self) -> u32 {
+        self.max_inline
     }
     pub fn as_ptr(&self) -> *mut sys::ibv_qp {
         self.ptr.as_ptr()
@@ -502,7 +519,9 @@ impl Qp {
 
     /// Post one SEND_WITH_IMM of `len` bytes at `offset` in `buf` (`len` may be 0). Only a `signaled` send
     /// produces a completion when it succeeds (the QP is created with `sq_sig_all = 0`); since a send queue
-    /// completes in order, a signaled completion also means every send posted before it is done.
+    /// completes in order, a signaled completion also means every send posted before it is done. A send of at
+    /// most [`Qp::max_inline`] bytes goes inline: the provider copies the bytes into the work request during
+    /// the call (no memory-region lookup, no read of `buf` by the device later).
     pub fn post_send(
         &self,
         wr_id: u64,
@@ -521,7 +540,11 @@ impl Qp {
         wr.sg_list = &mut sge;
         wr.num_sge = if len == 0 { 0 } else { 1 };
         wr.opcode = sys::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM;
-        wr.send_flags = if signaled { sys::ibv_send_flags::IBV_SEND_SIGNALED.0 } else { 0 };
+        let mut flags = if signaled { sys::ibv_send_flags::IBV_SEND_SIGNALED.0 } else { 0 };
+        if len > 0 && len <= self.max_inline {
+            flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
+        }
+        wr.send_flags = flags;
         wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
         let mut bad: *mut sys::ibv_send_wr = std::ptr::null_mut();
         // SAFETY: valid QP; the SGE lies inside a registered buffer that outlives the QP, and the connection does

@@ -42,8 +42,9 @@ pub(crate) struct Settings {
     pub cfg: Config,
 }
 
-/// Parse and validate `tbon.transport`, `tbon.rdma_timeout` (QP timeout exponent, 1..=31, default 12) and
-/// `tbon.rdma_retry_cnt` (1..=6, default 1).
+/// Parse and validate `tbon.transport`, `tbon.rdma_timeout` (QP timeout exponent, 1..=31, default 12),
+/// `tbon.rdma_retry_cnt` (1..=6, default 1), `tbon.rdma_poll` (event or busy) and `tbon.rdma_max_inline` (bytes
+/// a message may have to be sent inline, 0..=1024, default 236; 0 disables inline sends).
 pub(crate) fn settings(attrs: &BTreeMap<String, String>) -> Result<Settings, String> {
     let mode = match attrs.get("tbon.transport").map(String::as_str) {
         None | Some("auto") => Mode::Auto,
@@ -55,6 +56,9 @@ pub(crate) fn settings(attrs: &BTreeMap<String, String>) -> Result<Settings, Str
     let num = |k: &str| -> Result<Option<u8>, String> {
         attrs.get(k).map(|v| v.parse::<u8>().map_err(|_| format!("{k}: '{v}' is not a number 0..255"))).transpose()
     };
+    if let Some(v) = attrs.get("tbon.rdma_max_inline") {
+        cfg.max_inline = v.parse().map_err(|_| format!("tbon.rdma_max_inline: '{v}' is not a number of bytes"))?;
+    }
     if let Some(t) = num("tbon.rdma_timeout")? {
         cfg.timeout = t;
     }
@@ -71,6 +75,7 @@ pub(crate) fn settings(attrs: &BTreeMap<String, String>) -> Result<Settings, Str
         let attr = match e {
             vigil_rdma::ConfigError::Timeout(_) => "tbon.rdma_timeout: ",
             vigil_rdma::ConfigError::RetryCnt(_) => "tbon.rdma_retry_cnt: ",
+            vigil_rdma::ConfigError::MaxInline(_) => "tbon.rdma_max_inline: ",
             _ => "",
         };
         format!("{attr}{e}")
@@ -394,6 +399,11 @@ mod tests {
         assert!(settings(&attrs(&[("tbon.rdma_timeout", "x")])).is_err());
         let s = settings(&attrs(&[("tbon.rdma_timeout", "14"), ("tbon.rdma_retry_cnt", "2")])).unwrap();
         assert_eq!((s.cfg.timeout, s.cfg.retry_cnt), (14, 2));
+        assert_eq!(settings(&attrs(&[])).unwrap().cfg.max_inline, 236);
+        assert_eq!(settings(&attrs(&[("tbon.rdma_max_inline", "0")])).unwrap().cfg.max_inline, 0);
+        let e = settings(&attrs(&[("tbon.rdma_max_inline", "4096")])).unwrap_err();
+        assert!(e.starts_with("tbon.rdma_max_inline: "), "{e}");
+        assert!(settings(&attrs(&[("tbon.rdma_max_inline", "-1")])).is_err());
     }
 
     #[test]

@@ -145,6 +145,7 @@ const KNOWN_ATTRS: &[&str] = &[
     "tbon.rdma_timeout",
     "tbon.rdma_retry_cnt",
     "tbon.rdma_poll",
+    "tbon.rdma_max_inline",
     "resource.synthetic",
     "resource.xml",
     "resource.gpus",
