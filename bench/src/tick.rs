@@ -159,7 +159,7 @@ mod tests {
         rx.set_read_timeout(Some(Duration::from_secs(2))).expect("timeout");
         let to = rx.local_addr().expect("addr");
         let r = tick(&TickArgs { to, period_ms: 5.0, seconds: 0.1, bytes: 48, from: None }).expect("tick");
-        assert!((15..=21).contains(&r.periods), "0.1 s at 5 ms: {} periods", r.periods);
+        assert!((5..=25).contains(&r.periods), "0.1 s at 5 ms: {} periods", r.periods);
         assert_eq!(r.send_errors, 0);
         assert!(r.run_ns > 0 && r.cpu_pct > 0.0 && r.cpu_pct < 100.0, "{r:?}");
         // One datagram per period, after the one that checks the path.
