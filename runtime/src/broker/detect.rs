@@ -1126,8 +1126,10 @@ impl Prober {
     /// newest round the others' missing replies are not stuck behind it. Nodes really gone all at once are
     /// judged on TCP (`tbon.lost_timeout`) once their replies are older than the probe rule's vouching window.
     fn next_round(&mut self) -> (bool, Vec<(u32, SocketAddr)>) {
-        let answering = self.targets.values().filter(|t| t.kernel == Some(true)).count();
-        let void = self.round > 0 && self.newest < self.round && answering >= VOID_MIN_CHILDREN;
+        // Children whose kernel answers: counted only in a period nobody answered (not on every period's path).
+        let nobody = self.round > 0 && self.newest < self.round;
+        let answering = if nobody { self.targets.values().filter(|t| t.kernel == Some(true)).count() } else { 0 };
+        let void = nobody && answering >= VOID_MIN_CHILDREN;
         if void {
             self.void_rounds += 1;
             self.void_streak += 1;
