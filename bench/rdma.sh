@@ -4,8 +4,9 @@
 #   cargo build --release -p vigil -p vigil-shell && cargo build --release -p vigil-rdma --example rtt
 #   WORK=/tmp/rxe-vm-rdma ../shared/tools/rxe-vm/run-rxe-vm.sh run $PWD/bench/rdma.sh
 # It measures, in the same run on the same devices:
-#  - perftest ib_send_lat (1000 iterations, 2 bytes; busy polling, and with completion events `-e`) and
-#    ib_send_bw (65536 bytes) between rxe0 and rxe1;
+#  - perftest ib_send_lat (1000 iterations, 2 bytes; busy polling, and with completion events `-e`), the same
+#    at the overlay ping's size (PING_BYTES, below: the transport floor at equal bytes), and ib_send_bw
+#    (65536 bytes) between rxe0 and rxe1;
 #  - vigil-rdma round trip of a 2-byte message (1000, median), completion-channel and busy-poll modes (tokio),
 #    and, narrower, SyncConnection (no tokio: post_send + poll_cq in a loop) with both ends in one thread and
 #    with the echoing end on its own thread (shaped like perftest's two processes);
@@ -23,6 +24,10 @@ A0=${RXE_A0:-10.200.0.1} A1=${RXE_A1:-10.200.0.2} G0=${RXE_G0:-1} G1=${RXE_G1:-1
 export PATH=$REL:$PATH
 T=$(mktemp -d /tmp/vigil-rdma-bench.XXXXXX)
 N=1000
+# Bytes of an overlay ping as an RDMA link carries it (a full frame, runtime/src/message.rs): 53 out and ~95
+# back (the answer names the rank, host and pid). perftest sends one size both ways, so its row at equal bytes
+# per round trip uses the mean of the two.
+PING_BYTES=${PING_BYTES:-74}
 med() { sort -n | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]; else print "nan"}'; }
 
 # perftest (server on rxe1, client on rxe0). ib_send_lat reports the one-way latency (half the round trip).
@@ -32,6 +37,13 @@ timeout 120 ib_send_lat -d rxe0 -x "$G0" -F -n $N "$A1" >"$T/lat.c" 2>&1
 wait
 cat "$T/lat.c"
 LAT=$(awk '/t_typical/{h=1; next} h && $1 ~ /^[0-9]+$/ {print $5; exit}' "$T/lat.c")
+# The same at the overlay ping's size: rxe's per-byte work (copy, ICRC) is not free under emulation.
+timeout 120 ib_send_lat -d rxe1 -x "$G1" -F -n $N -s "$PING_BYTES" >"$T/lats.s" 2>&1 &
+sleep 1
+timeout 120 ib_send_lat -d rxe0 -x "$G0" -F -n $N -s "$PING_BYTES" "$A1" >"$T/lats.c" 2>&1
+wait
+cat "$T/lats.c"
+LATS=$(awk '/t_typical/{h=1; next} h && $1 ~ /^[0-9]+$/ {print $5; exit}' "$T/lats.c")
 # The same with completion events (-e): both ends sleep on their completion channel, as the event-driven overlay
 # does; the floor for that mode.
 timeout 120 ib_send_lat -e -d rxe1 -x "$G1" -F -n $N >"$T/late.s" 2>&1 &
@@ -109,6 +121,7 @@ us() { awk -v v="$1" 'BEGIN { printf "%.1f", v * 1000 }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 PR=$(us "${PING[rdma]}") PT=$(us "${PING[tcp]}") PB=$(us "${PING[rdma-busy]}")
 LAT_RTT=$(awk -v l="$LAT" 'BEGIN { printf "%.1f", 2 * l }')
+LATS_RTT=$(awk -v l="$LATS" 'BEGIN { printf "%.1f", 2 * l }')
 LATE_RTT=$(awk -v l="$LATE" 'BEGIN { printf "%.1f", 2 * l }')
 cat >"$OUT/rdma.md" <<EOF
 # RDMA overlay benchmark (soft-RoCE in the rxe-vm, TCG emulation, one run)
@@ -120,13 +133,14 @@ Emulated: absolute numbers are noisy; compare ratios within this run. Medians ov
 |---|---|---|
 | perftest ib_send_lat, one way (2 B) | $LAT µs | |
 | perftest ib_send_lat, as a round trip (2 × one way) | $LAT_RTT µs | 1.00 |
+| perftest \`ib_send_lat -s $PING_BYTES\` (the overlay ping's bytes per round trip), as a round trip | $LATS_RTT µs | $(ratio "$LATS_RTT" "$LAT_RTT") × ib_send_lat RTT |
 | perftest \`ib_send_lat -e\` (completion events, both ends sleep), as a round trip | $LATE_RTT µs | $(ratio "$LATE_RTT" "$LAT_RTT") × ib_send_lat RTT |
 | vigil-rdma message round trip, completion channel (2 B, one process) | $RTT_EV µs | $(ratio "$RTT_EV" "$LAT_RTT") × ib_send_lat RTT |
 | vigil-rdma message round trip, busy poll (2 B, one process) | $RTT_BUSY µs | $(ratio "$RTT_BUSY" "$LAT_RTT") × ib_send_lat RTT |
 | narrower: vigil-rdma \`SyncConnection\` round trip, no tokio, both ends in one thread (2 B) | $RTT_SYNC1 µs | $(ratio "$RTT_SYNC1" "$LAT_RTT") × ib_send_lat RTT |
 | narrower: same, echoing end on its own thread (like perftest's two processes) | $RTT_SYNC2 µs | $(ratio "$RTT_SYNC2" "$LAT_RTT") × ib_send_lat RTT |
 | overlay RPC round trip between the brokers, timed by broker 0 (\`vigil ping --overlay-only\`), RDMA | ${OVL[rdma]} µs | $(ratio "${OVL[rdma]}" "$LAT_RTT") × ib_send_lat RTT ($(ratio "${OVL[rdma]}" "$LATE_RTT") × ib_send_lat -e RTT) |
-| same, RDMA with \`tbon.rdma_poll=busy\` | ${OVL[rdma-busy]} µs | $(ratio "${OVL[rdma-busy]}" "$LAT_RTT") × ib_send_lat RTT |
+| same, RDMA with \`tbon.rdma_poll=busy\` | ${OVL[rdma-busy]} µs | $(ratio "${OVL[rdma-busy]}" "$LAT_RTT") × ib_send_lat RTT ($(ratio "${OVL[rdma-busy]}" "$LATS_RTT") × ib_send_lat -s $PING_BYTES RTT) |
 | same, TCP | ${OVL[tcp]} µs | RDMA/TCP = $(ratio "${OVL[rdma]}" "${OVL[tcp]}"), busy RDMA/TCP = $(ratio "${OVL[rdma-busy]}" "${OVL[tcp]}") |
 | client RPC round trip \`vigil ping 1\` (client → Unix socket → broker 0 → overlay → broker 1 and back), RDMA | $PR µs | $(ratio "$PR" "$LAT_RTT") × ib_send_lat RTT |
 | same, RDMA busy poll | $PB µs | $(ratio "$PB" "$LAT_RTT") × ib_send_lat RTT |
