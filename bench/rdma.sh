@@ -30,6 +30,12 @@ N=1000
 PING_BYTES=${PING_BYTES:-74}
 med() { sort -n | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]; else print "nan"}'; }
 
+# An untimed warm-up first: in a freshly booted VM the first seconds of round trips run ~1.5-2.5x slower
+# (seen in every session: 32-58 µs one way, then 19-21 µs), which would skew the ratios below.
+timeout 60 ib_send_lat -d rxe1 -x "$G1" -F -D 10 >/dev/null 2>&1 &
+sleep 1
+timeout 60 ib_send_lat -d rxe0 -x "$G0" -F -D 10 "$A1" >/dev/null 2>&1
+wait
 # perftest (server on rxe1, client on rxe0). ib_send_lat reports the one-way latency (half the round trip).
 timeout 120 ib_send_lat -d rxe1 -x "$G1" -F -n $N >"$T/lat.s" 2>&1 &
 sleep 1
