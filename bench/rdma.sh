@@ -24,10 +24,10 @@ A0=${RXE_A0:-10.200.0.1} A1=${RXE_A1:-10.200.0.2} G0=${RXE_G0:-1} G1=${RXE_G1:-1
 export PATH=$REL:$PATH
 T=$(mktemp -d /tmp/vigil-rdma-bench.XXXXXX)
 N=1000
-# Bytes of an overlay ping as an RDMA link carries it (a full frame, runtime/src/message.rs): 53 out and ~95
-# back (the answer names the rank, host and pid). perftest sends one size both ways, so its row at equal bytes
-# per round trip uses the mean of the two.
-PING_BYTES=${PING_BYTES:-74}
+# Bytes of an overlay ping as an RDMA link carries it (packed framing, runtime/src/message.rs `packed`): 26 out
+# and ~64 back (the answer names the rank, host and pid). perftest sends one size both ways, so its row at equal
+# bytes per round trip uses the mean of the two (full frames, tbon.rdma_frame=full: 53 and ~95, mean 74).
+PING_BYTES=${PING_BYTES:-45}
 med() { sort -n | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]; else print "nan"}'; }
 
 # An untimed warm-up first: in a freshly booted VM the first seconds of round trips run ~1.5-2.5x slower

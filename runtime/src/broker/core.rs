@@ -637,8 +637,8 @@ async fn connect_parent(
                         let (conn, choice) = offer.finish(rdma, &m.json())?;
                         log_choice("parent", &choice);
                         let mut busy = None;
-                        if let Some(conn) = conn {
-                            let (tx, rx, b) = rdma_link::bridge(link.tx, link.rx, conn);
+                        if let Some((conn, framing)) = conn {
+                            let (tx, rx, b) = rdma_link::bridge(link.tx, link.rx, conn, framing);
                             link.tx = tx;
                             link.rx = rx;
                             busy = b;
@@ -1006,9 +1006,9 @@ impl Core {
         let ack = rdma_link::merge(json!({"rank": self.rank()}), rdma.ack_fields());
         let _ = tx.send(Message::control("hello-ack", &ack));
         let (tx, rx, busy) = match rdma {
-            rdma_link::Answer::Rdma(c, choice) => {
+            rdma_link::Answer::Rdma(c, framing, choice) => {
                 log_choice(&format!("child rank {rank}"), &choice);
-                rdma_link::bridge(tx, rx, *c)
+                rdma_link::bridge(tx, rx, *c, framing)
             }
             rdma_link::Answer::Tcp(choice) => {
                 log_choice(&format!("child rank {rank}"), &choice);

@@ -18,7 +18,7 @@
 //! `overlay.transport`).
 
 use super::transport::{LinkEvent, LinkRx, LinkTx};
-use crate::message::{Message, MsgType};
+use crate::message::{packed, Message, MsgType};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -35,16 +35,70 @@ pub(crate) enum Mode {
     Tcp,
 }
 
+/// How overlay messages are encoded on an RDMA link (`tbon.rdma_frame`), agreed per link in the hello.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Framing {
+    /// The full frame of every link (length prefix, 28-byte header: `Message::encode`).
+    Full,
+    /// [`crate::message::packed`]: no length prefix (the QP delimits messages), only the header fields that
+    /// differ from their defaults, as varints. Used when both ends offer it (the default).
+    Packed,
+}
+
+/// Hello / hello-ack field naming the framing a side offers or accepts.
+const FRAME_FIELD: &str = "rdma_frame";
+
+impl Framing {
+    /// The framing both ends agree on: packed when `ours` is and the peer's payload `fields` says so too.
+    fn agree(ours: Framing, fields: &Value) -> Framing {
+        match (ours, fields.get(FRAME_FIELD).and_then(Value::as_str)) {
+            (Framing::Packed, Some("packed")) => Framing::Packed,
+            _ => Framing::Full,
+        }
+    }
+
+    fn field(self) -> Value {
+        match self {
+            Framing::Packed => json!("packed"),
+            Framing::Full => json!("full"),
+        }
+    }
+
+    fn encoded_len(self, m: &Message) -> usize {
+        match self {
+            Framing::Packed => packed::encoded_len(m),
+            Framing::Full => m.encoded_len(),
+        }
+    }
+
+    fn encode_into(self, m: &Message, out: &mut [u8]) {
+        match self {
+            Framing::Packed => packed::encode_into(m, out),
+            Framing::Full => m.encode_into(out),
+        }
+    }
+
+    fn decode(self, b: Vec<u8>) -> Result<Message, crate::message::DecodeError> {
+        match self {
+            Framing::Packed => packed::decode_owned(b),
+            Framing::Full => Message::decode_frame_owned(b),
+        }
+    }
+}
+
 /// Transport settings from the attributes.
 #[derive(Clone, Debug)]
 pub(crate) struct Settings {
     pub mode: Mode,
     pub cfg: Config,
+    /// `tbon.rdma_frame`: the framing this broker offers or accepts.
+    pub framing: Framing,
 }
 
 /// Parse and validate `tbon.transport`, `tbon.rdma_timeout` (QP timeout exponent, 1..=31, default 12),
-/// `tbon.rdma_retry_cnt` (1..=6, default 1), `tbon.rdma_poll` (event or busy) and `tbon.rdma_max_inline` (bytes
-/// a message may have to be sent inline, 0..=1024, default 236; 0 disables inline sends).
+/// `tbon.rdma_retry_cnt` (1..=6, default 1), `tbon.rdma_poll` (event or busy), `tbon.rdma_max_inline` (bytes
+/// a message may have to be sent inline, 0..=1024, default 236; 0 disables inline sends) and `tbon.rdma_frame`
+/// (packed or full, default packed: see [`Framing`]).
 pub(crate) fn settings(attrs: &BTreeMap<String, String>) -> Result<Settings, String> {
     let mode = match attrs.get("tbon.transport").map(String::as_str) {
         None | Some("auto") => Mode::Auto,
@@ -80,7 +134,12 @@ pub(crate) fn settings(attrs: &BTreeMap<String, String>) -> Result<Settings, Str
         };
         format!("{attr}{e}")
     })?;
-    Ok(Settings { mode, cfg })
+    let framing = match attrs.get("tbon.rdma_frame").map(String::as_str) {
+        None | Some("packed") => Framing::Packed,
+        Some("full") => Framing::Full,
+        Some(v) => return Err(format!("invalid tbon.rdma_frame '{v}': expected packed or full")),
+    };
+    Ok(Settings { mode, cfg, framing })
 }
 
 /// What one overlay link runs on, for logs and status.
@@ -173,35 +232,37 @@ pub(crate) fn local_ip(fd: &std::os::fd::OwnedFd) -> Option<IpAddr> {
 pub(crate) struct Offer {
     prepared: Option<Prepared>,
     why_not: String,
+    framing: Framing,
 }
 
 impl Offer {
     /// Prepare a QP if a device serves `local`. Err when `tbon.transport=rdma` and none can be used.
     pub fn new(s: &Settings, local: Option<IpAddr>) -> Result<Offer, String> {
         if s.mode == Mode::Tcp {
-            return Ok(Offer { prepared: None, why_not: "tbon.transport=tcp".into() });
+            return Ok(Offer { prepared: None, why_not: "tbon.transport=tcp".into(), framing: s.framing });
         }
         let r = local
             .ok_or_else(|| "local address of the overlay connection unknown".to_string())
             .and_then(|ip| vigil_rdma::find_device(ip).map_err(|e| e.to_string()))
             .and_then(|d| Endpoint::prepare(&d, s.cfg.clone()).map_err(|e| e.to_string()));
         match r {
-            Ok((p, _)) => Ok(Offer { prepared: Some(p), why_not: String::new() }),
+            Ok((p, _)) => Ok(Offer { prepared: Some(p), why_not: String::new(), framing: s.framing }),
             Err(e) if s.mode == Mode::Rdma => Err(format!("tbon.transport=rdma but {e}")),
-            Err(e) => Ok(Offer { prepared: None, why_not: e }),
+            Err(e) => Ok(Offer { prepared: None, why_not: e, framing: s.framing }),
         }
     }
 
     /// Fields to add to the hello payload.
     pub fn hello_fields(&self) -> Value {
         match &self.prepared {
-            Some(p) => json!({"rdma": p.local_info()}),
+            Some(p) => json!({"rdma": p.local_info(), FRAME_FIELD: self.framing.field()}),
             None => json!({"rdma_unavailable": self.why_not}),
         }
     }
 
-    /// After the hello-ack: connect the QP to the parent's answer, or fall back to TCP with the reason.
-    pub fn finish(self, s: &Settings, ack: &Value) -> Result<(Option<Connection>, LinkChoice), String> {
+    /// After the hello-ack: connect the QP to the parent's answer (with the framing the answer agreed to), or
+    /// fall back to TCP with the reason.
+    pub fn finish(self, s: &Settings, ack: &Value) -> Result<(Option<(Connection, Framing)>, LinkChoice), String> {
         let res = match (self.prepared, ack.get("rdma")) {
             (None, _) => Err(format!("this side: {}", self.why_not)),
             (Some(p), Some(info)) => serde_json::from_value::<LocalInfo>(info.clone())
@@ -215,7 +276,7 @@ impl Offer {
         match res {
             Ok(c) => {
                 let choice = LinkChoice::rdma(&c);
-                Ok((Some(c), choice))
+                Ok((Some((c, Framing::agree(self.framing, ack))), choice))
             }
             Err(e) if s.mode == Mode::Rdma => Err(format!("tbon.transport=rdma but {e}")),
             // Said where it shows (logs, overlay status, uptime): the busy polling asked for does not happen.
@@ -229,8 +290,8 @@ impl Offer {
 
 /// Parent side: the answer to a child's hello.
 pub(crate) enum Answer {
-    /// A connected QP (passive side: it sends once the child's first packet arrives).
-    Rdma(Box<Connection>, LinkChoice),
+    /// A connected QP (passive side: it sends once the child's first packet arrives), and the framing agreed.
+    Rdma(Box<Connection>, Framing, LinkChoice),
     /// Stay on TCP, for this reason.
     Tcp(LinkChoice),
     /// `tbon.transport=rdma` and RDMA is impossible: refuse the child.
@@ -260,7 +321,7 @@ impl Answer {
         match res {
             Ok(c) => {
                 let choice = LinkChoice::rdma(&c);
-                Answer::Rdma(Box::new(c), choice)
+                Answer::Rdma(Box::new(c), Framing::agree(s.framing, hello), choice)
             }
             Err(e) if s.mode == Mode::Rdma => Answer::Refuse(format!("tbon.transport=rdma but {e}")),
             Err(e) => Answer::Tcp(LinkChoice::tcp(e)),
@@ -270,7 +331,7 @@ impl Answer {
     /// Fields to add to the hello-ack payload.
     pub fn ack_fields(&self) -> Value {
         match self {
-            Answer::Rdma(c, _) => json!({"rdma": c.local}),
+            Answer::Rdma(c, f, _) => json!({"rdma": c.local, FRAME_FIELD: f.field()}),
             Answer::Tcp(c) => json!({"rdma_refused": c.detail}),
             Answer::Refuse(why) => json!({"rdma_refused": why}),
         }
@@ -292,19 +353,25 @@ pub(crate) fn merge(mut base: Value, extra: Value) -> Value {
 /// A busy-polling connection (`tbon.rdma_poll=busy`) is returned apart instead, as a [`BusyRx`], with the TCP
 /// side channel as the link's receiving half: the broker's core loop polls it itself between inputs, so a
 /// message goes from the completion queue to the core with no hand-off between tasks.
-pub(crate) fn bridge(tcp_tx: LinkTx, tcp_rx: LinkRx, conn: Connection) -> (LinkTx, LinkRx, Option<BusyRx>) {
+pub(crate) fn bridge(
+    tcp_tx: LinkTx,
+    tcp_rx: LinkRx,
+    conn: Connection,
+    framing: Framing,
+) -> (LinkTx, LinkRx, Option<BusyRx>) {
     let (sender, receiver) = conn.split();
-    let tx = LinkTx::rdma(RdmaTx { sender, tcp: tcp_tx });
+    let tx = LinkTx::rdma(RdmaTx { sender, tcp: tcp_tx, framing });
     if receiver.is_busy_poll() {
-        return (tx, tcp_rx, Some(BusyRx { receiver }));
+        return (tx, tcp_rx, Some(BusyRx { receiver, framing }));
     }
-    (tx, LinkRx::rdma(RdmaRx { receiver, tcp: tcp_rx, done: false }), None)
+    (tx, LinkRx::rdma(RdmaRx { receiver, tcp: tcp_rx, done: false, framing }), None)
 }
 
 /// The QP receiving half of a busy-polling RDMA link, polled by the core loop itself ([`BusyRx::poll`]).
 #[derive(Debug)]
 pub(crate) struct BusyRx {
     receiver: vigil_rdma::Receiver,
+    framing: Framing,
 }
 
 impl BusyRx {
@@ -312,7 +379,7 @@ impl BusyRx {
     /// the caller drops this receiver), or None when nothing has arrived.
     pub(crate) fn poll(&mut self) -> Option<LinkEvent> {
         Some(match self.receiver.try_recv()? {
-            Ok(frame) => match Message::decode_frame_owned(frame) {
+            Ok(frame) => match self.framing.decode(frame) {
                 Ok(m) => LinkEvent::Message(m),
                 Err(e) => LinkEvent::Closed(format!("rdma: {e}")),
             },
@@ -326,6 +393,7 @@ impl BusyRx {
 pub(crate) struct RdmaTx {
     sender: vigil_rdma::Sender,
     tcp: LinkTx,
+    framing: Framing,
 }
 
 impl RdmaTx {
@@ -337,7 +405,8 @@ impl RdmaTx {
             let _ = self.tcp.send(m.clone());
         }
         // Encoded straight into a registered send buffer when it can go at once.
-        match self.sender.send_now_with(m.encoded_len(), |b| m.encode_into(b)) {
+        let f = self.framing;
+        match self.sender.send_now_with(f.encoded_len(&m), |b| f.encode_into(&m, b)) {
             Ok(()) => Ok(()),
             Err(_) => Err(m),
         }
@@ -351,6 +420,7 @@ pub(crate) struct RdmaRx {
     tcp: LinkRx,
     /// `Closed` has been reported.
     done: bool,
+    framing: Framing,
 }
 
 impl RdmaRx {
@@ -362,7 +432,7 @@ impl RdmaRx {
         }
         let ev = tokio::select! {
             r = self.receiver.recv() => match r {
-                Ok(frame) => match Message::decode_frame_owned(frame) {
+                Ok(frame) => match self.framing.decode(frame) {
                     Ok(m) => LinkEvent::Message(m),
                     Err(e) => LinkEvent::Closed(format!("rdma: {e}")),
                 },
@@ -428,6 +498,26 @@ mod tests {
         let a = Answer::new(&busy, Some("127.0.0.1".parse().unwrap()), &offer.hello_fields());
         let (_, choice) = offer.finish(&busy, &a.ack_fields()).unwrap();
         assert!(choice.detail.ends_with("tbon.rdma_poll=busy has no effect on TCP"), "{}", choice.detail);
+    }
+
+    #[test]
+    fn framing_is_packed_only_when_both_ends_say_so() {
+        let s = settings(&attrs(&[])).unwrap();
+        assert_eq!(s.framing, Framing::Packed);
+        assert_eq!(settings(&attrs(&[("tbon.rdma_frame", "full")])).unwrap().framing, Framing::Full);
+        assert!(settings(&attrs(&[("tbon.rdma_frame", "zip")])).unwrap_err().contains("packed or full"));
+        let packed = json!({FRAME_FIELD: Framing::Packed.field()});
+        assert_eq!(Framing::agree(Framing::Packed, &packed), Framing::Packed);
+        // A peer that does not know the field (an older build), or asked for full frames.
+        assert_eq!(Framing::agree(Framing::Packed, &json!({"rank": 1})), Framing::Full);
+        assert_eq!(Framing::agree(Framing::Packed, &json!({FRAME_FIELD: "full"})), Framing::Full);
+        assert_eq!(Framing::agree(Framing::Full, &packed), Framing::Full);
+        let m = Message::request("broker.ping", 1, &json!({"pad": ""}));
+        for f in [Framing::Packed, Framing::Full] {
+            let mut b = vec![0u8; f.encoded_len(&m)];
+            f.encode_into(&m, &mut b);
+            assert_eq!(f.decode(b).unwrap(), m);
+        }
     }
 
     #[test]

@@ -275,6 +275,7 @@ fn attrs(core: &Core) -> std::collections::BTreeMap<String, String> {
     a.entry("tbon.rdma_retry_cnt".into()).or_insert_with(|| rd.retry_cnt.to_string());
     a.entry("tbon.rdma_poll".into()).or_insert_with(|| "event".into());
     a.entry("tbon.rdma_max_inline".into()).or_insert_with(|| rd.max_inline.to_string());
+    a.entry("tbon.rdma_frame".into()).or_insert_with(|| "packed".into());
     a.insert("tbon.topo".into(), o.topo.to_string());
     a.insert("tbon.level".into(), o.topo.level(o.size, o.rank).to_string());
     a.insert("tbon.maxlevel".into(), o.topo.depth(o.size).saturating_sub(1).to_string());

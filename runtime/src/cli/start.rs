@@ -146,6 +146,7 @@ const KNOWN_ATTRS: &[&str] = &[
     "tbon.rdma_retry_cnt",
     "tbon.rdma_poll",
     "tbon.rdma_max_inline",
+    "tbon.rdma_frame",
     "resource.synthetic",
     "resource.xml",
     "resource.gpus",
