@@ -1,7 +1,8 @@
 //! Vigil messages and their wire codec (version 1).
 //!
-//! One framing is used on every link: the TBON overlay between brokers (TCP today, RDMA later) and the local
-//! connector between a broker and its clients (Unix socket). The format is documented in `docs/wire-format.md`:
+//! One framing is used on every link: the TBON overlay between brokers and the local connector between a broker
+//! and its clients (Unix socket); RDMA overlay links whose ends agree on it carry the same messages in the
+//! [`packed`] form instead. The format is documented in `docs/wire-format.md`:
 //!
 //! ```text
 //! u32 length (big-endian) of everything after this field, at most MAX_FRAME bytes
