@@ -24,8 +24,12 @@
 # generic per-CPU queue). napi: the veth runs its own NAPI receive ring (GRO on), polled by a NAPI thread pinned on
 # CPU 0 at real-time priority (threaded NAPI standing for a NIC's receive softirq), the way a NIC driver polls its
 # ring: woken once, it drains every packet that arrived. (The hub's end of the veth gets TSO off, without which a
-# veth bypasses its ring for forwarded packets; the script stops if the NAPI thread never ran.) Writes
-# bench/results/probe-cost.{md,json}, or probe-cost-napi.{md,json} for napi.
+# veth bypasses its ring for forwarded packets; the script stops if the NAPI thread never ran.) xdp: the napi set-up,
+# plus what a NIC with native XDP gives: the parent's responder attached in native mode (broker.xdp_mode=native) and
+# the hub's end of every child's veth running a switch-port program (`vigil-bench xdp-hub`) that hands each probe
+# reply to the parent's ring as an XDP frame, so the parent's XDP program consumes the replies before any socket
+# buffer is built (on veth, frames from the bridge are socket buffers). Writes bench/results/probe-cost.{md,json},
+# or probe-cost-napi / probe-cost-xdp.{md,json}.
 # Also reports the ranks online at the end (a child declared lost shows there), the XDP program's own time per
 # packet (kernel BPF statistics, in a separate 5 s window), and, with probes off, the floor: what a process that only
 # wakes every 10 ms and sends one datagram on the parent's interface costs (`vigil-bench tick`). Warns when the
@@ -42,7 +46,7 @@ for v in "$n" "$idle" "$runs"; do
     case $v in '' | *[!0-9]* | 0) echo "usage: bench/probe-cost.sh [N IDLE_S RUNS] (positive integers; defaults 256 20 3)" >&2; exit 2 ;; esac
 done
 rx=${PARENT_RX:-rps}
-case $rx in rps) suffix= ;; napi) suffix=-napi ;; *) echo "probe-cost: PARENT_RX must be rps or napi" >&2; exit 2 ;; esac
+case $rx in rps) suffix= ;; napi) suffix=-napi ;; xdp) suffix=-xdp ;; *) echo "probe-cost: PARENT_RX must be rps, napi or xdp" >&2; exit 2 ;; esac
 name=pc$(printf '%04d' $(($$ % 10000)))
 [ "$ncpu" -ge 2 ] || { echo "probe-cost: needs 2 CPUs" >&2; exit 2; }
 cargo build --release -p vigil -p vigil-bench 2>&1 | tail -1 # measure this tree, not a stale build
@@ -51,7 +55,9 @@ export VIGIL=${VIGIL:-$PWD/target/release/vigil}
 dir=${VIGIL_NETNS_DIR:-/tmp}/vigil-netns-$name
 out=bench/results
 logs=${PROBE_COST_LOGS:-/tmp/vigil-probe-cost-logs}
+hub_pid=
 cleanup() {
+    [ -n "$hub_pid" ] && kill "$hub_pid" 2> /dev/null || true
     # Keep the brokers' logs of an instance left behind (why it failed to come up, what rank 0 saw).
     if [ -d "$dir" ]; then
         mkdir -p "$logs/last"
@@ -79,7 +85,9 @@ task_ns() {
     done
     echo $t
 }
-napi_pids() { [ "$rx" = napi ] && pgrep 'napi/eth0-[0-9]' || true; }
+napi_pids() { [ "$rx" != rps ] && pgrep 'napi/eth0-[0-9]' || true; }
+# xdp: only the parent's responder in native mode (children keep generic XDP, which needs nothing of the hub).
+[ "$rx" = xdp ] && export VIGIL_NETNS_RANK0_ARGS="-S broker.xdp_mode=native"
 hz=$(getconf CLK_TCK)
 # The kernel's per-program statistics (run time of each BPF program) cost two clock reads per run: off while
 # measuring, on for a separate window that times the parent's XDP program alone (needs bpftool).
@@ -111,7 +119,7 @@ for ((r = 1; r <= runs; r++)); do
         for ((k = 1; k <= n; k++)); do
             for p in $(ci/netns-cluster.sh pids "$name" $k); do taskset -a -p 2 "$p" >/dev/null; done
         done
-        if [ "$rx" = napi ]; then
+        if [ "$rx" != rps ]; then
             ip netns exec "vn-$name-n0" ethtool -K eth0 gro on
             # A veth hands a packet to its peer's NAPI ring only if the sending end has no TSO (or the packet comes
             # from a local socket): the replies come through the bridge, so the hub's end of the parent's veth
@@ -139,6 +147,19 @@ for ((r = 1; r <= runs; r++)); do
             done
         done
         st=$("$VIGIL" overlay status)
+        if [ "$rx" = xdp ]; then
+            echo "$st" | grep -q '^detectors.*xdp (native on eth0)' || {
+                echo "probe-cost: rank 0's responder is not in native XDP mode:" >&2
+                echo "$st" | grep '^detectors' >&2
+                exit 1
+            }
+            ports=()
+            for ((k = 1; k <= n; k++)); do ports+=("vn${name}h$k"); done
+            ip netns exec "vn-$name-hub" taskset -c 1 "$fwq_bin" xdp-hub --to "vn${name}h0" --parent 10.200.0.1 "${ports[@]}" &
+            hub_pid=$!
+            sleep 2
+            kill -0 "$hub_pid" 2> /dev/null || { echo "probe-cost: vigil-bench xdp-hub failed" >&2; exit 1; }
+        fi
         sleep 5
         pid0=$(cat "$dir/node0/broker.pid")
         napi=$(napi_pids)
@@ -180,7 +201,7 @@ for ((r = 1; r <= runs; r++)); do
         read -r cpu broker irq nq < <(awk -v b="$((b1 - b0))" -v u="$((u1 - u0))" -v i="$((i1 - i0))" -v q="$((q1 - q0))" \
             -v hz="$hz" -v ns="$((t1 - t0))" \
             'BEGIN { w = ns / 1e9; printf "%.3f %.3f %.3f %.3f\n", 100 * b / hz / w, 100 * u / ns, 100 * i / hz / w, 100 * q / ns }')
-        if [ "$rx" = napi ] && [ "$key" != baseline ] && [ "$((q1 - q0))" -eq 0 ]; then
+        if [ "$rx" != rps ] && [ "$key" != baseline ] && [ "$((q1 - q0))" -eq 0 ]; then
             echo "probe-cost: the parent's NAPI thread did not run: replies bypassed its ring; the figures would omit the kernel's receive work" >&2
             exit 1
         fi
@@ -188,6 +209,7 @@ for ((r = 1; r <= runs; r++)); do
             "$r" "$key" "$broker" "$nq" "$irq" "$cpu" "$noise" "$xdp_ns" "$xdp_pps" "$online" $((n + 1))
         results+=("$key $cpu $broker $irq $online $noise $rate $nq $xdp_ns $xdp_pps $floor")
         [ "$r" = 1 ] && echo "$st" | grep '^detectors' | sed "s/^/probe-cost: $key: rank 0 /"
+        [ -n "$hub_pid" ] && { kill "$hub_pid"; wait "$hub_pid" 2> /dev/null || true; hub_pid=; }
         ci/netns-cluster.sh down "$name"
     done
 done
@@ -224,10 +246,14 @@ md = [f"# Prober CPU cost on the parent node ({n} children, netns test bed)\n",
       f"`{'PARENT_RX=' + rx + ' ' if rx != 'rps' else ''}bench/probe-cost.sh {n} {idle:g} {runs}` (kernel {kernel}, {ncpu} CPUs, unix time {doc['unix_time']}). A flat instance of "
       f"{n + 1} nodes, one network namespace and one broker (with its eBPF detectors) per node, on one bridge, idle. "
       "Rank 0's broker is pinned on CPU 0 and its interface's receive processing done there ("
-      + ("receive packet steering to CPU 0's backlog" if rx == "rps" else "the veth's NAPI ring, GRO on, polled by its NAPI thread pinned on CPU 0")
+      + {"rps": "receive packet steering to CPU 0's backlog",
+         "napi": "the veth's NAPI ring, GRO on, polled by its NAPI thread pinned on CPU 0",
+         "xdp": "the veth's NAPI ring, polled by its NAPI thread pinned on CPU 0, with rank 0's responder in native "
+                "XDP mode and a switch-port program on the hub handing it each probe reply as an XDP frame, the way a "
+                "NIC with native XDP would: no socket buffer for a reply"}[rx]
       + "); the children, "
       "the bridge and the harness run on CPU 1. The parent node's CPU = rank 0's run time (all its threads, from "
-      "`/proc/PID/task/*/schedstat`, exact)" + (" + the NAPI thread's run time (exact)" if rx == "napi" else "")
+      "`/proc/PID/task/*/schedstat`, exact)" + (" + the NAPI thread's run time (exact)" if rx != "rps" else "")
       + " + CPU 0's irq + softirq time (`/proc/stat`, sampled by the 4 ms tick), "
       f"over {idle:g} s; medians of {runs} runs per variant, each run a fresh instance, variants "
       f"alternating. Every variant runs with `tbon.heartbeat_period=200ms` and `tbon.torpid_max=2s` ({n} child brokers share "
@@ -241,7 +267,7 @@ for k in ["baseline", "unicast", "group"]:
         continue
     m = med[k]
     c = "" if k == "baseline" else f"**{cost[k]:+.2f} %**"
-    napi = f"{m['napi_thread_pct']:.2f} %" if rx == "napi" else "-"
+    napi = f"{m['napi_thread_pct']:.2f} %" if rx != "rps" else "-"
     xdp = f"{m['xdp_ns_per_packet']:.0f} ns" if m["xdp_packets_per_s"] > 0 else "-"
     md.append(f"| {labels[k]} | {m['parent_pct']:.2f} % | {m['rank0_broker_pct']:.2f} % | {napi} | {m['cpu0_irq_softirq_pct']:.2f} % | {c} | "
               f"{m['cpu0_busy_pct']:.2f} % | {xdp} | {m['xdp_packets_per_s']:.0f} | {m['min_online']}/{n + 1} |")
@@ -256,7 +282,7 @@ if g is not None:
     d = {f: med["group"][f] - med["baseline"][f] for f in ["rank0_broker_pct", "napi_thread_pct", "cpu0_irq_softirq_pct"]}
     xg = med["group"]
     line = (f"Where the group cost goes: rank 0's broker {d['rank0_broker_pct']:+.2f} %, "
-            + (f"NAPI thread {d['napi_thread_pct']:+.2f} %, " if rx == "napi" else "")
+            + (f"NAPI thread {d['napi_thread_pct']:+.2f} %, " if rx != "rps" else "")
             + f"CPU 0 irq + softirq {d['cpu0_irq_softirq_pct']:+.2f} %.")
     if xg["xdp_packets_per_s"] > 0:
         line += (f" The XDP program itself (kernel BPF statistics, a separate 5 s window): {xg['xdp_ns_per_packet']:.0f} ns "

@@ -14,6 +14,7 @@
 #
 # NAME is a short tag (<= 6 characters) so several clusters can coexist; each has its own hub namespace holding
 # the bridge, so addresses never leak into the root namespace. State lives in ${VIGIL_NETNS_DIR:-/tmp}/vigil-netns-NAME.
+# VIGIL_NETNS_RANK0_ARGS: extra broker arguments for node 0 only (e.g. "-S broker.xdp_mode=native").
 set -euo pipefail
 
 # The vigil binary: $VIGIL, else vigil on PATH, else this tree's release build (ci/main-job.sh), else its debug build.
@@ -23,7 +24,7 @@ if [ -z "${VIGIL:-}" ]; then
     [ -n "$VIGIL" ] || { [ -x "$root/target/release/vigil" ] && VIGIL=$root/target/release/vigil; } || VIGIL=$root/target/debug/vigil
 fi
 cmd=${1:-}; name=${2:-}
-[ -n "$cmd" ] && [ -n "$name" ] || { sed -n '2,16p' "$0"; exit 2; }
+[ -n "$cmd" ] && [ -n "$name" ] || { sed -n '2,17p' "$0"; exit 2; }
 [ ${#name} -le 6 ] || { echo "netns-cluster: NAME must be at most 6 characters" >&2; exit 2; }
 dir=${VIGIL_NETNS_DIR:-/tmp}/vigil-netns-$name
 hub=vn-$name-hub
@@ -62,10 +63,13 @@ up)
         ip -n "$nsk" link set lo up
     done
     echo "$n" > "$dir/size"
+    read -r -a rank0_args <<< "${VIGIL_NETNS_RANK0_ARGS:-}"
     for ((k = 0; k < n; k++)); do
         mkdir -p "$dir/node$k"
+        extra=()
+        [ "$k" = 0 ] && extra=("${rank0_args[@]}")
         ip netns exec "$(ns $k)" setsid "$VIGIL" broker --config="$dir/config.toml" --hostname="node$k" \
-            --rundir="$dir/node$k" "$@" > "$dir/node$k/broker.log" 2>&1 < /dev/null &
+            --rundir="$dir/node$k" "$@" "${extra[@]}" > "$dir/node$k/broker.log" 2>&1 < /dev/null &
         echo $! > "$dir/node$k/broker.pid"
         # Rank 0 (the parent every test and benchmark looks at) first, with its eBPF detectors attached before
         # the others start: the kernel takes at most 64 BPF programs per tracepoint, so in instances of more than
@@ -125,5 +129,5 @@ down)
     for k in $(ip netns list | awk -v p="vn-$name-n" 'index($1, p) == 1 { print $1 }'); do ip netns del "$k" 2>/dev/null || true; done
     rm -rf "$dir"
     ;;
-*) sed -n '2,16p' "$0"; exit 2 ;;
+*) sed -n '2,17p' "$0"; exit 2 ;;
 esac

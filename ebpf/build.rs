@@ -7,7 +7,7 @@
 //! relocations make the objects portable to other kernels.
 use std::{env, path::PathBuf, process::Command};
 
-const PROGRAMS: &[&str] = &["exit", "tcp", "xdp"];
+const PROGRAMS: &[&str] = &["exit", "tcp", "xdp", "hub"];
 
 fn main() {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));

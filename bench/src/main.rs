@@ -42,6 +42,7 @@ mod mpi;
 mod tick;
 mod uring;
 mod uring_link;
+mod xdp_hub;
 
 /// flux-core 0.88 reference: `flux start --test-size=1 true` wall time on this machine, seconds.
 const REF_START_N1_S: f64 = 0.91;
@@ -102,6 +103,9 @@ enum TopCmd {
     Fwq(fwq::FwqArgs),
     /// The floor of a periodic prober: wake every period, send one datagram, report the CPU time that took.
     Tick(tick::TickArgs),
+    /// Test-bed switch for `bench/probe-cost.sh PARENT_RX=xdp`: hand probe replies to the parent's port as XDP
+    /// frames, as a NIC with native XDP receives them (needs root; runs until killed).
+    XdpHub(xdp_hub::XdpHubArgs),
     /// First light, then `mpi`, then `detect`.
     All(AllArgs),
     /// Measurements taken from inside an instance (run as its initial program).
@@ -298,6 +302,7 @@ fn main() {
         Some(TopCmd::Uring(a)) => report(uring::run(&a, cli.out_dir)),
         Some(TopCmd::Fwq(a)) => fwq::run(&a),
         Some(TopCmd::Tick(a)) => tick::run(&a),
+        Some(TopCmd::XdpHub(a)) => xdp_hub::run(&a),
         Some(TopCmd::All(a)) => {
             // Every group runs even if an earlier one failed; the exit code is the worst of the three.
             let first = report(outer(a.runs, cli.vigil.clone(), cli.out_dir.clone()));

@@ -47,6 +47,14 @@ pub enum EbpfError {
         #[source]
         source: aya::maps::MapError,
     },
+    /// An interface named by the caller is missing, or refused the program (e.g. no native XDP in its driver).
+    #[error("interface {interface}: {msg}")]
+    Interface {
+        /// The interface name.
+        interface: String,
+        /// What went wrong.
+        msg: String,
+    },
     /// The BPF object lacks an expected program or map (build mismatch).
     #[error("BPF object has no {0}")]
     Missing(&'static str),

@@ -10,11 +10,12 @@
 //! to group probes (one IP multicast datagram per period for all children, [`crate::ProbeKind::Group`]) come
 //! from each child node's kernel, which learned its parent from an earlier unicast request.
 //!
-//! Mode: generic (SKB) XDP on `lo`, on veth and on any interface without a device behind it. Native XDP on a
-//! veth would need an XDP program on the peer end for `XDP_TX` to be delivered, which a broker inside a
-//! network namespace cannot attach; generic mode has no such rule and costs nothing that matters at
-//! heartbeat rates. Physical NICs try native (driver) mode first. One XDP program per interface: if another
-//! is attached, [`XdpResponder::attach`] fails with [`EbpfError::Program`] and the caller falls back.
+//! Mode ([`XdpAttach`]): by default generic (SKB) XDP on `lo`, on veth and on any interface without a device
+//! behind it. Native XDP on a veth would need an XDP program on the peer end for `XDP_TX` to be delivered, which
+//! a broker inside a network namespace cannot attach; generic mode has no such rule and costs nothing that matters
+//! at heartbeat rates. Physical NICs try native (driver) mode first. An admin (or a test bed modelling a NIC) can
+//! ask for either mode ([`XdpResponder::attach_with`]). One XDP program per interface: if another is attached,
+//! [`XdpResponder::attach`] fails with [`EbpfError::Program`] and the caller falls back.
 
 use std::{path::Path, sync::Mutex};
 
@@ -159,10 +160,43 @@ impl std::fmt::Debug for XdpResponder {
     }
 }
 
+/// How the responder is attached (`broker.xdp_mode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum XdpAttach {
+    /// Native (driver) mode on an interface with a device behind it, falling back to generic; generic on `lo`,
+    /// veth and other virtual interfaces (see the module docs).
+    #[default]
+    Auto,
+    /// Native (driver) mode only: attaching fails if the driver has no XDP support. On a veth, `XDP_TX` replies
+    /// are then delivered only if the peer end has an XDP program too.
+    Native,
+    /// Generic (SKB) mode only: runs after the kernel has built a socket buffer, on any interface.
+    Generic,
+}
+
+impl std::str::FromStr for XdpAttach {
+    type Err = String;
+    /// Parses `auto`, `native` or `generic`; the error says what is expected.
+    fn from_str(s: &str) -> Result<XdpAttach, String> {
+        match s {
+            "auto" => Ok(XdpAttach::Auto),
+            "native" => Ok(XdpAttach::Native),
+            "generic" => Ok(XdpAttach::Generic),
+            _ => Err(format!("'{s}': expected auto, native or generic")),
+        }
+    }
+}
+
 impl XdpResponder {
-    /// Loads the responder and attaches it to `interface` (see the module docs for the mode). Needs root.
+    /// Loads the responder and attaches it to `interface` in [`XdpAttach::Auto`] mode. Needs root.
     /// Fails if the interface does not exist, already has an XDP program, or the kernel refuses the program.
     pub fn attach(interface: &str) -> Result<XdpResponder, EbpfError> {
+        XdpResponder::attach_with(interface, XdpAttach::Auto)
+    }
+
+    /// Loads the responder and attaches it to `interface` in `how` mode. Needs root. Fails as
+    /// [`attach`](Self::attach) does, and in [`XdpAttach::Native`] mode also if the driver has no native XDP.
+    pub fn attach_with(interface: &str, how: XdpAttach) -> Result<XdpResponder, EbpfError> {
         let euid = sys::euid();
         if euid != 0 {
             return Err(EbpfError::NotRoot(euid));
@@ -174,7 +208,10 @@ impl XdpResponder {
             bpf.program_mut(name).ok_or(EbpfError::Missing(name))?.try_into().map_err(prog_err(name))?;
         prog.load().map_err(prog_err(name))?;
         let physical = Path::new("/sys/class/net").join(interface).join("device").exists();
-        let mode = if physical {
+        let mode = if how == XdpAttach::Native {
+            prog.attach(interface, XdpMode::Driver).map_err(prog_err(name))?;
+            "native"
+        } else if physical && how == XdpAttach::Auto {
             match prog.attach(interface, XdpMode::Driver) {
                 Ok(_) => "native",
                 Err(_) => {

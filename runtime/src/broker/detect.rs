@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 use vigil_ebpf::{
     Detector, DetectorMode, ExitEvent, HbTable, HeartbeatClock, Probe, ProbeKind, TcpEvent, TcpEventKind, TcpTuple,
-    TcpWatcher, UserspaceResponder, XdpResponder,
+    TcpWatcher, UserspaceResponder, XdpAttach, XdpResponder,
 };
 
 /// What each detector runs on: `ebpf`/`xdp ...` or `userspace (reason)`. Shown by `vigil uptime` and
@@ -88,6 +88,15 @@ fn mode(attrs: &std::collections::BTreeMap<String, String>) -> DetectorMode {
         Some("userspace") => DetectorMode::ForceUserspace,
         Some("ebpf") => DetectorMode::RequireEbpf,
         _ => DetectorMode::from_env(),
+    }
+}
+
+/// `broker.xdp_mode=auto|native|generic`: how the XDP responder is attached (default `auto`: native on an
+/// interface with a device behind it, generic on `lo` and veth). Errors name the attribute and what it expects.
+pub(crate) fn xdp_attach(attrs: &std::collections::BTreeMap<String, String>) -> Result<XdpAttach, String> {
+    match attrs.get("broker.xdp_mode") {
+        None => Ok(XdpAttach::Auto),
+        Some(v) => v.parse().map_err(|e| format!("invalid broker.xdp_mode {e}")),
     }
 }
 
@@ -278,6 +287,7 @@ impl Detectors {
         clock.beat();
         let user = UserspaceResponder::spawn(sock, clock.clone()).map_err(|e| format!("responder thread: {e}"))?;
         let mode = mode(attrs);
+        let xdp_how = xdp_attach(attrs)?;
         let pending = "userspace (eBPF detectors loading)".to_string();
         let status = DetectorStatus {
             process_exit: pending.clone(),
@@ -320,7 +330,7 @@ impl Detectors {
         let ifname = vigil_ebpf::interface_for_addr(bind_ip);
         let pin = table_pin_path(instance);
         let test_instance = attrs.contains_key("broker.detector-rank");
-        d.loader = Some(Box::new(move || load(mode, owner, ifname, test_instance.then_some(pin))));
+        d.loader = Some(Box::new(move || load(mode, xdp_how, owner, ifname, test_instance.then_some(pin))));
         Ok(d)
     }
 
@@ -553,7 +563,13 @@ fn socket2_addrs(fd: std::os::fd::BorrowedFd<'_>) -> Option<(SocketAddr, SocketA
 }
 
 /// Background loading (blocking: aya parses BTF and the verifier runs).
-fn load(mode: DetectorMode, owner: bool, ifname: Option<String>, pin: Option<std::path::PathBuf>) -> Loaded {
+fn load(
+    mode: DetectorMode,
+    xdp_how: XdpAttach,
+    owner: bool,
+    ifname: Option<String>,
+    pin: Option<std::path::PathBuf>,
+) -> Loaded {
     if !owner {
         // Another broker of this machine owns the detectors: use its responder table once it is pinned.
         let mut shared = None;
@@ -588,7 +604,7 @@ fn load(mode: DetectorMode, owner: bool, ifname: Option<String>, pin: Option<std
     } else {
         match &ifname {
             None => Err("userspace (no interface carries the overlay address)".into()),
-            Some(i) => match XdpResponder::attach(i) {
+            Some(i) => match XdpResponder::attach_with(i, xdp_how) {
                 Ok(mut x) => {
                     // Tables pinned by brokers killed outright stay in kernel memory until unlinked.
                     match vigil_ebpf::sweep_stale_pins(std::path::Path::new(PIN_DIR)) {
@@ -1608,6 +1624,19 @@ mod tests {
             }
         }
         v
+    }
+
+    #[test]
+    fn xdp_mode_attribute() {
+        let a = |v: &str| std::collections::BTreeMap::from([("broker.xdp_mode".to_string(), v.to_string())]);
+        assert_eq!(xdp_attach(&Default::default()), Ok(XdpAttach::Auto));
+        assert_eq!(xdp_attach(&a("native")), Ok(XdpAttach::Native));
+        assert_eq!(xdp_attach(&a("generic")), Ok(XdpAttach::Generic));
+        for bad in ["driver", "skb", "", "Native"] {
+            let e = xdp_attach(&a(bad)).unwrap_err();
+            assert!(e.contains("broker.xdp_mode") && e.contains("expected auto, native or generic"), "{bad}: {e}");
+            assert!(crate::cli::start::check_attrs(&a(bad)).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -270,6 +270,7 @@ fn attrs(core: &Core) -> std::collections::BTreeMap<String, String> {
     a.entry("tbon.probe_misses".into()).or_insert_with(|| m.probe_misses.to_string());
     a.entry("tbon.probe_group".into()).or_insert_with(|| "auto".into());
     a.entry("broker.detectors".into()).or_insert_with(|| "auto".into());
+    a.entry("broker.xdp_mode".into()).or_insert_with(|| "auto".into());
     let rd = vigil_rdma::Config::default();
     a.entry("tbon.rdma_timeout".into()).or_insert_with(|| rd.timeout.to_string());
     a.entry("tbon.rdma_retry_cnt".into()).or_insert_with(|| rd.retry_cnt.to_string());

@@ -6,7 +6,7 @@
 
 mod jobcmd;
 mod nested;
-mod start;
+pub(crate) mod start;
 mod status;
 
 use clap::{Parser, Subcommand};

@@ -141,6 +141,7 @@ const KNOWN_ATTRS: &[&str] = &[
     "tbon.probe_group",
     "broker.detectors",
     "broker.detector-rank",
+    "broker.xdp_mode",
     "tbon.transport",
     "tbon.rdma_timeout",
     "tbon.rdma_retry_cnt",
@@ -174,6 +175,7 @@ pub(crate) fn check_attrs(attrs: &BTreeMap<String, String>) -> Result<(), String
     topology_from_attrs(attrs)?;
     crate::broker::rdma_link::settings(attrs)?;
     crate::broker::detect::probe_group(attrs)?;
+    crate::broker::detect::xdp_attach(attrs)?;
     if let Some(l) = attrs.get("log-level") {
         let level_ok = ["error", "warn", "info", "debug", "trace", "off"].contains(&l.as_str());
         if !level_ok && (!l.contains('=') || tracing_subscriber::EnvFilter::try_new(l).is_err()) {
