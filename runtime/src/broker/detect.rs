@@ -1227,6 +1227,13 @@ impl Prober {
                 t.last_unicast = next;
             }
         }
+        // Replies come back in about the order the probes went out, and a burst of them that overflows a queue on
+        // the way (a switch port's buffer, this NIC's receive ring) loses its tail: start each round's unicast
+        // probes at a different child so that the tail is never the same children round after round.
+        if !unicast.is_empty() {
+            let k = next as usize % unicast.len();
+            unicast.rotate_left(k);
+        }
         self.round = next;
         self.counts = (grouped, unreached);
         (group, unicast)
@@ -1430,9 +1437,9 @@ async fn prober_task(
                     stats.collected.store(pr.area.is_some(), Relaxed);
                 }
                 let now = vigil_ebpf::monotonic_ns() ^ pr.key;
-                if let (true, Some(g)) = (group_wanted, pr.group) {
-                    let _ = sock.get_ref().send_to(&Probe::group(pr.round, now).encode(), SocketAddr::V4(g));
-                }
+                // Unicast probes before the group datagram: they include the re-probes of grouped children that
+                // missed the last round, and a child at the tail of the group's burst of replies (the one a full
+                // receive ring or switch buffer drops) must not be re-probed at the tail again.
                 // Send in small groups and read the replies in between: a burst of hundreds of replies would
                 // otherwise overflow the socket and make the same (last) children miss every round.
                 for chunk in unicast.chunks(PROBE_GROUP) {
@@ -1442,6 +1449,9 @@ async fn prober_task(
                     if pr.area.is_none() {
                         drain(&mut pr, &sock);
                     }
+                }
+                if let (true, Some(g)) = (group_wanted, pr.group) {
+                    let _ = sock.get_ref().send_to(&Probe::group(pr.round, now).encode(), SocketAddr::V4(g));
                 }
             }
         }
@@ -1681,6 +1691,25 @@ mod tests {
             let (g, unicast) = pr.next_round();
             assert!(!g && unicast.len() == 2, "group {group} collects {collects} same node {same_node}");
         }
+    }
+
+    #[test]
+    fn unicast_probes_start_at_a_different_child_each_round() {
+        let (mut pr, _rx) = prober(false);
+        for k in 1..=5 {
+            pr.add(k, addr(k as u8 + 1));
+        }
+        let mut firsts = std::collections::HashSet::new();
+        for _ in 0..5 {
+            let (_, unicast) = pr.next_round();
+            let mut ids: Vec<u32> = unicast.iter().map(|(id, _)| *id).collect();
+            firsts.insert(ids[0]);
+            ids.sort_unstable();
+            let mut all: Vec<u32> = pr.targets.values().map(|t| t.id).collect();
+            all.sort_unstable();
+            assert_eq!(ids, all, "every child probed once a round");
+        }
+        assert_eq!(firsts.len(), 5, "five rounds, five different children first (none always last)");
     }
 
     #[test]
