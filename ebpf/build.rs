@@ -17,6 +17,7 @@ fn main() {
     println!("cargo:rerun-if-changed=bpf/vmlinux.h");
     println!("cargo:rerun-if-changed=bpf/events.h");
     println!("cargo:rerun-if-changed=bpf/probe.h");
+    println!("cargo:rerun-if-changed=bpf/frame.h");
     for prog in PROGRAMS {
         let src = format!("bpf/{prog}.bpf.c");
         println!("cargo:rerun-if-changed={src}");

@@ -11,11 +11,9 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
-#include "probe.h"
+#include "frame.h"
 
 char LICENSE[] SEC("license") = "GPL";
-
-#define ETH_P_IP 0x0800 /* include/uapi/linux/if_ether.h */
 
 /* Set by the loader before the program is loaded. */
 volatile const __u32 TARGET_IFINDEX = 0;
@@ -24,19 +22,10 @@ volatile const __u32 TARGET_ADDR = 0; /* IPv4, network byte order */
 SEC("xdp")
 int vigil_hub_redirect(struct xdp_md *ctx)
 {
-	void *data = (void *)(long)ctx->data;
-	void *end = (void *)(long)ctx->data_end;
-	struct ethhdr *eth = data;
-	if ((void *)(eth + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP))
+	struct vigil_frame f;
+	if (!vigil_frame_parse(ctx, &f) || f.ip->daddr != TARGET_ADDR)
 		return XDP_PASS;
-	struct iphdr *ip = (void *)(eth + 1);
-	if ((void *)(ip + 1) > end || ip->ihl != 5 || ip->protocol != IPPROTO_UDP || ip->daddr != TARGET_ADDR)
-		return XDP_PASS;
-	struct udphdr *udp = (void *)(ip + 1);
-	struct vigil_probe *p = (void *)(udp + 1);
-	if ((void *)(p + 1) > end || p->magic != bpf_htonl(VIGIL_PROBE_MAGIC))
-		return XDP_PASS;
-	if (p->type != VIGIL_PROBE_REPLY_XDP && p->type != VIGIL_PROBE_REPLY_USER)
+	if (f.p->type != VIGIL_PROBE_REPLY_XDP && f.p->type != VIGIL_PROBE_REPLY_USER)
 		return XDP_PASS;
 	return bpf_redirect(TARGET_IFINDEX, 0);
 }

@@ -20,12 +20,9 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
-#include "probe.h"
+#include "frame.h"
 
 char LICENSE[] SEC("license") = "GPL";
-
-#define ETH_P_IP 0x0800 /* include/uapi/linux/if_ether.h */
-#define ETH_ALEN 6
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -90,22 +87,13 @@ static __always_inline void fill_reply(struct vigil_probe *p, struct vigil_hb_st
 SEC("xdp")
 int vigil_hb_responder(struct xdp_md *ctx)
 {
-	void *data = (void *)(long)ctx->data;
-	void *end = (void *)(long)ctx->data_end;
-	struct ethhdr *eth = data;
-	if ((void *)(eth + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP))
+	struct vigil_frame f;
+	if (!vigil_frame_parse(ctx, &f))
 		return XDP_PASS;
-	struct iphdr *ip = (void *)(eth + 1);
-	if ((void *)(ip + 1) > end || ip->ihl != 5 || ip->protocol != IPPROTO_UDP)
-		return XDP_PASS;
-	if (ip->frag_off & bpf_htons(0x3fff)) /* fragment */
-		return XDP_PASS;
-	struct udphdr *udp = (void *)(ip + 1);
-	struct vigil_probe *p = (void *)(udp + 1);
-	if ((void *)(p + 1) > end)
-		return XDP_PASS;
-	if (p->magic != bpf_htonl(VIGIL_PROBE_MAGIC) || p->version != VIGIL_PROBE_VERSION)
-		return XDP_PASS;
+	struct ethhdr *eth = f.eth;
+	struct iphdr *ip = f.ip;
+	struct udphdr *udp = f.udp;
+	struct vigil_probe *p = f.p;
 
 	if (p->type == VIGIL_PROBE_REPLY_XDP || p->type == VIGIL_PROBE_REPLY_USER) {
 		/* Parent side: collect a reply for a prober that asked for it. */
