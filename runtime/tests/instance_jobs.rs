@@ -168,6 +168,24 @@ fn cancel_a_pending_job() {
 }
 
 #[test]
+fn vigil_run_says_why_its_job_is_pending() {
+    let inst = Instance::start(2, &[]);
+    let marker = format!("100.{}", unique_token());
+    let hog = inst.submit(&["-N2", "-n4", "sleep", &marker]);
+    assert!(inst.wait_state(&hog, "RUN", Duration::from_secs(10)));
+    let run = inst.vigil_spawn(&["run", "echo", "ran"]);
+    // Past the 2 s after which `vigil run` reports a job still pending; then free the cores.
+    std::thread::sleep(Duration::from_secs(3));
+    inst.vigil(&["cancel", &hog]).ok();
+    let o = run.wait(Duration::from_secs(20));
+    o.ok();
+    assert!(o.stdout.contains("ran"), "{}", o.dump());
+    let notes: Vec<&str> = o.stderr.lines().filter(|l| l.contains("pending (resources: needs")).collect();
+    assert_eq!(notes.len(), 1, "one note with the scheduler's reason: {}", o.dump());
+    assert!(notes[0].contains("0 can take it now (1 busy)") || notes[0].contains("0 free now"), "{}", o.dump());
+}
+
+#[test]
 fn time_limit_ends_the_job() {
     let inst = Instance::start(2, &[]);
     let t0 = Instant::now();

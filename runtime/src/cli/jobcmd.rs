@@ -222,6 +222,9 @@ pub(crate) async fn submit_value(c: &Client, v: &Value, stdin: bool) -> Result<J
     r.get("id").and_then(Value::as_u64).map(JobId).ok_or_else(|| "malformed submit response".into())
 }
 
+/// How long `vigil run` waits for a job's allocation before saying that it is pending and why.
+const PENDING_NOTE_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Stream a job's output and exceptions until it is INACTIVE; return its exit code.
 /// Ctrl-C or SIGTERM once cancels the job (and keeps waiting for it to end); Ctrl-C twice detaches. If our
 /// stdout is closed (`vigil run ... | head`), the job is canceled too, as srun does.
@@ -238,6 +241,11 @@ pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, St
     let mut at_line_start: std::collections::HashMap<(u64, bool), bool> = std::collections::HashMap::new();
     let mut open_line: [Option<u32>; 2] = [None, None];
     let mut closed = false;
+    // A job still pending after a moment is said to be so, with the scheduler's reason (as srun says "queued
+    // and waiting for resources"), so that `vigil run` never waits in silence.
+    let pending_note = tokio::time::sleep(PENDING_NOTE_AFTER);
+    tokio::pin!(pending_note);
+    let mut started = false;
     async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
         match s.as_mut() {
             Some(s) => {
@@ -249,6 +257,16 @@ pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, St
     loop {
         let next = tokio::select! {
             n = s.next() => n,
+            _ = &mut pending_note, if !started => {
+                started = true; // said once
+                if let Ok(info) = c.rpc("job-manager.info", 0, &json!({"id": id.0})).await {
+                    if info.pointer("/info/state").and_then(Value::as_str) == Some("SCHED") {
+                        let why = info.pointer("/info/reason_pending").and_then(Value::as_str).unwrap_or("resources");
+                        eprintln!("vigil: job {id}: pending ({why})");
+                    }
+                }
+                continue;
+            }
             _ = recv(&mut sigint) => {
                 ctrlc += 1;
                 if ctrlc == 1 {
@@ -266,6 +284,9 @@ pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, St
         };
         let Some(item) = next else { break };
         let v = item.map_err(|e| e.errstr)?;
+        if v.get("output").is_some() || v.pointer("/event/name").and_then(Value::as_str) == Some("alloc") {
+            started = true;
+        }
         if let Some(o) = v.get("output") {
             if closed {
                 continue;
