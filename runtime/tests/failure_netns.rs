@@ -411,8 +411,11 @@ fn forced_userspace_detectors_fall_back_and_still_detect() {
     let d = detectors(&c);
     eprintln!("[{}] detectors: {d}", c.name);
     for k in ["process_exit", "tcp", "responder"] {
-        assert!(d[k].as_str().unwrap_or("").starts_with("userspace ("), "{k}: {d}");
+        let v = d[k].as_str().unwrap_or("");
+        assert!(v.starts_with("userspace (forced by broker.detectors=userspace)"), "{k}: {d}");
     }
+    let probes = d["probes"].as_str().unwrap_or("");
+    assert!(probes.contains("by unicast") && !probes.contains("multicast"), "no group probes without XDP: {d}");
     let up = c.vigil(&["uptime"]);
     up.ok();
     assert!(up.stdout.contains("responder userspace (forced"), "{}", up.dump());

@@ -297,6 +297,9 @@ impl Detectors {
                 "every {:.0} ms{}; a child whose kernel (XDP) answers is lost after {} unanswered in a row",
                 cfg.probe_period * 1e3,
                 match (groups.for_parent(rank), bind_ip.is_loopback()) {
+                    _ if mode == DetectorMode::ForceUserspace => {
+                        ", by unicast (group probes need this node's XDP responder to collect the replies)".into()
+                    }
                     (Some(g), false) =>
                         format!(", by one multicast datagram to {g} once a child's kernel has answered"),
                     (Some(_), true) => ", by unicast (loopback: group probes need one node per child)".into(),
@@ -591,8 +594,14 @@ fn load(
             required_failed: None,
         };
     }
-    let exit = Detector::choose(mode).map_err(|e| format!("userspace (none: {e})"));
     let forced = mode == DetectorMode::ForceUserspace;
+    let exit = Detector::choose(mode).map_err(|e| format!("userspace (none: {e})")).map(|d| match d {
+        // Say why, as the other detectors' lines do.
+        Detector::Userspace { watcher, .. } if forced => {
+            Detector::Userspace { watcher, reason: "userspace (forced by broker.detectors=userspace): pidfd".into() }
+        }
+        d => d,
+    });
     let tcp = if forced {
         Err("userspace (forced by broker.detectors=userspace): socket errors and TCP_INFO".into())
     } else {
