@@ -8,7 +8,9 @@
 #   ci/netns-cluster.sh run    NAME K CMD...           run CMD inside node K's namespace
 #   ci/netns-cluster.sh kill   NAME K                  silent node death: cut K's link (no RST/FIN reaches peers), then SIGKILL every process of K
 #   ci/netns-cluster.sh stall  NAME K | cont NAME K    SIGSTOP / SIGCONT node K's broker
-#   ci/netns-cluster.sh cut    NAME K | heal NAME K    take node K's link down / up (processes untouched)
+#   ci/netns-cluster.sh cut    NAME K | heal NAME K    take node K's link down / up (processes untouched; a cut
+#                                                      longer than tbon.lost_timeout gets K declared lost, and a
+#                                                      lost broker exits: heal does not bring it back)
 #   ci/netns-cluster.sh pids   NAME K                  processes of node K
 #   ci/netns-cluster.sh down   NAME                    kill everything and remove namespaces, links and files
 #
@@ -24,7 +26,7 @@ if [ -z "${VIGIL:-}" ]; then
     [ -n "$VIGIL" ] || { [ -x "$root/target/release/vigil" ] && VIGIL=$root/target/release/vigil; } || VIGIL=$root/target/debug/vigil
 fi
 cmd=${1:-}; name=${2:-}
-[ -n "$cmd" ] && [ -n "$name" ] || { sed -n '2,17p' "$0"; exit 2; }
+[ -n "$cmd" ] && [ -n "$name" ] || { sed -n '2,19p' "$0"; exit 2; }
 [ ${#name} -le 6 ] || { echo "netns-cluster: NAME must be at most 6 characters" >&2; exit 2; }
 dir=${VIGIL_NETNS_DIR:-/tmp}/vigil-netns-$name
 hub=vn-$name-hub
@@ -129,5 +131,5 @@ down)
     for k in $(ip netns list | awk -v p="vn-$name-n" 'index($1, p) == 1 { print $1 }'); do ip netns del "$k" 2>/dev/null || true; done
     rm -rf "$dir"
     ;;
-*) sed -n '2,17p' "$0"; exit 2 ;;
+*) sed -n '2,19p' "$0"; exit 2 ;;
 esac

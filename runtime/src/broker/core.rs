@@ -1182,7 +1182,14 @@ impl Core {
                     self.respond_error(
                         &msg,
                         errno::EHOSTUNREACH,
-                        &format!("rank {} is unreachable (rank {c} is not connected)", msg.nodeid),
+                        &if msg.nodeid == c {
+                            format!("rank {c} is not connected (lost, or not up yet)")
+                        } else {
+                            format!(
+                                "rank {} is unreachable: its route goes through rank {c}, which is not connected",
+                                msg.nodeid
+                            )
+                        },
                     );
                 }
             }

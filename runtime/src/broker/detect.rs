@@ -1656,6 +1656,8 @@ mod tests {
             assert!(e.contains("broker.xdp_mode") && e.contains("expected auto, native or generic"), "{bad}: {e}");
             assert!(crate::cli::start::check_attrs(&a(bad)).is_err(), "{bad}");
         }
+        let ro = std::collections::BTreeMap::from([("rank".to_string(), "5".to_string())]);
+        assert!(crate::cli::start::check_attrs(&ro).unwrap_err().contains("'rank' is read-only"));
     }
 
     #[test]

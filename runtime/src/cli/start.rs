@@ -161,8 +161,28 @@ const KNOWN_ATTRS: &[&str] = &[
     "parent-uri",
 ];
 
+/// Attributes `vigil lsattr` shows that the broker sets itself: refused on the command line as read-only.
+const READ_ONLY_ATTRS: &[&str] = &[
+    "rank",
+    "size",
+    "hostname",
+    "tbon.level",
+    "tbon.maxlevel",
+    "tbon.transport-active",
+    "tbon.endpoint",
+    "tbon.parent-endpoint",
+    "local-uri",
+    "instance-id",
+    "broker.pid",
+    "broker.starttime",
+    "resource.source",
+];
+
 pub(crate) fn check_attrs(attrs: &BTreeMap<String, String>) -> Result<(), String> {
     for k in attrs.keys() {
+        if READ_ONLY_ATTRS.contains(&k.as_str()) {
+            return Err(format!("attribute '{k}' is read-only: the broker sets it (see `vigil lsattr`)"));
+        }
         if !KNOWN_ATTRS.contains(&k.as_str()) {
             return Err(format!("unknown attribute '{k}' (known: {})", KNOWN_ATTRS.join(", ")));
         }
