@@ -1646,7 +1646,7 @@ mod tests {
     }
 
     #[test]
-    fn xdp_mode_attribute() {
+    fn attribute_checks_xdp_mode_read_only_and_conflicts() {
         let a = |v: &str| std::collections::BTreeMap::from([("broker.xdp_mode".to_string(), v.to_string())]);
         assert_eq!(xdp_attach(&Default::default()), Ok(XdpAttach::Auto));
         assert_eq!(xdp_attach(&a("native")), Ok(XdpAttach::Native));
@@ -1656,6 +1656,14 @@ mod tests {
             assert!(e.contains("broker.xdp_mode") && e.contains("expected auto, native or generic"), "{bad}: {e}");
             assert!(crate::cli::start::check_attrs(&a(bad)).is_err(), "{bad}");
         }
+        let both = |t: &str, f: &str| {
+            std::collections::BTreeMap::from([
+                ("tbon.topo".to_string(), t.into()),
+                ("tbon.fanout".to_string(), f.into()),
+            ])
+        };
+        assert!(crate::cli::start::check_attrs(&both("kary:2", "3")).unwrap_err().contains("disagree"));
+        assert!(crate::cli::start::check_attrs(&both("kary:3", "3")).is_ok());
         let ro = std::collections::BTreeMap::from([("rank".to_string(), "5".to_string())]);
         assert!(crate::cli::start::check_attrs(&ro).unwrap_err().contains("'rank' is read-only"));
     }

@@ -103,7 +103,16 @@ fn hostname() -> String {
 /// Topology from `tbon.topo` or the `tbon.fanout` shorthand.
 pub(crate) fn topology_from_attrs(attrs: &BTreeMap<String, String>) -> Result<Topology, String> {
     match (attrs.get("tbon.topo"), attrs.get("tbon.fanout")) {
-        (Some(t), _) => t.parse().map_err(|e: crate::topology::TopologyParseError| e.to_string()),
+        (Some(t), Some(f)) => {
+            let topo: Topology = t.parse().map_err(|e: crate::topology::TopologyParseError| e.to_string())?;
+            match f.parse::<u32>() {
+                Ok(k) if Topology::Kary(k) == topo => Ok(topo),
+                _ => Err(format!(
+                    "tbon.topo={t} and tbon.fanout={f} disagree: set one of them (tbon.fanout=K is tbon.topo=kary:K)"
+                )),
+            }
+        }
+        (Some(t), None) => t.parse().map_err(|e: crate::topology::TopologyParseError| e.to_string()),
         (None, Some(f)) => {
             f.parse::<u32>().map(Topology::Kary).map_err(|_| format!("invalid tbon.fanout '{f}': expected a number"))
         }
