@@ -12,6 +12,16 @@
 //! - I/O around the core: [`broker`] (overlay transport, local connector, services), [`client`], [`cli`];
 //! - the broker ↔ job shell contract: [`shellproto`].
 
+/// Shadows std's `eprintln!` in this crate: same output, but a failed write (standard error a closed pipe, as with
+/// `vigil start ... 2>&1 | head`, or a log collector gone) is ignored. std's version panics then, and a broker
+/// must not die, taking its instance down, for want of somewhere to print.
+macro_rules! eprintln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 /// Implements `FromStr`, `Serialize` and `Deserialize` for a type whose canonical form is a string: parsing with
 /// `$ty::parse` and printing with its `Display` (idsets, hostlists).
 macro_rules! string_form {

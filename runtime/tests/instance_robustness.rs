@@ -282,3 +282,29 @@ fn overlay_hello_claiming_a_live_child_does_not_displace_it() {
     drop(s);
     assert_healthy(&inst);
 }
+
+/// A closed standard error (`vigil start ... 2>&1 | head`, a log collector gone) loses the log, not the instance:
+/// rank 2's broker is killed, the others log it (info level: several lines each), and the instance goes on.
+#[test]
+fn a_closed_stderr_does_not_take_the_instance_down() {
+    let dir = tempdir();
+    let done = dir.path().join("done");
+    let script = format!(
+        "kill -9 $(vigil getattr -r 2 broker.pid); sleep 1; vigil overlay status > /dev/null && touch {}",
+        done.display()
+    );
+    let mut cmd = vigil_cmd(dir.path());
+    cmd.args(["start", "--test-size=3", "-S", "log-level=info", "sh", "-c", &script])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("vigil start");
+    drop(child.stderr.take()); // the reading end is closed: every write to stderr fails with EPIPE
+    let ok = wait_for(Duration::from_secs(60), || child.try_wait().ok().flatten().is_some());
+    if !ok {
+        let _ = child.kill();
+    }
+    let st = child.wait().expect("wait");
+    assert!(ok, "vigil start did not finish");
+    assert_eq!(st.code(), Some(0), "{st:?}");
+    assert!(done.exists(), "the initial program ran to its end");
+}

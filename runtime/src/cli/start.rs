@@ -82,6 +82,21 @@ where
     }
 }
 
+/// The broker's log destination: standard error, where a failed write (a closed pipe: `vigil start ... | head`,
+/// a log collector gone) is dropped, never fatal. Logging must not take a broker, and with it an instance, down.
+struct LossyStderr;
+
+impl std::io::Write for LossyStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = std::io::stderr().write_all(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
+    }
+}
+
 fn init_logging(attrs: &BTreeMap<String, String>, rank: u32) {
     let level =
         attrs.get("log-level").cloned().or_else(|| std::env::var("VIGIL_LOG").ok()).unwrap_or_else(|| "warn".into());
@@ -89,7 +104,8 @@ fn init_logging(attrs: &BTreeMap<String, String>, rank: u32) {
         tracing_subscriber::EnvFilter::try_new(&level).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(|| LossyStderr)
+        .log_internal_errors(false)
         .with_ansi(false)
         .event_format(BrokerFormat { rank })
         .try_init();
