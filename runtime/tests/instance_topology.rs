@@ -172,6 +172,14 @@ fn size16_fanout3_shorthand() {
         assert_eq!(row["parent"].as_u64().map(|p| p as u32), expected_parent("kary:3", r), "{row}");
         assert_eq!(row["state"].as_str(), Some("online"), "{row}");
     }
+    // Documented attributes read back with their values, defaults included.
+    for (attr, want) in
+        [("tbon.fanout", "3"), ("tbon.topo", "kary:3"), ("exec.kill-timeout", "5s"), ("log-level", "warn")]
+    {
+        let g = inst.vigil(&["getattr", attr]);
+        g.ok();
+        assert_eq!(g.stdout.trim(), want, "{attr}: {}", g.dump());
+    }
 }
 
 #[test]
