@@ -359,3 +359,11 @@ fn overlay_round_trips_timed_by_the_broker() {
         assert_ne!(o.code, 0, "{:?} should be refused: {}", a, o.dump());
     }
 }
+
+#[test]
+fn ping_to_a_lost_rank_says_it_is_lost_and_why() {
+    let script = "kill -9 $(vigil getattr -r 2 broker.pid); sleep 1; vigil ping 2; echo rc=$?";
+    let (o, _d) = start_and_run(3, &[], &["sh", "-c", script], Duration::from_secs(30));
+    assert!(o.stdout.contains("rc=1"), "{}", o.dump());
+    assert!(o.stderr.contains("rank 2 is not connected (rank 2 is lost: "), "{}", o.dump());
+}

@@ -1183,7 +1183,7 @@ impl Core {
                         &msg,
                         errno::EHOSTUNREACH,
                         &if msg.nodeid == c {
-                            format!("rank {c} is not connected (lost, or not up yet)")
+                            format!("rank {c} is not connected")
                         } else {
                             format!(
                                 "rank {} is unreachable: its route goes through rank {c}, which is not connected",

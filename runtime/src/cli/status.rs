@@ -467,7 +467,14 @@ async fn rpc_within(
             }
         }
     };
-    r.map_err(|e| format!("rank {rank}: {}", e.errstr))
+    match r {
+        Ok(v) => Ok(v),
+        // Not connected: say what rank 0 knows of it (lost and why, or not up yet).
+        Err(e) if e.errnum == crate::message::errno::EHOSTUNREACH => {
+            Err(format!("rank {rank}: {}{}", e.errstr, rank_state_hint(c, rank).await))
+        }
+        Err(e) => Err(format!("rank {rank}: {}", e.errstr)),
+    }
 }
 
 /// `vigil ping`.
