@@ -233,6 +233,8 @@ pub(crate) struct Detectors {
     clock: Arc<HeartbeatClock>,
     table: Option<Arc<HbTable>>,
     _xdp: Option<XdpResponder>,
+    /// `broker.xdp_mode` as asked (a shared program keeps its owner's mode).
+    xdp_how: XdpAttach,
     _user: Option<UserspaceResponder>,
     exit_tx: Option<mpsc::UnboundedSender<ExitCmd>>,
     tcp_tx: Option<mpsc::UnboundedSender<TcpCmd>>,
@@ -314,6 +316,7 @@ impl Detectors {
             clock,
             table: None,
             _xdp: None,
+            xdp_how,
             _user: Some(user),
             exit_tx: None,
             tcp_tx: None,
@@ -384,9 +387,15 @@ impl Detectors {
             }
             Err(why) => match l.shared_table {
                 Some(t) => {
+                    let mode_note = match self.xdp_how {
+                        XdpAttach::Auto => String::new(),
+                        XdpAttach::Native => "; broker.xdp_mode=native not applied: the owner's mode holds".into(),
+                        XdpAttach::Generic => "; broker.xdp_mode=generic not applied: the owner's mode holds".into(),
+                    };
                     self.status.responder = if self.owner {
-                        "xdp (shared: another broker of this machine owns the program)".into()
+                        format!("xdp (shared: another broker of this machine owns the program{mode_note})")
                     } else {
+                        // Same attributes as the detector rank (a test instance): its mode is the one asked.
                         "xdp (shared with this machine's detector rank)".into()
                     };
                     Some(t)
