@@ -147,13 +147,18 @@ fn cancel_kills_the_job_and_records_it() {
     assert_eq!(row.split_whitespace().nth(3), Some("CA"), "{row}");
 }
 
-#[test]
-fn cancel_a_pending_job() {
-    let inst = Instance::start(2, &[]);
-    // Fill all 4 cores, then a pending job.
+/// Fill all 4 cores of a 2-broker instance with one running job: (its id, the marker in its `sleep` argument).
+fn fill_the_cores(inst: &Instance) -> (String, String) {
     let marker = format!("100.{}", unique_token());
     let hog = inst.submit(&["-N2", "-n4", "sleep", &marker]);
     assert!(inst.wait_state(&hog, "RUN", Duration::from_secs(10)));
+    (hog, marker)
+}
+
+#[test]
+fn cancel_a_pending_job() {
+    let inst = Instance::start(2, &[]);
+    let (hog, marker) = fill_the_cores(&inst);
     let pending = inst.submit(&["true"]);
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(inst.state(&pending), "SCHED");
@@ -170,9 +175,7 @@ fn cancel_a_pending_job() {
 #[test]
 fn vigil_run_says_why_its_job_is_pending() {
     let inst = Instance::start(2, &[]);
-    let marker = format!("100.{}", unique_token());
-    let hog = inst.submit(&["-N2", "-n4", "sleep", &marker]);
-    assert!(inst.wait_state(&hog, "RUN", Duration::from_secs(10)));
+    let (hog, _marker) = fill_the_cores(&inst);
     let run = inst.vigil_spawn(&["run", "echo", "ran"]);
     // Past the 2 s after which `vigil run` reports a job still pending; then free the cores.
     std::thread::sleep(Duration::from_secs(3));
