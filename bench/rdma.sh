@@ -20,7 +20,10 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 REL=$ROOT/target/release
 OUT=${OUT:-/mnt/out}
+# Devices, their addresses and GID indexes: the VM's by default; on a machine with real HCAs set RDMA_DEV0/1 and
+# RXE_A0/1, RXE_G0/1 (perftest and vigil-rdma run between device 0 and device 1).
 A0=${RXE_A0:-10.200.0.1} A1=${RXE_A1:-10.200.0.2} G0=${RXE_G0:-1} G1=${RXE_G1:-1}
+D0=${RDMA_DEV0:-rxe0} D1=${RDMA_DEV1:-rxe1}
 export PATH=$REL:$PATH
 T=$(mktemp -d /tmp/vigil-rdma-bench.XXXXXX)
 N=1000
@@ -32,35 +35,35 @@ med() { sort -n | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]; else prin
 
 # An untimed warm-up first: in a freshly booted VM the first seconds of round trips run ~1.5-2.5x slower
 # (seen in every session: 32-58 µs one way, then 19-21 µs), which would skew the ratios below.
-timeout 60 ib_send_lat -d rxe1 -x "$G1" -F -D 10 >/dev/null 2>&1 &
+timeout 60 ib_send_lat -d "$D1" -x "$G1" -F -D 10 >/dev/null 2>&1 &
 sleep 1
-timeout 60 ib_send_lat -d rxe0 -x "$G0" -F -D 10 "$A1" >/dev/null 2>&1
+timeout 60 ib_send_lat -d "$D0" -x "$G0" -F -D 10 "$A1" >/dev/null 2>&1
 wait
 # perftest (server on rxe1, client on rxe0). ib_send_lat reports the one-way latency (half the round trip).
-timeout 120 ib_send_lat -d rxe1 -x "$G1" -F -n $N >"$T/lat.s" 2>&1 &
+timeout 120 ib_send_lat -d "$D1" -x "$G1" -F -n $N >"$T/lat.s" 2>&1 &
 sleep 1
-timeout 120 ib_send_lat -d rxe0 -x "$G0" -F -n $N "$A1" >"$T/lat.c" 2>&1
+timeout 120 ib_send_lat -d "$D0" -x "$G0" -F -n $N "$A1" >"$T/lat.c" 2>&1
 wait
 cat "$T/lat.c"
 LAT=$(awk '/t_typical/{h=1; next} h && $1 ~ /^[0-9]+$/ {print $5; exit}' "$T/lat.c")
 # The same at the overlay ping's size: rxe's per-byte work (copy, ICRC) is not free under emulation.
-timeout 120 ib_send_lat -d rxe1 -x "$G1" -F -n $N -s "$PING_BYTES" >"$T/lats.s" 2>&1 &
+timeout 120 ib_send_lat -d "$D1" -x "$G1" -F -n $N -s "$PING_BYTES" >"$T/lats.s" 2>&1 &
 sleep 1
-timeout 120 ib_send_lat -d rxe0 -x "$G0" -F -n $N -s "$PING_BYTES" "$A1" >"$T/lats.c" 2>&1
+timeout 120 ib_send_lat -d "$D0" -x "$G0" -F -n $N -s "$PING_BYTES" "$A1" >"$T/lats.c" 2>&1
 wait
 cat "$T/lats.c"
 LATS=$(awk '/t_typical/{h=1; next} h && $1 ~ /^[0-9]+$/ {print $5; exit}' "$T/lats.c")
 # The same with completion events (-e): both ends sleep on their completion channel, as the event-driven overlay
 # does; the floor for that mode.
-timeout 120 ib_send_lat -e -d rxe1 -x "$G1" -F -n $N >"$T/late.s" 2>&1 &
+timeout 120 ib_send_lat -e -d "$D1" -x "$G1" -F -n $N >"$T/late.s" 2>&1 &
 sleep 1
-timeout 120 ib_send_lat -e -d rxe0 -x "$G0" -F -n $N "$A1" >"$T/late.c" 2>&1
+timeout 120 ib_send_lat -e -d "$D0" -x "$G0" -F -n $N "$A1" >"$T/late.c" 2>&1
 wait
 cat "$T/late.c"
 LATE=$(awk '/t_typical/{h=1; next} h && $1 ~ /^[0-9]+$/ {print $5; exit}' "$T/late.c")
-timeout 120 ib_send_bw -d rxe1 -x "$G1" -F -n 2000 >"$T/bw.s" 2>&1 &
+timeout 120 ib_send_bw -d "$D1" -x "$G1" -F -n 2000 >"$T/bw.s" 2>&1 &
 sleep 1
-timeout 120 ib_send_bw -d rxe0 -x "$G0" -F -n 2000 "$A1" >"$T/bw.c" 2>&1
+timeout 120 ib_send_bw -d "$D0" -x "$G0" -F -n 2000 "$A1" >"$T/bw.c" 2>&1
 wait
 cat "$T/bw.c"
 BW=$(awk '/BW average/{h=1; next} h && $1 ~ /^[0-9]+$/ {print $4; exit}' "$T/bw.c")
@@ -125,6 +128,9 @@ if [ -f "$ROOT/target/rdma-tests/bins.env" ]; then
         DET+=("$d")
     done
 fi
+if [ ${#DET[@]} -eq 0 ]; then
+    echo "rdma.sh: peer loss detection not measured: no verbs test binary (run ci/rdma-tests.sh once to build it)" >&2
+fi
 DETMED=$(printf '%s\n' "${DET[@]}" | med)
 
 us() { awk -v v="$1" 'BEGIN { printf "%.1f", v * 1000 }'; }
@@ -136,7 +142,7 @@ LATE_RTT=$(awk -v l="$LATE" 'BEGIN { printf "%.1f", 2 * l }')
 cat >"$OUT/rdma.md" <<EOF
 # RDMA overlay benchmark (soft-RoCE in the rxe-vm, TCG emulation, one run)
 
-Kernel $(uname -r), rxe0 on veth0 ($A0) and rxe1 on veth1 ($A1), same veth pair for RDMA and TCP.
+Kernel $(uname -r), $D0 ($A0) and $D1 ($A1), the same link for RDMA and TCP.
 Emulated: absolute numbers are noisy; compare ratios within this run. Medians over $N round trips.
 
 | measurement | median | ratio |
