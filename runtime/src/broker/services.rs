@@ -282,8 +282,7 @@ fn attrs(core: &Core) -> std::collections::BTreeMap<String, String> {
         a.insert("tbon.fanout".into(), k.to_string());
     }
     a.entry("exec.kill-timeout".into()).or_insert_with(|| format!("{}s", crate::jobs::DEFAULT_KILL_TIMEOUT));
-    a.entry("log-level".into())
-        .or_insert_with(|| std::env::var("VIGIL_LOG").ok().filter(|l| !l.is_empty()).unwrap_or_else(|| "warn".into()));
+    a.insert("log-level".into(), crate::cli::log_level(&o.attrs));
     a.insert("tbon.level".into(), o.topo.level(o.size, o.rank).to_string());
     a.insert("tbon.maxlevel".into(), o.topo.depth(o.size).saturating_sub(1).to_string());
     a.entry("tbon.transport".into()).or_insert_with(|| "auto".into());

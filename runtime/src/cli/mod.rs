@@ -6,7 +6,8 @@
 
 mod jobcmd;
 mod nested;
-pub(crate) mod start;
+mod start;
+pub(crate) use start::log_level;
 mod status;
 
 use clap::{Parser, Subcommand};

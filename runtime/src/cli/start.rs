@@ -97,9 +97,13 @@ impl std::io::Write for LossyStderr {
     }
 }
 
+/// The broker's log level: `log-level`, else `$VIGIL_LOG`, else `warn` (an `EnvFilter` directive string).
+pub(crate) fn log_level(attrs: &BTreeMap<String, String>) -> String {
+    attrs.get("log-level").cloned().or_else(|| std::env::var("VIGIL_LOG").ok()).unwrap_or_else(|| "warn".into())
+}
+
 fn init_logging(attrs: &BTreeMap<String, String>, rank: u32) {
-    let level =
-        attrs.get("log-level").cloned().or_else(|| std::env::var("VIGIL_LOG").ok()).unwrap_or_else(|| "warn".into());
+    let level = log_level(attrs);
     let filter =
         tracing_subscriber::EnvFilter::try_new(&level).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt()
@@ -722,4 +726,24 @@ async fn pmi_bootstrap(a: &BrokerArgs, mut attrs: BTreeMap<String, String>) -> R
         parent_uri,
         attrs,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attrs(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+        kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn check_attrs_refuses_bad_xdp_mode_read_only_and_conflicting_topology() {
+        for bad in ["driver", "skb", "", "Native"] {
+            assert!(check_attrs(&attrs(&[("broker.xdp_mode", bad)])).is_err(), "{bad}");
+        }
+        let e = check_attrs(&attrs(&[("tbon.topo", "kary:2"), ("tbon.fanout", "3")])).unwrap_err();
+        assert!(e.contains("disagree"), "{e}");
+        assert!(check_attrs(&attrs(&[("tbon.topo", "kary:3"), ("tbon.fanout", "3")])).is_ok());
+        assert!(check_attrs(&attrs(&[("rank", "5")])).unwrap_err().contains("'rank' is read-only"));
+    }
 }
