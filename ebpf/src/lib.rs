@@ -48,4 +48,4 @@ pub use probe::{FLAG_ALIVE, FLAG_UNKNOWN, HeartbeatClock, PROBE_LEN, Probe, Prob
 pub use replies::{ReplyArea, SLOT_BLOCK, SLOTS};
 pub use sys::{interface_for_addr, monotonic_ns};
 pub use tcp::{TcpEvent, TcpEventKind, TcpTuple, TcpWatcher};
-pub use xdp::{HbState, HbTable, XdpAttach, XdpResponder, sweep_stale_pins};
+pub use xdp::{HbState, HbTable, LINK_PREFIX, Release, TABLE_PREFIX, XdpAttach, XdpResponder, sweep_stale_pins};

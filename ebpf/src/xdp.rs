@@ -5,6 +5,11 @@
 //! heartbeat). Several brokers on one machine (a test instance) share one responder: its owner pins the
 //! table on bpffs ([`XdpResponder::pin_table`]) and the others open it ([`HbTable::open_pinned`]).
 //!
+//! The program outlives its owner's clean exit while other brokers use it: the owner pins its XDP link
+//! ([`XdpResponder::release`]) and the last broker out removes the pin ([`sweep_stale_pins`]). A node's kernel
+//! keeps answering for a nested instance's broker after the broker that loaded the program (another instance's)
+//! is gone, so a stalled broker there is still seen as torpid, not lost.
+//!
 //! The same program collects, on a parent's node, the replies to that parent's probes ([`HbTable::replies`],
 //! [`ReplyArea`](crate::ReplyArea)): the prober reads its children's replies from shared memory, and answers
 //! to group probes (one IP multicast datagram per period for all children, [`crate::ProbeKind::Group`]) come
@@ -22,7 +27,11 @@ use std::{path::Path, sync::Mutex};
 use aya::{
     Ebpf, EbpfLoader, Pod,
     maps::{HashMap, Map, MapData, MapError},
-    programs::{Xdp, XdpMode},
+    programs::{
+        Xdp, XdpMode,
+        links::{FdLink, PinnedLink},
+        xdp::XdpLink,
+    },
 };
 
 use crate::{
@@ -89,6 +98,44 @@ impl HbTable {
         Self::from_map_data(MapData::from_pin(path).map_err(map_err("RESPONDERS"))?, replies)
     }
 
+    /// Pins this table (and its reply array, if it has one) at `path` on bpffs, mounted on `/sys/fs/bpf` if needed,
+    /// replacing a stale pin there. Returns the paths pinned, for the caller to remove when it is done.
+    ///
+    /// # Errors
+    /// [`EbpfError::Io`] if bpffs cannot be mounted or the kernel refuses the pin.
+    pub fn pin(&self, path: &Path) -> Result<Vec<std::path::PathBuf>, EbpfError> {
+        sys::ensure_bpffs()?;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let _ = std::fs::remove_file(path);
+        let mut done = Vec::new();
+        let m = self.lock();
+        aya::maps::IterableMap::map(&*m).pin(path).map_err(pin_err)?;
+        done.push(path.to_owned());
+        drop(m);
+        if let Some(r) = &self.replies {
+            let (rp, cp) = (side_pin(path, "results"), side_pin(path, "claims"));
+            let _ = std::fs::remove_file(&rp);
+            let _ = std::fs::remove_file(&cp);
+            if let Err(e) = r.pin(&rp, &cp) {
+                for p in &done {
+                    let _ = std::fs::remove_file(p);
+                }
+                return Err(pin_err(e));
+            }
+            done.push(rp);
+            done.push(cp);
+        }
+        Ok(done)
+    }
+
+    /// Brokers registered here that are alive: marked alive and with a process of that id (`kill(pid, 0)`),
+    /// other than process `except`.
+    pub fn live_brokers(&self, except: u32) -> usize {
+        self.entries().iter().filter(|(_, s)| s.pid != except && s.alive == 1 && sys::process_exists(s.pid)).count()
+    }
+
     /// This node's reply array, where the kernel collects the replies to a prober's probes (`None`: the
     /// program predates it, or mapping it failed).
     pub fn replies(&self) -> Option<std::sync::Arc<crate::ReplyArea>> {
@@ -150,7 +197,11 @@ pub struct XdpResponder {
     interface: String,
     mode: &'static str,
     pinned: Vec<std::path::PathBuf>,
-    // Owns the program and its link; dropping detaches.
+    /// The attachment until pinned; dropping it detaches.
+    link: Option<XdpLink>,
+    /// The attachment once pinned ([`XdpResponder::pin_link`]).
+    pinned_link: Option<PinnedLink>,
+    // Owns the program.
     _bpf: Ebpf,
 }
 
@@ -208,21 +259,17 @@ impl XdpResponder {
             bpf.program_mut(name).ok_or(EbpfError::Missing(name))?.try_into().map_err(prog_err(name))?;
         prog.load().map_err(prog_err(name))?;
         let physical = Path::new("/sys/class/net").join(interface).join("device").exists();
-        let mode = if how == XdpAttach::Native {
-            prog.attach(interface, XdpMode::Driver).map_err(prog_err(name))?;
-            "native"
+        let (id, mode) = if how == XdpAttach::Native {
+            (prog.attach(interface, XdpMode::Driver).map_err(prog_err(name))?, "native")
         } else if physical && how == XdpAttach::Auto {
             match prog.attach(interface, XdpMode::Driver) {
-                Ok(_) => "native",
-                Err(_) => {
-                    prog.attach(interface, XdpMode::Skb).map_err(prog_err(name))?;
-                    "generic"
-                }
+                Ok(id) => (id, "native"),
+                Err(_) => (prog.attach(interface, XdpMode::Skb).map_err(prog_err(name))?, "generic"),
             }
         } else {
-            prog.attach(interface, XdpMode::Skb).map_err(prog_err(name))?;
-            "generic"
+            (prog.attach(interface, XdpMode::Skb).map_err(prog_err(name))?, "generic")
         };
+        let link = prog.take_link(id).map_err(prog_err(name))?;
         let data = bpf.take_map("RESPONDERS").ok_or(EbpfError::Missing("RESPONDERS"))?;
         let table = HashMap::try_from(data).map_err(map_err("RESPONDERS"))?;
         let results = bpf.take_map("RESULTS").ok_or(EbpfError::Missing("RESULTS"))?;
@@ -233,6 +280,8 @@ impl XdpResponder {
             interface: interface.to_owned(),
             mode,
             pinned: Vec::new(),
+            link: Some(link),
+            pinned_link: None,
             _bpf: bpf,
         })
     }
@@ -261,27 +310,82 @@ impl XdpResponder {
             std::fs::create_dir_all(dir)?;
         }
         let _ = std::fs::remove_file(path);
-        let pin_err = |e: aya::pin::PinError| EbpfError::Io(std::io::Error::other(e.to_string()));
-        let m = self.table.lock();
-        aya::maps::IterableMap::map(&*m).pin(path).map_err(pin_err)?;
-        self.pinned.push(path.to_owned());
-        drop(m);
-        if let Some(r) = &self.table.replies {
-            let (rp, cp) = (side_pin(path, "results"), side_pin(path, "claims"));
-            let _ = std::fs::remove_file(&rp);
-            let _ = std::fs::remove_file(&cp);
-            r.pin(&rp, &cp).map_err(pin_err)?;
-            self.pinned.push(rp);
-            self.pinned.push(cp);
-        }
+        let done = self.table.pin(path)?;
+        self.pinned.extend(done);
         Ok(())
+    }
+
+    /// Pins the program's XDP link at `path` (on bpffs), replacing a stale pin there: the program then stays
+    /// attached after this responder is gone, until the pin is removed.
+    fn pin_link(&mut self, path: &Path) -> Result<(), String> {
+        let link = self.link.take().ok_or("the link is already pinned")?;
+        let fd = FdLink::try_from(link)
+            .map_err(|e| format!("the XDP attachment is not a BPF link (a kernel before 5.9?): {e}"))?;
+        let _ = std::fs::remove_file(path);
+        // On an error the link's fd is gone: the program is detached already.
+        self.pinned_link = Some(fd.pin(path).map_err(|e| format!("pinning the XDP link at {}: {e}", path.display()))?);
+        Ok(())
+    }
+
+    /// Clean exit of the owner, after it left the table. If other live brokers are registered in the table
+    /// ([`HbTable::live_brokers`], a nested instance's), the program's link is pinned at `link_pin` (on bpffs,
+    /// named [`LINK_PREFIX`] + the name of the table's pin after [`TABLE_PREFIX`], for [`sweep_stale_pins`]) and
+    /// the program and the table's pins stay for them: the last of them to leave removes the pins. Otherwise the
+    /// program is detached and the pins removed.
+    ///
+    /// A killed owner's program is detached at once, as before this existed: a process that can no longer mark
+    /// itself dead must not leave a kernel answering "alive" for it.
+    pub fn release(mut self, link_pin: &Path) -> Release {
+        let me = std::process::id();
+        if self.table.live_brokers(me) == 0 {
+            return Release::Detached;
+        }
+        if let Err(e) = self.pin_link(link_pin) {
+            return Release::NotKept(e);
+        }
+        // Counted again once pinned: a broker that left in between found no pin to remove, so judge for it.
+        let others = self.table.live_brokers(me);
+        if others == 0 {
+            return Release::Detached; // Drop removes the pin
+        }
+        self.pinned.clear();
+        self.pinned_link = None; // closes our fd; the pin holds the link
+        Release::Kept(others)
     }
 }
 
-/// Removes the responder tables pinned under `dir` (and their `-results` / `-claims` side maps) that no loaded
-/// BPF program uses any more: those of brokers killed outright (SIGKILL, OOM), whose `Drop` never ran. A pin holds
-/// its map in kernel memory (the reply array alone is 3 MiB) until it is unlinked. A table in use is referenced by
-/// its XDP program, which lives as long as its owner. Returns the paths removed; a missing `dir` is not an error.
+/// Name prefix of a responder table pinned under the pin directory given to [`sweep_stale_pins`].
+pub const TABLE_PREFIX: &str = "hb-";
+/// Name prefix of an XDP link pinned there: `link-NAME` keeps attached the program of the table `hb-NAME`.
+pub const LINK_PREFIX: &str = "link-";
+
+/// What [`XdpResponder::release`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Release {
+    /// No other broker uses the program: it is detached and its pins removed.
+    Detached,
+    /// The program stays attached for this many other brokers; the last one out removes its pins.
+    Kept(usize),
+    /// Other brokers use the program, but it could not be kept for them (why): it is detached.
+    NotKept(String),
+}
+
+fn pin_err(e: aya::pin::PinError) -> EbpfError {
+    EbpfError::Io(std::io::Error::other(e.to_string()))
+}
+
+/// Removes the pins under `dir` that nothing uses any more, and returns their paths (a missing `dir` is not an
+/// error):
+/// * XDP links pinned by [`XdpResponder::release`] (named `link-NAME`, for the table pinned at `hb-NAME`) whose
+///   table has no live broker left
+///   ([`HbTable::live_brokers`]): the program is detached once its owner's fd is closed too (the owner has exited,
+///   or is calling [`XdpResponder::release`]);
+/// * responder tables (and their `-results` / `-claims` side maps) that no loaded BPF program uses: those of
+///   brokers killed outright (SIGKILL, OOM), whose `Drop` never ran, and those of links removed here. A pin holds
+///   its map in kernel memory (the reply array alone is 3 MiB) until it is unlinked.
+///
+/// Brokers call it when they start and when they leave a table they share. Liveness is judged by process id, so
+/// the brokers sharing a program must be in one pid namespace.
 ///
 /// # Errors
 /// [`EbpfError`] if the loaded programs cannot be listed (no `CAP_SYS_ADMIN`/`CAP_BPF`): nothing is removed then.
@@ -295,13 +399,34 @@ pub fn sweep_stale_pins(dir: &Path) -> Result<Vec<std::path::PathBuf>, EbpfError
         }
     }
     let names: Vec<std::path::PathBuf> = entries.flatten().map(|e| e.path()).collect();
-    let is_side = |p: &Path| {
-        p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.ends_with("-results") || n.ends_with("-claims"))
+    let ends = |p: &Path, tails: &[&str]| {
+        p.file_name().and_then(|n| n.to_str()).is_some_and(|n| tails.iter().any(|t| n.ends_with(t)))
     };
+    let is_side = |p: &Path| ends(p, &["-results", "-claims"]);
+    let link_of = |p: &Path| {
+        let n = p.file_name().and_then(|n| n.to_str())?;
+        n.strip_prefix(LINK_PREFIX).map(|rest| dir.join(format!("{TABLE_PREFIX}{rest}")))
+    };
+    let is_link = |p: &Path| link_of(p).is_some();
     let mut removed = Vec::new();
-    for base in names.iter().filter(|p| !is_side(p)) {
+    // Links first: the tables of the links removed are unused from now on, whatever the program list said.
+    let mut orphaned = std::collections::HashSet::new();
+    for (link, base) in names.iter().filter_map(|p| Some((p, link_of(p)?))) {
+        let base = base.as_path();
+        let live = match HbTable::open_pinned(base) {
+            Ok(t) => t.live_brokers(0) > 0,
+            Err(_) => false,
+        };
+        if !live && std::fs::remove_file(link).is_ok() {
+            removed.push(link.clone());
+            if let Ok(m) = aya::maps::MapInfo::from_pin(base) {
+                orphaned.insert(m.id());
+            }
+        }
+    }
+    for base in names.iter().filter(|p| !is_side(p) && !is_link(p)) {
         let stale = match aya::maps::MapInfo::from_pin(base) {
-            Ok(m) => !used.contains(&m.id()),
+            Ok(m) => !used.contains(&m.id()) || orphaned.contains(&m.id()),
             Err(_) => false, // not a map we can read: leave it
         };
         if stale {
@@ -325,6 +450,9 @@ pub fn sweep_stale_pins(dir: &Path) -> Result<Vec<std::path::PathBuf>, EbpfError
 
 impl Drop for XdpResponder {
     fn drop(&mut self) {
+        if let Some(l) = self.pinned_link.take() {
+            let _ = l.unpin(); // our fd closes right after: detached
+        }
         for p in self.pinned.drain(..) {
             let _ = std::fs::remove_file(p);
         }

@@ -275,3 +275,61 @@ fn stale_pins_of_killed_brokers_are_swept_and_live_ones_kept() {
     assert_eq!(removed, vec![dir.join("dead"), dir.join("dead-results")], "the dead broker's table and array");
     assert_eq!(left, vec!["live", "live-claims", "live-results"], "the live responder's pins stay");
 }
+
+/// The owner's clean exit while another broker is registered pins the link: the program keeps answering for
+/// that broker, and the sweep after it is gone removes the link (detaching the program) and the tables.
+#[test]
+fn a_pinned_link_keeps_the_program_while_another_broker_is_registered() {
+    let tag = std::process::id() % 100_000;
+    let a = format!("vx{tag}k");
+    let _ns = Netns(vec![a.clone()]);
+    ip(&format!("netns add {a}"));
+    ip(&format!("-n {a} link set lo up"));
+    let dir = std::path::PathBuf::from(format!("/sys/fs/bpf/vigil-test-link-{tag}"));
+    let d = dir.clone();
+    let (kept, answered_after_release, swept_while_live, swept, answered_after_sweep, alone) = in_ns(&a, move || {
+        let me = std::process::id();
+        let mut owner = XdpResponder::attach("lo").expect("attach on lo");
+        owner.pin_table(&d.join("hb-x")).expect("pin table");
+        owner.table().register(7300, me).unwrap();
+        // Another broker of the machine: a live process registered through the pinned table.
+        let mut other = Command::new("sleep").arg("30").spawn().expect("sleep");
+        let shared = HbTable::open_pinned(&d.join("hb-x")).expect("open pinned");
+        shared.register(7301, other.id()).unwrap();
+        // The owner leaves cleanly.
+        owner.table().unregister(7300).unwrap();
+        let kept = owner.release(&d.join("link-x"));
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+        let answered_after_release = probe(&s, "127.0.0.1:7301", 1).map(|p| p.kind);
+        let swept_while_live = vigil_ebpf::sweep_stale_pins(&d).expect("sweep");
+        // The other broker is killed: its entry stays, but no process has its id.
+        other.kill().unwrap();
+        other.wait().unwrap();
+        drop(shared);
+        let mut swept = vigil_ebpf::sweep_stale_pins(&d).expect("sweep");
+        swept.sort();
+        // The kernel frees the link in the background.
+        let mut answered_after_sweep = Some(ProbeKind::ReplyKernel);
+        for seq in 2..20 {
+            answered_after_sweep = probe(&s, "127.0.0.1:7301", seq).map(|p| p.kind);
+            if answered_after_sweep.is_none() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // An owner alone: released, it detaches and unpins.
+        let mut owner = XdpResponder::attach("lo").expect("attach again once detached");
+        owner.pin_table(&d.join("hb-y")).expect("pin table");
+        let alone = (owner.release(&d.join("link-y")), std::fs::read_dir(&d).map(|r| r.count()).unwrap_or(0));
+        (kept, answered_after_release, swept_while_live, swept, answered_after_sweep, alone)
+    });
+    let _ = std::fs::remove_dir(&dir);
+    assert_eq!(kept, vigil_ebpf::Release::Kept(1), "one live broker is registered besides the owner");
+    assert_eq!(answered_after_release, Some(ProbeKind::ReplyKernel), "the program outlives its owner");
+    assert!(swept_while_live.is_empty(), "nothing is stale while a broker uses the table: {swept_while_live:?}");
+    let names = ["hb-x", "hb-x-claims", "hb-x-results", "link-x"];
+    assert_eq!(swept, names.map(|n| dir.join(n)).to_vec(), "the last broker gone: link and tables");
+    assert_eq!(answered_after_sweep, None, "the program is detached once its link pin is removed");
+    assert_eq!(alone, (vigil_ebpf::Release::Detached, 0), "an owner alone detaches and removes its pins");
+}

@@ -168,7 +168,7 @@ pub(crate) fn table_pin_path(instance: &str) -> std::path::PathBuf {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     (instance, "vigil-hb").hash(&mut h);
-    std::path::PathBuf::from(format!("{PIN_DIR}/hb-{:016x}", h.finish()))
+    std::path::PathBuf::from(format!("{PIN_DIR}/{}{:016x}", vigil_ebpf::TABLE_PREFIX, h.finish()))
 }
 
 /// Where the XDP owner of `interface` (in this network namespace) pins its responder table for the other
@@ -176,7 +176,41 @@ pub(crate) fn table_pin_path(instance: &str) -> std::path::PathBuf {
 fn interface_pin_path(interface: &str) -> std::path::PathBuf {
     use std::os::unix::fs::MetadataExt;
     let ns = std::fs::metadata("/proc/self/ns/net").map(|m| m.ino()).unwrap_or(0);
-    std::path::PathBuf::from(format!("{PIN_DIR}/hb-ns{ns}-{interface}"))
+    std::path::PathBuf::from(format!("{PIN_DIR}/{}ns{ns}-{interface}", vigil_ebpf::TABLE_PREFIX))
+}
+
+/// Where the XDP owner of `interface` pins the program's link, so that the program keeps answering for the
+/// other brokers of the machine after the owner is gone (see [`vigil_ebpf::sweep_stale_pins`]).
+fn interface_link_path(interface: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let ns = std::fs::metadata("/proc/self/ns/net").map(|m| m.ino()).unwrap_or(0);
+    std::path::PathBuf::from(format!("{PIN_DIR}/{}ns{ns}-{interface}", vigil_ebpf::LINK_PREFIX))
+}
+
+/// Removes the responder pins of this machine that nothing uses any more, says so, and returns their paths.
+fn sweep_pins(when: &str) -> Vec<std::path::PathBuf> {
+    match vigil_ebpf::sweep_stale_pins(std::path::Path::new(PIN_DIR)) {
+        Ok(gone) => {
+            let links = gone
+                .iter()
+                .filter(|p| {
+                    p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(vigil_ebpf::LINK_PREFIX))
+                })
+                .count();
+            if !gone.is_empty() {
+                let note = if links > 0 { " (an XDP program detached: no broker of this machine uses it)" } else { "" };
+                tracing::info!(
+                    "{when}: removed {} responder pins nothing uses any more from {PIN_DIR}{note}",
+                    gone.len()
+                );
+            }
+            gone
+        }
+        Err(e) => {
+            tracing::debug!("stale pins in {PIN_DIR} not checked: {e}");
+            Vec::new()
+        }
+    }
 }
 
 /// Inputs the detectors send to the core loop.
@@ -199,6 +233,8 @@ pub(crate) struct Loaded {
     tcp: Result<TcpWatcher, String>,
     xdp: Result<XdpResponder, String>,
     shared_table: Option<Arc<HbTable>>,
+    /// Pins this broker made of a table it shares (for the other brokers of its test instance).
+    shared_pins: Vec<std::path::PathBuf>,
     /// `broker.detectors=ebpf` and this detector could not run on eBPF.
     pub(crate) required_failed: Option<String>,
 }
@@ -232,7 +268,9 @@ pub(crate) struct Detectors {
     pub probe_port: u16,
     clock: Arc<HeartbeatClock>,
     table: Option<Arc<HbTable>>,
-    _xdp: Option<XdpResponder>,
+    xdp: Option<XdpResponder>,
+    /// Pins this broker made of a table it shares, removed when it leaves.
+    shared_pins: Vec<std::path::PathBuf>,
     /// `broker.xdp_mode` as asked (a shared program keeps its owner's mode).
     xdp_how: XdpAttach,
     _user: Option<UserspaceResponder>,
@@ -315,7 +353,8 @@ impl Detectors {
             probe_port,
             clock,
             table: None,
-            _xdp: None,
+            xdp: None,
+            shared_pins: Vec::new(),
             xdp_how,
             _user: Some(user),
             exit_tx: None,
@@ -382,11 +421,12 @@ impl Detectors {
             Ok(x) => {
                 self.status.responder = format!("xdp ({} on {})", x.mode(), x.interface());
                 let t = x.table();
-                self._xdp = Some(x);
+                self.xdp = Some(x);
                 Some(t)
             }
             Err(why) => match l.shared_table {
                 Some(t) => {
+                    self.shared_pins = l.shared_pins;
                     let asked = match self.xdp_how {
                         XdpAttach::Auto => None,
                         XdpAttach::Native => Some("native"),
@@ -440,7 +480,7 @@ impl Detectors {
         self.clock.beat();
         if let Some(t) = &self.table {
             let _ = t.heartbeat(self.probe_port);
-            if self.owner && self._xdp.is_some() {
+            if self.owner && self.xdp.is_some() {
                 if let Some(tx) = &self.exit_tx {
                     let me = std::process::id();
                     for (_, st) in t.entries() {
@@ -540,9 +580,32 @@ impl Detectors {
 
     /// Clean exit: remove this broker from the responder table (a killed broker stays, marked dead by the
     /// machine's detector owner).
+    ///
+    /// The owner of the XDP program leaves it attached while other brokers of the machine use it (a nested
+    /// instance's); a broker sharing it removes the pins it made and, if it was the last user, the program.
     pub(crate) fn shutdown(&mut self) {
-        if let Some(t) = self.table.take() {
-            let _ = t.unregister(self.probe_port);
+        let Some(t) = self.table.take() else { return };
+        let _ = t.unregister(self.probe_port);
+        match self.xdp.take() {
+            Some(x) => {
+                let interface = x.interface().to_owned();
+                match x.release(&interface_link_path(&interface)) {
+                    vigil_ebpf::Release::Detached => {}
+                    vigil_ebpf::Release::Kept(n) => {
+                        info!("leaving the XDP responder on {interface} attached for {n} other brokers of this machine")
+                    }
+                    vigil_ebpf::Release::NotKept(e) => warn!(
+                        "the XDP responder on {interface} is detached although other brokers of this machine use it \
+                         (their kernel answers stop; their userspace responders answer): {e}"
+                    ),
+                }
+            }
+            None => {
+                for p in self.shared_pins.drain(..) {
+                    let _ = std::fs::remove_file(p);
+                }
+                sweep_pins("leaving");
+            }
         }
     }
 }
@@ -603,6 +666,7 @@ fn load(
             tcp: Err(why.clone()),
             xdp: Err(if shared.is_some() { why } else { "userspace (no shared XDP responder found)".into() }),
             shared_table: shared,
+            shared_pins: Vec::new(),
             required_failed: None,
         };
     }
@@ -620,22 +684,14 @@ fn load(
         TcpWatcher::new().map_err(|e| format!("userspace (BPF load failed: {e}): socket errors and TCP_INFO"))
     };
     let mut shared_table = None;
+    let mut shared_pins = Vec::new();
     let xdp = if forced {
         Err("userspace (forced by broker.detectors=userspace)".into())
     } else {
         match &ifname {
             None => Err("userspace (no interface carries the overlay address)".into()),
-            Some(i) => match XdpResponder::attach_with(i, xdp_how) {
+            Some(i) => match attach_after_sweep(i, xdp_how) {
                 Ok(mut x) => {
-                    // Tables pinned by brokers killed outright stay in kernel memory until unlinked.
-                    match vigil_ebpf::sweep_stale_pins(std::path::Path::new(PIN_DIR)) {
-                        Ok(gone) if !gone.is_empty() => tracing::info!(
-                            "removed {} stale responder pins (of brokers killed without cleaning up) from {PIN_DIR}",
-                            gone.len()
-                        ),
-                        Ok(_) => {}
-                        Err(e) => tracing::debug!("stale pins in {PIN_DIR} not checked: {e}"),
-                    }
                     // Other brokers of this machine (nested instances, the rest of a test instance) register
                     // their probe ports through the pinned table.
                     let pin_err = |e: vigil_ebpf::EbpfError| format!("userspace (pinning the table: {e})");
@@ -646,8 +702,15 @@ fn load(
                     r.map(|_| x)
                 }
                 Err(e) => {
-                    // Busy: if the program there is another Vigil broker's, share its table.
+                    // Busy: if the program there is another Vigil broker's, share its table, and pin it for the
+                    // other brokers of this test instance too.
                     if let Ok(t) = HbTable::open_pinned(&interface_pin_path(i)) {
+                        if let Some(p) = &pin {
+                            match t.pin(p) {
+                                Ok(done) => shared_pins = done,
+                                Err(e) => tracing::info!("the shared XDP table is not pinned for this instance: {e}"),
+                            }
+                        }
                         shared_table = Some(Arc::new(t));
                     }
                     Err(format!("userspace (XDP on {i}: {e})"))
@@ -665,7 +728,25 @@ fn load(
     // aya keeps parsed BTF and relocation scratch in freed heap; hand it back to the system.
     // SAFETY: malloc_trim only releases free heap memory; it is safe to call at any time.
     unsafe { libc::malloc_trim(0) };
-    Loaded { exit, tcp, xdp, shared_table, required_failed }
+    Loaded { exit, tcp, xdp, shared_table, shared_pins, required_failed }
+}
+
+/// Attaches the XDP responder to `interface`, after removing the pins nothing uses any more: a program kept
+/// attached for brokers that have all gone since (killed, so none of them removed it) is detached first.
+fn attach_after_sweep(interface: &str, how: XdpAttach) -> Result<XdpResponder, vigil_ebpf::EbpfError> {
+    let detached = sweep_pins("starting").contains(&interface_link_path(interface));
+    let mut tries = 0;
+    loop {
+        match XdpResponder::attach_with(interface, how) {
+            // The kernel frees an unpinned link in the background: the program detached by the sweep may still be
+            // there for a moment.
+            Err(_) if detached && tries < 25 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            r => return r,
+        }
+    }
 }
 
 async fn exit_task(
