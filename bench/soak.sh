@@ -44,7 +44,7 @@ while [ $(( $(date +%s) - start )) -lt "$dur" ]; do
     sleep 10; ci/netns-cluster.sh cont "$name" 3
     stalls=$((stalls + 1))
 done
-ev=$("$VIGIL" resource eventlog)
+ev=$("$VIGIL" resource eventlog --json)
 mkdir -p "$logs"
 echo "$ev" > "$logs/resource-eventlog.jsonl"
 lost=$(echo "$ev" | grep -c '"name":"offline"' || true)

@@ -198,7 +198,7 @@ impl Cluster {
     }
 
     fn resource_eventlog(&self) -> Vec<Value> {
-        let o = self.vigil(&["resource", "eventlog"]);
+        let o = self.vigil(&["resource", "eventlog", "--json"]);
         o.ok();
         json_lines(&o.stdout)
     }

@@ -243,8 +243,19 @@ fn drain_blocks_scheduling_until_undrain() {
     let v = inst.vigil(&["resource", "status", "--json"]).json();
     assert!(v["ranks"].as_array().unwrap().iter().all(|r| r["state"] == "avail"), "{v}");
     // The resource eventlog records drain and undrain.
+    let e = inst.vigil(&["resource", "eventlog", "--json"]);
+    let names: Vec<String> = e
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap_or_else(|err| panic!("{err}: {l}")))
+        .map(|v| v["name"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert!(names.iter().any(|n| n == "drain") && names.iter().any(|n| n == "undrain"), "{}", e.dump());
+    // For people: a line per event, "TIMESTAMP NAME key=value ...".
     let e = inst.vigil(&["resource", "eventlog"]);
-    assert!(e.stdout.contains("\"drain\"") && e.stdout.contains("\"undrain\""), "{}", e.dump());
+    let drain = e.stdout.lines().find(|l| l.split_whitespace().nth(1) == Some("drain")).unwrap_or_default();
+    assert!(drain.split_whitespace().next().is_some_and(|t| t.parse::<f64>().is_ok()), "{}", e.dump());
+    assert!(drain.contains("idset=1"), "{}", e.dump());
 }
 
 #[test]

@@ -545,20 +545,7 @@ pub(crate) async fn job(cmd: JobCmd) -> Result<i32, String> {
                 if json {
                     println!("{e}");
                 } else {
-                    let ctx = e.get("context").and_then(Value::as_object).map(|m| {
-                        m.iter()
-                            .map(|(k, v)| {
-                                format!("{k}={}", v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()))
-                            })
-                            .collect::<Vec<_>>()
-                            .join(" ")
-                    });
-                    println!(
-                        "{:.6} {} {}",
-                        e["timestamp"].as_f64().unwrap_or(0.0),
-                        e["name"].as_str().unwrap_or(""),
-                        ctx.unwrap_or_default()
-                    );
+                    println!("{}", human_event(e));
                 }
             }
             Ok(0)
@@ -597,4 +584,23 @@ pub(crate) async fn job(cmd: JobCmd) -> Result<i32, String> {
             Ok(0)
         }
     }
+}
+
+/// One eventlog entry (RFC 18: `timestamp`, `name`, optional `context` object) as a line for people:
+/// `TIMESTAMP NAME key=value ...`, the timestamp in seconds with 6 decimals, string values unquoted.
+pub(crate) fn human_event(e: &Value) -> String {
+    let ctx = e.get("context").and_then(Value::as_object).map(|m| {
+        m.iter()
+            .map(|(k, v)| format!("{k}={}", v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())))
+            .collect::<Vec<_>>()
+            .join(" ")
+    });
+    format!(
+        "{:.6} {} {}",
+        e["timestamp"].as_f64().unwrap_or(0.0),
+        e["name"].as_str().unwrap_or(""),
+        ctx.unwrap_or_default()
+    )
+    .trim_end()
+    .to_string()
 }

@@ -37,8 +37,12 @@ pub enum ResourceCmd {
     /// Print the instance's R (RFC 20).
     #[command(name = "R", alias = "r")]
     R,
-    /// Print the resource eventlog (RFC 44).
-    Eventlog,
+    /// Print the resource eventlog (RFC 44), a line per event: timestamp, name, context.
+    Eventlog {
+        /// Print raw JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// `vigil overlay` subcommands.
@@ -228,10 +232,14 @@ pub(crate) async fn resource(cmd: ResourceCmd) -> Result<i32, String> {
             println!("{r}");
             Ok(0)
         }
-        ResourceCmd::Eventlog => {
+        ResourceCmd::Eventlog { json: as_json } => {
             let r = c.rpc("resource.eventlog", 0, &json!({})).await.map_err(|e| e.errstr)?;
             for e in r["eventlog"].as_array().cloned().unwrap_or_default() {
-                println!("{e}");
+                if as_json {
+                    println!("{e}");
+                } else {
+                    println!("{}", super::jobcmd::human_event(&e));
+                }
             }
             Ok(0)
         }
