@@ -1,6 +1,6 @@
 //! Two instances on one machine: the XDP program on the loopback interface is shared. These tests have their own
 //! binary because cargo runs the tests of one binary in parallel, and an instance of another test that owned the
-//! program and ended meanwhile would change what these observe; within this binary they take turns ([`lo`]).
+//! program and ended meanwhile would change what these observe; within this binary they take turns ([`lo_as_root`]).
 
 mod common;
 
@@ -9,10 +9,16 @@ use std::os::unix::fs::MetadataExt;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-/// One test at a time on the loopback interface's XDP program.
-fn lo() -> MutexGuard<'static, ()> {
+/// One test at a time on the loopback interface's XDP program: the turn, or `None` (the test is skipped) when not
+/// root, as XDP needs.
+fn lo_as_root() -> Option<MutexGuard<'static, ()>> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: XDP needs root");
+        return None;
+    }
     static LO: Mutex<()> = Mutex::new(());
-    LO.lock().unwrap_or_else(|e| e.into_inner())
+    Some(LO.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
 /// The `responder` line of `rank`'s detectors.
@@ -37,12 +43,7 @@ fn lo_has_xdp() -> bool {
 /// and its status says so rather than ignoring the attribute in silence.
 #[test]
 fn a_shared_xdp_program_says_the_asked_mode_is_not_applied() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: XDP needs root");
-        return;
-    }
-    let _lo = lo();
+    let Some(_lo) = lo_as_root() else { return };
     let first = Instance::start(1, &[]);
     // The first instance's detectors are loaded once its status no longer says "loading".
     assert!(wait_for(Duration::from_secs(20), || !first.vigil(&["uptime"]).stdout.contains("loading")));
@@ -64,12 +65,7 @@ fn a_shared_xdp_program_says_the_asked_mode_is_not_applied() {
 /// declared lost within three probe periods instead of torpid.
 #[test]
 fn the_xdp_responder_outlives_its_owner_while_another_instance_uses_it() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: XDP needs root");
-        return;
-    }
-    let _lo = lo();
+    let Some(_lo) = lo_as_root() else { return };
     let owner = Instance::start(1, &[]);
     assert!(wait_for(Duration::from_secs(20), || !responder(&owner, 0).contains("loading")));
     let r = responder(&owner, 0);
