@@ -362,6 +362,15 @@ pub(crate) async fn overlay(cmd: OverlayCmd) -> Result<i32, String> {
             for l in ranks.iter().filter(|l| {
                 l["link"].is_object() && l["rank"].as_u64().is_some_and(|x| subtree.contains(&(x as usize)))
             }) {
+                let state = l["state"].as_str().unwrap_or("");
+                if matches!(state, "lost" | "offline") {
+                    // The record of the last connection outlives it: say there is none now.
+                    out.push_str(&format!(
+                        "link {} -> {}: none (rank {} is {state})\n",
+                        l["rank"], l["parent"], l["rank"]
+                    ));
+                    continue;
+                }
                 out.push_str(&format!(
                     "link {} -> {}: {} ({})\n",
                     l["rank"],
