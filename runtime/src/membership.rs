@@ -210,7 +210,10 @@ impl Membership {
                 // (it resumed, and its node's table had not caught up when the kernel answered).
                 let heard_since = p.last_traffic > now - hb_age + 1e-3;
                 if state == PeerState::Online && hb_age >= self.cfg.torpid_max - 1e-9 && !heard_since {
-                    let why = format!("broker stalled for {:.0} ms (its node's kernel answers)", hb_age * 1e3);
+                    let why = format!(
+                        "broker stalled longer than tbon.torpid_max ({:.0} ms); its node's kernel answers",
+                        self.cfg.torpid_max * 1e3
+                    );
                     return self.set(rank, PeerState::Torpid, why).into_iter().collect();
                 }
                 vec![]
@@ -270,9 +273,10 @@ impl Membership {
                     }
                 }
                 if p.state == PeerState::Online && now >= p.last_traffic + cfg.torpid_max - 1e-9 {
+                    // The threshold, not the silence so far: the reason is shown for as long as the peer is torpid.
                     let why = format!(
-                        "broker silent for {:.0} ms (its node still acknowledges)",
-                        (now - p.last_traffic) * 1e3
+                        "broker silent longer than tbon.torpid_max ({:.0} ms); its node still acknowledges",
+                        cfg.torpid_max * 1e3
                     );
                     return self.set(rank, PeerState::Torpid, why).into_iter().collect();
                 }
@@ -347,6 +351,23 @@ mod tests {
         let mut m = Membership::new(Config::default());
         m.signal(0.0, 1, Signal::Connected);
         m
+    }
+
+    /// A torpid peer's reason is shown for as long as it stays torpid: it names the threshold crossed, not a
+    /// silence measured once and stale a second later.
+    #[test]
+    fn torpid_reasons_name_the_threshold() {
+        let cfg = Config::default();
+        let want = format!("longer than tbon.torpid_max ({:.0} ms)", cfg.torpid_max * 1e3);
+        let mut a = m();
+        let t = a.tick(cfg.torpid_max * 3.0);
+        assert_eq!(t[0].to, PeerState::Torpid);
+        assert!(t[0].reason.starts_with("broker silent ") && t[0].reason.contains(&want), "{}", t[0].reason);
+        let mut b = m();
+        b.signal(0.01, 1, Signal::ProbeReply { kernel: true, alive: true, hb_age: 0.0 });
+        let t = b.signal(2.0, 1, Signal::ProbeReply { kernel: true, alive: true, hb_age: 2.0 });
+        assert_eq!(t[0].to, PeerState::Torpid);
+        assert!(t[0].reason.starts_with("broker stalled ") && t[0].reason.contains(&want), "{}", t[0].reason);
     }
 
     #[test]
