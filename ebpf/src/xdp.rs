@@ -5,10 +5,11 @@
 //! heartbeat). Several brokers on one machine (a test instance) share one responder: its owner pins the
 //! table on bpffs ([`XdpResponder::pin_table`]) and the others open it ([`HbTable::open_pinned`]).
 //!
-//! The program outlives its owner's clean exit while other brokers use it: the owner pins its XDP link
-//! ([`XdpResponder::release`]) and the last broker out removes the pin ([`sweep_stale_pins`]). A node's kernel
-//! keeps answering for a nested instance's broker after the broker that loaded the program (another instance's)
-//! is gone, so a stalled broker there is still seen as torpid, not lost.
+//! The program outlives its owner while other brokers use it: the owner pins its XDP link
+//! ([`XdpResponder::pin_link`]), a clean exit leaves it for them ([`XdpResponder::release`]), and the last broker
+//! out removes the pin ([`sweep_stale_pins`]). A node's kernel keeps answering for a nested instance's broker
+//! after the broker that loaded the program (another instance's) is gone, ended or killed, so a stalled broker
+//! there is still seen as torpid, not lost.
 //!
 //! The same program collects, on a parent's node, the replies to that parent's probes ([`HbTable::replies`],
 //! [`ReplyArea`](crate::ReplyArea)): the prober reads its children's replies from shared memory, and answers
@@ -315,38 +316,54 @@ impl XdpResponder {
         Ok(())
     }
 
-    /// Pins the program's XDP link at `path` (on bpffs), replacing a stale pin there: the program then stays
-    /// attached after this responder is gone, until the pin is removed.
-    fn pin_link(&mut self, path: &Path) -> Result<(), String> {
-        let link = self.link.take().ok_or("the link is already pinned")?;
-        let fd = FdLink::try_from(link)
-            .map_err(|e| format!("the XDP attachment is not a BPF link (a kernel before 5.9?): {e}"))?;
+    /// Pins the program's XDP link at `path` (on bpffs, named [`LINK_PREFIX`] + the name of the table's pin after
+    /// [`TABLE_PREFIX`], for [`sweep_stale_pins`]), replacing a stale pin there. From then on the program stays
+    /// attached after this responder is gone, cleanly or killed, until the pin is removed: by
+    /// [`release`](Self::release) if no other broker uses the table, else by the sweep of whichever broker finds
+    /// no live broker left in it. Pin after this broker registered in the table, or a sweep may judge the table
+    /// unused.
+    ///
+    /// # Errors
+    /// Why, if the attachment is not a BPF link (kernels before 5.9 attach XDP through netlink; such a program
+    /// ends with its owner, detached when this responder is dropped). If the kernel refuses the pin itself (rare:
+    /// bpffs is mounted and the directory made first), the program is detached already and the error says so:
+    /// the caller must stop relying on it.
+    pub fn pin_link(&mut self, path: &Path) -> Result<(), String> {
+        if self.link.is_none() {
+            return Err("the link is already pinned".into());
+        }
+        // aya attaches XDP with a BPF link from Linux 5.9 on, through netlink before. Only a BPF link can be
+        // pinned, and converting a netlink attachment would drop (detach) it: ask the version first.
+        match aya::util::KernelVersion::current() {
+            Ok(v) if v >= aya::util::KernelVersion::new(5, 9, 0) => {}
+            Ok(v) => return Err(format!("kernel {v} attaches XDP through netlink, which cannot be pinned")),
+            Err(e) => return Err(format!("kernel version unknown ({e}): the XDP link is not pinned")),
+        }
+        sys::ensure_bpffs().map_err(|e| format!("bpffs: {e}"))?;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
         let _ = std::fs::remove_file(path);
-        // On an error the link's fd is gone: the program is detached already.
-        self.pinned_link = Some(fd.pin(path).map_err(|e| format!("pinning the XDP link at {}: {e}", path.display()))?);
+        let link = self.link.take().ok_or("the link is already pinned")?;
+        let fd = FdLink::try_from(link).map_err(|e| format!("{e}; the XDP program is detached"))?;
+        let pinned = fd
+            .pin(path)
+            .map_err(|e| format!("pinning the XDP link at {}: {e}; the XDP program is detached", path.display()))?;
+        self.pinned_link = Some(pinned);
         Ok(())
     }
 
-    /// Clean exit of the owner, after it left the table. If other live brokers are registered in the table
-    /// ([`HbTable::live_brokers`], a nested instance's), the program's link is pinned at `link_pin` (on bpffs,
-    /// named [`LINK_PREFIX`] + the name of the table's pin after [`TABLE_PREFIX`], for [`sweep_stale_pins`]) and
-    /// the program and the table's pins stay for them: the last of them to leave removes the pins. Otherwise the
-    /// program is detached and the pins removed.
-    ///
-    /// A killed owner's program is detached at once, as before this existed: a process that can no longer mark
-    /// itself dead must not leave a kernel answering "alive" for it.
-    pub fn release(mut self, link_pin: &Path) -> Release {
-        let me = std::process::id();
-        if self.table.live_brokers(me) == 0 {
+    /// Clean exit of the owner, after it left the table. If its link is pinned ([`pin_link`](Self::pin_link))
+    /// and other live brokers are registered in the table ([`HbTable::live_brokers`], a nested instance's), the
+    /// program and the pins stay for them ([`Release::Kept`]); the last of them to leave removes the pins.
+    /// Otherwise the program is detached and the pins removed.
+    pub fn release(mut self) -> Release {
+        let others = self.table.live_brokers(std::process::id());
+        if others == 0 {
             return Release::Detached;
         }
-        if let Err(e) = self.pin_link(link_pin) {
-            return Release::NotKept(e);
-        }
-        // Counted again once pinned: a broker that left in between found no pin to remove, so judge for it.
-        let others = self.table.live_brokers(me);
-        if others == 0 {
-            return Release::Detached; // Drop removes the pin
+        if self.pinned_link.is_none() {
+            return Release::NotKept(others);
         }
         self.pinned.clear();
         self.pinned_link = None; // closes our fd; the pin holds the link
@@ -366,8 +383,8 @@ pub enum Release {
     Detached,
     /// The program stays attached for this many other brokers; the last one out removes its pins.
     Kept(usize),
-    /// Other brokers use the program, but it could not be kept for them (why): it is detached.
-    NotKept(String),
+    /// This many other brokers use the program, but its link is not pinned: it is detached.
+    NotKept(usize),
 }
 
 fn pin_err(e: aya::pin::PinError) -> EbpfError {
@@ -376,7 +393,7 @@ fn pin_err(e: aya::pin::PinError) -> EbpfError {
 
 /// Removes the pins under `dir` that nothing uses any more, and returns their paths (a missing `dir` is not an
 /// error):
-/// * XDP links pinned by [`XdpResponder::release`] (named `link-NAME`, for the table pinned at `hb-NAME`) whose
+/// * XDP links pinned by [`XdpResponder::pin_link`] (named `link-NAME`, for the table pinned at `hb-NAME`) whose
 ///   table has no live broker left
 ///   ([`HbTable::live_brokers`]): the program is detached once its owner's fd is closed too (the owner has exited,
 ///   or is calling [`XdpResponder::release`]);

@@ -276,8 +276,8 @@ fn stale_pins_of_killed_brokers_are_swept_and_live_ones_kept() {
     assert_eq!(left, vec!["live", "live-claims", "live-results"], "the live responder's pins stay");
 }
 
-/// The owner's clean exit while another broker is registered pins the link: the program keeps answering for
-/// that broker, and the sweep after it is gone removes the link (detaching the program) and the tables.
+/// The owner's link pinned: after its clean exit the program keeps answering for another broker still
+/// registered, and the sweep after that broker is gone removes the link (detaching the program) and the tables.
 #[test]
 fn a_pinned_link_keeps_the_program_while_another_broker_is_registered() {
     let tag = std::process::id() % 100_000;
@@ -292,13 +292,14 @@ fn a_pinned_link_keeps_the_program_while_another_broker_is_registered() {
         let mut owner = XdpResponder::attach("lo").expect("attach on lo");
         owner.pin_table(&d.join("hb-x")).expect("pin table");
         owner.table().register(7300, me).unwrap();
+        owner.pin_link(&d.join("link-x")).expect("pin link");
         // Another broker of the machine: a live process registered through the pinned table.
         let mut other = Command::new("sleep").arg("30").spawn().expect("sleep");
         let shared = HbTable::open_pinned(&d.join("hb-x")).expect("open pinned");
         shared.register(7301, other.id()).unwrap();
         // The owner leaves cleanly.
         owner.table().unregister(7300).unwrap();
-        let kept = owner.release(&d.join("link-x"));
+        let kept = owner.release();
         let s = UdpSocket::bind("127.0.0.1:0").unwrap();
         s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
         let answered_after_release = probe(&s, "127.0.0.1:7301", 1).map(|p| p.kind);
@@ -321,7 +322,8 @@ fn a_pinned_link_keeps_the_program_while_another_broker_is_registered() {
         // An owner alone: released, it detaches and unpins.
         let mut owner = XdpResponder::attach("lo").expect("attach again once detached");
         owner.pin_table(&d.join("hb-y")).expect("pin table");
-        let alone = (owner.release(&d.join("link-y")), std::fs::read_dir(&d).map(|r| r.count()).unwrap_or(0));
+        owner.pin_link(&d.join("link-y")).expect("pin link");
+        let alone = (owner.release(), std::fs::read_dir(&d).map(|r| r.count()).unwrap_or(0));
         (kept, answered_after_release, swept_while_live, swept, answered_after_sweep, alone)
     });
     let _ = std::fs::remove_dir(&dir);

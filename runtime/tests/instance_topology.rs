@@ -370,3 +370,27 @@ fn ping_to_a_lost_rank_says_it_is_lost_and_why() {
     assert!(o.stdout.lines().any(|l| l.starts_with("link 1 -> 0: tcp")), "{}", o.dump());
     assert!(o.stdout.lines().any(|l| l == "link 2 -> 0: none (rank 2 is lost)"), "{}", o.dump());
 }
+
+/// `broker.detectors=userspace` in a test instance: every rank's detector lines say the fallback was forced, not
+/// that another rank runs eBPF detectors.
+#[test]
+fn forced_userspace_detectors_say_so_on_every_rank() {
+    let inst = Instance::start(2, &["broker.detectors=userspace"]);
+    let loaded = |r: &str| {
+        let v = inst.vigil(&["overlay", "status", "--json", "--rank", r]).json();
+        let d = v["detectors"].clone();
+        (!d.to_string().contains("loading")).then_some(d)
+    };
+    for r in ["0", "1"] {
+        let mut got = None;
+        assert!(wait_for(Duration::from_secs(20), || {
+            got = loaded(r);
+            got.is_some()
+        }));
+        let d = got.unwrap_or_default();
+        for k in ["process_exit", "tcp", "responder"] {
+            let v = d[k].as_str().unwrap_or_default();
+            assert!(v.starts_with("userspace (forced by broker.detectors=userspace)"), "rank {r} {k}: {d}");
+        }
+    }
+}

@@ -59,12 +59,27 @@ fn a_shared_xdp_program_says_the_asked_mode_is_not_applied() {
     drop(first);
 }
 
-/// The broker that loaded the XDP program exits while a second instance's brokers are registered in its table:
+/// The broker that loaded the XDP program ends while a second instance's brokers are registered in its table:
 /// the program stays attached for them, and the last broker out detaches it. Without the program, the second
 /// instance's brokers would be answered by their userspace responders only, so that a stalled broker would be
 /// declared lost within three probe periods instead of torpid.
 #[test]
 fn the_xdp_responder_outlives_its_owner_while_another_instance_uses_it() {
+    outlives_its_owner(drop); // a clean exit
+}
+
+/// As above, the owner killed outright: its pinned link keeps the program attached.
+#[test]
+fn the_xdp_responder_outlives_its_killed_owner_while_another_instance_uses_it() {
+    outlives_its_owner(|owner| {
+        let pid: i32 = owner.vigil(&["getattr", "broker.pid"]).stdout.trim().parse().expect("broker.pid");
+        // SAFETY: kill has no memory preconditions.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+        drop(owner);
+    });
+}
+
+fn outlives_its_owner(end: impl FnOnce(Instance)) {
     let Some(_lo) = lo_as_root() else { return };
     let owner = Instance::start(1, &[]);
     assert!(wait_for(Duration::from_secs(20), || !responder(&owner, 0).contains("loading")));
@@ -74,6 +89,7 @@ fn the_xdp_responder_outlives_its_owner_while_another_instance_uses_it() {
         return;
     }
     assert!(r.contains("on lo"), "{r}");
+    assert!(lo_link_pin().exists(), "the owner pins its XDP link once registered");
 
     let user = Instance::start(2, &[]);
     let loaded = |i: &Instance| (0..2).all(|r| !responder(i, r).contains("loading"));
@@ -85,7 +101,7 @@ fn the_xdp_responder_outlives_its_owner_while_another_instance_uses_it() {
     // Rank 1's kernel answers rank 0's probes now (every 10 ms), which arms the miss rule.
     std::thread::sleep(Duration::from_millis(300));
 
-    drop(owner); // a clean exit
+    end(owner);
     assert!(lo_link_pin().exists(), "the link is left pinned for the second instance");
     assert!(lo_has_xdp(), "the program stays attached");
     // Still the kernel's answers: a stalled broker is torpid, not lost (a userspace responder would stall too).

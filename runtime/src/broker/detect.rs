@@ -433,10 +433,10 @@ impl Detectors {
                         XdpAttach::Generic => Some("generic"),
                     };
                     let mode_note = asked
-                        .map(|m| format!("; broker.xdp_mode={m} not applied: the owner's mode holds"))
+                        .map(|m| format!("; broker.xdp_mode={m} not applied: the program's mode holds"))
                         .unwrap_or_default();
                     self.status.responder = if self.owner {
-                        format!("xdp (shared: another broker of this machine owns the program{mode_note})")
+                        format!("xdp (shared: the program another broker of this machine attached{mode_note})")
                     } else {
                         // Same attributes as the detector rank (a test instance): its mode is the one asked.
                         "xdp (shared with this machine's detector rank)".into()
@@ -450,8 +450,26 @@ impl Detectors {
             },
         };
         if let Some(t) = &table {
-            if let Err(e) = t.register(self.probe_port, pid) {
-                self.status.responder = format!("userspace (registering with the XDP responder failed: {e})");
+            let pinned = match (t.register(self.probe_port, pid), self.xdp.as_mut()) {
+                (Err(e), _) => Err(format!("userspace (registering with the XDP responder failed: {e})")),
+                // Registered: the program may now outlive this broker (ended or killed) for the other brokers of
+                // the machine that use it; the last of them out detaches it.
+                (Ok(()), Some(x)) => match x.pin_link(&interface_link_path(x.interface())) {
+                    Ok(()) => Ok(()),
+                    Err(e) if e.contains("detached") => {
+                        let _ = t.unregister(self.probe_port);
+                        self.xdp = None;
+                        Err(format!("userspace (XDP responder lost: {e})"))
+                    }
+                    Err(e) => {
+                        info!("the XDP responder on {} ends with this broker: {e}", x.interface());
+                        Ok(())
+                    }
+                },
+                (Ok(()), None) => Ok(()),
+            };
+            if let Err(why) = pinned {
+                self.status.responder = why;
             } else {
                 // The kernel answers from now on; the userspace thread would only see what XDP passes.
                 self.table = table;
@@ -582,21 +600,22 @@ impl Detectors {
     /// machine's detector owner).
     ///
     /// The owner of the XDP program leaves it attached while other brokers of the machine use it (a nested
-    /// instance's); a broker sharing it removes the pins it made and, if it was the last user, the program.
+    /// instance's; its pinned link keeps it attached if the owner is killed too); a broker sharing it removes the
+    /// pins it made and, if it was the last live user, the program.
     pub(crate) fn shutdown(&mut self) {
         let Some(t) = self.table.take() else { return };
         let _ = t.unregister(self.probe_port);
         match self.xdp.take() {
             Some(x) => {
                 let interface = x.interface().to_owned();
-                match x.release(&interface_link_path(&interface)) {
+                match x.release() {
                     vigil_ebpf::Release::Detached => {}
                     vigil_ebpf::Release::Kept(n) => {
                         info!("leaving the XDP responder on {interface} attached for {n} other brokers of this machine")
                     }
-                    vigil_ebpf::Release::NotKept(e) => warn!(
-                        "the XDP responder on {interface} is detached although other brokers of this machine use it \
-                         (their kernel answers stop; their userspace responders answer): {e}"
+                    vigil_ebpf::Release::NotKept(n) => warn!(
+                        "the XDP responder on {interface} is detached although {n} other brokers of this machine use \
+                         it (its link could not be pinned): only their userspace responders answer now"
                     ),
                 }
             }
@@ -650,8 +669,9 @@ fn load(
 ) -> Loaded {
     if !owner {
         // Another broker of this machine owns the detectors: use its responder table once it is pinned.
+        let forced = mode == DetectorMode::ForceUserspace;
         let mut shared = None;
-        if let Some(p) = &pin {
+        if let (Some(p), false) = (&pin, forced) {
             for _ in 0..50 {
                 if let Ok(t) = HbTable::open_pinned(p) {
                     shared = Some(Arc::new(t));
@@ -660,11 +680,15 @@ fn load(
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
-        let why = "userspace (this machine's detector rank runs the eBPF detectors)".to_string();
+        let why = if forced {
+            "userspace (forced by broker.detectors=userspace)".to_string()
+        } else {
+            "userspace (this machine's detector rank runs the eBPF detectors)".to_string()
+        };
         return Loaded {
             exit: Err(why.clone()),
             tcp: Err(why.clone()),
-            xdp: Err(if shared.is_some() { why } else { "userspace (no shared XDP responder found)".into() }),
+            xdp: Err(if shared.is_some() || forced { why } else { "userspace (no shared XDP responder found)".into() }),
             shared_table: shared,
             shared_pins: Vec::new(),
             required_failed: None,
