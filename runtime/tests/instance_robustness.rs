@@ -308,3 +308,29 @@ fn a_closed_stderr_does_not_take_the_instance_down() {
     assert_eq!(st.code(), Some(0), "{st:?}");
     assert!(done.exists(), "the initial program ran to its end");
 }
+
+/// A broker killed outright while a job runs on it: its job shell kills the tasks and whatever they started in
+/// the background (nobody else is left on that node to kill the job's process group).
+#[test]
+fn a_killed_broker_leaves_no_task_process_behind() {
+    let inst = Instance::start(3, &[]);
+    let d = inst.dir.path().display().to_string();
+    let script = format!("sleep 300 & echo $! > {d}/bg.$VIGIL_TASK_RANK; wait");
+    let id = inst.submit(&["-N", "3", "-n", "3", "sh", "-c", &script]);
+    let bg = inst.dir.path().join("bg.2");
+    assert!(wait_for(Duration::from_secs(20), || std::fs::read_to_string(&bg).is_ok_and(|s| s.ends_with('\n'))));
+    let pid: i32 = std::fs::read_to_string(&bg).unwrap().trim().parse().expect("pid");
+    let broker: i32 = inst.vigil(&["getattr", "-r", "2", "broker.pid"]).stdout.trim().parse().expect("broker.pid");
+    // SAFETY: kill has no memory preconditions.
+    assert_eq!(unsafe { libc::kill(broker, libc::SIGKILL) }, 0);
+    // SAFETY: as above; signal 0 only checks that the process exists.
+    let gone = wait_for(Duration::from_secs(10), || unsafe { libc::kill(pid, 0) } != 0);
+    if !gone {
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    assert!(gone, "task 2's background process {pid} outlived its broker");
+    // Rank 2 is critical here (the job's nodes are all critical by default): the job ends, with an exception.
+    let o = inst.vigil(&["job", "wait", &id]);
+    assert_ne!(o.code, 0, "{}", o.dump());
+}

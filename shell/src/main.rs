@@ -500,12 +500,14 @@ impl Shell {
                 ev = self.client.next_event(), if !broker_gone => {
                     let Some(ev) = ev else {
                         // Our broker is gone (killed, or its node is being torn down): nobody will collect these
-                        // tasks' output or status, so do not leave them running.
+                        // tasks' output or status, nor kill what is left of the job's process group after this
+                        // shell, so do not leave them, or anything they started, running.
                         broker_gone = true;
                         for p in &pids {
                             // SAFETY: plain kill(2) on a child pid we spawned.
                             unsafe { libc::kill(*p, libc::SIGKILL) };
                         }
+                        kill_own_group();
                         continue;
                     };
                     let v = ev.json();
@@ -627,8 +629,40 @@ impl Shell {
         if let Some(t) = self.tmpdir.take() {
             let _ = std::fs::remove_dir_all(t);
         }
+        if broker_gone {
+            kill_own_group(); // what the tasks started since
+        }
         ShellReport { status, tasks, error: None, abort_code }
     }
+}
+
+/// SIGKILL to every process of this shell's process group but the shell itself: the job's tasks and whatever they
+/// started without leaving the group (the broker started the shell as the leader of a group of its own). Found
+/// through `/proc/PID/stat` (its fifth field is the process group); returns how many were signalled.
+fn kill_own_group() -> usize {
+    // SAFETY: getpgrp and getpid have no preconditions and cannot fail.
+    let (pgrp, me) = unsafe { (libc::getpgrp(), libc::getpid()) };
+    if pgrp != me {
+        return 0; // not the leader of a group of our own (started by hand?): the group is not the job's
+    }
+    let Ok(dir) = std::fs::read_dir("/proc") else { return 0 };
+    let mut n = 0;
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+        if pid == me {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue };
+        // "PID (COMM) STATE PPID PGRP ...": COMM may hold spaces and parentheses, so split after the last ')'.
+        let group = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(2)?.parse::<i32>().ok());
+        if group == Some(pgrp) {
+            // SAFETY: plain kill(2) on a process of our own process group.
+            if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {
+                n += 1;
+            }
+        }
+    }
+    n
 }
 
 /// True if `outs` already fails the job.
