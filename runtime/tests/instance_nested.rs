@@ -178,6 +178,34 @@ fn batch_in_a_batch_is_level_two() {
     assert!(left.is_empty(), "left behind: {left:#?}");
 }
 
+/// The allocation canceled from outside while its command runs: `vigil alloc` says why, ends the command and
+/// what it started, and exits as `vigil run` would (143: the job's shells were terminated), not 0.
+#[test]
+fn alloc_whose_job_is_canceled_ends_its_command_and_says_so() {
+    let inst = Instance::start(2, &[]);
+    let d = inst.dir.path().display().to_string();
+    let script = format!(
+        "vigil getattr jobid > {d}/jobid.tmp && mv {d}/jobid.tmp {d}/jobid; sleep 300 & echo $! > {d}/bg; wait"
+    );
+    let alloc = inst.vigil_spawn(&["alloc", "-N1", "sh", "-c", &script]);
+    let jobid = inst.dir.path().join("jobid");
+    assert!(wait_for(NESTED_TIMEOUT, || jobid.exists() && inst.dir.path().join("bg").exists()));
+    let id = std::fs::read_to_string(&jobid).unwrap().trim().to_string();
+    let bg: i32 = std::fs::read_to_string(inst.dir.path().join("bg")).unwrap().trim().parse().expect("pid");
+    inst.vigil(&["cancel", &id]).ok();
+    let o = alloc.wait(NESTED_TIMEOUT);
+    assert!(!o.timed_out, "{}", o.dump());
+    o.code_is(143);
+    assert!(o.stderr.contains("exception type=cancel severity=0"), "{}", o.dump());
+    // SAFETY: signal 0 only checks that the process exists.
+    let gone = wait_for(Duration::from_secs(5), || unsafe { libc::kill(bg, 0) } != 0);
+    if !gone {
+        // SAFETY: as above, with SIGKILL.
+        unsafe { libc::kill(bg, libc::SIGKILL) };
+    }
+    assert!(gone, "the command's background process {bg} outlived the allocation");
+}
+
 #[test]
 fn alloc_runs_a_command_and_gives_everything_back() {
     let inst = Instance::start(3, &[]);

@@ -346,20 +346,161 @@ async fn wait_for_instance(c: &Client, id: JobId) -> Result<String, String> {
     ))
 }
 
-async fn run_with_uri(uri: &str, command: &[String]) -> Result<i32, String> {
-    let argv: Vec<String> = if command.is_empty() {
-        vec![std::env::var("SHELL").unwrap_or_else(|_| "/bin/sh".into())]
-    } else {
-        command.to_vec()
-    };
-    let st = tokio::process::Command::new(&argv[0])
-        .args(&argv[1..])
-        .env(crate::client::URI_ENV, uri)
-        .status()
-        .await
-        .map_err(|e| format!("cannot run {}: {e}", argv[0]))?;
+/// A command run against an instance: in a process group of its own, so that all it started can be signalled
+/// together, made the terminal's foreground group when stdin is a tty (Ctrl-C and job control reach it). The
+/// terminal is taken back for this process when it is dropped.
+struct Command {
+    child: tokio::process::Child,
+    tty: bool,
+}
+
+impl Command {
+    /// Starts `command` (the user's shell if empty) with `VIGIL_URI` set to `uri`.
+    fn spawn(uri: &str, command: &[String]) -> Result<Command, String> {
+        use std::os::unix::process::CommandExt as _;
+        let argv: Vec<String> = if command.is_empty() {
+            vec![std::env::var("SHELL").unwrap_or_else(|_| "/bin/sh".into())]
+        } else {
+            command.to_vec()
+        };
+        let mut cmd = std::process::Command::new(&argv[0]);
+        cmd.args(&argv[1..]).env(crate::client::URI_ENV, uri);
+        // SAFETY: isatty on fd 0 has no preconditions.
+        let tty = unsafe { libc::isatty(0) } == 1;
+        // SAFETY: only async-signal-safe calls between fork and exec: setpgid, signal, tcsetpgrp, getpid.
+        unsafe {
+            cmd.pre_exec(move || {
+                libc::setpgid(0, 0);
+                if tty {
+                    libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+                    libc::tcsetpgrp(0, libc::getpid());
+                    libc::signal(libc::SIGTTOU, libc::SIG_DFL);
+                }
+                Ok(())
+            });
+        }
+        let child = tokio::process::Command::from(cmd).spawn().map_err(|e| format!("cannot run {}: {e}", argv[0]))?;
+        Ok(Command { child, tty })
+    }
+
+    /// Waits for the command; its shell-style exit code. SIGINT, SIGTERM and SIGHUP sent to this process are
+    /// passed on to the command's process group (from a terminal, Ctrl-C reaches that group directly).
+    async fn wait(&mut self) -> Result<i32, String> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut sigs = Vec::new();
+        for kind in [SignalKind::interrupt(), SignalKind::terminate(), SignalKind::hangup()] {
+            sigs.push((kind.as_raw_value(), signal(kind).map_err(|e| format!("signal handler: {e}"))?));
+        }
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let forwarders: Vec<_> = sigs
+            .into_iter()
+            .map(|(num, mut s)| {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    while s.recv().await.is_some() {
+                        let _ = tx.send(num);
+                    }
+                })
+            })
+            .collect();
+        let pid = self.child.id();
+        let st = loop {
+            tokio::select! {
+                st = self.child.wait() => break st,
+                Some(sig) = rx.recv() => {
+                    if let Some(pid) = pid {
+                        // SAFETY: killpg(2) on the process group our child leads; it is not reaped yet.
+                        unsafe { libc::killpg(pid as i32, sig) };
+                    }
+                }
+            }
+        };
+        for f in forwarders {
+            f.abort();
+        }
+        Ok(shell_code(st.map_err(|e| format!("waiting for the command: {e}"))?))
+    }
+
+    /// SIGTERM to the command's process group, SIGKILL if the command has not exited 5 s later; waits for it.
+    async fn terminate(&mut self) {
+        let Some(pid) = self.child.id() else { return }; // already reaped
+        let group = |sig| {
+            // SAFETY: killpg(2) on the process group our child leads (it is not reaped yet: wait is below); the
+            // group outlives the leader, so the SIGKILL below still reaches what it started.
+            unsafe { libc::killpg(pid as i32, sig) };
+        };
+        group(libc::SIGTERM);
+        if tokio::time::timeout(std::time::Duration::from_secs(5), self.child.wait()).await.is_err() {
+            group(libc::SIGKILL);
+            let _ = self.child.wait().await;
+        }
+    }
+}
+
+impl Drop for Command {
+    fn drop(&mut self) {
+        if self.tty {
+            // SAFETY: plain libc calls on fd 0; SIGTTOU is ignored around tcsetpgrp so a background group may call it.
+            unsafe {
+                let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+                libc::tcsetpgrp(0, libc::getpgrp());
+                libc::signal(libc::SIGTTOU, old);
+            }
+        }
+    }
+}
+
+/// Shell-style exit code of a finished command: its code, or 128 + the signal that killed it.
+fn shell_code(st: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
-    Ok(st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0)))
+    st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0))
+}
+
+async fn run_with_uri(uri: &str, command: &[String]) -> Result<i32, String> {
+    Command::spawn(uri, command)?.wait().await
+}
+
+/// Runs `command` against the instance of job `id` (at `uri`) until it exits, or until the job ends under it
+/// (canceled, time limit, a fatal exception): the job's exceptions are printed as `vigil run` prints them and
+/// the command's process group is terminated (SIGTERM, SIGKILL 5 s later). Returns the command's exit code, or, if the job
+/// ended first, the job's (RFC 21 severity 0 with a zero status gives 1).
+async fn run_in_allocation(c: &Client, id: JobId, uri: &str, command: &[String]) -> Result<i32, String> {
+    let mut cmd = Command::spawn(uri, command)?;
+    let mut events =
+        c.rpc_stream("job-manager.eventlog", 0, &json!({"id": id.0, "follow": true})).map_err(|e| e.errstr)?;
+    let mut following = true;
+    let mut fatal = false;
+    loop {
+        tokio::select! {
+            code = cmd.wait() => return code,
+            item = events.next(), if following => {
+                let Some(Ok(v)) = item else {
+                    following = false; // the instance we talk to is going away: the command's exit decides
+                    continue;
+                };
+                let e = &v["event"];
+                let ctx = &e["context"];
+                match e["name"].as_str() {
+                    Some("exception") => {
+                        let sev = ctx["severity"].as_u64().unwrap_or(0);
+                        fatal |= sev == 0;
+                        eprintln!(
+                            "vigil: job {id}: exception type={} severity={sev}: {}",
+                            ctx["type"].as_str().unwrap_or("?"),
+                            ctx["note"].as_str().unwrap_or("")
+                        );
+                    }
+                    Some("finish") => {
+                        let code = crate::shellproto::exit_code(ctx["status"].as_i64().unwrap_or(0) as i32);
+                        eprintln!("vigil: job {id}: the allocation ended under the command; terminating it");
+                        cmd.terminate().await;
+                        return Ok(if code == 0 && fatal { 1 } else { code });
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
 }
 
 /// `vigil alloc`.
@@ -377,9 +518,7 @@ pub(crate) async fn alloc(a: AllocArgs) -> Result<i32, String> {
             return Err(format!("job {id}: canceled while waiting for resources"));
         }
     };
-    // SAFETY: ignoring SIGINT in this process while the command owns the terminal (it gets its own SIGINT).
-    unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
-    let code = run_with_uri(&uri, &a.command).await?;
+    let code = run_in_allocation(&c, id, &uri, &a.command).await?;
     // Shut the child instance down and wait until the job is gone.
     if let Ok(child) = Client::connect(&uri).await {
         let _ = child.rpc("broker.shutdown", 0, &json!({"exit_code": code})).await;
