@@ -367,3 +367,21 @@ fn cli_usage_errors() {
     assert_eq!(o.code, 1, "{}", o.dump());
     assert!(o.stderr.contains("VIGIL_URI"), "{}", o.dump());
 }
+
+/// Draining a lost rank does not hide that it is lost: `drained*` with both reasons, and `liveness` in the JSON.
+#[test]
+fn a_drained_lost_rank_still_shows_lost() {
+    let inst = Instance::start(3, &[]);
+    let broker: i32 = inst.vigil(&["getattr", "-r", "2", "broker.pid"]).stdout.trim().parse().expect("broker.pid");
+    // SAFETY: kill has no memory preconditions.
+    assert_eq!(unsafe { libc::kill(broker, libc::SIGKILL) }, 0);
+    let row2 = || inst.vigil(&["resource", "status", "--json"]).json()["ranks"][2].clone();
+    assert!(wait_for(Duration::from_secs(10), || row2()["state"] == "lost"), "{}", row2());
+    inst.vigil(&["resource", "drain", "2", "dead", "node"]).ok();
+    let r = row2();
+    assert_eq!((r["state"].as_str(), r["liveness"].as_str()), (Some("drained"), Some("lost")), "{r}");
+    let o = inst.vigil(&["resource", "status"]);
+    let line = o.stdout.lines().find(|l| l.trim_start().starts_with("drained*")).unwrap_or_default();
+    assert!(line.contains("dead node (lost: "), "{}", o.dump());
+    assert!(!o.stdout.lines().any(|l| l.trim_start().starts_with("drained ")), "{}", o.dump());
+}

@@ -515,6 +515,15 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             let mut rows = Vec::new();
             for r in 0..size {
                 let p = jc.pool.ranks.get(&r);
+                // Whether the rank's broker is there, apart from the admin's drain: "lost", "down" or "online".
+                let liveness = match p {
+                    Some(p) if p.up => ("online", String::new()),
+                    _ => match core.members.get(&r) {
+                        Some(m) if m.0 == MemberState::Lost => ("lost", m.1.clone()),
+                        Some(m) => ("down", m.1.clone()),
+                        None => ("down", "never joined".to_string()),
+                    },
+                };
                 let (state, reason, at) = match p {
                     None => ("down", "never joined".to_string(), None),
                     Some(p) if p.drained.is_some() => ("drained", p.drained.clone().unwrap_or_default(), p.drained_at),
@@ -532,7 +541,8 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
                 };
                 rows.push(
                     json!({"rank": r, "hostname": p.map(|p| p.hostname.clone()).unwrap_or_default(), "state": state,
-                    "reason": reason, "since": at, "up": p.is_some_and(|p| p.up)}),
+                    "reason": reason, "since": at, "up": p.is_some_and(|p| p.up),
+                    "liveness": liveness.0, "liveness_reason": liveness.1}),
                 );
             }
             Ok(Some(json!({"ranks": rows}).into()))

@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 /// `vigil resource` subcommands.
 #[derive(Subcommand, Debug)]
 pub enum ResourceCmd {
-    /// Show which ranks are avail, drained, torpid or down, with hostlists.
+    /// Show which ranks are avail, torpid, drained, lost or down, with hostlists (drained* is drained and also lost
+    /// or down; the JSON has each rank's "liveness": online, lost or down).
     Status {
         /// Print JSON.
         #[arg(long)]
@@ -155,14 +156,21 @@ pub(crate) async fn resource(cmd: ResourceCmd) -> Result<i32, String> {
             let rows = r["ranks"].as_array().cloned().unwrap_or_default();
             let mut groups: BTreeMap<(usize, String, String), Vec<&Value>> = BTreeMap::new();
             for row in &rows {
-                let st = row["state"].as_str().unwrap_or("").to_string();
+                let mut st = row["state"].as_str().unwrap_or("").to_string();
                 let order = ["avail", "torpid", "drained", "lost", "down"].iter().position(|s| *s == st).unwrap_or(9);
-                let reason = row["reason"].as_str().unwrap_or("").to_string();
+                let mut reason = row["reason"].as_str().unwrap_or("").to_string();
+                let liveness = row["liveness"].as_str().unwrap_or("online");
+                if st == "drained" && liveness != "online" {
+                    // Drained and not there: the drain must not hide that the node is lost or down.
+                    st = "drained*".into();
+                    let why = row["liveness_reason"].as_str().filter(|w| !w.is_empty());
+                    reason = format!("{reason} ({liveness}{})", why.map(|w| format!(": {w}")).unwrap_or_default());
+                }
                 groups.entry((order, st, reason)).or_default().push(row);
             }
             println!("{:>8} {:>6} {:<12} {:<24} REASON", "STATE", "NNODES", "RANKS", "NODELIST");
             for s in ["avail", "drained", "down"] {
-                if !groups.keys().any(|k| k.1 == s) {
+                if !groups.keys().any(|k| k.1.trim_end_matches('*') == s) {
                     groups.insert(
                         (
                             ["avail", "torpid", "drained", "lost", "down"].iter().position(|x| *x == s).unwrap_or(9),
