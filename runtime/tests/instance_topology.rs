@@ -394,3 +394,25 @@ fn forced_userspace_detectors_say_so_on_every_rank() {
         }
     }
 }
+
+/// A router lost: its own reason names what happened to it; the ranks behind it say they were cut off by it.
+#[test]
+fn ranks_behind_a_lost_router_say_they_were_cut_off() {
+    // kary:2, size 7: rank 1 routes for ranks 3 and 4.
+    let inst = Instance::start(7, &["tbon.topo=kary:2"]);
+    let broker: i32 = inst.vigil(&["getattr", "-r", "1", "broker.pid"]).stdout.trim().parse().expect("broker.pid");
+    // SAFETY: kill has no memory preconditions.
+    assert_eq!(unsafe { libc::kill(broker, libc::SIGKILL) }, 0);
+    let status = || inst.vigil(&["overlay", "status", "--json"]).json();
+    let lost = |v: &serde_json::Value| [1, 3, 4].iter().all(|&r| v["ranks"][r]["state"] == "lost");
+    assert!(wait_for(Duration::from_secs(10), || lost(&status())), "{}", status());
+    let v = status();
+    let why = |r: usize| v["ranks"][r]["reason"].as_str().unwrap_or_default().to_string();
+    assert!(!why(1).contains("cut off"), "{v}");
+    for r in [3, 4] {
+        assert!(why(r).starts_with(&format!("cut off: rank 1 above it was lost ({})", why(1))), "{v}");
+    }
+    for r in [0, 2, 5, 6] {
+        assert_eq!(v["ranks"][r]["state"], "online", "{v}");
+    }
+}

@@ -832,7 +832,8 @@ impl Core {
     fn child_lost(&mut self, r: u32, why: &str) {
         let subtree: IdSet = self.opts.topo.subtree(self.opts.size, r).into_iter().collect();
         warn!("lost child rank {r} ({why}); subtree {subtree} is lost");
-        let mut m = Message::request("overlay.lost", 0, &json!({"ranks": subtree.to_string(), "reason": why}));
+        let mut m =
+            Message::request("overlay.lost", 0, &json!({"ranks": subtree.to_string(), "reason": why, "root": r}));
         m.flags = FLAG_NORESPONSE;
         self.route_request(Peer::Local(u32::MAX), m);
     }

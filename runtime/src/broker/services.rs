@@ -477,8 +477,16 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             let reason = body.get("reason").and_then(Value::as_str).unwrap_or("").to_string();
             let state = if msg.topic == "overlay.lost" { MemberState::Lost } else { MemberState::Offline };
             warn!("ranks {ranks} {}: {reason}", if state == MemberState::Lost { "lost" } else { "offline" });
+            // The root of a lost subtree has the reason; the ranks behind it are cut off by its loss.
+            let root = body.get("root").and_then(Value::as_u64).map(|r| r as u32).filter(|r| ranks.contains(*r));
             for r in ranks.iter() {
-                core.members.insert(r, (state.clone(), reason.clone(), n));
+                let why = match root {
+                    Some(root) if r != root && state == MemberState::Lost => {
+                        format!("cut off: rank {root} above it was lost ({reason})")
+                    }
+                    _ => reason.clone(),
+                };
+                core.members.insert(r, (state.clone(), why, n));
             }
             if let Some(jc) = core.jobcore.as_mut() {
                 jc.ranks_down(n, &ranks, if state == MemberState::Lost { "lost" } else { "offline" }, &reason);
