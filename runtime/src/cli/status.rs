@@ -168,7 +168,7 @@ pub(crate) async fn resource(cmd: ResourceCmd) -> Result<i32, String> {
                 }
                 groups.entry((order, st, reason)).or_default().push(row);
             }
-            println!("{:>8} {:>6} {:<12} {:<24} REASON", "STATE", "NNODES", "RANKS", "NODELIST");
+
             for s in ["avail", "drained", "down"] {
                 if !groups.keys().any(|k| k.1.trim_end_matches('*') == s) {
                     groups.insert(
@@ -181,9 +181,19 @@ pub(crate) async fn resource(cmd: ResourceCmd) -> Result<i32, String> {
                     );
                 }
             }
-            for ((_, st, reason), rs) in &groups {
-                let ranks: IdSet = rs.iter().filter_map(|r| r["rank"].as_u64()).map(|r| r as u32).collect();
-                println!("{:>8} {:>6} {:<12} {:<24} {}", st, rs.len(), ranks.to_string(), hosts_of(rs), reason);
+            let lines: Vec<(&str, usize, String, String, &str)> = groups
+                .iter()
+                .map(|((_, st, reason), rs)| {
+                    let ranks: IdSet = rs.iter().filter_map(|r| r["rank"].as_u64()).map(|r| r as u32).collect();
+                    (st.as_str(), rs.len(), ranks.to_string(), hosts_of(rs), reason.as_str())
+                })
+                .collect();
+            // Columns as wide as their longest entry, so that long idsets and hostlists do not push REASON about.
+            let wr = lines.iter().map(|l| l.2.len()).max().unwrap_or(0).max(12);
+            let wh = lines.iter().map(|l| l.3.len()).max().unwrap_or(0).max(24);
+            println!("{:>8} {:>6} {:<wr$} {:<wh$} REASON", "STATE", "NNODES", "RANKS", "NODELIST");
+            for (st, n, ranks, hosts, reason) in lines {
+                println!("{st:>8} {n:>6} {ranks:<wr$} {hosts:<wh$} {reason}");
             }
             Ok(0)
         }
