@@ -362,13 +362,17 @@ fn overlay_round_trips_timed_by_the_broker() {
 
 #[test]
 fn ping_to_a_lost_rank_says_it_is_lost_and_why() {
-    let script = "kill -9 $(vigil getattr -r 2 broker.pid); sleep 1; vigil ping 2; echo rc=$?; vigil overlay status";
+    let script = "kill -9 $(vigil getattr -r 2 broker.pid); sleep 1; vigil ping 2; echo rc=$?; vigil overlay status; \
+                  vigil overlay status --rank 2; echo rc2=$?";
     let (o, _d) = start_and_run(3, &[], &["sh", "-c", script], Duration::from_secs(30));
     assert!(o.stdout.contains("rc=1"), "{}", o.dump());
     assert!(o.stderr.contains("rank 2 is not connected (rank 2 is lost: "), "{}", o.dump());
     // The overlay's links: rank 1's is up, rank 2 has none (not the record of its last connection).
     assert!(o.stdout.lines().any(|l| l.starts_with("link 1 -> 0: tcp")), "{}", o.dump());
     assert!(o.stdout.lines().any(|l| l == "link 2 -> 0: none (rank 2 is lost)"), "{}", o.dump());
+    // The lost rank's own view cannot be had; say why, as ping does.
+    assert!(o.stdout.contains("rc2=1"), "{}", o.dump());
+    assert!(o.stderr.contains("rank 2: rank 2 is not connected (rank 2 is lost: "), "{}", o.dump());
 }
 
 /// `broker.detectors=userspace` in a test instance: every rank's detector lines say the fallback was forced, not

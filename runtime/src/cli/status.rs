@@ -338,8 +338,18 @@ pub(crate) async fn overlay(cmd: OverlayCmd) -> Result<i32, String> {
             }
             if rank != 0 {
                 // overlay.status is rank 0's service; a router's own detectors come from its broker.info.
-                let info =
-                    c.rpc("broker.info", rank, &json!({})).await.map_err(|e| format!("rank {rank}: {}", e.errstr))?;
+                let info = c.rpc("broker.info", rank, &json!({})).await.map_err(|e| {
+                    // Why it does not answer, from rank 0's view, as `vigil ping` says it.
+                    let row = &r["ranks"][rank as usize];
+                    let why = match (row["state"].as_str(), row["reason"].as_str()) {
+                        (Some(st), Some(w)) if st != "online" && !w.is_empty() => {
+                            format!(" (rank {rank} is {st}: {w})")
+                        }
+                        (Some(st), _) if st != "online" => format!(" (rank {rank} is {st})"),
+                        _ => String::new(),
+                    };
+                    format!("rank {rank}: {}{why}", e.errstr)
+                })?;
                 r["detectors"] = info["detectors"].clone();
             }
             if as_json {
