@@ -764,7 +764,10 @@ impl JobspecBuilder {
             return err("-N/--nodes must be >= 1");
         }
         let duration = self.duration.unwrap_or(0.0);
-        if !(duration.is_finite() && duration >= 0.0) {
+        if !duration.is_finite() {
+            return err("-t/--time-limit must be a finite number of seconds");
+        }
+        if duration < 0.0 {
             return err("-t/--time-limit must be >= 0");
         }
         if self.exclusive && self.nnodes.is_none() {
@@ -1274,7 +1277,7 @@ attributes:
             (JobspecBuilder::new(["a"]).nnodes(0), "-N/--nodes must be >= 1"),
             (JobspecBuilder::new(["a"]).cores_per_task(0), "-c/--cores-per-task must be >= 1"),
             (JobspecBuilder::new(["a"]).duration(-1.0), "-t/--time-limit must be >= 0"),
-            (JobspecBuilder::new(["a"]).duration(f64::NAN), "-t/--time-limit must be >= 0"),
+            (JobspecBuilder::new(["a"]).duration(f64::NAN), "-t/--time-limit must be a finite number of seconds"),
             (JobspecBuilder::new(["a"]).exclusive(true), "--exclusive requires -N/--nodes"),
         ];
         for (b, want) in cases {

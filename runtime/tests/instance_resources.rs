@@ -327,6 +327,7 @@ fn malformed_jobspecs_name_the_field() {
         let o = inst.vigil(&["job", "submit", &f]);
         assert_eq!(o.code, 1, "case {i}:\n{}", o.dump());
         assert!(o.stderr.contains(field), "case {i} should name {field}:\n{}", o.dump());
+        assert!(o.stderr.starts_with(&format!("vigil: {f}: ")), "case {i} should name the file:\n{}", o.dump());
         assert_eq!(o.stderr.lines().count(), 1, "case {i}: one line expected:\n{}", o.dump());
     }
     assert_eq!(inst.jobs().len(), before);

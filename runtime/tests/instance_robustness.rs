@@ -334,3 +334,21 @@ fn a_killed_broker_leaves_no_task_process_behind() {
     let o = inst.vigil(&["job", "wait", &id]);
     assert_ne!(o.code, 0, "{}", o.dump());
 }
+
+/// Odd requests from the command line are refused with the reason: an empty event topic, an output file
+/// template other than `{{id}}`.
+#[test]
+fn empty_event_topics_and_unknown_output_templates_are_refused() {
+    let inst = Instance::start(1, &[]);
+    let o = inst.vigil(&["event", "pub", ""]);
+    assert_eq!(o.code, 1, "{}", o.dump());
+    assert!(o.stderr.contains("topic must be a non-empty string"), "{}", o.dump());
+    let o = inst.vigil(&["run", "--output", "o-{{id}}-{{bogus}}.txt", "true"]);
+    assert_eq!(o.code, 1, "{}", o.dump());
+    assert!(o.stderr.contains("unknown template {{bogus}}"), "{}", o.dump());
+    assert!(!std::fs::read_dir(inst.dir.path())
+        .unwrap()
+        .flatten()
+        .any(|e| e.file_name().to_string_lossy().contains("bogus")));
+    assert_healthy(&inst);
+}

@@ -201,6 +201,9 @@ fn handle(core: &mut Core, msg: &Message, lazy: &Body<'_>) -> Reply {
                 return Err((errno::EPROTO, "events are published on rank 0".into()));
             }
             let topic = field(body, "topic")?.as_str().unwrap_or("").to_string();
+            if topic.is_empty() {
+                return Err((errno::EINVAL, "topic must be a non-empty string".into()));
+            }
             let payload = body.get("payload").cloned().unwrap_or(Value::Null);
             core.publish(&topic, &payload);
             Ok(Some(json!({}).into()))

@@ -58,13 +58,33 @@ pub struct SubmitArgs {
     pub command: Vec<String>,
 }
 
+/// An `--output`/`--error` path may hold `{{id}}` (the job id) and no other `{{...}}` template.
+pub(crate) fn check_output_template(opt: &str, path: &str) -> Result<(), String> {
+    let mut rest = path;
+    while let Some(i) = rest.find("{{") {
+        let after = &rest[i + 2..];
+        let Some(j) = after.find("}}") else { break };
+        let name = &after[..j];
+        if name != "id" {
+            return Err(format!(
+                "{opt} {path}: unknown template {{{{{name}}}}} (only {{{{id}}}}, the job id, is known)"
+            ));
+        }
+        rest = &after[j + 2..];
+    }
+    Ok(())
+}
+
 fn parse_time_limit(s: &str) -> Result<f64, String> {
     let t = s.trim();
     if t == "inf" || t == "infinity" || t == "none" {
         return Ok(0.0);
     }
     if let Ok(m) = t.parse::<f64>() {
-        if m < 0.0 || !m.is_finite() {
+        if !m.is_finite() {
+            return Err(format!("-t {s}: must be a finite number of minutes (or inf, or FSD such as 90s, 2h)"));
+        }
+        if m < 0.0 {
             return Err(format!("-t {s}: must be >= 0"));
         }
         return Ok(m * 60.0);
@@ -157,9 +177,11 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
     }
     let mut out = serde_json::Map::new();
     if let Some(p) = &a.output {
+        check_output_template("--output", p)?;
         out.insert("stdout".into(), json!({"type": "file", "path": p}));
     }
     if let Some(p) = &a.error {
+        check_output_template("--error", p)?;
         out.insert("stderr".into(), json!({"type": "file", "path": p}));
     }
     if !out.is_empty() {
@@ -525,6 +547,8 @@ pub(crate) async fn job(cmd: JobCmd) -> Result<i32, String> {
                 std::fs::read_to_string(&file).map_err(|e| format!("{file}: {e}"))?
             };
             let spec = Jobspec::parse(&text).map_err(|e| format!("{file}: {e}"))?;
+            // The checks the instance makes at submission, here too, so that every error names the file.
+            spec.validate().map_err(|e| format!("{file}: {e}"))?;
             let c = connect().await?;
             let id = submit(&c, &spec).await?;
             println!("{id}");
@@ -603,4 +627,29 @@ pub(crate) fn human_event(e: &Value) -> String {
     )
     .trim_end()
     .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{check_output_template, parse_time_limit};
+
+    #[test]
+    fn output_templates_other_than_id_are_refused() {
+        assert!(check_output_template("--output", "/tmp/o-{{id}}.txt").is_ok());
+        assert!(check_output_template("--output", "plain.txt").is_ok());
+        let e = check_output_template("--output", "/tmp/o-{{id}}-{{bogus}}.txt").unwrap_err();
+        assert!(e.contains("unknown template {{bogus}}"), "{e}");
+    }
+
+    #[test]
+    fn time_limits_in_minutes_or_fsd_and_bad_ones_say_why() {
+        assert_eq!(parse_time_limit("2"), Ok(120.0));
+        assert_eq!(parse_time_limit("90s"), Ok(90.0));
+        assert_eq!(parse_time_limit("inf"), Ok(0.0));
+        for bad in ["1e400", "nan", "-inf"] {
+            let e = parse_time_limit(bad).unwrap_err();
+            assert!(e.contains("must be a finite number of minutes"), "{bad}: {e}");
+        }
+        assert!(parse_time_limit("-1").unwrap_err().contains("must be >= 0"));
+    }
 }

@@ -255,6 +255,12 @@ fn instance_jobspec(
     let spec = build_jobspec(&a)?;
     let mut v: Value = serde_json::from_str(&spec.to_json()).map_err(|e| e.to_string())?;
     let output = o.output.clone().or_else(|| default_output.map(str::to_string));
+    if let Some(p) = &output {
+        super::jobcmd::check_output_template("--output", p)?;
+    }
+    if let Some(p) = &o.error {
+        super::jobcmd::check_output_template("--error", p)?;
+    }
     if let Some(opts) = v.pointer_mut("/attributes/system").and_then(Value::as_object_mut) {
         let shell = opts.entry("shell").or_insert_with(|| json!({}));
         if let Some(sh) = shell.as_object_mut() {
