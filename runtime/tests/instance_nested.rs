@@ -146,6 +146,29 @@ fn batch_runs_the_script_in_a_child_instance() {
     assert_eq!(free_row(&l.stdout), Some((3, 3 * per_node)), "{}", l.dump());
 }
 
+/// The nested instance's own broker on a non-critical rank killed (its node lives on): the instance goes on
+/// without it, the job gets a non-fatal exception saying so, and the job's exit code is the script's.
+#[test]
+fn batch_survives_its_non_critical_broker_killed() {
+    let inst = Instance::start(3, &[]);
+    let body = "#!/bin/sh\nkill -9 $(vigil getattr -r 1 broker.pid)\nsleep 1\nvigil run -N1 true && echo survived\n";
+    let s = script(&inst, "kill1.sh", body);
+    let id = batch(&inst, &["-N2", &s]);
+    inst.vigil_t(&["job", "wait", &id], NESTED_TIMEOUT).code_is(0);
+    assert!(read(&inst, &format!("vigil-{id}.out")).contains("survived"));
+    let e = inst.vigil(&["job", "eventlog", "--json", &id]);
+    let exc: Vec<serde_json::Value> = e
+        .stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["name"] == "exception")
+        .collect();
+    assert_eq!(exc.len(), 1, "{}", e.dump());
+    let c = &exc[0]["context"];
+    assert_eq!((c["type"].as_str(), c["severity"].as_u64()), (Some("exec"), Some(2)), "{}", e.dump());
+    assert!(c["note"].as_str().unwrap_or_default().contains("the instance continues without it"), "{}", e.dump());
+}
+
 #[test]
 fn batch_in_a_batch_is_level_two() {
     let inst = Instance::start(3, &[]);

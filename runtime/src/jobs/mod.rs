@@ -742,8 +742,24 @@ impl JobCore {
         }
         sh.exited = true;
         let killing = job.term_sent.is_some();
+        // A nested instance's broker that is not critical failed while the critical ones run on: the instance
+        // goes on without that broker (its rank 0 sees the rank lost), as it would without its node.
+        let critical = Self::critical_ranks(job);
+        let instance_goes_on = job.instance.is_some()
+            && !critical.contains(exit.rank)
+            && job.shells.iter().filter(|(r, _)| critical.contains(**r)).all(|(_, s)| !s.exited);
         match &exit.report {
+            Some(rep) if instance_goes_on && !killing && rep.error.is_none() && exit_code(rep.status) != 0 => {
+                // Not counted in the job's exit code: that is the instance's, from its critical ranks.
+                let note = format!(
+                    "broker of the nested instance on {host} (rank {}) {}; the instance continues without it",
+                    exit.rank,
+                    crate::shellproto::describe_status(rep.status)
+                );
+                self.raise(now, id, "exec", 2, &note);
+            }
             Some(rep) => {
+                let Some(sh) = self.jobs.get_mut(&id).and_then(|j| j.shells.get_mut(&exit.rank)) else { return };
                 sh.status = Some(rep.status);
                 sh.abort_code = rep.abort_code;
                 if let Some(e) = &rep.error {
@@ -752,6 +768,7 @@ impl JobCore {
                 }
             }
             None => {
+                let Some(sh) = self.jobs.get_mut(&id).and_then(|j| j.shells.get_mut(&exit.rank)) else { return };
                 sh.status = Some(exit.shell_status);
                 if !killing {
                     let note = format!(

@@ -352,6 +352,51 @@ fn nested_instance_survives_a_non_critical_node() {
     assert_eq!(j.exit_code(), Some(0));
 }
 
+/// A nested instance's broker on a non-critical rank killed while its node lives (the shell reports the task
+/// killed): a non-fatal exception, and the job's exit code is the instance's, not 137.
+#[test]
+fn nested_instance_survives_a_non_critical_broker_killed() {
+    let mut c = core(3, 2, 0);
+    let id = c.submit(T0, &spec(cmd().nnodes(3).exclusive(true)), 0).unwrap();
+    actions(&mut c);
+    for r in 0..3 {
+        c.shell_spawned(T0, id, r, Ok(()));
+    }
+    make_instance(&mut c, id, "0");
+    let killed = 9; // wait status of a process killed by SIGKILL
+    exit_shell(&mut c, T0 + 1.0, id, 1, killed);
+    let j = &c.jobs[&id];
+    assert_eq!(j.state, JobState::Run, "the instance goes on");
+    assert!(j.fatal.is_none());
+    let exc: Vec<_> = j.eventlog.iter().filter(|e| e.name == "exception").collect();
+    assert_eq!(exc.len(), 1);
+    assert_eq!((exc[0].context["type"].as_str(), exc[0].context["severity"].as_u64()), (Some("exec"), Some(2)));
+    let note = exc[0].context["note"].as_str().unwrap_or_default();
+    assert!(note.contains("(rank 1)") && note.contains("SIGKILL") && note.contains("continues"), "{note}");
+    assert!(signals(&actions(&mut c)).is_empty(), "nothing is killed");
+    for r in [0, 2] {
+        exit_shell(&mut c, T0 + 2.0, id, r, 0);
+    }
+    let j = &c.jobs[&id];
+    assert_eq!(j.state, JobState::Inactive);
+    assert_eq!(j.exit_code(), Some(0), "the instance's exit code");
+
+    // The same on a critical rank is the job's failure; so is any broker's exit once the critical ones ended.
+    let mut c = core(3, 2, 0);
+    let id = c.submit(T0, &spec(cmd().nnodes(3).exclusive(true)), 0).unwrap();
+    actions(&mut c);
+    for r in 0..3 {
+        c.shell_spawned(T0, id, r, Ok(()));
+    }
+    make_instance(&mut c, id, "0");
+    exit_shell(&mut c, T0 + 1.0, id, 0, status_exited(3));
+    exit_shell(&mut c, T0 + 1.0, id, 1, killed);
+    exit_shell(&mut c, T0 + 1.0, id, 2, 0);
+    let j = &c.jobs[&id];
+    assert!(j.eventlog.iter().all(|e| e.name != "exception"), "an instance ending is not an exception");
+    assert_eq!(j.exit_code(), Some(137));
+}
+
 #[test]
 fn losing_a_critical_rank_is_fatal() {
     let mut c = core(5, 2, 0);
