@@ -366,3 +366,16 @@ fn ctrl_c_on_run_cancels_the_job() {
     assert_eq!(jobs[0]["result"].as_str(), Some("CANCELED"), "{jobs:#?}");
     assert!(wait_for(Duration::from_secs(3), || processes_with_argv(&["sleep", &marker]).is_empty()));
 }
+
+/// `-o exit-on-error`: the first failing task fails the job at once, the job exits with that task's code (not
+/// with the 143 of the tasks then terminated), and only that failure is reported.
+#[test]
+fn exit_on_error_exits_with_the_failing_tasks_code() {
+    let inst = Instance::start(2, &[]);
+    let script = "if [ $VIGIL_TASK_RANK = 1 ]; then exit 3; fi; sleep 30";
+    let o = inst.vigil_t(&["run", "-N2", "-n2", "-o", "exit-on-error", "sh", "-c", script], Duration::from_secs(30));
+    o.code_is(3);
+    let exc: Vec<&str> = o.stderr.lines().filter(|l| l.contains("exception")).collect();
+    assert_eq!(exc.len(), 1, "{}", o.dump());
+    assert!(exc[0].contains("task 1 exited with code 3 (exit-on-error)"), "{}", o.dump());
+}

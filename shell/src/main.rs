@@ -535,7 +535,8 @@ impl Shell {
                         outs.extend(pmi_srv.closed(rank));
                     }
                     let failed = signal.is_some() || code.is_some_and(|c| c != 0);
-                    if exit_on_error && failed && !any_fatal(&outs) && exit_failed.insert(rank) {
+                    // Once the job has failed, the tasks this shell then kills are not failures of their own.
+                    if exit_on_error && failed && abort_code.is_none() && !any_fatal(&outs) && exit_failed.insert(rank) {
                         outs.push(pmi::Out::Fatal { note: task_failure_note(rank, code, signal, &v), exit_code: Some(task_code(code, signal)) });
                     }
                 }
@@ -547,7 +548,7 @@ impl Shell {
                         if use_pmi && pmi_closed.insert(rank) {
                             outs.extend(pmi_srv.closed(rank));
                         }
-                        if exit_on_error && vigil::shellproto::exit_code(st) != 0 && !any_fatal(&outs) && exit_failed.insert(rank) {
+                        if exit_on_error && vigil::shellproto::exit_code(st) != 0 && abort_code.is_none() && !any_fatal(&outs) && exit_failed.insert(rank) {
                             let (code, signal) = if st & 0x7f != 0 { (None, Some((st & 0x7f) as i64)) } else { (Some(((st >> 8) & 0xff) as i64), None) };
                             outs.push(pmi::Out::Fatal { note: task_failure_note(rank, code, signal, &serde_json::Value::Null), exit_code: Some(task_code(code, signal)) });
                         }
@@ -589,13 +590,15 @@ impl Shell {
                         }
                     }
                     pmi::Out::Fatal { note, exit_code } => {
-                        if exit_code.is_some() {
+                        // The first failure's code is the job's (MPI_Abort's, or the task's under exit-on-error).
+                        if abort_code.is_none() {
                             abort_code = exit_code;
                         }
                         let _ = self.client.send(
                             vigil::shellproto::TOPIC_EXCEPTION,
                             0,
-                            &serde_json::json!({"id": id, "type": "exec", "severity": 0, "note": note}),
+                            &serde_json::json!({"id": id, "type": "exec", "severity": 0, "note": note,
+                                "rank": self.input.broker_rank}),
                         );
                         for p in &pids {
                             // SAFETY: plain kill(2) on a child pid we spawned.

@@ -756,8 +756,11 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             if sev == 0 && jc.jobs.get(&id).is_some_and(|j| j.fatal.is_some()) {
                 // Already going down: later shell reports are consequences of the first cause.
                 debug!("job {id}: not posting follow-up exception: {note}");
-            } else {
-                jc.raise(n, id, &kind, sev, &note);
+            } else if jc.raise(n, id, &kind, sev, &note) && sev == 0 {
+                let rank = body.get("rank").and_then(Value::as_u64).map(|r| r as u32);
+                if let Some(j) = jc.jobs.get_mut(&id) {
+                    j.fatal_shell = rank;
+                }
             }
             Ok(Some(json!({}).into()))
         }

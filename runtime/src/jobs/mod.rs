@@ -156,6 +156,10 @@ pub struct Job {
     pub kill_sent: bool,
     /// The first fatal exception.
     pub fatal: Option<Exception>,
+    /// The broker rank of the job shell that raised the first fatal exception, if a shell did: its report's
+    /// abort code (MPI_Abort's, or the failing task's under exit-on-error) is the job's exit code, not that of
+    /// another shell whose tasks were then terminated.
+    pub fatal_shell: Option<u32>,
     /// Finish status (largest task wait status).
     pub status: Option<i32>,
     /// PMI barrier requests received from this job's shells (one per shell per barrier).
@@ -496,6 +500,7 @@ impl JobCore {
             term_sent: None,
             kill_sent: false,
             fatal: None,
+            fatal_shell: None,
             status: None,
             pmi_exchanges: 0,
             instance: None,
@@ -794,7 +799,8 @@ impl JobCore {
         let reported: Vec<i32> = job.shells.values().filter_map(|s| s.status).collect();
         if !reported.is_empty() {
             let mut status = reported.iter().copied().max_by_key(|s| exit_code(*s)).unwrap_or(0);
-            if let Some(code) = job.shells.values().find_map(|s| s.abort_code) {
+            let first = job.fatal_shell.and_then(|r| job.shells.get(&r)).and_then(|s| s.abort_code);
+            if let Some(code) = first.or_else(|| job.shells.values().find_map(|s| s.abort_code)) {
                 // MPI_Abort(code): the job exits with the code the application asked for.
                 status = crate::shellproto::status_exited(code);
             }
