@@ -88,6 +88,10 @@ fn outlives_its_owner(end: impl FnOnce(Instance)) {
         eprintln!("skipped: no XDP on this machine ({r})");
         return;
     }
+    if r.starts_with("xdp (shared") {
+        eprintln!("skipped: a Vigil broker outside this test owns the XDP program on lo ({r})");
+        return;
+    }
     assert!(r.contains("on lo"), "{r}");
     assert!(lo_link_pin().exists(), "the owner pins its XDP link once registered");
 
