@@ -306,11 +306,6 @@ impl XdpResponder {
     /// machine; removed again when the responder is dropped. A stale pin at `path` is replaced. May be called
     /// for several paths.
     pub fn pin_table(&mut self, path: &Path) -> Result<(), EbpfError> {
-        sys::ensure_bpffs()?;
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let _ = std::fs::remove_file(path);
         let done = self.table.pin(path)?;
         self.pinned.extend(done);
         Ok(())
