@@ -54,6 +54,7 @@ pub mod cli;
 pub mod client;
 pub mod duration;
 pub mod eventlog;
+pub mod foreground;
 pub mod hostlist;
 pub mod hwloc;
 pub mod idset;

@@ -1422,27 +1422,13 @@ impl Core {
 /// Run the initial program in its own process group, made the terminal's foreground group when stdin is a
 /// tty (so Ctrl-C reaches it, not the brokers). Reports its pgid, then its exit code.
 async fn run_initial(argv: Vec<String>, uri: String, tx: mpsc::UnboundedSender<Input>) -> i32 {
-    use std::os::unix::process::CommandExt as _;
     let mut cmd = std::process::Command::new(&argv[0]);
     cmd.args(&argv[1..]).env(crate::client::URI_ENV, &uri);
     if let Some(dir) = std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.to_path_buf())) {
         let path = std::env::var("PATH").unwrap_or_default();
         cmd.env("PATH", format!("{}:{path}", dir.display()));
     }
-    // SAFETY: isatty on fd 0 has no preconditions.
-    let tty = unsafe { libc::isatty(0) } == 1;
-    // SAFETY: only async-signal-safe calls between fork and exec: setpgid, signal, tcsetpgrp, getpid.
-    unsafe {
-        cmd.pre_exec(move || {
-            libc::setpgid(0, 0);
-            if tty {
-                libc::signal(libc::SIGTTOU, libc::SIG_IGN);
-                libc::tcsetpgrp(0, libc::getpid());
-                libc::signal(libc::SIGTTOU, libc::SIG_DFL);
-            }
-            Ok(())
-        });
-    }
+    let tty = crate::foreground::own_foreground_group(&mut cmd);
     let mut cmd = tokio::process::Command::from(cmd);
     cmd.kill_on_drop(true);
     let code = match cmd.spawn() {
@@ -1469,12 +1455,7 @@ async fn run_initial(argv: Vec<String>, uri: String, tx: mpsc::UnboundedSender<I
     };
     if tty {
         // Take the terminal back for `vigil start`'s process group.
-        // SAFETY: plain libc calls on fd 0; SIGTTOU is ignored around tcsetpgrp so a background group may call it.
-        unsafe {
-            let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
-            libc::tcsetpgrp(0, libc::getpgrp());
-            libc::signal(libc::SIGTTOU, old);
-        }
+        crate::foreground::take_terminal_back();
     }
     code
 }

@@ -363,7 +363,6 @@ struct Command {
 impl Command {
     /// Starts `command` (the user's shell if empty) with `VIGIL_URI` set to `uri`.
     fn spawn(uri: &str, command: &[String]) -> Result<Command, String> {
-        use std::os::unix::process::CommandExt as _;
         let argv: Vec<String> = if command.is_empty() {
             vec![std::env::var("SHELL").unwrap_or_else(|_| "/bin/sh".into())]
         } else {
@@ -371,20 +370,7 @@ impl Command {
         };
         let mut cmd = std::process::Command::new(&argv[0]);
         cmd.args(&argv[1..]).env(crate::client::URI_ENV, uri);
-        // SAFETY: isatty on fd 0 has no preconditions.
-        let tty = unsafe { libc::isatty(0) } == 1;
-        // SAFETY: only async-signal-safe calls between fork and exec: setpgid, signal, tcsetpgrp, getpid.
-        unsafe {
-            cmd.pre_exec(move || {
-                libc::setpgid(0, 0);
-                if tty {
-                    libc::signal(libc::SIGTTOU, libc::SIG_IGN);
-                    libc::tcsetpgrp(0, libc::getpid());
-                    libc::signal(libc::SIGTTOU, libc::SIG_DFL);
-                }
-                Ok(())
-            });
-        }
+        let tty = crate::foreground::own_foreground_group(&mut cmd);
         let child = tokio::process::Command::from(cmd).spawn().map_err(|e| format!("cannot run {}: {e}", argv[0]))?;
         Ok(Command { child, tty })
     }
@@ -446,12 +432,7 @@ impl Command {
 impl Drop for Command {
     fn drop(&mut self) {
         if self.tty {
-            // SAFETY: plain libc calls on fd 0; SIGTTOU is ignored around tcsetpgrp so a background group may call it.
-            unsafe {
-                let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
-                libc::tcsetpgrp(0, libc::getpgrp());
-                libc::signal(libc::SIGTTOU, old);
-            }
+            crate::foreground::take_terminal_back();
         }
     }
 }

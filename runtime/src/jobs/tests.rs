@@ -315,15 +315,22 @@ fn make_instance(c: &mut JobCore, id: JobId, critical_broker_ranks: &str) {
         Some(json!({"uri": "local:///x", "critical_ranks": "0", "critical_broker_ranks": critical_broker_ranks}));
 }
 
-#[test]
-fn nested_instance_survives_a_non_critical_node() {
-    let mut c = core(5, 2, 0);
-    let id = c.submit(T0, &spec(cmd().nnodes(5).exclusive(true)), 0).unwrap();
+/// A nested instance job on all `nranks` nodes (2 cores each), its shells started, `critical_broker_ranks`
+/// reported.
+fn running_instance(nranks: u32, critical_broker_ranks: &str) -> (JobCore, JobId) {
+    let mut c = core(nranks, 2, 0);
+    let id = c.submit(T0, &spec(cmd().nnodes(nranks).exclusive(true)), 0).unwrap();
     actions(&mut c);
-    for r in 0..5 {
+    for r in 0..nranks {
         c.shell_spawned(T0, id, r, Ok(()));
     }
-    make_instance(&mut c, id, "0");
+    make_instance(&mut c, id, critical_broker_ranks);
+    (c, id)
+}
+
+#[test]
+fn nested_instance_survives_a_non_critical_node() {
+    let (mut c, id) = running_instance(5, "0");
     c.ranks_lost(T0 + 1.0, &IdSet::from_iter([3]));
     let j = &c.jobs[&id];
     assert_eq!(j.state, JobState::Run, "non-critical loss keeps the job running");
@@ -356,13 +363,7 @@ fn nested_instance_survives_a_non_critical_node() {
 /// killed): a non-fatal exception, and the job's exit code is the instance's, not 137.
 #[test]
 fn nested_instance_survives_a_non_critical_broker_killed() {
-    let mut c = core(3, 2, 0);
-    let id = c.submit(T0, &spec(cmd().nnodes(3).exclusive(true)), 0).unwrap();
-    actions(&mut c);
-    for r in 0..3 {
-        c.shell_spawned(T0, id, r, Ok(()));
-    }
-    make_instance(&mut c, id, "0");
+    let (mut c, id) = running_instance(3, "0");
     let killed = 9; // wait status of a process killed by SIGKILL
     exit_shell(&mut c, T0 + 1.0, id, 1, killed);
     let j = &c.jobs[&id];
@@ -382,13 +383,7 @@ fn nested_instance_survives_a_non_critical_broker_killed() {
     assert_eq!(j.exit_code(), Some(0), "the instance's exit code");
 
     // The same on a critical rank is the job's failure; so is any broker's exit once the critical ones ended.
-    let mut c = core(3, 2, 0);
-    let id = c.submit(T0, &spec(cmd().nnodes(3).exclusive(true)), 0).unwrap();
-    actions(&mut c);
-    for r in 0..3 {
-        c.shell_spawned(T0, id, r, Ok(()));
-    }
-    make_instance(&mut c, id, "0");
+    let (mut c, id) = running_instance(3, "0");
     exit_shell(&mut c, T0 + 1.0, id, 0, status_exited(3));
     exit_shell(&mut c, T0 + 1.0, id, 1, killed);
     exit_shell(&mut c, T0 + 1.0, id, 2, 0);
