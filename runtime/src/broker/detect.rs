@@ -174,17 +174,20 @@ pub(crate) fn table_pin_path(instance: &str) -> std::path::PathBuf {
 /// Where the XDP owner of `interface` (in this network namespace) pins its responder table for the other
 /// brokers of the machine.
 fn interface_pin_path(interface: &str) -> std::path::PathBuf {
-    use std::os::unix::fs::MetadataExt;
-    let ns = std::fs::metadata("/proc/self/ns/net").map(|m| m.ino()).unwrap_or(0);
-    std::path::PathBuf::from(format!("{PIN_DIR}/{}ns{ns}-{interface}", vigil_ebpf::TABLE_PREFIX))
+    interface_pin(vigil_ebpf::TABLE_PREFIX, interface)
 }
 
 /// Where the XDP owner of `interface` pins the program's link, so that the program keeps answering for the
 /// other brokers of the machine after the owner is gone (see [`vigil_ebpf::sweep_stale_pins`]).
 fn interface_link_path(interface: &str) -> std::path::PathBuf {
+    interface_pin(vigil_ebpf::LINK_PREFIX, interface)
+}
+
+/// `PIN_DIR/<prefix>ns<netns inode>-<interface>`.
+fn interface_pin(prefix: &str, interface: &str) -> std::path::PathBuf {
     use std::os::unix::fs::MetadataExt;
     let ns = std::fs::metadata("/proc/self/ns/net").map(|m| m.ino()).unwrap_or(0);
-    std::path::PathBuf::from(format!("{PIN_DIR}/{}ns{ns}-{interface}", vigil_ebpf::LINK_PREFIX))
+    std::path::PathBuf::from(format!("{PIN_DIR}/{prefix}ns{ns}-{interface}"))
 }
 
 /// Removes the responder pins of this machine that nothing uses any more, says so, and returns their paths.
