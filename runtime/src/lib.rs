@@ -60,6 +60,7 @@ pub mod hwloc;
 pub mod idset;
 pub mod jobs;
 pub mod jobspec;
+pub mod keyfile;
 pub mod membership;
 pub mod message;
 pub mod pmi;
