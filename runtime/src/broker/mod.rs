@@ -15,6 +15,7 @@ mod core;
 pub(crate) mod detect;
 mod local;
 pub(crate) mod rdma_link;
+pub mod secure;
 mod services;
 pub mod transport;
 

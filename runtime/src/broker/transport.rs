@@ -184,11 +184,34 @@ where
 {
     let (rd, wr) = tokio::io::split(stream);
     // Buffered: one read(2) brings many small frames instead of three reads per frame (header, body, ...).
-    let mut rd = tokio::io::BufReader::with_capacity(64 * 1024, rd);
+    let rd = tokio::io::BufReader::with_capacity(64 * 1024, rd);
+    link_from_parts(rd, BufWriter::new(wr), peer, sock)
+}
+
+/// An authenticated, encrypted overlay link on a TCP connection whose handshake is done (see [`super::secure`]).
+pub fn secure_link(
+    stream: tokio::net::TcpStream,
+    session: super::secure::Session,
+    peer: String,
+    sock: Option<std::os::fd::OwnedFd>,
+) -> Link {
+    let (rd, wr) = stream.into_split();
+    // Records are read from a buffer: one read(2) brings many records, as for plain links.
+    let (rd, wr) = session.split(tokio::io::BufReader::with_capacity(64 * 1024, rd), wr);
+    link_from_parts(rd, wr, peer, sock)
+}
+
+/// A [`Link`] on a reading and a writing end that carry overlay frames, with a reader and a writer task. The
+/// writer writes each queued frame to `wr` and flushes once the queue is empty, so `wr` should buffer.
+pub fn link_from_parts<R, W>(mut rd: R, wr: W, peer: String, sock: Option<std::os::fd::OwnedFd>) -> Link
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     let (tx, mut out_rx) = mpsc::unbounded_channel::<Message>();
     let (in_tx, rx) = mpsc::unbounded_channel::<LinkEvent>();
     let wt = tokio::spawn(async move {
-        let mut w = BufWriter::new(wr);
+        let mut w = wr;
         // One frame buffer for the link's life: encoding allocates nothing per message.
         let mut frame = Vec::new();
         while let Some(m) = out_rx.recv().await {
@@ -246,9 +269,13 @@ fn encode_reusing(m: &Message, frame: &mut Vec<u8>) {
 /// `TCP_USER_TIMEOUT` of overlay sockets (ms): the kernel's backstop behind the membership rules.
 pub const TCP_USER_TIMEOUT_MS: u32 = 2000;
 
-/// TCP overlay transport (tokio, `TCP_NODELAY`).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct TcpTransport;
+/// TCP overlay transport (tokio, `TCP_NODELAY`): every link it makes is authenticated and encrypted with the
+/// instance's key ([`super::secure`]).
+#[derive(Debug, Clone)]
+pub struct TcpTransport {
+    /// The instance's key and id.
+    pub auth: std::sync::Arc<super::secure::LinkAuth>,
+}
 
 /// Lowest descriptor number given to overlay sockets ([`raise_socket`]).
 pub const OVERLAY_FD_FLOOR: i32 = 1000;
@@ -290,13 +317,23 @@ impl Transport for TcpTransport {
     fn name(&self) -> &'static str {
         "tcp"
     }
+    /// Connect and run the initiator's handshake (within [`super::secure::HANDSHAKE_TIMEOUT`]). A peer that
+    /// fails authentication gives `PermissionDenied`.
     fn connect(&self, endpoint: String) -> Pin<Box<dyn Future<Output = std::io::Result<Link>> + Send>> {
+        let auth = self.auth.clone();
         Box::pin(async move {
+            use super::secure::{initiate, HandshakeError, HANDSHAKE_TIMEOUT};
             let addr = endpoint.strip_prefix("tcp://").unwrap_or(&endpoint).to_string();
             let s = tokio::net::TcpStream::connect(&addr).await?;
             tune_tcp(&s, TCP_USER_TIMEOUT_MS);
-            let (s, dup) = raise_socket(s);
-            Ok(link_from_stream_fd(s, addr, dup))
+            let (mut s, dup) = raise_socket(s);
+            let session = match tokio::time::timeout(HANDSHAKE_TIMEOUT, initiate(&mut s, &auth)).await {
+                Ok(Ok(x)) => x,
+                Ok(Err(HandshakeError::Io(e))) => return Err(e),
+                Ok(Err(e)) => return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.to_string())),
+                Err(_) => return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "overlay handshake timed out")),
+            };
+            Ok(secure_link(s, session, addr, dup))
         })
     }
 }
