@@ -3,6 +3,7 @@
 //! ```toml
 //! [bootstrap]
 //! instance = "cluster"                 # optional name; brokers of different instances refuse each other
+//! overlay_key = "/etc/vigil/overlay.key" # required: the key file (vigil keygen) every broker authenticates with
 //! default_port = 8050
 //! default_bind = "tcp://0.0.0.0:%p"    # %h = the host's name, %p = port
 //! default_connect = "tcp://%h:%p"
@@ -36,6 +37,9 @@ pub struct Bootstrap {
     /// Instance name.
     #[serde(default)]
     pub instance: Option<String>,
+    /// Path of the overlay key file (`vigil keygen`), the same on every node; required by `vigil broker`.
+    #[serde(default)]
+    pub overlay_key: Option<String>,
     /// Port substituted for `%p`.
     #[serde(default)]
     pub default_port: Option<u16>,

@@ -2,9 +2,9 @@
 
 use super::local;
 use super::rdma_link;
+use super::secure;
 use super::transport::{
-    link_from_stream_fd, tcp_ack_state, tune_tcp, Link, LinkEvent, LinkRx, LinkTx, TcpTransport, Transport,
-    TCP_USER_TIMEOUT_MS,
+    tcp_ack_state, tune_tcp, Link, LinkEvent, LinkRx, LinkTx, TcpTransport, Transport, TCP_USER_TIMEOUT_MS,
 };
 use crate::hwloc::{NodeResources, NodeTopology, TopologySource};
 use crate::idset::IdSet;
@@ -63,6 +63,8 @@ pub struct BrokerOptions {
     pub resources_override: Option<(IdSet, IdSet)>,
     /// URI of the enclosing instance's broker on this node, for a nested instance.
     pub parent_uri: Option<String>,
+    /// The instance's overlay key: every overlay link is authenticated and encrypted with it (see `secure`).
+    pub key: crate::keyfile::OverlayKey,
 }
 
 /// Inputs of the core loop.
@@ -186,6 +188,8 @@ pub(crate) struct Watcher {
 
 pub(crate) struct Core {
     pub opts: BrokerOptions,
+    /// Overlay connections refused before authentication (shared with the listener's tasks).
+    pub refusals: std::sync::Arc<std::sync::Mutex<secure::RefusalLog>>,
     pub uid: u32,
     pub start: Instant,
     pub started_at: f64,
@@ -351,9 +355,10 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         }
     });
     let tx2 = input_tx.clone();
-    let instance = opts.instance.clone();
+    let auth = std::sync::Arc::new(secure::LinkAuth::new(opts.key.clone(), &opts.instance));
     let rdma = std::sync::Arc::new(rdma_link::settings(&opts.attrs)?);
-    tokio::spawn(accept_children(listener, tx2, instance, rdma.clone()));
+    let refusals = std::sync::Arc::new(std::sync::Mutex::new(secure::RefusalLog::default()));
+    tokio::spawn(accept_children(listener, tx2, auth.clone(), rdma.clone(), refusals.clone()));
 
     // Local connector.
     std::fs::create_dir_all(&opts.rundir)
@@ -388,6 +393,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
 
     let started_at = now();
     let mut core = Core {
+        refusals,
         uid,
         start: Instant::now(),
         started_at,
@@ -469,7 +475,8 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
             .cloned()
             .ok_or_else(|| format!("no endpoint for parent rank {parent}"))?;
         let probe_port = core.detect.as_ref().map(|d| d.probe_port);
-        let (link, choice, busy) = connect_parent(&core.opts, &core.rdma, probe_port, &ep).await?;
+        let transport = TcpTransport { auth };
+        let (link, choice, busy) = connect_parent(&core.opts, &transport, &core.rdma, probe_port, &ep).await?;
         core.parent = Some(link.tx.clone());
         core.parent_busy = busy;
         // Tell rank 0 which transport our parent link uses (for `vigil overlay status` and `uptime`).
@@ -557,12 +564,16 @@ pub(crate) async fn pump(mut rx: LinkRx, peer: Peer, conn: u64, tx: mpsc::Unboun
     let _ = tx.send(Input::PeerClosed(peer, conn, "link dropped".into()));
 }
 
+/// Accept child connections: each runs the responder's handshake ([`secure::respond`]) under the bounds stated
+/// in `secure` (pending connections, message sizes, time), then must send a `hello` as its first message.
 async fn accept_children(
     l: tokio::net::TcpListener,
     tx: mpsc::UnboundedSender<Input>,
-    _instance: String,
+    auth: std::sync::Arc<secure::LinkAuth>,
     rdma: std::sync::Arc<rdma_link::Settings>,
+    refusals: std::sync::Arc<std::sync::Mutex<secure::RefusalLog>>,
 ) {
+    let pending = std::sync::Arc::new(tokio::sync::Semaphore::new(secure::MAX_PENDING_HANDSHAKES));
     let mut conn: u64 = 0;
     loop {
         let (s, addr) = match l.accept().await {
@@ -573,16 +584,42 @@ async fn accept_children(
                 continue;
             }
         };
+        let Ok(permit) = pending.clone().try_acquire_owned() else {
+            // Dropped at once: a flood of connections that never finish their handshake holds at most
+            // MAX_PENDING_HANDSHAKES slots, whatever their number.
+            if refusals.lock().is_ok_and(|mut r| r.first(addr.ip())) {
+                warn!(
+                    "overlay peer {addr}: closed, {} connections already wait for their handshake",
+                    secure::MAX_PENDING_HANDSHAKES
+                );
+            }
+            continue;
+        };
         tune_tcp(&s, TCP_USER_TIMEOUT_MS);
-        let (s, dup) = super::transport::raise_socket(s);
+        let (mut s, dup) = super::transport::raise_socket(s);
         conn += 1;
         let c = conn;
         let tx = tx.clone();
         let rdma = rdma.clone();
+        let auth = auth.clone();
+        let refusals = refusals.clone();
         tokio::spawn(async move {
-            let mut link = link_from_stream_fd(s, addr.to_string(), dup);
-            // The first message must be a hello, within 5 s.
-            let first = tokio::time::timeout(Duration::from_secs(5), link.rx.recv()).await;
+            let session = match secure::respond(&mut s, &auth).await {
+                Ok(x) => x,
+                Err(e) => {
+                    // Once per address: a peer retrying in a loop cannot flood the log.
+                    if refusals.lock().is_ok_and(|mut r| r.first(addr.ip())) {
+                        warn!("overlay peer {addr}: refused: {e}");
+                    } else {
+                        debug!("overlay peer {addr}: refused: {e}");
+                    }
+                    return;
+                }
+            };
+            drop(permit);
+            let mut link = super::transport::secure_link(s, session, addr.to_string(), dup);
+            // The first message must be a hello; the handshake's record already holds it.
+            let first = tokio::time::timeout(secure::HANDSHAKE_TIMEOUT, link.rx.recv()).await;
             match first {
                 Ok(Some(LinkEvent::Message(m))) if m.msgtype == MsgType::Control && m.topic == "hello" => {
                     // Answer the child's RDMA offer here, off the core (opening a device takes milliseconds).
@@ -604,7 +641,10 @@ async fn accept_children(
                 }
                 Ok(Some(LinkEvent::Closed(why))) => warn!("overlay peer {addr} disconnected before hello: {why}"),
                 Ok(None) => {}
-                Err(_) => warn!("overlay peer {addr}: no hello within 5s; disconnecting"),
+                Err(_) => warn!(
+                    "overlay peer {addr}: no hello within {}s; disconnecting",
+                    secure::HANDSHAKE_TIMEOUT.as_secs()
+                ),
             }
         });
     }
@@ -612,14 +652,16 @@ async fn accept_children(
 
 async fn connect_parent(
     opts: &BrokerOptions,
+    transport: &TcpTransport,
     rdma: &rdma_link::Settings,
     probe_port: Option<u16>,
     ep: &str,
 ) -> Result<(Link, rdma_link::LinkChoice, Option<rdma_link::BusyRx>), String> {
     let deadline = Instant::now() + Duration::from_secs_f64(opts.connect_timeout.clamp(0.0, 1e7));
     let mut delay = Duration::from_millis(5);
+    let mut last_error = String::from("no answer");
     loop {
-        match TcpTransport.connect(ep.to_string()).await {
+        match transport.connect(ep.to_string()).await {
             Ok(mut link) => {
                 // Offer RDMA when a verbs device serves our end of this connection (see rdma_link).
                 let offer = rdma_link::Offer::new(rdma, link.sock.as_ref().and_then(rdma_link::local_ip))?;
@@ -654,10 +696,20 @@ async fn connect_parent(
                     ),
                 }
             }
-            Err(e) => debug!("connect {ep}: {e}"),
+            Err(e) => {
+                debug!("connect {ep}: {e}");
+                last_error = match e.kind() {
+                    // The parent closes a connection whose handshake fails: the keys (or instance ids) differ.
+                    std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::PermissionDenied => format!(
+                        "the parent closed our authentication handshake ({e}): does it hold the same overlay key \
+                         and instance id?"
+                    ),
+                    _ => e.to_string(),
+                };
+            }
         }
         if Instant::now() >= deadline {
-            return Err(format!("could not connect to parent at {ep} within {}s", opts.connect_timeout));
+            return Err(format!("could not connect to parent at {ep} within {}s: {last_error}", opts.connect_timeout));
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_millis(200));
@@ -990,7 +1042,8 @@ impl Core {
         };
         let Some(rank) = rank else { return refuse("hello without a rank".into()) };
         if inst != self.opts.instance {
-            return refuse(format!("rank {rank} belongs to instance '{inst}', not '{}'", self.opts.instance));
+            // Unreachable with the handshake's prologue, which binds the instance id; never echo ids.
+            return refuse(format!("rank {rank} belongs to another instance"));
         }
         if self.opts.topo.parent(self.opts.size, rank) != Some(self.rank()) {
             return refuse(format!("rank {rank} is not a child of rank {}", self.rank()));
@@ -1155,6 +1208,17 @@ impl Core {
             }
             Peer::Child(r) => msg.route.push(r),
             Peer::Parent => msg.route.push(self.opts.topo.parent(self.opts.size, self.rank()).unwrap_or(0)),
+        }
+        // The userid was set by the broker whose local connector checked the caller (SO_PEERCRED), which admits
+        // only the owner: in this single-owner instance, a request from a peer carrying any other userid did not
+        // come from a checked caller.
+        if !matches!(from, Peer::Local(_)) && msg.userid != self.uid {
+            warn!("refusing '{}' from {from:?}: userid {} is not the instance owner's", msg.topic, msg.userid);
+            return self.respond_error(
+                &msg,
+                errno::EPERM,
+                &format!("userid {} may not use this instance: it has a single owner", msg.userid),
+            );
         }
         if msg.route.len() > crate::message::MAX_ROUTE {
             return self.respond_error(&msg, errno::EPROTO, "route too deep");

@@ -320,7 +320,13 @@ fn info(core: &Core) -> Value {
         "transport": core.links.summary(), "instance_level": o.attrs.get("instance-level").cloned().unwrap_or_else(|| "0".into()),
         "detectors": detectors(core),
         "resource_source": core.resources.source,
+        "security": security(core),
     })
+}
+
+/// How this broker's overlay links are secured, and how many unauthenticated connections it refused.
+fn security(core: &Core) -> Value {
+    json!({"noise": super::secure::NOISE_PARAMS, "refused": core.refusals.lock().map(|r| r.count).unwrap_or(0)})
 }
 
 // ------------------------------------------------------------------------------------------- rexec
@@ -512,7 +518,8 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             Ok(Some(
                 json!({"size": size, "topo": topo.to_string(), "depth": topo.depth(size),
                 "critical_ranks": IdSet::from_iter(topo.critical_ranks(size)).to_string(),
-                "transport": core.links.summary(), "detectors": detectors(core), "ranks": ranks})
+                "transport": core.links.summary(), "detectors": detectors(core), "security": security(core),
+                "ranks": ranks})
                 .into(),
             ))
         }

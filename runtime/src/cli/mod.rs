@@ -67,6 +67,34 @@ pub enum Cmd {
     /// Publish or subscribe to events (sequenced by rank 0, delivered to every broker).
     #[command(subcommand)]
     Event(status::EventCmd),
+    /// Write a new overlay key file (mode 0600) for a system instance (see docs/system-instance.md).
+    Keygen(KeygenArgs),
+}
+
+/// `vigil keygen`.
+#[derive(clap::Args, Debug)]
+pub struct KeygenArgs {
+    /// The key file to write, e.g. /etc/vigil/overlay.key; name it as `overlay_key` in the `[bootstrap]` table
+    /// and copy it to every node.
+    pub file: std::path::PathBuf,
+    /// Replace an existing file (every broker of the instance then needs the new key).
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// `vigil keygen FILE`: a fresh key, written mode 0600; refuses to replace a file without `--force`.
+fn keygen(a: KeygenArgs) -> i32 {
+    let r = crate::keyfile::OverlayKey::generate().and_then(|k| k.write(&a.file, a.force));
+    match r {
+        Ok(()) => {
+            eprintln!(
+                "vigil: wrote overlay key {} (mode 0600): copy it to every node of the instance",
+                a.file.display()
+            );
+            0
+        }
+        Err(e) => fail(e.to_string()),
+    }
 }
 
 /// Entry point of the `vigil` binary; returns the process exit code.
@@ -83,6 +111,7 @@ pub fn main() -> i32 {
     match cli.cmd {
         Cmd::Start(a) => start::start(a),
         Cmd::Broker(a) => start::broker(a),
+        Cmd::Keygen(a) => keygen(a),
         cmd => {
             let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                 Ok(rt) => rt,
@@ -105,7 +134,7 @@ pub fn main() -> i32 {
                     Cmd::Lsattr(a) => status::lsattr(a).await,
                     Cmd::Ping(a) => status::ping(a).await,
                     Cmd::Event(c) => status::event(c).await,
-                    Cmd::Start(_) | Cmd::Broker(_) => Ok(0),
+                    Cmd::Start(_) | Cmd::Broker(_) | Cmd::Keygen(_) => Ok(0),
                 };
                 r.unwrap_or_else(fail)
             })

@@ -351,6 +351,7 @@ pub(crate) async fn overlay(cmd: OverlayCmd) -> Result<i32, String> {
                     format!("rank {rank}: {}{why}", e.errstr)
                 })?;
                 r["detectors"] = info["detectors"].clone();
+                r["security"] = info["security"].clone();
             }
             if as_json {
                 println!("{r}");
@@ -433,7 +434,17 @@ pub(crate) async fn uptime() -> Result<i32, String> {
     for l in detector_lines(&r["detectors"]) {
         println!(" detectors (rank {}): {l}", r["rank"].as_u64().unwrap_or(0));
     }
+    println!(" {}", security_line(&r["security"]));
     Ok(0)
+}
+
+/// How overlay links are secured, and how many unauthenticated connections this broker refused.
+fn security_line(s: &Value) -> String {
+    format!(
+        "overlay links: authenticated and encrypted ({}); {} unauthenticated connection(s) refused",
+        s["noise"].as_str().unwrap_or("?"),
+        s["refused"].as_u64().unwrap_or(0)
+    )
 }
 
 /// One line per failure detector: `process-exit ebpf`, `responder userspace (reason)`, ...
