@@ -146,39 +146,6 @@ fn overlay_truncated_frames() {
     assert_healthy(&inst);
 }
 
-#[test]
-fn overlay_hello_from_a_rank_that_is_not_a_child() {
-    let inst = Instance::start(4, &["tbon.topo=kary:2"]);
-    let addr = overlay_endpoint(&inst);
-    let iid = instance_id(&inst);
-    // kary:2: rank 0's children are 1 and 2; 3 is rank 1's child; 0 and 99 are nobody's child of 0.
-    for (rank, instance, why) in [
-        (3u64, iid.as_str(), "not a child"),
-        (0, iid.as_str(), "not a child"),
-        (99, iid.as_str(), "not a child"),
-        (1, "other-instance", "instance"),
-    ] {
-        let mut s = connect_overlay(&addr);
-        let hello =
-            serde_json::json!({"rank": rank, "instance": instance, "version": 1, "hostname": "impostor"}).to_string();
-        send_all(&mut s, &encode_frame(1, T_CONTROL, 0, "hello", 0, u32::MAX, &[], hello.as_bytes()));
-        s.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
-        let f = read_frame(&mut s).unwrap_or_else(|e| panic!("rank {rank}: no answer to hello: {e}")).expect("a frame");
-        assert_eq!((f.msgtype, f.topic.as_str()), (T_CONTROL, "refused"), "rank {rank} ({instance}): {f:?}");
-        let errstr = f.payload["errstr"].as_str().unwrap_or("");
-        assert!(errstr.contains(why), "rank {rank} ({instance}): {errstr:?}");
-        s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
-        assert!(peer_closes(&mut s, Duration::from_secs(8)), "refused peer not disconnected");
-    }
-    // A hello without a rank.
-    let mut s = connect_overlay(&addr);
-    send_all(&mut s, &encode_frame(1, T_CONTROL, 0, "hello", 0, u32::MAX, &[], b"{\"instance\": 5}"));
-    s.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
-    let f = read_frame(&mut s).ok().flatten();
-    assert!(matches!(&f, Some(f) if f.topic == "refused"), "{f:?}");
-    assert_healthy(&inst);
-}
-
 fn connect_local(inst: &Instance) -> UnixStream {
     let mut s = UnixStream::connect(inst.socket_path()).expect("connect local socket");
     s.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
