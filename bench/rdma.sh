@@ -75,9 +75,11 @@ RTT_SYNC1=$(timeout 120 "$REL/examples/rtt" sync ct $N | sed -n 's/.*median_us=\
 RTT_SYNC2=$(timeout 120 "$REL/examples/rtt" sync mt $N | sed -n 's/.*median_us=\([0-9.]*\).*/\1/p')
 
 # Two brokers, overlay on rdma then on tcp.
+vigil keygen --force "$T/overlay.key" 2>/dev/null || { echo "rdma.sh: vigil keygen failed" >&2; exit 1; }
 cat >"$T/vigil.toml" <<EOF
 [bootstrap]
 instance = "rdma-bench"
+overlay_key = "$T/overlay.key"
 hosts = [
   { host = "n0", bind = "tcp://$A0:8051", connect = "tcp://$A0:8051" },
   { host = "n1", bind = "tcp://$A1:8051", connect = "tcp://$A1:8051" },

@@ -44,9 +44,13 @@ up)
     ip -n "$hub" link add br0 type bridge
     ip -n "$hub" link set br0 up
     ip -n "$hub" link set lo up
+    # Every node of the cluster holds the same overlay key, as a system instance's nodes would.
+    rm -f "$dir/overlay.key"
+    "$VIGIL" keygen "$dir/overlay.key" 2>/dev/null
     {
         echo "[bootstrap]"
         echo "instance = \"$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')\""
+        echo "overlay_key = \"$dir/overlay.key\""
         echo "hosts = ["
         for ((k = 0; k < n; k++)); do
             echo "  { host = \"node$k\", bind = \"tcp://$(addr $k):8050\", connect = \"tcp://$(addr $k):8050\" },"

@@ -12,9 +12,11 @@ T=$(mktemp -d /tmp/vigil-rdma-broker.XXXXXX)
 trap 'kill $P1 2>/dev/null; rm -rf "$T"' EXIT
 fail() { echo "rdma-broker-test: FAIL: $*"; exit 1; }
 
+vigil keygen --force "$T/overlay.key" 2>/dev/null || fail "vigil keygen"
 cat > "$T/vigil.toml" <<EOF
 [bootstrap]
 instance = "rdma-test"
+overlay_key = "$T/overlay.key"
 hosts = [
   { host = "n0", bind = "tcp://$A0:8050", connect = "tcp://$A0:8050" },
   { host = "n1", bind = "tcp://$A1:8050", connect = "tcp://$A1:8050" },
