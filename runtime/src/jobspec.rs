@@ -1300,6 +1300,43 @@ attributes:
         assert_eq!(js.to_yaml().and_then(|y| Jobspec::parse(&y)), Ok(js.clone()));
     }
 
+    /// Arbitrary JSON, a few levels deep, with the numbers that break counts (0, negatives, floats, 2^32, u64::MAX).
+    fn arbitrary_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            prop_oneof![Just(0u64), Just(1), Just(1 << 32), Just(u64::MAX), any::<u64>()].prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_map(Value::from),
+            prop_oneof![Just("slot".to_string()), Just("node".to_string()), Just("core".to_string()), "\\PC{0,8}"]
+                .prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            let key = prop_oneof![
+                Just("type".to_string()),
+                Just("count".to_string()),
+                Just("with".to_string()),
+                Just("label".to_string()),
+                Just("min".to_string()),
+                "[a-z]{1,6}",
+            ];
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::btree_map(key, inner, 0..6).prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// JSON pointers to every value inside `v` (the root included).
+    fn json_paths(v: &Value, at: String, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => m.iter().for_each(|(k, x)| json_paths(x, format!("{at}/{k}"), out)),
+            Value::Array(a) => a.iter().enumerate().for_each(|(i, x)| json_paths(x, format!("{at}/{i}"), out)),
+            _ => {}
+        }
+        out.push(at);
+    }
+
     proptest! {
         #[test]
         fn parse_never_panics(s in "\\PC*") {
@@ -1322,6 +1359,29 @@ attributes:
                 s.insert_str(i, &c);
             }
             if let Ok(js) = Jobspec::parse(&s) {
+                let _ = js.validate();
+            }
+        }
+
+        /// Any JSON value a client sends as `jobspec` is refused or accepted, never a panic.
+        #[test]
+        fn from_value_never_panics(v in arbitrary_json()) {
+            if let Ok(js) = Jobspec::from_value(&v) {
+                let _ = js.validate();
+            }
+        }
+
+        /// A valid jobspec with one of its fields (any depth) replaced by an arbitrary value.
+        #[test]
+        fn from_value_never_panics_on_a_mutated_example(pick in any::<proptest::sample::Index>(), v in arbitrary_json()) {
+            let mut doc: Value = serde_yaml::from_str(NODE_GPU_YAML).expect("example parses");
+            let mut paths = Vec::new();
+            json_paths(&doc, String::new(), &mut paths);
+            let path = pick.get(&paths).clone();
+            if let Some(slot) = doc.pointer_mut(&path) {
+                *slot = v;
+            }
+            if let Ok(js) = Jobspec::from_value(&doc) {
                 let _ = js.validate();
             }
         }

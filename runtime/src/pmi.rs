@@ -44,6 +44,9 @@ pub enum LineError {
     /// Not UTF-8.
     #[error("PMI line is not valid UTF-8")]
     NotUtf8,
+    /// A newline before the end: two lines in one, or a token that would split a reply echoing it.
+    #[error("PMI line has a newline before its end")]
+    Newline,
 }
 
 impl Line {
@@ -53,7 +56,11 @@ impl Line {
             return Err(LineError::TooLong);
         }
         let s = std::str::from_utf8(raw).map_err(|_| LineError::NotUtf8)?;
-        let s = s.strip_suffix('\n').unwrap_or(s).trim_matches(' ');
+        let s = s.strip_suffix('\n').unwrap_or(s);
+        if s.contains('\n') {
+            return Err(LineError::Newline);
+        }
+        let s = s.trim_matches(' ');
         if s.is_empty() {
             return Err(LineError::Empty);
         }
@@ -99,6 +106,9 @@ impl Line {
 
 /// PMI_process_mapping value for an RFC 34 task map (`[[nodeid, nnodes, ppn, repeat], ...]`):
 /// `(vector,(nodeid,nnodes,ppn),...)`, each block repeated `repeat` times.
+///
+/// A mapping that does not fit in one PMI value ([`VALLEN_MAX`]) cannot be served to a task: it is then the empty
+/// string (no mapping known), and the expansion stops there, whatever the `repeat` counts of the task map say.
 pub fn process_mapping(taskmap: &serde_json::Value) -> String {
     let mut s = String::from("(vector");
     if let Some(blocks) = taskmap.get("map").and_then(|m| m.as_array()) {
@@ -106,6 +116,9 @@ pub fn process_mapping(taskmap: &serde_json::Value) -> String {
             let f = |i: usize| b.get(i).and_then(|v| v.as_u64()).unwrap_or(0);
             for _ in 0..f(3).max(1) {
                 s.push_str(&format!(",({},{},{})", f(0), f(1), f(2)));
+                if s.len() >= VALLEN_MAX {
+                    return String::new();
+                }
             }
         }
     }
@@ -225,6 +238,8 @@ mod tests {
         assert_eq!(Line::parse(b"\n"), Err(LineError::Empty));
         assert_eq!(Line::parse(&[b'a'; 1025]), Err(LineError::TooLong));
         assert_eq!(Line::parse(&[0xff, b'\n']), Err(LineError::NotUtf8));
+        assert_eq!(Line::parse(b"cmd=init\n "), Err(LineError::Newline), "a newline inside the line");
+        assert_eq!(Line::parse(b"cmd=put key=a value=x\ny\n"), Err(LineError::Newline));
     }
 
     #[test]
@@ -235,10 +250,41 @@ mod tests {
         assert_eq!(process_mapping(&tm), "(vector,(0,2,3),(2,1,2))");
     }
 
+    #[test]
+    fn mapping_that_does_not_fit_in_a_value_is_empty() {
+        // A repeat count from the task map is not a loop bound: u64::MAX blocks would never end.
+        let tm = serde_json::json!({"version": 1, "map": [[0, 1, 1, u64::MAX]]});
+        assert_eq!(process_mapping(&tm), "");
+        let tm = serde_json::json!({"version": 1, "map": [[0, 1, 1, 3]]});
+        assert_eq!(process_mapping(&tm), "(vector,(0,1,1),(0,1,1),(0,1,1))");
+    }
+
     proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+
         #[test]
         fn never_panics(b in proptest::collection::vec(any::<u8>(), 0..1100)) {
             let _ = Line::parse(&b);
+        }
+
+        /// PMI-shaped text (tokens, `=`, spaces, newlines in odd places) is parsed or refused, and what parses
+        /// encodes to one line that parses back to the same.
+        #[test]
+        fn pmi_shaped_lines_parse_or_are_refused(s in "(cmd=|mcmd=)?[a-z_=]{0,12}( {1,2}[a-z_]{0,6}=?[a-z0-9=]{0,8}){0,4}[ \n]{0,3}") {
+            if let Ok(l) = Line::parse(s.as_bytes()) {
+                let text = l.encode();
+                prop_assert_eq!(text.find('\n'), Some(text.len() - 1), "{:?}", text);
+                prop_assert_eq!(Line::parse(text.as_bytes()), Ok(l));
+            }
+        }
+
+        /// Any task map (repeat counts up to u64::MAX included) gives a mapping that fits in a PMI value.
+        #[test]
+        fn process_mapping_is_bounded(blocks in proptest::collection::vec(
+            proptest::collection::vec(prop_oneof![0u64..5, Just(u64::MAX), any::<u64>()], 0..5), 0..8)
+        ) {
+            let m = process_mapping(&serde_json::json!({"version": 1, "map": blocks}));
+            prop_assert!(m.len() < VALLEN_MAX, "{} bytes", m.len());
         }
     }
 }

@@ -79,6 +79,30 @@ pub struct ShellInput {
     pub files: serde_json::Map<String, serde_json::Value>,
 }
 
+impl ShellInput {
+    /// Check the numbers a shell does arithmetic with: its tasks `first_task..first_task + local_tasks` lie within
+    /// the job's `ntasks`, and `shell_rank` is below `nshells`. A broker checks this before it starts a shell
+    /// with an input that came over the overlay.
+    ///
+    /// # Errors
+    /// A message naming the inconsistent fields.
+    pub fn check(&self) -> Result<(), String> {
+        match self.first_task.checked_add(self.local_tasks) {
+            Some(end) if end <= self.ntasks => {}
+            _ => {
+                return Err(format!(
+                    "tasks {}+{} exceed the job's ntasks {}",
+                    self.first_task, self.local_tasks, self.ntasks
+                ))
+            }
+        }
+        if self.shell_rank >= self.nshells {
+            return Err(format!("shell_rank {} is not below nshells {}", self.shell_rank, self.nshells));
+        }
+        Ok(())
+    }
+}
+
 /// Final report of a shell, one JSON line on its stdout.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ShellReport {

@@ -151,7 +151,8 @@ impl PmiServer {
                 self.fatal(format!("task {rank}: MPI_Abort / PMI abort with exit code {code}{msg}"), Some(code))
             }
             other => {
-                let o = other.to_string();
+                // Echoed clipped: the reply to a 1000-byte command name must still fit in a PMI line.
+                let o: String = other.chars().take(64).collect();
                 vec![Out::Reply(rank, Line::new(&format!("{o}_result"), &[("rc", "-1"), ("msg", "unknown_command")]))]
             }
         }
@@ -188,6 +189,7 @@ impl PmiServer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn srv() -> PmiServer {
         PmiServer::new("kvs-1".into(), 4, [0, 1], "(vector,(0,2,2))".into())
@@ -276,5 +278,91 @@ mod tests {
             assert_eq!(reply(&o).get("rc"), Some("0"));
         }
         assert_eq!(reply(&s.handle(1, b"cmd=get kvsname=kvs-1 key=big-seg-2/3\n")).get("value"), Some("part2"));
+    }
+
+    /// One thing that happens to a PMI server: a line from a task, a task closing its connection, or the end of
+    /// a job-wide barrier with the other shells' puts.
+    #[derive(Debug, Clone)]
+    enum Event {
+        Line(u32, Vec<u8>),
+        Closed(u32),
+        BarrierDone(BTreeMap<String, String>),
+    }
+
+    /// Lines a task could send: arbitrary bytes, or PMI-shaped text with known and unknown commands.
+    fn pmi_line() -> impl Strategy<Value = Vec<u8>> {
+        let cmd = prop_oneof![
+            Just("init".to_string()),
+            Just("get_maxes".to_string()),
+            Just("get_universe_size".to_string()),
+            Just("get_my_kvsname".to_string()),
+            Just("put".to_string()),
+            Just("get".to_string()),
+            Just("barrier_in".to_string()),
+            Just("finalize".to_string()),
+            Just("abort".to_string()),
+            "[a-z_=]{0,1020}",
+        ];
+        let token = ("[a-z_]{1,8}|key|value|kvsname|pmi_version|exitcode", "[a-zA-Z0-9=\\-]{0,300}")
+            .prop_map(|(k, v)| format!("{k}={v}"));
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..1100),
+            (cmd, proptest::collection::vec(token, 0..4), "[ \\n]{0,2}").prop_map(|(c, t, end)| {
+                let mut l = format!("cmd={c}");
+                for t in t {
+                    l.push(' ');
+                    l.push_str(&t);
+                }
+                l.push_str(&end);
+                l.into_bytes()
+            }),
+        ]
+    }
+
+    fn event() -> impl Strategy<Value = Event> {
+        prop_oneof![
+            8 => (0u32..3, pmi_line()).prop_map(|(r, l)| Event::Line(r, l)),
+            1 => (0u32..3).prop_map(Event::Closed),
+            1 => proptest::collection::btree_map("[a-z]{1,4}", "[a-z=]{0,8}", 0..3).prop_map(Event::BarrierDone),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// An unknown command gets an error reply that fits in a PMI line, however long its name.
+        #[test]
+        fn unknown_commands_get_a_reply_that_fits(name in "[a-z_]{900,1020}") {
+            let out = srv().handle(0, format!("cmd={name}\n").as_bytes());
+            for o in out {
+                if let Out::Reply(_, l) = o {
+                    prop_assert!(l.encode().len() <= vigil::pmi::MAX_LINE, "{} bytes", l.encode().len());
+                }
+            }
+        }
+
+        /// Whatever tasks send, the server never panics and every reply is a PMI line a task can read back
+        /// (within `MAX_LINE`, parsing to the same line).
+        #[test]
+        fn arbitrary_lines_never_panic_and_replies_are_pmi_lines(
+            events in proptest::collection::vec(event(), 1..16),
+        ) {
+            let mut s = srv();
+            for e in events {
+                let out = match e {
+                    Event::Line(r, l) => s.handle(r, &l),
+                    Event::Closed(r) => s.closed(r),
+                    Event::BarrierDone(all) => s.barrier_done(all),
+                };
+                for o in out {
+                    if let Out::Reply(_, l) = o {
+                        let text = l.encode();
+                        prop_assert!(text.len() <= vigil::pmi::MAX_LINE, "reply too long: {} bytes", text.len());
+                        prop_assert_eq!(text.find('\n'), Some(text.len() - 1), "one line: {:?}", text);
+                        prop_assert_eq!(Line::parse(text.as_bytes()), Ok(l));
+                    }
+                }
+            }
+        }
     }
 }

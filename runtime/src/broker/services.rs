@@ -5,7 +5,8 @@ use crate::hwloc::NodeResources;
 use crate::idset::IdSet;
 use crate::jobs::{JobId, JobState};
 use crate::message::{errno, Message, FLAG_STREAMING, ROUTE_LOCAL};
-use crate::shellproto::{OutputLine, ShellExit, ShellReport};
+use crate::shellproto::{OutputLine, ShellExit, ShellInput, ShellReport};
+use serde::Deserialize;
 use serde_json::{json, Value};
 use tracing::{debug, info, warn};
 
@@ -41,21 +42,121 @@ pub(crate) fn offers(rank: u32, service: &str) -> bool {
     EVERY_RANK.contains(&service) || (rank == 0 && RANK0.contains(&service))
 }
 
+// Reading a request's fields. A payload comes from a peer or a client and is trusted in nothing: every handler
+// that reads one takes it through `Body::object` and these helpers, which answer EPROTO naming the field (missing,
+// or of the wrong JSON type) instead of falling back to a default or panicking. An optional field may be absent
+// or `null`; present, it must have its type.
+
 fn field<'a>(v: &'a Value, name: &str) -> Result<&'a Value, (u32, String)> {
     v.get(name).ok_or((errno::EPROTO, format!("missing '{name}' in request")))
+}
+
+/// What a JSON value is, for error messages ("an array").
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// The EPROTO answer for field `name` that is not `want` ("a string", "an integer 0..=4294967295").
+fn wrong_type(name: &str, want: &str, got: &Value) -> (u32, String) {
+    (errno::EPROTO, format!("'{name}' must be {want}, got {}", json_kind(got)))
+}
+
+/// Optional field `name`: `None` when absent or `null`.
+fn optional<'a>(v: &'a Value, name: &str) -> Option<&'a Value> {
+    v.get(name).filter(|f| !f.is_null())
+}
+
+/// Required string field `name`.
+fn str_field<'a>(v: &'a Value, name: &str) -> Result<&'a str, (u32, String)> {
+    let f = field(v, name)?;
+    f.as_str().ok_or_else(|| wrong_type(name, "a string", f))
+}
+
+/// Optional string field `name`.
+fn opt_str<'a>(v: &'a Value, name: &str) -> Result<Option<&'a str>, (u32, String)> {
+    optional(v, name).map(|f| f.as_str().ok_or_else(|| wrong_type(name, "a string", f))).transpose()
+}
+
+/// Optional boolean field `name`.
+fn opt_bool(v: &Value, name: &str) -> Result<Option<bool>, (u32, String)> {
+    optional(v, name).map(|f| f.as_bool().ok_or_else(|| wrong_type(name, "a boolean", f))).transpose()
+}
+
+/// Optional non-negative integer field `name`.
+fn opt_u64(v: &Value, name: &str) -> Result<Option<u64>, (u32, String)> {
+    optional(v, name).map(|f| f.as_u64().ok_or_else(|| wrong_type(name, "a non-negative integer", f))).transpose()
+}
+
+/// Field `name`'s value `f` as a `u32` (a rank, a count): an integer in `0..=4294967295`, never truncated.
+fn as_u32(f: &Value, name: &str) -> Result<u32, (u32, String)> {
+    f.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| wrong_type(name, "an integer 0..=4294967295", f))
+}
+
+/// Required `u32` field `name`.
+fn u32_field(v: &Value, name: &str) -> Result<u32, (u32, String)> {
+    as_u32(field(v, name)?, name)
+}
+
+/// Optional `u32` field `name`.
+fn opt_u32(v: &Value, name: &str) -> Result<Option<u32>, (u32, String)> {
+    optional(v, name).map(|f| as_u32(f, name)).transpose()
+}
+
+/// Optional field `name` holding an `i32` (a wait status, an exit code, a signal number).
+fn opt_i32(v: &Value, name: &str) -> Result<Option<i32>, (u32, String)> {
+    optional(v, name)
+        .map(|f| {
+            f.as_i64()
+                .and_then(|n| i32::try_from(n).ok())
+                .ok_or_else(|| wrong_type(name, "an integer that fits in 32 bits", f))
+        })
+        .transpose()
+}
+
+/// Optional exception severity (RFC 21: 0 is fatal, 1..=7 informational); 0 when absent.
+fn opt_severity(v: &Value) -> Result<u32, (u32, String)> {
+    match opt_u64(v, "severity")? {
+        None => Ok(0),
+        Some(s) if s <= 7 => Ok(s as u32),
+        Some(s) => Err((errno::EINVAL, format!("'severity' must be 0..=7 (RFC 21), got {s}"))),
+    }
 }
 
 fn parse_id(v: &Value) -> Result<JobId, (u32, String)> {
     match field(v, "id")? {
         Value::Number(n) => n.as_u64().map(JobId).ok_or((errno::EPROTO, "bad job id".into())),
         Value::String(s) => JobId::parse(s).map_err(|e| (errno::EINVAL, e.to_string())),
-        _ => Err((errno::EPROTO, "bad job id".into())),
+        other => Err(wrong_type("id", "a job id (an integer or an f58 string)", other)),
     }
 }
 
 fn parse_ranks(v: &Value) -> Result<IdSet, (u32, String)> {
     let s = field(v, "ranks")?.as_str().ok_or((errno::EPROTO, "ranks must be an idset string".into()))?;
     IdSet::parse(s).map_err(|e| (errno::EINVAL, format!("invalid ranks '{s}': {e}")))
+}
+
+/// [`parse_ranks`] for ranks of this instance: every one below `size` (EINVAL names those that are not).
+fn parse_instance_ranks(v: &Value, size: u32) -> Result<IdSet, (u32, String)> {
+    let ranks = parse_ranks(v)?;
+    match ranks.last() {
+        Some(last) if last >= size => {
+            let bad: IdSet = ranks.iter().filter(|r| *r >= size).collect();
+            let mut shown = bad.to_string();
+            if shown.len() > 64 {
+                shown.truncate(64);
+                shown.push_str("...");
+            }
+            Err((errno::EINVAL, format!("ranks {shown} are not in this instance of size {size}")))
+        }
+        _ => Ok(ranks),
+    }
 }
 
 /// Handle a request addressed to this broker.
@@ -85,6 +186,17 @@ impl<'a> Body<'a> {
     fn json(&self) -> Result<&Value, (u32, String)> {
         let r = self.parsed.get_or_init(|| self.msg.decode::<Value>().map_err(|e| format!("payload is not JSON: {e}")));
         r.as_ref().map_err(|e| (errno::EPROTO, e.clone()))
+    }
+
+    /// The payload as a JSON object (every service request that carries fields is one), or `EPROTO` saying
+    /// what it is instead (not JSON, empty, an array...).
+    fn object(&self) -> Result<&Value, (u32, String)> {
+        let v = self.json()?;
+        if v.is_object() {
+            Ok(v)
+        } else {
+            Err((errno::EPROTO, format!("payload must be a JSON object, got {}", json_kind(v))))
+        }
     }
 }
 
@@ -123,8 +235,8 @@ fn handle(core: &mut Core, msg: &Message, lazy: &Body<'_>) -> Reply {
             Ok(Some(Out::json(&Pong { rank, hostname: &core.opts.hostname, pid: pid(), route: msg.route.len() })))
         }
         "broker.getattr" => {
-            let body = lazy.json()?;
-            let name = field(body, "name")?.as_str().unwrap_or("");
+            let body = lazy.object()?;
+            let name = str_field(body, "name")?;
             attrs(core)
                 .remove(name)
                 .map(|v| Some(json!({"value": v}).into()))
@@ -133,22 +245,26 @@ fn handle(core: &mut Core, msg: &Message, lazy: &Body<'_>) -> Reply {
         "broker.lsattr" => Ok(Some(json!({"attrs": attrs(core)}).into())),
         "broker.info" => Ok(Some(info(core).into())),
         "broker.rtt" => {
-            let body = lazy.json()?;
+            let body = lazy.object()?;
             // Overlay round trips timed by this broker: the client's own hop is not in the samples.
-            let target =
-                field(body, "rank")?.as_u64().and_then(|r| u32::try_from(r).ok()).filter(|r| *r < core.opts.size);
-            let target =
-                target.ok_or((errno::EINVAL, format!("rank must be below the instance size {}", core.opts.size)))?;
+            let target = field(body, "rank")?;
+            let target = target
+                .as_u64()
+                .ok_or_else(|| wrong_type("rank", "a rank (a non-negative integer)", target))?
+                .try_into()
+                .ok()
+                .filter(|r| *r < core.opts.size)
+                .ok_or((errno::EINVAL, format!("rank must be below the instance size {}", core.opts.size)))?;
             if target == core.rank() {
                 return Err((errno::EINVAL, "a round trip to this broker itself does not cross the overlay".into()));
             }
-            let count = body.get("count").and_then(Value::as_u64).unwrap_or(1);
-            let size = body.get("size").and_then(Value::as_u64).unwrap_or(0);
+            let count = opt_u64(body, "count")?.unwrap_or(1);
+            let size = opt_u64(body, "size")?.unwrap_or(0);
             if count == 0 || count > 1_000_000 || size > 1 << 20 {
                 return Err((errno::EINVAL, "count must be 1..1000000 and size at most 1 MiB".into()));
             }
             let (count, size) = (count as u32, size as usize);
-            let window = body.get("window").and_then(Value::as_u64).unwrap_or(1);
+            let window = opt_u64(body, "window")?.unwrap_or(1);
             if window == 0 || window > 1024 {
                 return Err((errno::EINVAL, "window must be 1..1024".into()));
             }
@@ -169,7 +285,7 @@ fn handle(core: &mut Core, msg: &Message, lazy: &Body<'_>) -> Reply {
             Ok(None)
         }
         "detect.watch" => {
-            let body = lazy.json()?;
+            let body = lazy.object()?;
             // Answered once, when the process exits (before its memory is torn down with eBPF).
             let pid = field(body, "pid")?
                 .as_u64()
@@ -180,8 +296,8 @@ fn handle(core: &mut Core, msg: &Message, lazy: &Body<'_>) -> Reply {
             Ok(None)
         }
         "broker.sub" | "broker.unsub" => {
-            let body = lazy.json()?;
-            let topic = field(body, "topic")?.as_str().unwrap_or("").to_string();
+            let body = lazy.object()?;
+            let topic = str_field(body, "topic")?.to_string();
             let Some(&last) = msg.route.last() else { return Err((errno::EPROTO, "not a local client".into())) };
             if last & ROUTE_LOCAL == 0 || msg.route.len() != 1 {
                 return Err((errno::EPROTO, "subscriptions are for local clients only".into()));
@@ -196,11 +312,11 @@ fn handle(core: &mut Core, msg: &Message, lazy: &Body<'_>) -> Reply {
             Ok(Some(json!({}).into()))
         }
         "broker.pub" => {
-            let body = lazy.json()?;
+            let body = lazy.object()?;
             if rank != 0 {
                 return Err((errno::EPROTO, "events are published on rank 0".into()));
             }
-            let topic = field(body, "topic")?.as_str().unwrap_or("").to_string();
+            let topic = str_field(body, "topic")?.to_string();
             if topic.is_empty() {
                 return Err((errno::EINVAL, "topic must be a non-empty string".into()));
             }
@@ -209,14 +325,15 @@ fn handle(core: &mut Core, msg: &Message, lazy: &Body<'_>) -> Reply {
             Ok(Some(json!({}).into()))
         }
         "broker.shutdown" => {
-            let body = lazy.json()?;
+            let body = lazy.object()?;
             if rank != 0 {
                 return Err((errno::EINVAL, "shutdown is requested from rank 0".into()));
             }
             if msg.userid != core.uid {
                 return Err((errno::EPERM, "only the instance owner may shut it down".into()));
             }
-            let code = body.get("exit_code").and_then(Value::as_i64).unwrap_or(0) as i32;
+            // Checked before anything happens: a malformed request shuts nothing down.
+            let code = opt_i32(body, "exit_code")?.unwrap_or(0);
             if core.shutting_down.is_none() {
                 core.exit_code = code;
             }
@@ -224,7 +341,7 @@ fn handle(core: &mut Core, msg: &Message, lazy: &Body<'_>) -> Reply {
             Ok(Some(json!({}).into()))
         }
         "rexec.notify" => {
-            let body = lazy.json()?;
+            let body = lazy.object()?;
             // A lost-shell notice for the job's leader shell: delivered as a local event `shell.<jobid>.lost`
             // to the shell, which subscribed to `shell.<jobid>`.
             let id = parse_id(body)?;
@@ -236,11 +353,18 @@ fn handle(core: &mut Core, msg: &Message, lazy: &Body<'_>) -> Reply {
             }
             Ok(Some(json!({}).into()))
         }
-        "rexec.spawn" => spawn_shell(core, msg, lazy.json()?),
+        "rexec.spawn" => spawn_shell(core, msg, lazy.object()?),
         "rexec.kill" => {
-            let body = lazy.json()?;
+            let body = lazy.object()?;
             let id = parse_id(body)?;
-            let sig = field(body, "signal")?.as_i64().unwrap_or(libc::SIGTERM as i64) as i32;
+            field(body, "signal")?;
+            let sig = opt_i32(body, "signal")?.unwrap_or(libc::SIGTERM);
+            if !(1..=libc::SIGRTMAX()).contains(&sig) {
+                return Err((
+                    errno::EINVAL,
+                    format!("'signal' must be a signal number 1..={}, got {sig}", libc::SIGRTMAX()),
+                ));
+            }
             if let Some(&pgid) = core.shells.get(&id) {
                 debug!("signal {sig} to shell of job {id} (pgid {pgid})");
                 // SAFETY: killpg with a pgid we created (the shell's own group) and a plain signal number.
@@ -250,9 +374,9 @@ fn handle(core: &mut Core, msg: &Message, lazy: &Body<'_>) -> Reply {
                 Err((errno::ENOENT, format!("no shell of job {id} on rank {rank}")))
             }
         }
-        t if t.starts_with("resource.") || t.starts_with("overlay.") => resource(core, msg, lazy.json()?),
+        t if t.starts_with("resource.") || t.starts_with("overlay.") => resource(core, msg, lazy),
         t if t.starts_with("job-manager.") || t.starts_with("job-info.") || t.starts_with("job-exec.") => {
-            jobs(core, msg, lazy.json()?)
+            jobs(core, msg, lazy)
         }
         t => Err((errno::ENOSYS, format!("unknown service method '{t}'"))),
     }
@@ -349,23 +473,32 @@ fn shell_path(core: &Core) -> std::path::PathBuf {
         .unwrap_or_else(|| "vigil-shell".into())
 }
 
+/// `rexec.spawn`: start the job shell of job `id` with `input` (a [`ShellInput`], checked here: a payload that is
+/// not one is refused with EPROTO rather than handed to a shell, or indexed into).
 fn spawn_shell(core: &mut Core, _msg: &Message, body: &Value) -> Reply {
     use std::process::Stdio;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let id = parse_id(body)?;
-    let mut input = field(body, "input")?.clone();
+    let input = field(body, "input")?;
+    if !input.is_object() {
+        return Err(wrong_type("input", "an object (the job shell's input)", input));
+    }
+    let mut input = ShellInput::deserialize(input).map_err(|e| (errno::EPROTO, format!("input: {e}")))?;
+    if input.id != id.0 {
+        return Err((errno::EPROTO, format!("input: job id {} is not the request's job {id}", input.id)));
+    }
+    input.check().map_err(|e| (errno::EPROTO, format!("input: {e}")))?;
     if core.shutting_down.is_some() {
         return Err((errno::EAGAIN, "broker is shutting down".into()));
     }
     if core.shells.contains_key(&id) {
         return Err((errno::EEXIST, format!("job {id} already has a shell on rank {}", core.rank())));
     }
-    input["uri"] = json!(core.local_uri);
-    let shell_rank = input.get("shell_rank").and_then(Value::as_u64).unwrap_or(0);
+    input.uri = core.local_uri.clone();
     // Short names: a nested instance's socket lives below this directory and Unix socket paths are limited
     // to 108 bytes.
-    let tmpdir = core.opts.rundir.join(format!("j{id}.{shell_rank}"));
-    input["tmpdir"] = json!(tmpdir.display().to_string());
+    let tmpdir = core.opts.rundir.join(format!("j{id}.{}", input.shell_rank));
+    input.tmpdir = Some(tmpdir.display().to_string());
     let path = shell_path(core);
     let mut cmd = tokio::process::Command::new(&path);
     cmd.arg(format!("--jobid={id}"))
@@ -377,7 +510,10 @@ fn spawn_shell(core: &mut Core, _msg: &Message, body: &Value) -> Reply {
         .env(crate::shellproto::DETECTOR_RANK_ENV, detector_rank(core).to_string())
         .kill_on_drop(false);
     let mut child = cmd.spawn().map_err(|e| (errno::ENOENT, format!("cannot run {}: {e}", path.display())))?;
-    let pid = child.id().unwrap_or(0) as i32;
+    // The shell's pid is its process group, signalled later: never 0 (which would be the broker's own group).
+    let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()).filter(|p| *p > 0) else {
+        return Err((errno::EAGAIN, format!("job shell of job {id} exited before it could be watched")));
+    };
     core.shells.insert(id, pid);
     let mut stdin = child.stdin.take();
     let mut stdout = child.stdout.take();
@@ -412,25 +548,35 @@ fn spawn_shell(core: &mut Core, _msg: &Message, body: &Value) -> Reply {
 
 // ------------------------------------------------------------------------------------------- resource
 
-fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
+fn resource(core: &mut Core, msg: &Message, lazy: &Body<'_>) -> Reply {
+    let body = lazy.object()?;
     let n = now();
     let size = core.opts.size;
     let topo = core.opts.topo;
     match msg.topic.as_str() {
         "resource.register" => {
-            let rank = field(body, "rank")?.as_u64().ok_or((errno::EPROTO, "bad rank".into()))? as u32;
-            if rank >= size {
-                return Err((errno::EPROTO, format!("rank {rank} out of range")));
-            }
-            let hostname = body.get("hostname").and_then(Value::as_str).unwrap_or("").to_string();
+            let rank = field(body, "rank")?;
+            // Range-checked before narrowing: rank 2^32 is not rank 0.
+            let rank = rank.as_u64().ok_or_else(|| wrong_type("rank", "a rank (a non-negative integer)", rank))?;
+            let rank = u32::try_from(rank)
+                .ok()
+                .filter(|r| *r < size)
+                .ok_or((errno::EPROTO, format!("rank {rank} out of range")))?;
+            let hostname = opt_str(body, "hostname")?.unwrap_or("").to_string();
             let res: NodeResources = serde_json::from_value(field(body, "resources")?.clone())
-                .map_err(|e| (errno::EPROTO, e.to_string()))?;
-            let topology = body.get("topology").and_then(Value::as_str).unwrap_or("live").to_string();
-            let dg = body.get("declared_gpus").and_then(Value::as_u64).map(|g| g as u32);
+                .map_err(|e| (errno::EPROTO, format!("resources: {e}")))?;
+            let topology = opt_str(body, "topology")?.unwrap_or("live").to_string();
+            let dg = opt_u32(body, "declared_gpus")?;
             let ids = |k: &str, n: u32| -> Result<IdSet, (u32, String)> {
-                match body.get(k).and_then(Value::as_str) {
+                match opt_str(body, k)? {
                     Some(s) => IdSet::parse(s).map_err(|e| (errno::EPROTO, format!("{k}: {e}"))),
-                    None => Ok((0..n).collect()),
+                    // As many ids as the node has, within the bound of an idset string (a count such as
+                    // 4294967295 would otherwise be expanded id by id).
+                    None if u64::from(n) <= crate::idset::MAX_IDS => Ok((0..n).collect()),
+                    None => Err((
+                        errno::EPROTO,
+                        format!("resources.{k}: {n} is more than the {} ids a node may have", crate::idset::MAX_IDS),
+                    )),
                 }
             };
             let cores = ids("cores", res.cores)?;
@@ -443,8 +589,8 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             Ok(Some(json!({}).into()))
         }
         "overlay.torpid" | "overlay.lively" => {
-            let reported = parse_ranks(body)?;
-            let reason = body.get("reason").and_then(Value::as_str).unwrap_or("").to_string();
+            let reported = parse_instance_ranks(body, size)?;
+            let reason = opt_str(body, "reason")?.unwrap_or("").to_string();
             let torpid = msg.topic == "overlay.torpid";
             // A torpid router forwards nothing: the ranks below it are unreachable too, so they get no new work
             // either (and come back with it, unless they were torpid on their own account).
@@ -453,6 +599,11 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             // Rank below a reported router → that router.
             let mut behind = std::collections::BTreeMap::<u32, u32>::new();
             for r in reported.iter() {
+                if behind.contains_key(&r) {
+                    // Already walked as part of a reported router above it (ranks ascend from the root): its
+                    // subtree adds nothing, and walking every reported rank's subtree would be quadratic.
+                    continue;
+                }
                 for d in core.opts.topo.subtree(core.opts.size, r).into_iter().filter(|d| *d != r) {
                     let m = core.members.get(&d);
                     let ok = if torpid {
@@ -482,12 +633,12 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             Ok(Some(json!({}).into()))
         }
         "overlay.lost" | "overlay.offline" => {
-            let ranks = parse_ranks(body)?;
-            let reason = body.get("reason").and_then(Value::as_str).unwrap_or("").to_string();
+            let ranks = parse_instance_ranks(body, size)?;
+            let reason = opt_str(body, "reason")?.unwrap_or("").to_string();
+            // The root of a lost subtree has the reason; the ranks behind it are cut off by its loss.
+            let root = opt_u32(body, "root")?.filter(|r| ranks.contains(*r));
             let state = if msg.topic == "overlay.lost" { MemberState::Lost } else { MemberState::Offline };
             warn!("ranks {ranks} {}: {reason}", if state == MemberState::Lost { "lost" } else { "offline" });
-            // The root of a lost subtree has the reason; the ranks behind it are cut off by its loss.
-            let root = body.get("root").and_then(Value::as_u64).map(|r| r as u32).filter(|r| ranks.contains(*r));
             for r in ranks.iter() {
                 let why = match root {
                     Some(root) if r != root && state == MemberState::Lost => {
@@ -524,7 +675,10 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             ))
         }
         "overlay.transport" => {
-            // A child's report of its parent link (rdma_link).
+            // A child's report of its parent link (rdma_link), about a rank of this instance.
+            if u32_field(body, "rank")? >= size {
+                return Err((errno::EPROTO, format!("'rank' must be below the instance size {size}")));
+            }
             core.links.on_report(body).map_err(|e| (errno::EPROTO, e))?;
             Ok(Some(json!({}).into()))
         }
@@ -580,13 +734,9 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
                 return Err((errno::EPERM, "only the instance owner may drain or undrain".into()));
             }
             let ranks = parse_ranks(body)?;
+            let reason = opt_str(body, "reason")?.unwrap_or("");
             let jc = core.jobcore.as_mut().ok_or((errno::ENOSYS, "not rank 0".into()))?;
-            let r = if msg.topic == "resource.drain" {
-                let reason = body.get("reason").and_then(Value::as_str).unwrap_or("");
-                jc.drain(n, &ranks, reason)
-            } else {
-                jc.undrain(n, &ranks)
-            };
+            let r = if msg.topic == "resource.drain" { jc.drain(n, &ranks, reason) } else { jc.undrain(n, &ranks) };
             r.map(|_| Some(json!({}).into())).map_err(|e| (errno::EINVAL, e))
         }
         "resource.eventlog" => {
@@ -614,16 +764,18 @@ fn resource(core: &mut Core, msg: &Message, body: &Value) -> Reply {
 
 // ------------------------------------------------------------------------------------------- jobs
 
-fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
+fn jobs(core: &mut Core, msg: &Message, lazy: &Body<'_>) -> Reply {
+    let body = lazy.object()?;
     let n = now();
     let owner = msg.userid == core.uid;
     let Some(jc) = core.jobcore.as_mut() else { return Err((errno::ENOSYS, "job services run on rank 0".into())) };
     match msg.topic.as_str() {
         "job-manager.submit" => {
             let spec = field(body, "jobspec")?;
+            let stdin = opt_bool(body, "stdin")?.unwrap_or(false);
             match jc.submit(n, spec, msg.userid) {
                 Ok(id) => {
-                    if body.get("stdin").and_then(Value::as_bool) == Some(true) {
+                    if stdin {
                         // `vigil run` streams its standard input to the tasks (job-exec.stdin).
                         if let Some(j) = jc.jobs.get_mut(&id) {
                             j.stdin_eof = false;
@@ -636,11 +788,11 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             }
         }
         "job-manager.list" => {
-            let all = body.get("all").and_then(Value::as_bool).unwrap_or(false);
+            let all = opt_bool(body, "all")?.unwrap_or(false);
             let with_reason = |j: &crate::jobs::Job| {
                 let mut v = j.info();
-                if let Some(r) = jc.pending_reason(j.id) {
-                    v["reason_pending"] = Value::String(r);
+                if let (Some(r), Some(o)) = (jc.pending_reason(j.id), v.as_object_mut()) {
+                    o.insert("reason_pending".into(), Value::String(r));
                 }
                 v
             };
@@ -652,21 +804,21 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             let id = parse_id(body)?;
             let j = jc.jobs.get(&id).ok_or((errno::ENOENT, format!("unknown job id {id}")))?;
             let mut info = j.info();
-            if let Some(r) = jc.pending_reason(id) {
-                info["reason_pending"] = Value::String(r);
+            if let (Some(r), Some(o)) = (jc.pending_reason(id), info.as_object_mut()) {
+                o.insert("reason_pending".into(), Value::String(r));
             }
             Ok(Some(json!({"info": info, "jobspec": j.jobspec, "R": j.r}).into()))
         }
         "job-manager.cancel" => {
             let id = parse_id(body)?;
-            let note = body.get("note").and_then(Value::as_str).unwrap_or("canceled by user").to_string();
+            let note = opt_str(body, "note")?.unwrap_or("canceled by user").to_string();
             jc.cancel(n, id, msg.userid, owner, &note).map(|_| Some(json!({}).into()))
         }
         "job-manager.raise" => {
             let id = parse_id(body)?;
-            let kind = body.get("type").and_then(Value::as_str).unwrap_or("exec").to_string();
-            let sev = body.get("severity").and_then(Value::as_u64).unwrap_or(0).min(7) as u32;
-            let note = body.get("note").and_then(Value::as_str).unwrap_or("").to_string();
+            let kind = opt_str(body, "type")?.unwrap_or("exec").to_string();
+            let sev = opt_severity(body)?;
+            let note = opt_str(body, "note")?.unwrap_or("").to_string();
             if !owner && jc.jobs.get(&id).is_some_and(|j| j.userid != msg.userid) {
                 return Err((errno::EPERM, "not your job".into()));
             }
@@ -682,14 +834,16 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
                 return Err((errno::ENOENT, format!("unknown job id {id}")));
             }
             let is_attach = msg.topic == "job-info.attach";
-            let follow = body.get("follow").and_then(Value::as_bool).unwrap_or(is_attach);
+            let follow = opt_bool(body, "follow")?.unwrap_or(is_attach);
+            let eventlog = opt_bool(body, "eventlog")?.unwrap_or(true);
+            let output = opt_bool(body, "output")?.unwrap_or(true);
             let w = Watcher {
                 req: msg.clone(),
                 id,
                 ev_pos: 0,
                 out_pos: 0,
-                eventlog: body.get("eventlog").and_then(Value::as_bool).unwrap_or(true),
-                output: is_attach && body.get("output").and_then(Value::as_bool).unwrap_or(true),
+                eventlog,
+                output: is_attach && output,
                 stdin: false,
                 in_pos: 0,
                 follow: follow && msg.flags & FLAG_STREAMING != 0,
@@ -711,8 +865,8 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             if !owner && jc.jobs.get(&id).is_some_and(|j| j.userid != msg.userid) {
                 return Err((errno::EPERM, "not your job".into()));
             }
-            let data = body.get("data").and_then(Value::as_str).map(str::to_string);
-            let eof = body.get("eof").and_then(Value::as_bool).unwrap_or(false);
+            let data = opt_str(body, "data")?.map(str::to_string);
+            let eof = opt_bool(body, "eof")?.unwrap_or(false);
             jc.stdin(id, data, eof).map_err(|e| (errno::EINVAL, e))?;
             Ok(Some(json!({}).into()))
         }
@@ -750,21 +904,21 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
         }
         "job-exec.task-exit" => {
             let id = parse_id(body)?;
-            let task = body.get("rank").and_then(Value::as_u64).unwrap_or(0) as u32;
-            let status = body.get("status").and_then(Value::as_i64).unwrap_or(0) as i32;
+            let task = opt_u32(body, "rank")?.unwrap_or(0);
+            let status = opt_i32(body, "status")?.unwrap_or(0);
             jc.task_exit(n, id, task, status);
             Ok(Some(json!({}).into()))
         }
         "job-exec.exception" => {
             let id = parse_id(body)?;
-            let kind = body.get("type").and_then(Value::as_str).unwrap_or("exec").to_string();
-            let sev = body.get("severity").and_then(Value::as_u64).unwrap_or(0).min(7) as u32;
-            let note = body.get("note").and_then(Value::as_str).unwrap_or("").to_string();
+            let kind = opt_str(body, "type")?.unwrap_or("exec").to_string();
+            let sev = opt_severity(body)?;
+            let note = opt_str(body, "note")?.unwrap_or("").to_string();
+            let rank = opt_u32(body, "rank")?;
             if sev == 0 && jc.jobs.get(&id).is_some_and(|j| j.fatal.is_some()) {
                 // Already going down: later shell reports are consequences of the first cause.
                 debug!("job {id}: not posting follow-up exception: {note}");
             } else if jc.raise(n, id, &kind, sev, &note) && sev == 0 {
-                let rank = body.get("rank").and_then(Value::as_u64).map(|r| r as u32);
                 if let Some(j) = jc.jobs.get_mut(&id) {
                     j.fatal_shell = rank;
                 }
@@ -775,13 +929,13 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             // A nested instance (batch/alloc job) reports its URI and its critical ranks (its own numbering,
             // which follows the order of the job's allocated ranks).
             let id = parse_id(body)?;
+            let uri = str_field(body, "uri")?.to_string();
+            let crit = IdSet::parse(opt_str(body, "critical_ranks")?.unwrap_or("0"))
+                .map_err(|e| (errno::EPROTO, format!("critical_ranks: {e}")))?;
+            let size = opt_u32(body, "size")?.unwrap_or(0);
             let job = jc.jobs.get_mut(&id).ok_or((errno::ENOENT, format!("unknown job id {id}")))?;
-            let uri = field(body, "uri")?.as_str().unwrap_or("").to_string();
-            let crit = IdSet::parse(body.get("critical_ranks").and_then(Value::as_str).unwrap_or("0"))
-                .map_err(|e| (errno::EPROTO, e.to_string()))?;
             let ranks: Vec<u32> = job.alloc.iter().map(|a| a.rank).collect();
             let parent_crit: IdSet = crit.iter().filter_map(|c| ranks.get(c as usize).copied()).collect();
-            let size = body.get("size").and_then(Value::as_u64).unwrap_or(0);
             let memo = json!({"uri": uri, "size": size, "critical_ranks": crit.to_string(), "critical_broker_ranks": parent_crit.to_string()});
             job.instance = Some(memo.clone());
             jc.memo(n, id, memo);
@@ -792,6 +946,7 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
             // One exchange per barrier per shell: hold each shell's request until all of the job's shells have
             // arrived, then answer all of them with the union of their puts.
             let id = parse_id(body)?;
+            let kvs = pmi_puts(body)?;
             let job = jc
                 .jobs
                 .get_mut(&id)
@@ -799,7 +954,6 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
                 .ok_or((errno::ENOENT, format!("job {id} is not running")))?;
             job.pmi_exchanges += 1;
             let nshells = job.shells.len();
-            let kvs = body.get("kvs").and_then(Value::as_object).cloned().unwrap_or_default();
             let b = core.pmi_barriers.entry(id).or_default();
             b.0.push(msg.clone());
             b.1.extend(kvs);
@@ -819,6 +973,27 @@ fn jobs(core: &mut Core, msg: &Message, body: &Value) -> Reply {
         }
         t => Err((errno::ENOSYS, format!("unknown service method '{t}'"))),
     }
+}
+
+/// The `kvs` of a `job-exec.pmi-barrier` request: a shell's PMI-1 puts, which every shell of the job hands back to
+/// its tasks verbatim in PMI lines. So each key and value must be a token such a line can carry (no space or
+/// newline, no `=` in a key) within the sizes served by `get_maxes`; absent means no puts.
+fn pmi_puts(body: &Value) -> Result<serde_json::Map<String, Value>, (u32, String)> {
+    use crate::pmi::{KEYLEN_MAX, VALLEN_MAX};
+    let Some(kvs) = optional(body, "kvs") else { return Ok(serde_json::Map::new()) };
+    let kvs = kvs.as_object().ok_or_else(|| wrong_type("kvs", "an object of PMI keys and values", kvs))?;
+    let clip = |k: &str| k.chars().take(64).collect::<String>();
+    for (k, v) in kvs {
+        let Some(s) = v.as_str() else { return Err(wrong_type(&format!("kvs.{}", clip(k)), "a string", v)) };
+        let bad = |t: &str| t.contains([' ', '\n']);
+        if k.len() > KEYLEN_MAX || bad(k) || k.contains('=') {
+            return Err((errno::EPROTO, format!("kvs: '{}' is not a PMI key", clip(k))));
+        }
+        if s.len() > VALLEN_MAX || bad(s) {
+            return Err((errno::EPROTO, format!("kvs.{}: not a PMI value", clip(k))));
+        }
+    }
+    Ok(kvs.clone())
 }
 
 /// Send new eventlog entries and output lines to the watchers of job `id`; end finished streams with ENODATA.
@@ -880,4 +1055,74 @@ pub(crate) fn wake_watchers(core: &mut Core, id: JobId) {
         core.route_response(m);
     }
     let _ = Internal::Ignore;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_of_the_wrong_type_are_refused_naming_the_field() {
+        let body = json!({"s": "x", "b": true, "n": 5, "neg": -1, "big": 1u64 << 32, "null": null, "f": 1.5});
+        assert_eq!(opt_str(&body, "s"), Ok(Some("x")));
+        assert_eq!(opt_str(&body, "absent"), Ok(None));
+        assert_eq!(opt_str(&body, "null"), Ok(None), "null is an absent optional field");
+        assert_eq!(opt_bool(&body, "b"), Ok(Some(true)));
+        assert_eq!(opt_u32(&body, "n"), Ok(Some(5)));
+        assert_eq!(opt_i32(&body, "neg"), Ok(Some(-1)));
+        for (r, field) in [
+            (opt_str(&body, "n").map(|_| ()), "'n'"),
+            (opt_bool(&body, "s").map(|_| ()), "'s'"),
+            (opt_u64(&body, "neg").map(|_| ()), "'neg'"),
+            (opt_u32(&body, "big").map(|_| ()), "'big'"),
+            (opt_u32(&body, "f").map(|_| ()), "'f'"),
+            (opt_i32(&body, "big").map(|_| ()), "'big'"),
+            (str_field(&body, "null").map(|_| ()), "'null'"),
+            (u32_field(&body, "s").map(|_| ()), "'s'"),
+        ] {
+            let (e, msg) = r.expect_err(field);
+            assert_eq!(e, errno::EPROTO, "{msg}");
+            assert!(msg.contains(field), "{msg}");
+        }
+        assert_eq!(u32_field(&body, "absent").map_err(|e| e.0), Err(errno::EPROTO));
+        assert_eq!(opt_severity(&json!({"severity": 8})).map_err(|e| e.0), Err(errno::EINVAL));
+        assert_eq!(opt_severity(&json!({})), Ok(0));
+        assert_eq!(parse_id(&json!({"id": [1]})).map_err(|e| e.0), Err(errno::EPROTO));
+    }
+
+    #[test]
+    fn ranks_outside_the_instance_are_refused() {
+        assert_eq!(parse_instance_ranks(&json!({"ranks": "0-3"}), 4).map(|r| r.len()), Ok(4));
+        for ranks in ["4", "2-9", "4294967295"] {
+            let (e, msg) = parse_instance_ranks(&json!({"ranks": ranks}), 4).expect_err(ranks);
+            assert_eq!(e, errno::EINVAL);
+            assert!(msg.contains("not in this instance of size 4"), "{msg}");
+        }
+        // An idset that would expand to four billion ranks is refused by the parser itself.
+        let (e, _) = parse_instance_ranks(&json!({"ranks": "0-4294967295"}), 4).expect_err("huge");
+        assert_eq!(e, errno::EINVAL);
+        let (e, _) = parse_instance_ranks(&json!({"ranks": 3}), 4).expect_err("a number");
+        assert_eq!(e, errno::EPROTO);
+    }
+
+    #[test]
+    fn pmi_puts_must_be_pmi_tokens() {
+        assert_eq!(pmi_puts(&json!({})).map(|m| m.len()), Ok(0));
+        assert_eq!(pmi_puts(&json!({"kvs": {"k": "v=w", "e": ""}})).map(|m| m.len()), Ok(2));
+        let long = "x".repeat(crate::pmi::VALLEN_MAX + 1);
+        for kvs in [
+            json!("k=v"),
+            json!({"k": 1}),
+            json!({"k": ["v"]}),
+            json!({"k": "a b"}),
+            json!({"k": "a\nb"}),
+            json!({"a=b": "v"}),
+            json!({"a b": "v"}),
+            json!({"k": long}),
+        ] {
+            let (e, msg) = pmi_puts(&json!({ "kvs": kvs })).expect_err("bad kvs");
+            assert_eq!(e, errno::EPROTO, "{msg}");
+            assert!(msg.contains("kvs"), "{msg}");
+        }
+    }
 }

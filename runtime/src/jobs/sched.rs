@@ -39,8 +39,11 @@ impl RankPool {
     pub fn schedulable(&self) -> bool {
         self.up && !self.torpid && self.drained.is_none()
     }
+    /// Free cores and GPUs. Counted, not subtracted: a rank that re-registered with fewer ids than its jobs still
+    /// hold has allocated ids outside its set, and none of those are free.
     fn nfree(&self) -> (u32, u32) {
-        ((self.cores.len() - self.alloc_cores.len()) as u32, (self.gpus.len() - self.alloc_gpus.len()) as u32)
+        let free = |all: &IdSet, used: &IdSet| all.iter().filter(|i| !used.contains(*i)).count() as u32;
+        (free(&self.cores, &self.alloc_cores), free(&self.gpus, &self.alloc_gpus))
     }
     fn free_cores(&self) -> IdSet {
         self.cores.difference(&self.alloc_cores)
@@ -158,9 +161,10 @@ impl Pool {
                     .filter(|r| Self::fit(r.cores.len() as u32, r.gpus.len() as u32, c, g) >= per)
                     .count() as u32;
                 if fits < n {
+                    // Saturating: a jobspec may ask for 2^31 slots of 2 cores.
                     return Err(Unsatisfiable::NodeTooSmall {
-                        want_cores: per * c,
-                        want_gpus: per * g,
+                        want_cores: per.saturating_mul(c),
+                        want_gpus: per.saturating_mul(g),
                         have_cores: max_c,
                         have_gpus: max_g,
                     });
@@ -215,7 +219,10 @@ impl Pool {
                         let (cores, gpus) = if req.exclusive {
                             (r.cores.clone(), r.gpus.clone())
                         } else {
-                            (fc.iter().take((per * c) as usize).collect(), fg.iter().take((per * g) as usize).collect())
+                            (
+                                fc.iter().take(per.saturating_mul(c) as usize).collect(),
+                                fg.iter().take(per.saturating_mul(g) as usize).collect(),
+                            )
                         };
                         plan.push(RankAlloc { rank: r.rank, cores, gpus, slots: per });
                     }
@@ -236,8 +243,8 @@ impl Pool {
                         let (fc, fg) = (r.free_cores(), r.free_gpus());
                         plan.push(RankAlloc {
                             rank: r.rank,
-                            cores: fc.iter().take((k * c) as usize).collect(),
-                            gpus: fg.iter().take((k * g) as usize).collect(),
+                            cores: fc.iter().take(k.saturating_mul(c) as usize).collect(),
+                            gpus: fg.iter().take(k.saturating_mul(g) as usize).collect(),
                             slots: k,
                         });
                         left -= k;
@@ -303,10 +310,11 @@ impl Pool {
                         busy += 1;
                     }
                 }
+                let (pc, pg) = (per.saturating_mul(c), per.saturating_mul(g));
                 let what = if req.exclusive {
-                    format!("whole nodes with at least {}", amount(per * c, per * g))
+                    format!("whole nodes with at least {}", amount(pc, pg))
                 } else {
-                    format!("nodes with {} free", amount(per * c, per * g))
+                    format!("nodes with {} free", amount(pc, pg))
                 };
                 format!("resources: needs {n} {what}, {now} can take it now{}", out(Some(busy)))
             }

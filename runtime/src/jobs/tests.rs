@@ -3,6 +3,7 @@
 use super::*;
 use crate::jobspec::JobspecBuilder;
 use crate::shellproto::{status_exited, ShellReport};
+use proptest::prelude::*;
 
 const T0: f64 = 1_000_000.0;
 
@@ -485,4 +486,170 @@ fn pending_jobs_say_why_they_wait() {
     c.cancel(T0 + 1.0, head, 7, false, "user").unwrap();
     assert_eq!(c.pending_reason(head), None);
     assert!(c.pending_reason(behind).unwrap().starts_with("resources: "));
+}
+
+// ------------------------------------------------------------------------------------------- hostile input
+
+/// A jobspec of one slot level (optionally under a node level) with counts chosen by the caller, which may be
+/// anything a client sends: 0, 2^31, u64::MAX.
+fn counted_jobspec(nodes: Option<u64>, slots: u64, cores: u64, gpus: Option<u64>, total: Option<u64>) -> Value {
+    let mut with = vec![json!({"type": "core", "count": cores})];
+    if let Some(g) = gpus {
+        with.push(json!({"type": "gpu", "count": g}));
+    }
+    let slot = json!({"type": "slot", "count": slots, "label": "task", "with": with});
+    let top = match nodes {
+        Some(n) => json!({"type": "node", "count": n, "with": [slot]}),
+        None => slot,
+    };
+    let count = match total {
+        Some(t) => json!({"total": t}),
+        None => json!({"per_slot": 1}),
+    };
+    json!({"version": 1, "resources": [top],
+           "tasks": [{"command": ["true"], "slot": "task", "count": count}],
+           "attributes": {"system": {"duration": 0}}})
+}
+
+/// A count a client might send: small ones that fit, and the edges of every integer width.
+fn hostile_count() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        12 => 0u64..4,
+        1 => Just(1 << 31),
+        1 => Just(u64::from(u32::MAX)),
+        1 => Just(u64::from(u32::MAX) + 1),
+        1 => Just(u64::MAX),
+        1 => any::<u64>(),
+    ]
+}
+
+/// One input to the job core, as the broker's services would hand it over from a request.
+#[derive(Debug, Clone)]
+enum Input {
+    /// `resource.register`: a rank (re)joins with these core and GPU counts.
+    Online(u32, u32, u32),
+    /// `job-manager.submit` of a jobspec with these counts.
+    Submit(Option<u64>, u64, u64, Option<u64>, Option<u64>),
+    /// `overlay.lost` of one rank.
+    Lost(u32),
+    /// `resource.drain` / `resource.undrain` of one rank.
+    Drain(u32, bool),
+    /// The broker started the shell of the n-th job on a rank, or failed to.
+    Spawned(usize, u32, bool),
+    /// `job-exec.shell-exit` for the n-th job, with a wait status.
+    ShellExit(usize, u32, i32),
+    /// `job-manager.cancel` / `job-manager.raise` of the n-th job with a severity.
+    Raise(usize, u32),
+    /// Time passes (seconds).
+    Wait(u32),
+}
+
+fn input() -> impl Strategy<Value = Input> {
+    prop_oneof![
+        3 => (0u32..4, 0u32..5, 0u32..3).prop_map(|(r, c, g)| Input::Online(r, c, g)),
+        // Requests that fit, so that jobs run and hold resources while the rest happens.
+        3 => (proptest::option::of(1u64..3), 1u64..4, 1u64..3)
+            .prop_map(|(n, s, c)| Input::Submit(n, s.max(n.unwrap_or(1)), c, None, None)),
+        2 => (
+            proptest::option::of(hostile_count()),
+            hostile_count(),
+            hostile_count(),
+            proptest::option::of(hostile_count()),
+            proptest::option::of(hostile_count())
+        )
+            .prop_map(|(n, s, c, g, t)| Input::Submit(n, s, c, g, t)),
+        1 => (0u32..5).prop_map(Input::Lost),
+        1 => (0u32..5, any::<bool>()).prop_map(|(r, d)| Input::Drain(r, d)),
+        1 => (0usize..4, 0u32..5, any::<bool>()).prop_map(|(j, r, ok)| Input::Spawned(j, r, ok)),
+        1 => (0usize..4, 0u32..5, any::<i32>()).prop_map(|(j, r, s)| Input::ShellExit(j, r, s)),
+        1 => (0usize..4, 0u32..8).prop_map(|(j, s)| Input::Raise(j, s)),
+        1 => (0u32..100).prop_map(Input::Wait),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Whatever the requests say (counts at every integer edge, ranks that re-register with fewer cores while
+    /// their jobs hold more, reports about jobs and ranks that do not exist), the job core answers or refuses
+    /// and never panics, and every shell it starts gets cores its rank has.
+    #[test]
+    fn hostile_requests_never_panic_the_job_core(inputs in proptest::collection::vec(input(), 1..40)) {
+        let mut c = core(2, 4, 1);
+        let mut ids: Vec<JobId> = Vec::new();
+        let mut t = T0;
+        for i in inputs {
+            t += 0.5;
+            let job = |n: usize| ids.get(n).copied().unwrap_or(JobId(n as u64));
+            match i {
+                Input::Online(r, cores, gpus) => {
+                    c.rank_online(t, r, "node", (0..cores).collect(), (0..gpus).collect(), ("live".into(), None))
+                }
+                Input::Submit(n, s, cores, g, total) => {
+                    if let Ok(id) = c.submit(t, &counted_jobspec(n, s, cores, g, total), 1000) {
+                        ids.push(id);
+                    }
+                }
+                Input::Lost(r) => c.ranks_lost(t, &IdSet::from_iter([r])),
+                Input::Drain(r, true) => { let _ = c.drain(t, &IdSet::from_iter([r]), "test"); }
+                Input::Drain(r, false) => { let _ = c.undrain(t, &IdSet::from_iter([r])); }
+                Input::Spawned(j, r, ok) => {
+                    c.shell_spawned(t, job(j), r, if ok { Ok(()) } else { Err("no".into()) })
+                }
+                Input::ShellExit(j, r, status) => exit_shell(&mut c, t, job(j), r, status),
+                Input::Raise(j, sev) => { c.raise(t, job(j), "test", sev, "note"); }
+                Input::Wait(s) => {
+                    t += f64::from(s);
+                    c.handle_timeout(t);
+                }
+            }
+            for id in &ids {
+                let _ = c.pending_reason(*id);
+                let _ = c.jobs[id].info();
+            }
+            for (_, rank, input) in spawns(&actions(&mut c)) {
+                let have = &c.pool.ranks[&rank].cores;
+                prop_assert!(input.cores.iter().all(|i| have.contains(*i)), "{:?} not in {have}", input.cores);
+                prop_assert_eq!(input.check(), Ok(()), "the broker would refuse this shell input");
+            }
+            let _ = c.next_deadline();
+        }
+    }
+}
+
+/// A rank that re-registers with fewer cores than its running jobs hold (a broker restarted under a smaller
+/// cgroup, or a hostile `resource.register`) leaves nothing free there, and scheduling goes on around it.
+#[test]
+fn rank_rejoining_with_fewer_cores_than_allocated() {
+    let mut c = core(2, 4, 0);
+    let a = c.submit(T0 + 1.0, &spec(cmd().nnodes(1).ntasks(4)), 1000).unwrap();
+    assert_eq!(c.jobs[&a].state, JobState::Run);
+    let on = c.jobs[&a].alloc[0].rank;
+    c.rank_online(T0 + 2.0, on, "node", (0..1).collect(), IdSet::new(), ("live".into(), None));
+    let b = c.submit(T0 + 3.0, &spec(cmd().nnodes(1).ntasks(2)), 1000).unwrap();
+    assert_eq!(c.jobs[&b].state, JobState::Run);
+    assert_ne!(c.jobs[&b].alloc[0].rank, on, "nothing is free on the shrunken rank");
+    let _ = actions(&mut c);
+}
+
+/// The shell input a broker refuses (`rexec.spawn` checks it): tasks past the job's end, or a shell rank
+/// outside the job's shells; what the job core hands out passes.
+#[test]
+fn shell_inputs_are_checked() {
+    let mut c = core(2, 2, 0);
+    c.submit(T0, &spec(cmd().nnodes(2).ntasks(4)), 1000).unwrap();
+    let s = spawns(&actions(&mut c));
+    assert_eq!(s.len(), 2);
+    for (_, _, input) in &s {
+        assert_eq!(input.check(), Ok(()));
+    }
+    let mut bad = s[1].2.clone();
+    bad.first_task = u32::MAX;
+    assert!(bad.check().unwrap_err().contains("ntasks"));
+    let mut bad = s[1].2.clone();
+    bad.local_tasks = 3;
+    assert!(bad.check().is_err(), "tasks 2+3 exceed ntasks 4");
+    let mut bad = s[1].2.clone();
+    bad.shell_rank = 2;
+    assert!(bad.check().unwrap_err().contains("nshells"));
 }
