@@ -25,7 +25,6 @@
 use crate::keyfile::OverlayKey;
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
@@ -105,11 +104,58 @@ pub enum HandshakeError {
     Timeout,
 }
 
-/// An authenticated session: the transport keys, and plaintext already read (the responder's first record).
+/// One direction's cipher: Noise's CipherState for AES-256-GCM, run in place on our own buffers (the bytes are
+/// exactly what `snow`'s transport messages would be: nonce = 4 zero bytes then the counter big-endian, empty
+/// associated data), so a record costs no copy beyond the one the plain link makes.
+struct Cipher {
+    key: ring::aead::LessSafeKey,
+    nonce: u64,
+}
+
+impl Cipher {
+    fn new(k: &[u8; 32]) -> Cipher {
+        let key = ring::aead::UnboundKey::new(&ring::aead::AES_256_GCM, k).expect("AES-256-GCM takes a 32-byte key");
+        Cipher { key: ring::aead::LessSafeKey::new(key), nonce: 0 }
+    }
+
+    fn next_nonce(&mut self) -> ring::aead::Nonce {
+        let mut n = [0u8; 12];
+        n[4..].copy_from_slice(&self.nonce.to_be_bytes());
+        self.nonce += 1;
+        ring::aead::Nonce::assume_unique_for_key(n)
+    }
+
+    /// Seal `buf` in place and return its tag.
+    fn seal(&mut self, buf: &mut [u8]) -> io::Result<ring::aead::Tag> {
+        let nonce = self.next_nonce();
+        self.key
+            .seal_in_place_separate_tag(nonce, ring::aead::Aad::empty(), buf)
+            .map_err(|_| io::Error::other("cannot seal an overlay record"))
+    }
+
+    /// Open `record` (ciphertext then tag) in place; the plaintext's length.
+    fn open(&mut self, record: &mut [u8]) -> Result<usize, ()> {
+        let nonce = self.next_nonce();
+        self.key.open_in_place(nonce, ring::aead::Aad::empty(), record).map(|p| p.len()).map_err(|_| ())
+    }
+}
+
+/// An authenticated session: each direction's cipher, and plaintext already read (the responder's first
+/// record).
 pub struct Session {
-    keys: Arc<snow::StatelessTransportState>,
-    rx_nonce: u64,
+    send: Cipher,
+    recv: Cipher,
     read_ahead: Vec<u8>,
+}
+
+/// The two ciphers of a finished handshake, from the initiator's or the responder's side.
+fn ciphers(mut hs: snow::HandshakeState) -> Result<(Cipher, Cipher), HandshakeError> {
+    if !hs.is_handshake_finished() {
+        return Err(HandshakeError::Unauthenticated);
+    }
+    let (i2r, r2i) = hs.dangerously_get_raw_split();
+    let (i2r, r2i) = (Cipher::new(&i2r), Cipher::new(&r2i));
+    Ok(if hs.is_initiator() { (i2r, r2i) } else { (r2i, i2r) })
 }
 
 async fn send_handshake<S: AsyncWrite + Unpin>(s: &mut S, msg: &[u8]) -> io::Result<()> {
@@ -146,8 +192,8 @@ pub async fn initiate<S: AsyncRead + AsyncWrite + Unpin>(
     recv_bounded(s, HANDSHAKE_MSG_MAX, &mut reply).await?;
     let mut payload = [0u8; HANDSHAKE_MSG_MAX];
     hs.read_message(&reply, &mut payload).map_err(|_| HandshakeError::Unauthenticated)?;
-    let keys = hs.into_stateless_transport_mode().map_err(|_| HandshakeError::Unauthenticated)?;
-    Ok(Session { keys: Arc::new(keys), rx_nonce: 0, read_ahead: Vec::new() })
+    let (send, recv) = ciphers(hs)?;
+    Ok(Session { send, recv, read_ahead: Vec::new() })
 }
 
 /// Run the responder's side (a listener's accepted connection), through the initiator's first record, within
@@ -169,121 +215,126 @@ async fn respond_inner<S: AsyncRead + AsyncWrite + Unpin>(
     let mut msg = [0u8; HANDSHAKE_MSG_MAX];
     let n = hs.write_message(&[], &mut msg).map_err(|_| HandshakeError::Unauthenticated)?;
     send_handshake(s, &msg[..n]).await?;
-    let keys = hs.into_stateless_transport_mode().map_err(|_| HandshakeError::Unauthenticated)?;
+    let (send, mut recv) = ciphers(hs)?;
     recv_bounded(s, FIRST_RECORD_MAX, &mut buf).await?;
-    if buf.len() < TAG {
-        return Err(HandshakeError::Unauthenticated);
-    }
-    let mut plain = vec![0u8; buf.len() - TAG];
-    let n = keys.read_message(0, &buf, &mut plain).map_err(|_| HandshakeError::Unauthenticated)?;
-    plain.truncate(n);
-    Ok(Session { keys: Arc::new(keys), rx_nonce: 1, read_ahead: plain })
+    let n = recv.open(&mut buf).map_err(|_| HandshakeError::Unauthenticated)?;
+    buf.truncate(n);
+    Ok(Session { send, recv, read_ahead: buf })
 }
 
 impl Session {
     /// The reading and writing ends of the secured stream.
     pub fn split<R, W>(self, rd: R, wr: W) -> (SecureReader<R>, SecureWriter<W>) {
-        let reader = SecureReader {
-            inner: rd,
-            keys: self.keys.clone(),
-            nonce: self.rx_nonce,
-            head: [0; 2],
-            have: 0,
-            want: None,
-            record: Vec::new(),
-            plain: self.read_ahead,
-            pos: 0,
-        };
-        let writer = SecureWriter { inner: wr, keys: self.keys, nonce: 0, plain: Vec::new(), out: Vec::new(), sent: 0 };
+        let mut reader = SecureReader::new(rd, self.recv);
+        reader.end = self.read_ahead.len();
+        reader.start = reader.end;
+        reader.plain = (0, reader.end);
+        reader.input = self.read_ahead;
+        let writer = SecureWriter { inner: wr, cipher: self.send, out: Vec::new(), open: None, sent: 0 };
         (reader, writer)
     }
 }
 
-/// The reading end of a secured link: decrypts records, yields the plaintext byte stream.
+/// The reading end of a secured link: decrypts records in its own input buffer and yields the plaintext byte
+/// stream. It buffers what it reads from the socket itself (one `read` brings many small records), so it wants
+/// an unbuffered reader.
 pub struct SecureReader<R> {
     inner: R,
-    keys: Arc<snow::StatelessTransportState>,
-    nonce: u64,
-    head: [u8; 2],
-    /// Bytes of the current record's length prefix (`want` None) or body (`want` Some) read so far.
-    have: usize,
-    want: Option<usize>,
-    record: Vec<u8>,
-    plain: Vec<u8>,
-    pos: usize,
+    cipher: Cipher,
+    /// Bytes read from `inner`. `input[plain.0..plain.1]` is plaintext not yet handed out (an opened record);
+    /// records not yet opened follow, up to `end`.
+    input: Vec<u8>,
+    plain: (usize, usize),
+    /// Start of the first unopened record.
+    start: usize,
+    end: usize,
 }
+
+/// Size of a reader's input buffer: two of the largest records, so one read can bring a whole one behind a
+/// partial one.
+const INPUT_BUF: usize = 2 * (2 + RECORD_MAX);
 
 fn bad_record(why: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, format!("overlay record {why}"))
+}
+
+impl<R> SecureReader<R> {
+    fn new(inner: R, cipher: Cipher) -> SecureReader<R> {
+        SecureReader { inner, cipher, input: Vec::new(), plain: (0, 0), start: 0, end: 0 }
+    }
+
+    /// Open the next record if the input holds all of it: true when `plain` then holds its plaintext.
+    fn open_next(&mut self) -> io::Result<bool> {
+        let have = self.end - self.start;
+        if have < 2 {
+            return Ok(false);
+        }
+        let len = u16::from_be_bytes([self.input[self.start], self.input[self.start + 1]]) as usize;
+        if len < TAG {
+            return Err(bad_record("shorter than its tag"));
+        }
+        if have < 2 + len {
+            return Ok(false);
+        }
+        let body = self.start + 2;
+        let n = self.cipher.open(&mut self.input[body..body + len]).map_err(|_| bad_record("failed authentication"))?;
+        self.plain = (body, body + n);
+        self.start = body + len;
+        Ok(true)
+    }
 }
 
 impl<R: AsyncRead + Unpin> AsyncRead for SecureReader<R> {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let me = self.get_mut();
         loop {
-            if me.pos < me.plain.len() {
-                let n = buf.remaining().min(me.plain.len() - me.pos);
-                buf.put_slice(&me.plain[me.pos..me.pos + n]);
-                me.pos += n;
+            let (p, q) = me.plain;
+            if p < q {
+                let n = buf.remaining().min(q - p);
+                buf.put_slice(&me.input[p..p + n]);
+                me.plain.0 += n;
                 return Poll::Ready(Ok(()));
             }
-            match me.want {
-                None => {
-                    while me.have < 2 {
-                        let mut rb = ReadBuf::new(&mut me.head[me.have..]);
-                        ready!(Pin::new(&mut me.inner).poll_read(cx, &mut rb))?;
-                        let n = rb.filled().len();
-                        if n == 0 {
-                            return if me.have == 0 {
-                                Poll::Ready(Ok(())) // clean end between records
-                            } else {
-                                Poll::Ready(Err(bad_record("truncated")))
-                            };
-                        }
-                        me.have += n;
-                    }
-                    let len = u16::from_be_bytes(me.head) as usize;
-                    if len < TAG {
-                        return Poll::Ready(Err(bad_record("shorter than its tag")));
-                    }
-                    me.record.resize(len, 0);
-                    me.want = Some(len);
-                    me.have = 0;
-                }
-                Some(len) => {
-                    while me.have < len {
-                        let mut rb = ReadBuf::new(&mut me.record[me.have..len]);
-                        ready!(Pin::new(&mut me.inner).poll_read(cx, &mut rb))?;
-                        let n = rb.filled().len();
-                        if n == 0 {
-                            return Poll::Ready(Err(bad_record("truncated")));
-                        }
-                        me.have += n;
-                    }
-                    me.plain.resize(len - TAG, 0);
-                    let n = me
-                        .keys
-                        .read_message(me.nonce, &me.record[..len], &mut me.plain)
-                        .map_err(|_| bad_record("failed authentication"))?;
-                    me.plain.truncate(n);
-                    me.nonce += 1;
-                    me.pos = 0;
-                    me.want = None;
-                    me.have = 0;
-                }
+            if me.open_next()? {
+                continue;
             }
+            // Need more input: drop what was consumed, make room at the end, then read.
+            if me.start == me.end {
+                (me.start, me.end) = (0, 0);
+            }
+            if me.input.len() < INPUT_BUF {
+                me.input.resize(INPUT_BUF, 0);
+            }
+            if me.start > 0 && me.input.len() - me.end < 2 + RECORD_MAX {
+                me.input.copy_within(me.start..me.end, 0);
+                me.end -= me.start;
+                me.start = 0;
+            }
+            me.plain = (me.start, me.start);
+            let mut rb = ReadBuf::new(&mut me.input[me.end..]);
+            ready!(Pin::new(&mut me.inner).poll_read(cx, &mut rb))?;
+            let n = rb.filled().len();
+            if n == 0 {
+                return if me.start == me.end {
+                    Poll::Ready(Ok(())) // clean end between records
+                } else {
+                    Poll::Ready(Err(bad_record("truncated")))
+                };
+            }
+            me.end += n;
         }
     }
 }
 
-/// The writing end of a secured link: buffers plaintext, seals it into records on flush (or when a record is
-/// full) and writes them out.
+/// The writing end of a secured link: writes plaintext straight into the record being built in its output
+/// buffer, seals it in place on flush (or when it is full) and writes the sealed records out.
 pub struct SecureWriter<W> {
     inner: W,
-    keys: Arc<snow::StatelessTransportState>,
-    nonce: u64,
-    plain: Vec<u8>,
+    cipher: Cipher,
+    /// Sealed records, then the open one (if any): its length prefix at `open`, its plaintext after it.
     out: Vec<u8>,
+    open: Option<usize>,
+    /// Bytes of `out` already written.
     sent: usize,
 }
 
@@ -291,19 +342,23 @@ pub struct SecureWriter<W> {
 const OUT_HIGH: usize = 64 * 1024;
 
 impl<W: AsyncWrite + Unpin> SecureWriter<W> {
-    fn seal(&mut self) -> io::Result<()> {
-        if self.plain.is_empty() {
-            return Ok(());
+    /// Largest plaintext of the next record: the first is read before its sender is authenticated, so it is
+    /// kept within [`FIRST_RECORD_MAX`] whatever is queued behind the hello.
+    fn cap(&self) -> usize {
+        if self.cipher.nonce == 0 {
+            FIRST_RECORD_MAX - TAG
+        } else {
+            PLAIN_MAX
         }
-        let n = self.plain.len() + TAG;
-        let start = self.out.len();
-        self.out.resize(start + 2 + n, 0);
-        self.out[start..start + 2].copy_from_slice(&(n as u16).to_be_bytes());
-        self.keys
-            .write_message(self.nonce, &self.plain, &mut self.out[start + 2..])
-            .map_err(|e| io::Error::other(format!("cannot seal an overlay record: {e}")))?;
-        self.nonce += 1;
-        self.plain.clear();
+    }
+
+    /// Seal the open record, if any.
+    fn seal(&mut self) -> io::Result<()> {
+        let Some(at) = self.open.take() else { return Ok(()) };
+        let n = self.out.len() - at - 2;
+        let tag = self.cipher.seal(&mut self.out[at + 2..])?;
+        self.out.extend_from_slice(tag.as_ref());
+        self.out[at..at + 2].copy_from_slice(&((n + TAG) as u16).to_be_bytes());
         Ok(())
     }
 
@@ -324,18 +379,24 @@ impl<W: AsyncWrite + Unpin> SecureWriter<W> {
 impl<W: AsyncWrite + Unpin> AsyncWrite for SecureWriter<W> {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
         let me = self.get_mut();
-        // The first record is read before its sender is authenticated, so it is kept within FIRST_RECORD_MAX
-        // whatever is queued behind the hello.
-        let cap = if me.nonce == 0 { FIRST_RECORD_MAX - TAG } else { PLAIN_MAX };
-        if me.plain.len() >= cap {
-            me.seal()?;
-        }
-        if me.out.len() - me.sent >= OUT_HIGH {
+        if me.open.is_none() && me.out.len() - me.sent >= OUT_HIGH {
             ready!(me.poll_drain(cx))?;
         }
-        let cap = if me.nonce == 0 { FIRST_RECORD_MAX - TAG } else { PLAIN_MAX };
-        let n = data.len().min(cap - me.plain.len());
-        me.plain.extend_from_slice(&data[..n]);
+        let at = match me.open {
+            Some(at) => at,
+            None => {
+                let at = me.out.len();
+                me.out.extend_from_slice(&[0, 0]);
+                me.open = Some(at);
+                at
+            }
+        };
+        let room = me.cap() - (me.out.len() - at - 2);
+        let n = data.len().min(room);
+        me.out.extend_from_slice(&data[..n]);
+        if n == room {
+            me.seal()?;
+        }
         Poll::Ready(Ok(n))
     }
 
@@ -395,6 +456,41 @@ mod tests {
         tokio::join!(client, server)
     }
 
+    /// Our records are Noise transport messages to the byte: the same handshake (fixed ephemeral keys), once
+    /// through snow's own transport state and once through `ciphers`, seals the same plaintext identically.
+    #[test]
+    fn records_are_noise_transport_messages() {
+        let a = auth("i");
+        let run = || {
+            let (e1, e2) = ([1u8; 32], [2u8; 32]);
+            let mut i = a.builder().fixed_ephemeral_key_for_testing_only(&e1).build_initiator().unwrap();
+            let mut r = a.builder().fixed_ephemeral_key_for_testing_only(&e2).build_responder().unwrap();
+            let (mut m, mut p) = ([0u8; 64], [0u8; 64]);
+            let n = i.write_message(&[], &mut m).unwrap();
+            r.read_message(&m[..n], &mut p).unwrap();
+            let n = r.write_message(&[], &mut m).unwrap();
+            i.read_message(&m[..n], &mut p).unwrap();
+            (i, r)
+        };
+        let plain = b"a record of the overlay".to_vec();
+        let (i, _) = run();
+        let snow_side = i.into_stateless_transport_mode().unwrap();
+        let mut theirs = vec![0u8; plain.len() + TAG];
+        snow_side.write_message(5, &plain, &mut theirs).unwrap();
+        let (i, mut r) = run();
+        let (mut send, _) = ciphers(i).unwrap();
+        send.nonce = 5;
+        let mut ours = plain.clone();
+        let tag = send.seal(&mut ours).unwrap();
+        ours.extend_from_slice(tag.as_ref());
+        assert_eq!(ours, theirs);
+        // And the responder's side opens it, with its own ciphers.
+        let (_, mut recv) = ciphers(r).unwrap();
+        recv.nonce = 5;
+        let n = recv.open(&mut ours).unwrap();
+        assert_eq!(&ours[..n], &plain[..]);
+    }
+
     #[test]
     fn noise_params_parse() {
         assert!(NOISE_PARAMS.parse::<snow::params::NoiseParams>().is_ok());
@@ -406,7 +502,7 @@ mod tests {
         assert!(c.is_ok());
         let s = s.unwrap();
         assert_eq!(s.read_ahead, b"hello");
-        assert_eq!(s.rx_nonce, 1);
+        assert_eq!(s.recv.nonce, 1);
     }
 
     #[tokio::test]
@@ -475,17 +571,9 @@ mod tests {
         assert!(matches!(res, Err(HandshakeError::Unauthenticated)), "{:?}", res.err());
     }
 
-    fn unreachable_keys() -> snow::StatelessTransportState {
-        let a = auth("x");
-        let b = auth("x");
-        let mut i = a.builder().build_initiator().unwrap();
-        let mut r = b.builder().build_responder().unwrap();
-        let (mut m, mut p) = ([0u8; 64], [0u8; 64]);
-        let n = i.write_message(&[], &mut m).unwrap();
-        r.read_message(&m[..n], &mut p).unwrap();
-        let n = r.write_message(&[], &mut m).unwrap();
-        i.read_message(&m[..n], &mut p).unwrap();
-        i.into_stateless_transport_mode().unwrap()
+    /// A cipher with a key nobody else has.
+    fn stray_cipher() -> Cipher {
+        Cipher::new(&[0x33; 32])
     }
 
     #[tokio::test]
@@ -518,7 +606,8 @@ mod tests {
             let mut m = [0u8; 64];
             let n = hs.write_message(&[], &mut m).unwrap();
             send_handshake(&mut s, &m[..n]).await.unwrap();
-            Session { keys: Arc::new(hs.into_stateless_transport_mode().unwrap()), rx_nonce: 0, read_ahead: vec![] }
+            let (send, recv) = ciphers(hs).unwrap();
+            Session { send, recv, read_ahead: vec![] }
         });
         let ci = ci.unwrap();
         let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 + i / 256) as u8).collect();
@@ -534,30 +623,37 @@ mod tests {
                     w.flush().await.unwrap();
                 }
             }
+            // Then all of it in one write: whole records sealed straight from the caller's buffer.
+            w.write_all(&d2).await.unwrap();
             w.shutdown().await.unwrap();
         });
-        let mut got = Vec::new();
-        r.read_to_end(&mut got).await.unwrap();
-        wt.await.unwrap();
+        // Read the first copy in pieces smaller than a record, the second in one read_exact (records opened
+        // straight into the caller's buffer).
+        let mut got = vec![0u8; data.len()];
+        for piece in got.chunks_mut(1000) {
+            r.read_exact(piece).await.unwrap();
+        }
         assert_eq!(got, data);
+        r.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, data);
+        let mut rest = Vec::new();
+        r.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty());
+        wt.await.unwrap();
 
         // A flipped bit in a record fails it.
-        let keys = unreachable_keys();
-        let mut rec = vec![0u8; 2 + 10 + TAG];
+        let mut sealer = Cipher::new(&[0x44; 32]);
+        let mut rec = vec![0u8; 2 + 10];
         rec[..2].copy_from_slice(&((10 + TAG) as u16).to_be_bytes());
-        keys.write_message(0, b"0123456789", &mut rec[2..]).unwrap();
+        rec[2..].copy_from_slice(b"0123456789");
+        let tag = sealer.seal(&mut rec[2..]).unwrap();
+        rec.extend_from_slice(tag.as_ref());
+        let mut good = SecureReader::new(&rec[..], Cipher::new(&[0x44; 32]));
+        let mut out = Vec::new();
+        good.read_to_end(&mut out).await.unwrap();
+        assert_eq!(out, b"0123456789");
         rec[5] ^= 1;
-        let mut r = SecureReader {
-            inner: &rec[..],
-            keys: Arc::new(keys),
-            nonce: 0,
-            head: [0; 2],
-            have: 0,
-            want: None,
-            record: vec![],
-            plain: vec![],
-            pos: 0,
-        };
+        let mut r = SecureReader::new(&rec[..], Cipher::new(&[0x44; 32]));
         let mut out = Vec::new();
         let e = r.read_to_end(&mut out).await.unwrap_err();
         assert!(e.to_string().contains("failed authentication"), "{e}");
@@ -586,18 +682,7 @@ mod tests {
         fn records_refuse_any_bytes(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..3000)) {
             let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
             let r = rt.block_on(async {
-                static KEYS: std::sync::OnceLock<Arc<snow::StatelessTransportState>> = std::sync::OnceLock::new();
-                let mut r = SecureReader {
-                    inner: &data[..],
-                    keys: KEYS.get_or_init(|| Arc::new(unreachable_keys())).clone(),
-                    nonce: 0,
-                    head: [0; 2],
-                    have: 0,
-                    want: None,
-                    record: vec![],
-                    plain: vec![],
-                    pos: 0,
-                };
+                let mut r = SecureReader::new(&data[..], stray_cipher());
                 let mut out = Vec::new();
                 r.read_to_end(&mut out).await.map(|_| out.len())
             });

@@ -196,8 +196,8 @@ pub fn secure_link(
     sock: Option<std::os::fd::OwnedFd>,
 ) -> Link {
     let (rd, wr) = stream.into_split();
-    // Records are read from a buffer: one read(2) brings many records, as for plain links.
-    let (rd, wr) = session.split(tokio::io::BufReader::with_capacity(64 * 1024, rd), wr);
+    // The secure reader buffers the socket itself: one read(2) brings many records, as for plain links.
+    let (rd, wr) = session.split(rd, wr);
     link_from_parts(rd, wr, peer, sock)
 }
 
