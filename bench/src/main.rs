@@ -23,6 +23,9 @@
 //! - `vigil-bench uring` (module [`uring`]): an `io_uring` overlay link ([`uring_link`]) against the tokio
 //!   (epoll) transport on loopback TCP, RPC round trip and streaming throughput; needs no `vigil` binary.
 //!
+//! - `vigil-bench auth` (module [`auth`]): authenticated, encrypted overlay links against plain ones, same
+//!   harness as `uring`, plus handshake time and, with `--before`, start-up of a plain build against this one.
+//!
 //! - `vigil-bench fwq` (module [`fwq`]): fixed-work-quanta OS noise on the core it is pinned to, one JSON line;
 //!   `bench/probe-cost.sh` runs it on the parent's core.
 //!
@@ -36,6 +39,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+mod auth;
 mod detect;
 mod fwq;
 mod mpi;
@@ -99,6 +103,8 @@ enum TopCmd {
     Detect(detect::DetectArgs),
     /// io_uring vs tokio (epoll) for overlay TCP links: RPC round trip and streaming throughput.
     Uring(uring::UringArgs),
+    /// Cost of authenticated, encrypted overlay links against plain ones: round trip, throughput, handshake.
+    Auth(auth::AuthArgs),
     /// Fixed-work-quanta OS noise: what else running on this core steals from a compute-bound process.
     Fwq(fwq::FwqArgs),
     /// The floor of a periodic prober: wake every period, send one datagram, report the CPU time that took.
@@ -300,6 +306,7 @@ fn main() {
         Some(TopCmd::Mpi(a)) => report(mpi::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Detect(a)) => report(detect::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Uring(a)) => report(uring::run(&a, cli.out_dir)),
+        Some(TopCmd::Auth(a)) => report(auth::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Fwq(a)) => fwq::run(&a),
         Some(TopCmd::Tick(a)) => tick::run(&a),
         Some(TopCmd::XdpHub(a)) => xdp_hub::run(&a),

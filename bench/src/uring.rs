@@ -70,8 +70,12 @@ pub(crate) struct UringArgs {
 /// A link implementation under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Path {
-    /// `transport::link_from_stream` on a tokio `TcpStream` (the broker's current path).
+    /// `transport::link_from_stream` on a tokio `TcpStream` (the broker's plain path, before links were
+    /// authenticated).
     Epoll,
+    /// The broker's authenticated path: the Noise handshake, then `transport::secure_link` (records sealed
+    /// with AES-256-GCM). Not in [`Path::ALL`]: `vigil-bench auth` compares it with [`Path::Epoll`].
+    Noise,
     /// The same on a stream wrapped in a `BufReader` and a `BufWriter` as large as the io_uring link's buffer.
     EpollBuffered,
     /// [`crate::uring_link::uring_link`].
@@ -86,6 +90,7 @@ impl Path {
     fn name(self) -> &'static str {
         match self {
             Path::Epoll => "epoll",
+            Path::Noise => "epoll+noise",
             Path::EpollBuffered => "epoll+buffered",
             Path::Uring => "io_uring",
         }
@@ -93,18 +98,45 @@ impl Path {
 }
 
 /// One end of a connection: its link, and the ring thread behind it (io_uring only).
-struct End {
+pub(crate) struct End {
     /// The broker-facing link.
     link: Link,
     /// The io_uring link thread, joined after the link is dropped.
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// Wrap a freshly connected socket into a link of `path`. Must run inside a tokio runtime.
-fn open(path: Path, s: tokio::net::TcpStream, peer: &str) -> Result<End, String> {
+/// The overlay key and instance both ends of a [`Path::Noise`] link use.
+fn bench_auth() -> &'static vigil::broker::secure::LinkAuth {
+    static AUTH: std::sync::OnceLock<vigil::broker::secure::LinkAuth> = std::sync::OnceLock::new();
+    AUTH.get_or_init(|| {
+        let key = vigil::keyfile::OverlayKey::from_hex(&"5a".repeat(32)).expect("a 64-digit key");
+        vigil::broker::secure::LinkAuth::new(key, "bench")
+    })
+}
+
+/// Wrap a freshly connected socket into a link of `path`; `initiator` is the connecting end (it runs the
+/// initiator's side of a handshake and sends a `hello` first, as a child broker does). Must run inside a tokio
+/// runtime.
+pub(crate) async fn open(path: Path, s: tokio::net::TcpStream, peer: &str, initiator: bool) -> Result<End, String> {
+    use vigil::broker::secure;
     tune_tcp(&s, TCP_USER_TIMEOUT_MS);
     Ok(match path {
         Path::Epoll => End { link: link_from_stream(s, peer.into()), thread: None },
+        Path::Noise => {
+            let mut s = s;
+            let session = if initiator {
+                secure::initiate(&mut s, bench_auth()).await
+            } else {
+                secure::respond(&mut s, bench_auth()).await
+            }
+            .map_err(|e| format!("handshake: {e}"))?;
+            let link = vigil::broker::transport::secure_link(s, session, peer.into(), None);
+            if initiator {
+                // The responder's first record must be small (it is a broker's hello).
+                link.tx.send(Message::control("hello", &json!({"rank": 1}))).map_err(|_| "link closed")?;
+            }
+            End { link, thread: None }
+        }
         Path::EpollBuffered => {
             let s = BufWriter::with_capacity(RECV_BUF, BufReader::with_capacity(RECV_BUF, s));
             End { link: link_from_stream(s, peer.into()), thread: None }
@@ -153,6 +185,9 @@ async fn serve(link: &mut Link, mode: Serve) {
     let mut n = 0usize;
     while let Some(ev) = link.rx.recv().await {
         let LinkEvent::Message(m) = ev else { break };
+        if m.msgtype == MsgType::Control {
+            continue; // a hello
+        }
         let out = match mode {
             Serve::Echo => reply(&m, &payload),
             Serve::Sink { credit_every } => {
@@ -185,7 +220,7 @@ fn run_pair<T>(path: Path, mode: Serve, client: impl AsyncFnOnce(&mut Link) -> R
             let end = server_rt.block_on(async move {
                 let l = tokio::net::TcpListener::from_std(listener).map_err(|e| e.to_string())?;
                 let (s, _) = l.accept().await.map_err(|e| format!("accept: {e}"))?;
-                let mut end = open(path, s, "client")?;
+                let mut end = open(path, s, "client", false).await?;
                 serve(&mut end.link, mode).await;
                 Ok::<_, String>(end)
             })?;
@@ -201,7 +236,7 @@ fn run_pair<T>(path: Path, mode: Serve, client: impl AsyncFnOnce(&mut Link) -> R
     let client_rt = rt()?;
     let r = client_rt.block_on(async move {
         let s = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("connect: {e}"))?;
-        let mut end = open(path, s, "server")?;
+        let mut end = open(path, s, "server", true).await?;
         let r = client(&mut end.link).await;
         Ok::<_, String>((r, end))
     });
@@ -565,7 +600,7 @@ mod tests {
     /// Every path carries round trips and both streams correctly (no timing is checked).
     #[test]
     fn every_path_works_end_to_end() {
-        for path in Path::ALL {
+        for path in Path::ALL.into_iter().chain([Path::Noise]) {
             if path == Path::Uring {
                 if let Err(why) = probe() {
                     eprintln!("io_uring skipped: {why}");
