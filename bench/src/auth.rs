@@ -15,36 +15,21 @@
 //! Targets (from the issue): round trip at most 1.10x, throughput at least 0.9x, start-up at most 10 % slower.
 //! Results: `bench/results/auth.{json,md}`.
 
-use crate::uring::{rpc_run, stream_run, Path, Rate};
+use crate::uring::{
+    bench_auth, rpc_run, stream_run, Path, Rate, UringArgs, LARGE_PAYLOAD, LARGE_WINDOW, SMALL_PAYLOAD, SMALL_WINDOW,
+};
 use crate::{now_epoch_s, p99, results_dir, summarize, write_results};
 use clap::Args;
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::Instant;
 
-/// Payload of the small streaming messages, bytes.
-const SMALL_PAYLOAD: usize = 64;
-/// Payload of the large streaming messages, bytes.
-const LARGE_PAYLOAD: usize = 64 << 10;
-/// Credit windows (messages in flight), as in `uring`.
-const SMALL_WINDOW: usize = 4096;
-const LARGE_WINDOW: usize = 64;
-
 /// Options of `vigil-bench auth`.
 #[derive(Args, Debug)]
 pub(crate) struct AuthArgs {
-    /// Rounds; each measures both paths, in rotated order.
-    #[arg(long, default_value_t = 7)]
-    pub(crate) runs: usize,
-    /// Timed RPC round trips per path per round.
-    #[arg(long, default_value_t = 10_000)]
-    pub(crate) round_trips: usize,
-    /// 64-byte messages streamed per path per round.
-    #[arg(long, default_value_t = 400_000)]
-    pub(crate) small_messages: usize,
-    /// 64 KiB messages streamed per path per round.
-    #[arg(long, default_value_t = 10_000)]
-    pub(crate) large_messages: usize,
+    /// Rounds and message counts, as for `vigil-bench uring`.
+    #[command(flatten)]
+    pub(crate) link: UringArgs,
     /// Connections (with and without a handshake) timed per round.
     #[arg(long, default_value_t = 200)]
     pub(crate) connects: usize,
@@ -92,16 +77,6 @@ fn connect_run(n: usize, handshake: bool) -> Result<Vec<f64>, String> {
     })
 }
 
-fn bench_auth() -> &'static vigil::broker::secure::LinkAuth {
-    static AUTH: std::sync::OnceLock<vigil::broker::secure::LinkAuth> = std::sync::OnceLock::new();
-    AUTH.get_or_init(|| {
-        vigil::broker::secure::LinkAuth::new(
-            vigil::keyfile::OverlayKey::from_hex(&"a5".repeat(32)).expect("a 64-digit key"),
-            "bench",
-        )
-    })
-}
-
 /// MB/s of sealing `n` 64 KiB records with the Noise cipher suite `params` (one core, no I/O).
 fn seal_rate(params: &str, n: usize) -> Result<f64, String> {
     let psk = [7u8; 32];
@@ -139,8 +114,9 @@ fn start_run(vigil: &std::path::Path) -> Result<f64, String> {
 }
 
 /// `vigil-bench auth`: measure, print the table, write bench/results/auth.{json,md}.
-pub(crate) fn run(a: &AuthArgs, vigil: Option<PathBuf>, out_dir: Option<PathBuf>) -> Result<i32, String> {
-    if a.runs == 0 || a.round_trips == 0 || a.small_messages == 0 || a.large_messages == 0 || a.connects == 0 {
+pub(crate) fn run(args: &AuthArgs, vigil: Option<PathBuf>, out_dir: Option<PathBuf>) -> Result<i32, String> {
+    let a = &args.link;
+    if a.runs == 0 || a.round_trips == 0 || a.small_messages == 0 || a.large_messages == 0 || args.connects == 0 {
         return Err("--runs, --round-trips, the message counts and --connects must be at least 1".into());
     }
     let paths = [Path::Epoll, Path::Noise];
@@ -165,7 +141,7 @@ pub(crate) fn run(a: &AuthArgs, vigil: Option<PathBuf>, out_dir: Option<PathBuf>
             s[k].large.push(stream_run(paths[k], LARGE_PAYLOAD, a.large_messages, LARGE_WINDOW)?);
         }
         for &k in &order {
-            s[k].connect.extend(connect_run(a.connects, k == 1)?);
+            s[k].connect.extend(connect_run(args.connects, k == 1)?);
         }
         aes.push(seal_rate(vigil::broker::secure::NOISE_PARAMS, 2000)?);
         chacha.push(seal_rate("Noise_NNpsk0_25519_ChaChaPoly_SHA256", 2000)?);
@@ -185,10 +161,10 @@ pub(crate) fn run(a: &AuthArgs, vigil: Option<PathBuf>, out_dir: Option<PathBuf>
         None => std::env::current_exe().map_err(|e| e.to_string())?.with_file_name("vigil"),
     };
     let (mut st_before, mut st_after) = (Vec::new(), Vec::new());
-    if let Some(before) = &a.before {
+    if let Some(before) = &args.before {
         start_run(before)?;
         start_run(&after_bin)?;
-        for _ in 0..a.start_runs {
+        for _ in 0..args.start_runs {
             st_before.push(start_run(before)?);
             st_after.push(start_run(&after_bin)?);
         }
@@ -293,17 +269,17 @@ pub(crate) fn run(a: &AuthArgs, vigil: Option<PathBuf>, out_dir: Option<PathBuf>
          10^6 bytes of whole frames.{startup}\n\n{table}\n{verdict}\n",
         runs = a.runs,
         rt = a.round_trips,
-        before = if a.before.is_some() { " --before PLAIN_VIGIL" } else { "" },
+        before = if args.before.is_some() { " --before PLAIN_VIGIL" } else { "" },
         params = vigil::broker::secure::NOISE_PARAMS,
         n = a.runs * a.round_trips,
-        c = a.connects,
+        c = args.connects,
         startup = if st_before.is_empty() {
             String::new()
         } else {
             format!(
                 " Start-up: {} runs of each binary, alternating (the plain one built from the commit before this \
                  change, both release builds).",
-                a.start_runs
+                args.start_runs
             )
         },
     );

@@ -39,13 +39,13 @@ pub(crate) const DEFAULT_RUNS: usize = 7;
 /// Untimed round trips before the timed ones, per run.
 const WARMUP_ROUND_TRIPS: usize = 1000;
 /// Payload of the small streaming messages, bytes.
-const SMALL_PAYLOAD: usize = 64;
+pub(crate) const SMALL_PAYLOAD: usize = 64;
 /// Payload of the large streaming messages, bytes.
-const LARGE_PAYLOAD: usize = 64 << 10;
+pub(crate) const LARGE_PAYLOAD: usize = 64 << 10;
 /// Credit window (messages in flight) for 64-byte messages.
-const SMALL_WINDOW: usize = 4096;
+pub(crate) const SMALL_WINDOW: usize = 4096;
 /// Credit window (messages in flight) for 64 KiB messages (4 MiB).
-const LARGE_WINDOW: usize = 64;
+pub(crate) const LARGE_WINDOW: usize = 64;
 /// io_uring must be at least this much faster on the median RPC round trip (ratio io_uring/best epoll at most
 /// this) to be called a clear win worth a second transport implementation.
 const CLEAR_WIN_RATIO: f64 = 0.90;
@@ -106,7 +106,7 @@ pub(crate) struct End {
 }
 
 /// The overlay key and instance both ends of a [`Path::Noise`] link use.
-fn bench_auth() -> &'static vigil::broker::secure::LinkAuth {
+pub(crate) fn bench_auth() -> &'static vigil::broker::secure::LinkAuth {
     static AUTH: std::sync::OnceLock<vigil::broker::secure::LinkAuth> = std::sync::OnceLock::new();
     AUTH.get_or_init(|| {
         let key = vigil::keyfile::OverlayKey::from_hex(&"5a".repeat(32)).expect("a 64-digit key");
