@@ -3,11 +3,12 @@
 
 use std::{
     path::{Path, PathBuf},
+    sync::{Arc, Mutex},
     task::{Context, Poll, ready},
 };
 
 use aya::{
-    Ebpf,
+    Btf, Ebpf, EbpfLoader,
     maps::{MapData, RingBuf},
     programs::{TracePoint, links::FdLink},
 };
@@ -29,7 +30,31 @@ pub(crate) fn load(object: &[u8]) -> Result<Ebpf, EbpfError> {
         return Err(EbpfError::NotRoot(euid));
     }
     sys::ensure_tracefs().map_err(EbpfError::Tracefs)?;
-    Ok(Ebpf::load(object)?)
+    let shared = SHARED_BTF.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    match shared {
+        Some(btf) => Ok(EbpfLoader::new().btf(Some(&btf)).load(object)?),
+        None => Ok(Ebpf::load(object)?),
+    }
+}
+
+/// The kernel's BTF, parsed once for every object loaded inside [`with_kernel_btf`].
+static SHARED_BTF: Mutex<Option<Arc<Btf>>> = Mutex::new(None);
+
+/// Runs `f` with the kernel's BTF (`/sys/kernel/btf/vmlinux`) parsed once for every watcher it creates, then
+/// drops it. Each CO-RE object otherwise parses the whole kernel BTF again (tens of ms of CPU and ~10 MB of
+/// heap each); a caller creating an [`ExitWatcher`](crate::ExitWatcher) and a [`TcpWatcher`](crate::TcpWatcher)
+/// pays that once. Without kernel BTF, `f` runs as it would without this call.
+pub fn with_kernel_btf<R>(f: impl FnOnce() -> R) -> R {
+    let btf = Btf::from_sys_fs().ok().map(Arc::new);
+    let had = btf.is_some();
+    if had {
+        *SHARED_BTF.lock().unwrap_or_else(|e| e.into_inner()) = btf;
+    }
+    let r = f();
+    if had {
+        *SHARED_BTF.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+    r
 }
 
 /// Directory on bpffs where tracepoint links are pinned while their watcher lives.
