@@ -40,7 +40,9 @@ pub struct ExitWatcher {
     ring: AsyncFd<RingBuf<MapData>>,
     raced_tx: mpsc::UnboundedSender<ExitEvent>,
     raced_rx: mpsc::UnboundedReceiver<ExitEvent>,
-    // Owns the programs and their tracepoint links; dropping detaches.
+    // The tracepoint links, pinned: dropping removes the pins, and the kernel detaches in the background.
+    _links: ring::LinkPins,
+    // Owns the programs (and their links where they could not be pinned; dropping detaches those).
     _bpf: Ebpf,
 }
 
@@ -55,15 +57,16 @@ impl ExitWatcher {
     /// mounts tracefs on `/sys/kernel/tracing` if needed.
     pub fn new() -> Result<ExitWatcher, EbpfError> {
         let mut bpf = ring::load(EXIT_OBJ)?;
+        let mut pins = ring::LinkPins::default();
         // Attach signal/OOM first so no fatal signal is missed between attaches.
-        ring::attach_tracepoint(&mut bpf, "vigil_signal_generate", "signal", "signal_generate")?;
-        ring::attach_tracepoint(&mut bpf, "vigil_mark_victim", "oom", "mark_victim")?;
-        ring::attach_tracepoint(&mut bpf, "vigil_process_exit", "sched", "sched_process_exit")?;
+        ring::attach_tracepoint(&mut bpf, &mut pins, "vigil_signal_generate", "signal", "signal_generate")?;
+        ring::attach_tracepoint(&mut bpf, &mut pins, "vigil_mark_victim", "oom", "mark_victim")?;
+        ring::attach_tracepoint(&mut bpf, &mut pins, "vigil_process_exit", "sched", "sched_process_exit")?;
         let watched_map = bpf.take_map("WATCHED").ok_or(EbpfError::Missing("WATCHED"))?;
         let watched = HashMap::try_from(watched_map).map_err(map_err("WATCHED"))?;
         let ring = ring::take_ring(&mut bpf, "EXIT_EVENTS")?;
         let (raced_tx, raced_rx) = mpsc::unbounded_channel();
-        Ok(ExitWatcher { watched: Mutex::new(watched), ring, raced_tx, raced_rx, _bpf: bpf })
+        Ok(ExitWatcher { watched: Mutex::new(watched), ring, raced_tx, raced_rx, _links: pins, _bpf: bpf })
     }
 
     /// Starts watching process `pid` (a tgid, initial pid namespace).

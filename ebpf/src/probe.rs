@@ -159,6 +159,8 @@ pub struct UserspaceResponder {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
     port: u16,
+    /// The same socket, to wake the thread's blocking receive when dropped.
+    waker: UdpSocket,
 }
 
 impl UserspaceResponder {
@@ -166,14 +168,17 @@ impl UserspaceResponder {
     /// configured or the thread cannot start.
     pub fn spawn(socket: UdpSocket, clock: Arc<HeartbeatClock>) -> std::io::Result<UserspaceResponder> {
         let port = socket.local_addr()?.port();
-        socket.set_read_timeout(Some(std::time::Duration::from_millis(200)))?;
+        // No read timeout: `drop` wakes the thread by shutting the socket down (a timeout made every broker's
+        // exit wait for it, up to its length).
+        socket.set_read_timeout(None)?;
+        let waker = socket.try_clone()?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new().name("vigil-responder".into()).spawn(move || {
             let mut buf = [0u8; 128];
             let mut answered = 0u64;
             while !stop2.load(Ordering::Relaxed) {
-                let Ok((n, from)) = socket.recv_from(&mut buf) else { continue };
+                let Some((n, from)) = recv_from_v4(&socket, &mut buf) else { continue };
                 let Some(p) = Probe::decode(&buf[..n]) else { continue };
                 if p.kind != ProbeKind::Request {
                     continue;
@@ -190,7 +195,7 @@ impl UserspaceResponder {
                 let _ = socket.send_to(&reply.encode(), from);
             }
         })?;
-        Ok(UserspaceResponder { stop, thread: Some(thread), port })
+        Ok(UserspaceResponder { stop, thread: Some(thread), port, waker })
     }
 
     /// UDP port it answers on.
@@ -199,9 +204,38 @@ impl UserspaceResponder {
     }
 }
 
+/// One datagram from an IPv4 sender: (length, sender). `None` on an error, and after `shutdown`, when the receive
+/// returns with no sender address (on which std's `recv_from` asserts).
+fn recv_from_v4(socket: &UdpSocket, buf: &mut [u8]) -> Option<(usize, std::net::SocketAddrV4)> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: sockaddr_in is plain old data; all-zero is valid (the kernel fills it).
+    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: `buf` and `sa` are valid for writes of the lengths passed, for the duration of the call.
+    let n = unsafe {
+        libc::recvfrom(
+            socket.as_raw_fd(),
+            buf.as_mut_ptr() as *mut libc::c_void,
+            buf.len(),
+            0,
+            &mut sa as *mut libc::sockaddr_in as *mut libc::sockaddr,
+            &mut len,
+        )
+    };
+    if n < 0 || (len as usize) < std::mem::size_of::<libc::sockaddr_in>() || sa.sin_family as i32 != libc::AF_INET {
+        return None;
+    }
+    let ip = std::net::Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr));
+    Some((n as usize, std::net::SocketAddrV4::new(ip, u16::from_be(sa.sin_port))))
+}
+
 impl Drop for UserspaceResponder {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        // shutdown(2) on a UDP socket, even unconnected, wakes a blocked receive (which then returns at once);
+        // Linux reports ENOTCONN for an unconnected one but performs it.
+        // SAFETY: shutdown on a descriptor we own; no memory is passed.
+        unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&self.waker), libc::SHUT_RDWR) };
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -250,5 +284,23 @@ mod tests {
         assert_eq!((rep.kind, rep.seq, rep.rank, rep.sent_ns), (ProbeKind::ReplyUserspace, 1, 4, 99));
         assert!(rep.hb_age_ns >= 30_000_000, "age {} ns", rep.hb_age_ns);
         assert!(rep.alive());
+    }
+
+    /// Dropping the responder (a broker leaving) must not wait for a probe or a receive timeout: the thread is
+    /// blocked in a receive with no timeout, and only the shutdown in `drop` wakes it (else this hangs).
+    #[test]
+    fn dropping_the_userspace_responder_wakes_its_thread_at_once() {
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let r = UserspaceResponder::spawn(s, Arc::new(HeartbeatClock::default())).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50)); // the thread is in its receive now
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            drop(r);
+            let _ = tx.send(());
+        });
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_secs(10)).is_ok(),
+            "dropping the responder waited for its thread, which nothing woke"
+        );
     }
 }

@@ -71,6 +71,10 @@ pub struct ReplyArea {
     results: Array<MapData, ResultSlot>,
     claims: Mutex<HashMap<MapData, u32, SlotClaim>>,
     base: *mut ResultSlot,
+    /// Pages of the array mapped so far (bit per page): only those of the blocks this process claimed. Mapping
+    /// the whole 3 MiB array made it resident in every broker sharing the table (a BPF array's mmap inserts
+    /// every page at once), most of which never probe.
+    mapped: Mutex<Vec<u64>>,
 }
 
 // SAFETY: `base` points into a MAP_SHARED mapping that lives as long as the ReplyArea; every access goes through
@@ -87,26 +91,88 @@ impl std::fmt::Debug for ReplyArea {
 }
 
 const AREA_BYTES: usize = SLOTS as usize * std::mem::size_of::<ResultSlot>();
+/// Smallest page size of the architectures Vigil runs on; the mapping granule is [`page`], a multiple of it.
+const MIN_PAGE: usize = 4096;
+/// Upper bound of the pages of the array's value area (the bitmap's size).
+const AREA_PAGES: usize = AREA_BYTES.div_ceil(MIN_PAGE);
+
+/// The system's page size (a BPF array is mapped page by page).
+fn page() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 { p as usize } else { MIN_PAGE }
+}
 
 impl ReplyArea {
     /// Maps `results` (the `RESULTS` array, created with `BPF_F_MMAPABLE`) and takes `claims` (`SLOT_CLAIMS`).
     pub(crate) fn new(results: Map, claims: Map) -> Result<ReplyArea, EbpfError> {
-        use std::os::fd::{AsFd, AsRawFd};
         let claims = HashMap::try_from(claims).map_err(map_err("SLOT_CLAIMS"))?;
         let results: Array<MapData, ResultSlot> = Array::try_from(results).map_err(map_err("RESULTS"))?;
         if results.len() != SLOTS {
             return Err(EbpfError::Missing("RESULTS of VIGIL_SLOTS entries"));
         }
-        let fd = results.map().fd().as_fd().as_raw_fd();
-        // SAFETY: maps AREA_BYTES (the array's whole value area: SLOTS values of 48 bytes, a multiple of the page
-        // size) of a BPF array map created mmapable; the result is checked before use and unmapped on drop.
+        // SAFETY: reserves AREA_BYTES of address space, inaccessible until `map_pages` maps the array's pages over
+        // it; checked before use and unmapped on drop.
         let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), AREA_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                AREA_BYTES,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
         };
         if p == libc::MAP_FAILED {
             return Err(EbpfError::Io(std::io::Error::last_os_error()));
         }
-        Ok(ReplyArea { results, claims: Mutex::new(claims), base: p as *mut ResultSlot })
+        let words = AREA_PAGES.div_ceil(64);
+        Ok(ReplyArea {
+            results,
+            claims: Mutex::new(claims),
+            base: p as *mut ResultSlot,
+            mapped: Mutex::new(vec![0; words]),
+        })
+    }
+
+    /// Pages (first, past-the-end) holding slots `first..first + n`.
+    fn pages_of(first: u32, n: u32) -> (usize, usize) {
+        let size = std::mem::size_of::<ResultSlot>();
+        let start = first as usize * size;
+        let end = (first as usize + n as usize).min(SLOTS as usize) * size;
+        (start / page(), end.div_ceil(page()))
+    }
+
+    /// Maps the array's pages holding slots `first..first + n` into the reserved area (shared with the kernel).
+    fn map_pages(&self, first: u32, n: u32) -> Result<(), EbpfError> {
+        use std::os::fd::{AsFd, AsRawFd};
+        let (lo, hi) = Self::pages_of(first, n);
+        let page = page();
+        let mut mapped = self.mapped.lock().unwrap_or_else(|e| e.into_inner());
+        for p in lo..hi {
+            if mapped[p / 64] & (1 << (p % 64)) != 0 {
+                continue;
+            }
+            let fd = self.results.map().fd().as_fd().as_raw_fd();
+            // SAFETY: page `p` holds slots below SLOTS, so the target lies inside the area reserved in `new`
+            // (MAP_FIXED replaces only our own reservation there) and the offset inside the array's value area
+            // (AREA_BYTES, a multiple of the page size: the kernel refuses anything past it).
+            let m = unsafe {
+                libc::mmap(
+                    (self.base as *mut u8).add(p * page) as *mut libc::c_void,
+                    page,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    fd,
+                    (p * page) as libc::off_t,
+                )
+            };
+            if m == libc::MAP_FAILED {
+                return Err(EbpfError::Io(std::io::Error::last_os_error()));
+            }
+            mapped[p / 64] |= 1 << (p % 64);
+        }
+        Ok(())
     }
 
     /// Pins the array at `results` and the claims at `claims` (bpffs paths) for the other brokers of the node.
@@ -117,8 +183,16 @@ impl ReplyArea {
     }
 
     fn slot(&self, slot: u32) -> Option<*mut ResultSlot> {
-        // SAFETY: in bounds (checked): the mapping holds SLOTS slots.
-        (slot < SLOTS).then(|| unsafe { self.base.add(slot as usize) })
+        if slot >= SLOTS {
+            return None;
+        }
+        let (lo, hi) = Self::pages_of(slot, 1);
+        let mapped = self.mapped.lock().unwrap_or_else(|e| e.into_inner());
+        if !(lo..hi).all(|p| mapped[p / 64] & (1 << (p % 64)) != 0) {
+            return None; // not a slot of a block this process claimed
+        }
+        // SAFETY: in bounds (checked), and the pages holding the slot are mapped (checked).
+        Some(unsafe { self.base.add(slot as usize) })
     }
 
     /// Claims a free block of [`SLOT_BLOCK`] slots for the prober on UDP `port`; returns its first slot.
@@ -129,6 +203,10 @@ impl ReplyArea {
         for attempt in 0..2 {
             for b in 0..SLOTS / SLOT_BLOCK {
                 if claims.insert(b, me, BPF_NOEXIST).is_ok() {
+                    if let Err(e) = self.map_pages(b * SLOT_BLOCK, SLOT_BLOCK) {
+                        let _ = claims.remove(&b);
+                        return Err(e);
+                    }
                     for s in b * SLOT_BLOCK..(b + 1) * SLOT_BLOCK {
                         self.forget(s);
                     }
@@ -156,6 +234,7 @@ impl ReplyArea {
     }
 
     /// Collect, in `slot`, the replies to prober `prober_port` that come from `from`; clears the slot's last reply.
+    /// Only slots of blocks this process claimed ([`claim_block`](Self::claim_block)) are mapped; others are ignored.
     pub fn expect(&self, slot: u32, prober_port: u16, from: SocketAddrV4) {
         let Some(p) = self.slot(slot) else { return };
         use std::sync::atomic::{Ordering, fence};
@@ -181,7 +260,7 @@ impl ReplyArea {
     }
 
     /// The last reply collected in `slot` (its `rank` field is the slot), and how many were collected; `None`
-    /// before the first.
+    /// before the first, and for a slot outside the blocks this process claimed.
     pub fn read(&self, slot: u32) -> Option<(Probe, u64)> {
         let p = self.slot(slot)?;
         use std::sync::atomic::{Ordering, fence};
@@ -219,7 +298,7 @@ impl ReplyArea {
 
 impl Drop for ReplyArea {
     fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping made in `new`; no access follows (we are being dropped).
+        // SAFETY: unmaps exactly the area reserved in `new` (with the pages mapped over it); no access follows.
         unsafe { libc::munmap(self.base as *mut libc::c_void, AREA_BYTES) };
     }
 }

@@ -1,12 +1,16 @@
 //! Shared plumbing: loading BPF objects, attaching tracepoints and polling a
 //! ring buffer map through tokio.
 
-use std::task::{Context, Poll, ready};
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    task::{Context, Poll, ready},
+};
 
 use aya::{
-    Ebpf,
+    Btf, Ebpf, EbpfLoader,
     maps::{MapData, RingBuf},
-    programs::TracePoint,
+    programs::{TracePoint, links::FdLink},
 };
 use tokio::io::unix::AsyncFd;
 
@@ -26,12 +30,93 @@ pub(crate) fn load(object: &[u8]) -> Result<Ebpf, EbpfError> {
         return Err(EbpfError::NotRoot(euid));
     }
     sys::ensure_tracefs().map_err(EbpfError::Tracefs)?;
-    Ok(Ebpf::load(object)?)
+    let shared = SHARED_BTF.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    match shared {
+        Some(btf) => Ok(EbpfLoader::new().btf(Some(&btf)).load(object)?),
+        None => Ok(Ebpf::load(object)?),
+    }
 }
 
-/// Loads (verifier) and attaches program `prog` to tracepoint `category/name`.
+/// The kernel's BTF, parsed once for every object loaded inside [`with_kernel_btf`].
+static SHARED_BTF: Mutex<Option<Arc<Btf>>> = Mutex::new(None);
+
+/// Runs `f` with the kernel's BTF (`/sys/kernel/btf/vmlinux`) parsed once for every watcher it creates, then
+/// drops it. Each CO-RE object otherwise parses the whole kernel BTF again (tens of ms of CPU and ~10 MB of
+/// heap each); a caller creating an [`ExitWatcher`](crate::ExitWatcher) and a [`TcpWatcher`](crate::TcpWatcher)
+/// pays that once. Without kernel BTF, `f` runs as it would without this call.
+pub fn with_kernel_btf<R>(f: impl FnOnce() -> R) -> R {
+    let btf = Btf::from_sys_fs().ok().map(Arc::new);
+    let had = btf.is_some();
+    if had {
+        *SHARED_BTF.lock().unwrap_or_else(|e| e.into_inner()) = btf;
+    }
+    let r = f();
+    if had {
+        *SHARED_BTF.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+    r
+}
+
+/// Directory on bpffs where tracepoint links are pinned while their watcher lives.
+const LINK_DIR: &str = "/sys/fs/bpf/vigil-tp";
+
+/// Tracepoint links held by pins on bpffs instead of file descriptors: `<pid>-<n>-<program>` under
+/// [`LINK_DIR`]. Dropping removes the pins.
+///
+/// Why: detaching a tracepoint program waits for RCU grace periods (`tracepoint_synchronize_unregister`, tens of
+/// ms each on a small VM). Closing a link's last file descriptor detaches it in the caller's context, so a
+/// process holding six links waited for six grace periods in `exit`, and its parent with it. Removing a pin
+/// only drops the kernel's reference, and the kernel detaches the link in a worker, after the process is gone.
+#[derive(Debug, Default)]
+pub(crate) struct LinkPins(Vec<PathBuf>);
+
+impl Drop for LinkPins {
+    fn drop(&mut self) {
+        for p in self.0.drain(..) {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Pins `link` under [`LINK_DIR`] and closes its descriptor. On error the link is gone (detached), and the
+/// caller attaches again without a pin.
+fn pin_link(link: FdLink, prog: &str) -> Result<PathBuf, String> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(|| sweep_dead_link_pins(Path::new(LINK_DIR)));
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    let path = Path::new(LINK_DIR).join(format!("{}-{n}-{prog}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    // Dropping the pinned link closes our descriptor; the pin holds the link.
+    link.pin(&path).map(drop).map(|()| path).map_err(|e| e.to_string())
+}
+
+/// True if tracepoint links can be pinned here (bpffs mounted, or mountable, and [`LINK_DIR`] made).
+fn can_pin() -> bool {
+    sys::ensure_bpffs().is_ok() && std::fs::create_dir_all(LINK_DIR).is_ok()
+}
+
+/// Removes the link pins of processes that are gone (killed before their watchers were dropped); the kernel
+/// then detaches their programs in the background.
+fn sweep_dead_link_pins(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let pid = name.to_str().and_then(|n| n.split('-').next()).and_then(|p| p.parse::<u32>().ok());
+        if let Some(pid) = pid {
+            if pid != std::process::id() && !sys::process_exists(pid) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+/// Loads (verifier) and attaches program `prog` to tracepoint `category/name`. The link is pinned in `pins`
+/// (see [`LinkPins`]) when bpffs allows, else owned by the program, which lives as long as the `Ebpf`.
 pub(crate) fn attach_tracepoint(
     bpf: &mut Ebpf,
+    pins: &mut LinkPins,
     prog: &'static str,
     category: &str,
     name: &str,
@@ -39,14 +124,30 @@ pub(crate) fn attach_tracepoint(
     let p: &mut TracePoint =
         bpf.program_mut(prog).ok_or(EbpfError::Missing(prog))?.try_into().map_err(prog_err(prog))?;
     p.load().map_err(prog_err(prog))?;
-    // The link is owned by the program, which lives as long as the `Ebpf`.
-    p.attach(category, name).map_err(|e| {
-        if crate::error::is_e2big(&e) {
-            EbpfError::TracepointFull { name: prog, tracepoint: format!("{category}/{name}") }
-        } else {
-            prog_err(prog)(e)
+    let attach = |p: &mut TracePoint| {
+        p.attach(category, name).map_err(|e| {
+            if crate::error::is_e2big(&e) {
+                EbpfError::TracepointFull { name: prog, tracepoint: format!("{category}/{name}") }
+            } else {
+                prog_err(prog)(e)
+            }
+        })
+    };
+    let id = attach(p)?;
+    if !can_pin() {
+        return Ok(());
+    }
+    let pinned = p.take_link(id).map_err(|e| e.to_string()).and_then(|l| {
+        let fd = FdLink::try_from(l).map_err(|e| e.to_string())?;
+        pin_link(fd, prog)
+    });
+    match pinned {
+        Ok(path) => pins.0.push(path),
+        Err(e) => {
+            log::debug!("vigil-ebpf: link of {prog} not pinned ({e}); held by this process");
+            attach(p)?;
         }
-    })?;
+    }
     Ok(())
 }
 

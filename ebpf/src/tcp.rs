@@ -131,6 +131,9 @@ const KIND_RETRANSMIT: u32 = 3;
 pub struct TcpWatcher {
     watched: Mutex<HashMap<MapData, RawTcpKey, u8>>,
     ring: AsyncFd<RingBuf<MapData>>,
+    // The tracepoint links, pinned: dropping removes the pins, and the kernel detaches in the background.
+    _links: ring::LinkPins,
+    // Owns the programs (and their links where they could not be pinned; dropping detaches those).
     _bpf: Ebpf,
 }
 
@@ -145,13 +148,14 @@ impl TcpWatcher {
     /// `tcp/tcp_retransmit_skb` and `tcp/tcp_receive_reset`.
     pub fn new() -> Result<TcpWatcher, EbpfError> {
         let mut bpf = ring::load(TCP_OBJ)?;
-        ring::attach_tracepoint(&mut bpf, "vigil_inet_sock_set_state", "sock", "inet_sock_set_state")?;
-        ring::attach_tracepoint(&mut bpf, "vigil_tcp_retransmit_skb", "tcp", "tcp_retransmit_skb")?;
-        ring::attach_tracepoint(&mut bpf, "vigil_tcp_receive_reset", "tcp", "tcp_receive_reset")?;
+        let mut pins = ring::LinkPins::default();
+        ring::attach_tracepoint(&mut bpf, &mut pins, "vigil_inet_sock_set_state", "sock", "inet_sock_set_state")?;
+        ring::attach_tracepoint(&mut bpf, &mut pins, "vigil_tcp_retransmit_skb", "tcp", "tcp_retransmit_skb")?;
+        ring::attach_tracepoint(&mut bpf, &mut pins, "vigil_tcp_receive_reset", "tcp", "tcp_receive_reset")?;
         let map = bpf.take_map("WATCHED_TCP").ok_or(EbpfError::Missing("WATCHED_TCP"))?;
         let watched = HashMap::try_from(map).map_err(map_err("WATCHED_TCP"))?;
         let ring = ring::take_ring(&mut bpf, "TCP_EVENTS")?;
-        Ok(TcpWatcher { watched: Mutex::new(watched), ring, _bpf: bpf })
+        Ok(TcpWatcher { watched: Mutex::new(watched), ring, _links: pins, _bpf: bpf })
     }
 
     /// Starts watching a connection (from the local socket's point of view).

@@ -200,8 +200,8 @@ pub struct XdpResponder {
     pinned: Vec<std::path::PathBuf>,
     /// The attachment until pinned; dropping it detaches.
     link: Option<XdpLink>,
-    /// The attachment once pinned ([`XdpResponder::pin_link`]).
-    pinned_link: Option<PinnedLink>,
+    /// The attachment once pinned ([`XdpResponder::pin_link`]), and where.
+    pinned_link: Option<(PinnedLink, std::path::PathBuf)>,
     // Owns the program.
     _bpf: Ebpf,
 }
@@ -344,7 +344,7 @@ impl XdpResponder {
         let pinned = fd
             .pin(path)
             .map_err(|e| format!("pinning the XDP link at {}: {e}; the XDP program is detached", path.display()))?;
-        self.pinned_link = Some(pinned);
+        self.pinned_link = Some((pinned, path.to_path_buf()));
         Ok(())
     }
 
@@ -463,7 +463,11 @@ pub fn sweep_stale_pins(dir: &Path) -> Result<Vec<std::path::PathBuf>, EbpfError
 impl Drop for XdpResponder {
     fn drop(&mut self) {
         if let Some(l) = self.pinned_link.take() {
-            let _ = l.unpin(); // our fd closes right after: detached
+            // Close our descriptor first, then remove the pin: the kernel then detaches the program in a worker.
+            // Unpinning first would make our close the last reference and detach here, in the exiting broker.
+            let (l, path) = l;
+            drop(l);
+            let _ = std::fs::remove_file(path);
         }
         for p in self.pinned.drain(..) {
             let _ = std::fs::remove_file(p);

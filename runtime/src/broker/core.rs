@@ -921,10 +921,13 @@ impl Core {
             d.shutdown();
         }
         if let Some(pg) = self.initial_pgid.take() {
-            // Whatever the initial program left behind (background jobs) ends with the instance.
-            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pg), nix::sys::signal::Signal::SIGTERM);
-            std::thread::sleep(Duration::from_millis(50));
-            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pg), nix::sys::signal::Signal::SIGKILL);
+            // Whatever the initial program left behind (background jobs) ends with the instance; an empty group
+            // (the usual case: the program exited and left nothing) costs no grace period.
+            let pg = nix::unistd::Pid::from_raw(pg);
+            if nix::sys::signal::killpg(pg, nix::sys::signal::Signal::SIGTERM).is_ok() {
+                std::thread::sleep(Duration::from_millis(50));
+                let _ = nix::sys::signal::killpg(pg, nix::sys::signal::Signal::SIGKILL);
+            }
         }
         for (_, pgid) in self.shells.drain() {
             let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);

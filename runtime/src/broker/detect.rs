@@ -698,18 +698,24 @@ fn load(
         };
     }
     let forced = mode == DetectorMode::ForceUserspace;
-    let exit = Detector::choose(mode).map_err(|e| format!("userspace (none: {e})")).map(|d| match d {
-        // Say why, as the other detectors' lines do.
-        Detector::Userspace { watcher, .. } if forced => {
-            Detector::Userspace { watcher, reason: "userspace (forced by broker.detectors=userspace): pidfd".into() }
-        }
-        d => d,
-    });
-    let tcp = if forced {
-        Err("userspace (forced by broker.detectors=userspace): socket errors and TCP_INFO".into())
-    } else {
-        TcpWatcher::new().map_err(|e| format!("userspace (BPF load failed: {e}): socket errors and TCP_INFO"))
+    let watchers = || {
+        let exit = Detector::choose(mode).map_err(|e| format!("userspace (none: {e})")).map(|d| match d {
+            // Say why, as the other detectors' lines do.
+            Detector::Userspace { watcher, .. } if forced => Detector::Userspace {
+                watcher,
+                reason: "userspace (forced by broker.detectors=userspace): pidfd".into(),
+            },
+            d => d,
+        });
+        let tcp = if forced {
+            Err("userspace (forced by broker.detectors=userspace): socket errors and TCP_INFO".into())
+        } else {
+            TcpWatcher::new().map_err(|e| format!("userspace (BPF load failed: {e}): socket errors and TCP_INFO"))
+        };
+        (exit, tcp)
     };
+    // Both CO-RE objects relocate against one parse of the kernel's BTF.
+    let (exit, tcp) = if forced { watchers() } else { vigil_ebpf::with_kernel_btf(watchers) };
     let mut shared_table = None;
     let mut shared_pins = Vec::new();
     let xdp = if forced {

@@ -539,6 +539,12 @@ pub fn broker(a: BrokerArgs) -> i32 {
         Err(e) => return fail(e),
     };
     init_logging(&opts.attrs, opts.rank);
+    // One malloc arena for the whole broker. The detector loader thread parses the kernel's BTF (~10 MB of
+    // short-lived heap); in a thread arena of its own that memory stayed resident for the broker's life, as
+    // malloc_trim does not shrink the top of a thread arena. In the main arena the trim after loading returns it.
+    // The broker's threads (core loop, responder, loader) hardly contend for the allocator.
+    // SAFETY: mallopt only tunes the allocator; called before the runtime starts any thread.
+    unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
     // The broker's loop runs as a task, not as the `block_on` future itself: waking `block_on`'s future costs a
     // write to the runtime's eventfd (and an epoll event) every time, while waking a task from the same thread
     // is a queue push. The pumps wake the loop for every overlay message.
