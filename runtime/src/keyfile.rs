@@ -134,6 +134,9 @@ impl OverlayKey {
         for (i, b) in k.iter_mut().enumerate() {
             *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
         }
+        if k.iter().all(|b| *b == 0) {
+            return Err("an overlay key of all zeros is a placeholder, not a key".into());
+        }
         Ok(OverlayKey(k))
     }
 
@@ -143,7 +146,8 @@ impl OverlayKey {
         let read = |err| KeyFileError::Read { path: path.to_path_buf(), err };
         // O_NOFOLLOW is not used: sites link /etc/vigil/overlay.key to a managed location; the checks below
         // apply to the file the link reaches.
-        let f = std::fs::File::open(path).map_err(read)?;
+        // Non-blocking: a FIFO (or a device) named by mistake must not hang the broker before the check below.
+        let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(read)?;
         let md = f.metadata().map_err(read)?;
         if !md.is_file() {
             return Err(KeyFileError::NotAFile(path.to_path_buf()));
@@ -242,6 +246,14 @@ mod tests {
             assert!(e.to_string().contains(&p.display().to_string()), "{e}");
         }
         assert!(matches!(OverlayKey::load(d.path()), Err(KeyFileError::NotAFile(_))));
+        // A FIFO is refused at once, not read (which would block until a writer came).
+        let fifo = d.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(matches!(OverlayKey::load(&fifo), Err(KeyFileError::NotAFile(_))));
+        // All zeros is a placeholder.
+        std::fs::write(&p, format!("overlay_key = \"{}\"\n", "0".repeat(64))).unwrap();
+        let e = OverlayKey::load(&p).unwrap_err().to_string();
+        assert!(e.contains("placeholder"), "{e}");
     }
 
     #[test]

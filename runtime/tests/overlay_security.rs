@@ -456,3 +456,158 @@ fn a_system_instance_refuses_a_missing_unsafe_or_malformed_key_file() {
     let o = broker(&cfg);
     assert_eq!(o.code, 0, "{}", o.dump());
 }
+
+/// A two-broker system instance on loopback (TOML bootstrap, `--rank`), for tests that start, stop and flood
+/// its brokers one by one.
+struct SystemInstance {
+    dir: tempfile::TempDir,
+    config: PathBuf,
+    ports: [u16; 2],
+}
+
+impl SystemInstance {
+    fn new() -> SystemInstance {
+        let dir = tempdir();
+        let d = dir.path();
+        let ports = [0, 1].map(|_| {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        });
+        let key = d.join("overlay.key");
+        OverlayKey::generate().unwrap().write(&key, false).unwrap();
+        let hosts: Vec<String> = ports
+            .iter()
+            .enumerate()
+            .map(|(r, p)| {
+                format!("{{ host = \"n{r}\", bind = \"tcp://127.0.0.1:{p}\", connect = \"tcp://127.0.0.1:{p}\" }}")
+            })
+            .collect();
+        let config = d.join("vigil.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[bootstrap]\ninstance = \"sys\"\noverlay_key = \"{}\"\nhosts = [ {} ]\n",
+                key.display(),
+                hosts.join(", ")
+            ),
+        )
+        .unwrap();
+        SystemInstance { dir, config, ports }
+    }
+
+    /// `vigil broker` for `rank`, with `-S` attributes.
+    fn broker(&self, rank: u32, attrs: &[&str]) -> std::process::Command {
+        let d = self.dir.path();
+        let mut c = vigil_cmd(d);
+        c.args(["broker", &format!("--rank={rank}")])
+            .arg(format!("--config={}", self.config.display()))
+            .arg(format!("--rundir={}", d.join(format!("r{rank}")).display()));
+        for a in attrs {
+            c.arg("-S").arg(a);
+        }
+        c
+    }
+
+    /// A `vigil` client command talking to rank 0.
+    fn client(&self, args: &[&str]) -> Output {
+        let d = self.dir.path();
+        let mut c = vigil_cmd(d);
+        c.env("VIGIL_URI", format!("local://{}", d.join("r0").join("local-0").display())).args(args);
+        run(c, Duration::from_secs(20), None)
+    }
+}
+
+/// A client with no key that keeps every handshake slot of rank 0's listener busy (200 connections that never
+/// authenticate, each reopened as soon as it is closed) must not keep a broker of the instance out: the oldest
+/// waiting connection makes room for the newest, and a real handshake takes milliseconds.
+#[test]
+fn a_flood_of_connections_that_never_authenticate_does_not_keep_a_broker_out() {
+    let inst = SystemInstance::new();
+    let rank0 = spawn(inst.broker(0, &[]), Some(inst.dir.path()));
+    assert!(wait_for(Duration::from_secs(20), || inst.client(&["uptime"]).code == 0), "rank 0 did not come up");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let addr = format!("127.0.0.1:{}", inst.ports[0]);
+    let flood = {
+        let stop = stop.clone();
+        let addr = addr.clone();
+        std::thread::spawn(move || {
+            let mut conns: Vec<Option<std::net::TcpStream>> = (0..200).map(|_| None).collect();
+            let mut opened = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for c in conns.iter_mut() {
+                    let closed = match c {
+                        None => true,
+                        Some(s) => {
+                            let mut b = [0u8; 16];
+                            match std::io::Read::read(s, &mut b) {
+                                Ok(0) => true,
+                                Ok(_) => false,
+                                Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+                            }
+                        }
+                    };
+                    if closed {
+                        *c = std::net::TcpStream::connect(&addr).ok();
+                        if let Some(s) = c {
+                            let _ = s.set_nonblocking(true);
+                            opened += 1;
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            opened
+        })
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    let mut rank1 = spawn(inst.broker(1, &["tbon.connect_timeout=40s"]), Some(inst.dir.path()));
+    let joined = wait_for(Duration::from_secs(40), || {
+        let o = inst.client(&["overlay", "status", "--json"]);
+        o.code == 0 && o.json()["ranks"][1]["state"] == "online"
+    });
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let opened = flood.join().unwrap();
+    let refused = inst.client(&["uptime"]).stdout;
+    let _ = rank1.exited();
+    // SAFETY: kill has no memory preconditions.
+    unsafe { libc::kill(rank0.pid() as i32, libc::SIGTERM) };
+    let out = rank0.wait(Duration::from_secs(20));
+    let _ = rank1.wait(Duration::from_secs(20));
+    eprintln!("flood: {opened} connections opened; {}", refused.trim());
+    assert!(opened > 400, "the flood did not keep the listener busy ({opened} connections)");
+    assert!(joined, "rank 1 could not join under the flood:\n{}", out.dump());
+}
+
+/// A broker still retrying its parent (it is not up, or refuses our key) stops on SIGTERM at once, not when
+/// tbon.connect_timeout runs out.
+#[test]
+fn a_broker_waiting_for_its_parent_stops_on_sigterm() {
+    let inst = SystemInstance::new();
+    let rank1 = spawn(inst.broker(1, &["tbon.connect_timeout=60s"]), Some(inst.dir.path()));
+    std::thread::sleep(Duration::from_secs(1));
+    let t0 = Instant::now();
+    // SAFETY: kill has no memory preconditions.
+    unsafe { libc::kill(rank1.pid() as i32, libc::SIGTERM) };
+    let out = rank1.wait(Duration::from_secs(30));
+    let took = t0.elapsed();
+    assert!(took < Duration::from_secs(10), "took {took:?} to stop:\n{}", out.dump());
+    assert_eq!(out.code, 143, "{}", out.dump());
+}
+
+/// With every handshake slot held by connections that never authenticate, a key holder still gets through:
+/// admitting it closes the oldest waiting connection (it is not refused for want of a slot).
+#[test]
+fn a_key_holder_gets_a_handshake_slot_when_all_are_held() {
+    let inst = Instance::start(2, &[]);
+    let t = target(&inst);
+    let held: Vec<std::net::TcpStream> =
+        (0..secure::MAX_PENDING_HANDSHAKES + 50).filter_map(|_| std::net::TcpStream::connect(&t.addr).ok()).collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let mut p = SecurePeer::connect(&t.addr, &t.key, &t.instance).expect("a key holder is let in");
+    p.send(&hello(1, &t.instance));
+    let answer = p.recv(Duration::from_secs(5)).expect("an answer to the key holder's hello");
+    assert_eq!(answer.topic, "refused", "{answer:?}"); // rank 1 is connected: refused, but authenticated
+    drop(held);
+    let uptime = inst.vigil(&["uptime"]);
+    assert!(uptime.stdout.contains("unauthenticated connection(s) refused"), "{}", uptime.dump());
+}

@@ -476,7 +476,25 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
             .ok_or_else(|| format!("no endpoint for parent rank {parent}"))?;
         let probe_port = core.detect.as_ref().map(|d| d.probe_port);
         let transport = TcpTransport { auth };
-        let (link, choice, busy) = connect_parent(&core.opts, &transport, &core.rdma, probe_port, &ep).await?;
+        // Until the loop runs, SIGTERM and SIGINT are watched here: a broker still retrying its parent (which
+        // may take tbon.connect_timeout) stops when told to.
+        let stop = async {
+            use tokio::signal::unix::{signal, SignalKind};
+            match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+                (Ok(mut t), Ok(mut i)) => tokio::select! {
+                    _ = t.recv() => libc::SIGTERM,
+                    _ = i.recv() => libc::SIGINT,
+                },
+                _ => std::future::pending().await,
+            }
+        };
+        let (link, choice, busy) = tokio::select! {
+            r = connect_parent(&core.opts, &transport, &core.rdma, probe_port, &ep) => r?,
+            sig = stop => {
+                warn!(rank, "signal {sig} while connecting to the parent at {ep}; exiting");
+                return Ok(128 + sig);
+            }
+        };
         core.parent = Some(link.tx.clone());
         core.parent_busy = busy;
         // Tell rank 0 which transport our parent link uses (for `vigil overlay status` and `uptime`).
@@ -573,7 +591,24 @@ async fn accept_children(
     rdma: std::sync::Arc<rdma_link::Settings>,
     refusals: std::sync::Arc<std::sync::Mutex<secure::RefusalLog>>,
 ) {
-    let pending = std::sync::Arc::new(tokio::sync::Semaphore::new(secure::MAX_PENDING_HANDSHAKES));
+    let slots = std::sync::Arc::new(secure::HandshakeSlots::default());
+    // One place decides what to log about refused peers (see `secure::RefusalLog`).
+    let note = {
+        let refusals = refusals.clone();
+        move |addr: std::net::SocketAddr, why: &dyn std::fmt::Display| {
+            let (warn, unlogged) =
+                refusals.lock().map(|mut r| r.refused(addr.ip(), Instant::now())).unwrap_or((false, None));
+            if let Some(n) = unlogged {
+                warn!("overlay listener: {n} more refused connection(s) in the last minute were not logged (vigil uptime counts them all)");
+            }
+            if warn {
+                warn!("overlay peer {addr}: {why}");
+            } else {
+                debug!("overlay peer {addr}: {why}");
+            }
+        }
+    };
+    let note = std::sync::Arc::new(note);
     let mut conn: u64 = 0;
     loop {
         let (s, addr) = match l.accept().await {
@@ -584,16 +619,28 @@ async fn accept_children(
                 continue;
             }
         };
-        let Ok(permit) = pending.clone().try_acquire_owned() else {
-            // Dropped at once: a flood of connections that never finish their handshake holds at most
-            // MAX_PENDING_HANDSHAKES slots, whatever their number.
-            if refusals.lock().is_ok_and(|mut r| r.first(addr.ip())) {
-                warn!(
-                    "overlay peer {addr}: closed, {} connections already wait for their handshake",
-                    secure::MAX_PENDING_HANDSHAKES
+        let id = match slots.admit(addr.ip()) {
+            secure::Admission::Admitted(id) => id,
+            secure::Admission::Evicted(id) => {
+                note(
+                    addr,
+                    &format_args!(
+                        "{} connections already wait for their handshake: the oldest was closed to admit this one",
+                        secure::MAX_PENDING_HANDSHAKES
+                    ),
                 );
+                id
             }
-            continue;
+            secure::Admission::AddressFull => {
+                note(
+                    addr,
+                    &format_args!(
+                        "closed: {} connections from this address already wait for their handshake",
+                        secure::MAX_PENDING_PER_ADDRESS
+                    ),
+                );
+                continue;
+            }
         };
         tune_tcp(&s, TCP_USER_TIMEOUT_MS);
         let (mut s, dup) = super::transport::raise_socket(s);
@@ -602,21 +649,17 @@ async fn accept_children(
         let tx = tx.clone();
         let rdma = rdma.clone();
         let auth = auth.clone();
-        let refusals = refusals.clone();
-        tokio::spawn(async move {
+        let note = note.clone();
+        let slot_guard = SlotGuard(slots.clone(), id);
+        let task = tokio::spawn(async move {
             let session = match secure::respond(&mut s, &auth).await {
                 Ok(x) => x,
                 Err(e) => {
-                    // Once per address: a peer retrying in a loop cannot flood the log.
-                    if refusals.lock().is_ok_and(|mut r| r.first(addr.ip())) {
-                        warn!("overlay peer {addr}: refused: {e}");
-                    } else {
-                        debug!("overlay peer {addr}: refused: {e}");
-                    }
+                    note(addr, &format_args!("refused: {e}"));
                     return;
                 }
             };
-            drop(permit);
+            drop(slot_guard);
             let mut link = super::transport::secure_link(s, session, addr.to_string(), dup);
             // The first message must be a hello; the handshake's record already holds it.
             let first = tokio::time::timeout(secure::HANDSHAKE_TIMEOUT, link.rx.recv()).await;
@@ -647,6 +690,16 @@ async fn accept_children(
                 ),
             }
         });
+        slots.attach(id, task.abort_handle());
+    }
+}
+
+/// Frees a connection's handshake slot however its task ends (done, failed, or aborted to make room).
+struct SlotGuard(std::sync::Arc<secure::HandshakeSlots>, u64);
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        self.0.release(self.1);
     }
 }
 
@@ -660,6 +713,7 @@ async fn connect_parent(
     let deadline = Instant::now() + Duration::from_secs_f64(opts.connect_timeout.clamp(0.0, 1e7));
     let mut delay = Duration::from_millis(5);
     let mut last_error = String::from("no answer");
+    let mut warned = false;
     loop {
         match transport.connect(ep.to_string()).await {
             Ok(mut link) => {
@@ -699,11 +753,22 @@ async fn connect_parent(
             Err(e) => {
                 debug!("connect {ep}: {e}");
                 last_error = match e.kind() {
-                    // The parent closes a connection whose handshake fails: the keys (or instance ids) differ.
-                    std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::PermissionDenied => format!(
-                        "the parent closed our authentication handshake ({e}): does it hold the same overlay key \
-                         and instance id?"
-                    ),
+                    // The parent closes a connection whose handshake fails: the keys (or instance ids) differ, or
+                    // its listener is flooded. Its own log says which.
+                    std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::PermissionDenied => {
+                        let why = format!(
+                            "the parent closed our authentication handshake ({e}): it holds another overlay key or \
+                             instance id, or its listener is flooded with connections (its log says which)"
+                        );
+                        if !warned {
+                            warn!(
+                                "parent at {ep}: {why}; retrying for up to {}s (tbon.connect_timeout)",
+                                opts.connect_timeout
+                            );
+                            warned = true;
+                        }
+                        why
+                    }
                     _ => e.to_string(),
                 };
             }

@@ -17,8 +17,9 @@
 //!   [`HANDSHAKE_TIMEOUT`] of the connection and be at most [`FIRST_RECORD_MAX`] bytes: it carries the `hello`.
 //!
 //! # Bounds before authentication (the responder, i.e. any broker's listener)
-//! At most [`MAX_PENDING_HANDSHAKES`] connections may be between accept and their first record; more are closed
-//! when accepted. Each pending one holds at most about 4.3 KiB of buffers (a 64-byte handshake buffer, the first
+//! At most [`MAX_PENDING_HANDSHAKES`] connections may be between accept and their first record; admitting one
+//! more closes the oldest (so connections that never authenticate cannot keep out a broker whose handshake takes
+//! milliseconds), and at most [`MAX_PENDING_PER_ADDRESS`] may come from one address other than loopback. Each pending one holds at most about 4.3 KiB of buffers (a 64-byte handshake buffer, the first
 //! record), and is closed after [`HANDSHAKE_TIMEOUT`]. So unauthenticated peers can make a broker hold at most
 //! about 128 × 4.3 KiB ≈ 0.6 MiB, plus their sockets' kernel buffers.
 
@@ -413,23 +414,148 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for SecureWriter<W> {
     }
 }
 
-/// Logs each refused peer address once (later refusals of the same address go to the debug log), so a peer
-/// that retries in a loop cannot flood the log. Remembers at most 4096 addresses, then starts afresh.
+/// Connections a listener lets wait for their handshake from one address at once (loopback excepted: a test
+/// instance starts all its brokers on one address). Another one from that address is closed when accepted.
+pub const MAX_PENDING_PER_ADDRESS: usize = 16;
+
+/// The connections of a listener that wait for their handshake (between accept and their authenticated first
+/// record). At most [`MAX_PENDING_HANDSHAKES`]: when full, admitting one more closes the **oldest** waiting
+/// connection, so a flood of connections that never authenticate cannot keep a slot from a broker whose
+/// handshake takes milliseconds; at most [`MAX_PENDING_PER_ADDRESS`] from one non-loopback address.
+#[derive(Debug, Default)]
+pub(crate) struct HandshakeSlots {
+    inner: std::sync::Mutex<SlotsInner>,
+}
+
+#[derive(Debug, Default)]
+struct SlotsInner {
+    next: u64,
+    /// Admission order (ids of closed ones are skipped when met).
+    order: std::collections::VecDeque<u64>,
+    live: std::collections::HashMap<u64, (std::net::IpAddr, Option<tokio::task::AbortHandle>)>,
+    per_address: std::collections::HashMap<std::net::IpAddr, usize>,
+}
+
+/// Why [`HandshakeSlots::admit`] turned a connection away, or what it did to make room.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Admission {
+    /// Admitted with this id.
+    Admitted(u64),
+    /// Admitted with this id; the oldest waiting connection was closed to make room.
+    Evicted(u64),
+    /// Refused: its address already has [`MAX_PENDING_PER_ADDRESS`] waiting.
+    AddressFull,
+}
+
+impl SlotsInner {
+    fn remove(&mut self, id: u64) -> Option<Option<tokio::task::AbortHandle>> {
+        let (ip, h) = self.live.remove(&id)?;
+        if let Some(n) = self.per_address.get_mut(&ip) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_address.remove(&ip);
+            }
+        }
+        Some(h)
+    }
+}
+
+impl HandshakeSlots {
+    /// Admit a connection from `ip`.
+    pub(crate) fn admit(&self, ip: std::net::IpAddr) -> Admission {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if !ip.is_loopback() && g.per_address.get(&ip).copied().unwrap_or(0) >= MAX_PENDING_PER_ADDRESS {
+            return Admission::AddressFull;
+        }
+        let mut evicted = false;
+        while g.live.len() >= MAX_PENDING_HANDSHAKES {
+            let Some(old) = g.order.pop_front() else { break };
+            if let Some(h) = g.remove(old) {
+                if let Some(h) = h {
+                    h.abort();
+                }
+                evicted = true;
+            }
+        }
+        g.next += 1;
+        let id = g.next;
+        g.order.push_back(id);
+        g.live.insert(id, (ip, None));
+        *g.per_address.entry(ip).or_insert(0) += 1;
+        if evicted {
+            Admission::Evicted(id)
+        } else {
+            Admission::Admitted(id)
+        }
+    }
+
+    /// The task running connection `id`'s handshake, to abort if it must make room.
+    pub(crate) fn attach(&self, id: u64, h: tokio::task::AbortHandle) {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = g.live.get_mut(&id) {
+            e.1 = Some(h);
+        }
+    }
+
+    /// Connection `id` authenticated or failed: its slot is free.
+    pub(crate) fn release(&self, id: u64) {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        g.remove(id);
+        // Keep the order queue from growing with ids long gone.
+        if g.order.len() > 4 * MAX_PENDING_HANDSHAKES {
+            let SlotsInner { order, live, .. } = &mut *g;
+            order.retain(|i| live.contains_key(i));
+        }
+    }
+
+    /// Connections waiting now.
+    #[cfg(test)]
+    fn waiting(&self) -> usize {
+        self.inner.lock().unwrap().live.len()
+    }
+}
+
+/// Warn lines a listener writes about refused connections per [`REFUSAL_WINDOW`]; the rest are counted and
+/// summed up in one line when the next window starts.
+const REFUSAL_WARN_BUDGET: u32 = 20;
+/// The window of [`REFUSAL_WARN_BUDGET`].
+const REFUSAL_WINDOW: Duration = Duration::from_secs(60);
+
+/// Logs each refused peer address once, at most [`REFUSAL_WARN_BUDGET`] lines a minute, so that neither a peer
+/// retrying in a loop nor one cycling through addresses can flood the log; what it does not log it counts, and
+/// says how many in one line. Remembers at most 4096 addresses, then starts afresh.
 #[derive(Debug, Default)]
 pub(crate) struct RefusalLog {
     seen: std::collections::HashSet<std::net::IpAddr>,
-    /// Refusals since start, all peers.
+    /// Refusals since start, all peers (shown by `vigil uptime`).
     pub(crate) count: u64,
+    window: Option<std::time::Instant>,
+    warned: u32,
+    unlogged: u64,
 }
 
 impl RefusalLog {
-    /// Record a refusal of `ip`; true when it is the first from that address (log it at warn level).
-    pub(crate) fn first(&mut self, ip: std::net::IpAddr) -> bool {
+    /// Record a refusal of `ip` at `now`: whether to log this one at warn level (the first from that address,
+    /// within the budget), and, when a new window starts, how many the last one did not log.
+    pub(crate) fn refused(&mut self, ip: std::net::IpAddr, now: std::time::Instant) -> (bool, Option<u64>) {
         self.count += 1;
+        let mut summary = None;
+        if self.window.is_none_or(|w| now.duration_since(w) >= REFUSAL_WINDOW) {
+            if self.unlogged > 0 {
+                summary = Some(self.unlogged);
+            }
+            (self.window, self.warned, self.unlogged) = (Some(now), 0, 0);
+        }
         if self.seen.len() >= 4096 {
             self.seen.clear();
         }
-        self.seen.insert(ip)
+        let warn = self.seen.insert(ip) && self.warned < REFUSAL_WARN_BUDGET;
+        if warn {
+            self.warned += 1;
+        } else {
+            self.unlogged += 1;
+        }
+        (warn, summary)
     }
 }
 
@@ -477,7 +603,7 @@ mod tests {
         let snow_side = i.into_stateless_transport_mode().unwrap();
         let mut theirs = vec![0u8; plain.len() + TAG];
         snow_side.write_message(5, &plain, &mut theirs).unwrap();
-        let (i, mut r) = run();
+        let (i, r) = run();
         let (mut send, _) = ciphers(i).unwrap();
         send.nonce = 5;
         let mut ours = plain.clone();
@@ -657,6 +783,61 @@ mod tests {
         let mut out = Vec::new();
         let e = r.read_to_end(&mut out).await.unwrap_err();
         assert!(e.to_string().contains("failed authentication"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_full_set_of_waiting_connections_makes_room_by_closing_the_oldest() {
+        let slots = HandshakeSlots::default();
+        let ip: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        let mut tasks = Vec::new();
+        for k in 0..MAX_PENDING_HANDSHAKES {
+            let Admission::Admitted(id) = slots.admit(ip) else { panic!("slot {k} refused") };
+            let t = tokio::spawn(std::future::pending::<()>());
+            slots.attach(id, t.abort_handle());
+            tasks.push(t);
+        }
+        assert_eq!(slots.waiting(), MAX_PENDING_HANDSHAKES);
+        assert!(matches!(slots.admit(ip), Admission::Evicted(_)));
+        assert_eq!(slots.waiting(), MAX_PENDING_HANDSHAKES);
+        // The oldest was aborted, the others were not.
+        let first = tasks.remove(0);
+        assert!(first.await.unwrap_err().is_cancelled());
+        assert!(tasks.iter().all(|t| !t.is_finished()));
+        // A released slot is reused without closing anyone.
+        slots.release(2);
+        assert!(matches!(slots.admit(ip), Admission::Admitted(_)));
+    }
+
+    #[test]
+    fn one_remote_address_gets_a_bounded_share_of_the_slots_and_loopback_is_exempt() {
+        let slots = HandshakeSlots::default();
+        let remote: std::net::IpAddr = "10.200.0.7".parse().unwrap();
+        for _ in 0..MAX_PENDING_PER_ADDRESS {
+            assert!(matches!(slots.admit(remote), Admission::Admitted(_)));
+        }
+        assert_eq!(slots.admit(remote), Admission::AddressFull);
+        assert!(matches!(slots.admit("10.200.0.8".parse().unwrap()), Admission::Admitted(_)));
+        for _ in 0..2 * MAX_PENDING_PER_ADDRESS {
+            assert!(!matches!(slots.admit("127.0.0.1".parse().unwrap()), Admission::AddressFull));
+        }
+    }
+
+    #[test]
+    fn refusals_are_logged_once_per_address_and_at_most_a_budget_a_minute() {
+        let mut log = RefusalLog::default();
+        let t0 = std::time::Instant::now();
+        let a: std::net::IpAddr = "10.0.0.1".parse().unwrap();
+        assert_eq!(log.refused(a, t0), (true, None));
+        assert_eq!(log.refused(a, t0), (false, None));
+        // Many addresses: only the budget is logged.
+        let warned = (0..1000u32)
+            .filter(|i| log.refused(std::net::IpAddr::from(std::net::Ipv4Addr::from(0x0b00_0000 + i)), t0).0)
+            .count();
+        assert_eq!(warned as u32, REFUSAL_WARN_BUDGET - 1);
+        // The next window says how many were not logged.
+        let (_, summary) = log.refused("10.0.0.2".parse().unwrap(), t0 + REFUSAL_WINDOW);
+        assert_eq!(summary, Some(1 + 1000 - (REFUSAL_WARN_BUDGET as u64 - 1)));
+        assert_eq!(log.count, 1003);
     }
 
     proptest::proptest! {
