@@ -172,15 +172,22 @@ fn submit_request(userid: u32, marker: &Path) -> Message {
     m
 }
 
+/// A flat 3-broker instance whose rank 2 was killed (a free slot for an impostor), its target, and the file an
+/// impostor's job would create.
+fn instance_with_a_lost_rank() -> (Instance, Target, PathBuf) {
+    let inst = Instance::start(3, &["tbon.topo=kary:0"]);
+    let t = target(&inst);
+    let marker = inst.dir.path().join("impostor-ran");
+    kill_rank(&inst, 2);
+    (inst, t, marker)
+}
+
 /// The attacks of the issue against a flat 3-broker instance whose rank 2 was lost (a free slot): a plaintext
 /// hello and submit with the right instance id; a handshake with another key; a replay of a handshake captured
 /// on the wire. Each is closed; rank 2 stays lost; no job is submitted.
 #[test]
 fn peers_without_the_key_with_another_key_or_replaying_a_handshake_are_refused() {
-    let inst = Instance::start(3, &["tbon.topo=kary:0"]);
-    let t = target(&inst);
-    let marker = inst.dir.path().join("impostor-ran");
-    kill_rank(&inst, 2);
+    let (inst, t, marker) = instance_with_a_lost_rank();
 
     // 1. The old attack: the right instance id in a plaintext hello, then a submit.
     let mut s = std::net::TcpStream::connect(&t.addr).unwrap();
@@ -227,10 +234,7 @@ fn peers_without_the_key_with_another_key_or_replaying_a_handshake_are_refused()
 /// (EPERM); the owner's goes through.
 #[test]
 fn an_authenticated_peer_cannot_raise_the_userid_of_its_requests() {
-    let inst = Instance::start(3, &["tbon.topo=kary:0"]);
-    let t = target(&inst);
-    let marker = inst.dir.path().join("impostor-ran");
-    kill_rank(&inst, 2);
+    let (inst, t, marker) = instance_with_a_lost_rank();
     let mut p = SecurePeer::connect(&t.addr, &t.key, &t.instance).expect("authenticates");
     p.send(&hello(2, &t.instance));
     let ack = p.recv(Duration::from_secs(5)).expect("hello answered");

@@ -19,8 +19,9 @@
 //! # Bounds before authentication (the responder, i.e. any broker's listener)
 //! At most [`MAX_PENDING_HANDSHAKES`] connections may be between accept and their first record; admitting one
 //! more closes the oldest (so connections that never authenticate cannot keep out a broker whose handshake takes
-//! milliseconds), and at most [`MAX_PENDING_PER_ADDRESS`] may come from one address other than loopback. Each pending one holds at most about 4.3 KiB of buffers (a 64-byte handshake buffer, the first
-//! record), and is closed after [`HANDSHAKE_TIMEOUT`]. So unauthenticated peers can make a broker hold at most
+//! milliseconds), and at most [`MAX_PENDING_PER_ADDRESS`] may come from one address other than loopback. Each
+//! pending one holds at most about 4.3 KiB of buffers (a 64-byte handshake buffer, the first record), and is
+//! closed after [`HANDSHAKE_TIMEOUT`]. So unauthenticated peers can make a broker hold at most
 //! about 128 × 4.3 KiB ≈ 0.6 MiB, plus their sockets' kernel buffers.
 
 use crate::keyfile::OverlayKey;
