@@ -43,6 +43,7 @@ mod auth;
 mod detect;
 mod fwq;
 mod mpi;
+mod sim;
 mod tick;
 mod uring;
 mod uring_link;
@@ -105,6 +106,9 @@ enum TopCmd {
     Uring(uring::UringArgs),
     /// Cost of authenticated, encrypted overlay links against plain ones: round trip, throughput, handshake.
     Auth(auth::AuthArgs),
+    /// The deterministic simulator of the real sans-IO broker: N brokers on virtual time, with faults and
+    /// invariants (`--json` for one report, `--table` for the committed table).
+    Sim(sim::SimArgs),
     /// Fixed-work-quanta OS noise: what else running on this core steals from a compute-bound process.
     Fwq(fwq::FwqArgs),
     /// The floor of a periodic prober: wake every period, send one datagram, report the CPU time that took.
@@ -307,6 +311,7 @@ fn main() {
         Some(TopCmd::Detect(a)) => report(detect::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Uring(a)) => report(uring::run(&a, cli.out_dir)),
         Some(TopCmd::Auth(a)) => report(auth::run(&a, cli.vigil, cli.out_dir)),
+        Some(TopCmd::Sim(a)) => std::process::exit(sim::run(&a, cli.out_dir)),
         Some(TopCmd::Fwq(a)) => fwq::run(&a),
         Some(TopCmd::Tick(a)) => tick::run(&a),
         Some(TopCmd::XdpHub(a)) => xdp_hub::run(&a),

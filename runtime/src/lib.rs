@@ -66,6 +66,7 @@ pub mod message;
 pub mod pmi;
 pub mod r;
 pub mod shellproto;
+pub mod sim;
 pub mod topology;
 
 /// Wall-clock time in seconds since the Unix epoch.

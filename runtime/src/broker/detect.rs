@@ -282,8 +282,6 @@ pub(crate) struct Detectors {
     prober: Option<mpsc::UnboundedSender<ProbeCmd>>,
     /// Brokers of this machine whose exits we watch (test-instance owner), by pid.
     watched_brokers: std::collections::HashSet<u32>,
-    /// Pids of processes watched for local clients: pid → request to answer on.
-    pub(crate) exit_waiters: HashMap<u32, crate::message::Message>,
     owner: bool,
     bind_ip: Ipv4Addr,
     input_tx: mpsc::UnboundedSender<DetectInput>,
@@ -364,7 +362,6 @@ impl Detectors {
             tcp_tx: None,
             prober: None,
             watched_brokers: Default::default(),
-            exit_waiters: HashMap::new(),
             owner,
             bind_ip,
             input_tx: input_tx.clone(),
@@ -1593,136 +1590,8 @@ async fn prober_task(
     }
 }
 
-impl super::core::Core {
-    /// Stop probing and watching child `r` (its link is going away).
-    pub(crate) fn forget_child_detectors(&mut self, r: u32) {
-        let tuple = self.children.get(&r).and_then(|c| c.tuple);
-        if let Some(d) = self.detect.as_ref() {
-            d.prober_cmd(ProbeCmd::Remove(r));
-            if let Some(t) = tuple {
-                d.unwatch_link(t);
-            }
-        }
-    }
-
-    /// Act on what the detectors report.
-    pub(crate) fn on_detect(&mut self, d: DetectInput, requeued: bool) {
-        use super::core::{Input, Peer};
-        const PARENT: u32 = u32::MAX;
-        match d {
-            DetectInput::Loaded(l) => {
-                let required = l.required_failed.clone();
-                let Some(det) = self.detect.as_mut() else { return };
-                det.loaded(*l);
-                // Links that connected while loading.
-                let links: Vec<(u32, Option<TcpTuple>)> = self
-                    .children
-                    .iter()
-                    .map(|(r, c)| (*r, c.sock.as_ref().and_then(|s| det.watch_link(*r, s))))
-                    .collect();
-                for (r, t) in links {
-                    if let Some(c) = self.children.get_mut(&r) {
-                        c.tuple = t;
-                    }
-                }
-                self.parent_tuple = self.parent_sock.as_ref().and_then(|s| det.watch_link(PARENT, s));
-                if let Some(why) = required {
-                    tracing::error!("broker.detectors=ebpf, but {why}; exiting");
-                    self.exit_code = 1;
-                    self.begin_shutdown("required eBPF detectors unavailable");
-                }
-            }
-            DetectInput::Exit(ev) => {
-                let pid = ev.pid;
-                if self.detect.as_mut().is_some_and(|d| d.on_exit(pid)) {
-                    info!("broker process {pid} on this machine exited ({:?}); the responder now says so", ev.status);
-                }
-                if let Some(req) = self.detect.as_mut().and_then(|d| d.exit_waiters.remove(&pid)) {
-                    let (code, signal) = match ev.status {
-                        vigil_ebpf::ExitStatus::Exited(c) => (Some(c), None),
-                        vigil_ebpf::ExitStatus::Signaled { signal, .. } => (None, Some(signal)),
-                        vigil_ebpf::ExitStatus::Unknown => (None, None),
-                    };
-                    let body = serde_json::json!({"pid": pid, "exit_code": code, "signal": signal,
-                        "oom_killed": ev.oom_killed, "sender_pid": ev.sender_pid, "ktime_ns": ev.ktime_ns,
-                        "source": format!("{:?}", ev.source)});
-                    self.respond(&req, &body);
-                }
-            }
-            DetectInput::WatchFailed(pid, why) => {
-                if let Some(req) = self.detect.as_mut().and_then(|d| d.exit_waiters.remove(&pid)) {
-                    self.respond_error(
-                        &req,
-                        crate::message::errno::ESRCH,
-                        &format!("cannot watch process {pid}: {why}"),
-                    );
-                }
-            }
-            DetectInput::Tcp(rank, ev) => {
-                if let TcpEventKind::Retransmit { .. } = ev.kind {
-                    if rank != PARENT {
-                        if let Some(d) = self.detect.as_ref() {
-                            d.prober_cmd(ProbeCmd::Now(rank));
-                        }
-                    }
-                    return;
-                }
-                let why = match ev.kind {
-                    TcpEventKind::Reset => "connection reset (kernel TCP event)".to_string(),
-                    k => format!("connection closed (kernel TCP event {k:?})"),
-                };
-                // A goodbye may still be in the socket or in our input queue: let it pass first, so a clean
-                // departure is never mistaken for a loss.
-                if !requeued {
-                    let tx = self.input_tx.clone();
-                    let sock_has_data = if rank == PARENT {
-                        self.parent_sock.as_ref().is_some_and(unread_bytes)
-                    } else {
-                        self.children.get(&rank).and_then(|c| c.sock.as_ref()).is_some_and(unread_bytes)
-                    };
-                    let inp = Input::Detect(DetectInput::Tcp(rank, ev), true);
-                    if sock_has_data {
-                        tokio::spawn(async move {
-                            tokio::time::sleep(Duration::from_millis(1)).await;
-                            let _ = tx.send(inp);
-                        });
-                    } else {
-                        let _ = tx.send(inp);
-                    }
-                    return;
-                }
-                if rank == PARENT {
-                    if self.parent.is_some() {
-                        self.on_closed(Peer::Parent, 0, &why);
-                    }
-                } else if let Some(conn) = self.children.get(&rank).map(|c| c.conn) {
-                    self.on_closed(Peer::Child(rank), conn, &why);
-                }
-            }
-            DetectInput::Probe(rank, sig) => {
-                if self.shutting_down.is_some() || self.goodbye.contains(&rank) {
-                    return; // children leave on their own during shutdown
-                }
-                let now = self.clock();
-                let t = self.membership.signal(now, rank, sig);
-                self.apply_transitions(t);
-            }
-        }
-    }
-
-    /// Register a local client's request to be answered when process `pid` exits (`detect.watch`).
-    pub(crate) fn detect_watch(&mut self, req: crate::message::Message, pid: u32) -> Result<(), String> {
-        let d = self.detect.as_mut().ok_or("no failure detectors on this broker")?;
-        if !d.watch_pid(pid) {
-            return Err("the process-exit detector is not loaded (yet)".into());
-        }
-        d.exit_waiters.insert(pid, req);
-        Ok(())
-    }
-}
-
 /// Bytes received on a socket and not yet read (FIONREAD).
-fn unread_bytes(fd: &std::os::fd::OwnedFd) -> bool {
+pub(crate) fn unread_bytes(fd: &std::os::fd::OwnedFd) -> bool {
     use std::os::fd::AsRawFd;
     let mut n: libc::c_int = 0;
     // SAFETY: FIONREAD writes one c_int through a valid pointer; the fd is a socket we own a duplicate of.

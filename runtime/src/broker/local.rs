@@ -1,7 +1,8 @@
 //! Local connector: a Unix socket per broker. Only the instance owner's uid is admitted (SO_PEERCRED); any
 //! other uid receives a `refused` control message saying why, and is disconnected.
 
-use super::core::{pump, Input, Peer};
+use super::core::Peer;
+use super::driver::{pump, Event};
 use super::transport::link_from_stream;
 use crate::message::Message;
 use serde_json::json;
@@ -10,7 +11,7 @@ use tracing::{info, warn};
 
 pub(crate) async fn accept_local(
     l: tokio::net::UnixListener,
-    tx: mpsc::UnboundedSender<Input>,
+    tx: mpsc::UnboundedSender<Event>,
     owner: u32,
     rank: u32,
     size: u32,
@@ -53,7 +54,7 @@ pub(crate) async fn accept_local(
             "welcome",
             &json!({"rank": rank, "size": size, "instance": instance, "uid": owner}),
         ));
-        if tx.send(Input::LocalNew { id, uid, tx: link.tx }).is_err() {
+        if tx.send(Event::LocalNew { id, uid, tx: link.tx }).is_err() {
             return;
         }
         tokio::spawn(pump(link.rx, Peer::Local(id), 0, tx.clone()));

@@ -1,35 +1,19 @@
 //! Request handlers of the broker's services (dispatch by topic).
 
-use super::core::{now, Core, Internal, MemberState, Watcher};
+use super::core::{Broker, Effect, Internal, MemberState, Watcher};
 use crate::hwloc::NodeResources;
 use crate::idset::IdSet;
 use crate::jobs::{JobId, JobState};
 use crate::message::{errno, Message, FLAG_STREAMING, ROUTE_LOCAL};
-use crate::shellproto::{OutputLine, ShellExit, ShellInput, ShellReport};
+use crate::shellproto::{OutputLine, ShellExit, ShellInput};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tracing::{debug, info, warn};
 
 /// Which failure detectors this broker runs, as `{process_exit, tcp, responder, probes}` (detect.rs), and on a
 /// parent `probing` (children by group datagram / unicast, where replies are read).
-fn detectors(core: &Core) -> Value {
-    match &core.detect {
-        Some(d) => {
-            let mut v = serde_json::to_value(&d.status).unwrap_or_default();
-            if let (Some(s), Some(o)) = (&d.prober_stats, v.as_object_mut()) {
-                o.insert("probing".into(), s.describe().into());
-            }
-            v
-        }
-        None => json!({"process_exit": "userspace (waitpid)", "tcp": "userspace (socket errors and TCP_INFO)",
-            "responder": "none (overlay address is not IPv4)", "probes": "none"}),
-    }
-}
-
-/// This process's id, asked of the kernel once (a system call per `broker.ping` otherwise).
-fn pid() -> u32 {
-    static PID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    *PID.get_or_init(std::process::id)
+fn detectors(core: &Broker) -> Value {
+    core.status.detectors.clone()
 }
 
 /// Services offered by every broker.
@@ -160,7 +144,7 @@ fn parse_instance_ranks(v: &Value, size: u32) -> Result<IdSet, (u32, String)> {
 }
 
 /// Handle a request addressed to this broker.
-pub(crate) fn dispatch(core: &mut Core, msg: Message) {
+pub(crate) fn dispatch(core: &mut Broker, msg: Message) {
     let r = handle(core, &msg, &Body::new(&msg));
     match r {
         // The request moves into its response (topic and route stack reused, not copied).
@@ -228,12 +212,15 @@ struct Pong<'a> {
 
 type Reply = Result<Option<Out>, (u32, String)>;
 
-fn handle(core: &mut Core, msg: &Message, lazy: &Body<'_>) -> Reply {
+fn handle(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     let rank = core.rank();
     match msg.topic.as_str() {
-        "broker.ping" => {
-            Ok(Some(Out::json(&Pong { rank, hostname: &core.opts.hostname, pid: pid(), route: msg.route.len() })))
-        }
+        "broker.ping" => Ok(Some(Out::json(&Pong {
+            rank,
+            hostname: &core.opts.hostname,
+            pid: core.env.pid,
+            route: msg.route.len(),
+        }))),
         "broker.getattr" => {
             let body = lazy.object()?;
             let name = str_field(body, "name")?;
@@ -276,7 +263,7 @@ fn handle(core: &mut Core, msg: &Message, lazy: &Body<'_>) -> Reply {
                 window,
                 inflight: 0,
                 payload: serde_json::to_vec(&json!({"pad": "x".repeat(size)})).unwrap_or_default(),
-                started: std::time::Instant::now(),
+                started: core.now,
                 samples_us: Vec::with_capacity(count as usize),
             };
             let id = u64::from(core.next_tag) << 32 | core.rtt_runs.len() as u64;
@@ -292,7 +279,12 @@ fn handle(core: &mut Core, msg: &Message, lazy: &Body<'_>) -> Reply {
                 .and_then(|p| u32::try_from(p).ok())
                 .filter(|p| *p > 1)
                 .ok_or((errno::EINVAL, "pid must be a process id".into()))?;
-            core.detect_watch(msg.clone(), pid).map_err(|e| (errno::ENOSYS, e))?;
+            // Everyone waiting for the same process hears of its exit.
+            let fresh = !core.exit_waiters.contains_key(&pid);
+            core.exit_waiters.entry(pid).or_default().push(msg.clone());
+            if fresh {
+                core.effect(Effect::WatchPid(pid));
+            }
             Ok(None)
         }
         "broker.sub" | "broker.unsub" => {
@@ -329,7 +321,7 @@ fn handle(core: &mut Core, msg: &Message, lazy: &Body<'_>) -> Reply {
             if rank != 0 {
                 return Err((errno::EINVAL, "shutdown is requested from rank 0".into()));
             }
-            if msg.userid != core.uid {
+            if msg.userid != core.env.uid {
                 return Err((errno::EPERM, "only the instance owner may shut it down".into()));
             }
             // Checked before anything happens: a malformed request shuts nothing down.
@@ -346,11 +338,7 @@ fn handle(core: &mut Core, msg: &Message, lazy: &Body<'_>) -> Reply {
             // to the shell, which subscribed to `shell.<jobid>`.
             let id = parse_id(body)?;
             let ev = Message::event(&format!("shell.{id}.lost"), body);
-            for c in core.locals.values() {
-                if c.subs.iter().any(|s| ev.topic.starts_with(s.as_str())) {
-                    let _ = c.tx.send(ev.clone());
-                }
-            }
+            core.deliver_local_event(&ev);
             Ok(Some(json!({}).into()))
         }
         "rexec.spawn" => spawn_shell(core, msg, lazy.object()?),
@@ -365,10 +353,9 @@ fn handle(core: &mut Core, msg: &Message, lazy: &Body<'_>) -> Reply {
                     format!("'signal' must be a signal number 1..={}, got {sig}", libc::SIGRTMAX()),
                 ));
             }
-            if let Some(&pgid) = core.shells.get(&id) {
-                debug!("signal {sig} to shell of job {id} (pgid {pgid})");
-                // SAFETY: killpg with a pgid we created (the shell's own group) and a plain signal number.
-                unsafe { libc::killpg(pgid, sig) };
+            if core.shells.contains(&id) {
+                debug!("signal {sig} to shell of job {id}");
+                core.effect(Effect::SignalShell { id, signal: sig });
                 Ok(Some(json!({}).into()))
             } else {
                 Err((errno::ENOENT, format!("no shell of job {id} on rank {rank}")))
@@ -382,7 +369,7 @@ fn handle(core: &mut Core, msg: &Message, lazy: &Body<'_>) -> Reply {
     }
 }
 
-fn attrs(core: &Core) -> std::collections::BTreeMap<String, String> {
+fn attrs(core: &Broker) -> std::collections::BTreeMap<String, String> {
     let mut a = core.opts.attrs.clone();
     let o = &core.opts;
     a.insert("rank".into(), o.rank.to_string());
@@ -419,16 +406,16 @@ fn attrs(core: &Core) -> std::collections::BTreeMap<String, String> {
         a.insert("tbon.parent-endpoint".into(), o.endpoints.get(p as usize).cloned().unwrap_or_default());
     }
     a.insert("rundir".into(), o.rundir.display().to_string());
-    a.insert("local-uri".into(), core.local_uri.clone());
+    a.insert("local-uri".into(), core.env.local_uri.clone());
     a.insert("instance-id".into(), o.instance.clone());
-    a.insert("broker.pid".into(), std::process::id().to_string());
-    a.insert("broker.starttime".into(), format!("{:.3}", core.started_at));
+    a.insert("broker.pid".into(), core.env.pid.to_string());
+    a.insert("broker.starttime".into(), format!("{:.3}", core.env.wall_origin));
     a.entry("instance-level".into()).or_insert_with(|| "0".into());
-    a.insert("resource.source".into(), core.resources.source.clone());
+    a.insert("resource.source".into(), core.env.resources.source.clone());
     a
 }
 
-fn info(core: &Core) -> Value {
+fn info(core: &Broker) -> Value {
     let o = &core.opts;
     let state = if core.shutting_down.is_some() {
         "shutdown"
@@ -439,45 +426,26 @@ fn info(core: &Core) -> Value {
     };
     json!({
         "rank": o.rank, "size": o.size, "hostname": o.hostname, "state": state,
-        "uptime": core.start.elapsed().as_secs_f64(), "topo": o.topo.to_string(),
+        "uptime": core.clock(), "topo": o.topo.to_string(),
         "depth": o.topo.depth(o.size), "level": o.topo.level(o.size, o.rank),
         "transport": core.links.summary(), "instance_level": o.attrs.get("instance-level").cloned().unwrap_or_else(|| "0".into()),
         "detectors": detectors(core),
-        "resource_source": core.resources.source,
+        "resource_source": core.env.resources.source,
         "security": security(core),
     })
 }
 
 /// How this broker's overlay links are secured, and how many unauthenticated connections it refused.
-fn security(core: &Core) -> Value {
-    json!({"noise": super::secure::NOISE_PARAMS, "refused": core.refusals.lock().map(|r| r.count).unwrap_or(0)})
+fn security(core: &Broker) -> Value {
+    json!({"noise": super::secure::NOISE_PARAMS, "refused": core.status.refused})
 }
 
 // ------------------------------------------------------------------------------------------- rexec
 
-/// Rank whose process-exit detector watches this machine's tasks (`broker.detector-rank`, else this broker).
-fn detector_rank(core: &Core) -> u32 {
-    core.opts.attrs.get("broker.detector-rank").and_then(|r| r.parse().ok()).unwrap_or(core.rank())
-}
-
-fn shell_path(core: &Core) -> std::path::PathBuf {
-    if let Some(p) = core.opts.attrs.get("exec.shell") {
-        return p.into();
-    }
-    if let Ok(p) = std::env::var("VIGIL_SHELL") {
-        return p.into();
-    }
-    std::env::current_exe()
-        .ok()
-        .and_then(|p| p.parent().map(|d| d.join("vigil-shell")))
-        .unwrap_or_else(|| "vigil-shell".into())
-}
-
 /// `rexec.spawn`: start the job shell of job `id` with `input` (a [`ShellInput`], checked here: a payload that is
-/// not one is refused with EPROTO rather than handed to a shell, or indexed into).
-fn spawn_shell(core: &mut Core, _msg: &Message, body: &Value) -> Reply {
-    use std::process::Stdio;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+/// not one is refused with EPROTO rather than handed to a shell, or indexed into). Answered with the shell's pid
+/// once the driver has started it ([`super::core::Input::ShellStarted`]).
+fn spawn_shell(core: &mut Broker, msg: &Message, body: &Value) -> Reply {
     let id = parse_id(body)?;
     let input = field(body, "input")?;
     if !input.is_object() {
@@ -491,66 +459,25 @@ fn spawn_shell(core: &mut Core, _msg: &Message, body: &Value) -> Reply {
     if core.shutting_down.is_some() {
         return Err((errno::EAGAIN, "broker is shutting down".into()));
     }
-    if core.shells.contains_key(&id) {
+    if core.shells.contains(&id) {
         return Err((errno::EEXIST, format!("job {id} already has a shell on rank {}", core.rank())));
     }
-    input.uri = core.local_uri.clone();
+    input.uri = core.env.local_uri.clone();
     // Short names: a nested instance's socket lives below this directory and Unix socket paths are limited
     // to 108 bytes.
     let tmpdir = core.opts.rundir.join(format!("j{id}.{}", input.shell_rank));
     input.tmpdir = Some(tmpdir.display().to_string());
-    let path = shell_path(core);
-    let mut cmd = tokio::process::Command::new(&path);
-    cmd.arg(format!("--jobid={id}"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .process_group(0)
-        .env(crate::client::URI_ENV, &core.local_uri)
-        .env(crate::shellproto::DETECTOR_RANK_ENV, detector_rank(core).to_string())
-        .kill_on_drop(false);
-    let mut child = cmd.spawn().map_err(|e| (errno::ENOENT, format!("cannot run {}: {e}", path.display())))?;
-    // The shell's pid is its process group, signalled later: never 0 (which would be the broker's own group).
-    let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()).filter(|p| *p > 0) else {
-        return Err((errno::EAGAIN, format!("job shell of job {id} exited before it could be watched")));
-    };
-    core.shells.insert(id, pid);
-    let mut stdin = child.stdin.take();
-    let mut stdout = child.stdout.take();
-    let tx = core.input_tx.clone();
-    let data = serde_json::to_vec(&input).unwrap_or_default();
-    tokio::spawn(async move {
-        if let Some(mut s) = stdin.take() {
-            let _ = s.write_all(&data).await;
-            let _ = s.shutdown().await;
-        }
-        let mut out = String::new();
-        if let Some(s) = stdout.as_mut() {
-            let _ = s.read_to_string(&mut out).await;
-        }
-        let status = match child.wait().await {
-            Ok(st) => {
-                use std::os::unix::process::ExitStatusExt;
-                st.into_raw()
-            }
-            Err(_) => 0x7f00,
-        };
-        let report = out.lines().rev().find_map(|l| serde_json::from_str::<ShellReport>(l).ok());
-        // Whatever the job left in the background dies with it (the shell's process group), and the shell's
-        // job tmpdir goes too if the shell was killed before removing it.
-        // SAFETY: killpg on the process group the shell led; no memory is touched.
-        unsafe { libc::killpg(pid, libc::SIGKILL) };
-        let _ = std::fs::remove_dir_all(&tmpdir);
-        let _ = tx.send(super::core::Input::ShellDone { id, report, status });
-    });
-    Ok(Some(json!({"pid": pid}).into()))
+    core.shells.insert(id);
+    core.spawning.insert(id, msg.clone());
+    core.effect(Effect::SpawnShell { id, input: Box::new(input), tmpdir });
+    Ok(None)
 }
 
 // ------------------------------------------------------------------------------------------- resource
 
-fn resource(core: &mut Core, msg: &Message, lazy: &Body<'_>) -> Reply {
+fn resource(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     let body = lazy.object()?;
-    let n = now();
+    let n = core.wall();
     let size = core.opts.size;
     let topo = core.opts.topo;
     match msg.topic.as_str() {
@@ -640,6 +567,10 @@ fn resource(core: &mut Core, msg: &Message, lazy: &Body<'_>) -> Reply {
             let state = if msg.topic == "overlay.lost" { MemberState::Lost } else { MemberState::Offline };
             warn!("ranks {ranks} {}: {reason}", if state == MemberState::Lost { "lost" } else { "offline" });
             for r in ranks.iter() {
+                // A rank already lost keeps its own verdict and time: a router lost later does not rewrite why.
+                if core.members.get(&r).is_some_and(|m| m.0 == MemberState::Lost) {
+                    continue;
+                }
                 let why = match root {
                     Some(root) if r != root && state == MemberState::Lost => {
                         format!("cut off: rank {root} above it was lost ({reason})")
@@ -730,7 +661,7 @@ fn resource(core: &mut Core, msg: &Message, lazy: &Body<'_>) -> Reply {
             Ok(Some(json!({"ranks": rows}).into()))
         }
         "resource.drain" | "resource.undrain" => {
-            if msg.userid != core.uid {
+            if msg.userid != core.env.uid {
                 return Err((errno::EPERM, "only the instance owner may drain or undrain".into()));
             }
             let ranks = parse_ranks(body)?;
@@ -756,7 +687,7 @@ fn resource(core: &mut Core, msg: &Message, lazy: &Body<'_>) -> Reply {
                     gpus: p.gpus.clone(),
                 })
                 .collect();
-            Ok(Some(Out::json(&crate::r::Rv1::from_ranks(&ranks, core.started_at, 0.0))))
+            Ok(Some(Out::json(&crate::r::Rv1::from_ranks(&ranks, core.env.wall_origin, 0.0))))
         }
         t => Err((errno::ENOSYS, format!("unknown service method '{t}'"))),
     }
@@ -764,10 +695,10 @@ fn resource(core: &mut Core, msg: &Message, lazy: &Body<'_>) -> Reply {
 
 // ------------------------------------------------------------------------------------------- jobs
 
-fn jobs(core: &mut Core, msg: &Message, lazy: &Body<'_>) -> Reply {
+fn jobs(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     let body = lazy.object()?;
-    let n = now();
-    let owner = msg.userid == core.uid;
+    let n = core.wall();
+    let owner = msg.userid == core.env.uid;
     let Some(jc) = core.jobcore.as_mut() else { return Err((errno::ENOSYS, "job services run on rank 0".into())) };
     match msg.topic.as_str() {
         "job-manager.submit" => {
@@ -997,7 +928,7 @@ fn pmi_puts(body: &Value) -> Result<serde_json::Map<String, Value>, (u32, String
 }
 
 /// Send new eventlog entries and output lines to the watchers of job `id`; end finished streams with ENODATA.
-pub(crate) fn wake_watchers(core: &mut Core, id: JobId) {
+pub(crate) fn wake_watchers(core: &mut Broker, id: JobId) {
     let Some(jc) = core.jobcore.as_ref() else { return };
     let Some(job) = jc.jobs.get(&id) else { return };
     let inactive = job.state == JobState::Inactive;

@@ -1,0 +1,1224 @@
+//! The broker's tokio driver: sockets, processes, detectors and the clock around the sans-IO [`Broker`].
+//!
+//! One task owns the [`Broker`] and a [`Driver`] holding every piece of I/O: overlay links (TCP or RDMA,
+//! busy-polled here when asked), local clients, job shell and initial-program processes, the failure detectors.
+//! Small tasks (link readers, the listeners, process waiters, signal handlers) feed it [`Event`]s through one
+//! channel; the driver turns each into a broker [`Input`] stamped with the time, and carries out the
+//! [`Effect`]s the broker hands back.
+
+use super::core::{Broker, DriverStatus, Effect, Environment, Input, Peer, Time, PARENT};
+use super::local;
+use super::rdma_link;
+use super::secure;
+use super::transport::{
+    tcp_ack_state, tune_tcp, Link, LinkEvent, LinkRx, LinkTx, TcpTransport, Transport, TCP_USER_TIMEOUT_MS,
+};
+use crate::hwloc::{NodeResources, NodeTopology, TopologySource};
+use crate::idset::IdSet;
+use crate::jobs::JobId;
+use crate::message::{errno, Message, MsgType, FLAG_NORESPONSE};
+use crate::shellproto::{ShellInput, ShellReport};
+use crate::topology::Topology;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+/// How a broker gets its overlay listening socket.
+#[derive(Debug, Clone)]
+pub enum ListenSpec {
+    /// An already bound TCP listener inherited from `vigil start` (file descriptor number).
+    Fd(i32),
+    /// Bind this endpoint (`tcp://host:port`).
+    Endpoint(String),
+}
+
+/// Everything a broker needs to start.
+#[derive(Debug, Clone)]
+pub struct BrokerOptions {
+    /// This broker's rank.
+    pub rank: u32,
+    /// Number of brokers.
+    pub size: u32,
+    /// TBON shape.
+    pub topo: Topology,
+    /// Host name reported to rank 0.
+    pub hostname: String,
+    /// Instance identifier (peers with another id are refused).
+    pub instance: String,
+    /// Connect endpoint of every rank, by rank (only the parent's is used).
+    pub endpoints: Vec<String>,
+    /// Overlay listener.
+    pub listen: ListenSpec,
+    /// Directory for sockets and logs.
+    pub rundir: PathBuf,
+    /// Attributes set with `-S` (reported by getattr).
+    pub attrs: BTreeMap<String, String>,
+    /// Initial program (rank 0 only); `None` = run none and stay up until signalled.
+    pub initial_program: Option<Vec<String>>,
+    /// Where this node's topology comes from.
+    pub topology: TopologySource,
+    /// Declared GPU count overriding discovery.
+    pub declared_gpus: Option<u32>,
+    /// Seconds to wait for the parent to accept our connection.
+    pub connect_timeout: f64,
+    /// Cores and GPUs this broker owns, when it is part of a nested instance (from the enclosing job's R);
+    /// `None` = the whole node as discovered.
+    pub resources_override: Option<(IdSet, IdSet)>,
+    /// URI of the enclosing instance's broker on this node, for a nested instance.
+    pub parent_uri: Option<String>,
+    /// The instance's overlay key: every overlay link is authenticated and encrypted with it (see `secure`).
+    pub key: crate::keyfile::OverlayKey,
+}
+
+/// What the driver's tasks report, through its one channel.
+pub(crate) enum Event {
+    Peer(Peer, u64, Message),
+    PeerClosed(Peer, u64, String),
+    ChildHello {
+        conn: u64,
+        msg: Message,
+        link_tx: LinkTx,
+        peer: String,
+        rx: LinkRx,
+        sock: Option<std::os::fd::OwnedFd>,
+        tasks: Vec<tokio::task::AbortHandle>,
+        /// The answer to the child's RDMA offer (see `rdma_link`).
+        rdma: Box<rdma_link::Answer>,
+    },
+    LocalNew {
+        id: u32,
+        uid: u32,
+        tx: LinkTx,
+    },
+    ShellDone {
+        id: JobId,
+        report: Option<ShellReport>,
+        status: i32,
+    },
+    InitialStarted(i32),
+    InitialExit(i32),
+    Signal(i32),
+    /// From the failure detectors (`detect.rs`); `requeued` marks a kernel TCP event already put back once.
+    Detect(super::detect::DetectInput, bool),
+}
+
+/// A child's overlay link.
+pub(crate) struct ChildLink {
+    pub tx: LinkTx,
+    /// The QP half of a busy-polling RDMA link, polled by the driver ([`Driver::poll_busy`]).
+    pub busy: Option<rdma_link::BusyRx>,
+    pub conn: u64,
+    pub sock: Option<std::os::fd::OwnedFd>,
+    pub tasks: Vec<tokio::task::AbortHandle>,
+    /// The connection's 4-tuple as registered with the TCP watcher.
+    pub tuple: Option<vigil_ebpf::TcpTuple>,
+}
+
+impl Drop for ChildLink {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// A would-be child's link while the broker judges its hello.
+struct PendingChild {
+    tx: LinkTx,
+    rx: LinkRx,
+    peer: String,
+    sock: Option<std::os::fd::OwnedFd>,
+    tasks: Vec<tokio::task::AbortHandle>,
+    rdma: rdma_link::Answer,
+    probe_port: Option<u16>,
+}
+
+/// Every piece of I/O of one broker, around its sans-IO [`Broker`].
+pub(crate) struct Driver {
+    pub broker: Broker,
+    /// [`Time::ZERO`] on the broker's clock.
+    origin: Instant,
+    input_tx: mpsc::UnboundedSender<Event>,
+    /// Overlay connections refused before authentication (shared with the listener's tasks).
+    refusals: std::sync::Arc<std::sync::Mutex<secure::RefusalLog>>,
+    parent: Option<LinkTx>,
+    parent_sock: Option<std::os::fd::OwnedFd>,
+    /// The parent link's 4-tuple as registered with the TCP watcher.
+    parent_tuple: Option<vigil_ebpf::TcpTuple>,
+    /// The QP half of the parent link when it busy-polls ([`Driver::poll_busy`]).
+    parent_busy: Option<rdma_link::BusyRx>,
+    children: HashMap<u32, ChildLink>,
+    pending: HashMap<u64, PendingChild>,
+    locals: HashMap<u32, LinkTx>,
+    /// Job shells' process groups.
+    shells: HashMap<JobId, i32>,
+    initial_pgid: Option<i32>,
+    /// Failure detectors (None if the overlay address is not IPv4).
+    pub detect: Option<super::detect::Detectors>,
+    /// Processes the broker asked to watch (`detect.watch`).
+    watched: HashSet<u32>,
+    /// `tbon.transport` settings.
+    rdma: std::sync::Arc<rdma_link::Settings>,
+    /// Alternates which busy link [`Driver::poll_busy`] polls first.
+    busy_turn: bool,
+    /// What [`DriverStatus`] was last built from (see [`Driver::refresh_status`]).
+    status_key: [u64; 7],
+    /// Bumped when the detectors change (loaded).
+    detect_generation: u64,
+}
+
+/// Membership thresholds from `tbon.heartbeat_period`, `tbon.torpid_max`, `tbon.lost_timeout`, `tbon.probe_period`
+/// (FSD durations) and `tbon.probe_misses` (a count).
+pub(crate) fn membership_config(attrs: &BTreeMap<String, String>) -> crate::membership::Config {
+    let mut c = crate::membership::Config::default();
+    let get = |k: &str| {
+        attrs.get(k).and_then(|v| crate::duration::parse_duration_secs(v).ok()).filter(|v| v.is_finite() && *v > 0.0)
+    };
+    if let Some(v) = get("tbon.heartbeat_period") {
+        c.heartbeat_period = v;
+    }
+    if let Some(v) = get("tbon.torpid_max") {
+        c.torpid_max = v;
+    }
+    if let Some(v) = get("tbon.lost_timeout") {
+        c.lost_timeout = v;
+    }
+    if let Some(v) = get("tbon.probe_period") {
+        c.probe_period = v;
+    }
+    if let Some(v) = attrs.get("tbon.probe_misses").and_then(|v| v.parse::<u32>().ok()).filter(|v| *v > 0) {
+        c.probe_misses = v;
+    }
+    c
+}
+
+/// Run a broker until the instance shuts down; returns the process exit code (rank 0: the initial program's).
+pub async fn run(opts: BrokerOptions) -> i32 {
+    let rank = opts.rank;
+    match run_inner(opts).await {
+        Ok(code) => code,
+        Err(e) => {
+            // Once, in the log's format, and even with log-level=off: this is why the broker is exiting.
+            eprintln!("vigil-broker[{rank}]: error: {e}");
+            1
+        }
+    }
+}
+
+async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
+    let rank = opts.rank;
+    let (resources, topology_str) = discover(&opts);
+    info!(rank, cores = resources.cores, gpus = resources.gpus, source = %resources.source, "node discovered");
+
+    let (input_tx, mut input_rx) = mpsc::unbounded_channel::<Event>();
+
+    // Overlay listener.
+    let listener = match &opts.listen {
+        ListenSpec::Fd(fd) => {
+            // SAFETY: `vigil start` bound this TCP listener and passed us its descriptor, which nothing else in
+            // this process owns; we take ownership exactly once here.
+            let std_l = unsafe { <std::net::TcpListener as std::os::fd::FromRawFd>::from_raw_fd(*fd) };
+            std_l.set_nonblocking(true).map_err(|e| format!("listener fd {fd}: {e}"))?;
+            tokio::net::TcpListener::from_std(std_l).map_err(|e| format!("listener fd {fd}: {e}"))?
+        }
+        ListenSpec::Endpoint(ep) => {
+            let addr = ep.strip_prefix("tcp://").unwrap_or(ep);
+            tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot bind overlay endpoint {ep}: {e}"))?
+        }
+    };
+    // The overlay's own address (a wildcard listener uses the address peers know us by).
+    let listen_ip = listener.local_addr().ok().map(|a| a.ip()).and_then(|ip| {
+        if ip.is_unspecified() {
+            opts.endpoints.get(opts.rank as usize).and_then(|ep| {
+                let hp = ep.strip_prefix("tcp://").unwrap_or(ep);
+                hp.parse::<std::net::SocketAddr>().ok().map(|a| a.ip())
+            })
+        } else {
+            Some(ip)
+        }
+    });
+    let auth = std::sync::Arc::new(secure::LinkAuth::new(opts.key.clone(), &opts.instance));
+    let rdma = std::sync::Arc::new(rdma_link::settings(&opts.attrs)?);
+    let refusals = std::sync::Arc::new(std::sync::Mutex::new(secure::RefusalLog::default()));
+    tokio::spawn(accept_children(listener, input_tx.clone(), auth.clone(), rdma.clone(), refusals.clone()));
+
+    // Local connector.
+    std::fs::create_dir_all(&opts.rundir)
+        .map_err(|e| format!("cannot create rundir {}: {e}", opts.rundir.display()))?;
+    let sock = opts.rundir.join(format!("local-{rank}"));
+    let _ = std::fs::remove_file(&sock);
+    let ul = tokio::net::UnixListener::bind(&sock).map_err(|e| format!("cannot bind {}: {e}", sock.display()))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        // Access control is the SO_PEERCRED check, which gives a clear refusal; the file mode stays open.
+        let _ = std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o777));
+    }
+    let uid = nix::unistd::getuid().as_raw();
+    let local_uri = format!("local://{}", sock.display());
+    tokio::spawn(local::accept_local(ul, input_tx.clone(), uid, rank, opts.size, opts.instance.clone()));
+
+    // Signals.
+    for (kind, num) in [
+        (tokio::signal::unix::SignalKind::terminate(), libc::SIGTERM),
+        (tokio::signal::unix::SignalKind::interrupt(), libc::SIGINT),
+        (tokio::signal::unix::SignalKind::hangup(), libc::SIGHUP),
+    ] {
+        if let Ok(mut s) = tokio::signal::unix::signal(kind) {
+            let tx = input_tx.clone();
+            tokio::spawn(async move {
+                while s.recv().await.is_some() {
+                    let _ = tx.send(Event::Signal(num));
+                }
+            });
+        }
+    }
+
+    let env = Environment {
+        uid,
+        pid: std::process::id(),
+        wall_origin: crate::broker_now(),
+        local_uri,
+        resources,
+        topology: topology_str,
+        membership: membership_config(&opts.attrs),
+        kill_timeout: opts.attrs.get("exec.kill-timeout").and_then(|v| crate::duration::parse_duration_secs(v).ok()),
+    };
+    let origin = Instant::now();
+    let mut d = Driver {
+        broker: Broker::new(opts, env, Time::ZERO),
+        origin,
+        input_tx: input_tx.clone(),
+        refusals,
+        parent: None,
+        parent_sock: None,
+        parent_tuple: None,
+        parent_busy: None,
+        children: HashMap::new(),
+        pending: HashMap::new(),
+        locals: HashMap::new(),
+        shells: HashMap::new(),
+        initial_pgid: None,
+        detect: None,
+        watched: HashSet::new(),
+        rdma,
+        busy_turn: false,
+        status_key: [u64::MAX; 7],
+        detect_generation: 0,
+    };
+    d.start_detectors(listen_ip);
+
+    // Connect to the parent.
+    let opts = &d.broker.opts;
+    if let Some(parent) = opts.topo.parent(opts.size, rank) {
+        let ep = opts
+            .endpoints
+            .get(parent as usize)
+            .cloned()
+            .ok_or_else(|| format!("no endpoint for parent rank {parent}"))?;
+        let probe_port = d.detect.as_ref().map(|d| d.probe_port);
+        let transport = TcpTransport { auth };
+        // Until the loop runs, SIGTERM and SIGINT are watched here: a broker still retrying its parent (which
+        // may take tbon.connect_timeout) stops when told to.
+        let stop = async {
+            use tokio::signal::unix::{signal, SignalKind};
+            match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+                (Ok(mut t), Ok(mut i)) => tokio::select! {
+                    _ = t.recv() => libc::SIGTERM,
+                    _ = i.recv() => libc::SIGINT,
+                },
+                _ => std::future::pending().await,
+            }
+        };
+        let (link, choice, busy) = tokio::select! {
+            r = connect_parent(opts, &transport, &d.rdma, probe_port, &ep) => r?,
+            sig = stop => {
+                warn!(rank, "signal {sig} while connecting to the parent at {ep}; exiting");
+                return Ok(128 + sig);
+            }
+        };
+        d.parent = Some(link.tx.clone());
+        d.parent_busy = busy;
+        d.parent_sock = link.sock;
+        d.parent_tuple =
+            d.parent_sock.as_ref().and_then(|s| d.detect.as_ref().and_then(|det| det.watch_link(PARENT, s)));
+        tokio::spawn(pump(link.rx, Peer::Parent, 0, input_tx.clone()));
+        d.step(Input::ParentUp(choice));
+        info!(rank, parent, "connected to parent at {ep}");
+    }
+    // The eBPF detectors load in the background now that we have joined the overlay.
+    if let Some(det) = d.detect.as_mut() {
+        det.begin_load();
+    }
+    d.refresh_status();
+    // Register with rank 0 (locally on rank 0); on a single-broker instance nothing else arrives.
+    d.step(Input::Start);
+    // One timer for the loop, moved only when the deadline changes: registering a new timer for every input
+    // cost a timer-wheel insertion and removal per message.
+    let timer = tokio::time::sleep(Duration::from_secs(86400));
+    tokio::pin!(timer);
+    let mut armed: Option<Time> = None;
+    loop {
+        let deadline = d.broker.next_deadline();
+        if deadline != armed {
+            if let Some(t) = deadline {
+                timer.as_mut().reset(tokio::time::Instant::from_std(d.instant(t)));
+            }
+            armed = deadline;
+        }
+        // Busy-polling RDMA links are polled here, by this task, between its other inputs.
+        let busy = d.rdma.cfg.busy_poll;
+        let event = tokio::select! {
+            i = input_rx.recv() => i,
+            i = std::future::poll_fn(|cx| d.poll_busy(cx)), if busy => Some(i),
+            _ = &mut timer, if armed.is_some() => None,
+        };
+        match event {
+            Some(e) => d.on_event(e),
+            None => d.step(Input::Timer),
+        }
+        if d.broker.finished() {
+            break;
+        }
+    }
+    d.cleanup();
+    let code = d.broker.exit_code();
+    info!(rank, code, "broker exiting");
+    Ok(code)
+}
+
+/// Discover the node with hwloc; degrade to the CPU count if hwloc is unavailable or disabled
+/// (`resource.discovery=cpu-count`). The degradation is logged once and shown by `vigil uptime`. Returns the
+/// node's resources and where its shells find its topology.
+fn discover(opts: &BrokerOptions) -> (NodeResources, String) {
+    let rank = opts.rank;
+    let forced = opts.attrs.get("resource.discovery").is_some_and(|v| v == "cpu-count");
+    let loaded = if forced {
+        Err("disabled by resource.discovery=cpu-count".to_string())
+    } else {
+        NodeTopology::load(&opts.topology).map_err(|e| e.to_string())
+    };
+    match loaded {
+        Ok(t) => {
+            let mut src = opts.topology.to_string();
+            if t.is_live() {
+                // Discovering a live machine costs shells ~20 ms of CPU each; hand them an XML snapshot instead.
+                let path = opts.rundir.join(format!("topology-{rank}.xml"));
+                match t.export_xml().map_err(|e| e.to_string()).and_then(|x| {
+                    std::fs::create_dir_all(&opts.rundir)
+                        .and_then(|_| std::fs::write(&path, x))
+                        .map_err(|e| e.to_string())
+                }) {
+                    Ok(()) => src = format!("live-xml:{}", path.display()),
+                    Err(e) => debug!("no topology snapshot for shells ({e}); they will discover the node themselves"),
+                }
+            }
+            (t.resources(opts.declared_gpus), src)
+        }
+        Err(e) => {
+            let n = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
+                .map(|set| (0..nix::sched::CpuSet::count()).filter(|&i| set.is_set(i).unwrap_or(false)).count() as u32)
+                .unwrap_or(1)
+                .max(1);
+            warn!("hwloc topology unavailable ({e}); falling back to {n} cores from the CPU count, tasks bound by CPU number");
+            let r = NodeResources {
+                cores: n,
+                pus: n,
+                numa: 1,
+                packages: 1,
+                gpus: opts.declared_gpus.unwrap_or(0),
+                gpu_names: vec![],
+                source: format!("cpu-count ({e})"),
+            };
+            (r, "cpu-count".to_string())
+        }
+    }
+}
+/// Forward a link's events into the driver as events tagged with the peer.
+pub(crate) async fn pump(mut rx: LinkRx, peer: Peer, conn: u64, tx: mpsc::UnboundedSender<Event>) {
+    while let Some(ev) = rx.recv().await {
+        let i = match ev {
+            LinkEvent::Message(m) => Event::Peer(peer, conn, m),
+            LinkEvent::Closed(why) => {
+                let _ = tx.send(Event::PeerClosed(peer, conn, why));
+                return;
+            }
+        };
+        if tx.send(i).is_err() {
+            return;
+        }
+    }
+    let _ = tx.send(Event::PeerClosed(peer, conn, "link dropped".into()));
+}
+
+/// Accept child connections: each runs the responder's handshake ([`secure::respond`]) under the bounds stated
+/// in `secure` (pending connections, message sizes, time), then must send a `hello` as its first message.
+async fn accept_children(
+    l: tokio::net::TcpListener,
+    tx: mpsc::UnboundedSender<Event>,
+    auth: std::sync::Arc<secure::LinkAuth>,
+    rdma: std::sync::Arc<rdma_link::Settings>,
+    refusals: std::sync::Arc<std::sync::Mutex<secure::RefusalLog>>,
+) {
+    let slots = std::sync::Arc::new(secure::HandshakeSlots::default());
+    // One place decides what to log about refused peers (see `secure::RefusalLog`).
+    let note = {
+        let refusals = refusals.clone();
+        move |addr: std::net::SocketAddr, why: &dyn std::fmt::Display| {
+            let (warn, unlogged) =
+                refusals.lock().map(|mut r| r.refused(addr.ip(), Instant::now())).unwrap_or((false, None));
+            if let Some(n) = unlogged {
+                warn!("overlay listener: {n} more refused connection(s) in the last minute were not logged (vigil uptime counts them all)");
+            }
+            if warn {
+                warn!("overlay peer {addr}: {why}");
+            } else {
+                debug!("overlay peer {addr}: {why}");
+            }
+        }
+    };
+    let note = std::sync::Arc::new(note);
+    let mut conn: u64 = 0;
+    loop {
+        let (s, addr) = match l.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                warn!("overlay accept: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let id = match slots.admit(addr.ip()) {
+            secure::Admission::Admitted(id) => id,
+            secure::Admission::Evicted(id) => {
+                note(
+                    addr,
+                    &format_args!(
+                        "{} connections already wait for their handshake: the oldest was closed to admit this one",
+                        secure::MAX_PENDING_HANDSHAKES
+                    ),
+                );
+                id
+            }
+            secure::Admission::AddressFull => {
+                note(
+                    addr,
+                    &format_args!(
+                        "closed: {} connections from this address already wait for their handshake",
+                        secure::MAX_PENDING_PER_ADDRESS
+                    ),
+                );
+                continue;
+            }
+        };
+        tune_tcp(&s, TCP_USER_TIMEOUT_MS);
+        let (mut s, dup) = super::transport::raise_socket(s);
+        conn += 1;
+        let c = conn;
+        let tx = tx.clone();
+        let rdma = rdma.clone();
+        let auth = auth.clone();
+        let note = note.clone();
+        let slot_guard = SlotGuard(slots.clone(), id);
+        let task = tokio::spawn(async move {
+            let session = match secure::respond(&mut s, &auth).await {
+                Ok(x) => x,
+                Err(e) => {
+                    note(addr, &format_args!("refused: {e}"));
+                    return;
+                }
+            };
+            drop(slot_guard);
+            let mut link = super::transport::secure_link(s, session, addr.to_string(), dup);
+            // The first message must be a hello; the handshake's record already holds it.
+            let first = tokio::time::timeout(secure::HANDSHAKE_TIMEOUT, link.rx.recv()).await;
+            match first {
+                Ok(Some(LinkEvent::Message(m))) if m.msgtype == MsgType::Control && m.topic == "hello" => {
+                    // Answer the child's RDMA offer here, off the core (opening a device takes milliseconds).
+                    let local = link.sock.as_ref().and_then(rdma_link::local_ip);
+                    let rdma = Box::new(rdma_link::Answer::new(&rdma, local, &m.json()));
+                    let _ = tx.send(Event::ChildHello {
+                        conn: c,
+                        msg: m,
+                        link_tx: link.tx,
+                        peer: link.peer,
+                        rx: link.rx,
+                        sock: link.sock,
+                        tasks: link.tasks,
+                        rdma,
+                    });
+                }
+                Ok(Some(LinkEvent::Message(m))) => {
+                    warn!("overlay peer {addr}: expected hello, got {:?} '{}'; disconnecting", m.msgtype, m.topic);
+                }
+                Ok(Some(LinkEvent::Closed(why))) => warn!("overlay peer {addr} disconnected before hello: {why}"),
+                Ok(None) => {}
+                Err(_) => warn!(
+                    "overlay peer {addr}: no hello within {}s; disconnecting",
+                    secure::HANDSHAKE_TIMEOUT.as_secs()
+                ),
+            }
+        });
+        slots.attach(id, task.abort_handle());
+    }
+}
+
+/// Frees a connection's handshake slot however its task ends (done, failed, or aborted to make room).
+struct SlotGuard(std::sync::Arc<secure::HandshakeSlots>, u64);
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        self.0.release(self.1);
+    }
+}
+
+async fn connect_parent(
+    opts: &BrokerOptions,
+    transport: &TcpTransport,
+    rdma: &rdma_link::Settings,
+    probe_port: Option<u16>,
+    ep: &str,
+) -> Result<(Link, rdma_link::LinkChoice, Option<rdma_link::BusyRx>), String> {
+    let deadline = Instant::now() + Duration::from_secs_f64(opts.connect_timeout.clamp(0.0, 1e7));
+    let mut delay = Duration::from_millis(5);
+    let mut last_error = String::from("no answer");
+    let mut warned = false;
+    loop {
+        match transport.connect(ep.to_string()).await {
+            Ok(mut link) => {
+                // Offer RDMA when a verbs device serves our end of this connection (see rdma_link).
+                let offer = rdma_link::Offer::new(rdma, link.sock.as_ref().and_then(rdma_link::local_ip))?;
+                let hello = Message::control(
+                    "hello",
+                    &rdma_link::merge(
+                        json!({"rank": opts.rank, "instance": opts.instance, "version": crate::message::WIRE_VERSION, "hostname": opts.hostname,
+                            "probe_port": probe_port}),
+                        offer.hello_fields(),
+                    ),
+                );
+                let _ = link.tx.send(hello);
+                match tokio::time::timeout(Duration::from_secs(10), link.rx.recv()).await {
+                    Ok(Some(LinkEvent::Message(m))) if m.topic == "hello-ack" => {
+                        let (conn, choice) = offer.finish(rdma, &m.json())?;
+                        log_choice("parent", &choice);
+                        let mut busy = None;
+                        if let Some((conn, framing)) = conn {
+                            let (tx, rx, b) = rdma_link::bridge(link.tx, link.rx, conn, framing);
+                            link.tx = tx;
+                            link.rx = rx;
+                            busy = b;
+                        }
+                        return Ok((link, choice, busy));
+                    }
+                    Ok(Some(LinkEvent::Message(m))) if m.topic == "refused" => {
+                        return Err(format!("parent at {ep} refused us: {}", m.errstr().unwrap_or_default()))
+                    }
+                    other => warn!(
+                        "parent at {ep}: bad handshake ({:?}); retrying",
+                        other.map(|o| o.map(|e| format!("{e:?}")))
+                    ),
+                }
+            }
+            Err(e) => {
+                debug!("connect {ep}: {e}");
+                last_error = match e.kind() {
+                    // The parent closes a connection whose handshake fails: the keys (or instance ids) differ, or
+                    // its listener is flooded. Its own log says which.
+                    std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::PermissionDenied => {
+                        let why = format!(
+                            "the parent closed our authentication handshake ({e}): it holds another overlay key or \
+                             instance id, or its listener is flooded with connections (its log says which)"
+                        );
+                        if !warned {
+                            warn!(
+                                "parent at {ep}: {why}; retrying for up to {}s (tbon.connect_timeout)",
+                                opts.connect_timeout
+                            );
+                            warned = true;
+                        }
+                        why
+                    }
+                    _ => e.to_string(),
+                };
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("could not connect to parent at {ep} within {}s: {last_error}", opts.connect_timeout));
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(200));
+    }
+}
+
+/// Log once which transport an overlay link uses (and why not RDMA).
+fn log_choice(peer: &str, c: &rdma_link::LinkChoice) {
+    if c.transport == "rdma" {
+        info!("overlay link to {peer}: rdma on {}", c.detail);
+    } else {
+        info!("overlay link to {peer}: tcp ({})", c.detail);
+    }
+}
+
+impl Driver {
+    /// The broker's clock now.
+    fn now(&self) -> Time {
+        Time::from_nanos(u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    /// The instant of a time on the broker's clock.
+    fn instant(&self, t: Time) -> Instant {
+        self.origin + Duration::from_nanos(t.as_nanos())
+    }
+
+    /// Hand the broker an input, then carry out what it asks, including the inputs those effects produce at once
+    /// (a spawned shell's pid, kernel ACK samples, bounced requests), in order.
+    pub(crate) fn step(&mut self, input: Input) {
+        let mut queue = VecDeque::from([input]);
+        while let Some(i) = queue.pop_front() {
+            let now = self.now();
+            self.broker.handle(now, i);
+            while let Some(e) = self.broker.poll_effect() {
+                self.execute(e, &mut queue);
+            }
+        }
+    }
+
+    /// What the status of the driver's parts is built from: cheap to read, so it is checked before every event
+    /// and the status rebuilt only when it changed.
+    fn status_key(&self) -> [u64; 7] {
+        use std::sync::atomic::Ordering::Relaxed;
+        let refused = self.refusals.lock().map(|r| r.count).unwrap_or(0);
+        let mut k = [refused, self.detect_generation, u64::from(self.detect.is_some()), 0, 0, 0, 0];
+        if let Some(s) = self.detect.as_ref().and_then(|d| d.prober_stats.as_ref()) {
+            k[3] = u64::from(s.grouped.load(Relaxed));
+            k[4] = u64::from(s.unicast.load(Relaxed)) | u64::from(s.unreached.load(Relaxed)) << 32;
+            k[5] = u64::from(s.collected.load(Relaxed));
+            k[6] = s.void_rounds.load(Relaxed);
+        }
+        k
+    }
+
+    /// Hand the broker a fresh [`DriverStatus`] if anything in it changed.
+    fn refresh_status(&mut self) {
+        let key = self.status_key();
+        if key == self.status_key {
+            return;
+        }
+        self.status_key = key;
+        let detectors = match &self.detect {
+            Some(d) => {
+                let mut v = serde_json::to_value(&d.status).unwrap_or_default();
+                if let (Some(s), Some(o)) = (&d.prober_stats, v.as_object_mut()) {
+                    o.insert("probing".into(), s.describe().into());
+                }
+                v
+            }
+            None => json!({"process_exit": "userspace (waitpid)", "tcp": "userspace (socket errors and TCP_INFO)",
+                "responder": "none (overlay address is not IPv4)", "probes": "none"}),
+        };
+        self.step(Input::Status(DriverStatus { detectors, refused: key[0] }));
+    }
+
+    /// One event from the driver's tasks.
+    fn on_event(&mut self, e: Event) {
+        self.refresh_status();
+        match e {
+            Event::Peer(peer, conn, msg) => self.step(Input::Message(peer, conn, msg)),
+            Event::PeerClosed(peer, conn, why) => {
+                if let Peer::Local(id) = peer {
+                    self.locals.remove(&id);
+                }
+                self.step(Input::Closed(peer, conn, why))
+            }
+            Event::ChildHello { conn, msg, link_tx, peer, rx, sock, tasks, rdma } => {
+                let refusal = match &*rdma {
+                    rdma_link::Answer::Refuse(why) => Some(why.clone()),
+                    _ => None,
+                };
+                let probe_port =
+                    msg.json().get("probe_port").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok());
+                let addr = peer.clone();
+                self.pending.insert(conn, PendingChild { tx: link_tx, rx, peer, sock, tasks, rdma: *rdma, probe_port });
+                self.step(Input::Hello { conn, msg, addr, refusal });
+                // Judged at once: whatever the broker did not accept is dropped.
+                self.pending.remove(&conn);
+            }
+            Event::LocalNew { id, uid, tx } => {
+                self.locals.insert(id, tx);
+                self.step(Input::LocalNew { id, uid });
+            }
+            Event::ShellDone { id, report, status } => {
+                self.shells.remove(&id);
+                self.step(Input::ShellDone { id, report, status });
+            }
+            Event::InitialStarted(pgid) => {
+                self.initial_pgid = Some(pgid);
+                // For `vigil start`, which outlives a killed rank 0 and then ends what it started.
+                let _ = std::fs::write(self.broker.opts.rundir.join("initial.pgid"), pgid.to_string());
+            }
+            Event::InitialExit(code) => self.step(Input::InitialExit(code)),
+            Event::Signal(sig) => self.step(Input::Signal(sig)),
+            Event::Detect(d, requeued) => self.on_detect(d, requeued),
+        }
+    }
+
+    /// Carry out one effect; inputs it produces go on `queue`.
+    fn execute(&mut self, e: Effect, queue: &mut VecDeque<Input>) {
+        match e {
+            Effect::Send(peer, msg) => {
+                let tx = match peer {
+                    Peer::Parent => self.parent.as_ref(),
+                    Peer::Child(r) => self.children.get(&r).map(|c| &c.tx),
+                    Peer::Local(id) => self.locals.get(&id),
+                };
+                let r = match tx {
+                    Some(t) => t.send(msg),
+                    None => Err(msg),
+                };
+                if let Err(msg) = r {
+                    if msg.msgtype == MsgType::Request && msg.flags & FLAG_NORESPONSE == 0 {
+                        queue.push_back(Input::Bounced(peer, msg));
+                    }
+                }
+            }
+            Effect::AcceptChild { conn, rank } => {
+                let Some(p) = self.pending.remove(&conn) else { return };
+                let ack = rdma_link::merge(json!({"rank": self.broker.rank()}), p.rdma.ack_fields());
+                let _ = p.tx.send(Message::control("hello-ack", &ack));
+                let (tx, rx, busy) = match p.rdma {
+                    rdma_link::Answer::Rdma(c, framing, choice) => {
+                        log_choice(&format!("child rank {rank}"), &choice);
+                        rdma_link::bridge(p.tx, p.rx, *c, framing)
+                    }
+                    rdma_link::Answer::Tcp(choice) => {
+                        log_choice(&format!("child rank {rank}"), &choice);
+                        (p.tx, p.rx, None)
+                    }
+                    rdma_link::Answer::Refuse(_) => return,
+                };
+                let tuple = p.sock.as_ref().and_then(|s| self.detect.as_ref().and_then(|d| d.watch_link(rank, s)));
+                if let (Some(d), Some(port)) = (self.detect.as_mut(), p.probe_port) {
+                    if let Ok(addr) = p.peer.parse::<std::net::SocketAddr>() {
+                        d.probe_child(rank, std::net::SocketAddr::new(addr.ip(), port));
+                    }
+                }
+                self.children.insert(rank, ChildLink { tx, busy, conn, sock: p.sock, tasks: p.tasks, tuple });
+                tokio::spawn(pump(rx, Peer::Child(rank), conn, self.input_tx.clone()));
+            }
+            Effect::RefuseChild { conn, why } => {
+                if let Some(p) = self.pending.remove(&conn) {
+                    // Its writer flushes this and ends when the link is dropped here.
+                    let _ = p.tx.send(Message::control("refused", &json!({"errstr": why})));
+                }
+            }
+            Effect::DropLink(Peer::Parent, _) => {
+                self.parent = None;
+                self.parent_busy = None;
+            }
+            Effect::DropLink(Peer::Child(r), conn) => {
+                if self.children.get(&r).is_some_and(|c| c.conn == conn) {
+                    self.children.remove(&r);
+                }
+            }
+            Effect::DropLink(Peer::Local(id), _) => {
+                self.locals.remove(&id);
+            }
+            Effect::ForgetChild(r) => {
+                let tuple = self.children.get(&r).and_then(|c| c.tuple);
+                if let Some(d) = self.detect.as_ref() {
+                    d.prober_cmd(super::detect::ProbeCmd::Remove(r));
+                    if let Some(t) = tuple {
+                        d.unwatch_link(t);
+                    }
+                }
+            }
+            Effect::Heartbeat => {
+                if let Some(d) = self.detect.as_mut() {
+                    d.beat();
+                }
+                if self.parent.is_some() {
+                    if let Some((unacked, age_ms)) = self.parent_sock.as_ref().and_then(tcp_ack_state) {
+                        queue.push_back(Input::AckSample(PARENT, unacked, f64::from(age_ms) / 1e3));
+                    }
+                }
+                let mut ranks: Vec<u32> = self.children.keys().copied().collect();
+                ranks.sort_unstable();
+                for r in ranks {
+                    if let Some((unacked, age_ms)) = self.children[&r].sock.as_ref().and_then(tcp_ack_state) {
+                        queue.push_back(Input::AckSample(r, unacked, f64::from(age_ms) / 1e3));
+                    }
+                }
+            }
+            Effect::SpawnShell { id, input, tmpdir } => {
+                let result = self.spawn_shell(id, &input, tmpdir);
+                queue.push_back(Input::ShellStarted { id, result });
+            }
+            Effect::SignalShell { id, signal } => {
+                if let Some(&pgid) = self.shells.get(&id) {
+                    // SAFETY: killpg with a pgid we created (the shell's own group) and a plain signal number.
+                    unsafe { libc::killpg(pgid, signal) };
+                }
+            }
+            Effect::KillShells => {
+                for pgid in self.shells.values() {
+                    let _ =
+                        nix::sys::signal::killpg(nix::unistd::Pid::from_raw(*pgid), nix::sys::signal::Signal::SIGKILL);
+                }
+            }
+            Effect::StartInitial(argv) => {
+                let tx = self.input_tx.clone();
+                let uri = self.broker.env.local_uri.clone();
+                tokio::spawn(async move {
+                    let code = run_initial(argv, uri, tx.clone()).await;
+                    let _ = tx.send(Event::InitialExit(code));
+                });
+            }
+            Effect::SignalInitial(sig) => {
+                if let Some(pg) = self.initial_pgid {
+                    // SAFETY: killpg on the initial program's own process group with a plain signal number.
+                    unsafe { libc::killpg(pg, sig) };
+                }
+            }
+            Effect::WriteFile(path, contents) => {
+                if let Err(e) = std::fs::write(&path, contents) {
+                    warn!("cannot write {}: {e}", path.display());
+                }
+            }
+            Effect::ReportNested { uri, report } => {
+                tokio::spawn(async move {
+                    match crate::client::Client::connect(&uri).await {
+                        Ok(c) => {
+                            if let Err(e) = c.rpc("job-exec.nested", 0, &report).await {
+                                warn!("could not report to the enclosing instance: {e}");
+                            }
+                        }
+                        Err(e) => warn!("could not reach the enclosing instance at {uri}: {e}"),
+                    }
+                });
+            }
+            Effect::WatchPid(pid) => match self.detect.as_mut() {
+                None => queue.push_back(Input::WatchFailed(
+                    pid,
+                    errno::ENOSYS,
+                    "no failure detectors on this broker".into(),
+                )),
+                Some(d) if !d.watch_pid(pid) => queue.push_back(Input::WatchFailed(
+                    pid,
+                    errno::ENOSYS,
+                    "the process-exit detector is not loaded (yet)".into(),
+                )),
+                Some(_) => {
+                    self.watched.insert(pid);
+                }
+            },
+        }
+    }
+
+    /// Start job `id`'s shell: its input on stdin, its report read from stdout, its exit reported as
+    /// [`Event::ShellDone`]. Returns its pid (also its process group).
+    fn spawn_shell(&mut self, id: JobId, input: &ShellInput, tmpdir: PathBuf) -> Result<i32, String> {
+        use std::process::Stdio;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let path = self.shell_path();
+        let detector_rank = self
+            .broker
+            .opts
+            .attrs
+            .get("broker.detector-rank")
+            .and_then(|r| r.parse::<u32>().ok())
+            .unwrap_or(self.broker.rank());
+        let mut cmd = tokio::process::Command::new(&path);
+        cmd.arg(format!("--jobid={id}"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .process_group(0)
+            .env(crate::client::URI_ENV, &self.broker.env.local_uri)
+            .env(crate::shellproto::DETECTOR_RANK_ENV, detector_rank.to_string())
+            .kill_on_drop(false);
+        let mut child = cmd.spawn().map_err(|e| format!("cannot run {}: {e}", path.display()))?;
+        // The shell's pid is its process group, signalled later: never 0 (which would be the broker's own group).
+        let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()).filter(|p| *p > 0) else {
+            return Err(format!("job shell of job {id} exited before it could be watched"));
+        };
+        self.shells.insert(id, pid);
+        let mut stdin = child.stdin.take();
+        let mut stdout = child.stdout.take();
+        let tx = self.input_tx.clone();
+        let data = serde_json::to_vec(input).unwrap_or_default();
+        tokio::spawn(async move {
+            if let Some(mut s) = stdin.take() {
+                let _ = s.write_all(&data).await;
+                let _ = s.shutdown().await;
+            }
+            let mut out = String::new();
+            if let Some(s) = stdout.as_mut() {
+                let _ = s.read_to_string(&mut out).await;
+            }
+            let status = match child.wait().await {
+                Ok(st) => {
+                    use std::os::unix::process::ExitStatusExt;
+                    st.into_raw()
+                }
+                Err(_) => 0x7f00,
+            };
+            let report = out.lines().rev().find_map(|l| serde_json::from_str::<ShellReport>(l).ok());
+            // Whatever the job left in the background dies with it (the shell's process group), and the shell's
+            // job tmpdir goes too if the shell was killed before removing it.
+            // SAFETY: killpg on the process group the shell led; no memory is touched.
+            unsafe { libc::killpg(pid, libc::SIGKILL) };
+            let _ = std::fs::remove_dir_all(&tmpdir);
+            let _ = tx.send(Event::ShellDone { id, report, status });
+        });
+        Ok(pid)
+    }
+
+    /// The job shell program: `exec.shell`, else `$VIGIL_SHELL`, else `vigil-shell` beside this program.
+    fn shell_path(&self) -> PathBuf {
+        if let Some(p) = self.broker.opts.attrs.get("exec.shell") {
+            return p.into();
+        }
+        if let Ok(p) = std::env::var("VIGIL_SHELL") {
+            return p.into();
+        }
+        std::env::current_exe()
+            .ok()
+            .and_then(|p| p.parent().map(|d| d.join("vigil-shell")))
+            .unwrap_or_else(|| "vigil-shell".into())
+    }
+
+    /// Failure detectors: a probe socket and responder on the overlay address, eBPF loaded in the background.
+    fn start_detectors(&mut self, listen_ip: Option<std::net::IpAddr>) {
+        let opts = &self.broker.opts;
+        let rank = opts.rank;
+        let owner =
+            opts.attrs.get("broker.detector-rank").and_then(|r| r.parse::<u32>().ok()).is_none_or(|r| r == rank);
+        let Some(std::net::IpAddr::V4(ip)) = listen_ip else {
+            warn!("overlay address is not IPv4: heartbeat probes and XDP disabled; membership relies on TCP");
+            return;
+        };
+        let (dtx, mut drx) = mpsc::unbounded_channel();
+        let itx = self.input_tx.clone();
+        tokio::spawn(async move {
+            while let Some(d) = drx.recv().await {
+                if itx.send(Event::Detect(d, false)).is_err() {
+                    return;
+                }
+            }
+        });
+        let mc = self.broker.env.membership;
+        let ranks = (rank, opts.topo.parent(opts.size, rank));
+        match super::detect::Detectors::start(&opts.attrs, &opts.instance, ip, owner, ranks, &mc, dtx) {
+            Ok(d) => self.detect = Some(d),
+            Err(e) => warn!("failure detectors unavailable ({e}); membership relies on TCP alone"),
+        }
+    }
+
+    /// Act on what the detectors report: the I/O side here (watching links, re-queuing kernel TCP events behind
+    /// unread data), the verdicts in the broker.
+    fn on_detect(&mut self, d: super::detect::DetectInput, requeued: bool) {
+        use super::detect::{DetectInput, ProbeCmd};
+        use vigil_ebpf::TcpEventKind;
+        match d {
+            DetectInput::Loaded(l) => {
+                let required = l.required_failed.clone();
+                let Some(det) = self.detect.as_mut() else { return };
+                det.loaded(*l);
+                // Links that connected while loading.
+                for (r, c) in self.children.iter_mut() {
+                    c.tuple = c.sock.as_ref().and_then(|s| det.watch_link(*r, s));
+                }
+                self.parent_tuple = self.parent_sock.as_ref().and_then(|s| det.watch_link(PARENT, s));
+                self.detect_generation += 1;
+                self.refresh_status();
+                if let Some(why) = required {
+                    self.step(Input::DetectorsFailed(why));
+                }
+            }
+            DetectInput::Exit(ev) => {
+                let pid = ev.pid;
+                if self.detect.as_mut().is_some_and(|d| d.on_exit(pid)) {
+                    info!("broker process {pid} on this machine exited ({:?}); the responder now says so", ev.status);
+                }
+                if self.watched.remove(&pid) {
+                    let (code, signal) = match ev.status {
+                        vigil_ebpf::ExitStatus::Exited(c) => (Some(c), None),
+                        vigil_ebpf::ExitStatus::Signaled { signal, .. } => (None, Some(signal)),
+                        vigil_ebpf::ExitStatus::Unknown => (None, None),
+                    };
+                    let body = json!({"pid": pid, "exit_code": code, "signal": signal,
+                        "oom_killed": ev.oom_killed, "sender_pid": ev.sender_pid, "ktime_ns": ev.ktime_ns,
+                        "source": format!("{:?}", ev.source)});
+                    self.step(Input::ProcessExit(pid, body));
+                }
+            }
+            DetectInput::WatchFailed(pid, why) => {
+                if self.watched.remove(&pid) {
+                    self.step(Input::WatchFailed(pid, errno::ESRCH, why));
+                }
+            }
+            DetectInput::Tcp(rank, ev) => {
+                if let TcpEventKind::Retransmit { .. } = ev.kind {
+                    if rank != PARENT {
+                        if let Some(d) = self.detect.as_ref() {
+                            d.prober_cmd(ProbeCmd::Now(rank));
+                        }
+                    }
+                    return;
+                }
+                // A goodbye may still be in the socket or in our input queue: let it pass first, so a clean
+                // departure is never mistaken for a loss.
+                if !requeued {
+                    let tx = self.input_tx.clone();
+                    let sock_has_data = if rank == PARENT {
+                        self.parent_sock.as_ref().is_some_and(super::detect::unread_bytes)
+                    } else {
+                        self.children.get(&rank).and_then(|c| c.sock.as_ref()).is_some_and(super::detect::unread_bytes)
+                    };
+                    let again = Event::Detect(DetectInput::Tcp(rank, ev), true);
+                    if sock_has_data {
+                        tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                            let _ = tx.send(again);
+                        });
+                    } else {
+                        let _ = tx.send(again);
+                    }
+                    return;
+                }
+                let why = match ev.kind {
+                    TcpEventKind::Reset => "connection reset (kernel TCP event)".to_string(),
+                    k => format!("connection closed (kernel TCP event {k:?})"),
+                };
+                if rank == PARENT {
+                    if self.parent.is_some() {
+                        self.step(Input::Closed(Peer::Parent, 0, why));
+                    }
+                } else if let Some(conn) = self.children.get(&rank).map(|c| c.conn) {
+                    self.step(Input::Closed(Peer::Child(rank), conn, why));
+                }
+            }
+            DetectInput::Probe(rank, sig) => self.step(Input::Probe(rank, sig)),
+        }
+    }
+
+    /// Poll every busy-polling RDMA link's completion queue once (parent and children, alternating which
+    /// comes first): the first event found. A link whose QP path ends is dropped here after its `Closed`.
+    /// With nothing found, the task wakes itself to poll again after the runtime's other ready tasks (no system
+    /// call per pass: see `vigil_rdma`'s busy receiver); without any busy link it just waits for the loop's other
+    /// inputs.
+    fn poll_busy(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Event> {
+        use std::task::Poll;
+        self.busy_turn = !self.busy_turn;
+        let mut any = false;
+        for pass in 0..2 {
+            if (pass == 0) == self.busy_turn {
+                if let Some(b) = self.parent_busy.as_mut() {
+                    any = true;
+                    if let Some(ev) = b.poll() {
+                        return Poll::Ready(match ev {
+                            LinkEvent::Message(m) => Event::Peer(Peer::Parent, 0, m),
+                            LinkEvent::Closed(why) => {
+                                self.parent_busy = None;
+                                Event::PeerClosed(Peer::Parent, 0, why)
+                            }
+                        });
+                    }
+                }
+            } else {
+                for (&r, c) in self.children.iter_mut() {
+                    let Some(b) = c.busy.as_mut() else { continue };
+                    any = true;
+                    if let Some(ev) = b.poll() {
+                        return Poll::Ready(match ev {
+                            LinkEvent::Message(m) => Event::Peer(Peer::Child(r), c.conn, m),
+                            LinkEvent::Closed(why) => {
+                                c.busy = None;
+                                Event::PeerClosed(Peer::Child(r), c.conn, why)
+                            }
+                        });
+                    }
+                }
+            }
+        }
+        if any {
+            cx.waker().wake_by_ref();
+        }
+        Poll::Pending
+    }
+
+    /// After the loop: stop the detectors, end what this broker started, remove its files.
+    fn cleanup(&mut self) {
+        if let Some(d) = self.detect.as_mut() {
+            d.shutdown();
+        }
+        if let Some(pg) = self.initial_pgid.take() {
+            // Whatever the initial program left behind (background jobs) ends with the instance; an empty group
+            // (the usual case: the program exited and left nothing) costs no grace period.
+            let pg = nix::unistd::Pid::from_raw(pg);
+            if nix::sys::signal::killpg(pg, nix::sys::signal::Signal::SIGTERM).is_ok() {
+                std::thread::sleep(Duration::from_millis(50));
+                let _ = nix::sys::signal::killpg(pg, nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+        for (_, pgid) in self.shells.drain() {
+            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
+        }
+        let rank = self.broker.rank();
+        let rundir = &self.broker.opts.rundir;
+        let _ = std::fs::remove_file(rundir.join(format!("local-{rank}")));
+        let _ = std::fs::remove_file(rundir.join(format!("topology-{rank}.xml")));
+        // Job directories of shells that were killed with the instance.
+        if let Ok(rd) = std::fs::read_dir(rundir) {
+            for e in rd.flatten() {
+                let n = e.file_name();
+                let n = n.to_string_lossy();
+                if n.starts_with('j') && n.contains('.') && e.path().is_dir() {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+    }
+}
+/// Run the initial program in its own process group, made the terminal's foreground group when stdin is a
+/// tty (so Ctrl-C reaches it, not the brokers). Reports its pgid, then its exit code.
+async fn run_initial(argv: Vec<String>, uri: String, tx: mpsc::UnboundedSender<Event>) -> i32 {
+    let mut cmd = std::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..]).env(crate::client::URI_ENV, &uri);
+    if let Some(dir) = std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.to_path_buf())) {
+        let path = std::env::var("PATH").unwrap_or_default();
+        cmd.env("PATH", format!("{}:{path}", dir.display()));
+    }
+    let tty = crate::foreground::own_foreground_group(&mut cmd);
+    let mut cmd = tokio::process::Command::from(cmd);
+    cmd.kill_on_drop(true);
+    let code = match cmd.spawn() {
+        Ok(mut child) => {
+            if let Some(pid) = child.id() {
+                let _ = tx.send(Event::InitialStarted(pid as i32));
+            }
+            match child.wait().await {
+                Ok(s) => {
+                    use std::os::unix::process::ExitStatusExt;
+                    s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0))
+                }
+                Err(_) => 1,
+            }
+        }
+        Err(e) => {
+            eprintln!("vigil: cannot run initial program '{}': {e}", argv[0]);
+            if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            }
+        }
+    };
+    if tty {
+        // Take the terminal back for `vigil start`'s process group.
+        crate::foreground::take_terminal_back();
+    }
+    code
+}

@@ -1,0 +1,217 @@
+//! Liveness rules of the overlay: who may join as a child (the hello), heartbeats, the verdicts of the link
+//! membership machine ([`crate::membership`]) and what they mean: a lost child's whole subtree is reported lost
+//! to rank 0, a torpid one gets no new work, a lost parent ends this broker, a child that said goodbye is
+//! offline, not lost.
+
+use super::core::{Broker, Effect, Peer, PARENT, SELF};
+use crate::idset::IdSet;
+use crate::membership::{PeerState, Signal, Transition};
+use crate::message::{Message, FLAG_NORESPONSE};
+use serde_json::{json, Value};
+use std::time::Duration;
+use tracing::{debug, error, info, warn};
+
+impl Broker {
+    /// A would-be child's hello on authenticated link `conn` from `addr` (see `docs/wire-format.md`).
+    pub(crate) fn on_hello(&mut self, conn: u64, msg: Message, addr: &str, refusal: Option<String>) {
+        let v = msg.json();
+        let rank = v.get("rank").and_then(Value::as_u64).and_then(|r| u32::try_from(r).ok());
+        let inst = v.get("instance").and_then(Value::as_str).unwrap_or("");
+        let (topo, size) = self.tree();
+        let why = match rank {
+            None => Some("hello without a rank".to_string()),
+            // Unreachable with the handshake's prologue, which binds the instance id; never echo ids.
+            Some(rank) if inst != self.opts.instance => Some(format!("rank {rank} belongs to another instance")),
+            Some(rank) if topo.parent(size, rank) != Some(self.rank()) => {
+                Some(format!("rank {rank} is not a child of rank {}", self.rank()))
+            }
+            Some(_) if self.shutting_down.is_some() => Some("broker is shutting down".into()),
+            Some(rank) if self.children.contains_key(&rank) => Some(format!("rank {rank} is already connected")),
+            Some(_) => refusal,
+        };
+        if let Some(why) = why {
+            warn!("refusing overlay peer {addr}: {why}");
+            return self.effect(Effect::RefuseChild { conn, why });
+        }
+        let rank = rank.expect("checked above");
+        self.effect(Effect::AcceptChild { conn, rank });
+        self.children.insert(rank, conn);
+        let now = self.clock();
+        self.membership.signal(now, rank, Signal::Connected);
+        debug!("child rank {rank} connected from {addr}");
+    }
+
+    /// Control messages: `shutdown` from the parent, `goodbye` from a child, heartbeats.
+    pub(crate) fn on_control(&mut self, from: Peer, msg: Message) {
+        match (from, msg.topic.as_str()) {
+            (Peer::Parent, "shutdown") => self.begin_shutdown("parent is shutting down"),
+            (_, "hb") => {}
+            (Peer::Child(r), "goodbye") => {
+                self.goodbye.insert(r);
+                // It is leaving: its responder stops answering before its connection closes.
+                self.effect(Effect::ForgetChild(r));
+            }
+            (_, t) => debug!("ignoring control '{t}' from {from:?}"),
+        }
+    }
+
+    /// Send heartbeats to every peer, after sampling each link's kernel ACK state.
+    fn heartbeat(&mut self) {
+        // Sampled before sending: what is outstanding then was sent at least a moment ago, not just now.
+        self.effect(Effect::Heartbeat);
+        let hb = Message::control("hb", &json!({}));
+        if self.parent_up {
+            self.effect(Effect::Send(Peer::Parent, hb.clone()));
+        }
+        let children: Vec<u32> = self.children.keys().copied().collect();
+        for r in children {
+            self.effect(Effect::Send(Peer::Child(r), hb.clone()));
+        }
+        let period = Duration::from_secs_f64(self.membership.config().heartbeat_period);
+        self.next_heartbeat = self.now + period;
+    }
+
+    /// The deadline passed: time limits and kill escalation, heartbeats, liveness verdicts.
+    pub(crate) fn on_timer(&mut self) {
+        let wall = self.wall();
+        if let Some(jc) = self.jobcore.as_mut() {
+            jc.handle_timeout(wall);
+        }
+        // Running this late means we were stopped or starved: our peers' traffic is queued, unread. Restart the
+        // silence clocks rather than declare everyone torpid (or lost) for our own stall.
+        let late = self.now.since(self.next_heartbeat).as_secs_f64();
+        if late > self.membership.config().torpid_max {
+            info!("this broker ran {:.0} ms late (stopped or starved); not judging peers on that gap", late * 1e3);
+            self.membership.grace(self.clock());
+        }
+        if self.shutting_down.is_none() && self.now >= self.next_heartbeat {
+            self.heartbeat();
+        }
+        let t = self.membership.tick(self.clock());
+        self.apply_transitions(t);
+    }
+
+    /// Act on liveness verdicts: lost children (and their subtrees) are reported to rank 0 and dropped; torpid
+    /// and lively ones are reported so rank 0 stops (or resumes) placing work there; a lost parent ends us.
+    pub(crate) fn apply_transitions(&mut self, ts: Vec<Transition>) {
+        for t in ts {
+            if t.rank == PARENT {
+                match t.to {
+                    PeerState::Lost if self.shutting_down.is_none() => {
+                        error!("lost parent: {}; exiting", t.reason);
+                        self.exit_code = 1;
+                        self.parent_up = false;
+                        self.effect(Effect::DropLink(Peer::Parent, 0));
+                        self.begin_shutdown("lost parent");
+                    }
+                    PeerState::Torpid => info!("parent is torpid: {}", t.reason),
+                    PeerState::Online if t.from == PeerState::Torpid => info!("parent is lively again"),
+                    _ => {}
+                }
+                continue;
+            }
+            let r = t.rank;
+            match t.to {
+                PeerState::Lost => {
+                    self.effect(Effect::ForgetChild(r));
+                    if let Some(conn) = self.children.remove(&r) {
+                        self.effect(Effect::DropLink(Peer::Child(r), conn));
+                        self.child_lost(r, &t.reason);
+                        self.fail_inflight(r, &t.reason);
+                    }
+                    self.membership.remove(r);
+                }
+                PeerState::Torpid | PeerState::Online if self.shutting_down.is_none() => {
+                    let (topic, what) = if t.to == PeerState::Torpid {
+                        ("overlay.torpid", "torpid")
+                    } else {
+                        ("overlay.lively", "lively")
+                    };
+                    if t.to == PeerState::Online && t.from != PeerState::Torpid {
+                        continue;
+                    }
+                    info!("child rank {r} is {what}: {}", t.reason);
+                    let mut m = Message::request(topic, 0, &json!({"ranks": r.to_string(), "reason": t.reason}));
+                    m.flags = FLAG_NORESPONSE;
+                    self.route_request(SELF, m);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Child `r` is lost: so is its whole subtree (cut off), reported to rank 0 once.
+    fn child_lost(&mut self, r: u32, why: &str) {
+        let (topo, size) = self.tree();
+        let subtree: IdSet = topo.subtree(size, r).into_iter().collect();
+        warn!("lost child rank {r} ({why}); subtree {subtree} is lost");
+        let mut m =
+            Message::request("overlay.lost", 0, &json!({"ranks": subtree.to_string(), "reason": why, "root": r}));
+        m.flags = FLAG_NORESPONSE;
+        self.route_request(SELF, m);
+    }
+
+    /// A link closed (or the kernel reset it).
+    pub(crate) fn on_closed(&mut self, peer: Peer, conn: u64, why: &str) {
+        match peer {
+            Peer::Parent => {
+                if !self.parent_up {
+                    return;
+                }
+                if self.shutting_down.is_none() {
+                    error!("lost connection to parent: {why}; exiting");
+                    self.exit_code = 1;
+                    self.begin_shutdown("lost parent");
+                }
+                self.parent_up = false;
+                self.effect(Effect::DropLink(Peer::Parent, 0));
+                // No parent: nothing more to wait for beyond our own children.
+            }
+            Peer::Child(r) => {
+                if self.children.get(&r) != Some(&conn) {
+                    return;
+                }
+                if self.shutting_down.is_some() || self.goodbye.remove(&r) {
+                    self.effect(Effect::ForgetChild(r));
+                    self.children.remove(&r);
+                    self.effect(Effect::DropLink(Peer::Child(r), conn));
+                    self.membership.remove(r);
+                    self.fail_inflight(r, "it left");
+                    debug!("child rank {r} left");
+                    if self.shutting_down.is_none() {
+                        let (topo, size) = self.tree();
+                        let subtree: IdSet = topo.subtree(size, r).into_iter().collect();
+                        let mut m = Message::request(
+                            "overlay.offline",
+                            0,
+                            &json!({"ranks": subtree.to_string(), "reason": "left"}),
+                        );
+                        m.flags = FLAG_NORESPONSE;
+                        self.route_request(SELF, m);
+                    }
+                    return;
+                }
+                let t = self.membership.signal(self.clock(), r, Signal::Closed(why.to_string()));
+                self.apply_transitions(t);
+                self.effect(Effect::ForgetChild(r));
+                if let Some(conn) = self.children.remove(&r) {
+                    // Membership already had it as lost or unknown: still report the loss once.
+                    self.effect(Effect::DropLink(Peer::Child(r), conn));
+                    self.child_lost(r, why);
+                    self.membership.remove(r);
+                }
+                self.fail_inflight(r, why);
+            }
+            Peer::Local(id) => {
+                if self.locals.get(&id).is_some_and(|c| c.streaming) {
+                    // Let rank 0 drop watchers this client left behind: routed as the client's own last request
+                    // (its route stamp and userid), which asks for no response.
+                    let mut m = Message::request("job-info.disconnect", 0, &json!({}));
+                    m.flags = FLAG_NORESPONSE;
+                    self.route_request(Peer::Local(id), m);
+                }
+                self.locals.remove(&id);
+            }
+        }
+    }
+}

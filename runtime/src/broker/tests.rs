@@ -1,0 +1,255 @@
+//! Unit tests of the sans-IO broker: one broker, inputs and virtual time in, effects inspected.
+
+use super::core::{Broker, Effect, Input, MemberState, Peer, Time, PARENT};
+use crate::membership::{Config, Signal};
+use crate::message::{errno, Message, MsgType};
+use crate::topology::Topology;
+use serde_json::json;
+use std::time::Duration;
+
+fn t(s: f64) -> Time {
+    Time::from_secs_f64(s)
+}
+
+/// Rank `rank` of a 7-broker binary tree (children of 1: 3, 4; of 0: 1, 2).
+fn broker(rank: u32) -> Broker {
+    crate::sim::new_broker(rank, 7, Topology::Kary(2), 4, Config::default(), Time::ZERO)
+}
+
+fn effects(b: &mut Broker) -> Vec<Effect> {
+    std::iter::from_fn(|| b.poll_effect()).collect()
+}
+
+fn hello(rank: u64, instance: &str) -> Message {
+    Message::control("hello", &json!({"rank": rank, "instance": instance}))
+}
+
+/// Hand `b` a hello and return its verdict.
+fn judge(b: &mut Broker, now: Time, conn: u64, msg: Message, refusal: Option<String>) -> Result<u32, String> {
+    b.handle(now, Input::Hello { conn, msg, addr: "peer".into(), refusal });
+    let out = effects(b);
+    for e in out {
+        match e {
+            Effect::AcceptChild { conn: c, rank } if c == conn => return Ok(rank),
+            Effect::RefuseChild { conn: c, why } if c == conn => return Err(why),
+            _ => {}
+        }
+    }
+    panic!("neither accepted nor refused");
+}
+
+/// Rank 0 with rank 1 joined as its child (and registered).
+fn root_with_child() -> Broker {
+    let mut b = broker(0);
+    b.handle(t(0.0), Input::Start);
+    assert_eq!(judge(&mut b, t(0.001), 7, hello(1, "sim"), None), Ok(1));
+    // Rank 1 registers, as its broker does once joined (the request carries its broker's uid).
+    let reg = json!({"rank": 1, "hostname": "node1", "resources": {"cores": 4, "pus": 4, "numa": 1, "packages": 1,
+        "gpus": 0, "gpu_names": [], "source": "test"}, "cores": "0-3", "gpus": ""});
+    let mut m = Message::request("resource.register", 0, &reg);
+    m.flags = crate::message::FLAG_NORESPONSE;
+    m.userid = crate::sim::UID;
+    b.handle(t(0.002), Input::Message(Peer::Child(1), 7, m));
+    effects(&mut b);
+    assert_eq!(b.members[&1].0, MemberState::Online);
+    b
+}
+
+/// Run `b`'s timers up to `until`, as a driver does; the effects they asked for.
+fn run_to(b: &mut Broker, until: Time) -> Vec<Effect> {
+    let mut out = Vec::new();
+    while let Some(d) = b.next_deadline().filter(|d| *d <= until) {
+        b.handle(d, Input::Timer);
+        out.extend(effects(b));
+    }
+    out
+}
+
+fn responses(out: &[Effect], to: Peer) -> Vec<&Message> {
+    out.iter()
+        .filter_map(|e| match e {
+            Effect::Send(p, m) if *p == to && m.msgtype == MsgType::Response => Some(m),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn hello_rules() {
+    let mut b = broker(1);
+    b.handle(t(0.0), Input::ParentUp(super::rdma_link::LinkChoice { transport: "tcp", detail: String::new() }));
+    effects(&mut b);
+    assert_eq!(judge(&mut b, t(0.1), 1, hello(3, "sim"), None), Ok(3));
+    assert_eq!(judge(&mut b, t(0.1), 2, hello(3, "sim"), None), Err("rank 3 is already connected".into()));
+    assert_eq!(judge(&mut b, t(0.1), 3, hello(2, "sim"), None), Err("rank 2 is not a child of rank 1".into()));
+    assert_eq!(judge(&mut b, t(0.1), 4, hello(4, "other"), None), Err("rank 4 belongs to another instance".into()));
+    let no_rank = Message::control("hello", &json!({"instance": "sim"}));
+    assert_eq!(judge(&mut b, t(0.1), 5, no_rank, None), Err("hello without a rank".into()));
+    let huge = Message::control("hello", &json!({"rank": 1u64 << 32 | 4, "instance": "sim"}));
+    assert_eq!(judge(&mut b, t(0.1), 6, huge, None), Err("hello without a rank".into()));
+    assert_eq!(judge(&mut b, t(0.1), 7, hello(4, "sim"), Some("no RDMA".into())), Err("no RDMA".into()));
+    b.handle(t(0.2), Input::Signal(libc::SIGTERM));
+    effects(&mut b);
+    assert_eq!(judge(&mut b, t(0.3), 8, hello(4, "sim"), None), Err("broker is shutting down".into()));
+}
+
+#[test]
+fn routing_errors_are_answered_never_dropped() {
+    let mut b = root_with_child();
+    b.handle(t(0.01), Input::LocalNew { id: 5, uid: crate::sim::UID });
+    let send = |b: &mut Broker, topic: &str, nodeid: u32, tag: u32| {
+        let mut m = Message::request(topic, nodeid, &json!({}));
+        m.matchtag = tag;
+        b.handle(t(0.02), Input::Message(Peer::Local(5), 0, m));
+        effects(b)
+    };
+    // No such rank.
+    let out = send(&mut b, "broker.ping", 99, 1);
+    assert_eq!(responses(&out, Peer::Local(5))[0].errnum, errno::EHOSTUNREACH);
+    // Rank 2 never connected: its route is down.
+    let out = send(&mut b, "broker.ping", 2, 2);
+    let r = responses(&out, Peer::Local(5));
+    assert_eq!(
+        (r[0].errnum, r[0].errstr().unwrap_or_default()),
+        (errno::EHOSTUNREACH, "rank 2 is not connected".into())
+    );
+    // Rank 3 is behind rank 1, which is connected: forwarded, no answer yet.
+    let out = send(&mut b, "broker.ping", 3, 3);
+    assert!(out.iter().any(|e| matches!(e, Effect::Send(Peer::Child(1), m) if m.matchtag == 3)));
+    // The driver could not send it after all: an error, not silence.
+    let m = out.into_iter().find_map(|e| match e {
+        Effect::Send(Peer::Child(1), m) => Some(m),
+        _ => None,
+    });
+    b.handle(t(0.03), Input::Bounced(Peer::Child(1), m.expect("sent")));
+    let out = effects(&mut b);
+    assert!(responses(&out, Peer::Local(5))[0].errstr().unwrap_or_default().contains("through rank 1"));
+    // No service of that name anywhere.
+    let out = send(&mut b, "nosuch.method", crate::message::NODEID_ANY, 4);
+    assert_eq!(responses(&out, Peer::Local(5))[0].errnum, errno::ENOSYS);
+    // A peer may not speak for another user.
+    let mut m = Message::request("broker.ping", 0, &json!({}));
+    m.userid = 4242;
+    b.handle(t(0.04), Input::Message(Peer::Child(1), 7, m));
+    let out = effects(&mut b);
+    assert_eq!(responses(&out, Peer::Child(1))[0].errnum, errno::EPERM);
+}
+
+#[test]
+fn requests_in_flight_to_a_lost_child_get_ehostunreach_once() {
+    let mut b = root_with_child();
+    b.handle(t(0.01), Input::LocalNew { id: 5, uid: crate::sim::UID });
+    let mut m = Message::request("broker.ping", 3, &json!({}));
+    m.matchtag = 9;
+    b.handle(t(0.02), Input::Message(Peer::Local(5), 0, m));
+    effects(&mut b);
+    b.handle(t(0.05), Input::Closed(Peer::Child(1), 7, "connection reset".into()));
+    let out = effects(&mut b);
+    let r = responses(&out, Peer::Local(5));
+    assert_eq!(r.len(), 1);
+    assert_eq!((r[0].matchtag, r[0].errnum), (9, errno::EHOSTUNREACH));
+    assert!(out.iter().any(|e| matches!(e, Effect::DropLink(Peer::Child(1), 7))));
+    assert_eq!(b.members[&1].0, MemberState::Lost);
+    assert_eq!(b.members[&3].0, MemberState::Lost, "its subtree is cut off");
+    // A late response from the dead link changes nothing.
+    let mut late = Message::response_to(&Message::request("broker.ping", 3, &json!({})), &json!({}));
+    late.matchtag = 9;
+    b.handle(t(0.06), Input::Message(Peer::Child(1), 7, late));
+    assert!(responses(&effects(&mut b), Peer::Local(5)).is_empty());
+}
+
+#[test]
+fn liveness_in_virtual_time_heartbeats_torpid_lost() {
+    let mut b = root_with_child();
+    let c = *b.membership.config();
+    // The heartbeat is due one period after joining.
+    let due = b.next_deadline().expect("a deadline");
+    assert!(due <= t(c.heartbeat_period + 0.002), "{due:?}");
+    b.handle(due, Input::Timer);
+    let out = effects(&mut b);
+    assert!(matches!(out.first(), Some(Effect::Heartbeat)), "ACK state sampled first: {out:?}");
+    assert!(out.iter().any(|e| matches!(e, Effect::Send(Peer::Child(1), m) if m.topic == "hb")));
+    // Silent past torpid_max, but the node's kernel answers probes: torpid, not lost.
+    let quiet = t(c.torpid_max + 0.1);
+    b.handle(t(0.1), Input::Probe(1, Signal::ProbeReply { kernel: true, alive: true, hb_age: 0.1 }));
+    run_to(&mut b, quiet);
+    b.handle(quiet, Input::Probe(1, Signal::ProbeReply { kernel: true, alive: true, hb_age: c.torpid_max + 0.1 }));
+    run_to(&mut b, quiet);
+    assert_eq!(b.members[&1].0, MemberState::Torpid, "{:?}", b.members[&1]);
+    // Its node stops answering probes and acknowledging our data: lost.
+    // Outstanding TCP data alone does not make it lost while its kernel answers probes.
+    b.handle(quiet, Input::AckSample(1, 3, 0.2));
+    b.handle(quiet + Duration::from_secs(1), Input::AckSample(1, 3, 1.2));
+    effects(&mut b);
+    assert_eq!(b.members[&1].0, MemberState::Torpid, "vouched for by its kernel");
+    let later = quiet + Duration::from_secs(1);
+    b.handle(later, Input::Probe(1, Signal::ProbeMissed { misses: c.probe_misses - 1 }));
+    assert_eq!(b.members[&1].0, MemberState::Torpid, "fewer misses than tbon.probe_misses are tolerated");
+    b.handle(later, Input::Probe(1, Signal::ProbeMissed { misses: c.probe_misses }));
+    let out = effects(&mut b);
+    assert_eq!(b.members[&1].0, MemberState::Lost, "{:?}", b.members[&1]);
+    assert!(out.iter().any(|e| matches!(e, Effect::ForgetChild(1))));
+    assert!(!b.children.contains_key(&1));
+}
+
+#[test]
+fn a_broker_that_loses_its_parent_shuts_down_and_exits_nonzero() {
+    let mut b = broker(1);
+    b.handle(t(0.0), Input::ParentUp(super::rdma_link::LinkChoice { transport: "tcp", detail: String::new() }));
+    b.handle(t(0.0), Input::Start);
+    effects(&mut b);
+    b.handle(t(1.0), Input::AckSample(PARENT, 2, 1.0));
+    assert!(effects(&mut b).is_empty(), "outstanding data is judged once it has been for tbon.lost_timeout");
+    b.handle(t(1.2), Input::AckSample(PARENT, 2, 1.2));
+    let out = effects(&mut b);
+    assert!(out.iter().any(|e| matches!(e, Effect::DropLink(Peer::Parent, _))), "{out:?}");
+    assert!(b.finished(), "no children to wait for");
+    assert_eq!(b.exit_code(), 1);
+}
+
+#[test]
+fn rexec_spawn_is_answered_when_the_driver_has_started_the_shell() {
+    let mut b = broker(0);
+    b.handle(t(0.0), Input::Start);
+    b.handle(t(0.0), Input::LocalNew { id: 5, uid: crate::sim::UID });
+    effects(&mut b);
+    // A real job: submitted by the client, allocated on rank 0, its shell asked of rank 0's own rexec.
+    let spec: serde_json::Value =
+        serde_json::from_str(&crate::jobspec::JobspecBuilder::new(["true"]).build().expect("jobspec").to_json())
+            .expect("json");
+    let mut m = Message::request("job-manager.submit", 0, &json!({"jobspec": spec}));
+    m.matchtag = 1;
+    b.handle(t(0.1), Input::Message(Peer::Local(5), 0, m));
+    let out = effects(&mut b);
+    let spawn = out.iter().find_map(|e| match e {
+        Effect::SpawnShell { id, input, .. } => Some((*id, input.command.clone())),
+        _ => None,
+    });
+    let (id, cmd) = spawn.expect("a shell to spawn");
+    assert_eq!(cmd, vec!["true".to_string()]);
+    b.handle(t(0.11), Input::ShellStarted { id, result: Ok(4321) });
+    effects(&mut b);
+    assert!(b.shells.contains(&id));
+    let report = crate::shellproto::ShellReport { status: 0, tasks: vec![(0, 0)], error: None, abort_code: None };
+    b.handle(t(0.2), Input::ShellDone { id, report: Some(report), status: 0 });
+    effects(&mut b);
+    let job = &b.jobcore.as_ref().expect("rank 0").jobs[&id];
+    assert_eq!((job.state, job.status), (crate::jobs::JobState::Inactive, Some(0)));
+    // A shell that cannot be started fails its job with the driver's reason.
+    let mut m = Message::request("job-manager.submit", 0, &json!({"jobspec": spec}));
+    m.matchtag = 2;
+    b.handle(t(0.3), Input::Message(Peer::Local(5), 0, m));
+    let id2 = effects(&mut b)
+        .into_iter()
+        .find_map(|e| match e {
+            Effect::SpawnShell { id, .. } => Some(id),
+            _ => None,
+        })
+        .expect("spawned");
+    b.handle(t(0.31), Input::ShellStarted { id: id2, result: Err("cannot run vigil-shell: no such file".into()) });
+    effects(&mut b);
+    let job = &b.jobcore.as_ref().expect("rank 0").jobs[&id2];
+    let note = job.fatal.as_ref().map(|e| e.note.clone()).unwrap_or_default();
+    assert!(note.contains("cannot run vigil-shell"), "{note}");
+    assert!(!b.shells.contains(&id2));
+}

@@ -1,0 +1,900 @@
+//! A deterministic simulator of a whole instance: N brokers of the real sans-IO broker code
+//! (`broker/core.rs` and its rules) in one process, on virtual time (dev and test only; `vigil-bench sim`).
+//!
+//! The simulator plays every broker's driver and the world around it:
+//! - **the network**: every overlay link delivers in order after [`Config::latency`]; a partition cuts a link
+//!   both ways (nothing is delivered, nothing acknowledged); a link to a node whose broker process is gone but
+//!   whose kernel runs is closed by that kernel (EOF/RST), as after `kill -9`;
+//! - **each node's kernel**: it keeps acknowledging TCP data and answering probes while its broker is stopped
+//!   (`SIGSTOP`: inputs queue up and are handled on resume), and stops doing either when the node dies;
+//! - **each parent's prober**: probes every child node each `tbon.probe_period` and forwards what the real prober
+//!   forwards (`broker/detect.rs`): a reply when it changes a verdict or once a second, every new miss;
+//! - **job shells**: a shell "runs" its tasks for the seconds its command says (`sleep S`; anything else ends at
+//!   once) and reports like a real one; a signal ends it; it dies with its node or its broker;
+//! - **a client** on rank 0 that submits jobs and pings ranks.
+//!
+//! Everything is driven by one event queue ordered by (virtual time, sequence number) and one seeded random
+//! generator: the same seed gives the same event trace ([`Report::trace`]).
+
+pub mod scenario;
+
+use crate::broker::core::{Broker, Effect, Environment, Input, Peer, Time, PARENT};
+use crate::broker::{BrokerOptions, ListenSpec};
+use crate::hwloc::{NodeResources, TopologySource};
+use crate::jobs::JobId;
+use crate::membership::Signal;
+use crate::message::{Message, MsgType};
+use crate::shellproto::ShellReport;
+use crate::topology::Topology;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::time::Duration;
+
+pub use scenario::{run, Scenario};
+
+/// What to simulate.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Number of brokers (ranks 0..brokers).
+    pub brokers: u32,
+    /// TBON shape.
+    pub topo: Topology,
+    /// Seed of every random choice (fault times and targets, job shapes, start-up jitter).
+    pub seed: u64,
+    /// One-way latency of an overlay link.
+    pub latency: Duration,
+    /// Cores per node.
+    pub cores: u32,
+}
+
+impl Config {
+    /// `brokers` brokers in shape `topo`, seed `seed`, 50 µs links, 4 cores per node.
+    pub fn new(brokers: u32, topo: Topology, seed: u64) -> Config {
+        Config { brokers, topo, seed, latency: Duration::from_micros(50), cores: 4 }
+    }
+}
+
+/// The outcome of a simulation run (`vigil-bench sim --json` prints it, adding wall time and memory).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Report {
+    /// Brokers simulated.
+    pub brokers: u32,
+    /// TBON shape.
+    pub topo: String,
+    /// Scenario name.
+    pub scenario: String,
+    /// Seed.
+    pub seed: u64,
+    /// Virtual time simulated, seconds.
+    pub virtual_s: f64,
+    /// Inputs handled by brokers.
+    pub events: u64,
+    /// A hash of every input handled (time, rank, kind) in order: equal for equal seeds.
+    pub trace: String,
+    /// True when every invariant held.
+    pub ok: bool,
+    /// The invariants that did not hold, one line each.
+    pub violations: Vec<String>,
+    /// Jobs submitted and accepted.
+    pub jobs: u64,
+    /// Jobs that completed with exit status 0.
+    pub jobs_ok: u64,
+    /// Jobs that ended with a fatal exception.
+    pub jobs_failed: u64,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<String, u32>,
+    /// Virtual time from a silent node loss to rank 0 recording the rank lost, milliseconds: median and max.
+    pub loss_detect_ms: Option<(f64, f64)>,
+}
+
+/// A fault to inject.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The node dies silently (power, kernel panic): nothing more from its kernel or its broker.
+    NodeLoss(u32),
+    /// The broker process is killed (`kill -9`): its kernel closes its connections.
+    Crash(u32),
+    /// The broker is stopped (`SIGSTOP`) for this long, then continued.
+    Stall(u32, Duration),
+    /// The link between this rank and its parent is cut both ways.
+    Cut(u32),
+    /// The cut link of this rank is whole again.
+    Heal(u32),
+}
+
+/// Events in the queue.
+enum Ev {
+    /// Hand a node's broker an input (queued while it is stopped, dropped if it is gone).
+    Input(u32, Input),
+    /// A node's deadline, valid while it is still the armed one.
+    Timer(u32, Time),
+    /// A broker starts connecting to its parent.
+    Connect(u32),
+    /// A parent's prober round.
+    ProbeRound(u32),
+    /// A job shell ends with this wait status.
+    ShellEnd(u32, JobId, i32),
+    /// A stopped broker continues.
+    Resume(u32),
+    /// Inject a fault.
+    Fault(Fault),
+    /// The client sends this request from rank 0.
+    Client(Message),
+    /// A scenario checkpoint (see `scenario.rs`).
+    Check(u32),
+}
+
+struct Scheduled {
+    at: Time,
+    seq: u64,
+    ev: Ev,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Scheduled {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(o.at, o.seq))
+    }
+}
+
+/// What a parent's prober knows of one child (the fields of the real prober's target that shape what it
+/// forwards).
+#[derive(Default)]
+struct ProbeTarget {
+    /// Whether the child's node has answered yet.
+    answered_once: bool,
+    /// Rounds unanswered in a row.
+    outstanding: u32,
+    /// Misses already forwarded.
+    missed_reported: u32,
+    stalled: bool,
+    forwarded: Option<Time>,
+}
+
+/// One simulated node.
+struct Node {
+    broker: Option<Box<Broker>>,
+    /// The node's kernel runs (false once the node died).
+    kernel: bool,
+    died_at: Option<Time>,
+    stopped_until: Option<Time>,
+    backlog: VecDeque<Input>,
+    /// The deadline armed for this node's broker.
+    timer: Option<Time>,
+    /// A timer fired while the broker was stopped.
+    timer_missed: bool,
+    /// When the broker last beat its heartbeat clock (what its node's kernel reports in probe replies).
+    last_beat: Time,
+    /// Job shells running here: job → started.
+    shells: BTreeMap<JobId, Time>,
+    /// The prober's children (parent side).
+    prober: BTreeMap<u32, ProbeTarget>,
+    probing: bool,
+    /// Exit code once the broker process ended.
+    exit: Option<i32>,
+    /// Not joined yet: like the real driver, the broker handles nothing but its parent link coming up and its
+    /// registration before its loop runs; everything else waits.
+    joining: bool,
+}
+
+/// One overlay link (between a child rank and its parent), as the sockets at its two ends know it.
+#[derive(Clone, Copy)]
+struct LinkState {
+    conn: u64,
+    /// The parent's socket is open.
+    at_parent: bool,
+    /// The child's socket is open.
+    at_child: bool,
+}
+
+/// The simulated world (see the module documentation).
+pub struct Sim {
+    cfg: Config,
+    now: Time,
+    seq: u64,
+    queue: BinaryHeap<Reverse<Scheduled>>,
+    nodes: Vec<Node>,
+    links: BTreeMap<u32, LinkState>,
+    /// Cut links (by child rank) and since when.
+    cut: BTreeMap<u32, Time>,
+    next_conn: u64,
+    rng: Rng,
+    membership: crate::membership::Config,
+    /// Inputs handled.
+    events: u64,
+    trace: u64,
+    /// The client's requests waiting for their response: matchtag → (topic, nodeid, sent).
+    pending: BTreeMap<u32, (String, u32, Time)>,
+    next_tag: u32,
+    /// Responses the client got: matchtag → (errnum, payload JSON).
+    responses: BTreeMap<u32, (u32, serde_json::Value)>,
+    /// First shell spawn of each job, in order (the FCFS check).
+    spawn_order: Vec<JobId>,
+    /// Faults injected: (time, fault).
+    faults: Vec<(Time, Fault)>,
+    /// Invariant violations noticed while running.
+    violations: Vec<String>,
+}
+
+/// SplitMix64: small, fast, and the same sequence everywhere for a seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (`n > 0`).
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    /// Uniform in `[a, b)` seconds.
+    fn secs(&mut self, a: f64, b: f64) -> f64 {
+        a + (b - a) * (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// A broker of a simulated instance (also for the sans-IO broker's unit tests): rank `rank` of `size` in shape
+/// `topo`, `cores` cores, on the simulated node `node<rank>`, created at `now`.
+pub(crate) fn new_broker(
+    rank: u32,
+    size: u32,
+    topo: Topology,
+    cores: u32,
+    membership: crate::membership::Config,
+    now: Time,
+) -> Broker {
+    let opts = BrokerOptions {
+        rank,
+        size,
+        topo,
+        hostname: format!("node{rank}"),
+        instance: "sim".into(),
+        endpoints: Vec::new(),
+        listen: ListenSpec::Endpoint(String::new()),
+        rundir: std::path::PathBuf::from("/nonexistent/vigil-sim"),
+        attrs: BTreeMap::new(),
+        initial_program: None,
+        topology: TopologySource::Live,
+        declared_gpus: None,
+        connect_timeout: 30.0,
+        resources_override: None,
+        parent_uri: None,
+        key: crate::keyfile::OverlayKey::from_hex(&"5a".repeat(32)).expect("a valid key"),
+    };
+    let env = Environment {
+        uid: UID,
+        pid: 100_000 + rank,
+        wall_origin: WALL_ORIGIN,
+        local_uri: format!("local://sim/{rank}"),
+        resources: NodeResources {
+            cores,
+            pus: cores,
+            numa: 1,
+            packages: 1,
+            gpus: 0,
+            gpu_names: vec![],
+            source: "simulated".into(),
+        },
+        topology: "simulated".into(),
+        membership,
+        kill_timeout: None,
+    };
+    Broker::new(opts, env, now)
+}
+
+/// The local client's connection id on rank 0.
+const CLIENT: u32 = 1;
+/// The simulated instance owner.
+pub(crate) const UID: u32 = 1000;
+/// Wall-clock time at the simulation's start (eventlog timestamps), seconds since the epoch.
+pub(crate) const WALL_ORIGIN: f64 = 1_800_000_000.0;
+
+fn fnv(h: u64, x: u64) -> u64 {
+    let mut h = h;
+    for b in x.to_le_bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+/// A small number saying what kind of input this is (for the trace).
+fn kind(i: &Input) -> u64 {
+    match i {
+        Input::Start => 1,
+        Input::ParentUp(_) => 2,
+        Input::Message(p, _, m) => 3 + (m.msgtype as u64) * 16 + peer_code(*p) * 256 + u64::from(m.matchtag) * 4096,
+        Input::Closed(p, ..) => 4 + peer_code(*p) * 256,
+        Input::Bounced(..) => 5,
+        Input::Hello { conn, .. } => 6 + conn * 256,
+        Input::LocalNew { .. } => 7,
+        Input::ShellStarted { id, .. } => 8 + id.0 * 256,
+        Input::ShellDone { id, .. } => 9 + id.0 * 256,
+        Input::InitialExit(_) => 10,
+        Input::Signal(_) => 11,
+        Input::AckSample(r, u, _) => 12 + u64::from(*r) * 256 + u64::from(*u),
+        Input::Probe(r, _) => 13 + u64::from(*r) * 256,
+        Input::ProcessExit(..) => 14,
+        Input::WatchFailed(..) => 15,
+        Input::DetectorsFailed(_) => 16,
+        Input::Status(_) => 17,
+        Input::Timer => 18,
+    }
+}
+
+fn peer_code(p: Peer) -> u64 {
+    match p {
+        Peer::Parent => 0,
+        Peer::Child(r) => 1 + u64::from(r),
+        Peer::Local(id) => 1 << 33 | u64::from(id),
+    }
+}
+
+impl Sim {
+    /// A world of `cfg.brokers` brokers, none started yet; [`Sim::boot`] starts them.
+    pub fn new(cfg: Config) -> Sim {
+        let membership = crate::membership::Config::default();
+        let mut sim = Sim {
+            now: Time::ZERO,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            nodes: Vec::with_capacity(cfg.brokers as usize),
+            links: BTreeMap::new(),
+            cut: BTreeMap::new(),
+            next_conn: 1,
+            rng: Rng(cfg.seed),
+            membership,
+            events: 0,
+            trace: 0xcbf2_9ce4_8422_2325,
+            pending: BTreeMap::new(),
+            next_tag: 1,
+            responses: BTreeMap::new(),
+            spawn_order: Vec::new(),
+            faults: Vec::new(),
+            violations: Vec::new(),
+            cfg,
+        };
+        for rank in 0..sim.cfg.brokers {
+            let b = sim.make_broker(rank);
+            sim.nodes.push(Node {
+                broker: Some(Box::new(b)),
+                kernel: true,
+                died_at: None,
+                stopped_until: None,
+                backlog: VecDeque::new(),
+                timer: None,
+                timer_missed: false,
+                last_beat: Time::ZERO,
+                shells: BTreeMap::new(),
+                prober: BTreeMap::new(),
+                probing: false,
+                exit: None,
+                joining: rank != 0,
+            });
+        }
+        sim
+    }
+
+    fn make_broker(&self, rank: u32) -> Broker {
+        new_broker(rank, self.cfg.brokers, self.cfg.topo, self.cfg.cores, self.membership, self.now)
+    }
+
+    /// The current virtual time.
+    pub fn now(&self) -> Time {
+        self.now
+    }
+
+    fn at(&mut self, t: Time, ev: Ev) {
+        self.seq += 1;
+        self.queue.push(Reverse(Scheduled { at: t.max(self.now), seq: self.seq, ev }));
+    }
+
+    fn after(&mut self, d: Duration, ev: Ev) {
+        let t = self.now + d;
+        self.at(t, ev);
+    }
+
+    /// Start every broker: rank 0 at once with the client connected, the others connecting to their parent
+    /// within the first 10 ms (seeded jitter).
+    pub fn boot(&mut self) {
+        self.at(Time::ZERO, Ev::Input(0, Input::LocalNew { id: CLIENT, uid: UID }));
+        self.at(Time::ZERO, Ev::Input(0, Input::Start));
+        for r in 1..self.cfg.brokers {
+            let jitter = Duration::from_micros(self.rng.below(10_000));
+            self.at(Time::ZERO + jitter, Ev::Connect(r));
+        }
+    }
+
+    /// Run events until virtual time `end` (or the queue is empty).
+    pub fn run_until(&mut self, end: Time) {
+        while let Some(Reverse(s)) = self.queue.peek() {
+            if s.at > end {
+                break;
+            }
+            let Reverse(s) = self.queue.pop().expect("peeked");
+            self.now = s.at;
+            self.dispatch(s.ev);
+        }
+        self.now = self.now.max(end);
+    }
+
+    fn dispatch(&mut self, ev: Ev) {
+        match ev {
+            Ev::Input(n, i) => self.deliver(n, i),
+            Ev::Timer(n, t) => {
+                let node = &mut self.nodes[n as usize];
+                if node.timer != Some(t) || node.broker.is_none() {
+                    return;
+                }
+                node.timer = None;
+                if node.stopped_until.is_some() {
+                    node.timer_missed = true;
+                    return;
+                }
+                self.handle(n, Input::Timer);
+            }
+            Ev::Connect(n) => self.connect(n),
+            Ev::ProbeRound(n) => self.probe_round(n),
+            Ev::ShellEnd(n, id, status) => {
+                if self.nodes[n as usize].shells.remove(&id).is_some() {
+                    let report = ShellReport { status, tasks: vec![], error: None, abort_code: None };
+                    self.deliver(n, Input::ShellDone { id, report: Some(report), status: 0 });
+                }
+            }
+            Ev::Resume(n) => self.resume(n),
+            Ev::Fault(f) => self.inject(f),
+            Ev::Client(m) => {
+                self.pending.insert(m.matchtag, (m.topic.clone(), m.nodeid, self.now));
+                self.deliver(0, Input::Message(Peer::Local(CLIENT), 0, m));
+            }
+            Ev::Check(k) => self.check(k),
+        }
+    }
+
+    /// A child starts connecting: its hello reaches the parent after the link's latency.
+    fn connect(&mut self, n: u32) {
+        let Some(p) = self.cfg.topo.parent(self.cfg.brokers, n) else { return };
+        if self.nodes[n as usize].broker.is_none() {
+            return;
+        }
+        let conn = self.next_conn;
+        self.next_conn += 1;
+        self.links.insert(n, LinkState { conn, at_parent: false, at_child: true });
+        let hello = Message::control(
+            "hello",
+            &serde_json::json!({"rank": n, "instance": "sim", "version": crate::message::WIRE_VERSION,
+                "hostname": format!("node{n}")}),
+        );
+        let lat = self.cfg.latency;
+        self.after(lat, Ev::Input(p, Input::Hello { conn, msg: hello, addr: format!("node{n}"), refusal: None }));
+    }
+
+    /// Hand node `n`'s broker an input now, or queue it while the broker is stopped.
+    fn deliver(&mut self, n: u32, i: Input) {
+        let node = &mut self.nodes[n as usize];
+        if node.broker.is_none() {
+            return;
+        }
+        if node.stopped_until.is_some() {
+            node.backlog.push_back(i);
+            return;
+        }
+        if node.joining {
+            match i {
+                Input::ParentUp(_) => {}
+                Input::Start => {
+                    node.joining = false;
+                    self.handle(n, i);
+                    let backlog = std::mem::take(&mut self.nodes[n as usize].backlog);
+                    for i in backlog {
+                        self.deliver(n, i);
+                    }
+                    return;
+                }
+                _ => {
+                    node.backlog.push_back(i);
+                    return;
+                }
+            }
+        }
+        self.handle(n, i);
+    }
+
+    /// Handle one input and everything it leads to at once (as the tokio driver does), then re-arm the timer.
+    fn handle(&mut self, n: u32, first: Input) {
+        let mut queue = VecDeque::from([first]);
+        while let Some(i) = queue.pop_front() {
+            let now = self.now;
+            let Some(b) = self.nodes[n as usize].broker.as_mut() else { return };
+            self.events += 1;
+            self.trace = fnv(fnv(fnv(self.trace, now.as_nanos()), u64::from(n)), kind(&i));
+            b.handle(now, i);
+            while let Some(e) = self.nodes[n as usize].broker.as_mut().and_then(|b| b.poll_effect()) {
+                self.execute(n, e, &mut queue);
+            }
+        }
+        let Some(b) = self.nodes[n as usize].broker.as_ref() else { return };
+        if b.finished() {
+            let code = b.exit_code();
+            return self.process_gone(n, code);
+        }
+        let d = b.next_deadline();
+        let node = &mut self.nodes[n as usize];
+        if d != node.timer {
+            node.timer = d;
+            if let Some(t) = d {
+                // A deadline already due fires after this input, never in a loop at the same instant.
+                let t = if t <= self.now { self.now + Duration::from_micros(1) } else { t };
+                self.nodes[n as usize].timer = Some(t);
+                self.at(t, Ev::Timer(n, t));
+            }
+        }
+    }
+
+    /// Whether data sent from rank `a` reaches rank `b`'s kernel now (`a` and `b` neighbours in the tree).
+    fn reachable(&self, a: u32, b: u32) -> bool {
+        let child = if self.cfg.topo.parent(self.cfg.brokers, a) == Some(b) { a } else { b };
+        self.nodes[b as usize].kernel && self.nodes[a as usize].kernel && !self.cut.contains_key(&child)
+    }
+
+    /// Since when the link of `child` has carried nothing (its far end dead or the link cut).
+    fn silent_since(&self, child: u32, far: u32) -> Option<Time> {
+        let mut t = self.cut.get(&child).copied();
+        if let Some(d) = self.nodes[far as usize].died_at {
+            t = Some(t.map_or(d, |x| x.min(d)));
+        }
+        t
+    }
+
+    fn execute(&mut self, n: u32, e: Effect, queue: &mut VecDeque<Input>) {
+        let (topo, size, lat) = (self.cfg.topo, self.cfg.brokers, self.cfg.latency);
+        match e {
+            Effect::Send(Peer::Local(id), m) => {
+                if n == 0 && id == CLIENT {
+                    self.client_got(m);
+                }
+            }
+            Effect::Send(peer, m) => {
+                let (to, child, seen_as) = match peer {
+                    Peer::Parent => match topo.parent(size, n) {
+                        Some(p) => (p, n, Peer::Child(n)),
+                        None => return,
+                    },
+                    Peer::Child(r) => (r, r, Peer::Parent),
+                    Peer::Local(_) => unreachable!("handled above"),
+                };
+                let Some(link) = self.links.get(&child).copied() else {
+                    if m.msgtype == MsgType::Request {
+                        queue.push_back(Input::Bounced(peer, m));
+                    }
+                    return;
+                };
+                let open_here = if peer == Peer::Parent { link.at_child } else { link.at_parent };
+                if !open_here {
+                    if m.msgtype == MsgType::Request {
+                        queue.push_back(Input::Bounced(peer, m));
+                    }
+                    return;
+                }
+                if !self.reachable(n, to) {
+                    return; // lost on the wire; the sender's liveness rules notice
+                }
+                let open_there = if peer == Peer::Parent { link.at_parent } else { link.at_child };
+                let conn = if seen_as == Peer::Parent { 0 } else { link.conn };
+                if !open_there || self.nodes[to as usize].broker.is_none() {
+                    // The far kernel has no socket for it: a reset comes back, and this end closes.
+                    let mine = if peer == Peer::Parent { 0 } else { link.conn };
+                    if let Some(l) = self.links.get_mut(&child) {
+                        if peer == Peer::Parent {
+                            l.at_child = false;
+                        } else {
+                            l.at_parent = false;
+                        }
+                        if !l.at_child && !l.at_parent {
+                            self.links.remove(&child);
+                        }
+                    }
+                    let rtt = lat * 2;
+                    self.after(rtt, Ev::Input(n, Input::Closed(peer, mine, "connection reset by peer".into())));
+                    return;
+                }
+                self.after(lat, Ev::Input(to, Input::Message(seen_as, conn, m)));
+            }
+            Effect::AcceptChild { conn, rank } => {
+                match self.links.get_mut(&rank) {
+                    Some(l) if l.conn == conn => l.at_parent = true,
+                    _ => return,
+                }
+                let choice = crate::broker::rdma_link::LinkChoice { transport: "tcp", detail: "simulated".into() };
+                self.after(lat, Ev::Input(rank, Input::ParentUp(choice)));
+                self.after(lat, Ev::Input(rank, Input::Start));
+                self.nodes[n as usize].prober.insert(rank, ProbeTarget::default());
+                if !self.nodes[n as usize].probing {
+                    self.nodes[n as usize].probing = true;
+                    let p = Duration::from_secs_f64(self.membership.probe_period);
+                    self.after(p, Ev::ProbeRound(n));
+                }
+            }
+            Effect::RefuseChild { conn, why } => {
+                if let Some((&child, _)) = self.links.iter().find(|(_, l)| l.conn == conn) {
+                    self.links.remove(&child);
+                    self.violations.push(format!("rank {child} was refused by its parent: {why}"));
+                    self.process_gone(child, 1);
+                }
+            }
+            Effect::DropLink(Peer::Parent, _) => self.close_end(n, n, "EOF"),
+            Effect::DropLink(Peer::Child(r), conn) => {
+                if self.links.get(&r).is_some_and(|l| l.conn == conn) {
+                    self.close_end(n, r, "EOF");
+                }
+            }
+            Effect::DropLink(Peer::Local(_), _) => {}
+            Effect::ForgetChild(r) => {
+                self.nodes[n as usize].prober.remove(&r);
+            }
+            Effect::Heartbeat => {
+                self.nodes[n as usize].last_beat = self.now;
+                let mut peers: Vec<(u32, u32, u32)> = Vec::new(); // (membership key, child rank, far rank)
+                if let Some(p) = topo.parent(size, n) {
+                    if self.links.get(&n).is_some_and(|l| l.at_child) {
+                        peers.push((PARENT, n, p));
+                    }
+                }
+                for c in topo.children(size, n) {
+                    if self.links.get(&c).is_some_and(|l| l.at_parent) {
+                        peers.push((c, c, c));
+                    }
+                }
+                for (key, child, far) in peers {
+                    let (unacked, age) = match self.silent_since(child, far) {
+                        Some(t) => (1, self.now.since(t).as_secs_f64()),
+                        None => (0, 0.0),
+                    };
+                    queue.push_back(Input::AckSample(key, unacked, age));
+                }
+            }
+            Effect::SpawnShell { id, input, .. } => {
+                let secs = match input.command.as_slice() {
+                    [s, t, ..] if s == "sleep" => t.parse::<f64>().unwrap_or(0.0),
+                    _ => 0.0,
+                };
+                if input.shell_rank == 0 && !self.spawn_order.contains(&id) {
+                    self.spawn_order.push(id);
+                }
+                self.nodes[n as usize].shells.insert(id, self.now);
+                self.after(Duration::from_secs_f64(secs.max(0.0)), Ev::ShellEnd(n, id, 0));
+                queue.push_back(Input::ShellStarted { id, result: Ok(200_000 + n as i32) });
+            }
+            Effect::SignalShell { id, signal } => {
+                if self.nodes[n as usize].shells.contains_key(&id) && signal != libc::SIGCONT {
+                    self.after(Duration::from_millis(1), Ev::ShellEnd(n, id, signal));
+                }
+            }
+            Effect::KillShells => {
+                let ids: Vec<JobId> = self.nodes[n as usize].shells.keys().copied().collect();
+                for id in ids {
+                    self.after(Duration::from_millis(1), Ev::ShellEnd(n, id, libc::SIGKILL));
+                }
+            }
+            Effect::WatchPid(pid) => {
+                queue.push_back(Input::WatchFailed(pid, crate::message::errno::ENOSYS, "simulated".into()))
+            }
+            Effect::StartInitial(_)
+            | Effect::SignalInitial(_)
+            | Effect::WriteFile(..)
+            | Effect::ReportNested { .. } => {}
+        }
+    }
+
+    /// Node `n` closes its end of the link of `child`; the other end hears of it (EOF) if its kernel can.
+    fn close_end(&mut self, n: u32, child: u32, why: &str) {
+        let Some(l) = self.links.get_mut(&child) else { return };
+        let at_child_end = n == child;
+        if at_child_end {
+            l.at_child = false;
+        } else {
+            l.at_parent = false;
+        }
+        let (conn, other_open) = (l.conn, if at_child_end { l.at_parent } else { l.at_child });
+        if !l.at_child && !l.at_parent {
+            self.links.remove(&child);
+        }
+        let Some(parent) = self.cfg.topo.parent(self.cfg.brokers, child) else { return };
+        let far = if at_child_end { parent } else { child };
+        if other_open && self.reachable(n, far) {
+            let lat = self.cfg.latency;
+            let input = if at_child_end {
+                Input::Closed(Peer::Child(child), conn, why.into())
+            } else {
+                Input::Closed(Peer::Parent, 0, why.into())
+            };
+            self.after(lat, Ev::Input(far, input));
+            // The far socket is closed too once it has read the EOF.
+            if let Some(l) = self.links.get_mut(&child) {
+                if at_child_end {
+                    l.at_parent = false;
+                } else {
+                    l.at_child = false;
+                }
+                if !l.at_child && !l.at_parent {
+                    self.links.remove(&child);
+                }
+            }
+        }
+    }
+
+    /// Node `n`'s broker process ended (exited, crashed, refused): its kernel closes every socket it had.
+    fn process_gone(&mut self, n: u32, code: i32) {
+        let node = &mut self.nodes[n as usize];
+        if node.broker.is_none() {
+            return;
+        }
+        node.broker = None;
+        node.exit = Some(code);
+        node.timer = None;
+        node.backlog.clear();
+        node.stopped_until = None;
+        node.prober.clear();
+        // Its shells die with it (the real driver kills their process groups on the way out).
+        node.shells.clear();
+        let mut mine = self.cfg.topo.children(self.cfg.brokers, n);
+        mine.push(n);
+        mine.retain(|c| self.links.contains_key(c));
+        for c in mine {
+            self.close_end(n, c, "EOF");
+        }
+    }
+
+    /// A parent's prober round: every child node probed, what the real prober forwards handed to the broker.
+    fn probe_round(&mut self, n: u32) {
+        let node = &self.nodes[n as usize];
+        if node.broker.is_none() || node.prober.is_empty() {
+            self.nodes[n as usize].probing = false;
+            return;
+        }
+        let period = Duration::from_secs_f64(self.membership.probe_period);
+        if node.stopped_until.is_some() {
+            // The prober is a task of the stopped process: it runs again on resume.
+            self.after(period, Ev::ProbeRound(n));
+            return;
+        }
+        let stall_note = self.membership.torpid_max / 2.0;
+        let children: Vec<u32> = node.prober.keys().copied().collect();
+        let mut signals = Vec::new();
+        for c in children {
+            let reach = self.reachable(n, c);
+            let child = &self.nodes[c as usize];
+            let (alive, age) = (child.broker.is_some(), self.now.since(child.last_beat).as_secs_f64());
+            let now = self.now;
+            let t = self.nodes[n as usize].prober.get_mut(&c).expect("listed");
+            if reach {
+                let stalled = age >= stall_note;
+                let recovered = t.missed_reported > 0;
+                let refresh = t.forwarded.is_none_or(|f| now.since(f) >= Duration::from_secs(1));
+                let first = !t.answered_once;
+                t.answered_once = true;
+                t.outstanding = 0;
+                t.missed_reported = 0;
+                if first || stalled || t.stalled != stalled || !alive || recovered || refresh {
+                    t.stalled = stalled;
+                    t.forwarded = Some(now);
+                    signals.push((c, Signal::ProbeReply { kernel: true, alive, hb_age: age }));
+                }
+            } else {
+                t.outstanding += 1;
+                if t.answered_once && t.outstanding > t.missed_reported {
+                    t.missed_reported = t.outstanding;
+                    signals.push((c, Signal::ProbeMissed { misses: t.outstanding }));
+                }
+            }
+        }
+        for (c, s) in signals {
+            self.handle(n, Input::Probe(c, s));
+            if self.nodes[n as usize].broker.is_none() {
+                return;
+            }
+        }
+        self.after(period, Ev::ProbeRound(n));
+    }
+
+    fn resume(&mut self, n: u32) {
+        let node = &mut self.nodes[n as usize];
+        if node.stopped_until.take().is_none() || node.broker.is_none() {
+            return;
+        }
+        let backlog = std::mem::take(&mut node.backlog);
+        let missed = std::mem::take(&mut node.timer_missed);
+        for i in backlog {
+            if self.nodes[n as usize].broker.is_none() {
+                return;
+            }
+            self.handle(n, i);
+        }
+        if missed || self.nodes[n as usize].timer.is_none() {
+            self.deliver(n, Input::Timer);
+        }
+    }
+
+    /// Inject a fault now.
+    pub fn inject(&mut self, f: Fault) {
+        self.faults.push((self.now, f));
+        match f {
+            Fault::NodeLoss(n) => {
+                let node = &mut self.nodes[n as usize];
+                if !node.kernel {
+                    return;
+                }
+                node.kernel = false;
+                node.died_at = Some(self.now);
+                node.broker = None;
+                node.shells.clear();
+                node.backlog.clear();
+                node.prober.clear();
+                node.stopped_until = None;
+            }
+            Fault::Crash(n) => self.process_gone(n, 137),
+            Fault::Stall(n, d) => {
+                let node = &mut self.nodes[n as usize];
+                if node.broker.is_none() || node.stopped_until.is_some() {
+                    return;
+                }
+                node.stopped_until = Some(self.now + d);
+                self.after(d, Ev::Resume(n));
+            }
+            Fault::Cut(c) => {
+                self.cut.entry(c).or_insert(self.now);
+            }
+            Fault::Heal(c) => {
+                self.cut.remove(&c);
+            }
+        }
+    }
+
+    /// Schedule a fault at `t`.
+    pub fn fault_at(&mut self, t: Time, f: Fault) {
+        self.at(t, Ev::Fault(f));
+    }
+
+    /// The client sends a request from rank 0 at `t`; its response is kept by matchtag (returned).
+    pub fn request_at(&mut self, t: Time, topic: &str, nodeid: u32, payload: &serde_json::Value) -> u32 {
+        let mut m = Message::request(topic, nodeid, payload);
+        m.matchtag = self.next_tag;
+        self.next_tag += 1;
+        let tag = m.matchtag;
+        self.at(t, Ev::Client(m));
+        tag
+    }
+
+    fn client_got(&mut self, m: Message) {
+        if m.msgtype != MsgType::Response {
+            return;
+        }
+        if self.pending.remove(&m.matchtag).is_some() {
+            self.responses.insert(m.matchtag, (m.errnum, m.json()));
+        }
+    }
+
+    /// Rank `r`'s broker, if its process runs.
+    fn broker(&self, r: u32) -> Option<&Broker> {
+        self.nodes.get(r as usize).and_then(|n| n.broker.as_deref())
+    }
+}
+
+#[cfg(test)]
+mod tests;

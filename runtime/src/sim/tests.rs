@@ -1,0 +1,80 @@
+//! The simulator's own tests, and the sans-IO broker's rules tried across many brokers in virtual time.
+
+use super::*;
+use crate::broker::core::MemberState;
+
+fn kary(k: u32) -> Topology {
+    Topology::Kary(k)
+}
+
+#[test]
+fn every_scenario_holds_its_invariants_on_a_small_instance() {
+    for scenario in [Scenario::Boot, Scenario::Jobs, Scenario::Churn, Scenario::Partition] {
+        let r = run(Config::new(64, kary(4), 7), scenario);
+        assert!(r.ok, "{scenario}: {:#?}", r.violations);
+        assert!(r.events > 1000, "{scenario}: only {} inputs handled", r.events);
+    }
+}
+
+#[test]
+fn the_same_seed_gives_the_same_trace_and_another_seed_another() {
+    let a = run(Config::new(48, kary(3), 42), Scenario::Churn);
+    let b = run(Config::new(48, kary(3), 42), Scenario::Churn);
+    let c = run(Config::new(48, kary(3), 43), Scenario::Churn);
+    assert_eq!((a.trace.as_str(), a.events), (b.trace.as_str(), b.events));
+    assert_ne!(a.trace, c.trace);
+}
+
+#[test]
+fn a_silent_node_loss_is_lost_within_the_probe_rule_and_its_subtree_cut_off() {
+    let mut sim = Sim::new(Config::new(13, kary(3), 1));
+    sim.boot();
+    sim.run_until(Time::from_secs_f64(1.0));
+    // Rank 1 is a router (children 4, 5, 6).
+    sim.fault_at(Time::from_secs_f64(1.0), Fault::NodeLoss(1));
+    sim.run_until(Time::from_secs_f64(3.0));
+    let b0 = sim.broker(0).expect("rank 0 runs");
+    let (state, why, since) = b0.members[&1].clone();
+    assert_eq!(state, MemberState::Lost, "{why}");
+    let ms = (since - WALL_ORIGIN - 1.0) * 1e3;
+    // probe_misses (3) periods of 10 ms, give or take one period and the links' latency.
+    assert!((20.0..=60.0).contains(&ms), "lost after {ms:.1} ms: {why}");
+    for r in [4, 5, 6] {
+        let (state, why, _) = b0.members[&r].clone();
+        assert_eq!(state, MemberState::Lost);
+        assert!(why.starts_with("cut off: rank 1"), "{why}");
+        assert!(sim.broker(r).is_none(), "rank {r} should have exited without its parent");
+    }
+    assert!(sim.broker(2).is_some() && sim.broker(3).is_some());
+}
+
+#[test]
+fn a_stalled_broker_is_torpid_never_lost_and_lively_again() {
+    let mut sim = Sim::new(Config::new(13, kary(3), 1));
+    sim.boot();
+    sim.run_until(Time::from_secs_f64(1.0));
+    sim.fault_at(Time::from_secs_f64(1.0), Fault::Stall(5, Duration::from_secs(10)));
+    sim.run_until(Time::from_secs_f64(6.0));
+    assert_eq!(sim.broker(0).expect("rank 0").members[&5].0, MemberState::Torpid);
+    sim.run_until(Time::from_secs_f64(13.0));
+    let b0 = sim.broker(0).expect("rank 0");
+    assert_eq!(b0.members[&5].0, MemberState::Online, "{:?}", b0.members[&5]);
+    assert!(sim.broker(5).is_some());
+}
+
+#[test]
+fn a_request_in_flight_to_a_node_that_dies_gets_ehostunreach() {
+    let mut sim = Sim::new(Config::new(13, kary(3), 1));
+    sim.boot();
+    sim.run_until(Time::from_secs_f64(1.0));
+    // Rank 4 dies just after the ping left rank 0, before it arrives.
+    let tag = sim.request_at(Time::from_secs_f64(1.0), "broker.ping", 4, &serde_json::json!({}));
+    sim.fault_at(Time::from_secs_f64(1.0) + Duration::from_micros(1), Fault::NodeLoss(4));
+    sim.run_until(Time::from_secs_f64(2.0));
+    let (errnum, body) = sim.responses.get(&tag).cloned().expect("answered");
+    assert_eq!(errnum, crate::message::errno::EHOSTUNREACH, "{body}");
+    // A request to the rank once it is known lost is refused at once.
+    let tag = sim.request_at(Time::from_secs_f64(2.0), "broker.ping", 4, &serde_json::json!({}));
+    sim.run_until(Time::from_secs_f64(2.1));
+    assert_eq!(sim.responses[&tag].0, crate::message::errno::EHOSTUNREACH);
+}
