@@ -4,7 +4,8 @@
 //! answers with a `welcome` control message (`{"rank", "size", "instance", "uid"}`) or a `refused` one
 //! (`{"errstr"}`), e.g. when the connecting uid is not the instance owner's (SO_PEERCRED check).
 
-use crate::message::{errno, read_frame, Message, MsgType, FLAG_NORESPONSE, FLAG_STREAMING};
+use crate::frame::read_frame;
+use crate::message::{errno, Message, MsgType, FLAG_NORESPONSE, FLAG_STREAMING};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::HashMap;

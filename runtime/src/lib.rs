@@ -22,51 +22,20 @@ macro_rules! eprintln {
     }};
 }
 
-/// Implements `FromStr`, `Serialize` and `Deserialize` for a type whose canonical form is a string: parsing with
-/// `$ty::parse` and printing with its `Display` (idsets, hostlists).
-macro_rules! string_form {
-    ($ty:ident, $err:ident) => {
-        impl std::str::FromStr for $ty {
-            type Err = $err;
-            /// Same as the type's `parse`.
-            fn from_str(s: &str) -> Result<Self, Self::Err> {
-                $ty::parse(s)
-            }
-        }
-
-        impl serde::Serialize for $ty {
-            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                serializer.collect_str(self)
-            }
-        }
-
-        impl<'de> serde::Deserialize<'de> for $ty {
-            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-                let s = <String as serde::Deserialize>::deserialize(deserializer)?;
-                $ty::parse(&s).map_err(serde::de::Error::custom)
-            }
-        }
-    };
-}
-
 pub mod broker;
 pub mod cli;
 pub mod client;
-pub mod duration;
-pub mod eventlog;
 pub mod foreground;
-pub mod hostlist;
+pub mod frame;
 pub mod hwloc;
-pub mod idset;
 pub mod jobs;
-pub mod jobspec;
 pub mod keyfile;
 pub mod membership;
-pub mod message;
 pub mod pmi;
-pub mod r;
-pub mod shellproto;
-pub mod topology;
+
+// The pure formats and codecs live in `vigil-proto` (shared with the job shell); re-exported under their old
+// paths, so `crate::idset`, `vigil::message` and the rest name the same modules as before.
+pub use vigil_proto::{duration, eventlog, hostlist, idset, jobspec, message, r, shellproto, topology};
 
 /// Wall-clock time in seconds since the Unix epoch.
 pub fn broker_now() -> f64 {
