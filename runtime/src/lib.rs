@@ -24,9 +24,7 @@ macro_rules! eprintln {
 
 pub mod broker;
 pub mod cli;
-pub mod client;
 pub mod foreground;
-pub mod frame;
 pub mod hwloc;
 pub mod jobs;
 pub mod keyfile;
@@ -36,6 +34,8 @@ pub mod pmi;
 // The pure formats and codecs live in `vigil-proto` (shared with the job shell); re-exported under their old
 // paths, so `crate::idset`, `vigil::message` and the rest name the same modules as before.
 pub use vigil_proto::{duration, eventlog, hostlist, idset, jobspec, message, r, shellproto, topology};
+// The local-connector client and the frame reader/writer live in `vigil-client` (the job shell uses them too).
+pub use vigil_client::{self as client, frame};
 
 /// Wall-clock time in seconds since the Unix epoch.
 pub fn broker_now() -> f64 {

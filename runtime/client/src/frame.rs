@@ -1,12 +1,13 @@
 //! Reading and writing [`Message`] frames on a tokio byte stream: the local connector's Unix socket, and an
-//! overlay link's byte stream (`broker::transport`; on TCP that stream travels inside the link's Noise records).
+//! overlay link's byte stream (`vigil::broker::transport`; on TCP that stream travels inside the link's Noise
+//! records).
 //!
 //! The codec itself is pure and lives in `vigil_proto::message`; this is the only I/O around it. The checks are
 //! made in the decoder's order: the length is bounded and the magic and version are checked before a large
 //! length from an unknown peer is trusted to size a buffer.
 
-use crate::message::{DecodeError, FrameError, Message, HEADER_LEN, MAGIC, MAX_FRAME, WIRE_VERSION};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use vigil_proto::message::{DecodeError, FrameError, Message, HEADER_LEN, MAGIC, MAX_FRAME, WIRE_VERSION};
 
 /// Read one frame from `r`. `Ok(None)` on a clean end of stream before any byte of a frame.
 pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Message>, FrameError> {
