@@ -25,7 +25,6 @@ macro_rules! eprintln {
 pub mod broker;
 pub mod cli;
 pub mod foreground;
-pub mod hwloc;
 pub mod jobs;
 pub mod keyfile;
 pub mod membership;
@@ -36,6 +35,8 @@ pub mod pmi;
 pub use vigil_proto::{duration, eventlog, hostlist, idset, jobspec, message, r, shellproto, topology};
 // The local-connector client and the frame reader/writer live in `vigil-client` (the job shell uses them too).
 pub use vigil_client::{self as client, frame};
+// Node discovery and placement live in `vigil-hwloc` (the job shell uses them too).
+pub use vigil_hwloc as hwloc;
 
 /// Wall-clock time in seconds since the Unix epoch.
 pub fn broker_now() -> f64 {
