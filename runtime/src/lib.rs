@@ -3,14 +3,16 @@
 //! The core library of Vigil, a resource-manager runtime for HPC clusters in the family of Flux and Slurm, and
 //! the home of the `vigil` command (CLI and broker).
 //!
-//! Layout (see `docs/architecture.md`):
-//! - sans-IO core: [`topology`] (TBON math), [`message`] (wire codec), [`jobs`] (job manager, scheduler and
-//!   exec rules as state machines with time passed in);
-//! - formats from the Flux RFCs: [`idset`] (RFC 22), [`hostlist`] (RFC 29), [`duration`] (RFC 23),
-//!   [`eventlog`] (RFC 18), [`r`] (RFC 20), [`jobspec`] (RFC 14/25);
-//! - node discovery and placement with hwloc: [`hwloc`];
-//! - I/O around the core: [`broker`] (overlay transport, local connector, services), [`client`], [`cli`];
-//! - the broker ↔ job shell contract: [`shellproto`].
+//! Layout (see `docs/architecture.md`, "Crates"):
+//! - pure formats and codecs, from the `vigil-proto` crate and re-exported here: [`topology`] (TBON math),
+//!   [`message`] (wire codec), the Flux RFC formats [`idset`] (RFC 22), [`hostlist`] (RFC 29), [`duration`]
+//!   (RFC 23), [`eventlog`] (RFC 18), [`r`] (RFC 20), [`jobspec`] (RFC 14/25), and the broker ↔ job shell
+//!   contract [`shellproto`]; [`pmi`] adds the blocking PMI-1 client to the codec;
+//! - sans-IO core: [`jobs`] (job manager, scheduler and exec rules as state machines with time passed in),
+//!   [`membership`];
+//! - node discovery and placement with hwloc: [`hwloc`] (the `vigil-hwloc` crate);
+//! - I/O around the core: [`broker`] (overlay transport, local connector, services), [`client`] and [`frame`]
+//!   (the `vigil-client` crate), [`cli`].
 
 /// Shadows std's `eprintln!` in this crate: same output, but a failed write (standard error a closed pipe, as with
 /// `vigil start ... 2>&1 | head`, or a log collector gone) is ignored. std's version panics then, and a broker
