@@ -1,5 +1,5 @@
 //! PMI-1 in the broker: the line codec ([`vigil_proto::pmi`], re-exported here) and a blocking [`Client`], what
-//! a broker uses to bootstrap a nested instance under any PMI-1 launcher (`vigil-shell`, or MPICH's hydra).
+//! a broker uses to bootstrap a nested instance under any PMI-1 launcher (`vigil-shell` is one).
 //!
 //! The client does blocking I/O on the launcher's inherited socket, once at startup, so it is here and not in the
 //! pure codec crate.
