@@ -27,7 +27,7 @@ D0=${RDMA_DEV0:-rxe0} D1=${RDMA_DEV1:-rxe1}
 export PATH=$REL:$PATH
 T=$(mktemp -d /tmp/vigil-rdma-bench.XXXXXX)
 N=1000
-# Bytes of an overlay ping as an RDMA link carries it (packed framing, runtime/src/message.rs `packed`): 26 out
+# Bytes of an overlay ping as an RDMA link carries it (packed framing, runtime/proto/src/message.rs `packed`): 26 out
 # and ~64 back (the answer names the rank, host and pid). perftest sends one size both ways, so its row at equal
 # bytes per round trip uses the mean of the two (full frames, tbon.rdma_frame=full: 53 and ~95, mean 74).
 PING_BYTES=${PING_BYTES:-45}

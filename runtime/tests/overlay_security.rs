@@ -87,7 +87,7 @@ impl SecurePeer {
     /// The next message within `t`; None on close, error or timeout.
     fn recv(&mut self, t: Duration) -> Option<Message> {
         let rd = &mut self.rd;
-        self.rt.block_on(async { tokio::time::timeout(t, vigil::message::read_frame(rd)).await.ok()?.ok().flatten() })
+        self.rt.block_on(async { tokio::time::timeout(t, vigil::frame::read_frame(rd)).await.ok()?.ok().flatten() })
     }
 
     /// Whether the broker closes the link within `t` (messages before the close are skipped).
@@ -96,7 +96,7 @@ impl SecurePeer {
         let rd = &mut self.rd;
         self.rt.block_on(async {
             loop {
-                match tokio::time::timeout_at(deadline.into(), vigil::message::read_frame(rd)).await {
+                match tokio::time::timeout_at(deadline.into(), vigil::frame::read_frame(rd)).await {
                     Err(_) => return false,
                     Ok(Ok(Some(_))) => continue,
                     Ok(_) => return true,

@@ -19,12 +19,12 @@ use std::str::FromStr;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::sync::mpsc;
-use vigil::client::Client;
-use vigil::hwloc::{
+use vigil_client::Client;
+use vigil_hwloc::{
     format_cpulist, CpuAffinity, CpuMask, GpuAffinity, NodeTopology, PlacementRequest, TaskPlacement, TopologySource,
 };
-use vigil::message::NODEID_ANY;
-use vigil::shellproto::{status_exited, OutputLine, ShellInput, ShellReport, TOPIC_OUTPUT, TOPIC_TASK_EXIT};
+use vigil_proto::message::NODEID_ANY;
+use vigil_proto::shellproto::{status_exited, OutputLine, ShellInput, ShellReport, TOPIC_OUTPUT, TOPIC_TASK_EXIT};
 
 /// Longest line forwarded as one output entry (bytes); longer lines are split.
 const MAX_LINE: usize = 64 * 1024;
@@ -305,7 +305,7 @@ impl Shell {
             format!("vigil-{}", self.input.id_f58),
             self.input.ntasks,
             self.input.first_task..self.input.first_task + self.input.local_tasks,
-            vigil::pmi::process_mapping(&self.input.taskmap),
+            vigil_proto::pmi::process_mapping(&self.input.taskmap),
         );
         let (pmi_tx, mut pmi_rx) = mpsc::unbounded_channel::<(u32, Option<Vec<u8>>)>();
         let mut pmi_writers: BTreeMap<u32, mpsc::UnboundedSender<String>> = BTreeMap::new();
@@ -313,7 +313,7 @@ impl Shell {
         // Early exit reports from the exit detector (eBPF: at the kernel's exit tracepoint): rank, report.
         let (early_tx, mut early_rx) = mpsc::unbounded_channel::<(u32, serde_json::Value)>();
         let detector_rank: Option<u32> =
-            std::env::var(vigil::shellproto::DETECTOR_RANK_ENV).ok().and_then(|r| r.parse().ok());
+            std::env::var(vigil_proto::shellproto::DETECTOR_RANK_ENV).ok().and_then(|r| r.parse().ok());
         let exit_on_error = self.input.options.get("exit-on-error").is_some_and(|v| match v {
             serde_json::Value::Bool(b) => *b,
             serde_json::Value::String(s) => !matches!(s.as_str(), "0" | "false" | "no" | "off"),
@@ -410,7 +410,11 @@ impl Shell {
                             let tx = early_tx.clone();
                             tokio::spawn(async move {
                                 if let Ok(v) = c
-                                    .rpc(vigil::shellproto::TOPIC_DETECT_WATCH, dr, &serde_json::json!({"pid": pid}))
+                                    .rpc(
+                                        vigil_proto::shellproto::TOPIC_DETECT_WATCH,
+                                        dr,
+                                        &serde_json::json!({"pid": pid}),
+                                    )
                                     .await
                                 {
                                     let _ = tx.send((rank, v));
@@ -548,7 +552,7 @@ impl Shell {
                         if use_pmi && pmi_closed.insert(rank) {
                             outs.extend(pmi_srv.closed(rank));
                         }
-                        if exit_on_error && vigil::shellproto::exit_code(st) != 0 && abort_code.is_none() && !any_fatal(&outs) && exit_failed.insert(rank) {
+                        if exit_on_error && vigil_proto::shellproto::exit_code(st) != 0 && abort_code.is_none() && !any_fatal(&outs) && exit_failed.insert(rank) {
                             let (code, signal) = if st & 0x7f != 0 { (None, Some((st & 0x7f) as i64)) } else { (Some(((st >> 8) & 0xff) as i64), None) };
                             outs.push(pmi::Out::Fatal { note: task_failure_note(rank, code, signal, &serde_json::Value::Null), exit_code: Some(task_code(code, signal)) });
                         }
@@ -595,7 +599,7 @@ impl Shell {
                             abort_code = exit_code;
                         }
                         let _ = self.client.send(
-                            vigil::shellproto::TOPIC_EXCEPTION,
+                            vigil_proto::shellproto::TOPIC_EXCEPTION,
                             0,
                             &serde_json::json!({"id": id, "type": "exec", "severity": 0, "note": note,
                                 "rank": self.input.broker_rank}),
@@ -628,7 +632,7 @@ impl Shell {
         .await;
         let _ = NODEID_ANY;
         tasks.sort_unstable();
-        let status = tasks.iter().map(|t| t.1).max_by_key(|s| vigil::shellproto::exit_code(*s)).unwrap_or(0);
+        let status = tasks.iter().map(|t| t.1).max_by_key(|s| vigil_proto::shellproto::exit_code(*s)).unwrap_or(0);
         if let Some(t) = self.tmpdir.take() {
             let _ = std::fs::remove_dir_all(t);
         }
@@ -696,7 +700,7 @@ fn task_failure_note(rank: u32, code: Option<i64>, signal: Option<i64>, report: 
 /// Placement without hwloc: core id `i` is the `i`-th CPU this shell may run on; tasks get consecutive blocks
 /// of `cores_per_task` of the allocated cores (shared round-robin if there are too few).
 fn cpu_count_placement(input: &ShellInput, cpu: CpuAffinity, gpu: GpuAffinity) -> Vec<TaskPlacement> {
-    let allowed = vigil::hwloc::current_affinity().unwrap_or_default();
+    let allowed = vigil_hwloc::current_affinity().unwrap_or_default();
     let cpu_of = |core: u32| -> u32 {
         if allowed.is_empty() {
             core
@@ -764,7 +768,7 @@ fn pmi_conn(
         loop {
             let mut buf = Vec::new();
             // Read at most one byte more than the limit, so an over-long line is seen as such.
-            match (&mut rd).take(vigil::pmi::MAX_LINE as u64 + 1).read_until(b'\n', &mut buf).await {
+            match (&mut rd).take(vigil_proto::pmi::MAX_LINE as u64 + 1).read_until(b'\n', &mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(_) => {
                     if tx.send((rank, Some(buf))).is_err() {

@@ -6,7 +6,7 @@
 //! the puts made since the previous barrier), or a fatal job exception (abort, early close, protocol error).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use vigil::pmi::{Line, LineError, KEYLEN_MAX, KVSNAME_MAX, VALLEN_MAX};
+use vigil_proto::pmi::{Line, LineError, KEYLEN_MAX, KVSNAME_MAX, VALLEN_MAX};
 
 /// Something the shell must do for the PMI server.
 #[derive(Debug, Clone, PartialEq)]
@@ -336,7 +336,7 @@ mod tests {
             let out = srv().handle(0, format!("cmd={name}\n").as_bytes());
             for o in out {
                 if let Out::Reply(_, l) = o {
-                    prop_assert!(l.encode().len() <= vigil::pmi::MAX_LINE, "{} bytes", l.encode().len());
+                    prop_assert!(l.encode().len() <= vigil_proto::pmi::MAX_LINE, "{} bytes", l.encode().len());
                 }
             }
         }
@@ -357,7 +357,7 @@ mod tests {
                 for o in out {
                     if let Out::Reply(_, l) = o {
                         let text = l.encode();
-                        prop_assert!(text.len() <= vigil::pmi::MAX_LINE, "reply too long: {} bytes", text.len());
+                        prop_assert!(text.len() <= vigil_proto::pmi::MAX_LINE, "reply too long: {} bytes", text.len());
                         prop_assert_eq!(text.find('\n'), Some(text.len() - 1), "one line: {:?}", text);
                         prop_assert_eq!(Line::parse(text.as_bytes()), Ok(l));
                     }

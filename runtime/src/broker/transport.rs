@@ -4,7 +4,8 @@
 //! Reading stops at the first malformed frame: the link reports [`LinkEvent::Closed`] with the decode error as
 //! the reason, and the broker drops that peer only.
 
-use crate::message::{read_frame, Message};
+use crate::frame::read_frame;
+use crate::message::Message;
 use std::future::Future;
 use std::pin::Pin;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};

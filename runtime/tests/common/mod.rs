@@ -474,7 +474,7 @@ pub fn poke_local_socket(dir: &Path) -> bool {
 
 // ------------------------------------------------------------------------------------------- wire frames
 
-/// Encode one overlay/local frame by hand (layout of runtime/src/message.rs): u32 length of the rest, "VG",
+/// Encode one overlay/local frame by hand (layout of runtime/proto/src/message.rs): u32 length of the rest, "VG",
 /// version, type, flags, route count, u16 topic length, matchtag, nodeid, userid, errnum, seq (u32 each,
 /// big-endian), route entries, topic, payload.
 #[allow(clippy::too_many_arguments)]

@@ -204,20 +204,77 @@ pub fn exit_code(status: i32) -> i32 {
     }
 }
 
-/// Describe a wait status, e.g. "exited with exit code 3" or "killed by signal 9 (Killed)".
+/// Describe a wait status, e.g. "exited with exit code 3" or "killed by SIGKILL".
 pub fn describe_status(status: i32) -> String {
     if status & 0x7f == 0 {
         format!("exited with exit code {}", (status >> 8) & 0xff)
     } else {
         let sig = status & 0x7f;
-        let name = nix::sys::signal::Signal::try_from(sig)
-            .map(|s| s.as_str().to_string())
-            .unwrap_or_else(|_| format!("signal {sig}"));
-        format!("killed by {name}")
+        match signal_name(sig) {
+            Some(name) => format!("killed by {name}"),
+            None => format!("killed by signal {sig}"),
+        }
     }
+}
+
+/// Name of signal `sig` in Linux's numbering (that of x86-64, aarch64, riscv64 and most others; not of alpha,
+/// mips or sparc), e.g. `SIGKILL` for 9; `None` for 0 and real-time signals. A table rather than libc, so that
+/// this crate stays free of system bindings.
+fn signal_name(sig: i32) -> Option<&'static str> {
+    const NAMES: [&str; 31] = [
+        "SIGHUP",
+        "SIGINT",
+        "SIGQUIT",
+        "SIGILL",
+        "SIGTRAP",
+        "SIGABRT",
+        "SIGBUS",
+        "SIGFPE",
+        "SIGKILL",
+        "SIGUSR1",
+        "SIGSEGV",
+        "SIGUSR2",
+        "SIGPIPE",
+        "SIGALRM",
+        "SIGTERM",
+        "SIGSTKFLT",
+        "SIGCHLD",
+        "SIGCONT",
+        "SIGSTOP",
+        "SIGTSTP",
+        "SIGTTIN",
+        "SIGTTOU",
+        "SIGURG",
+        "SIGXCPU",
+        "SIGXFSZ",
+        "SIGVTALRM",
+        "SIGPROF",
+        "SIGWINCH",
+        "SIGIO",
+        "SIGPWR",
+        "SIGSYS",
+    ];
+    NAMES.get(usize::try_from(sig).ok()?.checked_sub(1)?).copied()
 }
 
 /// Encode an exit code as a wait status (`code << 8`).
 pub fn status_exited(code: i32) -> i32 {
     (code & 0xff) << 8
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_are_described_as_a_shell_shows_them() {
+        assert_eq!(describe_status(status_exited(3)), "exited with exit code 3");
+        assert_eq!(describe_status(9), "killed by SIGKILL");
+        assert_eq!(describe_status(15), "killed by SIGTERM");
+        assert_eq!(describe_status(1), "killed by SIGHUP");
+        assert_eq!(describe_status(31), "killed by SIGSYS");
+        assert_eq!(describe_status(34), "killed by signal 34");
+        assert_eq!(exit_code(9), 137);
+        assert_eq!(exit_code(status_exited(3)), 3);
+    }
 }

@@ -3,7 +3,7 @@
 use hwlocality::object::types::ObjectType;
 use hwlocality::topology::export::xml::XMLExportFlags;
 use std::collections::BTreeSet;
-use vigil::hwloc::*;
+use vigil_hwloc::*;
 
 const ELCAP: &str = "pack:4 numa:1 core:24 pu:2";
 const SMALL: &str = "pack:2 numa:2 core:4 pu:1";

@@ -1,10 +1,17 @@
-//! Client side of the local connector: RPCs, response streams and events over a broker's Unix socket.
+//! # Vigil local-connector client
+//!
+//! Client side of the local connector: RPCs, response streams and events over a broker's Unix socket (tokio).
+//! This is all a program needs to talk to an instance (the `vigil` commands, the job shell), without linking the
+//! broker; [`frame`] reads and writes the messages of `vigil_proto::message` on a stream, here and on the
+//! broker's overlay links.
 //!
 //! A `VIGIL_URI` has the form `local:///path/to/local-N` (a bare path is accepted too). On connect the broker
 //! answers with a `welcome` control message (`{"rank", "size", "instance", "uid"}`) or a `refused` one
 //! (`{"errstr"}`), e.g. when the connecting uid is not the instance owner's (SO_PEERCRED check).
 
-use crate::message::{errno, read_frame, Message, MsgType, FLAG_NORESPONSE, FLAG_STREAMING};
+pub mod frame;
+
+use crate::frame::read_frame;
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -13,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
+use vigil_proto::message::{errno, Message, MsgType, FLAG_NORESPONSE, FLAG_STREAMING};
 
 /// Environment variable naming the URI of the broker a command talks to.
 pub const URI_ENV: &str = "VIGIL_URI";
@@ -209,7 +217,8 @@ impl Client {
         }
     }
 
-    /// Send a request and wait for its single response. `nodeid` is a rank or [`crate::message::NODEID_ANY`].
+    /// Send a request and wait for its single response. `nodeid` is a rank or
+    /// [`NODEID_ANY`](vigil_proto::message::NODEID_ANY).
     pub async fn rpc(&self, topic: &str, nodeid: u32, payload: &impl Serialize) -> Result<Value, RpcError> {
         let (tag, mut rx) = self.send_request(topic, nodeid, payload, 0)?;
         let r = rx.recv().await;
@@ -234,7 +243,9 @@ impl Client {
 
     /// Subscribe to events whose topic starts with `prefix`.
     pub async fn subscribe(&self, prefix: &str) -> Result<(), RpcError> {
-        self.rpc("broker.sub", crate::message::NODEID_ANY, &serde_json::json!({"topic": prefix})).await.map(|_| ())
+        self.rpc("broker.sub", vigil_proto::message::NODEID_ANY, &serde_json::json!({"topic": prefix}))
+            .await
+            .map(|_| ())
     }
 
     /// Wait for the next event this client subscribed to; `None` when the connection closed.

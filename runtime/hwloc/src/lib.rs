@@ -1,6 +1,9 @@
-//! Node hardware topology (hwloc): discovery, placement and binding.
+//! # Vigil node topology
 //!
-//! This module wraps [`hwlocality`] (Rust bindings to hwloc 2.x) to
+//! Node hardware topology (hwloc): discovery, placement and binding, shared by the broker (which reports its
+//! node's resources) and the job shell (which places and binds tasks).
+//!
+//! This crate wraps [`hwlocality`] (Rust bindings to hwloc 2.x) to
 //!
 //! * load a node's topology from the live machine, an hwloc synthetic
 //!   description, or an hwloc XML file ([`NodeTopology::load`]);

@@ -1,7 +1,7 @@
 //! Tests against the live machine: loading, binding round trips.
 
 use std::collections::BTreeSet;
-use vigil::hwloc::*;
+use vigil_hwloc::*;
 
 #[test]
 fn live_topology_loads() {

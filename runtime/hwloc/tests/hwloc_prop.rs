@@ -2,7 +2,7 @@
 
 use proptest::prelude::*;
 use std::collections::BTreeSet;
-use vigil::hwloc::*;
+use vigil_hwloc::*;
 
 const SMALL: &str = "pack:2 numa:2 core:4 pu:1"; // 16 cores, 4 NUMA (core/4)
 const ELCAP: &str = "pack:4 numa:1 core:24 pu:2"; // 96 cores, core k -> PUs 2k,2k+1
