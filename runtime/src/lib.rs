@@ -9,6 +9,8 @@
 //! - formats from the Flux RFCs: [`idset`] (RFC 22), [`hostlist`] (RFC 29), [`duration`] (RFC 23),
 //!   [`eventlog`] (RFC 18), [`r`] (RFC 20), [`jobspec`] (RFC 14/25);
 //! - node discovery and placement with hwloc: [`hwloc`];
+//! - broker attributes (`-S tbon.topo=kary:2`, `vigil lsattr`): every one in [`attrs`], parsed once into a typed
+//!   [`attrs::BrokerConfig`];
 //! - I/O around the core: [`broker`] (overlay transport, local connector, services), [`client`], [`cli`];
 //! - the broker ↔ job shell contract: [`shellproto`].
 
@@ -49,6 +51,7 @@ macro_rules! string_form {
     };
 }
 
+pub mod attrs;
 pub mod broker;
 pub mod cli;
 pub mod client;
