@@ -48,8 +48,8 @@ pub struct BrokerOptions {
     pub listen: ListenSpec,
     /// Directory for sockets and logs.
     pub rundir: PathBuf,
-    /// Attributes set with `-S` (reported by getattr).
-    pub attrs: BTreeMap<String, String>,
+    /// The broker attributes, parsed and checked (`-S`, the TOML `[tbon]` table, a nested instance's bootstrap).
+    pub config: crate::attrs::BrokerConfig,
     /// Initial program (rank 0 only); `None` = run none and stay up until signalled.
     pub initial_program: Option<Vec<String>>,
     /// Where this node's topology comes from.
@@ -239,31 +239,6 @@ pub(crate) use crate::broker_now as now;
 /// Membership key for the parent link.
 const PARENT: u32 = u32::MAX;
 
-/// Membership thresholds from `tbon.heartbeat_period`, `tbon.torpid_max`, `tbon.lost_timeout`, `tbon.probe_period`
-/// (FSD durations) and `tbon.probe_misses` (a count).
-pub(crate) fn membership_config(attrs: &BTreeMap<String, String>) -> crate::membership::Config {
-    let mut c = crate::membership::Config::default();
-    let get = |k: &str| {
-        attrs.get(k).and_then(|v| crate::duration::parse_duration_secs(v).ok()).filter(|v| v.is_finite() && *v > 0.0)
-    };
-    if let Some(v) = get("tbon.heartbeat_period") {
-        c.heartbeat_period = v;
-    }
-    if let Some(v) = get("tbon.torpid_max") {
-        c.torpid_max = v;
-    }
-    if let Some(v) = get("tbon.lost_timeout") {
-        c.lost_timeout = v;
-    }
-    if let Some(v) = get("tbon.probe_period") {
-        c.probe_period = v;
-    }
-    if let Some(v) = attrs.get("tbon.probe_misses").and_then(|v| v.parse::<u32>().ok()).filter(|v| *v > 0) {
-        c.probe_misses = v;
-    }
-    c
-}
-
 /// How long a broker waits for its children to leave during shutdown.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
@@ -356,7 +331,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
     });
     let tx2 = input_tx.clone();
     let auth = std::sync::Arc::new(secure::LinkAuth::new(opts.key.clone(), &opts.instance));
-    let rdma = std::sync::Arc::new(rdma_link::settings(&opts.attrs)?);
+    let rdma = std::sync::Arc::new(rdma_link::Settings::new(&opts.config));
     let refusals = std::sync::Arc::new(std::sync::Mutex::new(secure::RefusalLog::default()));
     tokio::spawn(accept_children(listener, tx2, auth.clone(), rdma.clone(), refusals.clone()));
 
@@ -415,7 +390,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         local_uri,
         initial_pgid: None,
         pmi_barriers: HashMap::new(),
-        membership: Membership::new(membership_config(&opts.attrs)),
+        membership: Membership::new(opts.config.membership),
         parent_sock: None,
         next_heartbeat: Instant::now(),
         goodbye: std::collections::HashSet::new(),
@@ -434,8 +409,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
             Some(std::net::IpAddr::V4(ip)) => Some(ip),
             _ => None,
         };
-        let owner =
-            core.opts.attrs.get("broker.detector-rank").and_then(|r| r.parse::<u32>().ok()).is_none_or(|r| r == rank);
+        let owner = core.opts.config.detector_rank.is_none_or(|r| r == rank);
         match ip {
             Some(ip) => {
                 let (dtx, mut drx) = mpsc::unbounded_channel();
@@ -449,8 +423,15 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
                 });
                 let mc = *core.membership.config();
                 let ranks = (rank, core.opts.topo.parent(core.opts.size, rank));
-                match super::detect::Detectors::start(&core.opts.attrs, &core.opts.instance, ip, owner, ranks, &mc, dtx)
-                {
+                match super::detect::Detectors::start(
+                    &core.opts.config,
+                    &core.opts.instance,
+                    ip,
+                    owner,
+                    ranks,
+                    &mc,
+                    dtx,
+                ) {
                     Ok(d) => core.detect = Some(d),
                     Err(e) => warn!("failure detectors unavailable ({e}); membership relies on TCP alone"),
                 }
@@ -459,11 +440,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         }
     }
     if let Some(jc) = core.jobcore.as_mut() {
-        if let Some(k) =
-            core.opts.attrs.get("exec.kill-timeout").and_then(|v| crate::duration::parse_duration_secs(v).ok())
-        {
-            jc.kill_timeout = k;
-        }
+        jc.kill_timeout = core.opts.config.kill_timeout;
     }
 
     // Connect to the parent.
@@ -562,7 +539,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
 }
 
 fn core_opts_discovery(opts: &BrokerOptions) -> bool {
-    opts.attrs.get("resource.discovery").is_some_and(|v| v == "cpu-count")
+    opts.config.discovery == crate::attrs::Discovery::CpuCount
 }
 
 /// Forward a link's events into the core as inputs tagged with the peer.
@@ -1526,7 +1503,7 @@ impl Core {
         // Tells `vigil start` the instance is up: from now on a broker's death is the instance's business
         // (a lost rank), not a failed start.
         let _ = std::fs::write(self.opts.rundir.join("up"), format!("{}\n", self.opts.size));
-        if let (Some(puri), Some(jobid)) = (self.opts.parent_uri.clone(), self.opts.attrs.get("jobid").cloned()) {
+        if let (Some(puri), Some(jobid)) = (self.opts.parent_uri.clone(), self.opts.config.jobid.clone()) {
             // A nested instance tells its parent's exec system where it lives and which ranks are critical.
             let report = json!({"id": jobid, "uri": self.local_uri, "size": self.opts.size,
                 "critical_ranks": IdSet::from_iter(self.opts.topo.critical_ranks(self.opts.size)).to_string()});

@@ -19,5 +19,4 @@ pub mod secure;
 mod services;
 pub mod transport;
 
-pub(crate) use self::core::membership_config;
 pub use self::core::{run, BrokerOptions, ListenSpec};
