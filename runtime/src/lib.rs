@@ -10,6 +10,10 @@
 //!   contract [`shellproto`]; [`pmi`] adds the blocking PMI-1 client to the codec;
 //! - sans-IO core: [`jobs`] (job manager, scheduler and exec rules as state machines with time passed in),
 //!   [`membership`];
+//! - the sans-IO broker: [`broker`]'s `core.rs`, `routing.rs`, `liveness.rs` and `services.rs` (inputs and time
+//!   in, effects out), driven by its tokio driver `driver.rs`; [`sim`] runs N of them on virtual time;
+//! - broker attributes (`-S tbon.topo=kary:2`, `vigil lsattr`): every one in [`attrs`], parsed once into a typed
+//!   [`attrs::BrokerConfig`];
 //! - node discovery and placement with hwloc: [`hwloc`] (the `vigil-hwloc` crate);
 //! - I/O around the core: [`broker`] (overlay transport, local connector, services), [`client`] and [`frame`]
 //!   (the `vigil-client` crate), [`cli`].
@@ -24,6 +28,7 @@ macro_rules! eprintln {
     }};
 }
 
+pub mod attrs;
 pub mod broker;
 pub mod cli;
 pub mod foreground;

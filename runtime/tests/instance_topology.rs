@@ -183,6 +183,85 @@ fn size16_fanout3_shorthand() {
 }
 
 #[test]
+fn lsattr_and_getattr_list_the_attribute_table_with_values_in_effect() {
+    let inst = Instance::start(2, &["tbon.torpid_max=1s", "tbon.probe_misses=5"]);
+    let names: Vec<&str> = {
+        let mut v: Vec<&str> = vigil::attrs::ATTRS.iter().map(|a| a.name).collect();
+        v.sort();
+        v
+    };
+    let o = inst.vigil(&["lsattr"]);
+    o.ok();
+    assert_eq!(o.lines(), names, "{}", o.dump());
+    let o = inst.vigil(&["lsattr", "-v"]);
+    o.ok();
+    let values: BTreeMap<&str, &str> =
+        o.lines().iter().map(|l| l.split_once(' ').map(|(k, v)| (k, v.trim())).unwrap_or((l, ""))).collect();
+    // Rank 0 has no parent; every other attribute the broker sets has a value.
+    for a in vigil::attrs::ATTRS.iter().filter(|a| !a.access.settable() && a.name != "tbon.parent-endpoint") {
+        assert!(!matches!(values.get(a.name), None | Some(&"-") | Some(&"")), "{}: {}", a.name, o.dump());
+    }
+    for (attr, want) in [
+        ("tbon.torpid_max", "1s"),
+        ("tbon.probe_misses", "5"),
+        ("tbon.heartbeat_period", "50ms"),
+        ("tbon.parent-endpoint", "-"),
+        ("exec.shell", "-"),
+        ("size", "2"),
+        ("rank", "0"),
+    ] {
+        assert_eq!(values.get(attr).copied(), Some(want), "{attr}: {}", o.dump());
+    }
+    let g = inst.vigil(&["getattr", "-r", "1", "tbon.parent-endpoint"]);
+    g.ok();
+    assert!(g.stdout.trim().starts_with("tcp://127.0.0.1:"), "{}", g.dump());
+    let g = inst.vigil(&["getattr", "exec.shell"]);
+    assert_eq!(g.code, 1, "{}", g.dump());
+    assert!(g.stderr.contains("exec.shell") && g.stderr.contains("is not set"), "{}", g.dump());
+    let g = inst.vigil(&["getattr", "no.such.attr"]);
+    assert_eq!(g.code, 1, "{}", g.dump());
+    assert!(g.stderr.contains("no such attribute 'no.such.attr'"), "{}", g.dump());
+    // The documentation needs no instance.
+    let dir = tempdir();
+    let o = run(
+        {
+            let mut c = vigil_cmd(dir.path());
+            c.args(["lsattr", "--doc"]);
+            c
+        },
+        Duration::from_secs(10),
+        None,
+    );
+    o.ok();
+    for a in vigil::attrs::ATTRS {
+        assert!(o.stdout.lines().any(|l| l.starts_with(&format!("{} ", a.name))), "{}: {}", a.name, o.dump());
+        assert!(o.stdout.contains(a.doc), "{}: {}", a.name, o.dump());
+    }
+}
+
+#[test]
+fn bad_attributes_are_refused_before_any_broker_starts() {
+    for (attr, words) in [
+        ("rank=3", &["attribute 'rank' is read-only"][..]),
+        ("tbon.fanut=2", &["unknown attribute 'tbon.fanut'", "tbon.fanout"][..]),
+        ("tbon.heartbeat_period=1s", &["tbon.heartbeat_period (1000 ms) must be shorter than tbon.torpid_max"][..]),
+        ("tbon.transport=ib", &["invalid tbon.transport 'ib': expected auto, rdma or tcp"][..]),
+    ] {
+        let (o, _d) = start_and_run(2, &[attr], &["true"], Duration::from_secs(20));
+        assert_eq!(o.code, 1, "{attr}: {}", o.dump());
+        let err = o.stderr.trim();
+        assert!(
+            err.lines().count() == 1 && err.starts_with("vigil: "),
+            "{attr}: one error line expected: {}",
+            o.dump()
+        );
+        for w in words {
+            assert!(err.contains(w), "{attr}: should say {w:?}: {}", o.dump());
+        }
+    }
+}
+
+#[test]
 fn initial_program_exit_code_is_propagated() {
     let (o, _d) = start_and_run(2, &[], &["sh", "-c", "exit 7"], Duration::from_secs(20));
     o.code_is(7);

@@ -115,10 +115,6 @@ pub(crate) struct Environment {
     pub resources: NodeResources,
     /// Where the shells find this node's topology (`live`, `live-xml:PATH`, `synthetic:...`, `cpu-count`).
     pub topology: String,
-    /// The link membership thresholds (`tbon.*` attributes).
-    pub membership: crate::membership::Config,
-    /// `exec.kill-timeout`, seconds, when set.
-    pub kill_timeout: Option<f64>,
 }
 
 /// One input to the broker, handed in with the time it happened ([`Broker::handle`]).
@@ -306,13 +302,11 @@ impl Broker {
     pub(crate) fn new(opts: super::BrokerOptions, env: Environment, now: Time) -> Broker {
         let jobcore = (opts.rank == 0).then(|| {
             let mut jc = JobCore::new(env.wall_origin + now.as_secs_f64());
-            if let Some(k) = env.kill_timeout {
-                jc.kill_timeout = k;
-            }
+            jc.kill_timeout = opts.config.kill_timeout;
             jc
         });
         Broker {
-            membership: Membership::new(env.membership),
+            membership: Membership::new(opts.config.membership),
             opts,
             env,
             now,
@@ -585,7 +579,7 @@ impl Broker {
         // Tells `vigil start` the instance is up: from now on a broker's death is the instance's business
         // (a lost rank), not a failed start.
         self.effect(Effect::WriteFile(self.opts.rundir.join("up"), format!("{}\n", self.opts.size)));
-        if let (Some(uri), Some(jobid)) = (self.opts.parent_uri.clone(), self.opts.attrs.get("jobid").cloned()) {
+        if let (Some(uri), Some(jobid)) = (self.opts.parent_uri.clone(), self.opts.config.jobid.clone()) {
             // A nested instance tells its parent's exec system where it lives and which ranks are critical.
             let report = json!({"id": jobid, "uri": self.env.local_uri, "size": self.opts.size,
                 "critical_ranks": IdSet::from_iter(self.opts.topo.critical_ranks(self.opts.size)).to_string()});

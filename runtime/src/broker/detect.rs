@@ -15,6 +15,7 @@
 //! machine in a test instance (`broker.detector-rank`: the other brokers use that rank's detectors). Every
 //! fallback is logged once and shown by `vigil uptime` / `vigil overlay status` ([`DetectorStatus`]).
 
+use crate::attrs::{BrokerConfig, DetectorChoice, XdpMode};
 use crate::membership::Signal;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -82,74 +83,23 @@ impl ProberStats {
     }
 }
 
-/// How the detectors are chosen (`broker.detectors`).
-fn mode(attrs: &std::collections::BTreeMap<String, String>) -> DetectorMode {
-    match attrs.get("broker.detectors").map(String::as_str) {
-        Some("userspace") => DetectorMode::ForceUserspace,
-        Some("ebpf") => DetectorMode::RequireEbpf,
-        _ => DetectorMode::from_env(),
+/// How the detectors are chosen (`broker.detectors`; with `auto`, `$VIGIL_EXIT_DETECTOR` may still force one).
+fn mode(c: &BrokerConfig) -> DetectorMode {
+    match c.detectors {
+        DetectorChoice::Userspace => DetectorMode::ForceUserspace,
+        DetectorChoice::Ebpf => DetectorMode::RequireEbpf,
+        DetectorChoice::Auto => DetectorMode::from_env(),
     }
 }
 
 /// `broker.xdp_mode=auto|native|generic`: how the XDP responder is attached (default `auto`: native on an
-/// interface with a device behind it, generic on `lo` and veth). Errors name the attribute and what it expects.
-pub(crate) fn xdp_attach(attrs: &std::collections::BTreeMap<String, String>) -> Result<XdpAttach, String> {
-    match attrs.get("broker.xdp_mode") {
-        None => Ok(XdpAttach::Auto),
-        Some(v) => v.parse().map_err(|e| format!("invalid broker.xdp_mode {e}")),
+/// interface with a device behind it, generic on `lo` and veth).
+fn xdp_attach(c: &BrokerConfig) -> XdpAttach {
+    match c.xdp_mode {
+        XdpMode::Auto => XdpAttach::Auto,
+        XdpMode::Native => XdpAttach::Native,
+        XdpMode::Generic => XdpAttach::Generic,
     }
-}
-
-/// UDP port of group probes in `tbon.probe_group=auto`.
-pub(crate) const PROBE_GROUP_PORT: u16 = 22087;
-
-/// `tbon.probe_group`: where a parent sends its one-per-period group probe.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ProbeGroup {
-    /// Every child probed by unicast.
-    Off,
-    /// Each parent its own IPv4 multicast group, `239.255.R1.R0:22087` for parent rank `R` (`R1.R0` its low 16
-    /// bits; 239.255.0.0/16 is the IPv4 local scope, RFC 2365), so a multicast-aware switch (IGMP snooping)
-    /// delivers a parent's probes to its children only.
-    Auto,
-    /// One group for every parent (an admin's choice).
-    Fixed(SocketAddrV4),
-}
-
-impl ProbeGroup {
-    /// The group parent `rank` probes its children on.
-    pub(crate) fn for_parent(self, rank: u32) -> Option<SocketAddrV4> {
-        match self {
-            ProbeGroup::Off => None,
-            ProbeGroup::Auto => {
-                Some(SocketAddrV4::new(Ipv4Addr::new(239, 255, (rank >> 8) as u8, rank as u8), PROBE_GROUP_PORT))
-            }
-            ProbeGroup::Fixed(a) => Some(a),
-        }
-    }
-}
-
-/// Parses `tbon.probe_group`: `auto` (default), `off`, or an IPv4 multicast `ADDR:PORT`. Errors name the
-/// attribute and what is expected.
-pub(crate) fn probe_group(attrs: &std::collections::BTreeMap<String, String>) -> Result<ProbeGroup, String> {
-    let v = attrs.get("tbon.probe_group").map(String::as_str).unwrap_or("auto");
-    match v {
-        "auto" => return Ok(ProbeGroup::Auto),
-        "off" => return Ok(ProbeGroup::Off),
-        _ => {}
-    }
-    let bad = || format!("invalid tbon.probe_group '{v}': expected auto, off or an IPv4 multicast ADDR:PORT");
-    let a: SocketAddrV4 = v.parse().map_err(|_| bad())?;
-    if !a.ip().is_multicast() || a.port() == 0 {
-        return Err(bad());
-    }
-    if a.ip().octets()[..3] == [224, 0, 0] {
-        return Err(format!(
-            "invalid tbon.probe_group '{v}': 224.0.0.0/24 is the link-local control block (every host on the \
-             subnet listens); use a group of 239.0.0.0/8"
-        ));
-    }
-    Ok(ProbeGroup::Fixed(a))
 }
 
 /// Sets a prober socket to send group probes out of the interface of `local`, one hop, not looped back.
@@ -304,7 +254,7 @@ impl Detectors {
     /// the background loader. `owner` = this broker loads the machine's detectors (else it uses
     /// `broker.detector-rank`'s through the pinned table).
     pub(crate) fn start(
-        attrs: &std::collections::BTreeMap<String, String>,
+        config: &BrokerConfig,
         instance: &str,
         bind_ip: Ipv4Addr,
         owner: bool,
@@ -315,7 +265,7 @@ impl Detectors {
         let (rank, parent) = ranks;
         let sock = std::net::UdpSocket::bind((bind_ip, 0)).map_err(|e| format!("probe socket on {bind_ip}: {e}"))?;
         let probe_port = sock.local_addr().map_err(|e| e.to_string())?.port();
-        let groups = probe_group(attrs)?;
+        let groups = config.probe_group;
         let group = groups.for_parent(rank).filter(|_| !bind_ip.is_loopback());
         if let Some(g) = parent.and_then(|p| groups.for_parent(p)).filter(|_| !bind_ip.is_loopback()) {
             // The kernel answers group probes before any socket sees them; joining only tells multicast-aware
@@ -327,8 +277,8 @@ impl Detectors {
         let clock = Arc::new(HeartbeatClock::default());
         clock.beat();
         let user = UserspaceResponder::spawn(sock, clock.clone()).map_err(|e| format!("responder thread: {e}"))?;
-        let mode = mode(attrs);
-        let xdp_how = xdp_attach(attrs)?;
+        let mode = mode(config);
+        let xdp_how = xdp_attach(config);
         let pending = "userspace (eBPF detectors loading)".to_string();
         let status = DetectorStatus {
             process_exit: pending.clone(),
@@ -370,11 +320,11 @@ impl Detectors {
             group,
             prober_stats: None,
             loader: None,
-            quiet: attrs.get("instance-level").is_some_and(|l| l != "0"),
+            quiet: config.instance_level != 0,
         };
         let ifname = vigil_ebpf::interface_for_addr(bind_ip);
         let pin = table_pin_path(instance);
-        let test_instance = attrs.contains_key("broker.detector-rank");
+        let test_instance = config.detector_rank.is_some();
         d.loader = Some(Box::new(move || load(mode, xdp_how, owner, ifname, test_instance.then_some(pin))));
         Ok(d)
     }
@@ -1602,6 +1552,7 @@ pub(crate) fn unread_bytes(fd: &std::os::fd::OwnedFd) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attrs::ProbeGroup;
 
     fn prober(group: bool) -> (Prober, mpsc::UnboundedReceiver<DetectInput>) {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -1640,28 +1591,34 @@ mod tests {
         v
     }
 
+    /// The config of a broker started with `-S name=v`, or the attribute error.
+    fn config(name: &str, v: &str) -> Result<BrokerConfig, String> {
+        BrokerConfig::parse(&std::collections::BTreeMap::from([(name.to_string(), v.to_string())]))
+            .map_err(|e| e.to_string())
+    }
+
     #[test]
     fn xdp_mode_attribute() {
-        let a = |v: &str| std::collections::BTreeMap::from([("broker.xdp_mode".to_string(), v.to_string())]);
-        assert_eq!(xdp_attach(&Default::default()), Ok(XdpAttach::Auto));
-        assert_eq!(xdp_attach(&a("native")), Ok(XdpAttach::Native));
-        assert_eq!(xdp_attach(&a("generic")), Ok(XdpAttach::Generic));
+        let a = |v: &str| config("broker.xdp_mode", v).map(|c| xdp_attach(&c));
+        assert_eq!(xdp_attach(&BrokerConfig::default()), XdpAttach::Auto);
+        assert_eq!(a("native"), Ok(XdpAttach::Native));
+        assert_eq!(a("generic"), Ok(XdpAttach::Generic));
         for bad in ["driver", "skb", "", "Native"] {
-            let e = xdp_attach(&a(bad)).unwrap_err();
+            let e = a(bad).unwrap_err();
             assert!(e.contains("broker.xdp_mode") && e.contains("expected auto, native or generic"), "{bad}: {e}");
         }
     }
 
     #[test]
     fn probe_group_attribute() {
-        let a = |v: &str| std::collections::BTreeMap::from([("tbon.probe_group".to_string(), v.to_string())]);
-        assert_eq!(probe_group(&Default::default()), Ok(ProbeGroup::Auto));
-        assert_eq!(probe_group(&a("off")), Ok(ProbeGroup::Off));
+        let a = |v: &str| config("tbon.probe_group", v).map(|c| c.probe_group);
+        assert_eq!(BrokerConfig::default().probe_group, ProbeGroup::Auto);
+        assert_eq!(a("off"), Ok(ProbeGroup::Off));
         assert_eq!(ProbeGroup::Auto.for_parent(258), Some("239.255.1.2:22087".parse().unwrap()));
-        let fixed = probe_group(&a("239.1.2.3:999")).unwrap();
+        let fixed = a("239.1.2.3:999").unwrap();
         assert_eq!(fixed.for_parent(7), Some("239.1.2.3:999".parse().unwrap()));
         for bad in ["10.0.0.1:5", "239.1.2.3:0", "239.1.2.3", "yes", "224.0.0.1:5000"] {
-            assert!(probe_group(&a(bad)).unwrap_err().contains("tbon.probe_group"), "{bad}");
+            assert!(a(bad).unwrap_err().contains("tbon.probe_group"), "{bad}");
         }
     }
 

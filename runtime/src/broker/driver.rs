@@ -20,7 +20,7 @@ use crate::message::{errno, Message, MsgType, FLAG_NORESPONSE};
 use crate::shellproto::{ShellInput, ShellReport};
 use crate::topology::Topology;
 use serde_json::{json, Value};
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -55,7 +55,7 @@ pub struct BrokerOptions {
     /// Directory for sockets and logs.
     pub rundir: PathBuf,
     /// Attributes set with `-S` (reported by getattr).
-    pub attrs: BTreeMap<String, String>,
+    pub config: crate::attrs::BrokerConfig,
     /// Initial program (rank 0 only); `None` = run none and stay up until signalled.
     pub initial_program: Option<Vec<String>>,
     /// Where this node's topology comes from.
@@ -170,31 +170,6 @@ pub(crate) struct Driver {
     detect_generation: u64,
 }
 
-/// Membership thresholds from `tbon.heartbeat_period`, `tbon.torpid_max`, `tbon.lost_timeout`, `tbon.probe_period`
-/// (FSD durations) and `tbon.probe_misses` (a count).
-pub(crate) fn membership_config(attrs: &BTreeMap<String, String>) -> crate::membership::Config {
-    let mut c = crate::membership::Config::default();
-    let get = |k: &str| {
-        attrs.get(k).and_then(|v| crate::duration::parse_duration_secs(v).ok()).filter(|v| v.is_finite() && *v > 0.0)
-    };
-    if let Some(v) = get("tbon.heartbeat_period") {
-        c.heartbeat_period = v;
-    }
-    if let Some(v) = get("tbon.torpid_max") {
-        c.torpid_max = v;
-    }
-    if let Some(v) = get("tbon.lost_timeout") {
-        c.lost_timeout = v;
-    }
-    if let Some(v) = get("tbon.probe_period") {
-        c.probe_period = v;
-    }
-    if let Some(v) = attrs.get("tbon.probe_misses").and_then(|v| v.parse::<u32>().ok()).filter(|v| *v > 0) {
-        c.probe_misses = v;
-    }
-    c
-}
-
 /// Run a broker until the instance shuts down; returns the process exit code (rank 0: the initial program's).
 pub async fn run(opts: BrokerOptions) -> i32 {
     let rank = opts.rank;
@@ -241,7 +216,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         }
     });
     let auth = std::sync::Arc::new(secure::LinkAuth::new(opts.key.clone(), &opts.instance));
-    let rdma = std::sync::Arc::new(rdma_link::settings(&opts.attrs)?);
+    let rdma = std::sync::Arc::new(rdma_link::Settings::new(&opts.config));
     let refusals = std::sync::Arc::new(std::sync::Mutex::new(secure::RefusalLog::default()));
     tokio::spawn(accept_children(listener, input_tx.clone(), auth.clone(), rdma.clone(), refusals.clone()));
 
@@ -283,8 +258,6 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         local_uri,
         resources,
         topology: topology_str,
-        membership: membership_config(&opts.attrs),
-        kill_timeout: opts.attrs.get("exec.kill-timeout").and_then(|v| crate::duration::parse_duration_secs(v).ok()),
     };
     let origin = Instant::now();
     let mut d = Driver {
@@ -394,7 +367,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
 /// node's resources and where its shells find its topology.
 fn discover(opts: &BrokerOptions) -> (NodeResources, String) {
     let rank = opts.rank;
-    let forced = opts.attrs.get("resource.discovery").is_some_and(|v| v == "cpu-count");
+    let forced = opts.config.discovery == crate::attrs::Discovery::CpuCount;
     let loaded = if forced {
         Err("disabled by resource.discovery=cpu-count".to_string())
     } else {
@@ -922,13 +895,7 @@ impl Driver {
         use std::process::Stdio;
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let path = self.shell_path();
-        let detector_rank = self
-            .broker
-            .opts
-            .attrs
-            .get("broker.detector-rank")
-            .and_then(|r| r.parse::<u32>().ok())
-            .unwrap_or(self.broker.rank());
+        let detector_rank = self.broker.opts.config.detector_rank.unwrap_or(self.broker.rank());
         let mut cmd = tokio::process::Command::new(&path);
         cmd.arg(format!("--jobid={id}"))
             .stdin(Stdio::piped())
@@ -977,8 +944,8 @@ impl Driver {
 
     /// The job shell program: `exec.shell`, else `$VIGIL_SHELL`, else `vigil-shell` beside this program.
     fn shell_path(&self) -> PathBuf {
-        if let Some(p) = self.broker.opts.attrs.get("exec.shell") {
-            return p.into();
+        if let Some(p) = &self.broker.opts.config.shell {
+            return p.clone();
         }
         if let Ok(p) = std::env::var("VIGIL_SHELL") {
             return p.into();
@@ -993,8 +960,7 @@ impl Driver {
     fn start_detectors(&mut self, listen_ip: Option<std::net::IpAddr>) {
         let opts = &self.broker.opts;
         let rank = opts.rank;
-        let owner =
-            opts.attrs.get("broker.detector-rank").and_then(|r| r.parse::<u32>().ok()).is_none_or(|r| r == rank);
+        let owner = opts.config.detector_rank.is_none_or(|r| r == rank);
         let Some(std::net::IpAddr::V4(ip)) = listen_ip else {
             warn!("overlay address is not IPv4: heartbeat probes and XDP disabled; membership relies on TCP");
             return;
@@ -1008,9 +974,9 @@ impl Driver {
                 }
             }
         });
-        let mc = self.broker.env.membership;
+        let mc = opts.config.membership;
         let ranks = (rank, opts.topo.parent(opts.size, rank));
-        match super::detect::Detectors::start(&opts.attrs, &opts.instance, ip, owner, ranks, &mc, dtx) {
+        match super::detect::Detectors::start(&opts.config, &opts.instance, ip, owner, ranks, &mc, dtx) {
             Ok(d) => self.detect = Some(d),
             Err(e) => warn!("failure detectors unavailable ({e}); membership relies on TCP alone"),
         }

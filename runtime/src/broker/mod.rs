@@ -25,5 +25,4 @@ mod services;
 mod tests;
 pub mod transport;
 
-pub(crate) use self::driver::membership_config;
 pub use self::driver::{run, BrokerOptions, ListenSpec};

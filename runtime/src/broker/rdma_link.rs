@@ -95,51 +95,23 @@ pub(crate) struct Settings {
     pub framing: Framing,
 }
 
-/// Parse and validate `tbon.transport`, `tbon.rdma_timeout` (QP timeout exponent, 1..=31, default 12),
-/// `tbon.rdma_retry_cnt` (1..=6, default 1), `tbon.rdma_poll` (event or busy), `tbon.rdma_max_inline` (bytes
-/// a message may have to be sent inline, 0..=1024, default 236; 0 disables inline sends) and `tbon.rdma_frame`
-/// (packed or full, default packed: see [`Framing`]).
-pub(crate) fn settings(attrs: &BTreeMap<String, String>) -> Result<Settings, String> {
-    let mode = match attrs.get("tbon.transport").map(String::as_str) {
-        None | Some("auto") => Mode::Auto,
-        Some("rdma") => Mode::Rdma,
-        Some("tcp") => Mode::Tcp,
-        Some(v) => return Err(format!("invalid tbon.transport '{v}': expected auto, rdma or tcp")),
-    };
-    let mut cfg = Config::default();
-    let num = |k: &str| -> Result<Option<u8>, String> {
-        attrs.get(k).map(|v| v.parse::<u8>().map_err(|_| format!("{k}: '{v}' is not a number 0..255"))).transpose()
-    };
-    if let Some(v) = attrs.get("tbon.rdma_max_inline") {
-        cfg.max_inline = v.parse().map_err(|_| format!("tbon.rdma_max_inline: '{v}' is not a number of bytes"))?;
-    }
-    if let Some(t) = num("tbon.rdma_timeout")? {
-        cfg.timeout = t;
-    }
-    if let Some(r) = num("tbon.rdma_retry_cnt")? {
-        cfg.retry_cnt = r;
-    }
-    cfg.busy_poll = match attrs.get("tbon.rdma_poll").map(String::as_str) {
-        None | Some("event") => false,
-        Some("busy") => true,
-        Some(v) => return Err(format!("invalid tbon.rdma_poll '{v}': expected event or busy")),
-    };
-    cfg.validate().map_err(|e| {
-        // Name the attribute the value came from; the other fields are not settable.
-        let attr = match e {
-            vigil_rdma::ConfigError::Timeout(_) => "tbon.rdma_timeout: ",
-            vigil_rdma::ConfigError::RetryCnt(_) => "tbon.rdma_retry_cnt: ",
-            vigil_rdma::ConfigError::MaxInline(_) => "tbon.rdma_max_inline: ",
-            _ => "",
+impl Settings {
+    /// The transport settings of a broker's config: `tbon.transport`, the QP settings `tbon.rdma_timeout`,
+    /// `tbon.rdma_retry_cnt`, `tbon.rdma_poll` and `tbon.rdma_max_inline` (checked by
+    /// [`crate::attrs::BrokerConfig::parse`]), and `tbon.rdma_frame`.
+    pub(crate) fn new(c: &crate::attrs::BrokerConfig) -> Settings {
+        use crate::attrs::{RdmaFrame, Transport};
+        let mode = match c.transport {
+            Transport::Auto => Mode::Auto,
+            Transport::Rdma => Mode::Rdma,
+            Transport::Tcp => Mode::Tcp,
         };
-        format!("{attr}{e}")
-    })?;
-    let framing = match attrs.get("tbon.rdma_frame").map(String::as_str) {
-        None | Some("packed") => Framing::Packed,
-        Some("full") => Framing::Full,
-        Some(v) => return Err(format!("invalid tbon.rdma_frame '{v}': expected packed or full")),
-    };
-    Ok(Settings { mode, cfg, framing })
+        let framing = match c.rdma_frame {
+            RdmaFrame::Packed => Framing::Packed,
+            RdmaFrame::Full => Framing::Full,
+        };
+        Settings { mode, cfg: c.rdma.clone(), framing }
+    }
 }
 
 /// What one overlay link runs on, for logs and status.
@@ -456,6 +428,11 @@ mod tests {
         kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
+    /// The settings of a broker started with these `-S` attributes, or the attribute error.
+    fn settings(attrs: &BTreeMap<String, String>) -> Result<Settings, String> {
+        crate::attrs::BrokerConfig::parse(attrs).map(|c| Settings::new(&c)).map_err(|e| e.to_string())
+    }
+
     #[test]
     fn settings_parse_and_refuse_forever() {
         let s = settings(&attrs(&[])).unwrap();
@@ -464,15 +441,19 @@ mod tests {
         assert_eq!(settings(&attrs(&[("tbon.transport", "rdma")])).unwrap().mode, Mode::Rdma);
         assert!(settings(&attrs(&[("tbon.transport", "ib")])).unwrap_err().contains("auto, rdma or tcp"));
         assert!(settings(&attrs(&[("tbon.rdma_retry_cnt", "7")])).unwrap_err().contains("forever"));
-        assert!(settings(&attrs(&[("tbon.rdma_timeout", "0")])).unwrap_err().starts_with("tbon.rdma_timeout: "));
-        assert!(settings(&attrs(&[("tbon.rdma_retry_cnt", "0")])).unwrap_err().starts_with("tbon.rdma_retry_cnt: "));
+        assert!(settings(&attrs(&[("tbon.rdma_timeout", "0")]))
+            .unwrap_err()
+            .starts_with("invalid tbon.rdma_timeout '0': "));
+        assert!(settings(&attrs(&[("tbon.rdma_retry_cnt", "0")]))
+            .unwrap_err()
+            .starts_with("invalid tbon.rdma_retry_cnt '0': "));
         assert!(settings(&attrs(&[("tbon.rdma_timeout", "x")])).is_err());
         let s = settings(&attrs(&[("tbon.rdma_timeout", "14"), ("tbon.rdma_retry_cnt", "2")])).unwrap();
         assert_eq!((s.cfg.timeout, s.cfg.retry_cnt), (14, 2));
         assert_eq!(settings(&attrs(&[])).unwrap().cfg.max_inline, 236);
         assert_eq!(settings(&attrs(&[("tbon.rdma_max_inline", "0")])).unwrap().cfg.max_inline, 0);
         let e = settings(&attrs(&[("tbon.rdma_max_inline", "4096")])).unwrap_err();
-        assert!(e.starts_with("tbon.rdma_max_inline: "), "{e}");
+        assert!(e.starts_with("invalid tbon.rdma_max_inline '4096': "), "{e}");
         assert!(settings(&attrs(&[("tbon.rdma_max_inline", "-1")])).is_err());
     }
 

@@ -224,10 +224,11 @@ fn handle(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
         "broker.getattr" => {
             let body = lazy.object()?;
             let name = str_field(body, "name")?;
-            attrs(core)
-                .remove(name)
-                .map(|v| Some(json!({"value": v}).into()))
-                .ok_or((errno::ENOENT, format!("no such attribute '{name}'")))
+            match attrs(core).remove(name) {
+                Some(Some(v)) => Ok(Some(json!({"value": v}).into())),
+                Some(None) => Err((errno::ENOENT, format!("attribute '{name}' is not set"))),
+                None => Err((errno::ENOENT, format!("no such attribute '{name}' (see `vigil lsattr`)"))),
+            }
         }
         "broker.lsattr" => Ok(Some(json!({"attrs": attrs(core)}).into())),
         "broker.info" => Ok(Some(info(core).into())),
@@ -369,50 +370,36 @@ fn handle(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     }
 }
 
-fn attrs(core: &Broker) -> std::collections::BTreeMap<String, String> {
-    let mut a = core.opts.attrs.clone();
+/// Every attribute of [`crate::attrs::ATTRS`] with its value in effect (`None`: unset): the read-only ones and
+/// those resolved at start-up from this broker's state, the rest from its typed config.
+fn attrs(core: &Broker) -> std::collections::BTreeMap<&'static str, Option<String>> {
     let o = &core.opts;
-    a.insert("rank".into(), o.rank.to_string());
-    a.insert("size".into(), o.size.to_string());
-    a.insert("hostname".into(), o.hostname.clone());
-    let m = core.membership.config();
-    let ms = |s: f64| format!("{}ms", (s * 1e3).round());
-    a.entry("tbon.heartbeat_period".into()).or_insert_with(|| ms(m.heartbeat_period));
-    a.entry("tbon.torpid_max".into()).or_insert_with(|| ms(m.torpid_max));
-    a.entry("tbon.lost_timeout".into()).or_insert_with(|| ms(m.lost_timeout));
-    a.entry("tbon.probe_period".into()).or_insert_with(|| ms(m.probe_period));
-    a.entry("tbon.probe_misses".into()).or_insert_with(|| m.probe_misses.to_string());
-    a.entry("tbon.probe_group".into()).or_insert_with(|| "auto".into());
-    a.entry("broker.detectors".into()).or_insert_with(|| "auto".into());
-    a.entry("broker.xdp_mode".into()).or_insert_with(|| "auto".into());
-    let rd = vigil_rdma::Config::default();
-    a.entry("tbon.rdma_timeout".into()).or_insert_with(|| rd.timeout.to_string());
-    a.entry("tbon.rdma_retry_cnt".into()).or_insert_with(|| rd.retry_cnt.to_string());
-    a.entry("tbon.rdma_poll".into()).or_insert_with(|| "event".into());
-    a.entry("tbon.rdma_max_inline".into()).or_insert_with(|| rd.max_inline.to_string());
-    a.entry("tbon.rdma_frame".into()).or_insert_with(|| "packed".into());
-    a.insert("tbon.topo".into(), o.topo.to_string());
-    if let crate::topology::Topology::Kary(k) = o.topo {
-        a.insert("tbon.fanout".into(), k.to_string());
-    }
-    a.entry("exec.kill-timeout".into()).or_insert_with(|| format!("{}s", crate::jobs::DEFAULT_KILL_TIMEOUT));
-    a.insert("log-level".into(), crate::cli::log_level(&o.attrs));
-    a.insert("tbon.level".into(), o.topo.level(o.size, o.rank).to_string());
-    a.insert("tbon.maxlevel".into(), o.topo.depth(o.size).saturating_sub(1).to_string());
-    a.entry("tbon.transport".into()).or_insert_with(|| "auto".into());
-    a.insert("tbon.transport-active".into(), core.links.summary());
-    a.insert("tbon.endpoint".into(), o.endpoints.get(o.rank as usize).cloned().unwrap_or_default());
-    if let Some(p) = o.topo.parent(o.size, o.rank) {
-        a.insert("tbon.parent-endpoint".into(), o.endpoints.get(p as usize).cloned().unwrap_or_default());
-    }
-    a.insert("rundir".into(), o.rundir.display().to_string());
-    a.insert("local-uri".into(), core.env.local_uri.clone());
-    a.insert("instance-id".into(), o.instance.clone());
-    a.insert("broker.pid".into(), core.env.pid.to_string());
-    a.insert("broker.starttime".into(), format!("{:.3}", core.env.wall_origin));
-    a.entry("instance-level".into()).or_insert_with(|| "0".into());
-    a.insert("resource.source".into(), core.env.resources.source.clone());
-    a
+    crate::attrs::values(&o.config, |name| {
+        Some(match name {
+            "rank" => o.rank.to_string(),
+            "size" => o.size.to_string(),
+            "hostname" => o.hostname.clone(),
+            "tbon.topo" => o.topo.to_string(),
+            "tbon.fanout" => match o.topo {
+                crate::topology::Topology::Kary(k) => k.to_string(),
+                crate::topology::Topology::Binomial => return None,
+            },
+            "tbon.level" => o.topo.level(o.size, o.rank).to_string(),
+            "tbon.maxlevel" => o.topo.depth(o.size).saturating_sub(1).to_string(),
+            "tbon.transport-active" => core.links.summary(),
+            "tbon.endpoint" => o.endpoints.get(o.rank as usize).cloned().unwrap_or_default(),
+            "tbon.parent-endpoint" => {
+                o.endpoints.get(o.topo.parent(o.size, o.rank)? as usize).cloned().unwrap_or_default()
+            }
+            "rundir" => o.rundir.display().to_string(),
+            "local-uri" => core.env.local_uri.clone(),
+            "instance-id" => o.instance.clone(),
+            "broker.pid" => core.env.pid.to_string(),
+            "broker.starttime" => format!("{:.3}", core.env.wall_origin),
+            "resource.source" => core.env.resources.source.clone(),
+            _ => return None,
+        })
+    })
 }
 
 fn info(core: &Broker) -> Value {
@@ -428,7 +415,7 @@ fn info(core: &Broker) -> Value {
         "rank": o.rank, "size": o.size, "hostname": o.hostname, "state": state,
         "uptime": core.clock(), "topo": o.topo.to_string(),
         "depth": o.topo.depth(o.size), "level": o.topo.level(o.size, o.rank),
-        "transport": core.links.summary(), "instance_level": o.attrs.get("instance-level").cloned().unwrap_or_else(|| "0".into()),
+        "transport": core.links.summary(), "instance_level": o.config.instance_level.to_string(),
         "detectors": detectors(core),
         "resource_source": core.env.resources.source,
         "security": security(core),

@@ -7,7 +7,6 @@
 mod jobcmd;
 mod nested;
 mod start;
-pub(crate) use start::log_level;
 mod status;
 
 use clap::{Parser, Subcommand};

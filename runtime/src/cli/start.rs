@@ -1,10 +1,10 @@
 //! `vigil start` (a test instance on this machine) and `vigil broker` (one broker of a configured instance).
 
 use super::{fail, parse_attrs};
+use crate::attrs::{BrokerConfig, DetectorChoice, Transport};
 use crate::broker::config::ConfigFile;
 use crate::broker::{BrokerOptions, ListenSpec};
 use crate::hwloc::TopologySource;
-use crate::topology::Topology;
 use clap::Args;
 use std::collections::BTreeMap;
 use std::os::fd::AsRawFd;
@@ -97,13 +97,11 @@ impl std::io::Write for LossyStderr {
     }
 }
 
-/// The broker's log level: `log-level`, else `$VIGIL_LOG`, else `warn` (an `EnvFilter` directive string).
-pub(crate) fn log_level(attrs: &BTreeMap<String, String>) -> String {
-    attrs.get("log-level").cloned().or_else(|| std::env::var("VIGIL_LOG").ok()).unwrap_or_else(|| "warn".into())
-}
-
-fn init_logging(attrs: &BTreeMap<String, String>, rank: u32) {
-    let level = log_level(attrs);
+/// Sets up the broker's log and resolves `log-level` in `config`: as set, else `$VIGIL_LOG`, else `warn` (an
+/// `EnvFilter` directive string), so that `vigil getattr log-level` shows the level in effect.
+fn init_logging(config: &mut BrokerConfig, rank: u32) {
+    let level = config.log_level.clone().or_else(|| std::env::var("VIGIL_LOG").ok()).unwrap_or_else(|| "warn".into());
+    config.log_level = Some(level.clone());
     let filter =
         tracing_subscriber::EnvFilter::try_new(&level).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt()
@@ -120,163 +118,23 @@ fn hostname() -> String {
     nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "localhost".into())
 }
 
-/// Topology from `tbon.topo` or the `tbon.fanout` shorthand.
-pub(crate) fn topology_from_attrs(attrs: &BTreeMap<String, String>) -> Result<Topology, String> {
-    match (attrs.get("tbon.topo"), attrs.get("tbon.fanout")) {
-        (Some(t), Some(f)) => {
-            let topo: Topology = t.parse().map_err(|e: crate::topology::TopologyParseError| e.to_string())?;
-            match f.parse::<u32>() {
-                Ok(k) if Topology::Kary(k) == topo => Ok(topo),
-                _ => Err(format!(
-                    "tbon.topo={t} and tbon.fanout={f} disagree: set one of them (tbon.fanout=K is tbon.topo=kary:K)"
-                )),
-            }
-        }
-        (Some(t), None) => t.parse().map_err(|e: crate::topology::TopologyParseError| e.to_string()),
-        (None, Some(f)) => {
-            f.parse::<u32>().map(Topology::Kary).map_err(|_| format!("invalid tbon.fanout '{f}': expected a number"))
-        }
-        (None, None) => Ok(Topology::default()),
-    }
-}
-
-fn topology_source(attrs: &BTreeMap<String, String>) -> Result<(TopologySource, Option<u32>), String> {
-    let src = match (attrs.get("resource.synthetic"), attrs.get("resource.xml")) {
-        (Some(_), Some(_)) => return Err("set only one of resource.synthetic and resource.xml".into()),
-        (Some(s), None) => TopologySource::Synthetic(s.clone()),
-        (None, Some(x)) => TopologySource::XmlFile(x.into()),
-        (None, None) => TopologySource::Live,
-    };
-    // Load once here so a bad description is one clear error, not N broker failures.
-    if src != TopologySource::Live {
-        crate::hwloc::NodeTopology::load(&src).map_err(|e| format!("resource topology: {e}"))?;
-    }
-    let gpus = match attrs.get("resource.gpus") {
-        Some(g) => Some(g.parse::<u32>().map_err(|_| format!("invalid resource.gpus '{g}': expected a count"))?),
-        None => None,
-    };
-    Ok((src, gpus))
-}
-
-const KNOWN_ATTRS: &[&str] = &[
-    "tbon.topo",
-    "tbon.fanout",
-    "tbon.connect_timeout",
-    "tbon.heartbeat_period",
-    "tbon.torpid_max",
-    "tbon.lost_timeout",
-    "tbon.probe_period",
-    "tbon.probe_misses",
-    "tbon.probe_group",
-    "broker.detectors",
-    "broker.detector-rank",
-    "broker.xdp_mode",
-    "tbon.transport",
-    "tbon.rdma_timeout",
-    "tbon.rdma_retry_cnt",
-    "tbon.rdma_poll",
-    "tbon.rdma_max_inline",
-    "tbon.rdma_frame",
-    "resource.synthetic",
-    "resource.xml",
-    "resource.gpus",
-    "exec.kill-timeout",
-    "exec.shell",
-    "log-level",
-    "rundir",
-    "instance-level",
-    "resource.discovery",
-    "jobid",
-    "parent-uri",
-];
-
-/// Attributes `vigil lsattr` shows that the broker sets itself: refused on the command line as read-only.
-const READ_ONLY_ATTRS: &[&str] = &[
-    "rank",
-    "size",
-    "hostname",
-    "tbon.level",
-    "tbon.maxlevel",
-    "tbon.transport-active",
-    "tbon.endpoint",
-    "tbon.parent-endpoint",
-    "local-uri",
-    "instance-id",
-    "broker.pid",
-    "broker.starttime",
-    "resource.source",
-];
-
-pub(crate) fn check_attrs(attrs: &BTreeMap<String, String>) -> Result<(), String> {
-    for k in attrs.keys() {
-        if READ_ONLY_ATTRS.contains(&k.as_str()) {
-            return Err(format!("attribute '{k}' is read-only: the broker sets it (see `vigil lsattr`)"));
-        }
-        if !KNOWN_ATTRS.contains(&k.as_str()) {
-            return Err(format!("unknown attribute '{k}' (known: {})", KNOWN_ATTRS.join(", ")));
-        }
-    }
-    if let Some(v) = attrs.get("resource.discovery") {
-        if v != "hwloc" && v != "cpu-count" {
-            return Err(format!("invalid resource.discovery '{v}': expected hwloc or cpu-count"));
-        }
-    }
-    topology_from_attrs(attrs)?;
-    crate::broker::rdma_link::settings(attrs)?;
-    crate::broker::detect::probe_group(attrs)?;
-    crate::broker::detect::xdp_attach(attrs)?;
-    if let Some(l) = attrs.get("log-level") {
-        let level_ok = ["error", "warn", "info", "debug", "trace", "off"].contains(&l.as_str());
-        if !level_ok && (!l.contains('=') || tracing_subscriber::EnvFilter::try_new(l).is_err()) {
-            return Err(format!("invalid log-level '{l}': expected error, warn, info, debug or trace"));
-        }
-    }
-    if let Some(v) = attrs.get("broker.detectors") {
-        if !["auto", "ebpf", "userspace"].contains(&v.as_str()) {
-            return Err(format!("invalid broker.detectors '{v}': expected auto, ebpf or userspace"));
-        }
-        if v == "ebpf" && !nix::unistd::geteuid().is_root() {
-            return Err("broker.detectors=ebpf needs root to load eBPF programs (use auto to fall back)".into());
-        }
-    }
-    for k in ["tbon.probe_misses", "broker.detector-rank"] {
-        if let Some(v) = attrs.get(k) {
-            if v.parse::<u32>().map_or(true, |n| n == 0 && k == "tbon.probe_misses") {
-                return Err(format!("invalid {k} '{v}': expected a positive integer"));
-            }
-        }
-    }
-    for k in
-        ["tbon.heartbeat_period", "tbon.torpid_max", "tbon.lost_timeout", "tbon.connect_timeout", "tbon.probe_period"]
-    {
-        if let Some(v) = attrs.get(k) {
-            let s = crate::duration::parse_duration_secs(v).map_err(|e| format!("{k}: {e}"))?;
-            if !s.is_finite() || s <= 0.0 {
-                return Err(format!("{k}: must be a finite duration greater than 0"));
-            }
-            if s > 3600.0 {
-                return Err(format!("{k}: {v} is longer than an hour; liveness would effectively be off"));
-            }
-            if k == "tbon.probe_period" && s < crate::membership::MIN_PROBE_PERIOD {
-                return Err(format!(
-                    "{k}: {v} is too short: at least {:.0}ms (a busy node may delay a reply by a few ms)",
-                    crate::membership::MIN_PROBE_PERIOD * 1e3
-                ));
-            }
-        }
-    }
-    let mc = crate::broker::membership_config(attrs);
-    if mc.heartbeat_period >= mc.torpid_max {
-        return Err(format!(
-            "tbon.heartbeat_period ({:.0} ms) must be shorter than tbon.torpid_max ({:.0} ms), or every peer looks torpid",
-            mc.heartbeat_period * 1e3,
-            mc.torpid_max * 1e3
-        ));
-    }
-    if let Some(v) = attrs.get("exec.kill-timeout") {
-        crate::duration::parse_duration_secs(v).map_err(|e| format!("exec.kill-timeout: {e}"))?;
+/// Loads a synthetic or XML node topology (`resource.synthetic` / `resource.xml`) once, so that a bad description
+/// is one clear error here, not a failure of every broker.
+fn check_topology(config: &BrokerConfig) -> Result<(), String> {
+    if config.topology != TopologySource::Live {
+        crate::hwloc::NodeTopology::load(&config.topology).map_err(|e| format!("resource topology: {e}"))?;
     }
     Ok(())
+}
+
+/// Parses and checks broker attributes ([`BrokerConfig::parse`]), plus what needs this machine:
+/// `broker.detectors=ebpf` needs root.
+pub(crate) fn check_attrs(attrs: &BTreeMap<String, String>) -> Result<BrokerConfig, String> {
+    let config = BrokerConfig::parse(attrs).map_err(|e| e.to_string())?;
+    if config.detectors == DetectorChoice::Ebpf && !nix::unistd::geteuid().is_root() {
+        return Err("broker.detectors=ebpf needs root to load eBPF programs (use auto to fall back)".into());
+    }
+    Ok(config)
 }
 
 /// `vigil start`.
@@ -288,25 +146,24 @@ pub fn start(a: StartArgs) -> i32 {
 }
 
 fn start_inner(a: StartArgs) -> Result<i32, String> {
-    let attrs = parse_attrs(&a.setattr)?;
-    check_attrs(&attrs)?;
-    init_logging(&attrs, 0);
+    let mut config = check_attrs(&parse_attrs(&a.setattr)?)?;
+    init_logging(&mut config, 0);
     if a.test_size == 0 {
         return Err("--test-size must be at least 1".into());
     }
     if a.test_size > 4096 {
         return Err("--test-size is limited to 4096 brokers on one machine".into());
     }
-    let topo = topology_from_attrs(&attrs)?;
-    topology_source(&attrs)?;
-    if a.test_size > 1 && attrs.get("tbon.transport").is_some_and(|t| t == "rdma") {
+    let topo = config.topo;
+    check_topology(&config)?;
+    if a.test_size > 1 && config.transport == Transport::Rdma {
         return Err("tbon.transport=rdma: a test instance's overlay runs on loopback, which no verbs device serves; \
                     use auto or tcp (RDMA needs brokers bound to addresses of RDMA-capable interfaces, see docs/rdma.md)"
             .into());
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the vigil binary: {e}"))?;
-    let rundir = match attrs.get("rundir") {
-        Some(d) => PathBuf::from(d),
+    let rundir = match &config.rundir {
+        Some(d) => d.clone(),
         None => {
             let base = std::env::var("TMPDIR").unwrap_or_else(|_| "/tmp".into());
             PathBuf::from(base).join(format!(
@@ -384,7 +241,7 @@ fn start_inner(a: StartArgs) -> Result<i32, String> {
             cmd.arg(format!("--setattr={s}"));
         }
         // All brokers of a test instance share this machine: rank 0 loads the eBPF detectors once for all.
-        if !a.setattr.iter().any(|s| s.starts_with("broker.detector-rank=")) {
+        if config.detector_rank.is_none() {
             cmd.arg("--setattr=broker.detector-rank=0");
         }
         if rank == 0 {
@@ -534,11 +391,11 @@ pub fn broker(a: BrokerArgs) -> i32 {
         Some(path) => config_bootstrap(&a, path, attrs.clone()),
         None => rt.block_on(pmi_bootstrap(&a, attrs.clone())),
     };
-    let opts = match opts {
+    let mut opts = match opts {
         Ok(o) => o,
         Err(e) => return fail(e),
     };
-    init_logging(&opts.attrs, opts.rank);
+    init_logging(&mut opts.config, opts.rank);
     // One malloc arena for the whole broker. The detector loader thread parses the kernel's BTF (~10 MB of
     // short-lived heap); in a thread arena of its own that memory stayed resident for the broker's life, as
     // malloc_trim does not shrink the top of a thread arena. In the main arena the trim after loading returns it.
@@ -570,7 +427,7 @@ fn config_bootstrap(a: &BrokerArgs, path: &str, mut attrs: BTreeMap<String, Stri
     if let (Some(t), false) = (&cfg.tbon.topo, attrs.contains_key("tbon.topo") || attrs.contains_key("tbon.fanout")) {
         attrs.insert("tbon.topo".into(), t.clone());
     }
-    check_attrs(&attrs)?;
+    let config = check_attrs(&attrs)?;
     let ranks = cfg.ranks().map_err(|e| e.to_string())?;
     let host = a.hostname.clone().unwrap_or_else(hostname);
     let rank = match a.rank {
@@ -578,8 +435,7 @@ fn config_bootstrap(a: &BrokerArgs, path: &str, mut attrs: BTreeMap<String, Stri
         Some(r) => return Err(format!("--rank {r} is out of range: the config lists {} hosts", ranks.len())),
         None => cfg.rank_of(&host).map_err(|e| e.to_string())?,
     };
-    let topo = topology_from_attrs(&attrs)?;
-    let (topology, declared_gpus) = topology_source(&attrs)?;
+    check_topology(&config)?;
     let listen = match a.listen_fd {
         Some(fd) => ListenSpec::Fd(fd),
         None => ListenSpec::Endpoint(ranks[rank as usize].bind.clone()),
@@ -587,34 +443,26 @@ fn config_bootstrap(a: &BrokerArgs, path: &str, mut attrs: BTreeMap<String, Stri
     let rundir = a
         .rundir
         .clone()
-        .or_else(|| attrs.get("rundir").map(PathBuf::from))
+        .or_else(|| config.rundir.clone())
         .unwrap_or_else(|| PathBuf::from("/tmp").join(format!("vigil-broker-{rank}-{}", std::process::id())));
     Ok(BrokerOptions {
         rank,
         size: ranks.len() as u32,
-        topo,
+        topo: config.topo,
         hostname: if a.rank.is_some() && a.hostname.is_none() { ranks[rank as usize].host.clone() } else { host },
         instance: a.instance.clone().or_else(|| cfg.bootstrap.instance.clone()).unwrap_or_else(|| "vigil".into()),
         endpoints: ranks.iter().map(|r| r.connect.clone()).collect(),
         listen,
         rundir,
         initial_program: if rank == 0 && !a.command.is_empty() { Some(a.command.clone()) } else { None },
-        topology,
-        declared_gpus,
-        connect_timeout: connect_timeout(&attrs),
+        topology: config.topology.clone(),
+        declared_gpus: config.gpus,
+        connect_timeout: config.connect_timeout,
         resources_override: None,
         parent_uri: None,
         key,
-        attrs,
+        config,
     })
-}
-
-fn connect_timeout(attrs: &BTreeMap<String, String>) -> f64 {
-    attrs
-        .get("tbon.connect_timeout")
-        .and_then(|v| crate::duration::parse_duration_secs(v).ok())
-        .filter(|v| v.is_finite())
-        .unwrap_or(60.0)
 }
 
 /// Bootstrap a nested instance through PMI-1: every broker binds a port, puts its endpoint, and after the
@@ -690,8 +538,23 @@ async fn pmi_bootstrap(a: &BrokerArgs, mut attrs: BTreeMap<String, String>) -> R
     if !attrs.contains_key("tbon.topo") && !attrs.contains_key("tbon.fanout") {
         attrs.insert("tbon.topo".into(), if size <= 257 { "kary:0".into() } else { "kary:256".into() });
     }
-    check_attrs(&attrs)?;
-    let topo = topology_from_attrs(&attrs)?;
+    // The node's topology source, as the enclosing instance's broker on this node has it.
+    if !attrs.contains_key("resource.synthetic") && !attrs.contains_key("resource.xml") {
+        if let Ok(t) = std::env::var("VIGIL_NODE_TOPOLOGY") {
+            if let Some(d) = t.strip_prefix("synthetic:") {
+                attrs.insert("resource.synthetic".into(), d.into());
+            } else if let Some(x) = t.strip_prefix("xml:") {
+                attrs.insert("resource.xml".into(), x.into());
+            } else if t == "cpu-count" {
+                attrs.entry("resource.discovery".into()).or_insert_with(|| "cpu-count".into());
+            }
+        }
+    }
+    if let Ok(g) = std::env::var("VIGIL_NODE_GPUS") {
+        attrs.entry("resource.gpus".into()).or_insert(g);
+    }
+    let config = check_attrs(&attrs)?;
+    let topo = config.topo;
     let mut endpoints = vec![String::new(); size as usize];
     endpoints[rank as usize] = me;
     if let Some(p) = topo.parent(size, rank) {
@@ -712,21 +575,7 @@ async fn pmi_bootstrap(a: &BrokerArgs, mut attrs: BTreeMap<String, String>) -> R
         .into_iter()
         .find(|x| x.rank == rank)
         .ok_or_else(|| format!("rank {rank} is not in the job's R"))?;
-    if !attrs.contains_key("resource.synthetic") && !attrs.contains_key("resource.xml") {
-        if let Ok(t) = std::env::var("VIGIL_NODE_TOPOLOGY") {
-            if let Some(d) = t.strip_prefix("synthetic:") {
-                attrs.insert("resource.synthetic".into(), d.into());
-            } else if let Some(x) = t.strip_prefix("xml:") {
-                attrs.insert("resource.xml".into(), x.into());
-            } else if t == "cpu-count" {
-                attrs.entry("resource.discovery".into()).or_insert_with(|| "cpu-count".into());
-            }
-        }
-    }
-    if let Ok(g) = std::env::var("VIGIL_NODE_GPUS") {
-        attrs.entry("resource.gpus".into()).or_insert(g);
-    }
-    let (topology, declared_gpus) = topology_source(&attrs)?;
+    check_topology(&config)?;
     let initial_program = match (&a.job_script, rank) {
         (Some(name), 0) => {
             let mut v = vec![tmpdir.join(name).display().to_string()];
@@ -746,13 +595,13 @@ async fn pmi_bootstrap(a: &BrokerArgs, mut attrs: BTreeMap<String, String>) -> R
         listen: ListenSpec::Fd(std::os::fd::IntoRawFd::into_raw_fd(listener)),
         rundir: tmpdir.join("r"),
         initial_program,
-        topology,
-        declared_gpus,
-        connect_timeout: connect_timeout(&attrs),
+        topology: config.topology.clone(),
+        declared_gpus: config.gpus,
+        connect_timeout: config.connect_timeout,
         resources_override: Some((mine.cores, mine.gpus)),
         parent_uri,
         key,
-        attrs,
+        config,
     })
 }
 

@@ -74,9 +74,12 @@ pub struct GetattrArgs {
 /// Options of `vigil lsattr`.
 #[derive(Args, Debug)]
 pub struct LsattrArgs {
-    /// Show values.
+    /// Show values (`-` for an attribute that is not set).
     #[arg(short = 'v', long)]
     pub values: bool,
+    /// Describe every attribute: what it takes, its default, who may set it (needs no instance).
+    #[arg(short = 'd', long, conflicts_with = "values")]
+    pub doc: bool,
 }
 
 /// Options of `vigil ping`.
@@ -486,20 +489,45 @@ pub(crate) async fn getattr(a: GetattrArgs) -> Result<i32, String> {
     Ok(0)
 }
 
-/// `vigil lsattr`.
+/// `vigil lsattr`: the attributes of the broker this command is attached to, by name (`-v`: with their values);
+/// `--doc`: the table of [`crate::attrs::ATTRS`].
 pub(crate) async fn lsattr(a: LsattrArgs) -> Result<i32, String> {
+    if a.doc {
+        print!("{}", attr_doc());
+        return Ok(0);
+    }
     let c = connect().await?;
     let r = c.rpc("broker.lsattr", c.welcome.rank, &json!({})).await.map_err(|e| e.errstr)?;
     if let Some(m) = r["attrs"].as_object() {
         for (k, v) in m {
             if a.values {
-                println!("{k:<24} {}", v.as_str().unwrap_or(""));
+                println!("{k:<24} {}", v.as_str().unwrap_or("-"));
             } else {
                 println!("{k}");
             }
         }
     }
     Ok(0)
+}
+
+/// `vigil lsattr --doc`: two lines per attribute, `NAME  KIND  default: ...  set by: ...` and its documentation.
+fn attr_doc() -> String {
+    use crate::attrs::DefaultValue;
+    let mut out = String::new();
+    for a in crate::attrs::ATTRS {
+        let default = match a.default {
+            DefaultValue::Value(v) => v.to_string(),
+            DefaultValue::Otherwise { means, .. } => means.to_string(),
+        };
+        let set = a.access.describe();
+        if a.access.settable() {
+            out.push_str(&format!("{:<24} {}; default: {default}; set by: {set}\n", a.name, a.kind.describe()));
+        } else {
+            out.push_str(&format!("{:<24} {}; {set}\n", a.name, a.kind.describe()));
+        }
+        out.push_str(&format!("{:<24} {}\n", "", a.doc));
+    }
+    out
 }
 
 /// One RPC to `nodeid` about `rank`, waiting up to `limit.0` seconds (0: forever; `limit.1` is how the user

@@ -268,7 +268,7 @@ pub(crate) fn new_broker(
         endpoints: Vec::new(),
         listen: ListenSpec::Endpoint(String::new()),
         rundir: std::path::PathBuf::from("/nonexistent/vigil-sim"),
-        attrs: BTreeMap::new(),
+        config: crate::attrs::BrokerConfig { topo, membership, ..Default::default() },
         initial_program: None,
         topology: TopologySource::Live,
         declared_gpus: None,
@@ -292,8 +292,6 @@ pub(crate) fn new_broker(
             source: "simulated".into(),
         },
         topology: "simulated".into(),
-        membership,
-        kill_timeout: None,
     };
     Broker::new(opts, env, now)
 }
