@@ -23,6 +23,15 @@ fi
 if cargo fmt --version >/dev/null 2>&1; then cargo fmt --all --check; else echo "ci/test.sh: rustfmt not installed, formatting not checked"; fi
 cargo build --workspace --locked
 cargo test --workspace --locked -- --test-threads=4 "$@"
+# The simulator of the real sans-IO broker (a release build: ten times faster than debug): every scenario at 1,024
+# brokers for kary:32, and churn on a flat tree, seeded; each run exits non-zero when an invariant fails and prints
+# which. A 16,384-broker churn takes about a minute and a half here, so it runs with `vigil-bench sim --table`
+# (bench/results/sim.md), not in CI.
+cargo build --release --locked -p vigil-bench
+for s in boot jobs churn partition; do
+    target/release/vigil-bench sim --brokers 1024 --topo kary:32 --scenario "$s" --seed 1
+done
+target/release/vigil-bench sim --brokers 1024 --topo flat --scenario churn --seed 2
 # Public items are documented and intra-doc links resolve.
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 # RDMA verbs tests on soft-RoCE: directly where this kernel has rdma_rxe, else inside the rxe-vm harness

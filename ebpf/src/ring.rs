@@ -104,10 +104,8 @@ fn sweep_dead_link_pins(dir: &Path) {
     for e in entries.flatten() {
         let name = e.file_name();
         let pid = name.to_str().and_then(|n| n.split('-').next()).and_then(|p| p.parse::<u32>().ok());
-        if let Some(pid) = pid {
-            if pid != std::process::id() && !sys::process_exists(pid) {
-                let _ = std::fs::remove_file(e.path());
-            }
+        if pid.is_some_and(|p| p != std::process::id() && !sys::process_exists(p)) {
+            let _ = std::fs::remove_file(e.path());
         }
     }
 }

@@ -133,12 +133,18 @@ struct Peer {
 pub struct Membership {
     cfg: Config,
     peers: BTreeMap<u32, Peer>,
+    /// [`Membership::next_deadline`] as last computed; `None` when it must be computed again. Between two
+    /// computations a deadline only moves later (traffic, an ACK), except where this is cleared (a new peer,
+    /// newly outstanding data, a state change, a tick), so the cached value is never later than the true one:
+    /// at worst a timer fires early and finds nothing. A parent of thousands of children would otherwise scan
+    /// them all after every message.
+    next: std::cell::Cell<Option<Option<f64>>>,
 }
 
 impl Membership {
     /// A membership with these thresholds, tracking no peer yet.
     pub fn new(cfg: Config) -> Membership {
-        Membership { cfg, peers: BTreeMap::new() }
+        Membership { cfg, peers: BTreeMap::new(), next: std::cell::Cell::new(None) }
     }
 
     /// The thresholds.
@@ -169,12 +175,14 @@ impl Membership {
         let from = p.state;
         p.state = to;
         p.reason = reason.clone();
+        self.next.set(None);
         Some(Transition { rank, from, to, reason })
     }
 
     /// Feed one observation about `rank` at time `now` (seconds).
     pub fn signal(&mut self, now: f64, rank: u32, s: Signal) -> Vec<Transition> {
         if s == Signal::Connected {
+            self.next.set(None);
             let p = self.peers.entry(rank).or_insert(Peer {
                 state: PeerState::Offline,
                 last_traffic: now,
@@ -245,6 +253,9 @@ impl Membership {
                     // old even though the data was just sent. Any ACK since then is progress: the peer's kernel
                     // is alive and what is outstanding now is newer, so the count restarts.
                     let acked_at = now - last_ack_age.max(0.0);
+                    if p.unacked_since.is_none() {
+                        self.next.set(None);
+                    }
                     p.unacked_since = Some(match p.unacked_since {
                         Some(s) if acked_at <= s => s,
                         _ => now,
@@ -288,12 +299,16 @@ impl Membership {
 
     /// Apply time-based rules at `now`.
     pub fn tick(&mut self, now: f64) -> Vec<Transition> {
+        self.next.set(None);
         let ranks: Vec<u32> = self.peers.keys().copied().collect();
         ranks.into_iter().flat_map(|r| self.tick_one(now, r)).collect()
     }
 
     /// Earliest time a time-based rule could fire.
     pub fn next_deadline(&self) -> Option<f64> {
+        if let Some(cached) = self.next.get() {
+            return cached;
+        }
         let mut best: Option<f64> = None;
         for p in self.peers.values() {
             let mut c = |t: f64| best = Some(best.map_or(t, |b: f64| b.min(t)));
@@ -306,6 +321,7 @@ impl Membership {
                 }
             }
         }
+        self.next.set(Some(best));
         best
     }
 
@@ -313,6 +329,7 @@ impl Membership {
     /// peers, so every silence and outstanding-data clock restarts now. Call before [`tick`](Self::tick) when
     /// the observer notices it ran late by more than `torpid_max`.
     pub fn grace(&mut self, now: f64) {
+        self.next.set(None);
         for p in self.peers.values_mut() {
             p.last_traffic = p.last_traffic.max(now);
             p.unacked_since = None;
@@ -321,6 +338,7 @@ impl Membership {
 
     /// Forget `rank` (e.g. after it was reported lost and its subtree handled).
     pub fn remove(&mut self, rank: u32) {
+        self.next.set(None);
         self.peers.remove(&rank);
     }
 }

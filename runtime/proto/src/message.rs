@@ -706,15 +706,17 @@ mod tests {
                 }
                 let short = f[..cut.index(f.len() + 1)].to_vec();
                 for bytes in [f, short] {
+                    // Whatever decodes re-encodes to itself; the rest is an error, never a panic.
                     for d in [
                         Message::decode_frame(&bytes),
                         Message::decode_frame_owned(bytes.clone()),
                         Message::decode_body(&bytes),
                         packed::decode_owned(bytes.clone()),
-                    ] {
-                        if let Ok(d) = d {
-                            prop_assert_eq!(Message::decode_frame(&d.encode()), Ok(d.clone()));
-                        }
+                    ]
+                    .into_iter()
+                    .flatten()
+                    {
+                        prop_assert_eq!(Message::decode_frame(&d.encode()), Ok(d.clone()));
                     }
                 }
             }

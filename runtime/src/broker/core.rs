@@ -142,9 +142,9 @@ pub(crate) enum Input {
     InitialExit(i32),
     /// The broker process received this signal.
     Signal(i32),
-    /// The kernel's ACK state of the link to `rank` ([`PARENT`] = the parent): unacked segments and the age of
-    /// the last ACK, seconds (answers [`Effect::Heartbeat`]).
-    AckSample(u32, u32, f64),
+    /// The kernel's ACK state of each link, as `(rank, unacked segments, age of the last ACK in seconds)`
+    /// ([`PARENT`] = the parent), sampled for one [`Effect::Heartbeat`].
+    AckSamples(Vec<(u32, u32, f64)>),
     /// A liveness signal about child `rank` from the prober.
     Probe(u32, Signal),
     /// A process watched with [`Effect::WatchPid`] exited; `body` says how (`detect.watch`'s answer).
@@ -173,7 +173,7 @@ pub(crate) enum Effect {
     DropLink(Peer, u64),
     /// Stop probing child `rank` and watching its connection.
     ForgetChild(u32),
-    /// Beat this broker's heartbeat clock and sample every link's kernel ACK state ([`Input::AckSample`]).
+    /// Beat this broker's heartbeat clock and sample every link's kernel ACK state ([`Input::AckSamples`]).
     Heartbeat,
     /// Start job `id`'s shell with this input (stdin) and job directory.
     SpawnShell { id: JobId, input: Box<ShellInput>, tmpdir: PathBuf },
@@ -442,9 +442,12 @@ impl Broker {
                     debug!("ignoring signal {sig}; the initial program handles it");
                 }
             }
-            Input::AckSample(rank, unacked, age) => {
-                let t = self.membership.signal(self.clock(), rank, Signal::KernelAck { unacked, last_ack_age: age });
-                self.apply_transitions(t);
+            Input::AckSamples(samples) => {
+                for (rank, unacked, age) in samples {
+                    let t =
+                        self.membership.signal(self.clock(), rank, Signal::KernelAck { unacked, last_ack_age: age });
+                    self.apply_transitions(t);
+                }
             }
             Input::Probe(rank, sig) => {
                 if self.shutting_down.is_some() || self.goodbye.contains(&rank) {

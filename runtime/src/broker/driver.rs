@@ -811,17 +811,19 @@ impl Driver {
                 if let Some(d) = self.detect.as_mut() {
                     d.beat();
                 }
+                let mut samples = Vec::with_capacity(self.children.len() + 1);
                 if self.parent.is_some() {
                     if let Some((unacked, age_ms)) = self.parent_sock.as_ref().and_then(tcp_ack_state) {
-                        queue.push_back(Input::AckSample(PARENT, unacked, f64::from(age_ms) / 1e3));
+                        samples.push((PARENT, unacked, f64::from(age_ms) / 1e3));
                     }
                 }
-                let mut ranks: Vec<u32> = self.children.keys().copied().collect();
-                ranks.sort_unstable();
-                for r in ranks {
-                    if let Some((unacked, age_ms)) = self.children[&r].sock.as_ref().and_then(tcp_ack_state) {
-                        queue.push_back(Input::AckSample(r, unacked, f64::from(age_ms) / 1e3));
+                for (&r, c) in &self.children {
+                    if let Some((unacked, age_ms)) = c.sock.as_ref().and_then(tcp_ack_state) {
+                        samples.push((r, unacked, f64::from(age_ms) / 1e3));
                     }
+                }
+                if !samples.is_empty() {
+                    queue.push_back(Input::AckSamples(samples));
                 }
             }
             Effect::SpawnShell { id, input, tmpdir } => {

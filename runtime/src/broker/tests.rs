@@ -178,8 +178,8 @@ fn liveness_in_virtual_time_heartbeats_torpid_lost() {
     assert_eq!(b.members[&1].0, MemberState::Torpid, "{:?}", b.members[&1]);
     // Its node stops answering probes and acknowledging our data: lost.
     // Outstanding TCP data alone does not make it lost while its kernel answers probes.
-    b.handle(quiet, Input::AckSample(1, 3, 0.2));
-    b.handle(quiet + Duration::from_secs(1), Input::AckSample(1, 3, 1.2));
+    b.handle(quiet, Input::AckSamples(vec![(1, 3, 0.2)]));
+    b.handle(quiet + Duration::from_secs(1), Input::AckSamples(vec![(1, 3, 1.2)]));
     effects(&mut b);
     assert_eq!(b.members[&1].0, MemberState::Torpid, "vouched for by its kernel");
     let later = quiet + Duration::from_secs(1);
@@ -198,9 +198,9 @@ fn a_broker_that_loses_its_parent_shuts_down_and_exits_nonzero() {
     b.handle(t(0.0), Input::ParentUp(super::rdma_link::LinkChoice { transport: "tcp", detail: String::new() }));
     b.handle(t(0.0), Input::Start);
     effects(&mut b);
-    b.handle(t(1.0), Input::AckSample(PARENT, 2, 1.0));
+    b.handle(t(1.0), Input::AckSamples(vec![(PARENT, 2, 1.0)]));
     assert!(effects(&mut b).is_empty(), "outstanding data is judged once it has been for tbon.lost_timeout");
-    b.handle(t(1.2), Input::AckSample(PARENT, 2, 1.2));
+    b.handle(t(1.2), Input::AckSamples(vec![(PARENT, 2, 1.2)]));
     let out = effects(&mut b);
     assert!(out.iter().any(|e| matches!(e, Effect::DropLink(Peer::Parent, _))), "{out:?}");
     assert!(b.finished(), "no children to wait for");

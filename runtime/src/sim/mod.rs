@@ -124,29 +124,6 @@ enum Ev {
     Check(u32),
 }
 
-struct Scheduled {
-    at: Time,
-    seq: u64,
-    ev: Ev,
-}
-
-impl PartialEq for Scheduled {
-    fn eq(&self, o: &Self) -> bool {
-        (self.at, self.seq) == (o.at, o.seq)
-    }
-}
-impl Eq for Scheduled {}
-impl PartialOrd for Scheduled {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Scheduled {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (self.at, self.seq).cmp(&(o.at, o.seq))
-    }
-}
-
 /// What a parent's prober knows of one child (the fields of the real prober's target that shape what it
 /// forwards).
 #[derive(Default)]
@@ -202,7 +179,13 @@ pub struct Sim {
     cfg: Config,
     now: Time,
     seq: u64,
-    queue: BinaryHeap<Reverse<Scheduled>>,
+    /// Due events by (time, sequence number): their slots in `slab`. Events stay put in the slab while the heap
+    /// moves 24-byte entries.
+    queue: BinaryHeap<Reverse<(Time, u64, u32)>>,
+    slab: Vec<Option<Ev>>,
+    free: Vec<u32>,
+    /// The inputs one [`Sim::handle`] leads to (kept to reuse its buffer).
+    scratch: VecDeque<Input>,
     nodes: Vec<Node>,
     links: BTreeMap<u32, LinkState>,
     /// Cut links (by child rank) and since when.
@@ -326,7 +309,7 @@ fn kind(i: &Input) -> u64 {
         Input::ShellDone { id, .. } => 9 + id.0 * 256,
         Input::InitialExit(_) => 10,
         Input::Signal(_) => 11,
-        Input::AckSample(r, u, _) => 12 + u64::from(*r) * 256 + u64::from(*u),
+        Input::AckSamples(v) => 12 + v.len() as u64 * 256 + v.iter().map(|x| u64::from(x.1)).sum::<u64>(),
         Input::Probe(r, _) => 13 + u64::from(*r) * 256,
         Input::ProcessExit(..) => 14,
         Input::WatchFailed(..) => 15,
@@ -352,6 +335,9 @@ impl Sim {
             now: Time::ZERO,
             seq: 0,
             queue: BinaryHeap::new(),
+            slab: Vec::new(),
+            free: Vec::new(),
+            scratch: VecDeque::new(),
             nodes: Vec::with_capacity(cfg.brokers as usize),
             links: BTreeMap::new(),
             cut: BTreeMap::new(),
@@ -400,7 +386,22 @@ impl Sim {
 
     fn at(&mut self, t: Time, ev: Ev) {
         self.seq += 1;
-        self.queue.push(Reverse(Scheduled { at: t.max(self.now), seq: self.seq, ev }));
+        let slot = match self.free.pop() {
+            Some(i) => {
+                self.slab[i as usize] = Some(ev);
+                i
+            }
+            None => {
+                self.slab.push(Some(ev));
+                (self.slab.len() - 1) as u32
+            }
+        };
+        self.queue.push(Reverse((t.max(self.now), self.seq, slot)));
+    }
+
+    /// Whether an event matching `f` is still to come.
+    fn pending_event(&self, f: impl Fn(&Ev) -> bool) -> bool {
+        self.slab.iter().flatten().any(f)
     }
 
     fn after(&mut self, d: Duration, ev: Ev) {
@@ -421,13 +422,15 @@ impl Sim {
 
     /// Run events until virtual time `end` (or the queue is empty).
     pub fn run_until(&mut self, end: Time) {
-        while let Some(Reverse(s)) = self.queue.peek() {
-            if s.at > end {
+        while let Some(&Reverse((at, _, slot))) = self.queue.peek() {
+            if at > end {
                 break;
             }
-            let Reverse(s) = self.queue.pop().expect("peeked");
-            self.now = s.at;
-            self.dispatch(s.ev);
+            self.queue.pop();
+            let ev = self.slab[slot as usize].take().expect("a scheduled event");
+            self.free.push(slot);
+            self.now = at;
+            self.dispatch(ev);
         }
         self.now = self.now.max(end);
     }
@@ -516,7 +519,8 @@ impl Sim {
 
     /// Handle one input and everything it leads to at once (as the tokio driver does), then re-arm the timer.
     fn handle(&mut self, n: u32, first: Input) {
-        let mut queue = VecDeque::from([first]);
+        let mut queue = std::mem::take(&mut self.scratch);
+        queue.push_back(first);
         while let Some(i) = queue.pop_front() {
             let now = self.now;
             let Some(b) = self.nodes[n as usize].broker.as_mut() else { return };
@@ -527,6 +531,7 @@ impl Sim {
                 self.execute(n, e, &mut queue);
             }
         }
+        self.scratch = queue;
         let Some(b) = self.nodes[n as usize].broker.as_ref() else { return };
         if b.finished() {
             let code = b.exit_code();
@@ -648,23 +653,28 @@ impl Sim {
             }
             Effect::Heartbeat => {
                 self.nodes[n as usize].last_beat = self.now;
-                let mut peers: Vec<(u32, u32, u32)> = Vec::new(); // (membership key, child rank, far rank)
-                if let Some(p) = topo.parent(size, n) {
-                    if self.links.get(&n).is_some_and(|l| l.at_child) {
-                        peers.push((PARENT, n, p));
-                    }
-                }
-                for c in topo.children(size, n) {
-                    if self.links.get(&c).is_some_and(|l| l.at_parent) {
-                        peers.push((c, c, c));
-                    }
-                }
-                for (key, child, far) in peers {
-                    let (unacked, age) = match self.silent_since(child, far) {
-                        Some(t) => (1, self.now.since(t).as_secs_f64()),
+                let mut samples = Vec::new();
+                let mut sample = |sim: &Sim, key: u32, child: u32, far: u32| {
+                    let (unacked, age) = match sim.silent_since(child, far) {
+                        Some(t) => (1, sim.now.since(t).as_secs_f64()),
                         None => (0, 0.0),
                     };
-                    queue.push_back(Input::AckSample(key, unacked, age));
+                    samples.push((key, unacked, age));
+                };
+                if let Some(p) = topo.parent(size, n) {
+                    if self.links.get(&n).is_some_and(|l| l.at_child) {
+                        sample(self, PARENT, n, p);
+                    }
+                }
+                let children =
+                    self.nodes[n as usize].broker.as_ref().map(|b| b.children.keys().copied().collect::<Vec<_>>());
+                for c in children.unwrap_or_default() {
+                    if self.links.get(&c).is_some_and(|l| l.at_parent) {
+                        sample(self, c, c, c);
+                    }
+                }
+                if !samples.is_empty() {
+                    queue.push_back(Input::AckSamples(samples));
                 }
             }
             Effect::SpawnShell { id, input, .. } => {

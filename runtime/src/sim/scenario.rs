@@ -144,8 +144,8 @@ pub fn run(cfg: Config, scenario: Scenario) -> Report {
     while t < end {
         t += 1.0;
         sim.run_until(secs(t));
-        let faults_done = sim.queue.iter().all(|s| !matches!(s.0.ev, Ev::Fault(_)));
-        let submitted = sim.queue.iter().all(|s| !matches!(s.0.ev, Ev::Client(_)));
+        let faults_done = !sim.pending_event(|e| matches!(e, Ev::Fault(_)));
+        let submitted = !sim.pending_event(|e| matches!(e, Ev::Client(_)));
         if faults_done && submitted && all_jobs_done(&sim) && sim.pending.is_empty() {
             let q = *quiet_since.get_or_insert(t);
             if t - q >= 5.0 {
