@@ -6,6 +6,9 @@ use std::path::PathBuf;
 use vigil::sim::{Config, Report, Scenario};
 use vigil::topology::Topology;
 
+/// The largest instance simulated: about 6 GiB of broker state at this size.
+const MAX_BROKERS: u32 = 1 << 20;
+
 /// Options of `vigil-bench sim`.
 #[derive(Args, Debug)]
 pub struct SimArgs {
@@ -75,8 +78,12 @@ pub fn run(a: &SimArgs, out_dir: Option<PathBuf>) -> i32 {
             return 2;
         }
     };
-    if a.brokers == 0 {
-        eprintln!("vigil-bench sim: --brokers must be at least 1");
+    if a.brokers == 0 || a.brokers > MAX_BROKERS {
+        eprintln!("vigil-bench sim: --brokers must be 1..={MAX_BROKERS} (each simulated broker takes a few KiB)");
+        return 2;
+    }
+    if let Err(e) = topo.check_depth(a.brokers) {
+        eprintln!("vigil-bench sim: {e}");
         return 2;
     }
     let m = measure(a.brokers, topo, scenario, a.seed);

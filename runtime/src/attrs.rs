@@ -497,8 +497,8 @@ pub enum AttrError {
     TwoTopologies,
     /// `tbon.heartbeat_period` not shorter than `tbon.torpid_max`.
     #[error(
-        "tbon.heartbeat_period ({:.0} ms) must be shorter than tbon.torpid_max ({:.0} ms), or every peer looks torpid",
-        .heartbeat * 1e3, .torpid * 1e3
+        "tbon.heartbeat_period ({} ms) must be shorter than tbon.torpid_max ({} ms), or every peer looks torpid",
+        (.heartbeat * 1e4).round() / 10.0, (.torpid * 1e4).round() / 10.0
     )]
     HeartbeatNotShorter {
         /// `tbon.heartbeat_period`, seconds.
@@ -521,6 +521,9 @@ fn one_of(words: &[&str]) -> String {
         [rest @ .., last] => format!("{} or {last}", rest.join(", ")),
     }
 }
+
+/// Shortest `tbon.heartbeat_period` accepted (seconds).
+const MIN_HEARTBEAT: f64 = 0.001;
 
 /// Longest liveness duration accepted (seconds): beyond it liveness would effectively be off.
 const MAX_LIVENESS: f64 = 3600.0;
@@ -589,8 +592,25 @@ impl Draft {
             "tbon.fanout" => {
                 self.fanout = Some((v.parse().map_err(|_| "expected a number (tbon.fanout=K is kary:K)")?, v.into()))
             }
-            "tbon.connect_timeout" => c.connect_timeout = liveness(v)?,
-            "tbon.heartbeat_period" => m.heartbeat_period = liveness(v)?,
+            "tbon.connect_timeout" => {
+                c.connect_timeout = liveness(v).map_err(|e| {
+                    if e.starts_with("longer than an hour") {
+                        "longer than an hour: a broker would wait that long for its parent".to_string()
+                    } else {
+                        e
+                    }
+                })?
+            }
+            "tbon.heartbeat_period" => {
+                let s = liveness(v)?;
+                if s < MIN_HEARTBEAT {
+                    return Err(format!(
+                        "at least {:.0}ms: every broker sends one per period on each of its links",
+                        MIN_HEARTBEAT * 1e3
+                    ));
+                }
+                m.heartbeat_period = s
+            }
             "tbon.torpid_max" => m.torpid_max = liveness(v)?,
             "tbon.lost_timeout" => m.lost_timeout = liveness(v)?,
             "tbon.probe_period" => {
@@ -877,7 +897,8 @@ mod tests {
             ("tbon.heartbeat_period", "x", "invalid number"),
             ("tbon.torpid_max", "0", "greater than 0"),
             ("tbon.lost_timeout", "inf", "finite"),
-            ("tbon.connect_timeout", "2h", "longer than an hour"),
+            ("tbon.connect_timeout", "2h", "longer than an hour: a broker would wait"),
+            ("tbon.heartbeat_period", "0.5ms", "at least 1ms"),
             ("tbon.probe_period", "1ms", "at least 5ms"),
             ("tbon.probe_misses", "0", "expected a positive integer"),
             ("tbon.probe_misses", "-1", "expected a positive integer"),

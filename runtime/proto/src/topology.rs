@@ -54,6 +54,10 @@ fn highest_bit(r: u32) -> u32 {
     1u32 << (31 - r.leading_zeros())
 }
 
+/// The deepest TBON the overlay routes (see [`Topology::check_depth`]): `2 * (MAX_DEPTH - 1) + 1` route entries fit
+/// in [`crate::message::MAX_ROUTE`].
+pub const MAX_DEPTH: u32 = crate::message::MAX_ROUTE as u32 / 2;
+
 impl Topology {
     /// Parent of `rank` in an instance of `size` brokers; `None` for rank 0 (and for ranks >= size).
     pub fn parent(&self, size: u32, rank: u32) -> Option<u32> {
@@ -111,6 +115,21 @@ impl Topology {
     /// Depth of the tree: the largest level plus one (1 for a single broker).
     pub fn depth(&self, size: u32) -> u32 {
         (0..size).map(|r| self.level(size, r)).max().map_or(0, |m| m + 1)
+    }
+
+    /// Refuse a tree too deep for the overlay's route stacks: a request between two leaves of a tree `D` levels
+    /// deep crosses up to `2(D-1)` brokers, each pushing one route entry after the sender's own, and a route
+    /// holds at most [`crate::message::MAX_ROUTE`] entries: so at most [`MAX_DEPTH`] levels. The error names
+    /// the shape, the size, the depth and what would fit.
+    pub fn check_depth(&self, size: u32) -> Result<(), String> {
+        let depth = self.depth(size);
+        if depth > MAX_DEPTH {
+            return Err(format!(
+                "tbon.topo={self} with {size} brokers is {depth} levels deep: overlay routes allow at most {MAX_DEPTH} \
+                 (use a larger fanout, e.g. kary:2 or more)"
+            ));
+        }
+        Ok(())
     }
 
     /// True if `rank` has at least one child (an interior broker, a "router").
@@ -177,6 +196,16 @@ pub enum Hop {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn trees_deeper_than_routes_allow_are_refused() {
+        use super::*;
+        assert!(Topology::Kary(1).check_depth(MAX_DEPTH).is_ok());
+        let e = Topology::Kary(1).check_depth(MAX_DEPTH + 1).unwrap_err();
+        assert!(e.contains("33 levels deep") && e.contains("at most 32"), "{e}");
+        assert!(Topology::Kary(2).check_depth(100_000).is_ok());
+        assert!(Topology::Binomial.check_depth(1 << 20).is_ok());
+    }
+
     use super::*;
     use proptest::prelude::*;
 

@@ -185,6 +185,7 @@ pub async fn run(opts: BrokerOptions) -> i32 {
 
 async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
     let rank = opts.rank;
+    opts.topo.check_depth(opts.size)?;
     let (resources, topology_str) = discover(&opts);
     info!(rank, cores = resources.cores, gpus = resources.gpus, source = %resources.source, "node discovered");
 

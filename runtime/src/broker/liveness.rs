@@ -117,7 +117,7 @@ impl Broker {
                     if let Some(conn) = self.children.remove(&r) {
                         self.effect(Effect::DropLink(Peer::Child(r), conn));
                         self.child_lost(r, &t.reason);
-                        self.fail_inflight(r, &t.reason);
+                        self.fail_inflight(r);
                     }
                     self.membership.remove(r);
                 }
@@ -176,7 +176,7 @@ impl Broker {
                     self.children.remove(&r);
                     self.effect(Effect::DropLink(Peer::Child(r), conn));
                     self.membership.remove(r);
-                    self.fail_inflight(r, "it left");
+                    self.fail_inflight(r);
                     debug!("child rank {r} left");
                     if self.shutting_down.is_none() {
                         let (topo, size) = self.tree();
@@ -200,7 +200,7 @@ impl Broker {
                     self.child_lost(r, why);
                     self.membership.remove(r);
                 }
-                self.fail_inflight(r, why);
+                self.fail_inflight(r);
             }
             Peer::Local(id) => {
                 if self.locals.get(&id).is_some_and(|c| c.streaming) {

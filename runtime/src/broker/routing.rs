@@ -186,15 +186,16 @@ impl Broker {
     }
 
     /// Child `c` is gone: every request still in flight through it gets EHOSTUNREACH.
-    pub(crate) fn fail_inflight(&mut self, c: u32, why: &str) {
+    pub(crate) fn fail_inflight(&mut self, c: u32) {
         let Some(m) = self.inflight.remove(&c) else { return };
         let mut reqs: Vec<Message> = m.into_values().collect();
         reqs.sort_by_key(|r| (r.matchtag, r.route.clone()));
         for req in reqs {
+            // Why the rank was lost is rank 0's record (`vigil overlay status`; the CLI adds it): not repeated here.
             let e = if req.nodeid == c {
-                format!("rank {c} was lost with this request in flight ({why})")
+                format!("rank {c} was lost with this request in flight")
             } else {
-                format!("rank {} is unreachable: its route went through rank {c}, which was lost ({why})", req.nodeid)
+                format!("rank {} is unreachable: its route went through rank {c}, which was lost", req.nodeid)
             };
             self.respond_error(&req, errno::EHOSTUNREACH, &e);
         }

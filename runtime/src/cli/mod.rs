@@ -160,7 +160,12 @@ pub(crate) fn parse_attrs(list: &[String]) -> Result<std::collections::BTreeMap<
         if k.is_empty() {
             return Err(format!("-S {s}: empty attribute name"));
         }
-        m.insert(k.to_string(), v.to_string());
+        // Set twice to different values: which one was meant is not ours to guess.
+        if let Some(old) = m.insert(k.to_string(), v.to_string()) {
+            if old != v {
+                return Err(format!("-S {k}: set twice, to '{old}' and to '{v}'"));
+            }
+        }
     }
     Ok(m)
 }
@@ -175,5 +180,16 @@ pub(crate) fn fmt_secs(s: f64) -> String {
         format!("{:.1}h", s / 3600.0)
     } else {
         format!("{:.1}d", s / 86400.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_attribute_set_twice_to_different_values_is_refused() {
+        let a = |v: &[&str]| super::parse_attrs(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(a(&["tbon.topo=kary:2", "tbon.topo=kary:2"]).unwrap()["tbon.topo"], "kary:2");
+        let e = a(&["tbon.topo=kary:2", "tbon.topo=binomial"]).unwrap_err();
+        assert!(e.contains("set twice") && e.contains("kary:2") && e.contains("binomial"), "{e}");
     }
 }

@@ -156,6 +156,7 @@ fn start_inner(a: StartArgs) -> Result<i32, String> {
     }
     let topo = config.topo;
     check_topology(&config)?;
+    topo.check_depth(a.test_size)?;
     if a.test_size > 1 && config.transport == Transport::Rdma {
         return Err("tbon.transport=rdma: a test instance's overlay runs on loopback, which no verbs device serves; \
                     use auto or tcp (RDMA needs brokers bound to addresses of RDMA-capable interfaces, see docs/rdma.md)"

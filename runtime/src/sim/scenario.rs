@@ -82,16 +82,17 @@ pub fn run(cfg: Config, scenario: Scenario) -> Report {
         }
         Scenario::Jobs => {
             for k in 0..1000 {
-                let spec = random_job(&mut sim, n.min(64));
+                let spec = random_job(&mut sim, job_nodes(n, 64).max(n.min(8)));
                 submits.push(submit_at(&mut sim, secs(BOOT_BY + 0.01 + k as f64 * 0.002), spec));
             }
-            BOOT_BY + 600.0
+            BOOT_BY + 7200.0
         }
         Scenario::Churn => {
             let (losses, stalls, crashes) = fault_counts(n);
             let span = (BOOT_BY + 1.0, BOOT_BY + 31.0);
             // Distinct targets, never rank 0 (its loss ends the instance: the restart issue's business).
             let mut targets: Vec<u32> = (1..n).collect();
+            debug_assert!((losses + stalls + crashes) as usize <= targets.len());
             let mut pick = |sim: &mut Sim| {
                 let i = sim.rng.below(targets.len() as u64) as usize;
                 targets.swap_remove(i)
@@ -110,7 +111,7 @@ pub fn run(cfg: Config, scenario: Scenario) -> Report {
             }
             // Small jobs all along, so that the survivors can always run them.
             for k in 0..600 {
-                let spec = random_job(&mut sim, n.min(4));
+                let spec = random_job(&mut sim, job_nodes(n, 4));
                 submits.push(submit_at(&mut sim, secs(BOOT_BY + 0.01 + k as f64 * 0.05), spec));
             }
             // Pings to random ranks, some lost meanwhile: each must be answered.
@@ -118,7 +119,7 @@ pub fn run(cfg: Config, scenario: Scenario) -> Report {
                 let r = sim.rng.below(u64::from(n)) as u32;
                 pings.push(sim.request_at(secs(BOOT_BY + k as f64 * 0.1), "broker.ping", r, &serde_json::json!({})));
             }
-            BOOT_BY + 120.0
+            BOOT_BY + 3600.0
         }
         Scenario::Partition => {
             // The first router below rank 0 (a leaf when the tree is flat), cut for 5 s.
@@ -128,14 +129,14 @@ pub fn run(cfg: Config, scenario: Scenario) -> Report {
                 sim.fault_at(secs(BOOT_BY + 6.0), Fault::Heal(r));
             }
             for k in 0..200 {
-                let spec = random_job(&mut sim, n.min(8));
+                let spec = random_job(&mut sim, job_nodes(n, 8));
                 submits.push(submit_at(&mut sim, secs(BOOT_BY + 0.01 + k as f64 * 0.02), spec));
             }
             for k in 0..100 {
                 let r = sim.rng.below(u64::from(n)) as u32;
                 pings.push(sim.request_at(secs(BOOT_BY + k as f64 * 0.1), "broker.ping", r, &serde_json::json!({})));
             }
-            BOOT_BY + 120.0
+            BOOT_BY + 3600.0
         }
     };
     // Run in slices until every job is inactive (then 5 s more for the overlay to settle), or the end.
@@ -144,9 +145,12 @@ pub fn run(cfg: Config, scenario: Scenario) -> Report {
     while t < end {
         t += 1.0;
         sim.run_until(secs(t));
-        let faults_done = !sim.pending_event(|e| matches!(e, Ev::Fault(_)));
+        // Faults still to come, or a broker still stopped, are not quiet.
+        let faults_done = !sim.pending_event(|e| matches!(e, Ev::Fault(_) | Ev::Resume(_)));
         let submitted = !sim.pending_event(|e| matches!(e, Ev::Client(_)));
-        if faults_done && submitted && all_jobs_done(&sim) && sim.pending.is_empty() {
+        // Brokers shutting down (cut off from a lost parent) finish within their grace period first.
+        let settled = sim.nodes.iter().all(|n| n.broker.as_deref().is_none_or(|b| b.shutting_down.is_none()));
+        if faults_done && submitted && all_jobs_done(&sim) && sim.pending.is_empty() && settled {
             let q = *quiet_since.get_or_insert(t);
             if t - q >= 5.0 {
                 break;
@@ -159,16 +163,29 @@ pub fn run(cfg: Config, scenario: Scenario) -> Report {
 }
 
 /// Silent node losses, stalls and crashes for an instance of `n` brokers: 200, 50 and 20 when it has room for
-/// them among a quarter of its ranks; scaled down otherwise.
+/// them among a quarter of its ranks other than rank 0; scaled down otherwise (none below 5 brokers: every fault
+/// needs a distinct target, and rank 0 is never one).
 fn fault_counts(n: u32) -> (u32, u32, u32) {
-    let room = (n.saturating_sub(1) / 4).max(1);
+    let room = n.saturating_sub(1) / 4;
     if room >= 270 {
         (200, 50, 20)
     } else {
         let s = f64::from(room) / 270.0;
-        let c = |x: f64| ((x * s).round() as u32).max(1);
-        (c(200.0), c(50.0), c(20.0))
+        let c = |x: f64| ((x * s).round() as u32).min(room);
+        let (l, st, cr) = (c(200.0), c(50.0), c(20.0));
+        // At least one of each once there is room for three.
+        if room >= 3 {
+            (l.max(1).min(room - 2), st.max(1), cr.max(1))
+        } else {
+            (room, 0, 0)
+        }
     }
+}
+
+/// The largest job a scenario submits on `n` brokers with at most `cap` nodes: small enough that the nodes left
+/// after its faults can still run it (strict FCFS: one job that cannot fit would hold every later one).
+fn job_nodes(n: u32, cap: u32) -> u32 {
+    cap.min((n / 8).max(1))
 }
 
 /// A job of 1..=max_nodes nodes, 1..=4 tasks per node, running 0.05..2 s.
@@ -216,6 +233,7 @@ fn check(sim: &mut Sim, scenario: Scenario, submits: &[u32], pings: &[u32]) -> R
     // Faults: which ranks each took down, and when.
     let mut dead: BTreeMap<u32, Time> = BTreeMap::new(); // node loss or crash → the rank's own verdict
     let mut stalled: BTreeSet<u32> = BTreeSet::new();
+    let mut stalled_at: BTreeMap<u32, Time> = BTreeMap::new();
     let mut lost_nodes: Vec<(u32, Time)> = Vec::new();
     for &(t, f) in &sim.faults {
         match f {
@@ -228,16 +246,18 @@ fn check(sim: &mut Sim, scenario: Scenario, submits: &[u32], pings: &[u32]) -> R
             }
             Fault::Stall(r, _) => {
                 stalled.insert(r);
+                stalled_at.entry(r).or_insert(t);
             }
             Fault::Cut(_) | Fault::Heal(_) => {}
         }
     }
     let (topo, size) = (sim.cfg.topo, sim.cfg.brokers);
-    // An ancestor of `r` died before `by`: `r` may be cut off before (or instead of) being judged itself.
+    // An ancestor of `r` died or was stalled before `by`: `r` may be cut off before (or instead of) being judged
+    // itself (a stalled parent judges nobody until it runs again).
     let ancestor_faulted = |r: u32, by: Time| {
         let mut p = topo.parent(size, r);
         while let Some(a) = p {
-            if dead.get(&a).is_some_and(|t| *t <= by) {
+            if dead.get(&a).is_some_and(|t| *t <= by) || stalled_at.get(&a).is_some_and(|t| *t <= by) {
                 return true;
             }
             p = topo.parent(size, a);
@@ -250,8 +270,8 @@ fn check(sim: &mut Sim, scenario: Scenario, submits: &[u32], pings: &[u32]) -> R
     for (&r, &t) in &dead {
         match member(r) {
             Some((MemberState::Lost, why, since)) => {
-                // Its own loss takes at most a second or so to judge (probes, else the TCP ACK timeout).
-                if !ancestor_faulted(r, t + Duration::from_secs(1)) && why.starts_with("cut off") {
+                let verdict = Time::from_secs_f64(since - wall0);
+                if !ancestor_faulted(r, verdict) && why.starts_with("cut off") {
                     v.push(format!("rank {r} was lost for an ancestor's loss ({why}) but died itself first"));
                 }
                 if lost_nodes.iter().any(|(x, _)| *x == r) && !why.starts_with("cut off") {
@@ -278,7 +298,8 @@ fn check(sim: &mut Sim, scenario: Scenario, submits: &[u32], pings: &[u32]) -> R
     for j in jc.jobs.values() {
         jobs += 1;
         if j.state != JobState::Inactive {
-            v.push(format!("job {} never ended: {:?}", j.id, j.state));
+            let why = jc.pending_reason(j.id).map(|r| format!(" ({r})")).unwrap_or_default();
+            v.push(format!("job {} never ended: {:?}{why}", j.id, j.state));
             continue;
         }
         // A node of the job was lost while it ran (its shell there may have finished just before: then the job
