@@ -139,12 +139,14 @@ pub struct Membership {
     /// at worst a timer fires early and finds nothing. A parent of thousands of children would otherwise scan
     /// them all after every message.
     next: std::cell::Cell<Option<Option<f64>>>,
+    /// Until when no peer is lost for unacknowledged TCP data (set by [`Membership::grace`]).
+    ack_quiet_until: f64,
 }
 
 impl Membership {
     /// A membership with these thresholds, tracking no peer yet.
     pub fn new(cfg: Config) -> Membership {
-        Membership { cfg, peers: BTreeMap::new(), next: std::cell::Cell::new(None) }
+        Membership { cfg, peers: BTreeMap::new(), next: std::cell::Cell::new(None), ack_quiet_until: f64::MIN }
     }
 
     /// The thresholds.
@@ -277,7 +279,7 @@ impl Membership {
                 // retransmissions back off, is not a dead node.
                 let kernel_answers = p.kernel_reply.is_some_and(|k| now < k + KERNEL_REPLY_STALE);
                 if let (Some(since), false) = (p.unacked_since, kernel_answers) {
-                    if now >= since + cfg.lost_timeout - 1e-9 {
+                    if now >= (since + cfg.lost_timeout).max(self.ack_quiet_until) - 1e-9 {
                         let why =
                             format!("node not responding: no TCP acknowledgement for {:.0} ms", (now - since) * 1e3);
                         return self.set(rank, PeerState::Lost, why).into_iter().collect();
@@ -314,7 +316,7 @@ impl Membership {
             let mut c = |t: f64| best = Some(best.map_or(t, |b: f64| b.min(t)));
             if matches!(p.state, PeerState::Online | PeerState::Torpid) {
                 if let Some(s) = p.unacked_since {
-                    c(s + self.cfg.lost_timeout);
+                    c((s + self.cfg.lost_timeout).max(self.ack_quiet_until));
                 }
                 if p.state == PeerState::Online {
                     c(p.last_traffic + self.cfg.torpid_max);
@@ -325,10 +327,14 @@ impl Membership {
         best
     }
 
-    /// We (the observer) were stalled until `now`: what we did not see during the stall says nothing about the
-    /// peers, so every silence and outstanding-data clock restarts now. Call before [`tick`](Self::tick) when
-    /// the observer notices it ran late by more than `torpid_max`.
-    pub fn grace(&mut self, now: f64) {
+    /// We (the observer) were stalled for `late` seconds until `now`: what we did not see during the stall says
+    /// nothing about the peers, so every silence and outstanding-data clock restarts now. And for as long again
+    /// no peer is lost for unacknowledged TCP data alone: data sent before a stall of the whole node (a VM
+    /// descheduled, a starved kernel) may wait that long for TCP's backed-off retransmission, and a parent
+    /// link has no probe replies to vouch for its node meanwhile. Call before [`tick`](Self::tick) when the
+    /// observer notices it ran late by more than `torpid_max`.
+    pub fn grace(&mut self, now: f64, late: f64) {
+        self.ack_quiet_until = now + late.max(0.0);
         self.next.set(None);
         for p in self.peers.values_mut() {
             p.last_traffic = p.last_traffic.max(now);
@@ -424,16 +430,36 @@ mod tests {
         assert_eq!(m.signal(t, 1, Signal::Traffic)[0].to, PeerState::Online, "lively after SIGCONT");
     }
 
+    const PARENT_KEY: u32 = u32::MAX;
+
     #[test]
     fn observer_stall_is_not_blamed_on_peers() {
         let mut m = m();
         m.signal(0.0, 1, Signal::Traffic);
         // We were stopped from 0.0 to 4.0: the peer's heartbeats are still queued, unread.
-        m.grace(4.0);
+        m.grace(4.0, 4.0);
         assert!(m.tick(4.0).is_empty());
         assert_eq!(m.state(1), PeerState::Online);
         // Real silence after the stall still counts.
         assert_eq!(m.tick(4.0 + Config::default().torpid_max).first().map(|t| t.to), Some(PeerState::Torpid));
+    }
+
+    #[test]
+    fn after_a_stall_unacknowledged_data_waits_for_tcp_backoff_as_long_as_the_stall() {
+        let cfg = Config::default();
+        let mut m = Membership::new(cfg);
+        m.signal(0.0, PARENT_KEY, Signal::Connected);
+        // The whole node was stalled 2 s; data sent before it waits for a backed-off retransmission.
+        m.grace(2.0, 2.0);
+        m.signal(2.05, PARENT_KEY, Signal::KernelAck { unacked: 3, last_ack_age: 2.05 });
+        let t =
+            m.signal(2.05 + cfg.lost_timeout * 2.0, PARENT_KEY, Signal::KernelAck { unacked: 3, last_ack_age: 2.3 });
+        assert!(t.iter().all(|t| t.to != PeerState::Lost), "lost during the TCP backoff after our own stall: {t:?}");
+        // (The TCP verdict's deadline waits for the end of that window; the torpid one comes at 2.5 s.)
+        assert_eq!(m.next_deadline(), Some(2.0 + cfg.torpid_max));
+        // Still unacknowledged once the stall's length has passed again: lost.
+        let t = m.signal(4.1, PARENT_KEY, Signal::KernelAck { unacked: 3, last_ack_age: 4.1 });
+        assert_eq!(t.first().map(|t| t.to), Some(PeerState::Lost), "{t:?}");
     }
 
     #[test]

@@ -82,7 +82,7 @@ impl Broker {
         let late = self.now.since(self.next_heartbeat).as_secs_f64();
         if late > self.membership.config().torpid_max {
             info!("this broker ran {:.0} ms late (stopped or starved); not judging peers on that gap", late * 1e3);
-            self.membership.grace(self.clock());
+            self.membership.grace(self.clock(), late);
         }
         if self.shutting_down.is_none() && self.now >= self.next_heartbeat {
             self.heartbeat();
