@@ -603,16 +603,7 @@ impl Sim {
                 if !open_there || self.nodes[to as usize].broker.is_none() {
                     // The far kernel has no socket for it: a reset comes back, and this end closes.
                     let mine = if peer == Peer::Parent { 0 } else { link.conn };
-                    if let Some(l) = self.links.get_mut(&child) {
-                        if peer == Peer::Parent {
-                            l.at_child = false;
-                        } else {
-                            l.at_parent = false;
-                        }
-                        if !l.at_child && !l.at_parent {
-                            self.links.remove(&child);
-                        }
-                    }
+                    self.shut(child, peer == Peer::Parent);
                     let rtt = lat * 2;
                     self.after(rtt, Ev::Input(n, Input::Closed(peer, mine, "connection reset by peer".into())));
                     return;
@@ -712,17 +703,10 @@ impl Sim {
 
     /// Node `n` closes its end of the link of `child`; the other end hears of it (EOF) if its kernel can.
     fn close_end(&mut self, n: u32, child: u32, why: &str) {
-        let Some(l) = self.links.get_mut(&child) else { return };
         let at_child_end = n == child;
-        if at_child_end {
-            l.at_child = false;
-        } else {
-            l.at_parent = false;
-        }
+        let Some(l) = self.links.get(&child).copied() else { return };
         let (conn, other_open) = (l.conn, if at_child_end { l.at_parent } else { l.at_child });
-        if !l.at_child && !l.at_parent {
-            self.links.remove(&child);
-        }
+        self.shut(child, at_child_end);
         let Some(parent) = self.cfg.topo.parent(self.cfg.brokers, child) else { return };
         let far = if at_child_end { parent } else { child };
         if other_open && self.reachable(n, far) {
@@ -734,16 +718,21 @@ impl Sim {
             };
             self.after(lat, Ev::Input(far, input));
             // The far socket is closed too once it has read the EOF.
-            if let Some(l) = self.links.get_mut(&child) {
-                if at_child_end {
-                    l.at_parent = false;
-                } else {
-                    l.at_child = false;
-                }
-                if !l.at_child && !l.at_parent {
-                    self.links.remove(&child);
-                }
-            }
+            self.shut(child, !at_child_end);
+        }
+    }
+
+    /// Close one socket of the link of `child`: its own end (`child_end`) or its parent's; a link closed at both
+    /// ends is gone.
+    fn shut(&mut self, child: u32, child_end: bool) {
+        let Some(l) = self.links.get_mut(&child) else { return };
+        if child_end {
+            l.at_child = false;
+        } else {
+            l.at_parent = false;
+        }
+        if !l.at_child && !l.at_parent {
+            self.links.remove(&child);
         }
     }
 

@@ -109,16 +109,9 @@ pub fn run(cfg: Config, scenario: Scenario) -> Report {
                 let (r, t) = (pick(&mut sim), sim.rng.secs(span.0, span.1));
                 sim.fault_at(secs(t), Fault::Crash(r));
             }
-            // Small jobs all along, so that the survivors can always run them.
-            for k in 0..600 {
-                let spec = random_job(&mut sim, job_nodes(n, 4));
-                submits.push(submit_at(&mut sim, secs(BOOT_BY + 0.01 + k as f64 * 0.05), spec));
-            }
-            // Pings to random ranks, some lost meanwhile: each must be answered.
-            for k in 0..300 {
-                let r = sim.rng.below(u64::from(n)) as u32;
-                pings.push(sim.request_at(secs(BOOT_BY + k as f64 * 0.1), "broker.ping", r, &serde_json::json!({})));
-            }
+            // Small jobs all along, so that the survivors can always run them; pings, some to ranks lost meanwhile.
+            submits = jobs_along(&mut sim, 600, job_nodes(n, 4), 0.05);
+            pings = pings_along(&mut sim, 300);
             BOOT_BY + 3600.0
         }
         Scenario::Partition => {
@@ -128,14 +121,8 @@ pub fn run(cfg: Config, scenario: Scenario) -> Report {
                 sim.fault_at(secs(BOOT_BY + 1.0), Fault::Cut(r));
                 sim.fault_at(secs(BOOT_BY + 6.0), Fault::Heal(r));
             }
-            for k in 0..200 {
-                let spec = random_job(&mut sim, job_nodes(n, 8));
-                submits.push(submit_at(&mut sim, secs(BOOT_BY + 0.01 + k as f64 * 0.02), spec));
-            }
-            for k in 0..100 {
-                let r = sim.rng.below(u64::from(n)) as u32;
-                pings.push(sim.request_at(secs(BOOT_BY + k as f64 * 0.1), "broker.ping", r, &serde_json::json!({})));
-            }
+            submits = jobs_along(&mut sim, 200, job_nodes(n, 8), 0.02);
+            pings = pings_along(&mut sim, 100);
             BOOT_BY + 3600.0
         }
     };
@@ -194,6 +181,27 @@ fn random_job(sim: &mut Sim, max_nodes: u32) -> JobspecBuilder {
     let per = 1 + sim.rng.below(u64::from(sim.cfg.cores.clamp(1, 4))) as u32;
     let dur = sim.rng.secs(0.05, 2.0);
     JobspecBuilder::new(["sleep".to_string(), format!("{dur:.3}")]).nnodes(nodes).ntasks(nodes * per)
+}
+
+/// `count` random jobs of at most `max_nodes` nodes, one every `every` seconds after boot; their matchtags.
+fn jobs_along(sim: &mut Sim, count: u32, max_nodes: u32, every: f64) -> Vec<u32> {
+    (0..count)
+        .map(|k| {
+            let spec = random_job(sim, max_nodes);
+            submit_at(sim, secs(BOOT_BY + 0.01 + f64::from(k) * every), spec)
+        })
+        .collect()
+}
+
+/// `count` pings to random ranks, one every 100 ms from boot on (each must be answered); their matchtags.
+fn pings_along(sim: &mut Sim, count: u32) -> Vec<u32> {
+    let n = sim.cfg.brokers;
+    (0..count)
+        .map(|k| {
+            let r = sim.rng.below(u64::from(n)) as u32;
+            sim.request_at(secs(BOOT_BY + f64::from(k) * 0.1), "broker.ping", r, &serde_json::json!({}))
+        })
+        .collect()
 }
 
 fn submit_at(sim: &mut Sim, t: Time, spec: JobspecBuilder) -> u32 {
