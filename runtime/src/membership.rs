@@ -11,7 +11,8 @@
 //! - no traffic at all from the peer for `tbon.torpid_max` → **torpid** (no new work is placed there); any
 //!   traffic → back to **online** ("lively");
 //! - data we sent that the peer's *kernel* has not acknowledged for `tbon.lost_timeout` → **lost**: the node or
-//!   its link is gone. A stalled broker (SIGSTOP, swapping, starved) still has its kernel ACK our heartbeats, so
+//!   its link is gone. Judged on a `TCP_INFO` sample taken at or after that deadline (the timer asks for one:
+//!   [`Membership::take_ack_check`]), never on an older one. A stalled broker (SIGSTOP, swapping, starved) still has its kernel ACK our heartbeats, so
 //!   it is torpid, never lost.
 //! - a process-exit report for the peer's broker → **lost** at once;
 //! - heartbeat probes answered by the peer node's *kernel* (the XDP responder) arm the probe rules: a reply
@@ -125,6 +126,9 @@ struct Peer {
     unacked_since: Option<f64>,
     /// When the peer's node kernel last answered a probe (None = never: probe rules not armed).
     kernel_reply: Option<f64>,
+    /// When a fresh `TCP_INFO` sample was last taken or asked for ([`Membership::take_ack_check`]): the
+    /// unacknowledged-data rule judges only on a sample taken at or after its deadline, never on an old one.
+    sampled: f64,
     reason: String,
 }
 
@@ -190,6 +194,7 @@ impl Membership {
                 last_traffic: now,
                 unacked_since: None,
                 kernel_reply: None,
+                sampled: now,
                 reason: String::new(),
             });
             p.last_traffic = now;
@@ -263,6 +268,10 @@ impl Membership {
                         _ => now,
                     });
                 }
+                p.sampled = p.sampled.max(now);
+                if let Some(t) = self.judge_acks(now, rank) {
+                    return vec![t];
+                }
                 self.tick_one(now, rank)
             }
         }
@@ -277,14 +286,6 @@ impl Membership {
                 // reports at least every second that replies still come). While armed, a dead node is the probe
                 // rule's call (probe_misses in a row): TCP data left unacknowledged after a link blip, while
                 // retransmissions back off, is not a dead node.
-                let kernel_answers = p.kernel_reply.is_some_and(|k| now < k + KERNEL_REPLY_STALE);
-                if let (Some(since), false) = (p.unacked_since, kernel_answers) {
-                    if now >= (since + cfg.lost_timeout).max(self.ack_quiet_until) - 1e-9 {
-                        let why =
-                            format!("node not responding: no TCP acknowledgement for {:.0} ms", (now - since) * 1e3);
-                        return self.set(rank, PeerState::Lost, why).into_iter().collect();
-                    }
-                }
                 if p.state == PeerState::Online && now >= p.last_traffic + cfg.torpid_max - 1e-9 {
                     // The threshold, not the silence so far: the reason is shown for as long as the peer is torpid.
                     let why = format!(
@@ -297,6 +298,62 @@ impl Membership {
             }
             _ => vec![],
         }
+    }
+
+    /// The unacknowledged-data rule for `rank`, on a `TCP_INFO` sample taken at `now`: our data has waited
+    /// `tbon.lost_timeout` for the peer's kernel (and no probe reply vouches for the node) → lost.
+    ///
+    /// Judged only when a sample arrives, never on a timer alone: a broker that ran late (starved for less than
+    /// `tbon.torpid_max`) would otherwise judge on the sample it took before its stall, taken when a heartbeat
+    /// was merely in flight, and declare a live peer lost without looking again. See
+    /// [`Membership::take_ack_check`].
+    fn judge_acks(&mut self, now: f64, rank: u32) -> Option<Transition> {
+        let p = self.peers.get(&rank)?;
+        if !matches!(p.state, PeerState::Online | PeerState::Torpid) {
+            return None;
+        }
+        // Never lost on TCP alone while the node's kernel answers probes (see the module rules; the prober
+        // reports at least every second that replies still come). While armed, a dead node is the probe
+        // rule's call (probe_misses in a row): TCP data left unacknowledged after a link blip, while
+        // retransmissions back off, is not a dead node.
+        let kernel_answers = p.kernel_reply.is_some_and(|k| now < k + KERNEL_REPLY_STALE);
+        let since = p.unacked_since?;
+        if kernel_answers || now < self.ack_deadline(since) - 1e-9 {
+            return None;
+        }
+        let why = format!("node not responding: no TCP acknowledgement for {:.0} ms", (now - since) * 1e3);
+        self.set(rank, PeerState::Lost, why)
+    }
+
+    /// When data first seen unacknowledged at `since` may be judged.
+    fn ack_deadline(&self, since: f64) -> f64 {
+        (since + self.cfg.lost_timeout).max(self.ack_quiet_until)
+    }
+
+    /// True when some peer's unacknowledged data has reached its deadline and no `TCP_INFO` sample was taken
+    /// since: the caller then samples every link now and feeds the result as [`Signal::KernelAck`], which
+    /// gives the verdict. Marks those peers as asked, so that a link that gives no sample (its socket gone) is
+    /// not asked for again before the next heartbeat's sample; [`Membership::next_deadline`] no longer
+    /// includes them meanwhile.
+    pub fn take_ack_check(&mut self, now: f64) -> bool {
+        let mut due = false;
+        let (lost_timeout, quiet) = (self.cfg.lost_timeout, self.ack_quiet_until);
+        for p in self.peers.values_mut() {
+            if !matches!(p.state, PeerState::Online | PeerState::Torpid) {
+                continue;
+            }
+            if let Some(s) = p.unacked_since {
+                let d = (s + lost_timeout).max(quiet);
+                if now >= d - 1e-9 && p.sampled < d - 1e-9 {
+                    p.sampled = now;
+                    due = true;
+                }
+            }
+        }
+        if due {
+            self.next.set(None);
+        }
+        due
     }
 
     /// Apply time-based rules at `now`.
@@ -316,7 +373,10 @@ impl Membership {
             let mut c = |t: f64| best = Some(best.map_or(t, |b: f64| b.min(t)));
             if matches!(p.state, PeerState::Online | PeerState::Torpid) {
                 if let Some(s) = p.unacked_since {
-                    c((s + self.cfg.lost_timeout).max(self.ack_quiet_until));
+                    let d = self.ack_deadline(s);
+                    if p.sampled < d - 1e-9 {
+                        c(d);
+                    }
                 }
                 if p.state == PeerState::Online {
                     c(p.last_traffic + self.cfg.torpid_max);
@@ -504,8 +564,10 @@ mod tests {
         assert!(at >= cfg.torpid_max - 1e-9 && at <= cfg.torpid_max + 0.02, "torpid at {at}");
         // Once the kernel goes quiet for good (no reply for KERNEL_REPLY_STALE), the TCP rule applies again.
         assert!(m.signal(t, 1, Signal::ProbeMissed { misses: 1 }).is_empty());
-        assert!(m.tick(t + cfg.lost_timeout).is_empty(), "one miss is the probe rule's call");
-        let tr = m.tick(t + KERNEL_REPLY_STALE + cfg.lost_timeout);
+        let t1 = t + cfg.lost_timeout;
+        assert!(m.signal(t1, 1, Signal::KernelAck { unacked: 3, last_ack_age: t1 }).is_empty(), "one miss");
+        let t2 = t + KERNEL_REPLY_STALE + cfg.lost_timeout;
+        let tr = m.signal(t2, 1, Signal::KernelAck { unacked: 3, last_ack_age: t2 });
         assert_eq!(tr.first().map(|x| x.to), Some(PeerState::Lost), "{tr:?}");
 
         // A link blip: TCP data stays unacknowledged far longer than lost_timeout while the kernel keeps answering
@@ -535,9 +597,35 @@ mod tests {
         let d = m.next_deadline().unwrap();
         assert!((d - 1.17).abs() < 1e-9, "{d}");
         assert!(m.tick(1.16).is_empty());
-        let t = m.tick(1.17);
+        assert!(!m.take_ack_check(1.16), "not due yet");
+        // At the deadline the timer alone judges nothing: it asks for a fresh sample, once.
+        assert!(m.tick(1.17).is_empty());
+        assert!(m.take_ack_check(1.17));
+        assert!(!m.take_ack_check(1.17), "asked already");
+        assert!(m.next_deadline().is_none_or(|d| d > 1.17), "no busy loop while the sample is awaited");
+        let t = m.signal(1.17, 1, Signal::KernelAck { unacked: 1, last_ack_age: 0.17 });
         assert_eq!(t[0].to, PeerState::Lost);
         assert!(t[0].reason.contains("no TCP acknowledgement"));
+    }
+
+    /// The regression a loaded CI machine found: a sample sees a heartbeat in flight (normal), then our broker
+    /// is starved for a little less than torpid_max. Waking past the deadline, it must look again before it
+    /// judges: the peer's kernel acknowledged long ago.
+    #[test]
+    fn a_late_observer_judges_on_a_fresh_sample_not_the_one_before_its_stall() {
+        let cfg = Config::default();
+        let mut m = m();
+        m.signal(1.0, 1, Signal::Traffic);
+        assert!(m.signal(1.0, 1, Signal::KernelAck { unacked: 1, last_ack_age: 0.04 }).is_empty());
+        // Starved until 1.0 + 2.5 × lost_timeout (< torpid_max: no grace applies).
+        let woke = 1.0 + 2.5 * cfg.lost_timeout;
+        assert!(woke - 1.0 < cfg.torpid_max);
+        assert!(m.tick(woke).iter().all(|t| t.to != PeerState::Lost), "judged on the stale sample");
+        assert!(m.take_ack_check(woke), "a fresh sample is asked for");
+        // The fresh sample: the heartbeat was acknowledged 1 ms after the first sample; new data in flight now.
+        let t = m.signal(woke, 1, Signal::KernelAck { unacked: 1, last_ack_age: woke - 1.001 });
+        assert!(t.iter().all(|t| t.to != PeerState::Lost), "{t:?}");
+        assert_eq!(m.state(1), PeerState::Online);
     }
 
     #[test]

@@ -143,7 +143,7 @@ pub(crate) enum Input {
     /// The broker process received this signal.
     Signal(i32),
     /// The kernel's ACK state of each link, as `(rank, unacked segments, age of the last ACK in seconds)`
-    /// ([`PARENT`] = the parent), sampled for one [`Effect::Heartbeat`].
+    /// ([`PARENT`] = the parent), sampled for one [`Effect::Heartbeat`] or [`Effect::SampleAcks`].
     AckSamples(Vec<(u32, u32, f64)>),
     /// A liveness signal about child `rank` from the prober.
     Probe(u32, Signal),
@@ -175,6 +175,9 @@ pub(crate) enum Effect {
     ForgetChild(u32),
     /// Beat this broker's heartbeat clock and sample every link's kernel ACK state ([`Input::AckSamples`]).
     Heartbeat,
+    /// Sample every link's kernel ACK state now ([`Input::AckSamples`]): some link's unacknowledged data has
+    /// reached `tbon.lost_timeout` between two heartbeats, and only a fresh sample may say it is lost.
+    SampleAcks,
     /// Start job `id`'s shell with this input (stdin) and job directory.
     SpawnShell { id: JobId, input: Box<ShellInput>, tmpdir: PathBuf },
     /// Signal job `id`'s shell process group.

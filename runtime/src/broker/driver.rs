@@ -808,9 +808,11 @@ impl Driver {
                     }
                 }
             }
-            Effect::Heartbeat => {
-                if let Some(d) = self.detect.as_mut() {
-                    d.beat();
+            Effect::Heartbeat | Effect::SampleAcks => {
+                if matches!(e, Effect::Heartbeat) {
+                    if let Some(d) = self.detect.as_mut() {
+                        d.beat();
+                    }
                 }
                 let mut samples = Vec::with_capacity(self.children.len() + 1);
                 if self.parent.is_some() {

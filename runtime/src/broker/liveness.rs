@@ -84,8 +84,15 @@ impl Broker {
             info!("this broker ran {:.0} ms late (stopped or starved); not judging peers on that gap", late * 1e3);
             self.membership.grace(self.clock(), late);
         }
+        let mut sampled = false;
         if self.shutting_down.is_none() && self.now >= self.next_heartbeat {
             self.heartbeat();
+            sampled = true;
+        }
+        // Data left unacknowledged for tbon.lost_timeout is judged on a sample taken now, never on the last one
+        // (which may predate a stall of ours): the heartbeat just took one, or we ask for one.
+        if self.membership.take_ack_check(self.clock()) && !sampled {
+            self.effect(Effect::SampleAcks);
         }
         let t = self.membership.tick(self.clock());
         self.apply_transitions(t);

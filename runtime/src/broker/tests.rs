@@ -253,3 +253,32 @@ fn rexec_spawn_is_answered_when_the_driver_has_started_the_shell() {
     assert!(note.contains("cannot run vigil-shell"), "{note}");
     assert!(!b.shells.contains(&id2));
 }
+
+/// A broker that wakes late (starved for less than tbon.torpid_max) past a child's unacknowledged-data deadline
+/// asks its driver for a fresh sample and judges on that, not on the sample it took before its stall.
+#[test]
+fn a_late_timer_asks_for_a_fresh_ack_sample_before_judging_a_child() {
+    let mut b = root_with_child();
+    let c = *b.membership.config();
+    let t0 = t(0.01);
+    b.handle(t0, Input::AckSamples(vec![(1, 1, 0.005)]));
+    effects(&mut b);
+    // Woken between heartbeats, past the deadline: no verdict, a sample is asked for.
+    let b_hb = b.next_heartbeat;
+    let woke = t0 + Duration::from_secs_f64(c.lost_timeout * 1.5);
+    assert!(woke < b_hb + Duration::from_secs_f64(c.torpid_max), "no stall grace in this test");
+    b.handle(woke, Input::Timer);
+    let out = effects(&mut b);
+    assert!(out.iter().any(|e| matches!(e, Effect::SampleAcks | Effect::Heartbeat)), "{out:?}");
+    assert_eq!(b.members[&1].0, MemberState::Online, "judged on the stale sample");
+    // The fresh sample shows the child's kernel acknowledged just after the first one: still online.
+    let age = woke.since(t0).as_secs_f64() - 0.001;
+    b.handle(woke, Input::AckSamples(vec![(1, 1, age)]));
+    effects(&mut b);
+    assert_eq!(b.members[&1].0, MemberState::Online);
+    // A fresh sample showing no acknowledgement since then: lost.
+    let later = woke + Duration::from_secs_f64(c.lost_timeout + 0.01);
+    b.handle(later, Input::AckSamples(vec![(1, 1, later.since(woke).as_secs_f64() + 0.001)]));
+    effects(&mut b);
+    assert_eq!(b.members[&1].0, MemberState::Lost, "{:?}", b.members[&1]);
+}

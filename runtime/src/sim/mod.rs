@@ -642,8 +642,10 @@ impl Sim {
             Effect::ForgetChild(r) => {
                 self.nodes[n as usize].prober.remove(&r);
             }
-            Effect::Heartbeat => {
-                self.nodes[n as usize].last_beat = self.now;
+            Effect::Heartbeat | Effect::SampleAcks => {
+                if matches!(e, Effect::Heartbeat) {
+                    self.nodes[n as usize].last_beat = self.now;
+                }
                 let mut samples = Vec::new();
                 let mut sample = |sim: &Sim, key: u32, child: u32, far: u32| {
                     let (unacked, age) = match sim.silent_since(child, far) {
