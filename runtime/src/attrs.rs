@@ -148,6 +148,8 @@ pub static ATTRS: &[Attr] = &[
         "shorthand: tbon.fanout=K is tbon.topo=kary:K (set one of the two)"),
     attr("tbon.connect_timeout", Kind::Duration, is("60s"), CommandLine,
         "how long a broker retries connecting to its parent before it exits"),
+    attr("tbon.reparent", Kind::Enum(&["on", "off"]), is("on"), CommandLine,
+        "on: a broker whose parent is lost re-parents (docs/failure-detection.md); off: it exits, and its subtree is lost"),
     // Liveness (docs/failure-detection.md).
     attr("tbon.heartbeat_period", Kind::Duration, is("50ms"), CommandLine,
         "heartbeat interval between parent and child; also the TCP_INFO sampling interval (< tbon.torpid_max)"),
@@ -394,6 +396,8 @@ pub struct BrokerConfig {
     pub topo: Topology,
     /// `tbon.connect_timeout`, seconds (finite, > 0): how long a broker retries its parent.
     pub connect_timeout: f64,
+    /// `tbon.reparent`: a broker whose parent is lost re-parents (true) or exits (false).
+    pub reparent: bool,
     /// `tbon.heartbeat_period`, `tbon.torpid_max`, `tbon.lost_timeout`, `tbon.probe_period` (seconds) and
     /// `tbon.probe_misses`: the membership thresholds; heartbeat_period < torpid_max.
     pub membership: crate::membership::Config,
@@ -443,6 +447,7 @@ impl Default for BrokerConfig {
         BrokerConfig {
             topo: Topology::default(),
             connect_timeout: 60.0,
+            reparent: true,
             membership: crate::membership::Config::default(),
             probe_group: ProbeGroup::Auto,
             detectors: DetectorChoice::Auto,
@@ -623,6 +628,13 @@ impl Draft {
                 }
                 m.probe_period = s;
             }
+            "tbon.reparent" => {
+                c.reparent = match v {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err("expected on or off".into()),
+                }
+            }
             "tbon.probe_misses" => {
                 m.probe_misses = v.parse().ok().filter(|n| *n > 0).ok_or("expected a positive integer")?;
             }
@@ -749,6 +761,7 @@ impl BrokerConfig {
             "tbon.lost_timeout" => fmt_duration(m.lost_timeout),
             "tbon.probe_period" => fmt_duration(m.probe_period),
             "tbon.probe_misses" => m.probe_misses.to_string(),
+            "tbon.reparent" => (if self.reparent { "on" } else { "off" }).into(),
             "tbon.probe_group" => self.probe_group.to_string(),
             "broker.detectors" => self.detectors.name().into(),
             "broker.detector-rank" => self.detector_rank?.to_string(),

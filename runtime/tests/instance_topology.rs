@@ -478,11 +478,12 @@ fn forced_userspace_detectors_say_so_on_every_rank() {
     }
 }
 
-/// A router lost: its own reason names what happened to it; the ranks behind it say they were cut off by it.
+/// A router lost with `tbon.reparent=off`: its own reason names what happened to it; the ranks behind it say
+/// they were cut off by it.
 #[test]
 fn ranks_behind_a_lost_router_say_they_were_cut_off() {
     // kary:2, size 7: rank 1 routes for ranks 3 and 4.
-    let inst = Instance::start(7, &["tbon.topo=kary:2"]);
+    let inst = Instance::start(7, &["tbon.topo=kary:2", "tbon.reparent=off"]);
     let broker: i32 = inst.vigil(&["getattr", "-r", "1", "broker.pid"]).stdout.trim().parse().expect("broker.pid");
     // SAFETY: kill has no memory preconditions.
     assert_eq!(unsafe { libc::kill(broker, libc::SIGKILL) }, 0);
@@ -498,4 +499,34 @@ fn ranks_behind_a_lost_router_say_they_were_cut_off() {
     for r in [0, 2, 5, 6] {
         assert_eq!(v["ranks"][r]["state"], "online", "{v}");
     }
+}
+
+/// A router's broker killed (re-parenting on, the default): only it is lost; its children re-parent under its
+/// sibling, stay online, answer pings, run jobs, and `vigil overlay status` and `resource.eventlog` say so.
+#[test]
+fn a_lost_routers_children_re_parent_and_keep_working() {
+    // kary:2, size 7: rank 1 routes for ranks 3 and 4; its sibling is rank 2.
+    let inst = Instance::start(7, &["tbon.topo=kary:2"]);
+    let broker: i32 = inst.vigil(&["getattr", "-r", "1", "broker.pid"]).stdout.trim().parse().expect("broker.pid");
+    // SAFETY: kill has no memory preconditions.
+    assert_eq!(unsafe { libc::kill(broker, libc::SIGKILL) }, 0);
+    let status = || inst.vigil(&["overlay", "status", "--json"]).json();
+    let healed = |v: &serde_json::Value| {
+        v["ranks"][1]["state"] == "lost"
+            && [3, 4].iter().all(|&r| v["ranks"][r]["state"] == "online" && v["ranks"][r]["parent"] == 2)
+    };
+    assert!(wait_for(Duration::from_secs(10), || healed(&status())), "{}", status());
+    let v = status();
+    for r in [0, 2, 3, 4, 5, 6] {
+        assert_eq!(v["ranks"][r]["state"], "online", "{v}");
+    }
+    assert_eq!(v["ranks"][3]["adopted"], true, "{v}");
+    for r in ["3", "4"] {
+        let p = inst.vigil(&["ping", r]);
+        assert_eq!(p.code, 0, "{}", p.dump());
+    }
+    let run = inst.vigil(&["run", "-N6", "-n6", "true"]);
+    assert_eq!(run.code, 0, "{}", run.dump());
+    let log = inst.vigil(&["resource", "eventlog"]);
+    assert!(log.stdout.contains("reparent"), "{}", log.dump());
 }

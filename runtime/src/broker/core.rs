@@ -123,6 +123,8 @@ pub(crate) enum Input {
     Start,
     /// The parent link is up (authenticated, hello acknowledged), using this transport.
     ParentUp(super::rdma_link::LinkChoice),
+    /// The candidate parent asked for with [`Effect::ConnectParent`] did not take us: why.
+    ParentFailed(String),
     /// A message on a link (`conn`: the child link's connection number; 0 for the parent and local clients).
     Message(Peer, u64, Message),
     /// A link closed, or the kernel said so (reset); `conn` as for [`Input::Message`].
@@ -173,6 +175,10 @@ pub(crate) enum Effect {
     DropLink(Peer, u64),
     /// Stop probing child `rank` and watching its connection.
     ForgetChild(u32),
+    /// Connect to rank `rank` as our new parent, asking it to adopt us (our parent `lost` was lost): its
+    /// endpoint, our hello with `adopt`, within `timeout`. Answered with [`Input::ParentUp`] or
+    /// [`Input::ParentFailed`].
+    ConnectParent { rank: u32, lost: u32, timeout: Duration },
     /// Beat this broker's heartbeat clock and sample every link's kernel ACK state ([`Input::AckSamples`]).
     Heartbeat,
     /// Sample every link's kernel ACK state now ([`Input::AckSamples`]): some link's unacknowledged data has
@@ -210,6 +216,8 @@ pub(crate) enum Internal {
         rank: u32,
     },
     Ignore,
+    /// A job shell's exit report (kept in [`Broker::exit_reports`] until answered).
+    ShellExit,
     /// One round trip of overlay RTT measurement `run` (`broker.rtt`), sent at the given time.
     Rtt {
         run: u64,
@@ -297,6 +305,16 @@ pub(crate) struct Broker {
     /// Requests forwarded to each child and not answered yet, by (matchtag, route key): answered with
     /// EHOSTUNREACH if that child is lost first (see `routing.rs`).
     pub inflight: HashMap<u32, HashMap<(u32, u64), Message>>,
+    /// The current parent's rank (`None`: rank 0, or re-parenting). See `reparent.rs`.
+    pub parent: Option<u32>,
+    /// Ranks whose current parent is not their static one, as this broker learned: rank → parent.
+    pub adopted: BTreeMap<u32, u32>,
+    /// Our search for an adoptive parent, while there is one.
+    pub reparenting: Option<super::reparent::Reparent>,
+    /// Rank 0: children of lost ranks expected to re-parent, by when, and the lost rank.
+    pub orphans: BTreeMap<u32, (Time, u32)>,
+    /// Job shells' exit reports not yet answered by rank 0, by matchtag (sent again after a re-parent).
+    pub exit_reports: BTreeMap<u32, Message>,
     out: VecDeque<Effect>,
 }
 
@@ -308,6 +326,7 @@ impl Broker {
             jc.kill_timeout = opts.config.kill_timeout;
             jc
         });
+        let opts_parent = opts.topo.parent(opts.size, opts.rank);
         Broker {
             membership: Membership::new(opts.config.membership),
             opts,
@@ -335,6 +354,11 @@ impl Broker {
             links: super::rdma_link::Links::default(),
             exit_waiters: HashMap::new(),
             inflight: HashMap::new(),
+            parent: opts_parent,
+            adopted: BTreeMap::new(),
+            reparenting: None,
+            orphans: BTreeMap::new(),
+            exit_reports: BTreeMap::new(),
             out: VecDeque::new(),
         }
     }
@@ -373,8 +397,10 @@ impl Broker {
         self.now = self.now.max(now);
         match input {
             Input::Start => self.join(),
+            Input::ParentFailed(why) => self.on_parent_failed(&why),
             Input::ParentUp(choice) => {
                 self.parent_up = true;
+                self.on_parent_up();
                 // Tell rank 0 which transport our parent link uses (for `vigil overlay status` and `uptime`).
                 self.route_request(SELF, super::rdma_link::report(self.rank(), &choice));
                 self.links.parent = Some(choice);
@@ -423,9 +449,12 @@ impl Broker {
             Input::ShellDone { id, report, status } => {
                 self.shells.remove(&id);
                 let exit = ShellExit { id: id.0, rank: self.rank(), report, shell_status: status };
-                let mut m = Message::request(crate::shellproto::TOPIC_SHELL_EXIT, 0, &exit);
-                m.flags = crate::message::FLAG_NORESPONSE;
-                self.route_request(SELF, m);
+                // Answered by rank 0, and kept until then: a report lost in flight with a router that died is
+                // sent again once this broker has re-parented (rank 0 takes a report once).
+                let m = Message::request(crate::shellproto::TOPIC_SHELL_EXIT, 0, &exit);
+                let tag = self.next_tag;
+                self.exit_reports.insert(tag, m.clone());
+                self.internal_request_msg(m, Internal::ShellExit);
             }
             Input::InitialExit(code) => {
                 info!("initial program exited with code {code}");
@@ -511,6 +540,9 @@ impl Broker {
         if let Some(d) = self.membership.next_deadline() {
             earliest(Time::from_secs_f64(d));
         }
+        if let Some(d) = self.orphan_deadline() {
+            earliest(d);
+        }
         t
     }
 
@@ -531,7 +563,9 @@ impl Broker {
         if self.parent_up {
             self.effect(Effect::Send(Peer::Parent, Message::control("goodbye", &json!({"reason": why}))));
         }
-        let shutdown = Message::control("shutdown", &json!({"reason": why}));
+        // A broker that ends because it lost its own parent lets its children re-parent rather than end too.
+        let orphans = why == "lost parent" && self.opts.config.reparent;
+        let shutdown = Message::control("shutdown", &json!({"reason": why, "orphan": orphans}));
         for &r in self.children.keys() {
             self.out.push_back(Effect::Send(Peer::Child(r), shutdown.clone()));
         }

@@ -103,6 +103,11 @@ pub(crate) enum Event {
     Signal(i32),
     /// From the failure detectors (`detect.rs`); `requeued` marks a kernel TCP event already put back once.
     Detect(super::detect::DetectInput, bool),
+    /// The outcome of an [`Effect::ConnectParent`]: attempt `gen` (stale unless still the latest).
+    ParentLink {
+        gen: u64,
+        result: Result<(Link, rdma_link::LinkChoice, Option<rdma_link::BusyRx>), String>,
+    },
 }
 
 /// A child's overlay link.
@@ -168,6 +173,11 @@ pub(crate) struct Driver {
     status_key: [u64; 7],
     /// Bumped when the detectors change (loaded).
     detect_generation: u64,
+    /// The overlay key and instance id (for connecting to an adoptive parent).
+    auth: std::sync::Arc<secure::LinkAuth>,
+    /// Which parent link is current: the connection number its events carry (0: the first one). Events of an
+    /// older parent link are dropped.
+    parent_gen: u64,
 }
 
 /// Run a broker until the instance shuts down; returns the process exit code (rank 0: the initial program's).
@@ -281,6 +291,8 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         busy_turn: false,
         status_key: [u64::MAX; 7],
         detect_generation: 0,
+        auth: auth.clone(),
+        parent_gen: 0,
     };
     d.start_detectors(listen_ip);
 
@@ -307,7 +319,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
             }
         };
         let (link, choice, busy) = tokio::select! {
-            r = connect_parent(opts, &transport, &d.rdma, probe_port, &ep) => r?,
+            r = connect_parent(opts, &transport, &d.rdma, probe_port, &ep, None) => r?,
             sig = stop => {
                 warn!(rank, "signal {sig} while connecting to the parent at {ep}; exiting");
                 return Ok(128 + sig);
@@ -554,6 +566,7 @@ async fn connect_parent(
     rdma: &rdma_link::Settings,
     probe_port: Option<u16>,
     ep: &str,
+    adopt: Option<u32>,
 ) -> Result<(Link, rdma_link::LinkChoice, Option<rdma_link::BusyRx>), String> {
     let deadline = Instant::now() + Duration::from_secs_f64(opts.connect_timeout.clamp(0.0, 1e7));
     let mut delay = Duration::from_millis(5);
@@ -564,14 +577,13 @@ async fn connect_parent(
             Ok(mut link) => {
                 // Offer RDMA when a verbs device serves our end of this connection (see rdma_link).
                 let offer = rdma_link::Offer::new(rdma, link.sock.as_ref().and_then(rdma_link::local_ip))?;
-                let hello = Message::control(
-                    "hello",
-                    &rdma_link::merge(
-                        json!({"rank": opts.rank, "instance": opts.instance, "version": crate::message::WIRE_VERSION, "hostname": opts.hostname,
-                            "probe_port": probe_port}),
-                        offer.hello_fields(),
-                    ),
-                );
+                let mut fields = json!({"rank": opts.rank, "instance": opts.instance, "version": crate::message::WIRE_VERSION,
+                    "hostname": opts.hostname, "probe_port": probe_port});
+                if let Some(lost) = adopt {
+                    // Asking to be adopted: our parent `lost` was lost (see reparent.rs).
+                    fields["adopt"] = json!(lost);
+                }
+                let hello = Message::control("hello", &rdma_link::merge(fields, offer.hello_fields()));
                 let _ = link.tx.send(hello);
                 match tokio::time::timeout(Duration::from_secs(10), link.rx.recv()).await {
                     Ok(Some(LinkEvent::Message(m))) if m.topic == "hello-ack" => {
@@ -699,6 +711,30 @@ impl Driver {
     fn on_event(&mut self, e: Event) {
         self.refresh_status();
         match e {
+            Event::Peer(Peer::Parent, conn, _) | Event::PeerClosed(Peer::Parent, conn, _)
+                if conn != self.parent_gen =>
+            {
+                debug!("dropping an event of an earlier parent link");
+            }
+            Event::ParentLink { gen, result } => {
+                if gen != self.parent_gen {
+                    return;
+                }
+                match result {
+                    Ok((link, choice, busy)) => {
+                        self.parent = Some(link.tx.clone());
+                        self.parent_busy = busy;
+                        self.parent_sock = link.sock;
+                        self.parent_tuple = self
+                            .parent_sock
+                            .as_ref()
+                            .and_then(|s| self.detect.as_ref().and_then(|det| det.watch_link(PARENT, s)));
+                        tokio::spawn(pump(link.rx, Peer::Parent, gen, self.input_tx.clone()));
+                        self.step(Input::ParentUp(choice));
+                    }
+                    Err(why) => self.step(Input::ParentFailed(why)),
+                }
+            }
             Event::Peer(peer, conn, msg) => self.step(Input::Message(peer, conn, msg)),
             Event::PeerClosed(peer, conn, why) => {
                 if let Peer::Local(id) = peer {
@@ -790,6 +826,30 @@ impl Driver {
             Effect::DropLink(Peer::Parent, _) => {
                 self.parent = None;
                 self.parent_busy = None;
+                self.parent_sock = None;
+                if let (Some(t), Some(d)) = (self.parent_tuple.take(), self.detect.as_ref()) {
+                    d.unwatch_link(t);
+                }
+            }
+            Effect::ConnectParent { rank, lost, timeout } => {
+                self.parent_gen += 1;
+                let gen = self.parent_gen;
+                let mut opts = self.broker.opts.clone();
+                opts.connect_timeout = timeout.as_secs_f64();
+                let ep = opts.endpoints.get(rank as usize).cloned();
+                let transport = TcpTransport { auth: self.auth.clone() };
+                let rdma = self.rdma.clone();
+                let probe_port = self.detect.as_ref().map(|d| d.probe_port);
+                let tx = self.input_tx.clone();
+                tokio::spawn(async move {
+                    let result = match ep {
+                        Some(ep) => connect_parent(&opts, &transport, &rdma, probe_port, &ep, Some(lost))
+                            .await
+                            .map_err(|e| format!("rank {rank}: {e}")),
+                        None => Err(format!("no endpoint known for rank {rank}")),
+                    };
+                    let _ = tx.send(Event::ParentLink { gen, result });
+                });
             }
             Effect::DropLink(Peer::Child(r), conn) => {
                 if self.children.get(&r).is_some_and(|c| c.conn == conn) {
@@ -1090,10 +1150,10 @@ impl Driver {
                     any = true;
                     if let Some(ev) = b.poll() {
                         return Poll::Ready(match ev {
-                            LinkEvent::Message(m) => Event::Peer(Peer::Parent, 0, m),
+                            LinkEvent::Message(m) => Event::Peer(Peer::Parent, self.parent_gen, m),
                             LinkEvent::Closed(why) => {
                                 self.parent_busy = None;
-                                Event::PeerClosed(Peer::Parent, 0, why)
+                                Event::PeerClosed(Peer::Parent, self.parent_gen, why)
                             }
                         });
                     }

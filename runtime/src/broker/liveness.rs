@@ -22,8 +22,11 @@ impl Broker {
             None => Some("hello without a rank".to_string()),
             // Unreachable with the handshake's prologue, which binds the instance id; never echo ids.
             Some(rank) if inst != self.opts.instance => Some(format!("rank {rank} belongs to another instance")),
-            Some(rank) if topo.parent(size, rank) != Some(self.rank()) => {
+            Some(rank) if topo.parent(size, rank) != Some(self.rank()) && v.get("adopt").is_none() => {
                 Some(format!("rank {rank} is not a child of rank {}", self.rank()))
+            }
+            Some(rank) if topo.parent(size, rank) != Some(self.rank()) && self.adoption_refusal(rank, &v).is_some() => {
+                self.adoption_refusal(rank, &v)
             }
             Some(_) if self.shutting_down.is_some() => Some("broker is shutting down".into()),
             Some(rank) if self.children.contains_key(&rank) => Some(format!("rank {rank} is already connected")),
@@ -36,6 +39,12 @@ impl Broker {
         let rank = rank.expect("checked above");
         self.effect(Effect::AcceptChild { conn, rank });
         self.children.insert(rank, conn);
+        if topo.parent(size, rank) != Some(self.rank()) {
+            info!("adopted rank {rank} (its parent was lost)");
+            self.learn_parent(rank, self.rank());
+        } else if self.adopted.contains_key(&rank) {
+            self.learn_parent(rank, self.rank());
+        }
         let now = self.clock();
         self.membership.signal(now, rank, Signal::Connected);
         debug!("child rank {rank} connected from {addr}");
@@ -44,7 +53,18 @@ impl Broker {
     /// Control messages: `shutdown` from the parent, `goodbye` from a child, heartbeats.
     pub(crate) fn on_control(&mut self, from: Peer, msg: Message) {
         match (from, msg.topic.as_str()) {
-            (Peer::Parent, "shutdown") => self.begin_shutdown("parent is shutting down"),
+            (Peer::Parent, "shutdown") => {
+                let orphan = msg.json().get("orphan").and_then(Value::as_bool).unwrap_or(false);
+                if orphan && self.shutting_down.is_none() {
+                    // It exits because it lost its own parent: we re-parent (reparent.rs) rather than go with it.
+                    self.parent_up = false;
+                    self.effect(Effect::DropLink(Peer::Parent, 0));
+                    if self.start_reparent("it exits: it lost its own parent") {
+                        return;
+                    }
+                }
+                self.begin_shutdown("parent is shutting down")
+            }
             (_, "hb") => {}
             (Peer::Child(r), "goodbye") => {
                 self.goodbye.insert(r);
@@ -85,6 +105,9 @@ impl Broker {
             self.membership.grace(self.clock(), late);
         }
         let mut sampled = false;
+        if self.orphan_deadline().is_some_and(|d| d <= self.now) {
+            self.expire_orphans();
+        }
         if self.shutting_down.is_none() && self.now >= self.next_heartbeat {
             self.heartbeat();
             sampled = true;
@@ -105,10 +128,13 @@ impl Broker {
             if t.rank == PARENT {
                 match t.to {
                     PeerState::Lost if self.shutting_down.is_none() => {
-                        error!("lost parent: {}; exiting", t.reason);
-                        self.exit_code = 1;
                         self.parent_up = false;
                         self.effect(Effect::DropLink(Peer::Parent, 0));
+                        if self.start_reparent(&t.reason) {
+                            continue;
+                        }
+                        error!("lost parent: {}; exiting", t.reason);
+                        self.exit_code = 1;
                         self.begin_shutdown("lost parent");
                     }
                     PeerState::Torpid => info!("parent is torpid: {}", t.reason),
@@ -150,8 +176,15 @@ impl Broker {
     /// Child `r` is lost: so is its whole subtree (cut off), reported to rank 0 once.
     fn child_lost(&mut self, r: u32, why: &str) {
         let (topo, size) = self.tree();
-        let subtree: IdSet = topo.subtree(size, r).into_iter().collect();
-        warn!("lost child rank {r} ({why}); subtree {subtree} is lost");
+        let subtree: IdSet = if self.opts.config.reparent {
+            // Its children re-parent on their own; rank 0 expects them (reparent.rs).
+            warn!("lost child rank {r} ({why}); its children re-parent");
+            std::iter::once(r).collect()
+        } else {
+            let s: IdSet = topo.subtree(size, r).into_iter().collect();
+            warn!("lost child rank {r} ({why}); subtree {s} is lost");
+            s
+        };
         let mut m =
             Message::request("overlay.lost", 0, &json!({"ranks": subtree.to_string(), "reason": why, "root": r}));
         m.flags = FLAG_NORESPONSE;
@@ -166,6 +199,11 @@ impl Broker {
                     return;
                 }
                 if self.shutting_down.is_none() {
+                    self.parent_up = false;
+                    self.effect(Effect::DropLink(Peer::Parent, 0));
+                    if self.start_reparent(&format!("connection {why}")) {
+                        return;
+                    }
                     error!("lost connection to parent: {why}; exiting");
                     self.exit_code = 1;
                     self.begin_shutdown("lost parent");

@@ -18,6 +18,7 @@ mod driver;
 mod liveness;
 mod local;
 pub(crate) mod rdma_link;
+pub(crate) mod reparent;
 mod routing;
 pub mod secure;
 mod services;

@@ -84,7 +84,7 @@ impl Broker {
 
     /// Route a request: stamp the route, deliver locally or forward towards `nodeid`.
     pub(crate) fn route_request(&mut self, from: Peer, mut msg: Message) {
-        let (topo, size) = self.tree();
+        let size = self.opts.size;
         match from {
             Peer::Local(id) => {
                 if id != u32::MAX {
@@ -94,14 +94,24 @@ impl Broker {
                     msg.userid = self.env.uid;
                 }
                 if msg.nodeid == NODEID_UPSTREAM {
-                    match topo.parent(size, self.rank()) {
+                    match self.parent {
                         Some(p) => msg.nodeid = p,
+                        None if self.rank() != 0 => {
+                            return self.respond_error(&msg, errno::EHOSTUNREACH, "parent lost; re-parenting")
+                        }
                         None => return self.respond_error(&msg, errno::EHOSTUNREACH, "rank 0 has no upstream"),
                     }
                 }
             }
-            Peer::Child(r) => msg.route.push(r),
-            Peer::Parent => msg.route.push(topo.parent(size, self.rank()).unwrap_or(0)),
+            Peer::Child(r) => {
+                msg.route.push(r);
+                if msg.topic == "overlay.reparent" {
+                    // On its way to rank 0: learn the new shape now, before rank 0's event comes down.
+                    let body = msg.json();
+                    self.on_reparent_request(&body);
+                }
+            }
+            Peer::Parent => msg.route.push(self.parent.unwrap_or(0)),
         }
         // The userid was set by the broker whose local connector checked the caller (SO_PEERCRED), which admits
         // only the owner: in this single-owner instance, a request from a peer carrying any other userid did not
@@ -131,7 +141,7 @@ impl Broker {
                 &format!("no such rank {} (size {size})", msg.nodeid),
             );
         } else {
-            topo.next_hop(size, self.rank(), msg.nodeid)
+            self.next_hop(msg.nodeid)
         };
         match hop {
             Hop::Local => super::services::dispatch(self, msg),
@@ -145,6 +155,7 @@ impl Broker {
             }
             Hop::Parent => {
                 if !self.parent_up {
+                    let Err(msg) = self.queue_up(msg) else { return };
                     let e = if msg.nodeid == NODEID_ANY { errno::ENOSYS } else { errno::EHOSTUNREACH };
                     let why = if e == errno::ENOSYS {
                         format!("no service offers '{}'", msg.topic)
@@ -203,7 +214,6 @@ impl Broker {
 
     /// Route a response back along its route stack.
     pub(crate) fn route_response(&mut self, mut msg: Message) {
-        let (topo, size) = self.tree();
         match msg.route.pop() {
             None => self.internal_response(msg),
             Some(e) if e & ROUTE_LOCAL != 0 => {
@@ -211,7 +221,9 @@ impl Broker {
                 let _ = self.try_send(Peer::Local(id), msg);
             }
             Some(r) => {
-                let peer = if Some(r) == topo.parent(size, self.rank()) { Peer::Parent } else { Peer::Child(r) };
+                let peer = if Some(r) == self.parent { Peer::Parent } else { Peer::Child(r) };
+                // A response for a parent lost meanwhile is dropped: its request's sender was answered with
+                // EHOSTUNREACH by the lost parent's own parent.
                 if self.try_send(peer, msg).is_err() {
                     debug!("dropping response: {peer:?} gone");
                 }
@@ -253,7 +265,7 @@ impl Broker {
     }
 
     /// [`Broker::internal_request`] with a message built by the caller.
-    fn internal_request_msg(&mut self, mut m: Message, purpose: Internal) {
+    pub(crate) fn internal_request_msg(&mut self, mut m: Message, purpose: Internal) {
         let tag = self.next_tag;
         self.next_tag = self.next_tag.wrapping_add(1).max(1);
         m.matchtag = tag;
@@ -276,6 +288,12 @@ impl Broker {
                 }
             }
             Internal::Ignore => {}
+            Internal::ShellExit => {
+                // An error (no route meanwhile) keeps it for the next parent.
+                if msg.errnum == 0 {
+                    self.exit_reports.remove(&msg.matchtag);
+                }
+            }
             Internal::Rtt { run, sent } => {
                 let now = self.now;
                 let Some(r) = self.rtt_runs.get_mut(&run) else { return };
@@ -334,6 +352,10 @@ impl Broker {
 
     /// An event: down to every child, and to the local clients subscribed to its topic.
     pub(crate) fn deliver_event(&mut self, msg: Message) {
+        if msg.topic == "overlay.reparent" {
+            let body = msg.json();
+            self.on_reparent_request(&body);
+        }
         let children: Vec<u32> = self.children.keys().copied().collect();
         for r in children {
             self.effect(Effect::Send(Peer::Child(r), msg.clone()));

@@ -570,6 +570,16 @@ fn resource(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                 jc.ranks_down(n, &ranks, if state == MemberState::Lost { "lost" } else { "offline" }, &reason);
             }
             core.publish(&msg.topic.clone(), &json!({"ranks": ranks.to_string(), "reason": reason}));
+            if state == MemberState::Lost {
+                for r in ranks.iter() {
+                    core.orphans.remove(&r);
+                    core.expect_orphans(r);
+                }
+            }
+            Ok(Some(json!({}).into()))
+        }
+        "overlay.reparent" => {
+            core.record_reparent(body)?;
             Ok(Some(json!({}).into()))
         }
         "overlay.status" => {
@@ -580,7 +590,8 @@ fn resource(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                         core.members.get(&r).cloned().unwrap_or((MemberState::Offline, String::new(), 0.0));
                     let host = jc.pool.ranks.get(&r).map(|p| p.hostname.clone()).unwrap_or_default();
                     json!({"rank": r, "hostname": host, "state": state, "reason": why, "since": since,
-                           "parent": topo.parent(size, r), "children": topo.children(size, r),
+                           "parent": core.parent_of(r), "children": core.children_of(r),
+                           "adopted": core.adopted.contains_key(&r),
                            "link": core.links.of_rank(r)})
                 })
                 .collect();

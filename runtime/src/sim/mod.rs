@@ -45,12 +45,14 @@ pub struct Config {
     pub latency: Duration,
     /// Cores per node.
     pub cores: u32,
+    /// `tbon.reparent`: orphans of a lost router re-parent (true, the default) or exit.
+    pub reparent: bool,
 }
 
 impl Config {
     /// `brokers` brokers in shape `topo`, seed `seed`, 50 µs links, 4 cores per node.
     pub fn new(brokers: u32, topo: Topology, seed: u64) -> Config {
-        Config { brokers, topo, seed, latency: Duration::from_micros(50), cores: 4 }
+        Config { brokers, topo, seed, latency: Duration::from_micros(50), cores: 4, reparent: true }
     }
 }
 
@@ -168,6 +170,10 @@ struct Node {
 #[derive(Clone, Copy)]
 struct LinkState {
     conn: u64,
+    /// The parent end's rank (the child's static parent, or the one that adopted it).
+    parent: u32,
+    /// Opened by a hello asking to be adopted: a refusal sends the child on to its next candidate.
+    adopt: bool,
     /// The parent's socket is open.
     at_parent: bool,
     /// The child's socket is open.
@@ -300,6 +306,7 @@ fn kind(i: &Input) -> u64 {
     match i {
         Input::Start => 1,
         Input::ParentUp(_) => 2,
+        Input::ParentFailed(_) => 19,
         Input::Message(p, _, m) => 3 + (m.msgtype as u64) * 16 + peer_code(*p) * 256 + u64::from(m.matchtag) * 4096,
         Input::Closed(p, ..) => 4 + peer_code(*p) * 256,
         Input::Bounced(..) => 5,
@@ -376,7 +383,9 @@ impl Sim {
     }
 
     fn make_broker(&self, rank: u32) -> Broker {
-        new_broker(rank, self.cfg.brokers, self.cfg.topo, self.cfg.cores, self.membership, self.now)
+        let mut b = new_broker(rank, self.cfg.brokers, self.cfg.topo, self.cfg.cores, self.membership, self.now);
+        b.opts.config.reparent = self.cfg.reparent;
+        b
     }
 
     /// The current virtual time.
@@ -471,17 +480,23 @@ impl Sim {
     /// A child starts connecting: its hello reaches the parent after the link's latency.
     fn connect(&mut self, n: u32) {
         let Some(p) = self.cfg.topo.parent(self.cfg.brokers, n) else { return };
+        self.connect_to(n, p, None);
+    }
+
+    /// Rank `n` connects to rank `p` as its parent (asking to be adopted when its parent `adopt` was lost).
+    fn connect_to(&mut self, n: u32, p: u32, adopt: Option<u32>) {
         if self.nodes[n as usize].broker.is_none() {
             return;
         }
         let conn = self.next_conn;
         self.next_conn += 1;
-        self.links.insert(n, LinkState { conn, at_parent: false, at_child: true });
-        let hello = Message::control(
-            "hello",
-            &serde_json::json!({"rank": n, "instance": "sim", "version": crate::message::WIRE_VERSION,
-                "hostname": format!("node{n}")}),
-        );
+        self.links.insert(n, LinkState { conn, parent: p, adopt: adopt.is_some(), at_parent: false, at_child: true });
+        let mut body = serde_json::json!({"rank": n, "instance": "sim", "version": crate::message::WIRE_VERSION,
+            "hostname": format!("node{n}")});
+        if let Some(l) = adopt {
+            body["adopt"] = serde_json::json!(l);
+        }
+        let hello = Message::control("hello", &body);
         let lat = self.cfg.latency;
         self.after(lat, Ev::Input(p, Input::Hello { conn, msg: hello, addr: format!("node{n}"), refusal: None }));
     }
@@ -552,7 +567,7 @@ impl Sim {
 
     /// Whether data sent from rank `a` reaches rank `b`'s kernel now (`a` and `b` neighbours in the tree).
     fn reachable(&self, a: u32, b: u32) -> bool {
-        let child = if self.cfg.topo.parent(self.cfg.brokers, a) == Some(b) { a } else { b };
+        let child = if self.links.get(&a).is_some_and(|l| l.parent == b) { a } else { b };
         self.nodes[b as usize].kernel && self.nodes[a as usize].kernel && !self.cut.contains_key(&child)
     }
 
@@ -566,7 +581,7 @@ impl Sim {
     }
 
     fn execute(&mut self, n: u32, e: Effect, queue: &mut VecDeque<Input>) {
-        let (topo, size, lat) = (self.cfg.topo, self.cfg.brokers, self.cfg.latency);
+        let lat = self.cfg.latency;
         match e {
             Effect::Send(Peer::Local(id), m) => {
                 if n == 0 && id == CLIENT {
@@ -575,8 +590,14 @@ impl Sim {
             }
             Effect::Send(peer, m) => {
                 let (to, child, seen_as) = match peer {
-                    Peer::Parent => match topo.parent(size, n) {
-                        Some(p) => (p, n, Peer::Child(n)),
+                    Peer::Parent => match self.links.get(&n) {
+                        Some(l) => (l.parent, n, Peer::Child(n)),
+                        None if n != 0 => {
+                            if m.msgtype == MsgType::Request {
+                                queue.push_back(Input::Bounced(peer, m));
+                            }
+                            return;
+                        }
                         None => return,
                     },
                     Peer::Child(r) => (r, r, Peer::Parent),
@@ -611,13 +632,18 @@ impl Sim {
                 self.after(lat, Ev::Input(to, Input::Message(seen_as, conn, m)));
             }
             Effect::AcceptChild { conn, rank } => {
-                match self.links.get_mut(&rank) {
-                    Some(l) if l.conn == conn => l.at_parent = true,
+                let adopt = match self.links.get_mut(&rank) {
+                    Some(l) if l.conn == conn => {
+                        l.at_parent = true;
+                        l.adopt
+                    }
                     _ => return,
-                }
+                };
                 let choice = crate::broker::rdma_link::LinkChoice { transport: "tcp", detail: "simulated".into() };
                 self.after(lat, Ev::Input(rank, Input::ParentUp(choice)));
-                self.after(lat, Ev::Input(rank, Input::Start));
+                if !adopt {
+                    self.after(lat, Ev::Input(rank, Input::Start));
+                }
                 self.nodes[n as usize].prober.insert(rank, ProbeTarget::default());
                 if !self.nodes[n as usize].probing {
                     self.nodes[n as usize].probing = true;
@@ -626,13 +652,29 @@ impl Sim {
                 }
             }
             Effect::RefuseChild { conn, why } => {
-                if let Some((&child, _)) = self.links.iter().find(|(_, l)| l.conn == conn) {
+                if let Some((&child, l)) = self.links.iter().find(|(_, l)| l.conn == conn) {
+                    if l.adopt {
+                        self.links.remove(&child);
+                        self.after(lat, Ev::Input(child, Input::ParentFailed(why)));
+                        return;
+                    }
                     self.links.remove(&child);
                     self.violations.push(format!("rank {child} was refused by its parent: {why}"));
                     self.process_gone(child, 1);
                 }
             }
             Effect::DropLink(Peer::Parent, _) => self.close_end(n, n, "EOF"),
+            Effect::ConnectParent { rank: p, lost, timeout } => {
+                let (pn, nn) = (&self.nodes[p as usize], &self.nodes[n as usize]);
+                if !pn.kernel || !nn.kernel || self.cut.contains_key(&n) {
+                    // No SYN-ACK: the attempt times out.
+                    self.after(timeout, Ev::Input(n, Input::ParentFailed("no answer".into())));
+                } else if pn.broker.is_none() {
+                    self.after(lat * 2, Ev::Input(n, Input::ParentFailed("connection refused".into())));
+                } else {
+                    self.connect_to(n, p, Some(lost));
+                }
+            }
             Effect::DropLink(Peer::Child(r), conn) => {
                 if self.links.get(&r).is_some_and(|l| l.conn == conn) {
                     self.close_end(n, r, "EOF");
@@ -654,9 +696,9 @@ impl Sim {
                     };
                     samples.push((key, unacked, age));
                 };
-                if let Some(p) = topo.parent(size, n) {
-                    if self.links.get(&n).is_some_and(|l| l.at_child) {
-                        sample(self, PARENT, n, p);
+                if let Some(l) = self.links.get(&n).copied() {
+                    if l.at_child {
+                        sample(self, PARENT, n, l.parent);
                     }
                 }
                 let children =
@@ -709,7 +751,7 @@ impl Sim {
         let Some(l) = self.links.get(&child).copied() else { return };
         let (conn, other_open) = (l.conn, if at_child_end { l.at_parent } else { l.at_child });
         self.shut(child, at_child_end);
-        let Some(parent) = self.cfg.topo.parent(self.cfg.brokers, child) else { return };
+        let parent = l.parent;
         let far = if at_child_end { parent } else { child };
         if other_open && self.reachable(n, far) {
             let lat = self.cfg.latency;
@@ -752,9 +794,11 @@ impl Sim {
         node.prober.clear();
         // Its shells die with it (the real driver kills their process groups on the way out).
         node.shells.clear();
-        let mut mine = self.cfg.topo.children(self.cfg.brokers, n);
-        mine.push(n);
-        mine.retain(|c| self.links.contains_key(c));
+        // Its children's links (static or adopted) and its own.
+        let mut mine: Vec<u32> = self.links.iter().filter(|(_, l)| l.parent == n).map(|(c, _)| *c).collect();
+        if self.links.contains_key(&n) {
+            mine.push(n);
+        }
         for c in mine {
             self.close_end(n, c, "EOF");
         }

@@ -243,6 +243,9 @@ fn check(sim: &mut Sim, scenario: Scenario, submits: &[u32], pings: &[u32]) -> R
     let mut stalled: BTreeSet<u32> = BTreeSet::new();
     let mut stalled_at: BTreeMap<u32, Time> = BTreeMap::new();
     let mut lost_nodes: Vec<(u32, Time)> = Vec::new();
+    // Ranks whose link to their parent was cut: a child of rank 0 has nowhere to re-parent.
+    let cut: BTreeSet<u32> =
+        sim.faults.iter().filter_map(|(_, f)| if let Fault::Cut(r) = f { Some(*r) } else { None }).collect();
     for &(t, f) in &sim.faults {
         match f {
             Fault::NodeLoss(r) => {
@@ -312,8 +315,28 @@ fn check(sim: &mut Sim, scenario: Scenario, submits: &[u32], pings: &[u32]) -> R
         }
         // A node of the job was lost while it ran (its shell there may have finished just before: then the job
         // completes normally).
+        // With re-parenting, a router lost above one of its nodes also counts: a shell being started through it
+        // then cannot be known to have started.
+        let on_the_way = |r: u32, a: f64, b: f64| {
+            let mut p = if sim.cfg.reparent { topo.parent(size, r) } else { None };
+            while let Some(x) = p {
+                if lost_at(x).is_some_and(|t| t >= a && t <= b) {
+                    return true;
+                }
+                p = topo.parent(size, x);
+            }
+            false
+        };
+        // Or the router its shell's start went through (named in the exception), lost meanwhile.
+        let via = j.fatal.as_ref().and_then(|e| {
+            let tail = e.note.split("through rank ").nth(1)?;
+            tail.split(|c: char| !c.is_ascii_digit()).next()?.parse::<u32>().ok()
+        });
         let touched = match (j.t_run, j.t_inactive) {
-            (Some(a), Some(b)) => j.alloc.iter().any(|x| lost_at(x.rank).is_some_and(|t| t >= a && t <= b)),
+            (Some(a), Some(b)) => {
+                j.alloc.iter().any(|x| lost_at(x.rank).is_some_and(|t| t >= a && t <= b) || on_the_way(x.rank, a, b))
+                    || (sim.cfg.reparent && via.and_then(lost_at).is_some_and(|t| t >= a - 1.0 && t <= b))
+            }
             _ => false,
         };
         match (&j.fatal, touched) {
@@ -378,9 +401,16 @@ fn check(sim: &mut Sim, scenario: Scenario, submits: &[u32], pings: &[u32]) -> R
         match (running, member(r).map(|m| m.0)) {
             (true, Some(MemberState::Online | MemberState::Torpid)) | (false, Some(MemberState::Lost)) => {}
             (false, Some(MemberState::Offline)) if node.exit == Some(0) => {}
-            (running, m) => {
-                v.push(format!("rank {r}: broker {} but rank 0 has it {m:?}", if running { "runs" } else { "is gone" }))
-            }
+            (running, m) => v.push(format!(
+                "rank {r}: broker {} but rank 0 has it {m:?} ({})",
+                if running { "runs" } else { "is gone" },
+                member(r).map(|m| m.1).unwrap_or_default()
+            )),
+        }
+        // (7) With re-parenting, a broker whose node lives and whose process was not killed still runs: the
+        // loss of a router above it cost it nothing.
+        if sim.cfg.reparent && !running && node.kernel && !dead.contains_key(&r) && !cut.contains(&r) {
+            v.push(format!("rank {r}: its node lives but its broker exited (code {:?})", node.exit));
         }
     }
     detect.sort_by(f64::total_cmp);

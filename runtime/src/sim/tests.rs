@@ -25,9 +25,12 @@ fn the_same_seed_gives_the_same_trace_and_another_seed_another() {
     assert_ne!(a.trace, c.trace);
 }
 
+/// A router lost silently, `tbon.reparent` off: its subtree is cut off and exits.
 #[test]
 fn a_silent_node_loss_is_lost_within_the_probe_rule_and_its_subtree_cut_off() {
-    let mut sim = Sim::new(Config::new(13, kary(3), 1));
+    let mut cfg = Config::new(13, kary(3), 1);
+    cfg.reparent = false;
+    let mut sim = Sim::new(cfg);
     sim.boot();
     sim.run_until(Time::from_secs_f64(1.0));
     // Rank 1 is a router (children 4, 5, 6).
@@ -46,6 +49,48 @@ fn a_silent_node_loss_is_lost_within_the_probe_rule_and_its_subtree_cut_off() {
         assert!(sim.broker(r).is_none(), "rank {r} should have exited without its parent");
     }
     assert!(sim.broker(2).is_some() && sim.broker(3).is_some());
+}
+
+/// A router lost silently (re-parenting on, the default): only it is lost; its children re-parent under its
+/// siblings (spread), everyone below answers a ping from rank 0 again, and rank 0 routes by the new shape.
+#[test]
+fn a_lost_routers_children_re_parent_under_its_siblings_and_stay_reachable() {
+    let mut sim = Sim::new(Config::new(40, kary(3), 1));
+    sim.boot();
+    sim.run_until(Time::from_secs_f64(1.0));
+    // Rank 1 routes for 4, 5, 6 (and they for 13..21).
+    sim.fault_at(Time::from_secs_f64(1.0), Fault::NodeLoss(1));
+    sim.run_until(Time::from_secs_f64(2.0));
+    let b0 = sim.broker(0).expect("rank 0 runs");
+    assert_eq!(b0.members[&1].0, MemberState::Lost);
+    let mut parents = Vec::new();
+    for r in [4, 5, 6] {
+        assert!(sim.broker(r).is_some(), "rank {r} re-parents rather than exit");
+        assert_eq!(b0.members[&r].0, MemberState::Online, "{:?}", b0.members[&r]);
+        parents.push(b0.parent_of(r).expect("a parent"));
+    }
+    assert_eq!(parents, vec![2, 3, 2], "spread over rank 1's siblings");
+    assert!(sim.broker(2).expect("rank 2").children.contains_key(&4));
+    let log = &b0.jobcore.as_ref().expect("rank 0").resource_eventlog;
+    assert_eq!(log.iter().filter(|e| e.name == "reparent").count(), 3, "{log:?}");
+    // Everyone alive answers.
+    let tags: Vec<(u32, u32)> = (0..40)
+        .filter(|&r| r != 1)
+        .map(|r| (r, sim.request_at(Time::from_secs_f64(2.0), "broker.ping", r, &serde_json::json!({}))))
+        .collect();
+    sim.run_until(Time::from_secs_f64(2.5));
+    for (r, tag) in tags {
+        let (e, body) = sim.responses.get(&tag).cloned().unwrap_or((u32::MAX, serde_json::json!(null)));
+        assert_eq!(e, 0, "ping to rank {r}: {body}");
+    }
+    // Its new parent dies too: rank 4 re-parents again (under rank 3, then rank 0).
+    sim.fault_at(Time::from_secs_f64(2.5), Fault::NodeLoss(2));
+    sim.run_until(Time::from_secs_f64(4.0));
+    let b0 = sim.broker(0).expect("rank 0 runs");
+    assert!(sim.broker(4).is_some());
+    assert_eq!(b0.members[&4].0, MemberState::Online, "{:?}", b0.members[&4]);
+    // Its candidates: rank 2's siblings 1 (lost: the attempt times out) and 3, then rank 0.
+    assert_eq!(b0.parent_of(4), Some(3));
 }
 
 #[test]

@@ -1,0 +1,452 @@
+//! Re-parenting rules: a TBON that heals when a router dies (docs/failure-detection.md, "Re-parenting").
+//!
+//! - **Who adopts.** A broker whose parent `P` is lost (any verdict of the membership machine, or its link closed)
+//!   tries, in order, the *static siblings* of `P` (the other children of `P`'s own parent in `tbon.topo`), starting
+//!   at its own position among `P`'s children so that `P`'s orphans spread over `P`'s siblings one or two each;
+//!   then `P`'s ancestors, nearest first, ending at rank 0 ([`candidates`]). Every candidate sits higher in the
+//!   static tree than the orphan (a smaller [`Topology::level`]), so an adoption can never close a cycle, however
+//!   many routers die and in whatever order. Ranks never change. A broker whose parent is rank 0 exits as before:
+//!   nothing is above rank 0 to adopt it.
+//! - **Who accepts.** A broker accepts an adoptee (a hello carrying `adopt`) when it is higher in the static tree
+//!   than the adoptee and has fewer than [`adopt_limit`] children; otherwise it refuses and the orphan tries its
+//!   next candidate.
+//! - **Who learns.** The adopter at once, every broker on the adopter's path to rank 0 as the orphan's
+//!   `overlay.reparent` request passes up through it, and then every broker from rank 0's `overlay.reparent`
+//!   event: routing uses each rank's current parent ([`Broker::next_hop`]). Rank 0 records a `reparent` event in
+//!   `resource.eventlog`.
+//! - **Meanwhile.** What the orphan sends up while it has no parent is queued, up to [`UP_QUEUE_MAX`] messages
+//!   and [`UP_QUEUE_BYTES`]; past either bound a request gets EHOSTUNREACH and anything else is dropped (counted
+//!   in the log). Requests that were in flight through the dead router got EHOSTUNREACH from its parent.
+//! - **Orphans that never come.** Rank 0 expects every child of a lost rank to re-parent within
+//!   [`REPARENT_TIMEOUT`] (meanwhile they and the ranks below them are torpid: no new work goes there); one that
+//!   does not is lost ("cut off"), and so on below it.
+//! - **A router that returns** joins its static parent again as a leaf: its former children stay with their
+//!   adopters (moving them back would cost their links a second reconnection for nothing).
+
+use super::core::{Broker, Effect, MemberState, Peer, Time, SELF};
+use crate::idset::IdSet;
+use crate::message::{errno, Message, MsgType, FLAG_NORESPONSE};
+use crate::topology::{Hop, Topology};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tracing::{error, info, warn};
+
+/// Messages an orphan queues for its next parent while it re-parents.
+pub(crate) const UP_QUEUE_MAX: usize = 16_384;
+
+/// Bytes of message payload an orphan queues for its next parent while it re-parents (16 MiB).
+pub(crate) const UP_QUEUE_BYTES: usize = 16 << 20;
+
+/// How long rank 0 waits for each child of a lost rank to re-parent before it declares it lost too. Long, because
+/// an orphan that is stopped or starved re-parents only once it runs again, and a stalled broker must not be
+/// lost; what it costs is the time to find an orphan that died together with its router (a double fault).
+pub(crate) const REPARENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The start of the reason of a rank unreachable while it (or a rank above it) re-parents.
+pub(crate) const REPARENTING: &str = "unreachable while re-parenting: below rank";
+
+/// How long an orphan waits for one candidate to accept it before it tries the next.
+pub(crate) const CANDIDATE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// An orphan's search for an adoptive parent.
+pub(crate) struct Reparent {
+    /// The parent that was lost.
+    pub lost: u32,
+    /// The candidates, in the order tried ([`candidates`]).
+    pub candidates: Vec<u32>,
+    /// Index of the candidate being tried.
+    pub trying: usize,
+    /// When the parent was lost.
+    pub since: Time,
+    /// Messages waiting for the new parent, and their payload bytes.
+    pub queue: Vec<Message>,
+    pub queued_bytes: usize,
+    /// Messages dropped because the queue was full.
+    pub dropped: u64,
+    /// Matchtags of this broker's own requests in the queue.
+    pub queue_tags: std::collections::BTreeSet<u32>,
+}
+
+/// Adoptive parents for `me`, whose parent `lost` was lost, in the order to try them (see the module rules):
+/// the static siblings of `lost`, rotated by `me`'s position among `lost`'s static children, then the static
+/// ancestors of `lost`, nearest first. Empty when `lost` is rank 0 (or not above `me`).
+pub fn candidates(topo: Topology, size: u32, me: u32, lost: u32) -> Vec<u32> {
+    let Some(grand) = topo.parent(size, lost) else { return Vec::new() };
+    let mut out: Vec<u32> = topo.children(size, grand).into_iter().filter(|&s| s != lost).collect();
+    if !out.is_empty() {
+        let kids = topo.children(size, lost);
+        let pos = kids.iter().position(|&k| k == me).unwrap_or(me as usize);
+        let k = pos % out.len();
+        out.rotate_left(k);
+    }
+    let mut a = Some(grand);
+    while let Some(r) = a {
+        out.push(r);
+        a = topo.parent(size, r);
+    }
+    let mine = topo.level(size, me);
+    out.retain(|&c| topo.level(size, c) < mine);
+    out
+}
+
+/// The most children a broker has once it adopts: twice its tree's fanout (`kary:K`: 2K; otherwise twice the
+/// most children any rank has in the static tree), and never fewer than its own static children plus two.
+pub fn adopt_limit(topo: Topology, size: u32, me: u32) -> usize {
+    let fanout = match topo {
+        Topology::Kary(k) if k > 0 => k as usize,
+        _ => topo.children(size, 0).len().max(1),
+    };
+    (2 * fanout).max(topo.children(size, me).len() + 2)
+}
+
+impl Broker {
+    /// The current parent of `rank` as this broker knows it: its own current parent for itself, a learned
+    /// adoption, else the static tree.
+    pub(crate) fn parent_of(&self, rank: u32) -> Option<u32> {
+        if rank == self.rank() {
+            return self.parent;
+        }
+        match self.adopted.get(&rank) {
+            Some(&p) => Some(p),
+            None => self.opts.topo.parent(self.opts.size, rank),
+        }
+    }
+
+    /// Where a request for `target` goes from here: walk `target`'s current ancestors; the one whose parent is
+    /// this broker is the child to send to; reaching the root without passing here means up.
+    pub(crate) fn next_hop(&self, target: u32) -> Hop {
+        let me = self.rank();
+        if target == me {
+            return Hop::Local;
+        }
+        if self.adopted.is_empty() {
+            return self.opts.topo.next_hop(self.opts.size, me, target);
+        }
+        let mut x = target;
+        // Every current parent is higher in the static tree than its child: the walk ends within the depth.
+        for _ in 0..=crate::topology::MAX_DEPTH * 2 {
+            match self.parent_of(x) {
+                None => return Hop::Parent,
+                Some(p) if p == me => return Hop::Child(x),
+                Some(p) => x = p,
+            }
+        }
+        Hop::Parent
+    }
+
+    /// The current children of `rank` as this broker knows them (rank 0 knows every adoption).
+    pub(crate) fn children_of(&self, rank: u32) -> Vec<u32> {
+        let (topo, size) = self.tree();
+        let mut v: Vec<u32> =
+            topo.children(size, rank).into_iter().filter(|c| self.adopted.get(c).is_none_or(|&p| p == rank)).collect();
+        v.extend(
+            self.adopted.iter().filter(|(c, &p)| p == rank && topo.parent(size, **c) != Some(rank)).map(|(c, _)| *c),
+        );
+        v.sort_unstable();
+        v
+    }
+
+    /// Learn that `rank`'s parent is now `parent`.
+    pub(crate) fn learn_parent(&mut self, rank: u32, parent: u32) {
+        if rank == self.rank() {
+            return;
+        }
+        if self.opts.topo.parent(self.opts.size, rank) == Some(parent) {
+            self.adopted.remove(&rank);
+        } else {
+            self.adopted.insert(rank, parent);
+        }
+    }
+
+    /// Our parent is lost (`why`): start re-parenting, or say no (re-parenting off, shutting down, the parent
+    /// was rank 0, no candidate) so that the caller ends this broker as before.
+    pub(crate) fn start_reparent(&mut self, why: &str) -> bool {
+        if !self.opts.config.reparent || self.shutting_down.is_some() {
+            return false;
+        }
+        let Some(lost) = self.parent else { return false };
+        let (topo, size) = self.tree();
+        let candidates = candidates(topo, size, self.rank(), lost);
+        if candidates.is_empty() {
+            return false;
+        }
+        warn!("lost parent rank {lost} ({why}); re-parenting: trying rank {} first", candidates[0]);
+        self.parent = None;
+        self.parent_up = false;
+        self.membership.remove(super::core::PARENT);
+        self.reparenting = Some(Reparent {
+            lost,
+            candidates,
+            trying: 0,
+            since: self.now,
+            queue: Vec::new(),
+            queued_bytes: 0,
+            dropped: 0,
+            queue_tags: Default::default(),
+        });
+        self.try_candidate();
+        true
+    }
+
+    fn try_candidate(&mut self) {
+        let Some(rp) = self.reparenting.as_ref() else { return };
+        match rp.candidates.get(rp.trying).copied() {
+            Some(rank) => {
+                let lost = rp.lost;
+                self.effect(Effect::ConnectParent { rank, lost, timeout: CANDIDATE_TIMEOUT });
+            }
+            None => {
+                let rp = self.reparenting.take().expect("checked");
+                error!(
+                    "lost parent rank {}; no adoptive parent accepted us (tried {}); exiting",
+                    rp.lost,
+                    IdSet::from_iter(rp.candidates.iter().copied())
+                );
+                self.exit_code = 1;
+                self.begin_shutdown("lost parent");
+            }
+        }
+    }
+
+    /// The candidate being tried did not take us (`why`): the next one.
+    pub(crate) fn on_parent_failed(&mut self, why: &str) {
+        let Some(rp) = self.reparenting.as_mut() else { return };
+        info!("re-parenting: rank {} did not adopt us: {why}", rp.candidates.get(rp.trying).copied().unwrap_or(0));
+        rp.trying += 1;
+        self.try_candidate();
+    }
+
+    /// The parent link is up. After a re-parent: tell rank 0 (through the new parent) and send what waited.
+    pub(crate) fn on_parent_up(&mut self) {
+        let Some(rp) = self.reparenting.take() else { return };
+        let Some(&parent) = rp.candidates.get(rp.trying) else { return };
+        self.parent = Some(parent);
+        let took = self.now.since(rp.since);
+        info!("re-parented under rank {parent} (rank {} was lost) after {:.0} ms", rp.lost, took.as_secs_f64() * 1e3);
+        if rp.dropped > 0 {
+            warn!("re-parenting: {} message(s) to rank 0 were dropped (queue full)", rp.dropped);
+        }
+        let mut m = Message::request(
+            "overlay.reparent",
+            0,
+            &json!({"rank": self.rank(), "parent": parent, "lost": rp.lost, "ms": took.as_secs_f64() * 1e3}),
+        );
+        m.flags = FLAG_NORESPONSE;
+        self.route_request(SELF, m);
+        for m in rp.queue {
+            self.effect(Effect::Send(Peer::Parent, m));
+        }
+        // Shell exit reports that got no answer may have died with the lost parent: again (rank 0 takes each once).
+        let again: Vec<(u32, Message)> = self.exit_reports.iter().map(|(t, m)| (*t, m.clone())).collect();
+        for (tag, mut m) in again {
+            if self.internal.contains_key(&tag) && rp.queue_tags.contains(&tag) {
+                continue; // still queued above: sent just now
+            }
+            m.matchtag = tag;
+            self.internal.insert(tag, super::core::Internal::ShellExit);
+            self.route_request(SELF, m);
+        }
+    }
+
+    /// Whether a message for the parent waits for one (we are re-parenting); gives it back otherwise.
+    pub(crate) fn queue_up(&mut self, msg: Message) -> Result<(), Message> {
+        let Some(rp) = self.reparenting.as_mut() else { return Err(msg) };
+        let bytes = msg.payload.len() + msg.topic.len();
+        if rp.queue.len() < UP_QUEUE_MAX && rp.queued_bytes + bytes <= UP_QUEUE_BYTES {
+            rp.queued_bytes += bytes;
+            if msg.route.is_empty() {
+                rp.queue_tags.insert(msg.matchtag);
+            }
+            rp.queue.push(msg);
+            return Ok(());
+        }
+        rp.dropped += 1;
+        if msg.msgtype == MsgType::Request {
+            self.respond_error(&msg, errno::EHOSTUNREACH, "parent lost; re-parenting, and the queue is full");
+        }
+        Ok(())
+    }
+
+    /// Whether the would-be child `rank`, whose hello asks to be adopted, may be: `None` if so, else why not.
+    pub(crate) fn adoption_refusal(&self, rank: u32, hello: &Value) -> Option<String> {
+        let (topo, size) = self.tree();
+        let me = self.rank();
+        hello.get("adopt")?;
+        if !self.opts.config.reparent {
+            return Some(format!("rank {rank} asks to be adopted, but tbon.reparent=off here"));
+        }
+        if self.reparenting.is_some() {
+            return Some("this broker is re-parenting itself".into());
+        }
+        if topo.level(size, me) >= topo.level(size, rank) {
+            return Some(format!("rank {rank} is not below rank {me} in the tree; it may not be adopted here"));
+        }
+        let limit = adopt_limit(topo, size, me);
+        if self.children.len() >= limit {
+            return Some(format!("rank {me} has {} children, the most it adopts up to", self.children.len()));
+        }
+        None
+    }
+
+    /// Rank 0 and the brokers on the way: `rank` re-parented under `parent`.
+    pub(crate) fn on_reparent_request(&mut self, body: &Value) {
+        let size = self.opts.size;
+        let get =
+            |k: &str| body.get(k).and_then(Value::as_u64).and_then(|v| u32::try_from(v).ok()).filter(|v| *v < size);
+        if let (Some(rank), Some(parent)) = (get("rank"), get("parent")) {
+            self.learn_parent(rank, parent);
+        }
+    }
+
+    /// Rank 0: `rank` lost; its current children must re-parent within [`REPARENT_TIMEOUT`].
+    ///
+    /// Meanwhile the orphans and everything below them are unreachable: they are torpid ("re-parenting"), so no
+    /// new work is placed there (a job started there now would fail to start its shells), and lively again once
+    /// they have re-parented. Work already running there goes on.
+    pub(crate) fn expect_orphans(&mut self, lost: u32) {
+        if !self.opts.config.reparent {
+            return;
+        }
+        let due = self.now + REPARENT_TIMEOUT;
+        let wall = self.wall();
+        let mut behind = IdSet::new();
+        for c in self.children_of(lost) {
+            if !self.members.get(&c).is_some_and(|m| m.0 == MemberState::Online || m.0 == MemberState::Torpid) {
+                continue;
+            }
+            self.orphans.insert(c, (due, lost));
+            for r in self.subtree_of(c) {
+                if self.members.get(&r).is_some_and(|m| m.0 == MemberState::Online) {
+                    let why = format!("{REPARENTING} {c}: rank {lost} above it was lost");
+                    self.members.insert(r, (MemberState::Torpid, why, wall));
+                    behind.insert(r);
+                }
+            }
+        }
+        if behind.is_empty() {
+            return;
+        }
+        info!("ranks {behind} are unreachable until they re-parent (rank {lost} was lost)");
+        if let Some(jc) = self.jobcore.as_mut() {
+            jc.ranks_torpid(wall, &behind, true);
+        }
+    }
+
+    /// `rank` and every rank below it now, as this broker knows them (rank 0: all of them).
+    pub(crate) fn subtree_of(&self, rank: u32) -> Vec<u32> {
+        let size = self.opts.size as usize;
+        let mut out = vec![rank];
+        let mut i = 0;
+        while i < out.len() && out.len() <= size {
+            let c = self.children_of(out[i]);
+            out.extend(c);
+            i += 1;
+        }
+        out
+    }
+
+    /// Rank 0: the earliest orphan deadline.
+    pub(crate) fn orphan_deadline(&self) -> Option<Time> {
+        self.orphans.values().map(|(t, _)| *t).min()
+    }
+
+    /// Rank 0, at a timer: orphans that did not re-parent in time are lost (and their children orphans).
+    pub(crate) fn expire_orphans(&mut self) {
+        let now = self.now;
+        let late: BTreeMap<u32, u32> =
+            self.orphans.iter().filter(|(_, (t, _))| *t <= now).map(|(c, (_, lost))| (*c, *lost)).collect();
+        for (c, lost) in late {
+            self.orphans.remove(&c);
+            let why = format!(
+                "cut off: rank {lost} above it was lost and it did not re-parent within {} s",
+                REPARENT_TIMEOUT.as_secs()
+            );
+            let mut m = Message::request("overlay.lost", 0, &json!({"ranks": c.to_string(), "reason": why}));
+            m.flags = FLAG_NORESPONSE;
+            self.route_request(SELF, m);
+        }
+    }
+
+    /// Rank 0: record `rank`'s re-parent (`resource.eventlog`, the `overlay.reparent` event to every broker).
+    pub(crate) fn record_reparent(&mut self, body: &Value) -> Result<(), (u32, String)> {
+        let size = self.opts.size;
+        let get = |k: &str| -> Result<u32, (u32, String)> {
+            body.get(k)
+                .and_then(Value::as_u64)
+                .and_then(|v| u32::try_from(v).ok())
+                .filter(|v| *v < size)
+                .ok_or((errno::EPROTO, format!("'{k}' must be a rank below the instance size {size}")))
+        };
+        let (rank, parent) = (get("rank")?, get("parent")?);
+        let lost = get("lost").ok();
+        self.learn_parent(rank, parent);
+        self.orphans.remove(&rank);
+        let wall = self.wall();
+        let ids: IdSet = self.subtree_of(rank).into_iter().collect();
+        info!("rank {rank} re-parented under rank {parent} (subtree {ids})");
+        // Reachable again: lively, unless torpid for another reason.
+        let mut back = IdSet::new();
+        for r in ids.iter() {
+            if self.members.get(&r).is_some_and(|m| m.0 == MemberState::Torpid && m.1.starts_with(REPARENTING)) {
+                self.members.insert(r, (MemberState::Online, String::new(), wall));
+                back.insert(r);
+            }
+        }
+        if !back.is_empty() {
+            if let Some(jc) = self.jobcore.as_mut() {
+                jc.ranks_torpid(wall, &back, false);
+            }
+        }
+        if let Some(jc) = self.jobcore.as_mut() {
+            let mut ctx = json!({"idset": ids.to_string(), "parent": parent});
+            if let Some(l) = lost {
+                ctx["lost"] = json!(l);
+            }
+            jc.resource_eventlog.push(crate::eventlog::Event::with_time(wall, "reparent", ctx));
+        }
+        self.publish("overlay.reparent", &json!({"rank": rank, "parent": parent}));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn level_decreases(topo: Topology, size: u32) {
+        for me in 1..size {
+            let Some(p) = topo.parent(size, me) else { continue };
+            for c in candidates(topo, size, me, p) {
+                assert!(topo.level(size, c) < topo.level(size, me), "{topo} {me}: candidate {c}");
+                assert_ne!(c, p);
+            }
+        }
+    }
+
+    #[test]
+    fn candidates_are_higher_in_the_tree_and_spread_over_the_siblings() {
+        for topo in [Topology::Kary(2), Topology::Kary(3), Topology::Kary(32), Topology::Binomial] {
+            level_decreases(topo, 200);
+        }
+        // kary:2, size 15: rank 1's children 3 and 4; rank 1's sibling is 2, then rank 0.
+        let t = Topology::Kary(2);
+        assert_eq!(candidates(t, 15, 3, 1), vec![2, 0]);
+        assert_eq!(candidates(t, 15, 4, 1), vec![2, 0]);
+        // kary:4: rank 1's children 5..8 go first to siblings 2, 3, 4, 2 (rotated), then rank 0.
+        let t = Topology::Kary(4);
+        let first: Vec<u32> = (5..=8).map(|c| candidates(t, 100, c, 1)[0]).collect();
+        assert_eq!(first, vec![2, 3, 4, 2]);
+        assert_eq!(candidates(t, 100, 5, 1).last(), Some(&0));
+        // The children of rank 0 have nowhere to go.
+        assert!(candidates(t, 100, 1, 0).is_empty());
+        // Deeper: rank 21 (child of 5, child of 1): siblings of 5 are 6, 7, 8; then 1, then 0.
+        assert_eq!(candidates(t, 100, 21, 5), vec![6, 7, 8, 1, 0]);
+    }
+
+    #[test]
+    fn adoption_is_bounded() {
+        assert_eq!(adopt_limit(Topology::Kary(32), 16384, 5), 64);
+        assert_eq!(adopt_limit(Topology::Kary(2), 7, 1), 4);
+    }
+}
