@@ -785,7 +785,8 @@ fn jobs(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
             }
             let data = opt_str(body, "data")?.map(str::to_string);
             let eof = opt_bool(body, "eof")?.unwrap_or(false);
-            jc.stdin(id, data, eof).map_err(|e| (errno::EINVAL, e))?;
+            // Bounded per job (jobs::STDIN_KEEP): a chunk past it is refused with ENOSPC, the rest kept.
+            jc.stdin(id, data, eof).map_err(|e| (e.errno(), e.to_string()))?;
             Ok(Some(json!({}).into()))
         }
         "job-info.stdin" => {
@@ -948,7 +949,8 @@ pub(crate) fn wake_watchers(core: &mut Broker, id: JobId) {
             w.out_pos = job.output_base + job.output.len();
         }
         if w.stdin {
-            for d in &job.stdin[w.in_pos..] {
+            // `get`: an INACTIVE job's input is dropped (jobs::retire_stdin), under a watcher that read some.
+            for d in job.stdin.get(w.in_pos..).unwrap_or_default() {
                 out.push(Message::response_to(&w.req, &json!({"data": d})));
             }
             w.in_pos = job.stdin.len();

@@ -253,3 +253,77 @@ fn rexec_spawn_is_answered_when_the_driver_has_started_the_shell() {
     assert!(note.contains("cannot run vigil-shell"), "{note}");
     assert!(!b.shells.contains(&id2));
 }
+
+/// A local client of [`broker`]`(0)` (started, so its own node is registered): id 5.
+fn root_with_client() -> Broker {
+    let mut b = broker(0);
+    b.handle(t(0.0), Input::Start);
+    b.handle(t(0.0), Input::LocalNew { id: 5, uid: crate::sim::UID });
+    effects(&mut b);
+    b
+}
+
+/// Client 5's request `topic` with `payload` (and `flags`); the responses it gets.
+fn ask(b: &mut Broker, topic: &str, payload: serde_json::Value, flags: u8) -> Vec<Message> {
+    let mut m = Message::request(topic, 0, &payload);
+    m.matchtag = 1;
+    m.flags = flags;
+    b.handle(t(0.1), Input::Message(Peer::Local(5), 0, m));
+    responses(&effects(b), Peer::Local(5)).into_iter().cloned().collect()
+}
+
+/// The one response to a request of client 5: `Ok(payload)` or `Err((errno, errstr))`.
+fn ask1(b: &mut Broker, topic: &str, payload: serde_json::Value) -> Result<serde_json::Value, (u32, String)> {
+    let r = ask(b, topic, payload, 0);
+    assert_eq!(r.len(), 1, "{topic}: one response");
+    match r[0].errnum {
+        0 => Ok(r[0].json()),
+        e => Err((e, r[0].errstr().unwrap_or_default())),
+    }
+}
+
+#[test]
+fn job_stdin_is_bounded_and_what_was_accepted_is_kept() {
+    use base64::Engine as _;
+    let mut b = root_with_client();
+    let spec: serde_json::Value =
+        serde_json::from_str(&crate::jobspec::JobspecBuilder::new(["cat"]).build().expect("jobspec").to_json())
+            .expect("json");
+    let id = ask1(&mut b, "job-manager.submit", json!({"jobspec": spec, "stdin": true})).expect("submitted")["id"]
+        .as_u64()
+        .expect("an id");
+    let chunk = vec![b'x'; 100_000];
+    let data = base64::engine::general_purpose::STANDARD.encode(&chunk);
+    let mut accepted = 0;
+    let (e, why) = loop {
+        match ask1(&mut b, "job-exec.stdin", json!({"id": id, "data": data})) {
+            Ok(_) => accepted += 1,
+            Err(e) => break e,
+        }
+        assert!(accepted * chunk.len() <= crate::jobs::STDIN_KEEP, "held past the bound");
+    };
+    assert_eq!(e, errno::ENOSPC, "{why}");
+    assert!(why.contains("full"), "{why}");
+    assert!(accepted > 0);
+    // A smaller chunk that still fits is taken; input that is not base64 is refused as such.
+    let held = accepted * chunk.len();
+    let rest = crate::jobs::STDIN_KEEP - held;
+    let tail = base64::engine::general_purpose::STANDARD.encode(vec![b'y'; rest]);
+    assert_eq!(ask1(&mut b, "job-exec.stdin", json!({"id": id, "data": tail})), Ok(json!({})));
+    let bad = ask1(&mut b, "job-exec.stdin", json!({"id": id, "data": "not base64!"}));
+    assert_eq!(bad.map_err(|e| e.0), Err(errno::EPROTO));
+    // End of input is taken even when full.
+    assert_eq!(ask1(&mut b, "job-exec.stdin", json!({"id": id, "eof": true})), Ok(json!({})));
+    // A shell reading the input gets every accepted chunk, in order, then the end.
+    let got = ask(&mut b, "job-info.stdin", json!({ "id": id }), crate::message::FLAG_STREAMING);
+    let (last, chunks) = got.split_last().expect("responses");
+    assert_eq!(last.errnum, errno::ENODATA);
+    let bytes: Vec<u8> = chunks
+        .iter()
+        .flat_map(|m| {
+            base64::engine::general_purpose::STANDARD.decode(m.json()["data"].as_str().expect("data")).expect("b64")
+        })
+        .collect();
+    assert_eq!(bytes.len(), crate::jobs::STDIN_KEEP);
+    assert!(bytes[..held].iter().all(|c| *c == b'x') && bytes[held..].iter().all(|c| *c == b'y'));
+}
