@@ -283,6 +283,39 @@ fn ask1(b: &mut Broker, topic: &str, payload: serde_json::Value) -> Result<serde
 }
 
 #[test]
+fn subscriptions_are_a_bounded_set_per_client() {
+    let mut b = root_with_client();
+    for _ in 0..1000 {
+        assert_eq!(ask1(&mut b, "broker.sub", json!({"topic": "job-"})), Ok(json!({})), "a repeat is a no-op");
+    }
+    assert_eq!(b.locals[&5].subs.len(), 1);
+    // One event, delivered once.
+    b.publish("job-state", &json!({}));
+    let out = effects(&mut b);
+    assert_eq!(out.iter().filter(|e| matches!(e, Effect::Send(Peer::Local(5), _))).count(), 1);
+    // Distinct prefixes up to the bound, then a clear error; the ones held stay.
+    let mut k = 0;
+    let (e, why) = loop {
+        match ask1(&mut b, "broker.sub", json!({"topic": format!("t{k}.")})) {
+            Ok(_) => k += 1,
+            Err(e) => break e,
+        }
+        assert!(k <= super::services::MAX_SUBS_PER_CLIENT, "unbounded");
+    };
+    assert_eq!(e, errno::ENOSPC, "{why}");
+    assert!(why.contains("subscriptions"), "{why}");
+    assert_eq!(b.locals[&5].subs.len(), super::services::MAX_SUBS_PER_CLIENT);
+    assert_eq!(ask1(&mut b, "broker.sub", json!({"topic": "t0."})), Ok(json!({})), "held already: a no-op");
+    // Unsubscribing makes room.
+    assert_eq!(ask1(&mut b, "broker.unsub", json!({"topic": "t0."})), Ok(json!({})));
+    assert_eq!(ask1(&mut b, "broker.sub", json!({"topic": "other."})), Ok(json!({})));
+    // A prefix longer than any topic could be.
+    assert_eq!(ask1(&mut b, "broker.unsub", json!({"topic": "t1."})), Ok(json!({})));
+    let long = "x".repeat(super::services::MAX_SUB_TOPIC + 1);
+    assert_eq!(ask1(&mut b, "broker.sub", json!({ "topic": long })).map_err(|e| e.0), Err(errno::EINVAL));
+}
+
+#[test]
 fn job_stdin_is_bounded_and_what_was_accepted_is_kept() {
     use base64::Engine as _;
     let mut b = root_with_client();
