@@ -567,8 +567,16 @@ async fn connect_parent(
                 let hello = Message::control(
                     "hello",
                     &rdma_link::merge(
-                        json!({"rank": opts.rank, "instance": opts.instance, "version": crate::message::WIRE_VERSION, "hostname": opts.hostname,
-                            "probe_port": probe_port}),
+                        rdma_link::merge(
+                            super::liveness::hello_payload(
+                                opts.rank,
+                                &opts.instance,
+                                opts.size,
+                                &opts.topo,
+                                &opts.hostname,
+                            ),
+                            json!({"probe_port": probe_port}),
+                        ),
                         offer.hello_fields(),
                     ),
                 );

@@ -86,7 +86,7 @@ fn hello_rules() {
     let no_rank = Message::control("hello", &json!({"instance": "sim"}));
     assert_eq!(judge(&mut b, t(0.1), 5, no_rank, None), Err("hello without a rank".into()));
     let huge = Message::control("hello", &json!({"rank": 1u64 << 32 | 4, "instance": "sim"}));
-    assert_eq!(judge(&mut b, t(0.1), 6, huge, None), Err("hello without a rank".into()));
+    assert!(judge(&mut b, t(0.1), 6, huge, None).is_err(), "rank 2^32 + 4 is not rank 4");
     assert_eq!(judge(&mut b, t(0.1), 7, hello(4, "sim"), Some("no RDMA".into())), Err("no RDMA".into()));
     b.handle(t(0.2), Input::Signal(libc::SIGTERM));
     effects(&mut b);
@@ -252,6 +252,121 @@ fn rexec_spawn_is_answered_when_the_driver_has_started_the_shell() {
     let note = job.fatal.as_ref().map(|e| e.note.clone()).unwrap_or_default();
     assert!(note.contains("cannot run vigil-shell"), "{note}");
     assert!(!b.shells.contains(&id2));
+}
+
+/// Rank 1 of [`broker`], its parent link up: its children are ranks 3 and 4.
+fn router() -> Broker {
+    let mut b = broker(1);
+    b.handle(t(0.0), Input::ParentUp(super::rdma_link::LinkChoice { transport: "tcp", detail: String::new() }));
+    effects(&mut b);
+    b
+}
+
+/// A hello of rank 3 (a child of [`router`]) with `field` set to `value` (`null`: removed).
+fn hello_with(field: &str, value: serde_json::Value) -> Message {
+    let (topo, size) = (Topology::Kary(2), 7);
+    let mut v = super::liveness::hello_payload(3, "sim", size, &topo, "node3");
+    if let Some(o) = v.as_object_mut() {
+        match value {
+            serde_json::Value::Null => o.remove(field),
+            value => o.insert(field.into(), value),
+        };
+    }
+    Message::control("hello", &v)
+}
+
+#[test]
+fn a_hello_of_another_tree_or_wire_version_is_refused_with_a_reason() {
+    let mut b = router();
+    assert_eq!(judge(&mut b, t(0.1), 1, hello_with("hostname", json!("node3")), None), Ok(3), "the full hello");
+    let mut b = router();
+    for (field, value, says) in [
+        ("size", json!(9), "counts 9 brokers"),
+        ("size", json!(1u64 << 32 | 7), "brokers"),
+        ("size", json!("7"), "brokers"),
+        ("topo", json!("kary:4"), "tbon.topo=kary:4"),
+        ("topo", json!(2), "'topo' must be a string"),
+        ("version", json!(crate::message::WIRE_VERSION + 1), "wire version"),
+        ("version", json!(-1), "wire version"),
+        ("instance", serde_json::Value::Null, "without an instance id"),
+        ("instance", json!(7), "without an instance id"),
+        ("rank", json!(9), "not in this instance of 7 brokers"),
+        ("rank", json!("3"), "'rank' must be an integer"),
+        ("rank", json!(-3), "'rank' must be an integer"),
+        ("rank", json!(3.5), "'rank' must be an integer"),
+    ] {
+        let why = judge(&mut b, t(0.1), 2, hello_with(field, value.clone()), None).expect_err(field);
+        assert!(why.contains(says), "{field}={value}: {why}");
+    }
+    assert!(b.children.is_empty(), "nothing was accepted");
+    // A payload that is not an object, or not JSON at all.
+    for payload in [json!([3, "sim"]), json!("hello"), json!(3)] {
+        let why = judge(&mut b, t(0.1), 3, Message::control("hello", &payload), None).expect_err("not an object");
+        assert!(why.contains("not a JSON object"), "{why}");
+    }
+    let mut garbage = Message::control("hello", &json!({}));
+    garbage.payload = b"{\"rank\": 3, \"instance\"".to_vec();
+    assert!(judge(&mut b, t(0.1), 4, garbage, None).expect_err("truncated").contains("not JSON"));
+}
+
+#[test]
+fn a_refusal_quotes_little_of_what_the_peer_sent() {
+    let mut b = router();
+    let long = "kary:".to_string() + &"9".repeat(4000);
+    let why = judge(&mut b, t(0.1), 1, hello_with("topo", json!(long)), None).expect_err("another topo");
+    assert!(why.len() < 200, "{} bytes: {why}", why.len());
+    let odd = "é".repeat(100);
+    let why = judge(&mut b, t(0.1), 2, hello_with("topo", json!(odd)), None).expect_err("another topo");
+    assert!(why.len() < 200, "cut on a character boundary: {why}");
+}
+
+#[test]
+fn one_link_joins_as_one_rank_once() {
+    let mut b = router();
+    assert_eq!(judge(&mut b, t(0.1), 1, hello(3, "sim"), None), Ok(3));
+    // Another hello on the same link, as another child or as itself again: refused, the first stands.
+    for rank in [4, 3] {
+        let why = judge(&mut b, t(0.2), 1, hello(rank, "sim"), None).expect_err("a second hello");
+        assert!(why.contains("already joined as rank 3"), "{why}");
+    }
+    assert_eq!(b.children.iter().map(|(r, c)| (*r, *c)).collect::<Vec<_>>(), vec![(3, 1)]);
+    // Rank 4 on its own link is a child like any other.
+    assert_eq!(judge(&mut b, t(0.3), 2, hello(4, "sim"), None), Ok(4));
+}
+
+/// Every hello, whatever its fields hold, gets one verdict, and only this broker's children are ever accepted,
+/// each once.
+#[test]
+fn any_hello_gets_one_verdict_and_only_children_join() {
+    let mut b = router();
+    let values = [
+        json!(null),
+        json!(0),
+        json!(3),
+        json!(4),
+        json!(7),
+        json!(-1),
+        json!(1.5),
+        json!(u32::MAX),
+        json!(1u64 << 32 | 3),
+        json!(u64::MAX),
+        json!("3"),
+        json!("sim"),
+        json!(""),
+        json!([3]),
+        json!({"rank": 3}),
+        json!(true),
+    ];
+    let mut conn = 10;
+    for field in ["rank", "instance", "version", "size", "topo", "hostname", "probe_port", "rdma", "rdma_frame"] {
+        for v in &values {
+            conn += 1;
+            let _ = judge(&mut b, t(0.1), conn, hello_with(field, v.clone()), None);
+        }
+    }
+    let kids = Topology::Kary(2).children(7, 1);
+    assert!(b.children.keys().all(|r| kids.contains(r)), "{:?}", b.children);
+    assert!(b.children.len() <= kids.len());
 }
 
 /// A local client of [`broker`]`(0)` (started, so its own node is registered): id 5.

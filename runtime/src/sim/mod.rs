@@ -479,8 +479,7 @@ impl Sim {
         self.links.insert(n, LinkState { conn, at_parent: false, at_child: true });
         let hello = Message::control(
             "hello",
-            &serde_json::json!({"rank": n, "instance": "sim", "version": crate::message::WIRE_VERSION,
-                "hostname": format!("node{n}")}),
+            &crate::broker::liveness::hello_payload(n, "sim", self.cfg.brokers, &self.cfg.topo, &format!("node{n}")),
         );
         let lat = self.cfg.latency;
         self.after(lat, Ev::Input(p, Input::Hello { conn, msg: hello, addr: format!("node{n}"), refusal: None }));
