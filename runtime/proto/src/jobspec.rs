@@ -42,6 +42,12 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 use thiserror::Error;
 
+/// Most tasks a request may place on each core it asks for: `tasks[0].count.total` may exceed the slot count
+/// (tasks then share their slots' cores), but at most this many times the cores requested. A job shell starts,
+/// places and tracks each of its tasks, so a count beyond what the job's cores could ever run (say 2^32 - 1 tasks
+/// on one core) is refused here, naming the field, rather than handed to a shell to try.
+pub const MAX_TASKS_PER_CORE: u32 = 64;
+
 /// Keys of `attributes.system` that are recognised (RFC 14/25 and common Flux
 /// usage) but not interpreted by [`Jobspec::validate`]; they do not produce
 /// warnings. Any other key besides `duration`, `cwd`, `environment` and
@@ -547,12 +553,31 @@ impl Jobspec {
         let Some(cores_per_slot) = cores else {
             return Err(invalid(format!("{slot_path}.with"), "slot must contain a core"));
         };
+        // The request's totals (slots, cores, GPUs) must each fit in 32 bits like every count: products are
+        // computed in 64 bits, and the error names the count that makes one too large.
         let nslots = match nnodes {
-            Some(n) => {
-                n.checked_mul(slots).ok_or_else(|| invalid("resources", "total slot count exceeds 4294967295"))?
-            }
+            Some(n) => n.checked_mul(slots).ok_or_else(|| {
+                invalid(
+                    format!("{slot_path}.count"),
+                    format!(
+                        "{slots} slots on each of {n} nodes make {}, more than {}",
+                        u64::from(slots) * u64::from(n),
+                        u32::MAX
+                    ),
+                )
+            })?,
             None => slots,
         };
+        let leaf_index = |kind: &str| slot.with.iter().position(|c| c.kind == kind).unwrap_or(0);
+        for (kind, per_slot) in [("core", cores_per_slot), ("gpu", gpus.unwrap_or(0))] {
+            let total = u64::from(per_slot) * u64::from(nslots);
+            if total > u64::from(u32::MAX) {
+                return Err(invalid(
+                    format!("{slot_path}.with[{}].count", leaf_index(kind)),
+                    format!("{per_slot} {kind}s in each of {nslots} slots make {total}, more than {}", u32::MAX),
+                ));
+            }
+        }
 
         let [task] = self.tasks.as_slice() else {
             return Err(invalid("tasks", format!("must contain exactly one task, got {}", self.tasks.len())));
@@ -570,6 +595,16 @@ impl Jobspec {
             // normal (`flux run -N2 -n3` gives 4 slots, 3 tasks).
             TaskCount::Total(n) => v1_count(&Count::Fixed(n), "tasks[0].count.total")?,
         };
+        let ncores = u64::from(nslots) * u64::from(cores_per_slot);
+        if u64::from(ntasks) > ncores * u64::from(MAX_TASKS_PER_CORE) {
+            return Err(invalid(
+                "tasks[0].count.total",
+                format!(
+                    "{ntasks} tasks on the {ncores} core(s) requested is more than {MAX_TASKS_PER_CORE} per core \
+                     (ask for more slots instead)"
+                ),
+            ));
+        }
 
         let sys = &self.attributes.system;
         let duration = match sys.duration {
@@ -747,8 +782,8 @@ impl JobspecBuilder {
     ///
     /// # Errors
     /// [`JobspecError::Builder`] for an empty command, `-N`/`-n`/`-c` of 0,
-    /// a negative or non-finite `-t`, `--exclusive` without `-N`, or
-    /// `-n must be >= -N`.
+    /// a negative or non-finite `-t`, `--exclusive` without `-N`,
+    /// `-n must be >= -N`, or totals (slots, cores, GPUs) beyond 4294967295.
     pub fn build(self) -> Result<Jobspec, JobspecError> {
         let err = |m: &str| Err(JobspecError::Builder(m.to_string()));
         if self.command.is_empty() {
@@ -772,6 +807,31 @@ impl JobspecBuilder {
         }
         if self.exclusive && self.nnodes.is_none() {
             return err("--exclusive requires -N/--nodes");
+        }
+        // The request's totals must fit in 32 bits (as `validate` requires): said here in option terms.
+        let max = u64::from(u32::MAX);
+        let slots: u64 = match (self.nnodes, self.ntasks) {
+            (None, n) => u64::from(n.unwrap_or(1)),
+            (Some(nodes), None) => u64::from(nodes),
+            (Some(nodes), Some(n)) => u64::from(nodes) * u64::from(n.div_ceil(nodes)),
+        };
+        if slots > max {
+            let (nodes, n) = (self.nnodes.unwrap_or(1), self.ntasks.unwrap_or(1));
+            return Err(JobspecError::Builder(format!(
+                "-N {nodes} -n {n}: {nodes} nodes of {} task slots make {slots} slots, more than {max} \
+                 (use fewer tasks, or a node count that divides the task count)",
+                n.div_ceil(nodes)
+            )));
+        }
+        for (flag, per_task, what) in
+            [("-c/--cores-per-task", self.cores_per_task, "cores"), ("-g/--gpus-per-task", self.gpus_per_task, "GPUs")]
+        {
+            let total = slots * u64::from(per_task);
+            if total > max {
+                return Err(JobspecError::Builder(format!(
+                    "{flag} {per_task} for {slots} task slots makes {total} {what}, more than {max}"
+                )));
+            }
         }
         let mut leaves = vec![leaf("core", self.cores_per_task)];
         if self.gpus_per_task > 0 {
@@ -1282,6 +1342,98 @@ attributes:
         ];
         for (b, want) in cases {
             assert_eq!(b.build().map_err(|e| e.to_string()), Err(want.to_string()));
+        }
+    }
+
+    /// The field a parse+validate error names (`Invalid.path`), after `edit` to NODE_GPU_YAML.
+    fn path_after(edit: impl Fn(&mut Value)) -> Result<String, JobspecError> {
+        let mut v = serde_json::to_value(parse_ok(NODE_GPU_YAML)).expect("to_value");
+        edit(&mut v);
+        match Jobspec::parse(&v.to_string()).and_then(|js| js.validate()) {
+            Err(JobspecError::Invalid { path, message }) => {
+                assert!(!message.is_empty());
+                Ok(path)
+            }
+            Err(e) => Err(e),
+            Ok(r) => panic!("accepted: {r:?}"),
+        }
+    }
+
+    /// Counts whose totals overflow 32 bits, or tasks far beyond the cores asked for, are refused naming the count
+    /// that makes them so (never wrapped, saturated or handed on to be allocated per task).
+    #[test]
+    fn huge_counts_and_overflowing_products_are_refused_naming_the_field() {
+        let slot = "/resources/0/with/0";
+        let max = u64::from(u32::MAX);
+        let set = |ptr: String, n: Value| move |v: &mut Value| *v.pointer_mut(&ptr).expect("field") = n.clone();
+        type Edit = Box<dyn Fn(&mut Value)>;
+        let cases: Vec<(Edit, &str)> = vec![
+            // A single count past 32 bits.
+            (Box::new(set("/tasks/0/count/total".into(), json!(max + 1))), "tasks[0].count.total"),
+            (Box::new(set(format!("{slot}/count"), json!(max + 1))), "resources[0].with[0].count"),
+            // nodes x slots: 65536 x 65536 = 2^32.
+            (
+                Box::new(|v: &mut Value| {
+                    v["resources"][0]["count"] = json!(65536);
+                    v.pointer_mut(slot).expect("slot")["count"] = json!(65536);
+                }),
+                "resources[0].with[0].count",
+            ),
+            // slots x cores (the core count is with[0]) and slots x GPUs (with[1]): 2^31 slots of 2 or 4.
+            (
+                Box::new(|v: &mut Value| {
+                    v["resources"][0]["count"] = json!(1);
+                    v.pointer_mut(slot).expect("slot")["count"] = json!(1u64 << 31);
+                }),
+                "resources[0].with[0].with[0].count",
+            ),
+            (
+                Box::new(|v: &mut Value| {
+                    v["resources"][0]["count"] = json!(1);
+                    v.pointer_mut(slot).expect("slot")["count"] = json!(1u64 << 31);
+                    v.pointer_mut(slot).expect("slot")["with"][0]["count"] = json!(1);
+                    v.pointer_mut(slot).expect("slot")["with"][1]["count"] = json!(4);
+                }),
+                "resources[0].with[0].with[1].count",
+            ),
+            // 2^32 - 1 tasks: fits in 32 bits, but not on the 24 cores asked for.
+            (Box::new(set("/tasks/0/count/total".into(), json!(max))), "tasks[0].count.total"),
+        ];
+        for (edit, want) in cases {
+            assert_eq!(path_after(edit), Ok(want.to_string()), "{want}");
+        }
+        // Oversubscription up to the bound is a request like any other.
+        let req = {
+            let mut v = serde_json::to_value(parse_ok(NODE_GPU_YAML)).expect("to_value");
+            let ncores = 2 * 3 * 4;
+            v["tasks"][0]["count"]["total"] = json!(ncores * MAX_TASKS_PER_CORE);
+            Jobspec::from_value(&v).and_then(|js| js.validate()).expect("at the bound")
+        };
+        assert_eq!(req.ntasks, 24 * MAX_TASKS_PER_CORE);
+    }
+
+    /// `vigil run -N/-n/-c/-g` with totals past 32 bits: refused by the builder in option terms; anything it
+    /// builds validates.
+    #[test]
+    fn builder_refuses_totals_past_32_bits_naming_the_options() {
+        let n = u32::MAX;
+        for (b, flag) in [
+            (JobspecBuilder::new(["a"]).nnodes(2).ntasks(n), "-N 2"),
+            (JobspecBuilder::new(["a"]).ntasks(n).cores_per_task(2), "-c/--cores-per-task"),
+            (JobspecBuilder::new(["a"]).ntasks(1 << 30).gpus_per_task(8), "-g/--gpus-per-task"),
+            (JobspecBuilder::new(["a"]).nnodes(n).cores_per_task(2), "-c/--cores-per-task"),
+        ] {
+            let e = b.build().expect_err(flag);
+            assert!(matches!(&e, JobspecError::Builder(m) if m.contains(flag)), "{flag}: {e}");
+        }
+        for b in [
+            JobspecBuilder::new(["a"]).ntasks(n),
+            JobspecBuilder::new(["a"]).nnodes(3).ntasks(n),
+            JobspecBuilder::new(["a"]).nnodes(n),
+            JobspecBuilder::new(["a"]).ntasks(n / 4).cores_per_task(4).gpus_per_task(4),
+        ] {
+            let req = b.clone().build().and_then(|j| j.validate()).unwrap_or_else(|e| panic!("{b:?}: {e}"));
+            assert!(req.ntasks <= req.nslots, "{b:?}");
         }
     }
 

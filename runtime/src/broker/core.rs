@@ -204,8 +204,12 @@ pub(crate) enum Effect {
 
 /// A local client of this broker.
 pub(crate) struct LocalClient {
+    /// Its uid (SO_PEERCRED).
     pub uid: u32,
-    pub subs: Vec<String>,
+    /// The event topic prefixes it subscribed to (`broker.sub`): a set, at most
+    /// [`super::services::MAX_SUBS_PER_CLIENT`] of at most [`super::services::MAX_SUB_TOPIC`] bytes each.
+    pub subs: BTreeSet<String>,
+    /// It has a streaming request open on rank 0 (its watchers are dropped when it leaves).
     pub streaming: bool,
 }
 
@@ -428,7 +432,7 @@ impl Broker {
             Input::Bounced(peer, msg) => self.on_bounced(peer, msg),
             Input::Hello { conn, msg, addr, refusal } => self.on_hello(conn, msg, &addr, refusal),
             Input::LocalNew { id, uid } => {
-                self.locals.insert(id, LocalClient { uid, subs: Vec::new(), streaming: false });
+                self.locals.insert(id, LocalClient { uid, subs: BTreeSet::new(), streaming: false });
             }
             Input::ShellStarted { id, result } => {
                 let req = self.spawning.remove(&id);

@@ -577,8 +577,10 @@ async fn connect_parent(
             Ok(mut link) => {
                 // Offer RDMA when a verbs device serves our end of this connection (see rdma_link).
                 let offer = rdma_link::Offer::new(rdma, link.sock.as_ref().and_then(rdma_link::local_ip))?;
-                let mut fields = json!({"rank": opts.rank, "instance": opts.instance, "version": crate::message::WIRE_VERSION,
-                    "hostname": opts.hostname, "probe_port": probe_port});
+                let mut fields = rdma_link::merge(
+                    super::liveness::hello_payload(opts.rank, &opts.instance, opts.size, &opts.topo, &opts.hostname),
+                    json!({"probe_port": probe_port}),
+                );
                 if let Some(lost) = adopt {
                     // Asking to be adopted: our parent `lost` was lost (see reparent.rs).
                     fields["adopt"] = json!(lost);

@@ -6,48 +6,141 @@
 use super::core::{Broker, Effect, Peer, PARENT, SELF};
 use crate::idset::IdSet;
 use crate::membership::{PeerState, Signal, Transition};
-use crate::message::{Message, FLAG_NORESPONSE};
+use crate::message::{Message, FLAG_NORESPONSE, WIRE_VERSION};
+use crate::topology::Topology;
 use serde_json::{json, Value};
 use std::time::Duration;
 use tracing::{debug, error, info, warn};
 
+/// The payload of the `hello` a broker of rank `rank` sends its parent (docs/wire-format.md): who it is and the
+/// tree it believes it is in (`size` brokers shaped by `topo`), so that a parent refuses a child configured for
+/// another tree rather than route for it by a different map. A driver adds its link's own fields (`probe_port`,
+/// the RDMA offer).
+pub(crate) fn hello_payload(rank: u32, instance: &str, size: u32, topo: &Topology, hostname: &str) -> Value {
+    json!({"rank": rank, "instance": instance, "version": WIRE_VERSION, "size": size, "topo": topo.to_string(),
+        "hostname": hostname})
+}
+
+/// At most this many characters of a string a peer sent are quoted in a refusal or a log line.
+const QUOTE_MAX: usize = 32;
+
+/// `s`, cut to [`QUOTE_MAX`] characters (marked with "..." when cut), for quoting what a peer sent.
+fn quote(s: &str) -> String {
+    let mut q: String = s.chars().take(QUOTE_MAX).collect();
+    if q.len() < s.len() {
+        q.push_str("...");
+    }
+    q
+}
+
 impl Broker {
-    /// A would-be child's hello on authenticated link `conn` from `addr` (see `docs/wire-format.md`).
+    /// A would-be child's hello on authenticated link `conn` from `addr` (see `docs/wire-format.md`): accepted
+    /// ([`Effect::AcceptChild`]) or refused with the reason ([`Effect::RefuseChild`]), never anything else.
     pub(crate) fn on_hello(&mut self, conn: u64, msg: Message, addr: &str, refusal: Option<String>) {
-        let v = msg.json();
-        let rank = v.get("rank").and_then(Value::as_u64).and_then(|r| u32::try_from(r).ok());
-        let inst = v.get("instance").and_then(Value::as_str).unwrap_or("");
+        match self.judge_hello(conn, &msg).and_then(|rank| refusal.map_or(Ok(rank), Err)) {
+            Ok(rank) => {
+                self.effect(Effect::AcceptChild { conn, rank });
+                self.children.insert(rank, conn);
+                let (topo, size) = self.tree();
+                if topo.parent(size, rank) != Some(self.rank()) {
+                    info!("adopted rank {rank} (its parent was lost)");
+                    self.learn_parent(rank, self.rank());
+                } else if self.adopted.contains_key(&rank) {
+                    self.learn_parent(rank, self.rank());
+                }
+                let now = self.clock();
+                self.membership.signal(now, rank, Signal::Connected);
+                debug!("child rank {rank} connected from {addr}");
+            }
+            Err(why) => {
+                warn!("refusing overlay peer {addr}: {why}");
+                self.effect(Effect::RefuseChild { conn, why });
+            }
+        }
+    }
+
+    /// The rank a hello on link `conn` may join as, or why not. Every field is checked for its type and range
+    /// before it is used, and a refusal quotes at most [`QUOTE_MAX`] characters of what the peer sent, so a
+    /// hello cannot make this broker panic or hold more than the fixed state of one child:
+    /// - `rank` (required): a `u32` below the instance size, a child of this broker (or an orphan it may adopt:
+    ///   `adopt`, see `reparent.rs`), not already connected;
+    /// - `instance` (required): this instance's id (the handshake's prologue already binds it; never echoed);
+    /// - `version` (optional, as the frames carry it too): [`WIRE_VERSION`];
+    /// - `size`, `topo` (optional, for older children): this instance's, else the child computes another tree;
+    /// - `hostname`, `probe_port` and the RDMA offer are not read here (the driver reads the last two, each
+    ///   checked by type and range there).
+    ///
+    /// A link is judged once: a second hello on a link already accepted is refused (the driver only hands in a
+    /// link's first message as a hello, but a broker does not rely on that to keep one rank per link).
+    fn judge_hello(&self, conn: u64, msg: &Message) -> Result<u32, String> {
+        if let Some((r, _)) = self.children.iter().find(|(_, c)| **c == conn) {
+            return Err(format!("this link already joined as rank {r}"));
+        }
+        let v: Value = msg.decode().map_err(|_| "hello payload is not JSON".to_string())?;
+        if !v.is_object() {
+            return Err("hello payload is not a JSON object".into());
+        }
         let (topo, size) = self.tree();
-        let why = match rank {
-            None => Some("hello without a rank".to_string()),
-            // Unreachable with the handshake's prologue, which binds the instance id; never echo ids.
-            Some(rank) if inst != self.opts.instance => Some(format!("rank {rank} belongs to another instance")),
-            Some(rank) if topo.parent(size, rank) != Some(self.rank()) && v.get("adopt").is_none() => {
-                Some(format!("rank {rank} is not a child of rank {}", self.rank()))
-            }
-            Some(rank) if topo.parent(size, rank) != Some(self.rank()) && self.adoption_refusal(rank, &v).is_some() => {
-                self.adoption_refusal(rank, &v)
-            }
-            Some(_) if self.shutting_down.is_some() => Some("broker is shutting down".into()),
-            Some(rank) if self.children.contains_key(&rank) => Some(format!("rank {rank} is already connected")),
-            Some(_) => refusal,
+        let rank = match v.get("rank") {
+            None | Some(Value::Null) => return Err("hello without a rank".into()),
+            Some(r) => r
+                .as_u64()
+                .and_then(|r| u32::try_from(r).ok())
+                .ok_or("hello's 'rank' must be an integer 0..=4294967295")?,
         };
-        if let Some(why) = why {
-            warn!("refusing overlay peer {addr}: {why}");
-            return self.effect(Effect::RefuseChild { conn, why });
+        match v.get("instance").and_then(Value::as_str) {
+            None => return Err(format!("hello of rank {rank} without an instance id")),
+            // Unreachable with the handshake's prologue, which binds the instance id; never echo ids.
+            Some(inst) if inst != self.opts.instance => return Err(format!("rank {rank} belongs to another instance")),
+            Some(_) => {}
         }
-        let rank = rank.expect("checked above");
-        self.effect(Effect::AcceptChild { conn, rank });
-        self.children.insert(rank, conn);
+        if let Some(ver) = v.get("version") {
+            if ver.as_u64() != Some(u64::from(WIRE_VERSION)) {
+                let shown = quote(&ver.to_string());
+                return Err(format!("rank {rank} speaks wire version {shown}; this broker speaks {WIRE_VERSION}"));
+            }
+        }
+        if let Some(s) = v.get("size") {
+            if s.as_u64() != Some(u64::from(size)) {
+                return Err(format!(
+                    "rank {rank} counts {} brokers in this instance; this broker counts {size} \
+                     (their configurations differ)",
+                    quote(&s.to_string())
+                ));
+            }
+        }
+        if let Some(t) = v.get("topo") {
+            let ours = topo.to_string();
+            match t.as_str() {
+                Some(theirs) if theirs == ours => {}
+                Some(theirs) => {
+                    return Err(format!(
+                        "rank {rank} has tbon.topo={}; this broker has {ours} (their configurations differ)",
+                        quote(theirs)
+                    ))
+                }
+                None => return Err(format!("hello of rank {rank}: 'topo' must be a string")),
+            }
+        }
+        if rank >= size {
+            return Err(format!("rank {rank} is not in this instance of {size} brokers"));
+        }
         if topo.parent(size, rank) != Some(self.rank()) {
-            info!("adopted rank {rank} (its parent was lost)");
-            self.learn_parent(rank, self.rank());
-        } else if self.adopted.contains_key(&rank) {
-            self.learn_parent(rank, self.rank());
+            // Not ours in the tree: only an orphan asking to be adopted may join (reparent.rs).
+            if v.get("adopt").is_none() {
+                return Err(format!("rank {rank} is not a child of rank {}", self.rank()));
+            }
+            if let Some(why) = self.adoption_refusal(rank, &v) {
+                return Err(why);
+            }
         }
-        let now = self.clock();
-        self.membership.signal(now, rank, Signal::Connected);
-        debug!("child rank {rank} connected from {addr}");
+        if self.shutting_down.is_some() {
+            return Err("broker is shutting down".into());
+        }
+        if self.children.contains_key(&rank) {
+            return Err(format!("rank {rank} is already connected"));
+        }
+        Ok(rank)
     }
 
     /// Control messages: `shutdown` from the parent, `goodbye` from a child, heartbeats.

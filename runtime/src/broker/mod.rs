@@ -15,7 +15,7 @@ pub mod config;
 pub(crate) mod core;
 pub(crate) mod detect;
 mod driver;
-mod liveness;
+pub(crate) mod liveness;
 mod local;
 pub(crate) mod rdma_link;
 pub(crate) mod reparent;

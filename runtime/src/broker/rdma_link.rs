@@ -286,7 +286,8 @@ impl Answer {
                 })
         } else {
             Err(match hello.get("rdma_unavailable").and_then(Value::as_str) {
-                Some(why) => format!("child: {why}"),
+                // The child's own words, kept to a line: they are logged and shown in status output.
+                Some(why) => format!("child: {}", why.chars().take(200).collect::<String>()),
                 None => "child made no rdma offer".into(),
             })
         };

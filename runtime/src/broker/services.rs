@@ -16,6 +16,13 @@ fn detectors(core: &Broker) -> Value {
     core.status.detectors.clone()
 }
 
+/// Event subscriptions (`broker.sub` topic prefixes) one local client may hold; past it `broker.sub` is answered
+/// ENOSPC.
+pub(crate) const MAX_SUBS_PER_CLIENT: usize = 256;
+/// Longest `broker.sub` topic prefix, in bytes (an event's topic is at most 65535 bytes on the wire; those that
+/// clients subscribe to are tens of bytes). A longer one is refused with EINVAL.
+pub(crate) const MAX_SUB_TOPIC: usize = 1024;
+
 /// Services offered by every broker.
 const EVERY_RANK: &[&str] = &["broker", "rexec", "detect"];
 /// Services offered by rank 0 only.
@@ -296,10 +303,30 @@ fn handle(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                 return Err((errno::EPROTO, "subscriptions are for local clients only".into()));
             }
             if let Some(c) = core.locals.get_mut(&(last & !ROUTE_LOCAL)) {
-                if msg.topic == "broker.sub" {
-                    c.subs.push(topic);
-                } else {
-                    c.subs.retain(|s| *s != topic);
+                if msg.topic == "broker.unsub" {
+                    c.subs.remove(&topic);
+                } else if !c.subs.contains(&topic) {
+                    // A set: subscribing again to a prefix is a no-op. Bounded in count and length, so what one
+                    // client holds here is at most MAX_SUBS_PER_CLIENT * MAX_SUB_TOPIC bytes.
+                    if topic.len() > MAX_SUB_TOPIC {
+                        return Err((
+                            errno::EINVAL,
+                            format!(
+                                "'topic' is {} bytes, more than the {MAX_SUB_TOPIC} a prefix may have",
+                                topic.len()
+                            ),
+                        ));
+                    }
+                    if c.subs.len() >= MAX_SUBS_PER_CLIENT {
+                        return Err((
+                            errno::ENOSPC,
+                            format!(
+                                "this client already holds {MAX_SUBS_PER_CLIENT} subscriptions, the most one may \
+                                 (unsubscribe from some, or subscribe to a shorter prefix that covers them)"
+                            ),
+                        ));
+                    }
+                    c.subs.insert(topic);
                 }
             }
             Ok(Some(json!({}).into()))
@@ -796,7 +823,8 @@ fn jobs(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
             }
             let data = opt_str(body, "data")?.map(str::to_string);
             let eof = opt_bool(body, "eof")?.unwrap_or(false);
-            jc.stdin(id, data, eof).map_err(|e| (errno::EINVAL, e))?;
+            // Bounded per job (jobs::STDIN_KEEP): a chunk past it is refused with ENOSPC, the rest kept.
+            jc.stdin(id, data, eof).map_err(|e| (e.errno(), e.to_string()))?;
             Ok(Some(json!({}).into()))
         }
         "job-info.stdin" => {
@@ -959,7 +987,8 @@ pub(crate) fn wake_watchers(core: &mut Broker, id: JobId) {
             w.out_pos = job.output_base + job.output.len();
         }
         if w.stdin {
-            for d in &job.stdin[w.in_pos..] {
+            // `get`: an INACTIVE job's input is dropped (jobs::retire_stdin), under a watcher that read some.
+            for d in job.stdin.get(w.in_pos..).unwrap_or_default() {
                 out.push(Message::response_to(&w.req, &json!({"data": d})));
             }
             w.in_pos = job.stdin.len();

@@ -86,7 +86,7 @@ fn hello_rules() {
     let no_rank = Message::control("hello", &json!({"instance": "sim"}));
     assert_eq!(judge(&mut b, t(0.1), 5, no_rank, None), Err("hello without a rank".into()));
     let huge = Message::control("hello", &json!({"rank": 1u64 << 32 | 4, "instance": "sim"}));
-    assert_eq!(judge(&mut b, t(0.1), 6, huge, None), Err("hello without a rank".into()));
+    assert!(judge(&mut b, t(0.1), 6, huge, None).is_err(), "rank 2^32 + 4 is not rank 4");
     assert_eq!(judge(&mut b, t(0.1), 7, hello(4, "sim"), Some("no RDMA".into())), Err("no RDMA".into()));
     b.handle(t(0.2), Input::Signal(libc::SIGTERM));
     effects(&mut b);
@@ -281,4 +281,226 @@ fn a_late_timer_asks_for_a_fresh_ack_sample_before_judging_a_child() {
     b.handle(later, Input::AckSamples(vec![(1, 1, later.since(woke).as_secs_f64() + 0.001)]));
     effects(&mut b);
     assert_eq!(b.members[&1].0, MemberState::Lost, "{:?}", b.members[&1]);
+}
+
+/// Rank 1 of [`broker`], its parent link up: its children are ranks 3 and 4.
+fn router() -> Broker {
+    let mut b = broker(1);
+    b.handle(t(0.0), Input::ParentUp(super::rdma_link::LinkChoice { transport: "tcp", detail: String::new() }));
+    effects(&mut b);
+    b
+}
+
+/// A hello of rank 3 (a child of [`router`]) with `field` set to `value` (`null`: removed).
+fn hello_with(field: &str, value: serde_json::Value) -> Message {
+    let (topo, size) = (Topology::Kary(2), 7);
+    let mut v = super::liveness::hello_payload(3, "sim", size, &topo, "node3");
+    if let Some(o) = v.as_object_mut() {
+        match value {
+            serde_json::Value::Null => o.remove(field),
+            value => o.insert(field.into(), value),
+        };
+    }
+    Message::control("hello", &v)
+}
+
+#[test]
+fn a_hello_of_another_tree_or_wire_version_is_refused_with_a_reason() {
+    let mut b = router();
+    assert_eq!(judge(&mut b, t(0.1), 1, hello_with("hostname", json!("node3")), None), Ok(3), "the full hello");
+    let mut b = router();
+    for (field, value, says) in [
+        ("size", json!(9), "counts 9 brokers"),
+        ("size", json!(1u64 << 32 | 7), "brokers"),
+        ("size", json!("7"), "brokers"),
+        ("topo", json!("kary:4"), "tbon.topo=kary:4"),
+        ("topo", json!(2), "'topo' must be a string"),
+        ("version", json!(crate::message::WIRE_VERSION + 1), "wire version"),
+        ("version", json!(-1), "wire version"),
+        ("instance", serde_json::Value::Null, "without an instance id"),
+        ("instance", json!(7), "without an instance id"),
+        ("rank", json!(9), "not in this instance of 7 brokers"),
+        ("rank", json!("3"), "'rank' must be an integer"),
+        ("rank", json!(-3), "'rank' must be an integer"),
+        ("rank", json!(3.5), "'rank' must be an integer"),
+    ] {
+        let why = judge(&mut b, t(0.1), 2, hello_with(field, value.clone()), None).expect_err(field);
+        assert!(why.contains(says), "{field}={value}: {why}");
+    }
+    assert!(b.children.is_empty(), "nothing was accepted");
+    // A payload that is not an object, or not JSON at all.
+    for payload in [json!([3, "sim"]), json!("hello"), json!(3)] {
+        let why = judge(&mut b, t(0.1), 3, Message::control("hello", &payload), None).expect_err("not an object");
+        assert!(why.contains("not a JSON object"), "{why}");
+    }
+    let mut garbage = Message::control("hello", &json!({}));
+    garbage.payload = b"{\"rank\": 3, \"instance\"".to_vec();
+    assert!(judge(&mut b, t(0.1), 4, garbage, None).expect_err("truncated").contains("not JSON"));
+}
+
+#[test]
+fn a_refusal_quotes_little_of_what_the_peer_sent() {
+    let mut b = router();
+    let long = "kary:".to_string() + &"9".repeat(4000);
+    let why = judge(&mut b, t(0.1), 1, hello_with("topo", json!(long)), None).expect_err("another topo");
+    assert!(why.len() < 200, "{} bytes: {why}", why.len());
+    let odd = "é".repeat(100);
+    let why = judge(&mut b, t(0.1), 2, hello_with("topo", json!(odd)), None).expect_err("another topo");
+    assert!(why.len() < 200, "cut on a character boundary: {why}");
+}
+
+#[test]
+fn one_link_joins_as_one_rank_once() {
+    let mut b = router();
+    assert_eq!(judge(&mut b, t(0.1), 1, hello(3, "sim"), None), Ok(3));
+    // Another hello on the same link, as another child or as itself again: refused, the first stands.
+    for rank in [4, 3] {
+        let why = judge(&mut b, t(0.2), 1, hello(rank, "sim"), None).expect_err("a second hello");
+        assert!(why.contains("already joined as rank 3"), "{why}");
+    }
+    assert_eq!(b.children.iter().map(|(r, c)| (*r, *c)).collect::<Vec<_>>(), vec![(3, 1)]);
+    // Rank 4 on its own link is a child like any other.
+    assert_eq!(judge(&mut b, t(0.3), 2, hello(4, "sim"), None), Ok(4));
+}
+
+/// Every hello, whatever its fields hold, gets one verdict, and only this broker's children are ever accepted,
+/// each once.
+#[test]
+fn any_hello_gets_one_verdict_and_only_children_join() {
+    let mut b = router();
+    let values = [
+        json!(null),
+        json!(0),
+        json!(3),
+        json!(4),
+        json!(7),
+        json!(-1),
+        json!(1.5),
+        json!(u32::MAX),
+        json!(1u64 << 32 | 3),
+        json!(u64::MAX),
+        json!("3"),
+        json!("sim"),
+        json!(""),
+        json!([3]),
+        json!({"rank": 3}),
+        json!(true),
+    ];
+    let mut conn = 10;
+    for field in ["rank", "instance", "version", "size", "topo", "hostname", "probe_port", "rdma", "rdma_frame"] {
+        for v in &values {
+            conn += 1;
+            let _ = judge(&mut b, t(0.1), conn, hello_with(field, v.clone()), None);
+        }
+    }
+    let kids = Topology::Kary(2).children(7, 1);
+    assert!(b.children.keys().all(|r| kids.contains(r)), "{:?}", b.children);
+    assert!(b.children.len() <= kids.len());
+}
+
+/// A local client of [`broker`]`(0)` (started, so its own node is registered): id 5.
+fn root_with_client() -> Broker {
+    let mut b = broker(0);
+    b.handle(t(0.0), Input::Start);
+    b.handle(t(0.0), Input::LocalNew { id: 5, uid: crate::sim::UID });
+    effects(&mut b);
+    b
+}
+
+/// Client 5's request `topic` with `payload` (and `flags`); the responses it gets.
+fn ask(b: &mut Broker, topic: &str, payload: serde_json::Value, flags: u8) -> Vec<Message> {
+    let mut m = Message::request(topic, 0, &payload);
+    m.matchtag = 1;
+    m.flags = flags;
+    b.handle(t(0.1), Input::Message(Peer::Local(5), 0, m));
+    responses(&effects(b), Peer::Local(5)).into_iter().cloned().collect()
+}
+
+/// The one response to a request of client 5: `Ok(payload)` or `Err((errno, errstr))`.
+fn ask1(b: &mut Broker, topic: &str, payload: serde_json::Value) -> Result<serde_json::Value, (u32, String)> {
+    let r = ask(b, topic, payload, 0);
+    assert_eq!(r.len(), 1, "{topic}: one response");
+    match r[0].errnum {
+        0 => Ok(r[0].json()),
+        e => Err((e, r[0].errstr().unwrap_or_default())),
+    }
+}
+
+#[test]
+fn subscriptions_are_a_bounded_set_per_client() {
+    let mut b = root_with_client();
+    for _ in 0..1000 {
+        assert_eq!(ask1(&mut b, "broker.sub", json!({"topic": "job-"})), Ok(json!({})), "a repeat is a no-op");
+    }
+    assert_eq!(b.locals[&5].subs.len(), 1);
+    // One event, delivered once.
+    b.publish("job-state", &json!({}));
+    let out = effects(&mut b);
+    assert_eq!(out.iter().filter(|e| matches!(e, Effect::Send(Peer::Local(5), _))).count(), 1);
+    // Distinct prefixes up to the bound, then a clear error; the ones held stay.
+    let mut k = 0;
+    let (e, why) = loop {
+        match ask1(&mut b, "broker.sub", json!({"topic": format!("t{k}.")})) {
+            Ok(_) => k += 1,
+            Err(e) => break e,
+        }
+        assert!(k <= super::services::MAX_SUBS_PER_CLIENT, "unbounded");
+    };
+    assert_eq!(e, errno::ENOSPC, "{why}");
+    assert!(why.contains("subscriptions"), "{why}");
+    assert_eq!(b.locals[&5].subs.len(), super::services::MAX_SUBS_PER_CLIENT);
+    assert_eq!(ask1(&mut b, "broker.sub", json!({"topic": "t0."})), Ok(json!({})), "held already: a no-op");
+    // Unsubscribing makes room.
+    assert_eq!(ask1(&mut b, "broker.unsub", json!({"topic": "t0."})), Ok(json!({})));
+    assert_eq!(ask1(&mut b, "broker.sub", json!({"topic": "other."})), Ok(json!({})));
+    // A prefix longer than any topic could be.
+    assert_eq!(ask1(&mut b, "broker.unsub", json!({"topic": "t1."})), Ok(json!({})));
+    let long = "x".repeat(super::services::MAX_SUB_TOPIC + 1);
+    assert_eq!(ask1(&mut b, "broker.sub", json!({ "topic": long })).map_err(|e| e.0), Err(errno::EINVAL));
+}
+
+#[test]
+fn job_stdin_is_bounded_and_what_was_accepted_is_kept() {
+    use base64::Engine as _;
+    let mut b = root_with_client();
+    let spec: serde_json::Value =
+        serde_json::from_str(&crate::jobspec::JobspecBuilder::new(["cat"]).build().expect("jobspec").to_json())
+            .expect("json");
+    let id = ask1(&mut b, "job-manager.submit", json!({"jobspec": spec, "stdin": true})).expect("submitted")["id"]
+        .as_u64()
+        .expect("an id");
+    let chunk = vec![b'x'; 100_000];
+    let data = base64::engine::general_purpose::STANDARD.encode(&chunk);
+    let mut accepted = 0;
+    let (e, why) = loop {
+        match ask1(&mut b, "job-exec.stdin", json!({"id": id, "data": data})) {
+            Ok(_) => accepted += 1,
+            Err(e) => break e,
+        }
+        assert!(accepted * chunk.len() <= crate::jobs::STDIN_KEEP, "held past the bound");
+    };
+    assert_eq!(e, errno::ENOSPC, "{why}");
+    assert!(why.contains("full"), "{why}");
+    assert!(accepted > 0);
+    // A smaller chunk that still fits is taken; input that is not base64 is refused as such.
+    let held = accepted * chunk.len();
+    let rest = crate::jobs::STDIN_KEEP - held;
+    let tail = base64::engine::general_purpose::STANDARD.encode(vec![b'y'; rest]);
+    assert_eq!(ask1(&mut b, "job-exec.stdin", json!({"id": id, "data": tail})), Ok(json!({})));
+    let bad = ask1(&mut b, "job-exec.stdin", json!({"id": id, "data": "not base64!"}));
+    assert_eq!(bad.map_err(|e| e.0), Err(errno::EPROTO));
+    // End of input is taken even when full.
+    assert_eq!(ask1(&mut b, "job-exec.stdin", json!({"id": id, "eof": true})), Ok(json!({})));
+    // A shell reading the input gets every accepted chunk, in order, then the end.
+    let got = ask(&mut b, "job-info.stdin", json!({ "id": id }), crate::message::FLAG_STREAMING);
+    let (last, chunks) = got.split_last().expect("responses");
+    assert_eq!(last.errnum, errno::ENODATA);
+    let bytes: Vec<u8> = chunks
+        .iter()
+        .flat_map(|m| {
+            base64::engine::general_purpose::STANDARD.decode(m.json()["data"].as_str().expect("data")).expect("b64")
+        })
+        .collect();
+    assert_eq!(bytes.len(), crate::jobs::STDIN_KEEP);
+    assert!(bytes[..held].iter().all(|c| *c == b'x') && bytes[held..].iter().all(|c| *c == b'y'));
 }

@@ -215,8 +215,16 @@ pub(crate) async fn run(a: SubmitArgs, attach_after: bool) -> Result<i32, String
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
                     let data = base64::engine::general_purpose::STANDARD.encode(&buf[..n]);
-                    if c2.rpc("job-exec.stdin", 0, &json!({"id": id.0, "data": data})).await.is_err() {
-                        return;
+                    match c2.rpc("job-exec.stdin", 0, &json!({"id": id.0, "data": data})).await {
+                        Ok(_) => {}
+                        // Rank 0 holds a job's input until it ends, up to a bound: past it, say so and end the
+                        // tasks' input where it was cut rather than leave them waiting for the rest.
+                        Err(e) if e.errnum == crate::message::errno::ENOSPC => {
+                            eprintln!("vigil: standard input cut short: {}", e.errstr);
+                            break;
+                        }
+                        // The job's input is closed (it ended) or the instance is gone: nothing to tell.
+                        Err(_) => return,
                     }
                 }
             }

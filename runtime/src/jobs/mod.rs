@@ -32,6 +32,12 @@ pub const INACTIVE_OUTPUT_KEEP: usize = 1 << 20;
 pub const INACTIVE_OUTPUT_TOTAL: usize = 64 << 20;
 /// Default time between SIGTERM and SIGKILL when a job is cancelled or fails (seconds).
 pub const DEFAULT_KILL_TIMEOUT: f64 = 5.0;
+/// Standard input held per job on rank 0 (bytes of input, decoded; held as base64 text, 4/3 as many bytes).
+///
+/// Every chunk is held until the job is INACTIVE, not only until it has been forwarded: each job shell's
+/// `job-info.stdin` stream starts from the first chunk, so a shell that starts (or asks) later still gets all of
+/// the input. So the bound is on everything accepted, and input past it is refused ([`StdinError::Full`]).
+pub const STDIN_KEEP: usize = 4 << 20;
 
 /// Something the broker must do for the job core.
 #[derive(Clone, Debug)]
@@ -90,6 +96,49 @@ pub enum SubmitError {
     /// The request can never fit in this instance.
     #[error("unsatisfiable request: {0}")]
     Unsatisfiable(#[from] sched::Unsatisfiable),
+}
+
+/// Why standard input for a job was refused ([`JobCore::stdin`]). Nothing already accepted is lost by a refusal.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StdinError {
+    /// No such job.
+    #[error("unknown job id {0}")]
+    UnknownJob(JobId),
+    /// The job's input has ended (end of input was sent, the job was submitted without `stdin`, or it is over).
+    #[error("standard input of job {0} is closed")]
+    Closed(JobId),
+    /// The chunk is not base64 text.
+    #[error("'data' must be base64: {0}")]
+    NotBase64(String),
+    /// Accepting the chunk would hold more than [`STDIN_KEEP`] bytes for the job; `held` and `chunk` in bytes.
+    #[error(
+        "standard input of job {id} is full: {held} bytes held, a chunk of {chunk} more would pass the {} MiB \
+         kept per job until it ends",
+        STDIN_KEEP >> 20
+    )]
+    Full {
+        /// The job.
+        id: JobId,
+        /// Bytes of input already held.
+        held: usize,
+        /// Bytes in the refused chunk.
+        chunk: usize,
+    },
+}
+
+impl StdinError {
+    /// The errno a request is answered with: `ENOENT` (unknown job), `EINVAL` (input closed), `EPROTO` (not
+    /// base64), `ENOSPC` when full: not `EAGAIN`, since held input is freed only when the job ends, so a retry
+    /// while the job runs cannot succeed.
+    pub fn errno(&self) -> u32 {
+        use crate::message::errno;
+        match self {
+            StdinError::UnknownJob(_) => errno::ENOENT,
+            StdinError::Closed(_) => errno::EINVAL,
+            StdinError::NotBase64(_) => errno::EPROTO,
+            StdinError::Full { .. } => errno::ENOSPC,
+        }
+    }
 }
 
 /// State of one job shell.
@@ -166,8 +215,11 @@ pub struct Job {
     pub pmi_exchanges: u32,
     /// For a nested instance (batch/alloc): `{"uri", "size", "critical_ranks", "critical_broker_ranks"}`.
     pub instance: Option<Value>,
-    /// Standard input sent by `vigil run` (base64 chunks), broadcast to every task.
+    /// Standard input sent by `vigil run` (base64 chunks), broadcast to every task; held until the job is
+    /// INACTIVE, at most [`STDIN_KEEP`] bytes of input.
     pub stdin: Vec<String>,
+    /// Bytes of input (decoded) in `stdin`.
+    pub stdin_bytes: usize,
     /// No more standard input will come (always true for jobs submitted without `vigil run`).
     pub stdin_eof: bool,
 }
@@ -505,6 +557,7 @@ impl JobCore {
             pmi_exchanges: 0,
             instance: None,
             stdin: Vec::new(),
+            stdin_bytes: 0,
             stdin_eof: true,
         };
         job.post(now, "submit", json!({"userid": userid, "urgency": 16, "flags": 0, "version": 1}));
@@ -691,6 +744,7 @@ impl JobCore {
     /// beyond [`INACTIVE_OUTPUT_TOTAL`], so a long-lived instance does not grow with every job it ran.
     fn retire_output(&mut self, id: JobId) {
         if let Some(j) = self.jobs.get_mut(&id) {
+            retire_stdin(j);
             trim_output(j, INACTIVE_OUTPUT_KEEP);
             self.inactive_output.push_back(id);
         }
@@ -705,13 +759,25 @@ impl JobCore {
         }
     }
 
-    /// Standard input for job `id` (a base64 chunk, or end of input). Refused once the input has ended.
-    pub fn stdin(&mut self, id: JobId, data: Option<String>, eof: bool) -> Result<(), String> {
-        let j = self.jobs.get_mut(&id).ok_or_else(|| format!("unknown job id {id}"))?;
+    /// Standard input for job `id`: `data`, a chunk as base64 text, and/or `eof`, the end of input. Refused once
+    /// the input has ended, when `data` is not base64, and when holding it would pass [`STDIN_KEEP`] bytes for
+    /// the job (see [`StdinError`]); a refused chunk changes nothing, and what was accepted before is kept. End
+    /// of input alone is accepted even when the input is full.
+    pub fn stdin(&mut self, id: JobId, data: Option<String>, eof: bool) -> Result<(), StdinError> {
+        use base64::Engine as _;
+        let j = self.jobs.get_mut(&id).ok_or(StdinError::UnknownJob(id))?;
         if j.stdin_eof {
-            return Err(format!("standard input of job {id} is closed"));
+            return Err(StdinError::Closed(id));
         }
         if let Some(d) = data {
+            let chunk = base64::engine::general_purpose::STANDARD
+                .decode(&d)
+                .map_err(|e| StdinError::NotBase64(e.to_string()))?
+                .len();
+            if j.stdin_bytes.saturating_add(chunk) > STDIN_KEEP {
+                return Err(StdinError::Full { id, held: j.stdin_bytes, chunk });
+            }
+            j.stdin_bytes += chunk;
             j.stdin.push(d);
         }
         if eof || !j.state.is_active() {
@@ -843,6 +909,7 @@ impl JobCore {
             self.queue.retain(|j| *j != id);
             job.post(now, "clean", json!({}));
             job.t_inactive = Some(now);
+            retire_stdin(job);
             self.schedule(now);
             return true;
         }
@@ -938,6 +1005,13 @@ fn fmt_limit(secs: f64) -> String {
     std::time::Duration::try_from_secs_f64(secs)
         .map(crate::duration::format_duration)
         .unwrap_or_else(|_| format!("{secs}s"))
+}
+
+/// A job became INACTIVE: no task will read its standard input any more, so it is dropped (and closed).
+fn retire_stdin(j: &mut Job) {
+    j.stdin = Vec::new();
+    j.stdin_bytes = 0;
+    j.stdin_eof = true;
 }
 
 /// Drop a job's oldest output until at most `keep` bytes remain.

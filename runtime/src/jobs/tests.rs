@@ -653,3 +653,28 @@ fn shell_inputs_are_checked() {
     bad.shell_rank = 2;
     assert!(bad.check().unwrap_err().contains("nshells"));
 }
+
+/// Standard input is held while the job may still read it, up to [`STDIN_KEEP`] bytes; a refused chunk changes
+/// nothing; once the job is INACTIVE its input is dropped.
+#[test]
+fn stdin_is_bounded_per_job_and_dropped_when_the_job_ends() {
+    use base64::Engine as _;
+    let b64 = |n: usize| base64::engine::general_purpose::STANDARD.encode(vec![b'x'; n]);
+    let mut c = core(1, 1, 0);
+    let id = c.submit(T0, &spec(cmd()), 0).unwrap();
+    actions(&mut c);
+    c.jobs.get_mut(&id).unwrap().stdin_eof = false; // submitted with `stdin`, as `vigil run` does
+    assert_eq!(c.stdin(id, Some(b64(STDIN_KEEP - 10)), false), Ok(()));
+    let before = (c.jobs[&id].stdin.clone(), c.jobs[&id].stdin_bytes);
+    let e = c.stdin(id, Some(b64(11)), false).expect_err("past the bound");
+    assert!(matches!(e, StdinError::Full { .. }), "{e}");
+    assert_eq!(e.errno(), crate::message::errno::ENOSPC);
+    assert_eq!((c.jobs[&id].stdin.clone(), c.jobs[&id].stdin_bytes), before, "a refused chunk changes nothing");
+    assert_eq!(c.stdin(id, Some(b64(10)), false), Ok(()), "up to the bound exactly");
+    assert!(matches!(c.stdin(id, Some("%%%".into()), false), Err(StdinError::NotBase64(_))));
+    assert_eq!(c.stdin(JobId(id.0 + 1), None, true).map_err(|e| e.errno()), Err(crate::message::errno::ENOENT));
+    exit_shell(&mut c, T0 + 1.0, id, 0, 0);
+    assert_eq!(c.jobs[&id].state, JobState::Inactive);
+    assert!(c.jobs[&id].stdin.is_empty() && c.jobs[&id].stdin_bytes == 0, "dropped with the job");
+    assert!(matches!(c.stdin(id, Some(b64(1)), false), Err(StdinError::Closed(_))));
+}

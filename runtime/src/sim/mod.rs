@@ -491,8 +491,8 @@ impl Sim {
         let conn = self.next_conn;
         self.next_conn += 1;
         self.links.insert(n, LinkState { conn, parent: p, adopt: adopt.is_some(), at_parent: false, at_child: true });
-        let mut body = serde_json::json!({"rank": n, "instance": "sim", "version": crate::message::WIRE_VERSION,
-            "hostname": format!("node{n}")});
+        let mut body =
+            crate::broker::liveness::hello_payload(n, "sim", self.cfg.brokers, &self.cfg.topo, &format!("node{n}"));
         if let Some(l) = adopt {
             body["adopt"] = serde_json::json!(l);
         }
