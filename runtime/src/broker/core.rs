@@ -11,6 +11,7 @@
 //! - this file: the broker's state, input dispatch, shutdown, the initial program;
 //! - `routing.rs`: requests, responses, events and internal requests across the TBON;
 //! - `liveness.rs`: the hello, heartbeats, link liveness verdicts and what a lost child means;
+//! - `reparent.rs`: what an orphan does when its parent is lost, who adopts it, routing by current parents;
 //! - `services.rs`: every service method (`broker.*`, `rexec.*`, `resource.*`, `overlay.*`, `job-*`);
 //! - [`crate::jobs`]: the job manager, scheduler and exec rules; [`crate::membership`]: one link's liveness.
 
