@@ -270,8 +270,10 @@ fn an_authenticated_peer_cannot_raise_the_userid_of_its_requests() {
 fn an_authenticated_hello_from_a_rank_that_is_not_a_free_child_is_refused() {
     let inst = Instance::start(4, &["tbon.topo=kary:2"]);
     let t = target(&inst);
-    // kary:2: rank 0's children are 1 and 2; 3 is rank 1's child; 0 and 99 are nobody's child of 0.
-    for (rank, why) in [(3u32, "not a child"), (0, "not a child"), (99, "not a child"), (1, "already connected")] {
+    // kary:2: rank 0's children are 1 and 2; 3 is rank 1's child; 0 is nobody's child, 99 not in the instance.
+    for (rank, why) in
+        [(3u32, "not a child"), (0, "not a child"), (99, "not in this instance"), (1, "already connected")]
+    {
         let mut p = SecurePeer::connect(&t.addr, &t.key, &t.instance).expect("authenticates");
         p.send(&hello(rank, &t.instance));
         let f = p.recv(Duration::from_secs(8)).unwrap_or_else(|| panic!("rank {rank}: no answer to hello"));
