@@ -100,6 +100,15 @@ pub fn adopt_limit(topo: Topology, size: u32, me: u32) -> usize {
     (2 * fanout).max(topo.children(size, me).len() + 2)
 }
 
+/// Field `k` of an `overlay.reparent` body: a rank below `size`, else EPROTO naming the field.
+fn rank_field(body: &Value, k: &str, size: u32) -> Result<u32, (u32, String)> {
+    body.get(k)
+        .and_then(Value::as_u64)
+        .and_then(|v| u32::try_from(v).ok())
+        .filter(|v| *v < size)
+        .ok_or((errno::EPROTO, format!("'{k}' must be a rank below the instance size {size}")))
+}
+
 impl Broker {
     /// The current parent of `rank` as this broker knows it: its own current parent for itself, a learned
     /// adoption, else the static tree.
@@ -292,9 +301,7 @@ impl Broker {
     /// Rank 0 and the brokers on the way: `rank` re-parented under `parent`.
     pub(crate) fn on_reparent_request(&mut self, body: &Value) {
         let size = self.opts.size;
-        let get =
-            |k: &str| body.get(k).and_then(Value::as_u64).and_then(|v| u32::try_from(v).ok()).filter(|v| *v < size);
-        if let (Some(rank), Some(parent)) = (get("rank"), get("parent")) {
+        if let (Ok(rank), Ok(parent)) = (rank_field(body, "rank", size), rank_field(body, "parent", size)) {
             self.learn_parent(rank, parent);
         }
     }
@@ -371,13 +378,7 @@ impl Broker {
     /// Rank 0: record `rank`'s re-parent (`resource.eventlog`, the `overlay.reparent` event to every broker).
     pub(crate) fn record_reparent(&mut self, body: &Value) -> Result<(), (u32, String)> {
         let size = self.opts.size;
-        let get = |k: &str| -> Result<u32, (u32, String)> {
-            body.get(k)
-                .and_then(Value::as_u64)
-                .and_then(|v| u32::try_from(v).ok())
-                .filter(|v| *v < size)
-                .ok_or((errno::EPROTO, format!("'{k}' must be a rank below the instance size {size}")))
-        };
+        let get = |k: &str| rank_field(body, k, size);
         let (rank, parent) = (get("rank")?, get("parent")?);
         let lost = get("lost").ok();
         self.learn_parent(rank, parent);
