@@ -169,6 +169,103 @@ fn batch_survives_its_non_critical_broker_killed() {
     assert!(c["note"].as_str().unwrap_or_default().contains("the instance continues without it"), "{}", e.dump());
 }
 
+/// The exceptions in job `id`'s eventlog, as (severity, note).
+#[track_caller]
+fn exceptions(inst: &Instance, id: &str) -> Vec<(u64, String)> {
+    let e = inst.vigil(&["job", "eventlog", "--json", id]);
+    e.stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["name"] == "exception")
+        .map(|v| {
+            let c = &v["context"];
+            (c["severity"].as_u64().unwrap_or(99), c["note"].as_str().unwrap_or_default().to_string())
+        })
+        .collect()
+}
+
+/// A batch job whose child keeps a tree (`kary:2`: rank 1 routes for rank 3): the child's router broker is
+/// killed on its live node. Rank 3 re-parents under rank 2, the job gets one severity-2 exception, runs a job
+/// on the three survivors, and ends with its script's exit code.
+#[test]
+fn batch_with_a_tree_survives_its_router_broker_killed() {
+    let inst = Instance::start(4, &[]);
+    let body = "#!/bin/sh
+        kill -9 $(vigil getattr -r 1 broker.pid)
+        i=0; until vigil overlay status --json | grep -q '\"adopted\":true'; do
+          i=$((i+1)); [ $i -gt 100 ] && { echo never re-parented; vigil overlay status; exit 3; }; sleep 0.1; done
+        vigil overlay status
+        vigil run -N3 -n3 printenv VIGIL_BROKER_RANK | sort | tr '\n' ' ' | sed 's/^/ran on /'; echo
+";
+    let s = script(&inst, "router.sh", body);
+    let id = batch(&inst, &["-N4", "-S", "tbon.topo=kary:2", &s]);
+    let w = inst.vigil_t(&["job", "wait", &id], NESTED_TIMEOUT);
+    let out = read(&inst, &format!("vigil-{id}.out"));
+    assert_eq!(
+        w.code,
+        0,
+        "{}
+{out}",
+        w.dump()
+    );
+    assert!(out.contains("ran on 0 2 3"), "{out}");
+    assert!(out.lines().any(|l| l.contains("─ 3 ") && l.contains("[adopted]")), "{out}");
+    let exc = exceptions(&inst, &id);
+    assert_eq!(
+        exc.len(),
+        1,
+        "{exc:?}
+{out}"
+    );
+    assert_eq!(exc[0].0, 2, "{exc:?}");
+    assert!(exc[0].1.contains("SIGKILL") && exc[0].1.contains("continues without it"), "{exc:?}");
+}
+
+/// The broker of a nested instance's rank 0 (its only critical rank) killed on a live node: the job fails at
+/// once with one fatal exception naming it, not one "continues without it" per broker it cut off.
+#[test]
+fn batch_whose_rank_0_broker_is_killed_fails_with_one_exception() {
+    let inst = Instance::start(4, &[]);
+    let s = script(
+        &inst,
+        "kill0.sh",
+        "#!/bin/sh
+kill -9 $(vigil getattr broker.pid)
+sleep 60
+",
+    );
+    let id = batch(&inst, &["-N4", &s]);
+    let w = inst.vigil_t(&["job", "wait", &id], NESTED_TIMEOUT);
+    assert_ne!(w.code, 0, "{}", w.dump());
+    assert!(w.elapsed < Duration::from_secs(25), "the job ends at once, not with its script: {}", w.dump());
+    let exc = exceptions(&inst, &id);
+    assert_eq!(exc.len(), 1, "{exc:?}");
+    assert_eq!(exc[0].0, 0, "{exc:?}");
+    assert!(exc[0].1.contains("SIGKILL") && exc[0].1.contains("critical"), "{exc:?}");
+    assert_eq!(inst.job(&id)["result"].as_str(), Some("FAILED"), "{}", inst.job(&id));
+}
+
+/// Without re-parenting a nested instance's routers are critical: its router's broker killed ends the job.
+#[test]
+fn batch_without_re_parenting_fails_when_its_router_broker_is_killed() {
+    let inst = Instance::start(4, &[]);
+    let s = script(
+        &inst,
+        "kill1.sh",
+        "#!/bin/sh
+kill -9 $(vigil getattr -r 1 broker.pid)
+sleep 60
+",
+    );
+    let id = batch(&inst, &["-N4", "-S", "tbon.topo=kary:2", "-S", "tbon.reparent=off", &s]);
+    let w = inst.vigil_t(&["job", "wait", &id], NESTED_TIMEOUT);
+    assert_ne!(w.code, 0, "{}", w.dump());
+    let exc = exceptions(&inst, &id);
+    assert_eq!(exc.len(), 1, "{exc:?}");
+    assert_eq!(exc[0].0, 0, "{exc:?}");
+    assert!(exc[0].1.contains("rank 1 of the instance") && exc[0].1.contains("critical"), "{exc:?}");
+}
+
 #[test]
 fn batch_in_a_batch_is_level_two() {
     let inst = Instance::start(3, &[]);
@@ -309,8 +406,8 @@ fn critical(inst: &Instance, extra: &[&str], go: &str) -> (Vec<u32>, serde_json:
 #[test]
 fn critical_ranks_are_recorded_in_the_parent() {
     let inst = Instance::start(4, &[]);
-    // Flat (the default of a nested instance): only rank 0 is critical. Rank 0 of the parent is drained, so the
-    // child's rank 0 is some other parent rank.
+    // Flat (kary:32, the default of a nested instance, is flat up to 33 brokers): only rank 0 is critical. Rank 0
+    // of the parent is drained, so the child's rank 0 is some other parent rank.
     inst.vigil(&["resource", "drain", "0", "test"]).ok();
     let (ranks, i) = critical(&inst, &[], "go1");
     assert_eq!(ranks, vec![1, 2, 3], "{i}");
@@ -319,9 +416,15 @@ fn critical_ranks_are_recorded_in_the_parent() {
     assert_eq!(i["critical_broker_ranks"].as_str(), Some(idset(&ranks[..1]).as_str()), "{i}");
     inst.vigil(&["resource", "undrain", "0"]).ok();
 
-    // A chain: ranks 0 and 1 are critical; with parent rank 1 drained they are parent ranks 0 and 2.
+    // A chain whose brokers re-parent (the default): rank 2 would re-parent under rank 0, so rank 0 alone is
+    // critical still.
+    let (_, i) = critical(&inst, &["-S", "tbon.topo=kary:1"], "go2");
+    assert_eq!(i["critical_ranks"].as_str(), Some("0"), "{i}");
+
+    // A chain that does not re-parent: ranks 0 and 1 are critical; with parent rank 1 drained they are parent
+    // ranks 0 and 2.
     inst.vigil(&["resource", "drain", "1", "test"]).ok();
-    let (ranks, i) = critical(&inst, &["-S", "tbon.topo=kary:1"], "go2");
+    let (ranks, i) = critical(&inst, &["-S", "tbon.topo=kary:1", "-S", "tbon.reparent=off"], "go3");
     assert_eq!(ranks, vec![0, 2, 3], "{i}");
     assert_eq!(i["critical_ranks"].as_str(), Some("0-1"), "{i}");
     assert_eq!(i["critical_broker_ranks"].as_str(), Some(idset(&ranks[..2]).as_str()), "{i}");

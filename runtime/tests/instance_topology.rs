@@ -521,6 +521,12 @@ fn a_lost_routers_children_re_parent_and_keep_working() {
         assert_eq!(v["ranks"][r]["state"], "online", "{v}");
     }
     assert_eq!(v["ranks"][3]["adopted"], true, "{v}");
+    // The tree drawn: 3 and 4 under 2, marked.
+    let text = inst.vigil(&["overlay", "status"]);
+    let lines: Vec<&str> = text.stdout.lines().collect();
+    let at = |r: &str| lines.iter().position(|l| l.contains(&format!("─ {r} "))).unwrap_or(usize::MAX);
+    assert!(at("2") < at("3") && at("3") < lines.len(), "{}", text.dump());
+    assert!(lines[at("3")].contains("[adopted]") && !lines[at("5")].contains("[adopted]"), "{}", text.dump());
     for r in ["3", "4"] {
         let p = inst.vigil(&["ping", r]);
         assert_eq!(p.code, 0, "{}", p.dump());

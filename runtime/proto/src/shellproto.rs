@@ -103,6 +103,13 @@ impl ShellInput {
     }
 }
 
+/// Exit code of a broker that ends because it lost its way to rank 0: its parent was lost and it could not
+/// re-parent (its parent was rank 0, `tbon.reparent=off`, or no adoptive parent took it). `EX_UNAVAILABLE` of
+/// sysexits(3). The enclosing instance reads it from a nested broker's exit status: such a broker did not fail,
+/// something above it did (see `jobs/nested.rs`). A broker that runs the initial program (rank 0) exits with the
+/// program's code instead, so the code is unambiguous only for other ranks.
+pub const BROKER_EXIT_CUT_OFF: i32 = 69;
+
 /// Final report of a shell, one JSON line on its stdout.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ShellReport {

@@ -627,7 +627,8 @@ impl Broker {
         if let (Some(uri), Some(jobid)) = (self.opts.parent_uri.clone(), self.opts.config.jobid.clone()) {
             // A nested instance tells its parent's exec system where it lives and which ranks are critical.
             let report = json!({"id": jobid, "uri": self.env.local_uri, "size": self.opts.size,
-                "critical_ranks": IdSet::from_iter(self.opts.topo.critical_ranks(self.opts.size)).to_string()});
+                "critical_ranks": super::reparent::critical_ranks(self.opts.topo, self.opts.size,
+                    self.opts.config.reparent).to_string()});
             self.effect(Effect::ReportNested { uri, report });
         }
         if let Some(argv) = self.opts.initial_program.clone() {

@@ -227,7 +227,7 @@ impl Broker {
                             continue;
                         }
                         error!("lost parent: {}; exiting", t.reason);
-                        self.exit_code = 1;
+                        self.exit_code = crate::shellproto::BROKER_EXIT_CUT_OFF;
                         self.begin_shutdown("lost parent");
                     }
                     PeerState::Torpid => info!("parent is torpid: {}", t.reason),
@@ -298,7 +298,7 @@ impl Broker {
                         return;
                     }
                     error!("lost connection to parent: {why}; exiting");
-                    self.exit_code = 1;
+                    self.exit_code = crate::shellproto::BROKER_EXIT_CUT_OFF;
                     self.begin_shutdown("lost parent");
                 }
                 self.parent_up = false;

@@ -109,6 +109,35 @@ fn rank_field(body: &Value, k: &str, size: u32) -> Result<u32, (u32, String)> {
         .ok_or((errno::EPROTO, format!("'{k}' must be a rank below the instance size {size}")))
 }
 
+/// The ranks an instance cannot lose and go on: with re-parenting (`reparent` true) rank 0 alone, since the
+/// children of any other lost rank find a new parent; without it, rank 0 and every router
+/// ([`Topology::critical_ranks`]), whose loss cuts off a subtree. A nested instance reports them to the enclosing
+/// one, whose exec system applies the critical-rank rules to them (`jobs/nested.rs`).
+pub fn critical_ranks(topo: Topology, size: u32, reparent: bool) -> IdSet {
+    if reparent && size > 0 {
+        IdSet::from_iter([0])
+    } else {
+        IdSet::from_iter(topo.critical_ranks(size))
+    }
+}
+
+/// The ranks whose endpoints a broker `me` may ever connect to as its parent, ascending: its static parent, and
+/// every adoptive parent it could be sent to ([`candidates`]) after the loss of any rank above it, whether in the
+/// static tree or an adopter. A broker that bootstraps without every endpoint (a nested instance, from the
+/// launcher's PMI KVS) fetches these and no more: about `levels × (fanout + levels)` of them.
+pub fn parent_endpoints(topo: Topology, size: u32, me: u32) -> Vec<u32> {
+    let mut out = std::collections::BTreeSet::new();
+    let mut a = topo.parent(size, me);
+    if let Some(p) = a {
+        out.insert(p);
+    }
+    while let Some(r) = a {
+        out.extend(candidates(topo, size, me, r));
+        a = topo.parent(size, r);
+    }
+    out.into_iter().collect()
+}
+
 impl Broker {
     /// The current parent of `rank` as this broker knows it: its own current parent for itself, a learned
     /// adoption, else the static tree.
@@ -212,7 +241,7 @@ impl Broker {
                     rp.lost,
                     IdSet::from_iter(rp.candidates.iter().copied())
                 );
-                self.exit_code = 1;
+                self.exit_code = crate::shellproto::BROKER_EXIT_CUT_OFF;
                 self.begin_shutdown("lost parent");
             }
         }
@@ -443,6 +472,39 @@ mod tests {
         assert!(candidates(t, 100, 1, 0).is_empty());
         // Deeper: rank 21 (child of 5, child of 1): siblings of 5 are 6, 7, 8; then 1, then 0.
         assert_eq!(candidates(t, 100, 21, 5), vec![6, 7, 8, 1, 0]);
+    }
+
+    /// Every parent an orphan can be sent to, through any chain of losses of its parents (static or adoptive),
+    /// is among the endpoints it fetched at bootstrap.
+    #[test]
+    fn parent_endpoints_cover_every_chain_of_re_parents() {
+        for (topo, size) in
+            [(Topology::Kary(2), 63), (Topology::Kary(3), 121), (Topology::Kary(8), 600), (Topology::Binomial, 128)]
+        {
+            for me in 1..size {
+                let eps = parent_endpoints(topo, size, me);
+                let mut seen = std::collections::BTreeSet::new();
+                let mut todo = vec![topo.parent(size, me).expect("not rank 0")];
+                while let Some(p) = todo.pop() {
+                    assert!(eps.contains(&p), "{topo} size {size}: rank {me} may be sent to {p}, not in {eps:?}");
+                    if seen.insert(p) {
+                        todo.extend(candidates(topo, size, me, p));
+                    }
+                }
+                assert!(eps.len() <= seen.len() + 1, "{topo} {me}: fetches {eps:?}, reaches {seen:?}");
+            }
+        }
+        // kary:32 at 16,384: a leaf fetches its parent, its parent's 31 siblings and its grandparent's, and rank 0.
+        let n = parent_endpoints(Topology::Kary(32), 16384, 16000).len();
+        assert!(n <= 32 + 32 + 2, "{n}");
+    }
+
+    #[test]
+    fn critical_ranks_are_rank_0_alone_when_brokers_re_parent() {
+        let t = Topology::Kary(2);
+        assert_eq!(critical_ranks(t, 7, true).to_string(), "0");
+        assert_eq!(critical_ranks(t, 7, false).to_string(), "0-2");
+        assert_eq!(critical_ranks(Topology::Kary(0), 7, false).to_string(), "0");
     }
 
     #[test]

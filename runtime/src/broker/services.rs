@@ -624,7 +624,7 @@ fn resource(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                 .collect();
             Ok(Some(
                 json!({"size": size, "topo": topo.to_string(), "depth": topo.depth(size),
-                "critical_ranks": IdSet::from_iter(topo.critical_ranks(size)).to_string(),
+                "critical_ranks": super::reparent::critical_ranks(topo, size, core.opts.config.reparent).to_string(),
                 "transport": core.links.summary(), "detectors": detectors(core), "security": security(core),
                 "ranks": ranks})
                 .into(),

@@ -535,9 +535,17 @@ async fn pmi_bootstrap(a: &BrokerArgs, mut attrs: BTreeMap<String, String>) -> R
         pmi.get("vigil.instance").map_err(|e| e.to_string())?.ok_or("PMI: vigil.instance missing after barrier")?;
     let key = pmi.get("vigil.key").map_err(|e| e.to_string())?.ok_or("PMI: vigil.key missing after barrier")?;
     let key = crate::keyfile::OverlayKey::from_hex(&key).map_err(|e| format!("PMI: vigil.key: {e}"))?;
-    // Nested instances default to a flat tree up to 256 brokers: the fewest critical ranks (rank 0 only).
+    // A nested instance's tree. With re-parenting (the default) its critical ranks are rank 0 alone whatever the
+    // shape, so it keeps the system instance's kary:32: rank 0 serves at most 32 children, flat up to 33 brokers.
+    // Without it every router is critical, so the default is the tree with the fewest routers: flat up to 257
+    // brokers, then kary:256 (docs/failure-detection.md, "Re-parenting").
     if !attrs.contains_key("tbon.topo") && !attrs.contains_key("tbon.fanout") {
-        attrs.insert("tbon.topo".into(), if size <= 257 { "kary:0".into() } else { "kary:256".into() });
+        let topo = match attrs.get("tbon.reparent").map(String::as_str) {
+            Some("off") if size <= 257 => "kary:0",
+            Some("off") => "kary:256",
+            _ => "kary:32",
+        };
+        attrs.insert("tbon.topo".into(), topo.into());
     }
     // The node's topology source, as the enclosing instance's broker on this node has it.
     if !attrs.contains_key("resource.synthetic") && !attrs.contains_key("resource.xml") {
@@ -558,11 +566,13 @@ async fn pmi_bootstrap(a: &BrokerArgs, mut attrs: BTreeMap<String, String>) -> R
     let topo = config.topo;
     let mut endpoints = vec![String::new(); size as usize];
     endpoints[rank as usize] = me;
-    if let Some(p) = topo.parent(size, rank) {
+    // The parent's endpoint, and those of every adoptive parent this broker may have to re-parent to: the
+    // KVS is gone once the launcher's PMI is finalized.
+    for p in crate::broker::reparent::parent_endpoints(topo, size, rank) {
         endpoints[p as usize] = pmi
             .get(&format!("vigil.ep.{p}"))
             .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("PMI: no endpoint for parent rank {p}"))?;
+            .ok_or_else(|| format!("PMI: no endpoint for rank {p}"))?;
     }
     pmi.finalize().map_err(|e| e.to_string())?;
     drop(pmi);

@@ -308,10 +308,14 @@ fn draw(ranks: &[Value], rank: usize, prefix: &str, last: bool, root: bool, out:
     } else {
         "├─ "
     };
-    let own = match v["state"].as_str() {
+    let mut own = match v["state"].as_str() {
         Some("torpid") => " [torpid]",
         _ => "",
-    };
+    }
+    .to_string();
+    if v["adopted"].as_bool() == Some(true) {
+        own.push_str(" [adopted]"); // under a new parent since its own was lost (re-parenting)
+    }
     out.push_str(&format!(
         "{prefix}{branch}{} {}: {health}{own}{reason}\n",
         rank,

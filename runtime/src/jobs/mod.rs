@@ -7,6 +7,7 @@
 //! allocation, time limits, exit-timeout, kill escalation, lost ranks) is tested deterministically.
 
 pub mod jobid;
+mod nested;
 pub mod sched;
 pub mod state;
 
@@ -222,6 +223,9 @@ pub struct Job {
     pub stdin_bytes: usize,
     /// No more standard input will come (always true for jobs submitted without `vigil run`).
     pub stdin_eof: bool,
+    /// Brokers of a nested instance that exited cut off from its rank 0, by rank, with when: their verdict waits
+    /// for the failure that caused it (`nested.rs`).
+    pub cut_off: BTreeMap<u32, f64>,
 }
 
 impl Job {
@@ -420,7 +424,7 @@ impl JobCore {
     }
 
     /// Critical broker ranks of a job: every shell of an ordinary job; for a nested instance, the ranks it
-    /// reported (its rank 0 and routers, mapped to this instance's ranks).
+    /// reported (its rank 0, and its routers if its brokers do not re-parent), mapped to this instance's ranks.
     pub fn critical_ranks(job: &Job) -> IdSet {
         match job
             .instance
@@ -559,6 +563,7 @@ impl JobCore {
             stdin: Vec::new(),
             stdin_bytes: 0,
             stdin_eof: true,
+            cut_off: BTreeMap::new(),
         };
         job.post(now, "submit", json!({"userid": userid, "urgency": 16, "flags": 0, "version": 1}));
         job.post(now, "validate", json!({}));
@@ -813,21 +818,17 @@ impl JobCore {
         }
         sh.exited = true;
         let killing = job.term_sent.is_some();
-        // A nested instance's broker that is not critical failed while the critical ones run on: the instance
-        // goes on without that broker (its rank 0 sees the rank lost), as it would without its node.
-        let critical = Self::critical_ranks(job);
-        let instance_goes_on = job.instance.is_some()
-            && !critical.contains(exit.rank)
-            && job.shells.iter().filter(|(r, _)| critical.contains(**r)).all(|(_, s)| !s.exited);
+        let nested = job.instance.is_some();
         match &exit.report {
-            Some(rep) if instance_goes_on && !killing && rep.error.is_none() && exit_code(rep.status) != 0 => {
-                // Not counted in the job's exit code: that is the instance's, from its critical ranks.
-                let note = format!(
-                    "broker of the nested instance on {host} (rank {}) {}; the instance continues without it",
-                    exit.rank,
-                    crate::shellproto::describe_status(rep.status)
-                );
-                self.raise(now, id, "exec", 2, &note);
+            Some(rep) if nested && !killing && rep.error.is_none() => {
+                // A broker of a nested instance ended: the critical-rank rules of nested.rs.
+                sh.status = Some(rep.status);
+                sh.abort_code = rep.abort_code;
+                if !self.nested_broker_exit(now, id, exit.rank, &host, rep.status) {
+                    // Not counted in the job's exit code: that is the instance's.
+                    let Some(sh) = self.jobs.get_mut(&id).and_then(|j| j.shells.get_mut(&exit.rank)) else { return };
+                    sh.status = None;
+                }
             }
             Some(rep) => {
                 let Some(sh) = self.jobs.get_mut(&id).and_then(|j| j.shells.get_mut(&exit.rank)) else { return };
@@ -859,6 +860,10 @@ impl JobCore {
         if !(job.state == JobState::Run || job.state == JobState::Cleanup) || !job.shells.values().all(|s| s.exited) {
             return;
         }
+        if !job.cut_off.is_empty() {
+            self.judge_cut_offs(now, id, true); // nothing more will be reported
+        }
+        let Some(job) = self.jobs.get_mut(&id) else { return };
         if job.t_inactive.is_some() {
             return;
         }
@@ -950,6 +955,9 @@ impl JobCore {
                 if let (Some(f), Some(t)) = (j.first_exit, j.exit_timeout) {
                     consider(f + t);
                 }
+                if let Some(t) = self.cut_off_deadline(j.id) {
+                    consider(t);
+                }
             } else if !j.kill_sent {
                 consider(j.term_sent.unwrap_or(0.0) + self.kill_timeout);
             }
@@ -966,7 +974,10 @@ impl JobCore {
             .map(|j| j.id)
             .collect();
         for id in ids {
-            let j = &self.jobs[&id];
+            if self.cut_off_deadline(id).is_some_and(|t| now >= t) {
+                self.judge_cut_offs(now, id, false);
+            }
+            let Some(j) = self.jobs.get(&id) else { continue };
             if j.term_sent.is_none() {
                 if j.expiration.is_some_and(|e| now >= e) {
                     let lim = fmt_limit(j.req.duration.unwrap_or(0.0));

@@ -393,6 +393,66 @@ fn nested_instance_survives_a_non_critical_broker_killed() {
     assert_eq!(j.exit_code(), Some(137));
 }
 
+/// A critical broker of a nested instance killed on a live node ends the job, as the loss of its node would; the
+/// brokers it cut off (exit code 69, reported before it: its shell drains output first) add no exception.
+#[test]
+fn nested_instance_ends_when_a_critical_broker_is_killed() {
+    use crate::shellproto::BROKER_EXIT_CUT_OFF;
+    let (mut c, id) = running_instance(4, "0");
+    for r in 1..4 {
+        exit_shell(&mut c, T0 + 1.0, id, r, status_exited(BROKER_EXIT_CUT_OFF));
+    }
+    let j = &c.jobs[&id];
+    assert!(j.eventlog.iter().all(|e| e.name != "exception"), "a cut-off broker's verdict waits for its cause");
+    assert_eq!(c.next_deadline(), Some(T0 + 1.0 + super::nested::CUT_OFF_GRACE));
+    exit_shell(&mut c, T0 + 2.0, id, 0, 9);
+    let j = &c.jobs[&id];
+    let exc: Vec<_> = j.eventlog.iter().filter(|e| e.name == "exception").collect();
+    assert_eq!(exc.len(), 1, "one failure, one exception: {exc:?}");
+    assert_eq!(exc[0].context["severity"], json!(0));
+    let note = exc[0].context["note"].as_str().unwrap_or_default();
+    assert!(note.contains("(rank 0)") && note.contains("SIGKILL") && note.contains("critical"), "{note}");
+    assert_eq!(j.state, JobState::Inactive);
+    assert_eq!(j.exit_code(), Some(137));
+
+    // A router of an instance that does not re-parent is critical: killed, the job is killed at once.
+    let (mut c, id) = running_instance(4, "0-1");
+    actions(&mut c);
+    exit_shell(&mut c, T0 + 1.0, id, 1, 9);
+    let e = c.jobs[&id].fatal.clone().expect("fatal");
+    assert!(e.note.contains("(rank 1)") && e.note.contains("rank 1 of the instance"), "{e:?}");
+    assert_eq!(signals(&actions(&mut c)), vec![(vec![0, 2, 3], libc::SIGTERM)]);
+}
+
+/// A broker cut off while nothing above it is reported failed (its rank 0 declared it lost): past the grace, a
+/// non-critical one is a severity-2 exception and the job runs on; a critical one ends the job.
+#[test]
+fn a_cut_off_broker_is_judged_after_its_grace() {
+    use crate::shellproto::BROKER_EXIT_CUT_OFF;
+    let (mut c, id) = running_instance(4, "0");
+    exit_shell(&mut c, T0 + 1.0, id, 2, status_exited(BROKER_EXIT_CUT_OFF));
+    c.handle_timeout(T0 + 2.0);
+    assert!(c.jobs[&id].eventlog.iter().all(|e| e.name != "exception"), "not yet");
+    c.handle_timeout(T0 + 1.0 + super::nested::CUT_OFF_GRACE);
+    let j = &c.jobs[&id];
+    let exc: Vec<_> = j.eventlog.iter().filter(|e| e.name == "exception").collect();
+    assert_eq!(exc.len(), 1, "{exc:?}");
+    assert_eq!(exc[0].context["severity"], json!(2));
+    assert!(exc[0].context["note"].as_str().unwrap_or_default().contains("rank 0 (exit code 69)"), "{exc:?}");
+    assert_eq!(j.state, JobState::Run);
+    assert_eq!(c.next_deadline(), None, "judged once");
+    for r in [0, 1, 3] {
+        exit_shell(&mut c, T0 + 9.0, id, r, 0);
+    }
+    assert_eq!(c.jobs[&id].exit_code(), Some(0), "a cut-off broker's code is not the job's");
+
+    let (mut c, id) = running_instance(4, "0-1");
+    exit_shell(&mut c, T0 + 1.0, id, 1, status_exited(BROKER_EXIT_CUT_OFF));
+    c.handle_timeout(T0 + 1.0 + super::nested::CUT_OFF_GRACE);
+    let e = c.jobs[&id].fatal.clone().expect("a critical cut-off broker is fatal");
+    assert!(e.note.contains("(rank 1)") && e.note.contains("critical"), "{e:?}");
+}
+
 #[test]
 fn losing_a_critical_rank_is_fatal() {
     let mut c = core(5, 2, 0);

@@ -1,0 +1,139 @@
+//! Critical-rank rules for the brokers of a nested instance (a batch or alloc job), as the enclosing instance's
+//! exec system applies them when one of those brokers ends while its node lives on (a crash, the OOM killer,
+//! `kill -9`). A lost *node* is judged by [`JobCore::ranks_down`]; this file judges a lost *broker* the same way.
+//!
+//! Each job shell of a nested instance runs one broker of it; the instance reported which of its ranks are
+//! critical (`critical_broker_ranks` in the job's `memo`: rank 0 alone when its brokers re-parent, else rank 0
+//! and every router). The shell's report carries the broker's wait status, which says what happened:
+//!
+//! - **Killed by a signal**, or a rank other than 0 **exited non-zero** (other than below): the broker failed.
+//!   A critical one ends the job (exception `exec`, severity 0, naming the broker); any other raises severity 2
+//!   ("the instance continues without it") and its status does not count in the job's exit code, which is the
+//!   instance's (that of its rank 0, which runs the script).
+//! - A rank other than 0 **exited with [`BROKER_EXIT_CUT_OFF`]**: it did not fail; it lost its way to its rank 0
+//!   because something above it did. The failure that caused it is reported on its own, but later: a killed
+//!   broker's shell first gives its tasks' output a second to drain. So the verdict waits [`CUT_OFF_GRACE`]: if
+//!   no fatal exception came meanwhile, a critical cut-off broker ends the job (severity 0) and any other raises
+//!   severity 2. Otherwise it is dropped, so that one failure gives one exception, not one per survivor.
+//! - Rank 0 exiting, with any code: the instance ended (the code is its initial program's).
+//!
+//! While the job is being killed (after a fatal exception, a cancel or a time limit), broker exits are only
+//! recorded.
+
+use super::{JobCore, JobId};
+use crate::shellproto::{describe_status, exit_code, BROKER_EXIT_CUT_OFF};
+
+/// How long the verdict on a cut-off broker of a nested instance waits for the failure that caused it to be
+/// reported (seconds): more than the second a job shell drains its tasks' output before it reports.
+pub const CUT_OFF_GRACE: f64 = 3.0;
+
+/// What a nested broker's wait status says.
+#[derive(Debug, PartialEq)]
+enum BrokerEnd {
+    /// It ended as an instance ends (rank 0: with its initial program's code; others: 0).
+    Normal,
+    /// It failed (how, as [`describe_status`] says it).
+    Failed(String),
+    /// It exited with [`BROKER_EXIT_CUT_OFF`]: cut off by a failure above it.
+    CutOff,
+}
+
+/// What the wait status `status` of the broker of rank `child` (in the nested instance's own numbering) says.
+fn classify(child: u32, status: i32) -> BrokerEnd {
+    if status & 0x7f != 0 {
+        return BrokerEnd::Failed(describe_status(status));
+    }
+    match exit_code(status) {
+        _ if child == 0 => BrokerEnd::Normal,
+        0 => BrokerEnd::Normal,
+        BROKER_EXIT_CUT_OFF => BrokerEnd::CutOff,
+        _ => BrokerEnd::Failed(describe_status(status)),
+    }
+}
+
+impl JobCore {
+    /// The broker of nested instance `id` on `rank` (on `host`) ended with `status` while the job was not being
+    /// killed; apply the rules of this file. Returns whether the status counts in the job's exit code.
+    pub(super) fn nested_broker_exit(&mut self, now: f64, id: JobId, rank: u32, host: &str, status: i32) -> bool {
+        let Some(job) = self.jobs.get_mut(&id) else { return false };
+        let critical = Self::critical_ranks(job);
+        // The nested instance numbers its brokers in the order of the job's ranks (its R, renumbered).
+        let child = job.shells.keys().position(|r| *r == rank).unwrap_or(0) as u32;
+        let what = format!("broker of the nested instance on {host} (rank {rank})");
+        let critical_ended = job.shells.iter().any(|(r, s)| *r != rank && critical.contains(*r) && s.exited);
+        match classify(child, status) {
+            BrokerEnd::Normal => true,
+            BrokerEnd::Failed(how) if critical.contains(rank) => {
+                job.cut_off.clear(); // their cause is this one
+                let note = format!("{what} {how}; it is critical (rank {child} of the instance), which cannot go on");
+                self.raise(now, id, "exec", 0, &note);
+                true
+            }
+            BrokerEnd::Failed(how) => {
+                if critical_ended || job.fatal.is_some() {
+                    return true; // the instance is ending anyway
+                }
+                self.raise(now, id, "exec", 2, &format!("{what} {how}; the instance continues without it"));
+                false
+            }
+            BrokerEnd::CutOff => {
+                if job.fatal.is_none() {
+                    job.cut_off.insert(rank, now);
+                }
+                false
+            }
+        }
+    }
+
+    /// When the next cut-off verdict of job `id` is due (see [`CUT_OFF_GRACE`]).
+    pub(super) fn cut_off_deadline(&self, id: JobId) -> Option<f64> {
+        self.jobs.get(&id)?.cut_off.values().map(|t| t + CUT_OFF_GRACE).min_by(f64::total_cmp)
+    }
+
+    /// Judge the cut-off brokers of job `id` whose grace is over at `now` (every one if `all`: the job's shells
+    /// have all ended, so nothing more will be reported).
+    pub(super) fn judge_cut_offs(&mut self, now: f64, id: JobId, all: bool) {
+        let Some(job) = self.jobs.get_mut(&id) else { return };
+        let due: Vec<u32> =
+            job.cut_off.iter().filter(|(_, t)| all || now >= **t + CUT_OFF_GRACE).map(|(r, _)| *r).collect();
+        for rank in due {
+            let Some(job) = self.jobs.get_mut(&id) else { return };
+            job.cut_off.remove(&rank);
+            if job.fatal.is_some() || job.term_sent.is_some() {
+                job.cut_off.clear();
+                return;
+            }
+            let critical = Self::critical_ranks(job);
+            let child = job.shells.keys().position(|r| *r == rank).unwrap_or(0);
+            let host = self.pool.ranks.get(&rank).map(|p| p.hostname.clone()).unwrap_or_default();
+            let what = format!(
+                "broker of the nested instance on {host} (rank {rank}) lost its way to the instance's rank 0 \
+                 (exit code {BROKER_EXIT_CUT_OFF})"
+            );
+            if critical.contains(rank) {
+                let note = format!("{what}; it is critical (rank {child} of the instance), which cannot go on");
+                self.raise(now, id, "exec", 0, &note);
+            } else {
+                self.raise(now, id, "exec", 2, &format!("{what}; the instance continues without it"));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shellproto::status_exited;
+
+    #[test]
+    fn a_brokers_wait_status_says_whether_it_failed_or_was_cut_off() {
+        assert_eq!(classify(1, 9), BrokerEnd::Failed("killed by SIGKILL".into()));
+        assert_eq!(classify(0, 9), BrokerEnd::Failed("killed by SIGKILL".into()));
+        assert_eq!(classify(1, status_exited(BROKER_EXIT_CUT_OFF)), BrokerEnd::CutOff);
+        assert_eq!(classify(1, status_exited(1)), BrokerEnd::Failed("exited with exit code 1".into()));
+        assert_eq!(classify(2, 0), BrokerEnd::Normal);
+        // Rank 0 exits with its initial program's code, whatever it is.
+        assert_eq!(classify(0, status_exited(BROKER_EXIT_CUT_OFF)), BrokerEnd::Normal);
+        assert_eq!(classify(0, status_exited(5)), BrokerEnd::Normal);
+    }
+}
