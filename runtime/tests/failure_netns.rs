@@ -781,6 +781,23 @@ fn critical_rank_loss_is_fatal() {
 
 #[test]
 fn nested_instance_keeps_scheduling_on_survivors() {
+    // Flat child (kary:32 on 4 brokers): node4 holds its leaf rank 3.
+    batch_loses_a_node(&[], 4, 3);
+}
+
+/// A batch job whose child keeps a tree (`kary:2`: child rank 1, on node2, routes for child rank 3 on node4)
+/// loses the router's node: only child rank 1 is lost, rank 3 re-parents under rank 2, the job gets one
+/// severity-2 exception and runs a new job on every survivor.
+#[test]
+fn nested_instance_with_a_tree_survives_its_router_node_lost() {
+    batch_loses_a_node(&["-S", "tbon.topo=kary:2"], 2, 1);
+}
+
+/// A 4-node batch job (child brokers `batch_args`) on nodes 1-4 of a 5-node cluster loses node `kill`, which
+/// holds its child rank `lost`: the parent raises a severity-2 node-failure, the child sees only that rank lost,
+/// and the script's `vigil run -N3` runs on the three other nodes.
+#[track_caller]
+fn batch_loses_a_node(batch_args: &[&str], kill: u32, lost: u32) {
     let c = Cluster::up(5);
     c.vigil(&["resource", "drain", "0", "login"]).ok();
     let work = c.path().join("work");
@@ -797,6 +814,7 @@ vigil run -N3 -n3 sh -c 'echo "host: $(vigil getattr hostname)"'
 rc=$?
 echo "inner run exit code $rc"
 echo "status-json: $(vigil resource status --json)"
+echo "overlay-json: $(vigil overlay status --json)"
 vigil resource status
 exit $rc
 "#,
@@ -807,7 +825,7 @@ exit $rc
     let o = c.vigil_in(
         &work,
         &[("GATE", gate.to_str().unwrap())],
-        &["batch", "-N4", script.to_str().unwrap()],
+        &[&["batch", "-N4"], batch_args, &[script.to_str().unwrap()]].concat(),
         CMD_TIMEOUT,
     );
     o.ok();
@@ -823,8 +841,8 @@ exit $rc
     let uri = || c.json(&["job", "info", &id])["info"]["instance"]["uri"].as_str().map(str::to_string);
     assert!(wait_for(VERDICT, || uri().is_some()), "no child uri: {}", c.json(&["job", "info", &id]));
     let child_uri = uri().unwrap_or_default();
-    let t_kill = c.kill_node(4);
-    // Wait until both the parent and the child know (child rank 3 is on node4).
+    let t_kill = c.kill_node(kill);
+    // Wait until both the parent and the child know.
     assert!(
         wait_for(VERDICT, || exceptions(&c.job_eventlog(&id)).iter().any(|e| e["context"]["type"] == "node-failure")),
         "no node-failure exception: {:?}",
@@ -832,10 +850,10 @@ exit $rc
     );
     let child_lost = || {
         let o = vigil_at(c.path(), &child_uri, &["resource", "status", "--json"], CMD_TIMEOUT);
-        o.code == 0 && rank_entry(&o.json(), 3)["state"] == "lost"
+        o.code == 0 && rank_entry(&o.json(), lost)["state"] == "lost"
     };
-    assert!(wait_for(VERDICT, child_lost), "the child never saw its rank 3 lost");
-    eprintln!("[{}] child and parent saw node4 lost {} after the kill", c.name, ms(now_s() - t_kill));
+    assert!(wait_for(VERDICT, child_lost), "the child never saw its rank {lost} lost");
+    eprintln!("[{}] child and parent saw node{kill} lost {} after the kill", c.name, ms(now_s() - t_kill));
     std::fs::write(gate.join("go"), "").unwrap();
 
     let w = c.vigil_in(c.path(), &[], &["job", "wait", &id], JOB_END);
@@ -850,7 +868,7 @@ exit $rc
     assert!(out.contains("inner run exit code 0"), "{ctx}");
     let hosts: BTreeSet<&str> = out.lines().filter_map(|l| l.strip_prefix("host: ")).map(str::trim).collect();
     assert_eq!(hosts.len(), 3, "3 distinct nodes expected: {hosts:?}\n{ctx}");
-    assert!(!hosts.contains("node4"), "ran on the lost node: {hosts:?}\n{ctx}");
+    assert!(!hosts.contains(format!("node{kill}").as_str()), "ran on the lost node: {hosts:?}\n{ctx}");
     let status: Value = out
         .lines()
         .find_map(|l| l.strip_prefix("status-json: "))
@@ -859,8 +877,19 @@ exit $rc
     let states: Vec<&str> =
         status["ranks"].as_array().unwrap().iter().map(|r| r["state"].as_str().unwrap_or("")).collect();
     assert_eq!(states.iter().filter(|s| **s == "lost").count(), 1, "{status}\n{ctx}");
-    assert_eq!(rank_entry(&status, 3)["hostname"], "node4", "{status}");
-    assert_eq!(rank_entry(&status, 3)["state"], "lost", "{status}");
+    assert_eq!(rank_entry(&status, lost)["hostname"], format!("node{kill}").as_str(), "{status}");
+    assert_eq!(rank_entry(&status, lost)["state"], "lost", "{status}");
+    // Every other rank of the child is under a live parent: rank 3 adopted if its parent was the lost rank.
+    let overlay: Value = out
+        .lines()
+        .find_map(|l| l.strip_prefix("overlay-json: "))
+        .and_then(|s| serde_json::from_str(s).ok())
+        .unwrap_or_else(|| panic!("no child overlay status:\n{ctx}"));
+    for r in (1..4).filter(|r| *r != lost) {
+        let e = rank_entry(&overlay, r);
+        assert_ne!(e["parent"], lost, "rank {r} still under the lost rank: {overlay}\n{ctx}");
+        assert_eq!(e["adopted"], Value::Bool(lost == 1 && r == 3), "rank {r}: {overlay}\n{ctx}");
+    }
     let ex = exceptions(&log);
     assert_eq!(ex.len(), 1, "{ctx}");
     assert_eq!(ex[0]["context"]["type"], "node-failure", "{ctx}");
