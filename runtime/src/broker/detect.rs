@@ -15,6 +15,7 @@
 //! machine in a test instance (`broker.detector-rank`: the other brokers use that rank's detectors). Every
 //! fallback is logged once and shown by `vigil uptime` / `vigil overlay status` ([`DetectorStatus`]).
 
+use super::core::PARENT;
 use crate::attrs::{BrokerConfig, DetectorChoice, XdpMode};
 use crate::membership::Signal;
 use serde::Serialize;
@@ -56,6 +57,8 @@ pub(crate) struct ProberStats {
     pub collected: std::sync::atomic::AtomicBool,
     /// Periods in which no child answered and none was blamed (this node's own receive path looked stalled).
     pub void_rounds: std::sync::atomic::AtomicU64,
+    /// The parent's node is probed too (by unicast; not counted in `unicast`).
+    pub parent: std::sync::atomic::AtomicBool,
 }
 
 impl ProberStats {
@@ -65,10 +68,11 @@ impl ProberStats {
         let unreached = self.unreached.load(Relaxed);
         let void = self.void_rounds.load(Relaxed);
         format!(
-            "{} children by group datagram, {} by unicast{}; replies {}{}",
+            "{} children by group datagram, {} by unicast{}{}; replies {}{}",
             self.grouped.load(Relaxed),
             self.unicast.load(Relaxed),
             if unreached > 0 { format!(" ({unreached} not reached by the group)") } else { String::new() },
+            if self.parent.load(Relaxed) { ", and the parent's node by unicast" } else { "" },
             if self.collected.load(Relaxed) {
                 "collected by the kernel (XDP)"
             } else {
@@ -1105,7 +1109,7 @@ impl Prober {
 
     fn add(&mut self, rank: u32, addr: SocketAddr) {
         self.remove(rank);
-        if let SocketAddr::V4(a) = addr {
+        if let (SocketAddr::V4(a), false) = (addr, rank == PARENT) {
             *self.per_ip.entry(*a.ip()).or_default() += 1;
         }
         let id = self.assign(rank, addr);
@@ -1128,7 +1132,7 @@ impl Prober {
     fn remove(&mut self, rank: u32) {
         let Some(t) = self.targets.remove(&rank) else { return };
         self.drop_id(t.id);
-        if let SocketAddr::V4(a) = t.addr {
+        if let (SocketAddr::V4(a), false) = (t.addr, rank == PARENT) {
             if let Some(n) = self.per_ip.get_mut(a.ip()) {
                 *n -= 1;
                 if *n == 0 {
@@ -1177,7 +1181,9 @@ impl Prober {
         }
         // Its kernel answered: it knows us now, and answers the group datagram from the next round. (Looked up
         // only for a child not grouped yet: this runs for every child every period.)
-        let grouped = kernel && (t.grouped || (!t.no_group && groupable(group, collects, per_ip, from)));
+        // The parent's node is not one of our group's: probed by unicast only.
+        let grouped =
+            kernel && rank != PARENT && (t.grouped || (!t.no_group && groupable(group, collects, per_ip, from)));
         t.answered = p.seq;
         self.newest = self.newest.max(p.seq);
         let recovered = t.missed_reported > 0;
@@ -1513,7 +1519,9 @@ async fn prober_task(
                     use std::sync::atomic::Ordering::Relaxed;
                     let (grouped, unreached) = pr.counts;
                     stats.grouped.store(grouped, Relaxed);
-                    stats.unicast.store(pr.targets.len() as u32 - grouped, Relaxed);
+                    let parent = pr.targets.contains_key(&PARENT);
+                    stats.unicast.store(pr.targets.len() as u32 - grouped - u32::from(parent), Relaxed);
+                    stats.parent.store(parent, Relaxed);
                     stats.unreached.store(unreached, Relaxed);
                     stats.void_rounds.store(pr.void_rounds, Relaxed);
                     stats.collected.store(pr.area.is_some(), Relaxed);

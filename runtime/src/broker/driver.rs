@@ -106,8 +106,18 @@ pub(crate) enum Event {
     /// The outcome of an [`Effect::ConnectParent`]: attempt `gen` (stale unless still the latest).
     ParentLink {
         gen: u64,
-        result: Result<(Link, rdma_link::LinkChoice, Option<rdma_link::BusyRx>), String>,
+        result: Result<ParentLink, String>,
     },
+}
+
+/// A parent link just made ([`connect_parent`]).
+pub(crate) struct ParentLink {
+    link: Link,
+    choice: rdma_link::LinkChoice,
+    busy: Option<rdma_link::BusyRx>,
+    /// The parent node's heartbeat responder: its overlay address and the parent broker's probe port (from its
+    /// `hello-ack`; none from a parent without detectors).
+    probe: Option<std::net::SocketAddr>,
 }
 
 /// A child's overlay link.
@@ -318,7 +328,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
                 _ => std::future::pending().await,
             }
         };
-        let (link, choice, busy) = tokio::select! {
+        let ParentLink { link, choice, busy, probe } = tokio::select! {
             r = connect_parent(opts, &transport, &d.rdma, probe_port, &ep, None) => r?,
             sig = stop => {
                 warn!(rank, "signal {sig} while connecting to the parent at {ep}; exiting");
@@ -330,6 +340,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         d.parent_sock = link.sock;
         d.parent_tuple =
             d.parent_sock.as_ref().and_then(|s| d.detect.as_ref().and_then(|det| det.watch_link(PARENT, s)));
+        d.probe_parent(probe);
         tokio::spawn(pump(link.rx, Peer::Parent, 0, input_tx.clone()));
         d.step(Input::ParentUp(choice));
         info!(rank, parent, "connected to parent at {ep}");
@@ -567,7 +578,7 @@ async fn connect_parent(
     probe_port: Option<u16>,
     ep: &str,
     adopt: Option<u32>,
-) -> Result<(Link, rdma_link::LinkChoice, Option<rdma_link::BusyRx>), String> {
+) -> Result<ParentLink, String> {
     let deadline = Instant::now() + Duration::from_secs_f64(opts.connect_timeout.clamp(0.0, 1e7));
     let mut delay = Duration::from_millis(5);
     let mut last_error = String::from("no answer");
@@ -598,7 +609,12 @@ async fn connect_parent(
                             link.rx = rx;
                             busy = b;
                         }
-                        return Ok((link, choice, busy));
+                        // Its node's responder, which our prober asks too (see `Broker::probe_parent`).
+                        let port =
+                            m.json().get("probe_port").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok());
+                        let ip = link.sock.as_ref().and_then(rdma_link::peer_ip);
+                        let probe = ip.zip(port).map(|(ip, port)| std::net::SocketAddr::new(ip, port));
+                        return Ok(ParentLink { link, choice, busy, probe });
                     }
                     Ok(Some(LinkEvent::Message(m))) if m.topic == "refused" => {
                         return Err(format!("parent at {ep} refused us: {}", m.errstr().unwrap_or_default()))
@@ -689,6 +705,19 @@ impl Driver {
     }
 
     /// Hand the broker a fresh [`DriverStatus`] if anything in it changed.
+    /// Probe the parent's node (`Some`: its responder's address) as the parent probes ours, or stop (`None`): a
+    /// silent loss of the parent's node is then judged by the probe rule (tbon.probe_misses × tbon.probe_period,
+    /// 30 ms by default) instead of the TCP acknowledgement timeout (tbon.lost_timeout after the last heartbeat),
+    /// so that orphans re-parent as soon as the parent's own parent judges it lost.
+    fn probe_parent(&mut self, at: Option<std::net::SocketAddr>) {
+        use super::detect::ProbeCmd;
+        let Some(d) = self.detect.as_mut() else { return };
+        match at {
+            Some(addr) => d.probe_child(PARENT, addr),
+            None => d.prober_cmd(ProbeCmd::Remove(PARENT)),
+        }
+    }
+
     fn refresh_status(&mut self) {
         let key = self.status_key();
         if key == self.status_key {
@@ -723,7 +752,7 @@ impl Driver {
                     return;
                 }
                 match result {
-                    Ok((link, choice, busy)) => {
+                    Ok(ParentLink { link, choice, busy, probe }) => {
                         self.parent = Some(link.tx.clone());
                         self.parent_busy = busy;
                         self.parent_sock = link.sock;
@@ -731,6 +760,7 @@ impl Driver {
                             .parent_sock
                             .as_ref()
                             .and_then(|s| self.detect.as_ref().and_then(|det| det.watch_link(PARENT, s)));
+                        self.probe_parent(probe);
                         tokio::spawn(pump(link.rx, Peer::Parent, gen, self.input_tx.clone()));
                         self.step(Input::ParentUp(choice));
                     }
@@ -797,7 +827,9 @@ impl Driver {
             }
             Effect::AcceptChild { conn, rank } => {
                 let Some(p) = self.pending.remove(&conn) else { return };
-                let ack = rdma_link::merge(json!({"rank": self.broker.rank()}), p.rdma.ack_fields());
+                // Our probe port: the child probes our node's responder as we probe its (`probe_parent`).
+                let me = json!({"rank": self.broker.rank(), "probe_port": self.detect.as_ref().map(|d| d.probe_port)});
+                let ack = rdma_link::merge(me, p.rdma.ack_fields());
                 let _ = p.tx.send(Message::control("hello-ack", &ack));
                 let (tx, rx, busy) = match p.rdma {
                     rdma_link::Answer::Rdma(c, framing, choice) => {
@@ -832,6 +864,7 @@ impl Driver {
                 if let (Some(t), Some(d)) = (self.parent_tuple.take(), self.detect.as_ref()) {
                     d.unwatch_link(t);
                 }
+                self.probe_parent(None);
             }
             Effect::ConnectParent { rank, lost, timeout } => {
                 self.parent_gen += 1;
@@ -1094,10 +1127,9 @@ impl Driver {
             }
             DetectInput::Tcp(rank, ev) => {
                 if let TcpEventKind::Retransmit { .. } = ev.kind {
-                    if rank != PARENT {
-                        if let Some(d) = self.detect.as_ref() {
-                            d.prober_cmd(ProbeCmd::Now(rank));
-                        }
+                    // A retransmission on a link: is its node there? Probe it now (the parent too).
+                    if let Some(d) = self.detect.as_ref() {
+                        d.prober_cmd(ProbeCmd::Now(rank));
                     }
                     return;
                 }

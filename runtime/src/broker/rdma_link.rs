@@ -199,6 +199,12 @@ pub(crate) fn local_ip(fd: &std::os::fd::OwnedFd) -> Option<IpAddr> {
     s.local_addr().ok().map(|a| a.ip())
 }
 
+/// The IP address of the other end of the TCP socket `fd`.
+pub(crate) fn peer_ip(fd: &std::os::fd::OwnedFd) -> Option<IpAddr> {
+    let s = std::net::TcpStream::from(fd.try_clone().ok()?);
+    s.peer_addr().ok().map(|a| a.ip())
+}
+
 /// Child side, before the hello: what to offer.
 #[derive(Debug)]
 pub(crate) struct Offer {
