@@ -300,3 +300,37 @@ fn every_service_refuses_malformed_payloads_and_the_broker_lives_on() {
     assert!(!o.stderr.contains("panicked"), "{}", o.dump());
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// A PMI barrier ends when every shell of the job has arrived, counted by shell rank: a shell (or anyone on
+/// the socket) asking twice, or naming a shell the job does not have, is refused and cannot end it early.
+#[test]
+fn a_pmi_barrier_counts_shells_not_requests() {
+    let inst = Instance::start(2, &[]);
+    let o = inst.vigil(&["submit", "-N2", "-n2", "sleep", "30"]);
+    o.ok();
+    let f58 = o.stdout.trim().to_string();
+    assert!(inst.wait_state(&f58, "RUN", Duration::from_secs(20)), "job {f58} did not start");
+    let job = inst.job(&f58)["id"].as_u64().expect("numeric job id");
+    let mut c = Raw::connect(&inst);
+    let first = json!({"id": job, "shell_rank": 0, "kvs": {"a": "1"}}).to_string();
+    send_all(&mut c.s, &encode_frame(1, T_REQUEST, 0, "job-exec.pmi-barrier", 7, 0, &[], first.as_bytes()));
+    let again = json!({"id": job, "shell_rank": 0, "kvs": {"x": "2"}}).to_string();
+    c.refused("job-exec.pmi-barrier", 0, again.as_bytes(), Some(22));
+    let outside = json!({"id": job, "shell_rank": 2}).to_string();
+    c.refused("job-exec.pmi-barrier", 0, outside.as_bytes(), Some(22));
+    c.refused("job-exec.pmi-barrier", 0, json!({"id": job}).to_string().as_bytes(), Some(EPROTO));
+    // The second shell ends it: both get the union of the two shells' puts, not the refused ones'.
+    let second = json!({"id": job, "shell_rank": 1, "kvs": {"b": "2"}}).to_string();
+    send_all(&mut c.s, &encode_frame(1, T_REQUEST, 0, "job-exec.pmi-barrier", 8, 0, &[], second.as_bytes()));
+    let mut answered = Vec::new();
+    while answered.len() < 2 {
+        let f = read_frame(&mut c.s).expect("both shells answered").expect("a frame");
+        if f.msgtype == T_RESPONSE && (f.matchtag == 7 || f.matchtag == 8) {
+            assert_eq!((f.errnum, &f.payload["kvs"]), (0, &json!({"a": "1", "b": "2"})), "{f:?}");
+            answered.push(f.matchtag);
+        }
+    }
+    answered.sort_unstable();
+    assert_eq!(answered, vec![7, 8]);
+    inst.vigil(&["cancel", &f58]).ok();
+}

@@ -295,7 +295,9 @@ pub(crate) struct Broker {
     pub shutting_down: Option<Time>,
     pub initial_started: bool,
     pub exit_code: i32,
-    pub pmi_barriers: HashMap<JobId, (Vec<Message>, serde_json::Map<String, Value>)>,
+    /// PMI barriers in progress, by job: the waiting request of each shell that arrived (by shell rank), and the
+    /// union of their puts.
+    pub pmi_barriers: HashMap<JobId, (BTreeMap<u32, Message>, serde_json::Map<String, Value>)>,
     /// Liveness of this broker's children (and, under [`PARENT`], of its parent).
     pub membership: Membership,
     pub next_heartbeat: Time,

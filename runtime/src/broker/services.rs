@@ -900,25 +900,33 @@ fn jobs(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
             Ok(Some(json!({}).into()))
         }
         "job-exec.pmi-barrier" => {
-            // One exchange per barrier per shell: hold each shell's request until all of the job's shells have
-            // arrived, then answer all of them with the union of their puts.
+            // One exchange per barrier per shell: hold each shell's request until every one of the job's shells
+            // has arrived (counted by `shell_rank`, so a shell that asks twice cannot end a barrier early), then
+            // answer all of them with the union of their puts.
             let id = parse_id(body)?;
+            let shell = u32_field(body, "shell_rank")?;
             let kvs = pmi_puts(body)?;
             let job = jc
                 .jobs
                 .get_mut(&id)
                 .filter(|j| j.state == JobState::Run)
                 .ok_or((errno::ENOENT, format!("job {id} is not running")))?;
-            job.pmi_exchanges += 1;
             let nshells = job.shells.len();
+            if shell as usize >= nshells {
+                return Err((errno::EINVAL, format!("shell_rank {shell}: job {id} has {nshells} shell(s)")));
+            }
             let b = core.pmi_barriers.entry(id).or_default();
-            b.0.push(msg.clone());
+            if b.0.contains_key(&shell) {
+                return Err((errno::EINVAL, format!("shell {shell} of job {id} is already in this PMI barrier")));
+            }
+            job.pmi_exchanges += 1;
+            b.0.insert(shell, msg.clone());
             b.1.extend(kvs);
             if b.0.len() >= nshells {
                 let (reqs, all) = core.pmi_barriers.remove(&id).unwrap_or_default();
                 let payload = json!({"kvs": all});
-                for r in reqs {
-                    core.respond(&r, &payload);
+                for r in reqs.values() {
+                    core.respond(r, &payload);
                 }
             }
             Ok(None)
