@@ -348,6 +348,13 @@ impl Broker {
                     m.flags = FLAG_NORESPONSE;
                     self.route_request(Peer::Local(id), m);
                 }
+                // What it waited for here is dropped with it: nobody is left to answer.
+                let route = [id | crate::message::ROUTE_LOCAL];
+                self.exit_waiters.retain(|_, w| {
+                    w.retain(|m| m.route != route);
+                    !w.is_empty()
+                });
+                self.rtt_runs.retain(|_, r| r.req.route != route);
                 self.locals.remove(&id);
             }
         }

@@ -22,6 +22,26 @@ pub(crate) const MAX_SUBS_PER_CLIENT: usize = 256;
 /// Longest `broker.sub` topic prefix, in bytes (an event's topic is at most 65535 bytes on the wire; those that
 /// clients subscribe to are tens of bytes). A longer one is refused with EINVAL.
 pub(crate) const MAX_SUB_TOPIC: usize = 1024;
+/// Requests that wait that one client (one route: a local connection, or a client of another broker) may hold
+/// open at once on a broker: job watchers (`job-manager.eventlog`, `job-info.attach`, `job-info.stdin`) and
+/// process-exit watches (`detect.watch`), each. Past it the request is answered ENOSPC and nothing is held.
+pub(crate) const MAX_WAITING_PER_CLIENT: usize = 1024;
+/// `broker.rtt` runs in progress at once: per client, and on a broker (each holds a payload of up to 1 MiB and its
+/// samples). Past either the request is answered EAGAIN.
+pub(crate) const MAX_RTT_RUNS_PER_CLIENT: usize = 2;
+pub(crate) const MAX_RTT_RUNS: usize = 16;
+
+/// ENOSPC if the client of `msg` already holds [`MAX_WAITING_PER_CLIENT`] requests of kind `what`, of which it
+/// holds `held`.
+fn check_waiting(held: usize, what: &str) -> Result<(), (u32, String)> {
+    if held >= MAX_WAITING_PER_CLIENT {
+        return Err((
+            errno::ENOSPC,
+            format!("this client already holds {held} {what}, the most one may (close some, or reconnect)"),
+        ));
+    }
+    Ok(())
+}
 
 /// Services offered by every broker.
 const EVERY_RANK: &[&str] = &["broker", "rexec", "detect"];
@@ -264,6 +284,17 @@ fn handle(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                 return Err((errno::EINVAL, "window must be 1..1024".into()));
             }
             let window = window as u32;
+            let mine = core.rtt_runs.values().filter(|r| r.req.route == msg.route).count();
+            if mine >= MAX_RTT_RUNS_PER_CLIENT || core.rtt_runs.len() >= MAX_RTT_RUNS {
+                return Err((
+                    errno::EAGAIN,
+                    format!(
+                        "{} round-trip runs in progress here ({mine} of them this client's; at most \
+                         {MAX_RTT_RUNS_PER_CLIENT} per client and {MAX_RTT_RUNS} in all): try again when they end",
+                        core.rtt_runs.len()
+                    ),
+                ));
+            }
             let run = super::core::RttRun {
                 req: msg.clone(),
                 target,
@@ -272,7 +303,7 @@ fn handle(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                 inflight: 0,
                 payload: serde_json::to_vec(&json!({"pad": "x".repeat(size)})).unwrap_or_default(),
                 started: core.now,
-                samples_us: Vec::with_capacity(count as usize),
+                samples_us: Vec::with_capacity((count as usize).min(1 << 16)),
             };
             let id = u64::from(core.next_tag) << 32 | core.rtt_runs.len() as u64;
             core.rtt_runs.insert(id, run);
@@ -287,6 +318,8 @@ fn handle(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                 .and_then(|p| u32::try_from(p).ok())
                 .filter(|p| *p > 1)
                 .ok_or((errno::EINVAL, "pid must be a process id".into()))?;
+            let held = core.exit_waiters.values().flatten().filter(|m| m.route == msg.route).count();
+            check_waiting(held, "process-exit watches")?;
             // Everyone waiting for the same process hears of its exit.
             let fresh = !core.exit_waiters.contains_key(&pid);
             core.exit_waiters.entry(pid).or_default().push(msg.clone());
@@ -812,6 +845,7 @@ fn jobs(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                 }
             }
             // Mark remote clients' brokers too: they set `streaming` when forwarding (see core::on_closed).
+            check_waiting(core.watchers.iter().filter(|w| w.req.route == msg.route).count(), "job watchers")?;
             core.watchers.push(w);
             wake_watchers(core, id);
             Ok(None)
@@ -833,6 +867,7 @@ fn jobs(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
             if !jc.jobs.contains_key(&id) {
                 return Err((errno::ENOENT, format!("unknown job id {id}")));
             }
+            check_waiting(core.watchers.iter().filter(|w| w.req.route == msg.route).count(), "job watchers")?;
             core.watchers.push(Watcher {
                 req: msg.clone(),
                 id,

@@ -504,3 +504,47 @@ fn job_stdin_is_bounded_and_what_was_accepted_is_kept() {
     assert_eq!(bytes.len(), crate::jobs::STDIN_KEEP);
     assert!(bytes[..held].iter().all(|c| *c == b'x') && bytes[held..].iter().all(|c| *c == b'y'));
 }
+
+/// What a client leaves waiting on a broker is bounded per client (process-exit watches, job watchers, round-trip
+/// runs) and dropped when it goes; another client is not refused for it.
+#[test]
+fn requests_that_wait_are_bounded_per_client_and_dropped_with_it() {
+    use super::services::{MAX_RTT_RUNS_PER_CLIENT, MAX_WAITING_PER_CLIENT};
+    let mut b = root_with_child();
+    b.handle(t(0.01), Input::LocalNew { id: 5, uid: crate::sim::UID });
+    effects(&mut b);
+    // Process-exit watches: held (no answer) up to the bound, then ENOSPC; a repeat of one pid counts too.
+    for k in 0..MAX_WAITING_PER_CLIENT {
+        assert!(ask(&mut b, "detect.watch", json!({"pid": 1000 + k % 7}), 0).is_empty(), "watch {k} held");
+    }
+    let e = ask1(&mut b, "detect.watch", json!({"pid": 2})).expect_err("past the bound");
+    assert_eq!(e.0, errno::ENOSPC, "{e:?}");
+    // Round-trip runs to rank 1 (in flight: rank 1 has not answered): two per client, then EAGAIN.
+    for _ in 0..MAX_RTT_RUNS_PER_CLIENT {
+        assert!(ask(&mut b, "broker.rtt", json!({"rank": 1, "count": 1_000_000}), 0).is_empty());
+    }
+    let e = ask1(&mut b, "broker.rtt", json!({"rank": 1})).expect_err("past the bound");
+    assert_eq!(e.0, errno::EAGAIN, "{e:?}");
+    // Job watchers: ENOSPC past the bound.
+    let spec: serde_json::Value =
+        serde_json::from_str(&crate::jobspec::JobspecBuilder::new(["true"]).build().expect("jobspec").to_json())
+            .expect("json");
+    let id = ask1(&mut b, "job-manager.submit", json!({ "jobspec": spec })).expect("submitted")["id"].clone();
+    let stream = crate::message::FLAG_STREAMING;
+    for _ in 0..MAX_WAITING_PER_CLIENT {
+        ask(&mut b, "job-manager.eventlog", json!({"id": id, "follow": true}), stream);
+    }
+    let r = ask(&mut b, "job-manager.eventlog", json!({"id": id, "follow": true}), stream);
+    assert_eq!(r.last().map(|m| m.errnum), Some(errno::ENOSPC), "{r:?}");
+    // The client goes: its watches and runs go with it.
+    b.handle(t(0.2), Input::Closed(Peer::Local(5), 0, "closed".into()));
+    effects(&mut b);
+    assert!(b.exit_waiters.is_empty(), "{:?}", b.exit_waiters.keys());
+    assert!(b.rtt_runs.is_empty());
+    b.handle(t(0.3), Input::LocalNew { id: 6, uid: crate::sim::UID });
+    effects(&mut b);
+    let mut m = Message::request("detect.watch", 0, &json!({"pid": 2}));
+    m.matchtag = 1;
+    b.handle(t(0.3), Input::Message(Peer::Local(6), 0, m));
+    assert!(responses(&effects(&mut b), Peer::Local(6)).is_empty(), "another client's watch is held");
+}
