@@ -88,6 +88,14 @@ pub(crate) const SELF: Peer = Peer::Local(u32::MAX);
 /// Membership key for the parent link.
 pub(crate) const PARENT: u32 = u32::MAX;
 
+/// A PMI barrier in progress (`job-exec.pmi-barrier`): the waiting request of each shell that arrived, by shell
+/// rank, and the union of their puts.
+#[derive(Default)]
+pub struct PmiBarrier {
+    pub waiting: BTreeMap<u32, Message>,
+    pub kvs: serde_json::Map<String, Value>,
+}
+
 /// How long a broker waits for its children to leave during shutdown.
 pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
@@ -295,9 +303,8 @@ pub(crate) struct Broker {
     pub shutting_down: Option<Time>,
     pub initial_started: bool,
     pub exit_code: i32,
-    /// PMI barriers in progress, by job: the waiting request of each shell that arrived (by shell rank), and the
-    /// union of their puts.
-    pub pmi_barriers: HashMap<JobId, (BTreeMap<u32, Message>, serde_json::Map<String, Value>)>,
+    /// PMI barriers in progress, by job.
+    pub pmi_barriers: HashMap<JobId, PmiBarrier>,
     /// Liveness of this broker's children (and, under [`PARENT`], of its parent).
     pub membership: Membership,
     pub next_heartbeat: Time,

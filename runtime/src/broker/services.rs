@@ -951,16 +951,16 @@ fn jobs(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                 return Err((errno::EINVAL, format!("shell_rank {shell}: job {id} has {nshells} shell(s)")));
             }
             let b = core.pmi_barriers.entry(id).or_default();
-            if b.0.contains_key(&shell) {
+            if b.waiting.contains_key(&shell) {
                 return Err((errno::EINVAL, format!("shell {shell} of job {id} is already in this PMI barrier")));
             }
             job.pmi_exchanges += 1;
-            b.0.insert(shell, msg.clone());
-            b.1.extend(kvs);
-            if b.0.len() >= nshells {
-                let (reqs, all) = core.pmi_barriers.remove(&id).unwrap_or_default();
-                let payload = json!({"kvs": all});
-                for r in reqs.values() {
+            b.waiting.insert(shell, msg.clone());
+            b.kvs.extend(kvs);
+            if b.waiting.len() >= nshells {
+                let b = core.pmi_barriers.remove(&id).unwrap_or_default();
+                let payload = json!({"kvs": b.kvs});
+                for r in b.waiting.values() {
                     core.respond(r, &payload);
                 }
             }
