@@ -388,9 +388,14 @@ pub fn broker(a: BrokerArgs) -> i32 {
         Ok(rt) => rt,
         Err(e) => return fail(format!("cannot start runtime: {e}")),
     };
+    // A broker started by a foreign launcher makes its own run directory, removed when it ends.
+    let mut own_rundir = None;
     let opts = match &a.config {
         Some(path) => config_bootstrap(&a, path, attrs.clone()),
-        None => rt.block_on(pmi_bootstrap(&a, attrs.clone())),
+        None => rt.block_on(pmi_bootstrap(&a, attrs.clone())).map(|(o, dir)| {
+            own_rundir = dir;
+            o
+        }),
     };
     let mut opts = match opts {
         Ok(o) => o,
@@ -406,13 +411,15 @@ pub fn broker(a: BrokerArgs) -> i32 {
     // The broker's loop runs as a task, not as the `block_on` future itself: waking `block_on`'s future costs a
     // write to the runtime's eventfd (and an epoll event) every time, while waking a task from the same thread
     // is a queue push. The pumps wake the loop for every overlay message.
-    rt.block_on(async move {
+    let code = rt.block_on(async move {
         match tokio::spawn(crate::broker::run(opts)).await {
             Ok(code) => code,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             Err(_) => 1,
         }
-    })
+    });
+    drop(own_rundir);
+    code
 }
 
 fn config_bootstrap(a: &BrokerArgs, path: &str, mut attrs: BTreeMap<String, String>) -> Result<BrokerOptions, String> {
@@ -466,10 +473,19 @@ fn config_bootstrap(a: &BrokerArgs, path: &str, mut attrs: BTreeMap<String, Stri
     })
 }
 
-/// Bootstrap a nested instance through PMI-1: every broker binds a port, puts its endpoint, and after the
-/// barrier fetches its parent's. Resources come from the enclosing job's R (`$VIGIL_JOB_TMPDIR/R.json`), ranks
-/// renumbered from 0; the node's topology source from `$VIGIL_NODE_TOPOLOGY`.
-async fn pmi_bootstrap(a: &BrokerArgs, mut attrs: BTreeMap<String, String>) -> Result<BrokerOptions, String> {
+/// Bootstrap an instance through PMI-1: every broker binds a port, puts its endpoint, and after the barrier
+/// fetches those it may connect to (its parent's and its adoptive parents'). Two kinds of launcher:
+/// - **A Vigil job** (batch/alloc: `$VIGIL_JOB_TMPDIR` is set): resources come from the enclosing job's R
+///   (`$VIGIL_JOB_TMPDIR/R.json`), ranks renumbered from 0; the node's topology source from
+///   `$VIGIL_NODE_TOPOLOGY`; the run directory is in the job's directory.
+/// - **Any other PMI-1 launcher** (MPICH's hydra, Flux, Slurm's `srun --mpi=pmi1`...): each broker owns the whole
+///   node it runs on (discovered as `vigil start` does), binds the address its host name resolves to (127.0.0.1
+///   if that is a loopback address), and makes a private run directory under `$TMPDIR`, returned so that it is
+///   removed when the broker ends. Rank 0 runs the command after `--`; its exit code is the broker's.
+async fn pmi_bootstrap(
+    a: &BrokerArgs,
+    mut attrs: BTreeMap<String, String>,
+) -> Result<(BrokerOptions, Option<RemoveOnDrop>), String> {
     let parent_uri = std::env::var(crate::client::URI_ENV).ok();
     let mut level = 1u32;
     let mut bind_ip = "127.0.0.1".to_string();
@@ -507,10 +523,15 @@ async fn pmi_bootstrap(a: &BrokerArgs, mut attrs: BTreeMap<String, String>) -> R
     if std::env::var("PMI_FD").is_err() {
         return Err("no --config FILE given, and not started by a PMI-1 launcher (PMI_FD is not set): see docs/system-instance.md".into());
     }
-    let tmpdir = std::env::var("VIGIL_JOB_TMPDIR").map(PathBuf::from).map_err(|_| {
-        "VIGIL_JOB_TMPDIR is not set: a PMI-bootstrapped broker runs as a task of a Vigil job (vigil batch / alloc)"
-            .to_string()
-    })?;
+    let job_tmpdir = std::env::var("VIGIL_JOB_TMPDIR").ok().map(PathBuf::from);
+    if job_tmpdir.is_none() {
+        if a.job_script.is_some() {
+            return Err("--job-script names a script of a Vigil batch job, but VIGIL_JOB_TMPDIR is not set".into());
+        }
+        if parent_uri.is_none() {
+            bind_ip = node_address();
+        }
+    }
     let mut pmi = crate::pmi::Client::from_env().map_err(|e| format!("no --config given and {e}"))?;
     let (rank, size) = (pmi.rank, pmi.size);
     let listener =
@@ -577,15 +598,29 @@ async fn pmi_bootstrap(a: &BrokerArgs, mut attrs: BTreeMap<String, String>) -> R
     pmi.finalize().map_err(|e| e.to_string())?;
     drop(pmi);
 
-    // Resources: this rank's share of the enclosing job's R, renumbered from 0.
-    let rtext = std::fs::read_to_string(tmpdir.join("R.json")).map_err(|e| format!("cannot read the job's R: {e}"))?;
-    let r = crate::r::Rv1::parse(&rtext).map_err(|e| format!("the job's R: {e}"))?.renumber();
-    let mine = r
-        .to_ranks()
-        .map_err(|e| e.to_string())?
-        .into_iter()
-        .find(|x| x.rank == rank)
-        .ok_or_else(|| format!("rank {rank} is not in the job's R"))?;
+    let (tmpdir, own, mine) = match job_tmpdir {
+        Some(tmpdir) => {
+            // Resources: this rank's share of the enclosing job's R, renumbered from 0.
+            let rtext =
+                std::fs::read_to_string(tmpdir.join("R.json")).map_err(|e| format!("cannot read the job's R: {e}"))?;
+            let r = crate::r::Rv1::parse(&rtext).map_err(|e| format!("the job's R: {e}"))?.renumber();
+            let mine = r
+                .to_ranks()
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .find(|x| x.rank == rank)
+                .ok_or_else(|| format!("rank {rank} is not in the job's R"))?;
+            (tmpdir, None, Some(mine))
+        }
+        None => {
+            // A foreign launcher: a private directory of this broker's (the instance id keeps instances apart).
+            let dir = std::env::temp_dir().join(format!("vigil-pmi-{}-{rank}", &instance[..instance.len().min(12)]));
+            std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+            (dir.clone(), Some(RemoveOnDrop(dir)), None)
+        }
+    };
     check_topology(&config)?;
     let initial_program = match (&a.job_script, rank) {
         (Some(name), 0) => {
@@ -596,11 +631,15 @@ async fn pmi_bootstrap(a: &BrokerArgs, mut attrs: BTreeMap<String, String>) -> R
         (None, 0) if !a.command.is_empty() => Some(a.command.clone()),
         _ => None,
     };
-    Ok(BrokerOptions {
+    let hostname = match &mine {
+        Some(m) if !m.hostname.is_empty() => m.hostname.clone(),
+        _ => hostname(),
+    };
+    let opts = BrokerOptions {
         rank,
         size,
         topo,
-        hostname: if mine.hostname.is_empty() { hostname() } else { mine.hostname.clone() },
+        hostname,
         instance,
         endpoints,
         listen: ListenSpec::Fd(std::os::fd::IntoRawFd::into_raw_fd(listener)),
@@ -609,11 +648,24 @@ async fn pmi_bootstrap(a: &BrokerArgs, mut attrs: BTreeMap<String, String>) -> R
         topology: config.topology.clone(),
         declared_gpus: config.gpus,
         connect_timeout: config.connect_timeout,
-        resources_override: Some((mine.cores, mine.gpus)),
+        resources_override: mine.map(|m| (m.cores, m.gpus)),
         parent_uri,
         key,
         config,
-    })
+    };
+    Ok((opts, own))
+}
+
+/// The address a broker started by a foreign launcher binds and advertises: the first IPv4 address this host's
+/// name resolves to that is not a loopback one, else 127.0.0.1 (every broker on this machine).
+fn node_address() -> String {
+    use std::net::ToSocketAddrs;
+    (hostname().as_str(), 0)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut it| it.find(|a| a.is_ipv4() && !a.ip().is_loopback()))
+        .map(|a| a.ip().to_string())
+        .unwrap_or_else(|| "127.0.0.1".into())
 }
 
 #[cfg(test)]
