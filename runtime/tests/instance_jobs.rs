@@ -278,6 +278,16 @@ fn jobspec_files_yaml_and_json() {
     l.sort_unstable();
     assert_eq!(l, vec!["yaml-0-of-2", "yaml-1-of-2"], "{}", a.dump());
 
+    // An attributes.system key the instance does not know is ignored, and the submitter warned (RFC 14).
+    std::fs::write(d.join("odd.yaml"), YAML_SPEC.replace("    duration: 0", "    duration: 0\n    mystery: 1"))
+        .unwrap();
+    let s = inst.vigil(&["job", "submit", "odd.yaml"]);
+    s.ok();
+    assert!(s.stderr.contains("warning: jobspec attributes.system.mystery: unknown key, ignored"), "{}", s.dump());
+    inst.vigil(&["job", "wait", s.stdout.trim()]).ok();
+    let plain = inst.vigil(&["job", "submit", "job.yaml"]);
+    assert!(!plain.stderr.contains("warning"), "{}", plain.dump());
+
     // JSON: node > slot > core with a total task count, on both nodes, with a cwd.
     let json = serde_json::json!({
         "version": 1,

@@ -771,7 +771,9 @@ fn jobs(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                         }
                     }
                     info!("job {id} submitted");
-                    Ok(Some(json!({"id": id.0, "id_f58": id.f58()}).into()))
+                    // RFC 14: unknown attributes.system keys are ignored, and the submitter is told.
+                    let warnings = jc.jobs.get(&id).map(|j| j.req.warnings.clone()).unwrap_or_default();
+                    Ok(Some(json!({"id": id.0, "id_f58": id.f58(), "warnings": warnings}).into()))
                 }
                 Err(e) => Err((errno::EINVAL, e.to_string())),
             }

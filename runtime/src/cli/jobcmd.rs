@@ -249,6 +249,9 @@ async fn submit_with(c: &Client, spec: &Jobspec, stdin: bool) -> Result<JobId, S
 /// Submit a jobspec already in JSON form (`job-manager.submit`); returns the new job's id.
 pub(crate) async fn submit_value(c: &Client, v: &Value, stdin: bool) -> Result<JobId, String> {
     let r = c.rpc("job-manager.submit", 0, &json!({"jobspec": v, "stdin": stdin})).await.map_err(|e| e.errstr)?;
+    for w in r.get("warnings").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str) {
+        eprintln!("vigil: warning: jobspec {w}");
+    }
     r.get("id").and_then(Value::as_u64).map(JobId).ok_or_else(|| "malformed submit response".into())
 }
 
