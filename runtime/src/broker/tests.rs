@@ -204,7 +204,7 @@ fn a_broker_that_loses_its_parent_shuts_down_and_exits_nonzero() {
     let out = effects(&mut b);
     assert!(out.iter().any(|e| matches!(e, Effect::DropLink(Peer::Parent, _))), "{out:?}");
     assert!(b.finished(), "no children to wait for");
-    assert_eq!(b.exit_code(), 1);
+    assert_eq!(b.exit_code(), crate::shellproto::BROKER_EXIT_CUT_OFF, "cut off: EX_UNAVAILABLE");
 }
 
 #[test]
