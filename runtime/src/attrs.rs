@@ -196,6 +196,8 @@ pub static ATTRS: &[Attr] = &[
         "after SIGTERM to a job's shells (cancel, exception), SIGKILL this much later"),
     attr("exec.shell", Kind::Path, otherwise("$VIGIL_SHELL, else vigil-shell beside vigil", "/usr/libexec/vigil-shell"),
         CommandLine, "job shell program"),
+    attr("exec.containment", Kind::Enum(&["auto", "cgroup", "pgroup"]), is("auto"), CommandLine,
+        "how a job's processes are kept: auto (a cgroup v2 per job, else process groups), cgroup (no fallback), pgroup"),
     // The broker.
     attr("log-level", Kind::LogLevel, otherwise("$VIGIL_LOG, else warn", "info"), CommandLine,
         "broker log level on standard error"),
@@ -428,6 +430,8 @@ pub struct BrokerConfig {
     pub kill_timeout: f64,
     /// `exec.shell`: the job shell program; `None` = `$VIGIL_SHELL`, else `vigil-shell` beside `vigil`.
     pub shell: Option<PathBuf>,
+    /// `exec.containment`: `auto`, `cgroup` or `pgroup` (see `broker/cgroup.rs`).
+    pub containment: String,
     /// `log-level`: an `EnvFilter` directive; `None` = `$VIGIL_LOG`, else `warn` (the command starting the
     /// broker resolves it before the broker runs).
     pub log_level: Option<String>,
@@ -461,6 +465,7 @@ impl Default for BrokerConfig {
             discovery: Discovery::Hwloc,
             kill_timeout: crate::jobs::DEFAULT_KILL_TIMEOUT,
             shell: None,
+            containment: "auto".into(),
             log_level: None,
             rundir: None,
             instance_level: 0,
@@ -659,6 +664,12 @@ impl Draft {
             "resource.discovery" => c.discovery = word(v, Discovery::from_name, Discovery::NAMES)?,
             "exec.kill-timeout" => c.kill_timeout = duration(v)?,
             "exec.shell" => c.shell = Some(path(v)?),
+            "exec.containment" => {
+                c.containment = match v {
+                    "auto" | "cgroup" | "pgroup" => v.to_string(),
+                    _ => return Err("expected auto, cgroup or pgroup".into()),
+                }
+            }
             "log-level" => {
                 let word = LOG_LEVELS.contains(&v);
                 if !word && (!v.contains('=') || tracing_subscriber::EnvFilter::try_new(v).is_err()) {
@@ -784,6 +795,7 @@ impl BrokerConfig {
             "resource.discovery" => self.discovery.name().into(),
             "exec.kill-timeout" => fmt_duration(self.kill_timeout),
             "exec.shell" => self.shell.as_ref()?.display().to_string(),
+            "exec.containment" => self.containment.clone(),
             "log-level" => self.log_level.clone()?,
             "rundir" => self.rundir.as_ref()?.display().to_string(),
             "instance-level" => self.instance_level.to_string(),

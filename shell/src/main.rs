@@ -68,7 +68,9 @@ async fn run() -> i32 {
     };
     let report = match Shell::new(input).await {
         Ok(mut sh) => sh.run().await,
-        Err(e) => ShellReport { status: status_exited(1), tasks: vec![], error: Some(e), abort_code: None },
+        Err(e) => {
+            ShellReport { status: status_exited(1), tasks: vec![], error: Some(e), abort_code: None, usage: None }
+        }
     };
     // The broker reads this report from our stdout; if it is gone there is nobody to tell.
     let _ = writeln!(std::io::stdout(), "{}", serde_json::to_string(&report).unwrap_or_default());
@@ -243,11 +245,25 @@ impl Shell {
     async fn run(&mut self) -> ShellReport {
         let id = self.input.id;
         if let Err(e) = self.make_tmpdir() {
-            return ShellReport { status: status_exited(1), tasks: vec![], error: Some(e), abort_code: None };
+            return ShellReport {
+                status: status_exited(1),
+                tasks: vec![],
+                error: Some(e),
+                abort_code: None,
+                usage: None,
+            };
         }
         let (mut out_file, mut err_file) = match self.output_files() {
             Ok(f) => f,
-            Err(e) => return ShellReport { status: status_exited(1), tasks: vec![], error: Some(e), abort_code: None },
+            Err(e) => {
+                return ShellReport {
+                    status: status_exited(1),
+                    tasks: vec![],
+                    error: Some(e),
+                    abort_code: None,
+                    usage: None,
+                }
+            }
         };
         // Bounded: a task that writes faster than rank 0 takes its output blocks on its pipe (backpressure)
         // instead of growing the shell's memory.
@@ -639,7 +655,7 @@ impl Shell {
         if broker_gone {
             kill_own_group(); // what the tasks started since
         }
-        ShellReport { status, tasks, error: None, abort_code }
+        ShellReport { status, tasks, error: None, abort_code, usage: None }
     }
 }
 

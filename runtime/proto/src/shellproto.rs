@@ -122,6 +122,42 @@ pub struct ShellReport {
     /// Exit code a task asked for with PMI `abort` (MPI_Abort); it becomes the job's exit code.
     #[serde(default)]
     pub abort_code: Option<i32>,
+    /// What the kernel accounted for the shell and everything it started, from its cgroup (added by the broker;
+    /// absent without cgroup containment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// Resource usage of one job shell's cgroup (cgroup v2 `cpu.stat` and `memory.peak`); each field where the kernel
+/// gives it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Usage {
+    /// CPU time, user and system, in microseconds (`usage_usec`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_usec: Option<u64>,
+    /// User CPU time, microseconds (`user_usec`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_user_usec: Option<u64>,
+    /// System CPU time, microseconds (`system_usec`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_system_usec: Option<u64>,
+    /// Peak memory, bytes (`memory.peak`: needs the memory controller, Linux 5.19).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_peak: Option<u64>,
+}
+
+impl Usage {
+    /// The usage of a job's shells together: CPU times summed, peak memory the largest (per node).
+    pub fn add(&mut self, o: &Usage) {
+        let sum = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+        };
+        self.cpu_usec = sum(self.cpu_usec, o.cpu_usec);
+        self.cpu_user_usec = sum(self.cpu_user_usec, o.cpu_user_usec);
+        self.cpu_system_usec = sum(self.cpu_system_usec, o.cpu_system_usec);
+        self.memory_peak = self.memory_peak.max(o.memory_peak);
+    }
 }
 
 /// A broker's report of a shell's end (`job-exec.shell-exit` payload).

@@ -124,6 +124,8 @@ pub(crate) struct Environment {
     pub resources: NodeResources,
     /// Where the shells find this node's topology (`live`, `live-xml:PATH`, `synthetic:...`, `cpu-count`).
     pub topology: String,
+    /// How job shells are contained, for status output: `cgroup2 (PATH)` or `process groups (why)`.
+    pub containment: String,
 }
 
 /// One input to the broker, handed in with the time it happened ([`Broker::handle`]).

@@ -170,6 +170,8 @@ pub(crate) struct Driver {
     locals: HashMap<u32, LinkTx>,
     /// Job shells' process groups.
     shells: HashMap<JobId, i32>,
+    /// How job shells are contained (a cgroup v2 each, or process groups only).
+    containment: std::sync::Arc<super::cgroup::Containment>,
     initial_pgid: Option<i32>,
     /// Failure detectors (None if the overlay address is not IPv4).
     pub detect: Option<super::detect::Detectors>,
@@ -272,6 +274,13 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         }
     }
 
+    let containment = super::cgroup::Containment::choose(&opts.config.containment, rank)?;
+    match &containment {
+        super::cgroup::Containment::ProcessGroups(why) if opts.config.containment != "pgroup" => {
+            warn!("jobs are kept by process groups only, not cgroups: {why} (a task that calls setsid escapes its job)")
+        }
+        c => info!("jobs contained by {}", c.describe()),
+    }
     let env = Environment {
         uid,
         pid: std::process::id(),
@@ -279,6 +288,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         local_uri,
         resources,
         topology: topology_str,
+        containment: containment.describe(),
     };
     let origin = Instant::now();
     let mut d = Driver {
@@ -294,6 +304,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         pending: HashMap::new(),
         locals: HashMap::new(),
         shells: HashMap::new(),
+        containment: std::sync::Arc::new(containment),
         initial_pgid: None,
         detect: None,
         watched: HashSet::new(),
@@ -704,7 +715,6 @@ impl Driver {
         k
     }
 
-    /// Hand the broker a fresh [`DriverStatus`] if anything in it changed.
     /// Probe the parent's node (`Some`: its responder's address) as the parent probes ours, or stop (`None`): a
     /// silent loss of the parent's node is then judged by the probe rule (tbon.probe_misses × tbon.probe_period,
     /// 30 ms by default) instead of the TCP acknowledgement timeout (tbon.lost_timeout after the last heartbeat),
@@ -718,6 +728,7 @@ impl Driver {
         }
     }
 
+    /// Hand the broker a fresh [`DriverStatus`] if anything in it changed.
     fn refresh_status(&mut self) {
         let key = self.status_key();
         if key == self.status_key {
@@ -1005,6 +1016,30 @@ impl Driver {
             .env(crate::client::URI_ENV, &self.broker.env.local_uri)
             .env(crate::shellproto::DETECTOR_RANK_ENV, detector_rank.to_string())
             .kill_on_drop(false);
+        // Its cgroup, joined by the child itself before it runs the shell (see cgroup.rs).
+        let cgroup = match self.containment.as_ref() {
+            super::cgroup::Containment::Cgroup(c) => match c.job(id) {
+                Ok(cg) => Some(cg),
+                Err(e) => {
+                    warn!("job {id}: {e}; its shell is kept by its process group only");
+                    None
+                }
+            },
+            super::cgroup::Containment::ProcessGroups(_) => None,
+        };
+        if let Some(fd) = cgroup.as_ref().map(super::cgroup::JobCgroup::procs_fd) {
+            // SAFETY: between fork and exec the child only calls write(2), which is async-signal-safe, on a
+            // descriptor the parent opened and keeps open until the child has exec'd (`cgroup` lives on below).
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::write(fd, b"0".as_ptr().cast(), 1) == 1 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
+        }
         let mut child = cmd.spawn().map_err(|e| format!("cannot run {}: {e}", path.display()))?;
         // The shell's pid is its process group, signalled later: never 0 (which would be the broker's own group).
         let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()).filter(|p| *p > 0) else {
@@ -1031,11 +1066,18 @@ impl Driver {
                 }
                 Err(_) => 0x7f00,
             };
-            let report = out.lines().rev().find_map(|l| serde_json::from_str::<ShellReport>(l).ok());
-            // Whatever the job left in the background dies with it (the shell's process group), and the shell's
-            // job tmpdir goes too if the shell was killed before removing it.
+            let mut report = out.lines().rev().find_map(|l| serde_json::from_str::<ShellReport>(l).ok());
+            // Whatever the job left in the background dies with it (the shell's process group, and its cgroup with
+            // whatever left that group), and the shell's job tmpdir goes too if the shell was killed before
+            // removing it.
             // SAFETY: killpg on the process group the shell led; no memory is touched.
             unsafe { libc::killpg(pid, libc::SIGKILL) };
+            if let Some(cg) = cgroup {
+                let usage = tokio::task::spawn_blocking(move || cg.finish()).await.ok();
+                if let Some(r) = report.as_mut() {
+                    r.usage = usage;
+                }
+            }
             let _ = std::fs::remove_dir_all(&tmpdir);
             let _ = tx.send(Event::ShellDone { id, report, status });
         });
@@ -1230,6 +1272,9 @@ impl Driver {
         }
         for (_, pgid) in self.shells.drain() {
             let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
+        }
+        if let super::cgroup::Containment::Cgroup(c) = self.containment.as_ref() {
+            c.remove();
         }
         let rank = self.broker.rank();
         let rundir = &self.broker.opts.rundir;

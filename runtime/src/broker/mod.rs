@@ -11,6 +11,7 @@
 //! - every rank: `broker.*` (ping, getattr, lsattr, sub, unsub, info), `rexec.*` (start and signal job shells);
 //! - rank 0: `job-manager.*`, `job-info.*`, `job-exec.*`, `resource.*`, `overlay.*`.
 
+mod cgroup;
 pub mod config;
 pub(crate) mod core;
 pub(crate) mod detect;

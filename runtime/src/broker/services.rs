@@ -478,6 +478,7 @@ fn info(core: &Broker) -> Value {
         "transport": core.links.summary(), "instance_level": o.config.instance_level.to_string(),
         "detectors": detectors(core),
         "resource_source": core.env.resources.source,
+        "containment": core.env.containment,
         "security": security(core),
     })
 }

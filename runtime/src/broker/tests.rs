@@ -230,7 +230,8 @@ fn rexec_spawn_is_answered_when_the_driver_has_started_the_shell() {
     b.handle(t(0.11), Input::ShellStarted { id, result: Ok(4321) });
     effects(&mut b);
     assert!(b.shells.contains(&id));
-    let report = crate::shellproto::ShellReport { status: 0, tasks: vec![(0, 0)], error: None, abort_code: None };
+    let report =
+        crate::shellproto::ShellReport { status: 0, tasks: vec![(0, 0)], error: None, abort_code: None, usage: None };
     b.handle(t(0.2), Input::ShellDone { id, report: Some(report), status: 0 });
     effects(&mut b);
     let job = &b.jobcore.as_ref().expect("rank 0").jobs[&id];

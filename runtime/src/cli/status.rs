@@ -442,6 +442,7 @@ pub(crate) async fn uptime() -> Result<i32, String> {
         println!(" detectors (rank {}): {l}", r["rank"].as_u64().unwrap_or(0));
     }
     println!(" {}", security_line(&r["security"]));
+    println!(" jobs contained by: {}", r["containment"].as_str().unwrap_or("?"));
     Ok(0)
 }
 

@@ -226,6 +226,9 @@ pub struct Job {
     /// Brokers of a nested instance that exited cut off from its rank 0, by rank, with when: their verdict waits
     /// for the failure that caused it (`nested.rs`).
     pub cut_off: BTreeMap<u32, f64>,
+    /// What the kernel accounted for the job's shells so far (their cgroups): CPU times summed, peak memory the
+    /// largest of any node. `None` without cgroup containment.
+    pub usage: Option<crate::shellproto::Usage>,
 }
 
 impl Job {
@@ -278,7 +281,7 @@ impl Job {
             "ntasks": self.req.ntasks, "nnodes": self.alloc.len(), "ranks": ranks.to_string(), "nodelist": nodelist,
             "t_submit": self.t_submit, "t_run": self.t_run, "t_inactive": self.t_inactive,
             "expiration": self.expiration, "result": self.result(), "exit_code": self.exit_code(),
-            "exception": self.fatal, "duration": self.req.duration, "pmi_exchanges": self.pmi_exchanges, "instance": self.instance,
+            "exception": self.fatal, "duration": self.req.duration, "pmi_exchanges": self.pmi_exchanges, "instance": self.instance, "usage": self.usage,
             "uri": self.instance.as_ref().and_then(|i| i.get("uri")).cloned(),
         })
     }
@@ -564,6 +567,7 @@ impl JobCore {
             stdin_bytes: 0,
             stdin_eof: true,
             cut_off: BTreeMap::new(),
+            usage: None,
         };
         job.post(now, "submit", json!({"userid": userid, "urgency": 16, "flags": 0, "version": 1}));
         job.post(now, "validate", json!({}));
@@ -817,6 +821,9 @@ impl JobCore {
             return;
         }
         sh.exited = true;
+        if let Some(u) = exit.report.as_ref().and_then(|r| r.usage.as_ref()) {
+            job.usage.get_or_insert_with(Default::default).add(u);
+        }
         let killing = job.term_sent.is_some();
         let nested = job.instance.is_some();
         match &exit.report {
@@ -876,7 +883,11 @@ impl JobCore {
                 status = crate::shellproto::status_exited(code);
             }
             job.status = Some(status);
-            job.post(now, "finish", json!({"status": status}));
+            let mut ctx = json!({"status": status});
+            if let Some(u) = &job.usage {
+                ctx["usage"] = json!(u); // cgroup accounting of every shell (jobs/mod.rs, Job::usage)
+            }
+            job.post(now, "finish", ctx);
         } else if job.state == JobState::Run {
             job.post(now, "exception", json!({"type": "exec", "severity": 0, "note": "no job shell reported"}));
         }

@@ -51,7 +51,7 @@ fn exit_shell(c: &mut JobCore, t: f64, id: JobId, rank: u32, status: i32) {
         ShellExit {
             id: id.0,
             rank,
-            report: Some(ShellReport { status, tasks: vec![], error: None, abort_code: None }),
+            report: Some(ShellReport { status, tasks: vec![], error: None, abort_code: None, usage: None }),
             shell_status: 0,
         },
     );

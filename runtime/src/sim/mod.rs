@@ -281,6 +281,7 @@ pub(crate) fn new_broker(
             source: "simulated".into(),
         },
         topology: "simulated".into(),
+        containment: "simulated".into(),
     };
     Broker::new(opts, env, now)
 }
@@ -463,7 +464,7 @@ impl Sim {
             Ev::ProbeRound(n) => self.probe_round(n),
             Ev::ShellEnd(n, id, status) => {
                 if self.nodes[n as usize].shells.remove(&id).is_some() {
-                    let report = ShellReport { status, tasks: vec![], error: None, abort_code: None };
+                    let report = ShellReport { status, tasks: vec![], error: None, abort_code: None, usage: None };
                     self.deliver(n, Input::ShellDone { id, report: Some(report), status: 0 });
                 }
             }

@@ -1,0 +1,86 @@
+//! Job containment (issue 18): a cgroup v2 per job shell, so that nothing a job started outlives it (not even a
+//! `setsid`'d process), its CPU time recorded; process groups when cgroups are off, and said so.
+
+mod common;
+
+use common::*;
+use std::time::Duration;
+
+/// Processes whose command line is exactly `sleep ARG`.
+fn sleeps(arg: &str) -> Vec<i32> {
+    let want = format!("sleep\0{arg}\0");
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c == want.as_bytes()))
+        .collect()
+}
+
+/// The `jobs contained by:` line of `vigil uptime`.
+fn containment(inst: &Instance) -> String {
+    let u = inst.vigil(&["uptime"]);
+    u.ok();
+    u.stdout.lines().find_map(|l| l.trim().strip_prefix("jobs contained by: ")).unwrap_or_default().to_string()
+}
+
+fn cgroups_here() -> bool {
+    nix::unistd::geteuid().is_root() && std::path::Path::new("/proc/self/cgroup").exists()
+}
+
+#[test]
+fn a_task_that_calls_setsid_does_not_outlive_its_job() {
+    if !cgroups_here() {
+        eprintln!("skipped: needs root for a cgroup v2 of its own");
+        return;
+    }
+    let inst = Instance::start(2, &[]);
+    let how = containment(&inst);
+    assert!(how.starts_with("cgroup2 ("), "{how}");
+    // Ends normally, with a session of its own left in the background.
+    let r = inst.vigil(&["run", "-N2", "sh", "-c", "setsid sleep 613.25 </dev/null >/dev/null 2>&1 & echo ok"]);
+    r.ok();
+    assert!(wait_for(Duration::from_secs(5), || sleeps("613.25").is_empty()), "left behind: {:?}", sleeps("613.25"));
+    // Canceled while running.
+    let o = inst.vigil(&["submit", "-N2", "sh", "-c", "setsid sleep 613.5 </dev/null >/dev/null 2>&1 & sleep 300"]);
+    o.ok();
+    let id = o.stdout.trim().to_string();
+    assert!(wait_for(Duration::from_secs(10), || sleeps("613.5").len() == 2), "{:?}", sleeps("613.5"));
+    inst.vigil(&["cancel", &id]).ok();
+    inst.vigil_t(&["job", "wait", &id], Duration::from_secs(30));
+    assert!(wait_for(Duration::from_secs(5), || sleeps("613.5").is_empty()), "left behind: {:?}", sleeps("613.5"));
+    // The job's CPU time, from its cgroups, in its record and its finish event.
+    let o = inst.vigil(&["submit", "-N2", "sh", "-c", "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done"]);
+    o.ok();
+    let id = o.stdout.trim().to_string();
+    inst.vigil(&["job", "wait", &id]).ok();
+    let info = inst.job_info(&id)["info"].clone();
+    let cpu = info["usage"]["cpu_usec"].as_u64().unwrap_or(0);
+    assert!(cpu > 0, "{info}");
+    assert!(info["usage"]["cpu_user_usec"].as_u64().is_some_and(|u| u <= cpu), "{info}");
+    // The brokers' cgroups go with them.
+    let dir = how.trim_start_matches("cgroup2 (").trim_end_matches(')').to_string();
+    assert!(std::path::Path::new(&dir).is_dir(), "{dir}");
+    inst.stop_with(0).0.code_is(0);
+    assert!(!std::path::Path::new(&dir).exists(), "{dir} left behind");
+}
+
+#[test]
+fn process_groups_when_cgroups_are_off_and_said_so() {
+    let inst = Instance::start(2, &["exec.containment=pgroup"]);
+    assert_eq!(containment(&inst), "process groups (exec.containment=pgroup)");
+    inst.vigil(&["run", "-N2", "true"]).ok();
+    let o = inst.vigil(&["submit", "true"]);
+    o.ok();
+    let id = o.stdout.trim().to_string();
+    inst.vigil(&["job", "wait", &id]).ok();
+    assert!(inst.job_info(&id)["info"]["usage"].is_null(), "no cgroup, no usage: {}", inst.job_info(&id));
+    // A bad value is refused before any broker starts, naming the attribute.
+    let dir = tempdir();
+    let mut c = vigil_cmd(dir.path());
+    c.args(["start", "--test-size=1", "-S", "exec.containment=jail", "true"]);
+    let o = run(c, Duration::from_secs(20), Some(dir.path()));
+    assert_ne!(o.code, 0, "{}", o.dump());
+    assert!(o.stderr.contains("exec.containment"), "{}", o.dump());
+}
