@@ -338,6 +338,8 @@ impl Shell {
         // Tasks whose PMI connection was already judged closed, and tasks that already failed the job.
         let mut pmi_closed: std::collections::HashSet<u32> = std::collections::HashSet::new();
         let mut exit_failed: std::collections::HashSet<u32> = std::collections::HashSet::new();
+        // Tasks whose OOM kill was reported (once each).
+        let mut oom_reported: std::collections::HashSet<u32> = std::collections::HashSet::new();
         let mut pids = Vec::new();
         let mut tasks: Vec<(u32, i32)> = Vec::new();
         let mut readers = Vec::new();
@@ -555,6 +557,16 @@ impl Shell {
                         outs.extend(pmi_srv.closed(rank));
                     }
                     let failed = signal.is_some() || code.is_some_and(|c| c != 0);
+                    if v.get("oom_killed").and_then(|o| o.as_bool()) == Some(true) && oom_reported.insert(rank) {
+                        // Always said, exit-on-error or not (a non-fatal exception: the job's other tasks go on).
+                        let host = nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_default();
+                        let note = format!("task {rank} on {host} (rank {}) was killed by the OOM killer", self.input.broker_rank);
+                        let _ = self.client.send(
+                            vigil_proto::shellproto::TOPIC_EXCEPTION,
+                            0,
+                            &serde_json::json!({"id": id, "type": "oom", "severity": 1, "note": note, "rank": self.input.broker_rank}),
+                        );
+                    }
                     // Once the job has failed, the tasks this shell then kills are not failures of their own.
                     if exit_on_error && failed && abort_code.is_none() && !any_fatal(&outs) && exit_failed.insert(rank) {
                         outs.push(pmi::Out::Fatal { note: task_failure_note(rank, code, signal, &v), exit_code: Some(task_code(code, signal)) });
