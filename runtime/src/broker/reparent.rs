@@ -16,14 +16,16 @@
 //!   `resource.eventlog`.
 //! - **Meanwhile.** What the orphan sends up while it has no parent is queued, up to [`UP_QUEUE_MAX`] messages
 //!   and [`UP_QUEUE_BYTES`]; past either bound a request gets EHOSTUNREACH and anything else is dropped (counted
-//!   in the log). Requests that were in flight through the dead router got EHOSTUNREACH from its parent.
+//!   in the log). Requests that were in flight through the dead router got EHOSTUNREACH: those going down from
+//!   its parent, those going up from the orphan that sent them ([`Broker::fail_sent_up`]), since whether the
+//!   router passed them on before it died cannot be known.
 //! - **Orphans that never come.** Rank 0 expects every child of a lost rank to re-parent within
 //!   [`REPARENT_TIMEOUT`] (meanwhile they and the ranks below them are torpid: no new work goes there); one that
 //!   does not is lost ("cut off"), and so on below it.
 //! - **A router that returns** joins its static parent again as a leaf: its former children stay with their
 //!   adopters (moving them back would cost their links a second reconnection for nothing).
 
-use super::core::{Broker, Effect, MemberState, Peer, Time, SELF};
+use super::core::{Broker, Effect, MemberState, Time, SELF};
 use crate::idset::IdSet;
 use crate::message::{errno, Message, MsgType, FLAG_NORESPONSE};
 use crate::topology::{Hop, Topology};
@@ -171,10 +173,12 @@ impl Broker {
     /// Our parent is lost (`why`): start re-parenting, or say no (re-parenting off, shutting down, the parent
     /// was rank 0, no candidate) so that the caller ends this broker as before.
     pub(crate) fn start_reparent(&mut self, why: &str) -> bool {
+        let Some(lost) = self.parent else { return false };
+        // Whatever comes next, what went up through the lost parent will never be answered.
+        self.fail_sent_up(lost);
         if !self.opts.config.reparent || self.shutting_down.is_some() {
             return false;
         }
-        let Some(lost) = self.parent else { return false };
         let (topo, size) = self.tree();
         let candidates = candidates(topo, size, self.rank(), lost);
         if candidates.is_empty() {
@@ -244,7 +248,7 @@ impl Broker {
         m.flags = FLAG_NORESPONSE;
         self.route_request(SELF, m);
         for m in rp.queue {
-            self.effect(Effect::Send(Peer::Parent, m));
+            self.send_up(m);
         }
         // Shell exit reports that got no answer may have died with the lost parent: again (rank 0 takes each once).
         let again: Vec<(u32, Message)> = self.exit_reports.iter().map(|(t, m)| (*t, m.clone())).collect();

@@ -504,3 +504,53 @@ fn job_stdin_is_bounded_and_what_was_accepted_is_kept() {
     assert_eq!(bytes.len(), crate::jobs::STDIN_KEEP);
     assert!(bytes[..held].iter().all(|c| *c == b'x') && bytes[held..].iter().all(|c| *c == b'y'));
 }
+
+/// An orphan answers what it had sent up through its lost parent with EHOSTUNREACH (its sender would otherwise
+/// wait forever: a job shell's output window, a client's RPC), keeps its own shell exit report for the next
+/// parent, and tracks what it sends up the new parent the same way.
+#[test]
+fn requests_sent_up_through_a_lost_parent_get_ehostunreach_from_the_orphan() {
+    // Rank 3's parent is rank 1; its adoptive parent will be rank 2.
+    let mut b = broker(3);
+    b.handle(t(0.0), Input::ParentUp(super::rdma_link::LinkChoice { transport: "tcp", detail: String::new() }));
+    b.handle(t(0.0), Input::Start);
+    b.handle(t(0.0), Input::LocalNew { id: 5, uid: crate::sim::UID });
+    effects(&mut b);
+    let ask = |b: &mut Broker, now: Time, tag: u32, flags: u8| {
+        let mut m = Message::request("job-exec.output", 0, &json!({"id": 1, "lines": []}));
+        (m.matchtag, m.flags) = (tag, flags);
+        b.handle(now, Input::Message(Peer::Local(5), 0, m));
+        effects(b)
+    };
+    let up = |out: &[Effect]| out.iter().filter(|e| matches!(e, Effect::Send(Peer::Parent, _))).count();
+    assert_eq!(up(&ask(&mut b, t(0.01), 11, 0)), 1);
+    assert_eq!(up(&ask(&mut b, t(0.01), 12, crate::message::FLAG_NORESPONSE)), 1);
+    let report = crate::shellproto::ShellReport { status: 0, tasks: vec![(0, 0)], error: None, abort_code: None };
+    b.handle(t(0.02), Input::ShellDone { id: crate::jobs::JobId(7), report: Some(report), status: 0 });
+    effects(&mut b);
+
+    b.handle(t(0.05), Input::Closed(Peer::Parent, 0, "connection reset".into()));
+    let out = effects(&mut b);
+    let r = responses(&out, Peer::Local(5));
+    assert_eq!(r.len(), 1, "one answer, to the request that asked for one: {out:?}");
+    assert_eq!((r[0].matchtag, r[0].errnum), (11, errno::EHOSTUNREACH));
+    assert!(r[0].errstr().unwrap_or_default().contains("rank 1"), "{:?}", r[0].errstr());
+    assert!(out.iter().any(|e| matches!(e, Effect::ConnectParent { rank: 2, lost: 1, .. })), "{out:?}");
+
+    // Adopted by rank 2: the exit report goes up again; a request sent now is tracked, and forgotten once answered.
+    b.handle(t(0.06), Input::ParentUp(super::rdma_link::LinkChoice { transport: "tcp", detail: String::new() }));
+    let out = effects(&mut b);
+    let exit = |out: &[Effect]| {
+        out.iter().any(|e| matches!(e, Effect::Send(Peer::Parent, m) if m.topic == crate::shellproto::TOPIC_SHELL_EXIT))
+    };
+    assert!(exit(&out), "the shell exit report is sent again: {out:?}");
+    assert_eq!(up(&ask(&mut b, t(0.07), 13, 0)), 1);
+    let mut ok = Message::response_to(&Message::request("job-exec.output", 0, &json!({})), &json!({}));
+    ok.matchtag = 13;
+    ok.route = vec![crate::message::ROUTE_LOCAL | 5];
+    b.handle(t(0.08), Input::Message(Peer::Parent, 0, ok));
+    let r = effects(&mut b);
+    assert_eq!(responses(&r, Peer::Local(5)).iter().map(|m| (m.matchtag, m.errnum)).collect::<Vec<_>>(), [(13, 0)]);
+    let left: Vec<u32> = b.inflight.get(&PARENT).map(|m| m.keys().map(|k| k.0).collect()).unwrap_or_default();
+    assert_eq!(left.len(), 1, "only the exit report waits for an answer: {left:?}");
+}
