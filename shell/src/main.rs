@@ -34,6 +34,10 @@ const BATCH_LINES: usize = 256;
 const OUTPUT_QUEUE: usize = 1024;
 /// `job-exec.output` batches in flight to rank 0 before the shell waits for an acknowledgement.
 const OUTPUT_WINDOW: usize = 8;
+/// Times a `job-exec.output` batch is sent again after EHOSTUNREACH, which our broker answers when the router it
+/// went up through was lost with it in flight (the broker then re-parents and holds the next try for its new
+/// parent: docs/failure-detection.md, "Re-parenting").
+const OUTPUT_RESENDS: usize = 3;
 
 fn main() {
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
@@ -257,9 +261,12 @@ impl Shell {
         }
         // Forwarder: batch lines, send without waiting; the final flush below waits for rank 0's ack.
         let client = self.client.clone();
+        let broker_rank = self.input.broker_rank;
         let fwd = tokio::spawn(async move {
             let mut inflight: std::collections::VecDeque<tokio::task::JoinHandle<()>> =
                 std::collections::VecDeque::new();
+            // Batches are numbered, so that rank 0 takes one that is sent again (see `send_output`) only once.
+            let mut seq: u64 = 0;
             while let Some(first) = out_rx.recv().await {
                 let mut batch = vec![first];
                 while batch.len() < BATCH_LINES {
@@ -290,8 +297,10 @@ impl Shell {
                     }
                 }
                 let c = client.clone();
+                let body = serde_json::json!({"id": id, "lines": rest, "broker_rank": broker_rank, "seq": seq});
+                seq += 1;
                 inflight.push_back(tokio::spawn(async move {
-                    let _ = c.rpc(TOPIC_OUTPUT, 0, &serde_json::json!({"id": id, "lines": rest})).await;
+                    let _ = send_output(&c, &body).await;
                 }));
             }
             for h in inflight {
@@ -627,7 +636,7 @@ impl Shell {
         // Flush: an acknowledged request on the same path guarantees every line before it reached rank 0.
         let _ = tokio::time::timeout(
             Duration::from_secs(30),
-            self.client.rpc(TOPIC_OUTPUT, 0, &serde_json::json!({"id": id, "lines": []})),
+            send_output(&self.client, &serde_json::json!({"id": id, "lines": []})),
         )
         .await;
         let _ = NODEID_ANY;
@@ -780,6 +789,20 @@ fn pmi_conn(
         let _ = tx.send((rank, None));
     });
     wtx
+}
+
+/// Send one `job-exec.output` batch to rank 0 and wait for its acknowledgement. A batch lost in flight with a
+/// router (EHOSTUNREACH) is sent again, at most [`OUTPUT_RESENDS`] times; one that had reached rank 0 before the
+/// router died, with only its acknowledgement lost, is taken once there by its `broker_rank` and `seq`.
+async fn send_output(c: &Client, body: &serde_json::Value) -> Result<serde_json::Value, vigil_client::RpcError> {
+    let mut r = c.rpc(TOPIC_OUTPUT, 0, body).await;
+    for _ in 0..OUTPUT_RESENDS {
+        match &r {
+            Err(e) if e.errnum == vigil_proto::message::errno::EHOSTUNREACH => r = c.rpc(TOPIC_OUTPUT, 0, body).await,
+            _ => break,
+        }
+    }
+    r
 }
 
 /// Read `r` and forward it as output of task `rank`: one chunk per line (newline stripped, `eol` set), lines

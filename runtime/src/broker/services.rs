@@ -856,7 +856,12 @@ fn jobs(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
             let id = parse_id(body)?;
             let lines: Vec<OutputLine> =
                 serde_json::from_value(field(body, "lines")?.clone()).map_err(|e| (errno::EPROTO, e.to_string()))?;
-            jc.output(id, lines);
+            // A shell numbers its batches so that one sent again after a router's loss is taken once.
+            let batch = match (opt_u32(body, "broker_rank")?, opt_u64(body, "seq")?) {
+                (Some(rank), Some(seq)) => Some((rank, seq)),
+                _ => None,
+            };
+            jc.output(id, batch, lines);
             Ok(Some(json!({}).into()))
         }
         "job-exec.task-exit" => {

@@ -19,7 +19,7 @@ pub use jobid::JobId;
 use sched::{Pool, RankAlloc};
 use serde_json::{json, Value};
 pub use state::JobState;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// Default `exit-timeout`: after the first task exits, the others have this long (seconds).
 pub const DEFAULT_EXIT_TIMEOUT: f64 = 30.0;
@@ -158,6 +158,43 @@ pub struct ShellState {
     pub status: Option<i32>,
     /// Exit code requested by a task's PMI abort on this shell.
     pub abort_code: Option<i32>,
+    /// The output batches of this shell taken so far, by its sequence numbers.
+    #[serde(skip)]
+    pub batches: BatchesSeen,
+}
+
+/// The `job-exec.output` batches of one shell that rank 0 has taken, by the shell's sequence number (0, 1, ...).
+/// A shell sends a batch again when a router was lost with it in flight, and if only the acknowledgement was lost
+/// the batch arrives twice: it is taken once.
+#[derive(Clone, Debug, Default)]
+pub struct BatchesSeen {
+    /// Every number below this one was seen.
+    below: u64,
+    /// Numbers seen at or above `below`.
+    above: BTreeSet<u64>,
+}
+
+impl BatchesSeen {
+    /// Most numbers held above a gap: a batch that never comes (its shell gave up resending it) stops holding
+    /// later ones back once this many are held.
+    const MAX_HELD: usize = 1024;
+
+    /// Record `seq`; false if it was seen before.
+    pub fn insert(&mut self, seq: u64) -> bool {
+        if seq < self.below || !self.above.insert(seq) {
+            return false;
+        }
+        if self.above.len() > Self::MAX_HELD {
+            // Give up on the gap: everything up to the lowest held number counts as seen.
+            if let Some(low) = self.above.pop_first() {
+                self.below = low + 1;
+            }
+        }
+        while self.above.remove(&self.below) {
+            self.below += 1;
+        }
+        true
+    }
 }
 
 /// One job.
@@ -692,6 +729,7 @@ impl JobCore {
                     exited: false,
                     status: None,
                     abort_code: None,
+                    batches: BatchesSeen::default(),
                 },
             );
             first += counts[i];
@@ -787,11 +825,17 @@ impl JobCore {
         Ok(())
     }
 
-    /// Output lines from a shell.
-    pub fn output(&mut self, id: JobId, lines: Vec<OutputLine>) {
+    /// Output lines from a shell; `batch`: the shell's broker rank and the batch's sequence number, if it sent
+    /// them (a batch seen before is dropped: [`BatchesSeen`]).
+    pub fn output(&mut self, id: JobId, batch: Option<(u32, u64)>, lines: Vec<OutputLine>) {
         if let Some(j) = self.jobs.get_mut(&id) {
             if lines.is_empty() {
                 return;
+            }
+            if let Some((rank, seq)) = batch {
+                if j.shells.get_mut(&rank).is_some_and(|sh| !sh.batches.insert(seq)) {
+                    return;
+                }
             }
             for l in lines {
                 j.output_bytes += l.size();

@@ -452,7 +452,7 @@ fn output_retention_is_bounded() {
         actions(&mut c);
         // 20 MiB of output: more than the 16 MiB kept while running.
         let lines: Vec<OutputLine> = (0..320).map(|_| OutputLine::text(0, "stdout", chunk.clone())).collect();
-        c.output(id, lines);
+        c.output(id, None, lines);
         assert!(c.jobs[&id].output_bytes <= OUTPUT_KEEP);
         assert!(c.jobs[&id].output_base > 0, "the oldest chunks were dropped");
         exit_shell(&mut c, T0 + k as f64 + 0.5, id, 0, 0);
@@ -677,4 +677,36 @@ fn stdin_is_bounded_per_job_and_dropped_when_the_job_ends() {
     assert_eq!(c.jobs[&id].state, JobState::Inactive);
     assert!(c.jobs[&id].stdin.is_empty() && c.jobs[&id].stdin_bytes == 0, "dropped with the job");
     assert!(matches!(c.stdin(id, Some(b64(1)), false), Err(StdinError::Closed(_))));
+}
+
+#[test]
+fn an_output_batch_sent_twice_is_taken_once() {
+    let mut c = core(1, 1, 0);
+    let id = c.submit(T0, &spec(cmd()), 0).unwrap();
+    actions(&mut c);
+    let line = |s: &str| vec![OutputLine::text(0, "stdout", s.to_string())];
+    c.output(id, Some((0, 0)), line("a"));
+    c.output(id, Some((0, 1)), line("b"));
+    c.output(id, Some((0, 0)), line("a"));
+    c.output(id, Some((0, 2)), line("c"));
+    c.output(id, Some((0, 1)), line("b"));
+    // Without a sequence number (an older shell), or from a rank that runs no shell of the job: always taken.
+    c.output(id, None, line("d"));
+    c.output(id, Some((9, 0)), line("e"));
+    let got: Vec<String> =
+        c.jobs[&id].output.iter().map(|l| String::from_utf8_lossy(&l.bytes()).into_owned()).collect();
+    assert_eq!(got, ["a\n", "b\n", "c\n", "d\n", "e\n"]);
+}
+
+#[test]
+fn batches_seen_are_bounded_past_a_gap() {
+    let mut s = BatchesSeen::default();
+    assert!(s.insert(3) && s.insert(1) && !s.insert(3));
+    assert!(s.insert(0) && s.insert(2) && !s.insert(1));
+    // Batch 4 never comes: later ones are held, but not forever.
+    for k in 5..5 + 2000 {
+        assert!(s.insert(k));
+    }
+    assert!(!s.insert(5) && !s.insert(2004));
+    assert!(s.above.len() <= BatchesSeen::MAX_HELD, "{}", s.above.len());
 }
