@@ -23,7 +23,9 @@
 //!   [`REPARENT_TIMEOUT`] (meanwhile they and the ranks below them are torpid: no new work goes there); one that
 //!   does not is lost ("cut off"), and so on below it.
 //! - **A router that returns** joins its static parent again as a leaf: its former children stay with their
-//!   adopters (moving them back would cost their links a second reconnection for nothing).
+//!   adopters (moving them back would cost their links a second reconnection for nothing). Its parent tells it
+//!   the re-parents it missed (the `adopted` control message, sent to every child that joins while there are
+//!   any), so it routes to its former children through their adopters rather than to links it no longer has.
 
 use super::core::{Broker, Effect, MemberState, Time, SELF};
 use crate::idset::IdSet;

@@ -554,3 +554,49 @@ fn requests_sent_up_through_a_lost_parent_get_ehostunreach_from_the_orphan() {
     let left: Vec<u32> = b.inflight.get(&PARENT).map(|m| m.keys().map(|k| k.0).collect()).unwrap_or_default();
     assert_eq!(left.len(), 1, "only the exit report waits for an answer: {left:?}");
 }
+
+/// A router that returns after its children re-parented learns those re-parents from its parent as it joins, and
+/// routes requests for its former children up (through their adopters), not to links it no longer has.
+#[test]
+fn a_returning_router_learns_the_re_parents_it_missed() {
+    use crate::topology::Hop;
+    // Rank 0 knows that ranks 3 and 4 re-parented under rank 2 while rank 1 was away.
+    let mut b = broker(0);
+    b.handle(t(0.0), Input::Start);
+    effects(&mut b);
+    b.learn_parent(3, 2);
+    b.learn_parent(4, 2);
+    b.handle(t(0.01), Input::Hello { conn: 7, msg: hello(1, "sim"), addr: "peer".into(), refusal: None });
+    let out = effects(&mut b);
+    assert!(matches!(out.first(), Some(Effect::AcceptChild { conn: 7, rank: 1 })), "{out:?}");
+    let sent: Vec<&Message> = out
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Send(Peer::Child(1), m) if m.topic == "adopted" => Some(m),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sent.len(), 1, "{out:?}");
+    assert_eq!(sent[0].json(), json!([[3, 2], [4, 2]]));
+
+    let mut r = router();
+    assert_eq!(r.next_hop(3), Hop::Child(3), "the static tree, before it learns");
+    let mut m = sent[0].clone();
+    r.handle(t(0.1), Input::Message(Peer::Parent, 0, m.clone()));
+    effects(&mut r);
+    assert_eq!((r.next_hop(3), r.next_hop(4)), (Hop::Parent, Hop::Parent));
+    assert!(r.children_of(1).is_empty(), "a leaf now");
+    // Entries that are not two ranks of the instance are skipped; the others still count.
+    m.payload = serde_json::to_vec(&json!([[5, 99], "x", [1, 1], [6, 1, 7], [5, 1]])).unwrap();
+    r.handle(t(0.2), Input::Message(Peer::Parent, 0, m));
+    effects(&mut r);
+    assert_eq!((r.parent_of(5), r.parent_of(6)), (Some(1), Some(2)));
+    // A broker that joins while nothing was re-parented gets no such message.
+    let mut b = broker(0);
+    b.handle(t(0.0), Input::Start);
+    effects(&mut b);
+    b.handle(t(0.01), Input::Hello { conn: 7, msg: hello(1, "sim"), addr: "peer".into(), refusal: None });
+    let out = effects(&mut b);
+    assert!(matches!(out.first(), Some(Effect::AcceptChild { conn: 7, rank: 1 })), "{out:?}");
+    assert!(!out.iter().any(|e| matches!(e, Effect::Send(_, m) if m.topic == "adopted")), "{out:?}");
+}
