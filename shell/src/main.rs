@@ -265,7 +265,7 @@ impl Shell {
         let fwd = tokio::spawn(async move {
             let mut inflight: std::collections::VecDeque<tokio::task::JoinHandle<()>> =
                 std::collections::VecDeque::new();
-            // Batches are numbered, so that rank 0 takes one that is sent again (see `send_output`) only once.
+            // Batches are numbered, so that rank 0 takes one that is sent again (see `send_output`) once, in order.
             let mut seq: u64 = 0;
             while let Some(first) = out_rx.recv().await {
                 let mut batch = vec![first];
@@ -633,10 +633,14 @@ impl Shell {
         }
         drop(out_tx);
         let _ = fwd.await;
-        // Flush: an acknowledged request on the same path guarantees every line before it reached rank 0.
+        // Flush: an acknowledged request on the same path guarantees every line before it reached rank 0; it also
+        // tells rank 0 that nothing more is in flight (it releases what it held back waiting for a batch sent again).
         let _ = tokio::time::timeout(
             Duration::from_secs(30),
-            send_output(&self.client, &serde_json::json!({"id": id, "lines": []})),
+            send_output(
+                &self.client,
+                &serde_json::json!({"id": id, "lines": [], "broker_rank": self.input.broker_rank, "flush": true}),
+            ),
         )
         .await;
         let _ = NODEID_ANY;
@@ -792,8 +796,9 @@ fn pmi_conn(
 }
 
 /// Send one `job-exec.output` batch to rank 0 and wait for its acknowledgement. A batch lost in flight with a
-/// router (EHOSTUNREACH) is sent again, at most [`OUTPUT_RESENDS`] times; one that had reached rank 0 before the
-/// router died, with only its acknowledgement lost, is taken once there by its `broker_rank` and `seq`.
+/// router (EHOSTUNREACH) is sent again, at most [`OUTPUT_RESENDS`] times; by its `broker_rank` and `seq`, rank 0
+/// puts it back in order and takes it once (if it had arrived before the router died, with only its
+/// acknowledgement lost).
 async fn send_output(c: &Client, body: &serde_json::Value) -> Result<serde_json::Value, vigil_client::RpcError> {
     let mut r = c.rpc(TOPIC_OUTPUT, 0, body).await;
     for _ in 0..OUTPUT_RESENDS {
