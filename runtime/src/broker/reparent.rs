@@ -13,7 +13,8 @@
 //! - **Who learns.** The adopter at once, every broker on the adopter's path to rank 0 as the orphan's
 //!   `overlay.reparent` request passes up through it, and then every broker from rank 0's `overlay.reparent`
 //!   event: routing uses each rank's current parent ([`Broker::next_hop`]). Rank 0 records a `reparent` event in
-//!   `resource.eventlog`.
+//!   `resource.eventlog` (the subtree's `idset`, the new `parent`, the `lost` one, and `ms`, the orphan's own time
+//!   from its verdict on its parent to its adoption).
 //! - **Meanwhile.** What the orphan sends up while it has no parent is queued, up to [`UP_QUEUE_MAX`] messages
 //!   and [`UP_QUEUE_BYTES`]; past either bound a request gets EHOSTUNREACH and anything else is dropped (counted
 //!   in the log). Requests that were in flight through the dead router got EHOSTUNREACH: those going down from
@@ -409,6 +410,10 @@ impl Broker {
             let mut ctx = json!({"idset": ids.to_string(), "parent": parent});
             if let Some(l) = lost {
                 ctx["lost"] = json!(l);
+            }
+            // The orphan's own time from its verdict on the lost parent to its adoption.
+            if let Some(ms) = body.get("ms").and_then(Value::as_f64).filter(|m| m.is_finite() && *m >= 0.0) {
+                ctx["ms"] = json!((ms * 100.0).round() / 100.0);
             }
             jc.resource_eventlog.push(crate::eventlog::Event::with_time(wall, "reparent", ctx));
         }
