@@ -124,8 +124,10 @@ pids) node_pids "${3:?K}" ;;
 restart)
     k=${3:?K}
     [ -d "$dir/node$k" ] || { echo "netns-cluster: no node $k in cluster $name" >&2; exit 2; }
-    if kill -0 "$(cat "$dir/node$k/broker.pid" 2>/dev/null)" 2>/dev/null; then
-        echo "netns-cluster: node $k's broker is still running" >&2
+    # A killed broker may take a moment to be gone (its eBPF links are released after RCU grace periods).
+    for _ in $(seq 1 100); do [ -z "$(node_pids "$k")" ] && break; sleep 0.1; done
+    if [ -n "$(node_pids "$k")" ]; then
+        echo "netns-cluster: node $k still runs processes ($(node_pids "$k" | tr '\n' ' ')): kill it first" >&2
         exit 1
     fi
     ip -n "$hub" link set "$(hostveth "$k")" up
