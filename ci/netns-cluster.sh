@@ -11,6 +11,8 @@
 #   ci/netns-cluster.sh cut    NAME K | heal NAME K    take node K's link down / up (processes untouched; a cut
 #                                                      longer than tbon.lost_timeout gets K declared lost, and a
 #                                                      lost broker exits: heal does not bring it back)
+#   ci/netns-cluster.sh restart NAME K                 after kill (or a broker that exited): bring K's link up and
+#                                                      start a new broker there, with the arguments of `up`
 #   ci/netns-cluster.sh pids   NAME K                  processes of node K
 #   ci/netns-cluster.sh down   NAME                    kill everything and remove namespaces, links and files
 #
@@ -26,7 +28,7 @@ if [ -z "${VIGIL:-}" ]; then
     [ -n "$VIGIL" ] || { [ -x "$root/target/release/vigil" ] && VIGIL=$root/target/release/vigil; } || VIGIL=$root/target/debug/vigil
 fi
 cmd=${1:-}; name=${2:-}
-[ -n "$cmd" ] && [ -n "$name" ] || { sed -n '2,19p' "$0"; exit 2; }
+[ -n "$cmd" ] && [ -n "$name" ] || { sed -n '2,21p' "$0"; exit 2; }
 [ ${#name} -le 6 ] || { echo "netns-cluster: NAME must be at most 6 characters" >&2; exit 2; }
 dir=${VIGIL_NETNS_DIR:-/tmp}/vigil-netns-$name
 hub=vn-$name-hub
@@ -35,6 +37,19 @@ hostveth() { echo "vn${name}h$1"; }
 addr() { echo "10.200.$(($1 / 200)).$(($1 % 200 + 1))"; }
 
 node_pids() { ip netns pids "$(ns "$1")" 2>/dev/null || true; }
+
+# Start node $1's broker in the background with the arguments `up` was given (saved in $dir/args), appending to
+# its log, and record its pid.
+start_broker() {
+    local k=$1 extra=() args=()
+    [ -s "$dir/args" ] && mapfile -t args < "$dir/args"
+    read -r -a rank0_args <<< "${VIGIL_NETNS_RANK0_ARGS:-}"
+    [ "$k" = 0 ] && extra=("${rank0_args[@]}")
+    mkdir -p "$dir/node$k"
+    ip netns exec "$(ns "$k")" setsid "$VIGIL" broker --config="$dir/config.toml" --hostname="node$k" \
+        --rundir="$dir/node$k" "${args[@]}" "${extra[@]}" >> "$dir/node$k/broker.log" 2>&1 < /dev/null &
+    echo $! > "$dir/node$k/broker.pid"
+}
 
 case "$cmd" in
 up)
@@ -69,14 +84,10 @@ up)
         ip -n "$nsk" link set lo up
     done
     echo "$n" > "$dir/size"
-    read -r -a rank0_args <<< "${VIGIL_NETNS_RANK0_ARGS:-}"
+    # One argument per line, for `restart`.
+    if [ $# -gt 0 ]; then printf '%s\n' "$@" > "$dir/args"; else : > "$dir/args"; fi
     for ((k = 0; k < n; k++)); do
-        mkdir -p "$dir/node$k"
-        extra=()
-        [ "$k" = 0 ] && extra=("${rank0_args[@]}")
-        ip netns exec "$(ns $k)" setsid "$VIGIL" broker --config="$dir/config.toml" --hostname="node$k" \
-            --rundir="$dir/node$k" "$@" "${extra[@]}" > "$dir/node$k/broker.log" 2>&1 < /dev/null &
-        echo $! > "$dir/node$k/broker.pid"
+        start_broker "$k"
         # Rank 0 (the parent every test and benchmark looks at) first, with its eBPF detectors attached before
         # the others start: the kernel takes at most 64 BPF programs per tracepoint, so in instances of more than
         # 64 nodes on one kernel the later brokers fall back to userspace watchers, and rank 0 must not be one.
@@ -110,6 +121,19 @@ up)
 uri) echo "local://$dir/node0/local-0" ;;
 run) k=${3:?K}; shift 3; exec ip netns exec "$(ns "$k")" "$@" ;;
 pids) node_pids "${3:?K}" ;;
+restart)
+    k=${3:?K}
+    [ -d "$dir/node$k" ] || { echo "netns-cluster: no node $k in cluster $name" >&2; exit 2; }
+    # A killed broker may take a moment to be gone (its eBPF links are released after RCU grace periods).
+    for _ in $(seq 1 100); do [ -z "$(node_pids "$k")" ] && break; sleep 0.1; done
+    if [ -n "$(node_pids "$k")" ]; then
+        echo "netns-cluster: node $k still runs processes ($(node_pids "$k" | tr '\n' ' ')): kill it first" >&2
+        exit 1
+    fi
+    ip -n "$hub" link set "$(hostveth "$k")" up
+    ip -n "$(ns "$k")" link set eth0 up
+    start_broker "$k"
+    ;;
 kill)
     k=${3:?K}
     ip -n "$hub" link set "$(hostveth "$k")" down
@@ -135,5 +159,5 @@ down)
     for k in $(ip netns list | awk -v p="vn-$name-n" 'index($1, p) == 1 { print $1 }'); do ip netns del "$k" 2>/dev/null || true; done
     rm -rf "$dir"
     ;;
-*) sed -n '2,19p' "$0"; exit 2 ;;
+*) sed -n '2,21p' "$0"; exit 2 ;;
 esac

@@ -279,6 +279,36 @@ impl Cluster {
         let broker = self.broker_pid(k);
         self.node_processes(k).into_iter().filter(|(p, _)| *p != broker).collect()
     }
+
+    /// A new broker on node `k` (after [`Cluster::kill_node`]), started with the cluster's arguments.
+    #[track_caller]
+    fn restart_node(&self, k: u32) {
+        self.script(&["restart", &self.name, &k.to_string()]).ok();
+        eprintln!("[{}] node{k}: broker restarted", self.name);
+    }
+
+    /// `VIGIL_URI` of node `k`'s own broker.
+    fn node_uri(&self, k: u32) -> String {
+        format!("local:///tmp/vigil-netns-{}/node{k}/local-{k}", self.name)
+    }
+
+    /// `vigil overlay status --json` (the shape as rank 0 knows it: each rank's state, parent, children, adopted).
+    #[track_caller]
+    fn overlay(&self) -> Value {
+        self.json(&["overlay", "status", "--json"])
+    }
+
+    /// Ranks in state "lost" in `vigil resource status --json`.
+    #[track_caller]
+    fn lost_ranks(&self) -> BTreeSet<u32> {
+        let rs = self.json(&["resource", "status", "--json"]);
+        rs["ranks"]
+            .as_array()
+            .map(|a| {
+                a.iter().filter(|r| r["state"] == "lost").filter_map(|r| r["rank"].as_u64()).map(|r| r as u32).collect()
+            })
+            .unwrap_or_default()
+    }
 }
 
 impl Drop for Cluster {
@@ -957,4 +987,189 @@ fn ranks_behind_a_torpid_router_get_no_new_work() {
     assert_eq!(c.overlay_rank(6).0, "online");
     // Behind a lively router again: the job runs there.
     c.vigil(&["job", "wait", &id]).ok();
+}
+
+// ------------------------------------------------------------------------------------------- re-parenting
+
+/// Wait (up to `limit`) until router rank 1 is lost and its children 3 and 4 are online under rank 2; the shape.
+#[track_caller]
+fn wait_healed(c: &Cluster, limit: Duration) -> Value {
+    let healed = |v: &Value| {
+        rank_entry(v, 1)["state"] == "lost"
+            && [3, 4].iter().all(|&r| rank_entry(v, r)["state"] == "online" && rank_entry(v, r)["parent"] == 2)
+    };
+    let mut v = Value::Null;
+    let ok = wait_for(limit, || {
+        v = c.overlay();
+        healed(&v)
+    });
+    assert!(ok, "[{}] ranks 3 and 4 did not re-parent under rank 2 within {limit:?}: {v}", c.name);
+    v
+}
+
+/// The shape after rank 1's loss: 3 and 4 adopted by rank 2, every other rank online where it was.
+#[track_caller]
+fn assert_re_parented(c: &Cluster, v: &Value) {
+    for r in [3, 4] {
+        assert_eq!(rank_entry(v, r)["parent"], 2, "[{}] {v}", c.name);
+        assert_eq!(rank_entry(v, r)["adopted"], true, "[{}] {v}", c.name);
+    }
+    assert_eq!(rank_entry(v, 2)["children"], serde_json::json!([3, 4, 5, 6]), "[{}] {v}", c.name);
+    for r in [0, 2, 5, 6] {
+        assert_eq!(rank_entry(v, r)["state"], "online", "[{}] {v}", c.name);
+        assert_eq!(rank_entry(v, r)["adopted"], false, "[{}] {v}", c.name);
+    }
+}
+
+/// Lines of task output "line RANK I TIME" by broker rank: (I, TIME) in the order printed.
+fn job_lines(out: &str) -> BTreeMap<u32, Vec<(u32, f64)>> {
+    let mut m: BTreeMap<u32, Vec<(u32, f64)>> = BTreeMap::new();
+    for l in out.lines() {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        if let ["line", r, i, ts] = w[..] {
+            if let (Ok(r), Ok(i), Ok(ts)) = (r.parse(), i.parse(), ts.parse()) {
+                m.entry(r).or_default().push((i, ts));
+            }
+        }
+    }
+    m
+}
+
+/// A router's node silently lost under a running job (re-parenting on, the default): its children, ranks 3 and 4,
+/// both running the job, re-parent under its sibling rank 2; the job's output keeps flowing through them, none of
+/// it lost or doubled (what was in flight through the router is sent again), and the job completes with exit code
+/// 0. Only the router is lost, and `resource.eventlog` records each re-parent.
+#[test]
+fn a_lost_routers_children_re_parent_and_their_job_completes() {
+    const LINES: u32 = 100;
+    // kary:2 on 7 nodes: rank 1 routes for ranks 3 and 4; its sibling is rank 2.
+    let c = Cluster::up_with(7, &["--setattr=tbon.topo=kary:2"]);
+    eprintln!("[{}] detectors: {}", c.name, detectors(&c));
+    // Ranks 0, 1 and 6 drained: the 4-node job runs on ranks 2-5, the router's children and two others.
+    c.vigil(&["resource", "drain", "0-1,6", "test"]).ok();
+    let progress = c.path().join("progress");
+    std::fs::create_dir_all(&progress).unwrap();
+    let script = format!(
+        "for i in $(seq 1 {LINES}); do echo \"line $VIGIL_BROKER_RANK $i $(date +%s.%N)\"; \
+         echo $i > {}/$VIGIL_BROKER_RANK; sleep 0.05; done",
+        progress.display()
+    );
+    let mut cmd = vigil_cmd(c.path());
+    cmd.env("VIGIL_URI", &c.uri).args(["run", "-N4", "-n4", "sh", "-c", &script]);
+    let job = spawn(cmd, None);
+    let step = |r: u32| -> u32 {
+        std::fs::read_to_string(progress.join(r.to_string())).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+    };
+    assert!(
+        wait_for(Duration::from_secs(30), || (2..=5).all(|r| step(r) >= 15)),
+        "[{}] the job's tasks did not all start on ranks 2-5: {:?}",
+        c.name,
+        (2..=5).map(step).collect::<Vec<_>>()
+    );
+    c.vigil(&["resource", "undrain", "0-1,6"]).ok();
+    let at_kill: Vec<u32> = (2..=5).map(step).collect();
+    let t_kill = c.kill_node(1);
+    let v = wait_healed(&c, VERDICT);
+    let t_healed = now_s();
+    let out = job.wait(JOB_END);
+    let ctx = || format!("{}\n--- overlay ---\n{v}", out.dump());
+    assert!(!out.timed_out, "[{}] the job hung after the router's loss:\n{}", c.name, ctx());
+    assert_eq!(out.code, 0, "[{}] the job did not complete with exit code 0:\n{}", c.name, ctx());
+
+    // Every line of every task, once each and in order; the router's children went on writing after the loss.
+    let lines = job_lines(&out.stdout);
+    for r in 2..=5 {
+        let got: Vec<u32> = lines.get(&r).map(|v| v.iter().map(|l| l.0).collect()).unwrap_or_default();
+        assert_eq!(got, (1..=LINES).collect::<Vec<_>>(), "[{}] output of rank {r}:\n{}", c.name, ctx());
+    }
+    for r in [3, 4] {
+        let after = lines[&r].iter().filter(|l| l.1 > t_kill).count();
+        let after_healed = lines[&r].iter().filter(|l| l.1 > t_healed).count();
+        assert!(after_healed > 0, "[{}] rank {r} wrote nothing after it re-parented:\n{}", c.name, ctx());
+        eprintln!(
+            "[{}] rank {r}: {after} lines written after the loss, {after_healed} after the re-parent was seen",
+            c.name
+        );
+    }
+
+    // The new shape; only the router lost; the record of the re-parents.
+    assert_re_parented(&c, &c.overlay());
+    assert_eq!(c.lost_ranks(), BTreeSet::from([1]), "[{}] only the router is lost", c.name);
+    let log = c.resource_eventlog();
+    let t_off = c.resource_event_time("offline", 1).unwrap_or_else(|| panic!("no offline event for rank 1: {log:?}"));
+    for r in [3, 4] {
+        let e = log
+            .iter()
+            .find(|e| e["name"] == "reparent" && e["context"]["idset"].as_str() == Some(r.to_string().as_str()))
+            .unwrap_or_else(|| panic!("[{}] no reparent event for rank {r}: {log:?}", c.name));
+        assert_eq!((&e["context"]["parent"], &e["context"]["lost"]), (&serde_json::json!(2), &serde_json::json!(1)));
+        let took = e["context"]["ms"].as_f64().unwrap_or(-1.0);
+        assert!(took >= 0.0, "[{}] the orphan's own re-parenting time is recorded: {e}", c.name);
+        eprintln!(
+            "[{}] rank {r} re-parented: recorded {} after the loss, {} after rank 0's lost verdict, {took:.0} ms \
+             after its own",
+            c.name,
+            ms(e["timestamp"].as_f64().unwrap_or(0.0) - t_kill),
+            ms(e["timestamp"].as_f64().unwrap_or(0.0) - t_off)
+        );
+    }
+    for r in [0, 2, 3, 4, 5, 6] {
+        assert!(c.resource_event_time("offline", r).is_none(), "[{}] rank {r} went offline: {log:?}", c.name);
+    }
+    eprintln!(
+        "[{}] progress at the kill {at_kill:?}; lost verdict {} after it; job exit {} after {:.1}s",
+        c.name,
+        ms(t_off - t_kill),
+        out.code,
+        out.elapsed.as_secs_f64()
+    );
+}
+
+/// A router that returns (a new broker on its node after a silent loss) joins its static parent again as a leaf:
+/// its former children stay with their adopter, it learns their new parents (requests from its node reach them),
+/// and it takes work again.
+#[test]
+fn a_returning_router_rejoins_as_a_leaf() {
+    let c = Cluster::up_with(7, &["--setattr=tbon.topo=kary:2"]);
+    let _ = detectors(&c);
+    c.kill_node(1);
+    wait_healed(&c, VERDICT);
+    c.restart_node(1);
+    let since = Instant::now();
+    // A fresh broker: its start-up and its eBPF detectors take a few seconds on a busy machine.
+    let mut v = Value::Null;
+    let back = wait_for(Duration::from_secs(30), || {
+        v = c.overlay();
+        rank_entry(&v, 1)["state"] == "online"
+    });
+    assert!(back, "[{}] rank 1 did not come back online: {v}", c.name);
+    eprintln!("[{}] rank 1 online again {} after its restart", c.name, ms(since.elapsed().as_secs_f64()));
+    let leaf = |v: &Value| {
+        assert_eq!(rank_entry(v, 1)["parent"], 0, "[{}] {v}", c.name);
+        assert_eq!(rank_entry(v, 1)["children"], serde_json::json!([]), "[{}] a leaf: {v}", c.name);
+        assert_eq!(rank_entry(v, 1)["adopted"], false, "[{}] {v}", c.name);
+        assert_re_parented(&c, v);
+    };
+    leaf(&v);
+    assert_eq!(c.lost_ranks(), BTreeSet::new(), "[{}] nothing is lost any more", c.name);
+    let log = c.resource_eventlog();
+    let (off, on) = (
+        log.iter().position(|e| e["name"] == "offline" && e["context"]["idset"] == "1"),
+        log.iter().rposition(|e| e["name"] == "online" && e["context"]["idset"] == "1"),
+    );
+    assert!(off.is_some() && on > off, "[{}] rank 1 should be offline, then online: {log:?}", c.name);
+    // From the returned router's own node, its former children are reached through their adopter.
+    for r in ["3", "4"] {
+        let p = vigil_at(c.path(), &c.node_uri(1), &["ping", "--timeout", "5s", r], CMD_TIMEOUT);
+        assert_eq!(p.code, 0, "[{}] ping {r} from rank 1:\n{}", c.name, p.dump());
+        assert!(p.stdout.contains("hops=4"), "[{}] via rank 0 and rank 2:\n{}", c.name, p.dump());
+    }
+    // Work goes everywhere again, the returned router included.
+    let run = c.vigil(&["run", "-N7", "-n7", "sh", "-c", "echo rank $VIGIL_BROKER_RANK"]);
+    run.ok();
+    let ranks: BTreeSet<&str> = run.stdout.lines().filter_map(|l| l.strip_prefix("rank ")).collect();
+    assert_eq!(ranks, BTreeSet::from(["0", "1", "2", "3", "4", "5", "6"]), "{}", run.dump());
+    // And it stays a leaf.
+    std::thread::sleep(Duration::from_secs(1));
+    leaf(&c.overlay());
 }

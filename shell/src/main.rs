@@ -34,6 +34,10 @@ const BATCH_LINES: usize = 256;
 const OUTPUT_QUEUE: usize = 1024;
 /// `job-exec.output` batches in flight to rank 0 before the shell waits for an acknowledgement.
 const OUTPUT_WINDOW: usize = 8;
+/// Times a `job-exec.output` batch is sent again after EHOSTUNREACH, which our broker answers when the router it
+/// went up through was lost with it in flight (the broker then re-parents and holds the next try for its new
+/// parent: docs/failure-detection.md, "Re-parenting").
+const OUTPUT_RESENDS: usize = 3;
 
 fn main() {
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
@@ -273,9 +277,12 @@ impl Shell {
         }
         // Forwarder: batch lines, send without waiting; the final flush below waits for rank 0's ack.
         let client = self.client.clone();
+        let broker_rank = self.input.broker_rank;
         let fwd = tokio::spawn(async move {
             let mut inflight: std::collections::VecDeque<tokio::task::JoinHandle<()>> =
                 std::collections::VecDeque::new();
+            // Batches are numbered, so that rank 0 takes one that is sent again (see `send_output`) once, in order.
+            let mut seq: u64 = 0;
             while let Some(first) = out_rx.recv().await {
                 let mut batch = vec![first];
                 while batch.len() < BATCH_LINES {
@@ -306,8 +313,10 @@ impl Shell {
                     }
                 }
                 let c = client.clone();
+                let body = serde_json::json!({"id": id, "lines": rest, "broker_rank": broker_rank, "seq": seq});
+                seq += 1;
                 inflight.push_back(tokio::spawn(async move {
-                    let _ = c.rpc(TOPIC_OUTPUT, 0, &serde_json::json!({"id": id, "lines": rest})).await;
+                    let _ = send_output(&c, &body).await;
                 }));
             }
             for h in inflight {
@@ -652,10 +661,14 @@ impl Shell {
         }
         drop(out_tx);
         let _ = fwd.await;
-        // Flush: an acknowledged request on the same path guarantees every line before it reached rank 0.
+        // Flush: an acknowledged request on the same path guarantees every line before it reached rank 0; it also
+        // tells rank 0 that nothing more is in flight (it releases what it held back waiting for a batch sent again).
         let _ = tokio::time::timeout(
             Duration::from_secs(30),
-            self.client.rpc(TOPIC_OUTPUT, 0, &serde_json::json!({"id": id, "lines": []})),
+            send_output(
+                &self.client,
+                &serde_json::json!({"id": id, "lines": [], "broker_rank": self.input.broker_rank, "flush": true}),
+            ),
         )
         .await;
         let _ = NODEID_ANY;
@@ -808,6 +821,21 @@ fn pmi_conn(
         let _ = tx.send((rank, None));
     });
     wtx
+}
+
+/// Send one `job-exec.output` batch to rank 0 and wait for its acknowledgement. A batch lost in flight with a
+/// router (EHOSTUNREACH) is sent again, at most [`OUTPUT_RESENDS`] times; by its `broker_rank` and `seq`, rank 0
+/// puts it back in order and takes it once (if it had arrived before the router died, with only its
+/// acknowledgement lost).
+async fn send_output(c: &Client, body: &serde_json::Value) -> Result<serde_json::Value, vigil_client::RpcError> {
+    let mut r = c.rpc(TOPIC_OUTPUT, 0, body).await;
+    for _ in 0..OUTPUT_RESENDS {
+        match &r {
+            Err(e) if e.errnum == vigil_proto::message::errno::EHOSTUNREACH => r = c.rpc(TOPIC_OUTPUT, 0, body).await,
+            _ => break,
+        }
+    }
+    r
 }
 
 /// Read `r` and forward it as output of task `rank`: one chunk per line (newline stripped, `eol` set), lines

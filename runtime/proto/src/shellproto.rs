@@ -7,8 +7,9 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Topic for a batch of output lines (`{"id", "lines": [OutputLine]}`), sent without response while running
-/// and once with a response to flush.
+/// Topic for a batch of output lines (`{"id", "lines": [OutputLine], "broker_rank", "seq"}`: the shell's broker
+/// rank and the batch's number, 0, 1, ..., by which rank 0 takes a batch sent again once and in order), each
+/// answered (the shell keeps a window of them in flight), and once more, empty, with `"flush": true`, at the end.
 pub const TOPIC_OUTPUT: &str = "job-exec.output";
 /// Topic for a task's exit (`{"id", "rank", "status"}`), sent without response; starts the exit-timeout clock.
 pub const TOPIC_TASK_EXIT: &str = "job-exec.task-exit";

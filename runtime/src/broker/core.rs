@@ -318,8 +318,8 @@ pub(crate) struct Broker {
     pub links: super::rdma_link::Links,
     /// Local clients' `detect.watch` requests, by the pid they wait for.
     pub exit_waiters: HashMap<u32, Vec<Message>>,
-    /// Requests forwarded to each child and not answered yet, by (matchtag, route key): answered with
-    /// EHOSTUNREACH if that child is lost first (see `routing.rs`).
+    /// Requests forwarded to each child (and, under [`PARENT`], sent up to the parent) and not answered yet, by
+    /// (matchtag, route key): answered with EHOSTUNREACH if that peer is lost first (see `routing.rs`).
     pub inflight: HashMap<u32, HashMap<(u32, u64), Message>>,
     /// The current parent's rank (`None`: rank 0, or re-parenting). See `reparent.rs`.
     pub parent: Option<u32>,

@@ -51,6 +51,12 @@ impl Broker {
                 let now = self.clock();
                 self.membership.signal(now, rank, Signal::Connected);
                 debug!("child rank {rank} connected from {addr}");
+                // A broker that joins late (a router that returns, an orphan) learns the re-parents it missed,
+                // so that it routes by the current tree: its static children may have parents of their own now.
+                if !self.adopted.is_empty() {
+                    let pairs: Vec<[u32; 2]> = self.adopted.iter().map(|(r, p)| [*r, *p]).collect();
+                    self.effect(Effect::Send(Peer::Child(rank), Message::control("adopted", &json!(pairs))));
+                }
             }
             Err(why) => {
                 warn!("refusing overlay peer {addr}: {why}");
@@ -143,7 +149,8 @@ impl Broker {
         Ok(rank)
     }
 
-    /// Control messages: `shutdown` from the parent, `goodbye` from a child, heartbeats.
+    /// Control messages: `shutdown` and `adopted` (the re-parents it knows of) from the parent, `goodbye` from a
+    /// child, heartbeats.
     pub(crate) fn on_control(&mut self, from: Peer, msg: Message) {
         match (from, msg.topic.as_str()) {
             (Peer::Parent, "shutdown") => {
@@ -159,6 +166,25 @@ impl Broker {
                 self.begin_shutdown("parent is shutting down")
             }
             (_, "hb") => {}
+            (Peer::Parent, "adopted") => {
+                // [[rank, parent], ...]; entries that are not two ranks of this instance are skipped.
+                let size = self.opts.size;
+                let pairs = msg.json().as_array().cloned().unwrap_or_default();
+                let mut bad = 0;
+                for p in pairs {
+                    let pair = p.as_array().filter(|a| a.len() == 2);
+                    let r = |i: usize| pair?.get(i)?.as_u64().and_then(|v| u32::try_from(v).ok());
+                    match (r(0), r(1)) {
+                        (Some(rank), Some(parent)) if rank < size && parent < size && rank != parent => {
+                            self.learn_parent(rank, parent)
+                        }
+                        _ => bad += 1,
+                    }
+                }
+                if bad > 0 {
+                    warn!("parent's list of re-parented ranks: {bad} entries skipped (not two ranks of this instance)");
+                }
+            }
             (Peer::Child(r), "goodbye") => {
                 self.goodbye.insert(r);
                 // It is leaving: its responder stops answering before its connection closes.

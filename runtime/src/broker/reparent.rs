@@ -13,17 +13,22 @@
 //! - **Who learns.** The adopter at once, every broker on the adopter's path to rank 0 as the orphan's
 //!   `overlay.reparent` request passes up through it, and then every broker from rank 0's `overlay.reparent`
 //!   event: routing uses each rank's current parent ([`Broker::next_hop`]). Rank 0 records a `reparent` event in
-//!   `resource.eventlog`.
+//!   `resource.eventlog` (the subtree's `idset`, the new `parent`, the `lost` one, and `ms`, the orphan's own time
+//!   from its verdict on its parent to its adoption).
 //! - **Meanwhile.** What the orphan sends up while it has no parent is queued, up to [`UP_QUEUE_MAX`] messages
 //!   and [`UP_QUEUE_BYTES`]; past either bound a request gets EHOSTUNREACH and anything else is dropped (counted
-//!   in the log). Requests that were in flight through the dead router got EHOSTUNREACH from its parent.
+//!   in the log). Requests that were in flight through the dead router got EHOSTUNREACH: those going down from
+//!   its parent, those going up from the orphan that sent them ([`Broker::fail_sent_up`]), since whether the
+//!   router passed them on before it died cannot be known.
 //! - **Orphans that never come.** Rank 0 expects every child of a lost rank to re-parent within
 //!   [`REPARENT_TIMEOUT`] (meanwhile they and the ranks below them are torpid: no new work goes there); one that
 //!   does not is lost ("cut off"), and so on below it.
 //! - **A router that returns** joins its static parent again as a leaf: its former children stay with their
-//!   adopters (moving them back would cost their links a second reconnection for nothing).
+//!   adopters (moving them back would cost their links a second reconnection for nothing). Its parent tells it
+//!   the re-parents it missed (the `adopted` control message, sent to every child that joins while there are
+//!   any), so it routes to its former children through their adopters rather than to links it no longer has.
 
-use super::core::{Broker, Effect, MemberState, Peer, Time, SELF};
+use super::core::{Broker, Effect, MemberState, Time, SELF};
 use crate::idset::IdSet;
 use crate::message::{errno, Message, MsgType, FLAG_NORESPONSE};
 use crate::topology::{Hop, Topology};
@@ -200,10 +205,12 @@ impl Broker {
     /// Our parent is lost (`why`): start re-parenting, or say no (re-parenting off, shutting down, the parent
     /// was rank 0, no candidate) so that the caller ends this broker as before.
     pub(crate) fn start_reparent(&mut self, why: &str) -> bool {
+        let Some(lost) = self.parent else { return false };
+        // Whatever comes next, what went up through the lost parent will never be answered.
+        self.fail_sent_up(lost);
         if !self.opts.config.reparent || self.shutting_down.is_some() {
             return false;
         }
-        let Some(lost) = self.parent else { return false };
         let (topo, size) = self.tree();
         let candidates = candidates(topo, size, self.rank(), lost);
         if candidates.is_empty() {
@@ -273,7 +280,7 @@ impl Broker {
         m.flags = FLAG_NORESPONSE;
         self.route_request(SELF, m);
         for m in rp.queue {
-            self.effect(Effect::Send(Peer::Parent, m));
+            self.send_up(m);
         }
         // Shell exit reports that got no answer may have died with the lost parent: again (rank 0 takes each once).
         let again: Vec<(u32, Message)> = self.exit_reports.iter().map(|(t, m)| (*t, m.clone())).collect();
@@ -432,6 +439,10 @@ impl Broker {
             let mut ctx = json!({"idset": ids.to_string(), "parent": parent});
             if let Some(l) = lost {
                 ctx["lost"] = json!(l);
+            }
+            // The orphan's own time from its verdict on the lost parent to its adoption.
+            if let Some(ms) = body.get("ms").and_then(Value::as_f64).filter(|m| m.is_finite() && *m >= 0.0) {
+                ctx["ms"] = json!((ms * 100.0).round() / 100.0);
             }
             jc.resource_eventlog.push(crate::eventlog::Event::with_time(wall, "reparent", ctx));
         }

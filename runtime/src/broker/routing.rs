@@ -1,8 +1,10 @@
 //! Routing rules: requests go up or down the TBON by their `nodeid` (RFC 3 style route stacks), responses
 //! retrace their request's route, events flow down from rank 0, and the broker's own requests come back to it.
-//! Every request to a rank that cannot be reached gets an error response, never silence.
+//! Every request to a rank that cannot be reached gets an error response, never silence: one in flight through a
+//! child that is lost gets EHOSTUNREACH from this broker, and so does one this broker sent up to a parent that is
+//! lost (its new parent, if it re-parents, never saw it: `reparent.rs`).
 
-use super::core::{Broker, Effect, Internal, Peer, SELF};
+use super::core::{Broker, Effect, Internal, Peer, PARENT, SELF};
 use crate::message::{
     errno, Message, MsgType, FLAG_NORESPONSE, FLAG_STREAMING, NODEID_ANY, NODEID_UPSTREAM, ROUTE_LOCAL,
 };
@@ -44,8 +46,10 @@ impl Broker {
         match msg.msgtype {
             MsgType::Request => self.route_request(from, msg),
             MsgType::Response => {
-                if let Peer::Child(c) = from {
-                    self.answered(c, &msg);
+                match from {
+                    Peer::Child(c) => self.answered(c, &msg),
+                    Peer::Parent => self.answered(PARENT, &msg),
+                    Peer::Local(_) => {}
                 }
                 self.route_response(msg)
             }
@@ -65,11 +69,14 @@ impl Broker {
         if msg.msgtype != MsgType::Request {
             return;
         }
-        if let Peer::Child(c) = peer {
+        let towards = match peer {
+            Peer::Child(c) => Some(c),
+            Peer::Parent => Some(PARENT),
+            Peer::Local(_) => None,
+        };
+        if let Some(m) = towards.and_then(|c| self.inflight.get_mut(&c)) {
             // Answered here: no longer in flight.
-            if let Some(m) = self.inflight.get_mut(&c) {
-                m.remove(&(msg.matchtag, route_key(&msg.route)));
-            }
+            m.remove(&(msg.matchtag, route_key(&msg.route)));
         }
         let why = match peer {
             Peer::Child(c) if msg.nodeid == c => format!("rank {c} is not connected"),
@@ -164,13 +171,22 @@ impl Broker {
                     };
                     return self.respond_error(&msg, e, &why);
                 }
-                self.effect(Effect::Send(Peer::Parent, msg));
+                self.send_up(msg);
             }
         }
     }
 
-    /// A request goes down to child `c`: remembered until its (last) response comes back, so that if `c` is
-    /// lost first its sender gets an error, not silence.
+    /// Send a request to the parent, remembered until its (last) response comes back, so that if the parent is
+    /// lost first its sender gets an error, not silence ([`Broker::fail_sent_up`]).
+    pub(crate) fn send_up(&mut self, msg: Message) {
+        if msg.msgtype == MsgType::Request {
+            self.forwarded(PARENT, &msg);
+        }
+        self.effect(Effect::Send(Peer::Parent, msg));
+    }
+
+    /// A request goes down to child `c` (or up, `c` = [`PARENT`]): remembered until its (last) response comes
+    /// back, so that if `c` is lost first its sender gets an error, not silence.
     fn forwarded(&mut self, c: u32, msg: &Message) {
         if msg.flags & FLAG_NORESPONSE != 0 {
             return;
@@ -187,12 +203,27 @@ impl Broker {
         self.inflight.entry(c).or_default().insert((msg.matchtag, route_key(&msg.route)), stub);
     }
 
-    /// A response from child `c`: its request is no longer in flight there (a streaming one once it ends).
+    /// A response from child `c` (or the parent, `c` = [`PARENT`]): its request is no longer in flight there (a
+    /// streaming one once it ends).
     fn answered(&mut self, c: u32, resp: &Message) {
         let Some(m) = self.inflight.get_mut(&c) else { return };
         let key = (resp.matchtag, route_key(&resp.route));
         if m.get(&key).is_some_and(|req| req.flags & FLAG_STREAMING == 0 || resp.errnum != 0) {
             m.remove(&key);
+        }
+    }
+
+    /// The parent (rank `lost`) is gone: every request sent up through it and not answered gets EHOSTUNREACH.
+    /// Whether it reached its target cannot be known, so it is not sent again on the sender's behalf: a job shell
+    /// sends its output again itself; the broker's own shell exit reports are kept and sent again after a
+    /// re-parent (`reparent.rs`).
+    pub(crate) fn fail_sent_up(&mut self, lost: u32) {
+        let Some(m) = self.inflight.remove(&PARENT) else { return };
+        let mut reqs: Vec<Message> = m.into_values().collect();
+        reqs.sort_by_key(|r| (r.matchtag, r.route.clone()));
+        for req in reqs {
+            let e = format!("rank {lost}, the parent it went up through, was lost with this request in flight");
+            self.respond_error(&req, errno::EHOSTUNREACH, &e);
         }
     }
 

@@ -3,7 +3,7 @@
 use super::core::{Broker, Effect, Internal, MemberState, Watcher};
 use crate::hwloc::NodeResources;
 use crate::idset::IdSet;
-use crate::jobs::{JobId, JobState};
+use crate::jobs::{Batch, JobId, JobState};
 use crate::message::{errno, Message, FLAG_STREAMING, ROUTE_LOCAL};
 use crate::shellproto::{OutputLine, ShellExit, ShellInput};
 use serde::Deserialize;
@@ -894,7 +894,13 @@ fn jobs(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
             let id = parse_id(body)?;
             let lines: Vec<OutputLine> =
                 serde_json::from_value(field(body, "lines")?.clone()).map_err(|e| (errno::EPROTO, e.to_string()))?;
-            jc.output(id, lines);
+            // A shell numbers its batches so that one sent again after a router's loss is taken once, in order.
+            let batch = match (opt_u32(body, "broker_rank")?, opt_u64(body, "seq")?, opt_bool(body, "flush")?) {
+                (Some(rank), _, Some(true)) => Batch::Flush { rank },
+                (Some(rank), Some(seq), _) => Batch::Numbered { rank, seq },
+                _ => Batch::Unnumbered,
+            };
+            jc.output(id, batch, lines);
             Ok(Some(json!({}).into()))
         }
         "job-exec.task-exit" => {

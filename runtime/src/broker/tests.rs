@@ -549,3 +549,100 @@ fn requests_that_wait_are_bounded_per_client_and_dropped_with_it() {
     b.handle(t(0.3), Input::Message(Peer::Local(6), 0, m));
     assert!(responses(&effects(&mut b), Peer::Local(6)).is_empty(), "another client's watch is held");
 }
+
+/// An orphan answers what it had sent up through its lost parent with EHOSTUNREACH (its sender would otherwise
+/// wait forever: a job shell's output window, a client's RPC), keeps its own shell exit report for the next
+/// parent, and tracks what it sends up the new parent the same way.
+#[test]
+fn requests_sent_up_through_a_lost_parent_get_ehostunreach_from_the_orphan() {
+    // Rank 3's parent is rank 1; its adoptive parent will be rank 2.
+    let mut b = broker(3);
+    b.handle(t(0.0), Input::ParentUp(super::rdma_link::LinkChoice { transport: "tcp", detail: String::new() }));
+    b.handle(t(0.0), Input::Start);
+    b.handle(t(0.0), Input::LocalNew { id: 5, uid: crate::sim::UID });
+    effects(&mut b);
+    let ask = |b: &mut Broker, now: Time, tag: u32, flags: u8| {
+        let mut m = Message::request("job-exec.output", 0, &json!({"id": 1, "lines": []}));
+        (m.matchtag, m.flags) = (tag, flags);
+        b.handle(now, Input::Message(Peer::Local(5), 0, m));
+        effects(b)
+    };
+    let up = |out: &[Effect]| out.iter().filter(|e| matches!(e, Effect::Send(Peer::Parent, _))).count();
+    assert_eq!(up(&ask(&mut b, t(0.01), 11, 0)), 1);
+    assert_eq!(up(&ask(&mut b, t(0.01), 12, crate::message::FLAG_NORESPONSE)), 1);
+    let report =
+        crate::shellproto::ShellReport { status: 0, tasks: vec![(0, 0)], error: None, abort_code: None, usage: None };
+    b.handle(t(0.02), Input::ShellDone { id: crate::jobs::JobId(7), report: Some(report), status: 0 });
+    effects(&mut b);
+
+    b.handle(t(0.05), Input::Closed(Peer::Parent, 0, "connection reset".into()));
+    let out = effects(&mut b);
+    let r = responses(&out, Peer::Local(5));
+    assert_eq!(r.len(), 1, "one answer, to the request that asked for one: {out:?}");
+    assert_eq!((r[0].matchtag, r[0].errnum), (11, errno::EHOSTUNREACH));
+    assert!(r[0].errstr().unwrap_or_default().contains("rank 1"), "{:?}", r[0].errstr());
+    assert!(out.iter().any(|e| matches!(e, Effect::ConnectParent { rank: 2, lost: 1, .. })), "{out:?}");
+
+    // Adopted by rank 2: the exit report goes up again; a request sent now is tracked, and forgotten once answered.
+    b.handle(t(0.06), Input::ParentUp(super::rdma_link::LinkChoice { transport: "tcp", detail: String::new() }));
+    let out = effects(&mut b);
+    let exit = |out: &[Effect]| {
+        out.iter().any(|e| matches!(e, Effect::Send(Peer::Parent, m) if m.topic == crate::shellproto::TOPIC_SHELL_EXIT))
+    };
+    assert!(exit(&out), "the shell exit report is sent again: {out:?}");
+    assert_eq!(up(&ask(&mut b, t(0.07), 13, 0)), 1);
+    let mut ok = Message::response_to(&Message::request("job-exec.output", 0, &json!({})), &json!({}));
+    ok.matchtag = 13;
+    ok.route = vec![crate::message::ROUTE_LOCAL | 5];
+    b.handle(t(0.08), Input::Message(Peer::Parent, 0, ok));
+    let r = effects(&mut b);
+    assert_eq!(responses(&r, Peer::Local(5)).iter().map(|m| (m.matchtag, m.errnum)).collect::<Vec<_>>(), [(13, 0)]);
+    let left: Vec<u32> = b.inflight.get(&PARENT).map(|m| m.keys().map(|k| k.0).collect()).unwrap_or_default();
+    assert_eq!(left.len(), 1, "only the exit report waits for an answer: {left:?}");
+}
+
+/// A router that returns after its children re-parented learns those re-parents from its parent as it joins, and
+/// routes requests for its former children up (through their adopters), not to links it no longer has.
+#[test]
+fn a_returning_router_learns_the_re_parents_it_missed() {
+    use crate::topology::Hop;
+    // Rank 0 knows that ranks 3 and 4 re-parented under rank 2 while rank 1 was away.
+    let mut b = broker(0);
+    b.handle(t(0.0), Input::Start);
+    effects(&mut b);
+    b.learn_parent(3, 2);
+    b.learn_parent(4, 2);
+    b.handle(t(0.01), Input::Hello { conn: 7, msg: hello(1, "sim"), addr: "peer".into(), refusal: None });
+    let out = effects(&mut b);
+    assert!(matches!(out.first(), Some(Effect::AcceptChild { conn: 7, rank: 1 })), "{out:?}");
+    let sent: Vec<&Message> = out
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Send(Peer::Child(1), m) if m.topic == "adopted" => Some(m),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sent.len(), 1, "{out:?}");
+    assert_eq!(sent[0].json(), json!([[3, 2], [4, 2]]));
+
+    let mut r = router();
+    assert_eq!(r.next_hop(3), Hop::Child(3), "the static tree, before it learns");
+    let mut m = sent[0].clone();
+    r.handle(t(0.1), Input::Message(Peer::Parent, 0, m.clone()));
+    effects(&mut r);
+    assert_eq!((r.next_hop(3), r.next_hop(4)), (Hop::Parent, Hop::Parent));
+    assert!(r.children_of(1).is_empty(), "a leaf now");
+    // Entries that are not two ranks of the instance are skipped; the others still count.
+    m.payload = serde_json::to_vec(&json!([[5, 99], "x", [1, 1], [6, 1, 7], [5, 1]])).unwrap();
+    r.handle(t(0.2), Input::Message(Peer::Parent, 0, m));
+    effects(&mut r);
+    assert_eq!((r.parent_of(5), r.parent_of(6)), (Some(1), Some(2)));
+    // A broker that joins while nothing was re-parented gets no such message.
+    let mut b = broker(0);
+    b.handle(t(0.0), Input::Start);
+    effects(&mut b);
+    b.handle(t(0.01), Input::Hello { conn: 7, msg: hello(1, "sim"), addr: "peer".into(), refusal: None });
+    let out = effects(&mut b);
+    assert!(matches!(out.first(), Some(Effect::AcceptChild { conn: 7, rank: 1 })), "{out:?}");
+    assert!(!out.iter().any(|e| matches!(e, Effect::Send(_, m) if m.topic == "adopted")), "{out:?}");
+}

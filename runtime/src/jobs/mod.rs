@@ -159,6 +159,80 @@ pub struct ShellState {
     pub status: Option<i32>,
     /// Exit code requested by a task's PMI abort on this shell.
     pub abort_code: Option<i32>,
+    /// This shell's output batches, put back in the order it numbered them.
+    #[serde(skip)]
+    pub batches: BatchOrder,
+}
+
+/// Where a `job-exec.output` batch stands in its shell's numbering.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Batch {
+    /// Not numbered (a shell that does not number its batches): taken as it comes.
+    Unnumbered,
+    /// Batch `seq` (0, 1, ...) of the shell on broker rank `rank`.
+    Numbered {
+        /// The shell's broker rank.
+        rank: u32,
+        /// The batch's number.
+        seq: u64,
+    },
+    /// The shell on broker rank `rank` has nothing more in flight: what is held for it is released.
+    Flush {
+        /// The shell's broker rank.
+        rank: u32,
+    },
+}
+
+/// The `job-exec.output` batches of one shell, put back in the order the shell numbered them. A batch that a
+/// router was lost with is sent again by the shell after later ones went up (they were queued by its re-parenting
+/// broker first), and one whose acknowledgement alone was lost arrives twice: rank 0 takes each batch once, in
+/// order, holding later ones while an earlier one is missing, up to [`BatchOrder::MAX_HELD`] batches or
+/// [`BatchOrder::MAX_HELD_BYTES`], and releases what it holds when the shell flushes.
+#[derive(Clone, Debug, Default)]
+pub struct BatchOrder {
+    /// The next batch due.
+    next: u64,
+    /// Batches that came before their turn, and their bytes.
+    held: BTreeMap<u64, Vec<OutputLine>>,
+    held_bytes: usize,
+}
+
+impl BatchOrder {
+    /// Most batches held while an earlier one is missing (a shell has at most 8 unacknowledged: this is the
+    /// missing one's resends and then some); past this the missing batch is given up.
+    pub const MAX_HELD: usize = 64;
+    /// Most bytes held while an earlier batch is missing; past this the missing batch is given up.
+    pub const MAX_HELD_BYTES: usize = 4 << 20;
+
+    /// Take batch `seq`: the lines now due, in order (none if it was taken before or must wait its turn).
+    pub fn take(&mut self, seq: u64, lines: Vec<OutputLine>) -> Vec<OutputLine> {
+        if seq < self.next || self.held.contains_key(&seq) {
+            return Vec::new();
+        }
+        self.held_bytes += lines.iter().map(OutputLine::size).sum::<usize>();
+        self.held.insert(seq, lines);
+        if self.held.len() > Self::MAX_HELD || self.held_bytes > Self::MAX_HELD_BYTES {
+            // Give up on what is missing: the oldest batch held is next.
+            self.next = self.held.keys().next().copied().unwrap_or(self.next);
+        }
+        let mut out = Vec::new();
+        while let Some(l) = self.held.remove(&self.next) {
+            self.held_bytes -= l.iter().map(OutputLine::size).sum::<usize>();
+            out.extend(l);
+            self.next += 1;
+        }
+        out
+    }
+
+    /// Everything held, in order, past any gap: the shell has nothing more in flight.
+    pub fn flush(&mut self) -> Vec<OutputLine> {
+        let held = std::mem::take(&mut self.held);
+        self.held_bytes = 0;
+        if let Some(last) = held.keys().next_back() {
+            self.next = last + 1;
+        }
+        held.into_values().flatten().collect()
+    }
 }
 
 /// One job.
@@ -701,6 +775,7 @@ impl JobCore {
                     exited: false,
                     status: None,
                     abort_code: None,
+                    batches: BatchOrder::default(),
                 },
             );
             first += counts[i];
@@ -796,9 +871,21 @@ impl JobCore {
         Ok(())
     }
 
-    /// Output lines from a shell.
-    pub fn output(&mut self, id: JobId, lines: Vec<OutputLine>) {
+    /// Output lines from a shell; `batch`: where they stand in the shell's numbering ([`BatchOrder`]).
+    pub fn output(&mut self, id: JobId, batch: Batch, lines: Vec<OutputLine>) {
         if let Some(j) = self.jobs.get_mut(&id) {
+            let lines = match batch {
+                Batch::Unnumbered => lines,
+                Batch::Numbered { rank, seq } => match j.shells.get_mut(&rank) {
+                    Some(sh) => sh.batches.take(seq, lines),
+                    None => lines,
+                },
+                Batch::Flush { rank } => {
+                    let mut held = j.shells.get_mut(&rank).map(|sh| sh.batches.flush()).unwrap_or_default();
+                    held.extend(lines);
+                    held
+                }
+            };
             if lines.is_empty() {
                 return;
             }

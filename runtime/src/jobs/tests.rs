@@ -512,7 +512,7 @@ fn output_retention_is_bounded() {
         actions(&mut c);
         // 20 MiB of output: more than the 16 MiB kept while running.
         let lines: Vec<OutputLine> = (0..320).map(|_| OutputLine::text(0, "stdout", chunk.clone())).collect();
-        c.output(id, lines);
+        c.output(id, Batch::Unnumbered, lines);
         assert!(c.jobs[&id].output_bytes <= OUTPUT_KEEP);
         assert!(c.jobs[&id].output_base > 0, "the oldest chunks were dropped");
         exit_shell(&mut c, T0 + k as f64 + 0.5, id, 0, 0);
@@ -737,4 +737,49 @@ fn stdin_is_bounded_per_job_and_dropped_when_the_job_ends() {
     assert_eq!(c.jobs[&id].state, JobState::Inactive);
     assert!(c.jobs[&id].stdin.is_empty() && c.jobs[&id].stdin_bytes == 0, "dropped with the job");
     assert!(matches!(c.stdin(id, Some(b64(1)), false), Err(StdinError::Closed(_))));
+}
+
+#[test]
+fn output_batches_are_taken_once_and_in_order() {
+    let mut c = core(1, 1, 0);
+    let id = c.submit(T0, &spec(cmd()), 0).unwrap();
+    actions(&mut c);
+    let line = |s: &str| vec![OutputLine::text(0, "stdout", s.to_string())];
+    let n = |seq: u64| Batch::Numbered { rank: 0, seq };
+    let got = |c: &JobCore| -> Vec<String> {
+        c.jobs[&id].output.iter().map(|l| String::from_utf8_lossy(&l.bytes()).trim_end().to_string()).collect()
+    };
+    c.output(id, n(0), line("a"));
+    // Batch 1 was lost with a router and is sent again after batch 2 went up: held until 1 comes, then both.
+    c.output(id, n(2), line("c"));
+    assert_eq!(got(&c), ["a"]);
+    c.output(id, n(1), line("b"));
+    c.output(id, n(0), line("a"));
+    c.output(id, n(2), line("c"));
+    assert_eq!(got(&c), ["a", "b", "c"], "each batch once, in order");
+    // Not numbered (an older shell), or from a rank that runs no shell of the job: taken as it comes.
+    c.output(id, Batch::Unnumbered, line("d"));
+    c.output(id, Batch::Numbered { rank: 9, seq: 0 }, line("e"));
+    // Batch 3 never comes: 4 waits until the shell flushes.
+    c.output(id, n(4), line("g"));
+    assert_eq!(got(&c), ["a", "b", "c", "d", "e"]);
+    c.output(id, Batch::Flush { rank: 0 }, vec![]);
+    assert_eq!(got(&c), ["a", "b", "c", "d", "e", "g"]);
+    c.output(id, n(3), line("f"));
+    assert_eq!(got(&c).len(), 6, "a batch that comes after its gap was given up is dropped");
+}
+
+#[test]
+fn held_batches_are_bounded_past_a_gap() {
+    let mut o = BatchOrder::default();
+    let line = || vec![OutputLine::text(0, "stdout", "x".into())];
+    assert_eq!(o.take(0, line()).len(), 1);
+    // Batch 1 never comes: later ones are held, but not past the bound.
+    let mut out = 0;
+    for k in 2..2 + 200 {
+        out += o.take(k, line()).len();
+        assert!(o.held.len() <= BatchOrder::MAX_HELD);
+    }
+    assert_eq!(out, 200, "everything after the gap came out once the gap was given up");
+    assert!(o.take(1, line()).is_empty());
 }
