@@ -473,3 +473,45 @@ proptest! {
         prop_assert!(c.pool.ranks.values().all(|p| p.alloc_cores.is_empty()), "nothing leaks");
     }
 }
+
+/// Measurement, not a check (`cargo test -p vigil --lib throughput_at_depth -- --ignored --nocapture`): `n`
+/// one-core `true` jobs submitted at once to 4 ranks of 2 cores, each run to the end as rank 0's broker would
+/// (shell spawned, shell exit, `next_deadline` after every input); prints jobs/s of the job core alone.
+#[test]
+#[ignore]
+fn throughput_at_depth() {
+    for n in [200u32, 10_000, 64_000] {
+        let mut c = core(4, 2, 0);
+        let t0 = std::time::Instant::now();
+        let mut t = T0;
+        let mut live: VecDeque<(JobId, u32)> = VecDeque::new();
+        for _ in 0..n {
+            t += 1e-6;
+            c.submit(t, &spec(cmd()), 0).unwrap();
+            let _ = c.next_deadline();
+        }
+        let submitted = t0.elapsed();
+        let mut done = 0;
+        loop {
+            for a in actions(&mut c) {
+                if let Action::SpawnShell { id, rank, .. } = a {
+                    live.push_back((id, rank));
+                }
+            }
+            let Some((id, rank)) = live.pop_front() else { break };
+            t += 1e-6;
+            c.shell_spawned(t, id, rank, Ok(()));
+            let _ = c.next_deadline();
+            exit_shell(&mut c, t, id, rank, 0);
+            let _ = c.next_deadline();
+            done += 1;
+        }
+        assert_eq!(done, n);
+        let all = t0.elapsed();
+        println!(
+            "{n:>6} jobs: submit {:.0} jobs/s, submit-to-last-inactive {:.0} jobs/s",
+            f64::from(n) / submitted.as_secs_f64(),
+            f64::from(n) / all.as_secs_f64()
+        );
+    }
+}
