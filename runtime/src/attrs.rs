@@ -194,6 +194,12 @@ pub static ATTRS: &[Attr] = &[
     // Jobs.
     attr("exec.kill-timeout", Kind::Duration, is("5s"), CommandLine,
         "after SIGTERM to a job's shells (cancel, exception), SIGKILL this much later"),
+    attr("sched.policy", Kind::Enum(SchedPolicy::NAMES), is("easy"), CommandLine,
+        "easy: EASY backfill on time limits (Slurm's default); fcfs: strict first come, first served"),
+    attr("sched.default-duration", Kind::Duration, is("inf"), CommandLine,
+        "time limit of a job submitted without one (enforced, as Slurm's DefaultTime); inf: none"),
+    attr("sched.max-requeue", Kind::Count, is("3"), CommandLine,
+        "times a --requeue job goes back to the queue after losing a node before its next loss ends it"),
     attr("exec.shell", Kind::Path, otherwise("$VIGIL_SHELL, else vigil-shell beside vigil", "/usr/libexec/vigil-shell"),
         CommandLine, "job shell program"),
     attr("exec.containment", Kind::Enum(&["auto", "cgroup", "pgroup"]), is("auto"), CommandLine,
@@ -320,6 +326,17 @@ attr_enum! {
 }
 
 attr_enum! {
+    /// `sched.policy`: how the scheduler orders pending jobs (`jobs/backfill.rs`).
+    SchedPolicy {
+        /// EASY backfill: the first job that cannot start gets a reservation; later jobs run early only when they
+        /// end before it starts (by their time limits) or use resources it does not need.
+        Easy = "easy",
+        /// Strict first come, first served: the first job that cannot start holds back every later one.
+        Fcfs = "fcfs",
+    }
+}
+
+attr_enum! {
     /// `resource.discovery`: how a node's resources are found.
     Discovery {
         /// hwloc (the live machine, or `resource.synthetic` / `resource.xml`).
@@ -428,6 +445,12 @@ pub struct BrokerConfig {
     pub discovery: Discovery,
     /// `exec.kill-timeout`, seconds (may be infinite): SIGTERM to SIGKILL.
     pub kill_timeout: f64,
+    /// `sched.policy`.
+    pub sched_policy: SchedPolicy,
+    /// `sched.default-duration`, seconds (> 0; infinite = no limit): the time limit of jobs submitted without one.
+    pub default_duration: f64,
+    /// `sched.max-requeue`: how many times one job may be requeued after losing a node.
+    pub max_requeue: u32,
     /// `exec.shell`: the job shell program; `None` = `$VIGIL_SHELL`, else `vigil-shell` beside `vigil`.
     pub shell: Option<PathBuf>,
     /// `exec.containment`: `auto`, `cgroup` or `pgroup` (see `broker/cgroup.rs`).
@@ -464,6 +487,9 @@ impl Default for BrokerConfig {
             gpus: None,
             discovery: Discovery::Hwloc,
             kill_timeout: crate::jobs::DEFAULT_KILL_TIMEOUT,
+            sched_policy: SchedPolicy::Easy,
+            default_duration: f64::INFINITY,
+            max_requeue: crate::jobs::DEFAULT_MAX_REQUEUE,
             shell: None,
             containment: "auto".into(),
             log_level: None,
@@ -663,6 +689,14 @@ impl Draft {
             "resource.gpus" => c.gpus = Some(count(v)?),
             "resource.discovery" => c.discovery = word(v, Discovery::from_name, Discovery::NAMES)?,
             "exec.kill-timeout" => c.kill_timeout = duration(v)?,
+            "sched.policy" => c.sched_policy = word(v, SchedPolicy::from_name, SchedPolicy::NAMES)?,
+            "sched.default-duration" => {
+                c.default_duration = duration(v)?;
+                if c.default_duration <= 0.0 {
+                    return Err("expected a duration greater than 0 (inf: no limit)".into());
+                }
+            }
+            "sched.max-requeue" => c.max_requeue = count(v)?,
             "exec.shell" => c.shell = Some(path(v)?),
             "exec.containment" => {
                 c.containment = match v {
@@ -794,6 +828,9 @@ impl BrokerConfig {
             "resource.gpus" => self.gpus?.to_string(),
             "resource.discovery" => self.discovery.name().into(),
             "exec.kill-timeout" => fmt_duration(self.kill_timeout),
+            "sched.policy" => self.sched_policy.name().into(),
+            "sched.default-duration" => fmt_duration(self.default_duration),
+            "sched.max-requeue" => self.max_requeue.to_string(),
             "exec.shell" => self.shell.as_ref()?.display().to_string(),
             "exec.containment" => self.containment.clone(),
             "log-level" => self.log_level.clone()?,
@@ -890,6 +927,9 @@ mod tests {
             ("tbon.heartbeat_period", "50ms"),
             ("tbon.torpid_max", "500ms"),
             ("exec.kill-timeout", "5s"),
+            ("sched.policy", "easy"),
+            ("sched.default-duration", "inf"),
+            ("sched.max-requeue", "3"),
             ("tbon.topo", "kary:32"),
             ("tbon.fanout", "32"),
             ("tbon.rdma_max_inline", "236"),
@@ -952,6 +992,9 @@ mod tests {
             ("resource.gpus", "four", "expected a count"),
             ("resource.discovery", "lstopo", "expected hwloc or cpu-count"),
             ("exec.kill-timeout", "soon", "invalid number"),
+            ("sched.policy", "sjf", "expected easy or fcfs"),
+            ("sched.default-duration", "0", "expected a duration greater than 0"),
+            ("sched.max-requeue", "-1", "expected a count"),
             ("log-level", "loud", "expected error, warn, info, debug, trace or off"),
             ("log-level", "vigil=loud", "expected error"),
             ("instance-level", "one", "expected a count"),

@@ -50,10 +50,16 @@ pub const MAX_TASKS_PER_CORE: u32 = 64;
 
 /// Keys of `attributes.system` that are recognised (RFC 14/25 and common Flux
 /// usage) but not interpreted by [`Jobspec::validate`]; they do not produce
-/// warnings. Any other key besides `duration`, `cwd`, `environment` and
-/// `shell` yields a warning in [`JobRequest::warnings`].
+/// warnings. Any other key besides `duration`, `cwd`, `environment`,
+/// `shell` and `requeue` yields a warning in [`JobRequest::warnings`].
 pub const RECOGNIZED_SYSTEM_KEYS: &[&str] =
     &["queue", "bank", "project", "constraints", "dependencies", "files", "job"];
+
+/// `attributes.system.requeue` (a boolean; `vigil submit --requeue`, Slurm's `sbatch --requeue`): a job that fails
+/// because one of its nodes was lost goes back to the queue instead of ending. Not in RFC 14, which leaves
+/// `attributes.system` open to the resource manager's own keys. The job shell option of the same name (`-o requeue`)
+/// asks for the same thing.
+pub const REQUEUE_KEY: &str = "requeue";
 
 /// Errors from parsing, validating or building a jobspec (RFC 14/25).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -246,6 +252,9 @@ pub struct JobRequest {
     pub shell_options: Map<String, Value>,
     /// Whether nodes are requested exclusively.
     pub exclusive: bool,
+    /// Requeue the job when it fails because one of its nodes was lost: `attributes.system.requeue: true`
+    /// ([`REQUEUE_KEY`]), or the shell option `requeue` set to true, 1, yes or on.
+    pub requeue: bool,
     /// Non-fatal findings, e.g. `attributes.system.foo: unknown key, ignored`.
     pub warnings: Vec<String>,
 }
@@ -614,9 +623,27 @@ impl Jobspec {
             }
             Some(d) => (d > 0.0).then_some(d),
         };
+        let shell_options = sys.shell.as_ref().map(|s| s.options.clone()).unwrap_or_default();
+        let requeue = match sys.other.get(REQUEUE_KEY) {
+            None => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => return Err(invalid("attributes.system.requeue", "must be a boolean")),
+        } || match shell_options.get(REQUEUE_KEY) {
+            None => false,
+            Some(Value::Bool(b)) => *b,
+            Some(Value::String(s)) if matches!(s.as_str(), "1" | "true" | "yes" | "on") => true,
+            Some(Value::String(s)) if matches!(s.as_str(), "0" | "false" | "no" | "off") => false,
+            Some(Value::Number(n)) => n.as_u64().is_some_and(|n| n != 0),
+            Some(_) => {
+                return Err(invalid(
+                    "attributes.system.shell.options.requeue",
+                    "must be a boolean (or 1|0, true|false, yes|no, on|off)",
+                ))
+            }
+        };
         let mut warnings = Vec::new();
         for key in sys.other.keys() {
-            if !RECOGNIZED_SYSTEM_KEYS.contains(&key.as_str()) {
+            if key != REQUEUE_KEY && !RECOGNIZED_SYSTEM_KEYS.contains(&key.as_str()) {
                 warnings.push(format!("attributes.system.{key}: unknown key, ignored"));
             }
         }
@@ -636,8 +663,9 @@ impl Jobspec {
             duration,
             cwd: sys.cwd.clone(),
             environment: sys.environment.clone(),
-            shell_options: sys.shell.as_ref().map(|s| s.options.clone()).unwrap_or_default(),
+            shell_options,
             exclusive,
+            requeue,
             warnings,
         })
     }
@@ -708,6 +736,8 @@ pub struct JobspecBuilder {
     pub shell_options: Map<String, Value>,
     /// `--exclusive`: allocate whole nodes (requires `-N`).
     pub exclusive: bool,
+    /// `--requeue`: `attributes.system.requeue: true` ([`REQUEUE_KEY`]).
+    pub requeue: bool,
 }
 
 impl JobspecBuilder {
@@ -775,6 +805,12 @@ impl JobspecBuilder {
     /// Set `--exclusive`.
     pub fn exclusive(mut self, on: bool) -> Self {
         self.exclusive = on;
+        self
+    }
+
+    /// Set `--requeue` (`attributes.system.requeue`).
+    pub fn requeue(mut self, on: bool) -> Self {
+        self.requeue = on;
         self
     }
 
@@ -866,7 +902,11 @@ impl JobspecBuilder {
                     environment: self.environment,
                     shell: (!self.shell_options.is_empty())
                         .then(|| Shell { options: self.shell_options, other: Map::new() }),
-                    other: Map::new(),
+                    other: if self.requeue {
+                        Map::from_iter([(REQUEUE_KEY.to_string(), Value::Bool(true))])
+                    } else {
+                        Map::new()
+                    },
                 },
                 user: Map::new(),
             },
@@ -980,6 +1020,27 @@ attributes:
             }
         );
         assert_eq!(Jobspec::parse(&js.to_json()), Ok(js.clone()));
+    }
+
+    #[test]
+    fn requeue_is_a_system_attribute_or_a_shell_option() {
+        let built = JobspecBuilder::new(["true"]).requeue(true).build().expect("builds");
+        let v: Value = serde_json::from_str(&built.to_json()).expect("json");
+        assert_eq!(v.pointer("/attributes/system/requeue"), Some(&json!(true)));
+        let req = built.validate().expect("valid");
+        assert!(req.requeue && req.warnings.is_empty(), "{req:?}");
+        assert!(!JobspecBuilder::new(["true"]).build().unwrap().validate().unwrap().requeue);
+        for (opt, want) in [(json!(true), true), (json!("yes"), true), (json!("0"), false), (json!(1), true)] {
+            let b = JobspecBuilder::new(["true"]).shell_option("requeue", opt.clone());
+            assert_eq!(b.build().unwrap().validate().unwrap().requeue, want, "-o requeue={opt}");
+        }
+        let mut bad = v.clone();
+        bad["attributes"]["system"]["requeue"] = json!("maybe");
+        let e = Jobspec::from_value(&bad).unwrap().validate().unwrap_err().to_string();
+        assert!(e.contains("attributes.system.requeue: must be a boolean"), "{e}");
+        let b = JobspecBuilder::new(["true"]).shell_option("requeue", json!("maybe"));
+        let e = b.build().unwrap().validate().unwrap_err().to_string();
+        assert!(e.contains("attributes.system.shell.options.requeue"), "{e}");
     }
 
     #[test]

@@ -340,6 +340,14 @@ impl Broker {
         let jobcore = (opts.rank == 0).then(|| {
             let mut jc = JobCore::new(env.wall_origin + now.as_secs_f64());
             jc.kill_timeout = opts.config.kill_timeout;
+            let c = &opts.config;
+            jc.config = crate::jobs::SchedConfig {
+                policy: c.sched_policy,
+                default_duration: Some(c.default_duration).filter(|d| d.is_finite()),
+                max_requeue: c.max_requeue,
+                // A nested instance's lost brokers never return: it shrinks (jobs/shrink.rs).
+                shrink: c.instance_level > 0,
+            };
             jc
         });
         let opts_parent = opts.topo.parent(opts.size, opts.rank);
@@ -607,6 +615,10 @@ impl Broker {
                     }
                 }
                 Action::Updated(id) => super::services::wake_watchers(self, id),
+                Action::Requeued(id) => {
+                    // The lost run's PMI exchange, if it was in one, is not the rerun's.
+                    self.pmi_barriers.remove(&id);
+                }
                 Action::NotifyShell { id, rank, lost_shells, note } => {
                     let mut m = Message::request(
                         "rexec.notify",

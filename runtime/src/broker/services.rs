@@ -786,6 +786,10 @@ fn jobs(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                 if let (Some(r), Some(o)) = (jc.pending_reason(j.id), v.as_object_mut()) {
                     o.insert("reason_pending".into(), Value::String(r));
                 }
+                if let (Some(t), Some(o)) = (jc.estimate(j.id), v.as_object_mut()) {
+                    // Flux's shape: the scheduler's expected start of the job holding the reservation.
+                    o.insert("annotations".into(), json!({"sched": {"t_estimate": t}}));
+                }
                 v
             };
             let jobs: Vec<Value> =
@@ -798,6 +802,9 @@ fn jobs(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
             let mut info = j.info();
             if let (Some(r), Some(o)) = (jc.pending_reason(id), info.as_object_mut()) {
                 o.insert("reason_pending".into(), Value::String(r));
+            }
+            if let (Some(t), Some(o)) = (jc.estimate(id), info.as_object_mut()) {
+                o.insert("annotations".into(), json!({"sched": {"t_estimate": t}}));
             }
             Ok(Some(json!({"info": info, "jobspec": j.jobspec, "R": j.r}).into()))
         }

@@ -30,6 +30,10 @@ pub struct SubmitArgs {
     /// Allocate whole nodes.
     #[arg(long)]
     pub exclusive: bool,
+    /// If the job fails because one of its nodes is lost, put it back in the queue ahead of later jobs and run it
+    /// again on live nodes (same id), at most `sched.max-requeue` times (`-o requeue` is the same).
+    #[arg(long)]
+    pub requeue: bool,
     /// Environment edits (repeatable): VAR=VAL sets, -PATTERN removes (a trailing * matches a prefix).
     /// The submitter's whole environment is passed by default.
     #[arg(long = "env", value_name = "RULE", allow_hyphen_values = true)]
@@ -105,7 +109,8 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
     let mut b = JobspecBuilder::new(a.command.clone())
         .cores_per_task(a.cores_per_task)
         .gpus_per_task(a.gpus_per_task)
-        .exclusive(a.exclusive);
+        .exclusive(a.exclusive)
+        .requeue(a.requeue);
     if let Some(n) = a.nodes {
         if n == 0 {
             return Err("-N must be at least 1".into());
@@ -168,9 +173,14 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
             ("exit-timeout", Value::String(s)) if s != "none" => {
                 crate::duration::parse_duration_secs(s).map_err(|e| format!("-o {o}: {e}"))?;
             }
-            ("cpu-affinity" | "gpu-affinity" | "exit-timeout" | "pmi" | "output" | "exit-on-error", _) => {}
+            ("requeue", Value::String(s))
+                if !matches!(s.as_str(), "1" | "true" | "yes" | "on" | "0" | "false" | "no" | "off") =>
+            {
+                return Err(format!("-o {o}: expected requeue[=1|0|true|false|yes|no|on|off]"));
+            }
+            ("cpu-affinity" | "gpu-affinity" | "exit-timeout" | "pmi" | "output" | "exit-on-error" | "requeue", _) => {}
             _ => eprintln!(
-                "vigil: warning: unknown shell option '{k}' (known: cpu-affinity, gpu-affinity, exit-timeout, pmi, exit-on-error)"
+                "vigil: warning: unknown shell option '{k}' (known: cpu-affinity, gpu-affinity, exit-timeout, pmi, exit-on-error, requeue)"
             ),
         }
         b = b.shell_option(k, v);
@@ -373,6 +383,13 @@ pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, St
                     let st = ctx.get("status").and_then(Value::as_i64).unwrap_or(0) as i32;
                     code = Some(crate::shellproto::exit_code(st));
                 }
+                "requeue" => {
+                    // The lost run does not count: the job runs again (jobs/requeue.rs).
+                    (code, fatal) = (None, false);
+                    if !closed {
+                        eprintln!("vigil: job {id}: {}", requeue_note(&ctx));
+                    }
+                }
                 _ => {}
             }
         }
@@ -394,6 +411,16 @@ pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, St
         Some(c) => c,
         None => 1,
     })
+}
+
+/// `requeued (1 of at most 3): lost node2 (rank 2)`, from a `requeue` event's context.
+fn requeue_note(ctx: &Value) -> String {
+    format!(
+        "requeued ({} of at most {}): {}",
+        ctx["count"].as_u64().unwrap_or(0),
+        ctx["max"].as_u64().unwrap_or(0),
+        ctx["note"].as_str().unwrap_or("")
+    )
 }
 
 /// Options of `vigil jobs`.
@@ -457,7 +484,14 @@ pub(crate) async fn jobs(a: JobsArgs) -> Result<i32, String> {
             Some("RUN") if j["uri"].is_string() => {
                 format!("{} {}", j["nodelist"].as_str().unwrap_or(""), j["uri"].as_str().unwrap_or(""))
             }
-            Some("SCHED") => j["reason_pending"].as_str().unwrap_or("").to_string(),
+            Some("SCHED") => {
+                let why = j["reason_pending"].as_str().unwrap_or("");
+                // The job holding the reservation: when it is expected to start (Flux's `eta:`).
+                match j.pointer("/annotations/sched/t_estimate").and_then(Value::as_f64) {
+                    Some(t) => format!("eta:{} {why}", fmt_secs((t - now).max(0.0))),
+                    None => why.to_string(),
+                }
+            }
             _ => j["nodelist"].as_str().unwrap_or("").to_string(),
         };
         println!(
@@ -605,6 +639,7 @@ pub(crate) async fn job(cmd: JobCmd) -> Result<i32, String> {
                         code = crate::shellproto::exit_code(e["context"]["status"].as_i64().unwrap_or(0) as i32)
                     }
                     Some("exception") if e["context"]["severity"].as_u64() == Some(0) => fatal = true,
+                    Some("requeue") => (code, fatal) = (1, false),
                     _ => {}
                 }
             }

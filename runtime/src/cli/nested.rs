@@ -36,9 +36,13 @@ pub struct InstanceOpts {
     /// Environment edits, as for `vigil run`.
     #[arg(long = "env", value_name = "RULE", allow_hyphen_values = true)]
     pub env: Vec<String>,
-    /// Job shell options.
+    /// Job shell options (`-o requeue` is `--requeue`).
     #[arg(short = 'o', long = "setopt")]
     pub setopt: Vec<String>,
+    /// If the job fails because one of its critical nodes is lost (its rank 0's), put it back in the queue
+    /// ahead of later jobs and run the script again, at most `sched.max-requeue` times.
+    #[arg(long)]
+    pub requeue: bool,
     /// Attribute of the child instance's brokers (repeatable), e.g. `-S tbon.topo=kary:2`.
     #[arg(short = 'S', long = "setattr", value_name = "ATTR=VAL")]
     pub setattr: Vec<String>,
@@ -179,6 +183,7 @@ pub(crate) fn merge_opts(mut cli: InstanceOpts, dir: Option<InstanceOpts>) -> Re
     merge("--output", &mut cli.output, &d.output)?;
     merge("--error", &mut cli.error, &d.error)?;
     merge("--cwd", &mut cli.cwd, &d.cwd)?;
+    cli.requeue |= d.requeue;
     let mut env = d.env;
     env.extend(cli.env);
     cli.env = env;
@@ -243,6 +248,7 @@ fn instance_jobspec(
         gpus_per_task: 0,
         time_limit: o.time_limit.clone(),
         exclusive: true,
+        requeue: o.requeue,
         env: o.env.clone(),
         cwd: o.cwd.clone(),
         setopt,

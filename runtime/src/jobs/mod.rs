@@ -3,13 +3,31 @@
 //! Rank 0's broker feeds it requests and reports (submit, cancel, shell spawned, output, shell exit, rank lost)
 //! with the current time in seconds since the epoch, calls [`JobCore::handle_timeout`] at
 //! [`JobCore::next_deadline`], and carries out the [`Action`]s it queues (start a shell on a rank, signal
-//! shells, wake watchers). No sockets, clocks or tasks live here, so every rule (RFC 21 states, FCFS
-//! allocation, time limits, exit-timeout, kill escalation, lost ranks) is tested deterministically.
+//! shells, wake watchers). No sockets, clocks or tasks live here, so every rule (RFC 21 states, time limits,
+//! exit-timeout, kill escalation, lost ranks) is tested deterministically. Where each rule lives:
+//!
+//! | file | rule |
+//! |---|---|
+//! | `state.rs` | RFC 21 states and the events that drive them |
+//! | `sched.rs` | the resource pool: first-fit allocation, feasibility, why a job waits |
+//! | `backfill.rs` | which pending job starts when: EASY backfill or FCFS (`sched.policy`) |
+//! | `requeue.rs` | a `--requeue` job that lost a node goes back to the queue (`sched.max-requeue`) |
+//! | `shrink.rs` | a nested instance's lost rank leaves it for good (RFC 28) |
+//! | `nested.rs` | critical-rank rules for the brokers of a nested instance |
+//! | `timers.rs` | time limits, exit-timeout, SIGKILL escalation, from an ordered index of deadlines |
+//! | this file | submission, allocation to shells, shell reports, lost ranks, exceptions, output and input |
+//!
+//! The cost of one event does not grow with the number of jobs queued or ever run: pending jobs are an ordered
+//! set, running jobs are indexed by rank and by deadline, and counters replace scans over a job's shells.
 
+mod backfill;
 pub mod jobid;
 mod nested;
+mod requeue;
 pub mod sched;
+mod shrink;
 pub mod state;
+mod timers;
 
 use crate::eventlog::Event;
 use crate::idset::IdSet;
@@ -20,7 +38,11 @@ pub use jobid::JobId;
 use sched::{Pool, RankAlloc};
 use serde_json::{json, Value};
 pub use state::JobState;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+pub use crate::attrs::SchedPolicy;
+pub use backfill::{Reservation, BACKFILL_DEPTH};
+pub use requeue::DEFAULT_MAX_REQUEUE;
 
 /// Default `exit-timeout`: after the first task exits, the others have this long (seconds).
 pub const DEFAULT_EXIT_TIMEOUT: f64 = 30.0;
@@ -63,6 +85,8 @@ pub enum Action {
     },
     /// The job's eventlog or output grew: wake its watchers.
     Updated(JobId),
+    /// Job `id` went back to the queue (`requeue.rs`): forget what belonged to its lost run (PMI barriers).
+    Requeued(JobId),
     /// Tell the job's leader shell (on broker `rank`) that shells were lost to a node failure.
     NotifyShell {
         /// Job.
@@ -97,6 +121,40 @@ pub enum SubmitError {
     /// The request can never fit in this instance.
     #[error("unsatisfiable request: {0}")]
     Unsatisfiable(#[from] sched::Unsatisfiable),
+    /// The request would have fit before this nested instance lost ranks for good (RFC 28 shrink, `shrink.rs`).
+    #[error("unsatisfiable request: {err} (this instance lost {lost} for good: it shrank)")]
+    Shrunk {
+        /// What no longer fits.
+        err: sched::Unsatisfiable,
+        /// The ranks lost, `host (rank r)`, in the order they were lost.
+        lost: String,
+    },
+}
+
+/// How an instance schedules (broker attributes `sched.*`, and whether it is nested).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SchedConfig {
+    /// `sched.policy`: EASY backfill or strict FCFS (`backfill.rs`).
+    pub policy: SchedPolicy,
+    /// `sched.default-duration`: time limit (seconds) of a job submitted without one; `None` = unlimited.
+    pub default_duration: Option<f64>,
+    /// `sched.max-requeue`: how many times one job may be requeued after losing a node (`requeue.rs`).
+    pub max_requeue: u32,
+    /// Lost ranks leave the instance for good (RFC 28 shrink, `shrink.rs`): true in a nested instance
+    /// (`instance-level` > 0), whose lost brokers never return.
+    pub shrink: bool,
+}
+
+impl Default for SchedConfig {
+    /// EASY, no default time limit, [`DEFAULT_MAX_REQUEUE`], no shrink (a system instance).
+    fn default() -> SchedConfig {
+        SchedConfig {
+            policy: SchedPolicy::Easy,
+            default_duration: None,
+            max_requeue: DEFAULT_MAX_REQUEUE,
+            shrink: false,
+        }
+    }
 }
 
 /// Why standard input for a job was refused ([`JobCore::stdin`]). Nothing already accepted is lost by a refusal.
@@ -303,9 +361,25 @@ pub struct Job {
     /// What the kernel accounted for the job's shells so far (their cgroups): CPU times summed, peak memory the
     /// largest of any node. `None` without cgroup containment.
     pub usage: Option<crate::shellproto::Usage>,
+    /// Times the job went back to the queue after losing a node (`requeue.rs`).
+    pub requeues: u32,
+    /// Set when a loss makes the job fail and it will be requeued once its resources are released: why.
+    requeue_pending: Option<String>,
+    /// Ranks of the allocation already released early (RFC 32 partial release of lost nodes).
+    released: IdSet,
+    /// Shells confirmed started, and shells gone (counters over `shells`, so no event scans them).
+    nspawned: usize,
+    nexited: usize,
+    /// The deadline under which the job is filed in [`JobCore`]'s timer index (`timers.rs`).
+    armed: Option<f64>,
 }
 
 impl Job {
+    /// What the job still holds: its allocation without the ranks released early.
+    fn held(&self) -> Vec<RankAlloc> {
+        self.alloc.iter().filter(|a| !self.released.contains(a.rank)).cloned().collect()
+    }
+
     fn post(&mut self, now: f64, name: &str, context: Value) {
         let next = self.state.apply(name, &context).unwrap_or(self.state);
         self.state = next;
@@ -355,7 +429,8 @@ impl Job {
             "ntasks": self.req.ntasks, "nnodes": self.alloc.len(), "ranks": ranks.to_string(), "nodelist": nodelist,
             "t_submit": self.t_submit, "t_run": self.t_run, "t_inactive": self.t_inactive,
             "expiration": self.expiration, "result": self.result(), "exit_code": self.exit_code(),
-            "exception": self.fatal, "duration": self.req.duration, "pmi_exchanges": self.pmi_exchanges, "instance": self.instance, "usage": self.usage,
+            "exception": self.fatal, "duration": self.req.duration, "pmi_exchanges": self.pmi_exchanges, "instance": self.instance,
+            "requeue": self.req.requeue, "requeues": self.requeues, "usage": self.usage,
             "uri": self.instance.as_ref().and_then(|i| i.get("uri")).cloned(),
         })
     }
@@ -368,7 +443,25 @@ pub struct JobCore {
     pub pool: Pool,
     /// Every job, active or inactive.
     pub jobs: BTreeMap<JobId, Job>,
-    queue: VecDeque<JobId>,
+    /// How this instance schedules.
+    pub config: SchedConfig,
+    /// SCHED jobs in priority order (submission order: ids grow with time).
+    queue: BTreeSet<JobId>,
+    /// RUN and CLEANUP jobs (holding resources).
+    running: BTreeSet<JobId>,
+    /// Jobs with a live shell on each rank (ranks_down looks up only those).
+    by_rank: BTreeMap<u32, BTreeSet<JobId>>,
+    /// Running jobs by their next deadline (`timers.rs`).
+    timers: BTreeSet<(timers::Due, JobId)>,
+    /// The reservation of the last scheduling pass, and the pool with its plan taken (`backfill.rs`).
+    reservation: Option<Reservation>,
+    beside: Option<Pool>,
+    /// Resources changed since the last full pass (a submission then needs one, not just a look at itself).
+    sched_dirty: bool,
+    /// The last full pass looked at every pending job (none was deeper than [`BACKFILL_DEPTH`]).
+    examined_all: bool,
+    /// What this nested instance lost for good, in order (`shrink.rs`).
+    shrunk: Vec<String>,
     actions: VecDeque<Action>,
     epoch: f64,
     last_ms: u64,
@@ -381,6 +474,8 @@ pub struct JobCore {
     pub topology: BTreeMap<u32, (String, Option<u32>)>,
     /// INACTIVE jobs still holding output, oldest first.
     inactive_output: VecDeque<JobId>,
+    /// Bytes of output they hold together.
+    inactive_output_bytes: usize,
 }
 
 impl JobCore {
@@ -389,7 +484,16 @@ impl JobCore {
         JobCore {
             pool: Pool::default(),
             jobs: BTreeMap::new(),
-            queue: VecDeque::new(),
+            config: SchedConfig::default(),
+            queue: BTreeSet::new(),
+            running: BTreeSet::new(),
+            by_rank: BTreeMap::new(),
+            timers: BTreeSet::new(),
+            reservation: None,
+            beside: None,
+            sched_dirty: false,
+            examined_all: true,
+            shrunk: Vec::new(),
             actions: VecDeque::new(),
             epoch,
             last_ms: 0,
@@ -398,6 +502,7 @@ impl JobCore {
             resource_eventlog: Vec::new(),
             topology: BTreeMap::new(),
             inactive_output: VecDeque::new(),
+            inactive_output_bytes: 0,
         }
     }
 
@@ -433,6 +538,9 @@ impl JobCore {
         gpus: IdSet,
         topology: (String, Option<u32>),
     ) {
+        if self.pool.ranks.get(&rank).is_some_and(|p| p.removed) {
+            return; // left the instance for good (shrink.rs)
+        }
         self.pool.add_rank(rank, hostname, cores, gpus);
         self.topology.insert(rank, topology);
         self.resource_eventlog.push(Event::with_time(now, "online", json!({"idset": rank.to_string()})));
@@ -453,6 +561,7 @@ impl JobCore {
             "drain",
             json!({"idset": ranks.to_string(), "reason": reason}),
         ));
+        self.sched_dirty = true;
         Ok(())
     }
 
@@ -495,7 +604,9 @@ impl JobCore {
         }
         let name = if torpid { "torpid" } else { "lively" };
         self.resource_eventlog.push(Event::with_time(now, name, json!({"idset": ranks.to_string()})));
-        if !torpid {
+        if torpid {
+            self.sched_dirty = true;
+        } else {
             self.schedule(now);
         }
     }
@@ -516,9 +627,10 @@ impl JobCore {
     }
 
     /// Brokers on `ranks` were lost (a whole subtree). Their resources go down. For every running job with a
-    /// shell there: losing a critical rank raises a fatal `exec` exception (severity 0); losing any other raises
-    /// a `node-failure` exception (severity 2), releases the lost ranks' resources early (RFC 32 partial
-    /// release), tells the job's leader shell, and the job keeps running on the survivors.
+    /// shell there: losing a critical rank raises a fatal `exec` exception (severity 0; a `--requeue` job then goes
+    /// back to the queue, `requeue.rs`); losing any other raises a `node-failure` exception (severity 2), releases
+    /// the lost ranks' resources early (RFC 32 partial release), tells the job's leader shell, and the job keeps
+    /// running on the survivors. A nested instance then shrinks (`shrink.rs`).
     pub fn ranks_lost(&mut self, now: f64, ranks: &IdSet) {
         self.ranks_down(now, ranks, "lost", "")
     }
@@ -537,34 +649,28 @@ impl JobCore {
             ctx["reason"] = json!(reason);
         }
         self.resource_eventlog.push(Event::with_time(now, "offline", ctx));
-        let ids: Vec<JobId> = self
-            .jobs
-            .values()
-            .filter(|j| j.state == JobState::Run || j.state == JobState::Cleanup)
-            .map(|j| j.id)
-            .collect();
-        for id in ids {
-            let job = &self.jobs[&id];
-            let lost: Vec<u32> =
-                job.shells.iter().filter(|(r, s)| ranks.contains(**r) && !s.exited).map(|(r, _)| *r).collect();
-            if lost.is_empty() {
-                continue;
+        // The jobs with a live shell on a lost rank, from the index (not a scan of every job).
+        let mut hit: BTreeMap<JobId, Vec<u32>> = BTreeMap::new();
+        for r in ranks.iter() {
+            for id in self.by_rank.get(&r).into_iter().flatten() {
+                hit.entry(*id).or_default().push(r);
             }
+        }
+        for (id, lost) in hit {
+            let Some(job) = self.jobs.get(&id) else { continue };
             let critical = Self::critical_ranks(job);
-            let hosts: Vec<String> =
-                lost.iter().map(|r| self.pool.ranks.get(r).map(|p| p.hostname.clone()).unwrap_or_default()).collect();
             let lost_set: IdSet = lost.iter().copied().collect();
-            let what = lost.iter().zip(&hosts).map(|(r, h)| format!("{h} (rank {r})")).collect::<Vec<_>>().join(", ");
+            let what = self.describe_ranks(&lost_set);
             let fatal = lost.iter().any(|r| critical.contains(*r));
-            if let Some(j) = self.jobs.get_mut(&id) {
-                for r in &lost {
-                    if let Some(s) = j.shells.get_mut(r) {
-                        s.exited = true;
-                    }
-                }
+            for r in &lost {
+                self.shell_gone(id, *r);
             }
             if fatal {
-                self.raise(now, id, "exec", 0, &format!("lost critical rank: {what}"));
+                let mut note = format!("lost critical rank: {what}");
+                if let Some(more) = self.arm_requeue(id, &what) {
+                    note = format!("{note}; {more}");
+                }
+                self.raise_inner(now, id, "exec", 0, &note, true);
             } else {
                 self.raise(
                     now,
@@ -573,15 +679,13 @@ impl JobCore {
                     2,
                     &format!("lost node {what}; the job continues on the remaining nodes"),
                 );
-                let leader =
-                    self.jobs[&id].shells.values().filter(|s| !s.exited).min_by_key(|s| s.shell_rank).map(|s| s.rank);
-                let shell_ranks: Vec<u32> =
-                    lost.iter().filter_map(|r| self.jobs[&id].shells.get(r).map(|s| s.shell_rank)).collect();
-                if let Some(j) = self.jobs.get_mut(&id) {
-                    j.post(now, "release", json!({"ranks": lost_set.to_string(), "final": false}));
-                    let alloc = j.alloc.clone();
-                    self.pool.free(&alloc, Some(&lost_set));
-                }
+                let Some(j) = self.jobs.get_mut(&id) else { continue };
+                let leader = j.shells.values().filter(|s| !s.exited).min_by_key(|s| s.shell_rank).map(|s| s.rank);
+                let shell_ranks: Vec<u32> = lost.iter().filter_map(|r| j.shells.get(r).map(|s| s.shell_rank)).collect();
+                j.post(now, "release", json!({"ranks": lost_set.to_string(), "final": false}));
+                let alloc = j.held();
+                j.released = j.released.union(&lost_set);
+                self.pool.free(&alloc, Some(&lost_set));
                 if let Some(leader) = leader {
                     self.actions.push_back(Action::NotifyShell {
                         id,
@@ -594,7 +698,29 @@ impl JobCore {
             }
             self.maybe_finish(now, id);
         }
+        if self.config.shrink {
+            self.shrink(now, ranks);
+        }
         self.schedule(now);
+    }
+
+    /// The shell of job `id` on `rank` is gone (exited, failed to start, or its rank was lost): false if it was
+    /// already.
+    fn shell_gone(&mut self, id: JobId, rank: u32) -> bool {
+        let Some(job) = self.jobs.get_mut(&id) else { return false };
+        let Some(sh) = job.shells.get_mut(&rank) else { return false };
+        if sh.exited {
+            return false;
+        }
+        sh.exited = true;
+        job.nexited += 1;
+        if let Some(set) = self.by_rank.get_mut(&rank) {
+            set.remove(&id);
+            if set.is_empty() {
+                self.by_rank.remove(&rank);
+            }
+        }
+        true
     }
 
     // ---------------------------------------------------------------- jobs
@@ -603,8 +729,19 @@ impl JobCore {
     /// without creating anything.
     pub fn submit(&mut self, now: f64, jobspec: &Value, userid: u32) -> Result<JobId, SubmitError> {
         let spec = Jobspec::from_value(jobspec).map_err(|e| SubmitError::Jobspec(e.to_string()))?;
-        let req = spec.validate().map_err(|e| SubmitError::Jobspec(e.to_string()))?;
-        self.pool.feasible(&req)?;
+        let mut req = spec.validate().map_err(|e| SubmitError::Jobspec(e.to_string()))?;
+        if let Err(err) = self.pool.feasible(&req) {
+            let mut whole = self.pool.clone();
+            whole.ranks.values_mut().for_each(|p| p.removed = false);
+            if !self.shrunk.is_empty() && whole.feasible(&req).is_ok() {
+                return Err(SubmitError::Shrunk { err, lost: self.shrunk.join(", ") });
+            }
+            return Err(err.into());
+        }
+        if req.duration.is_none() {
+            // sched.default-duration: the time limit of a job submitted without one.
+            req.duration = self.config.default_duration;
+        }
         let id = self.new_id(now);
         let exit_timeout = match req.shell_options.get("exit-timeout") {
             Some(Value::String(s)) => crate::duration::parse_duration_secs(s).ok().filter(|v| v.is_finite()),
@@ -642,51 +779,22 @@ impl JobCore {
             stdin_eof: true,
             cut_off: BTreeMap::new(),
             usage: None,
+            requeues: 0,
+            requeue_pending: None,
+            released: IdSet::new(),
+            nspawned: 0,
+            nexited: 0,
+            armed: None,
         };
         job.post(now, "submit", json!({"userid": userid, "urgency": 16, "flags": 0, "version": 1}));
         job.post(now, "validate", json!({}));
         job.post(now, "depend", json!({}));
         job.post(now, "priority", json!({"priority": 16}));
         self.jobs.insert(id, job);
-        self.queue.push_back(id);
+        self.queue.insert(id);
         self.actions.push_back(Action::Updated(id));
-        self.schedule(now);
+        self.schedule_submitted(now, id);
         Ok(id)
-    }
-
-    /// Why job `id` is still waiting for resources (`None` unless it is SCHED): for the head of the queue what
-    /// the pool lacks ([`Pool::pending_reason`]); for the others the job they wait behind (strict first come,
-    /// first served).
-    pub fn pending_reason(&self, id: JobId) -> Option<String> {
-        let job = self.jobs.get(&id).filter(|j| j.state == JobState::Sched)?;
-        let head = self.queue.iter().find(|q| self.jobs.get(q).is_some_and(|j| j.state == JobState::Sched))?;
-        if *head == id {
-            Some(self.pool.pending_reason(&job.req))
-        } else {
-            Some(format!("priority: queued behind job {} (first come, first served)", head.f58()))
-        }
-    }
-
-    /// Strict FCFS: allocate the head of the queue while it fits; a head that does not fit blocks the rest.
-    pub fn schedule(&mut self, now: f64) {
-        while let Some(&id) = self.queue.front() {
-            let Some(job) = self.jobs.get(&id) else {
-                self.queue.pop_front();
-                continue;
-            };
-            if job.state != JobState::Sched {
-                self.queue.pop_front();
-                continue;
-            }
-            let req = job.req.clone();
-            match self.pool.allocate(&req) {
-                Some(alloc) => {
-                    self.queue.pop_front();
-                    self.start(now, id, alloc);
-                }
-                None => break,
-            }
-        }
     }
 
     fn start(&mut self, now: f64, id: JobId, alloc: Vec<RankAlloc>) {
@@ -725,6 +833,12 @@ impl JobCore {
                 .collect()
         };
         let taskmap = taskmap(&counts);
+        self.queue.remove(&id);
+        self.running.insert(id);
+        for a in &alloc {
+            self.by_rank.entry(a.rank).or_default().insert(id);
+        }
+        let Some(job) = self.jobs.get_mut(&id) else { return };
         job.alloc = alloc.clone();
         job.r = Some(r.clone());
         job.t_run = Some(now);
@@ -782,6 +896,7 @@ impl JobCore {
             self.actions.push_back(Action::SpawnShell { id, rank: a.rank, input: Box::new(input) });
         }
         self.actions.push_back(Action::Updated(id));
+        self.rearm(id);
     }
 
     /// The broker on `rank` started (Ok) or failed to start (Err) the job's shell.
@@ -790,14 +905,18 @@ impl JobCore {
         let Some(sh) = job.shells.get_mut(&rank) else { return };
         match result {
             Ok(()) => {
+                if sh.spawned {
+                    return;
+                }
                 sh.spawned = true;
-                if job.state == JobState::Run && job.shells.values().all(|s| s.spawned) {
+                job.nspawned += 1;
+                if job.state == JobState::Run && job.nspawned == job.shells.len() {
                     job.post(now, "start", json!({}));
                     self.actions.push_back(Action::Updated(id));
                 }
             }
             Err(e) => {
-                sh.exited = true;
+                self.shell_gone(id, rank);
                 let host = self.pool.ranks.get(&rank).map(|p| p.hostname.clone()).unwrap_or_default();
                 self.raise(now, id, "exec", 0, &format!("failed to start job shell on {host} (rank {rank}): {e}"));
                 self.maybe_finish(now, id);
@@ -810,6 +929,7 @@ impl JobCore {
         if let Some(j) = self.jobs.get_mut(&id) {
             if j.first_exit.is_none() {
                 j.first_exit = Some(now);
+                self.rearm(id);
             }
         }
     }
@@ -831,13 +951,12 @@ impl JobCore {
             retire_stdin(j);
             trim_output(j, INACTIVE_OUTPUT_KEEP);
             self.inactive_output.push_back(id);
+            self.inactive_output_bytes += j.output_bytes;
         }
-        let mut total: usize =
-            self.inactive_output.iter().filter_map(|i| self.jobs.get(i)).map(|j| j.output_bytes).sum();
-        while total > INACTIVE_OUTPUT_TOTAL {
+        while self.inactive_output_bytes > INACTIVE_OUTPUT_TOTAL {
             let Some(old) = self.inactive_output.pop_front() else { break };
             if let Some(j) = self.jobs.get_mut(&old) {
-                total -= j.output_bytes;
+                self.inactive_output_bytes = self.inactive_output_bytes.saturating_sub(j.output_bytes);
                 trim_output(j, 0);
             }
         }
@@ -902,12 +1021,10 @@ impl JobCore {
     pub fn shell_exit(&mut self, now: f64, exit: ShellExit) {
         let id = JobId(exit.id);
         let host = self.pool.ranks.get(&exit.rank).map(|p| p.hostname.clone()).unwrap_or_default();
-        let Some(job) = self.jobs.get_mut(&id) else { return };
-        let Some(sh) = job.shells.get_mut(&exit.rank) else { return };
-        if sh.exited {
+        if !self.shell_gone(id, exit.rank) {
             return;
         }
-        sh.exited = true;
+        let Some(job) = self.jobs.get_mut(&id) else { return };
         if let Some(u) = exit.report.as_ref().and_then(|r| r.usage.as_ref()) {
             job.usage.get_or_insert_with(Default::default).add(u);
         }
@@ -916,6 +1033,7 @@ impl JobCore {
         match &exit.report {
             Some(rep) if nested && !killing && rep.error.is_none() => {
                 // A broker of a nested instance ended: the critical-rank rules of nested.rs.
+                let Some(sh) = self.jobs.get_mut(&id).and_then(|j| j.shells.get_mut(&exit.rank)) else { return };
                 sh.status = Some(rep.status);
                 sh.abort_code = rep.abort_code;
                 if !self.nested_broker_exit(now, id, exit.rank, &host, rep.status) {
@@ -947,19 +1065,20 @@ impl JobCore {
             }
         }
         self.maybe_finish(now, id);
+        self.rearm(id);
     }
 
     fn maybe_finish(&mut self, now: f64, id: JobId) {
         let Some(job) = self.jobs.get_mut(&id) else { return };
-        if !(job.state == JobState::Run || job.state == JobState::Cleanup) || !job.shells.values().all(|s| s.exited) {
+        if !(job.state == JobState::Run || job.state == JobState::Cleanup) || job.nexited < job.shells.len() {
             return;
         }
         if !job.cut_off.is_empty() {
             self.judge_cut_offs(now, id, true); // nothing more will be reported
         }
         let Some(job) = self.jobs.get_mut(&id) else { return };
-        if job.t_inactive.is_some() {
-            return;
+        if job.t_inactive.is_some() || job.state == JobState::Sched {
+            return; // finished (or requeued) by a verdict just given
         }
         let reported: Vec<i32> = job.shells.values().filter_map(|s| s.status).collect();
         if !reported.is_empty() {
@@ -980,12 +1099,19 @@ impl JobCore {
         }
         let ranks: IdSet = job.alloc.iter().map(|a| a.rank).collect();
         job.post(now, "release", json!({"ranks": ranks.to_string(), "final": true}));
-        let alloc = job.alloc.clone();
-        self.pool.free(&alloc, None);
-        let job = self.jobs.get_mut(&id).expect("job exists");
+        let held = job.held();
         job.post(now, "free", json!({}));
+        self.pool.free(&held, None);
+        let Some(job) = self.jobs.get_mut(&id) else { return };
+        if let Some(why) = job.requeue_pending.take() {
+            self.requeue(now, id, why);
+            self.schedule(now);
+            return;
+        }
         job.post(now, "clean", json!({}));
         job.t_inactive = Some(now);
+        self.running.remove(&id);
+        self.rearm(id);
         self.actions.push_back(Action::Updated(id));
         self.retire_output(id);
         self.schedule(now);
@@ -994,37 +1120,63 @@ impl JobCore {
     /// Raise an exception on job `id`. Severity 0 is fatal: a pending job is removed at once, a running one is
     /// killed (SIGTERM, then SIGKILL after `kill_timeout`). Returns false if the job is not active.
     pub fn raise(&mut self, now: f64, id: JobId, kind: &str, severity: u32, note: &str) -> bool {
+        self.raise_inner(now, id, kind, severity, note, false)
+    }
+
+    /// [`JobCore::raise`]; a fatal exception cancels a pending requeue (`requeue.rs`) unless `keep_requeue` (the
+    /// loss that armed it).
+    fn raise_inner(&mut self, now: f64, id: JobId, kind: &str, severity: u32, note: &str, keep_requeue: bool) -> bool {
         let Some(job) = self.jobs.get_mut(&id) else { return false };
         if !job.state.is_active() {
             return false;
         }
         let exc = Exception { kind: kind.to_string(), severity, note: note.to_string() };
+        if severity != 0 {
+            job.post(now, "exception", json!({"type": kind, "severity": severity, "note": note}));
+            self.actions.push_back(Action::Updated(id));
+            return true;
+        }
+        if job.t_run.is_none() {
+            // Never allocated: straight to INACTIVE.
+            self.drop_pending(now, id, exc);
+            self.schedule(now);
+            return true;
+        }
         job.post(now, "exception", json!({"type": kind, "severity": severity, "note": note}));
         self.actions.push_back(Action::Updated(id));
-        if severity != 0 {
-            return true;
+        if !keep_requeue {
+            job.requeue_pending = None;
         }
         if job.fatal.is_none() {
             job.fatal = Some(exc);
         }
-        if job.t_run.is_none() {
-            // Never allocated: straight to INACTIVE.
-            self.queue.retain(|j| *j != id);
-            job.post(now, "clean", json!({}));
-            job.t_inactive = Some(now);
-            retire_stdin(job);
-            self.schedule(now);
-            return true;
-        }
         if job.term_sent.is_none() {
             job.term_sent = Some(now);
+            self.sched_dirty = true; // it is expected to end sooner (backfill.rs)
             let ranks: Vec<u32> = job.shells.values().filter(|s| !s.exited).map(|s| s.rank).collect();
             if !ranks.is_empty() {
                 self.actions.push_back(Action::SignalShells { id, ranks, signal: libc::SIGTERM });
             }
         }
         self.maybe_finish(now, id);
+        self.rearm(id);
         true
+    }
+
+    /// A pending job (never allocated, or requeued) gets fatal exception `exc` and ends at once. The caller runs a
+    /// scheduling pass.
+    fn drop_pending(&mut self, now: f64, id: JobId, exc: Exception) {
+        let Some(job) = self.jobs.get_mut(&id) else { return };
+        job.post(now, "exception", json!({"type": exc.kind, "severity": exc.severity, "note": exc.note}));
+        if job.fatal.is_none() {
+            job.fatal = Some(exc);
+        }
+        job.post(now, "clean", json!({}));
+        job.t_inactive = Some(now);
+        retire_stdin(job);
+        self.queue.remove(&id);
+        self.sched_dirty = true;
+        self.actions.push_back(Action::Updated(id));
     }
 
     /// Cancel job `id` on behalf of `userid` (`owner` = the instance owner may cancel any job).
@@ -1039,69 +1191,6 @@ impl JobCore {
         }
         self.raise(now, id, "cancel", 0, note);
         Ok(())
-    }
-
-    /// The earliest time [`JobCore::handle_timeout`] must run, if any.
-    pub fn next_deadline(&self) -> Option<f64> {
-        let mut best: Option<f64> = None;
-        let mut consider = |t: f64| best = Some(best.map_or(t, |b: f64| b.min(t)));
-        for j in self.jobs.values().filter(|j| j.state == JobState::Run || j.state == JobState::Cleanup) {
-            if j.term_sent.is_none() {
-                if let Some(e) = j.expiration {
-                    consider(e);
-                }
-                if let (Some(f), Some(t)) = (j.first_exit, j.exit_timeout) {
-                    consider(f + t);
-                }
-                if let Some(t) = self.cut_off_deadline(j.id) {
-                    consider(t);
-                }
-            } else if !j.kill_sent {
-                consider(j.term_sent.unwrap_or(0.0) + self.kill_timeout);
-            }
-        }
-        best
-    }
-
-    /// Fire every rule whose time has come: time limits, exit-timeout, SIGKILL escalation.
-    pub fn handle_timeout(&mut self, now: f64) {
-        let ids: Vec<JobId> = self
-            .jobs
-            .values()
-            .filter(|j| j.state == JobState::Run || j.state == JobState::Cleanup)
-            .map(|j| j.id)
-            .collect();
-        for id in ids {
-            if self.cut_off_deadline(id).is_some_and(|t| now >= t) {
-                self.judge_cut_offs(now, id, false);
-            }
-            let Some(j) = self.jobs.get(&id) else { continue };
-            if j.term_sent.is_none() {
-                if j.expiration.is_some_and(|e| now >= e) {
-                    let lim = fmt_limit(j.req.duration.unwrap_or(0.0));
-                    self.raise(now, id, "timelimit", 0, &format!("job exceeded its time limit of {lim}"));
-                } else if let (Some(f), Some(t)) = (j.first_exit, j.exit_timeout) {
-                    if now >= f + t {
-                        let lim = fmt_limit(t);
-                        self.raise(
-                            now,
-                            id,
-                            "exec",
-                            0,
-                            &format!("exit-timeout ({lim}) expired: tasks still running after the first task exited"),
-                        );
-                    }
-                }
-            } else if !j.kill_sent && now >= j.term_sent.unwrap_or(0.0) + self.kill_timeout {
-                let ranks: Vec<u32> = j.shells.values().filter(|s| !s.exited).map(|s| s.rank).collect();
-                if let Some(j) = self.jobs.get_mut(&id) {
-                    j.kill_sent = true;
-                }
-                if !ranks.is_empty() {
-                    self.actions.push_back(Action::SignalShells { id, ranks, signal: libc::SIGKILL });
-                }
-            }
-        }
     }
 
     /// Jobs not yet INACTIVE, in id order.
@@ -1154,3 +1243,5 @@ pub fn taskmap(counts: &[u32]) -> Value {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_sched;

@@ -57,10 +57,10 @@ impl JobCore {
     pub(super) fn nested_broker_exit(&mut self, now: f64, id: JobId, rank: u32, host: &str, status: i32) -> bool {
         let Some(job) = self.jobs.get_mut(&id) else { return false };
         let critical = Self::critical_ranks(job);
-        // The nested instance numbers its brokers in the order of the job's ranks (its R, renumbered).
-        let child = job.shells.keys().position(|r| *r == rank).unwrap_or(0) as u32;
+        // The nested instance numbers its brokers in the order of the job's ranks (its R, renumbered), which is
+        // the shells' order.
+        let child = job.shells.get(&rank).map_or(0, |s| s.shell_rank);
         let what = format!("broker of the nested instance on {host} (rank {rank})");
-        let critical_ended = job.shells.iter().any(|(r, s)| *r != rank && critical.contains(*r) && s.exited);
         match classify(child, status) {
             BrokerEnd::Normal => true,
             BrokerEnd::Failed(how) if critical.contains(rank) => {
@@ -70,7 +70,9 @@ impl JobCore {
                 true
             }
             BrokerEnd::Failed(how) => {
-                if critical_ended || job.fatal.is_some() {
+                let critical_ended =
+                    || critical.iter().any(|r| r != rank && job.shells.get(&r).is_some_and(|s| s.exited));
+                if job.fatal.is_some() || critical_ended() {
                     return true; // the instance is ending anyway
                 }
                 self.raise(now, id, "exec", 2, &format!("{what} {how}; the instance continues without it"));
@@ -104,7 +106,7 @@ impl JobCore {
                 return;
             }
             let critical = Self::critical_ranks(job);
-            let child = job.shells.keys().position(|r| *r == rank).unwrap_or(0);
+            let child = job.shells.get(&rank).map_or(0, |s| s.shell_rank);
             let host = self.pool.ranks.get(&rank).map(|p| p.hostname.clone()).unwrap_or_default();
             let what = format!(
                 "broker of the nested instance on {host} (rank {rank}) lost its way to the instance's rank 0 \

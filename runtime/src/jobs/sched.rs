@@ -1,8 +1,11 @@
-//! The resource pool and a first-come-first-served scheduler, as a plain state machine.
+//! The resource pool, as a plain state machine (which job goes first is `backfill.rs`'s business).
 //!
 //! The pool holds, per broker rank, the cores and GPUs the rank reported when it joined (ids as in R, RFC 20),
 //! what is allocated, and the rank's state: `up` (online, not lost), `drained` (administrative, with a reason),
-//! `torpid` (no new work). Allocation is first fit in rank order: the lowest ranks and the lowest core ids first.
+//! `torpid` (no new work), `removed` (left the instance for good: RFC 28 `shrink`, nested instances only).
+//! Allocation is first fit in rank order: the lowest ranks and the lowest core ids first. First fit is complete:
+//! [`Pool::allocate`] fails only when no placement exists, which is what lets a reservation be computed by
+//! freeing running jobs and trying again (`backfill.rs`).
 
 use crate::idset::IdSet;
 use crate::jobspec::JobRequest;
@@ -32,18 +35,38 @@ pub struct RankPool {
     pub drained: Option<String>,
     /// When the rank was drained, seconds since the epoch.
     pub drained_at: Option<f64>,
+    /// The rank left the instance for good (RFC 28 `shrink`: a nested instance's lost broker never returns): it
+    /// no longer counts for what the instance can ever run ([`Pool::feasible`]) and a re-registration is ignored.
+    pub removed: bool,
+    /// Free cores and GPUs, counted when the pool changes them ([`RankPool::recount`]), so that a scheduling
+    /// pass reads a count instead of walking id sets.
+    #[serde(skip)]
+    nfree: (u32, u32),
 }
 
 impl RankPool {
     /// True if new work may be placed on this rank.
     pub fn schedulable(&self) -> bool {
-        self.up && !self.torpid && self.drained.is_none()
+        self.up && !self.removed && !self.torpid && self.drained.is_none()
     }
     /// Free cores and GPUs. Counted, not subtracted: a rank that re-registered with fewer ids than its jobs still
     /// hold has allocated ids outside its set, and none of those are free.
     fn nfree(&self) -> (u32, u32) {
-        let free = |all: &IdSet, used: &IdSet| all.iter().filter(|i| !used.contains(*i)).count() as u32;
-        (free(&self.cores, &self.alloc_cores), free(&self.gpus, &self.alloc_gpus))
+        self.nfree
+    }
+    /// Count the free cores and GPUs again (after `cores`, `gpus`, `alloc_cores` or `alloc_gpus` changed).
+    fn recount(&mut self) {
+        // Walk the smaller set: `all` minus the ids of `used` that are in it.
+        let free = |all: &IdSet, used: &IdSet| {
+            if used.is_empty() {
+                all.len() as u32
+            } else if used.len() < all.len() {
+                (all.len() - used.iter().filter(|i| all.contains(*i)).count()) as u32
+            } else {
+                all.iter().filter(|i| !used.contains(*i)).count() as u32
+            }
+        };
+        self.nfree = (free(&self.cores, &self.alloc_cores), free(&self.gpus, &self.alloc_gpus));
     }
     fn free_cores(&self) -> IdSet {
         self.cores.difference(&self.alloc_cores)
@@ -69,7 +92,7 @@ pub struct RankAlloc {
 /// Why a request can never be satisfied by this instance (refused at submit).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Unsatisfiable {
-    /// More nodes than the instance has.
+    /// More nodes than the instance has (ranks it lost for good, RFC 28 `shrink`, are not counted).
     #[error("requested {want} nodes but this instance has {have}")]
     Nodes {
         /// Requested.
@@ -103,6 +126,62 @@ pub enum Unsatisfiable {
     },
 }
 
+/// Free and allocated core and GPU counts per rank, for what-if questions ("would this fit once those jobs
+/// end?") without cloning any id set ([`Pool::counts`], used by `backfill.rs`). [`Counts::fits`] answers as
+/// [`Pool::allocate`] would on the pool with the same frees.
+#[derive(Clone, Debug)]
+pub struct Counts {
+    rows: Vec<CountRow>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct CountRow {
+    rank: u32,
+    cores: u32,
+    gpus: u32,
+    free_cores: u32,
+    free_gpus: u32,
+    alloc_cores: u32,
+    alloc_gpus: u32,
+    schedulable: bool,
+}
+
+impl Counts {
+    /// Give back `alloc` (as [`Pool::free`] would).
+    pub fn free<'a>(&mut self, alloc: impl IntoIterator<Item = &'a RankAlloc>) {
+        for a in alloc {
+            if let Ok(i) = self.rows.binary_search_by_key(&a.rank, |r| r.rank) {
+                let r = &mut self.rows[i];
+                let (c, g) = (a.cores.len() as u32, a.gpus.len() as u32);
+                r.alloc_cores = r.alloc_cores.saturating_sub(c);
+                r.alloc_gpus = r.alloc_gpus.saturating_sub(g);
+                r.free_cores = r.free_cores.saturating_add(c).min(r.cores);
+                r.free_gpus = r.free_gpus.saturating_add(g).min(r.gpus);
+            }
+        }
+    }
+
+    /// Whether [`Pool::allocate`] would place `req`.
+    pub fn fits(&self, req: &JobRequest) -> bool {
+        let (c, g) = (req.cores_per_slot, req.gpus_per_slot);
+        let ranks = self.rows.iter().filter(|r| r.schedulable);
+        match req.nnodes {
+            Some(n) => {
+                let per = req.slots_per_node.unwrap_or(1);
+                let ok = ranks
+                    .filter(|r| !req.exclusive || (r.alloc_cores == 0 && r.alloc_gpus == 0))
+                    .filter(|r| Pool::fit(r.free_cores, r.free_gpus, c, g) >= per)
+                    .count();
+                ok as u64 >= u64::from(n)
+            }
+            None => {
+                let have: u64 = ranks.map(|r| u64::from(Pool::fit(r.free_cores, r.free_gpus, c, g))).sum();
+                have >= u64::from(req.nslots)
+            }
+        }
+    }
+}
+
 /// Resource pool of an instance, keyed by rank.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Pool {
@@ -124,12 +203,15 @@ impl Pool {
             torpid: false,
             drained: None,
             drained_at: None,
+            removed: false,
+            nfree: (0, 0),
         });
         e.hostname = hostname.to_string();
         e.cores = cores;
         e.gpus = gpus;
         e.up = true;
         e.torpid = false;
+        e.recount();
     }
 
     /// Slots of `c` cores and `g` GPUs that fit in `cores` free cores and `gpus` free GPUs.
@@ -139,27 +221,35 @@ impl Pool {
         by_c.min(by_g)
     }
 
-    /// Check whether `req` could ever run here (all known ranks, free or not, up or not).
+    /// Check whether `req` could ever run here (every rank of the instance, free or not, up or not; not the
+    /// ranks it lost for good).
     pub fn feasible(&self, req: &JobRequest) -> Result<(), Unsatisfiable> {
+        self.feasible_on(req, |r| !r.removed)
+    }
+
+    /// Check whether `req` could run on the ranks schedulable now, once every job on them has ended: a job that
+    /// cannot, in an instance whose lost or drained nodes may return, waits without holding back the queue.
+    pub fn feasible_now(&self, req: &JobRequest) -> bool {
+        self.feasible_on(req, RankPool::schedulable).is_ok()
+    }
+
+    /// [`Pool::feasible`] on the ranks `keep` accepts.
+    fn feasible_on(&self, req: &JobRequest, keep: impl Fn(&RankPool) -> bool) -> Result<(), Unsatisfiable> {
         let c = req.cores_per_slot;
         let g = req.gpus_per_slot;
-        let (max_c, max_g) = self
-            .ranks
-            .values()
+        let ranks = || self.ranks.values().filter(|r| keep(r));
+        let (max_c, max_g) = ranks()
             .map(|r| (r.cores.len() as u32, r.gpus.len() as u32))
             .fold((0, 0), |a, b| (a.0.max(b.0), a.1.max(b.1)));
         match req.nnodes {
             Some(n) => {
-                let have = self.ranks.len() as u32;
+                let have = ranks().count() as u32;
                 if n > have {
                     return Err(Unsatisfiable::Nodes { want: n, have });
                 }
                 let per = req.slots_per_node.unwrap_or(1);
-                let fits = self
-                    .ranks
-                    .values()
-                    .filter(|r| Self::fit(r.cores.len() as u32, r.gpus.len() as u32, c, g) >= per)
-                    .count() as u32;
+                let fits = ranks().filter(|r| Self::fit(r.cores.len() as u32, r.gpus.len() as u32, c, g) >= per).count()
+                    as u32;
                 if fits < n {
                     // Saturating: a jobspec may ask for 2^31 slots of 2 cores.
                     return Err(Unsatisfiable::NodeTooSmall {
@@ -179,11 +269,8 @@ impl Pool {
                         have_gpus: max_g,
                     });
                 }
-                let have: u64 = self
-                    .ranks
-                    .values()
-                    .map(|r| Self::fit(r.cores.len() as u32, r.gpus.len() as u32, c, g) as u64)
-                    .sum();
+                let have: u64 =
+                    ranks().map(|r| Self::fit(r.cores.len() as u32, r.gpus.len() as u32, c, g) as u64).sum();
                 if (req.nslots as u64) > have {
                     return Err(Unsatisfiable::Slots {
                         want: req.nslots,
@@ -255,24 +342,21 @@ impl Pool {
                 }
             }
         }
-        for a in &plan {
-            if let Some(r) = self.ranks.get_mut(&a.rank) {
-                r.alloc_cores = r.alloc_cores.union(&a.cores);
-                r.alloc_gpus = r.alloc_gpus.union(&a.gpus);
-            }
-        }
+        self.take(&plan);
         Some(plan)
     }
 
     /// Why `req`, which [`Pool::allocate`] cannot place now, is waiting: what it needs, what the schedulable ranks
     /// can give at the moment, and the ranks out of scheduling (the REASON of Slurm's `squeue`, Flux's
     /// `reason_pending`). Shape: `resources: needs 4 nodes with 2 cores free, 2 can take it now (1 busy, 1 torpid, 1 down)` or
-    /// `resources: needs 8 slots of 2 cores, 3 free now (1 drained)`.
+    /// `resources: needs 8 slots of 2 cores, 3 free now (1 drained)`; `gone` counts ranks lost for good (shrink).
     pub fn pending_reason(&self, req: &JobRequest) -> String {
         let (c, g) = (req.cores_per_slot, req.gpus_per_slot);
-        let (mut down, mut torpid, mut drained) = (0u32, 0u32, 0u32);
+        let (mut down, mut torpid, mut drained, mut gone) = (0u32, 0u32, 0u32, 0u32);
         for r in self.ranks.values() {
-            if !r.up {
+            if r.removed {
+                gone += 1;
+            } else if !r.up {
                 down += 1;
             } else if r.drained.is_some() {
                 drained += 1;
@@ -286,7 +370,7 @@ impl Pool {
         };
         let out = |busy: Option<u32>| {
             let parts: Vec<String> =
-                [(busy.unwrap_or(0), "busy"), (torpid, "torpid"), (down, "down"), (drained, "drained")]
+                [(busy.unwrap_or(0), "busy"), (torpid, "torpid"), (down, "down"), (drained, "drained"), (gone, "gone")]
                     .iter()
                     .filter(|(k, _)| *k > 0)
                     .map(|(k, what)| format!("{k} {what}"))
@@ -339,6 +423,45 @@ impl Pool {
         }
     }
 
+    /// Mark `alloc` allocated (a plan [`Pool::allocate`] made on another pool whose free resources are a subset of
+    /// this one's, as `backfill.rs` does with the pool that hides the reservation).
+    pub fn take(&mut self, alloc: &[RankAlloc]) {
+        for a in alloc {
+            if let Some(r) = self.ranks.get_mut(&a.rank) {
+                r.alloc_cores = r.alloc_cores.union(&a.cores);
+                r.alloc_gpus = r.alloc_gpus.union(&a.gpus);
+                r.recount();
+            }
+        }
+    }
+
+    /// The pool's [`Counts`].
+    pub fn counts(&self) -> Counts {
+        let rows = self
+            .ranks
+            .values()
+            .map(|r| {
+                let (free_cores, free_gpus) = r.nfree();
+                CountRow {
+                    rank: r.rank,
+                    cores: r.cores.len() as u32,
+                    gpus: r.gpus.len() as u32,
+                    free_cores,
+                    free_gpus,
+                    alloc_cores: r.alloc_cores.len() as u32,
+                    alloc_gpus: r.alloc_gpus.len() as u32,
+                    schedulable: r.schedulable(),
+                }
+            })
+            .collect();
+        Counts { rows }
+    }
+
+    /// Free cores on the schedulable ranks (a bound: no request for more cores fits now).
+    pub fn free_cores_now(&self) -> u64 {
+        self.ranks.values().filter(|r| r.schedulable()).map(|r| u64::from(r.nfree().0)).sum()
+    }
+
     /// Return an allocation's resources on `ranks` (all of it when `ranks` is `None`).
     pub fn free(&mut self, alloc: &[RankAlloc], ranks: Option<&IdSet>) {
         for a in alloc {
@@ -348,6 +471,7 @@ impl Pool {
             if let Some(r) = self.ranks.get_mut(&a.rank) {
                 r.alloc_cores = r.alloc_cores.difference(&a.cores);
                 r.alloc_gpus = r.alloc_gpus.difference(&a.gpus);
+                r.recount();
             }
         }
     }
@@ -444,6 +568,40 @@ mod tests {
     }
 
     proptest! {
+        /// `Counts::fits` answers as `Pool::allocate` does, after any allocations and frees (backfill.rs plans on
+        /// counts and relies on it).
+        #[test]
+        fn counts_fit_as_allocate_places(
+            jobs in proptest::collection::vec((proptest::option::of(1u32..4), 1u32..6, 1u32..3, 0u32..2, any::<bool>()), 1..20),
+            probe in (proptest::option::of(1u32..5), 1u32..9, 1u32..3, 0u32..2, any::<bool>()),
+        ) {
+            let mut p = pool(4, 4, 2);
+            p.ranks.get_mut(&3).unwrap().torpid = true;
+            let mut live = Vec::new();
+            let mk = |(n, s, c, g, x): (Option<u32>, u32, u32, u32, bool)| {
+                let mut r = req(n, n.map_or(s, |n| s.max(n)), c, g);
+                r.exclusive = x && n.is_some();
+                r
+            };
+            for (i, j) in jobs.into_iter().enumerate() {
+                if let Some(a) = p.allocate(&mk(j)) {
+                    live.push(a);
+                }
+                if i % 3 == 2 {
+                    if let Some(a) = live.pop() { p.free(&a, None); }
+                }
+            }
+            let probe = mk(probe);
+            prop_assert_eq!(p.counts().fits(&probe), p.clone().allocate(&probe).is_some());
+            // And after freeing one more job, on counts and on the pool alike.
+            if let Some(a) = live.pop() {
+                let mut counts = p.counts();
+                counts.free(&a);
+                p.free(&a, None);
+                prop_assert_eq!(counts.fits(&probe), p.clone().allocate(&probe).is_some());
+            }
+        }
+
         #[test]
         fn never_overallocates(jobs in proptest::collection::vec((proptest::option::of(1u32..4), 1u32..6, 1u32..3, 0u32..2), 1..20)) {
             let mut p = pool(4, 4, 2);

@@ -67,6 +67,9 @@ impl JobState {
             }
             (Cleanup, "exception") => Cleanup,
             (Cleanup, "clean") => Inactive,
+            // Not RFC 21: a job that lost a node goes back to the queue once its resources are released
+            // (`requeue.rs`).
+            (Cleanup, "requeue") => Sched,
             (_, "submit") if self == New => New,
             (Sched, "priority") => Sched,
             (Run | Cleanup, "start" | "release" | "free" | "finish") => self,
@@ -128,5 +131,18 @@ mod tests {
         assert!(JobState::Inactive.apply("exception", &fatal).is_err());
         assert!(JobState::Sched.apply("finish", &json!({})).is_err());
         assert!(JobState::New.apply("alloc", &json!({})).is_err());
+    }
+
+    #[test]
+    fn requeue_goes_from_cleanup_back_to_sched() {
+        let e = json!({});
+        let fatal = json!({"type": "exec", "severity": 0});
+        let mut events: Vec<(&str, &serde_json::Value)> =
+            ["submit", "validate", "depend", "priority", "alloc", "start"].iter().map(|n| (*n, &e)).collect();
+        events.extend([("exception", &fatal), ("release", &e), ("free", &e), ("requeue", &e)]);
+        assert_eq!(replay(events.iter().copied()).unwrap(), JobState::Sched);
+        events.extend(["alloc", "start", "finish", "release", "free", "clean"].iter().map(|n| (*n, &e)));
+        assert_eq!(replay(events).unwrap(), JobState::Inactive);
+        assert!(JobState::Run.apply("requeue", &e).is_err(), "only once the run is cleaned up");
     }
 }

@@ -5,9 +5,9 @@ use crate::jobspec::JobspecBuilder;
 use crate::shellproto::{status_exited, ShellReport};
 use proptest::prelude::*;
 
-const T0: f64 = 1_000_000.0;
+pub(super) const T0: f64 = 1_000_000.0;
 
-fn core(nranks: u32, cores: u32, gpus: u32) -> JobCore {
+pub(super) fn core(nranks: u32, cores: u32, gpus: u32) -> JobCore {
     let mut c = JobCore::new(T0);
     for r in 0..nranks {
         c.rank_online(T0, r, &format!("node{r}"), (0..cores).collect(), (0..gpus).collect(), ("live".into(), None));
@@ -15,19 +15,19 @@ fn core(nranks: u32, cores: u32, gpus: u32) -> JobCore {
     c
 }
 
-fn spec(b: JobspecBuilder) -> Value {
+pub(super) fn spec(b: JobspecBuilder) -> Value {
     serde_json::from_str(&b.build().expect("valid jobspec").to_json()).expect("json")
 }
 
-fn cmd() -> JobspecBuilder {
+pub(super) fn cmd() -> JobspecBuilder {
     JobspecBuilder::new(vec!["true".to_string()])
 }
 
-fn actions(c: &mut JobCore) -> Vec<Action> {
+pub(super) fn actions(c: &mut JobCore) -> Vec<Action> {
     std::iter::from_fn(|| c.poll_action()).collect()
 }
 
-fn spawns(a: &[Action]) -> Vec<(JobId, u32, ShellInput)> {
+pub(super) fn spawns(a: &[Action]) -> Vec<(JobId, u32, ShellInput)> {
     a.iter()
         .filter_map(|x| match x {
             Action::SpawnShell { id, rank, input } => Some((*id, *rank, (**input).clone())),
@@ -36,7 +36,7 @@ fn spawns(a: &[Action]) -> Vec<(JobId, u32, ShellInput)> {
         .collect()
 }
 
-fn signals(a: &[Action]) -> Vec<(Vec<u32>, i32)> {
+pub(super) fn signals(a: &[Action]) -> Vec<(Vec<u32>, i32)> {
     a.iter()
         .filter_map(|x| match x {
             Action::SignalShells { ranks, signal, .. } => Some((ranks.clone(), *signal)),
@@ -45,7 +45,7 @@ fn signals(a: &[Action]) -> Vec<(Vec<u32>, i32)> {
         .collect()
 }
 
-fn exit_shell(c: &mut JobCore, t: f64, id: JobId, rank: u32, status: i32) {
+pub(super) fn exit_shell(c: &mut JobCore, t: f64, id: JobId, rank: u32, status: i32) {
     c.shell_exit(
         t,
         ShellExit {
@@ -57,7 +57,7 @@ fn exit_shell(c: &mut JobCore, t: f64, id: JobId, rank: u32, status: i32) {
     );
 }
 
-fn names(c: &JobCore, id: JobId) -> Vec<String> {
+pub(super) fn names(c: &JobCore, id: JobId) -> Vec<String> {
     c.jobs[&id].eventlog.iter().map(|e| e.name.clone()).collect()
 }
 
@@ -110,6 +110,7 @@ fn exit_code_is_the_largest_task_code() {
 #[test]
 fn fcfs_waits_and_never_backfills() {
     let mut c = core(1, 2, 0);
+    c.config.policy = SchedPolicy::Fcfs;
     let a = c.submit(T0, &spec(cmd().ntasks(1)), 0).unwrap();
     let b = c.submit(T0, &spec(cmd().ntasks(2)), 0).unwrap();
     let d = c.submit(T0, &spec(cmd().ntasks(1)), 0).unwrap();
@@ -269,6 +270,7 @@ fn taskmap_blocks() {
 #[test]
 fn many_jobs_on_thousands_of_ranks() {
     let mut c = core(4096, 4, 0);
+    c.config.policy = SchedPolicy::Fcfs;
     let mut rng: u64 = 0x9e3779b97f4a7c15;
     let mut next = || {
         rng ^= rng << 13;
@@ -310,7 +312,7 @@ fn many_jobs_on_thousands_of_ranks() {
     assert!(c.pool.ranks.values().all(|p| p.alloc_cores.is_empty()));
 }
 
-fn make_instance(c: &mut JobCore, id: JobId, critical_broker_ranks: &str) {
+pub(super) fn make_instance(c: &mut JobCore, id: JobId, critical_broker_ranks: &str) {
     let j = c.jobs.get_mut(&id).unwrap();
     j.instance =
         Some(json!({"uri": "local:///x", "critical_ranks": "0", "critical_broker_ranks": critical_broker_ranks}));
@@ -528,6 +530,7 @@ fn output_retention_is_bounded() {
 #[test]
 fn pending_jobs_say_why_they_wait() {
     let mut c = core(2, 1, 0);
+    c.config.policy = SchedPolicy::Fcfs;
     let run = c.submit(T0, &spec(cmd().nnodes(2).ntasks(2)), 7).unwrap();
     let head = c.submit(T0, &spec(cmd()), 7).unwrap();
     let behind = c.submit(T0, &spec(cmd()), 7).unwrap();

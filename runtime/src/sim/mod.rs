@@ -257,7 +257,14 @@ pub(crate) fn new_broker(
         endpoints: Vec::new(),
         listen: ListenSpec::Endpoint(String::new()),
         rundir: std::path::PathBuf::from("/nonexistent/vigil-sim"),
-        config: crate::attrs::BrokerConfig { topo, membership, ..Default::default() },
+        // FCFS, so that the scenarios' order check (scenario.rs, invariant 5) holds; the simulated jobs have no
+        // time limits, and EASY backfill is property-tested on the job core (jobs/tests_sched.rs).
+        config: crate::attrs::BrokerConfig {
+            topo,
+            membership,
+            sched_policy: crate::attrs::SchedPolicy::Fcfs,
+            ..Default::default()
+        },
         initial_program: None,
         topology: TopologySource::Live,
         declared_gpus: None,

@@ -1,0 +1,125 @@
+//! Time limits, exit-timeout and SIGKILL escalation, fired from an ordered index of deadlines.
+//!
+//! Each RUN or CLEANUP job is filed in [`JobCore`]'s timer index under its next deadline ([`JobCore::rearm`]
+//! after anything that moves it), so [`JobCore::next_deadline`] is the first entry and
+//! [`JobCore::handle_timeout`] visits only the jobs whose deadline has come, however many jobs there are. A job's
+//! next deadline is the earliest of:
+//!
+//! - its time limit expiry (R's `expiration`): fatal `timelimit` exception;
+//! - the first task's exit plus its `exit-timeout`: fatal `exec` exception;
+//! - a cut-off nested broker's verdict (`nested.rs`);
+//! - once SIGTERM was sent (any fatal exception), SIGTERM plus `exec.kill-timeout`: SIGKILL to what is left.
+
+use super::{fmt_limit, Action, JobCore, JobId, JobState};
+use std::cmp::Ordering;
+
+/// A deadline, seconds since the epoch, ordered by [`f64::total_cmp`] (deadlines are finite or `inf`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Due(pub(super) f64);
+
+impl PartialEq for Due {
+    fn eq(&self, o: &Due) -> bool {
+        self.cmp(o) == Ordering::Equal
+    }
+}
+impl Eq for Due {}
+impl PartialOrd for Due {
+    fn partial_cmp(&self, o: &Due) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Due {
+    fn cmp(&self, o: &Due) -> Ordering {
+        self.0.total_cmp(&o.0)
+    }
+}
+
+impl JobCore {
+    /// The next deadline of job `id` (see the module doc), `None` when nothing is due for it.
+    fn deadline_of(&self, id: JobId) -> Option<f64> {
+        let j = self.jobs.get(&id)?;
+        if !(j.state == JobState::Run || j.state == JobState::Cleanup) {
+            return None;
+        }
+        if j.term_sent.is_some() {
+            return (!j.kill_sent).then(|| j.term_sent.unwrap_or(0.0) + self.kill_timeout);
+        }
+        let exit = match (j.first_exit, j.exit_timeout) {
+            (Some(f), Some(t)) => Some(f + t),
+            _ => None,
+        };
+        [j.expiration, exit, self.cut_off_deadline(id)].into_iter().flatten().min_by(f64::total_cmp)
+    }
+
+    /// File job `id` under its current next deadline (after anything that may have moved it).
+    pub(super) fn rearm(&mut self, id: JobId) {
+        let due = self.deadline_of(id).filter(|t| !t.is_nan());
+        let Some(job) = self.jobs.get_mut(&id) else { return };
+        if job.armed == due {
+            return;
+        }
+        if let Some(old) = job.armed.take() {
+            self.timers.remove(&(Due(old), id));
+        }
+        if let Some(t) = due {
+            job.armed = Some(t);
+            self.timers.insert((Due(t), id));
+        }
+    }
+
+    /// The earliest time [`JobCore::handle_timeout`] must run, if any.
+    pub fn next_deadline(&self) -> Option<f64> {
+        self.timers.first().map(|(d, _)| d.0).filter(|t| t.is_finite())
+    }
+
+    /// Fire every rule whose time has come: time limits, exit-timeout, SIGKILL escalation.
+    pub fn handle_timeout(&mut self, now: f64) {
+        while let Some(&(Due(t), id)) = self.timers.first() {
+            if t > now {
+                break;
+            }
+            self.timers.remove(&(Due(t), id));
+            if let Some(j) = self.jobs.get_mut(&id) {
+                j.armed = None;
+            }
+            self.fire(now, id);
+            self.rearm(id);
+        }
+    }
+
+    /// The rules of the module doc for job `id`, whose deadline has come.
+    fn fire(&mut self, now: f64, id: JobId) {
+        if self.cut_off_deadline(id).is_some_and(|t| now >= t) {
+            self.judge_cut_offs(now, id, false);
+        }
+        let Some(j) = self.jobs.get(&id) else { return };
+        if !(j.state == JobState::Run || j.state == JobState::Cleanup) {
+            return;
+        }
+        if j.term_sent.is_none() {
+            if j.expiration.is_some_and(|e| now >= e) {
+                let lim = fmt_limit(j.req.duration.unwrap_or(0.0));
+                self.raise(now, id, "timelimit", 0, &format!("job exceeded its time limit of {lim}"));
+            } else if let (Some(f), Some(t)) = (j.first_exit, j.exit_timeout) {
+                if now >= f + t {
+                    let lim = fmt_limit(t);
+                    self.raise(
+                        now,
+                        id,
+                        "exec",
+                        0,
+                        &format!("exit-timeout ({lim}) expired: tasks still running after the first task exited"),
+                    );
+                }
+            }
+        } else if !j.kill_sent && now >= j.term_sent.unwrap_or(0.0) + self.kill_timeout {
+            let ranks: Vec<u32> = j.shells.values().filter(|s| !s.exited).map(|s| s.rank).collect();
+            if let Some(j) = self.jobs.get_mut(&id) {
+                j.kill_sent = true;
+            }
+            if !ranks.is_empty() {
+                self.actions.push_back(Action::SignalShells { id, ranks, signal: libc::SIGKILL });
+            }
+        }
+    }
+}
