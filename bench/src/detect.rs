@@ -1376,19 +1376,40 @@ pub(crate) fn run(a: &DetectArgs, vigil: Option<PathBuf>, out_dir: Option<PathBu
             .map(|(_, pm)| pm.iter().map(|(m, s)| format!("{m}: {}", f(s))).collect::<Vec<_>>().join(", "))
             .unwrap_or_default()
     };
-    md.push_str(&format!(
-        "(c): the expected exception is a non-fatal `node-failure` (anything else fails the trial); the job was \
-         still running after it ({}). (d): the stalled broker became lively again after SIGCONT ({}). \
-         (b)–(d) inject the failure with `netns-cluster.sh` and t0 is taken before it starts, so its start-up counts \
-         against Vigil (`kill` cuts the link first, then kills the node's processes). (e): a 2-task job \
-         (`vigil submit -N1 -n2 -o exit-on-error`) on one node of a 2-node cluster; task 0 is a small C program \
-         or the same program after touching every page of {} MiB; the harness SIGKILLs it and times the job's \
-         fatal `exec` exception. Detectors each mode really ran on are recorded per metric in `detect.json` \
-         (`detectors`, `mode_in_force`).\n\n",
-        note("nested_exception_s", &|s| format!("{} of {}", s.survived, s.trials.len())),
-        note("stall_torpid_s", &|s| format!("{} of {}", s.lively, s.trials.len())),
-        a.big_mib,
+    // Notes on the parts that ran.
+    let mut notes = Vec::new();
+    if part("c") {
+        notes.push(format!(
+            "(c): the expected exception is a non-fatal `node-failure` (anything else fails the trial); the job was \
+             still running after it ({}).",
+            note("nested_exception_s", &|s| format!("{} of {}", s.survived, s.trials.len()))
+        ));
+    }
+    if part("d") {
+        notes.push(format!(
+            "(d): the stalled broker became lively again after SIGCONT ({}).",
+            note("stall_torpid_s", &|s| format!("{} of {}", s.lively, s.trials.len()))
+        ));
+    }
+    if ["b", "c", "d", "g"].iter().any(|p| part(p)) {
+        notes.push(
+            "(b)–(d) and (g) inject the failure with `netns-cluster.sh` and t0 is taken before it starts, so its \
+             start-up counts against Vigil (`kill` cuts the link first, then kills the node's processes)."
+                .into(),
+        );
+    }
+    if part("e") {
+        notes.push(format!(
+            "(e): a 2-task job (`vigil submit -N1 -n2 -o exit-on-error`) on one node of a 2-node cluster; task 0 is \
+             a small C program or the same program after touching every page of {} MiB; the harness SIGKILLs it and \
+             times the job's fatal `exec` exception.",
+            a.big_mib
+        ));
+    }
+    notes.push(format!(
+        "Detectors each mode really ran on are recorded per metric in `{group}.json` (`detectors`, `mode_in_force`)."
     ));
+    md.push_str(&format!("{}\n\n", notes.join(" ")));
     if !waitpid.is_empty() {
         md.push_str(&format!("{wp_table}\n"));
     }

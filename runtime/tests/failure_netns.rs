@@ -1071,7 +1071,7 @@ fn a_lost_routers_children_re_parent_and_their_job_completes() {
     for r in [3, 4] {
         let e = log
             .iter()
-            .find(|e| e["name"] == "reparent" && e["context"]["idset"] == r.to_string())
+            .find(|e| e["name"] == "reparent" && e["context"]["idset"].as_str() == Some(r.to_string().as_str()))
             .unwrap_or_else(|| panic!("[{}] no reparent event for rank {r}: {log:?}", c.name));
         assert_eq!((&e["context"]["parent"], &e["context"]["lost"]), (&serde_json::json!(2), &serde_json::json!(1)));
         let took = e["context"]["ms"].as_f64().unwrap_or(-1.0);

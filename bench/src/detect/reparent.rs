@@ -37,6 +37,10 @@ const TRIAL_TIMEOUT_S: f64 = 30.0;
 /// Let a fresh cluster's probes settle (each child's kernel answered, group probes learned) before the kill.
 const SETTLE_S: f64 = 0.5;
 
+/// What the eventlog told so far: rank 0's lost verdict on the router, and each orphan's `reparent` (its time,
+/// and the orphan's own time from its verdict to its adoption, s).
+type Found = (Option<f64>, [Option<(f64, f64)>; 2]);
+
 /// One mode's trials, and the series derived from them.
 pub(super) struct Trials {
     /// Per-trial records (JSON).
@@ -99,7 +103,7 @@ fn trial(ctx: &Ctx<'_>, mode: &Mode, s: &mut Trials) -> Result<Value, String> {
         .map_err(|e| format!("netns-cluster.sh kill: {e}"))?;
     let replies: [RefCell<Vec<f64>>; 2] = Default::default();
     let stop = RefCell::new(false);
-    let found: RefCell<(Option<f64>, [Option<(f64, f64)>; 2])> = RefCell::new((None, [None, None]));
+    let found: RefCell<Found> = RefCell::new((None, [None, None]));
     let injected: RefCell<Option<f64>> = RefCell::new(None);
     let failure: RefCell<Option<String>> = RefCell::new(None);
     let client = cl.client();
@@ -134,16 +138,18 @@ fn trial(ctx: &Ctx<'_>, mode: &Mode, s: &mut Trials) -> Result<Value, String> {
                 }
                 Err(e) => *failure.borrow_mut() = Some(format!("resource.eventlog: {e}")),
             }
-            let f = found.borrow();
-            let reached = (0..2).all(|i| f.1[i].is_some_and(|(ts, _)| replies[i].borrow().iter().any(|r| *r >= ts)));
-            if (f.0.is_some() && reached && injected.borrow().is_some())
-                || failure.borrow().is_some()
-                || Instant::now() >= deadline
-            {
+            let done = {
+                let f = found.borrow();
+                let reached =
+                    (0..2).all(|i| f.1[i].is_some_and(|(ts, _)| replies[i].borrow().iter().any(|r| *r >= ts)));
+                (f.0.is_some() && reached && injected.borrow().is_some())
+                    || failure.borrow().is_some()
+                    || Instant::now() >= deadline
+            };
+            if done {
                 *stop.borrow_mut() = true;
                 return;
             }
-            drop(f);
             tokio::time::sleep(Duration::from_secs_f64(super::POLL_S)).await;
         }
     };
