@@ -18,17 +18,22 @@
 //!     SIGKILLs task 0, a small process or one with `--big-mib` MiB resident, and times the job's `exception`;
 //!     the reference is `waitpid` on the same program spawned by the harness;
 //! (f) the prober's CPU cost ([`cost`]): rank 0 of a flat `vigil start` instance probing `--cost-children`
-//!     children, with default probes and with probes effectively off.
+//!     children, with default probes and with probes effectively off;
+//! (g) re-parenting ([`reparent`]): a router's node silently lost (7 nodes, `kary:2`, rank 1) → its children
+//!     re-parented and answering pings from rank 0 again, from the loss, from rank 0's lost verdict and from
+//!     the children's own verdict on their parent.
 //!
 //! Clusters are reused: (a) and (b) kill `--victims` different nodes (ranks 1..) of a cluster of victims+1
 //! nodes, (c) needs victims+3 nodes (each trial uses 3 and loses 1), (d) cycles through the 5 non-root
-//! nodes of a 6-node cluster, (e) uses one 2-node cluster per mode and task size. Every cluster is brought
+//! nodes of a 6-node cluster, (e) uses one 2-node cluster per mode and task size, (g) a fresh 7-node cluster per
+//! trial. Every cluster is brought
 //! `down` when done, on error, on panic, and on SIGINT/SIGTERM/SIGHUP. A cluster is used only once every
 //! broker reports its detectors loaded (`broker.info`); what each ran on is kept in the JSON.
 //! The latency CDFs of every (measurement, mode) are drawn into `detect-cdf.png` ([`cdf`]).
 
 mod cdf;
 mod cost;
+mod reparent;
 mod task;
 
 pub(crate) use cost::{inner as inner_cost, InnerCostArgs};
@@ -77,7 +82,9 @@ const BATCH_NODES: usize = 3;
 /// How long a fresh cluster may take to load its detectors.
 const DETECTORS_TIMEOUT_S: f64 = 60.0;
 /// Every part of the benchmark, in the order they run.
-const ALL_PARTS: &[&str] = &["a", "b", "c", "d", "e", "f"];
+const ALL_PARTS: &[&str] = &["a", "b", "c", "d", "e", "f", "g"];
+/// Target with eBPF detectors: a lost router's children reachable from rank 0 again after the lost verdict, p99.
+const TARGET_REPARENT_S: f64 = 0.100;
 
 /// Options of `vigil-bench detect`.
 #[derive(Args, Debug, Clone)]
@@ -101,8 +108,10 @@ pub(crate) struct DetectArgs {
     /// (`broker.detectors=userspace`).
     #[arg(long, value_delimiter = ',', default_value = "ebpf,userspace")]
     pub(crate) modes: Vec<String>,
-    /// Parts run: a (kill -9), b (silent loss), c (batch job), d (stall), e (task kill), f (prober CPU).
-    #[arg(long, value_delimiter = ',', default_value = "a,b,c,d,e,f")]
+    /// Parts run: a (kill -9), b (silent loss), c (batch job), d (stall), e (task kill), f (prober CPU),
+    /// g (re-parenting). A run of only some parts writes `detect-PARTS.{json,md}` and `detect-PARTS-cdf.png`
+    /// (e.g. `detect-g`), leaving the full run's results alone.
+    #[arg(long, value_delimiter = ',', default_value = "a,b,c,d,e,f,g")]
     pub(crate) parts: Vec<String>,
     /// Children of rank 0 in the prober CPU measurement (a flat instance of this many + 1 brokers), one
     /// measurement per number.
@@ -839,6 +848,8 @@ fn flux_cell(r: (f64, f64)) -> String {
 
 /// One row of the results table: what is measured and against what.
 struct RowDef {
+    /// Colour of its curves in the CDF plot (`None`: not plotted).
+    plot: Option<usize>,
     /// Machine name, e.g. `kill9_lost_s`.
     key: &'static str,
     /// Part letter (`--parts`).
@@ -903,6 +914,10 @@ pub(crate) fn run(a: &DetectArgs, vigil: Option<PathBuf>, out_dir: Option<PathBu
         }
     }
     let part = |p: &str| a.parts.iter().any(|x| x == p);
+    // A run of some parts only does not overwrite the full run's results.
+    let group =
+        if ALL_PARTS.iter().all(|p| part(p)) { "detect".to_string() } else { format!("detect-{}", a.parts.join("")) };
+    let png_name = format!("{group}-cdf.png");
     let vigil = find_vigil(vigil)?;
     let script =
         a.netns_script.clone().unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../ci/netns-cluster.sh"));
@@ -943,6 +958,7 @@ pub(crate) fn run(a: &DetectArgs, vigil: Option<PathBuf>, out_dir: Option<PathBu
     let big_gib = a.big_mib as f64 / 1024.0;
     let rows = [
         RowDef {
+            plot: Some(0),
             key: "kill9_lost_s",
             part: "a",
             label: "(a) broker `kill -9` → lost".into(),
@@ -952,6 +968,7 @@ pub(crate) fn run(a: &DetectArgs, vigil: Option<PathBuf>, out_dir: Option<PathBu
             target_p99_s: Some(TARGET_DEATH_S),
         },
         RowDef {
+            plot: Some(1),
             key: "silent_lost_s",
             part: "b",
             label: "(b) silent node loss (`netns-cluster.sh kill`) → lost".into(),
@@ -961,6 +978,7 @@ pub(crate) fn run(a: &DetectArgs, vigil: Option<PathBuf>, out_dir: Option<PathBu
             target_p99_s: Some(TARGET_SILENT_S),
         },
         RowDef {
+            plot: Some(2),
             key: "nested_exception_s",
             part: "c",
             label: "(c) non-critical node of a batch job silently lost → job exception".into(),
@@ -970,6 +988,7 @@ pub(crate) fn run(a: &DetectArgs, vigil: Option<PathBuf>, out_dir: Option<PathBu
             target_p99_s: None,
         },
         RowDef {
+            plot: Some(3),
             key: "stall_torpid_s",
             part: "d",
             label: format!("(d) broker SIGSTOPped {} s (`netns-cluster.sh stall`) → torpid", a.stall_s),
@@ -979,6 +998,7 @@ pub(crate) fn run(a: &DetectArgs, vigil: Option<PathBuf>, out_dir: Option<PathBu
             target_p99_s: None,
         },
         RowDef {
+            plot: Some(4),
             key: "task_small_exception_s",
             part: "e",
             label: "(e) small task SIGKILLed (`-o exit-on-error`) → job exception".into(),
@@ -988,6 +1008,7 @@ pub(crate) fn run(a: &DetectArgs, vigil: Option<PathBuf>, out_dir: Option<PathBu
             target_p99_s: Some(TARGET_DEATH_S),
         },
         RowDef {
+            plot: Some(5),
             key: "task_big_exception_s",
             part: "e",
             label: format!("(e) task with {big_gib:.0} GiB resident SIGKILLed (`-o exit-on-error`) → job exception"),
@@ -995,6 +1016,46 @@ pub(crate) fn run(a: &DetectArgs, vigil: Option<PathBuf>, out_dir: Option<PathBu
             flux: None,
             waitpid: Some(1),
             target_p99_s: Some(TARGET_DEATH_S),
+        },
+        RowDef {
+            plot: None,
+            key: "reparent_orphan_verdict_s",
+            part: "g",
+            label: "(g) router's node silently lost (`kary:2`, rank 1) → its children's own lost verdict on it".into(),
+            event: "reparent (its ms)",
+            flux: None,
+            waitpid: None,
+            target_p99_s: None,
+        },
+        RowDef {
+            plot: Some(7),
+            key: "reparent_reachable_s",
+            part: "g",
+            label: "(g) router's node silently lost → its children re-parented and reachable from rank 0".into(),
+            event: "reparent, then a ping",
+            flux: None,
+            waitpid: None,
+            target_p99_s: None,
+        },
+        RowDef {
+            plot: None,
+            key: "reparent_after_lost_verdict_s",
+            part: "g",
+            label: "(g) rank 0's lost verdict on the router → its children reachable".into(),
+            event: "offline → reparent, then a ping",
+            flux: None,
+            waitpid: None,
+            target_p99_s: Some(TARGET_REPARENT_S),
+        },
+        RowDef {
+            plot: None,
+            key: "reparent_after_orphan_verdict_s",
+            part: "g",
+            label: "(g) the children's own lost verdict on their parent → reachable".into(),
+            event: "reparent (its ms) → a ping",
+            flux: None,
+            waitpid: None,
+            target_p99_s: Some(TARGET_REPARENT_S),
         },
     ];
 
@@ -1016,12 +1077,21 @@ pub(crate) fn run(a: &DetectArgs, vigil: Option<PathBuf>, out_dir: Option<PathBu
     }
 
     let mut results: Vec<(&RowDef, Vec<(&'static str, Series)>)> = Vec::new();
+    // (g) is measured once per mode and gives several rows.
+    let mut reparents: Vec<(&'static str, reparent::Trials)> = Vec::new();
     for row in rows.iter().filter(|r| part(r.part)) {
         let mut per_mode = Vec::new();
         for mode in &modes {
             let n = if row.key == "task_big_exception_s" { a.big_trials } else { a.trials };
             eprintln!("vigil-bench: detect {} [{}] ({n} trials)", row.label, mode.name);
+            if row.part == "g" && !reparents.iter().any(|(m, _)| *m == mode.name) {
+                reparents.push((mode.name, reparent::measure(&ctx, mode, n)));
+            }
             let s = match row.key {
+                k if k.starts_with("reparent_") => match reparents.iter().find(|(m, _)| *m == mode.name) {
+                    Some((_, t)) => t.series(k),
+                    None => Series { error: Some("not measured".into()), ..Default::default() },
+                },
                 "kill9_lost_s" => measure_lost(&ctx, mode, Kill::Broker),
                 "silent_lost_s" => measure_lost(&ctx, mode, Kill::Silent),
                 "nested_exception_s" => measure_nested(&ctx, mode),
@@ -1213,7 +1283,8 @@ pub(crate) fn run(a: &DetectArgs, vigil: Option<PathBuf>, out_dir: Option<PathBu
 
     // ---- the CDF plot
     let mut curves = Vec::new();
-    for (i, (row, per_mode)) in results.iter().enumerate() {
+    for (row, per_mode) in &results {
+        let Some(i) = row.plot else { continue };
         for (m, s) in per_mode {
             curves.push(cdf::Curve {
                 label: format!("{} [{m}]", row.label.replace('`', "")),
@@ -1233,7 +1304,7 @@ pub(crate) fn run(a: &DetectArgs, vigil: Option<PathBuf>, out_dir: Option<PathBu
             });
         }
     }
-    let png = out_dir.join("detect-cdf.png");
+    let png = out_dir.join(&png_name);
     let plot_err = if curves.iter().any(|c| !c.samples_ms.is_empty()) {
         std::fs::create_dir_all(&out_dir).map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;
         let title = "Vigil failure detection: latency CDFs (solid: eBPF, dashed: userspace, dotted: waitpid)";
@@ -1270,7 +1341,7 @@ pub(crate) fn run(a: &DetectArgs, vigil: Option<PathBuf>, out_dir: Option<PathBu
         "stall_false_lost": false_lost_total,
         "prober_cpu": costs.iter().map(cost::to_json).collect::<Vec<_>>(),
         "targets_missed": missed,
-        "cdf_plot": plot_err.is_none().then_some("detect-cdf.png"),
+        "cdf_plot": plot_err.is_none().then_some(png_name.clone()),
     });
     let attrs_text = attrs
         .as_object()
@@ -1279,7 +1350,7 @@ pub(crate) fn run(a: &DetectArgs, vigil: Option<PathBuf>, out_dir: Option<PathBu
     let p99_note = if n < 100 { ", so with fewer than 100 trials it is the maximum" } else { "" };
     let mut md = format!(
         "# Failure detection: eBPF detectors, userspace fallback, flux-core 0.88\n\n`vigil-bench detect --trials {n} \
-         --big-trials {} --big-mib {}` ({version}, {ncpus} CPUs, unix time {now_s}, {total_s:.0} s in all) on \
+         --big-trials {} --big-mib {}{}` ({version}, {ncpus} CPUs, unix time {now_s}, {total_s:.0} s in all) on \
          network-namespace nodes (`ci/netns-cluster.sh`), liveness attributes ({attrs_text}). Modes, measured in the \
          same run: {}. Latency = rank 0's eventlog timestamp of the verdict − the harness's wall clock right before \
          the failure was injected. Trials are given per mode; p99 is nearest-rank{p99_note}. flux-core figures were \
@@ -1287,6 +1358,7 @@ pub(crate) fn run(a: &DetectArgs, vigil: Option<PathBuf>, out_dir: Option<PathBu
          for the same program spawned by the harness (the table below).\n\n{table}\n",
         a.big_trials,
         a.big_mib,
+        if group == "detect" { String::new() } else { format!(" --parts {}", a.parts.join(",")) },
         modes
             .iter()
             .map(|m| if m.broker_args.is_empty() {
@@ -1304,21 +1376,55 @@ pub(crate) fn run(a: &DetectArgs, vigil: Option<PathBuf>, out_dir: Option<PathBu
             .map(|(_, pm)| pm.iter().map(|(m, s)| format!("{m}: {}", f(s))).collect::<Vec<_>>().join(", "))
             .unwrap_or_default()
     };
-    md.push_str(&format!(
-        "(c): the expected exception is a non-fatal `node-failure` (anything else fails the trial); the job was \
-         still running after it ({}). (d): the stalled broker became lively again after SIGCONT ({}). \
-         (b)–(d) inject the failure with `netns-cluster.sh` and t0 is taken before it starts, so its start-up counts \
-         against Vigil (`kill` cuts the link first, then kills the node's processes). (e): a 2-task job \
-         (`vigil submit -N1 -n2 -o exit-on-error`) on one node of a 2-node cluster; task 0 is a small C program \
-         or the same program after touching every page of {} MiB; the harness SIGKILLs it and times the job's \
-         fatal `exec` exception. Detectors each mode really ran on are recorded per metric in `detect.json` \
-         (`detectors`, `mode_in_force`).\n\n",
-        note("nested_exception_s", &|s| format!("{} of {}", s.survived, s.trials.len())),
-        note("stall_torpid_s", &|s| format!("{} of {}", s.lively, s.trials.len())),
-        a.big_mib,
+    // Notes on the parts that ran.
+    let mut notes = Vec::new();
+    if part("c") {
+        notes.push(format!(
+            "(c): the expected exception is a non-fatal `node-failure` (anything else fails the trial); the job was \
+             still running after it ({}).",
+            note("nested_exception_s", &|s| format!("{} of {}", s.survived, s.trials.len()))
+        ));
+    }
+    if part("d") {
+        notes.push(format!(
+            "(d): the stalled broker became lively again after SIGCONT ({}).",
+            note("stall_torpid_s", &|s| format!("{} of {}", s.lively, s.trials.len()))
+        ));
+    }
+    if ["b", "c", "d", "g"].iter().any(|p| part(p)) {
+        notes.push(
+            "(b)–(d) and (g) inject the failure with `netns-cluster.sh` and t0 is taken before it starts, so its \
+             start-up counts against Vigil (`kill` cuts the link first, then kills the node's processes)."
+                .into(),
+        );
+    }
+    if part("e") {
+        notes.push(format!(
+            "(e): a 2-task job (`vigil submit -N1 -n2 -o exit-on-error`) on one node of a 2-node cluster; task 0 is \
+             a small C program or the same program after touching every page of {} MiB; the harness SIGKILLs it and \
+             times the job's fatal `exec` exception.",
+            a.big_mib
+        ));
+    }
+    notes.push(format!(
+        "Detectors each mode really ran on are recorded per metric in `{group}.json` (`detectors`, `mode_in_force`)."
     ));
+    md.push_str(&format!("{}\n\n", notes.join(" ")));
     if !waitpid.is_empty() {
         md.push_str(&format!("{wp_table}\n"));
+    }
+    if part("g") {
+        md.push_str(&format!(
+            "(g): each trial brings up a fresh 7-node cluster (`-S tbon.topo=kary:2`: rank 1 routes for ranks 3 and 4, \
+             its sibling rank 2 adopts them by the rule) and silently kills rank 1's node as in (b), while rank 0 \
+             pings each child (`broker.ping`, one in flight per child, given up after {} ms). A child is reachable \
+             again at the reply to the first ping that succeeds at or after rank 0 recorded its `reparent`; each row \
+             takes the later of the two children. Rank 0's lost verdict is its `offline` event on rank 1; a child's \
+             own verdict is its `reparent` event's time less the event's `ms` (the child's own time from its verdict \
+             to its adoption; early by the one hop from the adopter to rank 0). Per-trial times, the lost verdict's \
+             reason and each child's are in the JSON (`reparent_reachable_s`).\n\n",
+            (reparent::PING_TIMEOUT_S * 1e3).round()
+        ));
     }
     if !cost_md.is_empty() {
         md.push_str(&format!(
@@ -1333,9 +1439,9 @@ pub(crate) fn run(a: &DetectArgs, vigil: Option<PathBuf>, out_dir: Option<PathBu
         ));
     }
     if plot_err.is_none() {
-        md.push_str(
-            "Latency CDFs: [`detect-cdf.png`](detect-cdf.png) (one curve per measurement and mode; log-scale x).\n",
-        );
+        md.push_str(&format!(
+            "Latency CDFs: [`{png_name}`]({png_name}) (one curve per measurement and mode; log-scale x).\n"
+        ));
     }
     if !missed.is_empty() {
         md.push_str("\nTargets missed:\n\n");
@@ -1349,6 +1455,6 @@ pub(crate) fn run(a: &DetectArgs, vigil: Option<PathBuf>, out_dir: Option<PathBu
             md.push_str(&format!("- {f}\n"));
         }
     }
-    write_results(&out_dir, "detect", &doc, &md)?;
+    write_results(&out_dir, &group, &doc, &md)?;
     Ok(if failed.is_empty() { 0 } else { 1 })
 }
