@@ -7,6 +7,36 @@ use common::*;
 use std::process::Command;
 use std::time::Duration;
 
+/// `mpiexec.hydra -launcher fork -n N vigil broker -- ARGS...` in `dir` (its TMPDIR).
+fn hydra_cmd(dir: &std::path::Path, n: u32, args: &[&str]) -> Command {
+    let mut c = Command::new("mpiexec.hydra");
+    c.args(["-launcher", "fork", "-n", &n.to_string(), vigil_bin(), "broker", "--"])
+        .args(args)
+        .env("TMPDIR", dir)
+        .env("PATH", path_env())
+        .current_dir(dir);
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("VIGIL_")) {
+        c.env_remove(k);
+    }
+    c
+}
+
+/// Ctrl-C to the launcher reaches the brokers, not the command rank 0 runs (its own process group): rank 0 hands
+/// it on, so `vigil run` cancels its job instead of the job running to its end (60 s).
+#[test]
+fn ctrl_c_to_hydra_reaches_the_initial_program() {
+    let dir = tempdir();
+    let mut r = spawn(hydra_cmd(dir.path(), 2, &["vigil", "run", "-N2", "sleep", "60"]), Some(dir.path()));
+    std::thread::sleep(Duration::from_secs(3));
+    // SAFETY: kill(2) of the launcher we spawned.
+    unsafe { libc::kill(r.pid() as i32, libc::SIGINT) };
+    let o = r.wait(Duration::from_secs(30));
+    kill_marked(dir.path());
+    assert!(!o.timed_out && o.elapsed < Duration::from_secs(25), "ran on after Ctrl-C: {}", o.dump());
+    assert!(o.stderr.contains("interrupted by user"), "the job was canceled: {}", o.dump());
+    // (What mpiexec.hydra then exits with is its own business: 0 here after a forwarded Ctrl-C.)
+}
+
 /// `mpiexec.hydra -launcher fork -n N vigil broker -- ARGS...` in a fresh directory (its TMPDIR); the output and
 /// what it left in that directory.
 fn hydra(n: u32, args: &[&str]) -> (Output, Vec<String>) {

@@ -494,6 +494,10 @@ impl Broker {
                         self.effect(Effect::SignalInitial(libc::SIGTERM));
                     }
                     self.begin_shutdown(&format!("signal {sig}"));
+                } else if sig == libc::SIGINT && self.rank() == 0 && self.initial_started {
+                    // Sent to the broker itself (a launcher forwarding Ctrl-C, `kill -INT`), not by a terminal to
+                    // the initial program's own process group: hand it on, as Ctrl-C on the program would be.
+                    self.effect(Effect::SignalInitial(libc::SIGINT));
                 } else {
                     debug!("ignoring signal {sig}; the initial program handles it");
                 }

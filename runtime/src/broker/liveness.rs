@@ -297,7 +297,11 @@ impl Broker {
         let (topo, size) = self.tree();
         let subtree: IdSet = if self.opts.config.reparent {
             // Its children re-parent on their own; rank 0 expects them (reparent.rs).
-            warn!("lost child rank {r} ({why}); its children re-parent");
+            if self.children_of(r).is_empty() {
+                warn!("lost child rank {r} ({why})");
+            } else {
+                warn!("lost child rank {r} ({why}); its children re-parent");
+            }
             std::iter::once(r).collect()
         } else {
             let s: IdSet = topo.subtree(size, r).into_iter().collect();
@@ -320,7 +324,9 @@ impl Broker {
                 if self.shutting_down.is_none() {
                     self.parent_up = false;
                     self.effect(Effect::DropLink(Peer::Parent, 0));
-                    if self.start_reparent(&format!("connection {why}")) {
+                    let why =
+                        if why.starts_with("connection") { why.to_string() } else { format!("connection: {why}") };
+                    if self.start_reparent(&why) {
                         return;
                     }
                     error!("lost connection to parent: {why}; exiting");
