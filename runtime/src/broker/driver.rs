@@ -638,6 +638,11 @@ async fn connect_parent(
             }
             Err(e) => {
                 debug!("connect {ep}: {e}");
+                if adopt.is_some() && e.kind() == std::io::ErrorKind::ConnectionRefused {
+                    // A candidate adoptive parent is up or it is not: nothing listens there, try the next one now
+                    // (a first parent, by contrast, may still be starting: retried until tbon.connect_timeout).
+                    return Err(format!("nothing listens at {ep} ({e})"));
+                }
                 last_error = match e.kind() {
                     // The parent closes a connection whose handshake fails: the keys (or instance ids) differ, or
                     // its listener is flooded. Its own log says which.
