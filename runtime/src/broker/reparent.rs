@@ -7,9 +7,11 @@
 //!   static tree than the orphan (a smaller [`Topology::level`]), so an adoption can never close a cycle, however
 //!   many routers die and in whatever order. Ranks never change. A broker whose parent is rank 0 exits as before:
 //!   nothing is above rank 0 to adopt it.
-//! - **Who accepts.** A broker accepts an adoptee (a hello carrying `adopt`) when it is higher in the static tree
-//!   than the adoptee and has fewer than [`adopt_limit`] children; otherwise it refuses and the orphan tries its
-//!   next candidate.
+//! - **Who accepts.** A broker accepts an adoptee (a hello carrying `adopt`, its own static child coming back
+//!   after its adopter was lost included) when it is higher in the static tree than the adoptee and has fewer
+//!   than [`adopt_limit`] children; otherwise it refuses and the orphan tries its next candidate. A static child
+//!   joining with a plain hello (a restarted broker) is never refused for the count: its static parent is its only
+//!   way in, so a broker holds at most its static children plus [`adopt_limit`].
 //! - **Who learns.** The adopter at once, every broker on the adopter's path to rank 0 as the orphan's
 //!   `overlay.reparent` request passes up through it, and then every broker from rank 0's `overlay.reparent`
 //!   event: routing uses each rank's current parent ([`Broker::next_hop`]). Rank 0 records a `reparent` event in
