@@ -23,7 +23,10 @@
 //!   [`REPARENT_TIMEOUT`] (meanwhile they and the ranks below them are torpid: no new work goes there); one that
 //!   does not is lost ("cut off"), and so on below it.
 //! - **A router that returns** joins its static parent again as a leaf: its former children stay with their
-//!   adopters (moving them back would cost their links a second reconnection for nothing).
+//!   adopters (moving them back would cost their links a second reconnection for nothing). When it registers,
+//!   rank 0 publishes an `overlay.reparent` event naming its static parent if it had been lost or adopted
+//!   ([`Broker::on_register`]): every broker that learned an adoption of it routes to it by its static parent
+//!   again.
 
 use super::core::{Broker, Effect, MemberState, Peer, Time, SELF};
 use crate::idset::IdSet;
@@ -306,6 +309,21 @@ impl Broker {
         if let (Ok(rank), Ok(parent)) = (rank_field(body, "rank", size), rank_field(body, "parent", size)) {
             self.learn_parent(rank, parent);
         }
+    }
+
+    /// Rank 0: `rank` registers (a fresh broker, so joined to its static parent). If it was lost or adopted
+    /// before, every broker is told where it is now (an `overlay.reparent` event naming its static parent):
+    /// routes that went to its former adopter would otherwise fail.
+    pub(crate) fn on_register(&mut self, rank: u32) {
+        let (topo, size) = self.tree();
+        let Some(parent) = topo.parent(size, rank) else { return };
+        let back = self.members.get(&rank).is_some_and(|m| m.0 == MemberState::Lost || m.0 == MemberState::Offline);
+        if !back && !self.adopted.contains_key(&rank) {
+            return;
+        }
+        self.learn_parent(rank, parent);
+        info!("rank {rank} is back, under its static parent rank {parent}");
+        self.publish("overlay.reparent", &json!({"rank": rank, "parent": parent}));
     }
 
     /// Rank 0: `rank` lost; its current children must re-parent within [`REPARENT_TIMEOUT`].
