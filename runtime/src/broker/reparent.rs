@@ -3,10 +3,12 @@
 //! - **Who adopts.** A broker whose parent `P` is lost (any verdict of the membership machine, or its link closed)
 //!   tries, in order, the *static siblings* of `P` (the other children of `P`'s own parent in `tbon.topo`), starting
 //!   at its own position among `P`'s children so that `P`'s orphans spread over `P`'s siblings one or two each;
-//!   then `P`'s ancestors, nearest first, ending at rank 0 ([`candidates`]). Every candidate sits higher in the
-//!   static tree than the orphan (a smaller [`Topology::level`]), so an adoption can never close a cycle, however
-//!   many routers die and in whatever order. Ranks never change. A broker whose parent is rank 0 exits as before:
-//!   nothing is above rank 0 to adopt it.
+//!   then `P`'s ancestors, nearest first, ending at rank 0 ([`candidates`]); those rank 0 has announced lost
+//!   (`overlay.lost` events, [`Broker::known_lost`]) are asked last, since each dead one costs a whole
+//!   [`CANDIDATE_TIMEOUT`] (an orphan misses the events sent while it had no parent). Every candidate sits higher
+//!   in the static tree than the orphan (a smaller [`Topology::level`]), so an adoption can never close a cycle,
+//!   however many routers die and in whatever order. Ranks never change. A broker whose parent is rank 0 exits as
+//!   before: nothing is above rank 0 to adopt it.
 //! - **Who accepts.** A broker accepts an adoptee (a hello carrying `adopt`, its own static child coming back
 //!   after its adopter was lost included) when it is higher in the static tree than the adoptee and has fewer
 //!   than [`adopt_limit`] children; otherwise it refuses and the orphan tries its next candidate. A static child
@@ -181,10 +183,14 @@ impl Broker {
         }
         let Some(lost) = self.parent else { return false };
         let (topo, size) = self.tree();
-        let candidates = candidates(topo, size, self.rank(), lost);
+        let mut candidates = candidates(topo, size, self.rank(), lost);
         if candidates.is_empty() {
             return false;
         }
+        // Candidates rank 0 announced lost go last (in the same order): each dead one would cost a whole
+        // CANDIDATE_TIMEOUT. Last, not left out: one may have come back unannounced, and the list must still end
+        // at rank 0.
+        candidates.sort_by_key(|c| self.known_lost.contains(c));
         warn!("lost parent rank {lost} ({why}); re-parenting: trying rank {} first", candidates[0]);
         self.parent = None;
         self.parent_up = false;
@@ -303,17 +309,28 @@ impl Broker {
         None
     }
 
-    /// Rank 0 and the brokers on the way: `rank` re-parented under `parent`.
+    /// Rank 0 and the brokers on the way: `rank` re-parented under `parent` (both run, then).
     pub(crate) fn on_reparent_request(&mut self, body: &Value) {
         let size = self.opts.size;
         if let (Ok(rank), Ok(parent)) = (rank_field(body, "rank", size), rank_field(body, "parent", size)) {
             self.learn_parent(rank, parent);
+            self.known_lost.remove(&rank);
+            self.known_lost.remove(&parent);
         }
+    }
+
+    /// Every broker: rank 0's `overlay.lost` event; its ranks are asked last when this broker re-parents.
+    pub(crate) fn on_lost_event(&mut self, body: &Value) {
+        let Some(ranks) = body.get("ranks").and_then(Value::as_str).and_then(|s| s.parse::<IdSet>().ok()) else {
+            return;
+        };
+        let (size, me) = (self.opts.size, self.rank());
+        self.known_lost.extend(ranks.iter().filter(|r| *r < size && *r != me));
     }
 
     /// Rank 0: `rank` registers (a fresh broker, so joined to its static parent). If it was lost or adopted
     /// before, every broker is told where it is now (an `overlay.reparent` event naming its static parent):
-    /// routes that went to its former adopter would otherwise fail.
+    /// routes that went to its former adopter would otherwise fail, and orphans would ask it last.
     pub(crate) fn on_register(&mut self, rank: u32) {
         let (topo, size) = self.tree();
         let Some(parent) = topo.parent(size, rank) else { return };
@@ -322,6 +339,7 @@ impl Broker {
             return;
         }
         self.learn_parent(rank, parent);
+        self.known_lost.remove(&rank);
         info!("rank {rank} is back, under its static parent rank {parent}");
         self.publish("overlay.reparent", &json!({"rank": rank, "parent": parent}));
     }

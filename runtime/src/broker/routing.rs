@@ -355,6 +355,9 @@ impl Broker {
         if msg.topic == "overlay.reparent" {
             let body = msg.json();
             self.on_reparent_request(&body);
+        } else if msg.topic == "overlay.lost" {
+            let body = msg.json();
+            self.on_lost_event(&body);
         }
         let children: Vec<u32> = self.children.keys().copied().collect();
         for r in children {

@@ -83,14 +83,19 @@ fn a_lost_routers_children_re_parent_under_its_siblings_and_stay_reachable() {
         let (e, body) = sim.responses.get(&tag).cloned().unwrap_or((u32::MAX, serde_json::json!(null)));
         assert_eq!(e, 0, "ping to rank {r}: {body}");
     }
-    // Its new parent dies too: rank 4 re-parents again (under rank 3, then rank 0).
+    // Its new parent dies too: rank 4 re-parents again.
     sim.fault_at(Time::from_secs_f64(2.5), Fault::NodeLoss(2));
     sim.run_until(Time::from_secs_f64(4.0));
     let b0 = sim.broker(0).expect("rank 0 runs");
     assert!(sim.broker(4).is_some());
     assert_eq!(b0.members[&4].0, MemberState::Online, "{:?}", b0.members[&4]);
-    // Its candidates: rank 2's siblings 1 (lost: the attempt times out) and 3, then rank 0.
-    assert_eq!(b0.parent_of(4), Some(3));
+    // Rank 2's own children 7, 8, 9 knew rank 1 was lost (rank 0's event reached them), so they asked rank 3
+    // first: 7 and 8 fill it to twice the fanout (its own 10-12, 5, 7, 8), 9 goes on to rank 0. Rank 4, an
+    // orphan when that event went out, asks rank 1 first (dead: the attempt times out), then rank 3 (full), then
+    // rank 0.
+    assert_eq!(b0.parent_of(7), Some(3));
+    assert_eq!(b0.parent_of(9), Some(0));
+    assert_eq!(b0.parent_of(4), Some(0));
 }
 
 #[test]
