@@ -13,7 +13,10 @@
 //!   after its adopter was lost included) when it is higher in the static tree than the adoptee and has fewer
 //!   than [`adopt_limit`] children; otherwise it refuses and the orphan tries its next candidate. A static child
 //!   joining with a plain hello (a restarted broker) is never refused for the count: its static parent is its only
-//!   way in, so a broker holds at most its static children plus [`adopt_limit`].
+//!   way in, so a broker holds at most its static children plus [`adopt_limit`]. Nobody adopts a rank rank 0
+//!   has announced lost: it was cut off, not dead (a partition healed), its jobs have had their exceptions and
+//!   its resources are out of the pool; it rejoins by restarting. Refused by every candidate, it exits as an
+//!   orphan that found no parent, and its children re-parent.
 //! - **Who learns.** The adopter at once, every broker on the adopter's path to rank 0 as the orphan's
 //!   `overlay.reparent` request passes up through it, and then every broker from rank 0's `overlay.reparent`
 //!   event: routing uses each rank's current parent ([`Broker::next_hop`]). Rank 0 records a `reparent` event in
@@ -298,6 +301,11 @@ impl Broker {
         }
         if self.reparenting.is_some() {
             return Some("this broker is re-parenting itself".into());
+        }
+        if self.known_lost.contains(&rank) {
+            // Cut off, not dead: its jobs were failed and its resources taken out; it rejoins by restarting
+            // (and its children re-parent once it gives up).
+            return Some(format!("rank 0 declared rank {rank} lost; it must restart to rejoin"));
         }
         if topo.level(size, me) >= topo.level(size, rank) {
             return Some(format!("rank {rank} is not below rank {me} in the tree; it may not be adopted here"));
