@@ -23,7 +23,10 @@
 //!   `resource.eventlog`.
 //! - **Meanwhile.** What the orphan sends up while it has no parent is queued, up to [`UP_QUEUE_MAX`] messages
 //!   and [`UP_QUEUE_BYTES`]; past either bound a request gets EHOSTUNREACH and anything else is dropped (counted
-//!   in the log). Requests that were in flight through the dead router got EHOSTUNREACH from its parent.
+//!   in the log). Requests that were in flight through the dead router got EHOSTUNREACH from its parent. Job
+//!   shells' exit reports are kept until rank 0 answers them and sent again by the orphan once it re-parents,
+//!   and by every broker below it when rank 0's `overlay.reparent` event for it comes down
+//!   ([`Broker::on_reparent_event`]): theirs went up through the orphan too.
 //! - **Orphans that never come.** Rank 0 expects every child of a lost rank to re-parent within
 //!   [`REPARENT_TIMEOUT`] (meanwhile they and the ranks below them are torpid: no new work goes there); one that
 //!   does not is lost ("cut off"), and so on below it.
@@ -260,15 +263,39 @@ impl Broker {
         for m in rp.queue {
             self.effect(Effect::Send(Peer::Parent, m));
         }
-        // Shell exit reports that got no answer may have died with the lost parent: again (rank 0 takes each once).
+        self.resend_exit_reports(&rp.queue_tags);
+    }
+
+    /// Shell exit reports that got no answer may have died with a lost router on the way: again (rank 0 takes
+    /// each once), but not those in `sent` (just sent from the re-parent queue).
+    fn resend_exit_reports(&mut self, sent: &std::collections::BTreeSet<u32>) {
         let again: Vec<(u32, Message)> = self.exit_reports.iter().map(|(t, m)| (*t, m.clone())).collect();
         for (tag, mut m) in again {
-            if self.internal.contains_key(&tag) && rp.queue_tags.contains(&tag) {
-                continue; // still queued above: sent just now
+            if self.internal.contains_key(&tag) && sent.contains(&tag) {
+                continue;
             }
             m.matchtag = tag;
             self.internal.insert(tag, super::core::Internal::ShellExit);
             self.route_request(SELF, m);
+        }
+    }
+
+    /// Every broker, at rank 0's `overlay.reparent` event: if the rank that moved is above this broker, what
+    /// this broker sent up through it may have been lost with that rank's former parent, so its unanswered shell
+    /// exit reports go again (the orphan itself sent its own when it re-parented).
+    pub(crate) fn on_reparent_event(&mut self, body: &Value) {
+        self.on_reparent_request(body);
+        let Ok(moved) = rank_field(body, "rank", self.opts.size) else { return };
+        if self.exit_reports.is_empty() || moved == self.rank() {
+            return;
+        }
+        let mut x = self.parent;
+        for _ in 0..=crate::topology::MAX_DEPTH * 2 {
+            match x {
+                Some(a) if a == moved => return self.resend_exit_reports(&Default::default()),
+                Some(a) => x = self.parent_of(a),
+                None => return,
+            }
         }
     }
 
