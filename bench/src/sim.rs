@@ -18,17 +18,22 @@ pub struct SimArgs {
     /// TBON shape: `kary:K`, `binomial`, or `flat` (kary:0, every rank a child of rank 0).
     #[arg(long, default_value = "kary:32")]
     topo: String,
-    /// `boot`, `jobs`, `churn` or `partition`.
+    /// `boot`, `jobs`, `churn`, `partition`, or a router-loss scenario: `router-each`, `routers-1pct`,
+    /// `routers-5pct`, `router-adopter`, `reparent-loss`, `router-flap` (see `vigil::sim::scenario`).
     #[arg(long, default_value = "churn")]
     scenario: String,
+    /// One-way latency of every overlay link, microseconds.
+    #[arg(long, default_value_t = 50)]
+    latency_us: u64,
     /// Seed of every random choice.
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Print one JSON object (the report) instead of a summary.
     #[arg(long)]
     json: bool,
-    /// Run every scenario at 16,384 brokers for kary:32 and flat, each in its own process, and write
-    /// `sim.md`/`sim.json` in the results directory.
+    /// Run every scenario at 16,384 brokers for kary:32 and flat (50 µs links), and the router-loss scenarios
+    /// for kary:32 and kary:8 (1 ms links), each in its own process, and write `sim.md`/`sim.json` in the
+    /// results directory.
     #[arg(long)]
     table: bool,
 }
@@ -51,9 +56,15 @@ fn peak_rss_mb() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-fn measure(brokers: u32, topo: Topology, scenario: Scenario, seed: u64) -> Measured {
+/// One-way link latency of the router-loss rows of the table: the re-parent latency target is stated for 1 ms
+/// links.
+const ROUTERS_LATENCY_US: u64 = 1000;
+
+fn measure(brokers: u32, topo: Topology, scenario: Scenario, seed: u64, latency_us: u64) -> Measured {
     let t0 = std::time::Instant::now();
-    let r: Report = vigil::sim::run(Config::new(brokers, topo, seed), scenario);
+    let mut cfg = Config::new(brokers, topo, seed);
+    cfg.latency = std::time::Duration::from_micros(latency_us);
+    let r: Report = vigil::sim::run(cfg, scenario);
     let wall_s = t0.elapsed().as_secs_f64();
     Measured { report: serde_json::to_value(&r).unwrap_or_default(), wall_s, peak_rss_mb: peak_rss_mb() }
 }
@@ -86,7 +97,7 @@ pub fn run(a: &SimArgs, out_dir: Option<PathBuf>) -> i32 {
         eprintln!("vigil-bench sim: {e}");
         return 2;
     }
-    let m = measure(a.brokers, topo, scenario, a.seed);
+    let m = measure(a.brokers, topo, scenario, a.seed, a.latency_us);
     let ok = m.report["ok"].as_bool().unwrap_or(false);
     if a.json {
         println!("{}", serde_json::to_string(&m).unwrap_or_default());
@@ -112,6 +123,23 @@ pub fn run(a: &SimArgs, out_dir: Option<PathBuf>) -> i32 {
             r["jobs_failed"],
             if ok { "every invariant held".to_string() } else { format!("VIOLATIONS: {}", r["violations"]) }
         );
+        if let Some(f) = r.get("reparent").filter(|f| !f.is_null()) {
+            println!(
+                "  re-parents {} after {} losses ({} µs links): loss → reachable {} ms; rank 0's verdict → reachable \
+                 {} ms; orphan's verdict → reachable {} ms; loss → orphan's verdict {} ms (median / p99 / max); \
+                 per loss, all orphans reachable {} ms (median / max); max candidates asked {}; max children {}",
+                f["reparents"],
+                f["losses"],
+                a.latency_us,
+                triple(&f["loss_to_reachable_ms"]),
+                triple(&f["verdict_to_reachable_ms"]),
+                triple(&f["orphan_verdict_to_reachable_ms"]),
+                triple(&f["loss_to_orphan_verdict_ms"]),
+                triple(&f["loss_to_all_reachable_ms"]),
+                f["max_attempts"],
+                r["max_children"],
+            );
+        }
     }
     if ok {
         0
@@ -120,8 +148,36 @@ pub fn run(a: &SimArgs, out_dir: Option<PathBuf>) -> i32 {
     }
 }
 
-/// The committed table: every scenario at `--brokers` (default 16,384 for the table) for kary:32 and flat, each
-/// run in a fresh process so that its peak memory is its own.
+/// `a / b / c` of a JSON array of numbers, rounded to ms; `-` when absent.
+fn triple(v: &serde_json::Value) -> String {
+    v.as_array()
+        .map(|a| a.iter().map(|x| format!("{:.0}", x.as_f64().unwrap_or(f64::NAN))).collect::<Vec<_>>().join(" / "))
+        .unwrap_or_else(|| "-".into())
+}
+
+/// Run one row of the table in a fresh process (so that its peak memory is its own).
+fn row(
+    exe: &std::path::Path,
+    brokers: u32,
+    topo: &str,
+    scenario: &str,
+    seed: u64,
+    latency_us: u64,
+) -> Option<Measured> {
+    eprintln!("vigil-bench sim: {brokers} brokers, {topo}, {scenario}, {latency_us} µs links...");
+    let out = std::process::Command::new(exe)
+        .args(["sim", "--json", "--brokers", &brokers.to_string(), "--topo", topo, "--scenario", scenario])
+        .args(["--seed", &seed.to_string(), "--latency-us", &latency_us.to_string()])
+        .output();
+    let m: Option<Measured> = out.ok().and_then(|o| serde_json::from_slice(&o.stdout).ok());
+    if m.is_none() {
+        eprintln!("vigil-bench sim: {topo} {scenario}: no report");
+    }
+    m
+}
+
+/// The committed table: every scenario at `--brokers` (default 16,384 for the table) for kary:32 and flat, then
+/// the router-loss scenarios for kary:32 and kary:8 with 1 ms links, each run in a fresh process.
 fn table(a: &SimArgs, out_dir: Option<PathBuf>) -> i32 {
     let brokers = if a.brokers == 1024 { 16_384 } else { a.brokers };
     let exe = match std::env::current_exe() {
@@ -135,21 +191,24 @@ fn table(a: &SimArgs, out_dir: Option<PathBuf>) -> i32 {
     let mut all_ok = true;
     for topo in ["kary:32", "flat"] {
         for scenario in ["boot", "jobs", "churn", "partition"] {
-            eprintln!("vigil-bench sim: {brokers} brokers, {topo}, {scenario}...");
-            let out = std::process::Command::new(&exe)
-                .args(["sim", "--json", "--brokers", &brokers.to_string(), "--topo", topo, "--scenario", scenario])
-                .args(["--seed", &a.seed.to_string()])
-                .output();
-            let m: Option<Measured> = out.ok().and_then(|o| serde_json::from_slice(&o.stdout).ok());
-            match m {
+            match row(&exe, brokers, topo, scenario, a.seed, a.latency_us) {
                 Some(m) => {
                     all_ok &= m.report["ok"].as_bool().unwrap_or(false);
                     rows.push(m);
                 }
-                None => {
-                    all_ok = false;
-                    eprintln!("vigil-bench sim: {topo} {scenario}: no report");
+                None => all_ok = false,
+            }
+        }
+    }
+    let mut routers = Vec::new();
+    for topo in ["kary:32", "kary:8"] {
+        for scenario in Scenario::ROUTERS.iter().map(ToString::to_string).chain(["partition".to_string()]) {
+            match row(&exe, brokers, topo, &scenario, a.seed, ROUTERS_LATENCY_US) {
+                Some(m) => {
+                    all_ok &= m.report["ok"].as_bool().unwrap_or(false);
+                    routers.push(m);
                 }
+                None => all_ok = false,
             }
         }
     }
@@ -197,13 +256,70 @@ fn table(a: &SimArgs, out_dir: Option<PathBuf>) -> i32 {
             if faults.is_empty() { "-".into() } else { faults },
         ));
     }
+    routers_table(&mut md, &routers);
     let _ = std::fs::create_dir_all(&dir);
     let _ = std::fs::write(dir.join("sim.md"), &md);
-    let _ = std::fs::write(dir.join("sim.json"), serde_json::to_string_pretty(&rows).unwrap_or_default());
+    let all: Vec<&Measured> = rows.iter().chain(&routers).collect();
+    let _ = std::fs::write(dir.join("sim.json"), serde_json::to_string_pretty(&all).unwrap_or_default());
     print!("{md}");
     if all_ok {
         0
     } else {
         1
+    }
+}
+
+/// The router-loss section of the table.
+fn routers_table(md: &mut String, rows: &[Measured]) {
+    md.push_str("\n## Router loss and re-parenting (1 ms links)\n\n");
+    md.push_str(
+        "The router-loss scenarios (`vigil::sim::scenario`: `router-each` loses every router in turn, one every \
+         0.4 s, each rebooted 0.3 s later; `routers-1pct`/`-5pct` lose that share of the routers silently at \
+         random times over 10 s; `router-adopter` a router and its first orphan's adopter together; \
+         `reparent-loss` adopters while orphans join them; `router-flap` one router down and up 10 times; \
+         `partition` cuts a level-1 and then a level-2 router's link for 5 s each). Every link has 1 ms one-way \
+         latency. Times are virtual ms, median / p99 / max over the orphans' re-parents (p99 by nearest rank): \
+         *loss* is the fault, *rank 0's verdict* the rank recorded lost, *orphan's verdict* the orphan's first \
+         request to a candidate, *reachable* rank 0's client getting the orphan's answer to a ping sent when rank \
+         0 recorded the re-parent. \"all orphans\": per loss, until the last of its orphans is reachable (median \
+         / max over losses). \"max children\": the most children one broker had at once (the bound is twice the \
+         fanout: 64 for kary:32, 16 for kary:8).\n\n",
+    );
+    md.push_str(
+        "| topo | scenario | brokers | virtual s | wall s | faults | re-parents | loss → reachable | rank 0's verdict \
+         → reachable | orphan's verdict → reachable | loss → orphan's verdict | all orphans (median / max) | max \
+         candidates asked | max children | invariants |\n",
+    );
+    md.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for m in rows {
+        let r = &m.report;
+        let f = &r["reparent"];
+        let faults = r["faults"]
+            .as_object()
+            .map(|o| o.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", "))
+            .unwrap_or_default();
+        let ok = if r["ok"].as_bool().unwrap_or(false) {
+            "held".to_string()
+        } else {
+            format!("{} violated", r["violations"].as_array().map_or(0, Vec::len))
+        };
+        let reparents =
+            if f.is_null() { "0".to_string() } else { format!("{} ({} losses)", f["reparents"], f["losses"]) };
+        md.push_str(&format!(
+            "| {} | {} | {} | {:.1} | {:.1} | {} | {reparents} | {} | {} | {} | {} | {} | {} | {} | {ok} |\n",
+            r["topo"].as_str().unwrap_or(""),
+            r["scenario"].as_str().unwrap_or(""),
+            r["brokers"],
+            r["virtual_s"].as_f64().unwrap_or(0.0),
+            m.wall_s,
+            if faults.is_empty() { "-".into() } else { faults },
+            triple(&f["loss_to_reachable_ms"]),
+            triple(&f["verdict_to_reachable_ms"]),
+            triple(&f["orphan_verdict_to_reachable_ms"]),
+            triple(&f["loss_to_orphan_verdict_ms"]),
+            triple(&f["loss_to_all_reachable_ms"]),
+            if f.is_null() { "-".to_string() } else { f["max_attempts"].to_string() },
+            r["max_children"],
+        ));
     }
 }

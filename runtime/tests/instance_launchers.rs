@@ -26,7 +26,7 @@ fn hydra_cmd(dir: &std::path::Path, n: u32, args: &[&str]) -> Command {
 #[test]
 fn ctrl_c_to_hydra_reaches_the_initial_program() {
     let dir = tempdir();
-    let mut r = spawn(hydra_cmd(dir.path(), 2, &["vigil", "run", "-N2", "sleep", "60"]), Some(dir.path()));
+    let r = spawn(hydra_cmd(dir.path(), 2, &["vigil", "run", "-N2", "sleep", "60"]), Some(dir.path()));
     std::thread::sleep(Duration::from_secs(3));
     // SAFETY: kill(2) of the launcher we spawned.
     unsafe { libc::kill(r.pid() as i32, libc::SIGINT) };

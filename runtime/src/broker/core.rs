@@ -331,6 +331,8 @@ pub(crate) struct Broker {
     pub orphans: BTreeMap<u32, (Time, u32)>,
     /// Job shells' exit reports not yet answered by rank 0, by matchtag (sent again after a re-parent).
     pub exit_reports: BTreeMap<u32, Message>,
+    /// Ranks rank 0 announced lost (`overlay.lost` events) and not seen back since: an orphan asks them last.
+    pub known_lost: BTreeSet<u32>,
     out: VecDeque<Effect>,
 }
 
@@ -383,6 +385,7 @@ impl Broker {
             reparenting: None,
             orphans: BTreeMap::new(),
             exit_reports: BTreeMap::new(),
+            known_lost: BTreeSet::new(),
             out: VecDeque::new(),
         }
     }

@@ -131,14 +131,14 @@ impl Broker {
         if rank >= size {
             return Err(format!("rank {rank} is not in this instance of {size} brokers"));
         }
-        if topo.parent(size, rank) != Some(self.rank()) {
+        if topo.parent(size, rank) != Some(self.rank()) && v.get("adopt").is_none() {
             // Not ours in the tree: only an orphan asking to be adopted may join (reparent.rs).
-            if v.get("adopt").is_none() {
-                return Err(format!("rank {rank} is not a child of rank {}", self.rank()));
-            }
-            if let Some(why) = self.adoption_refusal(rank, &v) {
-                return Err(why);
-            }
+            return Err(format!("rank {rank} is not a child of rank {}", self.rank()));
+        }
+        // An orphan, even one of our own static children coming back after its adopter was lost, joins within
+        // the adoption bound (reparent.rs).
+        if let Some(why) = self.adoption_refusal(rank, &v) {
+            return Err(why);
         }
         if self.shutting_down.is_some() {
             return Err("broker is shutting down".into());

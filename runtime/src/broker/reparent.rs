@@ -3,13 +3,20 @@
 //! - **Who adopts.** A broker whose parent `P` is lost (any verdict of the membership machine, or its link closed)
 //!   tries, in order, the *static siblings* of `P` (the other children of `P`'s own parent in `tbon.topo`), starting
 //!   at its own position among `P`'s children so that `P`'s orphans spread over `P`'s siblings one or two each;
-//!   then `P`'s ancestors, nearest first, ending at rank 0 ([`candidates`]). Every candidate sits higher in the
-//!   static tree than the orphan (a smaller [`Topology::level`]), so an adoption can never close a cycle, however
-//!   many routers die and in whatever order. Ranks never change. A broker whose parent is rank 0 exits as before:
-//!   nothing is above rank 0 to adopt it.
-//! - **Who accepts.** A broker accepts an adoptee (a hello carrying `adopt`) when it is higher in the static tree
-//!   than the adoptee and has fewer than [`adopt_limit`] children; otherwise it refuses and the orphan tries its
-//!   next candidate.
+//!   then `P`'s ancestors, nearest first, ending at rank 0 ([`candidates`]); those rank 0 has announced lost
+//!   (`overlay.lost` events, [`Broker::known_lost`]) are asked last, since each dead one costs a whole
+//!   [`CANDIDATE_TIMEOUT`] (an orphan misses the events sent while it had no parent). Every candidate sits higher
+//!   in the static tree than the orphan (a smaller [`Topology::level`]), so an adoption can never close a cycle,
+//!   however many routers die and in whatever order. Ranks never change. A broker whose parent is rank 0 exits as
+//!   before: nothing is above rank 0 to adopt it.
+//! - **Who accepts.** A broker accepts an adoptee (a hello carrying `adopt`, its own static child coming back
+//!   after its adopter was lost included) when it is higher in the static tree than the adoptee and has fewer
+//!   than [`adopt_limit`] children; otherwise it refuses and the orphan tries its next candidate. A static child
+//!   joining with a plain hello (a restarted broker) is never refused for the count: its static parent is its only
+//!   way in, so a broker holds at most its static children plus [`adopt_limit`]. Nobody adopts a rank rank 0
+//!   has announced lost: it was cut off, not dead (a partition healed), its jobs have had their exceptions and
+//!   its resources are out of the pool; it rejoins by restarting. Refused by every candidate, it exits as an
+//!   orphan that found no parent, and its children re-parent.
 //! - **Who learns.** The adopter at once, every broker on the adopter's path to rank 0 as the orphan's
 //!   `overlay.reparent` request passes up through it, and then every broker from rank 0's `overlay.reparent`
 //!   event: routing uses each rank's current parent ([`Broker::next_hop`]). Rank 0 records a `reparent` event in
@@ -19,14 +26,19 @@
 //!   and [`UP_QUEUE_BYTES`]; past either bound a request gets EHOSTUNREACH and anything else is dropped (counted
 //!   in the log). Requests that were in flight through the dead router got EHOSTUNREACH: those going down from
 //!   its parent, those going up from the orphan that sent them ([`Broker::fail_sent_up`]), since whether the
-//!   router passed them on before it died cannot be known.
+//!   router passed them on before it died cannot be known. Job shells' exit reports are kept until rank 0
+//!   answers them and sent again by the orphan once it re-parents, and by every broker below it when rank 0's
+//!   `overlay.reparent` event for it comes down ([`Broker::on_reparent_event`]): theirs went up through the
+//!   orphan too.
 //! - **Orphans that never come.** Rank 0 expects every child of a lost rank to re-parent within
 //!   [`REPARENT_TIMEOUT`] (meanwhile they and the ranks below them are torpid: no new work goes there); one that
 //!   does not is lost ("cut off"), and so on below it.
 //! - **A router that returns** joins its static parent again as a leaf: its former children stay with their
 //!   adopters (moving them back would cost their links a second reconnection for nothing). Its parent tells it
 //!   the re-parents it missed (the `adopted` control message, sent to every child that joins while there are
-//!   any), so it routes to its former children through their adopters rather than to links it no longer has.
+//!   any); when it registers, rank 0 publishes an `overlay.reparent` event naming its static parent if it had
+//!   been lost or adopted ([`Broker::on_register`]), so every broker that learned an adoption of it routes to it
+//!   by its static parent again.
 
 use super::core::{Broker, Effect, MemberState, Time, SELF};
 use crate::idset::IdSet;
@@ -212,10 +224,14 @@ impl Broker {
             return false;
         }
         let (topo, size) = self.tree();
-        let candidates = candidates(topo, size, self.rank(), lost);
+        let mut candidates = candidates(topo, size, self.rank(), lost);
         if candidates.is_empty() {
             return false;
         }
+        // Candidates rank 0 announced lost go last (in the same order): each dead one would cost a whole
+        // CANDIDATE_TIMEOUT. Last, not left out: one may have come back unannounced, and the list must still end
+        // at rank 0.
+        candidates.sort_by_key(|c| self.known_lost.contains(c));
         warn!("lost parent rank {lost} ({why}); re-parenting: trying rank {} first", candidates[0]);
         self.parent = None;
         self.parent_up = false;
@@ -282,15 +298,39 @@ impl Broker {
         for m in rp.queue {
             self.send_up(m);
         }
-        // Shell exit reports that got no answer may have died with the lost parent: again (rank 0 takes each once).
+        self.resend_exit_reports(&rp.queue_tags);
+    }
+
+    /// Shell exit reports that got no answer may have died with a lost router on the way: again (rank 0 takes
+    /// each once), but not those in `sent` (just sent from the re-parent queue).
+    fn resend_exit_reports(&mut self, sent: &std::collections::BTreeSet<u32>) {
         let again: Vec<(u32, Message)> = self.exit_reports.iter().map(|(t, m)| (*t, m.clone())).collect();
         for (tag, mut m) in again {
-            if self.internal.contains_key(&tag) && rp.queue_tags.contains(&tag) {
-                continue; // still queued above: sent just now
+            if self.internal.contains_key(&tag) && sent.contains(&tag) {
+                continue;
             }
             m.matchtag = tag;
             self.internal.insert(tag, super::core::Internal::ShellExit);
             self.route_request(SELF, m);
+        }
+    }
+
+    /// Every broker, at rank 0's `overlay.reparent` event: if the rank that moved is above this broker, what
+    /// this broker sent up through it may have been lost with that rank's former parent, so its unanswered shell
+    /// exit reports go again (the orphan itself sent its own when it re-parented).
+    pub(crate) fn on_reparent_event(&mut self, body: &Value) {
+        self.on_reparent_request(body);
+        let Ok(moved) = rank_field(body, "rank", self.opts.size) else { return };
+        if self.exit_reports.is_empty() || moved == self.rank() {
+            return;
+        }
+        let mut x = self.parent;
+        for _ in 0..=crate::topology::MAX_DEPTH * 2 {
+            match x {
+                Some(a) if a == moved => return self.resend_exit_reports(&Default::default()),
+                Some(a) => x = self.parent_of(a),
+                None => return,
+            }
         }
     }
 
@@ -324,6 +364,11 @@ impl Broker {
         if self.reparenting.is_some() {
             return Some("this broker is re-parenting itself".into());
         }
+        if self.known_lost.contains(&rank) {
+            // Cut off, not dead: its jobs were failed and its resources taken out; it rejoins by restarting
+            // (and its children re-parent once it gives up).
+            return Some(format!("rank 0 declared rank {rank} lost; it must restart to rejoin"));
+        }
         if topo.level(size, me) >= topo.level(size, rank) {
             return Some(format!("rank {rank} is not below rank {me} in the tree; it may not be adopted here"));
         }
@@ -334,12 +379,39 @@ impl Broker {
         None
     }
 
-    /// Rank 0 and the brokers on the way: `rank` re-parented under `parent`.
+    /// Rank 0 and the brokers on the way: `rank` re-parented under `parent` (both run, then).
     pub(crate) fn on_reparent_request(&mut self, body: &Value) {
         let size = self.opts.size;
         if let (Ok(rank), Ok(parent)) = (rank_field(body, "rank", size), rank_field(body, "parent", size)) {
             self.learn_parent(rank, parent);
+            self.known_lost.remove(&rank);
+            self.known_lost.remove(&parent);
         }
+    }
+
+    /// Every broker: rank 0's `overlay.lost` event; its ranks are asked last when this broker re-parents.
+    pub(crate) fn on_lost_event(&mut self, body: &Value) {
+        let Some(ranks) = body.get("ranks").and_then(Value::as_str).and_then(|s| s.parse::<IdSet>().ok()) else {
+            return;
+        };
+        let (size, me) = (self.opts.size, self.rank());
+        self.known_lost.extend(ranks.iter().filter(|r| *r < size && *r != me));
+    }
+
+    /// Rank 0: `rank` registers (a fresh broker, so joined to its static parent). If it was lost or adopted
+    /// before, every broker is told where it is now (an `overlay.reparent` event naming its static parent):
+    /// routes that went to its former adopter would otherwise fail, and orphans would ask it last.
+    pub(crate) fn on_register(&mut self, rank: u32) {
+        let (topo, size) = self.tree();
+        let Some(parent) = topo.parent(size, rank) else { return };
+        let back = self.members.get(&rank).is_some_and(|m| m.0 == MemberState::Lost || m.0 == MemberState::Offline);
+        if !back && !self.adopted.contains_key(&rank) {
+            return;
+        }
+        self.learn_parent(rank, parent);
+        self.known_lost.remove(&rank);
+        info!("rank {rank} is back, under its static parent rank {parent}");
+        self.publish("overlay.reparent", &json!({"rank": rank, "parent": parent}));
     }
 
     /// Rank 0: `rank` lost; its current children must re-parent within [`REPARENT_TIMEOUT`].

@@ -385,7 +385,10 @@ impl Broker {
     pub(crate) fn deliver_event(&mut self, msg: Message) {
         if msg.topic == "overlay.reparent" {
             let body = msg.json();
-            self.on_reparent_request(&body);
+            self.on_reparent_event(&body);
+        } else if msg.topic == "overlay.lost" {
+            let body = msg.json();
+            self.on_lost_event(&body);
         }
         let children: Vec<u32> = self.children.keys().copied().collect();
         for r in children {

@@ -556,6 +556,7 @@ fn resource(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
             };
             let cores = ids("cores", res.cores)?;
             let gpus = ids("gpus", res.gpus)?;
+            core.on_register(rank);
             core.members.insert(rank, (MemberState::Online, String::new(), n));
             if let Some(jc) = core.jobcore.as_mut() {
                 jc.rank_online(n, rank, &hostname, cores, gpus, (topology, dg));

@@ -30,7 +30,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::time::Duration;
 
-pub use scenario::{run, Scenario};
+pub use scenario::{run, Scenario, SCENARIOS};
 
 /// What to simulate.
 #[derive(Clone, Debug)]
@@ -87,6 +87,38 @@ pub struct Report {
     pub faults: BTreeMap<String, u32>,
     /// Virtual time from a silent node loss to rank 0 recording the rank lost, milliseconds: median and max.
     pub loss_detect_ms: Option<(f64, f64)>,
+    /// One-way latency of every overlay link, milliseconds ([`Config::latency`]).
+    pub latency_ms: f64,
+    /// The most children any broker had at once during the run (its static children and any it adopted).
+    pub max_children: u32,
+    /// Re-parenting figures, when some orphan re-parented.
+    pub reparent: Option<ReparentFigures>,
+}
+
+/// Re-parenting figures of a run, in virtual milliseconds. Each `(median, p99, max)` is over the re-parents rank
+/// 0 recorded whose lost parent had a fault (p99 by nearest rank; an orphan re-parented twice counts twice).
+/// "Reachable" is when rank 0's client got the orphan's answer to a ping it sent on seeing the re-parent in
+/// `resource.eventlog` (a round trip after rank 0 can route to it again).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct ReparentFigures {
+    /// Re-parents rank 0 recorded.
+    pub reparents: u32,
+    /// Distinct losses (a rank and the time of its fault) they followed.
+    pub losses: u32,
+    /// From the parent's loss (the fault) to the orphan reachable from rank 0.
+    pub loss_to_reachable_ms: Option<(f64, f64, f64)>,
+    /// From rank 0's verdict on the lost parent (`resource.eventlog`) to the orphan reachable.
+    pub verdict_to_reachable_ms: Option<(f64, f64, f64)>,
+    /// From the orphan's own verdict (its first request to a candidate) to the orphan reachable.
+    pub orphan_verdict_to_reachable_ms: Option<(f64, f64, f64)>,
+    /// From the parent's loss to the orphan's own verdict.
+    pub loss_to_orphan_verdict_ms: Option<(f64, f64, f64)>,
+    /// Per loss, from the loss to the last of its orphans reachable: (median, max) over losses.
+    pub loss_to_all_reachable_ms: Option<(f64, f64)>,
+    /// The most candidates one orphan asked for one re-parent (the one that took it included).
+    pub max_attempts: u32,
+    /// The most children any broker had at once, and its rank.
+    pub max_children: (u32, u32),
 }
 
 /// A fault to inject.
@@ -102,6 +134,19 @@ pub enum Fault {
     Cut(u32),
     /// The cut link of this rank is whole again.
     Heal(u32),
+    /// The broker of this rank starts again, a fresh process (its node boots again first if it died); it joins
+    /// its static parent as a leaf (`reparent.rs`: its former children stay with their adopters). Ignored while
+    /// the broker still runs.
+    Restart(u32),
+}
+
+/// A fault injected when an orphan asks a given candidate to adopt it (its first such attempt), `after` that.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Trigger {
+    pub orphan: u32,
+    pub candidate: u32,
+    pub after: Duration,
+    pub fault: Fault,
 }
 
 /// Events in the queue.
@@ -124,6 +169,9 @@ enum Ev {
     Client(Message),
     /// A scenario checkpoint (see `scenario.rs`).
     Check(u32),
+    /// The deadline of an orphan's attempt to join a candidate parent ([`Effect::ConnectParent`]'s timeout) on
+    /// link `conn`: if that link is not up by then, the attempt failed (the real driver's connect timeout).
+    ConnectDeadline(u32, u64),
 }
 
 /// What a parent's prober knows of one child (the fields of the real prober's target that shape what it
@@ -138,6 +186,51 @@ struct ProbeTarget {
     missed_reported: u32,
     stalled: bool,
     forwarded: Option<Time>,
+}
+
+/// One re-parent as rank 0 recorded it (`overlay.reparent` → a `reparent` event in `resource.eventlog`), with
+/// what the simulator saw around it.
+#[derive(Clone, Debug)]
+pub(crate) struct Reattach {
+    /// The orphan.
+    pub rank: u32,
+    /// Its new parent.
+    pub parent: u32,
+    /// The parent it lost.
+    pub lost: u32,
+    /// When the orphan first asked a candidate to adopt it after losing `lost` (its own verdict on its parent).
+    pub asked: Option<Time>,
+    /// Candidates it asked (the one that took it included).
+    pub attempts: u32,
+    /// Of those, how many never answered (dead, or cut off): each cost it the candidate timeout.
+    pub timeouts: u32,
+    /// When rank 0 recorded the re-parent.
+    pub recorded: Time,
+    /// When rank 0's client got a successful answer to the ping it sent the orphan on seeing the record; `None`
+    /// if that ping failed (the orphan lost its new parent meanwhile, say).
+    pub answered: Option<Time>,
+}
+
+/// What the simulator watches of re-parenting while it runs (the `routers` scenarios turn it into figures).
+#[derive(Default)]
+pub(crate) struct ReparentWatch {
+    /// Orphans looking for a parent: rank → (the parent lost, when it first asked a candidate, candidates asked,
+    /// attempts timed out).
+    open: BTreeMap<u32, (u32, Time, u32, u32)>,
+    /// Every re-parent rank 0 recorded, in order.
+    pub done: Vec<Reattach>,
+    /// Pings to re-parented orphans awaiting their answer: matchtag → index in `done`.
+    pings: BTreeMap<u32, usize>,
+    /// How many of rank 0's `resource.eventlog` entries have been looked at.
+    seen: usize,
+    /// The most children any broker had at once, and which rank.
+    pub max_children: (usize, u32),
+    /// Ranks that accepted an adoptee with more children than `reparent::adopt_limit` (twice the fanout) allows,
+    /// with how many.
+    pub over_limit: BTreeMap<u32, usize>,
+    /// Ranks that had more children than their static ones plus the adoption limit (a returning static child
+    /// is accepted whatever the count: its static parent is its only way back), with how many.
+    pub over_bound: BTreeMap<u32, usize>,
 }
 
 /// One simulated node.
@@ -213,6 +306,12 @@ pub struct Sim {
     faults: Vec<(Time, Fault)>,
     /// Invariant violations noticed while running.
     violations: Vec<String>,
+    /// Re-parenting as it happens.
+    pub(crate) watch: ReparentWatch,
+    /// Faults still to inject when an orphan asks a candidate (each fires once).
+    pub(crate) triggers: Vec<Trigger>,
+    /// The most children a broker has in the static tree (above it, a broker holds adopted children).
+    static_fanout: usize,
 }
 
 /// SplitMix64: small, fast, and the same sequence everywhere for a seed.
@@ -367,27 +466,38 @@ impl Sim {
             spawn_order: Vec::new(),
             faults: Vec::new(),
             violations: Vec::new(),
+            watch: ReparentWatch::default(),
+            triggers: Vec::new(),
+            static_fanout: match cfg.topo {
+                Topology::Kary(k) if k > 0 => k as usize,
+                t => t.children(cfg.brokers, 0).len(),
+            },
             cfg,
         };
         for rank in 0..sim.cfg.brokers {
-            let b = sim.make_broker(rank);
-            sim.nodes.push(Node {
-                broker: Some(Box::new(b)),
-                kernel: true,
-                died_at: None,
-                stopped_until: None,
-                backlog: VecDeque::new(),
-                timer: None,
-                timer_missed: false,
-                last_beat: Time::ZERO,
-                shells: BTreeMap::new(),
-                prober: BTreeMap::new(),
-                probing: false,
-                exit: None,
-                joining: rank != 0,
-            });
+            let node = sim.fresh_node(rank);
+            sim.nodes.push(node);
         }
         sim
+    }
+
+    /// Node `rank` with its broker just started (not joined yet, unless it is rank 0).
+    fn fresh_node(&self, rank: u32) -> Node {
+        Node {
+            broker: Some(Box::new(self.make_broker(rank))),
+            kernel: true,
+            died_at: None,
+            stopped_until: None,
+            backlog: VecDeque::new(),
+            timer: None,
+            timer_missed: false,
+            last_beat: self.now,
+            shells: BTreeMap::new(),
+            prober: BTreeMap::new(),
+            probing: false,
+            exit: None,
+            joining: rank != 0,
+        }
     }
 
     fn make_broker(&self, rank: u32) -> Broker {
@@ -482,6 +592,18 @@ impl Sim {
                 self.deliver(0, Input::Message(Peer::Local(CLIENT), 0, m));
             }
             Ev::Check(k) => self.check(k),
+            Ev::ConnectDeadline(n, conn) => {
+                let Some(l) = self.links.get(&n).copied() else { return };
+                if l.conn != conn || !l.adopt || l.at_parent {
+                    return; // accepted, refused, or replaced meanwhile
+                }
+                // The candidate never answered the hello (it died with it in flight): the attempt times out.
+                self.links.remove(&n);
+                if let Some(o) = self.watch.open.get_mut(&n) {
+                    o.3 += 1;
+                }
+                self.deliver(n, Input::ParentFailed("timed out".into()));
+            }
         }
     }
 
@@ -556,6 +678,13 @@ impl Sim {
         }
         self.scratch = queue;
         let Some(b) = self.nodes[n as usize].broker.as_ref() else { return };
+        if b.children.len() > self.watch.max_children.0.min(self.static_fanout) {
+            self.children_grew(n);
+        }
+        if n == 0 {
+            self.rank0_handled();
+        }
+        let Some(b) = self.nodes[n as usize].broker.as_ref() else { return };
         if b.finished() {
             let code = b.exit_code();
             return self.process_gone(n, code);
@@ -570,6 +699,55 @@ impl Sim {
                 self.nodes[n as usize].timer = Some(t);
                 self.at(t, Ev::Timer(n, t));
             }
+        }
+    }
+
+    /// Rank `n` may have more children than ever seen, or than it may adopt up to: note it.
+    fn children_grew(&mut self, n: u32) {
+        let Some(b) = self.broker(n) else { return };
+        let c = b.children.len();
+        if c > self.watch.max_children.0 {
+            self.watch.max_children = (c, n);
+        }
+        let (topo, size) = (self.cfg.topo, self.cfg.brokers);
+        let bound = crate::broker::reparent::adopt_limit(topo, size, n) + topo.children(size, n).len();
+        if c > bound {
+            let worst = self.watch.over_bound.entry(n).or_insert(0);
+            *worst = (*worst).max(c);
+        }
+    }
+
+    /// Rank 0 handled an input: a re-parent it recorded meanwhile is noted, and its orphan pinged from the client
+    /// (reachable from rank 0 again once the answer comes back).
+    fn rank0_handled(&mut self) {
+        let Some(jc) = self.broker(0).and_then(|b| b.jobcore.as_ref()) else { return };
+        let log = &jc.resource_eventlog;
+        if log.len() <= self.watch.seen {
+            return;
+        }
+        let fresh: Vec<(u32, u32, u32)> = log[self.watch.seen..]
+            .iter()
+            .filter(|e| e.name == "reparent")
+            .filter_map(|e| {
+                let ids: crate::idset::IdSet = e.context.get("idset")?.as_str()?.parse().ok()?;
+                let rank = ids.iter().next()?;
+                let parent = u32::try_from(e.context.get("parent")?.as_u64()?).ok()?;
+                let lost = u32::try_from(e.context.get("lost")?.as_u64()?).ok()?;
+                Some((rank, parent, lost))
+            })
+            .collect();
+        self.watch.seen = log.len();
+        for (rank, parent, lost) in fresh {
+            let (asked, attempts, timeouts) = match self.watch.open.remove(&rank) {
+                Some((l, t, k, d)) if l == lost => (Some(t), k, d),
+                _ => (None, 0, 0),
+            };
+            let i = self.watch.done.len();
+            let now = self.now;
+            let rec = Reattach { rank, parent, lost, asked, attempts, timeouts, recorded: now, answered: None };
+            self.watch.done.push(rec);
+            let tag = self.request_at(self.now, "broker.ping", rank, &serde_json::json!({}));
+            self.watch.pings.insert(tag, i);
         }
     }
 
@@ -647,6 +825,11 @@ impl Sim {
                     }
                     _ => return,
                 };
+                let children = self.broker(n).map_or(0, |b| b.children.len());
+                if adopt && children > crate::broker::reparent::adopt_limit(self.cfg.topo, self.cfg.brokers, n) {
+                    let worst = self.watch.over_limit.entry(n).or_insert(0);
+                    *worst = (*worst).max(children);
+                }
                 let choice = crate::broker::rdma_link::LinkChoice { transport: "tcp", detail: "simulated".into() };
                 self.after(lat, Ev::Input(rank, Input::ParentUp(choice)));
                 if !adopt {
@@ -673,14 +856,29 @@ impl Sim {
             }
             Effect::DropLink(Peer::Parent, _) => self.close_end(n, n, "EOF"),
             Effect::ConnectParent { rank: p, lost, timeout } => {
+                let now = self.now;
+                let open = self.watch.open.entry(n).or_insert((lost, now, 0, 0));
+                if open.0 != lost {
+                    *open = (lost, now, 0, 0);
+                }
+                open.2 += 1;
+                if let Some(i) = self.triggers.iter().position(|t| t.orphan == n && t.candidate == p) {
+                    let t = self.triggers.swap_remove(i);
+                    self.after(t.after, Ev::Fault(t.fault));
+                }
                 let (pn, nn) = (&self.nodes[p as usize], &self.nodes[n as usize]);
                 if !pn.kernel || !nn.kernel || self.cut.contains_key(&n) {
                     // No SYN-ACK: the attempt times out.
+                    if let Some(o) = self.watch.open.get_mut(&n) {
+                        o.3 += 1;
+                    }
                     self.after(timeout, Ev::Input(n, Input::ParentFailed("no answer".into())));
                 } else if pn.broker.is_none() {
                     self.after(lat * 2, Ev::Input(n, Input::ParentFailed("connection refused".into())));
                 } else {
+                    let conn = self.next_conn;
                     self.connect_to(n, p, Some(lost));
+                    self.after(timeout, Ev::ConnectDeadline(n, conn));
                 }
             }
             Effect::DropLink(Peer::Child(r), conn) => {
@@ -914,6 +1112,20 @@ impl Sim {
             Fault::Heal(c) => {
                 self.cut.remove(&c);
             }
+            Fault::Restart(n) => {
+                if self.nodes[n as usize].broker.is_some() {
+                    return;
+                }
+                // The new process has none of the old one's sockets (its node's kernel resets what still comes
+                // for them); its own link to a parent is made afresh below.
+                let old: Vec<u32> = self.links.iter().filter(|(_, l)| l.parent == n).map(|(c, _)| *c).collect();
+                for c in old {
+                    self.shut(c, false);
+                }
+                self.links.remove(&n);
+                self.nodes[n as usize] = self.fresh_node(n);
+                self.connect(n);
+            }
         }
     }
 
@@ -937,6 +1149,11 @@ impl Sim {
             return;
         }
         if self.pending.remove(&m.matchtag).is_some() {
+            if let Some(i) = self.watch.pings.remove(&m.matchtag) {
+                if m.errnum == 0 {
+                    self.watch.done[i].answered = Some(self.now);
+                }
+            }
             self.responses.insert(m.matchtag, (m.errnum, m.json()));
         }
     }

@@ -4,16 +4,41 @@
 //! - `jobs`: 1000 jobs of random shapes run to completion;
 //! - `churn`: while jobs run, silent node losses, 10 s broker stalls and broker crashes at random times (200, 50
 //!   and 20 of them when the instance is large enough; fewer on small ones);
-//! - `partition`: the link above a router (a leaf on a flat tree) is cut and healed.
+//! - `partition`: the link above a level-1 router (a leaf on a flat tree) is cut and healed (that router, a child
+//!   of rank 0, has nowhere to re-parent and exits; its children re-parent); later the link above a level-2
+//!   router is cut for 1 s and healed, so that a whole subtree is isolated and must come back once the cut heals
+//!   (the router itself, declared lost meanwhile, is refused by its candidates and exits; its children
+//!   re-parent).
+//!
+//! Router loss and re-parenting (docs/failure-detection.md, "Re-parenting"), while small jobs run and rank 0's
+//! client pings random ranks:
+//! - `router-each`: every router (a rank other than 0 with children in `tbon.topo`) lost in turn, silently, level
+//!   by level, at most [`EACH_PER_LEVEL`] per level (all of them at 1,024 brokers), each rebooted
+//!   [`REBOOT_AFTER`] later (it returns as a leaf); siblings are lost [`EACH_SPACING`] apart;
+//! - `routers-1pct`, `routers-5pct`: 1 % or 5 % of the routers (at least one) lost silently at random times over
+//!   10 s, never rebooted;
+//! - `router-adopter`: a router and the sibling its first orphan would be adopted by lost together;
+//! - `reparent-loss`: a router lost, then three of its orphans' adopters lost while each orphan joins it: with
+//!   the hello in flight, once accepted (the orphan's `overlay.reparent` on its way), once rank 0 recorded it;
+//! - `router-flap`: a level-1 router's broker killed and restarted [`FLAPS`] times, 1 s down and 1 s up (every
+//!   other time its whole node is lost silently and reboots).
 //!
 //! Invariants: every job ends; each fault gets the verdict the rules give it (a dead node or crashed broker is
 //! lost, a stalled broker is never lost); critical-rank rules hold for every job (a job that lost a node has a
-//! fatal exception, no other job has one); every client request gets a response, those to lost ranks an error;
-//! jobs start in submission order (FCFS); once quiet, no broker believes a lost peer is there, and rank 0's view
-//! of every rank matches what runs.
+//! fatal exception, no other job has one: with re-parenting, only a job whose shell's start went through a
+//! router lost meanwhile may fail for a node it does not run on); every client request gets a response, those to
+//! lost ranks an error; jobs start in submission order (FCFS); once quiet, no broker believes a lost peer is
+//! there, and rank 0's view of every rank matches what runs; no broker on a live node exits; with re-parenting,
+//! no rank is ever declared lost unless it died or its own link was cut; no broker adopts past
+//! `reparent::adopt_limit` (twice the fanout) nor ever holds more children than its static ones plus that limit
+//! (a restarted static child is never refused); every orphan that re-parents answers a ping from rank 0 within
+//! [`REATTACH_BASE`] of its parent's loss, plus the candidate timeout for each candidate that never answered it;
+//! and at the end every running broker answers a ping from rank 0.
 
-use super::{Config, Ev, Fault, Report, Sim};
+use super::{Config, Ev, Fault, ReparentFigures, Report, Sim};
 use crate::broker::core::{MemberState, Time};
+use crate::broker::reparent::{adopt_limit, candidates};
+use crate::idset::IdSet;
 use crate::jobs::JobState;
 use crate::jobspec::JobspecBuilder;
 use std::collections::{BTreeMap, BTreeSet};
@@ -30,30 +55,60 @@ pub enum Scenario {
     Churn,
     /// A subtree cut off and healed.
     Partition,
+    /// Every router lost in turn, each rebooted once its orphans re-parented.
+    RouterEach,
+    /// 1 % of the routers lost silently at random times.
+    Routers1Pct,
+    /// 5 % of the routers lost silently at random times.
+    Routers5Pct,
+    /// A router and its first orphan's adoptive parent lost together.
+    RouterAdopter,
+    /// Adopters lost while orphans join them.
+    ReparentLoss,
+    /// A router's broker killed and restarted again and again.
+    RouterFlap,
+}
+
+/// Every scenario, by name: `(name, scenario)`.
+pub const SCENARIOS: [(&str, Scenario); 10] = [
+    ("boot", Scenario::Boot),
+    ("jobs", Scenario::Jobs),
+    ("churn", Scenario::Churn),
+    ("partition", Scenario::Partition),
+    ("router-each", Scenario::RouterEach),
+    ("routers-1pct", Scenario::Routers1Pct),
+    ("routers-5pct", Scenario::Routers5Pct),
+    ("router-adopter", Scenario::RouterAdopter),
+    ("reparent-loss", Scenario::ReparentLoss),
+    ("router-flap", Scenario::RouterFlap),
+];
+
+impl Scenario {
+    /// The router-loss scenarios (`vigil-bench sim --table` runs them with 1 ms links).
+    pub const ROUTERS: [Scenario; 6] = [
+        Scenario::RouterEach,
+        Scenario::Routers1Pct,
+        Scenario::Routers5Pct,
+        Scenario::RouterAdopter,
+        Scenario::ReparentLoss,
+        Scenario::RouterFlap,
+    ];
 }
 
 impl std::str::FromStr for Scenario {
     type Err = String;
-    /// `boot`, `jobs`, `churn` or `partition`.
+    /// A name of [`SCENARIOS`].
     fn from_str(s: &str) -> Result<Scenario, String> {
-        match s {
-            "boot" => Ok(Scenario::Boot),
-            "jobs" => Ok(Scenario::Jobs),
-            "churn" => Ok(Scenario::Churn),
-            "partition" => Ok(Scenario::Partition),
-            _ => Err(format!("unknown scenario '{s}': expected boot, jobs, churn or partition")),
-        }
+        SCENARIOS.iter().find(|(n, _)| *n == s).map(|(_, x)| *x).ok_or_else(|| {
+            let names: Vec<&str> = SCENARIOS.iter().map(|(n, _)| *n).collect();
+            format!("unknown scenario '{s}': expected one of {}", names.join(", "))
+        })
     }
 }
 
 impl std::fmt::Display for Scenario {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Scenario::Boot => "boot",
-            Scenario::Jobs => "jobs",
-            Scenario::Churn => "churn",
-            Scenario::Partition => "partition",
-        })
+        f.write_str(SCENARIOS.iter().find(|(_, x)| x == self).map_or("?", |(n, _)| n))
     }
 }
 
@@ -68,6 +123,12 @@ const CHECK_BOOT: u32 = 1;
 
 /// Run `scenario` on the instance `cfg` describes, check its invariants, and report.
 pub fn run(cfg: Config, scenario: Scenario) -> Report {
+    run_with(cfg, scenario, |_| {})
+}
+
+/// [`run`], with `before_check` given the world once the run is over, just before its invariants are checked
+/// (tests tamper with it to see that the checks fail).
+pub(crate) fn run_with(cfg: Config, scenario: Scenario, before_check: impl FnOnce(&mut Sim)) -> Report {
     let mut sim = Sim::new(cfg.clone());
     sim.boot();
     sim.at(secs(BOOT_BY), Ev::Check(CHECK_BOOT));
@@ -121,8 +182,85 @@ pub fn run(cfg: Config, scenario: Scenario) -> Report {
                 sim.fault_at(secs(BOOT_BY + 1.0), Fault::Cut(r));
                 sim.fault_at(secs(BOOT_BY + 6.0), Fault::Heal(r));
             }
-            submits = jobs_along(&mut sim, 200, job_nodes(n, 8), 0.02);
-            pings = pings_along(&mut sim, 100);
+            // Then a level-2 router (the first below rank 2 with children of its own), cut for 1 s: its subtree is
+            // isolated; rank 0 declares the router lost, so once the cut heals its candidates refuse it (it must
+            // restart to rejoin), it gives up, and its children re-parent.
+            let deep = cfg.topo.children(n, 2).into_iter().find(|&q| !cfg.topo.children(n, q).is_empty());
+            if let Some(q) = deep.filter(|_| n > 2) {
+                sim.fault_at(secs(BOOT_BY + PARTITION2.0), Fault::Cut(q));
+                sim.fault_at(secs(BOOT_BY + PARTITION2.1), Fault::Heal(q));
+            }
+            submits = jobs_along(&mut sim, 700, job_nodes(n, 8), 0.02);
+            pings = pings_along(&mut sim, 160);
+            BOOT_BY + 3600.0
+        }
+        Scenario::RouterEach => {
+            let plan = router_each_plan(&cfg);
+            for &(t, r) in &plan {
+                sim.fault_at(secs(BOOT_BY + 1.0 + t), Fault::NodeLoss(r));
+                sim.fault_at(secs(BOOT_BY + 1.0 + t + REBOOT_AFTER), Fault::Restart(r));
+            }
+            let span = 2.0 + plan.last().map_or(0.0, |p| p.0);
+            submits = jobs_along(&mut sim, (span / 0.05) as u32, job_nodes(n, 4), 0.05);
+            pings = pings_along(&mut sim, (span / 0.1) as u32);
+            BOOT_BY + 3600.0 + span
+        }
+        Scenario::Routers1Pct | Scenario::Routers5Pct => {
+            let mut routers = routers(&cfg);
+            let frac = if scenario == Scenario::Routers1Pct { 0.01 } else { 0.05 };
+            let count = ((routers.len() as f64 * frac).round() as usize).clamp(1, routers.len().max(1));
+            for _ in 0..count.min(routers.len()) {
+                let i = sim.rng.below(routers.len() as u64) as usize;
+                let r = routers.swap_remove(i);
+                let t = sim.rng.secs(BOOT_BY + 1.0, BOOT_BY + 11.0);
+                sim.fault_at(secs(t), Fault::NodeLoss(r));
+            }
+            submits = jobs_along(&mut sim, 300, job_nodes(n, 4), 0.05);
+            pings = pings_along(&mut sim, 150);
+            BOOT_BY + 3600.0
+        }
+        Scenario::RouterAdopter => {
+            // Rank 1 (a level-1 router) and the sibling its first orphan tries first, lost at the same moment.
+            if let Some((r, o)) = first_router(&cfg) {
+                let s = candidates(cfg.topo, n, o, r)[0];
+                sim.fault_at(secs(BOOT_BY + 1.0), Fault::NodeLoss(r));
+                sim.fault_at(secs(BOOT_BY + 1.0), Fault::NodeLoss(s));
+            }
+            submits = jobs_along(&mut sim, 100, job_nodes(n, 4), 0.05);
+            pings = pings_along(&mut sim, 60);
+            BOOT_BY + 3600.0
+        }
+        Scenario::ReparentLoss => {
+            // Rank 1 lost; the adopters of its first three orphans die as each joins: 0.5, 2.5 and 10 link
+            // latencies after the orphan asks (hello in flight; accepted, its report to rank 0 in flight; recorded).
+            if let Some((r, _)) = first_router(&cfg) {
+                sim.fault_at(secs(BOOT_BY + 1.0), Fault::NodeLoss(r));
+                let lat = cfg.latency.as_secs_f64();
+                let mut used = BTreeSet::from([r]);
+                for (o, k) in cfg.topo.children(n, r).into_iter().zip([0.5, 2.5, 10.0]) {
+                    let s = candidates(cfg.topo, n, o, r)[0];
+                    if used.insert(s) && s != 0 {
+                        let after = Duration::from_secs_f64(lat * k);
+                        sim.triggers.push(super::Trigger { orphan: o, candidate: s, after, fault: Fault::NodeLoss(s) });
+                    }
+                }
+            }
+            submits = jobs_along(&mut sim, 100, job_nodes(n, 4), 0.05);
+            pings = pings_along(&mut sim, 60);
+            BOOT_BY + 3600.0
+        }
+        Scenario::RouterFlap => {
+            if let Some((r, _)) = first_router(&cfg) {
+                for k in 0..FLAPS {
+                    let t = BOOT_BY + 1.0 + 2.0 * f64::from(k);
+                    let down = if k % 2 == 0 { Fault::Crash(r) } else { Fault::NodeLoss(r) };
+                    sim.fault_at(secs(t), down);
+                    sim.fault_at(secs(t + 1.0), Fault::Restart(r));
+                }
+            }
+            let span = 1.0 + 2.0 * f64::from(FLAPS);
+            submits = jobs_along(&mut sim, (span / 0.05) as u32, job_nodes(n, 4), 0.05);
+            pings = pings_along(&mut sim, (span / 0.1) as u32);
             BOOT_BY + 3600.0
         }
     };
@@ -137,6 +275,8 @@ pub fn run(cfg: Config, scenario: Scenario) -> Report {
         let submitted = !sim.pending_event(|e| matches!(e, Ev::Client(_)));
         // Brokers shutting down (cut off from a lost parent) finish within their grace period first.
         let settled = sim.nodes.iter().all(|n| n.broker.as_deref().is_none_or(|b| b.shutting_down.is_none()));
+        // Rank 0 still expecting orphans to re-parent (it declares them lost after 30 s) is not quiet either.
+        let settled = settled && sim.broker(0).is_none_or(|b| b.orphans.is_empty());
         if faults_done && submitted && all_jobs_done(&sim) && sim.pending.is_empty() && settled {
             let q = *quiet_since.get_or_insert(t);
             if t - q >= 5.0 {
@@ -146,7 +286,91 @@ pub fn run(cfg: Config, scenario: Scenario) -> Report {
             quiet_since = None;
         }
     }
-    check(&mut sim, scenario, &submits, &pings)
+    // Finally every running broker must answer a ping from rank 0.
+    let t0 = sim.now();
+    let running: Vec<u32> = (0..n).filter(|&r| sim.broker(r).is_some()).collect();
+    let sweep: Vec<(u32, u32)> =
+        running.into_iter().map(|r| (r, sim.request_at(t0, "broker.ping", r, &serde_json::json!({})))).collect();
+    sim.run_until(t0 + Duration::from_secs(2));
+    before_check(&mut sim);
+    check(&mut sim, scenario, &submits, &pings, &sweep)
+}
+
+/// How long an orphan may take to answer a ping from rank 0 again after its parent's loss, plus the candidate
+/// timeout (500 ms, `reparent::CANDIDATE_TIMEOUT`) for each candidate it asked that never answered (dead, or cut
+/// off). An orphan of a silently lost router notices on its own: its parent link's unacknowledged data reaches
+/// `tbon.lost_timeout` (120 ms), sampled each 50 ms heartbeat, so 120-220 ms after the loss (a crash: at once);
+/// a live candidate takes it in two link latencies, rank 0 hears in a few more, and the ping is one round trip.
+/// A partitioned subtree is judged from the heal of the cut (plus one candidate timeout: its router may be
+/// waiting out an attempt), an orphan or adopter stopped meanwhile from the end of its stall.
+pub const REATTACH_BASE: Duration = Duration::from_millis(500);
+
+/// `router-each`: two routers with the same parent are lost at least this many virtual seconds apart, and one
+/// level starts this long after the last loss of the level above. An orphan notices its parent's loss within
+/// about 220 ms and re-parents a few link latencies later, and the lost router is back by [`REBOOT_AFTER`]: each
+/// loss is over before any loss its orphans' candidates (the router's siblings) or the rebooted router (its
+/// parent) depend on.
+pub const EACH_SPACING: f64 = 0.5;
+/// `router-each`: the least time between two successive losses (routers with different parents).
+pub const EACH_MIN_GAP: f64 = 0.02;
+/// `router-each`: at most this many routers per level, evenly spread over the level's routers in rank order
+/// (every one of them when the level has no more). All of them at 16,384 brokers would hold the whole instance
+/// adopted: every simulated broker keeps rank 0's map of adoptions (as the real ones do), 16,384 entries each,
+/// some GiB for the one process, and the run would last many virtual minutes.
+pub const EACH_PER_LEVEL: usize = 64;
+/// `router-each`: a lost router's node reboots this many virtual seconds after it died.
+pub const REBOOT_AFTER: f64 = 0.3;
+/// `router-flap`: how many times the router goes down (and comes back).
+pub const FLAPS: u32 = 10;
+/// `partition`: when the level-2 router's link is cut and healed, virtual seconds after boot. 1 s: the router
+/// is still asking its candidates when the cut heals (each attempt waits out the candidate timeout meanwhile).
+const PARTITION2: (f64, f64) = (8.0, 9.0);
+
+/// The routers of the instance: every rank but 0 with children in the static tree, in rank order.
+fn routers(cfg: &Config) -> Vec<u32> {
+    (1..cfg.brokers).filter(|&r| !cfg.topo.children(cfg.brokers, r).is_empty()).collect()
+}
+
+/// `router-each`: when (seconds from the first loss) each router is lost. Level by level, at most
+/// [`EACH_PER_LEVEL`] routers of each; within a level, round-robin over their parents so that siblings are
+/// [`EACH_SPACING`] apart while routers of different parents follow each other closely.
+fn router_each_plan(cfg: &Config) -> Vec<(f64, u32)> {
+    let (topo, n) = (cfg.topo, cfg.brokers);
+    let mut by_level: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for r in routers(cfg) {
+        by_level.entry(topo.level(n, r)).or_default().push(r);
+    }
+    let mut plan = Vec::new();
+    let mut t = 0.0;
+    for (_, level) in by_level {
+        let k = level.len().min(EACH_PER_LEVEL);
+        let picked: Vec<u32> = (0..k).map(|i| level[i * level.len() / k]).collect();
+        // Round-robin over parents: the i-th child of each parent, then the (i+1)-th...
+        let mut kids: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for &r in &picked {
+            kids.entry(topo.parent(n, r).unwrap_or(0)).or_default().push(r);
+        }
+        // One slot per parent and round: siblings are exactly a round (at least EACH_SPACING) apart.
+        let gap = (EACH_SPACING / kids.len() as f64).max(EACH_MIN_GAP);
+        let rounds = kids.values().map(Vec::len).max().unwrap_or(0);
+        let mut last = t;
+        for i in 0..rounds {
+            for (j, v) in kids.values().enumerate() {
+                if let Some(&r) = v.get(i) {
+                    last = t + (i * kids.len() + j) as f64 * gap;
+                    plan.push((last, r));
+                }
+            }
+        }
+        t = last + EACH_SPACING;
+    }
+    plan
+}
+
+/// The first router that is a child of rank 0, and its first child (`None` on a flat or tiny tree).
+fn first_router(cfg: &Config) -> Option<(u32, u32)> {
+    let r = cfg.topo.children(cfg.brokers, 0).into_iter().find(|&r| !cfg.topo.children(cfg.brokers, r).is_empty())?;
+    Some((r, cfg.topo.children(cfg.brokers, r)[0]))
 }
 
 /// Silent node losses, stalls and crashes for an instance of `n` brokers: 200, 50 and 20 when it has room for
@@ -229,39 +453,63 @@ impl Sim {
     }
 }
 
-/// Check every invariant at the end of a run; the report.
-fn check(sim: &mut Sim, scenario: Scenario, submits: &[u32], pings: &[u32]) -> Report {
+/// Check every invariant at the end of a run; the report. `sweep`: the final pings from rank 0 to every running
+/// broker, as (rank, matchtag).
+fn check(sim: &mut Sim, scenario: Scenario, submits: &[u32], pings: &[u32], sweep: &[(u32, u32)]) -> Report {
     let mut v = std::mem::take(&mut sim.violations);
     let wall0 = super::WALL_ORIGIN;
     let Some(b0) = sim.broker(0) else {
         v.push("rank 0's broker is gone".into());
-        return report(sim, scenario, v, (0, 0, 0), None);
+        return report(sim, scenario, v, (0, 0, 0), None, None);
     };
     let jc = b0.jobcore.as_ref().expect("rank 0 has the job core");
     // Faults: which ranks each took down, and when.
-    let mut dead: BTreeMap<u32, Time> = BTreeMap::new(); // node loss or crash → the rank's own verdict
+    let mut dead: BTreeMap<u32, Time> = BTreeMap::new(); // first node loss or crash of each rank
+    let mut deaths: Vec<(u32, Time, bool)> = Vec::new(); // every one: (rank, when, silent node loss)
+    let mut restarts: BTreeMap<u32, Vec<Time>> = BTreeMap::new();
     let mut stalled: BTreeSet<u32> = BTreeSet::new();
     let mut stalled_at: BTreeMap<u32, Time> = BTreeMap::new();
-    let mut lost_nodes: Vec<(u32, Time)> = Vec::new();
-    // Ranks whose link to their parent was cut: a child of rank 0 has nowhere to re-parent.
-    let cut: BTreeSet<u32> =
-        sim.faults.iter().filter_map(|(_, f)| if let Fault::Cut(r) = f { Some(*r) } else { None }).collect();
+    // Ranks whose link to their parent was cut (a child of rank 0 has nowhere to re-parent), and when.
+    let mut cut_at: BTreeMap<u32, Time> = BTreeMap::new();
+    let mut heal_at: BTreeMap<u32, Time> = BTreeMap::new();
     for &(t, f) in &sim.faults {
         match f {
-            Fault::NodeLoss(r) => {
+            Fault::NodeLoss(r) | Fault::Crash(r) => {
                 dead.entry(r).or_insert(t);
-                lost_nodes.push((r, t));
-            }
-            Fault::Crash(r) => {
-                dead.entry(r).or_insert(t);
+                deaths.push((r, t, matches!(f, Fault::NodeLoss(_))));
             }
             Fault::Stall(r, _) => {
                 stalled.insert(r);
                 stalled_at.entry(r).or_insert(t);
             }
-            Fault::Cut(_) | Fault::Heal(_) => {}
+            Fault::Cut(r) => {
+                cut_at.entry(r).or_insert(t);
+            }
+            Fault::Heal(r) => {
+                heal_at.insert(r, t);
+            }
+            Fault::Restart(r) => restarts.entry(r).or_default().push(t),
         }
     }
+    let cut: BTreeSet<u32> = cut_at.keys().copied().collect();
+    // The first restart of `r` after `t`.
+    let restart_after = |r: u32, t: Time| restarts.get(&r).and_then(|v| v.iter().copied().find(|x| *x > t));
+    // Rank 0's verdicts, from resource.eventlog: rank → [(virtual s, reason)] of each time it was recorded lost.
+    let mut lost_log: BTreeMap<u32, Vec<(f64, String)>> = BTreeMap::new();
+    for e in &jc.resource_eventlog {
+        if e.name != "offline" || e.context.get("state").and_then(|s| s.as_str()) != Some("lost") {
+            continue;
+        }
+        let Some(ids) = e.context.get("idset").and_then(|s| s.as_str()).and_then(|s| s.parse::<IdSet>().ok()) else {
+            continue;
+        };
+        let why = e.context.get("reason").and_then(|s| s.as_str()).unwrap_or("").to_string();
+        for r in ids.iter() {
+            lost_log.entry(r).or_default().push((e.timestamp - wall0, why.clone()));
+        }
+    }
+    // Whether rank 0 recorded `r` lost within [a, b] (virtual seconds).
+    let lost_in = |r: u32, a: f64, b: f64| lost_log.get(&r).is_some_and(|l| l.iter().any(|(t, _)| *t >= a && *t <= b));
     let (topo, size) = (sim.cfg.topo, sim.cfg.brokers);
     // An ancestor of `r` died or was stalled before `by`: `r` may be cut off before (or instead of) being judged
     // itself (a stalled parent judges nobody until it runs again).
@@ -276,16 +524,34 @@ fn check(sim: &mut Sim, scenario: Scenario, submits: &[u32], pings: &[u32]) -> R
         false
     };
     let member = |r: u32| b0.members.get(&r).cloned();
-    // (1) A dead node or crashed broker is lost (on its own account unless an ancestor went first).
+    // (1) A dead node or crashed broker is lost (on its own account unless an ancestor went first); one that was
+    // restarted must have been recorded lost before it came back.
     let mut detect = Vec::new();
-    for (&r, &t) in &dead {
+    for &(r, t, silent) in &deaths {
+        if let Some(back) = restart_after(r, t) {
+            let (a, b) = (t.as_secs_f64(), back.as_secs_f64());
+            match lost_log.get(&r).and_then(|l| l.iter().find(|(x, _)| *x >= a && *x <= b)) {
+                Some((x, why)) => {
+                    if silent && !why.starts_with("cut off") {
+                        detect.push((x - a) * 1e3);
+                    }
+                }
+                None => v.push(format!(
+                    "rank {r} died at {a:.3} s but was not recorded lost before its restart at {b:.3} s"
+                )),
+            }
+            continue;
+        }
+        if deaths.iter().any(|&(x, u, _)| x == r && u > t) {
+            continue; // it died again later: judged there
+        }
         match member(r) {
             Some((MemberState::Lost, why, since)) => {
                 let verdict = Time::from_secs_f64(since - wall0);
                 if !ancestor_faulted(r, verdict) && why.starts_with("cut off") {
                     v.push(format!("rank {r} was lost for an ancestor's loss ({why}) but died itself first"));
                 }
-                if lost_nodes.iter().any(|(x, _)| *x == r) && !why.starts_with("cut off") {
+                if silent && !why.starts_with("cut off") {
                     detect.push(((since - wall0) - t.as_secs_f64()) * 1e3);
                 }
             }
@@ -302,40 +568,27 @@ fn check(sim: &mut Sim, scenario: Scenario, submits: &[u32], pings: &[u32]) -> R
     }
     // (3) Every job ended; critical-rank rules: a job lost a node iff it has a fatal exception of that kind.
     let (mut jobs, mut ok, mut failed) = (0, 0, 0);
-    let lost_at = |r: u32| match member(r) {
-        Some((MemberState::Lost, _, since)) => Some(since),
-        _ => None,
-    };
     for j in jc.jobs.values() {
         jobs += 1;
         if j.state != JobState::Inactive {
             let why = jc.pending_reason(j.id).map(|r| format!(" ({r})")).unwrap_or_default();
-            v.push(format!("job {} never ended: {:?}{why}", j.id, j.state));
+            v.push(format!("job {} never ended: {:?}{why} ", j.id, j.state));
             continue;
         }
         // A node of the job was lost while it ran (its shell there may have finished just before: then the job
-        // completes normally).
-        // With re-parenting, a router lost above one of its nodes also counts: a shell being started through it
-        // then cannot be known to have started.
-        let on_the_way = |r: u32, a: f64, b: f64| {
-            let mut p = if sim.cfg.reparent { topo.parent(size, r) } else { None };
-            while let Some(x) = p {
-                if lost_at(x).is_some_and(|t| t >= a && t <= b) {
-                    return true;
-                }
-                p = topo.parent(size, x);
-            }
-            false
-        };
-        // Or the router its shell's start went through (named in the exception), lost meanwhile.
+        // completes normally). With re-parenting, a router lost on the way to one of its nodes counts only if the
+        // exception names it: a shell being started through it cannot be known to have started. A job whose
+        // nodes all live gets no exception for a router lost above them: the orphans re-parent, and their
+        // shells' reports wait in them.
         let via = j.fatal.as_ref().and_then(|e| {
             let tail = e.note.split("through rank ").nth(1)?;
             tail.split(|c: char| !c.is_ascii_digit()).next()?.parse::<u32>().ok()
         });
         let touched = match (j.t_run, j.t_inactive) {
             (Some(a), Some(b)) => {
-                j.alloc.iter().any(|x| lost_at(x.rank).is_some_and(|t| t >= a && t <= b) || on_the_way(x.rank, a, b))
-                    || (sim.cfg.reparent && via.and_then(lost_at).is_some_and(|t| t >= a - 1.0 && t <= b))
+                let (a, b) = (a - wall0, b - wall0);
+                j.alloc.iter().any(|x| lost_in(x.rank, a, b))
+                    || (sim.cfg.reparent && via.is_some_and(|x| lost_in(x, a - 1.0, b)))
             }
             _ => false,
         };
@@ -413,9 +666,197 @@ fn check(sim: &mut Sim, scenario: Scenario, submits: &[u32], pings: &[u32]) -> R
             v.push(format!("rank {r}: its node lives but its broker exited (code {:?})", node.exit));
         }
     }
+    // (8) With re-parenting, only a rank that died or whose own link was cut is ever recorded lost: a router lost
+    // above a rank costs it nothing (without re-parenting, its subtree is cut off with it).
+    for (&r, verdicts) in &lost_log {
+        for (t, why) in verdicts {
+            let at = Time::from_secs_f64(*t);
+            let died = deaths.iter().any(|&(x, u, _)| x == r && u <= at && restart_after(r, u).is_none_or(|b| b > at));
+            let was_cut = cut_at.get(&r).is_some_and(|c| *c <= at);
+            if died || was_cut || (!sim.cfg.reparent && ancestor_faulted(r, at)) {
+                continue;
+            }
+            if !sim.cfg.reparent && cut.iter().any(|c| topo.subtree(size, *c).contains(&r)) {
+                continue;
+            }
+            v.push(format!("rank {r} was recorded lost at {t:.3} s though it neither died nor was cut off: {why}"));
+        }
+    }
+    // (9) No broker adopted past its limit (twice the fanout), and none ever had more children than its static
+    // ones plus that limit (static children coming back after a restart are never refused).
+    for (r, c) in &sim.watch.over_limit {
+        v.push(format!("rank {r} adopted a child with {c} children, past its limit {}", adopt_limit(topo, size, *r)));
+    }
+    for (r, c) in &sim.watch.over_bound {
+        let bound = adopt_limit(topo, size, *r) + topo.children(size, *r).len();
+        v.push(format!("rank {r} had {c} children, more than its bound {bound}"));
+    }
+    // (10) At the end every running broker answers a ping from rank 0.
+    for &(r, tag) in sweep {
+        match sim.responses.get(&tag) {
+            Some((0, _)) => {}
+            Some((e, body)) => {
+                v.push(format!("rank {r} runs but a ping from rank 0 at the end failed: errno {e} {body}"))
+            }
+            None => v.push(format!("rank {r} runs but never answered a ping from rank 0 at the end")),
+        }
+    }
+    // (11) Every orphan answers rank 0 again within REATTACH_BASE of its parent's loss, plus a candidate timeout
+    // for each candidate that never answered it (from the heal of a cut, the end of a stall); figures.
+    let fig = reparent_figures(sim, &deaths, &cut_at, &heal_at, &lost_log, &mut v);
     detect.sort_by(f64::total_cmp);
     let d = (!detect.is_empty()).then(|| (detect[detect.len() / 2], detect[detect.len() - 1]));
-    report(sim, scenario, v, (jobs, ok, failed), d)
+    report(sim, scenario, v, (jobs, ok, failed), d, fig)
+}
+
+/// The `q` quantile of sorted `x` (nearest rank).
+fn quantile(x: &[f64], q: f64) -> f64 {
+    if x.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((q * x.len() as f64).ceil() as usize).clamp(1, x.len()) - 1;
+    x[i]
+}
+
+/// (median, p99, max) of `x` (sorted here).
+fn spread(x: &mut [f64]) -> Option<(f64, f64, f64)> {
+    x.sort_by(f64::total_cmp);
+    (!x.is_empty()).then(|| (quantile(x, 0.5), quantile(x, 0.99), x[x.len() - 1]))
+}
+
+/// Invariant (11) and the re-parenting figures: for each re-parent rank 0 recorded, the fault that made the
+/// orphan look for a parent, and when the orphan next answered a ping from rank 0.
+fn reparent_figures(
+    sim: &Sim,
+    deaths: &[(u32, Time, bool)],
+    cut_at: &BTreeMap<u32, Time>,
+    heal_at: &BTreeMap<u32, Time>,
+    lost_log: &BTreeMap<u32, Vec<(f64, String)>>,
+    v: &mut Vec<String>,
+) -> Option<ReparentFigures> {
+    let done = &sim.watch.done;
+    let timeout = crate::broker::reparent::CANDIDATE_TIMEOUT.as_secs_f64();
+    let (mut from_loss, mut from_verdict, mut from_orphan, mut to_orphan) = (vec![], vec![], vec![], vec![]);
+    // Per fault (lost rank, when): the last of its orphans' answers.
+    let mut per_loss: BTreeMap<(u32, Time), f64> = BTreeMap::new();
+    let mut max_attempts = 0;
+    for (i, rec) in done.iter().enumerate() {
+        max_attempts = max_attempts.max(rec.attempts);
+        let asked = rec.asked.unwrap_or(rec.recorded);
+        // Its next successful answer to rank 0, from this re-parent on (a later re-parent's, if its new parent
+        // was lost too before the ping came back), and the candidates that never answered it until then.
+        let mut timeouts = 0;
+        let mut answered = None;
+        for x in done[i..].iter().filter(|x| x.rank == rec.rank) {
+            timeouts += x.timeouts;
+            if x.answered.is_some() {
+                answered = x.answered;
+                break;
+            }
+        }
+        let Some(answered) = answered else {
+            v.push(format!(
+                "rank {} re-parented under rank {} at {:.3} s but never answered rank 0 after",
+                rec.rank,
+                rec.parent,
+                rec.recorded.as_secs_f64()
+            ));
+            continue;
+        };
+        let bound = REATTACH_BASE.as_secs_f64() + f64::from(timeouts) * timeout;
+        let late = |from: Time, bound: f64| {
+            let took = answered.since(from).as_secs_f64();
+            (took > bound).then_some(took * 1e3)
+        };
+        let fault = deaths
+            .iter()
+            .filter(|&&(r, t, _)| r == rec.lost && t <= asked)
+            .map(|&(_, t, _)| t)
+            .chain(cut_at.get(&rec.lost).copied().filter(|t| *t <= asked))
+            .max();
+        let Some(fault) = fault else {
+            // Its own link was cut: it can re-attach once the cut heals (its attempt then may still be waiting
+            // for a candidate timeout).
+            if cut_at.get(&rec.rank).is_some_and(|c| *c <= asked) {
+                let healed = heal_at.get(&rec.rank).copied().unwrap_or(Time::ZERO);
+                if let Some(ms) = late(healed, bound + timeout) {
+                    v.push(format!("rank {} answered rank 0 {ms:.0} ms after its cut link healed", rec.rank));
+                }
+            } else {
+                v.push(format!(
+                    "rank {} re-parented (lost rank {}) though rank {} neither died nor was cut off",
+                    rec.rank, rec.lost, rec.lost
+                ));
+            }
+            continue;
+        };
+        // A stopped orphan re-parents only once it runs again, and for as long again after it does, it judges no
+        // peer lost on unacknowledged TCP data alone (`Membership::grace`: how it notices a silent parent); a
+        // stopped adopter answers once it runs. Those are the stall rules' business (never lost), not
+        // re-parenting's: such re-parents are judged from the end of the stall (and its grace), and left out of
+        // the figures.
+        let stall_end = sim
+            .faults
+            .iter()
+            .filter_map(|&(t, f)| match f {
+                Fault::Stall(r, d) if r == rec.rank && t <= answered && t + d * 2 >= fault => Some(t + d * 2),
+                Fault::Stall(r, d) if r == rec.parent && t <= answered && t + d >= fault => Some(t + d),
+                _ => None,
+            })
+            .max();
+        if let Some(end) = stall_end {
+            if let Some(ms) = late(end.max(fault), bound) {
+                v.push(format!("rank {} answered rank 0 {ms:.0} ms after a stall (and its grace) ended", rec.rank));
+            }
+            continue;
+        }
+        let took = answered.since(fault).as_secs_f64();
+        // A parent that was cut off, not dead, lets its children go only once it gives up (its candidates time
+        // out while the cut lasts, and refuse it once it has healed: rank 0 declared it lost).
+        let healed =
+            heal_at.get(&rec.lost).filter(|h| cut_at.get(&rec.lost).is_some_and(|c| *c == fault && *h > &fault));
+        let in_time = late(fault, bound).is_none() || healed.is_some_and(|h| late(*h, bound + timeout).is_none());
+        if !in_time {
+            v.push(format!(
+                "rank {} answered rank 0 {:.0} ms after its parent rank {} was lost (bound {:.0} ms: {} candidate(s) \
+                 asked, {timeouts} timed out)",
+                rec.rank,
+                took * 1e3,
+                rec.lost,
+                bound * 1e3,
+                rec.attempts
+            ));
+        }
+        from_loss.push(took * 1e3);
+        let worst = per_loss.entry((rec.lost, fault)).or_insert(0.0);
+        *worst = worst.max(took * 1e3);
+        let verdict =
+            lost_log.get(&rec.lost).and_then(|l| l.iter().map(|(t, _)| *t).find(|t| *t >= fault.as_secs_f64()));
+        if let Some(t) = verdict {
+            from_verdict.push((answered.as_secs_f64() - t) * 1e3);
+        }
+        if let Some(a) = rec.asked {
+            from_orphan.push(answered.since(a).as_secs_f64() * 1e3);
+            to_orphan.push(a.since(fault).as_secs_f64() * 1e3);
+        }
+    }
+    let (mc, mr) = sim.watch.max_children;
+    if done.is_empty() {
+        return None;
+    }
+    let mut all: Vec<f64> = per_loss.values().copied().collect();
+    all.sort_by(f64::total_cmp);
+    Some(ReparentFigures {
+        reparents: done.len() as u32,
+        losses: per_loss.len() as u32,
+        loss_to_reachable_ms: spread(&mut from_loss),
+        verdict_to_reachable_ms: spread(&mut from_verdict),
+        orphan_verdict_to_reachable_ms: spread(&mut from_orphan),
+        loss_to_orphan_verdict_ms: spread(&mut to_orphan),
+        loss_to_all_reachable_ms: (!all.is_empty()).then(|| (quantile(&all, 0.5), all[all.len() - 1])),
+        max_attempts,
+        max_children: (mc as u32, mr),
+    })
 }
 
 fn report(
@@ -424,6 +865,7 @@ fn report(
     violations: Vec<String>,
     jobs: (u64, u64, u64),
     d: Option<(f64, f64)>,
+    reparent: Option<ReparentFigures>,
 ) -> Report {
     let mut faults = BTreeMap::new();
     for (_, f) in &sim.faults {
@@ -433,6 +875,7 @@ fn report(
             Fault::Stall(..) => "stall",
             Fault::Cut(_) => "cut",
             Fault::Heal(_) => "heal",
+            Fault::Restart(_) => "restart",
         };
         *faults.entry(k.to_string()).or_insert(0) += 1;
     }
@@ -441,6 +884,7 @@ fn report(
         topo: sim.cfg.topo.to_string(),
         scenario: scenario.to_string(),
         seed: sim.cfg.seed,
+        latency_ms: sim.cfg.latency.as_secs_f64() * 1e3,
         virtual_s: sim.now.as_secs_f64(),
         events: sim.events,
         trace: format!("{:016x}", sim.trace),
@@ -451,5 +895,7 @@ fn report(
         jobs_failed: jobs.2,
         faults,
         loss_detect_ms: d,
+        max_children: sim.watch.max_children.0 as u32,
+        reparent,
     }
 }

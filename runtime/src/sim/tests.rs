@@ -16,6 +16,110 @@ fn every_scenario_holds_its_invariants_on_a_small_instance() {
     }
 }
 
+/// A small instance with 1 ms links, for the router-loss scenarios.
+fn routers_cfg(brokers: u32, k: u32, seed: u64) -> Config {
+    let mut cfg = Config::new(brokers, kary(k), seed);
+    cfg.latency = Duration::from_millis(1);
+    cfg
+}
+
+/// Run a router-loss scenario and check what every one of them must show: the invariants held (among them,
+/// every orphan reachable from rank 0 again within the bound), orphans re-parented, no broker had more children
+/// than the fanout plus the adoption limit (its static children coming back after a restart on top of twice the
+/// fanout).
+fn routers_ok(cfg: Config, scenario: Scenario) -> Report {
+    let (k, brokers) = (cfg.topo, cfg.brokers);
+    let r = run(cfg, scenario);
+    assert!(r.ok, "{scenario} ({brokers}, {k}): {:#?}", r.violations);
+    let f = r.reparent.clone().unwrap_or_else(|| panic!("{scenario}: no orphan re-parented"));
+    assert!(f.reparents > 0 && f.losses > 0, "{scenario}: {f:?}");
+    assert!(f.loss_to_reachable_ms.is_some(), "{scenario}: {f:?}");
+    let bound = (adopt_limit(k, brokers, 1) + k.children(brokers, 0).len()) as u32;
+    assert!(r.max_children <= bound, "{scenario}: {} children (bound {bound})", r.max_children);
+    r
+}
+
+/// Twice the fanout: the most children any broker may have when no broker restarts.
+fn adopt_limit(k: Topology, brokers: u32, rank: u32) -> usize {
+    crate::broker::reparent::adopt_limit(k, brokers, rank)
+}
+
+#[test]
+fn every_router_lost_in_turn_re_parents_its_orphans_each_time() {
+    for (n, k) in [(85, 4), (73, 8)] {
+        let r = routers_ok(routers_cfg(n, k, 3), Scenario::RouterEach);
+        let cfg = routers_cfg(n, k, 3);
+        let routers = (1..n).filter(|&x| !cfg.topo.children(n, x).is_empty()).count() as u32;
+        assert_eq!(r.faults.get("node_loss"), Some(&routers), "kary:{k}: {:?}", r.faults);
+        assert_eq!(r.reparent.expect("figures").losses, routers, "kary:{k}: every router had orphans");
+    }
+}
+
+#[test]
+fn one_and_five_percent_of_routers_lost_at_random_re_parent_within_the_bound() {
+    for scenario in [Scenario::Routers1Pct, Scenario::Routers5Pct] {
+        for seed in [1, 2] {
+            let r = routers_ok(routers_cfg(256, 4, seed), scenario);
+            // Nobody restarts here: every broker stays within twice the fanout.
+            assert!(r.max_children as usize <= adopt_limit(kary(4), 256, 1), "{scenario}: {}", r.max_children);
+        }
+    }
+}
+
+#[test]
+fn a_router_lost_with_its_orphans_adopter_costs_one_candidate_timeout() {
+    let r = routers_ok(routers_cfg(128, 4, 1), Scenario::RouterAdopter);
+    let f = r.reparent.expect("figures");
+    // Some orphans asked the dead sibling first and waited out the candidate timeout (500 ms).
+    assert!(f.max_attempts >= 2, "{f:?}");
+    let (_, _, max) = f.loss_to_reachable_ms.expect("figures");
+    assert!(max >= 500.0, "{f:?}");
+}
+
+#[test]
+fn adopters_lost_while_orphans_join_them_are_survived() {
+    let r = routers_ok(routers_cfg(128, 8, 1), Scenario::ReparentLoss);
+    assert_eq!(r.faults.get("node_loss"), Some(&4), "the router and three adopters: {:?}", r.faults);
+    // The orphan whose adopter died after rank 0 recorded it re-parents twice.
+    assert!(r.reparent.expect("figures").reparents > 4);
+}
+
+#[test]
+fn a_flapping_router_costs_its_children_one_re_parent() {
+    let r = routers_ok(routers_cfg(85, 4, 1), Scenario::RouterFlap);
+    assert_eq!(r.faults.get("restart"), Some(&10), "{:?}", r.faults);
+    // Rank 1's four children re-parent once: it comes back a leaf, so its later losses orphan nobody.
+    assert_eq!(r.reparent.expect("figures").reparents, 4);
+}
+
+#[test]
+fn a_cut_subtree_comes_back_whole_when_the_cut_heals() {
+    let r = routers_ok(routers_cfg(256, 4, 1), Scenario::Partition);
+    assert_eq!(r.faults.get("cut"), Some(&2), "{:?}", r.faults);
+}
+
+/// The checker can fail: a run whose record is tampered with before the check (a live rank recorded lost, a
+/// broker past its adoption limit, an orphan that answered late) reports each.
+#[test]
+fn the_router_invariants_catch_a_live_rank_lost_an_overfull_adopter_and_a_late_orphan() {
+    let r = scenario::run_with(routers_cfg(128, 4, 1), Scenario::Routers5Pct, |sim| {
+        let wall = WALL_ORIGIN + sim.now().as_secs_f64();
+        let jc = sim.nodes[0].broker.as_mut().and_then(|b| b.jobcore.as_mut()).expect("rank 0");
+        let ctx = serde_json::json!({"idset": "127", "state": "lost", "reason": "made up"});
+        jc.resource_eventlog.push(crate::eventlog::Event::with_time(wall, "offline", ctx));
+        sim.watch.over_limit.insert(2, 99);
+        sim.watch.over_bound.insert(3, 99);
+        let rec = sim.watch.done.first_mut().expect("a re-parent");
+        rec.answered = rec.answered.map(|t| t + Duration::from_secs(5));
+    });
+    assert!(!r.ok);
+    let has = |s: &str| r.violations.iter().any(|v| v.contains(s));
+    assert!(has("rank 127 was recorded lost"), "{:#?}", r.violations);
+    assert!(has("rank 2 adopted a child with 99 children"), "{:#?}", r.violations);
+    assert!(has("rank 3 had 99 children, more than its bound"), "{:#?}", r.violations);
+    assert!(has("answered rank 0"), "{:#?}", r.violations);
+}
+
 #[test]
 fn the_same_seed_gives_the_same_trace_and_another_seed_another() {
     let a = run(Config::new(48, kary(3), 42), Scenario::Churn);
@@ -83,14 +187,21 @@ fn a_lost_routers_children_re_parent_under_its_siblings_and_stay_reachable() {
         let (e, body) = sim.responses.get(&tag).cloned().unwrap_or((u32::MAX, serde_json::json!(null)));
         assert_eq!(e, 0, "ping to rank {r}: {body}");
     }
-    // Its new parent dies too: rank 4 re-parents again (under rank 3, then rank 0).
+    // Its new parent dies too: rank 4 re-parents again.
     sim.fault_at(Time::from_secs_f64(2.5), Fault::NodeLoss(2));
     sim.run_until(Time::from_secs_f64(4.0));
     let b0 = sim.broker(0).expect("rank 0 runs");
     assert!(sim.broker(4).is_some());
     assert_eq!(b0.members[&4].0, MemberState::Online, "{:?}", b0.members[&4]);
-    // Its candidates: rank 2's siblings 1 (lost: the attempt times out) and 3, then rank 0.
-    assert_eq!(b0.parent_of(4), Some(3));
+    // Rank 2's own children 7, 8, 9 knew rank 1 was lost (rank 0's event reached them), so they asked rank 3
+    // first: 7 and 8 fill it to twice the fanout (its own 10-12, 5, 7, 8), 9 goes on to rank 0. Rank 4, an
+    // orphan when that event went out, asks rank 1 first (dead: the attempt times out), then rank 3 (full), then
+    // rank 0.
+    assert_eq!(b0.parent_of(7), Some(3));
+    assert_eq!(b0.parent_of(9), Some(0));
+    assert_eq!(b0.parent_of(4), Some(0));
+    let took = sim.watch.done.iter().rev().find(|d| d.rank == 4).map(|d| (d.attempts, d.timeouts));
+    assert_eq!(took, Some((3, 1)), "rank 4: 3 candidates asked, 1 timed out");
 }
 
 #[test]
