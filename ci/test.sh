@@ -32,6 +32,15 @@ for s in boot jobs churn partition; do
     target/release/vigil-bench sim --brokers 1024 --topo kary:32 --scenario "$s" --seed 1
 done
 target/release/vigil-bench sim --brokers 1024 --topo flat --scenario churn --seed 2
+# Router loss and re-parenting at 1,024 brokers with 1 ms links (each 1-12 s here; the 16,384-broker figures are
+# in bench/results/sim.md): every router lost in turn (kary:32 and kary:8), 1 % and 5 % of them, a router with its
+# orphans' adopter, adopters lost while orphans join them, a flapping router.
+for t in kary:32 kary:8; do
+    target/release/vigil-bench sim --brokers 1024 --topo "$t" --scenario router-each --seed 1 --latency-us 1000
+done
+for s in routers-1pct routers-5pct router-adopter reparent-loss router-flap; do
+    target/release/vigil-bench sim --brokers 1024 --topo kary:32 --scenario "$s" --seed 1 --latency-us 1000
+done
 # Public items are documented and intra-doc links resolve.
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 # RDMA verbs tests on soft-RoCE: directly where this kernel has rdma_rxe, else inside the rxe-vm harness

@@ -25,6 +25,10 @@ pub struct SimArgs {
     /// One-way latency of every overlay link, microseconds.
     #[arg(long, default_value_t = 50)]
     latency_us: u64,
+    /// What if every broker also probed its parent's node (a detector the product does not have yet; never used
+    /// for the table): to measure what it would change.
+    #[arg(long)]
+    probe_parent: bool,
     /// Seed of every random choice.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -60,10 +64,18 @@ fn peak_rss_mb() -> f64 {
 /// links.
 const ROUTERS_LATENCY_US: u64 = 1000;
 
-fn measure(brokers: u32, topo: Topology, scenario: Scenario, seed: u64, latency_us: u64) -> Measured {
+fn measure(
+    brokers: u32,
+    topo: Topology,
+    scenario: Scenario,
+    seed: u64,
+    latency_us: u64,
+    probe_parent: bool,
+) -> Measured {
     let t0 = std::time::Instant::now();
     let mut cfg = Config::new(brokers, topo, seed);
     cfg.latency = std::time::Duration::from_micros(latency_us);
+    cfg.probe_parent = probe_parent;
     let r: Report = vigil::sim::run(cfg, scenario);
     let wall_s = t0.elapsed().as_secs_f64();
     Measured { report: serde_json::to_value(&r).unwrap_or_default(), wall_s, peak_rss_mb: peak_rss_mb() }
@@ -97,7 +109,7 @@ pub fn run(a: &SimArgs, out_dir: Option<PathBuf>) -> i32 {
         eprintln!("vigil-bench sim: {e}");
         return 2;
     }
-    let m = measure(a.brokers, topo, scenario, a.seed, a.latency_us);
+    let m = measure(a.brokers, topo, scenario, a.seed, a.latency_us, a.probe_parent);
     let ok = m.report["ok"].as_bool().unwrap_or(false);
     if a.json {
         println!("{}", serde_json::to_string(&m).unwrap_or_default());

@@ -646,3 +646,112 @@ fn a_returning_router_learns_the_re_parents_it_missed() {
     assert!(matches!(out.first(), Some(Effect::AcceptChild { conn: 7, rank: 1 })), "{out:?}");
     assert!(!out.iter().any(|e| matches!(e, Effect::Send(_, m) if m.topic == "adopted")), "{out:?}");
 }
+
+/// Rank `rank` of a 15-broker binary tree, its parent link up: rank 1's children are 3, 4 (theirs 7-10), rank
+/// 2's 5, 6 (theirs 11-14).
+fn joined15(rank: u32) -> Broker {
+    let mut b = crate::sim::new_broker(rank, 15, Topology::Kary(2), 4, Config::default(), Time::ZERO);
+    b.handle(t(0.0), Input::ParentUp(super::rdma_link::LinkChoice { transport: "tcp", detail: String::new() }));
+    b.handle(t(0.0), Input::Start);
+    effects(&mut b);
+    b
+}
+
+/// An orphan's hello: rank `rank`, asking to be adopted (its parent `lost` was lost).
+fn adopt_hello(rank: u32, lost: u32) -> Message {
+    Message::control("hello", &json!({"rank": rank, "instance": "sim", "adopt": lost}))
+}
+
+/// An event from rank 0, as it comes down from the parent.
+fn event(b: &mut Broker, now: Time, topic: &str, body: serde_json::Value) -> Vec<Effect> {
+    let mut m = Message::event(topic, &body);
+    m.seq = 1;
+    b.handle(now, Input::Message(Peer::Parent, 0, m));
+    effects(b)
+}
+
+#[test]
+fn a_static_child_asking_to_be_adopted_back_counts_against_the_adoption_bound() {
+    // Rank 1 may hold twice the fanout: 4 children.
+    let mut b = joined15(1);
+    for (conn, r) in [(1, 5), (2, 6), (3, 11), (4, 12)] {
+        assert_eq!(judge(&mut b, t(0.1), conn, adopt_hello(r, 2), None), Ok(r));
+    }
+    // Its own child 3, whose adopter was lost, asks to be adopted back: refused, it tries its next candidate.
+    let why = judge(&mut b, t(0.2), 5, adopt_hello(3, 4), None).expect_err("full");
+    assert!(why.contains("the most it adopts"), "{why}");
+    // A restarted static child (a plain hello) has nowhere else to go: accepted whatever the count.
+    assert_eq!(judge(&mut b, t(0.3), 6, hello(4, "sim"), None), Ok(4));
+}
+
+#[test]
+fn a_lost_router_that_registers_again_is_routed_to_by_its_static_parent() {
+    let mut b = broker(0);
+    b.handle(t(0.0), Input::Start);
+    assert_eq!(judge(&mut b, t(0.001), 7, hello(2, "sim"), None), Ok(2));
+    effects(&mut b);
+    // Rank 5 (a child of 2) had been adopted by rank 1, then lost.
+    b.learn_parent(5, 1);
+    b.members.insert(5, (MemberState::Lost, "test".into(), 0.0));
+    assert_eq!(b.next_hop(5), crate::topology::Hop::Child(1));
+    // It restarts and registers through its static parent.
+    let reg = json!({"rank": 5, "hostname": "node5", "resources": {"cores": 4, "pus": 4, "numa": 1, "packages": 1,
+        "gpus": 0, "gpu_names": [], "source": "test"}, "cores": "0-3", "gpus": ""});
+    let mut m = Message::request("resource.register", 0, &reg);
+    m.flags = crate::message::FLAG_NORESPONSE;
+    m.userid = crate::sim::UID;
+    b.handle(t(1.0), Input::Message(Peer::Child(2), 7, m));
+    let out = effects(&mut b);
+    assert_eq!(b.next_hop(5), crate::topology::Hop::Child(2));
+    let told = out.iter().any(|e| {
+        matches!(e, Effect::Send(Peer::Child(2), m) if m.msgtype == MsgType::Event && m.topic == "overlay.reparent"
+            && m.json() == json!({"rank": 5, "parent": 2}))
+    });
+    assert!(told, "every broker is told: {out:?}");
+}
+
+#[test]
+fn an_orphan_asks_candidates_announced_lost_last_and_nobody_adopts_a_lost_rank() {
+    // Rank 7's parent is 3; its candidates: 3's sibling 4, then 1, then 0.
+    let mut b = joined15(7);
+    event(&mut b, t(0.5), "overlay.lost", json!({"ranks": "4", "reason": "test"}));
+    b.handle(t(1.0), Input::Closed(Peer::Parent, 0, "reset".into()));
+    let asked: Vec<u32> = effects(&mut b)
+        .iter()
+        .filter_map(|e| if let Effect::ConnectParent { rank, .. } = e { Some(*rank) } else { None })
+        .collect();
+    assert_eq!(asked, vec![1], "rank 4 was announced lost: asked last");
+    b.handle(t(1.6), Input::ParentFailed("no answer".into()));
+    let asked: Vec<u32> = effects(&mut b)
+        .iter()
+        .filter_map(|e| if let Effect::ConnectParent { rank, .. } = e { Some(*rank) } else { None })
+        .collect();
+    assert_eq!(asked, vec![0]);
+    // A candidate refuses a rank rank 0 declared lost (cut off, not dead): it must restart to rejoin.
+    let mut c = joined15(1);
+    event(&mut c, t(0.5), "overlay.lost", json!({"ranks": "5", "reason": "test"}));
+    let why = judge(&mut c, t(1.0), 1, adopt_hello(5, 2), None).expect_err("declared lost");
+    assert!(why.contains("must restart"), "{why}");
+    // Seen alive again (it adopted someone, or rank 0 announced it back): no longer refused.
+    event(&mut c, t(2.0), "overlay.reparent", json!({"rank": 5, "parent": 2}));
+    assert_eq!(judge(&mut c, t(2.1), 2, adopt_hello(5, 2), None), Ok(5));
+}
+
+#[test]
+fn brokers_below_a_re_parented_rank_send_their_unanswered_exit_reports_again() {
+    let mut b = joined15(7);
+    let report = crate::shellproto::ShellReport { status: 0, tasks: vec![], error: None, abort_code: None };
+    b.handle(t(1.0), Input::ShellDone { id: crate::jobs::JobId(42), report: Some(report), status: 0 });
+    let reports = |out: &[Effect]| {
+        out.iter()
+            .filter(|e| matches!(e, Effect::Send(Peer::Parent, m) if m.topic == crate::shellproto::TOPIC_SHELL_EXIT))
+            .count()
+    };
+    assert_eq!(reports(&effects(&mut b)), 1);
+    // Another rank moved: nothing of ours went through it.
+    assert_eq!(reports(&event(&mut b, t(1.5), "overlay.reparent", json!({"rank": 5, "parent": 1}))), 0);
+    // Our parent 3 re-parented (its parent 1 was lost): our report may have died with rank 1; again.
+    assert_eq!(reports(&event(&mut b, t(2.0), "overlay.reparent", json!({"rank": 3, "parent": 4}))), 1);
+    // And so on up: our grandparent's move counts too (we are below it).
+    assert_eq!(reports(&event(&mut b, t(2.5), "overlay.reparent", json!({"rank": 4, "parent": 2}))), 1);
+}

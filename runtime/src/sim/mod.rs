@@ -47,12 +47,24 @@ pub struct Config {
     pub cores: u32,
     /// `tbon.reparent`: orphans of a lost router re-parent (true, the default) or exit.
     pub reparent: bool,
+    /// What if every broker also probed its parent's node, the way a parent probes its children (`false`, the
+    /// default: the product does not yet; a parent link is judged on TCP alone, see docs/failure-detection.md,
+    /// "Re-parenting"). For measuring what that detector would change, never for the committed table.
+    pub probe_parent: bool,
 }
 
 impl Config {
     /// `brokers` brokers in shape `topo`, seed `seed`, 50 µs links, 4 cores per node.
     pub fn new(brokers: u32, topo: Topology, seed: u64) -> Config {
-        Config { brokers, topo, seed, latency: Duration::from_micros(50), cores: 4, reparent: true }
+        Config {
+            brokers,
+            topo,
+            seed,
+            latency: Duration::from_micros(50),
+            cores: 4,
+            reparent: true,
+            probe_parent: false,
+        }
     }
 }
 
@@ -251,6 +263,8 @@ struct Node {
     shells: BTreeMap<JobId, Time>,
     /// The prober's children (parent side).
     prober: BTreeMap<u32, ProbeTarget>,
+    /// With [`Config::probe_parent`]: the parent this node's prober probes too.
+    parent_probe: Option<(u32, ProbeTarget)>,
     probing: bool,
     /// Exit code once the broker process ended.
     exit: Option<i32>,
@@ -494,6 +508,7 @@ impl Sim {
             last_beat: self.now,
             shells: BTreeMap::new(),
             prober: BTreeMap::new(),
+            parent_probe: None,
             probing: false,
             exit: None,
             joining: rank != 0,
@@ -836,10 +851,17 @@ impl Sim {
                     self.after(lat, Ev::Input(rank, Input::Start));
                 }
                 self.nodes[n as usize].prober.insert(rank, ProbeTarget::default());
-                if !self.nodes[n as usize].probing {
-                    self.nodes[n as usize].probing = true;
-                    let p = Duration::from_secs_f64(self.membership.probe_period);
-                    self.after(p, Ev::ProbeRound(n));
+                let mut probers = vec![n];
+                if self.cfg.probe_parent {
+                    self.nodes[rank as usize].parent_probe = Some((n, ProbeTarget::default()));
+                    probers.push(rank);
+                }
+                for x in probers {
+                    if !self.nodes[x as usize].probing {
+                        self.nodes[x as usize].probing = true;
+                        let p = Duration::from_secs_f64(self.membership.probe_period);
+                        self.after(p, Ev::ProbeRound(x));
+                    }
                 }
             }
             Effect::RefuseChild { conn, why } => {
@@ -998,6 +1020,7 @@ impl Sim {
         node.backlog.clear();
         node.stopped_until = None;
         node.prober.clear();
+        node.parent_probe = None;
         // Its shells die with it (the real driver kills their process groups on the way out).
         node.shells.clear();
         // Its children's links (static or adopted) and its own.
@@ -1010,10 +1033,17 @@ impl Sim {
         }
     }
 
-    /// A parent's prober round: every child node probed, what the real prober forwards handed to the broker.
+    /// A parent's prober round: every child node probed, what the real prober forwards handed to the broker
+    /// (and with [`Config::probe_parent`], the parent's node too, as [`PARENT`]).
     fn probe_round(&mut self, n: u32) {
+        // The parent probed only while the link to it is up.
+        if let Some((p, _)) = self.nodes[n as usize].parent_probe {
+            if !self.links.get(&n).is_some_and(|l| l.parent == p && l.at_child) {
+                self.nodes[n as usize].parent_probe = None;
+            }
+        }
         let node = &self.nodes[n as usize];
-        if node.broker.is_none() || node.prober.is_empty() {
+        if node.broker.is_none() || (node.prober.is_empty() && node.parent_probe.is_none()) {
             self.nodes[n as usize].probing = false;
             return;
         }
@@ -1024,14 +1054,23 @@ impl Sim {
             return;
         }
         let stall_note = self.membership.torpid_max / 2.0;
-        let children: Vec<u32> = node.prober.keys().copied().collect();
+        // Targets: (the membership key, the node probed).
+        let mut targets: Vec<(u32, u32)> = node.prober.keys().map(|&c| (c, c)).collect();
+        if let Some((p, _)) = node.parent_probe {
+            targets.push((PARENT, p));
+        }
         let mut signals = Vec::new();
-        for c in children {
+        for (key, c) in targets {
             let reach = self.reachable(n, c);
             let child = &self.nodes[c as usize];
             let (alive, age) = (child.broker.is_some(), self.now.since(child.last_beat).as_secs_f64());
             let now = self.now;
-            let t = self.nodes[n as usize].prober.get_mut(&c).expect("listed");
+            let node = &mut self.nodes[n as usize];
+            let t = if key == PARENT {
+                &mut node.parent_probe.as_mut().expect("listed").1
+            } else {
+                node.prober.get_mut(&c).expect("listed")
+            };
             if reach {
                 let stalled = age >= stall_note;
                 let recovered = t.missed_reported > 0;
@@ -1043,13 +1082,13 @@ impl Sim {
                 if first || stalled || t.stalled != stalled || !alive || recovered || refresh {
                     t.stalled = stalled;
                     t.forwarded = Some(now);
-                    signals.push((c, Signal::ProbeReply { kernel: true, alive, hb_age: age }));
+                    signals.push((key, Signal::ProbeReply { kernel: true, alive, hb_age: age }));
                 }
             } else {
                 t.outstanding += 1;
                 if t.answered_once && t.outstanding > t.missed_reported {
                     t.missed_reported = t.outstanding;
-                    signals.push((c, Signal::ProbeMissed { misses: t.outstanding }));
+                    signals.push((key, Signal::ProbeMissed { misses: t.outstanding }));
                 }
             }
         }
@@ -1095,6 +1134,7 @@ impl Sim {
                 node.shells.clear();
                 node.backlog.clear();
                 node.prober.clear();
+                node.parent_probe = None;
                 node.stopped_until = None;
             }
             Fault::Crash(n) => self.process_gone(n, 137),

@@ -234,3 +234,20 @@ fn a_request_in_flight_to_a_node_that_dies_gets_ehostunreach() {
     sim.run_until(Time::from_secs_f64(2.1));
     assert_eq!(sim.responses[&tag].0, crate::message::errno::EHOSTUNREACH);
 }
+
+/// Why an orphan is late after a silent router loss: it judges its parent on TCP alone (unacknowledged data for
+/// `tbon.lost_timeout`, 120 ms, sampled each heartbeat), while the router's parent has the probe rule (3 probes of
+/// 10 ms). With the orphans probing their parent's node too (not in the product yet), their verdict would come
+/// with the probe rule's.
+#[test]
+fn an_orphan_judges_its_silent_parent_on_tcp_alone_unless_it_probes_its_node() {
+    let verdict = |probe_parent: bool| {
+        let mut cfg = routers_cfg(256, 4, 1);
+        cfg.probe_parent = probe_parent;
+        let r = routers_ok(cfg, Scenario::Routers1Pct);
+        r.reparent.and_then(|f| f.loss_to_orphan_verdict_ms).expect("figures")
+    };
+    let (tcp, probes) = (verdict(false), verdict(true));
+    assert!(tcp.0 >= 120.0 && tcp.2 <= 220.0, "TCP rule: {tcp:?}");
+    assert!(probes.2 <= 50.0, "probe rule: {probes:?}");
+}
