@@ -604,6 +604,16 @@ fn ordinary_job_loses_a_node() {
 
 /// Newest checkpoint per application rank: rank -> (node, step), from CKPT_ROOT/node*/ckpt.RANK.
 fn checkpoints(root: &Path) -> BTreeMap<u32, (String, u32)> {
+    newest(root, "ckpt.")
+}
+
+/// The newest partner copy of each application rank's checkpoint: rank -> (node holding it, step).
+fn partner_copies(root: &Path) -> BTreeMap<u32, (String, u32)> {
+    newest(root, "partner.")
+}
+
+/// The newest file `<root>/node*/<prefix><rank>` of each rank: rank -> (node, step it holds).
+fn newest(root: &Path, prefix: &str) -> BTreeMap<u32, (String, u32)> {
     let mut m = BTreeMap::new();
     let Ok(rd) = std::fs::read_dir(root) else { return m };
     for node in rd.flatten() {
@@ -614,7 +624,7 @@ fn checkpoints(root: &Path) -> BTreeMap<u32, (String, u32)> {
         let Ok(files) = std::fs::read_dir(node.path()) else { continue };
         for f in files.flatten() {
             let fname = f.file_name().to_string_lossy().into_owned();
-            let Some(rank) = fname.strip_prefix("ckpt.").and_then(|r| r.parse::<u32>().ok()) else { continue };
+            let Some(rank) = fname.strip_prefix(prefix).and_then(|r| r.parse::<u32>().ok()) else { continue };
             let Some(step) = std::fs::read_to_string(f.path()).ok().and_then(|s| s.trim().parse::<u32>().ok()) else {
                 continue;
             };
@@ -657,9 +667,11 @@ fn start_ckpt(min_step: u32) -> Ckpt {
     let id = o.stdout.trim().to_string();
     assert!(id.starts_with('f'), "{}", o.dump());
     let since = Instant::now();
+    // Both copies of every rank's checkpoint: the partner copy is written just after the local one, and a node
+    // killed between the two would leave only an older partner copy to rebuild from.
     let ready = wait_for(Duration::from_secs(30), || {
-        let m = checkpoints(&root);
-        (0..4).all(|r| m.get(&r).is_some_and(|(_, s)| *s >= min_step))
+        let (m, p) = (checkpoints(&root), partner_copies(&root));
+        (0..4).all(|r| [&m, &p].iter().all(|c| c.get(&r).is_some_and(|(_, s)| *s >= min_step)))
     });
     let m = checkpoints(&root);
     assert!(
