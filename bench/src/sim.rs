@@ -25,10 +25,10 @@ pub struct SimArgs {
     /// One-way latency of every overlay link, microseconds.
     #[arg(long, default_value_t = 50)]
     latency_us: u64,
-    /// What if every broker also probed its parent's node (a detector the product does not have yet; never used
-    /// for the table): to measure what it would change.
+    /// Play brokers without a prober (no eBPF, no UDP probes): a parent link judged on TCP alone. By default
+    /// every broker probes its parent's node, as the product does.
     #[arg(long)]
-    probe_parent: bool,
+    no_parent_probe: bool,
     /// Seed of every random choice.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -109,7 +109,7 @@ pub fn run(a: &SimArgs, out_dir: Option<PathBuf>) -> i32 {
         eprintln!("vigil-bench sim: {e}");
         return 2;
     }
-    let m = measure(a.brokers, topo, scenario, a.seed, a.latency_us, a.probe_parent);
+    let m = measure(a.brokers, topo, scenario, a.seed, a.latency_us, !a.no_parent_probe);
     let ok = m.report["ok"].as_bool().unwrap_or(false);
     if a.json {
         println!("{}", serde_json::to_string(&m).unwrap_or_default());

@@ -57,6 +57,12 @@ impl Broker {
                     let pairs: Vec<[u32; 2]> = self.adopted.iter().map(|(r, p)| [*r, *p]).collect();
                     self.effect(Effect::Send(Peer::Child(rank), Message::control("adopted", &json!(pairs))));
                 }
+                // And the losses announced while it had no parent, so that it asks those ranks last if it must
+                // re-parent (again): each dead candidate would cost it a whole candidate timeout.
+                if !self.known_lost.is_empty() {
+                    let ranks = IdSet::from_iter(self.known_lost.iter().copied()).to_string();
+                    self.effect(Effect::Send(Peer::Child(rank), Message::control("lost", &json!({"ranks": ranks}))));
+                }
             }
             Err(why) => {
                 warn!("refusing overlay peer {addr}: {why}");
@@ -166,6 +172,8 @@ impl Broker {
                 self.begin_shutdown("parent is shutting down")
             }
             (_, "hb") => {}
+            // {"ranks": idset}: ranks rank 0 announced lost (bad input is ignored, as for the event).
+            (Peer::Parent, "lost") => self.on_lost_event(&msg.json()),
             (Peer::Parent, "adopted") => {
                 // [[rank, parent], ...]; entries that are not two ranks of this instance are skipped.
                 let size = self.opts.size;

@@ -5,6 +5,7 @@ use crate::membership::{Config, Signal};
 use crate::message::{errno, Message, MsgType};
 use crate::topology::Topology;
 use serde_json::json;
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 fn t(s: f64) -> Time {
@@ -647,6 +648,46 @@ fn a_returning_router_learns_the_re_parents_it_missed() {
     assert!(!out.iter().any(|e| matches!(e, Effect::Send(_, m) if m.topic == "adopted")), "{out:?}");
 }
 
+/// An orphan misses the `overlay.lost` events sent while it had no parent: its adopter tells it those losses
+/// (the `lost` control message), so that if it must re-parent again it asks a dead candidate last rather than
+/// wait a whole candidate timeout on it.
+#[test]
+fn an_adopted_broker_learns_the_losses_announced_while_it_had_no_parent() {
+    let mut b = broker(0);
+    b.handle(t(0.0), Input::Start);
+    effects(&mut b);
+    b.on_lost_event(&json!({"ranks": "2,5-6"}));
+    b.handle(t(0.01), Input::Hello { conn: 7, msg: hello(1, "sim"), addr: "peer".into(), refusal: None });
+    let out = effects(&mut b);
+    assert!(matches!(out.first(), Some(Effect::AcceptChild { conn: 7, rank: 1 })), "{out:?}");
+    let sent: Vec<&Message> = out
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Send(Peer::Child(1), m) if m.topic == "lost" => Some(m),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sent.len(), 1, "{out:?}");
+    assert_eq!(sent[0].json(), json!({"ranks": "2,5-6"}));
+
+    let mut r = router();
+    r.handle(t(0.1), Input::Message(Peer::Parent, 0, sent[0].clone()));
+    effects(&mut r);
+    assert_eq!(r.known_lost, BTreeSet::from([2, 5, 6]));
+    // Junk is ignored and changes nothing.
+    let mut m = sent[0].clone();
+    m.payload = b"{\"ranks\": 17}".to_vec();
+    r.handle(t(0.2), Input::Message(Peer::Parent, 0, m));
+    effects(&mut r);
+    assert_eq!(r.known_lost, BTreeSet::from([2, 5, 6]));
+    // Nothing lost, nothing sent.
+    let mut b = broker(0);
+    b.handle(t(0.0), Input::Start);
+    effects(&mut b);
+    b.handle(t(0.01), Input::Hello { conn: 7, msg: hello(1, "sim"), addr: "peer".into(), refusal: None });
+    assert!(!effects(&mut b).iter().any(|e| matches!(e, Effect::Send(_, m) if m.topic == "lost")));
+}
+
 /// Rank `rank` of a 15-broker binary tree, its parent link up: rank 1's children are 3, 4 (theirs 7-10), rank
 /// 2's 5, 6 (theirs 11-14).
 fn joined15(rank: u32) -> Broker {
@@ -740,7 +781,8 @@ fn an_orphan_asks_candidates_announced_lost_last_and_nobody_adopts_a_lost_rank()
 #[test]
 fn brokers_below_a_re_parented_rank_send_their_unanswered_exit_reports_again() {
     let mut b = joined15(7);
-    let report = crate::shellproto::ShellReport { status: 0, tasks: vec![], error: None, abort_code: None };
+    let report =
+        crate::shellproto::ShellReport { status: 0, tasks: vec![], error: None, abort_code: None, usage: None };
     b.handle(t(1.0), Input::ShellDone { id: crate::jobs::JobId(42), report: Some(report), status: 0 });
     let reports = |out: &[Effect]| {
         out.iter()

@@ -47,24 +47,16 @@ pub struct Config {
     pub cores: u32,
     /// `tbon.reparent`: orphans of a lost router re-parent (true, the default) or exit.
     pub reparent: bool,
-    /// What if every broker also probed its parent's node, the way a parent probes its children (`false`, the
-    /// default: the product does not yet; a parent link is judged on TCP alone, see docs/failure-detection.md,
-    /// "Re-parenting"). For measuring what that detector would change, never for the committed table.
+    /// Every broker probes its parent's node by unicast, as a parent probes its children (`true`, the default, as
+    /// the product does where it has a prober: the parent's probe port comes in `hello-ack`). `false` plays a
+    /// broker without a prober, judging its parent link on TCP alone (see docs/failure-detection.md, "Re-parenting").
     pub probe_parent: bool,
 }
 
 impl Config {
     /// `brokers` brokers in shape `topo`, seed `seed`, 50 µs links, 4 cores per node.
     pub fn new(brokers: u32, topo: Topology, seed: u64) -> Config {
-        Config {
-            brokers,
-            topo,
-            seed,
-            latency: Duration::from_micros(50),
-            cores: 4,
-            reparent: true,
-            probe_parent: false,
-        }
+        Config { brokers, topo, seed, latency: Duration::from_micros(50), cores: 4, reparent: true, probe_parent: true }
     }
 }
 
@@ -263,7 +255,7 @@ struct Node {
     shells: BTreeMap<JobId, Time>,
     /// The prober's children (parent side).
     prober: BTreeMap<u32, ProbeTarget>,
-    /// With [`Config::probe_parent`]: the parent this node's prober probes too.
+    /// With [`Config::probe_parent`] (the default): the parent this node's prober probes too.
     parent_probe: Option<(u32, ProbeTarget)>,
     probing: bool,
     /// Exit code once the broker process ended.

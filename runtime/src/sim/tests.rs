@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::broker::core::MemberState;
+use std::collections::BTreeSet;
 
 fn kary(k: u32) -> Topology {
     Topology::Kary(k)
@@ -193,15 +194,17 @@ fn a_lost_routers_children_re_parent_under_its_siblings_and_stay_reachable() {
     let b0 = sim.broker(0).expect("rank 0 runs");
     assert!(sim.broker(4).is_some());
     assert_eq!(b0.members[&4].0, MemberState::Online, "{:?}", b0.members[&4]);
-    // Rank 2's own children 7, 8, 9 knew rank 1 was lost (rank 0's event reached them), so they asked rank 3
-    // first: 7 and 8 fill it to twice the fanout (its own 10-12, 5, 7, 8), 9 goes on to rank 0. Rank 4, an
-    // orphan when that event went out, asks rank 1 first (dead: the attempt times out), then rank 3 (full), then
-    // rank 0.
-    assert_eq!(b0.parent_of(7), Some(3));
-    assert_eq!(b0.parent_of(9), Some(0));
-    assert_eq!(b0.parent_of(4), Some(0));
-    let took = sim.watch.done.iter().rev().find(|d| d.rank == 4).map(|d| (d.attempts, d.timeouts));
-    assert_eq!(took, Some((3, 1)), "rank 4: 3 candidates asked, 1 timed out");
+    // Rank 2's orphans (its own 7, 8, 9 and its adoptees 4, 6) all know rank 1 was lost: 7-9 from rank 0's event,
+    // 4 and 6 from the `lost` control message rank 2 sent them when it adopted them. So nobody waits on the dead
+    // rank 1 (asked last); they ask rank 3, which fills to twice the fanout (its own 10-12, then 5, 4, 6), and the
+    // rest go on to rank 0.
+    let children3: BTreeSet<u32> = sim.broker(3).expect("rank 3").children.keys().copied().collect();
+    assert_eq!(children3, BTreeSet::from([4, 5, 6, 10, 11, 12]), "rank 3 holds at most 2 x fanout");
+    let moved: Vec<(u32, Option<u32>)> = [4, 6, 7, 8, 9].map(|r| (r, b0.parent_of(r))).to_vec();
+    assert_eq!(moved, [(4, Some(3)), (6, Some(3)), (7, Some(0)), (8, Some(0)), (9, Some(0))]);
+    let second: Vec<(u32, u32, u32)> =
+        sim.watch.done.iter().skip(3).map(|d| (d.rank, d.attempts, d.timeouts)).collect();
+    assert!(second.iter().all(|d| d.2 == 0), "no candidate timed out: {second:?}");
 }
 
 #[test]
@@ -235,12 +238,11 @@ fn a_request_in_flight_to_a_node_that_dies_gets_ehostunreach() {
     assert_eq!(sim.responses[&tag].0, crate::message::errno::EHOSTUNREACH);
 }
 
-/// Why an orphan is late after a silent router loss: it judges its parent on TCP alone (unacknowledged data for
-/// `tbon.lost_timeout`, 120 ms, sampled each heartbeat), while the router's parent has the probe rule (3 probes of
-/// 10 ms). With the orphans probing their parent's node too (not in the product yet), their verdict would come
-/// with the probe rule's.
+/// Why children probe their parent's node: without a prober, an orphan judges its silent parent on TCP alone
+/// (unacknowledged data for `tbon.lost_timeout`, 120 ms, sampled each heartbeat), while the router's parent has the
+/// probe rule (3 probes of 10 ms). Probing the parent's node, the orphans' verdict comes with the probe rule's.
 #[test]
-fn an_orphan_judges_its_silent_parent_on_tcp_alone_unless_it_probes_its_node() {
+fn an_orphan_judges_its_silent_parent_by_the_probe_rule_and_on_tcp_alone_without_a_prober() {
     let verdict = |probe_parent: bool| {
         let mut cfg = routers_cfg(256, 4, 1);
         cfg.probe_parent = probe_parent;
