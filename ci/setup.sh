@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the Debian packages Vigil needs to build and test (Debian 12). Idempotent and quiet when all is present.
 set -euo pipefail
-PKGS=(pkg-config libhwloc-dev libudev-dev hwloc iproute2 procps mpich libmpich-dev clang libbpf-dev python3
+PKGS=(pkg-config libhwloc-dev libudev-dev hwloc iproute2 procps mpich libmpich-dev clang libbpf-dev python3 slurm-wlm munge
     libibverbs-dev librdmacm-dev ibverbs-providers libclang-dev)
 missing=()
 for p in "${PKGS[@]}"; do

@@ -12,7 +12,9 @@
 //!   frames from a stream is the I/O layer's job;
 //! - [`shellproto`]: the broker ↔ job shell contract (shell input, reports, output chunks, topics);
 //! - [`pmi`]: the PMI-1 simple wire protocol's line codec (RFC 13); the server is in `vigil-shell`, the
-//!   blocking client a nested broker bootstraps with is in `vigil`.
+//!   blocking client a nested broker bootstraps with is in `vigil`;
+//! - [`pmi2`]: the PMI-2 wire protocol's command codec (MPICH's `pmi-2.0.txt`, what Slurm's `srun --mpi=pmi2`
+//!   serves), for the same client.
 
 /// Implements `FromStr`, `Serialize` and `Deserialize` for a type whose canonical form is a string: parsing with
 /// `$ty::parse` and printing with its `Display` (idsets, hostlists).
@@ -48,6 +50,7 @@ pub mod idset;
 pub mod jobspec;
 pub mod message;
 pub mod pmi;
+pub mod pmi2;
 pub mod r;
 pub mod shellproto;
 pub mod topology;

@@ -473,12 +473,12 @@ fn config_bootstrap(a: &BrokerArgs, path: &str, mut attrs: BTreeMap<String, Stri
     })
 }
 
-/// Bootstrap an instance through PMI-1: every broker binds a port, puts its endpoint, and after the barrier
+/// Bootstrap an instance through PMI (PMI-1 or PMI-2, see [`crate::pmi`]): every broker binds a port, puts its endpoint, and after the barrier
 /// fetches those it may connect to (its parent's and its adoptive parents'). Two kinds of launcher:
 /// - **A Vigil job** (batch/alloc: `$VIGIL_JOB_TMPDIR` is set): resources come from the enclosing job's R
 ///   (`$VIGIL_JOB_TMPDIR/R.json`), ranks renumbered from 0; the node's topology source from
 ///   `$VIGIL_NODE_TOPOLOGY`; the run directory is in the job's directory.
-/// - **Any other PMI-1 launcher** (MPICH's hydra, Flux, Slurm's `srun --mpi=pmi1`...): each broker owns the whole
+/// - **Any other PMI launcher** (MPICH's hydra, Flux, Slurm's `srun --mpi=pmi2`...): each broker owns the whole
 ///   node it runs on (discovered as `vigil start` does), binds the address its host name resolves to (127.0.0.1
 ///   if that is a loopback address), and makes a private run directory under `$TMPDIR`, returned so that it is
 ///   removed when the broker ends. Rank 0 runs the command after `--`; its exit code is the broker's.
@@ -521,7 +521,7 @@ async fn pmi_bootstrap(
         attrs.entry("parent-uri".into()).or_insert_with(|| u.clone());
     }
     if std::env::var("PMI_FD").is_err() {
-        return Err("no --config FILE given, and not started by a PMI-1 launcher (PMI_FD is not set): see docs/system-instance.md".into());
+        return Err("no --config FILE given, and not started by a PMI launcher (PMI_FD is not set): see docs/system-instance.md".into());
     }
     let job_tmpdir = std::env::var("VIGIL_JOB_TMPDIR").ok().map(PathBuf::from);
     if job_tmpdir.is_none() {
@@ -533,6 +533,7 @@ async fn pmi_bootstrap(
         }
     }
     let mut pmi = crate::pmi::Client::from_env().map_err(|e| format!("no --config given and {e}"))?;
+    tracing::debug!("bootstrap through {} (rank {} of {})", pmi.wire, pmi.rank, pmi.size);
     let (rank, size) = (pmi.rank, pmi.size);
     let listener =
         std::net::TcpListener::bind((bind_ip.as_str(), 0)).map_err(|e| format!("cannot bind {bind_ip}: {e}"))?;
