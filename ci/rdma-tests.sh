@@ -128,6 +128,10 @@ step verbs "$VERBS_TEST" --test-threads=1 --nocapture
 if [ -x "$ROOT/ci/rdma-broker-test.sh" ]; then
     step broker "$ROOT/ci/rdma-broker-test.sh" "$VIGIL_BIN" "$A0" "$A1" "$OUT"
 fi
+# Not RDMA, but needs this guest's own kernel too: memory limits and OOM reports with a full cgroup v2.
+if [ -x "$ROOT/ci/memory-cgroup-test.sh" ]; then
+    step memory "$ROOT/ci/memory-cgroup-test.sh" "$VIGIL_BIN" "$OUT"
+fi
 # Last: cuts veth1, then restores the wire.
 step linkdown env VIGIL_RDMA_LINKDOWN=1 RXE_NETDEV1=veth1 "$VERBS_TEST" --exact peer_link_down --nocapture
 ip link set veth1 up

@@ -57,6 +57,26 @@ fn opt_str(input: &ShellInput, name: &str) -> Option<String> {
     })
 }
 
+/// `memory.events` of this shell's cgroup v2 (its `0::` line in `/proc/self/cgroup` under the cgroup2 mount of
+/// `/proc/self/mountinfo`), where it has one (the memory controller enabled for it).
+fn own_memory_events() -> Option<std::path::PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mount = info.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        (post.split_whitespace().next()? == "cgroup2").then(|| pre.split_whitespace().nth(4).map(str::to_string))?
+    })?;
+    let cg = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let own = cg.lines().find_map(|l| l.strip_prefix("0::"))?.trim_start_matches('/').to_string();
+    let p = std::path::Path::new(&mount).join(own).join("memory.events");
+    p.exists().then_some(p)
+}
+
+/// The `oom_kill` count in the `memory.events` file at `path`.
+fn oom_kills(path: &std::path::Path) -> Option<u64> {
+    let s = std::fs::read_to_string(path).ok()?;
+    s.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|n| n.trim().parse().ok())
+}
+
 async fn run() -> i32 {
     let mut text = String::new();
     if let Err(e) = std::io::Read::read_to_string(&mut std::io::stdin(), &mut text) {
@@ -107,6 +127,12 @@ impl Shell {
             None => GpuAffinity::PerTask,
         };
         let mut notes = Vec::new();
+        // A memory limit the broker could not apply here: the job runs, and is told.
+        if let Ok(why) = std::env::var(vigil_proto::shellproto::MEMORY_NOTE_ENV) {
+            let host = nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_default();
+            let v = opt_str(&input, "memory").unwrap_or_default();
+            notes.push(format!("vigil-shell: memory={v} not applied on {host} (rank {}): {why}", input.broker_rank));
+        }
         if input.topology == "cpu-count" {
             let p = cpu_count_placement(&input, cpu, gpu);
             if input.shell_rank == 0 {
@@ -145,6 +171,18 @@ impl Shell {
             }
         };
         Ok(Shell { tmpdir: None, input, client, placement, bind, notes })
+    }
+
+    /// Task `rank` was killed by the OOM killer: a non-fatal exception naming it, the node and the broker rank,
+    /// said exit-on-error or not (the job's other tasks go on).
+    fn report_oom(&self, id: u64, rank: u32) {
+        let host = nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_default();
+        let note = format!("task {rank} on {host} (rank {}) was killed by the OOM killer", self.input.broker_rank);
+        let _ = self.client.send(
+            vigil_proto::shellproto::TOPIC_EXCEPTION,
+            0,
+            &serde_json::json!({"id": id, "type": "oom", "severity": 1, "note": note, "rank": self.input.broker_rank}),
+        );
     }
 
     fn task_env(&self, local: u32) -> BTreeMap<String, String> {
@@ -347,8 +385,10 @@ impl Shell {
         // Tasks whose PMI connection was already judged closed, and tasks that already failed the job.
         let mut pmi_closed: std::collections::HashSet<u32> = std::collections::HashSet::new();
         let mut exit_failed: std::collections::HashSet<u32> = std::collections::HashSet::new();
-        // Tasks whose OOM kill was reported (once each).
+        // Tasks whose OOM kill was reported (once each), and the OOM kills of this shell's cgroup accounted for.
         let mut oom_reported: std::collections::HashSet<u32> = std::collections::HashSet::new();
+        let memory_events = own_memory_events();
+        let mut oom_seen = memory_events.as_deref().and_then(oom_kills).unwrap_or(0);
         let mut pids = Vec::new();
         let mut tasks: Vec<(u32, i32)> = Vec::new();
         let mut readers = Vec::new();
@@ -567,14 +607,9 @@ impl Shell {
                     }
                     let failed = signal.is_some() || code.is_some_and(|c| c != 0);
                     if v.get("oom_killed").and_then(|o| o.as_bool()) == Some(true) && oom_reported.insert(rank) {
-                        // Always said, exit-on-error or not (a non-fatal exception: the job's other tasks go on).
-                        let host = nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_default();
-                        let note = format!("task {rank} on {host} (rank {}) was killed by the OOM killer", self.input.broker_rank);
-                        let _ = self.client.send(
-                            vigil_proto::shellproto::TOPIC_EXCEPTION,
-                            0,
-                            &serde_json::json!({"id": id, "type": "oom", "severity": 1, "note": note, "rank": self.input.broker_rank}),
-                        );
+                        // (Counted, so that memory.events does not name another task for the same kill.)
+                        oom_seen += 1;
+                        self.report_oom(id, rank);
                     }
                     // Once the job has failed, the tasks this shell then kills are not failures of their own.
                     if exit_on_error && failed && abort_code.is_none() && !any_fatal(&outs) && exit_failed.insert(rank) {
@@ -584,6 +619,17 @@ impl Shell {
                 e = exit_rx.recv() => match e {
                     Some((rank, st)) => {
                         tasks.push((rank, st));
+                        // Killed, and the OOM killer killed in this job's cgroup since last seen: that was it
+                        // (how it is known without the eBPF exit detector).
+                        if st & 0x7f == libc::SIGKILL && !oom_reported.contains(&rank) {
+                            if let Some(n) = memory_events.as_deref().and_then(oom_kills) {
+                                if n > oom_seen {
+                                    oom_seen += 1;
+                                    oom_reported.insert(rank);
+                                    self.report_oom(id, rank);
+                                }
+                            }
+                        }
                         // A task that exits without PMI_Finalize fails the job even if something it started
                         // still holds its PMI socket open.
                         if use_pmi && pmi_closed.insert(rank) {

@@ -21,6 +21,39 @@ pub const TOPIC_SHELL_EXIT: &str = "job-exec.shell-exit";
 /// Environment variable telling a job shell which broker rank watches its tasks' exits (`detect.watch`).
 pub const DETECTOR_RANK_ENV: &str = "VIGIL_DETECTOR_RANK";
 
+/// Environment variable set by a broker on a job shell whose `memory` option it could not apply on this node:
+/// why. The shell says so on the job's stderr (the job runs, unlimited, as Slurm's does without its cgroup
+/// plugin).
+pub const MEMORY_NOTE_ENV: &str = "VIGIL_SHELL_MEMORY_NOTE";
+
+/// The shell option `memory=SIZE` (per node, as Slurm's `--mem`): bytes. `SIZE` is a whole number with an optional
+/// binary unit `K`, `M`, `G` or `T` (case-insensitive, an optional `B` or `iB` after it: `64M`, `1GiB`, `512k`);
+/// without a unit it is MiB, as for Slurm's `--mem`.
+///
+/// Errors: not a number, an unknown unit, zero, or over 2^63 bytes, with the reason.
+pub fn parse_memory_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    let n: u64 = num.parse().map_err(|_| format!("'{s}' is not a size (expected e.g. 512M, 4G)"))?;
+    let unit = unit.trim().to_ascii_lowercase();
+    let shift = match unit.trim_end_matches("ib").trim_end_matches('b') {
+        "" if unit.is_empty() => 20,
+        "" => 0,
+        "k" => 10,
+        "m" => 20,
+        "g" => 30,
+        "t" => 40,
+        _ => return Err(format!("'{s}': unknown unit (expected K, M, G or T)")),
+    };
+    let bytes = n.checked_shl(shift).filter(|b| b >> shift == n && *b <= 1 << 63);
+    match bytes {
+        Some(0) => Err(format!("'{s}': a memory limit must be more than 0")),
+        Some(b) => Ok(b),
+        None => Err(format!("'{s}' is too large")),
+    }
+}
+
 /// Topic a job shell uses to be told, once, when one of its task processes exits: request `{"pid": N}`,
 /// response `{"pid", "exit_code" | "signal", "oom_killed", "sender_pid", "ktime_ns", "source"}`.
 pub const TOPIC_DETECT_WATCH: &str = "detect.watch";
@@ -145,6 +178,10 @@ pub struct Usage {
     /// Peak memory, bytes (`memory.peak`: needs the memory controller, Linux 5.19).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_peak: Option<u64>,
+    /// Processes the OOM killer killed in the job's cgroup (`oom_kill` of `memory.events`; needs the memory
+    /// controller).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom_kills: Option<u64>,
 }
 
 impl Usage {
@@ -158,6 +195,7 @@ impl Usage {
         self.cpu_user_usec = sum(self.cpu_user_usec, o.cpu_user_usec);
         self.cpu_system_usec = sum(self.cpu_system_usec, o.cpu_system_usec);
         self.memory_peak = self.memory_peak.max(o.memory_peak);
+        self.oom_kills = sum(self.oom_kills, o.oom_kills);
     }
 }
 
@@ -309,6 +347,21 @@ pub fn status_exited(code: i32) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_sizes_read_as_slurm_users_write_them() {
+        assert_eq!(parse_memory_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_memory_size("64mb"), Ok(64 << 20));
+        assert_eq!(parse_memory_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_memory_size("512k"), Ok(512 << 10));
+        assert_eq!(parse_memory_size("2T"), Ok(2 << 40));
+        assert_eq!(parse_memory_size("4096"), Ok(4096 << 20), "no unit: MiB, as for --mem");
+        assert_eq!(parse_memory_size("4096B"), Ok(4096));
+        for bad in ["", "M", "-1G", "1.5G", "12Q", "0", "0G", "99999999999T"] {
+            assert!(parse_memory_size(bad).is_err(), "{bad}");
+        }
+        assert!(parse_memory_size("12Q").unwrap_err().contains("unknown unit"));
+    }
 
     #[test]
     fn statuses_are_described_as_a_shell_shows_them() {

@@ -8,6 +8,15 @@
 //! SIGKILL to every pid listed, until none is left) ends whatever is left, the job's CPU time (`cpu.stat`) and peak
 //! memory (`memory.peak`, where the memory controller is enabled) are read, and the cgroup is removed.
 //!
+//! **Memory.** The job option `memory=SIZE` sets `memory.max` of the job's cgroup. That needs the memory
+//! controller enabled for the job cgroups, which the broker does at start where it can: in its subtree, and in its
+//! own cgroup when that has the controller but has not enabled it for its children. The kernel allows the latter
+//! only in a cgroup that holds no process itself ("no internal processes"), so the broker first moves itself into
+//! a leaf of its subtree, `vigil-broker-PID-RANK/broker` (a systemd unit with `Delegate=yes` holds only the broker;
+//! a login shell's scope holds the shell too, and then memory limits are not available). Where the controller
+//! cannot be had, a job asking for a limit runs without it and is told why on its stderr; `vigil uptime` says so.
+//! With the controller, the job's peak memory (`memory.peak`) and its OOM kills (`memory.events`) are recorded.
+//!
 //! Without a usable cgroup2 (none mounted, not writable, `exec.containment=pgroup`), jobs are kept by process
 //! groups as before: the broker says so once and `vigil uptime` shows it.
 
@@ -42,7 +51,10 @@ impl Containment {
     /// One line for `vigil uptime`: `cgroup2 (/sys/fs/cgroup/...)` or `process groups (why)`.
     pub(crate) fn describe(&self) -> String {
         match self {
-            Containment::Cgroup(c) => format!("cgroup2 ({})", c.root.display()),
+            Containment::Cgroup(c) => match &c.memory {
+                Ok(()) => format!("cgroup2 ({}; memory limits available)", c.root.display()),
+                Err(why) => format!("cgroup2 ({}; no memory limits: {why})", c.root.display()),
+            },
             Containment::ProcessGroups(why) => format!("process groups ({why})"),
         }
     }
@@ -51,9 +63,14 @@ impl Containment {
 /// This broker's cgroup subtree.
 #[derive(Debug)]
 pub(crate) struct Cgroups {
-    /// `<cgroup2 mount>/<our cgroup>/vigil-broker-PID`.
+    /// `<cgroup2 mount>/<our cgroup>/vigil-broker-PID-RANK`.
     root: PathBuf,
+    /// The memory controller is enabled for the job cgroups, or why not.
+    pub(crate) memory: Result<(), String>,
 }
+
+/// The leaf of a broker's subtree the broker moves itself into to enable the memory controller above it.
+const BROKER_LEAF: &str = "broker";
 
 /// The cgroup2 mount point, from `/proc/self/mountinfo` (the fifth field of a line whose file system type, after
 /// the ` - ` separator, is `cgroup2`).
@@ -95,7 +112,8 @@ impl Cgroups {
             let _ = std::fs::remove_dir(&root);
             return Err(format!("cannot use cgroups under {}: {e}", base.display()));
         }
-        Ok(Cgroups { root })
+        let memory = enable_memory(&base, &root);
+        Ok(Cgroups { root, memory })
     }
 
     /// A cgroup for job `id`'s shell, its `cgroup.procs` open for the child to join it.
@@ -113,16 +131,51 @@ impl Cgroups {
         Ok(JobCgroup { dir, procs: procs.into() })
     }
 
-    /// Remove the subtree (when the broker ends): every job cgroup in it is killed first.
+    /// Remove the subtree (when the broker ends): every job cgroup in it is killed first (not the broker's own
+    /// leaf, where this broker may be: the next broker to start here removes what is left).
     pub(crate) fn remove(&self) {
         if let Ok(rd) = std::fs::read_dir(&self.root) {
-            for e in rd.flatten().filter(|e| e.path().is_dir()) {
+            for e in rd.flatten().filter(|e| e.path().is_dir() && e.file_name() != BROKER_LEAF) {
                 kill_all(&e.path());
                 let _ = remove_when_empty(&e.path());
             }
         }
         let _ = std::fs::remove_dir(&self.root);
     }
+}
+
+/// Whether `controller` is listed in the file `dir/file` (`cgroup.controllers` or `cgroup.subtree_control`).
+fn lists(dir: &Path, file: &str, controller: &str) -> bool {
+    std::fs::read_to_string(dir.join(file)).is_ok_and(|s| s.split_whitespace().any(|c| c == controller))
+}
+
+/// Enable the memory controller for the job cgroups under `root` (see the module docs), or say why not.
+fn enable_memory(base: &Path, root: &Path) -> Result<(), String> {
+    if !lists(root, "cgroup.controllers", "memory") {
+        if !lists(base, "cgroup.controllers", "memory") {
+            return Err(format!("the memory controller is not available in {}", base.display()));
+        }
+        // `base` has it but does not give it to its children: enable it there, from a leaf of our own.
+        let leaf = root.join(BROKER_LEAF);
+        let me = std::process::id().to_string();
+        std::fs::create_dir(&leaf)
+            .and_then(|_| std::fs::write(leaf.join("cgroup.procs"), &me))
+            .map_err(|e| format!("cannot move this broker into {}: {e}", leaf.display()))?;
+        if let Err(e) = std::fs::write(base.join("cgroup.subtree_control"), "+memory") {
+            // Back where we were (allowed: nothing was enabled there), so that nothing changed.
+            let _ = std::fs::write(base.join("cgroup.procs"), &me);
+            let _ = std::fs::remove_dir(&leaf);
+            let why = if e.raw_os_error() == Some(libc::EBUSY) {
+                "it holds other processes (run the broker in a cgroup of its own, e.g. a systemd unit with Delegate=yes)"
+                    .to_string()
+            } else {
+                e.to_string()
+            };
+            return Err(format!("cannot enable the memory controller in {}: {why}", base.display()));
+        }
+    }
+    std::fs::write(root.join("cgroup.subtree_control"), "+memory")
+        .map_err(|e| format!("cannot enable the memory controller in {}: {e}", root.display()))
 }
 
 /// Remove the subtrees that brokers which died without cleaning up (`kill -9`) left under `base`: those named
@@ -135,8 +188,10 @@ fn remove_stale(base: &Path) {
         if pid.parse::<u32>().is_err() || Path::new("/proc").join(pid).exists() {
             continue;
         }
-        let c = Cgroups { root: e.path() };
+        let c = Cgroups { root: e.path(), memory: Err(String::new()) };
         c.remove();
+        // Its broker is gone: so is anything in its leaf.
+        let _ = remove_when_empty(&e.path());
     }
 }
 
@@ -148,6 +203,15 @@ pub(crate) struct JobCgroup {
 }
 
 impl JobCgroup {
+    /// Limit the job's memory on this node to `bytes` (`memory.max`; no swap beyond it, `memory.swap.max` 0 where
+    /// swap is accounted), or say why not.
+    pub(crate) fn limit_memory(&self, bytes: u64) -> Result<(), String> {
+        std::fs::write(self.dir.join("memory.max"), bytes.to_string())
+            .map_err(|e| format!("cannot set {}: {e}", self.dir.join("memory.max").display()))?;
+        let _ = std::fs::write(self.dir.join("memory.swap.max"), "0");
+        Ok(())
+    }
+
     /// The descriptor of this cgroup's `cgroup.procs`, which the child writes `0` to (itself) before it runs.
     pub(crate) fn procs_fd(&self) -> i32 {
         self.procs.as_raw_fd()
@@ -180,7 +244,13 @@ fn usage(dir: &Path) -> Usage {
         }
     }
     u.memory_peak = std::fs::read_to_string(dir.join("memory.peak")).ok().and_then(|s| s.trim().parse::<u64>().ok());
+    u.oom_kills = std::fs::read_to_string(dir.join("memory.events")).ok().and_then(|s| oom_kills(&s));
     u
+}
+
+/// The `oom_kill` count of a `memory.events` file's text.
+pub(crate) fn oom_kills(events: &str) -> Option<u64> {
+    events.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|n| n.trim().parse().ok())
 }
 
 /// Kill every process in cgroup `dir` and below: `cgroup.kill`, else SIGKILL to each pid listed until none is.
@@ -240,5 +310,8 @@ mod tests {
             assert!(c.starts_with('/'), "{c}");
         }
         assert_eq!(usage(Path::new("/nonexistent")), Usage::default());
+        let events = "low 0\nhigh 0\nmax 12\noom 2\noom_kill 2\noom_group_kill 0\n";
+        assert_eq!(oom_kills(events), Some(2));
+        assert_eq!(oom_kills("low 0\n"), None);
     }
 }

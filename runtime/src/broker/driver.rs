@@ -1032,6 +1032,24 @@ impl Driver {
             },
             super::cgroup::Containment::ProcessGroups(_) => None,
         };
+        // Its memory limit (`-o memory=SIZE`, checked at submit): applied, or the shell tells the job why not.
+        if let Some(v) = input.options.get("memory") {
+            let why = match (v.as_str().map(crate::shellproto::parse_memory_size), self.containment.as_ref(), &cgroup) {
+                (Some(Ok(bytes)), super::cgroup::Containment::Cgroup(c), Some(cg)) => {
+                    c.memory.clone().and_then(|()| cg.limit_memory(bytes)).err()
+                }
+                (Some(Ok(_)), super::cgroup::Containment::ProcessGroups(why), _) => {
+                    Some(format!("jobs are not in cgroups here ({why})"))
+                }
+                (Some(Ok(_)), _, _) => Some("the job's cgroup could not be made".into()),
+                (Some(Err(e)), _, _) => Some(e),
+                (None, _, _) => Some("memory=SIZE needs a size".into()),
+            };
+            if let Some(why) = why {
+                info!("job {id}: memory={} not applied: {why}", v.as_str().unwrap_or_default());
+                cmd.env(crate::shellproto::MEMORY_NOTE_ENV, why);
+            }
+        }
         if let Some(fd) = cgroup.as_ref().map(super::cgroup::JobCgroup::procs_fd) {
             // SAFETY: between fork and exec the child only calls write(2), which is async-signal-safe, on a
             // descriptor the parent opened and keeps open until the child has exec'd (`cgroup` lives on below).

@@ -42,7 +42,8 @@ pub struct SubmitArgs {
     #[arg(long)]
     pub cwd: Option<String>,
     /// Shell option NAME[=VALUE] (repeatable): cpu-affinity=off|on|per-task, gpu-affinity=..., exit-timeout=DURATION|none,
-    /// exit-on-error (a task that exits non-zero or by a signal fails the whole job at once).
+    /// exit-on-error (a task that exits non-zero or by a signal fails the whole job at once), memory=SIZE (per
+    /// node, e.g. 4G; MiB without a unit, as Slurm's --mem; where the memory controller is enabled).
     #[arg(short = 'o', long = "setopt", value_name = "OPT")]
     pub setopt: Vec<String>,
     /// Prefix output lines with the task rank (`run` only).
@@ -170,6 +171,10 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
             {
                 return Err(format!("-o {o}: expected exit-on-error[=1|0|true|false|yes|no|on|off]"));
             }
+            ("memory", Value::String(s)) => {
+                crate::shellproto::parse_memory_size(s).map_err(|e| format!("-o {o}: {e}"))?;
+            }
+            ("memory", _) => return Err(format!("-o {o}: expected memory=SIZE (per node, e.g. 4G)")),
             ("exit-timeout", Value::String(s)) if s != "none" => {
                 crate::duration::parse_duration_secs(s).map_err(|e| format!("-o {o}: {e}"))?;
             }
@@ -180,7 +185,7 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
             }
             ("cpu-affinity" | "gpu-affinity" | "exit-timeout" | "pmi" | "output" | "exit-on-error" | "requeue", _) => {}
             _ => eprintln!(
-                "vigil: warning: unknown shell option '{k}' (known: cpu-affinity, gpu-affinity, exit-timeout, pmi, exit-on-error, requeue)"
+                "vigil: warning: unknown shell option '{k}' (known: cpu-affinity, gpu-affinity, exit-timeout, pmi, exit-on-error, requeue, memory)"
             ),
         }
         b = b.shell_option(k, v);
