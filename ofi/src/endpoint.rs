@@ -113,8 +113,11 @@ impl Endpoint {
             (*(*h).rx_attr).msg_order = sys::FI_ORDER_SAS as u64;
             (*(*h).domain_attr).threading = sys::fi_threading_FI_THREAD_DOMAIN;
             (*(*h).domain_attr).resource_mgmt = sys::fi_resource_mgmt_FI_RM_ENABLED;
-            // The layer registers no memory: providers that need local registration are not matched.
-            (*(*h).domain_attr).mr_mode = 0;
+            // The layer registers no memory, so it cannot serve providers that need local buffers registered
+            // (FI_MR_LOCAL); the other modes only constrain registrations it never makes, and cxi requires
+            // FI_MR_ENDPOINT in the hints (as its own tests show).
+            (*(*h).domain_attr).mr_mode =
+                (sys::FI_MR_ENDPOINT | sys::FI_MR_ALLOCATED | sys::FI_MR_PROV_KEY | sys::FI_MR_VIRT_ADDR) as i32;
             (*(*h).fabric_attr).prov_name = strdup(&prov);
             if let Some(d) = &domain_name {
                 (*(*h).domain_attr).name = strdup(d);

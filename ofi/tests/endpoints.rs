@@ -11,8 +11,16 @@ const UDP: &str = "udp;ofi_rxd";
 /// Longest any exchange in these tests may take before it counts as a hang.
 const HANG: Duration = Duration::from_secs(20);
 
+/// Environment: a provider to run the exchange tests on as well (e.g. `cxi` or `verbs;ofi_rxm` on a machine that
+/// has one), and the local address or domain for it (`VIGIL_OFI_TEST_SOURCE`, e.g. `cxi0`; unset: the
+/// provider's choice).
+const SITE_PROVIDER: &str = "VIGIL_OFI_TEST_PROVIDER";
+
 fn cfg(provider: &str) -> Config {
-    Config { source_addr: Some("127.0.0.1".into()), ..Config::with_provider(provider) }
+    let site = std::env::var(SITE_PROVIDER).ok().filter(|p| p == provider);
+    let source_addr =
+        if site.is_some() { std::env::var("VIGIL_OFI_TEST_SOURCE").ok() } else { Some("127.0.0.1".into()) };
+    Config { source_addr, ..Config::with_provider(provider) }
 }
 
 /// Open an endpoint, or `None` in a build without libfabric (after checking that answer).
@@ -357,4 +365,15 @@ fn tcp_async_pingpong() {
 #[test]
 fn udp_async_pingpong() {
     async_pingpong(UDP);
+}
+
+/// The exchange tests on the provider named by `VIGIL_OFI_TEST_PROVIDER` (nothing when unset).
+#[test]
+fn site_provider() {
+    let Ok(p) = std::env::var(SITE_PROVIDER) else { return };
+    both_ways(&p);
+    flow_control(&p);
+    large(&p);
+    async_pingpong(&p);
+    vanished(&p);
 }
