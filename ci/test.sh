@@ -23,6 +23,9 @@ fi
 if cargo fmt --version >/dev/null 2>&1; then cargo fmt --all --check; else echo "ci/test.sh: rustfmt not installed, formatting not checked"; fi
 cargo build --workspace --locked
 cargo test --workspace --locked -- --test-threads=4 "$@"
+# vigil-ofi without libfabric (its stub answers "libfabric not available", which the broker turns into TCP):
+# the same tests, built as on a machine without libfabric-dev.
+VIGIL_OFI=off cargo test --locked -p vigil-ofi --quiet
 # The simulator of the real sans-IO broker (a release build: ten times faster than debug): every scenario at 1,024
 # brokers for kary:32, and churn on a flat tree, seeded; each run exits non-zero when an invariant fails and prints
 # which. A 16,384-broker churn takes about a minute and a half here, so it runs with `vigil-bench sim --table`
