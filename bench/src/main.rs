@@ -544,13 +544,18 @@ fn bench_start(vigil: &Path, size: u32, runs: usize) -> (Vec<f64>, Option<String
     (samples, None)
 }
 
-/// Metrics 2 and 3: start a 4-broker instance whose initial program is `vigil-bench inner jobs`.
-fn bench_jobs(vigil: &Path, runs: usize) -> InnerJobsResult {
+/// Metrics 2 and 3: start a 4-broker instance (broker attributes `attrs`, `-S NAME=VALUE` each) whose initial
+/// program is `vigil-bench inner jobs`.
+fn bench_jobs(vigil: &Path, runs: usize, attrs: &[&str]) -> InnerJobsResult {
     let out = scratch_file("jobs");
     let r = (|| -> Result<InnerJobsResult, String> {
         let me = std::env::current_exe().map_err(|e| format!("cannot locate this binary: {e}"))?;
         let mut cmd = Command::new(vigil);
-        cmd.arg("start").arg(format!("--test-size={INSTANCE_SIZE}")).arg(&me).args(["inner", "jobs"]);
+        cmd.arg("start").arg(format!("--test-size={INSTANCE_SIZE}"));
+        for a in attrs {
+            cmd.arg("-S").arg(a);
+        }
+        cmd.arg(&me).args(["inner", "jobs"]);
         cmd.arg(format!("--runs={runs}"))
             .arg(format!("--jobs={THROUGHPUT_JOBS}"))
             .arg(format!("--nodes={INSTANCE_SIZE}"));
@@ -653,7 +658,7 @@ fn outer(runs: usize, vigil: Option<PathBuf>, out_dir: Option<PathBuf>) -> Resul
     eprintln!(
         "vigil-bench: vigil run -N{INSTANCE_SIZE} true latency and {THROUGHPUT_JOBS}-job throughput ({runs} runs each)"
     );
-    let jobs = bench_jobs(&vigil, runs);
+    let jobs = bench_jobs(&vigil, runs, &[]);
     // Attribute the inner error to the measurement that was under way when it happened.
     let latency_done = jobs.run_latency_s.len() >= runs;
     let (lat_err, tput_err) = match &jobs.error {
@@ -680,6 +685,12 @@ fn outer(runs: usize, vigil: Option<PathBuf>, out_dir: Option<PathBuf>) -> Resul
         tput_err,
     ));
 
+    // The cost of containment (issue 18): the same two measurements with jobs kept by process groups only.
+    eprintln!("vigil-bench: the same with -S exec.containment=pgroup (cgroups off)");
+    let contained = containment_of(&vigil);
+    let pgroup = bench_jobs(&vigil, runs, &["exec.containment=pgroup"]);
+    let cgroup_cost = cgroup_cost_table(&jobs, &pgroup, &contained);
+
     eprintln!("vigil-bench: idle broker RSS ({runs} idle instances of {INSTANCE_SIZE} brokers)");
     let (rss, rss_err) = bench_rss(&vigil, runs);
     metrics.push(Metric::new(
@@ -699,6 +710,7 @@ fn outer(runs: usize, vigil: Option<PathBuf>, out_dir: Option<PathBuf>) -> Resul
     let failed: Vec<&Metric> = metrics.iter().filter(|m| m.error.is_some()).collect();
 
     println!("{table}");
+    println!("{cgroup_cost}");
     for m in &failed {
         eprintln!("vigil-bench: FAILED {}: {}", m.name, m.error.as_deref().unwrap_or(""));
     }
@@ -711,6 +723,15 @@ fn outer(runs: usize, vigil: Option<PathBuf>, out_dir: Option<PathBuf>) -> Resul
         "cpus": ncpus,
         "throughput_submit_s": summary_json(&jobs.submit_s),
         "metrics": metrics,
+        "containment": {
+            "default": contained,
+            "run_latency_s": {"default": summary_json(&jobs.run_latency_s), "pgroup": summary_json(&pgroup.run_latency_s)},
+            "throughput_jobs_per_s": {
+                "default": summary_json(&jobs.throughput_jobs_per_s),
+                "pgroup": summary_json(&pgroup.throughput_jobs_per_s),
+            },
+            "pgroup_error": pgroup.error,
+        },
     });
     std::fs::create_dir_all(&out_dir).map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;
     let json_path = out_dir.join("first-light.json");
@@ -721,7 +742,7 @@ fn outer(runs: usize, vigil: Option<PathBuf>, out_dir: Option<PathBuf>) -> Resul
         "# Vigil first light vs flux-core 0.88\n\n`cargo run --release -p vigil-bench -- --runs {runs}` ({version}, {ncpus} CPUs, \
          unix time {now_s}). Medians, min and max over {runs} runs; flux-core figures measured on the same machine. \
          Ratio: improvement factor, >1 means Vigil is better (reference/vigil for times and memory, vigil/reference \
-         for throughput).\n\n{table}\n"
+         for throughput).\n\n{table}\n{cgroup_cost}"
     );
     if !failed.is_empty() {
         md.push_str("\nFailures:\n\n");
@@ -732,6 +753,57 @@ fn outer(runs: usize, vigil: Option<PathBuf>, out_dir: Option<PathBuf>) -> Resul
     std::fs::write(&md_path, md).map_err(|e| format!("cannot write {}: {e}", md_path.display()))?;
     eprintln!("vigil-bench: wrote {} and {}", json_path.display(), md_path.display());
     Ok(if failed.is_empty() { 0 } else { 1 })
+}
+
+/// How a default 4-broker instance keeps its jobs here (`vigil uptime`'s `jobs contained by:` line).
+fn containment_of(vigil: &Path) -> String {
+    let out = Command::new(vigil)
+        .args(["start", &format!("--test-size={INSTANCE_SIZE}"), "vigil", "uptime"])
+        .env("PATH", vigil.parent().map(|d| d.as_os_str().to_owned()).unwrap_or_default())
+        .stderr(Stdio::null())
+        .output();
+    out.ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("jobs contained by: ").map(str::to_string))
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// The "cgroups on vs off" section: latency and throughput medians of the default instance (`on`, contained as
+/// `how`) and of one with `exec.containment=pgroup` (`off`), measured in the same run, and what containment costs.
+fn cgroup_cost_table(on: &InnerJobsResult, off: &InnerJobsResult, how: &str) -> String {
+    let (lat_on, lat_off) = (summarize(&on.run_latency_s).0, summarize(&off.run_latency_s).0);
+    let (tp_on, tp_off) = (summarize(&on.throughput_jobs_per_s).0, summarize(&off.throughput_jobs_per_s).0);
+    let cost = |a: Option<f64>, b: Option<f64>, higher_better: bool| match (a, b) {
+        (Some(a), Some(b)) if a > 0.0 && b > 0.0 => {
+            let slower = if higher_better { b / a - 1.0 } else { a / b - 1.0 };
+            format!("{:+.1} %", slower * 100.0)
+        }
+        _ => "-".into(),
+    };
+    let mut t = format!(
+        "\n## Containment: cgroups on vs off\n\nSame run, same {INSTANCE_SIZE}-broker instance size. On: jobs contained by \
+         {how}. Off: `-S exec.containment=pgroup`. Cost: how much slower with cgroups (target: at most +10 %).\n\n\
+         | metric | cgroups on (median) | off (median) | cost |\n|---|---:|---:|---:|\n"
+    );
+    t.push_str(&format!(
+        "| `vigil run -N{INSTANCE_SIZE} true` latency (s) | {} | {} | {} |\n",
+        fmt_value(lat_on, "s"),
+        fmt_value(lat_off, "s"),
+        cost(lat_on, lat_off, false)
+    ));
+    t.push_str(&format!(
+        "| throughput, {THROUGHPUT_JOBS} `true` jobs at once (jobs/s) | {} | {} | {} |\n",
+        fmt_value(tp_on, "jobs/s"),
+        fmt_value(tp_off, "jobs/s"),
+        cost(tp_on, tp_off, true)
+    ));
+    if let Some(e) = &off.error {
+        t.push_str(&format!("\nThe cgroups-off run failed: {e}\n"));
+    }
+    t
 }
 
 /// `{"median", "min", "max"}` of `v` (seconds) as JSON, rounded to 0.1 ms.
