@@ -208,7 +208,11 @@ fn every_acknowledged_job_survives_kill_9_of_rank_0() {
     let jobs = inst.jobs();
     assert!(jobs[&new]["id"].as_u64().unwrap() > max_old, "new id {new} not above the kept ones");
     let up = inst.client(&["uptime"]);
-    assert!(up.stdout.contains(&format!("state directory: {}, 1 restart(s)", inst.statedir.display())), "{}", up.dump());
+    assert!(
+        up.stdout.contains(&format!("state directory: {}, 1 restart(s)", inst.statedir.display())),
+        "{}",
+        up.dump()
+    );
     for o in inst.stop(brokers) {
         assert!(!o.timed_out, "{}", o.dump());
     }
