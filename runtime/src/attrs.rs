@@ -4,7 +4,8 @@
 //! `tbon.fanout`, `rank`, `size`, `local-uri`...). Where they come from:
 //! - `-S NAME=VALUE` on `vigil start`, `vigil broker`, and for the child brokers of `vigil batch` / `vigil alloc`
 //!   ([`Access::CommandLine`]);
-//! - `[tbon] topo` of the TOML bootstrap file for `tbon.topo` ([`Access::CommandLineOrToml`]; `-S` wins);
+//! - `[tbon] topo` and `[bootstrap] statedir` of the TOML bootstrap file for `tbon.topo` and `statedir`
+//!   ([`Access::CommandLineOrToml`]; `-S` wins);
 //! - a nested instance's PMI bootstrap, from the enclosing instance ([`Access::Bootstrap`]; `-S` wins);
 //! - the broker itself, for what it learns as it runs: rank, size, endpoints, pid... ([`Access::Broker`]:
 //!   refused on the command line, shown by `vigil lsattr` / `vigil getattr`).
@@ -68,7 +69,8 @@ impl Kind {
 pub enum Access {
     /// `-S NAME=VALUE` on `vigil start` / `vigil broker` (and `vigil batch` / `alloc` for the child brokers).
     CommandLine,
-    /// As [`Access::CommandLine`], or the `[tbon]` table of the TOML bootstrap file; the command line wins.
+    /// As [`Access::CommandLine`], or the TOML bootstrap file (`[tbon] topo`, `[bootstrap] statedir`); the
+    /// command line wins.
     CommandLineOrToml,
     /// Set by a nested instance's PMI bootstrap from the enclosing instance; `-S` overrides it.
     Bootstrap,
@@ -86,7 +88,7 @@ impl Access {
     pub fn describe(self) -> &'static str {
         match self {
             Access::CommandLine => "-S",
-            Access::CommandLineOrToml => "-S or [tbon] in the TOML file",
+            Access::CommandLineOrToml => "-S or the TOML bootstrap file",
             Access::Bootstrap => "nested-instance bootstrap (or -S)",
             Access::Broker => "read-only: set by the broker",
         }
@@ -209,6 +211,9 @@ pub static ATTRS: &[Attr] = &[
         "broker log level on standard error"),
     attr("rundir", Kind::Path, otherwise("a new temporary directory", "/run/vigil"), CommandLine,
         "directory of the local connector sockets (vigil broker --rundir wins)"),
+    attr("statedir", Kind::Path, otherwise("none: rank 0 keeps no job across its restart", "/var/lib/vigil"),
+        CommandLineOrToml, "rank 0 keeps every job and the resource eventlog here, durable before a submit is answered \
+        (docs/statedir.md; [bootstrap] statedir in the TOML file); a test instance has none unless given"),
     attr("instance-level", Kind::Count, is("0"), Bootstrap,
         "nesting depth: 0 for a system or test instance, the enclosing instance's + 1 for a batch/alloc job"),
     attr("jobid", Kind::Text, otherwise("none: not a nested instance", "f3Yq9b"), Bootstrap,
@@ -460,6 +465,8 @@ pub struct BrokerConfig {
     pub log_level: Option<String>,
     /// `rundir` as set (the broker's `--rundir` and built-in choice are in `BrokerOptions::rundir`).
     pub rundir: Option<PathBuf>,
+    /// `statedir`: where rank 0 keeps its jobs across a restart (`broker/store.rs`); `None` = nowhere.
+    pub statedir: Option<PathBuf>,
     /// `instance-level`: 0, or the enclosing instance's + 1.
     pub instance_level: u32,
     /// `jobid`: the enclosing instance's job this instance runs as (nested instances only).
@@ -494,6 +501,7 @@ impl Default for BrokerConfig {
             containment: "auto".into(),
             log_level: None,
             rundir: None,
+            statedir: None,
             instance_level: 0,
             jobid: None,
             parent_uri: None,
@@ -712,6 +720,7 @@ impl Draft {
                 c.log_level = Some(v.into());
             }
             "rundir" => c.rundir = Some(path(v)?),
+            "statedir" => c.statedir = Some(path(v)?),
             "instance-level" => c.instance_level = count(v)?,
             "jobid" => c.jobid = Some(v.into()),
             "parent-uri" => c.parent_uri = Some(v.into()),
@@ -835,6 +844,7 @@ impl BrokerConfig {
             "exec.containment" => self.containment.clone(),
             "log-level" => self.log_level.clone()?,
             "rundir" => self.rundir.as_ref()?.display().to_string(),
+            "statedir" => self.statedir.as_ref()?.display().to_string(),
             "instance-level" => self.instance_level.to_string(),
             "jobid" => self.jobid.clone()?,
             "parent-uri" => self.parent_uri.clone()?,

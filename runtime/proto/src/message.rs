@@ -69,6 +69,10 @@ pub mod errno {
     pub const ENOSPC: u32 = 28;
     /// Host unreachable: the rank is not connected or was lost.
     pub const EHOSTUNREACH: u32 = 113;
+    /// I/O error: rank 0 could not make a request durable in its state directory.
+    pub const EIO: u32 = 5;
+    /// Read-only file system: rank 0's state directory cannot be read, so it takes no new job.
+    pub const EROFS: u32 = 30;
 }
 
 /// Message type (header byte 3).

@@ -11,6 +11,7 @@
 //!   { host = "node0", bind = "tcp://10.200.0.1:8050", connect = "tcp://10.200.0.1:8050" },
 //!   { host = "node[1-3]" },            # RFC 29 hostlist; ranks follow the order of the expanded list
 //! ]
+//! statedir = "/var/lib/vigil"          # optional: rank 0 keeps its jobs here (docs/statedir.md)
 //! [tbon]
 //! topo = "kary:2"                      # optional
 //! ```
@@ -51,6 +52,9 @@ pub struct Bootstrap {
     pub default_connect: Option<String>,
     /// Hosts, in rank order.
     pub hosts: Vec<HostEntry>,
+    /// The `statedir` attribute (`-S statedir` wins): where rank 0 keeps its jobs across a restart.
+    #[serde(default)]
+    pub statedir: Option<String>,
 }
 
 /// The `[tbon]` table.
@@ -184,6 +188,7 @@ default_port = 8050
 default_bind = "tcp://0.0.0.0:%p"
 default_connect = "tcp://%h:%p"
 hosts = [ { host = "node0", bind = "tcp://10.200.0.1:9000", connect = "tcp://10.200.0.1:9000" }, { host = "node[1-3]" } ]
+statedir = "/var/lib/vigil"
 [tbon]
 topo = "kary:2"
 "#,
@@ -196,6 +201,7 @@ topo = "kary:2"
         assert_eq!(c.rank_of("node3").unwrap(), 3);
         assert!(matches!(c.rank_of("nope"), Err(ConfigError::UnknownHost(_))));
         assert_eq!(c.tbon.topo.as_deref(), Some("kary:2"));
+        assert_eq!(c.bootstrap.statedir.as_deref(), Some("/var/lib/vigil"));
     }
 
     #[test]

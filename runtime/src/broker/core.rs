@@ -170,6 +170,34 @@ pub(crate) enum Input {
     Status(DriverStatus),
     /// The deadline given by [`Broker::next_deadline`] passed (or the driver is unsure: harmless).
     Timer,
+    /// The driver tried to make the journal durable ([`Broker::journal`]): `batch` is what it wrote (`None`:
+    /// nothing was left to write), `result` whether the store took it. Held submissions are answered now.
+    Stored { batch: Option<Box<crate::jobs::journal::Journal>>, result: Result<(), super::store::CommitError> },
+}
+
+/// Rank 0's state directory as the driver found it at start (`store.rs`): for `broker.info` (`vigil uptime`)
+/// and for the rule that a submission is answered only once it is durable.
+#[derive(Clone, Debug, Default)]
+pub(crate) enum StateDir {
+    /// None (`statedir` unset, or not rank 0): nothing is kept across a restart of rank 0.
+    #[default]
+    None,
+    /// Open: every change is journaled, submissions are answered once durable.
+    Open {
+        /// The directory.
+        dir: PathBuf,
+        /// Times rank 0 started on it after the first (this start counted).
+        restarts: u64,
+        /// The last commit failed, and why (submissions are refused until one succeeds).
+        failing: Option<String>,
+    },
+    /// The store could not be read: scheduling is stopped, submissions are refused, the file is left alone.
+    Damaged {
+        /// The directory.
+        dir: PathBuf,
+        /// What is wrong with the store.
+        why: String,
+    },
 }
 
 /// What the broker asks its driver to do, in order.
@@ -333,6 +361,11 @@ pub(crate) struct Broker {
     pub exit_reports: BTreeMap<u32, Message>,
     /// Ranks rank 0 announced lost (`overlay.lost` events) and not seen back since: an orphan asks them last.
     pub known_lost: BTreeSet<u32>,
+    /// Rank 0's state directory.
+    pub statedir: StateDir,
+    /// Submissions accepted by the job core and not answered until the driver has made them durable
+    /// ([`Input::Stored`]): each request with its answer.
+    pub awaiting_durable: Vec<(Message, Value)>,
     out: VecDeque<Effect>,
 }
 
@@ -386,7 +419,101 @@ impl Broker {
             orphans: BTreeMap::new(),
             exit_reports: BTreeMap::new(),
             known_lost: BTreeSet::new(),
+            statedir: StateDir::None,
+            awaiting_durable: Vec::new(),
             out: VecDeque::new(),
+        }
+    }
+
+    /// Rank 0, once, before any input: the state directory as the driver opened it, and what it kept (`None`:
+    /// nothing, a new store). With a store every change is journaled from now on and the job core is rebuilt
+    /// from what was kept (`jobs/journal.rs`); with a damaged one scheduling stops.
+    pub(crate) fn restore(&mut self, statedir: StateDir, kept: Option<crate::jobs::journal::Kept>) {
+        let wall = self.wall();
+        let Some(jc) = self.jobcore.as_mut() else { return };
+        match &statedir {
+            StateDir::None => {}
+            StateDir::Open { dir, restarts, .. } => {
+                jc.enable_journal();
+                if let Some(kept) = kept {
+                    let r = jc.restore(wall, kept);
+                    info!(
+                        "state directory {}: restart {restarts}: {} inactive job(s) listed, {} pending job(s) queued,                          {} running job(s) ended (exception {})",
+                        dir.display(),
+                        r.inactive,
+                        r.pending,
+                        r.ended.len(),
+                        crate::jobs::journal::RESTART_EXCEPTION
+                    );
+                    for (id, why) in r.invalid {
+                        tracing::warn!("job {id} kept in the state directory no longer validates: {why}");
+                    }
+                } else {
+                    info!("state directory {}: a new store", dir.display());
+                }
+            }
+            StateDir::Damaged { dir, why } => {
+                jc.stop_scheduling(&format!("rank 0 could not read its state directory {}: {why}", dir.display()));
+                tracing::error!(
+                    "state directory {}: {why}; scheduling is stopped and submissions are refused; the file is kept \
+                     as it is: repair or move it, then restart rank 0",
+                    dir.display()
+                );
+            }
+        }
+        self.statedir = statedir;
+    }
+
+    /// What the driver must make durable before it carries out anything asked since the last time: the job
+    /// core's journal batch, or `Some(None)` when only answers are held and nothing is left to write. `None`
+    /// without a state directory or with nothing to do.
+    pub(crate) fn journal(&self) -> Option<Option<crate::jobs::journal::Journal>> {
+        if !matches!(self.statedir, StateDir::Open { .. }) {
+            return None;
+        }
+        match self.jobcore.as_ref().and_then(JobCore::journal) {
+            Some(b) => Some(Some(b)),
+            None if !self.awaiting_durable.is_empty() => Some(None),
+            None => None,
+        }
+    }
+
+    /// [`Input::Stored`]: answer the held submissions, or refuse them (and end their jobs) if the store failed.
+    fn on_stored(
+        &mut self,
+        batch: Option<Box<crate::jobs::journal::Journal>>,
+        result: Result<(), super::store::CommitError>,
+    ) {
+        let held = std::mem::take(&mut self.awaiting_durable);
+        let wall = self.wall();
+        let StateDir::Open { dir, failing, .. } = &mut self.statedir else { return };
+        let dir = dir.display().to_string();
+        match result {
+            Ok(()) => {
+                if let (Some(b), Some(jc)) = (&batch, self.jobcore.as_mut()) {
+                    jc.journal_saved(b);
+                }
+                if let Some(why) = failing.take() {
+                    info!("state directory {dir}: commits succeed again (they failed: {why})");
+                }
+                for (req, answer) in held {
+                    self.respond(&req, &answer);
+                }
+            }
+            Err(e) => {
+                if failing.is_none() {
+                    tracing::error!("state directory {dir}: cannot commit: {e}; submissions are refused until it can");
+                }
+                *failing = Some(e.why.clone());
+                for (req, answer) in held {
+                    let note = format!("not accepted: it could not be made durable in the state directory {dir}: {e}");
+                    self.respond_error(&req, e.errno, &format!("job {}", note));
+                    let id = answer.get("id").and_then(Value::as_u64).map(JobId);
+                    if let (Some(id), Some(jc)) = (id, self.jobcore.as_mut()) {
+                        jc.raise(wall, id, "store", 0, &note);
+                    }
+                }
+            }
         }
     }
 
@@ -536,6 +663,7 @@ impl Broker {
             }
             Input::Status(s) => self.status = s,
             Input::Timer => self.on_timer(),
+            Input::Stored { batch, result } => self.on_stored(batch, result),
         }
         self.drain_actions();
     }

@@ -23,6 +23,7 @@ pub(crate) mod reparent;
 mod routing;
 pub mod secure;
 mod services;
+pub(crate) mod store;
 #[cfg(test)]
 mod tests;
 pub mod transport;

@@ -480,7 +480,21 @@ fn info(core: &Broker) -> Value {
         "resource_source": core.env.resources.source,
         "containment": core.env.containment,
         "security": security(core),
+        "statedir": statedir(core),
     })
+}
+
+/// Rank 0's state directory for `broker.info`: `null` without one, else `{path, state: ok|failing|damaged,
+/// restarts, why}`.
+fn statedir(core: &Broker) -> Value {
+    use super::core::StateDir;
+    match &core.statedir {
+        StateDir::None => Value::Null,
+        StateDir::Open { dir, restarts, failing } => json!({"path": dir.display().to_string(),
+            "state": if failing.is_some() { "failing" } else { "ok" }, "restarts": restarts, "why": failing}),
+        StateDir::Damaged { dir, why } => json!({"path": dir.display().to_string(), "state": "damaged",
+            "restarts": Value::Null, "why": why}),
+    }
 }
 
 /// How this broker's overlay links are secured, and how many unauthenticated connections it refused.
@@ -764,6 +778,19 @@ fn jobs(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
         "job-manager.submit" => {
             let spec = field(body, "jobspec")?;
             let stdin = opt_bool(body, "stdin")?.unwrap_or(false);
+            match &core.statedir {
+                super::core::StateDir::Damaged { dir, why } => {
+                    return Err((
+                        errno::EROFS,
+                        format!(
+                            "no new job is taken: rank 0 could not read its state directory {} ({why}); scheduling \
+                             is stopped until an operator repairs or moves the store and restarts rank 0",
+                            dir.display()
+                        ),
+                    ))
+                }
+                super::core::StateDir::Open { .. } | super::core::StateDir::None => {}
+            }
             match jc.submit(n, spec, msg.userid) {
                 Ok(id) => {
                     if stdin {
@@ -775,7 +802,13 @@ fn jobs(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                     info!("job {id} submitted");
                     // RFC 14: unknown attributes.system keys are ignored, and the submitter is told.
                     let warnings = jc.jobs.get(&id).map(|j| j.req.warnings.clone()).unwrap_or_default();
-                    Ok(Some(json!({"id": id.0, "id_f58": id.f58(), "warnings": warnings}).into()))
+                    let answer = json!({"id": id.0, "id_f58": id.f58(), "warnings": warnings});
+                    if jc.journaling() {
+                        // Answered once the job's record is durable (Input::Stored), not before.
+                        core.awaiting_durable.push((msg.clone(), answer));
+                        return Ok(None);
+                    }
+                    Ok(Some(answer.into()))
                 }
                 Err(e) => Err((errno::EINVAL, e.to_string())),
             }

@@ -797,3 +797,45 @@ fn brokers_below_a_re_parented_rank_send_their_unanswered_exit_reports_again() {
     // And so on up: our grandparent's move counts too (we are below it).
     assert_eq!(reports(&event(&mut b, t(2.5), "overlay.reparent", json!({"rank": 4, "parent": 2}))), 1);
 }
+
+/// With a state directory a submission is answered only once the driver says its batch is durable
+/// ([`Input::Stored`]); a batch the store refused refuses its submissions and ends their jobs; a damaged store
+/// refuses submissions at once.
+#[test]
+fn a_submission_is_answered_once_durable_and_refused_if_it_cannot_be() {
+    use super::core::StateDir;
+    use super::store::CommitError;
+    let spec: serde_json::Value =
+        serde_json::from_str(&crate::jobspec::JobspecBuilder::new(["true"]).build().expect("jobspec").to_json())
+            .expect("json");
+    let mut b = root_with_client();
+    b.restore(StateDir::Open { dir: "/state".into(), restarts: 0, failing: None }, None);
+    assert!(ask(&mut b, "job-manager.submit", json!({ "jobspec": spec }), 0).is_empty(), "not answered yet");
+    let batch = b.journal().expect("something to make durable").expect("a batch");
+    assert_eq!(batch.jobs.len(), 1);
+    b.handle(t(0.2), Input::Stored { batch: Some(Box::new(batch)), result: Ok(()) });
+    let r = responses(&effects(&mut b), Peer::Local(5)).into_iter().cloned().collect::<Vec<_>>();
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].errnum, 0, "{:?}", r[0].errstr());
+    assert!(b.journal().is_none(), "nothing left to write");
+    // The store fails: the submission is refused and its job ends.
+    assert!(ask(&mut b, "job-manager.submit", json!({ "jobspec": spec }), 0).is_empty());
+    let batch = b.journal().expect("something").expect("a batch");
+    let id = batch.jobs.iter().map(|r| r.id).max().expect("a job");
+    let full = CommitError { why: "database or disk is full".into(), errno: errno::ENOSPC };
+    b.handle(t(0.3), Input::Stored { batch: Some(Box::new(batch)), result: Err(full) });
+    let r = responses(&effects(&mut b), Peer::Local(5)).into_iter().cloned().collect::<Vec<_>>();
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].errnum, errno::ENOSPC);
+    assert!(r[0].errstr().unwrap_or_default().contains("could not be made durable"), "{:?}", r[0].errstr());
+    let job = &b.jobcore.as_ref().expect("rank 0").jobs[&id];
+    assert_eq!(job.fatal.as_ref().map(|e| e.kind.as_str()), Some("store"));
+    assert!(matches!(&b.statedir, StateDir::Open { failing: Some(_), .. }));
+    // A damaged store: refused at once, scheduling stopped.
+    let mut b = root_with_client();
+    b.restore(StateDir::Damaged { dir: "/state".into(), why: "schema version 99".into() }, None);
+    let e = ask1(&mut b, "job-manager.submit", json!({ "jobspec": spec })).expect_err("refused");
+    assert_eq!(e.0, errno::EROFS);
+    assert!(e.1.contains("schema version 99") && e.1.contains("/state"), "{}", e.1);
+    assert!(b.jobcore.as_ref().expect("rank 0").scheduling_stopped().is_some());
+}

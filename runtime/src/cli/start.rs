@@ -435,6 +435,9 @@ fn config_bootstrap(a: &BrokerArgs, path: &str, mut attrs: BTreeMap<String, Stri
     if let (Some(t), false) = (&cfg.tbon.topo, attrs.contains_key("tbon.topo") || attrs.contains_key("tbon.fanout")) {
         attrs.insert("tbon.topo".into(), t.clone());
     }
+    if let Some(d) = &cfg.bootstrap.statedir {
+        attrs.entry("statedir".into()).or_insert_with(|| d.clone());
+    }
     let config = check_attrs(&attrs)?;
     let ranks = cfg.ranks().map_err(|e| e.to_string())?;
     let host = a.hostname.clone().unwrap_or_else(hostname);

@@ -443,7 +443,28 @@ pub(crate) async fn uptime() -> Result<i32, String> {
     }
     println!(" {}", security_line(&r["security"]));
     println!(" jobs contained by: {}", r["containment"].as_str().unwrap_or("?"));
+    println!(" {}", statedir_line(&r["statedir"]));
     Ok(0)
+}
+
+/// Rank 0's state directory: where it is, how many restarts it has seen, or why it cannot be used.
+fn statedir_line(s: &Value) -> String {
+    let path = s["path"].as_str().unwrap_or("?");
+    let why = s["why"].as_str().unwrap_or("");
+    match s["state"].as_str() {
+        None => "state directory: none (jobs are not kept across a restart of rank 0)".into(),
+        Some("damaged") => format!(
+            "state directory: {path}: DAMAGED: {why}; scheduling stopped, submissions refused (the file is kept)"
+        ),
+        Some(state) => {
+            let n = s["restarts"].as_u64().unwrap_or(0);
+            let mut l = format!("state directory: {path}, {n} restart(s)");
+            if state == "failing" {
+                l.push_str(&format!("; FAILING: {why}; submissions refused until it can commit again"));
+            }
+            l
+        }
+    }
 }
 
 /// How overlay links are secured, and how many unauthenticated connections this broker refused.

@@ -114,7 +114,7 @@ impl JobCore {
         self.beside = None;
         self.sched_dirty = false;
         self.examined_all = true;
-        if self.queue.is_empty() {
+        if self.queue.is_empty() || self.stopped.is_some() {
             return;
         }
         let mut pass = Pass::new(None);
@@ -139,6 +139,9 @@ impl JobCore {
     /// Job `id` was just submitted (it is last in the queue): when nothing changed since the last full pass and
     /// that pass saw every pending job, the new job alone needs a look; otherwise a full pass.
     pub(super) fn schedule_submitted(&mut self, now: f64, id: JobId) {
+        if self.stopped.is_some() {
+            return;
+        }
         if self.sched_dirty {
             self.schedule(now);
         } else if self.examined_all && self.queue.len() <= BACKFILL_DEPTH {
@@ -307,6 +310,9 @@ impl JobCore {
     /// ([`Pool::pending_reason`]), or, behind the reservation, the job it waits behind.
     pub fn pending_reason(&self, id: JobId) -> Option<String> {
         let job = self.jobs.get(&id).filter(|j| j.state == JobState::Sched)?;
+        if let Some(why) = &self.stopped {
+            return Some(format!("scheduling stopped: {why}"));
+        }
         Some(match &self.reservation {
             Some(r) if id > r.id => match self.config.policy {
                 SchedPolicy::Fcfs => format!("priority: queued behind job {} (first come, first served)", r.id.f58()),

@@ -1,14 +1,16 @@
 //! Job ids: 64-bit FLUIDs printed in the compact f58 form, as Flux does (RFC 19).
 //!
 //! A FLUID is `timestamp_ms (40 bits) | generator (14 bits) | sequence (10 bits)`, where the timestamp counts
-//! milliseconds since the instance started. Ids are unique within an instance and sort by submission time.
+//! milliseconds since the instance started (with a state directory: since it first started on it, and never
+//! below the highest id kept, `journal.rs`). Ids are unique within an instance, across restarts of its rank 0
+//! on the same state directory, and sort by submission time.
 
 use std::fmt;
 
 const F58: &[u8; 58] = b"123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz";
 
-/// A job id (FLUID).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+/// A job id (FLUID). The default, 0, is below every id given.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(transparent)]
 pub struct JobId(pub u64);
 

@@ -22,6 +22,7 @@
 
 mod backfill;
 pub mod jobid;
+pub mod journal;
 mod nested;
 mod requeue;
 pub mod sched;
@@ -98,6 +99,30 @@ pub enum Action {
         /// Hosts and ranks, for the shell's message.
         note: String,
     },
+}
+
+/// What the job core hands out: the [`Action`]s for the broker, in order, and (when the state directory keeps
+/// its jobs, `journal.rs`) the jobs whose kept record changed. Every change to a job's eventlog or output is
+/// followed by [`Action::Updated`] (its watchers must hear of it), so that action is also what marks the job for
+/// the journal: no rule has to remember a second call.
+#[derive(Debug, Default)]
+struct Outbox {
+    queue: VecDeque<Action>,
+    /// Jobs changed since the journal last saved them; `None` while nothing is kept.
+    dirty: Option<BTreeSet<JobId>>,
+}
+
+impl Outbox {
+    fn push_back(&mut self, a: Action) {
+        if let (Action::Updated(id), Some(d)) = (&a, self.dirty.as_mut()) {
+            d.insert(*id);
+        }
+        self.queue.push_back(a);
+    }
+
+    fn pop_front(&mut self) -> Option<Action> {
+        self.queue.pop_front()
+    }
 }
 
 /// An RFC 21 exception.
@@ -372,9 +397,62 @@ pub struct Job {
     nexited: usize,
     /// The deadline under which the job is filed in [`JobCore`]'s timer index (`timers.rs`).
     armed: Option<f64>,
+    /// Events of `eventlog` already kept in the state directory, and whether its INACTIVE output is (`journal.rs`).
+    saved_events: usize,
+    saved_output: bool,
 }
 
 impl Job {
+    /// A job in state NEW with no events yet, submitted at `now` by `userid` (its exit-timeout from the
+    /// request's shell options).
+    fn new(id: JobId, userid: u32, jobspec: Value, req: JobRequest, now: f64) -> Job {
+        let exit_timeout = match req.shell_options.get("exit-timeout") {
+            Some(Value::String(s)) => crate::duration::parse_duration_secs(s).ok().filter(|v| v.is_finite()),
+            Some(Value::Number(n)) => n.as_f64().filter(|v| *v > 0.0),
+            _ => Some(DEFAULT_EXIT_TIMEOUT),
+        };
+        Job {
+            id,
+            userid,
+            state: JobState::New,
+            jobspec,
+            req,
+            eventlog: Vec::new(),
+            output: VecDeque::new(),
+            output_base: 0,
+            output_bytes: 0,
+            alloc: Vec::new(),
+            r: None,
+            shells: BTreeMap::new(),
+            t_submit: now,
+            t_run: None,
+            t_inactive: None,
+            expiration: None,
+            exit_timeout,
+            first_exit: None,
+            term_sent: None,
+            kill_sent: false,
+            fatal: None,
+            fatal_shell: None,
+            status: None,
+            pmi_exchanges: 0,
+            instance: None,
+            stdin: Vec::new(),
+            stdin_bytes: 0,
+            stdin_eof: true,
+            cut_off: BTreeMap::new(),
+            usage: None,
+            requeues: 0,
+            requeue_pending: None,
+            released: IdSet::new(),
+            nspawned: 0,
+            nexited: 0,
+            armed: None,
+            saved_events: 0,
+            saved_output: false,
+        }
+    }
+
     /// What the job still holds: its allocation without the ranks released early.
     fn held(&self) -> Vec<RankAlloc> {
         self.alloc.iter().filter(|a| !self.released.contains(a.rank)).cloned().collect()
@@ -462,7 +540,7 @@ pub struct JobCore {
     examined_all: bool,
     /// What this nested instance lost for good, in order (`shrink.rs`).
     shrunk: Vec<String>,
-    actions: VecDeque<Action>,
+    actions: Outbox,
     epoch: f64,
     last_ms: u64,
     seq: u32,
@@ -476,6 +554,10 @@ pub struct JobCore {
     inactive_output: VecDeque<JobId>,
     /// Bytes of output they hold together.
     inactive_output_bytes: usize,
+    /// What the journal saved last, and the drains kept from before a restart (`journal.rs`).
+    saved: journal::Marks,
+    /// Scheduling is stopped, and why ([`JobCore::stop_scheduling`]).
+    stopped: Option<String>,
 }
 
 impl JobCore {
@@ -494,7 +576,7 @@ impl JobCore {
             sched_dirty: false,
             examined_all: true,
             shrunk: Vec::new(),
-            actions: VecDeque::new(),
+            actions: Outbox::default(),
             epoch,
             last_ms: 0,
             seq: 0,
@@ -503,7 +585,20 @@ impl JobCore {
             topology: BTreeMap::new(),
             inactive_output: VecDeque::new(),
             inactive_output_bytes: 0,
+            saved: journal::Marks::default(),
+            stopped: None,
         }
+    }
+
+    /// Stop scheduling for good (until rank 0 restarts), saying why: no pending job is started, and
+    /// [`JobCore::pending_reason`] gives `why` (rank 0 could not read its state directory, `broker/store.rs`).
+    pub fn stop_scheduling(&mut self, why: &str) {
+        self.stopped = Some(why.to_string());
+    }
+
+    /// Why scheduling is stopped, if it is.
+    pub fn scheduling_stopped(&self) -> Option<&str> {
+        self.stopped.as_deref()
     }
 
     /// Next queued action, if any.
@@ -542,6 +637,13 @@ impl JobCore {
             return; // left the instance for good (shrink.rs)
         }
         self.pool.add_rank(rank, hostname, cores, gpus);
+        if let Some((reason, at)) = self.saved.drains.remove(&rank) {
+            // Drained before rank 0 restarted (journal.rs): drained again, with its reason.
+            if let Some(p) = self.pool.ranks.get_mut(&rank) {
+                p.drained = Some(reason);
+                p.drained_at = Some(at);
+            }
+        }
         self.topology.insert(rank, topology);
         self.resource_eventlog.push(Event::with_time(now, "online", json!({"idset": rank.to_string()})));
         self.schedule(now);
@@ -743,49 +845,7 @@ impl JobCore {
             req.duration = self.config.default_duration;
         }
         let id = self.new_id(now);
-        let exit_timeout = match req.shell_options.get("exit-timeout") {
-            Some(Value::String(s)) => crate::duration::parse_duration_secs(s).ok().filter(|v| v.is_finite()),
-            Some(Value::Number(n)) => n.as_f64().filter(|v| *v > 0.0),
-            _ => Some(DEFAULT_EXIT_TIMEOUT),
-        };
-        let mut job = Job {
-            id,
-            userid,
-            state: JobState::New,
-            jobspec: jobspec.clone(),
-            req,
-            eventlog: Vec::new(),
-            output: VecDeque::new(),
-            output_base: 0,
-            output_bytes: 0,
-            alloc: Vec::new(),
-            r: None,
-            shells: BTreeMap::new(),
-            t_submit: now,
-            t_run: None,
-            t_inactive: None,
-            expiration: None,
-            exit_timeout,
-            first_exit: None,
-            term_sent: None,
-            kill_sent: false,
-            fatal: None,
-            fatal_shell: None,
-            status: None,
-            pmi_exchanges: 0,
-            instance: None,
-            stdin: Vec::new(),
-            stdin_bytes: 0,
-            stdin_eof: true,
-            cut_off: BTreeMap::new(),
-            usage: None,
-            requeues: 0,
-            requeue_pending: None,
-            released: IdSet::new(),
-            nspawned: 0,
-            nexited: 0,
-            armed: None,
-        };
+        let mut job = Job::new(id, userid, jobspec.clone(), req, now);
         job.post(now, "submit", json!({"userid": userid, "urgency": 16, "flags": 0, "version": 1}));
         job.post(now, "validate", json!({}));
         job.post(now, "depend", json!({}));

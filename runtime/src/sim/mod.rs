@@ -436,6 +436,7 @@ fn kind(i: &Input) -> u64 {
         Input::DetectorsFailed(_) => 16,
         Input::Status(_) => 17,
         Input::Timer => 18,
+        Input::Stored { result, .. } => 20 + u64::from(result.is_err()) * 256,
     }
 }
 

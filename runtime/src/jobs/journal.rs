@@ -1,0 +1,587 @@
+//! What rank 0 keeps across its own restart, as data: the journal of the job core (`-S statedir=DIR`).
+//!
+//! With a state directory the job core keeps a journal. After the broker has handed it inputs,
+//! [`JobCore::journal`] gives a [`Journal`]: what changed since the last batch that was saved. The broker's driver
+//! writes it in one transaction (`broker/store.rs`) and only then carries out what the core asked for, answering
+//! the submissions it holds; [`JobCore::journal_saved`] then moves the watermarks. At start-up
+//! [`JobCore::restore`] rebuilds the core from what was kept ([`Kept`]). No I/O here: [`Kept::apply`] is an
+//! in-memory store with the same contract, for tests and the simulator.
+//!
+//! Kept per job: the jobspec as submitted, the submitting uid, the RFC 18 eventlog (the state, R, the exit status
+//! and the first fatal exception are replayed from it), and once INACTIVE the tail of its output (at most
+//! [`super::INACTIVE_OUTPUT_KEEP`] bytes). Kept for the instance: the RFC 44 resource eventlog (drains and their
+//! reasons are replayed from it), the time its job ids count from, and the highest id given.
+//!
+//! What a restore makes of each job:
+//! - INACTIVE: listed as before, with its output.
+//! - Pending (NEW..SCHED): back in the queue, in id order, which is submission order.
+//! - Holding resources (RUN, CLEANUP): its shells ended with the brokers when rank 0 died (re-attaching them is
+//!   the next step of this work), so it gets a fatal exception of type `restart`, its resources are released
+//!   and it becomes INACTIVE. One that already has its `finish` event keeps its exit status and gets no
+//!   exception: only its cleanup was cut short.
+//!
+//! Job ids go on from the highest id kept, counted from the epoch kept: an id is never given twice, even if the
+//! clock went back meanwhile. Ranks that were drained are drained again, with the same reason, when they join.
+
+use super::{trim_output, Exception, Job, JobCore, JobId, JobState, INACTIVE_OUTPUT_KEEP, INACTIVE_OUTPUT_TOTAL};
+use crate::eventlog::Event;
+use crate::idset::IdSet;
+use crate::jobspec::{JobRequest, Jobspec};
+use crate::r::Rv1;
+use crate::shellproto::OutputLine;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The exception type a job that held resources gets when rank 0 restarts (severity 0).
+pub const RESTART_EXCEPTION: &str = "restart";
+
+/// Its note.
+pub const RESTART_NOTE: &str = "rank 0 restarted; the job's shells were lost with it";
+
+/// One batch of changes for the store ([`JobCore::journal`]), saved whole or not at all.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Journal {
+    /// Jobs whose record changed, in id order.
+    pub jobs: Vec<JobRecord>,
+    /// Index in the resource eventlog of `resource_events[0]`.
+    pub resource_first: usize,
+    /// Resource eventlog events (RFC 44) appended since the last saved batch.
+    pub resource_events: Vec<Event>,
+    /// The highest job id given so far: ids after a restart are above it.
+    pub last_id: JobId,
+    /// Seconds since the Unix epoch that job ids count from (the instance's first start on this state directory).
+    pub epoch: f64,
+}
+
+/// What changed in one job's record.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobRecord {
+    /// The job.
+    pub id: JobId,
+    /// Submitting user.
+    pub userid: u32,
+    /// Its state after this batch (RFC 21).
+    pub state: JobState,
+    /// The jobspec as submitted: in the job's first batch only.
+    pub jobspec: Option<Value>,
+    /// Index in the job's eventlog of `events[0]`.
+    pub first_event: usize,
+    /// Eventlog entries appended since the job's last saved batch.
+    pub events: Vec<Event>,
+    /// R (RFC 20) of its current allocation, if it has one.
+    pub r: Option<Value>,
+    /// Its finish status (the largest task wait status), once known.
+    pub status: Option<i32>,
+    /// Its output kept once INACTIVE (the tail, at most [`INACTIVE_OUTPUT_KEEP`] bytes), in the batch where it
+    /// became INACTIVE.
+    pub output: Option<Vec<OutputLine>>,
+}
+
+/// Everything a state directory kept, read back at start-up for [`JobCore::restore`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Kept {
+    /// Seconds since the Unix epoch that job ids count from.
+    pub epoch: f64,
+    /// The highest job id given.
+    pub last_id: JobId,
+    /// Every job kept, by id.
+    pub jobs: BTreeMap<JobId, KeptJob>,
+    /// The RFC 44 resource eventlog.
+    pub resource_eventlog: Vec<Event>,
+}
+
+/// One job as kept.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeptJob {
+    /// Submitting user.
+    pub userid: u32,
+    /// The jobspec as submitted.
+    pub jobspec: Value,
+    /// Its RFC 18 eventlog.
+    pub eventlog: Vec<Event>,
+    /// R of its last allocation.
+    pub r: Option<Value>,
+    /// Its finish status.
+    pub status: Option<i32>,
+    /// Its state as last saved.
+    pub state: JobState,
+    /// Its output once INACTIVE (empty before, or when it had none).
+    pub output: Vec<OutputLine>,
+}
+
+/// Why a batch does not apply to what is kept ([`Kept::apply`]): a bug in whoever produced it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ApplyError {
+    /// The first batch of a job must carry its jobspec.
+    #[error("job {0}: first record without a jobspec")]
+    NoJobspec(JobId),
+    /// Events must follow on from those kept.
+    #[error("job {id}: events from {first}, but {kept} are kept")]
+    EventGap {
+        /// The job.
+        id: JobId,
+        /// Index of the batch's first event.
+        first: usize,
+        /// Events kept.
+        kept: usize,
+    },
+    /// Resource events must follow on from those kept.
+    #[error("resource events from {first}, but {kept} are kept")]
+    ResourceGap {
+        /// Index of the batch's first event.
+        first: usize,
+        /// Events kept.
+        kept: usize,
+    },
+}
+
+impl Kept {
+    /// Apply one batch, as a store does in one transaction (an in-memory store: tests, the simulator). Events
+    /// already kept (a batch applied twice) are skipped; a gap is an error and changes nothing.
+    pub fn apply(&mut self, b: &Journal) -> Result<(), ApplyError> {
+        for r in &b.jobs {
+            match self.jobs.get(&r.id) {
+                None if r.jobspec.is_none() => return Err(ApplyError::NoJobspec(r.id)),
+                Some(k) if r.first_event > k.eventlog.len() => {
+                    return Err(ApplyError::EventGap { id: r.id, first: r.first_event, kept: k.eventlog.len() })
+                }
+                None if r.first_event > 0 => {
+                    return Err(ApplyError::EventGap { id: r.id, first: r.first_event, kept: 0 })
+                }
+                _ => {}
+            }
+        }
+        if b.resource_first > self.resource_eventlog.len() {
+            return Err(ApplyError::ResourceGap { first: b.resource_first, kept: self.resource_eventlog.len() });
+        }
+        if self.epoch == 0.0 {
+            self.epoch = b.epoch;
+        }
+        for r in &b.jobs {
+            let k = self.jobs.entry(r.id).or_insert_with(|| KeptJob {
+                userid: r.userid,
+                jobspec: r.jobspec.clone().unwrap_or(Value::Null),
+                eventlog: Vec::new(),
+                r: None,
+                status: None,
+                state: r.state,
+                output: Vec::new(),
+            });
+            k.eventlog.truncate(r.first_event);
+            k.eventlog.extend(r.events.iter().cloned());
+            k.state = r.state;
+            k.r = r.r.clone();
+            k.status = r.status;
+            if let Some(o) = &r.output {
+                k.output = o.clone();
+            }
+        }
+        self.resource_eventlog.truncate(b.resource_first);
+        self.resource_eventlog.extend(b.resource_events.iter().cloned());
+        self.last_id = self.last_id.max(b.last_id);
+        Ok(())
+    }
+}
+
+/// What the journal saved last: the watermarks of [`JobCore::journal`] beside those of each job.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Marks {
+    /// Resource eventlog entries saved.
+    resource: usize,
+    /// The last id saved.
+    last_id: JobId,
+    /// Ranks drained when rank 0 last stopped, with the reason and when: drained again as they join.
+    pub(super) drains: BTreeMap<u32, (String, f64)>,
+}
+
+/// What [`JobCore::restore`] did, for the log.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Restored {
+    /// INACTIVE jobs listed again.
+    pub inactive: usize,
+    /// Pending jobs back in the queue.
+    pub pending: usize,
+    /// Jobs that held resources and were ended with a `restart` exception (or their cleanup completed).
+    pub ended: Vec<JobId>,
+    /// Jobs whose jobspec no longer validates (kept and listed, but not run): id and why.
+    pub invalid: Vec<(JobId, String)>,
+}
+
+impl JobCore {
+    /// Keep a journal from now on (the instance has a state directory): every job changed from now on is in the
+    /// next [`JobCore::journal`] batch, and so is every job the core already holds.
+    pub fn enable_journal(&mut self) {
+        let all: BTreeSet<JobId> = self.jobs.keys().copied().collect();
+        self.actions.dirty.get_or_insert_with(BTreeSet::new).extend(all);
+    }
+
+    /// Whether a journal is kept.
+    pub fn journaling(&self) -> bool {
+        self.actions.dirty.is_some()
+    }
+
+    /// What changed since the last batch saved ([`JobCore::journal_saved`]); `None` when nothing did or no
+    /// journal is kept. Taking it changes nothing: a batch that could not be saved is in the next one again.
+    pub fn journal(&self) -> Option<Journal> {
+        let dirty = self.actions.dirty.as_ref()?;
+        let last_id = self.last_id();
+        if dirty.is_empty() && self.saved.resource == self.resource_eventlog.len() && self.saved.last_id == last_id {
+            return None;
+        }
+        let jobs = dirty
+            .iter()
+            .filter_map(|id| self.jobs.get(id))
+            .map(|j| JobRecord {
+                id: j.id,
+                userid: j.userid,
+                state: j.state,
+                jobspec: (j.saved_events == 0).then(|| j.jobspec.clone()),
+                first_event: j.saved_events,
+                events: j.eventlog[j.saved_events.min(j.eventlog.len())..].to_vec(),
+                r: j.r.as_ref().and_then(|r| serde_json::to_value(r).ok()),
+                status: j.status,
+                output: (j.state == JobState::Inactive && !j.saved_output).then(|| j.output.iter().cloned().collect()),
+            })
+            .collect();
+        Some(Journal {
+            jobs,
+            resource_first: self.saved.resource,
+            resource_events: self.resource_eventlog[self.saved.resource.min(self.resource_eventlog.len())..].to_vec(),
+            last_id,
+            epoch: self.epoch,
+        })
+    }
+
+    /// Batch `b` (from [`JobCore::journal`], nothing handed to the core since) is durable: move the watermarks.
+    pub fn journal_saved(&mut self, b: &Journal) {
+        for r in &b.jobs {
+            if let Some(j) = self.jobs.get_mut(&r.id) {
+                j.saved_events = r.first_event + r.events.len();
+                j.saved_output |= r.output.is_some();
+            }
+            if let Some(d) = self.actions.dirty.as_mut() {
+                d.remove(&r.id);
+            }
+        }
+        self.saved.resource = b.resource_first + b.resource_events.len();
+        self.saved.last_id = b.last_id;
+    }
+
+    /// The highest id given so far (or the floor below the next one).
+    fn last_id(&self) -> JobId {
+        JobId::from_parts(self.last_ms, self.seq)
+    }
+
+    /// Rebuild the core from what a state directory kept, before any rank has joined (see the module
+    /// documentation for what becomes of each job). The journal is kept from now on: what the restore itself
+    /// posts is in the next batch. `now`: seconds since the Unix epoch.
+    pub fn restore(&mut self, now: f64, kept: Kept) -> Restored {
+        self.enable_journal();
+        let mut out = Restored::default();
+        // Job ids: from the kept epoch, above every id kept.
+        let floor = kept.jobs.keys().next_back().copied().unwrap_or_default().max(kept.last_id);
+        if kept.epoch > 0.0 {
+            self.epoch = kept.epoch;
+        }
+        self.last_ms = floor.0 >> 24;
+        self.seq = (floor.0 & 0x3ff) as u32;
+        self.saved.last_id = self.last_id();
+        // Resources: the eventlog goes on; drains come back as their ranks join.
+        for e in &kept.resource_eventlog {
+            let ranks = e.context.get("idset").and_then(Value::as_str).and_then(|s| IdSet::parse(s).ok());
+            match (e.name.as_str(), ranks) {
+                ("drain", Some(ranks)) => {
+                    let reason = e.context.get("reason").and_then(Value::as_str).unwrap_or("").to_string();
+                    for r in ranks.iter() {
+                        self.saved.drains.insert(r, (reason.clone(), e.timestamp));
+                    }
+                }
+                ("undrain", Some(ranks)) => ranks.iter().for_each(|r| {
+                    self.saved.drains.remove(&r);
+                }),
+                _ => {}
+            }
+        }
+        self.resource_eventlog = kept.resource_eventlog;
+        self.saved.resource = self.resource_eventlog.len();
+        self.resource_eventlog.push(Event::with_time(now, "restart", json!({"online": ""})));
+        for (id, k) in kept.jobs {
+            let output = k.output;
+            let mut job = self.replay(id, k.userid, k.jobspec, k.eventlog, &mut out);
+            match job.state {
+                JobState::Inactive => {
+                    job.saved_output = true;
+                    for l in output {
+                        job.output_bytes += l.size();
+                        job.output.push_back(l);
+                    }
+                    self.inactive_output_bytes += job.output_bytes;
+                    self.inactive_output.push_back(id);
+                    self.jobs.insert(id, job);
+                    out.inactive += 1;
+                }
+                JobState::New | JobState::Depend | JobState::Priority | JobState::Sched => {
+                    // Submission posts these four at once; a record cut between them is completed here.
+                    for (from, name, ctx) in [
+                        (JobState::New, "validate", json!({})),
+                        (JobState::Depend, "depend", json!({})),
+                        (JobState::Priority, "priority", json!({"priority": 16})),
+                    ] {
+                        if job.state == from {
+                            job.post(now, name, ctx);
+                        }
+                    }
+                    if job.req.duration.is_none() {
+                        job.req.duration = self.config.default_duration;
+                    }
+                    self.jobs.insert(id, job);
+                    self.queue.insert(id);
+                    out.pending += 1;
+                }
+                JobState::Run | JobState::Cleanup => {
+                    if job.status.is_none() {
+                        let exc = Exception { kind: RESTART_EXCEPTION.into(), severity: 0, note: RESTART_NOTE.into() };
+                        job.post(now, "exception", json!({"type": exc.kind, "severity": 0, "note": exc.note}));
+                        job.fatal.get_or_insert(exc);
+                    }
+                    if !job.eventlog.iter().any(|e| e.name == "free") {
+                        let ranks: IdSet = job.alloc.iter().map(|a| a.rank).collect();
+                        job.post(now, "release", json!({"ranks": ranks.to_string(), "final": true}));
+                        job.post(now, "free", json!({}));
+                    }
+                    job.post(now, "clean", json!({}));
+                    job.t_inactive = Some(now);
+                    super::retire_stdin(&mut job);
+                    trim_output(&mut job, INACTIVE_OUTPUT_KEEP);
+                    self.inactive_output.push_back(id);
+                    self.jobs.insert(id, job);
+                    out.ended.push(id);
+                }
+            }
+            if self.jobs.get(&id).is_some_and(|j| j.eventlog.len() > j.saved_events) {
+                self.actions.push_back(super::Action::Updated(id));
+            }
+        }
+        while self.inactive_output_bytes > INACTIVE_OUTPUT_TOTAL {
+            let Some(old) = self.inactive_output.pop_front() else { break };
+            if let Some(j) = self.jobs.get_mut(&old) {
+                self.inactive_output_bytes = self.inactive_output_bytes.saturating_sub(j.output_bytes);
+                trim_output(j, 0);
+            }
+        }
+        self.sched_dirty = true;
+        self.schedule(now);
+        out
+    }
+
+    /// A job as its kept eventlog leaves it: state, times, R, exit status, first fatal exception, requeues.
+    fn replay(&self, id: JobId, userid: u32, jobspec: Value, eventlog: Vec<Event>, out: &mut Restored) -> Job {
+        let req = match Jobspec::from_value(&jobspec)
+            .map_err(|e| e.to_string())
+            .and_then(|s| s.validate().map_err(|e| e.to_string()))
+        {
+            Ok(req) => req,
+            Err(e) => {
+                out.invalid.push((id, e));
+                JobRequest::default()
+            }
+        };
+        let t_submit = eventlog.first().map_or(0.0, |e| e.timestamp);
+        let mut job = Job::new(id, userid, jobspec, req, t_submit);
+        for e in &eventlog {
+            let ctx = Value::Object(e.context.clone());
+            job.state = job.state.apply(&e.name, &ctx).unwrap_or(job.state);
+            match e.name.as_str() {
+                "alloc" => {
+                    job.t_run = Some(e.timestamp);
+                    job.r = ctx.get("R").and_then(|r| Rv1::from_value(r).ok());
+                    job.alloc = job
+                        .r
+                        .as_ref()
+                        .and_then(|r| r.to_ranks().ok())
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|x| super::RankAlloc { rank: x.rank, cores: x.cores, gpus: x.gpus, slots: 0 })
+                        .collect();
+                    job.expiration = job.r.as_ref().map(|r| r.execution.expiration).filter(|x| *x > 0.0);
+                }
+                "exception" if ctx.get("severity").and_then(Value::as_u64).unwrap_or(0) == 0 => {
+                    job.fatal.get_or_insert(Exception {
+                        kind: ctx.get("type").and_then(Value::as_str).unwrap_or("").into(),
+                        severity: 0,
+                        note: ctx.get("note").and_then(Value::as_str).unwrap_or("").into(),
+                    });
+                }
+                "finish" => {
+                    job.status = ctx.get("status").and_then(Value::as_i64).and_then(|s| i32::try_from(s).ok());
+                    job.usage = ctx.get("usage").and_then(|u| serde_json::from_value(u.clone()).ok());
+                }
+                "memo" if ctx.get("uri").is_some() => job.instance = Some(ctx),
+                "requeue" => {
+                    // The lost run is forgotten (requeue.rs).
+                    job.requeues += 1;
+                    job.alloc = Vec::new();
+                    job.r = None;
+                    job.t_run = None;
+                    job.expiration = None;
+                    job.fatal = None;
+                    job.status = None;
+                    job.instance = None;
+                    job.usage = None;
+                }
+                "clean" => job.t_inactive = Some(e.timestamp),
+                _ => {}
+            }
+        }
+        job.saved_events = eventlog.len();
+        job.eventlog = eventlog;
+        job
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{actions, cmd, core, exit_shell, spawns, spec, T0};
+    use super::*;
+
+    /// Save every batch the core has into `kept`.
+    fn save(c: &mut JobCore, kept: &mut Kept) {
+        if let Some(b) = c.journal() {
+            kept.apply(&b).expect("applies");
+            c.journal_saved(&b);
+        }
+        assert_eq!(c.journal(), None, "nothing left after a save");
+    }
+
+    /// A fresh core (as after a restart: no rank joined yet) restored from `kept`, and its ranks joined.
+    fn restart(kept: &Kept, t: f64) -> (JobCore, Restored) {
+        let mut c = JobCore::new(t);
+        let r = c.restore(t, kept.clone());
+        for rank in 0..2 {
+            c.rank_online(t, rank, &format!("node{rank}"), (0..2).collect(), IdSet::new(), ("live".into(), None));
+        }
+        (c, r)
+    }
+
+    #[test]
+    fn a_restart_lists_inactive_jobs_requeues_pending_ones_ends_running_ones_and_never_reuses_an_id() {
+        let mut c = core(2, 2, 0);
+        c.enable_journal();
+        let mut kept = Kept::default();
+        // One job completes, one fails, one runs on every core, two wait behind it.
+        let done = c.submit(T0 + 1.0, &spec(cmd().ntasks(1)), 1000).unwrap();
+        let failed = c.submit(T0 + 1.0, &spec(cmd().ntasks(1)), 1000).unwrap();
+        for (id, rank, _) in spawns(&actions(&mut c)) {
+            c.shell_spawned(T0 + 1.5, id, rank, Ok(()));
+            exit_shell(&mut c, T0 + 2.0, id, rank, if id == done { 0 } else { 256 * 3 });
+        }
+        save(&mut c, &mut kept);
+        let long = c.submit(T0 + 3.0, &spec(cmd().nnodes(2).ntasks(4)), 1000).unwrap();
+        let p1 = c.submit(T0 + 4.0, &spec(cmd().ntasks(1)), 1001).unwrap();
+        let p2 = c.submit(T0 + 4.0, &spec(cmd().ntasks(1)), 1001).unwrap();
+        c.drain(T0 + 4.5, &IdSet::parse("1").unwrap(), "bad fan").unwrap();
+        save(&mut c, &mut kept);
+        // Not saved: lost with rank 0, like a submit that was never answered.
+        let unsaved = c.submit(T0 + 5.0, &spec(cmd().ntasks(1)), 1000).unwrap();
+        assert_eq!(c.jobs[&long].state, JobState::Run);
+        assert_eq!(c.jobs[&p2].state, JobState::Sched);
+
+        let (mut c2, r) = restart(&kept, T0 + 100.0);
+        assert_eq!((r.inactive, r.pending, r.ended.clone(), r.invalid.clone()), (2, 2, vec![long], vec![]));
+        assert!(!c2.jobs.contains_key(&unsaved));
+        assert_eq!(c2.jobs[&done].result(), Some("COMPLETED"));
+        assert_eq!((c2.jobs[&failed].result(), c2.jobs[&failed].exit_code()), (Some("FAILED"), Some(3)));
+        assert_eq!(c2.jobs[&done].eventlog, c.jobs[&done].eventlog, "an inactive job's eventlog as it was");
+        let l = &c2.jobs[&long];
+        assert_eq!((l.state, l.result()), (JobState::Inactive, Some("FAILED")));
+        assert_eq!(l.fatal.as_ref().map(|e| e.kind.as_str()), Some(RESTART_EXCEPTION));
+        let tail: Vec<&str> = l.eventlog.iter().rev().take(4).map(|e| e.name.as_str()).collect();
+        assert_eq!(tail, ["clean", "free", "release", "exception"]);
+        assert_eq!(l.r, c.jobs[&long].r, "R replayed from the alloc event");
+        // Rank 1 is drained again, with its reason: p1 runs on rank 0, p2 waits for it.
+        assert_eq!(c2.pool.ranks[&1].drained.as_deref(), Some("bad fan"));
+        let started: Vec<JobId> = spawns(&actions(&mut c2)).into_iter().map(|s| s.0).collect();
+        assert_eq!(started, vec![p1, p2], "pending jobs start in their order");
+        assert!(c2.jobs[&p1].alloc.iter().all(|a| a.rank == 0));
+        // New ids are above every kept one, even with a clock that went back.
+        let (mut c3, _) = restart(&kept, T0 - 50.0);
+        let new = c3.submit(T0 - 49.0, &spec(cmd().ntasks(1)), 1000).unwrap();
+        assert!(new > p2 && new > long, "{new:?} after {p2:?}");
+        let new2 = c2.submit(T0 + 101.0, &spec(cmd().ntasks(1)), 1000).unwrap();
+        assert!(new2 > p2);
+        // The restore's own events are journaled, and a second restart sees them.
+        save(&mut c2, &mut kept);
+        let (c4, r4) = restart(&kept, T0 + 200.0);
+        assert_eq!(c4.jobs[&long].eventlog, c2.jobs[&long].eventlog);
+        // p1 and p2 were running this time; `long` is not ended twice; new2 was pending and now runs.
+        assert_eq!((r4.inactive, r4.pending, r4.ended.clone()), (3, 1, vec![p1, p2]));
+        assert_eq!(c4.jobs[&new2].state, JobState::Run);
+        assert_eq!(c4.resource_eventlog.iter().filter(|e| e.name == "restart").count(), 2);
+    }
+
+    #[test]
+    fn a_batch_that_was_not_saved_is_in_the_next_one() {
+        let mut c = core(1, 2, 0);
+        c.enable_journal();
+        let a = c.submit(T0 + 1.0, &spec(cmd().ntasks(1)), 1000).unwrap();
+        let first = c.journal().expect("a batch");
+        assert_eq!(first.jobs.len(), 1);
+        assert!(first.jobs[0].jobspec.is_some());
+        // Not saved (the store failed): the next batch still carries the job from its first event.
+        let b = c.submit(T0 + 2.0, &spec(cmd().ntasks(1)), 1000).unwrap();
+        let second = c.journal().expect("a batch");
+        assert_eq!(second.jobs.iter().map(|r| (r.id, r.first_event)).collect::<Vec<_>>(), vec![(a, 0), (b, 0)]);
+        let mut kept = Kept::default();
+        kept.apply(&second).unwrap();
+        c.journal_saved(&second);
+        // After a save only what changed is in a batch, from where it stopped.
+        for (id, rank, _) in spawns(&actions(&mut c)) {
+            c.shell_spawned(T0 + 3.0, id, rank, Ok(()));
+        }
+        let third = c.journal().expect("a batch");
+        assert!(third.jobs.iter().all(|r| r.jobspec.is_none() && r.first_event > 0));
+        kept.apply(&third).unwrap();
+        assert_eq!(kept.apply(&third), Ok(()), "a batch applied twice changes nothing");
+        assert_eq!(kept.jobs[&a].eventlog, c.jobs[&a].eventlog);
+        assert_eq!(
+            kept.apply(&Journal { jobs: vec![], resource_first: 99, ..third.clone() }),
+            Err(ApplyError::ResourceGap { first: 99, kept: kept.resource_eventlog.len() })
+        );
+    }
+
+    proptest::proptest! {
+        /// Whatever happens, saving every batch and restoring gives back every saved job with the same
+        /// eventlog (plus what the restore adds to jobs that held resources), and ids stay unique.
+        #[test]
+        fn every_saved_job_comes_back_once(steps in proptest::collection::vec(0u8..5, 1..40)) {
+            let mut c = core(2, 2, 0);
+            c.enable_journal();
+            let mut kept = Kept::default();
+            let mut t = T0;
+            for s in steps {
+                t += 1.0;
+                match s {
+                    0 | 1 => { let _ = c.submit(t, &spec(cmd().ntasks(1 + u32::from(s))), 1000); }
+                    2 => for (id, rank, _) in spawns(&actions(&mut c)) { c.shell_spawned(t, id, rank, Ok(())); }
+                    3 => {
+                        let running: Vec<(JobId, u32)> = c.jobs.values().filter(|j| j.state == JobState::Run)
+                            .flat_map(|j| j.shells.keys().map(move |r| (j.id, *r))).collect();
+                        for (id, rank) in running { exit_shell(&mut c, t, id, rank, 0); }
+                    }
+                    _ => save(&mut c, &mut kept),
+                }
+            }
+            save(&mut c, &mut kept);
+            let (c2, _) = restart(&kept, t + 10.0);
+            proptest::prop_assert_eq!(c2.jobs.len(), c.jobs.len());
+            for (id, j) in &c.jobs {
+                let j2 = &c2.jobs[id];
+                proptest::prop_assert_eq!(&j2.eventlog[..j.eventlog.len()], &j.eventlog[..]);
+                if j.state == JobState::Inactive {
+                    proptest::prop_assert_eq!(j2.eventlog.len(), j.eventlog.len());
+                    proptest::prop_assert_eq!(j2.result(), j.result());
+                }
+            }
+        }
+    }
+}
