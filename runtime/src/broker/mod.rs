@@ -16,6 +16,8 @@ pub mod config;
 pub(crate) mod core;
 pub(crate) mod detect;
 mod driver;
+#[cfg(test)]
+mod fuzz_tests;
 pub(crate) mod liveness;
 mod local;
 pub(crate) mod rdma_link;
