@@ -9,6 +9,10 @@
 #   ci/slurm-cluster.sh env DIR         print the environment that points srun/sbatch/squeue at it
 #   ci/slurm-cluster.sh down DIR        stop the daemons (the directory is left for its logs)
 #
+# Two optional environment variables tune the cluster for benchmarks (the defaults are what tests use):
+#   SLURM_SCHED_PARAMS   the SchedulerParameters value (default: sched_min_interval=0)
+#   SLURM_EXTRA_CONF     more slurm.conf lines, appended as given (e.g. "MaxJobCount=100000")
+#
 # Then: `SLURM_CONF=DIR/slurm.conf srun -n 4 --mpi=pmi2 CMD`. Needs root and the packages slurm-wlm and munge;
 # exits 3 (after saying why) when either is missing, so that callers can skip.
 set -euo pipefail
@@ -81,7 +85,7 @@ TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SchedulerType=sched/backfill
-SchedulerParameters=sched_min_interval=0
+SchedulerParameters=${SLURM_SCHED_PARAMS:-sched_min_interval=0}
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none
@@ -89,6 +93,7 @@ ReturnToService=2
 NodeName=$host CPUs=$cpus State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 EOF
+if [ -n "${SLURM_EXTRA_CONF:-}" ]; then printf '%s\n' "$SLURM_EXTRA_CONF" >> "$dir/slurm.conf"; fi
 cat > "$dir/cgroup.conf" <<EOF
 CgroupPlugin=cgroup/v1
 CgroupAutomount=no

@@ -20,6 +20,9 @@
 //! - `vigil-bench detect` (module [`detect`], root only): failure-detection latencies on network-namespace
 //!   nodes (`ci/netns-cluster.sh`), taken from rank 0's own resource and job eventlogs.
 //!
+//! - `vigil-bench sched` (module [`sched`]): throughput of 200, 10,000 and 64,000 `true` jobs queued at once
+//!   and `vigil run` latency, against a one-node Slurm 22.05 cluster started and stopped in the same run.
+//!
 //! - `vigil-bench uring` (module [`uring`]): an `io_uring` overlay link ([`uring_link`]) against the tokio
 //!   (epoll) transport on loopback TCP, RPC round trip and streaming throughput; needs no `vigil` binary.
 //!
@@ -43,6 +46,7 @@ mod auth;
 mod detect;
 mod fwq;
 mod mpi;
+mod sched;
 mod sim;
 mod tick;
 mod uring;
@@ -100,6 +104,8 @@ struct Cli {
 enum TopCmd {
     /// MPI hello launch latency (`vigil run` vs `mpiexec.hydra`) and `vigil alloc -N4 true` wall time.
     Mpi(mpi::MpiArgs),
+    /// Job throughput at queue depth (200, 10,000, 64,000) and job latency, Vigil and Slurm in the same run.
+    Sched(sched::SchedArgs),
     /// Failure-detection latencies on network-namespace nodes (needs root).
     Detect(detect::DetectArgs),
     /// io_uring vs tokio (epoll) for overlay TCP links: RPC round trip and streaming throughput.
@@ -146,6 +152,8 @@ enum InnerCmd {
     Rss(InnerRssArgs),
     /// `vigil run -N4 -n8 ./hello` latency and `vigil alloc -N4 true` wall time.
     Mpi(mpi::InnerMpiArgs),
+    /// `vigil run` latencies and one throughput burst for `vigil-bench sched`.
+    Sched(sched::InnerSchedArgs),
     /// CPU time of rank 0's broker (the prober) over an idle period.
     ProbeCost(detect::InnerCostArgs),
 }
@@ -306,8 +314,10 @@ fn main() {
         Some(TopCmd::Inner(InnerCmd::Jobs(a))) => inner_jobs(a),
         Some(TopCmd::Inner(InnerCmd::Rss(a))) => inner_rss(a),
         Some(TopCmd::Inner(InnerCmd::Mpi(a))) => mpi::inner_mpi(a),
+        Some(TopCmd::Inner(InnerCmd::Sched(a))) => sched::inner_sched(a),
         Some(TopCmd::Inner(InnerCmd::ProbeCost(a))) => detect::inner_cost(a),
         Some(TopCmd::Mpi(a)) => report(mpi::run(&a, cli.vigil, cli.out_dir)),
+        Some(TopCmd::Sched(a)) => report(sched::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Detect(a)) => report(detect::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Uring(a)) => report(uring::run(&a, cli.out_dir)),
         Some(TopCmd::Auth(a)) => report(auth::run(&a, cli.vigil, cli.out_dir)),
