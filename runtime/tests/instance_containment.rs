@@ -119,3 +119,26 @@ fn a_memory_limit_that_cannot_be_applied_is_said_and_the_job_runs() {
         assert!(bad.stderr.contains("-o memory=lots: 'lots' is not a size"), "{}", bad.dump());
     }
 }
+
+/// A broker killed with `kill -9` takes its jobs' cgroups with it: the job shell, left without its broker, kills
+/// its whole cgroup, so a `setsid`'d process of the job does not live on until some later broker cleans up.
+#[test]
+fn a_setsid_process_does_not_outlive_its_broker_killed_with_sigkill() {
+    if !cgroups_here() {
+        eprintln!("skipped: needs root for a cgroup v2 of its own");
+        return;
+    }
+    let inst = Instance::start(2, &[]);
+    let o = inst.vigil(&["submit", "-N2", "sh", "-c", "setsid sleep 613.75 </dev/null >/dev/null 2>&1 & sleep 300"]);
+    o.ok();
+    let id = o.stdout.trim().to_string();
+    assert!(wait_for(Duration::from_secs(10), || sleeps("613.75").len() == 2), "{:?}", sleeps("613.75"));
+    let pid = inst.vigil(&["getattr", "-r", "1", "broker.pid"]);
+    pid.ok();
+    let pid: i32 = pid.stdout.trim().parse().expect("a pid");
+    // SAFETY: kill(2) of the broker this test started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    inst.vigil_t(&["job", "wait", &id], Duration::from_secs(30));
+    // Rank 0's job shell goes with the job; rank 1's, with its broker.
+    assert!(wait_for(Duration::from_secs(5), || sleeps("613.75").is_empty()), "left behind: {:?}", sleeps("613.75"));
+}

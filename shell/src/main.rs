@@ -57,9 +57,9 @@ fn opt_str(input: &ShellInput, name: &str) -> Option<String> {
     })
 }
 
-/// `memory.events` of this shell's cgroup v2 (its `0::` line in `/proc/self/cgroup` under the cgroup2 mount of
-/// `/proc/self/mountinfo`), where it has one (the memory controller enabled for it).
-fn own_memory_events() -> Option<std::path::PathBuf> {
+/// This shell's cgroup v2 directory (its `0::` line in `/proc/self/cgroup` under the cgroup2 mount of
+/// `/proc/self/mountinfo`).
+fn own_cgroup_dir() -> Option<std::path::PathBuf> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let mount = info.lines().find_map(|l| {
         let (pre, post) = l.split_once(" - ")?;
@@ -67,8 +67,24 @@ fn own_memory_events() -> Option<std::path::PathBuf> {
     })?;
     let cg = std::fs::read_to_string("/proc/self/cgroup").ok()?;
     let own = cg.lines().find_map(|l| l.strip_prefix("0::"))?.trim_start_matches('/').to_string();
-    let p = std::path::Path::new(&mount).join(own).join("memory.events");
+    Some(std::path::Path::new(&mount).join(own))
+}
+
+/// `memory.events` of this shell's cgroup, where it has one (the memory controller enabled for it).
+fn own_memory_events() -> Option<std::path::PathBuf> {
+    let p = own_cgroup_dir()?.join("memory.events");
     p.exists().then_some(p)
+}
+
+/// Kill everything in this shell's job cgroup, the shell included: only a cgroup a broker made for a job
+/// (`vigil-broker-*/job-*`), never one this shell merely happens to run in.
+fn kill_own_job_cgroup() {
+    let Some(dir) = own_cgroup_dir() else { return };
+    let name = |p: &std::path::Path| p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let ours = name(&dir).starts_with("job-") && dir.parent().is_some_and(|p| name(p).starts_with("vigil-broker-"));
+    if ours {
+        let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+    }
 }
 
 /// The `oom_kill` count in the `memory.events` file at `path`.
@@ -579,6 +595,8 @@ impl Shell {
                             unsafe { libc::kill(*p, libc::SIGKILL) };
                         }
                         kill_own_group();
+                        // And what left the group (`setsid`): the job's cgroup, this shell with it.
+                        kill_own_job_cgroup();
                         continue;
                     };
                     let v = ev.json();

@@ -2,9 +2,11 @@
 //!
 //! A broker that can write to its own cgroup v2 (found from `/proc/self/mountinfo` and the `0::` line of
 //! `/proc/self/cgroup`, never a hard-coded path; a system instance gets it by systemd delegation, `Delegate=yes`)
-//! makes a subtree `vigil-broker-PID` there, and in it one cgroup per job shell, `job-ID`. The shell joins its
-//! cgroup before it runs (its `cgroup.procs` is written from the child between fork and exec), so every task and
-//! everything they start, `setsid` or not, is in it. When the shell ends, `cgroup.kill` (Linux 5.14; else a
+//! makes a subtree `vigil-broker-PID` there, and in it one cgroup per job shell, `job-ID`. The broker moves the
+//! shell into its cgroup right after spawning it and before writing its input, which the shell reads before it
+//! does anything else; so every task and everything they start, `setsid` or not, is in it. (Not from the child
+//! between fork and exec: a `pre_exec` hook forces a full `fork` of the broker, whose cost grows with rank 0's
+//! memory, that is with the queue, where `posix_spawn` does not.) When the shell ends, `cgroup.kill` (Linux 5.14; else a
 //! SIGKILL to every pid listed, until none is left) ends whatever is left, the job's CPU time (`cpu.stat`) and peak
 //! memory (`memory.peak`, where the memory controller is enabled) are read, and the cgroup is removed.
 //!
@@ -22,7 +24,6 @@
 
 use crate::jobs::JobId;
 use crate::shellproto::Usage;
-use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 /// How this broker keeps its jobs' processes, for status output.
@@ -116,7 +117,7 @@ impl Cgroups {
         Ok(Cgroups { root, memory })
     }
 
-    /// A cgroup for job `id`'s shell, its `cgroup.procs` open for the child to join it.
+    /// A cgroup for job `id`'s shell, its `cgroup.procs` open for [`JobCgroup::adopt`].
     pub(crate) fn job(&self, id: JobId) -> Result<JobCgroup, String> {
         let dir = self.root.join(format!("job-{}", id.f58()));
         match std::fs::create_dir(&dir) {
@@ -128,7 +129,7 @@ impl Cgroups {
             .write(true)
             .open(dir.join("cgroup.procs"))
             .map_err(|e| format!("{}: {e}", dir.display()))?;
-        Ok(JobCgroup { dir, procs: procs.into() })
+        Ok(JobCgroup { dir, procs })
     }
 
     /// Remove the subtree (when the broker ends): every job cgroup in it is killed first (not the broker's own
@@ -199,7 +200,7 @@ fn remove_stale(base: &Path) {
 #[derive(Debug)]
 pub(crate) struct JobCgroup {
     dir: PathBuf,
-    procs: OwnedFd,
+    procs: std::fs::File,
 }
 
 impl JobCgroup {
@@ -212,9 +213,12 @@ impl JobCgroup {
         Ok(())
     }
 
-    /// The descriptor of this cgroup's `cgroup.procs`, which the child writes `0` to (itself) before it runs.
-    pub(crate) fn procs_fd(&self) -> i32 {
-        self.procs.as_raw_fd()
+    /// Move process `pid` (the job's shell, before it has started anything) into this cgroup.
+    pub(crate) fn adopt(&self, pid: i32) -> Result<(), String> {
+        use std::io::Write;
+        (&self.procs)
+            .write_all(pid.to_string().as_bytes())
+            .map_err(|e| format!("cannot move pid {pid} into {}: {e}", self.dir.display()))
     }
 
     /// The shell ended: kill what is left, read the usage, remove the cgroup.

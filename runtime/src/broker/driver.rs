@@ -1097,7 +1097,7 @@ impl Driver {
             .env(crate::client::URI_ENV, &self.broker.env.local_uri)
             .env(crate::shellproto::DETECTOR_RANK_ENV, detector_rank.to_string())
             .kill_on_drop(false);
-        // Its cgroup, joined by the child itself before it runs the shell (see cgroup.rs).
+        // Its cgroup, which the shell is moved into before it reads its input (see cgroup.rs).
         let cgroup = match self.containment.as_ref() {
             super::cgroup::Containment::Cgroup(c) => match c.job(id) {
                 Ok(cg) => Some(cg),
@@ -1126,24 +1126,15 @@ impl Driver {
                 cmd.env(crate::shellproto::MEMORY_NOTE_ENV, why);
             }
         }
-        if let Some(fd) = cgroup.as_ref().map(super::cgroup::JobCgroup::procs_fd) {
-            // SAFETY: between fork and exec the child only calls write(2), which is async-signal-safe, on a
-            // descriptor the parent opened and keeps open until the child has exec'd (`cgroup` lives on below).
-            unsafe {
-                cmd.pre_exec(move || {
-                    if libc::write(fd, b"0".as_ptr().cast(), 1) == 1 {
-                        Ok(())
-                    } else {
-                        Err(std::io::Error::last_os_error())
-                    }
-                });
-            }
-        }
         let mut child = cmd.spawn().map_err(|e| format!("cannot run {}: {e}", path.display()))?;
         // The shell's pid is its process group, signalled later: never 0 (which would be the broker's own group).
         let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()).filter(|p| *p > 0) else {
             return Err(format!("job shell of job {id} exited before it could be watched"));
         };
+        // Into its cgroup before it gets its input: it starts nothing before it has read it all.
+        if let Some(Err(e)) = cgroup.as_ref().map(|cg| cg.adopt(pid)) {
+            warn!("job {id}: {e}; its shell is kept by its process group only");
+        }
         self.shells.insert(id, pid);
         let mut stdin = child.stdin.take();
         let mut stdout = child.stdout.take();
