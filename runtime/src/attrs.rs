@@ -145,7 +145,7 @@ use Access::{Bootstrap, Broker, CommandLine, CommandLineOrToml};
 pub static ATTRS: &[Attr] = &[
     // The tree.
     attr("tbon.topo", Kind::Topology, is("kary:32"), CommandLineOrToml,
-        "TBON shape (flux-core's default; a batch/alloc instance defaults to kary:0 up to 257 brokers, else kary:256)"),
+        "TBON shape (flux-core's default; a batch/alloc instance defaults to kary:32, or with tbon.reparent=off to kary:0 up to 257 brokers, else kary:256)"),
     attr("tbon.fanout", Kind::Count, otherwise("from tbon.topo", "2"), CommandLine,
         "shorthand: tbon.fanout=K is tbon.topo=kary:K (set one of the two)"),
     attr("tbon.connect_timeout", Kind::Duration, is("60s"), CommandLine,

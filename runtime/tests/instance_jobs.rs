@@ -389,3 +389,18 @@ fn exit_on_error_exits_with_the_failing_tasks_code() {
     assert_eq!(exc.len(), 1, "{}", o.dump());
     assert!(exc[0].contains("task 1 exited with code 3 (exit-on-error)"), "{}", o.dump());
 }
+
+/// `--cwd` relative to where the command runs (as Slurm's `--chdir`), and shell options checked at submit.
+#[test]
+fn a_relative_cwd_is_taken_from_the_current_directory_and_bad_options_are_refused() {
+    let inst = Instance::start(1, &[]);
+    let sub = inst.dir.path().join("sub");
+    std::fs::create_dir_all(&sub).unwrap();
+    let o = inst.vigil(&["run", "--cwd", "sub", "pwd"]);
+    o.ok();
+    assert_eq!(std::path::Path::new(o.stdout.trim()), sub.canonicalize().unwrap(), "{}", o.dump());
+    let o = inst.vigil(&["run", "-o", "pmi=maybe", "true"]);
+    assert_ne!(o.code, 0, "{}", o.dump());
+    assert!(o.stderr.contains("-o pmi=maybe: expected pmi=simple|off"), "{}", o.dump());
+    inst.vigil(&["run", "-o", "pmi=off", "true"]).ok();
+}

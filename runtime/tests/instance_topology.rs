@@ -380,6 +380,24 @@ fn signal_pid(pid: u32, sig: i32) {
     }
 }
 
+/// SIGINT sent with kill(2) to `vigil start` alone (no terminal to hand it to the initial program's process group)
+/// reaches the initial program, whose exit code is then the instance's.
+#[test]
+fn sigint_sent_to_vigil_start_reaches_the_initial_program() {
+    let dir = tempdir();
+    let mut c = vigil_cmd(dir.path());
+    let marker = format!("302.{}", unique_token());
+    let script = format!("trap 'echo got INT; exit 42' INT; sleep {marker} & wait");
+    c.args(["start", "--test-size=2", "sh", "-c", &script]);
+    let r = spawn(c, Some(dir.path()));
+    assert!(wait_for(Duration::from_secs(15), || !processes_with_argv(&["sleep", &marker]).is_empty()));
+    signal_pid(r.pid(), libc::SIGINT);
+    let o = r.wait(Duration::from_secs(20));
+    kill_marked(dir.path());
+    assert_eq!((o.timed_out, o.code), (false, 42), "{}", o.dump());
+    assert!(o.stdout.contains("got INT"), "{}", o.dump());
+}
+
 #[test]
 fn sigterm_to_vigil_start_tears_the_instance_down() {
     let (job, init) = (format!("300.{}", unique_token()), format!("301.{}", unique_token()));

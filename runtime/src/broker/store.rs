@@ -114,6 +114,32 @@ fn probe(dir: &Path) -> Result<(), String> {
     r.map_err(|e| e.to_string())
 }
 
+/// Make a new, empty store at `path` (in `dir`, made private to its owner: it keeps every job's environment and
+/// output): written in full as `FILE.new`, closed (which folds its WAL into it), synced, renamed into place, the
+/// directory synced.
+fn make_new(dir: &Path, path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+    let tmp = dir.join(format!("{FILE}.new"));
+    for p in [tmp.clone(), dir.join(format!("{FILE}.new-wal")), dir.join(format!("{FILE}.new-shm"))] {
+        let _ = std::fs::remove_file(p);
+    }
+    {
+        let conn = Connection::open(&tmp).map_err(|e| e.to_string())?;
+        create(&conn).map_err(|e| e.to_string())?;
+        // Closing the last connection checkpoints the WAL into the file and removes it: the file alone is the
+        // store when it is renamed.
+    }
+    if dir.join(format!("{FILE}.new-wal")).exists() {
+        return Err(format!("{FILE}.new-wal was left after closing the new store"));
+    }
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).map_err(|e| e.to_string())?;
+    std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| e.to_string())?;
+    std::fs::rename(&tmp, path).map_err(|e| e.to_string())?;
+    std::fs::File::open(dir).and_then(|f| f.sync_all()).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
 impl Store {
     /// Open (or create) the store in `dir`, read back what it keeps (`None` for a new store), and count this
     /// start as a restart when it is not the first.
@@ -124,28 +150,24 @@ impl Store {
     /// `application_id`, another schema version, or `PRAGMA quick_check` finds damage (a truncated file).
     pub fn open(dir: &Path) -> Result<(Store, Option<Kept>), OpenError> {
         let unwritable = |err: String| OpenError::Unwritable { dir: dir.to_path_buf(), err };
+        if dir.exists() && !dir.is_dir() {
+            return Err(unwritable("it exists and is not a directory".into()));
+        }
         std::fs::create_dir_all(dir).map_err(|e| unwritable(e.to_string()))?;
         probe(dir).map_err(unwritable)?;
         let path = dir.join(FILE);
-        // A file of no bytes is what a first start that died before writing the schema leaves: a new store.
-        let fresh = std::fs::metadata(&path).map_or(true, |m| m.len() == 0);
-        let flags = if fresh {
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE
-        } else {
-            OpenFlags::SQLITE_OPEN_READ_WRITE
-        };
-        let conn = Connection::open_with_flags(&path, flags | OpenFlags::SQLITE_OPEN_NO_MUTEX).map_err(|e| {
-            if fresh {
-                unwritable(e.to_string())
-            } else {
-                damaged(&path, e)
-            }
-        })?;
-        if fresh {
-            create(&conn).map_err(|e| unwritable(e.to_string()))?;
-        } else {
-            check(&conn).map_err(|why| damaged(&path, why))?;
+        if !path.exists() {
+            // A new store is made whole beside its final name and renamed into place, so that a file named
+            // FILE is always a store: one of no bytes (truncated, or emptied by hand) is damage, not a new start,
+            // which would forget the job ids already given.
+            make_new(dir, &path).map_err(unwritable)?;
+        } else if std::fs::metadata(&path).is_ok_and(|m| m.len() == 0) {
+            return Err(damaged(&path, "the file is empty (0 bytes): truncated?"));
         }
+        let conn =
+            Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+                .map_err(|e| damaged(&path, e))?;
+        check(&conn).map_err(|why| damaged(&path, why))?;
         conn.pragma_update(None, "synchronous", "FULL").map_err(|e| damaged(&path, e))?;
         let mut store = Store { conn, path, restarts: 0 };
         let kept = store.load().map_err(|e| damaged(&store.path, e))?;
@@ -422,6 +444,8 @@ mod tests {
         cases.push(("not a Vigil state store", v));
         cases.push(("", good[..good.len() / 2].to_vec()));
         cases.push(("", b"this is not a database at all, just some text that is long enough".repeat(100)));
+        // Emptied: not a new start (that would forget the ids given).
+        cases.push(("the file is empty", Vec::new()));
         for (want, bytes) in cases {
             std::fs::write(&path, &bytes).unwrap();
             match Store::open(d.path()) {
@@ -433,6 +457,19 @@ mod tests {
             }
             assert_eq!(std::fs::read(&path).unwrap(), bytes, "{want:?}: the file is left as it was");
         }
+    }
+
+    /// The store keeps every job's environment and output: its directory and file are its owner's alone.
+    #[test]
+    fn a_new_store_is_private_to_its_owner() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("state");
+        Store::open(&dir).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&dir.join(FILE)), 0o600);
+        assert!(!dir.join(format!("{FILE}.new")).exists());
     }
 
     #[test]

@@ -38,7 +38,7 @@ pub struct SubmitArgs {
     /// The submitter's whole environment is passed by default.
     #[arg(long = "env", value_name = "RULE", allow_hyphen_values = true)]
     pub env: Vec<String>,
-    /// Working directory of the tasks (default: the current directory).
+    /// Working directory of the tasks (default: the current directory; a relative one is taken from it).
     #[arg(long)]
     pub cwd: Option<String>,
     /// Shell option NAME[=VALUE] (repeatable): cpu-affinity=off|on|per-task, gpu-affinity=..., exit-timeout=DURATION|none,
@@ -130,11 +130,12 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
     if let Some(t) = &a.time_limit {
         b = b.duration(parse_time_limit(t)?);
     }
+    // Relative to where the command runs, as Slurm's --chdir.
+    let here = || std::env::current_dir().map_err(|e| format!("cannot read the current directory: {e}"));
     let cwd = match &a.cwd {
-        Some(c) => c.clone(),
-        None => std::env::current_dir()
-            .map(|p| p.display().to_string())
-            .map_err(|e| format!("cannot read the current directory: {e}"))?,
+        Some(c) if std::path::Path::new(c).is_absolute() => c.clone(),
+        Some(c) => here()?.join(c).display().to_string(),
+        None => here()?.display().to_string(),
     };
     b = b.cwd(cwd);
     let mut env: std::collections::BTreeMap<String, String> =
@@ -175,6 +176,9 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
                 crate::shellproto::parse_memory_size(s).map_err(|e| format!("-o {o}: {e}"))?;
             }
             ("memory", _) => return Err(format!("-o {o}: expected memory=SIZE (per node, e.g. 4G)")),
+            ("pmi", Value::String(s)) if !matches!(s.as_str(), "simple" | "pmi1" | "on" | "off" | "none") => {
+                return Err(format!("-o {o}: expected pmi=simple|off (PMI-1 served to the tasks, or none)"));
+            }
             ("exit-timeout", Value::String(s)) if s != "none" => {
                 crate::duration::parse_duration_secs(s).map_err(|e| format!("-o {o}: {e}"))?;
             }

@@ -269,10 +269,15 @@ fn start_inner(a: StartArgs) -> Result<i32, String> {
         drop(l);
         children.push(child);
     }
-    // SIGINT goes to the initial program (same terminal); we wait for the instance to wind down.
-    // SAFETY: setting signal dispositions; the SIGTERM/SIGHUP handler only stores to an atomic.
+    // A Ctrl-C from the terminal reaches the initial program by itself (same foreground process group); one sent
+    // with kill(2) to `vigil start` alone is handed to rank 0, which passes it on to the initial program.
+    // SAFETY: setting signal dispositions; the handlers only store to atomics.
     unsafe {
-        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_int as *const () as libc::sighandler_t;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut());
         libc::signal(libc::SIGQUIT, libc::SIG_IGN);
         libc::signal(libc::SIGTERM, on_term as *const () as libc::sighandler_t);
         libc::signal(libc::SIGHUP, on_term as *const () as libc::sighandler_t);
@@ -307,6 +312,18 @@ extern "C" fn on_term(_sig: libc::c_int) {
     TERMINATE.store(true, std::sync::atomic::Ordering::SeqCst);
 }
 
+static INTERRUPT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// SIGINT: hand it on only when a process sent it (`si_code` <= 0: kill, sigqueue, tkill); one from the
+/// terminal (`SI_KERNEL`) has reached the initial program already.
+extern "C" fn on_int(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
+    let code = unsafe { info.as_ref().map_or(0, |i| i.si_code) };
+    if code <= 0 {
+        INTERRUPT.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// Wait for rank 0; if another broker dies first with an error, tear the instance down.
 /// SIGTERM or SIGHUP to `vigil start` is passed to rank 0, which shuts the instance down.
 fn wait_instance(children: &mut [std::process::Child], up: &std::path::Path) -> i32 {
@@ -328,6 +345,12 @@ fn wait_instance(children: &mut [std::process::Child], up: &std::path::Path) -> 
         }
         if rank0.is_some() || failed.is_some() {
             break;
+        }
+        if INTERRUPT.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(children[0].id() as i32),
+                nix::sys::signal::Signal::SIGINT,
+            );
         }
         if TERMINATE.swap(false, std::sync::atomic::Ordering::SeqCst) {
             eprintln!("vigil: terminating the instance");
@@ -490,6 +513,8 @@ async fn pmi_bootstrap(
     mut attrs: BTreeMap<String, String>,
 ) -> Result<(BrokerOptions, Option<RemoveOnDrop>), String> {
     let parent_uri = std::env::var(crate::client::URI_ENV).ok();
+    // Level 1 under a foreign launcher too (where Flux says 0): the instance lives in another system's allocation,
+    // whose lost nodes do not come back, so it shrinks on a node loss as a Vigil batch job does.
     let mut level = 1u32;
     let mut bind_ip = "127.0.0.1".to_string();
     if let Some(uri) = &parent_uri {
