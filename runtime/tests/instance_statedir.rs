@@ -293,6 +293,58 @@ fn running_jobs_outlive_kill_9_of_rank_0_and_finish_normally() {
     }
 }
 
+/// Rank 0 killed while a batch job (a nested instance on ranks 1-3) runs, and restarted 6 s later: the nested
+/// instance never notices (its brokers talk to each other, not to our rank 0), its shells' brokers rejoin, and the
+/// batch job completes with its script's exit code.
+#[test]
+fn a_batch_job_survives_kill_9_of_rank_0() {
+    let inst = SystemInstance::new(4, true);
+    let mut brokers = inst.start_all(&[]);
+    inst.client(&["resource", "drain", "0", "rank 0 restarts in this test"]).ok();
+    let script = inst.dir.path().join("job.sh");
+    std::fs::write(&script, "#!/bin/sh\nsleep 10\nvigil run -N3 -n3 true && echo nested-run-ok\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let o = inst.client(&["batch", "-N3", "./job.sh"]);
+    o.ok();
+    let id = o.stdout.trim().to_string();
+    assert!(wait_for(Duration::from_secs(60), || inst.jobs()[&id]["state"] == "RUN"), "{:?}", inst.jobs());
+    // Until the nested instance is up (it reports its URI: a memo), so rank 0 is killed while the script runs.
+    assert!(
+        wait_for(Duration::from_secs(60), || inst.client(&["job", "eventlog", &id]).stdout.contains("uri")),
+        "{}",
+        inst.client(&["job", "eventlog", &id]).dump()
+    );
+    let r0 = brokers.remove(0);
+    kill9(r0.pid());
+    r0.wait(Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(6));
+    let r0 = inst.broker(0, &[]);
+    assert!(
+        wait_for(Duration::from_secs(30), || inst.client(&["uptime"]).stdout.contains(" run ")),
+        "the brokers did not rejoin the restarted rank 0:\n{}",
+        inst.client(&["uptime"]).dump()
+    );
+    assert!(
+        wait_for(Duration::from_secs(60), || inst.jobs().get(&id).is_some_and(|j| j["state"] == "INACTIVE")),
+        "the batch job did not finish: {:?}",
+        inst.jobs().get(&id)
+    );
+    let j = &inst.jobs()[&id];
+    assert_eq!((&j["result"], &j["exit_code"]), (&Value::from("COMPLETED"), &Value::from(0)), "{j}");
+    let out = std::fs::read_to_string(inst.dir.path().join(format!("vigil-{id}.out"))).unwrap_or_default();
+    assert!(out.contains("nested-run-ok"), "the script's output: {out:?}");
+    for b in brokers.iter_mut() {
+        assert!(!b.exited(), "a broker exited");
+    }
+    brokers.insert(0, r0);
+    for o in inst.stop(brokers) {
+        assert!(!o.timed_out, "{}", o.dump());
+    }
+}
+
 /// A store rank 0 cannot read (another schema version, truncated, not SQLite at all) leaves it running with
 /// scheduling stopped and submissions refused, says so in `vigil uptime` and its log, and is left as it was.
 #[test]
