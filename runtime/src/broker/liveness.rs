@@ -1,7 +1,7 @@
 //! Liveness rules of the overlay: who may join as a child (the hello), heartbeats, the verdicts of the link
 //! membership machine ([`crate::membership`]) and what they mean: a lost child's whole subtree is reported lost
-//! to rank 0, a torpid one gets no new work, a lost parent ends this broker, a child that said goodbye is
-//! offline, not lost.
+//! to rank 0, a torpid one gets no new work, a lost parent makes this broker re-parent (`reparent.rs`), wait for
+//! rank 0 (`rejoin.rs`) or end, a child that said goodbye is offline, not lost.
 
 use super::core::{Broker, Effect, Peer, PARENT, SELF};
 use crate::idset::IdSet;

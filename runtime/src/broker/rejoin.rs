@@ -18,7 +18,8 @@
 //!   unanswered exit report for, so that rank 0 knows which shells are still there), sends what was queued and
 //!   every unanswered exit report, and tells its children (a `rejoin` control message), which do the same
 //!   and pass it on down: a restarted rank 0 knows none of them.
-//! - **Giving up.** Past the grace it exits as it would have at once (exit code
+//! - **Giving up.** Past the grace it answers the requests still queued with EHOSTUNREACH and exits as it would
+//!   have at once (exit code
 //!   [`crate::shellproto::BROKER_EXIT_CUT_OFF`], its shells killed), and tells its children to exit too (a
 //!   `shutdown` that does not ask them to re-parent: rank 0 is gone for all of them).
 //!
@@ -103,6 +104,10 @@ impl Broker {
             self.now.since(rp.since).as_secs_f64(),
             rp.queue.len() as u64 + rp.dropped
         );
+        // What waited for it gets an answer, not silence.
+        for m in rp.queue.iter().filter(|m| m.msgtype == crate::message::MsgType::Request) {
+            self.respond_error(m, crate::message::errno::EHOSTUNREACH, "rank 0 is lost and did not come back");
+        }
         self.exit_code = crate::shellproto::BROKER_EXIT_CUT_OFF;
         self.begin_shutdown("rank 0 did not come back");
     }

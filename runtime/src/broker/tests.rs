@@ -907,15 +907,24 @@ fn past_the_grace_a_child_of_rank_0_exits_and_takes_its_subtree_along() {
     let mut b = graced(1);
     assert_eq!(judge(&mut b, t(0.01), 9, hello(3, "sim"), None), Ok(3));
     b.shells.insert(crate::jobs::JobId(8));
+    b.handle(t(0.02), Input::LocalNew { id: 5, uid: crate::sim::UID });
     b.handle(t(1.0), Input::AckSamples(vec![(PARENT, 2, 1.0)]));
     b.handle(t(1.2), Input::AckSamples(vec![(PARENT, 2, 1.2)]));
     let out = effects(&mut b);
     assert!(out.iter().any(|e| matches!(e, Effect::ConnectParent { rank: 0, .. })), "lost by its kernel: {out:?}");
+    // A client's request waits for rank 0...
+    let mut m = Message::request("job-manager.list", 0, &json!({}));
+    m.matchtag = 11;
+    b.handle(t(2.0), Input::Message(Peer::Local(5), 0, m));
+    assert!(responses(&effects(&mut b), Peer::Local(5)).is_empty(), "queued for rank 0");
     let out = run_to(&mut b, t(61.0));
     assert!(b.shutting_down.is_none(), "an attempt in flight: nothing before the grace ends");
     assert!(out.iter().all(|e| !matches!(e, Effect::KillShells)));
     let out = run_to(&mut b, t(61.3));
     assert!(b.shutting_down.is_some(), "{out:?}");
+    // ... and is answered when it is clear that rank 0 is not coming back.
+    let r = responses(&out, Peer::Local(5));
+    assert_eq!(r.iter().map(|m| (m.matchtag, m.errnum)).collect::<Vec<_>>(), [(11, errno::EHOSTUNREACH)]);
     assert_eq!(b.exit_code(), crate::shellproto::BROKER_EXIT_CUT_OFF);
     assert!(out.iter().any(|e| matches!(e, Effect::KillShells)));
     let shutdown = out.iter().find_map(|e| match e {
