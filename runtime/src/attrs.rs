@@ -152,6 +152,8 @@ pub static ATTRS: &[Attr] = &[
         "how long a broker retries connecting to its parent before it exits"),
     attr("tbon.reparent", Kind::Enum(&["on", "off"]), is("on"), CommandLine,
         "on: a broker whose parent is lost re-parents (docs/failure-detection.md); off: it exits, and its subtree is lost"),
+    attr("tbon.parent_grace", Kind::Duration, otherwise("60s with a statedir, else 0", "30s"), CommandLine,
+        "how long brokers and their jobs outlive rank 0, reconnecting, before they exit (docs/statedir.md); 0: at once"),
     // Liveness (docs/failure-detection.md).
     attr("tbon.heartbeat_period", Kind::Duration, is("50ms"), CommandLine,
         "heartbeat interval between parent and child; also the TCP_INFO sampling interval (< tbon.torpid_max)"),
@@ -422,6 +424,8 @@ pub struct BrokerConfig {
     pub connect_timeout: f64,
     /// `tbon.reparent`: a broker whose parent is lost re-parents (true) or exits (false).
     pub reparent: bool,
+    /// `tbon.parent_grace` as set, seconds (finite, >= 0); `None` = the default ([`BrokerConfig::parent_grace`]).
+    pub parent_grace_set: Option<f64>,
     /// `tbon.heartbeat_period`, `tbon.torpid_max`, `tbon.lost_timeout`, `tbon.probe_period` (seconds) and
     /// `tbon.probe_misses`: the membership thresholds; heartbeat_period < torpid_max.
     pub membership: crate::membership::Config,
@@ -482,6 +486,7 @@ impl Default for BrokerConfig {
             topo: Topology::default(),
             connect_timeout: 60.0,
             reparent: true,
+            parent_grace_set: None,
             membership: crate::membership::Config::default(),
             probe_group: ProbeGroup::Auto,
             detectors: DetectorChoice::Auto,
@@ -667,6 +672,13 @@ impl Draft {
                 }
                 m.probe_period = s;
             }
+            "tbon.parent_grace" => {
+                let s = duration(v)?;
+                if !s.is_finite() || s > 86400.0 {
+                    return Err("expected a duration up to a day: brokers and their jobs would wait that long".into());
+                }
+                c.parent_grace_set = Some(s);
+            }
             "tbon.reparent" => {
                 c.reparent = match v {
                     "on" => true,
@@ -773,7 +785,22 @@ fn fmt_duration(s: f64) -> String {
     }
 }
 
+/// The default `tbon.parent_grace` with a state directory (seconds): long enough for a supervisor to restart rank 0
+/// (systemd's `Restart=on-failure` waits 100 ms) and for rank 0 to read a store of 100,000 jobs and start
+/// listening, with room for a rank 0 that is slow to be rescheduled on a busy node; the same as
+/// `tbon.connect_timeout`, the time a broker waits for its parent at start. What it costs when rank 0 never comes
+/// back: the other brokers, their job shells and their tasks go on for this long before they exit as they would
+/// at once without it.
+pub const DEFAULT_PARENT_GRACE: f64 = 60.0;
+
 impl BrokerConfig {
+    /// `tbon.parent_grace` in effect, seconds: as set, else [`DEFAULT_PARENT_GRACE`] when the instance has a
+    /// state directory (`statedir`, given to this broker or in the TOML bootstrap), else 0: without one a
+    /// restarted rank 0 knows no job, so there is nothing to keep running for.
+    pub fn parent_grace(&self) -> f64 {
+        self.parent_grace_set.unwrap_or(if self.statedir.is_some() { DEFAULT_PARENT_GRACE } else { 0.0 })
+    }
+
     /// Parses and checks `-S` attributes (`name → value`, as given; a caller adds the values of the TOML
     /// `[tbon]` table or of a nested instance's bootstrap for names the command line leaves unset). Attributes
     /// not given keep their defaults ([`BrokerConfig::default`]).
@@ -816,6 +843,7 @@ impl BrokerConfig {
             "tbon.probe_period" => fmt_duration(m.probe_period),
             "tbon.probe_misses" => m.probe_misses.to_string(),
             "tbon.reparent" => (if self.reparent { "on" } else { "off" }).into(),
+            "tbon.parent_grace" => fmt_duration(self.parent_grace()),
             "tbon.probe_group" => self.probe_group.to_string(),
             "broker.detectors" => self.detectors.name().into(),
             "broker.detector-rank" => self.detector_rank?.to_string(),

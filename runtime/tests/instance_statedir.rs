@@ -114,13 +114,14 @@ fn kill9(pid: u32) {
 }
 
 /// The scenario: jobs done, one running on every core, a flood of submissions queued behind it, and rank 0
-/// killed with SIGKILL in the middle of the flood (the other brokers exit with it, or are killed). Restarted on the
-/// same state directory: every acknowledged job is there exactly once, done jobs as they were, the running one
-/// ended with a `restart` exception, the queued ones run in their order, and new jobs get new ids.
+/// killed with SIGKILL in the middle of the flood. Here without a grace (`tbon.parent_grace=0`): the other brokers
+/// exit with it (or are killed), so the running job cannot be re-attached. Restarted on the same state directory:
+/// every acknowledged job is there exactly once, done jobs as they were, the running one ended with a `restart`
+/// exception, the queued ones run in their order, and new jobs get new ids.
 #[test]
 fn every_acknowledged_job_survives_kill_9_of_rank_0() {
     let inst = SystemInstance::new(4, true);
-    let brokers = inst.start_all(&[]);
+    let brokers = inst.start_all(&["tbon.parent_grace=0"]);
     let done: Vec<String> = (0..10).map(|_| inst.client(&["submit", "true"]).stdout.trim().to_string()).collect();
     assert!(
         wait_for(Duration::from_secs(60), || {
@@ -170,7 +171,7 @@ fn every_acknowledged_job_survives_kill_9_of_rank_0() {
     }
     kill_marked(inst.dir.path());
 
-    let brokers = inst.start_all(&[]);
+    let brokers = inst.start_all(&["tbon.parent_grace=0"]);
     let jobs = inst.jobs();
     for id in done.iter().chain(&acked).chain([&long]) {
         assert!(jobs.contains_key(id), "acknowledged job {id} is missing after the restart");
@@ -213,6 +214,132 @@ fn every_acknowledged_job_survives_kill_9_of_rank_0() {
         "{}",
         up.dump()
     );
+    for o in inst.stop(brokers) {
+        assert!(!o.timed_out, "{}", o.dump());
+    }
+}
+
+/// The other brokers outlive rank 0 (`tbon.parent_grace`, 60 s by default with a state directory): `sleep` jobs on
+/// ranks 1-3, rank 0 killed with SIGKILL and restarted on the same state directory 6 s later. The brokers never
+/// exit; the job whose tasks ended during the outage completes from its shell's report, the others are
+/// re-attached and finish, all with exit code 0 and a `restart` event in their eventlog; new jobs run.
+#[test]
+fn running_jobs_outlive_kill_9_of_rank_0_and_finish_normally() {
+    let inst = SystemInstance::new(4, true);
+    let mut brokers = inst.start_all(&[]);
+    // Rank 0 takes no job: its own shells die with it (it is their broker), and this test is about the others.
+    inst.client(&["resource", "drain", "0", "rank 0 restarts in this test"]).ok();
+    let submit = |secs: &str| {
+        let o = inst.client(&["submit", "-N1", "-n1", "sleep", secs]);
+        o.ok();
+        o.stdout.trim().to_string()
+    };
+    // One core per broker: one job on each of ranks 1-3. The first ends while rank 0 is away.
+    let ids = [submit("3"), submit("14"), submit("14")];
+    assert!(
+        wait_for(Duration::from_secs(30), || {
+            let j = inst.jobs();
+            ids.iter().all(|id| j[id]["state"] == "RUN")
+        }),
+        "the jobs did not start: {:?}",
+        inst.jobs()
+    );
+    let r0 = brokers.remove(0);
+    kill9(r0.pid());
+    r0.wait(Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(6));
+    for b in brokers.iter_mut() {
+        assert!(!b.exited(), "a broker exited while rank 0 was away");
+    }
+    let r0 = inst.broker(0, &[]);
+    assert!(
+        wait_for(Duration::from_secs(30), || {
+            let o = inst.client(&["uptime"]);
+            o.code == 0 && o.stdout.contains(" run ")
+        }),
+        "the brokers did not rejoin the restarted rank 0:\n{}",
+        inst.client(&["uptime"]).dump()
+    );
+    assert!(
+        wait_for(Duration::from_secs(60), || {
+            let j = inst.jobs();
+            ids.iter().all(|id| j[id]["state"] == "INACTIVE")
+        }),
+        "the re-attached jobs did not finish: {:?}",
+        inst.jobs()
+    );
+    let jobs = inst.jobs();
+    for id in &ids {
+        assert_eq!(
+            (&jobs[id]["result"], &jobs[id]["exit_code"]),
+            (&Value::from("COMPLETED"), &Value::from(0)),
+            "{id}: {}",
+            jobs[id]
+        );
+        let ev = inst.client(&["job", "eventlog", id]);
+        ev.ok();
+        assert!(ev.stdout.contains("restart"), "{}", ev.dump());
+        assert!(!ev.stdout.contains("exception"), "{}", ev.dump());
+    }
+    // New jobs run, on the brokers that never left.
+    let new = inst.client(&["run", "-N3", "-n3", "true"]);
+    new.ok();
+    for b in brokers.iter_mut() {
+        assert!(!b.exited(), "a broker exited");
+    }
+    brokers.insert(0, r0);
+    for o in inst.stop(brokers) {
+        assert!(!o.timed_out, "{}", o.dump());
+    }
+}
+
+/// Rank 0 killed while a batch job (a nested instance on ranks 1-3) runs, and restarted 6 s later: the nested
+/// instance never notices (its brokers talk to each other, not to our rank 0), its shells' brokers rejoin, and the
+/// batch job completes with its script's exit code.
+#[test]
+fn a_batch_job_survives_kill_9_of_rank_0() {
+    let inst = SystemInstance::new(4, true);
+    let mut brokers = inst.start_all(&[]);
+    inst.client(&["resource", "drain", "0", "rank 0 restarts in this test"]).ok();
+    let script = inst.dir.path().join("job.sh");
+    std::fs::write(&script, "#!/bin/sh\nsleep 10\nvigil run -N3 -n3 true && echo nested-run-ok\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let o = inst.client(&["batch", "-N3", "./job.sh"]);
+    o.ok();
+    let id = o.stdout.trim().to_string();
+    assert!(wait_for(Duration::from_secs(60), || inst.jobs()[&id]["state"] == "RUN"), "{:?}", inst.jobs());
+    // Until the nested instance is up (it reports its URI: a memo), so rank 0 is killed while the script runs.
+    assert!(
+        wait_for(Duration::from_secs(60), || inst.client(&["job", "eventlog", &id]).stdout.contains("uri")),
+        "{}",
+        inst.client(&["job", "eventlog", &id]).dump()
+    );
+    let r0 = brokers.remove(0);
+    kill9(r0.pid());
+    r0.wait(Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(6));
+    let r0 = inst.broker(0, &[]);
+    assert!(
+        wait_for(Duration::from_secs(30), || inst.client(&["uptime"]).stdout.contains(" run ")),
+        "the brokers did not rejoin the restarted rank 0:\n{}",
+        inst.client(&["uptime"]).dump()
+    );
+    assert!(
+        wait_for(Duration::from_secs(60), || inst.jobs().get(&id).is_some_and(|j| j["state"] == "INACTIVE")),
+        "the batch job did not finish: {:?}",
+        inst.jobs().get(&id)
+    );
+    let j = &inst.jobs()[&id];
+    assert_eq!((&j["result"], &j["exit_code"]), (&Value::from("COMPLETED"), &Value::from(0)), "{j}");
+    let out = std::fs::read_to_string(inst.dir.path().join(format!("vigil-{id}.out"))).unwrap_or_default();
+    assert!(out.contains("nested-run-ok"), "the script's output: {out:?}");
+    for b in brokers.iter_mut() {
+        assert!(!b.exited(), "a broker exited");
+    }
+    brokers.insert(0, r0);
     for o in inst.stop(brokers) {
         assert!(!o.timed_out, "{}", o.dump());
     }

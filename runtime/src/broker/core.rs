@@ -12,6 +12,7 @@
 //! - `routing.rs`: requests, responses, events and internal requests across the TBON;
 //! - `liveness.rs`: the hello, heartbeats, link liveness verdicts and what a lost child means;
 //! - `reparent.rs`: what an orphan does when its parent is lost, who adopts it, routing by current parents;
+//! - `rejoin.rs`: a child of rank 0 outlives it for `tbon.parent_grace` and rejoins it when it restarts;
 //! - `services.rs`: every service method (`broker.*`, `rexec.*`, `resource.*`, `overlay.*`, `job-*`);
 //! - [`crate::jobs`]: the job manager, scheduler and exec rules; [`crate::membership`]: one link's liveness.
 
@@ -375,6 +376,8 @@ impl Broker {
         let jobcore = (opts.rank == 0).then(|| {
             let mut jc = JobCore::new(env.wall_origin + now.as_secs_f64());
             jc.kill_timeout = opts.config.kill_timeout;
+            // Running jobs kept in the state directory wait this long for their shells (jobs/reattach.rs).
+            jc.reattach_grace = opts.config.parent_grace();
             let c = &opts.config;
             jc.config = crate::jobs::SchedConfig {
                 policy: c.sched_policy,
@@ -438,10 +441,12 @@ impl Broker {
                 if let Some(kept) = kept {
                     let r = jc.restore(wall, kept);
                     info!(
-                        "state directory {}: restart {restarts}: {} inactive job(s) listed, {} pending job(s) queued,                          {} running job(s) ended (exception {})",
+                        "state directory {}: restart {restarts}: {} inactive job(s) listed, {} pending job(s) queued, \
+                         {} running job(s) waiting to be re-attached, {} ended (exception {})",
                         dir.display(),
                         r.inactive,
                         r.pending,
+                        r.reattached.len(),
                         r.ended.len(),
                         crate::jobs::journal::RESTART_EXCEPTION
                     );
@@ -669,14 +674,16 @@ impl Broker {
     }
 
     /// Register this node with rank 0 (locally on rank 0), and on a single-broker instance act on it at once.
-    fn join(&mut self) {
+    pub(crate) fn join(&mut self) {
         let (cores, gpus): (IdSet, IdSet) = match &self.opts.resources_override {
             Some((c, g)) => (c.clone(), g.clone()),
             None => ((0..self.env.resources.cores).collect(), (0..self.env.resources.gpus).collect()),
         };
         let reg = json!({"rank": self.rank(), "hostname": self.opts.hostname, "resources": self.env.resources,
             "cores": cores.to_string(), "gpus": gpus.to_string(),
-            "topology": self.env.topology, "declared_gpus": self.opts.declared_gpus});
+            "topology": self.env.topology, "declared_gpus": self.opts.declared_gpus,
+            // The jobs still here: a restarted rank 0 re-attaches them (rejoin.rs, jobs/reattach.rs).
+            "jobs": self.attached_jobs()});
         let mut m = Message::request("resource.register", 0, &reg);
         m.flags = crate::message::FLAG_NORESPONSE;
         self.route_request(SELF, m);
@@ -700,6 +707,9 @@ impl Broker {
             earliest(Time::from_secs_f64(d));
         }
         if let Some(d) = self.orphan_deadline() {
+            earliest(d);
+        }
+        if let Some(d) = self.rank0_deadline() {
             earliest(d);
         }
         t

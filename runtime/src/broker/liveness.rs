@@ -1,7 +1,7 @@
 //! Liveness rules of the overlay: who may join as a child (the hello), heartbeats, the verdicts of the link
 //! membership machine ([`crate::membership`]) and what they mean: a lost child's whole subtree is reported lost
-//! to rank 0, a torpid one gets no new work, a lost parent ends this broker, a child that said goodbye is
-//! offline, not lost.
+//! to rank 0, a torpid one gets no new work, a lost parent makes this broker re-parent (`reparent.rs`), wait for
+//! rank 0 (`rejoin.rs`) or end, a child that said goodbye is offline, not lost.
 
 use super::core::{Broker, Effect, Peer, PARENT, SELF};
 use crate::idset::IdSet;
@@ -172,6 +172,8 @@ impl Broker {
                 self.begin_shutdown("parent is shutting down")
             }
             (_, "hb") => {}
+            // Rank 0 restarted and our parent rejoined it (rejoin.rs).
+            (Peer::Parent, "rejoin") => self.on_rejoin(),
             // {"ranks": idset}: ranks rank 0 announced lost (bad input is ignored, as for the event).
             (Peer::Parent, "lost") => self.on_lost_event(&msg.json()),
             (Peer::Parent, "adopted") => {
@@ -234,6 +236,9 @@ impl Broker {
         let mut sampled = false;
         if self.orphan_deadline().is_some_and(|d| d <= self.now) {
             self.expire_orphans();
+        }
+        if self.rank0_deadline().is_some_and(|d| d <= self.now) {
+            self.rank0_timer();
         }
         if self.shutting_down.is_none() && self.now >= self.next_heartbeat {
             self.heartbeat();

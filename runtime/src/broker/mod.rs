@@ -21,6 +21,7 @@ mod fuzz_tests;
 pub(crate) mod liveness;
 mod local;
 pub(crate) mod rdma_link;
+pub(crate) mod rejoin;
 pub(crate) mod reparent;
 mod routing;
 pub mod secure;

@@ -7,8 +7,8 @@
 //!   (`overlay.lost` events, [`Broker::known_lost`]) are asked last, since each dead one costs a whole
 //!   [`CANDIDATE_TIMEOUT`] (an orphan misses the events sent while it had no parent). Every candidate sits higher
 //!   in the static tree than the orphan (a smaller [`Topology::level`]), so an adoption can never close a cycle,
-//!   however many routers die and in whatever order. Ranks never change. A broker whose parent is rank 0 exits as
-//!   before: nothing is above rank 0 to adopt it.
+//!   however many routers die and in whatever order. Ranks never change. A broker whose parent is rank 0 has
+//!   nothing above rank 0 to adopt it: it waits for rank 0 for `tbon.parent_grace` (`rejoin.rs`), else exits.
 //! - **Who accepts.** A broker accepts an adoptee (a hello carrying `adopt`, its own static child coming back
 //!   after its adopter was lost included) when it is higher in the static tree than the adoptee and has fewer
 //!   than [`adopt_limit`] children; otherwise it refuses and the orphan tries its next candidate. A static child
@@ -39,6 +39,8 @@
 //!   any); when it registers, rank 0 publishes an `overlay.reparent` event naming its static parent if it had
 //!   been lost or adopted ([`Broker::on_register`]), so every broker that learned an adoption of it routes to it
 //!   by its static parent again.
+//! - **Rank 0 lost.** Nothing is above it: its children exit, unless `tbon.parent_grace` keeps them waiting for
+//!   it to restart (`rejoin.rs`), with the same queue and the same exit reports kept.
 
 use super::core::{Broker, Effect, MemberState, Time, SELF};
 use crate::idset::IdSet;
@@ -83,6 +85,9 @@ pub(crate) struct Reparent {
     pub dropped: u64,
     /// Matchtags of this broker's own requests in the queue.
     pub queue_tags: std::collections::BTreeSet<u32>,
+    /// Set when the parent lost is rank 0 and `tbon.parent_grace` keeps this broker waiting for it (`rejoin.rs`):
+    /// until when, and when to try rank 0 again (`None`: an attempt is in flight).
+    pub grace: Option<(Time, Option<Time>)>,
 }
 
 /// Adoptive parents for `me`, whose parent `lost` was lost, in the order to try them (see the module rules):
@@ -226,7 +231,8 @@ impl Broker {
         let (topo, size) = self.tree();
         let mut candidates = candidates(topo, size, self.rank(), lost);
         if candidates.is_empty() {
-            return false;
+            // Nothing above rank 0: wait for it to come back, if tbon.parent_grace says so (rejoin.rs).
+            return lost == 0 && self.wait_for_rank0(why);
         }
         // Candidates rank 0 announced lost go last (in the same order): each dead one would cost a whole
         // CANDIDATE_TIMEOUT. Last, not left out: one may have come back unannounced, and the list must still end
@@ -245,12 +251,13 @@ impl Broker {
             queued_bytes: 0,
             dropped: 0,
             queue_tags: Default::default(),
+            grace: None,
         });
         self.try_candidate();
         true
     }
 
-    fn try_candidate(&mut self) {
+    pub(crate) fn try_candidate(&mut self) {
         let Some(rp) = self.reparenting.as_ref() else { return };
         match rp.candidates.get(rp.trying).copied() {
             Some(rank) => {
@@ -273,6 +280,9 @@ impl Broker {
     /// The candidate being tried did not take us (`why`): the next one.
     pub(crate) fn on_parent_failed(&mut self, why: &str) {
         let Some(rp) = self.reparenting.as_mut() else { return };
+        if rp.grace.is_some() {
+            return self.rank0_failed(why);
+        }
         info!("re-parenting: rank {} did not adopt us: {why}", rp.candidates.get(rp.trying).copied().unwrap_or(0));
         rp.trying += 1;
         self.try_candidate();
@@ -281,6 +291,9 @@ impl Broker {
     /// The parent link is up. After a re-parent: tell rank 0 (through the new parent) and send what waited.
     pub(crate) fn on_parent_up(&mut self) {
         let Some(rp) = self.reparenting.take() else { return };
+        if rp.grace.is_some() {
+            return self.rank0_back(rp);
+        }
         let Some(&parent) = rp.candidates.get(rp.trying) else { return };
         self.parent = Some(parent);
         let took = self.now.since(rp.since);
@@ -303,7 +316,7 @@ impl Broker {
 
     /// Shell exit reports that got no answer may have died with a lost router on the way: again (rank 0 takes
     /// each once), but not those in `sent` (just sent from the re-parent queue).
-    fn resend_exit_reports(&mut self, sent: &std::collections::BTreeSet<u32>) {
+    pub(crate) fn resend_exit_reports(&mut self, sent: &std::collections::BTreeSet<u32>) {
         let again: Vec<(u32, Message)> = self.exit_reports.iter().map(|(t, m)| (*t, m.clone())).collect();
         for (tag, mut m) in again {
             if self.internal.contains_key(&tag) && sent.contains(&tag) {
@@ -358,7 +371,7 @@ impl Broker {
         let (topo, size) = self.tree();
         let me = self.rank();
         hello.get("adopt")?;
-        if !self.opts.config.reparent {
+        if !self.opts.config.reparent && topo.parent(size, rank) != Some(me) {
             return Some(format!("rank {rank} asks to be adopted, but tbon.reparent=off here"));
         }
         if self.reparenting.is_some() {

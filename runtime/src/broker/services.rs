@@ -570,10 +570,24 @@ fn resource(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
             };
             let cores = ids("cores", res.cores)?;
             let gpus = ids("gpus", res.gpus)?;
+            // The jobs its broker still has (rejoin.rs): absent from older brokers, bounded by the message size.
+            let jobs: Option<std::collections::BTreeSet<JobId>> = match body.get("jobs") {
+                None | Some(Value::Null) => None,
+                Some(Value::Array(a)) => Some(
+                    a.iter()
+                        .map(|v| v.as_u64().map(JobId))
+                        .collect::<Option<_>>()
+                        .ok_or((errno::EPROTO, "jobs: expected an array of job ids".to_string()))?,
+                ),
+                Some(v) => return Err(wrong_type("jobs", "an array of job ids", v)),
+            };
             core.on_register(rank);
             core.members.insert(rank, (MemberState::Online, String::new(), n));
             if let Some(jc) = core.jobcore.as_mut() {
                 jc.rank_online(n, rank, &hostname, cores, gpus, (topology, dg));
+                if let Some(jobs) = jobs {
+                    jc.rank_jobs(n, rank, &jobs);
+                }
             }
             debug!("rank {rank} ({hostname}) joined with cores {} and GPUs {}", body["cores"], body["gpus"]);
             Ok(Some(json!({}).into()))

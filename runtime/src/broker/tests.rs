@@ -839,3 +839,123 @@ fn a_submission_is_answered_once_durable_and_refused_if_it_cannot_be() {
     assert!(e.1.contains("schema version 99") && e.1.contains("/state"), "{}", e.1);
     assert!(b.jobcore.as_ref().expect("rank 0").scheduling_stopped().is_some());
 }
+
+/// Rank `rank` of the 7-broker tree with `tbon.parent_grace=60s`, its parent link up and joined.
+fn graced(rank: u32) -> Broker {
+    let mut b = broker(rank);
+    b.opts.config.parent_grace_set = Some(60.0);
+    b.handle(t(0.0), Input::ParentUp(super::rdma_link::LinkChoice { transport: "tcp", detail: String::new() }));
+    b.handle(t(0.0), Input::Start);
+    effects(&mut b);
+    b
+}
+
+fn sent_up<'a>(out: &'a [Effect], topic: &str) -> Vec<&'a Message> {
+    out.iter()
+        .filter_map(|e| match e {
+            Effect::Send(Peer::Parent, m) if m.topic == topic => Some(m),
+            _ => None,
+        })
+        .collect()
+}
+
+fn shell_done(b: &mut Broker, now: Time, id: u64) -> Vec<Effect> {
+    let report =
+        crate::shellproto::ShellReport { status: 0, tasks: vec![(0, 0)], error: None, abort_code: None, usage: None };
+    b.handle(now, Input::ShellDone { id: crate::jobs::JobId(id), report: Some(report), status: 0 });
+    effects(b)
+}
+
+/// A child of rank 0 outlives it for `tbon.parent_grace`: it keeps its shells and children, queues what it must
+/// report, tries rank 0 again every second, and once rank 0 is back registers again (naming the jobs it still
+/// has), sends the exit reports that waited, and tells its children to rejoin.
+#[test]
+fn a_child_of_rank_0_waits_for_it_within_the_grace_and_rejoins_it() {
+    let mut b = graced(1);
+    assert_eq!(judge(&mut b, t(0.01), 9, hello(3, "sim"), None), Ok(3));
+    b.shells.insert(crate::jobs::JobId(8));
+    b.handle(t(1.0), Input::Closed(Peer::Parent, 0, "connection reset".into()));
+    let out = effects(&mut b);
+    assert!(out.iter().any(|e| matches!(e, Effect::ConnectParent { rank: 0, lost: 0, .. })), "{out:?}");
+    assert!(!out.iter().any(|e| matches!(e, Effect::KillShells)), "the shells go on: {out:?}");
+    assert!(b.shutting_down.is_none());
+    // A shell ends meanwhile: its report waits (nothing can go up).
+    assert!(sent_up(&shell_done(&mut b, t(1.1), 7), crate::shellproto::TOPIC_SHELL_EXIT).is_empty());
+    // Rank 0 is not listening yet: tried again a second later, not before.
+    b.handle(t(1.2), Input::ParentFailed("connection refused".into()));
+    assert!(effects(&mut b).is_empty());
+    let connects = |out: &[Effect]| out.iter().filter(|e| matches!(e, Effect::ConnectParent { rank: 0, .. })).count();
+    assert_eq!(connects(&run_to(&mut b, t(2.1))), 0);
+    assert_eq!(connects(&run_to(&mut b, t(2.3))), 1);
+    // Rank 0 is back: register (first), the exit report, `rejoin` to the children.
+    b.handle(t(5.0), Input::ParentUp(super::rdma_link::LinkChoice { transport: "tcp", detail: String::new() }));
+    let out = effects(&mut b);
+    let reg = sent_up(&out, "resource.register");
+    assert_eq!(reg.len(), 1, "{out:?}");
+    assert_eq!(reg[0].json()["jobs"], json!([7, 8]), "the running shell and the unanswered report");
+    assert_eq!(sent_up(&out, crate::shellproto::TOPIC_SHELL_EXIT).len(), 1);
+    let first = |topic: &str| out.iter().position(|e| matches!(e, Effect::Send(Peer::Parent, m) if m.topic == topic));
+    assert!(first("resource.register") < first(crate::shellproto::TOPIC_SHELL_EXIT));
+    assert!(out.iter().any(|e| matches!(e, Effect::Send(Peer::Child(3), m) if m.topic == "rejoin")), "{out:?}");
+    assert!(b.shutting_down.is_none() && b.reparenting.is_none());
+}
+
+/// Past the grace a child of rank 0 exits as it would have at once, and its children with it (they are not asked
+/// to re-parent: rank 0 is gone for all of them).
+#[test]
+fn past_the_grace_a_child_of_rank_0_exits_and_takes_its_subtree_along() {
+    let mut b = graced(1);
+    assert_eq!(judge(&mut b, t(0.01), 9, hello(3, "sim"), None), Ok(3));
+    b.shells.insert(crate::jobs::JobId(8));
+    b.handle(t(0.02), Input::LocalNew { id: 5, uid: crate::sim::UID });
+    b.handle(t(1.0), Input::AckSamples(vec![(PARENT, 2, 1.0)]));
+    b.handle(t(1.2), Input::AckSamples(vec![(PARENT, 2, 1.2)]));
+    let out = effects(&mut b);
+    assert!(out.iter().any(|e| matches!(e, Effect::ConnectParent { rank: 0, .. })), "lost by its kernel: {out:?}");
+    // A client's request waits for rank 0...
+    let mut m = Message::request("job-manager.list", 0, &json!({}));
+    m.matchtag = 11;
+    b.handle(t(2.0), Input::Message(Peer::Local(5), 0, m));
+    assert!(responses(&effects(&mut b), Peer::Local(5)).is_empty(), "queued for rank 0");
+    let out = run_to(&mut b, t(61.0));
+    assert!(b.shutting_down.is_none(), "an attempt in flight: nothing before the grace ends");
+    assert!(out.iter().all(|e| !matches!(e, Effect::KillShells)));
+    let out = run_to(&mut b, t(61.3));
+    assert!(b.shutting_down.is_some(), "{out:?}");
+    // ... and is answered when it is clear that rank 0 is not coming back.
+    let r = responses(&out, Peer::Local(5));
+    assert_eq!(r.iter().map(|m| (m.matchtag, m.errnum)).collect::<Vec<_>>(), [(11, errno::EHOSTUNREACH)]);
+    assert_eq!(b.exit_code(), crate::shellproto::BROKER_EXIT_CUT_OFF);
+    assert!(out.iter().any(|e| matches!(e, Effect::KillShells)));
+    let shutdown = out.iter().find_map(|e| match e {
+        Effect::Send(Peer::Child(3), m) if m.topic == "shutdown" => Some(m.json()),
+        _ => None,
+    });
+    assert_eq!(shutdown.map(|j| j["orphan"].clone()), Some(json!(false)));
+}
+
+/// Without a grace (no state directory: the default), a child of rank 0 exits at once, as before.
+#[test]
+fn without_a_state_directory_a_child_of_rank_0_exits_at_once() {
+    let mut b = broker(1);
+    assert_eq!(b.opts.config.parent_grace(), 0.0);
+    b.opts.config.statedir = Some("/var/lib/vigil".into());
+    assert_eq!(b.opts.config.parent_grace(), crate::attrs::DEFAULT_PARENT_GRACE, "the default with one");
+    b.opts.config.statedir = None;
+    b.handle(t(0.0), Input::ParentUp(super::rdma_link::LinkChoice { transport: "tcp", detail: String::new() }));
+    b.handle(t(1.0), Input::Closed(Peer::Parent, 0, "connection reset".into()));
+    effects(&mut b);
+    assert!(b.finished());
+}
+
+/// A broker below a child of rank 0 hears `rejoin` from its parent: it registers again, sends its unanswered
+/// exit reports again (those in flight were lost with rank 0), and passes it on.
+#[test]
+fn rejoin_passes_down_the_tree_with_the_registrations_and_exit_reports() {
+    let mut b = graced(3);
+    assert_eq!(sent_up(&shell_done(&mut b, t(1.0), 42), crate::shellproto::TOPIC_SHELL_EXIT).len(), 1);
+    b.handle(t(2.0), Input::Message(Peer::Parent, 0, Message::control("rejoin", &json!({}))));
+    let out = effects(&mut b);
+    assert_eq!(sent_up(&out, "resource.register").len(), 1, "{out:?}");
+    assert_eq!(sent_up(&out, crate::shellproto::TOPIC_SHELL_EXIT).len(), 1, "{out:?}");
+}

@@ -15,10 +15,10 @@
 //! What a restore makes of each job:
 //! - INACTIVE: listed as before, with its output.
 //! - Pending (NEW..SCHED): back in the queue, in id order, which is submission order.
-//! - Holding resources (RUN, CLEANUP): its shells ended with the brokers when rank 0 died (re-attaching them is
-//!   the next step of this work), so it gets a fatal exception of type `restart`, its resources are released
-//!   and it becomes INACTIVE. One that already has its `finish` event keeps its exit status and gets no
-//!   exception: only its cleanup was cut short.
+//! - Holding resources (RUN, CLEANUP) and not finished: with [`JobCore::reattach_grace`] (`tbon.parent_grace`)
+//!   its shells may have outlived rank 0, so it waits for them to come back (`reattach.rs`). Without, it gets a
+//!   fatal exception of type `restart`, its resources are released and it becomes INACTIVE. One that already
+//!   has its `finish` event keeps its exit status and gets no exception: only its cleanup was cut short.
 //!
 //! Job ids go on from the highest id kept, counted from the epoch kept: an id is never given twice, even if the
 //! clock went back meanwhile. Ranks that were drained are drained again, with the same reason, when they join.
@@ -203,6 +203,8 @@ pub struct Restored {
     pub pending: usize,
     /// Jobs that held resources and were ended with a `restart` exception (or their cleanup completed).
     pub ended: Vec<JobId>,
+    /// Jobs that were running and wait for their shells to come back (`reattach.rs`).
+    pub reattached: Vec<JobId>,
     /// Jobs whose jobspec no longer validates (kept and listed, but not run): id and why.
     pub invalid: Vec<(JobId, String)>,
 }
@@ -337,6 +339,15 @@ impl JobCore {
                     self.jobs.insert(id, job);
                     self.queue.insert(id);
                     out.pending += 1;
+                }
+                JobState::Run | JobState::Cleanup
+                    if self.reattach_grace > 0.0
+                        && job.status.is_none()
+                        && !job.alloc.is_empty()
+                        && !job.eventlog.iter().any(|e| e.name == "free") =>
+                {
+                    self.reattach_job(now, job);
+                    out.reattached.push(id);
                 }
                 JobState::Run | JobState::Cleanup => {
                     if job.status.is_none() {

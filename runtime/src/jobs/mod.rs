@@ -24,6 +24,7 @@ mod backfill;
 pub mod jobid;
 pub mod journal;
 mod nested;
+mod reattach;
 mod requeue;
 pub mod sched;
 mod shrink;
@@ -278,6 +279,9 @@ pub struct BatchOrder {
     /// Batches that came before their turn, and their bytes.
     held: BTreeMap<u64, Vec<OutputLine>>,
     held_bytes: usize,
+    /// The numbering is not known yet: the first batch taken is due, whatever its number (a shell re-attached
+    /// after rank 0 restarted, `reattach.rs`).
+    resume: bool,
 }
 
 impl BatchOrder {
@@ -287,8 +291,17 @@ impl BatchOrder {
     /// Most bytes held while an earlier batch is missing; past this the missing batch is given up.
     pub const MAX_HELD_BYTES: usize = 4 << 20;
 
+    /// The order of a shell whose earlier batches went to a rank 0 that has since restarted: the first batch that
+    /// comes is due, whatever its number, and the order goes on from it.
+    pub fn resume() -> BatchOrder {
+        BatchOrder { resume: true, ..Default::default() }
+    }
+
     /// Take batch `seq`: the lines now due, in order (none if it was taken before or must wait its turn).
     pub fn take(&mut self, seq: u64, lines: Vec<OutputLine>) -> Vec<OutputLine> {
+        if std::mem::take(&mut self.resume) {
+            self.next = seq;
+        }
         if seq < self.next || self.held.contains_key(&seq) {
             return Vec::new();
         }
@@ -558,6 +571,11 @@ pub struct JobCore {
     saved: journal::Marks,
     /// Scheduling is stopped, and why ([`JobCore::stop_scheduling`]).
     stopped: Option<String>,
+    /// Seconds a restored running job waits for its shells to come back (`tbon.parent_grace`; 0: it is ended at
+    /// restore with a `restart` exception). See `reattach.rs`.
+    pub reattach_grace: f64,
+    /// Jobs being re-attached after a restart, while any are (`reattach.rs`).
+    reattach: Option<reattach::Reattach>,
 }
 
 impl JobCore {
@@ -587,6 +605,8 @@ impl JobCore {
             inactive_output_bytes: 0,
             saved: journal::Marks::default(),
             stopped: None,
+            reattach_grace: 0.0,
+            reattach: None,
         }
     }
 
@@ -636,7 +656,10 @@ impl JobCore {
         if self.pool.ranks.get(&rank).is_some_and(|p| p.removed) {
             return; // left the instance for good (shrink.rs)
         }
+        let new = !self.pool.ranks.contains_key(&rank);
         self.pool.add_rank(rank, hostname, cores, gpus);
+        // Jobs re-attached after a restart hold their resources here again before anything is placed (reattach.rs).
+        self.reattach_rank(rank, new);
         if let Some((reason, at)) = self.saved.drains.remove(&rank) {
             // Drained before rank 0 restarted (journal.rs): drained again, with its reason.
             if let Some(p) = self.pool.ranks.get_mut(&rank) {
@@ -758,6 +781,15 @@ impl JobCore {
                 hit.entry(*id).or_default().push(r);
             }
         }
+        self.jobs_lose_ranks(now, hit);
+        if self.config.shrink {
+            self.shrink(now, ranks);
+        }
+        self.schedule(now);
+    }
+
+    /// The lost-rank rules of [`JobCore::ranks_lost`] for each job and the ranks it lost (shells there).
+    fn jobs_lose_ranks(&mut self, now: f64, hit: BTreeMap<JobId, Vec<u32>>) {
         for (id, lost) in hit {
             let Some(job) = self.jobs.get(&id) else { continue };
             let critical = Self::critical_ranks(job);
@@ -800,10 +832,6 @@ impl JobCore {
             }
             self.maybe_finish(now, id);
         }
-        if self.config.shrink {
-            self.shrink(now, ranks);
-        }
-        self.schedule(now);
     }
 
     /// The shell of job `id` on `rank` is gone (exited, failed to start, or its rank was lost): false if it was
@@ -1081,6 +1109,7 @@ impl JobCore {
     pub fn shell_exit(&mut self, now: f64, exit: ShellExit) {
         let id = JobId(exit.id);
         let host = self.pool.ranks.get(&exit.rank).map(|p| p.hostname.clone()).unwrap_or_default();
+        self.reattach_heard(id, exit.rank);
         if !self.shell_gone(id, exit.rank) {
             return;
         }

@@ -69,11 +69,15 @@ impl JobCore {
 
     /// The earliest time [`JobCore::handle_timeout`] must run, if any.
     pub fn next_deadline(&self) -> Option<f64> {
-        self.timers.first().map(|(d, _)| d.0).filter(|t| t.is_finite())
+        let first = self.timers.first().map(|(d, _)| d.0).filter(|t| t.is_finite());
+        [first, self.reattach_deadline()].into_iter().flatten().min_by(f64::total_cmp)
     }
 
     /// Fire every rule whose time has come: time limits, exit-timeout, SIGKILL escalation.
     pub fn handle_timeout(&mut self, now: f64) {
+        if self.reattach_deadline().is_some_and(|t| t <= now) {
+            self.reattach_expire(now);
+        }
         while let Some(&(Due(t), id)) = self.timers.first() {
             if t > now {
                 break;

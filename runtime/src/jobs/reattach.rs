@@ -1,0 +1,312 @@
+//! Re-attaching the jobs that were running when rank 0 stopped (`-S statedir=DIR`, docs/statedir.md).
+//!
+//! The other brokers outlive rank 0 for `tbon.parent_grace`, their job shells with them, and reconnect when it is
+//! back (`broker/rejoin.rs`). So with [`JobCore::reattach_grace`] above zero (the broker sets it from
+//! `tbon.parent_grace`), [`JobCore::restore`] does not end a job that held resources and had not finished: it
+//! stays in RUN (or CLEANUP), with a `restart` event in its eventlog (RFC 21's `flux-restart`, not an exception),
+//! and waits for its shells for that long:
+//! - **A rank of the job registers** ([`JobCore::rank_online`]): the job's resources there are taken again before
+//!   anything is scheduled, so nothing else is placed on them. Its broker lists the jobs it still has a shell (or
+//!   an unanswered exit report) for ([`JobCore::rank_jobs`]); a job it does not list lost its shell there (that
+//!   broker restarted too): that rank is lost for the job, by the usual critical-rank rules.
+//! - **Shell exit reports** (re)sent by the brokers complete the job as they would have without the restart, with
+//!   its real exit code ([`JobCore::shell_exit`]): a job whose tasks ended during the outage completes from them.
+//!   Output batches are taken from whatever number each shell has reached ([`BatchOrder::resume`]).
+//! - **At the end of the grace** ([`JobCore::handle_timeout`]), a job still missing shells: if nothing at all came
+//!   back from it, the fatal `restart` exception as without re-attaching; otherwise the ranks missing are lost for
+//!   it ([`JobCore::ranks_lost`]'s rules: a critical one fails it, another is a `node-failure` and it goes on).
+//!
+//! A shell that exited and whose exit report was answered by the old rank 0 just before the journal could record
+//! it is not listed by its broker: such a job loses that rank. Nothing else is assumed.
+
+use super::journal::RESTART_EXCEPTION;
+use super::{BatchOrder, Job, JobCore, JobId, JobState, ShellState};
+use crate::idset::IdSet;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The note of the fatal exception of a running job none of whose shells came back within the grace.
+pub const REATTACH_LOST_NOTE: &str =
+    "rank 0 restarted, and none of the job's shells came back within tbon.parent_grace";
+
+/// Jobs waiting to be re-attached after a restart, until a deadline.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Reattach {
+    /// When the grace ends (s since the epoch).
+    pub until: f64,
+    /// Each job's ranks not heard of yet.
+    pub waiting: BTreeMap<JobId, BTreeSet<u32>>,
+    /// Jobs that something came back from (a rank registered with its shell, or a shell's exit report).
+    pub back: BTreeSet<JobId>,
+}
+
+impl JobCore {
+    /// At [`JobCore::restore`]: keep running job `job`, rebuilt from its eventlog, for its shells to come back
+    /// (see the module documentation). Its resources are taken as its ranks join.
+    pub(super) fn reattach_job(&mut self, now: f64, mut job: Job) {
+        let id = job.id;
+        let mut released = IdSet::new();
+        for e in &job.eventlog {
+            let partial = e.context.get("final").and_then(Value::as_bool) == Some(false);
+            if e.name == "release" && partial {
+                if let Some(r) = e.context.get("ranks").and_then(Value::as_str).and_then(|s| IdSet::parse(s).ok()) {
+                    released = released.union(&r);
+                }
+            }
+        }
+        let mut waiting = BTreeSet::new();
+        for (i, a) in job.alloc.iter().enumerate() {
+            let gone = released.contains(a.rank);
+            job.shells.insert(
+                a.rank,
+                ShellState {
+                    shell_rank: i as u32,
+                    rank: a.rank,
+                    ntasks: 0,
+                    spawned: true,
+                    exited: gone,
+                    status: None,
+                    abort_code: None,
+                    batches: BatchOrder::resume(),
+                },
+            );
+            if !gone {
+                waiting.insert(a.rank);
+                self.by_rank.entry(a.rank).or_default().insert(id);
+            }
+        }
+        job.nspawned = job.shells.len();
+        job.nexited = job.shells.len() - waiting.len();
+        job.released = released;
+        let grace = self.reattach_grace;
+        job.post(
+            now,
+            "restart",
+            json!({"note": format!("rank 0 restarted; the job is re-attached as its shells' brokers reconnect \
+                (within {grace:.0} s)")}),
+        );
+        self.running.insert(id);
+        self.jobs.insert(id, job);
+        let r = self.reattach.get_or_insert_with(|| Reattach { until: now + grace, ..Default::default() });
+        r.waiting.insert(id, waiting);
+        self.rearm(id);
+    }
+
+    /// At [`JobCore::rank_online`], before scheduling: `rank` joins, for the first time since the restart if `new`.
+    /// The jobs with a live shell there hold its resources again, and are no longer waiting for it.
+    pub(super) fn reattach_rank(&mut self, rank: u32, new: bool) {
+        let ids: Vec<JobId> = self.by_rank.get(&rank).into_iter().flatten().copied().collect();
+        for id in ids {
+            if new {
+                if let Some(j) = self.jobs.get(&id) {
+                    let held: Vec<_> = j.held().into_iter().filter(|a| a.rank == rank).collect();
+                    self.pool.take(&held);
+                }
+            }
+            if let Some(r) = self.reattach.as_mut() {
+                if let Some(w) = r.waiting.get_mut(&id) {
+                    w.remove(&rank);
+                    r.back.insert(id);
+                }
+            }
+        }
+    }
+
+    /// The broker on `rank` registered, listing the jobs it has a shell or an unanswered exit report for: a job
+    /// being re-attached that it does not list lost its shell there, and that rank is lost for it (the usual
+    /// critical-rank rules). Ids it lists that are not re-attaching here are ignored.
+    pub fn rank_jobs(&mut self, now: f64, rank: u32, listed: &BTreeSet<JobId>) {
+        let Some(r) = self.reattach.as_ref() else { return };
+        let gone: Vec<JobId> = self
+            .by_rank
+            .get(&rank)
+            .into_iter()
+            .flatten()
+            .filter(|id| r.waiting.contains_key(id) && !listed.contains(id))
+            .copied()
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        let hit: BTreeMap<JobId, Vec<u32>> = gone.into_iter().map(|id| (id, vec![rank])).collect();
+        self.jobs_lose_ranks(now, hit);
+        self.schedule(now);
+    }
+
+    /// At a shell's exit report: something came back from its job.
+    pub(super) fn reattach_heard(&mut self, id: JobId, rank: u32) {
+        if let Some(r) = self.reattach.as_mut() {
+            if let Some(w) = r.waiting.get_mut(&id) {
+                w.remove(&rank);
+                r.back.insert(id);
+            }
+        }
+    }
+
+    /// When the grace ends, if jobs are being re-attached.
+    pub(super) fn reattach_deadline(&self) -> Option<f64> {
+        self.reattach.as_ref().map(|r| r.until)
+    }
+
+    /// The grace is over: every job still missing shells gets its verdict (see the module documentation).
+    pub(super) fn reattach_expire(&mut self, now: f64) {
+        let Some(r) = self.reattach.take() else { return };
+        let mut hit: BTreeMap<JobId, Vec<u32>> = BTreeMap::new();
+        for (id, missing) in r.waiting {
+            let Some(job) = self.jobs.get(&id) else { continue };
+            if !(job.state == JobState::Run || job.state == JobState::Cleanup) {
+                continue;
+            }
+            let missing: Vec<u32> =
+                missing.into_iter().filter(|rk| job.shells.get(rk).is_some_and(|s| !s.exited)).collect();
+            if missing.is_empty() {
+                continue;
+            }
+            if r.back.contains(&id) {
+                hit.insert(id, missing);
+                continue;
+            }
+            for rk in &missing {
+                self.shell_gone(id, *rk);
+            }
+            self.raise(now, id, RESTART_EXCEPTION, 0, REATTACH_LOST_NOTE);
+            self.maybe_finish(now, id);
+        }
+        self.jobs_lose_ranks(now, hit);
+        self.schedule(now);
+    }
+
+    /// Jobs being re-attached, for the log and status output.
+    pub fn reattaching(&self) -> usize {
+        self.reattach.as_ref().map_or(0, |r| r.waiting.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::journal::Kept;
+    use super::super::tests::{actions, cmd, core, exit_shell, spawns, spec, T0};
+    use super::*;
+
+    /// Three ranks of 2 cores; job `a` runs on ranks 1-2 (one shell each), job `b` on rank 0; all kept. Then rank 0
+    /// restarts at `T0 + 10` with a grace of 60 s: the restored core, no rank joined yet.
+    fn restarted() -> (JobCore, JobId, JobId) {
+        let mut c = core(3, 2, 0);
+        c.enable_journal();
+        let b = c.submit(T0 + 1.0, &spec(cmd().nnodes(1).ntasks(2)), 1000).unwrap();
+        let a = c.submit(T0 + 1.0, &spec(cmd().nnodes(2).ntasks(4)), 1000).unwrap();
+        for (id, rank, _) in spawns(&actions(&mut c)) {
+            c.shell_spawned(T0 + 1.5, id, rank, Ok(()));
+        }
+        assert_eq!(c.jobs[&a].alloc.iter().map(|x| x.rank).collect::<Vec<_>>(), [1, 2]);
+        let mut kept = Kept::default();
+        let batch = c.journal().expect("a batch");
+        kept.apply(&batch).expect("applies");
+        let mut c2 = JobCore::new(T0 + 10.0);
+        c2.reattach_grace = 60.0;
+        let r = c2.restore(T0 + 10.0, kept);
+        assert_eq!((r.reattached.clone(), r.ended.clone()), (vec![b, a], vec![]));
+        (c2, a, b)
+    }
+
+    fn join(c: &mut JobCore, t: f64, rank: u32, jobs: &[JobId]) {
+        c.rank_online(t, rank, &format!("node{rank}"), (0..2).collect(), IdSet::new(), ("live".into(), None));
+        c.rank_jobs(t, rank, &jobs.iter().copied().collect());
+    }
+
+    #[test]
+    fn a_running_job_is_re_attached_and_finishes_with_its_real_exit_code() {
+        let (mut c, a, b) = restarted();
+        let l = &c.jobs[&a];
+        assert_eq!(l.state, JobState::Run);
+        assert_eq!(l.eventlog.last().map(|e| e.name.as_str()), Some("restart"));
+        assert!(l.fatal.is_none(), "no exception");
+        // Its ranks come back with its shells: their cores are its own again, so a new job does not get them.
+        join(&mut c, T0 + 12.0, 1, &[a]);
+        join(&mut c, T0 + 12.0, 2, &[a]);
+        join(&mut c, T0 + 12.0, 0, &[b]);
+        let n = c.submit(T0 + 13.0, &spec(cmd().nnodes(1).ntasks(1)), 1000).unwrap();
+        assert_eq!(c.jobs[&n].state, JobState::Sched, "every core is held by a re-attached job");
+        // The shells' exit reports finish it: exit code 3 from rank 2.
+        exit_shell(&mut c, T0 + 20.0, a, 1, 0);
+        exit_shell(&mut c, T0 + 20.0, a, 2, 3 << 8);
+        let l = &c.jobs[&a];
+        assert_eq!((l.result(), l.exit_code()), (Some("FAILED"), Some(3)));
+        assert!(l.fatal.is_none());
+        exit_shell(&mut c, T0 + 21.0, b, 0, 0);
+        assert_eq!(c.jobs[&b].result(), Some("COMPLETED"));
+        // Their cores are free: the new job runs; the grace passes with nothing left to judge.
+        assert_eq!(c.jobs[&n].state, JobState::Run);
+        c.handle_timeout(T0 + 71.0);
+        assert_eq!(c.jobs[&n].state, JobState::Run);
+        assert_eq!(c.reattach_deadline(), None);
+    }
+
+    #[test]
+    fn a_job_whose_tasks_ended_during_the_outage_completes_from_the_reports_sent_at_reconnect() {
+        let (mut c, a, _) = restarted();
+        // Rank 1's broker reconnects: it registers listing the job (an unanswered exit report), then sends it.
+        join(&mut c, T0 + 12.0, 1, &[a]);
+        exit_shell(&mut c, T0 + 12.0, a, 1, 0);
+        // Rank 2's report came up through rank 1's queue before rank 2 itself registered.
+        exit_shell(&mut c, T0 + 12.0, a, 2, 0);
+        assert_eq!(c.jobs[&a].result(), Some("COMPLETED"));
+        join(&mut c, T0 + 13.0, 2, &[]);
+        assert_eq!(c.jobs[&a].result(), Some("COMPLETED"), "a rank that joins after its report changes nothing");
+        assert!(c.pool.ranks[&2].alloc_cores.is_empty(), "nothing is held for a finished job");
+        c.handle_timeout(T0 + 80.0);
+        assert_eq!(c.jobs[&a].result(), Some("COMPLETED"));
+    }
+
+    #[test]
+    fn past_the_grace_a_job_nobody_came_back_for_gets_the_fatal_restart_exception() {
+        let (mut c, a, b) = restarted();
+        join(&mut c, T0 + 12.0, 0, &[b]);
+        assert_eq!(c.next_deadline(), Some(T0 + 70.0), "the grace, counted from the restart");
+        c.handle_timeout(T0 + 69.0);
+        assert_eq!(c.jobs[&a].state, JobState::Run, "still within the grace");
+        c.handle_timeout(T0 + 70.0);
+        let l = &c.jobs[&a];
+        assert_eq!((l.state, l.result()), (JobState::Inactive, Some("FAILED")));
+        assert_eq!(l.fatal.as_ref().map(|e| (e.kind.as_str(), e.note.as_str())), Some(("restart", REATTACH_LOST_NOTE)));
+        assert_eq!(c.jobs[&b].state, JobState::Run, "the job whose rank came back goes on");
+        assert!(c.pool.ranks[&0].alloc_cores.len() == 2, "and holds its cores");
+    }
+
+    #[test]
+    fn a_rank_lost_during_the_outage_gets_the_critical_rank_verdict() {
+        let (mut c, a, _) = restarted();
+        join(&mut c, T0 + 12.0, 1, &[a]);
+        c.handle_timeout(T0 + 70.0);
+        let l = &c.jobs[&a];
+        assert_eq!(l.fatal.as_ref().map(|e| e.kind.as_str()), Some("exec"));
+        assert!(l.fatal.as_ref().is_some_and(|e| e.note.contains("lost critical rank")), "{:?}", l.fatal);
+        assert_eq!(l.state, JobState::Cleanup, "rank 1's shell is told to stop");
+        let sig = super::super::tests::signals(&actions(&mut c));
+        assert!(sig.iter().any(|(r, s)| r == &vec![1] && *s == libc::SIGTERM), "{sig:?}");
+        exit_shell(&mut c, T0 + 71.0, a, 1, 15);
+        assert_eq!(c.jobs[&a].state, JobState::Inactive);
+    }
+
+    #[test]
+    fn a_broker_that_comes_back_without_the_shell_loses_the_job_that_rank() {
+        let (mut c, a, _) = restarted();
+        join(&mut c, T0 + 12.0, 1, &[a]);
+        join(&mut c, T0 + 12.0, 2, &[]);
+        let l = &c.jobs[&a];
+        assert!(l.fatal.as_ref().is_some_and(|e| e.kind == "exec" && e.note.contains("lost critical rank")));
+        exit_shell(&mut c, T0 + 13.0, a, 1, 15);
+        assert_eq!(c.jobs[&a].state, JobState::Inactive);
+        assert!(c.pool.ranks[&2].alloc_cores.is_empty(), "its cores there are free once it ends");
+    }
+
+    #[test]
+    fn output_of_a_re_attached_shell_goes_on_from_the_number_it_reached() {
+        let mut o = BatchOrder::resume();
+        let line = |s: &str| crate::shellproto::OutputLine::from_bytes(0, "stdout", s.as_bytes(), true);
+        assert_eq!(o.take(57, vec![line("a")]).len(), 1);
+        assert_eq!(o.take(59, vec![line("c")]).len(), 0, "held for 58");
+        assert_eq!(o.take(58, vec![line("b")]).len(), 2);
+        assert_eq!(o.take(57, vec![line("a")]).len(), 0, "taken once");
+    }
+}
