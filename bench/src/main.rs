@@ -961,11 +961,9 @@ async fn wait_inactive(client: &vigil::client::Client, id: u64) -> Result<JobOut
     Ok(out)
 }
 
-/// Submit `n` jobs at once, wait until all are INACTIVE, and check each completed with exit code 0.
-/// Returns (seconds until every submit was answered, seconds from first submit to last INACTIVE).
-async fn throughput_burst(client: &vigil::client::Client, payload: &Value, n: usize) -> Result<(f64, f64), String> {
-    let t0 = Instant::now();
-    // All requests go out before the first answer is awaited: the client pipelines them on one connection.
+/// Submit `n` jobs of `payload` (a `job-manager.submit` request) at once and return their ids, in submission
+/// order. All requests go out before the first answer is awaited: the client pipelines them on one connection.
+pub(crate) async fn submit_all(client: &vigil::client::Client, payload: &Value, n: usize) -> Result<Vec<u64>, String> {
     let mut submits = tokio::task::JoinSet::new();
     for i in 0..n {
         let c = client.clone();
@@ -975,9 +973,17 @@ async fn throughput_burst(client: &vigil::client::Client, payload: &Value, n: us
     let mut ids = vec![0u64; n];
     while let Some(r) = submits.join_next().await {
         let (i, r) = r.map_err(|e| format!("submit task: {e}"))?;
-        let v = r.map_err(|e| format!("submit: {e}"))?;
+        let v = r.map_err(|e| format!("submit {i}: {e}"))?;
         ids[i] = v["id"].as_u64().ok_or_else(|| format!("malformed submit response: {v}"))?;
     }
+    Ok(ids)
+}
+
+/// Submit `n` jobs at once, wait until all are INACTIVE, and check each completed with exit code 0.
+/// Returns (seconds until every submit was answered, seconds from first submit to last INACTIVE).
+async fn throughput_burst(client: &vigil::client::Client, payload: &Value, n: usize) -> Result<(f64, f64), String> {
+    let t0 = Instant::now();
+    let ids = submit_all(client, payload, n).await?;
     let submit_s = t0.elapsed().as_secs_f64();
     let mut waits = tokio::task::JoinSet::new();
     for &id in &ids {

@@ -165,18 +165,7 @@ async fn burst(
     bound: Duration,
 ) -> Result<(f64, f64, usize), String> {
     let t0 = Instant::now();
-    let mut submits = tokio::task::JoinSet::new();
-    for i in 0..n {
-        let c = client.clone();
-        let p = payload.clone();
-        submits.spawn(async move { (i, c.rpc("job-manager.submit", 0, &p).await) });
-    }
-    let mut ids = vec![0u64; n];
-    while let Some(r) = submits.join_next().await {
-        let (i, r) = r.map_err(|e| format!("submit task: {e}"))?;
-        let v = r.map_err(|e| format!("submit {i}: {e}"))?;
-        ids[i] = v["id"].as_u64().ok_or_else(|| format!("malformed submit response: {v}"))?;
-    }
+    let ids = crate::submit_all(client, payload, n).await?;
     let submit_s = t0.elapsed().as_secs_f64();
     let mut waits = tokio::task::JoinSet::new();
     let mut next = 0;

@@ -50,17 +50,7 @@ impl Broker {
         self.parent = None;
         self.parent_up = false;
         self.membership.remove(super::core::PARENT);
-        self.reparenting = Some(Reparent {
-            lost: 0,
-            candidates: vec![0],
-            trying: 0,
-            since: self.now,
-            queue: Vec::new(),
-            queued_bytes: 0,
-            dropped: 0,
-            queue_tags: Default::default(),
-            grace: Some((until, None)),
-        });
+        self.reparenting = Some(Reparent::new(0, vec![0], self.now, Some((until, None))));
         self.effect(Effect::ConnectParent { rank: 0, lost: 0, timeout: CANDIDATE_TIMEOUT });
         true
     }

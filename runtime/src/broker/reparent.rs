@@ -90,6 +90,24 @@ pub(crate) struct Reparent {
     pub grace: Option<(Time, Option<Time>)>,
 }
 
+impl Reparent {
+    /// A re-parent of a broker whose parent `lost` was lost at `since`, trying `candidates` in order, nothing
+    /// queued yet; `grace` as for [`Reparent::grace`].
+    pub(crate) fn new(lost: u32, candidates: Vec<u32>, since: Time, grace: Option<(Time, Option<Time>)>) -> Reparent {
+        Reparent {
+            lost,
+            candidates,
+            trying: 0,
+            since,
+            queue: Vec::new(),
+            queued_bytes: 0,
+            dropped: 0,
+            queue_tags: Default::default(),
+            grace,
+        }
+    }
+}
+
 /// Adoptive parents for `me`, whose parent `lost` was lost, in the order to try them (see the module rules):
 /// the static siblings of `lost`, rotated by `me`'s position among `lost`'s static children, then the static
 /// ancestors of `lost`, nearest first. Empty when `lost` is rank 0 (or not above `me`).
@@ -242,17 +260,7 @@ impl Broker {
         self.parent = None;
         self.parent_up = false;
         self.membership.remove(super::core::PARENT);
-        self.reparenting = Some(Reparent {
-            lost,
-            candidates,
-            trying: 0,
-            since: self.now,
-            queue: Vec::new(),
-            queued_bytes: 0,
-            dropped: 0,
-            queue_tags: Default::default(),
-            grace: None,
-        });
+        self.reparenting = Some(Reparent::new(lost, candidates, self.now, None));
         self.try_candidate();
         true
     }
