@@ -592,6 +592,25 @@ fn bench_jobs(vigil: &Path, runs: usize, attrs: &[&str]) -> InnerJobsResult {
     r.unwrap_or_else(|e| InnerJobsResult { error: Some(e), ..Default::default() })
 }
 
+/// [`bench_jobs`] `runs` times with one run each, alternating the default instance with one given `attrs`: the
+/// default's samples, then the other's. Each stops at its first error.
+fn bench_jobs_alternating(vigil: &Path, runs: usize, attrs: &[&str]) -> (InnerJobsResult, InnerJobsResult) {
+    let (mut a, mut b) = (InnerJobsResult::default(), InnerJobsResult::default());
+    for _ in 0..runs {
+        for (res, with) in [(&mut a, &[][..]), (&mut b, attrs)] {
+            if res.error.is_some() {
+                continue;
+            }
+            let one = bench_jobs(vigil, 1, with);
+            res.run_latency_s.extend(one.run_latency_s);
+            res.throughput_jobs_per_s.extend(one.throughput_jobs_per_s);
+            res.submit_s.extend(one.submit_s);
+            res.error = one.error;
+        }
+    }
+    (a, b)
+}
+
 /// Metric 4: `runs` idle 4-broker instances, each reading its brokers' RSS after [`RSS_SETTLE_S`].
 fn bench_rss(vigil: &Path, runs: usize) -> (Vec<f64>, Option<String>) {
     let mut samples = Vec::new();
@@ -668,7 +687,9 @@ fn outer(runs: usize, vigil: Option<PathBuf>, out_dir: Option<PathBuf>) -> Resul
     eprintln!(
         "vigil-bench: vigil run -N{INSTANCE_SIZE} true latency and {THROUGHPUT_JOBS}-job throughput ({runs} runs each)"
     );
-    let jobs = bench_jobs(&vigil, runs, &[]);
+    // Alternating instances with cgroups on (the default) and off (issue 18's cost), so that a change in the
+    // machine's load over the run falls on both alike.
+    let (jobs, pgroup) = bench_jobs_alternating(&vigil, runs, &["exec.containment=pgroup"]);
     // Attribute the inner error to the measurement that was under way when it happened.
     let latency_done = jobs.run_latency_s.len() >= runs;
     let (lat_err, tput_err) = match &jobs.error {
@@ -696,9 +717,7 @@ fn outer(runs: usize, vigil: Option<PathBuf>, out_dir: Option<PathBuf>) -> Resul
     ));
 
     // The cost of containment (issue 18): the same two measurements with jobs kept by process groups only.
-    eprintln!("vigil-bench: the same with -S exec.containment=pgroup (cgroups off)");
     let contained = containment_of(&vigil);
-    let pgroup = bench_jobs(&vigil, runs, &["exec.containment=pgroup"]);
     let cgroup_cost = cgroup_cost_table(&jobs, &pgroup, &contained);
 
     eprintln!("vigil-bench: idle broker RSS ({runs} idle instances of {INSTANCE_SIZE} brokers)");

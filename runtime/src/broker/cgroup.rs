@@ -221,13 +221,25 @@ impl JobCgroup {
             .map_err(|e| format!("cannot move pid {pid} into {}: {e}", self.dir.display()))
     }
 
-    /// The shell ended: kill what is left, read the usage, remove the cgroup.
-    pub(crate) fn finish(self) -> Usage {
+    /// The shell ended: kill what is left and read the usage. The cgroup itself goes with [`EndedCgroup::remove`],
+    /// which the caller may do after it has reported the job's end (it waits for the killed processes to leave).
+    pub(crate) fn finish(self) -> (Usage, EndedCgroup) {
         kill_all(&self.dir);
         let stats = usage(&self.dir);
-        drop(self.procs);
+        (stats, EndedCgroup { dir: self.dir })
+    }
+}
+
+/// A job cgroup whose processes were killed ([`JobCgroup::finish`]), still to be removed.
+#[derive(Debug)]
+pub(crate) struct EndedCgroup {
+    dir: PathBuf,
+}
+
+impl EndedCgroup {
+    /// Remove it (and any cgroup a nested broker made inside it) once its killed processes have left.
+    pub(crate) fn remove(self) {
         let _ = remove_when_empty(&self.dir);
-        stats
     }
 }
 

@@ -1131,16 +1131,25 @@ impl Driver {
         let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()).filter(|p| *p > 0) else {
             return Err(format!("job shell of job {id} exited before it could be watched"));
         };
-        // Into its cgroup before it gets its input: it starts nothing before it has read it all.
-        if let Some(Err(e)) = cgroup.as_ref().map(|cg| cg.adopt(pid)) {
-            warn!("job {id}: {e}; its shell is kept by its process group only");
-        }
         self.shells.insert(id, pid);
         let mut stdin = child.stdin.take();
         let mut stdout = child.stdout.take();
         let tx = self.input_tx.clone();
         let data = serde_json::to_vec(input).unwrap_or_default();
         tokio::spawn(async move {
+            // Into its cgroup before it gets its input: it starts nothing before it has read it all. Off the
+            // broker's loop: a write to `cgroup.procs` waits for an RCU grace period (milliseconds, more under load).
+            let cgroup = match cgroup {
+                Some(cg) => tokio::task::spawn_blocking(move || {
+                    if let Err(e) = cg.adopt(pid) {
+                        warn!("job {id}: {e}; its shell is kept by its process group only");
+                    }
+                    cg
+                })
+                .await
+                .ok(),
+                None => None,
+            };
             if let Some(mut s) = stdin.take() {
                 let _ = s.write_all(&data).await;
                 let _ = s.shutdown().await;
@@ -1162,14 +1171,21 @@ impl Driver {
             // removing it.
             // SAFETY: killpg on the process group the shell led; no memory is touched.
             unsafe { libc::killpg(pid, libc::SIGKILL) };
+            let mut ended = None;
             if let Some(cg) = cgroup {
-                let usage = tokio::task::spawn_blocking(move || cg.finish()).await.ok();
-                if let Some(r) = report.as_mut() {
-                    r.usage = usage;
+                if let Ok((usage, rest)) = tokio::task::spawn_blocking(move || cg.finish()).await {
+                    if let Some(r) = report.as_mut() {
+                        r.usage = Some(usage);
+                    }
+                    ended = Some(rest);
                 }
             }
             let _ = std::fs::remove_dir_all(&tmpdir);
             let _ = tx.send(Event::ShellDone { id, report, status });
+            // The empty cgroup goes after the job's end is reported: nothing waits for it.
+            if let Some(rest) = ended {
+                let _ = tokio::task::spawn_blocking(move || rest.remove()).await;
+            }
         });
         Ok(pid)
     }
