@@ -94,10 +94,9 @@ impl SystemInstance {
         by_id
     }
 
-    /// SIGTERM rank 0 (the instance shuts down) and wait for every broker.
+    /// `vigil shutdown` (SIGTERM of rank 0 with a state directory stops rank 0 alone) and wait for every broker.
     fn stop(&self, brokers: Vec<Running>) -> Vec<Output> {
-        // SAFETY: kill(2) of a process this test started.
-        unsafe { libc::kill(brokers[0].pid() as i32, libc::SIGTERM) };
+        self.client(&["shutdown"]).ok();
         brokers.into_iter().map(|b| b.wait(Duration::from_secs(30))).collect()
     }
 }
@@ -290,6 +289,50 @@ fn running_jobs_outlive_kill_9_of_rank_0_and_finish_normally() {
     brokers.insert(0, r0);
     for o in inst.stop(brokers) {
         assert!(!o.timed_out, "{}", o.dump());
+    }
+}
+
+/// `systemctl restart` of rank 0: SIGTERM stops rank 0 alone (exit 143, at once), the other brokers and their
+/// running jobs wait for it, the restarted rank 0 re-attaches the jobs, which finish with exit code 0; then `vigil
+/// shutdown` stops every broker.
+#[test]
+fn sigterm_of_rank_0_restarts_it_without_stopping_the_instance() {
+    let inst = SystemInstance::new(4, true);
+    let mut brokers = inst.start_all(&[]);
+    inst.client(&["resource", "drain", "0", "rank 0 restarts in this test"]).ok();
+    let o = inst.client(&["submit", "-N3", "-n3", "sleep", "8"]);
+    o.ok();
+    let id = o.stdout.trim().to_string();
+    assert!(wait_for(Duration::from_secs(30), || inst.jobs()[&id]["state"] == "RUN"), "{:?}", inst.jobs());
+    let r0 = brokers.remove(0);
+    // SAFETY: kill(2) of a process this test started.
+    unsafe { libc::kill(r0.pid() as i32, libc::SIGTERM) };
+    let out = r0.wait(Duration::from_secs(15));
+    assert!(!out.timed_out, "rank 0 did not stop on SIGTERM:\n{}", out.dump());
+    assert_eq!(out.code, 128 + libc::SIGTERM, "{}", out.dump());
+    assert!(out.stderr.contains("stops for a restart"), "{}", out.dump());
+    std::thread::sleep(Duration::from_secs(2));
+    for b in brokers.iter_mut() {
+        assert!(!b.exited(), "a broker exited with rank 0");
+    }
+    let r0 = inst.broker(0, &[]);
+    assert!(
+        wait_for(Duration::from_secs(30), || {
+            // Rank 0 may not be listening yet.
+            let o = inst.client(&["jobs", "-a", "--json"]);
+            o.code == 0
+                && o.json()["jobs"].as_array().is_some_and(|l| {
+                    l.iter().any(|j| j["id_f58"].as_str() == Some(id.as_str()) && j["state"] == "INACTIVE")
+                })
+        }),
+        "the re-attached job did not finish: {:?}",
+        inst.jobs()
+    );
+    let job = &inst.jobs()[&id];
+    assert_eq!((&job["result"], &job["exit_code"]), (&Value::from("COMPLETED"), &Value::from(0)), "{job}");
+    brokers.insert(0, r0);
+    for o in inst.stop(brokers) {
+        assert!(!o.timed_out, "`vigil shutdown` left a broker running:\n{}", o.dump());
     }
 }
 

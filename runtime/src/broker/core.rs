@@ -100,6 +100,15 @@ pub struct PmiBarrier {
 /// How long a broker waits for its children to leave during shutdown.
 pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
+/// What a broker's stop means for the brokers below it ([`Broker::begin_shutdown_for`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// They stop too (or re-parent, when this broker lost its own parent).
+    Instance,
+    /// Rank 0 stops to be restarted on its state directory: its children wait for it (`rejoin.rs`).
+    Restart,
+}
+
 /// What the driver knows about its own parts, for status output (`broker.info`, `overlay.status`): handed in
 /// with [`Input::Status`] whenever it changes.
 #[derive(Clone, Debug, Default)]
@@ -621,7 +630,14 @@ impl Broker {
                 self.begin_shutdown("initial program exited");
             }
             Input::Signal(sig) => {
-                if sig == libc::SIGTERM || (self.rank() == 0 && self.opts.initial_program.is_none()) {
+                if sig == libc::SIGTERM && self.stops_for_restart() {
+                    // `systemctl stop|restart` of rank 0 with a state directory: its jobs are kept and the other
+                    // brokers wait for it (rejoin.rs); `vigil shutdown` stops the whole instance.
+                    if self.exit_code == 0 {
+                        self.exit_code = 128 + sig;
+                    }
+                    self.begin_shutdown_for(&format!("signal {sig}"), Stop::Restart);
+                } else if sig == libc::SIGTERM || (self.rank() == 0 && self.opts.initial_program.is_none()) {
                     if self.exit_code == 0 {
                         self.exit_code = 128 + sig;
                     }
@@ -723,18 +739,40 @@ impl Broker {
         }
     }
 
+    /// Whether SIGTERM stops only this broker, for a restart, rather than the instance: rank 0 of a system
+    /// instance (no initial program) that keeps its jobs in a state directory, while the others wait for it
+    /// (`tbon.parent_grace` above 0).
+    pub(crate) fn stops_for_restart(&self) -> bool {
+        self.rank() == 0
+            && self.opts.initial_program.is_none()
+            && self.jobcore.as_ref().is_some_and(|j| j.journaling())
+            && self.opts.config.parent_grace() > 0.0
+    }
+
+    /// Stop this broker and, with it, the brokers below (see [`Broker::begin_shutdown_for`]).
     pub(crate) fn begin_shutdown(&mut self, why: &str) {
+        self.begin_shutdown_for(why, Stop::Instance)
+    }
+
+    /// Stop this broker: say goodbye to the parent, tell the children (`shutdown`: `orphan` when this broker lost
+    /// its own parent and they may re-parent; `restart` when rank 0 stops to restart and they wait for it), kill
+    /// the job shells here, and exit once the children are gone or after [`SHUTDOWN_GRACE`].
+    pub(crate) fn begin_shutdown_for(&mut self, why: &str, how: Stop) {
         if self.shutting_down.is_some() {
             return;
         }
         info!(rank = self.rank(), "shutting down: {why}");
+        if how == Stop::Restart {
+            info!("rank 0 stops for a restart: the other brokers wait for it (tbon.parent_grace); `vigil shutdown` stops the instance");
+        }
         self.shutting_down = Some(self.now);
         if self.parent_up {
             self.effect(Effect::Send(Peer::Parent, Message::control("goodbye", &json!({"reason": why}))));
         }
         // A broker that ends because it lost its own parent lets its children re-parent rather than end too.
         let orphans = why == "lost parent" && self.opts.config.reparent;
-        let shutdown = Message::control("shutdown", &json!({"reason": why, "orphan": orphans}));
+        let restart = how == Stop::Restart;
+        let shutdown = Message::control("shutdown", &json!({"reason": why, "orphan": orphans, "restart": restart}));
         for &r in self.children.keys() {
             self.out.push_back(Effect::Send(Peer::Child(r), shutdown.clone()));
         }

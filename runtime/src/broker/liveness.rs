@@ -160,7 +160,18 @@ impl Broker {
     pub(crate) fn on_control(&mut self, from: Peer, msg: Message) {
         match (from, msg.topic.as_str()) {
             (Peer::Parent, "shutdown") => {
-                let orphan = msg.json().get("orphan").and_then(Value::as_bool).unwrap_or(false);
+                let body = msg.json();
+                let orphan = body.get("orphan").and_then(Value::as_bool).unwrap_or(false);
+                let restart = body.get("restart").and_then(Value::as_bool).unwrap_or(false);
+                if restart && self.parent == Some(0) && self.shutting_down.is_none() {
+                    // Rank 0 stops to be restarted on its state directory: wait for it as for a lost rank 0.
+                    self.parent_up = false;
+                    self.effect(Effect::DropLink(Peer::Parent, 0));
+                    self.fail_sent_up(0);
+                    if self.wait_for_rank0("it stopped for a restart") {
+                        return;
+                    }
+                }
                 if orphan && self.shutting_down.is_none() {
                     // It exits because it lost its own parent: we re-parent (reparent.rs) rather than go with it.
                     self.parent_up = false;

@@ -4,7 +4,7 @@ use super::core::{Broker, Effect, Input, MemberState, Peer, Time, PARENT};
 use crate::membership::{Config, Signal};
 use crate::message::{errno, Message, MsgType};
 use crate::topology::Topology;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -958,4 +958,68 @@ fn rejoin_passes_down_the_tree_with_the_registrations_and_exit_reports() {
     let out = effects(&mut b);
     assert_eq!(sent_up(&out, "resource.register").len(), 1, "{out:?}");
     assert_eq!(sent_up(&out, crate::shellproto::TOPIC_SHELL_EXIT).len(), 1, "{out:?}");
+}
+
+/// The `shutdown` rank 0 sends its child on SIGTERM: whether it asks the child to wait for a restart.
+fn shutdown_on_sigterm(b: &mut Broker) -> (Value, bool) {
+    b.handle(t(1.0), Input::Signal(libc::SIGTERM));
+    let out = effects(b);
+    let m = out
+        .iter()
+        .find_map(|e| match e {
+            Effect::Send(Peer::Child(1), m) if m.topic == "shutdown" => Some(m.json()),
+            _ => None,
+        })
+        .expect("the child is told");
+    (m, out.iter().any(|e| matches!(e, Effect::SignalInitial(_))))
+}
+
+/// SIGTERM (`systemctl stop|restart`) of rank 0 that keeps its jobs in a state directory stops rank 0 alone: its
+/// children are asked to wait for it. Without a state directory, or with an initial program (a test instance, a
+/// batch job), it stops the instance as before.
+#[test]
+fn sigterm_of_rank_0_with_a_state_directory_stops_only_rank_0() {
+    let mut b = root_with_child();
+    b.opts.config.parent_grace_set = Some(60.0);
+    b.jobcore.as_mut().expect("rank 0").enable_journal();
+    assert!(b.stops_for_restart());
+    let (m, _) = shutdown_on_sigterm(&mut b);
+    assert_eq!(m["restart"], json!(true), "{m}");
+    assert!(b.shutting_down.is_some());
+    assert_eq!(b.exit_code(), 128 + libc::SIGTERM);
+
+    let mut b = root_with_child();
+    b.opts.config.parent_grace_set = Some(60.0);
+    assert!(!b.stops_for_restart(), "no state directory: the jobs would be lost");
+    assert_eq!(shutdown_on_sigterm(&mut b).0["restart"], json!(false));
+
+    let mut b = root_with_child();
+    b.jobcore.as_mut().expect("rank 0").enable_journal();
+    b.opts.config.parent_grace_set = Some(0.0);
+    assert!(!b.stops_for_restart(), "tbon.parent_grace=0: nobody would wait");
+
+    let mut b = root_with_child();
+    b.opts.config.parent_grace_set = Some(60.0);
+    b.jobcore.as_mut().expect("rank 0").enable_journal();
+    b.opts.initial_program = Some(vec!["sleep".into(), "100".into()]);
+    assert!(!b.stops_for_restart(), "an initial program ends with its instance");
+}
+
+/// A child of rank 0 told that rank 0 stops for a restart waits for it (with its shells) instead of exiting; a
+/// broker deeper down, told so by a parent that is not rank 0, stops as before (only rank 0 restarts so).
+#[test]
+fn a_child_told_that_rank_0_restarts_waits_for_it() {
+    let mut b = graced(1);
+    b.shells.insert(crate::jobs::JobId(8));
+    let stop = Message::control("shutdown", &json!({"reason": "signal 15", "orphan": false, "restart": true}));
+    b.handle(t(1.0), Input::Message(Peer::Parent, 0, stop.clone()));
+    let out = effects(&mut b);
+    assert!(out.iter().any(|e| matches!(e, Effect::ConnectParent { rank: 0, lost: 0, .. })), "{out:?}");
+    assert!(!out.iter().any(|e| matches!(e, Effect::KillShells)), "the shells go on: {out:?}");
+    assert!(b.shutting_down.is_none() && b.reparenting.is_some());
+
+    let mut b = graced(3);
+    b.handle(t(1.0), Input::Message(Peer::Parent, 0, stop));
+    effects(&mut b);
+    assert!(b.shutting_down.is_some(), "rank 3's parent is rank 1, not rank 0");
 }

@@ -57,6 +57,8 @@ pub enum Cmd {
     Overlay(status::OverlayCmd),
     /// Show the instance's state, size, depth, uptime and transport.
     Uptime,
+    /// Stop the whole instance: every broker, every job shell (rank 0's jobs stay in its state directory, if any).
+    Shutdown(status::ShutdownArgs),
     /// Print the value of a broker attribute.
     Getattr(status::GetattrArgs),
     /// List broker attributes.
@@ -129,6 +131,7 @@ pub fn main() -> i32 {
                     Cmd::Resource(c) => status::resource(c).await,
                     Cmd::Overlay(c) => status::overlay(c).await,
                     Cmd::Uptime => status::uptime().await,
+                    Cmd::Shutdown(a) => status::shutdown(a).await,
                     Cmd::Getattr(a) => status::getattr(a).await,
                     Cmd::Lsattr(a) => status::lsattr(a).await,
                     Cmd::Ping(a) => status::ping(a).await,

@@ -422,6 +422,35 @@ pub(crate) async fn overlay(cmd: OverlayCmd) -> Result<i32, String> {
 }
 
 /// `vigil uptime`.
+/// `vigil shutdown`.
+#[derive(Args, Debug)]
+pub struct ShutdownArgs {
+    /// The exit code rank 0's broker (and the `vigil start` around it) exits with.
+    #[arg(long, default_value_t = 0)]
+    pub exit_code: i32,
+}
+
+/// `vigil shutdown`: ask rank 0 to stop the instance (`broker.shutdown`; the instance owner only), then wait until
+/// rank 0's broker has closed our connection, that is until it has exited (at most its 10 s shutdown grace plus a
+/// margin).
+pub(crate) async fn shutdown(a: ShutdownArgs) -> Result<i32, String> {
+    let c = connect().await?;
+    let info = c.rpc("broker.info", 0, &json!({})).await.map_err(|e| e.errstr)?;
+    c.rpc("broker.shutdown", 0, &json!({"exit_code": a.exit_code})).await.map_err(|e| e.errstr)?;
+    eprintln!("vigil: shutting down the instance ({} broker(s))", info["size"]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let empty = json!({});
+    while std::time::Instant::now() < deadline {
+        let ping = tokio::time::timeout(std::time::Duration::from_secs(1), c.rpc("broker.ping", 0, &empty));
+        match ping.await {
+            Ok(Ok(_)) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+            Ok(Err(_)) => return Ok(0),
+            Err(_) => {}
+        }
+    }
+    Err("rank 0 did not stop within 20 s".into())
+}
+
 pub(crate) async fn uptime() -> Result<i32, String> {
     let c = connect().await?;
     let r = c.rpc("broker.info", 0, &json!({})).await.map_err(|e| e.errstr)?;
