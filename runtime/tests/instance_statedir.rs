@@ -294,11 +294,22 @@ fn running_jobs_outlive_kill_9_of_rank_0_and_finish_normally() {
 
 /// `systemctl restart` of rank 0: SIGTERM stops rank 0 alone (exit 143, at once), the other brokers and their
 /// running jobs wait for it, the restarted rank 0 re-attaches the jobs, which finish with exit code 0; then `vigil
-/// shutdown` stops every broker.
+/// shutdown` stops every broker. The state directory is given to rank 0 alone (`-S`): the others take rank 0's
+/// grace.
 #[test]
 fn sigterm_of_rank_0_restarts_it_without_stopping_the_instance() {
-    let inst = SystemInstance::new(4, true);
-    let mut brokers = inst.start_all(&[]);
+    let inst = SystemInstance::new(4, false);
+    let sd = format!("statedir={}", inst.statedir.display());
+    let rank0 = [sd.as_str()];
+    let mut brokers: Vec<Running> = (0..4).map(|r| inst.broker(r, if r == 0 { &rank0 } else { &[] })).collect();
+    assert!(
+        wait_for(Duration::from_secs(60), || {
+            let o = inst.client(&["uptime"]);
+            o.code == 0 && o.stdout.contains(" run ")
+        }),
+        "the instance did not come up:\n{}",
+        inst.client(&["uptime"]).dump()
+    );
     inst.client(&["resource", "drain", "0", "rank 0 restarts in this test"]).ok();
     let o = inst.client(&["submit", "-N3", "-n3", "sleep", "8"]);
     o.ok();
@@ -315,7 +326,7 @@ fn sigterm_of_rank_0_restarts_it_without_stopping_the_instance() {
     for b in brokers.iter_mut() {
         assert!(!b.exited(), "a broker exited with rank 0");
     }
-    let r0 = inst.broker(0, &[]);
+    let r0 = inst.broker(0, &[&sd]);
     assert!(
         wait_for(Duration::from_secs(30), || {
             // Rank 0 may not be listening yet.

@@ -371,6 +371,8 @@ pub(crate) struct Broker {
     pub exit_reports: BTreeMap<u32, Message>,
     /// Ranks rank 0 announced lost (`overlay.lost` events) and not seen back since: an orphan asks them last.
     pub known_lost: BTreeSet<u32>,
+    /// A child of rank 0: rank 0's `tbon.parent_grace` (seconds), from its `grace` control message.
+    pub rank0_grace: Option<f64>,
     /// Rank 0's state directory.
     pub statedir: StateDir,
     /// Submissions accepted by the job core and not answered until the driver has made them durable
@@ -431,6 +433,7 @@ impl Broker {
             orphans: BTreeMap::new(),
             exit_reports: BTreeMap::new(),
             known_lost: BTreeSet::new(),
+            rank0_grace: None,
             statedir: StateDir::None,
             awaiting_durable: Vec::new(),
             out: VecDeque::new(),
@@ -746,7 +749,15 @@ impl Broker {
         self.rank() == 0
             && self.opts.initial_program.is_none()
             && self.jobcore.as_ref().is_some_and(|j| j.journaling())
-            && self.opts.config.parent_grace() > 0.0
+            && self.parent_grace() > 0.0
+    }
+
+    /// How long this broker outlives rank 0 (seconds): `tbon.parent_grace` where it was set here, else rank 0's
+    /// (which keeps the jobs and waits that long for their shells: a state directory given to rank 0 alone makes
+    /// the others wait too), else the default ([`crate::attrs::BrokerConfig::parent_grace`]).
+    pub(crate) fn parent_grace(&self) -> f64 {
+        let c = &self.opts.config;
+        c.parent_grace_set.or(self.rank0_grace).unwrap_or_else(|| c.parent_grace())
     }
 
     /// Stop this broker and, with it, the brokers below (see [`Broker::begin_shutdown_for`]).

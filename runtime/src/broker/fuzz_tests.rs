@@ -52,7 +52,8 @@ const TOPICS: &[&str] = &[
 ];
 
 /// Control messages a parent or child may send (liveness.rs), and one that does not exist.
-const CONTROLS: &[&str] = &["hello", "hello-ack", "refused", "shutdown", "goodbye", "hb", "adopted", "lost", "nosuch"];
+const CONTROLS: &[&str] =
+    &["hello", "hello-ack", "refused", "shutdown", "goodbye", "hb", "adopted", "lost", "grace", "nosuch"];
 
 fn t(s: f64) -> Time {
     Time::from_secs_f64(s)

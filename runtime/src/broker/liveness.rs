@@ -63,6 +63,11 @@ impl Broker {
                     let ranks = IdSet::from_iter(self.known_lost.iter().copied()).to_string();
                     self.effect(Effect::Send(Peer::Child(rank), Message::control("lost", &json!({"ranks": ranks}))));
                 }
+                // Rank 0 tells its children how long to wait for it should it go (rejoin.rs).
+                if self.rank() == 0 {
+                    let grace = json!({"parent_grace": self.parent_grace()});
+                    self.effect(Effect::Send(Peer::Child(rank), Message::control("grace", &grace)));
+                }
             }
             Err(why) => {
                 warn!("refusing overlay peer {addr}: {why}");
@@ -187,6 +192,16 @@ impl Broker {
             (Peer::Parent, "rejoin") => self.on_rejoin(),
             // {"ranks": idset}: ranks rank 0 announced lost (bad input is ignored, as for the event).
             (Peer::Parent, "lost") => self.on_lost_event(&msg.json()),
+            // {"parent_grace": seconds}: rank 0's grace (bad input is ignored: our own setting stands).
+            (Peer::Parent, "grace") if self.parent == Some(0) => {
+                let g = msg.json().get("parent_grace").and_then(Value::as_f64).filter(|g| g.is_finite());
+                if let Some(g) = g.map(|g| g.clamp(0.0, 1e7)) {
+                    if self.rank0_grace != Some(g) && self.opts.config.parent_grace_set.is_none() {
+                        info!("rank 0's tbon.parent_grace is {g:.0} s: this broker waits that long for it");
+                    }
+                    self.rank0_grace = Some(g);
+                }
+            }
             (Peer::Parent, "adopted") => {
                 // [[rank, parent], ...]; entries that are not two ranks of this instance are skipped.
                 let size = self.opts.size;

@@ -41,7 +41,7 @@ impl Broker {
     /// Rank 0, our parent, is lost (`why`): wait for it for `tbon.parent_grace`, or say no (grace 0) so that the
     /// caller ends this broker as before.
     pub(crate) fn wait_for_rank0(&mut self, why: &str) -> bool {
-        let grace = self.opts.config.parent_grace();
+        let grace = self.parent_grace();
         if grace <= 0.0 || self.shutting_down.is_some() {
             return false;
         }

@@ -1023,3 +1023,45 @@ fn a_child_told_that_rank_0_restarts_waits_for_it() {
     effects(&mut b);
     assert!(b.shutting_down.is_some(), "rank 3's parent is rank 1, not rank 0");
 }
+
+/// Rank 0 tells each child it accepts its `tbon.parent_grace`; a child that set none of its own (a state directory
+/// given to rank 0 alone) waits that long for rank 0, and one that set its own keeps it.
+#[test]
+fn a_child_of_rank_0_takes_rank_0s_grace_unless_it_set_its_own() {
+    let mut r0 = broker(0);
+    r0.opts.config.statedir = Some("/var/lib/vigil".into());
+    r0.handle(t(0.0), Input::Start);
+    effects(&mut r0);
+    r0.handle(t(0.001), Input::Hello { conn: 7, msg: hello(1, "sim"), addr: "n1".into(), refusal: None });
+    let grace = effects(&mut r0).into_iter().find_map(|e| match e {
+        Effect::Send(Peer::Child(1), m) if m.topic == "grace" => Some(m),
+        _ => None,
+    });
+    let grace = grace.expect("rank 0 sends its grace");
+    assert_eq!(grace.json()["parent_grace"], json!(crate::attrs::DEFAULT_PARENT_GRACE));
+
+    let child = |own: Option<f64>| {
+        let mut b = broker(1);
+        b.opts.config.parent_grace_set = own;
+        b.handle(t(0.0), Input::ParentUp(super::rdma_link::LinkChoice { transport: "tcp", detail: String::new() }));
+        b.handle(t(0.0), Input::Start);
+        b.handle(t(0.1), Input::Message(Peer::Parent, 0, grace.clone()));
+        effects(&mut b);
+        b.handle(t(1.0), Input::Closed(Peer::Parent, 0, "connection reset".into()));
+        effects(&mut b);
+        b
+    };
+    let b = child(None);
+    assert_eq!(b.parent_grace(), crate::attrs::DEFAULT_PARENT_GRACE);
+    assert!(b.shutting_down.is_none() && b.reparenting.is_some(), "it waits for rank 0");
+    let b = child(Some(0.0));
+    assert!(b.shutting_down.is_some(), "its own tbon.parent_grace=0 stands");
+    // Junk is ignored.
+    let mut b = broker(1);
+    b.handle(t(0.0), Input::ParentUp(super::rdma_link::LinkChoice { transport: "tcp", detail: String::new() }));
+    for junk in [json!({"parent_grace": "60"}), json!([1]), json!({"parent_grace": -5.0})] {
+        b.handle(t(0.1), Input::Message(Peer::Parent, 0, Message::control("grace", &junk)));
+    }
+    effects(&mut b);
+    assert_eq!(b.parent_grace(), 0.0, "a negative grace is clamped to 0, strings are ignored");
+}
