@@ -9,7 +9,7 @@ use clap::Args;
 use std::collections::BTreeMap;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Options of `vigil start`.
@@ -299,6 +299,27 @@ fn start_inner(a: StartArgs) -> Result<i32, String> {
 
 /// Removes a directory tree when dropped (the test instance's run directory).
 struct RemoveOnDrop(PathBuf);
+
+/// The name of a run directory a broker started by a foreign launcher makes in the temporary directory:
+/// `vigil-pmi-INSTANCE-RANK-PID`.
+const PMI_DIR_PREFIX: &str = "vigil-pmi-";
+
+/// Remove the run directories of brokers started by a foreign launcher (`vigil-pmi-*-PID` in `tmp`) that are ours
+/// and whose broker is gone (no `/proc/PID`): killed before they could remove their own.
+fn remove_stale_pmi_dirs(tmp: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let uid = nix::unistd::getuid().as_raw();
+    let Ok(rd) = std::fs::read_dir(tmp) else { return };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix(PMI_DIR_PREFIX).and_then(|r| r.rsplit('-').next()) else { continue };
+        let Ok(pid) = pid.parse::<u32>() else { continue };
+        let mine = e.metadata().is_ok_and(|m| m.is_dir() && m.uid() == uid);
+        if mine && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
 
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
@@ -642,11 +663,20 @@ async fn pmi_bootstrap(
             (tmpdir, None, Some(mine))
         }
         None => {
-            // A foreign launcher: a private directory of this broker's (the instance id keeps instances apart).
-            let dir = std::env::temp_dir().join(format!("vigil-pmi-{}-{rank}", &instance[..instance.len().min(12)]));
-            std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-            use std::os::unix::fs::PermissionsExt;
-            let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
+            // A foreign launcher: a private directory of this broker's, new (never one another user made first)
+            // and mode 0700. Its name carries our pid, so that the next broker started here removes it if we are
+            // killed (a launcher's SIGKILL) before we could.
+            remove_stale_pmi_dirs(&std::env::temp_dir());
+            let dir = std::env::temp_dir().join(format!(
+                "{PMI_DIR_PREFIX}{}-{rank}-{}",
+                &instance[..instance.len().min(12)],
+                std::process::id()
+            ));
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
             (dir.clone(), Some(RemoveOnDrop(dir)), None)
         }
     };
@@ -703,6 +733,24 @@ mod tests {
 
     fn attrs(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
         kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    /// Only our own launcher run directories whose broker is gone are removed.
+    #[test]
+    fn stale_pmi_run_directories_of_dead_brokers_are_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let me = std::process::id();
+        let names = [format!("vigil-pmi-abc-1-{dead}"), format!("vigil-pmi-abc-2-{me}"), "vigil-pmi-x".into()];
+        for n in &names {
+            std::fs::create_dir(tmp.path().join(n)).unwrap();
+            std::fs::write(tmp.path().join(n).join("local-1"), b"").unwrap();
+        }
+        remove_stale_pmi_dirs(tmp.path());
+        let left: Vec<bool> = names.iter().map(|n| tmp.path().join(n).exists()).collect();
+        assert_eq!(left, [false, true, true], "{names:?}");
     }
 
     #[test]
