@@ -24,8 +24,9 @@
 //!   `shutdown` that does not ask them to re-parent: rank 0 is gone for all of them).
 //!
 //! Brokers below a child of rank 0 do nothing special while it waits: their parent is alive. One of them whose
-//! own parent dies meanwhile re-parents as usual, but the candidates waiting for rank 0 refuse adoptions, and
-//! rank 0 is not there: it exits.
+//! own parent dies meanwhile re-parents as usual: a child of rank 0 waiting for rank 0 adopts it (the adoptee's
+//! `overlay.reparent` waits in the adopter's queue for rank 0, and the `rejoin` reaches it with the rest of the
+//! adopter's subtree).
 
 use super::core::{Broker, Effect, Peer, Time};
 use super::reparent::{Reparent, CANDIDATE_TIMEOUT};

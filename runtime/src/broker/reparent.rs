@@ -382,7 +382,9 @@ impl Broker {
         if !self.opts.config.reparent && topo.parent(size, rank) != Some(me) {
             return Some(format!("rank {rank} asks to be adopted, but tbon.reparent=off here"));
         }
-        if self.reparenting.is_some() {
+        // One waiting for rank 0 (rejoin.rs) is alive and keeps its place in the tree: it adopts (what the
+        // adoptee sends rank 0 waits in its queue, and it passes the `rejoin` down when rank 0 is back).
+        if self.reparenting.as_ref().is_some_and(|rp| rp.grace.is_none()) {
             return Some("this broker is re-parenting itself".into());
         }
         if self.known_lost.contains(&rank) {

@@ -1065,3 +1065,21 @@ fn a_child_of_rank_0_takes_rank_0s_grace_unless_it_set_its_own() {
     effects(&mut b);
     assert_eq!(b.parent_grace(), 0.0, "a negative grace is clamped to 0, strings are ignored");
 }
+
+/// A broker whose parent dies while rank 0 is away is adopted by a child of rank 0 that waits for rank 0: the
+/// adopter is alive, and what the adoptee sends rank 0 waits in its queue. One that re-parents itself refuses.
+#[test]
+fn a_child_of_rank_0_waiting_for_it_adopts_orphans() {
+    let mut b = graced(1);
+    b.handle(t(1.0), Input::Closed(Peer::Parent, 0, "connection reset".into()));
+    effects(&mut b);
+    assert!(b.reparenting.as_ref().is_some_and(|rp| rp.grace.is_some()), "waiting for rank 0");
+    // Rank 5's parent, rank 2, died meanwhile.
+    assert_eq!(judge(&mut b, t(2.0), 9, adopt_hello(5, 2), None), Ok(5));
+
+    let mut b = graced(3);
+    b.handle(t(1.0), Input::Closed(Peer::Parent, 0, "connection reset".into()));
+    effects(&mut b);
+    assert!(b.reparenting.as_ref().is_some_and(|rp| rp.grace.is_none()), "re-parenting (its parent was rank 1)");
+    assert_eq!(judge(&mut b, t(1.01), 9, adopt_hello(5, 2), None), Err("this broker is re-parenting itself".into()));
+}
