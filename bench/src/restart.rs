@@ -545,8 +545,10 @@ fn tput_run(vigil: &Path, store: bool, n: usize, rt: &tokio::runtime::Runtime) -
     r
 }
 
-/// Alternating throughput runs, store off and on: (off samples, on samples) as (submit jobs/s, end-to-end jobs/s).
+/// Throughput samples: (submissions answered per second, jobs done end to end per second).
 type Rates = Vec<(f64, f64)>;
+
+/// Alternating throughput runs, store off and on: (off samples, on samples).
 fn bench_tput(a: &RestartArgs, vigil: &Path, rt: &tokio::runtime::Runtime) -> Result<(Rates, Rates), String> {
     let (mut off, mut on) = (Vec::new(), Vec::new());
     for i in 0..a.tput_runs {
