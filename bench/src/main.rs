@@ -23,6 +23,9 @@
 //! - `vigil-bench sched` (module [`sched`]): throughput of 200, 10,000 and 64,000 `true` jobs queued at once
 //!   and `vigil run` latency, against a one-node Slurm 22.05 cluster started and stopped in the same run.
 //!
+//! - `vigil-bench restart` (module [`restart`]): rank 0 killed with SIGKILL and restarted on its state directory,
+//!   time to ready at 0, 10,000 and 100,000 kept jobs, and submit throughput with the store on and off.
+//!
 //! - `vigil-bench uring` (module [`uring`]): an `io_uring` overlay link ([`uring_link`]) against the tokio
 //!   (epoll) transport on loopback TCP, RPC round trip and streaming throughput; needs no `vigil` binary.
 //!
@@ -46,6 +49,7 @@ mod auth;
 mod detect;
 mod fwq;
 mod mpi;
+mod restart;
 mod sched;
 mod sim;
 mod tick;
@@ -106,6 +110,9 @@ enum TopCmd {
     Mpi(mpi::MpiArgs),
     /// Job throughput at queue depth (200, 10,000, 64,000) and job latency, Vigil and Slurm in the same run.
     Sched(sched::SchedArgs),
+    /// Rank 0 restart to ready (kill -9, restart on its state directory) at 0, 10,000, 100,000 jobs, and submit
+    /// throughput with the store on and off.
+    Restart(restart::RestartArgs),
     /// Failure-detection latencies on network-namespace nodes (needs root).
     Detect(detect::DetectArgs),
     /// io_uring vs tokio (epoll) for overlay TCP links: RPC round trip and streaming throughput.
@@ -318,6 +325,7 @@ fn main() {
         Some(TopCmd::Inner(InnerCmd::ProbeCost(a))) => detect::inner_cost(a),
         Some(TopCmd::Mpi(a)) => report(mpi::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Sched(a)) => report(sched::run(&a, cli.vigil, cli.out_dir)),
+        Some(TopCmd::Restart(a)) => report(restart::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Detect(a)) => report(detect::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Uring(a)) => report(uring::run(&a, cli.out_dir)),
         Some(TopCmd::Auth(a)) => report(auth::run(&a, cli.vigil, cli.out_dir)),

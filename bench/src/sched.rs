@@ -158,7 +158,7 @@ fn inner_measure(a: &InnerSchedArgs, res: &mut InnerSchedResult) -> Result<(), S
 /// order, until every one is inactive; each must exit 0 without a fatal exception.
 /// Returns (seconds until every submit was answered, seconds from first submit to last INACTIVE, jobs done);
 /// past `bound` it stops waiting and counts the jobs no longer active (`job-manager.list`).
-async fn burst(
+pub(crate) async fn burst(
     client: &vigil::client::Client,
     payload: &Value,
     n: usize,

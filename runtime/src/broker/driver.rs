@@ -213,9 +213,18 @@ fn open_statedir(
     let Some(dir) = opts.config.statedir.clone().filter(|_| opts.rank == 0) else {
         return Ok((None, StateDir::None, None));
     };
+    let t = Instant::now();
     match Store::open(&dir) {
         Ok((store, kept)) => {
             let restarts = store.restarts;
+            let bytes = std::fs::metadata(dir.join(super::store::FILE)).map_or(0, |m| m.len());
+            // What a restart costs before rank 0 serves anything (`vigil-bench restart` reads this line).
+            info!(
+                "state directory {}: store read in {:.3}s ({} job(s), {bytes} bytes)",
+                dir.display(),
+                t.elapsed().as_secs_f64(),
+                kept.as_ref().map_or(0, |k| k.jobs.len())
+            );
             Ok((Some(store), StateDir::Open { dir, restarts, failing: None }, kept))
         }
         Err(e @ OpenError::Unwritable { .. }) => Err(e.to_string()),
@@ -349,7 +358,12 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         grouping: store.is_some(),
         store,
     };
+    let t = Instant::now();
+    let restoring = kept.is_some();
     d.broker.restore(statedir, kept);
+    if restoring {
+        info!("state directory: jobs restored in {:.3}s", t.elapsed().as_secs_f64());
+    }
     d.start_detectors(listen_ip);
 
     // Connect to the parent.
