@@ -175,7 +175,10 @@ pub static ATTRS: &[Attr] = &[
         "how the XDP responder attaches: auto (native on a NIC, generic on lo and veth), native, generic"),
     // Transport (docs/rdma.md).
     attr("tbon.transport", Kind::Enum(Transport::NAMES), is("auto"), CommandLine,
-        "overlay links: auto (RDMA where both ends have a verbs device, else TCP), rdma (or fail), tcp"),
+        "overlay links: auto (RDMA verbs where both ends have a device, else libfabric's tbon.ofi_provider where \
+         both ends have it, else TCP), rdma (or fail), ofi (or fail), tcp"),
+    attr("tbon.ofi_provider", Kind::Text, is("cxi"), CommandLine,
+        "libfabric provider of ofi links (docs/slingshot.md): cxi (Slingshot), or e.g. 'tcp;ofi_rxm', 'verbs;ofi_rxm'"),
     attr("tbon.rdma_timeout", Kind::Count, is("12"), CommandLine,
         "RC QP local ACK timeout exponent, 1..31 (4.096 us x 2^N per try)"),
     attr("tbon.rdma_retry_cnt", Kind::Count, is("1"), CommandLine,
@@ -307,7 +310,9 @@ attr_enum! {
         Auto = "auto",
         /// RDMA or fail the link.
         Rdma = "rdma",
-        /// Never try RDMA.
+        /// libfabric (`tbon.ofi_provider`) or fail the link.
+        Ofi = "ofi",
+        /// Never try RDMA or libfabric.
         Tcp = "tcp",
     }
 }
@@ -439,6 +444,8 @@ pub struct BrokerConfig {
     pub xdp_mode: XdpMode,
     /// `tbon.transport`.
     pub transport: Transport,
+    /// `tbon.ofi_provider`: the libfabric provider of ofi links.
+    pub ofi_provider: String,
     /// `tbon.rdma_timeout` (`timeout`), `tbon.rdma_retry_cnt` (`retry_cnt`), `tbon.rdma_max_inline` (`max_inline`,
     /// bytes) and `tbon.rdma_poll` (`busy_poll`); the other fields keep their defaults. Valid
     /// ([`vigil_rdma::Config::validate`]).
@@ -493,6 +500,7 @@ impl Default for BrokerConfig {
             detector_rank: None,
             xdp_mode: XdpMode::Auto,
             transport: Transport::Auto,
+            ofi_provider: "cxi".into(),
             rdma: vigil_rdma::Config::default(),
             rdma_frame: RdmaFrame::Packed,
             topology: TopologySource::Live,
@@ -694,6 +702,12 @@ impl Draft {
             "broker.detector-rank" => c.detector_rank = Some(v.parse().map_err(|_| "expected a rank")?),
             "broker.xdp_mode" => c.xdp_mode = word(v, XdpMode::from_name, XdpMode::NAMES)?,
             "tbon.transport" => c.transport = word(v, Transport::from_name, Transport::NAMES)?,
+            "tbon.ofi_provider" => {
+                if v.trim().is_empty() || v.len() > 128 || v.chars().any(|ch| ch.is_whitespace() || ch.is_control()) {
+                    return Err("expected a libfabric provider name such as cxi or 'tcp;ofi_rxm'".into());
+                }
+                c.ofi_provider = v.to_string();
+            }
             "tbon.rdma_timeout" => c.rdma = rdma_field(v, "1..31", |c, n| c.timeout = n, &c.rdma)?,
             "tbon.rdma_retry_cnt" => c.rdma = rdma_field(v, "1..6", |c, n| c.retry_cnt = n, &c.rdma)?,
             "tbon.rdma_max_inline" => c.rdma = rdma_field(v, "of bytes 0..1024", |c, n| c.max_inline = n, &c.rdma)?,
@@ -849,6 +863,7 @@ impl BrokerConfig {
             "broker.detector-rank" => self.detector_rank?.to_string(),
             "broker.xdp_mode" => self.xdp_mode.name().into(),
             "tbon.transport" => self.transport.name().into(),
+            "tbon.ofi_provider" => self.ofi_provider.clone(),
             "tbon.rdma_timeout" => self.rdma.timeout.to_string(),
             "tbon.rdma_retry_cnt" => self.rdma.retry_cnt.to_string(),
             "tbon.rdma_poll" => if self.rdma.busy_poll { RdmaPoll::Busy } else { RdmaPoll::Event }.name().into(),
@@ -1016,7 +1031,7 @@ mod tests {
             ("broker.xdp_mode", "skb", "expected auto, native or generic"),
             ("broker.xdp_mode", "", "expected auto, native or generic"),
             ("broker.xdp_mode", "Native", "expected auto, native or generic"),
-            ("tbon.transport", "ib", "expected auto, rdma or tcp"),
+            ("tbon.transport", "ib", "expected auto, rdma, ofi or tcp"),
             ("tbon.rdma_timeout", "0", "use 1..=31"),
             ("tbon.rdma_timeout", "x", "expected a number 1..31"),
             ("tbon.rdma_retry_cnt", "7", "forever"),

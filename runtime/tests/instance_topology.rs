@@ -245,7 +245,7 @@ fn bad_attributes_are_refused_before_any_broker_starts() {
         ("rank=3", &["attribute 'rank' is read-only"][..]),
         ("tbon.fanut=2", &["unknown attribute 'tbon.fanut'", "tbon.fanout"][..]),
         ("tbon.heartbeat_period=1s", &["tbon.heartbeat_period (1000 ms) must be shorter than tbon.torpid_max"][..]),
-        ("tbon.transport=ib", &["invalid tbon.transport 'ib': expected auto, rdma or tcp"][..]),
+        ("tbon.transport=ib", &["invalid tbon.transport 'ib': expected auto, rdma, ofi or tcp"][..]),
     ] {
         let (o, _d) = start_and_run(2, &[attr], &["true"], Duration::from_secs(20));
         assert_eq!(o.code, 1, "{attr}: {}", o.dump());

@@ -87,6 +87,8 @@ pub(crate) enum Event {
         tasks: Vec<tokio::task::AbortHandle>,
         /// The answer to the child's RDMA offer (see `rdma_link`).
         rdma: Box<rdma_link::Answer>,
+        /// The answer to its libfabric offer, where the link considered libfabric (see `ofi_link`).
+        ofi: Option<Box<super::ofi_link::Answer>>,
     },
     LocalNew {
         id: u32,
@@ -148,6 +150,7 @@ struct PendingChild {
     sock: Option<std::os::fd::OwnedFd>,
     tasks: Vec<tokio::task::AbortHandle>,
     rdma: rdma_link::Answer,
+    ofi: Option<Box<super::ofi_link::Answer>>,
     probe_port: Option<u16>,
 }
 
@@ -607,7 +610,12 @@ async fn accept_children(
                 Ok(Some(LinkEvent::Message(m))) if m.msgtype == MsgType::Control && m.topic == "hello" => {
                     // Answer the child's RDMA offer here, off the core (opening a device takes milliseconds).
                     let local = link.sock.as_ref().and_then(rdma_link::local_ip);
-                    let rdma = Box::new(rdma_link::Answer::new(&rdma, local, &m.json()));
+                    let hello = m.json();
+                    let answer = Box::new(rdma_link::Answer::new(&rdma, local, &hello));
+                    // Where verbs is not agreed, libfabric (ofi_link), also here.
+                    let verbs = matches!(*answer, rdma_link::Answer::Rdma(..));
+                    let ofi = super::ofi_link::Answer::new(&rdma.ofi, local, &hello, verbs).await.map(Box::new);
+                    let rdma = answer;
                     let _ = tx.send(Event::ChildHello {
                         conn: c,
                         msg: m,
@@ -617,6 +625,7 @@ async fn accept_children(
                         sock: link.sock,
                         tasks: link.tasks,
                         rdma,
+                        ofi,
                     });
                 }
                 Ok(Some(LinkEvent::Message(m))) => {
@@ -658,8 +667,11 @@ async fn connect_parent(
     loop {
         match transport.connect(ep.to_string()).await {
             Ok(mut link) => {
-                // Offer RDMA when a verbs device serves our end of this connection (see rdma_link).
-                let offer = rdma_link::Offer::new(rdma, link.sock.as_ref().and_then(rdma_link::local_ip))?;
+                // Offer RDMA when a verbs device serves our end of this connection (see rdma_link), else
+                // libfabric where tbon.transport says so (ofi_link).
+                let local = link.sock.as_ref().and_then(rdma_link::local_ip);
+                let offer = rdma_link::Offer::new(rdma, local)?;
+                let ofi_offer = super::ofi_link::Offer::new(&rdma.ofi, local, offer.has_qp())?;
                 let mut fields = rdma_link::merge(
                     super::liveness::hello_payload(opts.rank, &opts.instance, opts.size, &opts.topo, &opts.hostname),
                     json!({"probe_port": probe_port}),
@@ -668,19 +680,33 @@ async fn connect_parent(
                     // Asking to be adopted: our parent `lost` was lost (see reparent.rs).
                     fields["adopt"] = json!(lost);
                 }
-                let hello = Message::control("hello", &rdma_link::merge(fields, offer.hello_fields()));
+                let mut fields = rdma_link::merge(fields, offer.hello_fields());
+                if let Some(o) = &ofi_offer {
+                    fields = rdma_link::merge(fields, o.hello_fields());
+                }
+                let hello = Message::control("hello", &fields);
                 let _ = link.tx.send(hello);
                 match tokio::time::timeout(Duration::from_secs(10), link.rx.recv()).await {
                     Ok(Some(LinkEvent::Message(m))) if m.topic == "hello-ack" => {
-                        let (conn, choice) = offer.finish(rdma, &m.json())?;
-                        log_choice("parent", &choice);
+                        let ack = m.json();
+                        let (conn, mut choice) = offer.finish(rdma, &ack)?;
                         let mut busy = None;
-                        if let Some((conn, framing)) = conn {
-                            let (tx, rx, b) = rdma_link::bridge(link.tx, link.rx, conn, framing);
-                            link.tx = tx;
-                            link.rx = rx;
-                            busy = b;
-                        }
+                        let super::transport::Link { tx, rx, peer, sock, tasks } = link;
+                        let (tx, rx) = match (conn, ofi_offer) {
+                            (Some((conn, framing)), _) => {
+                                let (tx, rx, b) = rdma_link::bridge(tx, rx, conn, framing);
+                                busy = b;
+                                (tx, rx)
+                            }
+                            (None, Some(o)) => {
+                                let (tx, rx, c) = o.finish(&rdma.ofi, &ack, tx, rx).await?;
+                                choice = fallback(choice, c);
+                                (tx, rx)
+                            }
+                            (None, None) => (tx, rx),
+                        };
+                        log_choice("parent", &choice);
+                        let link = super::transport::Link { tx, rx, peer, sock, tasks };
                         // Its node's responder, which our prober asks too (see `Broker::probe_parent`).
                         let port =
                             m.json().get("probe_port").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok());
@@ -734,6 +760,17 @@ async fn connect_parent(
 }
 
 /// Log once which transport an overlay link uses (and why not RDMA).
+/// What a link runs on after verbs said no (`verbs`, a TCP choice with its reason) and libfabric answered
+/// (`ofi`): libfabric's link, or TCP with both reasons (only libfabric's when `tbon.transport=ofi`).
+fn fallback(verbs: rdma_link::LinkChoice, ofi: rdma_link::LinkChoice) -> rdma_link::LinkChoice {
+    match (ofi.transport, verbs.detail.contains("tbon.transport=")) {
+        ("tcp", false) => {
+            rdma_link::LinkChoice { transport: "tcp", detail: format!("{}; {}", verbs.detail, ofi.detail) }
+        }
+        _ => ofi,
+    }
+}
+
 fn log_choice(peer: &str, c: &rdma_link::LinkChoice) {
     if c.transport == "rdma" {
         info!("overlay link to {peer}: rdma on {}", c.detail);
@@ -878,15 +915,18 @@ impl Driver {
                 }
                 self.step(Input::Closed(peer, conn, why))
             }
-            Event::ChildHello { conn, msg, link_tx, peer, rx, sock, tasks, rdma } => {
-                let refusal = match &*rdma {
-                    rdma_link::Answer::Refuse(why) => Some(why.clone()),
+            Event::ChildHello { conn, msg, link_tx, peer, rx, sock, tasks, rdma, ofi } => {
+                let refusal = match (&*rdma, ofi.as_deref()) {
+                    (rdma_link::Answer::Refuse(why), _) | (_, Some(super::ofi_link::Answer::Refuse(why))) => {
+                        Some(why.clone())
+                    }
                     _ => None,
                 };
                 let probe_port =
                     msg.json().get("probe_port").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok());
                 let addr = peer.clone();
-                self.pending.insert(conn, PendingChild { tx: link_tx, rx, peer, sock, tasks, rdma: *rdma, probe_port });
+                self.pending
+                    .insert(conn, PendingChild { tx: link_tx, rx, peer, sock, tasks, rdma: *rdma, ofi, probe_port });
                 self.step(Input::Hello { conn, msg, addr, refusal });
                 // Judged at once (its acceptance carried out now, even in a group commit's turn): whatever the
                 // broker did not accept is dropped.
@@ -935,18 +975,27 @@ impl Driver {
                 let Some(p) = self.pending.remove(&conn) else { return };
                 // Our probe port: the child probes our node's responder as we probe its (`probe_parent`).
                 let me = json!({"rank": self.broker.rank(), "probe_port": self.detect.as_ref().map(|d| d.probe_port)});
-                let ack = rdma_link::merge(me, p.rdma.ack_fields());
+                let mut ack = rdma_link::merge(me, p.rdma.ack_fields());
+                if let Some(o) = &p.ofi {
+                    ack = rdma_link::merge(ack, o.ack_fields());
+                }
                 let _ = p.tx.send(Message::control("hello-ack", &ack));
-                let (tx, rx, busy) = match p.rdma {
-                    rdma_link::Answer::Rdma(c, framing, choice) => {
+                let (tx, rx, busy) = match (p.rdma, p.ofi) {
+                    (rdma_link::Answer::Rdma(c, framing, choice), _) => {
                         log_choice(&format!("child rank {rank}"), &choice);
                         rdma_link::bridge(p.tx, p.rx, *c, framing)
                     }
-                    rdma_link::Answer::Tcp(choice) => {
+                    (rdma_link::Answer::Refuse(_), _) => return,
+                    (rdma_link::Answer::Tcp(verbs), Some(o)) => {
+                        let (tx, rx, choice) = o.into_link(p.tx, p.rx);
+                        let choice = fallback(verbs, choice);
+                        log_choice(&format!("child rank {rank}"), &choice);
+                        (tx, rx, None)
+                    }
+                    (rdma_link::Answer::Tcp(choice), None) => {
                         log_choice(&format!("child rank {rank}"), &choice);
                         (p.tx, p.rx, None)
                     }
-                    rdma_link::Answer::Refuse(_) => return,
                 };
                 let tuple = p.sock.as_ref().and_then(|s| self.detect.as_ref().and_then(|d| d.watch_link(rank, s)));
                 if let (Some(d), Some(port)) = (self.detect.as_mut(), p.probe_port) {

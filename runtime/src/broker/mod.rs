@@ -20,6 +20,7 @@ mod driver;
 mod fuzz_tests;
 pub(crate) mod liveness;
 mod local;
+mod ofi_link;
 pub(crate) mod rdma_link;
 pub(crate) mod rejoin;
 pub(crate) mod reparent;

@@ -1,4 +1,4 @@
-//! RDMA verbs for overlay links, chosen per link (`tbon.transport=auto|rdma|tcp`, default auto).
+//! RDMA verbs for overlay links, chosen per link (`tbon.transport=auto|rdma|ofi|tcp`, default auto; ofi is `ofi_link.rs`).
 //!
 //! Every overlay link starts as TCP. The child puts an offer in its `hello` when a verbs device serves the local
 //! address of its TCP connection: `"rdma": LocalInfo` (QP number, GID, PSN, ring depth...; see
@@ -93,6 +93,8 @@ pub(crate) struct Settings {
     pub cfg: Config,
     /// `tbon.rdma_frame`: the framing this broker offers or accepts.
     pub framing: Framing,
+    /// The libfabric path of `tbon.transport` (`ofi_link.rs`), tried where verbs is not.
+    pub ofi: std::sync::Arc<super::ofi_link::Settings>,
 }
 
 impl Settings {
@@ -104,13 +106,13 @@ impl Settings {
         let mode = match c.transport {
             Transport::Auto => Mode::Auto,
             Transport::Rdma => Mode::Rdma,
-            Transport::Tcp => Mode::Tcp,
+            Transport::Tcp | Transport::Ofi => Mode::Tcp,
         };
         let framing = match c.rdma_frame {
             RdmaFrame::Packed => Framing::Packed,
             RdmaFrame::Full => Framing::Full,
         };
-        Settings { mode, cfg: c.rdma.clone(), framing }
+        Settings { mode, cfg: c.rdma.clone(), framing, ofi: std::sync::Arc::new(super::ofi_link::Settings::new(c)) }
     }
 }
 
@@ -148,20 +150,28 @@ pub(crate) struct Links {
 }
 
 impl Links {
-    /// One line for `vigil uptime` / `overlay status`: "rdma", "tcp (fallback: why)", "mixed (rdma N, tcp M: why)",
-    /// or "tcp" for a single broker.
+    /// One line for `vigil uptime` / `overlay status`: "rdma" (or "ofi"), "tcp (fallback: why)", "mixed (rdma N,
+    /// ofi N, tcp M: why)", or "tcp" for a single broker.
     pub fn summary(&self) -> String {
         let mut all: Vec<&LinkChoice> = self.by_rank.values().collect();
         if all.is_empty() {
             all.extend(self.parent.as_ref());
         }
-        let n_rdma = all.iter().filter(|c| c.transport == "rdma").count();
+        let count = |t: &str| all.iter().filter(|c| c.transport == t).count();
+        let fast: Vec<(&str, usize)> =
+            ["rdma", "ofi"].into_iter().map(|t| (t, count(t))).filter(|(_, n)| *n > 0).collect();
         let first_tcp = all.iter().find(|c| c.transport == "tcp");
-        match (n_rdma, first_tcp) {
-            (0, None) => "tcp".into(),
-            (_, None) => "rdma".into(),
-            (0, Some(t)) => format!("tcp (fallback: {})", t.detail),
-            (n, Some(t)) => format!("mixed (rdma {n}, tcp {}: {})", all.len() - n, t.detail),
+        match (fast.as_slice(), first_tcp) {
+            ([], None) => "tcp".into(),
+            ([(t, _)], None) => (*t).into(),
+            ([], Some(t)) => format!("tcp (fallback: {})", t.detail),
+            (f, t) => {
+                let mut parts: Vec<String> = f.iter().map(|(t, n)| format!("{t} {n}")).collect();
+                if let Some(t) = t {
+                    parts.push(format!("tcp {}: {}", count("tcp"), t.detail));
+                }
+                format!("mixed ({})", parts.join(", "))
+            }
         }
     }
 
@@ -175,8 +185,9 @@ impl Links {
         let rank = body.get("rank").and_then(Value::as_u64).ok_or("missing rank")? as u32;
         let transport = match body.get("transport").and_then(Value::as_str) {
             Some("rdma") => "rdma",
+            Some("ofi") => "ofi",
             Some("tcp") => "tcp",
-            _ => return Err("transport must be rdma or tcp".into()),
+            _ => return Err("transport must be rdma, ofi or tcp".into()),
         };
         let detail = body.get("detail").and_then(Value::as_str).unwrap_or("").chars().take(400).collect();
         self.by_rank.insert(rank, LinkChoice { transport, detail });
@@ -228,6 +239,11 @@ impl Offer {
             Err(e) if s.mode == Mode::Rdma => Err(format!("tbon.transport=rdma but {e}")),
             Err(e) => Ok(Offer { prepared: None, why_not: e, framing: s.framing }),
         }
+    }
+
+    /// Whether a queue pair is offered (else the link may try libfabric, `ofi_link.rs`).
+    pub fn has_qp(&self) -> bool {
+        self.prepared.is_some()
     }
 
     /// Fields to add to the hello payload.
@@ -446,7 +462,7 @@ mod tests {
         assert_eq!(s.mode, Mode::Auto);
         assert_eq!((s.cfg.timeout, s.cfg.retry_cnt), (12, 1));
         assert_eq!(settings(&attrs(&[("tbon.transport", "rdma")])).unwrap().mode, Mode::Rdma);
-        assert!(settings(&attrs(&[("tbon.transport", "ib")])).unwrap_err().contains("auto, rdma or tcp"));
+        assert!(settings(&attrs(&[("tbon.transport", "ib")])).unwrap_err().contains("auto, rdma, ofi or tcp"));
         assert!(settings(&attrs(&[("tbon.rdma_retry_cnt", "7")])).unwrap_err().contains("forever"));
         assert!(settings(&attrs(&[("tbon.rdma_timeout", "0")]))
             .unwrap_err()
@@ -534,5 +550,10 @@ mod tests {
         l.on_report(&json!({"rank": 2, "transport": "tcp", "detail": "no verbs devices"})).unwrap();
         assert_eq!(l.summary(), "mixed (rdma 1, tcp 1: no verbs devices)");
         assert!(l.on_report(&json!({"rank": 3, "transport": "carrier pigeon"})).is_err());
+        l.on_report(&json!({"rank": 3, "transport": "ofi", "detail": "provider cxi"})).unwrap();
+        assert_eq!(l.summary(), "mixed (rdma 1, ofi 1, tcp 1: no verbs devices)");
+        let mut l = Links::default();
+        l.on_report(&json!({"rank": 1, "transport": "ofi", "detail": "provider cxi"})).unwrap();
+        assert_eq!(l.summary(), "ofi");
     }
 }

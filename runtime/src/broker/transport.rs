@@ -20,6 +20,7 @@ pub struct LinkTx(TxPath);
 enum TxPath {
     Chan(mpsc::UnboundedSender<Message>),
     Rdma(std::sync::Arc<super::rdma_link::RdmaTx>),
+    Ofi(std::sync::Arc<super::ofi_link::OfiTx>),
 }
 
 impl LinkTx {
@@ -28,11 +29,16 @@ impl LinkTx {
         match &self.0 {
             TxPath::Chan(tx) => tx.send(m).map_err(|e| e.0),
             TxPath::Rdma(tx) => tx.send(m),
+            TxPath::Ofi(tx) => tx.send(m),
         }
     }
 
     pub(crate) fn rdma(tx: super::rdma_link::RdmaTx) -> LinkTx {
         LinkTx(TxPath::Rdma(std::sync::Arc::new(tx)))
+    }
+
+    pub(crate) fn ofi(tx: super::ofi_link::OfiTx) -> LinkTx {
+        LinkTx(TxPath::Ofi(std::sync::Arc::new(tx)))
     }
 }
 
@@ -52,6 +58,7 @@ pub struct LinkRx(RxPath);
 enum RxPath {
     Chan(mpsc::UnboundedReceiver<LinkEvent>),
     Rdma(Box<super::rdma_link::RdmaRx>),
+    Ofi(Box<super::ofi_link::OfiRx>),
 }
 
 impl LinkRx {
@@ -60,6 +67,7 @@ impl LinkRx {
         match &mut self.0 {
             RxPath::Chan(rx) => rx.recv().await,
             RxPath::Rdma(rx) => rx.recv().await,
+            RxPath::Ofi(rx) => rx.recv().await,
         }
     }
 
@@ -68,12 +76,16 @@ impl LinkRx {
     pub(crate) fn poll_chan(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<LinkEvent>> {
         match &mut self.0 {
             RxPath::Chan(rx) => rx.poll_recv(cx),
-            RxPath::Rdma(_) => std::task::Poll::Ready(None),
+            RxPath::Rdma(_) | RxPath::Ofi(_) => std::task::Poll::Ready(None),
         }
     }
 
     pub(crate) fn rdma(rx: super::rdma_link::RdmaRx) -> LinkRx {
         LinkRx(RxPath::Rdma(Box::new(rx)))
+    }
+
+    pub(crate) fn ofi(rx: super::ofi_link::OfiRx) -> LinkRx {
+        LinkRx(RxPath::Ofi(Box::new(rx)))
     }
 }
 

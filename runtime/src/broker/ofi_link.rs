@@ -1,0 +1,458 @@
+//! libfabric (OFI) for overlay links (`tbon.transport=ofi`, or `auto` without a verbs device): Slingshot's `cxi`
+//! provider on El Capitan-class machines, `tcp;ofi_rxm` or `verbs;ofi_rxm` elsewhere (docs/slingshot.md).
+//!
+//! The same pattern as the verbs path (`rdma_link.rs`): every link starts as an authenticated TCP connection;
+//! the child puts `"ofi": {"provider", "name"}` (its endpoint's address, base64) in its `hello`, or
+//! `"ofi_unavailable": why`; the parent, in the task that read the hello, inserts that name into its own
+//! endpoint's address vector and answers `"ofi": {"name"}` in `hello-ack`, or `"ofi_refused": why`. From then on
+//! both sides carry every overlay message over libfabric; the TCP connection stays open as the side channel
+//! (control messages go on both, so its EOF, reset and kernel ACK state stay liveness signals, as on verbs).
+//!
+//! One endpoint serves every link of a broker ([`Hub`]), opened at the first link that asks for it, bound to
+//! the local address of that link's TCP connection. A task owns it and moves bytes between it and the links:
+//! messages from a peer go to that link's receiving half; a send that completes in error
+//! ([`vigil_ofi::Event::PeerFailed`]), a fragment that does not parse, an oversized message or a frame that does
+//! not decode closes only that link, which the membership machine turns into a lost or suspect peer like any
+//! closed link. Only peers inserted from an authenticated hello are heard: the layer drops fragments from
+//! sources not in the address vector.
+//!
+//! Choice per link: `ofi` fails a link that cannot use libfabric (the child exits with the reason, the parent
+//! refuses it); `auto` offers ofi only when the verbs path has nothing (no device), so verbs stays the first
+//! choice, and falls back to TCP with the reason, shown in `vigil overlay status` and `vigil uptime`.
+
+use super::rdma_link::LinkChoice;
+use super::transport::{LinkEvent, LinkRx, LinkTx};
+use crate::attrs::Transport;
+use crate::message::{Message, MsgType};
+use base64::Engine as _;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{info, warn};
+use vigil_ofi::{AsyncEndpoint, Endpoint, Event, PeerId};
+
+/// The longest endpoint name taken from a peer (bytes, decoded): cxi and tcp names are tens of bytes.
+const NAME_MAX: usize = 256;
+
+/// `tbon.transport` and `tbon.ofi_provider`, and this broker's endpoint once opened.
+#[derive(Debug)]
+pub(crate) struct Settings {
+    mode: Transport,
+    provider: String,
+    hub: Mutex<Option<Result<Arc<Hub>, String>>>,
+}
+
+impl Settings {
+    /// From the broker's config.
+    pub(crate) fn new(c: &crate::attrs::BrokerConfig) -> Settings {
+        Settings { mode: c.transport, provider: c.ofi_provider.clone(), hub: Mutex::new(None) }
+    }
+
+    /// Whether a link may try libfabric, given what the verbs path made of it (`verbs`: it runs on verbs).
+    fn wanted(&self, verbs: bool) -> bool {
+        match self.mode {
+            Transport::Ofi => true,
+            Transport::Auto => !verbs,
+            Transport::Rdma | Transport::Tcp => false,
+        }
+    }
+
+    /// This broker's endpoint, opened on `local` at the first call (later calls get the same one, or the same
+    /// reason it could not be opened).
+    fn hub(&self, local: Option<IpAddr>) -> Result<Arc<Hub>, String> {
+        let mut g = self.hub.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = g.as_ref() {
+            return r.clone();
+        }
+        let r = Hub::open(&self.provider, local);
+        match &r {
+            Ok(h) => info!("libfabric endpoint open: provider {}, {}", h.provider, h.detail),
+            Err(e) => info!("no libfabric links: {e}"),
+        }
+        *g = Some(r.clone());
+        r
+    }
+
+    /// The error a link gets when `tbon.transport=ofi` and libfabric cannot be used (`why`).
+    fn required(&self, why: &str) -> String {
+        format!("tbon.transport=ofi but {why}")
+    }
+}
+
+/// A broker's one libfabric endpoint, owned by its task.
+#[derive(Debug)]
+pub(crate) struct Hub {
+    cmd: mpsc::UnboundedSender<Cmd>,
+    /// Our endpoint's name (`fi_getname`).
+    name: Vec<u8>,
+    provider: String,
+    /// Fabric and domain, for status output.
+    detail: String,
+}
+
+enum Cmd {
+    Insert { name: Vec<u8>, events: mpsc::UnboundedSender<LinkEvent>, reply: oneshot::Sender<Result<PeerId, String>> },
+    Send(PeerId, Vec<u8>),
+    Remove(PeerId),
+}
+
+impl Hub {
+    fn open(provider: &str, local: Option<IpAddr>) -> Result<Arc<Hub>, String> {
+        let mut cfg = vigil_ofi::Config::with_provider(provider);
+        cfg.source_addr = local.map(|ip| ip.to_string());
+        let ep = Endpoint::open(&cfg).map_err(|e| match e {
+            // Said on every link's status line in auto mode: kept short, the command to see more given.
+            vigil_ofi::OpenError::NoProvider { provider, .. } => {
+                format!(
+                    "libfabric has no provider '{provider}' for reliable datagrams here (`fi_info -p '{provider}'`)"
+                )
+            }
+            e => e.to_string(),
+        })?;
+        let name = ep.name().map_err(|e| e.to_string())?;
+        let (fabric, domain) = ep.fabric_domain();
+        let detail = format!("fabric {fabric} domain {domain} address {}", ep.name_to_string(&name));
+        let provider = ep.provider().to_string();
+        let ep = AsyncEndpoint::new(ep).map_err(|e| e.to_string())?;
+        let (cmd, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(ep, rx));
+        Ok(Arc::new(Hub { cmd, name, provider, detail }))
+    }
+
+    /// Insert a peer's endpoint name; its messages go to the returned receiver.
+    async fn insert(&self, name: Vec<u8>) -> Result<(PeerId, mpsc::UnboundedReceiver<LinkEvent>), String> {
+        let (events, rx) = mpsc::unbounded_channel();
+        let (reply, answer) = oneshot::channel();
+        self.cmd.send(Cmd::Insert { name, events, reply }).map_err(|_| "libfabric endpoint task ended".to_string())?;
+        let peer = answer.await.map_err(|_| "libfabric endpoint task ended".to_string())??;
+        Ok((peer, rx))
+    }
+
+    fn choice(&self) -> LinkChoice {
+        LinkChoice { transport: "ofi", detail: format!("provider {}, {}", self.provider, self.detail) }
+    }
+}
+
+/// The endpoint's task: commands from the links, events to them.
+async fn run(mut ep: AsyncEndpoint, mut rx: mpsc::UnboundedReceiver<Cmd>) {
+    let mut peers: HashMap<PeerId, mpsc::UnboundedSender<LinkEvent>> = HashMap::new();
+    let close = |peers: &mut HashMap<PeerId, mpsc::UnboundedSender<LinkEvent>>, p: PeerId, why: String| {
+        if let Some(tx) = peers.remove(&p) {
+            let _ = tx.send(LinkEvent::Closed(why));
+        }
+    };
+    loop {
+        tokio::select! {
+            cmd = rx.recv() => match cmd {
+                None => break,
+                Some(Cmd::Insert { name, events, reply }) => {
+                    let r = ep.get_mut().insert_peer(&name).map_err(|e| e.to_string());
+                    if let Ok(p) = r {
+                        peers.insert(p, events);
+                    }
+                    let _ = reply.send(r);
+                }
+                Some(Cmd::Send(p, data)) => {
+                    if !peers.contains_key(&p) {
+                        continue;
+                    }
+                    if let Err(e) = ep.send(p, &data).await {
+                        close(&mut peers, p, format!("ofi: {e}"));
+                    }
+                }
+                Some(Cmd::Remove(p)) => {
+                    peers.remove(&p);
+                    let _ = ep.get_mut().remove_peer(p);
+                }
+            },
+            ev = ep.next_event() => match ev {
+                Ok(Event::Message { from, data }) => {
+                    let ev = match Message::decode_frame_owned(data) {
+                        Ok(m) => LinkEvent::Message(m),
+                        Err(e) => LinkEvent::Closed(format!("ofi: {e}")),
+                    };
+                    let closed = matches!(ev, LinkEvent::Closed(_));
+                    if let Some(tx) = peers.get(&from) {
+                        let _ = tx.send(ev);
+                    }
+                    if closed {
+                        peers.remove(&from);
+                    }
+                }
+                Ok(Event::PeerFailed { peer, error }) => close(&mut peers, peer, format!("ofi: send failed: {error}")),
+                Ok(Event::Oversized { from, len }) => {
+                    close(&mut peers, from, format!("ofi: message of more than {len} bytes"))
+                }
+                Ok(Event::Malformed { from }) => close(&mut peers, from, "ofi: malformed fragment".into()),
+                Ok(Event::RecvFailed { error }) => warn!("libfabric receive failed: {error}"),
+                Err(e) => {
+                    warn!("libfabric endpoint failed: {e}; its links close");
+                    for (_, tx) in peers.drain() {
+                        let _ = tx.send(LinkEvent::Closed(format!("ofi: {e}")));
+                    }
+                    break;
+                }
+            },
+        }
+    }
+}
+
+/// The `ofi` field of a hello or hello-ack: the peer's endpoint name, decoded and bounded.
+fn peer_name(fields: &Value) -> Result<Vec<u8>, String> {
+    let s = fields.get("name").and_then(Value::as_str).ok_or("no endpoint name")?;
+    if s.len() > NAME_MAX * 2 {
+        return Err("endpoint name too long".into());
+    }
+    let name = base64::engine::general_purpose::STANDARD.decode(s).map_err(|_| "endpoint name is not base64")?;
+    if name.is_empty() || name.len() > NAME_MAX {
+        return Err("endpoint name of a bad length".into());
+    }
+    Ok(name)
+}
+
+fn encode_name(name: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(name)
+}
+
+/// Child side, before the hello: what to offer.
+pub(crate) struct Offer {
+    hub: Result<Arc<Hub>, String>,
+}
+
+impl Offer {
+    /// `verbs`: the verbs path has a queue pair to offer on this link. Err when `tbon.transport=ofi` and no
+    /// endpoint can be had.
+    pub(crate) fn new(s: &Settings, local: Option<IpAddr>, verbs: bool) -> Result<Option<Offer>, String> {
+        if !s.wanted(verbs) {
+            return Ok(None);
+        }
+        let hub = s.hub(local);
+        if let (Err(e), Transport::Ofi) = (&hub, s.mode) {
+            return Err(s.required(e));
+        }
+        Ok(Some(Offer { hub }))
+    }
+
+    /// Fields to add to the hello payload.
+    pub(crate) fn hello_fields(&self) -> Value {
+        match &self.hub {
+            Ok(h) => json!({"ofi": {"provider": h.provider, "name": encode_name(&h.name)}}),
+            Err(e) => json!({"ofi_unavailable": e}),
+        }
+    }
+
+    /// After the hello-ack: the link over libfabric, or `Ok(None)` to stay on TCP (with the reason in the
+    /// choice), or Err when `tbon.transport=ofi` and it cannot be had.
+    pub(crate) async fn finish(
+        self,
+        s: &Settings,
+        ack: &Value,
+        tcp_tx: LinkTx,
+        tcp_rx: LinkRx,
+    ) -> Result<(LinkTx, LinkRx, LinkChoice), String> {
+        let r = match (&self.hub, ack.get("ofi")) {
+            (Err(e), _) => Err(format!("this side: {e}")),
+            (Ok(h), Some(f)) => match peer_name(f) {
+                Ok(name) => h.insert(name).await.map(|(p, rx)| (h.clone(), p, rx)),
+                Err(e) => Err(format!("parent's ofi answer: {e}")),
+            },
+            (Ok(_), None) => Err(match ack.get("ofi_refused").and_then(Value::as_str) {
+                Some(why) => format!("parent: {}", why.chars().take(200).collect::<String>()),
+                None => "parent did not answer the ofi offer".into(),
+            }),
+        };
+        match r {
+            Ok((hub, peer, rx)) => {
+                let choice = hub.choice();
+                let (tx, rx) = bridge(hub, peer, rx, tcp_tx, tcp_rx);
+                Ok((tx, rx, choice))
+            }
+            Err(e) if s.mode == Transport::Ofi => Err(s.required(&e)),
+            Err(e) => Ok((tcp_tx, tcp_rx, LinkChoice { transport: "tcp", detail: e })),
+        }
+    }
+}
+
+/// Parent side: the answer to a child's ofi offer.
+pub(crate) enum Answer {
+    /// The child's endpoint is in our address vector.
+    Ofi { hub: Arc<Hub>, peer: PeerId, rx: mpsc::UnboundedReceiver<LinkEvent> },
+    /// Stay on TCP, for this reason.
+    Tcp(String),
+    /// `tbon.transport=ofi` and libfabric cannot be used: refuse the child.
+    Refuse(String),
+}
+
+impl std::fmt::Debug for Answer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Answer::Ofi { peer, .. } => write!(f, "Ofi({peer})"),
+            Answer::Tcp(why) => write!(f, "Tcp({why})"),
+            Answer::Refuse(why) => write!(f, "Refuse({why})"),
+        }
+    }
+}
+
+impl Answer {
+    /// Decide from the hello and our endpoint on `local` (`verbs`: the link runs on verbs already). None when
+    /// this link does not consider libfabric at all.
+    pub(crate) async fn new(s: &Settings, local: Option<IpAddr>, hello: &Value, verbs: bool) -> Option<Answer> {
+        if !s.wanted(verbs) {
+            return None;
+        }
+        let r = match hello.get("ofi") {
+            Some(f) => match (peer_name(f), s.hub(local)) {
+                (Err(e), _) => Err(format!("child's ofi offer: {e}")),
+                (_, Err(e)) => Err(e),
+                (Ok(name), Ok(h)) => h.insert(name).await.map(|(peer, rx)| Answer::Ofi { hub: h.clone(), peer, rx }),
+            },
+            None => Err(match hello.get("ofi_unavailable").and_then(Value::as_str) {
+                Some(why) => format!("child: {}", why.chars().take(200).collect::<String>()),
+                None => "child made no ofi offer".into(),
+            }),
+        };
+        Some(match r {
+            Ok(a) => a,
+            Err(e) if s.mode == Transport::Ofi => Answer::Refuse(s.required(&e)),
+            Err(e) => Answer::Tcp(e),
+        })
+    }
+
+    /// Fields to add to the hello-ack payload.
+    pub(crate) fn ack_fields(&self) -> Value {
+        match self {
+            Answer::Ofi { hub, .. } => json!({"ofi": {"name": encode_name(&hub.name)}}),
+            Answer::Tcp(why) | Answer::Refuse(why) => json!({"ofi_refused": why}),
+        }
+    }
+
+    /// The link's halves and what it runs on, once accepted; or the TCP halves back with the reason.
+    pub(crate) fn into_link(self, tcp_tx: LinkTx, tcp_rx: LinkRx) -> (LinkTx, LinkRx, LinkChoice) {
+        match self {
+            Answer::Ofi { hub, peer, rx } => {
+                let choice = hub.choice();
+                let (tx, rx) = bridge(hub, peer, rx, tcp_tx, tcp_rx);
+                (tx, rx, choice)
+            }
+            Answer::Tcp(why) | Answer::Refuse(why) => (tcp_tx, tcp_rx, LinkChoice { transport: "tcp", detail: why }),
+        }
+    }
+}
+
+/// Carry a link's messages over libfabric to `peer`, keeping its TCP connection as the side channel.
+fn bridge(
+    hub: Arc<Hub>,
+    peer: PeerId,
+    rx: mpsc::UnboundedReceiver<LinkEvent>,
+    tcp_tx: LinkTx,
+    tcp_rx: LinkRx,
+) -> (LinkTx, LinkRx) {
+    let tx = LinkTx::ofi(OfiTx { hub: hub.clone(), peer, tcp: tcp_tx });
+    (tx, LinkRx::ofi(OfiRx { hub, peer, rx, tcp: tcp_rx, done: false }))
+}
+
+/// Sending half of an ofi link.
+#[derive(Debug)]
+pub(crate) struct OfiTx {
+    hub: Arc<Hub>,
+    peer: PeerId,
+    tcp: LinkTx,
+}
+
+impl OfiTx {
+    /// Encode `m` and hand it to the endpoint's task (queued there while the provider's queues are full).
+    /// Control messages (heartbeats, goodbye, shutdown) also go on TCP. Gives `m` back once the endpoint's task
+    /// has ended.
+    pub(crate) fn send(&self, m: Message) -> Result<(), Message> {
+        if m.msgtype == MsgType::Control {
+            let _ = self.tcp.send(m.clone());
+        }
+        self.hub.cmd.send(Cmd::Send(self.peer, m.encode())).map_err(|_| m)
+    }
+}
+
+/// Receiving half of an ofi link: its libfabric messages merged with the TCP side channel's.
+#[derive(Debug)]
+pub(crate) struct OfiRx {
+    hub: Arc<Hub>,
+    peer: PeerId,
+    rx: mpsc::UnboundedReceiver<LinkEvent>,
+    tcp: LinkRx,
+    done: bool,
+}
+
+impl OfiRx {
+    /// The next message from either path, or `Closed` with the first reason either gives; then None.
+    pub(crate) async fn recv(&mut self) -> Option<LinkEvent> {
+        if self.done {
+            return None;
+        }
+        let ev = tokio::select! {
+            ev = self.rx.recv() => ev.unwrap_or_else(|| LinkEvent::Closed("ofi: endpoint task ended".into())),
+            ev = std::future::poll_fn(|cx| self.tcp.poll_chan(cx)) => match ev {
+                Some(ev) => ev,
+                None => LinkEvent::Closed("tcp side channel dropped".into()),
+            },
+        };
+        self.done = matches!(ev, LinkEvent::Closed(_));
+        Some(ev)
+    }
+}
+
+impl Drop for OfiRx {
+    fn drop(&mut self) {
+        // The peer leaves our address vector with its link.
+        let _ = self.hub.cmd.send(Cmd::Remove(self.peer));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(mode: Transport, provider: &str) -> Settings {
+        let c = crate::attrs::BrokerConfig { transport: mode, ofi_provider: provider.into(), ..Default::default() };
+        Settings::new(&c)
+    }
+
+    #[test]
+    fn verbs_stays_first_and_tcp_never_tries() {
+        assert!(settings(Transport::Auto, "cxi").wanted(false));
+        assert!(!settings(Transport::Auto, "cxi").wanted(true), "a link on verbs does not offer ofi");
+        assert!(settings(Transport::Ofi, "cxi").wanted(true));
+        assert!(!settings(Transport::Tcp, "cxi").wanted(false));
+        assert!(!settings(Transport::Rdma, "cxi").wanted(false));
+    }
+
+    #[test]
+    fn a_bad_endpoint_name_is_a_reason_not_a_panic() {
+        for bad in [
+            json!({}),
+            json!({"name": 5}),
+            json!({"name": "***"}),
+            json!({"name": ""}),
+            json!({"name": "A".repeat(600)}),
+        ] {
+            assert!(peer_name(&bad).is_err(), "{bad}");
+        }
+        assert_eq!(peer_name(&json!({"name": encode_name(b"abc")})), Ok(b"abc".to_vec()));
+    }
+
+    /// `auto` without the provider falls back to TCP with libfabric's reason; `ofi` fails the link with it.
+    #[tokio::test]
+    async fn a_provider_that_is_not_there_falls_back_or_fails() {
+        let s = settings(Transport::Auto, "no-such-provider");
+        let offer = Offer::new(&s, None, false).unwrap().expect("auto considers ofi");
+        let f = offer.hello_fields();
+        assert!(f["ofi_unavailable"].as_str().is_some(), "{f}");
+        let a = Answer::new(&s, None, &f, false).await.expect("considered");
+        assert!(matches!(&a, Answer::Tcp(why) if why.starts_with("child: ")), "{a:?}");
+        let s = settings(Transport::Ofi, "no-such-provider");
+        let e = Offer::new(&s, None, false).err().expect("ofi is required");
+        assert!(e.starts_with("tbon.transport=ofi but "), "{e}");
+        let a = Answer::new(&s, None, &f, false).await.expect("considered");
+        assert!(matches!(&a, Answer::Refuse(why) if why.starts_with("tbon.transport=ofi but")), "{a:?}");
+    }
+}
