@@ -822,8 +822,10 @@ impl Driver {
     fn commit(&mut self) {
         let Some(store) = self.store.as_mut() else { return };
         let Some(batch) = self.broker.journal() else { return };
+        // An fsync only where a submission waits for it: the rest is fsynced with the next one (store.rs).
+        let durable = !self.broker.awaiting_durable.is_empty();
         let result = match &batch {
-            Some(b) => store.commit(b),
+            Some(b) => store.commit_with(b, durable),
             None => Ok(()),
         };
         let now = self.now();

@@ -1,10 +1,14 @@
 //! The state directory's store (`-S statedir=DIR`): rank 0's journal (`jobs/journal.rs`) in SQLite.
 //!
-//! One file, `DIR/vigil.sqlite`, in WAL mode with `synchronous=FULL`: a [`Store::commit`] returns once its
-//! transaction is in the write-ahead log and the log is on disk (fsync), so what it holds survives `kill -9` of
-//! rank 0 and a power cut. The driver commits one transaction per turn of its loop (every input that turn's
+//! One file, `DIR/vigil.sqlite`, in WAL mode. A durable [`Store::commit_with`] (`synchronous=FULL`) returns once
+//! its transaction is in the write-ahead log and the log is on disk (fsync), so what it holds survives `kill -9`
+//! of rank 0 and a power cut. The driver commits one transaction per turn of its loop (every input that turn's
 //! batch of events brought) before it carries out anything the broker asked for in that turn (group commit), so
-//! a submission is answered only once its record is durable, and one fsync serves many submissions.
+//! a submission is answered only once its record is durable, and one fsync serves many submissions. A turn that
+//! answers no submission (job events, shell exits, drains) commits with `synchronous=NORMAL`: written to the log
+//! at once, so `kill -9` of rank 0 loses none of it, but fsynced only with the next durable commit (the log is
+//! appended in order, so that fsync covers everything before it) or SQLite's checkpoint; a power cut of rank 0's
+//! node may lose those last changes, never an acknowledged job.
 //!
 //! Why SQLite: it is among the most tested pieces of software there is, crash-safe by design, and what Flux keeps
 //! its content in; an operator can read the file with the `sqlite3` shell; and it builds with this workspace's
@@ -90,6 +94,8 @@ pub struct Store {
     path: PathBuf,
     /// Times rank 0 started on this store after the first (this start counted).
     pub restarts: u64,
+    /// The connection's `synchronous` setting is FULL (else NORMAL).
+    sync_full: bool,
 }
 
 impl std::fmt::Debug for Store {
@@ -169,7 +175,7 @@ impl Store {
                 .map_err(|e| damaged(&path, e))?;
         check(&conn).map_err(|why| damaged(&path, why))?;
         conn.pragma_update(None, "synchronous", "FULL").map_err(|e| damaged(&path, e))?;
-        let mut store = Store { conn, path, restarts: 0 };
+        let mut store = Store { conn, path, restarts: 0, sync_full: true };
         let kept = store.load().map_err(|e| damaged(&store.path, e))?;
         if kept.is_some() {
             store.restarts = store.meta_u64("restarts").map_err(|e| damaged(&store.path, e))? + 1;
@@ -265,6 +271,19 @@ impl Store {
     /// # Errors
     /// The SQLite error (a full disk, an I/O error): then nothing of `b` is kept.
     pub fn commit(&mut self, b: &Journal) -> Result<(), CommitError> {
+        self.commit_with(b, true)
+    }
+
+    /// Write batch `b` in one transaction: on disk (fsynced, with everything committed before it) when `durable`,
+    /// else in the write-ahead log, to be fsynced by the next durable commit or checkpoint.
+    ///
+    /// # Errors
+    /// As [`Store::commit`].
+    pub fn commit_with(&mut self, b: &Journal, durable: bool) -> Result<(), CommitError> {
+        if durable != self.sync_full {
+            self.conn.pragma_update(None, "synchronous", if durable { "FULL" } else { "NORMAL" })?;
+            self.sync_full = durable;
+        }
         let tx = self.conn.transaction()?;
         {
             let mut new_job = tx.prepare_cached(
@@ -414,10 +433,13 @@ mod tests {
         done.r = Some(json!({"version": 1}));
         done.output = Some(vec![crate::shellproto::OutputLine::text(0, "stdout", "hi".into())]);
         let b2 = batch(vec![done], 2, 1, 12);
-        for b in [&b1, &b2] {
-            s.commit(b).unwrap();
+        // The second without an fsync of its own (a turn that answers no submission): still kept.
+        for (b, durable) in [(&b1, true), (&b2, false)] {
+            s.commit_with(b, durable).unwrap();
             mem.apply(b).unwrap();
         }
+        let sync: i64 = s.conn.query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap();
+        assert_eq!(sync, 1, "NORMAL after a commit that needs no fsync");
         drop(s);
         let (s, kept) = Store::open(d.path()).unwrap();
         assert_eq!(s.restarts, 1);
