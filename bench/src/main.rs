@@ -45,6 +45,7 @@ use std::time::{Duration, Instant};
 mod auth;
 mod detect;
 mod fwq;
+mod jobcore;
 mod mpi;
 mod sched;
 mod sim;
@@ -52,6 +53,10 @@ mod tick;
 mod uring;
 mod uring_link;
 mod xdp_hub;
+
+/// Counts live heap bytes for `vigil-bench jobcore` (a relaxed add per allocation; nothing else measures it).
+#[global_allocator]
+static ALLOC: jobcore::Counting = jobcore::Counting;
 
 /// flux-core 0.88 reference: `flux start --test-size=1 true` wall time on this machine, seconds.
 const REF_START_N1_S: f64 = 0.91;
@@ -106,6 +111,9 @@ enum TopCmd {
     Mpi(mpi::MpiArgs),
     /// Job throughput at queue depth (200, 10,000, 64,000) and job latency, Vigil and Slurm in the same run.
     Sched(sched::SchedArgs),
+    /// Cost per job of the job manager and scheduler at queue depth (200, 10,000, 64,000), in-process: the
+    /// sans-IO job core alone and rank 0's broker in the simulator, with heap bytes per queued job.
+    Jobcore(jobcore::JobcoreArgs),
     /// Failure-detection latencies on network-namespace nodes (needs root).
     Detect(detect::DetectArgs),
     /// io_uring vs tokio (epoll) for overlay TCP links: RPC round trip and streaming throughput.
@@ -318,6 +326,7 @@ fn main() {
         Some(TopCmd::Inner(InnerCmd::ProbeCost(a))) => detect::inner_cost(a),
         Some(TopCmd::Mpi(a)) => report(mpi::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Sched(a)) => report(sched::run(&a, cli.vigil, cli.out_dir)),
+        Some(TopCmd::Jobcore(a)) => report(jobcore::run(&a, cli.out_dir)),
         Some(TopCmd::Detect(a)) => report(detect::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Uring(a)) => report(uring::run(&a, cli.out_dir)),
         Some(TopCmd::Auth(a)) => report(auth::run(&a, cli.vigil, cli.out_dir)),

@@ -152,6 +152,7 @@ impl JobCore {
 
     /// Apply the rules to pending job `id`.
     fn consider(&mut self, now: f64, id: JobId, pass: &mut Pass) -> Verdict {
+        self.examined += 1;
         let Some(job) = self.jobs.get(&id).filter(|j| j.state == JobState::Sched) else {
             self.queue.remove(&id);
             return Verdict::Waits;

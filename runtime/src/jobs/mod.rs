@@ -551,6 +551,8 @@ pub struct JobCore {
     sched_dirty: bool,
     /// The last full pass looked at every pending job (none was deeper than [`BACKFILL_DEPTH`]).
     examined_all: bool,
+    /// Pending jobs looked at by scheduling passes so far (`backfill.rs`): what bounds a pass's cost.
+    examined: u64,
     /// What this nested instance lost for good, in order (`shrink.rs`).
     shrunk: Vec<String>,
     actions: Outbox,
@@ -593,6 +595,7 @@ impl JobCore {
             beside: None,
             sched_dirty: false,
             examined_all: true,
+            examined: 0,
             shrunk: Vec::new(),
             actions: Outbox::default(),
             epoch,
@@ -1280,6 +1283,16 @@ impl JobCore {
         }
         self.raise(now, id, "cancel", 0, note);
         Ok(())
+    }
+
+    /// Jobs pending (SCHED), running (holding resources) and held in all (INACTIVE ones too), without a scan.
+    pub fn counts(&self) -> (usize, usize, usize) {
+        (self.queue.len(), self.running.len(), self.jobs.len())
+    }
+
+    /// Pending jobs looked at by every scheduling pass so far (a counter: tests bound the work of one pass).
+    pub fn examined(&self) -> u64 {
+        self.examined
     }
 
     /// Jobs not yet INACTIVE, in id order.
