@@ -321,6 +321,8 @@ pub struct Sim {
     responses: BTreeMap<u32, (u32, serde_json::Value)>,
     /// First shell spawn of each job, in order (the FCFS check).
     spawn_order: Vec<JobId>,
+    /// The jobs in `spawn_order` (a lookup, not a scan of every job ever run, at each spawn).
+    spawned: std::collections::HashSet<JobId>,
     /// Faults injected: (time, fault).
     faults: Vec<(Time, Fault)>,
     /// Invariant violations noticed while running.
@@ -484,6 +486,7 @@ impl Sim {
             next_tag: 1,
             responses: BTreeMap::new(),
             spawn_order: Vec::new(),
+            spawned: std::collections::HashSet::new(),
             faults: Vec::new(),
             violations: Vec::new(),
             watch: ReparentWatch::default(),
@@ -955,7 +958,7 @@ impl Sim {
                     [s, t, ..] if s == "sleep" => t.parse::<f64>().unwrap_or(0.0),
                     _ => 0.0,
                 };
-                if input.shell_rank == 0 && !self.spawn_order.contains(&id) {
+                if input.shell_rank == 0 && self.spawned.insert(id) {
                     self.spawn_order.push(id);
                 }
                 self.nodes[n as usize].shells.insert(id, self.now);
