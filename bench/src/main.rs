@@ -48,6 +48,7 @@ use std::time::{Duration, Instant};
 mod auth;
 mod detect;
 mod fwq;
+mod jobcore;
 mod mpi;
 mod restart;
 mod sched;
@@ -56,6 +57,10 @@ mod tick;
 mod uring;
 mod uring_link;
 mod xdp_hub;
+
+/// Counts live heap bytes for `vigil-bench jobcore` (a relaxed add per allocation; nothing else measures it).
+#[global_allocator]
+static ALLOC: jobcore::Counting = jobcore::Counting;
 
 /// flux-core 0.88 reference: `flux start --test-size=1 true` wall time on this machine, seconds.
 const REF_START_N1_S: f64 = 0.91;
@@ -113,6 +118,9 @@ enum TopCmd {
     /// Rank 0 restart to ready (kill -9, restart on its state directory) at 0, 10,000, 100,000 jobs, and submit
     /// throughput with the store on and off.
     Restart(restart::RestartArgs),
+    /// Cost per job of the job manager and scheduler at queue depth (200, 10,000, 64,000), in-process: the
+    /// sans-IO job core alone and rank 0's broker in the simulator, with heap bytes per queued job.
+    Jobcore(jobcore::JobcoreArgs),
     /// Failure-detection latencies on network-namespace nodes (needs root).
     Detect(detect::DetectArgs),
     /// io_uring vs tokio (epoll) for overlay TCP links: RPC round trip and streaming throughput.
@@ -326,6 +334,7 @@ fn main() {
         Some(TopCmd::Mpi(a)) => report(mpi::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Sched(a)) => report(sched::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Restart(a)) => report(restart::run(&a, cli.vigil, cli.out_dir)),
+        Some(TopCmd::Jobcore(a)) => report(jobcore::run(&a, cli.out_dir)),
         Some(TopCmd::Detect(a)) => report(detect::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Uring(a)) => report(uring::run(&a, cli.out_dir)),
         Some(TopCmd::Auth(a)) => report(auth::run(&a, cli.vigil, cli.out_dir)),

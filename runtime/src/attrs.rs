@@ -207,6 +207,8 @@ pub static ATTRS: &[Attr] = &[
         "time limit of a job submitted without one (enforced, as Slurm's DefaultTime); inf: none"),
     attr("sched.max-requeue", Kind::Count, is("3"), CommandLine,
         "times a --requeue job goes back to the queue after losing a node before its next loss ends it"),
+    attr("sched.backfill-depth", Kind::Count, is("1024"), CommandLine,
+        "most pending jobs one scheduling pass looks at (Slurm's bf_max_job_test); deeper jobs wait their turn"),
     attr("exec.shell", Kind::Path, otherwise("$VIGIL_SHELL, else vigil-shell beside vigil", "/usr/libexec/vigil-shell"),
         CommandLine, "job shell program"),
     attr("exec.containment", Kind::Enum(&["auto", "cgroup", "pgroup"]), is("auto"), CommandLine,
@@ -467,6 +469,8 @@ pub struct BrokerConfig {
     pub default_duration: f64,
     /// `sched.max-requeue`: how many times one job may be requeued after losing a node.
     pub max_requeue: u32,
+    /// `sched.backfill-depth`: most pending jobs one scheduling pass looks at (>= 1).
+    pub backfill_depth: usize,
     /// `exec.shell`: the job shell program; `None` = `$VIGIL_SHELL`, else `vigil-shell` beside `vigil`.
     pub shell: Option<PathBuf>,
     /// `exec.containment`: `auto`, `cgroup` or `pgroup` (see `broker/cgroup.rs`).
@@ -510,6 +514,7 @@ impl Default for BrokerConfig {
             sched_policy: SchedPolicy::Easy,
             default_duration: f64::INFINITY,
             max_requeue: crate::jobs::DEFAULT_MAX_REQUEUE,
+            backfill_depth: crate::jobs::BACKFILL_DEPTH,
             shell: None,
             containment: "auto".into(),
             log_level: None,
@@ -731,6 +736,12 @@ impl Draft {
                 }
             }
             "sched.max-requeue" => c.max_requeue = count(v)?,
+            "sched.backfill-depth" => {
+                c.backfill_depth = count(v)?;
+                if c.backfill_depth == 0 {
+                    return Err("expected a count of at least 1".into());
+                }
+            }
             "exec.shell" => c.shell = Some(path(v)?),
             "exec.containment" => {
                 c.containment = match v {
@@ -883,6 +894,7 @@ impl BrokerConfig {
             "sched.policy" => self.sched_policy.name().into(),
             "sched.default-duration" => fmt_duration(self.default_duration),
             "sched.max-requeue" => self.max_requeue.to_string(),
+            "sched.backfill-depth" => self.backfill_depth.to_string(),
             "exec.shell" => self.shell.as_ref()?.display().to_string(),
             "exec.containment" => self.containment.clone(),
             "log-level" => self.log_level.clone()?,
@@ -983,6 +995,7 @@ mod tests {
             ("sched.policy", "easy"),
             ("sched.default-duration", "inf"),
             ("sched.max-requeue", "3"),
+            ("sched.backfill-depth", "1024"),
             ("tbon.topo", "kary:32"),
             ("tbon.fanout", "32"),
             ("tbon.rdma_max_inline", "236"),

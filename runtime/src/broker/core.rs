@@ -394,6 +394,7 @@ impl Broker {
                 policy: c.sched_policy,
                 default_duration: Some(c.default_duration).filter(|d| d.is_finite()),
                 max_requeue: c.max_requeue,
+                backfill_depth: c.backfill_depth,
                 // A nested instance's lost brokers never return: it shrinks (jobs/shrink.rs).
                 shrink: c.instance_level > 0,
             };

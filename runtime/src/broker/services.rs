@@ -854,7 +854,7 @@ fn jobs(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
             if let (Some(t), Some(o)) = (jc.estimate(id), info.as_object_mut()) {
                 o.insert("annotations".into(), json!({"sched": {"t_estimate": t}}));
             }
-            Ok(Some(json!({"info": info, "jobspec": j.jobspec, "R": j.r}).into()))
+            Ok(Some(json!({"info": info, "jobspec": j.jobspec(), "R": j.r}).into()))
         }
         "job-manager.cancel" => {
             let id = parse_id(body)?;

@@ -25,8 +25,9 @@
 //! As in Slurm, a job's time limit is taken as its run time, and the few seconds a killed job's shells take to
 //! exit are not planned for.
 //!
-//! Cost, independent of queue depth: a pass looks at no more than [`BACKFILL_DEPTH`] pending jobs (Slurm's
-//! `bf_max_job_test`), skips a request whose shape already failed in the pass (resources only shrink during a
+//! Cost, independent of queue depth: a pass looks at no more than `sched.backfill-depth` pending jobs (default
+//! [`BACKFILL_DEPTH`], as Slurm's `bf_max_job_test`; `JobCore::examined` counts them, and `tests_sched.rs` bounds
+//! it), borrows each job's request rather than copying it, skips a request whose shape already failed in the pass (resources only shrink during a
 //! pass), stops looking for backfill once no core is free, and finds the reservation by a binary search over the
 //! running jobs' ends. A submission looks at the new job alone when nothing changed since the last pass.
 
@@ -37,8 +38,8 @@ use crate::jobspec::JobRequest;
 use std::collections::HashSet;
 use std::ops::Bound::{Excluded, Unbounded};
 
-/// Most pending jobs one scheduling pass looks at (Slurm's `bf_max_job_test` is 500 by default): jobs deeper in
-/// the queue wait until those ahead of them have started.
+/// Default of `sched.backfill-depth`: most pending jobs one scheduling pass looks at (Slurm's `bf_max_job_test`
+/// is 500 by default): jobs deeper in the queue wait until those ahead of them have started.
 pub const BACKFILL_DEPTH: usize = 1024;
 
 /// The reservation of the first job that must wait (rule 3 of the module doc).
@@ -126,7 +127,7 @@ impl JobCore {
             };
             let Some(id) = next else { break };
             cursor = Some(id);
-            if seen > BACKFILL_DEPTH {
+            if seen > self.config.backfill_depth {
                 self.examined_all = false;
                 break;
             }
@@ -144,7 +145,7 @@ impl JobCore {
         }
         if self.sched_dirty {
             self.schedule(now);
-        } else if self.examined_all && self.queue.len() <= BACKFILL_DEPTH {
+        } else if self.examined_all && self.queue.len() <= self.config.backfill_depth {
             self.consider(now, id, &mut Pass::new(Some(u64::MAX)));
         }
         // Else the new job is deeper than a pass looks: it waits for the jobs ahead of it.
@@ -152,12 +153,15 @@ impl JobCore {
 
     /// Apply the rules to pending job `id`.
     fn consider(&mut self, now: f64, id: JobId, pass: &mut Pass) -> Verdict {
+        self.examined += 1;
         let Some(job) = self.jobs.get(&id).filter(|j| j.state == JobState::Sched) else {
             self.queue.remove(&id);
             return Verdict::Waits;
         };
-        let req = job.req.clone();
-        let shape = Shape::of(&req);
+        // The request is borrowed, not copied (its command and environment may be large): a job whose shape
+        // already failed in this pass costs a lookup.
+        let req = &job.req;
+        let shape = Shape::of(req);
         let need = u64::from(req.nslots) * u64::from(req.cores_per_slot);
         if pass.unfit.contains(&shape) {
             return Verdict::Waits;
@@ -165,17 +169,17 @@ impl JobCore {
         let Some(res) = &self.reservation else {
             // No job waits ahead of this one (rules 1 to 3).
             if !pass.no_room.contains(&shape) {
-                if let Some(plan) = self.pool.allocate(&req) {
+                if let Some(plan) = self.pool.allocate(req) {
                     self.started(now, id, plan, pass);
                     return Verdict::Started;
                 }
                 pass.no_room.insert(shape);
             }
-            if !self.pool.feasible_now(&req) {
+            if !self.pool.feasible_now(req) {
                 pass.unfit.insert(shape);
                 return Verdict::Waits;
             }
-            let Some(res) = self.reserve(now, id, &req) else {
+            let Some(res) = self.reserve(now, id, req) else {
                 pass.unfit.insert(shape);
                 return Verdict::Waits;
             };
@@ -196,7 +200,7 @@ impl JobCore {
         }
         let end = now + req.duration.unwrap_or(f64::INFINITY);
         if end.is_finite() && end <= res.start {
-            match self.pool.allocate(&req) {
+            match self.pool.allocate(req) {
                 Some(plan) => {
                     if let Some(b) = self.beside.as_mut() {
                         b.take(&plan);
@@ -218,7 +222,7 @@ impl JobCore {
             beside.take(&res.plan);
             self.beside = Some(beside);
         }
-        match self.beside.as_mut().and_then(|b| b.allocate(&req)) {
+        match self.beside.as_mut().and_then(|b| b.allocate(req)) {
             Some(plan) => {
                 self.pool.take(&plan);
                 self.started(now, id, plan, pass);

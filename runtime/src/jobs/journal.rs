@@ -237,7 +237,7 @@ impl JobCore {
                 id: j.id,
                 userid: j.userid,
                 state: j.state,
-                jobspec: (j.saved_events == 0).then(|| j.jobspec.clone()),
+                jobspec: (j.saved_events == 0).then(|| j.jobspec()),
                 first_event: j.saved_events,
                 events: j.eventlog[j.saved_events.min(j.eventlog.len())..].to_vec(),
                 r: j.r.as_ref().and_then(|r| serde_json::to_value(r).ok()),
@@ -398,7 +398,7 @@ impl JobCore {
             }
         };
         let t_submit = eventlog.first().map_or(0.0, |e| e.timestamp);
-        let mut job = Job::new(id, userid, jobspec, req, t_submit);
+        let mut job = Job::new(id, userid, &jobspec, req, t_submit);
         for e in &eventlog {
             let ctx = Value::Object(e.context.clone());
             job.state = job.state.apply(&e.name, &ctx).unwrap_or(job.state);

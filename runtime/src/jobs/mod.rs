@@ -166,6 +166,9 @@ pub struct SchedConfig {
     pub default_duration: Option<f64>,
     /// `sched.max-requeue`: how many times one job may be requeued after losing a node (`requeue.rs`).
     pub max_requeue: u32,
+    /// `sched.backfill-depth`: most pending jobs one scheduling pass looks at (`backfill.rs`, default
+    /// [`BACKFILL_DEPTH`]), so that the cost of a pass does not grow with the queue.
+    pub backfill_depth: usize,
     /// Lost ranks leave the instance for good (RFC 28 shrink, `shrink.rs`): true in a nested instance
     /// (`instance-level` > 0), whose lost brokers never return.
     pub shrink: bool,
@@ -178,6 +181,7 @@ impl Default for SchedConfig {
             policy: SchedPolicy::Easy,
             default_duration: None,
             max_requeue: DEFAULT_MAX_REQUEUE,
+            backfill_depth: BACKFILL_DEPTH,
             shrink: false,
         }
     }
@@ -340,8 +344,11 @@ pub struct Job {
     pub userid: u32,
     /// State (RFC 21).
     pub state: JobState,
-    /// The jobspec as submitted.
-    pub jobspec: Value,
+    /// The jobspec as submitted, as compact JSON text ([`Job::jobspec`] parses it): a parsed `Value` of even a
+    /// small jobspec holds a few KiB of maps, for every queued job, while the scheduler reads only `req`.
+    jobspec_text: Box<str>,
+    /// `attributes.system.job.name` of the jobspec, if it has one (`vigil jobs` shows it).
+    name: Option<Box<str>>,
     /// Validated request.
     pub req: JobRequest,
     /// RFC 18 eventlog.
@@ -418,7 +425,7 @@ pub struct Job {
 impl Job {
     /// A job in state NEW with no events yet, submitted at `now` by `userid` (its exit-timeout from the
     /// request's shell options).
-    fn new(id: JobId, userid: u32, jobspec: Value, req: JobRequest, now: f64) -> Job {
+    fn new(id: JobId, userid: u32, jobspec: &Value, req: JobRequest, now: f64) -> Job {
         let exit_timeout = match req.shell_options.get("exit-timeout") {
             Some(Value::String(s)) => crate::duration::parse_duration_secs(s).ok().filter(|v| v.is_finite()),
             Some(Value::Number(n)) => n.as_f64().filter(|v| *v > 0.0),
@@ -428,7 +435,8 @@ impl Job {
             id,
             userid,
             state: JobState::New,
-            jobspec,
+            jobspec_text: jobspec.to_string().into_boxed_str(),
+            name: jobspec.pointer("/attributes/system/job/name").and_then(Value::as_str).map(Into::into),
             req,
             eventlog: Vec::new(),
             output: VecDeque::new(),
@@ -464,6 +472,20 @@ impl Job {
             saved_events: 0,
             saved_output: false,
         }
+    }
+
+    /// The jobspec as submitted.
+    pub fn jobspec(&self) -> Value {
+        serde_json::from_str(&self.jobspec_text).unwrap_or(Value::Null)
+    }
+
+    /// `attributes.system.files` of the jobspec (files the shell writes before the tasks start), if any.
+    fn files(&self) -> serde_json::Map<String, Value> {
+        // A jobspec without the key anywhere has none: no parse at each start of an ordinary job.
+        if !self.jobspec_text.contains("\"files\"") {
+            return serde_json::Map::new();
+        }
+        self.jobspec().pointer("/attributes/system/files").and_then(Value::as_object).cloned().unwrap_or_default()
     }
 
     /// What the job still holds: its allocation without the ranks released early.
@@ -515,7 +537,7 @@ impl Job {
         let ranks: IdSet = self.alloc.iter().map(|a| a.rank).collect();
         json!({
             "id": self.id.0, "id_f58": self.id.f58(), "userid": self.userid, "state": self.state.name(),
-            "name": self.jobspec.pointer("/attributes/system/job/name").and_then(Value::as_str)
+            "name": self.name.as_deref()
                 .or_else(|| self.req.command.first().map(|c| c.rsplit('/').next().unwrap_or(c))).unwrap_or(""),
             "ntasks": self.req.ntasks, "nnodes": self.alloc.len(), "ranks": ranks.to_string(), "nodelist": nodelist,
             "t_submit": self.t_submit, "t_run": self.t_run, "t_inactive": self.t_inactive,
@@ -549,8 +571,10 @@ pub struct JobCore {
     beside: Option<Pool>,
     /// Resources changed since the last full pass (a submission then needs one, not just a look at itself).
     sched_dirty: bool,
-    /// The last full pass looked at every pending job (none was deeper than [`BACKFILL_DEPTH`]).
+    /// The last full pass looked at every pending job (none was deeper than `sched.backfill-depth`).
     examined_all: bool,
+    /// Pending jobs looked at by scheduling passes so far (`backfill.rs`): what bounds a pass's cost.
+    examined: u64,
     /// What this nested instance lost for good, in order (`shrink.rs`).
     shrunk: Vec<String>,
     actions: Outbox,
@@ -593,6 +617,7 @@ impl JobCore {
             beside: None,
             sched_dirty: false,
             examined_all: true,
+            examined: 0,
             shrunk: Vec::new(),
             actions: Outbox::default(),
             epoch,
@@ -873,7 +898,7 @@ impl JobCore {
             req.duration = self.config.default_duration;
         }
         let id = self.new_id(now);
-        let mut job = Job::new(id, userid, jobspec.clone(), req, now);
+        let mut job = Job::new(id, userid, jobspec, req, now);
         job.post(now, "submit", json!({"userid": userid, "urgency": 16, "flags": 0, "version": 1}));
         job.post(now, "validate", json!({}));
         job.post(now, "depend", json!({}));
@@ -935,6 +960,7 @@ impl JobCore {
         job.post(now, "alloc", json!({"R": rv}));
         let mut first = 0;
         let nshells = alloc.len() as u32;
+        let files = job.files();
         for (i, a) in alloc.iter().enumerate() {
             let (topology, declared_gpus) = self.topology.get(&a.rank).cloned().unwrap_or(("live".into(), None));
             let input = ShellInput {
@@ -960,12 +986,7 @@ impl JobCore {
                 declared_gpus,
                 uri: String::new(),
                 tmpdir: None,
-                files: job
-                    .jobspec
-                    .pointer("/attributes/system/files")
-                    .and_then(Value::as_object)
-                    .cloned()
-                    .unwrap_or_default(),
+                files: files.clone(),
             };
             job.shells.insert(
                 a.rank,
@@ -1226,9 +1247,12 @@ impl JobCore {
             return true;
         }
         if job.t_run.is_none() {
-            // Never allocated: straight to INACTIVE.
-            self.drop_pending(now, id, exc);
-            self.schedule(now);
+            // Never allocated: straight to INACTIVE. A pass is needed only if it held the reservation: a pending
+            // job holds no resources, and the pass's verdict on every other job does not depend on it (so a storm
+            // of cancels does not cost a pass each).
+            if self.drop_pending(now, id, exc) {
+                self.schedule(now);
+            }
             return true;
         }
         job.post(now, "exception", json!({"type": kind, "severity": severity, "note": note}));
@@ -1252,10 +1276,12 @@ impl JobCore {
         true
     }
 
-    /// A pending job (never allocated, or requeued) gets fatal exception `exc` and ends at once. The caller runs a
-    /// scheduling pass.
-    fn drop_pending(&mut self, now: f64, id: JobId, exc: Exception) {
-        let Some(job) = self.jobs.get_mut(&id) else { return };
+    /// A pending job (never allocated, or requeued) gets fatal exception `exc` and ends at once. True when it held
+    /// the reservation (`backfill.rs`): then the caller runs a scheduling pass. Another pending job's removal
+    /// changes no verdict of the last pass (a job deeper than `sched.backfill-depth` that it lets into the window
+    /// is looked at by the next pass).
+    fn drop_pending(&mut self, now: f64, id: JobId, exc: Exception) -> bool {
+        let Some(job) = self.jobs.get_mut(&id) else { return false };
         job.post(now, "exception", json!({"type": exc.kind, "severity": exc.severity, "note": exc.note}));
         if job.fatal.is_none() {
             job.fatal = Some(exc);
@@ -1264,8 +1290,12 @@ impl JobCore {
         job.t_inactive = Some(now);
         retire_stdin(job);
         self.queue.remove(&id);
-        self.sched_dirty = true;
         self.actions.push_back(Action::Updated(id));
+        let held = self.reservation.as_ref().is_some_and(|r| r.id == id);
+        if held {
+            self.sched_dirty = true;
+        }
+        held
     }
 
     /// Cancel job `id` on behalf of `userid` (`owner` = the instance owner may cancel any job).
@@ -1280,6 +1310,16 @@ impl JobCore {
         }
         self.raise(now, id, "cancel", 0, note);
         Ok(())
+    }
+
+    /// Jobs pending (SCHED), running (holding resources) and held in all (INACTIVE ones too), without a scan.
+    pub fn counts(&self) -> (usize, usize, usize) {
+        (self.queue.len(), self.running.len(), self.jobs.len())
+    }
+
+    /// Pending jobs looked at by every scheduling pass so far (a counter: tests bound the work of one pass).
+    pub fn examined(&self) -> u64 {
+        self.examined
     }
 
     /// Jobs not yet INACTIVE, in id order.

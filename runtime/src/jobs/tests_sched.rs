@@ -362,6 +362,57 @@ fn a_deep_queue_does_not_slow_an_event() {
     assert!(deep < shallow * 10 + std::time::Duration::from_millis(50), "200: {shallow:?}, 20,000: {deep:?}");
 }
 
+/// Counted, not timed: the pending jobs a scheduling pass looks at ([`JobCore::examined`]) do not grow with the
+/// queue, for a job's whole life (submit, start, finish), a cancel of a pending job, and a pass that can start
+/// nothing; and `sched.backfill-depth` bounds a pass.
+#[test]
+fn a_pass_looks_at_a_bounded_number_of_jobs_whatever_the_depth() {
+    // (per job cycle, per cancel, in a pass that starts nothing) examined at `depth` pending.
+    fn examined(depth: u32, bound: usize) -> (u64, u64, u64) {
+        let mut c = core(4, 2, 0);
+        c.config.backfill_depth = bound;
+        let mut t = T0;
+        let running: Vec<JobId> = (0..8).map(|_| submit(&mut c, t, cmd(), 0.0)).collect();
+        let pending: Vec<JobId> = (0..depth).map(|_| submit(&mut c, t, cmd(), 0.0)).collect();
+        actions(&mut c);
+        let e0 = c.examined();
+        for id in &running {
+            t += 0.001;
+            finish(&mut c, t, *id);
+            submit(&mut c, t, cmd(), 0.0);
+            actions(&mut c);
+        }
+        let cycle = (c.examined() - e0) / running.len() as u64;
+        // Cancel the deepest pending jobs (none holds the reservation).
+        let e1 = c.examined();
+        for id in pending.iter().rev().take(50) {
+            c.cancel(t, *id, 0, true, "test").expect("cancel");
+        }
+        let cancel = (c.examined() - e1) / 50;
+        // A core comes free, but every pending job needs two on one node: the pass starts nothing.
+        let mut c = core(4, 2, 0);
+        c.config.backfill_depth = bound;
+        let fill: Vec<JobId> = (0..8).map(|_| submit(&mut c, t, cmd(), 0.0)).collect();
+        for _ in 0..depth {
+            submit(&mut c, t, cmd().nnodes(1).ntasks(2), 0.0);
+        }
+        actions(&mut c);
+        let e2 = c.examined();
+        finish(&mut c, t + 1.0, fill[0]);
+        actions(&mut c);
+        (cycle, cancel, c.examined() - e2)
+    }
+    for depth in [200, 20_000] {
+        let (cycle, cancel, stuck) = examined(depth, BACKFILL_DEPTH);
+        // The finish's pass: the job started, the reservation, no core left; and the submission's look at itself.
+        assert!(cycle <= 4, "{depth} pending: a job's life looked at {cycle} pending jobs");
+        assert_eq!(cancel, 0, "{depth} pending: a cancel behind the reservation needs no pass");
+        assert_eq!(stuck, depth.min(BACKFILL_DEPTH as u32) as u64, "{depth} pending: a pass that starts nothing");
+    }
+    // The attribute bounds a pass that starts nothing.
+    assert_eq!(examined(5_000, 16).2, 16);
+}
+
 // ------------------------------------------------------------------------------------------- properties
 
 /// One job of the backfill property: nodes (or slots), cores per task, time limit, run time as a fraction of it.

@@ -16,6 +16,7 @@
 //! Everything is driven by one event queue ordered by (virtual time, sequence number) and one seeded random
 //! generator: the same seed gives the same event trace ([`Report::trace`]).
 
+pub mod depth;
 pub mod scenario;
 
 use crate::broker::core::{Broker, Effect, Environment, Input, Peer, Time, PARENT};
@@ -51,12 +52,24 @@ pub struct Config {
     /// the product does where it has a prober: the parent's probe port comes in `hello-ack`). `false` plays a
     /// broker without a prober, judging its parent link on TCP alone (see docs/failure-detection.md, "Re-parenting").
     pub probe_parent: bool,
+    /// `sched.policy` of rank 0: FCFS (the default here, so that the scenarios' order check, invariant 5 of
+    /// `scenario.rs`, holds) or EASY (`depth.rs`).
+    pub sched_policy: crate::attrs::SchedPolicy,
 }
 
 impl Config {
     /// `brokers` brokers in shape `topo`, seed `seed`, 50 µs links, 4 cores per node.
     pub fn new(brokers: u32, topo: Topology, seed: u64) -> Config {
-        Config { brokers, topo, seed, latency: Duration::from_micros(50), cores: 4, reparent: true, probe_parent: true }
+        Config {
+            brokers,
+            topo,
+            seed,
+            latency: Duration::from_micros(50),
+            cores: 4,
+            reparent: true,
+            probe_parent: true,
+            sched_policy: crate::attrs::SchedPolicy::Fcfs,
+        }
     }
 }
 
@@ -308,6 +321,8 @@ pub struct Sim {
     responses: BTreeMap<u32, (u32, serde_json::Value)>,
     /// First shell spawn of each job, in order (the FCFS check).
     spawn_order: Vec<JobId>,
+    /// The jobs in `spawn_order` (a lookup, not a scan of every job ever run, at each spawn).
+    spawned: std::collections::HashSet<JobId>,
     /// Faults injected: (time, fault).
     faults: Vec<(Time, Fault)>,
     /// Invariant violations noticed while running.
@@ -471,6 +486,7 @@ impl Sim {
             next_tag: 1,
             responses: BTreeMap::new(),
             spawn_order: Vec::new(),
+            spawned: std::collections::HashSet::new(),
             faults: Vec::new(),
             violations: Vec::new(),
             watch: ReparentWatch::default(),
@@ -511,6 +527,10 @@ impl Sim {
     fn make_broker(&self, rank: u32) -> Broker {
         let mut b = new_broker(rank, self.cfg.brokers, self.cfg.topo, self.cfg.cores, self.membership, self.now);
         b.opts.config.reparent = self.cfg.reparent;
+        b.opts.config.sched_policy = self.cfg.sched_policy;
+        if let Some(jc) = b.jobcore.as_mut() {
+            jc.config.policy = self.cfg.sched_policy;
+        }
         b
     }
 
@@ -938,7 +958,7 @@ impl Sim {
                     [s, t, ..] if s == "sleep" => t.parse::<f64>().unwrap_or(0.0),
                     _ => 0.0,
                 };
-                if input.shell_rank == 0 && !self.spawn_order.contains(&id) {
+                if input.shell_rank == 0 && self.spawned.insert(id) {
                     self.spawn_order.push(id);
                 }
                 self.nodes[n as usize].shells.insert(id, self.now);
