@@ -800,7 +800,7 @@ fn path(v: &str) -> Result<PathBuf, String> {
 }
 
 /// Seconds as an RFC 23 duration (`50ms`, `5s`, `1m`, `inf`).
-fn fmt_duration(s: f64) -> String {
+pub(crate) fn fmt_duration(s: f64) -> String {
     if s.is_infinite() {
         return "inf".into();
     }

@@ -27,7 +27,7 @@ use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::time::Duration;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 /// A point on the broker's monotonic clock: nanoseconds since an origin the driver chooses (the tokio driver: the
 /// broker's start; a simulator: the start of its run). The one time type of the sans-IO broker.
@@ -105,6 +105,9 @@ pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 pub(crate) enum Stop {
     /// They stop too (or re-parent, when this broker lost its own parent).
     Instance,
+    /// This broker alone stops (SIGTERM of a broker other than rank 0: `systemctl stop` on its node): its
+    /// children re-parent, as when a router is lost.
+    Alone,
     /// Rank 0 stops to be restarted on its state directory: its children wait for it (`rejoin.rs`).
     Restart,
 }
@@ -641,6 +644,11 @@ impl Broker {
                         self.exit_code = 128 + sig;
                     }
                     self.begin_shutdown_for(&format!("signal {sig}"), Stop::Restart);
+                } else if sig == libc::SIGTERM && self.rank() != 0 {
+                    if self.exit_code == 0 {
+                        self.exit_code = 128 + sig;
+                    }
+                    self.begin_shutdown_for(&format!("signal {sig}"), Stop::Alone);
                 } else if sig == libc::SIGTERM || (self.rank() == 0 && self.opts.initial_program.is_none()) {
                     if self.exit_code == 0 {
                         self.exit_code = 128 + sig;
@@ -774,15 +782,22 @@ impl Broker {
             return;
         }
         info!(rank = self.rank(), "shutting down: {why}");
-        if how == Stop::Restart {
-            info!("rank 0 stops for a restart: the other brokers wait for it (tbon.parent_grace); `vigil shutdown` stops the instance");
+        match how {
+            Stop::Restart => warn!(
+                "rank 0 stops for a restart: the other brokers wait for it (tbon.parent_grace); `vigil shutdown` \
+                 stops the instance"
+            ),
+            Stop::Alone if !self.children.is_empty() && self.opts.config.reparent => {
+                warn!("stopping this broker alone: its children re-parent (`vigil shutdown` stops the instance)")
+            }
+            _ => {}
         }
         self.shutting_down = Some(self.now);
         if self.parent_up {
             self.effect(Effect::Send(Peer::Parent, Message::control("goodbye", &json!({"reason": why}))));
         }
         // A broker that ends because it lost its own parent lets its children re-parent rather than end too.
-        let orphans = why == "lost parent" && self.opts.config.reparent;
+        let orphans = (why == "lost parent" || how == Stop::Alone) && self.opts.config.reparent;
         let restart = how == Stop::Restart;
         let shutdown = Message::control("shutdown", &json!({"reason": why, "orphan": orphans, "restart": restart}));
         for &r in self.children.keys() {

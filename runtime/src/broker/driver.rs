@@ -230,7 +230,7 @@ fn open_statedir(
             );
             Ok((Some(store), StateDir::Open { dir, restarts, failing: None }, kept))
         }
-        Err(e @ OpenError::Unwritable { .. }) => Err(e.to_string()),
+        Err(e @ (OpenError::Unwritable { .. } | OpenError::InUse { .. })) => Err(e.to_string()),
         Err(e @ OpenError::Damaged { .. }) => Ok((None, StateDir::Damaged { dir, why: e.to_string() }, None)),
     }
 }

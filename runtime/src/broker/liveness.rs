@@ -181,7 +181,9 @@ impl Broker {
                     // It exits because it lost its own parent: we re-parent (reparent.rs) rather than go with it.
                     self.parent_up = false;
                     self.effect(Effect::DropLink(Peer::Parent, 0));
-                    if self.start_reparent("it exits: it lost its own parent") {
+                    let reason = body.get("reason").and_then(Value::as_str).unwrap_or("?").chars().take(80);
+                    let why = format!("it stops ({})", reason.collect::<String>());
+                    if self.start_reparent(&why) {
                         return;
                     }
                 }

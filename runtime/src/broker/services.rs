@@ -457,6 +457,8 @@ fn attrs(core: &Broker) -> std::collections::BTreeMap<&'static str, Option<Strin
             "broker.pid" => core.env.pid.to_string(),
             "broker.starttime" => format!("{:.3}", core.env.wall_origin),
             "resource.source" => core.env.resources.source.clone(),
+            // In effect here: set, else rank 0's (a child of rank 0 takes it), else the default.
+            "tbon.parent_grace" => crate::attrs::fmt_duration(core.parent_grace()),
             _ => return None,
         })
     })

@@ -58,6 +58,18 @@ pub enum OpenError {
         /// What failed.
         err: String,
     },
+    /// Another process (another rank 0) holds the directory's lock: rank 0 refuses to start.
+    #[error(
+        "state directory {dir} is in use by another rank 0 (pid {pid}, in {lock}): stop it first, or give this one \
+         another statedir",
+        lock = dir.join(LOCK).display()
+    )]
+    InUse {
+        /// The directory.
+        dir: PathBuf,
+        /// The pid the lock file names ("?" when it names none).
+        pid: String,
+    },
     /// The store exists but cannot be read by this build: rank 0 starts with scheduling stopped and keeps it.
     #[error("{path}: {why}")]
     Damaged {
@@ -96,6 +108,36 @@ pub struct Store {
     pub restarts: u64,
     /// The connection's `synchronous` setting is FULL (else NORMAL).
     sync_full: bool,
+    /// The directory's lock ([`LOCK`]), held while this store is open.
+    _lock: std::fs::File,
+}
+
+/// The lock file of a state directory: locked (`flock`, exclusive) by the rank 0 that uses the directory, and
+/// naming its pid, so that a second rank 0 on the same directory (a copy of the configuration with other ports)
+/// is refused instead of writing the same store. The kernel releases it when that process ends, however.
+pub const LOCK: &str = "vigil.lock";
+
+/// Take the lock of `dir` ([`LOCK`]), or say who holds it.
+fn lock(dir: &Path) -> Result<std::fs::File, OpenError> {
+    use std::io::{Read as _, Seek as _, Write as _};
+    use std::os::fd::AsRawFd as _;
+    let path = dir.join(LOCK);
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| OpenError::Unwritable { dir: dir.to_path_buf(), err: format!("{}: {e}", path.display()) })?;
+    // SAFETY: flock on a descriptor we own; no memory is involved.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let mut s = String::new();
+        let _ = f.read_to_string(&mut s);
+        let pid = s.trim().chars().take(20).collect::<String>();
+        return Err(OpenError::InUse { dir: dir.to_path_buf(), pid: if pid.is_empty() { "?".into() } else { pid } });
+    }
+    let _ = f.set_len(0).and_then(|()| f.rewind()).and_then(|()| writeln!(f, "{}", std::process::id()));
+    Ok(f)
 }
 
 impl std::fmt::Debug for Store {
@@ -161,6 +203,7 @@ impl Store {
         }
         std::fs::create_dir_all(dir).map_err(|e| unwritable(e.to_string()))?;
         probe(dir).map_err(unwritable)?;
+        let lock = lock(dir)?;
         let path = dir.join(FILE);
         if !path.exists() {
             // A new store is made whole beside its final name and renamed into place, so that a file named
@@ -175,7 +218,7 @@ impl Store {
                 .map_err(|e| damaged(&path, e))?;
         check(&conn).map_err(|why| damaged(&path, why))?;
         conn.pragma_update(None, "synchronous", "FULL").map_err(|e| damaged(&path, e))?;
-        let mut store = Store { conn, path, restarts: 0, sync_full: true };
+        let mut store = Store { conn, path, restarts: 0, sync_full: true, _lock: lock };
         let kept = store.load().map_err(|e| damaged(&store.path, e))?;
         if kept.is_some() {
             store.restarts = store.meta_u64("restarts").map_err(|e| damaged(&store.path, e))? + 1;
@@ -417,6 +460,20 @@ mod tests {
             last_id: JobId(last_id),
             epoch: 1000.25,
         }
+    }
+
+    /// A second rank 0 on the same directory is refused, naming the first one's pid; the lock goes with the store.
+    #[test]
+    fn a_state_directory_in_use_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let (s, _) = Store::open(d.path()).unwrap();
+        // flock locks belong to the open file description: a second open of the file, even here, is refused.
+        match Store::open(d.path()) {
+            Err(OpenError::InUse { pid, .. }) => assert_eq!(pid, std::process::id().to_string()),
+            other => panic!("{other:?}"),
+        }
+        drop(s);
+        assert!(Store::open(d.path()).is_ok(), "free again once the first store is closed");
     }
 
     #[test]

@@ -1083,3 +1083,26 @@ fn a_child_of_rank_0_waiting_for_it_adopts_orphans() {
     assert!(b.reparenting.as_ref().is_some_and(|rp| rp.grace.is_none()), "re-parenting (its parent was rank 1)");
     assert_eq!(judge(&mut b, t(1.01), 9, adopt_hello(5, 2), None), Err("this broker is re-parenting itself".into()));
 }
+
+/// SIGTERM of a router (`systemctl stop` on its node) stops it alone: its children are asked to re-parent, not to
+/// stop with it (a lost router costs only its own node, and so does a stopped one).
+#[test]
+fn sigterm_of_a_router_lets_its_children_re_parent() {
+    let mut b = graced(1);
+    assert_eq!(judge(&mut b, t(0.01), 9, hello(3, "sim"), None), Ok(3));
+    b.handle(t(1.0), Input::Signal(libc::SIGTERM));
+    let out = effects(&mut b);
+    let m = out.iter().find_map(|e| match e {
+        Effect::Send(Peer::Child(3), m) if m.topic == "shutdown" => Some(m.json()),
+        _ => None,
+    });
+    assert_eq!(m.map(|j| j["orphan"].clone()), Some(json!(true)), "{out:?}");
+    assert_eq!(b.exit_code(), 128 + libc::SIGTERM);
+    // The child re-parents (to its parent's siblings) instead of stopping.
+    let mut c = graced(3);
+    let stop = Message::control("shutdown", &json!({"reason": "signal 15", "orphan": true, "restart": false}));
+    c.handle(t(1.0), Input::Message(Peer::Parent, 0, stop));
+    let out = effects(&mut c);
+    assert!(out.iter().any(|e| matches!(e, Effect::ConnectParent { lost: 1, .. })), "{out:?}");
+    assert!(c.shutting_down.is_none());
+}
