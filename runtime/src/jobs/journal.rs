@@ -344,7 +344,7 @@ impl JobCore {
                     if self.reattach_grace > 0.0
                         && job.status.is_none()
                         && !job.alloc.is_empty()
-                        && !job.eventlog.iter().any(|e| e.name == "free") =>
+                        && !this_run(&job.eventlog).iter().any(|e| e.name == "free") =>
                 {
                     self.reattach_job(now, job);
                     out.reattached.push(id);
@@ -355,7 +355,7 @@ impl JobCore {
                         job.post(now, "exception", json!({"type": exc.kind, "severity": 0, "note": exc.note}));
                         job.fatal.get_or_insert(exc);
                     }
-                    if !job.eventlog.iter().any(|e| e.name == "free") {
+                    if !this_run(&job.eventlog).iter().any(|e| e.name == "free") {
                         let ranks: IdSet = job.alloc.iter().map(|a| a.rank).collect();
                         job.post(now, "release", json!({"ranks": ranks.to_string(), "final": true}));
                         job.post(now, "free", json!({}));
@@ -448,6 +448,13 @@ impl JobCore {
         job.eventlog = eventlog;
         job
     }
+}
+
+/// The events of a job's current run: those after its last `requeue` (a requeued job's earlier run ended with its
+/// own `release` and `free`, which say nothing of the run that holds resources now).
+pub(super) fn this_run(eventlog: &[Event]) -> &[Event] {
+    let from = eventlog.iter().rposition(|e| e.name == "requeue").map_or(0, |i| i + 1);
+    &eventlog[from..]
 }
 
 #[cfg(test)]

@@ -46,7 +46,7 @@ impl JobCore {
     pub(super) fn reattach_job(&mut self, now: f64, mut job: Job) {
         let id = job.id;
         let mut released = IdSet::new();
-        for e in &job.eventlog {
+        for e in super::journal::this_run(&job.eventlog) {
             let partial = e.context.get("final").and_then(Value::as_bool) == Some(false);
             if e.name == "release" && partial {
                 if let Some(r) = e.context.get("ranks").and_then(Value::as_str).and_then(|s| IdSet::parse(s).ok()) {
@@ -298,6 +298,38 @@ mod tests {
         exit_shell(&mut c, T0 + 13.0, a, 1, 15);
         assert_eq!(c.jobs[&a].state, JobState::Inactive);
         assert!(c.pool.ranks[&2].alloc_cores.is_empty(), "its cores there are free once it ends");
+    }
+
+    /// A job requeued after a node loss and running again when rank 0 restarts is re-attached like any other (its
+    /// first run's `free` is not its current one's), and finishes with its real exit code.
+    #[test]
+    fn a_requeued_job_running_again_is_re_attached() {
+        let mut c = core(3, 1, 0);
+        c.enable_journal();
+        let a = c.submit(T0 + 1.0, &spec(cmd().nnodes(1).ntasks(1).requeue(true)), 1000).unwrap();
+        for (id, rank, _) in spawns(&actions(&mut c)) {
+            c.shell_spawned(T0 + 1.5, id, rank, Ok(()));
+        }
+        let first = c.jobs[&a].alloc[0].rank;
+        c.ranks_lost(T0 + 2.0, &IdSet::from_iter([first]));
+        actions(&mut c);
+        exit_shell(&mut c, T0 + 2.5, a, first, 15);
+        let now_on = c.jobs[&a].alloc[0].rank;
+        assert_ne!(now_on, first, "requeued and running elsewhere");
+        for (id, rank, _) in spawns(&actions(&mut c)) {
+            c.shell_spawned(T0 + 3.0, id, rank, Ok(()));
+        }
+        let mut kept = Kept::default();
+        kept.apply(&c.journal().expect("a batch")).expect("applies");
+        let mut c2 = JobCore::new(T0 + 10.0);
+        c2.reattach_grace = 60.0;
+        let r = c2.restore(T0 + 10.0, kept);
+        assert_eq!((r.reattached.clone(), r.ended.clone()), (vec![a], vec![]), "re-attached, not ended");
+        join(&mut c2, T0 + 12.0, now_on, &[a]);
+        exit_shell(&mut c2, T0 + 20.0, a, now_on, 5 << 8);
+        let l = &c2.jobs[&a];
+        assert_eq!((l.result(), l.exit_code(), l.requeues), (Some("FAILED"), Some(5), 1));
+        assert!(l.fatal.is_none(), "{:?}", l.fatal);
     }
 
     #[test]
