@@ -1153,6 +1153,7 @@ impl JobCore {
                 }
             }
         }
+        self.journal_shell_exit(now, id, exit.rank);
         self.maybe_finish(now, id);
         self.rearm(id);
     }
