@@ -959,3 +959,23 @@ fn rejoin_passes_down_the_tree_with_the_registrations_and_exit_reports() {
     assert_eq!(sent_up(&out, "resource.register").len(), 1, "{out:?}");
     assert_eq!(sent_up(&out, crate::shellproto::TOPIC_SHELL_EXIT).len(), 1, "{out:?}");
 }
+
+/// A request for more nodes than have joined so far (the instance is starting, or rank 0 restarted and its
+/// brokers are rejoining) is "try again" (EAGAIN), not "never" (EINVAL): only one that the whole instance could
+/// not run is refused for good. Found by the simulator's `restart` scenario: submissions just after a restart were
+/// refused as unsatisfiable.
+#[test]
+fn a_request_for_nodes_not_joined_yet_is_eagain_and_one_past_the_instance_einval() {
+    let mut b = root_with_client();
+    let spec = |n: u32| -> serde_json::Value {
+        let js = crate::jobspec::JobspecBuilder::new(["true"]).nnodes(n).ntasks(n).build().expect("jobspec");
+        serde_json::from_str(&js.to_json()).expect("json")
+    };
+    // Only rank 0 of the 7 has joined.
+    let e = ask1(&mut b, "job-manager.submit", json!({ "jobspec": spec(3) })).expect_err("not yet");
+    assert_eq!(e.0, errno::EAGAIN, "{e:?}");
+    assert!(e.1.contains("only 1 of its 7 brokers have joined so far"), "{e:?}");
+    let e = ask1(&mut b, "job-manager.submit", json!({ "jobspec": spec(8) })).expect_err("never");
+    assert_eq!(e.0, errno::EINVAL, "{e:?}");
+    ask1(&mut b, "job-manager.submit", json!({ "jobspec": spec(1) })).expect("fits now");
+}
