@@ -453,6 +453,12 @@ impl Broker {
                     for (id, why) in r.invalid {
                         tracing::warn!("job {id} kept in the state directory no longer validates: {why}");
                     }
+                    // The verdicts on ranks that were down stand until they rejoin (without them a lost rank
+                    // would read "never joined").
+                    for (rank, (state, why, since)) in crate::jobs::journal::down_ranks(&jc.resource_eventlog) {
+                        let state = if state == "lost" { MemberState::Lost } else { MemberState::Offline };
+                        self.members.insert(rank, (state, why, since));
+                    }
                 } else {
                     info!("state directory {}: a new store", dir.display());
                 }
