@@ -16,8 +16,10 @@
 //!   back from it, the fatal `restart` exception as without re-attaching; otherwise the ranks missing are lost for
 //!   it ([`JobCore::ranks_lost`]'s rules: a critical one fails it, another is a `node-failure` and it goes on).
 //!
-//! A shell that exited and whose exit report was answered by the old rank 0 just before the journal could record
-//! it is not listed by its broker: such a job loses that rank. Nothing else is assumed.
+//! A shell that exited while its job went on, and whose exit report the old rank 0 answered, is no longer listed
+//! by its broker: its exit is in the journal (a [`SHELL_EXIT_EVENT`], kept before the report is answered), so
+//! the restored job counts that shell as exited with its status instead of waiting for it. Nothing else is
+//! assumed.
 
 use super::journal::RESTART_EXCEPTION;
 use super::{BatchOrder, Job, JobCore, JobId, JobState, ShellState};
