@@ -689,7 +689,9 @@ impl Broker {
             "cores": cores.to_string(), "gpus": gpus.to_string(),
             "topology": self.env.topology, "declared_gpus": self.opts.declared_gpus,
             // The jobs still here: a restarted rank 0 re-attaches them (rejoin.rs, jobs/reattach.rs).
-            "jobs": self.attached_jobs()});
+            "jobs": self.attached_jobs(),
+            // Where it is: after a re-parent, a restarted rank 0 learns the route to it from this.
+            "parent": self.parent});
         let mut m = Message::request("resource.register", 0, &reg);
         m.flags = crate::message::FLAG_NORESPONSE;
         self.route_request(SELF, m);

@@ -581,7 +581,9 @@ fn resource(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                 ),
                 Some(v) => return Err(wrong_type("jobs", "an array of job ids", v)),
             };
-            core.on_register(rank);
+            // Its parent now (absent from older brokers; rank 0 itself has none).
+            let parent = opt_u32(body, "parent")?;
+            core.on_register(rank, parent);
             core.members.insert(rank, (MemberState::Online, String::new(), n));
             if let Some(jc) = core.jobcore.as_mut() {
                 jc.rank_online(n, rank, &hostname, cores, gpus, (topology, dg));
