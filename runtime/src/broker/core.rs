@@ -469,6 +469,12 @@ impl Broker {
                     for (id, why) in r.invalid {
                         tracing::warn!("job {id} kept in the state directory no longer validates: {why}");
                     }
+                    // The verdicts on ranks that were down stand until they rejoin (without them a lost rank
+                    // would read "never joined").
+                    for (rank, (state, why, since)) in crate::jobs::journal::down_ranks(&jc.resource_eventlog) {
+                        let state = if state == "lost" { MemberState::Lost } else { MemberState::Offline };
+                        self.members.insert(rank, (state, why, since));
+                    }
                 } else {
                     info!("state directory {}: a new store", dir.display());
                 }
@@ -711,7 +717,9 @@ impl Broker {
             "cores": cores.to_string(), "gpus": gpus.to_string(),
             "topology": self.env.topology, "declared_gpus": self.opts.declared_gpus,
             // The jobs still here: a restarted rank 0 re-attaches them (rejoin.rs, jobs/reattach.rs).
-            "jobs": self.attached_jobs()});
+            "jobs": self.attached_jobs(),
+            // Where it is: after a re-parent, a restarted rank 0 learns the route to it from this.
+            "parent": self.parent});
         let mut m = Message::request("resource.register", 0, &reg);
         m.flags = crate::message::FLAG_NORESPONSE;
         self.route_request(SELF, m);

@@ -15,7 +15,8 @@
 //!   dropped, counted in the log. Shell exit reports are never lost to the bound: each is kept until rank 0
 //!   answers it ([`Broker::exit_reports`]) and sent again below.
 //! - **Rejoining.** Once connected it registers again (`resource.register`, listing the jobs it has a shell or an
-//!   unanswered exit report for, so that rank 0 knows which shells are still there), sends what was queued and
+//!   unanswered exit report for, so that rank 0 knows which shells are still there, and its parent, so that one
+//!   adopted before the restart is routed through its adopter), sends what was queued and
 //!   every unanswered exit report, and tells its children (a `rejoin` control message), which do the same
 //!   and pass it on down: a restarted rank 0 knows none of them.
 //! - **Giving up.** Past the grace it answers the requests still queued with EHOSTUNREACH and exits as it would

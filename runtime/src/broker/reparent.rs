@@ -421,12 +421,21 @@ impl Broker {
         self.known_lost.extend(ranks.iter().filter(|r| *r < size && *r != me));
     }
 
-    /// Rank 0: `rank` registers (a fresh broker, so joined to its static parent). If it was lost or adopted
-    /// before, every broker is told where it is now (an `overlay.reparent` event naming its static parent):
-    /// routes that went to its former adopter would otherwise fail, and orphans would ask it last.
-    pub(crate) fn on_register(&mut self, rank: u32) {
+    /// Rank 0: `rank` registers, under `current` (the parent it names; none from an older broker). A fresh
+    /// broker is joined to its static parent: if it was lost or adopted before, every broker is told where it is
+    /// now (an `overlay.reparent` event naming its static parent): routes that went to its former adopter would
+    /// otherwise fail, and orphans would ask it last. One that names another parent registers again after rank
+    /// 0 restarted, still adopted: the route to it goes through its adopter.
+    pub(crate) fn on_register(&mut self, rank: u32, current: Option<u32>) {
         let (topo, size) = self.tree();
         let Some(parent) = topo.parent(size, rank) else { return };
+        if let Some(adopter) = current.filter(|p| *p != parent && *p != rank && *p < size) {
+            // It registers again under the broker that adopted it (rank 0 restarted, rejoin.rs): a restarted rank 0
+            // knows only the static tree, and would otherwise route to it through its lost static parent.
+            self.learn_parent(rank, adopter);
+            self.known_lost.remove(&rank);
+            return;
+        }
         let back = self.members.get(&rank).is_some_and(|m| m.0 == MemberState::Lost || m.0 == MemberState::Offline);
         if !back && !self.adopted.contains_key(&rank) {
             return;

@@ -583,7 +583,9 @@ fn resource(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                 ),
                 Some(v) => return Err(wrong_type("jobs", "an array of job ids", v)),
             };
-            core.on_register(rank);
+            // Its parent now (absent from older brokers; rank 0 itself has none).
+            let parent = opt_u32(body, "parent")?;
+            core.on_register(rank, parent);
             core.members.insert(rank, (MemberState::Online, String::new(), n));
             if let Some(jc) = core.jobcore.as_mut() {
                 jc.rank_online(n, rank, &hostname, cores, gpus, (topology, dg));
@@ -789,6 +791,7 @@ fn jobs(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     let body = lazy.object()?;
     let n = core.wall();
     let owner = msg.userid == core.env.uid;
+    let size = core.opts.size;
     let Some(jc) = core.jobcore.as_mut() else { return Err((errno::ENOSYS, "job services run on rank 0".into())) };
     match msg.topic.as_str() {
         "job-manager.submit" => {
@@ -826,7 +829,29 @@ fn jobs(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                     }
                     Ok(Some(answer.into()))
                 }
-                Err(e) => Err((errno::EINVAL, e.to_string())),
+                Err(e) => {
+                    // Brokers still to join (the instance is starting, or rank 0 restarted and they are
+                    // rejoining it) may be what the request needs: try again, rather than never.
+                    let joined = jc.pool.ranks.len();
+                    let waiting = joined < size as usize
+                        && match &e {
+                            crate::jobs::SubmitError::Unsatisfiable(crate::jobs::sched::Unsatisfiable::Nodes {
+                                want,
+                                ..
+                            }) => *want <= size,
+                            crate::jobs::SubmitError::Unsatisfiable(
+                                crate::jobs::sched::Unsatisfiable::NodeTooSmall { .. },
+                            ) => true,
+                            _ => false,
+                        };
+                    if waiting {
+                        return Err((
+                            errno::EAGAIN,
+                            format!("{e}, as only {joined} of its {size} brokers have joined so far: try again"),
+                        ));
+                    }
+                    Err((errno::EINVAL, e.to_string()))
+                }
             }
         }
         "job-manager.list" => {

@@ -1106,3 +1106,53 @@ fn sigterm_of_a_router_lets_its_children_re_parent() {
     assert!(out.iter().any(|e| matches!(e, Effect::ConnectParent { lost: 1, .. })), "{out:?}");
     assert!(c.shutting_down.is_none());
 }
+
+/// A request for more nodes than have joined so far (the instance is starting, or rank 0 restarted and its
+/// brokers are rejoining) is "try again" (EAGAIN), not "never" (EINVAL): only one that the whole instance could
+/// not run is refused for good. Found by the simulator's `restart` scenario: submissions just after a restart were
+/// refused as unsatisfiable.
+#[test]
+fn a_request_for_nodes_not_joined_yet_is_eagain_and_one_past_the_instance_einval() {
+    let mut b = root_with_client();
+    let spec = |n: u32| -> serde_json::Value {
+        let js = crate::jobspec::JobspecBuilder::new(["true"]).nnodes(n).ntasks(n).build().expect("jobspec");
+        serde_json::from_str(&js.to_json()).expect("json")
+    };
+    // Only rank 0 of the 7 has joined.
+    let e = ask1(&mut b, "job-manager.submit", json!({ "jobspec": spec(3) })).expect_err("not yet");
+    assert_eq!(e.0, errno::EAGAIN, "{e:?}");
+    assert!(e.1.contains("only 1 of its 7 brokers have joined so far"), "{e:?}");
+    let e = ask1(&mut b, "job-manager.submit", json!({ "jobspec": spec(8) })).expect_err("never");
+    assert_eq!(e.0, errno::EINVAL, "{e:?}");
+    ask1(&mut b, "job-manager.submit", json!({ "jobspec": spec(1) })).expect("fits now");
+}
+
+/// Found by the simulator's `restart` scenario: a restarted rank 0 knows only the static tree, so a broker that
+/// had been adopted before the restart (its static parent lost) registered again, and rank 0 routed to it through
+/// the lost parent: "unreachable". It names its parent in its registration, and rank 0 routes through it.
+#[test]
+fn a_broker_adopted_before_rank_0_restarted_is_routed_through_its_adopter() {
+    let mut b = broker(0);
+    b.handle(t(0.0), Input::Start);
+    assert_eq!(judge(&mut b, t(0.001), 7, hello(2, "sim"), None), Ok(2));
+    effects(&mut b);
+    // Rank 3 (static parent 1, lost before the restart) rejoins through rank 2, which adopted it.
+    let reg = |parent: u32| {
+        let body = json!({"rank": 3, "hostname": "node3", "resources": {"cores": 4, "pus": 4, "numa": 1,
+            "packages": 1, "gpus": 0, "gpu_names": [], "source": "test"}, "cores": "0-3", "gpus": "", "jobs": [],
+            "parent": parent});
+        let mut m = Message::request("resource.register", 0, &body);
+        m.flags = crate::message::FLAG_NORESPONSE;
+        m.userid = crate::sim::UID;
+        m
+    };
+    b.handle(t(1.0), Input::Message(Peer::Child(2), 7, reg(2)));
+    effects(&mut b);
+    assert_eq!(b.members[&3].0, MemberState::Online);
+    assert_eq!(b.next_hop(3), crate::topology::Hop::Child(2));
+    assert_eq!(b.parent_of(3), Some(2));
+    // Restarted itself, it joins its static parent as a fresh broker: routed by the static tree again.
+    b.handle(t(2.0), Input::Message(Peer::Child(2), 7, reg(1)));
+    effects(&mut b);
+    assert_eq!(b.parent_of(3), Some(1));
+}

@@ -194,6 +194,32 @@ pub(super) struct Marks {
     pub(super) drains: BTreeMap<u32, (String, f64)>,
 }
 
+/// Ranks the resource eventlog `log` last recorded down (an `offline` event after their last `online`, RFC
+/// 44): rank → (`"lost"` or `"offline"`, the reason, when). After a restart, rank 0 knows them so again until
+/// they rejoin (`vigil resource status` still says lost, and why).
+pub fn down_ranks(log: &[Event]) -> BTreeMap<u32, (String, String, f64)> {
+    let mut down = BTreeMap::new();
+    for e in log {
+        let Some(ranks) = e.context.get("idset").and_then(Value::as_str).and_then(|s| IdSet::parse(s).ok()) else {
+            continue;
+        };
+        match e.name.as_str() {
+            "online" => ranks.iter().for_each(|r| {
+                down.remove(&r);
+            }),
+            "offline" => {
+                let state = e.context.get("state").and_then(Value::as_str).unwrap_or("offline").to_string();
+                let reason = e.context.get("reason").and_then(Value::as_str).unwrap_or("").to_string();
+                for r in ranks.iter() {
+                    down.insert(r, (state.clone(), reason.clone(), e.timestamp));
+                }
+            }
+            _ => {}
+        }
+    }
+    down
+}
+
 /// What [`JobCore::restore`] did, for the log.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Restored {
@@ -461,6 +487,22 @@ pub(super) fn this_run(eventlog: &[Event]) -> &[Event] {
 mod tests {
     use super::super::tests::{actions, cmd, core, exit_shell, spawns, spec, T0};
     use super::*;
+
+    #[test]
+    fn ranks_recorded_down_are_known_down_after_a_restart_until_they_are_back() {
+        let ev = |t: f64, name: &str, ctx: Value| Event::with_time(t, name, ctx);
+        let log = [
+            ev(T0, "online", json!({"idset": "1-3"})),
+            ev(T0 + 1.0, "offline", json!({"idset": "2-3", "state": "lost", "reason": "3 probes missed"})),
+            ev(T0 + 2.0, "offline", json!({"idset": "1", "state": "offline"})),
+            ev(T0 + 3.0, "online", json!({"idset": "3"})),
+            ev(T0 + 4.0, "restart", json!({"online": ""})),
+        ];
+        let down = down_ranks(&log);
+        assert_eq!(down.keys().copied().collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(down[&2], ("lost".to_string(), "3 probes missed".to_string(), T0 + 1.0));
+        assert_eq!(down[&1].0, "offline");
+    }
 
     /// Save every batch the core has into `kept`.
     fn save(c: &mut JobCore, kept: &mut Kept) {

@@ -1174,6 +1174,7 @@ impl JobCore {
                 }
             }
         }
+        self.journal_shell_exit(now, id, exit.rank);
         self.maybe_finish(now, id);
         self.rearm(id);
     }

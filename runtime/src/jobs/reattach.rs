@@ -16,8 +16,10 @@
 //!   back from it, the fatal `restart` exception as without re-attaching; otherwise the ranks missing are lost for
 //!   it ([`JobCore::ranks_lost`]'s rules: a critical one fails it, another is a `node-failure` and it goes on).
 //!
-//! A shell that exited and whose exit report was answered by the old rank 0 just before the journal could record
-//! it is not listed by its broker: such a job loses that rank. Nothing else is assumed.
+//! A shell that exited while its job went on, and whose exit report the old rank 0 answered, is no longer listed
+//! by its broker: its exit is in the journal (a [`SHELL_EXIT_EVENT`], kept before the report is answered), so
+//! the restored job counts that shell as exited with its status instead of waiting for it. Nothing else is
+//! assumed.
 
 use super::journal::RESTART_EXCEPTION;
 use super::{BatchOrder, Job, JobCore, JobId, JobState, ShellState};
@@ -28,6 +30,10 @@ use std::collections::{BTreeMap, BTreeSet};
 /// The note of the fatal exception of a running job none of whose shells came back within the grace.
 pub const REATTACH_LOST_NOTE: &str =
     "rank 0 restarted, and none of the job's shells came back within tbon.parent_grace";
+
+/// The eventlog event (with a journal) of a job shell that exited while its job goes on: `{"rank": R, "status":
+/// S}` (and `abort_code`), S its wait status. Not RFC 21: a reader that does not know it skips it (RFC 18).
+pub const SHELL_EXIT_EVENT: &str = "shell-exit";
 
 /// Jobs waiting to be re-attached after a restart, until a deadline.
 #[derive(Clone, Debug, Default)]
@@ -54,9 +60,20 @@ impl JobCore {
                 }
             }
         }
+        // Shells whose exit was answered before the restart ([`SHELL_EXIT_EVENT`]): their status counts.
+        let mut exited: BTreeMap<u32, (i32, Option<i32>)> = BTreeMap::new();
+        for e in job.eventlog.iter().filter(|e| e.name == SHELL_EXIT_EVENT) {
+            let rank = e.context.get("rank").and_then(Value::as_u64).and_then(|r| u32::try_from(r).ok());
+            let status = e.context.get("status").and_then(Value::as_i64).and_then(|s| i32::try_from(s).ok());
+            let abort = e.context.get("abort_code").and_then(Value::as_i64).and_then(|s| i32::try_from(s).ok());
+            if let (Some(rank), Some(status)) = (rank, status) {
+                exited.insert(rank, (status, abort));
+            }
+        }
         let mut waiting = BTreeSet::new();
         for (i, a) in job.alloc.iter().enumerate() {
-            let gone = released.contains(a.rank);
+            let done = exited.get(&a.rank).copied();
+            let gone = released.contains(a.rank) || done.is_some();
             job.shells.insert(
                 a.rank,
                 ShellState {
@@ -65,8 +82,8 @@ impl JobCore {
                     ntasks: 0,
                     spawned: true,
                     exited: gone,
-                    status: None,
-                    abort_code: None,
+                    status: done.map(|d| d.0),
+                    abort_code: done.and_then(|d| d.1),
                     batches: BatchOrder::resume(),
                 },
             );
@@ -176,6 +193,29 @@ impl JobCore {
         self.schedule(now);
     }
 
+    /// With a journal: the shell of `id` on `rank` exited and its job goes on (its other shells run). Its exit
+    /// is recorded in the eventlog ([`SHELL_EXIT_EVENT`]), so that it is durable before its broker's exit report
+    /// is answered: a restarted rank 0 then counts that shell as exited, with its status, rather than waiting
+    /// for it and losing the rank for the job when its broker (which forgot an answered report) does not list it.
+    pub(super) fn journal_shell_exit(&mut self, now: f64, id: JobId, rank: u32) {
+        if !self.journaling() {
+            return;
+        }
+        let Some(job) = self.jobs.get_mut(&id) else { return };
+        let Some(sh) = job.shells.get(&rank) else { return };
+        let running = job.state == JobState::Run || job.state == JobState::Cleanup;
+        if !running || job.nexited >= job.shells.len() {
+            return; // its `finish` (or the job's end) records it
+        }
+        let Some(status) = sh.status else { return };
+        let mut ctx = json!({"rank": rank, "status": status});
+        if let Some(a) = sh.abort_code {
+            ctx["abort_code"] = json!(a);
+        }
+        job.post(now, SHELL_EXIT_EVENT, ctx);
+        self.actions.push_back(super::Action::Updated(id));
+    }
+
     /// Jobs being re-attached, for the log and status output.
     pub fn reattaching(&self) -> usize {
         self.reattach.as_ref().map_or(0, |r| r.waiting.len())
@@ -240,6 +280,41 @@ mod tests {
         c.handle_timeout(T0 + 71.0);
         assert_eq!(c.jobs[&n].state, JobState::Run);
         assert_eq!(c.reattach_deadline(), None);
+    }
+
+    /// Found by the simulator (`restart`): a shell's exit report answered before rank 0 died (its broker then
+    /// forgets it) left no trace in the journal while the job's other shells ran, so the restarted rank 0 waited
+    /// for that shell, its broker rejoined without listing the job, and the job failed for a "lost critical rank"
+    /// that was never lost. The exit is now journaled (`shell-exit`) before the report is answered.
+    #[test]
+    fn a_shell_whose_exit_was_answered_before_the_restart_counts_with_its_status() {
+        let mut c = core(3, 2, 0);
+        c.enable_journal();
+        let a = c.submit(T0 + 1.0, &spec(cmd().nnodes(2).ntasks(4)), 1000).unwrap();
+        for (id, rank, _) in spawns(&actions(&mut c)) {
+            c.shell_spawned(T0 + 1.5, id, rank, Ok(()));
+        }
+        let ranks: Vec<u32> = c.jobs[&a].alloc.iter().map(|x| x.rank).collect();
+        let mut kept = Kept::default();
+        let batch = c.journal().expect("a batch");
+        kept.apply(&batch).expect("applies");
+        c.journal_saved(&batch);
+        // The first shell exits with code 2 while the other runs: its report is answered once this is kept.
+        exit_shell(&mut c, T0 + 5.0, a, ranks[0], 2 << 8);
+        let batch = c.journal().expect("the shell's exit is journaled");
+        kept.apply(&batch).expect("applies");
+        let mut c = JobCore::new(T0 + 10.0);
+        c.reattach_grace = 60.0;
+        assert_eq!(c.restore(T0 + 10.0, kept).reattached, vec![a]);
+        // Its broker forgot the answered report: it lists no job; the other still has its shell.
+        join(&mut c, T0 + 12.0, ranks[0], &[]);
+        join(&mut c, T0 + 12.0, ranks[1], &[a]);
+        assert!(c.jobs[&a].fatal.is_none(), "{:?}", c.jobs[&a].fatal);
+        exit_shell(&mut c, T0 + 20.0, a, ranks[1], 0);
+        let l = &c.jobs[&a];
+        assert_eq!((l.result(), l.exit_code()), (Some("FAILED"), Some(2)), "the real exit code, from both shells");
+        assert!(l.fatal.is_none(), "{:?}", l.fatal);
+        assert!(c.pool.ranks[&ranks[0]].alloc_cores.is_empty(), "nothing is held for a finished job");
     }
 
     #[test]

@@ -72,7 +72,7 @@ impl JobState {
             (Cleanup, "requeue") => Sched,
             (_, "submit") if self == New => New,
             (Sched, "priority") => Sched,
-            (Run | Cleanup, "start" | "release" | "free" | "finish") => self,
+            (Run | Cleanup, "start" | "release" | "free" | "finish" | "shell-exit") => self,
             (Run, "exec") => Run,
             (_, "debug" | "annotations" | "memo") => self,
             _ => return Err(TransitionError { state: self, event: name.to_string() }),

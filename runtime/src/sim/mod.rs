@@ -19,10 +19,12 @@
 pub mod depth;
 pub mod scenario;
 
+use crate::broker::core::StateDir;
 use crate::broker::core::{Broker, Effect, Environment, Input, Peer, Time, PARENT};
 use crate::broker::{BrokerOptions, ListenSpec};
 use crate::hwloc::{NodeResources, TopologySource};
-use crate::jobs::JobId;
+use crate::jobs::journal::Kept;
+use crate::jobs::{JobId, JobState};
 use crate::membership::Signal;
 use crate::message::{Message, MsgType};
 use crate::shellproto::ShellReport;
@@ -55,7 +57,21 @@ pub struct Config {
     /// `sched.policy` of rank 0: FCFS (the default here, so that the scenarios' order check, invariant 5 of
     /// `scenario.rs`, holds) or EASY (`depth.rs`).
     pub sched_policy: crate::attrs::SchedPolicy,
+    /// Rank 0 has a state directory: it journals every turn into an in-memory store ([`Kept`], the same contract as
+    /// the SQLite one) that outlives its broker, commits before carrying out the turn's effects (as the real
+    /// driver does), and is restored from it when it restarts ([`Fault::Restart`] of rank 0); every broker runs
+    /// with `tbon.parent_grace` [`PARENT_GRACE`] (the real default with a state directory), so that the others
+    /// outlive rank 0 and rejoin it. The client retries a submission its connection failed for.
+    pub statedir: bool,
 }
+
+/// `tbon.parent_grace` of every broker with [`Config::statedir`], seconds: the real default with a state
+/// directory (`attrs::DEFAULT_PARENT_GRACE`).
+pub const PARENT_GRACE: f64 = crate::attrs::DEFAULT_PARENT_GRACE;
+
+/// With [`Config::statedir`], a submission that failed for the client's connection to rank 0 (refused: rank 0
+/// is down; reset: rank 0 died with it in flight) is sent again this long after, as a client would.
+pub const CLIENT_RETRY: Duration = Duration::from_secs(1);
 
 impl Config {
     /// `brokers` brokers in shape `topo`, seed `seed`, 50 µs links, 4 cores per node.
@@ -69,6 +85,7 @@ impl Config {
             reparent: true,
             probe_parent: true,
             sched_policy: crate::attrs::SchedPolicy::Fcfs,
+            statedir: false,
         }
     }
 }
@@ -110,6 +127,36 @@ pub struct Report {
     pub max_children: u32,
     /// Re-parenting figures, when some orphan re-parented.
     pub reparent: Option<ReparentFigures>,
+    /// Rank 0's restarts on its store ([`Config::statedir`]), when it restarted.
+    pub restarts: Option<RestartFigures>,
+}
+
+/// Rank 0's restarts in a run ([`Config::statedir`]).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct RestartFigures {
+    /// Times rank 0's broker was killed and started again on its store.
+    pub restarts: u32,
+    /// Of its deaths, those in a turn that changed the journal, before its commit (that turn's changes lost).
+    pub in_commit: u32,
+    /// Each outage (death to restart), virtual seconds: shortest and longest.
+    pub outage_s: (f64, f64),
+    /// From each restart to every running broker registered with rank 0 again, virtual milliseconds: median
+    /// and max (a broker stopped meanwhile, and those below it, are not waited for). Each child of rank 0 tries
+    /// it again every `rejoin::RANK0_RETRY` (1 s).
+    pub rejoin_ms: Option<(f64, f64)>,
+    /// Submissions answered with an id (acknowledged).
+    pub acknowledged: u64,
+    /// Submission requests the client sent again after its connection to rank 0 was refused or reset.
+    pub retried: u64,
+    /// Submission requests the client sent again after an EAGAIN (a restarted rank 0 whose brokers had not all
+    /// rejoined yet: the request may need them).
+    pub retried_eagain: u64,
+    /// Jobs running when rank 0 died.
+    pub running_at_crash: u64,
+    /// Of them, jobs that completed with their shells' real exit status (re-attached after the restart).
+    pub reattached_ok: u64,
+    /// Of them, jobs that ended with a fatal exception (a node of theirs was lost meanwhile).
+    pub reattached_failed: u64,
 }
 
 /// Re-parenting figures of a run, in virtual milliseconds. Each `(median, p99, max)` is over the re-parents rank
@@ -153,8 +200,14 @@ pub enum Fault {
     Heal(u32),
     /// The broker of this rank starts again, a fresh process (its node boots again first if it died); it joins
     /// its static parent as a leaf (`reparent.rs`: its former children stay with their adopters). Ignored while
-    /// the broker still runs.
+    /// the broker still runs. Rank 0 with [`Config::statedir`] is restored from its store and its client
+    /// connects again.
     Restart(u32),
+    /// The broker is killed (`kill -9`) in its next turn that changed the job core's journal, once it has handled
+    /// that turn's input and before the commit: nothing the turn changed is kept, and none of what it asked for
+    /// (answers, shell starts, messages) is carried out (rank 0 with [`Config::statedir`]; elsewhere a
+    /// [`Fault::Crash`]).
+    CrashInCommit(u32),
 }
 
 /// A fault injected when an orphan asks a given candidate to adopt it (its first such attempt), `after` that.
@@ -333,6 +386,34 @@ pub struct Sim {
     pub(crate) triggers: Vec<Trigger>,
     /// The most children a broker has in the static tree (above it, a broker holds adopted children).
     static_fanout: usize,
+    /// With [`Config::statedir`]: rank 0's store, which outlives its broker (only batches applied are in it).
+    kept: Option<Kept>,
+    /// Rank 0 with [`Config::statedir`]: a [`Fault::CrashInCommit`] waits for its turn.
+    crash_in_commit: bool,
+    /// Rank 0's restarts on its store so far.
+    restarts0: u64,
+    /// What the client did and saw, for the restart invariants.
+    pub(crate) client: ClientLog,
+}
+
+/// The client's side of rank 0's restarts ([`Config::statedir`]).
+#[derive(Debug, Default)]
+pub(crate) struct ClientLog {
+    /// Each submission request (every retry included) → the key of the submission it carries (its first
+    /// request's matchtag: the jobspec's command names it, `key=K`) and its payload (to send it again).
+    pub submits: BTreeMap<u32, (u32, serde_json::Value)>,
+    /// Submissions answered with an id (acknowledged): (key, id, when).
+    pub acked: Vec<(u32, JobId, Time)>,
+    /// Requests that failed on the client's side: refused (rank 0 down) or reset (rank 0 died with them in
+    /// flight): matchtag → errno.
+    pub conn_failed: BTreeMap<u32, u32>,
+    /// Submission requests sent again after a connection failure or an EAGAIN: the failed matchtag → the
+    /// retry's.
+    pub retried: BTreeMap<u32, u32>,
+    /// Rank 0's crashes: when, whether in a commit (the turn's batch lost), and the jobs running then.
+    pub crashes: Vec<(Time, bool, Vec<JobId>)>,
+    /// Rank 0's restarts: when, and when every broker still running had registered with it again.
+    pub restarts: Vec<(Time, Option<Time>)>,
 }
 
 /// SplitMix64: small, fast, and the same sequence everywhere for a seed.
@@ -413,6 +494,9 @@ pub(crate) fn new_broker(
     Broker::new(opts, env, now)
 }
 
+/// How often the simulator looks whether every running broker registered again with a restarted rank 0.
+const REJOIN_POLL: Duration = Duration::from_millis(10);
+
 /// The local client's connection id on rank 0.
 const CLIENT: u32 = 1;
 /// The simulated instance owner.
@@ -491,6 +575,10 @@ impl Sim {
             violations: Vec::new(),
             watch: ReparentWatch::default(),
             triggers: Vec::new(),
+            kept: cfg.statedir.then(Kept::default),
+            crash_in_commit: false,
+            restarts0: 0,
+            client: ClientLog::default(),
             static_fanout: match cfg.topo {
                 Topology::Kary(k) if k > 0 => k as usize,
                 t => t.children(cfg.brokers, 0).len(),
@@ -527,6 +615,15 @@ impl Sim {
     fn make_broker(&self, rank: u32) -> Broker {
         let mut b = new_broker(rank, self.cfg.brokers, self.cfg.topo, self.cfg.cores, self.membership, self.now);
         b.opts.config.reparent = self.cfg.reparent;
+        if let Some(kept) = &self.kept {
+            b.opts.config.parent_grace_set = Some(PARENT_GRACE);
+            if rank == 0 {
+                // Before any input, as the driver does: a new store until a first batch was applied.
+                b.jobcore.as_mut().expect("rank 0 has the job core").reattach_grace = PARENT_GRACE;
+                let dir = StateDir::Open { dir: "/sim/statedir".into(), restarts: self.restarts0, failing: None };
+                b.restore(dir, Some(kept.clone()).filter(|k| k.epoch > 0.0));
+            }
+        }
         b.opts.config.sched_policy = self.cfg.sched_policy;
         if let Some(jc) = b.jobcore.as_mut() {
             jc.config.policy = self.cfg.sched_policy;
@@ -616,6 +713,9 @@ impl Sim {
             Ev::Resume(n) => self.resume(n),
             Ev::Fault(f) => self.inject(f),
             Ev::Client(m) => {
+                if self.cfg.statedir && self.nodes[0].broker.is_none() {
+                    return self.client_conn_failed(m.matchtag, libc::ECONNREFUSED as u32);
+                }
                 self.pending.insert(m.matchtag, (m.topic.clone(), m.nodeid, self.now));
                 self.deliver(0, Input::Message(Peer::Local(CLIENT), 0, m));
             }
@@ -700,6 +800,17 @@ impl Sim {
             self.events += 1;
             self.trace = fnv(fnv(fnv(self.trace, now.as_nanos()), u64::from(n)), kind(&i));
             b.handle(now, i);
+            if n == 0 && self.kept.is_some() {
+                // As the real driver: the turn's journal batch is made durable before anything it asked for.
+                if self.crash_in_commit && b.journal().is_some_and(|j| j.is_some()) {
+                    self.crash_in_commit = false;
+                    self.rank0_crashed(true);
+                    self.process_gone(0, 137);
+                    self.scratch = queue;
+                    return;
+                }
+                self.commit0();
+            }
             while let Some(e) = self.nodes[n as usize].broker.as_mut().and_then(|b| b.poll_effect()) {
                 self.execute(n, e, &mut queue);
             }
@@ -728,6 +839,81 @@ impl Sim {
                 self.at(t, Ev::Timer(n, t));
             }
         }
+    }
+
+    /// Rank 0 with [`Config::statedir`]: apply its journal batch to the store and tell it ([`Input::Stored`]), as
+    /// the real driver's commit does (`broker/driver.rs`).
+    fn commit0(&mut self) {
+        let now = self.now;
+        let Some(b) = self.nodes[0].broker.as_mut() else { return };
+        let Some(batch) = b.journal() else { return };
+        let Some(kept) = self.kept.as_mut() else { return };
+        let result = match &batch {
+            Some(j) => kept.apply(j).map_err(|e| crate::broker::store::CommitError {
+                why: e.to_string(),
+                errno: crate::message::errno::EIO,
+            }),
+            None => Ok(()),
+        };
+        if let Err(e) = &result {
+            self.violations.push(format!("rank 0's journal batch does not apply to its store: {e}"));
+        }
+        let input = Input::Stored { batch: batch.map(Box::new), result };
+        self.events += 1;
+        self.trace = fnv(fnv(fnv(self.trace, now.as_nanos()), 0), kind(&input));
+        b.handle(now, input);
+    }
+
+    /// Rank 0's broker dies (with [`Config::statedir`]): noted with the jobs running then; the client's requests
+    /// in flight fail (its connection is reset), and submissions among them are sent again later.
+    fn rank0_crashed(&mut self, in_commit: bool) {
+        let Some(b) = self.broker(0) else { return };
+        let running = b.jobcore.as_ref().map_or_else(Vec::new, |jc| {
+            jc.jobs.values().filter(|j| matches!(j.state, JobState::Run | JobState::Cleanup)).map(|j| j.id).collect()
+        });
+        self.client.crashes.push((self.now, in_commit, running));
+        let inflight: Vec<u32> = std::mem::take(&mut self.pending).into_keys().collect();
+        for tag in inflight {
+            self.watch.pings.remove(&tag);
+            self.client_conn_failed(tag, libc::ECONNRESET as u32);
+        }
+    }
+
+    /// A request of the client's failed on its side (`errno`: its connection to rank 0 was refused or reset):
+    /// a submission is sent again after [`CLIENT_RETRY`] (as one answered EAGAIN is).
+    fn client_conn_failed(&mut self, tag: u32, errno: u32) {
+        self.client.conn_failed.insert(tag, errno);
+        let why = if errno == libc::ECONNREFUSED as u32 { "connection refused" } else { "connection reset" };
+        self.responses.insert(tag, (errno, serde_json::json!({"errstr": why})));
+        self.resubmit(tag);
+    }
+
+    /// Send the submission of request `tag` again after [`CLIENT_RETRY`] (with [`Config::statedir`]).
+    fn resubmit(&mut self, tag: u32) {
+        if let Some((key, payload)) = self.client.submits.get(&tag).cloned() {
+            let t = self.now + CLIENT_RETRY;
+            let again = self.request_at(t, "job-manager.submit", 0, &payload);
+            self.client.submits.insert(again, (key, payload));
+            self.client.retried.insert(tag, again);
+        }
+    }
+
+    /// The client submits `jobspec` from rank 0 at `t` (its matchtag returned). With [`Config::statedir`] the
+    /// command names the submission (`key=K`, K its first matchtag), so that a job can be told from another
+    /// submission's, and a submission whose connection fails is sent again.
+    pub fn submit_at(&mut self, t: Time, mut jobspec: serde_json::Value) -> u32 {
+        let key = self.next_tag;
+        if self.cfg.statedir {
+            if let Some(cmd) = jobspec.pointer_mut("/tasks/0/command").and_then(|c| c.as_array_mut()) {
+                cmd.push(serde_json::json!(format!("key={key}")));
+            }
+        }
+        let payload = serde_json::json!({ "jobspec": jobspec });
+        let tag = self.request_at(t, "job-manager.submit", 0, &payload);
+        if self.cfg.statedir {
+            self.client.submits.insert(tag, (key, payload));
+        }
+        tag
     }
 
     /// Rank `n` may have more children than ever seen, or than it may adopt up to: note it.
@@ -1150,7 +1336,19 @@ impl Sim {
                 node.parent_probe = None;
                 node.stopped_until = None;
             }
-            Fault::Crash(n) => self.process_gone(n, 137),
+            Fault::Crash(n) => {
+                if n == 0 && self.kept.is_some() {
+                    self.rank0_crashed(false);
+                }
+                self.process_gone(n, 137)
+            }
+            Fault::CrashInCommit(n) => {
+                if n == 0 && self.kept.is_some() {
+                    self.crash_in_commit = self.nodes[0].broker.is_some();
+                } else {
+                    self.process_gone(n, 137)
+                }
+            }
             Fault::Stall(n, d) => {
                 let node = &mut self.nodes[n as usize];
                 if node.broker.is_none() || node.stopped_until.is_some() {
@@ -1166,6 +1364,12 @@ impl Sim {
                 self.cut.remove(&c);
             }
             Fault::Restart(n) => {
+                if n == 0 && self.crash_in_commit {
+                    // No turn of rank 0 changed its journal since the crash was asked for: it dies now.
+                    self.crash_in_commit = false;
+                    self.rank0_crashed(false);
+                    self.process_gone(0, 137);
+                }
                 if self.nodes[n as usize].broker.is_some() {
                     return;
                 }
@@ -1176,8 +1380,22 @@ impl Sim {
                     self.shut(c, false);
                 }
                 self.links.remove(&n);
+                if n == 0 && self.kept.is_some() {
+                    self.restarts0 += 1;
+                }
                 self.nodes[n as usize] = self.fresh_node(n);
                 self.connect(n);
+                if n == 0 && self.kept.is_some() {
+                    // Restored from its store (in `fresh_node`); its resource eventlog is what was kept.
+                    self.watch.seen = self
+                        .broker(0)
+                        .and_then(|b| b.jobcore.as_ref())
+                        .map_or(0, |jc| jc.resource_eventlog.len().saturating_sub(1).min(self.watch.seen));
+                    self.client.restarts.push((self.now, None));
+                    self.deliver(0, Input::LocalNew { id: CLIENT, uid: UID });
+                    self.deliver(0, Input::Start);
+                    self.after(REJOIN_POLL, Ev::Check(scenario::CHECK_REJOIN));
+                }
             }
         }
     }
@@ -1202,6 +1420,16 @@ impl Sim {
             return;
         }
         if self.pending.remove(&m.matchtag).is_some() {
+            if let Some((key, _)) = self.client.submits.get(&m.matchtag) {
+                let id = m.json().get("id").and_then(serde_json::Value::as_u64);
+                if let (0, Some(id)) = (m.errnum, id) {
+                    self.client.acked.push((*key, JobId(id), self.now));
+                }
+                if m.errnum == crate::message::errno::EAGAIN {
+                    // "Try again": a restarted rank 0 whose brokers have not all rejoined yet.
+                    self.resubmit(m.matchtag);
+                }
+            }
             if let Some(i) = self.watch.pings.remove(&m.matchtag) {
                 if m.errnum == 0 {
                     self.watch.done[i].answered = Some(self.now);

@@ -23,6 +23,13 @@
 //! - `router-flap`: a level-1 router's broker killed and restarted [`FLAPS`] times, 1 s down and 1 s up (every
 //!   other time its whole node is lost silently and reboots).
 //!
+//! Rank 0's restarts (docs/statedir.md), with a state directory ([`Config::statedir`]):
+//! - `restart`: `churn` (its faults kept [`QUIET_AROUND`] away from rank 0's outages), rank 0 drained, and rank
+//!   0's broker killed [`RESTARTS`] times at seeded moments, alternately in a turn that changed its journal
+//!   (before the commit: [`Fault::CrashInCommit`]) and between turns, each time started again on its store after
+//!   a seeded [`OUTAGE`]. It is a scenario of its own rather than part of `churn` so that `churn`'s faults and
+//!   figures stay those measured before (its fault times, job count and invariants are unchanged).
+//!
 //! Invariants: every job ends; each fault gets the verdict the rules give it (a dead node or crashed broker is
 //! lost, a stalled broker is never lost); critical-rank rules hold for every job (a job that lost a node has a
 //! fatal exception, no other job has one: with re-parenting, only a job whose shell's start went through a
@@ -33,13 +40,14 @@
 //! `reparent::adopt_limit` (twice the fanout) nor ever holds more children than its static ones plus that limit
 //! (a restarted static child is never refused); every orphan that re-parents answers a ping from rank 0 within
 //! [`REATTACH_BASE`] of its parent's loss, plus the candidate timeout for each candidate that never answered it;
-//! and at the end every running broker answers a ping from rank 0.
+//! and at the end every running broker answers a ping from rank 0. With a state directory, rank 0's restarts
+//! lose, duplicate and hang no acknowledged job (see `restart_invariants`).
 
-use super::{Config, Ev, Fault, ReparentFigures, Report, Sim};
+use super::{Config, Ev, Fault, ReparentFigures, Report, RestartFigures, Sim};
 use crate::broker::core::{MemberState, Time};
 use crate::broker::reparent::{adopt_limit, candidates};
 use crate::idset::IdSet;
-use crate::jobs::JobState;
+use crate::jobs::{Job, JobCore, JobId, JobState};
 use crate::jobspec::JobspecBuilder;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -67,10 +75,12 @@ pub enum Scenario {
     ReparentLoss,
     /// A router's broker killed and restarted again and again.
     RouterFlap,
+    /// `churn`, and rank 0's broker killed and restarted on its state directory [`RESTARTS`] times.
+    Restart,
 }
 
 /// Every scenario, by name: `(name, scenario)`.
-pub const SCENARIOS: [(&str, Scenario); 10] = [
+pub const SCENARIOS: [(&str, Scenario); 11] = [
     ("boot", Scenario::Boot),
     ("jobs", Scenario::Jobs),
     ("churn", Scenario::Churn),
@@ -81,6 +91,7 @@ pub const SCENARIOS: [(&str, Scenario); 10] = [
     ("router-adopter", Scenario::RouterAdopter),
     ("reparent-loss", Scenario::ReparentLoss),
     ("router-flap", Scenario::RouterFlap),
+    ("restart", Scenario::Restart),
 ];
 
 impl Scenario {
@@ -120,6 +131,21 @@ fn secs(s: f64) -> Time {
 const BOOT_BY: f64 = 2.0;
 /// Checkpoint: the instance is up.
 const CHECK_BOOT: u32 = 1;
+/// Checkpoint (again every `REJOIN_POLL` until it holds): every running broker registered with rank 0 again
+/// after its restart.
+pub(super) const CHECK_REJOIN: u32 = 2;
+
+/// `restart`: how many times rank 0's broker is killed (and started again on its store).
+pub const RESTARTS: u32 = 3;
+/// `restart`: each outage of rank 0 lasts a seeded time in this range, virtual seconds.
+pub const OUTAGE: (f64, f64) = (1.0, 5.0);
+/// `restart`: no node is lost, no broker crashes and no broker is stopped from this long before rank 0 dies to
+/// this long after it is back (seconds): a broker whose parent dies while rank 0 is away finds no adopter and
+/// exits (docs/statedir.md, "Not covered"), and the orphans of a loss just before would be asking rank 0 to
+/// adopt them. A broker stopped across a restart is kept out too: it registers again only when it runs, and if
+/// its parent is lost before that its registration is lost with it (not resent after its re-parent: not
+/// covered either, see docs/statedir.md).
+pub const QUIET_AROUND: (f64, f64) = (1.0, 3.0);
 
 /// Run `scenario` on the instance `cfg` describes, check its invariants, and report.
 pub fn run(cfg: Config, scenario: Scenario) -> Report {
@@ -129,6 +155,10 @@ pub fn run(cfg: Config, scenario: Scenario) -> Report {
 /// [`run`], with `before_check` given the world once the run is over, just before its invariants are checked
 /// (tests tamper with it to see that the checks fail).
 pub(crate) fn run_with(cfg: Config, scenario: Scenario, before_check: impl FnOnce(&mut Sim)) -> Report {
+    let mut cfg = cfg;
+    if scenario == Scenario::Restart {
+        cfg.statedir = true;
+    }
     let mut sim = Sim::new(cfg.clone());
     sim.boot();
     sim.at(secs(BOOT_BY), Ev::Check(CHECK_BOOT));
@@ -148,9 +178,39 @@ pub(crate) fn run_with(cfg: Config, scenario: Scenario, before_check: impl FnOnc
             }
             BOOT_BY + 7200.0
         }
-        Scenario::Churn => {
+        Scenario::Churn | Scenario::Restart => {
             let (losses, stalls, crashes) = fault_counts(n);
-            let span = (BOOT_BY + 1.0, BOOT_BY + 31.0);
+            let mut span = (BOOT_BY + 1.0, BOOT_BY + 31.0);
+            // Rank 0's deaths (`restart`): seeded times, each outage seeded, alternately in a commit and between
+            // turns; the windows around them get no node loss nor crash.
+            let mut quiet: Vec<(f64, f64)> = Vec::new();
+            if scenario == Scenario::Restart {
+                // Jobs must be on nodes that outlive rank 0: its own shells die with it (docs/statedir.md).
+                let drain = serde_json::json!({"ranks": "0", "reason": "rank 0 restarts"});
+                sim.request_at(secs(BOOT_BY), "resource.drain", 0, &drain);
+                let mut t = BOOT_BY + 2.0;
+                for k in 0..RESTARTS {
+                    let at = t + sim.rng.secs(0.0, 6.0);
+                    let down = sim.rng.secs(OUTAGE.0, OUTAGE.1);
+                    sim.fault_at(secs(at), if k % 2 == 0 { Fault::CrashInCommit(0) } else { Fault::Crash(0) });
+                    sim.fault_at(secs(at + down), Fault::Restart(0));
+                    quiet.push((at - QUIET_AROUND.0, at + down + QUIET_AROUND.1));
+                    t = at + down + 2.0;
+                }
+                // Room after the last outage for faults (and whole stalls) too.
+                span.1 = span.1.max(t + QUIET_AROUND.1 + 20.0);
+            }
+            // A fault at a time outside the quiet windows (lasting `len`: a stall must not overlap one either).
+            let pick_time = |sim: &mut Sim, quiet: &[(f64, f64)], len: f64| {
+                let mut t = sim.rng.secs(span.0, span.1);
+                for _ in 0..10_000 {
+                    if !quiet.iter().any(|&(a, b)| t <= b && t + len >= a) {
+                        break;
+                    }
+                    t = sim.rng.secs(span.0, span.1);
+                }
+                t
+            };
             // Distinct targets, never rank 0 (its loss ends the instance: the restart issue's business).
             let mut targets: Vec<u32> = (1..n).collect();
             debug_assert!((losses + stalls + crashes) as usize <= targets.len());
@@ -159,20 +219,22 @@ pub(crate) fn run_with(cfg: Config, scenario: Scenario, before_check: impl FnOnc
                 targets.swap_remove(i)
             };
             for _ in 0..losses {
-                let (r, t) = (pick(&mut sim), sim.rng.secs(span.0, span.1));
+                let (r, t) = (pick(&mut sim), pick_time(&mut sim, &quiet, 0.0));
                 sim.fault_at(secs(t), Fault::NodeLoss(r));
             }
             for _ in 0..stalls {
-                let (r, t) = (pick(&mut sim), sim.rng.secs(span.0, span.1));
+                let (r, t) = (pick(&mut sim), pick_time(&mut sim, &quiet, 10.0));
                 sim.fault_at(secs(t), Fault::Stall(r, Duration::from_secs(10)));
             }
             for _ in 0..crashes {
-                let (r, t) = (pick(&mut sim), sim.rng.secs(span.0, span.1));
+                let (r, t) = (pick(&mut sim), pick_time(&mut sim, &quiet, 0.0));
                 sim.fault_at(secs(t), Fault::Crash(r));
             }
             // Small jobs all along, so that the survivors can always run them; pings, some to ranks lost meanwhile.
-            submits = jobs_along(&mut sim, 600, job_nodes(n, 4), 0.05);
-            pings = pings_along(&mut sim, 300);
+            // (`restart`: for as long as its faults last.)
+            let count = if quiet.is_empty() { 600 } else { ((span.1 - BOOT_BY) / 0.05).round().max(600.0) as u32 };
+            submits = jobs_along(&mut sim, count, job_nodes(n, 4), 0.05);
+            pings = pings_along(&mut sim, count / 2);
             BOOT_BY + 3600.0
         }
         Scenario::Partition => {
@@ -431,7 +493,7 @@ fn pings_along(sim: &mut Sim, count: u32) -> Vec<u32> {
 fn submit_at(sim: &mut Sim, t: Time, spec: JobspecBuilder) -> u32 {
     let js = spec.build().expect("scenario jobspecs are valid").to_json();
     let v: serde_json::Value = serde_json::from_str(&js).expect("jobspec JSON");
-    sim.request_at(t, "job-manager.submit", 0, &serde_json::json!({"jobspec": v}))
+    sim.submit_at(t, v)
 }
 
 fn all_jobs_done(sim: &Sim) -> bool {
@@ -448,6 +510,36 @@ impl Sim {
             if registered as u32 != self.cfg.brokers {
                 self.violations
                     .push(format!("boot: {registered} of {} brokers registered after {BOOT_BY} s", self.cfg.brokers));
+            }
+        }
+        if k == CHECK_REJOIN {
+            let Some(b0) = self.broker(0) else { return };
+            if self.client.restarts.last().is_none_or(|r| r.1.is_some()) {
+                return;
+            }
+            let online =
+                |r: u32| b0.members.get(&r).is_some_and(|m| matches!(m.0, MemberState::Online | MemberState::Torpid));
+            // A stopped broker registers once it runs again, and so do those below it: not waited for.
+            let stopped = |r: u32| {
+                let mut x = Some(r);
+                for _ in 0..64 {
+                    let Some(q) = x.filter(|&q| q != 0) else { return false };
+                    if self.nodes[q as usize].stopped_until.is_some() {
+                        return true;
+                    }
+                    x = self.links.get(&q).map(|l| l.parent);
+                }
+                false
+            };
+            let all =
+                (1..self.cfg.brokers).filter(|&r| self.nodes[r as usize].broker.is_some() && !stopped(r)).all(online);
+            if all {
+                let now = self.now;
+                if let Some(r) = self.client.restarts.last_mut() {
+                    r.1 = Some(now);
+                }
+            } else {
+                self.after(super::REJOIN_POLL, Ev::Check(CHECK_REJOIN));
             }
         }
     }
@@ -474,7 +566,9 @@ fn check(sim: &mut Sim, scenario: Scenario, submits: &[u32], pings: &[u32], swee
     let mut heal_at: BTreeMap<u32, Time> = BTreeMap::new();
     for &(t, f) in &sim.faults {
         match f {
-            Fault::NodeLoss(r) | Fault::Crash(r) => {
+            // Rank 0's own deaths and restarts (with a state directory) are judged by the restart invariants.
+            Fault::Crash(0) | Fault::CrashInCommit(0) | Fault::Restart(0) if sim.cfg.statedir => {}
+            Fault::NodeLoss(r) | Fault::Crash(r) | Fault::CrashInCommit(r) => {
                 dead.entry(r).or_insert(t);
                 deaths.push((r, t, matches!(f, Fault::NodeLoss(_))));
             }
@@ -614,8 +708,13 @@ fn check(sim: &mut Sim, scenario: Scenario, submits: &[u32], pings: &[u32], swee
     for (tag, (topic, node, t)) in &sim.pending {
         v.push(format!("request {tag} '{topic}' to rank {node} (sent at {:.3} s) never answered", t.as_secs_f64()));
     }
-    for tag in submits {
-        if let Some((e, p)) = sim.responses.get(tag) {
+    for &tag in submits {
+        // A submission whose connection failed was sent again: its last attempt counts.
+        let mut last = tag;
+        while let Some(&again) = sim.client.retried.get(&last) {
+            last = again;
+        }
+        if let Some((e, p)) = sim.responses.get(&last) {
             if *e != 0 {
                 v.push(format!("submission {tag} refused: errno {e} {p}"));
             }
@@ -623,7 +722,7 @@ fn check(sim: &mut Sim, scenario: Scenario, submits: &[u32], pings: &[u32], swee
     }
     for tag in pings {
         if let Some((e, _)) = sim.responses.get(tag) {
-            if *e != 0 && *e != crate::message::errno::EHOSTUNREACH {
+            if *e != 0 && *e != crate::message::errno::EHOSTUNREACH && !sim.client.conn_failed.contains_key(tag) {
                 v.push(format!("ping {tag} failed with errno {e}, not EHOSTUNREACH"));
             }
         }
@@ -704,9 +803,134 @@ fn check(sim: &mut Sim, scenario: Scenario, submits: &[u32], pings: &[u32], swee
     // (11) Every orphan answers rank 0 again within REATTACH_BASE of its parent's loss, plus a candidate timeout
     // for each candidate that never answered it (from the heal of a cut, the end of a stall); figures.
     let fig = reparent_figures(sim, &deaths, &cut_at, &heal_at, &lost_log, &mut v);
+    // (12) With a state directory: rank 0's restarts lost, duplicated, hung no acknowledged job.
+    let restarts = restart_invariants(sim, jc, &lost_log, &mut v);
     detect.sort_by(f64::total_cmp);
     let d = (!detect.is_empty()).then(|| (detect[detect.len() / 2], detect[detect.len() - 1]));
-    report(sim, scenario, v, (jobs, ok, failed), d, fig)
+    let mut r = report(sim, scenario, v, (jobs, ok, failed), d, fig);
+    r.restarts = restarts;
+    r
+}
+
+/// The submission a job is (`key=K` in its command, [`Sim::submit_at`]).
+fn submission_key(j: &Job) -> Option<u32> {
+    let spec = j.jobspec();
+    let cmd = spec.pointer("/tasks/0/command")?.as_array()?;
+    cmd.iter().find_map(|a| a.as_str()?.strip_prefix("key=")?.parse().ok())
+}
+
+/// Invariant (12), with a state directory (`restart`), and its figures. Acknowledged means answered with an id:
+/// - every acknowledged job is in rank 0's final job core, under its own submission (lost: absent; an id given
+///   to two submissions: another's), and INACTIVE (none hung);
+/// - no submission is in the core twice (duplicated), none acknowledged twice, and every one is acknowledged in
+///   the end (the client sends a submission again when its connection failed: refused while rank 0 was down,
+///   or reset with the request in flight);
+/// - job ids acknowledged only go up (an id is never given again, across restarts);
+/// - a job running when rank 0 died, whose outage `tbon.parent_grace` covered, completes with its real exit
+///   status (0 here) unless one of its nodes was lost meanwhile: no `restart` exception, no other.
+fn restart_invariants(
+    sim: &Sim,
+    jc: &JobCore,
+    lost_log: &BTreeMap<u32, Vec<(f64, String)>>,
+    v: &mut Vec<String>,
+) -> Option<RestartFigures> {
+    if !sim.cfg.statedir {
+        return None;
+    }
+    let (c, wall0) = (&sim.client, super::WALL_ORIGIN);
+    let mut by_key: BTreeMap<u32, Vec<JobId>> = BTreeMap::new();
+    for j in jc.jobs.values() {
+        match submission_key(j) {
+            Some(k) => by_key.entry(k).or_default().push(j.id),
+            None => v.push(format!("job {} in rank 0's job core is no submission of the client's", j.id)),
+        }
+    }
+    for (k, ids) in &by_key {
+        if ids.len() > 1 {
+            let ids: Vec<String> = ids.iter().map(ToString::to_string).collect();
+            v.push(format!("submission {k} is in rank 0's job core {} times: {}", ids.len(), ids.join(", ")));
+        }
+    }
+    let mut acked = BTreeSet::new();
+    let mut highest: Option<JobId> = None;
+    for &(key, id, t) in &c.acked {
+        let t = t.as_secs_f64();
+        if !acked.insert(key) {
+            v.push(format!("submission {key} acknowledged twice (again as job {id} at {t:.3} s)"));
+        }
+        if let Some(h) = highest.filter(|h| id <= *h) {
+            v.push(format!("job id {id} acknowledged at {t:.3} s is not above {h}, acknowledged before it"));
+        }
+        highest = highest.max(Some(id));
+        match jc.jobs.get(&id) {
+            None => v.push(format!(
+                "acknowledged job {id} (submission {key}, at {t:.3} s) is lost: not in rank 0's job core"
+            )),
+            Some(j) if submission_key(j) != Some(key) => v.push(format!(
+                "acknowledged job {id} of submission {key} is submission {:?}'s in rank 0's job core",
+                submission_key(j)
+            )),
+            Some(j) if j.state != JobState::Inactive => {
+                v.push(format!("acknowledged job {id} (submission {key}) hung: {:?} at the end", j.state))
+            }
+            Some(_) => {}
+        }
+    }
+    let acked_ids: BTreeSet<JobId> = c.acked.iter().map(|a| a.1).collect();
+    let keys: BTreeSet<u32> = c.submits.values().map(|(k, _)| *k).collect();
+    for k in keys.difference(&acked) {
+        v.push(format!("submission {k} was never acknowledged"));
+    }
+    // Jobs running when rank 0 died; the i-th restart follows the i-th death.
+    let (mut running, mut ok, mut failed) = (BTreeSet::new(), 0, 0);
+    for (i, (t, _, ids)) in c.crashes.iter().enumerate() {
+        let back = c.restarts.get(i).map(|r| r.0);
+        let covered = back.is_some_and(|b| b.since(*t).as_secs_f64() < super::PARENT_GRACE);
+        for &id in ids {
+            // A job started in the turn a death in a commit cut short was never acknowledged: not kept.
+            if !acked_ids.contains(&id) || !running.insert(id) {
+                continue; // (or judged at the first death it lived through)
+            }
+            let Some(j) = jc.jobs.get(&id) else { continue }; // reported above if it was acknowledged
+            let (a, b) = (j.t_run.map_or(0.0, |x| x - wall0), j.t_inactive.map_or(f64::MAX, |x| x - wall0));
+            let lost = |r: u32| lost_log.get(&r).is_some_and(|l| l.iter().any(|(u, _)| *u >= a && *u <= b));
+            let touched = j.alloc.iter().any(|x| lost(x.rank));
+            match (&j.fatal, j.status) {
+                (None, Some(0)) => ok += 1,
+                (Some(_), _) if touched || !covered => failed += 1,
+                (e, status) => v.push(format!(
+                    "job {id}, running when rank 0 died at {:.3} s, ended with status {status:?} and exception {} \
+                     though none of its nodes was lost",
+                    t.as_secs_f64(),
+                    e.as_ref().map_or("none".to_string(), |e| format!("{} ({})", e.kind, e.note))
+                )),
+            }
+        }
+    }
+    let outages: Vec<f64> =
+        c.crashes.iter().zip(&c.restarts).map(|((t, ..), (b, _))| b.since(*t).as_secs_f64()).collect();
+    let mut rejoin: Vec<f64> =
+        c.restarts.iter().filter_map(|(t, done)| done.map(|d| d.since(*t).as_secs_f64() * 1e3)).collect();
+    if rejoin.len() < c.restarts.len() {
+        v.push(format!(
+            "only {} of rank 0's {} restarts saw every running broker register again",
+            rejoin.len(),
+            c.restarts.len()
+        ));
+    }
+    rejoin.sort_by(f64::total_cmp);
+    Some(RestartFigures {
+        restarts: c.restarts.len() as u32,
+        in_commit: c.crashes.iter().filter(|x| x.1).count() as u32,
+        outage_s: (outages.iter().copied().fold(f64::INFINITY, f64::min), outages.iter().copied().fold(0.0, f64::max)),
+        rejoin_ms: (!rejoin.is_empty()).then(|| (quantile(&rejoin, 0.5), rejoin[rejoin.len() - 1])),
+        acknowledged: c.acked.len() as u64,
+        retried: c.retried.keys().filter(|t| c.conn_failed.contains_key(t)).count() as u64,
+        retried_eagain: c.retried.keys().filter(|t| !c.conn_failed.contains_key(t)).count() as u64,
+        running_at_crash: running.len() as u64,
+        reattached_ok: ok,
+        reattached_failed: failed,
+    })
 }
 
 /// The `q` quantile of sorted `x` (nearest rank).
@@ -741,6 +965,9 @@ fn reparent_figures(
     let mut per_loss: BTreeMap<(u32, Time), f64> = BTreeMap::new();
     let mut max_attempts = 0;
     for (i, rec) in done.iter().enumerate() {
+        if sim.cfg.statedir && rec.lost == 0 {
+            continue; // a broker rank 0 had adopted, back with it after its restart: the restart invariants'
+        }
         max_attempts = max_attempts.max(rec.attempts);
         let asked = rec.asked.unwrap_or(rec.recorded);
         // Its next successful answer to rank 0, from this re-parent on (a later re-parent's, if its new parent
@@ -876,6 +1103,7 @@ fn report(
             Fault::Cut(_) => "cut",
             Fault::Heal(_) => "heal",
             Fault::Restart(_) => "restart",
+            Fault::CrashInCommit(_) => "crash_in_commit",
         };
         *faults.entry(k.to_string()).or_insert(0) += 1;
     }
@@ -897,5 +1125,6 @@ fn report(
         loss_detect_ms: d,
         max_children: sim.watch.max_children.0 as u32,
         reparent,
+        restarts: None,
     }
 }

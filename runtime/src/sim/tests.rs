@@ -128,6 +128,11 @@ fn the_same_seed_gives_the_same_trace_and_another_seed_another() {
     let c = run(Config::new(48, kary(3), 43), Scenario::Churn);
     assert_eq!((a.trace.as_str(), a.events), (b.trace.as_str(), b.events));
     assert_ne!(a.trace, c.trace);
+    // Rank 0's restarts too (its store, the client's retries).
+    let a = run(Config::new(48, kary(3), 42), Scenario::Restart);
+    let b = run(Config::new(48, kary(3), 42), Scenario::Restart);
+    assert_eq!((a.trace.as_str(), a.events), (b.trace.as_str(), b.events));
+    assert_eq!(a.restarts.map(|f| f.restarts), Some(scenario::RESTARTS));
 }
 
 /// A router lost silently, `tbon.reparent` off: its subtree is cut off and exits.
@@ -252,4 +257,42 @@ fn an_orphan_judges_its_silent_parent_by_the_probe_rule_and_on_tcp_alone_without
     let (tcp, probes) = (verdict(false), verdict(true));
     assert!(tcp.0 >= 120.0 && tcp.2 <= 220.0, "TCP rule: {tcp:?}");
     assert!(probes.2 <= 50.0, "probe rule: {probes:?}");
+}
+
+/// Rank 0 killed and restarted on its state directory three times while the `churn` faults and jobs go on: no
+/// acknowledged job lost, duplicated or hung, ids never given again, the others rejoin it, and jobs running
+/// across an outage complete with their real exit status.
+#[test]
+fn rank_0_restarts_on_its_store_and_no_acknowledged_job_is_lost() {
+    for seed in [7, 8] {
+        let r = run(Config::new(64, kary(4), seed), Scenario::Restart);
+        assert!(r.ok, "seed {seed}: {:#?}", r.violations);
+        let f = r.restarts.clone().expect("restart figures");
+        eprintln!("seed {seed}: {f:?}");
+        assert_eq!(f.restarts, scenario::RESTARTS, "{f:?}");
+        assert!(f.in_commit >= 1, "{f:?}");
+        assert!(f.acknowledged >= 600, "{f:?}");
+        assert!(f.retried > 0, "submissions sent during an outage are retried: {f:?}");
+        assert!(f.running_at_crash > 0 && f.reattached_ok > 0, "{f:?}");
+    }
+}
+
+/// The restart checker can fail: an acknowledged job removed from rank 0's core (lost), one acknowledged twice
+/// (duplicated, its id not above the last), one left running (hung) are each reported.
+#[test]
+fn the_restart_invariants_catch_a_lost_a_duplicated_and_a_hung_job() {
+    let r = scenario::run_with(Config::new(64, kary(4), 7), Scenario::Restart, |sim| {
+        let acked = sim.client.acked.clone();
+        let now = sim.now();
+        sim.client.acked.push((acked[1].0, acked[1].1, now));
+        let jc = sim.nodes[0].broker.as_mut().and_then(|b| b.jobcore.as_mut()).expect("rank 0");
+        jc.jobs.remove(&acked[0].1);
+        jc.jobs.get_mut(&acked[2].1).expect("kept").state = crate::jobs::JobState::Run;
+    });
+    assert!(!r.ok);
+    let has = |s: &str| r.violations.iter().any(|v| v.contains(s));
+    assert!(has("is lost: not in rank 0's job core"), "{:#?}", r.violations);
+    assert!(has("acknowledged twice"), "{:#?}", r.violations);
+    assert!(has("is not above"), "{:#?}", r.violations);
+    assert!(has("hung"), "{:#?}", r.violations);
 }
