@@ -41,7 +41,12 @@ impl RpcError {
         RpcError { errnum: m.errnum, errstr }
     }
     fn disconnected() -> RpcError {
-        RpcError { errnum: errno::EHOSTUNREACH, errstr: "lost connection to broker".into() }
+        RpcError { errnum: errno::EHOSTUNREACH, errstr: Self::disconnected_text().into() }
+    }
+
+    /// The `errstr` of a request whose connection to the broker ended before its answer.
+    pub fn disconnected_text() -> &'static str {
+        "lost connection to broker"
     }
 }
 

@@ -250,9 +250,22 @@ pub(crate) async fn run(a: SubmitArgs, attach_after: bool) -> Result<i32, String
         }
         let _ = c2.rpc("job-exec.stdin", 0, &json!({"id": id.0, "eof": true})).await;
     });
-    let r = attach(&c, id, a.label_io).await;
+    let r = attach(&c, id, a.label_io).await.map_err(|e| lost_note(e, id));
     feeder.abort();
     r
+}
+
+/// The error of a client that lost its connection to rank 0 (stopped, restarted, killed) while it followed job
+/// `id`: the job may well run on (with a state directory rank 0 comes back with it), so say how to find it again.
+fn lost_note(e: String, id: JobId) -> String {
+    if e == crate::client::RpcError::disconnected_text() {
+        format!(
+            "{e} (rank 0 stopped or restarted); job {id} may still be running: `vigil job attach {id}` or \
+             `vigil job wait {id}` once the instance is back"
+        )
+    } else {
+        e
+    }
 }
 
 async fn submit(c: &Client, spec: &Jobspec) -> Result<JobId, String> {
@@ -631,7 +644,7 @@ pub(crate) async fn job(cmd: JobCmd) -> Result<i32, String> {
         JobCmd::Attach { id, label_io } => {
             let id = parse_id(&id)?;
             let c = connect().await?;
-            attach(&c, id, label_io).await
+            attach(&c, id, label_io).await.map_err(|e| lost_note(e, id))
         }
         JobCmd::Wait { id } => {
             let id = parse_id(&id)?;
@@ -641,7 +654,7 @@ pub(crate) async fn job(cmd: JobCmd) -> Result<i32, String> {
             let mut code = 1;
             let mut fatal = false;
             while let Some(item) = s.next().await {
-                let v = item.map_err(|e| e.errstr)?;
+                let v = item.map_err(|e| lost_note(e.errstr, id))?;
                 let e = &v["event"];
                 match e["name"].as_str() {
                     Some("finish") => {
