@@ -34,13 +34,16 @@ fn build() -> Result<String, String> {
     if env::var("VIGIL_OFI").is_ok_and(|v| v == "off") {
         return Err("disabled at build time (VIGIL_OFI=off)".into());
     }
-    let lib = pkg_config::Config::new().atleast_version(MIN_VERSION).probe("libfabric").map_err(|e| {
-        // The details (pkg-config's own output) are for the build log; the reason stays one sentence.
-        for line in e.to_string().lines().filter(|l| !l.trim().is_empty()) {
-            println!("cargo:warning=vigil-ofi: pkg-config: {line}");
-        }
-        format!("pkg-config found no libfabric >= {MIN_VERSION} at build time (install libfabric-dev)")
-    })?;
+    // Headers only: the library is loaded at run time (csrc/shim.c, vigil_fi_load), not linked.
+    let lib = pkg_config::Config::new().atleast_version(MIN_VERSION).cargo_metadata(false).probe("libfabric").map_err(
+        |e| {
+            // The details (pkg-config's own output) are for the build log; the reason stays one sentence.
+            for line in e.to_string().lines().filter(|l| !l.trim().is_empty()) {
+                println!("cargo:warning=vigil-ofi: pkg-config: {line}");
+            }
+            format!("pkg-config found no libfabric >= {MIN_VERSION} at build time (install libfabric-dev)")
+        },
+    )?;
     let includes: Vec<PathBuf> = lib.include_paths.clone();
 
     // bindgen panics when it cannot load libclang: that is a reason for the stub, not a build failure.
@@ -67,7 +70,7 @@ fn build() -> Result<String, String> {
     for p in &includes {
         cc.include(p);
     }
-    // pkg-config already told cargo to link libfabric; the shim's archive is bundled into this crate's rlib.
+    // The shim's archive is bundled into this crate's rlib; it loads libfabric with dlopen (libc has it).
     cc.try_compile("vigil_ofi_shim").map_err(|e| format!("compiling the C shim: {e}"))?;
     Ok(lib.version)
 }

@@ -14,6 +14,10 @@
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
 
+/* Load libfabric.so.1 with dlopen (once; the first call must not race another). NULL once loaded, else why not
+ * (dlerror's text). Until it succeeds nothing else here may be called. */
+const char *vigil_fi_load(void);
+
 struct fi_info *vigil_fi_allocinfo(void);
 int vigil_fi_close(struct fid *fid);
 int vigil_fi_control(struct fid *fid, int command, void *arg);

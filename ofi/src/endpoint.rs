@@ -98,6 +98,7 @@ impl Endpoint {
     /// provider offers one), address vector and endpoint, and post the receive buffers.
     pub fn open(cfg: &Config) -> Result<Endpoint, OpenError> {
         cfg.validate()?;
+        crate::load().map_err(OpenError::Unavailable)?;
         let hints = Info::alloc()?;
         let prov = cstring("provider", &cfg.provider)?;
         let domain_name = cfg.domain.as_deref().map(|d| cstring("domain", d)).transpose()?;

@@ -107,12 +107,32 @@ pub struct Library {
     pub runtime: (u32, u32),
 }
 
+/// Load libfabric (`dlopen` of `libfabric.so.1`, once per process), or say why it cannot be. Loading it runs its
+/// providers' constructors, which cost ~0.2 s with Debian's build (its PSM providers): so it is not linked, and
+/// only a process that opens an endpoint (or asks [`library`]) pays for it.
+#[cfg(vigil_ofi)]
+pub(crate) fn load() -> Result<(), &'static str> {
+    static LOADED: std::sync::OnceLock<Result<(), &'static str>> = std::sync::OnceLock::new();
+    *LOADED.get_or_init(|| {
+        // SAFETY: called once (OnceLock), before any other libfabric call; it returns NULL or dlerror's text,
+        // copied at once.
+        let why = unsafe { sys::vigil_fi_load() };
+        if why.is_null() {
+            return Ok(());
+        }
+        // SAFETY: a NUL-terminated string from dlerror, valid until the next dl* call on this thread.
+        let why = unsafe { std::ffi::CStr::from_ptr(why) }.to_string_lossy();
+        Err(Box::leak(format!("cannot load libfabric.so.1 ({why}): install libfabric1").into_boxed_str()))
+    })
+}
+
 /// The libfabric this build uses, or why it has none (a sentence, e.g. "pkg-config found no libfabric ...").
 /// Report it once at start-up; [`Endpoint::open`] gives the same reason as [`OpenError::Unavailable`].
 pub fn library() -> Result<Library, &'static str> {
     #[cfg(vigil_ofi)]
     {
-        // SAFETY: fi_version takes no arguments and only returns the library's version number.
+        load()?;
+        // SAFETY: libfabric is loaded (above); fi_version takes no arguments and only returns its version number.
         let v = unsafe { sys::fi_version() };
         Ok(Library { built_against: env!("VIGIL_OFI_BUILT_AGAINST"), runtime: (v >> 16, v & 0xffff) })
     }

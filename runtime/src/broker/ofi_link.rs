@@ -66,7 +66,12 @@ impl Settings {
         if let Some(r) = g.as_ref() {
             return r.clone();
         }
-        let r = Hub::open(&self.provider, local);
+        let r = if self.mode == Transport::Auto && self.provider == "cxi" && !cxi_present() {
+            // Loading libfabric costs ~0.2 s with some builds (their providers' constructors): not for nothing.
+            Err("no Slingshot NIC here (no /sys/class/cxi, /dev/cxi0) for libfabric's cxi provider".to_string())
+        } else {
+            Hub::open(&self.provider, local)
+        };
         match &r {
             Ok(h) => info!("libfabric endpoint open: provider {}, {}", h.provider, h.detail),
             Err(e) => info!("no libfabric links: {e}"),
@@ -81,6 +86,11 @@ impl Settings {
     }
 }
 
+/// Whether this node has a Cassini NIC for the `cxi` provider (its driver's class directory or device node).
+fn cxi_present() -> bool {
+    std::path::Path::new("/sys/class/cxi").exists() || std::path::Path::new("/dev/cxi0").exists()
+}
+
 /// A broker's one libfabric endpoint, owned by its task.
 #[derive(Debug)]
 pub(crate) struct Hub {
@@ -92,8 +102,17 @@ pub(crate) struct Hub {
     detail: String,
 }
 
+/// Set once a peer has been heard over libfabric: it has our address in its address vector, so what we send it
+/// there is not dropped as from an unknown source.
+type Heard = Arc<std::sync::atomic::AtomicBool>;
+
 enum Cmd {
-    Insert { name: Vec<u8>, events: mpsc::UnboundedSender<LinkEvent>, reply: oneshot::Sender<Result<PeerId, String>> },
+    Insert {
+        name: Vec<u8>,
+        events: mpsc::UnboundedSender<LinkEvent>,
+        heard: Heard,
+        reply: oneshot::Sender<Result<PeerId, String>>,
+    },
     Send(PeerId, Vec<u8>),
     Remove(PeerId),
 }
@@ -121,13 +140,16 @@ impl Hub {
         Ok(Arc::new(Hub { cmd, name, provider, detail }))
     }
 
-    /// Insert a peer's endpoint name; its messages go to the returned receiver.
-    async fn insert(&self, name: Vec<u8>) -> Result<(PeerId, mpsc::UnboundedReceiver<LinkEvent>), String> {
+    /// Insert a peer's endpoint name; its messages go to the returned receiver, and the flag is set once one came.
+    async fn insert(&self, name: Vec<u8>) -> Result<(PeerId, mpsc::UnboundedReceiver<LinkEvent>, Heard), String> {
         let (events, rx) = mpsc::unbounded_channel();
         let (reply, answer) = oneshot::channel();
-        self.cmd.send(Cmd::Insert { name, events, reply }).map_err(|_| "libfabric endpoint task ended".to_string())?;
+        let heard = Heard::default();
+        self.cmd
+            .send(Cmd::Insert { name, events, heard: heard.clone(), reply })
+            .map_err(|_| "libfabric endpoint task ended".to_string())?;
         let peer = answer.await.map_err(|_| "libfabric endpoint task ended".to_string())??;
-        Ok((peer, rx))
+        Ok((peer, rx, heard))
     }
 
     fn choice(&self) -> LinkChoice {
@@ -137,9 +159,10 @@ impl Hub {
 
 /// The endpoint's task: commands from the links, events to them.
 async fn run(mut ep: AsyncEndpoint, mut rx: mpsc::UnboundedReceiver<Cmd>) {
-    let mut peers: HashMap<PeerId, mpsc::UnboundedSender<LinkEvent>> = HashMap::new();
-    let close = |peers: &mut HashMap<PeerId, mpsc::UnboundedSender<LinkEvent>>, p: PeerId, why: String| {
-        if let Some(tx) = peers.remove(&p) {
+    type Peers = HashMap<PeerId, (mpsc::UnboundedSender<LinkEvent>, Heard)>;
+    let mut peers: Peers = HashMap::new();
+    let close = |peers: &mut Peers, p: PeerId, why: String| {
+        if let Some((tx, _)) = peers.remove(&p) {
             let _ = tx.send(LinkEvent::Closed(why));
         }
     };
@@ -147,10 +170,10 @@ async fn run(mut ep: AsyncEndpoint, mut rx: mpsc::UnboundedReceiver<Cmd>) {
         tokio::select! {
             cmd = rx.recv() => match cmd {
                 None => break,
-                Some(Cmd::Insert { name, events, reply }) => {
+                Some(Cmd::Insert { name, events, heard, reply }) => {
                     let r = ep.get_mut().insert_peer(&name).map_err(|e| e.to_string());
                     if let Ok(p) = r {
-                        peers.insert(p, events);
+                        peers.insert(p, (events, heard));
                     }
                     let _ = reply.send(r);
                 }
@@ -174,7 +197,8 @@ async fn run(mut ep: AsyncEndpoint, mut rx: mpsc::UnboundedReceiver<Cmd>) {
                         Err(e) => LinkEvent::Closed(format!("ofi: {e}")),
                     };
                     let closed = matches!(ev, LinkEvent::Closed(_));
-                    if let Some(tx) = peers.get(&from) {
+                    if let Some((tx, heard)) = peers.get(&from) {
+                        heard.store(true, std::sync::atomic::Ordering::Release);
                         let _ = tx.send(ev);
                     }
                     if closed {
@@ -189,7 +213,7 @@ async fn run(mut ep: AsyncEndpoint, mut rx: mpsc::UnboundedReceiver<Cmd>) {
                 Ok(Event::RecvFailed { error }) => warn!("libfabric receive failed: {error}"),
                 Err(e) => {
                     warn!("libfabric endpoint failed: {e}; its links close");
-                    for (_, tx) in peers.drain() {
+                    for (_, (tx, _)) in peers.drain() {
                         let _ = tx.send(LinkEvent::Closed(format!("ofi: {e}")));
                     }
                     break;
@@ -291,7 +315,7 @@ impl Offer {
         let r = match (&self.hub, ack.get("ofi")) {
             (Err(e), _) => Err(format!("this side: {e}")),
             (Ok(h), Some(f)) => match peer_name(f) {
-                Ok(name) => h.insert(name).await.map(|(p, rx)| (h.clone(), p, rx)),
+                Ok(name) => h.insert(name).await.map(|(p, rx, heard)| (h.clone(), p, rx, heard)),
                 Err(e) => Err(format!("parent's ofi answer: {e}")),
             },
             (Ok(_), None) => Err(match ack.get("ofi_refused").and_then(Value::as_str) {
@@ -300,9 +324,13 @@ impl Offer {
             }),
         };
         match r {
-            Ok((hub, peer, rx)) => {
+            Ok((hub, peer, rx, heard)) => {
                 let choice = hub.choice();
-                let (tx, rx) = bridge(hub, peer, rx, tcp_tx, tcp_rx);
+                // The parent has our address (it answered after inserting it): send there at once, starting with
+                // a heartbeat that tells it we have its address too.
+                heard.store(true, std::sync::atomic::Ordering::Release);
+                let (tx, rx) = bridge(hub, peer, rx, heard, tcp_tx, tcp_rx);
+                let _ = tx.send(Message::control("hb", &json!({})));
                 Ok((tx, rx, choice))
             }
             Err(e) if s.mode == Transport::Ofi => Err(s.required(&e)),
@@ -313,8 +341,8 @@ impl Offer {
 
 /// Parent side: the answer to a child's ofi offer.
 pub(crate) enum Answer {
-    /// The child's endpoint is in our address vector.
-    Ofi { hub: Arc<Hub>, peer: PeerId, rx: mpsc::UnboundedReceiver<LinkEvent> },
+    /// The child's endpoint is in our address vector (ours is not in its yet: `heard` says when it is).
+    Ofi { hub: Arc<Hub>, peer: PeerId, rx: mpsc::UnboundedReceiver<LinkEvent>, heard: Heard },
     /// Stay on TCP, for this reason.
     Tcp(String),
     /// `tbon.transport=ofi` and libfabric cannot be used: refuse the child.
@@ -342,7 +370,9 @@ impl Answer {
             Some(f) => match (peer_name(f), s.hub(local)) {
                 (Err(e), _) => Err(format!("child's ofi offer: {e}")),
                 (_, Err(e)) => Err(e),
-                (Ok(name), Ok(h)) => h.insert(name).await.map(|(peer, rx)| Answer::Ofi { hub: h.clone(), peer, rx }),
+                (Ok(name), Ok(h)) => {
+                    h.insert(name).await.map(|(peer, rx, heard)| Answer::Ofi { hub: h.clone(), peer, rx, heard })
+                }
             },
             None => Err(match hello.get("ofi_unavailable").and_then(Value::as_str) {
                 Some(why) => format!("child: {}", why.chars().take(200).collect::<String>()),
@@ -367,9 +397,9 @@ impl Answer {
     /// The link's halves and what it runs on, once accepted; or the TCP halves back with the reason.
     pub(crate) fn into_link(self, tcp_tx: LinkTx, tcp_rx: LinkRx) -> (LinkTx, LinkRx, LinkChoice) {
         match self {
-            Answer::Ofi { hub, peer, rx } => {
+            Answer::Ofi { hub, peer, rx, heard } => {
                 let choice = hub.choice();
-                let (tx, rx) = bridge(hub, peer, rx, tcp_tx, tcp_rx);
+                let (tx, rx) = bridge(hub, peer, rx, heard, tcp_tx, tcp_rx);
                 (tx, rx, choice)
             }
             Answer::Tcp(why) | Answer::Refuse(why) => (tcp_tx, tcp_rx, LinkChoice { transport: "tcp", detail: why }),
@@ -378,14 +408,17 @@ impl Answer {
 }
 
 /// Carry a link's messages over libfabric to `peer`, keeping its TCP connection as the side channel.
+/// Until the peer has been heard over libfabric (`heard`), messages go on TCP: the peer may not have our address
+/// yet, and libfabric would drop what we sent as from an unknown source.
 fn bridge(
     hub: Arc<Hub>,
     peer: PeerId,
     rx: mpsc::UnboundedReceiver<LinkEvent>,
+    heard: Heard,
     tcp_tx: LinkTx,
     tcp_rx: LinkRx,
 ) -> (LinkTx, LinkRx) {
-    let tx = LinkTx::ofi(OfiTx { hub: hub.clone(), peer, tcp: tcp_tx });
+    let tx = LinkTx::ofi(OfiTx { hub: hub.clone(), peer, heard, tcp: tcp_tx });
     (tx, LinkRx::ofi(OfiRx { hub, peer, rx, tcp: tcp_rx, done: false }))
 }
 
@@ -394,6 +427,7 @@ fn bridge(
 pub(crate) struct OfiTx {
     hub: Arc<Hub>,
     peer: PeerId,
+    heard: Heard,
     tcp: LinkTx,
 }
 
@@ -402,6 +436,9 @@ impl OfiTx {
     /// Control messages (heartbeats, goodbye, shutdown) also go on TCP. Gives `m` back once the endpoint's task
     /// has ended.
     pub(crate) fn send(&self, m: Message) -> Result<(), Message> {
+        if !self.heard.load(std::sync::atomic::Ordering::Acquire) {
+            return self.tcp.send(m);
+        }
         if m.msgtype == MsgType::Control {
             let _ = self.tcp.send(m.clone());
         }
