@@ -218,7 +218,17 @@ fn open_statedir(
     };
     let t = Instant::now();
     match Store::open(&dir) {
-        Ok((store, kept)) => {
+        Ok((mut store, kept)) => {
+            // A system instance's (no initial program: its name is the bootstrap's, the same at every start; a
+            // test or nested instance gets a new random one each time, and keeps its directory across them).
+            if opts.initial_program.is_none() {
+                store.claim_instance(&opts.instance).map_err(|why| {
+                    format!(
+                        "state directory {} cannot be used: {why} (give this instance its own statedir)",
+                        dir.display()
+                    )
+                })?;
+            }
             let restarts = store.restarts;
             let bytes = std::fs::metadata(dir.join(super::store::FILE)).map_or(0, |m| m.len());
             // What a restart costs before rank 0 serves anything (`vigil-bench restart` reads this line).

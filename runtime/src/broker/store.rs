@@ -233,6 +233,29 @@ impl Store {
         Ok((store, kept))
     }
 
+    /// Make sure this store is instance `name`'s (the `instance` id of the TOML bootstrap): recorded at the first
+    /// start, checked at every later one. A store kept with another instance (a copied configuration, another
+    /// cluster's directory) is not taken: its jobs would be shown and run here, its brokers would not come back.
+    ///
+    /// # Errors
+    /// The instance the store belongs to, or an SQLite error.
+    pub fn claim_instance(&mut self, name: &str) -> Result<(), String> {
+        let kept: Option<String> = self
+            .conn
+            .query_row("SELECT value FROM meta WHERE key = 'instance'", [], |r| r.get(0))
+            .optional()
+            .map_err(|e| e.to_string())?;
+        match kept {
+            Some(k) if k == name => Ok(()),
+            Some(k) => Err(format!("it keeps the jobs of instance '{k}', not of '{name}'")),
+            None => self
+                .conn
+                .execute("INSERT INTO meta(key, value) VALUES('instance', ?1)", [name])
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+        }
+    }
+
     fn meta_u64(&self, key: &str) -> rusqlite::Result<u64> {
         let v: Option<String> =
             self.conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0)).optional()?;
@@ -460,6 +483,19 @@ mod tests {
             last_id: JobId(last_id),
             epoch: 1000.25,
         }
+    }
+
+    /// A store is claimed by the first instance that uses it and refused to any other.
+    #[test]
+    fn a_store_belongs_to_one_instance() {
+        let d = tempfile::tempdir().unwrap();
+        let (mut s, _) = Store::open(d.path()).unwrap();
+        s.claim_instance("cluster").unwrap();
+        s.claim_instance("cluster").unwrap();
+        drop(s);
+        let (mut s, _) = Store::open(d.path()).unwrap();
+        assert_eq!(s.claim_instance("other"), Err("it keeps the jobs of instance 'cluster', not of 'other'".into()));
+        s.claim_instance("cluster").unwrap();
     }
 
     /// A second rank 0 on the same directory is refused, naming the first one's pid; the lock goes with the store.
