@@ -247,12 +247,13 @@ fn keep_signal_handlers<T>(f: impl FnOnce() -> T) -> T {
     }
     let r = f();
     for (s, old) in KEPT_SIGNALS.iter().zip(saved.iter()) {
-        // SAFETY: reinstalls exactly the disposition read above for the same signal.
+        // SAFETY: an all-zero sigaction is a valid value to be overwritten by sigaction(2).
         let mut now: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: reads the current disposition of a valid signal into a struct we own.
         unsafe { libc::sigaction(*s, std::ptr::null(), &mut now) };
         if now.sa_sigaction != old.sa_sigaction {
             tracing::debug!("libfabric changed the handler of signal {s}; put back");
-            // SAFETY: as above.
+            // SAFETY: reinstalls exactly the disposition read before `f` for the same signal.
             unsafe { libc::sigaction(*s, old, std::ptr::null_mut()) };
         }
     }
