@@ -274,19 +274,12 @@ fn table(a: &SimArgs, out_dir: Option<PathBuf>) -> i32 {
         let r = &m.report;
         let v = r["virtual_s"].as_f64().unwrap_or(0.0);
         let ev = r["events"].as_f64().unwrap_or(0.0);
-        let faults = r["faults"]
-            .as_object()
-            .map(|o| o.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", "))
-            .unwrap_or_default();
+        let faults = faults_cell(r);
         let det = r["loss_detect_ms"]
             .as_array()
             .map(|a| format!("{:.0} / {:.0}", a[0].as_f64().unwrap_or(0.0), a[1].as_f64().unwrap_or(0.0)))
             .unwrap_or_else(|| "-".into());
-        let ok = if r["ok"].as_bool().unwrap_or(false) {
-            "held".to_string()
-        } else {
-            format!("{} violated", r["violations"].as_array().map_or(0, Vec::len))
-        };
+        let ok = invariants_cell(r);
         md.push_str(&format!(
             "| {} | {} | {} | {v:.1} | {:.1} | {:.2} | {ev:.0} | {:.0} | {:.0} | {} ({}/{}) | {} | {det} | {ok} |\n",
             r["topo"].as_str().unwrap_or(""),
@@ -335,15 +328,8 @@ fn restart_table(md: &mut String, rows: &[Measured]) {
     for m in rows {
         let r = &m.report;
         let f = &r["restarts"];
-        let faults = r["faults"]
-            .as_object()
-            .map(|o| o.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", "))
-            .unwrap_or_default();
-        let ok = if r["ok"].as_bool().unwrap_or(false) {
-            "held".to_string()
-        } else {
-            format!("{} violated", r["violations"].as_array().map_or(0, Vec::len))
-        };
+        let faults = faults_cell(r);
+        let ok = invariants_cell(r);
         md.push_str(&format!(
             "| {} | {} | {:.1} | {:.1} | {} ({}) | {} | {} | {} | {} / {} | {} / {} of {} | {} ({}/{}) | {faults} | {ok} |\n",
             r["topo"].as_str().unwrap_or(""),
@@ -364,6 +350,23 @@ fn restart_table(md: &mut String, rows: &[Measured]) {
             r["jobs_ok"],
             r["jobs_failed"],
         ));
+    }
+}
+
+/// A report's faults, `kind count, ...`, for a table cell.
+fn faults_cell(r: &serde_json::Value) -> String {
+    r["faults"]
+        .as_object()
+        .map(|o| o.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", "))
+        .unwrap_or_default()
+}
+
+/// A report's invariants for a table cell: `held`, or how many were violated.
+fn invariants_cell(r: &serde_json::Value) -> String {
+    if r["ok"].as_bool().unwrap_or(false) {
+        "held".to_string()
+    } else {
+        format!("{} violated", r["violations"].as_array().map_or(0, Vec::len))
     }
 }
 
@@ -392,15 +395,8 @@ fn routers_table(md: &mut String, rows: &[Measured]) {
     for m in rows {
         let r = &m.report;
         let f = &r["reparent"];
-        let faults = r["faults"]
-            .as_object()
-            .map(|o| o.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", "))
-            .unwrap_or_default();
-        let ok = if r["ok"].as_bool().unwrap_or(false) {
-            "held".to_string()
-        } else {
-            format!("{} violated", r["violations"].as_array().map_or(0, Vec::len))
-        };
+        let faults = faults_cell(r);
+        let ok = invariants_cell(r);
         let reparents =
             if f.is_null() { "0".to_string() } else { format!("{} ({} losses)", f["reparents"], f["losses"]) };
         md.push_str(&format!(

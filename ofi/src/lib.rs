@@ -116,7 +116,7 @@ pub(crate) fn load() -> Result<(), &'static str> {
     *LOADED.get_or_init(|| {
         // SAFETY: called once (OnceLock), before any other libfabric call; it returns NULL or dlerror's text,
         // copied at once.
-        let why = unsafe { sys::vigil_fi_load() };
+        let why = keep_signal_handlers(|| unsafe { sys::vigil_fi_load() });
         if why.is_null() {
             return Ok(());
         }
@@ -124,6 +124,45 @@ pub(crate) fn load() -> Result<(), &'static str> {
         let why = unsafe { std::ffi::CStr::from_ptr(why) }.to_string_lossy();
         Err(Box::leak(format!("cannot load libfabric.so.1 ({why}): install libfabric1").into_boxed_str()))
     })
+}
+
+/// The signals whose handlers libfabric's providers install when the library loads (their constructors, for
+/// their own clean-up; some exit the process): the caller's SIGTERM and SIGINT handling (a tokio runtime chains
+/// to a handler it finds) and Rust's stack-overflow report must stay as they were.
+#[cfg(vigil_ofi)]
+const KEPT_SIGNALS: [libc::c_int; 8] = [
+    libc::SIGTERM,
+    libc::SIGINT,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGABRT,
+    libc::SIGILL,
+    libc::SIGSEGV,
+    libc::SIGBUS,
+];
+
+/// Run `f` (which loads libfabric) and put back the handlers of [`KEPT_SIGNALS`] it changed.
+#[cfg(vigil_ofi)]
+fn keep_signal_handlers<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: an all-zero sigaction is a valid value to be overwritten by sigaction(2).
+    let mut saved: [libc::sigaction; KEPT_SIGNALS.len()] = unsafe { std::mem::zeroed() };
+    for (s, old) in KEPT_SIGNALS.iter().zip(saved.iter_mut()) {
+        // SAFETY: reads the current disposition of a valid signal into a struct we own.
+        unsafe { libc::sigaction(*s, std::ptr::null(), old) };
+    }
+    let r = f();
+    for (s, old) in KEPT_SIGNALS.iter().zip(saved.iter()) {
+        // SAFETY: an all-zero sigaction is a valid value to be overwritten by sigaction(2).
+        let mut now: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: reads the current disposition of a valid signal into a struct we own.
+        unsafe { libc::sigaction(*s, std::ptr::null(), &mut now) };
+        if now.sa_sigaction != old.sa_sigaction {
+            tracing::debug!("libfabric changed the handler of signal {s}; put back");
+            // SAFETY: reinstalls exactly the disposition read before `f` for the same signal.
+            unsafe { libc::sigaction(*s, old, std::ptr::null_mut()) };
+        }
+    }
+    r
 }
 
 /// The libfabric this build uses, or why it has none (a sentence, e.g. "pkg-config found no libfabric ...").

@@ -67,12 +67,17 @@ impl SystemInstance {
     /// Every broker, and wait until the instance is up (every rank joined).
     fn start_all(&self, attrs: &[&str]) -> Vec<Running> {
         let b: Vec<Running> = (0..self.size).map(|r| self.broker(r, attrs)).collect();
+        self.wait_up();
+        b
+    }
+
+    /// Wait until the instance is up (every rank joined).
+    fn wait_up(&self) {
         let up = wait_for(Duration::from_secs(60), || {
             let o = self.client(&["uptime"]);
             o.code == 0 && o.stdout.contains(" run ")
         });
         assert!(up, "the instance did not come up:\n{}", self.client(&["uptime"]).dump());
-        b
     }
 
     /// A `vigil` client command of rank 0.
@@ -302,14 +307,7 @@ fn sigterm_of_rank_0_restarts_it_without_stopping_the_instance() {
     let sd = format!("statedir={}", inst.statedir.display());
     let rank0 = [sd.as_str()];
     let mut brokers: Vec<Running> = (0..4).map(|r| inst.broker(r, if r == 0 { &rank0 } else { &[] })).collect();
-    assert!(
-        wait_for(Duration::from_secs(60), || {
-            let o = inst.client(&["uptime"]);
-            o.code == 0 && o.stdout.contains(" run ")
-        }),
-        "the instance did not come up:\n{}",
-        inst.client(&["uptime"]).dump()
-    );
+    inst.wait_up();
     inst.client(&["resource", "drain", "0", "rank 0 restarts in this test"]).ok();
     let o = inst.client(&["submit", "-N3", "-n3", "sleep", "8"]);
     o.ok();

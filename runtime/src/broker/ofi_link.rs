@@ -121,7 +121,7 @@ impl Hub {
     fn open(provider: &str, local: Option<IpAddr>) -> Result<Arc<Hub>, String> {
         let mut cfg = vigil_ofi::Config::with_provider(provider);
         cfg.source_addr = local.map(|ip| ip.to_string());
-        let ep = keep_signal_handlers(|| Endpoint::open(&cfg)).map_err(|e| match e {
+        let ep = Endpoint::open(&cfg).map_err(|e| match e {
             // Said on every link's status line in auto mode: kept short, the command to see more given.
             vigil_ofi::OpenError::NoProvider { provider, .. } => {
                 format!(
@@ -221,43 +221,6 @@ async fn run(mut ep: AsyncEndpoint, mut rx: mpsc::UnboundedReceiver<Cmd>) {
             },
         }
     }
-}
-
-/// The signals whose handling libfabric's providers may take over when they load (its shared-memory provider
-/// installs handlers of its own for these, for its clean-up): the broker's SIGTERM and SIGINT handling (`vigil
-/// shutdown`, a restart of rank 0) and Rust's stack-overflow report must stay as they were.
-const KEPT_SIGNALS: [libc::c_int; 8] = [
-    libc::SIGTERM,
-    libc::SIGINT,
-    libc::SIGHUP,
-    libc::SIGQUIT,
-    libc::SIGABRT,
-    libc::SIGILL,
-    libc::SIGSEGV,
-    libc::SIGBUS,
-];
-
-/// Run `f` (which loads libfabric) and put back the handlers of [`KEPT_SIGNALS`] it changed.
-fn keep_signal_handlers<T>(f: impl FnOnce() -> T) -> T {
-    // SAFETY: an all-zero sigaction is a valid value to be overwritten by sigaction(2).
-    let mut saved: [libc::sigaction; KEPT_SIGNALS.len()] = unsafe { std::mem::zeroed() };
-    for (s, old) in KEPT_SIGNALS.iter().zip(saved.iter_mut()) {
-        // SAFETY: reads the current disposition of a valid signal into a struct we own.
-        unsafe { libc::sigaction(*s, std::ptr::null(), old) };
-    }
-    let r = f();
-    for (s, old) in KEPT_SIGNALS.iter().zip(saved.iter()) {
-        // SAFETY: an all-zero sigaction is a valid value to be overwritten by sigaction(2).
-        let mut now: libc::sigaction = unsafe { std::mem::zeroed() };
-        // SAFETY: reads the current disposition of a valid signal into a struct we own.
-        unsafe { libc::sigaction(*s, std::ptr::null(), &mut now) };
-        if now.sa_sigaction != old.sa_sigaction {
-            tracing::debug!("libfabric changed the handler of signal {s}; put back");
-            // SAFETY: reinstalls exactly the disposition read before `f` for the same signal.
-            unsafe { libc::sigaction(*s, old, std::ptr::null_mut()) };
-        }
-    }
-    r
 }
 
 /// The `ofi` field of a hello or hello-ack: the peer's endpoint name, decoded and bounded.

@@ -98,33 +98,8 @@ fn keygen(a: KeygenArgs) -> i32 {
     }
 }
 
-/// Signals whose handlers a library may have installed before `main` (libfabric's constructors install their own
-/// for SIGTERM, SIGINT, SIGILL, SIGABRT...). tokio chains to a handler it finds installed, and libfabric's exits
-/// the process (code 1), so a broker would die on SIGTERM instead of handling it. Reset to the default before
-/// anything else runs; the ones this program wants are installed later, by it. (SIGSEGV and SIGBUS are Rust's
-/// stack-overflow report, and are left alone.)
-const RESET_SIGNALS: [libc::c_int; 6] =
-    [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGILL, libc::SIGABRT];
-
-fn reset_inherited_signal_handlers() {
-    for s in RESET_SIGNALS {
-        // SAFETY: reads then, if a handler function is installed, resets the disposition of a valid signal; no
-        // thread has started yet.
-        unsafe {
-            let mut now: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(s, std::ptr::null(), &mut now) == 0
-                && now.sa_sigaction != libc::SIG_DFL
-                && now.sa_sigaction != libc::SIG_IGN
-            {
-                libc::signal(s, libc::SIG_DFL);
-            }
-        }
-    }
-}
-
 /// Entry point of the `vigil` binary; returns the process exit code.
 pub fn main() -> i32 {
-    reset_inherited_signal_handlers();
     let cli = Cli::parse();
     if !matches!(
         cli.cmd,
