@@ -213,6 +213,9 @@ pub static ATTRS: &[Attr] = &[
         CommandLine, "job shell program"),
     attr("exec.containment", Kind::Enum(&["auto", "cgroup", "pgroup"]), is("auto"), CommandLine,
         "how a job's processes are kept: auto (a cgroup v2 per job, else process groups), cgroup (no fallback), pgroup"),
+    attr("exec.cgroup-spawn", Kind::Enum(&["auto", "move"]), is("auto"), CommandLine,
+        "how a shell gets into its cgroup: auto (created there, clone3 CLONE_INTO_CGROUP, where the kernel can), \
+        move (moved in after start: milliseconds per shell)"),
     // The broker.
     attr("log-level", Kind::LogLevel, otherwise("$VIGIL_LOG, else warn", "info"), CommandLine,
         "broker log level on standard error"),
@@ -475,6 +478,8 @@ pub struct BrokerConfig {
     pub shell: Option<PathBuf>,
     /// `exec.containment`: `auto`, `cgroup` or `pgroup` (see `broker/cgroup.rs`).
     pub containment: String,
+    /// `exec.cgroup-spawn`: `auto` or `move` (see `broker/spawn.rs`).
+    pub cgroup_spawn: String,
     /// `log-level`: an `EnvFilter` directive; `None` = `$VIGIL_LOG`, else `warn` (the command starting the
     /// broker resolves it before the broker runs).
     pub log_level: Option<String>,
@@ -517,6 +522,7 @@ impl Default for BrokerConfig {
             backfill_depth: crate::jobs::BACKFILL_DEPTH,
             shell: None,
             containment: "auto".into(),
+            cgroup_spawn: "auto".into(),
             log_level: None,
             rundir: None,
             statedir: None,
@@ -749,6 +755,12 @@ impl Draft {
                     _ => return Err("expected auto, cgroup or pgroup".into()),
                 }
             }
+            "exec.cgroup-spawn" => {
+                c.cgroup_spawn = match v {
+                    "auto" | "move" => v.to_string(),
+                    _ => return Err("expected auto or move".into()),
+                }
+            }
             "log-level" => {
                 let word = LOG_LEVELS.contains(&v);
                 if !word && (!v.contains('=') || tracing_subscriber::EnvFilter::try_new(v).is_err()) {
@@ -897,6 +909,7 @@ impl BrokerConfig {
             "sched.backfill-depth" => self.backfill_depth.to_string(),
             "exec.shell" => self.shell.as_ref()?.display().to_string(),
             "exec.containment" => self.containment.clone(),
+            "exec.cgroup-spawn" => self.cgroup_spawn.clone(),
             "log-level" => self.log_level.clone()?,
             "rundir" => self.rundir.as_ref()?.display().to_string(),
             "statedir" => self.statedir.as_ref()?.display().to_string(),

@@ -2,11 +2,13 @@
 //!
 //! A broker that can write to its own cgroup v2 (found from `/proc/self/mountinfo` and the `0::` line of
 //! `/proc/self/cgroup`, never a hard-coded path; a system instance gets it by systemd delegation, `Delegate=yes`)
-//! makes a subtree `vigil-broker-PID` there, and in it one cgroup per job shell, `job-ID`. The broker moves the
-//! shell into its cgroup right after spawning it and before writing its input, which the shell reads before it
-//! does anything else; so every task and everything they start, `setsid` or not, is in it. (Not from the child
-//! between fork and exec: a `pre_exec` hook forces a full `fork` of the broker, whose cost grows with rank 0's
-//! memory, that is with the queue, where `posix_spawn` does not.) When the shell ends, `cgroup.kill` (Linux 5.14; else a
+//! makes a subtree `vigil-broker-PID` there, and in it one cgroup per job shell, `job-ID`. The shell is created
+//! in its cgroup (`clone3(CLONE_INTO_CGROUP)`, see spawn.rs), so every task and everything they start, `setsid` or
+//! not, is in it. Where that is not available (before Linux 5.7, or not on x86_64) the broker moves the shell into
+//! its cgroup right after spawning it and before writing its input, which the shell reads before it does anything
+//! else; that move costs milliseconds per shell (an RCU grace period), and `vigil uptime` says the broker does it.
+//! (Not from the child between fork and exec: a `pre_exec` hook forces a full `fork` of the broker, whose cost
+//! grows with rank 0's memory, that is with the queue, where `posix_spawn` does not.) When the shell ends, `cgroup.kill` (Linux 5.14; else a
 //! SIGKILL to every pid listed, until none is left) ends whatever is left, the job's CPU time (`cpu.stat`) and peak
 //! memory (`memory.peak`, where the memory controller is enabled) are read, and the cgroup is removed.
 //!
@@ -36,13 +38,13 @@ pub(crate) enum Containment {
 }
 
 impl Containment {
-    /// Choose by `exec.containment` (`auto`, `cgroup`, `pgroup`): `Err` only when `cgroup` was asked for and cannot
-    /// be had.
-    pub(crate) fn choose(how: &str, rank: u32) -> Result<Containment, String> {
+    /// Choose by `exec.containment` (`auto`, `cgroup`, `pgroup`) and `exec.cgroup-spawn` (`auto`, `move`):
+    /// `Err` only when `cgroup` was asked for and cannot be had.
+    pub(crate) fn choose(how: &str, spawn: &str, rank: u32) -> Result<Containment, String> {
         if how == "pgroup" {
             return Ok(Containment::ProcessGroups("exec.containment=pgroup".into()));
         }
-        match Cgroups::create(rank) {
+        match Cgroups::create(rank, spawn == "move") {
             Ok(c) => Ok(Containment::Cgroup(c)),
             Err(why) if how == "cgroup" => Err(format!("exec.containment=cgroup, but {why}")),
             Err(why) => Ok(Containment::ProcessGroups(why)),
@@ -52,10 +54,17 @@ impl Containment {
     /// One line for `vigil uptime`: `cgroup2 (/sys/fs/cgroup/...)` or `process groups (why)`.
     pub(crate) fn describe(&self) -> String {
         match self {
-            Containment::Cgroup(c) => match &c.memory {
-                Ok(()) => format!("cgroup2 ({}; memory limits available)", c.root.display()),
-                Err(why) => format!("cgroup2 ({}; no memory limits: {why})", c.root.display()),
-            },
+            Containment::Cgroup(c) => {
+                let memory = match &c.memory {
+                    Ok(()) => "memory limits available".to_string(),
+                    Err(why) => format!("no memory limits: {why}"),
+                };
+                let spawn = match &c.direct {
+                    Ok(()) => String::new(),
+                    Err(why) => format!("; shells moved in after start: {why}"),
+                };
+                format!("cgroup2 ({}; {memory}{spawn})", c.root.display())
+            }
             Containment::ProcessGroups(why) => format!("process groups ({why})"),
         }
     }
@@ -68,6 +77,8 @@ pub(crate) struct Cgroups {
     root: PathBuf,
     /// The memory controller is enabled for the job cgroups, or why not.
     pub(crate) memory: Result<(), String>,
+    /// Shells can be created in their cgroup ([`super::spawn`]), or why not (they are moved in after start).
+    pub(crate) direct: Result<(), String>,
 }
 
 /// The leaf of a broker's subtree the broker moves itself into to enable the memory controller above it.
@@ -94,7 +105,7 @@ fn own_cgroup() -> Option<String> {
 
 impl Cgroups {
     /// Make this broker's subtree, or say why not.
-    fn create(rank: u32) -> Result<Cgroups, String> {
+    fn create(rank: u32, move_shells: bool) -> Result<Cgroups, String> {
         let mount = cgroup2_mount().ok_or("no cgroup2 file system is mounted")?;
         let own = own_cgroup().ok_or("this process is in no cgroup v2 (/proc/self/cgroup has no 0:: line)")?;
         let base = mount.join(own.trim_start_matches('/'));
@@ -114,7 +125,8 @@ impl Cgroups {
             return Err(format!("cannot use cgroups under {}: {e}", base.display()));
         }
         let memory = enable_memory(&base, &root);
-        Ok(Cgroups { root, memory })
+        let direct = if move_shells { Err("exec.cgroup-spawn=move".into()) } else { super::spawn::supported() };
+        Ok(Cgroups { root, memory, direct })
     }
 
     /// A cgroup for job `id`'s shell, its `cgroup.procs` open for [`JobCgroup::adopt`].
@@ -189,7 +201,7 @@ fn remove_stale(base: &Path) {
         if pid.parse::<u32>().is_err() || Path::new("/proc").join(pid).exists() {
             continue;
         }
-        let c = Cgroups { root: e.path(), memory: Err(String::new()) };
+        let c = Cgroups { root: e.path(), memory: Err(String::new()), direct: Err(String::new()) };
         c.remove();
         // Its broker is gone: so is anything in its leaf.
         let _ = remove_when_empty(&e.path());
@@ -211,6 +223,11 @@ impl JobCgroup {
             .map_err(|e| format!("cannot set {}: {e}", self.dir.join("memory.max").display()))?;
         let _ = std::fs::write(self.dir.join("memory.swap.max"), "0");
         Ok(())
+    }
+
+    /// The cgroup's directory, open for [`super::spawn::spawn`] (`O_RDONLY | O_DIRECTORY`, close-on-exec).
+    pub(crate) fn open_dir(&self) -> Result<std::fs::File, String> {
+        std::fs::File::open(&self.dir).map_err(|e| format!("{}: {e}", self.dir.display()))
     }
 
     /// Move process `pid` (the job's shell, before it has started anything) into this cgroup.

@@ -21,7 +21,7 @@ use crate::shellproto::{ShellInput, ShellReport};
 use crate::topology::Topology;
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
@@ -173,6 +173,8 @@ pub(crate) struct Driver {
     locals: HashMap<u32, LinkTx>,
     /// Job shells' process groups.
     shells: HashMap<JobId, i32>,
+    /// Shells are moved into their cgroup after start: creating them there failed once (see spawn.rs).
+    spawn_moves: bool,
     /// How job shells are contained (a cgroup v2 each, or process groups only).
     containment: std::sync::Arc<super::cgroup::Containment>,
     initial_pgid: Option<i32>,
@@ -327,7 +329,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         }
     }
 
-    let containment = super::cgroup::Containment::choose(&opts.config.containment, rank)?;
+    let containment = super::cgroup::Containment::choose(&opts.config.containment, &opts.config.cgroup_spawn, rank)?;
     match &containment {
         super::cgroup::Containment::ProcessGroups(why) if opts.config.containment != "pgroup" => {
             warn!("jobs are kept by process groups only, not cgroups: {why} (a task that calls setsid escapes its job)")
@@ -358,6 +360,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         pending: HashMap::new(),
         locals: HashMap::new(),
         shells: HashMap::new(),
+        spawn_moves: false,
         containment: std::sync::Arc::new(containment),
         initial_pgid: None,
         detect: None,
@@ -1159,20 +1162,16 @@ impl Driver {
     /// Start job `id`'s shell: its input on stdin, its report read from stdout, its exit reported as
     /// [`Event::ShellDone`]. Returns its pid (also its process group).
     fn spawn_shell(&mut self, id: JobId, input: &ShellInput, tmpdir: PathBuf) -> Result<i32, String> {
-        use std::process::Stdio;
+        use std::ffi::OsString;
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let path = self.shell_path();
         let detector_rank = self.broker.opts.config.detector_rank.unwrap_or(self.broker.rank());
-        let mut cmd = tokio::process::Command::new(&path);
-        cmd.arg(format!("--jobid={id}"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .process_group(0)
-            .env(crate::client::URI_ENV, &self.broker.env.local_uri)
-            .env(crate::shellproto::DETECTOR_RANK_ENV, detector_rank.to_string())
-            .kill_on_drop(false);
-        // Its cgroup, which the shell is moved into before it reads its input (see cgroup.rs).
+        let args = [OsString::from(format!("--jobid={id}"))];
+        let mut env: Vec<(OsString, OsString)> = vec![
+            (crate::client::URI_ENV.into(), self.broker.env.local_uri.clone().into()),
+            (crate::shellproto::DETECTOR_RANK_ENV.into(), detector_rank.to_string().into()),
+        ];
+        // Its cgroup, which the shell is created in, or moved into before it reads its input (see cgroup.rs).
         let cgroup = match self.containment.as_ref() {
             super::cgroup::Containment::Cgroup(c) => match c.job(id) {
                 Ok(cg) => Some(cg),
@@ -1198,24 +1197,41 @@ impl Driver {
             };
             if let Some(why) = why {
                 info!("job {id}: memory={} not applied: {why}", v.as_str().unwrap_or_default());
-                cmd.env(crate::shellproto::MEMORY_NOTE_ENV, why);
+                env.push((crate::shellproto::MEMORY_NOTE_ENV.into(), why.into()));
             }
         }
-        let mut child = cmd.spawn().map_err(|e| format!("cannot run {}: {e}", path.display()))?;
-        // The shell's pid is its process group, signalled later: never 0 (which would be the broker's own group).
-        let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()).filter(|p| *p > 0) else {
-            return Err(format!("job shell of job {id} exited before it could be watched"));
+        let direct = match (self.containment.as_ref(), &cgroup) {
+            (super::cgroup::Containment::Cgroup(c), Some(_)) => c.direct.is_ok() && !self.spawn_moves,
+            _ => false,
         };
+        let shell = if direct { self.spawn_into(&path, &args, &env, cgroup.as_ref(), id)? } else { None };
+        let (mut shell, in_cgroup) = match shell {
+            Some(s) => (s, true),
+            None => {
+                let mut cmd = tokio::process::Command::new(&path);
+                cmd.args(&args)
+                    .stdin(std::process::Stdio::piped())
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::inherit())
+                    .process_group(0)
+                    .envs(env.iter().map(|(k, v)| (k, v)))
+                    .kill_on_drop(false);
+                let child = cmd.spawn().map_err(|e| format!("cannot run {}: {e}", path.display()))?;
+                (ShellProcess::from_command(child)?, false)
+            }
+        };
+        let pid = shell.pid;
         self.shells.insert(id, pid);
-        let mut stdin = child.stdin.take();
-        let mut stdout = child.stdout.take();
+        let mut stdin = shell.stdin.take();
+        let mut stdout = shell.stdout.take();
         let tx = self.input_tx.clone();
         let data = serde_json::to_vec(input).unwrap_or_default();
         tokio::spawn(async move {
-            // Into its cgroup before it gets its input: it starts nothing before it has read it all. Off the
-            // broker's loop: a write to `cgroup.procs` waits for an RCU grace period (milliseconds, more under load).
+            // Into its cgroup before it gets its input, where it was not created there: it starts nothing before
+            // it has read it all. Off the broker's loop: a write to `cgroup.procs` waits for an RCU grace period
+            // (milliseconds, more under load).
             let cgroup = match cgroup {
-                Some(cg) => tokio::task::spawn_blocking(move || {
+                Some(cg) if !in_cgroup => tokio::task::spawn_blocking(move || {
                     if let Err(e) = cg.adopt(pid) {
                         warn!("job {id}: {e}; its shell is kept by its process group only");
                     }
@@ -1223,7 +1239,7 @@ impl Driver {
                 })
                 .await
                 .ok(),
-                None => None,
+                other => other,
             };
             if let Some(mut s) = stdin.take() {
                 let _ = s.write_all(&data).await;
@@ -1233,13 +1249,7 @@ impl Driver {
             if let Some(s) = stdout.as_mut() {
                 let _ = s.read_to_string(&mut out).await;
             }
-            let status = match child.wait().await {
-                Ok(st) => {
-                    use std::os::unix::process::ExitStatusExt;
-                    st.into_raw()
-                }
-                Err(_) => 0x7f00,
-            };
+            let status = shell.exit.await;
             let mut report = out.lines().rev().find_map(|l| serde_json::from_str::<ShellReport>(l).ok());
             // Whatever the job left in the background dies with it (the shell's process group, and its cgroup with
             // whatever left that group), and the shell's job tmpdir goes too if the shell was killed before
@@ -1263,6 +1273,35 @@ impl Driver {
             }
         });
         Ok(pid)
+    }
+
+    /// Start a shell created in its cgroup ([`super::spawn`]). `Ok(None)`: not possible here after all (said
+    /// once; from then on shells are moved in after start).
+    fn spawn_into(
+        &mut self,
+        path: &Path,
+        args: &[std::ffi::OsString],
+        env: &[(std::ffi::OsString, std::ffi::OsString)],
+        cgroup: Option<&super::cgroup::JobCgroup>,
+        id: JobId,
+    ) -> Result<Option<ShellProcess>, String> {
+        let Some(cg) = cgroup else { return Ok(None) };
+        let dir = match cg.open_dir() {
+            Ok(d) => d,
+            Err(e) => {
+                warn!("job {id}: {e}; its shell is moved into its cgroup after start");
+                return Ok(None);
+            }
+        };
+        match super::spawn::spawn(path, args, env, &dir) {
+            Ok(s) => ShellProcess::from_spawned(s).map(Some),
+            Err(super::spawn::SpawnError::Unsupported(e)) => {
+                warn!("shells cannot be created in their cgroup ({e}); they are moved in after start from now on");
+                self.spawn_moves = true;
+                Ok(None)
+            }
+            Err(super::spawn::SpawnError::Failed(e)) => Err(format!("cannot run {}: {e}", path.display())),
+        }
     }
 
     /// The job shell program: `exec.shell`, else `$VIGIL_SHELL`, else `vigil-shell` beside this program.
@@ -1512,4 +1551,44 @@ async fn run_initial(argv: Vec<String>, uri: String, tx: mpsc::UnboundedSender<E
         crate::foreground::take_terminal_back();
     }
     code
+}
+
+/// A job shell's process as the driver keeps it, however it was started: its pid (also its process group), the
+/// broker's ends of its stdin and stdout, and its raw wait status once it has exited.
+struct ShellProcess {
+    pid: i32,
+    stdin: Option<Box<dyn tokio::io::AsyncWrite + Send + Unpin>>,
+    stdout: Option<Box<dyn tokio::io::AsyncRead + Send + Unpin>>,
+    exit: std::pin::Pin<Box<dyn std::future::Future<Output = i32> + Send>>,
+}
+
+/// The wait status given for a shell whose exit could not be waited for (as if stopped: not an exit code).
+const UNKNOWN_STATUS: i32 = 0x7f00;
+
+impl ShellProcess {
+    /// One started by `tokio::process::Command`.
+    fn from_command(mut child: tokio::process::Child) -> Result<ShellProcess, String> {
+        // The shell's pid is its process group, signalled later: never 0 (which would be the broker's own group).
+        let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()).filter(|p| *p > 0) else {
+            return Err("the job shell exited before it could be watched".into());
+        };
+        let stdin = child.stdin.take().map(|s| Box::new(s) as Box<dyn tokio::io::AsyncWrite + Send + Unpin>);
+        let stdout = child.stdout.take().map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Send + Unpin>);
+        let exit = Box::pin(async move {
+            use std::os::unix::process::ExitStatusExt;
+            child.wait().await.map(|st| st.into_raw()).unwrap_or(UNKNOWN_STATUS)
+        });
+        Ok(ShellProcess { pid, stdin, stdout, exit })
+    }
+
+    /// One created in its cgroup by [`super::spawn::spawn`].
+    fn from_spawned(s: super::spawn::Spawned) -> Result<ShellProcess, String> {
+        use tokio::net::unix::pipe;
+        let stdin = pipe::Sender::from_owned_fd(s.stdin).map_err(|e| format!("the job shell's stdin: {e}"))?;
+        let stdout = pipe::Receiver::from_owned_fd(s.stdout).map_err(|e| format!("the job shell's stdout: {e}"))?;
+        let pid = s.pid;
+        let pidfd = s.pidfd;
+        let exit = Box::pin(async move { super::spawn::wait(pid, pidfd).await.unwrap_or(UNKNOWN_STATUS) });
+        Ok(ShellProcess { pid, stdin: Some(Box::new(stdin)), stdout: Some(Box::new(stdout)), exit })
+    }
 }

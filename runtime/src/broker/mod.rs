@@ -27,6 +27,7 @@ pub(crate) mod reparent;
 mod routing;
 pub mod secure;
 mod services;
+mod spawn;
 // Public only for `vigil-bench restart`, which fills a store with the real `Store::commit`; not an API.
 #[doc(hidden)]
 pub mod store;
