@@ -200,14 +200,15 @@ pub(crate) fn spawn(
 /// Clone as described in the module docs, with every signal blocked in this thread meanwhile. Returns the child's
 /// pid, or `-errno`.
 fn clone_vfork(args: &CloneArgs, plan: &Plan) -> i64 {
-    // SAFETY: sigset_t is plain data; sigfillset fills it; pthread_sigmask only changes this thread's mask, which
+    // SAFETY: sigset_t is plain data, filled by sigfillset; pthread_sigmask only changes this thread's mask, which
     // is put back below.
-    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
-    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
-    unsafe {
+    let old = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-    }
+        old
+    };
     let ret = raw_clone(args, plan);
     // SAFETY: as above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
@@ -313,6 +314,7 @@ pub(crate) fn supported() -> Result<(), String> {
     let r = unsafe { libc::syscall(libc::SYS_clone3, &args as *const CloneArgs, std::mem::size_of::<CloneArgs>()) };
     let e = io::Error::last_os_error();
     match r {
+        // SAFETY: in the child of a fork-like clone (it cannot happen, see above): leave at once.
         0 => unsafe { libc::_exit(0) },
         pid if pid > 0 => {
             // SAFETY: reaps the child just made.
