@@ -417,6 +417,7 @@ fn fill_store(statedir: &Path, target: usize) -> Result<(usize, f64), String> {
             resource_events: Vec::new(),
             last_id,
             epoch: kept.epoch,
+            purged: Vec::new(),
         };
         store.commit(&b).map_err(|e| format!("commit: {e}"))?;
         added += n;

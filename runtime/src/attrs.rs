@@ -209,6 +209,11 @@ pub static ATTRS: &[Attr] = &[
         "times a --requeue job goes back to the queue after losing a node before its next loss ends it"),
     attr("sched.backfill-depth", Kind::Count, is("1024"), CommandLine,
         "most pending jobs one scheduling pass looks at (Slurm's bf_max_job_test); deeper jobs wait their turn"),
+    attr("job-manager.inactive-age-limit", Kind::Duration, is("inf"), CommandLine,
+        "an INACTIVE job is purged (its record and eventlog gone, from the state directory too) this long after it \
+        ended (Flux's job-manager.inactive-age-limit); inf: never"),
+    attr("job-manager.inactive-num-limit", Kind::Count, is("0"), CommandLine,
+        "most INACTIVE jobs kept, the oldest purged first (Flux's job-manager.inactive-num-limit); 0: no limit"),
     attr("exec.shell", Kind::Path, otherwise("$VIGIL_SHELL, else vigil-shell beside vigil", "/usr/libexec/vigil-shell"),
         CommandLine, "job shell program"),
     attr("exec.containment", Kind::Enum(&["auto", "cgroup", "pgroup"]), is("auto"), CommandLine,
@@ -474,6 +479,10 @@ pub struct BrokerConfig {
     pub max_requeue: u32,
     /// `sched.backfill-depth`: most pending jobs one scheduling pass looks at (>= 1).
     pub backfill_depth: usize,
+    /// `job-manager.inactive-age-limit`: seconds after which an INACTIVE job is purged; `inf`: never.
+    pub inactive_age_limit: f64,
+    /// `job-manager.inactive-num-limit`: most INACTIVE jobs kept; 0: no limit.
+    pub inactive_num_limit: usize,
     /// `exec.shell`: the job shell program; `None` = `$VIGIL_SHELL`, else `vigil-shell` beside `vigil`.
     pub shell: Option<PathBuf>,
     /// `exec.containment`: `auto`, `cgroup` or `pgroup` (see `broker/cgroup.rs`).
@@ -520,6 +529,8 @@ impl Default for BrokerConfig {
             default_duration: f64::INFINITY,
             max_requeue: crate::jobs::DEFAULT_MAX_REQUEUE,
             backfill_depth: crate::jobs::BACKFILL_DEPTH,
+            inactive_age_limit: f64::INFINITY,
+            inactive_num_limit: 0,
             shell: None,
             containment: "auto".into(),
             cgroup_spawn: "auto".into(),
@@ -748,6 +759,8 @@ impl Draft {
                     return Err("expected a count of at least 1".into());
                 }
             }
+            "job-manager.inactive-age-limit" => c.inactive_age_limit = duration(v)?,
+            "job-manager.inactive-num-limit" => c.inactive_num_limit = count(v)?,
             "exec.shell" => c.shell = Some(path(v)?),
             "exec.containment" => {
                 c.containment = match v {
@@ -907,6 +920,8 @@ impl BrokerConfig {
             "sched.default-duration" => fmt_duration(self.default_duration),
             "sched.max-requeue" => self.max_requeue.to_string(),
             "sched.backfill-depth" => self.backfill_depth.to_string(),
+            "job-manager.inactive-age-limit" => fmt_duration(self.inactive_age_limit),
+            "job-manager.inactive-num-limit" => self.inactive_num_limit.to_string(),
             "exec.shell" => self.shell.as_ref()?.display().to_string(),
             "exec.containment" => self.containment.clone(),
             "exec.cgroup-spawn" => self.cgroup_spawn.clone(),

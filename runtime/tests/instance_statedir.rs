@@ -449,3 +449,56 @@ fn an_unwritable_state_directory_is_refused_and_a_test_instance_has_none() {
     o.ok();
     assert!(o.stdout.contains("state directory: none"), "{}", o.dump());
 }
+
+/// INACTIVE jobs are purged as in Flux: automatically beyond `job-manager.inactive-num-limit`, and by
+/// `vigil job purge`; a purged job is gone from the state directory too, so a restarted rank 0 does not bring it
+/// back, and its id is never given again.
+#[test]
+fn purged_jobs_leave_the_state_directory_for_good() {
+    let inst = SystemInstance::new(1, false);
+    let sd = format!("statedir={}", inst.statedir.display());
+    let b = inst.broker(0, &[&sd, "job-manager.inactive-num-limit=3"]);
+    inst.wait_up();
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        let o = inst.client(&["submit", "true"]);
+        o.ok();
+        let id = o.stdout.trim().to_string();
+        inst.client(&["job", "wait", &id]).ok();
+        ids.push(id);
+    }
+    // The two oldest went by themselves.
+    assert!(wait_for(Duration::from_secs(10), || inst.jobs().len() == 3), "{:?}", inst.jobs().keys());
+    let kept: Vec<String> = inst.jobs().into_keys().collect();
+    assert!(ids[2..].iter().all(|id| kept.contains(id)), "kept {kept:?} of {ids:?}");
+    // Counted, then purged.
+    let o = inst.client(&["job", "purge", "--num-limit", "1"]);
+    o.ok();
+    assert!(o.stdout.contains("2 inactive job(s) would be purged (of 3)"), "{}", o.dump());
+    assert_eq!(inst.jobs().len(), 3);
+    let o = inst.client(&["job", "purge", "--num-limit", "1", "--force"]);
+    o.ok();
+    assert!(o.stdout.contains("purged 2 inactive job(s); 1 kept"), "{}", o.dump());
+    assert_eq!(inst.jobs().into_keys().collect::<Vec<_>>(), vec![ids[4].clone()]);
+    let o = inst.client(&["job", "info", &ids[2]]);
+    assert_ne!(o.code, 0, "{}", o.dump());
+    assert!(o.stderr.contains("unknown job id"), "{}", o.dump());
+    let o = inst.client(&["job", "purge"]);
+    assert_ne!(o.code, 0, "{}", o.dump());
+    // Restarted without limits on the same state directory: only the job kept comes back; ids go on above it.
+    for o in inst.stop(vec![b]) {
+        assert!(!o.timed_out, "{}", o.dump());
+    }
+    let b = inst.broker(0, &[&sd]);
+    inst.wait_up();
+    assert_eq!(inst.jobs().into_keys().collect::<Vec<_>>(), vec![ids[4].clone()]);
+    let o = inst.client(&["submit", "true"]);
+    o.ok();
+    let new = o.stdout.trim().to_string();
+    assert!(!ids.contains(&new), "id {new} given twice");
+    inst.client(&["job", "wait", &new]).ok();
+    assert_eq!(inst.jobs().len(), 2);
+    for o in inst.stop(vec![b]) {
+        assert!(!o.timed_out, "{}", o.dump());
+    }
+}

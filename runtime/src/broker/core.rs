@@ -400,6 +400,8 @@ impl Broker {
                 backfill_depth: c.backfill_depth,
                 // A nested instance's lost brokers never return: it shrinks (jobs/shrink.rs).
                 shrink: c.instance_level > 0,
+                inactive_age_limit: Some(c.inactive_age_limit).filter(|d| d.is_finite()),
+                inactive_num_limit: Some(c.inactive_num_limit).filter(|n| *n > 0),
             };
             jc
         });

@@ -36,6 +36,7 @@ const TOPICS: &[&str] = &[
     "job-manager.info",
     "job-manager.cancel",
     "job-manager.raise",
+    "job-manager.purge",
     "job-manager.eventlog",
     "job-exec.stdin",
     "job-info.stdin",

@@ -902,6 +902,39 @@ fn jobs(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                 Err((errno::ENOENT, format!("job {id} is not active")))
             }
         }
+        "job-manager.purge" => {
+            // Flux's `flux job purge`: the instance owner's, as its limits are.
+            if !owner {
+                return Err((errno::EPERM, "only the instance owner may purge jobs".into()));
+            }
+            let age_limit = match optional(body, "age_limit") {
+                None => None,
+                Some(f) => match f.as_f64().filter(|a| a.is_finite() && *a >= 0.0) {
+                    Some(a) => Some(a),
+                    None => return Err(wrong_type("age_limit", "a number of seconds >= 0", f)),
+                },
+            };
+            let num_limit = opt_u64(body, "num_limit")?.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+            let ids = match optional(body, "ids") {
+                None => Vec::new(),
+                Some(Value::Array(a)) => {
+                    a.iter().map(|v| parse_id(&json!({ "id": v }))).collect::<Result<Vec<_>, _>>()?
+                }
+                Some(f) => return Err(wrong_type("ids", "an array of job ids", f)),
+            };
+            let force = opt_bool(body, "force")?.unwrap_or(false);
+            let req = crate::jobs::purge::PurgeRequest { age_limit, num_limit, ids, force };
+            match jc.purge(n, &req) {
+                Ok(count) => {
+                    if force && count > 0 {
+                        info!("{count} inactive job(s) purged");
+                    }
+                    Ok(Some(json!({"count": count, "purged": force, "inactive": jc.inactive_count()}).into()))
+                }
+                Err(e @ crate::jobs::purge::PurgeError::Unknown(_)) => Err((errno::ENOENT, e.to_string())),
+                Err(e) => Err((errno::EINVAL, e.to_string())),
+            }
+        }
         "job-info.attach" | "job-manager.eventlog" => {
             let id = parse_id(body)?;
             if !jc.jobs.contains_key(&id) {

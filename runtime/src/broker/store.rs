@@ -395,6 +395,13 @@ impl Store {
             for (i, e) in b.resource_events.iter().enumerate() {
                 res.execute(params![(b.resource_first + i) as i64, e.to_line()])?;
             }
+            // Purged jobs (jobs/purge.rs) go whole; their id stays below `last_id`, so it is never given again.
+            let mut purge_job = tx.prepare_cached("DELETE FROM jobs WHERE id = ?1")?;
+            let mut purge_events = tx.prepare_cached("DELETE FROM job_events WHERE id = ?1")?;
+            for id in &b.purged {
+                purge_job.execute(params![id.0 as i64])?;
+                purge_events.execute(params![id.0 as i64])?;
+            }
             let mut meta = tx.prepare_cached("INSERT OR REPLACE INTO meta(key, value) VALUES(?1, ?2)")?;
             meta.execute(params!["last_id", b.last_id.0.to_string()])?;
             tx.execute("INSERT OR IGNORE INTO meta(key, value) VALUES('epoch', ?1)", params![b.epoch.to_string()])?;
@@ -482,6 +489,7 @@ mod tests {
             resource_events: (0..nres).map(|i| ev(2.0 + i as f64, "online")).collect(),
             last_id: JobId(last_id),
             epoch: 1000.25,
+            purged: vec![],
         }
     }
 

@@ -596,6 +596,58 @@ pub enum JobCmd {
         /// Job id.
         id: String,
     },
+    /// Purge INACTIVE jobs (their records and eventlogs, from the state directory too), as `flux job purge`:
+    /// those older than --age-limit, the oldest beyond --num-limit, or the given ids. Without --force, only
+    /// says how many would go. The instance owner only.
+    Purge(PurgeArgs),
+}
+
+/// Options of `vigil job purge`.
+#[derive(Args, Debug)]
+pub struct PurgeArgs {
+    /// Purge jobs inactive for longer than this (RFC 23 duration: 30s, 2h, 7d).
+    #[arg(long, value_name = "FSD")]
+    pub age_limit: Option<String>,
+    /// Keep at most this many inactive jobs, purging the oldest.
+    #[arg(long, value_name = "N")]
+    pub num_limit: Option<u64>,
+    /// Purge them (else only count them).
+    #[arg(short = 'f', long)]
+    pub force: bool,
+    /// Job ids to purge (each must be inactive).
+    pub ids: Vec<String>,
+}
+
+/// `vigil job purge`.
+async fn purge(a: PurgeArgs) -> Result<i32, String> {
+    let mut body = json!({"force": a.force});
+    if let Some(s) = &a.age_limit {
+        let v = crate::duration::parse_duration_secs(s)
+            .ok()
+            .filter(|v| v.is_finite() && *v >= 0.0)
+            .ok_or_else(|| format!("--age-limit {s}: expected a finite duration such as 30s, 2h or 7d"))?;
+        body["age_limit"] = json!(v);
+    }
+    if let Some(n) = a.num_limit {
+        body["num_limit"] = json!(n);
+    }
+    if !a.ids.is_empty() {
+        let ids = a.ids.iter().map(|s| parse_id(s).map(|id| id.0)).collect::<Result<Vec<_>, _>>()?;
+        body["ids"] = json!(ids);
+    }
+    if a.age_limit.is_none() && a.num_limit.is_none() && a.ids.is_empty() {
+        return Err("give --age-limit, --num-limit or job ids".into());
+    }
+    let c = connect().await?;
+    let r = c.rpc("job-manager.purge", 0, &body).await.map_err(|e| e.errstr)?;
+    let count = r["count"].as_u64().unwrap_or(0);
+    let left = r["inactive"].as_u64().unwrap_or(0);
+    if a.force {
+        println!("purged {count} inactive job(s); {left} kept");
+    } else {
+        println!("{count} inactive job(s) would be purged (of {left}); use --force to purge them");
+    }
+    Ok(0)
 }
 
 fn parse_id(s: &str) -> Result<JobId, String> {
@@ -668,6 +720,7 @@ pub(crate) async fn job(cmd: JobCmd) -> Result<i32, String> {
             Ok(if code == 0 && fatal { 1 } else { code })
         }
         JobCmd::Cancel(a) => cancel(a).await,
+        JobCmd::Purge(a) => purge(a).await,
         JobCmd::Info { id } => {
             let id = parse_id(&id)?;
             let c = connect().await?;

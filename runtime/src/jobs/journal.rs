@@ -51,6 +51,8 @@ pub struct Journal {
     pub last_id: JobId,
     /// Seconds since the Unix epoch that job ids count from (the instance's first start on this state directory).
     pub epoch: f64,
+    /// INACTIVE jobs purged (`purge.rs`): their records go, after the upserts of this batch.
+    pub purged: Vec<JobId>,
 }
 
 /// What changed in one job's record.
@@ -179,6 +181,9 @@ impl Kept {
         self.resource_eventlog.truncate(b.resource_first);
         self.resource_eventlog.extend(b.resource_events.iter().cloned());
         self.last_id = self.last_id.max(b.last_id);
+        for id in &b.purged {
+            self.jobs.remove(id);
+        }
         Ok(())
     }
 }
@@ -253,7 +258,11 @@ impl JobCore {
     pub fn journal(&self) -> Option<Journal> {
         let dirty = self.actions.dirty.as_ref()?;
         let last_id = self.last_id();
-        if dirty.is_empty() && self.saved.resource == self.resource_eventlog.len() && self.saved.last_id == last_id {
+        if dirty.is_empty()
+            && self.purged.is_empty()
+            && self.saved.resource == self.resource_eventlog.len()
+            && self.saved.last_id == last_id
+        {
             return None;
         }
         let jobs = dirty
@@ -277,6 +286,7 @@ impl JobCore {
             resource_events: self.resource_eventlog[self.saved.resource.min(self.resource_eventlog.len())..].to_vec(),
             last_id,
             epoch: self.epoch,
+            purged: self.purged.clone(),
         })
     }
 
@@ -293,6 +303,8 @@ impl JobCore {
         }
         self.saved.resource = b.resource_first + b.resource_events.len();
         self.saved.last_id = b.last_id;
+        // Purges are only ever appended: the batch held the first ones.
+        self.purged.drain(..b.purged.len().min(self.purged.len()));
     }
 
     /// The highest id given so far (or the floor below the next one).
@@ -345,6 +357,7 @@ impl JobCore {
                     }
                     self.inactive_output_bytes += job.output_bytes;
                     self.inactive_output.push_back(id);
+                    self.became_inactive(id);
                     self.jobs.insert(id, job);
                     out.inactive += 1;
                 }
@@ -391,6 +404,7 @@ impl JobCore {
                     super::retire_stdin(&mut job);
                     trim_output(&mut job, INACTIVE_OUTPUT_KEEP);
                     self.inactive_output.push_back(id);
+                    self.became_inactive(id);
                     self.jobs.insert(id, job);
                     out.ended.push(id);
                 }
@@ -399,6 +413,11 @@ impl JobCore {
                 self.actions.push_back(super::Action::Updated(id));
             }
         }
+        // The purge rules take the oldest first: kept jobs come in id order, not in the order they ended.
+        let mut order: Vec<(f64, JobId)> =
+            self.inactive.iter().map(|id| (self.jobs.get(id).and_then(|j| j.t_inactive).unwrap_or(0.0), *id)).collect();
+        order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        self.inactive = order.into_iter().map(|(_, id)| id).collect();
         while self.inactive_output_bytes > INACTIVE_OUTPUT_TOTAL {
             let Some(old) = self.inactive_output.pop_front() else { break };
             if let Some(j) = self.jobs.get_mut(&old) {

@@ -24,6 +24,7 @@ mod backfill;
 pub mod jobid;
 pub mod journal;
 mod nested;
+pub mod purge;
 mod reattach;
 mod requeue;
 pub mod sched;
@@ -172,6 +173,10 @@ pub struct SchedConfig {
     /// Lost ranks leave the instance for good (RFC 28 shrink, `shrink.rs`): true in a nested instance
     /// (`instance-level` > 0), whose lost brokers never return.
     pub shrink: bool,
+    /// `job-manager.inactive-age-limit`: seconds after which an INACTIVE job is purged (`purge.rs`); `None`: never.
+    pub inactive_age_limit: Option<f64>,
+    /// `job-manager.inactive-num-limit`: most INACTIVE jobs kept, the oldest purged first; `None`: no limit.
+    pub inactive_num_limit: Option<usize>,
 }
 
 impl Default for SchedConfig {
@@ -183,6 +188,8 @@ impl Default for SchedConfig {
             max_requeue: DEFAULT_MAX_REQUEUE,
             backfill_depth: BACKFILL_DEPTH,
             shrink: false,
+            inactive_age_limit: None,
+            inactive_num_limit: None,
         }
     }
 }
@@ -589,6 +596,12 @@ pub struct JobCore {
     pub topology: BTreeMap<u32, (String, Option<u32>)>,
     /// INACTIVE jobs still holding output, oldest first.
     inactive_output: VecDeque<JobId>,
+    /// INACTIVE jobs in the order they became so, for the purge rules (`purge.rs`); may hold ids already purged.
+    inactive: VecDeque<JobId>,
+    /// How many INACTIVE jobs are kept.
+    inactive_kept: usize,
+    /// Jobs purged since the last batch saved (`journal.rs`).
+    purged: Vec<JobId>,
     /// Bytes of output they hold together.
     inactive_output_bytes: usize,
     /// What the journal saved last, and the drains kept from before a restart (`journal.rs`).
@@ -628,6 +641,9 @@ impl JobCore {
             topology: BTreeMap::new(),
             inactive_output: VecDeque::new(),
             inactive_output_bytes: 0,
+            inactive: VecDeque::new(),
+            inactive_kept: 0,
+            purged: Vec::new(),
             saved: journal::Marks::default(),
             stopped: None,
             reattach_grace: 0.0,
@@ -1223,6 +1239,7 @@ impl JobCore {
         job.t_inactive = Some(now);
         self.running.remove(&id);
         self.rearm(id);
+        self.became_inactive(id);
         self.actions.push_back(Action::Updated(id));
         self.retire_output(id);
         self.schedule(now);
@@ -1291,6 +1308,7 @@ impl JobCore {
         job.t_inactive = Some(now);
         retire_stdin(job);
         self.queue.remove(&id);
+        self.became_inactive(id);
         self.actions.push_back(Action::Updated(id));
         let held = self.reservation.as_ref().is_some_and(|r| r.id == id);
         if held {

@@ -70,11 +70,13 @@ impl JobCore {
     /// The earliest time [`JobCore::handle_timeout`] must run, if any.
     pub fn next_deadline(&self) -> Option<f64> {
         let first = self.timers.first().map(|(d, _)| d.0).filter(|t| t.is_finite());
-        [first, self.reattach_deadline()].into_iter().flatten().min_by(f64::total_cmp)
+        [first, self.reattach_deadline(), self.purge_deadline()].into_iter().flatten().min_by(f64::total_cmp)
     }
 
-    /// Fire every rule whose time has come: time limits, exit-timeout, SIGKILL escalation.
+    /// Fire every rule whose time has come: time limits, exit-timeout, SIGKILL escalation, purges of INACTIVE
+    /// jobs (`purge.rs`).
     pub fn handle_timeout(&mut self, now: f64) {
+        self.purge_due(now);
         if self.reattach_deadline().is_some_and(|t| t <= now) {
             self.reattach_expire(now);
         }
