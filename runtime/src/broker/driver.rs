@@ -1171,6 +1171,18 @@ impl Driver {
             (crate::client::URI_ENV.into(), self.broker.env.local_uri.clone().into()),
             (crate::shellproto::DETECTOR_RANK_ENV.into(), detector_rank.to_string().into()),
         ];
+        // A shell that reads this node's topology from an XML file (the broker's snapshot) or a synthetic
+        // description needs none of hwloc's plugins (I/O discovery, the libxml2 parser, and what they link:
+        // OpenCL, X11, ICU), whose loading cost about 3 ms of CPU per shell, most of what a short job costs a node.
+        // A live discovery keeps them (PCI devices, GPUs).
+        let from_file = match input.topology.split_once(':') {
+            Some(("live-xml", p)) => Path::new(p).exists(),
+            Some(("xml" | "synthetic", _)) => true,
+            _ => false,
+        };
+        if from_file {
+            env.push(("HWLOC_PLUGINS_PATH".into(), OsString::new()));
+        }
         // Its cgroup, which the shell is created in, or moved into before it reads its input (see cgroup.rs).
         let cgroup = match self.containment.as_ref() {
             super::cgroup::Containment::Cgroup(c) => match c.job(id) {
