@@ -404,3 +404,27 @@ fn a_relative_cwd_is_taken_from_the_current_directory_and_bad_options_are_refuse
     assert!(o.stderr.contains("-o pmi=maybe: expected pmi=simple|off"), "{}", o.dump());
     inst.vigil(&["run", "-o", "pmi=off", "true"]).ok();
 }
+
+/// `vigil submit --cc IDSET` (Flux's carbon copies): one job per id, in order, `{cc}` and VIGIL_JOB_CC set to it;
+/// a bad IDSET and `run --cc` are refused before anything is submitted.
+#[test]
+fn carbon_copies_submit_one_job_per_id() {
+    let inst = Instance::start(2, &[]);
+    let o = inst.vigil(&["submit", "--cc", "1-12", "sh", "-c", "echo copy {cc} $VIGIL_JOB_CC"]);
+    o.ok();
+    let ids: Vec<String> = o.stdout.lines().map(str::to_string).collect();
+    assert_eq!(ids.len(), 12, "{}", o.dump());
+    let distinct: std::collections::BTreeSet<&String> = ids.iter().collect();
+    assert_eq!(distinct.len(), 12, "an id given twice: {ids:?}");
+    for (i, id) in ids.iter().enumerate() {
+        let a = inst.vigil(&["job", "attach", id]);
+        a.ok();
+        assert_eq!(a.stdout.trim(), format!("copy {n} {n}", n = i + 1), "{}", a.dump());
+    }
+    for bad in [&["submit", "--cc", "5-2", "true"][..], &["run", "--cc", "1-2", "true"][..]] {
+        let o = inst.vigil(bad);
+        assert_ne!(o.code, 0, "{}", o.dump());
+        assert!(o.stderr.contains("--cc"), "{}", o.dump());
+    }
+    assert_eq!(inst.vigil(&["jobs", "-a", "--json"]).json()["jobs"].as_array().map(Vec::len), Some(12));
+}

@@ -58,9 +58,68 @@ pub struct SubmitArgs {
     /// Write the job's stderr to this file.
     #[arg(long)]
     pub error: Option<String>,
+    /// Submit one copy of the job per id in IDSET (`1-100`, `0,4-7`), as `flux submit --cc`: in each, `{cc}` in the
+    /// command, its arguments and --output/--error becomes the id, and VIGIL_JOB_CC is set to it. One job id is
+    /// printed per line, in IDSET order (`submit` only).
+    #[arg(long, value_name = "IDSET")]
+    pub cc: Option<String>,
     /// Command and arguments.
     #[arg(value_name = "COMMAND", required = true)]
     pub command: Vec<String>,
+}
+
+/// Most `--cc` submissions in flight on the connection at once: enough to keep rank 0's loop busy, few enough
+/// that an error is reported while the rest still go.
+const CC_WINDOW: usize = 256;
+
+/// `vigil submit --cc IDSET`: one job per id, submitted pipelined on one connection; prints their ids in IDSET
+/// order. Returns 1 if any copy was refused (each refusal is said, naming its id), else 0.
+async fn submit_copies(a: &SubmitArgs, cc: &str) -> Result<i32, String> {
+    let set = crate::idset::IdSet::parse(cc).map_err(|e| format!("--cc {cc}: {e}"))?;
+    if set.len() == 0 {
+        return Err(format!("--cc {cc}: no id"));
+    }
+    let copy = |i: u32| -> Result<Value, String> {
+        let sub = |t: &str| t.replace("{cc}", &i.to_string());
+        let mut b = a.clone();
+        b.command = a.command.iter().map(|c| sub(c)).collect();
+        b.output = a.output.as_deref().map(sub);
+        b.error = a.error.as_deref().map(sub);
+        b.env.push(format!("VIGIL_JOB_CC={i}"));
+        let spec = build_jobspec(&b)?;
+        serde_json::from_str(&spec.to_json()).map_err(|e| e.to_string())
+    };
+    // Every jobspec is checked before the first is submitted: a bad option refuses them all.
+    let specs = set.iter().map(|i| copy(i).map(|v| (i, v))).collect::<Result<Vec<_>, _>>()?;
+    if a.dry_run {
+        for (_, v) in &specs {
+            println!("{v}");
+        }
+        return Ok(0);
+    }
+    let c = connect().await?;
+    let mut rc = 0;
+    let mut inflight = std::collections::VecDeque::new();
+    let mut out = std::io::stdout().lock();
+    let mut specs = specs.into_iter();
+    loop {
+        while inflight.len() < CC_WINDOW {
+            let Some((i, v)) = specs.next() else { break };
+            let c = c.clone();
+            inflight.push_back((i, tokio::spawn(async move { submit_value(&c, &v, false).await })));
+        }
+        let Some((i, h)) = inflight.pop_front() else { break };
+        match h.await.map_err(|e| e.to_string()).and_then(|r| r) {
+            Ok(id) => {
+                let _ = writeln!(out, "{id}");
+            }
+            Err(e) => {
+                eprintln!("vigil: copy {i}: {e}");
+                rc = 1;
+            }
+        }
+    }
+    Ok(rc)
 }
 
 /// An `--output`/`--error` path may hold `{{id}}` (the job id) and no other `{{...}}` template.
@@ -211,6 +270,14 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
 
 /// `vigil run` (attach = true) and `vigil submit`.
 pub(crate) async fn run(a: SubmitArgs, attach_after: bool) -> Result<i32, String> {
+    if let Some(cc) = &a.cc {
+        if attach_after {
+            return Err(
+                "--cc is for `vigil submit` (each copy is a job of its own; `vigil job wait ID` waits for one)".into(),
+            );
+        }
+        return submit_copies(&a, cc).await;
+    }
     let spec = build_jobspec(&a)?;
     if a.dry_run {
         println!("{}", spec.to_json());

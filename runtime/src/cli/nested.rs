@@ -256,6 +256,7 @@ fn instance_jobspec(
         dry_run: false,
         output: None,
         error: None,
+        cc: None,
         command,
     };
     let spec = build_jobspec(&a)?;
