@@ -76,7 +76,7 @@ const CC_WINDOW: usize = 256;
 /// order. Returns 1 if any copy was refused (each refusal is said, naming its id), else 0.
 async fn submit_copies(a: &SubmitArgs, cc: &str) -> Result<i32, String> {
     let set = crate::idset::IdSet::parse(cc).map_err(|e| format!("--cc {cc}: {e}"))?;
-    if set.len() == 0 {
+    if set.is_empty() {
         return Err(format!("--cc {cc}: no id"));
     }
     let copy = |i: u32| -> Result<Value, String> {
