@@ -74,8 +74,6 @@
 
 mod aio;
 mod error;
-#[cfg_attr(not(vigil_ofi), allow(dead_code))]
-mod frag;
 mod types;
 
 #[cfg(vigil_ofi)]
