@@ -43,7 +43,7 @@
 //!   with resource management, a message whose target endpoint is missing is retried). Peer loss must keep
 //!   coming from the overlay's other detectors (the TCP side channel, heartbeats), as on the verbs path; an
 //!   error completion, where a provider gives one, is an extra, faster signal (`verbs;ofi_rxm` gives one: a
-//!   send flushed with `FI_ECANCELED`, ~5 ms after the peer's endpoint closed, measured in the soft-RoCE
+//!   send flushed with `FI_ECANCELED`, 5-18 ms after the peer's endpoint closed, measured in the soft-RoCE
 //!   VM). Closing an endpoint with such sends outstanding returns at once (tested).
 //! - **Teardown**: dropping an [`Endpoint`] closes the endpoint first (which ends its posted operations), then
 //!   completion queue, address vector, domain and fabric, and only then frees the buffers the provider was
