@@ -11,7 +11,8 @@
 #  - on a machine whose own kernel has rdma_rxe (as root): it creates the same pair of devices itself, on a veth
 #    pair of its own, and removes them afterwards.
 # Tests: the verbs layer (vigil-rdma: connect, send/receive, flow control, large messages, peer QP destroyed),
-# a 2-broker instance on the two rxe addresses running jobs over RDMA, then the link-down test (it cuts veth1,
+# a 2-broker instance on the two rxe addresses running jobs over RDMA, the libfabric overlay on
+# `verbs;ofi_rxm` over the same devices (ci/ofi-verbs-test.sh), then the link-down test (it cuts veth1,
 # so it comes last). Results go to $RDMA_OUT (default /mnt/out inside the VM, else target/rdma-tests).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,18 +23,23 @@ MODE=${1:-run}
 if [ "$MODE" = build ]; then
     set -e
     mkdir -p "$STATE"
-    # The verbs test binary (cargo prints its path in the JSON build messages).
-    exe=$(cargo test -p vigil-rdma --test verbs --no-run --locked --message-format=json 2>/dev/null |
-        python3 -c 'import json,sys
+    # A test binary of package $1, test target $2 (cargo prints its path in the JSON build messages).
+    test_exe() {
+        cargo test -p "$1" --test "$2" --no-run --locked --message-format=json 2>/dev/null |
+            python3 -c 'import json,sys
 for l in sys.stdin:
     try: m = json.loads(l)
     except Exception: continue
-    if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == "verbs" and m.get("executable"):
-        print(m["executable"])' | tail -1)
+    if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == sys.argv[1] and m.get("executable"):
+        print(m["executable"])' "$2" | tail -1
+    }
+    exe=$(test_exe vigil-rdma verbs)
     [ -x "$exe" ] || { echo "rdma-tests: could not find the verbs test binary" >&2; exit 1; }
+    ofi=$(test_exe vigil-ofi endpoints)
+    [ -x "$ofi" ] || { echo "rdma-tests: could not find vigil-ofi's endpoints test binary" >&2; exit 1; }
     cargo build --locked -p vigil -p vigil-shell --quiet
-    printf 'VERBS_TEST=%q\nVIGIL_BIN=%q\n' "$exe" "$ROOT/target/debug" > "$STATE/bins.env"
-    echo "rdma-tests: built $exe"
+    printf 'VERBS_TEST=%q\nOFI_TEST=%q\nVIGIL_BIN=%q\n' "$exe" "$ofi" "$ROOT/target/debug" > "$STATE/bins.env"
+    echo "rdma-tests: built $exe $ofi"
     exit 0
 fi
 [ "$MODE" = run ] || { echo "usage: $0 build|run" >&2; exit 2; }
@@ -63,6 +69,10 @@ wire_routing() {
     ip link set veth1 up
     ip route replace $A1/32 dev veth0 src $A0 table 100
     ip route replace $A0/32 dev veth1 src $A1 table 100
+    # The same routes in the main table, for rdma_cm's check of an incoming request's net device (a lookup
+    # out of that device; see ci/ofi-verbs-test.sh): without them it rejects every connection.
+    ip route replace $A1/32 dev veth0 src $A0
+    ip route replace $A0/32 dev veth1 src $A1
     ip neigh replace $A1 lladdr "$(cat /sys/class/net/veth1/address)" dev veth0 nud permanent
     ip neigh replace $A0 lladdr "$(cat /sys/class/net/veth0/address)" dev veth1 nud permanent
     ip rule show | grep -q 'lookup 100' || ip rule add pref 100 iif lo to 10.200.0.0/24 table 100
@@ -127,6 +137,11 @@ step() {
 step verbs "$VERBS_TEST" --test-threads=1 --nocapture
 if [ -x "$ROOT/ci/rdma-broker-test.sh" ]; then
     step broker "$ROOT/ci/rdma-broker-test.sh" "$VIGIL_BIN" "$A0" "$A1" "$OUT"
+fi
+# The libfabric overlay on the verbs;ofi_rxm provider over the same devices (reports SKIPPED, not a failure,
+# when the installed libfabric cannot offer that provider here).
+if [ -x "$ROOT/ci/ofi-verbs-test.sh" ]; then
+    step ofi-verbs "$ROOT/ci/ofi-verbs-test.sh" "$VIGIL_BIN" "$A0" "$A1" "$OUT" "${OFI_TEST:-}"
 fi
 # Not RDMA, but needs this guest's own kernel too: memory limits and OOM reports with a full cgroup v2.
 if [ -x "$ROOT/ci/memory-cgroup-test.sh" ]; then

@@ -2,7 +2,6 @@
 //! buffers, per-peer send queues (only with libfabric; see `stub.rs` otherwise).
 
 use crate::error::{CallError, CompletionError, Error, Op, OpenError};
-use crate::frag::{self, Push, Reassembly};
 use crate::raw::{self, check, Fid, Handles, Info, RawArray, ADDR_UNSPEC, API_VERSION};
 use crate::{sys, Config, Event, PeerId, Stats};
 use std::collections::{HashMap, VecDeque};
@@ -10,27 +9,27 @@ use std::ffi::{CStr, CString};
 use std::os::fd::RawFd;
 use std::os::raw::{c_char, c_int, c_void};
 use std::ptr;
+use vigil_flow::{self as frag, OutQueue, Push, Sequenced};
 
 /// Completions read per `fi_cq_readfrom` call.
 const CQ_BATCH: usize = 16;
 /// Completions handled per [`Endpoint::progress`] call at most, so one busy endpoint cannot starve its task.
 const CQ_MAX_PER_PROGRESS: usize = 256;
 
-/// A message (or its unsent tail) waiting for a free send slot.
-struct Out {
-    data: Vec<u8>,
-    /// Payload bytes already handed to the provider.
-    off: usize,
-}
-
 /// What the endpoint knows about one inserted peer.
-#[derive(Default)]
 struct Peer {
-    queue: VecDeque<Out>,
-    rx: Reassembly,
+    /// Messages (or their unsent tails) waiting for a free send slot.
+    queue: OutQueue,
+    rx: Sequenced,
     /// Sequence number of the next fragment posted to this peer.
     tx_seq: u32,
     failed: Option<CompletionError>,
+}
+
+impl Peer {
+    fn new(cfg: &Config) -> Peer {
+        Peer { queue: OutQueue::new(), rx: Sequenced::new(cfg.max_message, cfg.frag_size), tx_seq: 0, failed: None }
+    }
 }
 
 /// One reliable-datagram (`FI_EP_RDM`) endpoint: talks to any number of peers whose names were inserted with
@@ -303,7 +302,8 @@ impl Endpoint {
         if rc != 1 || addr == ADDR_UNSPEC {
             return Err(CallError { call: "fi_av_insert", code: libc::EINVAL, text: "address not inserted".into() });
         }
-        self.peers.entry(addr).or_default();
+        let cfg = &self.cfg;
+        self.peers.entry(addr).or_insert_with(|| Peer::new(cfg));
         Ok(PeerId(addr))
     }
 
@@ -311,7 +311,7 @@ impl Endpoint {
     /// vector. Completions of sends already posted to it are still consumed (and ignored).
     pub fn remove_peer(&mut self, peer: PeerId) -> Result<(), Error> {
         let p = self.peers.remove(&peer.0).ok_or(Error::UnknownPeer(peer))?;
-        self.queued -= p.queue.iter().map(|o| o.data.len() - o.off).sum::<usize>();
+        self.queued -= p.queue.bytes();
         self.ready.retain(|&a| a != peer.0);
         let mut addr = peer.0;
         // SAFETY: live AV; one fi_addr_t this AV returned.
@@ -370,7 +370,7 @@ impl Endpoint {
         }
         // Queue the unsent tail (copying only that part): its fragments carry the same header flags as if the
         // whole message had been queued (MORE on all but the last).
-        p.queue.push_back(Out { data: data[off..].to_vec(), off: 0 });
+        p.queue.push(data[off..].to_vec());
         self.queued += data.len() - off;
         Ok(())
     }
@@ -380,24 +380,19 @@ impl Endpoint {
         while let Some(&addr) = self.ready.front() {
             let Some(slot) = self.tx_free.pop() else { return };
             let p = self.peers.get_mut(&addr).expect("ready peers exist");
-            let out = p.queue.front_mut().expect("ready peers have output");
-            let (n, more) = frag::next_fragment(out.data.len(), out.off, self.cfg.frag_size);
+            let (payload, more) = p.queue.front(self.cfg.frag_size).expect("ready peers have output");
             let rc = post_fragment(
                 &self.h.ep,
                 self.tx_buf.at(slot * self.stride),
                 self.ctx.at(self.cfg.rx_depth + slot),
                 addr,
                 (more, p.tx_seq),
-                &out.data[out.off..out.off + n],
+                payload,
             );
             if rc == 0 {
                 p.tx_seq = p.tx_seq.wrapping_add(1);
-                out.off += n;
-                self.queued -= n;
+                self.queued -= p.queue.advance(self.cfg.frag_size);
                 self.ready.pop_front();
-                if !more {
-                    p.queue.pop_front();
-                }
                 if !p.queue.is_empty() {
                     self.ready.push_back(addr);
                 }
@@ -476,9 +471,8 @@ impl Endpoint {
         if p.failed.is_some() {
             return;
         }
-        self.queued -= p.queue.iter().map(|o| o.data.len() - o.off).sum::<usize>();
-        p.queue.clear();
-        p.rx = Reassembly::default();
+        self.queued -= p.queue.clear();
+        p.rx = Sequenced::new(self.cfg.max_message, self.cfg.frag_size);
         p.failed = Some(error.clone());
         self.ready.retain(|&a| a != addr);
         self.events.push_back(Event::PeerFailed { peer: PeerId(addr), error });
@@ -562,7 +556,7 @@ impl Endpoint {
                 let frag = unsafe { std::slice::from_raw_parts(buf, len) };
                 let mut out = Vec::new();
                 match self.peers.get_mut(&src) {
-                    Some(p) if p.failed.is_none() => p.rx.push(frag, self.cfg.max_message, &mut out),
+                    Some(p) if p.failed.is_none() => p.rx.push(frag, &mut out),
                     Some(_) => {}
                     None => self.stats.unknown_source += 1,
                 }

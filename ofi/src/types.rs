@@ -15,7 +15,8 @@ pub struct Config {
     pub source_addr: Option<String>,
     /// Domain (NIC) name, e.g. `cxi0` or `lo`; `None` lets the provider choose.
     pub domain: Option<String>,
-    /// Payload bytes per fragment, i.e. per receive buffer (each buffer is one byte larger, for the header).
+    /// Payload bytes per fragment, i.e. per receive buffer (each buffer is `vigil_flow::HEADER`, 5 bytes, larger,
+    /// for the fragment header).
     pub frag_size: usize,
     /// Receive buffers posted at all times.
     pub rx_depth: usize,

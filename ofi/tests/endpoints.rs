@@ -13,13 +13,26 @@ const HANG: Duration = Duration::from_secs(20);
 
 /// Environment: a provider to run the exchange tests on as well (e.g. `cxi` or `verbs;ofi_rxm` on a machine that
 /// has one), and the local address or domain for it (`VIGIL_OFI_TEST_SOURCE`, e.g. `cxi0`; unset: the
-/// provider's choice).
+/// provider's choice); `VIGIL_OFI_TEST_SOURCE2`, when set, is the second endpoint's (e.g. the other soft-RoCE
+/// device's address, so the exchange crosses a wire).
 const SITE_PROVIDER: &str = "VIGIL_OFI_TEST_PROVIDER";
 
 fn cfg(provider: &str) -> Config {
+    site_cfg(provider, "VIGIL_OFI_TEST_SOURCE")
+}
+
+/// The second endpoint of a pair: like [`cfg`], on `VIGIL_OFI_TEST_SOURCE2` when that is set.
+fn cfg2(provider: &str) -> Config {
+    if std::env::var_os("VIGIL_OFI_TEST_SOURCE2").is_some() {
+        site_cfg(provider, "VIGIL_OFI_TEST_SOURCE2")
+    } else {
+        cfg(provider)
+    }
+}
+
+fn site_cfg(provider: &str, source_var: &str) -> Config {
     let site = std::env::var(SITE_PROVIDER).ok().filter(|p| p == provider);
-    let source_addr =
-        if site.is_some() { std::env::var("VIGIL_OFI_TEST_SOURCE").ok() } else { Some("127.0.0.1".into()) };
+    let source_addr = if site.is_some() { std::env::var(source_var).ok() } else { Some("127.0.0.1".into()) };
     Config { source_addr, ..Config::with_provider(provider) }
 }
 
@@ -93,7 +106,7 @@ fn pattern(seed: u32, len: usize) -> Vec<u8> {
 }
 
 fn both_ways(provider: &str) {
-    let Some((mut a, mut b, pb, pa)) = pair(&cfg(provider), &cfg(provider)) else { return };
+    let Some((mut a, mut b, pb, pa)) = pair(&cfg(provider), &cfg2(provider)) else { return };
     a.try_send(pb, b"hello from a").unwrap();
     let got = collect(&mut b, &mut a, 1);
     assert_eq!(got, vec![(pa, b"hello from a".to_vec())]);
@@ -118,8 +131,8 @@ fn udp_messages_both_ways() {
 /// Far more messages than receive buffers, sent while the receiver does not read at all, then read: nothing
 /// lost, nothing reordered, and the sender is told to wait (WouldBlock) instead of piling up without bound.
 fn flow_control(provider: &str) {
-    let small = Config { rx_depth: 4, tx_depth: 4, frag_size: 1024, send_queue_limit: 16 * 1024, ..cfg(provider) };
-    let Some((mut a, mut b, pb, pa)) = pair(&small, &small) else { return };
+    let small = |c: Config| Config { rx_depth: 4, tx_depth: 4, frag_size: 1024, send_queue_limit: 16 * 1024, ..c };
+    let Some((mut a, mut b, pb, pa)) = pair(&small(cfg(provider)), &small(cfg2(provider))) else { return };
     const N: u32 = 3000;
     let mut sent = 0u32;
     let mut would_block = 0u32;
@@ -176,7 +189,7 @@ fn udp_more_messages_than_posted_receives() {
 }
 
 fn large(provider: &str) {
-    let Some((mut a, mut b, pb, pa)) = pair(&cfg(provider), &cfg(provider)) else { return };
+    let Some((mut a, mut b, pb, pa)) = pair(&cfg(provider), &cfg2(provider)) else { return };
     let big = pattern(7, 8 << 20);
     let odd = pattern(8, 3 * 64 * 1024 + 1);
     a.try_send(pb, &big).unwrap();
@@ -222,7 +235,7 @@ fn oversized_message_is_discarded_and_reported() {
 /// A peer whose endpoint closes: sends to it end in an error completion (reported once as PeerFailed) or
 /// nothing, never a hang, and closing our own endpoint afterwards returns promptly.
 fn vanished(provider: &str) {
-    let Some((mut a, mut b, pb, _pa)) = pair(&cfg(provider), &cfg(provider)) else { return };
+    let Some((mut a, mut b, pb, _pa)) = pair(&cfg(provider), &cfg2(provider)) else { return };
     a.try_send(pb, b"are you there").unwrap();
     collect(&mut b, &mut a, 1);
     drop(b);
@@ -296,7 +309,7 @@ fn availability_is_reported() {
 /// The tokio face: ping-pong between two tasks, then a burst that needs the send queue, then the peer's
 /// failure surfacing from `next_event`.
 fn async_pingpong(provider: &str) {
-    let Some((a, b, pb, pa)) = pair(&cfg(provider), &cfg(provider)) else { return };
+    let Some((a, b, pb, pa)) = pair(&cfg(provider), &cfg2(provider)) else { return };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let mut a = AsyncEndpoint::new(a).unwrap();

@@ -26,6 +26,9 @@
 //! slow receiver holds at most `depth` unconsumed messages and the sender waits ([`Sender::send`] blocks).
 //! Credits travel in every packet's immediate value; when half the ring is owed and nothing is going the
 //! other way, a credit-only packet is sent (these use the control receive slots, never a data credit).
+//! The rules themselves (cutting messages into fragments, bounded reassembly, counting credits) are
+//! `vigil-flow`'s [`OutQueue`], [`Reassembler`] and [`Credits`], shared with the libfabric transport and
+//! tested there without a device; this module holds the verbs calls and the immediate-value encoding.
 //!
 //! # Completions and tasks
 //! The protocol state and the verbs objects of a connection live in one engine behind a mutex that is never
@@ -51,6 +54,7 @@ use std::net::Ipv6Addr;
 use std::sync::{Arc, Mutex};
 use tokio::io::unix::AsyncFd;
 use tracing::debug;
+use vigil_flow::{Assembled, Credits, OutQueue, Reassembler};
 
 /// Version of the QP wire protocol described in the module docs; peers with another version are refused.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -320,17 +324,13 @@ impl Prepared {
             slots,
             frag: frag as usize,
             send_frag,
-            send_credits: remote.depth,
-            max_credits: remote.depth,
-            owed: 0,
-            credit_threshold: (cfg.depth / 2).max(1),
+            credits: Credits::new(remote.depth, cfg.depth),
             free_slots: (0..slots).rev().collect(),
             in_flight: VecDeque::new(),
             since_signal: 0,
-            pending: VecDeque::new(),
-            assembling: Vec::new(),
+            pending: OutQueue::new(),
+            assembling: Reassembler::new(usize::try_from(cfg.max_message).unwrap_or(usize::MAX)),
             inbox: VecDeque::new(),
-            max_message: cfg.max_message,
             ready: active,
             send_ready: active,
             sender_open: true,
@@ -476,7 +476,7 @@ impl Sender {
                     return Err(ConnError::PeerClosed);
                 }
                 if e.pending.len() < MAX_QUEUED {
-                    e.pending.push_back((msg.take().expect("sent once"), 0));
+                    e.pending.push(msg.take().expect("sent once"));
                     if let Err(err) = e.progress() {
                         e.fail(err.clone());
                         drop(e);
@@ -505,7 +505,7 @@ impl Sender {
         if e.peer_closed {
             return Err(ConnError::PeerClosed);
         }
-        e.pending.push_back((msg, 0));
+        e.pending.push(msg);
         if let Err(err) = e.progress() {
             e.fail(err.clone());
             drop(e);
@@ -650,7 +650,8 @@ impl Drop for Receiver {
             let mut e = self.shared.lock();
             e.receiver_open = false;
             // Messages nobody will take: their buffers are free, return the credits.
-            e.owed += e.inbox.len() as u32;
+            let n = e.inbox.len() as u32;
+            e.credits.owe(n);
             e.inbox.clear();
         }
         self.shared.driver.notify_one();
@@ -736,7 +737,7 @@ impl Drop for SyncConnection {
         let e = &mut self.engine;
         e.sender_open = false;
         e.receiver_open = false;
-        e.owed += e.inbox.len() as u32;
+        e.credits.owe(e.inbox.len() as u32);
         e.inbox.clear();
         let t = std::time::Instant::now();
         while e.ended.is_none() && t.elapsed() < std::time::Duration::from_millis(100) {
@@ -787,19 +788,15 @@ struct Engine {
     slots: u32,
     frag: usize,
     send_frag: usize,
-    /// Data fragments we may still send.
-    send_credits: u32,
-    max_credits: u32,
-    /// Credits to return to the peer.
-    owed: u32,
-    credit_threshold: u32,
+    /// Data fragments we may still send, and credits to return to the peer.
+    credits: Credits,
     free_slots: Vec<u32>,
-    /// Messages waiting for credits, with the offset of their next fragment.
-    pending: VecDeque<(Vec<u8>, usize)>,
-    assembling: Vec<u8>,
+    /// Messages waiting for credits, cut into fragments of `send_frag` bytes as they go.
+    pending: OutQueue,
+    /// The message being received, bounded by our `max_message`.
+    assembling: Reassembler,
     /// Whole messages received and not yet taken (their last fragment's credit is still held).
     inbox: VecDeque<Vec<u8>>,
-    max_message: u64,
     /// We may send data (the active side at once; the passive side after the peer's first packet).
     ready: bool,
     /// The READY packet still has to be sent (active side).
@@ -951,8 +948,8 @@ impl Engine {
     /// neither is there yet.
     fn take_message(&mut self) -> Option<Result<Vec<u8>, ConnError>> {
         if let Some(m) = self.inbox.pop_front() {
-            self.owed += 1;
-            if self.owed >= self.credit_threshold && self.ended.is_none() {
+            self.credits.owe(1);
+            if self.credits.update_due() && self.ended.is_none() {
                 // Nothing may be going the other way soon: return the credits now.
                 if let Err(e) = self.progress() {
                     self.fail(e);
@@ -986,7 +983,7 @@ impl Engine {
         if self.pending.is_empty()
             && self.ready
             && !self.send_ready
-            && self.send_credits > 0
+            && self.credits.available() > 0
             && self.free_slots.len() > 1
             && len <= self.send_frag
         {
@@ -1002,7 +999,7 @@ impl Engine {
         } else {
             let mut v = vec![0u8; len];
             fill(&mut v);
-            self.pending.push_back((v, 0));
+            self.pending.push(v);
         }
         self.progress()
     }
@@ -1087,14 +1084,7 @@ impl Engine {
         if len > self.frag {
             return Err(ConnError::Protocol(format!("packet of {len} bytes exceeds the {}-byte fragment", self.frag)));
         }
-        let credits = imm & CREDIT_MASK;
-        self.send_credits = self.send_credits.saturating_add(credits);
-        if self.send_credits > self.max_credits {
-            return Err(ConnError::Protocol(format!(
-                "peer returned more credits ({}) than it granted ({})",
-                self.send_credits, self.max_credits
-            )));
-        }
+        self.credits.returned(imm & CREDIT_MASK).map_err(|e| ConnError::Protocol(e.to_string()))?;
         // Any packet from the peer means its QP is ready: the passive side may send from now on.
         self.ready = true;
         if imm & CONTROL != 0 {
@@ -1108,30 +1098,21 @@ impl Engine {
             if self.peer_closed {
                 return Err(ConnError::Protocol("data after close".into()));
             }
-            if (self.assembling.len() + len) as u64 > self.max_message {
-                return Err(ConnError::Protocol(format!("message longer than the {}-byte limit", self.max_message)));
-            }
             let off = slot as usize * self.frag;
             let res = self.res.as_ref().ok_or(ConnError::Closed)?;
             // SAFETY: the receive for this slot completed, so the device no longer writes to
             // [off, off+len), which lies inside the registered receive buffer (len <= frag checked above).
             let data = unsafe { std::slice::from_raw_parts(res.recv_buf.addr().add(off), len) };
-            if imm & F_MORE != 0 {
-                self.assembling.extend_from_slice(data);
-                // Copied: the buffer is free again, return its credit now.
-                self.owed += 1;
-            } else {
-                // A whole message in one fragment is copied once, into a buffer of its exact size.
-                let m = if self.assembling.is_empty() {
-                    data.to_vec()
-                } else {
-                    self.assembling.extend_from_slice(data);
-                    std::mem::take(&mut self.assembling)
-                };
-                if self.receiver_open {
-                    self.inbox.push_back(m);
-                } else {
-                    self.owed += 1;
+            match self.assembling.push(imm & F_MORE != 0, data) {
+                // Copied into the message being assembled: the buffer is free again, return its credit now.
+                None => self.credits.owe(1),
+                Some(Assembled::Complete(m)) if self.receiver_open => self.inbox.push_back(m),
+                Some(Assembled::Complete(_)) => self.credits.owe(1),
+                Some(Assembled::Oversized(_)) => {
+                    return Err(ConnError::Protocol(format!(
+                        "message longer than the {}-byte limit",
+                        self.assembling.max_message()
+                    )))
                 }
             }
         }
@@ -1153,18 +1134,22 @@ impl Engine {
         }
         if self.ready {
             // Keep one slot for a control packet.
-            while self.send_credits > 0 && self.free_slots.len() > 1 {
-                let Some((msg, off)) = self.pending.pop_front() else { break };
-                let end = (off + self.send_frag).min(msg.len());
-                let more = end < msg.len();
+            // The queue is taken out while its fragments are posted (posting needs `&mut self`), and put back.
+            let mut q = std::mem::take(&mut self.pending);
+            let mut r = Ok(());
+            while self.credits.available() > 0 && self.free_slots.len() > 1 {
+                let Some((frag, more)) = q.front(self.send_frag) else { break };
                 let slot = self.free_slots.pop().expect("checked");
-                self.post_data(slot, &msg[off..end], more)?;
-                if more {
-                    self.pending.push_front((msg, end));
+                r = self.post_data(slot, frag, more);
+                if r.is_err() {
+                    break;
                 }
+                q.advance(self.send_frag);
             }
+            self.pending = q;
+            r?;
         }
-        if self.owed >= self.credit_threshold {
+        if self.credits.update_due() {
             self.post_control(F_CREDIT)?;
         }
         if !self.sender_open
@@ -1195,21 +1180,22 @@ impl Engine {
     /// Post the first `n` bytes of send `slot`, already written, as a data fragment with the owed credits;
     /// costs a credit.
     fn post_filled(&mut self, slot: u32, n: usize, more: bool) -> Result<(), ConnError> {
-        let credits = self.owed.min(CREDIT_MASK);
+        let credits = self.credits.owed().min(CREDIT_MASK);
         let imm = credits | if more { F_MORE } else { 0 };
         self.post(slot, slot as usize * self.frag, n as u32, imm, false)?;
-        self.owed -= credits;
-        self.send_credits -= 1;
+        self.credits.take_owed(credits);
+        let paid = self.credits.spend();
+        debug_assert!(paid, "data fragments are posted only with a credit");
         Ok(())
     }
 
     /// Post a control packet carrying the owed credits; false when no send slot is free.
     fn post_control(&mut self, flag: u32) -> Result<bool, ConnError> {
         let Some(slot) = self.free_slots.pop() else { return Ok(false) };
-        let credits = self.owed.min(CREDIT_MASK);
+        let credits = self.credits.owed().min(CREDIT_MASK);
         // READY and CLOSE are signaled: every earlier send is then known complete (teardown waits for it).
         self.post(slot, slot as usize * self.frag, 0, flag | credits, flag & (F_CLOSE | F_READY) != 0)?;
-        self.owed -= credits;
+        self.credits.take_owed(credits);
         Ok(true)
     }
 

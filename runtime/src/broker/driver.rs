@@ -784,11 +784,11 @@ fn fallback(verbs: rdma_link::LinkChoice, ofi: rdma_link::LinkChoice) -> rdma_li
     }
 }
 
+/// Log what a link runs on: "rdma on DEVICE", "ofi (provider ...)", or "tcp (why not the others)".
 fn log_choice(peer: &str, c: &rdma_link::LinkChoice) {
-    if c.transport == "rdma" {
-        info!("overlay link to {peer}: rdma on {}", c.detail);
-    } else {
-        info!("overlay link to {peer}: tcp ({})", c.detail);
+    match c.transport {
+        "rdma" => info!("overlay link to {peer}: rdma on {}", c.detail),
+        t => info!("overlay link to {peer}: {t} ({})", c.detail),
     }
 }
 

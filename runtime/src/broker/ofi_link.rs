@@ -80,8 +80,15 @@ impl Settings {
         r
     }
 
-    /// The error a link gets when `tbon.transport=ofi` and libfabric cannot be used (`why`).
+    /// The error a link gets when `tbon.transport=ofi` and libfabric cannot be used (`why`). When the provider
+    /// is missing, says how to name another: a first trial without a Slingshot NIC meets the default `cxi`.
     fn required(&self, why: &str) -> String {
+        if why.contains("has no provider") {
+            return format!(
+                "tbon.transport=ofi but {why}; name another with -S tbon.ofi_provider=NAME (`fi_info -l` lists \
+                 them; 'tcp;ofi_rxm' works on any machine)"
+            );
+        }
         format!("tbon.transport=ofi but {why}")
     }
 }
@@ -489,6 +496,7 @@ mod tests {
         let s = settings(Transport::Ofi, "no-such-provider");
         let e = Offer::new(&s, None, false).err().expect("ofi is required");
         assert!(e.starts_with("tbon.transport=ofi but "), "{e}");
+        assert!(e.ends_with("'tcp;ofi_rxm' works on any machine)"), "the way out is named: {e}");
         let a = Answer::new(&s, None, &f, false).await.expect("considered");
         assert!(matches!(&a, Answer::Refuse(why) if why.starts_with("tbon.transport=ofi but")), "{a:?}");
     }
