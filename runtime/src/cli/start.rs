@@ -446,6 +446,10 @@ pub fn broker(a: BrokerArgs) -> i32 {
         Err(e) => return fail(e),
     };
     init_logging(&mut opts.config, opts.rank);
+    // The broker discovers its node with hwloc once, at start; hwloc's libxml2 plugin would leave libstdc++
+    // mapped for the broker's life.
+    // SAFETY: no thread has started yet (the runtime is a current-thread one and has spawned nothing).
+    unsafe { crate::hwloc::skip_unused_plugins() };
     // One malloc arena for the whole broker. The detector loader thread parses the kernel's BTF (~10 MB of
     // short-lived heap); in a thread arena of its own that memory stayed resident for the broker's life, as
     // malloc_trim does not shrink the top of a thread arena. In the main arena the trim after loading returns it.
