@@ -446,8 +446,8 @@ pub fn broker(a: BrokerArgs) -> i32 {
         Err(e) => return fail(e),
     };
     init_logging(&mut opts.config, opts.rank);
-    // The broker discovers its node with hwloc once, at start; hwloc's libxml2 plugin would leave libstdc++
-    // mapped for the broker's life.
+    // hwloc's libxml2 plugin would leave libstdc++ mapped for the life of the process that discovers the node
+    // (the broker's `vigil discover-node` child, which inherits this, or the broker itself when that cannot run).
     // SAFETY: no thread has started yet (the runtime is a current-thread one and has spawned nothing).
     unsafe { crate::hwloc::skip_unused_plugins() };
     // One malloc arena for the whole broker. The detector loader thread parses the kernel's BTF (~10 MB of
