@@ -62,6 +62,9 @@ pub struct BrokerOptions {
     pub topology: TopologySource,
     /// Declared GPU count overriding discovery.
     pub declared_gpus: Option<u32>,
+    /// This node as already discovered (a [`Discovered`] JSON file): `vigil start` discovers the machine once
+    /// for all the brokers of a test instance. `None`: the broker discovers its node.
+    pub discovered: Option<PathBuf>,
     /// Seconds to wait for the parent to accept our connection.
     pub connect_timeout: f64,
     /// Cores and GPUs this broker owns, when it is part of a nested instance (from the enclosing job's R);
@@ -483,8 +486,17 @@ fn discover(opts: &BrokerOptions) -> (NodeResources, String) {
     let rank = opts.rank;
     let forced = opts.config.discovery == crate::attrs::Discovery::CpuCount;
     let xml = opts.rundir.join(format!("topology-{rank}.xml"));
+    let shared = opts.discovered.as_ref().and_then(|p| match read_discovered(p) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            debug!("{}: {e}; discovering the node", p.display());
+            None
+        }
+    });
     let loaded = if forced {
         Err("disabled by resource.discovery=cpu-count".to_string())
+    } else if let Some(d) = shared {
+        d
     } else {
         match discover_in_child(&opts.topology, opts.declared_gpus, &xml) {
             Ok(r) => r,
@@ -549,14 +561,34 @@ pub(crate) fn discover_node(
     Ok((t.resources(declared_gpus), src))
 }
 
-/// [`discover_node`] in a child process (`vigil discover-node`). The outer `Err` says why the child gave no
-/// answer; the inner result is the discovery's.
-fn discover_in_child(
+/// A [`Discovered`] node from a file (written by [`discover_in_child_to`]).
+fn read_discovered(p: &std::path::Path) -> Result<Result<(NodeResources, String), String>, String> {
+    let text = std::fs::read(p).map_err(|e| e.to_string())?;
+    let d: Discovered = serde_json::from_slice(&text).map_err(|e| format!("not understood: {e}"))?;
+    Ok(d.resources.map(|r| (r, d.topology)))
+}
+
+/// Runs `vigil discover-node` (the binary `exe`) and writes its answer to `out`, for brokers to read with
+/// [`BrokerOptions::discovered`]. `Err` says why there is no answer (the brokers then discover the node
+/// themselves); an hwloc failure is an answer, which each broker then reports.
+pub fn discover_in_child_to(
+    exe: &std::path::Path,
     source: &TopologySource,
     declared_gpus: Option<u32>,
     xml: &std::path::Path,
-) -> Result<Result<(NodeResources, String), String>, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find the vigil binary: {e}"))?;
+    out: &std::path::Path,
+) -> Result<(), String> {
+    let answer = run_discover_node(exe, source, declared_gpus, xml)?;
+    std::fs::write(out, answer).map_err(|e| format!("cannot write {}: {e}", out.display()))
+}
+
+/// `vigil discover-node` run from `exe`: its answer (checked to be a [`Discovered`]).
+fn run_discover_node(
+    exe: &std::path::Path,
+    source: &TopologySource,
+    declared_gpus: Option<u32>,
+    xml: &std::path::Path,
+) -> Result<Vec<u8>, String> {
     let mut cmd = std::process::Command::new(exe);
     cmd.arg("discover-node").arg(format!("--source={source}")).arg("--xml").arg(xml);
     if let Some(n) = declared_gpus {
@@ -567,8 +599,20 @@ fn discover_in_child(
     if !out.status.success() {
         return Err(format!("it ended with {}", out.status));
     }
-    let d: Discovered =
-        serde_json::from_slice(&out.stdout).map_err(|e| format!("its answer is not understood: {e}"))?;
+    serde_json::from_slice::<Discovered>(&out.stdout).map_err(|e| format!("its answer is not understood: {e}"))?;
+    Ok(out.stdout)
+}
+
+/// [`discover_node`] in a child process (`vigil discover-node`). The outer `Err` says why the child gave no
+/// answer; the inner result is the discovery's.
+fn discover_in_child(
+    source: &TopologySource,
+    declared_gpus: Option<u32>,
+    xml: &std::path::Path,
+) -> Result<Result<(NodeResources, String), String>, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the vigil binary: {e}"))?;
+    let answer = run_discover_node(&exe, source, declared_gpus, xml)?;
+    let d: Discovered = serde_json::from_slice(&answer).map_err(|e| format!("its answer is not understood: {e}"))?;
     Ok(d.resources.map(|r| (r, d.topology)))
 }
 
