@@ -99,7 +99,7 @@ fn open() -> Result<Ibverbs, String> {
             }
             // SAFETY: the symbol of this name and version has the C signature of the field it is stored in (the
             // one verbs.h declares, which rdma-sys's bindings mirror).
-            unsafe { std::mem::transmute::<*mut c_void, _>(p) }
+            unsafe { fn_ptr(p) }
         }};
     }
     Ok(Ibverbs {
@@ -128,6 +128,16 @@ fn open() -> Result<Ibverbs, String> {
         get_async_event: sym!("ibv_get_async_event", "IBVERBS_1.1"),
         ack_async_event: sym!("ibv_ack_async_event", "IBVERBS_1.1"),
     })
+}
+
+/// A symbol's address as the function pointer type `F`.
+///
+/// # Safety
+/// `F` is an `unsafe extern "C" fn` type whose signature is the symbol's.
+unsafe fn fn_ptr<F: Copy>(p: *mut c_void) -> F {
+    const { assert!(std::mem::size_of::<F>() == std::mem::size_of::<*mut c_void>()) };
+    // SAFETY: same size (checked above); the caller vouches for the signature.
+    unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) }
 }
 
 /// The message of the last failed `dl*` call.
