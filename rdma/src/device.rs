@@ -40,11 +40,22 @@ pub fn gid_for(addr: IpAddr) -> Ipv6Addr {
 
 /// Find the verbs device, port and GID index that serve the local address `addr`.
 ///
-/// The error says why none does: "no verbs devices" when libibverbs finds no device at all (no RDMA hardware,
-/// no kernel support, or no provider library), else which devices were looked at and why none fits.
+/// The error says why none does: "no verbs devices" when the kernel lists none, libibverbs cannot be loaded or
+/// finds no device at all (no RDMA hardware, no kernel support, or no provider library), else which devices
+/// were looked at and why none fits. libibverbs is loaded only when the kernel lists a device.
 pub fn find_device(addr: IpAddr) -> Result<Device, NoDevice> {
     if addr.is_unspecified() {
         return Err(NoDevice(format!("{addr} is not a specific local address")));
+    }
+    if !crate::ibverbs::kernel_lists_devices() {
+        return Err(NoDevice(
+            "no verbs devices (the kernel lists none in /sys/class/infiniband_verbs: no RDMA hardware or kernel \
+             support)"
+                .into(),
+        ));
+    }
+    if let Err(e) = crate::ibverbs::load() {
+        return Err(NoDevice(format!("no verbs devices usable: {e}")));
     }
     let names = device_names();
     if names.is_empty() {

@@ -24,6 +24,7 @@
 mod config;
 mod conn;
 mod device;
+mod ibverbs;
 mod verbs;
 
 pub use config::{Config, ConfigError};

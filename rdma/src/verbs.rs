@@ -13,6 +13,7 @@
 //! internally), which is why these wrappers are `Send` and `Sync`; each connection nevertheless drives its QP
 //! and CQ from a single task.
 
+use crate::ibverbs;
 use rdma_sys as sys;
 use std::ffi::CStr;
 use std::io;
@@ -36,11 +37,16 @@ pub(crate) fn rc_err(what: &str, rc: i32) -> io::Result<()> {
 }
 
 /// Names of the verbs devices libibverbs finds (empty when there are none or the kernel has no RDMA support).
+/// libibverbs is loaded only if the kernel lists a verbs device ([`crate::ibverbs`]).
 pub fn device_names() -> Vec<String> {
+    if !ibverbs::kernel_lists_devices() {
+        return Vec::new();
+    }
+    let Ok(ib) = ibverbs::load() else { return Vec::new() };
     let mut n: i32 = 0;
     // SAFETY: ibv_get_device_list writes the count into `n` and returns a NULL-terminated array we free below,
     // or NULL on failure (e.g. ENOSYS without kernel support), which we treat as "no devices".
-    let list = unsafe { sys::ibv_get_device_list(&mut n) };
+    let list = unsafe { (ib.get_device_list)(&mut n) };
     if list.is_null() {
         return Vec::new();
     }
@@ -53,11 +59,11 @@ pub fn device_names() -> Vec<String> {
         }
         // SAFETY: dev is a valid ibv_device; the returned name is a NUL-terminated string owned by it, which we
         // copy before the list is freed.
-        let name = unsafe { CStr::from_ptr(sys::ibv_get_device_name(dev)) };
+        let name = unsafe { CStr::from_ptr((ib.get_device_name)(dev)) };
         names.push(name.to_string_lossy().into_owned());
     }
     // SAFETY: `list` came from ibv_get_device_list and is freed once; no ibv_device pointer escapes.
-    unsafe { sys::ibv_free_device_list(list) };
+    unsafe { (ib.free_device_list)(list) };
     names
 }
 
@@ -75,9 +81,10 @@ unsafe impl Sync for Context {}
 impl Context {
     /// Open the device called `name`.
     pub fn open(name: &str) -> io::Result<Arc<Context>> {
+        let ib = ibverbs::load().map_err(|e| io::Error::new(io::ErrorKind::NotFound, e))?;
         let mut n: i32 = 0;
         // SAFETY: see `device_names`.
-        let list = unsafe { sys::ibv_get_device_list(&mut n) };
+        let list = unsafe { (ib.get_device_list)(&mut n) };
         if list.is_null() {
             return Err(last_err("ibv_get_device_list"));
         }
@@ -89,17 +96,17 @@ impl Context {
                 break;
             }
             // SAFETY: valid device; the name is copied/compared before the list is freed.
-            let dn = unsafe { CStr::from_ptr(sys::ibv_get_device_name(dev)) };
+            let dn = unsafe { CStr::from_ptr((ib.get_device_name)(dev)) };
             if dn.to_bytes() == name.as_bytes() {
                 // SAFETY: valid device from the live list; the context stays valid after the list is freed
                 // (ibv_open_device takes its own reference on the device).
-                ctx = unsafe { sys::ibv_open_device(dev) };
+                ctx = unsafe { (ib.open_device)(dev) };
                 break;
             }
         }
         let err = if ctx.is_null() { Some(last_err(&format!("ibv_open_device({name})"))) } else { None };
         // SAFETY: freed once, after the last use of its entries.
-        unsafe { sys::ibv_free_device_list(list) };
+        unsafe { (ib.free_device_list)(list) };
         match NonNull::new(ctx) {
             Some(ptr) => Ok(Arc::new(Context { ptr })),
             None => Err(err.unwrap_or_else(|| io::Error::other(format!("no device {name}")))),
@@ -115,7 +122,7 @@ impl Context {
         // SAFETY: ibv_device_attr is plain old data; ibv_query_device fills it for a valid context.
         let mut attr: sys::ibv_device_attr = unsafe { std::mem::zeroed() };
         // SAFETY: valid context and a writable attr struct of the right type.
-        let rc = unsafe { sys::ibv_query_device(self.as_ptr(), &mut attr) };
+        let rc = unsafe { (ibverbs::loaded().query_device)(self.as_ptr(), &mut attr) };
         rc_err("ibv_query_device", rc)?;
         Ok(attr.phys_port_cnt)
     }
@@ -124,8 +131,8 @@ impl Context {
     pub fn query_port(&self, port: u8) -> io::Result<sys::ibv_port_attr> {
         // SAFETY: ibv_port_attr is plain old data.
         let mut attr: sys::ibv_port_attr = unsafe { std::mem::zeroed() };
-        // SAFETY: valid context; rdma-sys's inline ___ibv_query_port passes sizeof(attr) to the provider.
-        let rc = unsafe { sys::___ibv_query_port(self.as_ptr(), port, &mut attr) };
+        // SAFETY: valid context and a writable attr struct of the right type.
+        let rc = unsafe { query_port(self.as_ptr(), port, &mut attr) };
         rc_err("ibv_query_port", rc)?;
         Ok(attr)
     }
@@ -135,7 +142,7 @@ impl Context {
         // SAFETY: ibv_gid is a 16-byte union of plain data.
         let mut gid: sys::ibv_gid = unsafe { std::mem::zeroed() };
         // SAFETY: valid context and a writable gid.
-        let rc = unsafe { sys::ibv_query_gid(self.as_ptr(), port, index, &mut gid) };
+        let rc = unsafe { (ibverbs::loaded().query_gid)(self.as_ptr(), port, index, &mut gid) };
         if rc != 0 {
             return Err(last_err("ibv_query_gid"));
         }
@@ -154,7 +161,7 @@ impl Drop for Context {
     fn drop(&mut self) {
         // SAFETY: opened by ibv_open_device and closed once; every child object holds an Arc to us, so none is
         // alive any more.
-        unsafe { sys::ibv_close_device(self.as_ptr()) };
+        unsafe { (ibverbs::loaded().close_device)(self.as_ptr()) };
     }
 }
 
@@ -171,7 +178,7 @@ unsafe impl Sync for Pd {}
 impl Pd {
     pub fn new(ctx: &Arc<Context>) -> io::Result<Arc<Pd>> {
         // SAFETY: valid context.
-        let p = unsafe { sys::ibv_alloc_pd(ctx.as_ptr()) };
+        let p = unsafe { (ibverbs::loaded().alloc_pd)(ctx.as_ptr()) };
         let ptr = NonNull::new(p).ok_or_else(|| last_err("ibv_alloc_pd"))?;
         Ok(Arc::new(Pd { ptr, _ctx: ctx.clone() }))
     }
@@ -183,7 +190,7 @@ impl Pd {
 impl Drop for Pd {
     fn drop(&mut self) {
         // SAFETY: allocated once, released once; MRs and QPs hold an Arc<Pd>, so none remains.
-        unsafe { sys::ibv_dealloc_pd(self.as_ptr()) };
+        unsafe { (ibverbs::loaded().dealloc_pd)(self.as_ptr()) };
     }
 }
 
@@ -210,7 +217,9 @@ impl Buffer {
             .ok_or_else(|| io::Error::new(io::ErrorKind::OutOfMemory, "rdma buffer"))?;
         let access = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as i32;
         // SAFETY: valid PD; [mem, mem+len) is a live allocation that stays alive until after ibv_dereg_mr.
-        let mr = unsafe { sys::ibv_reg_mr(pd.as_ptr(), mem.as_ptr() as *mut libc::c_void, layout.size(), access) };
+        let mr = unsafe {
+            (ibverbs::loaded().reg_mr)(pd.as_ptr(), mem.as_ptr() as *mut libc::c_void, layout.size(), access)
+        };
         match NonNull::new(mr) {
             Some(mr) => Ok(Buffer { mr, mem, layout, _pd: pd.clone() }),
             None => {
@@ -238,7 +247,7 @@ impl Drop for Buffer {
         // SAFETY: registered once; the owning connection destroyed its QP before dropping the buffer, so no work
         // request refers to this memory any more. Deregistration happens before the memory is freed.
         unsafe {
-            sys::ibv_dereg_mr(self.mr.as_ptr());
+            (ibverbs::loaded().dereg_mr)(self.mr.as_ptr());
             std::alloc::dealloc(self.mem.as_ptr(), self.layout);
         }
     }
@@ -257,7 +266,7 @@ unsafe impl Sync for CompChannel {}
 impl CompChannel {
     pub fn new(ctx: &Arc<Context>) -> io::Result<Arc<CompChannel>> {
         // SAFETY: valid context.
-        let p = unsafe { sys::ibv_create_comp_channel(ctx.as_ptr()) };
+        let p = unsafe { (ibverbs::loaded().create_comp_channel)(ctx.as_ptr()) };
         let ptr = NonNull::new(p).ok_or_else(|| last_err("ibv_create_comp_channel"))?;
         let ch = Arc::new(CompChannel { ptr, _ctx: ctx.clone() });
         set_nonblocking(ch.fd())?;
@@ -275,7 +284,7 @@ impl CompChannel {
 impl Drop for CompChannel {
     fn drop(&mut self) {
         // SAFETY: created once, destroyed once; CQs using it hold an Arc, so none remains.
-        unsafe { sys::ibv_destroy_comp_channel(self.as_ptr()) };
+        unsafe { (ibverbs::loaded().destroy_comp_channel)(self.as_ptr()) };
     }
 }
 
@@ -312,7 +321,8 @@ pub(crate) enum CqEvent {
 impl Cq {
     pub fn new(ctx: &Arc<Context>, channel: &Arc<CompChannel>, entries: i32) -> io::Result<Arc<Cq>> {
         // SAFETY: valid context and channel; no cq_context.
-        let p = unsafe { sys::ibv_create_cq(ctx.as_ptr(), entries, std::ptr::null_mut(), channel.as_ptr(), 0) };
+        let p =
+            unsafe { (ibverbs::loaded().create_cq)(ctx.as_ptr(), entries, std::ptr::null_mut(), channel.as_ptr(), 0) };
         let ptr = NonNull::new(p).ok_or_else(|| last_err("ibv_create_cq"))?;
         Ok(Arc::new(Cq { ptr, channel: channel.clone() }))
     }
@@ -332,7 +342,7 @@ impl Cq {
         let mut cq: *mut sys::ibv_cq = std::ptr::null_mut();
         let mut cq_ctx: *mut libc::c_void = std::ptr::null_mut();
         // SAFETY: valid channel in non-blocking mode; out-pointers are valid locals.
-        let rc = unsafe { sys::ibv_get_cq_event(self.channel.as_ptr(), &mut cq, &mut cq_ctx) };
+        let rc = unsafe { (ibverbs::loaded().get_cq_event)(self.channel.as_ptr(), &mut cq, &mut cq_ctx) };
         if rc != 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::WouldBlock {
@@ -342,7 +352,7 @@ impl Cq {
         }
         // SAFETY: `cq` is our CQ (the channel serves one CQ); acknowledging the one event just read, at once,
         // so none is left unacknowledged when the CQ is destroyed (ibv_destroy_cq would wait for it).
-        unsafe { sys::ibv_ack_cq_events(cq, 1) };
+        unsafe { (ibverbs::loaded().ack_cq_events)(cq, 1) };
         Ok(CqEvent::Event)
     }
 
@@ -361,7 +371,7 @@ impl Drop for Cq {
     fn drop(&mut self) {
         // SAFETY: created once, destroyed once; every event was acknowledged (take_event acks at once) and the
         // QP using this CQ holds an Arc to it, so it is already destroyed.
-        unsafe { sys::ibv_destroy_cq(self.as_ptr()) };
+        unsafe { (ibverbs::loaded().destroy_cq)(self.as_ptr()) };
     }
 }
 
@@ -409,7 +419,7 @@ impl Qp {
             init.sq_sig_all = 0;
             // SAFETY: valid PD and CQ; `init` is fully initialised; on success libibverbs writes the granted
             // capabilities back into `init.cap`.
-            let p = unsafe { sys::ibv_create_qp(pd.as_ptr(), &mut init) };
+            let p = unsafe { (ibverbs::loaded().create_qp)(pd.as_ptr(), &mut init) };
             NonNull::new(p).map(|p| (p, init.cap.max_inline_data)).ok_or_else(|| last_err("ibv_create_qp"))
         };
         let (ptr, max_inline) = match create(max_inline) {
@@ -432,7 +442,7 @@ impl Qp {
 
     fn modify(&self, attr: &mut sys::ibv_qp_attr, mask: sys::ibv_qp_attr_mask, what: &str) -> io::Result<()> {
         // SAFETY: valid QP; `attr` is initialised for every field named in `mask`.
-        let rc = unsafe { sys::ibv_modify_qp(self.as_ptr(), attr, mask.0 as i32) };
+        let rc = unsafe { (ibverbs::loaded().modify_qp)(self.as_ptr(), attr, mask.0 as i32) };
         rc_err(what, rc)
     }
 
@@ -558,14 +568,44 @@ impl Qp {
 impl Drop for Qp {
     fn drop(&mut self) {
         // SAFETY: created once, destroyed once; all async events were acknowledged as they were read.
-        unsafe { sys::ibv_destroy_qp(self.as_ptr()) };
+        unsafe { (ibverbs::loaded().destroy_qp)(self.as_ptr()) };
     }
 }
 
+/// `ibv_query_port` as verbs.h defines it (inline): through the provider's `query_port` op with the size of the
+/// whole `ibv_port_attr` when the context has one, else the exported compat entry point, which fills the older,
+/// shorter layout (the fields after it stay zero).
+///
+/// # Safety
+/// `ctx` is a live context made by libibverbs; `attr` points to a writable `ibv_port_attr`.
+unsafe fn query_port(ctx: *mut sys::ibv_context, port: u8, attr: *mut sys::ibv_port_attr) -> i32 {
+    // A verbs_context embeds the ibv_context as its last field; `abi_compat` is all ones in one.
+    // SAFETY: `ctx` is live (caller).
+    if unsafe { (*ctx).abi_compat } as usize == u32::MAX as usize {
+        let off = std::mem::offset_of!(sys::verbs_context, context);
+        // SAFETY: container_of: the context is the `context` field of a verbs_context (checked just above).
+        let vctx = unsafe { ctx.cast::<u8>().sub(off).cast::<sys::verbs_context>() };
+        // The op is there if the provider's verbs_context is large enough to hold it, and set.
+        let needed = std::mem::size_of::<sys::verbs_context>() - std::mem::offset_of!(sys::verbs_context, query_port);
+        // SAFETY: a live verbs_context; `sz` says how much of it the provider filled in.
+        if unsafe { (*vctx).sz } >= needed {
+            // SAFETY: as above; the field lies within the provider's structure.
+            if let Some(op) = unsafe { (*vctx).query_port } {
+                // SAFETY: the provider's op, given the live context and the caller's attr with its size.
+                return unsafe { op(ctx, port, attr, std::mem::size_of::<sys::ibv_port_attr>()) };
+            }
+        }
+    }
+    // SAFETY: the compat layout is a prefix of ibv_port_attr, so the caller's struct has room for it.
+    unsafe { (ibverbs::loaded().query_port)(ctx, port, attr.cast()) }
+}
+
 /// Human-readable name of a work completion status (`ibv_wc_status_str`).
+/// Without libibverbs (no verbs device, so no completion either): `status N`.
 pub fn wc_status_str(status: u32) -> String {
+    let Ok(ib) = ibverbs::load() else { return format!("status {status}") };
     // SAFETY: ibv_wc_status_str accepts any value and returns a static NUL-terminated string.
-    let s = unsafe { CStr::from_ptr(sys::ibv_wc_status_str(status)) };
+    let s = unsafe { CStr::from_ptr((ib.wc_status_str)(status)) };
     s.to_string_lossy().into_owned()
 }
 
@@ -610,8 +650,9 @@ pub(crate) fn take_async_event(ctx: &Context) -> io::Result<Option<(u32, u64)>> 
     let mut ev = RawAsyncEvent { element: 0, event_type: 0 };
     // SAFETY: RawAsyncEvent has the layout of struct ibv_async_event (an 8-byte union of pointers/int, then a
     // 4-byte enum); the context is valid and its async_fd is non-blocking.
-    let rc =
-        unsafe { sys::ibv_get_async_event(ctx.as_ptr(), &mut ev as *mut RawAsyncEvent as *mut sys::ibv_async_event) };
+    let rc = unsafe {
+        (ibverbs::loaded().get_async_event)(ctx.as_ptr(), &mut ev as *mut RawAsyncEvent as *mut sys::ibv_async_event)
+    };
     if rc != 0 {
         let e = io::Error::last_os_error();
         if e.kind() == io::ErrorKind::WouldBlock {
@@ -621,7 +662,7 @@ pub(crate) fn take_async_event(ctx: &Context) -> io::Result<Option<(u32, u64)>> 
     }
     let out = (ev.event_type, ev.element);
     // SAFETY: acknowledging the event just read, once (required before its QP/CQ can be destroyed).
-    unsafe { sys::ibv_ack_async_event(&mut ev as *mut RawAsyncEvent as *mut sys::ibv_async_event) };
+    unsafe { (ibverbs::loaded().ack_async_event)(&mut ev as *mut RawAsyncEvent as *mut sys::ibv_async_event) };
     Ok(Some(out))
 }
 

@@ -413,6 +413,28 @@ impl NodeTopology {
     }
 }
 
+/// hwloc plugins a process that only discovers its node never needs, as `HWLOC_PLUGINS_BLACKLIST` takes them
+/// (file names, comma-separated):
+/// * `hwloc_xml_libxml.so`: XML through libxml2, which pulls in ICU and libstdc++; hwloc's built-in XML code
+///   reads and writes the same format, and libstdc++ is never unloaded, so loading the plugin once costs a
+///   broker ~0.8 MB resident for its whole life;
+/// * `hwloc_gl.so`: X displays (through libX11), which [`NodeTopology::resources`] never counts as GPUs.
+///
+/// The PCI and OpenCL (and CUDA, NVML, RSMI, LevelZero, where installed) plugins stay: they find the GPUs.
+pub const UNUSED_PLUGINS: &str = "hwloc_xml_libxml.so,hwloc_gl.so";
+
+/// Keeps hwloc from loading [`UNUSED_PLUGINS`] in this process, unless `HWLOC_PLUGINS_BLACKLIST` is already set
+/// (the user's choice wins). hwloc reads the variable when it first loads a topology.
+///
+/// # Safety
+/// Sets an environment variable: call it before the process starts any thread (no other thread may read or
+/// write the environment at the same time).
+pub unsafe fn skip_unused_plugins() {
+    if std::env::var_os("HWLOC_PLUGINS_BLACKLIST").is_none() {
+        std::env::set_var("HWLOC_PLUGINS_BLACKLIST", UNUSED_PLUGINS);
+    }
+}
+
 /// Format a list of ids as a compact list `"0-3,8,10-11"` (like Linux cpu
 /// lists). Input order and duplicates do not matter; the output is sorted.
 /// An empty slice gives `""`.

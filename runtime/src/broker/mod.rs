@@ -35,4 +35,4 @@ pub mod store;
 mod tests;
 pub mod transport;
 
-pub use self::driver::{run, BrokerOptions, ListenSpec};
+pub use self::driver::{discover_in_child_to, discover_node_main, run, BrokerOptions, ListenSpec};

@@ -70,6 +70,23 @@ pub enum Cmd {
     Event(status::EventCmd),
     /// Write a new overlay key file (mode 0600) for a system instance (see docs/system-instance.md).
     Keygen(KeygenArgs),
+    /// Internal: discover this node with hwloc for a starting broker and print it as JSON.
+    #[command(hide = true)]
+    DiscoverNode(DiscoverNodeArgs),
+}
+
+/// `vigil discover-node` (internal: a starting broker runs it, so that hwloc's memory is not the broker's).
+#[derive(clap::Args, Debug)]
+pub struct DiscoverNodeArgs {
+    /// Topology source: `live`, `synthetic:DESC` or `xml:PATH`.
+    #[arg(long)]
+    pub source: String,
+    /// Where to write a live topology as hwloc XML, for the node's job shells.
+    #[arg(long)]
+    pub xml: std::path::PathBuf,
+    /// Declared GPU count, overriding discovery.
+    #[arg(long)]
+    pub gpus: Option<u32>,
 }
 
 /// `vigil keygen`.
@@ -113,6 +130,11 @@ pub fn main() -> i32 {
         Cmd::Start(a) => start::start(a),
         Cmd::Broker(a) => start::broker(a),
         Cmd::Keygen(a) => keygen(a),
+        Cmd::DiscoverNode(a) => {
+            // SAFETY: no thread has started yet.
+            unsafe { crate::hwloc::skip_unused_plugins() };
+            crate::broker::discover_node_main(&a.source, a.gpus, &a.xml)
+        }
         cmd => {
             let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                 Ok(rt) => rt,
@@ -136,7 +158,7 @@ pub fn main() -> i32 {
                     Cmd::Lsattr(a) => status::lsattr(a).await,
                     Cmd::Ping(a) => status::ping(a).await,
                     Cmd::Event(c) => status::event(c).await,
-                    Cmd::Start(_) | Cmd::Broker(_) | Cmd::Keygen(_) => Ok(0),
+                    Cmd::Start(_) | Cmd::Broker(_) | Cmd::Keygen(_) | Cmd::DiscoverNode(_) => Ok(0),
                 };
                 r.unwrap_or_else(fail)
             })

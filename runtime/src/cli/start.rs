@@ -56,6 +56,10 @@ pub struct BrokerArgs {
     /// Set a broker attribute (repeatable).
     #[arg(short = 'S', long = "setattr", value_name = "ATTR=VAL")]
     pub setattr: Vec<String>,
+    /// This node as `vigil discover-node` found it (used by `vigil start`, which discovers the machine once for
+    /// all its brokers).
+    #[arg(long, value_name = "FILE", hide = true)]
+    pub discovered: Option<PathBuf>,
     /// Initial program (rank 0 only); without one, the instance runs until SIGTERM.
     #[arg(value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -230,6 +234,23 @@ fn start_inner(a: StartArgs) -> Result<i32, String> {
     } else {
         a.command.clone()
     };
+    // Every broker of a test instance runs on this machine: discover it once for all of them (hwloc costs each
+    // ~20 ms of CPU), in a child process as a broker would.
+    let discovered = rundir.join("node.json");
+    let discovered = (config.discovery == crate::attrs::Discovery::Hwloc)
+        .then(|| {
+            crate::broker::discover_in_child_to(
+                &exe,
+                &config.topology,
+                config.gpus,
+                &rundir.join("topology.xml"),
+                &discovered,
+            )
+            .map_err(|e| tracing::debug!("no shared node discovery ({e}); each broker discovers the node"))
+            .ok()
+        })
+        .flatten()
+        .map(|()| discovered);
     let mut children = Vec::new();
     for (rank, l) in listeners.into_iter().enumerate() {
         let mut cmd = std::process::Command::new(&exe);
@@ -240,6 +261,9 @@ fn start_inner(a: StartArgs) -> Result<i32, String> {
             .arg(format!("--rundir={}", rundir.display()));
         for s in &a.setattr {
             cmd.arg(format!("--setattr={s}"));
+        }
+        if let Some(d) = &discovered {
+            cmd.arg(format!("--discovered={}", d.display()));
         }
         // All brokers of a test instance share this machine: rank 0 loads the eBPF detectors once for all.
         if config.detector_rank.is_none() {
@@ -446,6 +470,10 @@ pub fn broker(a: BrokerArgs) -> i32 {
         Err(e) => return fail(e),
     };
     init_logging(&mut opts.config, opts.rank);
+    // hwloc's libxml2 plugin would leave libstdc++ mapped for the life of the process that discovers the node
+    // (the broker's `vigil discover-node` child, which inherits this, or the broker itself when that cannot run).
+    // SAFETY: no thread has started yet (the runtime is a current-thread one and has spawned nothing).
+    unsafe { crate::hwloc::skip_unused_plugins() };
     // One malloc arena for the whole broker. The detector loader thread parses the kernel's BTF (~10 MB of
     // short-lived heap); in a thread arena of its own that memory stayed resident for the broker's life, as
     // malloc_trim does not shrink the top of a thread arena. In the main arena the trim after loading returns it.
@@ -512,6 +540,7 @@ fn config_bootstrap(a: &BrokerArgs, path: &str, mut attrs: BTreeMap<String, Stri
         initial_program: if rank == 0 && !a.command.is_empty() { Some(a.command.clone()) } else { None },
         topology: config.topology.clone(),
         declared_gpus: config.gpus,
+        discovered: a.discovered.clone(),
         connect_timeout: config.connect_timeout,
         resources_override: None,
         parent_uri: None,
@@ -706,6 +735,7 @@ async fn pmi_bootstrap(
         initial_program,
         topology: config.topology.clone(),
         declared_gpus: config.gpus,
+        discovered: None,
         connect_timeout: config.connect_timeout,
         resources_override: mine.map(|m| (m.cores, m.gpus)),
         parent_uri,

@@ -469,6 +469,7 @@ pub(crate) fn new_broker(
         initial_program: None,
         topology: TopologySource::Live,
         declared_gpus: None,
+        discovered: None,
         connect_timeout: 30.0,
         resources_override: None,
         parent_uri: None,
