@@ -823,7 +823,7 @@ fn jobs(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                     let warnings = jc.jobs.get(&id).map(|j| j.req.warnings.clone()).unwrap_or_default();
                     let answer = json!({"id": id.0, "id_f58": id.f58(), "warnings": warnings});
                     if jc.journaling() {
-                        // Answered once the job's record is durable (Input::Stored), not before.
+                        // Answered once the job's record is durable (Input::Stored, then Input::Synced), not before.
                         core.awaiting_durable.push((msg.clone(), answer));
                         return Ok(None);
                     }

@@ -536,6 +536,7 @@ fn kind(i: &Input) -> u64 {
         Input::Status(_) => 17,
         Input::Timer => 18,
         Input::Stored { result, .. } => 20 + u64::from(result.is_err()) * 256,
+        Input::Synced { result, .. } => 21 + u64::from(result.is_err()) * 256,
     }
 }
 
@@ -858,7 +859,7 @@ impl Sim {
         if let Err(e) = &result {
             self.violations.push(format!("rank 0's journal batch does not apply to its store: {e}"));
         }
-        let input = Input::Stored { batch: batch.map(Box::new), result };
+        let input = Input::Stored { batch: batch.map(Box::new), result, durable: true };
         self.events += 1;
         self.trace = fnv(fnv(fnv(self.trace, now.as_nanos()), 0), kind(&input));
         b.handle(now, input);
