@@ -198,6 +198,19 @@ pub(crate) enum Input {
     Synced { upto: u64, result: Result<(), super::store::CommitError> },
 }
 
+/// A request whose answer waits until what it changed is durable ([`Broker::awaiting_durable`],
+/// [`Broker::awaiting_sync`]).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Held {
+    /// A submission, with its answer (the job id): refused, and its job ended, if the store fails.
+    Submission(Value),
+    /// A job shell's exit report (`job-exec.shell-exit`), acknowledged with `{}`: the reporting broker drops the
+    /// report then, so only once its exit status is durable. While the store fails it is not acknowledged (it
+    /// waits for the next write that succeeds): its broker keeps the report, sends it again to a restarted rank
+    /// 0 (`rejoin.rs`), and names the job among those it still has.
+    ExitReport,
+}
+
 /// Rank 0's state directory as the driver found it at start (`store.rs`): for `broker.info` (`vigil uptime`)
 /// and for the rule that a submission is answered only once it is durable.
 #[derive(Clone, Debug, Default)]
@@ -388,12 +401,12 @@ pub(crate) struct Broker {
     pub rank0_grace: Option<f64>,
     /// Rank 0's state directory.
     pub statedir: StateDir,
-    /// Submissions accepted by the job core and not answered until the driver has written them
-    /// ([`Input::Stored`]): each request with its answer.
-    pub awaiting_durable: Vec<(Message, Value)>,
-    /// Submissions written but not yet known to be on disk: the number of the write that holds each (see
-    /// [`Input::Synced`]), the request and its answer, in write order.
-    pub awaiting_sync: VecDeque<(u64, Message, Value)>,
+    /// Requests taken by the job core (submissions, shell exit reports) and not answered until the driver has
+    /// written what they changed ([`Input::Stored`]): each request with what it is answered.
+    pub awaiting_durable: Vec<(Message, Held)>,
+    /// Requests written but not yet known to be on disk: the number of the write that holds each (see
+    /// [`Input::Synced`]), the request and what it is answered, in write order.
+    pub awaiting_sync: VecDeque<(u64, Message, Held)>,
     /// Successful writes of the journal so far ([`Input::Stored`] with `Ok`): the number of the latest.
     pub writes: u64,
     /// The last failure of the store was an fsync's ([`Input::Synced`]): only a successful fsync, not a mere
@@ -569,14 +582,16 @@ impl Broker {
     /// [`Input::Synced`]: answer the submissions of every write up to `upto`, or refuse them if the fsync failed.
     fn on_synced(&mut self, upto: u64, result: Result<(), super::store::CommitError>) {
         let n = self.awaiting_sync.iter().take_while(|(seq, ..)| *seq <= upto).count();
-        let covered: Vec<(Message, Value)> =
-            self.awaiting_sync.drain(..n).map(|(_, req, answer)| (req, answer)).collect();
+        let covered: Vec<(Message, Held)> = self.awaiting_sync.drain(..n).map(|(_, req, held)| (req, held)).collect();
         match result {
             Ok(()) => {
                 self.sync_failed = false;
                 self.store_works();
-                for (req, answer) in covered {
-                    self.respond(&req, &answer);
+                for (req, held) in covered {
+                    match held {
+                        Held::Submission(answer) => self.respond(&req, &answer),
+                        Held::ExitReport => self.respond(&req, &json!({})),
+                    }
                 }
             }
             Err(e) => {
@@ -595,8 +610,8 @@ impl Broker {
     }
 
     /// The store failed a write or an fsync: failing from now on; the submissions `held` for it are refused
-    /// and their jobs end (a fatal exception of type `store`).
-    fn store_failed(&mut self, held: Vec<(Message, Value)>, e: &super::store::CommitError) {
+    /// and their jobs end (a fatal exception of type `store`); exit reports wait for the next write.
+    fn store_failed(&mut self, held: Vec<(Message, Held)>, e: &super::store::CommitError) {
         let wall = self.wall();
         let StateDir::Open { dir, failing, .. } = &mut self.statedir else { return };
         let dir = dir.display().to_string();
@@ -604,7 +619,14 @@ impl Broker {
             tracing::error!("state directory {dir}: cannot commit: {e}; submissions are refused until it can");
         }
         *failing = Some(e.why.clone());
-        for (req, answer) in held {
+        for (req, held) in held {
+            let answer = match held {
+                Held::Submission(answer) => answer,
+                Held::ExitReport => {
+                    self.awaiting_durable.push((req, Held::ExitReport));
+                    continue;
+                }
+            };
             let note = format!("not accepted: it could not be made durable in the state directory {dir}: {e}");
             self.respond_error(&req, e.errno, &format!("job {}", note));
             let id = answer.get("id").and_then(Value::as_u64).map(JobId);

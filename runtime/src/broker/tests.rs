@@ -898,6 +898,34 @@ fn submissions_are_answered_only_by_the_fsync_that_covers_their_write() {
     assert!(matches!(&b.statedir, StateDir::Open { failing: None, .. }));
 }
 
+/// With a state directory a shell's exit report is acknowledged only once durable: not while the store fails
+/// (its broker keeps the report, and sends it again to a restarted rank 0), not once merely written, but once
+/// an fsync covers the write.
+#[test]
+fn a_shell_exit_report_is_acknowledged_only_once_durable() {
+    use super::core::StateDir;
+    use super::store::CommitError;
+    let mut b = root_with_client();
+    b.restore(StateDir::Open { dir: "/state".into(), restarts: 0, failing: None }, None);
+    let report = json!({"id": 77, "rank": 0, "report": null, "shell_status": 0});
+    assert!(ask(&mut b, "job-exec.shell-exit", report, 0).is_empty(), "acknowledged before it was written");
+    let full = CommitError { why: "database or disk is full".into(), errno: errno::ENOSPC };
+    let batch = b.journal().expect("the report waits for a write");
+    b.handle(t(0.2), Input::Stored { batch: batch.map(Box::new), result: Err(full), durable: false });
+    assert!(responses(&effects(&mut b), Peer::Local(5)).is_empty(), "acknowledged (or refused) while failing");
+    assert!(matches!(&b.statedir, StateDir::Open { failing: Some(_), .. }));
+    // The disk has room again: written, then fsynced.
+    let batch = b.journal().expect("the report still waits for a write");
+    b.handle(t(0.3), Input::Stored { batch: batch.map(Box::new), result: Ok(()), durable: false });
+    assert!(responses(&effects(&mut b), Peer::Local(5)).is_empty(), "acknowledged before its fsync");
+    let upto = b.sync_wanted().expect("an fsync wanted");
+    b.handle(t(0.4), Input::Synced { upto, result: Ok(()) });
+    let r = responses(&effects(&mut b), Peer::Local(5)).into_iter().cloned().collect::<Vec<_>>();
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].errnum, 0, "{:?}", r[0].errstr());
+    assert!(b.journal().is_none() && b.sync_wanted().is_none(), "nothing left waiting");
+}
+
 /// Rank `rank` of the 7-broker tree with `tbon.parent_grace=60s`, its parent link up and joined.
 fn graced(rank: u32) -> Broker {
     let mut b = broker(rank);
