@@ -894,6 +894,13 @@ impl Broker {
             _ => {}
         }
         self.shutting_down = Some(self.now);
+        if how == Stop::Instance {
+            // Rank 0: the running jobs end because the instance does, and say so (not "lost critical rank").
+            let wall = self.wall();
+            if let Some(jc) = self.jobcore.as_mut() {
+                jc.instance_shutdown(wall, why);
+            }
+        }
         if self.parent_up {
             self.effect(Effect::Send(Peer::Parent, Message::control("goodbye", &json!({"reason": why}))));
         }
