@@ -183,9 +183,32 @@ pub(crate) enum Input {
     Status(DriverStatus),
     /// The deadline given by [`Broker::next_deadline`] passed (or the driver is unsure: harmless).
     Timer,
-    /// The driver tried to make the journal durable ([`Broker::journal`]): `batch` is what it wrote (`None`:
-    /// nothing was left to write), `result` whether the store took it. Held submissions are answered now.
-    Stored { batch: Option<Box<crate::jobs::journal::Journal>>, result: Result<(), super::store::CommitError> },
+    /// The driver wrote the journal ([`Broker::journal`]) in one transaction: `batch` is what it wrote (`None`:
+    /// nothing was left to write), `result` whether the store took it, `durable` whether the write was also
+    /// fsynced (with everything before it). The submissions held for this batch are answered now when `durable`;
+    /// otherwise once an [`Input::Synced`] covers this write (refused at once if the write failed).
+    Stored {
+        batch: Option<Box<crate::jobs::journal::Journal>>,
+        result: Result<(), super::store::CommitError>,
+        durable: bool,
+    },
+    /// The driver's fsync of the store, started once [`Broker::sync_wanted`] had said `upto`, ended: every write
+    /// numbered up to `upto` (the count of successful [`Input::Stored`] so far) is on disk (`Ok`), or may not be
+    /// (`Err`: their held submissions are refused and their jobs end, as for a failed write).
+    Synced { upto: u64, result: Result<(), super::store::CommitError> },
+}
+
+/// A request whose answer waits until what it changed is durable ([`Broker::awaiting_durable`],
+/// [`Broker::awaiting_sync`]).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Held {
+    /// A submission, with its answer (the job id): refused, and its job ended, if the store fails.
+    Submission(Value),
+    /// A job shell's exit report (`job-exec.shell-exit`), acknowledged with `{}`: the reporting broker drops the
+    /// report then, so only once its exit status is durable. While the store fails it is not acknowledged (it
+    /// waits for the next write that succeeds): its broker keeps the report, sends it again to a restarted rank
+    /// 0 (`rejoin.rs`), and names the job among those it still has.
+    ExitReport,
 }
 
 /// Rank 0's state directory as the driver found it at start (`store.rs`): for `broker.info` (`vigil uptime`)
@@ -378,9 +401,17 @@ pub(crate) struct Broker {
     pub rank0_grace: Option<f64>,
     /// Rank 0's state directory.
     pub statedir: StateDir,
-    /// Submissions accepted by the job core and not answered until the driver has made them durable
-    /// ([`Input::Stored`]): each request with its answer.
-    pub awaiting_durable: Vec<(Message, Value)>,
+    /// Requests taken by the job core (submissions, shell exit reports) and not answered until the driver has
+    /// written what they changed ([`Input::Stored`]): each request with what it is answered.
+    pub awaiting_durable: Vec<(Message, Held)>,
+    /// Requests written but not yet known to be on disk: the number of the write that holds each (see
+    /// [`Input::Synced`]), the request and what it is answered, in write order.
+    pub awaiting_sync: VecDeque<(u64, Message, Held)>,
+    /// Successful writes of the journal so far ([`Input::Stored`] with `Ok`): the number of the latest.
+    pub writes: u64,
+    /// The last failure of the store was an fsync's ([`Input::Synced`]): only a successful fsync, not a mere
+    /// write, shows the store works again.
+    sync_failed: bool,
     out: VecDeque<Effect>,
 }
 
@@ -442,6 +473,9 @@ impl Broker {
             rank0_grace: None,
             statedir: StateDir::None,
             awaiting_durable: Vec::new(),
+            awaiting_sync: VecDeque::new(),
+            writes: 0,
+            sync_failed: false,
             out: VecDeque::new(),
         }
     }
@@ -493,7 +527,7 @@ impl Broker {
         self.statedir = statedir;
     }
 
-    /// What the driver must make durable before it carries out anything asked since the last time: the job
+    /// What the driver must write before it carries out anything asked since the last time: the job
     /// core's journal batch, or `Some(None)` when only answers are held and nothing is left to write. `None`
     /// without a state directory or with nothing to do.
     pub(crate) fn journal(&self) -> Option<Option<crate::jobs::journal::Journal>> {
@@ -507,41 +541,97 @@ impl Broker {
         }
     }
 
-    /// [`Input::Stored`]: answer the held submissions, or refuse them (and end their jobs) if the store failed.
+    /// The write an fsync must cover for held submissions to be answered ([`Input::Synced`]): the latest write
+    /// that holds any, `None` when none waits. The driver starts one fsync at a time; what is written while it
+    /// runs waits for the next one, which covers it all (group commit).
+    pub(crate) fn sync_wanted(&self) -> Option<u64> {
+        self.awaiting_sync.back().map(|(seq, ..)| *seq)
+    }
+
+    /// [`Input::Stored`]: hold the submissions of this write until it is on disk (answer them now if it is),
+    /// or refuse them (and end their jobs) if the store failed.
     fn on_stored(
         &mut self,
         batch: Option<Box<crate::jobs::journal::Journal>>,
         result: Result<(), super::store::CommitError>,
+        durable: bool,
     ) {
         let held = std::mem::take(&mut self.awaiting_durable);
-        let wall = self.wall();
-        let StateDir::Open { dir, failing, .. } = &mut self.statedir else { return };
-        let dir = dir.display().to_string();
+        if !matches!(self.statedir, StateDir::Open { .. }) {
+            return;
+        }
         match result {
             Ok(()) => {
                 if let (Some(b), Some(jc)) = (&batch, self.jobcore.as_mut()) {
                     jc.journal_saved(b);
                 }
-                if let Some(why) = failing.take() {
-                    info!("state directory {dir}: commits succeed again (they failed: {why})");
+                self.writes += 1;
+                let seq = self.writes;
+                self.awaiting_sync.extend(held.into_iter().map(|(req, answer)| (seq, req, answer)));
+                if durable {
+                    // An fsync of the log covers every write before it.
+                    self.on_synced(seq, Ok(()));
+                } else if !self.sync_failed {
+                    self.store_works();
                 }
-                for (req, answer) in held {
-                    self.respond(&req, &answer);
+            }
+            Err(e) => self.store_failed(held, &e),
+        }
+    }
+
+    /// [`Input::Synced`]: answer the submissions of every write up to `upto`, or refuse them if the fsync failed.
+    fn on_synced(&mut self, upto: u64, result: Result<(), super::store::CommitError>) {
+        let n = self.awaiting_sync.iter().take_while(|(seq, ..)| *seq <= upto).count();
+        let covered: Vec<(Message, Held)> = self.awaiting_sync.drain(..n).map(|(_, req, held)| (req, held)).collect();
+        match result {
+            Ok(()) => {
+                self.sync_failed = false;
+                self.store_works();
+                for (req, held) in covered {
+                    match held {
+                        Held::Submission(answer) => self.respond(&req, &answer),
+                        Held::ExitReport => self.respond(&req, &json!({})),
+                    }
                 }
             }
             Err(e) => {
-                if failing.is_none() {
-                    tracing::error!("state directory {dir}: cannot commit: {e}; submissions are refused until it can");
+                self.sync_failed = true;
+                self.store_failed(covered, &e);
+            }
+        }
+    }
+
+    /// The store took a write (or an fsync): no longer failing, if it was.
+    fn store_works(&mut self) {
+        let StateDir::Open { dir, failing, .. } = &mut self.statedir else { return };
+        if let Some(why) = failing.take() {
+            info!("state directory {}: commits succeed again (they failed: {why})", dir.display());
+        }
+    }
+
+    /// The store failed a write or an fsync: failing from now on; the submissions `held` for it are refused
+    /// and their jobs end (a fatal exception of type `store`); exit reports wait for the next write.
+    fn store_failed(&mut self, held: Vec<(Message, Held)>, e: &super::store::CommitError) {
+        let wall = self.wall();
+        let StateDir::Open { dir, failing, .. } = &mut self.statedir else { return };
+        let dir = dir.display().to_string();
+        if failing.is_none() {
+            tracing::error!("state directory {dir}: cannot commit: {e}; submissions are refused until it can");
+        }
+        *failing = Some(e.why.clone());
+        for (req, held) in held {
+            let answer = match held {
+                Held::Submission(answer) => answer,
+                Held::ExitReport => {
+                    self.awaiting_durable.push((req, Held::ExitReport));
+                    continue;
                 }
-                *failing = Some(e.why.clone());
-                for (req, answer) in held {
-                    let note = format!("not accepted: it could not be made durable in the state directory {dir}: {e}");
-                    self.respond_error(&req, e.errno, &format!("job {}", note));
-                    let id = answer.get("id").and_then(Value::as_u64).map(JobId);
-                    if let (Some(id), Some(jc)) = (id, self.jobcore.as_mut()) {
-                        jc.raise(wall, id, "store", 0, &note);
-                    }
-                }
+            };
+            let note = format!("not accepted: it could not be made durable in the state directory {dir}: {e}");
+            self.respond_error(&req, e.errno, &format!("job {}", note));
+            let id = answer.get("id").and_then(Value::as_u64).map(JobId);
+            if let (Some(id), Some(jc)) = (id, self.jobcore.as_mut()) {
+                jc.raise(wall, id, "store", 0, &note);
             }
         }
     }
@@ -704,7 +794,8 @@ impl Broker {
             }
             Input::Status(s) => self.status = s,
             Input::Timer => self.on_timer(),
-            Input::Stored { batch, result } => self.on_stored(batch, result),
+            Input::Stored { batch, result, durable } => self.on_stored(batch, result, durable),
+            Input::Synced { upto, result } => self.on_synced(upto, result),
         }
         self.drain_actions();
     }
@@ -803,6 +894,13 @@ impl Broker {
             _ => {}
         }
         self.shutting_down = Some(self.now);
+        if how == Stop::Instance {
+            // Rank 0: the running jobs end because the instance does, and say so (not "lost critical rank").
+            let wall = self.wall();
+            if let Some(jc) = self.jobcore.as_mut() {
+                jc.instance_shutdown(wall, why);
+            }
+        }
         if self.parent_up {
             self.effect(Effect::Send(Peer::Parent, Message::control("goodbye", &json!({"reason": why}))));
         }

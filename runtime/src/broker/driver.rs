@@ -105,6 +105,11 @@ pub(crate) enum Event {
     },
     InitialStarted(i32),
     InitialExit(i32),
+    /// Rank 0's store thread fsynced the store's log, asked to once the loop had written write `upto`.
+    Synced {
+        upto: u64,
+        result: Result<(), super::store::CommitError>,
+    },
     Signal(i32),
     /// From the failure detectors (`detect.rs`); `requeued` marks a kernel TCP event already put back once.
     Detect(super::detect::DetectInput, bool),
@@ -201,8 +206,45 @@ pub(crate) struct Driver {
     /// Rank 0's state directory store (`store.rs`), when it has one it could open.
     store: Option<super::store::Store>,
     /// Group commit (with a store): [`Driver::step`] only hands the broker its input; what it asks for waits
-    /// for [`Driver::flush`] at the end of the loop's turn, after one commit for everything handled in it.
+    /// for [`Driver::flush`] at the end of the loop's turn, after one write for everything handled in it.
     grouping: bool,
+    /// The store thread that fsyncs what the loop wrote (with a store): see [`Driver::commit`].
+    syncer: Option<Syncer>,
+}
+
+/// Rank 0's store thread: fsyncs the store's write-ahead log ([`super::store::WalSync`]) when the loop asks,
+/// and reports each fsync to the loop ([`Event::Synced`]). One is asked for at a time ([`Syncer::busy`]):
+/// whatever the loop writes meanwhile waits for the next, which covers it all (group commit).
+struct Syncer {
+    /// Asks for an fsync covering write `upto`.
+    tx: std::sync::mpsc::Sender<u64>,
+    /// An fsync was asked for and has not been reported yet.
+    busy: bool,
+}
+
+impl Syncer {
+    /// Start the thread, which calls `sync` (a [`super::store::WalSync::sync`]) for each fsync asked for; it
+    /// ends when the [`Syncer`] is dropped.
+    ///
+    /// # Errors
+    /// The thread cannot be started.
+    fn start(
+        mut sync: impl FnMut() -> Result<(), super::store::CommitError> + Send + 'static,
+        events: mpsc::UnboundedSender<Event>,
+    ) -> Result<Syncer, String> {
+        let (tx, rx) = std::sync::mpsc::channel::<u64>();
+        std::thread::Builder::new()
+            .name("vigil-store-sync".into())
+            .spawn(move || {
+                while let Ok(upto) = rx.recv() {
+                    if events.send(Event::Synced { upto, result: sync() }).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| format!("cannot start the state directory's store thread: {e}"))?;
+        Ok(Syncer { tx, busy: false })
+    }
 }
 
 /// Most events one turn of the loop takes before its commit (group commit with a state directory): enough to
@@ -349,6 +391,13 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         containment: containment.describe(),
     };
     let (store, statedir, kept) = open_statedir(&opts)?;
+    let syncer = store
+        .as_ref()
+        .map(|s| {
+            let mut wal = s.wal_sync();
+            Syncer::start(move || wal.sync(), input_tx.clone())
+        })
+        .transpose()?;
     let origin = Instant::now();
     let mut d = Driver {
         broker: Broker::new(opts, env, Time::ZERO),
@@ -376,6 +425,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         parent_gen: 0,
         grouping: store.is_some(),
         store,
+        syncer,
     };
     let t = Instant::now();
     let restoring = kept.is_some();
@@ -457,8 +507,8 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
             None => d.step(Input::Timer),
         }
         if d.grouping {
-            // Group commit: what else is ready joins this turn, and one transaction makes it all durable before
-            // anything it caused is carried out (a submission's answer among them).
+            // Group commit: what else is ready joins this turn, and one transaction writes it all before
+            // anything it caused is carried out; submissions are answered once an fsync covers it.
             for _ in 1..GROUP_MAX {
                 match input_rx.try_recv() {
                     Ok(e) => d.on_event(e),
@@ -940,12 +990,13 @@ impl Driver {
         }
     }
 
-    /// Make the journal durable ([`Driver::commit`]), then carry out what the broker asked for, and the inputs
-    /// those effects produce at once, each followed by its own commit.
+    /// Write the journal ([`Driver::commit`]), then carry out what the broker asked for, and the inputs those
+    /// effects produce at once, each followed by its own write.
     pub(crate) fn flush(&mut self) {
         let mut queue = VecDeque::new();
         loop {
             self.commit();
+            self.start_sync(&mut queue);
             while let Some(e) = self.broker.poll_effect() {
                 self.execute(e, &mut queue);
             }
@@ -955,19 +1006,46 @@ impl Driver {
         }
     }
 
-    /// Write the broker's journal batch in one transaction and tell it how that went ([`Input::Stored`]): only
-    /// then are the submissions it holds answered. Nothing to do without a store.
+    /// Write the broker's journal batch in one transaction and tell it how that went ([`Input::Stored`]).
+    /// Nothing to do without a store.
+    ///
+    /// Pipelined commits: the write is done here, on the loop, without an fsync (`synchronous=NORMAL`: into the
+    /// write-ahead log, which survives `kill -9` of rank 0), so that what the broker asked for in this turn (shell
+    /// starts, answers to other requests, acknowledged exit reports) is carried out only once the changes that
+    /// led to it are written, as before. Only the submissions' answers wait for the disk: the store thread
+    /// ([`Syncer`]) fsyncs the log while the loop goes on reading and handling inputs, and the broker answers
+    /// them on [`Input::Synced`], in order. Without a store thread (it could not start) the write is fsynced
+    /// here where a submission waits for it.
     fn commit(&mut self) {
         let Some(store) = self.store.as_mut() else { return };
         let Some(batch) = self.broker.journal() else { return };
-        // An fsync only where a submission waits for it: the rest is fsynced with the next one (store.rs).
-        let durable = !self.broker.awaiting_durable.is_empty();
+        // An fsync here only where a submission waits for it and no store thread does it.
+        let durable = self.syncer.is_none() && !self.broker.awaiting_durable.is_empty();
         let result = match &batch {
             Some(b) => store.commit_with(b, durable),
             None => Ok(()),
         };
         let now = self.now();
-        self.broker.handle(now, Input::Stored { batch: batch.map(Box::new), result });
+        self.broker.handle(now, Input::Stored { batch: batch.map(Box::new), result, durable });
+    }
+
+    /// Ask the store thread for an fsync if submissions wait for one and none is under way. If the thread is
+    /// gone, the fsync failed: `queue` gets that.
+    fn start_sync(&mut self, queue: &mut VecDeque<Input>) {
+        let Some(s) = self.syncer.as_mut() else { return };
+        if s.busy {
+            return;
+        }
+        let Some(upto) = self.broker.sync_wanted() else { return };
+        if s.tx.send(upto).is_ok() {
+            s.busy = true;
+        } else {
+            let why = "the state directory's store thread has stopped".to_string();
+            queue.push_back(Input::Synced {
+                upto,
+                result: Err(super::store::CommitError { why, errno: crate::message::errno::EIO }),
+            });
+        }
     }
 
     /// What the status of the driver's parts is built from: cheap to read, so it is checked before every event
@@ -1023,6 +1101,12 @@ impl Driver {
     fn on_event(&mut self, e: Event) {
         self.refresh_status();
         match e {
+            Event::Synced { upto, result } => {
+                if let Some(s) = self.syncer.as_mut() {
+                    s.busy = false;
+                }
+                self.step(Input::Synced { upto, result });
+            }
             Event::Peer(Peer::Parent, conn, _) | Event::PeerClosed(Peer::Parent, conn, _)
                 if conn != self.parent_gen =>
             {
@@ -1727,5 +1811,29 @@ impl ShellProcess {
         let pidfd = s.pidfd;
         let exit = Box::pin(async move { super::spawn::wait(pid, pidfd).await.unwrap_or(UNKNOWN_STATUS) });
         Ok(ShellProcess { pid, stdin: Some(Box::new(stdin)), stdout: Some(Box::new(stdout)), exit })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::store::CommitError;
+
+    /// The store thread reports an fsync only once it has returned (a slow disk: one that blocks until released),
+    /// with the write it was asked to cover and its result.
+    #[test]
+    fn the_store_thread_reports_an_fsync_only_once_it_returned() {
+        let (release, gate) = std::sync::mpsc::channel::<Result<(), CommitError>>();
+        let (events, mut reports) = mpsc::unbounded_channel();
+        let s = Syncer::start(move || gate.recv().expect("released"), events).expect("thread");
+        s.tx.send(7).expect("asked");
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(reports.try_recv().is_err(), "reported while the fsync still blocks");
+        release.send(Ok(())).expect("released");
+        assert!(matches!(reports.blocking_recv(), Some(Event::Synced { upto: 7, result: Ok(()) })));
+        s.tx.send(9).expect("asked");
+        let eio = CommitError { why: "EIO".into(), errno: crate::message::errno::EIO };
+        release.send(Err(eio.clone())).expect("released");
+        assert!(matches!(reports.blocking_recv(), Some(Event::Synced { upto: 9, result: Err(e) }) if e == eio));
     }
 }

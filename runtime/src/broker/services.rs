@@ -823,8 +823,8 @@ fn jobs(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                     let warnings = jc.jobs.get(&id).map(|j| j.req.warnings.clone()).unwrap_or_default();
                     let answer = json!({"id": id.0, "id_f58": id.f58(), "warnings": warnings});
                     if jc.journaling() {
-                        // Answered once the job's record is durable (Input::Stored), not before.
-                        core.awaiting_durable.push((msg.clone(), answer));
+                        // Answered once the job's record is durable (Input::Stored, then Input::Synced), not before.
+                        core.awaiting_durable.push((msg.clone(), super::core::Held::Submission(answer)));
                         return Ok(None);
                     }
                     Ok(Some(answer.into()))
@@ -1093,6 +1093,12 @@ fn jobs(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
         "job-exec.shell-exit" => {
             let exit: ShellExit = serde_json::from_value(body.clone()).map_err(|e| (errno::EPROTO, e.to_string()))?;
             jc.shell_exit(n, exit);
+            if jc.journaling() {
+                // Acknowledged once the exit status is durable (Input::Stored, then Input::Synced): the reporting
+                // broker drops its report then (core.rs, Held::ExitReport).
+                core.awaiting_durable.push((msg.clone(), super::core::Held::ExitReport));
+                return Ok(None);
+            }
             Ok(Some(json!({}).into()))
         }
         t => Err((errno::ENOSYS, format!("unknown service method '{t}'"))),

@@ -1,14 +1,14 @@
 //! The state directory's store (`-S statedir=DIR`): rank 0's journal (`jobs/journal.rs`) in SQLite.
 //!
-//! One file, `DIR/vigil.sqlite`, in WAL mode. A durable [`Store::commit_with`] (`synchronous=FULL`) returns once
-//! its transaction is in the write-ahead log and the log is on disk (fsync), so what it holds survives `kill -9`
-//! of rank 0 and a power cut. The driver commits one transaction per turn of its loop (every input that turn's
-//! batch of events brought) before it carries out anything the broker asked for in that turn (group commit), so
-//! a submission is answered only once its record is durable, and one fsync serves many submissions. A turn that
-//! answers no submission (job events, shell exits, drains) commits with `synchronous=NORMAL`: written to the log
-//! at once, so `kill -9` of rank 0 loses none of it, but fsynced only with the next durable commit (the log is
-//! appended in order, so that fsync covers everything before it) or SQLite's checkpoint; a power cut of rank 0's
-//! node may lose those last changes, never an acknowledged job.
+//! One file, `DIR/vigil.sqlite`, in WAL mode. The driver writes one transaction per turn of its loop (every input
+//! that turn's batch of events brought) before it carries out anything the broker asked for in that turn, with
+//! [`Store::commit_with`] and `synchronous=NORMAL`: into the write-ahead log at once, so `kill -9` of rank 0 loses
+//! none of it, but not fsynced. Durability against a power cut is the store thread's ([`WalSync`]): it fsyncs the
+//! log while the loop goes on, one fsync at a time, each covering every write before it (the log is appended in
+//! order), so one fsync serves every submission written while the one before ran (group commit); a submission is
+//! answered only once an fsync that covers its write has returned. A power cut of rank 0's node may lose writes
+//! no fsync covered yet, never an acknowledged job. A durable [`Store::commit_with`] (`synchronous=FULL`) is the
+//! same on the caller's thread: it returns once its transaction and the log before it are on disk.
 //!
 //! Why SQLite: it is among the most tested pieces of software there is, crash-safe by design, and what Flux keeps
 //! its content in; an operator can read the file with the `sqlite3` shell; and it builds with this workspace's
@@ -108,8 +108,133 @@ pub struct Store {
     pub restarts: u64,
     /// The connection's `synchronous` setting is FULL (else NORMAL).
     sync_full: bool,
+    /// `last_id` and the epoch (its bits) as this connection last committed them.
+    meta_kept: Option<(JobId, u64)>,
     /// The directory's lock ([`LOCK`]), held while this store is open.
     _lock: std::fs::File,
+}
+
+/// Makes what the store wrote without an fsync ([`Store::commit_with`], `durable` false) durable, from another
+/// thread than the one that writes (the driver's store thread): an fsync (`fdatasync`) of the write-ahead log,
+/// `DIR/vigil.sqlite-wal`. It covers every transaction in the log before the call: the log is appended in order,
+/// and a transaction counts at recovery only once its commit frame checks (a torn tail is ignored, as after a power
+/// cut under `synchronous=FULL`), so a write that returned before [`WalSync::sync`] was called is on disk when it
+/// returns `Ok`. That is the fsync `synchronous=FULL` does at the end of each commit, moved off the loop. SQLite
+/// syncs the log itself before each checkpoint (`synchronous=NORMAL`), so what a checkpoint moves to the main
+/// file is on disk first.
+///
+/// It also does the checkpoints (copying the log into the main file so that the log can be reused), at most
+/// one per [`CHECKPOINT_PERIOD`], after an fsync, on a connection of its own: done by the writing connection
+/// (SQLite's default, every 1,000 pages) they cost the loop two fsyncs each, dozens of times in a burst of 1,000
+/// submissions; the writer still syncs the log's header once after each (when it starts the log again from its
+/// beginning), hence the period. The writer checkpoints itself past [`WRITER_CHECKPOINT_PAGES`], should this
+/// thread fall behind.
+pub struct WalSync {
+    /// The store's main file.
+    db: PathBuf,
+    /// The write-ahead log.
+    wal: PathBuf,
+    /// Its directory (synced once for each log file opened, so that its name survives too).
+    dir: PathBuf,
+    /// The log open, with its device and inode: opened again if the file at `wal` is another one.
+    open: Option<(std::fs::File, u64, u64)>,
+    /// The connection checkpoints are made on, once opened.
+    checkpointer: Option<Connection>,
+    /// When the last checkpoint was made (or this was made).
+    last_checkpoint: std::time::Instant,
+    /// A checkpoint failed (logged once; the log then grows until the writer checkpoints).
+    checkpoint_failed: bool,
+}
+
+impl std::fmt::Debug for WalSync {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WalSync").field("wal", &self.wal).finish()
+    }
+}
+
+/// The store thread's checkpoints are at least this far apart ([`WalSync`]): 1 s.
+pub const CHECKPOINT_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Pages (4 KiB) of log past which the writing connection checkpoints itself once a store thread does the
+/// checkpoints ([`Store::wal_sync`]): ten times SQLite's default, a bound on the log should the thread fall behind.
+pub const WRITER_CHECKPOINT_PAGES: i64 = 10_000;
+
+impl WalSync {
+    /// The write-ahead log of the store at `path` (`DIR/vigil.sqlite`).
+    pub fn new(path: &Path) -> WalSync {
+        let mut wal = path.as_os_str().to_owned();
+        wal.push("-wal");
+        WalSync {
+            db: path.to_path_buf(),
+            wal: PathBuf::from(wal),
+            dir: path.parent().unwrap_or(Path::new(".")).to_path_buf(),
+            open: None,
+            checkpointer: None,
+            last_checkpoint: std::time::Instant::now(),
+            checkpoint_failed: false,
+        }
+    }
+
+    /// Copy the log into the main file (`PRAGMA wal_checkpoint(PASSIVE)`: what the writer has not finished
+    /// meanwhile waits for the next one; the writer is never blocked). A failure is logged once and otherwise
+    /// harmless: what is in the log stays there, durable.
+    fn checkpoint(&mut self) {
+        let r = (|| -> rusqlite::Result<()> {
+            if self.checkpointer.is_none() {
+                let c = Connection::open_with_flags(
+                    &self.db,
+                    OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                )?;
+                c.pragma_update(None, "synchronous", "NORMAL")?;
+                self.checkpointer = Some(c);
+            }
+            let c = self.checkpointer.as_ref().expect("opened above");
+            c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+        })();
+        match r {
+            Ok(()) => self.checkpoint_failed = false,
+            Err(e) if !self.checkpoint_failed => {
+                self.checkpoint_failed = true;
+                tracing::warn!("{}: checkpoint failed: {e} (the log grows until one succeeds)", self.db.display());
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// Put everything written to the log so far on disk. Blocks for the disk's flush (milliseconds; longer on a
+    /// busy disk).
+    ///
+    /// # Errors
+    /// The log cannot be found, opened or synced (`EIO`; `ENOSPC` for a full disk): what was written since the
+    /// last `Ok` may not survive a power cut.
+    pub fn sync(&mut self) -> Result<(), CommitError> {
+        use std::os::unix::fs::MetadataExt as _;
+        let wal = self.wal.clone();
+        let err = move |what: &str, e: std::io::Error| {
+            let errno = if e.raw_os_error() == Some(libc::ENOSPC) {
+                crate::message::errno::ENOSPC
+            } else {
+                crate::message::errno::EIO
+            };
+            CommitError { why: format!("{what} {}: {e}", wal.display()), errno }
+        };
+        let here = std::fs::metadata(&self.wal).map_err(|e| err("cannot find the write-ahead log", e))?;
+        if self.open.as_ref().map(|(_, dev, ino)| (*dev, *ino)) != Some((here.dev(), here.ino())) {
+            let f = std::fs::File::open(&self.wal).map_err(|e| err("cannot open the write-ahead log", e))?;
+            let m = f.metadata().map_err(|e| err("cannot read the write-ahead log", e))?;
+            std::fs::File::open(&self.dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| err("cannot sync the directory of the write-ahead log", e))?;
+            self.open = Some((f, m.dev(), m.ino()));
+        }
+        let (f, ..) = self.open.as_ref().expect("opened above");
+        f.sync_data().map_err(|e| err("cannot sync the write-ahead log", e))?;
+        if self.last_checkpoint.elapsed() >= CHECKPOINT_PERIOD {
+            self.checkpoint();
+            self.last_checkpoint = std::time::Instant::now();
+        }
+        Ok(())
+    }
 }
 
 /// The lock file of a state directory: locked (`flock`, exclusive) by the rank 0 that uses the directory, and
@@ -218,7 +343,7 @@ impl Store {
                 .map_err(|e| damaged(&path, e))?;
         check(&conn).map_err(|why| damaged(&path, why))?;
         conn.pragma_update(None, "synchronous", "FULL").map_err(|e| damaged(&path, e))?;
-        let mut store = Store { conn, path, restarts: 0, sync_full: true, _lock: lock };
+        let mut store = Store { conn, path, restarts: 0, sync_full: true, meta_kept: None, _lock: lock };
         let kept = store.load().map_err(|e| damaged(&store.path, e))?;
         if kept.is_some() {
             store.restarts = store.meta_u64("restarts").map_err(|e| damaged(&store.path, e))? + 1;
@@ -332,6 +457,15 @@ impl Store {
         Ok(Some(kept))
     }
 
+    /// What makes this store's writes durable from another thread ([`WalSync`]), which does the checkpoints
+    /// from now on: this connection checkpoints only past [`WRITER_CHECKPOINT_PAGES`].
+    pub fn wal_sync(&self) -> WalSync {
+        if let Err(e) = self.conn.pragma_update(None, "wal_autocheckpoint", WRITER_CHECKPOINT_PAGES) {
+            tracing::warn!("{}: wal_autocheckpoint not set: {e}", self.path.display());
+        }
+        WalSync::new(&self.path)
+    }
+
     /// Write batch `b` in one transaction, durable when this returns `Ok` (see the module documentation).
     ///
     /// # Errors
@@ -402,11 +536,16 @@ impl Store {
                 purge_job.execute(params![id.0 as i64])?;
                 purge_events.execute(params![id.0 as i64])?;
             }
-            let mut meta = tx.prepare_cached("INSERT OR REPLACE INTO meta(key, value) VALUES(?1, ?2)")?;
-            meta.execute(params!["last_id", b.last_id.0.to_string()])?;
-            tx.execute("INSERT OR IGNORE INTO meta(key, value) VALUES('epoch', ?1)", params![b.epoch.to_string()])?;
+            // The meta rows only when they change: a page less in the log for each write.
+            if self.meta_kept != Some((b.last_id, b.epoch.to_bits())) {
+                let mut meta = tx.prepare_cached("INSERT OR REPLACE INTO meta(key, value) VALUES(?1, ?2)")?;
+                meta.execute(params!["last_id", b.last_id.0.to_string()])?;
+                let mut epoch = tx.prepare_cached("INSERT OR IGNORE INTO meta(key, value) VALUES('epoch', ?1)")?;
+                epoch.execute(params![b.epoch.to_string()])?;
+            }
         }
         tx.commit()?;
+        self.meta_kept = Some((b.last_id, b.epoch.to_bits()));
         Ok(())
     }
 }
@@ -548,6 +687,47 @@ mod tests {
         drop(s);
         let (s, _) = Store::open(d.path()).unwrap();
         assert_eq!(s.restarts, 2);
+    }
+
+    /// Writes without an fsync, then [`WalSync::sync`] from another thread while the first thread writes on: every
+    /// write is kept; a log that is not there is an error naming it, not a silent success.
+    #[test]
+    fn the_store_thread_syncs_what_was_written_without_an_fsync() {
+        let d = tempfile::tempdir().unwrap();
+        let (mut s, _) = Store::open(d.path()).unwrap();
+        let mut sync = s.wal_sync();
+        let mut mem = Kept::default();
+        let b = batch(vec![record(1, 0, &["submit"], true)], 0, 1, 1);
+        s.commit_with(&b, false).unwrap();
+        mem.apply(&b).unwrap();
+        let t = std::thread::spawn(move || {
+            for _ in 0..20 {
+                sync.sync().unwrap();
+            }
+            sync
+        });
+        for id in 2..40 {
+            let b = batch(vec![record(id, 0, &["submit", "validate"], true)], mem.resource_eventlog.len(), 1, id);
+            s.commit_with(&b, false).unwrap();
+            mem.apply(&b).unwrap();
+        }
+        let mut sync = t.join().unwrap();
+        sync.sync().unwrap();
+        // A checkpoint on the thread's own connection (as it makes one a second apart): the main file takes the
+        // log's pages; the writer made none itself.
+        let main = || std::fs::metadata(d.path().join(FILE)).unwrap().len();
+        let before = main();
+        sync.checkpoint();
+        assert!(!sync.checkpoint_failed);
+        assert!(main() > before, "checkpointed: {before} -> {} bytes", main());
+        let sync_mode: i64 = s.conn.query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap();
+        assert_eq!(sync_mode, 1, "the writes themselves are not fsynced (NORMAL)");
+        drop(s);
+        let (_s, kept) = Store::open(d.path()).unwrap();
+        assert_eq!(kept.as_ref(), Some(&mem));
+        let e = WalSync::new(&d.path().join("elsewhere").join(FILE)).sync().unwrap_err();
+        assert_eq!(e.errno, crate::message::errno::EIO);
+        assert!(e.why.contains("elsewhere") && e.why.contains("-wal"), "{}", e.why);
     }
 
     #[test]

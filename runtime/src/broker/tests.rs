@@ -813,7 +813,7 @@ fn a_submission_is_answered_once_durable_and_refused_if_it_cannot_be() {
     assert!(ask(&mut b, "job-manager.submit", json!({ "jobspec": spec }), 0).is_empty(), "not answered yet");
     let batch = b.journal().expect("something to make durable").expect("a batch");
     assert_eq!(batch.jobs.len(), 1);
-    b.handle(t(0.2), Input::Stored { batch: Some(Box::new(batch)), result: Ok(()) });
+    b.handle(t(0.2), Input::Stored { batch: Some(Box::new(batch)), result: Ok(()), durable: true });
     let r = responses(&effects(&mut b), Peer::Local(5)).into_iter().cloned().collect::<Vec<_>>();
     assert_eq!(r.len(), 1);
     assert_eq!(r[0].errnum, 0, "{:?}", r[0].errstr());
@@ -823,7 +823,7 @@ fn a_submission_is_answered_once_durable_and_refused_if_it_cannot_be() {
     let batch = b.journal().expect("something").expect("a batch");
     let id = batch.jobs.iter().map(|r| r.id).max().expect("a job");
     let full = CommitError { why: "database or disk is full".into(), errno: errno::ENOSPC };
-    b.handle(t(0.3), Input::Stored { batch: Some(Box::new(batch)), result: Err(full) });
+    b.handle(t(0.3), Input::Stored { batch: Some(Box::new(batch)), result: Err(full), durable: true });
     let r = responses(&effects(&mut b), Peer::Local(5)).into_iter().cloned().collect::<Vec<_>>();
     assert_eq!(r.len(), 1);
     assert_eq!(r[0].errnum, errno::ENOSPC);
@@ -838,6 +838,92 @@ fn a_submission_is_answered_once_durable_and_refused_if_it_cannot_be() {
     assert_eq!(e.0, errno::EROFS);
     assert!(e.1.contains("schema version 99") && e.1.contains("/state"), "{}", e.1);
     assert!(b.jobcore.as_ref().expect("rank 0").scheduling_stopped().is_some());
+}
+
+/// Pipelined commits (driver.rs): a submission whose batch is written but not yet fsynced is not answered; an
+/// fsync ([`Input::Synced`]) answers exactly the submissions of the writes it covers, in order; those written while
+/// it ran are answered together by the next one (group commit); a failed fsync refuses exactly the submissions of
+/// the writes it covered (and ends their jobs), and only a successful fsync clears the failure.
+#[test]
+fn submissions_are_answered_only_by_the_fsync_that_covers_their_write() {
+    use super::core::StateDir;
+    use super::store::CommitError;
+    let spec: serde_json::Value =
+        serde_json::from_str(&crate::jobspec::JobspecBuilder::new(["true"]).build().expect("jobspec").to_json())
+            .expect("json");
+    let mut b = root_with_client();
+    b.restore(StateDir::Open { dir: "/state".into(), restarts: 0, failing: None }, None);
+    // One turn of the driver: submission `tag` arrives, its batch is written without an fsync; what is sent.
+    let turn = |b: &mut Broker, tag: u32| -> Vec<Message> {
+        let mut m = Message::request("job-manager.submit", 0, &json!({ "jobspec": spec }));
+        m.matchtag = tag;
+        b.handle(t(0.1), Input::Message(Peer::Local(5), 0, m));
+        let batch = b.journal().expect("something to write").expect("a batch");
+        b.handle(t(0.1), Input::Stored { batch: Some(Box::new(batch)), result: Ok(()), durable: false });
+        responses(&effects(b), Peer::Local(5)).into_iter().cloned().collect()
+    };
+    let synced = |b: &mut Broker, upto: u64, result: Result<(), CommitError>| -> Vec<(u32, u32)> {
+        b.handle(t(0.2), Input::Synced { upto, result });
+        responses(&effects(b), Peer::Local(5)).into_iter().map(|m| (m.matchtag, m.errnum)).collect()
+    };
+    assert!(b.sync_wanted().is_none(), "nothing waits");
+    assert!(turn(&mut b, 1).is_empty(), "written, not on disk: not answered");
+    let first = b.sync_wanted().expect("an fsync wanted");
+    // That fsync is slow: a burst arrives meanwhile, written turn by turn, none answered.
+    for tag in 2..=4 {
+        assert!(turn(&mut b, tag).is_empty(), "submission {tag} answered before its fsync");
+    }
+    assert_eq!(b.sync_wanted(), Some(first + 3), "the next fsync is to cover the whole burst");
+    // The slow fsync (started after the first write) ends: the first submission only.
+    assert_eq!(synced(&mut b, first, Ok(())), [(1, 0)]);
+    // One fsync for the burst answers all of it, in order.
+    let group = b.sync_wanted().expect("the burst waits");
+    assert_eq!(synced(&mut b, group, Ok(())), [(2, 0), (3, 0), (4, 0)]);
+    assert!(b.sync_wanted().is_none());
+    // Two writes, an fsync for them, a third write while it runs; the fsync fails: the first two are refused.
+    assert!(turn(&mut b, 5).is_empty() && turn(&mut b, 6).is_empty());
+    let upto = b.sync_wanted().expect("5 and 6 wait");
+    assert!(turn(&mut b, 7).is_empty());
+    let eio = CommitError { why: "cannot sync the write-ahead log: Input/output error".into(), errno: errno::EIO };
+    assert_eq!(synced(&mut b, upto, Err(eio)), [(5, errno::EIO), (6, errno::EIO)]);
+    let jc = b.jobcore.as_ref().expect("rank 0");
+    let store_failed = jc.jobs.values().filter(|j| j.fatal.as_ref().is_some_and(|e| e.kind == "store")).count();
+    assert_eq!(store_failed, 2, "the refused submissions' jobs end, and only theirs");
+    assert!(matches!(&b.statedir, StateDir::Open { failing: Some(_), .. }));
+    // A write succeeds: still failing until an fsync does.
+    assert!(turn(&mut b, 8).is_empty());
+    assert!(matches!(&b.statedir, StateDir::Open { failing: Some(_), .. }), "a write alone does not clear it");
+    let upto = b.sync_wanted().expect("7 and 8 wait");
+    assert_eq!(synced(&mut b, upto, Ok(())), [(7, 0), (8, 0)]);
+    assert!(matches!(&b.statedir, StateDir::Open { failing: None, .. }));
+}
+
+/// With a state directory a shell's exit report is acknowledged only once durable: not while the store fails
+/// (its broker keeps the report, and sends it again to a restarted rank 0), not once merely written, but once
+/// an fsync covers the write.
+#[test]
+fn a_shell_exit_report_is_acknowledged_only_once_durable() {
+    use super::core::StateDir;
+    use super::store::CommitError;
+    let mut b = root_with_client();
+    b.restore(StateDir::Open { dir: "/state".into(), restarts: 0, failing: None }, None);
+    let report = json!({"id": 77, "rank": 0, "report": null, "shell_status": 0});
+    assert!(ask(&mut b, "job-exec.shell-exit", report, 0).is_empty(), "acknowledged before it was written");
+    let full = CommitError { why: "database or disk is full".into(), errno: errno::ENOSPC };
+    let batch = b.journal().expect("the report waits for a write");
+    b.handle(t(0.2), Input::Stored { batch: batch.map(Box::new), result: Err(full), durable: false });
+    assert!(responses(&effects(&mut b), Peer::Local(5)).is_empty(), "acknowledged (or refused) while failing");
+    assert!(matches!(&b.statedir, StateDir::Open { failing: Some(_), .. }));
+    // The disk has room again: written, then fsynced.
+    let batch = b.journal().expect("the report still waits for a write");
+    b.handle(t(0.3), Input::Stored { batch: batch.map(Box::new), result: Ok(()), durable: false });
+    assert!(responses(&effects(&mut b), Peer::Local(5)).is_empty(), "acknowledged before its fsync");
+    let upto = b.sync_wanted().expect("an fsync wanted");
+    b.handle(t(0.4), Input::Synced { upto, result: Ok(()) });
+    let r = responses(&effects(&mut b), Peer::Local(5)).into_iter().cloned().collect::<Vec<_>>();
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].errnum, 0, "{:?}", r[0].errstr());
+    assert!(b.journal().is_none() && b.sync_wanted().is_none(), "nothing left waiting");
 }
 
 /// Rank `rank` of the 7-broker tree with `tbon.parent_grace=60s`, its parent link up and joined.

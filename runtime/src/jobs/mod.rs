@@ -58,6 +58,10 @@ pub const INACTIVE_OUTPUT_KEEP: usize = 1 << 20;
 pub const INACTIVE_OUTPUT_TOTAL: usize = 64 << 20;
 /// Default time between SIGTERM and SIGKILL when a job is cancelled or fails (seconds).
 pub const DEFAULT_KILL_TIMEOUT: f64 = 5.0;
+
+/// The exception type of the jobs still running when their instance is shut down
+/// ([`JobCore::instance_shutdown`]; severity 0).
+pub const SHUTDOWN_EXCEPTION: &str = "shutdown";
 /// Standard input held per job on rank 0 (bytes of input, decoded; held as base64 text, 4/3 as many bytes).
 ///
 /// Every chunk is held until the job is INACTIVE, not only until it has been forwarded: each job shell's
@@ -1243,6 +1247,19 @@ impl JobCore {
         self.actions.push_back(Action::Updated(id));
         self.retire_output(id);
         self.schedule(now);
+    }
+
+    /// The instance is being shut down (`vigil shutdown`, its initial program ended, a signal; `why` says which):
+    /// every running job gets a fatal exception of type [`SHUTDOWN_EXCEPTION`] saying so, before its shells and
+    /// brokers go. Otherwise its verdict would be what their going looks like (a lost critical rank, a shell
+    /// killed without reporting), and a user would look for a failed node. Pending jobs are left as they are:
+    /// with a state directory they are queued again at the next start.
+    pub fn instance_shutdown(&mut self, now: f64, why: &str) {
+        let running: Vec<JobId> = self.jobs.values().filter(|j| j.state == JobState::Run).map(|j| j.id).collect();
+        let note = format!("the instance was shut down ({why})");
+        for id in running {
+            self.raise(now, id, SHUTDOWN_EXCEPTION, 0, &note);
+        }
     }
 
     /// Raise an exception on job `id`. Severity 0 is fatal: a pending job is removed at once, a running one is

@@ -232,6 +232,26 @@ fn lost_rank_fails_its_jobs_and_leaves_the_pool() {
     let _ = id3;
 }
 
+/// Jobs still running when the instance is shut down say so; the loss of their brokers and shells that follows
+/// does not change that verdict; pending jobs are left queued.
+#[test]
+fn an_instance_shutdown_ends_running_jobs_saying_so() {
+    let mut c = core(2, 1, 0);
+    let running = c.submit(T0, &spec(cmd().nnodes(2)), 0).unwrap();
+    let pending = c.submit(T0, &spec(cmd().nnodes(2)), 0).unwrap();
+    actions(&mut c);
+    assert_eq!(c.jobs[&running].state, JobState::Run);
+    c.instance_shutdown(T0 + 1.0, "shutdown requested");
+    c.ranks_lost(T0 + 2.0, &IdSet::from_iter([1]));
+    exit_shell(&mut c, T0 + 2.0, running, 0, 9);
+    let j = &c.jobs[&running];
+    let e = j.fatal.as_ref().expect("a fatal exception");
+    assert_eq!((e.kind.as_str(), e.severity), (SHUTDOWN_EXCEPTION, 0));
+    assert_eq!(e.note, "the instance was shut down (shutdown requested)");
+    assert_eq!(j.state, JobState::Inactive);
+    assert!(c.jobs[&pending].fatal.is_none() && c.jobs[&pending].state.is_active(), "pending: left queued");
+}
+
 #[test]
 fn drain_blocks_new_work_until_undrain() {
     let mut c = core(2, 1, 0);

@@ -242,7 +242,14 @@ enum Ev {
     /// The deadline of an orphan's attempt to join a candidate parent ([`Effect::ConnectParent`]'s timeout) on
     /// link `conn`: if that link is not up by then, the attempt failed (the real driver's connect timeout).
     ConnectDeadline(u32, u64),
+    /// Rank 0's store thread ends the fsync asked for by its broker of life `.1` (the count of rank 0's restarts
+    /// then), covering write `.0` (see [`SYNC_DELAY`]).
+    Synced0(u64, u64),
 }
+
+/// How long rank 0's fsync of its store takes with [`Config::statedir`] (the real driver's store thread,
+/// `broker/driver.rs`): submissions written meanwhile wait for the next one, as with a real disk.
+const SYNC_DELAY: Duration = Duration::from_millis(2);
 
 /// What a parent's prober knows of one child (the fields of the real prober's target that shape what it
 /// forwards).
@@ -392,6 +399,8 @@ pub struct Sim {
     crash_in_commit: bool,
     /// Rank 0's restarts on its store so far.
     restarts0: u64,
+    /// Rank 0 with [`Config::statedir`]: the life (`restarts0`) of the broker whose fsync is under way.
+    sync0: Option<u64>,
     /// What the client did and saw, for the restart invariants.
     pub(crate) client: ClientLog,
 }
@@ -537,6 +546,7 @@ fn kind(i: &Input) -> u64 {
         Input::Status(_) => 17,
         Input::Timer => 18,
         Input::Stored { result, .. } => 20 + u64::from(result.is_err()) * 256,
+        Input::Synced { result, .. } => 21 + u64::from(result.is_err()) * 256,
     }
 }
 
@@ -579,6 +589,7 @@ impl Sim {
             kept: cfg.statedir.then(Kept::default),
             crash_in_commit: false,
             restarts0: 0,
+            sync0: None,
             client: ClientLog::default(),
             static_fanout: match cfg.topo {
                 Topology::Kary(k) if k > 0 => k as usize,
@@ -721,6 +732,14 @@ impl Sim {
                 self.deliver(0, Input::Message(Peer::Local(CLIENT), 0, m));
             }
             Ev::Check(k) => self.check(k),
+            Ev::Synced0(upto, life) => {
+                if self.sync0 == Some(life) {
+                    self.sync0 = None;
+                    if self.nodes[0].broker.is_some() {
+                        self.deliver(0, Input::Synced { upto, result: Ok(()) });
+                    }
+                }
+            }
             Ev::ConnectDeadline(n, conn) => {
                 let Some(l) = self.links.get(&n).copied() else { return };
                 if l.conn != conn || !l.adopt || l.at_parent {
@@ -811,6 +830,7 @@ impl Sim {
                     return;
                 }
                 self.commit0();
+                self.sync0();
             }
             while let Some(e) = self.nodes[n as usize].broker.as_mut().and_then(|b| b.poll_effect()) {
                 self.execute(n, e, &mut queue);
@@ -859,10 +879,22 @@ impl Sim {
         if let Err(e) = &result {
             self.violations.push(format!("rank 0's journal batch does not apply to its store: {e}"));
         }
-        let input = Input::Stored { batch: batch.map(Box::new), result };
+        let input = Input::Stored { batch: batch.map(Box::new), result, durable: false };
         self.events += 1;
         self.trace = fnv(fnv(fnv(self.trace, now.as_nanos()), 0), kind(&input));
         b.handle(now, input);
+    }
+
+    /// Rank 0 with [`Config::statedir`]: start an fsync ([`Ev::Synced0`]) if submissions wait for one and none
+    /// is under way, as the real driver does. Its store is in memory: what was written stays whatever happens
+    /// to the broker (`kill -9` loses nothing written; a power cut is not simulated).
+    fn sync0(&mut self) {
+        if self.sync0.is_some() {
+            return;
+        }
+        let Some(upto) = self.nodes[0].broker.as_ref().and_then(|b| b.sync_wanted()) else { return };
+        self.sync0 = Some(self.restarts0);
+        self.after(SYNC_DELAY, Ev::Synced0(upto, self.restarts0));
     }
 
     /// Rank 0's broker dies (with [`Config::statedir`]): noted with the jobs running then; the client's requests
@@ -1383,6 +1415,8 @@ impl Sim {
                 self.links.remove(&n);
                 if n == 0 && self.kept.is_some() {
                     self.restarts0 += 1;
+                    // The fsync of the old process is not this one's.
+                    self.sync0 = None;
                 }
                 self.nodes[n as usize] = self.fresh_node(n);
                 self.connect(n);
