@@ -579,6 +579,10 @@ pub(crate) fn run(a: &RestartArgs, vigil: Option<PathBuf>, out_dir: Option<PathB
         .build()
         .map_err(|e| format!("cannot start tokio: {e}"))?;
     let started = now_epoch_s();
+    // The 1-minute load average before the first measurement: whether the machine was quiet.
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().and_then(|x| x.parse::<f64>().ok()));
     let (rows, real) = if a.sizes.is_empty() { (Vec::new(), Value::Null) } else { bench_restarts(a, &vigil, &rt)? };
     let (off, on) = bench_tput(a, &vigil, &rt)?;
     let med = |v: &Rates, f: fn(&(f64, f64)) -> f64| summarize(&v.iter().map(f).collect::<Vec<_>>());
@@ -595,7 +599,7 @@ pub(crate) fn run(a: &RestartArgs, vigil: Option<PathBuf>, out_dir: Option<PathB
         "vigil": vigil_version(&vigil),
         "cpus": cpus,
         "unix_time": started.round(),
-        "shared_machine": true,
+        "load_average_at_start": load,
         "instance": "4-broker system instance on loopback, TOML bootstrap, one core per broker",
         "restart_delay_ms": a.restart_delay_ms,
         "fill_method": "real jobs first, then copies of the newest real COMPLETED job written with Store::commit",
@@ -617,12 +621,12 @@ fn secs(v: &Value) -> String {
 fn markdown(doc: &Value, a: &RestartArgs) -> String {
     let mut md = format!(
         "# Rank 0 restart to ready, and submit throughput with the store on and off\n\n\
-         `vigil-bench restart` ({}, {} CPUs, **shared with other workers' builds while measuring: noisy**; unix time \
-         {}). A 4-broker system instance on loopback (TOML bootstrap, `vigil broker --rank`, one core each, \
+         `vigil-bench restart` ({}, {} CPUs, 1-minute load average {} at start; unix time {}). A 4-broker system instance on loopback (TOML bootstrap, `vigil broker --rank`, one core each, \
          `tbon.parent_grace=600s`). Rank 0 is killed with SIGKILL and a new one exec'd on the same state directory \
          {} ms later (a supervisor's delay); times are from that exec.\n\n",
         doc["vigil"].as_str().unwrap_or("?"),
         doc["cpus"],
+        doc["load_average_at_start"].as_f64().map_or("unknown".into(), |l| format!("{l:.2}")),
         doc["unix_time"],
         a.restart_delay_ms
     );

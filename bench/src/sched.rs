@@ -3,7 +3,7 @@
 //! Throughput: N `true` jobs (200, 10,000, 64,000 by default) queued at once.
 //! - Vigil: a fresh `vigil start --test-size=4` instance per sample, whose initial program
 //!   (`vigil-bench inner sched`) submits the N jobs through the client API, every request pipelined on one
-//!   connection (Vigil has no batch submit), then follows the jobs' eventlogs, at most [`WATCH_WINDOW`] at a
+//!   connection (as `vigil submit --cc` does), then follows the jobs' eventlogs, at most [`WATCH_WINDOW`] at a
 //!   time in submission order, until every one is INACTIVE; each must have exited 0. jobs/s = N / (first submit
 //!   to last job inactive).
 //! - Slurm: a one-node cluster started by `ci/slurm-cluster.sh` (its configuration is recorded with the figures).
@@ -460,6 +460,10 @@ pub(crate) fn run(a: &SchedArgs, vigil: Option<PathBuf>, out_dir: Option<PathBuf
     let vigil = find_vigil(vigil)?;
     let out_dir = results_dir(out_dir);
     let mut failed = Vec::new();
+    // The 1-minute load average before the first measurement: whether the machine was quiet.
+    let load_at_start = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().and_then(|x| x.parse::<f64>().ok()));
 
     // Vigil latency.
     eprintln!("vigil-bench sched: vigil run -N1 / -n4 true latency ({} runs)", a.runs);
@@ -559,12 +563,13 @@ pub(crate) fn run(a: &SchedArgs, vigil: Option<PathBuf>, out_dir: Option<PathBuf
     };
     let mut md = String::new();
     let ncpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let load = load_at_start.map_or("unknown".to_string(), |l| format!("{l:.2}"));
     md.push_str(&format!(
         "# Scheduling throughput and latency: Vigil vs Slurm 22.05, same run\n\n`vigil-bench sched` ({}, {ncpus} CPUs, \
-         shared with another build while measuring: noisy; unix time {:.0}). Vigil: `vigil start --test-size={SIZE}` \
+         1-minute load average {load} at start; unix time {:.0}). Vigil: `vigil start --test-size={SIZE}` \
          (4 brokers on this one machine, 8 cores in all), a fresh instance per throughput sample; jobs submitted \
-         through the client API, every `job-manager.submit` pipelined on one connection (Vigil has no batch \
-         submit), done when the last job is INACTIVE, each checked to exit 0. Slurm: one node, 2 CPUs, started by \
+         through the client API, every `job-manager.submit` pipelined on one connection (as `vigil submit --cc` \
+         does), done when the last job is INACTIVE, each checked to exit 0. Slurm: one node, 2 CPUs, started by \
          `ci/slurm-cluster.sh`, done when `squeue -h` is empty; each run bounded to {} s (then cancelled, reported \
          as partial: jobs that left the queue / elapsed).\n\n",
         vigil_version(&vigil),
