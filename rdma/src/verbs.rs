@@ -37,7 +37,7 @@ pub(crate) fn rc_err(what: &str, rc: i32) -> io::Result<()> {
 }
 
 /// Names of the verbs devices libibverbs finds (empty when there are none or the kernel has no RDMA support).
-/// libibverbs is loaded only if the kernel lists a verbs device ([`crate::ibverbs`]).
+/// libibverbs is loaded only if the kernel lists a verbs device (`ibverbs.rs`).
 pub fn device_names() -> Vec<String> {
     if !ibverbs::kernel_lists_devices() {
         return Vec::new();

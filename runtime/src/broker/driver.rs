@@ -62,7 +62,7 @@ pub struct BrokerOptions {
     pub topology: TopologySource,
     /// Declared GPU count overriding discovery.
     pub declared_gpus: Option<u32>,
-    /// This node as already discovered (a [`Discovered`] JSON file): `vigil start` discovers the machine once
+    /// This node as already discovered (the JSON file `vigil discover-node` prints): `vigil start` discovers the machine once
     /// for all the brokers of a test instance. `None`: the broker discovers its node.
     pub discovered: Option<PathBuf>,
     /// Seconds to wait for the parent to accept our connection.
@@ -669,8 +669,8 @@ fn discover_in_child(
     Ok(d.resources.map(|r| (r, d.topology)))
 }
 
-/// `vigil discover-node --source=SOURCE --xml=PATH [--gpus=N]` (internal, run by [`discover`]): prints the
-/// [`Discovered`] node as one JSON object; returns the exit code (0 also when hwloc cannot load the topology:
+/// `vigil discover-node --source=SOURCE --xml=PATH [--gpus=N]` (internal, run by the broker at start): prints
+/// the node it found as one JSON object; returns the exit code (0 also when hwloc cannot load the topology:
 /// the answer says so).
 pub fn discover_node_main(source: &str, declared_gpus: Option<u32>, xml: &std::path::Path) -> i32 {
     let source = match source.parse::<TopologySource>() {
