@@ -254,8 +254,19 @@ fn lock(dir: &Path) -> Result<std::fs::File, OpenError> {
         .truncate(false)
         .open(&path)
         .map_err(|e| OpenError::Unwritable { dir: dir.to_path_buf(), err: format!("{}: {e}", path.display()) })?;
-    // SAFETY: flock on a descriptor we own; no memory is involved.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    // A lock this process has just let go of may still be held for a moment by a child it is starting: between
+    // fork (or vfork) and exec the child shares every open file, this one too. So a refusal is retried for
+    // 100 ms; another rank 0 holds it for good.
+    let mut locked = false;
+    for _ in 0..10 {
+        // SAFETY: flock on a descriptor we own; no memory is involved.
+        locked = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+        if locked {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    if !locked {
         let mut s = String::new();
         let _ = f.read_to_string(&mut s);
         let pid = s.trim().chars().take(20).collect::<String>();
