@@ -18,7 +18,8 @@
 #
 # NAME is a short tag (<= 6 characters) so several clusters can coexist; each has its own hub namespace holding
 # the bridge, so addresses never leak into the root namespace. State lives in ${VIGIL_NETNS_DIR:-/tmp}/vigil-netns-NAME.
-# VIGIL_NETNS_RANK0_ARGS: extra broker arguments for node 0 only (e.g. "-S broker.xdp_mode=native").
+# VIGIL_NETNS_RANK0_ARGS: extra broker arguments for node 0 only (e.g. "-S broker.xdp_mode=native"); given to `up`,
+# they are kept for `restart` of node 0 as the arguments of `up` are (set it again to restart with others).
 set -euo pipefail
 
 # The vigil binary: $VIGIL, else vigil on PATH, else this tree's release build (ci/main-job.sh), else its debug build.
@@ -43,7 +44,9 @@ node_pids() { ip netns pids "$(ns "$1")" 2>/dev/null || true; }
 start_broker() {
     local k=$1 extra=() args=()
     [ -s "$dir/args" ] && mapfile -t args < "$dir/args"
-    read -r -a rank0_args <<< "${VIGIL_NETNS_RANK0_ARGS:-}"
+    local r0=${VIGIL_NETNS_RANK0_ARGS-}
+    [ -z "${VIGIL_NETNS_RANK0_ARGS+set}" ] && [ -s "$dir/rank0-args" ] && r0=$(cat "$dir/rank0-args")
+    read -r -a rank0_args <<< "$r0"
     [ "$k" = 0 ] && extra=("${rank0_args[@]}")
     mkdir -p "$dir/node$k"
     ip netns exec "$(ns "$k")" setsid "$VIGIL" broker --config="$dir/config.toml" --hostname="node$k" \
@@ -86,6 +89,7 @@ up)
     echo "$n" > "$dir/size"
     # One argument per line, for `restart`.
     if [ $# -gt 0 ]; then printf '%s\n' "$@" > "$dir/args"; else : > "$dir/args"; fi
+    printf '%s' "${VIGIL_NETNS_RANK0_ARGS:-}" > "$dir/rank0-args"
     for ((k = 0; k < n; k++)); do
         start_broker "$k"
         # Rank 0 (the parent every test and benchmark looks at) first, with its eBPF detectors attached before

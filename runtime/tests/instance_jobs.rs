@@ -427,4 +427,12 @@ fn carbon_copies_submit_one_job_per_id() {
         assert!(o.stderr.contains("--cc"), "{}", o.dump());
     }
     assert_eq!(inst.vigil(&["jobs", "-a", "--json"]).json()["jobs"].as_array().map(Vec::len), Some(12));
+    // `{{cc}}` in --output, as `{{id}}` is written there.
+    let d = tempfile::tempdir().unwrap();
+    let out = format!("{}/{{{{cc}}}}.out", d.path().display());
+    let o = inst.vigil(&["submit", "--cc", "3", "--output", &out, "echo", "hi"]);
+    o.ok();
+    inst.vigil(&["job", "wait", o.stdout.trim()]).ok();
+    let text = std::fs::read_to_string(d.path().join("3.out")).unwrap_or_default();
+    assert_eq!(text.trim(), "hi", "{}", o.dump());
 }

@@ -58,8 +58,9 @@ pub struct SubmitArgs {
     /// Write the job's stderr to this file.
     #[arg(long)]
     pub error: Option<String>,
-    /// Submit one copy of the job per id in IDSET (`1-100`, `0,4-7`), as `flux submit --cc`: in each, `{cc}` in the
-    /// command, its arguments and --output/--error becomes the id, and VIGIL_JOB_CC is set to it. One job id is
+    /// Submit one copy of the job per id in IDSET (`1-100`, `0,4-7`), as `flux submit --cc`: in each, `{cc}` (or
+    /// `{{cc}}`) in the command, its arguments and --output/--error becomes the id (not in --env), and VIGIL_JOB_CC
+    /// is set to it. One job id is
     /// printed per line, in IDSET order (`submit` only).
     #[arg(long, value_name = "IDSET")]
     pub cc: Option<String>,
@@ -80,7 +81,8 @@ async fn submit_copies(a: &SubmitArgs, cc: &str) -> Result<i32, String> {
         return Err(format!("--cc {cc}: no id"));
     }
     let copy = |i: u32| -> Result<Value, String> {
-        let sub = |t: &str| t.replace("{cc}", &i.to_string());
+        // `{{cc}}` too, as `{{id}}` is written in --output (Flux's mustache form).
+        let sub = |t: &str| t.replace("{{cc}}", &i.to_string()).replace("{cc}", &i.to_string());
         let mut b = a.clone();
         b.command = a.command.iter().map(|c| sub(c)).collect();
         b.output = a.output.as_deref().map(sub);
