@@ -45,9 +45,9 @@
 //! [`SyncConnection`] is the same engine without tokio, driven by the caller's thread: `post_send` and
 //! `poll_cq` in a loop, as perftest does (what the verbs layer costs with no runtime at all).
 
-use crate::config::{Config, ConfigError};
 use crate::device::Device;
 use crate::verbs::{self, Buffer, CompChannel, Context, Cq, CqEvent, Pd, Qp, QpPath};
+use crate::{Config, ConfigError};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::net::Ipv6Addr;

@@ -21,16 +21,16 @@
 //! Tested on soft-RoCE (rdma_rxe) only; InfiniBand ports (LID addressing with a GRH) are expected to work but
 //! have not been tried.
 
-mod config;
 mod conn;
 mod device;
 mod ibverbs;
 mod verbs;
 
-pub use config::{Config, ConfigError};
+// The settings of a connection are plain data (the broker's attribute table names them): `vigil-flow` has them.
 pub use conn::{
     wc_status_name, ConnError, Connection, Endpoint, LocalInfo, Prepared, Receiver, RemoteInfo, Sender, SetupError,
     SyncConnection, PROTOCOL_VERSION,
 };
 pub use device::{find_device, gid_for, Device, NoDevice};
 pub use verbs::{device_names, event_type_str, wc_status_str};
+pub use vigil_flow::config::{Config, ConfigError};

@@ -16,28 +16,9 @@
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-/// Length of an overlay key in bytes (a Noise pre-shared key: 32 bytes).
-pub const KEY_LEN: usize = 32;
-
-/// An overlay key. Never printed: `Debug` shows only that it is a key.
-#[derive(Clone, PartialEq, Eq)]
-pub struct OverlayKey([u8; KEY_LEN]);
-
-impl std::fmt::Debug for OverlayKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("OverlayKey(..)")
-    }
-}
-
-impl Drop for OverlayKey {
-    fn drop(&mut self) {
-        for b in self.0.iter_mut() {
-            // SAFETY: `b` is a valid, aligned, exclusive reference into our own array; a volatile write keeps the
-            // compiler from eliding the clearing of memory it considers dead.
-            unsafe { std::ptr::write_volatile(b, 0) };
-        }
-    }
-}
+// The key as a value (bytes, hex form, never printed) is plain data the sans-IO broker's options hold: it lives in
+// `vigil-proto`; making, reading and writing keys (this file) is I/O.
+pub use vigil_proto::key::{OverlayKey, KEY_LEN};
 
 /// Why a key could not be made, read or written. Every variant names the file it is about.
 #[derive(Debug, thiserror::Error)]
@@ -101,48 +82,29 @@ struct KeyFileToml {
     overlay_key: String,
 }
 
-impl OverlayKey {
+/// Making, reading and writing overlay keys: `OverlayKey::generate()`, `OverlayKey::load(path)` and
+/// `key.write(path, force)` with this trait in scope.
+pub trait KeyFile: Sized {
     /// A fresh random key from `/dev/urandom`.
-    pub fn generate() -> Result<OverlayKey, KeyFileError> {
+    fn generate() -> Result<Self, KeyFileError>;
+    /// Read a key file, refusing one that is missing, not a regular file, open to group or others, owned by
+    /// another user than the effective uid, or malformed (see the module doc).
+    fn load(path: &Path) -> Result<Self, KeyFileError>;
+    /// Write this key to `path` as a key file, mode 0600 (created so: never readable by others, even briefly).
+    /// An existing file is refused unless `force`; with `force` it is replaced.
+    fn write(&self, path: &Path, force: bool) -> Result<(), KeyFileError>;
+}
+
+impl KeyFile for OverlayKey {
+    fn generate() -> Result<OverlayKey, KeyFileError> {
         let mut k = [0u8; KEY_LEN];
         std::fs::File::open("/dev/urandom")
             .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut k))
             .map_err(KeyFileError::Random)?;
-        Ok(OverlayKey(k))
+        Ok(OverlayKey::from_bytes(k))
     }
 
-    /// The raw bytes (for the Noise handshake).
-    pub fn bytes(&self) -> &[u8; KEY_LEN] {
-        &self.0
-    }
-
-    /// The key as 64 lowercase hexadecimal digits (how it travels in a PMI KVS or a key file).
-    pub fn to_hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
-    }
-
-    /// Parse 64 hexadecimal digits. The error says what is wrong without echoing the text.
-    pub fn from_hex(s: &str) -> Result<OverlayKey, String> {
-        let s = s.trim();
-        if s.len() != 2 * KEY_LEN {
-            return Err(format!("an overlay key is {} hexadecimal digits, this one has {}", 2 * KEY_LEN, s.len()));
-        }
-        if !s.bytes().all(|c| c.is_ascii_hexdigit()) {
-            return Err("an overlay key has only hexadecimal digits".into());
-        }
-        let mut k = [0u8; KEY_LEN];
-        for (i, b) in k.iter_mut().enumerate() {
-            *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
-        }
-        if k.iter().all(|b| *b == 0) {
-            return Err("an overlay key of all zeros is a placeholder, not a key".into());
-        }
-        Ok(OverlayKey(k))
-    }
-
-    /// Read a key file, refusing one that is missing, not a regular file, open to group or others, owned by
-    /// another user than the effective uid, or malformed (see the module doc).
-    pub fn load(path: &Path) -> Result<OverlayKey, KeyFileError> {
+    fn load(path: &Path) -> Result<OverlayKey, KeyFileError> {
         let read = |err| KeyFileError::Read { path: path.to_path_buf(), err };
         // O_NOFOLLOW is not used: sites link /etc/vigil/overlay.key to a managed location; the checks below
         // apply to the file the link reaches.
@@ -176,9 +138,7 @@ impl OverlayKey {
         OverlayKey::from_hex(&t.overlay_key).map_err(malformed)
     }
 
-    /// Write this key to `path` as a key file, mode 0600 (created so: never readable by others, even briefly).
-    /// An existing file is refused unless `force`; with `force` it is replaced.
-    pub fn write(&self, path: &Path, force: bool) -> Result<(), KeyFileError> {
+    fn write(&self, path: &Path, force: bool) -> Result<(), KeyFileError> {
         use std::io::Write as _;
         let text = format!(
             "# Vigil overlay key (vigil keygen). Secret: mode 0600, owned by the instance owner, the same file on\n\

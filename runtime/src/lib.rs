@@ -28,16 +28,16 @@ macro_rules! eprintln {
     }};
 }
 
-pub mod attrs;
 pub mod broker;
 pub mod cli;
 pub mod foreground;
-pub mod jobs;
 pub mod keyfile;
-pub mod membership;
 pub mod pmi;
 pub mod sim;
 
+// The sans-IO rules live in `vigil-core` (the simulator and the unit tests drive them without I/O); re-exported
+// under their old paths, so `crate::jobs`, `vigil::attrs` and the rest name the same modules as before.
+pub use vigil_core::{attrs, jobs, membership};
 // The pure formats and codecs live in `vigil-proto` (shared with the job shell); re-exported under their old
 // paths, so `crate::idset`, `vigil::message` and the rest name the same modules as before.
 pub use vigil_proto::{duration, eventlog, hostlist, idset, jobspec, message, r, shellproto, topology};

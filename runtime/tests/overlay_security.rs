@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use vigil::broker::secure::{self, LinkAuth, SecureReader, SecureWriter};
-use vigil::keyfile::OverlayKey;
+use vigil::keyfile::{KeyFile as _, OverlayKey};
 use vigil::message::{Message, MsgType};
 
 /// A TCP stream that records every byte written to it (what an eavesdropper on the wire would capture).

@@ -1,4 +1,5 @@
-//! Connection settings and their validation.
+//! Settings of a verbs RC connection (`vigil-rdma`) and their validation: plain data, parsed from the broker's
+//! `tbon.rdma_*` attributes.
 
 /// Settings of one RC connection. Both peers may use different values; the wire protocol takes the smaller
 /// fragment size of the two, and each side's credits come from the other side's `depth`.

@@ -12,11 +12,16 @@
 //! | [`Sequenced`]: the 5-byte fragment header, sequence numbers per peer, a bounded reorder window | no: an RC queue pair delivers in order | yes: providers order matching, not completions |
 //! | [`Credits`]: fragments the peer's receive buffers still allow, and credits owed back to it | yes | no: the provider's resource management (`FI_RM_ENABLED`) retries a message that finds no buffer; the layer bounds its own queue in bytes ([`OutQueue::bytes`]) |
 //!
+//! [`config`] holds the settings of a verbs (RC queue pair) connection and their validation: plain data that the
+//! broker's attribute table (`vigil-core`) parses and `vigil-rdma` applies.
+//!
 //! The wire formats are those of `docs/wire-format.md` and of each crate's docs: on verbs, the flags and
 //! returned credits ride in the 32-bit immediate value of each SEND; on libfabric, the header of
 //! [`Sequenced`] precedes each fragment. This crate does not change either.
 
 #![forbid(unsafe_code)]
+
+pub mod config;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;

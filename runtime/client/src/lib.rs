@@ -50,23 +50,8 @@ impl RpcError {
     }
 }
 
-/// Short description of the errno values Vigil uses.
-pub fn errno_str(e: u32) -> &'static str {
-    match e {
-        errno::EPERM => "Operation not permitted",
-        errno::ENOENT => "No such file or directory",
-        errno::EINVAL => "Invalid argument",
-        errno::ENOSYS => "Function not implemented",
-        errno::ENODATA => "No data available",
-        errno::EPROTO => "Protocol error",
-        errno::EHOSTUNREACH => "No route to host",
-        errno::ENOSPC => "No space left on device",
-        errno::EEXIST => "File exists",
-        errno::EBUSY => "Device or resource busy",
-        errno::EAGAIN => "Resource temporarily unavailable",
-        _ => "Unknown error",
-    }
-}
+/// Short description of the errno values Vigil uses (defined in `vigil-proto`, beside the values).
+pub use vigil_proto::message::errno_str;
 
 /// Error connecting to a broker.
 #[derive(Debug, thiserror::Error)]

@@ -18,11 +18,11 @@
 //! Checks that need the machine (`broker.detectors=ebpf` needs root; a synthetic or XML hwloc topology must load)
 //! stay with the command that starts the broker; this module does no I/O and reads no environment.
 
-use crate::hwloc::TopologySource;
 use crate::topology::Topology;
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::PathBuf;
+use vigil_proto::node::TopologySource;
 
 /// What kind of value an attribute takes (for checks, errors and `vigil lsattr --doc`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -458,8 +458,8 @@ pub struct BrokerConfig {
     pub ofi_provider: String,
     /// `tbon.rdma_timeout` (`timeout`), `tbon.rdma_retry_cnt` (`retry_cnt`), `tbon.rdma_max_inline` (`max_inline`,
     /// bytes) and `tbon.rdma_poll` (`busy_poll`); the other fields keep their defaults. Valid
-    /// ([`vigil_rdma::Config::validate`]).
-    pub rdma: vigil_rdma::Config,
+    /// ([`vigil_flow::config::Config::validate`]).
+    pub rdma: vigil_flow::config::Config,
     /// `tbon.rdma_frame`.
     pub rdma_frame: RdmaFrame,
     /// `resource.synthetic` / `resource.xml` (at most one), else the live machine. Not loaded here: the command
@@ -519,7 +519,7 @@ impl Default for BrokerConfig {
             xdp_mode: XdpMode::Auto,
             transport: Transport::Auto,
             ofi_provider: "cxi".into(),
-            rdma: vigil_rdma::Config::default(),
+            rdma: vigil_flow::config::Config::default(),
             rdma_frame: RdmaFrame::Packed,
             topology: TopologySource::Live,
             gpus: None,
@@ -634,13 +634,13 @@ fn word<T>(v: &str, from: fn(&str) -> Option<T>, names: &[&str]) -> Result<T, St
     from(v).ok_or_else(|| format!("expected {}", one_of(names)))
 }
 
-/// A `vigil_rdma::Config` field: the default config with this field changed must validate.
+/// A `vigil_flow::config::Config` field: the default config with this field changed must validate.
 fn rdma_field<T: std::str::FromStr>(
     v: &str,
     range: &str,
-    set: fn(&mut vigil_rdma::Config, T),
-    cfg: &vigil_rdma::Config,
-) -> Result<vigil_rdma::Config, String> {
+    set: fn(&mut vigil_flow::config::Config, T),
+    cfg: &vigil_flow::config::Config,
+) -> Result<vigil_flow::config::Config, String> {
     let n: T = v.parse().map_err(|_| format!("expected a number {range}"))?;
     let mut c = cfg.clone();
     set(&mut c, n);
@@ -986,7 +986,7 @@ mod tests {
         // The code defaults the table documents.
         let d = BrokerConfig::default();
         assert_eq!(d.membership, crate::membership::Config::default());
-        assert_eq!(d.rdma, vigil_rdma::Config::default());
+        assert_eq!(d.rdma, vigil_flow::config::Config::default());
         assert_eq!(d.kill_timeout, crate::jobs::DEFAULT_KILL_TIMEOUT);
         assert_eq!(d.topo, Topology::default());
     }

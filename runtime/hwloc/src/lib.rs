@@ -35,11 +35,8 @@ use hwlocality::object::types::{OSDeviceType, ObjectType};
 use hwlocality::object::TopologyObject;
 use hwlocality::topology::builder::TypeFilter;
 use hwlocality::Topology;
-use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::PathBuf;
-use std::str::FromStr;
 
 /// Errors produced by this crate.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -135,74 +132,14 @@ pub enum TopoError {
     Internal(String),
 }
 
-/// Where a node's topology comes from.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum TopologySource {
-    /// Discover the hardware of the machine this process runs on
-    /// (including I/O devices, so GPUs can be counted).
-    Live,
-    /// An hwloc synthetic description, e.g. `"pack:4 numa:1 core:24 pu:2"`
-    /// (see hwloc's "Synthetic topologies" documentation).
-    Synthetic(String),
-    /// An hwloc XML export (from `lstopo foo.xml` or
-    /// `Topology::export_xml_file`).
-    XmlFile(PathBuf),
-}
+// Where a topology comes from and what a broker reports of its node are plain data the sans-IO broker
+// (vigil-core) reads too: they live in `vigil-proto` and keep their paths here.
+pub use vigil_proto::node::{InvalidTopologySource, NodeResources, TopologySource};
 
-impl fmt::Display for TopologySource {
-    /// Formats as `live`, `synthetic:<desc>` or `xml:<path>`; this is the
-    /// string stored in [`NodeResources::source`].
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            TopologySource::Live => f.write_str("live"),
-            TopologySource::Synthetic(d) => write!(f, "synthetic:{d}"),
-            TopologySource::XmlFile(p) => write!(f, "xml:{}", p.display()),
-        }
+impl From<InvalidTopologySource> for TopoError {
+    fn from(e: InvalidTopologySource) -> TopoError {
+        TopoError::InvalidSource(e.0)
     }
-}
-
-impl FromStr for TopologySource {
-    type Err = TopoError;
-
-    /// Parses the [`Display`](fmt::Display) form: `live`,
-    /// `synthetic:<desc>` or `xml:<path>` (no trimming of `<desc>`/`<path>`).
-    fn from_str(s: &str) -> Result<Self, TopoError> {
-        if s == "live" {
-            Ok(TopologySource::Live)
-        } else if let Some(d) = s.strip_prefix("synthetic:") {
-            Ok(TopologySource::Synthetic(d.to_string()))
-        } else if let Some(p) = s.strip_prefix("xml:") {
-            Ok(TopologySource::XmlFile(PathBuf::from(p)))
-        } else {
-            Err(TopoError::InvalidSource(s.to_string()))
-        }
-    }
-}
-
-/// Summary a broker reports when it joins.
-///
-/// All counts are numbers of hwloc objects on the node (allowed ones only
-/// for live topologies, i.e. respecting the process's cgroup/cpuset).
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct NodeResources {
-    /// Number of `Core` objects.
-    pub cores: u32,
-    /// Number of `PU` objects (hardware threads).
-    pub pus: u32,
-    /// Number of `NUMANode` objects.
-    pub numa: u32,
-    /// Number of `Package` objects (sockets).
-    pub packages: u32,
-    /// Number of GPUs: the declared count if one was given to
-    /// [`NodeTopology::resources`], otherwise the discovered count.
-    pub gpus: u32,
-    /// hwloc OS-device names of the discovered GPUs (e.g. `"cuda0"`,
-    /// `"rsmi1"`), in topology order; empty when the GPU count was declared
-    /// rather than discovered.
-    pub gpu_names: Vec<String>,
-    /// Where the topology came from: `"live"`, `"synthetic:<desc>"` or
-    /// `"xml:<path>"`.
-    pub source: String,
 }
 
 /// A loaded node topology: an [`hwlocality::Topology`] plus the
@@ -670,7 +607,8 @@ mod tests {
         ] {
             assert_eq!(s.to_string().parse::<TopologySource>().unwrap(), s);
         }
-        assert!(matches!("bogus".parse::<TopologySource>(), Err(TopoError::InvalidSource(_))));
+        assert_eq!("bogus".parse::<TopologySource>(), Err(InvalidTopologySource("bogus".into())));
+        assert!(matches!(TopoError::from(InvalidTopologySource("x".into())), TopoError::InvalidSource(_)));
     }
 
     #[test]

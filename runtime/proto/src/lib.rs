@@ -8,6 +8,8 @@
 //! - formats from the Flux RFCs: [`idset`] (RFC 22), [`hostlist`] (RFC 29), [`duration`] (RFC 23),
 //!   [`eventlog`] (RFC 18), [`r`] (RFC 20), [`jobspec`] (RFC 14/25);
 //! - [`topology`]: TBON math (parent, children, routers, critical ranks, next hop);
+//! - [`node`]: what a broker reports of its node, and where the node's topology comes from; [`key`]: the
+//!   overlay key as a value (reading and writing key files is the runtime's);
 //! - [`message`]: Vigil messages and their wire codec (full frames and the packed form of RDMA links); reading
 //!   frames from a stream is the I/O layer's job;
 //! - [`shellproto`]: the broker ↔ job shell contract (shell input, reports, output chunks, topics);
@@ -48,7 +50,9 @@ pub mod eventlog;
 pub mod hostlist;
 pub mod idset;
 pub mod jobspec;
+pub mod key;
 pub mod message;
+pub mod node;
 pub mod pmi;
 pub mod pmi2;
 pub mod r;

@@ -73,7 +73,33 @@ pub mod errno {
     pub const EIO: u32 = 5;
     /// Read-only file system: rank 0's state directory cannot be read, so it takes no new job.
     pub const EROFS: u32 = 30;
+    /// Connection refused: nothing listens at the peer's address (Linux's value; the simulator's clients see it).
+    pub const ECONNREFUSED: u32 = 111;
+    /// Connection reset by peer (Linux's value).
+    pub const ECONNRESET: u32 = 104;
 }
+
+/// Short description of the errno values Vigil uses (the text of an error response without an `errstr`).
+pub fn errno_str(e: u32) -> &'static str {
+    match e {
+        errno::EPERM => "Operation not permitted",
+        errno::ENOENT => "No such file or directory",
+        errno::EINVAL => "Invalid argument",
+        errno::ENOSYS => "Function not implemented",
+        errno::ENODATA => "No data available",
+        errno::EPROTO => "Protocol error",
+        errno::EHOSTUNREACH => "No route to host",
+        errno::ENOSPC => "No space left on device",
+        errno::EEXIST => "File exists",
+        errno::EBUSY => "Device or resource busy",
+        errno::EAGAIN => "Resource temporarily unavailable",
+        _ => "Unknown error",
+    }
+}
+
+/// The Noise protocol name of overlay link security (docs/wire-format.md, "Link security"): NN with the
+/// pre-shared key mixed in before the first message (`psk0`), X25519, AES-256-GCM, SHA-256.
+pub const NOISE_PARAMS: &str = "Noise_NNpsk0_25519_AESGCM_SHA256";
 
 /// Message type (header byte 3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -14,67 +14,16 @@ use super::transport::{
     tcp_ack_state, tune_tcp, Link, LinkEvent, LinkRx, LinkTx, TcpTransport, Transport, TCP_USER_TIMEOUT_MS,
 };
 use crate::hwloc::{NodeResources, NodeTopology, TopologySource};
-use crate::idset::IdSet;
 use crate::jobs::JobId;
 use crate::message::{errno, Message, MsgType, FLAG_NORESPONSE};
 use crate::shellproto::{ShellInput, ShellReport};
-use crate::topology::Topology;
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
-
-/// How a broker gets its overlay listening socket.
-#[derive(Debug, Clone)]
-pub enum ListenSpec {
-    /// An already bound TCP listener inherited from `vigil start` (file descriptor number).
-    Fd(i32),
-    /// Bind this endpoint (`tcp://host:port`).
-    Endpoint(String),
-}
-
-/// Everything a broker needs to start.
-#[derive(Debug, Clone)]
-pub struct BrokerOptions {
-    /// This broker's rank.
-    pub rank: u32,
-    /// Number of brokers.
-    pub size: u32,
-    /// TBON shape.
-    pub topo: Topology,
-    /// Host name reported to rank 0.
-    pub hostname: String,
-    /// Instance identifier (peers with another id are refused).
-    pub instance: String,
-    /// Connect endpoint of every rank, by rank (only the parent's is used).
-    pub endpoints: Vec<String>,
-    /// Overlay listener.
-    pub listen: ListenSpec,
-    /// Directory for sockets and logs.
-    pub rundir: PathBuf,
-    /// Attributes set with `-S` (reported by getattr).
-    pub config: crate::attrs::BrokerConfig,
-    /// Initial program (rank 0 only); `None` = run none and stay up until signalled.
-    pub initial_program: Option<Vec<String>>,
-    /// Where this node's topology comes from.
-    pub topology: TopologySource,
-    /// Declared GPU count overriding discovery.
-    pub declared_gpus: Option<u32>,
-    /// This node as already discovered (the JSON file `vigil discover-node` prints): `vigil start` discovers the machine once
-    /// for all the brokers of a test instance. `None`: the broker discovers its node.
-    pub discovered: Option<PathBuf>,
-    /// Seconds to wait for the parent to accept our connection.
-    pub connect_timeout: f64,
-    /// Cores and GPUs this broker owns, when it is part of a nested instance (from the enclosing job's R);
-    /// `None` = the whole node as discovered.
-    pub resources_override: Option<(IdSet, IdSet)>,
-    /// URI of the enclosing instance's broker on this node, for a nested instance.
-    pub parent_uri: Option<String>,
-    /// The instance's overlay key: every overlay link is authenticated and encrypted with it (see `secure`).
-    pub key: crate::keyfile::OverlayKey,
-}
+pub use vigil_core::broker::{BrokerOptions, ListenSpec};
 
 /// What the driver's tasks report, through its one channel.
 pub(crate) enum Event {
@@ -1026,7 +975,8 @@ impl Driver {
             None => Ok(()),
         };
         let now = self.now();
-        self.broker.handle(now, Input::Stored { batch: batch.map(Box::new), result, durable });
+        self.broker
+            .handle(now, Input::Stored { batch: batch.map(Box::new), result: result.map_err(Into::into), durable });
     }
 
     /// Ask the store thread for an fsync if submissions wait for one and none is under way. If the thread is
@@ -1043,7 +993,7 @@ impl Driver {
             let why = "the state directory's store thread has stopped".to_string();
             queue.push_back(Input::Synced {
                 upto,
-                result: Err(super::store::CommitError { why, errno: crate::message::errno::EIO }),
+                result: Err(vigil_core::broker::store::CommitError { why, errno: crate::message::errno::EIO }),
             });
         }
     }
@@ -1105,7 +1055,7 @@ impl Driver {
                 if let Some(s) = self.syncer.as_mut() {
                     s.busy = false;
                 }
-                self.step(Input::Synced { upto, result });
+                self.step(Input::Synced { upto, result: result.map_err(Into::into) });
             }
             Event::Peer(Peer::Parent, conn, _) | Event::PeerClosed(Peer::Parent, conn, _)
                 if conn != self.parent_gen =>

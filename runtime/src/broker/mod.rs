@@ -13,26 +13,19 @@
 
 mod cgroup;
 pub mod config;
-pub(crate) mod core;
 pub(crate) mod detect;
 mod driver;
-#[cfg(test)]
-mod fuzz_tests;
-pub(crate) mod liveness;
 mod local;
 mod ofi_link;
 pub(crate) mod rdma_link;
-pub(crate) mod rejoin;
-pub(crate) mod reparent;
-mod routing;
 pub mod secure;
-mod services;
 mod spawn;
 // Public only for `vigil-bench restart`, which fills a store with the real `Store::commit`; not an API.
 #[doc(hidden)]
 pub mod store;
-#[cfg(test)]
-mod tests;
 pub mod transport;
+
+// The broker's rules (`vigil-core`), under the paths this crate's driver and simulator use.
+pub(crate) use vigil_core::broker::{core, liveness, reparent};
 
 pub use self::driver::{discover_in_child_to, discover_node_main, run, BrokerOptions, ListenSpec};

@@ -20,7 +20,6 @@
 use super::transport::{LinkEvent, LinkRx, LinkTx};
 use crate::message::{packed, Message, MsgType};
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 use vigil_rdma::{Config, Connection, Endpoint, LocalInfo, Prepared};
 
@@ -116,91 +115,15 @@ impl Settings {
     }
 }
 
-/// What one overlay link runs on, for logs and status.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub(crate) struct LinkChoice {
-    /// "rdma" or "tcp".
-    pub transport: &'static str,
-    /// For rdma: the device, port and GID; for tcp: why not rdma.
-    pub detail: String,
-}
+// What a link runs on is the broker's to report (`overlay.status`, `vigil uptime`): plain data in the core.
+pub(crate) use vigil_core::broker::links::LinkChoice;
 
-impl LinkChoice {
-    fn tcp(why: impl Into<String>) -> LinkChoice {
-        LinkChoice { transport: "tcp", detail: why.into() }
+/// The choice of a link moved onto an RC queue pair: its device, port and GID.
+fn rdma_choice(c: &Connection) -> LinkChoice {
+    LinkChoice {
+        transport: "rdma",
+        detail: format!("{} port {} gid {} ({})", c.device.name, c.device.port, c.device.gid_index, c.device.gid),
     }
-    fn rdma(c: &Connection) -> LinkChoice {
-        LinkChoice {
-            transport: "rdma",
-            detail: format!("{} port {} gid {} ({})", c.device.name, c.device.port, c.device.gid_index, c.device.gid),
-        }
-    }
-    fn to_json(&self) -> Value {
-        json!({"transport": self.transport, "detail": self.detail})
-    }
-}
-
-/// Per-broker record of link choices.
-#[derive(Debug, Default)]
-pub(crate) struct Links {
-    /// This broker's link to its parent.
-    pub parent: Option<LinkChoice>,
-    /// Rank 0: every rank's link to its parent, as reported with `overlay.transport`.
-    pub by_rank: BTreeMap<u32, LinkChoice>,
-}
-
-impl Links {
-    /// One line for `vigil uptime` / `overlay status`: "rdma" (or "ofi"), "tcp (fallback: why)", "mixed (rdma N,
-    /// ofi N, tcp M: why)", or "tcp" for a single broker.
-    pub fn summary(&self) -> String {
-        let mut all: Vec<&LinkChoice> = self.by_rank.values().collect();
-        if all.is_empty() {
-            all.extend(self.parent.as_ref());
-        }
-        let count = |t: &str| all.iter().filter(|c| c.transport == t).count();
-        let fast: Vec<(&str, usize)> =
-            ["rdma", "ofi"].into_iter().map(|t| (t, count(t))).filter(|(_, n)| *n > 0).collect();
-        let first_tcp = all.iter().find(|c| c.transport == "tcp");
-        match (fast.as_slice(), first_tcp) {
-            ([], None) => "tcp".into(),
-            ([(t, _)], None) => (*t).into(),
-            ([], Some(t)) => format!("tcp (fallback: {})", t.detail),
-            (f, t) => {
-                let mut parts: Vec<String> = f.iter().map(|(t, n)| format!("{t} {n}")).collect();
-                if let Some(t) = t {
-                    parts.push(format!("tcp {}: {}", count("tcp"), t.detail));
-                }
-                format!("mixed ({})", parts.join(", "))
-            }
-        }
-    }
-
-    /// Rank 0's view of `rank`'s parent link, for `overlay.status` rows.
-    pub fn of_rank(&self, rank: u32) -> Value {
-        self.by_rank.get(&rank).map(LinkChoice::to_json).unwrap_or(Value::Null)
-    }
-
-    /// Record an `overlay.transport` report (rank 0).
-    pub fn on_report(&mut self, body: &Value) -> Result<(), String> {
-        let rank = body.get("rank").and_then(Value::as_u64).ok_or("missing rank")? as u32;
-        let transport = match body.get("transport").and_then(Value::as_str) {
-            Some("rdma") => "rdma",
-            Some("ofi") => "ofi",
-            Some("tcp") => "tcp",
-            _ => return Err("transport must be rdma, ofi or tcp".into()),
-        };
-        let detail = body.get("detail").and_then(Value::as_str).unwrap_or("").chars().take(400).collect();
-        self.by_rank.insert(rank, LinkChoice { transport, detail });
-        Ok(())
-    }
-}
-
-/// The `overlay.transport` request a child sends to rank 0 about its parent link.
-pub(crate) fn report(rank: u32, c: &LinkChoice) -> Message {
-    let mut m =
-        Message::request("overlay.transport", 0, &json!({"rank": rank, "transport": c.transport, "detail": c.detail}));
-    m.flags = crate::message::FLAG_NORESPONSE;
-    m
 }
 
 /// Local IP address of a socket (the overlay's own end of a connection).
@@ -269,7 +192,7 @@ impl Offer {
         };
         match res {
             Ok(c) => {
-                let choice = LinkChoice::rdma(&c);
+                let choice = rdma_choice(&c);
                 Ok((Some((c, Framing::agree(self.framing, ack))), choice))
             }
             Err(e) if s.mode == Mode::Rdma => Err(format!("tbon.transport=rdma but {e}")),
@@ -315,7 +238,7 @@ impl Answer {
         };
         match res {
             Ok(c) => {
-                let choice = LinkChoice::rdma(&c);
+                let choice = rdma_choice(&c);
                 Answer::Rdma(Box::new(c), Framing::agree(s.framing, hello), choice)
             }
             Err(e) if s.mode == Mode::Rdma => Answer::Refuse(format!("tbon.transport=rdma but {e}")),
@@ -446,6 +369,7 @@ impl RdmaRx {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     fn attrs(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
         kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
@@ -539,21 +463,5 @@ mod tests {
         let a = Answer::new(&s, Some("127.0.0.1".parse().unwrap()), &json!({"rdma": {"qpn": "x"}}));
         let Answer::Tcp(c) = a else { panic!() };
         assert!(c.detail.contains("malformed"), "{}", c.detail);
-    }
-
-    #[test]
-    fn summary() {
-        let mut l = Links::default();
-        assert_eq!(l.summary(), "tcp");
-        l.on_report(&json!({"rank": 1, "transport": "rdma", "detail": "rxe0"})).unwrap();
-        assert_eq!(l.summary(), "rdma");
-        l.on_report(&json!({"rank": 2, "transport": "tcp", "detail": "no verbs devices"})).unwrap();
-        assert_eq!(l.summary(), "mixed (rdma 1, tcp 1: no verbs devices)");
-        assert!(l.on_report(&json!({"rank": 3, "transport": "carrier pigeon"})).is_err());
-        l.on_report(&json!({"rank": 3, "transport": "ofi", "detail": "provider cxi"})).unwrap();
-        assert_eq!(l.summary(), "mixed (rdma 1, ofi 1, tcp 1: no verbs devices)");
-        let mut l = Links::default();
-        l.on_report(&json!({"rank": 1, "transport": "ofi", "detail": "provider cxi"})).unwrap();
-        assert_eq!(l.summary(), "ofi");
     }
 }

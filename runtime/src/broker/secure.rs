@@ -31,9 +31,8 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
-/// The Noise protocol name: NN with the pre-shared key mixed in before the first message (`psk0`), X25519,
-/// AES-256-GCM, SHA-256.
-pub const NOISE_PARAMS: &str = "Noise_NNpsk0_25519_AESGCM_SHA256";
+/// The Noise protocol name (defined with the wire format in `vigil-proto`, where `broker.info` reads it too).
+pub use vigil_proto::message::NOISE_PARAMS;
 
 /// Prologue prefix: both ends hash it, followed by the instance id, into the handshake; a mismatch fails it.
 const PROLOGUE: &[u8] = b"vigil overlay 1\0";

@@ -100,6 +100,13 @@ impl From<rusqlite::Error> for CommitError {
     }
 }
 
+impl From<CommitError> for vigil_core::broker::store::CommitError {
+    /// The broker's view of a failed commit (`Input::Stored`, `Input::Synced`): the same two fields.
+    fn from(e: CommitError) -> Self {
+        Self { why: e.why, errno: e.errno }
+    }
+}
+
 /// An open store.
 pub struct Store {
     conn: Connection,

@@ -9,6 +9,7 @@ mod nested;
 mod start;
 mod status;
 
+use crate::keyfile::KeyFile as _;
 use clap::{Parser, Subcommand};
 
 /// Top-level options and subcommand.

@@ -5,6 +5,7 @@ use crate::attrs::{BrokerConfig, DetectorChoice, Transport};
 use crate::broker::config::ConfigFile;
 use crate::broker::{BrokerOptions, ListenSpec};
 use crate::hwloc::TopologySource;
+use crate::keyfile::KeyFile as _;
 use clap::Args;
 use std::collections::BTreeMap;
 use std::os::fd::AsRawFd;

@@ -20,9 +20,7 @@ pub mod depth;
 pub mod scenario;
 
 use crate::broker::core::StateDir;
-use crate::broker::core::{Broker, Effect, Environment, Input, Peer, Time, PARENT};
-use crate::broker::{BrokerOptions, ListenSpec};
-use crate::hwloc::{NodeResources, TopologySource};
+use crate::broker::core::{Broker, Effect, Input, Peer, Time, PARENT};
 use crate::jobs::journal::Kept;
 use crate::jobs::{JobId, JobState};
 use crate::membership::Signal;
@@ -448,71 +446,15 @@ impl Rng {
     }
 }
 
-/// A broker of a simulated instance (also for the sans-IO broker's unit tests): rank `rank` of `size` in shape
-/// `topo`, `cores` cores, on the simulated node `node<rank>`, created at `now`.
-pub(crate) fn new_broker(
-    rank: u32,
-    size: u32,
-    topo: Topology,
-    cores: u32,
-    membership: crate::membership::Config,
-    now: Time,
-) -> Broker {
-    let opts = BrokerOptions {
-        rank,
-        size,
-        topo,
-        hostname: format!("node{rank}"),
-        instance: "sim".into(),
-        endpoints: Vec::new(),
-        listen: ListenSpec::Endpoint(String::new()),
-        rundir: std::path::PathBuf::from("/nonexistent/vigil-sim"),
-        // FCFS, so that the scenarios' order check (scenario.rs, invariant 5) holds; the simulated jobs have no
-        // time limits, and EASY backfill is property-tested on the job core (jobs/tests_sched.rs).
-        config: crate::attrs::BrokerConfig {
-            topo,
-            membership,
-            sched_policy: crate::attrs::SchedPolicy::Fcfs,
-            ..Default::default()
-        },
-        initial_program: None,
-        topology: TopologySource::Live,
-        declared_gpus: None,
-        discovered: None,
-        connect_timeout: 30.0,
-        resources_override: None,
-        parent_uri: None,
-        key: crate::keyfile::OverlayKey::from_hex(&"5a".repeat(32)).expect("a valid key"),
-    };
-    let env = Environment {
-        uid: UID,
-        pid: 100_000 + rank,
-        wall_origin: WALL_ORIGIN,
-        local_uri: format!("local://sim/{rank}"),
-        resources: NodeResources {
-            cores,
-            pus: cores,
-            numa: 1,
-            packages: 1,
-            gpus: 0,
-            gpu_names: vec![],
-            source: "simulated".into(),
-        },
-        topology: "simulated".into(),
-        containment: "simulated".into(),
-    };
-    Broker::new(opts, env, now)
-}
+// The simulated broker (options, environment), the instance owner and the wall-clock origin are the core's, which
+// its unit tests share.
+pub use vigil_core::broker::testing::{new_broker, UID, WALL_ORIGIN};
 
 /// How often the simulator looks whether every running broker registered again with a restarted rank 0.
 const REJOIN_POLL: Duration = Duration::from_millis(10);
 
 /// The local client's connection id on rank 0.
 const CLIENT: u32 = 1;
-/// The simulated instance owner.
-pub(crate) const UID: u32 = 1000;
-/// Wall-clock time at the simulation's start (eventlog timestamps), seconds since the epoch.
-pub(crate) const WALL_ORIGIN: f64 = 1_800_000_000.0;
 
 fn fnv(h: u64, x: u64) -> u64 {
     let mut h = h;
@@ -870,7 +812,7 @@ impl Sim {
         let Some(batch) = b.journal() else { return };
         let Some(kept) = self.kept.as_mut() else { return };
         let result = match &batch {
-            Some(j) => kept.apply(j).map_err(|e| crate::broker::store::CommitError {
+            Some(j) => kept.apply(j).map_err(|e| vigil_core::broker::store::CommitError {
                 why: e.to_string(),
                 errno: crate::message::errno::EIO,
             }),

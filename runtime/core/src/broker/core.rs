@@ -16,7 +16,6 @@
 //! - `services.rs`: every service method (`broker.*`, `rexec.*`, `resource.*`, `overlay.*`, `job-*`);
 //! - [`crate::jobs`]: the job manager, scheduler and exec rules; [`crate::membership`]: one link's liveness.
 
-use crate::hwloc::NodeResources;
 use crate::idset::IdSet;
 use crate::jobs::{JobCore, JobId};
 use crate::membership::{Membership, Signal};
@@ -28,6 +27,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::time::Duration;
 use tracing::{debug, info, warn};
+use vigil_proto::node::NodeResources;
 
 /// A point on the broker's monotonic clock: nanoseconds since an origin the driver chooses (the tokio driver: the
 /// broker's start; a simulator: the start of its run). The one time type of the sans-IO broker.
@@ -74,7 +74,7 @@ impl std::ops::Add<Duration> for Time {
 
 /// Who a message came from or goes to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) enum Peer {
+pub enum Peer {
     /// The TBON parent.
     Parent,
     /// A TBON child, by rank.
@@ -84,10 +84,10 @@ pub(crate) enum Peer {
 }
 
 /// The origin of requests the broker makes itself.
-pub(crate) const SELF: Peer = Peer::Local(u32::MAX);
+pub const SELF: Peer = Peer::Local(u32::MAX);
 
 /// Membership key for the parent link.
-pub(crate) const PARENT: u32 = u32::MAX;
+pub const PARENT: u32 = u32::MAX;
 
 /// A PMI barrier in progress (`job-exec.pmi-barrier`): the waiting request of each shell that arrived, by shell
 /// rank, and the union of their puts.
@@ -98,11 +98,11 @@ pub struct PmiBarrier {
 }
 
 /// How long a broker waits for its children to leave during shutdown.
-pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// What a broker's stop means for the brokers below it ([`Broker::begin_shutdown_for`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Stop {
+pub enum Stop {
     /// They stop too (or re-parent, when this broker lost its own parent).
     Instance,
     /// This broker alone stops (SIGTERM of a broker other than rank 0: `systemctl stop` on its node): its
@@ -115,7 +115,7 @@ pub(crate) enum Stop {
 /// What the driver knows about its own parts, for status output (`broker.info`, `overlay.status`): handed in
 /// with [`Input::Status`] whenever it changes.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct DriverStatus {
+pub struct DriverStatus {
     /// Which failure detectors run, as `{process_exit, tcp, responder, probes[, probing]}` (detect.rs).
     pub detectors: Value,
     /// Overlay connections refused before authentication (see `secure::RefusalLog`).
@@ -124,7 +124,7 @@ pub(crate) struct DriverStatus {
 
 /// Facts about this broker's process and node that the driver finds out once, before the broker starts.
 #[derive(Clone, Debug)]
-pub(crate) struct Environment {
+pub struct Environment {
     /// The instance owner (this process's uid): the only user the instance serves.
     pub uid: u32,
     /// This broker's process id (`broker.ping`, `broker.pid`).
@@ -142,11 +142,11 @@ pub(crate) struct Environment {
 }
 
 /// One input to the broker, handed in with the time it happened ([`Broker::handle`]).
-pub(crate) enum Input {
+pub enum Input {
     /// Join the instance: register this node with rank 0 (once, after the parent link is up).
     Start,
     /// The parent link is up (authenticated, hello acknowledged), using this transport.
-    ParentUp(super::rdma_link::LinkChoice),
+    ParentUp(super::links::LinkChoice),
     /// The candidate parent asked for with [`Effect::ConnectParent`] did not take us: why.
     ParentFailed(String),
     /// A message on a link (`conn`: the child link's connection number; 0 for the parent and local clients).
@@ -201,7 +201,7 @@ pub(crate) enum Input {
 /// A request whose answer waits until what it changed is durable ([`Broker::awaiting_durable`],
 /// [`Broker::awaiting_sync`]).
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Held {
+pub enum Held {
     /// A submission, with its answer (the job id): refused, and its job ended, if the store fails.
     Submission(Value),
     /// A job shell's exit report (`job-exec.shell-exit`), acknowledged with `{}`: the reporting broker drops the
@@ -214,7 +214,7 @@ pub(crate) enum Held {
 /// Rank 0's state directory as the driver found it at start (`store.rs`): for `broker.info` (`vigil uptime`)
 /// and for the rule that a submission is answered only once it is durable.
 #[derive(Clone, Debug, Default)]
-pub(crate) enum StateDir {
+pub enum StateDir {
     /// None (`statedir` unset, or not rank 0): nothing is kept across a restart of rank 0.
     #[default]
     None,
@@ -238,7 +238,7 @@ pub(crate) enum StateDir {
 
 /// What the broker asks its driver to do, in order.
 #[derive(Debug)]
-pub(crate) enum Effect {
+pub enum Effect {
     /// Send a message on the link to this peer. A request that cannot be sent comes back as [`Input::Bounced`].
     Send(Peer, Message),
     /// Accept the would-be child on link `conn` as `rank`: acknowledge its hello, put the link in service
@@ -278,7 +278,7 @@ pub(crate) enum Effect {
 }
 
 /// A local client of this broker.
-pub(crate) struct LocalClient {
+pub struct LocalClient {
     /// Its uid (SO_PEERCRED).
     pub uid: u32,
     /// The event topic prefixes it subscribed to (`broker.sub`): a set, at most
@@ -289,7 +289,7 @@ pub(crate) struct LocalClient {
 }
 
 /// What an internal request (sent by the broker itself) was for.
-pub(crate) enum Internal {
+pub enum Internal {
     Spawn {
         id: JobId,
         rank: u32,
@@ -306,7 +306,7 @@ pub(crate) enum Internal {
 
 /// An overlay round-trip measurement run by this broker for a client (`broker.rtt`): `count` `broker.ping`
 /// requests to `target`, at most `window` in flight, timed by this broker (no client hop in the measurement).
-pub(crate) struct RttRun {
+pub struct RttRun {
     pub req: Message,
     pub target: u32,
     /// Requests still to send.
@@ -322,7 +322,7 @@ pub(crate) struct RttRun {
 /// Liveness of a rank as rank 0 knows it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
-pub(crate) enum MemberState {
+pub enum MemberState {
     Online,
     Torpid,
     Offline,
@@ -330,7 +330,7 @@ pub(crate) enum MemberState {
 }
 
 /// A streaming request for a job's eventlog and/or output.
-pub(crate) struct Watcher {
+pub struct Watcher {
     pub req: Message,
     pub id: JobId,
     pub ev_pos: usize,
@@ -344,7 +344,7 @@ pub(crate) struct Watcher {
 }
 
 /// One broker's state and rules (see the module documentation).
-pub(crate) struct Broker {
+pub struct Broker {
     pub opts: super::BrokerOptions,
     pub env: Environment,
     /// The time of the input being handled.
@@ -379,7 +379,7 @@ pub(crate) struct Broker {
     /// Overlay RTT measurements in progress (`broker.rtt`), by id.
     pub rtt_runs: HashMap<u64, RttRun>,
     /// The transport each overlay link uses (rank 0 hears every child's report).
-    pub links: super::rdma_link::Links,
+    pub links: super::links::Links,
     /// Local clients' `detect.watch` requests, by the pid they wait for.
     pub exit_waiters: HashMap<u32, Vec<Message>>,
     /// Requests forwarded to each child (and, under [`PARENT`], sent up to the parent) and not answered yet, by
@@ -417,7 +417,7 @@ pub(crate) struct Broker {
 
 impl Broker {
     /// A broker that has not joined yet; hand it [`Input::ParentUp`] (if it has a parent) and [`Input::Start`].
-    pub(crate) fn new(opts: super::BrokerOptions, env: Environment, now: Time) -> Broker {
+    pub fn new(opts: super::BrokerOptions, env: Environment, now: Time) -> Broker {
         let jobcore = (opts.rank == 0).then(|| {
             let mut jc = JobCore::new(env.wall_origin + now.as_secs_f64());
             jc.kill_timeout = opts.config.kill_timeout;
@@ -461,7 +461,7 @@ impl Broker {
             next_heartbeat: now,
             goodbye: HashSet::new(),
             rtt_runs: HashMap::new(),
-            links: super::rdma_link::Links::default(),
+            links: super::links::Links::default(),
             exit_waiters: HashMap::new(),
             inflight: HashMap::new(),
             parent: opts_parent,
@@ -483,7 +483,7 @@ impl Broker {
     /// Rank 0, once, before any input: the state directory as the driver opened it, and what it kept (`None`:
     /// nothing, a new store). With a store every change is journaled from now on and the job core is rebuilt
     /// from what was kept (`jobs/journal.rs`); with a damaged one scheduling stops.
-    pub(crate) fn restore(&mut self, statedir: StateDir, kept: Option<crate::jobs::journal::Kept>) {
+    pub fn restore(&mut self, statedir: StateDir, kept: Option<crate::jobs::journal::Kept>) {
         let wall = self.wall();
         let Some(jc) = self.jobcore.as_mut() else { return };
         match &statedir {
@@ -530,7 +530,7 @@ impl Broker {
     /// What the driver must write before it carries out anything asked since the last time: the job
     /// core's journal batch, or `Some(None)` when only answers are held and nothing is left to write. `None`
     /// without a state directory or with nothing to do.
-    pub(crate) fn journal(&self) -> Option<Option<crate::jobs::journal::Journal>> {
+    pub fn journal(&self) -> Option<Option<crate::jobs::journal::Journal>> {
         if !matches!(self.statedir, StateDir::Open { .. }) {
             return None;
         }
@@ -544,7 +544,7 @@ impl Broker {
     /// The write an fsync must cover for held submissions to be answered ([`Input::Synced`]): the latest write
     /// that holds any, `None` when none waits. The driver starts one fsync at a time; what is written while it
     /// runs waits for the next one, which covers it all (group commit).
-    pub(crate) fn sync_wanted(&self) -> Option<u64> {
+    pub fn sync_wanted(&self) -> Option<u64> {
         self.awaiting_sync.back().map(|(seq, ..)| *seq)
     }
 
@@ -636,37 +636,37 @@ impl Broker {
         }
     }
 
-    pub(crate) fn rank(&self) -> u32 {
+    pub fn rank(&self) -> u32 {
         self.opts.rank
     }
 
     /// Wall-clock time now, seconds since the epoch (the job core's clock and eventlog timestamps).
-    pub(crate) fn wall(&self) -> f64 {
+    pub fn wall(&self) -> f64 {
         self.env.wall_origin + self.now.as_secs_f64()
     }
 
     /// Seconds since the origin (the membership machine's clock).
-    pub(crate) fn clock(&self) -> f64 {
+    pub fn clock(&self) -> f64 {
         self.now.as_secs_f64()
     }
 
     /// Ask the driver for something.
-    pub(crate) fn effect(&mut self, e: Effect) {
+    pub fn effect(&mut self, e: Effect) {
         self.out.push_back(e);
     }
 
     /// The next thing to do, in the order asked.
-    pub(crate) fn poll_effect(&mut self) -> Option<Effect> {
+    pub fn poll_effect(&mut self) -> Option<Effect> {
         self.out.pop_front()
     }
 
     /// The process exit code once [`Broker::finished`] (rank 0: the initial program's).
-    pub(crate) fn exit_code(&self) -> i32 {
+    pub fn exit_code(&self) -> i32 {
         self.exit_code
     }
 
     /// Handle one input at time `now` (not earlier than the last one's); then drain [`Broker::poll_effect`].
-    pub(crate) fn handle(&mut self, now: Time, input: Input) {
+    pub fn handle(&mut self, now: Time, input: Input) {
         self.now = self.now.max(now);
         match input {
             Input::Start => self.join(),
@@ -675,7 +675,7 @@ impl Broker {
                 self.parent_up = true;
                 self.on_parent_up();
                 // Tell rank 0 which transport our parent link uses (for `vigil overlay status` and `uptime`).
-                self.route_request(SELF, super::rdma_link::report(self.rank(), &choice));
+                self.route_request(SELF, super::links::report(self.rank(), &choice));
                 self.links.parent = Some(choice);
                 let now = self.clock();
                 self.membership.signal(now, PARENT, Signal::Connected);
@@ -735,30 +735,30 @@ impl Broker {
                 self.begin_shutdown("initial program exited");
             }
             Input::Signal(sig) => {
-                if sig == libc::SIGTERM && self.stops_for_restart() {
+                if sig == crate::signal::SIGTERM && self.stops_for_restart() {
                     // `systemctl stop|restart` of rank 0 with a state directory: its jobs are kept and the other
                     // brokers wait for it (rejoin.rs); `vigil shutdown` stops the whole instance.
                     if self.exit_code == 0 {
                         self.exit_code = 128 + sig;
                     }
                     self.begin_shutdown_for(&format!("signal {sig}"), Stop::Restart);
-                } else if sig == libc::SIGTERM && self.rank() != 0 {
+                } else if sig == crate::signal::SIGTERM && self.rank() != 0 {
                     if self.exit_code == 0 {
                         self.exit_code = 128 + sig;
                     }
                     self.begin_shutdown_for(&format!("signal {sig}"), Stop::Alone);
-                } else if sig == libc::SIGTERM || (self.rank() == 0 && self.opts.initial_program.is_none()) {
+                } else if sig == crate::signal::SIGTERM || (self.rank() == 0 && self.opts.initial_program.is_none()) {
                     if self.exit_code == 0 {
                         self.exit_code = 128 + sig;
                     }
                     if self.initial_started {
-                        self.effect(Effect::SignalInitial(libc::SIGTERM));
+                        self.effect(Effect::SignalInitial(crate::signal::SIGTERM));
                     }
                     self.begin_shutdown(&format!("signal {sig}"));
-                } else if sig == libc::SIGINT && self.rank() == 0 && self.initial_started {
+                } else if sig == crate::signal::SIGINT && self.rank() == 0 && self.initial_started {
                     // Sent to the broker itself (a launcher forwarding Ctrl-C, `kill -INT`), not by a terminal to
                     // the initial program's own process group: hand it on, as Ctrl-C on the program would be.
-                    self.effect(Effect::SignalInitial(libc::SIGINT));
+                    self.effect(Effect::SignalInitial(crate::signal::SIGINT));
                 } else {
                     debug!("ignoring signal {sig}; the initial program handles it");
                 }
@@ -801,7 +801,7 @@ impl Broker {
     }
 
     /// Register this node with rank 0 (locally on rank 0), and on a single-broker instance act on it at once.
-    pub(crate) fn join(&mut self) {
+    pub fn join(&mut self) {
         let (cores, gpus): (IdSet, IdSet) = match &self.opts.resources_override {
             Some((c, g)) => (c.clone(), g.clone()),
             None => ((0..self.env.resources.cores).collect(), (0..self.env.resources.gpus).collect()),
@@ -819,7 +819,7 @@ impl Broker {
     }
 
     /// When the broker should next get [`Input::Timer`], if ever.
-    pub(crate) fn next_deadline(&self) -> Option<Time> {
+    pub fn next_deadline(&self) -> Option<Time> {
         let mut t: Option<Time> = None;
         let mut earliest = |d: Time| t = Some(t.map_or(d, |x: Time| x.min(d)));
         if let Some(d) = self.jobcore.as_ref().and_then(JobCore::next_deadline) {
@@ -845,7 +845,7 @@ impl Broker {
     }
 
     /// True once the broker is done: shutting down and its children gone (or the grace period over).
-    pub(crate) fn finished(&self) -> bool {
+    pub fn finished(&self) -> bool {
         match self.shutting_down {
             Some(s) => self.children.is_empty() || self.now.since(s) >= SHUTDOWN_GRACE,
             None => false,
@@ -855,7 +855,7 @@ impl Broker {
     /// Whether SIGTERM stops only this broker, for a restart, rather than the instance: rank 0 of a system
     /// instance (no initial program) that keeps its jobs in a state directory, while the others wait for it
     /// (`tbon.parent_grace` above 0).
-    pub(crate) fn stops_for_restart(&self) -> bool {
+    pub fn stops_for_restart(&self) -> bool {
         self.rank() == 0
             && self.opts.initial_program.is_none()
             && self.jobcore.as_ref().is_some_and(|j| j.journaling())
@@ -865,20 +865,20 @@ impl Broker {
     /// How long this broker outlives rank 0 (seconds): `tbon.parent_grace` where it was set here, else rank 0's
     /// (which keeps the jobs and waits that long for their shells: a state directory given to rank 0 alone makes
     /// the others wait too), else the default ([`crate::attrs::BrokerConfig::parent_grace`]).
-    pub(crate) fn parent_grace(&self) -> f64 {
+    pub fn parent_grace(&self) -> f64 {
         let c = &self.opts.config;
         c.parent_grace_set.or(self.rank0_grace).unwrap_or_else(|| c.parent_grace())
     }
 
     /// Stop this broker and, with it, the brokers below (see [`Broker::begin_shutdown_for`]).
-    pub(crate) fn begin_shutdown(&mut self, why: &str) {
+    pub fn begin_shutdown(&mut self, why: &str) {
         self.begin_shutdown_for(why, Stop::Instance)
     }
 
     /// Stop this broker: say goodbye to the parent, tell the children (`shutdown`: `orphan` when this broker lost
     /// its own parent and they may re-parent; `restart` when rank 0 stops to restart and they wait for it), kill
     /// the job shells here, and exit once the children are gone or after [`SHUTDOWN_GRACE`].
-    pub(crate) fn begin_shutdown_for(&mut self, why: &str, how: Stop) {
+    pub fn begin_shutdown_for(&mut self, why: &str, how: Stop) {
         if self.shutting_down.is_some() {
             return;
         }
@@ -917,7 +917,7 @@ impl Broker {
     }
 
     /// Carry out what the job core asked for, and wake watchers.
-    pub(crate) fn drain_actions(&mut self) {
+    pub fn drain_actions(&mut self) {
         use crate::jobs::Action;
         while let Some(a) = self.jobcore.as_mut().and_then(|j| j.poll_action()) {
             match a {
@@ -978,7 +978,7 @@ impl Broker {
     }
 
     /// The TBON shape and size (routing and liveness need both).
-    pub(crate) fn tree(&self) -> (Topology, u32) {
+    pub fn tree(&self) -> (Topology, u32) {
         (self.opts.topo, self.opts.size)
     }
 }

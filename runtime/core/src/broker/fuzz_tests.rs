@@ -66,23 +66,23 @@ fn effects(b: &mut Broker) -> Vec<Effect> {
 
 /// Rank 0 of a 7-broker binary tree, started, with local client 5 (the instance owner) and child rank 1 joined.
 fn rank0() -> Broker {
-    let mut b = crate::sim::new_broker(0, 7, Topology::Kary(2), 4, Config::default(), Time::ZERO);
+    let mut b = super::testing::new_broker(0, 7, Topology::Kary(2), 4, Config::default(), Time::ZERO);
     b.handle(t(0.0), Input::Start);
     let hello = Message::control("hello", &json!({"rank": 1, "instance": "sim"}));
     b.handle(t(0.001), Input::Hello { conn: 7, msg: hello, addr: "peer".into(), refusal: None });
-    b.handle(t(0.002), Input::LocalNew { id: 5, uid: crate::sim::UID });
+    b.handle(t(0.002), Input::LocalNew { id: 5, uid: super::testing::UID });
     effects(&mut b);
     b
 }
 
 /// Rank 1 of the same tree (children 3, 4), its parent link up, child 3 joined.
 fn router() -> Broker {
-    let mut b = crate::sim::new_broker(1, 7, Topology::Kary(2), 4, Config::default(), Time::ZERO);
-    b.handle(t(0.0), Input::ParentUp(super::rdma_link::LinkChoice { transport: "tcp", detail: String::new() }));
+    let mut b = super::testing::new_broker(1, 7, Topology::Kary(2), 4, Config::default(), Time::ZERO);
+    b.handle(t(0.0), Input::ParentUp(super::links::LinkChoice { transport: "tcp", detail: String::new() }));
     b.handle(t(0.0), Input::Start);
     let hello = Message::control("hello", &json!({"rank": 3, "instance": "sim"}));
     b.handle(t(0.001), Input::Hello { conn: 9, msg: hello, addr: "peer".into(), refusal: None });
-    b.handle(t(0.002), Input::LocalNew { id: 5, uid: crate::sim::UID });
+    b.handle(t(0.002), Input::LocalNew { id: 5, uid: super::testing::UID });
     effects(&mut b);
     b
 }

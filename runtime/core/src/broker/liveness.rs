@@ -16,7 +16,7 @@ use tracing::{debug, error, info, warn};
 /// tree it believes it is in (`size` brokers shaped by `topo`), so that a parent refuses a child configured for
 /// another tree rather than route for it by a different map. A driver adds its link's own fields (`probe_port`,
 /// the RDMA offer).
-pub(crate) fn hello_payload(rank: u32, instance: &str, size: u32, topo: &Topology, hostname: &str) -> Value {
+pub fn hello_payload(rank: u32, instance: &str, size: u32, topo: &Topology, hostname: &str) -> Value {
     json!({"rank": rank, "instance": instance, "version": WIRE_VERSION, "size": size, "topo": topo.to_string(),
         "hostname": hostname})
 }
@@ -36,7 +36,7 @@ fn quote(s: &str) -> String {
 impl Broker {
     /// A would-be child's hello on authenticated link `conn` from `addr` (see `docs/wire-format.md`): accepted
     /// ([`Effect::AcceptChild`]) or refused with the reason ([`Effect::RefuseChild`]), never anything else.
-    pub(crate) fn on_hello(&mut self, conn: u64, msg: Message, addr: &str, refusal: Option<String>) {
+    pub fn on_hello(&mut self, conn: u64, msg: Message, addr: &str, refusal: Option<String>) {
         match self.judge_hello(conn, &msg).and_then(|rank| refusal.map_or(Ok(rank), Err)) {
             Ok(rank) => {
                 self.effect(Effect::AcceptChild { conn, rank });
@@ -162,7 +162,7 @@ impl Broker {
 
     /// Control messages: `shutdown` and `adopted` (the re-parents it knows of) from the parent, `goodbye` from a
     /// child, heartbeats.
-    pub(crate) fn on_control(&mut self, from: Peer, msg: Message) {
+    pub fn on_control(&mut self, from: Peer, msg: Message) {
         match (from, msg.topic.as_str()) {
             (Peer::Parent, "shutdown") => {
                 let body = msg.json();
@@ -249,7 +249,7 @@ impl Broker {
     }
 
     /// The deadline passed: time limits and kill escalation, heartbeats, liveness verdicts.
-    pub(crate) fn on_timer(&mut self) {
+    pub fn on_timer(&mut self) {
         let wall = self.wall();
         if let Some(jc) = self.jobcore.as_mut() {
             jc.handle_timeout(wall);
@@ -283,7 +283,7 @@ impl Broker {
 
     /// Act on liveness verdicts: lost children (and their subtrees) are reported to rank 0 and dropped; torpid
     /// and lively ones are reported so rank 0 stops (or resumes) placing work there; a lost parent ends us.
-    pub(crate) fn apply_transitions(&mut self, ts: Vec<Transition>) {
+    pub fn apply_transitions(&mut self, ts: Vec<Transition>) {
         for t in ts {
             if t.rank == PARENT {
                 match t.to {
@@ -356,7 +356,7 @@ impl Broker {
     }
 
     /// A link closed (or the kernel reset it).
-    pub(crate) fn on_closed(&mut self, peer: Peer, conn: u64, why: &str) {
+    pub fn on_closed(&mut self, peer: Peer, conn: u64, why: &str) {
         match peer {
             Peer::Parent => {
                 if !self.parent_up {

@@ -37,12 +37,12 @@ use std::time::Duration;
 use tracing::{error, info, warn};
 
 /// How often a broker waiting for rank 0 tries to connect to it again.
-pub(crate) const RANK0_RETRY: Duration = Duration::from_secs(1);
+pub const RANK0_RETRY: Duration = Duration::from_secs(1);
 
 impl Broker {
     /// Rank 0, our parent, is lost (`why`): wait for it for `tbon.parent_grace`, or say no (grace 0) so that the
     /// caller ends this broker as before.
-    pub(crate) fn wait_for_rank0(&mut self, why: &str) -> bool {
+    pub fn wait_for_rank0(&mut self, why: &str) -> bool {
         let grace = self.parent_grace();
         if grace <= 0.0 || self.shutting_down.is_some() {
             return false;
@@ -58,7 +58,7 @@ impl Broker {
     }
 
     /// An attempt to reach rank 0 failed (`why`): again in [`RANK0_RETRY`], unless the grace is over.
-    pub(crate) fn rank0_failed(&mut self, why: &str) {
+    pub fn rank0_failed(&mut self, why: &str) {
         let now = self.now;
         let Some(rp) = self.reparenting.as_mut() else { return };
         let Some((until, retry)) = rp.grace.as_mut() else { return };
@@ -70,7 +70,7 @@ impl Broker {
     }
 
     /// At a timer: try rank 0 again, or give up once the grace is over.
-    pub(crate) fn rank0_timer(&mut self) {
+    pub fn rank0_timer(&mut self) {
         let now = self.now;
         let Some((until, retry)) = self.reparenting.as_mut().and_then(|rp| rp.grace.as_mut()) else { return };
         if now >= *until {
@@ -83,7 +83,7 @@ impl Broker {
     }
 
     /// When this broker next has something to do while it waits for rank 0.
-    pub(crate) fn rank0_deadline(&self) -> Option<Time> {
+    pub fn rank0_deadline(&self) -> Option<Time> {
         let (until, retry) = self.reparenting.as_ref()?.grace?;
         Some(retry.map_or(until, |r| r.min(until)))
     }
@@ -105,7 +105,7 @@ impl Broker {
     }
 
     /// Rank 0 took us back (`rp`: what waited for it): register again, send what waited, tell our children.
-    pub(crate) fn rank0_back(&mut self, rp: Reparent) {
+    pub fn rank0_back(&mut self, rp: Reparent) {
         self.parent = Some(0);
         info!(
             "rank 0 is back after {:.1} s; rejoining ({} queued message(s) to send)",
@@ -138,7 +138,7 @@ impl Broker {
 
     /// Our parent's `rejoin`: rank 0 restarted and our parent is back with it. Register again, send every
     /// unanswered exit report (those in flight when rank 0 died were lost with it), and tell our children.
-    pub(crate) fn on_rejoin(&mut self) {
+    pub fn on_rejoin(&mut self) {
         info!("rank 0 restarted; rejoining it");
         self.join();
         self.resend_exit_reports(&Default::default());
@@ -155,7 +155,7 @@ impl Broker {
     }
 
     /// The jobs this broker has a shell or an unanswered exit report for, ascending (in `resource.register`).
-    pub(crate) fn attached_jobs(&self) -> Vec<u64> {
+    pub fn attached_jobs(&self) -> Vec<u64> {
         let mut ids: std::collections::BTreeSet<u64> = self.shells.iter().map(|j| j.0).collect();
         for m in self.exit_reports.values() {
             if let Some(id) = m.json().get("id").and_then(Value::as_u64) {

@@ -52,24 +52,24 @@ use std::time::Duration;
 use tracing::{error, info, warn};
 
 /// Messages an orphan queues for its next parent while it re-parents.
-pub(crate) const UP_QUEUE_MAX: usize = 16_384;
+pub const UP_QUEUE_MAX: usize = 16_384;
 
 /// Bytes of message payload an orphan queues for its next parent while it re-parents (16 MiB).
-pub(crate) const UP_QUEUE_BYTES: usize = 16 << 20;
+pub const UP_QUEUE_BYTES: usize = 16 << 20;
 
 /// How long rank 0 waits for each child of a lost rank to re-parent before it declares it lost too. Long, because
 /// an orphan that is stopped or starved re-parents only once it runs again, and a stalled broker must not be
 /// lost; what it costs is the time to find an orphan that died together with its router (a double fault).
-pub(crate) const REPARENT_TIMEOUT: Duration = Duration::from_secs(30);
+pub const REPARENT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The start of the reason of a rank unreachable while it (or a rank above it) re-parents.
-pub(crate) const REPARENTING: &str = "unreachable while re-parenting: below rank";
+pub const REPARENTING: &str = "unreachable while re-parenting: below rank";
 
 /// How long an orphan waits for one candidate to accept it before it tries the next.
-pub(crate) const CANDIDATE_TIMEOUT: Duration = Duration::from_millis(500);
+pub const CANDIDATE_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// An orphan's search for an adoptive parent.
-pub(crate) struct Reparent {
+pub struct Reparent {
     /// The parent that was lost.
     pub lost: u32,
     /// The candidates, in the order tried ([`candidates`]).
@@ -93,7 +93,7 @@ pub(crate) struct Reparent {
 impl Reparent {
     /// A re-parent of a broker whose parent `lost` was lost at `since`, trying `candidates` in order, nothing
     /// queued yet; `grace` as for [`Reparent::grace`].
-    pub(crate) fn new(lost: u32, candidates: Vec<u32>, since: Time, grace: Option<(Time, Option<Time>)>) -> Reparent {
+    pub fn new(lost: u32, candidates: Vec<u32>, since: Time, grace: Option<(Time, Option<Time>)>) -> Reparent {
         Reparent {
             lost,
             candidates,
@@ -181,7 +181,7 @@ pub fn parent_endpoints(topo: Topology, size: u32, me: u32) -> Vec<u32> {
 impl Broker {
     /// The current parent of `rank` as this broker knows it: its own current parent for itself, a learned
     /// adoption, else the static tree.
-    pub(crate) fn parent_of(&self, rank: u32) -> Option<u32> {
+    pub fn parent_of(&self, rank: u32) -> Option<u32> {
         if rank == self.rank() {
             return self.parent;
         }
@@ -193,7 +193,7 @@ impl Broker {
 
     /// Where a request for `target` goes from here: walk `target`'s current ancestors; the one whose parent is
     /// this broker is the child to send to; reaching the root without passing here means up.
-    pub(crate) fn next_hop(&self, target: u32) -> Hop {
+    pub fn next_hop(&self, target: u32) -> Hop {
         let me = self.rank();
         if target == me {
             return Hop::Local;
@@ -214,7 +214,7 @@ impl Broker {
     }
 
     /// The current children of `rank` as this broker knows them (rank 0 knows every adoption).
-    pub(crate) fn children_of(&self, rank: u32) -> Vec<u32> {
+    pub fn children_of(&self, rank: u32) -> Vec<u32> {
         let (topo, size) = self.tree();
         let mut v: Vec<u32> =
             topo.children(size, rank).into_iter().filter(|c| self.adopted.get(c).is_none_or(|&p| p == rank)).collect();
@@ -226,7 +226,7 @@ impl Broker {
     }
 
     /// Learn that `rank`'s parent is now `parent`.
-    pub(crate) fn learn_parent(&mut self, rank: u32, parent: u32) {
+    pub fn learn_parent(&mut self, rank: u32, parent: u32) {
         if rank == self.rank() {
             return;
         }
@@ -239,7 +239,7 @@ impl Broker {
 
     /// Our parent is lost (`why`): start re-parenting, or say no (re-parenting off, shutting down, the parent
     /// was rank 0, no candidate) so that the caller ends this broker as before.
-    pub(crate) fn start_reparent(&mut self, why: &str) -> bool {
+    pub fn start_reparent(&mut self, why: &str) -> bool {
         let Some(lost) = self.parent else { return false };
         // Whatever comes next, what went up through the lost parent will never be answered.
         self.fail_sent_up(lost);
@@ -265,7 +265,7 @@ impl Broker {
         true
     }
 
-    pub(crate) fn try_candidate(&mut self) {
+    pub fn try_candidate(&mut self) {
         let Some(rp) = self.reparenting.as_ref() else { return };
         match rp.candidates.get(rp.trying).copied() {
             Some(rank) => {
@@ -286,7 +286,7 @@ impl Broker {
     }
 
     /// The candidate being tried did not take us (`why`): the next one.
-    pub(crate) fn on_parent_failed(&mut self, why: &str) {
+    pub fn on_parent_failed(&mut self, why: &str) {
         let Some(rp) = self.reparenting.as_mut() else { return };
         if rp.grace.is_some() {
             return self.rank0_failed(why);
@@ -297,7 +297,7 @@ impl Broker {
     }
 
     /// The parent link is up. After a re-parent: tell rank 0 (through the new parent) and send what waited.
-    pub(crate) fn on_parent_up(&mut self) {
+    pub fn on_parent_up(&mut self) {
         let Some(rp) = self.reparenting.take() else { return };
         if rp.grace.is_some() {
             return self.rank0_back(rp);
@@ -324,7 +324,7 @@ impl Broker {
 
     /// Shell exit reports that got no answer may have died with a lost router on the way: again (rank 0 takes
     /// each once), but not those in `sent` (just sent from the re-parent queue).
-    pub(crate) fn resend_exit_reports(&mut self, sent: &std::collections::BTreeSet<u32>) {
+    pub fn resend_exit_reports(&mut self, sent: &std::collections::BTreeSet<u32>) {
         let again: Vec<(u32, Message)> = self.exit_reports.iter().map(|(t, m)| (*t, m.clone())).collect();
         for (tag, mut m) in again {
             if self.internal.contains_key(&tag) && sent.contains(&tag) {
@@ -339,7 +339,7 @@ impl Broker {
     /// Every broker, at rank 0's `overlay.reparent` event: if the rank that moved is above this broker, what
     /// this broker sent up through it may have been lost with that rank's former parent, so its unanswered shell
     /// exit reports go again (the orphan itself sent its own when it re-parented).
-    pub(crate) fn on_reparent_event(&mut self, body: &Value) {
+    pub fn on_reparent_event(&mut self, body: &Value) {
         self.on_reparent_request(body);
         let Ok(moved) = rank_field(body, "rank", self.opts.size) else { return };
         if self.exit_reports.is_empty() || moved == self.rank() {
@@ -356,7 +356,7 @@ impl Broker {
     }
 
     /// Whether a message for the parent waits for one (we are re-parenting); gives it back otherwise.
-    pub(crate) fn queue_up(&mut self, msg: Message) -> Result<(), Message> {
+    pub fn queue_up(&mut self, msg: Message) -> Result<(), Message> {
         let Some(rp) = self.reparenting.as_mut() else { return Err(msg) };
         let bytes = msg.payload.len() + msg.topic.len();
         if rp.queue.len() < UP_QUEUE_MAX && rp.queued_bytes + bytes <= UP_QUEUE_BYTES {
@@ -375,7 +375,7 @@ impl Broker {
     }
 
     /// Whether the would-be child `rank`, whose hello asks to be adopted, may be: `None` if so, else why not.
-    pub(crate) fn adoption_refusal(&self, rank: u32, hello: &Value) -> Option<String> {
+    pub fn adoption_refusal(&self, rank: u32, hello: &Value) -> Option<String> {
         let (topo, size) = self.tree();
         let me = self.rank();
         hello.get("adopt")?;
@@ -403,7 +403,7 @@ impl Broker {
     }
 
     /// Rank 0 and the brokers on the way: `rank` re-parented under `parent` (both run, then).
-    pub(crate) fn on_reparent_request(&mut self, body: &Value) {
+    pub fn on_reparent_request(&mut self, body: &Value) {
         let size = self.opts.size;
         if let (Ok(rank), Ok(parent)) = (rank_field(body, "rank", size), rank_field(body, "parent", size)) {
             self.learn_parent(rank, parent);
@@ -413,7 +413,7 @@ impl Broker {
     }
 
     /// Every broker: rank 0's `overlay.lost` event; its ranks are asked last when this broker re-parents.
-    pub(crate) fn on_lost_event(&mut self, body: &Value) {
+    pub fn on_lost_event(&mut self, body: &Value) {
         let Some(ranks) = body.get("ranks").and_then(Value::as_str).and_then(|s| s.parse::<IdSet>().ok()) else {
             return;
         };
@@ -426,7 +426,7 @@ impl Broker {
     /// now (an `overlay.reparent` event naming its static parent): routes that went to its former adopter would
     /// otherwise fail, and orphans would ask it last. One that names another parent registers again after rank
     /// 0 restarted, still adopted: the route to it goes through its adopter.
-    pub(crate) fn on_register(&mut self, rank: u32, current: Option<u32>) {
+    pub fn on_register(&mut self, rank: u32, current: Option<u32>) {
         let (topo, size) = self.tree();
         let Some(parent) = topo.parent(size, rank) else { return };
         if let Some(adopter) = current.filter(|p| *p != parent && *p != rank && *p < size) {
@@ -451,7 +451,7 @@ impl Broker {
     /// Meanwhile the orphans and everything below them are unreachable: they are torpid ("re-parenting"), so no
     /// new work is placed there (a job started there now would fail to start its shells), and lively again once
     /// they have re-parented. Work already running there goes on.
-    pub(crate) fn expect_orphans(&mut self, lost: u32) {
+    pub fn expect_orphans(&mut self, lost: u32) {
         if !self.opts.config.reparent {
             return;
         }
@@ -481,7 +481,7 @@ impl Broker {
     }
 
     /// `rank` and every rank below it now, as this broker knows them (rank 0: all of them).
-    pub(crate) fn subtree_of(&self, rank: u32) -> Vec<u32> {
+    pub fn subtree_of(&self, rank: u32) -> Vec<u32> {
         let size = self.opts.size as usize;
         let mut out = vec![rank];
         let mut i = 0;
@@ -494,12 +494,12 @@ impl Broker {
     }
 
     /// Rank 0: the earliest orphan deadline.
-    pub(crate) fn orphan_deadline(&self) -> Option<Time> {
+    pub fn orphan_deadline(&self) -> Option<Time> {
         self.orphans.values().map(|(t, _)| *t).min()
     }
 
     /// Rank 0, at a timer: orphans that did not re-parent in time are lost (and their children orphans).
-    pub(crate) fn expire_orphans(&mut self) {
+    pub fn expire_orphans(&mut self) {
         let now = self.now;
         let late: BTreeMap<u32, u32> =
             self.orphans.iter().filter(|(_, (t, _))| *t <= now).map(|(c, (_, lost))| (*c, *lost)).collect();
@@ -516,7 +516,7 @@ impl Broker {
     }
 
     /// Rank 0: record `rank`'s re-parent (`resource.eventlog`, the `overlay.reparent` event to every broker).
-    pub(crate) fn record_reparent(&mut self, body: &Value) -> Result<(), (u32, String)> {
+    pub fn record_reparent(&mut self, body: &Value) -> Result<(), (u32, String)> {
         let size = self.opts.size;
         let get = |k: &str| rank_field(body, k, size);
         let (rank, parent) = (get("rank")?, get("parent")?);

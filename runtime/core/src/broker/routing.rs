@@ -311,7 +311,7 @@ impl Broker {
                 let r = if msg.errnum == 0 {
                     Ok(())
                 } else {
-                    Err(msg.errstr().unwrap_or_else(|| crate::client::errno_str(msg.errnum).into()))
+                    Err(msg.errstr().unwrap_or_else(|| crate::message::errno_str(msg.errnum).into()))
                 };
                 let now = self.wall();
                 if let Some(jc) = self.jobcore.as_mut() {
@@ -330,7 +330,7 @@ impl Broker {
                 let Some(r) = self.rtt_runs.get_mut(&run) else { return };
                 r.inflight -= 1;
                 if msg.errnum != 0 {
-                    let e = msg.errstr().unwrap_or_else(|| crate::client::errno_str(msg.errnum).into());
+                    let e = msg.errstr().unwrap_or_else(|| crate::message::errno_str(msg.errnum).into());
                     if let Some(r) = self.rtt_runs.remove(&run) {
                         self.respond_error(&r.req, msg.errnum, &e);
                     }

@@ -1,7 +1,6 @@
 //! Request handlers of the broker's services (dispatch by topic).
 
 use super::core::{Broker, Effect, Internal, MemberState, Watcher};
-use crate::hwloc::NodeResources;
 use crate::idset::IdSet;
 use crate::jobs::{Batch, JobId, JobState};
 use crate::message::{errno, Message, FLAG_STREAMING, ROUTE_LOCAL};
@@ -9,6 +8,7 @@ use crate::shellproto::{OutputLine, ShellExit, ShellInput};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tracing::{debug, info, warn};
+use vigil_proto::node::NodeResources;
 
 /// Which failure detectors this broker runs, as `{process_exit, tcp, responder, probes}` (detect.rs), and on a
 /// parent `probing` (children by group datagram / unicast, where replies are read).
@@ -407,11 +407,11 @@ fn handle(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
             let body = lazy.object()?;
             let id = parse_id(body)?;
             field(body, "signal")?;
-            let sig = opt_i32(body, "signal")?.unwrap_or(libc::SIGTERM);
-            if !(1..=libc::SIGRTMAX()).contains(&sig) {
+            let sig = opt_i32(body, "signal")?.unwrap_or(crate::signal::SIGTERM);
+            if !(1..=crate::signal::SIGRTMAX).contains(&sig) {
                 return Err((
                     errno::EINVAL,
-                    format!("'signal' must be a signal number 1..={}, got {sig}", libc::SIGRTMAX()),
+                    format!("'signal' must be a signal number 1..={}, got {sig}", crate::signal::SIGRTMAX),
                 ));
             }
             if core.shells.contains(&id) {
@@ -501,7 +501,7 @@ fn statedir(core: &Broker) -> Value {
 
 /// How this broker's overlay links are secured, and how many unauthenticated connections it refused.
 fn security(core: &Broker) -> Value {
-    json!({"noise": super::secure::NOISE_PARAMS, "refused": core.status.refused})
+    json!({"noise": crate::message::NOISE_PARAMS, "refused": core.status.refused})
 }
 
 // ------------------------------------------------------------------------------------------- rexec

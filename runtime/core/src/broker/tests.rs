@@ -14,7 +14,7 @@ fn t(s: f64) -> Time {
 
 /// Rank `rank` of a 7-broker binary tree (children of 1: 3, 4; of 0: 1, 2).
 fn broker(rank: u32) -> Broker {
-    crate::sim::new_broker(rank, 7, Topology::Kary(2), 4, Config::default(), Time::ZERO)
+    super::testing::new_broker(rank, 7, Topology::Kary(2), 4, Config::default(), Time::ZERO)
 }
 
 fn effects(b: &mut Broker) -> Vec<Effect> {
@@ -49,7 +49,7 @@ fn root_with_child() -> Broker {
         "gpus": 0, "gpu_names": [], "source": "test"}, "cores": "0-3", "gpus": ""});
     let mut m = Message::request("resource.register", 0, &reg);
     m.flags = crate::message::FLAG_NORESPONSE;
-    m.userid = crate::sim::UID;
+    m.userid = super::testing::UID;
     b.handle(t(0.002), Input::Message(Peer::Child(1), 7, m));
     effects(&mut b);
     assert_eq!(b.members[&1].0, MemberState::Online);
@@ -78,7 +78,7 @@ fn responses(out: &[Effect], to: Peer) -> Vec<&Message> {
 #[test]
 fn hello_rules() {
     let mut b = broker(1);
-    b.handle(t(0.0), Input::ParentUp(super::rdma_link::LinkChoice { transport: "tcp", detail: String::new() }));
+    b.handle(t(0.0), Input::ParentUp(super::links::LinkChoice { transport: "tcp", detail: String::new() }));
     effects(&mut b);
     assert_eq!(judge(&mut b, t(0.1), 1, hello(3, "sim"), None), Ok(3));
     assert_eq!(judge(&mut b, t(0.1), 2, hello(3, "sim"), None), Err("rank 3 is already connected".into()));
@@ -89,7 +89,7 @@ fn hello_rules() {
     let huge = Message::control("hello", &json!({"rank": 1u64 << 32 | 4, "instance": "sim"}));
     assert!(judge(&mut b, t(0.1), 6, huge, None).is_err(), "rank 2^32 + 4 is not rank 4");
     assert_eq!(judge(&mut b, t(0.1), 7, hello(4, "sim"), Some("no RDMA".into())), Err("no RDMA".into()));
-    b.handle(t(0.2), Input::Signal(libc::SIGTERM));
+    b.handle(t(0.2), Input::Signal(crate::signal::SIGTERM));
     effects(&mut b);
     assert_eq!(judge(&mut b, t(0.3), 8, hello(4, "sim"), None), Err("broker is shutting down".into()));
 }
@@ -97,7 +97,7 @@ fn hello_rules() {
 #[test]
 fn routing_errors_are_answered_never_dropped() {
     let mut b = root_with_child();
-    b.handle(t(0.01), Input::LocalNew { id: 5, uid: crate::sim::UID });
+    b.handle(t(0.01), Input::LocalNew { id: 5, uid: super::testing::UID });
     let send = |b: &mut Broker, topic: &str, nodeid: u32, tag: u32| {
         let mut m = Message::request(topic, nodeid, &json!({}));
         m.matchtag = tag;
@@ -139,7 +139,7 @@ fn routing_errors_are_answered_never_dropped() {
 #[test]
 fn requests_in_flight_to_a_lost_child_get_ehostunreach_once() {
     let mut b = root_with_child();
-    b.handle(t(0.01), Input::LocalNew { id: 5, uid: crate::sim::UID });
+    b.handle(t(0.01), Input::LocalNew { id: 5, uid: super::testing::UID });
     let mut m = Message::request("broker.ping", 3, &json!({}));
     m.matchtag = 9;
     b.handle(t(0.02), Input::Message(Peer::Local(5), 0, m));
@@ -196,7 +196,7 @@ fn liveness_in_virtual_time_heartbeats_torpid_lost() {
 #[test]
 fn a_broker_that_loses_its_parent_shuts_down_and_exits_nonzero() {
     let mut b = broker(1);
-    b.handle(t(0.0), Input::ParentUp(super::rdma_link::LinkChoice { transport: "tcp", detail: String::new() }));
+    b.handle(t(0.0), Input::ParentUp(super::links::LinkChoice { transport: "tcp", detail: String::new() }));
     b.handle(t(0.0), Input::Start);
     effects(&mut b);
     b.handle(t(1.0), Input::AckSamples(vec![(PARENT, 2, 1.0)]));
@@ -212,7 +212,7 @@ fn a_broker_that_loses_its_parent_shuts_down_and_exits_nonzero() {
 fn rexec_spawn_is_answered_when_the_driver_has_started_the_shell() {
     let mut b = broker(0);
     b.handle(t(0.0), Input::Start);
-    b.handle(t(0.0), Input::LocalNew { id: 5, uid: crate::sim::UID });
+    b.handle(t(0.0), Input::LocalNew { id: 5, uid: super::testing::UID });
     effects(&mut b);
     // A real job: submitted by the client, allocated on rank 0, its shell asked of rank 0's own rexec.
     let spec: serde_json::Value =
@@ -288,7 +288,7 @@ fn a_late_timer_asks_for_a_fresh_ack_sample_before_judging_a_child() {
 /// Rank 1 of [`broker`], its parent link up: its children are ranks 3 and 4.
 fn router() -> Broker {
     let mut b = broker(1);
-    b.handle(t(0.0), Input::ParentUp(super::rdma_link::LinkChoice { transport: "tcp", detail: String::new() }));
+    b.handle(t(0.0), Input::ParentUp(super::links::LinkChoice { transport: "tcp", detail: String::new() }));
     effects(&mut b);
     b
 }
@@ -404,7 +404,7 @@ fn any_hello_gets_one_verdict_and_only_children_join() {
 fn root_with_client() -> Broker {
     let mut b = broker(0);
     b.handle(t(0.0), Input::Start);
-    b.handle(t(0.0), Input::LocalNew { id: 5, uid: crate::sim::UID });
+    b.handle(t(0.0), Input::LocalNew { id: 5, uid: super::testing::UID });
     effects(&mut b);
     b
 }
@@ -513,7 +513,7 @@ fn job_stdin_is_bounded_and_what_was_accepted_is_kept() {
 fn requests_that_wait_are_bounded_per_client_and_dropped_with_it() {
     use super::services::{MAX_RTT_RUNS_PER_CLIENT, MAX_WAITING_PER_CLIENT};
     let mut b = root_with_child();
-    b.handle(t(0.01), Input::LocalNew { id: 5, uid: crate::sim::UID });
+    b.handle(t(0.01), Input::LocalNew { id: 5, uid: super::testing::UID });
     effects(&mut b);
     // Process-exit watches: held (no answer) up to the bound, then ENOSPC; a repeat of one pid counts too.
     for k in 0..MAX_WAITING_PER_CLIENT {
@@ -543,7 +543,7 @@ fn requests_that_wait_are_bounded_per_client_and_dropped_with_it() {
     effects(&mut b);
     assert!(b.exit_waiters.is_empty(), "{:?}", b.exit_waiters.keys());
     assert!(b.rtt_runs.is_empty());
-    b.handle(t(0.3), Input::LocalNew { id: 6, uid: crate::sim::UID });
+    b.handle(t(0.3), Input::LocalNew { id: 6, uid: super::testing::UID });
     effects(&mut b);
     let mut m = Message::request("detect.watch", 0, &json!({"pid": 2}));
     m.matchtag = 1;
@@ -558,9 +558,9 @@ fn requests_that_wait_are_bounded_per_client_and_dropped_with_it() {
 fn requests_sent_up_through_a_lost_parent_get_ehostunreach_from_the_orphan() {
     // Rank 3's parent is rank 1; its adoptive parent will be rank 2.
     let mut b = broker(3);
-    b.handle(t(0.0), Input::ParentUp(super::rdma_link::LinkChoice { transport: "tcp", detail: String::new() }));
+    b.handle(t(0.0), Input::ParentUp(super::links::LinkChoice { transport: "tcp", detail: String::new() }));
     b.handle(t(0.0), Input::Start);
-    b.handle(t(0.0), Input::LocalNew { id: 5, uid: crate::sim::UID });
+    b.handle(t(0.0), Input::LocalNew { id: 5, uid: super::testing::UID });
     effects(&mut b);
     let ask = |b: &mut Broker, now: Time, tag: u32, flags: u8| {
         let mut m = Message::request("job-exec.output", 0, &json!({"id": 1, "lines": []}));
@@ -585,7 +585,7 @@ fn requests_sent_up_through_a_lost_parent_get_ehostunreach_from_the_orphan() {
     assert!(out.iter().any(|e| matches!(e, Effect::ConnectParent { rank: 2, lost: 1, .. })), "{out:?}");
 
     // Adopted by rank 2: the exit report goes up again; a request sent now is tracked, and forgotten once answered.
-    b.handle(t(0.06), Input::ParentUp(super::rdma_link::LinkChoice { transport: "tcp", detail: String::new() }));
+    b.handle(t(0.06), Input::ParentUp(super::links::LinkChoice { transport: "tcp", detail: String::new() }));
     let out = effects(&mut b);
     let exit = |out: &[Effect]| {
         out.iter().any(|e| matches!(e, Effect::Send(Peer::Parent, m) if m.topic == crate::shellproto::TOPIC_SHELL_EXIT))
@@ -691,8 +691,8 @@ fn an_adopted_broker_learns_the_losses_announced_while_it_had_no_parent() {
 /// Rank `rank` of a 15-broker binary tree, its parent link up: rank 1's children are 3, 4 (theirs 7-10), rank
 /// 2's 5, 6 (theirs 11-14).
 fn joined15(rank: u32) -> Broker {
-    let mut b = crate::sim::new_broker(rank, 15, Topology::Kary(2), 4, Config::default(), Time::ZERO);
-    b.handle(t(0.0), Input::ParentUp(super::rdma_link::LinkChoice { transport: "tcp", detail: String::new() }));
+    let mut b = super::testing::new_broker(rank, 15, Topology::Kary(2), 4, Config::default(), Time::ZERO);
+    b.handle(t(0.0), Input::ParentUp(super::links::LinkChoice { transport: "tcp", detail: String::new() }));
     b.handle(t(0.0), Input::Start);
     effects(&mut b);
     b
@@ -740,7 +740,7 @@ fn a_lost_router_that_registers_again_is_routed_to_by_its_static_parent() {
         "gpus": 0, "gpu_names": [], "source": "test"}, "cores": "0-3", "gpus": ""});
     let mut m = Message::request("resource.register", 0, &reg);
     m.flags = crate::message::FLAG_NORESPONSE;
-    m.userid = crate::sim::UID;
+    m.userid = super::testing::UID;
     b.handle(t(1.0), Input::Message(Peer::Child(2), 7, m));
     let out = effects(&mut b);
     assert_eq!(b.next_hop(5), crate::topology::Hop::Child(2));
@@ -930,7 +930,7 @@ fn a_shell_exit_report_is_acknowledged_only_once_durable() {
 fn graced(rank: u32) -> Broker {
     let mut b = broker(rank);
     b.opts.config.parent_grace_set = Some(60.0);
-    b.handle(t(0.0), Input::ParentUp(super::rdma_link::LinkChoice { transport: "tcp", detail: String::new() }));
+    b.handle(t(0.0), Input::ParentUp(super::links::LinkChoice { transport: "tcp", detail: String::new() }));
     b.handle(t(0.0), Input::Start);
     effects(&mut b);
     b
@@ -974,7 +974,7 @@ fn a_child_of_rank_0_waits_for_it_within_the_grace_and_rejoins_it() {
     assert_eq!(connects(&run_to(&mut b, t(2.1))), 0);
     assert_eq!(connects(&run_to(&mut b, t(2.3))), 1);
     // Rank 0 is back: register (first), the exit report, `rejoin` to the children.
-    b.handle(t(5.0), Input::ParentUp(super::rdma_link::LinkChoice { transport: "tcp", detail: String::new() }));
+    b.handle(t(5.0), Input::ParentUp(super::links::LinkChoice { transport: "tcp", detail: String::new() }));
     let out = effects(&mut b);
     let reg = sent_up(&out, "resource.register");
     assert_eq!(reg.len(), 1, "{out:?}");
@@ -993,7 +993,7 @@ fn past_the_grace_a_child_of_rank_0_exits_and_takes_its_subtree_along() {
     let mut b = graced(1);
     assert_eq!(judge(&mut b, t(0.01), 9, hello(3, "sim"), None), Ok(3));
     b.shells.insert(crate::jobs::JobId(8));
-    b.handle(t(0.02), Input::LocalNew { id: 5, uid: crate::sim::UID });
+    b.handle(t(0.02), Input::LocalNew { id: 5, uid: super::testing::UID });
     b.handle(t(1.0), Input::AckSamples(vec![(PARENT, 2, 1.0)]));
     b.handle(t(1.2), Input::AckSamples(vec![(PARENT, 2, 1.2)]));
     let out = effects(&mut b);
@@ -1028,7 +1028,7 @@ fn without_a_state_directory_a_child_of_rank_0_exits_at_once() {
     b.opts.config.statedir = Some("/var/lib/vigil".into());
     assert_eq!(b.opts.config.parent_grace(), crate::attrs::DEFAULT_PARENT_GRACE, "the default with one");
     b.opts.config.statedir = None;
-    b.handle(t(0.0), Input::ParentUp(super::rdma_link::LinkChoice { transport: "tcp", detail: String::new() }));
+    b.handle(t(0.0), Input::ParentUp(super::links::LinkChoice { transport: "tcp", detail: String::new() }));
     b.handle(t(1.0), Input::Closed(Peer::Parent, 0, "connection reset".into()));
     effects(&mut b);
     assert!(b.finished());
@@ -1048,7 +1048,7 @@ fn rejoin_passes_down_the_tree_with_the_registrations_and_exit_reports() {
 
 /// The `shutdown` rank 0 sends its child on SIGTERM: whether it asks the child to wait for a restart.
 fn shutdown_on_sigterm(b: &mut Broker) -> (Value, bool) {
-    b.handle(t(1.0), Input::Signal(libc::SIGTERM));
+    b.handle(t(1.0), Input::Signal(crate::signal::SIGTERM));
     let out = effects(b);
     let m = out
         .iter()
@@ -1072,7 +1072,7 @@ fn sigterm_of_rank_0_with_a_state_directory_stops_only_rank_0() {
     let (m, _) = shutdown_on_sigterm(&mut b);
     assert_eq!(m["restart"], json!(true), "{m}");
     assert!(b.shutting_down.is_some());
-    assert_eq!(b.exit_code(), 128 + libc::SIGTERM);
+    assert_eq!(b.exit_code(), 128 + crate::signal::SIGTERM);
 
     let mut b = root_with_child();
     b.opts.config.parent_grace_set = Some(60.0);
@@ -1129,7 +1129,7 @@ fn a_child_of_rank_0_takes_rank_0s_grace_unless_it_set_its_own() {
     let child = |own: Option<f64>| {
         let mut b = broker(1);
         b.opts.config.parent_grace_set = own;
-        b.handle(t(0.0), Input::ParentUp(super::rdma_link::LinkChoice { transport: "tcp", detail: String::new() }));
+        b.handle(t(0.0), Input::ParentUp(super::links::LinkChoice { transport: "tcp", detail: String::new() }));
         b.handle(t(0.0), Input::Start);
         b.handle(t(0.1), Input::Message(Peer::Parent, 0, grace.clone()));
         effects(&mut b);
@@ -1144,7 +1144,7 @@ fn a_child_of_rank_0_takes_rank_0s_grace_unless_it_set_its_own() {
     assert!(b.shutting_down.is_some(), "its own tbon.parent_grace=0 stands");
     // Junk is ignored.
     let mut b = broker(1);
-    b.handle(t(0.0), Input::ParentUp(super::rdma_link::LinkChoice { transport: "tcp", detail: String::new() }));
+    b.handle(t(0.0), Input::ParentUp(super::links::LinkChoice { transport: "tcp", detail: String::new() }));
     for junk in [json!({"parent_grace": "60"}), json!([1]), json!({"parent_grace": -5.0})] {
         b.handle(t(0.1), Input::Message(Peer::Parent, 0, Message::control("grace", &junk)));
     }
@@ -1176,14 +1176,14 @@ fn a_child_of_rank_0_waiting_for_it_adopts_orphans() {
 fn sigterm_of_a_router_lets_its_children_re_parent() {
     let mut b = graced(1);
     assert_eq!(judge(&mut b, t(0.01), 9, hello(3, "sim"), None), Ok(3));
-    b.handle(t(1.0), Input::Signal(libc::SIGTERM));
+    b.handle(t(1.0), Input::Signal(crate::signal::SIGTERM));
     let out = effects(&mut b);
     let m = out.iter().find_map(|e| match e {
         Effect::Send(Peer::Child(3), m) if m.topic == "shutdown" => Some(m.json()),
         _ => None,
     });
     assert_eq!(m.map(|j| j["orphan"].clone()), Some(json!(true)), "{out:?}");
-    assert_eq!(b.exit_code(), 128 + libc::SIGTERM);
+    assert_eq!(b.exit_code(), 128 + crate::signal::SIGTERM);
     // The child re-parents (to its parent's siblings) instead of stopping.
     let mut c = graced(3);
     let stop = Message::control("shutdown", &json!({"reason": "signal 15", "orphan": true, "restart": false}));
@@ -1229,7 +1229,7 @@ fn a_broker_adopted_before_rank_0_restarted_is_routed_through_its_adopter() {
             "parent": parent});
         let mut m = Message::request("resource.register", 0, &body);
         m.flags = crate::message::FLAG_NORESPONSE;
-        m.userid = crate::sim::UID;
+        m.userid = super::testing::UID;
         m
     };
     b.handle(t(1.0), Input::Message(Peer::Child(2), 7, reg(2)));

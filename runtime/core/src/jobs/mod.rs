@@ -1303,7 +1303,7 @@ impl JobCore {
             self.sched_dirty = true; // it is expected to end sooner (backfill.rs)
             let ranks: Vec<u32> = job.shells.values().filter(|s| !s.exited).map(|s| s.rank).collect();
             if !ranks.is_empty() {
-                self.actions.push_back(Action::SignalShells { id, ranks, signal: libc::SIGTERM });
+                self.actions.push_back(Action::SignalShells { id, ranks, signal: crate::signal::SIGTERM });
             }
         }
         self.maybe_finish(now, id);

@@ -358,7 +358,7 @@ mod tests {
         assert!(l.fatal.as_ref().is_some_and(|e| e.note.contains("lost critical rank")), "{:?}", l.fatal);
         assert_eq!(l.state, JobState::Cleanup, "rank 1's shell is told to stop");
         let sig = super::super::tests::signals(&actions(&mut c));
-        assert!(sig.iter().any(|(r, s)| r == &vec![1] && *s == libc::SIGTERM), "{sig:?}");
+        assert!(sig.iter().any(|(r, s)| r == &vec![1] && *s == crate::signal::SIGTERM), "{sig:?}");
         exit_shell(&mut c, T0 + 71.0, a, 1, 15);
         assert_eq!(c.jobs[&a].state, JobState::Inactive);
     }

@@ -155,10 +155,10 @@ fn cancel_pending_and_running() {
     assert!(spawns(&actions(&mut c)).is_empty(), "a canceled pending job never starts");
 
     c.cancel(T0 + 2.0, run, 0, true, "owner").unwrap();
-    assert_eq!(signals(&actions(&mut c)), vec![(vec![0], libc::SIGTERM)]);
+    assert_eq!(signals(&actions(&mut c)), vec![(vec![0], crate::signal::SIGTERM)]);
     assert_eq!(c.next_deadline(), Some(T0 + 2.0 + DEFAULT_KILL_TIMEOUT));
     c.handle_timeout(T0 + 2.0 + DEFAULT_KILL_TIMEOUT);
-    assert_eq!(signals(&actions(&mut c)), vec![(vec![0], libc::SIGKILL)]);
+    assert_eq!(signals(&actions(&mut c)), vec![(vec![0], crate::signal::SIGKILL)]);
     exit_shell(&mut c, T0 + 8.0, run, 0, 9);
     assert_eq!(c.jobs[&run].result(), Some("CANCELED"));
     assert_eq!(c.jobs[&run].exit_code(), Some(137));
@@ -200,7 +200,7 @@ fn shell_failures_are_fatal_and_never_hang() {
     c.shell_spawned(T0, id, 0, Ok(()));
     c.shell_spawned(T0, id, 1, Err("no such file".into()));
     assert_eq!(c.jobs[&id].fatal.as_ref().map(|e| e.kind.as_str()), Some("exec"));
-    assert_eq!(signals(&actions(&mut c)), vec![(vec![0], libc::SIGTERM)], "the surviving shell is killed");
+    assert_eq!(signals(&actions(&mut c)), vec![(vec![0], crate::signal::SIGTERM)], "the surviving shell is killed");
     exit_shell(&mut c, T0 + 1.0, id, 0, 15);
     assert_eq!(c.jobs[&id].state, JobState::Inactive);
 
@@ -443,7 +443,7 @@ fn nested_instance_ends_when_a_critical_broker_is_killed() {
     exit_shell(&mut c, T0 + 1.0, id, 1, 9);
     let e = c.jobs[&id].fatal.clone().expect("fatal");
     assert!(e.note.contains("(rank 1)") && e.note.contains("rank 1 of the instance"), "{e:?}");
-    assert_eq!(signals(&actions(&mut c)), vec![(vec![0, 2, 3], libc::SIGTERM)]);
+    assert_eq!(signals(&actions(&mut c)), vec![(vec![0, 2, 3], crate::signal::SIGTERM)]);
 }
 
 /// A broker cut off while nothing above it is reported failed (its rank 0 declared it lost): past the grace, a
@@ -486,7 +486,7 @@ fn losing_a_critical_rank_is_fatal() {
     let e = j.fatal.clone().expect("fatal");
     assert_eq!((e.kind.as_str(), e.severity), ("exec", 0));
     assert!(e.note.contains("critical") && e.note.contains("rank 2"), "{e:?}");
-    assert_eq!(signals(&actions(&mut c)), vec![(vec![0, 1, 3], libc::SIGTERM)], "survivors are killed");
+    assert_eq!(signals(&actions(&mut c)), vec![(vec![0, 1, 3], crate::signal::SIGTERM)], "survivors are killed");
 }
 
 #[test]

@@ -124,7 +124,7 @@ impl JobCore {
                 j.kill_sent = true;
             }
             if !ranks.is_empty() {
-                self.actions.push_back(Action::SignalShells { id, ranks, signal: libc::SIGKILL });
+                self.actions.push_back(Action::SignalShells { id, ranks, signal: crate::signal::SIGKILL });
             }
         }
     }

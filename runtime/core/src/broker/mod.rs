@@ -1,0 +1,36 @@
+//! The broker's rules: one sans-IO state machine per broker, joined with its peers into a TBON.
+//!
+//! [`core::Broker`] takes inputs with the time they happened and hands back effects and its next deadline
+//! (`core.rs`, with `routing.rs`, `liveness.rs`, `reparent.rs`, `rejoin.rs` and `services.rs`). Routing decisions
+//! use the pure [`crate::topology`] functions; the instance services of rank 0 (job manager, scheduler, exec,
+//! resource) are the sans-IO [`crate::jobs::JobCore`]. The tokio driver in `vigil` owns every socket, process and
+//! detector, feeds a broker its inputs and carries out its effects; the simulator (`vigil-sim`) does the same for
+//! thousands of brokers on virtual time.
+//!
+//! Services and their topics:
+//! - every rank: `broker.*` (ping, getattr, lsattr, sub, unsub, info), `rexec.*` (start and signal job shells);
+//! - rank 0: `job-manager.*`, `job-info.*`, `job-exec.*`, `resource.*`, `overlay.*`.
+//!
+//! The modules are public for the driver and the simulator, which drive the state machine and read its state;
+//! the contract is the module documentation of `core.rs`, not every field.
+
+#[doc(hidden)]
+pub mod core;
+#[cfg(test)]
+mod fuzz_tests;
+pub mod links;
+#[doc(hidden)]
+pub mod liveness;
+mod options;
+#[doc(hidden)]
+pub mod rejoin;
+#[doc(hidden)]
+pub mod reparent;
+mod routing;
+mod services;
+pub mod store;
+pub mod testing;
+#[cfg(test)]
+mod tests;
+
+pub use self::options::{BrokerOptions, ListenSpec};
