@@ -2,7 +2,7 @@
 //!
 //! For each depth D, `depth` jobs stay pending while `--jobs` more go through submit, alloc, start, finish and
 //! INACTIVE (one submitted as each ends), timed twice: the sans-IO job core alone, and rank 0's real broker code in
-//! the simulator (4 brokers of 2 cores, EASY; `vigil::sim::depth`). All depths run in this one process, so their
+//! the simulator (4 brokers of 2 cores, EASY; `vigil_sim::depth`). All depths run in this one process, so their
 //! ratios are comparable even on a loaded machine. Also the heap held per pending and per INACTIVE job (this
 //! binary's allocator counts live bytes) and the cost of `job-manager.list`'s per-job summary.
 
@@ -11,7 +11,7 @@ use serde_json::json;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Instant;
-use vigil::sim::depth;
+use vigil_sim::depth;
 
 /// Live heap bytes of this process (allocated minus freed), counted by [`Counting`].
 static LIVE: AtomicI64 = AtomicI64::new(0);

@@ -1,10 +1,10 @@
-//! `vigil-bench sim`: the deterministic simulator of the real sans-IO broker (`vigil::sim`) at any size, with
+//! `vigil-bench sim`: the deterministic simulator of the real sans-IO broker (`vigil_sim`) at any size, with
 //! wall time, events per second and peak memory around it; `--table` runs the committed table.
 
 use clap::Args;
 use std::path::PathBuf;
-use vigil::sim::{Config, Report, Scenario};
 use vigil::topology::Topology;
+use vigil_sim::{Config, Report, Scenario};
 
 /// The largest instance simulated: about 6 GiB of broker state at this size.
 const MAX_BROKERS: u32 = 1 << 20;
@@ -20,7 +20,7 @@ pub struct SimArgs {
     topo: String,
     /// `boot`, `jobs`, `churn`, `partition`, a router-loss scenario: `router-each`, `routers-1pct`,
     /// `routers-5pct`, `router-adopter`, `reparent-loss`, `router-flap`, or `restart` (churn and rank 0 killed
-    /// and restarted on its state directory; see `vigil::sim::scenario`).
+    /// and restarted on its state directory; see `vigil_sim::scenario`).
     #[arg(long, default_value = "churn")]
     scenario: String,
     /// One-way latency of every overlay link, microseconds.
@@ -77,7 +77,7 @@ fn measure(
     let mut cfg = Config::new(brokers, topo, seed);
     cfg.latency = std::time::Duration::from_micros(latency_us);
     cfg.probe_parent = probe_parent;
-    let r: Report = vigil::sim::run(cfg, scenario);
+    let r: Report = vigil_sim::run(cfg, scenario);
     let wall_s = t0.elapsed().as_secs_f64();
     Measured { report: serde_json::to_value(&r).unwrap_or_default(), wall_s, peak_rss_mb: peak_rss_mb() }
 }
@@ -313,7 +313,7 @@ fn table(a: &SimArgs, out_dir: Option<PathBuf>) -> i32 {
 fn restart_table(md: &mut String, rows: &[Measured]) {
     md.push_str("\n## Rank 0 restarts (state directory)\n\n");
     md.push_str(
-        "`restart` (`vigil::sim::scenario`): `churn`'s faults and jobs, and rank 0's broker killed 3 times at seeded \
+        "`restart` (`vigil_sim::scenario`): `churn`'s faults and jobs, and rank 0's broker killed 3 times at seeded \
          moments (twice in a turn that changed its journal, before the commit; once between turns), each time \
          started again on its store (an in-memory `Kept`, the SQLite store's contract) after a seeded 1-5 s \
          outage; every broker has `tbon.parent_grace` 60 s. Invariants: every acknowledged job (answered with an \
@@ -374,7 +374,7 @@ fn invariants_cell(r: &serde_json::Value) -> String {
 fn routers_table(md: &mut String, rows: &[Measured]) {
     md.push_str("\n## Router loss and re-parenting (1 ms links)\n\n");
     md.push_str(
-        "The router-loss scenarios (`vigil::sim::scenario`: `router-each` loses every router in turn, one every \
+        "The router-loss scenarios (`vigil_sim::scenario`: `router-each` loses every router in turn, one every \
          0.4 s, each rebooted 0.3 s later; `routers-1pct`/`-5pct` lose that share of the routers silently at \
          random times over 10 s; `router-adopter` a router and its first orphan's adopter together; \
          `reparent-loss` adopters while orphans join them; `router-flap` one router down and up 10 times; \

@@ -33,7 +33,6 @@ pub mod cli;
 pub mod foreground;
 pub mod keyfile;
 pub mod pmi;
-pub mod sim;
 
 // The sans-IO rules live in `vigil-core` (the simulator and the unit tests drive them without I/O); re-exported
 // under their old paths, so `crate::jobs`, `vigil::attrs` and the rest name the same modules as before.

@@ -19,6 +19,9 @@
 pub mod depth;
 pub mod scenario;
 
+// The rules simulated and the formats they use (`vigil-core`), under the paths the simulator has always named.
+use vigil_core::{attrs, broker, idset, jobs, jobspec, membership, message, shellproto, topology};
+
 use crate::broker::core::StateDir;
 use crate::broker::core::{Broker, Effect, Input, Peer, Time, PARENT};
 use crate::jobs::journal::Kept;
@@ -668,7 +671,7 @@ impl Sim {
             Ev::Fault(f) => self.inject(f),
             Ev::Client(m) => {
                 if self.cfg.statedir && self.nodes[0].broker.is_none() {
-                    return self.client_conn_failed(m.matchtag, libc::ECONNREFUSED as u32);
+                    return self.client_conn_failed(m.matchtag, crate::message::errno::ECONNREFUSED);
                 }
                 self.pending.insert(m.matchtag, (m.topic.clone(), m.nodeid, self.now));
                 self.deliver(0, Input::Message(Peer::Local(CLIENT), 0, m));
@@ -850,7 +853,7 @@ impl Sim {
         let inflight: Vec<u32> = std::mem::take(&mut self.pending).into_keys().collect();
         for tag in inflight {
             self.watch.pings.remove(&tag);
-            self.client_conn_failed(tag, libc::ECONNRESET as u32);
+            self.client_conn_failed(tag, crate::message::errno::ECONNRESET);
         }
     }
 
@@ -858,7 +861,7 @@ impl Sim {
     /// a submission is sent again after [`CLIENT_RETRY`] (as one answered EAGAIN is).
     fn client_conn_failed(&mut self, tag: u32, errno: u32) {
         self.client.conn_failed.insert(tag, errno);
-        let why = if errno == libc::ECONNREFUSED as u32 { "connection refused" } else { "connection reset" };
+        let why = if errno == crate::message::errno::ECONNREFUSED { "connection refused" } else { "connection reset" };
         self.responses.insert(tag, (errno, serde_json::json!({"errstr": why})));
         self.resubmit(tag);
     }
@@ -1019,7 +1022,7 @@ impl Sim {
                     let worst = self.watch.over_limit.entry(n).or_insert(0);
                     *worst = (*worst).max(children);
                 }
-                let choice = crate::broker::rdma_link::LinkChoice { transport: "tcp", detail: "simulated".into() };
+                let choice = crate::broker::links::LinkChoice { transport: "tcp", detail: "simulated".into() };
                 self.after(lat, Ev::Input(rank, Input::ParentUp(choice)));
                 if !adopt {
                     self.after(lat, Ev::Input(rank, Input::Start));
@@ -1127,14 +1130,14 @@ impl Sim {
                 queue.push_back(Input::ShellStarted { id, result: Ok(200_000 + n as i32) });
             }
             Effect::SignalShell { id, signal } => {
-                if self.nodes[n as usize].shells.contains_key(&id) && signal != libc::SIGCONT {
+                if self.nodes[n as usize].shells.contains_key(&id) && signal != vigil_core::signal::SIGCONT {
                     self.after(Duration::from_millis(1), Ev::ShellEnd(n, id, signal));
                 }
             }
             Effect::KillShells => {
                 let ids: Vec<JobId> = self.nodes[n as usize].shells.keys().copied().collect();
                 for id in ids {
-                    self.after(Duration::from_millis(1), Ev::ShellEnd(n, id, libc::SIGKILL));
+                    self.after(Duration::from_millis(1), Ev::ShellEnd(n, id, vigil_core::signal::SIGKILL));
                 }
             }
             Effect::WatchPid(pid) => {

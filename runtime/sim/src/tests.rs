@@ -107,7 +107,7 @@ fn the_router_invariants_catch_a_live_rank_lost_an_overfull_adopter_and_a_late_o
         let wall = WALL_ORIGIN + sim.now().as_secs_f64();
         let jc = sim.nodes[0].broker.as_mut().and_then(|b| b.jobcore.as_mut()).expect("rank 0");
         let ctx = serde_json::json!({"idset": "127", "state": "lost", "reason": "made up"});
-        jc.resource_eventlog.push(crate::eventlog::Event::with_time(wall, "offline", ctx));
+        jc.resource_eventlog.push(vigil_core::eventlog::Event::with_time(wall, "offline", ctx));
         sim.watch.over_limit.insert(2, 99);
         sim.watch.over_bound.insert(3, 99);
         let rec = sim.watch.done.first_mut().expect("a re-parent");
