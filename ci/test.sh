@@ -22,6 +22,17 @@ fi
 # Formatting (rustfmt.toml); skipped with a note where the toolchain has no rustfmt component.
 if cargo fmt --version >/dev/null 2>&1; then cargo fmt --all --check; else echo "ci/test.sh: rustfmt not installed, formatting not checked"; fi
 cargo build --workspace --locked
+# The pure crates link no I/O: no tokio, libc, nix, hwloc or -sys crate in their normal dependency trees. The core
+# holds the broker's rules, the simulator drives thousands of them in one process; see docs/architecture.md, "Crates".
+for c in vigil-proto vigil-core vigil-sim; do
+    bad=$(cargo tree --locked -p "$c" -e normal --prefix none | awk '{print $1}' \
+        | grep -E '^(tokio|libc|nix|mio|socket2|hwlocality)$|-sys$' | sort -u | tr '\n' ' ' || true)
+    if [ -n "$bad" ]; then
+        echo "ci/test.sh: $c must stay free of I/O crates (tokio, libc, nix, hwloc, -sys), but it now depends on: $bad" >&2
+        echo "ci/test.sh: see why with: cargo tree -p $c -e normal -i CRATE; move the I/O into vigil (the driver)" >&2
+        exit 1
+    fi
+done
 cargo test --workspace --locked -- --test-threads=4 "$@"
 # vigil-ofi without libfabric (its stub answers "libfabric not available", which the broker turns into TCP):
 # the same tests, built as on a machine without libfabric-dev.
