@@ -1,22 +1,20 @@
 //! # Vigil runtime
 //!
-//! The core library of Vigil, a resource-manager runtime for HPC clusters in the family of Flux and Slurm, and
-//! the home of the `vigil` command (CLI and broker).
+//! The `vigil` command (CLI and broker) and the tokio driver that does a broker's I/O, around the sans-IO rules of
+//! `vigil-core`. Vigil is a resource-manager runtime for HPC clusters in the family of Flux and Slurm.
 //!
 //! Layout (see `docs/architecture.md`, "Crates"):
 //! - pure formats and codecs, from the `vigil-proto` crate and re-exported here: [`topology`] (TBON math),
 //!   [`message`] (wire codec), the Flux RFC formats [`idset`] (RFC 22), [`hostlist`] (RFC 29), [`duration`]
 //!   (RFC 23), [`eventlog`] (RFC 18), [`r`] (RFC 20), [`jobspec`] (RFC 14/25), and the broker ↔ job shell
 //!   contract [`shellproto`]; [`pmi`] adds the blocking PMI-1 client to the codec;
-//! - sans-IO core: [`jobs`] (job manager, scheduler and exec rules as state machines with time passed in),
-//!   [`membership`];
-//! - the sans-IO broker: [`broker`]'s `core.rs`, `routing.rs`, `liveness.rs` and `services.rs` (inputs and time
-//!   in, effects out), driven by its tokio driver `driver.rs`; [`sim`] runs N of them on virtual time;
-//! - broker attributes (`-S tbon.topo=kary:2`, `vigil lsattr`): every one in [`attrs`], parsed once into a typed
-//!   [`attrs::BrokerConfig`];
-//! - node discovery and placement with hwloc: [`hwloc`] (the `vigil-hwloc` crate);
-//! - I/O around the core: [`broker`] (overlay transport, local connector, services), [`client`] and [`frame`]
-//!   (the `vigil-client` crate), [`cli`].
+//! - the sans-IO rules, from the `vigil-core` crate and re-exported here: [`jobs`] (job manager, scheduler and
+//!   exec rules as state machines with time passed in), [`membership`], the broker attributes [`attrs`] (every one
+//!   in one table, parsed once into a typed [`attrs::BrokerConfig`]), and the broker's state machine (inputs and
+//!   time in, effects out). The simulator (`vigil-sim`) and the core's unit tests drive them without I/O;
+//! - the I/O around them, in this crate: [`broker`] (the tokio driver: overlay transport, local connector, job
+//!   shells, detectors, the state directory's store, the clock), [`keyfile`], [`cli`]; [`client`] and [`frame`]
+//!   (the `vigil-client` crate); node discovery and placement with hwloc, [`hwloc`] (the `vigil-hwloc` crate).
 
 /// Shadows std's `eprintln!` in this crate: same output, but a failed write (standard error a closed pipe, as with
 /// `vigil start ... 2>&1 | head`, or a log collector gone) is ignored. std's version panics then, and a broker

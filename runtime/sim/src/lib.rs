@@ -1,5 +1,5 @@
-//! A deterministic simulator of a whole instance: N brokers of the real sans-IO broker code
-//! (`broker/core.rs` and its rules) in one process, on virtual time (dev and test only; `vigil-bench sim`).
+//! A deterministic simulator of a whole instance: N brokers of the real sans-IO broker code (`vigil-core`:
+//! `broker/core.rs` and its rules) in one process, on virtual time (dev and test only; `vigil-bench sim`).
 //!
 //! The simulator plays every broker's driver and the world around it:
 //! - **the network**: every overlay link delivers in order after [`Config::latency`]; a partition cuts a link

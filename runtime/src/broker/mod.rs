@@ -1,15 +1,15 @@
 //! The broker: one per node, joined with its peers into a TBON.
 //!
-//! The broker's rules are one sans-IO state machine (`core.rs`, with `routing.rs`, `liveness.rs` and
-//! `services.rs`): inputs and the time in, effects out. Its tokio driver (`driver.rs`) owns every socket, process
-//! and detector, feeds it inputs and carries out its effects. Routing decisions use the pure
-//! [`crate::topology`] functions; the instance services of rank 0 (job manager, scheduler, exec, resource) are the
-//! sans-IO [`crate::jobs::JobCore`]. Everything that blocks (sockets, processes) runs in small tasks that talk to
-//! the driver through one channel, so a slow peer or client never stalls routing.
+//! The broker's rules are one sans-IO state machine in `vigil-core` (`broker/core.rs`, with `routing.rs`,
+//! `liveness.rs`, `reparent.rs`, `rejoin.rs` and `services.rs`): inputs and the time in, effects out. This module
+//! is its tokio driver (`driver.rs`): it owns every socket, process and detector, feeds the state machine its
+//! inputs and carries out its effects. Everything that blocks (sockets, processes) runs in small tasks that talk
+//! to the driver through one channel, so a slow peer or client never stalls routing.
 //!
-//! Services and their topics:
-//! - every rank: `broker.*` (ping, getattr, lsattr, sub, unsub, info), `rexec.*` (start and signal job shells);
-//! - rank 0: `job-manager.*`, `job-info.*`, `job-exec.*`, `resource.*`, `overlay.*`.
+//! What is here: `driver.rs` (the loop), `transport.rs`, `rdma_link.rs`, `ofi_link.rs` and [`secure`] (the
+//! overlay links), `local.rs` (the local connector), `detect.rs` (failure detectors and the prober), `spawn.rs`
+//! and `cgroup.rs` (job shell processes and their containment), `store.rs` (rank 0's state directory in SQLite),
+//! [`config`] (a system instance's TOML bootstrap).
 
 mod cgroup;
 pub mod config;

@@ -1,7 +1,7 @@
 //! Bad input, driven through the sans-IO broker (issue 14, "Bad input"): whatever a local client or a peer sends,
 //! every service and control handler answers or ignores it and the broker goes on; it never panics. Property tests
 //! generate the payloads (arbitrary JSON of every shape, and raw bytes); the seed corpus in
-//! `runtime/tests/corpus/broker/*.json` replays inputs that once mattered, first, on every run.
+//! `runtime/core/tests/corpus/broker/*.json` replays inputs that once mattered, first, on every run.
 
 use super::core::{Broker, Effect, Input, Peer, Time};
 use crate::membership::Config;
