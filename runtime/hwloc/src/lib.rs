@@ -52,7 +52,7 @@ pub enum TopoError {
         reason: String,
     },
 
-    /// A topology source string given to [`TopologySource::from_str`] is
+    /// A topology source string given to `TopologySource::from_str` is
     /// not `live`, `synthetic:<desc>` or `xml:<path>`.
     #[error("invalid topology source '{0}' (expected 'live', 'synthetic:<desc>' or 'xml:<path>')")]
     InvalidSource(String),

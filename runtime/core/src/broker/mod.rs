@@ -26,8 +26,10 @@ mod options;
 pub mod rejoin;
 #[doc(hidden)]
 pub mod reparent;
-mod routing;
-mod services;
+#[doc(hidden)]
+pub mod routing;
+#[doc(hidden)]
+pub mod services;
 pub mod store;
 pub mod testing;
 #[cfg(test)]

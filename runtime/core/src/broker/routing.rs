@@ -14,7 +14,7 @@ use tracing::{debug, warn};
 
 impl Broker {
     /// Whether the link to `peer` is up, as far as this broker knows.
-    pub(crate) fn connected(&self, peer: Peer) -> bool {
+    pub fn connected(&self, peer: Peer) -> bool {
         match peer {
             Peer::Parent => self.parent_up,
             Peer::Child(r) => self.children.contains_key(&r),
@@ -23,7 +23,7 @@ impl Broker {
     }
 
     /// Send `msg` to `peer` if it is connected; gives it back otherwise.
-    pub(crate) fn try_send(&mut self, peer: Peer, msg: Message) -> Result<(), Message> {
+    pub fn try_send(&mut self, peer: Peer, msg: Message) -> Result<(), Message> {
         if self.connected(peer) {
             self.effect(Effect::Send(peer, msg));
             Ok(())
@@ -33,7 +33,7 @@ impl Broker {
     }
 
     /// A message from a link or a local client.
-    pub(crate) fn on_message(&mut self, from: Peer, mut msg: Message) {
+    pub fn on_message(&mut self, from: Peer, mut msg: Message) {
         if let Peer::Local(_) = from {
             // Clients only send requests, and never choose their own route: a forged route stack could
             // otherwise steer responses to other peers.
@@ -65,7 +65,7 @@ impl Broker {
     }
 
     /// A request the driver could not send: the link closed before this broker heard of it.
-    pub(crate) fn on_bounced(&mut self, peer: Peer, msg: Message) {
+    pub fn on_bounced(&mut self, peer: Peer, msg: Message) {
         if msg.msgtype != MsgType::Request {
             return;
         }
@@ -90,7 +90,7 @@ impl Broker {
     }
 
     /// Route a request: stamp the route, deliver locally or forward towards `nodeid`.
-    pub(crate) fn route_request(&mut self, from: Peer, mut msg: Message) {
+    pub fn route_request(&mut self, from: Peer, mut msg: Message) {
         let size = self.opts.size;
         match from {
             Peer::Local(id) => {
@@ -178,7 +178,7 @@ impl Broker {
 
     /// Send a request to the parent, remembered until its (last) response comes back, so that if the parent is
     /// lost first its sender gets an error, not silence ([`Broker::fail_sent_up`]).
-    pub(crate) fn send_up(&mut self, msg: Message) {
+    pub fn send_up(&mut self, msg: Message) {
         if msg.msgtype == MsgType::Request {
             self.forwarded(PARENT, &msg);
         }
@@ -217,7 +217,7 @@ impl Broker {
     /// Whether it reached its target cannot be known, so it is not sent again on the sender's behalf: a job shell
     /// sends its output again itself; the broker's own shell exit reports are kept and sent again after a
     /// re-parent (`reparent.rs`).
-    pub(crate) fn fail_sent_up(&mut self, lost: u32) {
+    pub fn fail_sent_up(&mut self, lost: u32) {
         let Some(m) = self.inflight.remove(&PARENT) else { return };
         let mut reqs: Vec<Message> = m.into_values().collect();
         reqs.sort_by_key(|r| (r.matchtag, r.route.clone()));
@@ -228,7 +228,7 @@ impl Broker {
     }
 
     /// Child `c` is gone: every request still in flight through it gets EHOSTUNREACH.
-    pub(crate) fn fail_inflight(&mut self, c: u32) {
+    pub fn fail_inflight(&mut self, c: u32) {
         let Some(m) = self.inflight.remove(&c) else { return };
         let mut reqs: Vec<Message> = m.into_values().collect();
         reqs.sort_by_key(|r| (r.matchtag, r.route.clone()));
@@ -244,7 +244,7 @@ impl Broker {
     }
 
     /// Route a response back along its route stack.
-    pub(crate) fn route_response(&mut self, mut msg: Message) {
+    pub fn route_response(&mut self, mut msg: Message) {
         match msg.route.pop() {
             None => self.internal_response(msg),
             Some(e) if e & ROUTE_LOCAL != 0 => {
@@ -262,7 +262,7 @@ impl Broker {
         }
     }
 
-    pub(crate) fn respond(&mut self, req: &Message, payload: &impl serde::Serialize) {
+    pub fn respond(&mut self, req: &Message, payload: &impl serde::Serialize) {
         if req.flags & FLAG_NORESPONSE != 0 {
             return;
         }
@@ -271,7 +271,7 @@ impl Broker {
     }
 
     /// Answer `req` with `payload` (JSON bytes), moving the request into its response.
-    pub(crate) fn respond_with(&mut self, req: Message, payload: Vec<u8>) {
+    pub fn respond_with(&mut self, req: Message, payload: Vec<u8>) {
         if req.flags & FLAG_NORESPONSE != 0 {
             return;
         }
@@ -279,7 +279,7 @@ impl Broker {
         self.route_response(r);
     }
 
-    pub(crate) fn respond_error(&mut self, req: &Message, errnum: u32, errstr: &str) {
+    pub fn respond_error(&mut self, req: &Message, errnum: u32, errstr: &str) {
         if req.flags & FLAG_NORESPONSE != 0 {
             if errnum != errno::ENODATA {
                 debug!("request '{}' failed: {errstr}", req.topic);
@@ -291,12 +291,12 @@ impl Broker {
     }
 
     /// Send a request from the broker itself; its response comes back to [`Broker::internal_response`].
-    pub(crate) fn internal_request(&mut self, topic: &str, nodeid: u32, payload: &Value, purpose: Internal) {
+    pub fn internal_request(&mut self, topic: &str, nodeid: u32, payload: &Value, purpose: Internal) {
         self.internal_request_msg(Message::request(topic, nodeid, payload), purpose)
     }
 
     /// [`Broker::internal_request`] with a message built by the caller.
-    pub(crate) fn internal_request_msg(&mut self, mut m: Message, purpose: Internal) {
+    pub fn internal_request_msg(&mut self, mut m: Message, purpose: Internal) {
         let tag = self.next_tag;
         self.next_tag = self.next_tag.wrapping_add(1).max(1);
         m.matchtag = tag;
@@ -343,7 +343,7 @@ impl Broker {
     }
 
     /// Fill RTT run `id`'s window, or answer the client with the samples (µs) and the elapsed time (s) when done.
-    pub(crate) fn rtt_next(&mut self, id: u64) {
+    pub fn rtt_next(&mut self, id: u64) {
         loop {
             let now = self.now;
             let Some(r) = self.rtt_runs.get_mut(&id) else { return };
@@ -369,7 +369,7 @@ impl Broker {
     }
 
     /// Publish an event (rank 0 only): sequence it and send it down the tree.
-    pub(crate) fn publish(&mut self, topic: &str, payload: &Value) {
+    pub fn publish(&mut self, topic: &str, payload: &Value) {
         if self.rank() != 0 {
             let mut m = Message::request("broker.pub", 0, &json!({"topic": topic, "payload": payload}));
             m.flags = FLAG_NORESPONSE;
@@ -382,7 +382,7 @@ impl Broker {
     }
 
     /// An event: down to every child, and to the local clients subscribed to its topic.
-    pub(crate) fn deliver_event(&mut self, msg: Message) {
+    pub fn deliver_event(&mut self, msg: Message) {
         if msg.topic == "overlay.reparent" {
             let body = msg.json();
             self.on_reparent_event(&body);
@@ -398,7 +398,7 @@ impl Broker {
     }
 
     /// An event to the local clients subscribed to its topic (a prefix).
-    pub(crate) fn deliver_local_event(&mut self, msg: &Message) {
+    pub fn deliver_local_event(&mut self, msg: &Message) {
         let mut to: Vec<u32> = self
             .locals
             .iter()

@@ -18,18 +18,18 @@ fn detectors(core: &Broker) -> Value {
 
 /// Event subscriptions (`broker.sub` topic prefixes) one local client may hold; past it `broker.sub` is answered
 /// ENOSPC.
-pub(crate) const MAX_SUBS_PER_CLIENT: usize = 256;
+pub const MAX_SUBS_PER_CLIENT: usize = 256;
 /// Longest `broker.sub` topic prefix, in bytes (an event's topic is at most 65535 bytes on the wire; those that
 /// clients subscribe to are tens of bytes). A longer one is refused with EINVAL.
-pub(crate) const MAX_SUB_TOPIC: usize = 1024;
+pub const MAX_SUB_TOPIC: usize = 1024;
 /// Requests that wait that one client (one route: a local connection, or a client of another broker) may hold
 /// open at once on a broker: job watchers (`job-manager.eventlog`, `job-info.attach`, `job-info.stdin`) and
 /// process-exit watches (`detect.watch`), each. Past it the request is answered ENOSPC and nothing is held.
-pub(crate) const MAX_WAITING_PER_CLIENT: usize = 1024;
+pub const MAX_WAITING_PER_CLIENT: usize = 1024;
 /// `broker.rtt` runs in progress at once: per client, and on a broker (each holds a payload of up to 1 MiB and its
 /// samples). Past either the request is answered EAGAIN.
-pub(crate) const MAX_RTT_RUNS_PER_CLIENT: usize = 2;
-pub(crate) const MAX_RTT_RUNS: usize = 16;
+pub const MAX_RTT_RUNS_PER_CLIENT: usize = 2;
+pub const MAX_RTT_RUNS: usize = 16;
 
 /// ENOSPC if the client of `msg` already holds [`MAX_WAITING_PER_CLIENT`] requests of kind `what`, of which it
 /// holds `held`.
@@ -49,7 +49,7 @@ const EVERY_RANK: &[&str] = &["broker", "rexec", "detect"];
 const RANK0: &[&str] = &["job-manager", "job-info", "job-exec", "resource", "overlay"];
 
 /// True if a broker of `rank` offers `service`.
-pub(crate) fn offers(rank: u32, service: &str) -> bool {
+pub fn offers(rank: u32, service: &str) -> bool {
     EVERY_RANK.contains(&service) || (rank == 0 && RANK0.contains(&service))
 }
 
@@ -171,7 +171,7 @@ fn parse_instance_ranks(v: &Value, size: u32) -> Result<IdSet, (u32, String)> {
 }
 
 /// Handle a request addressed to this broker.
-pub(crate) fn dispatch(core: &mut Broker, msg: Message) {
+pub fn dispatch(core: &mut Broker, msg: Message) {
     let r = handle(core, &msg, &Body::new(&msg));
     match r {
         // The request moves into its response (topic and route stack reused, not copied).
@@ -1127,7 +1127,7 @@ fn pmi_puts(body: &Value) -> Result<serde_json::Map<String, Value>, (u32, String
 }
 
 /// Send new eventlog entries and output lines to the watchers of job `id`; end finished streams with ENODATA.
-pub(crate) fn wake_watchers(core: &mut Broker, id: JobId) {
+pub fn wake_watchers(core: &mut Broker, id: JobId) {
     let Some(jc) = core.jobcore.as_ref() else { return };
     let Some(job) = jc.jobs.get(&id) else { return };
     let inactive = job.state == JobState::Inactive;
