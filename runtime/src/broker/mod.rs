@@ -18,6 +18,7 @@ pub(crate) mod detect;
 mod driver;
 #[cfg(test)]
 mod fuzz_tests;
+mod link_set;
 pub(crate) mod liveness;
 mod local;
 mod ofi_link;
@@ -34,5 +35,6 @@ pub mod store;
 #[cfg(test)]
 mod tests;
 pub mod transport;
+mod upgrade;
 
 pub use self::driver::{discover_in_child_to, discover_node_main, run, BrokerOptions, ListenSpec};

@@ -16,12 +16,20 @@
 //! the child); `tcp` never tries. The choice of each link and the reason for a TCP fallback are logged once and
 //! shown by `vigil overlay status` and `vigil uptime` (each child reports its parent link to rank 0 with
 //! `overlay.transport`).
+//!
+//! This is one implementation of the driver's two seams: [`Settings`] is the verbs [`FastTransport`] of the
+//! hello's upgrade (`upgrade.rs`), and a link on a QP is a [`LinkSend`] / [`LinkRecv`] pair (`transport.rs`).
+//! Busy polling (`tbon.rdma_poll=busy`) lives in the receiving half ([`RdmaRx`]): the driver polls every link's
+//! receiving half from its own loop, and a busy-polling one polls its completion queue there, once per pass of
+//! the runtime, asking to be polled again after the other ready tasks (see [`RdmaRx`]).
 
-use super::transport::{LinkEvent, LinkRx, LinkTx};
+pub(crate) use super::transport::{report, LinkChoice, Links};
+use super::transport::{Link, LinkEvent, LinkRecv, LinkRx, LinkSend, LinkTx};
+use super::upgrade::{Answer as UpgradeAnswer, FastTransport, Offer as UpgradeOffer, Step, Upgraded, Verdict};
 use crate::message::{packed, Message, MsgType};
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::task::{Context, Poll};
 use vigil_rdma::{Config, Connection, Endpoint, LocalInfo, Prepared};
 
 /// `tbon.transport`.
@@ -93,8 +101,6 @@ pub(crate) struct Settings {
     pub cfg: Config,
     /// `tbon.rdma_frame`: the framing this broker offers or accepts.
     pub framing: Framing,
-    /// The libfabric path of `tbon.transport` (`ofi_link.rs`), tried where verbs is not.
-    pub ofi: std::sync::Arc<super::ofi_link::Settings>,
 }
 
 impl Settings {
@@ -112,108 +118,34 @@ impl Settings {
             RdmaFrame::Packed => Framing::Packed,
             RdmaFrame::Full => Framing::Full,
         };
-        Settings { mode, cfg: c.rdma.clone(), framing, ofi: std::sync::Arc::new(super::ofi_link::Settings::new(c)) }
+        Settings { mode, cfg: c.rdma.clone(), framing }
     }
 }
 
-/// What one overlay link runs on, for logs and status.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub(crate) struct LinkChoice {
-    /// "rdma" or "tcp".
-    pub transport: &'static str,
-    /// For rdma: the device, port and GID; for tcp: why not rdma.
-    pub detail: String,
-}
-
-impl LinkChoice {
-    fn tcp(why: impl Into<String>) -> LinkChoice {
-        LinkChoice { transport: "tcp", detail: why.into() }
-    }
-    fn rdma(c: &Connection) -> LinkChoice {
-        LinkChoice {
-            transport: "rdma",
-            detail: format!("{} port {} gid {} ({})", c.device.name, c.device.port, c.device.gid_index, c.device.gid),
-        }
-    }
-    fn to_json(&self) -> Value {
-        json!({"transport": self.transport, "detail": self.detail})
+fn rdma_choice(c: &Connection) -> LinkChoice {
+    LinkChoice {
+        transport: "rdma",
+        detail: format!("{} port {} gid {} ({})", c.device.name, c.device.port, c.device.gid_index, c.device.gid),
     }
 }
 
-/// Per-broker record of link choices.
-#[derive(Debug, Default)]
-pub(crate) struct Links {
-    /// This broker's link to its parent.
-    pub parent: Option<LinkChoice>,
-    /// Rank 0: every rank's link to its parent, as reported with `overlay.transport`.
-    pub by_rank: BTreeMap<u32, LinkChoice>,
-}
-
-impl Links {
-    /// One line for `vigil uptime` / `overlay status`: "rdma" (or "ofi"), "tcp (fallback: why)", "mixed (rdma N,
-    /// ofi N, tcp M: why)", or "tcp" for a single broker.
-    pub fn summary(&self) -> String {
-        let mut all: Vec<&LinkChoice> = self.by_rank.values().collect();
-        if all.is_empty() {
-            all.extend(self.parent.as_ref());
-        }
-        let count = |t: &str| all.iter().filter(|c| c.transport == t).count();
-        let fast: Vec<(&str, usize)> =
-            ["rdma", "ofi"].into_iter().map(|t| (t, count(t))).filter(|(_, n)| *n > 0).collect();
-        let first_tcp = all.iter().find(|c| c.transport == "tcp");
-        match (fast.as_slice(), first_tcp) {
-            ([], None) => "tcp".into(),
-            ([(t, _)], None) => (*t).into(),
-            ([], Some(t)) => format!("tcp (fallback: {})", t.detail),
-            (f, t) => {
-                let mut parts: Vec<String> = f.iter().map(|(t, n)| format!("{t} {n}")).collect();
-                if let Some(t) = t {
-                    parts.push(format!("tcp {}: {}", count("tcp"), t.detail));
-                }
-                format!("mixed ({})", parts.join(", "))
-            }
-        }
+/// The verbs step of the hello (see the module docs): always considered first, and always in the hello and
+/// hello-ack (with `tbon.transport=tcp` or `ofi`, as the reason it is not used).
+impl FastTransport for Settings {
+    fn offer(&self, local: Option<IpAddr>, _earlier: bool) -> Result<Option<Box<dyn UpgradeOffer>>, String> {
+        Ok(Some(Box::new(Offer::new(self, local)?)))
     }
 
-    /// Rank 0's view of `rank`'s parent link, for `overlay.status` rows.
-    pub fn of_rank(&self, rank: u32) -> Value {
-        self.by_rank.get(&rank).map(LinkChoice::to_json).unwrap_or(Value::Null)
+    fn answer<'a>(
+        &'a self,
+        local: Option<IpAddr>,
+        hello: &'a Value,
+        _earlier: bool,
+    ) -> Step<'a, Option<Box<dyn UpgradeAnswer>>> {
+        // Opening a device and connecting a QP takes milliseconds: done here, in the task that read the hello.
+        let a = Answer::new(self, local, hello);
+        Box::pin(std::future::ready(Some(Box::new(a) as Box<dyn UpgradeAnswer>)))
     }
-
-    /// Record an `overlay.transport` report (rank 0).
-    pub fn on_report(&mut self, body: &Value) -> Result<(), String> {
-        let rank = body.get("rank").and_then(Value::as_u64).ok_or("missing rank")? as u32;
-        let transport = match body.get("transport").and_then(Value::as_str) {
-            Some("rdma") => "rdma",
-            Some("ofi") => "ofi",
-            Some("tcp") => "tcp",
-            _ => return Err("transport must be rdma, ofi or tcp".into()),
-        };
-        let detail = body.get("detail").and_then(Value::as_str).unwrap_or("").chars().take(400).collect();
-        self.by_rank.insert(rank, LinkChoice { transport, detail });
-        Ok(())
-    }
-}
-
-/// The `overlay.transport` request a child sends to rank 0 about its parent link.
-pub(crate) fn report(rank: u32, c: &LinkChoice) -> Message {
-    let mut m =
-        Message::request("overlay.transport", 0, &json!({"rank": rank, "transport": c.transport, "detail": c.detail}));
-    m.flags = crate::message::FLAG_NORESPONSE;
-    m
-}
-
-/// Local IP address of a socket (the overlay's own end of a connection).
-pub(crate) fn local_ip(fd: &std::os::fd::OwnedFd) -> Option<IpAddr> {
-    // A duplicate of the descriptor, closed again when the temporary stream drops.
-    let s = std::net::TcpStream::from(fd.try_clone().ok()?);
-    s.local_addr().ok().map(|a| a.ip())
-}
-
-/// The IP address of the other end of the TCP socket `fd`.
-pub(crate) fn peer_ip(fd: &std::os::fd::OwnedFd) -> Option<IpAddr> {
-    let s = std::net::TcpStream::from(fd.try_clone().ok()?);
-    s.peer_addr().ok().map(|a| a.ip())
 }
 
 /// Child side, before the hello: what to offer.
@@ -222,41 +154,33 @@ pub(crate) struct Offer {
     prepared: Option<Prepared>,
     why_not: String,
     framing: Framing,
+    mode: Mode,
+    /// `tbon.rdma_poll=busy`.
+    busy: bool,
 }
 
 impl Offer {
     /// Prepare a QP if a device serves `local`. Err when `tbon.transport=rdma` and none can be used.
     pub fn new(s: &Settings, local: Option<IpAddr>) -> Result<Offer, String> {
+        let offer =
+            |prepared, why_not| Offer { prepared, why_not, framing: s.framing, mode: s.mode, busy: s.cfg.busy_poll };
         if s.mode == Mode::Tcp {
-            return Ok(Offer { prepared: None, why_not: "tbon.transport=tcp".into(), framing: s.framing });
+            return Ok(offer(None, "tbon.transport=tcp".into()));
         }
         let r = local
             .ok_or_else(|| "local address of the overlay connection unknown".to_string())
             .and_then(|ip| vigil_rdma::find_device(ip).map_err(|e| e.to_string()))
             .and_then(|d| Endpoint::prepare(&d, s.cfg.clone()).map_err(|e| e.to_string()));
         match r {
-            Ok((p, _)) => Ok(Offer { prepared: Some(p), why_not: String::new(), framing: s.framing }),
+            Ok((p, _)) => Ok(offer(Some(p), String::new())),
             Err(e) if s.mode == Mode::Rdma => Err(format!("tbon.transport=rdma but {e}")),
-            Err(e) => Ok(Offer { prepared: None, why_not: e, framing: s.framing }),
-        }
-    }
-
-    /// Whether a queue pair is offered (else the link may try libfabric, `ofi_link.rs`).
-    pub fn has_qp(&self) -> bool {
-        self.prepared.is_some()
-    }
-
-    /// Fields to add to the hello payload.
-    pub fn hello_fields(&self) -> Value {
-        match &self.prepared {
-            Some(p) => json!({"rdma": p.local_info(), FRAME_FIELD: self.framing.field()}),
-            None => json!({"rdma_unavailable": self.why_not}),
+            Err(e) => Ok(offer(None, e)),
         }
     }
 
     /// After the hello-ack: connect the QP to the parent's answer (with the framing the answer agreed to), or
     /// fall back to TCP with the reason.
-    pub fn finish(self, s: &Settings, ack: &Value) -> Result<(Option<(Connection, Framing)>, LinkChoice), String> {
+    fn connect(self, ack: &Value) -> Result<(Option<(Connection, Framing)>, LinkChoice), String> {
         let res = match (self.prepared, ack.get("rdma")) {
             (None, _) => Err(format!("this side: {}", self.why_not)),
             (Some(p), Some(info)) => serde_json::from_value::<LocalInfo>(info.clone())
@@ -269,16 +193,37 @@ impl Offer {
         };
         match res {
             Ok(c) => {
-                let choice = LinkChoice::rdma(&c);
+                let choice = rdma_choice(&c);
                 Ok((Some((c, Framing::agree(self.framing, ack))), choice))
             }
-            Err(e) if s.mode == Mode::Rdma => Err(format!("tbon.transport=rdma but {e}")),
+            Err(e) if self.mode == Mode::Rdma => Err(format!("tbon.transport=rdma but {e}")),
             // Said where it shows (logs, overlay status, uptime): the busy polling asked for does not happen.
-            Err(e) if s.cfg.busy_poll => {
+            Err(e) if self.busy => {
                 Ok((None, LinkChoice::tcp(format!("{e}; tbon.rdma_poll=busy has no effect on TCP"))))
             }
             Err(e) => Ok((None, LinkChoice::tcp(e))),
         }
+    }
+}
+
+impl UpgradeOffer for Offer {
+    fn hello_fields(&self) -> Value {
+        match &self.prepared {
+            Some(p) => json!({"rdma": p.local_info(), FRAME_FIELD: self.framing.field()}),
+            None => json!({"rdma_unavailable": self.why_not}),
+        }
+    }
+
+    fn offers(&self) -> bool {
+        self.prepared.is_some()
+    }
+
+    fn finish<'a>(self: Box<Self>, ack: &'a Value, link: Link) -> Step<'a, Result<Upgraded, String>> {
+        let r = (*self).connect(ack).map(|(conn, choice)| match conn {
+            Some((conn, framing)) => Upgraded::Moved(bridge(link, conn, framing), choice),
+            None => Upgraded::Stayed(link, choice.detail),
+        });
+        Box::pin(std::future::ready(r))
     }
 }
 
@@ -315,72 +260,61 @@ impl Answer {
         };
         match res {
             Ok(c) => {
-                let choice = LinkChoice::rdma(&c);
+                let choice = rdma_choice(&c);
                 Answer::Rdma(Box::new(c), Framing::agree(s.framing, hello), choice)
             }
             Err(e) if s.mode == Mode::Rdma => Answer::Refuse(format!("tbon.transport=rdma but {e}")),
             Err(e) => Answer::Tcp(LinkChoice::tcp(e)),
         }
     }
+}
 
-    /// Fields to add to the hello-ack payload.
-    pub fn ack_fields(&self) -> Value {
+impl std::fmt::Debug for Answer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Answer::Rdma(_, framing, c) => write!(f, "Rdma({}, {framing:?})", c.detail),
+            Answer::Tcp(c) => write!(f, "Tcp({})", c.detail),
+            Answer::Refuse(why) => write!(f, "Refuse({why})"),
+        }
+    }
+}
+
+impl UpgradeAnswer for Answer {
+    fn ack_fields(&self) -> Value {
         match self {
             Answer::Rdma(c, f, _) => json!({"rdma": c.local, FRAME_FIELD: f.field()}),
             Answer::Tcp(c) => json!({"rdma_refused": c.detail}),
             Answer::Refuse(why) => json!({"rdma_refused": why}),
         }
     }
-}
 
-/// Merge the fields of `extra` (an object) into `base` (an object).
-pub(crate) fn merge(mut base: Value, extra: Value) -> Value {
-    if let (Some(b), Value::Object(e)) = (base.as_object_mut(), extra) {
-        b.extend(e);
+    fn verdict(&self) -> Verdict<'_> {
+        match self {
+            Answer::Rdma(..) => Verdict::Accept,
+            Answer::Tcp(c) => Verdict::Decline(&c.detail),
+            Answer::Refuse(why) => Verdict::Refuse(why),
+        }
     }
-    base
+
+    fn accept(self: Box<Self>, link: Link) -> (Link, LinkChoice) {
+        match *self {
+            Answer::Rdma(c, framing, choice) => (bridge(link, *c, framing), choice),
+            Answer::Tcp(c) => (link, c),
+            Answer::Refuse(why) => (link, LinkChoice::tcp(why)),
+        }
+    }
 }
 
-/// Carry a link's messages over `conn`, keeping its TCP connection (`tcp_tx`, `tcp_rx`) as the side channel.
-/// Returns the link's new halves. No task is involved: the sender encodes and posts from the caller's task,
-/// and the receiver takes and decodes messages in the task that reads the link (the broker's pump).
-///
-/// A busy-polling connection (`tbon.rdma_poll=busy`) is returned apart instead, as a [`BusyRx`], with the TCP
-/// side channel as the link's receiving half: the broker's core loop polls it itself between inputs, so a
-/// message goes from the completion queue to the core with no hand-off between tasks.
-pub(crate) fn bridge(
-    tcp_tx: LinkTx,
-    tcp_rx: LinkRx,
-    conn: Connection,
-    framing: Framing,
-) -> (LinkTx, LinkRx, Option<BusyRx>) {
+/// Carry a link's messages over `conn`, keeping its TCP connection (the link's halves as they were) as the
+/// side channel; the link's socket and tasks stay those of its TCP connection. No task is involved: the sender
+/// encodes and posts from the caller's task, and the receiver takes and decodes messages in the task that polls
+/// the link (the broker's loop).
+pub(crate) fn bridge(link: Link, conn: Connection, framing: Framing) -> Link {
+    let Link { tx: tcp_tx, rx: tcp_rx, peer, sock, tasks } = link;
     let (sender, receiver) = conn.split();
-    let tx = LinkTx::rdma(RdmaTx { sender, tcp: tcp_tx, framing });
-    if receiver.is_busy_poll() {
-        return (tx, tcp_rx, Some(BusyRx { receiver, framing }));
-    }
-    (tx, LinkRx::rdma(RdmaRx { receiver, tcp: tcp_rx, done: false, framing }), None)
-}
-
-/// The QP receiving half of a busy-polling RDMA link, polled by the core loop itself ([`BusyRx::poll`]).
-#[derive(Debug)]
-pub(crate) struct BusyRx {
-    receiver: vigil_rdma::Receiver,
-    framing: Framing,
-}
-
-impl BusyRx {
-    /// Poll the completion queue once: the next message, or `Closed` with why the QP path ended (after which
-    /// the caller drops this receiver), or None when nothing has arrived.
-    pub(crate) fn poll(&mut self) -> Option<LinkEvent> {
-        Some(match self.receiver.try_recv()? {
-            Ok(frame) => match self.framing.decode(frame) {
-                Ok(m) => LinkEvent::Message(m),
-                Err(e) => LinkEvent::Closed(format!("rdma: {e}")),
-            },
-            Err(e) => LinkEvent::Closed(e.to_string()),
-        })
-    }
+    let tx = LinkTx::new(RdmaTx { sender, tcp: tcp_tx, framing });
+    let rx = LinkRx::new(RdmaRx { receiver, tcp: tcp_rx, done: false, framing });
+    Link { tx, rx, peer, sock, tasks }
 }
 
 /// Sending half of an RDMA link.
@@ -391,11 +325,11 @@ pub(crate) struct RdmaTx {
     framing: Framing,
 }
 
-impl RdmaTx {
+impl LinkSend for RdmaTx {
     /// Encode and post `m` (queued while the peer has no credits: unbounded, like a TCP link's queue).
     /// Control messages (heartbeats, goodbye, shutdown) also go on TCP: liveness signals and ordered
     /// goodbyes. Gives `m` back once the connection has ended (the receiving half reports why).
-    pub(crate) fn send(&self, m: Message) -> Result<(), Message> {
+    fn send(&self, m: Message) -> Result<(), Message> {
         if m.msgtype == MsgType::Control {
             let _ = self.tcp.send(m.clone());
         }
@@ -409,6 +343,15 @@ impl RdmaTx {
 }
 
 /// Receiving half of an RDMA link: QP messages merged with the TCP side channel's.
+///
+/// With `tbon.rdma_poll=busy` this is where the busy polling happens. The broker's loop polls every link's
+/// receiving half itself (`link_set.rs`); each time it polls this one, [`vigil_rdma::Receiver::poll_recv`]
+/// polls the completion queue once (no system call) and, finding nothing, wakes the loop's task at once, so the
+/// loop comes back after the runtime's other ready tasks and polls again. The budget is one completion-queue
+/// poll per pass of the runtime: the loop never spins without letting the link readers, local clients and
+/// timers run, and a message that arrives is the loop's in the next pass, without a wake-up (no eventfd, no
+/// completion channel) and without a hand-off between tasks. While the loop has other inputs it handles them
+/// between passes; the cost is one core kept busy while a busy link is open, as `tbon.rdma_poll` says.
 #[derive(Debug)]
 pub(crate) struct RdmaRx {
     receiver: vigil_rdma::Receiver,
@@ -418,34 +361,34 @@ pub(crate) struct RdmaRx {
     framing: Framing,
 }
 
-impl RdmaRx {
+impl LinkRecv for RdmaRx {
     /// The next message from either path, or `Closed` with the first reason either path gives (a QP error,
     /// a frame that does not decode, the TCP connection's end); then None.
-    pub(crate) async fn recv(&mut self) -> Option<LinkEvent> {
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<LinkEvent>> {
         if self.done {
-            return None;
+            return Poll::Ready(None);
         }
-        let ev = tokio::select! {
-            r = self.receiver.recv() => match r {
-                Ok(frame) => match self.framing.decode(frame) {
-                    Ok(m) => LinkEvent::Message(m),
-                    Err(e) => LinkEvent::Closed(format!("rdma: {e}")),
-                },
-                Err(e) => LinkEvent::Closed(e.to_string()),
+        let ev = match self.receiver.poll_recv(cx) {
+            Poll::Ready(Ok(frame)) => match self.framing.decode(frame) {
+                Ok(m) => LinkEvent::Message(m),
+                Err(e) => LinkEvent::Closed(format!("rdma: {e}")),
             },
-            ev = std::future::poll_fn(|cx| self.tcp.poll_chan(cx)) => match ev {
-                Some(ev) => ev,
-                None => LinkEvent::Closed("tcp side channel dropped".into()),
+            Poll::Ready(Err(e)) => LinkEvent::Closed(e.to_string()),
+            Poll::Pending => match self.tcp.poll_recv(cx) {
+                Poll::Ready(Some(ev)) => ev,
+                Poll::Ready(None) => LinkEvent::Closed("tcp side channel dropped".into()),
+                Poll::Pending => return Poll::Pending,
             },
         };
         self.done = matches!(ev, LinkEvent::Closed(_));
-        Some(ev)
+        Poll::Ready(Some(ev))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     fn attrs(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
         kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
@@ -491,7 +434,7 @@ mod tests {
         let a = Answer::new(&s, Some("127.0.0.1".parse().unwrap()), &f);
         let Answer::Tcp(c) = &a else { panic!("expected tcp") };
         assert!(c.detail.starts_with("child: "), "{}", c.detail);
-        let (conn, choice) = offer.finish(&s, &a.ack_fields()).unwrap();
+        let (conn, choice) = offer.connect(&a.ack_fields()).unwrap();
         assert!(conn.is_none());
         assert_eq!(choice.transport, "tcp");
         assert!(choice.detail.contains("this side"), "{}", choice.detail);
@@ -500,7 +443,7 @@ mod tests {
         let busy = settings(&attrs(&[("tbon.rdma_poll", "busy")])).unwrap();
         let offer = Offer::new(&busy, Some("127.0.0.1".parse().unwrap())).unwrap();
         let a = Answer::new(&busy, Some("127.0.0.1".parse().unwrap()), &offer.hello_fields());
-        let (_, choice) = offer.finish(&busy, &a.ack_fields()).unwrap();
+        let (_, choice) = offer.connect(&a.ack_fields()).unwrap();
         assert!(choice.detail.ends_with("tbon.rdma_poll=busy has no effect on TCP"), "{}", choice.detail);
     }
 
@@ -539,21 +482,5 @@ mod tests {
         let a = Answer::new(&s, Some("127.0.0.1".parse().unwrap()), &json!({"rdma": {"qpn": "x"}}));
         let Answer::Tcp(c) = a else { panic!() };
         assert!(c.detail.contains("malformed"), "{}", c.detail);
-    }
-
-    #[test]
-    fn summary() {
-        let mut l = Links::default();
-        assert_eq!(l.summary(), "tcp");
-        l.on_report(&json!({"rank": 1, "transport": "rdma", "detail": "rxe0"})).unwrap();
-        assert_eq!(l.summary(), "rdma");
-        l.on_report(&json!({"rank": 2, "transport": "tcp", "detail": "no verbs devices"})).unwrap();
-        assert_eq!(l.summary(), "mixed (rdma 1, tcp 1: no verbs devices)");
-        assert!(l.on_report(&json!({"rank": 3, "transport": "carrier pigeon"})).is_err());
-        l.on_report(&json!({"rank": 3, "transport": "ofi", "detail": "provider cxi"})).unwrap();
-        assert_eq!(l.summary(), "mixed (rdma 1, ofi 1, tcp 1: no verbs devices)");
-        let mut l = Links::default();
-        l.on_report(&json!({"rank": 1, "transport": "ofi", "detail": "provider cxi"})).unwrap();
-        assert_eq!(l.summary(), "ofi");
     }
 }
