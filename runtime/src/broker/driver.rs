@@ -682,7 +682,8 @@ pub fn discover_node_main(source: &str, declared_gpus: Option<u32>, xml: &std::p
     }
 }
 
-/// Forward a link's events into the driver as events tagged with the peer.
+/// Forward a local client's link events into the driver's channel, tagged with the peer (overlay links are
+/// polled by the loop itself, `link_set.rs`).
 pub(crate) async fn pump(mut rx: LinkRx, peer: Peer, conn: u64, tx: mpsc::UnboundedSender<Event>) {
     while let Some(ev) = rx.recv().await {
         let i = match ev {
