@@ -3,7 +3,8 @@
 # Called by ci/rdma-tests.sh (inside the rxe-vm harness or on a kernel with rdma_rxe):
 #   ci/rdma-broker-test.sh BIN_DIR ADDR0 ADDR1 OUT_DIR
 # Checks: both links choose rdma (tbon.transport=rdma, so a fallback would fail the start), `vigil overlay
-# status` and `vigil uptime` say rdma, jobs run across both ranks, `vigil ping 1` answers; then, with
+# status` and `vigil uptime` say rdma, jobs run across both ranks, `vigil ping 1` answers, with completion events
+# and again with busy polling (tbon.rdma_poll=busy); then, with
 # tbon.transport=auto on loopback (no device serves 127.0.0.1), the instance falls back to tcp and says why.
 set -uo pipefail
 BIN=$1 A0=$2 A1=$3 OUT=$4
@@ -35,25 +36,35 @@ vigil ping 1
 EOF
 chmod +x "$T/initial.sh"
 
-mkdir -p "$T/r0" "$T/r1"
-vigil broker --config "$T/vigil.toml" --rank 1 --rundir "$T/r1" -S tbon.transport=rdma -S log-level=info \
-    >"$T/r1.log" 2>&1 &
-P1=$!
-timeout 120 vigil broker --config "$T/vigil.toml" --rank 0 --rundir "$T/r0" -S tbon.transport=rdma \
-    -S log-level=info "$T/initial.sh" >"$T/out.txt" 2>"$T/r0.log" </dev/null
-rc=$?
-wait $P1
-rc1=$?
-cat "$T/out.txt"
-echo "--- rank 0 log"; cat "$T/r0.log"
-echo "--- rank 1 log"; cat "$T/r1.log"
-cp "$T/out.txt" "$OUT/broker-rdma.out" 2>/dev/null
-[ $rc = 0 ] || fail "rank 0 exited with $rc"
-[ $rc1 = 0 ] || fail "rank 1 exited with $rc1"
-grep -q '^link 1 -> 0: rdma (rxe' "$T/out.txt" || fail "overlay status does not show rank 1's link on rdma"
-grep -q 'transport rdma' "$T/out.txt" || fail "uptime does not say transport rdma"
-grep -q 'overlay link to parent: rdma on' "$T/r1.log" || fail "rank 1 did not log its rdma choice"
-[ "$(grep -c 'task-ran' "$T/out.txt")" = 4 ] || fail "the 4-task job did not run"
+# One run of the instance with these extra attributes (both ranks); output and logs under $T/$1.
+run_instance() {
+    local tag=$1
+    shift
+    local extra=()
+    for a in "$@"; do extra+=(-S "$a"); done
+    mkdir -p "$T/$tag/r0" "$T/$tag/r1"
+    vigil broker --config "$T/vigil.toml" --rank 1 --rundir "$T/$tag/r1" -S tbon.transport=rdma -S log-level=info \
+        "${extra[@]}" >"$T/$tag/r1.log" 2>&1 &
+    P1=$!
+    timeout 120 vigil broker --config "$T/vigil.toml" --rank 0 --rundir "$T/$tag/r0" -S tbon.transport=rdma \
+        -S log-level=info "${extra[@]}" "$T/initial.sh" >"$T/$tag/out.txt" 2>"$T/$tag/r0.log" </dev/null
+    rc=$?
+    wait $P1
+    rc1=$?
+    cat "$T/$tag/out.txt"
+    echo "--- rank 0 log ($tag)"; cat "$T/$tag/r0.log"
+    echo "--- rank 1 log ($tag)"; cat "$T/$tag/r1.log"
+    cp "$T/$tag/out.txt" "$OUT/broker-rdma-$tag.out" 2>/dev/null
+    [ $rc = 0 ] || fail "$tag: rank 0 exited with $rc"
+    [ $rc1 = 0 ] || fail "$tag: rank 1 exited with $rc1"
+    grep -q '^link 1 -> 0: rdma (rxe' "$T/$tag/out.txt" || fail "$tag: overlay status does not show rank 1's link on rdma"
+    grep -q 'transport rdma' "$T/$tag/out.txt" || fail "$tag: uptime does not say transport rdma"
+    grep -q 'overlay link to parent: rdma on' "$T/$tag/r1.log" || fail "$tag: rank 1 did not log its rdma choice"
+    [ "$(grep -c 'task-ran' "$T/$tag/out.txt")" = 4 ] || fail "$tag: the 4-task job did not run"
+}
+run_instance events
+# Busy polling: the links' receiving halves poll their completion queues from the brokers' loops.
+run_instance busy tbon.rdma_poll=busy
 
 # Auto fallback on loopback: a device exists, but none serves 127.0.0.1.
 out=$(timeout 60 vigil start --test-size=2 sh -c 'vigil overlay status; vigil uptime' 2>&1 </dev/null)

@@ -331,6 +331,7 @@ impl Prepared {
             pending: OutQueue::new(),
             assembling: Reassembler::new(usize::try_from(cfg.max_message).unwrap_or(usize::MAX)),
             inbox: VecDeque::new(),
+            rx_waker: None,
             ready: active,
             send_ready: active,
             sender_open: true,
@@ -594,6 +595,43 @@ impl Receiver {
         }
     }
 
+    /// Poll for the next message, or why the connection ended, as [`Receiver::recv`] gives them: for a caller
+    /// that polls several sources from one task (the broker's loop polls every overlay link this way).
+    ///
+    /// Event mode: the connection's driver task wakes `cx` when a message arrives or the connection ends.
+    /// Busy-poll mode ([`Config::busy_poll`]): each call polls the completion queue once (no system call), and
+    /// when nothing has arrived wakes `cx` at once and returns `Pending`, so the caller's task goes to the back
+    /// of the runtime's run queue and polls again after the other ready tasks: the completion queue is polled
+    /// once per pass of the runtime, by the caller's own task, and a message found is the caller's in that
+    /// same pass, with no wake-up or hand-off between tasks.
+    pub fn poll_recv(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<Vec<u8>, ConnError>> {
+        use std::task::Poll;
+        if self.shared.busy {
+            return match self.try_take(true) {
+                Some(r) => Poll::Ready(r),
+                None => {
+                    cx.waker().wake_by_ref();
+                    Poll::Pending
+                }
+            };
+        }
+        let mut e = self.shared.lock();
+        let r = e.take_message();
+        let Some(r) = r else {
+            // Registered under the lock the driver takes to add a message: none can slip in between.
+            if !e.rx_waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                e.rx_waker = Some(cx.waker().clone());
+            }
+            return Poll::Pending;
+        };
+        let woke = e.ended.is_some();
+        drop(e);
+        if woke {
+            self.shared.driver.notify_one();
+        }
+        Poll::Ready(r)
+    }
+
     /// The next message if one is there, without waiting: `None` when there is none yet. In busy-poll mode
     /// ([`Config::busy_poll`]) this polls the completion queue first, so a caller's own polling loop (one that
     /// watches several connections) receives without a task of its own. Once the connection has ended,
@@ -797,6 +835,10 @@ struct Engine {
     assembling: Reassembler,
     /// Whole messages received and not yet taken (their last fragment's credit is still held).
     inbox: VecDeque<Vec<u8>>,
+    /// The task that last found nothing in [`Receiver::poll_recv`] (event mode), woken with the
+    /// [`Shared::readable`] waiters; kept under the engine's lock, so a message found by the driver after the
+    /// receiver looked always wakes it.
+    rx_waker: Option<std::task::Waker>,
     /// We may send data (the active side at once; the passive side after the peer's first packet).
     ready: bool,
     /// The READY packet still has to be sent (active side).
@@ -844,9 +886,13 @@ impl Driver {
                     e.ended.get_or_insert(ConnError::Closed);
                 }
             }
-            e.res.take()
+            (e.res.take(), e.rx_waker.take())
         };
+        let (res, rx_waker) = res;
         self.shared.readable.notify_waiters();
+        if let Some(w) = rx_waker {
+            w.wake();
+        }
         self.shared.writable.notify_waiters();
         // Deregister the descriptors, then destroy QP, buffers, CQ, channel, PD, context (in that order).
         let Driver { comp_fd, async_fd, .. } = self;
@@ -866,9 +912,14 @@ impl Driver {
         e.progress()?;
         let step = e.check_done();
         let after = (e.inbox.len(), e.pending.len(), e.peer_closed);
+        let readable = after.0 > before.0 || after.2 != before.2;
+        let rx_waker = if readable { e.rx_waker.take() } else { None };
         drop(e);
-        if after.0 > before.0 || after.2 != before.2 {
+        if readable {
             self.shared.readable.notify_waiters();
+            if let Some(w) = rx_waker {
+                w.wake();
+            }
         }
         if after.1 < MAX_QUEUED && (after.1 < before.1 || n > 0) {
             self.shared.writable.notify_waiters();

@@ -1,18 +1,22 @@
 //! The broker's tokio driver: sockets, processes, detectors and the clock around the sans-IO [`Broker`].
 //!
-//! One task owns the [`Broker`] and a [`Driver`] holding every piece of I/O: overlay links (TCP or RDMA,
-//! busy-polled here when asked), local clients, job shell and initial-program processes, the failure detectors.
-//! Small tasks (link readers, the listeners, process waiters, signal handlers) feed it [`Event`]s through one
-//! channel; the driver turns each into a broker [`Input`] stamped with the time, and carries out the
-//! [`Effect`]s the broker hands back.
+//! One task owns the [`Broker`] and a [`Driver`] holding every piece of I/O: overlay links, local clients, job
+//! shell and initial-program processes, the failure detectors. The loop polls the overlay links' receiving
+//! halves itself (`link_set.rs`), whatever they run on (`transport.rs`); small tasks (the listeners, local
+//! clients' readers, process waiters, signal handlers) feed it [`Event`]s through one channel. The driver
+//! turns each into a broker [`Input`] stamped with the time, and carries out the [`Effect`]s the broker hands
+//! back. It never knows which transport a link runs on: a link's hello negotiates that through the upgrade
+//! seam (`upgrade.rs`), and the link's [`LinkChoice`] describes it.
 
 use super::core::{Broker, DriverStatus, Effect, Environment, Input, Peer, Time, PARENT};
+use super::link_set::LinkSet;
 use super::local;
-use super::rdma_link;
 use super::secure;
 use super::transport::{
-    tcp_ack_state, tune_tcp, Link, LinkEvent, LinkRx, LinkTx, TcpTransport, Transport, TCP_USER_TIMEOUT_MS,
+    local_ip, merge, peer_ip, tcp_ack_state, tune_tcp, Link, LinkChoice, LinkEvent, LinkRx, LinkTx, TcpTransport,
+    Transport, TCP_USER_TIMEOUT_MS,
 };
+use super::upgrade::{Answers, Upgrades};
 use crate::hwloc::{NodeResources, NodeTopology, TopologySource};
 use crate::jobs::JobId;
 use crate::message::{errno, Message, MsgType, FLAG_NORESPONSE};
@@ -32,15 +36,10 @@ pub(crate) enum Event {
     ChildHello {
         conn: u64,
         msg: Message,
-        link_tx: LinkTx,
-        peer: String,
-        rx: LinkRx,
-        sock: Option<std::os::fd::OwnedFd>,
-        tasks: Vec<tokio::task::AbortHandle>,
-        /// The answer to the child's RDMA offer (see `rdma_link`).
-        rdma: Box<rdma_link::Answer>,
-        /// The answer to its libfabric offer, where the link considered libfabric (see `ofi_link`).
-        ofi: Option<Box<super::ofi_link::Answer>>,
+        /// The child's link, still on TCP.
+        link: Link,
+        /// The answers to the transports it offered (see `upgrade.rs`).
+        answers: Answers,
     },
     LocalNew {
         id: u32,
@@ -72,8 +71,7 @@ pub(crate) enum Event {
 /// A parent link just made ([`connect_parent`]).
 pub(crate) struct ParentLink {
     link: Link,
-    choice: rdma_link::LinkChoice,
-    busy: Option<rdma_link::BusyRx>,
+    choice: LinkChoice,
     /// The parent node's heartbeat responder: its overlay address and the parent broker's probe port (from its
     /// `hello-ack`; none from a parent without detectors).
     probe: Option<std::net::SocketAddr>,
@@ -82,8 +80,6 @@ pub(crate) struct ParentLink {
 /// A child's overlay link.
 pub(crate) struct ChildLink {
     pub tx: LinkTx,
-    /// The QP half of a busy-polling RDMA link, polled by the driver ([`Driver::poll_busy`]).
-    pub busy: Option<rdma_link::BusyRx>,
     pub conn: u64,
     pub sock: Option<std::os::fd::OwnedFd>,
     pub tasks: Vec<tokio::task::AbortHandle>,
@@ -101,13 +97,8 @@ impl Drop for ChildLink {
 
 /// A would-be child's link while the broker judges its hello.
 struct PendingChild {
-    tx: LinkTx,
-    rx: LinkRx,
-    peer: String,
-    sock: Option<std::os::fd::OwnedFd>,
-    tasks: Vec<tokio::task::AbortHandle>,
-    rdma: rdma_link::Answer,
-    ofi: Option<Box<super::ofi_link::Answer>>,
+    link: Link,
+    answers: Answers,
     probe_port: Option<u16>,
 }
 
@@ -123,9 +114,9 @@ pub(crate) struct Driver {
     parent_sock: Option<std::os::fd::OwnedFd>,
     /// The parent link's 4-tuple as registered with the TCP watcher.
     parent_tuple: Option<vigil_ebpf::TcpTuple>,
-    /// The QP half of the parent link when it busy-polls ([`Driver::poll_busy`]).
-    parent_busy: Option<rdma_link::BusyRx>,
     children: HashMap<u32, ChildLink>,
+    /// The receiving halves of the overlay links (parent and children), polled by the loop.
+    links: LinkSet,
     pending: HashMap<u64, PendingChild>,
     locals: HashMap<u32, LinkTx>,
     /// Job shells' process groups.
@@ -139,10 +130,8 @@ pub(crate) struct Driver {
     pub detect: Option<super::detect::Detectors>,
     /// Processes the broker asked to watch (`detect.watch`).
     watched: HashSet<u32>,
-    /// `tbon.transport` settings.
-    rdma: std::sync::Arc<rdma_link::Settings>,
-    /// Alternates which busy link [`Driver::poll_busy`] polls first.
-    busy_turn: bool,
+    /// The transports a link may move onto after its hello, in `tbon.transport`'s order.
+    upgrades: std::sync::Arc<Upgrades>,
     /// What [`DriverStatus`] was last built from (see [`Driver::refresh_status`]).
     status_key: [u64; 7],
     /// Bumped when the detectors change (loaded).
@@ -288,9 +277,9 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         }
     });
     let auth = std::sync::Arc::new(secure::LinkAuth::new(opts.key.clone(), &opts.instance));
-    let rdma = std::sync::Arc::new(rdma_link::Settings::new(&opts.config));
+    let upgrades = std::sync::Arc::new(Upgrades::new(&opts.config));
     let refusals = std::sync::Arc::new(std::sync::Mutex::new(secure::RefusalLog::default()));
-    tokio::spawn(accept_children(listener, input_tx.clone(), auth.clone(), rdma.clone(), refusals.clone()));
+    tokio::spawn(accept_children(listener, input_tx.clone(), auth.clone(), upgrades.clone(), refusals.clone()));
 
     // Local connector.
     std::fs::create_dir_all(&opts.rundir)
@@ -356,8 +345,8 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         parent: None,
         parent_sock: None,
         parent_tuple: None,
-        parent_busy: None,
         children: HashMap::new(),
+        links: LinkSet::default(),
         pending: HashMap::new(),
         locals: HashMap::new(),
         shells: HashMap::new(),
@@ -366,8 +355,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         initial_pgid: None,
         detect: None,
         watched: HashSet::new(),
-        rdma,
-        busy_turn: false,
+        upgrades,
         status_key: [u64::MAX; 7],
         detect_generation: 0,
         auth: auth.clone(),
@@ -406,20 +394,19 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
                 _ => std::future::pending().await,
             }
         };
-        let ParentLink { link, choice, busy, probe } = tokio::select! {
-            r = connect_parent(opts, &transport, &d.rdma, probe_port, &ep, None) => r?,
+        let ParentLink { link, choice, probe } = tokio::select! {
+            r = connect_parent(opts, &transport, &d.upgrades, probe_port, &ep, None) => r?,
             sig = stop => {
                 warn!(rank, "signal {sig} while connecting to the parent at {ep}; exiting");
                 return Ok(128 + sig);
             }
         };
         d.parent = Some(link.tx.clone());
-        d.parent_busy = busy;
         d.parent_sock = link.sock;
         d.parent_tuple =
             d.parent_sock.as_ref().and_then(|s| d.detect.as_ref().and_then(|det| det.watch_link(PARENT, s)));
         d.probe_parent(probe);
-        tokio::spawn(pump(link.rx, Peer::Parent, 0, input_tx.clone()));
+        d.links.insert(Peer::Parent, 0, link.rx);
         d.step(Input::ParentUp(choice));
         info!(rank, parent, "connected to parent at {ep}");
     }
@@ -444,11 +431,10 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
             }
             armed = deadline;
         }
-        // Busy-polling RDMA links are polled here, by this task, between its other inputs.
-        let busy = d.rdma.cfg.busy_poll;
+        // The overlay links are polled here, by this task, between its other inputs (see link_set.rs).
         let event = tokio::select! {
             i = input_rx.recv() => i,
-            i = std::future::poll_fn(|cx| d.poll_busy(cx)), if busy => Some(i),
+            i = std::future::poll_fn(|cx| d.links.poll_next(cx)) => Some(i),
             _ = &mut timer, if armed.is_some() => None,
         };
         match event {
@@ -459,9 +445,9 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
             // Group commit: what else is ready joins this turn, and one transaction writes it all before
             // anything it caused is carried out; submissions are answered once an fsync covers it.
             for _ in 1..GROUP_MAX {
-                match input_rx.try_recv() {
-                    Ok(e) => d.on_event(e),
-                    Err(_) => break,
+                match input_rx.try_recv().ok().or_else(|| d.links.try_next(None)) {
+                    Some(e) => d.on_event(e),
+                    None => break,
                 }
             }
             d.flush();
@@ -645,7 +631,8 @@ pub fn discover_node_main(source: &str, declared_gpus: Option<u32>, xml: &std::p
     }
 }
 
-/// Forward a link's events into the driver as events tagged with the peer.
+/// Forward a local client's link events into the driver's channel, tagged with the peer (overlay links are
+/// polled by the loop itself, `link_set.rs`).
 pub(crate) async fn pump(mut rx: LinkRx, peer: Peer, conn: u64, tx: mpsc::UnboundedSender<Event>) {
     while let Some(ev) = rx.recv().await {
         let i = match ev {
@@ -668,7 +655,7 @@ async fn accept_children(
     l: tokio::net::TcpListener,
     tx: mpsc::UnboundedSender<Event>,
     auth: std::sync::Arc<secure::LinkAuth>,
-    rdma: std::sync::Arc<rdma_link::Settings>,
+    upgrades: std::sync::Arc<Upgrades>,
     refusals: std::sync::Arc<std::sync::Mutex<secure::RefusalLog>>,
 ) {
     let slots = std::sync::Arc::new(secure::HandshakeSlots::default());
@@ -727,7 +714,7 @@ async fn accept_children(
         conn += 1;
         let c = conn;
         let tx = tx.clone();
-        let rdma = rdma.clone();
+        let upgrades = upgrades.clone();
         let auth = auth.clone();
         let note = note.clone();
         let slot_guard = SlotGuard(slots.clone(), id);
@@ -745,25 +732,11 @@ async fn accept_children(
             let first = tokio::time::timeout(secure::HANDSHAKE_TIMEOUT, link.rx.recv()).await;
             match first {
                 Ok(Some(LinkEvent::Message(m))) if m.msgtype == MsgType::Control && m.topic == "hello" => {
-                    // Answer the child's RDMA offer here, off the core (opening a device takes milliseconds).
-                    let local = link.sock.as_ref().and_then(rdma_link::local_ip);
-                    let hello = m.json();
-                    let answer = Box::new(rdma_link::Answer::new(&rdma, local, &hello));
-                    // Where verbs is not agreed, libfabric (ofi_link), also here.
-                    let verbs = matches!(*answer, rdma_link::Answer::Rdma(..));
-                    let ofi = super::ofi_link::Answer::new(&rdma.ofi, local, &hello, verbs).await.map(Box::new);
-                    let rdma = answer;
-                    let _ = tx.send(Event::ChildHello {
-                        conn: c,
-                        msg: m,
-                        link_tx: link.tx,
-                        peer: link.peer,
-                        rx: link.rx,
-                        sock: link.sock,
-                        tasks: link.tasks,
-                        rdma,
-                        ofi,
-                    });
+                    // Answer the child's transport offers here, off the loop (opening a device takes
+                    // milliseconds).
+                    let local = link.sock.as_ref().and_then(local_ip);
+                    let answers = upgrades.answer(local, &m.json()).await;
+                    let _ = tx.send(Event::ChildHello { conn: c, msg: m, link, answers });
                 }
                 Ok(Some(LinkEvent::Message(m))) => {
                     warn!("overlay peer {addr}: expected hello, got {:?} '{}'; disconnecting", m.msgtype, m.topic);
@@ -789,10 +762,12 @@ impl Drop for SlotGuard {
     }
 }
 
+/// Connect to the parent at `ep` (retrying until `tbon.connect_timeout`), say hello (asking to be adopted in
+/// place of the lost rank `adopt`, if given) and move the link onto the transport the hello agrees.
 async fn connect_parent(
     opts: &BrokerOptions,
-    transport: &TcpTransport,
-    rdma: &rdma_link::Settings,
+    transport: &dyn Transport,
+    upgrades: &Upgrades,
     probe_port: Option<u16>,
     ep: &str,
     adopt: Option<u32>,
@@ -804,12 +779,10 @@ async fn connect_parent(
     loop {
         match transport.connect(ep.to_string()).await {
             Ok(mut link) => {
-                // Offer RDMA when a verbs device serves our end of this connection (see rdma_link), else
-                // libfabric where tbon.transport says so (ofi_link).
-                let local = link.sock.as_ref().and_then(rdma_link::local_ip);
-                let offer = rdma_link::Offer::new(rdma, local)?;
-                let ofi_offer = super::ofi_link::Offer::new(&rdma.ofi, local, offer.has_qp())?;
-                let mut fields = rdma_link::merge(
+                // Offer the transports tbon.transport allows on our end of this connection (upgrade.rs).
+                let local = link.sock.as_ref().and_then(local_ip);
+                let offers = upgrades.offer(local)?;
+                let mut fields = merge(
                     super::liveness::hello_payload(opts.rank, &opts.instance, opts.size, &opts.topo, &opts.hostname),
                     json!({"probe_port": probe_port}),
                 );
@@ -817,39 +790,19 @@ async fn connect_parent(
                     // Asking to be adopted: our parent `lost` was lost (see reparent.rs).
                     fields["adopt"] = json!(lost);
                 }
-                let mut fields = rdma_link::merge(fields, offer.hello_fields());
-                if let Some(o) = &ofi_offer {
-                    fields = rdma_link::merge(fields, o.hello_fields());
-                }
+                let fields = merge(fields, offers.hello_fields());
                 let hello = Message::control("hello", &fields);
                 let _ = link.tx.send(hello);
                 match tokio::time::timeout(Duration::from_secs(10), link.rx.recv()).await {
                     Ok(Some(LinkEvent::Message(m))) if m.topic == "hello-ack" => {
                         let ack = m.json();
-                        let (conn, mut choice) = offer.finish(rdma, &ack)?;
-                        let mut busy = None;
-                        let super::transport::Link { tx, rx, peer, sock, tasks } = link;
-                        let (tx, rx) = match (conn, ofi_offer) {
-                            (Some((conn, framing)), _) => {
-                                let (tx, rx, b) = rdma_link::bridge(tx, rx, conn, framing);
-                                busy = b;
-                                (tx, rx)
-                            }
-                            (None, Some(o)) => {
-                                let (tx, rx, c) = o.finish(&rdma.ofi, &ack, tx, rx).await?;
-                                choice = fallback(choice, c);
-                                (tx, rx)
-                            }
-                            (None, None) => (tx, rx),
-                        };
-                        log_choice("parent", &choice);
-                        let link = super::transport::Link { tx, rx, peer, sock, tasks };
+                        let (link, choice) = offers.finish(&ack, link).await?;
+                        info!("overlay link to parent: {}", choice.describe());
                         // Its node's responder, which our prober asks too (see `Broker::probe_parent`).
-                        let port =
-                            m.json().get("probe_port").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok());
-                        let ip = link.sock.as_ref().and_then(rdma_link::peer_ip);
+                        let port = ack.get("probe_port").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok());
+                        let ip = link.sock.as_ref().and_then(peer_ip);
                         let probe = ip.zip(port).map(|(ip, port)| std::net::SocketAddr::new(ip, port));
-                        return Ok(ParentLink { link, choice, busy, probe });
+                        return Ok(ParentLink { link, choice, probe });
                     }
                     Ok(Some(LinkEvent::Message(m))) if m.topic == "refused" => {
                         return Err(format!("parent at {ep} refused us: {}", m.errstr().unwrap_or_default()))
@@ -893,26 +846,6 @@ async fn connect_parent(
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_millis(200));
-    }
-}
-
-/// Log once which transport an overlay link uses (and why not RDMA).
-/// What a link runs on after verbs said no (`verbs`, a TCP choice with its reason) and libfabric answered
-/// (`ofi`): libfabric's link, or TCP with both reasons (only libfabric's when `tbon.transport=ofi`).
-fn fallback(verbs: rdma_link::LinkChoice, ofi: rdma_link::LinkChoice) -> rdma_link::LinkChoice {
-    match (ofi.transport, verbs.detail.contains("tbon.transport=")) {
-        ("tcp", false) => {
-            rdma_link::LinkChoice { transport: "tcp", detail: format!("{}; {}", verbs.detail, ofi.detail) }
-        }
-        _ => ofi,
-    }
-}
-
-/// Log what a link runs on: "rdma on DEVICE", "ofi (provider ...)", or "tcp (why not the others)".
-fn log_choice(peer: &str, c: &rdma_link::LinkChoice) {
-    match c.transport {
-        "rdma" => info!("overlay link to {peer}: rdma on {}", c.detail),
-        t => info!("overlay link to {peer}: {t} ({})", c.detail),
     }
 }
 
@@ -1067,16 +1000,15 @@ impl Driver {
                     return;
                 }
                 match result {
-                    Ok(ParentLink { link, choice, busy, probe }) => {
+                    Ok(ParentLink { link, choice, probe }) => {
                         self.parent = Some(link.tx.clone());
-                        self.parent_busy = busy;
                         self.parent_sock = link.sock;
                         self.parent_tuple = self
                             .parent_sock
                             .as_ref()
                             .and_then(|s| self.detect.as_ref().and_then(|det| det.watch_link(PARENT, s)));
                         self.probe_parent(probe);
-                        tokio::spawn(pump(link.rx, Peer::Parent, gen, self.input_tx.clone()));
+                        self.links.insert(Peer::Parent, gen, link.rx);
                         self.step(Input::ParentUp(choice));
                     }
                     Err(why) => self.step(Input::ParentFailed(why)),
@@ -1089,18 +1021,12 @@ impl Driver {
                 }
                 self.step(Input::Closed(peer, conn, why))
             }
-            Event::ChildHello { conn, msg, link_tx, peer, rx, sock, tasks, rdma, ofi } => {
-                let refusal = match (&*rdma, ofi.as_deref()) {
-                    (rdma_link::Answer::Refuse(why), _) | (_, Some(super::ofi_link::Answer::Refuse(why))) => {
-                        Some(why.clone())
-                    }
-                    _ => None,
-                };
+            Event::ChildHello { conn, msg, link, answers } => {
+                let refusal = answers.refusal();
                 let probe_port =
                     msg.json().get("probe_port").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok());
-                let addr = peer.clone();
-                self.pending
-                    .insert(conn, PendingChild { tx: link_tx, rx, peer, sock, tasks, rdma: *rdma, ofi, probe_port });
+                let addr = link.peer.clone();
+                self.pending.insert(conn, PendingChild { link, answers, probe_port });
                 self.step(Input::Hello { conn, msg, addr, refusal });
                 // Judged at once (its acceptance carried out now, even in a group commit's turn): whatever the
                 // broker did not accept is dropped.
@@ -1149,46 +1075,28 @@ impl Driver {
                 let Some(p) = self.pending.remove(&conn) else { return };
                 // Our probe port: the child probes our node's responder as we probe its (`probe_parent`).
                 let me = json!({"rank": self.broker.rank(), "probe_port": self.detect.as_ref().map(|d| d.probe_port)});
-                let mut ack = rdma_link::merge(me, p.rdma.ack_fields());
-                if let Some(o) = &p.ofi {
-                    ack = rdma_link::merge(ack, o.ack_fields());
-                }
-                let _ = p.tx.send(Message::control("hello-ack", &ack));
-                let (tx, rx, busy) = match (p.rdma, p.ofi) {
-                    (rdma_link::Answer::Rdma(c, framing, choice), _) => {
-                        log_choice(&format!("child rank {rank}"), &choice);
-                        rdma_link::bridge(p.tx, p.rx, *c, framing)
-                    }
-                    (rdma_link::Answer::Refuse(_), _) => return,
-                    (rdma_link::Answer::Tcp(verbs), Some(o)) => {
-                        let (tx, rx, choice) = o.into_link(p.tx, p.rx);
-                        let choice = fallback(verbs, choice);
-                        log_choice(&format!("child rank {rank}"), &choice);
-                        (tx, rx, None)
-                    }
-                    (rdma_link::Answer::Tcp(choice), None) => {
-                        log_choice(&format!("child rank {rank}"), &choice);
-                        (p.tx, p.rx, None)
-                    }
-                };
-                let tuple = p.sock.as_ref().and_then(|s| self.detect.as_ref().and_then(|d| d.watch_link(rank, s)));
+                let ack = merge(me, p.answers.ack_fields());
+                let _ = p.link.tx.send(Message::control("hello-ack", &ack));
+                let Some((link, choice)) = p.answers.accept(p.link) else { return };
+                info!("overlay link to child rank {rank}: {}", choice.describe());
+                let Link { tx, rx, peer, sock, tasks } = link;
+                let tuple = sock.as_ref().and_then(|s| self.detect.as_ref().and_then(|d| d.watch_link(rank, s)));
                 if let (Some(d), Some(port)) = (self.detect.as_mut(), p.probe_port) {
-                    if let Ok(addr) = p.peer.parse::<std::net::SocketAddr>() {
+                    if let Ok(addr) = peer.parse::<std::net::SocketAddr>() {
                         d.probe_child(rank, std::net::SocketAddr::new(addr.ip(), port));
                     }
                 }
-                self.children.insert(rank, ChildLink { tx, busy, conn, sock: p.sock, tasks: p.tasks, tuple });
-                tokio::spawn(pump(rx, Peer::Child(rank), conn, self.input_tx.clone()));
+                self.children.insert(rank, ChildLink { tx, conn, sock, tasks, tuple });
+                self.links.insert(Peer::Child(rank), conn, rx);
             }
             Effect::RefuseChild { conn, why } => {
                 if let Some(p) = self.pending.remove(&conn) {
                     // Its writer flushes this and ends when the link is dropped here.
-                    let _ = p.tx.send(Message::control("refused", &json!({"errstr": why})));
+                    let _ = p.link.tx.send(Message::control("refused", &json!({"errstr": why})));
                 }
             }
             Effect::DropLink(Peer::Parent, _) => {
                 self.parent = None;
-                self.parent_busy = None;
                 self.parent_sock = None;
                 if let (Some(t), Some(d)) = (self.parent_tuple.take(), self.detect.as_ref()) {
                     d.unwatch_link(t);
@@ -1202,12 +1110,12 @@ impl Driver {
                 opts.connect_timeout = timeout.as_secs_f64();
                 let ep = opts.endpoints.get(rank as usize).cloned();
                 let transport = TcpTransport { auth: self.auth.clone() };
-                let rdma = self.rdma.clone();
+                let upgrades = self.upgrades.clone();
                 let probe_port = self.detect.as_ref().map(|d| d.probe_port);
                 let tx = self.input_tx.clone();
                 tokio::spawn(async move {
                     let result = match ep {
-                        Some(ep) => connect_parent(&opts, &transport, &rdma, probe_port, &ep, Some(lost))
+                        Some(ep) => connect_parent(&opts, &transport, &upgrades, probe_port, &ep, Some(lost))
                             .await
                             .map_err(|e| format!("rank {rank}: {e}")),
                         None => Err(format!("no endpoint known for rank {rank}")),
@@ -1586,6 +1494,11 @@ impl Driver {
                     }
                     return;
                 }
+                // What the link's reader already has (a goodbye) goes to the broker before the kernel's verdict.
+                let peer = if rank == PARENT { Peer::Parent } else { Peer::Child(rank) };
+                while let Some(e) = self.links.try_next(Some(peer)) {
+                    self.on_event(e);
+                }
                 let why = match ev.kind {
                     TcpEventKind::Reset => "connection reset (kernel TCP event)".to_string(),
                     k => format!("connection closed (kernel TCP event {k:?})"),
@@ -1600,51 +1513,6 @@ impl Driver {
             }
             DetectInput::Probe(rank, sig) => self.step(Input::Probe(rank, sig)),
         }
-    }
-
-    /// Poll every busy-polling RDMA link's completion queue once (parent and children, alternating which
-    /// comes first): the first event found. A link whose QP path ends is dropped here after its `Closed`.
-    /// With nothing found, the task wakes itself to poll again after the runtime's other ready tasks (no system
-    /// call per pass: see `vigil_rdma`'s busy receiver); without any busy link it just waits for the loop's other
-    /// inputs.
-    fn poll_busy(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Event> {
-        use std::task::Poll;
-        self.busy_turn = !self.busy_turn;
-        let mut any = false;
-        for pass in 0..2 {
-            if (pass == 0) == self.busy_turn {
-                if let Some(b) = self.parent_busy.as_mut() {
-                    any = true;
-                    if let Some(ev) = b.poll() {
-                        return Poll::Ready(match ev {
-                            LinkEvent::Message(m) => Event::Peer(Peer::Parent, self.parent_gen, m),
-                            LinkEvent::Closed(why) => {
-                                self.parent_busy = None;
-                                Event::PeerClosed(Peer::Parent, self.parent_gen, why)
-                            }
-                        });
-                    }
-                }
-            } else {
-                for (&r, c) in self.children.iter_mut() {
-                    let Some(b) = c.busy.as_mut() else { continue };
-                    any = true;
-                    if let Some(ev) = b.poll() {
-                        return Poll::Ready(match ev {
-                            LinkEvent::Message(m) => Event::Peer(Peer::Child(r), c.conn, m),
-                            LinkEvent::Closed(why) => {
-                                c.busy = None;
-                                Event::PeerClosed(Peer::Child(r), c.conn, why)
-                            }
-                        });
-                    }
-                }
-            }
-        }
-        if any {
-            cx.waker().wake_by_ref();
-        }
-        Poll::Pending
     }
 
     /// After the loop: stop the detectors, end what this broker started, remove its files.
@@ -1768,6 +1636,123 @@ impl ShellProcess {
 mod tests {
     use super::*;
     use crate::broker::store::CommitError;
+    use crate::broker::transport::{MemNetwork, MemTransport};
+    use crate::topology::Topology;
+
+    /// Rank `rank` of a 2-broker instance whose parent listens at `mem://rank0`.
+    fn options(rank: u32, config: crate::attrs::BrokerConfig) -> BrokerOptions {
+        let topo: Topology = "kary:2".parse().expect("a topology");
+        BrokerOptions {
+            rank,
+            size: 2,
+            topo,
+            hostname: format!("node{rank}"),
+            instance: "mem".into(),
+            endpoints: vec!["mem://rank0".into(), "mem://rank1".into()],
+            listen: ListenSpec::Endpoint(String::new()),
+            rundir: PathBuf::from("/nonexistent/vigil-mem"),
+            config,
+            initial_program: None,
+            topology: TopologySource::Live,
+            declared_gpus: None,
+            discovered: None,
+            connect_timeout: 5.0,
+            resources_override: None,
+            parent_uri: None,
+            key: crate::keyfile::OverlayKey::from_hex(&"5a".repeat(32)).expect("a valid key"),
+        }
+    }
+
+    /// The parent's side of a hello, as the driver does it (answers from `upgrades`, then the hello-ack): the
+    /// hello it got, and its end of the link with what it runs on.
+    async fn answer_one(
+        listener: &mut crate::broker::transport::MemListener,
+        upgrades: &Upgrades,
+    ) -> (Value, Link, LinkChoice) {
+        let mut link = listener.accept().await.expect("a connection");
+        let Some(LinkEvent::Message(hello)) = link.rx.recv().await else { panic!("no hello") };
+        let answers = upgrades.answer(None, &hello.json()).await;
+        assert!(answers.refusal().is_none());
+        let ack = merge(json!({"rank": 0, "probe_port": null}), answers.ack_fields());
+        link.tx.send(Message::control("hello-ack", &ack)).expect("sent");
+        let (link, choice) = answers.accept(link).expect("accepted");
+        (hello.json(), link, choice)
+    }
+
+    /// Two brokers' ends of a parent link over in-memory pipes: the child's hello (with its transports' offers and
+    /// an adoption request), the parent's answers, the reasons the link stays on TCP, then messages both ways
+    /// through the loop's link set.
+    #[tokio::test]
+    async fn a_parent_link_over_in_memory_pipes() {
+        let config = crate::attrs::BrokerConfig { ofi_provider: "no-such-provider".into(), ..Default::default() };
+        let net = MemNetwork::default();
+        let mut listener = net.listen("rank0");
+        let parent_upgrades = Upgrades::new(&config);
+        let parent = tokio::spawn(async move { answer_one(&mut listener, &parent_upgrades).await });
+        let child = options(1, config.clone());
+        let transport = MemTransport { net, name: "rank1".into() };
+        let ParentLink { link, choice, probe } =
+            connect_parent(&child, &transport, &Upgrades::new(&config), Some(4242), "mem://rank0", Some(3))
+                .await
+                .expect("connected");
+        let (hello, p_link, p_choice) = parent.await.expect("parent side");
+        assert_eq!(
+            (hello["rank"].as_u64(), hello["probe_port"].as_u64(), hello["adopt"].as_u64()),
+            (Some(1), Some(4242), Some(3))
+        );
+        assert!(hello["rdma_unavailable"].is_string() && hello["ofi_unavailable"].is_string(), "{hello}");
+        assert_eq!((choice.transport, p_choice.transport), ("tcp", "tcp"));
+        assert!(
+            choice.detail.starts_with("this side: local address of the overlay connection unknown; "),
+            "{}",
+            choice.detail
+        );
+        assert!(p_choice.detail.starts_with("child: "), "{}", p_choice.detail);
+        assert!(probe.is_none(), "no socket, no parent address to probe");
+        // Messages both ways, each end's receiving half polled by a link set as the driver's loop does.
+        let mut child_links = LinkSet::default();
+        child_links.insert(Peer::Parent, 0, link.rx);
+        let mut parent_links = LinkSet::default();
+        parent_links.insert(Peer::Child(1), 7, p_link.rx);
+        link.tx.send(Message::request("broker.ping", 0, &json!({}))).expect("sent");
+        let ev = std::future::poll_fn(|cx| parent_links.poll_next(cx)).await;
+        assert!(matches!(ev, Event::Peer(Peer::Child(1), 7, m) if m.topic == "broker.ping"));
+        p_link.tx.send(Message::control("hb", &json!({}))).expect("sent");
+        let ev = std::future::poll_fn(|cx| child_links.poll_next(cx)).await;
+        assert!(matches!(ev, Event::Peer(Peer::Parent, 0, m) if m.topic == "hb"));
+        // The parent goes away: the child's loop sees its link close.
+        drop(p_link.tx);
+        let ev = std::future::poll_fn(|cx| child_links.poll_next(cx)).await;
+        assert!(matches!(ev, Event::PeerClosed(Peer::Parent, 0, _)));
+    }
+
+    /// A parent that refuses the child (here: it requires libfabric, which the child cannot offer): the child
+    /// gets the parent's reason.
+    #[tokio::test]
+    async fn a_refused_child_is_told_why() {
+        let net = MemNetwork::default();
+        let mut listener = net.listen("rank0");
+        let strict = crate::attrs::BrokerConfig {
+            transport: crate::attrs::Transport::Ofi,
+            ofi_provider: "no-such-provider".into(),
+            ..Default::default()
+        };
+        let parent = tokio::spawn(async move {
+            let mut link = listener.accept().await.expect("a connection");
+            let Some(LinkEvent::Message(hello)) = link.rx.recv().await else { panic!("no hello") };
+            let why = Upgrades::new(&strict).answer(None, &hello.json()).await.refusal().expect("refused");
+            link.tx.send(Message::control("refused", &json!({"errstr": why}))).expect("sent");
+            link
+        });
+        let config = crate::attrs::BrokerConfig { ofi_provider: "no-such-provider".into(), ..Default::default() };
+        let transport = MemTransport { net, name: "rank1".into() };
+        let r =
+            connect_parent(&options(1, config.clone()), &transport, &Upgrades::new(&config), None, "mem://rank0", None)
+                .await;
+        let e = r.err().expect("refused");
+        assert!(e.starts_with("parent at mem://rank0 refused us: tbon.transport=ofi but "), "{e}");
+        drop(parent.await);
+    }
 
     /// The store thread reports an fsync only once it has returned (a slow disk: one that blocks until released),
     /// with the write it was asked to cover and its result.

@@ -15,6 +15,7 @@ mod cgroup;
 pub mod config;
 pub(crate) mod detect;
 mod driver;
+mod link_set;
 mod local;
 mod ofi_link;
 pub(crate) mod rdma_link;
@@ -24,6 +25,7 @@ mod spawn;
 #[doc(hidden)]
 pub mod store;
 pub mod transport;
+mod upgrade;
 
 // The broker's rules (`vigil-core`), under the paths this crate's driver and simulator use.
 pub(crate) use vigil_core::broker::{core, liveness, reparent};

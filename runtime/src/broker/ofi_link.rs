@@ -19,9 +19,13 @@
 //! Choice per link: `ofi` fails a link that cannot use libfabric (the child exits with the reason, the parent
 //! refuses it); `auto` offers ofi only when the verbs path has nothing (no device), so verbs stays the first
 //! choice, and falls back to TCP with the reason, shown in `vigil overlay status` and `vigil uptime`.
+//!
+//! Like the verbs path, this is one implementation of the driver's two seams: [`Settings`] is the libfabric
+//! [`FastTransport`] of the hello's upgrade (`upgrade.rs`), tried after verbs, and a link on the endpoint is a
+//! [`LinkSend`] / [`LinkRecv`] pair (`transport.rs`).
 
-use super::rdma_link::LinkChoice;
-use super::transport::{LinkEvent, LinkRx, LinkTx};
+use super::transport::{Link, LinkChoice, LinkEvent, LinkRecv, LinkRx, LinkSend, LinkTx};
+use super::upgrade::{Answer as UpgradeAnswer, FastTransport, Offer as UpgradeOffer, Step, Upgraded, Verdict};
 use crate::attrs::Transport;
 use crate::message::{Message, MsgType};
 use base64::Engine as _;
@@ -29,6 +33,7 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
 use vigil_ofi::{AsyncEndpoint, Endpoint, Event, PeerId};
@@ -79,17 +84,36 @@ impl Settings {
         *g = Some(r.clone());
         r
     }
+}
 
-    /// The error a link gets when `tbon.transport=ofi` and libfabric cannot be used (`why`). When the provider
-    /// is missing, says how to name another: a first trial without a Slingshot NIC meets the default `cxi`.
-    fn required(&self, why: &str) -> String {
-        if why.contains("has no provider") {
-            return format!(
-                "tbon.transport=ofi but {why}; name another with -S tbon.ofi_provider=NAME (`fi_info -l` lists \
-                 them; 'tcp;ofi_rxm' works on any machine)"
-            );
-        }
-        format!("tbon.transport=ofi but {why}")
+/// The error a link gets when `tbon.transport=ofi` and libfabric cannot be used (`why`). When the provider is
+/// missing, says how to name another: a first trial without a Slingshot NIC meets the default `cxi`.
+fn required(why: &str) -> String {
+    if why.contains("has no provider") {
+        return format!(
+            "tbon.transport=ofi but {why}; name another with -S tbon.ofi_provider=NAME (`fi_info -l` lists \
+             them; 'tcp;ofi_rxm' works on any machine)"
+        );
+    }
+    format!("tbon.transport=ofi but {why}")
+}
+
+/// The libfabric step of the hello (see the module docs), after verbs: considered with `tbon.transport=ofi`,
+/// and with `auto` where verbs offers (or accepted) nothing.
+impl FastTransport for Settings {
+    fn offer(&self, local: Option<IpAddr>, earlier: bool) -> Result<Option<Box<dyn UpgradeOffer>>, String> {
+        Ok(Offer::new(self, local, earlier)?.map(|o| Box::new(o) as Box<dyn UpgradeOffer>))
+    }
+
+    fn answer<'a>(
+        &'a self,
+        local: Option<IpAddr>,
+        hello: &'a Value,
+        earlier: bool,
+    ) -> Step<'a, Option<Box<dyn UpgradeAnswer>>> {
+        Box::pin(async move {
+            Answer::new(self, local, hello, earlier).await.map(|a| Box::new(a) as Box<dyn UpgradeAnswer>)
+        })
     }
 }
 
@@ -250,6 +274,7 @@ fn encode_name(name: &[u8]) -> String {
 /// Child side, before the hello: what to offer.
 pub(crate) struct Offer {
     hub: Result<Arc<Hub>, String>,
+    mode: Transport,
 }
 
 impl Offer {
@@ -261,28 +286,14 @@ impl Offer {
         }
         let hub = s.hub(local);
         if let (Err(e), Transport::Ofi) = (&hub, s.mode) {
-            return Err(s.required(e));
+            return Err(required(e));
         }
-        Ok(Some(Offer { hub }))
+        Ok(Some(Offer { hub, mode: s.mode }))
     }
 
-    /// Fields to add to the hello payload.
-    pub(crate) fn hello_fields(&self) -> Value {
-        match &self.hub {
-            Ok(h) => json!({"ofi": {"provider": h.provider, "name": encode_name(&h.name)}}),
-            Err(e) => json!({"ofi_unavailable": e}),
-        }
-    }
-
-    /// After the hello-ack: the link over libfabric, or `Ok(None)` to stay on TCP (with the reason in the
-    /// choice), or Err when `tbon.transport=ofi` and it cannot be had.
-    pub(crate) async fn finish(
-        self,
-        s: &Settings,
-        ack: &Value,
-        tcp_tx: LinkTx,
-        tcp_rx: LinkRx,
-    ) -> Result<(LinkTx, LinkRx, LinkChoice), String> {
+    /// After the hello-ack: the link over libfabric, or the link back to stay on TCP (with the reason), or Err
+    /// when `tbon.transport=ofi` and it cannot be had.
+    async fn finish_link(self, ack: &Value, link: Link) -> Result<Upgraded, String> {
         let r = match (&self.hub, ack.get("ofi")) {
             (Err(e), _) => Err(format!("this side: {e}")),
             (Ok(h), Some(f)) => match peer_name(f) {
@@ -300,13 +311,30 @@ impl Offer {
                 // The parent has our address (it answered after inserting it): send there at once, starting with
                 // a heartbeat that tells it we have its address too.
                 heard.store(true, std::sync::atomic::Ordering::Release);
-                let (tx, rx) = bridge(hub, peer, rx, heard, tcp_tx, tcp_rx);
-                let _ = tx.send(Message::control("hb", &json!({})));
-                Ok((tx, rx, choice))
+                let link = bridge(hub, peer, rx, heard, link);
+                let _ = link.tx.send(Message::control("hb", &json!({})));
+                Ok(Upgraded::Moved(link, choice))
             }
-            Err(e) if s.mode == Transport::Ofi => Err(s.required(&e)),
-            Err(e) => Ok((tcp_tx, tcp_rx, LinkChoice { transport: "tcp", detail: e })),
+            Err(e) if self.mode == Transport::Ofi => Err(required(&e)),
+            Err(e) => Ok(Upgraded::Stayed(link, e)),
         }
+    }
+}
+
+impl UpgradeOffer for Offer {
+    fn hello_fields(&self) -> Value {
+        match &self.hub {
+            Ok(h) => json!({"ofi": {"provider": h.provider, "name": encode_name(&h.name)}}),
+            Err(e) => json!({"ofi_unavailable": e}),
+        }
+    }
+
+    fn offers(&self) -> bool {
+        self.hub.is_ok()
+    }
+
+    fn finish<'a>(self: Box<Self>, ack: &'a Value, link: Link) -> Step<'a, Result<Upgraded, String>> {
+        Box::pin((*self).finish_link(ack, link))
     }
 }
 
@@ -352,45 +380,47 @@ impl Answer {
         };
         Some(match r {
             Ok(a) => a,
-            Err(e) if s.mode == Transport::Ofi => Answer::Refuse(s.required(&e)),
+            Err(e) if s.mode == Transport::Ofi => Answer::Refuse(required(&e)),
             Err(e) => Answer::Tcp(e),
         })
     }
+}
 
-    /// Fields to add to the hello-ack payload.
-    pub(crate) fn ack_fields(&self) -> Value {
+impl UpgradeAnswer for Answer {
+    fn ack_fields(&self) -> Value {
         match self {
             Answer::Ofi { hub, .. } => json!({"ofi": {"name": encode_name(&hub.name)}}),
             Answer::Tcp(why) | Answer::Refuse(why) => json!({"ofi_refused": why}),
         }
     }
 
-    /// The link's halves and what it runs on, once accepted; or the TCP halves back with the reason.
-    pub(crate) fn into_link(self, tcp_tx: LinkTx, tcp_rx: LinkRx) -> (LinkTx, LinkRx, LinkChoice) {
+    fn verdict(&self) -> Verdict<'_> {
         match self {
+            Answer::Ofi { .. } => Verdict::Accept,
+            Answer::Tcp(why) => Verdict::Decline(why),
+            Answer::Refuse(why) => Verdict::Refuse(why),
+        }
+    }
+
+    fn accept(self: Box<Self>, link: Link) -> (Link, LinkChoice) {
+        match *self {
             Answer::Ofi { hub, peer, rx, heard } => {
                 let choice = hub.choice();
-                let (tx, rx) = bridge(hub, peer, rx, heard, tcp_tx, tcp_rx);
-                (tx, rx, choice)
+                (bridge(hub, peer, rx, heard, link), choice)
             }
-            Answer::Tcp(why) | Answer::Refuse(why) => (tcp_tx, tcp_rx, LinkChoice { transport: "tcp", detail: why }),
+            Answer::Tcp(why) | Answer::Refuse(why) => (link, LinkChoice::tcp(why)),
         }
     }
 }
 
-/// Carry a link's messages over libfabric to `peer`, keeping its TCP connection as the side channel.
-/// Until the peer has been heard over libfabric (`heard`), messages go on TCP: the peer may not have our address
-/// yet, and libfabric would drop what we sent as from an unknown source.
-fn bridge(
-    hub: Arc<Hub>,
-    peer: PeerId,
-    rx: mpsc::UnboundedReceiver<LinkEvent>,
-    heard: Heard,
-    tcp_tx: LinkTx,
-    tcp_rx: LinkRx,
-) -> (LinkTx, LinkRx) {
-    let tx = LinkTx::ofi(OfiTx { hub: hub.clone(), peer, heard, tcp: tcp_tx });
-    (tx, LinkRx::ofi(OfiRx { hub, peer, rx, tcp: tcp_rx, done: false }))
+/// Carry a link's messages over libfabric to `peer`, keeping its TCP connection (the link's halves as they
+/// were) as the side channel. Until the peer has been heard over libfabric (`heard`), messages go on TCP: the
+/// peer may not have our address yet, and libfabric would drop what we sent as from an unknown source.
+fn bridge(hub: Arc<Hub>, peer: PeerId, rx: mpsc::UnboundedReceiver<LinkEvent>, heard: Heard, link: Link) -> Link {
+    let Link { tx: tcp_tx, rx: tcp_rx, peer: addr, sock, tasks } = link;
+    let tx = LinkTx::new(OfiTx { hub: hub.clone(), peer, heard, tcp: tcp_tx });
+    let rx = LinkRx::new(OfiRx { hub, peer, rx, tcp: tcp_rx, done: false });
+    Link { tx, rx, peer: addr, sock, tasks }
 }
 
 /// Sending half of an ofi link.
@@ -402,11 +432,11 @@ pub(crate) struct OfiTx {
     tcp: LinkTx,
 }
 
-impl OfiTx {
+impl LinkSend for OfiTx {
     /// Encode `m` and hand it to the endpoint's task (queued there while the provider's queues are full).
     /// Control messages (heartbeats, goodbye, shutdown) also go on TCP. Gives `m` back once the endpoint's task
     /// has ended.
-    pub(crate) fn send(&self, m: Message) -> Result<(), Message> {
+    fn send(&self, m: Message) -> Result<(), Message> {
         if !self.heard.load(std::sync::atomic::Ordering::Acquire) {
             return self.tcp.send(m);
         }
@@ -427,21 +457,22 @@ pub(crate) struct OfiRx {
     done: bool,
 }
 
-impl OfiRx {
+impl LinkRecv for OfiRx {
     /// The next message from either path, or `Closed` with the first reason either gives; then None.
-    pub(crate) async fn recv(&mut self) -> Option<LinkEvent> {
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<LinkEvent>> {
         if self.done {
-            return None;
+            return Poll::Ready(None);
         }
-        let ev = tokio::select! {
-            ev = self.rx.recv() => ev.unwrap_or_else(|| LinkEvent::Closed("ofi: endpoint task ended".into())),
-            ev = std::future::poll_fn(|cx| self.tcp.poll_chan(cx)) => match ev {
-                Some(ev) => ev,
-                None => LinkEvent::Closed("tcp side channel dropped".into()),
+        let ev = match self.rx.poll_recv(cx) {
+            Poll::Ready(ev) => ev.unwrap_or_else(|| LinkEvent::Closed("ofi: endpoint task ended".into())),
+            Poll::Pending => match self.tcp.poll_recv(cx) {
+                Poll::Ready(Some(ev)) => ev,
+                Poll::Ready(None) => LinkEvent::Closed("tcp side channel dropped".into()),
+                Poll::Pending => return Poll::Pending,
             },
         };
         self.done = matches!(ev, LinkEvent::Closed(_));
-        Some(ev)
+        Poll::Ready(Some(ev))
     }
 }
 

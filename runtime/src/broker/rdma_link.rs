@@ -16,11 +16,19 @@
 //! the child); `tcp` never tries. The choice of each link and the reason for a TCP fallback are logged once and
 //! shown by `vigil overlay status` and `vigil uptime` (each child reports its parent link to rank 0 with
 //! `overlay.transport`).
+//!
+//! This is one implementation of the driver's two seams: [`Settings`] is the verbs [`FastTransport`] of the
+//! hello's upgrade (`upgrade.rs`), and a link on a QP is a [`LinkSend`] / [`LinkRecv`] pair (`transport.rs`).
+//! Busy polling (`tbon.rdma_poll=busy`) lives in the receiving half ([`RdmaRx`]): the driver polls every link's
+//! receiving half from its own loop, and a busy-polling one polls its completion queue there, once per pass of
+//! the runtime, asking to be polled again after the other ready tasks (see [`RdmaRx`]).
 
-use super::transport::{LinkEvent, LinkRx, LinkTx};
+use super::transport::{Link, LinkChoice, LinkEvent, LinkRecv, LinkRx, LinkSend, LinkTx};
+use super::upgrade::{Answer as UpgradeAnswer, FastTransport, Offer as UpgradeOffer, Step, Upgraded, Verdict};
 use crate::message::{packed, Message, MsgType};
 use serde_json::{json, Value};
 use std::net::IpAddr;
+use std::task::{Context, Poll};
 use vigil_rdma::{Config, Connection, Endpoint, LocalInfo, Prepared};
 
 /// `tbon.transport`.
@@ -92,8 +100,6 @@ pub(crate) struct Settings {
     pub cfg: Config,
     /// `tbon.rdma_frame`: the framing this broker offers or accepts.
     pub framing: Framing,
-    /// The libfabric path of `tbon.transport` (`ofi_link.rs`), tried where verbs is not.
-    pub ofi: std::sync::Arc<super::ofi_link::Settings>,
 }
 
 impl Settings {
@@ -111,14 +117,10 @@ impl Settings {
             RdmaFrame::Packed => Framing::Packed,
             RdmaFrame::Full => Framing::Full,
         };
-        Settings { mode, cfg: c.rdma.clone(), framing, ofi: std::sync::Arc::new(super::ofi_link::Settings::new(c)) }
+        Settings { mode, cfg: c.rdma.clone(), framing }
     }
 }
 
-// What a link runs on is the broker's to report (`overlay.status`, `vigil uptime`): plain data in the core.
-pub(crate) use vigil_core::broker::links::LinkChoice;
-
-/// The choice of a link moved onto an RC queue pair: its device, port and GID.
 fn rdma_choice(c: &Connection) -> LinkChoice {
     LinkChoice {
         transport: "rdma",
@@ -126,17 +128,23 @@ fn rdma_choice(c: &Connection) -> LinkChoice {
     }
 }
 
-/// Local IP address of a socket (the overlay's own end of a connection).
-pub(crate) fn local_ip(fd: &std::os::fd::OwnedFd) -> Option<IpAddr> {
-    // A duplicate of the descriptor, closed again when the temporary stream drops.
-    let s = std::net::TcpStream::from(fd.try_clone().ok()?);
-    s.local_addr().ok().map(|a| a.ip())
-}
+/// The verbs step of the hello (see the module docs): always considered first, and always in the hello and
+/// hello-ack (with `tbon.transport=tcp` or `ofi`, as the reason it is not used).
+impl FastTransport for Settings {
+    fn offer(&self, local: Option<IpAddr>, _earlier: bool) -> Result<Option<Box<dyn UpgradeOffer>>, String> {
+        Ok(Some(Box::new(Offer::new(self, local)?)))
+    }
 
-/// The IP address of the other end of the TCP socket `fd`.
-pub(crate) fn peer_ip(fd: &std::os::fd::OwnedFd) -> Option<IpAddr> {
-    let s = std::net::TcpStream::from(fd.try_clone().ok()?);
-    s.peer_addr().ok().map(|a| a.ip())
+    fn answer<'a>(
+        &'a self,
+        local: Option<IpAddr>,
+        hello: &'a Value,
+        _earlier: bool,
+    ) -> Step<'a, Option<Box<dyn UpgradeAnswer>>> {
+        // Opening a device and connecting a QP takes milliseconds: done here, in the task that read the hello.
+        let a = Answer::new(self, local, hello);
+        Box::pin(std::future::ready(Some(Box::new(a) as Box<dyn UpgradeAnswer>)))
+    }
 }
 
 /// Child side, before the hello: what to offer.
@@ -145,41 +153,33 @@ pub(crate) struct Offer {
     prepared: Option<Prepared>,
     why_not: String,
     framing: Framing,
+    mode: Mode,
+    /// `tbon.rdma_poll=busy`.
+    busy: bool,
 }
 
 impl Offer {
     /// Prepare a QP if a device serves `local`. Err when `tbon.transport=rdma` and none can be used.
     pub fn new(s: &Settings, local: Option<IpAddr>) -> Result<Offer, String> {
+        let offer =
+            |prepared, why_not| Offer { prepared, why_not, framing: s.framing, mode: s.mode, busy: s.cfg.busy_poll };
         if s.mode == Mode::Tcp {
-            return Ok(Offer { prepared: None, why_not: "tbon.transport=tcp".into(), framing: s.framing });
+            return Ok(offer(None, "tbon.transport=tcp".into()));
         }
         let r = local
             .ok_or_else(|| "local address of the overlay connection unknown".to_string())
             .and_then(|ip| vigil_rdma::find_device(ip).map_err(|e| e.to_string()))
             .and_then(|d| Endpoint::prepare(&d, s.cfg.clone()).map_err(|e| e.to_string()));
         match r {
-            Ok((p, _)) => Ok(Offer { prepared: Some(p), why_not: String::new(), framing: s.framing }),
+            Ok((p, _)) => Ok(offer(Some(p), String::new())),
             Err(e) if s.mode == Mode::Rdma => Err(format!("tbon.transport=rdma but {e}")),
-            Err(e) => Ok(Offer { prepared: None, why_not: e, framing: s.framing }),
-        }
-    }
-
-    /// Whether a queue pair is offered (else the link may try libfabric, `ofi_link.rs`).
-    pub fn has_qp(&self) -> bool {
-        self.prepared.is_some()
-    }
-
-    /// Fields to add to the hello payload.
-    pub fn hello_fields(&self) -> Value {
-        match &self.prepared {
-            Some(p) => json!({"rdma": p.local_info(), FRAME_FIELD: self.framing.field()}),
-            None => json!({"rdma_unavailable": self.why_not}),
+            Err(e) => Ok(offer(None, e)),
         }
     }
 
     /// After the hello-ack: connect the QP to the parent's answer (with the framing the answer agreed to), or
     /// fall back to TCP with the reason.
-    pub fn finish(self, s: &Settings, ack: &Value) -> Result<(Option<(Connection, Framing)>, LinkChoice), String> {
+    fn connect(self, ack: &Value) -> Result<(Option<(Connection, Framing)>, LinkChoice), String> {
         let res = match (self.prepared, ack.get("rdma")) {
             (None, _) => Err(format!("this side: {}", self.why_not)),
             (Some(p), Some(info)) => serde_json::from_value::<LocalInfo>(info.clone())
@@ -195,13 +195,34 @@ impl Offer {
                 let choice = rdma_choice(&c);
                 Ok((Some((c, Framing::agree(self.framing, ack))), choice))
             }
-            Err(e) if s.mode == Mode::Rdma => Err(format!("tbon.transport=rdma but {e}")),
+            Err(e) if self.mode == Mode::Rdma => Err(format!("tbon.transport=rdma but {e}")),
             // Said where it shows (logs, overlay status, uptime): the busy polling asked for does not happen.
-            Err(e) if s.cfg.busy_poll => {
+            Err(e) if self.busy => {
                 Ok((None, LinkChoice::tcp(format!("{e}; tbon.rdma_poll=busy has no effect on TCP"))))
             }
             Err(e) => Ok((None, LinkChoice::tcp(e))),
         }
+    }
+}
+
+impl UpgradeOffer for Offer {
+    fn hello_fields(&self) -> Value {
+        match &self.prepared {
+            Some(p) => json!({"rdma": p.local_info(), FRAME_FIELD: self.framing.field()}),
+            None => json!({"rdma_unavailable": self.why_not}),
+        }
+    }
+
+    fn offers(&self) -> bool {
+        self.prepared.is_some()
+    }
+
+    fn finish<'a>(self: Box<Self>, ack: &'a Value, link: Link) -> Step<'a, Result<Upgraded, String>> {
+        let r = (*self).connect(ack).map(|(conn, choice)| match conn {
+            Some((conn, framing)) => Upgraded::Moved(bridge(link, conn, framing), choice),
+            None => Upgraded::Stayed(link, choice.detail),
+        });
+        Box::pin(std::future::ready(r))
     }
 }
 
@@ -245,65 +266,54 @@ impl Answer {
             Err(e) => Answer::Tcp(LinkChoice::tcp(e)),
         }
     }
+}
 
-    /// Fields to add to the hello-ack payload.
-    pub fn ack_fields(&self) -> Value {
+impl std::fmt::Debug for Answer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Answer::Rdma(_, framing, c) => write!(f, "Rdma({}, {framing:?})", c.detail),
+            Answer::Tcp(c) => write!(f, "Tcp({})", c.detail),
+            Answer::Refuse(why) => write!(f, "Refuse({why})"),
+        }
+    }
+}
+
+impl UpgradeAnswer for Answer {
+    fn ack_fields(&self) -> Value {
         match self {
             Answer::Rdma(c, f, _) => json!({"rdma": c.local, FRAME_FIELD: f.field()}),
             Answer::Tcp(c) => json!({"rdma_refused": c.detail}),
             Answer::Refuse(why) => json!({"rdma_refused": why}),
         }
     }
-}
 
-/// Merge the fields of `extra` (an object) into `base` (an object).
-pub(crate) fn merge(mut base: Value, extra: Value) -> Value {
-    if let (Some(b), Value::Object(e)) = (base.as_object_mut(), extra) {
-        b.extend(e);
+    fn verdict(&self) -> Verdict<'_> {
+        match self {
+            Answer::Rdma(..) => Verdict::Accept,
+            Answer::Tcp(c) => Verdict::Decline(&c.detail),
+            Answer::Refuse(why) => Verdict::Refuse(why),
+        }
     }
-    base
+
+    fn accept(self: Box<Self>, link: Link) -> (Link, LinkChoice) {
+        match *self {
+            Answer::Rdma(c, framing, choice) => (bridge(link, *c, framing), choice),
+            Answer::Tcp(c) => (link, c),
+            Answer::Refuse(why) => (link, LinkChoice::tcp(why)),
+        }
+    }
 }
 
-/// Carry a link's messages over `conn`, keeping its TCP connection (`tcp_tx`, `tcp_rx`) as the side channel.
-/// Returns the link's new halves. No task is involved: the sender encodes and posts from the caller's task,
-/// and the receiver takes and decodes messages in the task that reads the link (the broker's pump).
-///
-/// A busy-polling connection (`tbon.rdma_poll=busy`) is returned apart instead, as a [`BusyRx`], with the TCP
-/// side channel as the link's receiving half: the broker's core loop polls it itself between inputs, so a
-/// message goes from the completion queue to the core with no hand-off between tasks.
-pub(crate) fn bridge(
-    tcp_tx: LinkTx,
-    tcp_rx: LinkRx,
-    conn: Connection,
-    framing: Framing,
-) -> (LinkTx, LinkRx, Option<BusyRx>) {
+/// Carry a link's messages over `conn`, keeping its TCP connection (the link's halves as they were) as the
+/// side channel; the link's socket and tasks stay those of its TCP connection. No task is involved: the sender
+/// encodes and posts from the caller's task, and the receiver takes and decodes messages in the task that polls
+/// the link (the broker's loop).
+pub(crate) fn bridge(link: Link, conn: Connection, framing: Framing) -> Link {
+    let Link { tx: tcp_tx, rx: tcp_rx, peer, sock, tasks } = link;
     let (sender, receiver) = conn.split();
-    let tx = LinkTx::rdma(RdmaTx { sender, tcp: tcp_tx, framing });
-    if receiver.is_busy_poll() {
-        return (tx, tcp_rx, Some(BusyRx { receiver, framing }));
-    }
-    (tx, LinkRx::rdma(RdmaRx { receiver, tcp: tcp_rx, done: false, framing }), None)
-}
-
-/// The QP receiving half of a busy-polling RDMA link, polled by the core loop itself ([`BusyRx::poll`]).
-#[derive(Debug)]
-pub(crate) struct BusyRx {
-    receiver: vigil_rdma::Receiver,
-    framing: Framing,
-}
-
-impl BusyRx {
-    /// Poll the completion queue once: the next message, or `Closed` with why the QP path ended (after which
-    /// the caller drops this receiver), or None when nothing has arrived.
-    pub(crate) fn poll(&mut self) -> Option<LinkEvent> {
-        Some(match self.receiver.try_recv()? {
-            Ok(frame) => match self.framing.decode(frame) {
-                Ok(m) => LinkEvent::Message(m),
-                Err(e) => LinkEvent::Closed(format!("rdma: {e}")),
-            },
-            Err(e) => LinkEvent::Closed(e.to_string()),
-        })
-    }
+    let tx = LinkTx::new(RdmaTx { sender, tcp: tcp_tx, framing });
+    let rx = LinkRx::new(RdmaRx { receiver, tcp: tcp_rx, done: false, framing });
+    Link { tx, rx, peer, sock, tasks }
 }
 
 /// Sending half of an RDMA link.
@@ -314,11 +324,11 @@ pub(crate) struct RdmaTx {
     framing: Framing,
 }
 
-impl RdmaTx {
+impl LinkSend for RdmaTx {
     /// Encode and post `m` (queued while the peer has no credits: unbounded, like a TCP link's queue).
     /// Control messages (heartbeats, goodbye, shutdown) also go on TCP: liveness signals and ordered
     /// goodbyes. Gives `m` back once the connection has ended (the receiving half reports why).
-    pub(crate) fn send(&self, m: Message) -> Result<(), Message> {
+    fn send(&self, m: Message) -> Result<(), Message> {
         if m.msgtype == MsgType::Control {
             let _ = self.tcp.send(m.clone());
         }
@@ -332,6 +342,15 @@ impl RdmaTx {
 }
 
 /// Receiving half of an RDMA link: QP messages merged with the TCP side channel's.
+///
+/// With `tbon.rdma_poll=busy` this is where the busy polling happens. The broker's loop polls every link's
+/// receiving half itself (`link_set.rs`); each time it polls this one, [`vigil_rdma::Receiver::poll_recv`]
+/// polls the completion queue once (no system call) and, finding nothing, wakes the loop's task at once, so the
+/// loop comes back after the runtime's other ready tasks and polls again. The budget is one completion-queue
+/// poll per pass of the runtime: the loop never spins without letting the link readers, local clients and
+/// timers run, and a message that arrives is the loop's in the next pass, without a wake-up (no eventfd, no
+/// completion channel) and without a hand-off between tasks. While the loop has other inputs it handles them
+/// between passes; the cost is one core kept busy while a busy link is open, as `tbon.rdma_poll` says.
 #[derive(Debug)]
 pub(crate) struct RdmaRx {
     receiver: vigil_rdma::Receiver,
@@ -341,28 +360,27 @@ pub(crate) struct RdmaRx {
     framing: Framing,
 }
 
-impl RdmaRx {
+impl LinkRecv for RdmaRx {
     /// The next message from either path, or `Closed` with the first reason either path gives (a QP error,
     /// a frame that does not decode, the TCP connection's end); then None.
-    pub(crate) async fn recv(&mut self) -> Option<LinkEvent> {
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<LinkEvent>> {
         if self.done {
-            return None;
+            return Poll::Ready(None);
         }
-        let ev = tokio::select! {
-            r = self.receiver.recv() => match r {
-                Ok(frame) => match self.framing.decode(frame) {
-                    Ok(m) => LinkEvent::Message(m),
-                    Err(e) => LinkEvent::Closed(format!("rdma: {e}")),
-                },
-                Err(e) => LinkEvent::Closed(e.to_string()),
+        let ev = match self.receiver.poll_recv(cx) {
+            Poll::Ready(Ok(frame)) => match self.framing.decode(frame) {
+                Ok(m) => LinkEvent::Message(m),
+                Err(e) => LinkEvent::Closed(format!("rdma: {e}")),
             },
-            ev = std::future::poll_fn(|cx| self.tcp.poll_chan(cx)) => match ev {
-                Some(ev) => ev,
-                None => LinkEvent::Closed("tcp side channel dropped".into()),
+            Poll::Ready(Err(e)) => LinkEvent::Closed(e.to_string()),
+            Poll::Pending => match self.tcp.poll_recv(cx) {
+                Poll::Ready(Some(ev)) => ev,
+                Poll::Ready(None) => LinkEvent::Closed("tcp side channel dropped".into()),
+                Poll::Pending => return Poll::Pending,
             },
         };
         self.done = matches!(ev, LinkEvent::Closed(_));
-        Some(ev)
+        Poll::Ready(Some(ev))
     }
 }
 
@@ -415,7 +433,7 @@ mod tests {
         let a = Answer::new(&s, Some("127.0.0.1".parse().unwrap()), &f);
         let Answer::Tcp(c) = &a else { panic!("expected tcp") };
         assert!(c.detail.starts_with("child: "), "{}", c.detail);
-        let (conn, choice) = offer.finish(&s, &a.ack_fields()).unwrap();
+        let (conn, choice) = offer.connect(&a.ack_fields()).unwrap();
         assert!(conn.is_none());
         assert_eq!(choice.transport, "tcp");
         assert!(choice.detail.contains("this side"), "{}", choice.detail);
@@ -424,7 +442,7 @@ mod tests {
         let busy = settings(&attrs(&[("tbon.rdma_poll", "busy")])).unwrap();
         let offer = Offer::new(&busy, Some("127.0.0.1".parse().unwrap())).unwrap();
         let a = Answer::new(&busy, Some("127.0.0.1".parse().unwrap()), &offer.hello_fields());
-        let (_, choice) = offer.finish(&busy, &a.ack_fields()).unwrap();
+        let (_, choice) = offer.connect(&a.ack_fields()).unwrap();
         assert!(choice.detail.ends_with("tbon.rdma_poll=busy has no effect on TCP"), "{}", choice.detail);
     }
 

@@ -20,6 +20,13 @@ impl LinkChoice {
     pub fn tcp(why: impl Into<String>) -> LinkChoice {
         LinkChoice { transport: "tcp", detail: why.into() }
     }
+    /// For logs: "rdma on DEVICE port P gid ...", "ofi (provider ...)", "tcp (why not the others)".
+    pub fn describe(&self) -> String {
+        match self.transport {
+            "rdma" => format!("rdma on {}", self.detail),
+            t => format!("{t} ({})", self.detail),
+        }
+    }
     /// `{"transport", "detail"}`, as `overlay.status` shows it.
     pub fn to_json(&self) -> Value {
         json!({"transport": self.transport, "detail": self.detail})
