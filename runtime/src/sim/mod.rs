@@ -718,7 +718,8 @@ impl Sim {
             Ev::ProbeRound(n) => self.probe_round(n),
             Ev::ShellEnd(n, id, status) => {
                 if self.nodes[n as usize].shells.remove(&id).is_some() {
-                    let report = ShellReport { status, tasks: vec![], error: None, abort_code: None, usage: None };
+                    let report =
+                        ShellReport { status, tasks: vec![], error: None, abort_code: None, usage: None, ended: None };
                     self.deliver(n, Input::ShellDone { id, report: Some(report), status: 0 });
                 }
             }
