@@ -285,6 +285,18 @@ fn running_jobs_outlive_kill_9_of_rank_0_and_finish_normally() {
         assert!(ev.stdout.contains("restart"), "{}", ev.dump());
         assert!(!ev.stdout.contains("exception"), "{}", ev.dump());
     }
+    // The job whose tasks ended while rank 0 was away finishes at the time they ended (its broker's clock), not at
+    // the restart that brought its report.
+    let ev = inst.client(&["job", "eventlog", "--json", &ids[0]]);
+    ev.ok();
+    let events: Vec<Value> = ev.stdout.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let at = |name: &str| events.iter().find(|e| e["name"] == name).and_then(|e| e["timestamp"].as_f64());
+    let (start, finish, restart) = (at("start"), at("finish"), at("restart"));
+    assert!(
+        matches!((start, finish, restart), (Some(s), Some(f), Some(r)) if f >= s + 2.5 && f < r),
+        "start {start:?}, finish {finish:?}, restart {restart:?}: {}",
+        ev.dump()
+    );
     // New jobs run, on the brokers that never left.
     let new = inst.client(&["run", "-N3", "-n3", "true"]);
     new.ok();

@@ -108,9 +108,14 @@ async fn run() -> i32 {
     };
     let report = match Shell::new(input).await {
         Ok(mut sh) => sh.run().await,
-        Err(e) => {
-            ShellReport { status: status_exited(1), tasks: vec![], error: Some(e), abort_code: None, usage: None }
-        }
+        Err(e) => ShellReport {
+            status: status_exited(1),
+            tasks: vec![],
+            error: Some(e),
+            abort_code: None,
+            usage: None,
+            ended: None,
+        },
     };
     // The broker reads this report from our stdout; if it is gone there is nobody to tell.
     let _ = writeln!(std::io::stdout(), "{}", serde_json::to_string(&report).unwrap_or_default());
@@ -309,6 +314,7 @@ impl Shell {
                 error: Some(e),
                 abort_code: None,
                 usage: None,
+                ended: None,
             };
         }
         let (mut out_file, mut err_file) = match self.output_files() {
@@ -320,6 +326,7 @@ impl Shell {
                     error: Some(e),
                     abort_code: None,
                     usage: None,
+                    ended: None,
                 }
             }
         };
@@ -713,7 +720,9 @@ impl Shell {
                 }
             }
         }
-        // Every task has exited; a process they left in the background may still hold their stdout open.
+        // Every task has exited (the time is reported: the shell itself may end much later, below).
+        let ended = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_secs_f64());
+        // A process the tasks left in the background may still hold their stdout open.
         // Give the pipes a moment to drain, then stop reading (the broker kills what is left of the job's
         // process group once this shell exits).
         let drain_until = tokio::time::Instant::now() + Duration::from_secs(1);
@@ -744,7 +753,7 @@ impl Shell {
         if broker_gone {
             kill_own_group(); // what the tasks started since
         }
-        ShellReport { status, tasks, error: None, abort_code, usage: None }
+        ShellReport { status, tasks, error: None, abort_code, usage: None, ended }
     }
 }
 

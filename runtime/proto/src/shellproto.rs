@@ -160,6 +160,11 @@ pub struct ShellReport {
     /// absent without cgroup containment).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// When the shell's last task ended: wall-clock seconds since the Unix epoch, on the node's clock. The shell
+    /// exits later, once its output is delivered (which waits for a rank 0 that restarts); its broker reports
+    /// this time ([`ShellExit::ended`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<f64>,
 }
 
 /// Resource usage of one job shell's cgroup (cgroup v2 `cpu.stat` and `memory.peak`); each field where the kernel
@@ -210,6 +215,12 @@ pub struct ShellExit {
     pub report: Option<ShellReport>,
     /// Wait status of the shell process itself.
     pub shell_status: i32,
+    /// When the shell's tasks ended, as its node saw it: wall-clock seconds since the Unix epoch, from the shell's
+    /// report ([`ShellReport::ended`]), else the time its broker saw the shell exit. Rank 0 stamps the job's
+    /// `finish` with it when the report waited for rank 0's restart (absent from older brokers: then the time the
+    /// report came).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<f64>,
 }
 
 /// One chunk of task output: a line, or part of one. Output is carried byte for byte: a chunk that is not

@@ -663,7 +663,8 @@ impl Sim {
             Ev::ProbeRound(n) => self.probe_round(n),
             Ev::ShellEnd(n, id, status) => {
                 if self.nodes[n as usize].shells.remove(&id).is_some() {
-                    let report = ShellReport { status, tasks: vec![], error: None, abort_code: None, usage: None };
+                    let report =
+                        ShellReport { status, tasks: vec![], error: None, abort_code: None, usage: None, ended: None };
                     self.deliver(n, Input::ShellDone { id, report: Some(report), status: 0 });
                 }
             }
@@ -765,17 +766,28 @@ impl Sim {
             self.events += 1;
             self.trace = fnv(fnv(fnv(self.trace, now.as_nanos()), u64::from(n)), kind(&i));
             b.handle(now, i);
+            let mut asked = Vec::new();
             if n == 0 && self.kept.is_some() {
-                // As the real driver: the turn's journal batch is made durable before anything it asked for.
-                if self.crash_in_commit && b.journal().is_some_and(|j| j.is_some()) {
-                    self.crash_in_commit = false;
-                    self.rank0_crashed(true);
-                    self.process_gone(0, 137);
-                    self.scratch = queue;
-                    return;
+                // As the real driver: the turn's journal batch is written before anything it asked for, and put
+                // off while an fsync is under way if it asked for nothing (a later write takes it).
+                asked.extend(std::iter::from_fn(|| b.poll_effect()));
+                if !asked.is_empty() || self.sync0.is_none() {
+                    if self.crash_in_commit && b.journal().is_some_and(|j| j.is_some()) {
+                        self.crash_in_commit = false;
+                        self.rank0_crashed(true);
+                        self.process_gone(0, 137);
+                        self.scratch = queue;
+                        return;
+                    }
+                    self.commit0();
                 }
-                self.commit0();
                 self.sync0();
+            }
+            for e in asked {
+                if self.nodes[n as usize].broker.is_none() {
+                    break;
+                }
+                self.execute(n, e, &mut queue);
             }
             while let Some(e) = self.nodes[n as usize].broker.as_mut().and_then(|b| b.poll_effect()) {
                 self.execute(n, e, &mut queue);

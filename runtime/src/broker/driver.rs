@@ -872,19 +872,38 @@ impl Driver {
         }
     }
 
-    /// Write the journal ([`Driver::commit`]), then carry out what the broker asked for, and the inputs those
-    /// effects produce at once, each followed by its own write.
+    /// Write the journal ([`Driver::commit`]), then carry out what the broker asked for; then hand it the inputs
+    /// those effects produced at once (all of them), write again, and carry out what they asked for, until none
+    /// is left. One write per round, not per input: a round of shell starts is one transaction.
+    ///
+    /// A write is put off while an fsync is under way and the broker asked for nothing: no effect waits for it,
+    /// and the submissions it holds would wait for the next fsync anyway, which cannot start before this one
+    /// ends. The changes stay in the broker's journal and go in the next write, the one of the turn the fsync
+    /// returns in at the latest; so a burst of submissions is written in a few large transactions instead of
+    /// one small one per turn (each rewrites the same last pages of the tables).
     pub(crate) fn flush(&mut self) {
         let mut queue = VecDeque::new();
         loop {
-            self.commit();
+            // Whether the broker asked for anything is known by taking its first effect (carried out first).
+            let syncing = self.syncer.as_ref().is_some_and(|s| s.busy);
+            let first = if syncing { self.broker.poll_effect() } else { None };
+            if !syncing || first.is_some() {
+                self.commit();
+            }
             self.start_sync(&mut queue);
+            if let Some(e) = first {
+                self.execute(e, &mut queue);
+            }
             while let Some(e) = self.broker.poll_effect() {
                 self.execute(e, &mut queue);
             }
-            let Some(i) = queue.pop_front() else { return };
+            if queue.is_empty() {
+                return;
+            }
             let now = self.now();
-            self.broker.handle(now, i);
+            for i in queue.drain(..) {
+                self.broker.handle(now, i);
+            }
         }
     }
 
@@ -1517,6 +1536,8 @@ impl Driver {
 
     /// After the loop: stop the detectors, end what this broker started, remove its files.
     fn cleanup(&mut self) {
+        // A write put off by the last turn ([`Driver::flush`]): kept, though nothing waits for it.
+        self.commit();
         if let Some(d) = self.detect.as_mut() {
             d.shutdown();
         }

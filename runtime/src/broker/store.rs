@@ -115,7 +115,8 @@ pub struct Store {
     pub restarts: u64,
     /// The connection's `synchronous` setting is FULL (else NORMAL).
     sync_full: bool,
-    /// `last_id` and the epoch (its bits) as this connection last committed them.
+    /// The highest job id the file holds as this connection last committed (`last_id`, or a higher job row: see
+    /// [`Store::commit_with`]) and the epoch (its bits) it last wrote.
     meta_kept: Option<(JobId, u64)>,
     /// The directory's lock ([`LOCK`]), held while this store is open.
     _lock: std::fs::File,
@@ -413,7 +414,10 @@ impl Store {
             c.query_row("SELECT value FROM meta WHERE key = 'epoch'", [], |r| r.get(0)).optional().map_err(s)?;
         let Some(epoch) = epoch else { return Ok(None) };
         let epoch: f64 = epoch.parse().map_err(|_| format!("meta.epoch '{epoch}' is not a number"))?;
-        let last_id = JobId(self.meta_u64("last_id").map_err(s)?);
+        // Ids given: `last_id`, unless a job row is higher (`commit_with` writes `last_id` only when no row
+        // carries it).
+        let top: Option<i64> = c.query_row("SELECT MAX(id) FROM jobs", [], |r| r.get(0)).map_err(s)?;
+        let last_id = JobId(self.meta_u64("last_id").map_err(s)?).max(JobId(top.unwrap_or(0) as u64));
         let mut kept = Kept { epoch, last_id, ..Kept::default() };
         let mut q = c.prepare("SELECT id, userid, state, jobspec, R, status FROM jobs").map_err(s)?;
         let mut rows = q.query([]).map_err(s)?;
@@ -502,6 +506,12 @@ impl Store {
             self.conn.pragma_update(None, "synchronous", if durable { "FULL" } else { "NORMAL" })?;
             self.sync_full = durable;
         }
+        // The highest id the file will hold without a `last_id` row: the one kept, or a new job's row.
+        let new_rows = b.jobs.iter().filter(|r| r.jobspec.is_some()).map(|r| r.id).max();
+        let covered = self.meta_kept.map(|(id, _)| id).max(new_rows).unwrap_or_default();
+        let write_meta = self.meta_kept.map(|(_, epoch)| epoch) != Some(b.epoch.to_bits())
+            || !b.purged.is_empty()
+            || covered < b.last_id;
         let tx = self.conn.transaction()?;
         {
             let mut new_job = tx.prepare_cached(
@@ -554,8 +564,11 @@ impl Store {
                 purge_job.execute(params![id.0 as i64])?;
                 purge_events.execute(params![id.0 as i64])?;
             }
-            // The meta rows only when they change: a page less in the log for each write.
-            if self.meta_kept != Some((b.last_id, b.epoch.to_bits())) {
+            // The meta rows only when what they say is not in the file already: a page less in the log for most
+            // writes. The highest id given is read back as the larger of `last_id` and the highest job row
+            // (`load`), so a batch that adds the job of the newest id carries it by that row; one that purges
+            // jobs (it may remove that row) writes `last_id`.
+            if write_meta {
                 let mut meta = tx.prepare_cached("INSERT OR REPLACE INTO meta(key, value) VALUES(?1, ?2)")?;
                 meta.execute(params!["last_id", b.last_id.0.to_string()])?;
                 let mut epoch = tx.prepare_cached("INSERT OR IGNORE INTO meta(key, value) VALUES('epoch', ?1)")?;
@@ -563,7 +576,7 @@ impl Store {
             }
         }
         tx.commit()?;
-        self.meta_kept = Some((b.last_id, b.epoch.to_bits()));
+        self.meta_kept = Some((if write_meta { b.last_id.max(covered) } else { covered }, b.epoch.to_bits()));
         Ok(())
     }
 }
@@ -705,6 +718,39 @@ mod tests {
         drop(s);
         let (s, _) = Store::open(d.path()).unwrap();
         assert_eq!(s.restarts, 2);
+    }
+
+    /// `last_id` is written only when no job row carries it (a page less per write), and always with a purge: the
+    /// highest id given comes back either way, even once the newest job is purged.
+    #[test]
+    fn the_highest_id_given_comes_back_though_last_id_is_written_only_when_needed() {
+        let d = tempfile::tempdir().unwrap();
+        let (mut s, _) = Store::open(d.path()).unwrap();
+        let meta = |s: &Store| s.meta_u64("last_id").unwrap();
+        s.commit(&batch(vec![record(5, 0, &["submit"], true)], 0, 0, 5)).unwrap();
+        assert_eq!(meta(&s), 5, "the first write has the meta rows");
+        s.commit(&batch(vec![record(9, 0, &["submit"], true)], 0, 0, 9)).unwrap();
+        assert_eq!(meta(&s), 5, "job 9's row carries the id");
+        s.commit(&batch(vec![record(5, 1, &["alloc"], false)], 0, 0, 9)).unwrap();
+        assert_eq!(meta(&s), 5);
+        drop(s);
+        let (mut s, kept) = Store::open(d.path()).unwrap();
+        assert_eq!(kept.unwrap().last_id, JobId(9));
+        // An id given without a row to carry it (a batch that moved `last_id` alone) is written.
+        s.commit(&batch(vec![], 0, 0, 11)).unwrap();
+        assert_eq!(meta(&s), 11);
+        s.commit(&batch(vec![record(14, 0, &["submit"], true)], 0, 0, 14)).unwrap();
+        assert_eq!(meta(&s), 11, "job 14's row carries the id");
+        // Purging job 14 takes that row: `last_id` is written with it.
+        s.commit(&Journal { purged: vec![JobId(14)], ..batch(vec![], 0, 0, 14) }).unwrap();
+        assert_eq!(meta(&s), 14);
+        drop(s);
+        let (_, kept) = Store::open(d.path()).unwrap();
+        let kept = kept.unwrap();
+        assert_eq!(
+            (kept.last_id, kept.jobs.keys().copied().collect::<Vec<_>>()),
+            (JobId(14), vec![JobId(5), JobId(9)])
+        );
     }
 
     /// Writes without an fsync, then [`WalSync::sync`] from another thread while the first thread writes on: every

@@ -721,7 +721,10 @@ impl Broker {
             }
             Input::ShellDone { id, report, status } => {
                 self.shells.remove(&id);
-                let exit = ShellExit { id: id.0, rank: self.rank(), report, shell_status: status };
+                // When its tasks ended: the shell says (it may have waited long after them to deliver output to a
+                // restarting rank 0); else now.
+                let ended = Some(report.as_ref().and_then(|r| r.ended).unwrap_or_else(|| self.wall()));
+                let exit = ShellExit { id: id.0, rank: self.rank(), report, shell_status: status, ended };
                 // Answered by rank 0, and kept until then: a report lost in flight with a router that died is
                 // sent again once this broker has re-parented (rank 0 takes a report once).
                 let m = Message::request(crate::shellproto::TOPIC_SHELL_EXIT, 0, &exit);

@@ -231,8 +231,14 @@ fn rexec_spawn_is_answered_when_the_driver_has_started_the_shell() {
     b.handle(t(0.11), Input::ShellStarted { id, result: Ok(4321) });
     effects(&mut b);
     assert!(b.shells.contains(&id));
-    let report =
-        crate::shellproto::ShellReport { status: 0, tasks: vec![(0, 0)], error: None, abort_code: None, usage: None };
+    let report = crate::shellproto::ShellReport {
+        status: 0,
+        tasks: vec![(0, 0)],
+        error: None,
+        abort_code: None,
+        usage: None,
+        ended: None,
+    };
     b.handle(t(0.2), Input::ShellDone { id, report: Some(report), status: 0 });
     effects(&mut b);
     let job = &b.jobcore.as_ref().expect("rank 0").jobs[&id];
@@ -571,8 +577,14 @@ fn requests_sent_up_through_a_lost_parent_get_ehostunreach_from_the_orphan() {
     let up = |out: &[Effect]| out.iter().filter(|e| matches!(e, Effect::Send(Peer::Parent, _))).count();
     assert_eq!(up(&ask(&mut b, t(0.01), 11, 0)), 1);
     assert_eq!(up(&ask(&mut b, t(0.01), 12, crate::message::FLAG_NORESPONSE)), 1);
-    let report =
-        crate::shellproto::ShellReport { status: 0, tasks: vec![(0, 0)], error: None, abort_code: None, usage: None };
+    let report = crate::shellproto::ShellReport {
+        status: 0,
+        tasks: vec![(0, 0)],
+        error: None,
+        abort_code: None,
+        usage: None,
+        ended: None,
+    };
     b.handle(t(0.02), Input::ShellDone { id: crate::jobs::JobId(7), report: Some(report), status: 0 });
     effects(&mut b);
 
@@ -781,8 +793,14 @@ fn an_orphan_asks_candidates_announced_lost_last_and_nobody_adopts_a_lost_rank()
 #[test]
 fn brokers_below_a_re_parented_rank_send_their_unanswered_exit_reports_again() {
     let mut b = joined15(7);
-    let report =
-        crate::shellproto::ShellReport { status: 0, tasks: vec![], error: None, abort_code: None, usage: None };
+    let report = crate::shellproto::ShellReport {
+        status: 0,
+        tasks: vec![],
+        error: None,
+        abort_code: None,
+        usage: None,
+        ended: None,
+    };
     b.handle(t(1.0), Input::ShellDone { id: crate::jobs::JobId(42), report: Some(report), status: 0 });
     let reports = |out: &[Effect]| {
         out.iter()
@@ -946,8 +964,14 @@ fn sent_up<'a>(out: &'a [Effect], topic: &str) -> Vec<&'a Message> {
 }
 
 fn shell_done(b: &mut Broker, now: Time, id: u64) -> Vec<Effect> {
-    let report =
-        crate::shellproto::ShellReport { status: 0, tasks: vec![(0, 0)], error: None, abort_code: None, usage: None };
+    let report = crate::shellproto::ShellReport {
+        status: 0,
+        tasks: vec![(0, 0)],
+        error: None,
+        abort_code: None,
+        usage: None,
+        ended: None,
+    };
     b.handle(now, Input::ShellDone { id: crate::jobs::JobId(id), report: Some(report), status: 0 });
     effects(b)
 }

@@ -258,6 +258,9 @@ pub struct ShellState {
     pub status: Option<i32>,
     /// Exit code requested by a task's PMI abort on this shell.
     pub abort_code: Option<i32>,
+    /// When its tasks ended, as its node saw it (wall-clock seconds since the Unix epoch, [`ShellExit::ended`]).
+    #[serde(skip)]
+    pub ended: Option<f64>,
     /// This shell's output batches, put back in the order it numbered them.
     #[serde(skip)]
     pub batches: BatchOrder,
@@ -502,6 +505,22 @@ impl Job {
     /// What the job still holds: its allocation without the ranks released early.
     fn held(&self) -> Vec<RankAlloc> {
         self.alloc.iter().filter(|a| !self.released.contains(a.rank)).cloned().collect()
+    }
+
+    /// The job was re-attached after a restart of rank 0 in its current run (a `restart` event since its last
+    /// `requeue`, `reattach.rs`).
+    fn reattached(&self) -> bool {
+        journal::this_run(&self.eventlog).iter().any(|e| e.name == "restart")
+    }
+
+    /// When its last shell ended (the latest [`ShellState::ended`]), no earlier than the job started; `None`
+    /// when a shell did not say.
+    fn shells_ended(&self) -> Option<f64> {
+        let mut last = self.t_run?;
+        for s in self.shells.values() {
+            last = last.max(s.ended?);
+        }
+        Some(last)
     }
 
     fn post(&mut self, now: f64, name: &str, context: Value) {
@@ -1018,6 +1037,7 @@ impl JobCore {
                     exited: false,
                     status: None,
                     abort_code: None,
+                    ended: None,
                     batches: BatchOrder::default(),
                 },
             );
@@ -1155,6 +1175,9 @@ impl JobCore {
             return;
         }
         let Some(job) = self.jobs.get_mut(&id) else { return };
+        if let Some(sh) = job.shells.get_mut(&exit.rank) {
+            sh.ended = exit.ended;
+        }
         if let Some(u) = exit.report.as_ref().and_then(|r| r.usage.as_ref()) {
             job.usage.get_or_insert_with(Default::default).add(u);
         }
@@ -1224,7 +1247,10 @@ impl JobCore {
             if let Some(u) = &job.usage {
                 ctx["usage"] = json!(u); // cgroup accounting of every shell (jobs/mod.rs, Job::usage)
             }
-            job.post(now, "finish", ctx);
+            // A job re-attached after a restart of rank 0 may have ended during the outage: its `finish` carries
+            // the time its last tasks ended, as their node saw it (reattach.rs), not that of the report's coming.
+            let at = if job.reattached() { job.shells_ended().map_or(now, |t| t.min(now)) } else { now };
+            job.post(at, "finish", ctx);
         } else if job.state == JobState::Run {
             job.post(now, "exception", json!({"type": "exec", "severity": 0, "note": "no job shell reported"}));
         }

@@ -61,13 +61,13 @@ impl JobCore {
             }
         }
         // Shells whose exit was answered before the restart ([`SHELL_EXIT_EVENT`]): their status counts.
-        let mut exited: BTreeMap<u32, (i32, Option<i32>)> = BTreeMap::new();
+        let mut exited: BTreeMap<u32, (i32, Option<i32>, f64)> = BTreeMap::new();
         for e in job.eventlog.iter().filter(|e| e.name == SHELL_EXIT_EVENT) {
             let rank = e.context.get("rank").and_then(Value::as_u64).and_then(|r| u32::try_from(r).ok());
             let status = e.context.get("status").and_then(Value::as_i64).and_then(|s| i32::try_from(s).ok());
             let abort = e.context.get("abort_code").and_then(Value::as_i64).and_then(|s| i32::try_from(s).ok());
             if let (Some(rank), Some(status)) = (rank, status) {
-                exited.insert(rank, (status, abort));
+                exited.insert(rank, (status, abort, e.timestamp));
             }
         }
         let mut waiting = BTreeSet::new();
@@ -84,6 +84,7 @@ impl JobCore {
                     exited: gone,
                     status: done.map(|d| d.0),
                     abort_code: done.and_then(|d| d.1),
+                    ended: done.map(|d| d.2),
                     batches: BatchOrder::resume(),
                 },
             );
@@ -227,6 +228,7 @@ mod tests {
     use super::super::journal::Kept;
     use super::super::tests::{actions, cmd, core, exit_shell, spawns, spec, T0};
     use super::*;
+    use crate::shellproto::ShellExit;
 
     /// Three ranks of 2 cores; job `a` runs on ranks 1-2 (one shell each), job `b` on rank 0; all kept. Then rank 0
     /// restarts at `T0 + 10` with a grace of 60 s: the restored core, no rank joined yet.
@@ -331,6 +333,52 @@ mod tests {
         assert!(c.pool.ranks[&2].alloc_cores.is_empty(), "nothing is held for a finished job");
         c.handle_timeout(T0 + 80.0);
         assert_eq!(c.jobs[&a].result(), Some("COMPLETED"));
+    }
+
+    /// The `finish` of a job whose tasks ended while rank 0 was away carries the time its last tasks ended, as
+    /// their node saw it ([`ShellExit::ended`]), not the time the reports came after the restart; the events of the restart itself
+    /// (`release`, `free`, `clean`) are stamped when they happen. A job that was not re-attached keeps the time
+    /// the report came.
+    #[test]
+    fn a_job_that_ended_during_the_outage_finishes_at_the_time_its_shells_ended() {
+        let (mut c, a, b) = restarted();
+        let exit = |rank: u32, ended: Option<f64>| ShellExit {
+            id: a.0,
+            rank,
+            report: Some(crate::shellproto::ShellReport {
+                status: 0,
+                tasks: vec![],
+                error: None,
+                abort_code: None,
+                usage: None,
+                ended: None,
+            }),
+            shell_status: 0,
+            ended,
+        };
+        join(&mut c, T0 + 30.0, 1, &[a]);
+        join(&mut c, T0 + 30.0, 2, &[a]);
+        // Rank 2's shell ended at T0 + 6 (rank 0 was down from about T0 + 5), rank 1's at T0 + 8: reported at
+        // T0 + 31, once their brokers were back.
+        c.shell_exit(T0 + 31.0, exit(2, Some(T0 + 6.0)));
+        c.shell_exit(T0 + 31.0, exit(1, Some(T0 + 8.0)));
+        let l = &c.jobs[&a];
+        assert_eq!(l.result(), Some("COMPLETED"));
+        let at = |name: &str| l.eventlog.iter().rev().find(|e| e.name == name).map(|e| e.timestamp);
+        assert_eq!(at("finish"), Some(T0 + 8.0), "the last shell's end, not the report's coming");
+        assert_eq!((at("release"), at("clean")), (Some(T0 + 31.0), Some(T0 + 31.0)));
+        // A time past the report's coming (a broker whose clock is ahead) is taken as the coming.
+        join(&mut c, T0 + 30.0, 0, &[b]);
+        c.shell_exit(T0 + 40.0, ShellExit { id: b.0, rank: 0, ended: Some(T0 + 99.0), ..exit(0, None) });
+        assert_eq!(c.jobs[&b].eventlog.iter().find(|e| e.name == "finish").map(|e| e.timestamp), Some(T0 + 40.0));
+        // Without a restart the report's coming stamps it, whatever its broker said.
+        let n = c.submit(T0 + 41.0, &spec(cmd().nnodes(1).ntasks(1)), 1000).unwrap();
+        let rank = c.jobs[&n].alloc[0].rank;
+        for (id, r, _) in spawns(&actions(&mut c)) {
+            c.shell_spawned(T0 + 41.5, id, r, Ok(()));
+        }
+        c.shell_exit(T0 + 50.0, ShellExit { id: n.0, rank, ended: Some(T0 + 45.0), ..exit(rank, None) });
+        assert_eq!(c.jobs[&n].eventlog.iter().find(|e| e.name == "finish").map(|e| e.timestamp), Some(T0 + 50.0));
     }
 
     #[test]
