@@ -4,6 +4,8 @@
 #
 #   ci/netns-cluster.sh up     NAME N [-S ATTR=VAL]...  create nodes NAME-n0..n(N-1) and start brokers; node K has
 #                                                      address 10.200.(K/200).(K%200+1) (10.200.0.1.. for K < 200)
+#   ci/netns-cluster.sh nodes  NAME N                  only create the nodes (no brokers), for another system to run on
+#                                                      them (e.g. ci/slurm-cluster.sh netns); kill, cut, run and down work
 #   ci/netns-cluster.sh uri    NAME                    print rank 0's VIGIL_URI
 #   ci/netns-cluster.sh run    NAME K CMD...           run CMD inside node K's namespace
 #   ci/netns-cluster.sh kill   NAME K                  silent node death: cut K's link (no RST/FIN reaches peers), then SIGKILL every process of K
@@ -29,7 +31,7 @@ if [ -z "${VIGIL:-}" ]; then
     [ -n "$VIGIL" ] || { [ -x "$root/target/release/vigil" ] && VIGIL=$root/target/release/vigil; } || VIGIL=$root/target/debug/vigil
 fi
 cmd=${1:-}; name=${2:-}
-[ -n "$cmd" ] && [ -n "$name" ] || { sed -n '2,21p' "$0"; exit 2; }
+[ -n "$cmd" ] && [ -n "$name" ] || { sed -n '2,23p' "$0"; exit 2; }
 [ ${#name} -le 6 ] || { echo "netns-cluster: NAME must be at most 6 characters" >&2; exit 2; }
 dir=${VIGIL_NETNS_DIR:-/tmp}/vigil-netns-$name
 hub=vn-$name-hub
@@ -54,14 +56,35 @@ start_broker() {
     echo $! > "$dir/node$k/broker.pid"
 }
 
-case "$cmd" in
-up)
-    n=${3:?N}; shift 3
-    mkdir -p "$dir"
+# Create the hub namespace with its bridge, and nodes 0..$1-1, each a namespace with eth0 on the bridge.
+make_nodes() {
+    local n=$1 k nsk
     ip netns add "$hub"
     ip -n "$hub" link add br0 type bridge
     ip -n "$hub" link set br0 up
     ip -n "$hub" link set lo up
+    for ((k = 0; k < n; k++)); do
+        nsk=$(ns $k)
+        ip netns add "$nsk"
+        ip link add "$(hostveth $k)" type veth peer name eth0 netns "$nsk"
+        ip link set "$(hostveth $k)" netns "$hub"
+        ip -n "$hub" link set "$(hostveth $k)" master br0 up
+        ip -n "$nsk" addr add "$(addr $k)/16" dev eth0
+        ip -n "$nsk" link set eth0 up
+        ip -n "$nsk" link set lo up
+    done
+    echo "$n" > "$dir/size"
+}
+
+case "$cmd" in
+nodes)
+    n=${3:?N}
+    mkdir -p "$dir"
+    make_nodes "$n"
+    ;;
+up)
+    n=${3:?N}; shift 3
+    mkdir -p "$dir"
     # Every node of the cluster holds the same overlay key, as a system instance's nodes would.
     rm -f "$dir/overlay.key"
     "$VIGIL" keygen "$dir/overlay.key" 2>/dev/null
@@ -76,17 +99,7 @@ up)
         echo "]"
     } > "$dir/config.toml"
     chmod 600 "$dir/config.toml"
-    for ((k = 0; k < n; k++)); do
-        nsk=$(ns $k)
-        ip netns add "$nsk"
-        ip link add "$(hostveth $k)" type veth peer name eth0 netns "$nsk"
-        ip link set "$(hostveth $k)" netns "$hub"
-        ip -n "$hub" link set "$(hostveth $k)" master br0 up
-        ip -n "$nsk" addr add "$(addr $k)/16" dev eth0
-        ip -n "$nsk" link set eth0 up
-        ip -n "$nsk" link set lo up
-    done
-    echo "$n" > "$dir/size"
+    make_nodes "$n"
     # One argument per line, for `restart`.
     if [ $# -gt 0 ]; then printf '%s\n' "$@" > "$dir/args"; else : > "$dir/args"; fi
     printf '%s' "${VIGIL_NETNS_RANK0_ARGS:-}" > "$dir/rank0-args"
@@ -163,5 +176,5 @@ down)
     for k in $(ip netns list | awk -v p="vn-$name-n" 'index($1, p) == 1 { print $1 }'); do ip netns del "$k" 2>/dev/null || true; done
     rm -rf "$dir"
     ;;
-*) sed -n '2,21p' "$0"; exit 2 ;;
+*) sed -n '2,23p' "$0"; exit 2 ;;
 esac

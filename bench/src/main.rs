@@ -50,6 +50,7 @@ mod detect;
 mod fwq;
 mod jobcore;
 mod mpi;
+mod nodekill;
 mod restart;
 mod sched;
 mod sim;

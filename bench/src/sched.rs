@@ -15,12 +15,15 @@
 //! Latency: `vigil run -N1 true` and `vigil run -n4 true` in a 4-broker instance, `srun -N1 true` and
 //! `srun -O -n4 true` on the Slurm node; medians over `--runs` runs after one warm-up each.
 //!
+//! A node killed under a running job, Slurm `--no-kill` against a Vigil batch job on network-namespace nodes:
+//! see [`crate::nodekill`].
+//!
 //! Everything started is stopped: each Vigil instance runs under [`run_timed`] (its process group is killed on
 //! timeout), and the Slurm daemons by a guard whose `Drop` runs `ci/slurm-cluster.sh down`.
 
 use crate::{
-    find_vigil, now_epoch_s, r4, results_dir, run_captured, run_timed, scratch_file, summarize, vigil_version,
-    wait_inactive, write_inner_result, write_results, Captured, Ended, JobOutcome,
+    find_vigil, nodekill, now_epoch_s, r4, results_dir, run_captured, run_timed, scratch_file, summarize,
+    vigil_version, wait_inactive, write_inner_result, write_results, Captured, Ended, JobOutcome,
 };
 use clap::Args;
 use serde::{Deserialize, Serialize};
@@ -68,6 +71,20 @@ pub(crate) struct SchedArgs {
     /// Skip Slurm (its figures are then "not measured").
     #[arg(long)]
     pub(crate) no_slurm: bool,
+    /// Skip the node-kill comparison (it needs root: network namespaces).
+    #[arg(long)]
+    pub(crate) no_nodekill: bool,
+    /// Run only the node-kill comparison, and replace its section of an existing sched.md (and its key of
+    /// sched.json), keeping the other figures there.
+    #[arg(long, conflicts_with = "no_nodekill")]
+    pub(crate) only_nodekill: bool,
+    /// Slurm's SlurmdTimeout for the node-kill comparison, seconds, comma-separated: one Slurm run each
+    /// (300 is Slurm's default; its down verdict takes about that long).
+    #[arg(long, value_delimiter = ',', default_values_t = [10u64, 300])]
+    pub(crate) slurmd_timeouts: Vec<u64>,
+    /// Give up relaunching on the survivors this long after the kill, seconds.
+    #[arg(long, default_value_t = 900)]
+    pub(crate) nodekill_bound_s: u64,
 }
 
 /// Options of the hidden `vigil-bench inner sched`.
@@ -455,15 +472,68 @@ fn fmt3(x: Option<f64>, prec: usize) -> String {
 /// One depth's Vigil figures: jobs, jobs/s samples, submit seconds, error, and (done, seconds) if the bound was hit.
 type VigilDepth = (usize, Vec<f64>, Vec<f64>, Option<String>, Option<(usize, f64)>);
 
+/// The 1-minute load average now: whether the machine was quiet.
+fn load_avg() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg").ok().and_then(|l| l.split_whitespace().next()?.parse().ok())
+}
+
+/// The node-kill runs: Vigil, then Slurm once per SlurmdTimeout of `a`.
+fn nodekill_runs(a: &SchedArgs, vigil: &Path) -> Vec<nodekill::NodeKill> {
+    eprintln!("vigil-bench sched: node killed under a Vigil batch job");
+    let mut runs = vec![nodekill::vigil(vigil, a.nodekill_bound_s)];
+    if !a.no_slurm {
+        for &t in &a.slurmd_timeouts {
+            eprintln!("vigil-bench sched: node killed under a Slurm --no-kill job (SlurmdTimeout={t} s)");
+            runs.push(nodekill::slurm(vigil, t, a.nodekill_bound_s));
+        }
+    }
+    runs
+}
+
+/// `vigil-bench sched --only-nodekill`: measure, then replace the node-kill section of `out_dir`'s sched.md
+/// (inserted before "## Slurm configuration" if it has none) and the "nodekill" key of sched.json.
+fn run_only_nodekill(a: &SchedArgs, vigil: &Path, out_dir: &Path) -> Result<i32, String> {
+    let load = load_avg();
+    let runs = nodekill_runs(a, vigil);
+    let section = nodekill::section(&runs, load);
+    println!("{section}");
+    let md_path = out_dir.join("sched.md");
+    let md = std::fs::read_to_string(&md_path).unwrap_or_default();
+    let md = replace_section(&md, "## Node killed under a running job", "## Slurm configuration", &section);
+    let json_path = out_dir.join("sched.json");
+    let mut doc: Value =
+        std::fs::read_to_string(&json_path).ok().and_then(|s| serde_json::from_str(&s).ok()).unwrap_or(json!({}));
+    doc["nodekill"] = json!(runs);
+    write_results(out_dir, "sched", &doc, &md)?;
+    Ok(if runs.iter().any(|r| r.error.is_some()) { 1 } else { 0 })
+}
+
+/// `md` with its section headed `head` (up to the next "## " heading) replaced by `section`; without one,
+/// `section` goes before the heading `before`, or at the end.
+fn replace_section(md: &str, head: &str, before: &str, section: &str) -> String {
+    let section = format!("{}\n\n", section.trim_end());
+    if let Some(i) = md.find(head) {
+        let rest = &md[i + head.len()..];
+        let end = rest.find("\n## ").map_or(md.len(), |j| i + head.len() + j + 1);
+        return format!("{}{section}{}", &md[..i], &md[end..]);
+    }
+    match md.find(before) {
+        Some(i) => format!("{}{section}{}", &md[..i], &md[i..]),
+        None if md.is_empty() => section,
+        None => format!("{}\n\n{section}", md.trim_end()),
+    }
+}
+
 /// `vigil-bench sched`.
 pub(crate) fn run(a: &SchedArgs, vigil: Option<PathBuf>, out_dir: Option<PathBuf>) -> Result<i32, String> {
     let vigil = find_vigil(vigil)?;
     let out_dir = results_dir(out_dir);
+    if a.only_nodekill {
+        return run_only_nodekill(a, &vigil, &out_dir);
+    }
     let mut failed = Vec::new();
     // The 1-minute load average before the first measurement: whether the machine was quiet.
-    let load_at_start = std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| l.split_whitespace().next().and_then(|x| x.parse::<f64>().ok()));
+    let load_at_start = load_avg();
 
     // Vigil latency.
     eprintln!("vigil-bench sched: vigil run -N1 / -n4 true latency ({} runs)", a.runs);
@@ -534,6 +604,12 @@ pub(crate) fn run(a: &SchedArgs, vigil: Option<PathBuf>, out_dir: Option<PathBuf
     for r in &slurm_runs {
         if let Some(e) = &r.error {
             failed.push(format!("slurm {}: {e}", r.how));
+        }
+    }
+    let nodekill = if a.no_nodekill { Vec::new() } else { nodekill_runs(a, &vigil) };
+    for r in &nodekill {
+        if let Some(e) = &r.error {
+            failed.push(format!("node kill, {}: {e}", r.system));
         }
     }
     for (what, (_, e)) in [("srun -N1", &srun_n1), ("srun -O -n4", &srun_n4)] {
@@ -672,6 +748,10 @@ pub(crate) fn run(a: &SchedArgs, vigil: Option<PathBuf>, out_dir: Option<PathBuf
             ));
         }
     }
+    if !nodekill.is_empty() {
+        md.push('\n');
+        md.push_str(&nodekill::section(&nodekill, load_avg()));
+    }
     md.push_str("\n## Slurm configuration\n\n");
     match &slurm_error {
         Some(e) => md.push_str(&format!("Slurm not measured: {e}\n")),
@@ -708,6 +788,7 @@ pub(crate) fn run(a: &SchedArgs, vigil: Option<PathBuf>, out_dir: Option<PathBuf
             "latency_s": {"srun_n1": stats(&srun_n1.0), "srun_O_n4": stats(&srun_n4.0)},
             "throughput": slurm_runs,
         },
+        "nodekill": nodekill,
         "failures": failed,
     });
     write_results(&out_dir, "sched", &doc, &md)?;

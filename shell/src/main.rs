@@ -57,9 +57,13 @@ fn opt_str(input: &ShellInput, name: &str) -> Option<String> {
     })
 }
 
-/// This shell's cgroup v2 directory (its `0::` line in `/proc/self/cgroup` under the cgroup2 mount of
-/// `/proc/self/mountinfo`).
+/// This shell's cgroup v2 directory: as its broker says ([`vigil_proto::shellproto::CGROUP_ENV`]), else its
+/// `0::` line in `/proc/self/cgroup` under the cgroup2 mount of `/proc/self/mountinfo`.
 fn own_cgroup_dir() -> Option<std::path::PathBuf> {
+    // Where the broker created this shell in its job's cgroup, it says which.
+    if let Some(dir) = std::env::var_os(vigil_proto::shellproto::CGROUP_ENV) {
+        return Some(dir.into());
+    }
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let mount = info.lines().find_map(|l| {
         let (pre, post) = l.split_once(" - ")?;
@@ -84,6 +88,62 @@ fn kill_own_job_cgroup() {
     let ours = name(&dir).starts_with("job-") && dir.parent().is_some_and(|p| name(p).starts_with("vigil-broker-"));
     if ours {
         let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+    }
+}
+
+/// Where `execvp(3)` would find `prog`: the first executable regular file `DIR/prog` for DIR in `path` (the
+/// task's `PATH`; glibc's default `/bin:/usr/bin` when it has none; an empty entry is the working directory),
+/// relative entries taken from `cwd` (the task's working directory) when given. `None` for a `prog` that names
+/// a path (it is used as it is), is found nowhere (then the spawn reports the error `execvp` would), or is
+/// neither an ELF file nor a `#!` script (`execvp` runs those with `/bin/sh`, posix_spawn does not: the spawn
+/// then takes std's fork and `execvp` path).
+fn resolve_program(prog: &str, path: Option<&str>, cwd: Option<&str>) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    if prog.is_empty() || prog.contains('/') {
+        return None;
+    }
+    for dir in path.unwrap_or("/bin:/usr/bin").split(':') {
+        let mut cand = std::path::Path::new(if dir.is_empty() { "." } else { dir }).join(prog);
+        if let (true, Some(c)) = (cand.is_relative(), cwd) {
+            cand = std::path::Path::new(c).join(cand);
+        }
+        let Ok(meta) = std::fs::metadata(&cand) else { continue };
+        let executable = meta.is_file()
+            && meta.permissions().mode() & 0o111 != 0
+            && nix::unistd::access(&cand, nix::unistd::AccessFlags::X_OK).is_ok();
+        if !executable {
+            continue;
+        }
+        // This is the file execvp would run: resolved only if posix_spawn runs it the same way.
+        let mut magic = [0u8; 4];
+        let n = std::fs::File::open(&cand).and_then(|mut f| std::io::Read::read(&mut f, &mut magic)).ok()?;
+        return (magic[..n].starts_with(b"\x7fELF") || magic[..n].starts_with(b"#!")).then_some(cand);
+    }
+    None
+}
+
+/// The calling thread bound to a task's CPUs until dropped, then given back the CPUs it had: a task spawned
+/// meanwhile inherits the binding from its first instruction (as with `sched_setaffinity` between fork and exec,
+/// without the fork).
+struct BoundThread(libc::cpu_set_t);
+
+impl BoundThread {
+    fn bind(mask: &CpuMask) -> std::io::Result<BoundThread> {
+        // SAFETY: cpu_set_t is a plain array of integers; all-zero is the empty set.
+        let mut old: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid pointer to a cpu_set_t of the size passed.
+        if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut old) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        mask.apply()?;
+        Ok(BoundThread(old))
+    }
+}
+
+impl Drop for BoundThread {
+    fn drop(&mut self) {
+        // SAFETY: a valid pointer to a fully initialised cpu_set_t of the size passed.
+        unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.0) };
     }
 }
 
@@ -419,10 +479,17 @@ impl Shell {
         for local in 0..self.input.local_tasks {
             let rank = self.input.first_task + local;
             let Some(prog) = self.input.command.first() else { break };
-            let mut cmd = std::process::Command::new(prog);
-            cmd.args(&self.input.command[1..])
+            let env = self.task_env(local);
+            // Spawned without a fork (posix_spawn: the kernel copies none of this shell's page tables), which
+            // std does only for a program named by its path, with no code run between fork and exec: so the
+            // program is looked up in the task's PATH here, the PMI socket is inherited without CLOEXEC, and the
+            // task's CPU binding is inherited from the spawning thread.
+            let resolved = resolve_program(prog, env.get("PATH").map(String::as_str), self.input.cwd.as_deref());
+            let mut cmd = std::process::Command::new(resolved.as_deref().unwrap_or(std::path::Path::new(prog)));
+            cmd.arg0(prog)
+                .args(&self.input.command[1..])
                 .env_clear()
-                .envs(self.task_env(local))
+                .envs(env)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
@@ -435,15 +502,19 @@ impl Shell {
                         cmd.env("PMI_FD", fd.to_string())
                             .env("PMI_RANK", rank.to_string())
                             .env("PMI_SIZE", self.input.ntasks.to_string());
-                        // SAFETY: fcntl on a descriptor we own, between fork and exec (async-signal-safe): the task
-                        // inherits its own end of the socketpair; every other descriptor stays close-on-exec.
-                        unsafe {
-                            cmd.pre_exec(move || {
-                                if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
-                                    return Err(std::io::Error::last_os_error());
-                                }
-                                Ok(())
-                            });
+                        // The task inherits its own end of the socketpair: close-on-exec is cleared on it only
+                        // for this spawn (this single-threaded shell spawns nothing else meanwhile, and closes
+                        // that end just after); every other descriptor stays close-on-exec.
+                        // SAFETY: fcntl on a descriptor we own.
+                        if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } < 0 {
+                            let _ = out_tx.try_send(OutputLine::text(
+                                rank,
+                                "stderr",
+                                format!(
+                                    "vigil-shell: cannot pass the PMI socket to task {rank}: {}",
+                                    std::io::Error::last_os_error()
+                                ),
+                            ));
                         }
                         pmi_parent = Some(a);
                         pmi_child = Some(b.into());
@@ -460,16 +531,11 @@ impl Shell {
             if let Some(cwd) = &self.input.cwd {
                 cmd.current_dir(cwd);
             }
+            let mut mask = None;
             if self.bind {
                 if let Some(cpus) = self.placement.get(local as usize).and_then(|p| p.cpus.clone()) {
                     match CpuMask::new(&cpus) {
-                        Ok(mask) => {
-                            // SAFETY: the closure only calls sched_setaffinity on a mask built before fork
-                            // (no allocation, async-signal-safe).
-                            unsafe {
-                                cmd.pre_exec(move || mask.apply());
-                            }
-                        }
+                        Ok(m) => mask = Some(m),
                         Err(e) => {
                             let _ = out_tx.try_send(OutputLine::text(
                                 rank,
@@ -481,7 +547,15 @@ impl Shell {
                 }
             }
             let mut cmd = tokio::process::Command::from(cmd);
-            let spawned = cmd.spawn();
+            // The task is bound as it is created: this thread holds the task's CPUs over the spawn.
+            let spawned = match mask.as_ref().map(BoundThread::bind).transpose() {
+                Ok(bound) => {
+                    let r = cmd.spawn();
+                    drop(bound);
+                    r
+                }
+                Err(e) => Err(e),
+            };
             drop(pmi_child);
             if let (Ok(_), Some(p)) = (&spawned, pmi_parent) {
                 if p.set_nonblocking(true).is_ok() {
@@ -936,3 +1010,56 @@ async fn forward<R: AsyncRead + Unpin>(r: R, rank: u32, stream: &'static str, tx
 }
 
 use tokio::io::AsyncReadExt as _;
+
+#[cfg(test)]
+mod tests {
+    use super::resolve_program;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A scratch directory, removed when dropped.
+    struct Dir(std::path::PathBuf);
+
+    impl Dir {
+        fn path(&self) -> &std::path::Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn programs_are_found_in_the_tasks_path_as_execvp_would() {
+        let root = std::env::temp_dir().join(format!("vigil-shell-resolve-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let d = Dir(root);
+        let (bin, other) = (d.path().join("bin"), d.path().join("other"));
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::create_dir_all(&other).unwrap();
+        let write = |p: &std::path::Path, mode: u32| {
+            std::fs::write(p, "#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        write(&other.join("prog"), 0o644); // not executable: skipped
+        write(&bin.join("prog"), 0o755);
+        std::fs::create_dir_all(d.path().join("dir/prog")).unwrap(); // a directory: skipped
+        let path = format!("{}:{}:{}", d.path().join("dir").display(), other.display(), bin.display());
+        assert_eq!(resolve_program("prog", Some(&path), None), Some(bin.join("prog")));
+        // A script without `#!` is left to execvp, which runs it with /bin/sh.
+        std::fs::write(bin.join("bare"), "true\n").unwrap();
+        std::fs::set_permissions(bin.join("bare"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(resolve_program("bare", Some(bin.to_str().unwrap()), None), None);
+        assert_eq!(resolve_program("sh", Some(&format!("{}:/bin", bin.display())), None), Some("/bin/sh".into()));
+        // Relative entries are taken from the task's working directory, an empty one is that directory.
+        let cwd = d.path().to_str().unwrap();
+        assert_eq!(resolve_program("prog", Some("other:bin"), Some(cwd)), Some(d.path().join("bin/prog")));
+        assert_eq!(resolve_program("prog", Some(":x"), Some(bin.to_str().unwrap())), Some(bin.join("./prog")));
+        // A name with a slash is used as it is; a name found nowhere is left to the spawn's own error.
+        assert_eq!(resolve_program("./prog", Some(bin.to_str().unwrap()), None), None);
+        assert_eq!(resolve_program("nosuchprog", Some(bin.to_str().unwrap()), None), None);
+        assert_eq!(resolve_program("", Some(bin.to_str().unwrap()), None), None);
+    }
+}

@@ -225,6 +225,11 @@ impl JobCgroup {
         Ok(())
     }
 
+    /// The cgroup's directory (under the cgroup2 mount).
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// The cgroup's directory, open for [`super::spawn::spawn`] (`O_RDONLY | O_DIRECTORY`, close-on-exec).
     pub(crate) fn open_dir(&self) -> Result<std::fs::File, String> {
         std::fs::File::open(&self.dir).map_err(|e| format!("{}: {e}", self.dir.display()))

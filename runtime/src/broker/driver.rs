@@ -1302,6 +1302,9 @@ impl Driver {
             (super::cgroup::Containment::Cgroup(c), Some(_)) => c.direct.is_ok() && !self.spawn_moves,
             _ => false,
         };
+        if let (true, Some(cg)) = (direct, &cgroup) {
+            env.push((crate::shellproto::CGROUP_ENV.into(), cg.dir().as_os_str().to_owned()));
+        }
         let shell = if direct { self.spawn_into(&path, &args, &env, cgroup.as_ref(), id)? } else { None };
         let (mut shell, in_cgroup) = match shell {
             Some(s) => (s, true),
@@ -1312,7 +1315,8 @@ impl Driver {
                     .stdout(std::process::Stdio::piped())
                     .stderr(std::process::Stdio::inherit())
                     .process_group(0)
-                    .envs(env.iter().map(|(k, v)| (k, v)))
+                    // Moved into its cgroup only after it started (if at all): it finds its cgroup itself.
+                    .envs(env.iter().filter(|(k, _)| k != crate::shellproto::CGROUP_ENV).map(|(k, v)| (k, v)))
                     .kill_on_drop(false);
                 let child = cmd.spawn().map_err(|e| format!("cannot run {}: {e}", path.display()))?;
                 (ShellProcess::from_command(child)?, false)
