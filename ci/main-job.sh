@@ -4,6 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ci/setup.sh
-cargo build --release --workspace --locked
+cargo build --release --locked -p vigil -p vigil-shell
 exec target/release/vigil start --test-size=4 \
     vigil run -N4 -n8 --label-io examples/whereami.sh

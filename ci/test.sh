@@ -37,31 +37,31 @@ cargo test --workspace --locked -- --test-threads=4 "$@"
 # vigil-ofi without libfabric (its stub answers "libfabric not available", which the broker turns into TCP):
 # the same tests, built as on a machine without libfabric-dev.
 VIGIL_OFI=off cargo test --locked -p vigil-ofi --quiet
-# The simulator of the real sans-IO broker (a release build: ten times faster than debug): every scenario at 1,024
-# brokers for kary:32, and churn on a flat tree, seeded; each run exits non-zero when an invariant fails and prints
-# which. A 16,384-broker churn takes about a minute and a half here, so it runs with `vigil-bench sim --table`
-# (bench/results/sim.md), not in CI.
-cargo build --release --locked -p vigil-bench
+# The simulator of the real sans-IO broker (release code, ten times faster than debug; `[profile.ci]` leaves out the
+# release profile's whole-program link, minutes on 2 cores): every scenario at 1,024 brokers for kary:32, and churn
+# on a flat tree, seeded; each run exits non-zero when an invariant fails and prints which. A 16,384-broker churn
+# takes about a minute and a half here, so it runs with `vigil-bench sim --table` (bench/results/sim.md), not in CI.
+cargo build --profile ci --locked -p vigil-bench
 for s in boot jobs churn partition; do
-    target/release/vigil-bench sim --brokers 1024 --topo kary:32 --scenario "$s" --seed 1
+    target/ci/vigil-bench sim --brokers 1024 --topo kary:32 --scenario "$s" --seed 1
 done
-target/release/vigil-bench sim --brokers 1024 --topo flat --scenario churn --seed 2
+target/ci/vigil-bench sim --brokers 1024 --topo flat --scenario churn --seed 2
 # Rank 0 killed and restarted on its state directory 3 times during churn: no acknowledged job lost, duplicated or
 # hung (docs/statedir.md, "Tried in the simulator").
-target/release/vigil-bench sim --brokers 1024 --topo kary:32 --scenario restart --seed 1
+target/ci/vigil-bench sim --brokers 1024 --topo kary:32 --scenario restart --seed 1
 # Other shapes (about 12 s each). Seeds 1-5 of kary:8/16/32 were tried; those left out fail on known faults not
 # fixed yet (a broker keeping an adopted child that was lost, a rank's loss notice lost with a dying router, a
 # rank lost for a job after a restart though it lived), which also fail on the code before the grouped writes.
-target/release/vigil-bench sim --brokers 1024 --topo kary:16 --scenario restart --seed 2
-target/release/vigil-bench sim --brokers 1024 --topo kary:8 --scenario restart --seed 3
+target/ci/vigil-bench sim --brokers 1024 --topo kary:16 --scenario restart --seed 2
+target/ci/vigil-bench sim --brokers 1024 --topo kary:8 --scenario restart --seed 3
 # Router loss and re-parenting at 1,024 brokers with 1 ms links (each 1-12 s here; the 16,384-broker figures are
 # in bench/results/sim.md): every router lost in turn (kary:32 and kary:8), 1 % and 5 % of them, a router with its
 # orphans' adopter, adopters lost while orphans join them, a flapping router.
 for t in kary:32 kary:8; do
-    target/release/vigil-bench sim --brokers 1024 --topo "$t" --scenario router-each --seed 1 --latency-us 1000
+    target/ci/vigil-bench sim --brokers 1024 --topo "$t" --scenario router-each --seed 1 --latency-us 1000
 done
 for s in routers-1pct routers-5pct router-adopter reparent-loss router-flap; do
-    target/release/vigil-bench sim --brokers 1024 --topo kary:32 --scenario "$s" --seed 1 --latency-us 1000
+    target/ci/vigil-bench sim --brokers 1024 --topo kary:32 --scenario "$s" --seed 1 --latency-us 1000
 done
 # Public items are documented and intra-doc links resolve.
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
