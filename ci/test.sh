@@ -33,6 +33,11 @@ for c in vigil-proto vigil-core vigil-sim; do
         exit 1
     fi
 done
+# The driver links no command-line parser: commands are the CLI's (`vigil`), the driver does I/O.
+if cargo tree --locked -p vigil-driver -e normal --prefix none | awk '{print $1}' | grep -qx clap; then
+    echo "ci/test.sh: vigil-driver must not depend on clap (the CLI is the vigil crate's)" >&2
+    exit 1
+fi
 cargo test --workspace --locked -- --test-threads=4 "$@"
 # vigil-ofi without libfabric (its stub answers "libfabric not available", which the broker turns into TCP):
 # the same tests, built as on a machine without libfabric-dev.

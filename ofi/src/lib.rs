@@ -1,7 +1,7 @@
 //! Vigil's own safe layer over libfabric (OFI): reliable-datagram endpoints for overlay links on networks that
 //! have no verbs device, above all HPE Slingshot (libfabric's `cxi` provider), and on `tcp;ofi_rxm`,
 //! `udp;ofi_rxd` or `verbs;ofi_rxm` elsewhere. The broker's overlay links use it through
-//! `runtime/src/broker/ofi_link.rs`, chosen per link by `tbon.transport` and `tbon.ofi_provider`.
+//! `runtime/driver/src/broker/ofi_link.rs`, chosen per link by `tbon.transport` and `tbon.ofi_provider`.
 //!
 //! # Shape
 //! - [`Endpoint::open`] with a [`Config`] (provider name, optional local address and domain): `fi_getinfo`

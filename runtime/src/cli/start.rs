@@ -669,7 +669,7 @@ async fn pmi_bootstrap(
     endpoints[rank as usize] = me;
     // The parent's endpoint, and those of every adoptive parent this broker may have to re-parent to: the
     // KVS is gone once the launcher's PMI is finalized.
-    for p in crate::broker::reparent::parent_endpoints(topo, size, rank) {
+    for p in vigil_core::broker::reparent::parent_endpoints(topo, size, rank) {
         endpoints[p as usize] = pmi
             .get(&format!("vigil.ep.{p}"))
             .map_err(|e| e.to_string())?

@@ -28,6 +28,6 @@ pub mod transport;
 mod upgrade;
 
 // The broker's rules (`vigil-core`), under the paths this crate's driver and simulator use.
-pub(crate) use vigil_core::broker::{core, liveness, reparent};
+pub(crate) use vigil_core::broker::{core, liveness};
 
 pub use self::driver::{discover_in_child_to, discover_node_main, run, BrokerOptions, ListenSpec};
