@@ -319,3 +319,22 @@ fn empty_event_topics_and_unknown_output_templates_are_refused() {
         .any(|e| e.file_name().to_string_lossy().contains("bogus")));
     assert_healthy(&inst);
 }
+
+/// The overlay's listening socket stays in the broker: `vigil start` hands each broker its listener across exec,
+/// and neither the initial program nor a job's tasks may inherit it (they would hold the port after rank 0 dies,
+/// and a restarted rank 0 could not bind it).
+#[test]
+fn the_overlay_listener_is_not_inherited_by_the_initial_program_or_tasks() {
+    // Every descriptor of the calling shell that is a TCP socket in LISTEN state (0A in /proc/net/tcp*).
+    let script = r#"for f in /proc/$$/fd/*; do l=$(readlink "$f") || continue; case "$l" in socket:*) i=${l#socket:[}; i=${i%]}; awk -v i="$i" '$4 == "0A" && $10 == i {print "LISTENER " FILENAME}' /proc/net/tcp /proc/net/tcp6;; esac; done; echo checked"#;
+    let (out, _dir) = start_and_run(
+        2,
+        &[],
+        &["sh", "-c", &format!("{script}; vigil run -N1 -n1 -o pmi=off sh -c '{}'", script.replace('\'', "'\\''"))],
+        Duration::from_secs(60),
+    );
+    out.ok();
+    let stdout = &out.stdout;
+    assert_eq!(stdout.matches("checked").count(), 2, "both the initial program and the task ran the check: {stdout}");
+    assert!(!stdout.contains("LISTENER"), "a listening socket was inherited: {stdout}");
+}

@@ -257,6 +257,16 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
             // SAFETY: `vigil start` bound this TCP listener and passed us its descriptor, which nothing else in
             // this process owns; we take ownership exactly once here.
             let std_l = unsafe { <std::net::TcpListener as std::os::fd::FromRawFd>::from_raw_fd(*fd) };
+            // It came without FD_CLOEXEC (it had to outlive our exec). Set it now: the initial program and the job
+            // shells must not inherit the overlay's port, or they would hold it after this broker dies and a
+            // restarted rank 0 could not bind it again.
+            // SAFETY: F_GETFD/F_SETFD on the descriptor `std_l` owns.
+            unsafe {
+                let flags = libc::fcntl(*fd, libc::F_GETFD);
+                if flags >= 0 {
+                    libc::fcntl(*fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+                }
+            }
             std_l.set_nonblocking(true).map_err(|e| format!("listener fd {fd}: {e}"))?;
             tokio::net::TcpListener::from_std(std_l).map_err(|e| format!("listener fd {fd}: {e}"))?
         }
