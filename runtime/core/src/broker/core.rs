@@ -855,6 +855,16 @@ impl Broker {
         }
     }
 
+    /// The driver's last call, once [`Broker::finished`] and before its last write to the store: on rank 0 of an
+    /// instance that was shut down, the jobs it ended whose shells did not report in time are finished
+    /// ([`crate::jobs::JobCore::instance_stopped`]).
+    pub fn stop(&mut self) {
+        let wall = self.wall();
+        if let Some(jc) = self.jobcore.as_mut() {
+            jc.instance_stopped(wall);
+        }
+    }
+
     /// Whether SIGTERM stops only this broker, for a restart, rather than the instance: rank 0 of a system
     /// instance (no initial program) that keeps its jobs in a state directory, while the others wait for it
     /// (`tbon.parent_grace` above 0).

@@ -1279,12 +1279,36 @@ impl JobCore {
     /// every running job gets a fatal exception of type [`SHUTDOWN_EXCEPTION`] saying so, before its shells and
     /// brokers go. Otherwise its verdict would be what their going looks like (a lost critical rank, a shell
     /// killed without reporting), and a user would look for a failed node. Pending jobs are left as they are:
-    /// with a state directory they are queued again at the next start.
+    /// with a state directory they are queued again at the next start. Scheduling stops: what the ending jobs free
+    /// is not given to a pending job that the stopping brokers would never start.
     pub fn instance_shutdown(&mut self, now: f64, why: &str) {
+        if self.stopped.is_none() {
+            self.stopped = Some(format!("the instance is shutting down ({why})"));
+        }
         let running: Vec<JobId> = self.jobs.values().filter(|j| j.state == JobState::Run).map(|j| j.id).collect();
         let note = format!("the instance was shut down ({why})");
         for id in running {
             self.raise(now, id, SHUTDOWN_EXCEPTION, 0, &note);
+        }
+    }
+
+    /// The instance has stopped for good after [`JobCore::instance_shutdown`]: jobs it ended whose shells did not
+    /// all report before the brokers went (killed with the instance) are finished now, with what was reported, so
+    /// they are INACTIVE (their `shutdown` exception the reason) in the state directory, not left in CLEANUP for a
+    /// later start to re-attach and then fail as if their nodes had been lost.
+    pub fn instance_stopped(&mut self, now: f64) {
+        let ended: Vec<JobId> = self
+            .running
+            .iter()
+            .copied()
+            .filter(|id| self.jobs[id].fatal.as_ref().is_some_and(|e| e.kind == SHUTDOWN_EXCEPTION))
+            .collect();
+        for id in ended {
+            let ranks: Vec<u32> = self.jobs[&id].shells.values().filter(|s| !s.exited).map(|s| s.rank).collect();
+            for r in ranks {
+                self.shell_gone(id, r);
+            }
+            self.maybe_finish(now, id);
         }
     }
 

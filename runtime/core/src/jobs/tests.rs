@@ -260,6 +260,30 @@ fn an_instance_shutdown_ends_running_jobs_saying_so() {
     assert!(c.jobs[&pending].fatal.is_none() && c.jobs[&pending].state.is_active(), "pending: left queued");
 }
 
+/// Shells that did not report before the instance stopped (killed with it) leave their job INACTIVE with its
+/// `shutdown` exception, not in CLEANUP for a later start to re-attach and fail as if its nodes were lost; a job
+/// that ended on its own, and a pending one, are left as they are.
+#[test]
+fn jobs_whose_shells_never_reported_are_finished_when_the_instance_stops() {
+    let mut c = core(3, 1, 0);
+    let silent = c.submit(T0, &spec(cmd().nnodes(2)), 0).unwrap();
+    let pending = c.submit(T0, &spec(cmd().nnodes(3)), 0).unwrap();
+    actions(&mut c);
+    c.instance_shutdown(T0 + 1.0, "shutdown requested");
+    exit_shell(&mut c, T0 + 1.5, silent, 0, 15);
+    assert_eq!(c.jobs[&silent].state, JobState::Cleanup, "one shell of two reported");
+    c.instance_stopped(T0 + 2.0);
+    let j = &c.jobs[&silent];
+    assert_eq!(j.state, JobState::Inactive);
+    assert_eq!(j.fatal.as_ref().map(|e| e.kind.as_str()), Some(SHUTDOWN_EXCEPTION));
+    let names: Vec<&str> = j.eventlog.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names.iter().filter(|n| **n == "exception").count(), 1, "no second exception: {names:?}");
+    assert!(names.ends_with(&["finish", "release", "free", "clean"]), "{names:?}");
+    assert!(c.jobs[&pending].state == JobState::Sched && c.jobs[&pending].fatal.is_none(), "pending: left queued");
+    assert!(spawns(&actions(&mut c)).is_empty(), "nothing started on brokers that are stopping");
+    assert_eq!(c.pool.free_cores_now(), 3, "the silent job's cores are free again");
+}
+
 #[test]
 fn drain_blocks_new_work_until_undrain() {
     let mut c = core(2, 1, 0);

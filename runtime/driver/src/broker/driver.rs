@@ -466,6 +466,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
             break;
         }
     }
+    d.broker.stop();
     d.cleanup();
     let code = d.broker.exit_code();
     info!(rank, code, "broker exiting");
