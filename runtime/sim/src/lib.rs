@@ -691,8 +691,14 @@ impl Sim {
                 if l.conn != conn || !l.adopt || l.at_parent {
                     return; // accepted, refused, or replaced meanwhile
                 }
-                // The candidate never answered the hello (it died with it in flight): the attempt times out.
+                // The candidate never answered the hello (it died, or is stopped, with it in flight): the attempt
+                // times out and the orphan closes its socket, as the real driver drops its attempt. A candidate
+                // that is only stopped reads the hello and then the EOF once it runs again.
                 self.links.remove(&n);
+                if self.reachable(n, l.parent) {
+                    let lat = self.cfg.latency;
+                    self.after(lat, Ev::Input(l.parent, Input::Closed(Peer::Child(n), conn, "EOF".into())));
+                }
                 if let Some(o) = self.watch.open.get_mut(&n) {
                     o.3 += 1;
                 }
