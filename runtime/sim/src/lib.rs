@@ -691,8 +691,14 @@ impl Sim {
                 if l.conn != conn || !l.adopt || l.at_parent {
                     return; // accepted, refused, or replaced meanwhile
                 }
-                // The candidate never answered the hello (it died with it in flight): the attempt times out.
+                // The candidate never answered the hello (it died, or is stopped, with it in flight): the attempt
+                // times out and the orphan closes its socket, as the real driver drops its attempt. A candidate
+                // that is only stopped reads the hello and then the EOF once it runs again.
                 self.links.remove(&n);
+                if self.reachable(n, l.parent) {
+                    let lat = self.cfg.latency;
+                    self.after(lat, Ev::Input(l.parent, Input::Closed(Peer::Child(n), conn, "EOF".into())));
+                }
                 if let Some(o) = self.watch.open.get_mut(&n) {
                     o.3 += 1;
                 }
@@ -765,6 +771,10 @@ impl Sim {
             let Some(b) = self.nodes[n as usize].broker.as_mut() else { return };
             self.events += 1;
             self.trace = fnv(fnv(fnv(self.trace, now.as_nanos()), u64::from(n)), kind(&i));
+            let watched = watched(n);
+            if watched && !matches!(i, Input::Timer | Input::AckSamples(_)) {
+                eprintln!("{:.6} r{n} < {}", now.as_secs_f64(), describe_input(&i));
+            }
             b.handle(now, i);
             let mut asked = Vec::new();
             if n == 0 && self.kept.is_some() {
@@ -787,9 +797,15 @@ impl Sim {
                 if self.nodes[n as usize].broker.is_none() {
                     break;
                 }
+                if watched && !quiet(&e) {
+                    eprintln!("{:.6} r{n} > {}", now.as_secs_f64(), describe_effect(&e));
+                }
                 self.execute(n, e, &mut queue);
             }
             while let Some(e) = self.nodes[n as usize].broker.as_mut().and_then(|b| b.poll_effect()) {
+                if watched && !quiet(&e) {
+                    eprintln!("{:.6} r{n} > {}", now.as_secs_f64(), describe_effect(&e));
+                }
                 self.execute(n, e, &mut queue);
             }
         }
@@ -1027,7 +1043,18 @@ impl Sim {
                         l.at_parent = true;
                         l.adopt
                     }
-                    _ => return,
+                    _ => {
+                        // A hello read late (this broker was stopped) from a child that gave up on this link or
+                        // died since: its EOF follows if it closed the link; if its node died, nothing follows,
+                        // and the prober, which probes every child accepted, finds the node silent.
+                        self.nodes[n as usize].prober.insert(rank, ProbeTarget::default());
+                        if !self.nodes[n as usize].probing {
+                            self.nodes[n as usize].probing = true;
+                            let p = Duration::from_secs_f64(self.membership.probe_period);
+                            self.after(p, Ev::ProbeRound(n));
+                        }
+                        return;
+                    }
                 };
                 let children = self.broker(n).map_or(0, |b| b.children.len());
                 if adopt && children > crate::broker::reparent::adopt_limit(self.cfg.topo, self.cfg.brokers, n) {
@@ -1166,7 +1193,10 @@ impl Sim {
     fn close_end(&mut self, n: u32, child: u32, why: &str) {
         let at_child_end = n == child;
         let Some(l) = self.links.get(&child).copied() else { return };
-        let (conn, other_open) = (l.conn, if at_child_end { l.at_parent } else { l.at_child });
+        // The child closes: the parent reads the EOF if it accepted the link, and also if the child's hello is
+        // still unread there (in flight, or queued at a stopped parent: the handshake is done), after the hello.
+        // A parent that refused or closed the link already ignores it (no child on that link).
+        let (conn, other_open) = (l.conn, if at_child_end { l.at_parent || l.at_child } else { l.at_child });
         self.shut(child, at_child_end);
         let parent = l.parent;
         let far = if at_child_end { parent } else { child };
@@ -1439,3 +1469,56 @@ impl Sim {
 
 #[cfg(test)]
 mod tests;
+
+/// Whether rank `n` is watched: listed in `VIGIL_SIM_WATCH` (comma-separated ranks), whose inputs and effects
+/// are then written to stderr with the virtual time (a debugging aid; the trace does not change).
+fn watched(n: u32) -> bool {
+    static WATCH: std::sync::OnceLock<Vec<u32>> = std::sync::OnceLock::new();
+    WATCH
+        .get_or_init(|| {
+            std::env::var("VIGIL_SIM_WATCH")
+                .map(|v| v.split(',').filter_map(|r| r.trim().parse().ok()).collect())
+                .unwrap_or_default()
+        })
+        .contains(&n)
+}
+
+/// Effects not worth a line: heartbeats.
+fn quiet(e: &Effect) -> bool {
+    match e {
+        Effect::Heartbeat | Effect::SampleAcks => true,
+        Effect::Send(_, m) => m.topic == "hb",
+        _ => false,
+    }
+}
+
+/// A message in one line: its type, topic and the start of its payload.
+fn describe_msg(m: &Message) -> String {
+    let body: String = String::from_utf8_lossy(&m.payload).chars().take(200).collect();
+    format!("{:?} {} {body}", m.msgtype, m.topic)
+}
+
+/// An input in one line (for [`watched`] ranks).
+fn describe_input(i: &Input) -> String {
+    match i {
+        Input::Message(p, c, m) => format!("msg from {p:?} conn {c}: {}", describe_msg(m)),
+        Input::Hello { conn, msg, .. } => format!("hello conn {conn}: {}", describe_msg(msg)),
+        Input::Closed(p, c, why) => format!("closed {p:?} conn {c}: {why}"),
+        Input::ParentFailed(why) => format!("parent failed: {why}"),
+        Input::ParentUp(_) => "parent up".into(),
+        Input::Probe(r, s) => format!("probe {r}: {s:?}"),
+        Input::Timer => "timer".into(),
+        other => format!("input kind {}", kind(other)),
+    }
+}
+
+/// An effect in one line (for [`watched`] ranks).
+fn describe_effect(e: &Effect) -> String {
+    match e {
+        Effect::Send(p, m) => format!("send to {p:?}: {}", describe_msg(m)),
+        other => {
+            let s = format!("{other:?}");
+            s.chars().take(200).collect()
+        }
+    }
+}

@@ -397,6 +397,10 @@ pub struct Broker {
     pub exit_reports: BTreeMap<u32, Message>,
     /// Ranks rank 0 announced lost (`overlay.lost` events) and not seen back since: an orphan asks them last.
     pub known_lost: BTreeSet<u32>,
+    /// Children this broker judged lost whose loss rank 0 has not announced yet (no `overlay.lost` event naming
+    /// them), with the notice's body: the notice asks for no answer and may have died with our parent, so it goes
+    /// again after a re-parent or a rejoin (`reparent.rs`).
+    pub lost_reports: BTreeMap<u32, serde_json::Value>,
     /// A child of rank 0: rank 0's `tbon.parent_grace` (seconds), from its `grace` control message.
     pub rank0_grace: Option<f64>,
     /// Rank 0's state directory.
@@ -470,6 +474,7 @@ impl Broker {
             orphans: BTreeMap::new(),
             exit_reports: BTreeMap::new(),
             known_lost: BTreeSet::new(),
+            lost_reports: BTreeMap::new(),
             rank0_grace: None,
             statedir: StateDir::None,
             awaiting_durable: Vec::new(),

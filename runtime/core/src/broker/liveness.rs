@@ -41,6 +41,8 @@ impl Broker {
             Ok(rank) => {
                 self.effect(Effect::AcceptChild { conn, rank });
                 self.children.insert(rank, conn);
+                // Back (restarted): a verdict of ours on it not yet announced is stale.
+                self.lost_reports.remove(&rank);
                 let (topo, size) = self.tree();
                 if topo.parent(size, rank) != Some(self.rank()) {
                     info!("adopted rank {rank} (its parent was lost)");
@@ -349,9 +351,12 @@ impl Broker {
             warn!("lost child rank {r} ({why}); subtree {s} is lost");
             s
         };
-        let mut m =
-            Message::request("overlay.lost", 0, &json!({"ranks": subtree.to_string(), "reason": why, "root": r}));
+        // `parent`: the judge, so that rank 0 can tell a notice sent again after a re-parent about a rank that
+        // has moved on (or come back) since from a current one (reparent.rs).
+        let body = json!({"ranks": subtree.to_string(), "reason": why, "root": r, "parent": self.rank()});
+        let mut m = Message::request("overlay.lost", 0, &body);
         m.flags = FLAG_NORESPONSE;
+        self.lost_reports.insert(r, body);
         self.route_request(SELF, m);
     }
 

@@ -29,10 +29,14 @@
 //!   router passed them on before it died cannot be known. Job shells' exit reports are kept until rank 0
 //!   answers them and sent again by the orphan once it re-parents, and by every broker below it when rank 0's
 //!   `overlay.reparent` event for it comes down ([`Broker::on_reparent_event`]): theirs went up through the
-//!   orphan too.
+//!   orphan too. So are a broker's verdicts on its lost children until rank 0 announces them
+//!   ([`Broker::lost_reports`]; the `overlay.lost` notice asks for no answer): rank 0 takes each once, and none
+//!   about a rank that has another parent by now ([`Broker::stale_lost_notice`]).
 //! - **Orphans that never come.** Rank 0 expects every child of a lost rank to re-parent within
 //!   [`REPARENT_TIMEOUT`] (meanwhile they and the ranks below them are torpid: no new work goes there); one that
-//!   does not is lost ("cut off"), and so on below it.
+//!   does not is lost ("cut off"), and so on below it. An orphan re-parented is lively again even if its lost
+//!   parent had judged it torpid (that judge will never say otherwise; the new one judges it afresh), and so
+//!   are the ranks unreachable only behind it ([`Broker::record_reparent`]).
 //! - **A router that returns** joins its static parent again as a leaf: its former children stay with their
 //!   adopters (moving them back would cost their links a second reconnection for nothing). Its parent tells it
 //!   the re-parents it missed (the `adopted` control message, sent to every child that joins while there are
@@ -334,6 +338,7 @@ impl Broker {
             self.internal.insert(tag, super::core::Internal::ShellExit);
             self.route_request(SELF, m);
         }
+        self.resend_lost_reports();
     }
 
     /// Every broker, at rank 0's `overlay.reparent` event: if the rank that moved is above this broker, what
@@ -342,7 +347,7 @@ impl Broker {
     pub fn on_reparent_event(&mut self, body: &Value) {
         self.on_reparent_request(body);
         let Ok(moved) = rank_field(body, "rank", self.opts.size) else { return };
-        if self.exit_reports.is_empty() || moved == self.rank() {
+        if (self.exit_reports.is_empty() && self.lost_reports.is_empty()) || moved == self.rank() {
             return;
         }
         let mut x = self.parent;
@@ -419,6 +424,37 @@ impl Broker {
         };
         let (size, me) = (self.opts.size, self.rank());
         self.known_lost.extend(ranks.iter().filter(|r| *r < size && *r != me));
+        // Announced: our own verdicts on them reached rank 0.
+        self.lost_reports.retain(|r, _| !ranks.contains(*r));
+    }
+
+    /// Our verdicts on lost children that rank 0 has not announced yet may have died on the way with a lost
+    /// router (an `overlay.lost` notice asks for no answer): again, marked `again` (rank 0 takes each once and
+    /// drops one about a rank that has another parent by now, [`Broker::stale_lost_notice`]).
+    pub fn resend_lost_reports(&mut self) {
+        if self.rank() == 0 {
+            return;
+        }
+        let again: Vec<Value> = self.lost_reports.values().cloned().collect();
+        for mut body in again {
+            body["again"] = json!(true);
+            let mut m = Message::request("overlay.lost", 0, &body);
+            m.flags = FLAG_NORESPONSE;
+            self.route_request(SELF, m);
+        }
+    }
+
+    /// Rank 0: whether an `overlay.lost` notice (`body`) judged by a parent about its child `root` is stale:
+    /// `root` has another parent now as far as rank 0 knows (it re-parented or restarted elsewhere since), or the
+    /// notice is one sent again after a re-parent (`again`) about a rank already lost.
+    pub fn stale_lost_notice(&self, body: &Value, root: Option<u32>) -> bool {
+        let size = self.opts.size;
+        let (Some(root), Ok(judge)) = (root, rank_field(body, "parent", size)) else { return false };
+        if self.parent_of(root) != Some(judge) {
+            return true;
+        }
+        body.get("again").and_then(Value::as_bool) == Some(true)
+            && self.members.get(&root).is_some_and(|m| m.0 == MemberState::Lost)
     }
 
     /// Rank 0: `rank` registers, under `current` (the parent it names; none from an older broker). A fresh
@@ -526,10 +562,16 @@ impl Broker {
         let wall = self.wall();
         let ids: IdSet = self.subtree_of(rank).into_iter().collect();
         info!("rank {rank} re-parented under rank {parent} (subtree {ids})");
-        // Reachable again: lively, unless torpid for another reason.
+        // Reachable again: lively, unless torpid for another reason. The orphan itself is lively whatever its
+        // old parent judged of it: that judge is lost and will never say it is lively again, and its new parent
+        // judges it afresh (and says so if it is torpid). So are the ranks unreachable only behind it.
+        let behind = format!("{} {rank}", super::services::BEHIND);
         let mut back = IdSet::new();
         for r in ids.iter() {
-            if self.members.get(&r).is_some_and(|m| m.0 == MemberState::Torpid && m.1.starts_with(REPARENTING)) {
+            let stale = |m: &(MemberState, String, f64)| {
+                m.0 == MemberState::Torpid && (r == rank || m.1.starts_with(REPARENTING) || m.1 == behind)
+            };
+            if self.members.get(&r).is_some_and(stale) {
                 self.members.insert(r, (MemberState::Online, String::new(), wall));
                 back.insert(r);
             }

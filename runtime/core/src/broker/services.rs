@@ -539,6 +539,9 @@ fn spawn_shell(core: &mut Broker, msg: &Message, body: &Value) -> Reply {
 
 // ------------------------------------------------------------------------------------------- resource
 
+/// The start of the reason of a rank torpid because a router above it is: "... rank R" (`overlay.torpid`).
+pub const BEHIND: &str = "unreachable behind torpid router rank";
+
 fn resource(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     let body = lazy.object()?;
     let n = core.wall();
@@ -602,7 +605,6 @@ fn resource(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
             let torpid = msg.topic == "overlay.torpid";
             // A torpid router forwards nothing: the ranks below it are unreachable too, so they get no new work
             // either (and come back with it, unless they were torpid on their own account).
-            const BEHIND: &str = "unreachable behind torpid router rank";
             let mut ranks = reported.clone();
             // Rank below a reported router → that router.
             let mut behind = std::collections::BTreeMap::<u32, u32>::new();
@@ -646,6 +648,11 @@ fn resource(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
             // The root of a lost subtree has the reason; the ranks behind it are cut off by its loss.
             let root = opt_u32(body, "root")?.filter(|r| ranks.contains(*r));
             let state = if msg.topic == "overlay.lost" { MemberState::Lost } else { MemberState::Offline };
+            if state == MemberState::Lost && core.stale_lost_notice(body, root) {
+                // Sent again after its judge re-parented, about a rank taken already or gone elsewhere since.
+                debug!("ignoring a stale loss notice about ranks {ranks}: {reason}");
+                return Ok(Some(json!({}).into()));
+            }
             warn!("ranks {ranks} {}: {reason}", if state == MemberState::Lost { "lost" } else { "offline" });
             for r in ranks.iter() {
                 // A rank already lost keeps its own verdict and time: a router lost later does not rewrite why.

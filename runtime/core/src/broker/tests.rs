@@ -1266,3 +1266,101 @@ fn a_broker_adopted_before_rank_0_restarted_is_routed_through_its_adopter() {
     effects(&mut b);
     assert_eq!(b.parent_of(3), Some(1));
 }
+
+/// Rank 0 of 15 brokers (kary:2) with ranks 1 and 2 joined as its children (links 7 and 8) and every rank online.
+fn root15() -> Broker {
+    let mut b = super::testing::new_broker(0, 15, Topology::Kary(2), 4, Config::default(), Time::ZERO);
+    b.handle(t(0.0), Input::Start);
+    assert_eq!(judge(&mut b, t(0.001), 7, hello(1, "sim"), None), Ok(1));
+    assert_eq!(judge(&mut b, t(0.001), 8, hello(2, "sim"), None), Ok(2));
+    effects(&mut b);
+    for r in 1..15 {
+        b.members.insert(r, (MemberState::Online, String::new(), 0.0));
+    }
+    b
+}
+
+/// A notice to rank 0 (asking for no answer) that came up from its child `via` (link `conn`).
+fn notice(b: &mut Broker, now: Time, via: u32, conn: u64, topic: &str, body: Value) -> Vec<Effect> {
+    let mut m = Message::request(topic, 0, &body);
+    m.flags = crate::message::FLAG_NORESPONSE;
+    m.userid = super::testing::UID;
+    b.handle(now, Input::Message(Peer::Child(via), conn, m));
+    effects(b)
+}
+
+/// A rank its parent judged torpid, whose parent is then lost, is lively again once it re-parents: the judge that
+/// could say so is gone, and its new parent judges it afresh. So are the ranks that were unreachable behind it.
+#[test]
+fn a_torpid_rank_whose_parent_is_lost_is_lively_once_it_re_parents() {
+    let mut b = root15();
+    // Rank 1 judges its child 3 torpid: 3 and the ranks behind it (7, 8) get no new work.
+    notice(&mut b, t(1.0), 1, 7, "overlay.torpid", json!({"ranks": "3", "reason": "no heartbeat for 5 s"}));
+    assert_eq!(b.members[&3].0, MemberState::Torpid);
+    assert_eq!(b.members[&7].1, "unreachable behind torpid router rank 3");
+    // Rank 1 is lost; rank 8 is also torpid on its own account (its parent 3 said so).
+    notice(&mut b, t(2.0), 1, 7, "overlay.torpid", json!({"ranks": "8", "reason": "own stall"}));
+    notice(&mut b, t(2.5), 2, 8, "overlay.lost", json!({"ranks": "1", "reason": "test", "root": 1}));
+    assert_eq!(b.members[&4].0, MemberState::Torpid, "re-parenting");
+    // Rank 3 comes back and re-parents under rank 2 (and rank 4 under rank 2 too).
+    notice(&mut b, t(3.0), 2, 8, "overlay.reparent", json!({"rank": 3, "parent": 2, "lost": 1}));
+    notice(&mut b, t(3.0), 2, 8, "overlay.reparent", json!({"rank": 4, "parent": 2, "lost": 1}));
+    for r in [3, 4, 7] {
+        assert_eq!(b.members[&r].0, MemberState::Online, "rank {r}: {:?}", b.members[&r]);
+    }
+    assert_eq!(b.members[&8], (MemberState::Torpid, "own stall".to_string(), b.members[&8].2), "its own verdict");
+}
+
+/// A verdict on a lost child that may have died on the way up with the judge's parent goes again once the judge
+/// re-parents, until rank 0 announces the loss.
+#[test]
+fn an_orphan_sends_its_unannounced_lost_verdicts_again_once_adopted() {
+    // Rank 3 (parent 1) with its child 7.
+    let mut b = joined15(3);
+    assert_eq!(judge(&mut b, t(0.1), 9, hello(7, "sim"), None), Ok(7));
+    effects(&mut b);
+    let lost7 = |out: &[Effect]| {
+        out.iter()
+            .filter_map(|e| match e {
+                Effect::Send(Peer::Parent, m) if m.topic == "overlay.lost" => Some(m.json()),
+                _ => None,
+            })
+            .collect::<Vec<Value>>()
+    };
+    b.handle(t(1.0), Input::Closed(Peer::Child(7), 9, "connection reset".into()));
+    let sent = lost7(&effects(&mut b));
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!((sent[0]["ranks"].as_str(), sent[0]["parent"].as_u64()), (Some("7"), Some(3)));
+    // The parent dies with the notice in flight; rank 3 is adopted by rank 4.
+    b.handle(t(1.1), Input::Closed(Peer::Parent, 0, "connection reset".into()));
+    effects(&mut b);
+    b.handle(t(1.2), Input::ParentUp(super::links::LinkChoice { transport: "tcp", detail: String::new() }));
+    let again = lost7(&effects(&mut b));
+    assert_eq!(again.len(), 1, "sent again: {again:?}");
+    assert_eq!((again[0]["ranks"].as_str(), again[0]["again"].as_bool()), (Some("7"), Some(true)));
+    // Announced: not again at the next re-parent.
+    event(&mut b, t(1.3), "overlay.lost", json!({"ranks": "7", "reason": "test"}));
+    b.handle(t(1.4), Input::Closed(Peer::Parent, 0, "connection reset".into()));
+    effects(&mut b);
+    b.handle(t(1.5), Input::ParentUp(super::links::LinkChoice { transport: "tcp", detail: String::new() }));
+    assert!(lost7(&effects(&mut b)).is_empty());
+}
+
+/// Rank 0 takes a verdict sent again once, and none about a rank that has another parent by now.
+#[test]
+fn rank_0_drops_stale_lost_verdicts() {
+    let mut b = root15();
+    let events =
+        |out: &[Effect]| out.iter().filter(|e| matches!(e, Effect::Send(_, m) if m.topic == "overlay.lost")).count();
+    let body = json!({"ranks": "7", "reason": "test", "root": 7, "parent": 3});
+    assert_eq!(events(&notice(&mut b, t(1.0), 1, 7, "overlay.lost", body.clone())), 2, "to both children");
+    assert_eq!(b.members[&7].0, MemberState::Lost);
+    let mut again = body.clone();
+    again["again"] = json!(true);
+    assert_eq!(events(&notice(&mut b, t(1.1), 1, 7, "overlay.lost", again)), 0);
+    // Rank 8 re-parented under rank 4: its old parent's verdict on it is stale.
+    notice(&mut b, t(1.2), 2, 8, "overlay.reparent", json!({"rank": 8, "parent": 4, "lost": 3}));
+    let old = json!({"ranks": "8", "reason": "test", "root": 8, "parent": 3});
+    notice(&mut b, t(1.3), 1, 7, "overlay.lost", old);
+    assert_eq!(b.members[&8].0, MemberState::Online);
+}
