@@ -329,8 +329,9 @@ pub(crate) async fn run(a: SubmitArgs, attach_after: bool) -> Result<i32, String
 fn lost_note(e: String, id: JobId) -> String {
     if e == crate::client::RpcError::disconnected_text() {
         format!(
-            "{e} (rank 0 stopped or restarted); job {id} may still be running: `vigil job attach {id}` or \
-             `vigil job wait {id}` once the instance is back"
+            "{e} (rank 0 stopped or restarted); if rank 0 keeps a state directory and restarts on it, job {id} \
+             may still be running: `vigil job attach {id}` or `vigil job wait {id}` once it is back (without one, \
+             the job ended with rank 0)"
         )
     } else {
         e
