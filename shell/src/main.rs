@@ -168,14 +168,7 @@ async fn run() -> i32 {
     };
     let report = match Shell::new(input).await {
         Ok(mut sh) => sh.run().await,
-        Err(e) => ShellReport {
-            status: status_exited(1),
-            tasks: vec![],
-            error: Some(e),
-            abort_code: None,
-            usage: None,
-            ended: None,
-        },
+        Err(e) => ShellReport::failed(e),
     };
     // The broker reads this report from our stdout; if it is gone there is nobody to tell.
     let _ = writeln!(std::io::stdout(), "{}", serde_json::to_string(&report).unwrap_or_default());
@@ -368,27 +361,11 @@ impl Shell {
     async fn run(&mut self) -> ShellReport {
         let id = self.input.id;
         if let Err(e) = self.make_tmpdir() {
-            return ShellReport {
-                status: status_exited(1),
-                tasks: vec![],
-                error: Some(e),
-                abort_code: None,
-                usage: None,
-                ended: None,
-            };
+            return ShellReport::failed(e);
         }
         let (mut out_file, mut err_file) = match self.output_files() {
             Ok(f) => f,
-            Err(e) => {
-                return ShellReport {
-                    status: status_exited(1),
-                    tasks: vec![],
-                    error: Some(e),
-                    abort_code: None,
-                    usage: None,
-                    ended: None,
-                }
-            }
+            Err(e) => return ShellReport::failed(e),
         };
         // Bounded: a task that writes faster than rank 0 takes its output blocks on its pipe (backpressure)
         // instead of growing the shell's memory.

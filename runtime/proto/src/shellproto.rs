@@ -173,6 +173,13 @@ pub struct ShellReport {
     pub ended: Option<f64>,
 }
 
+impl ShellReport {
+    /// The report of a shell that failed before launching any task: exit status 1 and why.
+    pub fn failed(error: String) -> ShellReport {
+        ShellReport { status: status_exited(1), error: Some(error), ..ShellReport::default() }
+    }
+}
+
 /// Resource usage of one job shell's cgroup (cgroup v2 `cpu.stat` and `memory.peak`); each field where the kernel
 /// gives it.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
