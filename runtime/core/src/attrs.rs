@@ -222,8 +222,8 @@ pub static ATTRS: &[Attr] = &[
         "how a shell gets into its cgroup: auto (created there, clone3 CLONE_INTO_CGROUP, where the kernel can), \
         move (moved in after start: milliseconds per shell)"),
     // The broker.
-    attr("log-level", Kind::LogLevel, otherwise("$VIGIL_LOG, else warn", "info"), CommandLine,
-        "broker log level on standard error"),
+    attr("log-level", Kind::LogLevel, otherwise("$VIGIL_LOG, else warn (error in a nested instance)", "info"),
+        CommandLine, "broker log level on standard error"),
     attr("rundir", Kind::Path, otherwise("a new temporary directory", "/run/vigil"), CommandLine,
         "directory of the local connector sockets (vigil broker --rundir wins)"),
     attr("statedir", Kind::Path, otherwise("none: rank 0 keeps no job across its restart", "/var/lib/vigil"),

@@ -358,7 +358,7 @@ pub(crate) async fn submit_value(c: &Client, v: &Value, stdin: bool) -> Result<J
 }
 
 /// How long `vigil run` waits for a job's allocation before saying that it is pending and why.
-const PENDING_NOTE_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
+pub(crate) const PENDING_NOTE_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Stream a job's output and exceptions until it is INACTIVE; return its exit code.
 /// Ctrl-C or SIGTERM once cancels the job (and keeps waiting for it to end); Ctrl-C twice detaches. If our

@@ -336,7 +336,26 @@ pub(crate) async fn batch(a: BatchArgs) -> Result<i32, String> {
 async fn wait_for_instance(c: &Client, id: JobId) -> Result<String, String> {
     let mut s = c.rpc_stream("job-manager.eventlog", 0, &json!({"id": id.0, "follow": true})).map_err(|e| e.errstr)?;
     let mut notes = Vec::new();
-    while let Some(item) = s.next().await {
+    // Silent when the nodes are there at once; a job still pending after a moment is said to be so, with the
+    // scheduler's reason, as `vigil run` does.
+    let pending_note = tokio::time::sleep(super::jobcmd::PENDING_NOTE_AFTER);
+    tokio::pin!(pending_note);
+    let mut noted = false;
+    loop {
+        let item = tokio::select! {
+            item = s.next() => item,
+            _ = &mut pending_note, if !noted => {
+                noted = true;
+                if let Ok(info) = c.rpc("job-manager.info", 0, &json!({"id": id.0})).await {
+                    if info.pointer("/info/state").and_then(Value::as_str) == Some("SCHED") {
+                        let why = info.pointer("/info/reason_pending").and_then(Value::as_str).unwrap_or("resources");
+                        eprintln!("vigil: job {id}: pending ({why})");
+                    }
+                }
+                continue;
+            }
+        };
+        let Some(item) = item else { break };
         let v = item.map_err(|e| e.errstr)?;
         let e = &v["event"];
         match e["name"].as_str() {
@@ -504,7 +523,6 @@ pub(crate) async fn alloc(a: AllocArgs) -> Result<i32, String> {
     let v = instance_jobspec(&a.opts, "alloc", cmd, None, None)?;
     let c = connect().await?;
     let id = submit_value(&c, &v, false).await?;
-    eprintln!("vigil: job {id}: waiting for {} node(s)", a.opts.nodes.unwrap_or(1));
     let uri = tokio::select! {
         r = wait_for_instance(&c, id) => r?,
         _ = tokio::signal::ctrl_c() => {

@@ -102,10 +102,15 @@ impl std::io::Write for LossyStderr {
     }
 }
 
-/// Sets up the broker's log and resolves `log-level` in `config`: as set, else `$VIGIL_LOG`, else `warn` (an
-/// `EnvFilter` directive string), so that `vigil getattr log-level` shows the level in effect.
+/// Sets up the broker's log and resolves `log-level` in `config`: as set, else `$VIGIL_LOG`, else `warn` (`error`
+/// in a nested instance: see [`default_log_level`]) (an `EnvFilter` directive string), so that `vigil getattr
+/// log-level` shows the level in effect.
 fn init_logging(config: &mut BrokerConfig, rank: u32) {
-    let level = config.log_level.clone().or_else(|| std::env::var("VIGIL_LOG").ok()).unwrap_or_else(|| "warn".into());
+    let level = config
+        .log_level
+        .clone()
+        .or_else(|| std::env::var("VIGIL_LOG").ok())
+        .unwrap_or_else(|| default_log_level(config.instance_level).into());
     config.log_level = Some(level.clone());
     let filter =
         tracing_subscriber::EnvFilter::try_new(&level).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
@@ -117,6 +122,19 @@ fn init_logging(config: &mut BrokerConfig, rank: u32) {
         .event_format(BrokerFormat { rank })
         .try_init();
     tracing::debug!(rank, "logging at {level}");
+}
+
+/// The broker's log level when neither `log-level` nor `$VIGIL_LOG` says: `warn`, but `error` in a nested instance
+/// (`instance-level` above 0). A nested broker's standard error is its job's, so its warnings would land in the
+/// batch script's output file among the user's lines; what they say (a degraded detector, no cgroup) the
+/// enclosing instance has already said on the same nodes, and `vigil uptime` inside the instance still shows it
+/// (as Flux's brokers log only errors to standard error by default).
+fn default_log_level(instance_level: u32) -> &'static str {
+    if instance_level > 0 {
+        "error"
+    } else {
+        "warn"
+    }
 }
 
 fn hostname() -> String {
@@ -764,6 +782,14 @@ mod tests {
 
     fn attrs(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
         kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    /// A nested instance's brokers keep warnings out of their job's output (its standard error) by default.
+    #[test]
+    fn nested_brokers_log_only_errors_by_default() {
+        assert_eq!(default_log_level(0), "warn");
+        assert_eq!(default_log_level(1), "error");
+        assert_eq!(default_log_level(2), "error");
     }
 
     /// Only our own launcher run directories whose broker is gone are removed.

@@ -435,9 +435,10 @@ pub struct ShutdownArgs {
 /// margin).
 pub(crate) async fn shutdown(a: ShutdownArgs) -> Result<i32, String> {
     let c = connect().await?;
-    let info = c.rpc("broker.info", 0, &json!({})).await.map_err(|e| e.errstr)?;
+    // Counted before asking: the brokers that will be told, apart from those already gone.
+    let ov = c.rpc("overlay.status", 0, &json!({})).await.map_err(|e| e.errstr)?;
     c.rpc("broker.shutdown", 0, &json!({"exit_code": a.exit_code})).await.map_err(|e| e.errstr)?;
-    eprintln!("vigil: shutting down the instance ({} broker(s))", info["size"]);
+    eprintln!("vigil: shutting down the instance ({})", broker_tally(&ov));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let empty = json!({});
     while std::time::Instant::now() < deadline {
@@ -449,6 +450,27 @@ pub(crate) async fn shutdown(a: ShutdownArgs) -> Result<i32, String> {
         }
     }
     Err("rank 0 did not stop within 20 s".into())
+}
+
+/// What `vigil shutdown` says of the brokers it stops, from an `overlay.status` answer (`{size, ranks: [{state}]}`):
+/// "4 brokers", or "4 brokers: 3 running, 1 lost" when some are not there (lost or offline), so that the count
+/// does not claim to stop brokers that are already gone.
+fn broker_tally(ov: &Value) -> String {
+    let size = ov["size"].as_u64().unwrap_or(0);
+    let noun = if size == 1 { "broker" } else { "brokers" };
+    let mut gone: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+    for r in ov["ranks"].as_array().into_iter().flatten() {
+        match r["state"].as_str() {
+            Some(s @ ("lost" | "offline")) => *gone.entry(s).or_default() += 1,
+            _ => {}
+        }
+    }
+    let away: u64 = gone.values().sum();
+    if away == 0 {
+        return format!("{size} {noun}");
+    }
+    let rest: Vec<String> = gone.iter().map(|(s, n)| format!("{n} {s}")).collect();
+    format!("{size} {noun}: {} running, {}", size.saturating_sub(away), rest.join(", "))
 }
 
 pub(crate) async fn uptime() -> Result<i32, String> {
@@ -710,5 +732,23 @@ pub(crate) async fn event(cmd: EventCmd) -> Result<i32, String> {
             }
             Ok(0)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::broker_tally;
+    use serde_json::json;
+
+    #[test]
+    fn shutdown_counts_only_the_brokers_still_there_as_running() {
+        let st =
+            |s: &[&str]| json!({"size": s.len(), "ranks": s.iter().map(|s| json!({"state": s})).collect::<Vec<_>>()});
+        assert_eq!(broker_tally(&st(&["online", "online", "torpid", "online"])), "4 brokers");
+        assert_eq!(broker_tally(&st(&["online"])), "1 broker");
+        assert_eq!(
+            broker_tally(&st(&["online", "lost", "online", "offline"])),
+            "4 brokers: 2 running, 1 lost, 1 offline"
+        );
     }
 }

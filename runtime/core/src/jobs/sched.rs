@@ -395,10 +395,11 @@ impl Pool {
                     }
                 }
                 let (pc, pg) = (per.saturating_mul(c), per.saturating_mul(g));
+                let nodes = if n == 1 { "node" } else { "nodes" };
                 let what = if req.exclusive {
-                    format!("whole nodes with at least {}", amount(pc, pg))
+                    format!("whole {nodes} with at least {}", amount(pc, pg))
                 } else {
-                    format!("nodes with {} free", amount(pc, pg))
+                    format!("{nodes} with {} free", amount(pc, pg))
                 };
                 format!("resources: needs {n} {what}, {now} can take it now{}", out(Some(busy)))
             }

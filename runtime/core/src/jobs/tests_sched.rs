@@ -119,6 +119,10 @@ fn a_job_that_cannot_fit_the_present_ranks_waits_without_blocking() {
     let why = c.pending_reason(four).unwrap();
     assert!(why.contains("needs 4 nodes") && why.contains("(3 busy, 1 down)"), "{why}");
     assert!(c.reservation().is_none(), "no reservation for a job that cannot fit the present ranks");
+    // One node is "node", not "nodes": a 1-node job behind the two running ones waits for one of them.
+    let one = submit(&mut c, T0 + 3.0, cmd().nnodes(1).exclusive(true), 0.0);
+    let why = c.pending_reason(one).unwrap();
+    assert!(why.contains("needs 1 whole node with"), "{why}");
     // FCFS too: a job that cannot fit the present ranks holds back nobody.
     let mut f = core(4, 1, 0);
     f.config.policy = SchedPolicy::Fcfs;
