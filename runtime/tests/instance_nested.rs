@@ -146,6 +146,26 @@ fn batch_runs_the_script_in_a_child_instance() {
     assert_eq!(free_row(&l.stdout), Some((3, 3 * per_node)), "{}", l.dump());
 }
 
+/// `vigil batch --cc IDSET`: one batch job per id, in order, each with `{cc}` replaced in its arguments and
+/// output path and `VIGIL_JOB_CC` set; the output of each is its script's lines alone (no broker log lines).
+#[test]
+fn batch_cc_submits_one_instance_per_id() {
+    let inst = Instance::start(2, &[]);
+    let s = script(&inst, "cc.sh", "#!/bin/sh\necho \"copy $VIGIL_JOB_CC arg $1\"\n");
+    let o = inst.vigil(&["batch", "--cc", "1-3", "--output", "cc-{cc}.out", &s, "a{cc}"]);
+    o.ok();
+    let ids: Vec<&str> = o.stdout.lines().collect();
+    assert_eq!(ids.len(), 3, "{}", o.dump());
+    for (i, id) in ids.iter().enumerate() {
+        inst.vigil_t(&["job", "wait", id], NESTED_TIMEOUT).code_is(0);
+        let n = i + 1;
+        assert_eq!(read(&inst, &format!("cc-{n}.out")), format!("copy {n} arg a{n}\n"));
+    }
+    let bad = inst.vigil(&["batch", "--cc", "5-2", &s]);
+    assert_ne!(bad.code, 0, "{}", bad.dump());
+    assert!(bad.stderr.contains("--cc"), "{}", bad.dump());
+}
+
 /// The nested instance's own broker on a non-critical rank killed (its node lives on): the instance goes on
 /// without it, the job gets a non-fatal exception saying so, and the job's exit code is the script's.
 #[test]

@@ -99,6 +99,13 @@ async fn submit_copies(a: &SubmitArgs, cc: &str) -> Result<i32, String> {
         }
         return Ok(0);
     }
+    submit_all(specs).await
+}
+
+/// Submits jobspecs `(copy id, jobspec)` (already checked) over one connection, [`CC_WINDOW`] at a time, and
+/// prints each job id on its own line in copy order; a refused copy is said on standard error (exit code 1) and
+/// the others go on. For `--cc` of `vigil submit` and `vigil batch`.
+pub(crate) async fn submit_all(specs: Vec<(u32, Value)>) -> Result<i32, String> {
     let c = connect().await?;
     let mut rc = 0;
     let mut inflight = std::collections::VecDeque::new();

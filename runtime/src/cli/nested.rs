@@ -66,6 +66,11 @@ pub struct BatchArgs {
     /// Instance options.
     #[command(flatten)]
     pub opts: InstanceOpts,
+    /// Submit one batch job per id of IDSET (e.g. `1-10`), as `vigil submit --cc` does: `{cc}` (or `{{cc}}`) in
+    /// the script's arguments, `--output` and `--error` becomes the id, and the script sees it in
+    /// `VIGIL_JOB_CC`; one job id printed per line (Flux's `flux batch --cc`, Slurm's `sbatch --array`).
+    #[arg(long, value_name = "IDSET")]
+    pub cc: Option<String>,
     /// Print the jobspec instead of submitting it.
     #[arg(long)]
     pub dry_run: bool,
@@ -314,13 +319,42 @@ pub(crate) async fn batch(a: BatchArgs) -> Result<i32, String> {
         }
     }
     let opts = merge_opts(a.opts.clone(), parse_directives(&text)?)?;
-    let mut cmd = vec![vigil_exe()?, "broker".into(), "--job-script=script".into()];
-    cmd.extend(broker_args(&opts)?);
-    cmd.push("--".into());
-    cmd.extend(a.script[1..].iter().cloned());
-    let files = json!({"script": {"data": text, "mode": 0o700}});
     let name = std::path::Path::new(path).file_name().and_then(|n| n.to_str()).unwrap_or("batch").to_string();
-    let v = instance_jobspec(&opts, &name, cmd, Some("vigil-{{id}}.out"), Some(files))?;
+    let spec = |opts: &InstanceOpts, args: &[String]| -> Result<Value, String> {
+        let mut cmd = vec![vigil_exe()?, "broker".into(), "--job-script=script".into()];
+        cmd.extend(broker_args(opts)?);
+        cmd.push("--".into());
+        cmd.extend(args.iter().cloned());
+        let files = json!({"script": {"data": text, "mode": 0o700}});
+        instance_jobspec(opts, &name, cmd, Some("vigil-{{id}}.out"), Some(files))
+    };
+    if let Some(cc) = &a.cc {
+        let set = crate::idset::IdSet::parse(cc).map_err(|e| format!("--cc {cc}: {e}"))?;
+        if set.is_empty() {
+            return Err(format!("--cc {cc}: no id"));
+        }
+        // Every copy is built (and so checked) before the first is submitted.
+        let specs = set
+            .iter()
+            .map(|i| {
+                let sub = |t: &str| t.replace("{{cc}}", &i.to_string()).replace("{cc}", &i.to_string());
+                let mut o = opts.clone();
+                o.output = o.output.as_deref().map(sub);
+                o.error = o.error.as_deref().map(sub);
+                o.env.push(format!("VIGIL_JOB_CC={i}"));
+                let args: Vec<String> = a.script[1..].iter().map(|s| sub(s)).collect();
+                spec(&o, &args).map(|v| (i, v))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if a.dry_run {
+            for (_, v) in &specs {
+                println!("{v}");
+            }
+            return Ok(0);
+        }
+        return super::jobcmd::submit_all(specs).await;
+    }
+    let v = spec(&opts, &a.script[1..])?;
     if a.dry_run {
         println!("{v}");
         return Ok(0);
