@@ -460,9 +460,8 @@ fn broker_tally(ov: &Value) -> String {
     let noun = if size == 1 { "broker" } else { "brokers" };
     let mut gone: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
     for r in ov["ranks"].as_array().into_iter().flatten() {
-        match r["state"].as_str() {
-            Some(s @ ("lost" | "offline")) => *gone.entry(s).or_default() += 1,
-            _ => {}
+        if let Some(s @ ("lost" | "offline")) = r["state"].as_str() {
+            *gone.entry(s).or_default() += 1;
         }
     }
     let away: u64 = gone.values().sum();
