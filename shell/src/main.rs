@@ -329,6 +329,19 @@ impl Shell {
         Ok(())
     }
 
+    /// Remove the job's temporary directory `dir`: the files this shell wrote into it, then the directory, which
+    /// is all it takes when the tasks left nothing there (two or three system calls where a recursive removal
+    /// lists the directory first); a directory the tasks wrote into is removed recursively.
+    fn remove_tmpdir(&self, dir: &std::path::Path) {
+        let _ = std::fs::remove_file(dir.join("R.json"));
+        for name in self.input.files.keys() {
+            let _ = std::fs::remove_file(dir.join(name));
+        }
+        if std::fs::remove_dir(dir).is_err() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+
     /// Open the files named by the `output` shell option (`{"stdout": {"path"}, "stderr": {"path"}}`, `{{id}}`
     /// replaced by the job id), relative to the job's working directory, for appending.
     fn output_files(&self) -> Result<(Option<std::fs::File>, Option<std::fs::File>), String> {
@@ -799,7 +812,7 @@ impl Shell {
         tasks.sort_unstable();
         let status = tasks.iter().map(|t| t.1).max_by_key(|s| vigil_proto::shellproto::exit_code(*s)).unwrap_or(0);
         if let Some(t) = self.tmpdir.take() {
-            let _ = std::fs::remove_dir_all(t);
+            self.remove_tmpdir(&t);
         }
         if broker_gone {
             kill_own_group(); // what the tasks started since
