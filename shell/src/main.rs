@@ -480,7 +480,7 @@ impl Shell {
                 .args(&self.input.command[1..])
                 .env_clear()
                 .envs(env)
-                .stdin(Stdio::piped())
+                .stdin(if self.input.stdin { Stdio::piped() } else { Stdio::null() })
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
             let mut pmi_parent: Option<std::os::unix::net::UnixStream> = None;
@@ -603,8 +603,9 @@ impl Shell {
             }
         }
         drop(exit_tx);
-        // The job's standard input (from `vigil run`), broadcast to every task; EOF closes their stdin.
-        {
+        // The job's standard input (from `vigil run`), broadcast to every task; EOF closes their stdin. A job
+        // without any reads /dev/null, and rank 0 is not asked.
+        if self.input.stdin {
             let c = self.client.clone();
             let stdins = std::mem::take(&mut stdins);
             tokio::spawn(async move {
