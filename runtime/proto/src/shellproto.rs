@@ -117,6 +117,12 @@ pub struct ShellInput {
     /// the jobspec: name → `{"data": "...", "mode": 493}`); a batch script travels this way.
     #[serde(default)]
     pub files: serde_json::Map<String, serde_json::Value>,
+    /// Whether the job may have standard input (`vigil run` streams its own): the shell then reads it from rank 0
+    /// (`job-info.stdin`) and feeds it to every task. False when none was held and none can come (a job submitted
+    /// without it, as `vigil submit` and `batch` jobs are): the tasks read /dev/null, and the shell asks rank 0
+    /// nothing. Absent (an older broker): true.
+    #[serde(default = "yes")]
+    pub stdin: bool,
 }
 
 impl ShellInput {

@@ -817,14 +817,9 @@ fn jobs(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                 }
                 super::core::StateDir::Open { .. } | super::core::StateDir::None => {}
             }
-            match jc.submit(n, spec, msg.userid) {
+            // `vigil run` streams its standard input to the tasks (job-exec.stdin).
+            match jc.submit_with_stdin(n, spec, msg.userid, stdin) {
                 Ok(id) => {
-                    if stdin {
-                        // `vigil run` streams its standard input to the tasks (job-exec.stdin).
-                        if let Some(j) = jc.jobs.get_mut(&id) {
-                            j.stdin_eof = false;
-                        }
-                    }
                     info!("job {id} submitted");
                     // RFC 14: unknown attributes.system keys are ignored, and the submitter is told.
                     let warnings = jc.jobs.get(&id).map(|j| j.req.warnings.clone()).unwrap_or_default();

@@ -919,9 +919,22 @@ impl JobCore {
 
     // ---------------------------------------------------------------- jobs
 
-    /// Submit a jobspec (RFC 25, as JSON) for `userid`. Refuses malformed and never-satisfiable requests
-    /// without creating anything.
+    /// Submit a jobspec (RFC 25, as JSON) for `userid`, without standard input. Refuses malformed and
+    /// never-satisfiable requests without creating anything.
     pub fn submit(&mut self, now: f64, jobspec: &Value, userid: u32) -> Result<JobId, SubmitError> {
+        self.submit_with_stdin(now, jobspec, userid, false)
+    }
+
+    /// [`JobCore::submit`], with `stdin` true for a job whose standard input the submitter will stream
+    /// ([`JobCore::stdin`], as `vigil run` does): set before the job can be scheduled, since its shells, which
+    /// may start at once, ask rank 0 for it only then.
+    pub fn submit_with_stdin(
+        &mut self,
+        now: f64,
+        jobspec: &Value,
+        userid: u32,
+        stdin: bool,
+    ) -> Result<JobId, SubmitError> {
         let spec = Jobspec::from_value(jobspec).map_err(|e| SubmitError::Jobspec(e.to_string()))?;
         let mut req = spec.validate().map_err(|e| SubmitError::Jobspec(e.to_string()))?;
         if let Err(err) = self.pool.feasible(&req) {
@@ -938,6 +951,7 @@ impl JobCore {
         }
         let id = self.new_id(now);
         let mut job = Job::new(id, userid, jobspec, req, now);
+        job.stdin_eof = !stdin;
         job.post(now, "submit", json!({"userid": userid, "urgency": 16, "flags": 0, "version": 1}));
         job.post(now, "validate", json!({}));
         job.post(now, "depend", json!({}));
@@ -1026,6 +1040,8 @@ impl JobCore {
                 uri: String::new(),
                 tmpdir: None,
                 files: files.clone(),
+                // Input ended with nothing held never grows again (`JobCore::stdin` refuses it): no shell asks.
+                stdin: !(job.stdin_eof && job.stdin.is_empty()),
             };
             job.shells.insert(
                 a.rank,

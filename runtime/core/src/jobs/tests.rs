@@ -794,6 +794,24 @@ fn stdin_is_bounded_per_job_and_dropped_when_the_job_ends() {
     assert!(matches!(c.stdin(id, Some(b64(1)), false), Err(StdinError::Closed(_))));
 }
 
+/// A job's shells ask rank 0 for standard input only when the job has some: one submitted with it is told so
+/// even when it starts inside its submission, one without is not (its input is over before it starts).
+#[test]
+fn shells_ask_for_stdin_only_when_the_job_has_some() {
+    for stdin in [true, false] {
+        let mut c = core(1, 1, 0);
+        c.submit_with_stdin(T0, &spec(cmd()), 0, stdin).unwrap();
+        let asks: Vec<bool> = actions(&mut c)
+            .into_iter()
+            .filter_map(|a| match a {
+                Action::SpawnShell { input, .. } => Some(input.stdin),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(asks, vec![stdin], "submitted with stdin: {stdin}");
+    }
+}
+
 #[test]
 fn output_batches_are_taken_once_and_in_order() {
     let mut c = core(1, 1, 0);
