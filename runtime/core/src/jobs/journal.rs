@@ -8,22 +8,30 @@
 //! in-memory store with the same contract, for tests and the simulator.
 //!
 //! Kept per job: the jobspec as submitted, the submitting uid, the RFC 18 eventlog (the state, R, the exit status
-//! and the first fatal exception are replayed from it), and once INACTIVE the tail of its output (at most
-//! [`super::INACTIVE_OUTPUT_KEEP`] bytes). Kept for the instance: the RFC 44 resource eventlog (drains and their
+//! and the first fatal exception are replayed from it), and its output: while it runs, every chunk as it comes,
+//! up to what rank 0 holds in memory ([`super::OUTPUT_KEEP`] bytes, the oldest dropped first), with the number of
+//! the next output batch due from each of its shells; once INACTIVE, the tail (at most
+//! [`super::INACTIVE_OUTPUT_KEEP`] bytes) in their place. Kept for the instance: the RFC 44 resource eventlog (drains and their
 //! reasons are replayed from it), the time its job ids count from, and the highest id given.
 //!
 //! What a restore makes of each job:
 //! - INACTIVE: listed as before, with its output.
 //! - Pending (NEW..SCHED): back in the queue, in id order, which is submission order.
 //! - Holding resources (RUN, CLEANUP) and not finished: with [`JobCore::reattach_grace`] (`tbon.parent_grace`)
-//!   its shells may have outlived rank 0, so it waits for them to come back (`reattach.rs`). Without, it gets a
+//!   its shells may have outlived rank 0, so it waits for them to come back (`reattach.rs`), with the output it
+//!   printed so far; each shell's output goes on from the batch number kept for it, so that a batch taken before
+//!   the restart and sent again (its acknowledgement was lost with rank 0) is not taken twice, and one sent but
+//!   not kept (rank 0 died before writing it, and so before acknowledging it) is taken once. Without, it gets a
 //!   fatal exception of type `restart`, its resources are released and it becomes INACTIVE. One that already
 //!   has its `finish` event keeps its exit status and gets no exception: only its cleanup was cut short.
 //!
 //! Job ids go on from the highest id kept, counted from the epoch kept: an id is never given twice, even if the
 //! clock went back meanwhile. Ranks that were drained are drained again, with the same reason, when they join.
 
-use super::{trim_output, Exception, Job, JobCore, JobId, JobState, INACTIVE_OUTPUT_KEEP, INACTIVE_OUTPUT_TOTAL};
+use super::{
+    trim_output, BatchOrder, Exception, Job, JobCore, JobId, JobState, INACTIVE_OUTPUT_KEEP, INACTIVE_OUTPUT_TOTAL,
+    OUTPUT_KEEP,
+};
 use crate::eventlog::Event;
 use crate::idset::IdSet;
 use crate::jobspec::{JobRequest, Jobspec};
@@ -77,6 +85,28 @@ pub struct JobRecord {
     /// Its output kept once INACTIVE (the tail, at most [`INACTIVE_OUTPUT_KEEP`] bytes), in the batch where it
     /// became INACTIVE.
     pub output: Option<Vec<OutputLine>>,
+    /// Its output as it runs.
+    pub running: RunningOutput,
+}
+
+/// What changed in the output kept of a job that is not INACTIVE ([`JobRecord::running`]); once it is,
+/// [`JobRecord::output`] takes its place.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RunningOutput {
+    /// The output chunks the job got since its last saved batch, in order, to be kept after those kept before
+    /// ([`KeptJob::put_output`]).
+    pub new: Vec<OutputLine>,
+    /// The absolute index of `new[0]` (chunks are counted from the job's first, dropped ones included).
+    pub first: usize,
+    /// The absolute index of the oldest chunk rank 0 still holds ([`super::OUTPUT_KEEP`] bytes): those before it
+    /// need not be kept any more.
+    pub base: usize,
+    /// Each shell's next output batch due (broker rank, batch number), for those that moved since the last saved
+    /// batch ([`BatchOrder`]).
+    pub batches: Vec<(u32, u64)>,
+    /// The job is INACTIVE in this batch ([`JobRecord::output`] is its tail) and output chunks or batch numbers
+    /// were kept while it ran: they go.
+    pub drop: bool,
 }
 
 /// Everything a state directory kept, read back at start-up for [`JobCore::restore`].
@@ -107,8 +137,56 @@ pub struct KeptJob {
     pub status: Option<i32>,
     /// Its state as last saved.
     pub state: JobState,
-    /// Its output once INACTIVE (empty before, or when it had none).
+    /// Its output: once INACTIVE its tail; before, what was kept as it ran (at most [`OUTPUT_KEEP`] bytes).
     pub output: Vec<OutputLine>,
+    /// The absolute index of `output[0]` before the job is INACTIVE (0 once it is).
+    pub output_base: usize,
+    /// Before the job is INACTIVE: each shell's next output batch due, by broker rank (none kept: not known).
+    pub batches: BTreeMap<u32, u64>,
+}
+
+impl KeptJob {
+    /// A job kept with no events and no output yet (its first batch).
+    pub fn new(userid: u32, jobspec: Value, state: JobState) -> KeptJob {
+        KeptJob {
+            userid,
+            jobspec,
+            eventlog: Vec::new(),
+            r: None,
+            status: None,
+            state,
+            output: Vec::new(),
+            output_base: 0,
+            batches: BTreeMap::new(),
+        }
+    }
+
+    /// Keep output chunks `lines`, the first at absolute index `first`, after those kept: any kept from `first` on
+    /// are replaced (a batch saved again), and when `first` is past the last chunk kept (the chunks between were
+    /// dropped before they could be kept) or before the oldest, those kept go. Bounded by
+    /// [`KeptJob::bound_output`].
+    pub fn put_output(&mut self, first: usize, lines: impl IntoIterator<Item = OutputLine>) {
+        if first < self.output_base || first > self.output_base + self.output.len() {
+            self.output.clear();
+            self.output_base = first;
+        } else {
+            self.output.truncate(first - self.output_base);
+        }
+        self.output.extend(lines);
+    }
+
+    /// Drop the oldest chunks until at most [`OUTPUT_KEEP`] bytes remain ([`OutputLine::size`]): the chunks rank
+    /// 0 held in memory, whatever the batches they were kept in.
+    pub fn bound_output(&mut self) {
+        let mut bytes: usize = self.output.iter().map(OutputLine::size).sum();
+        let mut drop = 0;
+        while bytes > OUTPUT_KEEP && drop < self.output.len() {
+            bytes -= self.output[drop].size();
+            drop += 1;
+        }
+        self.output.drain(..drop);
+        self.output_base += drop;
+    }
 }
 
 /// Why a batch does not apply to what is kept ([`Kept::apply`]): a bug in whoever produced it.
@@ -160,15 +238,10 @@ impl Kept {
             self.epoch = b.epoch;
         }
         for r in &b.jobs {
-            let k = self.jobs.entry(r.id).or_insert_with(|| KeptJob {
-                userid: r.userid,
-                jobspec: r.jobspec.clone().unwrap_or(Value::Null),
-                eventlog: Vec::new(),
-                r: None,
-                status: None,
-                state: r.state,
-                output: Vec::new(),
-            });
+            let k = self
+                .jobs
+                .entry(r.id)
+                .or_insert_with(|| KeptJob::new(r.userid, r.jobspec.clone().unwrap_or(Value::Null), r.state));
             k.eventlog.truncate(r.first_event);
             k.eventlog.extend(r.events.iter().cloned());
             k.state = r.state;
@@ -176,6 +249,14 @@ impl Kept {
             k.status = r.status;
             if let Some(o) = &r.output {
                 k.output = o.clone();
+                k.output_base = 0;
+                k.batches.clear();
+            } else {
+                if !r.running.new.is_empty() {
+                    k.put_output(r.running.first, r.running.new.iter().cloned());
+                    k.bound_output();
+                }
+                k.batches.extend(r.running.batches.iter().copied());
             }
         }
         self.resource_eventlog.truncate(b.resource_first);
@@ -268,16 +349,34 @@ impl JobCore {
         let jobs = dirty
             .iter()
             .filter_map(|id| self.jobs.get(id))
-            .map(|j| JobRecord {
-                id: j.id,
-                userid: j.userid,
-                state: j.state,
-                jobspec: (j.saved_events == 0).then(|| j.jobspec()),
-                first_event: j.saved_events,
-                events: j.eventlog[j.saved_events.min(j.eventlog.len())..].to_vec(),
-                r: j.r.as_ref().and_then(|r| serde_json::to_value(r).ok()),
-                status: j.status,
-                output: (j.state == JobState::Inactive && !j.saved_output).then(|| j.output.iter().cloned().collect()),
+            .map(|j| {
+                let running = j.state != JobState::Inactive;
+                let first = j.saved_chunks.max(j.output_base);
+                JobRecord {
+                    id: j.id,
+                    userid: j.userid,
+                    state: j.state,
+                    jobspec: (j.saved_events == 0).then(|| j.jobspec()),
+                    first_event: j.saved_events,
+                    events: j.eventlog[j.saved_events.min(j.eventlog.len())..].to_vec(),
+                    r: j.r.as_ref().and_then(|r| serde_json::to_value(r).ok()),
+                    status: j.status,
+                    output: (!running && !j.saved_output).then(|| j.output.iter().cloned().collect()),
+                    running: if running {
+                        RunningOutput {
+                            new: j.output.iter().skip(first - j.output_base).cloned().collect(),
+                            first,
+                            base: j.output_base,
+                            batches: moved_batches(j),
+                            drop: false,
+                        }
+                    } else {
+                        RunningOutput {
+                            drop: !j.saved_output && (j.saved_chunks > 0 || !j.saved_marks.is_empty()),
+                            ..RunningOutput::default()
+                        }
+                    },
+                }
             })
             .collect();
         Some(Journal {
@@ -296,6 +395,13 @@ impl JobCore {
             if let Some(j) = self.jobs.get_mut(&r.id) {
                 j.saved_events = r.first_event + r.events.len();
                 j.saved_output |= r.output.is_some();
+                if r.output.is_some() {
+                    j.saved_chunks = 0;
+                    j.saved_marks.clear();
+                } else {
+                    j.saved_chunks = j.saved_chunks.max(r.running.first + r.running.new.len());
+                    j.saved_marks.extend(r.running.batches.iter().copied());
+                }
             }
             if let Some(d) = self.actions.dirty.as_mut() {
                 d.remove(&r.id);
@@ -346,8 +452,18 @@ impl JobCore {
         self.saved.resource = self.resource_eventlog.len();
         self.resource_eventlog.push(Event::with_time(now, "restart", json!({"online": ""})));
         for (id, k) in kept.jobs {
-            let output = k.output;
+            let (output, output_base, batches) = (k.output, k.output_base, k.batches);
             let mut job = self.replay(id, k.userid, k.jobspec, k.eventlog, &mut out);
+            if job.state != JobState::Inactive {
+                // The output kept while it ran (a requeued job's earlier runs too): it goes on after it.
+                for l in output.iter().cloned() {
+                    job.output_bytes += l.size();
+                    job.output.push_back(l);
+                }
+                job.output_base = output_base;
+                job.saved_chunks = output_base + job.output.len();
+                job.saved_marks = batches;
+            }
             match job.state {
                 JobState::Inactive => {
                     job.saved_output = true;
@@ -493,6 +609,24 @@ impl JobCore {
         job.eventlog = eventlog;
         job
     }
+}
+
+/// The shells of running job `j` whose next output batch due moved since the last saved batch (none saved counts
+/// as 0, so that a job whose shells sent nothing yet writes nothing): broker rank and batch number.
+fn moved_batches(j: &Job) -> Vec<(u32, u64)> {
+    j.shells
+        .values()
+        .filter_map(|sh| {
+            let due = sh.batches.due()?;
+            (due != j.saved_marks.get(&sh.rank).copied().unwrap_or(0)).then_some((sh.rank, due))
+        })
+        .collect()
+}
+
+/// The order of the output batches of the shell on broker `rank` of a job re-attached after a restart: from the
+/// number kept for it, else from the first batch that comes ([`BatchOrder::resume`]).
+pub(super) fn kept_order(j: &Job, rank: u32) -> BatchOrder {
+    j.saved_marks.get(&rank).map_or_else(BatchOrder::resume, |n| BatchOrder::at(*n))
 }
 
 /// The events of a job's current run: those after its last `requeue` (a requeued job's earlier run ended with its

@@ -11,7 +11,9 @@
 //!   broker restarted too): that rank is lost for the job, by the usual critical-rank rules.
 //! - **Shell exit reports** (re)sent by the brokers complete the job as they would have without the restart, with
 //!   its real exit code ([`JobCore::shell_exit`]): a job whose tasks ended during the outage completes from them.
-//!   Output batches are taken from whatever number each shell has reached ([`BatchOrder::resume`]).
+//!   Output batches are taken from the number kept for each shell (`journal.rs`), or, where none was kept, from
+//!   whatever number the shell has reached ([`super::BatchOrder::resume`]); the output printed before the restart was
+//!   kept too, and the new output follows it.
 //! - **At the end of the grace** ([`JobCore::handle_timeout`]), a job still missing shells: if nothing at all came
 //!   back from it, the fatal `restart` exception as without re-attaching; otherwise the ranks missing are lost for
 //!   it ([`JobCore::ranks_lost`]'s rules: a critical one fails it, another is a `node-failure` and it goes on).
@@ -22,7 +24,7 @@
 //! assumed.
 
 use super::journal::RESTART_EXCEPTION;
-use super::{BatchOrder, Job, JobCore, JobId, JobState, ShellState};
+use super::{Job, JobCore, JobId, JobState, ShellState};
 use crate::idset::IdSet;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -85,7 +87,7 @@ impl JobCore {
                     status: done.map(|d| d.0),
                     abort_code: done.and_then(|d| d.1),
                     ended: done.map(|d| d.2),
-                    batches: BatchOrder::resume(),
+                    batches: super::journal::kept_order(&job, a.rank),
                 },
             );
             if !gone {
@@ -227,6 +229,7 @@ impl JobCore {
 mod tests {
     use super::super::journal::Kept;
     use super::super::tests::{actions, cmd, core, exit_shell, spawns, spec, T0};
+    use super::super::BatchOrder;
     use super::*;
     use crate::shellproto::ShellExit;
 

@@ -22,14 +22,22 @@
 //! - `jobs(id, userid, state, jobspec, R, status, output)`: one row per job; `jobspec` and `R` JSON, `output` the
 //!   JSON array of an INACTIVE job's output lines (its tail);
 //! - `job_events(id, seq, event)`: each job's RFC 18 eventlog, one line per row;
+//! - `job_output(id, seq, upto, lines)`: the output of each job that is not INACTIVE yet, as it came: one row per
+//!   job per write, `lines` the JSON array of the chunks numbered `seq` to `upto` (excluded) from the job's first;
+//!   rows wholly before the oldest chunk rank 0 still holds go, and so does the whole once the job is INACTIVE
+//!   (its tail is then in `jobs.output`);
+//! - `job_batches(id, rank, next)`: for those jobs too, the next output batch due from the job shell on broker
+//!   `rank`, so that a restarted rank 0 takes each batch once;
 //! - `resource_events(seq, event)`: the RFC 44 resource eventlog.
+//!
+//! Schema 1 (before `job_output` and `job_batches`) is brought to 2 at open by adding them.
 //!
 //! A file this build cannot read (not SQLite, damaged, truncated, another schema version) is [`OpenError::Damaged`]:
 //! rank 0 then runs without a store, with scheduling stopped and submissions refused, and leaves the file as it is
 //! for an operator. A directory that cannot be written is [`OpenError::Unwritable`]: rank 0 does not start.
 
 use crate::eventlog::Event;
-use crate::jobs::journal::{Journal, Kept, KeptJob};
+use crate::jobs::journal::{JobRecord, Journal, Kept, KeptJob};
 use crate::jobs::{JobId, JobState};
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use std::path::{Path, PathBuf};
@@ -38,7 +46,7 @@ use std::path::{Path, PathBuf};
 pub const FILE: &str = "vigil.sqlite";
 
 /// The schema this build writes and reads (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// `PRAGMA application_id` of a Vigil store: "VGL1".
 pub const APPLICATION_ID: i64 = 0x5647_4c31;
@@ -361,6 +369,8 @@ impl Store {
             Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX)
                 .map_err(|e| damaged(&path, e))?;
         check(&conn).map_err(|why| damaged(&path, why))?;
+        upgrade(&conn)
+            .map_err(|e| unwritable(format!("{}: cannot bring it to schema {SCHEMA_VERSION}: {e}", path.display())))?;
         conn.pragma_update(None, "synchronous", "FULL").map_err(|e| damaged(&path, e))?;
         let mut store = Store { conn, path, restarts: 0, sync_full: true, meta_kept: None, _lock: lock };
         let kept = store.load().map_err(|e| damaged(&store.path, e))?;
@@ -428,15 +438,13 @@ impl Store {
                 .map_err(|_| format!("job {id}: unknown state '{state}'"))?;
             let jobspec: String = r.get(3).map_err(s)?;
             let rv: Option<String> = r.get(4).map_err(s)?;
-            let job = KeptJob {
-                userid: r.get::<_, i64>(1).map_err(s)? as u32,
-                jobspec: serde_json::from_str(&jobspec).map_err(|e| format!("job {id}: jobspec: {e}"))?,
-                eventlog: Vec::new(),
-                r: rv.map(|t| serde_json::from_str(&t)).transpose().map_err(|e| format!("job {id}: R: {e}"))?,
-                status: r.get(5).map_err(s)?,
+            let mut job = KeptJob::new(
+                r.get::<_, i64>(1).map_err(s)? as u32,
+                serde_json::from_str(&jobspec).map_err(|e| format!("job {id}: jobspec: {e}"))?,
                 state,
-                output: Vec::new(),
-            };
+            );
+            job.r = rv.map(|t| serde_json::from_str(&t)).transpose().map_err(|e| format!("job {id}: R: {e}"))?;
+            job.status = r.get(5).map_err(s)?;
             kept.jobs.insert(id, job);
         }
         let mut q = c.prepare("SELECT id, seq, event FROM job_events ORDER BY id, seq").map_err(s)?;
@@ -466,6 +474,7 @@ impl Store {
                 job.output = serde_json::from_str(&text).map_err(|e| format!("job {id}: output: {e}"))?;
             }
         }
+        load_running_output(c, &mut kept)?;
         let mut q = c.prepare("SELECT seq, event FROM resource_events ORDER BY seq").map_err(s)?;
         let mut rows = q.query([]).map_err(s)?;
         while let Some(r) = rows.next().map_err(s)? {
@@ -552,6 +561,7 @@ impl Store {
                 for (i, e) in r.events.iter().enumerate() {
                     event.execute(params![id, (r.first_event + i) as i64, e.to_line()])?;
                 }
+                write_running_output(&tx, r)?;
             }
             let mut res = tx.prepare_cached("INSERT OR REPLACE INTO resource_events(seq, event) VALUES(?1, ?2)")?;
             for (i, e) in b.resource_events.iter().enumerate() {
@@ -581,6 +591,86 @@ impl Store {
     }
 }
 
+/// Write what changed in the output of job `r` as it runs (`job_output`, `job_batches`), or drop it once the job
+/// is INACTIVE: a row of its new chunks, the rows wholly before the oldest chunk rank 0 holds (only once it dropped
+/// some: most jobs never do), the batch numbers that moved. Nothing for a job with no new output.
+fn write_running_output(tx: &rusqlite::Transaction<'_>, r: &JobRecord) -> rusqlite::Result<()> {
+    let id = r.id.0 as i64;
+    let o = &r.running;
+    if o.drop {
+        tx.prepare_cached("DELETE FROM job_output WHERE id = ?1")?.execute(params![id])?;
+        tx.prepare_cached("DELETE FROM job_batches WHERE id = ?1")?.execute(params![id])?;
+        return Ok(());
+    }
+    if !o.new.is_empty() {
+        let lines = serde_json::to_string(&o.new).unwrap_or_else(|_| "[]".into());
+        let upto = o.first + o.new.len();
+        tx.prepare_cached("INSERT OR REPLACE INTO job_output(id, seq, upto, lines) VALUES(?1, ?2, ?3, ?4)")?
+            .execute(params![id, o.first as i64, upto as i64, lines])?;
+        if o.base > 0 {
+            tx.prepare_cached("DELETE FROM job_output WHERE id = ?1 AND seq < ?2 AND upto <= ?2")?
+                .execute(params![id, o.base as i64])?;
+        }
+    }
+    for (rank, next) in &o.batches {
+        tx.prepare_cached("INSERT OR REPLACE INTO job_batches(id, rank, next) VALUES(?1, ?2, ?3)")?
+            .execute(params![id, i64::from(*rank), *next as i64])?;
+    }
+    Ok(())
+}
+
+/// Read back the output kept of the jobs that are not INACTIVE (`job_output`, `job_batches`; see
+/// [`KeptJob::put_output`]): the rows in order, bounded as rank 0 held them.
+fn load_running_output(c: &Connection, kept: &mut Kept) -> Result<(), String> {
+    let s = |e: rusqlite::Error| e.to_string();
+    let mut q = c.prepare("SELECT id, seq, lines FROM job_output ORDER BY id, seq").map_err(s)?;
+    let mut rows = q.query([]).map_err(s)?;
+    let mut read = std::collections::BTreeSet::new();
+    while let Some(r) = rows.next().map_err(s)? {
+        let id = JobId(r.get::<_, i64>(0).map_err(s)? as u64);
+        let seq = r.get::<_, i64>(1).map_err(s)?;
+        let text: String = r.get(2).map_err(s)?;
+        // Rows of a job that has none, or is INACTIVE, are not read (there are none, but for a write cut short).
+        let Some(job) = kept.jobs.get_mut(&id).filter(|j| j.state != JobState::Inactive) else { continue };
+        let lines: Vec<crate::shellproto::OutputLine> =
+            serde_json::from_str(&text).map_err(|e| format!("job {id}: output from {seq}: {e}"))?;
+        job.put_output(usize::try_from(seq).map_err(|_| format!("job {id}: output at {seq}"))?, lines);
+        read.insert(id);
+    }
+    for id in read {
+        if let Some(job) = kept.jobs.get_mut(&id) {
+            job.bound_output();
+        }
+    }
+    let mut q = c.prepare("SELECT id, rank, next FROM job_batches").map_err(s)?;
+    let mut rows = q.query([]).map_err(s)?;
+    while let Some(r) = rows.next().map_err(s)? {
+        let id = JobId(r.get::<_, i64>(0).map_err(s)? as u64);
+        let rank = u32::try_from(r.get::<_, i64>(1).map_err(s)?).map_err(|_| format!("job {id}: batch rank"))?;
+        let next = u64::try_from(r.get::<_, i64>(2).map_err(s)?).map_err(|_| format!("job {id}: batch number"))?;
+        if let Some(job) = kept.jobs.get_mut(&id).filter(|j| j.state != JobState::Inactive) {
+            job.batches.insert(rank, next);
+        }
+    }
+    Ok(())
+}
+
+/// The tables schema 2 added to schema 1: the output of jobs as they run.
+const RUNNING_OUTPUT_TABLES: &str = "
+    CREATE TABLE job_output(id INTEGER NOT NULL, seq INTEGER NOT NULL, upto INTEGER NOT NULL, lines TEXT NOT NULL,
+                            PRIMARY KEY(id, seq)) WITHOUT ROWID;
+    CREATE TABLE job_batches(id INTEGER NOT NULL, rank INTEGER NOT NULL, next INTEGER NOT NULL,
+                             PRIMARY KEY(id, rank)) WITHOUT ROWID;";
+
+/// Bring a store of schema 1 (checked by [`check`]) to [`SCHEMA_VERSION`], in one transaction.
+fn upgrade(c: &Connection) -> rusqlite::Result<()> {
+    let version: i64 = c.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if version == 1 {
+        c.execute_batch(&format!("BEGIN; {RUNNING_OUTPUT_TABLES} PRAGMA user_version = 2; COMMIT;"))?;
+    }
+    Ok(())
+}
+
 /// A new store's schema.
 fn create(c: &Connection) -> rusqlite::Result<()> {
     c.pragma_update(None, "journal_mode", "WAL")?;
@@ -594,6 +684,7 @@ fn create(c: &Connection) -> rusqlite::Result<()> {
          CREATE TABLE job_events(id INTEGER NOT NULL, seq INTEGER NOT NULL, event TEXT NOT NULL,
                                  PRIMARY KEY(id, seq)) WITHOUT ROWID;
          CREATE TABLE resource_events(seq INTEGER PRIMARY KEY, event TEXT NOT NULL);
+         {RUNNING_OUTPUT_TABLES}
          COMMIT;"
     ))
 }
@@ -607,7 +698,7 @@ fn check(c: &Connection) -> Result<(), String> {
             "not a Vigil state store (SQLite application_id {app:#x}, a Vigil store has {APPLICATION_ID:#x})"
         ));
     }
-    if version != SCHEMA_VERSION {
+    if version != SCHEMA_VERSION && version != 1 {
         return Err(format!(
             "schema version {version}, but this build reads version {SCHEMA_VERSION} (use the Vigil that wrote it, \
              or move the file away to start afresh)"
@@ -649,6 +740,7 @@ mod tests {
             r: None,
             status: None,
             output: None,
+            running: Default::default(),
         }
     }
 
