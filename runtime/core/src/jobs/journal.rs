@@ -762,6 +762,30 @@ mod tests {
         );
     }
 
+    /// Output kept as a job runs: batches follow on by their absolute index, one saved again replaces itself, a
+    /// gap (chunks dropped before they could be kept) starts afresh, and the whole is bounded as rank 0 holds it.
+    #[test]
+    fn output_kept_as_a_job_runs_follows_on_and_is_bounded_as_in_memory() {
+        let chunk = |i: usize| OutputLine::text(0, "stdout", format!("{i:06}"));
+        let chunks = |r: std::ops::Range<usize>| r.map(chunk).collect::<Vec<_>>();
+        let mut k = KeptJob::new(1000, Value::Null, JobState::Run);
+        k.put_output(0, chunks(0..3));
+        k.put_output(3, chunks(3..5));
+        k.put_output(3, chunks(3..6)); // the last batch again, with more: not twice
+        assert_eq!((k.output_base, k.output.clone()), (0, chunks(0..6)));
+        k.put_output(9, chunks(9..10)); // 6-8 never kept
+        assert_eq!((k.output_base, k.output.clone()), (9, chunks(9..10)));
+        // Bounded by bytes, the oldest dropped first, as `trim_output` does as chunks come.
+        let per = chunk(0).size();
+        let n = OUTPUT_KEEP / per + 10;
+        k.put_output(10, chunks(10..10 + n));
+        k.bound_output();
+        let bytes: usize = k.output.iter().map(OutputLine::size).sum();
+        assert!(bytes <= OUTPUT_KEEP && bytes + per > OUTPUT_KEEP, "{bytes}");
+        assert_eq!(k.output_base + k.output.len(), 10 + n, "the newest kept");
+        assert_eq!(k.output[0], chunk(k.output_base), "indexes still absolute");
+    }
+
     proptest::proptest! {
         /// Whatever happens, saving every batch and restoring gives back every saved job with the same
         /// eventlog (plus what the restore adds to jobs that held resources), and ids stay unique.

@@ -886,6 +886,88 @@ mod tests {
         assert!(e.why.contains("elsewhere") && e.why.contains("-wal"), "{}", e.why);
     }
 
+    /// A running job's output is kept as it comes, across reopenings, bounded as rank 0 holds it, with its shells'
+    /// batch numbers; once the job is INACTIVE its tail takes their place and the rows go.
+    #[test]
+    fn a_running_jobs_output_is_kept_and_goes_once_it_is_inactive() {
+        use crate::jobs::journal::RunningOutput;
+        use crate::shellproto::OutputLine;
+        let d = tempfile::tempdir().unwrap();
+        let (mut s, _) = Store::open(d.path()).unwrap();
+        let mut mem = Kept::default();
+        let chunk = |i: usize| OutputLine::text(0, "stdout", format!("{i:06}"));
+        let running = |first: usize, upto: usize, base: usize, batches: Vec<(u32, u64)>| RunningOutput {
+            new: (first..upto).map(chunk).collect(),
+            first,
+            base,
+            batches,
+            drop: false,
+        };
+        let mut commit = |s: &mut Store, r: JobRecord| {
+            let b = batch(vec![r], 0, 0, 5);
+            s.commit_with(&b, false).unwrap();
+            mem.apply(&b).unwrap();
+            mem.clone()
+        };
+        let mut r = record(5, 0, &["submit"], true);
+        r.state = JobState::Run;
+        r.running = running(0, 3, 0, vec![(1, 1), (2, 1)]);
+        commit(&mut s, r);
+        let mut r = record(5, 1, &[], false);
+        r.state = JobState::Run;
+        r.running = running(3, 5, 0, vec![(1, 2)]);
+        let want = commit(&mut s, r);
+        let rows =
+            |s: &Store| -> i64 { s.conn.query_row("SELECT COUNT(*) FROM job_output", [], |r| r.get(0)).unwrap() };
+        assert_eq!(rows(&s), 2);
+        drop(s);
+        let (mut s, kept) = Store::open(d.path()).unwrap();
+        let kept = kept.unwrap();
+        assert_eq!(kept, want);
+        assert_eq!(kept.jobs[&JobId(5)].output, (0..5).map(chunk).collect::<Vec<_>>());
+        assert_eq!(kept.jobs[&JobId(5)].batches, [(1, 2), (2, 1)].into_iter().collect());
+        // Rank 0 dropped chunks 0-3 (past its bound): the rows wholly before chunk 4 go, so that the file stays
+        // bounded; what is read back is bounded by bytes as rank 0 holds it (`KeptJob::bound_output`).
+        let mut r = record(5, 1, &[], false);
+        r.state = JobState::Run;
+        r.running = running(5, 7, 4, vec![]);
+        commit(&mut s, r);
+        assert_eq!(rows(&s), 2, "the first row went, the one holding chunk 4 stays");
+        // Inactive: the tail in `jobs.output`, the rows gone.
+        let mut r = record(5, 1, &["clean"], false);
+        r.state = JobState::Inactive;
+        r.output = Some(vec![chunk(6)]);
+        r.running = RunningOutput { drop: true, ..RunningOutput::default() };
+        let want = commit(&mut s, r);
+        assert_eq!(rows(&s), 0);
+        let batches: i64 = s.conn.query_row("SELECT COUNT(*) FROM job_batches", [], |r| r.get(0)).unwrap();
+        assert_eq!(batches, 0);
+        drop(s);
+        let (_s, kept) = Store::open(d.path()).unwrap();
+        assert_eq!(kept.as_ref(), Some(&want));
+        assert_eq!(want.jobs[&JobId(5)].output, vec![chunk(6)]);
+    }
+
+    /// A store of schema 1 (before running jobs' output was kept) is brought to 2, its jobs as they were.
+    #[test]
+    fn a_schema_1_store_is_brought_to_schema_2() {
+        let d = tempfile::tempdir().unwrap();
+        let (mut s, _) = Store::open(d.path()).unwrap();
+        let b = batch(vec![record(1, 0, &["submit"], true)], 0, 1, 1);
+        s.commit(&b).unwrap();
+        s.conn.execute_batch("DROP TABLE job_output; DROP TABLE job_batches; PRAGMA user_version = 1;").unwrap();
+        drop(s);
+        let (mut s, kept) = Store::open(d.path()).unwrap();
+        let mut mem = Kept::default();
+        mem.apply(&b).unwrap();
+        assert_eq!(kept.as_ref(), Some(&mem));
+        let v: i64 = s.conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+        assert_eq!(v, SCHEMA_VERSION);
+        let mut r = record(1, 1, &["alloc"], false);
+        r.running.new = vec![crate::shellproto::OutputLine::text(0, "stdout", "hi".into())];
+        s.commit(&batch(vec![r], 1, 0, 1)).unwrap();
+    }
+
     #[test]
     fn a_damaged_or_foreign_file_is_refused_and_left_as_it_was() {
         let d = tempfile::tempdir().unwrap();
