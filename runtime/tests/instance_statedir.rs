@@ -324,12 +324,22 @@ fn a_running_jobs_output_survives_kill_9_of_rank_0_in_order_and_once() {
     o.ok();
     let id = o.stdout.trim().to_string();
     assert!(wait_for(Duration::from_secs(30), || inst.jobs()[&id]["state"] == "RUN"), "{:?}", inst.jobs());
+    // A client follows the job on rank 0 meanwhile.
+    let mut c = vigil_cmd(inst.dir.path());
+    c.env("VIGIL_URI", format!("local://{}", inst.dir.path().join("r0").join("local-0").display()))
+        .args(["job", "attach", &id]);
+    let follower = spawn(c, None);
     // Some lines are out before the kill (about 30 per task).
     std::thread::sleep(Duration::from_secs(3));
     let r0 = brokers.remove(0);
     kill9(r0.pid());
     r0.wait(Duration::from_secs(10));
-    std::thread::sleep(Duration::from_secs(3));
+    // It loses rank 0: exit code 255, not the job's, and it says how to find the job again.
+    let f = follower.wait(Duration::from_secs(10));
+    assert_eq!(f.code, 255, "{}", f.dump());
+    assert!(f.stderr.contains(&format!("`vigil job attach {id}`")), "{}", f.dump());
+    assert!(f.stdout.contains("line 1\n"), "{}", f.dump());
+    std::thread::sleep(Duration::from_secs(2));
     let r0 = inst.broker(0, &[]);
     assert!(
         wait_for(Duration::from_secs(30), || inst.client(&["uptime"]).stdout.contains(" run ")),
