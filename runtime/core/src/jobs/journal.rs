@@ -102,7 +102,8 @@ pub struct RunningOutput {
     /// need not be kept any more.
     pub base: usize,
     /// Each shell's next output batch due (broker rank, batch number), for those that moved since the last saved
-    /// batch ([`BatchOrder`]).
+    /// batch ([`BatchOrder`]); for every shell when `new` is not empty and `base` is above 0 (the store may drop
+    /// the older rows that carried them).
     pub batches: Vec<(u32, u64)>,
     /// The job is INACTIVE in this batch ([`JobRecord::output`] is its tail) and output chunks or batch numbers
     /// were kept while it ran: they go.
@@ -352,6 +353,11 @@ impl JobCore {
             .map(|j| {
                 let running = j.state != JobState::Inactive;
                 let first = j.saved_chunks.max(j.output_base);
+                let new: Vec<OutputLine> =
+                    if running { j.output.iter().skip(first - j.output_base).cloned().collect() } else { Vec::new() };
+                // Once rank 0 drops chunks, the store drops the rows before them, with the batch numbers they
+                // carried: a write of new chunks then carries every shell's.
+                let all = j.output_base > 0 && !new.is_empty();
                 JobRecord {
                     id: j.id,
                     userid: j.userid,
@@ -363,13 +369,7 @@ impl JobCore {
                     status: j.status,
                     output: (!running && !j.saved_output).then(|| j.output.iter().cloned().collect()),
                     running: if running {
-                        RunningOutput {
-                            new: j.output.iter().skip(first - j.output_base).cloned().collect(),
-                            first,
-                            base: j.output_base,
-                            batches: moved_batches(j),
-                            drop: false,
-                        }
+                        RunningOutput { new, first, base: j.output_base, batches: moved_batches(j, all), drop: false }
                     } else {
                         RunningOutput {
                             drop: !j.saved_output && (j.saved_chunks > 0 || !j.saved_marks.is_empty()),
@@ -612,13 +612,14 @@ impl JobCore {
 }
 
 /// The shells of running job `j` whose next output batch due moved since the last saved batch (none saved counts
-/// as 0, so that a job whose shells sent nothing yet writes nothing): broker rank and batch number.
-fn moved_batches(j: &Job) -> Vec<(u32, u64)> {
+/// as 0, so that a job whose shells sent nothing yet writes nothing), or with `all` every shell whose is known:
+/// broker rank and batch number.
+fn moved_batches(j: &Job, all: bool) -> Vec<(u32, u64)> {
     j.shells
         .values()
         .filter_map(|sh| {
             let due = sh.batches.due()?;
-            (due != j.saved_marks.get(&sh.rank).copied().unwrap_or(0)).then_some((sh.rank, due))
+            (all || due != j.saved_marks.get(&sh.rank).copied().unwrap_or(0)).then_some((sh.rank, due))
         })
         .collect()
 }

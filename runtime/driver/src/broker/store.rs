@@ -22,15 +22,16 @@
 //! - `jobs(id, userid, state, jobspec, R, status, output)`: one row per job; `jobspec` and `R` JSON, `output` the
 //!   JSON array of an INACTIVE job's output lines (its tail);
 //! - `job_events(id, seq, event)`: each job's RFC 18 eventlog, one line per row;
-//! - `job_output(id, seq, upto, lines)`: the output of each job that is not INACTIVE yet, as it came: one row per
-//!   job per write, `lines` the JSON array of the chunks numbered `seq` to `upto` (excluded) from the job's first;
-//!   rows wholly before the oldest chunk rank 0 still holds go, and so does the whole once the job is INACTIVE
-//!   (its tail is then in `jobs.output`);
-//! - `job_batches(id, rank, next)`: for those jobs too, the next output batch due from the job shell on broker
-//!   `rank`, so that a restarted rank 0 takes each batch once;
+//! - `job_output(id, seq, upto, lines, batches)`: the output of each job that is not INACTIVE yet, as it came:
+//!   one row per job per write, `lines` the JSON array of the chunks numbered `seq` to `upto` (excluded) from the
+//!   job's first, `batches` (JSON `{"rank": next}`, or NULL) the next output batch due from the job shells on
+//!   those broker ranks whose number moved, so that a restarted rank 0 takes each batch once (read in row order,
+//!   later rows win); rows wholly before the oldest chunk rank 0 still holds go (the row written with them then
+//!   carries every shell's number), and so does the whole once the job is INACTIVE (its tail is then in
+//!   `jobs.output`);
 //! - `resource_events(seq, event)`: the RFC 44 resource eventlog.
 //!
-//! Schema 1 (before `job_output` and `job_batches`) is brought to 2 at open by adding them.
+//! Schema 1 (before `job_output`) is brought to 2 at open by adding it.
 //!
 //! A file this build cannot read (not SQLite, damaged, truncated, another schema version) is [`OpenError::Damaged`]:
 //! rank 0 then runs without a store, with scheduling stopped and submissions refused, and leaves the file as it is
@@ -591,39 +592,41 @@ impl Store {
     }
 }
 
-/// Write what changed in the output of job `r` as it runs (`job_output`, `job_batches`), or drop it once the job
-/// is INACTIVE: a row of its new chunks, the rows wholly before the oldest chunk rank 0 holds (only once it dropped
-/// some: most jobs never do), the batch numbers that moved. Nothing for a job with no new output.
+/// Write what changed in the output of job `r` as it runs (`job_output`), or drop it once the job is INACTIVE:
+/// one row of its new chunks and of the batch numbers that moved, and the rows wholly before the oldest chunk rank
+/// 0 holds (only once it dropped some: most jobs never do). Nothing for a job with no new output: one row, in the
+/// job's neighbourhood of one table, is what a write of output costs.
 fn write_running_output(tx: &rusqlite::Transaction<'_>, r: &JobRecord) -> rusqlite::Result<()> {
     let id = r.id.0 as i64;
     let o = &r.running;
     if o.drop {
         tx.prepare_cached("DELETE FROM job_output WHERE id = ?1")?.execute(params![id])?;
-        tx.prepare_cached("DELETE FROM job_batches WHERE id = ?1")?.execute(params![id])?;
         return Ok(());
     }
-    if !o.new.is_empty() {
-        let lines = serde_json::to_string(&o.new).unwrap_or_else(|_| "[]".into());
-        let upto = o.first + o.new.len();
-        tx.prepare_cached("INSERT OR REPLACE INTO job_output(id, seq, upto, lines) VALUES(?1, ?2, ?3, ?4)")?
-            .execute(params![id, o.first as i64, upto as i64, lines])?;
-        if o.base > 0 {
-            tx.prepare_cached("DELETE FROM job_output WHERE id = ?1 AND seq < ?2 AND upto <= ?2")?
-                .execute(params![id, o.base as i64])?;
-        }
+    if o.new.is_empty() && o.batches.is_empty() {
+        return Ok(());
     }
-    for (rank, next) in &o.batches {
-        tx.prepare_cached("INSERT OR REPLACE INTO job_batches(id, rank, next) VALUES(?1, ?2, ?3)")?
-            .execute(params![id, i64::from(*rank), *next as i64])?;
+    let lines = serde_json::to_string(&o.new).unwrap_or_else(|_| "[]".into());
+    let batches = (!o.batches.is_empty()).then(|| {
+        let m: serde_json::Map<String, serde_json::Value> =
+            o.batches.iter().map(|(rank, next)| (rank.to_string(), (*next).into())).collect();
+        serde_json::Value::Object(m).to_string()
+    });
+    let upto = o.first + o.new.len();
+    tx.prepare_cached("INSERT OR REPLACE INTO job_output(id, seq, upto, lines, batches) VALUES(?1, ?2, ?3, ?4, ?5)")?
+        .execute(params![id, o.first as i64, upto as i64, lines, batches])?;
+    if o.base > 0 && !o.new.is_empty() {
+        tx.prepare_cached("DELETE FROM job_output WHERE id = ?1 AND seq < ?2 AND upto <= ?2")?
+            .execute(params![id, o.base as i64])?;
     }
     Ok(())
 }
 
-/// Read back the output kept of the jobs that are not INACTIVE (`job_output`, `job_batches`; see
-/// [`KeptJob::put_output`]): the rows in order, bounded as rank 0 held them.
+/// Read back the output kept of the jobs that are not INACTIVE (`job_output`; see [`KeptJob::put_output`]): the
+/// rows in order, bounded as rank 0 held them, and the batch numbers they carry, later rows winning.
 fn load_running_output(c: &Connection, kept: &mut Kept) -> Result<(), String> {
     let s = |e: rusqlite::Error| e.to_string();
-    let mut q = c.prepare("SELECT id, seq, lines FROM job_output ORDER BY id, seq").map_err(s)?;
+    let mut q = c.prepare("SELECT id, seq, lines, batches FROM job_output ORDER BY id, seq, upto").map_err(s)?;
     let mut rows = q.query([]).map_err(s)?;
     let mut read = std::collections::BTreeSet::new();
     while let Some(r) = rows.next().map_err(s)? {
@@ -634,33 +637,30 @@ fn load_running_output(c: &Connection, kept: &mut Kept) -> Result<(), String> {
         let Some(job) = kept.jobs.get_mut(&id).filter(|j| j.state != JobState::Inactive) else { continue };
         let lines: Vec<crate::shellproto::OutputLine> =
             serde_json::from_str(&text).map_err(|e| format!("job {id}: output from {seq}: {e}"))?;
-        job.put_output(usize::try_from(seq).map_err(|_| format!("job {id}: output at {seq}"))?, lines);
-        read.insert(id);
+        if !lines.is_empty() {
+            job.put_output(usize::try_from(seq).map_err(|_| format!("job {id}: output at {seq}"))?, lines);
+            read.insert(id);
+        }
+        let batches: Option<String> = r.get(3).map_err(s)?;
+        if let Some(b) = batches {
+            let m: std::collections::BTreeMap<u32, u64> =
+                serde_json::from_str(&b).map_err(|e| format!("job {id}: batches at {seq}: {e}"))?;
+            job.batches.extend(m);
+        }
     }
     for id in read {
         if let Some(job) = kept.jobs.get_mut(&id) {
             job.bound_output();
         }
     }
-    let mut q = c.prepare("SELECT id, rank, next FROM job_batches").map_err(s)?;
-    let mut rows = q.query([]).map_err(s)?;
-    while let Some(r) = rows.next().map_err(s)? {
-        let id = JobId(r.get::<_, i64>(0).map_err(s)? as u64);
-        let rank = u32::try_from(r.get::<_, i64>(1).map_err(s)?).map_err(|_| format!("job {id}: batch rank"))?;
-        let next = u64::try_from(r.get::<_, i64>(2).map_err(s)?).map_err(|_| format!("job {id}: batch number"))?;
-        if let Some(job) = kept.jobs.get_mut(&id).filter(|j| j.state != JobState::Inactive) {
-            job.batches.insert(rank, next);
-        }
-    }
     Ok(())
 }
 
-/// The tables schema 2 added to schema 1: the output of jobs as they run.
+/// The table schema 2 added to schema 1: the output of jobs as they run. Keyed by `upto` too: a row of batch
+/// numbers alone (no chunks) and the row of chunks written after it start at the same `seq`.
 const RUNNING_OUTPUT_TABLES: &str = "
     CREATE TABLE job_output(id INTEGER NOT NULL, seq INTEGER NOT NULL, upto INTEGER NOT NULL, lines TEXT NOT NULL,
-                            PRIMARY KEY(id, seq)) WITHOUT ROWID;
-    CREATE TABLE job_batches(id INTEGER NOT NULL, rank INTEGER NOT NULL, next INTEGER NOT NULL,
-                             PRIMARY KEY(id, rank)) WITHOUT ROWID;";
+                            batches TEXT, PRIMARY KEY(id, seq, upto)) WITHOUT ROWID;";
 
 /// Bring a store of schema 1 (checked by [`check`]) to [`SCHEMA_VERSION`], in one transaction.
 fn upgrade(c: &Connection) -> rusqlite::Result<()> {
@@ -930,9 +930,12 @@ mod tests {
         // bounded; what is read back is bounded by bytes as rank 0 holds it (`KeptJob::bound_output`).
         let mut r = record(5, 1, &[], false);
         r.state = JobState::Run;
-        r.running = running(5, 7, 4, vec![]);
-        commit(&mut s, r);
+        r.running = running(5, 7, 4, vec![(1, 3), (2, 1)]); // every shell's number (`RunningOutput::batches`)
+        let want = commit(&mut s, r);
         assert_eq!(rows(&s), 2, "the first row went, the one holding chunk 4 stays");
+        drop(s);
+        let (mut s, kept) = Store::open(d.path()).unwrap();
+        assert_eq!(kept.unwrap().jobs[&JobId(5)].batches, want.jobs[&JobId(5)].batches);
         // Inactive: the tail in `jobs.output`, the rows gone.
         let mut r = record(5, 1, &["clean"], false);
         r.state = JobState::Inactive;
@@ -940,8 +943,6 @@ mod tests {
         r.running = RunningOutput { drop: true, ..RunningOutput::default() };
         let want = commit(&mut s, r);
         assert_eq!(rows(&s), 0);
-        let batches: i64 = s.conn.query_row("SELECT COUNT(*) FROM job_batches", [], |r| r.get(0)).unwrap();
-        assert_eq!(batches, 0);
         drop(s);
         let (_s, kept) = Store::open(d.path()).unwrap();
         assert_eq!(kept.as_ref(), Some(&want));
@@ -955,7 +956,7 @@ mod tests {
         let (mut s, _) = Store::open(d.path()).unwrap();
         let b = batch(vec![record(1, 0, &["submit"], true)], 0, 1, 1);
         s.commit(&b).unwrap();
-        s.conn.execute_batch("DROP TABLE job_output; DROP TABLE job_batches; PRAGMA user_version = 1;").unwrap();
+        s.conn.execute_batch("DROP TABLE job_output; PRAGMA user_version = 1;").unwrap();
         drop(s);
         let (mut s, kept) = Store::open(d.path()).unwrap();
         let mut mem = Kept::default();
