@@ -312,7 +312,8 @@ fn running_jobs_outlive_kill_9_of_rank_0_and_finish_normally() {
 /// The output a running job printed before rank 0 was killed is kept: two tasks (on ranks 1 and 2) print a
 /// numbered line every 0.1 s while rank 0 is killed with SIGKILL and restarted 3 s later on the same state
 /// directory. Once the job has ended, `vigil job attach` shows each task's lines, those from before the kill, from
-/// the outage and from after the restart, each exactly once and in order.
+/// the outage and from after the restart, each exactly once and in order, and so it does after one more restart. A
+/// `vigil job attach` that followed the job when rank 0 was killed exits 255, saying how to find the job again.
 #[test]
 fn a_running_jobs_output_survives_kill_9_of_rank_0_in_order_and_once() {
     let inst = SystemInstance::new(4, true);
@@ -362,6 +363,14 @@ fn a_running_jobs_output_survives_kill_9_of_rank_0_in_order_and_once() {
         assert_eq!(got, want, "task {task}'s output, whole, in order, once:\n{}", out.dump());
     }
     assert!(!out.stderr.contains("dropped"), "{}", out.dump());
+    // INACTIVE, across one more restart: the same.
+    kill9(r0.pid());
+    r0.wait(Duration::from_secs(10));
+    let r0 = inst.broker(0, &[]);
+    assert!(wait_for(Duration::from_secs(30), || inst.client(&["uptime"]).stdout.contains(" run ")));
+    let again = inst.client(&["job", "attach", "-l", &id]);
+    again.ok();
+    assert_eq!(again.stdout, out.stdout, "the output kept of the INACTIVE job");
     brokers.insert(0, r0);
     for o in inst.stop(brokers) {
         assert!(!o.timed_out, "{}", o.dump());

@@ -10,8 +10,8 @@
 //! Kept per job: the jobspec as submitted, the submitting uid, the RFC 18 eventlog (the state, R, the exit status
 //! and the first fatal exception are replayed from it), and its output: while it runs, every chunk as it comes,
 //! up to what rank 0 holds in memory ([`super::OUTPUT_KEEP`] bytes, the oldest dropped first), with the number of
-//! the next output batch due from each of its shells; once INACTIVE, the tail (at most
-//! [`super::INACTIVE_OUTPUT_KEEP`] bytes) in their place. Kept for the instance: the RFC 44 resource eventlog (drains and their
+//! the next output batch due from each of its shells; once INACTIVE, the tail of it (at most
+//! [`super::INACTIVE_OUTPUT_KEEP`] bytes). Kept for the instance: the RFC 44 resource eventlog (drains and their
 //! reasons are replayed from it), the time its job ids count from, and the highest id given.
 //!
 //! What a restore makes of each job:
@@ -82,32 +82,31 @@ pub struct JobRecord {
     pub r: Option<Value>,
     /// Its finish status (the largest task wait status), once known.
     pub status: Option<i32>,
-    /// Its output kept once INACTIVE (the tail, at most [`INACTIVE_OUTPUT_KEEP`] bytes), in the batch where it
-    /// became INACTIVE.
+    /// Its whole output kept at once (its tail, at most [`INACTIVE_OUTPUT_KEEP`] bytes, once INACTIVE), in place
+    /// of what was kept of it before: the job core writes [`JobRecord::rows`] instead; a store written before
+    /// those were kept had this.
     pub output: Option<Vec<OutputLine>>,
-    /// Its output as it runs.
-    pub running: RunningOutput,
+    /// What changed in its output kept.
+    pub rows: OutputRows,
 }
 
-/// What changed in the output kept of a job that is not INACTIVE ([`JobRecord::running`]); once it is,
-/// [`JobRecord::output`] takes its place.
+/// What changed in the output kept of a job ([`JobRecord::rows`]): its new chunks as they come, and what may go.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct RunningOutput {
+pub struct OutputRows {
     /// The output chunks the job got since its last saved batch, in order, to be kept after those kept before
     /// ([`KeptJob::put_output`]).
     pub new: Vec<OutputLine>,
     /// The absolute index of `new[0]` (chunks are counted from the job's first, dropped ones included).
     pub first: usize,
-    /// The absolute index of the oldest chunk rank 0 still holds ([`super::OUTPUT_KEEP`] bytes): those before it
-    /// need not be kept any more.
+    /// The absolute index of the oldest chunk rank 0 still holds ([`super::OUTPUT_KEEP`] bytes while the job is
+    /// not INACTIVE, [`INACTIVE_OUTPUT_KEEP`] once it is): those before it need not be kept any more.
     pub base: usize,
     /// Each shell's next output batch due (broker rank, batch number), for those that moved since the last saved
     /// batch ([`BatchOrder`]); for every shell when `new` is not empty and `base` is above 0 (the store may drop
     /// the older rows that carried them).
     pub batches: Vec<(u32, u64)>,
-    /// The job is INACTIVE in this batch ([`JobRecord::output`] is its tail) and output chunks or batch numbers
-    /// were kept while it ran: they go.
-    pub drop: bool,
+    /// Chunks before `base` go now (rank 0 dropped some since the last saved batch, or the job became INACTIVE).
+    pub trim: bool,
 }
 
 /// Everything a state directory kept, read back at start-up for [`JobCore::restore`].
@@ -176,12 +175,14 @@ impl KeptJob {
         self.output.extend(lines);
     }
 
-    /// Drop the oldest chunks until at most [`OUTPUT_KEEP`] bytes remain ([`OutputLine::size`]): the chunks rank
-    /// 0 held in memory, whatever the batches they were kept in.
+    /// Drop the oldest chunks until at most [`OUTPUT_KEEP`] bytes remain ([`OutputLine::size`]), or
+    /// [`INACTIVE_OUTPUT_KEEP`] once the job is INACTIVE: the chunks rank 0 held in memory, whatever the batches
+    /// they were kept in.
     pub fn bound_output(&mut self) {
+        let keep = if self.state == JobState::Inactive { INACTIVE_OUTPUT_KEEP } else { OUTPUT_KEEP };
         let mut bytes: usize = self.output.iter().map(OutputLine::size).sum();
         let mut drop = 0;
-        while bytes > OUTPUT_KEEP && drop < self.output.len() {
+        while bytes > keep && drop < self.output.len() {
             bytes -= self.output[drop].size();
             drop += 1;
         }
@@ -253,11 +254,15 @@ impl Kept {
                 k.output_base = 0;
                 k.batches.clear();
             } else {
-                if !r.running.new.is_empty() {
-                    k.put_output(r.running.first, r.running.new.iter().cloned());
-                    k.bound_output();
+                if !r.rows.new.is_empty() {
+                    k.put_output(r.rows.first, r.rows.new.iter().cloned());
                 }
-                k.batches.extend(r.running.batches.iter().copied());
+                k.bound_output();
+                if r.state == JobState::Inactive {
+                    k.batches.clear();
+                } else {
+                    k.batches.extend(r.rows.batches.iter().copied());
+                }
             }
         }
         self.resource_eventlog.truncate(b.resource_first);
@@ -352,12 +357,18 @@ impl JobCore {
             .filter_map(|id| self.jobs.get(id))
             .map(|j| {
                 let running = j.state != JobState::Inactive;
+                // Once INACTIVE, its batch writes what was not written yet and trims the rows to its tail.
+                let ending = !running && !j.saved_output;
                 let first = j.saved_chunks.max(j.output_base);
-                let new: Vec<OutputLine> =
-                    if running { j.output.iter().skip(first - j.output_base).cloned().collect() } else { Vec::new() };
+                let new: Vec<OutputLine> = if running || ending {
+                    j.output.iter().skip(first - j.output_base).cloned().collect()
+                } else {
+                    Vec::new()
+                };
                 // Once rank 0 drops chunks, the store drops the rows before them, with the batch numbers they
                 // carried: a write of new chunks then carries every shell's.
-                let all = j.output_base > 0 && !new.is_empty();
+                let all = running && j.output_base > 0 && !new.is_empty();
+                let trim = j.output_base > 0 && (!new.is_empty() || ending);
                 JobRecord {
                     id: j.id,
                     userid: j.userid,
@@ -367,14 +378,13 @@ impl JobCore {
                     events: j.eventlog[j.saved_events.min(j.eventlog.len())..].to_vec(),
                     r: j.r.as_ref().and_then(|r| serde_json::to_value(r).ok()),
                     status: j.status,
-                    output: (!running && !j.saved_output).then(|| j.output.iter().cloned().collect()),
-                    running: if running {
-                        RunningOutput { new, first, base: j.output_base, batches: moved_batches(j, all), drop: false }
-                    } else {
-                        RunningOutput {
-                            drop: !j.saved_output && (j.saved_chunks > 0 || !j.saved_marks.is_empty()),
-                            ..RunningOutput::default()
-                        }
+                    output: None,
+                    rows: OutputRows {
+                        batches: if running { moved_batches(j, all) } else { Vec::new() },
+                        new,
+                        first,
+                        base: j.output_base,
+                        trim,
                     },
                 }
             })
@@ -394,14 +404,9 @@ impl JobCore {
         for r in &b.jobs {
             if let Some(j) = self.jobs.get_mut(&r.id) {
                 j.saved_events = r.first_event + r.events.len();
-                j.saved_output |= r.output.is_some();
-                if r.output.is_some() {
-                    j.saved_chunks = 0;
-                    j.saved_marks.clear();
-                } else {
-                    j.saved_chunks = j.saved_chunks.max(r.running.first + r.running.new.len());
-                    j.saved_marks.extend(r.running.batches.iter().copied());
-                }
+                j.saved_output |= r.state == JobState::Inactive;
+                j.saved_chunks = j.saved_chunks.max(r.rows.first + r.rows.new.len());
+                j.saved_marks.extend(r.rows.batches.iter().copied());
             }
             if let Some(d) = self.actions.dirty.as_mut() {
                 d.remove(&r.id);
@@ -467,6 +472,7 @@ impl JobCore {
             match job.state {
                 JobState::Inactive => {
                     job.saved_output = true;
+                    job.output_base = output_base;
                     for l in output {
                         job.output_bytes += l.size();
                         job.output.push_back(l);

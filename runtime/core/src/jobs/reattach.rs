@@ -464,7 +464,7 @@ mod tests {
     /// A job that prints nothing adds nothing of this to the store's writes.
     #[test]
     fn output_printed_before_a_restart_is_kept_and_goes_on_in_order_once() {
-        use super::super::journal::RunningOutput;
+        use super::super::journal::OutputRows;
         use super::super::Batch;
         use crate::shellproto::OutputLine;
         let mut c = core(3, 2, 0);
@@ -482,7 +482,7 @@ mod tests {
         let save = |c: &mut JobCore, kept: &mut Kept| {
             let b = c.journal().expect("a batch");
             for r in b.jobs.iter().filter(|r| r.id == quiet) {
-                assert_eq!(r.running, RunningOutput::default(), "nothing to write for a job with no output");
+                assert_eq!(r.rows, OutputRows::default(), "nothing to write for a job with no output");
             }
             kept.apply(&b).expect("applies");
             c.journal_saved(&b);
@@ -524,7 +524,8 @@ mod tests {
         c3.output(a, n(r1, 2), line(0, "a2"));
         c3.output(a, n(r2, 2), line(1, "b2"));
         assert_eq!(got(&c3), ["a0", "b0", "a1", "b1", "a2", "b2"]);
-        // The job ends: its tail replaces what was kept as it ran, which goes.
+        // The job ends: what was not written yet is, and no more batch numbers; its output (all of it: under the
+        // 1 MiB an INACTIVE job keeps) stays as it was kept.
         c3.enable_journal();
         for r in [r1, r2] {
             exit_shell(&mut c3, T0 + 21.0, a, r, 0);
@@ -532,7 +533,8 @@ mod tests {
         assert_eq!(c3.jobs[&a].state, JobState::Inactive);
         let b = c3.journal().expect("a batch");
         let rec = b.jobs.iter().find(|r| r.id == a).expect("job a");
-        assert!(rec.running.drop && rec.running.new.is_empty() && rec.running.batches.is_empty(), "{:?}", rec.running);
+        assert!(rec.output.is_none() && rec.rows.batches.is_empty() && !rec.rows.trim, "{:?}", rec.rows);
+        assert_eq!(rec.rows.new.iter().map(|l| l.data.as_str()).collect::<Vec<_>>(), ["b2"]);
         kept.apply(&b).expect("applies");
         let k = &kept.jobs[&a];
         assert_eq!(k.output.iter().map(|l| l.data.as_str()).collect::<Vec<_>>(), ["a0", "b0", "a1", "b1", "a2", "b2"]);
