@@ -404,6 +404,7 @@ fn fill_store(statedir: &Path, target: usize) -> Result<(usize, f64), String> {
                 r: template.r.clone(),
                 status: template.status,
                 output: Some(template.output.clone()),
+                rows: Default::default(),
             });
             seq += 1;
             if seq == 1024 {

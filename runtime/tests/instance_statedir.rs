@@ -309,6 +309,74 @@ fn running_jobs_outlive_kill_9_of_rank_0_and_finish_normally() {
     }
 }
 
+/// The output a running job printed before rank 0 was killed is kept: two tasks (on ranks 1 and 2) print a
+/// numbered line every 0.1 s while rank 0 is killed with SIGKILL and restarted 3 s later on the same state
+/// directory. Once the job has ended, `vigil job attach` shows each task's lines, those from before the kill, from
+/// the outage and from after the restart, each exactly once and in order, and so it does after one more restart. A
+/// `vigil job attach` that followed the job when rank 0 was killed exits 255, saying how to find the job again.
+#[test]
+fn a_running_jobs_output_survives_kill_9_of_rank_0_in_order_and_once() {
+    let inst = SystemInstance::new(4, true);
+    let mut brokers = inst.start_all(&[]);
+    inst.client(&["resource", "drain", "0", "rank 0 restarts in this test"]).ok();
+    const LINES: u32 = 100;
+    let script = format!("i=1; while [ $i -le {LINES} ]; do echo line $i; i=$((i+1)); sleep 0.1; done");
+    let o = inst.client(&["submit", "-N2", "-n2", "sh", "-c", &script]);
+    o.ok();
+    let id = o.stdout.trim().to_string();
+    assert!(wait_for(Duration::from_secs(30), || inst.jobs()[&id]["state"] == "RUN"), "{:?}", inst.jobs());
+    // A client follows the job on rank 0 meanwhile.
+    let mut c = vigil_cmd(inst.dir.path());
+    c.env("VIGIL_URI", format!("local://{}", inst.dir.path().join("r0").join("local-0").display()))
+        .args(["job", "attach", &id]);
+    let follower = spawn(c, None);
+    // Some lines are out before the kill (about 30 per task).
+    std::thread::sleep(Duration::from_secs(3));
+    let r0 = brokers.remove(0);
+    kill9(r0.pid());
+    r0.wait(Duration::from_secs(10));
+    // It loses rank 0: exit code 255, not the job's, and it says how to find the job again.
+    let f = follower.wait(Duration::from_secs(10));
+    assert_eq!(f.code, 255, "{}", f.dump());
+    assert!(f.stderr.contains(&format!("`vigil job attach {id}`")), "{}", f.dump());
+    assert!(f.stdout.contains("line 1\n"), "{}", f.dump());
+    std::thread::sleep(Duration::from_secs(2));
+    let r0 = inst.broker(0, &[]);
+    assert!(
+        wait_for(Duration::from_secs(30), || inst.client(&["uptime"]).stdout.contains(" run ")),
+        "the brokers did not rejoin the restarted rank 0:\n{}",
+        inst.client(&["uptime"]).dump()
+    );
+    assert!(
+        wait_for(Duration::from_secs(60), || inst.jobs().get(&id).is_some_and(|j| j["state"] == "INACTIVE")),
+        "the job did not finish: {:?}",
+        inst.jobs().get(&id)
+    );
+    let j = &inst.jobs()[&id];
+    assert_eq!((&j["result"], &j["exit_code"]), (&Value::from("COMPLETED"), &Value::from(0)), "{j}");
+    let out = inst.client(&["job", "attach", "-l", &id]);
+    out.ok();
+    let want: Vec<String> = (1..=LINES).map(|i| format!("line {i}")).collect();
+    for task in 0..2 {
+        let prefix = format!("{task}: ");
+        let got: Vec<&str> = out.stdout.lines().filter_map(|l| l.strip_prefix(prefix.as_str())).collect();
+        assert_eq!(got, want, "task {task}'s output, whole, in order, once:\n{}", out.dump());
+    }
+    assert!(!out.stderr.contains("dropped"), "{}", out.dump());
+    // INACTIVE, across one more restart: the same.
+    kill9(r0.pid());
+    r0.wait(Duration::from_secs(10));
+    let r0 = inst.broker(0, &[]);
+    assert!(wait_for(Duration::from_secs(30), || inst.client(&["uptime"]).stdout.contains(" run ")));
+    let again = inst.client(&["job", "attach", "-l", &id]);
+    again.ok();
+    assert_eq!(again.stdout, out.stdout, "the output kept of the INACTIVE job");
+    brokers.insert(0, r0);
+    for o in inst.stop(brokers) {
+        assert!(!o.timed_out, "{}", o.dump());
+    }
+}
+
 /// `systemctl restart` of rank 0: SIGTERM stops rank 0 alone (exit 143, at once), the other brokers and their
 /// running jobs wait for it, the restarted rank 0 re-attaches the jobs, which finish with exit code 0; then `vigil
 /// shutdown` stops every broker. The state directory is given to rank 0 alone (`-S`): the others take rank 0's

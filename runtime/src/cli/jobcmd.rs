@@ -326,23 +326,38 @@ pub(crate) async fn run(a: SubmitArgs, attach_after: bool) -> Result<i32, String
         }
         let _ = c2.rpc("job-exec.stdin", 0, &json!({"id": id.0, "eof": true})).await;
     });
-    let r = attach(&c, id, a.label_io).await.map_err(|e| lost_note(e, id));
+    let r = followed(attach(&c, id, a.label_io).await, id);
     feeder.abort();
     r
 }
 
-/// The error of a client that lost its connection to rank 0 (stopped, restarted, killed) while it followed job
-/// `id`: the job may well run on (with a state directory rank 0 comes back with it), so say how to find it again.
-fn lost_note(e: String, id: JobId) -> String {
-    if e == crate::client::RpcError::disconnected_text() {
-        format!(
-            "{e} (rank 0 stopped or restarted); if rank 0 keeps a state directory and restarts on it, job {id} \
-             may still be running: `vigil job attach {id}` or `vigil job wait {id}` once it is back (without one, \
-             the job ended with rank 0)"
-        )
-    } else {
-        e
+/// The exit code of `vigil run`, `vigil job attach` and `vigil job wait` when they lose rank 0 (stopped,
+/// restarted, killed) while they follow a job: 255, as ssh(1) exits 255 when its connection fails rather than with
+/// the remote command's status. The job itself may well run on (with a state directory rank 0 comes back with it),
+/// so its exit code is not known. A job can exit 255 too (`exit -1`): the line on stderr says which it was.
+pub(crate) const EXIT_RANK0_LOST: i32 = 255;
+
+/// What a command that followed job `id` to its end exits with: its `Ok` code, or, when its connection to rank 0
+/// was lost (the connection to our broker ended, or our broker answered EHOSTUNREACH: it lost rank 0),
+/// [`EXIT_RANK0_LOST`] after saying how to find the job again; any other error as it is.
+fn followed(r: Result<i32, crate::client::RpcError>, id: JobId) -> Result<i32, String> {
+    match r {
+        Ok(code) => Ok(code),
+        Err(e) if e.errnum == crate::message::errno::EHOSTUNREACH => {
+            eprintln!("vigil: {}", lost_note(&e.errstr, id));
+            Ok(EXIT_RANK0_LOST)
+        }
+        Err(e) => Err(e.errstr),
     }
+}
+
+/// The hint of a client that lost rank 0 while it followed job `id`.
+fn lost_note(e: &str, id: JobId) -> String {
+    format!(
+        "{e} (rank 0 stopped or restarted): job {id} may still be running. If rank 0 keeps a state directory, once \
+         it is back `vigil job attach {id}` shows the job's whole output and exits with its exit code (`vigil job \
+         wait {id}`: the exit code alone); without one, the job ended with rank 0"
+    )
 }
 
 async fn submit(c: &Client, spec: &Jobspec) -> Result<JobId, String> {
@@ -370,9 +385,9 @@ pub(crate) const PENDING_NOTE_AFTER: std::time::Duration = std::time::Duration::
 /// Stream a job's output and exceptions until it is INACTIVE; return its exit code.
 /// Ctrl-C or SIGTERM once cancels the job (and keeps waiting for it to end); Ctrl-C twice detaches. If our
 /// stdout is closed (`vigil run ... | head`), the job is canceled too, as srun does.
-pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, String> {
+pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, crate::client::RpcError> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut s = c.rpc_stream("job-info.attach", 0, &json!({"id": id.0})).map_err(|e| e.errstr)?;
+    let mut s = c.rpc_stream("job-info.attach", 0, &json!({"id": id.0}))?;
     let mut code: Option<i32> = None;
     let mut fatal = false;
     let mut ctrlc = 0;
@@ -425,7 +440,7 @@ pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, St
             }
         };
         let Some(item) = next else { break };
-        let v = item.map_err(|e| e.errstr)?;
+        let v = item?;
         if v.get("output").is_some() || v.pointer("/event/name").and_then(Value::as_str) == Some("alloc") {
             started = true;
         }
@@ -812,7 +827,7 @@ pub(crate) async fn job(cmd: JobCmd) -> Result<i32, String> {
         JobCmd::Attach { id, label_io } => {
             let id = parse_id(&id)?;
             let c = connect().await?;
-            attach(&c, id, label_io).await.map_err(|e| lost_note(e, id))
+            followed(attach(&c, id, label_io).await, id)
         }
         JobCmd::Wait { id } => {
             let id = parse_id(&id)?;
@@ -822,7 +837,10 @@ pub(crate) async fn job(cmd: JobCmd) -> Result<i32, String> {
             let mut code = 1;
             let mut fatal = false;
             while let Some(item) = s.next().await {
-                let v = item.map_err(|e| lost_note(e.errstr, id))?;
+                let v = match item {
+                    Ok(v) => v,
+                    Err(e) => return followed(Err(e), id),
+                };
                 let e = &v["event"];
                 match e["name"].as_str() {
                     Some("finish") => {

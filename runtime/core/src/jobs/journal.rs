@@ -8,7 +8,9 @@
 //! in-memory store with the same contract, for tests and the simulator.
 //!
 //! Kept per job: the jobspec as submitted, the submitting uid, the RFC 18 eventlog (the state, R, the exit status
-//! and the first fatal exception are replayed from it), and once INACTIVE the tail of its output (at most
+//! and the first fatal exception are replayed from it), and its output: while it runs, every chunk as it comes,
+//! up to what rank 0 holds in memory ([`super::OUTPUT_KEEP`] bytes, the oldest dropped first), with the number of
+//! the next output batch due from each of its shells; once INACTIVE, the tail of it (at most
 //! [`super::INACTIVE_OUTPUT_KEEP`] bytes). Kept for the instance: the RFC 44 resource eventlog (drains and their
 //! reasons are replayed from it), the time its job ids count from, and the highest id given.
 //!
@@ -16,14 +18,20 @@
 //! - INACTIVE: listed as before, with its output.
 //! - Pending (NEW..SCHED): back in the queue, in id order, which is submission order.
 //! - Holding resources (RUN, CLEANUP) and not finished: with [`JobCore::reattach_grace`] (`tbon.parent_grace`)
-//!   its shells may have outlived rank 0, so it waits for them to come back (`reattach.rs`). Without, it gets a
+//!   its shells may have outlived rank 0, so it waits for them to come back (`reattach.rs`), with the output it
+//!   printed so far; each shell's output goes on from the batch number kept for it, so that a batch taken before
+//!   the restart and sent again (its acknowledgement was lost with rank 0) is not taken twice, and one sent but
+//!   not kept (rank 0 died before writing it, and so before acknowledging it) is taken once. Without, it gets a
 //!   fatal exception of type `restart`, its resources are released and it becomes INACTIVE. One that already
 //!   has its `finish` event keeps its exit status and gets no exception: only its cleanup was cut short.
 //!
 //! Job ids go on from the highest id kept, counted from the epoch kept: an id is never given twice, even if the
 //! clock went back meanwhile. Ranks that were drained are drained again, with the same reason, when they join.
 
-use super::{trim_output, Exception, Job, JobCore, JobId, JobState, INACTIVE_OUTPUT_KEEP, INACTIVE_OUTPUT_TOTAL};
+use super::{
+    trim_output, BatchOrder, Exception, Job, JobCore, JobId, JobState, INACTIVE_OUTPUT_KEEP, INACTIVE_OUTPUT_TOTAL,
+    OUTPUT_KEEP,
+};
 use crate::eventlog::Event;
 use crate::idset::IdSet;
 use crate::jobspec::{JobRequest, Jobspec};
@@ -74,9 +82,31 @@ pub struct JobRecord {
     pub r: Option<Value>,
     /// Its finish status (the largest task wait status), once known.
     pub status: Option<i32>,
-    /// Its output kept once INACTIVE (the tail, at most [`INACTIVE_OUTPUT_KEEP`] bytes), in the batch where it
-    /// became INACTIVE.
+    /// Its whole output kept at once (its tail, at most [`INACTIVE_OUTPUT_KEEP`] bytes, once INACTIVE), in place
+    /// of what was kept of it before: the job core writes [`JobRecord::rows`] instead; a store written before
+    /// those were kept had this.
     pub output: Option<Vec<OutputLine>>,
+    /// What changed in its output kept.
+    pub rows: OutputRows,
+}
+
+/// What changed in the output kept of a job ([`JobRecord::rows`]): its new chunks as they come, and what may go.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OutputRows {
+    /// The output chunks the job got since its last saved batch, in order, to be kept after those kept before
+    /// ([`KeptJob::put_output`]).
+    pub new: Vec<OutputLine>,
+    /// The absolute index of `new[0]` (chunks are counted from the job's first, dropped ones included).
+    pub first: usize,
+    /// The absolute index of the oldest chunk rank 0 still holds ([`super::OUTPUT_KEEP`] bytes while the job is
+    /// not INACTIVE, [`INACTIVE_OUTPUT_KEEP`] once it is): those before it need not be kept any more.
+    pub base: usize,
+    /// Each shell's next output batch due (broker rank, batch number), for those that moved since the last saved
+    /// batch ([`BatchOrder`]); for every shell when `new` is not empty and `base` is above 0 (the store may drop
+    /// the older rows that carried them).
+    pub batches: Vec<(u32, u64)>,
+    /// Chunks before `base` go now (rank 0 dropped some since the last saved batch, or the job became INACTIVE).
+    pub trim: bool,
 }
 
 /// Everything a state directory kept, read back at start-up for [`JobCore::restore`].
@@ -107,8 +137,58 @@ pub struct KeptJob {
     pub status: Option<i32>,
     /// Its state as last saved.
     pub state: JobState,
-    /// Its output once INACTIVE (empty before, or when it had none).
+    /// Its output: once INACTIVE its tail; before, what was kept as it ran (at most [`OUTPUT_KEEP`] bytes).
     pub output: Vec<OutputLine>,
+    /// The absolute index of `output[0]` before the job is INACTIVE (0 once it is).
+    pub output_base: usize,
+    /// Before the job is INACTIVE: each shell's next output batch due, by broker rank (none kept: not known).
+    pub batches: BTreeMap<u32, u64>,
+}
+
+impl KeptJob {
+    /// A job kept with no events and no output yet (its first batch).
+    pub fn new(userid: u32, jobspec: Value, state: JobState) -> KeptJob {
+        KeptJob {
+            userid,
+            jobspec,
+            eventlog: Vec::new(),
+            r: None,
+            status: None,
+            state,
+            output: Vec::new(),
+            output_base: 0,
+            batches: BTreeMap::new(),
+        }
+    }
+
+    /// Keep output chunks `lines`, the first at absolute index `first`, after those kept: any kept from `first` on
+    /// are replaced (a batch saved again), and when `first` is past the last chunk kept (the chunks between were
+    /// dropped before they could be kept) or before the oldest, those kept go. Bounded by
+    /// [`KeptJob::bound_output`].
+    pub fn put_output(&mut self, first: usize, lines: impl IntoIterator<Item = OutputLine>) {
+        if first < self.output_base || first > self.output_base + self.output.len() {
+            self.output.clear();
+            self.output_base = first;
+        } else {
+            self.output.truncate(first - self.output_base);
+        }
+        self.output.extend(lines);
+    }
+
+    /// Drop the oldest chunks until at most [`OUTPUT_KEEP`] bytes remain ([`OutputLine::size`]), or
+    /// [`INACTIVE_OUTPUT_KEEP`] once the job is INACTIVE: the chunks rank 0 held in memory, whatever the batches
+    /// they were kept in.
+    pub fn bound_output(&mut self) {
+        let keep = if self.state == JobState::Inactive { INACTIVE_OUTPUT_KEEP } else { OUTPUT_KEEP };
+        let mut bytes: usize = self.output.iter().map(OutputLine::size).sum();
+        let mut drop = 0;
+        while bytes > keep && drop < self.output.len() {
+            bytes -= self.output[drop].size();
+            drop += 1;
+        }
+        self.output.drain(..drop);
+        self.output_base += drop;
+    }
 }
 
 /// Why a batch does not apply to what is kept ([`Kept::apply`]): a bug in whoever produced it.
@@ -160,15 +240,10 @@ impl Kept {
             self.epoch = b.epoch;
         }
         for r in &b.jobs {
-            let k = self.jobs.entry(r.id).or_insert_with(|| KeptJob {
-                userid: r.userid,
-                jobspec: r.jobspec.clone().unwrap_or(Value::Null),
-                eventlog: Vec::new(),
-                r: None,
-                status: None,
-                state: r.state,
-                output: Vec::new(),
-            });
+            let k = self
+                .jobs
+                .entry(r.id)
+                .or_insert_with(|| KeptJob::new(r.userid, r.jobspec.clone().unwrap_or(Value::Null), r.state));
             k.eventlog.truncate(r.first_event);
             k.eventlog.extend(r.events.iter().cloned());
             k.state = r.state;
@@ -176,6 +251,18 @@ impl Kept {
             k.status = r.status;
             if let Some(o) = &r.output {
                 k.output = o.clone();
+                k.output_base = 0;
+                k.batches.clear();
+            } else {
+                if !r.rows.new.is_empty() {
+                    k.put_output(r.rows.first, r.rows.new.iter().cloned());
+                }
+                k.bound_output();
+                if r.state == JobState::Inactive {
+                    k.batches.clear();
+                } else {
+                    k.batches.extend(r.rows.batches.iter().copied());
+                }
             }
         }
         self.resource_eventlog.truncate(b.resource_first);
@@ -268,16 +355,38 @@ impl JobCore {
         let jobs = dirty
             .iter()
             .filter_map(|id| self.jobs.get(id))
-            .map(|j| JobRecord {
-                id: j.id,
-                userid: j.userid,
-                state: j.state,
-                jobspec: (j.saved_events == 0).then(|| j.jobspec()),
-                first_event: j.saved_events,
-                events: j.eventlog[j.saved_events.min(j.eventlog.len())..].to_vec(),
-                r: j.r.as_ref().and_then(|r| serde_json::to_value(r).ok()),
-                status: j.status,
-                output: (j.state == JobState::Inactive && !j.saved_output).then(|| j.output.iter().cloned().collect()),
+            .map(|j| {
+                let running = j.state != JobState::Inactive;
+                // Once INACTIVE, its batch writes what was not written yet and trims the rows to its tail.
+                let ending = !running && !j.saved_output;
+                let first = j.saved_chunks.max(j.output_base);
+                let new: Vec<OutputLine> = if running || ending {
+                    j.output.iter().skip(first - j.output_base).cloned().collect()
+                } else {
+                    Vec::new()
+                };
+                // Once rank 0 drops chunks, the store drops the rows before them, with the batch numbers they
+                // carried: a write of new chunks then carries every shell's.
+                let all = running && j.output_base > 0 && !new.is_empty();
+                let trim = j.output_base > 0 && (!new.is_empty() || ending);
+                JobRecord {
+                    id: j.id,
+                    userid: j.userid,
+                    state: j.state,
+                    jobspec: (j.saved_events == 0).then(|| j.jobspec()),
+                    first_event: j.saved_events,
+                    events: j.eventlog[j.saved_events.min(j.eventlog.len())..].to_vec(),
+                    r: j.r.as_ref().and_then(|r| serde_json::to_value(r).ok()),
+                    status: j.status,
+                    output: None,
+                    rows: OutputRows {
+                        batches: if running { moved_batches(j, all) } else { Vec::new() },
+                        new,
+                        first,
+                        base: j.output_base,
+                        trim,
+                    },
+                }
             })
             .collect();
         Some(Journal {
@@ -295,7 +404,9 @@ impl JobCore {
         for r in &b.jobs {
             if let Some(j) = self.jobs.get_mut(&r.id) {
                 j.saved_events = r.first_event + r.events.len();
-                j.saved_output |= r.output.is_some();
+                j.saved_output |= r.state == JobState::Inactive;
+                j.saved_chunks = j.saved_chunks.max(r.rows.first + r.rows.new.len());
+                j.saved_marks.extend(r.rows.batches.iter().copied());
             }
             if let Some(d) = self.actions.dirty.as_mut() {
                 d.remove(&r.id);
@@ -346,11 +457,22 @@ impl JobCore {
         self.saved.resource = self.resource_eventlog.len();
         self.resource_eventlog.push(Event::with_time(now, "restart", json!({"online": ""})));
         for (id, k) in kept.jobs {
-            let output = k.output;
+            let (output, output_base, batches) = (k.output, k.output_base, k.batches);
             let mut job = self.replay(id, k.userid, k.jobspec, k.eventlog, &mut out);
+            if job.state != JobState::Inactive {
+                // The output kept while it ran (a requeued job's earlier runs too): it goes on after it.
+                for l in output.iter().cloned() {
+                    job.output_bytes += l.size();
+                    job.output.push_back(l);
+                }
+                job.output_base = output_base;
+                job.saved_chunks = output_base + job.output.len();
+                job.saved_marks = batches;
+            }
             match job.state {
                 JobState::Inactive => {
                     job.saved_output = true;
+                    job.output_base = output_base;
                     for l in output {
                         job.output_bytes += l.size();
                         job.output.push_back(l);
@@ -495,6 +617,25 @@ impl JobCore {
     }
 }
 
+/// The shells of running job `j` whose next output batch due moved since the last saved batch (none saved counts
+/// as 0, so that a job whose shells sent nothing yet writes nothing), or with `all` every shell whose is known:
+/// broker rank and batch number.
+fn moved_batches(j: &Job, all: bool) -> Vec<(u32, u64)> {
+    j.shells
+        .values()
+        .filter_map(|sh| {
+            let due = sh.batches.due()?;
+            (all || due != j.saved_marks.get(&sh.rank).copied().unwrap_or(0)).then_some((sh.rank, due))
+        })
+        .collect()
+}
+
+/// The order of the output batches of the shell on broker `rank` of a job re-attached after a restart: from the
+/// number kept for it, else from the first batch that comes ([`BatchOrder::resume`]).
+pub(super) fn kept_order(j: &Job, rank: u32) -> BatchOrder {
+    j.saved_marks.get(&rank).map_or_else(BatchOrder::resume, |n| BatchOrder::at(*n))
+}
+
 /// The events of a job's current run: those after its last `requeue` (a requeued job's earlier run ended with its
 /// own `release` and `free`, which say nothing of the run that holds resources now).
 pub(super) fn this_run(eventlog: &[Event]) -> &[Event] {
@@ -626,6 +767,30 @@ mod tests {
             kept.apply(&Journal { jobs: vec![], resource_first: 99, ..third.clone() }),
             Err(ApplyError::ResourceGap { first: 99, kept: kept.resource_eventlog.len() })
         );
+    }
+
+    /// Output kept as a job runs: batches follow on by their absolute index, one saved again replaces itself, a
+    /// gap (chunks dropped before they could be kept) starts afresh, and the whole is bounded as rank 0 holds it.
+    #[test]
+    fn output_kept_as_a_job_runs_follows_on_and_is_bounded_as_in_memory() {
+        let chunk = |i: usize| OutputLine::text(0, "stdout", format!("{i:06}"));
+        let chunks = |r: std::ops::Range<usize>| r.map(chunk).collect::<Vec<_>>();
+        let mut k = KeptJob::new(1000, Value::Null, JobState::Run);
+        k.put_output(0, chunks(0..3));
+        k.put_output(3, chunks(3..5));
+        k.put_output(3, chunks(3..6)); // the last batch again, with more: not twice
+        assert_eq!((k.output_base, k.output.clone()), (0, chunks(0..6)));
+        k.put_output(9, chunks(9..10)); // 6-8 never kept
+        assert_eq!((k.output_base, k.output.clone()), (9, chunks(9..10)));
+        // Bounded by bytes, the oldest dropped first, as `trim_output` does as chunks come.
+        let per = chunk(0).size();
+        let n = OUTPUT_KEEP / per + 10;
+        k.put_output(10, chunks(10..10 + n));
+        k.bound_output();
+        let bytes: usize = k.output.iter().map(OutputLine::size).sum();
+        assert!(bytes <= OUTPUT_KEEP && bytes + per > OUTPUT_KEEP, "{bytes}");
+        assert_eq!(k.output_base + k.output.len(), 10 + n, "the newest kept");
+        assert_eq!(k.output[0], chunk(k.output_base), "indexes still absolute");
     }
 
     proptest::proptest! {

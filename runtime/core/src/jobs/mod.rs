@@ -315,6 +315,17 @@ impl BatchOrder {
         BatchOrder { resume: true, ..Default::default() }
     }
 
+    /// The order of a shell whose batches up to `next` (excluded) were taken before rank 0 restarted, as its state
+    /// directory kept them (`journal.rs`): batch `next` is due, and one below it that comes again is taken no more.
+    pub fn at(next: u64) -> BatchOrder {
+        BatchOrder { next, ..Default::default() }
+    }
+
+    /// The next batch due, once known (not while the order waits for its first batch after [`BatchOrder::resume`]).
+    pub fn due(&self) -> Option<u64> {
+        (!self.resume).then_some(self.next)
+    }
+
     /// Take batch `seq`: the lines now due, in order (none if it was taken before or must wait its turn).
     pub fn take(&mut self, seq: u64, lines: Vec<OutputLine>) -> Vec<OutputLine> {
         if std::mem::take(&mut self.resume) {
@@ -434,6 +445,11 @@ pub struct Job {
     /// Events of `eventlog` already kept in the state directory, and whether its INACTIVE output is (`journal.rs`).
     saved_events: usize,
     saved_output: bool,
+    /// While it runs: output chunks kept in the state directory (the absolute index after the last one), and the
+    /// next batch due from each shell as kept there (by broker rank; none kept is 0), so that a restarted rank 0
+    /// goes on with both (`journal.rs`).
+    saved_chunks: usize,
+    saved_marks: BTreeMap<u32, u64>,
 }
 
 impl Job {
@@ -485,6 +501,8 @@ impl Job {
             armed: None,
             saved_events: 0,
             saved_output: false,
+            saved_chunks: 0,
+            saved_marks: BTreeMap::new(),
         }
     }
 
@@ -1158,6 +1176,12 @@ impl JobCore {
     /// Output lines from a shell; `batch`: where they stand in the shell's numbering ([`BatchOrder`]).
     pub fn output(&mut self, id: JobId, batch: Batch, lines: Vec<OutputLine>) {
         if let Some(j) = self.jobs.get_mut(&id) {
+            let shell = match batch {
+                Batch::Numbered { rank, .. } | Batch::Flush { rank } => Some(rank),
+                Batch::Unnumbered => None,
+            };
+            let due = |j: &Job| shell.and_then(|r| j.shells.get(&r)).and_then(|sh| sh.batches.due());
+            let before = due(j);
             let lines = match batch {
                 Batch::Unnumbered => lines,
                 Batch::Numbered { rank, seq } => match j.shells.get_mut(&rank) {
@@ -1171,6 +1195,12 @@ impl JobCore {
                 }
             };
             if lines.is_empty() {
+                // A batch with nothing due still moves the shell's numbering, which the journal keeps.
+                if due(j) != before {
+                    if let Some(d) = self.actions.dirty.as_mut() {
+                        d.insert(id);
+                    }
+                }
                 return;
             }
             for l in lines {

@@ -11,7 +11,9 @@
 //!   broker restarted too): that rank is lost for the job, by the usual critical-rank rules.
 //! - **Shell exit reports** (re)sent by the brokers complete the job as they would have without the restart, with
 //!   its real exit code ([`JobCore::shell_exit`]): a job whose tasks ended during the outage completes from them.
-//!   Output batches are taken from whatever number each shell has reached ([`BatchOrder::resume`]).
+//!   Output batches are taken from the number kept for each shell (`journal.rs`), or, where none was kept, from
+//!   whatever number the shell has reached ([`super::BatchOrder::resume`]); the output printed before the restart was
+//!   kept too, and the new output follows it.
 //! - **At the end of the grace** ([`JobCore::handle_timeout`]), a job still missing shells: if nothing at all came
 //!   back from it, the fatal `restart` exception as without re-attaching; otherwise the ranks missing are lost for
 //!   it ([`JobCore::ranks_lost`]'s rules: a critical one fails it, another is a `node-failure` and it goes on).
@@ -22,7 +24,7 @@
 //! assumed.
 
 use super::journal::RESTART_EXCEPTION;
-use super::{BatchOrder, Job, JobCore, JobId, JobState, ShellState};
+use super::{Job, JobCore, JobId, JobState, ShellState};
 use crate::idset::IdSet;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -85,7 +87,7 @@ impl JobCore {
                     status: done.map(|d| d.0),
                     abort_code: done.and_then(|d| d.1),
                     ended: done.map(|d| d.2),
-                    batches: BatchOrder::resume(),
+                    batches: super::journal::kept_order(&job, a.rank),
                 },
             );
             if !gone {
@@ -227,6 +229,7 @@ impl JobCore {
 mod tests {
     use super::super::journal::Kept;
     use super::super::tests::{actions, cmd, core, exit_shell, spawns, spec, T0};
+    use super::super::BatchOrder;
     use super::*;
     use crate::shellproto::ShellExit;
 
@@ -453,6 +456,89 @@ mod tests {
         let l = &c2.jobs[&a];
         assert_eq!((l.result(), l.exit_code(), l.requeues), (Some("FAILED"), Some(5), 1));
         assert!(l.fatal.is_none(), "{:?}", l.fatal);
+    }
+
+    /// The output a running job printed before rank 0 restarted is kept, and each shell's goes on after it: a batch
+    /// taken and kept before the restart and sent again (its acknowledgement died with rank 0) is not taken twice;
+    /// one taken but not kept (rank 0 died before writing it, so before acknowledging it) is taken when sent again.
+    /// A job that prints nothing adds nothing of this to the store's writes.
+    #[test]
+    fn output_printed_before_a_restart_is_kept_and_goes_on_in_order_once() {
+        use super::super::journal::OutputRows;
+        use super::super::Batch;
+        use crate::shellproto::OutputLine;
+        let mut c = core(3, 2, 0);
+        c.enable_journal();
+        let a = c.submit(T0 + 1.0, &spec(cmd().nnodes(2).ntasks(2)), 1000).unwrap();
+        let quiet = c.submit(T0 + 1.0, &spec(cmd().nnodes(1).ntasks(1)), 1000).unwrap();
+        for (id, rank, _) in spawns(&actions(&mut c)) {
+            c.shell_spawned(T0 + 1.5, id, rank, Ok(()));
+        }
+        let (r1, r2) = (c.jobs[&a].alloc[0].rank, c.jobs[&a].alloc[1].rank);
+        let line = |task: u32, s: &str| vec![OutputLine::text(task, "stdout", s.into())];
+        let n = |rank: u32, seq: u64| Batch::Numbered { rank, seq };
+        let got = |c: &JobCore| -> Vec<String> { c.jobs[&a].output.iter().map(|l| l.data.clone()).collect() };
+        let mut kept = Kept::default();
+        let save = |c: &mut JobCore, kept: &mut Kept| {
+            let b = c.journal().expect("a batch");
+            for r in b.jobs.iter().filter(|r| r.id == quiet) {
+                assert_eq!(r.rows, OutputRows::default(), "nothing to write for a job with no output");
+            }
+            kept.apply(&b).expect("applies");
+            c.journal_saved(&b);
+        };
+        c.output(a, n(r1, 0), line(0, "a0"));
+        c.output(a, n(r2, 0), line(1, "b0"));
+        save(&mut c, &mut kept);
+        c.output(a, n(r1, 1), line(0, "a1"));
+        save(&mut c, &mut kept);
+        let q = c.jobs[&quiet].alloc[0].rank;
+        exit_shell(&mut c, T0 + 2.0, quiet, q, 0);
+        let b = c.journal().expect("a batch for the quiet job's end");
+        assert!(b.jobs.iter().all(|r| r.id != a), "job a: nothing new, nothing written");
+        save(&mut c, &mut kept);
+        // Taken, not kept: rank 0 dies before its next write.
+        c.output(a, n(r2, 1), line(1, "b1"));
+
+        let restart = |kept: &Kept, t: f64| {
+            let mut c = JobCore::new(t);
+            c.reattach_grace = 60.0;
+            c.restore(t, kept.clone());
+            for r in [r1, r2] {
+                join(&mut c, t + 1.0, r, &[a]);
+            }
+            c
+        };
+        let mut c2 = restart(&kept, T0 + 10.0);
+        assert_eq!(got(&c2), ["a0", "b0", "a1"], "what was kept, in the order it came");
+        // Sent again after the rejoin: r1's batch 1 (kept, its acknowledgement lost) and r2's batch 1 (not kept).
+        c2.output(a, n(r1, 1), line(0, "a1"));
+        c2.output(a, n(r2, 1), line(1, "b1"));
+        c2.output(a, n(r1, 2), line(0, "a2"));
+        assert_eq!(got(&c2), ["a0", "b0", "a1", "b1", "a2"]);
+        c2.enable_journal();
+        save(&mut c2, &mut kept);
+        // A second restart: the same again, and the numbering goes on.
+        let mut c3 = restart(&kept, T0 + 20.0);
+        assert_eq!(got(&c3), ["a0", "b0", "a1", "b1", "a2"]);
+        c3.output(a, n(r1, 2), line(0, "a2"));
+        c3.output(a, n(r2, 2), line(1, "b2"));
+        assert_eq!(got(&c3), ["a0", "b0", "a1", "b1", "a2", "b2"]);
+        // The job ends: what was not written yet is, and no more batch numbers; its output (all of it: under the
+        // 1 MiB an INACTIVE job keeps) stays as it was kept.
+        c3.enable_journal();
+        for r in [r1, r2] {
+            exit_shell(&mut c3, T0 + 21.0, a, r, 0);
+        }
+        assert_eq!(c3.jobs[&a].state, JobState::Inactive);
+        let b = c3.journal().expect("a batch");
+        let rec = b.jobs.iter().find(|r| r.id == a).expect("job a");
+        assert!(rec.output.is_none() && rec.rows.batches.is_empty() && !rec.rows.trim, "{:?}", rec.rows);
+        assert_eq!(rec.rows.new.iter().map(|l| l.data.as_str()).collect::<Vec<_>>(), ["b2"]);
+        kept.apply(&b).expect("applies");
+        let k = &kept.jobs[&a];
+        assert_eq!(k.output.iter().map(|l| l.data.as_str()).collect::<Vec<_>>(), ["a0", "b0", "a1", "b1", "a2", "b2"]);
+        assert!(k.batches.is_empty() && k.output_base == 0);
     }
 
     #[test]

@@ -20,16 +20,24 @@
 //! - `meta(key, value)`: `epoch` (seconds since the Unix epoch that job ids count from), `last_id` (the highest
 //!   job id given), `restarts` (times rank 0 started on this file after the first);
 //! - `jobs(id, userid, state, jobspec, R, status, output)`: one row per job; `jobspec` and `R` JSON, `output` the
-//!   JSON array of an INACTIVE job's output lines (its tail);
+//!   JSON array of an INACTIVE job's output lines (its tail) in a store written before schema 2 (since, its
+//!   output is in `job_output`);
 //! - `job_events(id, seq, event)`: each job's RFC 18 eventlog, one line per row;
+//! - `job_output(id, seq, upto, lines, batches)`: the output of each job as it came: one row per job per write,
+//!   `lines` the JSON array of the chunks numbered `seq` to `upto` (excluded) from the job's first, `batches` (JSON `{"rank": next}`, or NULL) the next output batch due from the job shells on
+//!   those broker ranks whose number moved, so that a restarted rank 0 takes each batch once (read in row order,
+//!   later rows win); rows wholly before the oldest chunk rank 0 still holds go (the row written with them then
+//!   carries every shell's number), so that once the job is INACTIVE its rows are its tail; a purged job's go;
 //! - `resource_events(seq, event)`: the RFC 44 resource eventlog.
+//!
+//! Schema 1 (before `job_output`) is brought to 2 at open by adding it.
 //!
 //! A file this build cannot read (not SQLite, damaged, truncated, another schema version) is [`OpenError::Damaged`]:
 //! rank 0 then runs without a store, with scheduling stopped and submissions refused, and leaves the file as it is
 //! for an operator. A directory that cannot be written is [`OpenError::Unwritable`]: rank 0 does not start.
 
 use crate::eventlog::Event;
-use crate::jobs::journal::{Journal, Kept, KeptJob};
+use crate::jobs::journal::{JobRecord, Journal, Kept, KeptJob};
 use crate::jobs::{JobId, JobState};
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use std::path::{Path, PathBuf};
@@ -38,7 +46,7 @@ use std::path::{Path, PathBuf};
 pub const FILE: &str = "vigil.sqlite";
 
 /// The schema this build writes and reads (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// `PRAGMA application_id` of a Vigil store: "VGL1".
 pub const APPLICATION_ID: i64 = 0x5647_4c31;
@@ -361,6 +369,8 @@ impl Store {
             Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX)
                 .map_err(|e| damaged(&path, e))?;
         check(&conn).map_err(|why| damaged(&path, why))?;
+        upgrade(&conn)
+            .map_err(|e| unwritable(format!("{}: cannot bring it to schema {SCHEMA_VERSION}: {e}", path.display())))?;
         conn.pragma_update(None, "synchronous", "FULL").map_err(|e| damaged(&path, e))?;
         let mut store = Store { conn, path, restarts: 0, sync_full: true, meta_kept: None, _lock: lock };
         let kept = store.load().map_err(|e| damaged(&store.path, e))?;
@@ -428,15 +438,13 @@ impl Store {
                 .map_err(|_| format!("job {id}: unknown state '{state}'"))?;
             let jobspec: String = r.get(3).map_err(s)?;
             let rv: Option<String> = r.get(4).map_err(s)?;
-            let job = KeptJob {
-                userid: r.get::<_, i64>(1).map_err(s)? as u32,
-                jobspec: serde_json::from_str(&jobspec).map_err(|e| format!("job {id}: jobspec: {e}"))?,
-                eventlog: Vec::new(),
-                r: rv.map(|t| serde_json::from_str(&t)).transpose().map_err(|e| format!("job {id}: R: {e}"))?,
-                status: r.get(5).map_err(s)?,
+            let mut job = KeptJob::new(
+                r.get::<_, i64>(1).map_err(s)? as u32,
+                serde_json::from_str(&jobspec).map_err(|e| format!("job {id}: jobspec: {e}"))?,
                 state,
-                output: Vec::new(),
-            };
+            );
+            job.r = rv.map(|t| serde_json::from_str(&t)).transpose().map_err(|e| format!("job {id}: R: {e}"))?;
+            job.status = r.get(5).map_err(s)?;
             kept.jobs.insert(id, job);
         }
         let mut q = c.prepare("SELECT id, seq, event FROM job_events ORDER BY id, seq").map_err(s)?;
@@ -466,6 +474,7 @@ impl Store {
                 job.output = serde_json::from_str(&text).map_err(|e| format!("job {id}: output: {e}"))?;
             }
         }
+        load_output_rows(c, &mut kept, read)?;
         let mut q = c.prepare("SELECT seq, event FROM resource_events ORDER BY seq").map_err(s)?;
         let mut rows = q.query([]).map_err(s)?;
         while let Some(r) = rows.next().map_err(s)? {
@@ -552,6 +561,7 @@ impl Store {
                 for (i, e) in r.events.iter().enumerate() {
                     event.execute(params![id, (r.first_event + i) as i64, e.to_line()])?;
                 }
+                write_output_rows(&tx, r)?;
             }
             let mut res = tx.prepare_cached("INSERT OR REPLACE INTO resource_events(seq, event) VALUES(?1, ?2)")?;
             for (i, e) in b.resource_events.iter().enumerate() {
@@ -563,6 +573,7 @@ impl Store {
             for id in &b.purged {
                 purge_job.execute(params![id.0 as i64])?;
                 purge_events.execute(params![id.0 as i64])?;
+                tx.prepare_cached("DELETE FROM job_output WHERE id = ?1")?.execute(params![id.0 as i64])?;
             }
             // The meta rows only when what they say is not in the file already: a page less in the log for most
             // writes. The highest id given is read back as the larger of `last_id` and the highest job row
@@ -581,6 +592,96 @@ impl Store {
     }
 }
 
+/// Write what changed in the output of job `r` (`job_output`): one row of its new chunks and of the batch
+/// numbers that moved, and, once rank 0 dropped some chunks (past its bound, or to the tail of a job that became
+/// INACTIVE: most jobs never do), the rows wholly before the oldest it holds. Nothing for a job with no new output:
+/// one row, in the job's neighbourhood of one table, is what a write of output costs.
+fn write_output_rows(tx: &rusqlite::Transaction<'_>, r: &JobRecord) -> rusqlite::Result<()> {
+    let id = r.id.0 as i64;
+    let o = &r.rows;
+    if o.trim {
+        tx.prepare_cached("DELETE FROM job_output WHERE id = ?1 AND seq < ?2 AND upto <= ?2")?
+            .execute(params![id, o.base as i64])?;
+    }
+    if o.new.is_empty() && o.batches.is_empty() {
+        return Ok(());
+    }
+    let lines = serde_json::to_string(&o.new).unwrap_or_else(|_| "[]".into());
+    let batches = (!o.batches.is_empty()).then(|| {
+        let m: serde_json::Map<String, serde_json::Value> =
+            o.batches.iter().map(|(rank, next)| (rank.to_string(), (*next).into())).collect();
+        serde_json::Value::Object(m).to_string()
+    });
+    let upto = o.first + o.new.len();
+    tx.prepare_cached("INSERT OR REPLACE INTO job_output(id, seq, upto, lines, batches) VALUES(?1, ?2, ?3, ?4, ?5)")?
+        .execute(params![id, o.first as i64, upto as i64, lines, batches])?;
+    Ok(())
+}
+
+/// Read back the output kept in rows (`job_output`; see [`KeptJob::put_output`]): in order, bounded as rank 0
+/// held it, and the batch numbers the rows carry (later rows winning) for jobs not INACTIVE. Every job not
+/// INACTIVE has its output read; INACTIVE ones, newest first, until [`OUTPUT_READ`] bytes were read (`read`
+/// already, from `jobs.output`, where a store written before schema 2 keeps an INACTIVE job's output).
+fn load_output_rows(c: &Connection, kept: &mut Kept, mut read: usize) -> Result<(), String> {
+    let s = |e: rusqlite::Error| e.to_string();
+    let mut q = c.prepare("SELECT id, seq, lines, batches FROM job_output ORDER BY id DESC, seq, upto").map_err(s)?;
+    let mut rows = q.query([]).map_err(s)?;
+    let mut got = std::collections::BTreeSet::new();
+    let mut full = read > OUTPUT_READ;
+    while let Some(r) = rows.next().map_err(s)? {
+        let id = JobId(r.get::<_, i64>(0).map_err(s)? as u64);
+        let seq = r.get::<_, i64>(1).map_err(s)?;
+        let text: String = r.get(2).map_err(s)?;
+        let Some(job) = kept.jobs.get_mut(&id) else { continue };
+        let inactive = job.state == JobState::Inactive;
+        if inactive {
+            if full || (!got.contains(&id) && !job.output.is_empty()) {
+                continue;
+            }
+            read += text.len();
+            if read > OUTPUT_READ {
+                // Older jobs' output stays in the file; this one's is not read in part.
+                (full, job.output, job.output_base) = (true, Vec::new(), 0);
+                got.remove(&id);
+                continue;
+            }
+        }
+        let lines: Vec<crate::shellproto::OutputLine> =
+            serde_json::from_str(&text).map_err(|e| format!("job {id}: output from {seq}: {e}"))?;
+        if !lines.is_empty() {
+            job.put_output(usize::try_from(seq).map_err(|_| format!("job {id}: output at {seq}"))?, lines);
+            got.insert(id);
+        }
+        let batches: Option<String> = r.get(3).map_err(s)?;
+        if let (Some(b), false) = (batches, inactive) {
+            let m: std::collections::BTreeMap<u32, u64> =
+                serde_json::from_str(&b).map_err(|e| format!("job {id}: batches at {seq}: {e}"))?;
+            job.batches.extend(m);
+        }
+    }
+    for id in got {
+        if let Some(job) = kept.jobs.get_mut(&id) {
+            job.bound_output();
+        }
+    }
+    Ok(())
+}
+
+/// The table schema 2 added to schema 1: the output of jobs as they run. Keyed by `upto` too: a row of batch
+/// numbers alone (no chunks) and the row of chunks written after it start at the same `seq`.
+const RUNNING_OUTPUT_TABLES: &str = "
+    CREATE TABLE job_output(id INTEGER NOT NULL, seq INTEGER NOT NULL, upto INTEGER NOT NULL, lines TEXT NOT NULL,
+                            batches TEXT, PRIMARY KEY(id, seq, upto)) WITHOUT ROWID;";
+
+/// Bring a store of schema 1 (checked by [`check`]) to [`SCHEMA_VERSION`], in one transaction.
+fn upgrade(c: &Connection) -> rusqlite::Result<()> {
+    let version: i64 = c.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if version == 1 {
+        c.execute_batch(&format!("BEGIN; {RUNNING_OUTPUT_TABLES} PRAGMA user_version = 2; COMMIT;"))?;
+    }
+    Ok(())
+}
+
 /// A new store's schema.
 fn create(c: &Connection) -> rusqlite::Result<()> {
     c.pragma_update(None, "journal_mode", "WAL")?;
@@ -594,6 +695,7 @@ fn create(c: &Connection) -> rusqlite::Result<()> {
          CREATE TABLE job_events(id INTEGER NOT NULL, seq INTEGER NOT NULL, event TEXT NOT NULL,
                                  PRIMARY KEY(id, seq)) WITHOUT ROWID;
          CREATE TABLE resource_events(seq INTEGER PRIMARY KEY, event TEXT NOT NULL);
+         {RUNNING_OUTPUT_TABLES}
          COMMIT;"
     ))
 }
@@ -607,7 +709,7 @@ fn check(c: &Connection) -> Result<(), String> {
             "not a Vigil state store (SQLite application_id {app:#x}, a Vigil store has {APPLICATION_ID:#x})"
         ));
     }
-    if version != SCHEMA_VERSION {
+    if version != SCHEMA_VERSION && version != 1 {
         return Err(format!(
             "schema version {version}, but this build reads version {SCHEMA_VERSION} (use the Vigil that wrote it, \
              or move the file away to start afresh)"
@@ -649,6 +751,7 @@ mod tests {
             r: None,
             status: None,
             output: None,
+            rows: Default::default(),
         }
     }
 
@@ -792,6 +895,108 @@ mod tests {
         let e = WalSync::new(&d.path().join("elsewhere").join(FILE)).sync().unwrap_err();
         assert_eq!(e.errno, crate::message::errno::EIO);
         assert!(e.why.contains("elsewhere") && e.why.contains("-wal"), "{}", e.why);
+    }
+
+    /// A running job's output is kept as it comes, across reopenings, bounded as rank 0 holds it, with its shells'
+    /// batch numbers; once the job is INACTIVE its tail stays, the rows before it go.
+    #[test]
+    fn a_jobs_output_is_kept_as_it_comes_and_trimmed_to_its_tail_once_inactive() {
+        use crate::jobs::journal::OutputRows;
+        use crate::shellproto::OutputLine;
+        let d = tempfile::tempdir().unwrap();
+        let (mut s, _) = Store::open(d.path()).unwrap();
+        let mut mem = Kept::default();
+        let chunk = |i: usize| OutputLine::text(0, "stdout", format!("{i:06}"));
+        let running = |first: usize, upto: usize, base: usize, batches: Vec<(u32, u64)>| OutputRows {
+            new: (first..upto).map(chunk).collect(),
+            first,
+            base,
+            batches,
+            trim: base > 0,
+        };
+        let mut commit = |s: &mut Store, r: JobRecord| {
+            let b = batch(vec![r], 0, 0, 5);
+            s.commit_with(&b, false).unwrap();
+            mem.apply(&b).unwrap();
+            mem.clone()
+        };
+        let mut r = record(5, 0, &["submit"], true);
+        r.state = JobState::Run;
+        r.rows = running(0, 3, 0, vec![(1, 1), (2, 1)]);
+        commit(&mut s, r);
+        let mut r = record(5, 1, &[], false);
+        r.state = JobState::Run;
+        r.rows = running(3, 5, 0, vec![(1, 2)]);
+        let want = commit(&mut s, r);
+        let rows =
+            |s: &Store| -> i64 { s.conn.query_row("SELECT COUNT(*) FROM job_output", [], |r| r.get(0)).unwrap() };
+        assert_eq!(rows(&s), 2);
+        drop(s);
+        let (mut s, kept) = Store::open(d.path()).unwrap();
+        let kept = kept.unwrap();
+        assert_eq!(kept, want);
+        assert_eq!(kept.jobs[&JobId(5)].output, (0..5).map(chunk).collect::<Vec<_>>());
+        assert_eq!(kept.jobs[&JobId(5)].batches, [(1, 2), (2, 1)].into_iter().collect());
+        // Rank 0 dropped chunks 0-3 (past its bound): the rows wholly before chunk 4 go, so that the file stays
+        // bounded; what is read back is bounded by bytes as rank 0 holds it (`KeptJob::bound_output`).
+        let mut r = record(5, 1, &[], false);
+        r.state = JobState::Run;
+        r.rows = running(5, 7, 4, vec![(1, 3), (2, 1)]); // every shell's number (`OutputRows::batches`)
+        let want = commit(&mut s, r);
+        assert_eq!(rows(&s), 2, "the first row went, the one holding chunk 4 stays");
+        drop(s);
+        let (mut s, kept) = Store::open(d.path()).unwrap();
+        assert_eq!(kept.unwrap().jobs[&JobId(5)].batches, want.jobs[&JobId(5)].batches);
+        // Job 6 prints 8 chunks of 200 kB, then 4 more as it ends: INACTIVE, it keeps its last 1 MiB, the last 5
+        // chunks (`INACTIVE_OUTPUT_KEEP`); the row wholly before them goes.
+        let big = |i: usize| OutputLine::text(0, "stdout", format!("{i:06}{}", "x".repeat(200_000)));
+        let rows6 = |first: usize, upto: usize, base: usize| OutputRows {
+            new: (first..upto).map(big).collect(),
+            first,
+            base,
+            batches: vec![],
+            trim: base > 0,
+        };
+        let mut r = record(6, 0, &["submit"], true);
+        r.state = JobState::Run;
+        r.rows = rows6(0, 4, 0);
+        commit(&mut s, r);
+        let mut r = record(6, 1, &[], false);
+        r.state = JobState::Run;
+        r.rows = rows6(4, 8, 0);
+        commit(&mut s, r);
+        let mut r = record(6, 1, &["clean"], false);
+        r.state = JobState::Inactive;
+        r.rows = rows6(8, 12, 7);
+        let want = commit(&mut s, r);
+        let k = &want.jobs[&JobId(6)];
+        assert_eq!((k.output_base, k.output.len()), (7, 5), "the tail rank 0 holds");
+        let rows6: i64 = s.conn.query_row("SELECT COUNT(*) FROM job_output WHERE id = 6", [], |r| r.get(0)).unwrap();
+        assert_eq!(rows6, 2, "chunks 0-3 went; 4-7 and 8-11 stay");
+        drop(s);
+        let (_s, kept) = Store::open(d.path()).unwrap();
+        // (Job 5's rows were cut at an index of this test's choosing, not by bytes: not compared.)
+        assert!(kept.unwrap().jobs[&JobId(6)] == want.jobs[&JobId(6)], "job 6 as kept in memory");
+    }
+
+    /// A store of schema 1 (before running jobs' output was kept) is brought to 2, its jobs as they were.
+    #[test]
+    fn a_schema_1_store_is_brought_to_schema_2() {
+        let d = tempfile::tempdir().unwrap();
+        let (mut s, _) = Store::open(d.path()).unwrap();
+        let b = batch(vec![record(1, 0, &["submit"], true)], 0, 1, 1);
+        s.commit(&b).unwrap();
+        s.conn.execute_batch("DROP TABLE job_output; PRAGMA user_version = 1;").unwrap();
+        drop(s);
+        let (mut s, kept) = Store::open(d.path()).unwrap();
+        let mut mem = Kept::default();
+        mem.apply(&b).unwrap();
+        assert_eq!(kept.as_ref(), Some(&mem));
+        let v: i64 = s.conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+        assert_eq!(v, SCHEMA_VERSION);
+        let mut r = record(1, 1, &["alloc"], false);
+        r.rows.new = vec![crate::shellproto::OutputLine::text(0, "stdout", "hi".into())];
+        s.commit(&batch(vec![r], 1, 0, 1)).unwrap();
     }
 
     #[test]
