@@ -147,6 +147,11 @@ pub const OUTAGE: (f64, f64) = (1.0, 5.0);
 /// covered either, see docs/statedir.md).
 pub const QUIET_AROUND: (f64, f64) = (1.0, 3.0);
 
+/// How far an eventlog time may be from the instant it stands for, seconds: [`vigil_core::eventlog::Event::with_time`]
+/// rounds to the microsecond, while a job's own times (`t_run`, `t_inactive`) are not rounded. A job that a rank's
+/// loss ended at once has its `t_inactive` up to half a microsecond before the loss's `offline` event.
+const STAMP: f64 = 1e-6;
+
 /// Run `scenario` on the instance `cfg` describes, check its invariants, and report.
 pub fn run(cfg: Config, scenario: Scenario) -> Report {
     run_with(cfg, scenario, |_| {})
@@ -603,7 +608,10 @@ fn check(sim: &mut Sim, scenario: Scenario, submits: &[u32], pings: &[u32], swee
         }
     }
     // Whether rank 0 recorded `r` lost within [a, b] (virtual seconds).
-    let lost_in = |r: u32, a: f64, b: f64| lost_log.get(&r).is_some_and(|l| l.iter().any(|(t, _)| *t >= a && *t <= b));
+    // (Within a stamp's rounding: a job a loss ended at once has `t_inactive` just before the loss's stamp.)
+    let lost_in = |r: u32, a: f64, b: f64| {
+        lost_log.get(&r).is_some_and(|l| l.iter().any(|(t, _)| *t >= a - STAMP && *t <= b + STAMP))
+    };
     let (topo, size) = (sim.cfg.topo, sim.cfg.brokers);
     // An ancestor of `r` died or was stalled before `by`: `r` may be cut off before (or instead of) being judged
     // itself (a stalled parent judges nobody until it runs again).
@@ -893,7 +901,8 @@ fn restart_invariants(
             }
             let Some(j) = jc.jobs.get(&id) else { continue }; // reported above if it was acknowledged
             let (a, b) = (j.t_run.map_or(0.0, |x| x - wall0), j.t_inactive.map_or(f64::MAX, |x| x - wall0));
-            let lost = |r: u32| lost_log.get(&r).is_some_and(|l| l.iter().any(|(u, _)| *u >= a && *u <= b));
+            let lost =
+                |r: u32| lost_log.get(&r).is_some_and(|l| l.iter().any(|(u, _)| *u >= a - STAMP && *u <= b + STAMP));
             let touched = j.alloc.iter().any(|x| lost(x.rank));
             match (&j.fatal, j.status) {
                 (None, Some(0)) => ok += 1,
