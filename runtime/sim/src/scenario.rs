@@ -969,6 +969,7 @@ fn reparent_figures(
 ) -> Option<ReparentFigures> {
     let done = &sim.watch.done;
     let timeout = crate::broker::reparent::CANDIDATE_TIMEOUT.as_secs_f64();
+    let (topo, size, b0) = (sim.cfg.topo, sim.cfg.brokers, sim.broker(0));
     let (mut from_loss, mut from_verdict, mut from_orphan, mut to_orphan) = (vec![], vec![], vec![], vec![]);
     // Per fault (lost rank, when): the last of its orphans' answers.
     let mut per_loss: BTreeMap<(u32, Time), f64> = BTreeMap::new();
@@ -1031,12 +1032,22 @@ fn reparent_figures(
         // stopped adopter answers once it runs. Those are the stall rules' business (never lost), not
         // re-parenting's: such re-parents are judged from the end of the stall (and its grace), and left out of
         // the figures.
+        // So does a stopped broker above the adopter (its report and rank 0's ping wait in it): the adopter's
+        // ancestors, in rank 0's last view and in the static tree.
+        let mut above = BTreeSet::new();
+        for static_tree in [false, true] {
+            let mut x = Some(rec.parent);
+            while let Some(a) = x.filter(|&a| a != 0 && above.len() < 64) {
+                above.insert(a);
+                x = if static_tree { topo.parent(size, a) } else { b0.and_then(|b| b.parent_of(a)) };
+            }
+        }
         let stall_end = sim
             .faults
             .iter()
             .filter_map(|&(t, f)| match f {
                 Fault::Stall(r, d) if r == rec.rank && t <= answered && t + d * 2 >= fault => Some(t + d * 2),
-                Fault::Stall(r, d) if r == rec.parent && t <= answered && t + d >= fault => Some(t + d),
+                Fault::Stall(r, d) if above.contains(&r) && t <= answered && t + d >= fault => Some(t + d),
                 _ => None,
             })
             .max();
