@@ -54,15 +54,17 @@ target/ci/vigil-bench sim --brokers 1024 --topo flat --scenario churn --seed 2
 # Rank 0 killed and restarted on its state directory 3 times during churn: no acknowledged job lost, duplicated or
 # hung (docs/statedir.md, "Tried in the simulator").
 target/ci/vigil-bench sim --brokers 1024 --topo kary:32 --scenario restart --seed 1
-# Other shapes (about 12 s each). Seeds 1-5 of kary:8/16/32 were tried; those left out fail on known faults not
-# fixed yet (a broker keeping an adopted child whose broker is gone, kary:8 seed 1; a job failed for a lost
-# critical rank after a rank 0 restart though the checker saw no loss, kary:32 seeds 2 and 4).
-for s in 1 2 5; do
+# Other shapes (about 12 s each). Seeds 1-8 of kary:8/16/32 and flat hold; a sample of them runs here.
+for s in 2 4; do
+    target/ci/vigil-bench sim --brokers 1024 --topo kary:32 --scenario restart --seed "$s"
+done
+for s in 1 2 4 5 6; do
     target/ci/vigil-bench sim --brokers 1024 --topo kary:16 --scenario restart --seed "$s"
 done
-for s in 2 3; do
+for s in 1 2 3 4 7; do
     target/ci/vigil-bench sim --brokers 1024 --topo kary:8 --scenario restart --seed "$s"
 done
+target/ci/vigil-bench sim --brokers 1024 --topo flat --scenario restart --seed 1
 # Router loss and re-parenting at 1,024 brokers with 1 ms links (each 1-12 s here; the 16,384-broker figures are
 # in bench/results/sim.md): every router lost in turn (kary:32 and kary:8), 1 % and 5 % of them, a router with its
 # orphans' adopter, adopters lost while orphans join them, a flapping router.

@@ -211,6 +211,21 @@ pub enum Fault {
     CrashInCommit(u32),
 }
 
+impl Fault {
+    /// The rank the fault strikes.
+    pub fn rank(self) -> u32 {
+        match self {
+            Fault::NodeLoss(r)
+            | Fault::Crash(r)
+            | Fault::Stall(r, _)
+            | Fault::Cut(r)
+            | Fault::Heal(r)
+            | Fault::Restart(r)
+            | Fault::CrashInCommit(r) => r,
+        }
+    }
+}
+
 /// A fault injected when an orphan asks a given candidate to adopt it (its first such attempt), `after` that.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Trigger {
@@ -1009,6 +1024,17 @@ impl Sim {
                     Peer::Child(r) => (r, r, Peer::Parent),
                     Peer::Local(_) => unreachable!("handled above"),
                 };
+                if let Peer::Child(r) = peer {
+                    if let Some(conn) = self.stale_child(n, r) {
+                        // Its socket here is one the child no longer holds: a reset comes back from a live node;
+                        // to a dead one the data stays unacknowledged (the ack samples say so).
+                        if self.nodes[r as usize].kernel && self.reachable(n, r) {
+                            let why = "connection reset by peer".to_string();
+                            self.after(lat * 2, Ev::Input(n, Input::Closed(peer, conn, why)));
+                        }
+                        return;
+                    }
+                }
                 let Some(link) = self.links.get(&child).copied() else {
                     if m.msgtype == MsgType::Request {
                         queue.push_back(Input::Bounced(peer, m));
@@ -1045,8 +1071,10 @@ impl Sim {
                     }
                     _ => {
                         // A hello read late (this broker was stopped) from a child that gave up on this link or
-                        // died since: its EOF follows if it closed the link; if its node died, nothing follows,
-                        // and the prober, which probes every child accepted, finds the node silent.
+                        // died since: its EOF follows if it closed the link while this node could hear it; else
+                        // what this broker sends it is reset by its live node, or stays unacknowledged by its dead
+                        // one (`stale_child`), and the TCP rule judges it lost (the prober, which probes every
+                        // child accepted, reports no miss for a node that never answered, as the real one).
                         self.nodes[n as usize].prober.insert(rank, ProbeTarget::default());
                         if !self.nodes[n as usize].probing {
                             self.nodes[n as usize].probing = true;
@@ -1148,7 +1176,12 @@ impl Sim {
                 let children =
                     self.nodes[n as usize].broker.as_ref().map(|b| b.children.keys().copied().collect::<Vec<_>>());
                 for c in children.unwrap_or_default() {
-                    if self.links.get(&c).is_some_and(|l| l.at_parent) {
+                    if self.stale_child(n, c).is_some() {
+                        // A dead child's kernel acknowledges nothing sent on the socket it left here.
+                        if !self.nodes[c as usize].kernel {
+                            sample(self, c, c, c);
+                        }
+                    } else if self.links.get(&c).is_some_and(|l| l.at_parent) {
                         sample(self, c, c, c);
                     }
                 }
@@ -1187,6 +1220,14 @@ impl Sim {
             | Effect::WriteFile(..)
             | Effect::ReportNested { .. } => {}
         }
+    }
+
+    /// Whether broker `n` holds child `r` on a socket `r` no longer holds (its connection number there): a hello
+    /// it read late, after the orphan gave up on it (timed out while `n` was stopped) and closed the link, died,
+    /// or joined another parent. The child's side is gone, so the link of `r` in the world, if any, is another.
+    fn stale_child(&self, n: u32, r: u32) -> Option<u64> {
+        let conn = *self.broker(n)?.children.get(&r)?;
+        self.links.get(&r).is_none_or(|l| l.parent != n || l.conn != conn).then_some(conn)
     }
 
     /// Node `n` closes its end of the link of `child`; the other end hears of it (EOF) if its kernel can.
@@ -1341,6 +1382,9 @@ impl Sim {
     /// Inject a fault now.
     pub fn inject(&mut self, f: Fault) {
         self.faults.push((self.now, f));
+        if watched(f.rank()) {
+            eprintln!("{:.6} r{} ! {f:?}", self.now.as_secs_f64(), f.rank());
+        }
         match f {
             Fault::NodeLoss(n) => {
                 let node = &mut self.nodes[n as usize];
@@ -1470,8 +1514,8 @@ impl Sim {
 #[cfg(test)]
 mod tests;
 
-/// Whether rank `n` is watched: listed in `VIGIL_SIM_WATCH` (comma-separated ranks), whose inputs and effects
-/// are then written to stderr with the virtual time (a debugging aid; the trace does not change).
+/// Whether rank `n` is watched: listed in `VIGIL_SIM_WATCH` (comma-separated ranks), whose inputs, effects and
+/// faults are then written to stderr with the virtual time (a debugging aid; the trace does not change).
 fn watched(n: u32) -> bool {
     static WATCH: std::sync::OnceLock<Vec<u32>> = std::sync::OnceLock::new();
     WATCH

@@ -147,6 +147,11 @@ pub const OUTAGE: (f64, f64) = (1.0, 5.0);
 /// covered either, see docs/statedir.md).
 pub const QUIET_AROUND: (f64, f64) = (1.0, 3.0);
 
+/// How far an eventlog time may be from the instant it stands for, seconds: [`vigil_core::eventlog::Event::with_time`]
+/// rounds to the microsecond, while a job's own times (`t_run`, `t_inactive`) are not rounded. A job that a rank's
+/// loss ended at once has its `t_inactive` up to half a microsecond before the loss's `offline` event.
+const STAMP: f64 = 1e-6;
+
 /// Run `scenario` on the instance `cfg` describes, check its invariants, and report.
 pub fn run(cfg: Config, scenario: Scenario) -> Report {
     run_with(cfg, scenario, |_| {})
@@ -603,7 +608,10 @@ fn check(sim: &mut Sim, scenario: Scenario, submits: &[u32], pings: &[u32], swee
         }
     }
     // Whether rank 0 recorded `r` lost within [a, b] (virtual seconds).
-    let lost_in = |r: u32, a: f64, b: f64| lost_log.get(&r).is_some_and(|l| l.iter().any(|(t, _)| *t >= a && *t <= b));
+    // (Within a stamp's rounding: a job a loss ended at once has `t_inactive` just before the loss's stamp.)
+    let lost_in = |r: u32, a: f64, b: f64| {
+        lost_log.get(&r).is_some_and(|l| l.iter().any(|(t, _)| *t >= a - STAMP && *t <= b + STAMP))
+    };
     let (topo, size) = (sim.cfg.topo, sim.cfg.brokers);
     // An ancestor of `r` died or was stalled before `by`: `r` may be cut off before (or instead of) being judged
     // itself (a stalled parent judges nobody until it runs again).
@@ -893,7 +901,8 @@ fn restart_invariants(
             }
             let Some(j) = jc.jobs.get(&id) else { continue }; // reported above if it was acknowledged
             let (a, b) = (j.t_run.map_or(0.0, |x| x - wall0), j.t_inactive.map_or(f64::MAX, |x| x - wall0));
-            let lost = |r: u32| lost_log.get(&r).is_some_and(|l| l.iter().any(|(u, _)| *u >= a && *u <= b));
+            let lost =
+                |r: u32| lost_log.get(&r).is_some_and(|l| l.iter().any(|(u, _)| *u >= a - STAMP && *u <= b + STAMP));
             let touched = j.alloc.iter().any(|x| lost(x.rank));
             match (&j.fatal, j.status) {
                 (None, Some(0)) => ok += 1,
@@ -960,6 +969,7 @@ fn reparent_figures(
 ) -> Option<ReparentFigures> {
     let done = &sim.watch.done;
     let timeout = crate::broker::reparent::CANDIDATE_TIMEOUT.as_secs_f64();
+    let (topo, size, b0) = (sim.cfg.topo, sim.cfg.brokers, sim.broker(0));
     let (mut from_loss, mut from_verdict, mut from_orphan, mut to_orphan) = (vec![], vec![], vec![], vec![]);
     // Per fault (lost rank, when): the last of its orphans' answers.
     let mut per_loss: BTreeMap<(u32, Time), f64> = BTreeMap::new();
@@ -1022,12 +1032,22 @@ fn reparent_figures(
         // stopped adopter answers once it runs. Those are the stall rules' business (never lost), not
         // re-parenting's: such re-parents are judged from the end of the stall (and its grace), and left out of
         // the figures.
+        // So does a stopped broker above the adopter (its report and rank 0's ping wait in it): the adopter's
+        // ancestors, in rank 0's last view and in the static tree.
+        let mut above = BTreeSet::new();
+        for static_tree in [false, true] {
+            let mut x = Some(rec.parent);
+            while let Some(a) = x.filter(|&a| a != 0 && above.len() < 64) {
+                above.insert(a);
+                x = if static_tree { topo.parent(size, a) } else { b0.and_then(|b| b.parent_of(a)) };
+            }
+        }
         let stall_end = sim
             .faults
             .iter()
             .filter_map(|&(t, f)| match f {
                 Fault::Stall(r, d) if r == rec.rank && t <= answered && t + d * 2 >= fault => Some(t + d * 2),
-                Fault::Stall(r, d) if r == rec.parent && t <= answered && t + d >= fault => Some(t + d),
+                Fault::Stall(r, d) if above.contains(&r) && t <= answered && t + d >= fault => Some(t + d),
                 _ => None,
             })
             .max();

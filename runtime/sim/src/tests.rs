@@ -226,6 +226,34 @@ fn a_stalled_broker_is_torpid_never_lost_and_lively_again() {
     assert!(sim.broker(5).is_some());
 }
 
+/// Found by `restart` (kary:8, seed 1): an orphan asked a stopped candidate to adopt it, gave up on it, and its
+/// node died; the candidate, running again, read the hello and accepted a child whose node was gone. Nothing
+/// came back on that link: the simulator dropped the candidate's side of it, so what it sent the child was never
+/// unacknowledged and the child stayed there for good. As on a real node, its data now stays unacknowledged and
+/// the TCP rule finds the child lost.
+#[test]
+fn a_dead_orphan_accepted_late_by_a_stopped_candidate_is_lost() {
+    let (n, topo) = (40, kary(3));
+    let mut sim = Sim::new(Config::new(n, topo, 1));
+    sim.boot();
+    sim.run_until(Time::from_secs_f64(1.0));
+    // Rank 1 routes for 4, 5, 6; rank 4 asks `cand` first, which is stopped for 5 s.
+    let cand = crate::broker::reparent::candidates(topo, n, 4, 1)[0];
+    sim.fault_at(Time::from_secs_f64(1.0), Fault::Stall(cand, Duration::from_secs(5)));
+    sim.fault_at(Time::from_secs_f64(1.0), Fault::NodeLoss(1));
+    // Rank 4's hello waits in the stopped candidate; its node dies before the attempt times out.
+    sim.fault_at(Time::from_secs_f64(1.2), Fault::NodeLoss(4));
+    sim.run_until(Time::from_secs_f64(6.5));
+    assert!(sim.broker(cand).expect("the candidate runs").children.contains_key(&4), "the late hello is accepted");
+    sim.run_until(Time::from_secs_f64(14.0));
+    assert!(!sim.broker(cand).expect("the candidate runs").children.contains_key(&4), "the dead child is dropped");
+    // Rank 0 never heard of the adoption (the orphan died before reporting it), so it ignores the candidate's
+    // verdict as a stale one and loses rank 4 as an orphan that did not re-parent within 30 s of rank 1's loss.
+    sim.run_until(Time::from_secs_f64(33.0));
+    let b0 = sim.broker(0).expect("rank 0 runs");
+    assert_eq!(b0.members[&4].0, MemberState::Lost, "{:?}", b0.members[&4]);
+}
+
 #[test]
 fn a_request_in_flight_to_a_node_that_dies_gets_ehostunreach() {
     let mut sim = Sim::new(Config::new(13, kary(3), 1));
