@@ -564,6 +564,9 @@ pub(crate) async fn alloc(a: AllocArgs) -> Result<i32, String> {
             return Err(format!("job {id}: canceled while waiting for resources"));
         }
     };
+    // As salloc's "Granted job allocation": the job id, for `vigil jobs` and `vigil cancel` from elsewhere.
+    let n = a.opts.nodes.unwrap_or(1);
+    eprintln!("vigil: job {id}: allocated {n} node{}", if n == 1 { "" } else { "s" });
     let code = run_in_allocation(&c, id, &uri, &a.command).await?;
     // Shut the child instance down and wait until the job is gone.
     if let Ok(child) = Client::connect(&uri).await {
