@@ -51,6 +51,22 @@ impl SystemInstance {
     }
 
     /// `vigil broker --rank=RANK` with one core and `-S` attributes.
+    /// Starts rank 0 again (on the same state directory) and waits until the other brokers have rejoined it
+    /// (`vigil uptime` says `run`), at most 30 s.
+    #[track_caller]
+    fn restart_rank0(&self) -> Running {
+        let r0 = self.broker(0, &[]);
+        assert!(
+            wait_for(Duration::from_secs(30), || {
+                let o = self.client(&["uptime"]);
+                o.code == 0 && o.stdout.contains(" run ")
+            }),
+            "the brokers did not rejoin the restarted rank 0:\n{}",
+            self.client(&["uptime"]).dump()
+        );
+        r0
+    }
+
     fn broker(&self, rank: u32, attrs: &[&str]) -> Running {
         let d = self.dir.path();
         let mut c = vigil_cmd(d);
@@ -255,15 +271,7 @@ fn running_jobs_outlive_kill_9_of_rank_0_and_finish_normally() {
     for b in brokers.iter_mut() {
         assert!(!b.exited(), "a broker exited while rank 0 was away");
     }
-    let r0 = inst.broker(0, &[]);
-    assert!(
-        wait_for(Duration::from_secs(30), || {
-            let o = inst.client(&["uptime"]);
-            o.code == 0 && o.stdout.contains(" run ")
-        }),
-        "the brokers did not rejoin the restarted rank 0:\n{}",
-        inst.client(&["uptime"]).dump()
-    );
+    let r0 = inst.restart_rank0();
     assert!(
         wait_for(Duration::from_secs(60), || {
             let j = inst.jobs();
@@ -341,12 +349,7 @@ fn a_running_jobs_output_survives_kill_9_of_rank_0_in_order_and_once() {
     assert!(f.stderr.contains(&format!("`vigil job attach {id}`")), "{}", f.dump());
     assert!(f.stdout.contains("line 1\n"), "{}", f.dump());
     std::thread::sleep(Duration::from_secs(2));
-    let r0 = inst.broker(0, &[]);
-    assert!(
-        wait_for(Duration::from_secs(30), || inst.client(&["uptime"]).stdout.contains(" run ")),
-        "the brokers did not rejoin the restarted rank 0:\n{}",
-        inst.client(&["uptime"]).dump()
-    );
+    let r0 = inst.restart_rank0();
     assert!(
         wait_for(Duration::from_secs(60), || inst.jobs().get(&id).is_some_and(|j| j["state"] == "INACTIVE")),
         "the job did not finish: {:?}",
@@ -453,12 +456,7 @@ fn a_batch_job_survives_kill_9_of_rank_0() {
     kill9(r0.pid());
     r0.wait(Duration::from_secs(10));
     std::thread::sleep(Duration::from_secs(6));
-    let r0 = inst.broker(0, &[]);
-    assert!(
-        wait_for(Duration::from_secs(30), || inst.client(&["uptime"]).stdout.contains(" run ")),
-        "the brokers did not rejoin the restarted rank 0:\n{}",
-        inst.client(&["uptime"]).dump()
-    );
+    let r0 = inst.restart_rank0();
     assert!(
         wait_for(Duration::from_secs(60), || inst.jobs().get(&id).is_some_and(|j| j["state"] == "INACTIVE")),
         "the batch job did not finish: {:?}",
