@@ -635,10 +635,10 @@ pub struct CancelArgs {
     pub all: bool,
     /// With --all: only jobs in these states, a comma-separated list of `pending` (not yet running) and
     /// `running` (running or cleaning up).
-    #[arg(long, value_delimiter = ',', requires = "all", value_parser = ["pending", "running"])]
+    #[arg(long, value_delimiter = ',', value_parser = ["pending", "running"])]
     pub states: Vec<String>,
     /// Job ids.
-    #[arg(required_unless_present = "all")]
+    #[arg(required_unless_present_any = ["all", "states"])]
     pub ids: Vec<String>,
 }
 
@@ -656,6 +656,11 @@ fn cancel_takes(states: &[String], state: &str) -> bool {
 /// `vigil cancel`: the ids given, or with `--all` every active job of the caller's (filtered by `--states`),
 /// then a count ("canceled 3 jobs"). Exit code 1 if any cancel was refused (each said on standard error).
 pub(crate) async fn cancel(a: CancelArgs) -> Result<i32, String> {
+    if !a.states.is_empty() && !a.all {
+        return Err(
+            "--states picks among your active jobs: use it with --all (vigil cancel --all --states pending)".into()
+        );
+    }
     let mut ids = a.ids.iter().map(|s| JobId::parse(s).map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?;
     let c = connect().await?;
     if a.all {

@@ -177,7 +177,24 @@ pub(crate) fn fail(msg: String) -> i32 {
 
 /// Connect to `$VIGIL_URI`, mapping errors to one line.
 pub(crate) async fn connect() -> Result<crate::client::Client, String> {
-    crate::client::Client::connect_env().await.map_err(|e| e.to_string())
+    crate::client::Client::connect_env().await.map_err(|e| connect_error(&e))
+}
+
+/// What a command says when it cannot reach its broker: the error, and when nothing listens on the socket
+/// (refused, or no such file) what that usually means, rather than a bare `os error 111`.
+fn connect_error(e: &crate::client::ConnectError) -> String {
+    use std::io::ErrorKind;
+    match e {
+        crate::client::ConnectError::Io { err, .. }
+            if matches!(err.kind(), ErrorKind::ConnectionRefused | ErrorKind::NotFound) =>
+        {
+            format!(
+                "{e} (no broker listens there: the instance has ended, or this node's broker is down or \
+                 restarting; with a state directory, rank 0 keeps the jobs across its restart)"
+            )
+        }
+        _ => e.to_string(),
+    }
 }
 
 /// Parse `-S name=value` pairs.
@@ -213,6 +230,16 @@ pub(crate) fn fmt_secs(s: f64) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_socket_nobody_listens_on_gets_a_hint() {
+        use crate::client::ConnectError;
+        let io = |k| ConnectError::Io { path: "/run/x/local-0".into(), err: std::io::Error::from(k) };
+        let refused = super::connect_error(&io(std::io::ErrorKind::ConnectionRefused));
+        assert!(refused.starts_with("cannot connect to /run/x/local-0") && refused.contains("restarting"), "{refused}");
+        assert!(super::connect_error(&io(std::io::ErrorKind::NotFound)).contains("no broker listens there"));
+        assert!(!super::connect_error(&io(std::io::ErrorKind::PermissionDenied)).contains("no broker"));
+    }
+
     #[test]
     fn an_attribute_set_twice_to_different_values_is_refused() {
         let a = |v: &[&str]| super::parse_attrs(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
