@@ -580,3 +580,40 @@ fn purged_jobs_leave_the_state_directory_for_good() {
         assert!(!o.timed_out, "{}", o.dump());
     }
 }
+
+/// A rank lost before rank 0's restart, and not back since, is still shown lost with its reason by the restarted
+/// rank 0 (from the resource eventlog kept in the state directory), not "never joined".
+#[test]
+fn a_rank_lost_before_a_restart_of_rank_0_stays_lost_with_its_reason() {
+    let inst = SystemInstance::new(3, true);
+    let mut brokers = inst.start_all(&[]);
+    let row = |rank: usize| -> Option<Value> {
+        let o = inst.client(&["resource", "status", "--json"]);
+        (o.code == 0).then(|| o.json()["ranks"][rank].clone())
+    };
+    let r2 = brokers.remove(2);
+    kill9(r2.pid());
+    r2.wait(Duration::from_secs(10));
+    assert!(
+        wait_for(Duration::from_secs(30), || row(2).is_some_and(|r| r["state"] == "lost")),
+        "rank 2 was not lost: {:?}",
+        row(2)
+    );
+    let before = row(2).unwrap();
+    let r0 = brokers.remove(0);
+    kill9(r0.pid());
+    r0.wait(Duration::from_secs(10));
+    let r0 = inst.broker(0, &[]);
+    assert!(
+        wait_for(Duration::from_secs(30), || row(1).is_some_and(|r| r["state"] == "avail")),
+        "rank 1 did not rejoin: {:?}",
+        row(1)
+    );
+    let after = row(2).unwrap();
+    assert_eq!(after["state"], "lost", "{after}");
+    assert_eq!(after["reason"], before["reason"], "{after}");
+    brokers.insert(0, r0);
+    for o in inst.stop(brokers) {
+        assert!(!o.timed_out, "{}", o.dump());
+    }
+}

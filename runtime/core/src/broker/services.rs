@@ -727,7 +727,12 @@ fn resource(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                     },
                 };
                 let (state, reason, at) = match p {
-                    None => ("down", "never joined".to_string(), None),
+                    // Not joined since rank 0 started: a verdict from before its restart stands (statedir.md).
+                    None => match core.members.get(&r) {
+                        Some(m) if m.0 == MemberState::Lost => ("lost", m.1.clone(), Some(m.2)),
+                        Some(m) => ("down", m.1.clone(), Some(m.2)),
+                        None => ("down", "never joined".to_string(), None),
+                    },
                     Some(p) if p.drained.is_some() => ("drained", p.drained.clone().unwrap_or_default(), p.drained_at),
                     Some(p) if !p.up => {
                         let m = core.members.get(&r).cloned();
