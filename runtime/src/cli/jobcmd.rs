@@ -379,7 +379,18 @@ pub(crate) async fn submit_value(c: &Client, v: &Value, stdin: bool) -> Result<J
     r.get("id").and_then(Value::as_u64).map(JobId).ok_or_else(|| "malformed submit response".into())
 }
 
-/// How long `vigil run` waits for a job's allocation before saying that it is pending and why.
+/// Says on standard error that job `id` is pending, with the scheduler's reason, if it is (SCHED); nothing
+/// otherwise, or if rank 0 does not answer. For `vigil run` and `vigil alloc` after [`PENDING_NOTE_AFTER`].
+pub(crate) async fn say_if_pending(c: &Client, id: JobId) {
+    if let Ok(info) = c.rpc("job-manager.info", 0, &json!({"id": id.0})).await {
+        if info.pointer("/info/state").and_then(Value::as_str) == Some("SCHED") {
+            let why = info.pointer("/info/reason_pending").and_then(Value::as_str).unwrap_or("resources");
+            eprintln!("vigil: job {id}: pending ({why})");
+        }
+    }
+}
+
+/// How long `vigil run` (and `vigil alloc`) waits for a job's allocation before saying that it is pending and why.
 pub(crate) const PENDING_NOTE_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Stream a job's output and exceptions until it is INACTIVE; return its exit code.
@@ -416,12 +427,7 @@ pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, cr
             n = s.next() => n,
             _ = &mut pending_note, if !started => {
                 started = true; // said once
-                if let Ok(info) = c.rpc("job-manager.info", 0, &json!({"id": id.0})).await {
-                    if info.pointer("/info/state").and_then(Value::as_str) == Some("SCHED") {
-                        let why = info.pointer("/info/reason_pending").and_then(Value::as_str).unwrap_or("resources");
-                        eprintln!("vigil: job {id}: pending ({why})");
-                    }
-                }
+                say_if_pending(c, id).await;
                 continue;
             }
             _ = recv(&mut sigint) => {

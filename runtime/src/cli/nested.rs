@@ -380,12 +380,7 @@ async fn wait_for_instance(c: &Client, id: JobId) -> Result<String, String> {
             item = s.next() => item,
             _ = &mut pending_note, if !noted => {
                 noted = true;
-                if let Ok(info) = c.rpc("job-manager.info", 0, &json!({"id": id.0})).await {
-                    if info.pointer("/info/state").and_then(Value::as_str) == Some("SCHED") {
-                        let why = info.pointer("/info/reason_pending").and_then(Value::as_str).unwrap_or("resources");
-                        eprintln!("vigil: job {id}: pending ({why})");
-                    }
-                }
+                super::jobcmd::say_if_pending(c, id).await;
                 continue;
             }
         };
