@@ -449,7 +449,11 @@ impl Drop for Instance {
     fn drop(&mut self) {
         if let Some(r) = self.running.take() {
             let _ = std::fs::write(self.dir.path().join("stop"), "0\n");
-            let _ = r.wait(Duration::from_secs(15));
+            let out = r.wait(Duration::from_secs(15));
+            if std::thread::panicking() {
+                // What the brokers said is what explains a failure that does not come back on a rerun.
+                eprintln!("the instance's output:\n{}", out.dump());
+            }
         }
         kill_marked(self.dir.path());
     }

@@ -2,7 +2,9 @@
 //!
 //! A broker that can write to its own cgroup v2 (found from `/proc/self/mountinfo` and the `0::` line of
 //! `/proc/self/cgroup`, never a hard-coded path; a system instance gets it by systemd delegation, `Delegate=yes`)
-//! makes a subtree `vigil-broker-PID` there, and in it one cgroup per job shell, `job-ID`. The shell is created
+//! makes a subtree `vigil-broker-PID` there, and in it one cgroup per job shell, `job-ID.N` (N counts this broker's
+//! shells: a job that runs again here, requeued, never gets the cgroup of its earlier run, see [`Cgroups::job`]).
+//! The shell is created
 //! in its cgroup (`clone3(CLONE_INTO_CGROUP)`, see spawn.rs), so every task and everything they start, `setsid` or
 //! not, is in it. Where that is not available (before Linux 5.7, or not on x86_64) the broker moves the shell into
 //! its cgroup right after spawning it and before writing its input, which the shell reads before it does anything
@@ -79,6 +81,8 @@ pub(crate) struct Cgroups {
     pub(crate) memory: Result<(), String>,
     /// Shells can be created in their cgroup ([`super::spawn`]), or why not (they are moved in after start).
     pub(crate) direct: Result<(), String>,
+    /// Shells started by this broker so far: the `N` of `job-ID.N`.
+    started: std::sync::atomic::AtomicU64,
 }
 
 /// The leaf of a broker's subtree the broker moves itself into to enable the memory controller above it.
@@ -126,17 +130,19 @@ impl Cgroups {
         }
         let memory = enable_memory(&base, &root);
         let direct = if move_shells { Err("exec.cgroup-spawn=move".into()) } else { super::spawn::supported() };
-        Ok(Cgroups { root, memory, direct })
+        Ok(Cgroups { root, memory, direct, started: 0.into() })
     }
 
-    /// A cgroup for job `id`'s shell, its `cgroup.procs` open for [`JobCgroup::adopt`].
+    /// A new cgroup for job `id`'s shell, `job-ID.N`, its `cgroup.procs` open for [`JobCgroup::adopt`].
+    ///
+    /// Never one made before, even for the same job: the cgroup of a requeued job's earlier run on this node may
+    /// still be there (it is removed once its killed processes have left), and a child created with
+    /// `clone3(CLONE_INTO_CGROUP)` in a cgroup that was once killed through `cgroup.kill` is killed at birth (seen
+    /// on Linux 6.18: the requeued run's shell died of SIGKILL before it could report; the test below).
     pub(crate) fn job(&self, id: JobId) -> Result<JobCgroup, String> {
-        let dir = self.root.join(format!("job-{}", id.f58()));
-        match std::fs::create_dir(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
-        }
+        let n = self.started.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = self.root.join(format!("job-{}.{n}", id.f58()));
+        std::fs::create_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let procs = std::fs::OpenOptions::new()
             .write(true)
             .open(dir.join("cgroup.procs"))
@@ -201,7 +207,7 @@ fn remove_stale(base: &Path) {
         if pid.parse::<u32>().is_err() || Path::new("/proc").join(pid).exists() {
             continue;
         }
-        let c = Cgroups { root: e.path(), memory: Err(String::new()), direct: Err(String::new()) };
+        let c = Cgroups { root: e.path(), memory: Err(String::new()), direct: Err(String::new()), started: 0.into() };
         c.remove();
         // Its broker is gone: so is anything in its leaf.
         let _ = remove_when_empty(&e.path());
@@ -336,6 +342,32 @@ fn remove_when_empty(dir: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A job that runs again on this node (requeued) gets a new cgroup, in which its shell lives, though the
+    /// cgroup of its first run, killed at its end, is still there.
+    #[tokio::test]
+    async fn a_job_that_runs_again_gets_a_new_cgroup_and_its_shell_lives() {
+        let cgroups = match Cgroups::create(u32::MAX, false) {
+            Ok(c) => c,
+            Err(e) => return eprintln!("no usable cgroup2 here ({e}): skipped"),
+        };
+        let id = JobId(42);
+        let first = cgroups.job(id).expect("the first run's cgroup");
+        let (_, first) = first.finish(); // cgroup.kill, as at the end of a run; not removed yet
+        let again = cgroups.job(id).expect("the second run's cgroup");
+        assert_ne!(again.dir(), first.dir.as_path());
+        let dir = again.open_dir().expect("open");
+        match super::super::spawn::spawn(Path::new("/bin/true"), &[], &[], &dir) {
+            Err(super::super::spawn::SpawnError::Unsupported(e)) => eprintln!("no clone3 into a cgroup ({e})"),
+            Err(e) => panic!("{e}"),
+            Ok(child) => {
+                drop(child.stdin);
+                let status = super::super::spawn::wait(child.pid, child.pidfd).await.expect("wait");
+                assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "wait status {status:#x}");
+            }
+        }
+        cgroups.remove();
+    }
 
     #[test]
     fn mountinfo_and_cgroup_lines_are_read_as_the_kernel_writes_them() {
