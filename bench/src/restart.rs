@@ -419,6 +419,7 @@ fn fill_store(statedir: &Path, target: usize) -> Result<(usize, f64), String> {
             last_id,
             epoch: kept.epoch,
             purged: Vec::new(),
+            tick: 0,
         };
         store.commit(&b).map_err(|e| format!("commit: {e}"))?;
         added += n;

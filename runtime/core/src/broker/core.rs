@@ -408,6 +408,11 @@ pub struct Broker {
     /// Requests taken by the job core (submissions, shell exit reports) and not answered until the driver has
     /// written what they changed ([`Input::Stored`]): each request with what it is answered.
     pub awaiting_durable: Vec<(Message, Held)>,
+    /// The requests of [`Broker::awaiting_durable`] when the driver took the batch being written
+    /// ([`Broker::take_journal`]): those its [`Input::Stored`] is for. Later ones wait for the next batch.
+    cut_held: Option<Vec<(Message, Held)>>,
+    /// The job core's [`JobCore::change_mark`] when that batch was taken.
+    cut_mark: Option<[u64; 4]>,
     /// Requests written but not yet known to be on disk: the number of the write that holds each (see
     /// [`Input::Synced`]), the request and what it is answered, in write order.
     pub awaiting_sync: VecDeque<(u64, Message, Held)>,
@@ -479,6 +484,8 @@ impl Broker {
             statedir: StateDir::None,
             awaiting_durable: Vec::new(),
             awaiting_sync: VecDeque::new(),
+            cut_held: None,
+            cut_mark: None,
             writes: 0,
             sync_failed: false,
             out: VecDeque::new(),
@@ -546,6 +553,32 @@ impl Broker {
         }
     }
 
+    /// [`Broker::journal`], for a driver that writes it while the broker goes on (on another thread): the
+    /// requests held until now are those its [`Input::Stored`] answers; those taken later wait for the next
+    /// batch. One batch at a time: the next is taken once this one's [`Input::Stored`] has been handled.
+    pub fn take_journal(&mut self) -> Option<Option<crate::jobs::journal::Journal>> {
+        let batch = self.journal()?;
+        self.cut_held = Some(std::mem::take(&mut self.awaiting_durable));
+        self.cut_mark = self.jobcore.as_ref().map(JobCore::change_mark);
+        Some(batch)
+    }
+
+    /// Whether there is something to write that is not in a batch already taken ([`Broker::take_journal`]) and
+    /// not yet stored (cheap: nothing is built).
+    pub fn journal_pending(&self) -> bool {
+        if !matches!(self.statedir, StateDir::Open { .. }) {
+            return false;
+        }
+        if !self.awaiting_durable.is_empty() {
+            return true;
+        }
+        match (self.jobcore.as_ref(), self.cut_mark) {
+            (Some(jc), Some(mark)) => jc.change_mark() != mark,
+            (Some(jc), None) => jc.journal_pending(),
+            (None, _) => false,
+        }
+    }
+
     /// The write an fsync must cover for held submissions to be answered ([`Input::Synced`]): the latest write
     /// that holds any, `None` when none waits. The driver starts one fsync at a time; what is written while it
     /// runs waits for the next one, which covers it all (group commit).
@@ -561,7 +594,8 @@ impl Broker {
         result: Result<(), super::store::CommitError>,
         durable: bool,
     ) {
-        let held = std::mem::take(&mut self.awaiting_durable);
+        let held = self.cut_held.take().unwrap_or_else(|| std::mem::take(&mut self.awaiting_durable));
+        self.cut_mark = None;
         if !matches!(self.statedir, StateDir::Open { .. }) {
             return;
         }

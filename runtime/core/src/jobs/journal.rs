@@ -38,7 +38,7 @@ use crate::jobspec::{JobRequest, Jobspec};
 use crate::r::Rv1;
 use crate::shellproto::OutputLine;
 use serde_json::{json, Value};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 /// The exception type a job that held resources gets when rank 0 restarts (severity 0).
 pub const RESTART_EXCEPTION: &str = "restart";
@@ -61,6 +61,9 @@ pub struct Journal {
     pub epoch: f64,
     /// INACTIVE jobs purged (`purge.rs`): their records go, after the upserts of this batch.
     pub purged: Vec<JobId>,
+    /// The job core's change count when the batch was taken: a job changed after that stays in the journal
+    /// when this batch is saved ([`JobCore::journal_saved`]).
+    pub tick: u64,
 }
 
 /// What changed in one job's record.
@@ -331,8 +334,11 @@ impl JobCore {
     /// Keep a journal from now on (the instance has a state directory): every job changed from now on is in the
     /// next [`JobCore::journal`] batch, and so is every job the core already holds.
     pub fn enable_journal(&mut self) {
-        let all: BTreeSet<JobId> = self.jobs.keys().copied().collect();
-        self.actions.dirty.get_or_insert_with(BTreeSet::new).extend(all);
+        let ids: Vec<JobId> = self.jobs.keys().copied().collect();
+        self.actions.dirty.get_or_insert_with(BTreeMap::new);
+        for id in ids {
+            self.actions.mark(id);
+        }
     }
 
     /// Whether a journal is kept.
@@ -353,7 +359,7 @@ impl JobCore {
             return None;
         }
         let jobs = dirty
-            .iter()
+            .keys()
             .filter_map(|id| self.jobs.get(id))
             .map(|j| {
                 let running = j.state != JobState::Inactive;
@@ -396,10 +402,29 @@ impl JobCore {
             last_id,
             epoch: self.epoch,
             purged: self.purged.clone(),
+            tick: self.actions.tick,
         })
     }
 
-    /// Batch `b` (from [`JobCore::journal`], nothing handed to the core since) is durable: move the watermarks.
+    /// A mark of what the journal covers now: equal marks, nothing changed between them (what a batch taken at
+    /// the first holds is all there is to write).
+    pub fn change_mark(&self) -> [u64; 4] {
+        [self.actions.tick, self.resource_eventlog.len() as u64, self.last_id().0, self.purged.len() as u64]
+    }
+
+    /// Whether [`JobCore::journal`] has a batch to give, without making it.
+    pub fn journal_pending(&self) -> bool {
+        self.actions.dirty.as_ref().is_some_and(|d| {
+            !d.is_empty()
+                || !self.purged.is_empty()
+                || self.saved.resource != self.resource_eventlog.len()
+                || self.saved.last_id != self.last_id()
+        })
+    }
+
+    /// Batch `b` (from [`JobCore::journal`]) is written: move the watermarks. The core may have gone on since
+    /// it was taken (the driver writes on another thread, one batch at a time): what changed since is in the next
+    /// batch.
     pub fn journal_saved(&mut self, b: &Journal) {
         for r in &b.jobs {
             if let Some(j) = self.jobs.get_mut(&r.id) {
@@ -409,7 +434,10 @@ impl JobCore {
                 j.saved_marks.extend(r.rows.batches.iter().copied());
             }
             if let Some(d) = self.actions.dirty.as_mut() {
-                d.remove(&r.id);
+                // Changed again since the batch was taken (the write ran while the core went on): kept marked.
+                if d.get(&r.id).is_some_and(|t| *t <= b.tick) {
+                    d.remove(&r.id);
+                }
             }
         }
         self.saved.resource = b.resource_first + b.resource_events.len();
@@ -767,6 +795,34 @@ mod tests {
             kept.apply(&Journal { jobs: vec![], resource_first: 99, ..third.clone() }),
             Err(ApplyError::ResourceGap { first: 99, kept: kept.resource_eventlog.len() })
         );
+    }
+
+    /// The driver writes a batch on another thread while the core goes on: what changed meanwhile, in a job of
+    /// the batch or another, is in the next batch once that one is saved, and nothing is written twice.
+    #[test]
+    fn what_changed_while_a_batch_was_written_is_in_the_next_one() {
+        let mut c = core(1, 2, 0);
+        c.enable_journal();
+        let a = c.submit(T0 + 1.0, &spec(cmd().ntasks(1)), 1000).unwrap();
+        let taken = c.journal().expect("a batch");
+        assert!(c.journal_pending());
+        // While it is written: `a` starts (new events) and `b` is submitted.
+        for (id, rank, _) in spawns(&actions(&mut c)) {
+            c.shell_spawned(T0 + 2.0, id, rank, Ok(()));
+        }
+        let b = c.submit(T0 + 2.5, &spec(cmd().ntasks(1)), 1000).unwrap();
+        let mut kept = Kept::default();
+        kept.apply(&taken).unwrap();
+        c.journal_saved(&taken);
+        assert!(c.journal_pending(), "a and b changed after the batch was taken");
+        let next = c.journal().expect("the changes made during the write");
+        let firsts: Vec<(JobId, usize)> = next.jobs.iter().map(|r| (r.id, r.first_event)).collect();
+        assert_eq!(firsts, vec![(a, taken.jobs[0].events.len()), (b, 0)], "from where the written batch stopped");
+        kept.apply(&next).unwrap();
+        c.journal_saved(&next);
+        assert!(!c.journal_pending() && c.journal().is_none());
+        assert_eq!(kept.jobs[&a].eventlog, c.jobs[&a].eventlog);
+        assert_eq!(kept.jobs[&b].eventlog, c.jobs[&b].eventlog);
     }
 
     /// Output kept as a job runs: batches follow on by their absolute index, one saved again replaces itself, a

@@ -114,16 +114,28 @@ pub enum Action {
 #[derive(Debug, Default)]
 struct Outbox {
     queue: VecDeque<Action>,
-    /// Jobs changed since the journal last saved them; `None` while nothing is kept.
-    dirty: Option<BTreeSet<JobId>>,
+    /// Jobs changed since the journal last saved them, each with the [`Outbox::tick`] of its latest change;
+    /// `None` while nothing is kept.
+    dirty: Option<BTreeMap<JobId, u64>>,
+    /// Counts the changes marked: a batch saved while a job changed again after it was taken leaves that job
+    /// marked ([`JobCore::journal_saved`]).
+    tick: u64,
 }
 
 impl Outbox {
     fn push_back(&mut self, a: Action) {
-        if let (Action::Updated(id), Some(d)) = (&a, self.dirty.as_mut()) {
-            d.insert(*id);
+        if let Action::Updated(id) = &a {
+            self.mark(*id);
         }
         self.queue.push_back(a);
+    }
+
+    /// Job `id`'s kept record changed (when a journal is kept).
+    fn mark(&mut self, id: JobId) {
+        if let Some(d) = self.dirty.as_mut() {
+            self.tick += 1;
+            d.insert(id, self.tick);
+        }
     }
 
     fn pop_front(&mut self) -> Option<Action> {
@@ -1197,9 +1209,7 @@ impl JobCore {
             if lines.is_empty() {
                 // A batch with nothing due still moves the shell's numbering, which the journal keeps.
                 if due(j) != before {
-                    if let Some(d) = self.actions.dirty.as_mut() {
-                        d.insert(id);
-                    }
+                    self.actions.mark(id);
                 }
                 return;
             }

@@ -53,7 +53,13 @@ pub(crate) enum Event {
     },
     InitialStarted(i32),
     InitialExit(i32),
-    /// Rank 0's store thread fsynced the store's log, asked to once the loop had written write `upto`.
+    /// Rank 0's writer thread wrote batch number `seq` ([`Writer`]), or could not.
+    Written {
+        seq: u64,
+        batch: Box<crate::jobs::journal::Journal>,
+        result: Result<(), super::store::CommitError>,
+    },
+    /// Rank 0's store thread fsynced the store's log, asked to once write `upto` was written.
     Synced {
         upto: u64,
         result: Result<(), super::store::CommitError>,
@@ -141,13 +147,107 @@ pub(crate) struct Driver {
     /// Which parent link is current: the connection number its events carry (0: the first one). Events of an
     /// older parent link are dropped.
     parent_gen: u64,
-    /// Rank 0's state directory store (`store.rs`), when it has one it could open.
-    store: Option<super::store::Store>,
+    /// Rank 0's writer thread, which owns the state directory's store (`store.rs`), when it has one it could open.
+    writer: Option<Writer>,
     /// Group commit (with a store): [`Driver::step`] only hands the broker its input; what it asks for waits
-    /// for [`Driver::flush`] at the end of the loop's turn, after one write for everything handled in it.
+    /// for [`Driver::flush`] at the end of the loop's turn.
     grouping: bool,
-    /// The store thread that fsyncs what the loop wrote (with a store): see [`Driver::commit`].
+    /// What the broker asked for that waits for a write of the journal (with a store, [`Driver::flush`]).
+    held: HeldEffects,
+    /// The store thread that fsyncs what the writer wrote (with a store): see [`Syncer`].
     syncer: Option<Syncer>,
+}
+
+/// Rank 0's writer thread: writes the journal's batches into the store (`store.rs`, without an fsync: into the
+/// write-ahead log, which survives `kill -9` of rank 0), one at a time, while the loop goes on handling inputs;
+/// reports each as [`Event::Written`]. What the broker asked for meanwhile is held until the batch with the
+/// changes that led to it is written ([`Driver::flush`]). The SQLite work (about half the loop's time per
+/// submission when it was done there) is so off the loop; the fsyncs are the [`Syncer`]'s, on a third thread, so
+/// a write never waits for one.
+struct Writer {
+    /// Hands a batch and its number to the thread.
+    tx: std::sync::mpsc::Sender<(u64, Box<crate::jobs::journal::Journal>)>,
+    /// Batches taken so far (the number of the latest; a batch with nothing to write counts, see `cut`).
+    sent: u64,
+    /// The batch being written, if any.
+    in_flight: Option<u64>,
+    /// The latest batch written (or failed).
+    done: u64,
+    /// The thread, joined by [`Writer::stop`].
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Writer {
+    /// Start the thread, which owns `store` and ends when the [`Writer`] is dropped.
+    ///
+    /// # Errors
+    /// The thread cannot be started.
+    fn start(mut store: super::store::Store, events: mpsc::UnboundedSender<Event>) -> Result<Writer, String> {
+        let (tx, rx) = std::sync::mpsc::channel::<(u64, Box<crate::jobs::journal::Journal>)>();
+        let thread = std::thread::Builder::new()
+            .name("vigil-store-write".into())
+            .spawn(move || {
+                while let Ok((seq, batch)) = rx.recv() {
+                    let result = store.commit_with(&batch, false);
+                    if events.send(Event::Written { seq, batch, result }).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| format!("cannot start the state directory's writer thread: {e}"))?;
+        Ok(Writer { tx, sent: 0, in_flight: None, done: 0, thread: Some(thread) })
+    }
+
+    /// End the thread once it has written what it was given, and close the store with it: the last connection
+    /// to close checkpoints the write-ahead log into the file and removes it, so that a stopped rank 0 leaves a
+    /// store whole in one file (a log left beside it would be replayed into whatever file is there next).
+    fn stop(self) {
+        let Writer { tx, thread, .. } = self;
+        drop(tx);
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Effects that wait for a write of the journal ([`Driver::flush`]): each with the number of the batch that
+/// must be written first, in the order the broker asked for them.
+#[derive(Debug, Default)]
+struct HeldEffects(VecDeque<(u64, Effect)>);
+
+impl HeldEffects {
+    /// Effect `e`, asked for while batch `gate` (if any) must be written before it: given back to be carried out
+    /// now, or held. An effect waits behind those already held (order kept), but for those that manage links and
+    /// liveness and depend on no job's state: a would-be child is judged in the turn its hello came in (see
+    /// [`Event::ChildHello`]), heartbeats keep their period.
+    fn hold(&mut self, e: Effect, gate: Option<u64>) -> Option<Effect> {
+        let link = matches!(
+            e,
+            Effect::AcceptChild { .. }
+                | Effect::RefuseChild { .. }
+                | Effect::ConnectParent { .. }
+                | Effect::Heartbeat
+                | Effect::SampleAcks
+                | Effect::ForgetChild(_)
+                | Effect::WatchPid(_)
+        );
+        match gate.max(self.0.back().map(|(n, _)| *n)) {
+            Some(n) if !link => {
+                self.0.push_back((n, e));
+                None
+            }
+            _ => Some(e),
+        }
+    }
+
+    /// The first held effect if its batch (number `done` or before) is written.
+    fn ready(&mut self, done: u64) -> Option<Effect> {
+        if self.0.front().is_some_and(|(n, _)| *n <= done) {
+            self.0.pop_front().map(|(_, e)| e)
+        } else {
+            None
+        }
+    }
 }
 
 /// Rank 0's store thread: fsyncs the store's write-ahead log ([`super::store::WalSync`]) when the loop asks,
@@ -158,6 +258,8 @@ struct Syncer {
     tx: std::sync::mpsc::Sender<u64>,
     /// An fsync was asked for and has not been reported yet.
     busy: bool,
+    /// The thread, joined by [`Syncer::stop`].
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Syncer {
@@ -171,7 +273,7 @@ impl Syncer {
         events: mpsc::UnboundedSender<Event>,
     ) -> Result<Syncer, String> {
         let (tx, rx) = std::sync::mpsc::channel::<u64>();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("vigil-store-sync".into())
             .spawn(move || {
                 while let Ok(upto) = rx.recv() {
@@ -181,7 +283,16 @@ impl Syncer {
                 }
             })
             .map_err(|e| format!("cannot start the state directory's store thread: {e}"))?;
-        Ok(Syncer { tx, busy: false })
+        Ok(Syncer { tx, busy: false, thread: Some(thread) })
+    }
+
+    /// End the thread (after the fsync under way, if any), closing its connection to the store.
+    fn stop(self) {
+        let Syncer { tx, thread, .. } = self;
+        drop(tx);
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
     }
 }
 
@@ -346,6 +457,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
             Syncer::start(move || wal.sync(), input_tx.clone())
         })
         .transpose()?;
+    let writer = store.map(|s| Writer::start(s, input_tx.clone())).transpose()?;
     let origin = Instant::now();
     let mut d = Driver {
         broker: Broker::new(opts, env, Time::ZERO),
@@ -370,8 +482,9 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         detect_generation: 0,
         auth: auth.clone(),
         parent_gen: 0,
-        grouping: store.is_some(),
-        store,
+        grouping: writer.is_some(),
+        writer,
+        held: HeldEffects::default(),
         syncer,
     };
     let t = Instant::now();
@@ -466,6 +579,19 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
             break;
         }
     }
+    // What rank 0 still had to write, and what waited for it (answers, the last messages to its children).
+    loop {
+        d.flush();
+        if d.writer.as_ref().is_none_or(|w| w.in_flight.is_none()) {
+            break;
+        }
+        match input_rx.recv().await {
+            Some(e @ Event::Written { .. }) => d.on_event(e),
+            Some(_) => {}
+            None => break,
+        }
+    }
+    d.release_held(&mut VecDeque::new(), u64::MAX);
     d.broker.stop();
     d.cleanup();
     let code = d.broker.exit_code();
@@ -883,30 +1009,28 @@ impl Driver {
         }
     }
 
-    /// Write the journal ([`Driver::commit`]), then carry out what the broker asked for; then hand it the inputs
-    /// those effects produced at once (all of them), write again, and carry out what they asked for, until none
-    /// is left. One write per round, not per input: a round of shell starts is one transaction.
+    /// Carry out what the broker asked for, then hand it the inputs those effects produced at once (all of them),
+    /// and carry out what they asked for, until none is left.
     ///
-    /// A write is put off while an fsync is under way and the broker asked for nothing: no effect waits for it,
-    /// and the submissions it holds would wait for the next fsync anyway, which cannot start before this one
-    /// ends. The changes stay in the broker's journal and go in the next write, the one of the turn the fsync
-    /// returns in at the latest; so a burst of submissions is written in a few large transactions instead of
-    /// one small one per turn (each rewrites the same last pages of the tables).
+    /// With a state directory, the journal is written by the [`Writer`] thread, one batch at a time, while the
+    /// loop goes on: a batch is taken here whenever none is being written (group commit: everything handled
+    /// while one was written goes in the next). What the broker asks for (shell starts, answers, messages) is
+    /// carried out only once the batch with the changes that led to it is written, as when the loop wrote it
+    /// itself: so no client, shell or broker learns of a change a `kill -9` of rank 0 would lose. Effects wait in
+    /// [`Driver::held`], in order, but for those on links and liveness ([`HeldEffects::hold`]). Submissions are
+    /// answered later still, once an fsync covers their write ([`Syncer`]).
     pub(crate) fn flush(&mut self) {
         let mut queue = VecDeque::new();
         loop {
-            // Whether the broker asked for anything is known by taking its first effect (carried out first).
-            let syncing = self.syncer.as_ref().is_some_and(|s| s.busy);
-            let first = if syncing { self.broker.poll_effect() } else { None };
-            if !syncing || first.is_some() {
-                self.commit();
-            }
+            let done = self.writer.as_ref().map_or(u64::MAX, |w| w.done);
+            self.release_held(&mut queue, done);
+            self.cut();
             self.start_sync(&mut queue);
-            if let Some(e) = first {
-                self.execute(e, &mut queue);
-            }
+            let gate = self.gate();
             while let Some(e) = self.broker.poll_effect() {
-                self.execute(e, &mut queue);
+                if let Some(e) = self.held.hold(e, gate) {
+                    self.execute(e, &mut queue);
+                }
             }
             if queue.is_empty() {
                 return;
@@ -918,28 +1042,44 @@ impl Driver {
         }
     }
 
-    /// Write the broker's journal batch in one transaction and tell it how that went ([`Input::Stored`]).
-    /// Nothing to do without a store.
-    ///
-    /// Pipelined commits: the write is done here, on the loop, without an fsync (`synchronous=NORMAL`: into the
-    /// write-ahead log, which survives `kill -9` of rank 0), so that what the broker asked for in this turn (shell
-    /// starts, answers to other requests, acknowledged exit reports) is carried out only once the changes that
-    /// led to it are written, as before. Only the submissions' answers wait for the disk: the store thread
-    /// ([`Syncer`]) fsyncs the log while the loop goes on reading and handling inputs, and the broker answers
-    /// them on [`Input::Synced`], in order. Without a store thread (it could not start) the write is fsynced
-    /// here where a submission waits for it.
-    fn commit(&mut self) {
-        let Some(store) = self.store.as_mut() else { return };
-        let Some(batch) = self.broker.journal() else { return };
-        // An fsync here only where a submission waits for it and no store thread does it.
-        let durable = self.syncer.is_none() && !self.broker.awaiting_durable.is_empty();
-        let result = match &batch {
-            Some(b) => store.commit_with(b, durable),
-            None => Ok(()),
-        };
+    /// Carry out the held effects whose batch is written (number `done` or before).
+    fn release_held(&mut self, queue: &mut VecDeque<Input>, done: u64) {
+        while let Some(e) = self.held.ready(done) {
+            self.execute(e, queue);
+        }
+    }
+
+    /// The batch the effects the broker asks for now must wait for: the one being written, or the next one if
+    /// the broker changed more since it was taken; `None` when nothing is being written.
+    fn gate(&self) -> Option<u64> {
+        let s = self.writer.as_ref()?.in_flight?;
+        Some(if self.broker.journal_pending() { s + 1 } else { s })
+    }
+
+    /// Take the broker's journal batch and hand it to the [`Writer`], unless one is being written (the next
+    /// batch is taken once it is). A batch with nothing to write (only answers held) is "written" at once.
+    fn cut(&mut self) {
         let now = self.now();
-        self.broker
-            .handle(now, Input::Stored { batch: batch.map(Box::new), result: result.map_err(Into::into), durable });
+        let Some(w) = self.writer.as_mut() else { return };
+        if w.in_flight.is_some() {
+            return;
+        }
+        let Some(batch) = self.broker.take_journal() else { return };
+        w.sent += 1;
+        let Some(batch) = batch else {
+            w.done = w.sent;
+            self.broker.handle(now, Input::Stored { batch: None, result: Ok(()), durable: false });
+            return;
+        };
+        match w.tx.send((w.sent, Box::new(batch))) {
+            Ok(()) => w.in_flight = Some(w.sent),
+            Err(std::sync::mpsc::SendError((_, batch))) => {
+                w.done = w.sent;
+                let why = "the state directory's writer thread has stopped".to_string();
+                let result = Err(vigil_core::broker::store::CommitError { why, errno: crate::message::errno::EIO });
+                self.broker.handle(now, Input::Stored { batch: Some(batch), result, durable: false });
+            }
+        }
     }
 
     /// Ask the store thread for an fsync if submissions wait for one and none is under way. If the thread is
@@ -1014,6 +1154,13 @@ impl Driver {
     fn on_event(&mut self, e: Event) {
         self.refresh_status();
         match e {
+            Event::Written { seq, batch, result } => {
+                if let Some(w) = self.writer.as_mut() {
+                    w.in_flight = None;
+                    w.done = seq;
+                }
+                self.step(Input::Stored { batch: Some(batch), result: result.map_err(Into::into), durable: false });
+            }
             Event::Synced { upto, result } => {
                 if let Some(s) = self.syncer.as_mut() {
                     s.busy = false;
@@ -1551,8 +1698,13 @@ impl Driver {
 
     /// After the loop: stop the detectors, end what this broker started, remove its files.
     fn cleanup(&mut self) {
-        // A write put off by the last turn ([`Driver::flush`]): kept, though nothing waits for it.
-        self.commit();
+        // The store's connections closed, the writer's last (see [`Writer::stop`]).
+        if let Some(s) = self.syncer.take() {
+            s.stop();
+        }
+        if let Some(w) = self.writer.take() {
+            w.stop();
+        }
         if let Some(d) = self.detect.as_mut() {
             d.shutdown();
         }
@@ -1788,6 +1940,27 @@ mod tests {
         let e = r.err().expect("refused");
         assert!(e.starts_with("parent at mem://rank0 refused us: tbon.transport=ofi but "), "{e}");
         drop(parent.await);
+    }
+
+    /// What the broker asks for while a batch of the journal is written waits for it, in order, but for what
+    /// keeps links alive; with nothing being written, effects go at once.
+    #[test]
+    fn effects_wait_for_their_batch_in_order_but_for_link_effects() {
+        let send = |topic: &str| Effect::Send(Peer::Local(1), Message::request(topic, 0, &json!({})));
+        let topic = |e: Option<Effect>| match e {
+            Some(Effect::Send(_, m)) => m.topic,
+            other => format!("{other:?}"),
+        };
+        let mut held = HeldEffects::default();
+        assert!(held.hold(send("now"), None).is_some(), "nothing written: at once");
+        assert!(held.hold(send("a"), Some(3)).is_none());
+        assert!(held.hold(send("b"), Some(2)).is_none(), "behind a, though its own batch comes first");
+        assert!(held.hold(send("c"), None).is_none(), "behind a and b");
+        assert!(matches!(held.hold(Effect::Heartbeat, Some(3)), Some(Effect::Heartbeat)));
+        assert!(held.hold(Effect::AcceptChild { conn: 1, rank: 1 }, Some(3)).is_some());
+        assert!(held.ready(2).is_none(), "a waits for batch 3, and b and c for a");
+        assert_eq!([held.ready(3), held.ready(3), held.ready(3)].map(topic), ["a", "b", "c"]);
+        assert!(held.ready(u64::MAX).is_none());
     }
 
     /// The store thread reports an fsync only once it has returned (a slow disk: one that blocks until released),

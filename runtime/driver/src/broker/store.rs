@@ -763,6 +763,7 @@ mod tests {
             last_id: JobId(last_id),
             epoch: 1000.25,
             purged: vec![],
+            tick: 0,
         }
     }
 
