@@ -107,7 +107,8 @@ impl Broker {
     /// Rank 0 took us back (`rp`: what waited for it): register again, send what waited, tell our children.
     pub fn rank0_back(&mut self, rp: Reparent) {
         self.parent = Some(0);
-        info!(
+        // At the level of the "lost rank 0" line, so that a log that says it was lost also says it came back.
+        warn!(
             "rank 0 is back after {:.1} s; rejoining ({} queued message(s) to send)",
             self.now.since(rp.since).as_secs_f64(),
             rp.queue.len()
