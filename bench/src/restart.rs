@@ -391,14 +391,14 @@ fn fill_store(statedir: &Path, target: usize) -> Result<(usize, f64), String> {
                 .map(|e| {
                     let mut e = e.clone();
                     e.timestamp += shift;
-                    e
+                    std::sync::Arc::new(e)
                 })
                 .collect();
             jobs.push(JobRecord {
                 id,
                 userid: template.userid,
                 state: JobState::Inactive,
-                jobspec: Some(template.jobspec.clone()),
+                jobspec: Some(template.jobspec.to_string().into()),
                 first_event: 0,
                 events,
                 r: template.r.clone(),

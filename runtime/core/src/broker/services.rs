@@ -1143,7 +1143,7 @@ pub fn wake_watchers(core: &mut Broker, id: JobId) {
     for (i, w) in core.watchers.iter_mut().enumerate().filter(|(_, w)| w.id == id) {
         if w.eventlog {
             for e in &job.eventlog[w.ev_pos..] {
-                out.push(Message::response_to(&w.req, &json!({"event": e})));
+                out.push(Message::response_to(&w.req, &json!({"event": &**e})));
             }
             w.ev_pos = job.eventlog.len();
         }

@@ -75,12 +75,13 @@ pub struct JobRecord {
     pub userid: u32,
     /// Its state after this batch (RFC 21).
     pub state: JobState,
-    /// The jobspec as submitted: in the job's first batch only.
-    pub jobspec: Option<Value>,
+    /// The jobspec as submitted (JSON text, shared with the job: not parsed or copied to be written): in the
+    /// job's first batch only.
+    pub jobspec: Option<std::sync::Arc<str>>,
     /// Index in the job's eventlog of `events[0]`.
     pub first_event: usize,
     /// Eventlog entries appended since the job's last saved batch.
-    pub events: Vec<Event>,
+    pub events: Vec<std::sync::Arc<Event>>,
     /// R (RFC 20) of its current allocation, if it has one.
     pub r: Option<Value>,
     /// Its finish status (the largest task wait status), once known.
@@ -246,9 +247,9 @@ impl Kept {
             let k = self
                 .jobs
                 .entry(r.id)
-                .or_insert_with(|| KeptJob::new(r.userid, r.jobspec.clone().unwrap_or(Value::Null), r.state));
+                .or_insert_with(|| KeptJob::new(r.userid, parse_jobspec(r.jobspec.as_deref()), r.state));
             k.eventlog.truncate(r.first_event);
-            k.eventlog.extend(r.events.iter().cloned());
+            k.eventlog.extend(r.events.iter().map(|e| Event::clone(e)));
             k.state = r.state;
             k.r = r.r.clone();
             k.status = r.status;
@@ -287,6 +288,11 @@ pub(super) struct Marks {
     last_id: JobId,
     /// Ranks drained when rank 0 last stopped, with the reason and when: drained again as they join.
     pub(super) drains: BTreeMap<u32, (String, f64)>,
+}
+
+/// A jobspec's JSON text as kept, parsed (`Null` if absent or not JSON: the restore then refuses it by name).
+fn parse_jobspec(text: Option<&str>) -> Value {
+    text.and_then(|t| serde_json::from_str(t).ok()).unwrap_or(Value::Null)
 }
 
 /// Ranks the resource eventlog `log` last recorded down (an `offline` event after their last `online`, RFC
@@ -379,7 +385,7 @@ impl JobCore {
                     id: j.id,
                     userid: j.userid,
                     state: j.state,
-                    jobspec: (j.saved_events == 0).then(|| j.jobspec()),
+                    jobspec: (j.saved_events == 0).then(|| j.jobspec_text.clone()),
                     first_event: j.saved_events,
                     events: j.eventlog[j.saved_events.min(j.eventlog.len())..].to_vec(),
                     r: j.r.as_ref().and_then(|r| serde_json::to_value(r).ok()),
@@ -640,7 +646,7 @@ impl JobCore {
             }
         }
         job.saved_events = eventlog.len();
-        job.eventlog = eventlog;
+        job.eventlog = eventlog.into_iter().map(std::sync::Arc::new).collect();
         job
     }
 }
@@ -666,7 +672,7 @@ pub(super) fn kept_order(j: &Job, rank: u32) -> BatchOrder {
 
 /// The events of a job's current run: those after its last `requeue` (a requeued job's earlier run ended with its
 /// own `release` and `free`, which say nothing of the run that holds resources now).
-pub(super) fn this_run(eventlog: &[Event]) -> &[Event] {
+pub(super) fn this_run(eventlog: &[std::sync::Arc<Event>]) -> &[std::sync::Arc<Event>] {
     let from = eventlog.iter().rposition(|e| e.name == "requeue").map_or(0, |i| i + 1);
     &eventlog[from..]
 }
@@ -675,6 +681,11 @@ pub(super) fn this_run(eventlog: &[Event]) -> &[Event] {
 mod tests {
     use super::super::tests::{actions, cmd, core, exit_shell, spawns, spec, T0};
     use super::*;
+
+    /// A job's eventlog as the store keeps it.
+    fn plain(log: &[std::sync::Arc<Event>]) -> Vec<Event> {
+        log.iter().map(|e| Event::clone(e)).collect()
+    }
 
     #[test]
     fn ranks_recorded_down_are_known_down_after_a_restart_until_they_are_back() {
@@ -790,7 +801,7 @@ mod tests {
         assert!(third.jobs.iter().all(|r| r.jobspec.is_none() && r.first_event > 0));
         kept.apply(&third).unwrap();
         assert_eq!(kept.apply(&third), Ok(()), "a batch applied twice changes nothing");
-        assert_eq!(kept.jobs[&a].eventlog, c.jobs[&a].eventlog);
+        assert_eq!(kept.jobs[&a].eventlog, plain(&c.jobs[&a].eventlog));
         assert_eq!(
             kept.apply(&Journal { jobs: vec![], resource_first: 99, ..third.clone() }),
             Err(ApplyError::ResourceGap { first: 99, kept: kept.resource_eventlog.len() })
@@ -821,8 +832,8 @@ mod tests {
         kept.apply(&next).unwrap();
         c.journal_saved(&next);
         assert!(!c.journal_pending() && c.journal().is_none());
-        assert_eq!(kept.jobs[&a].eventlog, c.jobs[&a].eventlog);
-        assert_eq!(kept.jobs[&b].eventlog, c.jobs[&b].eventlog);
+        assert_eq!(kept.jobs[&a].eventlog, plain(&c.jobs[&a].eventlog));
+        assert_eq!(kept.jobs[&b].eventlog, plain(&c.jobs[&b].eventlog));
     }
 
     /// Output kept as a job runs: batches follow on by their absolute index, one saved again replaces itself, a

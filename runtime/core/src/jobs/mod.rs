@@ -383,13 +383,13 @@ pub struct Job {
     pub state: JobState,
     /// The jobspec as submitted, as compact JSON text ([`Job::jobspec`] parses it): a parsed `Value` of even a
     /// small jobspec holds a few KiB of maps, for every queued job, while the scheduler reads only `req`.
-    jobspec_text: Box<str>,
+    jobspec_text: std::sync::Arc<str>,
     /// `attributes.system.job.name` of the jobspec, if it has one (`vigil jobs` shows it).
     name: Option<Box<str>>,
     /// Validated request.
     pub req: JobRequest,
     /// RFC 18 eventlog.
-    pub eventlog: Vec<Event>,
+    pub eventlog: Vec<std::sync::Arc<Event>>,
     /// Task output kept for watchers, in arrival order; at most [`OUTPUT_KEEP`] bytes, oldest dropped first.
     pub output: VecDeque<OutputLine>,
     /// Absolute index of `output[0]` (chunks dropped so far).
@@ -477,7 +477,7 @@ impl Job {
             id,
             userid,
             state: JobState::New,
-            jobspec_text: jobspec.to_string().into_boxed_str(),
+            jobspec_text: jobspec.to_string().into(),
             name: jobspec.pointer("/attributes/system/job/name").and_then(Value::as_str).map(Into::into),
             req,
             eventlog: Vec::new(),
@@ -556,7 +556,15 @@ impl Job {
     fn post(&mut self, now: f64, name: &str, context: Value) {
         let next = self.state.apply(name, &context).unwrap_or(self.state);
         self.state = next;
-        self.eventlog.push(Event::with_time(now, name, context));
+        // Shared, not copied, with the journal batch that writes it (journal.rs).
+        self.eventlog.push(std::sync::Arc::new(Event::with_time(now, name, context)));
+    }
+
+    /// When the tasks of its (latest) run ended: its `finish` event's time, which for a job whose tasks ended
+    /// while rank 0 was away is when they ended on their node, not when rank 0 heard (`reattach.rs`). Seconds
+    /// since the Unix epoch; `None` before the tasks ended, or if they never ran.
+    pub fn t_finish(&self) -> Option<f64> {
+        self.eventlog.iter().rev().take_while(|e| e.name != "requeue").find(|e| e.name == "finish").map(|e| e.timestamp)
     }
 
     /// Outcome as `vigil jobs` shows it: COMPLETED, FAILED, CANCELED, TIMEOUT (INACTIVE jobs only).
@@ -600,7 +608,7 @@ impl Job {
             "name": self.name.as_deref()
                 .or_else(|| self.req.command.first().map(|c| c.rsplit('/').next().unwrap_or(c))).unwrap_or(""),
             "ntasks": self.req.ntasks, "nnodes": self.alloc.len(), "ranks": ranks.to_string(), "nodelist": nodelist,
-            "t_submit": self.t_submit, "t_run": self.t_run, "t_inactive": self.t_inactive,
+            "t_submit": self.t_submit, "t_run": self.t_run, "t_finish": self.t_finish(), "t_inactive": self.t_inactive,
             "expiration": self.expiration, "result": self.result(), "exit_code": self.exit_code(),
             "exception": self.fatal, "duration": self.req.duration, "pmi_exchanges": self.pmi_exchanges, "instance": self.instance,
             "requeue": self.req.requeue, "requeues": self.requeues, "usage": self.usage,

@@ -1042,6 +1042,27 @@ impl Driver {
         }
     }
 
+    /// An fsync covering write `upto` succeeded: the submissions it holds are answered at once, not behind the
+    /// batch being written (an answer reveals a job that is on disk, nothing more), while what the inputs taken
+    /// earlier in this turn asked for keeps its place, held as usual.
+    fn synced(&mut self, upto: u64) {
+        let mut queue = VecDeque::new();
+        let gate = self.gate();
+        while let Some(e) = self.broker.poll_effect() {
+            if let Some(e) = self.held.hold(e, gate) {
+                self.execute(e, &mut queue);
+            }
+        }
+        let now = self.now();
+        self.broker.handle(now, Input::Synced { upto, result: Ok(()) });
+        while let Some(e) = self.broker.poll_effect() {
+            self.execute(e, &mut queue);
+        }
+        for i in queue.drain(..) {
+            self.broker.handle(now, i);
+        }
+    }
+
     /// Carry out the held effects whose batch is written (number `done` or before).
     fn release_held(&mut self, queue: &mut VecDeque<Input>, done: u64) {
         while let Some(e) = self.held.ready(done) {
@@ -1165,7 +1186,10 @@ impl Driver {
                 if let Some(s) = self.syncer.as_mut() {
                     s.busy = false;
                 }
-                self.step(Input::Synced { upto, result: result.map_err(Into::into) });
+                match result {
+                    Ok(()) if self.writer.is_some() => self.synced(upto),
+                    result => self.step(Input::Synced { upto, result: result.map_err(Into::into) }),
+                }
             }
             Event::Peer(Peer::Parent, conn, _) | Event::PeerClosed(Peer::Parent, conn, _)
                 if conn != self.parent_gen =>
