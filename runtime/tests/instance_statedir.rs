@@ -305,6 +305,13 @@ fn running_jobs_outlive_kill_9_of_rank_0_and_finish_normally() {
         "start {start:?}, finish {finish:?}, restart {restart:?}: {}",
         ev.dump()
     );
+    // And `vigil jobs` says it ran for its 3 s, not until the restart brought its report.
+    assert_eq!(jobs[&ids[0]]["t_finish"].as_f64(), finish, "{}", jobs[&ids[0]]);
+    let list = inst.client(&["jobs", "-a"]);
+    let col = list.stdout.lines().next().and_then(|h| h.split_whitespace().position(|c| c == "TIME"));
+    let row = list.stdout.lines().find(|l| l.trim_start().starts_with(ids[0].as_str())).unwrap_or_default();
+    let secs = col.and_then(|c| row.split_whitespace().nth(c)).and_then(|t| t.strip_suffix('s')?.parse::<f64>().ok());
+    assert!(secs.is_some_and(|t| (2.5..6.0).contains(&t)), "TIME {secs:?}, the outage was 6 s:\n{}", list.dump());
     // New jobs run, on the brokers that never left.
     let new = inst.client(&["run", "-N3", "-n3", "true"]);
     new.ok();

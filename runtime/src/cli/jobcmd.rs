@@ -590,7 +590,8 @@ pub(crate) async fn jobs(a: JobsArgs) -> Result<i32, String> {
             .map(|u| u.name)
             .unwrap_or_else(|| uid.to_string());
         let t_run = j["t_run"].as_f64();
-        let t_end = j["t_inactive"].as_f64().unwrap_or(now);
+        // How long its tasks ran: to their end (as their node saw it), else to the job's end, else now.
+        let t_end = j["t_finish"].as_f64().or_else(|| j["t_inactive"].as_f64()).unwrap_or(now);
         let time = t_run.map(|t| fmt_secs(t_end - t)).unwrap_or_else(|| "-".into());
         let info = match j["state"].as_str() {
             Some("INACTIVE") => match j["exception"].as_object() {
