@@ -619,6 +619,16 @@ fn a_rank_lost_before_a_restart_of_rank_0_stays_lost_with_its_reason() {
     let after = row(2).unwrap();
     assert_eq!(after["state"], "lost", "{after}");
     assert_eq!(after["reason"], before["reason"], "{after}");
+    // Named as configured, though it never registered with this rank 0.
+    assert_eq!(after["hostname"], before["hostname"], "{after}");
+    // `resource list` agrees: rank 2 is down (not left out), and so is drained rank 0, which is not free.
+    inst.client(&["resource", "drain", "0", "maintenance"]).ok();
+    let list = inst.client(&["resource", "list"]);
+    let nnodes = |state: &str| -> Option<u64> {
+        let l = list.stdout.lines().find(|l| l.split_whitespace().next() == Some(state))?;
+        l.split_whitespace().nth(1)?.parse().ok()
+    };
+    assert_eq!((nnodes("free"), nnodes("down")), (Some(1), Some(2)), "{}", list.dump());
     brokers.insert(0, r0);
     for o in inst.stop(brokers) {
         assert!(!o.timed_out, "{}", o.dump());

@@ -212,14 +212,19 @@ pub(crate) async fn resource(cmd: ResourceCmd) -> Result<i32, String> {
             let mut alloc = (Vec::new(), 0, 0);
             let mut down = (Vec::new(), 0, 0);
             for row in &rows {
-                if !row["up"].as_bool().unwrap_or(false) {
+                // Down: not there, or drained (as `flux resource list`); what a job still holds on a drained node
+                // is also counted as allocated.
+                let drained = row["drained"].as_bool().unwrap_or(false);
+                if !row["up"].as_bool().unwrap_or(false) || drained {
                     down.0.push(row);
-                    down.1 += u(row, "ncores");
-                    down.2 += u(row, "ngpus");
+                    down.1 += u(row, "ncores") - u(row, "nalloc_cores");
+                    down.2 += u(row, "ngpus") - u(row, "nalloc_gpus");
+                }
+                if !row["up"].as_bool().unwrap_or(false) {
                     continue;
                 }
                 let (fc, fg) = (u(row, "ncores") - u(row, "nalloc_cores"), u(row, "ngpus") - u(row, "nalloc_gpus"));
-                if fc > 0 || fg > 0 {
+                if !drained && (fc > 0 || fg > 0) {
                     free.0.push(row);
                     free.1 += fc;
                     free.2 += fg;

@@ -31,6 +31,9 @@ pub struct BrokerOptions {
     pub instance: String,
     /// Connect endpoint of every rank, by rank (only the parent's is used).
     pub endpoints: Vec<String>,
+    /// Every rank's host name as configured (`bootstrap.hosts`), by rank; empty where not known (test and nested
+    /// instances). Rank 0 shows it for a rank that has not joined (yet: after a restart of rank 0).
+    pub hosts: Vec<String>,
     /// Overlay listener.
     pub listen: ListenSpec,
     /// Directory for sockets and logs.

@@ -746,22 +746,28 @@ fn resource(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                     ),
                     Some(_) => ("avail", String::new(), None),
                 };
-                rows.push(
-                    json!({"rank": r, "hostname": p.map(|p| p.hostname.clone()).unwrap_or_default(), "state": state,
+                rows.push(json!({"rank": r, "hostname": host_of(core, r), "state": state,
                     "reason": reason, "since": at, "up": p.is_some_and(|p| p.up),
-                    "liveness": liveness.0, "liveness_reason": liveness.1}),
-                );
+                    "liveness": liveness.0, "liveness_reason": liveness.1}));
             }
             Ok(Some(json!({"ranks": rows}).into()))
         }
         "resource.list" => {
             let jc = core.jobcore.as_ref().ok_or((errno::ENOSYS, "not rank 0".into()))?;
-            let rows: Vec<Value> = jc.pool.ranks.values().map(|p| json!({
-                "rank": p.rank, "hostname": p.hostname, "up": p.up, "drained": p.drained.is_some(), "torpid": p.torpid,
-                "cores": p.cores.to_string(), "gpus": p.gpus.to_string(),
-                "alloc_cores": p.alloc_cores.to_string(), "alloc_gpus": p.alloc_gpus.to_string(),
-                "ncores": p.cores.len(), "ngpus": p.gpus.len(), "nalloc_cores": p.alloc_cores.len(), "nalloc_gpus": p.alloc_gpus.len(),
-            })).collect();
+            // Every rank, as `resource.status` lists them: one that has not joined (yet) is down, resources unknown.
+            let rows: Vec<Value> = (0..size).map(|r| match jc.pool.ranks.get(&r) {
+                Some(p) => json!({
+                    "rank": p.rank, "hostname": p.hostname, "up": p.up, "drained": p.drained.is_some(), "torpid": p.torpid,
+                    "cores": p.cores.to_string(), "gpus": p.gpus.to_string(),
+                    "alloc_cores": p.alloc_cores.to_string(), "alloc_gpus": p.alloc_gpus.to_string(),
+                    "ncores": p.cores.len(), "ngpus": p.gpus.len(), "nalloc_cores": p.alloc_cores.len(), "nalloc_gpus": p.alloc_gpus.len(),
+                }),
+                None => json!({
+                    "rank": r, "hostname": host_of(core, r), "up": false, "drained": false, "torpid": false,
+                    "cores": "", "gpus": "", "alloc_cores": "", "alloc_gpus": "",
+                    "ncores": 0, "ngpus": 0, "nalloc_cores": 0, "nalloc_gpus": 0,
+                }),
+            }).collect();
             Ok(Some(json!({"ranks": rows}).into()))
         }
         "resource.drain" | "resource.undrain" => {
@@ -794,6 +800,15 @@ fn resource(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
             Ok(Some(Out::json(&crate::r::Rv1::from_ranks(&ranks, core.env.wall_origin, 0.0))))
         }
         t => Err((errno::ENOSYS, format!("unknown service method '{t}'"))),
+    }
+}
+
+/// Rank `r`'s host name: as it registered, else as configured (`bootstrap.hosts`: a rank not joined since rank
+/// 0 started), else empty.
+fn host_of(core: &Broker, r: u32) -> String {
+    match core.jobcore.as_ref().and_then(|jc| jc.pool.ranks.get(&r)) {
+        Some(p) => p.hostname.clone(),
+        None => core.opts.hosts.get(r as usize).cloned().unwrap_or_default(),
     }
 }
 

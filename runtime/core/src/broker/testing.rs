@@ -28,6 +28,7 @@ pub fn new_broker(
         hostname: format!("node{rank}"),
         instance: "sim".into(),
         endpoints: Vec::new(),
+        hosts: Vec::new(),
         listen: ListenSpec::Endpoint(String::new()),
         rundir: std::path::PathBuf::from("/nonexistent/vigil-sim"),
         // FCFS, so that the scenarios' order check (scenario.rs, invariant 5) holds; the simulated jobs have no

@@ -1861,6 +1861,7 @@ mod tests {
             hostname: format!("node{rank}"),
             instance: "mem".into(),
             endpoints: vec!["mem://rank0".into(), "mem://rank1".into()],
+            hosts: Vec::new(),
             listen: ListenSpec::Endpoint(String::new()),
             rundir: PathBuf::from("/nonexistent/vigil-mem"),
             config,
