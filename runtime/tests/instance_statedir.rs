@@ -634,3 +634,33 @@ fn a_rank_lost_before_a_restart_of_rank_0_stays_lost_with_its_reason() {
         assert!(!o.timed_out, "{}", o.dump());
     }
 }
+
+/// `vigil shutdown` of a system instance with a state directory while a 2-node job runs: the job ends with its
+/// `shutdown` exception and is kept INACTIVE, so the next start lists it so, neither re-attached nor judged to
+/// have lost its nodes, and its TIME is how long it ran (found by a fresh-user trial: it was left in CLEANUP).
+#[test]
+fn a_job_ended_by_vigil_shutdown_is_kept_inactive_with_its_reason() {
+    let inst = SystemInstance::new(4, true);
+    let brokers = inst.start_all(&[]);
+    inst.client(&["resource", "drain", "0", "rank 0 restarts in this test"]).ok();
+    let o = inst.client(&["submit", "-N2", "-n2", "sleep", "100"]);
+    o.ok();
+    let id = o.stdout.trim().to_string();
+    assert!(wait_for(Duration::from_secs(30), || inst.jobs()[&id]["state"] == "RUN"), "{:?}", inst.jobs());
+    std::thread::sleep(Duration::from_secs(1));
+    for o in inst.stop(brokers) {
+        assert!(!o.timed_out, "{}", o.dump());
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let brokers = inst.start_all(&[]);
+    let j = inst.jobs()[&id].clone();
+    assert_eq!((j["state"].as_str(), j["exception"]["type"].as_str()), (Some("INACTIVE"), Some("shutdown")), "{j}");
+    let ev = inst.client(&["job", "eventlog", &id]);
+    ev.ok();
+    assert!(!ev.stdout.contains("restart") && !ev.stdout.contains("lost critical"), "{}", ev.dump());
+    let (run, end) = (j["t_run"].as_f64().unwrap_or(0.0), j["t_inactive"].as_f64().unwrap_or(f64::MAX));
+    assert!(end - run < 2.5 + 1.0, "ended with the shutdown, not at the next start: {j}");
+    for o in inst.stop(brokers) {
+        assert!(!o.timed_out, "{}", o.dump());
+    }
+}

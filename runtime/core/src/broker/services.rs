@@ -653,7 +653,8 @@ fn resource(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                 debug!("ignoring a stale loss notice about ranks {ranks}: {reason}");
                 return Ok(Some(json!({}).into()));
             }
-            warn!("ranks {ranks} {}: {reason}", if state == MemberState::Lost { "lost" } else { "offline" });
+            let noun = if ranks.len() == 1 { "rank" } else { "ranks" };
+            warn!("{noun} {ranks} {}: {reason}", if state == MemberState::Lost { "lost" } else { "offline" });
             for r in ranks.iter() {
                 // A rank already lost keeps its own verdict and time: a router lost later does not rewrite why.
                 if core.members.get(&r).is_some_and(|m| m.0 == MemberState::Lost) {

@@ -325,6 +325,7 @@ fn open_statedir(
                     )
                 })?;
             }
+            store.record_restart().map_err(|e| format!("state directory {} cannot be written: {e}", dir.display()))?;
             let restarts = store.restarts;
             let bytes = std::fs::metadata(dir.join(super::store::FILE)).map_or(0, |m| m.len());
             // What a restart costs before rank 0 serves anything (`vigil-bench restart` reads this line).
@@ -579,20 +580,11 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
             break;
         }
     }
-    // What rank 0 still had to write, and what waited for it (answers, the last messages to its children).
-    loop {
-        d.flush();
-        if d.writer.as_ref().is_none_or(|w| w.in_flight.is_none()) {
-            break;
-        }
-        match input_rx.recv().await {
-            Some(e @ Event::Written { .. }) => d.on_event(e),
-            Some(_) => {}
-            None => break,
-        }
-    }
-    d.release_held(&mut VecDeque::new(), u64::MAX);
+    // What rank 0 still had to write, and what waited for it (answers, the last messages to its children); then
+    // what stopping changes (jobs the shutdown ended, finished: `Broker::stop`), written too.
+    d.drain_writes(&mut input_rx).await;
     d.broker.stop();
+    d.drain_writes(&mut input_rx).await;
     d.cleanup();
     let code = d.broker.exit_code();
     info!(rank, code, "broker exiting");
@@ -1061,6 +1053,23 @@ impl Driver {
         for i in queue.drain(..) {
             self.broker.handle(now, i);
         }
+    }
+
+    /// At the end: write what is left of the journal and wait for it (other events are dropped: the loop has
+    /// ended), then carry out every held effect.
+    async fn drain_writes(&mut self, input_rx: &mut mpsc::UnboundedReceiver<Event>) {
+        loop {
+            self.flush();
+            if self.writer.as_ref().is_none_or(|w| w.in_flight.is_none()) {
+                break;
+            }
+            match input_rx.recv().await {
+                Some(e @ Event::Written { .. }) => self.on_event(e),
+                Some(_) => {}
+                None => break,
+            }
+        }
+        self.release_held(&mut VecDeque::new(), u64::MAX);
     }
 
     /// Carry out the held effects whose batch is written (number `done` or before).

@@ -375,16 +375,26 @@ impl Store {
         let mut store = Store { conn, path, restarts: 0, sync_full: true, meta_kept: None, _lock: lock };
         let kept = store.load().map_err(|e| damaged(&store.path, e))?;
         if kept.is_some() {
+            // Counted once the instance has claimed the store (see `record_restart`), not by a rank 0 refused.
             store.restarts = store.meta_u64("restarts").map_err(|e| damaged(&store.path, e))? + 1;
-            store
-                .conn
-                .execute(
-                    "INSERT OR REPLACE INTO meta(key, value) VALUES('restarts', ?1)",
-                    params![store.restarts as i64],
-                )
-                .map_err(|e| unwritable(e.to_string()))?;
         }
         Ok((store, kept))
+    }
+
+    /// Record this start as a restart (`restarts` in `meta`, shown by `vigil uptime`), once the instance has
+    /// claimed the store ([`Store::claim_instance`]): a rank 0 refused changes nothing. Nothing to do at a first
+    /// start.
+    ///
+    /// # Errors
+    /// The SQLite error.
+    pub fn record_restart(&mut self) -> Result<(), String> {
+        if self.restarts == 0 {
+            return Ok(());
+        }
+        self.conn
+            .execute("INSERT OR REPLACE INTO meta(key, value) VALUES('restarts', ?1)", params![self.restarts as i64])
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     }
 
     /// Make sure this store is instance `name`'s (the `instance` id of the TOML bootstrap): recorded at the first
@@ -780,6 +790,25 @@ mod tests {
         s.claim_instance("cluster").unwrap();
     }
 
+    /// A restart is counted when the instance takes the store, not when another instance's rank 0 is refused it.
+    #[test]
+    fn a_refused_rank_0_counts_no_restart() {
+        let d = tempfile::tempdir().unwrap();
+        let (mut s, _) = Store::open(d.path()).unwrap();
+        s.claim_instance("cluster").unwrap();
+        s.commit(&batch(vec![], 0, 1, 5)).unwrap();
+        drop(s);
+        let (mut s, _) = Store::open(d.path()).unwrap();
+        assert!(s.claim_instance("other").is_err());
+        drop(s);
+        let (mut s, _) = Store::open(d.path()).unwrap();
+        assert_eq!(s.restarts, 1, "the refused start was not counted");
+        s.claim_instance("cluster").unwrap();
+        s.record_restart().unwrap();
+        drop(s);
+        assert_eq!(Store::open(d.path()).unwrap().0.restarts, 2);
+    }
+
     /// A second rank 0 on the same directory is refused, naming the first one's pid; the lock goes with the store.
     #[test]
     fn a_state_directory_in_use_is_refused() {
@@ -816,9 +845,10 @@ mod tests {
         let sync: i64 = s.conn.query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap();
         assert_eq!(sync, 1, "NORMAL after a commit that needs no fsync");
         drop(s);
-        let (s, kept) = Store::open(d.path()).unwrap();
+        let (mut s, kept) = Store::open(d.path()).unwrap();
         assert_eq!(s.restarts, 1);
         assert_eq!(kept.as_ref(), Some(&mem), "the store keeps what the in-memory one does");
+        s.record_restart().unwrap();
         drop(s);
         let (s, _) = Store::open(d.path()).unwrap();
         assert_eq!(s.restarts, 2);
