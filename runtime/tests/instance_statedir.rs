@@ -533,6 +533,12 @@ fn an_unwritable_state_directory_is_refused_and_a_test_instance_has_none() {
     let (o, _d) = start_and_run(1, &[], &["vigil", "uptime"], Duration::from_secs(60));
     o.ok();
     assert!(o.stdout.contains("state directory: none"), "{}", o.dump());
+    // `vigil start` whose rank 0 refuses it fails at once: its other brokers, which will never join, are stopped
+    // with it, not killed by its 15 s deadline (found by a fresh-user trial).
+    let sd = format!("statedir={}", bad.display());
+    let (o, _d) = start_and_run(2, &[&sd], &["true"], Duration::from_secs(60));
+    assert_eq!(o.code, 1, "{}", o.dump());
+    assert!(o.elapsed < Duration::from_secs(10), "waited for the deadline: {}", o.dump());
 }
 
 /// INACTIVE jobs are purged as in Flux: automatically beyond `job-manager.inactive-num-limit`, and by

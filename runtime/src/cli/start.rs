@@ -432,6 +432,19 @@ fn wait_instance(children: &mut [std::process::Child], up: &std::path::Path) -> 
             nix::sys::signal::Signal::SIGTERM,
         );
     }
+    if rank0.is_some() {
+        // Rank 0 is gone and nothing here restarts it: the brokers still running (those that never joined, when
+        // rank 0 failed at start; those waiting out tbon.parent_grace with a state directory) stop now, not
+        // after the deadline below.
+        for c in children.iter_mut().skip(1) {
+            if matches!(c.try_wait(), Ok(None)) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(c.id() as i32),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+        }
+    }
     // Give the rest of the tree time to leave, then make sure nothing is left behind.
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
