@@ -504,7 +504,8 @@ impl Broker {
                 jc.enable_journal();
                 if let Some(kept) = kept {
                     let r = jc.restore(wall, kept);
-                    info!(
+                    // At the default log level: an operator reading the log of a restart sees what it kept.
+                    tracing::warn!(
                         "state directory {}: restart {restarts}: {} inactive job(s) listed, {} pending job(s) queued, \
                          {} running job(s) waiting to be re-attached, {} ended (exception {})",
                         dir.display(),

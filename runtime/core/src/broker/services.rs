@@ -715,6 +715,8 @@ fn resource(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
         }
         "resource.status" => {
             let jc = core.jobcore.as_ref().ok_or((errno::ENOSYS, "not rank 0".into()))?;
+            let restarted = matches!(core.statedir, super::core::StateDir::Open { restarts, .. } if restarts > 0);
+            let not_joined = if restarted { "not back since rank 0 restarted" } else { "never joined" };
             let mut rows = Vec::new();
             for r in 0..size {
                 let p = jc.pool.ranks.get(&r);
@@ -724,7 +726,7 @@ fn resource(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                     _ => match core.members.get(&r) {
                         Some(m) if m.0 == MemberState::Lost => ("lost", m.1.clone()),
                         Some(m) => ("down", m.1.clone()),
-                        None => ("down", "never joined".to_string()),
+                        None => ("down", not_joined.to_string()),
                     },
                 };
                 let (state, reason, at) = match p {
@@ -732,7 +734,7 @@ fn resource(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                     None => match core.members.get(&r) {
                         Some(m) if m.0 == MemberState::Lost => ("lost", m.1.clone(), Some(m.2)),
                         Some(m) => ("down", m.1.clone(), Some(m.2)),
-                        None => ("down", "never joined".to_string(), None),
+                        None => ("down", not_joined.to_string(), None),
                     },
                     Some(p) if p.drained.is_some() => ("drained", p.drained.clone().unwrap_or_default(), p.drained_at),
                     Some(p) if !p.up => {
