@@ -120,6 +120,14 @@ impl SystemInstance {
         self.client(&["shutdown"]).ok();
         brokers.into_iter().map(|b| b.wait(Duration::from_secs(30))).collect()
     }
+
+    /// [`SystemInstance::stop`], and every broker stopped by it (none left running past the wait).
+    #[track_caller]
+    fn stop_cleanly(&self, brokers: Vec<Running>) {
+        for o in self.stop(brokers) {
+            assert!(!o.timed_out, "`vigil shutdown` left a broker running:\n{}", o.dump());
+        }
+    }
 }
 
 impl Drop for SystemInstance {
@@ -234,9 +242,7 @@ fn every_acknowledged_job_survives_kill_9_of_rank_0() {
         "{}",
         up.dump()
     );
-    for o in inst.stop(brokers) {
-        assert!(!o.timed_out, "{}", o.dump());
-    }
+    inst.stop_cleanly(brokers);
 }
 
 /// The other brokers outlive rank 0 (`tbon.parent_grace`, 60 s by default with a state directory): `sleep` jobs on
@@ -319,9 +325,7 @@ fn running_jobs_outlive_kill_9_of_rank_0_and_finish_normally() {
         assert!(!b.exited(), "a broker exited");
     }
     brokers.insert(0, r0);
-    for o in inst.stop(brokers) {
-        assert!(!o.timed_out, "{}", o.dump());
-    }
+    inst.stop_cleanly(brokers);
 }
 
 /// The output a running job printed before rank 0 was killed is kept: two tasks (on ranks 1 and 2) print a
@@ -382,9 +386,7 @@ fn a_running_jobs_output_survives_kill_9_of_rank_0_in_order_and_once() {
     again.ok();
     assert_eq!(again.stdout, out.stdout, "the output kept of the INACTIVE job");
     brokers.insert(0, r0);
-    for o in inst.stop(brokers) {
-        assert!(!o.timed_out, "{}", o.dump());
-    }
+    inst.stop_cleanly(brokers);
 }
 
 /// `systemctl restart` of rank 0: SIGTERM stops rank 0 alone (exit 143, at once), the other brokers and their
@@ -430,9 +432,7 @@ fn sigterm_of_rank_0_restarts_it_without_stopping_the_instance() {
     let job = &inst.jobs()[&id];
     assert_eq!((&job["result"], &job["exit_code"]), (&Value::from("COMPLETED"), &Value::from(0)), "{job}");
     brokers.insert(0, r0);
-    for o in inst.stop(brokers) {
-        assert!(!o.timed_out, "`vigil shutdown` left a broker running:\n{}", o.dump());
-    }
+    inst.stop_cleanly(brokers);
 }
 
 /// Rank 0 killed while a batch job (a nested instance on ranks 1-3) runs, and restarted 6 s later: the nested
@@ -477,9 +477,7 @@ fn a_batch_job_survives_kill_9_of_rank_0() {
         assert!(!b.exited(), "a broker exited");
     }
     brokers.insert(0, r0);
-    for o in inst.stop(brokers) {
-        assert!(!o.timed_out, "{}", o.dump());
-    }
+    inst.stop_cleanly(brokers);
 }
 
 /// A store rank 0 cannot read (another schema version, truncated, not SQLite at all) leaves it running with
@@ -577,9 +575,7 @@ fn purged_jobs_leave_the_state_directory_for_good() {
     let o = inst.client(&["job", "purge"]);
     assert_ne!(o.code, 0, "{}", o.dump());
     // Restarted without limits on the same state directory: only the job kept comes back; ids go on above it.
-    for o in inst.stop(vec![b]) {
-        assert!(!o.timed_out, "{}", o.dump());
-    }
+    inst.stop_cleanly(vec![b]);
     let b = inst.broker(0, &[&sd]);
     inst.wait_up();
     assert_eq!(inst.jobs().into_keys().collect::<Vec<_>>(), vec![ids[4].clone()]);
@@ -589,9 +585,7 @@ fn purged_jobs_leave_the_state_directory_for_good() {
     assert!(!ids.contains(&new), "id {new} given twice");
     inst.client(&["job", "wait", &new]).ok();
     assert_eq!(inst.jobs().len(), 2);
-    for o in inst.stop(vec![b]) {
-        assert!(!o.timed_out, "{}", o.dump());
-    }
+    inst.stop_cleanly(vec![b]);
 }
 
 /// A rank lost before rank 0's restart, and not back since, is still shown lost with its reason by the restarted
@@ -636,9 +630,7 @@ fn a_rank_lost_before_a_restart_of_rank_0_stays_lost_with_its_reason() {
     };
     assert_eq!((nnodes("free"), nnodes("down")), (Some(1), Some(2)), "{}", list.dump());
     brokers.insert(0, r0);
-    for o in inst.stop(brokers) {
-        assert!(!o.timed_out, "{}", o.dump());
-    }
+    inst.stop_cleanly(brokers);
 }
 
 /// `vigil shutdown` of a system instance with a state directory while a 2-node job runs: the job ends with its
@@ -654,9 +646,7 @@ fn a_job_ended_by_vigil_shutdown_is_kept_inactive_with_its_reason() {
     let id = o.stdout.trim().to_string();
     assert!(wait_for(Duration::from_secs(30), || inst.jobs()[&id]["state"] == "RUN"), "{:?}", inst.jobs());
     std::thread::sleep(Duration::from_secs(1));
-    for o in inst.stop(brokers) {
-        assert!(!o.timed_out, "{}", o.dump());
-    }
+    inst.stop_cleanly(brokers);
     std::thread::sleep(Duration::from_secs(2));
     let brokers = inst.start_all(&[]);
     let j = inst.jobs()[&id].clone();
@@ -666,7 +656,5 @@ fn a_job_ended_by_vigil_shutdown_is_kept_inactive_with_its_reason() {
     assert!(!ev.stdout.contains("restart") && !ev.stdout.contains("lost critical"), "{}", ev.dump());
     let (run, end) = (j["t_run"].as_f64().unwrap_or(0.0), j["t_inactive"].as_f64().unwrap_or(f64::MAX));
     assert!(end - run < 2.5 + 1.0, "ended with the shutdown, not at the next start: {j}");
-    for o in inst.stop(brokers) {
-        assert!(!o.timed_out, "{}", o.dump());
-    }
+    inst.stop_cleanly(brokers);
 }

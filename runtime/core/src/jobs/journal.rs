@@ -355,15 +355,11 @@ impl JobCore {
     /// What changed since the last batch saved ([`JobCore::journal_saved`]); `None` when nothing did or no
     /// journal is kept. Taking it changes nothing: a batch that could not be saved is in the next one again.
     pub fn journal(&self) -> Option<Journal> {
-        let dirty = self.actions.dirty.as_ref()?;
-        let last_id = self.last_id();
-        if dirty.is_empty()
-            && self.purged.is_empty()
-            && self.saved.resource == self.resource_eventlog.len()
-            && self.saved.last_id == last_id
-        {
+        if !self.journal_pending() {
             return None;
         }
+        let dirty = self.actions.dirty.as_ref()?;
+        let last_id = self.last_id();
         let jobs = dirty
             .keys()
             .filter_map(|id| self.jobs.get(id))

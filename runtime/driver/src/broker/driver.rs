@@ -1018,12 +1018,7 @@ impl Driver {
             self.release_held(&mut queue, done);
             self.cut();
             self.start_sync(&mut queue);
-            let gate = self.gate();
-            while let Some(e) = self.broker.poll_effect() {
-                if let Some(e) = self.held.hold(e, gate) {
-                    self.execute(e, &mut queue);
-                }
-            }
+            self.take_effects(&mut queue);
             if queue.is_empty() {
                 return;
             }
@@ -1039,12 +1034,7 @@ impl Driver {
     /// earlier in this turn asked for keeps its place, held as usual.
     fn synced(&mut self, upto: u64) {
         let mut queue = VecDeque::new();
-        let gate = self.gate();
-        while let Some(e) = self.broker.poll_effect() {
-            if let Some(e) = self.held.hold(e, gate) {
-                self.execute(e, &mut queue);
-            }
-        }
+        self.take_effects(&mut queue);
         let now = self.now();
         self.broker.handle(now, Input::Synced { upto, result: Ok(()) });
         while let Some(e) = self.broker.poll_effect() {
@@ -1070,6 +1060,16 @@ impl Driver {
             }
         }
         self.release_held(&mut VecDeque::new(), u64::MAX);
+    }
+
+    /// Take what the broker asked for: carried out now, or held behind the batch it waits for ([`Driver::gate`]).
+    fn take_effects(&mut self, queue: &mut VecDeque<Input>) {
+        let gate = self.gate();
+        while let Some(e) = self.broker.poll_effect() {
+            if let Some(e) = self.held.hold(e, gate) {
+                self.execute(e, queue);
+            }
+        }
     }
 
     /// Carry out the held effects whose batch is written (number `done` or before).
