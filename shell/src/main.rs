@@ -1,7 +1,8 @@
 //! `vigil-shell`: the job shell. One runs per node of a job, started by the local broker (`rexec.spawn`).
 //!
-//! It reads its [`ShellInput`] as JSON on stdin, places the node's tasks with hwloc (`-o cpu-affinity=off|on|per-task`,
-//! `-o gpu-affinity=off|on|per-task`), binds them on a live topology, launches them with the `VIGIL_*`
+//! It reads its [`ShellInput`] as JSON on stdin, with the placement of the node's tasks that its broker computed with
+//! hwloc (`-o cpu-affinity=off|on|per-task`, `-o gpu-affinity=off|on|per-task`; the shell links no hwloc, whose
+//! loading was a sixth of a short job's shell), binds them on a live topology, launches them with the `VIGIL_*`
 //! environment, forwards their stdout/stderr line by line to the exec system on rank 0 (`job-exec.output`),
 //! reports each task's exit (`job-exec.task-exit`, which starts the job-wide exit-timeout clock), forwards
 //! signals, and finally writes one [`ShellReport`] JSON line on stdout.
@@ -28,9 +29,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::sync::mpsc;
 use vigil_client::Client;
-use vigil_hwloc::{
-    format_cpulist, CpuAffinity, CpuMask, GpuAffinity, NodeTopology, PlacementRequest, TaskPlacement, TopologySource,
-};
+use vigil_hwloc::{format_cpulist, CpuAffinity, CpuMask, GpuAffinity, TaskPlacement};
 use vigil_proto::message::NODEID_ANY;
 use vigil_proto::shellproto::{status_exited, OutputLine, ShellInput, ShellReport, TOPIC_OUTPUT, TOPIC_TASK_EXIT};
 
@@ -199,7 +198,7 @@ struct Shell {
 }
 
 impl Shell {
-    async fn new(input: ShellInput) -> Result<Shell, String> {
+    async fn new(mut input: ShellInput) -> Result<Shell, String> {
         if let Some(cwd) = &input.cwd {
             if !std::path::Path::new(cwd).is_dir() {
                 return Err(format!("working directory {cwd} does not exist on this node"));
@@ -229,35 +228,18 @@ impl Shell {
             let bind = cpu != CpuAffinity::Off;
             return Ok(Shell { tmpdir: None, input, client, placement: p, bind, notes });
         }
-        // `live-xml:PATH` is the broker's snapshot of this very machine: placement from the XML, real binding.
-        let (src, snapshot) = match input.topology.strip_prefix("live-xml:") {
-            Some(p) if std::path::Path::new(p).exists() => (TopologySource::XmlFile(p.into()), true),
-            Some(_) => (TopologySource::Live, false),
-            None => (TopologySource::from_str(&input.topology).unwrap_or(TopologySource::Live), false),
+        // The broker placed the tasks with hwloc (it loads the node's topology once, not once per shell).
+        let Some(p) = input.placement.take() else {
+            // A broker that sent no placement: by CPU number, as on a node without hwloc.
+            let placement = cpu_count_placement(&input, cpu, gpu);
+            let bind = cpu != CpuAffinity::Off;
+            return Ok(Shell { tmpdir: None, input, client, placement, bind, notes });
         };
-        let (placement, bind) = match NodeTopology::load(&src) {
-            Ok(topo) => {
-                let req = PlacementRequest {
-                    cores: input.cores.clone(),
-                    gpus: input.gpus.clone(),
-                    ntasks: input.local_tasks,
-                    cores_per_task: input.cores_per_task.max(1),
-                    gpus_per_task: input.gpus_per_task,
-                    cpu_affinity: cpu,
-                    gpu_affinity: gpu,
-                };
-                let p = topo.place(&req).map_err(|e| format!("placement failed: {e}"))?;
-                let live = topo.is_live() || snapshot;
-                if !live && cpu != CpuAffinity::Off && input.shell_rank == 0 {
-                    notes.push(format!("vigil-shell: {} topology: task placement computed and exported in VIGIL_TASK_CPUS, but not bound", src));
-                }
-                (p, live && cpu != CpuAffinity::Off)
-            }
-            Err(e) => {
-                notes.push(format!("vigil-shell: hwloc unavailable ({e}); tasks are not bound"));
-                (Vec::new(), false)
-            }
-        };
+        if let Some(e) = p.error {
+            return Err(e);
+        }
+        notes.extend(p.notes);
+        let (placement, bind) = (p.tasks, p.bind);
         Ok(Shell { tmpdir: None, input, client, placement, bind, notes })
     }
 

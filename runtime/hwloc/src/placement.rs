@@ -170,23 +170,7 @@ pub struct PlacementRequest {
     pub gpu_affinity: GpuAffinity,
 }
 
-/// Placement of one task (element `i` of the result is task rank `i` on
-/// this node).
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct TaskPlacement {
-    /// OS indices of the PUs the task is bound to, ascending (every PU of
-    /// every core in `cores`); `None` = not bound (cpu affinity off).
-    pub cpus: Option<Vec<u32>>,
-    /// Logical indices of the cores assigned to the task, ascending.
-    pub cores: Vec<u32>,
-    /// Logical indices of the NUMA nodes whose cpuset intersects the PUs of
-    /// `cores`, ascending.
-    pub numa: Vec<u32>,
-    /// GPU ids the task should see (e.g. for `CUDA_VISIBLE_DEVICES`), in
-    /// allocation order; `Some(vec![])` = hide all GPUs; `None` = no GPU
-    /// affinity set.
-    pub gpus: Option<Vec<u32>>,
-}
+pub use vigil_proto::shellproto::TaskPlacement;
 
 fn to_u32(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)

@@ -64,6 +64,42 @@ pub fn parse_memory_size(s: &str) -> Result<u64, String> {
 /// response `{"pid", "exit_code" | "signal", "oom_killed", "sender_pid", "ktime_ns", "source"}`.
 pub const TOPIC_DETECT_WATCH: &str = "detect.watch";
 
+/// Placement of one task (element `i` of the result is task rank `i` on
+/// this node).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct TaskPlacement {
+    /// OS indices of the PUs the task is bound to, ascending (every PU of
+    /// every core in `cores`); `None` = not bound (cpu affinity off).
+    pub cpus: Option<Vec<u32>>,
+    /// Logical indices of the cores assigned to the task, ascending.
+    pub cores: Vec<u32>,
+    /// Logical indices of the NUMA nodes whose cpuset intersects the PUs of
+    /// `cores`, ascending.
+    pub numa: Vec<u32>,
+    /// GPU ids the task should see (e.g. for `CUDA_VISIBLE_DEVICES`), in
+    /// allocation order; `Some(vec![])` = hide all GPUs; `None` = no GPU
+    /// affinity set.
+    pub gpus: Option<Vec<u32>>,
+}
+
+/// Where a node's tasks run, as the broker that starts the shell computed it with hwloc from the node's topology
+/// (the shell itself links no hwloc: loading it cost a short job's shell about a sixth of its CPU).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct ShellPlacement {
+    /// One entry per local task, in task order; empty when the topology could not be loaded (tasks not bound).
+    pub tasks: Vec<TaskPlacement>,
+    /// Whether the shell binds the tasks to [`TaskPlacement::cpus`]: false with `cpu-affinity=off`, or with a
+    /// topology that is not this machine's (`synthetic:`, `xml:`), whose placement is only exported.
+    pub bind: bool,
+    /// Lines the shell writes to the job's standard error (shell rank 0 only), e.g. that hwloc was unavailable.
+    #[serde(default)]
+    pub notes: Vec<String>,
+    /// Why no placement could be made (a bad `cpu-affinity` value, too many tasks): the shell fails the job
+    /// with it, as `placement failed: <error>`.
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
 /// Input of one job shell (one per allocated rank).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ShellInput {
@@ -123,6 +159,10 @@ pub struct ShellInput {
     /// nothing. Absent (an older broker): true.
     #[serde(default = "yes")]
     pub stdin: bool,
+    /// The tasks' placement on this node, filled in by the broker that starts the shell (not by rank 0, which
+    /// does not know the node's topology). Absent for a `cpu-count` node, whose shell places tasks by CPU number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<ShellPlacement>,
 }
 
 impl ShellInput {

@@ -1080,6 +1080,7 @@ impl JobCore {
                 files: files.clone(),
                 // Input ended with nothing held never grows again (`JobCore::stdin` refuses it): no shell asks.
                 stdin: !(job.stdin_eof && job.stdin.is_empty()),
+                placement: None,
             };
             job.shells.insert(
                 a.rank,

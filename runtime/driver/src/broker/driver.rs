@@ -129,6 +129,8 @@ pub(crate) struct Driver {
     shells: HashMap<JobId, i32>,
     /// Shells are moved into their cgroup after start: creating them there failed once (see spawn.rs).
     spawn_moves: bool,
+    /// The node's topology, for the placement of the tasks of the shells started here.
+    placer: super::placement::Placer,
     /// How job shells are contained (a cgroup v2 each, or process groups only).
     containment: std::sync::Arc<super::cgroup::Containment>,
     initial_pgid: Option<i32>,
@@ -474,6 +476,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         locals: HashMap::new(),
         shells: HashMap::new(),
         spawn_moves: false,
+        placer: super::placement::Placer::default(),
         containment: std::sync::Arc::new(containment),
         initial_pgid: None,
         detect: None,
@@ -1371,7 +1374,9 @@ impl Driver {
                     queue.push_back(Input::AckSamples(samples));
                 }
             }
-            Effect::SpawnShell { id, input, tmpdir } => {
+            Effect::SpawnShell { id, mut input, tmpdir } => {
+                // This broker's placement, whatever the input that came over the overlay said.
+                input.placement = self.placer.place(&input);
                 let result = self.spawn_shell(id, &input, tmpdir);
                 queue.push_back(Input::ShellStarted { id, result });
             }
@@ -1448,18 +1453,6 @@ impl Driver {
             (crate::client::URI_ENV.into(), self.broker.env.local_uri.clone().into()),
             (crate::shellproto::DETECTOR_RANK_ENV.into(), detector_rank.to_string().into()),
         ];
-        // A shell that reads this node's topology from an XML file (the broker's snapshot) or a synthetic
-        // description needs none of hwloc's plugins (I/O discovery, the libxml2 parser, and what they link:
-        // OpenCL, X11, ICU), whose loading cost about 3 ms of CPU per shell, most of what a short job costs a node.
-        // A live discovery keeps them (PCI devices, GPUs).
-        let from_file = match input.topology.split_once(':') {
-            Some(("live-xml", p)) => Path::new(p).exists(),
-            Some(("xml" | "synthetic", _)) => true,
-            _ => false,
-        };
-        if from_file {
-            env.push(("HWLOC_PLUGINS_PATH".into(), OsString::new()));
-        }
         // Its cgroup, which the shell is created in, or moved into before it reads its input (see cgroup.rs).
         let cgroup = match self.containment.as_ref() {
             super::cgroup::Containment::Cgroup(c) => match c.job(id) {

@@ -18,6 +18,7 @@ mod driver;
 mod link_set;
 mod local;
 mod ofi_link;
+mod placement;
 pub(crate) mod rdma_link;
 pub mod secure;
 mod spawn;
