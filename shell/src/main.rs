@@ -63,13 +63,6 @@ extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> lib
     std::process::exit(rt.block_on(run()));
 }
 
-fn opt_str(input: &ShellInput, name: &str) -> Option<String> {
-    input.options.get(name).map(|v| match v {
-        serde_json::Value::String(s) => s.clone(),
-        other => other.to_string(),
-    })
-}
-
 /// This shell's cgroup v2 directory: as its broker says ([`vigil_proto::shellproto::CGROUP_ENV`]), else its
 /// `0::` line in `/proc/self/cgroup` under the cgroup2 mount of `/proc/self/mountinfo`.
 fn own_cgroup_dir() -> Option<std::path::PathBuf> {
@@ -205,11 +198,11 @@ impl Shell {
             }
         }
         let client = Client::connect(&input.uri).await.map_err(|e| format!("cannot connect to broker: {e}"))?;
-        let cpu = match opt_str(&input, "cpu-affinity") {
+        let cpu = match input.option_str("cpu-affinity") {
             Some(v) => CpuAffinity::from_str(&v).map_err(|e| e.to_string())?,
             None => CpuAffinity::PerTask,
         };
-        let gpu = match opt_str(&input, "gpu-affinity") {
+        let gpu = match input.option_str("gpu-affinity") {
             Some(v) => GpuAffinity::from_str(&v).map_err(|e| e.to_string())?,
             None => GpuAffinity::PerTask,
         };
@@ -217,7 +210,7 @@ impl Shell {
         // A memory limit the broker could not apply here: the job runs, and is told.
         if let Ok(why) = std::env::var(vigil_proto::shellproto::MEMORY_NOTE_ENV) {
             let host = nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_default();
-            let v = opt_str(&input, "memory").unwrap_or_default();
+            let v = input.option_str("memory").unwrap_or_default();
             notes.push(format!("vigil-shell: memory={v} not applied on {host} (rank {}): {why}", input.broker_rank));
         }
         if input.topology == "cpu-count" {
@@ -432,7 +425,7 @@ impl Shell {
         });
 
         // PMI-1: one socketpair per task, served by this shell; `-o pmi=off` disables it.
-        let use_pmi = opt_str(&self.input, "pmi").is_none_or(|v| v != "off" && v != "none");
+        let use_pmi = self.input.option_str("pmi").is_none_or(|v| v != "off" && v != "none");
         let mut pmi_srv = pmi::PmiServer::new(
             format!("vigil-{}", self.input.id_f58),
             self.input.ntasks,

@@ -166,6 +166,15 @@ pub struct ShellInput {
 }
 
 impl ShellInput {
+    /// Value of shell option `name` (`-o name=value`) as a string: `-o cpu-affinity=on` gives `"on"`, a value
+    /// that is not a string its JSON text; `None` when the option is not set.
+    pub fn option_str(&self, name: &str) -> Option<String> {
+        self.options.get(name).map(|v| match v {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        })
+    }
+
     /// Check the numbers a shell does arithmetic with: its tasks `first_task..first_task + local_tasks` lie within
     /// the job's `ntasks`, and `shell_rank` is below `nshells`. A broker checks this before it starts a shell
     /// with an input that came over the overlay.

@@ -17,14 +17,6 @@ pub(super) struct Placer {
     loaded: Option<(String, Loaded)>,
 }
 
-/// Value of shell option `name` as a string (`-o cpu-affinity=on` gives `"on"`; a non-string value its JSON).
-fn opt_str(input: &ShellInput, name: &str) -> Option<String> {
-    input.options.get(name).map(|v| match v {
-        serde_json::Value::String(s) => s.clone(),
-        other => other.to_string(),
-    })
-}
-
 impl Placer {
     /// The placement of `input`'s tasks on this node, or `None` for a `cpu-count` node (no hwloc topology: the
     /// shell places its tasks by CPU number). Never fails: what goes wrong is in [`ShellPlacement::error`] (the
@@ -34,12 +26,12 @@ impl Placer {
             return None;
         }
         let fail = |error: String| Some(ShellPlacement { error: Some(error), ..ShellPlacement::default() });
-        let cpu = match opt_str(input, "cpu-affinity").map(|v| CpuAffinity::from_str(&v)) {
+        let cpu = match input.option_str("cpu-affinity").map(|v| CpuAffinity::from_str(&v)) {
             Some(Err(e)) => return fail(e.to_string()),
             Some(Ok(c)) => c,
             None => CpuAffinity::PerTask,
         };
-        let gpu = match opt_str(input, "gpu-affinity").map(|v| GpuAffinity::from_str(&v)) {
+        let gpu = match input.option_str("gpu-affinity").map(|v| GpuAffinity::from_str(&v)) {
             Some(Err(e)) => return fail(e.to_string()),
             Some(Ok(g)) => g,
             None => GpuAffinity::PerTask,
