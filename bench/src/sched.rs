@@ -508,6 +508,25 @@ fn run_only_nodekill(a: &SchedArgs, vigil: &Path, out_dir: &Path) -> Result<i32,
     Ok(if runs.iter().any(|r| r.error.is_some()) { 1 } else { 0 })
 }
 
+/// What a table keeps of an earlier node-kill comparison when this run skipped it.
+const NOT_RERUN: &str = "Not re-run with this build (vigil-bench sched --no-nodekill): an earlier run's figures; \
+                         vigil-bench sched --only-nodekill replaces them";
+
+/// The node-kill section of `out_dir`'s sched.md (marked as not re-run, once) and the "nodekill" key of its
+/// sched.json, when both are there.
+fn kept_nodekill(out_dir: &Path) -> Option<(String, Value)> {
+    const HEAD: &str = "## Node killed under a running job";
+    let md = std::fs::read_to_string(out_dir.join("sched.md")).ok()?;
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(out_dir.join("sched.json")).ok()?).ok()?;
+    let runs = doc.get("nodekill").filter(|v| v.as_array().is_some_and(|a| !a.is_empty()))?.clone();
+    let i = md.find(HEAD)?;
+    let rest = &md[i + HEAD.len()..];
+    let body = rest.find("\n## ").map_or(rest, |j| &rest[..j]).trim();
+    let body =
+        body.strip_prefix("Not re-run with this build").map_or(body, |b| b.split_once("\n\n").map_or("", |x| x.1));
+    Some((format!("{HEAD}\n\n{NOT_RERUN}.\n\n{}\n", body.trim()), runs))
+}
+
 /// `md` with its section headed `head` (up to the next "## " heading) replaced by `section`; without one,
 /// `section` goes before the heading `before`, or at the end.
 fn replace_section(md: &str, head: &str, before: &str, section: &str) -> String {
@@ -748,9 +767,15 @@ pub(crate) fn run(a: &SchedArgs, vigil: Option<PathBuf>, out_dir: Option<PathBuf
             ));
         }
     }
+    // Skipped (--no-nodekill): the node-kill figures already in `out_dir` stay, marked as not re-run, instead of
+    // being dropped from the table.
+    let kept = if a.no_nodekill { kept_nodekill(&out_dir) } else { None };
     if !nodekill.is_empty() {
         md.push('\n');
         md.push_str(&nodekill::section(&nodekill, load_avg()));
+    } else if let Some((section, _)) = &kept {
+        md.push('\n');
+        md.push_str(section);
     }
     md.push_str("\n## Slurm configuration\n\n");
     match &slurm_error {
@@ -791,6 +816,33 @@ pub(crate) fn run(a: &SchedArgs, vigil: Option<PathBuf>, out_dir: Option<PathBuf
         "nodekill": nodekill,
         "failures": failed,
     });
+    let mut doc = doc;
+    if let Some((_, runs)) = kept {
+        doc["nodekill"] = runs;
+        doc["nodekill_note"] = json!(NOT_RERUN);
+    }
     write_results(&out_dir, "sched", &doc, &md)?;
     Ok(if failed.is_empty() { 0 } else { 1 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_without_the_node_kill_keeps_the_earlier_figures_marked_once() {
+        let dir = std::env::temp_dir().join(format!("vigil-bench-sched-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let md = "# t\n\n## Node killed under a running job\n\nNot re-run with this build (old words).\n\n| a |\n\n## Slurm configuration\n\nx\n";
+        std::fs::write(dir.join("sched.md"), md).unwrap();
+        std::fs::write(dir.join("sched.json"), r#"{"nodekill": [{"system": "vigil"}]}"#).unwrap();
+        let (section, runs) = kept_nodekill(&dir).unwrap();
+        assert_eq!(runs, json!([{"system": "vigil"}]));
+        assert_eq!(section.matches("Not re-run").count(), 1, "{section}");
+        assert!(section.contains("| a |") && !section.contains("old words") && !section.contains("Slurm"), "{section}");
+        // Nothing kept where there was no comparison.
+        std::fs::write(dir.join("sched.json"), r#"{"nodekill": []}"#).unwrap();
+        assert!(kept_nodekill(&dir).is_none());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
