@@ -213,17 +213,13 @@ impl Shell {
             let v = input.option_str("memory").unwrap_or_default();
             notes.push(format!("vigil-shell: memory={v} not applied on {host} (rank {}): {why}", input.broker_rank));
         }
-        if input.topology == "cpu-count" {
-            let p = cpu_count_placement(&input, cpu, gpu);
-            if input.shell_rank == 0 {
+        // The broker placed the tasks with hwloc (it loads the node's topology once, not once per shell). On a node
+        // without an hwloc topology (`cpu-count`; the broker sends no placement then), or from a broker that sent
+        // none: by CPU number.
+        let Some(p) = input.placement.take() else {
+            if input.topology == "cpu-count" && input.shell_rank == 0 {
                 notes.push("vigil-shell: no hwloc topology on this node; tasks bound by CPU number".to_string());
             }
-            let bind = cpu != CpuAffinity::Off;
-            return Ok(Shell { tmpdir: None, input, client, placement: p, bind, notes });
-        }
-        // The broker placed the tasks with hwloc (it loads the node's topology once, not once per shell).
-        let Some(p) = input.placement.take() else {
-            // A broker that sent no placement: by CPU number, as on a node without hwloc.
             let placement = cpu_count_placement(&input, cpu, gpu);
             let bind = cpu != CpuAffinity::Off;
             return Ok(Shell { tmpdir: None, input, client, placement, bind, notes });

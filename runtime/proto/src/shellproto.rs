@@ -95,7 +95,7 @@ pub struct ShellPlacement {
     #[serde(default)]
     pub notes: Vec<String>,
     /// Why no placement could be made (a bad `cpu-affinity` value, too many tasks): the shell fails the job
-    /// with it, as `placement failed: <error>`.
+    /// with it, as it reads.
     #[serde(default)]
     pub error: Option<String>,
 }
