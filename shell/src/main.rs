@@ -17,8 +17,10 @@
 //! gives the shell a pipe on each of 0 and 1 and its own stderr).
 #![cfg_attr(not(test), no_main)]
 
+mod bind;
 mod pmi;
 
+use bind::CpuMask;
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -29,9 +31,11 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::sync::mpsc;
 use vigil_client::Client;
-use vigil_hwloc::{format_cpulist, CpuAffinity, CpuMask, GpuAffinity, TaskPlacement};
+use vigil_proto::affinity::{format_cpulist, CpuAffinity, GpuAffinity};
 use vigil_proto::message::NODEID_ANY;
-use vigil_proto::shellproto::{status_exited, OutputLine, ShellInput, ShellReport, TOPIC_OUTPUT, TOPIC_TASK_EXIT};
+use vigil_proto::shellproto::{
+    status_exited, OutputLine, ShellInput, ShellReport, TaskPlacement, TOPIC_OUTPUT, TOPIC_TASK_EXIT,
+};
 
 /// Longest line forwarded as one output entry (bytes); longer lines are split.
 const MAX_LINE: usize = 64 * 1024;
@@ -864,7 +868,7 @@ fn task_failure_note(rank: u32, code: Option<i64>, signal: Option<i64>, report: 
 /// Placement without hwloc: core id `i` is the `i`-th CPU this shell may run on; tasks get consecutive blocks
 /// of `cores_per_task` of the allocated cores (shared round-robin if there are too few).
 fn cpu_count_placement(input: &ShellInput, cpu: CpuAffinity, gpu: GpuAffinity) -> Vec<TaskPlacement> {
-    let allowed = vigil_hwloc::current_affinity().unwrap_or_default();
+    let allowed = bind::current_affinity().unwrap_or_default();
     let cpu_of = |core: u32| -> u32 {
         if allowed.is_empty() {
             core

@@ -1,7 +1,8 @@
 //! # Vigil node topology
 //!
-//! Node hardware topology (hwloc): discovery, placement and binding, shared by the broker (which reports its
-//! node's resources) and the job shell (which places and binds tasks).
+//! Node hardware topology (hwloc): discovery and placement, for the broker (which reports its node's resources
+//! and places the tasks of the shells it starts). Binding is not here: the job shell binds its tasks itself
+//! (`vigil-shell`'s `bind` module) with the placement its broker hands it, and links no hwloc crate.
 //!
 //! This crate wraps [`hwlocality`] (Rust bindings to hwloc 2.x) to
 //!
@@ -9,10 +10,10 @@
 //!   description, or an hwloc XML file ([`NodeTopology::load`]);
 //! * summarise it for a broker joining the instance ([`NodeResources`]);
 //! * compute per-task CPU/GPU placement in the style of the Flux shell's
-//!   `cpu-affinity` / `gpu-affinity` options ([`NodeTopology::place`]);
-//! * apply a CPU binding in a freshly forked child ([`CpuMask`],
-//!   [`bind_current_process`]) and read back the current one
-//!   ([`current_affinity`]).
+//!   `cpu-affinity` / `gpu-affinity` options ([`NodeTopology::place`]).
+//!
+//! The options ([`CpuAffinity`], [`GpuAffinity`]) and cpu lists ([`format_cpulist`], [`parse_cpulist`]) are
+//! plain data from [`vigil_proto::affinity`], re-exported here under their old paths.
 //!
 //! Index conventions used throughout:
 //!
@@ -24,11 +25,15 @@
 //! * **GPU ids** are opaque per-node ids `0..gpus` chosen by the scheduler.
 //!
 //! No public function panics on any input: every failure is reported as a
-//! [`TopoError`] (or an [`std::io::Error`] for the syscall wrappers).
+//! [`TopoError`].
 
 mod placement;
 
-pub use placement::{CpuAffinity, GpuAffinity, PlacementRequest, TaskPlacement, MAX_TASKS};
+pub use placement::{PlacementRequest, TaskPlacement, MAX_TASKS};
+// Plain data the broker, the CLI and the shell share (the shell without linking this crate).
+pub use vigil_proto::affinity::{
+    format_cpulist, parse_cpulist, CpuAffinity, GpuAffinity, InvalidAffinity, InvalidCpuList,
+};
 
 use hwlocality::object::attributes::ObjectAttributes;
 use hwlocality::object::types::{OSDeviceType, ObjectType};
@@ -94,37 +99,6 @@ pub enum TopoError {
     /// cores; carries hwlocality's message).
     #[error("hwloc work distribution failed: {0}")]
     Distribute(String),
-
-    /// An affinity option string is not `off`, `on` or `per-task`.
-    /// `option` is the option name (`cpu-affinity` / `gpu-affinity`),
-    /// `value` the rejected text.
-    #[error("invalid {option} value '{value}' (expected 'off', 'on' or 'per-task')")]
-    InvalidAffinity {
-        /// Name of the option being parsed.
-        option: &'static str,
-        /// The rejected value, verbatim.
-        value: String,
-    },
-
-    /// An empty CPU list was given where at least one CPU is required
-    /// (e.g. [`CpuMask::new`]).
-    #[error("empty cpu list")]
-    EmptyCpuList,
-
-    /// A CPU (OS PU index) is not representable in a `cpu_set_t`, i.e. it
-    /// is `>= limit` where `limit` is `libc::CPU_SETSIZE` (1024 on glibc).
-    #[error("cpu {cpu} is out of range (must be < {limit})")]
-    CpuOutOfRange {
-        /// The offending OS PU index.
-        cpu: u32,
-        /// Exclusive upper bound.
-        limit: u32,
-    },
-
-    /// A CPU list string such as `"0-3,8"` could not be parsed by
-    /// [`parse_cpulist`]; carries the offending text.
-    #[error("invalid cpu list '{0}'")]
-    InvalidCpuList(String),
 
     /// hwlocality panicked internally; the panic was caught and turned into
     /// this error. Carries the panic message when it was a string.
@@ -372,231 +346,9 @@ pub unsafe fn skip_unused_plugins() {
     }
 }
 
-/// Format a list of ids as a compact list `"0-3,8,10-11"` (like Linux cpu
-/// lists). Input order and duplicates do not matter; the output is sorted.
-/// An empty slice gives `""`.
-pub fn format_cpulist(ids: &[u32]) -> String {
-    let mut v = ids.to_vec();
-    v.sort_unstable();
-    v.dedup();
-    let mut out = String::new();
-    let mut i = 0;
-    while i < v.len() {
-        let start = v[i];
-        let mut end = start;
-        while i + 1 < v.len() && end.checked_add(1) == Some(v[i + 1]) {
-            i += 1;
-            end = v[i];
-        }
-        if !out.is_empty() {
-            out.push(',');
-        }
-        if start == end {
-            out.push_str(&start.to_string());
-        } else {
-            out.push_str(&format!("{start}-{end}"));
-        }
-        i += 1;
-    }
-    out
-}
-
-/// Largest number of ids [`parse_cpulist`] will expand (guards memory).
-const MAX_CPULIST_LEN: u64 = 1 << 20;
-
-/// Parse a Linux-style cpu list (`"0-3,8,10-11"`, whitespace around items
-/// allowed, empty string = empty list) into sorted, de-duplicated ids.
-///
-/// # Errors
-/// [`TopoError::InvalidCpuList`] on syntax errors, reversed ranges, or lists
-/// expanding to more than 2^20 ids.
-pub fn parse_cpulist(s: &str) -> Result<Vec<u32>, TopoError> {
-    let bad = || TopoError::InvalidCpuList(s.to_string());
-    let mut out = Vec::new();
-    let mut total: u64 = 0;
-    if s.trim().is_empty() {
-        return Ok(out);
-    }
-    for item in s.split(',') {
-        let item = item.trim();
-        let (a, b) = match item.split_once('-') {
-            Some((a, b)) => (a.trim(), b.trim()),
-            None => (item, item),
-        };
-        let a: u32 = a.parse().map_err(|_| bad())?;
-        let b: u32 = b.parse().map_err(|_| bad())?;
-        if a > b {
-            return Err(bad());
-        }
-        total += u64::from(b - a) + 1;
-        if total > MAX_CPULIST_LEN {
-            return Err(bad());
-        }
-        out.extend(a..=b);
-    }
-    out.sort_unstable();
-    out.dedup();
-    Ok(out)
-}
-
-/// A CPU affinity mask (`libc::cpu_set_t`, i.e. OS PU indices
-/// `0..CPU_SETSIZE`) built ahead of time so that it can be applied in a
-/// context where allocation is forbidden.
-///
-/// Typical use: build it in the parent with [`CpuMask::new`], then call
-/// [`CpuMask::apply`] from `std::os::unix::process::CommandExt::pre_exec`
-/// (after `fork`, before `exec`).
-#[derive(Clone, Copy)]
-pub struct CpuMask(libc::cpu_set_t);
-
-/// `CPU_SETSIZE` as a `u32`.
-const CPU_SETSIZE_U32: u32 = libc::CPU_SETSIZE as u32;
-
-fn empty_cpu_set() -> libc::cpu_set_t {
-    // SAFETY: cpu_set_t is a plain array of integers; all-zero is the empty set.
-    unsafe { std::mem::zeroed() }
-}
-
-impl CpuMask {
-    /// Build a mask containing exactly `cpus` (OS PU indices, any order,
-    /// duplicates allowed).
-    ///
-    /// # Errors
-    /// [`TopoError::EmptyCpuList`] if `cpus` is empty;
-    /// [`TopoError::CpuOutOfRange`] if an index is `>= libc::CPU_SETSIZE`.
-    /// CPUs that do not exist on the machine are only detected by the kernel
-    /// in [`apply`](Self::apply) (EINVAL if *no* listed CPU is usable).
-    pub fn new(cpus: &[u32]) -> Result<Self, TopoError> {
-        if cpus.is_empty() {
-            return Err(TopoError::EmptyCpuList);
-        }
-        let mut set = empty_cpu_set();
-        for &c in cpus {
-            if c >= CPU_SETSIZE_U32 {
-                return Err(TopoError::CpuOutOfRange { cpu: c, limit: CPU_SETSIZE_U32 });
-            }
-            // SAFETY: c < CPU_SETSIZE, so CPU_SET stays in bounds.
-            unsafe { libc::CPU_SET(c as usize, &mut set) };
-        }
-        Ok(CpuMask(set))
-    }
-
-    /// The OS PU indices in the mask, ascending.
-    pub fn cpus(&self) -> Vec<u32> {
-        (0..CPU_SETSIZE_U32)
-            .filter(|&c| {
-                // SAFETY: c < CPU_SETSIZE, in bounds of the set.
-                unsafe { libc::CPU_ISSET(c as usize, &self.0) }
-            })
-            .collect()
-    }
-
-    /// Bind the calling thread (pid 0) to this mask with
-    /// `sched_setaffinity`. Async-signal-safe (one syscall, no allocation),
-    /// so it may run in `pre_exec`. In a single-threaded child this binds
-    /// the whole process; in a multi-threaded process only the calling
-    /// thread (and threads/children it creates later) are affected.
-    ///
-    /// # Errors
-    /// The OS error from `sched_setaffinity` (e.g. `EINVAL` if no CPU in
-    /// the mask is online and allowed by the cgroup).
-    pub fn apply(&self) -> std::io::Result<()> {
-        // SAFETY: valid pointer to a fully initialised cpu_set_t of the
-        // size passed.
-        let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.0) };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error())
-        }
-    }
-}
-
-impl fmt::Debug for CpuMask {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "CpuMask({})", format_cpulist(&self.cpus()))
-    }
-}
-
-/// Bind the calling thread/process to the given OS PU indices
-/// (`sched_setaffinity` on pid 0, see [`CpuMask::apply`] for the thread vs
-/// process caveat).
-///
-/// Async-signal-safe: the `cpu_set_t` lives on the stack and errors are
-/// built with `io::Error::from_raw_os_error` (no allocation). Callers that
-/// prefer to validate before `fork` can build a [`CpuMask`] with
-/// [`CpuMask::new`] and call [`CpuMask::apply`] in `pre_exec`.
-///
-/// # Errors
-/// `EINVAL` (`ErrorKind::InvalidInput`) if `cpus` is empty or an index is
-/// `>= libc::CPU_SETSIZE`; otherwise the OS error of `sched_setaffinity`.
-pub fn bind_current_process(cpus: &[u32]) -> std::io::Result<()> {
-    if cpus.is_empty() {
-        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    let mut set = empty_cpu_set();
-    for &c in cpus {
-        if c >= CPU_SETSIZE_U32 {
-            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
-        }
-        // SAFETY: c < CPU_SETSIZE, so CPU_SET stays in bounds.
-        unsafe { libc::CPU_SET(c as usize, &mut set) };
-    }
-    CpuMask(set).apply()
-}
-
-/// Read the calling thread's allowed CPUs (`sched_getaffinity` on pid 0) as
-/// ascending OS PU indices. Works on machines with more than
-/// `CPU_SETSIZE` CPUs (the buffer grows as needed). Allocates: not for use
-/// in `pre_exec`.
-///
-/// # Errors
-/// The OS error from `sched_getaffinity`.
-pub fn current_affinity() -> std::io::Result<Vec<u32>> {
-    const WORD_BITS: usize = libc::c_ulong::BITS as usize;
-    let mut nbits: usize = libc::CPU_SETSIZE as usize;
-    loop {
-        let mut buf: Vec<libc::c_ulong> = vec![0; nbits / WORD_BITS];
-        let bytes = buf.len() * std::mem::size_of::<libc::c_ulong>();
-        // SAFETY: buf is `bytes` long and suitably aligned for cpu_set_t's
-        // element type; the kernel writes at most `bytes` bytes.
-        let rc = unsafe { libc::sched_getaffinity(0, bytes, buf.as_mut_ptr().cast::<libc::cpu_set_t>()) };
-        if rc == 0 {
-            let mut out = Vec::new();
-            for (w, word) in buf.iter().enumerate() {
-                for b in 0..WORD_BITS {
-                    if word & (1 << b) != 0 {
-                        out.push(count_u32(w * WORD_BITS + b));
-                    }
-                }
-            }
-            return Ok(out);
-        }
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::EINVAL) && nbits < (1 << 22) {
-            nbits *= 2;
-            continue;
-        }
-        return Err(err);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cpulist_roundtrip() {
-        assert_eq!(format_cpulist(&[]), "");
-        assert_eq!(format_cpulist(&[3, 0, 1, 2, 8, 11, 10, 10]), "0-3,8,10-11");
-        assert_eq!(format_cpulist(&[u32::MAX, u32::MAX - 1]), format!("{}-{}", u32::MAX - 1, u32::MAX));
-        assert_eq!(parse_cpulist("0-3,8,10-11").unwrap(), vec![0, 1, 2, 3, 8, 10, 11]);
-        assert_eq!(parse_cpulist(" 5 ").unwrap(), vec![5]);
-        assert_eq!(parse_cpulist("").unwrap(), Vec::<u32>::new());
-        assert!(parse_cpulist("3-1").is_err());
-        assert!(parse_cpulist("a").is_err());
-        assert!(parse_cpulist("0-4294967295").is_err());
-    }
 
     #[test]
     fn source_display_parse() {
@@ -609,16 +361,5 @@ mod tests {
         }
         assert_eq!("bogus".parse::<TopologySource>(), Err(InvalidTopologySource("bogus".into())));
         assert!(matches!(TopoError::from(InvalidTopologySource("x".into())), TopoError::InvalidSource(_)));
-    }
-
-    #[test]
-    fn cpumask_validation() {
-        assert_eq!(CpuMask::new(&[]).unwrap_err(), TopoError::EmptyCpuList);
-        assert!(matches!(CpuMask::new(&[0, 5000]), Err(TopoError::CpuOutOfRange { cpu: 5000, .. })));
-        assert_eq!(CpuMask::new(&[3, 1, 3]).unwrap().cpus(), vec![1, 3]);
-        let e = bind_current_process(&[]).unwrap_err();
-        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
-        let e = bind_current_process(&[1 << 20]).unwrap_err();
-        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
     }
 }

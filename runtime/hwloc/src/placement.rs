@@ -9,108 +9,13 @@ use hwlocality::object::TopologyObject;
 use hwlocality::topology::DistributeFlags;
 use hwlocality::Topology;
 use serde::{Deserialize, Serialize};
-use std::fmt;
-use std::str::FromStr;
+use vigil_proto::affinity::{CpuAffinity, GpuAffinity};
 
 /// Largest [`PlacementRequest::ntasks`] accepted by
 /// [`NodeTopology::place`](super::NodeTopology::place) (65536 tasks on one
 /// node); larger requests get [`TopoError::TooManyTasks`] instead of
 /// exhausting memory.
 pub const MAX_TASKS: u32 = 1 << 16;
-
-/// CPU binding policy (Flux shell option `cpu-affinity`).
-///
-/// Parses from / displays as `"off"`, `"on"`, `"per-task"` (also the serde
-/// representation).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum CpuAffinity {
-    /// Do not bind: [`TaskPlacement::cpus`] is `None`.
-    Off,
-    /// Bind every task to the union of the PUs of all allocated cores.
-    On,
-    /// Bind each task to its own share of the allocated cores (default);
-    /// see [`PlacementRequest`].
-    #[default]
-    PerTask,
-}
-
-/// GPU binding policy (Flux shell option `gpu-affinity`).
-///
-/// Parses from / displays as `"off"`, `"on"`, `"per-task"` (also the serde
-/// representation).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum GpuAffinity {
-    /// Set no GPU visibility: [`TaskPlacement::gpus`] is `None`.
-    Off,
-    /// Every task sees all allocated GPUs.
-    On,
-    /// Each task gets its own slice of the allocated GPUs (default); see
-    /// [`PlacementRequest`].
-    #[default]
-    PerTask,
-}
-
-fn affinity_name(off: bool, on: bool) -> &'static str {
-    if off {
-        "off"
-    } else if on {
-        "on"
-    } else {
-        "per-task"
-    }
-}
-
-/// Parse `"off" | "on" | "per-task"` into (off, on) flags.
-fn parse_affinity(option: &'static str, s: &str) -> Result<(bool, bool), TopoError> {
-    match s {
-        "off" => Ok((true, false)),
-        "on" => Ok((false, true)),
-        "per-task" => Ok((false, false)),
-        _ => Err(TopoError::InvalidAffinity { option, value: s.to_string() }),
-    }
-}
-
-impl FromStr for CpuAffinity {
-    type Err = TopoError;
-    /// Accepts exactly `"off"`, `"on"` or `"per-task"`; anything else gives
-    /// [`TopoError::InvalidAffinity`] naming the bad value.
-    fn from_str(s: &str) -> Result<Self, TopoError> {
-        Ok(match parse_affinity("cpu-affinity", s)? {
-            (true, _) => CpuAffinity::Off,
-            (_, true) => CpuAffinity::On,
-            _ => CpuAffinity::PerTask,
-        })
-    }
-}
-
-impl FromStr for GpuAffinity {
-    type Err = TopoError;
-    /// Accepts exactly `"off"`, `"on"` or `"per-task"`; anything else gives
-    /// [`TopoError::InvalidAffinity`] naming the bad value.
-    fn from_str(s: &str) -> Result<Self, TopoError> {
-        Ok(match parse_affinity("gpu-affinity", s)? {
-            (true, _) => GpuAffinity::Off,
-            (_, true) => GpuAffinity::On,
-            _ => GpuAffinity::PerTask,
-        })
-    }
-}
-
-impl fmt::Display for CpuAffinity {
-    /// `"off"`, `"on"` or `"per-task"`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(affinity_name(*self == CpuAffinity::Off, *self == CpuAffinity::On))
-    }
-}
-
-impl fmt::Display for GpuAffinity {
-    /// `"off"`, `"on"` or `"per-task"`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(affinity_name(*self == GpuAffinity::Off, *self == GpuAffinity::On))
-    }
-}
 
 /// What a job was given on this node and how its tasks should be placed.
 ///
@@ -351,20 +256,5 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn affinity_parse_display() {
-        for s in ["off", "on", "per-task"] {
-            assert_eq!(s.parse::<CpuAffinity>().unwrap().to_string(), s);
-            assert_eq!(s.parse::<GpuAffinity>().unwrap().to_string(), s);
-        }
-        let e = "pertask".parse::<CpuAffinity>().unwrap_err();
-        assert!(e.to_string().contains("'pertask'"), "{e}");
-        assert!(e.to_string().contains("cpu-affinity"), "{e}");
-        let e = "ON".parse::<GpuAffinity>().unwrap_err();
-        assert!(e.to_string().contains("gpu-affinity") && e.to_string().contains("'ON'"));
-        assert_eq!(CpuAffinity::default(), CpuAffinity::PerTask);
-        assert_eq!(serde_json::to_string(&CpuAffinity::PerTask).unwrap(), "\"per-task\"");
     }
 }

@@ -153,15 +153,6 @@ proptest! {
     }
 
     #[test]
-    fn cpulist_roundtrip(ids in prop::collection::vec(0u32..300, 0..50)) {
-        let s = format_cpulist(&ids);
-        let mut want = ids.clone();
-        want.sort_unstable();
-        want.dedup();
-        prop_assert_eq!(parse_cpulist(&s).unwrap(), want);
-    }
-
-    #[test]
     fn synthetic_load_never_panics(desc in "((pack|core|pu|numa|l3|l2|group|bogus):[0-9] ?){0,4}|[ -~]{0,12}") {
         if let Ok(t) = NodeTopology::load(&TopologySource::Synthetic(desc)) {
             let r = t.resources(None);
@@ -171,10 +162,7 @@ proptest! {
     }
 
     #[test]
-    fn affinity_parse_never_panics(s in ".{0,10}") {
-        let _ = s.parse::<CpuAffinity>();
-        let _ = s.parse::<GpuAffinity>();
+    fn source_parse_never_panics(s in ".{0,10}") {
         let _ = s.parse::<TopologySource>();
-        let _ = parse_cpulist(&s);
     }
 }

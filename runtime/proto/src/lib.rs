@@ -13,6 +13,8 @@
 //! - [`message`]: Vigil messages and their wire codec (full frames and the packed form of RDMA links); reading
 //!   frames from a stream is the I/O layer's job;
 //! - [`shellproto`]: the broker ↔ job shell contract (shell input, reports, output chunks, topics);
+//! - [`affinity`]: the `cpu-affinity` / `gpu-affinity` options and Linux-style cpu lists (`"0-3,8"`), read by the
+//!   broker's placement, the CLI and the shell (binding itself is the shell's);
 //! - [`pmi`]: the PMI-1 simple wire protocol's line codec (RFC 13); the server is in `vigil-shell`, the
 //!   blocking client a nested broker bootstraps with is in `vigil`;
 //! - [`pmi2`]: the PMI-2 wire protocol's command codec (MPICH's `pmi-2.0.txt`, what Slurm's `srun --mpi=pmi2`
@@ -45,6 +47,7 @@ macro_rules! string_form {
     };
 }
 
+pub mod affinity;
 pub mod duration;
 pub mod eventlog;
 pub mod hostlist;
