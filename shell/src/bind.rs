@@ -103,40 +103,6 @@ impl fmt::Debug for CpuMask {
     }
 }
 
-/// Bind the calling thread/process to the given OS PU indices
-/// (`sched_setaffinity` on pid 0, see [`CpuMask::apply`] for the thread vs
-/// process caveat).
-///
-/// Async-signal-safe: the `cpu_set_t` lives on the stack and errors are
-/// built with `io::Error::from_raw_os_error` (no allocation). Callers that
-/// prefer to validate before `fork` can build a [`CpuMask`] with
-/// [`CpuMask::new`] and call [`CpuMask::apply`] in `pre_exec`.
-///
-/// # Errors
-/// `EINVAL` (`ErrorKind::InvalidInput`) if `cpus` is empty or an index is
-/// `>= libc::CPU_SETSIZE`; otherwise the OS error of `sched_setaffinity`.
-#[cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        reason = "the shell binds its tasks with a CpuMask built before the spawn; this is its unchecked form"
-    )
-)]
-pub fn bind_current_process(cpus: &[u32]) -> std::io::Result<()> {
-    if cpus.is_empty() {
-        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    let mut set = empty_cpu_set();
-    for &c in cpus {
-        if c >= CPU_SETSIZE_U32 {
-            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
-        }
-        // SAFETY: c < CPU_SETSIZE, so CPU_SET stays in bounds.
-        unsafe { libc::CPU_SET(c as usize, &mut set) };
-    }
-    CpuMask(set).apply()
-}
-
 /// Read the calling thread's allowed CPUs (`sched_getaffinity` on pid 0) as
 /// ascending OS PU indices. Works on machines with more than
 /// `CPU_SETSIZE` CPUs (the buffer grows as needed). Allocates: not for use
@@ -177,6 +143,11 @@ pub fn current_affinity() -> std::io::Result<Vec<u32>> {
 mod tests {
     use super::*;
     use vigil_proto::affinity::parse_cpulist;
+
+    /// Bind the calling thread to `cpus` (EINVAL for a list a mask cannot hold).
+    fn bind_current_process(cpus: &[u32]) -> std::io::Result<()> {
+        CpuMask::new(cpus).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?.apply()
+    }
 
     #[test]
     fn cpumask_validation() {
