@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ci/setup.sh
-cargo build --release --locked -p vigil -p vigil-shell
+cargo build --release --locked -p vigil
+cargo build-shell   # the job shell, linked statically (.cargo/config.toml)
 exec target/release/vigil start --test-size=4 \
     vigil run -N4 -n8 --label-io examples/whereami.sh

@@ -42,6 +42,20 @@ cargo test --workspace --locked -- --test-threads=4 "$@"
 # vigil-ofi without libfabric (its stub answers "libfabric not available", which the broker turns into TCP):
 # the same tests, built as on a machine without libfabric-dev.
 VIGIL_OFI=off cargo test --locked -p vigil-ofi --quiet
+# The job shell as it is meant to run (`cargo build-shell`, .cargo/config.toml: release, static-pie): it links (a
+# dependency on a library without a static archive, such as hwloc, fails here), has no program interpreter, and runs
+# a 2-node job under the debug brokers.
+cargo build-shell
+if readelf -lW target/release/vigil-shell | grep -q 'Requesting program interpreter'; then
+    echo "ci/test.sh: cargo build-shell made a dynamically linked vigil-shell" >&2
+    exit 1
+fi
+out=$(VIGIL_SHELL="$PWD/target/release/vigil-shell" target/debug/vigil start --test-size=2 \
+    vigil run -N2 -n2 -l sh -c 'echo "task $VIGIL_TASK_RANK"')
+if [ "$(printf '%s\n' "$out" | sort)" != "$(printf '0: task 0\n1: task 1')" ]; then
+    echo "ci/test.sh: a job under the static shell printed: $out" >&2
+    exit 1
+fi
 # The simulator of the real sans-IO broker (release code, ten times faster than debug; `[profile.ci]` leaves out the
 # release profile's whole-program link, minutes on 2 cores): every scenario at 1,024 brokers for kary:32, and churn
 # on a flat tree, seeded; each run exits non-zero when an invariant fails and prints which. A 16,384-broker churn

@@ -484,6 +484,13 @@ fn find_vigil(arg: Option<PathBuf>) -> Result<PathBuf, String> {
             shell.display()
         ));
     }
+    if let (shell, "dynamic") = shell_linkage(&path) {
+        eprintln!(
+            "vigil-bench: the job shell {} is linked dynamically (`cargo build --release`); `cargo build-shell` \
+             links it statically, as the published tables measure it",
+            shell.display()
+        );
+    }
     Ok(path)
 }
 
@@ -673,6 +680,45 @@ fn vigil_version(vigil: &Path) -> String {
         .ok()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default()
+}
+
+/// The job shell the measured brokers start (`$VIGIL_SHELL`, else `vigil-shell` beside `vigil`, as the broker
+/// picks it when `exec.shell` is unset) and how it is linked: `"static"` (no program interpreter: what
+/// `cargo build-shell` makes) or `"dynamic"`, read from its ELF program headers; `"unknown"` when it cannot be
+/// read. A short job's cost depends on it (issue 19: ~12 % of throughput at 10,000 jobs), so results say which.
+fn shell_linkage(vigil: &Path) -> (PathBuf, &'static str) {
+    let shell = std::env::var_os("VIGIL_SHELL").map_or_else(|| vigil.with_file_name("vigil-shell"), PathBuf::from);
+    let linkage = std::fs::read(&shell).ok().and_then(|b| elf_has_interpreter(&b));
+    (shell, linkage.map_or("unknown", |dynamic| if dynamic { "dynamic" } else { "static" }))
+}
+
+/// Whether a little-endian ELF64 image has a `PT_INTERP` program header (a dynamically linked program); `None`
+/// if it is not one or is truncated.
+fn elf_has_interpreter(b: &[u8]) -> Option<bool> {
+    const PT_INTERP: u32 = 3;
+    if b.get(..6)? != b"\x7fELF\x02\x01" {
+        return None;
+    }
+    let u16_at = |o: usize| Some(u16::from_le_bytes(b.get(o..o + 2)?.try_into().ok()?));
+    let phoff = usize::try_from(u64::from_le_bytes(b.get(0x20..0x28)?.try_into().ok()?)).ok()?;
+    let (size, count) = (usize::from(u16_at(0x36)?), usize::from(u16_at(0x38)?));
+    let mut found = false;
+    for i in 0..count {
+        let at = phoff.checked_add(i.checked_mul(size)?)?;
+        found |= u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?) == PT_INTERP;
+    }
+    Some(found)
+}
+
+/// One sentence for a results header saying how the job shell was linked ([`shell_linkage`]'s word).
+fn shell_sentence_for(linkage: &str) -> String {
+    match linkage {
+        "static" => "Job shell linked statically (`cargo build-shell`).".into(),
+        "dynamic" => "Job shell linked dynamically (`cargo build --release`; `cargo build-shell` links it statically, \
+                      which is faster)."
+            .into(),
+        _ => "Job shell's linkage unknown (unreadable).".into(),
+    }
 }
 
 /// Run every benchmark, print and write the results; returns the exit code.
@@ -1111,4 +1157,30 @@ fn broker_rss_mb(expect: usize) -> Result<Vec<f64>, String> {
         return Err(format!("found {} broker processes with {want}, expected {expect}", rss.len()));
     }
     Ok(rss)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dynamic_program_has_an_interpreter_and_a_static_one_none() {
+        // This test program is linked dynamically (cargo's default).
+        let me = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        assert_eq!(elf_has_interpreter(&me), Some(true));
+        // The same image with its PT_INTERP header renamed PT_NULL reads as static.
+        let mut b = me.clone();
+        let phoff = u64::from_le_bytes(b[0x20..0x28].try_into().unwrap()) as usize;
+        let (size, count) = (u16::from_le_bytes([b[0x36], b[0x37]]) as usize, u16::from_le_bytes([b[0x38], b[0x39]]));
+        for i in 0..usize::from(count) {
+            let at = phoff + i * size;
+            if b[at..at + 4] == 3u32.to_le_bytes() {
+                b[at..at + 4].copy_from_slice(&0u32.to_le_bytes());
+            }
+        }
+        assert_eq!(elf_has_interpreter(&b), Some(false));
+        assert_eq!(elf_has_interpreter(b"#!/bin/sh\n"), None, "not ELF");
+        assert_eq!(elf_has_interpreter(&me[..0x30]), None, "truncated");
+        assert!(shell_sentence_for("static").contains("statically"));
+    }
 }

@@ -602,6 +602,7 @@ pub(crate) fn run(a: &RestartArgs, vigil: Option<PathBuf>, out_dir: Option<PathB
         "cpus": cpus,
         "unix_time": started.round(),
         "load_average_at_start": load,
+        "shell_linkage": crate::shell_linkage(&vigil).1,
         "instance": "4-broker system instance on loopback, TOML bootstrap, one core per broker",
         "restart_delay_ms": a.restart_delay_ms,
         "fill_method": "real jobs first, then copies of the newest real COMPLETED job written with Store::commit",
@@ -625,12 +626,13 @@ fn markdown(doc: &Value, a: &RestartArgs) -> String {
         "# Rank 0 restart to ready, and submit throughput with the store on and off\n\n\
          `vigil-bench restart` ({}, {} CPUs, 1-minute load average {} at start; unix time {}). A 4-broker system instance on loopback (TOML bootstrap, `vigil broker --rank`, one core each, \
          `tbon.parent_grace=600s`). Rank 0 is killed with SIGKILL and a new one exec'd on the same state directory \
-         {} ms later (a supervisor's delay); times are from that exec.\n\n",
+         {} ms later (a supervisor's delay); times are from that exec. {}\n\n",
         doc["vigil"].as_str().unwrap_or("?"),
         doc["cpus"],
         doc["load_average_at_start"].as_f64().map_or("unknown".into(), |l| format!("{l:.2}")),
         doc["unix_time"],
-        a.restart_delay_ms
+        a.restart_delay_ms,
+        crate::shell_sentence_for(doc["shell_linkage"].as_str().unwrap_or("unknown"))
     );
     let real = &doc["real_jobs"];
     md += &format!(

@@ -666,10 +666,11 @@ pub(crate) fn run(a: &SchedArgs, vigil: Option<PathBuf>, out_dir: Option<PathBuf
          through the client API, every `job-manager.submit` pipelined on one connection (as `vigil submit --cc` \
          does), done when the last job is INACTIVE, each checked to exit 0. Slurm: one node, 2 CPUs, started by \
          `ci/slurm-cluster.sh`, done when `squeue -h` is empty; each run bounded to {} s (then cancelled, reported \
-         as partial: jobs that left the queue / elapsed).\n\n",
+         as partial: jobs that left the queue / elapsed). {}\n\n",
         vigil_version(&vigil),
         now_epoch_s(),
-        a.slurm_bound_s
+        a.slurm_bound_s,
+        crate::shell_sentence_for(crate::shell_linkage(&vigil).1)
     ));
     md.push_str("## Throughput (jobs/s, first submit to last job done)\n\n| jobs queued at once | Vigil median | min | max | samples | Slurm `sbatch --array` | Slurm N x `sbatch` | Vigil / Slurm |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     let slurm_cell = |n: usize, array: bool| {
@@ -803,6 +804,7 @@ pub(crate) fn run(a: &SchedArgs, vigil: Option<PathBuf>, out_dir: Option<PathBuf
         "unix_time_s": now_epoch_s().round(),
         "vigil": {
             "instance_size": SIZE,
+            "shell_linkage": crate::shell_linkage(&vigil).1,
             "latency_s": {"run_n1": stats(&lat.run_n1_s), "run_n4": stats(&lat.run_n4_s)},
             "throughput": vigil_tput.iter().map(|(n, tp, sub, e, p)| json!({"jobs": n, "jobs_per_s": stats(tp), "submit_s": stats(sub), "error": e, "partial": p.map(|(d, t)| json!({"done": d, "elapsed_s": r4(t), "jobs_per_s": r4(d as f64 / t)}))})).collect::<Vec<_>>(),
         },
