@@ -336,6 +336,18 @@ fn job_wait_and_attach_after_the_fact() {
     let mut l = a.lines();
     l.sort_unstable();
     assert_eq!(l, vec!["0: late-0", "1: late-1"], "{}", a.dump());
+    // A job that ended in an exception, attached after the end, reads as it ran: its output, then the exception
+    // (stdout and stderr into one pipe, in the order written).
+    let id = inst.submit(&["-t", "2s", "sh", "-c", "echo before-the-end; sleep 300"]);
+    inst.vigil(&["job", "wait", &id]);
+    let mut c = std::process::Command::new("sh");
+    c.args(["-c", &format!("exec {} job attach {id} 2>&1", vigil_bin())]);
+    c.env("VIGIL_URI", &inst.uri);
+    let merged = run(c, Duration::from_secs(30), None);
+    let l = merged.lines();
+    let out = l.iter().position(|x| *x == "before-the-end");
+    let exc = l.iter().position(|x| x.contains("type=timelimit"));
+    assert!(out.is_some() && exc.is_some() && out < exc, "output, then the exception:\n{}", merged.dump());
     // Unknown ids are errors.
     let w = inst.vigil(&["job", "wait", "fNoSuchJob"]);
     assert_eq!(w.code, 1, "{}", w.dump());

@@ -1159,11 +1159,23 @@ pub fn wake_watchers(core: &mut Broker, id: JobId) {
     let mut out: Vec<Message> = Vec::new();
     let mut done = Vec::new();
     for (i, w) in core.watchers.iter_mut().enumerate().filter(|(_, w)| w.id == id) {
+        // Output lines carry no time, so when output and events are both waiting (a finished job attached late,
+        // or a busy turn), the events from the first `exception` or `finish` on go after the output: the job reads
+        // as it ran, its output, then what ended it.
+        let output_waits = w.output && w.out_pos < job.output_base + job.output.len();
+        let split = if output_waits {
+            job.eventlog[w.ev_pos.min(job.eventlog.len())..]
+                .iter()
+                .position(|e| e.name == "exception" || e.name == "finish")
+                .map_or(job.eventlog.len(), |k| w.ev_pos + k)
+        } else {
+            job.eventlog.len()
+        };
         if w.eventlog {
-            for e in &job.eventlog[w.ev_pos..] {
+            for e in &job.eventlog[w.ev_pos.min(split)..split] {
                 out.push(Message::response_to(&w.req, &json!({"event": &**e})));
             }
-            w.ev_pos = job.eventlog.len();
+            w.ev_pos = w.ev_pos.max(split);
         }
         if w.output {
             if w.out_pos < job.output_base {
@@ -1183,6 +1195,12 @@ pub fn wake_watchers(core: &mut Broker, id: JobId) {
                 out.push(Message::response_to(&w.req, &json!({"output": l})));
             }
             w.out_pos = job.output_base + job.output.len();
+        }
+        if w.eventlog {
+            for e in &job.eventlog[w.ev_pos..] {
+                out.push(Message::response_to(&w.req, &json!({"event": &**e})));
+            }
+            w.ev_pos = job.eventlog.len();
         }
         if w.stdin {
             // `get`: an INACTIVE job's input is dropped (jobs::retire_stdin), under a watcher that read some.
