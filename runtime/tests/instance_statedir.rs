@@ -332,7 +332,9 @@ fn running_jobs_outlive_kill_9_of_rank_0_and_finish_normally() {
 /// numbered line every 0.1 s while rank 0 is killed with SIGKILL and restarted 3 s later on the same state
 /// directory. Once the job has ended, `vigil job attach` shows each task's lines, those from before the kill, from
 /// the outage and from after the restart, each exactly once and in order, and so it does after one more restart. A
-/// `vigil job attach` that followed the job when rank 0 was killed exits 255, saying how to find the job again.
+/// `vigil job attach` that followed the job when rank 0 was killed (through rank 0, or through rank 1) waits for it
+/// and goes on: it prints the same, once, and exits with the job's code, as `vigil job wait` does; one told to stop
+/// waiting (Ctrl-C) exits 255, saying how to find the job.
 #[test]
 fn a_running_jobs_output_survives_kill_9_of_rank_0_in_order_and_once() {
     let inst = SystemInstance::new(4, true);
@@ -344,22 +346,31 @@ fn a_running_jobs_output_survives_kill_9_of_rank_0_in_order_and_once() {
     o.ok();
     let id = o.stdout.trim().to_string();
     assert!(wait_for(Duration::from_secs(30), || inst.jobs()[&id]["state"] == "RUN"), "{:?}", inst.jobs());
-    // A client follows the job on rank 0 meanwhile.
-    let mut c = vigil_cmd(inst.dir.path());
-    c.env("VIGIL_URI", format!("local://{}", inst.dir.path().join("r0").join("local-0").display()))
-        .args(["job", "attach", &id]);
-    let follower = spawn(c, None);
+    // Clients follow the job meanwhile: two through rank 0, one through rank 1.
+    let follow = |rank: u32, cmd: &str| {
+        let mut c = vigil_cmd(inst.dir.path());
+        let sock = inst.dir.path().join(format!("r{rank}")).join(format!("local-{rank}"));
+        let args: &[&str] = if cmd == "wait" { &["job", "wait", &id] } else { &["job", "attach", "-l", &id] };
+        c.env("VIGIL_URI", format!("local://{}", sock.display())).args(args);
+        spawn(c, None)
+    };
+    let (follower, quitter, via_rank1) = (follow(0, "attach"), follow(0, "attach"), follow(1, "attach"));
+    let waiter = follow(0, "wait");
     // Some lines are out before the kill (about 30 per task).
     std::thread::sleep(Duration::from_secs(3));
     let r0 = brokers.remove(0);
     kill9(r0.pid());
     r0.wait(Duration::from_secs(10));
-    // It loses rank 0: exit code 255, not the job's, and it says how to find the job again.
-    let f = follower.wait(Duration::from_secs(10));
-    assert_eq!(f.code, 255, "{}", f.dump());
-    assert!(f.stderr.contains(&format!("`vigil job attach {id}`")), "{}", f.dump());
-    assert!(f.stdout.contains("line 1\n"), "{}", f.dump());
-    std::thread::sleep(Duration::from_secs(2));
+    std::thread::sleep(Duration::from_secs(1));
+    // One is told to stop waiting: exit code 255, not the job's, and it says how to find the job again.
+    // SAFETY: kill(2) of a process this test started.
+    unsafe { libc::kill(quitter.pid() as i32, libc::SIGINT) };
+    let q = quitter.wait(Duration::from_secs(10));
+    assert_eq!(q.code, 255, "{}", q.dump());
+    assert!(q.stderr.contains("waiting for it"), "{}", q.dump());
+    assert!(q.stderr.contains(&format!("`vigil job attach {id}`")), "{}", q.dump());
+    assert!(q.stdout.contains("0: line 1\n"), "{}", q.dump());
+    std::thread::sleep(Duration::from_secs(1));
     let r0 = inst.restart_rank0();
     assert!(
         wait_for(Duration::from_secs(60), || inst.jobs().get(&id).is_some_and(|j| j["state"] == "INACTIVE")),
@@ -376,6 +387,15 @@ fn a_running_jobs_output_survives_kill_9_of_rank_0_in_order_and_once() {
         let got: Vec<&str> = out.stdout.lines().filter_map(|l| l.strip_prefix(prefix.as_str())).collect();
         assert_eq!(got, want, "task {task}'s output, whole, in order, once:\n{}", out.dump());
     }
+    // The client that waited for rank 0 printed the same, each line once, and exits with the job's code.
+    let f = follower.wait(Duration::from_secs(30));
+    assert_eq!(f.code, 0, "{}", f.dump());
+    assert!(f.stderr.contains("rank 0 is back"), "{}", f.dump());
+    assert_eq!(f.stdout, out.stdout, "what the follower printed across the restart:\n{}", f.dump());
+    let f = via_rank1.wait(Duration::from_secs(30));
+    assert_eq!(f.code, 0, "{}", f.dump());
+    assert_eq!(f.stdout, out.stdout, "what the follower through rank 1 printed across the restart:\n{}", f.dump());
+    waiter.wait(Duration::from_secs(30)).code_is(0);
     assert!(!out.stderr.contains("dropped"), "{}", out.dump());
     // INACTIVE, across one more restart: the same.
     kill9(r0.pid());

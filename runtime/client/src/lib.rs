@@ -15,7 +15,7 @@ use crate::frame::read_frame;
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
@@ -91,6 +91,11 @@ pub struct Welcome {
     /// uid of the instance owner.
     #[serde(default)]
     pub uid: u32,
+    /// Said by rank 0 only: how long, in seconds, the other brokers keep their jobs running when rank 0 is lost
+    /// (`tbon.parent_grace`; with a state directory a restarted rank 0 takes them back within it), so how long a
+    /// client following a job may wait for rank 0 to come back. 0 (and from other ranks): they stop with it.
+    #[serde(default)]
+    pub rank0_grace: f64,
 }
 
 type Pending = Arc<Mutex<HashMap<u32, mpsc::UnboundedSender<Message>>>>;
@@ -102,6 +107,9 @@ pub struct Client {
     pending: Pending,
     events: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Message>>>,
     next_tag: Arc<AtomicU32>,
+    /// The connection has ended (set by its reader before it drops every waiter): a request made after that is
+    /// answered "disconnected" at once instead of waiting forever.
+    closed: Arc<AtomicBool>,
     /// The broker's welcome (its rank, the instance size...).
     pub welcome: Welcome,
 }
@@ -151,6 +159,8 @@ impl Client {
             }
         });
         let p2 = pending.clone();
+        let closed = Arc::new(AtomicBool::new(false));
+        let c2 = closed.clone();
         tokio::spawn(async move {
             while let Ok(Some(m)) = read_frame(&mut rd).await {
                 match m.msgtype {
@@ -167,6 +177,7 @@ impl Client {
                 }
             }
             // Dropping the senders wakes every waiter with "disconnected".
+            c2.store(true, Ordering::SeqCst);
             if let Ok(mut g) = p2.lock() {
                 g.clear();
             }
@@ -176,6 +187,7 @@ impl Client {
             pending,
             events: Arc::new(tokio::sync::Mutex::new(erx)),
             next_tag: Arc::new(AtomicU32::new(1)),
+            closed,
             welcome,
         })
     }
@@ -196,6 +208,11 @@ impl Client {
             if let Ok(mut g) = self.pending.lock() {
                 g.insert(tag, tx);
             }
+        }
+        // Checked after the insert: a reader that ends later drops this waiter with the others.
+        if self.closed.load(Ordering::SeqCst) {
+            self.forget(tag);
+            return Err(RpcError::disconnected());
         }
         self.tx.send(m).map_err(|_| RpcError::disconnected())?;
         Ok((tag, rx))

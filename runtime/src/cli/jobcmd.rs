@@ -395,10 +395,18 @@ pub(crate) const PENDING_NOTE_AFTER: std::time::Duration = std::time::Duration::
 
 /// Stream a job's output and exceptions until it is INACTIVE; return its exit code.
 /// Ctrl-C or SIGTERM once cancels the job (and keeps waiting for it to end); Ctrl-C twice detaches. If our
-/// stdout is closed (`vigil run ... | head`), the job is canceled too, as srun does.
+/// stdout is closed (`vigil run ... | head`), the job is canceled too, as srun does. If rank 0 is lost meanwhile
+/// and the instance keeps its jobs while it restarts (a state directory: [`await_rank0`]), this waits for it and
+/// goes on where it was, printing nothing twice.
 pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, crate::client::RpcError> {
     use tokio::signal::unix::{signal, SignalKind};
+    let mut c = c.clone();
     let mut s = c.rpc_stream("job-info.attach", 0, &json!({"id": id.0}))?;
+    // Items taken so far, of each kind, and how many of each a new stream (after rank 0 came back) replays that
+    // were taken already: a new attach starts from the job's first event and first output line again.
+    let (mut events, mut lines) = (0usize, 0usize);
+    let (mut skip_events, mut skip_lines) = (0usize, 0usize);
+    let mut replayed: Option<Value> = None;
     let mut code: Option<i32> = None;
     let mut fatal = false;
     let mut ctrlc = 0;
@@ -424,10 +432,10 @@ pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, cr
     }
     loop {
         let next = tokio::select! {
-            n = s.next() => n,
+            n = async { match replayed.take() { Some(v) => Some(Ok(v)), None => s.next().await } } => n,
             _ = &mut pending_note, if !started => {
                 started = true; // said once
-                say_if_pending(c, id).await;
+                say_if_pending(&c, id).await;
                 continue;
             }
             _ = recv(&mut sigint) => {
@@ -446,7 +454,33 @@ pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, cr
             }
         };
         let Some(item) = next else { break };
-        let v = item?;
+        let v = match item {
+            Ok(v) => v,
+            Err(e) if e.errnum == crate::message::errno::EHOSTUNREACH => {
+                match await_rank0(&c, id, "job-info.attach", &json!({"id": id.0}), &mut sigint).await {
+                    Some((nc, ns, first)) => {
+                        (c, s, replayed) = (nc, ns, Some(first));
+                        (skip_events, skip_lines) = (events, lines);
+                        continue;
+                    }
+                    None => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        if v.get("output").is_some() {
+            if skip_lines > 0 {
+                skip_lines -= 1;
+                continue;
+            }
+            lines += 1;
+        } else if v.get("event").is_some() {
+            if skip_events > 0 {
+                skip_events -= 1;
+                continue;
+            }
+            events += 1;
+        }
         if v.get("output").is_some() || v.pointer("/event/name").and_then(Value::as_str) == Some("alloc") {
             started = true;
         }
@@ -531,6 +565,88 @@ pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, cr
         Some(c) => c,
         None => 1,
     })
+}
+
+/// How long past the instance's grace for rank 0 ([`crate::client::Welcome::rank0_grace`]) a client that lost it
+/// keeps trying: the other brokers retry rank 0 every second, and a restarted rank 0 first reads its store.
+const RANK0_WAIT_MARGIN: f64 = 5.0;
+
+/// After the stream of `topic` (`job-info.attach`, `job-manager.eventlog`) for job `id` ended with "rank 0 lost"
+/// (the connection to rank 0 closed, or our broker answered EHOSTUNREACH): wait for rank 0 to come back and ask
+/// again (`payload`). Connected to rank 0, a client
+/// waits only if the instance keeps its jobs while rank 0 restarts (`rank0_grace` > 0 in rank 0's welcome: a
+/// state directory), and at most that long plus [`RANK0_WAIT_MARGIN`], reconnecting every half second to
+/// `$VIGIL_URI`; connected to another broker, as long as that broker stays up (it stops past its grace). Says
+/// once that it waits, and when rank 0 is back. Returns the new client, its stream and the stream's first item;
+/// `None` to give up: no grace, the time is up, our broker is gone, a restarted rank 0 that does not know the
+/// job (no state directory), or Ctrl-C.
+async fn await_rank0(
+    c: &Client,
+    id: JobId,
+    topic: &str,
+    payload: &Value,
+    sigint: &mut Option<tokio::signal::unix::Signal>,
+) -> Option<(Client, crate::client::RpcStream, Value)> {
+    use crate::client::RpcError;
+    let on_rank0 = c.welcome.rank == 0;
+    let grace = c.welcome.rank0_grace;
+    if on_rank0 && !(grace > 0.0 && grace.is_finite()) {
+        return None;
+    }
+    let uri = std::env::var(crate::client::URI_ENV).ok()?;
+    let limit = if on_rank0 { grace + RANK0_WAIT_MARGIN } else { f64::from(u32::MAX) };
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs_f64(limit);
+    eprintln!(
+        "vigil: lost rank 0; job {id} keeps running while it restarts: waiting for it{} (Ctrl-C to stop waiting)",
+        if on_rank0 { format!(" up to {}", fmt_secs(limit)) } else { String::new() }
+    );
+    let mut client = c.clone();
+    let attempt = async {
+        loop {
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            let s = match client.rpc_stream(topic, 0, payload) {
+                Ok(s) => Some(s),
+                Err(e) if e.errstr == RpcError::disconnected_text() => None,
+                Err(_) => return None,
+            };
+            let mut s = match s {
+                Some(s) => s,
+                None => match Client::connect(&uri).await {
+                    // Rank 0 (or our broker) listens again: attach there next turn.
+                    Ok(nc) => {
+                        client = nc;
+                        continue;
+                    }
+                    Err(_) if on_rank0 => continue,
+                    // Our own broker is gone: it stopped past its grace.
+                    Err(_) => return None,
+                },
+            };
+            match s.next().await {
+                Some(Ok(v)) => return Some((client.clone(), s, v)),
+                Some(Err(e)) if e.errnum == crate::message::errno::EHOSTUNREACH => {
+                    if e.errstr == RpcError::disconnected_text() && !on_rank0 {
+                        if let Ok(nc) = Client::connect(&uri).await {
+                            client = nc;
+                        } else {
+                            return None;
+                        }
+                    }
+                }
+                // Rank 0 is back but does not know the job (it kept no state directory), or refuses.
+                _ => return None,
+            }
+        }
+    };
+    let back = tokio::select! {
+        r = attempt => r,
+        _ = tokio::time::sleep_until(deadline) => None,
+        _ = async { match sigint.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending::<()>().await } } => None,
+    };
+    if back.is_some() {
+        eprintln!("vigil: rank 0 is back; following job {id} again");
+    }
+    back
 }
 
 /// `requeued (1 of at most 3): lost node2 (rank 2)`, from a `requeue` event's context.
@@ -844,13 +960,32 @@ pub(crate) async fn job(cmd: JobCmd) -> Result<i32, String> {
         JobCmd::Wait { id } => {
             let id = parse_id(&id)?;
             let c = connect().await?;
-            let mut s =
-                c.rpc_stream("job-manager.eventlog", 0, &json!({"id": id.0, "follow": true})).map_err(|e| e.errstr)?;
+            let payload = json!({"id": id.0, "follow": true});
+            let mut s = c.rpc_stream("job-manager.eventlog", 0, &payload).map_err(|e| e.errstr)?;
             let mut code = 1;
             let mut fatal = false;
-            while let Some(item) = s.next().await {
+            let mut replayed = None;
+            loop {
+                let item = match replayed.take() {
+                    Some(v) => Ok(v),
+                    None => match s.next().await {
+                        Some(item) => item,
+                        None => break,
+                    },
+                };
                 let v = match item {
                     Ok(v) => v,
+                    // Rank 0 lost: wait for it if the instance keeps its jobs; the eventlog then comes again
+                    // from its start, and the verdict is made again from it.
+                    Err(e) if e.errnum == crate::message::errno::EHOSTUNREACH => {
+                        match await_rank0(&c, id, "job-manager.eventlog", &payload, &mut None).await {
+                            Some((_, ns, first)) => {
+                                (s, replayed, code, fatal) = (ns, Some(first), 1, false);
+                                continue;
+                            }
+                            None => return followed(Err(e), id),
+                        }
+                    }
                     Err(e) => return followed(Err(e), id),
                 };
                 let e = &v["event"];

@@ -418,7 +418,9 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
     }
     let uid = nix::unistd::getuid().as_raw();
     let local_uri = format!("local://{}", sock.display());
-    tokio::spawn(local::accept_local(ul, input_tx.clone(), uid, rank, opts.size, opts.instance.clone()));
+    // Rank 0 tells its clients how long the instance waits for it when it is lost (they may wait as long).
+    let rank0_grace = if rank == 0 { opts.config.parent_grace() } else { 0.0 };
+    tokio::spawn(local::accept_local(ul, input_tx.clone(), uid, rank, opts.size, opts.instance.clone(), rank0_grace));
 
     // Signals.
     for (kind, num) in [

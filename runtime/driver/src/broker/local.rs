@@ -16,6 +16,7 @@ pub(crate) async fn accept_local(
     rank: u32,
     size: u32,
     instance: String,
+    rank0_grace: f64,
 ) {
     let mut next: u32 = 0;
     loop {
@@ -52,7 +53,7 @@ pub(crate) async fn accept_local(
         let id = next;
         let _ = link.tx.send(Message::control(
             "welcome",
-            &json!({"rank": rank, "size": size, "instance": instance, "uid": owner}),
+            &json!({"rank": rank, "size": size, "instance": instance, "uid": owner, "rank0_grace": rank0_grace}),
         ));
         if tx.send(Event::LocalNew { id, uid, tx: link.tx }).is_err() {
             return;
