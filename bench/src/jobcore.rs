@@ -67,7 +67,7 @@ fn bytes_per_job(n: usize) -> (f64, f64) {
     let before = LIVE.load(Ordering::Relaxed);
     // Nothing can run: every rank is drained, so all n stay pending.
     let all: vigil::idset::IdSet = (0..depth::RANKS).collect();
-    c.drain(t, &all, "bench").expect("drain");
+    c.drain(t, &all, "bench", vigil::jobs::DrainMode::Refuse).expect("drain");
     for _ in 0..n {
         c.submit(t, &spec, 1000).expect("submit");
     }

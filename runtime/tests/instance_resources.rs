@@ -216,6 +216,17 @@ fn drain_blocks_scheduling_until_undrain() {
     assert_eq!(v["ranks"][1]["state"].as_str(), Some("drained"), "{v}");
     assert_eq!(v["ranks"][1]["reason"].as_str(), Some("maintenance"), "{v}");
     assert_eq!(v["ranks"][0]["state"].as_str(), Some("avail"), "{v}");
+    // Drained again: refused, naming the rank and its reason, unless --force (new reason) or --update (the others).
+    let o = inst.vigil(&["resource", "drain", "0-1", "other"]);
+    assert_eq!(o.code, 1, "{}", o.dump());
+    assert!(o.stderr.contains("1 (maintenance)") && o.stderr.contains("--force"), "{}", o.dump());
+    let reason = |r: usize| inst.vigil(&["resource", "status", "--json"]).json()["ranks"][r]["reason"].clone();
+    assert_eq!(reason(1), "maintenance", "the refusal changed nothing");
+    inst.vigil(&["resource", "drain", "--force", "1", "maintenance,", "fan"]).ok();
+    assert_eq!(reason(1), "maintenance, fan");
+    inst.vigil(&["resource", "drain", "-u", "0-1", "login"]).ok();
+    assert_eq!((reason(0), reason(1)), ("login".into(), "maintenance, fan".into()));
+    inst.vigil(&["resource", "undrain", "0"]).ok();
 
     // 1-node work still runs, on rank 0 only.
     let o = inst.vigil(&["run", "-n2", "printenv", "VIGIL_BROKER_RANK"]);

@@ -23,10 +23,17 @@ pub enum ResourceCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Drain ranks (no new work is placed on them): RANKS is an idset ("1-3,5") or a hostlist.
+    /// Drain ranks (no new work is placed on them): RANKS is an idset ("1-3,5") or a hostlist. A rank drained
+    /// already is refused, naming it and its reason, unless --force or --update.
     Drain {
         /// Ranks (idset) or hosts (hostlist).
         targets: String,
+        /// Drain ranks drained already again, with this reason (it replaces theirs).
+        #[arg(short, long, conflicts_with = "update")]
+        force: bool,
+        /// Drain only the ranks not drained yet; the others keep their reasons.
+        #[arg(short, long)]
+        update: bool,
         /// Reason.
         reason: Vec<String>,
     },
@@ -241,9 +248,16 @@ pub(crate) async fn resource(cmd: ResourceCmd) -> Result<i32, String> {
             }
             Ok(0)
         }
-        ResourceCmd::Drain { targets, reason } => {
+        ResourceCmd::Drain { targets, reason, force, update } => {
             let ranks = resolve_targets(&c, &targets).await?;
-            c.rpc("resource.drain", 0, &json!({"ranks": ranks.to_string(), "reason": reason.join(" ")}))
+            let mode = if force {
+                "force"
+            } else if update {
+                "update"
+            } else {
+                ""
+            };
+            c.rpc("resource.drain", 0, &json!({"ranks": ranks.to_string(), "reason": reason.join(" "), "mode": mode}))
                 .await
                 .map_err(|e| e.errstr)?;
             Ok(0)

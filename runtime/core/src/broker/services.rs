@@ -779,8 +779,15 @@ fn resource(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
             }
             let ranks = parse_ranks(body)?;
             let reason = opt_str(body, "reason")?.unwrap_or("");
+            let mode = match opt_str(body, "mode")? {
+                None | Some("") => crate::jobs::DrainMode::Refuse,
+                Some("force") => crate::jobs::DrainMode::Force,
+                Some("update") => crate::jobs::DrainMode::Update,
+                Some(m) => return Err((errno::EINVAL, format!("mode: '{m}' is not 'force' or 'update'"))),
+            };
             let jc = core.jobcore.as_mut().ok_or((errno::ENOSYS, "not rank 0".into()))?;
-            let r = if msg.topic == "resource.drain" { jc.drain(n, &ranks, reason) } else { jc.undrain(n, &ranks) };
+            let r =
+                if msg.topic == "resource.drain" { jc.drain(n, &ranks, reason, mode) } else { jc.undrain(n, &ranks) };
             r.map(|_| Some(json!({}).into())).map_err(|e| (errno::EINVAL, e))
         }
         "resource.eventlog" => {

@@ -734,7 +734,7 @@ mod tests {
         let long = c.submit(T0 + 3.0, &spec(cmd().nnodes(2).ntasks(4)), 1000).unwrap();
         let p1 = c.submit(T0 + 4.0, &spec(cmd().ntasks(1)), 1001).unwrap();
         let p2 = c.submit(T0 + 4.0, &spec(cmd().ntasks(1)), 1001).unwrap();
-        c.drain(T0 + 4.5, &IdSet::parse("1").unwrap(), "bad fan").unwrap();
+        c.drain(T0 + 4.5, &IdSet::parse("1").unwrap(), "bad fan", crate::jobs::DrainMode::Refuse).unwrap();
         save(&mut c, &mut kept);
         // Not saved: lost with rank 0, like a submit that was never answered.
         let unsaved = c.submit(T0 + 5.0, &spec(cmd().ntasks(1)), 1000).unwrap();

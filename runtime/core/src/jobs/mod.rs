@@ -774,9 +774,37 @@ impl JobCore {
         self.schedule(now);
     }
 
-    /// Drain `ranks` with `reason`; errors name ranks that are not in the instance.
-    pub fn drain(&mut self, now: f64, ranks: &IdSet, reason: &str) -> Result<(), String> {
+    /// Drain `ranks` with `reason` (`flux resource drain`): no new work is placed on them. A rank drained already
+    /// is refused, naming it, unless `mode` says otherwise ([`DrainMode`]). The resource eventlog's `drain` event
+    /// names the ranks whose reason it set.
+    ///
+    /// # Errors
+    /// Ranks not in the instance, no ranks, or ranks drained already under [`DrainMode::Refuse`] (named, with
+    /// their reasons).
+    pub fn drain(&mut self, now: f64, ranks: &IdSet, reason: &str, mode: DrainMode) -> Result<(), String> {
         self.check_ranks(ranks)?;
+        let drained = |r: &u32| self.pool.ranks.get(r).is_some_and(|p| p.drained.is_some());
+        let ranks: IdSet = match mode {
+            DrainMode::Refuse => {
+                let already: Vec<String> = ranks
+                    .iter()
+                    .filter(drained)
+                    .map(|r| format!("{r} ({})", self.pool.ranks[&r].drained.as_deref().unwrap_or("")))
+                    .collect();
+                if !already.is_empty() {
+                    return Err(format!(
+                        "rank(s) already drained: {}; --force sets the new reason, --update drains only the others",
+                        already.join(", ")
+                    ));
+                }
+                ranks.clone()
+            }
+            DrainMode::Force => ranks.clone(),
+            DrainMode::Update => ranks.iter().filter(|r| !drained(r)).collect(),
+        };
+        if ranks.is_empty() {
+            return Ok(());
+        }
         for r in ranks.iter() {
             if let Some(p) = self.pool.ranks.get_mut(&r) {
                 p.drained = Some(reason.to_string());
@@ -1525,3 +1553,16 @@ pub fn taskmap(counts: &[u32]) -> Value {
 mod tests;
 #[cfg(test)]
 mod tests_sched;
+
+/// What [`JobCore::drain`] does with a rank that is drained already (`flux resource drain` and its `--force`,
+/// `--update`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DrainMode {
+    /// Refuse the whole request, naming the ranks drained already and their reasons (the default).
+    #[default]
+    Refuse,
+    /// Drain them again: the new reason and time replace theirs.
+    Force,
+    /// Drain only the ranks not drained yet; the others keep their reasons.
+    Update,
+}

@@ -287,8 +287,8 @@ fn jobs_whose_shells_never_reported_are_finished_when_the_instance_stops() {
 #[test]
 fn drain_blocks_new_work_until_undrain() {
     let mut c = core(2, 1, 0);
-    c.drain(T0, &IdSet::from_iter([1]), "maintenance").unwrap();
-    assert!(c.drain(T0, &IdSet::from_iter([5]), "x").is_err());
+    c.drain(T0, &IdSet::from_iter([1]), "maintenance", DrainMode::Refuse).unwrap();
+    assert!(c.drain(T0, &IdSet::from_iter([5]), "x", DrainMode::Refuse).is_err());
     let id = c.submit(T0, &spec(cmd().nnodes(2)), 0).unwrap();
     assert_eq!(c.jobs[&id].state, JobState::Sched);
     assert!(c.undrain(T0, &IdSet::from_iter([0])).is_err(), "rank 0 is not drained");
@@ -297,6 +297,24 @@ fn drain_blocks_new_work_until_undrain() {
     let names: Vec<_> = c.resource_eventlog.iter().map(|e| e.name.as_str()).collect();
     assert_eq!(names.iter().filter(|n| **n == "online").count(), 2);
     assert!(names.contains(&"drain") && names.contains(&"undrain"));
+}
+
+#[test]
+fn a_rank_drained_already_is_refused_unless_forced_or_updated() {
+    let mut c = core(3, 1, 0);
+    c.drain(T0, &IdSet::from_iter([1]), "bad fan", DrainMode::Refuse).unwrap();
+    let e = c.drain(T0 + 1.0, &IdSet::from_iter([1, 2]), "psu", DrainMode::Refuse).unwrap_err();
+    assert!(e.contains("1 (bad fan)") && e.contains("--force"), "{e}");
+    let reason = |c: &JobCore, r: u32| c.pool.ranks[&r].drained.clone();
+    assert_eq!((reason(&c, 1), reason(&c, 2)), (Some("bad fan".into()), None), "a refusal changes nothing");
+    c.drain(T0 + 2.0, &IdSet::from_iter([1, 2]), "psu", DrainMode::Update).unwrap();
+    assert_eq!((reason(&c, 1), reason(&c, 2)), (Some("bad fan".into()), Some("psu".into())));
+    assert_eq!(c.resource_eventlog.last().unwrap().context["idset"], "2", "the event names what it drained");
+    c.drain(T0 + 3.0, &IdSet::from_iter([1]), "fan replaced, psu now", DrainMode::Force).unwrap();
+    assert_eq!(reason(&c, 1), Some("fan replaced, psu now".into()));
+    let n = c.resource_eventlog.len();
+    c.drain(T0 + 4.0, &IdSet::from_iter([1, 2]), "x", DrainMode::Update).unwrap();
+    assert_eq!(c.resource_eventlog.len(), n, "nothing new to drain: no event");
 }
 
 #[test]
@@ -706,7 +724,7 @@ proptest! {
                     }
                 }
                 Input::Lost(r) => c.ranks_lost(t, &IdSet::from_iter([r])),
-                Input::Drain(r, true) => { let _ = c.drain(t, &IdSet::from_iter([r]), "test"); }
+                Input::Drain(r, true) => { let _ = c.drain(t, &IdSet::from_iter([r]), "test", DrainMode::Force); }
                 Input::Drain(r, false) => { let _ = c.undrain(t, &IdSet::from_iter([r])); }
                 Input::Spawned(j, r, ok) => {
                     c.shell_spawned(t, job(j), r, if ok { Ok(()) } else { Err("no".into()) })
