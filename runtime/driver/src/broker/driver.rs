@@ -165,8 +165,13 @@ pub(crate) struct Driver {
 /// reports each as [`Event::Written`]. What the broker asked for meanwhile is held until the batch with the
 /// changes that led to it is written ([`Driver::flush`]). The SQLite work (about half the loop's time per
 /// submission when it was done there) is so off the loop; the fsyncs are the [`Syncer`]'s, on a third thread, so
-/// a write never waits for one.
+/// a write never waits for one. A small batch (at most [`SMALL_BATCH`] jobs) is written by the loop itself when
+/// the thread is idle ([`Writer::store`]): the trip to the thread and back costs more than such a write (measured
+/// with 4 brokers running `true` jobs: 0.34 ms per write, 1.34 ms from handing it over to hearing it was written),
+/// and a job waits for two writes in its life (its shell's start, its output's last acknowledgement).
 struct Writer {
+    /// The store, shared with the thread: the loop writes small batches through it when the thread is idle.
+    store: std::sync::Arc<std::sync::Mutex<super::store::Store>>,
     /// Hands a batch and its number to the thread.
     tx: std::sync::mpsc::Sender<(u64, Box<crate::jobs::journal::Journal>)>,
     /// Batches taken so far (the number of the latest; a batch with nothing to write counts, see `cut`).
@@ -184,33 +189,46 @@ impl Writer {
     ///
     /// # Errors
     /// The thread cannot be started.
-    fn start(mut store: super::store::Store, events: mpsc::UnboundedSender<Event>) -> Result<Writer, String> {
+    fn start(store: super::store::Store, events: mpsc::UnboundedSender<Event>) -> Result<Writer, String> {
         let (tx, rx) = std::sync::mpsc::channel::<(u64, Box<crate::jobs::journal::Journal>)>();
+        let store = std::sync::Arc::new(std::sync::Mutex::new(store));
+        let shared = store.clone();
         let thread = std::thread::Builder::new()
             .name("vigil-store-write".into())
             .spawn(move || {
                 while let Ok((seq, batch)) = rx.recv() {
-                    let result = store.commit_with(&batch, false);
+                    let result = match shared.lock() {
+                        Ok(mut store) => store.commit_with(&batch, false),
+                        Err(_) => Err(super::store::CommitError {
+                            why: "the state directory's store was left inconsistent by a panic".into(),
+                            errno: crate::message::errno::EIO,
+                        }),
+                    };
                     if events.send(Event::Written { seq, batch, result }).is_err() {
                         break;
                     }
                 }
             })
             .map_err(|e| format!("cannot start the state directory's writer thread: {e}"))?;
-        Ok(Writer { tx, sent: 0, in_flight: None, done: 0, thread: Some(thread) })
+        Ok(Writer { store, tx, sent: 0, in_flight: None, done: 0, thread: Some(thread) })
     }
 
     /// End the thread once it has written what it was given, and close the store with it: the last connection
     /// to close checkpoints the write-ahead log into the file and removes it, so that a stopped rank 0 leaves a
     /// store whole in one file (a log left beside it would be replayed into whatever file is there next).
     fn stop(self) {
-        let Writer { tx, thread, .. } = self;
+        let Writer { tx, thread, store, .. } = self;
         drop(tx);
         if let Some(t) = thread {
             let _ = t.join();
         }
+        drop(store); // the last handle: the connection closes here
     }
 }
+
+/// Largest batch (jobs changed) the loop writes itself when the writer thread is idle ([`Writer`]): about 0.1 ms
+/// of SQLite work per job, so the loop is held up no longer than the trip to the thread would take.
+const SMALL_BATCH: usize = 8;
 
 /// Effects that wait for a write of the journal ([`Driver::flush`]): each with the number of the batch that
 /// must be written first, in the order the broker asked for them.
@@ -1019,9 +1037,10 @@ impl Driver {
     pub(crate) fn flush(&mut self) {
         let mut queue = VecDeque::new();
         loop {
+            // Cut first: a small batch the loop writes itself releases what waited for it in this very turn.
+            self.cut();
             let done = self.writer.as_ref().map_or(u64::MAX, |w| w.done);
             self.release_held(&mut queue, done);
-            self.cut();
             self.start_sync(&mut queue);
             self.take_effects(&mut queue);
             if queue.is_empty() {
@@ -1092,20 +1111,41 @@ impl Driver {
     }
 
     /// Take the broker's journal batch and hand it to the [`Writer`], unless one is being written (the next
-    /// batch is taken once it is). A batch with nothing to write (only answers held) is "written" at once.
+    /// batch is taken once it is). A batch with nothing to write (only answers held) is "written" at once; a
+    /// small one ([`SMALL_BATCH`] jobs at most) is written here, on the loop, and what its writing changed is
+    /// taken next (a few times at most, then the thread takes over).
     fn cut(&mut self) {
-        let now = self.now();
-        let Some(w) = self.writer.as_mut() else { return };
-        if w.in_flight.is_some() {
+        for _ in 0..4 {
+            let now = self.now();
+            let Some(w) = self.writer.as_mut() else { return };
+            if w.in_flight.is_some() {
+                return;
+            }
+            let Some(batch) = self.broker.take_journal() else { return };
+            w.sent += 1;
+            let Some(batch) = batch else {
+                w.done = w.sent;
+                self.broker.handle(now, Input::Stored { batch: None, result: Ok(()), durable: false });
+                return;
+            };
+            if batch.jobs.len() <= SMALL_BATCH {
+                // The thread is idle (nothing in flight), so the lock is free; should it not be, the thread writes.
+                if let Ok(mut store) = w.store.try_lock() {
+                    let result = store.commit_with(&batch, false).map_err(Into::into);
+                    drop(store);
+                    w.done = w.sent;
+                    self.broker.handle(now, Input::Stored { batch: Some(Box::new(batch)), result, durable: false });
+                    continue;
+                }
+            }
+            self.hand_over(now, batch);
             return;
         }
-        let Some(batch) = self.broker.take_journal() else { return };
-        w.sent += 1;
-        let Some(batch) = batch else {
-            w.done = w.sent;
-            self.broker.handle(now, Input::Stored { batch: None, result: Ok(()), durable: false });
-            return;
-        };
+    }
+
+    /// Give batch `batch` (number `sent`) to the writer thread; if it has stopped, the batch failed.
+    fn hand_over(&mut self, now: Time, batch: crate::jobs::journal::Journal) {
+        let Some(w) = self.writer.as_mut() else { return };
         match w.tx.send((w.sent, Box::new(batch))) {
             Ok(()) => w.in_flight = Some(w.sent),
             Err(std::sync::mpsc::SendError((_, batch))) => {
