@@ -187,6 +187,15 @@ fn batch_survives_its_non_critical_broker_killed() {
     let c = &exc[0]["context"];
     assert_eq!((c["type"].as_str(), c["severity"].as_u64()), (Some("exec"), Some(2)), "{}", e.dump());
     assert!(c["note"].as_str().unwrap_or_default().contains("the instance continues without it"), "{}", e.dump());
+    // Its node went back to this instance while the job ran on (release{final:false}), then the rest at the end.
+    let releases: Vec<serde_json::Value> = e
+        .stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["name"] == "release")
+        .map(|v| v["context"]["final"].clone())
+        .collect();
+    assert_eq!(releases, vec![serde_json::json!(false), serde_json::json!(true)], "{}", e.dump());
 }
 
 /// The exceptions in job `id`'s eventlog, as (severity, note).

@@ -918,6 +918,24 @@ impl JobCore {
         self.schedule(now);
     }
 
+    /// Give `ranks` of running job `id` back to the pool while the job goes on without them (RFC 32's
+    /// `release{final:false}`): a node lost under a job that survives it, a nested instance's broker that failed
+    /// on a node that lives on (nested.rs). Nothing for ranks released already.
+    pub(super) fn release_partly(&mut self, now: f64, id: JobId, ranks: &IdSet) {
+        let Some(j) = self.jobs.get_mut(&id) else { return };
+        let ranks: IdSet =
+            ranks.iter().filter(|r| !j.released.contains(*r) && j.alloc.iter().any(|a| a.rank == *r)).collect();
+        if ranks.is_empty() {
+            return;
+        }
+        j.post(now, "release", json!({"ranks": ranks.to_string(), "final": false}));
+        let alloc = j.held();
+        j.released = j.released.union(&ranks);
+        self.pool.free(&alloc, Some(&ranks));
+        self.actions.push_back(Action::Updated(id));
+        self.sched_dirty = true;
+    }
+
     /// The lost-rank rules of [`JobCore::ranks_lost`] for each job and the ranks it lost (shells there).
     fn jobs_lose_ranks(&mut self, now: f64, hit: BTreeMap<JobId, Vec<u32>>) {
         for (id, lost) in hit {
@@ -943,13 +961,10 @@ impl JobCore {
                     2,
                     &format!("lost node {what}; the job continues on the remaining nodes"),
                 );
-                let Some(j) = self.jobs.get_mut(&id) else { continue };
+                let Some(j) = self.jobs.get(&id) else { continue };
                 let leader = j.shells.values().filter(|s| !s.exited).min_by_key(|s| s.shell_rank).map(|s| s.rank);
                 let shell_ranks: Vec<u32> = lost.iter().filter_map(|r| j.shells.get(r).map(|s| s.shell_rank)).collect();
-                j.post(now, "release", json!({"ranks": lost_set.to_string(), "final": false}));
-                let alloc = j.held();
-                j.released = j.released.union(&lost_set);
-                self.pool.free(&alloc, Some(&lost_set));
+                self.release_partly(now, id, &lost_set);
                 if let Some(leader) = leader {
                     self.actions.push_back(Action::NotifyShell {
                         id,
@@ -958,7 +973,6 @@ impl JobCore {
                         note: what.clone(),
                     });
                 }
-                self.actions.push_back(Action::Updated(id));
             }
             self.maybe_finish(now, id);
         }

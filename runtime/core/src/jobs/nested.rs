@@ -21,6 +21,7 @@
 //! recorded.
 
 use super::{JobCore, JobId};
+use crate::idset::IdSet;
 use crate::shellproto::{describe_status, exit_code, BROKER_EXIT_CUT_OFF};
 
 /// How long the verdict on a cut-off broker of a nested instance waits for the failure that caused it to be
@@ -76,6 +77,9 @@ impl JobCore {
                     return true; // the instance is ending anyway
                 }
                 self.raise(now, id, "exec", 2, &format!("{what} {how}; the instance continues without it"));
+                // The instance has lost that rank for good (it shrinks): its node goes back to this one.
+                self.release_partly(now, id, &IdSet::from_iter([rank]));
+                self.schedule(now);
                 false
             }
             BrokerEnd::CutOff => {
@@ -117,6 +121,8 @@ impl JobCore {
                 self.raise(now, id, "exec", 0, &note);
             } else {
                 self.raise(now, id, "exec", 2, &format!("{what}; the instance continues without it"));
+                self.release_partly(now, id, &IdSet::from_iter([rank]));
+                self.schedule(now);
             }
         }
     }

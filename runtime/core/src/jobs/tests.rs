@@ -447,7 +447,17 @@ fn nested_instance_survives_a_non_critical_broker_killed() {
     assert_eq!((exc[0].context["type"].as_str(), exc[0].context["severity"].as_u64()), (Some("exec"), Some(2)));
     let note = exc[0].context["note"].as_str().unwrap_or_default();
     assert!(note.contains("(rank 1)") && note.contains("SIGKILL") && note.contains("continues"), "{note}");
+    // The instance lost that rank for good: its node goes back to this instance's pool, and a job waiting for a
+    // node runs there at once (found by a fresh-user trial: the node stayed allocated to the batch job).
+    assert!(j
+        .eventlog
+        .iter()
+        .any(|e| e.name == "release" && e.context["final"] == json!(false) && e.context["ranks"] == "1"));
+    assert!(c.pool.ranks[&1].alloc_cores.is_empty(), "rank 1's cores are free again");
+    let waiting = c.submit(T0 + 1.5, &spec(cmd().nnodes(1)), 0).unwrap();
+    assert_eq!(c.jobs[&waiting].state, JobState::Run, "runs on the node the instance gave back");
     assert!(signals(&actions(&mut c)).is_empty(), "nothing is killed");
+    exit_shell(&mut c, T0 + 1.8, waiting, 1, 0);
     for r in [0, 2] {
         exit_shell(&mut c, T0 + 2.0, id, r, 0);
     }
