@@ -160,8 +160,22 @@ fn cancel_a_pending_job() {
     let inst = Instance::start(2, &[]);
     let (hog, marker) = fill_the_cores(&inst);
     let pending = inst.submit(&["true"]);
+    let pending_n2 = inst.submit(&["-N2", "true"]);
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(inst.state(&pending), "SCHED");
+    // NNODES of a pending job: the number it asked for (-N), else "-"; of a running one, the nodes it holds.
+    let t = inst.vigil(&["jobs"]);
+    let nnodes = |id: &str| {
+        let row = t.stdout.lines().find(|l| l.split_whitespace().next() == Some(id));
+        row.and_then(|l| l.split_whitespace().nth(5))
+    };
+    assert_eq!(
+        (nnodes(&hog), nnodes(&pending), nnodes(&pending_n2)),
+        (Some("2"), Some("-"), Some("2")),
+        "{}",
+        t.dump()
+    );
+    inst.vigil(&["cancel", &pending_n2]).ok();
     inst.vigil(&["cancel", &pending]).ok();
     inst.vigil(&["job", "wait", &pending]).code_is(1);
     let j = inst.job(&pending);

@@ -597,7 +597,7 @@ async fn await_rank0(
     let limit = if on_rank0 { grace + RANK0_WAIT_MARGIN } else { f64::from(u32::MAX) };
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs_f64(limit);
     eprintln!(
-        "vigil: lost rank 0; job {id} keeps running while it restarts: waiting for it{} (Ctrl-C to stop waiting)",
+        "vigil: lost rank 0; job {id} is kept while it restarts: waiting for it{} (Ctrl-C to stop waiting)",
         if on_rank0 { format!(" up to {}", fmt_secs(limit)) } else { String::new() }
     );
     let mut client = c.clone();
@@ -738,7 +738,7 @@ pub(crate) async fn jobs(a: JobsArgs) -> Result<i32, String> {
             j["name"].as_str().unwrap_or("").chars().take(12).collect::<String>(),
             short_state(&j),
             j["ntasks"].as_u64().unwrap_or(0),
-            j["nnodes"].as_u64().unwrap_or(0),
+            j["nnodes"].as_u64().map_or_else(|| "-".to_string(), |n| n.to_string()),
             time,
             info
         );

@@ -607,7 +607,10 @@ impl Job {
             "id": self.id.0, "id_f58": self.id.f58(), "userid": self.userid, "state": self.state.name(),
             "name": self.name.as_deref()
                 .or_else(|| self.req.command.first().map(|c| c.rsplit('/').next().unwrap_or(c))).unwrap_or(""),
-            "ntasks": self.req.ntasks, "nnodes": self.alloc.len(), "ranks": ranks.to_string(), "nodelist": nodelist,
+            // Nodes held once allocated; before, the number asked for (`-N`), null when the jobspec names none.
+            "ntasks": self.req.ntasks,
+            "nnodes": if self.alloc.is_empty() { self.req.nnodes.map(Value::from).unwrap_or(Value::Null) } else { self.alloc.len().into() },
+            "ranks": ranks.to_string(), "nodelist": nodelist,
             "t_submit": self.t_submit, "t_run": self.t_run, "t_finish": self.t_finish(), "t_inactive": self.t_inactive,
             "expiration": self.expiration, "result": self.result(), "exit_code": self.exit_code(),
             "exception": self.fatal, "duration": self.req.duration, "pmi_exchanges": self.pmi_exchanges, "instance": self.instance,
