@@ -2,7 +2,8 @@
 # Install the Debian packages Vigil needs to build and test (Debian 12). Idempotent and quiet when all is present.
 set -euo pipefail
 PKGS=(pkg-config libhwloc-dev libudev-dev hwloc iproute2 procps mpich libmpich-dev clang libbpf-dev python3 slurm-wlm munge
-    libibverbs-dev librdmacm-dev ibverbs-providers libclang-dev libfabric-dev libfabric-bin libsqlite3-dev)
+    libibverbs-dev librdmacm-dev ibverbs-providers libclang-dev libfabric-dev libfabric-bin libsqlite3-dev
+    libc6-dev binutils)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
