@@ -19,10 +19,16 @@
 //! Tables (schema [`SCHEMA_VERSION`], in `PRAGMA user_version`; the file is marked with [`APPLICATION_ID`]):
 //! - `meta(key, value)`: `epoch` (seconds since the Unix epoch that job ids count from), `last_id` (the highest
 //!   job id given), `restarts` (times rank 0 started on this file after the first);
-//! - `jobs(id, userid, state, jobspec, R, status, output)`: one row per job; `jobspec` and `R` JSON, `output` the
-//!   JSON array of an INACTIVE job's output lines (its tail) in a store written before schema 2 (since, its
-//!   output is in `job_output`);
-//! - `job_events(id, seq, event)`: each job's RFC 18 eventlog, one line per row;
+//! - `jobs(id, userid, state, R, status, output)`: one row per job, small (so that the rows of the jobs running
+//!   share a few pages, and a change of state rewrites a few hundred bytes); `R` JSON, `output` the JSON array of
+//!   an INACTIVE job's output lines (its tail) in a store written before schema 2 (since, its output is in
+//!   `job_output`);
+//! - `jobspecs(id, jobspec)`: each job's jobspec (JSON) as submitted, written once (since schema 3; before, a
+//!   column of `jobs`, rewritten with every change of the row: a jobspec carries the submitter's environment,
+//!   kilobytes);
+//! - `job_events(id, seq, event)`: each job's RFC 18 eventlog, as written: one row per job per write, `event` the
+//!   lines of the events numbered from `seq` (one line per event, `\n` between them; one event per row before
+//!   schema 3);
 //! - `job_output(id, seq, upto, lines, batches)`: the output of each job as it came: one row per job per write,
 //!   `lines` the JSON array of the chunks numbered `seq` to `upto` (excluded) from the job's first, `batches` (JSON `{"rank": next}`, or NULL) the next output batch due from the job shells on
 //!   those broker ranks whose number moved, so that a restarted rank 0 takes each batch once (read in row order,
@@ -30,7 +36,8 @@
 //!   carries every shell's number), so that once the job is INACTIVE its rows are its tail; a purged job's go;
 //! - `resource_events(seq, event)`: the RFC 44 resource eventlog.
 //!
-//! Schema 1 (before `job_output`) is brought to 2 at open by adding it.
+//! Older schemas are brought to this one at open, in one transaction: 1 (before `job_output`) by adding it, 2
+//! (the jobspec in `jobs`) by moving the jobspecs to their table. Rows of one event each read the same in 3.
 //!
 //! A file this build cannot read (not SQLite, damaged, truncated, another schema version) is [`OpenError::Damaged`]:
 //! rank 0 then runs without a store, with scheduling stopped and submissions refused, and leaves the file as it is
@@ -46,7 +53,7 @@ use std::path::{Path, PathBuf};
 pub const FILE: &str = "vigil.sqlite";
 
 /// The schema this build writes and reads (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// `PRAGMA application_id` of a Vigil store: "VGL1".
 pub const APPLICATION_ID: i64 = 0x5647_4c31;
@@ -439,14 +446,17 @@ impl Store {
         let top: Option<i64> = c.query_row("SELECT MAX(id) FROM jobs", [], |r| r.get(0)).map_err(s)?;
         let last_id = JobId(self.meta_u64("last_id").map_err(s)?).max(JobId(top.unwrap_or(0) as u64));
         let mut kept = Kept { epoch, last_id, ..Kept::default() };
-        let mut q = c.prepare("SELECT id, userid, state, jobspec, R, status FROM jobs").map_err(s)?;
+        let mut q = c
+            .prepare("SELECT id, userid, state, jobspec, R, status FROM jobs LEFT JOIN jobspecs USING(id)")
+            .map_err(s)?;
         let mut rows = q.query([]).map_err(s)?;
         while let Some(r) = rows.next().map_err(s)? {
             let id = JobId(r.get::<_, i64>(0).map_err(s)? as u64);
             let state: String = r.get(2).map_err(s)?;
             let state: JobState = serde_json::from_value(serde_json::Value::String(state.clone()))
                 .map_err(|_| format!("job {id}: unknown state '{state}'"))?;
-            let jobspec: String = r.get(3).map_err(s)?;
+            let jobspec: String =
+                r.get::<_, Option<String>>(3).map_err(s)?.ok_or_else(|| format!("job {id} has no jobspec"))?;
             let rv: Option<String> = r.get(4).map_err(s)?;
             let mut job = KeptJob::new(
                 r.get::<_, i64>(1).map_err(s)? as u32,
@@ -462,12 +472,15 @@ impl Store {
         while let Some(r) = rows.next().map_err(s)? {
             let id = JobId(r.get::<_, i64>(0).map_err(s)? as u64);
             let seq: i64 = r.get(1).map_err(s)?;
-            let line: String = r.get(2).map_err(s)?;
+            let lines: String = r.get(2).map_err(s)?;
             let job = kept.jobs.get_mut(&id).ok_or_else(|| format!("event {seq} of job {id}, which has no row"))?;
             if seq != job.eventlog.len() as i64 {
                 return Err(format!("job {id}: event {seq} follows {} events", job.eventlog.len()));
             }
-            job.eventlog.push(Event::parse_line(&line).map_err(|e| format!("job {id} event {seq}: {e}"))?);
+            for line in lines.split('\n') {
+                let n = job.eventlog.len();
+                job.eventlog.push(Event::parse_line(line).map_err(|e| format!("job {id} event {n}: {e}"))?);
+            }
         }
         // Output of the newest INACTIVE jobs, up to what the job core keeps in memory.
         let mut q = c.prepare("SELECT id, output FROM jobs WHERE output IS NOT NULL ORDER BY id DESC").map_err(s)?;
@@ -531,82 +544,97 @@ impl Store {
         let write_meta = self.meta_kept.map(|(_, epoch)| epoch) != Some(b.epoch.to_bits())
             || !b.purged.is_empty()
             || covered < b.last_id;
-        let tx = self.conn.transaction()?;
-        {
-            let mut new_job = tx.prepare_cached(
-                "INSERT INTO jobs(id, userid, state, jobspec, R, status, output) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)
-                 ON CONFLICT(id) DO UPDATE SET state = excluded.state, R = excluded.R, status = excluded.status,
-                 output = COALESCE(excluded.output, output)",
-            )?;
-            let mut update = tx.prepare_cached(
-                "UPDATE jobs SET state = ?2, R = ?3, status = ?4, output = COALESCE(?5, output) WHERE id = ?1",
-            )?;
-            let mut event =
-                tx.prepare_cached("INSERT OR REPLACE INTO job_events(id, seq, event) VALUES(?1, ?2, ?3)")?;
-            for r in &b.jobs {
-                let id = r.id.0 as i64;
-                let rv = r.r.as_ref().map(|v| v.to_string());
-                let output = r.output.as_ref().map(|o| serde_json::to_string(o).unwrap_or_else(|_| "[]".into()));
-                match &r.jobspec {
-                    Some(spec) => {
-                        new_job.execute(params![
-                            id,
-                            i64::from(r.userid),
-                            r.state.name(),
-                            &**spec,
-                            rv,
-                            r.status,
-                            output
-                        ])?;
-                    }
-                    None => {
-                        if update.execute(params![id, r.state.name(), rv, r.status, output])? != 1 {
-                            return Err(CommitError {
-                                why: format!("job {} has no row to update", r.id),
-                                errno: crate::message::errno::EIO,
-                            });
-                        }
-                    }
+        // BEGIN and COMMIT as cached statements: a transaction per turn of the loop, parsed once.
+        self.conn.prepare_cached("BEGIN")?.execute([])?;
+        match write_batch(&self.conn, b, write_meta) {
+            Ok(()) => {
+                if let Err(e) = self.conn.prepare_cached("COMMIT").and_then(|mut c| c.execute([])) {
+                    let _ = self.conn.execute_batch("ROLLBACK");
+                    return Err(e.into());
                 }
-                for (i, e) in r.events.iter().enumerate() {
-                    event.execute(params![id, (r.first_event + i) as i64, e.to_line()])?;
-                }
-                write_output_rows(&tx, r)?;
             }
-            let mut res = tx.prepare_cached("INSERT OR REPLACE INTO resource_events(seq, event) VALUES(?1, ?2)")?;
-            for (i, e) in b.resource_events.iter().enumerate() {
-                res.execute(params![(b.resource_first + i) as i64, e.to_line()])?;
-            }
-            // Purged jobs (jobs/purge.rs) go whole; their id stays below `last_id`, so it is never given again.
-            let mut purge_job = tx.prepare_cached("DELETE FROM jobs WHERE id = ?1")?;
-            let mut purge_events = tx.prepare_cached("DELETE FROM job_events WHERE id = ?1")?;
-            for id in &b.purged {
-                purge_job.execute(params![id.0 as i64])?;
-                purge_events.execute(params![id.0 as i64])?;
-                tx.prepare_cached("DELETE FROM job_output WHERE id = ?1")?.execute(params![id.0 as i64])?;
-            }
-            // The meta rows only when what they say is not in the file already: a page less in the log for most
-            // writes. The highest id given is read back as the larger of `last_id` and the highest job row
-            // (`load`), so a batch that adds the job of the newest id carries it by that row; one that purges
-            // jobs (it may remove that row) writes `last_id`.
-            if write_meta {
-                let mut meta = tx.prepare_cached("INSERT OR REPLACE INTO meta(key, value) VALUES(?1, ?2)")?;
-                meta.execute(params!["last_id", b.last_id.0.to_string()])?;
-                let mut epoch = tx.prepare_cached("INSERT OR IGNORE INTO meta(key, value) VALUES('epoch', ?1)")?;
-                epoch.execute(params![b.epoch.to_string()])?;
+            Err(e) => {
+                let _ = self.conn.execute_batch("ROLLBACK");
+                return Err(e);
             }
         }
-        tx.commit()?;
         self.meta_kept = Some((if write_meta { b.last_id.max(covered) } else { covered }, b.epoch.to_bits()));
         Ok(())
     }
+}
+
+/// The statements of one batch ([`Store::commit_with`]), inside its transaction.
+fn write_batch(c: &Connection, b: &Journal, write_meta: bool) -> Result<(), CommitError> {
+    let mut new_job = c.prepare_cached(
+        "INSERT INTO jobs(id, userid, state, R, status, output) VALUES(?1, ?2, ?3, ?4, ?5, ?6)
+         ON CONFLICT(id) DO UPDATE SET state = excluded.state, R = excluded.R, status = excluded.status,
+         output = COALESCE(excluded.output, output)",
+    )?;
+    let mut jobspec = c.prepare_cached("INSERT OR REPLACE INTO jobspecs(id, jobspec) VALUES(?1, ?2)")?;
+    let mut update = c.prepare_cached(
+        "UPDATE jobs SET state = ?2, R = ?3, status = ?4, output = COALESCE(?5, output) WHERE id = ?1",
+    )?;
+    let mut event = c.prepare_cached("INSERT OR REPLACE INTO job_events(id, seq, event) VALUES(?1, ?2, ?3)")?;
+    let mut lines = String::new();
+    for r in &b.jobs {
+        let id = r.id.0 as i64;
+        let rv = r.r.as_ref().map(|v| v.to_string());
+        let output = r.output.as_ref().map(|o| serde_json::to_string(o).unwrap_or_else(|_| "[]".into()));
+        match &r.jobspec {
+            Some(spec) => {
+                new_job.execute(params![id, i64::from(r.userid), r.state.name(), rv, r.status, output])?;
+                jobspec.execute(params![id, &**spec])?;
+            }
+            None => {
+                if update.execute(params![id, r.state.name(), rv, r.status, output])? != 1 {
+                    return Err(CommitError {
+                        why: format!("job {} has no row to update", r.id),
+                        errno: crate::message::errno::EIO,
+                    });
+                }
+            }
+        }
+        // The batch's events of the job in one row: one insert, whatever their number.
+        if !r.events.is_empty() {
+            lines.clear();
+            for (i, e) in r.events.iter().enumerate() {
+                if i > 0 {
+                    lines.push('\n');
+                }
+                lines.push_str(&e.to_line());
+            }
+            event.execute(params![id, r.first_event as i64, lines])?;
+        }
+        write_output_rows(c, r)?;
+    }
+    let mut res = c.prepare_cached("INSERT OR REPLACE INTO resource_events(seq, event) VALUES(?1, ?2)")?;
+    for (i, e) in b.resource_events.iter().enumerate() {
+        res.execute(params![(b.resource_first + i) as i64, e.to_line()])?;
+    }
+    // Purged jobs (jobs/purge.rs) go whole; their id stays below `last_id`, so it is never given again.
+    for id in &b.purged {
+        for table in ["jobs", "jobspecs", "job_events", "job_output"] {
+            c.prepare_cached(&format!("DELETE FROM {table} WHERE id = ?1"))?.execute(params![id.0 as i64])?;
+        }
+    }
+    // The meta rows only when what they say is not in the file already: a page less in the log for most
+    // writes. The highest id given is read back as the larger of `last_id` and the highest job row (`load`), so
+    // a batch that adds the job of the newest id carries it by that row; one that purges jobs (it may remove
+    // that row) writes `last_id`.
+    if write_meta {
+        let mut meta = c.prepare_cached("INSERT OR REPLACE INTO meta(key, value) VALUES(?1, ?2)")?;
+        meta.execute(params!["last_id", b.last_id.0.to_string()])?;
+        let mut epoch = c.prepare_cached("INSERT OR IGNORE INTO meta(key, value) VALUES('epoch', ?1)")?;
+        epoch.execute(params![b.epoch.to_string()])?;
+    }
+    Ok(())
 }
 
 /// Write what changed in the output of job `r` (`job_output`): one row of its new chunks and of the batch
 /// numbers that moved, and, once rank 0 dropped some chunks (past its bound, or to the tail of a job that became
 /// INACTIVE: most jobs never do), the rows wholly before the oldest it holds. Nothing for a job with no new output:
 /// one row, in the job's neighbourhood of one table, is what a write of output costs.
-fn write_output_rows(tx: &rusqlite::Transaction<'_>, r: &JobRecord) -> rusqlite::Result<()> {
+fn write_output_rows(tx: &Connection, r: &JobRecord) -> rusqlite::Result<()> {
     let id = r.id.0 as i64;
     let o = &r.rows;
     if o.trim {
@@ -683,13 +711,36 @@ const RUNNING_OUTPUT_TABLES: &str = "
     CREATE TABLE job_output(id INTEGER NOT NULL, seq INTEGER NOT NULL, upto INTEGER NOT NULL, lines TEXT NOT NULL,
                             batches TEXT, PRIMARY KEY(id, seq, upto)) WITHOUT ROWID;";
 
-/// Bring a store of schema 1 (checked by [`check`]) to [`SCHEMA_VERSION`], in one transaction.
+/// Schema 3: the jobspecs out of `jobs` (a row of `jobs` is rewritten at every change of state, a jobspec is
+/// written once and is kilobytes), into a table of their own.
+const JOB_TABLES: &str = "
+    CREATE TABLE jobs(id INTEGER PRIMARY KEY, userid INTEGER NOT NULL, state TEXT NOT NULL, R TEXT,
+                      status INTEGER, output TEXT);
+    CREATE TABLE jobspecs(id INTEGER PRIMARY KEY, jobspec TEXT NOT NULL);";
+
+/// Bring a store of schema 1 or 2 (checked by [`check`]) to [`SCHEMA_VERSION`], in one transaction: none of
+/// it is changed if any step fails.
 fn upgrade(c: &Connection) -> rusqlite::Result<()> {
     let version: i64 = c.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-    if version == 1 {
-        c.execute_batch(&format!("BEGIN; {RUNNING_OUTPUT_TABLES} PRAGMA user_version = 2; COMMIT;"))?;
+    if version == SCHEMA_VERSION {
+        return Ok(());
     }
-    Ok(())
+    let output = if version == 1 { RUNNING_OUTPUT_TABLES } else { "" };
+    let r = c.execute_batch(&format!(
+        "BEGIN;
+         {output}
+         ALTER TABLE jobs RENAME TO jobs_2;
+         {JOB_TABLES}
+         INSERT INTO jobs(id, userid, state, R, status, output) SELECT id, userid, state, R, status, output FROM jobs_2;
+         INSERT INTO jobspecs(id, jobspec) SELECT id, jobspec FROM jobs_2;
+         DROP TABLE jobs_2;
+         PRAGMA user_version = {SCHEMA_VERSION};
+         COMMIT;"
+    ));
+    if r.is_err() {
+        let _ = c.execute_batch("ROLLBACK");
+    }
+    r
 }
 
 /// A new store's schema.
@@ -700,8 +751,7 @@ fn create(c: &Connection) -> rusqlite::Result<()> {
          PRAGMA user_version = {SCHEMA_VERSION};
          BEGIN;
          CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
-         CREATE TABLE jobs(id INTEGER PRIMARY KEY, userid INTEGER NOT NULL, state TEXT NOT NULL,
-                           jobspec TEXT NOT NULL, R TEXT, status INTEGER, output TEXT);
+         {JOB_TABLES}
          CREATE TABLE job_events(id INTEGER NOT NULL, seq INTEGER NOT NULL, event TEXT NOT NULL,
                                  PRIMARY KEY(id, seq)) WITHOUT ROWID;
          CREATE TABLE resource_events(seq INTEGER PRIMARY KEY, event TEXT NOT NULL);
@@ -719,7 +769,7 @@ fn check(c: &Connection) -> Result<(), String> {
             "not a Vigil state store (SQLite application_id {app:#x}, a Vigil store has {APPLICATION_ID:#x})"
         ));
     }
-    if version != SCHEMA_VERSION && version != 1 {
+    if !(1..=SCHEMA_VERSION).contains(&version) {
         return Err(format!(
             "schema version {version}, but this build reads version {SCHEMA_VERSION} (use the Vigil that wrote it, \
              or move the file away to start afresh)"
@@ -1010,24 +1060,95 @@ mod tests {
         assert!(kept.unwrap().jobs[&JobId(6)] == want.jobs[&JobId(6)], "job 6 as kept in memory");
     }
 
-    /// A store of schema 1 (before running jobs' output was kept) is brought to 2, its jobs as they were.
+    /// A file of an older schema as that schema's Vigil wrote it: job 1 submitted (two events, one row each).
+    fn old_store(dir: &Path, version: i64, b: &Journal) {
+        let c = Connection::open(dir.join(FILE)).unwrap();
+        c.pragma_update(None, "journal_mode", "WAL").unwrap();
+        let output = if version >= 2 { RUNNING_OUTPUT_TABLES } else { "" };
+        c.execute_batch(&format!(
+            "PRAGMA application_id = {APPLICATION_ID};
+             PRAGMA user_version = {version};
+             CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+             CREATE TABLE jobs(id INTEGER PRIMARY KEY, userid INTEGER NOT NULL, state TEXT NOT NULL,
+                               jobspec TEXT NOT NULL, R TEXT, status INTEGER, output TEXT);
+             CREATE TABLE job_events(id INTEGER NOT NULL, seq INTEGER NOT NULL, event TEXT NOT NULL,
+                                     PRIMARY KEY(id, seq)) WITHOUT ROWID;
+             CREATE TABLE resource_events(seq INTEGER PRIMARY KEY, event TEXT NOT NULL);
+             {output}"
+        ))
+        .unwrap();
+        let r = &b.jobs[0];
+        c.execute(
+            "INSERT INTO jobs(id, userid, state, jobspec) VALUES(?1, ?2, ?3, ?4)",
+            params![r.id.0 as i64, r.userid, r.state.name(), r.jobspec.as_deref().unwrap()],
+        )
+        .unwrap();
+        for (i, e) in r.events.iter().enumerate() {
+            c.execute(
+                "INSERT INTO job_events(id, seq, event) VALUES(?1, ?2, ?3)",
+                params![r.id.0 as i64, i as i64, e.to_line()],
+            )
+            .unwrap();
+        }
+        for (k, v) in [("epoch", b.epoch.to_string()), ("last_id", b.last_id.0.to_string())] {
+            c.execute("INSERT INTO meta(key, value) VALUES(?1, ?2)", params![k, v]).unwrap();
+        }
+    }
+
+    /// Stores of schemas 1 and 2 (the jobspec in `jobs`; 1 without running jobs' output) are brought to this
+    /// one, their jobs as they were, and written on as usual.
     #[test]
-    fn a_schema_1_store_is_brought_to_schema_2() {
+    fn older_schemas_are_brought_to_this_one() {
+        for version in [1, 2] {
+            let d = tempfile::tempdir().unwrap();
+            let b = batch(vec![record(1, 0, &["submit", "validate"], true)], 0, 0, 1);
+            old_store(d.path(), version, &b);
+            let mut mem = Kept::default();
+            mem.apply(&b).unwrap();
+            let (mut s, kept) = Store::open(d.path()).unwrap();
+            assert_eq!(kept.as_ref(), Some(&mem), "schema {version}");
+            let v: i64 = s.conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+            assert_eq!(v, SCHEMA_VERSION);
+            let cols: Vec<String> = s
+                .conn
+                .prepare("SELECT name FROM pragma_table_info('jobs')")
+                .unwrap()
+                .query_map([], |r| r.get(0))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            assert!(!cols.contains(&"jobspec".to_string()), "{cols:?}");
+            let mut r = record(1, 2, &["depend", "alloc"], false);
+            r.rows.new = vec![crate::shellproto::OutputLine::text(0, "stdout", "hi".into())];
+            let b2 = batch(vec![r, record(2, 0, &["submit"], true)], 0, 0, 2);
+            s.commit(&b2).unwrap();
+            mem.apply(&b2).unwrap();
+            drop(s);
+            let (_, kept) = Store::open(d.path()).unwrap();
+            assert_eq!(kept.as_ref(), Some(&mem), "schema {version}, written on");
+        }
+    }
+
+    /// A job's events of one write are one row; rows of one event (older stores) and of several read alike.
+    #[test]
+    fn the_events_of_one_write_are_one_row() {
         let d = tempfile::tempdir().unwrap();
         let (mut s, _) = Store::open(d.path()).unwrap();
-        let b = batch(vec![record(1, 0, &["submit"], true)], 0, 1, 1);
-        s.commit(&b).unwrap();
-        s.conn.execute_batch("DROP TABLE job_output; PRAGMA user_version = 1;").unwrap();
-        drop(s);
-        let (mut s, kept) = Store::open(d.path()).unwrap();
         let mut mem = Kept::default();
-        mem.apply(&b).unwrap();
+        for b in [
+            batch(vec![record(7, 0, &["submit", "validate", "depend", "priority"], true)], 0, 0, 7),
+            batch(vec![record(7, 4, &["alloc"], false)], 0, 0, 7),
+            batch(vec![record(7, 5, &["start", "finish", "release"], false)], 0, 0, 7),
+        ] {
+            s.commit(&b).unwrap();
+            mem.apply(&b).unwrap();
+        }
+        let rows: i64 = s.conn.query_row("SELECT COUNT(*) FROM job_events", [], |r| r.get(0)).unwrap();
+        assert_eq!(rows, 3);
+        drop(s);
+        let (_, kept) = Store::open(d.path()).unwrap();
         assert_eq!(kept.as_ref(), Some(&mem));
-        let v: i64 = s.conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
-        assert_eq!(v, SCHEMA_VERSION);
-        let mut r = record(1, 1, &["alloc"], false);
-        r.rows.new = vec![crate::shellproto::OutputLine::text(0, "stdout", "hi".into())];
-        s.commit(&batch(vec![r], 1, 0, 1)).unwrap();
+        assert_eq!(mem.jobs[&JobId(7)].eventlog.len(), 8);
     }
 
     #[test]
