@@ -528,6 +528,9 @@ fn statedir_line(s: &Value) -> String {
         Some(state) => {
             let n = s["restarts"].as_u64().unwrap_or(0);
             let mut l = format!("state directory: {path}, {n} restart(s)");
+            if let (Some(w), Some(f)) = (s["writes"].as_u64(), s["syncs"].as_u64()) {
+                l.push_str(&format!(", {w} write(s) and {f} fsync(s) since this rank 0 started"));
+            }
             if state == "failing" {
                 l.push_str(&format!("; FAILING: {why}; submissions refused until it can commit again"));
             }

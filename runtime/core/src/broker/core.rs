@@ -100,6 +100,15 @@ pub struct PmiBarrier {
 /// How long a broker waits for its children to leave during shutdown.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
+/// How long shells' exit reports may wait for the fsync that acknowledges them when no submission waits for one
+/// ([`Broker::sync_wanted`]): 20 ms. Nothing waits on that acknowledgement (the reporting broker keeps the
+/// report until then, and the job finished when rank 0 took the report), so reports are grouped: at most 50
+/// fsyncs a second for them however many jobs end, instead of about one per job ending (measured: 0.9 per job
+/// in a flood of `true` jobs, each fsync ~0.1 ms of CPU). A `kill -9` of rank 0 loses nothing by it (the report
+/// is written before); a power cut of rank 0's node meanwhile may lose the last 20 ms of exit statuses, which
+/// their brokers still hold and send again to the restarted rank 0.
+pub const EXIT_REPORT_SYNC_DELAY: Duration = Duration::from_millis(20);
+
 /// What a broker's stop means for the brokers below it ([`Broker::begin_shutdown_for`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stop {
@@ -416,8 +425,15 @@ pub struct Broker {
     /// Requests written but not yet known to be on disk: the number of the write that holds each (see
     /// [`Input::Synced`]), the request and what it is answered, in write order.
     pub awaiting_sync: VecDeque<(u64, Message, Held)>,
+    /// When each write whose requests are in [`Broker::awaiting_sync`] was stored (its number, the time), in
+    /// order: an exit report waits at most [`EXIT_REPORT_SYNC_DELAY`] from then.
+    sync_owed_since: VecDeque<(u64, Time)>,
+    /// Submissions among [`Broker::awaiting_sync`]: while there is one, an fsync is wanted at once.
+    submissions_unsynced: usize,
     /// Successful writes of the journal so far ([`Input::Stored`] with `Ok`): the number of the latest.
     pub writes: u64,
+    /// Successful fsyncs of the store so far ([`Input::Synced`] with `Ok`), for `vigil uptime`.
+    pub syncs: u64,
     /// The last failure of the store was an fsync's ([`Input::Synced`]): only a successful fsync, not a mere
     /// write, shows the store works again.
     sync_failed: bool,
@@ -484,9 +500,12 @@ impl Broker {
             statedir: StateDir::None,
             awaiting_durable: Vec::new(),
             awaiting_sync: VecDeque::new(),
+            sync_owed_since: VecDeque::new(),
+            submissions_unsynced: 0,
             cut_held: None,
             cut_mark: None,
             writes: 0,
+            syncs: 0,
             sync_failed: false,
             out: VecDeque::new(),
         }
@@ -580,11 +599,24 @@ impl Broker {
         }
     }
 
-    /// The write an fsync must cover for held submissions to be answered ([`Input::Synced`]): the latest write
-    /// that holds any, `None` when none waits. The driver starts one fsync at a time; what is written while it
-    /// runs waits for the next one, which covers it all (group commit).
+    /// The write an fsync must cover for held requests to be answered ([`Input::Synced`]): the latest write that
+    /// holds any, `None` when none waits or none needs it yet. A submission wants one at once; shells' exit
+    /// reports alone once the oldest has waited [`EXIT_REPORT_SYNC_DELAY`] (then [`Broker::next_deadline`]
+    /// says when). The driver starts one fsync at a time; what is written while it runs waits for the next one,
+    /// which covers it all (group commit).
     pub fn sync_wanted(&self) -> Option<u64> {
-        self.awaiting_sync.back().map(|(seq, ..)| *seq)
+        let last = self.awaiting_sync.back().map(|(seq, ..)| *seq)?;
+        if self.submissions_unsynced > 0 || self.exit_sync_due().is_none_or(|due| due <= self.now) {
+            Some(last)
+        } else {
+            None
+        }
+    }
+
+    /// When the exit reports among the requests waiting for an fsync (if any) want one: the oldest write's time
+    /// plus [`EXIT_REPORT_SYNC_DELAY`].
+    fn exit_sync_due(&self) -> Option<Time> {
+        self.sync_owed_since.front().map(|(_, at)| *at + EXIT_REPORT_SYNC_DELAY)
     }
 
     /// [`Input::Stored`]: hold the submissions of this write until it is on disk (answer them now if it is),
@@ -607,6 +639,10 @@ impl Broker {
                 }
                 self.writes += 1;
                 let seq = self.writes;
+                if !held.is_empty() {
+                    self.sync_owed_since.push_back((seq, self.now));
+                }
+                self.submissions_unsynced += held.iter().filter(|(_, h)| matches!(h, Held::Submission(_))).count();
                 self.awaiting_sync.extend(held.into_iter().map(|(req, answer)| (seq, req, answer)));
                 if durable {
                     // An fsync of the log covers every write before it.
@@ -623,8 +659,13 @@ impl Broker {
     fn on_synced(&mut self, upto: u64, result: Result<(), super::store::CommitError>) {
         let n = self.awaiting_sync.iter().take_while(|(seq, ..)| *seq <= upto).count();
         let covered: Vec<(Message, Held)> = self.awaiting_sync.drain(..n).map(|(_, req, held)| (req, held)).collect();
+        self.submissions_unsynced -= covered.iter().filter(|(_, h)| matches!(h, Held::Submission(_))).count();
+        while self.sync_owed_since.front().is_some_and(|(seq, _)| *seq <= upto) {
+            self.sync_owed_since.pop_front();
+        }
         match result {
             Ok(()) => {
+                self.syncs += 1;
                 self.sync_failed = false;
                 self.store_works();
                 for (req, held) in covered {
@@ -882,6 +923,11 @@ impl Broker {
             earliest(d);
         }
         if let Some(d) = self.rank0_deadline() {
+            earliest(d);
+        }
+        // Exit reports' fsync, when it is still to come (once due, the driver starts it at the end of the turn,
+        // or at the end of the one under way).
+        if let Some(d) = self.exit_sync_due().filter(|d| *d > self.now) {
             earliest(d);
         }
         t

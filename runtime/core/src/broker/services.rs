@@ -487,13 +487,15 @@ fn info(core: &Broker) -> Value {
 }
 
 /// Rank 0's state directory for `broker.info`: `null` without one, else `{path, state: ok|failing|damaged,
-/// restarts, why}`.
+/// restarts, why, writes, syncs}` (`writes`: transactions written since this rank 0 started, `syncs`: fsyncs;
+/// each covers every write before it).
 fn statedir(core: &Broker) -> Value {
     use super::core::StateDir;
     match &core.statedir {
         StateDir::None => Value::Null,
         StateDir::Open { dir, restarts, failing } => json!({"path": dir.display().to_string(),
-            "state": if failing.is_some() { "failing" } else { "ok" }, "restarts": restarts, "why": failing}),
+            "state": if failing.is_some() { "failing" } else { "ok" }, "restarts": restarts, "why": failing,
+            "writes": core.writes, "syncs": core.syncs}),
         StateDir::Damaged { dir, why } => json!({"path": dir.display().to_string(), "state": "damaged",
             "restarts": Value::Null, "why": why}),
     }

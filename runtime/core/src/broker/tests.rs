@@ -936,12 +936,48 @@ fn a_shell_exit_report_is_acknowledged_only_once_durable() {
     let batch = b.journal().expect("the report still waits for a write");
     b.handle(t(0.3), Input::Stored { batch: batch.map(Box::new), result: Ok(()), durable: false });
     assert!(responses(&effects(&mut b), Peer::Local(5)).is_empty(), "acknowledged before its fsync");
-    let upto = b.sync_wanted().expect("an fsync wanted");
+    // Reports alone wait a while for their fsync, so that the reports of many jobs share one: the broker says
+    // when it is due.
+    assert_eq!(b.sync_wanted(), None, "an fsync at once for an exit report alone");
+    let due = t(0.3) + super::core::EXIT_REPORT_SYNC_DELAY;
+    assert!(b.next_deadline().is_some_and(|d| d <= due), "{:?}", b.next_deadline());
+    b.handle(due, Input::Timer);
+    let upto = b.sync_wanted().expect("an fsync wanted once due");
+    assert!(b.next_deadline().is_none_or(|d| d > due), "the due fsync is no deadline any more");
     b.handle(t(0.4), Input::Synced { upto, result: Ok(()) });
     let r = responses(&effects(&mut b), Peer::Local(5)).into_iter().cloned().collect::<Vec<_>>();
     assert_eq!(r.len(), 1);
     assert_eq!(r[0].errnum, 0, "{:?}", r[0].errstr());
     assert!(b.journal().is_none() && b.sync_wanted().is_none(), "nothing left waiting");
+}
+
+/// Exit reports waiting for their (delayed) fsync do not delay a submission's: one arriving meanwhile wants an
+/// fsync at once, and that one answers both.
+#[test]
+fn a_submission_does_not_wait_for_the_exit_reports_delay() {
+    use super::core::StateDir;
+    let spec: Value =
+        serde_json::from_str(&crate::jobspec::JobspecBuilder::new(["true"]).build().expect("jobspec").to_json())
+            .expect("json");
+    let mut b = root_with_client();
+    b.restore(StateDir::Open { dir: "/state".into(), restarts: 0, failing: None }, None);
+    let report = json!({"id": 77, "rank": 0, "report": null, "shell_status": 0});
+    assert!(ask(&mut b, "job-exec.shell-exit", report, 0).is_empty());
+    let batch = b.journal().expect("the report waits for a write");
+    b.handle(t(0.2), Input::Stored { batch: batch.map(Box::new), result: Ok(()), durable: false });
+    assert_eq!(b.sync_wanted(), None, "the report alone waits");
+    let mut m = Message::request("job-manager.submit", 0, &json!({ "jobspec": spec }));
+    m.matchtag = 9;
+    b.handle(t(0.201), Input::Message(Peer::Local(5), 0, m));
+    let batch = b.journal().expect("the submission waits for a write");
+    b.handle(t(0.201), Input::Stored { batch: batch.map(Box::new), result: Ok(()), durable: false });
+    let upto = b.sync_wanted().expect("a submission wants its fsync at once");
+    b.handle(t(0.203), Input::Synced { upto, result: Ok(()) });
+    let r: Vec<(u32, u32)> =
+        responses(&effects(&mut b), Peer::Local(5)).into_iter().map(|m| (m.matchtag, m.errnum)).collect();
+    assert_eq!(r.len(), 2, "the report and the submission, both answered by one fsync: {r:?}");
+    assert!(r.iter().all(|(_, e)| *e == 0) && r.iter().any(|(tag, _)| *tag == 9), "{r:?}");
+    assert!(b.sync_wanted().is_none() && b.next_deadline().is_none_or(|d| d > t(10.0)), "nothing owed");
 }
 
 /// Rank `rank` of the 7-broker tree with `tbon.parent_grace=60s`, its parent link up and joined.
