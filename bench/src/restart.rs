@@ -401,6 +401,7 @@ fn fill_store(statedir: &Path, target: usize) -> Result<(usize, f64), String> {
                 jobspec: Some(template.jobspec.to_string().into()),
                 first_event: 0,
                 events,
+                row: true,
                 r: template.r.clone(),
                 status: template.status,
                 output: Some(template.output.clone()),
@@ -419,6 +420,7 @@ fn fill_store(statedir: &Path, target: usize) -> Result<(usize, f64), String> {
             last_id,
             epoch: kept.epoch,
             purged: Vec::new(),
+            ranks: Vec::new(),
             tick: 0,
         };
         store.commit(&b).map_err(|e| format!("commit: {e}"))?;

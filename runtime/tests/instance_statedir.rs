@@ -653,6 +653,55 @@ fn a_rank_lost_before_a_restart_of_rank_0_stays_lost_with_its_reason() {
     inst.stop_cleanly(brokers);
 }
 
+/// A rank whose broker died while rank 0 was down (so not recorded lost) is known to the restarted rank 0 from
+/// its state directory: `resource list` counts its core as down (it counted none), a 3-node submission is
+/// accepted (it was refused as needing more nodes than the instance has) and waits, first for the ranks expected
+/// back (`waiting for rank(s) 2`), then, past that wait, for resources; once rank 2 is back it runs and completes.
+#[test]
+fn a_rank_not_back_after_a_restart_of_rank_0_is_known_and_waited_for() {
+    let inst = SystemInstance::new(3, true);
+    let mut brokers = inst.start_all(&[]);
+    let r0 = brokers.remove(0);
+    kill9(r0.pid());
+    r0.wait(Duration::from_secs(10));
+    let r2 = brokers.remove(1);
+    kill9(r2.pid());
+    r2.wait(Duration::from_secs(10));
+    let r0 = inst.broker(0, &[]);
+    assert!(
+        wait_for(Duration::from_secs(30), || {
+            let o = inst.client(&["resource", "status", "--json"]);
+            o.code == 0 && o.json()["ranks"][1]["state"] == "avail"
+        }),
+        "rank 1 did not rejoin"
+    );
+    let list = inst.client(&["resource", "list"]);
+    let down = list.stdout.lines().find(|l| l.split_whitespace().next() == Some("down")).unwrap_or("").to_string();
+    assert_eq!(down.split_whitespace().take(3).collect::<Vec<_>>(), ["down", "1", "1"], "{}", list.dump());
+    let o = inst.client(&["submit", "-N3", "-n3", "true"]);
+    o.ok();
+    let id = o.stdout.trim().to_string();
+    let reason = || inst.jobs()[&id]["reason_pending"].as_str().unwrap_or("").to_string();
+    let first = reason();
+    assert!(first.contains("waiting for rank(s) 2 to come back"), "{first}");
+    assert!(
+        wait_for(Duration::from_secs(30), || !reason().contains("waiting for rank(s)")),
+        "still waiting for rank 2 past the hold: {}",
+        reason()
+    );
+    assert_eq!(inst.jobs()[&id]["state"], "SCHED", "{}", reason());
+    let r2 = inst.broker(2, &[]);
+    assert!(
+        wait_for(Duration::from_secs(30), || inst.jobs()[&id]["state"] == "INACTIVE"),
+        "the job did not run once rank 2 was back: {:?}",
+        inst.jobs()[&id]
+    );
+    assert_eq!(inst.jobs()[&id]["result"], "COMPLETED", "{:?}", inst.jobs()[&id]);
+    brokers.insert(0, r0);
+    brokers.push(r2);
+    inst.stop_cleanly(brokers);
+}
+
 /// `vigil shutdown` of a system instance with a state directory while a 2-node job runs: the job ends with its
 /// `shutdown` exception and is kept INACTIVE, so the next start lists it so, neither re-attached nor judged to
 /// have lost its nodes, and its TIME is how long it ran (found by a fresh-user trial: it was left in CLEANUP).

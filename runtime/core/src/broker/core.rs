@@ -1056,7 +1056,7 @@ impl Broker {
             return;
         }
         let Some(jc) = &self.jobcore else { return };
-        if (jc.pool.ranks.len() as u32) < self.opts.size {
+        if (jc.ranks_joined() as u32) < self.opts.size {
             return;
         }
         self.initial_started = true;

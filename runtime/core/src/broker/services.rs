@@ -742,7 +742,9 @@ fn resource(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                     Some(p) if !p.up => {
                         let m = core.members.get(&r).cloned();
                         let st = if m.as_ref().is_some_and(|m| m.0 == MemberState::Lost) { "lost" } else { "down" };
-                        (st, m.as_ref().map(|m| m.1.clone()).unwrap_or_default(), m.map(|m| m.2))
+                        // Known from the state directory, not joined since: as one never seen since the restart.
+                        let why = m.as_ref().map_or_else(|| not_joined.to_string(), |m| m.1.clone());
+                        (st, why, m.map(|m| m.2))
                     }
                     Some(p) if p.torpid => (
                         "torpid",
@@ -866,7 +868,7 @@ fn jobs(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                 Err(e) => {
                     // Brokers still to join (the instance is starting, or rank 0 restarted and they are
                     // rejoining it) may be what the request needs: try again, rather than never.
-                    let joined = jc.pool.ranks.len();
+                    let joined = jc.ranks_joined();
                     let waiting = joined < size as usize
                         && match &e {
                             crate::jobs::SubmitError::Unsatisfiable(crate::jobs::sched::Unsatisfiable::Nodes {

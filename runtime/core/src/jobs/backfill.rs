@@ -111,6 +111,11 @@ impl JobCore {
     /// A full pass over the pending jobs (the rules of this file's doc): called whenever resources were freed or
     /// changed.
     pub(super) fn schedule(&mut self, now: f64) {
+        if self.awaiting_ranks() {
+            // After a restart, until the ranks that were up are back (journal.rs, REJOIN_HOLD).
+            self.sched_dirty = true;
+            return;
+        }
         self.reservation = None;
         self.beside = None;
         self.sched_dirty = false;
@@ -140,7 +145,8 @@ impl JobCore {
     /// Job `id` was just submitted (it is last in the queue): when nothing changed since the last full pass and
     /// that pass saw every pending job, the new job alone needs a look; otherwise a full pass.
     pub(super) fn schedule_submitted(&mut self, now: f64, id: JobId) {
-        if self.stopped.is_some() {
+        if self.stopped.is_some() || self.awaiting_ranks() {
+            self.sched_dirty = true;
             return;
         }
         if self.sched_dirty {
@@ -299,6 +305,18 @@ impl JobCore {
         Some(Reservation { id, start, plan })
     }
 
+    /// Ranks that joined since this rank 0 started (the pool also holds, down, those known from the state
+    /// directory that have not joined again: `journal.rs`).
+    pub fn ranks_joined(&self) -> usize {
+        self.pool.ranks.len() - self.saved.ranks_restored.len()
+    }
+
+    /// Whether scheduling waits for ranks expected back after a restart of rank 0 (`journal.rs`,
+    /// [`super::journal::REJOIN_HOLD`]).
+    pub fn awaiting_ranks(&self) -> bool {
+        !self.saved.ranks_expected.is_empty()
+    }
+
     /// The reservation the last pass made, if a job waits for one.
     pub fn reservation(&self) -> Option<&Reservation> {
         self.reservation.as_ref()
@@ -316,6 +334,13 @@ impl JobCore {
         let job = self.jobs.get(&id).filter(|j| j.state == JobState::Sched)?;
         if let Some(why) = &self.stopped {
             return Some(format!("scheduling stopped: {why}"));
+        }
+        if self.awaiting_ranks() {
+            let ranks: crate::idset::IdSet = self.saved.ranks_expected.iter().copied().collect();
+            return Some(format!(
+                "waiting for rank(s) {ranks} to come back after rank 0 restarted (at most {} s)",
+                super::journal::REJOIN_HOLD
+            ));
         }
         Some(match &self.reservation {
             Some(r) if id > r.id => match self.config.policy {

@@ -61,6 +61,8 @@ pub struct Journal {
     pub epoch: f64,
     /// INACTIVE jobs purged (`purge.rs`): their records go, after the upserts of this batch.
     pub purged: Vec<JobId>,
+    /// Ranks whose node (hostname, cores, GPUs) joined for the first time or changed since the last saved batch.
+    pub ranks: Vec<(u32, KeptRank)>,
     /// The job core's change count when the batch was taken: a job changed after that stays in the journal
     /// when this batch is saved ([`JobCore::journal_saved`]).
     pub tick: u64,
@@ -82,7 +84,11 @@ pub struct JobRecord {
     pub first_event: usize,
     /// Eventlog entries appended since the job's last saved batch.
     pub events: Vec<std::sync::Arc<Event>>,
-    /// R (RFC 20) of its current allocation, if it has one.
+    /// Whether its state, R and status are written (its first record, or they changed since the last saved
+    /// one: R changes only at an `alloc` event, or with the state); without, `r` is `None` and the three are
+    /// left as kept.
+    pub row: bool,
+    /// R (RFC 20) of its current allocation, if it has one (with `row`).
     pub r: Option<Value>,
     /// Its finish status (the largest task wait status), once known.
     pub status: Option<i32>,
@@ -113,6 +119,18 @@ pub struct OutputRows {
     pub trim: bool,
 }
 
+/// A rank's node as it last joined: what a restarted rank 0 knows of it until it joins again (its resources
+/// count in the instance, down; a submission that needs them is not refused meanwhile).
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeptRank {
+    /// The hostname its broker reported.
+    pub hostname: String,
+    /// Its cores (hwloc logical indexes).
+    pub cores: IdSet,
+    /// Its GPUs.
+    pub gpus: IdSet,
+}
+
 /// Everything a state directory kept, read back at start-up for [`JobCore::restore`].
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Kept {
@@ -124,6 +142,8 @@ pub struct Kept {
     pub jobs: BTreeMap<JobId, KeptJob>,
     /// The RFC 44 resource eventlog.
     pub resource_eventlog: Vec<Event>,
+    /// Every rank that ever joined, as it last joined.
+    pub ranks: BTreeMap<u32, KeptRank>,
 }
 
 /// One job as kept.
@@ -250,9 +270,11 @@ impl Kept {
                 .or_insert_with(|| KeptJob::new(r.userid, parse_jobspec(r.jobspec.as_deref()), r.state));
             k.eventlog.truncate(r.first_event);
             k.eventlog.extend(r.events.iter().map(|e| Event::clone(e)));
-            k.state = r.state;
-            k.r = r.r.clone();
-            k.status = r.status;
+            if r.row {
+                k.state = r.state;
+                k.r = r.r.clone();
+                k.status = r.status;
+            }
             if let Some(o) = &r.output {
                 k.output = o.clone();
                 k.output_base = 0;
@@ -272,6 +294,7 @@ impl Kept {
         self.resource_eventlog.truncate(b.resource_first);
         self.resource_eventlog.extend(b.resource_events.iter().cloned());
         self.last_id = self.last_id.max(b.last_id);
+        self.ranks.extend(b.ranks.iter().cloned());
         for id in &b.purged {
             self.jobs.remove(id);
         }
@@ -288,6 +311,27 @@ pub(super) struct Marks {
     last_id: JobId,
     /// Ranks drained when rank 0 last stopped, with the reason and when: drained again as they join.
     pub(super) drains: BTreeMap<u32, (String, f64)>,
+    /// Ranks whose node is to be written ([`Journal::ranks`]).
+    pub(super) ranks_dirty: std::collections::BTreeSet<u32>,
+    /// Ranks known from the store that have not joined since this rank 0 started: their first join is a new
+    /// one for the jobs re-attached there (`reattach.rs`).
+    pub(super) ranks_restored: std::collections::BTreeSet<u32>,
+    /// Of those, the ranks that were up when rank 0 stopped (not recorded down): nothing is scheduled until they
+    /// are back, or until [`Marks::rejoin_until`] ([`REJOIN_HOLD`]).
+    pub(super) ranks_expected: std::collections::BTreeSet<u32>,
+    /// When scheduling goes on without the ranks still expected (s since the epoch).
+    pub(super) rejoin_until: f64,
+}
+
+/// How long a restarted rank 0 waits for the ranks that were up when it stopped before it schedules without
+/// them: 10 s. They reconnect within a second or two (every second, `RANK0_RETRY`); scheduling meanwhile
+/// would place the queue on whichever ranks came back first, out of order (a later 1-node job before an
+/// earlier 3-node one) and on a partial instance. A rank lost meanwhile holds it up no longer than this.
+pub const REJOIN_HOLD: f64 = 10.0;
+
+/// A rank's node as the journal keeps it.
+fn kept_rank(p: &super::sched::RankPool) -> KeptRank {
+    KeptRank { hostname: p.hostname.clone(), cores: p.cores.clone(), gpus: p.gpus.clone() }
 }
 
 /// A jobspec's JSON text as kept, parsed (`Null` if absent or not JSON: the restore then refuses it by name).
@@ -345,6 +389,7 @@ impl JobCore {
         for id in ids {
             self.actions.mark(id);
         }
+        self.saved.ranks_dirty.extend(self.pool.ranks.keys().copied());
     }
 
     /// Whether a journal is kept.
@@ -377,14 +422,17 @@ impl JobCore {
                 // carried: a write of new chunks then carries every shell's.
                 let all = running && j.output_base > 0 && !new.is_empty();
                 let trim = j.output_base > 0 && (!new.is_empty() || ending);
+                let events = &j.eventlog[j.saved_events.min(j.eventlog.len())..];
+                let row = j.saved_row != Some((j.state, j.status)) || events.iter().any(|e| e.name == "alloc");
                 JobRecord {
                     id: j.id,
                     userid: j.userid,
                     state: j.state,
                     jobspec: (j.saved_events == 0).then(|| j.jobspec_text.clone()),
                     first_event: j.saved_events,
-                    events: j.eventlog[j.saved_events.min(j.eventlog.len())..].to_vec(),
-                    r: j.r.as_ref().and_then(|r| serde_json::to_value(r).ok()),
+                    events: events.to_vec(),
+                    row,
+                    r: if row { j.r.as_ref().and_then(|r| serde_json::to_value(r).ok()) } else { None },
                     status: j.status,
                     output: None,
                     rows: OutputRows {
@@ -404,6 +452,12 @@ impl JobCore {
             last_id,
             epoch: self.epoch,
             purged: self.purged.clone(),
+            ranks: self
+                .saved
+                .ranks_dirty
+                .iter()
+                .filter_map(|r| self.pool.ranks.get(r).map(|p| (*r, kept_rank(p))))
+                .collect(),
             tick: self.actions.tick,
         })
     }
@@ -421,6 +475,7 @@ impl JobCore {
                 || !self.purged.is_empty()
                 || self.saved.resource != self.resource_eventlog.len()
                 || self.saved.last_id != self.last_id()
+                || !self.saved.ranks_dirty.is_empty()
         })
     }
 
@@ -431,6 +486,9 @@ impl JobCore {
         for r in &b.jobs {
             if let Some(j) = self.jobs.get_mut(&r.id) {
                 j.saved_events = r.first_event + r.events.len();
+                if r.row {
+                    j.saved_row = Some((r.state, r.status));
+                }
                 j.saved_output |= r.state == JobState::Inactive;
                 j.saved_chunks = j.saved_chunks.max(r.rows.first + r.rows.new.len());
                 j.saved_marks.extend(r.rows.batches.iter().copied());
@@ -444,6 +502,12 @@ impl JobCore {
         }
         self.saved.resource = b.resource_first + b.resource_events.len();
         self.saved.last_id = b.last_id;
+        for (r, k) in &b.ranks {
+            // Changed again since the batch was taken: kept for the next one.
+            if self.pool.ranks.get(r).is_none_or(|p| kept_rank(p) == *k) {
+                self.saved.ranks_dirty.remove(r);
+            }
+        }
         // Purges are only ever appended: the batch held the first ones.
         self.purged.drain(..b.purged.len().min(self.purged.len()));
     }
@@ -483,12 +547,35 @@ impl JobCore {
                 _ => {}
             }
         }
+        // Every rank that ever joined counts again, down until it joins (with the drain it had, if any): a
+        // submission that needs it is not refused meanwhile, and `vigil resource list` counts its cores. Those
+        // that were up are expected back: the queue waits for them (REJOIN_HOLD).
+        let down = down_ranks(&kept.resource_eventlog);
+        for (rank, k) in kept.ranks {
+            if self.pool.ranks.contains_key(&rank) {
+                continue;
+            }
+            self.pool.add_rank(rank, &k.hostname, k.cores, k.gpus);
+            if let Some(p) = self.pool.ranks.get_mut(&rank) {
+                p.up = false;
+                if let Some((reason, at)) = self.saved.drains.remove(&rank) {
+                    (p.drained, p.drained_at) = (Some(reason), Some(at));
+                }
+            }
+            self.saved.ranks_restored.insert(rank);
+            if !down.contains_key(&rank) {
+                self.saved.ranks_expected.insert(rank);
+            }
+        }
+        self.saved.rejoin_until = now + REJOIN_HOLD;
         self.resource_eventlog = kept.resource_eventlog;
         self.saved.resource = self.resource_eventlog.len();
         self.resource_eventlog.push(Event::with_time(now, "restart", json!({"online": ""})));
         for (id, k) in kept.jobs {
             let (output, output_base, batches) = (k.output, k.output_base, k.batches);
+            let kept_row = (k.state, k.status);
             let mut job = self.replay(id, k.userid, k.jobspec, k.eventlog, &mut out);
+            job.saved_row = Some(kept_row);
             if job.state != JobState::Inactive {
                 // The output kept while it ran (a requeued job's earlier runs too): it goes on after it.
                 for l in output.iter().cloned() {
@@ -716,6 +803,108 @@ mod tests {
             c.rank_online(t, rank, &format!("node{rank}"), (0..2).collect(), IdSet::new(), ("live".into(), None));
         }
         (c, r)
+    }
+
+    /// A restarted rank 0 knows every rank that ever joined, down until it joins again: a submission that needs
+    /// them is accepted and waits (it was refused as needing more nodes than the instance has), and the job runs
+    /// once they are back. A rank that comes back as it was is not written again; one with another node is.
+    #[test]
+    fn ranks_that_joined_before_a_restart_count_down_until_they_are_back() {
+        let mut c = core(3, 2, 0);
+        c.enable_journal();
+        let mut kept = Kept::default();
+        save(&mut c, &mut kept);
+        assert_eq!(kept.ranks.keys().copied().collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(kept.ranks[&2], KeptRank { hostname: "node2".into(), cores: (0..2).collect(), gpus: IdSet::new() });
+        let mut c2 = JobCore::new(T0 + 10.0);
+        c2.restore(T0 + 10.0, kept.clone());
+        assert!(c2.pool.ranks.len() == 3 && c2.pool.ranks.values().all(|p| !p.up), "known, down");
+        let id =
+            c2.submit(T0 + 11.0, &spec(cmd().nnodes(3).ntasks(3)), 1000).expect("accepted while its ranks are away");
+        assert!(spawns(&actions(&mut c2)).is_empty(), "nothing runs on ranks not back");
+        for rank in 0..3 {
+            c2.rank_online(
+                T0 + 12.0,
+                rank,
+                &format!("node{rank}"),
+                (0..2).collect(),
+                IdSet::new(),
+                ("live".into(), None),
+            );
+        }
+        let started: Vec<(JobId, u32)> = spawns(&actions(&mut c2)).into_iter().map(|s| (s.0, s.1)).collect();
+        assert_eq!(started, [(id, 0), (id, 1), (id, 2)], "one shell on each rank, once they are back");
+        assert!(c2.journal().expect("the job's events").ranks.is_empty(), "ranks back as they were: not written");
+        save(&mut c2, &mut kept);
+        c2.rank_online(T0 + 13.0, 1, "node1", (0..4).collect(), IdSet::new(), ("live".into(), None));
+        let b = c2.journal().expect("a batch");
+        assert_eq!(b.ranks.iter().map(|(r, k)| (*r, k.cores.len())).collect::<Vec<_>>(), [(1, 4)]);
+    }
+
+    /// After a restart the queue waits for the ranks that were up (not for those recorded down): a later 1-node
+    /// job does not start on the first rank back ahead of an earlier 3-node one; once they are all back the
+    /// queue goes in order. A rank that does not come back holds it up for [`REJOIN_HOLD`] at most.
+    #[test]
+    fn the_queue_waits_for_the_ranks_expected_back_after_a_restart() {
+        let mut c = core(4, 2, 0);
+        c.enable_journal();
+        c.ranks_down(T0 + 1.0, &IdSet::parse("3").unwrap(), "lost", "3 probes missed");
+        let mut kept = Kept::default();
+        save(&mut c, &mut kept);
+        let online = |c: &mut JobCore, t: f64, rank: u32| {
+            c.rank_online(t, rank, &format!("node{rank}"), (0..2).collect(), IdSet::new(), ("live".into(), None))
+        };
+        for back_at in [Some(T0 + 12.0), None] {
+            let mut c2 = JobCore::new(T0 + 10.0);
+            c2.restore(T0 + 10.0, kept.clone());
+            let big = c2.submit(T0 + 10.5, &spec(cmd().nnodes(3).ntasks(3)), 1000).unwrap();
+            let small = c2.submit(T0 + 10.6, &spec(cmd().nnodes(1).ntasks(1)), 1000).unwrap();
+            online(&mut c2, T0 + 11.0, 0);
+            online(&mut c2, T0 + 11.0, 1);
+            assert!(spawns(&actions(&mut c2)).is_empty(), "started on the first ranks back");
+            let why = c2.pending_reason(small).unwrap_or_default();
+            assert!(why.contains("waiting for rank(s) 2 to come back"), "{why}");
+            match back_at {
+                Some(t) => {
+                    online(&mut c2, t, 2);
+                    let order: Vec<JobId> = spawns(&actions(&mut c2)).into_iter().map(|s| s.0).collect();
+                    assert_eq!(order.first(), Some(&big), "in order: {order:?}");
+                    assert!(order.contains(&small));
+                }
+                None => {
+                    // Rank 3 was lost before the restart: not waited for. Rank 2 never comes back.
+                    let due = c2.next_deadline().expect("the hold's end");
+                    assert!((due - (T0 + 10.0 + REJOIN_HOLD)).abs() < 1e-6, "{due}");
+                    c2.handle_timeout(due);
+                    let started: Vec<JobId> = spawns(&actions(&mut c2)).into_iter().map(|s| s.0).collect();
+                    assert_eq!(started, [small], "the 3-node job cannot fit the 2 ranks back; the other runs");
+                }
+            }
+        }
+    }
+
+    /// A job re-attached after a restart holds its resources on a rank known from the store once that rank is
+    /// back, as on a rank that had not joined at all: nothing else is placed on them meanwhile.
+    #[test]
+    fn a_reattached_jobs_resources_are_held_on_a_rank_known_from_the_store() {
+        let mut c = core(2, 1, 0);
+        c.enable_journal();
+        let mut kept = Kept::default();
+        let long = c.submit(T0 + 1.0, &spec(cmd().nnodes(1).ntasks(1)), 1000).unwrap();
+        let (_, rank, _) = spawns(&actions(&mut c))[0];
+        c.shell_spawned(T0 + 1.5, long, rank, Ok(()));
+        save(&mut c, &mut kept);
+        let mut c2 = JobCore::new(T0 + 10.0);
+        c2.reattach_grace = 60.0;
+        let r = c2.restore(T0 + 10.0, kept.clone());
+        assert_eq!(r.reattached, [long]);
+        for rr in 0..2 {
+            c2.rank_online(T0 + 11.0, rr, &format!("node{rr}"), (0..1).collect(), IdSet::new(), ("live".into(), None));
+        }
+        assert_eq!(c2.pool.ranks[&rank].alloc_cores.len(), 1, "its core is held again");
+        let other = c2.submit(T0 + 12.0, &spec(cmd().nnodes(1).ntasks(1)), 1000).unwrap();
+        let placed: Vec<(JobId, u32)> = spawns(&actions(&mut c2)).into_iter().map(|s| (s.0, s.1)).collect();
+        assert_eq!(placed, [(other, 1 - rank)], "placed on the other rank, not on the held core");
     }
 
     #[test]

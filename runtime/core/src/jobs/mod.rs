@@ -462,6 +462,9 @@ pub struct Job {
     /// goes on with both (`journal.rs`).
     saved_chunks: usize,
     saved_marks: BTreeMap<u32, u64>,
+    /// Its state and exit status as its row in the state directory last had them (`journal.rs`): the row is
+    /// written again only when they change (or R does, at an `alloc`).
+    saved_row: Option<(JobState, Option<i32>)>,
 }
 
 impl Job {
@@ -515,6 +518,7 @@ impl Job {
             saved_output: false,
             saved_chunks: 0,
             saved_marks: BTreeMap::new(),
+            saved_row: None,
         }
     }
 
@@ -761,7 +765,14 @@ impl JobCore {
         if self.pool.ranks.get(&rank).is_some_and(|p| p.removed) {
             return; // left the instance for good (shrink.rs)
         }
-        let new = !self.pool.ranks.contains_key(&rank);
+        // New: its first join since this rank 0 started (a rank known from the state directory counted too).
+        let new = !self.pool.ranks.contains_key(&rank) || self.saved.ranks_restored.remove(&rank);
+        self.saved.ranks_expected.remove(&rank);
+        let changed =
+            self.pool.ranks.get(&rank).is_none_or(|p| p.hostname != hostname || p.cores != cores || p.gpus != gpus);
+        if changed && self.journaling() {
+            self.saved.ranks_dirty.insert(rank);
+        }
         self.pool.add_rank(rank, hostname, cores, gpus);
         // Jobs re-attached after a restart hold their resources here again before anything is placed (reattach.rs).
         self.reattach_rank(rank, new);

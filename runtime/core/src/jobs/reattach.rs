@@ -388,6 +388,10 @@ mod tests {
     fn past_the_grace_a_job_nobody_came_back_for_gets_the_fatal_restart_exception() {
         let (mut c, a, b) = restarted();
         join(&mut c, T0 + 12.0, 0, &[b]);
+        // Rank 1 was up when rank 0 stopped: the queue waits for it first (journal.rs), then the grace runs out.
+        let hold = T0 + 10.0 + super::super::journal::REJOIN_HOLD;
+        assert_eq!(c.next_deadline(), Some(hold), "the queue's wait for the ranks expected back");
+        c.handle_timeout(hold);
         assert_eq!(c.next_deadline(), Some(T0 + 70.0), "the grace, counted from the restart");
         c.handle_timeout(T0 + 69.0);
         assert_eq!(c.jobs[&a].state, JobState::Run, "still within the grace");

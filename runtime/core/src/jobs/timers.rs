@@ -70,13 +70,19 @@ impl JobCore {
     /// The earliest time [`JobCore::handle_timeout`] must run, if any.
     pub fn next_deadline(&self) -> Option<f64> {
         let first = self.timers.first().map(|(d, _)| d.0).filter(|t| t.is_finite());
-        [first, self.reattach_deadline(), self.purge_deadline()].into_iter().flatten().min_by(f64::total_cmp)
+        let rejoin = self.awaiting_ranks().then_some(self.saved.rejoin_until);
+        [first, self.reattach_deadline(), self.purge_deadline(), rejoin].into_iter().flatten().min_by(f64::total_cmp)
     }
 
     /// Fire every rule whose time has come: time limits, exit-timeout, SIGKILL escalation, purges of INACTIVE
     /// jobs (`purge.rs`).
     pub fn handle_timeout(&mut self, now: f64) {
         self.purge_due(now);
+        if self.awaiting_ranks() && self.saved.rejoin_until <= now {
+            // Ranks that were up when rank 0 stopped and are not back yet: scheduled without (journal.rs).
+            self.saved.ranks_expected.clear();
+            self.schedule(now);
+        }
         if self.reattach_deadline().is_some_and(|t| t <= now) {
             self.reattach_expire(now);
         }

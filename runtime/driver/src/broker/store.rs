@@ -34,7 +34,9 @@
 //!   those broker ranks whose number moved, so that a restarted rank 0 takes each batch once (read in row order,
 //!   later rows win); rows wholly before the oldest chunk rank 0 still holds go (the row written with them then
 //!   carries every shell's number), so that once the job is INACTIVE its rows are its tail; a purged job's go;
-//! - `resource_events(seq, event)`: the RFC 44 resource eventlog.
+//! - `resource_events(seq, event)`: the RFC 44 resource eventlog;
+//! - `ranks(rank, hostname, cores, gpus)`: each rank's node as it last joined (idsets), so that a restarted
+//!   rank 0 counts ranks that have not joined again yet (since schema 3).
 //!
 //! Older schemas are brought to this one at open, in one transaction: 1 (before `job_output`) by adding it, 2
 //! (the jobspec in `jobs`) by moving the jobspecs to their table. Rows of one event each read the same in 3.
@@ -44,7 +46,7 @@
 //! for an operator. A directory that cannot be written is [`OpenError::Unwritable`]: rank 0 does not start.
 
 use crate::eventlog::Event;
-use crate::jobs::journal::{JobRecord, Journal, Kept, KeptJob};
+use crate::jobs::journal::{JobRecord, Journal, Kept, KeptJob, KeptRank};
 use crate::jobs::{JobId, JobState};
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use std::path::{Path, PathBuf};
@@ -508,6 +510,17 @@ impl Store {
             let line: String = r.get(1).map_err(s)?;
             kept.resource_eventlog.push(Event::parse_line(&line).map_err(|e| format!("resource event {seq}: {e}"))?);
         }
+        let mut q = c.prepare("SELECT rank, hostname, cores, gpus FROM ranks").map_err(s)?;
+        let mut rows = q.query([]).map_err(s)?;
+        while let Some(r) = rows.next().map_err(s)? {
+            let rank: u32 = r.get(0).map_err(s)?;
+            let set = |i: usize| -> Result<crate::idset::IdSet, String> {
+                let text: String = r.get(i).map_err(s)?;
+                crate::idset::IdSet::parse(&text).map_err(|e| format!("rank {rank}: '{text}': {e}"))
+            };
+            let k = KeptRank { hostname: r.get(1).map_err(s)?, cores: set(2)?, gpus: set(3)? };
+            kept.ranks.insert(rank, k);
+        }
         Ok(Some(kept))
     }
 
@@ -585,6 +598,7 @@ fn write_batch(c: &Connection, b: &Journal, write_meta: bool) -> Result<(), Comm
                 new_job.execute(params![id, i64::from(r.userid), r.state.name(), rv, r.status, output])?;
                 jobspec.execute(params![id, &**spec])?;
             }
+            None if !r.row && output.is_none() => {}
             None => {
                 if update.execute(params![id, r.state.name(), rv, r.status, output])? != 1 {
                     return Err(CommitError {
@@ -610,6 +624,10 @@ fn write_batch(c: &Connection, b: &Journal, write_meta: bool) -> Result<(), Comm
     let mut res = c.prepare_cached("INSERT OR REPLACE INTO resource_events(seq, event) VALUES(?1, ?2)")?;
     for (i, e) in b.resource_events.iter().enumerate() {
         res.execute(params![(b.resource_first + i) as i64, e.to_line()])?;
+    }
+    for (rank, k) in &b.ranks {
+        c.prepare_cached("INSERT OR REPLACE INTO ranks(rank, hostname, cores, gpus) VALUES(?1, ?2, ?3, ?4)")?
+            .execute(params![rank, k.hostname, k.cores.to_string(), k.gpus.to_string()])?;
     }
     // Purged jobs (jobs/purge.rs) go whole; their id stays below `last_id`, so it is never given again.
     for id in &b.purged {
@@ -716,7 +734,8 @@ const RUNNING_OUTPUT_TABLES: &str = "
 const JOB_TABLES: &str = "
     CREATE TABLE jobs(id INTEGER PRIMARY KEY, userid INTEGER NOT NULL, state TEXT NOT NULL, R TEXT,
                       status INTEGER, output TEXT);
-    CREATE TABLE jobspecs(id INTEGER PRIMARY KEY, jobspec TEXT NOT NULL);";
+    CREATE TABLE jobspecs(id INTEGER PRIMARY KEY, jobspec TEXT NOT NULL);
+    CREATE TABLE ranks(rank INTEGER PRIMARY KEY, hostname TEXT NOT NULL, cores TEXT NOT NULL, gpus TEXT NOT NULL);";
 
 /// Bring a store of schema 1 or 2 (checked by [`check`]) to [`SCHEMA_VERSION`], in one transaction: none of
 /// it is changed if any step fails.
@@ -808,6 +827,7 @@ mod tests {
             jobspec: spec.then(|| json!({"version": 1, "id": id}).to_string().into()),
             first_event: first,
             events: events.iter().map(|n| std::sync::Arc::new(ev(1.5, n))).collect(),
+            row: true,
             r: None,
             status: None,
             output: None,
@@ -823,6 +843,7 @@ mod tests {
             last_id: JobId(last_id),
             epoch: 1000.25,
             purged: vec![],
+            ranks: vec![],
             tick: 0,
         }
     }
