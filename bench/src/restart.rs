@@ -65,7 +65,7 @@ pub(crate) struct RestartArgs {
     #[arg(long, default_value_t = 100)]
     restart_delay_ms: u64,
     /// Throughput runs with the store on, and as many with it off, alternating (0: none).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 15)]
     tput_runs: usize,
     /// Jobs per throughput run.
     #[arg(long, default_value_t = 1000)]
