@@ -667,7 +667,18 @@ fn a_rank_not_back_after_a_restart_of_rank_0_is_known_and_waited_for() {
     let r2 = brokers.remove(1);
     kill9(r2.pid());
     r2.wait(Duration::from_secs(10));
+    // `vigil jobs` through rank 1 while rank 0 is away: its broker keeps the request; the command says why it
+    // waits (it waited without a word), then lists the jobs once rank 0 is back.
+    let mut c = vigil_cmd(inst.dir.path());
+    let sock = inst.dir.path().join("r1").join("local-1");
+    c.env("VIGIL_URI", format!("local://{}", sock.display())).args(["jobs", "-a"]);
+    let listing = spawn(c, None);
+    std::thread::sleep(Duration::from_secs(4));
     let r0 = inst.broker(0, &[]);
+    let l = listing.wait(Duration::from_secs(30));
+    assert_eq!(l.code, 0, "{}", l.dump());
+    assert!(l.stderr.contains("no answer from rank 0 after 3 s; waiting"), "{}", l.dump());
+    assert!(l.stdout.trim_start().starts_with("JOBID"), "{}", l.dump());
     assert!(
         wait_for(Duration::from_secs(30), || {
             let o = inst.client(&["resource", "status", "--json"]);

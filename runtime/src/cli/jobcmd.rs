@@ -688,7 +688,7 @@ fn short_state(j: &Value) -> &'static str {
 /// `vigil jobs`.
 pub(crate) async fn jobs(a: JobsArgs) -> Result<i32, String> {
     let c = connect().await?;
-    let r = c.rpc("job-manager.list", 0, &json!({"all": a.all})).await.map_err(|e| e.errstr)?;
+    let r = super::rpc_to_rank0(&c, "job-manager.list", &json!({"all": a.all})).await?;
     if a.json {
         println!("{r}");
         return Ok(0);

@@ -197,6 +197,35 @@ fn connect_error(e: &crate::client::ConnectError) -> String {
     }
 }
 
+/// How long a listing command waits for rank 0's answer before it says why it may be slow ([`rpc_to_rank0`]).
+pub(crate) const SLOW_RANK0_NOTICE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// `c.rpc(topic, 0, payload)` for a command that lists what rank 0 knows (`vigil jobs`, `vigil resource ...`),
+/// saying once on standard error, if no answer came within [`SLOW_RANK0_NOTICE`], that it goes on waiting and why
+/// the answer may be late: while rank 0 restarts, the broker the command is connected to keeps requests for it
+/// (`tbon.parent_grace`) and sends them once it is back, so the command otherwise waits without a word.
+///
+/// # Errors
+/// The request's error string.
+pub(crate) async fn rpc_to_rank0(
+    c: &crate::client::Client,
+    topic: &str,
+    payload: &serde_json::Value,
+) -> Result<serde_json::Value, String> {
+    let call = c.rpc(topic, 0, payload);
+    tokio::pin!(call);
+    tokio::select! {
+        r = &mut call => return r.map_err(|e| e.errstr),
+        () = tokio::time::sleep(SLOW_RANK0_NOTICE) => {}
+    }
+    eprintln!(
+        "vigil: no answer from rank 0 after {} s; waiting (if rank 0 is restarting, this node's broker keeps the \
+         request until it is back; Ctrl-C to stop)",
+        SLOW_RANK0_NOTICE.as_secs()
+    );
+    call.await.map_err(|e| e.errstr)
+}
+
 /// Parse `-S name=value` pairs.
 pub(crate) fn parse_attrs(list: &[String]) -> Result<std::collections::BTreeMap<String, String>, String> {
     let mut m = std::collections::BTreeMap::new();

@@ -131,7 +131,7 @@ async fn resolve_targets(c: &crate::client::Client, t: &str) -> Result<IdSet, St
         return Ok(s);
     }
     let hl = Hostlist::parse(t).map_err(|e| format!("'{t}' is neither an idset of ranks nor a hostlist: {e}"))?;
-    let st = c.rpc("resource.status", 0, &json!({})).await.map_err(|e| e.errstr)?;
+    let st = super::rpc_to_rank0(&c, "resource.status", &json!({})).await?;
     let mut out = IdSet::new();
     for h in hl.iter() {
         let r = st["ranks"]
@@ -158,7 +158,7 @@ pub(crate) async fn resource(cmd: ResourceCmd) -> Result<i32, String> {
     let c = connect().await?;
     match cmd {
         ResourceCmd::Status { json: as_json } => {
-            let r = c.rpc("resource.status", 0, &json!({})).await.map_err(|e| e.errstr)?;
+            let r = super::rpc_to_rank0(&c, "resource.status", &json!({})).await?;
             if as_json {
                 println!("{r}");
                 return Ok(0);
@@ -208,7 +208,7 @@ pub(crate) async fn resource(cmd: ResourceCmd) -> Result<i32, String> {
             Ok(0)
         }
         ResourceCmd::List { json: as_json } => {
-            let r = c.rpc("resource.list", 0, &json!({})).await.map_err(|e| e.errstr)?;
+            let r = super::rpc_to_rank0(&c, "resource.list", &json!({})).await?;
             if as_json {
                 println!("{r}");
                 return Ok(0);
