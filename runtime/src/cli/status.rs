@@ -131,7 +131,7 @@ async fn resolve_targets(c: &crate::client::Client, t: &str) -> Result<IdSet, St
         return Ok(s);
     }
     let hl = Hostlist::parse(t).map_err(|e| format!("'{t}' is neither an idset of ranks nor a hostlist: {e}"))?;
-    let st = super::rpc_to_rank0(&c, "resource.status", &json!({})).await?;
+    let st = super::rpc_to_rank0(c, "resource.status", &json!({})).await?;
     let mut out = IdSet::new();
     for h in hl.iter() {
         let r = st["ranks"]
