@@ -729,9 +729,9 @@ const RUNNING_OUTPUT_TABLES: &str = "
     CREATE TABLE job_output(id INTEGER NOT NULL, seq INTEGER NOT NULL, upto INTEGER NOT NULL, lines TEXT NOT NULL,
                             batches TEXT, PRIMARY KEY(id, seq, upto)) WITHOUT ROWID;";
 
-/// Schema 3: the jobspecs out of `jobs` (a row of `jobs` is rewritten at every change of state, a jobspec is
-/// written once and is kilobytes), into a table of their own.
-const JOB_TABLES: &str = "
+/// The tables schema 3 made or remade: `jobs` without its jobspec (a row of `jobs` is rewritten at every change
+/// of state, a jobspec is written once and is kilobytes), `jobspecs`, and `ranks` (each rank's node).
+const SCHEMA_3_TABLES: &str = "
     CREATE TABLE jobs(id INTEGER PRIMARY KEY, userid INTEGER NOT NULL, state TEXT NOT NULL, R TEXT,
                       status INTEGER, output TEXT);
     CREATE TABLE jobspecs(id INTEGER PRIMARY KEY, jobspec TEXT NOT NULL);
@@ -749,7 +749,7 @@ fn upgrade(c: &Connection) -> rusqlite::Result<()> {
         "BEGIN;
          {output}
          ALTER TABLE jobs RENAME TO jobs_2;
-         {JOB_TABLES}
+         {SCHEMA_3_TABLES}
          INSERT INTO jobs(id, userid, state, R, status, output) SELECT id, userid, state, R, status, output FROM jobs_2;
          INSERT INTO jobspecs(id, jobspec) SELECT id, jobspec FROM jobs_2;
          DROP TABLE jobs_2;
@@ -770,7 +770,7 @@ fn create(c: &Connection) -> rusqlite::Result<()> {
          PRAGMA user_version = {SCHEMA_VERSION};
          BEGIN;
          CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
-         {JOB_TABLES}
+         {SCHEMA_3_TABLES}
          CREATE TABLE job_events(id INTEGER NOT NULL, seq INTEGER NOT NULL, event TEXT NOT NULL,
                                  PRIMARY KEY(id, seq)) WITHOUT ROWID;
          CREATE TABLE resource_events(seq INTEGER PRIMARY KEY, event TEXT NOT NULL);
