@@ -318,7 +318,16 @@ fn one_restart(sys: &mut System, rt: &tokio::runtime::Runtime, delay: Duration) 
     sys.kill9_rank0();
     let sd = sys.statedir.clone().ok_or("no state directory")?;
     let size = |f: &str| std::fs::metadata(sd.join(f)).map_or(0, |m| m.len());
-    let (store_bytes, wal_bytes) = (size("vigil.sqlite"), size("vigil.sqlite-wal"));
+    // The logs: SQLite's, and the redo log's segments (what the writer thread had not folded yet).
+    let redo: u64 = std::fs::read_dir(&sd)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with(vigil::broker::redo::PREFIX))
+                .map(|e| e.metadata().map_or(0, |m| m.len()))
+                .sum()
+        })
+        .unwrap_or(0);
+    let (store_bytes, wal_bytes) = (size("vigil.sqlite"), size("vigil.sqlite-wal") + redo);
     std::thread::sleep(delay);
     let payload = true_payload()?;
     let uri = sys.uri();
@@ -670,7 +679,7 @@ fn markdown(doc: &Value, a: &RestartArgs) -> String {
         }
     }
     md += "\n`jobs in store`: at the first restart of the size (each restart adds its probe job). `store file`: \
-           `vigil.sqlite` plus its WAL at the kill. `store read`: opening the file, `quick_check` and reading every \
+           `vigil.sqlite` plus its WAL and the redo log at the kill. `store read`: opening the file, `quick_check` and reading every \
            row back; `jobs restored`: the job core rebuilt from them (both from rank 0's log). Ranks 1-3 retry \
            rank 0 every second (`RANK0_RETRY`), counted from their loss of it, so `reconnected` waits for the next \
            retry after rank 0 is listening.\n\n";

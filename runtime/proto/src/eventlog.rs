@@ -124,14 +124,8 @@ impl Event {
     /// non-finite `timestamp` (only possible by setting the field directly)
     /// is written as `null`, which [`Event::parse_line`] rejects.
     pub fn to_line(&self) -> String {
-        let ts = serde_json::Number::from_f64(self.timestamp).map(Value::Number).unwrap_or(Value::Null);
-        let name = Value::String(self.name.clone());
-        if self.context.is_empty() {
-            format!("{{\"timestamp\":{ts},\"name\":{name}}}")
-        } else {
-            let context = Value::Object(self.context.clone());
-            format!("{{\"timestamp\":{ts},\"name\":{name},\"context\":{context}}}")
-        }
+        // Serialized in place (serde_json writes a non-finite number as `null`): no copy of the context.
+        serde_json::to_string(self).unwrap_or_default()
     }
 
     /// Parse and validate one event line (a trailing `\n` or `\r\n` is allowed).
@@ -169,6 +163,32 @@ impl Event {
             return Err(EventlogError::UnknownKey(key.clone()));
         }
         Ok(Event { timestamp, name, context })
+    }
+}
+
+/// The RFC 18 object of an event, read ([`Event`]'s `Deserialize`).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventIn {
+    timestamp: f64,
+    name: String,
+    #[serde(default)]
+    context: Map<String, Value>,
+}
+
+/// An event from the JSON object [`Event::parse_line`] takes, checked as it checks it (a non-negative finite
+/// `timestamp`, a non-empty `name`, an object `context`, no other key).
+impl<'de> serde::Deserialize<'de> for Event {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Event, D::Error> {
+        use serde::de::Error as _;
+        let e = EventIn::deserialize(d)?;
+        if !(e.timestamp.is_finite() && e.timestamp >= 0.0) {
+            return Err(D::Error::custom(EventlogError::Timestamp));
+        }
+        if e.name.is_empty() {
+            return Err(D::Error::custom(EventlogError::Name));
+        }
+        Ok(Event { timestamp: e.timestamp, name: e.name, context: e.context })
     }
 }
 
@@ -248,6 +268,26 @@ mod tests {
         let e = Event::with_timestamp(0.0, "x", json!({"a": 1})).expect("valid");
         assert_eq!(e.to_line(), r#"{"timestamp":0.0,"name":"x","context":{"a":1}}"#);
         assert!(!e.to_line().ends_with('\n'));
+    }
+
+    /// serde reads and writes the object `to_line` and `parse_line` do, and refuses what `parse_line` refuses.
+    #[test]
+    fn serde_is_the_line_format() {
+        let e = Event::with_timestamp(1_796_000_000.123456, "alloc", json!({"b": [1], "a": "x\ny"})).expect("valid");
+        assert_eq!(serde_json::to_string(&e).unwrap(), e.to_line());
+        assert_eq!(serde_json::from_str::<Event>(&e.to_line()).unwrap(), e);
+        let plain = Event::with_timestamp(3.0, "clean", Value::Null).expect("valid");
+        assert_eq!(serde_json::from_value::<Event>(json!({"timestamp": 3, "name": "clean"})).unwrap(), plain);
+        for bad in [
+            json!({"timestamp": -1.0, "name": "x"}),
+            json!({"timestamp": 1.0, "name": ""}),
+            json!({"timestamp": 1.0, "name": "x", "context": [1]}),
+            json!({"timestamp": 1.0, "name": "x", "extra": 1}),
+            json!({"name": "x"}),
+        ] {
+            assert!(Event::parse_line(&bad.to_string()).is_err(), "{bad}");
+            assert!(serde_json::from_value::<Event>(bad.clone()).is_err(), "{bad}");
+        }
     }
 
     #[test]

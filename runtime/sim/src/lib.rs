@@ -867,7 +867,7 @@ impl Sim {
         if let Err(e) = &result {
             self.violations.push(format!("rank 0's journal batch does not apply to its store: {e}"));
         }
-        let input = Input::Stored { batch: batch.map(Box::new), result, durable: false };
+        let input = Input::Stored { batch: batch.map(std::sync::Arc::new), result, durable: false };
         self.events += 1;
         self.trace = fnv(fnv(fnv(self.trace, now.as_nanos()), 0), kind(&input));
         b.handle(now, input);

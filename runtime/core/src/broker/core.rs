@@ -197,7 +197,7 @@ pub enum Input {
     /// fsynced (with everything before it). The submissions held for this batch are answered now when `durable`;
     /// otherwise once an [`Input::Synced`] covers this write (refused at once if the write failed).
     Stored {
-        batch: Option<Box<crate::jobs::journal::Journal>>,
+        batch: Option<std::sync::Arc<crate::jobs::journal::Journal>>,
         result: Result<(), super::store::CommitError>,
         durable: bool,
     },
@@ -623,7 +623,7 @@ impl Broker {
     /// or refuse them (and end their jobs) if the store failed.
     fn on_stored(
         &mut self,
-        batch: Option<Box<crate::jobs::journal::Journal>>,
+        batch: Option<std::sync::Arc<crate::jobs::journal::Journal>>,
         result: Result<(), super::store::CommitError>,
         durable: bool,
     ) {

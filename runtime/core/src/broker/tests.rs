@@ -831,7 +831,7 @@ fn a_submission_is_answered_once_durable_and_refused_if_it_cannot_be() {
     assert!(ask(&mut b, "job-manager.submit", json!({ "jobspec": spec }), 0).is_empty(), "not answered yet");
     let batch = b.journal().expect("something to make durable").expect("a batch");
     assert_eq!(batch.jobs.len(), 1);
-    b.handle(t(0.2), Input::Stored { batch: Some(Box::new(batch)), result: Ok(()), durable: true });
+    b.handle(t(0.2), Input::Stored { batch: Some(std::sync::Arc::new(batch)), result: Ok(()), durable: true });
     let r = responses(&effects(&mut b), Peer::Local(5)).into_iter().cloned().collect::<Vec<_>>();
     assert_eq!(r.len(), 1);
     assert_eq!(r[0].errnum, 0, "{:?}", r[0].errstr());
@@ -841,7 +841,7 @@ fn a_submission_is_answered_once_durable_and_refused_if_it_cannot_be() {
     let batch = b.journal().expect("something").expect("a batch");
     let id = batch.jobs.iter().map(|r| r.id).max().expect("a job");
     let full = CommitError { why: "database or disk is full".into(), errno: errno::ENOSPC };
-    b.handle(t(0.3), Input::Stored { batch: Some(Box::new(batch)), result: Err(full), durable: true });
+    b.handle(t(0.3), Input::Stored { batch: Some(std::sync::Arc::new(batch)), result: Err(full), durable: true });
     let r = responses(&effects(&mut b), Peer::Local(5)).into_iter().cloned().collect::<Vec<_>>();
     assert_eq!(r.len(), 1);
     assert_eq!(r[0].errnum, errno::ENOSPC);
@@ -877,7 +877,7 @@ fn submissions_are_answered_only_by_the_fsync_that_covers_their_write() {
         m.matchtag = tag;
         b.handle(t(0.1), Input::Message(Peer::Local(5), 0, m));
         let batch = b.journal().expect("something to write").expect("a batch");
-        b.handle(t(0.1), Input::Stored { batch: Some(Box::new(batch)), result: Ok(()), durable: false });
+        b.handle(t(0.1), Input::Stored { batch: Some(std::sync::Arc::new(batch)), result: Ok(()), durable: false });
         responses(&effects(b), Peer::Local(5)).into_iter().cloned().collect()
     };
     let synced = |b: &mut Broker, upto: u64, result: Result<(), CommitError>| -> Vec<(u32, u32)> {
@@ -929,12 +929,12 @@ fn a_shell_exit_report_is_acknowledged_only_once_durable() {
     assert!(ask(&mut b, "job-exec.shell-exit", report, 0).is_empty(), "acknowledged before it was written");
     let full = CommitError { why: "database or disk is full".into(), errno: errno::ENOSPC };
     let batch = b.journal().expect("the report waits for a write");
-    b.handle(t(0.2), Input::Stored { batch: batch.map(Box::new), result: Err(full), durable: false });
+    b.handle(t(0.2), Input::Stored { batch: batch.map(std::sync::Arc::new), result: Err(full), durable: false });
     assert!(responses(&effects(&mut b), Peer::Local(5)).is_empty(), "acknowledged (or refused) while failing");
     assert!(matches!(&b.statedir, StateDir::Open { failing: Some(_), .. }));
     // The disk has room again: written, then fsynced.
     let batch = b.journal().expect("the report still waits for a write");
-    b.handle(t(0.3), Input::Stored { batch: batch.map(Box::new), result: Ok(()), durable: false });
+    b.handle(t(0.3), Input::Stored { batch: batch.map(std::sync::Arc::new), result: Ok(()), durable: false });
     assert!(responses(&effects(&mut b), Peer::Local(5)).is_empty(), "acknowledged before its fsync");
     // Reports alone wait a while for their fsync, so that the reports of many jobs share one: the broker says
     // when it is due.
@@ -964,13 +964,13 @@ fn a_submission_does_not_wait_for_the_exit_reports_delay() {
     let report = json!({"id": 77, "rank": 0, "report": null, "shell_status": 0});
     assert!(ask(&mut b, "job-exec.shell-exit", report, 0).is_empty());
     let batch = b.journal().expect("the report waits for a write");
-    b.handle(t(0.2), Input::Stored { batch: batch.map(Box::new), result: Ok(()), durable: false });
+    b.handle(t(0.2), Input::Stored { batch: batch.map(std::sync::Arc::new), result: Ok(()), durable: false });
     assert_eq!(b.sync_wanted(), None, "the report alone waits");
     let mut m = Message::request("job-manager.submit", 0, &json!({ "jobspec": spec }));
     m.matchtag = 9;
     b.handle(t(0.201), Input::Message(Peer::Local(5), 0, m));
     let batch = b.journal().expect("the submission waits for a write");
-    b.handle(t(0.201), Input::Stored { batch: batch.map(Box::new), result: Ok(()), durable: false });
+    b.handle(t(0.201), Input::Stored { batch: batch.map(std::sync::Arc::new), result: Ok(()), durable: false });
     let upto = b.sync_wanted().expect("a submission wants its fsync at once");
     b.handle(t(0.203), Input::Synced { upto, result: Ok(()) });
     let r: Vec<(u32, u32)> =

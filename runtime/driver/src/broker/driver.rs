@@ -53,13 +53,7 @@ pub(crate) enum Event {
     },
     InitialStarted(i32),
     InitialExit(i32),
-    /// Rank 0's writer thread wrote batch number `seq` ([`Writer`]), or could not.
-    Written {
-        seq: u64,
-        batch: Box<crate::jobs::journal::Journal>,
-        result: Result<(), super::store::CommitError>,
-    },
-    /// Rank 0's store thread fsynced the store's log, asked to once write `upto` was written.
+    /// Rank 0's store thread fsynced the redo log, asked to once write `upto` was written.
     Synced {
         upto: u64,
         result: Result<(), super::store::CommitError>,
@@ -149,133 +143,176 @@ pub(crate) struct Driver {
     /// Which parent link is current: the connection number its events carry (0: the first one). Events of an
     /// older parent link are dropped.
     parent_gen: u64,
-    /// Rank 0's writer thread, which owns the state directory's store (`store.rs`), when it has one it could open.
+    /// Rank 0's redo log and writer thread ([`Writer`]), when it has a state directory it could open.
     writer: Option<Writer>,
     /// Group commit (with a store): [`Driver::step`] only hands the broker its input; what it asks for waits
-    /// for [`Driver::flush`] at the end of the loop's turn.
+    /// for [`Driver::flush`] at the end of the loop's turn, which writes one batch of the journal first.
     grouping: bool,
-    /// What the broker asked for that waits for a write of the journal (with a store, [`Driver::flush`]).
-    held: HeldEffects,
     /// The store thread that fsyncs what the writer wrote (with a store): see [`Syncer`].
     syncer: Option<Syncer>,
 }
 
-/// Rank 0's writer thread: writes the journal's batches into the store (`store.rs`, without an fsync: into the
-/// write-ahead log, which survives `kill -9` of rank 0), one at a time, while the loop goes on handling inputs;
-/// reports each as [`Event::Written`]. What the broker asked for meanwhile is held until the batch with the
-/// changes that led to it is written ([`Driver::flush`]). The SQLite work (about half the loop's time per
-/// submission when it was done there) is so off the loop; the fsyncs are the [`Syncer`]'s, on a third thread, so
-/// a write never waits for one. A small batch (at most [`SMALL_BATCH`] jobs) is written by the loop itself when
-/// the thread is idle ([`Writer::store`]): the trip to the thread and back costs more than such a write (measured
-/// with 4 brokers running `true` jobs: 0.34 ms per write, 1.34 ms from handing it over to hearing it was written),
-/// and a job waits for two writes in its life (its shell's start, its output's last acknowledgement).
+/// Rank 0's end of the state directory while it runs: the redo log (`redo.rs`), appended on the loop, and the
+/// writer thread, which folds its records into the store (`store.rs`) off the loop.
+///
+/// The loop appends each batch of the journal to the log before it carries out anything the broker asked for
+/// in the same turn ([`Driver::flush`]): one `write` of the batch's record, a few microseconds, so no client,
+/// shell or broker learns of a change a `kill -9` of rank 0 would lose, and a job's way from one write to the
+/// next is not held up (a SQLite transaction there cost 0.1 to 0.3 ms each, twice on the way of each job). The
+/// batches (shared, not copied) go to the thread every [`FOLD_PERIOD`] (or [`FOLD_MAX`] records), all at once:
+/// one wake-up of the thread per period, not one per record, which on 2 cores cost the loop as much as the
+/// appends. The thread folds them into SQLite in one durable transaction, then removes the log's segments the
+/// store holds whole. Fsyncs of the log are the [`Syncer`]'s.
 struct Writer {
-    /// The store, shared with the thread: the loop writes small batches through it when the thread is idle.
-    store: std::sync::Arc<std::sync::Mutex<super::store::Store>>,
-    /// Hands a batch and its number to the thread.
-    tx: std::sync::mpsc::Sender<(u64, Box<crate::jobs::journal::Journal>)>,
-    /// Batches taken so far (the number of the latest; a batch with nothing to write counts, see `cut`).
-    sent: u64,
-    /// The batch being written, if any.
-    in_flight: Option<u64>,
-    /// The latest batch written (or failed).
-    done: u64,
+    /// The log.
+    redo: super::redo::RedoLog,
+    /// The records appended since the last hand-over, and the segments sealed meanwhile.
+    pending: Handover,
+    /// When the oldest of them was appended.
+    pending_since: Option<Instant>,
+    /// Hands the thread what is pending.
+    tx: std::sync::mpsc::Sender<Handover>,
     /// The thread, joined by [`Writer::stop`].
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// What the writer thread is handed at once ([`Writer`]).
+#[derive(Default)]
+struct Handover {
+    /// Records of the log (number, batch), in order.
+    records: Vec<(u64, std::sync::Arc<crate::jobs::journal::Journal>)>,
+    /// Segments of the log that get no more records: each removed once its last is folded.
+    sealed: Vec<super::redo::Sealed>,
+}
+
+/// The loop hands what the log holds to the writer thread at least this often (when it has something): 0.5 s,
+/// about what a restart after `kill -9` replays from the log. An idle rank 0 (no input at all) hands it over at
+/// its next input or at its stop.
+pub const FOLD_PERIOD: Duration = Duration::from_millis(500);
+
+/// ... or as soon as this many records are pending (a flood of submissions): a bound on what is folded at once.
+pub const FOLD_MAX: usize = 4096;
+
 impl Writer {
-    /// Start the thread, which owns `store` and ends when the [`Writer`] is dropped.
+    /// Start the thread, which owns `store` and ends, once it has folded everything, when the [`Writer`] is
+    /// stopped; and the log, in the store's directory, after the store's last record.
     ///
     /// # Errors
-    /// The thread cannot be started.
-    fn start(store: super::store::Store, events: mpsc::UnboundedSender<Event>) -> Result<Writer, String> {
-        let (tx, rx) = std::sync::mpsc::channel::<(u64, Box<crate::jobs::journal::Journal>)>();
-        let store = std::sync::Arc::new(std::sync::Mutex::new(store));
-        let shared = store.clone();
+    /// The log's first segment cannot be created, or the thread started.
+    fn start(store: super::store::Store, dir: &std::path::Path) -> Result<Writer, String> {
+        let redo = super::redo::RedoLog::create(dir, store.redo_seq)
+            .map_err(|e| format!("state directory {} cannot be written: {e}", dir.display()))?;
+        let (tx, rx) = std::sync::mpsc::channel::<Handover>();
         let thread = std::thread::Builder::new()
             .name("vigil-store-write".into())
-            .spawn(move || {
-                while let Ok((seq, batch)) = rx.recv() {
-                    let result = match shared.lock() {
-                        Ok(mut store) => store.commit_with(&batch, false),
-                        Err(_) => Err(super::store::CommitError {
-                            why: "the state directory's store was left inconsistent by a panic".into(),
-                            errno: crate::message::errno::EIO,
-                        }),
-                    };
-                    if events.send(Event::Written { seq, batch, result }).is_err() {
-                        break;
-                    }
-                }
-            })
+            .spawn(move || fold_loop(store, &rx))
             .map_err(|e| format!("cannot start the state directory's writer thread: {e}"))?;
-        Ok(Writer { store, tx, sent: 0, in_flight: None, done: 0, thread: Some(thread) })
+        Ok(Writer { redo, pending: Handover::default(), pending_since: None, tx, thread: Some(thread) })
     }
 
-    /// End the thread once it has written what it was given, and close the store with it: the last connection
-    /// to close checkpoints the write-ahead log into the file and removes it, so that a stopped rank 0 leaves a
-    /// store whole in one file (a log left beside it would be replayed into whatever file is there next).
-    fn stop(self) {
-        let Writer { tx, thread, store, .. } = self;
+    /// Append batch `b` to the log (it survives `kill -9` once this returns `Ok`), to be folded later.
+    ///
+    /// # Errors
+    /// The append failed: nothing of `b` is kept.
+    fn append(&mut self, b: &std::sync::Arc<crate::jobs::journal::Journal>) -> Result<(), super::store::CommitError> {
+        let (seq, sealed) = self.redo.append(b)?;
+        self.pending.sealed.extend(sealed);
+        self.pending.records.push((seq, b.clone()));
+        self.pending_since.get_or_insert_with(Instant::now);
+        Ok(())
+    }
+
+    /// Hand the thread what is pending if it is due ([`FOLD_PERIOD`], [`FOLD_MAX`]), or at once (`now`).
+    fn hand_over(&mut self, now: bool) {
+        let due =
+            self.pending_since.is_some_and(|t| t.elapsed() >= FOLD_PERIOD) || self.pending.records.len() >= FOLD_MAX;
+        if !(due || now) || (self.pending_since.is_none() && self.pending.sealed.is_empty()) {
+            return;
+        }
+        self.pending_since = None;
+        // A send fails only once the thread has ended (a panic): the records stay in the log, folded at the
+        // next start.
+        let _ = self.tx.send(std::mem::take(&mut self.pending));
+    }
+
+    /// End the thread once it has folded every record, and close the store with it: its connection, closed
+    /// last, checkpoints SQLite's log into the file and removes it, so that a stopped rank 0 leaves the store
+    /// whole in one file (the log's segments removed too, once folded).
+    fn stop(mut self) {
+        self.pending.sealed.push(self.redo.sealed());
+        self.hand_over(true);
+        let Writer { tx, thread, .. } = self;
         drop(tx);
         if let Some(t) = thread {
             let _ = t.join();
         }
-        drop(store); // the last handle: the connection closes here
     }
 }
 
-/// Largest batch (jobs changed) the loop writes itself when the writer thread is idle ([`Writer`]): about 0.1 ms
-/// of SQLite work per job, so the loop is held up no longer than the trip to the thread would take.
-const SMALL_BATCH: usize = 8;
-
-/// Effects that wait for a write of the journal ([`Driver::flush`]): each with the number of the batch that
-/// must be written first, in the order the broker asked for them.
-#[derive(Debug, Default)]
-struct HeldEffects(VecDeque<(u64, Effect)>);
-
-impl HeldEffects {
-    /// Effect `e`, asked for while batch `gate` (if any) must be written before it: given back to be carried out
-    /// now, or held. An effect waits behind those already held (order kept), but for those that manage links and
-    /// liveness and depend on no job's state: a would-be child is judged in the turn its hello came in (see
-    /// [`Event::ChildHello`]), heartbeats keep their period.
-    fn hold(&mut self, e: Effect, gate: Option<u64>) -> Option<Effect> {
-        let link = matches!(
-            e,
-            Effect::AcceptChild { .. }
-                | Effect::RefuseChild { .. }
-                | Effect::ConnectParent { .. }
-                | Effect::Heartbeat
-                | Effect::SampleAcks
-                | Effect::ForgetChild(_)
-                | Effect::WatchPid(_)
-        );
-        match gate.max(self.0.back().map(|(n, _)| *n)) {
-            Some(n) if !link => {
-                self.0.push_back((n, e));
-                None
+/// The writer thread ([`Writer`]): fold what it is handed into `store`, each hand-over in one transaction, and
+/// remove the sealed segments folded whole; it ends when the loop's end is dropped. A fold that fails (a full
+/// disk) is logged once and tried again a period later, with what came meanwhile: its records stay in the log.
+fn fold_loop(mut store: super::store::Store, rx: &std::sync::mpsc::Receiver<Handover>) {
+    use std::sync::mpsc::RecvTimeoutError;
+    let mut todo = Handover::default();
+    let mut failing = false;
+    loop {
+        let got =
+            if failing { rx.recv_timeout(FOLD_PERIOD) } else { rx.recv().map_err(|_| RecvTimeoutError::Disconnected) };
+        let open = match got {
+            Ok(h) => {
+                todo.records.extend(h.records);
+                todo.sealed.extend(h.sealed);
+                true
             }
-            _ => Some(e),
+            Err(RecvTimeoutError::Timeout) => true,
+            Err(RecvTimeoutError::Disconnected) => false,
+        };
+        if let Some((upto, _)) = todo.records.last() {
+            let upto = *upto;
+            let batches: Vec<&crate::jobs::journal::Journal> = todo.records.iter().map(|(_, b)| &**b).collect();
+            match store.fold(&batches, upto) {
+                Ok(()) => {
+                    todo.records.clear();
+                    if std::mem::take(&mut failing) {
+                        info!("state directory: folding the redo log into the store works again");
+                    }
+                }
+                Err(e) => {
+                    if !std::mem::replace(&mut failing, true) {
+                        tracing::warn!(
+                            "state directory: cannot fold the redo log into the store: {} (its records stay in \
+                             the log; tried again every {} ms)",
+                            e.why,
+                            FOLD_PERIOD.as_millis()
+                        );
+                    }
+                }
+            }
         }
-    }
-
-    /// The first held effect if its batch (number `done` or before) is written.
-    fn ready(&mut self, done: u64) -> Option<Effect> {
-        if self.0.front().is_some_and(|(n, _)| *n <= done) {
-            self.0.pop_front().map(|(_, e)| e)
-        } else {
-            None
+        let folded = store.redo_seq;
+        todo.sealed.retain(|s| {
+            if s.last > folded {
+                return true;
+            }
+            if let Err(e) = std::fs::remove_file(&s.path) {
+                tracing::warn!("state directory: {}: cannot remove: {e}", s.path.display());
+            }
+            false
+        });
+        if !open {
+            // What could not be folded stays in the log, folded at the next start.
+            return;
         }
     }
 }
 
-/// Rank 0's store thread: fsyncs the store's write-ahead log ([`super::store::WalSync`]) when the loop asks,
-/// and reports each fsync to the loop ([`Event::Synced`]). One is asked for at a time ([`Syncer::busy`]):
-/// whatever the loop writes meanwhile waits for the next, which covers it all (group commit).
+/// Rank 0's store thread: fsyncs the redo log ([`super::redo::SyncWork`]) when the loop asks, and reports
+/// each fsync to the loop ([`Event::Synced`]). One is asked for at a time ([`Syncer::busy`]): whatever the loop
+/// writes meanwhile waits for the next, which covers it all (group commit).
 struct Syncer {
-    /// Asks for an fsync covering write `upto`.
-    tx: std::sync::mpsc::Sender<u64>,
+    /// Asks for an fsync covering write `upto`, and what it must sync.
+    tx: std::sync::mpsc::Sender<(u64, super::redo::SyncWork)>,
     /// An fsync was asked for and has not been reported yet.
     busy: bool,
     /// The thread, joined by [`Syncer::stop`].
@@ -283,21 +320,21 @@ struct Syncer {
 }
 
 impl Syncer {
-    /// Start the thread, which calls `sync` (a [`super::store::WalSync::sync`]) for each fsync asked for; it
-    /// ends when the [`Syncer`] is dropped.
+    /// Start the thread, which calls `sync` (normally [`super::redo::SyncWork::run`]) for each fsync asked for;
+    /// it ends when the [`Syncer`] is dropped.
     ///
     /// # Errors
     /// The thread cannot be started.
     fn start(
-        mut sync: impl FnMut() -> Result<(), super::store::CommitError> + Send + 'static,
+        mut sync: impl FnMut(super::redo::SyncWork) -> Result<(), super::store::CommitError> + Send + 'static,
         events: mpsc::UnboundedSender<Event>,
     ) -> Result<Syncer, String> {
-        let (tx, rx) = std::sync::mpsc::channel::<u64>();
+        let (tx, rx) = std::sync::mpsc::channel::<(u64, super::redo::SyncWork)>();
         let thread = std::thread::Builder::new()
             .name("vigil-store-sync".into())
             .spawn(move || {
-                while let Ok(upto) = rx.recv() {
-                    if events.send(Event::Synced { upto, result: sync() }).is_err() {
+                while let Ok((upto, work)) = rx.recv() {
+                    if events.send(Event::Synced { upto, result: sync(work) }).is_err() {
                         break;
                     }
                 }
@@ -306,7 +343,7 @@ impl Syncer {
         Ok(Syncer { tx, busy: false, thread: Some(thread) })
     }
 
-    /// End the thread (after the fsync under way, if any), closing its connection to the store.
+    /// End the thread (after the fsync under way, if any).
     fn stop(self) {
         let Syncer { tx, thread, .. } = self;
         drop(tx);
@@ -473,14 +510,13 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         containment: containment.describe(),
     };
     let (store, statedir, kept) = open_statedir(&opts)?;
-    let syncer = store
-        .as_ref()
+    let syncer = store.as_ref().map(|_| Syncer::start(|w| w.run(), input_tx.clone())).transpose()?;
+    let writer = store
         .map(|s| {
-            let mut wal = s.wal_sync();
-            Syncer::start(move || wal.sync(), input_tx.clone())
+            let dir = s.dir().to_path_buf();
+            Writer::start(s, &dir)
         })
         .transpose()?;
-    let writer = store.map(|s| Writer::start(s, input_tx.clone())).transpose()?;
     let origin = Instant::now();
     let mut d = Driver {
         broker: Broker::new(opts, env, Time::ZERO),
@@ -508,7 +544,6 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         parent_gen: 0,
         grouping: writer.is_some(),
         writer,
-        held: HeldEffects::default(),
         syncer,
     };
     let t = Instant::now();
@@ -605,9 +640,9 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
     }
     // What rank 0 still had to write, and what waited for it (answers, the last messages to its children); then
     // what stopping changes (jobs the shutdown ended, finished: `Broker::stop`), written too.
-    d.drain_writes(&mut input_rx).await;
+    d.flush();
     d.broker.stop();
-    d.drain_writes(&mut input_rx).await;
+    d.flush();
     d.cleanup();
     let code = d.broker.exit_code();
     info!(rank, code, "broker exiting");
@@ -1027,22 +1062,18 @@ impl Driver {
     /// Carry out what the broker asked for, then hand it the inputs those effects produced at once (all of them),
     /// and carry out what they asked for, until none is left.
     ///
-    /// With a state directory, the journal is written by the [`Writer`] thread, one batch at a time, while the
-    /// loop goes on: a batch is taken here whenever none is being written (group commit: everything handled
-    /// while one was written goes in the next). What the broker asks for (shell starts, answers, messages) is
-    /// carried out only once the batch with the changes that led to it is written, as when the loop wrote it
-    /// itself: so no client, shell or broker learns of a change a `kill -9` of rank 0 would lose. Effects wait in
-    /// [`Driver::held`], in order, but for those on links and liveness ([`HeldEffects::hold`]). Submissions are
-    /// answered later still, once an fsync covers their write ([`Syncer`]).
+    /// With a state directory, the journal's batch (everything the turn changed) is appended to the redo log
+    /// first ([`Writer`]), so that what the broker asks for (shell starts, answers, messages) is carried out only
+    /// once the changes that led to it would survive a `kill -9` of rank 0. Submissions are answered later still,
+    /// once an fsync covers their record ([`Syncer`]).
     pub(crate) fn flush(&mut self) {
         let mut queue = VecDeque::new();
         loop {
-            // Cut first: a small batch the loop writes itself releases what waited for it in this very turn.
             self.cut();
-            let done = self.writer.as_ref().map_or(u64::MAX, |w| w.done);
-            self.release_held(&mut queue, done);
             self.start_sync(&mut queue);
-            self.take_effects(&mut queue);
+            while let Some(e) = self.broker.poll_effect() {
+                self.execute(e, &mut queue);
+            }
             if queue.is_empty() {
                 return;
             }
@@ -1053,119 +1084,37 @@ impl Driver {
         }
     }
 
-    /// An fsync covering write `upto` succeeded: the submissions it holds are answered at once, not behind the
-    /// batch being written (an answer reveals a job that is on disk, nothing more), while what the inputs taken
-    /// earlier in this turn asked for keeps its place, held as usual.
-    fn synced(&mut self, upto: u64) {
-        let mut queue = VecDeque::new();
-        self.take_effects(&mut queue);
-        let now = self.now();
-        self.broker.handle(now, Input::Synced { upto, result: Ok(()) });
-        while let Some(e) = self.broker.poll_effect() {
-            self.execute(e, &mut queue);
-        }
-        for i in queue.drain(..) {
-            self.broker.handle(now, i);
-        }
-    }
-
-    /// At the end: write what is left of the journal and wait for it (other events are dropped: the loop has
-    /// ended), then carry out every held effect.
-    async fn drain_writes(&mut self, input_rx: &mut mpsc::UnboundedReceiver<Event>) {
-        loop {
-            self.flush();
-            if self.writer.as_ref().is_none_or(|w| w.in_flight.is_none()) {
-                break;
-            }
-            match input_rx.recv().await {
-                Some(e @ Event::Written { .. }) => self.on_event(e),
-                Some(_) => {}
-                None => break,
-            }
-        }
-        self.release_held(&mut VecDeque::new(), u64::MAX);
-    }
-
-    /// Take what the broker asked for: carried out now, or held behind the batch it waits for ([`Driver::gate`]).
-    fn take_effects(&mut self, queue: &mut VecDeque<Input>) {
-        let gate = self.gate();
-        while let Some(e) = self.broker.poll_effect() {
-            if let Some(e) = self.held.hold(e, gate) {
-                self.execute(e, queue);
-            }
-        }
-    }
-
-    /// Carry out the held effects whose batch is written (number `done` or before).
-    fn release_held(&mut self, queue: &mut VecDeque<Input>, done: u64) {
-        while let Some(e) = self.held.ready(done) {
-            self.execute(e, queue);
-        }
-    }
-
-    /// The batch the effects the broker asks for now must wait for: the one being written, or the next one if
-    /// the broker changed more since it was taken; `None` when nothing is being written.
-    fn gate(&self) -> Option<u64> {
-        let s = self.writer.as_ref()?.in_flight?;
-        Some(if self.broker.journal_pending() { s + 1 } else { s })
-    }
-
-    /// Take the broker's journal batch and hand it to the [`Writer`], unless one is being written (the next
-    /// batch is taken once it is). A batch with nothing to write (only answers held) is "written" at once; a
-    /// small one ([`SMALL_BATCH`] jobs at most) is written here, on the loop, and what its writing changed is
-    /// taken next (a few times at most, then the thread takes over).
+    /// Hand the writer thread what the redo log holds if due ([`Writer::hand_over`]); take the broker's journal
+    /// batch and append it to the log ([`Writer::append`]); what handling that changed (the jobs a failed write
+    /// ends) is taken next, a few times at most.
     fn cut(&mut self) {
+        if let Some(w) = self.writer.as_mut() {
+            w.hand_over(false);
+        }
         for _ in 0..4 {
             let now = self.now();
             let Some(w) = self.writer.as_mut() else { return };
-            if w.in_flight.is_some() {
-                return;
-            }
             let Some(batch) = self.broker.take_journal() else { return };
-            w.sent += 1;
             let Some(batch) = batch else {
-                w.done = w.sent;
+                // Nothing to write (only answers held): "written" at once.
                 self.broker.handle(now, Input::Stored { batch: None, result: Ok(()), durable: false });
                 return;
             };
-            if batch.jobs.len() <= SMALL_BATCH {
-                // The thread is idle (nothing in flight), so the lock is free; should it not be, the thread writes.
-                if let Ok(mut store) = w.store.try_lock() {
-                    let result = store.commit_with(&batch, false).map_err(Into::into);
-                    drop(store);
-                    w.done = w.sent;
-                    self.broker.handle(now, Input::Stored { batch: Some(Box::new(batch)), result, durable: false });
-                    continue;
-                }
-            }
-            self.hand_over(now, batch);
-            return;
-        }
-    }
-
-    /// Give batch `batch` (number `sent`) to the writer thread; if it has stopped, the batch failed.
-    fn hand_over(&mut self, now: Time, batch: crate::jobs::journal::Journal) {
-        let Some(w) = self.writer.as_mut() else { return };
-        match w.tx.send((w.sent, Box::new(batch))) {
-            Ok(()) => w.in_flight = Some(w.sent),
-            Err(std::sync::mpsc::SendError((_, batch))) => {
-                w.done = w.sent;
-                let why = "the state directory's writer thread has stopped".to_string();
-                let result = Err(vigil_core::broker::store::CommitError { why, errno: crate::message::errno::EIO });
-                self.broker.handle(now, Input::Stored { batch: Some(batch), result, durable: false });
-            }
+            let batch = std::sync::Arc::new(batch);
+            let result = w.append(&batch).map_err(Into::into);
+            self.broker.handle(now, Input::Stored { batch: Some(batch), result, durable: false });
         }
     }
 
     /// Ask the store thread for an fsync if submissions wait for one and none is under way. If the thread is
     /// gone, the fsync failed: `queue` gets that.
     fn start_sync(&mut self, queue: &mut VecDeque<Input>) {
-        let Some(s) = self.syncer.as_mut() else { return };
+        let (Some(s), Some(w)) = (self.syncer.as_mut(), self.writer.as_mut()) else { return };
         if s.busy {
             return;
         }
         let Some(upto) = self.broker.sync_wanted() else { return };
-        if s.tx.send(upto).is_ok() {
+        if s.tx.send((upto, w.redo.sync_work())).is_ok() {
             s.busy = true;
         } else {
             let why = "the state directory's store thread has stopped".to_string();
@@ -1229,21 +1178,11 @@ impl Driver {
     fn on_event(&mut self, e: Event) {
         self.refresh_status();
         match e {
-            Event::Written { seq, batch, result } => {
-                if let Some(w) = self.writer.as_mut() {
-                    w.in_flight = None;
-                    w.done = seq;
-                }
-                self.step(Input::Stored { batch: Some(batch), result: result.map_err(Into::into), durable: false });
-            }
             Event::Synced { upto, result } => {
                 if let Some(s) = self.syncer.as_mut() {
                     s.busy = false;
                 }
-                match result {
-                    Ok(()) if self.writer.is_some() => self.synced(upto),
-                    result => self.step(Input::Synced { upto, result: result.map_err(Into::into) }),
-                }
+                self.step(Input::Synced { upto, result: result.map_err(Into::into) });
             }
             Event::Peer(Peer::Parent, conn, _) | Event::PeerClosed(Peer::Parent, conn, _)
                 if conn != self.parent_gen =>
@@ -2011,25 +1950,42 @@ mod tests {
         drop(parent.await);
     }
 
-    /// What the broker asks for while a batch of the journal is written waits for it, in order, but for what
-    /// keeps links alive; with nothing being written, effects go at once.
+    /// The writer thread gets the loop's records a fold period after the first (not one by one), folds them into
+    /// the store, and at a clean stop folds the rest and leaves the store alone in its directory: no segment of
+    /// the redo log, no SQLite log beside it.
     #[test]
-    fn effects_wait_for_their_batch_in_order_but_for_link_effects() {
-        let send = |topic: &str| Effect::Send(Peer::Local(1), Message::request(topic, 0, &json!({})));
-        let topic = |e: Option<Effect>| match e {
-            Some(Effect::Send(_, m)) => m.topic,
-            other => format!("{other:?}"),
+    fn the_writer_folds_the_records_a_period_later_and_all_of_them_at_stop() {
+        use super::super::redo::segments;
+        use super::super::store::tests::{batch, record};
+        let d = tempfile::tempdir().unwrap();
+        let (store, _) = super::super::store::Store::open(d.path()).unwrap();
+        let mut w = Writer::start(store, d.path()).unwrap();
+        let jobs = |path: &std::path::Path| -> i64 {
+            let c = rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+            c.query_row("SELECT COUNT(*) FROM jobs", [], |r| r.get(0)).unwrap()
         };
-        let mut held = HeldEffects::default();
-        assert!(held.hold(send("now"), None).is_some(), "nothing written: at once");
-        assert!(held.hold(send("a"), Some(3)).is_none());
-        assert!(held.hold(send("b"), Some(2)).is_none(), "behind a, though its own batch comes first");
-        assert!(held.hold(send("c"), None).is_none(), "behind a and b");
-        assert!(matches!(held.hold(Effect::Heartbeat, Some(3)), Some(Effect::Heartbeat)));
-        assert!(held.hold(Effect::AcceptChild { conn: 1, rank: 1 }, Some(3)).is_some());
-        assert!(held.ready(2).is_none(), "a waits for batch 3, and b and c for a");
-        assert_eq!([held.ready(3), held.ready(3), held.ready(3)].map(topic), ["a", "b", "c"]);
-        assert!(held.ready(u64::MAX).is_none());
+        let db = d.path().join(super::super::store::FILE);
+        for id in 1..=3 {
+            w.append(&std::sync::Arc::new(batch(vec![record(id, 0, &["submit"], true)], 0, 0, id))).unwrap();
+            w.hand_over(false);
+        }
+        assert_eq!(w.pending.records.len(), 3, "not handed over before the period");
+        w.pending_since = Some(Instant::now() - FOLD_PERIOD);
+        w.hand_over(false);
+        assert!(w.pending.records.is_empty(), "handed over once due");
+        let t = Instant::now();
+        while jobs(&db) < 3 {
+            assert!(t.elapsed() < Duration::from_secs(10), "not folded");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        w.append(&std::sync::Arc::new(batch(vec![record(4, 0, &["submit"], true)], 0, 0, 4))).unwrap();
+        assert_eq!(segments(d.path()).unwrap().len(), 1);
+        w.stop();
+        assert!(segments(d.path()).unwrap().is_empty(), "the folded log is removed at stop");
+        assert!(!d.path().join(format!("{}-wal", super::super::store::FILE)).exists());
+        let (s, kept) = super::super::store::Store::open(d.path()).unwrap();
+        assert_eq!(kept.unwrap().jobs.len(), 4);
+        assert_eq!(s.redo_seq, 4);
     }
 
     /// The store thread reports an fsync only once it has returned (a slow disk: one that blocks until released),
@@ -2038,13 +1994,14 @@ mod tests {
     fn the_store_thread_reports_an_fsync_only_once_it_returned() {
         let (release, gate) = std::sync::mpsc::channel::<Result<(), CommitError>>();
         let (events, mut reports) = mpsc::unbounded_channel();
-        let s = Syncer::start(move || gate.recv().expect("released"), events).expect("thread");
-        s.tx.send(7).expect("asked");
+        let s = Syncer::start(move |_| gate.recv().expect("released"), events).expect("thread");
+        let work = || super::super::redo::SyncWork { files: Vec::new(), dir: None };
+        s.tx.send((7, work())).expect("asked");
         std::thread::sleep(Duration::from_millis(100));
         assert!(reports.try_recv().is_err(), "reported while the fsync still blocks");
         release.send(Ok(())).expect("released");
         assert!(matches!(reports.blocking_recv(), Some(Event::Synced { upto: 7, result: Ok(()) })));
-        s.tx.send(9).expect("asked");
+        s.tx.send((9, work())).expect("asked");
         let eio = CommitError { why: "EIO".into(), errno: crate::message::errno::EIO };
         release.send(Err(eio.clone())).expect("released");
         assert!(matches!(reports.blocking_recv(), Some(Event::Synced { upto: 9, result: Err(e) }) if e == eio));

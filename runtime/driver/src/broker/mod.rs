@@ -24,6 +24,7 @@ pub mod secure;
 mod spawn;
 // Public only for `vigil-bench restart`, which fills a store with the real `Store::commit`; not an API.
 #[doc(hidden)]
+pub mod redo;
 pub mod store;
 pub mod transport;
 mod upgrade;

@@ -1,14 +1,13 @@
 //! The state directory's store (`-S statedir=DIR`): rank 0's journal (`jobs/journal.rs`) in SQLite.
 //!
-//! One file, `DIR/vigil.sqlite`, in WAL mode. The driver writes one transaction per turn of its loop (every input
-//! that turn's batch of events brought) before it carries out anything the broker asked for in that turn, with
-//! [`Store::commit_with`] and `synchronous=NORMAL`: into the write-ahead log at once, so `kill -9` of rank 0 loses
-//! none of it, but not fsynced. Durability against a power cut is the store thread's ([`WalSync`]): it fsyncs the
-//! log while the loop goes on, one fsync at a time, each covering every write before it (the log is appended in
-//! order), so one fsync serves every submission written while the one before ran (group commit); a submission is
-//! answered only once an fsync that covers its write has returned. A power cut of rank 0's node may lose writes
-//! no fsync covered yet, never an acknowledged job. A durable [`Store::commit_with`] (`synchronous=FULL`) is the
-//! same on the caller's thread: it returns once its transaction and the log before it are on disk.
+//! One file, `DIR/vigil.sqlite`, in WAL mode with `synchronous=FULL`: a commit returns once it is on disk. The
+//! loop does not write it: it appends each batch of the journal to the redo log (`redo.rs`, `DIR/vigil.redo.N`)
+//! before it carries out anything the batch led to, and an fsync of that log (on the store thread) covers a
+//! submission before it is answered. The writer thread folds the log's records into this file
+//! ([`Store::fold`], many in one transaction, with `redo_seq` in `meta`, the last one folded) and removes the
+//! segments it holds whole; at open, what the log holds past `redo_seq` (rank 0 killed before the fold) is
+//! folded first ([`Store::open`]). A power cut of rank 0's node may lose records no fsync covered yet, never an
+//! acknowledged job.
 //!
 //! Why SQLite: it is among the most tested pieces of software there is, crash-safe by design, and what Flux keeps
 //! its content in; an operator can read the file with the `sqlite3` shell; and it builds with this workspace's
@@ -130,136 +129,13 @@ pub struct Store {
     path: PathBuf,
     /// Times rank 0 started on this store after the first (this start counted).
     pub restarts: u64,
-    /// The connection's `synchronous` setting is FULL (else NORMAL).
-    sync_full: bool,
+    /// The last record of the redo log (`redo.rs`) the file holds (`redo_seq` in `meta`).
+    pub redo_seq: u64,
     /// The highest job id the file holds as this connection last committed (`last_id`, or a higher job row: see
-    /// [`Store::commit_with`]) and the epoch (its bits) it last wrote.
+    /// [`write_meta_kept`]) and the epoch (its bits) it last wrote.
     meta_kept: Option<(JobId, u64)>,
     /// The directory's lock ([`LOCK`]), held while this store is open.
     _lock: std::fs::File,
-}
-
-/// Makes what the store wrote without an fsync ([`Store::commit_with`], `durable` false) durable, from another
-/// thread than the one that writes (the driver's store thread): an fsync (`fdatasync`) of the write-ahead log,
-/// `DIR/vigil.sqlite-wal`. It covers every transaction in the log before the call: the log is appended in order,
-/// and a transaction counts at recovery only once its commit frame checks (a torn tail is ignored, as after a power
-/// cut under `synchronous=FULL`), so a write that returned before [`WalSync::sync`] was called is on disk when it
-/// returns `Ok`. That is the fsync `synchronous=FULL` does at the end of each commit, moved off the loop. SQLite
-/// syncs the log itself before each checkpoint (`synchronous=NORMAL`), so what a checkpoint moves to the main
-/// file is on disk first.
-///
-/// It also does the checkpoints (copying the log into the main file so that the log can be reused), at most
-/// one per [`CHECKPOINT_PERIOD`], after an fsync, on a connection of its own: done by the writing connection
-/// (SQLite's default, every 1,000 pages) they cost the loop two fsyncs each, dozens of times in a burst of 1,000
-/// submissions; the writer still syncs the log's header once after each (when it starts the log again from its
-/// beginning), hence the period. The writer checkpoints itself past [`WRITER_CHECKPOINT_PAGES`], should this
-/// thread fall behind.
-pub struct WalSync {
-    /// The store's main file.
-    db: PathBuf,
-    /// The write-ahead log.
-    wal: PathBuf,
-    /// Its directory (synced once for each log file opened, so that its name survives too).
-    dir: PathBuf,
-    /// The log open, with its device and inode: opened again if the file at `wal` is another one.
-    open: Option<(std::fs::File, u64, u64)>,
-    /// The connection checkpoints are made on, once opened.
-    checkpointer: Option<Connection>,
-    /// When the last checkpoint was made (or this was made).
-    last_checkpoint: std::time::Instant,
-    /// A checkpoint failed (logged once; the log then grows until the writer checkpoints).
-    checkpoint_failed: bool,
-}
-
-impl std::fmt::Debug for WalSync {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WalSync").field("wal", &self.wal).finish()
-    }
-}
-
-/// The store thread's checkpoints are at least this far apart ([`WalSync`]): 1 s.
-pub const CHECKPOINT_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Pages (4 KiB) of log past which the writing connection checkpoints itself once a store thread does the
-/// checkpoints ([`Store::wal_sync`]): ten times SQLite's default, a bound on the log should the thread fall behind.
-pub const WRITER_CHECKPOINT_PAGES: i64 = 10_000;
-
-impl WalSync {
-    /// The write-ahead log of the store at `path` (`DIR/vigil.sqlite`).
-    pub fn new(path: &Path) -> WalSync {
-        let mut wal = path.as_os_str().to_owned();
-        wal.push("-wal");
-        WalSync {
-            db: path.to_path_buf(),
-            wal: PathBuf::from(wal),
-            dir: path.parent().unwrap_or(Path::new(".")).to_path_buf(),
-            open: None,
-            checkpointer: None,
-            last_checkpoint: std::time::Instant::now(),
-            checkpoint_failed: false,
-        }
-    }
-
-    /// Copy the log into the main file (`PRAGMA wal_checkpoint(PASSIVE)`: what the writer has not finished
-    /// meanwhile waits for the next one; the writer is never blocked). A failure is logged once and otherwise
-    /// harmless: what is in the log stays there, durable.
-    fn checkpoint(&mut self) {
-        let r = (|| -> rusqlite::Result<()> {
-            if self.checkpointer.is_none() {
-                let c = Connection::open_with_flags(
-                    &self.db,
-                    OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-                )?;
-                c.pragma_update(None, "synchronous", "NORMAL")?;
-                self.checkpointer = Some(c);
-            }
-            let c = self.checkpointer.as_ref().expect("opened above");
-            c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
-        })();
-        match r {
-            Ok(()) => self.checkpoint_failed = false,
-            Err(e) if !self.checkpoint_failed => {
-                self.checkpoint_failed = true;
-                tracing::warn!("{}: checkpoint failed: {e} (the log grows until one succeeds)", self.db.display());
-            }
-            Err(_) => {}
-        }
-    }
-
-    /// Put everything written to the log so far on disk. Blocks for the disk's flush (milliseconds; longer on a
-    /// busy disk).
-    ///
-    /// # Errors
-    /// The log cannot be found, opened or synced (`EIO`; `ENOSPC` for a full disk): what was written since the
-    /// last `Ok` may not survive a power cut.
-    pub fn sync(&mut self) -> Result<(), CommitError> {
-        use std::os::unix::fs::MetadataExt as _;
-        let wal = self.wal.clone();
-        let err = move |what: &str, e: std::io::Error| {
-            let errno = if e.raw_os_error() == Some(libc::ENOSPC) {
-                crate::message::errno::ENOSPC
-            } else {
-                crate::message::errno::EIO
-            };
-            CommitError { why: format!("{what} {}: {e}", wal.display()), errno }
-        };
-        let here = std::fs::metadata(&self.wal).map_err(|e| err("cannot find the write-ahead log", e))?;
-        if self.open.as_ref().map(|(_, dev, ino)| (*dev, *ino)) != Some((here.dev(), here.ino())) {
-            let f = std::fs::File::open(&self.wal).map_err(|e| err("cannot open the write-ahead log", e))?;
-            let m = f.metadata().map_err(|e| err("cannot read the write-ahead log", e))?;
-            std::fs::File::open(&self.dir)
-                .and_then(|d| d.sync_all())
-                .map_err(|e| err("cannot sync the directory of the write-ahead log", e))?;
-            self.open = Some((f, m.dev(), m.ino()));
-        }
-        let (f, ..) = self.open.as_ref().expect("opened above");
-        f.sync_data().map_err(|e| err("cannot sync the write-ahead log", e))?;
-        if self.last_checkpoint.elapsed() >= CHECKPOINT_PERIOD {
-            self.checkpoint();
-            self.last_checkpoint = std::time::Instant::now();
-        }
-        Ok(())
-    }
 }
 
 /// The lock file of a state directory: locked (`flock`, exclusive) by the rank 0 that uses the directory, and
@@ -381,13 +257,20 @@ impl Store {
         upgrade(&conn)
             .map_err(|e| unwritable(format!("{}: cannot bring it to schema {SCHEMA_VERSION}: {e}", path.display())))?;
         conn.pragma_update(None, "synchronous", "FULL").map_err(|e| damaged(&path, e))?;
-        let mut store = Store { conn, path, restarts: 0, sync_full: true, meta_kept: None, _lock: lock };
+        let mut store = Store { conn, path, restarts: 0, redo_seq: 0, meta_kept: None, _lock: lock };
+        store.redo_seq = store.meta_u64("redo_seq").map_err(|e| damaged(&store.path, e))?;
+        store.replay(dir)?;
         let kept = store.load().map_err(|e| damaged(&store.path, e))?;
         if kept.is_some() {
             // Counted once the instance has claimed the store (see `record_restart`), not by a rank 0 refused.
             store.restarts = store.meta_u64("restarts").map_err(|e| damaged(&store.path, e))? + 1;
         }
         Ok((store, kept))
+    }
+
+    /// The state directory.
+    pub fn dir(&self) -> &Path {
+        self.path.parent().unwrap_or(Path::new("."))
     }
 
     /// Record this start as a restart (`restarts` in `meta`, shown by `vigil uptime`), once the instance has
@@ -443,7 +326,7 @@ impl Store {
             c.query_row("SELECT value FROM meta WHERE key = 'epoch'", [], |r| r.get(0)).optional().map_err(s)?;
         let Some(epoch) = epoch else { return Ok(None) };
         let epoch: f64 = epoch.parse().map_err(|_| format!("meta.epoch '{epoch}' is not a number"))?;
-        // Ids given: `last_id`, unless a job row is higher (`commit_with` writes `last_id` only when no row
+        // Ids given: `last_id`, unless a job row is higher (`write_meta_kept` writes `last_id` only when no row
         // carries it).
         let top: Option<i64> = c.query_row("SELECT MAX(id) FROM jobs", [], |r| r.get(0)).map_err(s)?;
         let last_id = JobId(self.meta_u64("last_id").map_err(s)?).max(JobId(top.unwrap_or(0) as u64));
@@ -524,42 +407,70 @@ impl Store {
         Ok(Some(kept))
     }
 
-    /// What makes this store's writes durable from another thread ([`WalSync`]), which does the checkpoints
-    /// from now on: this connection checkpoints only past [`WRITER_CHECKPOINT_PAGES`].
-    pub fn wal_sync(&self) -> WalSync {
-        if let Err(e) = self.conn.pragma_update(None, "wal_autocheckpoint", WRITER_CHECKPOINT_PAGES) {
-            tracing::warn!("{}: wal_autocheckpoint not set: {e}", self.path.display());
+    /// Fold into the file what the redo log (`redo.rs`) holds past [`Store::redo_seq`] (written before a crash
+    /// of rank 0 and not folded yet), durably, then remove its segments.
+    ///
+    /// # Errors
+    /// [`OpenError::Damaged`] when a record cannot be folded (it names a job the file does not have);
+    /// [`OpenError::Unwritable`] when the fold cannot be written (a full disk) or a segment cannot be read or
+    /// removed. The segments are left as they are then.
+    fn replay(&mut self, dir: &Path) -> Result<(), OpenError> {
+        let unwritable = |err: String| OpenError::Unwritable { dir: dir.to_path_buf(), err };
+        let r = super::redo::read(dir, self.redo_seq).map_err(unwritable)?;
+        if let Some(why) = &r.dropped {
+            tracing::warn!("state directory: {why}");
         }
-        WalSync::new(&self.path)
+        if let Some((last, _)) = r.batches.last() {
+            let last = *last;
+            let batches: Vec<&Journal> = r.batches.iter().map(|(_, b)| b).collect();
+            self.fold(&batches, last).map_err(|e| {
+                let why = format!("cannot fold the redo log into the store: {}", e.why);
+                if e.errno == crate::message::errno::ENOSPC {
+                    unwritable(why)
+                } else {
+                    damaged(&self.path, why)
+                }
+            })?;
+            tracing::info!("state directory: {} record(s) of the redo log folded into the store", batches.len());
+        }
+        for seg in &r.segments {
+            std::fs::remove_file(seg).map_err(|e| unwritable(format!("{}: {e}", seg.display())))?;
+        }
+        if !r.segments.is_empty() {
+            std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| unwritable(e.to_string()))?;
+        }
+        Ok(())
     }
 
-    /// Write batch `b` in one transaction, durable when this returns `Ok` (see the module documentation).
+    /// Write batch `b` in one transaction, durable when this returns `Ok` (SQLite's log fsynced).
     ///
     /// # Errors
     /// The SQLite error (a full disk, an I/O error): then nothing of `b` is kept.
     pub fn commit(&mut self, b: &Journal) -> Result<(), CommitError> {
-        self.commit_with(b, true)
+        self.fold(&[b], self.redo_seq)
     }
 
-    /// Write batch `b` in one transaction: on disk (fsynced, with everything committed before it) when `durable`,
-    /// else in the write-ahead log, to be fsynced by the next durable commit or checkpoint.
+    /// Write `batches` (records of the redo log, in order, the last numbered `upto`) in one transaction, with
+    /// `redo_seq` = `upto`; durable (fsynced) when this returns `Ok`.
     ///
     /// # Errors
-    /// As [`Store::commit`].
-    pub fn commit_with(&mut self, b: &Journal, durable: bool) -> Result<(), CommitError> {
-        if durable != self.sync_full {
-            self.conn.pragma_update(None, "synchronous", if durable { "FULL" } else { "NORMAL" })?;
-            self.sync_full = durable;
-        }
-        // The highest id the file will hold without a `last_id` row: the one kept, or a new job's row.
-        let new_rows = b.jobs.iter().filter(|r| r.jobspec.is_some()).map(|r| r.id).max();
-        let covered = self.meta_kept.map(|(id, _)| id).max(new_rows).unwrap_or_default();
-        let write_meta = self.meta_kept.map(|(_, epoch)| epoch) != Some(b.epoch.to_bits())
-            || !b.purged.is_empty()
-            || covered < b.last_id;
-        // BEGIN and COMMIT as cached statements: a transaction per turn of the loop, parsed once.
+    /// As [`Store::commit`]: then nothing of them is kept.
+    pub fn fold(&mut self, batches: &[&Journal], upto: u64) -> Result<(), CommitError> {
+        // BEGIN and COMMIT as cached statements.
         self.conn.prepare_cached("BEGIN")?.execute([])?;
-        match write_batch(&self.conn, b, write_meta) {
+        let mut meta_kept = self.meta_kept;
+        let r = (|| {
+            for b in batches {
+                meta_kept = Some(write_meta_kept(&self.conn, b, meta_kept)?);
+            }
+            if upto != self.redo_seq {
+                self.conn
+                    .prepare_cached("INSERT OR REPLACE INTO meta(key, value) VALUES('redo_seq', ?1)")?
+                    .execute(params![upto.to_string()])?;
+            }
+            Ok::<_, CommitError>(())
+        })();
+        match r {
             Ok(()) => {
                 if let Err(e) = self.conn.prepare_cached("COMMIT").and_then(|mut c| c.execute([])) {
                     let _ = self.conn.execute_batch("ROLLBACK");
@@ -571,12 +482,25 @@ impl Store {
                 return Err(e);
             }
         }
-        self.meta_kept = Some((if write_meta { b.last_id.max(covered) } else { covered }, b.epoch.to_bits()));
+        self.meta_kept = meta_kept;
+        self.redo_seq = upto;
         Ok(())
     }
 }
 
-/// The statements of one batch ([`Store::commit_with`]), inside its transaction.
+/// Write batch `b` ([`write_batch`]) given what the file held of its meta rows (`kept`: the highest job id it
+/// holds and the epoch's bits, see [`Store::meta_kept`]); returns what it holds after.
+fn write_meta_kept(c: &Connection, b: &Journal, kept: Option<(JobId, u64)>) -> Result<(JobId, u64), CommitError> {
+    // The highest id the file will hold without a `last_id` row: the one kept, or a new job's row.
+    let new_rows = b.jobs.iter().filter(|r| r.jobspec.is_some()).map(|r| r.id).max();
+    let covered = kept.map(|(id, _)| id).max(new_rows).unwrap_or_default();
+    let write_meta =
+        kept.map(|(_, epoch)| epoch) != Some(b.epoch.to_bits()) || !b.purged.is_empty() || covered < b.last_id;
+    write_batch(c, b, write_meta)?;
+    Ok((if write_meta { b.last_id.max(covered) } else { covered }, b.epoch.to_bits()))
+}
+
+/// The statements of one batch ([`Store::fold`]), inside its transaction.
 fn write_batch(c: &Connection, b: &Journal, write_meta: bool) -> Result<(), CommitError> {
     let mut new_job = c.prepare_cached(
         "INSERT INTO jobs(id, userid, state, R, status, output) VALUES(?1, ?2, ?3, ?4, ?5, ?6)
@@ -809,7 +733,7 @@ fn check(c: &Connection) -> Result<(), String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::jobs::journal::JobRecord;
     use proptest::prelude::*;
@@ -819,7 +743,8 @@ mod tests {
         Event::with_time(t, name, json!({"n": name}))
     }
 
-    fn record(id: u64, first: usize, events: &[&str], spec: bool) -> JobRecord {
+    /// Job `id`'s record: events named `events` from index `first`, with its jobspec when `spec`.
+    pub(in crate::broker) fn record(id: u64, first: usize, events: &[&str], spec: bool) -> JobRecord {
         JobRecord {
             id: JobId(id),
             userid: 1000,
@@ -835,7 +760,8 @@ mod tests {
         }
     }
 
-    fn batch(jobs: Vec<JobRecord>, resource_first: usize, nres: usize, last_id: u64) -> Journal {
+    /// A batch of `jobs`, with `nres` resource events from `resource_first`.
+    pub(in crate::broker) fn batch(jobs: Vec<JobRecord>, resource_first: usize, nres: usize, last_id: u64) -> Journal {
         Journal {
             jobs,
             resource_first,
@@ -908,13 +834,12 @@ mod tests {
         done.r = Some(json!({"version": 1}));
         done.output = Some(vec![crate::shellproto::OutputLine::text(0, "stdout", "hi".into())]);
         let b2 = batch(vec![done], 2, 1, 12);
-        // The second without an fsync of its own (a turn that answers no submission): still kept.
-        for (b, durable) in [(&b1, true), (&b2, false)] {
-            s.commit_with(b, durable).unwrap();
+        for b in [&b1, &b2] {
+            s.commit(b).unwrap();
             mem.apply(b).unwrap();
         }
         let sync: i64 = s.conn.query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap();
-        assert_eq!(sync, 1, "NORMAL after a commit that needs no fsync");
+        assert_eq!(sync, 2, "every commit is fsynced (FULL)");
         drop(s);
         let (mut s, kept) = Store::open(d.path()).unwrap();
         assert_eq!(s.restarts, 1);
@@ -958,45 +883,34 @@ mod tests {
         );
     }
 
-    /// Writes without an fsync, then [`WalSync::sync`] from another thread while the first thread writes on: every
-    /// write is kept; a log that is not there is an error naming it, not a silent success.
+    /// What the redo log holds past the last fold (rank 0 killed before the writer thread folded it) is folded
+    /// into the file at the next open, whole, in order, and its segments go; the next log follows it.
     #[test]
-    fn the_store_thread_syncs_what_was_written_without_an_fsync() {
+    fn what_the_redo_log_holds_is_folded_at_the_next_open() {
+        use super::super::redo::{segments, RedoLog};
         let d = tempfile::tempdir().unwrap();
         let (mut s, _) = Store::open(d.path()).unwrap();
-        let mut sync = s.wal_sync();
+        let mut log = RedoLog::create(d.path(), s.redo_seq).unwrap();
         let mut mem = Kept::default();
-        let b = batch(vec![record(1, 0, &["submit"], true)], 0, 1, 1);
-        s.commit_with(&b, false).unwrap();
-        mem.apply(&b).unwrap();
-        let t = std::thread::spawn(move || {
-            for _ in 0..20 {
-                sync.sync().unwrap();
-            }
-            sync
-        });
-        for id in 2..40 {
-            let b = batch(vec![record(id, 0, &["submit", "validate"], true)], mem.resource_eventlog.len(), 1, id);
-            s.commit_with(&b, false).unwrap();
+        let mut batches = Vec::new();
+        for id in 1..=5u64 {
+            let mut r = record(id, 0, &["submit", "validate"], true);
+            r.rows.new = vec![crate::shellproto::OutputLine::text(0, "stdout", format!("{id}"))];
+            let b = batch(vec![r], mem.resource_eventlog.len(), 1, id);
+            log.append(&b).unwrap();
             mem.apply(&b).unwrap();
+            batches.push(b);
         }
-        let mut sync = t.join().unwrap();
-        sync.sync().unwrap();
-        // A checkpoint on the thread's own connection (as it makes one a second apart): the main file takes the
-        // log's pages; the writer made none itself.
-        let main = || std::fs::metadata(d.path().join(FILE)).unwrap().len();
-        let before = main();
-        sync.checkpoint();
-        assert!(!sync.checkpoint_failed);
-        assert!(main() > before, "checkpointed: {before} -> {} bytes", main());
-        let sync_mode: i64 = s.conn.query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap();
-        assert_eq!(sync_mode, 1, "the writes themselves are not fsynced (NORMAL)");
-        drop(s);
-        let (_s, kept) = Store::open(d.path()).unwrap();
-        assert_eq!(kept.as_ref(), Some(&mem));
-        let e = WalSync::new(&d.path().join("elsewhere").join(FILE)).sync().unwrap_err();
-        assert_eq!(e.errno, crate::message::errno::EIO);
-        assert!(e.why.contains("elsewhere") && e.why.contains("-wal"), "{}", e.why);
+        // Records 1 and 2 folded (as the writer thread does), 3 to 5 not: then a kill -9.
+        s.fold(&[&batches[0], &batches[1]], 2).unwrap();
+        assert_eq!(s.meta_u64("redo_seq").unwrap(), 2);
+        drop((s, log));
+        let (s, kept) = Store::open(d.path()).unwrap();
+        assert_eq!(kept.as_ref(), Some(&mem), "every record is in the store once");
+        assert_eq!(s.redo_seq, 5);
+        assert!(segments(d.path()).unwrap().is_empty(), "the folded segments are removed");
+        let mut log = RedoLog::create(d.path(), s.redo_seq).unwrap();
+        assert_eq!(log.append(&batch(vec![], mem.resource_eventlog.len(), 0, 5)).unwrap().0, 6);
     }
 
     /// A running job's output is kept as it comes, across reopenings, bounded as rank 0 holds it, with its shells'
@@ -1018,7 +932,7 @@ mod tests {
         };
         let mut commit = |s: &mut Store, r: JobRecord| {
             let b = batch(vec![r], 0, 0, 5);
-            s.commit_with(&b, false).unwrap();
+            s.commit(&b).unwrap();
             mem.apply(&b).unwrap();
             mem.clone()
         };
