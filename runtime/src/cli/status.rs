@@ -534,6 +534,12 @@ fn statedir_line(s: &Value) -> String {
             if state == "failing" {
                 l.push_str(&format!("; FAILING: {why}; submissions refused until it can commit again"));
             }
+            if let Some(f) = s["fold_failing"].as_str() {
+                l.push_str(&format!(
+                    "; the redo log cannot be folded into vigil.sqlite: {f} (every record is kept in the log, which \
+                     grows until a fold succeeds)"
+                ));
+            }
             l
         }
     }
@@ -758,8 +764,29 @@ pub(crate) async fn event(cmd: EventCmd) -> Result<i32, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::broker_tally;
-    use serde_json::json;
+    use super::{broker_tally, statedir_line};
+    use serde_json::{json, Value};
+
+    /// The state directory's line says what an operator must know: restarts and writes, a store that fails
+    /// (submissions refused), a redo log that cannot be folded (it grows), a damaged file.
+    #[test]
+    fn the_state_directory_line_says_what_fails() {
+        let ok = json!({"path": "/var/lib/vigil", "state": "ok", "restarts": 2, "writes": 10, "syncs": 3});
+        assert_eq!(
+            statedir_line(&ok),
+            "state directory: /var/lib/vigil, 2 restart(s), 10 write(s) and 3 fsync(s) since this rank 0 started"
+        );
+        let mut folding = ok.clone();
+        folding["fold_failing"] = json!("database or disk is full");
+        let l = statedir_line(&folding);
+        assert!(l.contains("cannot be folded into vigil.sqlite: database or disk is full"), "{l}");
+        assert!(l.contains("which grows"), "{l}");
+        let failing = json!({"path": "/d", "state": "failing", "restarts": 0, "why": "ENOSPC"});
+        assert!(statedir_line(&failing).contains("FAILING: ENOSPC; submissions refused"));
+        let damaged = json!({"path": "/d", "state": "damaged", "why": "truncated"});
+        assert!(statedir_line(&damaged).contains("DAMAGED: truncated; scheduling stopped"));
+        assert!(statedir_line(&Value::Null).starts_with("state directory: none"));
+    }
 
     #[test]
     fn shutdown_counts_only_the_brokers_still_there_as_running() {

@@ -129,6 +129,9 @@ pub struct DriverStatus {
     pub detectors: Value,
     /// Overlay connections refused before authentication (see `secure::RefusalLog`).
     pub refused: u64,
+    /// Why rank 0's writer thread cannot fold the redo log into its store (a full disk), while it cannot: the
+    /// log keeps every record meanwhile (durable), and grows (`vigil uptime` says so).
+    pub fold_failing: Option<String>,
 }
 
 /// Facts about this broker's process and node that the driver finds out once, before the broker starts.

@@ -495,7 +495,7 @@ fn statedir(core: &Broker) -> Value {
         StateDir::None => Value::Null,
         StateDir::Open { dir, restarts, failing } => json!({"path": dir.display().to_string(),
             "state": if failing.is_some() { "failing" } else { "ok" }, "restarts": restarts, "why": failing,
-            "writes": core.writes, "syncs": core.syncs}),
+            "writes": core.writes, "syncs": core.syncs, "fold_failing": core.status.fold_failing}),
         StateDir::Damaged { dir, why } => json!({"path": dir.display().to_string(), "state": "damaged",
             "restarts": Value::Null, "why": why}),
     }

@@ -135,7 +135,7 @@ pub(crate) struct Driver {
     /// The transports a link may move onto after its hello, in `tbon.transport`'s order.
     upgrades: std::sync::Arc<Upgrades>,
     /// What [`DriverStatus`] was last built from (see [`Driver::refresh_status`]).
-    status_key: [u64; 7],
+    status_key: [u64; 8],
     /// Bumped when the detectors change (loaded).
     detect_generation: u64,
     /// The overlay key and instance id (for connecting to an adoptive parent).
@@ -172,6 +172,8 @@ struct Writer {
     pending_since: Option<Instant>,
     /// Hands the thread what is pending.
     tx: std::sync::mpsc::Sender<Handover>,
+    /// Why the thread's folds fail, while they do (for `vigil uptime`).
+    fold_failing: std::sync::Arc<std::sync::Mutex<Option<String>>>,
     /// The thread, joined by [`Writer::stop`].
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -203,11 +205,13 @@ impl Writer {
         let redo = super::redo::RedoLog::create(dir, store.redo_seq)
             .map_err(|e| format!("state directory {} cannot be written: {e}", dir.display()))?;
         let (tx, rx) = std::sync::mpsc::channel::<Handover>();
+        let fold_failing = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let failing = fold_failing.clone();
         let thread = std::thread::Builder::new()
             .name("vigil-store-write".into())
-            .spawn(move || fold_loop(store, &rx))
+            .spawn(move || fold_loop(store, &rx, &failing))
             .map_err(|e| format!("cannot start the state directory's writer thread: {e}"))?;
-        Ok(Writer { redo, pending: Handover::default(), pending_since: None, tx, thread: Some(thread) })
+        Ok(Writer { redo, pending: Handover::default(), pending_since: None, tx, fold_failing, thread: Some(thread) })
     }
 
     /// Append batch `b` to the log (it survives `kill -9` once this returns `Ok`), to be folded later.
@@ -251,11 +255,21 @@ impl Writer {
 
 /// The writer thread ([`Writer`]): fold what it is handed into `store`, each hand-over in one transaction, and
 /// remove the sealed segments folded whole; it ends when the loop's end is dropped. A fold that fails (a full
-/// disk) is logged once and tried again a period later, with what came meanwhile: its records stay in the log.
-fn fold_loop(mut store: super::store::Store, rx: &std::sync::mpsc::Receiver<Handover>) {
+/// disk) is logged once, said in `failing` (for `vigil uptime`) until one succeeds, and tried again a period
+/// later with what came meanwhile: its records stay in the log.
+fn fold_loop(
+    mut store: super::store::Store,
+    rx: &std::sync::mpsc::Receiver<Handover>,
+    said: &std::sync::Mutex<Option<String>>,
+) {
     use std::sync::mpsc::RecvTimeoutError;
     let mut todo = Handover::default();
     let mut failing = false;
+    let say = |why: Option<String>| {
+        if let Ok(mut s) = said.lock() {
+            *s = why;
+        }
+    };
     loop {
         let got =
             if failing { rx.recv_timeout(FOLD_PERIOD) } else { rx.recv().map_err(|_| RecvTimeoutError::Disconnected) };
@@ -275,10 +289,12 @@ fn fold_loop(mut store: super::store::Store, rx: &std::sync::mpsc::Receiver<Hand
                 Ok(()) => {
                     todo.records.clear();
                     if std::mem::take(&mut failing) {
+                        say(None);
                         info!("state directory: folding the redo log into the store works again");
                     }
                 }
                 Err(e) => {
+                    say(Some(e.why.clone()));
                     if !std::mem::replace(&mut failing, true) {
                         tracing::warn!(
                             "state directory: cannot fold the redo log into the store: {} (its records stay in \
@@ -538,7 +554,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         detect: None,
         watched: HashSet::new(),
         upgrades,
-        status_key: [u64::MAX; 7],
+        status_key: [u64::MAX; 8],
         detect_generation: 0,
         auth: auth.clone(),
         parent_gen: 0,
@@ -1127,10 +1143,11 @@ impl Driver {
 
     /// What the status of the driver's parts is built from: cheap to read, so it is checked before every event
     /// and the status rebuilt only when it changed.
-    fn status_key(&self) -> [u64; 7] {
+    fn status_key(&self) -> [u64; 8] {
         use std::sync::atomic::Ordering::Relaxed;
         let refused = self.refusals.lock().map(|r| r.count).unwrap_or(0);
-        let mut k = [refused, self.detect_generation, u64::from(self.detect.is_some()), 0, 0, 0, 0];
+        let mut k = [refused, self.detect_generation, u64::from(self.detect.is_some()), 0, 0, 0, 0, 0];
+        k[7] = u64::from(self.fold_failing().is_some());
         if let Some(s) = self.detect.as_ref().and_then(|d| d.prober_stats.as_ref()) {
             k[3] = u64::from(s.grouped.load(Relaxed));
             k[4] = u64::from(s.unicast.load(Relaxed)) | u64::from(s.unreached.load(Relaxed)) << 32;
@@ -1153,6 +1170,11 @@ impl Driver {
         }
     }
 
+    /// Why the writer thread cannot fold the redo log into the store, while it cannot.
+    fn fold_failing(&self) -> Option<String> {
+        self.writer.as_ref().and_then(|w| w.fold_failing.lock().ok().and_then(|f| f.clone()))
+    }
+
     /// Hand the broker a fresh [`DriverStatus`] if anything in it changed.
     fn refresh_status(&mut self) {
         let key = self.status_key();
@@ -1171,7 +1193,8 @@ impl Driver {
             None => json!({"process_exit": "userspace (waitpid)", "tcp": "userspace (socket errors and TCP_INFO)",
                 "responder": "none (overlay address is not IPv4)", "probes": "none"}),
         };
-        self.step(Input::Status(DriverStatus { detectors, refused: key[0] }));
+        let fold_failing = self.fold_failing();
+        self.step(Input::Status(DriverStatus { detectors, refused: key[0], fold_failing }));
     }
 
     /// One event from the driver's tasks.
@@ -1986,6 +2009,37 @@ mod tests {
         let (s, kept) = super::super::store::Store::open(d.path()).unwrap();
         assert_eq!(kept.unwrap().jobs.len(), 4);
         assert_eq!(s.redo_seq, 4);
+    }
+
+    /// A fold that fails is said (for `vigil uptime`) and its records stay in the redo log: read back at the
+    /// next open, where the same record is refused as damage rather than lost.
+    #[test]
+    fn a_fold_that_fails_is_said_and_its_records_stay_in_the_log() {
+        use super::super::redo::{read, segments};
+        use super::super::store::tests::{batch, record};
+        let d = tempfile::tempdir().unwrap();
+        let (store, _) = super::super::store::Store::open(d.path()).unwrap();
+        let mut w = Writer::start(store, d.path()).unwrap();
+        // A change of job 5, which the store has no row for: the fold's UPDATE finds nothing, and fails.
+        w.append(&std::sync::Arc::new(batch(vec![record(5, 1, &["alloc"], false)], 0, 0, 5))).unwrap();
+        w.hand_over(true);
+        let t = Instant::now();
+        let why = loop {
+            if let Some(why) = w.fold_failing.lock().unwrap().clone() {
+                break why;
+            }
+            assert!(t.elapsed() < Duration::from_secs(10), "no failure said");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(why.contains("job") && why.contains("no row"), "{why}");
+        w.stop();
+        assert_eq!(segments(d.path()).unwrap().len(), 1, "kept");
+        assert_eq!(read(d.path(), 0).unwrap().batches.len(), 1);
+        match super::super::store::Store::open(d.path()) {
+            Err(super::super::store::OpenError::Damaged { why, .. }) => assert!(why.contains("no row"), "{why}"),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("a record that cannot be folded was dropped"),
+        }
     }
 
     /// The store thread reports an fsync only once it has returned (a slow disk: one that blocks until released),
