@@ -689,7 +689,7 @@ impl Broker {
     fn store_works(&mut self) {
         let StateDir::Open { dir, failing, .. } = &mut self.statedir else { return };
         if let Some(why) = failing.take() {
-            info!("state directory {}: commits succeed again (they failed: {why})", dir.display());
+            tracing::warn!("state directory {}: commits succeed again (they failed: {why})", dir.display());
         }
     }
 
@@ -955,12 +955,14 @@ impl Broker {
     }
 
     /// Whether SIGTERM stops only this broker, for a restart, rather than the instance: rank 0 of a system
-    /// instance (no initial program) that keeps its jobs in a state directory, while the others wait for it
-    /// (`tbon.parent_grace` above 0).
+    /// instance (no initial program) that keeps its jobs in a state directory (or has one it found damaged), while
+    /// the others wait for it (`tbon.parent_grace` above 0).
     pub fn stops_for_restart(&self) -> bool {
         self.rank() == 0
             && self.opts.initial_program.is_none()
-            && self.jobcore.as_ref().is_some_and(|j| j.journaling())
+            // A damaged store too: its jobs are in the file an operator is repairing, and their shells run on.
+            && (self.jobcore.as_ref().is_some_and(|j| j.journaling())
+                || matches!(self.statedir, StateDir::Damaged { .. }))
             && self.parent_grace() > 0.0
     }
 

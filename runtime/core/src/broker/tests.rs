@@ -1134,6 +1134,14 @@ fn sigterm_of_rank_0_with_a_state_directory_stops_only_rank_0() {
     assert!(b.shutting_down.is_some());
     assert_eq!(b.exit_code(), 128 + crate::signal::SIGTERM);
 
+    // A damaged store (rank 0 started with scheduling stopped): the operator repairs it and restarts rank 0;
+    // the running jobs' shells must wait for that, not die with the instance.
+    let mut b = root_with_child();
+    b.opts.config.parent_grace_set = Some(60.0);
+    b.restore(super::core::StateDir::Damaged { dir: "/state".into(), why: "malformed".into() }, None);
+    assert!(b.stops_for_restart());
+    assert_eq!(shutdown_on_sigterm(&mut b).0["restart"], json!(true));
+
     let mut b = root_with_child();
     b.opts.config.parent_grace_set = Some(60.0);
     assert!(!b.stops_for_restart(), "no state directory: the jobs would be lost");

@@ -201,9 +201,10 @@ impl Writer {
     ///
     /// # Errors
     /// The log's first segment cannot be created, or the thread started.
-    fn start(store: super::store::Store, dir: &std::path::Path) -> Result<Writer, String> {
+    fn start(mut store: super::store::Store, dir: &std::path::Path) -> Result<Writer, String> {
         let redo = super::redo::RedoLog::create(dir, store.redo_seq)
             .map_err(|e| format!("state directory {} cannot be written: {e}", dir.display()))?;
+        store.mark_running(true).map_err(|e| format!("state directory {} cannot be written: {e}", dir.display()))?;
         let (tx, rx) = std::sync::mpsc::channel::<Handover>();
         let fold_failing = std::sync::Arc::new(std::sync::Mutex::new(None));
         let failing = fold_failing.clone();
@@ -306,6 +307,13 @@ fn fold_loop(
                 }
             }
         }
+        if !open && todo.records.is_empty() {
+            // A clean stop, everything folded: no log in use from now on, recorded before its last segment goes
+            // (recorded after, a crash between the two would leave a store that looks like its log was removed).
+            if let Err(e) = store.mark_running(false) {
+                tracing::warn!("state directory: cannot record the clean stop: {}", e.why);
+            }
+        }
         let folded = store.redo_seq;
         todo.sealed.retain(|s| {
             if s.last > folded {
@@ -317,7 +325,7 @@ fn fold_loop(
             false
         });
         if !open {
-            // What could not be folded stays in the log, folded at the next start.
+            // What could not be folded stays in the log (and `running` with it), folded at the next start.
             return;
         }
     }

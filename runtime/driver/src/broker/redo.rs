@@ -277,54 +277,77 @@ pub struct Replay {
     pub dropped: Option<String>,
 }
 
-/// Read the records of `dir`'s segments that follow record `folded` (the store's `redo_seq`), up to the first
-/// torn or out-of-sequence one (see the module documentation).
+/// Why the log cannot be replayed ([`read`]).
+#[derive(Debug)]
+pub enum ReadError {
+    /// A segment cannot be listed or read.
+    Io(String),
+    /// The log is damaged, not torn: a bad record with whole ones after it, or records missing between the
+    /// store's last and the log's first. Nothing is dropped: rank 0 starts with the store damaged.
+    Damaged(String),
+}
+
+/// Read the records of `dir`'s segments that follow record `folded` (the store's `redo_seq`), up to the end of
+/// the log or a torn tail: a bad record (no newline, a bad checksum, unreadable) with no whole record after it,
+/// in its segment or a later one. Only a crash tears the log so (ext4 writes a file's new blocks before its
+/// new size, and nothing after a torn record was acknowledged: each fsync covers every record before it).
 ///
 /// # Errors
-/// A segment cannot be read.
-pub fn read(dir: &Path, folded: u64) -> Result<Replay, String> {
+/// [`ReadError::Io`] when a segment cannot be read; [`ReadError::Damaged`] when a bad record is followed by whole
+/// ones, or the first record after the store's is not `folded + 1` (the store lost changes it had committed, or
+/// a segment was removed by hand), or records are out of sequence.
+pub fn read(dir: &Path, folded: u64) -> Result<Replay, ReadError> {
     let mut out = Replay::default();
     let mut next = folded + 1;
-    let mut stop: Option<(PathBuf, u64, String)> = None;
+    let mut torn: Option<(PathBuf, usize, String)> = None;
     let mut dropped_bytes = 0u64;
-    for (_, path) in segments(dir).map_err(|e| format!("{}: {e}", dir.display()))? {
-        let data = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    for (_, path) in segments(dir).map_err(|e| ReadError::Io(format!("{}: {e}", dir.display())))? {
+        let data = std::fs::read(&path).map_err(|e| ReadError::Io(format!("{}: {e}", path.display())))?;
         out.segments.push(path.clone());
-        if stop.is_some() {
-            dropped_bytes += data.len() as u64;
-            continue;
-        }
         let mut at = 0usize;
         while at < data.len() {
-            let Some(end) = data[at..].iter().position(|&c| c == b'\n').map(|n| at + n) else {
-                stop = Some((path.clone(), at as u64, "a record without its end".into()));
-                break;
-            };
-            match decode(&data[at..end]) {
-                Ok((seq, _)) if seq < next => {}
-                Ok((seq, b)) if seq == next => {
+            let end = data[at..].iter().position(|&c| c == b'\n').map(|n| at + n);
+            let line = end.map(|e| decode(&data[at..e]));
+            match (&torn, line) {
+                // After a bad record: a whole one means damage, not a tear.
+                (Some((bad, bad_at, why)), Some(Ok((seq, _)))) => {
+                    return Err(ReadError::Damaged(format!(
+                        "{}: {why} at byte {bad_at}, and a whole record ({seq}) follows it in {}: the redo log is \
+                         damaged, not torn by a crash",
+                        bad.display(),
+                        path.display()
+                    )));
+                }
+                (Some(_), _) => {}
+                (None, Some(Ok((seq, _)))) if seq < next => {}
+                (None, Some(Ok((seq, b)))) if seq == next => {
                     out.batches.push((seq, b));
                     next += 1;
                 }
-                Ok((seq, _)) => {
-                    stop = Some((path.clone(), at as u64, format!("record {seq} where {next} was due")));
-                    break;
+                (None, Some(Ok((seq, _)))) => {
+                    let what = if next == folded + 1 {
+                        format!(
+                            "its first record is {seq}, but the store holds records up to {folded} only: the store \
+                             lost changes it had committed (its files replaced or cut?), or a segment was removed"
+                        )
+                    } else {
+                        format!("record {seq} where {next} was due")
+                    };
+                    return Err(ReadError::Damaged(format!("{}: {what}", path.display())));
                 }
-                Err(why) => {
-                    stop = Some((path.clone(), at as u64, why));
-                    break;
-                }
+                (None, Some(Err(why))) => torn = Some((path.clone(), at, why)),
+                (None, None) => torn = Some((path.clone(), at, "a record without its end".into())),
             }
-            at = end + 1;
-        }
-        if stop.is_some() {
-            dropped_bytes += (data.len() - at) as u64;
+            if torn.is_some() {
+                dropped_bytes += (end.map_or(data.len(), |e| e + 1) - at) as u64;
+            }
+            at = end.map_or(data.len(), |e| e + 1);
         }
     }
-    if let Some((path, at, why)) = stop {
+    if let Some((path, at, why)) = torn {
         out.dropped = Some(format!(
-            "{}: {why} at byte {at}: it and what follows ({dropped_bytes} bytes) were never acknowledged (torn by a \
-             crash before their fsync) and are dropped",
+            "{}: {why} at byte {at}: it and what follows ({dropped_bytes} bytes, no whole record) were never \
+             acknowledged (torn by a crash before their fsync) and are dropped",
             path.display()
         ));
     }
@@ -585,12 +608,50 @@ mod tests {
         let r = read(dir.path(), 0).unwrap();
         assert_eq!(r.batches.len(), 2);
         assert!(r.dropped.as_deref().unwrap().contains("without its end"), "{:?}", r.dropped);
-        // A new log after it starts a new segment and follows the last record kept.
+        // A whole record after the torn one (here in a later segment) means the log is damaged, not torn: nothing
+        // is dropped.
         let mut log = RedoLog::create(dir.path(), 2).unwrap();
         assert_eq!(log.append(&batch(3)).unwrap().0, 3);
-        let r = read(dir.path(), 0).unwrap();
-        assert_eq!(r.segments.len(), 2);
-        assert_eq!(r.batches.iter().map(|(s, _)| *s).collect::<Vec<_>>(), vec![1, 2]);
+        match read(dir.path(), 0) {
+            Err(ReadError::Damaged(why)) => assert!(why.contains("damaged, not torn"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A bad record in the middle (a flipped byte, whole records after it) is damage: reported, nothing dropped.
+    #[test]
+    fn a_bad_record_with_whole_ones_after_it_is_damage_not_a_tear() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = RedoLog::create(dir.path(), 0).unwrap();
+        for id in 1..=3 {
+            log.append(&batch(id)).unwrap();
+        }
+        let mut data = std::fs::read(&log.path).unwrap();
+        let second = data.iter().position(|&c| c == b'\n').unwrap() + 1;
+        data[second + 40] ^= 0x01;
+        std::fs::write(&log.path, &data).unwrap();
+        match read(dir.path(), 0) {
+            Err(ReadError::Damaged(why)) => {
+                assert!(why.contains("checksum mismatch") && why.contains("(3) follows"), "{why}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A log whose first record is past the one after the store's last (the store lost changes it had
+    /// committed, or a segment was removed) is damage, not something to replay from where it starts.
+    #[test]
+    fn records_missing_before_the_log_is_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = RedoLog::create(dir.path(), 10).unwrap();
+        log.append(&batch(1)).unwrap();
+        assert_eq!(read(dir.path(), 10).unwrap().batches.len(), 1);
+        match read(dir.path(), 4) {
+            Err(ReadError::Damaged(why)) => {
+                assert!(why.contains("first record is 11") && why.contains("up to 4"), "{why}")
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

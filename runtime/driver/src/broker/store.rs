@@ -415,8 +415,26 @@ impl Store {
     /// [`OpenError::Unwritable`] when the fold cannot be written (a full disk) or a segment cannot be read or
     /// removed. The segments are left as they are then.
     fn replay(&mut self, dir: &Path) -> Result<(), OpenError> {
+        use super::redo::ReadError;
         let unwritable = |err: String| OpenError::Unwritable { dir: dir.to_path_buf(), err };
-        let r = super::redo::read(dir, self.redo_seq).map_err(unwritable)?;
+        let segments = super::redo::segments(dir).map_err(|e| unwritable(e.to_string()))?;
+        if segments.is_empty() && self.meta_u64("running").map_err(|e| damaged(&self.path, e))? == 1 {
+            // A rank 0 that did not stop cleanly leaves its current segment (at least): none is here.
+            return Err(damaged(
+                &self.path,
+                format!(
+                    "rank 0 did not stop cleanly and its redo log ({}{{N}}) is gone: the changes it held (up to the \
+                     last half second before the stop) are lost; to start anyway with what the file holds, create an \
+                     empty {}000001 in the directory",
+                    super::redo::PREFIX,
+                    super::redo::PREFIX
+                ),
+            ));
+        }
+        let r = super::redo::read(dir, self.redo_seq).map_err(|e| match e {
+            ReadError::Io(why) => unwritable(why),
+            ReadError::Damaged(why) => damaged(&self.path, why),
+        })?;
         if let Some(why) = &r.dropped {
             tracing::warn!("state directory: {why}");
         }
@@ -433,12 +451,30 @@ impl Store {
             })?;
             tracing::info!("state directory: {} record(s) of the redo log folded into the store", batches.len());
         }
+        if !r.segments.is_empty() {
+            // The log is in the file now: none is in use until rank 0 starts one ([`Store::mark_running`]).
+            self.mark_running(false).map_err(|e| unwritable(e.why))?;
+        }
         for seg in &r.segments {
             std::fs::remove_file(seg).map_err(|e| unwritable(format!("{}: {e}", seg.display())))?;
         }
         if !r.segments.is_empty() {
             std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| unwritable(e.to_string()))?;
         }
+        Ok(())
+    }
+
+    /// Record (`running` in `meta`, durably) that a rank 0 writes a redo log beside this file (`true`, when it
+    /// starts one), or that none is in use (`false`: a clean stop folded it, or an open did). An open that finds
+    /// `running` with no segment of the log refuses the store as damaged: the log was removed after a crash, and
+    /// what it held with it.
+    ///
+    /// # Errors
+    /// The SQLite error.
+    pub fn mark_running(&mut self, running: bool) -> Result<(), CommitError> {
+        self.conn
+            .prepare_cached("INSERT OR REPLACE INTO meta(key, value) VALUES('running', ?1)")?
+            .execute(params![if running { "1" } else { "0" }])?;
         Ok(())
     }
 
@@ -723,7 +759,22 @@ fn check(c: &Connection) -> Result<(), String> {
         .and_then(|mut q| q.query_map([], |r| r.get(0))?.collect())
         .map_err(|e| e.to_string())?;
     if verdict != ["ok"] {
-        return Err(format!("damaged: {}", verdict.join("; ")));
+        // On one line (`vigil uptime` shows one): SQLite's rows may hold newlines ("*** in database main ***\n
+        // Page 5: ..."), and may be a hundred.
+        let lines: Vec<String> = verdict
+            .iter()
+            .flat_map(|r| r.lines())
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with("***"))
+            .map(String::from)
+            .collect();
+        let shown = if lines.is_empty() {
+            verdict.join(" ")
+        } else {
+            lines.iter().take(3).cloned().collect::<Vec<_>>().join("; ")
+        };
+        let more = if lines.len() > 3 { format!(" (and {} more problems)", lines.len() - 3) } else { String::new() };
+        return Err(format!("damaged (PRAGMA quick_check): {shown}{more}"));
     }
     let mode: String = c.query_row("PRAGMA journal_mode", [], |r| r.get(0)).map_err(|e| e.to_string())?;
     if mode != "wal" {
@@ -911,6 +962,37 @@ pub(super) mod tests {
         assert!(segments(d.path()).unwrap().is_empty(), "the folded segments are removed");
         let mut log = RedoLog::create(d.path(), s.redo_seq).unwrap();
         assert_eq!(log.append(&batch(vec![], mem.resource_eventlog.len(), 0, 5)).unwrap().0, 6);
+    }
+
+    /// A rank 0 killed leaves its redo log; one removed by hand after that (with what it held) makes the store
+    /// damaged, saying so and how to start anyway; a clean stop (`running` cleared) or a log that was there does
+    /// not.
+    #[test]
+    fn a_redo_log_removed_after_a_crash_is_damage() {
+        use super::super::redo::{segments, RedoLog, PREFIX};
+        let d = tempfile::tempdir().unwrap();
+        let (mut s, _) = Store::open(d.path()).unwrap();
+        let mut log = RedoLog::create(d.path(), s.redo_seq).unwrap();
+        s.mark_running(true).unwrap();
+        log.append(&batch(vec![record(1, 0, &["submit"], true)], 0, 0, 1)).unwrap();
+        drop((s, log)); // kill -9
+        for (_, p) in segments(d.path()).unwrap() {
+            std::fs::remove_file(p).unwrap();
+        }
+        match Store::open(d.path()) {
+            Err(OpenError::Damaged { why, .. }) => {
+                assert!(why.contains("did not stop cleanly") && why.contains(&format!("{PREFIX}000001")), "{why}")
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("a removed redo log went unnoticed"),
+        }
+        // What the message says to do: an empty segment, and the store opens with what it holds.
+        std::fs::write(d.path().join(format!("{PREFIX}000001")), b"").unwrap();
+        let (s, kept) = Store::open(d.path()).unwrap();
+        assert!(kept.is_none());
+        assert_eq!(s.meta_u64("running").unwrap(), 0);
+        drop(s);
+        assert!(Store::open(d.path()).is_ok(), "opened again: no log, none in use");
     }
 
     /// A running job's output is kept as it comes, across reopenings, bounded as rank 0 holds it, with its shells'
