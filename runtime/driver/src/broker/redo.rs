@@ -12,7 +12,7 @@
 //! then sealed (the next is started). A segment is removed once the store holds all of it durably (`redo_seq` in
 //! the store's `meta`: the last record folded, in the same transaction). A record is one line:
 //! `CRC32 SPACE JSON (TAB JOBSPEC)* NEWLINE`: the CRC-32 (8 hex digits) of what follows the space, the JSON a
-//! batch ([`Record`]) with its sequence number (counted across segments and restarts, from 1), then the jobspec
+//! batch (`Record`) with its sequence number (counted across segments and restarts, from 1), then the jobspec
 //! of each job the batch adds, as its JSON text.
 //!
 //! Crash contract (the store's, see `store.rs`): a record whose `write` returned survives `kill -9` of rank 0 (it
