@@ -1128,6 +1128,18 @@ fn jobs(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
         }
         "job-exec.shell-exit" => {
             let exit: ShellExit = serde_json::from_value(body.clone()).map_err(|e| (errno::EPROTO, e.to_string()))?;
+            if let super::core::StateDir::Damaged { dir, .. } = &core.statedir {
+                // Not acknowledged: the job is in the store an operator is repairing, and its broker keeps the
+                // report (an error keeps it), sending it again to the rank 0 restarted on the repaired store.
+                return Err((
+                    errno::EROFS,
+                    format!(
+                        "rank 0's state directory {} is damaged: exit reports are kept by their brokers until rank 0 \
+                         restarts on a store it can read",
+                        dir.display()
+                    ),
+                ));
+            }
             jc.shell_exit(n, exit);
             if jc.journaling() {
                 // Acknowledged once the exit status is durable (Input::Stored, then Input::Synced): the reporting

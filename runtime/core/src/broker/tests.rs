@@ -856,6 +856,13 @@ fn a_submission_is_answered_once_durable_and_refused_if_it_cannot_be() {
     assert_eq!(e.0, errno::EROFS);
     assert!(e.1.contains("schema version 99") && e.1.contains("/state"), "{}", e.1);
     assert!(b.jobcore.as_ref().expect("rank 0").scheduling_stopped().is_some());
+    // Nor is a shell's exit report acknowledged: its broker keeps it for the rank 0 restarted on the repaired
+    // store, which completes the job with it (acknowledged here, the report was dropped and the job, unknown to
+    // this rank 0, failed with "lost critical rank" after the repair).
+    let report = json!({"id": 77, "rank": 1, "report": null, "shell_status": 0});
+    let e = ask1(&mut b, "job-exec.shell-exit", report).expect_err("not acknowledged");
+    assert_eq!(e.0, errno::EROFS);
+    assert!(e.1.contains("kept by their brokers"), "{}", e.1);
 }
 
 /// Pipelined commits (driver.rs): a submission whose batch is written but not yet fsynced is not answered; an

@@ -253,6 +253,11 @@ impl Store {
         let conn =
             Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX)
                 .map_err(|e| damaged(&path, e))?;
+        // Until the store is found whole, closing this connection must not fold SQLite's log into the file and
+        // remove it (SQLite's default for the last connection): a damaged store is left exactly as it was, log
+        // included (its frames after a damaged one may be what an operator recovers).
+        conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
+            .map_err(|e| damaged(&path, e))?;
         check(&conn).map_err(|why| damaged(&path, why))?;
         upgrade(&conn)
             .map_err(|e| unwritable(format!("{}: cannot bring it to schema {SCHEMA_VERSION}: {e}", path.display())))?;
@@ -261,6 +266,11 @@ impl Store {
         store.redo_seq = store.meta_u64("redo_seq").map_err(|e| damaged(&store.path, e))?;
         store.replay(dir)?;
         let kept = store.load().map_err(|e| damaged(&store.path, e))?;
+        // Whole: a clean stop folds SQLite's log into the file again.
+        store
+            .conn
+            .set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, false)
+            .map_err(|e| damaged(&store.path, e))?;
         if kept.is_some() {
             // Counted once the instance has claimed the store (see `record_restart`), not by a rank 0 refused.
             store.restarts = store.meta_u64("restarts").map_err(|e| damaged(&store.path, e))? + 1;
@@ -423,8 +433,8 @@ impl Store {
             return Err(damaged(
                 &self.path,
                 format!(
-                    "rank 0 did not stop cleanly and its redo log ({}{{N}}) is gone: the changes it held (up to the \
-                     last half second before the stop) are lost; to start anyway with what the file holds, create an \
+                    "rank 0 did not stop cleanly and its redo log ({}*) is gone: the changes it held (up to the last \
+                     half second before the stop) are lost; to start anyway with what the file holds, create an \
                      empty {}000001 in the directory",
                     super::redo::PREFIX,
                     super::redo::PREFIX
@@ -993,6 +1003,28 @@ pub(super) mod tests {
         assert_eq!(s.meta_u64("running").unwrap(), 0);
         drop(s);
         assert!(Store::open(d.path()).is_ok(), "opened again: no log, none in use");
+    }
+
+    /// A store found damaged is left as it was, SQLite's log included: opening it does not fold the log into the
+    /// file and remove it (its frames after a damaged one may be all that is left of some changes).
+    #[test]
+    fn a_damaged_store_keeps_its_sqlite_log() {
+        use super::super::redo::RedoLog;
+        let d = tempfile::tempdir().unwrap();
+        let (mut s, _) = Store::open(d.path()).unwrap();
+        s.commit(&batch(vec![record(1, 0, &["submit"], true)], 0, 0, 1)).unwrap();
+        // Killed: its log not folded into the file.
+        s.conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true).unwrap();
+        drop(s);
+        let wal = d.path().join(format!("{FILE}-wal"));
+        let before = std::fs::read(&wal).unwrap();
+        assert!(!before.is_empty());
+        // A redo log that starts past what the store holds: damage.
+        let mut log = RedoLog::create(d.path(), 4).unwrap();
+        log.append(&batch(vec![], 0, 0, 1)).unwrap();
+        drop(log);
+        assert!(matches!(Store::open(d.path()), Err(OpenError::Damaged { .. })));
+        assert_eq!(std::fs::read(&wal).unwrap(), before, "SQLite's log left as it was");
     }
 
     /// A running job's output is kept as it comes, across reopenings, bounded as rank 0 holds it, with its shells'
