@@ -612,9 +612,15 @@ mod tests {
         // is dropped.
         let mut log = RedoLog::create(dir.path(), 2).unwrap();
         assert_eq!(log.append(&batch(3)).unwrap().0, 3);
-        match read(dir.path(), 0) {
-            Err(ReadError::Damaged(why)) => assert!(why.contains("damaged, not torn"), "{why}"),
-            other => panic!("{other:?}"),
+        let why = damage(read(dir.path(), 0));
+        assert!(why.contains("damaged, not torn"), "{why}");
+    }
+
+    /// Why [`read`] found the log damaged (a test fails if it did not).
+    fn damage(r: Result<Replay, ReadError>) -> String {
+        match r {
+            Err(ReadError::Damaged(why)) => why,
+            other => panic!("not damage: {other:?}"),
         }
     }
 
@@ -630,12 +636,8 @@ mod tests {
         let second = data.iter().position(|&c| c == b'\n').unwrap() + 1;
         data[second + 40] ^= 0x01;
         std::fs::write(&log.path, &data).unwrap();
-        match read(dir.path(), 0) {
-            Err(ReadError::Damaged(why)) => {
-                assert!(why.contains("checksum mismatch") && why.contains("(3) follows"), "{why}")
-            }
-            other => panic!("{other:?}"),
-        }
+        let why = damage(read(dir.path(), 0));
+        assert!(why.contains("checksum mismatch") && why.contains("(3) follows"), "{why}");
     }
 
     /// A log whose first record is past the one after the store's last (the store lost changes it had
@@ -646,12 +648,8 @@ mod tests {
         let mut log = RedoLog::create(dir.path(), 10).unwrap();
         log.append(&batch(1)).unwrap();
         assert_eq!(read(dir.path(), 10).unwrap().batches.len(), 1);
-        match read(dir.path(), 4) {
-            Err(ReadError::Damaged(why)) => {
-                assert!(why.contains("first record is 11") && why.contains("up to 4"), "{why}")
-            }
-            other => panic!("{other:?}"),
-        }
+        let why = damage(read(dir.path(), 4));
+        assert!(why.contains("first record is 11") && why.contains("up to 4"), "{why}");
     }
 
     #[test]
