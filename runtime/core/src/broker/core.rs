@@ -744,6 +744,12 @@ impl Broker {
         self.out.pop_front()
     }
 
+    /// Whether effects wait to be taken ([`Broker::poll_effect`]): anything the broker asks to be carried out
+    /// (a message, an answer not held for an fsync, a spawn, a timer).
+    pub fn has_effects(&self) -> bool {
+        !self.out.is_empty()
+    }
+
     /// The process exit code once [`Broker::finished`] (rank 0: the initial program's).
     pub fn exit_code(&self) -> i32 {
         self.exit_code

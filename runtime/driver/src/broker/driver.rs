@@ -150,6 +150,8 @@ pub(crate) struct Driver {
     grouping: bool,
     /// The store thread that fsyncs what the writer wrote (with a store): see [`Syncer`].
     syncer: Option<Syncer>,
+    /// Whether a turn's journal batch may wait for a later turn ([`Driver::cut`]): not once the loop has ended.
+    writes_may_wait: bool,
 }
 
 /// Rank 0's end of the state directory while it runs: the redo log (`redo.rs`), appended on the loop, and the
@@ -569,6 +571,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         grouping: writer.is_some(),
         writer,
         syncer,
+        writes_may_wait: true,
     };
     let t = Instant::now();
     let restoring = kept.is_some();
@@ -664,6 +667,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
     }
     // What rank 0 still had to write, and what waited for it (answers, the last messages to its children); then
     // what stopping changes (jobs the shutdown ended, finished: `Broker::stop`), written too.
+    d.writes_may_wait = false;
     d.flush();
     d.broker.stop();
     d.flush();
@@ -1089,7 +1093,8 @@ impl Driver {
     /// With a state directory, the journal's batch (everything the turn changed) is appended to the redo log
     /// first ([`Writer`]), so that what the broker asks for (shell starts, answers, messages) is carried out only
     /// once the changes that led to it would survive a `kill -9` of rank 0. Submissions are answered later still,
-    /// once an fsync covers their record ([`Syncer`]).
+    /// once an fsync covers their record ([`Syncer`]). A turn that asks for nothing while an fsync is under way
+    /// is written with a later one ([`Driver::cut`]).
     pub(crate) fn flush(&mut self) {
         let mut queue = VecDeque::new();
         loop {
@@ -1114,6 +1119,14 @@ impl Driver {
     fn cut(&mut self) {
         if let Some(w) = self.writer.as_mut() {
             w.hand_over(false);
+        }
+        if self.writes_may_wait && self.syncer.as_ref().is_some_and(|s| s.busy) && !self.broker.has_effects() {
+            // Group commit at the write: this turn asks for nothing to be carried out (what it changed only holds
+            // answers for an fsync, and none can start before the one under way returns), so nothing outside
+            // rank 0 can have learnt of it yet; it is written with the next turn that does ask for something, at
+            // the latest when that fsync's report comes (`Event::Synced`), before the next fsync starts. In a
+            // flood of submissions that is one write per fsync instead of one per turn.
+            return;
         }
         for _ in 0..4 {
             let now = self.now();
