@@ -23,9 +23,11 @@
 //! every job (`vigil jobs -a` and `job-manager.list`).
 //!
 //! **Submit throughput, store on and off**: alternating runs (off, on, then on, off, ...) of a fresh instance
-//! each, without and with a state directory; `--tput-jobs` `true` jobs submitted at once (pipelined on one
-//! connection), timed until every submission is answered (`submit`) and until the last job is INACTIVE
-//! (`end to end`); each job must exit 0.
+//! each, without and with a state directory, started once every broker's failure detectors are loaded; then
+//! `--tput-jobs` `true` jobs submitted at once (pipelined on one connection), timed until every submission is
+//! answered (`submit`; the first [`FIRST_ANSWERS`] also on their own) and until the last job is INACTIVE
+//! (`end to end`); each job must exit 0. Rank 0's CPU per job, by thread (its loop, the store's writer and
+//! syncer), is read from /proc while the submissions are answered and over the whole run.
 
 use crate::{find_vigil, now_epoch_s, r4, results_dir, summarize, vigil_version, write_results};
 use clap::Args;
@@ -49,6 +51,11 @@ const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// Jobs per transaction of the store filler.
 const FILL_BATCH: usize = 1000;
 
+/// The submissions whose answers are also timed on their own in each throughput run: a burst this short (~40 ms
+/// here) is answered at a rate the last fsync's wait weighs on (the last answers wait for the fsync under way
+/// and the next, ~1 ms each), which a longer run spreads out.
+const FIRST_ANSWERS: usize = 1000;
+
 /// Options of `vigil-bench restart`.
 #[derive(Args, Debug)]
 pub(crate) struct RestartArgs {
@@ -67,8 +74,9 @@ pub(crate) struct RestartArgs {
     /// Throughput runs with the store on, and as many with it off, alternating (0: none).
     #[arg(long, default_value_t = 15)]
     tput_runs: usize,
-    /// Jobs per throughput run.
-    #[arg(long, default_value_t = 1000)]
+    /// Jobs per throughput run: 5,000, about 0.2 s of answers and 10 s end to end here. The rate of the first
+    /// [`FIRST_ANSWERS`] answers is reported too.
+    #[arg(long, default_value_t = 5000)]
     tput_jobs: usize,
 }
 
@@ -265,6 +273,31 @@ async fn reconnected(uri: &str, t0: Instant, timeout: Duration) -> Result<f64, S
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     Err(format!("the brokers did not all reconnect within {timeout:?}: {last}"))
+}
+
+/// Until every broker's failure detectors are loaded (`broker.info` of each rank no longer says `loading`): each
+/// broker of a system instance loads its eBPF programs in the background once it has joined, ~0.1 s of CPU each,
+/// which would otherwise fall inside the timed bursts of a fresh instance and weigh on both sides of the store
+/// comparison at random. Seconds waited.
+async fn detectors_loaded(c: &vigil::client::Client, timeout: Duration) -> Result<f64, String> {
+    let t0 = Instant::now();
+    let mut last = String::new();
+    while t0.elapsed() < timeout {
+        let mut loading = Vec::new();
+        for r in 0..SIZE {
+            let i = c.rpc("broker.info", r, &json!({})).await.map_err(|e| format!("broker.info of rank {r}: {e}"))?;
+            let d = &i["detectors"];
+            if ["process_exit", "tcp", "responder"].iter().any(|k| d[k].as_str().unwrap_or("").contains("loading")) {
+                loading.push(r);
+            }
+        }
+        if loading.is_empty() {
+            return Ok(t0.elapsed().as_secs_f64());
+        }
+        last = format!("ranks {loading:?} still loading");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Err(format!("the failure detectors were not loaded within {timeout:?}: {last}"))
 }
 
 /// Until a submission is answered with an id (a fresh connection and a retry every 2 ms until then): seconds
@@ -541,44 +574,153 @@ fn bench_restarts(a: &RestartArgs, vigil: &Path, rt: &tokio::runtime::Runtime) -
     Ok((rows, real))
 }
 
-/// One throughput run in a fresh instance: (submit s, end-to-end s) for `n` jobs after a warm-up of 8.
-fn tput_run(vigil: &Path, store: bool, n: usize, rt: &tokio::runtime::Runtime) -> Result<(f64, f64), String> {
+/// One throughput run's figures.
+#[derive(Debug, Clone)]
+struct Tput {
+    /// Submissions answered per second.
+    submit_per_s: f64,
+    /// The first [`FIRST_ANSWERS`] answers (in the order they came) per second.
+    first_per_s: f64,
+    /// Jobs done end to end per second (first submit to last INACTIVE).
+    end_to_end_per_s: f64,
+    /// Rank 0's CPU per job while the submissions were answered (us), by thread ([`rank0_threads`]).
+    submit_cpu_us: std::collections::BTreeMap<&'static str, f64>,
+    /// Rank 0's CPU per job over the whole run (us), by thread.
+    run_cpu_us: std::collections::BTreeMap<&'static str, f64>,
+    /// Share of the machine's CPUs busy while the submissions were answered (0-1, /proc/stat).
+    submit_busy: f64,
+}
+
+/// Rank 0's threads as reported: the event loop (the process's main thread), the store's writer (the fold into
+/// SQLite) and syncer (fdatasync of the redo log), and everything else (detectors, responder, blocking pool).
+fn thread_group(comm: &str) -> &'static str {
+    match comm {
+        "vigil" => "loop",
+        "vigil-store-wri" => "store writer",
+        "vigil-store-syn" => "store syncer",
+        _ => "other",
+    }
+}
+
+/// CPU time (us) of `pid`'s threads, summed by [`thread_group`] (/proc/PID/task/*/schedstat: ns on CPU).
+fn rank0_threads(pid: Option<u32>) -> std::collections::BTreeMap<&'static str, f64> {
+    let mut m = std::collections::BTreeMap::new();
+    let Some(rd) = pid.and_then(|p| std::fs::read_dir(format!("/proc/{p}/task")).ok()) else { return m };
+    for t in rd.flatten() {
+        let p = t.path();
+        let comm = std::fs::read_to_string(p.join("comm")).unwrap_or_default();
+        let ns = std::fs::read_to_string(p.join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next().and_then(|x| x.parse::<f64>().ok()))
+            .unwrap_or(0.0);
+        *m.entry(thread_group(comm.trim())).or_insert(0.0) += ns / 1e3;
+    }
+    m
+}
+
+/// Per job: (`after` - `before`) / `n`, by group (a thread gone since counts 0, so the share it ran is lost: only
+/// the loader of the detectors ends, and it is done before the timed bursts).
+fn per_job(
+    before: &std::collections::BTreeMap<&'static str, f64>,
+    after: &std::collections::BTreeMap<&'static str, f64>,
+    n: usize,
+) -> std::collections::BTreeMap<&'static str, f64> {
+    after.iter().map(|(k, v)| (*k, ((v - before.get(k).copied().unwrap_or(0.0)) / n as f64).max(0.0))).collect()
+}
+
+/// (busy, total) jiffies of all the machine's CPUs since boot (/proc/stat; idle and iowait count as not busy).
+fn machine_jiffies() -> (f64, f64) {
+    let s = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let v: Vec<f64> =
+        s.lines().next().unwrap_or("").split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    let total: f64 = v.iter().take(8).sum();
+    let idle = v.get(3).copied().unwrap_or(0.0) + v.get(4).copied().unwrap_or(0.0);
+    (total - idle, total)
+}
+
+/// One throughput run in a fresh instance, `n` jobs after every broker's detectors are loaded
+/// ([`detectors_loaded`]) and a warm-up of 8 jobs.
+fn tput_run(vigil: &Path, store: bool, n: usize, rt: &tokio::runtime::Runtime) -> Result<Tput, String> {
     let mut sys = System::new(vigil, store)?;
     sys.start_all(rt, &[])?;
     let payload = true_payload()?;
+    let pid = sys.brokers.first().and_then(Option::as_ref).map(Child::id);
     let r = rt.block_on(async {
         let c = vigil::client::Client::connect(&sys.uri()).await.map_err(|e| e.to_string())?;
+        detectors_loaded(&c, Duration::from_secs(30)).await?;
         crate::sched::burst(&c, &payload, 8, Duration::from_secs(60)).await?;
-        let (submit_s, total_s, done) = crate::sched::burst(&c, &payload, n, Duration::from_secs(900)).await?;
+        let (cpu0, busy0) = (rank0_threads(pid), machine_jiffies());
+        let t0 = Instant::now();
+        let (ids, first_s) = submit_timed(&c, &payload, n, t0).await?;
+        let submit_s = t0.elapsed().as_secs_f64();
+        let (cpu1, busy1) = (rank0_threads(pid), machine_jiffies());
+        let (total_s, done) = crate::sched::follow(&c, &ids, t0, Duration::from_secs(900)).await?;
         if done != n {
             return Err(format!("only {done} of {n} jobs finished in 900 s"));
         }
-        Ok((submit_s, total_s))
+        Ok(Tput {
+            submit_per_s: n as f64 / submit_s,
+            first_per_s: n.min(FIRST_ANSWERS) as f64 / first_s,
+            end_to_end_per_s: n as f64 / total_s,
+            submit_cpu_us: per_job(&cpu0, &cpu1, n),
+            run_cpu_us: per_job(&cpu0, &rank0_threads(pid), n),
+            submit_busy: if busy1.1 > busy0.1 { (busy1.0 - busy0.0) / (busy1.1 - busy0.1) } else { 0.0 },
+        })
     });
     sys.stop();
     r
 }
 
-/// Throughput samples: (submissions answered per second, jobs done end to end per second).
-type Rates = Vec<(f64, f64)>;
+/// Submit `n` jobs at once, pipelined on one connection (as `crate::submit_all`): their ids in submission order,
+/// and the seconds from `t0` until [`FIRST_ANSWERS`] of them (or all, if fewer) were answered.
+async fn submit_timed(
+    client: &vigil::client::Client,
+    payload: &Value,
+    n: usize,
+    t0: Instant,
+) -> Result<(Vec<u64>, f64), String> {
+    let mut submits = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let c = client.clone();
+        let p = payload.clone();
+        submits.spawn(async move { (i, c.rpc("job-manager.submit", 0, &p).await) });
+    }
+    let (mut ids, mut answered, mut first_s) = (vec![0u64; n], 0, 0.0);
+    while let Some(r) = submits.join_next().await {
+        let (i, r) = r.map_err(|e| format!("submit task: {e}"))?;
+        let v = r.map_err(|e| format!("submit {i}: {e}"))?;
+        ids[i] = v["id"].as_u64().ok_or_else(|| format!("malformed submit response: {v}"))?;
+        answered += 1;
+        if answered == n.min(FIRST_ANSWERS) {
+            first_s = t0.elapsed().as_secs_f64();
+        }
+    }
+    Ok((ids, first_s))
+}
 
 /// Alternating throughput runs, store off and on: (off samples, on samples).
-fn bench_tput(a: &RestartArgs, vigil: &Path, rt: &tokio::runtime::Runtime) -> Result<(Rates, Rates), String> {
+fn bench_tput(a: &RestartArgs, vigil: &Path, rt: &tokio::runtime::Runtime) -> Result<(Vec<Tput>, Vec<Tput>), String> {
     let (mut off, mut on) = (Vec::new(), Vec::new());
     for i in 0..a.tput_runs {
         let order = if i % 2 == 0 { [false, true] } else { [true, false] };
         for store in order {
-            let (submit_s, total_s) = tput_run(vigil, store, a.tput_jobs, rt)?;
-            let n = a.tput_jobs as f64;
-            let rate = (n / submit_s, n / total_s);
+            let t = tput_run(vigil, store, a.tput_jobs, rt)?;
+            let cpu = |m: &std::collections::BTreeMap<&str, f64>| {
+                m.iter().map(|(k, v)| format!("{k} {v:.1}")).collect::<Vec<_>>().join(", ")
+            };
             eprintln!(
-                "vigil-bench restart: throughput run {}, store {}: submit {:.0} jobs/s, end to end {:.1} jobs/s",
+                "vigil-bench restart: throughput run {}, store {}: submit {:.0} jobs/s (first {FIRST_ANSWERS}: {:.0}; \
+                 machine {:.0} % busy; rank 0 us per job: {}), end to end {:.1} jobs/s (rank 0 us per job: {})",
                 i + 1,
                 if store { "on" } else { "off" },
-                rate.0,
-                rate.1
+                t.submit_per_s,
+                t.first_per_s,
+                t.submit_busy * 100.0,
+                cpu(&t.submit_cpu_us),
+                t.end_to_end_per_s,
+                cpu(&t.run_cpu_us)
             );
-            if store { &mut on } else { &mut off }.push(rate);
+            if store { &mut on } else { &mut off }.push(t);
         }
     }
     Ok((off, on))
@@ -598,13 +740,25 @@ pub(crate) fn run(a: &RestartArgs, vigil: Option<PathBuf>, out_dir: Option<PathB
         .and_then(|l| l.split_whitespace().next().and_then(|x| x.parse::<f64>().ok()));
     let (rows, real) = if a.sizes.is_empty() { (Vec::new(), Value::Null) } else { bench_restarts(a, &vigil, &rt)? };
     let (off, on) = bench_tput(a, &vigil, &rt)?;
-    let med = |v: &Rates, f: fn(&(f64, f64)) -> f64| summarize(&v.iter().map(f).collect::<Vec<_>>());
-    let tput = |v: &Rates| {
-        let (s, e) = (med(v, |x| x.0), med(v, |x| x.1));
-        json!({"submit_jobs_per_s": {"median": s.0.map(r4), "min": s.1.map(r4), "max": s.2.map(r4),
-                                     "samples": v.iter().map(|x| r4(x.0)).collect::<Vec<_>>()},
-               "end_to_end_jobs_per_s": {"median": e.0.map(r4), "min": e.1.map(r4), "max": e.2.map(r4),
-                                         "samples": v.iter().map(|x| r4(x.1)).collect::<Vec<_>>()}})
+    let stat = |v: Vec<f64>| {
+        let (m, lo, hi) = summarize(&v);
+        json!({"median": m.map(r4), "min": lo.map(r4), "max": hi.map(r4),
+               "samples": v.into_iter().map(r4).collect::<Vec<_>>()})
+    };
+    let cpu = |v: &[Tput], f: fn(&Tput) -> &std::collections::BTreeMap<&'static str, f64>| {
+        let groups: std::collections::BTreeSet<&str> = v.iter().flat_map(|t| f(t).keys().copied()).collect();
+        groups
+            .into_iter()
+            .map(|g| (g.to_string(), stat(v.iter().map(|t| f(t).get(g).copied().unwrap_or(0.0)).collect())))
+            .collect::<serde_json::Map<String, Value>>()
+    };
+    let tput = |v: &[Tput]| {
+        json!({"submit_jobs_per_s": stat(v.iter().map(|t| t.submit_per_s).collect()),
+               "first_answers_per_s": stat(v.iter().map(|t| t.first_per_s).collect()),
+               "end_to_end_jobs_per_s": stat(v.iter().map(|t| t.end_to_end_per_s).collect()),
+               "submit_machine_busy": stat(v.iter().map(|t| t.submit_busy).collect()),
+               "rank0_cpu_us_per_job_submit": cpu(v, |t| &t.submit_cpu_us),
+               "rank0_cpu_us_per_job_run": cpu(v, |t| &t.run_cpu_us)})
     };
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let doc = json!({
@@ -619,7 +773,7 @@ pub(crate) fn run(a: &RestartArgs, vigil: Option<PathBuf>, out_dir: Option<PathB
         "fill_method": "real jobs first, then copies of the newest real COMPLETED job written with Store::commit",
         "real_jobs": real,
         "restart": rows,
-        "throughput": {"jobs_per_run": a.tput_jobs, "store_off": tput(&off), "store_on": tput(&on)},
+        "throughput": {"jobs_per_run": a.tput_jobs, "first_answers": a.tput_jobs.min(FIRST_ANSWERS), "store_off": tput(&off), "store_on": tput(&on)},
     });
     let md = markdown(&doc, a);
     print!("{md}");
@@ -695,9 +849,12 @@ fn markdown(doc: &Value, a: &RestartArgs) -> String {
         t["store_on"]["submit_jobs_per_s"]["samples"].as_array().map_or(0, Vec::len),
         t["jobs_per_run"]
     );
-    for (w, what) in
-        [("submit_jobs_per_s", "submissions answered"), ("end_to_end_jobs_per_s", "end to end (last job INACTIVE)")]
-    {
+    let first = format!("first {} answers (of the same runs)", t["first_answers"]);
+    for (w, what) in [
+        ("submit_jobs_per_s", "submissions answered"),
+        ("first_answers_per_s", first.as_str()),
+        ("end_to_end_jobs_per_s", "end to end (last job INACTIVE)"),
+    ] {
         let c = |k: &str| {
             let v = &t[k][w];
             let f = |x: &Value| x.as_f64().map_or("-".into(), |x| format!("{x:.1}"));
@@ -708,6 +865,31 @@ fn markdown(doc: &Value, a: &RestartArgs) -> String {
             c("store_off"),
             c("store_on"),
             ratio(w).map_or("-".into(), |r| format!("{:.0} %", r * 100.0))
+        );
+    }
+    let f1 = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.1}"));
+    md += &format!(
+        "\nEach run starts once every broker's failure detectors are loaded (each broker loads its eBPF programs in \
+         the background after joining, ~0.1 s of CPU: inside the timed burst of a fresh instance it would weigh on \
+         either side at random), then runs 8 jobs untimed. While the submissions were answered the machine's CPUs \
+         were {} % (store off) and {} % (store on) busy (medians).\n\n\
+         **Rank 0's CPU per job** (us, median over the runs; /proc schedstat of its threads): `loop` is the \
+         broker's event loop (the job core, the overlay, and with the store the redo log's records), `store writer` \
+         the fold of the redo log into SQLite, `store syncer` the fdatasync of the log for the submissions' \
+         answers, `other` the detectors, the responder and tokio's blocking pool.\n\n\
+         | rank 0 thread | while answering, off | while answering, on | whole run, off | whole run, on |\n\
+         |---|---:|---:|---:|---:|\n",
+        f1(t["store_off"]["submit_machine_busy"]["median"].as_f64().map(|x| x * 100.0)),
+        f1(t["store_on"]["submit_machine_busy"]["median"].as_f64().map(|x| x * 100.0)),
+    );
+    for g in ["loop", "store writer", "store syncer", "other"] {
+        let c = |k: &str, w: &str| f1(t[k][w][g]["median"].as_f64());
+        md += &format!(
+            "| {g} | {} | {} | {} | {} |\n",
+            c("store_off", "rank0_cpu_us_per_job_submit"),
+            c("store_on", "rank0_cpu_us_per_job_submit"),
+            c("store_off", "rank0_cpu_us_per_job_run"),
+            c("store_on", "rank0_cpu_us_per_job_run")
         );
     }
     let verdict = |ok: bool| if ok { "met" } else { "MISSED" };

@@ -184,6 +184,21 @@ pub(crate) async fn burst(
     let t0 = Instant::now();
     let ids = crate::submit_all(client, payload, n).await?;
     let submit_s = t0.elapsed().as_secs_f64();
+    let (total_s, done) = follow(client, &ids, t0, bound).await?;
+    Ok((submit_s, total_s, done))
+}
+
+/// The waiting half of [`burst`]: follow the eventlogs of `ids` (submitted from `t0`), [`WATCH_WINDOW`] at a
+/// time, until every job is inactive; each must exit 0 without a fatal exception.
+/// Returns (seconds from `t0` to the last INACTIVE, jobs done); past `bound` from `t0` it stops waiting and
+/// counts the jobs no longer active (`job-manager.list`).
+pub(crate) async fn follow(
+    client: &vigil::client::Client,
+    ids: &[u64],
+    t0: Instant,
+    bound: Duration,
+) -> Result<(f64, usize), String> {
+    let n = ids.len();
     let mut waits = tokio::task::JoinSet::new();
     let mut next = 0;
     let mut bad = Vec::new();
@@ -198,7 +213,7 @@ pub(crate) async fn burst(
             let list =
                 client.rpc("job-manager.list", 0, &json!({})).await.map_err(|e| format!("job-manager.list: {e}"))?;
             let active = list["jobs"].as_array().map(Vec::len).unwrap_or(0);
-            return Ok((submit_s, t0.elapsed().as_secs_f64(), n.saturating_sub(active)));
+            return Ok((t0.elapsed().as_secs_f64(), n.saturating_sub(active)));
         };
         let Some(r) = r else { break };
         let (id, r) = r.map_err(|e| format!("wait task: {e}"))?;
@@ -213,7 +228,7 @@ pub(crate) async fn burst(
     if !bad.is_empty() {
         return Err(format!("{} of {n} jobs did not exit 0: {}", bad.len(), bad[..bad.len().min(3)].join("; ")));
     }
-    Ok((submit_s, total_s, n))
+    Ok((total_s, n))
 }
 
 /// Run `cmd` (its own process group, killed after [`LAUNCH_TIMEOUT_S`]); its wall time if it exited 0.
