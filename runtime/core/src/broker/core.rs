@@ -425,6 +425,9 @@ pub struct Broker {
     cut_held: Option<Vec<(Message, Held)>>,
     /// The job core's [`JobCore::change_mark`] when that batch was taken.
     cut_mark: Option<[u64; 4]>,
+    /// The journal changed since the last batch taken by an input other than a submission
+    /// ([`Broker::journal_may_wait`]).
+    unheld_changes: bool,
     /// Requests written but not yet known to be on disk: the number of the write that holds each (see
     /// [`Input::Synced`]), the request and what it is answered, in write order.
     pub awaiting_sync: VecDeque<(u64, Message, Held)>,
@@ -507,6 +510,7 @@ impl Broker {
             submissions_unsynced: 0,
             cut_held: None,
             cut_mark: None,
+            unheld_changes: false,
             writes: 0,
             syncs: 0,
             sync_failed: false,
@@ -581,6 +585,7 @@ impl Broker {
     /// batch. One batch at a time: the next is taken once this one's [`Input::Stored`] has been handled.
     pub fn take_journal(&mut self) -> Option<Option<crate::jobs::journal::Journal>> {
         let batch = self.journal()?;
+        self.unheld_changes = false;
         self.cut_held = Some(std::mem::take(&mut self.awaiting_durable));
         self.cut_mark = self.jobcore.as_ref().map(JobCore::change_mark);
         Some(batch)
@@ -744,10 +749,14 @@ impl Broker {
         self.out.pop_front()
     }
 
-    /// Whether effects wait to be taken ([`Broker::poll_effect`]): anything the broker asks to be carried out
-    /// (a message, an answer not held for an fsync, a spawn, a timer).
-    pub fn has_effects(&self) -> bool {
-        !self.out.is_empty()
+    /// Whether what the journal holds may wait for a later batch ([`Broker::take_journal`]) without anyone
+    /// outside rank 0 having learnt of it: no effect waits to be carried out ([`Broker::poll_effect`]: a message,
+    /// an answer not held, a spawn, a timer), and every change since the last batch taken came from submissions,
+    /// whose answers wait for the fsync of their record (a client that gets none may look for its job or submit
+    /// again). A change any other input made (a shell's start, an exit report, a drain, a timer's) is written at
+    /// once: its sender may never say it again.
+    pub fn journal_may_wait(&self) -> bool {
+        self.out.is_empty() && !self.unheld_changes
     }
 
     /// The process exit code once [`Broker::finished`] (rank 0: the initial program's).
@@ -758,6 +767,17 @@ impl Broker {
     /// Handle one input at time `now` (not earlier than the last one's); then drain [`Broker::poll_effect`].
     pub fn handle(&mut self, now: Time, input: Input) {
         self.now = self.now.max(now);
+        let submission = matches!(&input, Input::Message(_, _, m)
+            if m.msgtype == crate::message::MsgType::Request && m.topic == "job-manager.submit");
+        let mark = self.jobcore.as_ref().map(JobCore::change_mark);
+        self.handle_input(input);
+        if !submission && self.jobcore.as_ref().map(JobCore::change_mark) != mark {
+            self.unheld_changes = true;
+        }
+    }
+
+    /// [`Broker::handle`] of one input.
+    fn handle_input(&mut self, input: Input) {
         match input {
             Input::Start => self.join(),
             Input::ParentFailed(why) => self.on_parent_failed(&why),

@@ -865,6 +865,40 @@ fn a_submission_is_answered_once_durable_and_refused_if_it_cannot_be() {
     assert!(e.1.contains("kept by their brokers"), "{}", e.1);
 }
 
+/// What the journal holds may wait for a later batch (the driver writes it with a later turn while an fsync is
+/// under way) only while submissions alone changed it: a cancel, a drain (or a shell's start, an exit report)
+/// must be written with its own turn, since its sender may never say it again.
+#[test]
+fn only_submissions_may_wait_for_a_later_write() {
+    use super::core::StateDir;
+    let spec: serde_json::Value =
+        serde_json::from_str(&crate::jobspec::JobspecBuilder::new(["true"]).build().expect("jobspec").to_json())
+            .expect("json");
+    let mut b = root_with_client();
+    b.restore(StateDir::Open { dir: "/state".into(), restarts: 0, failing: None }, None);
+    // Nothing to schedule on: the submissions stay pending and ask for nothing but their held answers.
+    assert!(ask1(&mut b, "resource.drain", json!({"ranks": "0", "reason": "test"})).is_ok());
+    assert!(!b.journal_may_wait(), "a drain is written with its turn");
+    let _ = b.take_journal();
+    assert!(b.journal_may_wait(), "nothing since the batch taken");
+    for _ in 0..3 {
+        assert!(ask(&mut b, "job-manager.submit", json!({ "jobspec": spec }), 0).is_empty(), "held");
+        assert!(b.journal_may_wait(), "submissions alone may wait");
+    }
+    let batch = b.take_journal().expect("a batch").expect("jobs");
+    assert_eq!(batch.jobs.len(), 3, "the three submissions in one batch");
+    let id = batch.jobs[0].id;
+    b.handle(t(0.2), Input::Stored { batch: Some(std::sync::Arc::new(batch)), result: Ok(()), durable: true });
+    effects(&mut b);
+    assert!(b.journal_may_wait());
+    assert!(ask1(&mut b, "job-manager.cancel", json!({"id": id.0})).is_ok());
+    assert!(!b.journal_may_wait(), "a cancel is written with its turn");
+    assert!(ask(&mut b, "job-manager.submit", json!({ "jobspec": spec }), 0).is_empty());
+    assert!(!b.journal_may_wait(), "still: the cancel is not written yet");
+    let _ = b.take_journal();
+    assert!(b.journal_may_wait());
+}
+
 /// Pipelined commits (driver.rs): a submission whose batch is written but not yet fsynced is not answered; an
 /// fsync ([`Input::Synced`]) answers exactly the submissions of the writes it covers, in order; those written while
 /// it ran are answered together by the next one (group commit); a failed fsync refuses exactly the submissions of

@@ -1022,10 +1022,16 @@ async fn connect_parent(
                     Ok(Some(LinkEvent::Message(m))) if m.topic == "refused" => {
                         return Err(format!("parent at {ep} refused us: {}", m.errstr().unwrap_or_default()))
                     }
-                    other => warn!(
-                        "parent at {ep}: bad handshake ({:?}); retrying",
-                        other.map(|o| o.map(|e| format!("{e:?}")))
-                    ),
+                    other => {
+                        // A parent that stops (a restart of rank 0) closes the connections of its handshakes.
+                        let what = match other {
+                            Ok(Some(LinkEvent::Message(m))) => format!("it answered '{}' to our hello", m.topic),
+                            Ok(Some(LinkEvent::Closed(why))) => format!("it closed the connection ({why})"),
+                            Ok(None) => "it closed the connection".to_string(),
+                            Err(_) => "no answer to our hello in 10 s".to_string(),
+                        };
+                        warn!("parent at {ep}: no handshake: {what}; retrying");
+                    }
                 }
             }
             Err(e) => {
@@ -1120,12 +1126,12 @@ impl Driver {
         if let Some(w) = self.writer.as_mut() {
             w.hand_over(false);
         }
-        if self.writes_may_wait && self.syncer.as_ref().is_some_and(|s| s.busy) && !self.broker.has_effects() {
-            // Group commit at the write: this turn asks for nothing to be carried out (what it changed only holds
-            // answers for an fsync, and none can start before the one under way returns), so nothing outside
-            // rank 0 can have learnt of it yet; it is written with the next turn that does ask for something, at
-            // the latest when that fsync's report comes (`Event::Synced`), before the next fsync starts. In a
-            // flood of submissions that is one write per fsync instead of one per turn.
+        if self.writes_may_wait && self.syncer.as_ref().is_some_and(|s| s.busy) && self.broker.journal_may_wait() {
+            // Group commit at the write: this turn asks for nothing to be carried out and changed nothing but
+            // submissions, whose answers wait for an fsync, and none can start before the one under way returns;
+            // nothing outside rank 0 has learnt of it yet. It is written with the next turn that asks for
+            // something, at the latest when that fsync's report comes (`Event::Synced`), before the next fsync
+            // starts. In a flood of submissions that is one write per fsync instead of one per turn.
             return;
         }
         for _ in 0..4 {
