@@ -816,6 +816,15 @@ fn brokers_below_a_re_parented_rank_send_their_unanswered_exit_reports_again() {
     assert_eq!(reports(&event(&mut b, t(2.5), "overlay.reparent", json!({"rank": 4, "parent": 2}))), 1);
 }
 
+/// Rank 0 with client 5 and a state directory open (its journal kept), and the jobspec of `true`.
+fn journaling_root() -> (Broker, serde_json::Value) {
+    let spec = serde_json::from_str(&crate::jobspec::JobspecBuilder::new(["true"]).build().expect("jobspec").to_json())
+        .expect("json");
+    let mut b = root_with_client();
+    b.restore(super::core::StateDir::Open { dir: "/state".into(), restarts: 0, failing: None }, None);
+    (b, spec)
+}
+
 /// With a state directory a submission is answered only once the driver says its batch is durable
 /// ([`Input::Stored`]); a batch the store refused refuses its submissions and ends their jobs; a damaged store
 /// refuses submissions at once.
@@ -823,11 +832,7 @@ fn brokers_below_a_re_parented_rank_send_their_unanswered_exit_reports_again() {
 fn a_submission_is_answered_once_durable_and_refused_if_it_cannot_be() {
     use super::core::StateDir;
     use super::store::CommitError;
-    let spec: serde_json::Value =
-        serde_json::from_str(&crate::jobspec::JobspecBuilder::new(["true"]).build().expect("jobspec").to_json())
-            .expect("json");
-    let mut b = root_with_client();
-    b.restore(StateDir::Open { dir: "/state".into(), restarts: 0, failing: None }, None);
+    let (mut b, spec) = journaling_root();
     assert!(ask(&mut b, "job-manager.submit", json!({ "jobspec": spec }), 0).is_empty(), "not answered yet");
     let batch = b.journal().expect("something to make durable").expect("a batch");
     assert_eq!(batch.jobs.len(), 1);
@@ -870,12 +875,7 @@ fn a_submission_is_answered_once_durable_and_refused_if_it_cannot_be() {
 /// must be written with its own turn, since its sender may never say it again.
 #[test]
 fn only_submissions_may_wait_for_a_later_write() {
-    use super::core::StateDir;
-    let spec: serde_json::Value =
-        serde_json::from_str(&crate::jobspec::JobspecBuilder::new(["true"]).build().expect("jobspec").to_json())
-            .expect("json");
-    let mut b = root_with_client();
-    b.restore(StateDir::Open { dir: "/state".into(), restarts: 0, failing: None }, None);
+    let (mut b, spec) = journaling_root();
     // Nothing to schedule on: the submissions stay pending and ask for nothing but their held answers.
     assert!(ask1(&mut b, "resource.drain", json!({"ranks": "0", "reason": "test"})).is_ok());
     assert!(!b.journal_may_wait(), "a drain is written with its turn");
@@ -907,11 +907,7 @@ fn only_submissions_may_wait_for_a_later_write() {
 fn submissions_are_answered_only_by_the_fsync_that_covers_their_write() {
     use super::core::StateDir;
     use super::store::CommitError;
-    let spec: serde_json::Value =
-        serde_json::from_str(&crate::jobspec::JobspecBuilder::new(["true"]).build().expect("jobspec").to_json())
-            .expect("json");
-    let mut b = root_with_client();
-    b.restore(StateDir::Open { dir: "/state".into(), restarts: 0, failing: None }, None);
+    let (mut b, spec) = journaling_root();
     // One turn of the driver: submission `tag` arrives, its batch is written without an fsync; what is sent.
     let turn = |b: &mut Broker, tag: u32| -> Vec<Message> {
         let mut m = Message::request("job-manager.submit", 0, &json!({ "jobspec": spec }));
