@@ -1047,19 +1047,33 @@ async fn wait_inactive(client: &vigil::client::Client, id: u64) -> Result<JobOut
 /// Submit `n` jobs of `payload` (a `job-manager.submit` request) at once and return their ids, in submission
 /// order. All requests go out before the first answer is awaited: the client pipelines them on one connection.
 pub(crate) async fn submit_all(client: &vigil::client::Client, payload: &Value, n: usize) -> Result<Vec<u64>, String> {
+    submit_all_marked(client, payload, n, n).await.map(|(ids, _)| ids)
+}
+
+/// [`submit_all`], and when the `mark`-th answer came (in the order they came; the last one's if fewer).
+pub(crate) async fn submit_all_marked(
+    client: &vigil::client::Client,
+    payload: &Value,
+    n: usize,
+    mark: usize,
+) -> Result<(Vec<u64>, Instant), String> {
     let mut submits = tokio::task::JoinSet::new();
     for i in 0..n {
         let c = client.clone();
         let p = payload.clone();
         submits.spawn(async move { (i, c.rpc("job-manager.submit", 0, &p).await) });
     }
-    let mut ids = vec![0u64; n];
+    let (mut ids, mut answered, mut marked) = (vec![0u64; n], 0, Instant::now());
     while let Some(r) = submits.join_next().await {
         let (i, r) = r.map_err(|e| format!("submit task: {e}"))?;
         let v = r.map_err(|e| format!("submit {i}: {e}"))?;
         ids[i] = v["id"].as_u64().ok_or_else(|| format!("malformed submit response: {v}"))?;
+        answered += 1;
+        if answered <= mark {
+            marked = Instant::now();
+        }
     }
-    Ok(ids)
+    Ok((ids, marked))
 }
 
 /// Submit `n` jobs at once, wait until all are INACTIVE, and check each completed with exit code 0.

@@ -651,7 +651,8 @@ fn tput_run(vigil: &Path, store: bool, n: usize, rt: &tokio::runtime::Runtime) -
         crate::sched::burst(&c, &payload, 8, Duration::from_secs(60)).await?;
         let (cpu0, busy0) = (rank0_threads(pid), machine_jiffies());
         let t0 = Instant::now();
-        let (ids, first_s) = submit_timed(&c, &payload, n, t0).await?;
+        let (ids, first) = crate::submit_all_marked(&c, &payload, n, FIRST_ANSWERS).await?;
+        let first_s = first.duration_since(t0).as_secs_f64();
         let submit_s = t0.elapsed().as_secs_f64();
         let (cpu1, busy1) = (rank0_threads(pid), machine_jiffies());
         let (total_s, done) = crate::sched::follow(&c, &ids, t0, Duration::from_secs(900)).await?;
@@ -669,33 +670,6 @@ fn tput_run(vigil: &Path, store: bool, n: usize, rt: &tokio::runtime::Runtime) -
     });
     sys.stop();
     r
-}
-
-/// Submit `n` jobs at once, pipelined on one connection (as `crate::submit_all`): their ids in submission order,
-/// and the seconds from `t0` until [`FIRST_ANSWERS`] of them (or all, if fewer) were answered.
-async fn submit_timed(
-    client: &vigil::client::Client,
-    payload: &Value,
-    n: usize,
-    t0: Instant,
-) -> Result<(Vec<u64>, f64), String> {
-    let mut submits = tokio::task::JoinSet::new();
-    for i in 0..n {
-        let c = client.clone();
-        let p = payload.clone();
-        submits.spawn(async move { (i, c.rpc("job-manager.submit", 0, &p).await) });
-    }
-    let (mut ids, mut answered, mut first_s) = (vec![0u64; n], 0, 0.0);
-    while let Some(r) = submits.join_next().await {
-        let (i, r) = r.map_err(|e| format!("submit task: {e}"))?;
-        let v = r.map_err(|e| format!("submit {i}: {e}"))?;
-        ids[i] = v["id"].as_u64().ok_or_else(|| format!("malformed submit response: {v}"))?;
-        answered += 1;
-        if answered == n.min(FIRST_ANSWERS) {
-            first_s = t0.elapsed().as_secs_f64();
-        }
-    }
-    Ok((ids, first_s))
 }
 
 /// Alternating throughput runs, store off and on: (off samples, on samples).

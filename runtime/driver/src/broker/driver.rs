@@ -1099,8 +1099,8 @@ impl Driver {
     /// With a state directory, the journal's batch (everything the turn changed) is appended to the redo log
     /// first ([`Writer`]), so that what the broker asks for (shell starts, answers, messages) is carried out only
     /// once the changes that led to it would survive a `kill -9` of rank 0. Submissions are answered later still,
-    /// once an fsync covers their record ([`Syncer`]). A turn that asks for nothing while an fsync is under way
-    /// is written with a later one ([`Driver::cut`]).
+    /// once an fsync covers their record ([`Syncer`]). A turn that changed nothing but submissions and asks for
+    /// nothing while an fsync is under way is written with a later one ([`Driver::cut`]).
     pub(crate) fn flush(&mut self) {
         let mut queue = VecDeque::new();
         loop {
