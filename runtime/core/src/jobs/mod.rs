@@ -1291,7 +1291,7 @@ impl JobCore {
     pub fn shell_exit(&mut self, now: f64, exit: ShellExit) {
         let id = JobId(exit.id);
         let host = self.pool.ranks.get(&exit.rank).map(|p| p.hostname.clone()).unwrap_or_default();
-        self.reattach_heard(id, exit.rank);
+        self.reattach_heard(now, id, exit.rank);
         if !self.shell_gone(id, exit.rank) {
             return;
         }

@@ -14,6 +14,8 @@
 //!   Output batches are taken from the number kept for each shell (`journal.rs`), or, where none was kept, from
 //!   whatever number the shell has reached ([`super::BatchOrder::resume`]); the output printed before the restart was
 //!   kept too, and the new output follows it.
+//! - **Every shell of a job back**: a job whose `start` was lost with rank 0 (posted from the last spawn report,
+//!   not yet written when rank 0 died) gets it then ([`JobCore::rank_jobs`], and at exit reports).
 //! - **At the end of the grace** ([`JobCore::handle_timeout`]), a job still missing shells: if nothing at all came
 //!   back from it, the fatal `restart` exception as without re-attaching; otherwise the ranks missing are lost for
 //!   it ([`JobCore::ranks_lost`]'s rules: a critical one fails it, another is a `node-failure` and it goes on).
@@ -137,6 +139,13 @@ impl JobCore {
     /// critical-rank rules). Ids it lists that are not re-attaching here are ignored.
     pub fn rank_jobs(&mut self, now: f64, rank: u32, listed: &BTreeSet<JobId>) {
         let Some(r) = self.reattach.as_ref() else { return };
+        // The jobs it lists that have every shell back now (this rank's was the last).
+        let whole: Vec<JobId> =
+            listed.iter().filter(|id| r.waiting.get(id).is_some_and(BTreeSet::is_empty)).copied().collect();
+        for id in whole {
+            self.reattach_started(now, id);
+        }
+        let Some(r) = self.reattach.as_ref() else { return };
         let gone: Vec<JobId> = self
             .by_rank
             .get(&rank)
@@ -153,14 +162,31 @@ impl JobCore {
         self.schedule(now);
     }
 
-    /// At a shell's exit report: something came back from its job.
-    pub(super) fn reattach_heard(&mut self, id: JobId, rank: u32) {
-        if let Some(r) = self.reattach.as_mut() {
-            if let Some(w) = r.waiting.get_mut(&id) {
-                w.remove(&rank);
-                r.back.insert(id);
-            }
+    /// At a shell's exit report: something came back from its job. Once every shell of it is accounted for, a job
+    /// whose `start` was lost with rank 0 gets it now ([`JobCore::rank_jobs`] does the same for shells listed).
+    pub(super) fn reattach_heard(&mut self, now: f64, id: JobId, rank: u32) {
+        let Some(r) = self.reattach.as_mut() else { return };
+        let Some(w) = r.waiting.get_mut(&id) else { return };
+        w.remove(&rank);
+        r.back.insert(id);
+        if w.is_empty() {
+            self.reattach_started(now, id);
         }
+    }
+
+    /// Every shell of re-attached job `id` is back (or ended): if its run has no `start` event, post one. Rank 0
+    /// writes the `start` of a job once all its shells reported spawning; one that died after reading the last of
+    /// those reports and before writing it lost the event, though the shells ran (a window of one turn of its
+    /// loop: the report is not sent again). The event carries the time it is posted, after the restart.
+    fn reattach_started(&mut self, now: f64, id: JobId) {
+        let Some(job) = self.jobs.get_mut(&id) else { return };
+        let running = job.state == JobState::Run || job.state == JobState::Cleanup;
+        if !running || job.fatal.is_some() || super::journal::this_run(&job.eventlog).iter().any(|e| e.name == "start")
+        {
+            return;
+        }
+        job.post(now, "start", json!({"note": "rebuilt at re-attach: rank 0 restarted before it was kept"}));
+        self.actions.push_back(super::Action::Updated(id));
     }
 
     /// When the grace ends, if jobs are being re-attached.
@@ -320,6 +346,56 @@ mod tests {
         assert_eq!((l.result(), l.exit_code()), (Some("FAILED"), Some(2)), "the real exit code, from both shells");
         assert!(l.fatal.is_none(), "{:?}", l.fatal);
         assert!(c.pool.ranks[&ranks[0]].alloc_cores.is_empty(), "nothing is held for a finished job");
+    }
+
+    /// Found by a fresh-user trial: rank 0 read the last shell's spawn report, posted the job's `start`, and was
+    /// killed before writing it; the shells ran on, re-attached, and the job finished with no `start` in its
+    /// eventlog. It is rebuilt once every shell is back.
+    #[test]
+    fn a_start_lost_with_rank_0_is_rebuilt_when_the_shells_are_back() {
+        let mut c = core(3, 2, 0);
+        c.enable_journal();
+        let a = c.submit(T0 + 1.0, &spec(cmd().nnodes(2).ntasks(4)), 1000).unwrap();
+        let spawned = spawns(&actions(&mut c));
+        // What was kept: the job allocated, its shells asked for; then the spawn reports come and are not kept.
+        let mut kept = Kept::default();
+        kept.apply(&c.journal().expect("a batch")).expect("applies");
+        for (id, rank, _) in &spawned {
+            c.shell_spawned(T0 + 1.5, *id, *rank, Ok(()));
+        }
+        assert!(c.jobs[&a].eventlog.iter().any(|e| e.name == "start"));
+        let mut c = JobCore::new(T0 + 10.0);
+        c.reattach_grace = 60.0;
+        assert_eq!(c.restore(T0 + 10.0, kept).reattached, vec![a]);
+        let starts = |c: &JobCore| c.jobs[&a].eventlog.iter().filter(|e| e.name == "start").count();
+        let ranks: Vec<u32> = spawned.iter().map(|(_, rank, _)| *rank).collect();
+        join(&mut c, T0 + 12.0, ranks[0], &[a]);
+        assert_eq!(starts(&c), 0, "not before every shell is back");
+        join(&mut c, T0 + 12.5, ranks[1], &[a]);
+        assert_eq!(starts(&c), 1);
+        let start = c.jobs[&a].eventlog.iter().find(|e| e.name == "start").unwrap();
+        assert_eq!(start.timestamp, T0 + 12.5);
+        for rank in &ranks {
+            exit_shell(&mut c, T0 + 20.0, a, *rank, 0);
+        }
+        let l = &c.jobs[&a];
+        assert_eq!(l.result(), Some("COMPLETED"));
+        let names: Vec<&str> = l.eventlog.iter().map(|e| e.name.as_str()).collect();
+        let at = |n: &str| names.iter().position(|x| *x == n).unwrap();
+        assert!(at("restart") < at("start") && at("start") < at("finish"), "{names:?}");
+        assert_eq!(starts(&c), 1);
+    }
+
+    /// A job whose shells all ended during the outage: its `start` was kept; nothing is added when they are back.
+    #[test]
+    fn a_kept_start_is_not_posted_again() {
+        let (mut c, a, b) = restarted();
+        join(&mut c, T0 + 12.0, 1, &[a]);
+        join(&mut c, T0 + 12.0, 2, &[a]);
+        join(&mut c, T0 + 12.0, 0, &[b]);
+        for id in [a, b] {
+            assert_eq!(c.jobs[&id].eventlog.iter().filter(|e| e.name == "start").count(), 1);
+        }
     }
 
     #[test]
