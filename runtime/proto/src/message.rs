@@ -231,6 +231,23 @@ impl Message {
         Message::base(MsgType::Control, topic, to_json(payload))
     }
 
+    /// This request without its payload: what a response to it needs (topic, matchtag, route, userid, flags), for
+    /// a request answered later (a submission answered once its record is durable) without a copy of its body.
+    pub fn head(&self) -> Message {
+        Message {
+            msgtype: self.msgtype,
+            flags: self.flags,
+            topic: self.topic.clone(),
+            matchtag: self.matchtag,
+            nodeid: self.nodeid,
+            userid: self.userid,
+            errnum: self.errnum,
+            seq: self.seq,
+            route: self.route.clone(),
+            payload: Vec::new(),
+        }
+    }
+
     /// A successful response to `req` carrying `payload`.
     pub fn response_to(req: &Message, payload: &impl Serialize) -> Message {
         let mut m = Message::base(MsgType::Response, &req.topic, to_json(payload));

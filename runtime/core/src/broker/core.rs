@@ -678,8 +678,9 @@ impl Broker {
                 self.store_works();
                 for (req, held) in covered {
                     match held {
-                        Held::Submission(answer) => self.respond(&req, &answer),
-                        Held::ExitReport => self.respond(&req, &json!({})),
+                        // The held request (its head) moves into its answer.
+                        Held::Submission(answer) => self.respond_with(req, crate::message::to_json(&answer)),
+                        Held::ExitReport => self.respond_with(req, b"{}".to_vec()),
                     }
                 }
             }

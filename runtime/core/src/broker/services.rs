@@ -860,7 +860,7 @@ fn jobs(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                     let answer = json!({"id": id.0, "id_f58": id.f58(), "warnings": warnings});
                     if jc.journaling() {
                         // Answered once the job's record is durable (Input::Stored, then Input::Synced), not before.
-                        core.awaiting_durable.push((msg.clone(), super::core::Held::Submission(answer)));
+                        core.awaiting_durable.push((msg.head(), super::core::Held::Submission(answer)));
                         return Ok(None);
                     }
                     Ok(Some(answer.into()))
@@ -1144,7 +1144,7 @@ fn jobs(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
             if jc.journaling() {
                 // Acknowledged once the exit status is durable (Input::Stored, then Input::Synced): the reporting
                 // broker drops its report then (core.rs, Held::ExitReport).
-                core.awaiting_durable.push((msg.clone(), super::core::Held::ExitReport));
+                core.awaiting_durable.push((msg.head(), super::core::Held::ExitReport));
                 return Ok(None);
             }
             Ok(Some(json!({}).into()))
