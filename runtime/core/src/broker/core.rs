@@ -530,16 +530,22 @@ impl Broker {
                 jc.enable_journal();
                 if let Some(kept) = kept {
                     let r = jc.restore(wall, kept);
-                    // At the default log level: an operator reading the log of a restart sees what it kept.
+                    // At the default log level: an operator reading the log of a restart sees what it kept. The
+                    // jobs ended by it (no grace to re-attach them) only when there are some.
+                    let ended = match r.ended.len() {
+                        0 => String::new(),
+                        n => format!(
+                            "; {n} running job(s) ended with the fatal exception '{}'",
+                            crate::jobs::journal::RESTART_EXCEPTION
+                        ),
+                    };
                     tracing::warn!(
                         "state directory {}: restart {restarts}: {} inactive job(s) listed, {} pending job(s) queued, \
-                         {} running job(s) waiting to be re-attached, {} ended (exception {})",
+                         {} running job(s) waiting to be re-attached{ended}",
                         dir.display(),
                         r.inactive,
                         r.pending,
                         r.reattached.len(),
-                        r.ended.len(),
-                        crate::jobs::journal::RESTART_EXCEPTION
                     );
                     for (id, why) in r.invalid {
                         tracing::warn!("job {id} kept in the state directory no longer validates: {why}");
