@@ -835,7 +835,8 @@ fn submission_key(j: &Job) -> Option<u32> {
 ///   or reset with the request in flight);
 /// - job ids acknowledged only go up (an id is never given again, across restarts);
 /// - a job running when rank 0 died, whose outage `tbon.parent_grace` covered, completes with its real exit
-///   status (0 here) unless one of its nodes was lost meanwhile: no `restart` exception, no other.
+///   status (0 here) unless one of its nodes was lost meanwhile: no `restart` exception, no other;
+/// - a job that completed without an exception has a `start` before its `finish`.
 fn restart_invariants(
     sim: &Sim,
     jc: &JobCore,
@@ -880,6 +881,17 @@ fn restart_invariants(
             )),
             Some(j) if j.state != JobState::Inactive => {
                 v.push(format!("acknowledged job {id} (submission {key}) hung: {:?} at the end", j.state))
+            }
+            // Its tasks ran and it ended without an exception: its eventlog says it started, before it finished
+            // (a `start` rank 0 read but had not written when it died is rebuilt at re-attach).
+            Some(j) if j.fatal.is_none() && j.status.is_some() => {
+                let names: Vec<&str> = j.eventlog.iter().map(|e| e.name.as_str()).collect();
+                let at = |n: &str| names.iter().rposition(|x| *x == n);
+                if !matches!((at("start"), at("finish")), (Some(s), Some(f)) if s < f) {
+                    v.push(format!(
+                        "job {id} (submission {key}) completed without a start before its finish: {names:?}"
+                    ));
+                }
             }
             Some(_) => {}
         }

@@ -306,7 +306,8 @@ fn rank_0_restarts_on_its_store_and_no_acknowledged_job_is_lost() {
 }
 
 /// The restart checker can fail: an acknowledged job removed from rank 0's core (lost), one acknowledged twice
-/// (duplicated, its id not above the last), one left running (hung) are each reported.
+/// (duplicated, its id not above the last), one left running (hung), one completed without its `start` are each
+/// reported.
 #[test]
 fn the_restart_invariants_catch_a_lost_a_duplicated_and_a_hung_job() {
     let r = scenario::run_with(Config::new(64, kary(4), 7), Scenario::Restart, |sim| {
@@ -316,6 +317,9 @@ fn the_restart_invariants_catch_a_lost_a_duplicated_and_a_hung_job() {
         let jc = sim.nodes[0].broker.as_mut().and_then(|b| b.jobcore.as_mut()).expect("rank 0");
         jc.jobs.remove(&acked[0].1);
         jc.jobs.get_mut(&acked[2].1).expect("kept").state = crate::jobs::JobState::Run;
+        // A completed job whose `start` is gone from its eventlog.
+        let done = jc.jobs.values_mut().find(|j| j.fatal.is_none() && j.status == Some(0) && j.id > acked[2].1);
+        done.expect("a completed job").eventlog.retain(|e| e.name != "start");
     });
     assert!(!r.ok);
     let has = |s: &str| r.violations.iter().any(|v| v.contains(s));
@@ -323,4 +327,5 @@ fn the_restart_invariants_catch_a_lost_a_duplicated_and_a_hung_job() {
     assert!(has("acknowledged twice"), "{:#?}", r.violations);
     assert!(has("is not above"), "{:#?}", r.violations);
     assert!(has("hung"), "{:#?}", r.violations);
+    assert!(has("completed without a start before its finish"), "{:#?}", r.violations);
 }
