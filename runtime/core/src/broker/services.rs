@@ -1203,12 +1203,19 @@ pub fn wake_watchers(core: &mut Broker, id: JobId) {
         if w.output {
             if w.out_pos < job.output_base {
                 let missed = job.output_base - w.out_pos;
+                // The bound that dropped them: a running job's, or the tail an INACTIVE job keeps.
+                let (keep, of) = if job.state == crate::jobs::JobState::Inactive {
+                    (crate::jobs::INACTIVE_OUTPUT_KEEP, "an inactive job")
+                } else {
+                    (crate::jobs::OUTPUT_KEEP, "a running job")
+                };
                 let note = crate::shellproto::OutputLine::text(
                     0,
                     "stderr",
                     format!(
-                        "vigil: {missed} output chunk(s) dropped: over the {} MiB kept per job (use --output FILE)",
-                        crate::jobs::OUTPUT_KEEP >> 20
+                        "vigil: {missed} output chunk(s) dropped: rank 0 keeps the last {} MiB of {of}'s output, each \
+                         chunk counted as its bytes plus about 100 (use --output FILE)",
+                        keep >> 20
                     ),
                 );
                 out.push(Message::response_to(&w.req, &json!({"output": note})));
