@@ -177,15 +177,20 @@ impl JobCore {
     /// Every shell of re-attached job `id` is back (or ended): if its run has no `start` event, post one. Rank 0
     /// writes the `start` of a job once all its shells reported spawning; one that died after reading the last of
     /// those reports and before writing it lost the event, though the shells ran (a window of one turn of its
-    /// loop: the report is not sent again). The event carries the time it is posted, after the restart.
+    /// loop: the report is not sent again). The event carries the time of the run's `alloc`, when the shells were
+    /// asked for (they started within milliseconds of it), not `now`: the job's run time (from `start`) would
+    /// otherwise lose everything before the restart (found by a fresh-user trial: a 2 s job listed as 4 ms). So
+    /// it follows the `restart` event with an earlier timestamp, as a `finish` of a job that ended during the
+    /// outage does.
     fn reattach_started(&mut self, now: f64, id: JobId) {
         let Some(job) = self.jobs.get_mut(&id) else { return };
         let running = job.state == JobState::Run || job.state == JobState::Cleanup;
-        if !running || job.fatal.is_some() || super::journal::this_run(&job.eventlog).iter().any(|e| e.name == "start")
-        {
+        let run = super::journal::this_run(&job.eventlog);
+        if !running || job.fatal.is_some() || run.iter().any(|e| e.name == "start") {
             return;
         }
-        job.post(now, "start", json!({"note": "rebuilt at re-attach: rank 0 restarted before it was kept"}));
+        let at = run.iter().rev().find(|e| e.name == "alloc").map_or(now, |e| e.timestamp.min(now));
+        job.post(at, "start", json!({"note": "rebuilt at re-attach: rank 0 restarted before it was kept"}));
         self.actions.push_back(super::Action::Updated(id));
     }
 
@@ -373,8 +378,9 @@ mod tests {
         assert_eq!(starts(&c), 0, "not before every shell is back");
         join(&mut c, T0 + 12.5, ranks[1], &[a]);
         assert_eq!(starts(&c), 1);
+        // Stamped with its alloc's time (T0 + 1), not the re-attach's: its run time is not lost.
         let start = c.jobs[&a].eventlog.iter().find(|e| e.name == "start").unwrap();
-        assert_eq!(start.timestamp, T0 + 12.5);
+        assert_eq!(start.timestamp, T0 + 1.0);
         for rank in &ranks {
             exit_shell(&mut c, T0 + 20.0, a, *rank, 0);
         }
