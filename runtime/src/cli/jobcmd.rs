@@ -104,13 +104,16 @@ async fn submit_copies(a: &SubmitArgs, cc: &str) -> Result<i32, String> {
 
 /// Submits jobspecs `(copy id, jobspec)` (already checked) over one connection, [`CC_WINDOW`] at a time, and
 /// prints each job id on its own line in copy order; a refused copy is said on standard error (exit code 1) and
-/// the others go on. For `--cc` of `vigil submit` and `vigil batch`.
+/// the others go on. Consecutive copies refused for the same reason are said once, as a range (`copies 12-300:
+/// ...`): a connection lost in a flood fails every copy after it the same way. For `--cc` of `vigil submit` and
+/// `vigil batch`.
 pub(crate) async fn submit_all(specs: Vec<(u32, Value)>) -> Result<i32, String> {
     let c = connect().await?;
     let mut rc = 0;
     let mut inflight = std::collections::VecDeque::new();
     let mut out = std::io::stdout().lock();
     let mut specs = specs.into_iter();
+    let mut refused = Refusals::default();
     loop {
         while inflight.len() < CC_WINDOW {
             let Some((i, v)) = specs.next() else { break };
@@ -120,15 +123,58 @@ pub(crate) async fn submit_all(specs: Vec<(u32, Value)>) -> Result<i32, String> 
         let Some((i, h)) = inflight.pop_front() else { break };
         match h.await.map_err(|e| e.to_string()).and_then(|r| r) {
             Ok(id) => {
+                refused.say();
                 let _ = writeln!(out, "{id}");
             }
             Err(e) => {
-                eprintln!("vigil: copy {i}: {e}");
+                refused.add(i, e);
                 rc = 1;
             }
         }
     }
+    refused.say();
     Ok(rc)
+}
+
+/// The run of consecutive copies refused for the same reason that [`submit_all`] has not said yet.
+#[derive(Default)]
+struct Refusals(Option<(u32, u32, String)>);
+
+impl Refusals {
+    /// Copy `i` was refused with `why`: it extends the run, or the run is said and a new one starts.
+    fn add(&mut self, i: u32, why: String) {
+        if let Some(line) = self.push(i, why) {
+            eprintln!("{line}");
+        }
+    }
+
+    /// [`Refusals::add`], returning the line of the run it ended, if it ended one.
+    fn push(&mut self, i: u32, why: String) -> Option<String> {
+        if let Some((_, last, w)) = &mut self.0 {
+            if *w == why && i == *last + 1 {
+                *last = i;
+                return None;
+            }
+        }
+        let ended = self.line();
+        self.0 = Some((i, i, why));
+        ended
+    }
+
+    /// The run's line, if any (`vigil: copy N: WHY` or `vigil: copies N-M (K of them): WHY`); the run is said.
+    fn line(&mut self) -> Option<String> {
+        self.0.take().map(|(a, b, why)| match b - a {
+            0 => format!("vigil: copy {a}: {why}"),
+            n => format!("vigil: copies {a}-{b} ({} of them): {why}", n + 1),
+        })
+    }
+
+    /// Say the run, if any, on standard error.
+    fn say(&mut self) {
+        if let Some(line) = self.line() {
+            eprintln!("{line}");
+        }
+    }
 }
 
 /// An `--output`/`--error` path may hold `{{id}}` (the job id) and no other `{{...}}` template.
@@ -372,13 +418,13 @@ async fn submit_with(c: &Client, spec: &Jobspec, stdin: bool) -> Result<JobId, S
 
 /// Submit a jobspec already in JSON form (`job-manager.submit`); returns the new job's id.
 pub(crate) async fn submit_value(c: &Client, v: &Value, stdin: bool) -> Result<JobId, String> {
-    let r = c.rpc("job-manager.submit", 0, &json!({"jobspec": v, "stdin": stdin})).await.map_err(|e| {
-        if e.errstr == crate::client::RpcError::disconnected_text() {
+    let r = super::rpc_to_rank0(c, "job-manager.submit", &json!({"jobspec": v, "stdin": stdin})).await.map_err(|e| {
+        if e == crate::client::RpcError::disconnected_text() {
             // Rank 0 may have made the job durable and died (or been restarted) before answering: resubmitting
             // blindly would run it twice.
-            format!("{}: the job may have been accepted all the same; look for it with `vigil jobs -a` before submitting it again", e.errstr)
+            format!("{e}: the job may have been accepted all the same; look for it with `vigil jobs -a` before submitting it again")
         } else {
-            e.errstr
+            e
         }
     })?;
     for w in r.get("warnings").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str) {
@@ -606,7 +652,7 @@ async fn await_rank0(
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs_f64(limit);
     eprintln!(
         "vigil: lost rank 0; job {id} is kept while it restarts: waiting for it{} (Ctrl-C to stop waiting)",
-        if on_rank0 { format!(" up to {}", fmt_secs(limit)) } else { String::new() }
+        if on_rank0 { format!(" up to {limit:.0} s") } else { String::new() }
     );
     let mut client = c.clone();
     let attempt = async {
@@ -1041,6 +1087,23 @@ pub(crate) fn human_event(e: &Value) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// Found by a fresh-user trial: a connection lost in a `--cc 1-300` flood printed a line per copy.
+    #[test]
+    fn copies_refused_alike_in_a_row_are_said_once() {
+        let mut r = super::Refusals::default();
+        let lost = || "lost connection to broker".to_string();
+        assert_eq!(r.push(3, "bad".into()), None);
+        assert_eq!(r.push(4, lost()).as_deref(), Some("vigil: copy 3: bad"));
+        for i in 5..=300 {
+            assert_eq!(r.push(i, lost()), None);
+        }
+        assert_eq!(r.line().as_deref(), Some("vigil: copies 4-300 (297 of them): lost connection to broker"));
+        assert_eq!(r.line(), None);
+        // Not consecutive: said apart.
+        assert_eq!(r.push(1, lost()), None);
+        assert_eq!(r.push(3, lost()).as_deref(), Some("vigil: copy 1: lost connection to broker"));
+    }
+
     #[test]
     fn cancel_all_takes_active_jobs_by_state() {
         let st = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();

@@ -193,6 +193,15 @@ fn connect_error(e: &crate::client::ConnectError) -> String {
                  restarting; with a state directory, rank 0 keeps the jobs across its restart)"
             )
         }
+        // Accepted, then dropped before its welcome: the broker was going away (a rank 0 killed or stopping).
+        crate::client::ConnectError::Protocol(why)
+            if ["Connection reset", "end of file", "closed", "Broken pipe"].iter().any(|w| why.contains(w)) =>
+        {
+            format!(
+                "{e} (the broker dropped the connection before welcoming it: it is stopping or restarting; with a \
+                 state directory, rank 0 keeps the jobs across its restart)"
+            )
+        }
         _ => e.to_string(),
     }
 }
@@ -200,8 +209,8 @@ fn connect_error(e: &crate::client::ConnectError) -> String {
 /// How long a listing command waits for rank 0's answer before it says why it may be slow ([`rpc_to_rank0`]).
 pub(crate) const SLOW_RANK0_NOTICE: std::time::Duration = std::time::Duration::from_secs(3);
 
-/// `c.rpc(topic, 0, payload)` for a command that lists what rank 0 knows (`vigil jobs`, `vigil resource ...`),
-/// saying once on standard error, if no answer came within [`SLOW_RANK0_NOTICE`], that it goes on waiting and why
+/// `c.rpc(topic, 0, payload)` for a command that lists what rank 0 knows (`vigil jobs`, `vigil resource ...`) or
+/// submits to it (`vigil submit`, `batch`), saying once on standard error, if no answer came within [`SLOW_RANK0_NOTICE`], that it goes on waiting and why
 /// the answer may be late: while rank 0 restarts, the broker the command is connected to keeps requests for it
 /// (`tbon.parent_grace`) and sends them once it is back, so the command otherwise waits without a word.
 ///
@@ -218,11 +227,15 @@ pub(crate) async fn rpc_to_rank0(
         r = &mut call => return r.map_err(|e| e.errstr),
         () = tokio::time::sleep(SLOW_RANK0_NOTICE) => {}
     }
-    eprintln!(
-        "vigil: no answer from rank 0 after {} s; waiting (if rank 0 is restarting, this node's broker keeps the \
-         request until it is back; Ctrl-C to stop)",
-        SLOW_RANK0_NOTICE.as_secs()
-    );
+    // Once per command: the copies of `vigil submit --cc` wait together.
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        eprintln!(
+            "vigil: no answer from rank 0 after {} s; waiting (if rank 0 is restarting, this node's broker keeps \
+             the request until it is back; Ctrl-C to stop)",
+            SLOW_RANK0_NOTICE.as_secs()
+        );
+    }
     call.await.map_err(|e| e.errstr)
 }
 
@@ -267,6 +280,12 @@ mod tests {
         assert!(refused.starts_with("cannot connect to /run/x/local-0") && refused.contains("restarting"), "{refused}");
         assert!(super::connect_error(&io(std::io::ErrorKind::NotFound)).contains("no broker listens there"));
         assert!(!super::connect_error(&io(std::io::ErrorKind::PermissionDenied)).contains("no broker"));
+        // Found by a fresh-user trial: a client connecting while rank 0 was being killed got only the raw error.
+        let reset = ConnectError::Protocol("i/o: Connection reset by peer (os error 104)".into());
+        let said = super::connect_error(&reset);
+        assert!(said.contains("Connection reset") && said.contains("stopping or restarting"), "{said}");
+        let odd = ConnectError::Protocol("unexpected Event 'x'".into());
+        assert!(!super::connect_error(&odd).contains("restarting"));
     }
 
     #[test]
