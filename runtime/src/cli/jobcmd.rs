@@ -418,15 +418,19 @@ async fn submit_with(c: &Client, spec: &Jobspec, stdin: bool) -> Result<JobId, S
 
 /// Submit a jobspec already in JSON form (`job-manager.submit`); returns the new job's id.
 pub(crate) async fn submit_value(c: &Client, v: &Value, stdin: bool) -> Result<JobId, String> {
-    let r = super::rpc_to_rank0(c, "job-manager.submit", &json!({"jobspec": v, "stdin": stdin})).await.map_err(|e| {
-        if e == crate::client::RpcError::disconnected_text() {
-            // Rank 0 may have made the job durable and died (or been restarted) before answering: resubmitting
-            // blindly would run it twice.
-            format!("{e}: the job may have been accepted all the same; look for it with `vigil jobs -a` before submitting it again")
-        } else {
-            e
-        }
-    })?;
+    let r =
+        super::rpc_to_rank0(c, "job-manager.submit", &json!({"jobspec": v, "stdin": stdin})).await.map_err(|e| {
+            if e == crate::client::RpcError::disconnected_text() {
+                // Rank 0 may have made the job durable and died (or been restarted) before answering: resubmitting
+                // blindly would run it twice.
+                format!(
+                    "{e}: the job may have been accepted all the same; look for it with `vigil jobs -a` before \
+                     submitting it again"
+                )
+            } else {
+                e
+            }
+        })?;
     for w in r.get("warnings").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str) {
         eprintln!("vigil: warning: jobspec {w}");
     }

@@ -206,13 +206,14 @@ fn connect_error(e: &crate::client::ConnectError) -> String {
     }
 }
 
-/// How long a listing command waits for rank 0's answer before it says why it may be slow ([`rpc_to_rank0`]).
+/// How long a command waits for rank 0's answer before it says why it may be slow ([`rpc_to_rank0`]).
 pub(crate) const SLOW_RANK0_NOTICE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// `c.rpc(topic, 0, payload)` for a command that lists what rank 0 knows (`vigil jobs`, `vigil resource ...`) or
-/// submits to it (`vigil submit`, `batch`), saying once on standard error, if no answer came within [`SLOW_RANK0_NOTICE`], that it goes on waiting and why
-/// the answer may be late: while rank 0 restarts, the broker the command is connected to keeps requests for it
-/// (`tbon.parent_grace`) and sends them once it is back, so the command otherwise waits without a word.
+/// submits to it (`vigil submit`, `batch`, `run`), saying once on standard error (once per command), if no answer
+/// came within [`SLOW_RANK0_NOTICE`], that it goes on waiting and why the answer may be late: while rank 0
+/// restarts, the broker the command is connected to keeps requests for it (`tbon.parent_grace`) and sends them
+/// once it is back, so the command otherwise waits without a word.
 ///
 /// # Errors
 /// The request's error string.

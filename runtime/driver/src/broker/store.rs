@@ -1374,7 +1374,15 @@ pub(super) mod tests {
         #[test]
         fn folds_round_trip(
             plan in proptest::collection::vec(
-                (0u64..5, 0usize..3, any::<bool>(), 0usize..4, proptest::option::of(0i32..3), 0usize..3, proptest::bool::weighted(0.1)),
+                (
+                    0u64..5,
+                    0usize..3,
+                    any::<bool>(),
+                    0usize..4,
+                    proptest::option::of(0i32..3),
+                    0usize..3,
+                    proptest::bool::weighted(0.1),
+                ),
                 1..30,
             ),
             cuts in proptest::collection::vec(1usize..6, 1..30),
