@@ -957,8 +957,19 @@ fn nested_instance_shares_the_xdp_responder() {
     let o = c.vigil_in(work.path(), &[], &["batch", "-N2", script.to_str().unwrap()], CMD_TIMEOUT);
     o.ok();
     let id = o.stdout.trim().to_string();
-    c.vigil_in(work.path(), &[], &["job", "wait", &id], CMD_TIMEOUT).ok();
+    let w = c.vigil_in(work.path(), &[], &["job", "wait", &id], CMD_TIMEOUT);
     let out = std::fs::read_to_string(work.path().join(format!("vigil-{id}.out"))).unwrap_or_default();
+    if w.timed_out || w.code != 0 {
+        let ev = c.vigil_in(work.path(), &[], &["job", "eventlog", &id], CMD_TIMEOUT);
+        let jobs = c.vigil_in(work.path(), &[], &["jobs", "-a"], CMD_TIMEOUT);
+        panic!(
+            "[{}] the batch job did not end well:\n{}\n--- eventlog ---\n{}\n--- jobs ---\n{}\n--- output ---\n{out}",
+            c.name,
+            w.dump(),
+            ev.stdout,
+            jobs.stdout
+        );
+    }
     eprintln!("[{}] nested uptime:\n{out}", c.name);
     assert!(out.contains("responder xdp (shared"), "{out}");
     assert!(out.contains("process-exit ebpf"), "{out}");
