@@ -10,10 +10,16 @@
 //!   is **offline**;
 //! - no traffic at all from the peer for `tbon.torpid_max` → **torpid** (no new work is placed there); any
 //!   traffic → back to **online** ("lively");
-//! - data we sent that the peer's *kernel* has not acknowledged for `tbon.lost_timeout` → **lost**: the node or
-//!   its link is gone. Judged on a `TCP_INFO` sample taken at or after that deadline (the timer asks for one:
-//!   [`Membership::take_ack_check`]), never on an older one. A stalled broker (SIGSTOP, swapping, starved) still has its kernel ACK our heartbeats, so
-//!   it is torpid, never lost.
+//! - data we sent that the peer's *kernel* has not acknowledged for `tbon.lost_timeout` (times the judge's own
+//!   lateness factor, [`Membership::set_lateness`]) makes the peer **suspect**, never lost by itself: a live
+//!   peer starved of CPU while it holds its socket's lock delays its kernel's ACKs as long as it waits to run,
+//!   and a delayed ACK may legally wait 200 ms. The broker confirms a suspect through independent paths
+//!   ([`Membership::take_suspects`], `broker/confirm.rs`) and reports the outcome with
+//!   [`Membership::confirmed`]: lost only when no path found the node's kernel answering and the data is still
+//!   unacknowledged. Judged on a `TCP_INFO` sample taken at or after that deadline (the timer asks for one:
+//!   [`Membership::take_ack_check`]), never on an older one, and never within [`LINK_SETTLE`] of the link's
+//!   start. A stalled broker (SIGSTOP, swapping, starved) still has its kernel ACK our heartbeats (or answer the
+//!   confirmation), so it is torpid, never lost.
 //! - a process-exit report for the peer's broker → **lost** at once;
 //! - heartbeat probes answered by the peer node's *kernel* (the XDP responder) arm the probe rules: a reply
 //!   saying the broker process is dead → **lost** at once; `tbon.probe_misses` consecutive probes (sent every
@@ -31,6 +37,13 @@ pub const KERNEL_REPLY_STALE: f64 = 2.5;
 /// Shortest `tbon.probe_period` accepted (seconds): below it, a reply delayed by softirq scheduling on a busy node
 /// would count as a miss.
 pub const MIN_PROBE_PERIOD: f64 = 0.005;
+
+/// A link is not judged on unacknowledged TCP data during its first second (seconds): at start-up the peer runs
+/// its handshakes, loads its detectors and registers, with every other broker of a machine doing the same, and
+/// its node's kernel responder is not armed yet. A node that dies meanwhile is judged once the second is over
+/// (or at once, by a reset, an exit event or its kernel's probe replies). Links that replace one that was up
+/// (re-parents, rejoins) are not held back ([`Membership::settled`]).
+pub const LINK_SETTLE: f64 = 1.0;
 
 /// Liveness of a peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -129,6 +142,10 @@ struct Peer {
     /// When a fresh `TCP_INFO` sample was last taken or asked for ([`Membership::take_ack_check`]): the
     /// unacknowledged-data rule judges only on a sample taken at or after its deadline, never on an old one.
     sampled: f64,
+    /// When the link started ([`Signal::Connected`]): the TCP rule waits [`LINK_SETTLE`] from it.
+    connected_at: f64,
+    /// A confirmation of the TCP rule's suspicion is under way (since then).
+    confirming: Option<f64>,
     reason: String,
 }
 
@@ -145,12 +162,75 @@ pub struct Membership {
     next: std::cell::Cell<Option<Option<f64>>>,
     /// Until when no peer is lost for unacknowledged TCP data (set by [`Membership::grace`]).
     ack_quiet_until: f64,
+    /// The judge's lateness factor (>= 1): `tbon.lost_timeout` is stretched by it ([`Membership::set_lateness`]).
+    lateness: f64,
+    /// Peers the TCP rule made suspect since the last [`Membership::take_suspects`].
+    suspects: Vec<u32>,
 }
 
 impl Membership {
     /// A membership with these thresholds, tracking no peer yet.
     pub fn new(cfg: Config) -> Membership {
-        Membership { cfg, peers: BTreeMap::new(), next: std::cell::Cell::new(None), ack_quiet_until: f64::MIN }
+        Membership {
+            cfg,
+            peers: BTreeMap::new(),
+            next: std::cell::Cell::new(None),
+            ack_quiet_until: f64::MIN,
+            lateness: 1.0,
+            suspects: Vec::new(),
+        }
+    }
+
+    /// The judge's own lateness factor, >= 1 (1: on time): while this broker runs late, the unacknowledged-data
+    /// rule waits `tbon.lost_timeout` times this (Lifeguard's local health multiplier). Values below 1 or not
+    /// finite count as 1.
+    pub fn set_lateness(&mut self, factor: f64) {
+        let f = if factor.is_finite() { factor.max(1.0) } else { 1.0 };
+        if f != self.lateness {
+            self.lateness = f;
+            self.next.set(None);
+        }
+    }
+
+    /// The link to `rank` needs no settling window ([`LINK_SETTLE`]): it replaces one that was up (a re-parent, a
+    /// rejoin), made by brokers past their start-up, and a dead peer must be judged as fast as on any link.
+    pub fn settled(&mut self, rank: u32) {
+        if let Some(p) = self.peers.get_mut(&rank) {
+            p.connected_at = f64::MIN;
+            self.next.set(None);
+        }
+    }
+
+    /// Peers that the unacknowledged-data rule made suspect since the last call: each needs a confirmation,
+    /// answered with [`Membership::confirmed`]. A peer is listed once per suspicion.
+    pub fn take_suspects(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.suspects)
+    }
+
+    /// Whether a confirmation of `rank` is under way.
+    pub fn confirming(&self, rank: u32) -> bool {
+        self.peers.get(&rank).is_some_and(|p| p.confirming.is_some())
+    }
+
+    /// The outcome of the confirmation of suspect `rank` at `now`: `answered` = some path found its node's kernel
+    /// answering (the suspicion is dropped and the unacknowledged-data clock restarts), else lost, with `why`
+    /// (which paths were tried) added to the reason, unless the data was acknowledged meanwhile or a kernel probe
+    /// reply vouches for the node. Nothing for a peer not being confirmed.
+    pub fn confirmed(&mut self, now: f64, rank: u32, answered: bool, why: &str) -> Vec<Transition> {
+        let Some(p) = self.peers.get_mut(&rank) else { return vec![] };
+        let Some(_) = p.confirming.take() else { return vec![] };
+        self.next.set(None);
+        if !matches!(p.state, PeerState::Online | PeerState::Torpid) {
+            return vec![];
+        }
+        if answered {
+            p.unacked_since = None;
+            return vec![];
+        }
+        let kernel_answers = p.kernel_reply.is_some_and(|k| now < k + KERNEL_REPLY_STALE);
+        let Some(since) = p.unacked_since.filter(|_| !kernel_answers) else { return vec![] };
+        let why = format!("node not responding: no TCP acknowledgement for {:.0} ms; {why}", (now - since) * 1e3);
+        self.set(rank, PeerState::Lost, why).into_iter().collect()
     }
 
     /// The thresholds.
@@ -195,11 +275,15 @@ impl Membership {
                 unacked_since: None,
                 kernel_reply: None,
                 sampled: now,
+                connected_at: now,
+                confirming: None,
                 reason: String::new(),
             });
             p.last_traffic = now;
             p.unacked_since = None;
             p.kernel_reply = None;
+            p.connected_at = now;
+            p.confirming = None;
             return self.set(rank, PeerState::Online, "connected".into()).into_iter().collect();
         }
         let Some(p) = self.peers.get_mut(&rank) else { return vec![] };
@@ -318,16 +402,21 @@ impl Membership {
         // retransmissions back off, is not a dead node.
         let kernel_answers = p.kernel_reply.is_some_and(|k| now < k + KERNEL_REPLY_STALE);
         let since = p.unacked_since?;
-        if kernel_answers || now < self.ack_deadline(since) - 1e-9 {
+        if kernel_answers || p.confirming.is_some() || now < self.ack_deadline_of(p, since) - 1e-9 {
             return None;
         }
-        let why = format!("node not responding: no TCP acknowledgement for {:.0} ms", (now - since) * 1e3);
-        self.set(rank, PeerState::Lost, why)
+        // One signal, from a judge that may itself be starved: suspect, to be confirmed (`broker/confirm.rs`).
+        if let Some(p) = self.peers.get_mut(&rank) {
+            p.confirming = Some(now);
+        }
+        self.suspects.push(rank);
+        self.next.set(None);
+        None
     }
 
-    /// When data first seen unacknowledged at `since` may be judged.
-    fn ack_deadline(&self, since: f64) -> f64 {
-        (since + self.cfg.lost_timeout).max(self.ack_quiet_until)
+    /// When data first seen unacknowledged at `since` on the link of `p` may be judged.
+    fn ack_deadline_of(&self, p: &Peer, since: f64) -> f64 {
+        (since + self.cfg.lost_timeout * self.lateness).max(self.ack_quiet_until).max(p.connected_at + LINK_SETTLE)
     }
 
     /// True when some peer's unacknowledged data has reached its deadline and no `TCP_INFO` sample was taken
@@ -337,13 +426,13 @@ impl Membership {
     /// includes them meanwhile.
     pub fn take_ack_check(&mut self, now: f64) -> bool {
         let mut due = false;
-        let (lost_timeout, quiet) = (self.cfg.lost_timeout, self.ack_quiet_until);
+        let (lost_timeout, quiet) = (self.cfg.lost_timeout * self.lateness, self.ack_quiet_until);
         for p in self.peers.values_mut() {
-            if !matches!(p.state, PeerState::Online | PeerState::Torpid) {
+            if !matches!(p.state, PeerState::Online | PeerState::Torpid) || p.confirming.is_some() {
                 continue;
             }
             if let Some(s) = p.unacked_since {
-                let d = (s + lost_timeout).max(quiet);
+                let d = (s + lost_timeout).max(quiet).max(p.connected_at + LINK_SETTLE);
                 if now >= d - 1e-9 && p.sampled < d - 1e-9 {
                     p.sampled = now;
                     due = true;
@@ -372,8 +461,8 @@ impl Membership {
         for p in self.peers.values() {
             let mut c = |t: f64| best = Some(best.map_or(t, |b: f64| b.min(t)));
             if matches!(p.state, PeerState::Online | PeerState::Torpid) {
-                if let Some(s) = p.unacked_since {
-                    let d = self.ack_deadline(s);
+                if let Some(s) = p.unacked_since.filter(|_| p.confirming.is_none()) {
+                    let d = self.ack_deadline_of(p, s);
                     if p.sampled < d - 1e-9 {
                         c(d);
                     }
@@ -492,6 +581,13 @@ mod tests {
 
     const PARENT_KEY: u32 = u32::MAX;
 
+    /// The TCP rule made `rank` suspect (and nothing else), and no path reached its node: the transitions.
+    fn unconfirmed(m: &mut Membership, now: f64, rank: u32) -> Vec<Transition> {
+        assert_eq!(m.take_suspects(), vec![rank], "suspect");
+        assert!(m.confirming(rank));
+        m.confirmed(now, rank, false, "no path answered")
+    }
+
     #[test]
     fn observer_stall_is_not_blamed_on_peers() {
         let mut m = m();
@@ -519,6 +615,8 @@ mod tests {
         assert_eq!(m.next_deadline(), Some(2.0 + cfg.torpid_max));
         // Still unacknowledged once the stall's length has passed again: lost.
         let t = m.signal(4.1, PARENT_KEY, Signal::KernelAck { unacked: 3, last_ack_age: 4.1 });
+        assert!(t.iter().all(|t| t.to != PeerState::Lost), "suspect first, never lost on TCP alone: {t:?}");
+        let t = unconfirmed(&mut m, 4.1, PARENT_KEY);
         assert_eq!(t.first().map(|t| t.to), Some(PeerState::Lost), "{t:?}");
     }
 
@@ -567,7 +665,8 @@ mod tests {
         let t1 = t + cfg.lost_timeout;
         assert!(m.signal(t1, 1, Signal::KernelAck { unacked: 3, last_ack_age: t1 }).is_empty(), "one miss");
         let t2 = t + KERNEL_REPLY_STALE + cfg.lost_timeout;
-        let tr = m.signal(t2, 1, Signal::KernelAck { unacked: 3, last_ack_age: t2 });
+        assert!(m.signal(t2, 1, Signal::KernelAck { unacked: 3, last_ack_age: t2 }).is_empty());
+        let tr = unconfirmed(&mut m, t2, 1);
         assert_eq!(tr.first().map(|x| x.to), Some(PeerState::Lost), "{tr:?}");
 
         // A link blip: TCP data stays unacknowledged far longer than lost_timeout while the kernel keeps answering
@@ -603,9 +702,11 @@ mod tests {
         assert!(m.take_ack_check(1.17));
         assert!(!m.take_ack_check(1.17), "asked already");
         assert!(m.next_deadline().is_none_or(|d| d > 1.17), "no busy loop while the sample is awaited");
-        let t = m.signal(1.17, 1, Signal::KernelAck { unacked: 1, last_ack_age: 0.17 });
+        assert!(m.signal(1.17, 1, Signal::KernelAck { unacked: 1, last_ack_age: 0.17 }).is_empty());
+        // Suspect, and confirmed: no path reached its node.
+        let t = unconfirmed(&mut m, 1.29, 1);
         assert_eq!(t[0].to, PeerState::Lost);
-        assert!(t[0].reason.contains("no TCP acknowledgement"));
+        assert!(t[0].reason.contains("no TCP acknowledgement") && t[0].reason.contains("no path answered"));
     }
 
     /// The regression a loaded CI machine found: a sample sees a heartbeat in flight (normal), then our broker
@@ -655,8 +756,69 @@ mod tests {
         assert!(t.iter().all(|t| t.to != PeerState::Lost), "{t:?}");
         assert!(m.tick(1.3).iter().all(|t| t.to != PeerState::Lost));
         // No progress at all afterwards: lost.
-        let t = m.signal(1.36, 1, Signal::KernelAck { unacked: 2, last_ack_age: 0.359 });
+        m.signal(1.36, 1, Signal::KernelAck { unacked: 2, last_ack_age: 0.359 });
+        let t = unconfirmed(&mut m, 1.36, 1);
         assert!(t.iter().any(|t| t.to == PeerState::Lost), "{t:?}");
+    }
+
+    /// A suspect whose node answered a check is not lost: the clock restarts, and it is suspected again only
+    /// after another `tbon.lost_timeout` of unacknowledged data.
+    #[test]
+    fn a_suspect_whose_node_answers_is_not_lost() {
+        let cfg = Config::default();
+        let mut m = m();
+        m.signal(2.0, 1, Signal::KernelAck { unacked: 1, last_ack_age: 0.0 });
+        assert!(m.signal(2.2, 1, Signal::KernelAck { unacked: 1, last_ack_age: 0.2 }).is_empty());
+        assert_eq!(m.take_suspects(), vec![1]);
+        // No second suspicion while the first is being confirmed.
+        assert!(m.signal(2.25, 1, Signal::KernelAck { unacked: 1, last_ack_age: 0.25 }).is_empty());
+        assert!(m.take_suspects().is_empty());
+        assert!(m.confirmed(2.3, 1, true, "").is_empty());
+        assert_eq!(m.state(1), PeerState::Torpid, "silent since it connected: torpid, not lost");
+        assert!(!m.confirming(1));
+        // Still unacknowledged: counted again from the next sample.
+        m.signal(2.35, 1, Signal::KernelAck { unacked: 1, last_ack_age: 0.35 });
+        assert!(m.take_suspects().is_empty(), "not before lost_timeout again");
+        m.signal(2.35 + cfg.lost_timeout, 1, Signal::KernelAck { unacked: 1, last_ack_age: 0.5 });
+        assert_eq!(m.take_suspects(), vec![1]);
+        // Acknowledged while the confirmation ran: a late "no answer" loses nothing.
+        m.signal(2.5, 1, Signal::KernelAck { unacked: 0, last_ack_age: 0.0 });
+        assert!(m.confirmed(2.6, 1, false, "no path answered").is_empty());
+        assert_eq!(m.state(1), PeerState::Torpid);
+    }
+
+    /// No link is judged on unacknowledged data during its first LINK_SETTLE seconds.
+    #[test]
+    fn a_new_link_is_not_judged_before_it_settled() {
+        let mut m = m();
+        m.signal(0.1, 1, Signal::KernelAck { unacked: 1, last_ack_age: 0.1 });
+        for t in [0.3, 0.6, 0.9, LINK_SETTLE - 0.01] {
+            assert!(m
+                .signal(t, 1, Signal::KernelAck { unacked: 1, last_ack_age: t })
+                .iter()
+                .all(|t| t.to != PeerState::Lost));
+            assert!(m.take_suspects().is_empty(), "suspected at {t}");
+        }
+        assert!(m.next_deadline().is_some_and(|d| d >= LINK_SETTLE - 1e-9));
+        m.signal(LINK_SETTLE, 1, Signal::KernelAck { unacked: 1, last_ack_age: LINK_SETTLE });
+        assert_eq!(m.take_suspects(), vec![1]);
+    }
+
+    /// A late judge stretches lost_timeout by its lateness factor.
+    #[test]
+    fn a_late_judge_waits_longer() {
+        let cfg = Config::default();
+        let mut m = m();
+        m.set_lateness(3.0);
+        m.signal(2.0, 1, Signal::KernelAck { unacked: 1, last_ack_age: 0.0 });
+        m.signal(2.0 + cfg.lost_timeout * 2.0, 1, Signal::KernelAck { unacked: 1, last_ack_age: 0.3 });
+        assert!(m.take_suspects().is_empty(), "judged before 3 x lost_timeout");
+        assert!((m.next_deadline().unwrap() - (2.0 + 3.0 * cfg.lost_timeout)).abs() < 1e-9);
+        m.signal(2.0 + cfg.lost_timeout * 3.0, 1, Signal::KernelAck { unacked: 1, last_ack_age: 0.4 });
+        assert_eq!(m.take_suspects(), vec![1]);
+        // Nonsense factors count as 1.
+        m.set_lateness(f64::NAN);
+        m.set_lateness(-4.0);
     }
 
     #[test]
@@ -707,6 +869,11 @@ mod tests {
                 }
             }
             m.tick(t);
+            // Every suspect is a node that is gone: no path reaches it.
+            for r in m.take_suspects() {
+                assert_eq!(r % 7, 0, "rank {r} suspected");
+                m.confirmed(t, r, false, "no path answered");
+            }
         }
         for r in 1..=n {
             let want = if r % 7 == 0 {

@@ -22,6 +22,7 @@ pub mod scenario;
 // The rules simulated and the formats they use (`vigil-core`), under the paths the simulator has always named.
 use vigil_core::{attrs, broker, idset, jobs, jobspec, membership, message, shellproto, topology};
 
+use crate::broker::confirm::CheckTarget;
 use crate::broker::core::StateDir;
 use crate::broker::core::{Broker, Effect, Input, Peer, Time, PARENT};
 use crate::jobs::journal::Kept;
@@ -507,6 +508,7 @@ fn kind(i: &Input) -> u64 {
         Input::Timer => 18,
         Input::Stored { result, .. } => 20 + u64::from(result.is_err()) * 256,
         Input::Synced { result, .. } => 21 + u64::from(result.is_err()) * 256,
+        Input::NodeChecked { token, answered } => 22 + u64::from(*answered == Some(true)) * 256 + token * 1024,
     }
 }
 
@@ -1214,6 +1216,28 @@ impl Sim {
             }
             Effect::WatchPid(pid) => {
                 queue.push_back(Input::WatchFailed(pid, crate::message::errno::ENOSYS, "simulated".into()))
+            }
+            Effect::CheckNode { token, target, wait } => {
+                // The kernel of the node checked answers a SYN unless the node died or its link is cut: a cut link
+                // is the node's own port, which the checks of its siblings cross too (`confirm.rs`).
+                let (node, link) = match target {
+                    CheckTarget::Parent => match self.links.get(&n) {
+                        Some(l) => (Some(l.parent), n),
+                        None => (None, n),
+                    },
+                    CheckTarget::Node { node, .. } => {
+                        let c = node.strip_prefix("node").and_then(|c| c.parse::<u32>().ok());
+                        (c.filter(|c| (*c as usize) < self.nodes.len()), c.unwrap_or(n))
+                    }
+                };
+                let input = |answered| Input::NodeChecked { token, answered };
+                match node {
+                    None => queue.push_back(input(None)),
+                    Some(c) if self.nodes[c as usize].kernel && !self.cut.contains_key(&link) => {
+                        self.after(lat * 2, Ev::Input(n, input(Some(true))))
+                    }
+                    Some(_) => self.after(wait, Ev::Input(n, input(Some(false)))),
+                }
             }
             Effect::StartInitial(_)
             | Effect::SignalInitial(_)

@@ -562,6 +562,7 @@ fn detector_lines(d: &Value) -> Vec<String> {
         ("responder", "responder"),
         ("probes", "probes"),
         ("probing", "probing"),
+        ("judge", "judge"),
     ]
     .iter()
     .filter_map(|(label, k)| d[*k].as_str().map(|v| format!("{label} {v}")))

@@ -195,6 +195,10 @@ pub enum Input {
     Status(DriverStatus),
     /// The deadline given by [`Broker::next_deadline`] passed (or the driver is unsure: harmless).
     Timer,
+    /// The check asked for with [`Effect::CheckNode`] `token` ended: `Some(true)` the node's kernel answered
+    /// (a SYN-ACK or a reset), `Some(false)` nothing answered within the wait, `None` it could not be tried (no
+    /// address known for that node).
+    NodeChecked { token: u64, answered: Option<bool> },
     /// The driver wrote the journal ([`Broker::journal`]) in one transaction: `batch` is what it wrote (`None`:
     /// nothing was left to write), `result` whether the store took it, `durable` whether the write was also
     /// fsynced (with everything before it). The submissions held for this batch are answered now when `durable`;
@@ -287,6 +291,9 @@ pub enum Effect {
     ReportNested { uri: String, report: Value },
     /// Report when process `pid` exits ([`Input::ProcessExit`] or [`Input::WatchFailed`]).
     WatchPid(u32),
+    /// Check whether the node of `target` answers at the kernel level: a TCP connection attempt to its probe port,
+    /// given up after `wait`; answered with [`Input::NodeChecked`] `token` (see `confirm.rs`).
+    CheckNode { token: u64, target: super::confirm::CheckTarget, wait: Duration },
 }
 
 /// A local client of this broker.
@@ -385,6 +392,8 @@ pub struct Broker {
     pub pmi_barriers: HashMap<JobId, PmiBarrier>,
     /// Liveness of this broker's children (and, under [`PARENT`], of its parent).
     pub membership: Membership,
+    /// Confirmations of suspect peers and this broker's own lateness (`confirm.rs`).
+    pub(crate) confirm: super::confirm::Confirmations,
     pub next_heartbeat: Time,
     /// Children that said goodbye: their disconnect is "offline", not "lost".
     pub goodbye: HashSet<u32>,
@@ -470,6 +479,7 @@ impl Broker {
         let opts_parent = opts.topo.parent(opts.size, opts.rank);
         Broker {
             membership: Membership::new(opts.config.membership),
+            confirm: Default::default(),
             opts,
             env,
             now,
@@ -790,12 +800,17 @@ impl Broker {
             Input::ParentFailed(why) => self.on_parent_failed(&why),
             Input::ParentUp(choice) => {
                 self.parent_up = true;
+                // A link that replaces a lost one (re-parent, rank 0 back) is judged at once, not after LINK_SETTLE.
+                let replaces = self.reparenting.is_some();
                 self.on_parent_up();
                 // Tell rank 0 which transport our parent link uses (for `vigil overlay status` and `uptime`).
                 self.route_request(SELF, super::links::report(self.rank(), &choice));
                 self.links.parent = Some(choice);
                 let now = self.clock();
                 self.membership.signal(now, PARENT, Signal::Connected);
+                if replaces {
+                    self.membership.settled(PARENT);
+                }
             }
             Input::Message(peer, conn, msg) => {
                 match peer {
@@ -914,6 +929,7 @@ impl Broker {
             }
             Input::Status(s) => self.status = s,
             Input::Timer => self.on_timer(),
+            Input::NodeChecked { token, answered } => self.on_node_checked(token, answered),
             Input::Stored { batch, result, durable } => self.on_stored(batch, result, durable),
             Input::Synced { upto, result } => self.on_synced(upto, result),
         }
@@ -954,6 +970,9 @@ impl Broker {
         }
         if let Some(d) = self.membership.next_deadline() {
             earliest(Time::from_secs_f64(d));
+        }
+        if let Some(d) = self.confirm.next_deadline() {
+            earliest(d);
         }
         if let Some(d) = self.orphan_deadline() {
             earliest(d);

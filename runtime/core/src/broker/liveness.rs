@@ -41,6 +41,7 @@ impl Broker {
             Ok(rank) => {
                 self.effect(Effect::AcceptChild { conn, rank });
                 self.children.insert(rank, conn);
+                self.note_child_address(rank, addr, &msg.json());
                 // Back (restarted): a verdict of ours on it not yet announced is stale.
                 self.lost_reports.remove(&rank);
                 let (topo, size) = self.tree();
@@ -52,6 +53,10 @@ impl Broker {
                 }
                 let now = self.clock();
                 self.membership.signal(now, rank, Signal::Connected);
+                if msg.json().get("adopt").is_some() {
+                    // An orphan re-parenting: a replacement link, judged at once (membership::LINK_SETTLE).
+                    self.membership.settled(rank);
+                }
                 debug!("child rank {rank} connected from {addr}");
                 // A broker that joins late (a router that returns, an orphan) learns the re-parents it missed,
                 // so that it routes by the current tree: its static children may have parents of their own now.
@@ -225,6 +230,9 @@ impl Broker {
                     warn!("parent's list of re-parented ranks: {bad} entries skipped (not two ranks of this instance)");
                 }
             }
+            // Check a sibling's node for our parent, which suspects it (confirm.rs).
+            (Peer::Parent, "confirm") => self.on_confirm_request(&msg.json()),
+            (Peer::Child(r), "confirmed") => self.on_confirm_answer(r, &msg.json()),
             (Peer::Child(r), "goodbye") => {
                 self.goodbye.insert(r);
                 // It is leaving: its responder stops answering before its connection closes.
@@ -259,6 +267,12 @@ impl Broker {
         // Running this late means we were stopped or starved: our peers' traffic is queued, unread. Restart the
         // silence clocks rather than declare everyone torpid (or lost) for our own stall.
         let late = self.now.since(self.next_heartbeat).as_secs_f64();
+        if self.shutting_down.is_none()
+            && self.now >= self.next_heartbeat
+            && (self.parent_up || !self.children.is_empty())
+        {
+            self.judge_lateness(self.now.since(self.next_heartbeat));
+        }
         if late > self.membership.config().torpid_max {
             info!("this broker ran {:.0} ms late (stopped or starved); not judging peers on that gap", late * 1e3);
             self.membership.grace(self.clock(), late);
@@ -269,6 +283,9 @@ impl Broker {
         }
         if self.rank0_deadline().is_some_and(|d| d <= self.now) {
             self.rank0_timer();
+        }
+        if self.confirm.next_deadline().is_some_and(|d| d <= self.now) {
+            self.expire_confirmations();
         }
         if self.shutting_down.is_none() && self.now >= self.next_heartbeat {
             self.heartbeat();
@@ -309,6 +326,7 @@ impl Broker {
             match t.to {
                 PeerState::Lost => {
                     self.effect(Effect::ForgetChild(r));
+                    self.forget_child_address(r);
                     if let Some(conn) = self.children.remove(&r) {
                         self.effect(Effect::DropLink(Peer::Child(r), conn));
                         self.child_lost(r, &t.reason);
@@ -333,6 +351,8 @@ impl Broker {
                 _ => {}
             }
         }
+        // Verdicts that rest on one signal are confirmed first (confirm.rs).
+        self.start_confirmations();
     }
 
     /// Child `r` is lost: so is its whole subtree (cut off), reported to rank 0 once.
@@ -389,6 +409,7 @@ impl Broker {
                 }
                 if self.shutting_down.is_some() || self.goodbye.remove(&r) {
                     self.effect(Effect::ForgetChild(r));
+                    self.forget_child_address(r);
                     self.children.remove(&r);
                     self.effect(Effect::DropLink(Peer::Child(r), conn));
                     self.membership.remove(r);
@@ -410,6 +431,7 @@ impl Broker {
                 let t = self.membership.signal(self.clock(), r, Signal::Closed(why.to_string()));
                 self.apply_transitions(t);
                 self.effect(Effect::ForgetChild(r));
+                self.forget_child_address(r);
                 if let Some(conn) = self.children.remove(&r) {
                     // Membership already had it as lost or unknown: still report the loss once.
                     self.effect(Effect::DropLink(Peer::Child(r), conn));

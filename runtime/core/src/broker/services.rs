@@ -13,7 +13,17 @@ use vigil_proto::node::NodeResources;
 /// Which failure detectors this broker runs, as `{process_exit, tcp, responder, probes}` (detect.rs), and on a
 /// parent `probing` (children by group datagram / unicast, where replies are read).
 fn detectors(core: &Broker) -> Value {
-    core.status.detectors.clone()
+    let mut d = core.status.detectors.clone();
+    if let Value::Object(m) = &mut d {
+        // The judge's own lateness and its confirmations of suspects (confirm.rs).
+        let j = core.confirm.status();
+        m.insert("judge".into(), j["state"].clone());
+        m.insert(
+            "suspicions".into(),
+            json!({"cleared": j["suspicions_cleared"], "confirmed": j["suspicions_confirmed"]}),
+        );
+    }
+    d
 }
 
 /// Event subscriptions (`broker.sub` topic prefixes) one local client may hold; past it `broker.sub` is answered

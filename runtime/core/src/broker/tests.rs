@@ -1,7 +1,7 @@
 //! Unit tests of the sans-IO broker: one broker, inputs and virtual time in, effects inspected.
 
 use super::core::{Broker, Effect, Input, MemberState, Peer, Time, PARENT};
-use crate::membership::{Config, Signal};
+use crate::membership::{Config, PeerState, Signal};
 use crate::message::{errno, Message, MsgType};
 use crate::topology::Topology;
 use serde_json::{json, Value};
@@ -54,6 +54,25 @@ fn root_with_child() -> Broker {
     effects(&mut b);
     assert_eq!(b.members[&1].0, MemberState::Online);
     b
+}
+
+/// The checks of suspect nodes among `out` ([`Effect::CheckNode`]) all end with no answer at `now`, as for a
+/// dead node: the effects that follows.
+fn no_answer(b: &mut Broker, now: Time, out: &[Effect]) -> Vec<Effect> {
+    let tokens: Vec<u64> = out
+        .iter()
+        .filter_map(|e| match e {
+            Effect::CheckNode { token, .. } => Some(*token),
+            _ => None,
+        })
+        .collect();
+    assert!(!tokens.is_empty(), "no check of a suspect was asked for: {out:?}");
+    let mut more = Vec::new();
+    for token in tokens {
+        b.handle(now, Input::NodeChecked { token, answered: Some(false) });
+        more.extend(effects(b));
+    }
+    more
 }
 
 /// Run `b`'s timers up to `until`, as a driver does; the effects they asked for.
@@ -203,6 +222,9 @@ fn a_broker_that_loses_its_parent_shuts_down_and_exits_nonzero() {
     assert!(effects(&mut b).is_empty(), "outstanding data is judged once it has been for tbon.lost_timeout");
     b.handle(t(1.2), Input::AckSamples(vec![(PARENT, 2, 1.2)]));
     let out = effects(&mut b);
+    assert!(!out.iter().any(|e| matches!(e, Effect::DropLink(Peer::Parent, _))), "suspect, not lost: {out:?}");
+    assert!(out.iter().any(|e| matches!(e, Effect::CheckNode { target: super::confirm::CheckTarget::Parent, .. })));
+    let out = no_answer(&mut b, t(1.35), &out);
     assert!(out.iter().any(|e| matches!(e, Effect::DropLink(Peer::Parent, _))), "{out:?}");
     assert!(b.finished(), "no children to wait for");
     assert_eq!(b.exit_code(), crate::shellproto::BROKER_EXIT_CUT_OFF, "cut off: EX_UNAVAILABLE");
@@ -268,7 +290,9 @@ fn rexec_spawn_is_answered_when_the_driver_has_started_the_shell() {
 fn a_late_timer_asks_for_a_fresh_ack_sample_before_judging_a_child() {
     let mut b = root_with_child();
     let c = *b.membership.config();
-    let t0 = t(0.01);
+    // Past the link's first second (crate::membership::LINK_SETTLE), timers on time.
+    let t0 = t(1.2);
+    run_to(&mut b, t0);
     b.handle(t0, Input::AckSamples(vec![(1, 1, 0.005)]));
     effects(&mut b);
     // Woken between heartbeats, past the deadline: no verdict, a sample is asked for.
@@ -278,16 +302,21 @@ fn a_late_timer_asks_for_a_fresh_ack_sample_before_judging_a_child() {
     b.handle(woke, Input::Timer);
     let out = effects(&mut b);
     assert!(out.iter().any(|e| matches!(e, Effect::SampleAcks | Effect::Heartbeat)), "{out:?}");
-    assert_eq!(b.members[&1].0, MemberState::Online, "judged on the stale sample");
-    // The fresh sample shows the child's kernel acknowledged just after the first one: still online.
+    assert!(!out.iter().any(|e| matches!(e, Effect::CheckNode { .. })), "suspected on the stale sample: {out:?}");
+    assert_ne!(b.members[&1].0, MemberState::Lost, "judged on the stale sample");
+    // The fresh sample shows the child's kernel acknowledged just after the first one: not suspect.
     let age = woke.since(t0).as_secs_f64() - 0.001;
     b.handle(woke, Input::AckSamples(vec![(1, 1, age)]));
-    effects(&mut b);
-    assert_eq!(b.members[&1].0, MemberState::Online);
-    // A fresh sample showing no acknowledgement since then: lost.
-    let later = woke + Duration::from_secs_f64(c.lost_timeout + 0.01);
+    assert!(!effects(&mut b).iter().any(|e| matches!(e, Effect::CheckNode { .. })));
+    assert_ne!(b.members[&1].0, MemberState::Lost);
+    // A fresh sample showing no acknowledgement since then: suspect, and lost when no path reaches its node. (The
+    // judge woke late: lost_timeout is stretched by its lateness factor meanwhile, confirm.rs.)
+    assert!(b.confirm.factor() > 1.0, "woken late: the judge knows it");
+    let later = woke + Duration::from_secs_f64(c.lost_timeout * b.confirm.factor() + 0.01);
     b.handle(later, Input::AckSamples(vec![(1, 1, later.since(woke).as_secs_f64() + 0.001)]));
-    effects(&mut b);
+    let out = effects(&mut b);
+    assert_ne!(b.members[&1].0, MemberState::Lost, "lost on one signal");
+    no_answer(&mut b, later, &out);
     assert_eq!(b.members[&1].0, MemberState::Lost, "{:?}", b.members[&1]);
 }
 
@@ -1094,6 +1123,7 @@ fn past_the_grace_a_child_of_rank_0_exits_and_takes_its_subtree_along() {
     b.handle(t(1.0), Input::AckSamples(vec![(PARENT, 2, 1.0)]));
     b.handle(t(1.2), Input::AckSamples(vec![(PARENT, 2, 1.2)]));
     let out = effects(&mut b);
+    let out = no_answer(&mut b, t(1.35), &out);
     assert!(out.iter().any(|e| matches!(e, Effect::ConnectParent { rank: 0, .. })), "lost by its kernel: {out:?}");
     // A client's request waits for rank 0...
     let mut m = Message::request("job-manager.list", 0, &json!({}));
@@ -1103,7 +1133,7 @@ fn past_the_grace_a_child_of_rank_0_exits_and_takes_its_subtree_along() {
     let out = run_to(&mut b, t(61.0));
     assert!(b.shutting_down.is_none(), "an attempt in flight: nothing before the grace ends");
     assert!(out.iter().all(|e| !matches!(e, Effect::KillShells)));
-    let out = run_to(&mut b, t(61.3));
+    let out = run_to(&mut b, t(61.45));
     assert!(b.shutting_down.is_some(), "{out:?}");
     // ... and is answered when it is clear that rank 0 is not coming back.
     let r = responses(&out, Peer::Local(5));
@@ -1444,4 +1474,180 @@ fn rank_0_drops_stale_lost_verdicts() {
     let old = json!({"ranks": "8", "reason": "test", "root": 8, "parent": 3});
     notice(&mut b, t(1.3), 1, 7, "overlay.lost", old);
     assert_eq!(b.members[&8].0, MemberState::Online);
+}
+
+/// Rank 0 with children 1 and 2 connected (at 1 ms), timers run to `at` (past the links' first second).
+fn root_with_two(at: Time) -> Broker {
+    let mut b = broker(0);
+    b.handle(t(0.0), Input::Start);
+    assert_eq!(judge(&mut b, t(0.001), 7, hello(1, "sim"), None), Ok(1));
+    assert_eq!(judge(&mut b, t(0.001), 8, hello(2, "sim"), None), Ok(2));
+    effects(&mut b);
+    run_to(&mut b, at);
+    // Both talk (heartbeats): online.
+    for (r, conn) in [(1, 7), (2, 8)] {
+        b.handle(at, Input::Message(Peer::Child(r), conn, Message::control("hb", &json!({}))));
+    }
+    effects(&mut b);
+    b
+}
+
+/// Child 1's data stays unacknowledged past tbon.lost_timeout at `from`: the effects of its suspicion.
+fn suspect_child_1(b: &mut Broker, from: Time) -> (Vec<Effect>, Time) {
+    let c = *b.membership.config();
+    b.handle(from, Input::AckSamples(vec![(1, 1, 0.0), (2, 0, 0.0)]));
+    effects(b);
+    let at = from + Duration::from_secs_f64(c.lost_timeout + 0.001);
+    b.handle(at, Input::AckSamples(vec![(1, 1, c.lost_timeout + 0.001), (2, 0, 0.0)]));
+    (effects(b), at)
+}
+
+fn confirm_asks(out: &[Effect]) -> Vec<(u32, u64)> {
+    out.iter()
+        .filter_map(|e| match e {
+            Effect::Send(Peer::Child(r), m) if m.topic == "confirm" => Some((*r, m.json()["id"].as_u64().unwrap())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// One signal never makes a verdict: a child whose TCP data waits is checked by this broker and by a sibling,
+/// and any path that reaches its node's kernel keeps it from being lost (issue "never wrong under load").
+#[test]
+fn a_suspect_child_is_checked_by_its_siblings_and_kept_when_one_reaches_it() {
+    let mut b = root_with_two(t(1.5));
+    let (out, at) = suspect_child_1(&mut b, t(1.5));
+    assert_ne!(b.membership.state(1), PeerState::Lost, "lost on the TCP signal alone");
+    let own: Vec<u64> = out
+        .iter()
+        .filter_map(|e| match e {
+            Effect::CheckNode { token, target: super::confirm::CheckTarget::Node { node, .. }, .. } => {
+                assert_eq!(node, "peer");
+                Some(*token)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(own.len(), 1, "{out:?}");
+    let asks = confirm_asks(&out);
+    assert_eq!(asks.iter().map(|a| a.0).collect::<Vec<_>>(), [2], "the sibling is asked: {out:?}");
+    // Our own path gets no answer (our side of the network, or we are starved); the sibling's reaches the node.
+    b.handle(at, Input::NodeChecked { token: own[0], answered: Some(false) });
+    assert_ne!(b.membership.state(1), PeerState::Lost, "decided before the sibling answered");
+    let reply = Message::control("confirmed", &json!({"id": asks[0].1, "answered": true}));
+    b.handle(at + Duration::from_millis(2), Input::Message(Peer::Child(2), 8, reply));
+    effects(&mut b);
+    assert_ne!(b.membership.state(1), PeerState::Lost);
+    assert!(b.next_deadline().is_some());
+    // A late or forged answer about a finished confirmation changes nothing.
+    let reply = Message::control("confirmed", &json!({"id": asks[0].1, "answered": false}));
+    b.handle(at + Duration::from_millis(3), Input::Message(Peer::Child(2), 8, reply));
+    assert_ne!(b.membership.state(1), PeerState::Lost);
+    assert_eq!(b.confirm.status()["suspicions_cleared"], 1);
+}
+
+/// Every path silent: lost, and the reason says which paths were tried. Paths that never report are given up
+/// at the bound.
+#[test]
+fn a_suspect_child_no_path_reaches_is_lost_and_the_reason_says_how() {
+    let mut b = root_with_two(t(1.5));
+    let (out, at) = suspect_child_1(&mut b, t(1.5));
+    let asks = confirm_asks(&out);
+    assert_eq!(asks.len(), 1);
+    let own = out.iter().find_map(|e| match e {
+        Effect::CheckNode { token, .. } => Some(*token),
+        _ => None,
+    });
+    b.handle(at + Duration::from_millis(120), Input::NodeChecked { token: own.unwrap(), answered: Some(false) });
+    effects(&mut b);
+    assert_ne!(b.membership.state(1), PeerState::Lost, "the sibling has not reported yet");
+    // The sibling never reports (lost with its answer, or starved): decided at the bound.
+    let out_lost = run_to(&mut b, at + Duration::from_secs(1));
+    assert!(!b.children.contains_key(&1), "lost and dropped");
+    let why = lost_reason(&out_lost);
+    assert!(why.contains("no TCP acknowledgement") && why.contains("rank 2's: no report in time"), "{why}");
+    assert!(why.contains("this broker's check: no answer"), "{why}");
+    assert_ne!(b.membership.state(2), PeerState::Lost, "the silent helper is not blamed for it");
+}
+
+/// A broker asked by its parent runs the check and answers; a request it cannot read is ignored, and past
+/// MAX_HELPING checks at once it answers "cannot check" without holding more.
+#[test]
+fn a_child_checks_a_siblings_node_for_its_parent_within_a_bound() {
+    let mut b = router();
+    let ask = |id: u64| {
+        Message::control("confirm", &json!({"id": id, "node": "10.0.0.9:41000", "port": 4100, "wait_ms": 100}))
+    };
+    b.handle(t(0.1), Input::Message(Peer::Parent, 0, ask(7)));
+    let out = effects(&mut b);
+    let token = match out.as_slice() {
+        [Effect::CheckNode { token, target: super::confirm::CheckTarget::Node { node, port: Some(4100) }, wait }] => {
+            assert_eq!(node, "10.0.0.9:41000");
+            assert_eq!(*wait, Duration::from_millis(100));
+            *token
+        }
+        other => panic!("{other:?}"),
+    };
+    b.handle(t(0.2), Input::NodeChecked { token, answered: Some(true) });
+    let out = effects(&mut b);
+    let sent: Vec<Value> = out
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Send(Peer::Parent, m) if m.topic == "confirmed" => Some(m.json()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sent, [json!({"id": 7, "answered": true})]);
+    // Unreadable requests: nothing.
+    for bad in [
+        json!({}),
+        json!({"id": "x", "node": "a"}),
+        json!({"id": 1}),
+        json!([1, 2]),
+        json!({"id": 1, "node": "a".repeat(300)}),
+    ] {
+        b.handle(t(0.3), Input::Message(Peer::Parent, 0, Message::control("confirm", &bad)));
+        assert!(effects(&mut b).is_empty(), "{bad}");
+    }
+    // A flood: at most MAX_HELPING checks held; the rest answered at once.
+    for id in 0..(super::confirm::MAX_HELPING as u64 + 10) {
+        b.handle(t(0.4), Input::Message(Peer::Parent, 0, ask(100 + id)));
+    }
+    let out = effects(&mut b);
+    let checks = out.iter().filter(|e| matches!(e, Effect::CheckNode { .. })).count();
+    let refused = out.iter().filter(|e| matches!(e, Effect::Send(Peer::Parent, m) if m.topic == "confirmed")).count();
+    assert_eq!((checks, refused), (super::confirm::MAX_HELPING, 10));
+}
+
+/// A broker whose timers run late knows it: its TCP verdicts wait longer, `judge` says so, and it recovers.
+#[test]
+fn a_late_judge_says_so_and_recovers() {
+    let mut b = root_with_two(t(1.5));
+    assert_eq!(b.confirm.status()["state"], "on time");
+    // Starved: three heartbeat timers in a row run 100 ms late (less than torpid_max: no stall grace).
+    let mut now = t(1.5);
+    for _ in 0..3 {
+        now = b.next_heartbeat + Duration::from_millis(100);
+        b.handle(now, Input::Timer);
+        effects(&mut b);
+    }
+    assert_eq!(b.confirm.factor(), 4.0);
+    let state = b.confirm.status()["state"].as_str().unwrap().to_string();
+    assert!(state.starts_with("degraded") && state.contains("100 ms late"), "{state}");
+    // On time again: the score falls one per heartbeat.
+    run_to(&mut b, now + Duration::from_secs(1));
+    assert_eq!(b.confirm.factor(), 1.0);
+    assert_eq!(b.confirm.status()["state"], "on time");
+}
+
+/// The reason of the `overlay.lost` notice among `out`.
+fn lost_reason(out: &[Effect]) -> String {
+    out.iter()
+        .find_map(|e| match e {
+            Effect::Send(_, m) if m.topic == "overlay.lost" => {
+                Some(m.json()["reason"].as_str().unwrap_or("").to_string())
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no overlay.lost notice: {out:?}"))
 }

@@ -8,6 +8,7 @@
 //! back. It never knows which transport a link runs on: a link's hello negotiates that through the upgrade
 //! seam (`upgrade.rs`), and the link's [`LinkChoice`] describes it.
 
+use super::confirm::CheckTarget;
 use super::core::{Broker, DriverStatus, Effect, Environment, Input, Peer, Time, PARENT};
 use super::link_set::LinkSet;
 use super::local;
@@ -61,6 +62,11 @@ pub(crate) enum Event {
     Signal(i32),
     /// From the failure detectors (`detect.rs`); `requeued` marks a kernel TCP event already put back once.
     Detect(super::detect::DetectInput, bool),
+    /// The outcome of an [`Effect::CheckNode`]: whether the node's kernel answered.
+    NodeChecked {
+        token: u64,
+        answered: Option<bool>,
+    },
     /// The outcome of an [`Effect::ConnectParent`]: attempt `gen` (stale unless still the latest).
     ParentLink {
         gen: u64,
@@ -114,6 +120,8 @@ pub(crate) struct Driver {
     parent_sock: Option<std::os::fd::OwnedFd>,
     /// The parent link's 4-tuple as registered with the TCP watcher.
     parent_tuple: Option<vigil_ebpf::TcpTuple>,
+    /// Where the parent's node is checked ([`Effect::CheckNode`]): its probe address.
+    parent_check: Option<std::net::SocketAddr>,
     children: HashMap<u32, ChildLink>,
     /// The receiving halves of the overlay links (parent and children), polled by the loop.
     links: LinkSet,
@@ -552,6 +560,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         parent: None,
         parent_sock: None,
         parent_tuple: None,
+        parent_check: None,
         children: HashMap::new(),
         links: LinkSet::default(),
         pending: HashMap::new(),
@@ -977,6 +986,17 @@ impl Drop for SlotGuard {
     }
 }
 
+/// Whether the node at `addr` (an IP and a port no TCP listener is expected on: a broker's UDP probe port) answers
+/// a TCP connection attempt within `wait`: its kernel sends a SYN-ACK, or a reset where nothing listens, from its
+/// receive path, whatever its processes do; a dead node or a cut link sends nothing (`confirm.rs` in the core).
+async fn node_answers(addr: std::net::SocketAddr, wait: Duration) -> bool {
+    match tokio::time::timeout(wait, tokio::net::TcpStream::connect(addr)).await {
+        Ok(Ok(_)) => true,
+        Ok(Err(e)) => e.kind() == std::io::ErrorKind::ConnectionRefused,
+        Err(_) => false,
+    }
+}
+
 /// Connect to the parent at `ep` (retrying until `tbon.connect_timeout`), say hello (asking to be adopted in
 /// place of the lost rank `adopt`, if given) and move the link onto the transport the hello agrees.
 async fn connect_parent(
@@ -1190,6 +1210,7 @@ impl Driver {
     /// so that orphans re-parent as soon as the parent's own parent judges it lost.
     fn probe_parent(&mut self, at: Option<std::net::SocketAddr>) {
         use super::detect::ProbeCmd;
+        self.parent_check = at;
         let Some(d) = self.detect.as_mut() else { return };
         match at {
             Some(addr) => d.probe_child(PARENT, addr),
@@ -1293,6 +1314,7 @@ impl Driver {
             Event::InitialExit(code) => self.step(Input::InitialExit(code)),
             Event::Signal(sig) => self.step(Input::Signal(sig)),
             Event::Detect(d, requeued) => self.on_detect(d, requeued),
+            Event::NodeChecked { token, answered } => self.step(Input::NodeChecked { token, answered }),
         }
     }
 
@@ -1430,6 +1452,26 @@ impl Driver {
                     let code = run_initial(argv, uri, tx.clone()).await;
                     let _ = tx.send(Event::InitialExit(code));
                 });
+            }
+            Effect::CheckNode { token, target, wait } => {
+                let addr = match target {
+                    CheckTarget::Parent => self.parent_check,
+                    CheckTarget::Node { node, port } => node
+                        .parse::<std::net::SocketAddr>()
+                        .ok()
+                        .zip(port)
+                        .map(|(a, p)| std::net::SocketAddr::new(a.ip(), p)),
+                };
+                match addr {
+                    None => queue.push_back(Input::NodeChecked { token, answered: None }),
+                    Some(addr) => {
+                        let tx = self.input_tx.clone();
+                        tokio::spawn(async move {
+                            let answered = node_answers(addr, wait).await;
+                            let _ = tx.send(Event::NodeChecked { token, answered: Some(answered) });
+                        });
+                    }
+                }
             }
             Effect::SignalInitial(sig) => {
                 if let Some(pg) = self.initial_pgid {

@@ -30,6 +30,6 @@ pub mod transport;
 mod upgrade;
 
 // The broker's rules (`vigil-core`), under the paths this crate's driver and simulator use.
-pub(crate) use vigil_core::broker::{core, liveness};
+pub(crate) use vigil_core::broker::{confirm, core, liveness};
 
 pub use self::driver::{discover_in_child_to, discover_node_main, run, BrokerOptions, ListenSpec};
