@@ -79,6 +79,11 @@ for s in 1 2 3 4 7; do
     target/ci/vigil-bench sim --brokers 1024 --topo kary:8 --scenario restart --seed "$s"
 done
 target/ci/vigil-bench sim --brokers 1024 --topo flat --scenario restart --seed 1
+# Under load (`overload`: links queueing up to 200 ms and losing 5 % of probes, a fifth of the nodes starved up to
+# 300 ms at a time, half of them without a kernel responder): no live broker is ever declared lost, every dead one is
+# (docs/failure-detection.md, "Confirmation"; about 10 s each).
+target/ci/vigil-bench sim --brokers 1024 --topo kary:32 --scenario overload --seed 1
+target/ci/vigil-bench sim --brokers 1024 --topo kary:8 --scenario overload --seed 2
 # Router loss and re-parenting at 1,024 brokers with 1 ms links (each 1-12 s here; the 16,384-broker figures are
 # in bench/results/sim.md): every router lost in turn (kary:32 and kary:8), 1 % and 5 % of them, a router with its
 # orphans' adopter, adopters lost while orphans join them, a flapping router.
@@ -88,6 +93,10 @@ done
 for s in routers-1pct routers-5pct router-adopter reparent-loss router-flap; do
     target/ci/vigil-bench sim --brokers 1024 --topo kary:32 --scenario "$s" --seed 1 --latency-us 1000
 done
+# 257 optimised brokers started at once on this machine, then a job on every one of them, ten times in a row: no
+# live broker may be declared lost for the CPU storm (docs/failure-detection.md, "Confirmation").
+cargo build --profile ci --locked -p vigil -p vigil-shell
+cargo test --profile ci --locked -p vigil --test instance_scale -- --ignored --nocapture
 # Public items are documented and intra-doc links resolve.
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
 # RDMA verbs tests on soft-RoCE: directly where this kernel has rdma_rxe, else inside the rxe-vm harness

@@ -11,7 +11,8 @@
 //!   service, re-parenting and rejoining a restarted rank 0;
 //! - [`jobs`]: the job manager, scheduler and exec rules (RFC 21 job states, EASY backfill / FCFS, shrink,
 //!   requeue, time limits, kill escalation, critical-rank failure rules) and rank 0's journal;
-//! - [`membership`]: one link's liveness (online, torpid, lost) from every signal;
+//! - [`membership`]: one link's liveness (online, torpid, lost) from every signal; [`probe`]: when a kernel
+//!   probe counts as missed (each child's reply time);
 //! - [`attrs`]: every broker attribute in one table, parsed once into a typed [`attrs::BrokerConfig`];
 //! - [`signal`]: the signal numbers the rules hand out (Linux's values), so that no libc is linked.
 //!
@@ -22,6 +23,7 @@ pub mod attrs;
 pub mod broker;
 pub mod jobs;
 pub mod membership;
+pub mod probe;
 pub mod signal;
 
 // The pure formats and codecs (`vigil-proto`), under the same paths as in `vigil`.

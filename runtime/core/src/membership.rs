@@ -146,6 +146,9 @@ struct Peer {
     connected_at: f64,
     /// A confirmation of the TCP rule's suspicion is under way (since then).
     confirming: Option<f64>,
+    /// The link's round trip bound (the kernel's `srtt + 4 × rttvar`), seconds: data may wait that long for its
+    /// ACK on this link whatever `tbon.lost_timeout` says.
+    rtt_bound: f64,
     reason: String,
 }
 
@@ -199,6 +202,29 @@ impl Membership {
             p.connected_at = f64::MIN;
             self.next.set(None);
         }
+    }
+
+    /// The round trip bound of the link to `rank` (seconds; the kernel's `srtt + 4 × rttvar`): the
+    /// unacknowledged-data rule waits at least that long, and so does a confirmation's check. Values that are not
+    /// finite or not positive are ignored; at most 10 s is taken.
+    pub fn set_rtt_bound(&mut self, rank: u32, bound: f64) {
+        if !(bound.is_finite() && bound > 0.0) {
+            return;
+        }
+        if let Some(p) = self.peers.get_mut(&rank) {
+            let b = bound.min(10.0);
+            if b != p.rtt_bound {
+                p.rtt_bound = b;
+                self.next.set(None);
+            }
+        }
+    }
+
+    /// How long data may wait for the peer's ACK before the peer is suspect: `tbon.lost_timeout` or the link's
+    /// round trip bound, whichever is longer, times the judge's lateness factor (seconds).
+    pub fn ack_wait(&self, rank: u32) -> f64 {
+        let rtt = self.peers.get(&rank).map_or(0.0, |p| p.rtt_bound);
+        self.cfg.lost_timeout.max(rtt) * self.lateness
     }
 
     /// Peers that the unacknowledged-data rule made suspect since the last call: each needs a confirmation,
@@ -277,6 +303,7 @@ impl Membership {
                 sampled: now,
                 connected_at: now,
                 confirming: None,
+                rtt_bound: 0.0,
                 reason: String::new(),
             });
             p.last_traffic = now;
@@ -416,7 +443,8 @@ impl Membership {
 
     /// When data first seen unacknowledged at `since` on the link of `p` may be judged.
     fn ack_deadline_of(&self, p: &Peer, since: f64) -> f64 {
-        (since + self.cfg.lost_timeout * self.lateness).max(self.ack_quiet_until).max(p.connected_at + LINK_SETTLE)
+        let wait = self.cfg.lost_timeout.max(p.rtt_bound) * self.lateness;
+        (since + wait).max(self.ack_quiet_until).max(p.connected_at + LINK_SETTLE)
     }
 
     /// True when some peer's unacknowledged data has reached its deadline and no `TCP_INFO` sample was taken
@@ -426,13 +454,13 @@ impl Membership {
     /// includes them meanwhile.
     pub fn take_ack_check(&mut self, now: f64) -> bool {
         let mut due = false;
-        let (lost_timeout, quiet) = (self.cfg.lost_timeout * self.lateness, self.ack_quiet_until);
+        let (lost_timeout, lateness, quiet) = (self.cfg.lost_timeout, self.lateness, self.ack_quiet_until);
         for p in self.peers.values_mut() {
             if !matches!(p.state, PeerState::Online | PeerState::Torpid) || p.confirming.is_some() {
                 continue;
             }
             if let Some(s) = p.unacked_since {
-                let d = (s + lost_timeout).max(quiet).max(p.connected_at + LINK_SETTLE);
+                let d = (s + lost_timeout.max(p.rtt_bound) * lateness).max(quiet).max(p.connected_at + LINK_SETTLE);
                 if now >= d - 1e-9 && p.sampled < d - 1e-9 {
                     p.sampled = now;
                     due = true;

@@ -65,6 +65,42 @@ pub struct Config {
     /// with `tbon.parent_grace` [`PARENT_GRACE`] (the real default with a state directory), so that the others
     /// outlive rank 0 and rejoin it. The client retries a submission its connection failed for.
     pub statedir: bool,
+    /// Load on the machine and its network ([`Load`]); none by default (the other scenarios' traces are those of a
+    /// quiet machine).
+    pub load: Load,
+}
+
+/// Load injected into the simulated machine and network (the `overload` scenario): a congested network, starved
+/// nodes whose brokers run late, and nodes without a kernel responder. All zero by default: nothing is drawn from
+/// the seed for it then, so the traces of the other scenarios do not change.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Load {
+    /// Queueing delay on every link: each overlay message, probe and reply waits up to this long more (uniform),
+    /// overlay messages in order on each link (a TCP stream).
+    pub jitter: Duration,
+    /// Probability that a probe, a reply or a check's SYN is lost, and that an overlay segment is resent
+    /// (delivered one retransmission timeout later, 10-50 ms).
+    pub loss: f64,
+    /// Starved nodes run their broker in bursts: stopped for up to this long (uniform), then running for up to as
+    /// long, again and again; their kernel holds the ACKs of the broker's sockets meanwhile (a process preempted
+    /// while it holds its socket's lock), while kernel probe replies and the SYN of a check are answered on time
+    /// (softirq). Its timers fire late: the judge on such a node is late too.
+    pub starve: Duration,
+    /// Share of the nodes (rank 0 included) that are starved, 0 to 1.
+    pub starved_share: f64,
+    /// Share of the nodes whose probe responder runs in userspace (no XDP): their replies come from the broker,
+    /// late when it is, and never arm the probe miss rule, so their links are judged on TCP and confirmed.
+    pub userspace_share: f64,
+}
+
+impl Load {
+    /// Whether any load is set.
+    pub fn any(&self) -> bool {
+        !self.jitter.is_zero()
+            || self.loss > 0.0
+            || (self.starved_share > 0.0 && !self.starve.is_zero())
+            || self.userspace_share > 0.0
+    }
 }
 
 /// `tbon.parent_grace` of every broker with [`Config::statedir`], seconds: the real default with a state
@@ -88,6 +124,7 @@ impl Config {
             probe_parent: true,
             sched_policy: crate::attrs::SchedPolicy::Fcfs,
             statedir: false,
+            load: Load::default(),
         }
     }
 }
@@ -250,6 +287,11 @@ enum Ev {
     ShellEnd(u32, JobId, i32),
     /// A stopped broker continues.
     Resume(u32),
+    /// A starved node's broker is stopped for its next burst ([`Load::starve`]).
+    Starve(u32),
+    /// A starved node's broker runs again after a burst's stall (not a fault's end: a run may be quiet with these
+    /// pending, as starvation goes on for ever).
+    StarveEnd(u32),
     /// Inject a fault.
     Fault(Fault),
     /// The client sends this request from rank 0.
@@ -280,6 +322,14 @@ struct ProbeTarget {
     missed_reported: u32,
     stalled: bool,
     forwarded: Option<Time>,
+    /// Its kernel's reply time (`vigil_core::probe`).
+    timing: vigil_core::probe::ReplyTiming,
+    /// Under [`Load`]: probes sent to it, the newest answered, and replies on their way (arrival, probe, sent).
+    round: u32,
+    answered: u32,
+    inflight: VecDeque<(Time, u32, Time)>,
+    /// Under [`Load`]: the round during which its last news came.
+    news_round: u32,
 }
 
 /// One re-parent as rank 0 recorded it (`overlay.reparent` → a `reparent` event in `resource.eventlog`), with
@@ -347,12 +397,19 @@ struct Node {
     prober: BTreeMap<u32, ProbeTarget>,
     /// With [`Config::probe_parent`] (the default): the parent this node's prober probes too.
     parent_probe: Option<(u32, ProbeTarget)>,
+    /// Every kernel reply its prober read, timed together: a new target starts from it (`vigil_core::probe`).
+    probe_all: vigil_core::probe::ReplyTiming,
     probing: bool,
     /// Exit code once the broker process ended.
     exit: Option<i32>,
     /// Not joined yet: like the real driver, the broker handles nothing but its parent link coming up and its
     /// registration before its loop runs; everything else waits.
     joining: bool,
+    /// Under [`Load`]: the node is starved; since when its current burst's stall began (its kernel holds ACKs).
+    starved: bool,
+    starving: Option<Time>,
+    /// Under [`Load`]: its probe responder runs in userspace.
+    userspace: bool,
 }
 
 /// One overlay link (between a child rank and its parent), as the sockets at its two ends know it.
@@ -385,6 +442,13 @@ pub struct Sim {
     links: BTreeMap<u32, LinkState>,
     /// Cut links (by child rank) and since when.
     cut: BTreeMap<u32, Time>,
+    /// Under [`Load`]: when the last overlay message on each link and direction (child rank, upward) arrives, so
+    /// that delayed messages stay in order.
+    fifo: BTreeMap<(u32, bool), Time>,
+    /// Under [`Load`]: each rank's (starved, userspace responder), drawn once, and the generator of every draw the
+    /// load makes (its own, so that the scenario's faults and jobs are drawn as without load).
+    loaded: Vec<(bool, bool)>,
+    load_rng: Rng,
     next_conn: u64,
     rng: Rng,
     membership: crate::membership::Config,
@@ -534,6 +598,9 @@ impl Sim {
             nodes: Vec::with_capacity(cfg.brokers as usize),
             links: BTreeMap::new(),
             cut: BTreeMap::new(),
+            fifo: BTreeMap::new(),
+            loaded: Vec::new(),
+            load_rng: Rng(cfg.seed ^ 0x10ad_10ad_10ad_10ad),
             next_conn: 1,
             rng: Rng(cfg.seed),
             membership,
@@ -559,6 +626,13 @@ impl Sim {
             },
             cfg,
         };
+        if sim.cfg.load.any() {
+            let l = sim.cfg.load;
+            let draw = |rng: &mut Rng, share: f64| share > 0.0 && rng.secs(0.0, 1.0) < share;
+            sim.loaded = (0..sim.cfg.brokers)
+                .map(|_| (draw(&mut sim.load_rng, l.starved_share), draw(&mut sim.load_rng, l.userspace_share)))
+                .collect();
+        }
         for rank in 0..sim.cfg.brokers {
             let node = sim.fresh_node(rank);
             sim.nodes.push(node);
@@ -580,9 +654,13 @@ impl Sim {
             shells: BTreeMap::new(),
             prober: BTreeMap::new(),
             parent_probe: None,
+            probe_all: Default::default(),
             probing: false,
             exit: None,
             joining: rank != 0,
+            starved: self.loaded.get(rank as usize).is_some_and(|l| l.0),
+            starving: None,
+            userspace: self.loaded.get(rank as usize).is_some_and(|l| l.1),
         }
     }
 
@@ -644,6 +722,81 @@ impl Sim {
             let jitter = Duration::from_micros(self.rng.below(10_000));
             self.at(Time::ZERO + jitter, Ev::Connect(r));
         }
+        for r in 0..self.cfg.brokers {
+            if self.nodes[r as usize].starved {
+                let first = self.load_draw(self.cfg.load.starve);
+                self.at(Time::ZERO + first, Ev::Starve(r));
+            }
+        }
+    }
+
+    /// Under [`Load`]: uniform in `[0, max)`.
+    fn load_draw(&mut self, max: Duration) -> Duration {
+        if max.is_zero() {
+            return Duration::ZERO;
+        }
+        Duration::from_secs_f64(self.load_rng.secs(0.0, max.as_secs_f64()))
+    }
+
+    /// Under [`Load`]: true with probability `p`.
+    fn load_chance(&mut self, p: f64) -> bool {
+        p > 0.0 && self.load_rng.secs(0.0, 1.0) < p
+    }
+
+    /// When an overlay message sent now on the link of `child` (`up`: to the parent) arrives: after the link's
+    /// latency, plus under [`Load`] its queueing delay and a retransmission if its segment is lost, and never
+    /// before the one sent before it on that link and direction.
+    fn wire_arrival(&mut self, child: u32, up: bool) -> Time {
+        let lat = self.cfg.latency;
+        if !self.cfg.load.any() {
+            return self.now + lat;
+        }
+        let mut d = lat + self.load_draw(self.cfg.load.jitter);
+        if self.load_chance(self.cfg.load.loss) {
+            d += Duration::from_millis(10) + self.load_draw(Duration::from_millis(40));
+        }
+        let at = (self.now + d).max(self.fifo.get(&(child, up)).copied().unwrap_or(Time::ZERO));
+        self.fifo.insert((child, up), at);
+        at
+    }
+
+    /// Under [`Load`], the ACK state of a live link to node `far`: a starved node's kernel holds the ACKs of its
+    /// broker's sockets during its burst's stall; on a jittery link the last heartbeat may still be on its way
+    /// (its ACK a round trip of queueing later). `(0, 0)` without load.
+    fn loaded_ack(&mut self, far: u32) -> (u32, f64) {
+        if !self.cfg.load.any() {
+            return (0, 0.0);
+        }
+        if let Some(t) = self.nodes[far as usize].starving {
+            return (1, self.now.since(t).as_secs_f64());
+        }
+        let rtt = (self.load_draw(self.cfg.load.jitter) + self.load_draw(self.cfg.load.jitter)).as_secs_f64();
+        let hb = self.membership.heartbeat_period;
+        if rtt > hb {
+            (1, rtt - hb)
+        } else {
+            (0, 0.0)
+        }
+    }
+
+    /// A starved node's next burst: its broker stops for a while (its kernel holding ACKs meanwhile), then runs.
+    fn starve(&mut self, n: u32) {
+        let max = self.cfg.load.starve;
+        let (stall, gap) = (self.load_draw(max), self.load_draw(max));
+        let now = self.now;
+        let node = &mut self.nodes[n as usize];
+        let stops = node.kernel && node.broker.is_some() && node.stopped_until.is_none() && !stall.is_zero();
+        if stops {
+            node.stopped_until = Some(now + stall);
+            node.starving = Some(now);
+        }
+        let again = node.kernel;
+        if stops {
+            self.after(stall, Ev::StarveEnd(n));
+        }
+        if again {
+            self.after(stall + gap, Ev::Starve(n));
+        }
     }
 
     /// Run events until virtual time `end` (or the queue is empty).
@@ -686,6 +839,8 @@ impl Sim {
                 }
             }
             Ev::Resume(n) => self.resume(n),
+            Ev::Starve(n) => self.starve(n),
+            Ev::StarveEnd(n) => self.resume(n),
             Ev::Fault(f) => self.inject(f),
             Ev::Client(m) => {
                 if self.cfg.statedir && self.nodes[0].broker.is_none() {
@@ -1063,7 +1218,8 @@ impl Sim {
                     self.after(rtt, Ev::Input(n, Input::Closed(peer, mine, "connection reset by peer".into())));
                     return;
                 }
-                self.after(lat, Ev::Input(to, Input::Message(seen_as, conn, m)));
+                let at = self.wire_arrival(child, peer == Peer::Parent);
+                self.at(at, Ev::Input(to, Input::Message(seen_as, conn, m)));
             }
             Effect::AcceptChild { conn, rank } => {
                 let adopt = match self.links.get_mut(&rank) {
@@ -1077,7 +1233,8 @@ impl Sim {
                         // what this broker sends it is reset by its live node, or stays unacknowledged by its dead
                         // one (`stale_child`), and the TCP rule judges it lost (the prober, which probes every
                         // child accepted, reports no miss for a node that never answered, as the real one).
-                        self.nodes[n as usize].prober.insert(rank, ProbeTarget::default());
+                        let t = ProbeTarget { timing: self.nodes[n as usize].probe_all, ..Default::default() };
+                        self.nodes[n as usize].prober.insert(rank, t);
                         if !self.nodes[n as usize].probing {
                             self.nodes[n as usize].probing = true;
                             let p = Duration::from_secs_f64(self.membership.probe_period);
@@ -1096,10 +1253,12 @@ impl Sim {
                 if !adopt {
                     self.after(lat, Ev::Input(rank, Input::Start));
                 }
-                self.nodes[n as usize].prober.insert(rank, ProbeTarget::default());
+                let t = ProbeTarget { timing: self.nodes[n as usize].probe_all, ..Default::default() };
+                self.nodes[n as usize].prober.insert(rank, t);
                 let mut probers = vec![n];
                 if self.cfg.probe_parent {
-                    self.nodes[rank as usize].parent_probe = Some((n, ProbeTarget::default()));
+                    let t = ProbeTarget { timing: self.nodes[rank as usize].probe_all, ..Default::default() };
+                    self.nodes[rank as usize].parent_probe = Some((n, t));
                     probers.push(rank);
                 }
                 for x in probers {
@@ -1162,17 +1321,11 @@ impl Sim {
                 if matches!(e, Effect::Heartbeat) {
                     self.nodes[n as usize].last_beat = self.now;
                 }
-                let mut samples = Vec::new();
-                let mut sample = |sim: &Sim, key: u32, child: u32, far: u32| {
-                    let (unacked, age) = match sim.silent_since(child, far) {
-                        Some(t) => (1, sim.now.since(t).as_secs_f64()),
-                        None => (0, 0.0),
-                    };
-                    samples.push((key, unacked, age));
-                };
+                // The links sampled: (membership key, the link's child rank, the node at the far end).
+                let mut links = Vec::new();
                 if let Some(l) = self.links.get(&n).copied() {
                     if l.at_child {
-                        sample(self, PARENT, n, l.parent);
+                        links.push((PARENT, n, l.parent));
                     }
                 }
                 let children =
@@ -1181,11 +1334,26 @@ impl Sim {
                     if self.stale_child(n, c).is_some() {
                         // A dead child's kernel acknowledges nothing sent on the socket it left here.
                         if !self.nodes[c as usize].kernel {
-                            sample(self, c, c, c);
+                            links.push((c, c, c));
                         }
                     } else if self.links.get(&c).is_some_and(|l| l.at_parent) {
-                        sample(self, c, c, c);
+                        links.push((c, c, c));
                     }
+                }
+                // The kernel's round trip bound (srtt + 4 rttvar) of a link: round trips of 2 × latency plus two
+                // queueing delays of up to `jitter` each (mean `jitter`, mean deviation about a third of it).
+                let rtt_bound = if self.cfg.load.any() {
+                    (self.cfg.latency * 2).as_secs_f64() + 2.5 * self.cfg.load.jitter.as_secs_f64()
+                } else {
+                    0.0
+                };
+                let mut samples = Vec::with_capacity(links.len());
+                for (key, child, far) in links {
+                    let (unacked, age) = match self.silent_since(child, far) {
+                        Some(t) => (1, self.now.since(t).as_secs_f64()),
+                        None => self.loaded_ack(far),
+                    };
+                    samples.push((key, unacked, age, rtt_bound));
                 }
                 if !samples.is_empty() {
                     queue.push_back(Input::AckSamples(samples));
@@ -1231,10 +1399,21 @@ impl Sim {
                     }
                 };
                 let input = |answered| Input::NodeChecked { token, answered };
+                // Under load the SYN or its answer may be lost (the next SYN would go 1 s later: past the wait),
+                // and it queues on the way.
+                let (lost, queued) = if self.cfg.load.any() {
+                    let lost = self.load_chance(self.cfg.load.loss * 2.0);
+                    (lost, self.load_draw(self.cfg.load.jitter) + self.load_draw(self.cfg.load.jitter))
+                } else {
+                    (false, Duration::ZERO)
+                };
+                let rtt = lat * 2 + queued;
                 match node {
                     None => queue.push_back(input(None)),
-                    Some(c) if self.nodes[c as usize].kernel && !self.cut.contains_key(&link) => {
-                        self.after(lat * 2, Ev::Input(n, input(Some(true))))
+                    Some(c)
+                        if self.nodes[c as usize].kernel && !self.cut.contains_key(&link) && !lost && rtt < wait =>
+                    {
+                        self.after(rtt, Ev::Input(n, input(Some(true))))
                     }
                     Some(_) => self.after(wait, Ev::Input(n, input(Some(false)))),
                 }
@@ -1340,22 +1519,37 @@ impl Sim {
         let stall_note = self.membership.torpid_max / 2.0;
         // Targets: (the membership key, the node probed).
         let mut targets: Vec<(u32, u32)> = node.prober.keys().map(|&c| (c, c)).collect();
+        let period_s = self.membership.probe_period;
         if let Some((p, _)) = node.parent_probe {
             targets.push((PARENT, p));
         }
         let mut signals = Vec::new();
+        if self.cfg.load.any() {
+            for (key, c) in targets {
+                self.probe_loaded(n, key, c, &mut signals);
+            }
+            targets = Vec::new();
+        }
         for (key, c) in targets {
             let reach = self.reachable(n, c);
             let child = &self.nodes[c as usize];
             let (alive, age) = (child.broker.is_some(), self.now.since(child.last_beat).as_secs_f64());
             let now = self.now;
-            let node = &mut self.nodes[n as usize];
+            let rtt = (self.cfg.latency * 2).as_secs_f64();
+            let Node { prober, parent_probe, probe_all, .. } = &mut self.nodes[n as usize];
             let t = if key == PARENT {
-                &mut node.parent_probe.as_mut().expect("listed").1
+                &mut parent_probe.as_mut().expect("listed").1
             } else {
-                node.prober.get_mut(&c).expect("listed")
+                prober.get_mut(&c).expect("listed")
             };
             if reach {
+                t.timing.sample(rtt);
+                probe_all.sample(rtt);
+                // As the real prober: no kernel reply forwarded before the node's reply time is known (but one
+                // saying its broker is dead).
+                if !t.timing.armed() && alive {
+                    continue;
+                }
                 let stalled = age >= stall_note;
                 let recovered = t.missed_reported > 0;
                 let refresh = t.forwarded.is_none_or(|f| now.since(f) >= Duration::from_secs(1));
@@ -1370,9 +1564,11 @@ impl Sim {
                 }
             } else {
                 t.outstanding += 1;
-                if t.answered_once && t.outstanding > t.missed_reported {
-                    t.missed_reported = t.outstanding;
-                    signals.push((key, Signal::ProbeMissed { misses: t.outstanding }));
+                // Past the child's reply time (vigil_core::probe; on these links, one period).
+                let missed = vigil_core::probe::missed(t.outstanding, t.timing.patience(period_s));
+                if t.answered_once && t.timing.armed() && missed > t.missed_reported {
+                    t.missed_reported = missed;
+                    signals.push((key, Signal::ProbeMissed { misses: missed }));
                 }
             }
         }
@@ -1385,8 +1581,101 @@ impl Sim {
         self.after(period, Ev::ProbeRound(n));
     }
 
+    /// One probe round of node `n` to target `key` (node `c`) under [`Load`], as the real prober does it: the
+    /// replies that arrived since the last round are read (each times the child's replies), misses are counted
+    /// past the child's reply time, and this round's probe goes out, to be answered after the link's queueing
+    /// (or lost). A userspace responder answers only while its broker runs, and never arms the miss rule.
+    fn probe_loaded(&mut self, n: u32, key: u32, c: u32, signals: &mut Vec<(u32, Signal)>) {
+        let now = self.now;
+        let (period, stall_note) = (self.membership.probe_period, self.membership.torpid_max / 2.0);
+        let reach = self.reachable(n, c);
+        let lost = self.load_chance(self.cfg.load.loss * 2.0);
+        let queued = self.load_draw(self.cfg.load.jitter) + self.load_draw(self.cfg.load.jitter);
+        let child = &self.nodes[c as usize];
+        let (alive, age) = (child.broker.is_some(), now.since(child.last_beat).as_secs_f64());
+        let userspace = child.userspace;
+        let mut arrive = now + self.cfg.latency * 2 + queued;
+        if userspace {
+            match (child.broker.is_some(), child.stopped_until) {
+                (false, _) => arrive = Time::from_nanos(u64::MAX),
+                (true, Some(u)) => arrive = arrive.max(u),
+                (true, None) => {}
+            }
+        }
+        let Node { prober, parent_probe, probe_all, .. } = &mut self.nodes[n as usize];
+        let t = if key == PARENT {
+            match parent_probe.as_mut() {
+                Some(p) => &mut p.1,
+                None => return,
+            }
+        } else {
+            match prober.get_mut(&c) {
+                Some(t) => t,
+                None => return,
+            }
+        };
+        // Replies read now.
+        let mut got = false;
+        while let Some(&(at, seq, sent)) = t.inflight.front() {
+            if at > now {
+                break;
+            }
+            t.inflight.pop_front();
+            // Every kernel reply times the node (vigil_core::probe), and the prober's aggregate.
+            if !userspace {
+                t.timing.sample(now.since(sent).as_secs_f64());
+                probe_all.sample(now.since(sent).as_secs_f64());
+            }
+            if seq > t.answered {
+                t.answered = seq;
+                got = true;
+            }
+        }
+        if got {
+            // News: the silence counted by the miss rule starts again.
+            t.news_round = t.round;
+        }
+        // As the real prober: no kernel reply forwarded before the node's reply time is known (but one saying its
+        // broker is dead).
+        if got && !userspace && alive && !t.timing.armed() {
+            got = false;
+            t.news_round = t.round;
+        }
+        if got {
+            let stalled = age >= stall_note;
+            let recovered = t.missed_reported > 0;
+            let refresh = t.forwarded.is_none_or(|f| now.since(f) >= Duration::from_secs(1));
+            let first = !t.answered_once;
+            t.answered_once = t.answered_once || !userspace;
+            t.missed_reported = 0;
+            if first || stalled || t.stalled != stalled || !alive || recovered || refresh {
+                t.stalled = stalled;
+                t.forwarded = Some(now);
+                signals.push((key, Signal::ProbeReply { kernel: !userspace, alive, hb_age: age }));
+            }
+        } else if t.answered_once && t.timing.armed() {
+            let missed = vigil_core::probe::missed(t.round - t.news_round, t.timing.patience(period));
+            if missed > t.missed_reported {
+                t.missed_reported = missed;
+                signals.push((key, Signal::ProbeMissed { misses: missed }));
+            }
+        }
+        // This round's probe.
+        t.round += 1;
+        if reach && !lost && arrive.as_nanos() != u64::MAX {
+            // Replies may overtake each other on a jittery link: kept by arrival.
+            let at = t.inflight.partition_point(|x| x.0 <= arrive);
+            t.inflight.insert(at, (arrive, t.round, now));
+        }
+    }
+
     fn resume(&mut self, n: u32) {
         let node = &mut self.nodes[n as usize];
+        // A stall that outlasts another (a SIGSTOP during a starved node's burst) resumes at its own end.
+        if node.stopped_until.is_some_and(|u| u > self.now) {
+            return;
+        }
+        node.starving = None;
         if node.stopped_until.take().is_none() || node.broker.is_none() {
             return;
         }
@@ -1439,11 +1728,14 @@ impl Sim {
             }
             Fault::Stall(n, d) => {
                 let node = &mut self.nodes[n as usize];
-                if node.broker.is_none() || node.stopped_until.is_some() {
+                if node.broker.is_none() || (node.stopped_until.is_some() && node.starving.is_none()) {
                     return;
                 }
-                node.stopped_until = Some(self.now + d);
-                self.after(d, Ev::Resume(n));
+                // (A starved node's burst is a stop already: the SIGSTOP outlasts it, and its kernel ACKs again.)
+                node.starving = None;
+                let until = node.stopped_until.map_or(self.now + d, |u| u.max(self.now + d));
+                node.stopped_until = Some(until);
+                self.after(until.since(self.now), Ev::Resume(n));
             }
             Fault::Cut(c) => {
                 self.cut.entry(c).or_insert(self.now);

@@ -10,7 +10,7 @@ fn kary(k: u32) -> Topology {
 
 #[test]
 fn every_scenario_holds_its_invariants_on_a_small_instance() {
-    for scenario in [Scenario::Boot, Scenario::Jobs, Scenario::Churn, Scenario::Partition] {
+    for scenario in [Scenario::Boot, Scenario::Jobs, Scenario::Churn, Scenario::Partition, Scenario::Overload] {
         let r = run(Config::new(64, kary(4), 7), scenario);
         assert!(r.ok, "{scenario}: {:#?}", r.violations);
         assert!(r.events > 1000, "{scenario}: only {} inputs handled", r.events);
@@ -119,6 +119,24 @@ fn the_router_invariants_catch_a_live_rank_lost_an_overfull_adopter_and_a_late_o
     assert!(has("rank 2 adopted a child with 99 children"), "{:#?}", r.violations);
     assert!(has("rank 3 had 99 children, more than its bound"), "{:#?}", r.violations);
     assert!(has("answered rank 0"), "{:#?}", r.violations);
+}
+
+/// Under load (`overload`: congested links, starved nodes, userspace responders) no live rank is lost, and the
+/// check that says so can fail: a live rank recorded lost is caught.
+#[test]
+fn under_overload_no_live_rank_is_lost_and_the_check_catches_one() {
+    let r = run(Config::new(96, kary(4), 3), Scenario::Overload);
+    assert!(r.ok, "{:#?}", r.violations);
+    let r = scenario::run_with(Config::new(96, kary(4), 3), Scenario::Overload, |sim| {
+        let struck: BTreeSet<u32> = sim.faults.iter().map(|(_, f)| f.rank()).collect();
+        let live =
+            (1..96).find(|r| !struck.contains(r) && sim.nodes[*r as usize].broker.is_some()).expect("a live rank");
+        let wall = WALL_ORIGIN + sim.now().as_secs_f64();
+        let jc = sim.nodes[0].broker.as_mut().and_then(|b| b.jobcore.as_mut()).expect("rank 0");
+        let ctx = serde_json::json!({"idset": live.to_string(), "state": "lost", "reason": "made up"});
+        jc.resource_eventlog.push(vigil_core::eventlog::Event::with_time(wall, "offline", ctx));
+    });
+    assert!(r.violations.iter().any(|v| v.starts_with("live rank") && v.ends_with("made up")), "{:#?}", r.violations);
 }
 
 #[test]
@@ -272,8 +290,9 @@ fn a_request_in_flight_to_a_node_that_dies_gets_ehostunreach() {
 }
 
 /// Why children probe their parent's node: without a prober, an orphan judges its silent parent on TCP alone
-/// (unacknowledged data for `tbon.lost_timeout`, 120 ms, sampled each heartbeat), while the router's parent has the
-/// probe rule (3 probes of 10 ms). Probing the parent's node, the orphans' verdict comes with the probe rule's.
+/// (unacknowledged data for `tbon.lost_timeout`, 120 ms, sampled each heartbeat, then confirmed by its own check of
+/// the parent's node, which waits as long again: `broker/confirm.rs`), while the router's parent has the probe rule
+/// (3 probes of 10 ms). Probing the parent's node, the orphans' verdict comes with the probe rule's.
 #[test]
 fn an_orphan_judges_its_silent_parent_by_the_probe_rule_and_on_tcp_alone_without_a_prober() {
     let verdict = |probe_parent: bool| {
@@ -283,7 +302,7 @@ fn an_orphan_judges_its_silent_parent_by_the_probe_rule_and_on_tcp_alone_without
         r.reparent.and_then(|f| f.loss_to_orphan_verdict_ms).expect("figures")
     };
     let (tcp, probes) = (verdict(false), verdict(true));
-    assert!(tcp.0 >= 120.0 && tcp.2 <= 220.0, "TCP rule: {tcp:?}");
+    assert!(tcp.0 >= 240.0 && tcp.2 <= 340.0, "TCP rule: {tcp:?}");
     assert!(probes.2 <= 50.0, "probe rule: {probes:?}");
 }
 

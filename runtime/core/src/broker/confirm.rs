@@ -11,7 +11,8 @@
 //! 1. **This broker's own check** ([`Effect::CheckNode`]): the driver opens a TCP connection to the suspect's
 //!    node at its probe port. The *kernel* answers a SYN (a SYN-ACK, or a reset where nothing listens on TCP
 //!    there) in its receive path, however starved the broker above it is; a dead node, or a cut link, answers
-//!    nothing. The check waits `tbon.lost_timeout` (times the lateness factor below).
+//!    nothing. The check waits as long as the suspect's data may wait for an ACK: `tbon.lost_timeout`, or the
+//!    link's round trip bound (the kernel's `srtt + 4 × rttvar`) if longer, times the lateness factor below.
 //! 2. **Checks by [`HELPERS`] other children** (the suspect's siblings in the tree), asked with a `confirm`
 //!    control message: the next online children after the suspect in rank order, wrapping around, so that the
 //!    work of a burst of suspicions spreads over the children. Each runs the same check from its own node and
@@ -188,9 +189,10 @@ impl Broker {
         self.membership.set_lateness(f);
     }
 
-    /// The wait of one check now: `tbon.lost_timeout` times the lateness factor.
-    fn check_wait(&self) -> Duration {
-        let w = self.membership.config().lost_timeout * self.confirm.factor();
+    /// The wait of one check of `key`'s node now: what its data may wait for an ACK (`tbon.lost_timeout`, or
+    /// the link's round trip bound if longer), times the lateness factor.
+    fn check_wait(&self, key: u32) -> Duration {
+        let w = self.membership.ack_wait(key);
         Duration::from_secs_f64(w.clamp(CHECK_WAIT_MIN, CHECK_WAIT_MAX))
     }
 
@@ -207,7 +209,7 @@ impl Broker {
         }
         self.confirm.next_id += 1;
         let id = self.confirm.next_id;
-        let wait = self.check_wait();
+        let wait = self.check_wait(key);
         let hb = Duration::from_secs_f64(self.membership.config().heartbeat_period);
         let deadline = self.now + wait * 2 + hb * 2;
         // Our own path.

@@ -180,9 +180,11 @@ pub enum Input {
     InitialExit(i32),
     /// The broker process received this signal.
     Signal(i32),
-    /// The kernel's ACK state of each link, as `(rank, unacked segments, age of the last ACK in seconds)`
-    /// ([`PARENT`] = the parent), sampled for one [`Effect::Heartbeat`] or [`Effect::SampleAcks`].
-    AckSamples(Vec<(u32, u32, f64)>),
+    /// The kernel's ACK state of each link, as `(rank, unacked segments, age of the last ACK in seconds, round
+    /// trip bound in seconds)` ([`PARENT`] = the parent), sampled for one [`Effect::Heartbeat`] or
+    /// [`Effect::SampleAcks`]. The bound is the kernel's `srtt + 4 × rttvar` of the connection (`TCP_INFO`), 0 when
+    /// unknown: on a slow or congested link data waits that long for its ACK as a matter of course.
+    AckSamples(Vec<(u32, u32, f64, f64)>),
     /// A liveness signal about child `rank` from the prober.
     Probe(u32, Signal),
     /// A process watched with [`Effect::WatchPid`] exited; `body` says how (`detect.watch`'s answer).
@@ -899,7 +901,8 @@ impl Broker {
                 }
             }
             Input::AckSamples(samples) => {
-                for (rank, unacked, age) in samples {
+                for (rank, unacked, age, rtt_bound) in samples {
+                    self.membership.set_rtt_bound(rank, rtt_bound);
                     let t =
                         self.membership.signal(self.clock(), rank, Signal::KernelAck { unacked, last_ack_age: age });
                     self.apply_transitions(t);

@@ -198,8 +198,8 @@ fn liveness_in_virtual_time_heartbeats_torpid_lost() {
     assert_eq!(b.members[&1].0, MemberState::Torpid, "{:?}", b.members[&1]);
     // Its node stops answering probes and acknowledging our data: lost.
     // Outstanding TCP data alone does not make it lost while its kernel answers probes.
-    b.handle(quiet, Input::AckSamples(vec![(1, 3, 0.2)]));
-    b.handle(quiet + Duration::from_secs(1), Input::AckSamples(vec![(1, 3, 1.2)]));
+    b.handle(quiet, Input::AckSamples(vec![(1, 3, 0.2, 0.0)]));
+    b.handle(quiet + Duration::from_secs(1), Input::AckSamples(vec![(1, 3, 1.2, 0.0)]));
     effects(&mut b);
     assert_eq!(b.members[&1].0, MemberState::Torpid, "vouched for by its kernel");
     let later = quiet + Duration::from_secs(1);
@@ -218,9 +218,9 @@ fn a_broker_that_loses_its_parent_shuts_down_and_exits_nonzero() {
     b.handle(t(0.0), Input::ParentUp(super::links::LinkChoice { transport: "tcp", detail: String::new() }));
     b.handle(t(0.0), Input::Start);
     effects(&mut b);
-    b.handle(t(1.0), Input::AckSamples(vec![(PARENT, 2, 1.0)]));
+    b.handle(t(1.0), Input::AckSamples(vec![(PARENT, 2, 1.0, 0.0)]));
     assert!(effects(&mut b).is_empty(), "outstanding data is judged once it has been for tbon.lost_timeout");
-    b.handle(t(1.2), Input::AckSamples(vec![(PARENT, 2, 1.2)]));
+    b.handle(t(1.2), Input::AckSamples(vec![(PARENT, 2, 1.2, 0.0)]));
     let out = effects(&mut b);
     assert!(!out.iter().any(|e| matches!(e, Effect::DropLink(Peer::Parent, _))), "suspect, not lost: {out:?}");
     assert!(out.iter().any(|e| matches!(e, Effect::CheckNode { target: super::confirm::CheckTarget::Parent, .. })));
@@ -293,7 +293,7 @@ fn a_late_timer_asks_for_a_fresh_ack_sample_before_judging_a_child() {
     // Past the link's first second (crate::membership::LINK_SETTLE), timers on time.
     let t0 = t(1.2);
     run_to(&mut b, t0);
-    b.handle(t0, Input::AckSamples(vec![(1, 1, 0.005)]));
+    b.handle(t0, Input::AckSamples(vec![(1, 1, 0.005, 0.0)]));
     effects(&mut b);
     // Woken between heartbeats, past the deadline: no verdict, a sample is asked for.
     let b_hb = b.next_heartbeat;
@@ -306,14 +306,14 @@ fn a_late_timer_asks_for_a_fresh_ack_sample_before_judging_a_child() {
     assert_ne!(b.members[&1].0, MemberState::Lost, "judged on the stale sample");
     // The fresh sample shows the child's kernel acknowledged just after the first one: not suspect.
     let age = woke.since(t0).as_secs_f64() - 0.001;
-    b.handle(woke, Input::AckSamples(vec![(1, 1, age)]));
+    b.handle(woke, Input::AckSamples(vec![(1, 1, age, 0.0)]));
     assert!(!effects(&mut b).iter().any(|e| matches!(e, Effect::CheckNode { .. })));
     assert_ne!(b.members[&1].0, MemberState::Lost);
     // A fresh sample showing no acknowledgement since then: suspect, and lost when no path reaches its node. (The
     // judge woke late: lost_timeout is stretched by its lateness factor meanwhile, confirm.rs.)
     assert!(b.confirm.factor() > 1.0, "woken late: the judge knows it");
     let later = woke + Duration::from_secs_f64(c.lost_timeout * b.confirm.factor() + 0.01);
-    b.handle(later, Input::AckSamples(vec![(1, 1, later.since(woke).as_secs_f64() + 0.001)]));
+    b.handle(later, Input::AckSamples(vec![(1, 1, later.since(woke).as_secs_f64() + 0.001, 0.0)]));
     let out = effects(&mut b);
     assert_ne!(b.members[&1].0, MemberState::Lost, "lost on one signal");
     no_answer(&mut b, later, &out);
@@ -1120,8 +1120,8 @@ fn past_the_grace_a_child_of_rank_0_exits_and_takes_its_subtree_along() {
     assert_eq!(judge(&mut b, t(0.01), 9, hello(3, "sim"), None), Ok(3));
     b.shells.insert(crate::jobs::JobId(8));
     b.handle(t(0.02), Input::LocalNew { id: 5, uid: super::testing::UID });
-    b.handle(t(1.0), Input::AckSamples(vec![(PARENT, 2, 1.0)]));
-    b.handle(t(1.2), Input::AckSamples(vec![(PARENT, 2, 1.2)]));
+    b.handle(t(1.0), Input::AckSamples(vec![(PARENT, 2, 1.0, 0.0)]));
+    b.handle(t(1.2), Input::AckSamples(vec![(PARENT, 2, 1.2, 0.0)]));
     let out = effects(&mut b);
     let out = no_answer(&mut b, t(1.35), &out);
     assert!(out.iter().any(|e| matches!(e, Effect::ConnectParent { rank: 0, .. })), "lost by its kernel: {out:?}");
@@ -1495,10 +1495,10 @@ fn root_with_two(at: Time) -> Broker {
 /// Child 1's data stays unacknowledged past tbon.lost_timeout at `from`: the effects of its suspicion.
 fn suspect_child_1(b: &mut Broker, from: Time) -> (Vec<Effect>, Time) {
     let c = *b.membership.config();
-    b.handle(from, Input::AckSamples(vec![(1, 1, 0.0), (2, 0, 0.0)]));
+    b.handle(from, Input::AckSamples(vec![(1, 1, 0.0, 0.0), (2, 0, 0.0, 0.0)]));
     effects(b);
     let at = from + Duration::from_secs_f64(c.lost_timeout + 0.001);
-    b.handle(at, Input::AckSamples(vec![(1, 1, c.lost_timeout + 0.001), (2, 0, 0.0)]));
+    b.handle(at, Input::AckSamples(vec![(1, 1, c.lost_timeout + 0.001, 0.0), (2, 0, 0.0, 0.0)]));
     (effects(b), at)
 }
 

@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
+use vigil_core::probe::{self, ReplyTiming};
 use vigil_ebpf::{
     Detector, DetectorMode, ExitEvent, HbTable, HeartbeatClock, Probe, ProbeKind, TcpEvent, TcpEventKind, TcpTuple,
     TcpWatcher, UserspaceResponder, XdpAttach, XdpResponder,
@@ -964,6 +965,11 @@ struct ProbeTarget {
     group_only_misses: u32,
     /// Group probes do not reach it (multicast filtered on the way): unicast only from now on.
     no_group: bool,
+    /// How long its kernel's replies take: a period without news counts as missed only past that
+    /// (`vigil_core::probe`).
+    timing: ReplyTiming,
+    /// The round during which its last news came (a reply to a newer probe than any before).
+    news_round: u32,
 }
 
 /// Group-only rounds in a row a child may miss while it still answers unicast probes before it is probed by
@@ -1022,6 +1028,11 @@ struct Prober {
     void_streak: u32,
     /// Unjudged rounds in a row after which grouped children answered the unicast re-probe.
     group_suspect: u32,
+    /// `tbon.probe_period`, seconds (misses are counted past each child's reply time in periods).
+    period: f64,
+    /// Every kernel reply of every target timed together: a new target (a child that joins, the parent after a
+    /// re-parent) starts from it, so that it is judged at once at this network's pace (`vigil_core::probe`).
+    all: ReplyTiming,
 }
 
 impl Drop for Prober {
@@ -1065,6 +1076,8 @@ impl Prober {
             stall_logged: false,
             void_streak: 0,
             group_suspect: 0,
+            period: 0.01,
+            all: ReplyTiming::default(),
         }
     }
 
@@ -1125,6 +1138,8 @@ impl Prober {
             last_unicast: 0,
             group_only_misses: 0,
             no_group: false,
+            timing: self.all,
+            news_round: self.round,
         };
         self.targets.insert(rank, t);
     }
@@ -1174,9 +1189,19 @@ impl Prober {
             return; // not an echo of one of our requests
         }
         // Fields borrowed apart from the target, so one lookup serves the whole reply.
-        let (group, collects, per_ip) = (self.group, self.collects, &self.per_ip);
+        let (group, collects, per_ip, round) = (self.group, self.collects, &self.per_ip, self.round);
         let Some(t) = self.targets.get_mut(&rank) else { return };
-        if p.seq <= t.answered || from != t.addr {
+        if from != t.addr {
+            return;
+        }
+        // Every kernel reply times the node, news or not (vigil_core::probe); a userspace responder's replies never
+        // arm the miss rule.
+        if kernel {
+            let rtt = now.saturating_sub(sent) as f64 / 1e9;
+            t.timing.sample(rtt);
+            self.all.sample(rtt);
+        }
+        if p.seq <= t.answered {
             return;
         }
         // Its kernel answered: it knows us now, and answers the group datagram from the next round. (Looked up
@@ -1185,6 +1210,8 @@ impl Prober {
         let grouped =
             kernel && rank != PARENT && (t.grouped || (!t.no_group && groupable(group, collects, per_ip, from)));
         t.answered = p.seq;
+        // News: the silence counted by the miss rule starts again.
+        t.news_round = round;
         self.newest = self.newest.max(p.seq);
         let recovered = t.missed_reported > 0;
         t.missed_reported = 0;
@@ -1193,9 +1220,14 @@ impl Prober {
         // Forwarded every time once the child's heartbeat is half way to torpid (the membership machine applies
         // the real threshold; this only limits how often replies reach the core).
         let stalled = age >= self.stall_note;
-        // Forward what changes a verdict, and once a second that replies still come.
+        // Forward what changes a verdict, and once a second that replies still come. A kernel reply arms the probe
+        // rules in the core (and vouches for the node's TCP), so none is forwarded before the node's reply time is
+        // known (but one saying its broker is dead): meanwhile the node is judged on TCP, confirmed
+        // (`vigil_core::probe::ARM_REPLIES`).
         let refresh = now.saturating_sub(t.forwarded_ns) >= 1_000_000_000;
-        if t.kernel != Some(kernel) || stalled || t.stalled != stalled || !p.alive() || recovered || refresh {
+        let known = !kernel || t.timing.armed() || !p.alive();
+        if known && (t.kernel != Some(kernel) || stalled || t.stalled != stalled || !p.alive() || recovered || refresh)
+        {
             t.kernel = Some(kernel);
             t.stalled = stalled;
             t.forwarded_ns = now;
@@ -1296,10 +1328,12 @@ impl Prober {
                     }
                 }
             }
-            // Every new miss is reported: the first one already stops vouching for the node's TCP.
-            if !void && outstanding >= 1 && outstanding > t.missed_reported && t.kernel.is_some() {
-                t.missed_reported = outstanding;
-                let _ = self.tx.send(DetectInput::Probe(*r, Signal::ProbeMissed { misses: outstanding }));
+            // Every new miss is reported: the first one already stops vouching for the node's TCP. A probe is
+            // missed once it has waited longer than this child's usual reply time (vigil_core::probe).
+            let missed = probe::missed(self.round - t.news_round, t.timing.patience(self.period));
+            if !void && missed >= 1 && missed > t.missed_reported && t.kernel.is_some() && t.timing.armed() {
+                t.missed_reported = missed;
+                let _ = self.tx.send(DetectInput::Probe(*r, Signal::ProbeMissed { misses: missed }));
             }
             // A grouped child that missed a round also gets a unicast probe: it double-checks over another path
             // and teaches a node that forgot us (LRU, reboot) who we are.
@@ -1469,6 +1503,7 @@ async fn prober_task(
         u64::from_ne_bytes(k) ^ vigil_ebpf::monotonic_ns()
     };
     let mut pr = Prober::new(key, port, group, tx, torpid_max / 2.0);
+    pr.period = period.as_secs_f64();
     let mut tick = Ticker::new(period);
     let mut rbufs = vec![[0u8; 128]; PROBE_GROUP];
     let mut drain = |pr: &mut Prober, sock: &ProbeSocket| {
@@ -1585,6 +1620,14 @@ mod tests {
             hb_age_ns: 0,
             answered: 1,
         };
+        // A kernel that has answered for a while: its timing is known, its replies are forwarded and its misses
+        // count (vigil_core::probe::ARM_REPLIES).
+        if kind == ProbeKind::ReplyKernel {
+            let t = pr.targets.get_mut(&rank).expect("a target");
+            while !t.timing.armed() {
+                t.timing.sample(0.0);
+            }
+        }
         let from = pr.targets[&rank].addr;
         pr.reply(&p, from);
     }
@@ -1694,6 +1737,52 @@ mod tests {
         pr.next_round();
         pr.next_round();
         assert_eq!(misses(&mut rx), vec![(1, 1), (1, 2), (1, 3)]);
+    }
+
+    /// Before a child's reply time is known its kernel replies are not forwarded (they would arm the probe rules)
+    /// and its silence is no miss; a new child then starts from the prober's timing of the others.
+    #[test]
+    fn a_childs_replies_count_once_its_reply_time_is_known() {
+        let (mut pr, mut rx) = prober(false);
+        pr.add(1, addr(2));
+        let raw = |pr: &mut Prober, rank: u32| {
+            let p = Probe {
+                kind: ProbeKind::ReplyKernel,
+                flags: vigil_ebpf::FLAG_ALIVE,
+                seq: pr.round,
+                rank: pr.targets[&rank].id,
+                sent_ns: vigil_ebpf::monotonic_ns() ^ pr.key,
+                hb_age_ns: 0,
+                answered: 1,
+            };
+            let from = pr.targets[&rank].addr;
+            pr.reply(&p, from);
+        };
+        let replies = |rx: &mut mpsc::UnboundedReceiver<DetectInput>| {
+            let mut n = 0;
+            while let Ok(d) = rx.try_recv() {
+                n += usize::from(matches!(d, DetectInput::Probe(_, Signal::ProbeReply { kernel: true, .. })));
+            }
+            n
+        };
+        for _ in 0..vigil_core::probe::ARM_REPLIES - 1 {
+            pr.next_round();
+            raw(&mut pr, 1);
+        }
+        assert_eq!(replies(&mut rx), 0, "forwarded before its reply time is known");
+        for _ in 0..5 {
+            pr.next_round();
+        }
+        assert!(misses(&mut rx).is_empty(), "silence counted before its reply time is known");
+        pr.next_round();
+        raw(&mut pr, 1);
+        assert_eq!(replies(&mut rx), 1);
+        // A child that joins now is judged at the pace of the others at once.
+        pr.add(2, addr(3));
+        assert!(pr.targets[&2].timing.armed());
+        pr.next_round();
+        raw(&mut pr, 2);
+        assert_eq!(replies(&mut rx), 1);
     }
 
     #[test]

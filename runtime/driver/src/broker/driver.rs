@@ -1414,13 +1414,13 @@ impl Driver {
                 }
                 let mut samples = Vec::with_capacity(self.children.len() + 1);
                 if self.parent.is_some() {
-                    if let Some((unacked, age_ms)) = self.parent_sock.as_ref().and_then(tcp_ack_state) {
-                        samples.push((PARENT, unacked, f64::from(age_ms) / 1e3));
+                    if let Some((unacked, age_ms, rtt_us)) = self.parent_sock.as_ref().and_then(tcp_ack_state) {
+                        samples.push((PARENT, unacked, f64::from(age_ms) / 1e3, f64::from(rtt_us) / 1e6));
                     }
                 }
                 for (&r, c) in &self.children {
-                    if let Some((unacked, age_ms)) = c.sock.as_ref().and_then(tcp_ack_state) {
-                        samples.push((r, unacked, f64::from(age_ms) / 1e3));
+                    if let Some((unacked, age_ms, rtt_us)) = c.sock.as_ref().and_then(tcp_ack_state) {
+                        samples.push((r, unacked, f64::from(age_ms) / 1e3, f64::from(rtt_us) / 1e6));
                     }
                 }
                 if !samples.is_empty() {

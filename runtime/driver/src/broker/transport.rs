@@ -174,9 +174,10 @@ pub(crate) fn merge(mut base: Value, extra: Value) -> Value {
     base
 }
 
-/// Kernel TCP state of a socket (`TCP_INFO`): segments sent and not yet acknowledged, and milliseconds since
-/// the last ACK was received. `None` if the descriptor is not a TCP socket.
-pub fn tcp_ack_state(fd: &std::os::fd::OwnedFd) -> Option<(u32, u32)> {
+/// Kernel TCP state of a socket (`TCP_INFO`): segments sent and not yet acknowledged, milliseconds since the
+/// last ACK was received, and the connection's round trip bound `srtt + 4 × rttvar` in microseconds (0 before
+/// any round trip was measured). `None` if the descriptor is not a TCP socket.
+pub fn tcp_ack_state(fd: &std::os::fd::OwnedFd) -> Option<(u32, u32, u32)> {
     use std::os::fd::AsRawFd;
     // SAFETY: tcp_info is plain old data; getsockopt writes at most `len` bytes into it.
     unsafe {
@@ -192,7 +193,8 @@ pub fn tcp_ack_state(fd: &std::os::fd::OwnedFd) -> Option<(u32, u32)> {
         if r != 0 {
             return None;
         }
-        Some((info.tcpi_unacked, info.tcpi_last_ack_recv))
+        let bound = info.tcpi_rtt.saturating_add(info.tcpi_rttvar.saturating_mul(4));
+        Some((info.tcpi_unacked, info.tcpi_last_ack_recv, bound))
     }
 }
 
