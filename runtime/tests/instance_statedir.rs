@@ -83,17 +83,34 @@ impl SystemInstance {
     /// Every broker, and wait until the instance is up (every rank joined).
     fn start_all(&self, attrs: &[&str]) -> Vec<Running> {
         let b: Vec<Running> = (0..self.size).map(|r| self.broker(r, attrs)).collect();
-        self.wait_up();
+        if !self.is_up() {
+            // Say why: every broker's log (they log at info level).
+            let uptime = self.client(&["uptime"]).dump();
+            let logs: Vec<String> = b
+                .into_iter()
+                .enumerate()
+                .map(|(r, x)| {
+                    let o = x.wait(Duration::ZERO);
+                    let tail: Vec<&str> = o.stderr.lines().rev().take(40).collect();
+                    format!("--- rank {r} (last 40 lines) ---\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
+                })
+                .collect();
+            panic!("the instance did not come up:\n{uptime}\n{}", logs.join("\n"));
+        }
         b
+    }
+
+    /// Whether the instance comes up (every rank joined) within 60 s.
+    fn is_up(&self) -> bool {
+        wait_for(Duration::from_secs(60), || {
+            let o = self.client(&["uptime"]);
+            o.code == 0 && o.stdout.contains(" run ")
+        })
     }
 
     /// Wait until the instance is up (every rank joined).
     fn wait_up(&self) {
-        let up = wait_for(Duration::from_secs(60), || {
-            let o = self.client(&["uptime"]);
-            o.code == 0 && o.stdout.contains(" run ")
-        });
-        assert!(up, "the instance did not come up:\n{}", self.client(&["uptime"]).dump());
+        assert!(self.is_up(), "the instance did not come up:\n{}", self.client(&["uptime"]).dump());
     }
 
     /// A `vigil` client command of rank 0.
