@@ -92,7 +92,10 @@ impl SystemInstance {
                 .map(|(r, x)| {
                     let o = x.wait(Duration::ZERO);
                     let tail: Vec<&str> = o.stderr.lines().rev().take(40).collect();
-                    format!("--- rank {r} (last 40 lines) ---\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
+                    format!(
+                        "--- rank {r} (last 40 lines) ---\n{}",
+                        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                    )
                 })
                 .collect();
             panic!("the instance did not come up:\n{uptime}\n{}", logs.join("\n"));

@@ -38,12 +38,12 @@ pub const KERNEL_REPLY_STALE: f64 = 2.5;
 /// would count as a miss.
 pub const MIN_PROBE_PERIOD: f64 = 0.005;
 
-/// A link is not judged on unacknowledged TCP data during its first second (seconds): at start-up the peer runs
-/// its handshakes, loads its detectors and registers, with every other broker of a machine doing the same, and
-/// its node's kernel responder is not armed yet. A node that dies meanwhile is judged once the second is over
+/// A link is not judged on unacknowledged TCP data during its first half second (seconds): at start-up the peer
+/// runs its handshakes, loads its detectors and registers, with every other broker of a machine doing the same,
+/// and its node's kernel responder is not armed yet. A node that dies meanwhile is judged once the window is over
 /// (or at once, by a reset, an exit event or its kernel's probe replies). Links that replace one that was up
 /// (re-parents, rejoins) are not held back ([`Membership::settled`]).
-pub const LINK_SETTLE: f64 = 1.0;
+pub const LINK_SETTLE: f64 = 0.5;
 
 /// Liveness of a peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -820,7 +820,7 @@ mod tests {
     fn a_new_link_is_not_judged_before_it_settled() {
         let mut m = m();
         m.signal(0.1, 1, Signal::KernelAck { unacked: 1, last_ack_age: 0.1 });
-        for t in [0.3, 0.6, 0.9, LINK_SETTLE - 0.01] {
+        for t in [0.1, 0.2, 0.3, LINK_SETTLE - 0.01] {
             assert!(m
                 .signal(t, 1, Signal::KernelAck { unacked: 1, last_ack_age: t })
                 .iter()

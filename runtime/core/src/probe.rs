@@ -21,9 +21,10 @@ use serde::{Deserialize, Serialize};
 pub const MAX_PATIENCE: u32 = 100;
 
 /// Replies a child must have given before its misses count ([`ReplyTiming::armed`]): a few say little of how long
-/// the next may take on a congested link (TCP starts with a 1 s timeout for the same reason). 16 take 160 ms on a
-/// quiet link; a node that dies before is judged by the other rules.
-pub const ARM_REPLIES: u32 = 16;
+/// the next may take on a congested link (TCP starts with a 1 s timeout for the same reason). 8 take 80 ms on a
+/// quiet link; a node that dies before is judged by the other rules. (Every reply is timed, not only those that
+/// bring news, and the longest recent one counts: a few replies do not underestimate a jittery link much.)
+pub const ARM_REPLIES: u32 = 8;
 
 /// How long a child's kernel takes to answer a probe, from every reply the prober reads (seconds).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -87,6 +88,16 @@ impl ReplyTiming {
         } else {
             MAX_PATIENCE
         }
+    }
+}
+
+/// The timing a target is judged by: its own once armed, else its prober's timing of every target (`all`),
+/// so that a child that joins or a new parent after a re-parent is judged at once at this network's pace.
+pub fn judged_by<'a>(own: &'a ReplyTiming, all: &'a ReplyTiming) -> &'a ReplyTiming {
+    if own.armed() {
+        own
+    } else {
+        all
     }
 }
 

@@ -324,10 +324,11 @@ struct ProbeTarget {
     forwarded: Option<Time>,
     /// Its kernel's reply time (`vigil_core::probe`).
     timing: vigil_core::probe::ReplyTiming,
-    /// Under [`Load`]: probes sent to it, the newest answered, and replies on their way (arrival, probe, sent).
+    /// Under [`Load`]: probes sent to it, the newest answered, and replies on their way (arrival, probe, sent,
+    /// what the reply says: broker alive, its heartbeat's age in seconds, as when the node answered).
     round: u32,
     answered: u32,
-    inflight: VecDeque<(Time, u32, Time)>,
+    inflight: VecDeque<(Time, u32, Time, bool, f64)>,
     /// Under [`Load`]: the round during which its last news came.
     news_round: u32,
 }
@@ -1547,7 +1548,7 @@ impl Sim {
                 probe_all.sample(rtt);
                 // As the real prober: no kernel reply forwarded before the node's reply time is known (but one
                 // saying its broker is dead).
-                if !t.timing.armed() && alive {
+                if !vigil_core::probe::judged_by(&t.timing, probe_all).armed() && alive {
                     continue;
                 }
                 let stalled = age >= stall_note;
@@ -1565,8 +1566,9 @@ impl Sim {
             } else {
                 t.outstanding += 1;
                 // Past the child's reply time (vigil_core::probe; on these links, one period).
-                let missed = vigil_core::probe::missed(t.outstanding, t.timing.patience(period_s));
-                if t.answered_once && t.timing.armed() && missed > t.missed_reported {
+                let timing = vigil_core::probe::judged_by(&t.timing, probe_all);
+                let missed = vigil_core::probe::missed(t.outstanding, timing.patience(period_s));
+                if t.answered_once && timing.armed() && missed > t.missed_reported {
                     t.missed_reported = missed;
                     signals.push((key, Signal::ProbeMissed { misses: missed }));
                 }
@@ -1614,9 +1616,10 @@ impl Sim {
                 None => return,
             }
         };
-        // Replies read now.
+        // Replies read now; the newest says how the broker was when its node answered.
         let mut got = false;
-        while let Some(&(at, seq, sent)) = t.inflight.front() {
+        let (mut alive, mut age) = (alive, age);
+        while let Some(&(at, seq, sent, said_alive, said_age)) = t.inflight.front() {
             if at > now {
                 break;
             }
@@ -1629,6 +1632,7 @@ impl Sim {
             if seq > t.answered {
                 t.answered = seq;
                 got = true;
+                (alive, age) = (said_alive, said_age);
             }
         }
         if got {
@@ -1637,7 +1641,8 @@ impl Sim {
         }
         // As the real prober: no kernel reply forwarded before the node's reply time is known (but one saying its
         // broker is dead).
-        if got && !userspace && alive && !t.timing.armed() {
+        let timing = *vigil_core::probe::judged_by(&t.timing, probe_all);
+        if got && !userspace && alive && !timing.armed() {
             got = false;
             t.news_round = t.round;
         }
@@ -1653,8 +1658,8 @@ impl Sim {
                 t.forwarded = Some(now);
                 signals.push((key, Signal::ProbeReply { kernel: !userspace, alive, hb_age: age }));
             }
-        } else if t.answered_once && t.timing.armed() {
-            let missed = vigil_core::probe::missed(t.round - t.news_round, t.timing.patience(period));
+        } else if t.answered_once && timing.armed() {
+            let missed = vigil_core::probe::missed(t.round - t.news_round, timing.patience(period));
             if missed > t.missed_reported {
                 t.missed_reported = missed;
                 signals.push((key, Signal::ProbeMissed { misses: missed }));
@@ -1665,7 +1670,7 @@ impl Sim {
         if reach && !lost && arrive.as_nanos() != u64::MAX {
             // Replies may overtake each other on a jittery link: kept by arrival.
             let at = t.inflight.partition_point(|x| x.0 <= arrive);
-            t.inflight.insert(at, (arrive, t.round, now));
+            t.inflight.insert(at, (arrive, t.round, now, alive, age));
         }
     }
 

@@ -970,6 +970,9 @@ struct ProbeTarget {
     timing: ReplyTiming,
     /// The round during which its last news came (a reply to a newer probe than any before).
     news_round: u32,
+    /// The round of the last reply timed: a reply collected by the kernel stays in its slot and is read again
+    /// each period until another replaces it, and is timed once.
+    timed_seq: u32,
 }
 
 /// Group-only rounds in a row a child may miss while it still answers unicast probes before it is probed by
@@ -1140,6 +1143,7 @@ impl Prober {
             no_group: false,
             timing: self.all,
             news_round: self.round,
+            timed_seq: 0,
         };
         self.targets.insert(rank, t);
     }
@@ -1196,7 +1200,8 @@ impl Prober {
         }
         // Every kernel reply times the node, news or not (vigil_core::probe); a userspace responder's replies never
         // arm the miss rule.
-        if kernel {
+        if kernel && p.seq != t.timed_seq {
+            t.timed_seq = p.seq;
             let rtt = now.saturating_sub(sent) as f64 / 1e9;
             t.timing.sample(rtt);
             self.all.sample(rtt);
@@ -1225,7 +1230,7 @@ impl Prober {
         // known (but one saying its broker is dead): meanwhile the node is judged on TCP, confirmed
         // (`vigil_core::probe::ARM_REPLIES`).
         let refresh = now.saturating_sub(t.forwarded_ns) >= 1_000_000_000;
-        let known = !kernel || t.timing.armed() || !p.alive();
+        let known = !kernel || probe::judged_by(&t.timing, &self.all).armed() || !p.alive();
         if known && (t.kernel != Some(kernel) || stalled || t.stalled != stalled || !p.alive() || recovered || refresh)
         {
             t.kernel = Some(kernel);
@@ -1330,8 +1335,9 @@ impl Prober {
             }
             // Every new miss is reported: the first one already stops vouching for the node's TCP. A probe is
             // missed once it has waited longer than this child's usual reply time (vigil_core::probe).
-            let missed = probe::missed(self.round - t.news_round, t.timing.patience(self.period));
-            if !void && missed >= 1 && missed > t.missed_reported && t.kernel.is_some() && t.timing.armed() {
+            let timing = probe::judged_by(&t.timing, &self.all);
+            let missed = probe::missed(self.round - t.news_round, timing.patience(self.period));
+            if !void && missed >= 1 && missed > t.missed_reported && t.kernel.is_some() && timing.armed() {
                 t.missed_reported = missed;
                 let _ = self.tx.send(DetectInput::Probe(*r, Signal::ProbeMissed { misses: missed }));
             }
