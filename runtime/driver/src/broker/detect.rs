@@ -1616,7 +1616,8 @@ mod tests {
         SocketAddr::from(([10, 200, 0, host], 7000))
     }
 
-    fn reply(pr: &mut Prober, rank: u32, kind: ProbeKind) {
+    /// A reply of `kind` from child `rank` to the current round, as it comes.
+    fn raw_reply(pr: &mut Prober, rank: u32, kind: ProbeKind) {
         let p = Probe {
             kind,
             flags: vigil_ebpf::FLAG_ALIVE,
@@ -1626,16 +1627,20 @@ mod tests {
             hb_age_ns: 0,
             answered: 1,
         };
-        // A kernel that has answered for a while: its timing is known, its replies are forwarded and its misses
-        // count (vigil_core::probe::ARM_REPLIES).
+        let from = pr.targets[&rank].addr;
+        pr.reply(&p, from);
+    }
+
+    /// [`raw_reply`] from a kernel that has answered for a while: its timing is known, its replies are forwarded
+    /// and its misses count (vigil_core::probe::ARM_REPLIES).
+    fn reply(pr: &mut Prober, rank: u32, kind: ProbeKind) {
         if kind == ProbeKind::ReplyKernel {
             let t = pr.targets.get_mut(&rank).expect("a target");
             while !t.timing.armed() {
                 t.timing.sample(0.0);
             }
         }
-        let from = pr.targets[&rank].addr;
-        pr.reply(&p, from);
+        raw_reply(pr, rank, kind);
     }
 
     fn misses(rx: &mut mpsc::UnboundedReceiver<DetectInput>) -> Vec<(u32, u32)> {
@@ -1751,19 +1756,7 @@ mod tests {
     fn a_childs_replies_count_once_its_reply_time_is_known() {
         let (mut pr, mut rx) = prober(false);
         pr.add(1, addr(2));
-        let raw = |pr: &mut Prober, rank: u32| {
-            let p = Probe {
-                kind: ProbeKind::ReplyKernel,
-                flags: vigil_ebpf::FLAG_ALIVE,
-                seq: pr.round,
-                rank: pr.targets[&rank].id,
-                sent_ns: vigil_ebpf::monotonic_ns() ^ pr.key,
-                hb_age_ns: 0,
-                answered: 1,
-            };
-            let from = pr.targets[&rank].addr;
-            pr.reply(&p, from);
-        };
+        let raw = |pr: &mut Prober, rank: u32| raw_reply(pr, rank, ProbeKind::ReplyKernel);
         let replies = |rx: &mut mpsc::UnboundedReceiver<DetectInput>| {
             let mut n = 0;
             while let Ok(d) = rx.try_recv() {
