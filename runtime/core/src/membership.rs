@@ -223,8 +223,7 @@ impl Membership {
     /// How long data may wait for the peer's ACK before the peer is suspect: `tbon.lost_timeout` or the link's
     /// round trip bound, whichever is longer, times the judge's lateness factor (seconds).
     pub fn ack_wait(&self, rank: u32) -> f64 {
-        let rtt = self.peers.get(&rank).map_or(0.0, |p| p.rtt_bound);
-        self.cfg.lost_timeout.max(rtt) * self.lateness
+        ack_wait(self.cfg.lost_timeout, self.lateness, self.peers.get(&rank).map_or(0.0, |p| p.rtt_bound))
     }
 
     /// Peers that the unacknowledged-data rule made suspect since the last call: each needs a confirmation,
@@ -443,8 +442,7 @@ impl Membership {
 
     /// When data first seen unacknowledged at `since` on the link of `p` may be judged.
     fn ack_deadline_of(&self, p: &Peer, since: f64) -> f64 {
-        let wait = self.cfg.lost_timeout.max(p.rtt_bound) * self.lateness;
-        (since + wait).max(self.ack_quiet_until).max(p.connected_at + LINK_SETTLE)
+        ack_deadline(self.cfg.lost_timeout, self.lateness, self.ack_quiet_until, p, since)
     }
 
     /// True when some peer's unacknowledged data has reached its deadline and no `TCP_INFO` sample was taken
@@ -460,7 +458,7 @@ impl Membership {
                 continue;
             }
             if let Some(s) = p.unacked_since {
-                let d = (s + lost_timeout.max(p.rtt_bound) * lateness).max(quiet).max(p.connected_at + LINK_SETTLE);
+                let d = ack_deadline(lost_timeout, lateness, quiet, p, s);
                 if now >= d - 1e-9 && p.sampled < d - 1e-9 {
                     p.sampled = now;
                     due = true;
@@ -524,6 +522,18 @@ impl Membership {
         self.next.set(None);
         self.peers.remove(&rank);
     }
+}
+
+/// How long data may wait for its ACK on a link whose round trip bound is `rtt_bound`: `lost_timeout` or that
+/// bound, whichever is longer, times the judge's `lateness` (seconds).
+fn ack_wait(lost_timeout: f64, lateness: f64, rtt_bound: f64) -> f64 {
+    lost_timeout.max(rtt_bound) * lateness
+}
+
+/// When data first seen unacknowledged at `since` on the link of `p` may be judged: after [`ack_wait`], not before
+/// the end of a stall's quiet window (`quiet`) nor of the link's settling window.
+fn ack_deadline(lost_timeout: f64, lateness: f64, quiet: f64, p: &Peer, since: f64) -> f64 {
+    (since + ack_wait(lost_timeout, lateness, p.rtt_bound)).max(quiet).max(p.connected_at + LINK_SETTLE)
 }
 
 #[cfg(test)]

@@ -41,7 +41,8 @@ impl Broker {
             Ok(rank) => {
                 self.effect(Effect::AcceptChild { conn, rank });
                 self.children.insert(rank, conn);
-                self.note_child_address(rank, addr, &msg.json());
+                let hello = msg.json();
+                self.note_child_address(rank, addr, &hello);
                 // Back (restarted): a verdict of ours on it not yet announced is stale.
                 self.lost_reports.remove(&rank);
                 let (topo, size) = self.tree();
@@ -53,7 +54,7 @@ impl Broker {
                 }
                 let now = self.clock();
                 self.membership.signal(now, rank, Signal::Connected);
-                if msg.json().get("adopt").is_some() {
+                if hello.get("adopt").is_some() {
                     // An orphan re-parenting: a replacement link, judged at once (membership::LINK_SETTLE).
                     self.membership.settled(rank);
                 }
