@@ -414,6 +414,9 @@ pub struct Job {
     pub exit_timeout: Option<f64>,
     /// When the first task exited.
     pub first_exit: Option<f64>,
+    /// When the exit-timeout clock started: the first task exit, or, if a shell had not started by then, the
+    /// moment the last one did (the job's `start`). `None` until both happened.
+    exit_clock: Option<f64>,
     /// When SIGTERM was sent to kill the job.
     pub term_sent: Option<f64>,
     /// SIGKILL was sent.
@@ -496,6 +499,7 @@ impl Job {
             expiration: None,
             exit_timeout,
             first_exit: None,
+            exit_clock: None,
             term_sent: None,
             kill_sent: false,
             fatal: None,
@@ -1174,6 +1178,11 @@ impl JobCore {
                     job.post(now, "start", json!({}));
                     self.actions.push_back(Action::Updated(id));
                 }
+                if job.nspawned == job.shells.len() && job.first_exit.is_some() && job.exit_clock.is_none() {
+                    // A task exited before the last shell started: the clock starts now (timers.rs).
+                    job.exit_clock = Some(now);
+                    self.rearm(id);
+                }
             }
             Err(e) => {
                 self.shell_gone(id, rank);
@@ -1184,11 +1193,17 @@ impl JobCore {
         }
     }
 
-    /// A task of job `id` exited: starts the exit-timeout clock at the first one.
+    /// A task of job `id` exited: the first one starts the exit-timeout clock, if every shell of the job has
+    /// started; else the last shell to start does (a job's shells start one per node, over seconds on a loaded
+    /// machine, and the tasks of the first may be done before the last is up: as under Flux's shell start
+    /// barrier, the others are not late before they could run).
     pub fn task_exit(&mut self, now: f64, id: JobId, _task: u32, _status: i32) {
         if let Some(j) = self.jobs.get_mut(&id) {
             if j.first_exit.is_none() {
                 j.first_exit = Some(now);
+                if j.nspawned == j.shells.len() {
+                    j.exit_clock = Some(now);
+                }
                 self.rearm(id);
             }
         }

@@ -72,6 +72,7 @@ impl JobCore {
         job.t_run = None;
         job.expiration = None;
         job.first_exit = None;
+        job.exit_clock = None;
         job.term_sent = None;
         job.kill_sent = false;
         job.fatal = None;

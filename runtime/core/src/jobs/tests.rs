@@ -187,6 +187,8 @@ fn time_limit_and_exit_timeout() {
 
     let id2 = c.submit(T0, &spec(cmd().nnodes(1).ntasks(2).shell_option("exit-timeout", json!("2s"))), 0).unwrap();
     actions(&mut c);
+    let rank = c.jobs[&id2].shells.keys().next().copied().expect("allocated");
+    c.shell_spawned(T0, id2, rank, Ok(()));
     c.task_exit(T0 + 1.0, id2, 0, 0);
     assert_eq!(c.next_deadline().map(|d| (d * 1000.0).round() / 1000.0), Some(T0 + 3.0));
     c.handle_timeout(T0 + 3.0);
@@ -198,6 +200,40 @@ fn time_limit_and_exit_timeout() {
     c.task_exit(T0 + 1.0, id3, 0, 0);
     c.handle_timeout(T0 + 1000.0);
     assert!(c.jobs[&id3].fatal.is_none(), "exit-timeout=none never fires");
+}
+
+/// 257 shells start over seconds on a loaded machine; the first node's tasks may be done before the last shell is
+/// up. The exit-timeout counts from when every shell has started, and its exception names the ranks still running.
+#[test]
+fn exit_timeout_waits_for_every_shell_to_start_and_names_the_late_ranks() {
+    let mut c = core(3, 1, 0);
+    let id = c.submit(T0, &spec(cmd().nnodes(3).ntasks(3).shell_option("exit-timeout", json!("2s"))), 0).unwrap();
+    actions(&mut c);
+    c.shell_spawned(T0 + 0.1, id, 0, Ok(()));
+    c.task_exit(T0 + 0.2, id, 0, 0);
+    assert_eq!(c.next_deadline(), None, "no clock while two shells have not started");
+    c.shell_spawned(T0 + 20.0, id, 1, Ok(()));
+    c.handle_timeout(T0 + 30.0);
+    assert!(c.jobs[&id].fatal.is_none(), "not late before every shell started");
+    c.shell_spawned(T0 + 40.0, id, 2, Ok(()));
+    assert_eq!(c.next_deadline(), Some(T0 + 42.0), "the clock starts at the last shell's start");
+    exit_shell(&mut c, T0 + 40.5, id, 0, 0);
+    exit_shell(&mut c, T0 + 41.0, id, 2, 0);
+    c.handle_timeout(T0 + 41.999);
+    assert!(c.jobs[&id].fatal.is_none());
+    c.handle_timeout(T0 + 42.0);
+    let e = c.jobs[&id].fatal.clone().expect("exit-timeout");
+    assert!(e.note.contains("on 1 of 3 nodes (ranks 1: node1)"), "{e:?}");
+
+    // Every shell up before the first exit: the clock starts at that exit, as before.
+    let id2 = c.submit(T0 + 50.0, &spec(cmd().nnodes(1).ntasks(1).shell_option("exit-timeout", json!("2s"))), 0);
+    let id2 = id2.unwrap();
+    exit_shell(&mut c, T0 + 50.0, id, 1, 0);
+    actions(&mut c);
+    let rank = c.jobs[&id2].shells.keys().next().copied().expect("allocated");
+    c.shell_spawned(T0 + 51.0, id2, rank, Ok(()));
+    c.task_exit(T0 + 52.0, id2, 0, 0);
+    assert_eq!(c.next_deadline(), Some(T0 + 54.0));
 }
 
 #[test]

@@ -6,12 +6,17 @@
 //! next deadline is the earliest of:
 //!
 //! - its time limit expiry (R's `expiration`): fatal `timelimit` exception;
-//! - the first task's exit plus its `exit-timeout`: fatal `exec` exception;
+//! - the first task's exit plus its `exit-timeout`, counted from when every shell had started if one had not
+//!   yet (`JobCore::task_exit`): fatal `exec` exception naming the ranks whose shells are still running;
 //! - a cut-off nested broker's verdict (`nested.rs`);
 //! - once SIGTERM was sent (any fatal exception), SIGTERM plus `exec.kill-timeout`: SIGKILL to what is left.
 
 use super::{fmt_limit, Action, JobCore, JobId, JobState};
+use crate::idset::IdSet;
 use std::cmp::Ordering;
+
+/// Hosts an exit-timeout exception names at most (its ranks are all named, as an idset).
+const HOSTS_NAMED: usize = 8;
 
 /// A deadline, seconds since the epoch, ordered by [`f64::total_cmp`] (deadlines are finite or `inf`).
 #[derive(Clone, Copy, Debug)]
@@ -44,7 +49,7 @@ impl JobCore {
         if j.term_sent.is_some() {
             return (!j.kill_sent).then(|| j.term_sent.unwrap_or(0.0) + self.kill_timeout);
         }
-        let exit = match (j.first_exit, j.exit_timeout) {
+        let exit = match (j.exit_clock, j.exit_timeout) {
             (Some(f), Some(t)) => Some(f + t),
             _ => None,
         };
@@ -112,16 +117,24 @@ impl JobCore {
             if j.expiration.is_some_and(|e| now >= e) {
                 let lim = fmt_limit(j.req.duration.unwrap_or(0.0));
                 self.raise(now, id, "timelimit", 0, &format!("job exceeded its time limit of {lim}"));
-            } else if let (Some(f), Some(t)) = (j.first_exit, j.exit_timeout) {
+            } else if let (Some(f), Some(t)) = (j.exit_clock, j.exit_timeout) {
                 if now >= f + t {
                     let lim = fmt_limit(t);
-                    self.raise(
-                        now,
-                        id,
-                        "exec",
-                        0,
-                        &format!("exit-timeout ({lim}) expired: tasks still running after the first task exited"),
+                    let running: IdSet = j.shells.values().filter(|s| !s.exited).map(|s| s.rank).collect();
+                    let hosts: Vec<&str> = running
+                        .iter()
+                        .take(HOSTS_NAMED)
+                        .filter_map(|r| self.pool.ranks.get(&r).map(|p| p.hostname.as_str()))
+                        .collect();
+                    let more = if running.len() > HOSTS_NAMED { ",..." } else { "" };
+                    let note = format!(
+                        "exit-timeout ({lim}) expired: tasks still running on {} of {} nodes (ranks {running}: {}{more}) \
+                         after the first task exited",
+                        running.len(),
+                        j.shells.len(),
+                        hosts.join(","),
                     );
+                    self.raise(now, id, "exec", 0, &note);
                 }
             }
         } else if !j.kill_sent && now >= j.term_sent.unwrap_or(0.0) + self.kill_timeout {
