@@ -20,8 +20,14 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// One variant of the cost measurement: its name and the extra broker attributes.
-const VARIANTS: &[(&str, &[&str])] =
-    &[("probes off (tbon.probe_period=3600s)", &["tbon.probe_period=3600s"]), ("default probes", &[])];
+const VARIANTS: &[(&str, &[&str])] = &[
+    ("probes off (tbon.probe_period=3600s)", &["tbon.probe_period=3600s"]),
+    ("default probes", &["tbon.probe_period=10ms"]),
+];
+
+/// Set in every variant: the node defaults, which `vigil start` would otherwise stretch for hundreds of brokers
+/// packed onto this machine's CPUs (its `packed_periods`). What is measured is a parent's cost on a real node.
+const NODE_PERIODS: [&str; 2] = ["tbon.heartbeat_period=50ms", "tbon.torpid_max=500ms"];
 
 /// Options of the hidden `vigil-bench inner probe-cost`.
 #[derive(Args, Debug)]
@@ -284,7 +290,7 @@ pub(super) fn measure(vigil: &Path, children: usize, idle_s: f64, runs: usize) -
             let out = scratch_file("cost");
             let mut cmd = Command::new(vigil);
             cmd.arg("start").arg(format!("--test-size={size}")).arg("-S").arg("tbon.topo=kary:0");
-            for a in *attrs {
+            for a in attrs.iter().chain(&NODE_PERIODS) {
                 cmd.arg("-S").arg(a);
             }
             cmd.arg(&me).args(["inner", "probe-cost"]);

@@ -160,6 +160,40 @@ pub(crate) fn check_attrs(attrs: &BTreeMap<String, String>) -> Result<BrokerConf
     Ok(config)
 }
 
+/// Brokers of a test instance per CPU of this machine up to which each runs its probes and heartbeats as on a
+/// node of its own ([`packed_periods`]).
+pub const BROKERS_PER_CPU: u32 = 32;
+
+/// The periodic detection work of `size` brokers packed onto this machine's `cpus` CPUs, where on a cluster each
+/// would have a node of its own: every broker probes its parent's and children's nodes each `tbon.probe_period`
+/// and heartbeats each `tbon.heartbeat_period`, and 257 idle brokers doing so at the node rates keep 2 CPUs busy
+/// (measured: 98%, against 5% for 16), so that a job on them crawls and its verdicts wait on starved timers.
+/// Beyond [`BROKERS_PER_CPU`] per CPU, the periods are multiplied by `k = ceil(size / (BROKERS_PER_CPU * cpus))`:
+/// `tbon.probe_period`, and `tbon.heartbeat_period` with `tbon.torpid_max` (together, so the heartbeat stays the
+/// same fraction of the torpid window), each only where the user set none of them with `-S` (`set`; `m`: the
+/// values in force). Returns `k` and the `ATTR=VALUE` settings to add (none when `k` is 1).
+fn packed_periods(
+    size: u32,
+    cpus: u32,
+    set: &BTreeMap<String, String>,
+    m: &crate::membership::Config,
+) -> (u32, Vec<String>) {
+    let k = size.div_ceil(BROKERS_PER_CPU.saturating_mul(cpus.max(1))).max(1);
+    if k == 1 {
+        return (1, Vec::new());
+    }
+    let ms = |s: f64| format!("{}ms", (s * 1e3 * f64::from(k)).round());
+    let mut out = Vec::new();
+    if !set.contains_key("tbon.probe_period") {
+        out.push(format!("tbon.probe_period={}", ms(m.probe_period)));
+    }
+    if !set.contains_key("tbon.heartbeat_period") && !set.contains_key("tbon.torpid_max") {
+        out.push(format!("tbon.heartbeat_period={}", ms(m.heartbeat_period)));
+        out.push(format!("tbon.torpid_max={}", ms(m.torpid_max)));
+    }
+    (if out.is_empty() { 1 } else { k }, out)
+}
+
 /// `vigil start`.
 pub fn start(a: StartArgs) -> i32 {
     match start_inner(a) {
@@ -184,6 +218,17 @@ fn start_inner(a: StartArgs) -> Result<i32, String> {
         return Err("tbon.transport=rdma: a test instance's overlay runs on loopback, which no verbs device serves; \
                     use auto or tcp (RDMA needs brokers bound to addresses of RDMA-capable interfaces, see docs/rdma.md)"
             .into());
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    let user_set = parse_attrs(&a.setattr)?;
+    let (slower, packed) = packed_periods(a.test_size, cpus, &user_set, &config.membership);
+    if slower > 1 {
+        eprintln!(
+            "vigil start: {} brokers share {cpus} CPUs: their probes and heartbeats run {slower}x less often than \
+             on nodes of their own ({}; set them with -S to choose)",
+            a.test_size,
+            packed.join(", ")
+        );
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the vigil binary: {e}"))?;
     let rundir = match &config.rundir {
@@ -278,7 +323,7 @@ fn start_inner(a: StartArgs) -> Result<i32, String> {
             .arg(format!("--rank={rank}"))
             .arg("--listen-fd=3")
             .arg(format!("--rundir={}", rundir.display()));
-        for s in &a.setattr {
+        for s in a.setattr.iter().chain(&packed) {
             cmd.arg(format!("--setattr={s}"));
         }
         if let Some(d) = &discovered {
@@ -797,6 +842,28 @@ mod tests {
 
     fn attrs(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
         kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    /// Up to 32 brokers per CPU nothing changes; beyond, the periods stretch by the packing factor, except what
+    /// the user set, and heartbeat and torpid window move together.
+    #[test]
+    fn packed_test_instances_probe_and_heartbeat_less_often_unless_told() {
+        let m = crate::membership::Config::default();
+        let none = attrs(&[]);
+        assert_eq!(packed_periods(64, 2, &none, &m), (1, vec![]));
+        assert_eq!(packed_periods(1, 1, &none, &m), (1, vec![]));
+        let (k, set) = packed_periods(257, 2, &none, &m);
+        assert_eq!(k, 5);
+        assert_eq!(set, ["tbon.probe_period=50ms", "tbon.heartbeat_period=250ms", "tbon.torpid_max=2500ms"]);
+        // Each added setting is one the brokers accept, and keeps the heartbeat inside the torpid window.
+        let parsed = BrokerConfig::parse(&attrs(&set.iter().map(|s| s.split_once('=').unwrap()).collect::<Vec<_>>()));
+        assert!(parsed.is_ok(), "{parsed:?}");
+        let (_, set) = packed_periods(257, 2, &attrs(&[("tbon.probe_period", "10ms")]), &m);
+        assert_eq!(set, ["tbon.heartbeat_period=250ms", "tbon.torpid_max=2500ms"]);
+        let (_, set) = packed_periods(257, 2, &attrs(&[("tbon.torpid_max", "1s")]), &m);
+        assert_eq!(set, ["tbon.probe_period=50ms"]);
+        let all = attrs(&[("tbon.probe_period", "10ms"), ("tbon.heartbeat_period", "50ms")]);
+        assert_eq!(packed_periods(4096, 2, &all, &m), (1, vec![]), "everything set by the user: nothing added");
     }
 
     /// A nested instance's brokers keep warnings out of their job's output (its standard error) by default.
