@@ -13,7 +13,8 @@
 //! - `liveness.rs`: the hello, heartbeats, link liveness verdicts and what a lost child means;
 //! - `reparent.rs`: what an orphan does when its parent is lost, who adopts it, routing by current parents;
 //! - `rejoin.rs`: a child of rank 0 outlives it for `tbon.parent_grace` and rejoins it when it restarts;
-//! - `services.rs`: every service method (`broker.*`, `rexec.*`, `resource.*`, `overlay.*`, `job-*`);
+//! - `services/`: every service method, one file per service with its table of topics (`broker.*`, `rexec.*`,
+//!   `resource.*`, `overlay.*`, `job-*`);
 //! - [`crate::jobs`]: the job manager, scheduler and exec rules; [`crate::membership`]: one link's liveness.
 
 use crate::idset::IdSet;
@@ -1091,7 +1092,7 @@ impl Broker {
                         self.route_request(SELF, m);
                     }
                 }
-                Action::Updated(id) => super::services::wake_watchers(self, id),
+                Action::Updated(id) => super::services::job_info::wake_watchers(self, id),
                 Action::Requeued(id) => {
                     // The lost run's PMI exchange, if it was in one, is not the rerun's.
                     self.pmi_barriers.remove(&id);

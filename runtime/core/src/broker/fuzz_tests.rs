@@ -10,9 +10,19 @@ use crate::topology::Topology;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
-/// Every topic a broker serves (broker/services.rs), and a few it does not.
+/// Every topic a broker serves (broker/services/, checked by `every_served_topic_is_fuzzed`), and a few it does
+/// not.
 const TOPICS: &[&str] = &[
     "broker.ping",
+    "broker.sub",
+    "broker.unsub",
+    "broker.shutdown",
+    "overlay.torpid",
+    "overlay.lively",
+    "overlay.lost",
+    "overlay.offline",
+    "resource.R",
+    "job-info.attach",
     "broker.getattr",
     "broker.lsattr",
     "broker.info",
@@ -55,6 +65,14 @@ const TOPICS: &[&str] = &[
 /// Control messages a parent or child may send (liveness.rs), and one that does not exist.
 const CONTROLS: &[&str] =
     &["hello", "hello-ack", "refused", "shutdown", "goodbye", "hb", "adopted", "lost", "grace", "nosuch"];
+
+/// The fuzzed topics cover every topic a service serves.
+#[test]
+fn every_served_topic_is_fuzzed() {
+    for t in super::services::all_topics() {
+        assert!(TOPICS.contains(&t), "{t} is served but not fuzzed");
+    }
+}
 
 fn t(s: f64) -> Time {
     Time::from_secs_f64(s)

@@ -1,7 +1,7 @@
 //! The broker's rules: one sans-IO state machine per broker, joined with its peers into a TBON.
 //!
 //! [`core::Broker`] takes inputs with the time they happened and hands back effects and its next deadline
-//! (`core.rs`, with `routing.rs`, `liveness.rs`, `reparent.rs`, `rejoin.rs` and `services.rs`). Routing decisions
+//! (`core.rs`, with `routing.rs`, `liveness.rs`, `reparent.rs`, `rejoin.rs` and `services/`). Routing decisions
 //! use the pure [`crate::topology`] functions; the instance services of rank 0 (job manager, scheduler, exec,
 //! resource) are the sans-IO [`crate::jobs::JobCore`]. The tokio driver in `vigil` owns every socket, process and
 //! detector, feeds a broker its inputs and carries out its effects; the simulator (`vigil-sim`) does the same for

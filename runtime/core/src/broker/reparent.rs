@@ -565,7 +565,7 @@ impl Broker {
         // Reachable again: lively, unless torpid for another reason. The orphan itself is lively whatever its
         // old parent judged of it: that judge is lost and will never say it is lively again, and its new parent
         // judges it afresh (and says so if it is torpid). So are the ranks unreachable only behind it.
-        let behind = format!("{} {rank}", super::services::BEHIND);
+        let behind = format!("{} {rank}", super::services::overlay::BEHIND);
         let mut back = IdSet::new();
         for r in ids.iter() {
             let stale = |m: &(MemberState, String, f64)| {

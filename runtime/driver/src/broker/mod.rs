@@ -1,7 +1,7 @@
 //! The broker: one per node, joined with its peers into a TBON.
 //!
 //! The broker's rules are one sans-IO state machine in `vigil-core` (`broker/core.rs`, with `routing.rs`,
-//! `liveness.rs`, `reparent.rs`, `rejoin.rs` and `services.rs`): inputs and the time in, effects out. This module
+//! `liveness.rs`, `reparent.rs`, `rejoin.rs` and `services/`): inputs and the time in, effects out. This module
 //! is its tokio driver (`driver.rs`): it owns every socket, process and detector, feeds the state machine its
 //! inputs and carries out its effects. Everything that blocks (sockets, processes) runs in small tasks that talk
 //! to the driver through one channel, so a slow peer or client never stalls routing.

@@ -1,0 +1,248 @@
+//! The `broker` service, on every rank: ping, attributes, information, overlay round trips, event
+//! subscriptions and publication, shutdown.
+
+use super::*;
+use crate::broker::core::{RttRun, StateDir};
+
+/// Topics of the `broker` service: who may call each ([`Access`]) and its handler.
+pub(super) const TOPICS: &[Topic] = &[
+    Topic { name: "broker.ping", access: Access::Instance, handler: ping },
+    Topic { name: "broker.getattr", access: Access::Instance, handler: getattr },
+    Topic { name: "broker.lsattr", access: Access::Instance, handler: lsattr },
+    Topic { name: "broker.info", access: Access::Instance, handler: info },
+    Topic { name: "broker.rtt", access: Access::Instance, handler: rtt },
+    Topic { name: "broker.sub", access: Access::Local, handler: sub_or_unsub },
+    Topic { name: "broker.unsub", access: Access::Local, handler: sub_or_unsub },
+    Topic { name: "broker.pub", access: Access::Instance, handler: publish },
+    Topic { name: "broker.shutdown", access: Access::Owner, handler: shutdown },
+];
+
+/// `broker.ping`.
+fn ping(core: &mut Broker, msg: &Message, _lazy: &Body<'_>) -> Reply {
+    let rank = core.rank();
+    Ok(Some(Out::json(&Pong { rank, hostname: &core.opts.hostname, pid: core.env.pid, route: msg.route.len() })))
+}
+
+/// `broker.getattr`.
+fn getattr(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
+    let body = lazy.object()?;
+    let name = str_field(body, "name")?;
+    match attrs(core).remove(name) {
+        Some(Some(v)) => Ok(Some(json!({"value": v}).into())),
+        Some(None) => Err((errno::ENOENT, format!("attribute '{name}' is not set"))),
+        None => Err((errno::ENOENT, format!("no such attribute '{name}' (see `vigil lsattr`)"))),
+    }
+}
+
+/// `broker.lsattr`.
+fn lsattr(core: &mut Broker, _msg: &Message, _lazy: &Body<'_>) -> Reply {
+    Ok(Some(json!({"attrs": attrs(core)}).into()))
+}
+
+/// `broker.info`.
+fn info(core: &mut Broker, _msg: &Message, _lazy: &Body<'_>) -> Reply {
+    Ok(Some(broker_info(core).into()))
+}
+
+/// `broker.rtt`.
+fn rtt(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
+    let body = lazy.object()?;
+    // Overlay round trips timed by this broker: the client's own hop is not in the samples.
+    let target = field(body, "rank")?;
+    let target = target
+        .as_u64()
+        .ok_or_else(|| wrong_type("rank", "a rank (a non-negative integer)", target))?
+        .try_into()
+        .ok()
+        .filter(|r| *r < core.opts.size)
+        .ok_or((errno::EINVAL, format!("rank must be below the instance size {}", core.opts.size)))?;
+    if target == core.rank() {
+        return Err((errno::EINVAL, "a round trip to this broker itself does not cross the overlay".into()));
+    }
+    let count = opt_u64(body, "count")?.unwrap_or(1);
+    let size = opt_u64(body, "size")?.unwrap_or(0);
+    if count == 0 || count > 1_000_000 || size > 1 << 20 {
+        return Err((errno::EINVAL, "count must be 1..1000000 and size at most 1 MiB".into()));
+    }
+    let (count, size) = (count as u32, size as usize);
+    let window = opt_u64(body, "window")?.unwrap_or(1);
+    if window == 0 || window > 1024 {
+        return Err((errno::EINVAL, "window must be 1..1024".into()));
+    }
+    let window = window as u32;
+    let mine = core.rtt_runs.values().filter(|r| r.req.route == msg.route).count();
+    if mine >= MAX_RTT_RUNS_PER_CLIENT || core.rtt_runs.len() >= MAX_RTT_RUNS {
+        return Err((
+            errno::EAGAIN,
+            format!(
+                "{} round-trip runs in progress here ({mine} of them this client's; at most \
+                 {MAX_RTT_RUNS_PER_CLIENT} per client and {MAX_RTT_RUNS} in all): try again when they end",
+                core.rtt_runs.len()
+            ),
+        ));
+    }
+    let run = RttRun {
+        req: msg.clone(),
+        target,
+        left: count,
+        window,
+        inflight: 0,
+        payload: serde_json::to_vec(&json!({"pad": "x".repeat(size)})).unwrap_or_default(),
+        started: core.now,
+        samples_us: Vec::with_capacity((count as usize).min(1 << 16)),
+    };
+    let id = u64::from(core.next_tag) << 32 | core.rtt_runs.len() as u64;
+    core.rtt_runs.insert(id, run);
+    core.rtt_next(id);
+    Ok(None)
+}
+
+/// `broker.sub` and `broker.unsub`.
+fn sub_or_unsub(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
+    let body = lazy.object()?;
+    let topic = str_field(body, "topic")?.to_string();
+    // A local client's (Access::Local): its route is its connection.
+    let Some(&last) = msg.route.first() else { return Err((errno::EPROTO, "not a local client".into())) };
+    if let Some(c) = core.locals.get_mut(&(last & !ROUTE_LOCAL)) {
+        if msg.topic == "broker.unsub" {
+            c.subs.remove(&topic);
+        } else if !c.subs.contains(&topic) {
+            // A set: subscribing again to a prefix is a no-op. Bounded in count and length, so what one
+            // client holds here is at most MAX_SUBS_PER_CLIENT * MAX_SUB_TOPIC bytes.
+            if topic.len() > MAX_SUB_TOPIC {
+                return Err((
+                    errno::EINVAL,
+                    format!("'topic' is {} bytes, more than the {MAX_SUB_TOPIC} a prefix may have", topic.len()),
+                ));
+            }
+            if c.subs.len() >= MAX_SUBS_PER_CLIENT {
+                return Err((
+                    errno::ENOSPC,
+                    format!(
+                        "this client already holds {MAX_SUBS_PER_CLIENT} subscriptions, the most one may \
+                         (unsubscribe from some, or subscribe to a shorter prefix that covers them)"
+                    ),
+                ));
+            }
+            c.subs.insert(topic);
+        }
+    }
+    Ok(Some(json!({}).into()))
+}
+
+/// `broker.pub`.
+fn publish(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
+    let rank = core.rank();
+    let body = lazy.object()?;
+    if rank != 0 {
+        return Err((errno::EPROTO, "events are published on rank 0".into()));
+    }
+    let topic = str_field(body, "topic")?.to_string();
+    if topic.is_empty() {
+        return Err((errno::EINVAL, "topic must be a non-empty string".into()));
+    }
+    let payload = body.get("payload").cloned().unwrap_or(Value::Null);
+    core.publish(&topic, &payload);
+    Ok(Some(json!({}).into()))
+}
+
+/// `broker.shutdown`.
+fn shutdown(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
+    let rank = core.rank();
+    let body = lazy.object()?;
+    if rank != 0 {
+        return Err((errno::EINVAL, "shutdown is requested from rank 0".into()));
+    }
+    // Checked before anything happens: a malformed request shuts nothing down.
+    let code = opt_i32(body, "exit_code")?.unwrap_or(0);
+    if core.shutting_down.is_none() {
+        core.exit_code = code;
+    }
+    core.begin_shutdown("shutdown requested");
+    Ok(Some(json!({}).into()))
+}
+
+/// The `broker.ping` answer.
+#[derive(serde::Serialize)]
+struct Pong<'a> {
+    rank: u32,
+    hostname: &'a str,
+    pid: u32,
+    /// Hops the request crossed (its route stack's depth here).
+    route: usize,
+}
+
+/// Every attribute of [`crate::attrs::ATTRS`] with its value in effect (`None`: unset): the read-only ones and
+/// those resolved at start-up from this broker's state, the rest from its typed config.
+fn attrs(core: &Broker) -> std::collections::BTreeMap<&'static str, Option<String>> {
+    let o = &core.opts;
+    crate::attrs::values(&o.config, |name| {
+        Some(match name {
+            "rank" => o.rank.to_string(),
+            "size" => o.size.to_string(),
+            "hostname" => o.hostname.clone(),
+            "tbon.topo" => o.topo.to_string(),
+            "tbon.fanout" => match o.topo {
+                crate::topology::Topology::Kary(k) => k.to_string(),
+                crate::topology::Topology::Binomial => return None,
+            },
+            "tbon.level" => o.topo.level(o.size, o.rank).to_string(),
+            "tbon.maxlevel" => o.topo.depth(o.size).saturating_sub(1).to_string(),
+            "tbon.transport-active" => core.links.summary(),
+            "tbon.endpoint" => o.endpoints.get(o.rank as usize).cloned().unwrap_or_default(),
+            "tbon.parent-endpoint" => {
+                o.endpoints.get(o.topo.parent(o.size, o.rank)? as usize).cloned().unwrap_or_default()
+            }
+            "rundir" => o.rundir.display().to_string(),
+            "local-uri" => core.env.local_uri.clone(),
+            "instance-id" => o.instance.clone(),
+            "broker.pid" => core.env.pid.to_string(),
+            "broker.starttime" => format!("{:.3}", core.env.wall_origin),
+            "resource.source" => core.env.resources.source.clone(),
+            // In effect here: set, else rank 0's (a child of rank 0 takes it), else the default.
+            "tbon.parent_grace" => crate::attrs::fmt_duration(core.parent_grace()),
+            _ => return None,
+        })
+    })
+}
+
+fn broker_info(core: &Broker) -> Value {
+    let o = &core.opts;
+    let state = if core.shutting_down.is_some() {
+        "shutdown"
+    } else if o.rank == 0 && !core.initial_started {
+        "join"
+    } else {
+        "run"
+    };
+    json!({
+        "rank": o.rank, "size": o.size, "hostname": o.hostname, "state": state,
+        "uptime": core.clock(), "topo": o.topo.to_string(),
+        "depth": o.topo.depth(o.size), "level": o.topo.level(o.size, o.rank),
+        "transport": core.links.summary(), "instance_level": o.config.instance_level.to_string(),
+        "detectors": detectors(core),
+        "resource_source": core.env.resources.source,
+        "containment": core.env.containment,
+        "security": security(core),
+        "statedir": statedir(core),
+    })
+}
+
+/// Rank 0's state directory for `broker.info`: `null` without one, else `{path, state: ok|failing|damaged,
+/// restarts, why, writes, syncs}` (`writes`: transactions written since this rank 0 started, `syncs`: fsyncs;
+/// each covers every write before it).
+fn statedir(core: &Broker) -> Value {
+    match &core.statedir {
+        StateDir::None => Value::Null,
+        StateDir::Open { dir, restarts, failing } => json!({"path": dir.display().to_string(),
+            "state": if failing.is_some() { "failing" } else { "ok" }, "restarts": restarts, "why": failing,
+            "writes": core.writes, "syncs": core.syncs, "fold_failing": core.status.fold_failing}),
+        StateDir::Damaged { dir, why } => json!({"path": dir.display().to_string(), "state": "damaged",
+            "restarts": Value::Null, "why": why}),
+    }
+}
+
+/// How this broker's overlay links are secured, and how many unauthenticated connections it refused.
+pub(super) fn security(core: &Broker) -> Value {
+    json!({"noise": crate::message::NOISE_PARAMS, "refused": core.status.refused})
+}

@@ -1,0 +1,28 @@
+//! The `detect` service, on every rank: process-exit watches answered by the detectors (eBPF exit tracepoint
+//! or pidfd).
+
+use super::*;
+use crate::broker::core::Effect;
+
+/// Topics of the `detect` service: who may call each ([`Access`]) and its handler.
+pub(super) const TOPICS: &[Topic] = &[Topic { name: "detect.watch", access: Access::Instance, handler: watch }];
+
+/// `detect.watch`.
+fn watch(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
+    let body = lazy.object()?;
+    // Answered once, when the process exits (before its memory is torn down with eBPF).
+    let pid = field(body, "pid")?
+        .as_u64()
+        .and_then(|p| u32::try_from(p).ok())
+        .filter(|p| *p > 1)
+        .ok_or((errno::EINVAL, "pid must be a process id".into()))?;
+    let held = core.exit_waiters.values().flatten().filter(|m| m.route == msg.route).count();
+    check_waiting(held, "process-exit watches")?;
+    // Everyone waiting for the same process hears of its exit.
+    let fresh = !core.exit_waiters.contains_key(&pid);
+    core.exit_waiters.entry(pid).or_default().push(msg.clone());
+    if fresh {
+        core.effect(Effect::WatchPid(pid));
+    }
+    Ok(None)
+}

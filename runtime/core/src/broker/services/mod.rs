@@ -1,0 +1,439 @@
+//! The broker's services, one file each, in the manner of flux-core's modules: a request's topic is
+//! `SERVICE.METHOD`, and the service's file holds the table of its methods (`TOPICS`: topic, who may call it,
+//! handler) and their handlers.
+//!
+//! | service | file | offered on |
+//! |---|---|---|
+//! | `broker` (ping, getattr, lsattr, info, rtt, sub, unsub, pub, shutdown) | `broker.rs` | every rank |
+//! | `detect` (watch: a process's exit) | `detect.rs` | every rank |
+//! | `rexec` (spawn, kill, notify: job shells) | `rexec.rs` | every rank |
+//! | `overlay` (torpid, lively, lost, offline, reparent, transport, status) | `overlay.rs` | rank 0 |
+//! | `resource` (register, status, list, drain, undrain, eventlog, R) | `resource.rs` | rank 0 |
+//! | `job-manager` (submit, list, info, cancel, raise, purge, eventlog) | `job_manager.rs` | rank 0 |
+//! | `job-info` (attach, stdin, disconnect) | `job_info.rs` | rank 0 |
+//! | `job-exec` (stdin, output, task-exit, exception, nested, pmi-barrier, shell-exit) | `job_exec.rs` | rank 0 |
+//!
+//! Who may call a topic is its row's [`Access`]. In this single-owner instance every caller is the instance
+//! owner (the local connector admits only the owner's uid, and `routing.rs` refuses any other userid from a
+//! peer); the column says what each topic will demand of the other users a multi-user instance admits.
+
+use crate::broker::core::Broker;
+use crate::idset::IdSet;
+use crate::jobs::JobId;
+use crate::message::{errno, Message, ROUTE_LOCAL};
+use serde_json::{json, Value};
+
+/// Which failure detectors this broker runs, as `{process_exit, tcp, responder, probes}` (detect.rs), and on a
+/// parent `probing` (children by group datagram / unicast, where replies are read).
+fn detectors(core: &Broker) -> Value {
+    let mut d = core.status.detectors.clone();
+    if let Value::Object(m) = &mut d {
+        // The judge's own lateness and its confirmations of suspects (confirm.rs).
+        let j = core.confirm.status();
+        m.insert("judge".into(), j["state"].clone());
+        m.insert(
+            "suspicions".into(),
+            json!({"cleared": j["suspicions_cleared"], "confirmed": j["suspicions_confirmed"]}),
+        );
+    }
+    d
+}
+
+/// Event subscriptions (`broker.sub` topic prefixes) one local client may hold; past it `broker.sub` is answered
+/// ENOSPC.
+pub const MAX_SUBS_PER_CLIENT: usize = 256;
+/// Longest `broker.sub` topic prefix, in bytes (an event's topic is at most 65535 bytes on the wire; those that
+/// clients subscribe to are tens of bytes). A longer one is refused with EINVAL.
+pub const MAX_SUB_TOPIC: usize = 1024;
+/// Requests that wait that one client (one route: a local connection, or a client of another broker) may hold
+/// open at once on a broker: job watchers (`job-manager.eventlog`, `job-info.attach`, `job-info.stdin`) and
+/// process-exit watches (`detect.watch`), each. Past it the request is answered ENOSPC and nothing is held.
+pub const MAX_WAITING_PER_CLIENT: usize = 1024;
+/// `broker.rtt` runs in progress at once: per client, and on a broker (each holds a payload of up to 1 MiB and its
+/// samples). Past either the request is answered EAGAIN.
+pub const MAX_RTT_RUNS_PER_CLIENT: usize = 2;
+pub const MAX_RTT_RUNS: usize = 16;
+
+/// ENOSPC if the client of `msg` already holds [`MAX_WAITING_PER_CLIENT`] requests of kind `what`, of which it
+/// holds `held`.
+fn check_waiting(held: usize, what: &str) -> Result<(), (u32, String)> {
+    if held >= MAX_WAITING_PER_CLIENT {
+        return Err((
+            errno::ENOSPC,
+            format!("this client already holds {held} {what}, the most one may (close some, or reconnect)"),
+        ));
+    }
+    Ok(())
+}
+
+mod broker;
+mod detect;
+pub(super) mod job_exec;
+pub(super) mod job_info;
+mod job_manager;
+pub(super) mod overlay;
+mod resource;
+mod rexec;
+
+/// Who may call a topic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Access {
+    /// Any caller the instance admits.
+    Instance,
+    /// The instance owner only (refused with EPERM to anyone else).
+    Owner,
+    /// The owner, or the user who submitted the job the request names (EPERM "not your job" to anyone else).
+    Job,
+    /// A client connected to this broker's local socket (refused with EPROTO from elsewhere).
+    Local,
+}
+
+/// A request handler: answers with a payload (`Ok(Some)`), later (`Ok(None)`: the request is held, e.g. until an
+/// event or a durable write), or with `(errno, message)`.
+type Handler = fn(&mut Broker, &Message, &Body<'_>) -> Reply;
+
+/// One row of a service's table: its topic, who may call it, its handler.
+pub(super) struct Topic {
+    /// `SERVICE.METHOD`.
+    name: &'static str,
+    /// Who may call it.
+    access: Access,
+    /// What answers it.
+    handler: Handler,
+}
+
+/// A service: its name (a topic's first part), whether only rank 0 offers it, and its table.
+struct Service {
+    name: &'static str,
+    rank0_only: bool,
+    topics: &'static [Topic],
+}
+
+/// Every service of a broker.
+const SERVICES: &[Service] = &[
+    Service { name: "broker", rank0_only: false, topics: broker::TOPICS },
+    Service { name: "detect", rank0_only: false, topics: detect::TOPICS },
+    Service { name: "rexec", rank0_only: false, topics: rexec::TOPICS },
+    Service { name: "overlay", rank0_only: true, topics: overlay::TOPICS },
+    Service { name: "resource", rank0_only: true, topics: resource::TOPICS },
+    Service { name: "job-manager", rank0_only: true, topics: job_manager::TOPICS },
+    Service { name: "job-info", rank0_only: true, topics: job_info::TOPICS },
+    Service { name: "job-exec", rank0_only: true, topics: job_exec::TOPICS },
+];
+
+/// True if a broker of `rank` offers `service`.
+pub fn offers(rank: u32, service: &str) -> bool {
+    SERVICES.iter().any(|s| s.name == service && (rank == 0 || !s.rank0_only))
+}
+
+/// Whether the caller of `msg` may use `t` by its [`Access`] rule: EPERM or EPROTO saying why not. The
+/// [`Access::Job`] rule needs the job, and is checked by its handlers.
+fn permitted(core: &Broker, msg: &Message, t: &Topic) -> Result<(), (u32, String)> {
+    match t.access {
+        Access::Owner if msg.userid != core.env.uid => {
+            Err((errno::EPERM, format!("only the instance owner may use '{}'", t.name)))
+        }
+        Access::Local if !(msg.route.len() == 1 && msg.route[0] & ROUTE_LOCAL != 0) => {
+            Err((errno::EPROTO, format!("'{}' is for clients of this broker's local socket only", t.name)))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The row of `topic`, if any service has one.
+fn lookup(topic: &str) -> Option<&'static Topic> {
+    let service = topic.split('.').next().unwrap_or("");
+    SERVICES.iter().find(|s| s.name == service)?.topics.iter().find(|t| t.name == topic)
+}
+
+// Reading a request's fields. A payload comes from a peer or a client and is trusted in nothing: every handler
+// that reads one takes it through `Body::object` and these helpers, which answer EPROTO naming the field (missing,
+// or of the wrong JSON type) instead of falling back to a default or panicking. An optional field may be absent
+// or `null`; present, it must have its type.
+
+fn field<'a>(v: &'a Value, name: &str) -> Result<&'a Value, (u32, String)> {
+    v.get(name).ok_or((errno::EPROTO, format!("missing '{name}' in request")))
+}
+
+/// What a JSON value is, for error messages ("an array").
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// The EPROTO answer for field `name` that is not `want` ("a string", "an integer 0..=4294967295").
+fn wrong_type(name: &str, want: &str, got: &Value) -> (u32, String) {
+    (errno::EPROTO, format!("'{name}' must be {want}, got {}", json_kind(got)))
+}
+
+/// Optional field `name`: `None` when absent or `null`.
+fn optional<'a>(v: &'a Value, name: &str) -> Option<&'a Value> {
+    v.get(name).filter(|f| !f.is_null())
+}
+
+/// Required string field `name`.
+fn str_field<'a>(v: &'a Value, name: &str) -> Result<&'a str, (u32, String)> {
+    let f = field(v, name)?;
+    f.as_str().ok_or_else(|| wrong_type(name, "a string", f))
+}
+
+/// Optional string field `name`.
+fn opt_str<'a>(v: &'a Value, name: &str) -> Result<Option<&'a str>, (u32, String)> {
+    optional(v, name).map(|f| f.as_str().ok_or_else(|| wrong_type(name, "a string", f))).transpose()
+}
+
+/// Optional boolean field `name`.
+fn opt_bool(v: &Value, name: &str) -> Result<Option<bool>, (u32, String)> {
+    optional(v, name).map(|f| f.as_bool().ok_or_else(|| wrong_type(name, "a boolean", f))).transpose()
+}
+
+/// Optional non-negative integer field `name`.
+fn opt_u64(v: &Value, name: &str) -> Result<Option<u64>, (u32, String)> {
+    optional(v, name).map(|f| f.as_u64().ok_or_else(|| wrong_type(name, "a non-negative integer", f))).transpose()
+}
+
+/// Field `name`'s value `f` as a `u32` (a rank, a count): an integer in `0..=4294967295`, never truncated.
+fn as_u32(f: &Value, name: &str) -> Result<u32, (u32, String)> {
+    f.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| wrong_type(name, "an integer 0..=4294967295", f))
+}
+
+/// Required `u32` field `name`.
+fn u32_field(v: &Value, name: &str) -> Result<u32, (u32, String)> {
+    as_u32(field(v, name)?, name)
+}
+
+/// Optional `u32` field `name`.
+fn opt_u32(v: &Value, name: &str) -> Result<Option<u32>, (u32, String)> {
+    optional(v, name).map(|f| as_u32(f, name)).transpose()
+}
+
+/// Optional field `name` holding an `i32` (a wait status, an exit code, a signal number).
+fn opt_i32(v: &Value, name: &str) -> Result<Option<i32>, (u32, String)> {
+    optional(v, name)
+        .map(|f| {
+            f.as_i64()
+                .and_then(|n| i32::try_from(n).ok())
+                .ok_or_else(|| wrong_type(name, "an integer that fits in 32 bits", f))
+        })
+        .transpose()
+}
+
+/// Optional exception severity (RFC 21: 0 is fatal, 1..=7 informational); 0 when absent.
+fn opt_severity(v: &Value) -> Result<u32, (u32, String)> {
+    match opt_u64(v, "severity")? {
+        None => Ok(0),
+        Some(s) if s <= 7 => Ok(s as u32),
+        Some(s) => Err((errno::EINVAL, format!("'severity' must be 0..=7 (RFC 21), got {s}"))),
+    }
+}
+
+fn parse_id(v: &Value) -> Result<JobId, (u32, String)> {
+    match field(v, "id")? {
+        Value::Number(n) => n.as_u64().map(JobId).ok_or((errno::EPROTO, "bad job id".into())),
+        Value::String(s) => JobId::parse(s).map_err(|e| (errno::EINVAL, e.to_string())),
+        other => Err(wrong_type("id", "a job id (an integer or an f58 string)", other)),
+    }
+}
+
+fn parse_ranks(v: &Value) -> Result<IdSet, (u32, String)> {
+    let s = field(v, "ranks")?.as_str().ok_or((errno::EPROTO, "ranks must be an idset string".into()))?;
+    IdSet::parse(s).map_err(|e| (errno::EINVAL, format!("invalid ranks '{s}': {e}")))
+}
+
+/// [`parse_ranks`] for ranks of this instance: every one below `size` (EINVAL names those that are not).
+fn parse_instance_ranks(v: &Value, size: u32) -> Result<IdSet, (u32, String)> {
+    let ranks = parse_ranks(v)?;
+    match ranks.last() {
+        Some(last) if last >= size => {
+            let bad: IdSet = ranks.iter().filter(|r| *r >= size).collect();
+            let mut shown = bad.to_string();
+            if shown.len() > 64 {
+                shown.truncate(64);
+                shown.push_str("...");
+            }
+            Err((errno::EINVAL, format!("ranks {shown} are not in this instance of size {size}")))
+        }
+        _ => Ok(ranks),
+    }
+}
+
+/// Handle a request addressed to this broker.
+pub fn dispatch(core: &mut Broker, msg: Message) {
+    let r = match lookup(&msg.topic) {
+        Some(t) => match permitted(core, &msg, t) {
+            Ok(()) => (t.handler)(core, &msg, &Body::new(&msg)),
+            Err(e) => Err(e),
+        },
+        None => Err((errno::ENOSYS, format!("unknown service method '{}'", msg.topic))),
+    };
+    match r {
+        // The request moves into its response (topic and route stack reused, not copied).
+        Ok(Some(Out(payload))) => core.respond_with(msg, payload),
+        Ok(None) => {}
+        Err((e, s)) => core.respond_error(&msg, e, &s),
+    }
+}
+
+/// A request's JSON payload, parsed when a handler first asks for it: a handler that reads no payload
+/// (`broker.ping`, `broker.info`...) does not pay for parsing one (the size of a ping's padding, for instance).
+struct Body<'a> {
+    msg: &'a Message,
+    parsed: std::cell::OnceCell<Result<Value, String>>,
+}
+
+impl<'a> Body<'a> {
+    fn new(msg: &'a Message) -> Body<'a> {
+        Body { msg, parsed: std::cell::OnceCell::new() }
+    }
+
+    /// The payload as JSON (`null` when empty), or `EPROTO` when it is not JSON.
+    fn json(&self) -> Result<&Value, (u32, String)> {
+        let r = self.parsed.get_or_init(|| self.msg.decode::<Value>().map_err(|e| format!("payload is not JSON: {e}")));
+        r.as_ref().map_err(|e| (errno::EPROTO, e.clone()))
+    }
+
+    /// The payload as a JSON object (every service request that carries fields is one), or `EPROTO` saying
+    /// what it is instead (not JSON, empty, an array...).
+    fn object(&self) -> Result<&Value, (u32, String)> {
+        let v = self.json()?;
+        if v.is_object() {
+            Ok(v)
+        } else {
+            Err((errno::EPROTO, format!("payload must be a JSON object, got {}", json_kind(v))))
+        }
+    }
+}
+
+/// A handler's answer: the response payload, JSON-encoded. From a [`Value`], or directly from a typed
+/// `Serialize` value with [`Out::json`] (no intermediate `Value` tree).
+struct Out(Vec<u8>);
+
+impl Out {
+    fn json(v: &impl serde::Serialize) -> Out {
+        Out(crate::message::to_json(v))
+    }
+}
+
+impl From<Value> for Out {
+    fn from(v: Value) -> Out {
+        Out::json(&v)
+    }
+}
+
+type Reply = Result<Option<Out>, (u32, String)>;
+
+/// Every topic of every service's table (the fuzz tests check they send each one).
+#[cfg(test)]
+pub(super) fn all_topics() -> impl Iterator<Item = &'static str> {
+    SERVICES.iter().flat_map(|s| s.topics.iter().map(|t| t.name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::core::{Effect, Input, Peer, Time};
+    use crate::message::MsgType;
+    use crate::topology::Topology;
+
+    /// Each row sits in its service's table, once; the services offered on a rank are those of the tables.
+    #[test]
+    fn every_topic_is_in_its_own_services_table_once() {
+        let mut seen = std::collections::BTreeSet::new();
+        for s in SERVICES {
+            for t in s.topics {
+                assert_eq!(t.name.split('.').next(), Some(s.name), "{} in the table of {}", t.name, s.name);
+                assert!(seen.insert(t.name), "{} twice", t.name);
+                assert_eq!(lookup(t.name).map(|r| (r.name, r.access)), Some((t.name, t.access)));
+                assert!(offers(0, s.name) && offers(1, s.name) != s.rank0_only);
+            }
+        }
+        assert!(lookup("job-manager.nosuch").is_none() && lookup("nosuch").is_none() && lookup("").is_none());
+    }
+
+    /// The access column is what dispatch enforces: an Owner topic refuses another user before its handler
+    /// runs (nothing happens: no shutdown, no drain), a Local topic refuses a request that came over the overlay.
+    #[test]
+    fn the_access_column_is_enforced() {
+        let mut b = crate::broker::testing::new_broker(0, 3, Topology::Kary(2), 4, Default::default(), Time::ZERO);
+        b.handle(Time::ZERO, Input::Start);
+        let hello = Message::control("hello", &json!({"rank": 1, "instance": "sim"}));
+        b.handle(Time::ZERO, Input::Hello { conn: 7, msg: hello, addr: "peer".into(), refusal: None });
+        b.handle(Time::ZERO, Input::LocalNew { id: 6, uid: crate::broker::testing::UID + 1 });
+        let mut rows = 0;
+        for t in SERVICES.iter().flat_map(|s| s.topics) {
+            let (from, want) = match t.access {
+                Access::Owner => (Peer::Local(6), errno::EPERM),
+                Access::Local => (Peer::Child(1), errno::EPROTO),
+                Access::Instance | Access::Job => continue,
+            };
+            let mut m = Message::request(t.name, 0, &json!({"ranks": "1", "topic": "x"}));
+            m.matchtag = 9;
+            if from == Peer::Child(1) {
+                m.userid = crate::broker::testing::UID;
+            }
+            std::iter::from_fn(|| b.poll_effect()).for_each(drop);
+            b.handle(Time::from_secs_f64(0.1), Input::Message(from, 7, m));
+            let out: Vec<Effect> = std::iter::from_fn(|| b.poll_effect()).collect();
+            let resp = out.iter().find_map(|e| match e {
+                Effect::Send(_, m) if m.msgtype == MsgType::Response => Some(m),
+                _ => None,
+            });
+            let resp = resp.unwrap_or_else(|| panic!("{}: no response in {out:?}", t.name));
+            assert_eq!(resp.errnum, want, "{}: {:?}", t.name, resp.errstr());
+            assert!(resp.errstr().unwrap_or_default().contains(t.name), "{}: {:?}", t.name, resp.errstr());
+            rows += 1;
+        }
+        assert!(rows >= 5, "owner and local rows: {rows}");
+        assert!(b.shutting_down.is_none(), "a refused shutdown shuts nothing down");
+    }
+
+    #[test]
+    fn fields_of_the_wrong_type_are_refused_naming_the_field() {
+        let body = json!({"s": "x", "b": true, "n": 5, "neg": -1, "big": 1u64 << 32, "null": null, "f": 1.5});
+        assert_eq!(opt_str(&body, "s"), Ok(Some("x")));
+        assert_eq!(opt_str(&body, "absent"), Ok(None));
+        assert_eq!(opt_str(&body, "null"), Ok(None), "null is an absent optional field");
+        assert_eq!(opt_bool(&body, "b"), Ok(Some(true)));
+        assert_eq!(opt_u32(&body, "n"), Ok(Some(5)));
+        assert_eq!(opt_i32(&body, "neg"), Ok(Some(-1)));
+        for (r, field) in [
+            (opt_str(&body, "n").map(|_| ()), "'n'"),
+            (opt_bool(&body, "s").map(|_| ()), "'s'"),
+            (opt_u64(&body, "neg").map(|_| ()), "'neg'"),
+            (opt_u32(&body, "big").map(|_| ()), "'big'"),
+            (opt_u32(&body, "f").map(|_| ()), "'f'"),
+            (opt_i32(&body, "big").map(|_| ()), "'big'"),
+            (str_field(&body, "null").map(|_| ()), "'null'"),
+            (u32_field(&body, "s").map(|_| ()), "'s'"),
+        ] {
+            let (e, msg) = r.expect_err(field);
+            assert_eq!(e, errno::EPROTO, "{msg}");
+            assert!(msg.contains(field), "{msg}");
+        }
+        assert_eq!(u32_field(&body, "absent").map_err(|e| e.0), Err(errno::EPROTO));
+        assert_eq!(opt_severity(&json!({"severity": 8})).map_err(|e| e.0), Err(errno::EINVAL));
+        assert_eq!(opt_severity(&json!({})), Ok(0));
+        assert_eq!(parse_id(&json!({"id": [1]})).map_err(|e| e.0), Err(errno::EPROTO));
+    }
+
+    #[test]
+    fn ranks_outside_the_instance_are_refused() {
+        assert_eq!(parse_instance_ranks(&json!({"ranks": "0-3"}), 4).map(|r| r.len()), Ok(4));
+        for ranks in ["4", "2-9", "4294967295"] {
+            let (e, msg) = parse_instance_ranks(&json!({"ranks": ranks}), 4).expect_err(ranks);
+            assert_eq!(e, errno::EINVAL);
+            assert!(msg.contains("not in this instance of size 4"), "{msg}");
+        }
+        // An idset that would expand to four billion ranks is refused by the parser itself.
+        let (e, _) = parse_instance_ranks(&json!({"ranks": "0-4294967295"}), 4).expect_err("huge");
+        assert_eq!(e, errno::EINVAL);
+        let (e, _) = parse_instance_ranks(&json!({"ranks": 3}), 4).expect_err("a number");
+        assert_eq!(e, errno::EPROTO);
+    }
+}

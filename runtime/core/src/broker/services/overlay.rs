@@ -1,0 +1,156 @@
+//! The `overlay` service, rank 0 only: the verdicts of the judges (torpid, lively, lost, offline), re-parents,
+//! the links' transports, and `vigil overlay status`.
+
+use super::*;
+use crate::broker::core::MemberState;
+use tracing::{debug, warn};
+
+/// Topics of the `overlay` service: who may call each ([`Access`]) and its handler.
+pub(super) const TOPICS: &[Topic] = &[
+    Topic { name: "overlay.torpid", access: Access::Instance, handler: torpid_or_lively },
+    Topic { name: "overlay.lively", access: Access::Instance, handler: torpid_or_lively },
+    Topic { name: "overlay.lost", access: Access::Instance, handler: lost_or_offline },
+    Topic { name: "overlay.offline", access: Access::Instance, handler: lost_or_offline },
+    Topic { name: "overlay.reparent", access: Access::Instance, handler: reparent },
+    Topic { name: "overlay.status", access: Access::Instance, handler: status },
+    Topic { name: "overlay.transport", access: Access::Instance, handler: transport },
+];
+
+/// `overlay.torpid` and `overlay.lively`.
+fn torpid_or_lively(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
+    let body = lazy.object()?;
+    let n = core.wall();
+    let size = core.opts.size;
+    let reported = parse_instance_ranks(body, size)?;
+    let reason = opt_str(body, "reason")?.unwrap_or("").to_string();
+    let torpid = msg.topic == "overlay.torpid";
+    // A torpid router forwards nothing: the ranks below it are unreachable too, so they get no new work
+    // either (and come back with it, unless they were torpid on their own account).
+    let mut ranks = reported.clone();
+    // Rank below a reported router → that router.
+    let mut behind = std::collections::BTreeMap::<u32, u32>::new();
+    for r in reported.iter() {
+        if behind.contains_key(&r) {
+            // Already walked as part of a reported router above it (ranks ascend from the root): its
+            // subtree adds nothing, and walking every reported rank's subtree would be quadratic.
+            continue;
+        }
+        for d in core.opts.topo.subtree(core.opts.size, r).into_iter().filter(|d| *d != r) {
+            let m = core.members.get(&d);
+            let ok = if torpid {
+                m.is_some_and(|m| m.0 == MemberState::Online)
+            } else {
+                m.is_some_and(|m| m.0 == MemberState::Torpid && m.1.starts_with(BEHIND))
+            };
+            if ok {
+                ranks.insert(d);
+                behind.entry(d).or_insert(r);
+            }
+        }
+    }
+    for r in ranks.iter() {
+        if core.members.get(&r).is_some_and(|m| m.0 == MemberState::Online || m.0 == MemberState::Torpid) {
+            let why = match (torpid, reported.contains(r), behind.get(&r)) {
+                (false, _, _) => String::new(),
+                (true, false, Some(via)) => format!("{BEHIND} {via}"),
+                (true, _, _) => reason.clone(),
+            };
+            core.members.insert(r, (if torpid { MemberState::Torpid } else { MemberState::Online }, why, n));
+        }
+    }
+    if let Some(jc) = core.jobcore.as_mut() {
+        jc.ranks_torpid(n, &ranks, torpid);
+    }
+    Ok(Some(json!({}).into()))
+}
+
+/// `overlay.lost` and `overlay.offline`.
+fn lost_or_offline(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
+    let body = lazy.object()?;
+    let n = core.wall();
+    let size = core.opts.size;
+    let ranks = parse_instance_ranks(body, size)?;
+    let reason = opt_str(body, "reason")?.unwrap_or("").to_string();
+    // The root of a lost subtree has the reason; the ranks behind it are cut off by its loss.
+    let root = opt_u32(body, "root")?.filter(|r| ranks.contains(*r));
+    let state = if msg.topic == "overlay.lost" { MemberState::Lost } else { MemberState::Offline };
+    if state == MemberState::Lost && core.stale_lost_notice(body, root) {
+        // Sent again after its judge re-parented, about a rank taken already or gone elsewhere since.
+        debug!("ignoring a stale loss notice about ranks {ranks}: {reason}");
+        return Ok(Some(json!({}).into()));
+    }
+    let noun = if ranks.len() == 1 { "rank" } else { "ranks" };
+    warn!("{noun} {ranks} {}: {reason}", if state == MemberState::Lost { "lost" } else { "offline" });
+    for r in ranks.iter() {
+        // A rank already lost keeps its own verdict and time: a router lost later does not rewrite why.
+        if core.members.get(&r).is_some_and(|m| m.0 == MemberState::Lost) {
+            continue;
+        }
+        let why = match root {
+            Some(root) if r != root && state == MemberState::Lost => {
+                format!("cut off: rank {root} above it was lost ({reason})")
+            }
+            _ => reason.clone(),
+        };
+        core.members.insert(r, (state.clone(), why, n));
+    }
+    if let Some(jc) = core.jobcore.as_mut() {
+        jc.ranks_down(n, &ranks, if state == MemberState::Lost { "lost" } else { "offline" }, &reason);
+    }
+    core.publish(&msg.topic.clone(), &json!({"ranks": ranks.to_string(), "reason": reason}));
+    if state == MemberState::Lost {
+        for r in ranks.iter() {
+            core.orphans.remove(&r);
+            core.expect_orphans(r);
+        }
+    }
+    Ok(Some(json!({}).into()))
+}
+
+/// `overlay.reparent`.
+fn reparent(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
+    let body = lazy.object()?;
+    core.record_reparent(body)?;
+    Ok(Some(json!({}).into()))
+}
+
+/// `overlay.status`.
+fn status(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
+    lazy.object()?;
+    let size = core.opts.size;
+    let topo = core.opts.topo;
+    let jc = core.jobcore.as_ref().ok_or((errno::ENOSYS, "not rank 0".into()))?;
+    let ranks: Vec<Value> = (0..size)
+        .map(|r| {
+            let (state, why, since) =
+                core.members.get(&r).cloned().unwrap_or((MemberState::Offline, String::new(), 0.0));
+            let host = jc.pool.ranks.get(&r).map(|p| p.hostname.clone()).unwrap_or_default();
+            json!({"rank": r, "hostname": host, "state": state, "reason": why, "since": since,
+                   "parent": core.parent_of(r), "children": core.children_of(r),
+                   "adopted": core.adopted.contains_key(&r),
+                   "link": core.links.of_rank(r)})
+        })
+        .collect();
+    Ok(Some(
+        json!({"size": size, "topo": topo.to_string(), "depth": topo.depth(size),
+        "critical_ranks": crate::broker::reparent::critical_ranks(topo, size, core.opts.config.reparent).to_string(),
+        "transport": core.links.summary(), "detectors": detectors(core), "security": super::broker::security(core),
+        "ranks": ranks})
+        .into(),
+    ))
+}
+
+/// `overlay.transport`.
+fn transport(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
+    let body = lazy.object()?;
+    let size = core.opts.size;
+    // A child's report of its parent link (rdma_link), about a rank of this instance.
+    if u32_field(body, "rank")? >= size {
+        return Err((errno::EPROTO, format!("'rank' must be below the instance size {size}")));
+    }
+    core.links.on_report(body).map_err(|e| (errno::EPROTO, e))?;
+    Ok(Some(json!({}).into()))
+}
+
+/// The start of the reason of a rank torpid because a router above it is: "... rank R" (`overlay.torpid`).
+pub const BEHIND: &str = "unreachable behind torpid router rank";

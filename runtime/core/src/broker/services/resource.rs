@@ -1,0 +1,193 @@
+//! The `resource` service, rank 0 only: brokers registering their node, and the resource pool as users see it
+//! (status, list, R, eventlog) and drain it.
+
+use super::*;
+use crate::broker::core::{MemberState, StateDir};
+use tracing::debug;
+use vigil_proto::node::NodeResources;
+
+/// Topics of the `resource` service: who may call each ([`Access`]) and its handler.
+pub(super) const TOPICS: &[Topic] = &[
+    Topic { name: "resource.register", access: Access::Instance, handler: register },
+    Topic { name: "resource.status", access: Access::Instance, handler: status },
+    Topic { name: "resource.list", access: Access::Instance, handler: list },
+    Topic { name: "resource.drain", access: Access::Owner, handler: drain_or_undrain },
+    Topic { name: "resource.undrain", access: Access::Owner, handler: drain_or_undrain },
+    Topic { name: "resource.eventlog", access: Access::Instance, handler: eventlog },
+    Topic { name: "resource.R", access: Access::Instance, handler: r },
+];
+
+/// `resource.register`.
+fn register(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
+    let body = lazy.object()?;
+    let n = core.wall();
+    let size = core.opts.size;
+    let rank = field(body, "rank")?;
+    // Range-checked before narrowing: rank 2^32 is not rank 0.
+    let rank = rank.as_u64().ok_or_else(|| wrong_type("rank", "a rank (a non-negative integer)", rank))?;
+    let rank =
+        u32::try_from(rank).ok().filter(|r| *r < size).ok_or((errno::EPROTO, format!("rank {rank} out of range")))?;
+    let hostname = opt_str(body, "hostname")?.unwrap_or("").to_string();
+    let res: NodeResources = serde_json::from_value(field(body, "resources")?.clone())
+        .map_err(|e| (errno::EPROTO, format!("resources: {e}")))?;
+    let topology = opt_str(body, "topology")?.unwrap_or("live").to_string();
+    let dg = opt_u32(body, "declared_gpus")?;
+    let ids = |k: &str, n: u32| -> Result<IdSet, (u32, String)> {
+        match opt_str(body, k)? {
+            Some(s) => IdSet::parse(s).map_err(|e| (errno::EPROTO, format!("{k}: {e}"))),
+            // As many ids as the node has, within the bound of an idset string (a count such as
+            // 4294967295 would otherwise be expanded id by id).
+            None if u64::from(n) <= crate::idset::MAX_IDS => Ok((0..n).collect()),
+            None => Err((
+                errno::EPROTO,
+                format!("resources.{k}: {n} is more than the {} ids a node may have", crate::idset::MAX_IDS),
+            )),
+        }
+    };
+    let cores = ids("cores", res.cores)?;
+    let gpus = ids("gpus", res.gpus)?;
+    // The jobs its broker still has (rejoin.rs): absent from older brokers, bounded by the message size.
+    let jobs: Option<std::collections::BTreeSet<JobId>> = match body.get("jobs") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(a)) => Some(
+            a.iter()
+                .map(|v| v.as_u64().map(JobId))
+                .collect::<Option<_>>()
+                .ok_or((errno::EPROTO, "jobs: expected an array of job ids".to_string()))?,
+        ),
+        Some(v) => return Err(wrong_type("jobs", "an array of job ids", v)),
+    };
+    // Its parent now (absent from older brokers; rank 0 itself has none).
+    let parent = opt_u32(body, "parent")?;
+    core.on_register(rank, parent);
+    core.members.insert(rank, (MemberState::Online, String::new(), n));
+    if let Some(jc) = core.jobcore.as_mut() {
+        jc.rank_online(n, rank, &hostname, cores, gpus, (topology, dg));
+        if let Some(jobs) = jobs {
+            jc.rank_jobs(n, rank, &jobs);
+        }
+    }
+    debug!("rank {rank} ({hostname}) joined with cores {} and GPUs {}", body["cores"], body["gpus"]);
+    Ok(Some(json!({}).into()))
+}
+
+/// `resource.status`.
+fn status(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
+    lazy.object()?;
+    let size = core.opts.size;
+    let jc = core.jobcore.as_ref().ok_or((errno::ENOSYS, "not rank 0".into()))?;
+    let restarted = matches!(core.statedir, StateDir::Open { restarts, .. } if restarts > 0);
+    let not_joined = if restarted { "not back since rank 0 restarted" } else { "never joined" };
+    let mut rows = Vec::new();
+    for r in 0..size {
+        let p = jc.pool.ranks.get(&r);
+        // Whether the rank's broker is there, apart from the admin's drain: "lost", "down" or "online".
+        let liveness = match p {
+            Some(p) if p.up => ("online", String::new()),
+            _ => match core.members.get(&r) {
+                Some(m) if m.0 == MemberState::Lost => ("lost", m.1.clone()),
+                Some(m) => ("down", m.1.clone()),
+                None => ("down", not_joined.to_string()),
+            },
+        };
+        let (state, reason, at) = match p {
+            // Not joined since rank 0 started: a verdict from before its restart stands (statedir.md).
+            None => match core.members.get(&r) {
+                Some(m) if m.0 == MemberState::Lost => ("lost", m.1.clone(), Some(m.2)),
+                Some(m) => ("down", m.1.clone(), Some(m.2)),
+                None => ("down", not_joined.to_string(), None),
+            },
+            Some(p) if p.drained.is_some() => ("drained", p.drained.clone().unwrap_or_default(), p.drained_at),
+            Some(p) if !p.up => {
+                let m = core.members.get(&r).cloned();
+                let st = if m.as_ref().is_some_and(|m| m.0 == MemberState::Lost) { "lost" } else { "down" };
+                // Known from the state directory, not joined since: as one never seen since the restart.
+                let why = m.as_ref().map_or_else(|| not_joined.to_string(), |m| m.1.clone());
+                (st, why, m.map(|m| m.2))
+            }
+            Some(p) if p.torpid => (
+                "torpid",
+                core.members.get(&r).map(|m| m.1.clone()).unwrap_or_default(),
+                core.members.get(&r).map(|m| m.2),
+            ),
+            Some(_) => ("avail", String::new(), None),
+        };
+        rows.push(json!({"rank": r, "hostname": host_of(core, r), "state": state,
+            "reason": reason, "since": at, "up": p.is_some_and(|p| p.up),
+            "liveness": liveness.0, "liveness_reason": liveness.1}));
+    }
+    Ok(Some(json!({"ranks": rows}).into()))
+}
+
+/// `resource.list`.
+fn list(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
+    lazy.object()?;
+    let size = core.opts.size;
+    let jc = core.jobcore.as_ref().ok_or((errno::ENOSYS, "not rank 0".into()))?;
+    // Every rank, as `resource.status` lists them: one that has not joined (yet) is down, resources unknown.
+    let rows: Vec<Value> = (0..size).map(|r| match jc.pool.ranks.get(&r) {
+        Some(p) => json!({
+            "rank": p.rank, "hostname": p.hostname, "up": p.up, "drained": p.drained.is_some(), "torpid": p.torpid,
+            "cores": p.cores.to_string(), "gpus": p.gpus.to_string(),
+            "alloc_cores": p.alloc_cores.to_string(), "alloc_gpus": p.alloc_gpus.to_string(),
+            "ncores": p.cores.len(), "ngpus": p.gpus.len(), "nalloc_cores": p.alloc_cores.len(), "nalloc_gpus": p.alloc_gpus.len(),
+        }),
+        None => json!({
+            "rank": r, "hostname": host_of(core, r), "up": false, "drained": false, "torpid": false,
+            "cores": "", "gpus": "", "alloc_cores": "", "alloc_gpus": "",
+            "ncores": 0, "ngpus": 0, "nalloc_cores": 0, "nalloc_gpus": 0,
+        }),
+    }).collect();
+    Ok(Some(json!({"ranks": rows}).into()))
+}
+
+/// `resource.drain` and `resource.undrain`.
+fn drain_or_undrain(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
+    let body = lazy.object()?;
+    let n = core.wall();
+    let ranks = parse_ranks(body)?;
+    let reason = opt_str(body, "reason")?.unwrap_or("");
+    let mode = match opt_str(body, "mode")? {
+        None | Some("") => crate::jobs::DrainMode::Refuse,
+        Some("force") => crate::jobs::DrainMode::Force,
+        Some("update") => crate::jobs::DrainMode::Update,
+        Some(m) => return Err((errno::EINVAL, format!("mode: '{m}' is not 'force' or 'update'"))),
+    };
+    let jc = core.jobcore.as_mut().ok_or((errno::ENOSYS, "not rank 0".into()))?;
+    let r = if msg.topic == "resource.drain" { jc.drain(n, &ranks, reason, mode) } else { jc.undrain(n, &ranks) };
+    r.map(|_| Some(json!({}).into())).map_err(|e| (errno::EINVAL, e))
+}
+
+/// `resource.eventlog`.
+fn eventlog(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
+    lazy.object()?;
+    let jc = core.jobcore.as_ref().ok_or((errno::ENOSYS, "not rank 0".into()))?;
+    Ok(Some(json!({"eventlog": jc.resource_eventlog}).into()))
+}
+
+/// `resource.R`.
+fn r(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
+    lazy.object()?;
+    let jc = core.jobcore.as_ref().ok_or((errno::ENOSYS, "not rank 0".into()))?;
+    let ranks: Vec<crate::r::RankResources> = jc
+        .pool
+        .ranks
+        .values()
+        .map(|p| crate::r::RankResources {
+            rank: p.rank,
+            hostname: p.hostname.clone(),
+            cores: p.cores.clone(),
+            gpus: p.gpus.clone(),
+        })
+        .collect();
+    Ok(Some(Out::json(&crate::r::Rv1::from_ranks(&ranks, core.env.wall_origin, 0.0))))
+}
+
+/// Rank `r`'s host name: as it registered, else as configured (`bootstrap.hosts`: a rank not joined since rank
+/// 0 started), else empty.
+fn host_of(core: &Broker, r: u32) -> String {
+    match core.jobcore.as_ref().and_then(|jc| jc.pool.ranks.get(&r)) {
+        Some(p) => p.hostname.clone(),
+        None => core.opts.hosts.get(r as usize).cloned().unwrap_or_default(),
+    }
+}

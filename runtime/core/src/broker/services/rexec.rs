@@ -1,0 +1,83 @@
+//! The `rexec` service, on every rank: start, signal and notify the job shells of this node.
+
+use super::*;
+use crate::broker::core::Effect;
+use crate::shellproto::ShellInput;
+use serde::Deserialize;
+use tracing::debug;
+
+/// Topics of the `rexec` service: who may call each ([`Access`]) and its handler.
+pub(super) const TOPICS: &[Topic] = &[
+    Topic { name: "rexec.notify", access: Access::Instance, handler: notify },
+    Topic { name: "rexec.spawn", access: Access::Instance, handler: spawn },
+    Topic { name: "rexec.kill", access: Access::Instance, handler: kill },
+];
+
+/// `rexec.notify`.
+fn notify(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
+    let body = lazy.object()?;
+    // A lost-shell notice for the job's leader shell: delivered as a local event `shell.<jobid>.lost`
+    // to the shell, which subscribed to `shell.<jobid>`.
+    let id = parse_id(body)?;
+    let ev = Message::event(&format!("shell.{id}.lost"), body);
+    core.deliver_local_event(&ev);
+    Ok(Some(json!({}).into()))
+}
+
+/// `rexec.spawn`.
+fn spawn(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
+    spawn_shell(core, msg, lazy.object()?)
+}
+
+/// `rexec.kill`.
+fn kill(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
+    let rank = core.rank();
+    let body = lazy.object()?;
+    let id = parse_id(body)?;
+    field(body, "signal")?;
+    let sig = opt_i32(body, "signal")?.unwrap_or(crate::signal::SIGTERM);
+    if !(1..=crate::signal::SIGRTMAX).contains(&sig) {
+        return Err((
+            errno::EINVAL,
+            format!("'signal' must be a signal number 1..={}, got {sig}", crate::signal::SIGRTMAX),
+        ));
+    }
+    if core.shells.contains(&id) {
+        debug!("signal {sig} to shell of job {id}");
+        core.effect(Effect::SignalShell { id, signal: sig });
+        Ok(Some(json!({}).into()))
+    } else {
+        Err((errno::ENOENT, format!("no shell of job {id} on rank {rank}")))
+    }
+}
+
+/// `rexec.spawn`: start the job shell of job `id` with `input` (a [`ShellInput`], checked here: a payload that is
+/// not one is refused with EPROTO rather than handed to a shell, or indexed into). Answered with the shell's pid
+/// once the driver has started it ([`crate::broker::core::Input::ShellStarted`]).
+fn spawn_shell(core: &mut Broker, msg: &Message, body: &Value) -> Reply {
+    let id = parse_id(body)?;
+    let input = field(body, "input")?;
+    if !input.is_object() {
+        return Err(wrong_type("input", "an object (the job shell's input)", input));
+    }
+    let mut input = ShellInput::deserialize(input).map_err(|e| (errno::EPROTO, format!("input: {e}")))?;
+    if input.id != id.0 {
+        return Err((errno::EPROTO, format!("input: job id {} is not the request's job {id}", input.id)));
+    }
+    input.check().map_err(|e| (errno::EPROTO, format!("input: {e}")))?;
+    if core.shutting_down.is_some() {
+        return Err((errno::EAGAIN, "broker is shutting down".into()));
+    }
+    if core.shells.contains(&id) {
+        return Err((errno::EEXIST, format!("job {id} already has a shell on rank {}", core.rank())));
+    }
+    input.uri = core.env.local_uri.clone();
+    // Short names: a nested instance's socket lives below this directory and Unix socket paths are limited
+    // to 108 bytes.
+    let tmpdir = core.opts.rundir.join(format!("j{id}.{}", input.shell_rank));
+    input.tmpdir = Some(tmpdir.display().to_string());
+    core.shells.insert(id);
+    core.spawning.insert(id, msg.clone());
+    core.effect(Effect::SpawnShell { id, input: Box::new(input), tmpdir });
+    Ok(None)
+}
