@@ -22,6 +22,12 @@ fi
 # Formatting (rustfmt.toml); skipped with a note where the toolchain has no rustfmt component.
 if cargo fmt --version >/dev/null 2>&1; then cargo fmt --all --check; else echo "ci/test.sh: rustfmt not installed, formatting not checked"; fi
 cargo build --workspace --locked
+# The lint wall: every clippy warning fails the build; skipped with a note where the toolchain has no clippy.
+if cargo clippy --version >/dev/null 2>&1; then
+    cargo clippy --workspace --all-targets --locked -- -D warnings
+else
+    echo "ci/test.sh: clippy not installed, lints not checked"
+fi
 # The pure crates link no I/O: no tokio, libc, nix, hwloc or -sys crate in their normal dependency trees. The core
 # holds the broker's rules, the simulator drives thousands of them in one process; see docs/architecture.md, "Crates".
 for c in vigil-proto vigil-core vigil-sim; do
