@@ -75,6 +75,11 @@ fn task_environment() {
     lines.sort_unstable();
     // -N2 -n3: two tasks on the first node, one on the second.
     assert_eq!(lines, vec!["0 0 3 2 0 hello", "1 1 3 2 0 hello", "2 0 3 2 1 hello"], "{}", o.dump());
+    // The job's nodes as a host list: both brokers of a test instance have this machine's host name.
+    let o = inst.vigil(&["run", "-N2", "-n2", "sh", "-c", "echo $VIGIL_JOB_NODELIST"]);
+    o.ok();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap().trim().to_string();
+    assert_eq!(o.lines(), vec![format!("{host},{host}"); 2], "{}", o.dump());
 }
 
 #[test]

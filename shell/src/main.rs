@@ -185,6 +185,18 @@ async fn run() -> i32 {
     0
 }
 
+/// The job's nodes as one compressed host list (`node[1-3,7]`, RFC 29), from R's `execution.nodelist` (RFC 20:
+/// host lists in rank order), as Slurm's `SLURM_JOB_NODELIST`; `None` when R has none or it does not parse.
+fn job_nodelist(r: &serde_json::Value) -> Option<String> {
+    let mut all = vigil_proto::hostlist::Hostlist::new();
+    for part in r.pointer("/execution/nodelist")?.as_array()? {
+        for h in vigil_proto::hostlist::Hostlist::parse(part.as_str()?).ok()?.iter() {
+            all.push(h);
+        }
+    }
+    Some(all.to_string())
+}
+
 struct Shell {
     tmpdir: Option<std::path::PathBuf>,
     input: ShellInput,
@@ -256,6 +268,9 @@ impl Shell {
         env.insert("VIGIL_TASK_LOCAL_RANK".into(), local.to_string());
         env.insert("VIGIL_JOB_SIZE".into(), i.ntasks.to_string());
         env.insert("VIGIL_JOB_NNODES".into(), i.nshells.to_string());
+        if let Some(nodes) = job_nodelist(&i.r) {
+            env.insert("VIGIL_JOB_NODELIST".into(), nodes);
+        }
         env.insert("VIGIL_SHELL_RANK".into(), i.shell_rank.to_string());
         env.insert("VIGIL_BROKER_RANK".into(), i.broker_rank.to_string());
         env.insert("VIGIL_URI".into(), i.uri.clone());

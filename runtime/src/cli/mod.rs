@@ -6,6 +6,7 @@
 //! run` / `vigil job attach` / `vigil job wait` with 255 when they lost rank 0 while following the job (its exit
 //! code is not known then: see `jobcmd::EXIT_RANK0_LOST`).
 
+mod hostlist;
 mod jobcmd;
 mod nested;
 mod start;
@@ -73,6 +74,8 @@ pub enum Cmd {
     Event(status::EventCmd),
     /// Write a new overlay key file (mode 0600) for a system instance (see docs/system-instance.md).
     Keygen(KeygenArgs),
+    /// Expand, compress, count, pick from and combine host lists (`node[1-4,7]`, RFC 29), as `flux hostlist`.
+    Hostlist(hostlist::HostlistArgs),
     /// Internal: discover this node with hwloc for a starting broker and print it as JSON.
     #[command(hide = true)]
     DiscoverNode(DiscoverNodeArgs),
@@ -133,6 +136,7 @@ pub fn main() -> i32 {
         Cmd::Start(a) => start::start(a),
         Cmd::Broker(a) => start::broker(a),
         Cmd::Keygen(a) => keygen(a),
+        Cmd::Hostlist(a) => hostlist::hostlist(a),
         Cmd::DiscoverNode(a) => {
             // SAFETY: no thread has started yet.
             unsafe { crate::hwloc::skip_unused_plugins() };
@@ -161,7 +165,7 @@ pub fn main() -> i32 {
                     Cmd::Lsattr(a) => status::lsattr(a).await,
                     Cmd::Ping(a) => status::ping(a).await,
                     Cmd::Event(c) => status::event(c).await,
-                    Cmd::Start(_) | Cmd::Broker(_) | Cmd::Keygen(_) | Cmd::DiscoverNode(_) => Ok(0),
+                    Cmd::Start(_) | Cmd::Broker(_) | Cmd::Keygen(_) | Cmd::Hostlist(_) | Cmd::DiscoverNode(_) => Ok(0),
                 };
                 r.unwrap_or_else(fail)
             })
