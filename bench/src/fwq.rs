@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 /// Options of `vigil-bench fwq`.
 #[derive(Args, Debug)]
-pub struct FwqArgs {
+pub(crate) struct FwqArgs {
     /// Length of the measurement, seconds (up to 3600).
     #[arg(long, default_value_t = 10.0, allow_negative_numbers = true)]
     pub seconds: f64,
@@ -31,7 +31,7 @@ pub struct FwqArgs {
 
 /// Result of one FWQ run (one JSON line).
 #[derive(Serialize, Debug)]
-pub struct FwqResult {
+pub(crate) struct FwqResult {
     /// Quanta completed.
     pub quanta: usize,
     /// Wall time of the measurement, seconds.
@@ -102,7 +102,7 @@ fn summarize(mut d: Vec<u64>, elapsed: Duration) -> FwqResult {
 }
 
 /// Run the measurement and print its JSON line; exit code 0, or 1 on bad arguments.
-pub fn run(a: &FwqArgs) -> i32 {
+pub(crate) fn run(a: &FwqArgs) -> i32 {
     if !(a.seconds > 0.0 && a.seconds <= 3600.0) {
         eprintln!("vigil-bench fwq: --seconds must be in (0, 3600], got {}", a.seconds);
         return 1;

@@ -17,7 +17,7 @@ use vigil_sim::depth;
 static LIVE: AtomicI64 = AtomicI64::new(0);
 
 /// The system allocator, counting live bytes in [`LIVE`] (one relaxed add per call).
-pub struct Counting;
+pub(crate) struct Counting;
 
 // SAFETY: every call is forwarded unchanged to the system allocator; the counter does not touch the memory.
 unsafe impl std::alloc::GlobalAlloc for Counting {
@@ -40,7 +40,7 @@ unsafe impl std::alloc::GlobalAlloc for Counting {
 
 /// Options of `vigil-bench jobcore`.
 #[derive(Args, Debug)]
-pub struct JobcoreArgs {
+pub(crate) struct JobcoreArgs {
     /// Queue depths (jobs kept pending), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "200,10000,64000")]
     depths: Vec<usize>,
@@ -102,7 +102,7 @@ fn list_ns_per_job(n: usize) -> f64 {
 }
 
 /// Run it; print a markdown table (and write it with `--write`).
-pub fn run(a: &JobcoreArgs, out_dir: Option<PathBuf>) -> Result<i32, String> {
+pub(crate) fn run(a: &JobcoreArgs, out_dir: Option<PathBuf>) -> Result<i32, String> {
     let mut rows = Vec::new();
     let mut md = String::from(
         "| depth | job core ns/job | examined/job | broker (sim) ns/job | examined/job | heap B/pending job | \

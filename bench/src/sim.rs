@@ -11,7 +11,7 @@ const MAX_BROKERS: u32 = 1 << 20;
 
 /// Options of `vigil-bench sim`.
 #[derive(Args, Debug)]
-pub struct SimArgs {
+pub(crate) struct SimArgs {
     /// Number of brokers.
     #[arg(long, default_value_t = 1024)]
     brokers: u32,
@@ -83,7 +83,7 @@ fn measure(
 }
 
 /// `vigil-bench sim`; returns the process exit code (1 when an invariant did not hold).
-pub fn run(a: &SimArgs, out_dir: Option<PathBuf>) -> i32 {
+pub(crate) fn run(a: &SimArgs, out_dir: Option<PathBuf>) -> i32 {
     if a.table {
         return table(a, out_dir);
     }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 /// Options of `vigil-bench tick`.
 #[derive(Args, Debug)]
-pub struct TickArgs {
+pub(crate) struct TickArgs {
     /// Where to send one datagram per period (`ADDR:PORT`; IPv4 multicast or unicast).
     #[arg(long)]
     pub to: SocketAddr,
@@ -35,7 +35,7 @@ pub struct TickArgs {
 
 /// Result of one run (one JSON line).
 #[derive(Serialize, Debug)]
-pub struct TickResult {
+pub(crate) struct TickResult {
     /// Periods completed (one wake-up and one datagram each).
     pub periods: u64,
     /// Datagrams the kernel refused (counted, not retried).
@@ -73,7 +73,7 @@ fn add_ns(ts: &mut libc::timespec, ns: u64) {
 }
 
 /// Runs `vigil-bench tick`; exit code 0, or 1 with a message on stderr.
-pub fn run(a: &TickArgs) -> i32 {
+pub(crate) fn run(a: &TickArgs) -> i32 {
     if !(a.seconds > 0.0 && a.seconds <= 3600.0) {
         eprintln!("vigil-bench tick: --seconds must be in (0, 3600], got {}", a.seconds);
         return 1;

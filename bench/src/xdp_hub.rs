@@ -7,7 +7,7 @@ use clap::Args;
 
 /// Options of `vigil-bench xdp-hub`.
 #[derive(Args, Debug)]
-pub struct XdpHubArgs {
+pub(crate) struct XdpHubArgs {
     /// The hub's end of the parent's veth: replies are handed to it as XDP frames.
     #[arg(long)]
     pub to: String,
@@ -20,7 +20,7 @@ pub struct XdpHubArgs {
 }
 
 /// Attach and hold until killed. Exit status 1 with the reason on stderr if attaching fails.
-pub fn run(a: &XdpHubArgs) -> i32 {
+pub(crate) fn run(a: &XdpHubArgs) -> i32 {
     match vigil_ebpf::HubRedirect::attach(&a.ports, &a.to, a.parent) {
         Ok(h) => {
             eprintln!("xdp-hub: {} ports redirect probe replies for {} to {}", a.ports.len(), a.parent, a.to);

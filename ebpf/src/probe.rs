@@ -18,9 +18,9 @@ use std::{
 use crate::sys::monotonic_ns;
 
 /// `magic` of every probe ("VGHB").
-pub const PROBE_MAGIC: u32 = 0x5647_4842;
+pub(crate) const PROBE_MAGIC: u32 = 0x5647_4842;
 /// Current probe layout version.
-pub const PROBE_VERSION: u8 = 1;
+pub(crate) const PROBE_VERSION: u8 = 1;
 /// Size of a probe datagram, bytes.
 pub const PROBE_LEN: usize = 48;
 /// Reply flag: the broker process is alive.

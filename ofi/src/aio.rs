@@ -29,6 +29,12 @@ pub struct AsyncEndpoint {
     ep: Endpoint,
 }
 
+impl std::fmt::Debug for AsyncEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncEndpoint").field("ep", &self.ep).finish_non_exhaustive()
+    }
+}
+
 impl AsyncEndpoint {
     /// Register the endpoint's wait descriptor (if it has one) with the current tokio runtime.
     pub fn new(ep: Endpoint) -> Result<AsyncEndpoint, Error> {

@@ -64,6 +64,18 @@ pub struct Endpoint {
     stats: Stats,
 }
 
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("provider", &self.provider)
+            .field("fabric_name", &self.fabric_name)
+            .field("domain_name", &self.domain_name)
+            .field("peers", &self.peers.len())
+            .field("queued", &self.queued)
+            .finish_non_exhaustive()
+    }
+}
+
 // SAFETY: libfabric objects may be used from any thread as long as calls on one domain are serialized (the
 // layer asks for FI_THREAD_DOMAIN); every call goes through `&mut self` or `&self` methods of this one owner,
 // and the raw buffers are owned by it. It is deliberately not Sync.

@@ -80,7 +80,7 @@ unsafe impl Sync for Context {}
 
 impl Context {
     /// Open the device called `name`.
-    pub fn open(name: &str) -> io::Result<Arc<Context>> {
+    pub(crate) fn open(name: &str) -> io::Result<Arc<Context>> {
         let ib = ibverbs::load().map_err(|e| io::Error::new(io::ErrorKind::NotFound, e))?;
         let mut n: i32 = 0;
         // SAFETY: see `device_names`.
@@ -113,12 +113,12 @@ impl Context {
         }
     }
 
-    pub fn as_ptr(&self) -> *mut sys::ibv_context {
+    pub(crate) fn as_ptr(&self) -> *mut sys::ibv_context {
         self.ptr.as_ptr()
     }
 
     /// Number of physical ports.
-    pub fn port_count(&self) -> io::Result<u8> {
+    pub(crate) fn port_count(&self) -> io::Result<u8> {
         // SAFETY: ibv_device_attr is plain old data; ibv_query_device fills it for a valid context.
         let mut attr: sys::ibv_device_attr = unsafe { std::mem::zeroed() };
         // SAFETY: valid context and a writable attr struct of the right type.
@@ -128,7 +128,7 @@ impl Context {
     }
 
     /// Attributes of port `port` (1-based).
-    pub fn query_port(&self, port: u8) -> io::Result<sys::ibv_port_attr> {
+    pub(crate) fn query_port(&self, port: u8) -> io::Result<sys::ibv_port_attr> {
         // SAFETY: ibv_port_attr is plain old data.
         let mut attr: sys::ibv_port_attr = unsafe { std::mem::zeroed() };
         // SAFETY: valid context and a writable attr struct of the right type.
@@ -138,7 +138,7 @@ impl Context {
     }
 
     /// GID `index` of `port`, as 16 raw bytes.
-    pub fn query_gid(&self, port: u8, index: i32) -> io::Result<[u8; 16]> {
+    pub(crate) fn query_gid(&self, port: u8, index: i32) -> io::Result<[u8; 16]> {
         // SAFETY: ibv_gid is a 16-byte union of plain data.
         let mut gid: sys::ibv_gid = unsafe { std::mem::zeroed() };
         // SAFETY: valid context and a writable gid.
@@ -151,7 +151,7 @@ impl Context {
     }
 
     /// The context's async event descriptor (owned by the context).
-    pub fn async_fd(&self) -> i32 {
+    pub(crate) fn async_fd(&self) -> i32 {
         // SAFETY: valid context; reading a plain field.
         unsafe { (*self.as_ptr()).async_fd }
     }
@@ -176,13 +176,13 @@ unsafe impl Send for Pd {}
 unsafe impl Sync for Pd {}
 
 impl Pd {
-    pub fn new(ctx: &Arc<Context>) -> io::Result<Arc<Pd>> {
+    pub(crate) fn new(ctx: &Arc<Context>) -> io::Result<Arc<Pd>> {
         // SAFETY: valid context.
         let p = unsafe { (ibverbs::loaded().alloc_pd)(ctx.as_ptr()) };
         let ptr = NonNull::new(p).ok_or_else(|| last_err("ibv_alloc_pd"))?;
         Ok(Arc::new(Pd { ptr, _ctx: ctx.clone() }))
     }
-    pub fn as_ptr(&self) -> *mut sys::ibv_pd {
+    pub(crate) fn as_ptr(&self) -> *mut sys::ibv_pd {
         self.ptr.as_ptr()
     }
 }
@@ -209,7 +209,7 @@ unsafe impl Send for Buffer {}
 unsafe impl Sync for Buffer {}
 
 impl Buffer {
-    pub fn new(pd: &Arc<Pd>, len: usize) -> io::Result<Buffer> {
+    pub(crate) fn new(pd: &Arc<Pd>, len: usize) -> io::Result<Buffer> {
         let layout = std::alloc::Layout::from_size_align(len.max(1), 4096)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
         // SAFETY: layout has a non-zero size.
@@ -230,13 +230,13 @@ impl Buffer {
             }
         }
     }
-    pub fn addr(&self) -> *mut u8 {
+    pub(crate) fn addr(&self) -> *mut u8 {
         self.mem.as_ptr()
     }
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.layout.size()
     }
-    pub fn lkey(&self) -> u32 {
+    pub(crate) fn lkey(&self) -> u32 {
         // SAFETY: valid MR; reading a plain field.
         unsafe { (*self.mr.as_ptr()).lkey }
     }
@@ -264,7 +264,7 @@ unsafe impl Send for CompChannel {}
 unsafe impl Sync for CompChannel {}
 
 impl CompChannel {
-    pub fn new(ctx: &Arc<Context>) -> io::Result<Arc<CompChannel>> {
+    pub(crate) fn new(ctx: &Arc<Context>) -> io::Result<Arc<CompChannel>> {
         // SAFETY: valid context.
         let p = unsafe { (ibverbs::loaded().create_comp_channel)(ctx.as_ptr()) };
         let ptr = NonNull::new(p).ok_or_else(|| last_err("ibv_create_comp_channel"))?;
@@ -272,10 +272,10 @@ impl CompChannel {
         set_nonblocking(ch.fd())?;
         Ok(ch)
     }
-    pub fn as_ptr(&self) -> *mut sys::ibv_comp_channel {
+    pub(crate) fn as_ptr(&self) -> *mut sys::ibv_comp_channel {
         self.ptr.as_ptr()
     }
-    pub fn fd(&self) -> i32 {
+    pub(crate) fn fd(&self) -> i32 {
         // SAFETY: valid channel; plain field.
         unsafe { (*self.as_ptr()).fd }
     }
@@ -319,26 +319,26 @@ pub(crate) enum CqEvent {
 }
 
 impl Cq {
-    pub fn new(ctx: &Arc<Context>, channel: &Arc<CompChannel>, entries: i32) -> io::Result<Arc<Cq>> {
+    pub(crate) fn new(ctx: &Arc<Context>, channel: &Arc<CompChannel>, entries: i32) -> io::Result<Arc<Cq>> {
         // SAFETY: valid context and channel; no cq_context.
         let p =
             unsafe { (ibverbs::loaded().create_cq)(ctx.as_ptr(), entries, std::ptr::null_mut(), channel.as_ptr(), 0) };
         let ptr = NonNull::new(p).ok_or_else(|| last_err("ibv_create_cq"))?;
         Ok(Arc::new(Cq { ptr, channel: channel.clone() }))
     }
-    pub fn as_ptr(&self) -> *mut sys::ibv_cq {
+    pub(crate) fn as_ptr(&self) -> *mut sys::ibv_cq {
         self.ptr.as_ptr()
     }
 
     /// Arm the CQ: the channel gets an event for the next completion.
-    pub fn req_notify(&self) -> io::Result<()> {
+    pub(crate) fn req_notify(&self) -> io::Result<()> {
         // SAFETY: valid CQ; rdma-sys calls the provider's req_notify_cq op.
         let rc = unsafe { sys::ibv_req_notify_cq(self.as_ptr(), 0) };
         rc_err("ibv_req_notify_cq", rc)
     }
 
     /// Read one event from the (non-blocking) channel and acknowledge it at once.
-    pub fn take_event(&self) -> io::Result<CqEvent> {
+    pub(crate) fn take_event(&self) -> io::Result<CqEvent> {
         let mut cq: *mut sys::ibv_cq = std::ptr::null_mut();
         let mut cq_ctx: *mut libc::c_void = std::ptr::null_mut();
         // SAFETY: valid channel in non-blocking mode; out-pointers are valid locals.
@@ -357,7 +357,7 @@ impl Cq {
     }
 
     /// Poll up to `wc.len()` completions; returns how many were written.
-    pub fn poll(&self, wc: &mut [sys::ibv_wc]) -> io::Result<usize> {
+    pub(crate) fn poll(&self, wc: &mut [sys::ibv_wc]) -> io::Result<usize> {
         // SAFETY: valid CQ; `wc` has room for wc.len() entries.
         let n = unsafe { sys::ibv_poll_cq(self.as_ptr(), wc.len() as i32, wc.as_mut_ptr()) };
         if n < 0 {
@@ -404,7 +404,7 @@ impl Qp {
     /// Create an RC QP using `cq` for both queues. `max_inline` is the inline send size asked for (0: none);
     /// a device that refuses it gets a second try without inline sends, and the size it granted (which may be
     /// larger than asked) is what [`Qp::post_send`] uses.
-    pub fn new_rc(pd: &Arc<Pd>, cq: &Arc<Cq>, send_wr: u32, recv_wr: u32, max_inline: u32) -> io::Result<Qp> {
+    pub(crate) fn new_rc(pd: &Arc<Pd>, cq: &Arc<Cq>, send_wr: u32, recv_wr: u32, max_inline: u32) -> io::Result<Qp> {
         let create = |max_inline: u32| {
             // SAFETY: plain old data initialised field by field below.
             let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
@@ -429,13 +429,13 @@ impl Qp {
         Ok(Qp { ptr, max_inline, _cq: cq.clone(), _pd: pd.clone() })
     }
     /// Largest message [`Qp::post_send`] sends inline (0: none).
-    pub fn max_inline(&self) -> u32 {
+    pub(crate) fn max_inline(&self) -> u32 {
         self.max_inline
     }
-    pub fn as_ptr(&self) -> *mut sys::ibv_qp {
+    pub(crate) fn as_ptr(&self) -> *mut sys::ibv_qp {
         self.ptr.as_ptr()
     }
-    pub fn qpn(&self) -> u32 {
+    pub(crate) fn qpn(&self) -> u32 {
         // SAFETY: valid QP; plain field.
         unsafe { (*self.as_ptr()).qp_num }
     }
@@ -447,7 +447,7 @@ impl Qp {
     }
 
     /// RESET → INIT → RTR → RTS with the given path and timers.
-    pub fn connect(&self, p: &QpPath, cfg: &crate::Config) -> io::Result<()> {
+    pub(crate) fn connect(&self, p: &QpPath, cfg: &crate::Config) -> io::Result<()> {
         use sys::ibv_qp_attr_mask as M;
         // SAFETY: plain old data.
         let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
@@ -508,7 +508,7 @@ impl Qp {
     }
 
     /// Move the QP to the error state: outstanding work requests complete with `IBV_WC_WR_FLUSH_ERR`.
-    pub fn set_error(&self) -> io::Result<()> {
+    pub(crate) fn set_error(&self) -> io::Result<()> {
         // SAFETY: plain old data.
         let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = sys::ibv_qp_state::IBV_QPS_ERR;
@@ -516,7 +516,7 @@ impl Qp {
     }
 
     /// Post one receive of `len` bytes at `addr` (inside `buf`).
-    pub fn post_recv(&self, wr_id: u64, buf: &Buffer, offset: usize, len: u32) -> io::Result<()> {
+    pub(crate) fn post_recv(&self, wr_id: u64, buf: &Buffer, offset: usize, len: u32) -> io::Result<()> {
         debug_assert!(offset + len as usize <= buf.len());
         let mut sge = sys::ibv_sge { addr: buf.addr() as u64 + offset as u64, length: len, lkey: buf.lkey() };
         let mut wr = sys::ibv_recv_wr { wr_id, next: std::ptr::null_mut(), sg_list: &mut sge, num_sge: 1 };
@@ -532,7 +532,7 @@ impl Qp {
     /// completes in order, a signaled completion also means every send posted before it is done. A send of at
     /// most [`Qp::max_inline`] bytes goes inline: the provider copies the bytes into the work request during
     /// the call (no memory-region lookup, no read of `buf` by the device later).
-    pub fn post_send(
+    pub(crate) fn post_send(
         &self,
         wr_id: u64,
         buf: &Buffer,

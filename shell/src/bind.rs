@@ -8,7 +8,7 @@ use vigil_proto::affinity::format_cpulist;
 
 /// Why a [`CpuMask`] could not be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum MaskError {
+pub(crate) enum MaskError {
     /// An empty CPU list was given where at least one CPU is required.
     #[error("empty cpu list")]
     EmptyCpuList,
@@ -32,7 +32,7 @@ pub enum MaskError {
 /// [`CpuMask::apply`] from `std::os::unix::process::CommandExt::pre_exec`
 /// (after `fork`, before `exec`).
 #[derive(Clone, Copy)]
-pub struct CpuMask(libc::cpu_set_t);
+pub(crate) struct CpuMask(libc::cpu_set_t);
 
 /// `CPU_SETSIZE` as a `u32`.
 const CPU_SETSIZE_U32: u32 = libc::CPU_SETSIZE as u32;
@@ -51,7 +51,7 @@ impl CpuMask {
     /// [`MaskError::CpuOutOfRange`] if an index is `>= libc::CPU_SETSIZE`.
     /// CPUs that do not exist on the machine are only detected by the kernel
     /// in [`apply`](Self::apply) (EINVAL if *no* listed CPU is usable).
-    pub fn new(cpus: &[u32]) -> Result<Self, MaskError> {
+    pub(crate) fn new(cpus: &[u32]) -> Result<Self, MaskError> {
         if cpus.is_empty() {
             return Err(MaskError::EmptyCpuList);
         }
@@ -67,7 +67,7 @@ impl CpuMask {
     }
 
     /// The OS PU indices in the mask, ascending.
-    pub fn cpus(&self) -> Vec<u32> {
+    pub(crate) fn cpus(&self) -> Vec<u32> {
         (0..CPU_SETSIZE_U32)
             .filter(|&c| {
                 // SAFETY: c < CPU_SETSIZE, in bounds of the set.
@@ -85,7 +85,7 @@ impl CpuMask {
     /// # Errors
     /// The OS error from `sched_setaffinity` (e.g. `EINVAL` if no CPU in
     /// the mask is online and allowed by the cgroup).
-    pub fn apply(&self) -> std::io::Result<()> {
+    pub(crate) fn apply(&self) -> std::io::Result<()> {
         // SAFETY: valid pointer to a fully initialised cpu_set_t of the
         // size passed.
         let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.0) };
@@ -110,7 +110,7 @@ impl fmt::Debug for CpuMask {
 ///
 /// # Errors
 /// The OS error from `sched_getaffinity`.
-pub fn current_affinity() -> std::io::Result<Vec<u32>> {
+pub(crate) fn current_affinity() -> std::io::Result<Vec<u32>> {
     const WORD_BITS: usize = libc::c_ulong::BITS as usize;
     let mut nbits: usize = libc::CPU_SETSIZE as usize;
     loop {

@@ -10,7 +10,7 @@ use vigil_proto::pmi::{Line, LineError, KEYLEN_MAX, KVSNAME_MAX, VALLEN_MAX};
 
 /// Something the shell must do for the PMI server.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Out {
+pub(crate) enum Out {
     /// Send this line to task `rank`.
     Reply(u32, Line),
     /// Every local task entered the barrier: exchange these puts with the other shells, then call
@@ -33,7 +33,7 @@ struct TaskState {
 
 /// PMI-1 server state for the tasks of one shell.
 #[derive(Debug)]
-pub struct PmiServer {
+pub(crate) struct PmiServer {
     kvsname: String,
     size: u32,
     local: BTreeSet<u32>,
@@ -49,7 +49,7 @@ pub struct PmiServer {
 impl PmiServer {
     /// A server for a job of `size` tasks named `kvsname`, of which this shell runs `local` (global ranks);
     /// `mapping` is the `PMI_process_mapping` value.
-    pub fn new(kvsname: String, size: u32, local: impl IntoIterator<Item = u32>, mapping: String) -> PmiServer {
+    pub(crate) fn new(kvsname: String, size: u32, local: impl IntoIterator<Item = u32>, mapping: String) -> PmiServer {
         PmiServer {
             kvsname,
             size,
@@ -74,7 +74,7 @@ impl PmiServer {
 
     /// A raw line from task `rank`. Malformed lines get an error reply when the command is known, else the job
     /// fails cleanly; nothing here panics.
-    pub fn handle(&mut self, rank: u32, raw: &[u8]) -> Vec<Out> {
+    pub(crate) fn handle(&mut self, rank: u32, raw: &[u8]) -> Vec<Out> {
         let line = match Line::parse(raw) {
             Ok(l) => l,
             Err(LineError::Empty) => return vec![],
@@ -167,7 +167,7 @@ impl PmiServer {
     }
 
     /// The job-wide barrier completed with everyone's puts: merge them and release the local tasks.
-    pub fn barrier_done(&mut self, all: BTreeMap<String, String>) -> Vec<Out> {
+    pub(crate) fn barrier_done(&mut self, all: BTreeMap<String, String>) -> Vec<Out> {
         self.kvs.extend(all);
         self.exchanging = false;
         let ranks: Vec<u32> = std::mem::take(&mut self.in_barrier).into_iter().collect();
@@ -176,7 +176,7 @@ impl PmiServer {
 
     /// Task `rank` closed its PMI connection (or exited). Fatal if it had called `init` but not `finalize`:
     /// the other tasks would otherwise hang in the next barrier.
-    pub fn closed(&mut self, rank: u32) -> Vec<Out> {
+    pub(crate) fn closed(&mut self, rank: u32) -> Vec<Out> {
         let st = self.tasks.entry(rank).or_default();
         if st.init && !st.finalized {
             return self

@@ -9,10 +9,10 @@ use std::{
 
 use vigil_ebpf::{Detector, DetectorMode, ExitEvent};
 
-pub const TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Spawns the helper in `--wait-stdin` mode: it does nothing until `go()`.
-pub fn spawn_gated(args: &[&str]) -> Child {
+pub(crate) fn spawn_gated(args: &[&str]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_vigil-exit-helper"))
         .arg("--wait-stdin")
         .args(args)
@@ -23,21 +23,21 @@ pub fn spawn_gated(args: &[&str]) -> Child {
 }
 
 /// Releases a gated helper.
-pub fn go(child: &mut Child) {
+pub(crate) fn go(child: &mut Child) {
     let stdin = child.stdin.as_mut().expect("piped stdin");
     stdin.write_all(b"go\n").unwrap();
     stdin.flush().unwrap();
 }
 
 /// Waits for the helper's "ready" line (hog modes).
-pub fn wait_ready(child: &mut Child) {
+pub(crate) fn wait_ready(child: &mut Child) {
     let out = child.stdout.take().expect("piped stdout");
     let mut line = String::new();
     BufReader::new(out).read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "ready");
 }
 
-pub fn detector(mode: DetectorMode) -> Detector {
+pub(crate) fn detector(mode: DetectorMode) -> Detector {
     let d = Detector::with_mode(mode).expect("detector");
     match mode {
         DetectorMode::RequireEbpf => assert_eq!(d.description(), "ebpf"),
@@ -47,11 +47,11 @@ pub fn detector(mode: DetectorMode) -> Detector {
     d
 }
 
-pub async fn next_within(det: &mut Detector, t: Duration) -> Option<ExitEvent> {
+pub(crate) async fn next_within(det: &mut Detector, t: Duration) -> Option<ExitEvent> {
     tokio::time::timeout(t, det.next_event()).await.ok().flatten()
 }
 
-pub fn kill(pid: u32, sig: i32) {
+pub(crate) fn kill(pid: u32, sig: i32) {
     // SAFETY: kill(2) with a pid we spawned and still own (not yet reaped).
     let rc = unsafe { libc::kill(pid as libc::pid_t, sig) };
     assert_eq!(rc, 0, "kill({pid}, {sig})");

@@ -101,7 +101,7 @@ pub struct Welcome {
 type Pending = Arc<Mutex<HashMap<u32, mpsc::UnboundedSender<Message>>>>;
 
 /// A connection to one broker. Cheap to clone; all clones share the connection.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct Client {
     tx: mpsc::UnboundedSender<Message>,
     pending: Pending,
@@ -262,6 +262,7 @@ impl Client {
 }
 
 /// The responses of a streaming RPC.
+#[derive(Debug)]
 pub struct RpcStream {
     rx: mpsc::UnboundedReceiver<Message>,
     done: bool,

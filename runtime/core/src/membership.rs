@@ -1,5 +1,5 @@
 //! Peer liveness: the membership state machine that turns every signal a broker has about a peer into one
-//! verdict: online, torpid, lost or offline (CONVENTIONS.md).
+//! verdict: online, torpid, lost or offline (the words of Flux's `flux overlay status`; docs/failure-detection.md).
 //!
 //! Sans-IO: the broker feeds [`Membership::signal`] with what it observes (connection closed or reset, any
 //! traffic, heartbeat replies, the kernel's TCP ACK state from `TCP_INFO`, and later the eBPF detectors'

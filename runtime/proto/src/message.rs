@@ -43,7 +43,7 @@ pub const FLAG_NORESPONSE: u8 = 1;
 /// Request flag: the sender expects a stream of responses ended by `ENODATA`.
 pub const FLAG_STREAMING: u8 = 2;
 
-/// POSIX errno values used in responses (CONVENTIONS.md).
+/// POSIX errno values used in responses: a response's `errnum`, as in Flux RFC 3 (the Linux numbers).
 pub mod errno {
     /// Operation not permitted (unauthorised request).
     pub const EPERM: u32 = 1;

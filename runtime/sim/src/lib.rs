@@ -427,6 +427,17 @@ struct LinkState {
     at_child: bool,
 }
 
+impl std::fmt::Debug for Sim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sim")
+            .field("cfg", &self.cfg)
+            .field("now", &self.now)
+            .field("brokers", &self.nodes.len())
+            .field("events_due", &self.queue.len())
+            .finish_non_exhaustive()
+    }
+}
+
 /// The simulated world (see the module documentation).
 pub struct Sim {
     cfg: Config,

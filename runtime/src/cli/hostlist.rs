@@ -52,7 +52,7 @@ pub struct HostlistArgs {
 }
 
 /// `vigil hostlist`: prints the result; exit code 0, 1 on an error (or, with `--quiet`, an empty result).
-pub fn hostlist(a: HostlistArgs) -> i32 {
+pub(super) fn hostlist(a: HostlistArgs) -> i32 {
     let reads_stdin = a.sources.is_empty() || a.sources.iter().any(|s| s == "-");
     let stdin = if reads_stdin {
         let mut text = String::new();

@@ -162,7 +162,7 @@ pub(crate) fn check_attrs(attrs: &BTreeMap<String, String>) -> Result<BrokerConf
 
 /// Brokers of a test instance per CPU of this machine up to which each runs its probes and heartbeats as on a
 /// node of its own ([`packed_periods`]).
-pub const BROKERS_PER_CPU: u32 = 32;
+pub(super) const BROKERS_PER_CPU: u32 = 32;
 
 /// The periodic detection work of `size` brokers packed onto this machine's `cpus` CPUs, where on a cluster each
 /// would have a node of its own: every broker probes its parent's and children's nodes each `tbon.probe_period`
@@ -195,7 +195,7 @@ fn packed_periods(
 }
 
 /// `vigil start`.
-pub fn start(a: StartArgs) -> i32 {
+pub(super) fn start(a: StartArgs) -> i32 {
     match start_inner(a) {
         Ok(c) => c,
         Err(e) => fail(e),
@@ -524,7 +524,7 @@ fn wait_instance(children: &mut [std::process::Child], up: &std::path::Path) -> 
 }
 
 /// `vigil broker`.
-pub fn broker(a: BrokerArgs) -> i32 {
+pub(super) fn broker(a: BrokerArgs) -> i32 {
     let attrs = match parse_attrs(&a.setattr) {
         Ok(m) => m,
         Err(e) => return fail(e),

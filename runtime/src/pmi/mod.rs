@@ -48,6 +48,7 @@ impl std::fmt::Display for Wire {
 }
 
 /// A blocking PMI-1 or PMI-2 client over the inherited `PMI_FD` socket.
+#[derive(Debug)]
 pub struct Client {
     rd: BufReader<std::os::unix::net::UnixStream>,
     wr: std::os::unix::net::UnixStream,
@@ -422,12 +423,12 @@ mod tests {
         // pmi2 to a server without it: an error saying so.
         let (a, b) = UnixStream::pair().unwrap();
         let _srv = server(b, false, false);
-        let e = Client::start(a, Some(Wire::Pmi2), Some(1), Some(2), None).err().expect("refused");
+        let e = Client::start(a, Some(Wire::Pmi2), Some(1), Some(2), None).expect_err("refused");
         assert!(e.to_string().contains("VIGIL_PMI=pmi2"), "{e}");
         // PMI-1 without PMI_SIZE: named.
         let (a, b) = UnixStream::pair().unwrap();
         let _srv = server(b, false, false);
-        let e = Client::start(a, None, Some(1), None, None).err().expect("refused");
+        let e = Client::start(a, None, Some(1), None, None).expect_err("refused");
         assert!(e.to_string().contains("PMI_SIZE is not set"), "{e}");
     }
 
@@ -444,7 +445,7 @@ mod tests {
             let _ = b.read(&mut buf);
             b.write_all(b"zzzzzzcmd=x").unwrap();
         });
-        let e = Client::start(a, None, Some(0), Some(1), None).err().expect("junk");
+        let e = Client::start(a, None, Some(0), Some(1), None).expect_err("junk");
         assert!(e.to_string().contains("PMI protocol"), "{e}");
         t.join().unwrap();
     }

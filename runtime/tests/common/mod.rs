@@ -15,21 +15,21 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// Default timeout of one CLI command.
-pub const CMD_TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const CMD_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The `vigil` binary under test.
-pub fn vigil_bin() -> &'static str {
+pub(crate) fn vigil_bin() -> &'static str {
     env!("CARGO_BIN_EXE_vigil")
 }
 
 /// Directory of the `vigil` binary (where `vigil-shell` must be too).
-pub fn bin_dir() -> PathBuf {
+pub(crate) fn bin_dir() -> PathBuf {
     Path::new(vigil_bin()).parent().expect("binary has a parent dir").to_path_buf()
 }
 
 /// What a finished (or killed) command left behind.
 #[derive(Debug)]
-pub struct Output {
+pub(crate) struct Output {
     /// Exit code; 128+signal if killed by a signal; -1 if unknown.
     pub code: i32,
     /// Standard output.
@@ -46,7 +46,7 @@ pub struct Output {
 
 impl Output {
     /// One string with everything, for assertion messages.
-    pub fn dump(&self) -> String {
+    pub(crate) fn dump(&self) -> String {
         format!(
             "command: {}\nexit code: {} (timed out: {}, {:.2}s)\n--- stdout ---\n{}\n--- stderr ---\n{}",
             self.what,
@@ -60,27 +60,27 @@ impl Output {
 
     /// Assert exit code 0 and no timeout; returns self for chaining.
     #[track_caller]
-    pub fn ok(&self) -> &Self {
+    pub(crate) fn ok(&self) -> &Self {
         assert!(!self.timed_out && self.code == 0, "command failed:\n{}", self.dump());
         self
     }
 
     /// Assert the exit code; returns self.
     #[track_caller]
-    pub fn code_is(&self, want: i32) -> &Self {
+    pub(crate) fn code_is(&self, want: i32) -> &Self {
         assert!(!self.timed_out, "command timed out:\n{}", self.dump());
         assert_eq!(self.code, want, "unexpected exit code:\n{}", self.dump());
         self
     }
 
     /// Non-empty stdout lines.
-    pub fn lines(&self) -> Vec<&str> {
+    pub(crate) fn lines(&self) -> Vec<&str> {
         self.stdout.lines().filter(|l| !l.trim().is_empty()).collect()
     }
 
     /// stdout parsed as one JSON value.
     #[track_caller]
-    pub fn json(&self) -> serde_json::Value {
+    pub(crate) fn json(&self) -> serde_json::Value {
         serde_json::from_str(self.stdout.trim())
             .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", self.dump()))
     }
@@ -111,7 +111,7 @@ fn exit_code(st: std::process::ExitStatus) -> i32 {
 }
 
 /// A spawned process in its own process group with captured output.
-pub struct Running {
+pub(crate) struct Running {
     child: Child,
     out: mpsc::Receiver<Vec<u8>>,
     err: mpsc::Receiver<Vec<u8>>,
@@ -121,7 +121,7 @@ pub struct Running {
 }
 
 /// Spawn `cmd` in a new process group, stdin closed, stdout/stderr captured.
-pub fn spawn(mut cmd: Command, marker: Option<&Path>) -> Running {
+pub(crate) fn spawn(mut cmd: Command, marker: Option<&Path>) -> Running {
     let what = describe(&cmd);
     cmd.process_group(0).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot spawn {what}: {e}"));
@@ -132,17 +132,17 @@ pub fn spawn(mut cmd: Command, marker: Option<&Path>) -> Running {
 
 impl Running {
     /// True once the process has exited.
-    pub fn exited(&mut self) -> bool {
+    pub(crate) fn exited(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(Some(_)))
     }
 
     /// Process id.
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
     /// Wait up to `timeout`; on timeout kill the process group (and every marked process) and report it.
-    pub fn wait(mut self, timeout: Duration) -> Output {
+    pub(crate) fn wait(mut self, timeout: Duration) -> Output {
         let deadline = self.started + timeout;
         let mut timed_out = false;
         let status = loop {
@@ -172,7 +172,7 @@ impl Running {
 }
 
 /// Run `cmd` to completion with a watchdog.
-pub fn run(cmd: Command, timeout: Duration, marker: Option<&Path>) -> Output {
+pub(crate) fn run(cmd: Command, timeout: Duration, marker: Option<&Path>) -> Output {
     spawn(cmd, marker).wait(timeout)
 }
 
@@ -184,7 +184,7 @@ fn kill_group(pgid: i32) {
 }
 
 /// Processes (pid, command line) whose command line or environment contains `marker`, except this process.
-pub fn marked_processes(marker: &Path) -> Vec<(i32, String)> {
+pub(crate) fn marked_processes(marker: &Path) -> Vec<(i32, String)> {
     let needle = marker.as_os_str().as_encoded_bytes().to_vec();
     let me = std::process::id() as i32;
     let mut found = Vec::new();
@@ -213,7 +213,7 @@ pub fn marked_processes(marker: &Path) -> Vec<(i32, String)> {
 }
 
 /// SIGKILL every process carrying `marker`.
-pub fn kill_marked(marker: &Path) {
+pub(crate) fn kill_marked(marker: &Path) {
     for _ in 0..3 {
         let ps = marked_processes(marker);
         if ps.is_empty() {
@@ -230,7 +230,7 @@ pub fn kill_marked(marker: &Path) {
 }
 
 /// Processes (pid, argv) whose argv is exactly `argv`.
-pub fn processes_with_argv(argv: &[&str]) -> Vec<(i32, String)> {
+pub(crate) fn processes_with_argv(argv: &[&str]) -> Vec<(i32, String)> {
     let want: Vec<u8> = argv.iter().flat_map(|a| a.bytes().chain(std::iter::once(0))).collect();
     let mut found = Vec::new();
     let Ok(rd) = std::fs::read_dir("/proc") else { return found };
@@ -244,13 +244,13 @@ pub fn processes_with_argv(argv: &[&str]) -> Vec<(i32, String)> {
 }
 
 /// A unique token for marker arguments (e.g. `sleep 100.<token>`).
-pub fn unique_token() -> String {
+pub(crate) fn unique_token() -> String {
     let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
     format!("{}{:09}", std::process::id() % 100000, n)
 }
 
 /// Poll `f` every 50 ms until it returns true or `timeout` passes; returns whether it did.
-pub fn wait_for(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+pub(crate) fn wait_for(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
         if f() {
@@ -264,7 +264,7 @@ pub fn wait_for(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 }
 
 /// A fresh temporary directory, world-readable (so a foreign uid can reach the sockets inside).
-pub fn tempdir() -> tempfile::TempDir {
+pub(crate) fn tempdir() -> tempfile::TempDir {
     let d = tempfile::Builder::new().prefix("vigil-it-").tempdir().expect("tempdir");
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod tempdir");
@@ -272,12 +272,12 @@ pub fn tempdir() -> tempfile::TempDir {
 }
 
 /// `PATH` with the binary directory first.
-pub fn path_env() -> String {
+pub(crate) fn path_env() -> String {
     format!("{}:{}", bin_dir().display(), std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into()))
 }
 
 /// A `vigil` command with a clean environment for `dir` (TMPDIR and cwd = dir, no inherited VIGIL_*).
-pub fn vigil_cmd(dir: &Path) -> Command {
+pub(crate) fn vigil_cmd(dir: &Path) -> Command {
     let mut c = Command::new(vigil_bin());
     for (k, _) in std::env::vars() {
         if k.starts_with("VIGIL_") {
@@ -289,7 +289,12 @@ pub fn vigil_cmd(dir: &Path) -> Command {
 }
 
 /// Run `vigil start --test-size=N [-S a]... COMMAND...` to completion (a fresh tempdir as marker).
-pub fn start_and_run(size: u32, attrs: &[&str], command: &[&str], timeout: Duration) -> (Output, tempfile::TempDir) {
+pub(crate) fn start_and_run(
+    size: u32,
+    attrs: &[&str],
+    command: &[&str],
+    timeout: Duration,
+) -> (Output, tempfile::TempDir) {
     let dir = tempdir();
     let mut c = vigil_cmd(dir.path());
     c.arg("start").arg(format!("--test-size={size}"));
@@ -304,7 +309,7 @@ pub fn start_and_run(size: u32, attrs: &[&str], command: &[&str], timeout: Durat
 
 /// A running test instance whose initial program waits until it is told to stop; the test drives it from
 /// outside with `VIGIL_URI`.
-pub struct Instance {
+pub(crate) struct Instance {
     /// Temporary directory (marker, TMPDIR, cwd).
     pub dir: tempfile::TempDir,
     /// `VIGIL_URI` of rank 0.
@@ -317,7 +322,7 @@ pub struct Instance {
 impl Instance {
     /// Start `size` brokers with `-S` attributes and wait until the initial program runs.
     #[track_caller]
-    pub fn start(size: u32, attrs: &[&str]) -> Instance {
+    pub(crate) fn start(size: u32, attrs: &[&str]) -> Instance {
         let dir = tempdir();
         let d = dir.path().display().to_string();
         let script = format!(
@@ -356,31 +361,31 @@ impl Instance {
     }
 
     /// Path of rank 0's local socket.
-    pub fn socket_path(&self) -> PathBuf {
+    pub(crate) fn socket_path(&self) -> PathBuf {
         PathBuf::from(self.uri.strip_prefix("local://").unwrap_or(&self.uri))
     }
 
     /// A `vigil` command attached to this instance.
-    pub fn cmd(&self) -> Command {
+    pub(crate) fn cmd(&self) -> Command {
         let mut c = vigil_cmd(self.dir.path());
         c.env("VIGIL_URI", &self.uri);
         c
     }
 
     /// Run `vigil ARGS...` against the instance (default timeout).
-    pub fn vigil(&self, args: &[&str]) -> Output {
+    pub(crate) fn vigil(&self, args: &[&str]) -> Output {
         self.vigil_t(args, CMD_TIMEOUT)
     }
 
     /// Run `vigil ARGS...` against the instance with a timeout.
-    pub fn vigil_t(&self, args: &[&str], timeout: Duration) -> Output {
+    pub(crate) fn vigil_t(&self, args: &[&str], timeout: Duration) -> Output {
         let mut c = self.cmd();
         c.args(args);
         run(c, timeout, None)
     }
 
     /// Spawn `vigil ARGS...` without waiting.
-    pub fn vigil_spawn(&self, args: &[&str]) -> Running {
+    pub(crate) fn vigil_spawn(&self, args: &[&str]) -> Running {
         let mut c = self.cmd();
         c.args(args);
         spawn(c, None)
@@ -388,7 +393,7 @@ impl Instance {
 
     /// `vigil job info ID` as JSON.
     #[track_caller]
-    pub fn job_info(&self, id: &str) -> serde_json::Value {
+    pub(crate) fn job_info(&self, id: &str) -> serde_json::Value {
         let o = self.vigil(&["job", "info", id]);
         o.ok();
         o.json()
@@ -396,7 +401,7 @@ impl Instance {
 
     /// `vigil submit ARGS...`, returning the job id.
     #[track_caller]
-    pub fn submit(&self, args: &[&str]) -> String {
+    pub(crate) fn submit(&self, args: &[&str]) -> String {
         let mut a = vec!["submit"];
         a.extend_from_slice(args);
         let o = self.vigil(&a);
@@ -408,7 +413,7 @@ impl Instance {
 
     /// `vigil jobs -a --json` as the list of job objects.
     #[track_caller]
-    pub fn jobs(&self) -> Vec<serde_json::Value> {
+    pub(crate) fn jobs(&self) -> Vec<serde_json::Value> {
         let o = self.vigil(&["jobs", "-a", "--json"]);
         o.ok();
         o.json()["jobs"].as_array().cloned().unwrap_or_else(|| panic!("no jobs array:\n{}", o.dump()))
@@ -416,7 +421,7 @@ impl Instance {
 
     /// The job object of `id` (f58) from `vigil jobs -a --json`.
     #[track_caller]
-    pub fn job(&self, id: &str) -> serde_json::Value {
+    pub(crate) fn job(&self, id: &str) -> serde_json::Value {
         self.jobs()
             .into_iter()
             .find(|j| j["id_f58"].as_str() == Some(id))
@@ -424,18 +429,18 @@ impl Instance {
     }
 
     /// The job's state name (SCHED, RUN, INACTIVE...).
-    pub fn state(&self, id: &str) -> String {
+    pub(crate) fn state(&self, id: &str) -> String {
         self.job(id)["state"].as_str().unwrap_or("").to_string()
     }
 
     /// Wait until job `id` reaches `state` (up to `timeout`).
-    pub fn wait_state(&self, id: &str, state: &str, timeout: Duration) -> bool {
+    pub(crate) fn wait_state(&self, id: &str, state: &str, timeout: Duration) -> bool {
         wait_for(timeout, || self.state(id) == state)
     }
 
     /// Stop the instance: the initial program exits with `code`. Returns `vigil start`'s output and the
     /// processes of the instance still alive 3 s after it exited (then kills them).
-    pub fn stop_with(mut self, code: i32) -> (Output, Vec<(i32, String)>) {
+    pub(crate) fn stop_with(mut self, code: i32) -> (Output, Vec<(i32, String)>) {
         let _ = std::fs::write(self.dir.path().join("stop"), format!("{code}\n"));
         let r = self.running.take().expect("running");
         let out = r.wait(Duration::from_secs(30));
@@ -460,7 +465,7 @@ impl Drop for Instance {
 }
 
 /// Connect once to a rank-0 local socket under `dir` (any `vigil-*/local-0`); true if connected.
-pub fn poke_local_socket(dir: &Path) -> bool {
+pub(crate) fn poke_local_socket(dir: &Path) -> bool {
     let Ok(rd) = std::fs::read_dir(dir) else { return false };
     for e in rd.flatten() {
         let p = e.path().join("local-0");
@@ -482,7 +487,7 @@ pub fn poke_local_socket(dir: &Path) -> bool {
 /// version, type, flags, route count, u16 topic length, matchtag, nodeid, userid, errnum, seq (u32 each,
 /// big-endian), route entries, topic, payload.
 #[allow(clippy::too_many_arguments)]
-pub fn encode_frame(
+pub(crate) fn encode_frame(
     version: u8,
     msgtype: u8,
     flags: u8,
@@ -513,17 +518,17 @@ pub fn encode_frame(
 }
 
 /// Message types on the wire.
-pub const T_REQUEST: u8 = 1;
+pub(crate) const T_REQUEST: u8 = 1;
 /// Response.
-pub const T_RESPONSE: u8 = 2;
+pub(crate) const T_RESPONSE: u8 = 2;
 /// Event.
-pub const T_EVENT: u8 = 3;
+pub(crate) const T_EVENT: u8 = 3;
 /// Control.
-pub const T_CONTROL: u8 = 4;
+pub(crate) const T_CONTROL: u8 = 4;
 
 /// A decoded frame: (type, topic, errnum, payload as JSON or Null).
 #[derive(Debug)]
-pub struct Frame {
+pub(crate) struct Frame {
     /// Message type.
     pub msgtype: u8,
     /// Topic.
@@ -537,7 +542,7 @@ pub struct Frame {
 }
 
 /// Read one frame; `Ok(None)` on EOF before a frame.
-pub fn read_frame(r: &mut impl Read) -> std::io::Result<Option<Frame>> {
+pub(crate) fn read_frame(r: &mut impl Read) -> std::io::Result<Option<Frame>> {
     let mut len = [0u8; 4];
     let mut got = 0;
     while got < 4 {
@@ -567,7 +572,7 @@ pub fn read_frame(r: &mut impl Read) -> std::io::Result<Option<Frame>> {
 
 /// After sending something bad: read (and ignore) frames until the peer closes the connection; true if it
 /// closed (EOF or reset) within `timeout`, false if it stayed open.
-pub fn peer_closes(s: &mut (impl Read + ?Sized), timeout: Duration) -> bool {
+pub(crate) fn peer_closes(s: &mut (impl Read + ?Sized), timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     let mut buf = [0u8; 4096];
     loop {
@@ -584,7 +589,7 @@ pub fn peer_closes(s: &mut (impl Read + ?Sized), timeout: Duration) -> bool {
 }
 
 /// Deterministic pseudo-random bytes (xorshift), never starting with a plausible frame.
-pub fn junk(n: usize, seed: u64) -> Vec<u8> {
+pub(crate) fn junk(n: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
     let mut v = Vec::with_capacity(n);
     for _ in 0..n {
@@ -600,7 +605,7 @@ pub fn junk(n: usize, seed: u64) -> Vec<u8> {
 }
 
 /// Write all of `data`, ignoring errors (the peer may have closed already).
-pub fn send_all(w: &mut impl Write, data: &[u8]) {
+pub(crate) fn send_all(w: &mut impl Write, data: &[u8]) {
     let _ = w.write_all(data);
     let _ = w.flush();
 }

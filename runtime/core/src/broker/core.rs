@@ -92,7 +92,7 @@ pub const PARENT: u32 = u32::MAX;
 
 /// A PMI barrier in progress (`job-exec.pmi-barrier`): the waiting request of each shell that arrived, by shell
 /// rank, and the union of their puts.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct PmiBarrier {
     pub waiting: BTreeMap<u32, Message>,
     pub kvs: serde_json::Map<String, Value>,
@@ -155,6 +155,7 @@ pub struct Environment {
 }
 
 /// One input to the broker, handed in with the time it happened ([`Broker::handle`]).
+#[derive(Debug)]
 pub enum Input {
     /// Join the instance: register this node with rank 0 (once, after the parent link is up).
     Start,
@@ -300,6 +301,7 @@ pub enum Effect {
 }
 
 /// A local client of this broker.
+#[derive(Debug)]
 pub struct LocalClient {
     /// Its uid (SO_PEERCRED).
     pub uid: u32,
@@ -311,6 +313,7 @@ pub struct LocalClient {
 }
 
 /// What an internal request (sent by the broker itself) was for.
+#[derive(Debug)]
 pub enum Internal {
     Spawn {
         id: JobId,
@@ -328,6 +331,7 @@ pub enum Internal {
 
 /// An overlay round-trip measurement run by this broker for a client (`broker.rtt`): `count` `broker.ping`
 /// requests to `target`, at most `window` in flight, timed by this broker (no client hop in the measurement).
+#[derive(Debug)]
 pub struct RttRun {
     pub req: Message,
     pub target: u32,
@@ -352,6 +356,7 @@ pub enum MemberState {
 }
 
 /// A streaming request for a job's eventlog and/or output.
+#[derive(Debug)]
 pub struct Watcher {
     pub req: Message,
     pub id: JobId,
@@ -366,6 +371,7 @@ pub struct Watcher {
 }
 
 /// One broker's state and rules (see the module documentation).
+#[derive(Debug)]
 pub struct Broker {
     pub opts: super::BrokerOptions,
     pub env: Environment,

@@ -73,6 +73,7 @@ pub const REPARENTING: &str = "unreachable while re-parenting: below rank";
 pub const CANDIDATE_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// An orphan's search for an adoptive parent.
+#[derive(Debug)]
 pub struct Reparent {
     /// The parent that was lost.
     pub lost: u32,

@@ -26,7 +26,7 @@ use crate::shellproto::{describe_status, exit_code, BROKER_EXIT_CUT_OFF};
 
 /// How long the verdict on a cut-off broker of a nested instance waits for the failure that caused it to be
 /// reported (seconds): more than the second a job shell drains its tasks' output before it reports.
-pub const CUT_OFF_GRACE: f64 = 3.0;
+pub(super) const CUT_OFF_GRACE: f64 = 3.0;
 
 /// What a nested broker's wait status says.
 #[derive(Debug, PartialEq)]

@@ -32,12 +32,12 @@ use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The note of the fatal exception of a running job none of whose shells came back within the grace.
-pub const REATTACH_LOST_NOTE: &str =
+pub(super) const REATTACH_LOST_NOTE: &str =
     "rank 0 restarted, and none of the job's shells came back within tbon.parent_grace";
 
 /// The eventlog event (with a journal) of a job shell that exited while its job goes on: `{"rank": R, "status":
 /// S}` (and `abort_code`), S its wait status. Not RFC 21: a reader that does not know it skips it (RFC 18).
-pub const SHELL_EXIT_EVENT: &str = "shell-exit";
+pub(super) const SHELL_EXIT_EVENT: &str = "shell-exit";
 
 /// Jobs waiting to be re-attached after a restart, until a deadline.
 #[derive(Clone, Debug, Default)]

@@ -34,7 +34,7 @@ use vigil_ebpf::{
 /// What each detector runs on: `ebpf`/`xdp ...` or `userspace (reason)`. Shown by `vigil uptime` and
 /// `vigil overlay status`.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
-pub struct DetectorStatus {
+pub(crate) struct DetectorStatus {
     /// Process-exit detection of tasks, shells and brokers.
     pub process_exit: String,
     /// Overlay TCP connection watching.

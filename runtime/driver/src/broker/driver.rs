@@ -200,10 +200,10 @@ struct Handover {
 /// The loop hands what the log holds to the writer thread at least this often (when it has something): 0.5 s,
 /// about what a restart after `kill -9` replays from the log. An idle rank 0 (no input at all) hands it over at
 /// its next input or at its stop.
-pub const FOLD_PERIOD: Duration = Duration::from_millis(500);
+pub(super) const FOLD_PERIOD: Duration = Duration::from_millis(500);
 
 /// ... or as soon as this many records are pending (a flood of submissions): a bound on what is folded at once.
-pub const FOLD_MAX: usize = 4096;
+pub(super) const FOLD_MAX: usize = 4096;
 
 impl Writer {
     /// Start the thread, which owns `store` and ends, once it has folded everything, when the [`Writer`] is

@@ -160,7 +160,7 @@ pub(crate) struct Offer {
 
 impl Offer {
     /// Prepare a QP if a device serves `local`. Err when `tbon.transport=rdma` and none can be used.
-    pub fn new(s: &Settings, local: Option<IpAddr>) -> Result<Offer, String> {
+    pub(crate) fn new(s: &Settings, local: Option<IpAddr>) -> Result<Offer, String> {
         let offer =
             |prepared, why_not| Offer { prepared, why_not, framing: s.framing, mode: s.mode, busy: s.cfg.busy_poll };
         if s.mode == Mode::Tcp {
@@ -238,7 +238,7 @@ pub(crate) enum Answer {
 
 impl Answer {
     /// Decide from the hello's offer and a device serving `local` (our end of the connection).
-    pub fn new(s: &Settings, local: Option<IpAddr>, hello: &Value) -> Answer {
+    pub(crate) fn new(s: &Settings, local: Option<IpAddr>, hello: &Value) -> Answer {
         let res: Result<Connection, String> = if s.mode == Mode::Tcp {
             Err("tbon.transport=tcp".into())
         } else if let Some(offer) = hello.get("rdma") {

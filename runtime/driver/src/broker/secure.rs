@@ -113,6 +113,13 @@ struct Cipher {
     nonce: u64,
 }
 
+/// The key is never printed: only how many records it has sealed or opened.
+impl std::fmt::Debug for Cipher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cipher").field("nonce", &self.nonce).finish_non_exhaustive()
+    }
+}
+
 impl Cipher {
     fn new(k: &[u8; 32]) -> Cipher {
         let key = ring::aead::UnboundKey::new(&ring::aead::AES_256_GCM, k).expect("AES-256-GCM takes a 32-byte key");
@@ -143,6 +150,7 @@ impl Cipher {
 
 /// An authenticated session: each direction's cipher, and plaintext already read (the responder's first
 /// record).
+#[derive(Debug)]
 pub struct Session {
     send: Cipher,
     recv: Cipher,
@@ -239,6 +247,7 @@ impl Session {
 /// The reading end of a secured link: decrypts records in its own input buffer and yields the plaintext byte
 /// stream. It buffers what it reads from the socket itself (one `read` brings many small records), so it wants
 /// an unbuffered reader.
+#[derive(Debug)]
 pub struct SecureReader<R> {
     inner: R,
     cipher: Cipher,
@@ -329,6 +338,7 @@ impl<R: AsyncRead + Unpin> AsyncRead for SecureReader<R> {
 
 /// The writing end of a secured link: writes plaintext straight into the record being built in its output
 /// buffer, seals it in place on flush (or when it is full) and writes the sealed records out.
+#[derive(Debug)]
 pub struct SecureWriter<W> {
     inner: W,
     cipher: Cipher,

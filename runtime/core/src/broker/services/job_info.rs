@@ -86,7 +86,7 @@ fn disconnect(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
 }
 
 /// Send new eventlog entries and output lines to the watchers of job `id`; end finished streams with ENODATA.
-pub fn wake_watchers(core: &mut Broker, id: JobId) {
+pub(crate) fn wake_watchers(core: &mut Broker, id: JobId) {
     let Some(jc) = core.jobcore.as_ref() else { return };
     let Some(job) = jc.jobs.get(&id) else { return };
     let inactive = job.state == JobState::Inactive;

@@ -153,4 +153,4 @@ fn transport(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
 }
 
 /// The start of the reason of a rank torpid because a router above it is: "... rank R" (`overlay.torpid`).
-pub const BEHIND: &str = "unreachable behind torpid router rank";
+pub(crate) const BEHIND: &str = "unreachable behind torpid router rank";
