@@ -431,6 +431,10 @@ pub struct Broker {
     /// them), with the notice's body: the notice asks for no answer and may have died with our parent, so it goes
     /// again after a re-parent or a rejoin (`reparent.rs`).
     pub lost_reports: BTreeMap<u32, serde_json::Value>,
+    /// After this broker re-parented: its `overlay.reparent` notice, until rank 0's `overlay.reparent` event
+    /// naming it comes down. The notice asks for no answer and may die with a router on its way up; rank 0 would
+    /// then cut this live broker off when its orphan deadline passes, so it goes again as the lost reports do.
+    pub reparent_report: Option<serde_json::Value>,
     /// A child of rank 0: rank 0's `tbon.parent_grace` (seconds), from its `grace` control message.
     pub rank0_grace: Option<f64>,
     /// Rank 0's state directory.
@@ -521,6 +525,7 @@ impl Broker {
             exit_reports: BTreeMap::new(),
             known_lost: BTreeSet::new(),
             lost_reports: BTreeMap::new(),
+            reparent_report: None,
             rank0_grace: None,
             statedir: StateDir::None,
             awaiting_durable: Vec::new(),

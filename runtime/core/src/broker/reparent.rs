@@ -31,7 +31,10 @@
 //!   `overlay.reparent` event for it comes down ([`Broker::on_reparent_event`]): theirs went up through the
 //!   orphan too. So are a broker's verdicts on its lost children until rank 0 announces them
 //!   ([`Broker::lost_reports`]; the `overlay.lost` notice asks for no answer): rank 0 takes each once, and none
-//!   about a rank that has another parent by now ([`Broker::stale_lost_notice`]).
+//!   about a rank that has another parent by now ([`Broker::stale_lost_notice`]). So is an orphan's own
+//!   `overlay.reparent` notice until rank 0's event for it comes down ([`Broker::reparent_report`]): one that died
+//!   with a router on its way up would otherwise leave rank 0 to cut the live orphan off at its deadline (found
+//!   by the 16,384-broker overload simulation).
 //! - **Orphans that never come.** Rank 0 expects every child of a lost rank to re-parent within
 //!   [`REPARENT_TIMEOUT`] (meanwhile they and the ranks below them are torpid: no new work goes there); one that
 //!   does not is lost ("cut off"), and so on below it. An orphan re-parented is lively again even if its lost
@@ -314,17 +317,17 @@ impl Broker {
         if rp.dropped > 0 {
             warn!("re-parenting: {} message(s) to rank 0 were dropped (queue full)", rp.dropped);
         }
-        let mut m = Message::request(
-            "overlay.reparent",
-            0,
-            &json!({"rank": self.rank(), "parent": parent, "lost": rp.lost, "ms": took.as_secs_f64() * 1e3}),
-        );
+        let body = json!({"rank": self.rank(), "parent": parent, "lost": rp.lost, "ms": took.as_secs_f64() * 1e3});
+        let mut m = Message::request("overlay.reparent", 0, &body);
         m.flags = FLAG_NORESPONSE;
         self.route_request(SELF, m);
         for m in rp.queue {
             self.send_up(m);
         }
+        // A notice from before this re-parent is replaced (kept after the resends: this one was just sent).
+        self.reparent_report = None;
         self.resend_exit_reports(&rp.queue_tags);
+        self.reparent_report = Some(body);
     }
 
     /// Shell exit reports that got no answer may have died with a lost router on the way: again (rank 0 takes
@@ -348,7 +351,17 @@ impl Broker {
     pub fn on_reparent_event(&mut self, body: &Value) {
         self.on_reparent_request(body);
         let Ok(moved) = rank_field(body, "rank", self.opts.size) else { return };
-        if (self.exit_reports.is_empty() && self.lost_reports.is_empty()) || moved == self.rank() {
+        if moved == self.rank() {
+            // Rank 0 recorded our re-parent (under the parent it names: a later one replaces the report).
+            let parent = rank_field(body, "parent", self.opts.size).ok();
+            if self.reparent_report.as_ref().and_then(|r| r.get("parent")).and_then(Value::as_u64)
+                == parent.map(u64::from)
+            {
+                self.reparent_report = None;
+            }
+            return;
+        }
+        if self.exit_reports.is_empty() && self.lost_reports.is_empty() && self.reparent_report.is_none() {
             return;
         }
         let mut x = self.parent;
@@ -431,10 +444,18 @@ impl Broker {
 
     /// Our verdicts on lost children that rank 0 has not announced yet may have died on the way with a lost
     /// router (an `overlay.lost` notice asks for no answer): again, marked `again` (rank 0 takes each once and
-    /// drops one about a rank that has another parent by now, [`Broker::stale_lost_notice`]).
+    /// drops one about a rank that has another parent by now, [`Broker::stale_lost_notice`]); and so does our
+    /// own `overlay.reparent` notice ([`Broker::reparent_report`]).
     pub fn resend_lost_reports(&mut self) {
         if self.rank() == 0 {
             return;
+        }
+        // Our own re-parent notice, not announced yet: rank 0 records one it already has again harmlessly.
+        if let Some(mut body) = self.reparent_report.clone() {
+            body["again"] = json!(true);
+            let mut m = Message::request("overlay.reparent", 0, &body);
+            m.flags = FLAG_NORESPONSE;
+            self.route_request(SELF, m);
         }
         let again: Vec<Value> = self.lost_reports.values().cloned().collect();
         for mut body in again {
@@ -559,6 +580,12 @@ impl Broker {
         let (rank, parent) = (get("rank")?, get("parent")?);
         let lost = get("lost").ok();
         self.learn_parent(rank, parent);
+        if body.get("again").and_then(Value::as_bool) == Some(true) && self.orphans.remove(&rank).is_none() {
+            // Sent again by an orphan that did not see our event (it may have died on the way down): recorded
+            // once already, or cut off since; it hears the event again.
+            self.publish("overlay.reparent", &json!({"rank": rank, "parent": parent}));
+            return Ok(());
+        }
         self.orphans.remove(&rank);
         let wall = self.wall();
         let ids: IdSet = self.subtree_of(rank).into_iter().collect();

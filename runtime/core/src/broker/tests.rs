@@ -1457,6 +1457,55 @@ fn an_orphan_sends_its_unannounced_lost_verdicts_again_once_adopted() {
     assert!(lost7(&effects(&mut b)).is_empty());
 }
 
+/// An orphan's re-parent notice that died with a router on its way up goes again when a rank above the orphan
+/// moves (the router's own orphan re-parented), until rank 0's event for the orphan comes down; rank 0 records
+/// it once. Found by the 16,384-broker overload simulation: 14 live orphans were cut off after 30 s.
+#[test]
+fn an_orphans_re_parent_notice_goes_again_until_rank_0_announces_it() {
+    let notices = |out: &[Effect]| {
+        out.iter()
+            .filter_map(|e| match e {
+                Effect::Send(Peer::Parent, m) if m.topic == "overlay.reparent" => Some(m.json()),
+                _ => None,
+            })
+            .collect::<Vec<Value>>()
+    };
+    // Rank 7 (parent 3) loses its parent and is adopted.
+    let mut b = joined15(7);
+    b.handle(t(1.0), Input::Closed(Peer::Parent, 0, "connection reset".into()));
+    effects(&mut b);
+    b.handle(t(1.1), Input::ParentUp(super::links::LinkChoice { transport: "tcp", detail: String::new() }));
+    let sent = notices(&effects(&mut b));
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    let adopter = b.parent.expect("adopted");
+    assert_eq!((sent[0]["rank"].as_u64(), sent[0]["parent"].as_u64()), (Some(7), Some(u64::from(adopter))));
+    // The adopter's own parent died with the notice in flight; the adopter re-parented: rank 0's event about it.
+    let again = notices(&event(&mut b, t(1.2), "overlay.reparent", json!({"rank": adopter, "parent": 0})));
+    assert_eq!(again.len(), 1, "sent again: {again:?}");
+    assert_eq!((again[0]["rank"].as_u64(), again[0]["again"].as_bool()), (Some(7), Some(true)));
+    // Announced: not again when the adopter moves once more.
+    event(&mut b, t(1.3), "overlay.reparent", json!({"rank": 7, "parent": adopter}));
+    assert!(notices(&event(&mut b, t(1.4), "overlay.reparent", json!({"rank": adopter, "parent": 2}))).is_empty());
+
+    // Rank 0: the first notice is recorded; one sent again after it is only announced again.
+    let mut r0 = root15();
+    let reparents =
+        |b: &Broker| b.jobcore.as_ref().unwrap().resource_eventlog.iter().filter(|e| e.name == "reparent").count();
+    let body = json!({"rank": 7, "parent": 8, "lost": 3});
+    r0.expect_orphans(3);
+    assert!(r0.orphans.contains_key(&7));
+    let first = notice(&mut r0, t(1.0), 2, 8, "overlay.reparent", body.clone());
+    assert!(!r0.orphans.contains_key(&7) && reparents(&r0) == 1);
+    let mut again = body;
+    again["again"] = json!(true);
+    let second = notice(&mut r0, t(1.1), 2, 8, "overlay.reparent", again);
+    assert_eq!(reparents(&r0), 1, "recorded once");
+    let events = |out: &[Effect]| {
+        out.iter().filter(|e| matches!(e, Effect::Send(_, m) if m.topic == "overlay.reparent")).count()
+    };
+    assert_eq!((events(&first), events(&second)), (2, 2), "announced to both children each time");
+}
+
 /// Rank 0 takes a verdict sent again once, and none about a rank that has another parent by now.
 #[test]
 fn rank_0_drops_stale_lost_verdicts() {
