@@ -155,3 +155,31 @@ vigil cancel $hog
     assert!(refused.contains("for good: it shrank"), "{out}");
     assert!(out.contains("ran on 0 1 2"), "{out}");
 }
+
+/// `--exclude`, `--requires`, `-w`: a job runs only where its constraints let it, and one that too few nodes can
+/// satisfy is refused at submit saying so. (A test instance's brokers share one host name, so ranks choose here.)
+#[test]
+fn node_selection_options_choose_where_a_job_runs() {
+    let inst = Instance::start(3, &[]);
+    let ranks = |args: &[&str]| {
+        let mut a = vec!["run"];
+        a.extend_from_slice(args);
+        a.extend_from_slice(&["sh", "-c", "echo $VIGIL_BROKER_RANK"]);
+        let o = inst.vigil(&a);
+        o.ok();
+        let mut r: Vec<String> = o.lines().iter().map(|l| l.to_string()).collect();
+        r.sort();
+        r
+    };
+    assert_eq!(ranks(&["-N2", "--exclude", "1"]), ["0", "2"]);
+    assert_eq!(ranks(&["-N1", "--requires=rank:2"]), ["2"]);
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap().trim().to_string();
+    assert_eq!(ranks(&["-N3", "-w", &host]), ["0", "1", "2"], "every broker has this host name");
+    let o = inst.vigil(&["run", "-N3", "--exclude", "0", "true"]);
+    assert_ne!(o.code, 0, "{}", o.dump());
+    assert!(o.stderr.contains("requested 3 node(s) but 2 of this instance's nodes satisfy"), "{}", o.dump());
+    let o = inst.vigil(&["run", "-w", "no-such-host", "true"]);
+    assert!(o.stderr.contains("0 of this instance's nodes satisfy"), "{}", o.dump());
+    let o = inst.vigil(&["run", "--requires=gpu:1", "true"]);
+    assert!(o.stderr.contains("expected host:HOSTLIST or rank:IDSET"), "{}", o.dump());
+}

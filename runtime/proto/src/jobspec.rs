@@ -255,6 +255,8 @@ pub struct JobRequest {
     /// Requeue the job when it fails because one of its nodes was lost: `attributes.system.requeue: true`
     /// ([`REQUEUE_KEY`]), or the shell option `requeue` set to true, 1, yes or on.
     pub requeue: bool,
+    /// Which nodes the job may run on (`attributes.system.constraints`, RFC 31); `None`: any.
+    pub constraint: Option<crate::constraint::Constraint>,
     /// Non-fatal findings, e.g. `attributes.system.foo: unknown key, ignored`.
     pub warnings: Vec<String>,
 }
@@ -641,6 +643,13 @@ impl Jobspec {
                 ))
             }
         };
+        let constraint = match sys.other.get("constraints") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(
+                crate::constraint::Constraint::parse(v, "attributes.system.constraints")
+                    .map_err(|e| invalid(e.path, e.message))?,
+            ),
+        };
         let mut warnings = Vec::new();
         for key in sys.other.keys() {
             if key != REQUEUE_KEY && !RECOGNIZED_SYSTEM_KEYS.contains(&key.as_str()) {
@@ -666,6 +675,7 @@ impl Jobspec {
             shell_options,
             exclusive,
             requeue,
+            constraint,
             warnings,
         })
     }
@@ -738,6 +748,8 @@ pub struct JobspecBuilder {
     pub exclusive: bool,
     /// `--requeue`: `attributes.system.requeue: true` ([`REQUEUE_KEY`]).
     pub requeue: bool,
+    /// `--requires`, `--nodelist`, `--exclude`: `attributes.system.constraints` (RFC 31).
+    pub constraint: Option<crate::constraint::Constraint>,
 }
 
 impl JobspecBuilder {
@@ -811,6 +823,12 @@ impl JobspecBuilder {
     /// Set `--requeue` (`attributes.system.requeue`).
     pub fn requeue(mut self, on: bool) -> Self {
         self.requeue = on;
+        self
+    }
+
+    /// Set the nodes the job may run on (`attributes.system.constraints`).
+    pub fn constraint(mut self, c: Option<crate::constraint::Constraint>) -> Self {
+        self.constraint = c;
         self
     }
 
@@ -902,10 +920,15 @@ impl JobspecBuilder {
                     environment: self.environment,
                     shell: (!self.shell_options.is_empty())
                         .then(|| Shell { options: self.shell_options, other: Map::new() }),
-                    other: if self.requeue {
-                        Map::from_iter([(REQUEUE_KEY.to_string(), Value::Bool(true))])
-                    } else {
-                        Map::new()
+                    other: {
+                        let mut other = Map::new();
+                        if self.requeue {
+                            other.insert(REQUEUE_KEY.to_string(), Value::Bool(true));
+                        }
+                        if let Some(c) = &self.constraint {
+                            other.insert("constraints".to_string(), c.to_value());
+                        }
+                        other
                     },
                 },
                 user: Map::new(),

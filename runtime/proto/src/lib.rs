@@ -48,6 +48,7 @@ macro_rules! string_form {
 }
 
 pub mod affinity;
+pub mod constraint;
 pub mod duration;
 pub mod eventlog;
 pub mod hostlist;

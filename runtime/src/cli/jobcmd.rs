@@ -30,6 +30,9 @@ pub struct SubmitArgs {
     /// Allocate whole nodes.
     #[arg(long)]
     pub exclusive: bool,
+    /// Which nodes the job may run on.
+    #[command(flatten)]
+    pub select: NodeSelection,
     /// If the job fails because one of its nodes is lost, put it back in the queue ahead of later jobs and run it
     /// again on live nodes (same id), at most `sched.max-requeue` times (`-o requeue` is the same).
     #[arg(long)]
@@ -67,6 +70,33 @@ pub struct SubmitArgs {
     /// Command and arguments.
     #[arg(value_name = "COMMAND", required = true)]
     pub command: Vec<String>,
+}
+
+/// Which nodes a job may run on (`run`, `submit`, `batch`, `alloc`): Flux's `--requires` and `--exclude`, Slurm's
+/// `-w/--nodelist` and `-x/--exclude`; all must hold (`attributes.system.constraints`, RFC 31). A request that
+/// too few nodes satisfy is refused at submit, saying so.
+#[derive(Args, Debug, Clone, Default)]
+pub struct NodeSelection {
+    /// Only nodes that meet SPEC (repeatable): `host:HOSTLIST` (`host:node[1-4]`) or `rank:IDSET`.
+    #[arg(long = "requires", value_name = "SPEC")]
+    pub requires: Vec<String>,
+    /// Only these nodes (a host list, `node[1-4,7]`), as Slurm's -w.
+    #[arg(short = 'w', long = "nodelist", value_name = "HOSTLIST")]
+    pub nodelist: Option<String>,
+    /// Not these nodes: a host list (`node3`), or broker ranks (`3`, `0-2`).
+    #[arg(short = 'x', long = "exclude", value_name = "HOSTLIST|IDSET")]
+    pub exclude: Option<String>,
+}
+
+impl NodeSelection {
+    /// The constraint these options make, if any.
+    pub(crate) fn constraint(&self) -> Result<Option<vigil_proto::constraint::Constraint>, String> {
+        vigil_proto::constraint::Constraint::from_options(
+            &self.requires,
+            self.nodelist.as_deref(),
+            self.exclude.as_deref(),
+        )
+    }
 }
 
 /// Most `--cc` submissions in flight on the connection at once: enough to keep rank 0's loop busy, few enough
@@ -225,7 +255,8 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
         .cores_per_task(a.cores_per_task)
         .gpus_per_task(a.gpus_per_task)
         .exclusive(a.exclusive)
-        .requeue(a.requeue);
+        .requeue(a.requeue)
+        .constraint(a.select.constraint()?);
     if let Some(n) = a.nodes {
         if n == 0 {
             return Err("-N must be at least 1".into());

@@ -36,6 +36,9 @@ pub struct InstanceOpts {
     /// Environment edits, as for `vigil run`.
     #[arg(long = "env", value_name = "RULE", allow_hyphen_values = true)]
     pub env: Vec<String>,
+    /// Which nodes the allocation may take (`--requires`, `-w/--nodelist`, `-x/--exclude`), as for `vigil run`.
+    #[command(flatten)]
+    pub select: super::jobcmd::NodeSelection,
     /// Job shell options (`-o requeue` is `--requeue`).
     #[arg(short = 'o', long = "setopt")]
     pub setopt: Vec<String>,
@@ -188,6 +191,11 @@ pub(crate) fn merge_opts(mut cli: InstanceOpts, dir: Option<InstanceOpts>) -> Re
     merge("--output", &mut cli.output, &d.output)?;
     merge("--error", &mut cli.error, &d.error)?;
     merge("--cwd", &mut cli.cwd, &d.cwd)?;
+    merge("--nodelist", &mut cli.select.nodelist, &d.select.nodelist)?;
+    merge("--exclude", &mut cli.select.exclude, &d.select.exclude)?;
+    let mut req = d.select.requires;
+    req.extend(cli.select.requires);
+    cli.select.requires = req;
     cli.requeue |= d.requeue;
     let mut env = d.env;
     env.extend(cli.env);
@@ -253,6 +261,7 @@ fn instance_jobspec(
         gpus_per_task: 0,
         time_limit: o.time_limit.clone(),
         exclusive: true,
+        select: o.select.clone(),
         requeue: o.requeue,
         env: o.env.clone(),
         cwd: o.cwd.clone(),

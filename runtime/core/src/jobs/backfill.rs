@@ -270,7 +270,7 @@ impl JobCore {
         let held = |j: &JobId| {
             self.jobs.get(j).into_iter().flat_map(|j| j.alloc.iter().filter(|a| !j.released.contains(a.rank)))
         };
-        let base = self.pool.counts();
+        let base = self.pool.counts(req);
         let fits_after = |k: usize| {
             let mut c = base.clone();
             for (_, j) in &ends[..k] {

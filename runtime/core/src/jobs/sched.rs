@@ -112,6 +112,14 @@ pub enum Unsatisfiable {
         /// GPUs of the largest node.
         have_gpus: u32,
     },
+    /// Fewer nodes satisfy the job's constraints (`--requires`, `--nodelist`, `--exclude`) than it needs.
+    #[error("requested {want} node(s) but {have} of this instance's nodes satisfy the job's constraints")]
+    Constrained {
+        /// Nodes needed (1 for a request of slots).
+        want: u32,
+        /// Nodes of the instance that satisfy the constraints.
+        have: u32,
+    },
     /// More slots than the instance can hold.
     #[error("requested {want} slots of {cores} cores and {gpus} GPUs but this instance holds at most {have}")]
     Slots {
@@ -182,6 +190,11 @@ impl Counts {
     }
 }
 
+/// Whether the job's constraints (RFC 31) let it run on rank `r`.
+fn eligible(req: &JobRequest, r: &RankPool) -> bool {
+    req.constraint.as_ref().is_none_or(|c| c.matches(r.rank, &r.hostname))
+}
+
 /// Resource pool of an instance, keyed by rank.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Pool {
@@ -237,7 +250,13 @@ impl Pool {
     fn feasible_on(&self, req: &JobRequest, keep: impl Fn(&RankPool) -> bool) -> Result<(), Unsatisfiable> {
         let c = req.cores_per_slot;
         let g = req.gpus_per_slot;
-        let ranks = || self.ranks.values().filter(|r| keep(r));
+        let ranks = || self.ranks.values().filter(|r| keep(r) && eligible(req, r));
+        if req.constraint.is_some() {
+            let (want, have) = (req.nnodes.unwrap_or(1), ranks().count() as u32);
+            if have < want {
+                return Err(Unsatisfiable::Constrained { want, have });
+            }
+        }
         let (max_c, max_g) = ranks()
             .map(|r| (r.cores.len() as u32, r.gpus.len() as u32))
             .fold((0, 0), |a, b| (a.0.max(b.0), a.1.max(b.1)));
@@ -293,7 +312,7 @@ impl Pool {
         match req.nnodes {
             Some(n) => {
                 let per = req.slots_per_node.unwrap_or(1);
-                for r in self.ranks.values().filter(|r| r.schedulable()) {
+                for r in self.ranks.values().filter(|r| r.schedulable() && eligible(req, r)) {
                     if plan.len() as u32 == n {
                         break;
                     }
@@ -320,7 +339,7 @@ impl Pool {
             }
             None => {
                 let mut left = req.nslots;
-                for r in self.ranks.values().filter(|r| r.schedulable()) {
+                for r in self.ranks.values().filter(|r| r.schedulable() && eligible(req, r)) {
                     if left == 0 {
                         break;
                     }
@@ -385,7 +404,7 @@ impl Pool {
             Some(n) => {
                 let per = req.slots_per_node.unwrap_or(1);
                 let (mut now, mut busy) = (0u32, 0u32);
-                for r in self.ranks.values().filter(|r| r.schedulable()) {
+                for r in self.ranks.values().filter(|r| r.schedulable() && eligible(req, r)) {
                     let (nc, ng) = r.nfree();
                     let idle = r.alloc_cores.is_empty() && r.alloc_gpus.is_empty();
                     if Self::fit(nc, ng, c, g) >= per && (idle || !req.exclusive) {
@@ -407,7 +426,7 @@ impl Pool {
                 let free: u64 = self
                     .ranks
                     .values()
-                    .filter(|r| r.schedulable())
+                    .filter(|r| r.schedulable() && eligible(req, r))
                     .map(|r| {
                         let (nc, ng) = r.nfree();
                         Self::fit(nc, ng, c, g) as u64
@@ -436,8 +455,8 @@ impl Pool {
         }
     }
 
-    /// The pool's [`Counts`].
-    pub fn counts(&self) -> Counts {
+    /// The pool's [`Counts`] for `req`: the ranks its constraints exclude count as not schedulable.
+    pub fn counts(&self, req: &JobRequest) -> Counts {
         let rows = self
             .ranks
             .values()
@@ -451,7 +470,7 @@ impl Pool {
                     free_gpus,
                     alloc_cores: r.alloc_cores.len() as u32,
                     alloc_gpus: r.alloc_gpus.len() as u32,
-                    schedulable: r.schedulable(),
+                    schedulable: r.schedulable() && eligible(req, r),
                 }
             })
             .collect();
@@ -500,6 +519,32 @@ mod tests {
             p.add_rank(r, &format!("node{r}"), (0..cores).collect(), (0..gpus).collect());
         }
         p
+    }
+
+    /// `--exclude`, `--nodelist`, `--requires`: only the nodes the constraint accepts are counted, placed on and
+    /// said in the pending reason; a request more of them cannot satisfy is refused saying so.
+    #[test]
+    fn constraints_choose_the_nodes() {
+        use crate::constraint::Constraint;
+        let mut p = pool(4, 2, 0);
+        let with = |r: JobRequest, c: Option<Constraint>| JobRequest { constraint: c, ..r };
+        let not1 = Constraint::from_options(&[], None, Some("node1")).unwrap();
+        let a = p.allocate(&with(req(Some(2), 2, 1, 0), not1.clone())).unwrap();
+        assert_eq!(a.iter().map(|x| x.rank).collect::<Vec<_>>(), vec![0, 2], "node1 excluded");
+        assert_eq!(
+            p.feasible(&with(req(Some(4), 4, 1, 0), not1.clone())),
+            Err(Unsatisfiable::Constrained { want: 4, have: 3 })
+        );
+        let only3 = Constraint::from_options(&[], Some("node3"), None).unwrap();
+        let b = p.allocate(&with(req(None, 2, 1, 0), only3.clone())).unwrap();
+        assert_eq!(b.iter().map(|x| (x.rank, x.slots)).collect::<Vec<_>>(), vec![(3, 2)]);
+        // node3 is full now: the job waits, counting node3 alone, though node1 is idle.
+        let wait = with(req(Some(1), 1, 1, 0), only3);
+        assert!(p.allocate(&wait).is_none() && !p.counts(&wait).fits(&wait));
+        assert!(p.counts(&req(Some(1), 1, 1, 0)).fits(&req(Some(1), 1, 1, 0)), "unconstrained, node1 fits");
+        assert!(p.pending_reason(&wait).contains("0 can take it now (1 busy)"), "{}", p.pending_reason(&wait));
+        let none = Constraint::from_options(&["host:login1".into()], None, None).unwrap();
+        assert_eq!(p.feasible(&with(req(None, 1, 1, 0), none)), Err(Unsatisfiable::Constrained { want: 1, have: 0 }));
     }
 
     #[test]
@@ -593,10 +638,10 @@ mod tests {
                 }
             }
             let probe = mk(probe);
-            prop_assert_eq!(p.counts().fits(&probe), p.clone().allocate(&probe).is_some());
+            prop_assert_eq!(p.counts(&probe).fits(&probe), p.clone().allocate(&probe).is_some());
             // And after freeing one more job, on counts and on the pool alike.
             if let Some(a) = live.pop() {
-                let mut counts = p.counts();
+                let mut counts = p.counts(&probe);
                 counts.free(&a);
                 p.free(&a, None);
                 prop_assert_eq!(counts.fits(&probe), p.clone().allocate(&probe).is_some());

@@ -59,6 +59,9 @@ fn submit(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                     crate::jobs::SubmitError::Unsatisfiable(crate::jobs::sched::Unsatisfiable::Nodes {
                         want, ..
                     }) => *want <= size,
+                    crate::jobs::SubmitError::Unsatisfiable(crate::jobs::sched::Unsatisfiable::Constrained {
+                        ..
+                    }) => true,
                     crate::jobs::SubmitError::Unsatisfiable(crate::jobs::sched::Unsatisfiable::NodeTooSmall {
                         ..
                     }) => true,
