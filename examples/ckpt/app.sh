@@ -2,7 +2,8 @@
 # A checkpointing application (one task per node), SCR-style partner scheme.
 # Every STEP_S seconds each rank advances its state, writes a checkpoint to its node's local directory
 # ($CKPT_ROOT/<node>/ckpt.<rank>), and a copy to its partner's node (rank+1 mod size) as partner.<rank>.
-# On start a rank resumes from the newest checkpoint of its rank it can find on its node.
+# On start a rank resumes from the newest checkpoint of its rank it can find on its node; after a relaunch it
+# refuses (exit 3) to resume from older than the newest complete one batch.sh found ($CKPT_ROOT/expect.<rank>).
 # Usage: app.sh STEPS   (environment: CKPT_ROOT, STEP_S)
 set -eu
 steps=$1
@@ -17,6 +18,10 @@ if [ -f "$dir/ckpt.$rank" ]; then
     echo "rank $rank on $node: resuming from checkpoint at step $state"
 else
     echo "rank $rank on $node: starting from step 0"
+fi
+if [ -f "$CKPT_ROOT/expect.$rank" ] && [ "$state" -lt "$(cat "$CKPT_ROOT/expect.$rank")" ]; then
+    echo "rank $rank on $node: ERROR: would resume at step $state, but its newest checkpoint is at step $(cat "$CKPT_ROOT/expect.$rank")" >&2
+    exit 3
 fi
 partner=$(( (rank + 1) % size ))
 # The partner's node: published by each rank in the shared map written at start.

@@ -737,7 +737,7 @@ fn n_plus_one_checkpoint_restart() {
     assert!(t_end1 > t_kill, "launch 1 ended before the kill:\n{ctx}");
     let (t_rebuilt, rebuilt) =
         stamped(&out, "rebuilt checkpoint of rank 3").unwrap_or_else(|| panic!("no rebuild of rank 3:\n{ctx}"));
-    assert!(rebuilt.contains("on spare node5"), "{rebuilt}\n{ctx}");
+    assert!(rebuilt.contains("on node5") && rebuilt.ends_with("(the spare)"), "{rebuilt}\n{ctx}");
     let rebuilt_step: u32 =
         rebuilt.split("(step ").nth(1).and_then(|s| s.split(')').next()).and_then(|s| s.parse().ok()).unwrap_or(0);
     assert!(rebuilt_step >= 3, "rebuilt from an old partner copy:\n{ctx}");
@@ -777,6 +777,32 @@ fn n_plus_one_checkpoint_restart() {
     let want: BTreeMap<u32, (String, u32)> =
         (0..4).map(|r| (r, (format!("node{}", if r == 3 { 5 } else { r + 1 }), STEPS))).collect();
     assert_eq!(m, want, "final checkpoints:\n{ctx}");
+}
+
+/// The node of a middle application rank dies (node2, rank 1 of 4): the relaunch puts rank r on the r-th
+/// surviving node, so rank 1's checkpoint is rebuilt from its partner copy where rank 1 will run (node3), ranks
+/// 2 and 3 move up one node (rank 3 onto the spare), and every rank resumes from its newest checkpoint (app.sh
+/// exits 3 otherwise), none from step 0.
+#[test]
+fn n_plus_one_survives_a_middle_node() {
+    let k = start_ckpt(3);
+    let c = &k.c;
+    c.kill_node(2);
+    let w = c.vigil_in(c.path(), &[], &["job", "wait", &k.id], JOB_END);
+    let out = k.output();
+    let ctx = format!("{}\n--- vigil-{}.out ---\n{out}", w.dump(), k.id);
+    assert_eq!((w.timed_out, w.code), (false, 0), "the batch job did not survive the loss of node2:\n{ctx}");
+    let (_, rebuilt) =
+        stamped(&out, "rebuilt checkpoint of rank 1").unwrap_or_else(|| panic!("no rebuild of rank 1:\n{ctx}"));
+    assert!(rebuilt.contains("on node3 from the partner copy on node3"), "{rebuilt}\n{ctx}");
+    assert!(out.contains("moved checkpoint of rank 3") && out.contains("to node5 (the spare)"), "{ctx}");
+    let after = &out[out.find("launch 2:").unwrap_or_else(|| panic!("no launch 2:\n{ctx}"))..];
+    assert!(!after.contains("starting from step 0") && !after.contains("ERROR"), "{ctx}");
+    for (r, node) in [(0, "node1"), (1, "node3"), (2, "node4"), (3, "node5")] {
+        assert!(after.contains(&format!("rank {r} on {node}: resuming")), "rank {r} should resume on {node}:\n{ctx}");
+    }
+    let m = checkpoints(&k.root);
+    assert!((0..4).all(|r| m.get(&r).is_some_and(|(_, s)| *s == STEPS)), "final checkpoints {m:?}:\n{ctx}");
 }
 
 #[test]
