@@ -183,3 +183,22 @@ fn node_selection_options_choose_where_a_job_runs() {
     let o = inst.vigil(&["run", "--requires=gpu:1", "true"]);
     assert!(o.stderr.contains("expected host:HOSTLIST or rank:IDSET"), "{}", o.dump());
 }
+
+/// `vigil resource status --states ... -no FORMAT`: a script gets the node list of a state alone, and nothing for a
+/// state no node is in.
+#[test]
+fn resource_status_prints_the_nodes_of_a_state_for_scripts() {
+    let inst = Instance::start(3, &[]);
+    inst.vigil(&["resource", "drain", "2", "maintenance"]).ok();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap().trim().to_string();
+    let o = inst.vigil(&["resource", "status", "-s", "avail", "-no", "{ranks} {nodelist}"]);
+    o.ok();
+    assert_eq!(o.stdout, format!("0-1 {host},{host}\n"), "{}", o.dump());
+    let o = inst.vigil(&["resource", "status", "--states=drained,lost", "-o", "{state}:{nnodes}:{reason}"]);
+    o.ok();
+    assert_eq!(o.stdout, "STATE:NNODES:REASON\ndrained:1:maintenance\n", "{}", o.dump());
+    let o = inst.vigil(&["resource", "status", "-s", "lost", "-no", "{nodelist}"]);
+    assert_eq!((o.code, o.stdout.as_str()), (0, ""), "{}", o.dump());
+    let o = inst.vigil(&["resource", "status", "-s", "gone"]);
+    assert!(o.code != 0 && o.stderr.contains("unknown state 'gone'"), "{}", o.dump());
+}

@@ -16,6 +16,17 @@ pub enum ResourceCmd {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Only these states, comma-separated: avail, torpid, drained, lost, down (a drained node that is lost or
+        /// down is in both); groups with no node are then left out.
+        #[arg(short = 's', long, value_name = "STATES", value_delimiter = ',')]
+        states: Vec<String>,
+        /// Print each group with this format: `{state}`, `{nnodes}`, `{ranks}`, `{nodelist}`, `{reason}` (e.g.
+        /// `-no {nodelist}` for the host list alone).
+        #[arg(short = 'o', long, value_name = "FORMAT")]
+        format: Option<String>,
+        /// No header line.
+        #[arg(short = 'n', long)]
+        no_header: bool,
     },
     /// Show free, allocated and down cores and GPUs.
     List {
@@ -153,11 +164,49 @@ fn hosts_of(rows: &[&Value]) -> String {
     hl.to_string()
 }
 
+/// Fields of `vigil resource status -o`.
+const STATUS_FIELDS: [&str; 5] = ["state", "nnodes", "ranks", "nodelist", "reason"];
+
+/// A `-o` format names only known fields (`{name}`), with balanced braces.
+fn check_format(f: &str) -> Result<(), String> {
+    let mut rest = f;
+    while let Some(i) = rest.find('{') {
+        let end = rest[i..].find('}').ok_or_else(|| format!("--format: unclosed '{{' in '{f}'"))?;
+        let name = &rest[i + 1..i + end];
+        if !STATUS_FIELDS.contains(&name) {
+            return Err(format!("--format: unknown field '{{{name}}}' (fields: {})", STATUS_FIELDS.join(", ")));
+        }
+        rest = &rest[i + end + 1..];
+    }
+    Ok(())
+}
+
+/// `f` with each `{name}` replaced by `field(name)` (`f` checked by [`check_format`]).
+fn render_format(f: &str, field: &dyn Fn(&str) -> String) -> String {
+    let mut out = String::new();
+    let mut rest = f;
+    while let Some(i) = rest.find('{') {
+        out.push_str(&rest[..i]);
+        let Some(end) = rest[i..].find('}') else { break };
+        out.push_str(&field(&rest[i + 1..i + end]));
+        rest = &rest[i + end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// `vigil resource ...`.
 pub(crate) async fn resource(cmd: ResourceCmd) -> Result<i32, String> {
     let c = connect().await?;
     match cmd {
-        ResourceCmd::Status { json: as_json } => {
+        ResourceCmd::Status { json: as_json, states, format, no_header } => {
+            const STATES: [&str; 5] = ["avail", "torpid", "drained", "lost", "down"];
+            if let Some(bad) = states.iter().find(|s| !STATES.contains(&s.as_str())) {
+                return Err(format!("--states: unknown state '{bad}' (expected {})", STATES.join(", ")));
+            }
+            if let Some(f) = &format {
+                check_format(f)?;
+            }
             let r = super::rpc_to_rank0(&c, "resource.status", &json!({})).await?;
             if as_json {
                 println!("{r}");
@@ -180,6 +229,9 @@ pub(crate) async fn resource(cmd: ResourceCmd) -> Result<i32, String> {
             }
 
             for s in ["avail", "drained", "down"] {
+                if !states.is_empty() {
+                    break;
+                }
                 if !groups.keys().any(|k| k.1.trim_end_matches('*') == s) {
                     groups.insert(
                         (
@@ -191,17 +243,43 @@ pub(crate) async fn resource(cmd: ResourceCmd) -> Result<i32, String> {
                     );
                 }
             }
+            // A drained node that is lost or down ("drained*") answers to either state.
+            let wanted = |st: &str, rs: &[&Value]| {
+                states.is_empty()
+                    || states.iter().any(|s| s == st.trim_end_matches('*'))
+                    || (st.ends_with('*')
+                        && rs.iter().any(|r| states.iter().any(|s| r["liveness"].as_str() == Some(s.as_str()))))
+            };
             let lines: Vec<(&str, usize, String, String, &str)> = groups
                 .iter()
+                .filter(|((_, st, _), rs)| wanted(st, rs))
                 .map(|((_, st, reason), rs)| {
                     let ranks: IdSet = rs.iter().filter_map(|r| r["rank"].as_u64()).map(|r| r as u32).collect();
                     (st.as_str(), rs.len(), ranks.to_string(), hosts_of(rs), reason.as_str())
                 })
                 .collect();
             // Columns as wide as their longest entry, so that long idsets and hostlists do not push REASON about.
+            if let Some(f) = &format {
+                if !no_header {
+                    println!("{}", render_format(f, &|k| k.to_uppercase()));
+                }
+                for (st, n, ranks, hosts, reason) in &lines {
+                    let field = |k: &str| match k {
+                        "state" => st.to_string(),
+                        "nnodes" => n.to_string(),
+                        "ranks" => ranks.clone(),
+                        "nodelist" => hosts.clone(),
+                        _ => reason.to_string(),
+                    };
+                    println!("{}", render_format(f, &field));
+                }
+                return Ok(0);
+            }
             let wr = lines.iter().map(|l| l.2.len()).max().unwrap_or(0).max(12);
             let wh = lines.iter().map(|l| l.3.len()).max().unwrap_or(0).max(24);
-            println!("{:>8} {:>6} {:<wr$} {:<wh$} REASON", "STATE", "NNODES", "RANKS", "NODELIST");
+            if !no_header {
+                println!("{:>8} {:>6} {:<wr$} {:<wh$} REASON", "STATE", "NNODES", "RANKS", "NODELIST");
+            }
             for (st, n, ranks, hosts, reason) in lines {
                 println!("{st:>8} {n:>6} {ranks:<wr$} {hosts:<wh$} {reason}");
             }
@@ -765,8 +843,19 @@ pub(crate) async fn event(cmd: EventCmd) -> Result<i32, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{broker_tally, statedir_line};
+    use super::{broker_tally, check_format, render_format, statedir_line};
     use serde_json::{json, Value};
+
+    /// `-o` formats: known fields only, each replaced; a header of their names.
+    #[test]
+    fn status_formats_name_known_fields() {
+        assert!(check_format("{nodelist} {nnodes}").is_ok());
+        assert!(check_format("{nodes}").unwrap_err().contains("unknown field '{nodes}'"));
+        assert!(check_format("{ranks").unwrap_err().contains("unclosed"));
+        let f = |k: &str| if k == "nodelist" { "node[1-2]".to_string() } else { k.len().to_string() };
+        assert_eq!(render_format("hosts={nodelist};{state}!", &f), "hosts=node[1-2];5!");
+        assert_eq!(render_format("{nodelist}", &|k| k.to_uppercase()), "NODELIST");
+    }
 
     /// The state directory's line says what an operator must know: restarts and writes, a store that fails
     /// (submissions refused), a redo log that cannot be folded (it grows), a damaged file.
