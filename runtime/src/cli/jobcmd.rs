@@ -45,6 +45,7 @@ pub struct SubmitArgs {
     #[arg(long)]
     pub cwd: Option<String>,
     /// Shell option NAME[=VALUE] (repeatable): cpu-affinity=off|on|per-task, gpu-affinity=..., exit-timeout=DURATION|none,
+    /// kill-timeout=DURATION (SIGKILL this long after SIGTERM; at most the instance's exec.kill-timeout),
     /// exit-on-error (a task that exits non-zero or by a signal fails the whole job at once), memory=SIZE (per
     /// node, e.g. 4G; MiB without a unit, as Slurm's --mem; where the memory controller is enabled).
     #[arg(short = 'o', long = "setopt", value_name = "OPT")]
@@ -327,14 +328,24 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
             ("exit-timeout", Value::String(s)) if s != "none" => {
                 crate::duration::parse_duration_secs(s).map_err(|e| format!("-o {o}: {e}"))?;
             }
+            ("kill-timeout", Value::String(s)) => {
+                let t = crate::duration::parse_duration_secs(s).map_err(|e| format!("-o {o}: {e}"))?;
+                if !t.is_finite() {
+                    return Err(format!("-o {o}: a kill timeout must be finite (at most the instance's exec.kill-timeout)"));
+                }
+            }
             ("requeue", Value::String(s))
                 if !matches!(s.as_str(), "1" | "true" | "yes" | "on" | "0" | "false" | "no" | "off") =>
             {
                 return Err(format!("-o {o}: expected requeue[=1|0|true|false|yes|no|on|off]"));
             }
-            ("cpu-affinity" | "gpu-affinity" | "exit-timeout" | "pmi" | "output" | "exit-on-error" | "requeue", _) => {}
+            (
+                "cpu-affinity" | "gpu-affinity" | "exit-timeout" | "kill-timeout" | "pmi" | "output" | "exit-on-error"
+                | "requeue",
+                _,
+            ) => {}
             _ => eprintln!(
-                "vigil: warning: unknown shell option '{k}' (known: cpu-affinity, gpu-affinity, exit-timeout, pmi, exit-on-error, requeue, memory)"
+                "vigil: warning: unknown shell option '{k}' (known: cpu-affinity, gpu-affinity, exit-timeout, kill-timeout, pmi, exit-on-error, requeue, memory)"
             ),
         }
         b = b.shell_option(k, v);

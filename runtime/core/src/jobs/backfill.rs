@@ -254,7 +254,7 @@ impl JobCore {
         let Some(j) = self.jobs.get(&id) else { return now };
         let limit = j.expiration.unwrap_or(f64::INFINITY);
         let end = match j.term_sent {
-            Some(t) => limit.min(t + self.kill_timeout),
+            Some(t) => limit.min(t + self.kill_timeout_of(j)),
             None => limit,
         };
         end.max(now)

@@ -412,6 +412,10 @@ pub struct Job {
     pub expiration: Option<f64>,
     /// exit-timeout in seconds (`None` = none).
     pub exit_timeout: Option<f64>,
+    /// The job's own `kill-timeout` shell option (seconds from SIGTERM to SIGKILL), if it set one: it may only
+    /// shorten the instance's `exec.kill-timeout` (a job that traps SIGTERM would otherwise hold its nodes, and a
+    /// restart script waiting on it, that long).
+    pub kill_timeout: Option<f64>,
     /// When the first task exited.
     pub first_exit: Option<f64>,
     /// When the exit-timeout clock started: the first task exit, or, if a shell had not started by then, the
@@ -479,6 +483,12 @@ impl Job {
             Some(Value::Number(n)) => n.as_f64().filter(|v| *v > 0.0),
             _ => Some(DEFAULT_EXIT_TIMEOUT),
         };
+        let kill_timeout = match req.shell_options.get("kill-timeout") {
+            Some(Value::String(s)) => crate::duration::parse_duration_secs(s).ok(),
+            Some(Value::Number(n)) => n.as_f64(),
+            _ => None,
+        }
+        .filter(|v| v.is_finite() && *v >= 0.0);
         Job {
             id,
             userid,
@@ -498,6 +508,7 @@ impl Job {
             t_inactive: None,
             expiration: None,
             exit_timeout,
+            kill_timeout,
             first_exit: None,
             exit_clock: None,
             term_sent: None,

@@ -173,6 +173,22 @@ fn cancel_pending_and_running() {
     assert!(c.cancel(T0 + 9.0, run, 0, true, "again").is_err(), "inactive jobs cannot be canceled");
 }
 
+/// `-o kill-timeout=1s` brings SIGKILL sooner after SIGTERM; a longer one than the instance's `exec.kill-timeout`
+/// is held to it.
+#[test]
+fn a_job_may_shorten_its_kill_timeout_but_not_lengthen_it() {
+    let mut c = core(2, 1, 0);
+    let short = c.submit(T0, &spec(cmd().shell_option("kill-timeout", json!("1s"))), 0).unwrap();
+    let long = c.submit(T0, &spec(cmd().shell_option("kill-timeout", json!("10m"))), 0).unwrap();
+    actions(&mut c);
+    c.cancel(T0 + 1.0, short, 0, true, "test").unwrap();
+    assert_eq!(c.next_deadline(), Some(T0 + 2.0));
+    c.handle_timeout(T0 + 2.0);
+    assert_eq!(signals(&actions(&mut c)), vec![(vec![0], crate::signal::SIGTERM), (vec![0], crate::signal::SIGKILL)]);
+    c.cancel(T0 + 3.0, long, 0, true, "test").unwrap();
+    assert_eq!(c.next_deadline(), Some(T0 + 3.0 + DEFAULT_KILL_TIMEOUT));
+}
+
 #[test]
 fn time_limit_and_exit_timeout() {
     let mut c = core(2, 2, 0);

@@ -47,13 +47,19 @@ impl JobCore {
             return None;
         }
         if j.term_sent.is_some() {
-            return (!j.kill_sent).then(|| j.term_sent.unwrap_or(0.0) + self.kill_timeout);
+            return (!j.kill_sent).then(|| j.term_sent.unwrap_or(0.0) + self.kill_timeout_of(j));
         }
         let exit = match (j.exit_clock, j.exit_timeout) {
             (Some(f), Some(t)) => Some(f + t),
             _ => None,
         };
         [j.expiration, exit, self.cut_off_deadline(id)].into_iter().flatten().min_by(f64::total_cmp)
+    }
+
+    /// Seconds from SIGTERM to SIGKILL for job `j`: the instance's `exec.kill-timeout`, or the job's own
+    /// `kill-timeout` if shorter.
+    pub(super) fn kill_timeout_of(&self, j: &super::Job) -> f64 {
+        j.kill_timeout.map_or(self.kill_timeout, |k| k.min(self.kill_timeout))
     }
 
     /// File job `id` under its current next deadline (after anything that may have moved it).
@@ -137,7 +143,7 @@ impl JobCore {
                     self.raise(now, id, "exec", 0, &note);
                 }
             }
-        } else if !j.kill_sent && now >= j.term_sent.unwrap_or(0.0) + self.kill_timeout {
+        } else if !j.kill_sent && now >= j.term_sent.unwrap_or(0.0) + self.kill_timeout_of(j) {
             let ranks: Vec<u32> = j.shells.values().filter(|s| !s.exited).map(|s| s.rank).collect();
             if let Some(j) = self.jobs.get_mut(&id) {
                 j.kill_sent = true;
