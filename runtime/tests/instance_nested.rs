@@ -360,11 +360,19 @@ fn alloc_runs_a_command_and_gives_everything_back() {
     let inst = Instance::start(3, &[]);
     let per_node = cores_per_node(&inst);
     let o = inst.vigil_t(
-        &["alloc", "-N2", "sh", "-c", "vigil getattr size; vigil run -N2 -n2 true || exit 9; exit 3"],
+        &[
+            "alloc",
+            "-N2",
+            "sh",
+            "-c",
+            "vigil getattr size; echo $VIGIL_JOB_NNODES $VIGIL_JOB_NODELIST; vigil run -N2 -n2 true || exit 9; exit 3",
+        ],
         NESTED_TIMEOUT,
     );
     o.code_is(3);
-    assert_eq!(o.lines(), vec!["2"], "{}", o.dump());
+    // The command is told its allocation, as salloc's (SLURM_JOB_NODELIST): a test instance's nodes share a name.
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap().trim().to_string();
+    assert_eq!(o.lines(), vec!["2".to_string(), format!("2 {host},{host}")], "{}", o.dump());
     let id = o
         .stderr
         .lines()

@@ -180,6 +180,11 @@ fn node_selection_options_choose_where_a_job_runs() {
     assert!(o.stderr.contains("requested 3 node(s) but 2 of this instance's nodes satisfy"), "{}", o.dump());
     let o = inst.vigil(&["run", "-w", "no-such-host", "true"]);
     assert!(o.stderr.contains("0 of this instance's nodes satisfy"), "{}", o.dump());
+    assert!(o.stderr.contains("(no-such-host is not a node of this instance)"), "{}", o.dump());
+    // A typo that still leaves enough nodes: the job runs, and the submitter is told.
+    let o = inst.vigil(&["run", "-x", "7", "true"]);
+    o.ok();
+    assert!(o.stderr.contains("no broker of rank 7 has joined this instance"), "{}", o.dump());
     let o = inst.vigil(&["run", "--requires=gpu:1", "true"]);
     assert!(o.stderr.contains("expected host:HOSTLIST or rank:IDSET"), "{}", o.dump());
 }

@@ -69,6 +69,22 @@ impl Constraint {
         }
     }
 
+    /// Every host name and rank the constraint names, whatever the operator around it: a submission naming one
+    /// the instance does not have is most likely a typo, which rank 0 warns of.
+    pub fn named(&self) -> (BTreeSet<String>, IdSet) {
+        let (mut hosts, mut ranks) = (BTreeSet::new(), IdSet::new());
+        let mut stack = vec![self];
+        while let Some(c) = stack.pop() {
+            match c {
+                Constraint::Hosts(h) => hosts.extend(h.iter().cloned()),
+                Constraint::Ranks(r) => ranks = ranks.union(r),
+                Constraint::Not(c) => stack.push(c),
+                Constraint::And(cs) | Constraint::Or(cs) => stack.extend(cs.iter()),
+            }
+        }
+        (hosts, ranks)
+    }
+
     /// The RFC 31 JSON form (what [`Constraint::parse`] reads back).
     pub fn to_value(&self) -> Value {
         match self {
@@ -91,14 +107,22 @@ impl Constraint {
         nodelist: Option<&str>,
         exclude: Option<&str>,
     ) -> Result<Option<Constraint>, String> {
+        // `--exclude node[`, `--requires=host:node[`: the option as it was typed.
+        let typed = |opt: &str, s: &str| if opt.ends_with(':') { format!("{opt}{s}") } else { format!("{opt} {s}") };
         let hosts = |s: &str, opt: &str| -> Result<Constraint, String> {
-            let h = Hostlist::parse(s).map_err(|e| format!("{opt} {s}: {e}"))?;
+            let h = Hostlist::parse(s).map_err(|e| format!("{}: {e}", typed(opt, s)))?;
             if h.is_empty() {
-                return Err(format!("{opt}: an empty host list matches no node"));
+                return Err(format!("{}: an empty host list matches no node", typed(opt, s)));
             }
             Ok(Constraint::Hosts(h.iter().map(str::to_string).collect()))
         };
-        let ranks = |s: &str, opt: &str| IdSet::parse(s).map(Constraint::Ranks).map_err(|e| format!("{opt} {s}: {e}"));
+        let ranks = |s: &str, opt: &str| -> Result<Constraint, String> {
+            let r = IdSet::parse(s).map_err(|e| format!("{}: {e}", typed(opt, s)))?;
+            if r.is_empty() {
+                return Err(format!("{}: an empty idset matches no rank", typed(opt, s)));
+            }
+            Ok(Constraint::Ranks(r))
+        };
         let mut all = Vec::new();
         for r in requires {
             match r.split_once(':') {
@@ -244,5 +268,17 @@ mod tests {
             assert!(Constraint::from_options(bad, None, None).is_err(), "{bad:?}");
         }
         assert!(Constraint::from_options(&[], Some(""), None).unwrap_err().contains("empty"));
+        assert!(Constraint::from_options(&["rank:".into()], None, None).unwrap_err().contains("empty idset"));
+        let e = Constraint::from_options(&["host:n[".into()], None, None).unwrap_err();
+        assert!(e.starts_with("--requires=host:n[: "), "{e}");
+    }
+
+    /// The host names and ranks a constraint names, to tell a user which of them the instance does not have.
+    #[test]
+    fn named_nodes_are_listed() {
+        let k = Constraint::from_options(&["rank:3".into()], Some("a[1-2]"), Some("b")).unwrap().unwrap();
+        let (h, r) = k.named();
+        assert_eq!(h.into_iter().collect::<Vec<_>>(), ["a1", "a2", "b"]);
+        assert_eq!(r.to_string(), "3");
     }
 }

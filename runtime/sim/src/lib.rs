@@ -354,7 +354,15 @@ pub(crate) struct Reattach {
     /// When rank 0's client got a successful answer to the ping it sent the orphan on seeing the record; `None`
     /// if that ping failed (the orphan lost its new parent meanwhile, say).
     pub answered: Option<Time>,
+    /// Pings sent again after a failed one while the orphan runs (a router above its new parent died with the
+    /// ping in flight, and re-parented itself): at most [`PING_RETRIES`], [`PING_RETRY_AFTER`] apart.
+    pub ping_retries: u32,
 }
+
+/// Most times the client pings a re-parented orphan again after a failed ping ([`Reattach::ping_retries`]).
+const PING_RETRIES: u32 = 20;
+/// Between two of those pings.
+const PING_RETRY_AFTER: Duration = Duration::from_millis(500);
 
 /// What the simulator watches of re-parenting while it runs (the `routers` scenarios turn it into figures).
 #[derive(Default)]
@@ -1148,7 +1156,17 @@ impl Sim {
             };
             let i = self.watch.done.len();
             let now = self.now;
-            let rec = Reattach { rank, parent, lost, asked, attempts, timeouts, recorded: now, answered: None };
+            let rec = Reattach {
+                rank,
+                parent,
+                lost,
+                asked,
+                attempts,
+                timeouts,
+                recorded: now,
+                answered: None,
+                ping_retries: 0,
+            };
             self.watch.done.push(rec);
             let tag = self.request_at(self.now, "broker.ping", rank, &serde_json::json!({}));
             self.watch.pings.insert(tag, i);
@@ -1829,8 +1847,15 @@ impl Sim {
                 }
             }
             if let Some(i) = self.watch.pings.remove(&m.matchtag) {
+                let (rank, retries) = (self.watch.done[i].rank, self.watch.done[i].ping_retries);
                 if m.errnum == 0 {
                     self.watch.done[i].answered = Some(self.now);
+                } else if retries < PING_RETRIES && self.broker(rank).is_some() {
+                    // Unreachable for now: a router above its new parent may have died with the ping in flight
+                    // and be re-parenting itself. Again, later; the invariant is that it answers at all.
+                    self.watch.done[i].ping_retries += 1;
+                    let tag = self.request_at(self.now + PING_RETRY_AFTER, "broker.ping", rank, &serde_json::json!({}));
+                    self.watch.pings.insert(tag, i);
                 }
             }
             self.responses.insert(m.matchtag, (m.errnum, m.json()));

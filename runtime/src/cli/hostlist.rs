@@ -43,8 +43,9 @@ pub struct HostlistArgs {
     /// The hosts in exactly one of the lists, sorted.
     #[arg(short = 'X', long)]
     pub xor: bool,
-    /// Leave out these hosts (a host list) from the result.
-    #[arg(short = 'x', long, value_name = "HOSTLIST")]
+    /// Leave out these hosts (a host list) from the result, or, given an idset (`0`, `2-3`), the hosts at those
+    /// 0-based indices (as `flux hostlist -x`).
+    #[arg(short = 'x', long, value_name = "HOSTS|IDS")]
     pub exclude: Option<String>,
     /// Print nothing; exit 1 if the result is empty, 0 otherwise.
     #[arg(short = 'q', long)]
@@ -76,9 +77,18 @@ pub(super) fn hostlist(a: HostlistArgs) -> i32 {
 /// The lists of `a.sources` (standard input's text for `-` or none), combined and filtered as `a` says.
 fn evaluate(a: &HostlistArgs, stdin: &str) -> Result<Hostlist, String> {
     let mut lists = Vec::new();
+    // Each list is bounded by the parser; so is their sum, checked as they come (memory follows the hosts held).
+    let add = |lists: &mut Vec<Hostlist>, l: Hostlist| -> Result<(), String> {
+        let total = lists.iter().map(Hostlist::len).sum::<usize>() + l.len();
+        if total as u64 > crate::hostlist::MAX_HOSTS {
+            return Err(format!("the lists hold more than the {} hosts allowed", crate::hostlist::MAX_HOSTS));
+        }
+        lists.push(l);
+        Ok(())
+    };
     let from_stdin = |lists: &mut Vec<Hostlist>| -> Result<(), String> {
         for word in stdin.split_whitespace() {
-            lists.push(Hostlist::parse(word).map_err(|e| format!("standard input: {e}"))?);
+            add(lists, Hostlist::parse(word).map_err(|e| format!("standard input: {e}"))?)?;
         }
         Ok(())
     };
@@ -89,7 +99,7 @@ fn evaluate(a: &HostlistArgs, stdin: &str) -> Result<Hostlist, String> {
         if s == "-" {
             from_stdin(&mut lists)?;
         } else {
-            lists.push(Hostlist::parse(s).map_err(|e| e.to_string())?);
+            add(&mut lists, Hostlist::parse(s).map_err(|e| e.to_string())?)?;
         }
     }
     let sets: Vec<BTreeSet<&str>> = lists.iter().map(|l| l.iter().collect()).collect();
@@ -114,9 +124,14 @@ fn evaluate(a: &HostlistArgs, stdin: &str) -> Result<Hostlist, String> {
         lists.iter().flat_map(|l| l.iter().map(str::to_string)).collect()
     };
     if let Some(x) = &a.exclude {
-        let x = Hostlist::parse(x).map_err(|e| format!("--exclude: {e}"))?;
-        let x: BTreeSet<&str> = x.iter().collect();
-        hosts.retain(|h| !x.contains(h.as_str()));
+        if !x.is_empty() && x.chars().all(|c| c.is_ascii_digit() || c == ',' || c == '-') {
+            let ids = IdSet::parse(x).map_err(|e| format!("--exclude: {e}"))?;
+            hosts = hosts.into_iter().enumerate().filter(|(i, _)| !ids.contains(*i as u32)).map(|(_, h)| h).collect();
+        } else {
+            let x = Hostlist::parse(x).map_err(|e| format!("--exclude: {e}"))?;
+            let x: BTreeSet<&str> = x.iter().collect();
+            hosts.retain(|h| !x.contains(h.as_str()));
+        }
     }
     if a.sort {
         hosts.sort_by_cached_key(|h| natural(h));
@@ -223,6 +238,7 @@ mod tests {
         assert_eq!(hl(&["-m", "node[1-8]", "node3", "node[6-7]"], ""), Ok("node[1-2,4-5,8]".into()));
         assert_eq!(hl(&["-X", "node[1-4]", "node[3-6]"], ""), Ok("node[1-2,5-6]".into()));
         assert_eq!(hl(&["-x", "node[2,4]", "node[1-5]"], ""), Ok("node[1,3,5]".into()));
+        assert_eq!(hl(&["-x", "0,2", "node[1-5]"], ""), Ok("node[2,4-5]".into()), "an idset: indices");
         assert!(hl(&["-u", "-i", "a", "b"], "").is_err(), "one set operation at a time");
     }
 
@@ -241,6 +257,8 @@ mod tests {
 
     #[test]
     fn bad_lists_are_refused_saying_where() {
+        let e = hl(&["-c", "a[1-600000]", "b[1-600000]"], "").unwrap_err();
+        assert!(e.contains("more than the 1048576 hosts allowed"), "{e}");
         let e = hl(&["node[1-"], "").unwrap_err();
         assert!(e.contains("node[1-"), "{e}");
         let e = hl(&["-x", "n[", "a"], "").unwrap_err();

@@ -44,7 +44,8 @@ pub struct SubmitArgs {
     /// Working directory of the tasks (default: the current directory; a relative one is taken from it).
     #[arg(long)]
     pub cwd: Option<String>,
-    /// Shell option NAME[=VALUE] (repeatable): cpu-affinity=off|on|per-task, gpu-affinity=..., exit-timeout=DURATION|none,
+    /// Shell option NAME[=VALUE] (repeatable): cpu-affinity=off|on|per-task, gpu-affinity=..., exit-timeout=DURATION|none
+    /// (0 is none),
     /// kill-timeout=DURATION (SIGKILL this long after SIGTERM; at most the instance's exec.kill-timeout),
     /// exit-on-error (a task that exits non-zero or by a signal fails the whole job at once), memory=SIZE (per
     /// node, e.g. 4G; MiB without a unit, as Slurm's --mem; where the memory controller is enabled).
@@ -73,15 +74,16 @@ pub struct SubmitArgs {
     pub command: Vec<String>,
 }
 
-/// Which nodes a job may run on (`run`, `submit`, `batch`, `alloc`): Flux's `--requires` and `--exclude`, Slurm's
-/// `-w/--nodelist` and `-x/--exclude`; all must hold (`attributes.system.constraints`, RFC 31). A request that
+/// Which nodes a job may run on (`run`, `submit`, `batch`, `alloc`): Flux's `--requires` and `--exclude`, with
+/// `-w/--nodelist` (only these nodes, not Slurm's "all of these") and `-x`; all must hold (`attributes.system.constraints`, RFC 31). A request that
 /// too few nodes satisfy is refused at submit, saying so.
 #[derive(Args, Debug, Clone, Default)]
 pub struct NodeSelection {
     /// Only nodes that meet SPEC (repeatable): `host:HOSTLIST` (`host:node[1-4]`) or `rank:IDSET`.
     #[arg(long = "requires", value_name = "SPEC")]
     pub requires: Vec<String>,
-    /// Only these nodes (a host list, `node[1-4,7]`), as Slurm's -w.
+    /// Only these nodes (a host list, `node[1-4,7]`): the same as --requires=host:HOSTLIST. Unlike Slurm's -w, the job
+    /// need not take every one of them (ask -N for that many).
     #[arg(short = 'w', long = "nodelist", value_name = "HOSTLIST")]
     pub nodelist: Option<String>,
     /// Not these nodes: a host list (`node3`), or broker ranks (`3`, `0-2`).

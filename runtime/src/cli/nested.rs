@@ -425,15 +425,15 @@ struct Command {
 }
 
 impl Command {
-    /// Starts `command` (the user's shell if empty) with `VIGIL_URI` set to `uri`.
-    fn spawn(uri: &str, command: &[String]) -> Result<Command, String> {
+    /// Starts `command` (the user's shell if empty) with `VIGIL_URI` set to `uri`, and `env` (the job's).
+    fn spawn(uri: &str, command: &[String], env: &[(String, String)]) -> Result<Command, String> {
         let argv: Vec<String> = if command.is_empty() {
             vec![std::env::var("SHELL").unwrap_or_else(|_| "/bin/sh".into())]
         } else {
             command.to_vec()
         };
         let mut cmd = std::process::Command::new(&argv[0]);
-        cmd.args(&argv[1..]).env(crate::client::URI_ENV, uri);
+        cmd.args(&argv[1..]).env(crate::client::URI_ENV, uri).envs(env.iter().map(|(k, v)| (k, v)));
         let tty = crate::foreground::own_foreground_group(&mut cmd);
         let child = tokio::process::Command::from(cmd).spawn().map_err(|e| format!("cannot run {}: {e}", argv[0]))?;
         Ok(Command { child, tty })
@@ -507,8 +507,27 @@ fn shell_code(st: std::process::ExitStatus) -> i32 {
     st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0))
 }
 
-async fn run_with_uri(uri: &str, command: &[String]) -> Result<i32, String> {
-    Command::spawn(uri, command)?.wait().await
+async fn run_with_uri(uri: &str, command: &[String], env: &[(String, String)]) -> Result<i32, String> {
+    Command::spawn(uri, command, env)?.wait().await
+}
+
+/// What a command run in job `id`'s allocation is told of it, as salloc tells `SLURM_JOB_ID` and
+/// `SLURM_JOB_NODELIST`: `VIGIL_JOB_ID`, `VIGIL_JOB_NNODES` and `VIGIL_JOB_NODELIST` (from the job's R, `info`:
+/// the `job-manager.info` answer).
+fn job_env(id: JobId, info: &Value) -> Vec<(String, String)> {
+    let mut env = vec![("VIGIL_JOB_ID".to_string(), id.f58())];
+    let exec = &info["R"]["execution"];
+    let mut nodes = crate::hostlist::Hostlist::new();
+    for part in exec["nodelist"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+        if let Ok(h) = crate::hostlist::Hostlist::parse(part) {
+            h.iter().for_each(|x| nodes.push(x));
+        }
+    }
+    if !nodes.is_empty() {
+        env.push(("VIGIL_JOB_NNODES".into(), nodes.len().to_string()));
+        env.push(("VIGIL_JOB_NODELIST".into(), nodes.to_string()));
+    }
+    env
 }
 
 /// Runs `command` against the instance of job `id` (at `uri`) until it exits, or until the job ends under it
@@ -516,7 +535,8 @@ async fn run_with_uri(uri: &str, command: &[String]) -> Result<i32, String> {
 /// the command's process group is terminated (SIGTERM, SIGKILL 5 s later). Returns the command's exit code, or, if the job
 /// ended first, the job's (RFC 21 severity 0 with a zero status gives 1).
 async fn run_in_allocation(c: &Client, id: JobId, uri: &str, command: &[String]) -> Result<i32, String> {
-    let mut cmd = Command::spawn(uri, command)?;
+    let info = c.rpc("job-manager.info", 0, &json!({"id": id.0})).await.map_err(|e| e.errstr)?;
+    let mut cmd = Command::spawn(uri, command, &job_env(id, &info))?;
     let mut events =
         c.rpc_stream("job-manager.eventlog", 0, &json!({"id": id.0, "follow": true})).map_err(|e| e.errstr)?;
     let mut following = true;
@@ -597,7 +617,7 @@ pub(crate) async fn proxy(a: ProxyArgs) -> Result<i32, String> {
     if r["info"]["state"].as_str() != Some("RUN") {
         return Err(format!("job {id} is not running"));
     }
-    run_with_uri(&uri, &a.command).await
+    run_with_uri(&uri, &a.command, &job_env(id, &r)).await
 }
 
 #[cfg(test)]

@@ -182,7 +182,15 @@ fn packed_periods(
     if k == 1 {
         return (1, Vec::new());
     }
-    let ms = |s: f64| format!("{}ms", (s * 1e3 * f64::from(k)).round());
+    // As `vigil getattr` prints durations: whole milliseconds below a second, else seconds.
+    let ms = |s: f64| {
+        let ms = (s * 1e3 * f64::from(k)).round();
+        if ms < 1000.0 {
+            format!("{ms}ms")
+        } else {
+            format!("{}s", ms / 1e3)
+        }
+    };
     let mut out = Vec::new();
     if !set.contains_key("tbon.probe_period") {
         out.push(format!("tbon.probe_period={}", ms(m.probe_period)));
@@ -224,8 +232,8 @@ fn start_inner(a: StartArgs) -> Result<i32, String> {
     let (slower, packed) = packed_periods(a.test_size, cpus, &user_set, &config.membership);
     if slower > 1 {
         eprintln!(
-            "vigil start: {} brokers share {cpus} CPUs: their probes and heartbeats run {slower}x less often than \
-             on nodes of their own ({}; set them with -S to choose)",
+            "vigil start: {} brokers share {cpus} CPUs: {} stretched {slower}x from the node defaults \
+             (what -S sets is kept as set)",
             a.test_size,
             packed.join(", ")
         );
@@ -854,12 +862,12 @@ mod tests {
         assert_eq!(packed_periods(1, 1, &none, &m), (1, vec![]));
         let (k, set) = packed_periods(257, 2, &none, &m);
         assert_eq!(k, 5);
-        assert_eq!(set, ["tbon.probe_period=50ms", "tbon.heartbeat_period=250ms", "tbon.torpid_max=2500ms"]);
+        assert_eq!(set, ["tbon.probe_period=50ms", "tbon.heartbeat_period=250ms", "tbon.torpid_max=2.5s"]);
         // Each added setting is one the brokers accept, and keeps the heartbeat inside the torpid window.
         let parsed = BrokerConfig::parse(&attrs(&set.iter().map(|s| s.split_once('=').unwrap()).collect::<Vec<_>>()));
         assert!(parsed.is_ok(), "{parsed:?}");
         let (_, set) = packed_periods(257, 2, &attrs(&[("tbon.probe_period", "10ms")]), &m);
-        assert_eq!(set, ["tbon.heartbeat_period=250ms", "tbon.torpid_max=2500ms"]);
+        assert_eq!(set, ["tbon.heartbeat_period=250ms", "tbon.torpid_max=2.5s"]);
         let (_, set) = packed_periods(257, 2, &attrs(&[("tbon.torpid_max", "1s")]), &m);
         assert_eq!(set, ["tbon.probe_period=50ms"]);
         let all = attrs(&[("tbon.probe_period", "10ms"), ("tbon.heartbeat_period", "50ms")]);

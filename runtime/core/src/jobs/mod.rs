@@ -164,6 +164,14 @@ pub enum SubmitError {
     /// The request can never fit in this instance.
     #[error("unsatisfiable request: {0}")]
     Unsatisfiable(#[from] sched::Unsatisfiable),
+    /// Too few nodes satisfy the job's constraints, some of which name nodes this instance does not have.
+    #[error("unsatisfiable request: {err} ({unknown})")]
+    UnknownNodes {
+        /// What does not fit.
+        err: sched::Unsatisfiable,
+        /// `node9 is not a node of this instance`.
+        unknown: String,
+    },
     /// The request would have fit before this nested instance lost ranks for good (RFC 28 shrink, `shrink.rs`).
     #[error("unsatisfiable request: {err} (this instance lost {lost} for good: it shrank)")]
     Shrunk {
@@ -479,7 +487,10 @@ impl Job {
     /// request's shell options).
     fn new(id: JobId, userid: u32, jobspec: &Value, req: JobRequest, now: f64) -> Job {
         let exit_timeout = match req.shell_options.get("exit-timeout") {
-            Some(Value::String(s)) => crate::duration::parse_duration_secs(s).ok().filter(|v| v.is_finite()),
+            // 0 is none, as `-t 0` is: a zero wait would fire before the last shell's exit report could arrive.
+            Some(Value::String(s)) => {
+                crate::duration::parse_duration_secs(s).ok().filter(|v| v.is_finite() && *v > 0.0)
+            }
             Some(Value::Number(n)) => n.as_f64().filter(|v| *v > 0.0),
             _ => Some(DEFAULT_EXIT_TIMEOUT),
         };
@@ -1046,13 +1057,21 @@ impl JobCore {
     ) -> Result<JobId, SubmitError> {
         let spec = Jobspec::from_value(jobspec).map_err(|e| SubmitError::Jobspec(e.to_string()))?;
         let mut req = spec.validate().map_err(|e| SubmitError::Jobspec(e.to_string()))?;
+        // Nodes the constraints name that this instance does not have (a typo, most likely): said either way.
+        let unknown = req.constraint.as_ref().map(|c| self.unknown_nodes(c)).filter(|u| !u.is_empty());
         if let Err(err) = self.pool.feasible(&req) {
+            if let Some(unknown) = unknown {
+                return Err(SubmitError::UnknownNodes { err, unknown });
+            }
             let mut whole = self.pool.clone();
             whole.ranks.values_mut().for_each(|p| p.removed = false);
             if !self.shrunk.is_empty() && whole.feasible(&req).is_ok() {
                 return Err(SubmitError::Shrunk { err, lost: self.shrunk.join(", ") });
             }
             return Err(err.into());
+        }
+        if let Some(u) = unknown {
+            req.warnings.push(format!("attributes.system.constraints: {u}"));
         }
         if req.duration.is_none() {
             // sched.default-duration: the time limit of a job submitted without one.
@@ -1070,6 +1089,24 @@ impl JobCore {
         self.actions.push_back(Action::Updated(id));
         self.schedule_submitted(now, id);
         Ok(id)
+    }
+
+    /// What constraint `c` names that no node of this instance is (host names none of its brokers registered,
+    /// ranks none of them has), said in a few words: empty when it names only known nodes.
+    fn unknown_nodes(&self, c: &crate::constraint::Constraint) -> String {
+        let (hosts, ranks) = c.named();
+        let known: std::collections::BTreeSet<&str> = self.pool.ranks.values().map(|p| p.hostname.as_str()).collect();
+        let hosts: crate::hostlist::Hostlist = hosts.iter().filter(|h| !known.contains(h.as_str())).cloned().collect();
+        let ranks: IdSet = ranks.iter().filter(|r| !self.pool.ranks.contains_key(r)).collect();
+        let mut parts = Vec::new();
+        if !hosts.is_empty() {
+            let verb = if hosts.len() == 1 { "is not a node" } else { "are not nodes" };
+            parts.push(format!("{hosts} {verb} of this instance"));
+        }
+        if !ranks.is_empty() {
+            parts.push(format!("no broker of rank {ranks} has joined this instance"));
+        }
+        parts.join("; ")
     }
 
     fn start(&mut self, now: f64, id: JobId, alloc: Vec<RankAlloc>) {

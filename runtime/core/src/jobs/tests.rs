@@ -211,6 +211,8 @@ fn time_limit_and_exit_timeout() {
     let e = c.jobs[&id2].fatal.clone().unwrap();
     assert!(e.note.contains("exit-timeout"), "{e:?}");
 
+    let zero = c.submit(T0, &spec(cmd().shell_option("exit-timeout", json!("0"))), 0).unwrap();
+    assert_eq!(c.jobs[&zero].exit_timeout, None, "0 is none, as -t 0 is");
     let id3 = c.submit(T0, &spec(cmd().shell_option("exit-timeout", json!("none"))), 0).unwrap();
     actions(&mut c);
     c.task_exit(T0 + 1.0, id3, 0, 0);
@@ -239,7 +241,7 @@ fn exit_timeout_waits_for_every_shell_to_start_and_names_the_late_ranks() {
     assert!(c.jobs[&id].fatal.is_none());
     c.handle_timeout(T0 + 42.0);
     let e = c.jobs[&id].fatal.clone().expect("exit-timeout");
-    assert!(e.note.contains("on 1 of 3 nodes (ranks 1: node1)"), "{e:?}");
+    assert!(e.note.contains("on 1 of 3 nodes after the first task exited: node1 (broker rank 1, task 1)"), "{e:?}");
 
     // Every shell up before the first exit: the clock starts at that exit, as before.
     let id2 = c.submit(T0 + 50.0, &spec(cmd().nnodes(1).ntasks(1).shell_option("exit-timeout", json!("2s"))), 0);

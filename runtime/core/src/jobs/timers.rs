@@ -12,7 +12,6 @@
 //! - once SIGTERM was sent (any fatal exception), SIGTERM plus `exec.kill-timeout`: SIGKILL to what is left.
 
 use super::{fmt_limit, Action, JobCore, JobId, JobState};
-use crate::idset::IdSet;
 use std::cmp::Ordering;
 
 /// Hosts an exit-timeout exception names at most (its ranks are all named, as an idset).
@@ -126,19 +125,35 @@ impl JobCore {
             } else if let (Some(f), Some(t)) = (j.exit_clock, j.exit_timeout) {
                 if now >= f + t {
                     let lim = fmt_limit(t);
-                    let running: IdSet = j.shells.values().filter(|s| !s.exited).map(|s| s.rank).collect();
-                    let hosts: Vec<&str> = running
-                        .iter()
-                        .take(HOSTS_NAMED)
-                        .filter_map(|r| self.pool.ranks.get(&r).map(|p| p.hostname.as_str()))
-                        .collect();
-                    let more = if running.len() > HOSTS_NAMED { ",..." } else { "" };
+                    // Each shell's tasks are a block of the job's task ranks, in shell order.
+                    let mut shells: Vec<_> = j.shells.values().collect();
+                    shells.sort_by_key(|s| s.shell_rank);
+                    let mut first = 0u32;
+                    let mut named = Vec::new();
+                    let mut running = 0;
+                    for s in shells {
+                        let tasks = first..first + s.ntasks;
+                        first += s.ntasks;
+                        if s.exited {
+                            continue;
+                        }
+                        running += 1;
+                        if named.len() < HOSTS_NAMED {
+                            let host = self.pool.ranks.get(&s.rank).map_or("?", |p| p.hostname.as_str());
+                            let t = match tasks.len() {
+                                0 => String::new(),
+                                1 => format!(", task {}", tasks.start),
+                                _ => format!(", tasks {}-{}", tasks.start, tasks.end - 1),
+                            };
+                            named.push(format!("{host} (broker rank {}{t})", s.rank));
+                        }
+                    }
+                    let more = if running > named.len() { ", ..." } else { "" };
                     let note = format!(
-                        "exit-timeout ({lim}) expired: tasks still running on {} of {} nodes (ranks {running}: {}{more}) \
-                         after the first task exited",
-                        running.len(),
+                        "exit-timeout ({lim}) expired: tasks still running on {running} of {} nodes after the first \
+                         task exited: {}{more}",
                         j.shells.len(),
-                        hosts.join(","),
+                        named.join(", "),
                     );
                     self.raise(now, id, "exec", 0, &note);
                 }

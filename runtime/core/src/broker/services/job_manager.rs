@@ -61,7 +61,8 @@ fn submit(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                     }) => *want <= size,
                     crate::jobs::SubmitError::Unsatisfiable(crate::jobs::sched::Unsatisfiable::Constrained {
                         ..
-                    }) => true,
+                    })
+                    | crate::jobs::SubmitError::UnknownNodes { .. } => true,
                     crate::jobs::SubmitError::Unsatisfiable(crate::jobs::sched::Unsatisfiable::NodeTooSmall {
                         ..
                     }) => true,
