@@ -22,7 +22,7 @@ pub(super) const TOPICS: &[Topic] = &[
 fn stdin(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     let body = lazy.object()?;
     let owner = msg.userid == core.env.uid;
-    let Some(jc) = core.jobcore.as_mut() else { return Err((errno::ENOSYS, "job services run on rank 0".into())) };
+    let jc = job_core!(core);
     let id = parse_id(body)?;
     if !owner && jc.jobs.get(&id).is_some_and(|j| j.userid != msg.userid) {
         return Err((errno::EPERM, "not your job".into()));
@@ -37,7 +37,7 @@ fn stdin(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
 /// `job-exec.output`.
 fn output(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     let body = lazy.object()?;
-    let Some(jc) = core.jobcore.as_mut() else { return Err((errno::ENOSYS, "job services run on rank 0".into())) };
+    let jc = job_core!(core);
     let id = parse_id(body)?;
     let lines: Vec<OutputLine> =
         serde_json::from_value(field(body, "lines")?.clone()).map_err(|e| (errno::EPROTO, e.to_string()))?;
@@ -55,7 +55,7 @@ fn output(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
 fn task_exit(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     let body = lazy.object()?;
     let n = core.wall();
-    let Some(jc) = core.jobcore.as_mut() else { return Err((errno::ENOSYS, "job services run on rank 0".into())) };
+    let jc = job_core!(core);
     let id = parse_id(body)?;
     let task = opt_u32(body, "rank")?.unwrap_or(0);
     let status = opt_i32(body, "status")?.unwrap_or(0);
@@ -67,7 +67,7 @@ fn task_exit(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
 fn exception(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     let body = lazy.object()?;
     let n = core.wall();
-    let Some(jc) = core.jobcore.as_mut() else { return Err((errno::ENOSYS, "job services run on rank 0".into())) };
+    let jc = job_core!(core);
     let id = parse_id(body)?;
     let kind = opt_str(body, "type")?.unwrap_or("exec").to_string();
     let sev = opt_severity(body)?;
@@ -88,7 +88,7 @@ fn exception(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
 fn nested(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     let body = lazy.object()?;
     let n = core.wall();
-    let Some(jc) = core.jobcore.as_mut() else { return Err((errno::ENOSYS, "job services run on rank 0".into())) };
+    let jc = job_core!(core);
     // A nested instance (batch/alloc job) reports its URI and its critical ranks (its own numbering,
     // which follows the order of the job's allocated ranks).
     let id = parse_id(body)?;
@@ -109,7 +109,7 @@ fn nested(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
 /// `job-exec.pmi-barrier`.
 fn pmi_barrier(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     let body = lazy.object()?;
-    let Some(jc) = core.jobcore.as_mut() else { return Err((errno::ENOSYS, "job services run on rank 0".into())) };
+    let jc = job_core!(core);
     // One exchange per barrier per shell: hold each shell's request until every one of the job's shells
     // has arrived (counted by `shell_rank`, so a shell that asks twice cannot end a barrier early), then
     // answer all of them with the union of their puts.
@@ -146,7 +146,7 @@ fn pmi_barrier(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
 fn shell_exit(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     let body = lazy.object()?;
     let n = core.wall();
-    let Some(jc) = core.jobcore.as_mut() else { return Err((errno::ENOSYS, "job services run on rank 0".into())) };
+    let jc = job_core!(core);
     let exit: ShellExit = serde_json::from_value(body.clone()).map_err(|e| (errno::EPROTO, e.to_string()))?;
     if let StateDir::Damaged { dir, .. } = &core.statedir {
         // Not acknowledged: the job is in the store an operator is repairing, and its broker keeps the

@@ -15,7 +15,7 @@ pub(super) const TOPICS: &[Topic] = &[
 /// `job-info.attach` and `job-manager.eventlog`.
 pub(super) fn attach_or_eventlog(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     let body = lazy.object()?;
-    let Some(jc) = core.jobcore.as_mut() else { return Err((errno::ENOSYS, "job services run on rank 0".into())) };
+    let jc = job_core!(core);
     let id = parse_id(body)?;
     if !jc.jobs.contains_key(&id) {
         return Err((errno::ENOENT, format!("unknown job id {id}")));
@@ -52,7 +52,7 @@ pub(super) fn attach_or_eventlog(core: &mut Broker, msg: &Message, lazy: &Body<'
 /// `job-info.stdin`.
 fn stdin(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     let body = lazy.object()?;
-    let Some(jc) = core.jobcore.as_mut() else { return Err((errno::ENOSYS, "job services run on rank 0".into())) };
+    let jc = job_core!(core);
     // A job shell reads the job's standard input: every chunk so far, then new ones, ENODATA at the end.
     let id = parse_id(body)?;
     if !jc.jobs.contains_key(&id) {

@@ -20,7 +20,7 @@ fn submit(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     let body = lazy.object()?;
     let n = core.wall();
     let size = core.opts.size;
-    let Some(jc) = core.jobcore.as_mut() else { return Err((errno::ENOSYS, "job services run on rank 0".into())) };
+    let jc = job_core!(core);
     let spec = field(body, "jobspec")?;
     let stdin = opt_bool(body, "stdin")?.unwrap_or(false);
     match &core.statedir {
@@ -82,7 +82,7 @@ fn submit(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
 /// `job-manager.list`.
 fn list(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     let body = lazy.object()?;
-    let Some(jc) = core.jobcore.as_mut() else { return Err((errno::ENOSYS, "job services run on rank 0".into())) };
+    let jc = job_core!(core);
     let all = opt_bool(body, "all")?.unwrap_or(false);
     let with_reason = |j: &crate::jobs::Job| {
         let mut v = j.info();
@@ -102,7 +102,7 @@ fn list(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
 /// `job-manager.info`.
 fn info(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     let body = lazy.object()?;
-    let Some(jc) = core.jobcore.as_mut() else { return Err((errno::ENOSYS, "job services run on rank 0".into())) };
+    let jc = job_core!(core);
     let id = parse_id(body)?;
     let j = jc.jobs.get(&id).ok_or((errno::ENOENT, format!("unknown job id {id}")))?;
     let mut info = j.info();
@@ -120,7 +120,7 @@ fn cancel(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     let body = lazy.object()?;
     let n = core.wall();
     let owner = msg.userid == core.env.uid;
-    let Some(jc) = core.jobcore.as_mut() else { return Err((errno::ENOSYS, "job services run on rank 0".into())) };
+    let jc = job_core!(core);
     let id = parse_id(body)?;
     let note = opt_str(body, "note")?.unwrap_or("canceled by user").to_string();
     jc.cancel(n, id, msg.userid, owner, &note).map(|_| Some(json!({}).into()))
@@ -131,7 +131,7 @@ fn raise(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     let body = lazy.object()?;
     let n = core.wall();
     let owner = msg.userid == core.env.uid;
-    let Some(jc) = core.jobcore.as_mut() else { return Err((errno::ENOSYS, "job services run on rank 0".into())) };
+    let jc = job_core!(core);
     let id = parse_id(body)?;
     let kind = opt_str(body, "type")?.unwrap_or("exec").to_string();
     let sev = opt_severity(body)?;
@@ -150,7 +150,7 @@ fn raise(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
 fn purge(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     let body = lazy.object()?;
     let n = core.wall();
-    let Some(jc) = core.jobcore.as_mut() else { return Err((errno::ENOSYS, "job services run on rank 0".into())) };
+    let jc = job_core!(core);
     // Flux's `flux job purge`: the instance owner's (Access::Owner), as its limits are.
     let age_limit = match optional(body, "age_limit") {
         None => None,

@@ -66,6 +66,14 @@ fn check_waiting(held: usize, what: &str) -> Result<(), (u32, String)> {
     Ok(())
 }
 
+/// Rank 0's job core, for the `job-*` handlers (ENOSYS elsewhere). A macro, not a function: the handler keeps
+/// using the broker's other fields while it holds the job core.
+macro_rules! job_core {
+    ($core:expr) => {
+        $core.jobcore.as_mut().ok_or((errno::ENOSYS, String::from("job services run on rank 0")))?
+    };
+}
+
 mod broker;
 mod detect;
 pub(super) mod job_exec;
