@@ -12,6 +12,7 @@ pub(crate) const UNAVAILABLE: &str = env!("VIGIL_OFI_UNAVAILABLE");
 
 /// A reliable-datagram endpoint. This build has no libfabric: [`Endpoint::open`] always fails with
 /// [`OpenError::Unavailable`].
+#[derive(Debug)]
 pub struct Endpoint {
     never: Infallible,
 }
