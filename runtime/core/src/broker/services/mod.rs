@@ -13,7 +13,7 @@
 //! | `job-info` (attach, stdin, disconnect) | `job_info.rs` | rank 0 |
 //! | `job-exec` (stdin, output, task-exit, exception, nested, pmi-barrier, shell-exit) | `job_exec.rs` | rank 0 |
 //!
-//! Who may call a topic is its row's [`Access`]. In this single-owner instance every caller is the instance
+//! Who may call a topic is its row's `Access`. In this single-owner instance every caller is the instance
 //! owner (the local connector admits only the owner's uid, and `routing.rs` refuses any other userid from a
 //! peer); the column says what each topic will demand of the other users a multi-user instance admits.
 
