@@ -805,6 +805,22 @@ fn n_plus_one_survives_a_middle_node() {
     assert!((0..4).all(|r| m.get(&r).is_some_and(|(_, s)| *s == STEPS)), "final checkpoints {m:?}:\n{ctx}");
 }
 
+/// The spare dies (node5): the application never ran there, so launch 1 goes on to the end, with no relaunch.
+#[test]
+fn n_plus_one_losing_the_spare_changes_nothing() {
+    let k = start_ckpt(2);
+    let c = &k.c;
+    c.kill_node(5);
+    let w = c.vigil_in(c.path(), &[], &["job", "wait", &k.id], JOB_END);
+    let out = k.output();
+    let ctx = format!("{}\n--- vigil-{}.out ---\n{out}", w.dump(), k.id);
+    assert_eq!((w.timed_out, w.code), (false, 0), "the batch job did not survive the loss of its spare:\n{ctx}");
+    assert!(out.contains("launch 1 ended with exit code 0") && !out.contains("launch 2"), "{ctx}");
+    let m = checkpoints(&k.root);
+    let want: BTreeMap<u32, (String, u32)> = (0..4).map(|r| (r, (format!("node{}", r + 1), STEPS))).collect();
+    assert_eq!(m, want, "final checkpoints:\n{ctx}");
+}
+
 #[test]
 fn critical_rank_loss_is_fatal() {
     let k = start_ckpt(1);
