@@ -779,19 +779,26 @@ fn n_plus_one_checkpoint_restart() {
     assert_eq!(m, want, "final checkpoints:\n{ctx}");
 }
 
+/// The N+1 batch job once every rank reached step `min_step`, node `node` killed, and the job waited for: it
+/// must end with exit code 0. Gives the job, its output, and what to print on a failed assertion.
+#[track_caller]
+fn ckpt_survives(min_step: u32, node: u32) -> (Ckpt, String, String) {
+    let k = start_ckpt(min_step);
+    k.c.kill_node(node);
+    let w = k.c.vigil_in(k.c.path(), &[], &["job", "wait", &k.id], JOB_END);
+    let out = k.output();
+    let ctx = format!("{}\n--- vigil-{}.out ---\n{out}", w.dump(), k.id);
+    assert_eq!((w.timed_out, w.code), (false, 0), "the batch job did not survive the loss of node{node}:\n{ctx}");
+    (k, out, ctx)
+}
+
 /// The node of a middle application rank dies (node2, rank 1 of 4): the relaunch puts rank r on the r-th
 /// surviving node, so rank 1's checkpoint is rebuilt from its partner copy where rank 1 will run (node3), ranks
 /// 2 and 3 move up one node (rank 3 onto the spare), and every rank resumes from its newest checkpoint (app.sh
 /// exits 3 otherwise), none from step 0.
 #[test]
 fn n_plus_one_survives_a_middle_node() {
-    let k = start_ckpt(3);
-    let c = &k.c;
-    c.kill_node(2);
-    let w = c.vigil_in(c.path(), &[], &["job", "wait", &k.id], JOB_END);
-    let out = k.output();
-    let ctx = format!("{}\n--- vigil-{}.out ---\n{out}", w.dump(), k.id);
-    assert_eq!((w.timed_out, w.code), (false, 0), "the batch job did not survive the loss of node2:\n{ctx}");
+    let (k, out, ctx) = ckpt_survives(3, 2);
     let (_, rebuilt) =
         stamped(&out, "rebuilt checkpoint of rank 1").unwrap_or_else(|| panic!("no rebuild of rank 1:\n{ctx}"));
     assert!(rebuilt.contains("on node3 from the partner copy on node3"), "{rebuilt}\n{ctx}");
@@ -808,13 +815,7 @@ fn n_plus_one_survives_a_middle_node() {
 /// The spare dies (node5): the application never ran there, so launch 1 goes on to the end, with no relaunch.
 #[test]
 fn n_plus_one_losing_the_spare_changes_nothing() {
-    let k = start_ckpt(2);
-    let c = &k.c;
-    c.kill_node(5);
-    let w = c.vigil_in(c.path(), &[], &["job", "wait", &k.id], JOB_END);
-    let out = k.output();
-    let ctx = format!("{}\n--- vigil-{}.out ---\n{out}", w.dump(), k.id);
-    assert_eq!((w.timed_out, w.code), (false, 0), "the batch job did not survive the loss of its spare:\n{ctx}");
+    let (k, out, ctx) = ckpt_survives(2, 5);
     assert!(out.contains("launch 1 ended with exit code 0") && !out.contains("launch 2"), "{ctx}");
     let m = checkpoints(&k.root);
     let want: BTreeMap<u32, (String, u32)> = (0..4).map(|r| (r, (format!("node{}", r + 1), STEPS))).collect();
