@@ -166,6 +166,9 @@ fn nth(hosts: &[String], ids: &str) -> Result<Vec<String>, String> {
         }
         None => IdSet::parse(ids).map_err(|e| format!("--nth: {e}"))?.iter().map(|i| i as usize).collect(),
     };
+    if idx.is_empty() {
+        return Err("--nth: no index given".into());
+    }
     idx.into_iter()
         .map(|i| {
             hosts
@@ -253,6 +256,7 @@ mod tests {
         let e = hl(&["-n", "9", "node[4-7]"], "").unwrap_err();
         assert!(e.contains("out of range") && e.contains("4 host"), "{e}");
         assert!(hl(&["-n", "-0", "a"], "").is_err());
+        assert!(hl(&["-n", "", "a"], "").unwrap_err().contains("no index"));
     }
 
     #[test]
