@@ -188,13 +188,8 @@ async fn run() -> i32 {
 /// The job's nodes as one compressed host list (`node[1-3,7]`, RFC 29), from R's `execution.nodelist` (RFC 20:
 /// host lists in rank order), as Slurm's `SLURM_JOB_NODELIST`; `None` when R has none or it does not parse.
 fn job_nodelist(r: &serde_json::Value) -> Option<String> {
-    let mut all = vigil_proto::hostlist::Hostlist::new();
-    for part in r.pointer("/execution/nodelist")?.as_array()? {
-        for h in vigil_proto::hostlist::Hostlist::parse(part.as_str()?).ok()?.iter() {
-            all.push(h);
-        }
-    }
-    Some(all.to_string())
+    let hosts = vigil_proto::r::Rv1::from_value(r).ok()?.hosts().ok()?;
+    (!hosts.is_empty()).then(|| hosts.to_string())
 }
 
 struct Shell {

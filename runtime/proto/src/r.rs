@@ -337,6 +337,15 @@ impl Rv1 {
         })
     }
 
+    /// The hosts of `nodelist`, concatenated in rank order (one per rank; empty when R has no nodelist): what
+    /// `VIGIL_JOB_NODELIST` prints compressed.
+    ///
+    /// # Errors
+    /// [`RError::Invalid`] naming the `nodelist` element that is not a host list.
+    pub fn hosts(&self) -> Result<Hostlist, RError> {
+        expand_nodelist(&self.execution.nodelist).map(Hostlist::from_iter)
+    }
+
     /// Encode as compact RFC 20 JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_value(self).map(|v| v.to_string()).unwrap_or_default()
@@ -556,6 +565,7 @@ mod tests {
         assert_eq!(r.ranks(), ids("0-3"));
         assert_eq!(r.ncores(), 4 * 96);
         assert_eq!(r.ngpus(), 16);
+        assert_eq!(r.hosts().map(|h| h.to_string()), Ok("node[0-3]".to_string()));
         let ranks = r.to_ranks().expect("expandable");
         assert_eq!(ranks.len(), 4);
         assert_eq!(ranks[2], rr(2, "node2", "0-95", "0-3"));

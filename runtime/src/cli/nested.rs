@@ -516,13 +516,7 @@ async fn run_with_uri(uri: &str, command: &[String], env: &[(String, String)]) -
 /// the `job-manager.info` answer).
 fn job_env(id: JobId, info: &Value) -> Vec<(String, String)> {
     let mut env = vec![("VIGIL_JOB_ID".to_string(), id.f58())];
-    let exec = &info["R"]["execution"];
-    let mut nodes = crate::hostlist::Hostlist::new();
-    for part in exec["nodelist"].as_array().into_iter().flatten().filter_map(Value::as_str) {
-        if let Ok(h) = crate::hostlist::Hostlist::parse(part) {
-            h.iter().for_each(|x| nodes.push(x));
-        }
-    }
+    let nodes = crate::r::Rv1::from_value(&info["R"]).and_then(|r| r.hosts()).unwrap_or_default();
     if !nodes.is_empty() {
         env.push(("VIGIL_JOB_NNODES".into(), nodes.len().to_string()));
         env.push(("VIGIL_JOB_NODELIST".into(), nodes.to_string()));
