@@ -344,14 +344,30 @@ impl Membership {
                 vec![]
             }
             Signal::ProbeMissed { misses } => {
-                if p.kernel_reply.is_some() && misses >= self.cfg.probe_misses {
-                    let why = format!(
-                        "node not responding: {misses} heartbeat probes unanswered by its kernel ({:.0} ms)",
-                        misses as f64 * self.cfg.probe_period * 1e3
-                    );
-                    return self.set(rank, PeerState::Lost, why).into_iter().collect();
+                if p.kernel_reply.is_none() || misses < self.cfg.probe_misses {
+                    return vec![];
                 }
-                vec![]
+                // Our parent is the one node we probe: no other child of ours can say whether the links slowed
+                // down rather than the node died (`probe::correlated_silence`), and a false verdict ends this
+                // broker or tears its subtree off its parent. So its misses count only once its broker has also
+                // been silent for `tbon.torpid_max` (times our lateness); each new miss is reported, so the
+                // verdict comes at the first miss past that.
+                let silent = now - p.last_traffic;
+                let wait = self.cfg.torpid_max * self.lateness;
+                if rank == crate::broker::core::PARENT && silent < wait {
+                    return vec![];
+                }
+                let why = format!(
+                    "node not responding: {misses} heartbeat probes unanswered by its kernel past its reply time \
+                     (every {:.0} ms){}",
+                    self.cfg.probe_period * 1e3,
+                    if rank == crate::broker::core::PARENT {
+                        format!(", and its broker silent {:.0} ms", silent * 1e3)
+                    } else {
+                        String::new()
+                    }
+                );
+                self.set(rank, PeerState::Lost, why).into_iter().collect()
             }
             Signal::Traffic => {
                 p.last_traffic = now;
@@ -671,6 +687,25 @@ mod tests {
         let t = m.signal(0.09, 1, Signal::ProbeMissed { misses: cfg.probe_misses });
         assert_eq!(t[0].to, PeerState::Lost);
         assert!(t[0].reason.contains("unanswered by its kernel"), "{}", t[0].reason);
+
+        // The parent's misses count only once its broker has been silent for torpid_max too: a child has no other
+        // child to compare with, so links that slowed down look, by probes alone, like a dead parent.
+        let mut m = self::m();
+        m.signal(0.0, PARENT_KEY, Signal::Connected);
+        m.signal(0.06, PARENT_KEY, Signal::ProbeReply { kernel: true, alive: true, hb_age: 0.01 });
+        m.signal(0.1, PARENT_KEY, Signal::Traffic);
+        for (i, t) in [0.12, 0.2, 0.4, 0.59].into_iter().enumerate() {
+            let misses = cfg.probe_misses + i as u32;
+            let tr = m.signal(t, PARENT_KEY, Signal::ProbeMissed { misses });
+            assert!(
+                tr.is_empty(),
+                "parent judged on probes alone {:.0} ms after its last traffic: {tr:?}",
+                (t - 0.1) * 1e3
+            );
+        }
+        let tr = m.signal(0.61, PARENT_KEY, Signal::ProbeMissed { misses: cfg.probe_misses + 4 });
+        assert_eq!(tr.first().map(|t| t.to), Some(PeerState::Lost), "{tr:?}");
+        assert!(tr[0].reason.contains("its broker silent 510 ms"), "{}", tr[0].reason);
 
         // Broker dead per the kernel: lost at once.
         let mut m = self::m();

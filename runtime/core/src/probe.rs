@@ -11,8 +11,10 @@
 //! rttvar`, or 1.5 times its longest recent reply ([`ReplyTiming::patience`] periods), and only once the child has
 //! answered [`ARM_REPLIES`] times. (Every reply is timed, not only those that bring news: on a link that reorders,
 //! those are the fast ones.) A dead node is then lost after `probe_misses` misses past its patience: 30-40 ms on a
-//! quiet link as before, about 1.5 times the link's longest recent round trip more on a jittery one. Both the
-//! driver's prober (`vigil-driver`, `broker/detect.rs`) and the simulator's use these rules.
+//! quiet link as before, about 1.5 times the link's longest recent round trip more on a jittery one. When links
+//! slow down faster than that is learned, several children fall silent at once: such periods of **correlated
+//! silence** blame nobody ([`correlated_silence`]). Both the driver's prober (`vigil-driver`, `broker/detect.rs`)
+//! and the simulator's use these rules.
 
 use serde::{Deserialize, Serialize};
 
@@ -101,15 +103,73 @@ pub fn judged_by<'a>(own: &'a ReplyTiming, all: &'a ReplyTiming) -> &'a ReplyTim
     }
 }
 
+/// How many periods without news a target is allowed ([`ReplyTiming::patience`]): the longer of its own and of
+/// its prober's timing of every target (`all`) once its own is armed, else the prober's. Links that start to
+/// queue do so for many children at once; the prober's timing of all of them learns the new pace from the first
+/// late replies of any, several times faster than one child's timing does from its own, so a child is not judged
+/// by the quiet past of its own link while the others' replies already show the wait. The price: on a parent
+/// with one slow child, the others wait as long as that child's replies take.
+pub fn patience_of(own: &ReplyTiming, all: &ReplyTiming, period: f64) -> u32 {
+    if own.armed() {
+        own.patience(period).max(all.patience(period))
+    } else {
+        all.patience(period)
+    }
+}
+
 /// Periods missed when `silent` periods in a row brought no news and `patience` periods without news are not
 /// yet a miss: `silent - patience + 1`, or 0.
 pub fn missed(outstanding: u32, patience: u32) -> u32 {
     (outstanding + 1).saturating_sub(patience.max(1))
 }
 
+/// Fewest children past their reply time in one period that make it a period of correlated silence
+/// ([`correlated_silence`]).
+pub const CORRELATED_MIN: usize = 2;
+
+/// Most periods of one child's silence excused as correlated ([`correlated_silence`]): [`MAX_PATIENCE`], 1 s at
+/// the default period. A silence longer than that counts in full, whatever the other children do, so nodes that
+/// really died together are still lost, about a second later than one alone.
+pub const MAX_EXCUSED: u32 = MAX_PATIENCE;
+
+/// Whether a period is one of **correlated silence**: `silent` of the `judged` children (those whose misses
+/// count) are past their reply time at once, at least [`CORRELATED_MIN`] of them and at least an eighth.
+///
+/// A reply time is learned from the replies of the recent past; when a link's queues start to fill (an
+/// application's all-to-all phase, a congested switch, this node's receive path falling behind) every child
+/// behind it answers later than it ever did, at once, and a silence that the old reply time calls a miss is only a
+/// late reply (seen on the test bed: 50 ms ± 50 ms links switched on under a running instance made rank 0 declare
+/// all five children lost within 30 ms). Nodes rarely die in the same few periods; links and parents often slow
+/// down together. So no child is blamed for such a period: each child past its reply time is excused it (its
+/// count of misses does not grow, [`missed_excused`]), while the late replies come in and teach the prober the
+/// links' new pace. A child alone in its silence is judged as before. Excused periods are counted in
+/// `vigil overlay status`. Both the driver's prober and the simulator's apply this rule.
+pub fn correlated_silence(silent: usize, judged: usize) -> bool {
+    silent >= CORRELATED_MIN && silent * 8 >= judged
+}
+
+/// [`missed`], less the `excused` periods of this silence ([`correlated_silence`]).
+pub fn missed_excused(outstanding: u32, excused: u32, patience: u32) -> u32 {
+    missed(outstanding.saturating_sub(excused), patience)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn children_silent_together_are_excused_and_one_alone_is_not() {
+        // One of five past its reply time: judged. Two of five, or 4 of 32: correlated. 3 of 32: judged.
+        assert!(!correlated_silence(1, 5));
+        assert!(correlated_silence(2, 5));
+        assert!(correlated_silence(4, 32));
+        assert!(!correlated_silence(3, 32));
+        assert!(!correlated_silence(1, 1), "a lone child is always judged");
+        // A child 5 periods silent with patience 2 has missed 4; with 3 of those periods excused, 1.
+        assert_eq!(missed_excused(5, 0, 2), 4);
+        assert_eq!(missed_excused(5, 3, 2), 1);
+        assert_eq!(missed_excused(5, 9, 2), 0, "never below zero");
+    }
 
     const P: f64 = 0.01;
 

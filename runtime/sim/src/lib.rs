@@ -331,6 +331,10 @@ struct ProbeTarget {
     inflight: VecDeque<(Time, u32, Time, bool, f64)>,
     /// Under [`Load`]: the round during which its last news came.
     news_round: u32,
+    /// Under [`Load`]: periods of its current silence excused as correlated (`vigil_core::probe`).
+    excused: u32,
+    /// Under [`Load`]: this round's read brought news (or a reply withheld before arming).
+    got: bool,
 }
 
 /// One re-parent as rank 0 recorded it (`overlay.reparent` → a `reparent` event in `resource.eventlog`), with
@@ -1555,8 +1559,14 @@ impl Sim {
         }
         let mut signals = Vec::new();
         if self.cfg.load.any() {
-            for (key, c) in targets {
+            // As the real prober: every reply that arrived is read first, then misses are counted, with periods
+            // in which several children are past their reply time at once excused (vigil_core::probe).
+            for &(key, c) in &targets {
                 self.probe_loaded(n, key, c, &mut signals);
+            }
+            let correlated = self.correlated_silence(n);
+            for (key, c) in targets {
+                self.judge_loaded(n, key, c, correlated, &mut signals);
             }
             targets = Vec::new();
         }
@@ -1596,7 +1606,10 @@ impl Sim {
                 t.outstanding += 1;
                 // Past the child's reply time (vigil_core::probe; on these links, one period).
                 let timing = vigil_core::probe::judged_by(&t.timing, probe_all);
-                let missed = vigil_core::probe::missed(t.outstanding, timing.patience(period_s));
+                let missed = vigil_core::probe::missed(
+                    t.outstanding,
+                    vigil_core::probe::patience_of(&t.timing, probe_all, period_s),
+                );
                 if t.answered_once && timing.armed() && missed > t.missed_reported {
                     t.missed_reported = missed;
                     signals.push((key, Signal::ProbeMissed { misses: missed }));
@@ -1618,7 +1631,7 @@ impl Sim {
     /// (or lost). A userspace responder answers only while its broker runs, and never arms the miss rule.
     fn probe_loaded(&mut self, n: u32, key: u32, c: u32, signals: &mut Vec<(u32, Signal)>) {
         let now = self.now;
-        let (period, stall_note) = (self.membership.probe_period, self.membership.torpid_max / 2.0);
+        let stall_note = self.membership.torpid_max / 2.0;
         let reach = self.reachable(n, c);
         let lost = self.load_chance(self.cfg.load.loss * 2.0);
         let queued = self.load_draw(self.cfg.load.jitter) + self.load_draw(self.cfg.load.jitter);
@@ -1675,6 +1688,7 @@ impl Sim {
             got = false;
             t.news_round = t.round;
         }
+        t.got = got || t.news_round == t.round;
         if got {
             let stalled = age >= stall_note;
             let recovered = t.missed_reported > 0;
@@ -1682,24 +1696,69 @@ impl Sim {
             let first = !t.answered_once;
             t.answered_once = t.answered_once || !userspace;
             t.missed_reported = 0;
+            t.excused = 0;
             if first || stalled || t.stalled != stalled || !alive || recovered || refresh {
                 t.stalled = stalled;
                 t.forwarded = Some(now);
                 signals.push((key, Signal::ProbeReply { kernel: !userspace, alive, hb_age: age }));
             }
-        } else if t.answered_once && timing.armed() {
-            let missed = vigil_core::probe::missed(t.round - t.news_round, timing.patience(period));
-            if missed > t.missed_reported {
-                t.missed_reported = missed;
-                signals.push((key, Signal::ProbeMissed { misses: missed }));
-            }
         }
-        // This round's probe.
+        // This round's probe (its reply, or loss, drawn now; the misses are counted by judge_loaded).
         t.round += 1;
         if reach && !lost && arrive.as_nanos() != u64::MAX {
             // Replies may overtake each other on a jittery link: kept by arrival.
             let at = t.inflight.partition_point(|x| x.0 <= arrive);
             t.inflight.insert(at, (arrive, t.round, now, alive, age));
+        }
+    }
+
+    /// Node `n`'s prober target `key`, if it has one.
+    fn target(&mut self, n: u32, key: u32) -> Option<(&mut ProbeTarget, &vigil_core::probe::ReplyTiming)> {
+        let Node { prober, parent_probe, probe_all, .. } = &mut self.nodes[n as usize];
+        let t = if key == PARENT { parent_probe.as_mut().map(|p| &mut p.1) } else { prober.get_mut(&key) };
+        t.map(|t| (t, &*probe_all))
+    }
+
+    /// Whether node `n`'s children are past their reply time in a correlated silence this round (the real
+    /// prober's rule, `vigil_core::probe::correlated_silence`), counted after the round's replies were read.
+    fn correlated_silence(&self, n: u32) -> bool {
+        let node = &self.nodes[n as usize];
+        let period = self.membership.probe_period;
+        let (mut judged, mut silent) = (0, 0);
+        for t in node.prober.values() {
+            if t.answered_once && vigil_core::probe::judged_by(&t.timing, &node.probe_all).armed() {
+                judged += 1;
+                let patience = vigil_core::probe::patience_of(&t.timing, &node.probe_all, period);
+                // Rounds are counted before this round's probe went out, as the real prober counts them.
+                let outstanding = (t.round - 1).saturating_sub(t.news_round);
+                if !t.got && vigil_core::probe::missed_excused(outstanding, t.excused, patience) >= 1 {
+                    silent += 1;
+                }
+            }
+        }
+        vigil_core::probe::correlated_silence(silent, judged)
+    }
+
+    /// The miss count of node `n`'s target `key` after this round's read (see [`Sim::probe_loaded`]).
+    fn judge_loaded(&mut self, n: u32, key: u32, _c: u32, correlated: bool, signals: &mut Vec<(u32, Signal)>) {
+        let period = self.membership.probe_period;
+        let Some((t, all)) = self.target(n, key) else { return };
+        if t.got || !t.answered_once || !vigil_core::probe::judged_by(&t.timing, all).armed() {
+            return;
+        }
+        let patience = vigil_core::probe::patience_of(&t.timing, all, period);
+        let outstanding = (t.round - 1).saturating_sub(t.news_round);
+        if correlated
+            && key != PARENT
+            && t.excused < vigil_core::probe::MAX_EXCUSED
+            && vigil_core::probe::missed_excused(outstanding, t.excused, patience) >= 1
+        {
+            t.excused += 1;
+        }
+        let missed = vigil_core::probe::missed_excused(outstanding, t.excused, patience);
+        if missed > t.missed_reported {
+            t.missed_reported = missed;
+            signals.push((key, Signal::ProbeMissed { misses: missed }));
         }
     }
 

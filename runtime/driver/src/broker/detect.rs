@@ -58,6 +58,9 @@ pub(crate) struct ProberStats {
     pub collected: std::sync::atomic::AtomicBool,
     /// Periods in which no child answered and none was blamed (this node's own receive path looked stalled).
     pub void_rounds: std::sync::atomic::AtomicU64,
+    /// Periods in which several children were past their reply time at once and none was blamed
+    /// (`vigil_core::probe::correlated_silence`).
+    pub correlated_rounds: std::sync::atomic::AtomicU64,
     /// The parent's node is probed too (by unicast; not counted in `unicast`).
     pub parent: std::sync::atomic::AtomicBool,
 }
@@ -68,8 +71,9 @@ impl ProberStats {
         use std::sync::atomic::Ordering::Relaxed;
         let unreached = self.unreached.load(Relaxed);
         let void = self.void_rounds.load(Relaxed);
+        let correlated = self.correlated_rounds.load(Relaxed);
         format!(
-            "{} children by group datagram, {} by unicast{}{}; replies {}{}",
+            "{} children by group datagram, {} by unicast{}{}; replies {}{}{}",
             self.grouped.load(Relaxed),
             self.unicast.load(Relaxed),
             if unreached > 0 { format!(" ({unreached} not reached by the group)") } else { String::new() },
@@ -81,6 +85,11 @@ impl ProberStats {
             },
             if void > 0 {
                 format!("; {void} periods not judged (no child answered: this node's receive path was behind)")
+            } else {
+                String::new()
+            },
+            if correlated > 0 {
+                format!("; {correlated} periods excused (several children late at once: links or this node slowed)")
             } else {
                 String::new()
             }
@@ -970,6 +979,8 @@ struct ProbeTarget {
     timing: ReplyTiming,
     /// The round during which its last news came (a reply to a newer probe than any before).
     news_round: u32,
+    /// Periods of its current silence excused as correlated (`vigil_core::probe::correlated_silence`).
+    excused: u32,
     /// The round of the last reply timed: a reply collected by the kernel stays in its slot and is read again
     /// each period until another replaces it, and is timed once.
     timed_seq: u32,
@@ -1027,6 +1038,9 @@ struct Prober {
     /// Rounds left unjudged because no child answered (see [`Prober::next_round`]), and whether that was logged.
     void_rounds: u64,
     stall_logged: bool,
+    /// Periods of correlated silence (see [`Prober::next_round`]), and whether that was logged.
+    correlated_rounds: u64,
+    correlated_logged: bool,
     /// Unjudged rounds in a row just now.
     void_streak: u32,
     /// Unjudged rounds in a row after which grouped children answered the unicast re-probe.
@@ -1077,6 +1091,8 @@ impl Prober {
             newest: 0,
             void_rounds: 0,
             stall_logged: false,
+            correlated_rounds: 0,
+            correlated_logged: false,
             void_streak: 0,
             group_suspect: 0,
             period: 0.01,
@@ -1143,6 +1159,7 @@ impl Prober {
             no_group: false,
             timing: self.all,
             news_round: self.round,
+            excused: 0,
             timed_seq: 0,
         };
         self.targets.insert(rank, t);
@@ -1217,6 +1234,7 @@ impl Prober {
         t.answered = p.seq;
         // News: the silence counted by the miss rule starts again.
         t.news_round = round;
+        t.excused = 0;
         self.newest = self.newest.max(p.seq);
         let recovered = t.missed_reported > 0;
         t.missed_reported = 0;
@@ -1305,6 +1323,41 @@ impl Prober {
                 }
             }
         }
+        // Children past their reply time this period, of those whose misses count: several at once blame nobody
+        // (vigil_core::probe::correlated_silence).
+        let correlated = !void && {
+            let (mut judged, mut silent) = (0, 0);
+            for t in self.targets.values() {
+                let timing = probe::judged_by(&t.timing, &self.all);
+                if t.kernel.is_some() && timing.armed() {
+                    judged += 1;
+                    let outstanding = self.round - t.news_round;
+                    if probe::missed_excused(
+                        outstanding,
+                        t.excused,
+                        probe::patience_of(&t.timing, &self.all, self.period),
+                    ) >= 1
+                    {
+                        silent += 1;
+                    }
+                }
+            }
+            let c = probe::correlated_silence(silent, judged);
+            if c {
+                self.correlated_rounds += 1;
+                if !self.correlated_logged {
+                    self.correlated_logged = true;
+                    warn!(
+                        "{silent} of {judged} children answer later than they did, at once: the links or this node \
+                         slowed down; none is blamed for such periods while the prober learns their new pace \
+                         (counted in `vigil overlay status`; later ones at debug level)"
+                    );
+                } else {
+                    tracing::debug!("{silent} of {judged} children late at once in round {}: excused", self.round);
+                }
+            }
+            c
+        };
         let mut unicast = Vec::new();
         let mut group = false;
         let (mut grouped, mut unreached) = (0, 0);
@@ -1336,7 +1389,15 @@ impl Prober {
             // Every new miss is reported: the first one already stops vouching for the node's TCP. A probe is
             // missed once it has waited longer than this child's usual reply time (vigil_core::probe).
             let timing = probe::judged_by(&t.timing, &self.all);
-            let missed = probe::missed(self.round - t.news_round, timing.patience(self.period));
+            let patience = probe::patience_of(&t.timing, &self.all, self.period);
+            let outstanding_news = self.round - t.news_round;
+            if correlated
+                && t.excused < probe::MAX_EXCUSED
+                && probe::missed_excused(outstanding_news, t.excused, patience) >= 1
+            {
+                t.excused += 1;
+            }
+            let missed = probe::missed_excused(outstanding_news, t.excused, patience);
             if !void && missed >= 1 && missed > t.missed_reported && t.kernel.is_some() && timing.armed() {
                 t.missed_reported = missed;
                 let _ = self.tx.send(DetectInput::Probe(*r, Signal::ProbeMissed { misses: missed }));
@@ -1565,6 +1626,7 @@ async fn prober_task(
                     stats.parent.store(parent, Relaxed);
                     stats.unreached.store(unreached, Relaxed);
                     stats.void_rounds.store(pr.void_rounds, Relaxed);
+                    stats.correlated_rounds.store(pr.correlated_rounds, Relaxed);
                     stats.collected.store(pr.area.is_some(), Relaxed);
                 }
                 let now = vigil_ebpf::monotonic_ns() ^ pr.key;
@@ -1848,18 +1910,48 @@ mod tests {
         assert_eq!(pr.void_rounds, 5);
     }
 
+    /// Several children silent at once (below the void rule's threshold) are excused, for at most
+    /// `MAX_EXCUSED` periods: nodes that died together are still lost, about a second later than one alone.
     #[test]
-    fn with_fewer_answering_children_than_the_threshold_silence_is_judged() {
+    fn children_silent_together_are_excused_for_at_most_a_second() {
         let n = VOID_MIN_CHILDREN as u32 - 1;
         let (mut pr, mut rx) = grouped_children(n);
         for _ in 0..3 {
             pr.next_round();
         }
-        let mut m = misses(&mut rx);
-        m.sort();
-        let want: Vec<(u32, u32)> = (1..=n).flat_map(|r| (1..=3).map(move |k| (r, k))).collect();
-        assert_eq!(m, want, "all {n} silent children judged: 3 misses each");
+        assert!(misses(&mut rx).is_empty(), "{n} children silent at once: nobody blamed yet");
+        assert_eq!(pr.correlated_rounds, 3);
+        for _ in 0..vigil_core::probe::MAX_EXCUSED {
+            pr.next_round();
+        }
+        let m = misses(&mut rx);
+        for r in 1..=n {
+            assert!(m.iter().any(|&(x, k)| x == r && k >= 3), "rank {r} never missed 3 probes: {m:?}");
+        }
         assert_eq!(pr.void_rounds, 0);
+    }
+
+    /// Two of five children late at once are excused; the one still silent once the other answers again is
+    /// judged, from where its count stood.
+    #[test]
+    fn a_child_still_silent_when_the_others_answer_is_judged() {
+        let (mut pr, mut rx) = grouped_children(5);
+        for _ in 0..4 {
+            for r in [1, 2, 3] {
+                reply(&mut pr, r, ProbeKind::ReplyKernel);
+            }
+            pr.next_round();
+        }
+        assert!(misses(&mut rx).is_empty(), "ranks 4 and 5 late together: excused");
+        for _ in 0..3 {
+            for r in [1, 2, 3, 5] {
+                reply(&mut pr, r, ProbeKind::ReplyKernel);
+            }
+            pr.next_round();
+        }
+        let m = misses(&mut rx);
+        assert!(m.iter().all(|(r, _)| *r == 4), "{m:?}");
+        assert!(m.iter().any(|(_, k)| *k >= 3), "rank 4, silent alone, is judged: {m:?}");
     }
 
     #[test]

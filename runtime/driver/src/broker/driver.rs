@@ -1199,7 +1199,7 @@ impl Driver {
             k[3] = u64::from(s.grouped.load(Relaxed));
             k[4] = u64::from(s.unicast.load(Relaxed)) | u64::from(s.unreached.load(Relaxed)) << 32;
             k[5] = u64::from(s.collected.load(Relaxed));
-            k[6] = s.void_rounds.load(Relaxed);
+            k[6] = s.void_rounds.load(Relaxed) ^ s.correlated_rounds.load(Relaxed).rotate_left(32);
         }
         k
     }
