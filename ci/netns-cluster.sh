@@ -16,6 +16,11 @@
 #   ci/netns-cluster.sh restart NAME K                 after kill (or a broker that exited): bring K's link up and
 #                                                      start a new broker there, with the arguments of `up`
 #   ci/netns-cluster.sh pids   NAME K                  processes of node K
+#   ci/netns-cluster.sh impair NAME DELAY_MS JITTER_MS LOSS_PCT [SEED]
+#                                                      every frame between nodes gets a delay drawn from
+#                                                      DELAY +- JITTER ms and is lost with LOSS_PCT % (the kernel has no
+#                                                      netem: the bridge is replaced by `vigil-bench netswitch`, found
+#                                                      as $VIGIL_BENCH or next to $VIGIL); unimpair NAME puts the bridge back
 #   ci/netns-cluster.sh down   NAME                    kill everything and remove namespaces, links and files
 #
 # NAME is a short tag (<= 6 characters) so several clusters can coexist; each has its own hub namespace holding
@@ -31,7 +36,7 @@ if [ -z "${VIGIL:-}" ]; then
     [ -n "$VIGIL" ] || { [ -x "$root/target/release/vigil" ] && VIGIL=$root/target/release/vigil; } || VIGIL=$root/target/debug/vigil
 fi
 cmd=${1:-}; name=${2:-}
-[ -n "$cmd" ] && [ -n "$name" ] || { sed -n '2,23p' "$0"; exit 2; }
+[ -n "$cmd" ] && [ -n "$name" ] || { sed -n '2,28p' "$0"; exit 2; }
 [ ${#name} -le 6 ] || { echo "netns-cluster: NAME must be at most 6 characters" >&2; exit 2; }
 dir=${VIGIL_NETNS_DIR:-/tmp}/vigil-netns-$name
 hub=vn-$name-hub
@@ -165,8 +170,31 @@ stall) kill -STOP "$(cat "$dir/node${3:?K}/broker.pid")" ;;
 cont) kill -CONT "$(cat "$dir/node${3:?K}/broker.pid")" ;;
 cut) ip -n "$hub" link set "$(hostveth "${3:?K}")" down ;;
 heal) ip -n "$hub" link set "$(hostveth "${3:?K}")" up; ip -n "$(ns "${3:?K}")" link set eth0 up 2>/dev/null || true ;;
+impair)
+    delay=${3:?DELAY_MS}; jitter=${4:?JITTER_MS}; loss=${5:?LOSS_PCT}; seed=${6:-1}
+    bench=${VIGIL_BENCH:-$(dirname "$VIGIL")/vigil-bench}
+    [ -x "$bench" ] || { echo "netns-cluster: no vigil-bench at $bench (set VIGIL_BENCH)" >&2; exit 2; }
+    n=$(cat "$dir/size")
+    [ -s "$dir/netswitch.pid" ] && kill "$(cat "$dir/netswitch.pid")" 2>/dev/null || true
+    ports=()
+    for ((k = 0; k < n; k++)); do ports+=("$(hostveth $k)"); done
+    # Off the bridge in one batch, then the switch at once: the gap is a few milliseconds of lost frames.
+    for p in "${ports[@]}"; do echo "link set $p nomaster"; done | ip -n "$hub" -batch -
+    ip netns exec "$hub" "$bench" netswitch --delay-ms "$delay" --jitter-ms "$jitter" --loss-pct "$loss" \
+        --seed "$seed" "${ports[@]}" >> "$dir/netswitch.log" 2>&1 < /dev/null &
+    echo $! > "$dir/netswitch.pid"
+    sleep 0.2
+    kill -0 "$(cat "$dir/netswitch.pid")" 2>/dev/null || { cat "$dir/netswitch.log" >&2; exit 1; }
+    ;;
+unimpair)
+    n=$(cat "$dir/size")
+    [ -s "$dir/netswitch.pid" ] && kill "$(cat "$dir/netswitch.pid")" 2>/dev/null || true
+    rm -f "$dir/netswitch.pid"
+    for ((k = 0; k < n; k++)); do echo "link set $(hostveth $k) master br0"; done | ip -n "$hub" -batch -
+    ;;
 down)
     n=$(cat "$dir/size" 2>/dev/null || echo 64)
+    [ -s "$dir/netswitch.pid" ] && kill -9 "$(cat "$dir/netswitch.pid")" 2>/dev/null || true
     for ((k = 0; k < n; k++)); do
         p=$(node_pids $k); [ -n "$p" ] && kill -CONT $p 2>/dev/null; [ -n "$p" ] && kill -9 $p 2>/dev/null
         ip netns del "$(ns $k)" 2>/dev/null || true
@@ -176,5 +204,5 @@ down)
     for k in $(ip netns list | awk -v p="vn-$name-n" 'index($1, p) == 1 { print $1 }'); do ip netns del "$k" 2>/dev/null || true; done
     rm -rf "$dir"
     ;;
-*) sed -n '2,23p' "$0"; exit 2 ;;
+*) sed -n '2,28p' "$0"; exit 2 ;;
 esac

@@ -45,6 +45,9 @@ if cargo tree --locked -p vigil-driver -e normal --prefix none | awk '{print $1}
     exit 1
 fi
 cargo test --workspace --locked -- --test-threads=4 "$@"
+# Verdicts under overload (two CPU hogs per core, every netns link 50 ms +- 50 ms with 2 % loss through
+# `vigil-bench netswitch`): alone, since it loads the whole machine (about 15 s).
+cargo test --workspace --locked --test failure_netns -- --ignored --test-threads=1 under_overload
 # vigil-ofi without libfabric (its stub answers "libfabric not available", which the broker turns into TCP):
 # the same tests, built as on a machine without libfabric-dev.
 VIGIL_OFI=off cargo test --locked -p vigil-ofi --quiet

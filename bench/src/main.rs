@@ -50,6 +50,7 @@ mod detect;
 mod fwq;
 mod jobcore;
 mod mpi;
+mod netswitch;
 mod nodekill;
 mod restart;
 mod sched;
@@ -138,6 +139,9 @@ enum TopCmd {
     /// Test-bed switch for `bench/probe-cost.sh PARENT_RX=xdp`: hand probe replies to the parent's port as XDP
     /// frames, as a NIC with native XDP receives them (needs root; runs until killed).
     XdpHub(xdp_hub::XdpHubArgs),
+    /// Test-bed switch with seeded delay, jitter and loss between netns nodes (`ci/netns-cluster.sh impair`),
+    /// in place of netem, which this machine's kernel lacks (needs root; runs until killed).
+    Netswitch(netswitch::NetswitchArgs),
     /// First light, then `mpi`, then `detect`.
     All(AllArgs),
     /// Measurements taken from inside an instance (run as its initial program).
@@ -343,6 +347,7 @@ fn main() {
         Some(TopCmd::Fwq(a)) => fwq::run(&a),
         Some(TopCmd::Tick(a)) => tick::run(&a),
         Some(TopCmd::XdpHub(a)) => xdp_hub::run(&a),
+        Some(TopCmd::Netswitch(a)) => netswitch::run(&a),
         Some(TopCmd::All(a)) => {
             // Every group runs even if an earlier one failed; the exit code is the worst of the three.
             let first = report(outer(a.runs, cli.vigil.clone(), cli.out_dir.clone()));
