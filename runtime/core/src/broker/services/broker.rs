@@ -29,8 +29,8 @@ fn getattr(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     let name = str_field(body, "name")?;
     match attrs(core).remove(name) {
         Some(Some(v)) => Ok(Some(json!({"value": v}).into())),
-        Some(None) => Err((errno::ENOENT, format!("attribute '{name}' is not set"))),
-        None => Err((errno::ENOENT, format!("no such attribute '{name}' (see `vigil lsattr`)"))),
+        Some(None) => Err(ServiceError::enoent(format!("attribute '{name}' is not set"))),
+        None => Err(ServiceError::enoent(format!("no such attribute '{name}' (see `vigil lsattr`)"))),
     }
 }
 
@@ -55,31 +55,28 @@ fn rtt(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
         .try_into()
         .ok()
         .filter(|r| *r < core.opts.size)
-        .ok_or((errno::EINVAL, format!("rank must be below the instance size {}", core.opts.size)))?;
+        .ok_or(ServiceError::einval(format!("rank must be below the instance size {}", core.opts.size)))?;
     if target == core.rank() {
-        return Err((errno::EINVAL, "a round trip to this broker itself does not cross the overlay".into()));
+        return Err(ServiceError::einval("a round trip to this broker itself does not cross the overlay"));
     }
     let count = opt_u64(body, "count")?.unwrap_or(1);
     let size = opt_u64(body, "size")?.unwrap_or(0);
     if count == 0 || count > 1_000_000 || size > 1 << 20 {
-        return Err((errno::EINVAL, "count must be 1..1000000 and size at most 1 MiB".into()));
+        return Err(ServiceError::einval("count must be 1..1000000 and size at most 1 MiB"));
     }
     let (count, size) = (count as u32, size as usize);
     let window = opt_u64(body, "window")?.unwrap_or(1);
     if window == 0 || window > 1024 {
-        return Err((errno::EINVAL, "window must be 1..1024".into()));
+        return Err(ServiceError::einval("window must be 1..1024"));
     }
     let window = window as u32;
     let mine = core.rtt_runs.values().filter(|r| r.req.route == msg.route).count();
     if mine >= MAX_RTT_RUNS_PER_CLIENT || core.rtt_runs.len() >= MAX_RTT_RUNS {
-        return Err((
-            errno::EAGAIN,
-            format!(
-                "{} round-trip runs in progress here ({mine} of them this client's; at most \
+        return Err(ServiceError::eagain(format!(
+            "{} round-trip runs in progress here ({mine} of them this client's; at most \
                  {MAX_RTT_RUNS_PER_CLIENT} per client and {MAX_RTT_RUNS} in all): try again when they end",
-                core.rtt_runs.len()
-            ),
-        ));
+            core.rtt_runs.len()
+        )));
     }
     let run = RttRun {
         req: msg.clone(),
@@ -102,7 +99,7 @@ fn sub_or_unsub(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     let body = lazy.object()?;
     let topic = str_field(body, "topic")?.to_string();
     // A local client's (Access::Local): its route is its connection.
-    let Some(&last) = msg.route.first() else { return Err((errno::EPROTO, "not a local client".into())) };
+    let Some(&last) = msg.route.first() else { return Err(ServiceError::eproto("not a local client")) };
     if let Some(c) = core.locals.get_mut(&(last & !ROUTE_LOCAL)) {
         if msg.topic == "broker.unsub" {
             c.subs.remove(&topic);
@@ -110,19 +107,16 @@ fn sub_or_unsub(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
             // A set: subscribing again to a prefix is a no-op. Bounded in count and length, so what one
             // client holds here is at most MAX_SUBS_PER_CLIENT * MAX_SUB_TOPIC bytes.
             if topic.len() > MAX_SUB_TOPIC {
-                return Err((
-                    errno::EINVAL,
-                    format!("'topic' is {} bytes, more than the {MAX_SUB_TOPIC} a prefix may have", topic.len()),
-                ));
+                return Err(ServiceError::einval(format!(
+                    "'topic' is {} bytes, more than the {MAX_SUB_TOPIC} a prefix may have",
+                    topic.len()
+                )));
             }
             if c.subs.len() >= MAX_SUBS_PER_CLIENT {
-                return Err((
-                    errno::ENOSPC,
-                    format!(
-                        "this client already holds {MAX_SUBS_PER_CLIENT} subscriptions, the most one may \
+                return Err(ServiceError::enospc(format!(
+                    "this client already holds {MAX_SUBS_PER_CLIENT} subscriptions, the most one may \
                          (unsubscribe from some, or subscribe to a shorter prefix that covers them)"
-                    ),
-                ));
+                )));
             }
             c.subs.insert(topic);
         }
@@ -135,11 +129,11 @@ fn publish(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     let rank = core.rank();
     let body = lazy.object()?;
     if rank != 0 {
-        return Err((errno::EPROTO, "events are published on rank 0".into()));
+        return Err(ServiceError::eproto("events are published on rank 0"));
     }
     let topic = str_field(body, "topic")?.to_string();
     if topic.is_empty() {
-        return Err((errno::EINVAL, "topic must be a non-empty string".into()));
+        return Err(ServiceError::einval("topic must be a non-empty string"));
     }
     let payload = body.get("payload").cloned().unwrap_or(Value::Null);
     core.publish(&topic, &payload);
@@ -151,7 +145,7 @@ fn shutdown(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     let rank = core.rank();
     let body = lazy.object()?;
     if rank != 0 {
-        return Err((errno::EINVAL, "shutdown is requested from rank 0".into()));
+        return Err(ServiceError::einval("shutdown is requested from rank 0"));
     }
     // Checked before anything happens: a malformed request shuts nothing down.
     let code = opt_i32(body, "exit_code")?.unwrap_or(0);

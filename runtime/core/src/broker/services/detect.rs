@@ -15,7 +15,7 @@ fn watch(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
         .as_u64()
         .and_then(|p| u32::try_from(p).ok())
         .filter(|p| *p > 1)
-        .ok_or((errno::EINVAL, "pid must be a process id".into()))?;
+        .ok_or(ServiceError::einval("pid must be a process id"))?;
     let held = core.exit_waiters.values().flatten().filter(|m| m.route == msg.route).count();
     check_waiting(held, "process-exit watches")?;
     // Everyone waiting for the same process hears of its exit.

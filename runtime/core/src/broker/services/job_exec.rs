@@ -25,12 +25,12 @@ fn stdin(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     let jc = job_core!(core);
     let id = parse_id(body)?;
     if !owner && jc.jobs.get(&id).is_some_and(|j| j.userid != msg.userid) {
-        return Err((errno::EPERM, "not your job".into()));
+        return Err(ServiceError::eperm("not your job"));
     }
     let data = opt_str(body, "data")?.map(str::to_string);
     let eof = opt_bool(body, "eof")?.unwrap_or(false);
     // Bounded per job (jobs::STDIN_KEEP): a chunk past it is refused with ENOSPC, the rest kept.
-    jc.stdin(id, data, eof).map_err(|e| (e.errno(), e.to_string()))?;
+    jc.stdin(id, data, eof).map_err(|e| ServiceError::new(e.errno(), e.to_string()))?;
     Ok(Some(json!({}).into()))
 }
 
@@ -40,7 +40,7 @@ fn output(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     let jc = job_core!(core);
     let id = parse_id(body)?;
     let lines: Vec<OutputLine> =
-        serde_json::from_value(field(body, "lines")?.clone()).map_err(|e| (errno::EPROTO, e.to_string()))?;
+        serde_json::from_value(field(body, "lines")?.clone()).map_err(|e| ServiceError::eproto(e.to_string()))?;
     // A shell numbers its batches so that one sent again after a router's loss is taken once, in order.
     let batch = match (opt_u32(body, "broker_rank")?, opt_u64(body, "seq")?, opt_bool(body, "flush")?) {
         (Some(rank), _, Some(true)) => Batch::Flush { rank },
@@ -94,9 +94,9 @@ fn nested(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     let id = parse_id(body)?;
     let uri = str_field(body, "uri")?.to_string();
     let crit = IdSet::parse(opt_str(body, "critical_ranks")?.unwrap_or("0"))
-        .map_err(|e| (errno::EPROTO, format!("critical_ranks: {e}")))?;
+        .map_err(|e| ServiceError::eproto(format!("critical_ranks: {e}")))?;
     let size = opt_u32(body, "size")?.unwrap_or(0);
-    let job = jc.jobs.get_mut(&id).ok_or((errno::ENOENT, format!("unknown job id {id}")))?;
+    let job = jc.jobs.get_mut(&id).ok_or(ServiceError::enoent(format!("unknown job id {id}")))?;
     let ranks: Vec<u32> = job.alloc.iter().map(|a| a.rank).collect();
     let parent_crit: IdSet = crit.iter().filter_map(|c| ranks.get(c as usize).copied()).collect();
     let memo = json!({"uri": uri, "size": size, "critical_ranks": crit.to_string(), "critical_broker_ranks": parent_crit.to_string()});
@@ -120,14 +120,14 @@ fn pmi_barrier(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
         .jobs
         .get_mut(&id)
         .filter(|j| j.state == JobState::Run)
-        .ok_or((errno::ENOENT, format!("job {id} is not running")))?;
+        .ok_or(ServiceError::enoent(format!("job {id} is not running")))?;
     let nshells = job.shells.len();
     if shell as usize >= nshells {
-        return Err((errno::EINVAL, format!("shell_rank {shell}: job {id} has {nshells} shell(s)")));
+        return Err(ServiceError::einval(format!("shell_rank {shell}: job {id} has {nshells} shell(s)")));
     }
     let b = core.pmi_barriers.entry(id).or_default();
     if b.waiting.contains_key(&shell) {
-        return Err((errno::EINVAL, format!("shell {shell} of job {id} is already in this PMI barrier")));
+        return Err(ServiceError::einval(format!("shell {shell} of job {id} is already in this PMI barrier")));
     }
     job.pmi_exchanges += 1;
     b.waiting.insert(shell, msg.clone());
@@ -147,18 +147,15 @@ fn shell_exit(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     let body = lazy.object()?;
     let n = core.wall();
     let jc = job_core!(core);
-    let exit: ShellExit = serde_json::from_value(body.clone()).map_err(|e| (errno::EPROTO, e.to_string()))?;
+    let exit: ShellExit = serde_json::from_value(body.clone()).map_err(|e| ServiceError::eproto(e.to_string()))?;
     if let StateDir::Damaged { dir, .. } = &core.statedir {
         // Not acknowledged: the job is in the store an operator is repairing, and its broker keeps the
         // report (an error keeps it), sending it again to the rank 0 restarted on the repaired store.
-        return Err((
-            errno::EROFS,
-            format!(
-                "rank 0's state directory {} is damaged: exit reports are kept by their brokers until rank 0 \
+        return Err(ServiceError::erofs(format!(
+            "rank 0's state directory {} is damaged: exit reports are kept by their brokers until rank 0 \
                  restarts on a store it can read",
-                dir.display()
-            ),
-        ));
+            dir.display()
+        )));
     }
     jc.shell_exit(n, exit);
     if jc.journaling() {
@@ -173,7 +170,7 @@ fn shell_exit(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
 /// The `kvs` of a `job-exec.pmi-barrier` request: a shell's PMI-1 puts, which every shell of the job hands back to
 /// its tasks verbatim in PMI lines. So each key and value must be a token such a line can carry (no space or
 /// newline, no `=` in a key) within the sizes served by `get_maxes`; absent means no puts.
-fn pmi_puts(body: &Value) -> Result<serde_json::Map<String, Value>, (u32, String)> {
+fn pmi_puts(body: &Value) -> Result<serde_json::Map<String, Value>, ServiceError> {
     use crate::pmi::{KEYLEN_MAX, VALLEN_MAX};
     let Some(kvs) = optional(body, "kvs") else { return Ok(serde_json::Map::new()) };
     let kvs = kvs.as_object().ok_or_else(|| wrong_type("kvs", "an object of PMI keys and values", kvs))?;
@@ -182,10 +179,10 @@ fn pmi_puts(body: &Value) -> Result<serde_json::Map<String, Value>, (u32, String
         let Some(s) = v.as_str() else { return Err(wrong_type(&format!("kvs.{}", clip(k)), "a string", v)) };
         let bad = |t: &str| t.contains([' ', '\n']);
         if k.len() > KEYLEN_MAX || bad(k) || k.contains('=') {
-            return Err((errno::EPROTO, format!("kvs: '{}' is not a PMI key", clip(k))));
+            return Err(ServiceError::eproto(format!("kvs: '{}' is not a PMI key", clip(k))));
         }
         if s.len() > VALLEN_MAX || bad(s) {
-            return Err((errno::EPROTO, format!("kvs.{}: not a PMI value", clip(k))));
+            return Err(ServiceError::eproto(format!("kvs.{}: not a PMI value", clip(k))));
         }
     }
     Ok(kvs.clone())
@@ -210,7 +207,7 @@ mod tests {
             json!({"a b": "v"}),
             json!({"k": long}),
         ] {
-            let (e, msg) = pmi_puts(&json!({ "kvs": kvs })).expect_err("bad kvs");
+            let ServiceError { errno: e, message: msg } = pmi_puts(&json!({ "kvs": kvs })).expect_err("bad kvs");
             assert_eq!(e, errno::EPROTO, "{msg}");
             assert!(msg.contains("kvs"), "{msg}");
         }

@@ -18,7 +18,7 @@ pub(super) fn attach_or_eventlog(core: &mut Broker, msg: &Message, lazy: &Body<'
     let jc = job_core!(core);
     let id = parse_id(body)?;
     if !jc.jobs.contains_key(&id) {
-        return Err((errno::ENOENT, format!("unknown job id {id}")));
+        return Err(ServiceError::enoent(format!("unknown job id {id}")));
     }
     let is_attach = msg.topic == "job-info.attach";
     let follow = opt_bool(body, "follow")?.unwrap_or(is_attach);
@@ -56,7 +56,7 @@ fn stdin(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     // A job shell reads the job's standard input: every chunk so far, then new ones, ENODATA at the end.
     let id = parse_id(body)?;
     if !jc.jobs.contains_key(&id) {
-        return Err((errno::ENOENT, format!("unknown job id {id}")));
+        return Err(ServiceError::enoent(format!("unknown job id {id}")));
     }
     check_waiting(core.watchers.iter().filter(|w| w.req.route == msg.route).count(), "job watchers")?;
     core.watchers.push(Watcher {
@@ -78,7 +78,7 @@ fn stdin(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
 fn disconnect(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     lazy.object()?;
     if core.jobcore.is_none() {
-        return Err((errno::ENOSYS, "job services run on rank 0".into()));
+        return Err(ServiceError::enosys("job services run on rank 0"));
     }
     let route = msg.route.clone();
     core.watchers.retain(|w| w.req.route != route);

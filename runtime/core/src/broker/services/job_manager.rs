@@ -25,14 +25,11 @@ fn submit(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     let stdin = opt_bool(body, "stdin")?.unwrap_or(false);
     match &core.statedir {
         StateDir::Damaged { dir, why } => {
-            return Err((
-                errno::EROFS,
-                format!(
-                    "no new job is taken: rank 0 could not read its state directory {} ({why}); scheduling \
+            return Err(ServiceError::erofs(format!(
+                "no new job is taken: rank 0 could not read its state directory {} ({why}); scheduling \
                      is stopped until an operator repairs or moves the store and restarts rank 0",
-                    dir.display()
-                ),
-            ))
+                dir.display()
+            )))
         }
         StateDir::Open { .. } | StateDir::None => {}
     }
@@ -69,12 +66,11 @@ fn submit(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                     _ => false,
                 };
             if waiting {
-                return Err((
-                    errno::EAGAIN,
-                    format!("{e}, as only {joined} of its {size} brokers have joined so far: try again"),
-                ));
+                return Err(ServiceError::eagain(format!(
+                    "{e}, as only {joined} of its {size} brokers have joined so far: try again"
+                )));
             }
-            Err((errno::EINVAL, e.to_string()))
+            Err(ServiceError::einval(e.to_string()))
         }
     }
 }
@@ -104,7 +100,7 @@ fn info(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     let body = lazy.object()?;
     let jc = job_core!(core);
     let id = parse_id(body)?;
-    let j = jc.jobs.get(&id).ok_or((errno::ENOENT, format!("unknown job id {id}")))?;
+    let j = jc.jobs.get(&id).ok_or(ServiceError::enoent(format!("unknown job id {id}")))?;
     let mut info = j.info();
     if let (Some(r), Some(o)) = (jc.pending_reason(id), info.as_object_mut()) {
         o.insert("reason_pending".into(), Value::String(r));
@@ -123,7 +119,8 @@ fn cancel(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     let jc = job_core!(core);
     let id = parse_id(body)?;
     let note = opt_str(body, "note")?.unwrap_or("canceled by user").to_string();
-    jc.cancel(n, id, msg.userid, owner, &note).map(|_| Some(json!({}).into()))
+    jc.cancel(n, id, msg.userid, owner, &note).map_err(|(errno, message)| ServiceError { errno, message })?;
+    Ok(Some(json!({}).into()))
 }
 
 /// `job-manager.raise`.
@@ -137,12 +134,12 @@ fn raise(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     let sev = opt_severity(body)?;
     let note = opt_str(body, "note")?.unwrap_or("").to_string();
     if !owner && jc.jobs.get(&id).is_some_and(|j| j.userid != msg.userid) {
-        return Err((errno::EPERM, "not your job".into()));
+        return Err(ServiceError::eperm("not your job"));
     }
     if jc.raise(n, id, &kind, sev, &note) {
         Ok(Some(json!({}).into()))
     } else {
-        Err((errno::ENOENT, format!("job {id} is not active")))
+        Err(ServiceError::enoent(format!("job {id} is not active")))
     }
 }
 
@@ -174,7 +171,7 @@ fn purge(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
             }
             Ok(Some(json!({"count": count, "purged": force, "inactive": jc.inactive_count()}).into()))
         }
-        Err(e @ crate::jobs::purge::PurgeError::Unknown(_)) => Err((errno::ENOENT, e.to_string())),
-        Err(e) => Err((errno::EINVAL, e.to_string())),
+        Err(e @ crate::jobs::purge::PurgeError::Unknown(_)) => Err(ServiceError::enoent(e.to_string())),
+        Err(e) => Err(ServiceError::einval(e.to_string())),
     }
 }

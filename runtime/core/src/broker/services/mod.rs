@@ -39,6 +39,69 @@ fn detectors(core: &Broker) -> Value {
     d
 }
 
+/// A service's refusal of a request: the errno and the message its error response carries
+/// (`Message::error_to`). The message says what was wrong and, for a field of the payload, names it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message} (errno {errno})")]
+pub struct ServiceError {
+    /// The response's errno ([`errno`]).
+    pub errno: u32,
+    /// The response's error string.
+    pub message: String,
+}
+
+impl ServiceError {
+    /// A refusal with `errno` and `message`.
+    pub fn new(errno: u32, message: impl Into<String>) -> ServiceError {
+        ServiceError { errno, message: message.into() }
+    }
+
+    /// EPERM: the caller may not do this.
+    pub fn eperm(message: impl Into<String>) -> ServiceError {
+        ServiceError::new(errno::EPERM, message)
+    }
+
+    /// ENOENT: no such job, attribute, shell...
+    pub fn enoent(message: impl Into<String>) -> ServiceError {
+        ServiceError::new(errno::ENOENT, message)
+    }
+
+    /// EINVAL: a well-formed request asking for something that cannot be (a rank outside the instance...).
+    pub fn einval(message: impl Into<String>) -> ServiceError {
+        ServiceError::new(errno::EINVAL, message)
+    }
+
+    /// ENOSYS: no such method, or not on this rank.
+    pub fn enosys(message: impl Into<String>) -> ServiceError {
+        ServiceError::new(errno::ENOSYS, message)
+    }
+
+    /// EPROTO: a malformed request (not JSON, a field missing or of the wrong type).
+    pub fn eproto(message: impl Into<String>) -> ServiceError {
+        ServiceError::new(errno::EPROTO, message)
+    }
+
+    /// EAGAIN: not now, try again later.
+    pub fn eagain(message: impl Into<String>) -> ServiceError {
+        ServiceError::new(errno::EAGAIN, message)
+    }
+
+    /// EEXIST: already there.
+    pub fn eexist(message: impl Into<String>) -> ServiceError {
+        ServiceError::new(errno::EEXIST, message)
+    }
+
+    /// ENOSPC: a bound reached (subscriptions, waiting requests, a job's standard input).
+    pub fn enospc(message: impl Into<String>) -> ServiceError {
+        ServiceError::new(errno::ENOSPC, message)
+    }
+
+    /// EROFS: rank 0's state directory cannot be written.
+    pub fn erofs(message: impl Into<String>) -> ServiceError {
+        ServiceError::new(errno::EROFS, message)
+    }
+}
+
 /// Event subscriptions (`broker.sub` topic prefixes) one local client may hold; past it `broker.sub` is answered
 /// ENOSPC.
 pub const MAX_SUBS_PER_CLIENT: usize = 256;
@@ -56,12 +119,11 @@ pub const MAX_RTT_RUNS: usize = 16;
 
 /// ENOSPC if the client of `msg` already holds [`MAX_WAITING_PER_CLIENT`] requests of kind `what`, of which it
 /// holds `held`.
-fn check_waiting(held: usize, what: &str) -> Result<(), (u32, String)> {
+fn check_waiting(held: usize, what: &str) -> Result<(), ServiceError> {
     if held >= MAX_WAITING_PER_CLIENT {
-        return Err((
-            errno::ENOSPC,
-            format!("this client already holds {held} {what}, the most one may (close some, or reconnect)"),
-        ));
+        return Err(ServiceError::enospc(format!(
+            "this client already holds {held} {what}, the most one may (close some, or reconnect)"
+        )));
     }
     Ok(())
 }
@@ -70,7 +132,7 @@ fn check_waiting(held: usize, what: &str) -> Result<(), (u32, String)> {
 /// using the broker's other fields while it holds the job core.
 macro_rules! job_core {
     ($core:expr) => {
-        $core.jobcore.as_mut().ok_or((errno::ENOSYS, String::from("job services run on rank 0")))?
+        $core.jobcore.as_mut().ok_or(ServiceError::enosys(String::from("job services run on rank 0")))?
     };
 }
 
@@ -97,7 +159,7 @@ pub(super) enum Access {
 }
 
 /// A request handler: answers with a payload (`Ok(Some)`), later (`Ok(None)`: the request is held, e.g. until an
-/// event or a durable write), or with `(errno, message)`.
+/// event or a durable write), or with a [`ServiceError`].
 type Handler = fn(&mut Broker, &Message, &Body<'_>) -> Reply;
 
 /// One row of a service's table: its topic, who may call it, its handler.
@@ -136,13 +198,13 @@ pub fn offers(rank: u32, service: &str) -> bool {
 
 /// Whether the caller of `msg` may use `t` by its [`Access`] rule: EPERM or EPROTO saying why not. The
 /// [`Access::Job`] rule needs the job, and is checked by its handlers.
-fn permitted(core: &Broker, msg: &Message, t: &Topic) -> Result<(), (u32, String)> {
+fn permitted(core: &Broker, msg: &Message, t: &Topic) -> Result<(), ServiceError> {
     match t.access {
         Access::Owner if msg.userid != core.env.uid => {
-            Err((errno::EPERM, format!("only the instance owner may use '{}'", t.name)))
+            Err(ServiceError::eperm(format!("only the instance owner may use '{}'", t.name)))
         }
         Access::Local if !(msg.route.len() == 1 && msg.route[0] & ROUTE_LOCAL != 0) => {
-            Err((errno::EPROTO, format!("'{}' is for clients of this broker's local socket only", t.name)))
+            Err(ServiceError::eproto(format!("'{}' is for clients of this broker's local socket only", t.name)))
         }
         _ => Ok(()),
     }
@@ -159,8 +221,8 @@ fn lookup(topic: &str) -> Option<&'static Topic> {
 // or of the wrong JSON type) instead of falling back to a default or panicking. An optional field may be absent
 // or `null`; present, it must have its type.
 
-fn field<'a>(v: &'a Value, name: &str) -> Result<&'a Value, (u32, String)> {
-    v.get(name).ok_or((errno::EPROTO, format!("missing '{name}' in request")))
+fn field<'a>(v: &'a Value, name: &str) -> Result<&'a Value, ServiceError> {
+    v.get(name).ok_or(ServiceError::eproto(format!("missing '{name}' in request")))
 }
 
 /// What a JSON value is, for error messages ("an array").
@@ -176,8 +238,8 @@ fn json_kind(v: &Value) -> &'static str {
 }
 
 /// The EPROTO answer for field `name` that is not `want` ("a string", "an integer 0..=4294967295").
-fn wrong_type(name: &str, want: &str, got: &Value) -> (u32, String) {
-    (errno::EPROTO, format!("'{name}' must be {want}, got {}", json_kind(got)))
+fn wrong_type(name: &str, want: &str, got: &Value) -> ServiceError {
+    ServiceError::eproto(format!("'{name}' must be {want}, got {}", json_kind(got)))
 }
 
 /// Optional field `name`: `None` when absent or `null`.
@@ -186,43 +248,43 @@ fn optional<'a>(v: &'a Value, name: &str) -> Option<&'a Value> {
 }
 
 /// Required string field `name`.
-fn str_field<'a>(v: &'a Value, name: &str) -> Result<&'a str, (u32, String)> {
+fn str_field<'a>(v: &'a Value, name: &str) -> Result<&'a str, ServiceError> {
     let f = field(v, name)?;
     f.as_str().ok_or_else(|| wrong_type(name, "a string", f))
 }
 
 /// Optional string field `name`.
-fn opt_str<'a>(v: &'a Value, name: &str) -> Result<Option<&'a str>, (u32, String)> {
+fn opt_str<'a>(v: &'a Value, name: &str) -> Result<Option<&'a str>, ServiceError> {
     optional(v, name).map(|f| f.as_str().ok_or_else(|| wrong_type(name, "a string", f))).transpose()
 }
 
 /// Optional boolean field `name`.
-fn opt_bool(v: &Value, name: &str) -> Result<Option<bool>, (u32, String)> {
+fn opt_bool(v: &Value, name: &str) -> Result<Option<bool>, ServiceError> {
     optional(v, name).map(|f| f.as_bool().ok_or_else(|| wrong_type(name, "a boolean", f))).transpose()
 }
 
 /// Optional non-negative integer field `name`.
-fn opt_u64(v: &Value, name: &str) -> Result<Option<u64>, (u32, String)> {
+fn opt_u64(v: &Value, name: &str) -> Result<Option<u64>, ServiceError> {
     optional(v, name).map(|f| f.as_u64().ok_or_else(|| wrong_type(name, "a non-negative integer", f))).transpose()
 }
 
 /// Field `name`'s value `f` as a `u32` (a rank, a count): an integer in `0..=4294967295`, never truncated.
-fn as_u32(f: &Value, name: &str) -> Result<u32, (u32, String)> {
+fn as_u32(f: &Value, name: &str) -> Result<u32, ServiceError> {
     f.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| wrong_type(name, "an integer 0..=4294967295", f))
 }
 
 /// Required `u32` field `name`.
-fn u32_field(v: &Value, name: &str) -> Result<u32, (u32, String)> {
+fn u32_field(v: &Value, name: &str) -> Result<u32, ServiceError> {
     as_u32(field(v, name)?, name)
 }
 
 /// Optional `u32` field `name`.
-fn opt_u32(v: &Value, name: &str) -> Result<Option<u32>, (u32, String)> {
+fn opt_u32(v: &Value, name: &str) -> Result<Option<u32>, ServiceError> {
     optional(v, name).map(|f| as_u32(f, name)).transpose()
 }
 
 /// Optional field `name` holding an `i32` (a wait status, an exit code, a signal number).
-fn opt_i32(v: &Value, name: &str) -> Result<Option<i32>, (u32, String)> {
+fn opt_i32(v: &Value, name: &str) -> Result<Option<i32>, ServiceError> {
     optional(v, name)
         .map(|f| {
             f.as_i64()
@@ -233,29 +295,29 @@ fn opt_i32(v: &Value, name: &str) -> Result<Option<i32>, (u32, String)> {
 }
 
 /// Optional exception severity (RFC 21: 0 is fatal, 1..=7 informational); 0 when absent.
-fn opt_severity(v: &Value) -> Result<u32, (u32, String)> {
+fn opt_severity(v: &Value) -> Result<u32, ServiceError> {
     match opt_u64(v, "severity")? {
         None => Ok(0),
         Some(s) if s <= 7 => Ok(s as u32),
-        Some(s) => Err((errno::EINVAL, format!("'severity' must be 0..=7 (RFC 21), got {s}"))),
+        Some(s) => Err(ServiceError::einval(format!("'severity' must be 0..=7 (RFC 21), got {s}"))),
     }
 }
 
-fn parse_id(v: &Value) -> Result<JobId, (u32, String)> {
+fn parse_id(v: &Value) -> Result<JobId, ServiceError> {
     match field(v, "id")? {
-        Value::Number(n) => n.as_u64().map(JobId).ok_or((errno::EPROTO, "bad job id".into())),
-        Value::String(s) => JobId::parse(s).map_err(|e| (errno::EINVAL, e.to_string())),
+        Value::Number(n) => n.as_u64().map(JobId).ok_or(ServiceError::eproto("bad job id")),
+        Value::String(s) => JobId::parse(s).map_err(|e| ServiceError::einval(e.to_string())),
         other => Err(wrong_type("id", "a job id (an integer or an f58 string)", other)),
     }
 }
 
-fn parse_ranks(v: &Value) -> Result<IdSet, (u32, String)> {
-    let s = field(v, "ranks")?.as_str().ok_or((errno::EPROTO, "ranks must be an idset string".into()))?;
-    IdSet::parse(s).map_err(|e| (errno::EINVAL, format!("invalid ranks '{s}': {e}")))
+fn parse_ranks(v: &Value) -> Result<IdSet, ServiceError> {
+    let s = field(v, "ranks")?.as_str().ok_or(ServiceError::eproto("ranks must be an idset string"))?;
+    IdSet::parse(s).map_err(|e| ServiceError::einval(format!("invalid ranks '{s}': {e}")))
 }
 
 /// [`parse_ranks`] for ranks of this instance: every one below `size` (EINVAL names those that are not).
-fn parse_instance_ranks(v: &Value, size: u32) -> Result<IdSet, (u32, String)> {
+fn parse_instance_ranks(v: &Value, size: u32) -> Result<IdSet, ServiceError> {
     let ranks = parse_ranks(v)?;
     match ranks.last() {
         Some(last) if last >= size => {
@@ -265,7 +327,7 @@ fn parse_instance_ranks(v: &Value, size: u32) -> Result<IdSet, (u32, String)> {
                 shown.truncate(64);
                 shown.push_str("...");
             }
-            Err((errno::EINVAL, format!("ranks {shown} are not in this instance of size {size}")))
+            Err(ServiceError::einval(format!("ranks {shown} are not in this instance of size {size}")))
         }
         _ => Ok(ranks),
     }
@@ -278,13 +340,13 @@ pub fn dispatch(core: &mut Broker, msg: Message) {
             Ok(()) => (t.handler)(core, &msg, &Body::new(&msg)),
             Err(e) => Err(e),
         },
-        None => Err((errno::ENOSYS, format!("unknown service method '{}'", msg.topic))),
+        None => Err(ServiceError::enosys(format!("unknown service method '{}'", msg.topic))),
     };
     match r {
         // The request moves into its response (topic and route stack reused, not copied).
         Ok(Some(Out(payload))) => core.respond_with(msg, payload),
         Ok(None) => {}
-        Err((e, s)) => core.respond_error(&msg, e, &s),
+        Err(e) => core.respond_error(&msg, e.errno, &e.message),
     }
 }
 
@@ -301,19 +363,19 @@ impl<'a> Body<'a> {
     }
 
     /// The payload as JSON (`null` when empty), or `EPROTO` when it is not JSON.
-    fn json(&self) -> Result<&Value, (u32, String)> {
+    fn json(&self) -> Result<&Value, ServiceError> {
         let r = self.parsed.get_or_init(|| self.msg.decode::<Value>().map_err(|e| format!("payload is not JSON: {e}")));
-        r.as_ref().map_err(|e| (errno::EPROTO, e.clone()))
+        r.as_ref().map_err(|e| ServiceError::eproto(e.clone()))
     }
 
     /// The payload as a JSON object (every service request that carries fields is one), or `EPROTO` saying
     /// what it is instead (not JSON, empty, an array...).
-    fn object(&self) -> Result<&Value, (u32, String)> {
+    fn object(&self) -> Result<&Value, ServiceError> {
         let v = self.json()?;
         if v.is_object() {
             Ok(v)
         } else {
-            Err((errno::EPROTO, format!("payload must be a JSON object, got {}", json_kind(v))))
+            Err(ServiceError::eproto(format!("payload must be a JSON object, got {}", json_kind(v))))
         }
     }
 }
@@ -334,7 +396,7 @@ impl From<Value> for Out {
     }
 }
 
-type Reply = Result<Option<Out>, (u32, String)>;
+type Reply = Result<Option<Out>, ServiceError>;
 
 /// Every topic of every service's table (the fuzz tests check they send each one).
 #[cfg(test)]
@@ -420,28 +482,30 @@ mod tests {
             (str_field(&body, "null").map(|_| ()), "'null'"),
             (u32_field(&body, "s").map(|_| ()), "'s'"),
         ] {
-            let (e, msg) = r.expect_err(field);
+            let ServiceError { errno: e, message: msg } = r.expect_err(field);
             assert_eq!(e, errno::EPROTO, "{msg}");
             assert!(msg.contains(field), "{msg}");
         }
-        assert_eq!(u32_field(&body, "absent").map_err(|e| e.0), Err(errno::EPROTO));
-        assert_eq!(opt_severity(&json!({"severity": 8})).map_err(|e| e.0), Err(errno::EINVAL));
+        assert_eq!(u32_field(&body, "absent").map_err(|e| e.errno), Err(errno::EPROTO));
+        assert_eq!(opt_severity(&json!({"severity": 8})).map_err(|e| e.errno), Err(errno::EINVAL));
         assert_eq!(opt_severity(&json!({})), Ok(0));
-        assert_eq!(parse_id(&json!({"id": [1]})).map_err(|e| e.0), Err(errno::EPROTO));
+        assert_eq!(parse_id(&json!({"id": [1]})).map_err(|e| e.errno), Err(errno::EPROTO));
     }
 
     #[test]
     fn ranks_outside_the_instance_are_refused() {
         assert_eq!(parse_instance_ranks(&json!({"ranks": "0-3"}), 4).map(|r| r.len()), Ok(4));
         for ranks in ["4", "2-9", "4294967295"] {
-            let (e, msg) = parse_instance_ranks(&json!({"ranks": ranks}), 4).expect_err(ranks);
+            let ServiceError { errno: e, message: msg } =
+                parse_instance_ranks(&json!({"ranks": ranks}), 4).expect_err(ranks);
             assert_eq!(e, errno::EINVAL);
             assert!(msg.contains("not in this instance of size 4"), "{msg}");
         }
         // An idset that would expand to four billion ranks is refused by the parser itself.
-        let (e, _) = parse_instance_ranks(&json!({"ranks": "0-4294967295"}), 4).expect_err("huge");
+        let ServiceError { errno: e, .. } =
+            parse_instance_ranks(&json!({"ranks": "0-4294967295"}), 4).expect_err("huge");
         assert_eq!(e, errno::EINVAL);
-        let (e, _) = parse_instance_ranks(&json!({"ranks": 3}), 4).expect_err("a number");
+        let ServiceError { errno: e, .. } = parse_instance_ranks(&json!({"ranks": 3}), 4).expect_err("a number");
         assert_eq!(e, errno::EPROTO);
     }
 }

@@ -110,7 +110,7 @@ fn lost_or_offline(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
 /// `overlay.reparent`.
 fn reparent(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     let body = lazy.object()?;
-    core.record_reparent(body)?;
+    core.record_reparent(body).map_err(|(errno, message)| ServiceError { errno, message })?;
     Ok(Some(json!({}).into()))
 }
 
@@ -119,7 +119,7 @@ fn status(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     lazy.object()?;
     let size = core.opts.size;
     let topo = core.opts.topo;
-    let jc = core.jobcore.as_ref().ok_or((errno::ENOSYS, "not rank 0".into()))?;
+    let jc = core.jobcore.as_ref().ok_or(ServiceError::enosys("not rank 0"))?;
     let ranks: Vec<Value> = (0..size)
         .map(|r| {
             let (state, why, since) =
@@ -146,9 +146,9 @@ fn transport(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     let size = core.opts.size;
     // A child's report of its parent link (rdma_link), about a rank of this instance.
     if u32_field(body, "rank")? >= size {
-        return Err((errno::EPROTO, format!("'rank' must be below the instance size {size}")));
+        return Err(ServiceError::eproto(format!("'rank' must be below the instance size {size}")));
     }
-    core.links.on_report(body).map_err(|e| (errno::EPROTO, e))?;
+    core.links.on_report(body).map_err(ServiceError::eproto)?;
     Ok(Some(json!({}).into()))
 }
 

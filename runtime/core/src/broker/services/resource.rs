@@ -25,23 +25,25 @@ fn register(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     let rank = field(body, "rank")?;
     // Range-checked before narrowing: rank 2^32 is not rank 0.
     let rank = rank.as_u64().ok_or_else(|| wrong_type("rank", "a rank (a non-negative integer)", rank))?;
-    let rank =
-        u32::try_from(rank).ok().filter(|r| *r < size).ok_or((errno::EPROTO, format!("rank {rank} out of range")))?;
+    let rank = u32::try_from(rank)
+        .ok()
+        .filter(|r| *r < size)
+        .ok_or(ServiceError::eproto(format!("rank {rank} out of range")))?;
     let hostname = opt_str(body, "hostname")?.unwrap_or("").to_string();
     let res: NodeResources = serde_json::from_value(field(body, "resources")?.clone())
-        .map_err(|e| (errno::EPROTO, format!("resources: {e}")))?;
+        .map_err(|e| ServiceError::eproto(format!("resources: {e}")))?;
     let topology = opt_str(body, "topology")?.unwrap_or("live").to_string();
     let dg = opt_u32(body, "declared_gpus")?;
-    let ids = |k: &str, n: u32| -> Result<IdSet, (u32, String)> {
+    let ids = |k: &str, n: u32| -> Result<IdSet, ServiceError> {
         match opt_str(body, k)? {
-            Some(s) => IdSet::parse(s).map_err(|e| (errno::EPROTO, format!("{k}: {e}"))),
+            Some(s) => IdSet::parse(s).map_err(|e| ServiceError::eproto(format!("{k}: {e}"))),
             // As many ids as the node has, within the bound of an idset string (a count such as
             // 4294967295 would otherwise be expanded id by id).
             None if u64::from(n) <= crate::idset::MAX_IDS => Ok((0..n).collect()),
-            None => Err((
-                errno::EPROTO,
-                format!("resources.{k}: {n} is more than the {} ids a node may have", crate::idset::MAX_IDS),
-            )),
+            None => Err(ServiceError::eproto(format!(
+                "resources.{k}: {n} is more than the {} ids a node may have",
+                crate::idset::MAX_IDS
+            ))),
         }
     };
     let cores = ids("cores", res.cores)?;
@@ -53,7 +55,7 @@ fn register(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
             a.iter()
                 .map(|v| v.as_u64().map(JobId))
                 .collect::<Option<_>>()
-                .ok_or((errno::EPROTO, "jobs: expected an array of job ids".to_string()))?,
+                .ok_or(ServiceError::eproto("jobs: expected an array of job ids"))?,
         ),
         Some(v) => return Err(wrong_type("jobs", "an array of job ids", v)),
     };
@@ -75,7 +77,7 @@ fn register(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
 fn status(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     lazy.object()?;
     let size = core.opts.size;
-    let jc = core.jobcore.as_ref().ok_or((errno::ENOSYS, "not rank 0".into()))?;
+    let jc = core.jobcore.as_ref().ok_or(ServiceError::enosys("not rank 0"))?;
     let restarted = matches!(core.statedir, StateDir::Open { restarts, .. } if restarts > 0);
     let not_joined = if restarted { "not back since rank 0 restarted" } else { "never joined" };
     let mut rows = Vec::new();
@@ -123,7 +125,7 @@ fn status(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
 fn list(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     lazy.object()?;
     let size = core.opts.size;
-    let jc = core.jobcore.as_ref().ok_or((errno::ENOSYS, "not rank 0".into()))?;
+    let jc = core.jobcore.as_ref().ok_or(ServiceError::enosys("not rank 0"))?;
     // Every rank, as `resource.status` lists them: one that has not joined (yet) is down, resources unknown.
     let rows: Vec<Value> = (0..size).map(|r| match jc.pool.ranks.get(&r) {
         Some(p) => json!({
@@ -151,24 +153,24 @@ fn drain_or_undrain(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply 
         None | Some("") => crate::jobs::DrainMode::Refuse,
         Some("force") => crate::jobs::DrainMode::Force,
         Some("update") => crate::jobs::DrainMode::Update,
-        Some(m) => return Err((errno::EINVAL, format!("mode: '{m}' is not 'force' or 'update'"))),
+        Some(m) => return Err(ServiceError::einval(format!("mode: '{m}' is not 'force' or 'update'"))),
     };
-    let jc = core.jobcore.as_mut().ok_or((errno::ENOSYS, "not rank 0".into()))?;
+    let jc = core.jobcore.as_mut().ok_or(ServiceError::enosys("not rank 0"))?;
     let r = if msg.topic == "resource.drain" { jc.drain(n, &ranks, reason, mode) } else { jc.undrain(n, &ranks) };
-    r.map(|_| Some(json!({}).into())).map_err(|e| (errno::EINVAL, e))
+    r.map(|_| Some(json!({}).into())).map_err(ServiceError::einval)
 }
 
 /// `resource.eventlog`.
 fn eventlog(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     lazy.object()?;
-    let jc = core.jobcore.as_ref().ok_or((errno::ENOSYS, "not rank 0".into()))?;
+    let jc = core.jobcore.as_ref().ok_or(ServiceError::enosys("not rank 0"))?;
     Ok(Some(json!({"eventlog": jc.resource_eventlog}).into()))
 }
 
 /// `resource.R`.
 fn r(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     lazy.object()?;
-    let jc = core.jobcore.as_ref().ok_or((errno::ENOSYS, "not rank 0".into()))?;
+    let jc = core.jobcore.as_ref().ok_or(ServiceError::enosys("not rank 0"))?;
     let ranks: Vec<crate::r::RankResources> = jc
         .pool
         .ranks

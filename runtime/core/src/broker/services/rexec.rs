@@ -37,17 +37,17 @@ fn kill(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     field(body, "signal")?;
     let sig = opt_i32(body, "signal")?.unwrap_or(crate::signal::SIGTERM);
     if !(1..=crate::signal::SIGRTMAX).contains(&sig) {
-        return Err((
-            errno::EINVAL,
-            format!("'signal' must be a signal number 1..={}, got {sig}", crate::signal::SIGRTMAX),
-        ));
+        return Err(ServiceError::einval(format!(
+            "'signal' must be a signal number 1..={}, got {sig}",
+            crate::signal::SIGRTMAX
+        )));
     }
     if core.shells.contains(&id) {
         debug!("signal {sig} to shell of job {id}");
         core.effect(Effect::SignalShell { id, signal: sig });
         Ok(Some(json!({}).into()))
     } else {
-        Err((errno::ENOENT, format!("no shell of job {id} on rank {rank}")))
+        Err(ServiceError::enoent(format!("no shell of job {id} on rank {rank}")))
     }
 }
 
@@ -60,16 +60,16 @@ fn spawn_shell(core: &mut Broker, msg: &Message, body: &Value) -> Reply {
     if !input.is_object() {
         return Err(wrong_type("input", "an object (the job shell's input)", input));
     }
-    let mut input = ShellInput::deserialize(input).map_err(|e| (errno::EPROTO, format!("input: {e}")))?;
+    let mut input = ShellInput::deserialize(input).map_err(|e| ServiceError::eproto(format!("input: {e}")))?;
     if input.id != id.0 {
-        return Err((errno::EPROTO, format!("input: job id {} is not the request's job {id}", input.id)));
+        return Err(ServiceError::eproto(format!("input: job id {} is not the request's job {id}", input.id)));
     }
-    input.check().map_err(|e| (errno::EPROTO, format!("input: {e}")))?;
+    input.check().map_err(|e| ServiceError::eproto(format!("input: {e}")))?;
     if core.shutting_down.is_some() {
-        return Err((errno::EAGAIN, "broker is shutting down".into()));
+        return Err(ServiceError::eagain("broker is shutting down"));
     }
     if core.shells.contains(&id) {
-        return Err((errno::EEXIST, format!("job {id} already has a shell on rank {}", core.rank())));
+        return Err(ServiceError::eexist(format!("job {id} already has a shell on rank {}", core.rank())));
     }
     input.uri = core.env.local_uri.clone();
     // Short names: a nested instance's socket lives below this directory and Unix socket paths are limited
