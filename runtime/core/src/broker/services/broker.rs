@@ -23,10 +23,17 @@ fn ping(core: &mut Broker, msg: &Message, _lazy: &Body<'_>) -> Reply {
     Ok(Some(Out::json(&Pong { rank, hostname: &core.opts.hostname, pid: core.env.pid, route: msg.route.len() })))
 }
 
+/// A `broker.getattr` request (Flux's `attr.get`).
+#[derive(Debug, Deserialize)]
+struct GetattrRequest {
+    /// The attribute, by the name `vigil lsattr` lists ([`crate::attrs::ATTRS`]).
+    name: String,
+}
+
 /// `broker.getattr`.
 fn getattr(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
-    let body = lazy.object()?;
-    let name = str_field(body, "name")?;
+    let req: GetattrRequest = lazy.decode()?;
+    let name = req.name.as_str();
     match attrs(core).remove(name) {
         Some(Some(v)) => Ok(Some(json!({"value": v}).into())),
         Some(None) => Err(ServiceError::enoent(format!("attribute '{name}' is not set"))),
@@ -44,28 +51,38 @@ fn info(core: &mut Broker, _msg: &Message, _lazy: &Body<'_>) -> Reply {
     Ok(Some(broker_info(core).into()))
 }
 
+/// A `broker.rtt` request (`vigil ping`): time round trips over the overlay from this broker to another and
+/// back. Answered once they are done, with their times.
+#[derive(Debug, Deserialize)]
+struct RttRequest {
+    /// The broker to reach: a rank of this instance, not this broker's own.
+    rank: u64,
+    /// Round trips to time, 1..=1000000; 1 when absent.
+    count: Option<u64>,
+    /// Bytes of padding each request carries, at most 1 MiB; 0 when absent.
+    size: Option<u64>,
+    /// Round trips in flight at once, 1..=1024; 1 when absent.
+    window: Option<u64>,
+}
+
 /// `broker.rtt`.
 fn rtt(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
-    let body = lazy.object()?;
+    let req: RttRequest = lazy.decode()?;
     // Overlay round trips timed by this broker: the client's own hop is not in the samples.
-    let target = field(body, "rank")?;
-    let target = target
-        .as_u64()
-        .ok_or_else(|| wrong_type("rank", "a rank (a non-negative integer)", target))?
-        .try_into()
+    let target = u32::try_from(req.rank)
         .ok()
         .filter(|r| *r < core.opts.size)
         .ok_or(ServiceError::einval(format!("rank must be below the instance size {}", core.opts.size)))?;
     if target == core.rank() {
         return Err(ServiceError::einval("a round trip to this broker itself does not cross the overlay"));
     }
-    let count = opt_u64(body, "count")?.unwrap_or(1);
-    let size = opt_u64(body, "size")?.unwrap_or(0);
+    let count = req.count.unwrap_or(1);
+    let size = req.size.unwrap_or(0);
     if count == 0 || count > 1_000_000 || size > 1 << 20 {
         return Err(ServiceError::einval("count must be 1..1000000 and size at most 1 MiB"));
     }
     let (count, size) = (count as u32, size as usize);
-    let window = opt_u64(body, "window")?.unwrap_or(1);
+    let window = req.window.unwrap_or(1);
     if window == 0 || window > 1024 {
         return Err(ServiceError::einval("window must be 1..1024"));
     }
@@ -94,10 +111,16 @@ fn rtt(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     Ok(None)
 }
 
+/// A `broker.sub` or `broker.unsub` request (Flux's `event.subscribe`, `event.unsubscribe`).
+#[derive(Debug, Deserialize)]
+struct SubRequest {
+    /// The prefix of the event topics to receive (or no longer), at most [`MAX_SUB_TOPIC`] bytes.
+    topic: String,
+}
+
 /// `broker.sub` and `broker.unsub`.
 fn sub_or_unsub(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
-    let body = lazy.object()?;
-    let topic = str_field(body, "topic")?.to_string();
+    let topic = lazy.decode::<SubRequest>()?.topic;
     // A local client's (Access::Local): its route is its connection.
     let Some(&last) = msg.route.first() else { return Err(ServiceError::eproto("not a local client")) };
     if let Some(c) = core.locals.get_mut(&(last & !ROUTE_LOCAL)) {
@@ -124,31 +147,46 @@ fn sub_or_unsub(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     Ok(Some(json!({}).into()))
 }
 
+/// A `broker.pub` request (Flux's `event.pub`), served on rank 0.
+#[derive(Debug, Deserialize)]
+struct PubRequest {
+    /// The event's topic, not empty.
+    topic: String,
+    /// The event's payload, any JSON; `null` when absent.
+    #[serde(default)]
+    payload: Value,
+}
+
 /// `broker.pub`.
 fn publish(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     let rank = core.rank();
-    let body = lazy.object()?;
     if rank != 0 {
         return Err(ServiceError::eproto("events are published on rank 0"));
     }
-    let topic = str_field(body, "topic")?.to_string();
-    if topic.is_empty() {
+    let req: PubRequest = lazy.decode()?;
+    if req.topic.is_empty() {
         return Err(ServiceError::einval("topic must be a non-empty string"));
     }
-    let payload = body.get("payload").cloned().unwrap_or(Value::Null);
-    core.publish(&topic, &payload);
+    core.publish(&req.topic, &req.payload);
     Ok(Some(json!({}).into()))
+}
+
+/// A `broker.shutdown` request (`vigil shutdown`), served on rank 0: the instance stops.
+#[derive(Debug, Deserialize)]
+struct ShutdownRequest {
+    /// The exit code of the instance (rank 0's broker process); 0 when absent. A second request while shutting
+    /// down does not change it.
+    exit_code: Option<i32>,
 }
 
 /// `broker.shutdown`.
 fn shutdown(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     let rank = core.rank();
-    let body = lazy.object()?;
     if rank != 0 {
         return Err(ServiceError::einval("shutdown is requested from rank 0"));
     }
     // Checked before anything happens: a malformed request shuts nothing down.
-    let code = opt_i32(body, "exit_code")?.unwrap_or(0);
+    let code = lazy.decode::<ShutdownRequest>()?.exit_code.unwrap_or(0);
     if core.shutting_down.is_none() {
         core.exit_code = code;
     }

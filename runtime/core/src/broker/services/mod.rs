@@ -13,6 +13,13 @@
 //! | `job-info` (attach, stdin, disconnect) | `job_info.rs` | rank 0 |
 //! | `job-exec` (stdin, output, task-exit, exception, nested, pmi-barrier, shell-exit) | `job_exec.rs` | rank 0 |
 //!
+//! A handler that reads a payload decodes it into a `#[derive(Deserialize)]` struct declared beside it and named
+//! after its topic (`CancelRequest` for `job-manager.cancel`), whose docstrings say what each field is: a payload
+//! comes from a peer or a client and is trusted in nothing, so `Body::decode` refuses one that is not a JSON
+//! object, or misses a field, or has one of the wrong type, with EPROTO naming the field (`decode.rs`). Fields a
+//! struct does not name are ignored, as in Flux. What decoding cannot say (a rank inside the instance, a
+//! severity 0..=7, a job id's f58 text) is checked by the handler after, and refused with a [`ServiceError`].
+//!
 //! Who may call a topic is its row's `Access`. In this single-owner instance every caller is the instance
 //! owner (the local connector admits only the owner's uid, and `routing.rs` refuses any other userid from a
 //! peer); the column says what each topic will demand of the other users a multi-user instance admits.
@@ -21,6 +28,8 @@ use crate::broker::core::Broker;
 use crate::idset::IdSet;
 use crate::jobs::JobId;
 use crate::message::{errno, Message, ROUTE_LOCAL};
+use decode::json_kind;
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 /// Which failure detectors this broker runs, as `{process_exit, tcp, responder, probes}` (detect.rs), and on a
@@ -137,6 +146,7 @@ macro_rules! job_core {
 }
 
 mod broker;
+mod decode;
 mod detect;
 pub(super) mod job_exec;
 pub(super) mod job_info;
@@ -225,18 +235,6 @@ fn field<'a>(v: &'a Value, name: &str) -> Result<&'a Value, ServiceError> {
     v.get(name).ok_or(ServiceError::eproto(format!("missing '{name}' in request")))
 }
 
-/// What a JSON value is, for error messages ("an array").
-fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
 /// The EPROTO answer for field `name` that is not `want` ("a string", "an integer 0..=4294967295").
 fn wrong_type(name: &str, want: &str, got: &Value) -> ServiceError {
     ServiceError::eproto(format!("'{name}' must be {want}, got {}", json_kind(got)))
@@ -296,11 +294,7 @@ fn opt_i32(v: &Value, name: &str) -> Result<Option<i32>, ServiceError> {
 
 /// Optional exception severity (RFC 21: 0 is fatal, 1..=7 informational); 0 when absent.
 fn opt_severity(v: &Value) -> Result<u32, ServiceError> {
-    match opt_u64(v, "severity")? {
-        None => Ok(0),
-        Some(s) if s <= 7 => Ok(s as u32),
-        Some(s) => Err(ServiceError::einval(format!("'severity' must be 0..=7 (RFC 21), got {s}"))),
-    }
+    severity(opt_u64(v, "severity")?)
 }
 
 fn parse_id(v: &Value) -> Result<JobId, ServiceError> {
@@ -330,6 +324,54 @@ fn parse_instance_ranks(v: &Value, size: u32) -> Result<IdSet, ServiceError> {
             Err(ServiceError::einval(format!("ranks {shown} are not in this instance of size {size}")))
         }
         _ => Ok(ranks),
+    }
+}
+
+/// A job id as a request carries it (`id`, as in Flux): an integer, or a string (f58 `ƒ...`/`f...`, or
+/// decimal) that [`JobRef::id`] parses after decoding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum JobRef {
+    /// The id itself.
+    Number(u64),
+    /// The id as text, not yet parsed.
+    Text(String),
+}
+
+impl JobRef {
+    /// The job id, or EINVAL saying why the text is not one.
+    fn id(&self) -> Result<JobId, ServiceError> {
+        match self {
+            JobRef::Number(n) => Ok(JobId(*n)),
+            JobRef::Text(s) => JobId::parse(s).map_err(|e| ServiceError::einval(e.to_string())),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for JobRef {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<JobRef, D::Error> {
+        struct JobRefVisitor;
+        impl serde::de::Visitor<'_> for JobRefVisitor {
+            type Value = JobRef;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a job id (an integer or an f58 string)")
+            }
+            fn visit_u64<E>(self, n: u64) -> Result<JobRef, E> {
+                Ok(JobRef::Number(n))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<JobRef, E> {
+                Ok(JobRef::Text(s.to_string()))
+            }
+        }
+        d.deserialize_any(JobRefVisitor)
+    }
+}
+
+/// An exception's severity (RFC 21: 0 is fatal, 1..=7 informational), 0 when absent; EINVAL past 7.
+fn severity(s: Option<u64>) -> Result<u32, ServiceError> {
+    match s {
+        None => Ok(0),
+        Some(s) if s <= 7 => Ok(s as u32),
+        Some(s) => Err(ServiceError::einval(format!("'severity' must be 0..=7 (RFC 21), got {s}"))),
     }
 }
 
@@ -377,6 +419,12 @@ impl<'a> Body<'a> {
         } else {
             Err(ServiceError::eproto(format!("payload must be a JSON object, got {}", json_kind(v))))
         }
+    }
+
+    /// The payload decoded into `T`, a handler's request struct: EPROTO when it is not a JSON object, or when a
+    /// field is missing or of the wrong type, naming the field ([`decode::decode`]).
+    fn decode<'s, T: Deserialize<'s>>(&'s self) -> Result<T, ServiceError> {
+        decode::decode(self.object()?)
     }
 }
 

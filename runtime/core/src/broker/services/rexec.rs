@@ -3,7 +3,6 @@
 use super::*;
 use crate::broker::core::Effect;
 use crate::shellproto::ShellInput;
-use serde::Deserialize;
 use tracing::debug;
 
 /// Topics of the `rexec` service: who may call each ([`Access`]) and its handler.
@@ -13,29 +12,54 @@ pub(super) const TOPICS: &[Topic] = &[
     Topic { name: "rexec.kill", access: Access::Instance, handler: kill },
 ];
 
+/// A `rexec.notify` request: a lost-shell notice for the leader shell of a job on this node. The whole payload
+/// is handed to the shell as the event's.
+#[derive(Debug, Deserialize)]
+struct NotifyRequest {
+    /// The job.
+    id: JobRef,
+}
+
 /// `rexec.notify`.
 fn notify(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
-    let body = lazy.object()?;
     // A lost-shell notice for the job's leader shell: delivered as a local event `shell.<jobid>.lost`
     // to the shell, which subscribed to `shell.<jobid>`.
-    let id = parse_id(body)?;
-    let ev = Message::event(&format!("shell.{id}.lost"), body);
+    let id = lazy.decode::<NotifyRequest>()?.id.id()?;
+    let ev = Message::event(&format!("shell.{id}.lost"), lazy.object()?);
     core.deliver_local_event(&ev);
     Ok(Some(json!({}).into()))
 }
 
+/// A `rexec.spawn` request, from rank 0's exec system to the broker of each node of a job.
+#[derive(Debug, Deserialize)]
+struct SpawnRequest {
+    /// The job.
+    id: JobRef,
+    /// What its shell on this node is to run; its `id` must be the job's.
+    input: ShellInput,
+}
+
 /// `rexec.spawn`.
 fn spawn(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
-    spawn_shell(core, msg, lazy.object()?)
+    spawn_shell(core, msg, lazy.decode()?)
+}
+
+/// A `rexec.kill` request: signal the shell of a job on this node (which signals its tasks).
+#[derive(Debug, Deserialize)]
+struct KillRequest {
+    /// The job.
+    id: JobRef,
+    /// The signal number, 1..=SIGRTMAX. The field must be there; `null` is SIGTERM.
+    #[serde(deserialize_with = "Option::deserialize")]
+    signal: Option<i32>,
 }
 
 /// `rexec.kill`.
 fn kill(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     let rank = core.rank();
-    let body = lazy.object()?;
-    let id = parse_id(body)?;
-    field(body, "signal")?;
-    let sig = opt_i32(body, "signal")?.unwrap_or(crate::signal::SIGTERM);
+    let req: KillRequest = lazy.decode()?;
+    let id = req.id.id()?;
+    let sig = req.signal.unwrap_or(crate::signal::SIGTERM);
     if !(1..=crate::signal::SIGRTMAX).contains(&sig) {
         return Err(ServiceError::einval(format!(
             "'signal' must be a signal number 1..={}, got {sig}",
@@ -54,13 +78,9 @@ fn kill(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
 /// `rexec.spawn`: start the job shell of job `id` with `input` (a [`ShellInput`], checked here: a payload that is
 /// not one is refused with EPROTO rather than handed to a shell, or indexed into). Answered with the shell's pid
 /// once the driver has started it ([`crate::broker::core::Input::ShellStarted`]).
-fn spawn_shell(core: &mut Broker, msg: &Message, body: &Value) -> Reply {
-    let id = parse_id(body)?;
-    let input = field(body, "input")?;
-    if !input.is_object() {
-        return Err(wrong_type("input", "an object (the job shell's input)", input));
-    }
-    let mut input = ShellInput::deserialize(input).map_err(|e| ServiceError::eproto(format!("input: {e}")))?;
+fn spawn_shell(core: &mut Broker, msg: &Message, req: SpawnRequest) -> Reply {
+    let id = req.id.id()?;
+    let mut input = req.input;
     if input.id != id.0 {
         return Err(ServiceError::eproto(format!("input: job id {} is not the request's job {id}", input.id)));
     }
