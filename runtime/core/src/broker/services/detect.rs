@@ -7,11 +7,20 @@ use crate::broker::core::Effect;
 /// Topics of the `detect` service: who may call each ([`Access`]) and its handler.
 pub(super) const TOPICS: &[Topic] = &[Topic { name: "detect.watch", access: Access::Instance, handler: watch }];
 
+/// A `detect.watch` request: answer when a process of this node exits.
+#[derive(Debug, Deserialize)]
+struct WatchRequest {
+    /// The process id, above 1. Any JSON here: anything but a process id is refused with EINVAL, as a process
+    /// that cannot be watched (not EPROTO, as a malformed request).
+    pid: Value,
+}
+
 /// `detect.watch`.
 fn watch(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
-    let body = lazy.object()?;
+    let req: WatchRequest = lazy.decode()?;
     // Answered once, when the process exits (before its memory is torn down with eBPF).
-    let pid = field(body, "pid")?
+    let pid = req
+        .pid
         .as_u64()
         .and_then(|p| u32::try_from(p).ok())
         .filter(|p| *p > 1)

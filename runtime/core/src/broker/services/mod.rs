@@ -305,14 +305,14 @@ fn parse_id(v: &Value) -> Result<JobId, ServiceError> {
     }
 }
 
-fn parse_ranks(v: &Value) -> Result<IdSet, ServiceError> {
-    let s = field(v, "ranks")?.as_str().ok_or(ServiceError::eproto("ranks must be an idset string"))?;
+/// A request's `ranks`, an idset ("0-3,7"); EINVAL when it is not one.
+fn parse_ranks(s: &str) -> Result<IdSet, ServiceError> {
     IdSet::parse(s).map_err(|e| ServiceError::einval(format!("invalid ranks '{s}': {e}")))
 }
 
 /// [`parse_ranks`] for ranks of this instance: every one below `size` (EINVAL names those that are not).
-fn parse_instance_ranks(v: &Value, size: u32) -> Result<IdSet, ServiceError> {
-    let ranks = parse_ranks(v)?;
+fn parse_instance_ranks(s: &str, size: u32) -> Result<IdSet, ServiceError> {
+    let ranks = parse_ranks(s)?;
     match ranks.last() {
         Some(last) if last >= size => {
             let bad: IdSet = ranks.iter().filter(|r| *r >= size).collect();
@@ -542,18 +542,14 @@ mod tests {
 
     #[test]
     fn ranks_outside_the_instance_are_refused() {
-        assert_eq!(parse_instance_ranks(&json!({"ranks": "0-3"}), 4).map(|r| r.len()), Ok(4));
+        assert_eq!(parse_instance_ranks("0-3", 4).map(|r| r.len()), Ok(4));
         for ranks in ["4", "2-9", "4294967295"] {
-            let ServiceError { errno: e, message: msg } =
-                parse_instance_ranks(&json!({"ranks": ranks}), 4).expect_err(ranks);
+            let ServiceError { errno: e, message: msg } = parse_instance_ranks(ranks, 4).expect_err(ranks);
             assert_eq!(e, errno::EINVAL);
             assert!(msg.contains("not in this instance of size 4"), "{msg}");
         }
         // An idset that would expand to four billion ranks is refused by the parser itself.
-        let ServiceError { errno: e, .. } =
-            parse_instance_ranks(&json!({"ranks": "0-4294967295"}), 4).expect_err("huge");
-        assert_eq!(e, errno::EINVAL);
-        let ServiceError { errno: e, .. } = parse_instance_ranks(&json!({"ranks": 3}), 4).expect_err("a number");
-        assert_eq!(e, errno::EPROTO);
+        assert_eq!(parse_instance_ranks("0-4294967295", 4).map_err(|e| e.errno), Err(errno::EINVAL), "huge");
+        assert_eq!(parse_instance_ranks("x", 4).map_err(|e| e.errno), Err(errno::EINVAL), "not an idset");
     }
 }

@@ -16,13 +16,23 @@ pub(super) const TOPICS: &[Topic] = &[
     Topic { name: "overlay.transport", access: Access::Instance, handler: transport },
 ];
 
+/// An `overlay.torpid` or `overlay.lively` request: a judge's verdict (a parent's, on its children) that ranks
+/// stopped answering in time, or answer again (Flux's torpid brokers, `tbon.torpid_max`).
+#[derive(Debug, Deserialize)]
+struct TorpidRequest {
+    /// The ranks judged, an idset of ranks of this instance.
+    ranks: String,
+    /// Why, for `vigil overlay status` (torpid only); empty when absent.
+    reason: Option<String>,
+}
+
 /// `overlay.torpid` and `overlay.lively`.
 fn torpid_or_lively(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
-    let body = lazy.object()?;
+    let req: TorpidRequest = lazy.decode()?;
     let n = core.wall();
     let size = core.opts.size;
-    let reported = parse_instance_ranks(body, size)?;
-    let reason = opt_str(body, "reason")?.unwrap_or("").to_string();
+    let reported = parse_instance_ranks(&req.ranks, size)?;
+    let reason = req.reason.unwrap_or_default();
     let torpid = msg.topic == "overlay.torpid";
     // A torpid router forwards nothing: the ranks below it are unreachable too, so they get no new work
     // either (and come back with it, unless they were torpid on their own account).
@@ -64,15 +74,30 @@ fn torpid_or_lively(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply 
     Ok(Some(json!({}).into()))
 }
 
+/// An `overlay.lost` or `overlay.offline` request: ranks lost (a judge's verdict: gone without a goodbye) or
+/// offline (left, or not started). A loss notice also carries `parent` (the judge) and `again` (sent again after
+/// its judge re-parented), which `Broker::stale_lost_notice` reads from the payload: a malformed one only makes
+/// the notice count as fresh.
+#[derive(Debug, Deserialize)]
+struct LostRequest {
+    /// The ranks, an idset of ranks of this instance.
+    ranks: String,
+    /// Why; empty when absent.
+    reason: Option<String>,
+    /// The rank whose loss cut off the others (the root of the lost subtree), if one of `ranks`.
+    root: Option<u32>,
+}
+
 /// `overlay.lost` and `overlay.offline`.
 fn lost_or_offline(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
+    let req: LostRequest = lazy.decode()?;
     let body = lazy.object()?;
     let n = core.wall();
     let size = core.opts.size;
-    let ranks = parse_instance_ranks(body, size)?;
-    let reason = opt_str(body, "reason")?.unwrap_or("").to_string();
+    let ranks = parse_instance_ranks(&req.ranks, size)?;
+    let reason = req.reason.unwrap_or_default();
     // The root of a lost subtree has the reason; the ranks behind it are cut off by its loss.
-    let root = opt_u32(body, "root")?.filter(|r| ranks.contains(*r));
+    let root = req.root.filter(|r| ranks.contains(*r));
     let state = if msg.topic == "overlay.lost" { MemberState::Lost } else { MemberState::Offline };
     if state == MemberState::Lost && core.stale_lost_notice(body, root) {
         // Sent again after its judge re-parented, about a rank taken already or gone elsewhere since.
@@ -107,7 +132,9 @@ fn lost_or_offline(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     Ok(Some(json!({}).into()))
 }
 
-/// `overlay.reparent`.
+/// `overlay.reparent`: an orphan's new parent, reported by the orphan. Its fields (`rank`, `parent`, `lost`,
+/// `again`) are read by `Broker::record_reparent` (reparent.rs), which checks each rank against the instance
+/// with one message for a field missing, mistyped or out of range.
 fn reparent(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     let body = lazy.object()?;
     core.record_reparent(body).map_err(|(errno, message)| ServiceError { errno, message })?;
@@ -140,12 +167,22 @@ fn status(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     ))
 }
 
+/// An `overlay.transport` request: a child's report of the transport of its parent link (rdma_link), for
+/// `vigil overlay status`. It also carries `transport` (`rdma`, `ofi` or `tcp`) and `detail` (free text),
+/// read by [`crate::broker::links::Links::on_report`].
+#[derive(Debug, Deserialize)]
+struct TransportRequest {
+    /// The reporting child's rank, below the instance size.
+    rank: u32,
+}
+
 /// `overlay.transport`.
 fn transport(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
+    let req: TransportRequest = lazy.decode()?;
     let body = lazy.object()?;
     let size = core.opts.size;
     // A child's report of its parent link (rdma_link), about a rank of this instance.
-    if u32_field(body, "rank")? >= size {
+    if req.rank >= size {
         return Err(ServiceError::eproto(format!("'rank' must be below the instance size {size}")));
     }
     core.links.on_report(body).map_err(ServiceError::eproto)?;

@@ -17,25 +17,47 @@ pub(super) const TOPICS: &[Topic] = &[
     Topic { name: "resource.R", access: Access::Instance, handler: r },
 ];
 
+/// A `resource.register` request: a broker joins (or joins again), with its node's resources. Sent by every
+/// broker to rank 0 once its parent link is up (rank 0 registers itself).
+#[derive(Debug, Deserialize)]
+struct RegisterRequest {
+    /// The broker's rank, below the instance size.
+    rank: u64,
+    /// Its node's host name; empty when absent.
+    hostname: Option<String>,
+    /// Its node's resources, counted by hwloc or declared.
+    resources: NodeResources,
+    /// Where its topology came from (`live`, `synthetic:...`, `xml:...`, as `resources.source`); `live` when
+    /// absent.
+    topology: Option<String>,
+    /// The GPU count its configuration declares, if any (not discovered).
+    declared_gpus: Option<u32>,
+    /// Its cores' ids, an idset; `0..resources.cores` when absent.
+    cores: Option<String>,
+    /// Its GPUs' ids, an idset; `0..resources.gpus` when absent.
+    gpus: Option<String>,
+    /// The jobs its broker still has shells or reports of (rejoin.rs); absent from older brokers.
+    jobs: Option<std::collections::BTreeSet<JobId>>,
+    /// Its parent now (absent from older brokers; rank 0 itself has none).
+    parent: Option<u32>,
+}
+
 /// `resource.register`.
 fn register(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
-    let body = lazy.object()?;
+    let req: RegisterRequest = lazy.decode()?;
     let n = core.wall();
     let size = core.opts.size;
-    let rank = field(body, "rank")?;
     // Range-checked before narrowing: rank 2^32 is not rank 0.
-    let rank = rank.as_u64().ok_or_else(|| wrong_type("rank", "a rank (a non-negative integer)", rank))?;
-    let rank = u32::try_from(rank)
+    let rank = u32::try_from(req.rank)
         .ok()
         .filter(|r| *r < size)
-        .ok_or(ServiceError::eproto(format!("rank {rank} out of range")))?;
-    let hostname = opt_str(body, "hostname")?.unwrap_or("").to_string();
-    let res: NodeResources = serde_json::from_value(field(body, "resources")?.clone())
-        .map_err(|e| ServiceError::eproto(format!("resources: {e}")))?;
-    let topology = opt_str(body, "topology")?.unwrap_or("live").to_string();
-    let dg = opt_u32(body, "declared_gpus")?;
-    let ids = |k: &str, n: u32| -> Result<IdSet, ServiceError> {
-        match opt_str(body, k)? {
+        .ok_or(ServiceError::eproto(format!("rank {} out of range", req.rank)))?;
+    let hostname = req.hostname.unwrap_or_default();
+    let res = req.resources;
+    let topology = req.topology.unwrap_or_else(|| "live".to_string());
+    let dg = req.declared_gpus;
+    let ids = |k: &str, given: Option<&str>, n: u32| -> Result<IdSet, ServiceError> {
+        match given {
             Some(s) => IdSet::parse(s).map_err(|e| ServiceError::eproto(format!("{k}: {e}"))),
             // As many ids as the node has, within the bound of an idset string (a count such as
             // 4294967295 would otherwise be expanded id by id).
@@ -46,30 +68,17 @@ fn register(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
             ))),
         }
     };
-    let cores = ids("cores", res.cores)?;
-    let gpus = ids("gpus", res.gpus)?;
-    // The jobs its broker still has (rejoin.rs): absent from older brokers, bounded by the message size.
-    let jobs: Option<std::collections::BTreeSet<JobId>> = match body.get("jobs") {
-        None | Some(Value::Null) => None,
-        Some(Value::Array(a)) => Some(
-            a.iter()
-                .map(|v| v.as_u64().map(JobId))
-                .collect::<Option<_>>()
-                .ok_or(ServiceError::eproto("jobs: expected an array of job ids"))?,
-        ),
-        Some(v) => return Err(wrong_type("jobs", "an array of job ids", v)),
-    };
-    // Its parent now (absent from older brokers; rank 0 itself has none).
-    let parent = opt_u32(body, "parent")?;
-    core.on_register(rank, parent);
+    let cores = ids("cores", req.cores.as_deref(), res.cores)?;
+    let gpus = ids("gpus", req.gpus.as_deref(), res.gpus)?;
+    debug!("rank {rank} ({hostname}) joined with cores {cores} and GPUs {gpus}");
+    core.on_register(rank, req.parent);
     core.members.insert(rank, (MemberState::Online, String::new(), n));
     if let Some(jc) = core.jobcore.as_mut() {
         jc.rank_online(n, rank, &hostname, cores, gpus, (topology, dg));
-        if let Some(jobs) = jobs {
+        if let Some(jobs) = req.jobs {
             jc.rank_jobs(n, rank, &jobs);
         }
     }
-    debug!("rank {rank} ({hostname}) joined with cores {} and GPUs {}", body["cores"], body["gpus"]);
     Ok(Some(json!({}).into()))
 }
 
@@ -143,13 +152,26 @@ fn list(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     Ok(Some(json!({"ranks": rows}).into()))
 }
 
+/// A `resource.drain` or `resource.undrain` request (`vigil resource drain`, Flux's `resource.drain`): take
+/// ranks out of scheduling, or give them back.
+#[derive(Debug, Deserialize)]
+struct DrainRequest {
+    /// The ranks, an idset.
+    ranks: String,
+    /// Why (drain only); empty when absent.
+    reason: Option<String>,
+    /// Drain only: what to do with ranks drained already. Absent or empty: refuse them; `force`: drain them again
+    /// with this reason; `update`: drain only those not drained yet (Flux's `-f`, `-u`).
+    mode: Option<String>,
+}
+
 /// `resource.drain` and `resource.undrain`.
 fn drain_or_undrain(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
-    let body = lazy.object()?;
+    let req: DrainRequest = lazy.decode()?;
     let n = core.wall();
-    let ranks = parse_ranks(body)?;
-    let reason = opt_str(body, "reason")?.unwrap_or("");
-    let mode = match opt_str(body, "mode")? {
+    let ranks = parse_ranks(&req.ranks)?;
+    let reason = req.reason.as_deref().unwrap_or("");
+    let mode = match req.mode.as_deref() {
         None | Some("") => crate::jobs::DrainMode::Refuse,
         Some("force") => crate::jobs::DrainMode::Force,
         Some("update") => crate::jobs::DrainMode::Update,
