@@ -5,6 +5,7 @@ use super::*;
 use crate::broker::core::{Held, StateDir};
 use crate::jobs::{Batch, JobState};
 use crate::shellproto::{OutputLine, ShellExit};
+use std::collections::BTreeMap;
 use tracing::{debug, info};
 
 /// Topics of the `job-exec` service: who may call each ([`Access`]) and its handler.
@@ -18,31 +19,60 @@ pub(super) const TOPICS: &[Topic] = &[
     Topic { name: "job-exec.shell-exit", access: Access::Instance, handler: shell_exit },
 ];
 
+/// A `job-exec.stdin` request, from `vigil run`: a chunk of the job's standard input, for its shells to read
+/// (`job-info.stdin`).
+#[derive(Debug, Deserialize)]
+struct StdinRequest {
+    /// The job: the caller's own, unless the caller is the instance owner.
+    id: JobRef,
+    /// The chunk (UTF-8 text, as `vigil run` reads it); none when absent.
+    data: Option<String>,
+    /// The input ends here; false when absent.
+    eof: Option<bool>,
+}
+
 /// `job-exec.stdin`.
 fn stdin(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
-    let body = lazy.object()?;
+    let req: StdinRequest = lazy.decode()?;
     let owner = msg.userid == core.env.uid;
     let jc = job_core!(core);
-    let id = parse_id(body)?;
+    let id = req.id.id()?;
     if !owner && jc.jobs.get(&id).is_some_and(|j| j.userid != msg.userid) {
         return Err(ServiceError::eperm("not your job"));
     }
-    let data = opt_str(body, "data")?.map(str::to_string);
-    let eof = opt_bool(body, "eof")?.unwrap_or(false);
+    let data = req.data;
+    let eof = req.eof.unwrap_or(false);
     // Bounded per job (jobs::STDIN_KEEP): a chunk past it is refused with ENOSPC, the rest kept.
     jc.stdin(id, data, eof).map_err(|e| ServiceError::new(e.errno(), e.to_string()))?;
     Ok(Some(json!({}).into()))
 }
 
+/// A `job-exec.output` request, from a job's shell: a batch of its tasks' output lines.
+#[derive(Debug, Deserialize)]
+struct OutputRequest {
+    /// The job.
+    id: JobRef,
+    /// The lines, in order.
+    lines: Vec<OutputLine>,
+    /// The rank of the shell's broker, which numbers its batches with `seq` (absent from older shells: taken as
+    /// they come).
+    broker_rank: Option<u32>,
+    /// The batch's number among that shell's, from 0: a batch sent again after a router's loss is taken once,
+    /// in order.
+    seq: Option<u64>,
+    /// The shell (with `broker_rank`) has nothing more in flight: batches held back waiting for a gap to fill
+    /// are taken now.
+    flush: Option<bool>,
+}
+
 /// `job-exec.output`.
 fn output(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
-    let body = lazy.object()?;
+    let req: OutputRequest = lazy.decode()?;
     let jc = job_core!(core);
-    let id = parse_id(body)?;
-    let lines: Vec<OutputLine> =
-        serde_json::from_value(field(body, "lines")?.clone()).map_err(|e| ServiceError::eproto(e.to_string()))?;
+    let id = req.id.id()?;
+    let lines = req.lines;
     // A shell numbers its batches so that one sent again after a router's loss is taken once, in order.
-    let batch = match (opt_u32(body, "broker_rank")?, opt_u64(body, "seq")?, opt_bool(body, "flush")?) {
+    let batch = match (req.broker_rank, req.seq, req.flush) {
         (Some(rank), _, Some(true)) => Batch::Flush { rank },
         (Some(rank), Some(seq), _) => Batch::Numbered { rank, seq },
         _ => Batch::Unnumbered,
@@ -51,28 +81,56 @@ fn output(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     Ok(Some(json!({}).into()))
 }
 
+/// A `job-exec.task-exit` request, from a job's shell: one of its tasks exited.
+#[derive(Debug, Deserialize)]
+struct TaskExitRequest {
+    /// The job.
+    id: JobRef,
+    /// The task's rank in the job (`PMI_RANK`); 0 when absent.
+    rank: Option<u32>,
+    /// Its wait status (`waitpid`); 0 when absent.
+    status: Option<i32>,
+}
+
 /// `job-exec.task-exit`.
 fn task_exit(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
-    let body = lazy.object()?;
+    let req: TaskExitRequest = lazy.decode()?;
     let n = core.wall();
     let jc = job_core!(core);
-    let id = parse_id(body)?;
-    let task = opt_u32(body, "rank")?.unwrap_or(0);
-    let status = opt_i32(body, "status")?.unwrap_or(0);
+    let id = req.id.id()?;
+    let task = req.rank.unwrap_or(0);
+    let status = req.status.unwrap_or(0);
     jc.task_exit(n, id, task, status);
     Ok(Some(json!({}).into()))
 }
 
+/// A `job-exec.exception` request, from a job's shell: an exception on the job (RFC 21), such as a task that
+/// could not start or a lost node.
+#[derive(Debug, Deserialize)]
+struct ExceptionRequest {
+    /// The job.
+    id: JobRef,
+    /// The exception's type; `exec` when absent.
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    /// 0 (fatal: the job ends) to 7; 0 when absent.
+    severity: Option<u64>,
+    /// Free text; empty when absent.
+    note: Option<String>,
+    /// The reporting shell's rank in the job, remembered as the cause of a fatal one.
+    rank: Option<u32>,
+}
+
 /// `job-exec.exception`.
 fn exception(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
-    let body = lazy.object()?;
+    let req: ExceptionRequest = lazy.decode()?;
     let n = core.wall();
     let jc = job_core!(core);
-    let id = parse_id(body)?;
-    let kind = opt_str(body, "type")?.unwrap_or("exec").to_string();
-    let sev = opt_severity(body)?;
-    let note = opt_str(body, "note")?.unwrap_or("").to_string();
-    let rank = opt_u32(body, "rank")?;
+    let id = req.id.id()?;
+    let kind = req.kind.unwrap_or_else(|| "exec".to_string());
+    let sev = severity(req.severity)?;
+    let note = req.note.unwrap_or_default();
+    let rank = req.rank;
     if sev == 0 && jc.jobs.get(&id).is_some_and(|j| j.fatal.is_some()) {
         // Already going down: later shell reports are consequences of the first cause.
         debug!("job {id}: not posting follow-up exception: {note}");
@@ -84,18 +142,33 @@ fn exception(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     Ok(Some(json!({}).into()))
 }
 
+/// A `job-exec.nested` request, from the rank 0 of an instance run as a job (`vigil batch`, `vigil alloc`): where
+/// it is and which of its ranks it cannot lose.
+#[derive(Debug, Deserialize)]
+struct NestedRequest {
+    /// The job.
+    id: JobRef,
+    /// The nested instance's URI.
+    uri: String,
+    /// Its critical ranks, an idset in its own numbering (which follows the order of the job's allocated ranks);
+    /// `0` when absent.
+    critical_ranks: Option<String>,
+    /// Its size, in brokers; 0 when absent.
+    size: Option<u32>,
+}
+
 /// `job-exec.nested`.
 fn nested(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
-    let body = lazy.object()?;
+    let req: NestedRequest = lazy.decode()?;
     let n = core.wall();
     let jc = job_core!(core);
     // A nested instance (batch/alloc job) reports its URI and its critical ranks (its own numbering,
     // which follows the order of the job's allocated ranks).
-    let id = parse_id(body)?;
-    let uri = str_field(body, "uri")?.to_string();
-    let crit = IdSet::parse(opt_str(body, "critical_ranks")?.unwrap_or("0"))
+    let id = req.id.id()?;
+    let uri = req.uri;
+    let crit = IdSet::parse(req.critical_ranks.as_deref().unwrap_or("0"))
         .map_err(|e| ServiceError::eproto(format!("critical_ranks: {e}")))?;
-    let size = opt_u32(body, "size")?.unwrap_or(0);
+    let size = req.size.unwrap_or(0);
     let job = jc.jobs.get_mut(&id).ok_or(ServiceError::enoent(format!("unknown job id {id}")))?;
     let ranks: Vec<u32> = job.alloc.iter().map(|a| a.rank).collect();
     let parent_crit: IdSet = crit.iter().filter_map(|c| ranks.get(c as usize).copied()).collect();
@@ -106,16 +179,28 @@ fn nested(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     Ok(Some(json!({}).into()))
 }
 
+/// A `job-exec.pmi-barrier` request, from a job's shell: its tasks' PMI-1 puts, held until every shell of the
+/// job has sent its own, then answered with the union (`{"kvs": {...}}`).
+#[derive(Debug, Deserialize)]
+struct PmiBarrierRequest {
+    /// The job.
+    id: JobRef,
+    /// The shell's rank in the job, below the job's shell count.
+    shell_rank: u32,
+    /// Its puts, key to value, each a PMI token ([`pmi_puts`]); none when absent.
+    kvs: Option<std::collections::BTreeMap<String, String>>,
+}
+
 /// `job-exec.pmi-barrier`.
 fn pmi_barrier(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
-    let body = lazy.object()?;
+    let req: PmiBarrierRequest = lazy.decode()?;
     let jc = job_core!(core);
     // One exchange per barrier per shell: hold each shell's request until every one of the job's shells
     // has arrived (counted by `shell_rank`, so a shell that asks twice cannot end a barrier early), then
     // answer all of them with the union of their puts.
-    let id = parse_id(body)?;
-    let shell = u32_field(body, "shell_rank")?;
-    let kvs = pmi_puts(body)?;
+    let id = req.id.id()?;
+    let shell = req.shell_rank;
+    let kvs = pmi_puts(req.kvs.unwrap_or_default())?;
     let job = jc
         .jobs
         .get_mut(&id)
@@ -142,12 +227,12 @@ fn pmi_barrier(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     Ok(None)
 }
 
-/// `job-exec.shell-exit`.
+/// `job-exec.shell-exit`: a job shell exited, reported by its broker. The payload is a [`ShellExit`]
+/// (`shellproto.rs`), the record that broker keeps until rank 0 acknowledges it.
 fn shell_exit(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
-    let body = lazy.object()?;
+    let exit: ShellExit = lazy.decode()?;
     let n = core.wall();
     let jc = job_core!(core);
-    let exit: ShellExit = serde_json::from_value(body.clone()).map_err(|e| ServiceError::eproto(e.to_string()))?;
     if let StateDir::Damaged { dir, .. } = &core.statedir {
         // Not acknowledged: the job is in the store an operator is repairing, and its broker keeps the
         // report (an error keeps it), sending it again to the rank 0 restarted on the repaired store.
@@ -170,13 +255,10 @@ fn shell_exit(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
 /// The `kvs` of a `job-exec.pmi-barrier` request: a shell's PMI-1 puts, which every shell of the job hands back to
 /// its tasks verbatim in PMI lines. So each key and value must be a token such a line can carry (no space or
 /// newline, no `=` in a key) within the sizes served by `get_maxes`; absent means no puts.
-fn pmi_puts(body: &Value) -> Result<serde_json::Map<String, Value>, ServiceError> {
+fn pmi_puts(kvs: BTreeMap<String, String>) -> Result<serde_json::Map<String, Value>, ServiceError> {
     use crate::pmi::{KEYLEN_MAX, VALLEN_MAX};
-    let Some(kvs) = optional(body, "kvs") else { return Ok(serde_json::Map::new()) };
-    let kvs = kvs.as_object().ok_or_else(|| wrong_type("kvs", "an object of PMI keys and values", kvs))?;
     let clip = |k: &str| k.chars().take(64).collect::<String>();
-    for (k, v) in kvs {
-        let Some(s) = v.as_str() else { return Err(wrong_type(&format!("kvs.{}", clip(k)), "a string", v)) };
+    for (k, s) in &kvs {
         let bad = |t: &str| t.contains([' ', '\n']);
         if k.len() > KEYLEN_MAX || bad(k) || k.contains('=') {
             return Err(ServiceError::eproto(format!("kvs: '{}' is not a PMI key", clip(k))));
@@ -185,17 +267,28 @@ fn pmi_puts(body: &Value) -> Result<serde_json::Map<String, Value>, ServiceError
             return Err(ServiceError::eproto(format!("kvs.{}: not a PMI value", clip(k))));
         }
     }
-    Ok(kvs.clone())
+    Ok(kvs.into_iter().map(|(k, v)| (k, Value::String(v))).collect())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// `kvs` as `job-exec.pmi-barrier` takes it: decoded with its request, then checked.
+    fn puts(kvs: Option<Value>) -> Result<serde_json::Map<String, Value>, ServiceError> {
+        let mut body = json!({"id": 1, "shell_rank": 0});
+        if let Some(kvs) = kvs {
+            body["kvs"] = kvs;
+        }
+        let req: PmiBarrierRequest = decode::decode(&body)?;
+        pmi_puts(req.kvs.unwrap_or_default())
+    }
+
     #[test]
     fn pmi_puts_must_be_pmi_tokens() {
-        assert_eq!(pmi_puts(&json!({})).map(|m| m.len()), Ok(0));
-        assert_eq!(pmi_puts(&json!({"kvs": {"k": "v=w", "e": ""}})).map(|m| m.len()), Ok(2));
+        assert_eq!(puts(None).map(|m| m.len()), Ok(0));
+        assert_eq!(puts(Some(json!(null))).map(|m| m.len()), Ok(0));
+        assert_eq!(puts(Some(json!({"k": "v=w", "e": ""}))).map(|m| m.len()), Ok(2));
         let long = "x".repeat(crate::pmi::VALLEN_MAX + 1);
         for kvs in [
             json!("k=v"),
@@ -207,9 +300,13 @@ mod tests {
             json!({"a b": "v"}),
             json!({"k": long}),
         ] {
-            let ServiceError { errno: e, message: msg } = pmi_puts(&json!({ "kvs": kvs })).expect_err("bad kvs");
+            let ServiceError { errno: e, message: msg } = puts(Some(kvs)).expect_err("bad kvs");
             assert_eq!(e, errno::EPROTO, "{msg}");
             assert!(msg.contains("kvs"), "{msg}");
         }
+        assert_eq!(
+            puts(Some(json!({"k": 1}))).map_err(|e| e.message),
+            Err("'kvs.k' must be a string, got a number".into())
+        );
     }
 }

@@ -12,18 +12,33 @@ pub(super) const TOPICS: &[Topic] = &[
     Topic { name: "job-info.disconnect", access: Access::Instance, handler: disconnect },
 ];
 
+/// A `job-info.attach` request (`vigil attach`, `vigil run`) or a `job-manager.eventlog` request (`vigil job
+/// eventlog`): a job's eventlog entries and (attach only) output lines, streamed as responses, ENODATA at the end.
+#[derive(Debug, Deserialize)]
+pub(super) struct AttachRequest {
+    /// The job.
+    id: JobRef,
+    /// Keep answering as the job goes on (when the request is a streaming one), until it is inactive; true when
+    /// absent for attach, false for eventlog.
+    follow: Option<bool>,
+    /// Send the eventlog's entries; true when absent.
+    eventlog: Option<bool>,
+    /// Send the output lines (attach only); true when absent.
+    output: Option<bool>,
+}
+
 /// `job-info.attach` and `job-manager.eventlog`.
 pub(super) fn attach_or_eventlog(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
-    let body = lazy.object()?;
+    let req: AttachRequest = lazy.decode()?;
     let jc = job_core!(core);
-    let id = parse_id(body)?;
+    let id = req.id.id()?;
     if !jc.jobs.contains_key(&id) {
         return Err(ServiceError::enoent(format!("unknown job id {id}")));
     }
     let is_attach = msg.topic == "job-info.attach";
-    let follow = opt_bool(body, "follow")?.unwrap_or(is_attach);
-    let eventlog = opt_bool(body, "eventlog")?.unwrap_or(true);
-    let output = opt_bool(body, "output")?.unwrap_or(true);
+    let follow = req.follow.unwrap_or(is_attach);
+    let eventlog = req.eventlog.unwrap_or(true);
+    let output = req.output.unwrap_or(true);
     let w = Watcher {
         req: msg.clone(),
         id,
@@ -49,12 +64,20 @@ pub(super) fn attach_or_eventlog(core: &mut Broker, msg: &Message, lazy: &Body<'
     Ok(None)
 }
 
+/// A `job-info.stdin` request, from a job's shell: the job's standard input, every chunk so far then new ones,
+/// streamed as responses, ENODATA at its end.
+#[derive(Debug, Deserialize)]
+struct StdinRequest {
+    /// The job.
+    id: JobRef,
+}
+
 /// `job-info.stdin`.
 fn stdin(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
-    let body = lazy.object()?;
+    let req: StdinRequest = lazy.decode()?;
     let jc = job_core!(core);
     // A job shell reads the job's standard input: every chunk so far, then new ones, ENODATA at the end.
-    let id = parse_id(body)?;
+    let id = req.id.id()?;
     if !jc.jobs.contains_key(&id) {
         return Err(ServiceError::enoent(format!("unknown job id {id}")));
     }

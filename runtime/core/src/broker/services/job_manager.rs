@@ -15,14 +15,24 @@ pub(super) const TOPICS: &[Topic] = &[
     Topic { name: "job-manager.eventlog", access: Access::Instance, handler: super::job_info::attach_or_eventlog },
 ];
 
+/// A `job-manager.submit` request (`vigil submit`, `vigil run`; Flux's `job-ingest.submit`).
+#[derive(Debug, Deserialize)]
+struct SubmitRequest {
+    /// The job's jobspec (RFC 14 / RFC 25), as JSON; checked by the job core.
+    jobspec: Value,
+    /// Whether the submitter streams the job's standard input (`job-exec.stdin`, as `vigil run` does); false when
+    /// absent.
+    stdin: Option<bool>,
+}
+
 /// `job-manager.submit`.
 fn submit(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
-    let body = lazy.object()?;
+    let req: SubmitRequest = lazy.decode()?;
     let n = core.wall();
     let size = core.opts.size;
     let jc = job_core!(core);
-    let spec = field(body, "jobspec")?;
-    let stdin = opt_bool(body, "stdin")?.unwrap_or(false);
+    let spec = &req.jobspec;
+    let stdin = req.stdin.unwrap_or(false);
     match &core.statedir {
         StateDir::Damaged { dir, why } => {
             return Err(ServiceError::erofs(format!(
@@ -75,11 +85,18 @@ fn submit(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     }
 }
 
+/// A `job-manager.list` request (`vigil jobs`).
+#[derive(Debug, Deserialize)]
+struct ListRequest {
+    /// Inactive jobs too (`vigil jobs -a`); false when absent: active jobs only.
+    all: Option<bool>,
+}
+
 /// `job-manager.list`.
 fn list(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
-    let body = lazy.object()?;
+    let req: ListRequest = lazy.decode()?;
     let jc = job_core!(core);
-    let all = opt_bool(body, "all")?.unwrap_or(false);
+    let all = req.all.unwrap_or(false);
     let with_reason = |j: &crate::jobs::Job| {
         let mut v = j.info();
         if let (Some(r), Some(o)) = (jc.pending_reason(j.id), v.as_object_mut()) {
@@ -95,11 +112,18 @@ fn list(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     Ok(Some(json!({"jobs": jobs}).into()))
 }
 
+/// A `job-manager.info` request (`vigil job info`): a job's state, jobspec and R.
+#[derive(Debug, Deserialize)]
+struct InfoRequest {
+    /// The job.
+    id: JobRef,
+}
+
 /// `job-manager.info`.
 fn info(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
-    let body = lazy.object()?;
+    let req: InfoRequest = lazy.decode()?;
     let jc = job_core!(core);
-    let id = parse_id(body)?;
+    let id = req.id.id()?;
     let j = jc.jobs.get(&id).ok_or(ServiceError::enoent(format!("unknown job id {id}")))?;
     let mut info = j.info();
     if let (Some(r), Some(o)) = (jc.pending_reason(id), info.as_object_mut()) {
@@ -111,28 +135,51 @@ fn info(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     Ok(Some(json!({"info": info, "jobspec": j.jobspec(), "R": j.r}).into()))
 }
 
+/// A `job-manager.cancel` request (`vigil cancel`; Flux's `flux cancel`, a `cancel` exception of severity 0).
+#[derive(Debug, Deserialize)]
+struct CancelRequest {
+    /// The job: the caller's own, unless the caller is the instance owner.
+    id: JobRef,
+    /// The exception's note; "canceled by user" when absent.
+    note: Option<String>,
+}
+
 /// `job-manager.cancel`.
 fn cancel(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
-    let body = lazy.object()?;
+    let req: CancelRequest = lazy.decode()?;
     let n = core.wall();
     let owner = msg.userid == core.env.uid;
     let jc = job_core!(core);
-    let id = parse_id(body)?;
-    let note = opt_str(body, "note")?.unwrap_or("canceled by user").to_string();
+    let id = req.id.id()?;
+    let note = req.note.unwrap_or_else(|| "canceled by user".to_string());
     jc.cancel(n, id, msg.userid, owner, &note).map_err(|(errno, message)| ServiceError { errno, message })?;
     Ok(Some(json!({}).into()))
 }
 
+/// A `job-manager.raise` request (`vigil job raise`; Flux's `job-manager.raise`): an exception on a job (RFC 21).
+#[derive(Debug, Deserialize)]
+struct RaiseRequest {
+    /// The job: the caller's own, unless the caller is the instance owner.
+    id: JobRef,
+    /// The exception's type (`cancel`, `timeout`...); `exec` when absent.
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    /// 0 (fatal: the job ends) to 7; 0 when absent.
+    severity: Option<u64>,
+    /// Free text; empty when absent.
+    note: Option<String>,
+}
+
 /// `job-manager.raise`.
 fn raise(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
-    let body = lazy.object()?;
+    let req: RaiseRequest = lazy.decode()?;
     let n = core.wall();
     let owner = msg.userid == core.env.uid;
     let jc = job_core!(core);
-    let id = parse_id(body)?;
-    let kind = opt_str(body, "type")?.unwrap_or("exec").to_string();
-    let sev = opt_severity(body)?;
-    let note = opt_str(body, "note")?.unwrap_or("").to_string();
+    let id = req.id.id()?;
+    let kind = req.kind.unwrap_or_else(|| "exec".to_string());
+    let sev = severity(req.severity)?;
+    let note = req.note.unwrap_or_default();
     if !owner && jc.jobs.get(&id).is_some_and(|j| j.userid != msg.userid) {
         return Err(ServiceError::eperm("not your job"));
     }
@@ -143,26 +190,35 @@ fn raise(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     }
 }
 
+/// A `job-manager.purge` request (`vigil job purge`; Flux's `flux job purge`): forget inactive jobs by age, by
+/// count or by id (one at least; [`crate::jobs::purge`]). Without `force`, only counts what would be purged.
+#[derive(Debug, Deserialize)]
+struct PurgeRequest {
+    /// Inactive jobs that became inactive more than this many seconds ago (a number >= 0).
+    age_limit: Option<f64>,
+    /// The oldest inactive jobs beyond this many.
+    num_limit: Option<u64>,
+    /// These jobs, which must be inactive.
+    ids: Option<Vec<JobRef>>,
+    /// Purge, rather than count; false when absent.
+    force: Option<bool>,
+}
+
 /// `job-manager.purge`.
 fn purge(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
-    let body = lazy.object()?;
+    let req: PurgeRequest = lazy.decode()?;
     let n = core.wall();
     let jc = job_core!(core);
     // Flux's `flux job purge`: the instance owner's (Access::Owner), as its limits are.
-    let age_limit = match optional(body, "age_limit") {
-        None => None,
-        Some(f) => match f.as_f64().filter(|a| a.is_finite() && *a >= 0.0) {
-            Some(a) => Some(a),
-            None => return Err(wrong_type("age_limit", "a number of seconds >= 0", f)),
-        },
+    let age_limit = match req.age_limit {
+        Some(a) if !(a.is_finite() && a >= 0.0) => {
+            return Err(ServiceError::eproto("'age_limit' must be a number of seconds >= 0, got a number"))
+        }
+        a => a,
     };
-    let num_limit = opt_u64(body, "num_limit")?.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
-    let ids = match optional(body, "ids") {
-        None => Vec::new(),
-        Some(Value::Array(a)) => a.iter().map(|v| parse_id(&json!({ "id": v }))).collect::<Result<Vec<_>, _>>()?,
-        Some(f) => return Err(wrong_type("ids", "an array of job ids", f)),
-    };
-    let force = opt_bool(body, "force")?.unwrap_or(false);
+    let num_limit = req.num_limit.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+    let ids = req.ids.unwrap_or_default().iter().map(JobRef::id).collect::<Result<Vec<_>, _>>()?;
+    let force = req.force.unwrap_or(false);
     let req = crate::jobs::purge::PurgeRequest { age_limit, num_limit, ids, force };
     match jc.purge(n, &req) {
         Ok(count) => {

@@ -226,85 +226,6 @@ fn lookup(topic: &str) -> Option<&'static Topic> {
     SERVICES.iter().find(|s| s.name == service)?.topics.iter().find(|t| t.name == topic)
 }
 
-// Reading a request's fields. A payload comes from a peer or a client and is trusted in nothing: every handler
-// that reads one takes it through `Body::object` and these helpers, which answer EPROTO naming the field (missing,
-// or of the wrong JSON type) instead of falling back to a default or panicking. An optional field may be absent
-// or `null`; present, it must have its type.
-
-fn field<'a>(v: &'a Value, name: &str) -> Result<&'a Value, ServiceError> {
-    v.get(name).ok_or(ServiceError::eproto(format!("missing '{name}' in request")))
-}
-
-/// The EPROTO answer for field `name` that is not `want` ("a string", "an integer 0..=4294967295").
-fn wrong_type(name: &str, want: &str, got: &Value) -> ServiceError {
-    ServiceError::eproto(format!("'{name}' must be {want}, got {}", json_kind(got)))
-}
-
-/// Optional field `name`: `None` when absent or `null`.
-fn optional<'a>(v: &'a Value, name: &str) -> Option<&'a Value> {
-    v.get(name).filter(|f| !f.is_null())
-}
-
-/// Required string field `name`.
-fn str_field<'a>(v: &'a Value, name: &str) -> Result<&'a str, ServiceError> {
-    let f = field(v, name)?;
-    f.as_str().ok_or_else(|| wrong_type(name, "a string", f))
-}
-
-/// Optional string field `name`.
-fn opt_str<'a>(v: &'a Value, name: &str) -> Result<Option<&'a str>, ServiceError> {
-    optional(v, name).map(|f| f.as_str().ok_or_else(|| wrong_type(name, "a string", f))).transpose()
-}
-
-/// Optional boolean field `name`.
-fn opt_bool(v: &Value, name: &str) -> Result<Option<bool>, ServiceError> {
-    optional(v, name).map(|f| f.as_bool().ok_or_else(|| wrong_type(name, "a boolean", f))).transpose()
-}
-
-/// Optional non-negative integer field `name`.
-fn opt_u64(v: &Value, name: &str) -> Result<Option<u64>, ServiceError> {
-    optional(v, name).map(|f| f.as_u64().ok_or_else(|| wrong_type(name, "a non-negative integer", f))).transpose()
-}
-
-/// Field `name`'s value `f` as a `u32` (a rank, a count): an integer in `0..=4294967295`, never truncated.
-fn as_u32(f: &Value, name: &str) -> Result<u32, ServiceError> {
-    f.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| wrong_type(name, "an integer 0..=4294967295", f))
-}
-
-/// Required `u32` field `name`.
-fn u32_field(v: &Value, name: &str) -> Result<u32, ServiceError> {
-    as_u32(field(v, name)?, name)
-}
-
-/// Optional `u32` field `name`.
-fn opt_u32(v: &Value, name: &str) -> Result<Option<u32>, ServiceError> {
-    optional(v, name).map(|f| as_u32(f, name)).transpose()
-}
-
-/// Optional field `name` holding an `i32` (a wait status, an exit code, a signal number).
-fn opt_i32(v: &Value, name: &str) -> Result<Option<i32>, ServiceError> {
-    optional(v, name)
-        .map(|f| {
-            f.as_i64()
-                .and_then(|n| i32::try_from(n).ok())
-                .ok_or_else(|| wrong_type(name, "an integer that fits in 32 bits", f))
-        })
-        .transpose()
-}
-
-/// Optional exception severity (RFC 21: 0 is fatal, 1..=7 informational); 0 when absent.
-fn opt_severity(v: &Value) -> Result<u32, ServiceError> {
-    severity(opt_u64(v, "severity")?)
-}
-
-fn parse_id(v: &Value) -> Result<JobId, ServiceError> {
-    match field(v, "id")? {
-        Value::Number(n) => n.as_u64().map(JobId).ok_or(ServiceError::eproto("bad job id")),
-        Value::String(s) => JobId::parse(s).map_err(|e| ServiceError::einval(e.to_string())),
-        other => Err(wrong_type("id", "a job id (an integer or an f58 string)", other)),
-    }
-}
-
 /// A request's `ranks`, an idset ("0-3,7"); EINVAL when it is not one.
 fn parse_ranks(s: &str) -> Result<IdSet, ServiceError> {
     IdSet::parse(s).map_err(|e| ServiceError::einval(format!("invalid ranks '{s}': {e}")))
@@ -511,33 +432,61 @@ mod tests {
         assert!(b.shutting_down.is_none(), "a refused shutdown shuts nothing down");
     }
 
+    /// What the hand-written getters refused, the request structs refuse: EPROTO naming the field, whatever JSON
+    /// it holds; `null` is an absent optional field; a field no struct names is ignored.
     #[test]
     fn fields_of_the_wrong_type_are_refused_naming_the_field() {
-        let body = json!({"s": "x", "b": true, "n": 5, "neg": -1, "big": 1u64 << 32, "null": null, "f": 1.5});
-        assert_eq!(opt_str(&body, "s"), Ok(Some("x")));
-        assert_eq!(opt_str(&body, "absent"), Ok(None));
-        assert_eq!(opt_str(&body, "null"), Ok(None), "null is an absent optional field");
-        assert_eq!(opt_bool(&body, "b"), Ok(Some(true)));
-        assert_eq!(opt_u32(&body, "n"), Ok(Some(5)));
-        assert_eq!(opt_i32(&body, "neg"), Ok(Some(-1)));
-        for (r, field) in [
-            (opt_str(&body, "n").map(|_| ()), "'n'"),
-            (opt_bool(&body, "s").map(|_| ()), "'s'"),
-            (opt_u64(&body, "neg").map(|_| ()), "'neg'"),
-            (opt_u32(&body, "big").map(|_| ()), "'big'"),
-            (opt_u32(&body, "f").map(|_| ()), "'f'"),
-            (opt_i32(&body, "big").map(|_| ()), "'big'"),
-            (str_field(&body, "null").map(|_| ()), "'null'"),
-            (u32_field(&body, "s").map(|_| ()), "'s'"),
-        ] {
-            let ServiceError { errno: e, message: msg } = r.expect_err(field);
-            assert_eq!(e, errno::EPROTO, "{msg}");
-            assert!(msg.contains(field), "{msg}");
+        /// One optional field of each kind the request structs have.
+        #[derive(Debug, Deserialize)]
+        struct Fields {
+            s: Option<String>,
+            b: Option<bool>,
+            n: Option<u32>,
+            u: Option<u64>,
+            neg: Option<i32>,
+            id: Option<JobRef>,
         }
-        assert_eq!(u32_field(&body, "absent").map_err(|e| e.errno), Err(errno::EPROTO));
-        assert_eq!(opt_severity(&json!({"severity": 8})).map_err(|e| e.errno), Err(errno::EINVAL));
-        assert_eq!(opt_severity(&json!({})), Ok(0));
-        assert_eq!(parse_id(&json!({"id": [1]})).map_err(|e| e.errno), Err(errno::EPROTO));
+        let body = json!({"s": "x", "b": true, "n": 5, "neg": -1, "big": 1u64 << 32, "null": null, "f": 1.5});
+        let f: Fields = decode::decode(&body).expect("fields no struct names are ignored");
+        assert_eq!(
+            (f.s.as_deref(), f.b, f.n, f.u, f.neg, f.id),
+            (Some("x"), Some(true), Some(5), None, Some(-1), None)
+        );
+        let f: Fields = decode::decode(&json!({"s": null, "id": "f1"})).expect("decoded");
+        assert_eq!((f.s, f.id), (None, Some(JobRef::Text("f1".into()))), "null is an absent optional field");
+        for (field, value, want) in [
+            ("s", json!(5), "'s' must be a string, got a number"),
+            ("b", json!("x"), "'b' must be a boolean, got a string"),
+            ("u", json!(-1), "'u' must be a non-negative integer, got a number"),
+            ("n", json!(1u64 << 32), "'n' must be an integer 0..=4294967295, got a number"),
+            ("n", json!(1.5), "'n' must be an integer 0..=4294967295, got a number"),
+            ("neg", json!(1u64 << 32), "'neg' must be an integer that fits in 32 bits, got a number"),
+            ("id", json!([1]), "'id' must be a job id (an integer or an f58 string), got an array"),
+            ("id", json!(-1), "'id' must be a job id (an integer or an f58 string), got a number"),
+        ] {
+            let e = decode::decode::<Fields>(&json!({ field: value })).expect_err(field);
+            assert_eq!((e.errno, e.message.as_str()), (errno::EPROTO, want));
+        }
+        /// Required fields.
+        #[derive(Debug, Deserialize)]
+        #[allow(dead_code)]
+        struct Required {
+            s: String,
+            n: u32,
+        }
+        for (body, want) in [
+            (json!({"n": 1}), "missing 's' in request"),
+            (json!({"s": null, "n": 1}), "'s' must be a string, got null"),
+            (json!({"s": "x", "n": "1"}), "'n' must be an integer 0..=4294967295, got a string"),
+        ] {
+            let e = decode::decode::<Required>(&body).expect_err(want);
+            assert_eq!((e.errno, e.message.as_str()), (errno::EPROTO, want));
+        }
+        // What decoding cannot say is checked after it, as before.
+        assert_eq!(severity(Some(8)).map_err(|e| e.errno), Err(errno::EINVAL));
+        assert_eq!(severity(None), Ok(0));
+        assert_eq!(JobRef::Text("nonsense".into()).id().map_err(|e| e.errno), Err(errno::EINVAL));
+        assert_eq!(JobRef::Number(7).id(), Ok(JobId(7)));
     }
 
     #[test]
