@@ -306,7 +306,7 @@ mod tests {
         }
         assert_eq!(
             puts(Some(json!({"k": 1}))).map_err(|e| e.message),
-            Err("'kvs.k' must be a string, got a number".into())
+            Err("'kvs.k': invalid type: integer `1`, expected a string".into())
         );
     }
 }

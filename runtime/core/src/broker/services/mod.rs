@@ -455,14 +455,14 @@ mod tests {
         let f: Fields = decode::decode(&json!({"s": null, "id": "f1"})).expect("decoded");
         assert_eq!((f.s, f.id), (None, Some(JobRef::Text("f1".into()))), "null is an absent optional field");
         for (field, value, want) in [
-            ("s", json!(5), "'s' must be a string, got a number"),
-            ("b", json!("x"), "'b' must be a boolean, got a string"),
-            ("u", json!(-1), "'u' must be a non-negative integer, got a number"),
-            ("n", json!(1u64 << 32), "'n' must be an integer 0..=4294967295, got a number"),
-            ("n", json!(1.5), "'n' must be an integer 0..=4294967295, got a number"),
-            ("neg", json!(1u64 << 32), "'neg' must be an integer that fits in 32 bits, got a number"),
-            ("id", json!([1]), "'id' must be a job id (an integer or an f58 string), got an array"),
-            ("id", json!(-1), "'id' must be a job id (an integer or an f58 string), got a number"),
+            ("s", json!(5), "'s': invalid type: integer `5`, expected a string"),
+            ("b", json!("x"), "'b': invalid type: string \"x\", expected a boolean"),
+            ("u", json!(-1), "'u': invalid value: integer `-1`, expected u64"),
+            ("n", json!(1u64 << 32), "'n': invalid value: integer `4294967296`, expected u32"),
+            ("n", json!(1.5), "'n': invalid type: floating point `1.5`, expected u32"),
+            ("neg", json!(1u64 << 32), "'neg': invalid value: integer `4294967296`, expected i32"),
+            ("id", json!([1]), "'id': invalid type: sequence, expected a job id (an integer or an f58 string)"),
+            ("id", json!(-1), "'id': invalid type: integer `-1`, expected a job id (an integer or an f58 string)"),
         ] {
             let e = decode::decode::<Fields>(&json!({ field: value })).expect_err(field);
             assert_eq!((e.errno, e.message.as_str()), (errno::EPROTO, want));
@@ -476,8 +476,8 @@ mod tests {
         }
         for (body, want) in [
             (json!({"n": 1}), "missing 's' in request"),
-            (json!({"s": null, "n": 1}), "'s' must be a string, got null"),
-            (json!({"s": "x", "n": "1"}), "'n' must be an integer 0..=4294967295, got a string"),
+            (json!({"s": null, "n": 1}), "'s': invalid type: null, expected a string"),
+            (json!({"s": "x", "n": "1"}), "'n': invalid type: string \"1\", expected u32"),
         ] {
             let e = decode::decode::<Required>(&body).expect_err(want);
             assert_eq!((e.errno, e.message.as_str()), (errno::EPROTO, want));
