@@ -159,11 +159,10 @@ struct PubRequest {
 
 /// `broker.pub`.
 fn publish(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
-    let rank = core.rank();
-    if rank != 0 {
+    let req: PubRequest = lazy.decode()?;
+    if core.rank() != 0 {
         return Err(ServiceError::eproto("events are published on rank 0"));
     }
-    let req: PubRequest = lazy.decode()?;
     if req.topic.is_empty() {
         return Err(ServiceError::einval("topic must be a non-empty string"));
     }
@@ -181,12 +180,11 @@ struct ShutdownRequest {
 
 /// `broker.shutdown`.
 fn shutdown(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
-    let rank = core.rank();
-    if rank != 0 {
+    // Checked before anything happens: a malformed request shuts nothing down (and is refused as such anywhere).
+    let code = lazy.decode::<ShutdownRequest>()?.exit_code.unwrap_or(0);
+    if core.rank() != 0 {
         return Err(ServiceError::einval("shutdown is requested from rank 0"));
     }
-    // Checked before anything happens: a malformed request shuts nothing down.
-    let code = lazy.decode::<ShutdownRequest>()?.exit_code.unwrap_or(0);
     if core.shutting_down.is_none() {
         core.exit_code = code;
     }
