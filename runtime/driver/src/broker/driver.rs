@@ -942,8 +942,9 @@ async fn accept_children(
         let auth = auth.clone();
         let note = note.clone();
         let slot_guard = SlotGuard(slots.clone(), id);
+        let keyed_slots = slots.clone();
         let task = tokio::spawn(async move {
-            let session = match secure::respond(&mut s, &auth).await {
+            let session = match secure::respond_keyed(&mut s, &auth, || keyed_slots.keyed(id)).await {
                 Ok(x) => x,
                 Err(e) => {
                     note(addr, &format_args!("refused: {e}"));

@@ -209,18 +209,31 @@ pub async fn initiate<S: AsyncRead + AsyncWrite + Unpin>(
 /// [`HANDSHAKE_TIMEOUT`]. On success the initiator is authenticated and the record's plaintext (the hello) is
 /// kept in the session for the link's reader.
 pub async fn respond<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, auth: &LinkAuth) -> Result<Session, HandshakeError> {
-    tokio::time::timeout(HANDSHAKE_TIMEOUT, respond_inner(s, auth)).await.map_err(|_| HandshakeError::Timeout)?
+    respond_keyed(s, auth, || {}).await
+}
+
+/// [`respond`], calling `keyed` once the initiator's first message has passed its authentication: its sender
+/// holds the overlay key (or replays a message of one, and cannot go further), which the listener uses to keep
+/// such a connection's slot from a flood of connections that do not ([`HandshakeSlots::keyed`]).
+pub async fn respond_keyed<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    auth: &LinkAuth,
+    keyed: impl FnOnce(),
+) -> Result<Session, HandshakeError> {
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, respond_inner(s, auth, keyed)).await.map_err(|_| HandshakeError::Timeout)?
 }
 
 async fn respond_inner<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
     auth: &LinkAuth,
+    keyed: impl FnOnce(),
 ) -> Result<Session, HandshakeError> {
     let mut hs = auth.builder().build_responder().map_err(|_| HandshakeError::Unauthenticated)?;
     let mut buf = Vec::with_capacity(HANDSHAKE_MSG_MAX);
     recv_bounded(s, HANDSHAKE_MSG_MAX, &mut buf).await?;
     let mut payload = [0u8; HANDSHAKE_MSG_MAX];
     hs.read_message(&buf, &mut payload).map_err(|_| HandshakeError::Unauthenticated)?;
+    keyed();
     let mut msg = [0u8; HANDSHAKE_MSG_MAX];
     let n = hs.write_message(&[], &mut msg).map_err(|_| HandshakeError::Unauthenticated)?;
     send_handshake(s, &msg[..n]).await?;
@@ -430,7 +443,7 @@ pub const MAX_PENDING_PER_ADDRESS: usize = 16;
 
 /// The connections of a listener that wait for their handshake (between accept and their authenticated first
 /// record). At most [`MAX_PENDING_HANDSHAKES`]: when full, admitting one more closes the **oldest** waiting
-/// connection, so a flood of connections that never authenticate cannot keep a slot from a broker whose
+/// connection that has not shown the key ([`HandshakeSlots::keyed`]; else the oldest), so a flood of connections that never authenticate cannot keep a slot from a broker whose
 /// handshake takes milliseconds; at most [`MAX_PENDING_PER_ADDRESS`] from one non-loopback address.
 #[derive(Debug, Default)]
 pub(crate) struct HandshakeSlots {
@@ -444,6 +457,8 @@ struct SlotsInner {
     order: std::collections::VecDeque<u64>,
     live: std::collections::HashMap<u64, (std::net::IpAddr, Option<tokio::task::AbortHandle>)>,
     per_address: std::collections::HashMap<std::net::IpAddr, usize>,
+    /// Waiting connections whose first handshake message passed authentication ([`HandshakeSlots::keyed`]).
+    keyed: std::collections::HashSet<u64>,
 }
 
 /// Why [`HandshakeSlots::admit`] turned a connection away, or what it did to make room.
@@ -460,6 +475,7 @@ pub(crate) enum Admission {
 impl SlotsInner {
     fn remove(&mut self, id: u64) -> Option<Option<tokio::task::AbortHandle>> {
         let (ip, h) = self.live.remove(&id)?;
+        self.keyed.remove(&id);
         if let Some(n) = self.per_address.get_mut(&ip) {
             *n -= 1;
             if *n == 0 {
@@ -479,7 +495,10 @@ impl HandshakeSlots {
         }
         let mut evicted = false;
         while g.live.len() >= MAX_PENDING_HANDSHAKES {
-            let Some(old) = g.order.pop_front() else { break };
+            // The oldest connection that has not shown the key, else the oldest.
+            let SlotsInner { order, live, keyed, .. } = &mut *g;
+            let pick = order.iter().position(|i| live.contains_key(i) && !keyed.contains(i)).unwrap_or(0);
+            let Some(old) = order.remove(pick) else { break };
             if let Some(h) = g.remove(old) {
                 if let Some(h) = h {
                     h.abort();
@@ -504,6 +523,16 @@ impl HandshakeSlots {
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(e) = g.live.get_mut(&id) {
             e.1 = Some(h);
+        }
+    }
+
+    /// Connection `id`'s first handshake message passed authentication: admitting others closes it only when
+    /// every waiting connection has (a flood of connections that never authenticate cannot close a key holder's
+    /// handshake however fast it comes, even while that handshake waits for a CPU).
+    pub(crate) fn keyed(&self, id: u64) {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if g.live.contains_key(&id) {
+            g.keyed.insert(id);
         }
     }
 
@@ -816,6 +845,29 @@ mod tests {
         // A released slot is reused without closing anyone.
         slots.release(2);
         assert!(matches!(slots.admit(ip), Admission::Admitted(_)));
+    }
+
+    /// A connection whose first handshake message showed the key keeps its slot while a flood that never
+    /// authenticates comes in; it is closed only once every waiting connection has shown the key.
+    #[tokio::test]
+    async fn a_key_holders_handshake_is_not_closed_to_admit_a_flood() {
+        let slots = HandshakeSlots::default();
+        let ip: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        let Admission::Admitted(holder) = slots.admit(ip) else { panic!("refused") };
+        let t = tokio::spawn(std::future::pending::<()>());
+        slots.attach(holder, t.abort_handle());
+        slots.keyed(holder);
+        for _ in 0..10 * MAX_PENDING_HANDSHAKES {
+            let (Admission::Admitted(id) | Admission::Evicted(id)) = slots.admit(ip) else { panic!("refused") };
+            slots.attach(id, tokio::spawn(std::future::pending::<()>()).abort_handle());
+        }
+        assert!(!t.is_finished(), "the key holder's handshake was closed");
+        assert_eq!(slots.waiting(), MAX_PENDING_HANDSHAKES);
+        for id in slots.inner.lock().unwrap().live.keys().copied().collect::<Vec<_>>() {
+            slots.keyed(id);
+        }
+        assert!(matches!(slots.admit(ip), Admission::Evicted(_)));
+        assert!(t.await.unwrap_err().is_cancelled(), "all keyed: the oldest goes");
     }
 
     #[test]
