@@ -159,6 +159,8 @@ pub static ATTRS: &[Attr] = &[
         "heartbeat interval between parent and child; also the TCP_INFO sampling interval (< tbon.torpid_max)"),
     attr("tbon.torpid_max", Kind::Duration, is("500ms"), CommandLine,
         "silence after which a peer is torpid: given no new work, not given up"),
+    attr("tbon.stall_max", Kind::Duration, is("75ms"), CommandLine,
+        "a broker whose node's kernel reports its heartbeat older than this is torpid (it beats 4 times as often)"),
     attr("tbon.lost_timeout", Kind::Duration, is("120ms"), CommandLine,
         "how long a peer's kernel may leave our data unacknowledged before the peer is lost"),
     attr("tbon.probe_period", Kind::Duration, is("10ms"), CommandLine,
@@ -691,6 +693,7 @@ impl Draft {
                 m.heartbeat_period = s
             }
             "tbon.torpid_max" => m.torpid_max = liveness(v)?,
+            "tbon.stall_max" => m.stall_max = liveness(v)?,
             "tbon.lost_timeout" => m.lost_timeout = liveness(v)?,
             "tbon.probe_period" => {
                 let s = liveness(v)?;
@@ -889,6 +892,7 @@ impl BrokerConfig {
             "tbon.connect_timeout" => fmt_duration(self.connect_timeout),
             "tbon.heartbeat_period" => fmt_duration(m.heartbeat_period),
             "tbon.torpid_max" => fmt_duration(m.torpid_max),
+            "tbon.stall_max" => fmt_duration(m.stall_max),
             "tbon.lost_timeout" => fmt_duration(m.lost_timeout),
             "tbon.probe_period" => fmt_duration(m.probe_period),
             "tbon.probe_misses" => m.probe_misses.to_string(),
@@ -1019,6 +1023,7 @@ mod tests {
         for (name, want) in [
             ("tbon.heartbeat_period", "50ms"),
             ("tbon.torpid_max", "500ms"),
+            ("tbon.stall_max", "75ms"),
             ("exec.kill-timeout", "5s"),
             ("sched.policy", "easy"),
             ("sched.default-duration", "inf"),

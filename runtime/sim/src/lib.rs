@@ -1351,6 +1351,7 @@ impl Sim {
             Effect::ForgetChild(r) => {
                 self.nodes[n as usize].prober.remove(&r);
             }
+            Effect::Beat => self.nodes[n as usize].last_beat = self.now,
             Effect::Heartbeat | Effect::SampleAcks => {
                 if matches!(e, Effect::Heartbeat) {
                     self.nodes[n as usize].last_beat = self.now;
@@ -1550,7 +1551,7 @@ impl Sim {
             self.after(period, Ev::ProbeRound(n));
             return;
         }
-        let stall_note = self.membership.torpid_max / 2.0;
+        let stall_note = self.membership.stall_max / 2.0;
         // Targets: (the membership key, the node probed).
         let mut targets: Vec<(u32, u32)> = node.prober.keys().map(|&c| (c, c)).collect();
         let period_s = self.membership.probe_period;
@@ -1631,7 +1632,7 @@ impl Sim {
     /// (or lost). A userspace responder answers only while its broker runs, and never arms the miss rule.
     fn probe_loaded(&mut self, n: u32, key: u32, c: u32, signals: &mut Vec<(u32, Signal)>) {
         let now = self.now;
-        let stall_note = self.membership.torpid_max / 2.0;
+        let stall_note = self.membership.stall_max / 2.0;
         let reach = self.reachable(n, c);
         let lost = self.load_chance(self.cfg.load.loss * 2.0);
         let queued = self.load_draw(self.cfg.load.jitter) + self.load_draw(self.cfg.load.jitter);
@@ -1946,7 +1947,7 @@ fn watched(n: u32) -> bool {
 /// Effects not worth a line: heartbeats.
 fn quiet(e: &Effect) -> bool {
     match e {
-        Effect::Heartbeat | Effect::SampleAcks => true,
+        Effect::Heartbeat | Effect::SampleAcks | Effect::Beat => true,
         Effect::Send(_, m) => m.topic == "hb",
         _ => false,
     }

@@ -169,8 +169,8 @@ pub(super) const BROKERS_PER_CPU: u32 = 32;
 /// and heartbeats each `tbon.heartbeat_period`, and 257 idle brokers doing so at the node rates keep 2 CPUs busy
 /// (measured: 98%, against 5% for 16), so that a job on them crawls and its verdicts wait on starved timers.
 /// Beyond [`BROKERS_PER_CPU`] per CPU, the periods are multiplied by `k = ceil(size / (BROKERS_PER_CPU * cpus))`:
-/// `tbon.probe_period`, and `tbon.heartbeat_period` with `tbon.torpid_max` (together, so the heartbeat stays the
-/// same fraction of the torpid window), each only where the user set none of them with `-S` (`set`; `m`: the
+/// `tbon.probe_period`, `tbon.heartbeat_period` with `tbon.torpid_max` (together, so the heartbeat stays the
+/// same fraction of the torpid window), and `tbon.stall_max` (the broker beats 4 times per window), each only where the user set none of them with `-S` (`set`; `m`: the
 /// values in force). Returns `k` and the `ATTR=VALUE` settings to add (none when `k` is 1).
 fn packed_periods(
     size: u32,
@@ -198,6 +198,9 @@ fn packed_periods(
     if !set.contains_key("tbon.heartbeat_period") && !set.contains_key("tbon.torpid_max") {
         out.push(format!("tbon.heartbeat_period={}", ms(m.heartbeat_period)));
         out.push(format!("tbon.torpid_max={}", ms(m.torpid_max)));
+    }
+    if !set.contains_key("tbon.stall_max") {
+        out.push(format!("tbon.stall_max={}", ms(m.stall_max)));
     }
     (if out.is_empty() { 1 } else { k }, out)
 }
@@ -862,15 +865,19 @@ mod tests {
         assert_eq!(packed_periods(1, 1, &none, &m), (1, vec![]));
         let (k, set) = packed_periods(257, 2, &none, &m);
         assert_eq!(k, 5);
-        assert_eq!(set, ["tbon.probe_period=50ms", "tbon.heartbeat_period=250ms", "tbon.torpid_max=2.5s"]);
+        assert_eq!(
+            set,
+            ["tbon.probe_period=50ms", "tbon.heartbeat_period=250ms", "tbon.torpid_max=2.5s", "tbon.stall_max=375ms"]
+        );
         // Each added setting is one the brokers accept, and keeps the heartbeat inside the torpid window.
         let parsed = BrokerConfig::parse(&attrs(&set.iter().map(|s| s.split_once('=').unwrap()).collect::<Vec<_>>()));
         assert!(parsed.is_ok(), "{parsed:?}");
         let (_, set) = packed_periods(257, 2, &attrs(&[("tbon.probe_period", "10ms")]), &m);
-        assert_eq!(set, ["tbon.heartbeat_period=250ms", "tbon.torpid_max=2.5s"]);
+        assert_eq!(set, ["tbon.heartbeat_period=250ms", "tbon.torpid_max=2.5s", "tbon.stall_max=375ms"]);
         let (_, set) = packed_periods(257, 2, &attrs(&[("tbon.torpid_max", "1s")]), &m);
-        assert_eq!(set, ["tbon.probe_period=50ms"]);
-        let all = attrs(&[("tbon.probe_period", "10ms"), ("tbon.heartbeat_period", "50ms")]);
+        assert_eq!(set, ["tbon.probe_period=50ms", "tbon.stall_max=375ms"]);
+        let all =
+            attrs(&[("tbon.probe_period", "10ms"), ("tbon.heartbeat_period", "50ms"), ("tbon.stall_max", "75ms")]);
         assert_eq!(packed_periods(4096, 2, &all, &m), (1, vec![]), "everything set by the user: nothing added");
     }
 

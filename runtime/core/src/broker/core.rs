@@ -276,6 +276,10 @@ pub enum Effect {
     ConnectParent { rank: u32, lost: u32, timeout: Duration },
     /// Beat this broker's heartbeat clock and sample every link's kernel ACK state ([`Input::AckSamples`]).
     Heartbeat,
+    /// Beat this broker's heartbeat clock only (the age its node's responder reports to the parent's probes, in
+    /// the XDP program's table or the userspace responder): every `tbon.stall_max / 4`
+    /// ([`crate::membership::BEATS_PER_STALL`]), so that a stall is seen within `tbon.stall_max`.
+    Beat,
     /// Sample every link's kernel ACK state now ([`Input::AckSamples`]): some link's unacknowledged data has
     /// reached `tbon.lost_timeout` between two heartbeats, and only a fresh sample may say it is lost.
     SampleAcks,
@@ -404,6 +408,8 @@ pub struct Broker {
     /// Confirmations of suspect peers and this broker's own lateness (`confirm.rs`).
     pub(crate) confirm: super::confirm::Confirmations,
     pub next_heartbeat: Time,
+    /// When this broker next beats its heartbeat clock ([`Effect::Beat`]): every `tbon.stall_max / 4`.
+    pub next_beat: Time,
     /// Children that said goodbye: their disconnect is "offline", not "lost".
     pub goodbye: HashSet<u32>,
     /// Overlay RTT measurements in progress (`broker.rtt`), by id.
@@ -513,6 +519,7 @@ impl Broker {
             exit_code: 0,
             pmi_barriers: HashMap::new(),
             next_heartbeat: now,
+            next_beat: now,
             goodbye: HashSet::new(),
             rtt_runs: HashMap::new(),
             links: super::links::Links::default(),
@@ -982,6 +989,7 @@ impl Broker {
         }
         if self.shutting_down.is_none() && (self.parent_up || !self.children.is_empty()) {
             earliest(self.next_heartbeat);
+            earliest(self.next_beat);
         }
         if let Some(d) = self.membership.next_deadline() {
             earliest(Time::from_secs_f64(d));

@@ -292,6 +292,15 @@ impl Broker {
             self.heartbeat();
             sampled = true;
         }
+        if self.shutting_down.is_none() && self.now >= self.next_beat {
+            // A heartbeat beats too: no second beat in the same pass.
+            if !sampled {
+                self.effect(Effect::Beat);
+            }
+            let c = self.membership.config();
+            let every = c.stall_max / crate::membership::BEATS_PER_STALL;
+            self.next_beat = self.now + Duration::from_secs_f64(every.max(0.001));
+        }
         // Data left unacknowledged for tbon.lost_timeout is judged on a sample taken now, never on the last one
         // (which may predate a stall of ours): the heartbeat just took one, or we ask for one.
         if self.membership.take_ack_check(self.clock()) && !sampled {

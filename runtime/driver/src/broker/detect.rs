@@ -250,8 +250,8 @@ pub(crate) struct Detectors {
     bind_ip: Ipv4Addr,
     input_tx: mpsc::UnboundedSender<DetectInput>,
     probe_period: f64,
-    /// `tbon.torpid_max`, seconds.
-    torpid_max: f64,
+    /// `tbon.stall_max`, seconds (probe replies with a heartbeat half that old are all forwarded).
+    stall_max: f64,
     /// The group this broker probes its children on (None: `tbon.probe_group=off`, or the overlay is on
     /// loopback, where one node holds every child).
     group: Option<SocketAddrV4>,
@@ -330,7 +330,7 @@ impl Detectors {
             bind_ip,
             input_tx: input_tx.clone(),
             probe_period: cfg.probe_period,
-            torpid_max: cfg.torpid_max,
+            stall_max: cfg.stall_max,
             group,
             prober_stats: None,
             loader: None,
@@ -456,12 +456,20 @@ impl Detectors {
         }
     }
 
-    /// Called every heartbeat period from the core loop: the userspace heartbeat the responder reports, and (on
-    /// the machine's detector owner) exit watches on the brokers registered in its table.
-    pub(crate) fn beat(&mut self) {
+    /// Called every `tbon.stall_max / 4` from the core (`Effect::Beat`):
+    /// the userspace heartbeat the responder reports (its table in the kernel, or the userspace responder's clock).
+    pub(crate) fn beat_clock(&mut self) {
         self.clock.beat();
         if let Some(t) = &self.table {
             let _ = t.heartbeat(self.probe_port);
+        }
+    }
+
+    /// Called every heartbeat period from the core loop: [`Detect::beat_clock`], and (on the machine's detector
+    /// owner) exit watches on the brokers registered in its table.
+    pub(crate) fn beat(&mut self) {
+        self.beat_clock();
+        if let Some(t) = &self.table {
             if self.owner && self.xdp.is_some() {
                 if let Some(tx) = &self.exit_tx {
                     let me = std::process::id();
@@ -542,7 +550,7 @@ impl Detectors {
             let period = Duration::from_secs_f64(self.probe_period.max(crate::membership::MIN_PROBE_PERIOD));
             let stats = Arc::new(ProberStats::default());
             self.prober_stats = Some(stats.clone());
-            tokio::spawn(prober_task(sock, rx, self.input_tx.clone(), period, group, stats, self.torpid_max));
+            tokio::spawn(prober_task(sock, rx, self.input_tx.clone(), period, group, stats, self.stall_max));
             if let Some(t) = &self.table {
                 let _ = tx.send(ProbeCmd::Collector(t.clone()));
             }
@@ -1027,7 +1035,7 @@ struct Prober {
     no_group_logged: bool,
     /// The kernel collects replies (`area` is set): group replies, which never reach the socket, are seen.
     collects: bool,
-    /// Heartbeat age (s) from which every reply is forwarded to the core: half of `tbon.torpid_max`.
+    /// Heartbeat age (s) from which every reply is forwarded to the core: half of `tbon.stall_max`.
     stall_note: f64,
     /// After the last round: children probed by the group datagram, and those the group does not reach.
     counts: (u32, u32),
@@ -1561,7 +1569,7 @@ async fn prober_task(
     period: Duration,
     group: Option<SocketAddrV4>,
     stats: Arc<ProberStats>,
-    torpid_max: f64,
+    stall_max: f64,
 ) {
     let port = sock.get_ref().local_addr().map(|a| a.port()).unwrap_or(0);
     let key = {
@@ -1569,7 +1577,7 @@ async fn prober_task(
         let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut k));
         u64::from_ne_bytes(k) ^ vigil_ebpf::monotonic_ns()
     };
-    let mut pr = Prober::new(key, port, group, tx, torpid_max / 2.0);
+    let mut pr = Prober::new(key, port, group, tx, stall_max / 2.0);
     pr.period = period.as_secs_f64();
     let mut tick = Ticker::new(period);
     let mut rbufs = vec![[0u8; 128]; PROBE_GROUP];

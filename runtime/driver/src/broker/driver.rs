@@ -1407,6 +1407,11 @@ impl Driver {
                     }
                 }
             }
+            Effect::Beat => {
+                if let Some(d) = self.detect.as_mut() {
+                    d.beat_clock();
+                }
+            }
             Effect::Heartbeat | Effect::SampleAcks => {
                 if matches!(e, Effect::Heartbeat) {
                     if let Some(d) = self.detect.as_mut() {

@@ -863,7 +863,8 @@ mod tests {
         }
         assert!(!t.is_finished(), "the key holder's handshake was closed");
         assert_eq!(slots.waiting(), MAX_PENDING_HANDSHAKES);
-        for id in slots.inner.lock().unwrap().live.keys().copied().collect::<Vec<_>>() {
+        let waiting: Vec<u64> = slots.inner.lock().unwrap().live.keys().copied().collect();
+        for id in waiting {
             slots.keyed(id);
         }
         assert!(matches!(slots.admit(ip), Admission::Evicted(_)));
