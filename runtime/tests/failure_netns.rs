@@ -574,7 +574,7 @@ fn ordinary_job_loses_a_node() {
     let t0 = c.kill_node(3);
     let w = c.vigil_in(c.path(), &[], &["job", "wait", &id], JOB_END);
     assert!(!w.timed_out, "job wait hung:\n{}", w.dump());
-    assert_ne!(w.code, 0, "job wait after losing a critical node:\n{}", w.dump());
+    assert_eq!(w.code, 69, "job wait after losing a critical node: the lost-node exit code\n{}", w.dump());
     let j = c.job(&id);
     assert_eq!(j["state"], "INACTIVE", "{j}");
     eprintln!(
@@ -588,7 +588,7 @@ fn ordinary_job_loses_a_node() {
     let ex = exceptions(&log);
     assert!(!ex.is_empty(), "no exception: {log:?}");
     let ctx = &ex[0]["context"];
-    assert_eq!(ctx["type"], "exec", "{log:?}");
+    assert_eq!(ctx["type"], "node-failure", "{log:?}");
     assert_eq!(ctx["severity"], 0, "{log:?}");
     assert!(ctx["note"].as_str().unwrap_or("").contains("node3"), "{log:?}");
     eprintln!(
@@ -844,16 +844,16 @@ fn critical_rank_loss_is_fatal() {
         log.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")
     );
     assert!(!w.timed_out, "job wait hung:\n{ctx}");
-    assert_ne!(w.code, 0, "{ctx}");
+    assert_eq!(w.code, 69, "the lost-node exit code: {ctx}");
     let j = c.job(&k.id);
     assert_eq!(j["state"], "INACTIVE", "{ctx}");
     let ex = exceptions(&log);
     assert!(!ex.is_empty(), "{ctx}");
-    assert_eq!(ex[0]["context"]["type"], "exec", "{ctx}");
+    assert_eq!(ex[0]["context"]["type"], "node-failure", "{ctx}");
     assert_eq!(ex[0]["context"]["severity"], 0, "{ctx}");
     assert!(ex[0]["context"]["note"].as_str().unwrap_or("").contains("node1"), "{ctx}");
     eprintln!(
-        "[{}] critical rank lost: exec exception +{}, job inactive +{} after the kill (job wait exit {})",
+        "[{}] critical rank lost: node-failure exception +{}, job inactive +{} after the kill (job wait exit {})",
         c.name,
         ms(ex[0]["timestamp"].as_f64().unwrap_or(0.0) - t_kill),
         ms(j["t_inactive"].as_f64().unwrap_or(0.0) - t_kill),

@@ -365,6 +365,27 @@ pub fn exit_code(status: i32) -> i32 {
     }
 }
 
+/// The exit code of a job that a fatal `node-failure` exception ended (a node it could not lose was lost),
+/// whatever its tasks' codes: 69, sysexits' `EX_UNAVAILABLE`, as a cut-off broker's ([`BROKER_EXIT_CUT_OFF`]).
+/// A script can tell "run again without that node" from a failure of the application (whose tasks, killed after
+/// the exception, would otherwise give 143 or 137).
+pub const JOB_EXIT_NODE_LOST: i32 = 69;
+
+/// The exit code a job's user sees, the same in `vigil run`, `job wait`, `job attach` and `vigil jobs`: from the
+/// job's finish status (a POSIX wait status; `None` when its tasks never ran) and the type of its first fatal
+/// (severity 0) exception, RFC 21. [`JOB_EXIT_NODE_LOST`] for `node-failure`; else the tasks' code
+/// ([`exit_code`]), or 1 if that is 0 but a fatal exception ended the job; 1 when no task ran.
+pub fn job_exit_code(status: Option<i32>, fatal: Option<&str>) -> i32 {
+    match (status, fatal) {
+        (_, Some("node-failure")) => JOB_EXIT_NODE_LOST,
+        (Some(s), f) => match exit_code(s) {
+            0 if f.is_some() => 1,
+            c => c,
+        },
+        (None, _) => 1,
+    }
+}
+
 /// Describe a wait status, e.g. "exited with exit code 3" or "killed by SIGKILL".
 pub fn describe_status(status: i32) -> String {
     if status & 0x7f == 0 {
@@ -426,6 +447,17 @@ pub fn status_exited(code: i32) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_job_ended_by_a_lost_node_exits_69_whatever_its_tasks_gave() {
+        let killed = 15; // wait status of a task killed by SIGTERM
+        assert_eq!(job_exit_code(Some(killed), Some("node-failure")), JOB_EXIT_NODE_LOST);
+        assert_eq!(job_exit_code(None, Some("node-failure")), JOB_EXIT_NODE_LOST);
+        assert_eq!(job_exit_code(Some(killed), Some("timelimit")), 143);
+        assert_eq!(job_exit_code(Some(0), Some("exec")), 1, "a fatal exception over tasks that all exited 0");
+        assert_eq!(job_exit_code(Some(3 << 8), None), 3);
+        assert_eq!(job_exit_code(None, None), 1, "no task ran");
+    }
 
     #[test]
     fn memory_sizes_read_as_slurm_users_write_them() {

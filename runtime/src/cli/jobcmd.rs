@@ -509,8 +509,9 @@ pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, cr
     let (mut events, mut lines) = (0usize, 0usize);
     let (mut skip_events, mut skip_lines) = (0usize, 0usize);
     let mut replayed: Option<Value> = None;
-    let mut code: Option<i32> = None;
-    let mut fatal = false;
+    // The finish status, and the type of the first fatal exception: the exit code (shellproto::job_exit_code).
+    let mut status: Option<i32> = None;
+    let mut fatal: Option<String> = None;
     let mut ctrlc = 0;
     let mut sigint = signal(SignalKind::interrupt()).ok();
     let mut sigterm = signal(SignalKind::terminate()).ok();
@@ -624,8 +625,8 @@ pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, cr
             match name {
                 "exception" => {
                     let sev = ctx.get("severity").and_then(Value::as_u64).unwrap_or(0);
-                    if sev == 0 {
-                        fatal = true;
+                    if sev == 0 && fatal.is_none() {
+                        fatal = Some(ctx.get("type").and_then(Value::as_str).unwrap_or("").to_string());
                     }
                     if !closed {
                         eprintln!(
@@ -636,12 +637,11 @@ pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, cr
                     }
                 }
                 "finish" => {
-                    let st = ctx.get("status").and_then(Value::as_i64).unwrap_or(0) as i32;
-                    code = Some(crate::shellproto::exit_code(st));
+                    status = Some(ctx.get("status").and_then(Value::as_i64).unwrap_or(0) as i32);
                 }
                 "requeue" => {
                     // The lost run does not count: the job runs again (jobs/requeue.rs).
-                    (code, fatal) = (None, false);
+                    (status, fatal) = (None, None);
                     if !closed {
                         eprintln!("vigil: job {id}: {}", requeue_note(&ctx));
                     }
@@ -662,11 +662,7 @@ pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, cr
     if closed {
         return Ok(128 + libc::SIGPIPE);
     }
-    Ok(match code {
-        Some(0) if fatal => 1,
-        Some(c) => c,
-        None => 1,
-    })
+    Ok(crate::shellproto::job_exit_code(status, fatal.as_deref()))
 }
 
 /// How long past the instance's grace for rank 0 ([`crate::client::Welcome::rank0_grace`]) a client that lost it
@@ -1064,8 +1060,7 @@ pub(crate) async fn job(cmd: JobCmd) -> Result<i32, String> {
             let c = connect().await?;
             let payload = json!({"id": id.0, "follow": true});
             let mut s = c.rpc_stream("job-manager.eventlog", 0, &payload).map_err(|e| e.errstr)?;
-            let mut code = 1;
-            let mut fatal = false;
+            let (mut status, mut fatal): (Option<i32>, Option<String>) = (None, None);
             let mut replayed = None;
             loop {
                 let item = match replayed.take() {
@@ -1082,7 +1077,7 @@ pub(crate) async fn job(cmd: JobCmd) -> Result<i32, String> {
                     Err(e) if e.errnum == crate::message::errno::EHOSTUNREACH => {
                         match await_rank0(&c, id, "job-manager.eventlog", &payload, &mut None).await {
                             Some((_, ns, first)) => {
-                                (s, replayed, code, fatal) = (ns, Some(first), 1, false);
+                                (s, replayed, status, fatal) = (ns, Some(first), None, None);
                                 continue;
                             }
                             None => return followed(Err(e), id),
@@ -1092,15 +1087,15 @@ pub(crate) async fn job(cmd: JobCmd) -> Result<i32, String> {
                 };
                 let e = &v["event"];
                 match e["name"].as_str() {
-                    Some("finish") => {
-                        code = crate::shellproto::exit_code(e["context"]["status"].as_i64().unwrap_or(0) as i32)
+                    Some("finish") => status = Some(e["context"]["status"].as_i64().unwrap_or(0) as i32),
+                    Some("exception") if e["context"]["severity"].as_u64() == Some(0) && fatal.is_none() => {
+                        fatal = Some(e["context"]["type"].as_str().unwrap_or("").to_string())
                     }
-                    Some("exception") if e["context"]["severity"].as_u64() == Some(0) => fatal = true,
-                    Some("requeue") => (code, fatal) = (1, false),
+                    Some("requeue") => (status, fatal) = (None, None),
                     _ => {}
                 }
             }
-            Ok(if code == 0 && fatal { 1 } else { code })
+            Ok(crate::shellproto::job_exit_code(status, fatal.as_deref()))
         }
         JobCmd::Cancel(a) => cancel(a).await,
         JobCmd::Purge(a) => purge(a).await,

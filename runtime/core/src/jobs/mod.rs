@@ -611,22 +611,13 @@ impl Job {
         })
     }
 
-    /// Exit code shown to users: from the finish status (code or 128+signal), 1 if the job never ran tasks.
+    /// Exit code shown to users ([`crate::shellproto::job_exit_code`]): from the finish status (code or
+    /// 128+signal), 69 if a lost node ended the job, 1 if the job never ran tasks.
     pub fn exit_code(&self) -> Option<i32> {
         if self.state != JobState::Inactive {
             return None;
         }
-        Some(match self.status {
-            Some(s) => {
-                let c = exit_code(s);
-                if c == 0 && self.fatal.is_some() {
-                    1
-                } else {
-                    c
-                }
-            }
-            None => 1,
-        })
+        Some(crate::shellproto::job_exit_code(self.status, self.fatal.as_ref().map(|e| e.kind.as_str())))
     }
 
     /// Summary for `vigil jobs --json`.
@@ -992,7 +983,7 @@ impl JobCore {
                 if let Some(more) = self.arm_requeue(id, &what) {
                     note = format!("{note}; {more}");
                 }
-                self.raise_inner(now, id, "exec", 0, &note, true);
+                self.raise_inner(now, id, "node-failure", 0, &note, true);
             } else {
                 self.raise(
                     now,

@@ -491,7 +491,7 @@ mod tests {
         join(&mut c, T0 + 12.0, 1, &[a]);
         c.handle_timeout(T0 + 70.0);
         let l = &c.jobs[&a];
-        assert_eq!(l.fatal.as_ref().map(|e| e.kind.as_str()), Some("exec"));
+        assert_eq!(l.fatal.as_ref().map(|e| e.kind.as_str()), Some("node-failure"));
         assert!(l.fatal.as_ref().is_some_and(|e| e.note.contains("lost critical rank")), "{:?}", l.fatal);
         assert_eq!(l.state, JobState::Cleanup, "rank 1's shell is told to stop");
         let sig = super::super::tests::signals(&actions(&mut c));
@@ -506,7 +506,7 @@ mod tests {
         join(&mut c, T0 + 12.0, 1, &[a]);
         join(&mut c, T0 + 12.0, 2, &[]);
         let l = &c.jobs[&a];
-        assert!(l.fatal.as_ref().is_some_and(|e| e.kind == "exec" && e.note.contains("lost critical rank")));
+        assert!(l.fatal.as_ref().is_some_and(|e| e.kind == "node-failure" && e.note.contains("lost critical rank")));
         exit_shell(&mut c, T0 + 13.0, a, 1, 15);
         assert_eq!(c.jobs[&a].state, JobState::Inactive);
         assert!(c.pool.ranks[&2].alloc_cores.is_empty(), "its cores there are free once it ends");

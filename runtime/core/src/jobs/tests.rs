@@ -283,10 +283,12 @@ fn lost_rank_fails_its_jobs_and_leaves_the_pool() {
     let other = c.submit(T0, &spec(cmd().nnodes(1)), 0).unwrap();
     actions(&mut c);
     c.ranks_lost(T0 + 1.0, &IdSet::from_iter([1]));
-    assert_eq!(c.jobs[&id].fatal.as_ref().map(|e| e.kind.as_str()), Some("exec"));
+    assert_eq!(c.jobs[&id].fatal.as_ref().map(|e| e.kind.as_str()), Some("node-failure"));
     assert!(c.jobs[&other].fatal.is_none(), "jobs elsewhere are untouched");
     exit_shell(&mut c, T0 + 2.0, id, 0, 15);
     assert_eq!(c.jobs[&id].state, JobState::Inactive, "no hang waiting for the lost shell");
+    // Its exit code says a node was lost, not the 143 of the survivors its tasks were killed on.
+    assert_eq!(c.jobs[&id].exit_code(), Some(crate::shellproto::JOB_EXIT_NODE_LOST));
     assert!(!c.pool.ranks[&1].up);
     let id3 = c.submit(T0 + 3.0, &spec(cmd().nnodes(1)), 0).unwrap();
     let s = spawns(&actions(&mut c));
@@ -598,7 +600,7 @@ fn losing_a_critical_rank_is_fatal() {
     c.ranks_lost(T0 + 1.0, &IdSet::from_iter([2]));
     let j = &c.jobs[&id];
     let e = j.fatal.clone().expect("fatal");
-    assert_eq!((e.kind.as_str(), e.severity), ("exec", 0));
+    assert_eq!((e.kind.as_str(), e.severity), ("node-failure", 0));
     assert!(e.note.contains("critical") && e.note.contains("rank 2"), "{e:?}");
     assert_eq!(signals(&actions(&mut c)), vec![(vec![0, 1, 3], crate::signal::SIGTERM)], "survivors are killed");
 }
