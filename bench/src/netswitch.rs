@@ -201,9 +201,15 @@ impl Switch {
 
 /// Run the switch until killed. Exit status 1 with the reason on stderr if a port cannot be opened.
 pub(crate) fn run(a: &NetswitchArgs) -> i32 {
-    if !(0.0..=100.0).contains(&a.loss_pct) || a.delay_ms < 0.0 || a.jitter_ms < 0.0 {
-        eprintln!("netswitch: --loss-pct must be 0-100 and delays not negative");
-        return 2;
+    for (name, v, ok) in [
+        ("--delay-ms", a.delay_ms, a.delay_ms >= 0.0),
+        ("--jitter-ms", a.jitter_ms, a.jitter_ms >= 0.0),
+        ("--loss-pct", a.loss_pct, (0.0..=100.0).contains(&a.loss_pct)),
+    ] {
+        if !ok || !v.is_finite() {
+            eprintln!("netswitch: {name} {v}: must be {}", if name == "--loss-pct" { "0-100" } else { ">= 0" });
+            return 2;
+        }
     }
     let mut ports = Vec::new();
     for p in &a.ports {

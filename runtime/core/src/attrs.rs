@@ -587,6 +587,18 @@ pub enum AttrError {
         /// `tbon.torpid_max`, seconds.
         torpid: f64,
     },
+    /// `tbon.stall_max` longer than `tbon.torpid_max`.
+    #[error(
+        "tbon.stall_max ({} ms) must not be longer than tbon.torpid_max ({} ms): a stalled broker would be torpid \
+         by the silence rule first, and tbon.stall_max would do nothing",
+        (.stall * 1e4).round() / 10.0, (.torpid * 1e4).round() / 10.0
+    )]
+    StallLongerThanTorpid {
+        /// `tbon.stall_max`, seconds.
+        stall: f64,
+        /// `tbon.torpid_max`, seconds.
+        torpid: f64,
+    },
 }
 
 /// The names `-S` accepts, comma-separated.
@@ -605,6 +617,9 @@ fn one_of(words: &[&str]) -> String {
 
 /// Shortest `tbon.heartbeat_period` accepted (seconds).
 const MIN_HEARTBEAT: f64 = 0.001;
+
+/// Shortest `tbon.stall_max` accepted, seconds.
+const MIN_STALL: f64 = 0.02;
 
 /// Longest liveness duration accepted (seconds): beyond it liveness would effectively be off.
 const MAX_LIVENESS: f64 = 3600.0;
@@ -661,6 +676,8 @@ struct Draft {
     fanout: Option<(u32, String)>,
     synthetic: Option<String>,
     xml: Option<PathBuf>,
+    /// `tbon.stall_max` was given (else its default follows a shorter `tbon.torpid_max`).
+    stall_set: bool,
 }
 
 impl Draft {
@@ -693,7 +710,17 @@ impl Draft {
                 m.heartbeat_period = s
             }
             "tbon.torpid_max" => m.torpid_max = liveness(v)?,
-            "tbon.stall_max" => m.stall_max = liveness(v)?,
+            "tbon.stall_max" => {
+                let s = liveness(v)?;
+                if s < MIN_STALL {
+                    return Err(format!(
+                        "too short: at least {:.0}ms (the broker beats every quarter of it, and a busy node delays a \
+                         beat by milliseconds: below that, live brokers flap between torpid and lively)",
+                        MIN_STALL * 1e3
+                    ));
+                }
+                m.stall_max = s
+            }
             "tbon.lost_timeout" => m.lost_timeout = liveness(v)?,
             "tbon.probe_period" => {
                 let s = liveness(v)?;
@@ -815,6 +842,14 @@ impl Draft {
         if m.heartbeat_period >= m.torpid_max {
             return Err(AttrError::HeartbeatNotShorter { heartbeat: m.heartbeat_period, torpid: m.torpid_max });
         }
+        if m.stall_max > m.torpid_max {
+            // The default follows a shorter tbon.torpid_max; a tbon.stall_max set longer is refused.
+            if !self.stall_set {
+                c.membership.stall_max = c.membership.torpid_max;
+            } else {
+                return Err(AttrError::StallLongerThanTorpid { stall: m.stall_max, torpid: m.torpid_max });
+            }
+        }
         Ok(self.cfg)
     }
 }
@@ -862,7 +897,8 @@ impl BrokerConfig {
     /// The first of: a name not in [`ATTRS`] ([`AttrError::Unknown`]) or one the broker sets
     /// ([`AttrError::ReadOnly`]); a value the attribute does not take ([`AttrError::Invalid`], in name order);
     /// `tbon.topo` and `tbon.fanout` disagreeing; both `resource.synthetic` and `resource.xml`;
-    /// `tbon.heartbeat_period` not shorter than `tbon.torpid_max`.
+    /// `tbon.heartbeat_period` not shorter than `tbon.torpid_max`; `tbon.stall_max` set longer than
+    /// `tbon.torpid_max` (unset, it is `tbon.torpid_max` when that is shorter than its default).
     pub fn parse(attrs: &BTreeMap<String, String>) -> Result<BrokerConfig, AttrError> {
         let mut known = Vec::with_capacity(attrs.len());
         for (name, value) in attrs {
@@ -873,6 +909,7 @@ impl BrokerConfig {
             }
         }
         let mut d = Draft::default();
+        d.stall_set = known.iter().any(|(n, _)| *n == "tbon.stall_max");
         for (name, value) in known {
             d.set(name, value).map_err(|expected| AttrError::Invalid { name, value: value.clone(), expected })?;
         }
@@ -1146,6 +1183,16 @@ mod tests {
         assert!(err(&[("tbon.topo", "binomial"), ("tbon.fanout", "2")]).contains("disagree"));
         assert_eq!(parse(&[("tbon.topo", "kary:3"), ("tbon.fanout", "3")]).unwrap().topo, Topology::Kary(3));
         assert_eq!(parse(&[("tbon.fanout", "0")]).unwrap().topo, Topology::Kary(0));
+    }
+
+    #[test]
+    fn stall_max_is_bounded_and_follows_a_shorter_torpid_max() {
+        assert!(err(&[("tbon.stall_max", "1ms")]).contains("at least 20ms"));
+        let e = err(&[("tbon.stall_max", "10s")]);
+        assert!(e.starts_with("tbon.stall_max (10000 ms) must not be longer than tbon.torpid_max (500 ms)"), "{e}");
+        let c = parse(&[("tbon.heartbeat_period", "10ms"), ("tbon.torpid_max", "50ms")]).unwrap();
+        assert_eq!(c.membership.stall_max, 0.05, "the default follows a shorter torpid_max");
+        assert_eq!(parse(&[]).unwrap().membership.stall_max, 0.075);
     }
 
     #[test]

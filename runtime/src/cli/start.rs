@@ -195,12 +195,15 @@ fn packed_periods(
     if !set.contains_key("tbon.probe_period") {
         out.push(format!("tbon.probe_period={}", ms(m.probe_period)));
     }
+    // The torpid window in force afterwards (unscaled), which the stall window may not exceed.
+    let mut torpid = m.torpid_max;
     if !set.contains_key("tbon.heartbeat_period") && !set.contains_key("tbon.torpid_max") {
         out.push(format!("tbon.heartbeat_period={}", ms(m.heartbeat_period)));
         out.push(format!("tbon.torpid_max={}", ms(m.torpid_max)));
+        torpid *= f64::from(k);
     }
     if !set.contains_key("tbon.stall_max") {
-        out.push(format!("tbon.stall_max={}", ms(m.stall_max)));
+        out.push(format!("tbon.stall_max={}", ms(m.stall_max.min(torpid / f64::from(k)))));
     }
     (if out.is_empty() { 1 } else { k }, out)
 }
@@ -876,6 +879,10 @@ mod tests {
         assert_eq!(set, ["tbon.heartbeat_period=250ms", "tbon.torpid_max=2.5s", "tbon.stall_max=375ms"]);
         let (_, set) = packed_periods(257, 2, &attrs(&[("tbon.torpid_max", "1s")]), &m);
         assert_eq!(set, ["tbon.probe_period=50ms", "tbon.stall_max=375ms"]);
+        // Never past a torpid window the user set shorter.
+        let short = crate::membership::Config { torpid_max: 0.2, ..m };
+        let (_, set) = packed_periods(257, 2, &attrs(&[("tbon.torpid_max", "200ms")]), &short);
+        assert_eq!(set, ["tbon.probe_period=50ms", "tbon.stall_max=200ms"]);
         let all =
             attrs(&[("tbon.probe_period", "10ms"), ("tbon.heartbeat_period", "50ms"), ("tbon.stall_max", "75ms")]);
         assert_eq!(packed_periods(4096, 2, &all, &m), (1, vec![]), "everything set by the user: nothing added");
