@@ -22,6 +22,7 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
+use vigil_sim::Rng;
 
 /// `<linux/if_packet.h>`: prefix every frame with a `struct virtio_net_hdr` (offload state).
 const PACKET_VNET_HDR: libc::c_int = 15;
@@ -61,25 +62,6 @@ struct Held {
     seq: u64,
     from: usize,
     frame: Vec<u8>,
-}
-
-/// splitmix64: small, seeded, and good enough for loss and delay draws.
-#[derive(Debug)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
 }
 
 fn setsockopt_int(fd: &OwnedFd, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> io::Result<()> {
@@ -225,7 +207,7 @@ pub(crate) fn run(a: &NetswitchArgs) -> i32 {
         ports,
         macs: HashMap::new(),
         held: BinaryHeap::new(),
-        rng: Rng(a.seed),
+        rng: Rng::new(a.seed),
         seq: 0,
         delay: a.delay_ms / 1000.0,
         jitter: a.jitter_ms / 1000.0,
@@ -285,7 +267,7 @@ mod tests {
             ports: Vec::new(),
             macs: HashMap::new(),
             held: BinaryHeap::new(),
-            rng: Rng(7),
+            rng: Rng::new(7),
             seq: 0,
             delay,
             jitter,

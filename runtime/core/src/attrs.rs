@@ -908,8 +908,7 @@ impl BrokerConfig {
                 Some(a) => known.push((a.name, value)),
             }
         }
-        let mut d = Draft::default();
-        d.stall_set = known.iter().any(|(n, _)| *n == "tbon.stall_max");
+        let mut d = Draft { stall_set: known.iter().any(|(n, _)| *n == "tbon.stall_max"), ..Draft::default() };
         for (name, value) in known {
             d.set(name, value).map_err(|expected| AttrError::Invalid { name, value: value.clone(), expected })?;
         }
