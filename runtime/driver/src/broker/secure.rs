@@ -214,7 +214,7 @@ pub async fn respond<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, auth: &LinkAu
 
 /// [`respond`], calling `keyed` once the initiator's first message has passed its authentication: its sender
 /// holds the overlay key (or replays a message of one, and cannot go further), which the listener uses to keep
-/// such a connection's slot from a flood of connections that do not ([`HandshakeSlots::keyed`]).
+/// such a connection's slot from a flood of connections that do not (`HandshakeSlots::keyed`).
 pub async fn respond_keyed<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
     auth: &LinkAuth,
