@@ -27,6 +27,8 @@ cleanup() {
 }
 hogs=()
 trap cleanup EXIT
+# Links impaired from the start (before any broker starts).
+if [ "$impair" != none ]; then export VIGIL_NETNS_IMPAIR="$impair 7"; fi
 ci/netns-cluster.sh up "$name" 8
 export VIGIL_URI=$(ci/netns-cluster.sh uri "$name")
 # Detectors load in the background after start-up: wait for them, and say what rank 0 runs on.
@@ -37,11 +39,7 @@ done
 echo "$st" | grep '^detectors' | sed 's/^/soak: rank 0 /'
 ncpu=$(nproc)
 for ((i = 0; i <= ncpu; i++)); do sh -c 'while :; do :; done' & hogs+=($!); done
-if [ "$impair" != none ]; then
-    # shellcheck disable=SC2086
-    ci/netns-cluster.sh impair "$name" $impair 7
-    echo "soak: links impaired: delay, jitter (ms), loss (%): $impair"
-fi
+[ "$impair" != none ] && echo "soak: links impaired: delay, jitter (ms), loss (%): $impair"
 mkdir -p "$logs"
 # Jobs flowing: a 4-node job every 2 s; each outcome logged (a job that had node 6 may fail when it is killed).
 (

@@ -20,7 +20,8 @@
 #                                                      every frame between nodes gets a delay drawn from
 #                                                      DELAY +- JITTER ms and is lost with LOSS_PCT % (the kernel has no
 #                                                      netem: the bridge is replaced by `vigil-bench netswitch`, found
-#                                                      as $VIGIL_BENCH or next to $VIGIL); unimpair NAME puts the bridge back
+#                                                      as $VIGIL_BENCH or next to $VIGIL); unimpair NAME puts the bridge back;
+#                                                      VIGIL_NETNS_IMPAIR="DELAY JITTER LOSS [SEED]" makes `up` impair first
 #   ci/netns-cluster.sh down   NAME                    kill everything and remove namespaces, links and files
 #
 # NAME is a short tag (<= 6 characters) so several clusters can coexist; each has its own hub namespace holding
@@ -36,7 +37,7 @@ if [ -z "${VIGIL:-}" ]; then
     [ -n "$VIGIL" ] || { [ -x "$root/target/release/vigil" ] && VIGIL=$root/target/release/vigil; } || VIGIL=$root/target/debug/vigil
 fi
 cmd=${1:-}; name=${2:-}
-[ -n "$cmd" ] && [ -n "$name" ] || { sed -n '2,29p' "$0"; exit 2; }
+[ -n "$cmd" ] && [ -n "$name" ] || { sed -n '2,30p' "$0"; exit 2; }
 [ ${#name} -le 6 ] || { echo "netns-cluster: NAME must be at most 6 characters" >&2; exit 2; }
 dir=${VIGIL_NETNS_DIR:-/tmp}/vigil-netns-$name
 hub=vn-$name-hub
@@ -81,6 +82,40 @@ make_nodes() {
     echo "$n" > "$dir/size"
 }
 
+# impair NAME DELAY JITTER LOSS [SEED]: see the usage text (arguments as the command's, $1 being the command).
+impair() {
+    usage="usage: $0 impair NAME DELAY_MS JITTER_MS LOSS_PCT [SEED]"
+    [ $# -ge 5 ] || { echo "$usage" >&2; exit 2; }
+    delay=$3; jitter=$4; loss=$5; seed=${6:-1}
+    # Checked before anything is touched: a refused value leaves the cluster as it was.
+    num='^[0-9]+([.][0-9]+)?$'
+    [[ $delay =~ $num ]] || { echo "netns-cluster: DELAY_MS '$delay' is not a number of milliseconds >= 0" >&2; exit 2; }
+    [[ $jitter =~ $num ]] || { echo "netns-cluster: JITTER_MS '$jitter' is not a number of milliseconds >= 0" >&2; exit 2; }
+    [[ $loss =~ $num ]] && awk -v l="$loss" 'BEGIN { exit !(l <= 100) }' \
+        || { echo "netns-cluster: LOSS_PCT '$loss' is not a percentage 0-100" >&2; exit 2; }
+    [[ $seed =~ ^[0-9]+$ ]] || { echo "netns-cluster: SEED '$seed' is not a whole number" >&2; exit 2; }
+    bench=${VIGIL_BENCH:-$(dirname "$VIGIL")/vigil-bench}
+    [ -x "$bench" ] || { echo "netns-cluster: no vigil-bench at $bench (set VIGIL_BENCH)" >&2; exit 2; }
+    n=$(cat "$dir/size")
+    [ -s "$dir/netswitch.pid" ] && kill "$(cat "$dir/netswitch.pid")" 2>/dev/null || true
+    ports=()
+    for ((k = 0; k < n; k++)); do ports+=("$(hostveth $k)"); done
+    # Off the bridge in one batch, then the switch at once: the gap is a few milliseconds of lost frames.
+    for p in "${ports[@]}"; do echo "link set $p nomaster"; done | ip -n "$hub" -batch - 2>/dev/null || true
+    ip netns exec "$hub" "$bench" netswitch --delay-ms "$delay" --jitter-ms "$jitter" --loss-pct "$loss" \
+        --seed "$seed" "${ports[@]}" > "$dir/netswitch.log" 2>&1 < /dev/null &
+    echo $! > "$dir/netswitch.pid"
+    sleep 0.2
+    if ! kill -0 "$(cat "$dir/netswitch.pid")" 2>/dev/null; then
+        # No switch: the bridge again, so that the nodes are not cut off.
+        for p in "${ports[@]}"; do echo "link set $p master br0"; done | ip -n "$hub" -batch -
+        rm -f "$dir/netswitch.pid"
+        echo "netns-cluster: the switch did not start (the links are on the bridge again, unimpaired):" >&2
+        cat "$dir/netswitch.log" >&2
+        exit 1
+    fi
+}
+
 # Every command but those that make a cluster (and `down`, which cleans up whatever is left) needs one.
 case "$cmd" in
 nodes | up | down) ;;
@@ -111,6 +146,11 @@ up)
     } > "$dir/config.toml"
     chmod 600 "$dir/config.toml"
     make_nodes "$n"
+    # VIGIL_NETNS_IMPAIR="DELAY JITTER LOSS [SEED]": the links are impaired before any broker starts.
+    if [ -n "${VIGIL_NETNS_IMPAIR:-}" ]; then
+        # shellcheck disable=SC2086
+        impair impair "$name" $VIGIL_NETNS_IMPAIR
+    fi
     # One argument per line, for `restart`.
     if [ $# -gt 0 ]; then printf '%s\n' "$@" > "$dir/args"; else : > "$dir/args"; fi
     printf '%s' "${VIGIL_NETNS_RANK0_ARGS:-}" > "$dir/rank0-args"
@@ -176,38 +216,7 @@ stall) kill -STOP "$(cat "$dir/node${3:?K}/broker.pid")" ;;
 cont) kill -CONT "$(cat "$dir/node${3:?K}/broker.pid")" ;;
 cut) ip -n "$hub" link set "$(hostveth "${3:?K}")" down ;;
 heal) ip -n "$hub" link set "$(hostveth "${3:?K}")" up; ip -n "$(ns "${3:?K}")" link set eth0 up 2>/dev/null || true ;;
-impair)
-    usage="usage: $0 impair NAME DELAY_MS JITTER_MS LOSS_PCT [SEED]"
-    [ $# -ge 5 ] || { echo "$usage" >&2; exit 2; }
-    delay=$3; jitter=$4; loss=$5; seed=${6:-1}
-    # Checked before anything is touched: a refused value leaves the cluster as it was.
-    num='^[0-9]+([.][0-9]+)?$'
-    [[ $delay =~ $num ]] || { echo "netns-cluster: DELAY_MS '$delay' is not a number of milliseconds >= 0" >&2; exit 2; }
-    [[ $jitter =~ $num ]] || { echo "netns-cluster: JITTER_MS '$jitter' is not a number of milliseconds >= 0" >&2; exit 2; }
-    [[ $loss =~ $num ]] && awk -v l="$loss" 'BEGIN { exit !(l <= 100) }' \
-        || { echo "netns-cluster: LOSS_PCT '$loss' is not a percentage 0-100" >&2; exit 2; }
-    [[ $seed =~ ^[0-9]+$ ]] || { echo "netns-cluster: SEED '$seed' is not a whole number" >&2; exit 2; }
-    bench=${VIGIL_BENCH:-$(dirname "$VIGIL")/vigil-bench}
-    [ -x "$bench" ] || { echo "netns-cluster: no vigil-bench at $bench (set VIGIL_BENCH)" >&2; exit 2; }
-    n=$(cat "$dir/size")
-    [ -s "$dir/netswitch.pid" ] && kill "$(cat "$dir/netswitch.pid")" 2>/dev/null || true
-    ports=()
-    for ((k = 0; k < n; k++)); do ports+=("$(hostveth $k)"); done
-    # Off the bridge in one batch, then the switch at once: the gap is a few milliseconds of lost frames.
-    for p in "${ports[@]}"; do echo "link set $p nomaster"; done | ip -n "$hub" -batch - 2>/dev/null || true
-    ip netns exec "$hub" "$bench" netswitch --delay-ms "$delay" --jitter-ms "$jitter" --loss-pct "$loss" \
-        --seed "$seed" "${ports[@]}" > "$dir/netswitch.log" 2>&1 < /dev/null &
-    echo $! > "$dir/netswitch.pid"
-    sleep 0.2
-    if ! kill -0 "$(cat "$dir/netswitch.pid")" 2>/dev/null; then
-        # No switch: the bridge again, so that the nodes are not cut off.
-        for p in "${ports[@]}"; do echo "link set $p master br0"; done | ip -n "$hub" -batch -
-        rm -f "$dir/netswitch.pid"
-        echo "netns-cluster: the switch did not start (the links are on the bridge again, unimpaired):" >&2
-        cat "$dir/netswitch.log" >&2
-        exit 1
-    fi
-    ;;
+impair) impair "$@" ;;
 unimpair)
     n=$(cat "$dir/size")
     [ -s "$dir/netswitch.pid" ] && kill "$(cat "$dir/netswitch.pid")" 2>/dev/null || true
@@ -226,5 +235,5 @@ down)
     for k in $(ip netns list | awk -v p="vn-$name-n" 'index($1, p) == 1 { print $1 }'); do ip netns del "$k" 2>/dev/null || true; done
     rm -rf "$dir"
     ;;
-*) sed -n '2,29p' "$0"; exit 2 ;;
+*) sed -n '2,30p' "$0"; exit 2 ;;
 esac
