@@ -161,14 +161,7 @@ impl Cluster {
     }
 
     fn script(&self, args: &[&str]) -> Output {
-        let mut c = Command::new(cluster_script());
-        c.args(args)
-            .env("VIGIL", vigil_bin())
-            .env("TMPDIR", self.dir.path())
-            .env("PATH", path_env())
-            .env_remove("VIGIL_URI")
-            .env_remove("VIGIL_NETNS_DIR")
-            .current_dir(self.dir.path());
+        let c = self.command(args);
         run(c, SCRIPT_TIMEOUT, None)
     }
 
