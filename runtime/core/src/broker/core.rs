@@ -587,6 +587,21 @@ impl Broker {
                         let state = if state == "lost" { MemberState::Lost } else { MemberState::Offline };
                         self.members.insert(rank, (state, why, since));
                     }
+                    // The orphans of a rank lost before the restart that had not re-parented yet: waited for
+                    // again, from now (`expire_orphans` cuts off those that never come back).
+                    if self.opts.config.reparent {
+                        let (topo, size) = (self.opts.topo, self.opts.size);
+                        let due = self.now + super::reparent::REPARENT_TIMEOUT;
+                        let orphans =
+                            crate::jobs::journal::pending_orphans(&jc.resource_eventlog, |r| topo.parent(size, r));
+                        if !orphans.is_empty() {
+                            let ids: crate::idset::IdSet = orphans.keys().copied().collect();
+                            info!("ranks {ids} had lost their parent and not re-parented yet; waiting for them again");
+                        }
+                        for (c, lost) in orphans {
+                            self.orphans.insert(c, (due, lost));
+                        }
+                    }
                 } else {
                     info!("state directory {}: a new store", dir.display());
                 }

@@ -484,7 +484,11 @@ impl Broker {
     /// now (an `overlay.reparent` event naming its static parent): routes that went to its former adopter would
     /// otherwise fail, and orphans would ask it last. One that names another parent registers again after rank
     /// 0 restarted, still adopted: the route to it goes through its adopter.
+    ///
+    /// An orphan that registers (rank 0 restarted while it waited for a new parent) is waited for no longer: it is
+    /// there, under the parent it names.
     pub fn on_register(&mut self, rank: u32, current: Option<u32>) {
+        self.orphans.remove(&rank);
         let (topo, size) = self.tree();
         let Some(parent) = topo.parent(size, rank) else { return };
         if let Some(adopter) = current.filter(|p| *p != parent && *p != rank && *p < size) {
@@ -610,7 +614,9 @@ impl Broker {
             }
         }
         if let Some(jc) = self.jobcore.as_mut() {
-            let mut ctx = json!({"idset": ids.to_string(), "parent": parent});
+            // `rank`: the orphan itself (the idset is its subtree), for a restarted rank 0's
+            // `journal::pending_orphans`.
+            let mut ctx = json!({"idset": ids.to_string(), "rank": rank, "parent": parent});
             if let Some(l) = lost {
                 ctx["lost"] = json!(l);
             }

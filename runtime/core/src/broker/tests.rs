@@ -1400,6 +1400,52 @@ fn notice(b: &mut Broker, now: Time, via: u32, conn: u64, topic: &str, body: Val
     effects(b)
 }
 
+/// Rank 0 restarted on its state directory waits again for the orphans of a rank lost before it stopped (in
+/// memory only until then): one that registers again or re-parents is there, one that never comes back is cut
+/// off when its time is up, as without the restart. Found by the simulator's `restart` scenario (kary:32, seed
+/// 1): an orphan that died before re-parenting, while rank 0 was away, was never accounted for.
+#[test]
+fn a_restarted_rank_0_waits_again_for_the_orphans_of_a_rank_lost_before() {
+    use super::core::StateDir;
+    use crate::eventlog::Event;
+    let t0 = 1.8e9;
+    let lost = json!({"idset": "1", "state": "lost", "reason": "3 probes missed"});
+    let kept = crate::jobs::journal::Kept {
+        epoch: t0,
+        resource_eventlog: vec![
+            Event::with_time(t0, "online", json!({"idset": "1-14"})),
+            Event::with_time(t0 + 1.0, "offline", lost),
+        ],
+        ..Default::default()
+    };
+    let mut b = super::testing::new_broker(0, 15, Topology::Kary(2), 4, Config::default(), Time::ZERO);
+    b.restore(StateDir::Open { dir: "/state".into(), restarts: 1, failing: None }, Some(kept));
+    b.handle(t(0.0), Input::Start);
+    effects(&mut b);
+    assert_eq!(b.orphans.keys().copied().collect::<Vec<_>>(), [3, 4], "rank 1's children");
+    let due = b.orphan_deadline().expect("a deadline");
+    assert_eq!(due, Time::ZERO + super::reparent::REPARENT_TIMEOUT);
+    // Rank 3 registers again under the broker that adopted it, before or during the outage.
+    let reg = json!({"rank": 3, "hostname": "node3", "resources": {"cores": 4, "pus": 4, "numa": 1, "packages": 1,
+        "gpus": 0, "gpu_names": [], "source": "test"}, "cores": "0-3", "gpus": "", "parent": 2});
+    assert_eq!(judge(&mut b, t(0.5), 8, hello(2, "sim"), None), Ok(2));
+    notice(&mut b, t(1.0), 2, 8, "resource.register", reg);
+    assert_eq!(b.orphans.keys().copied().collect::<Vec<_>>(), [4]);
+    let online = b.jobcore.as_ref().unwrap().resource_eventlog.last().cloned().expect("an event");
+    assert_eq!((online.name.as_str(), online.context.get("parent")), ("online", Some(&json!(2))), "{online:?}");
+    // Rank 4 never comes back: cut off at the deadline.
+    b.handle(due, Input::Timer);
+    let out = effects(&mut b);
+    let cut = out.iter().any(|e| {
+        matches!(e, Effect::Send(_, m) if m.topic == "overlay.lost"
+            && m.json()["ranks"] == json!("4")
+            && m.json()["reason"].as_str().is_some_and(|r| r.starts_with("cut off: rank 1")))
+    });
+    assert!(cut, "rank 4 cut off: {out:?}");
+    assert_eq!(b.members[&4].0, MemberState::Lost);
+    assert!(b.orphans.is_empty());
+}
+
 /// A rank its parent judged torpid, whose parent is then lost, is lively again once it re-parents: the judge that
 /// could say so is gone, and its new parent judges it afresh. So are the ranks that were unreachable behind it.
 #[test]

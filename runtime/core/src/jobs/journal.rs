@@ -365,6 +365,46 @@ pub fn down_ranks(log: &[Event]) -> BTreeMap<u32, (String, String, f64)> {
     down
 }
 
+/// The orphans a restarted rank 0 still waits for, from the resource eventlog `log`: orphan → the lost rank
+/// that was its parent. A rank lost while its children had not re-parented yet leaves them waiting for a new
+/// parent (`broker/reparent.rs`); rank 0 keeps that list in memory only, so after a restart it rebuilds it from
+/// the log: each rank's parent is its static parent (`static_parent`), or the one of its last `reparent`
+/// event (`rank`, `parent`), or the one its last `online` event names (`parent`: it registered again after a
+/// restart while adopted); an orphan is a rank not down whose parent so found is down as `lost`. Each of them
+/// either registers again (it is there: `resource.register`), re-parents (`overlay.reparent`), or is cut off
+/// as before the restart. Events from older logs without those fields count as static.
+pub fn pending_orphans(log: &[Event], static_parent: impl Fn(u32) -> Option<u32>) -> BTreeMap<u32, u32> {
+    let rank_of = |v: Option<&Value>| v.and_then(Value::as_u64).and_then(|r| u32::try_from(r).ok());
+    let mut parent: BTreeMap<u32, Option<u32>> = BTreeMap::new();
+    for e in log {
+        match e.name.as_str() {
+            "reparent" => {
+                if let (Some(r), Some(p)) = (rank_of(e.context.get("rank")), rank_of(e.context.get("parent"))) {
+                    parent.insert(r, Some(p));
+                }
+            }
+            "online" => {
+                let Some(ranks) = e.context.get("idset").and_then(Value::as_str).and_then(|s| IdSet::parse(s).ok())
+                else {
+                    continue;
+                };
+                let under = rank_of(e.context.get("parent"));
+                for r in ranks.iter() {
+                    parent.insert(r, under);
+                }
+            }
+            _ => {}
+        }
+    }
+    let down = down_ranks(log);
+    let lost = |r: u32| down.get(&r).is_some_and(|d| d.0 == "lost");
+    parent
+        .into_iter()
+        .filter(|(r, _)| !down.contains_key(r))
+        .filter_map(|(r, p)| p.or_else(|| static_parent(r)).filter(|p| lost(*p)).map(|p| (r, p)))
+        .collect()
+}
+
 /// What [`JobCore::restore`] did, for the log.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Restored {
@@ -784,6 +824,36 @@ mod tests {
         assert_eq!(down.keys().copied().collect::<Vec<_>>(), [1, 2]);
         assert_eq!(down[&2], ("lost".to_string(), "3 probes missed".to_string(), T0 + 1.0));
         assert_eq!(down[&1].0, "offline");
+    }
+
+    /// The orphans a restarted rank 0 waits for: children (static, or adopted as the log says) of a rank lost,
+    /// which neither re-parented nor registered since, nor went down themselves.
+    #[test]
+    fn orphans_still_waiting_for_a_parent_are_found_again_in_the_log() {
+        let ev = |t: f64, name: &str, ctx: Value| Event::with_time(t, name, ctx);
+        // Binary tree of 15: 1 -> 3, 4; 2 -> 5, 6; 3 -> 7, 8; 4 -> 9, 10.
+        let topo = crate::topology::Topology::Kary(2);
+        let lost = |idset: &str| json!({"idset": idset, "state": "lost", "reason": "3 probes missed"});
+        let log = [
+            ev(T0, "online", json!({"idset": "1-14"})),
+            // Rank 9 was adopted by rank 5 long ago; rank 0 restarted since and it registered there.
+            ev(T0 + 1.0, "reparent", json!({"idset": "9", "rank": 9, "parent": 5})),
+            ev(T0 + 2.0, "online", json!({"idset": "9", "parent": 5})),
+            // Rank 3 lost: rank 7 re-parented, rank 8 not yet.
+            ev(T0 + 3.0, "offline", lost("3")),
+            ev(T0 + 3.1, "reparent", json!({"idset": "7", "rank": 7, "parent": 4})),
+            // Rank 5 lost: its adoptee 9 and its child 11 wait; 12 went down too.
+            ev(T0 + 4.0, "offline", lost("5")),
+            ev(T0 + 4.0, "offline", json!({"idset": "12", "state": "offline"})),
+            // Rank 6 lost, then back: its children are not orphans.
+            ev(T0 + 5.0, "offline", lost("6")),
+            ev(T0 + 6.0, "online", json!({"idset": "6"})),
+            // An event of an older broker without `rank` changes nothing.
+            ev(T0 + 7.0, "reparent", json!({"idset": "10", "parent": 3})),
+        ];
+        let orphans = pending_orphans(&log, |r| topo.parent(15, r));
+        assert_eq!(orphans, BTreeMap::from([(8, 3), (9, 5), (11, 5)]));
+        assert!(pending_orphans(&log[..2], |r| topo.parent(15, r)).is_empty(), "nobody lost: no orphan");
     }
 
     /// Save every batch the core has into `kept`.

@@ -805,6 +805,16 @@ impl JobCore {
         self.schedule(now);
     }
 
+    /// `rank`, online again just now ([`JobCore::rank_online`]), registered under `parent`, which is not its
+    /// static parent (it was adopted, and rank 0 restarted): its `online` event says so, so that a later restart
+    /// of rank 0 knows where it is ([`journal::pending_orphans`]).
+    pub fn online_under(&mut self, rank: u32, parent: u32) {
+        let Some(e) = self.resource_eventlog.last_mut() else { return };
+        if e.name == "online" && e.context.get("idset").and_then(Value::as_str) == Some(rank.to_string().as_str()) {
+            e.context.insert("parent".into(), json!(parent));
+        }
+    }
+
     /// Drain `ranks` with `reason` (`flux resource drain`): no new work is placed on them. A rank drained already
     /// is refused, naming it, unless `mode` says otherwise ([`DrainMode`]). The resource eventlog's `drain` event
     /// names the ranks whose reason it set.

@@ -75,6 +75,9 @@ fn register(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     core.members.insert(rank, (MemberState::Online, String::new(), n));
     if let Some(jc) = core.jobcore.as_mut() {
         jc.rank_online(n, rank, &hostname, cores, gpus, (topology, dg));
+        if let Some(&p) = core.adopted.get(&rank) {
+            jc.online_under(rank, p);
+        }
         if let Some(jobs) = req.jobs {
             jc.rank_jobs(n, rank, &jobs);
         }
