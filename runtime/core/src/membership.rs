@@ -373,10 +373,26 @@ impl Membership {
                 if p.kernel_reply.is_none() || misses < self.cfg.probe_misses {
                     return vec![];
                 }
+                // Our parent is the one node we probe: no other child of ours can say whether the links slowed
+                // down rather than the node died (`probe::correlated_silence`), and a false verdict ends this
+                // broker or tears its subtree off its parent. So its missed probes only stop vouching for its
+                // node: it is then judged by the TCP rule, confirmed (`broker/confirm.rs`), unless its broker has
+                // also been silent for `tbon.torpid_max` (times our lateness).
+                let silent = now - p.last_traffic;
+                let wait = self.cfg.torpid_max * self.lateness;
+                if rank == crate::broker::core::PARENT && silent < wait {
+                    p.kernel_reply = None;
+                    return vec![];
+                }
                 let why = format!(
                     "node not responding: {misses} heartbeat probes unanswered by its kernel past its reply time \
-                     (every {:.0} ms)",
+                     (every {:.0} ms){}",
                     self.cfg.probe_period * 1e3,
+                    if rank == crate::broker::core::PARENT {
+                        format!(", and its broker silent {:.0} ms", silent * 1e3)
+                    } else {
+                        String::new()
+                    }
                 );
                 self.set(rank, PeerState::Lost, why).into_iter().collect()
             }
@@ -699,6 +715,22 @@ mod tests {
         let t = m.signal(0.09, 1, Signal::ProbeMissed { misses: cfg.probe_misses });
         assert_eq!(t[0].to, PeerState::Lost);
         assert!(t[0].reason.contains("unanswered by its kernel"), "{}", t[0].reason);
+
+        // The parent's misses alone make no verdict (a child has no other child to compare with, so links that
+        // slowed down look, by probes alone, like a dead parent): they stop vouching for its node, which is then
+        // judged by the TCP rule, confirmed.
+        let mut m = self::m();
+        m.signal(0.0, PARENT_KEY, Signal::Connected);
+        m.signal(0.06, PARENT_KEY, Signal::ProbeReply { kernel: true, alive: true, hb_age: 0.01 });
+        m.signal(0.1, PARENT_KEY, Signal::Traffic);
+        for (i, t) in [0.12, 0.2, 0.4].into_iter().enumerate() {
+            let tr = m.signal(t, PARENT_KEY, Signal::ProbeMissed { misses: cfg.probe_misses + i as u32 });
+            assert!(tr.is_empty(), "parent judged on probes alone: {tr:?}");
+        }
+        m.signal(0.45, PARENT_KEY, Signal::KernelAck { unacked: 2, last_ack_age: 0.3 });
+        m.signal(0.45 + cfg.lost_timeout + 0.01, PARENT_KEY, Signal::KernelAck { unacked: 2, last_ack_age: 0.5 });
+        m.tick(0.45 + cfg.lost_timeout + 0.01);
+        assert_eq!(m.take_suspects(), vec![PARENT_KEY], "no longer vouched for: the TCP rule suspects it");
 
         // Broker dead per the kernel: lost at once.
         let mut m = self::m();

@@ -259,8 +259,9 @@ fn a_dead_orphan_accepted_late_by_a_stopped_candidate_is_lost() {
     let cand = crate::broker::reparent::candidates(topo, n, 4, 1)[0];
     sim.fault_at(Time::from_secs_f64(1.0), Fault::Stall(cand, Duration::from_secs(5)));
     sim.fault_at(Time::from_secs_f64(1.0), Fault::NodeLoss(1));
-    // Rank 4's hello waits in the stopped candidate; its node dies before the attempt times out.
-    sim.fault_at(Time::from_secs_f64(1.2), Fault::NodeLoss(4));
+    // Rank 4's hello waits in the stopped candidate; its node dies before the attempt times out (its verdict on
+    // rank 1 comes about 290 ms after the loss: the TCP rule, confirmed; its candidate timeout is 500 ms).
+    sim.fault_at(Time::from_secs_f64(1.5), Fault::NodeLoss(4));
     sim.run_until(Time::from_secs_f64(6.5));
     assert!(sim.broker(cand).expect("the candidate runs").children.contains_key(&4), "the late hello is accepted");
     sim.run_until(Time::from_secs_f64(14.0));
@@ -289,12 +290,13 @@ fn a_request_in_flight_to_a_node_that_dies_gets_ehostunreach() {
     assert_eq!(sim.responses[&tag].0, crate::message::errno::EHOSTUNREACH);
 }
 
-/// Why children probe their parent's node: without a prober, an orphan judges its silent parent on TCP alone
-/// (unacknowledged data for `tbon.lost_timeout`, 120 ms, sampled each heartbeat, then confirmed by its own check of
-/// the parent's node, which waits as long again: `broker/confirm.rs`), while the router's parent has the probe rule
-/// (3 probes of 10 ms). Probing the parent's node, the orphans' verdict comes with the probe rule's.
+/// An orphan judges its silent parent on TCP (unacknowledged data for `tbon.lost_timeout`, 120 ms, sampled each
+/// heartbeat, then confirmed by its own check of the parent's node, which waits as long again:
+/// `broker/confirm.rs`), with or without probing the parent's node: missed probes of the one node a child probes
+/// only stop vouching for it (`membership.rs`; a child cannot tell a dead parent from links that slowed down at
+/// once), so that the TCP rule may judge it. Probing never makes the verdict slower.
 #[test]
-fn an_orphan_judges_its_silent_parent_by_the_probe_rule_and_on_tcp_alone_without_a_prober() {
+fn an_orphan_judges_its_silent_parent_on_tcp_confirmed_whether_it_probes_it_or_not() {
     let verdict = |probe_parent: bool| {
         let mut cfg = routers_cfg(256, 4, 1);
         cfg.probe_parent = probe_parent;
@@ -303,7 +305,7 @@ fn an_orphan_judges_its_silent_parent_by_the_probe_rule_and_on_tcp_alone_without
     };
     let (tcp, probes) = (verdict(false), verdict(true));
     assert!(tcp.0 >= 240.0 && tcp.2 <= 340.0, "TCP rule: {tcp:?}");
-    assert!(probes.2 <= 50.0, "probe rule: {probes:?}");
+    assert!(probes.0 >= 240.0 && probes.2 <= 340.0, "probing the parent: {probes:?}");
 }
 
 /// Rank 0 killed and restarted on its state directory three times while the `churn` faults and jobs go on: no
