@@ -22,6 +22,7 @@ mod placement;
 pub(crate) mod rdma_link;
 pub mod secure;
 mod spawn;
+mod statedir_io;
 // Public only for `vigil-bench restart`, which fills a store with the real `Store::commit`; not an API.
 #[doc(hidden)]
 pub mod redo;
