@@ -14,6 +14,7 @@
 mod cgroup;
 pub mod config;
 pub(crate) mod detect;
+mod discover;
 mod driver;
 mod link_set;
 mod local;
@@ -33,4 +34,5 @@ mod upgrade;
 // The broker's rules (`vigil-core`), under the paths this crate's driver and simulator use.
 pub(crate) use vigil_core::broker::{confirm, core, liveness};
 
-pub use self::driver::{discover_in_child_to, discover_node_main, run, BrokerOptions, ListenSpec};
+pub use self::discover::{discover_in_child_to, discover_node_main};
+pub use self::driver::{run, BrokerOptions, ListenSpec};
