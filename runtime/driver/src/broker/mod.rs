@@ -17,6 +17,7 @@ pub(crate) mod detect;
 mod discover;
 mod driver;
 mod link_set;
+mod links_up;
 mod local;
 mod ofi_link;
 mod placement;

@@ -1,0 +1,400 @@
+//! How a broker's overlay links come up: accepting its children ([`accept_children`]: the handshake, then the
+//! hello, each off the loop) and connecting to its parent ([`connect_parent`]: the first one at start, an
+//! adoptive one after a loss), and whether a peer's node answers at all ([`node_answers`]).
+//!
+//! What the links are is `transport.rs`'s (with `secure.rs` for the handshake and `upgrade.rs` for moving a link
+//! onto another transport after its hello); the loop that polls them is `link_set.rs`'s; what the broker makes
+//! of a hello, and the effects that accept or refuse a child or ask for a parent, are `driver.rs`'s.
+
+use super::driver::Event;
+use super::secure;
+use super::transport::{
+    local_ip, merge, peer_ip, tune_tcp, Link, LinkChoice, LinkEvent, LinkTx, Transport, TCP_USER_TIMEOUT_MS,
+};
+use super::upgrade::{Answers, Upgrades};
+use super::BrokerOptions;
+use crate::message::{Message, MsgType};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+/// A parent link just made ([`connect_parent`]).
+pub(crate) struct ParentLink {
+    pub(super) link: Link,
+    pub(super) choice: LinkChoice,
+    /// The parent node's heartbeat responder: its overlay address and the parent broker's probe port (from its
+    /// `hello-ack`; none from a parent without detectors).
+    pub(super) probe: Option<std::net::SocketAddr>,
+}
+
+/// A child's overlay link.
+pub(super) struct ChildLink {
+    pub(super) tx: LinkTx,
+    pub(super) conn: u64,
+    pub(super) sock: Option<std::os::fd::OwnedFd>,
+    pub(super) tasks: Vec<tokio::task::AbortHandle>,
+    /// The connection's 4-tuple as registered with the TCP watcher.
+    pub(super) tuple: Option<vigil_ebpf::TcpTuple>,
+}
+
+impl Drop for ChildLink {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// A would-be child's link while the broker judges its hello.
+pub(super) struct PendingChild {
+    pub(super) link: Link,
+    pub(super) answers: Answers,
+    pub(super) probe_port: Option<u16>,
+}
+
+/// Accept child connections: each runs the responder's handshake ([`secure::respond`]) under the bounds stated
+/// in `secure` (pending connections, message sizes, time), then must send a `hello` as its first message.
+pub(super) async fn accept_children(
+    l: tokio::net::TcpListener,
+    tx: mpsc::UnboundedSender<Event>,
+    auth: std::sync::Arc<secure::LinkAuth>,
+    upgrades: std::sync::Arc<Upgrades>,
+    refusals: std::sync::Arc<std::sync::Mutex<secure::RefusalLog>>,
+) {
+    let slots = std::sync::Arc::new(secure::HandshakeSlots::default());
+    // One place decides what to log about refused peers (see `secure::RefusalLog`).
+    let note = {
+        let refusals = refusals.clone();
+        move |addr: std::net::SocketAddr, why: &dyn std::fmt::Display| {
+            let (warn, unlogged) =
+                refusals.lock().map(|mut r| r.refused(addr.ip(), Instant::now())).unwrap_or((false, None));
+            if let Some(n) = unlogged {
+                warn!("overlay listener: {n} more refused connection(s) in the last minute were not logged (vigil uptime counts them all)");
+            }
+            if warn {
+                warn!("overlay peer {addr}: {why}");
+            } else {
+                debug!("overlay peer {addr}: {why}");
+            }
+        }
+    };
+    let note = std::sync::Arc::new(note);
+    let mut conn: u64 = 0;
+    loop {
+        let (s, addr) = match l.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                warn!("overlay accept: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let id = match slots.admit(addr.ip()) {
+            secure::Admission::Admitted(id) => id,
+            secure::Admission::Evicted(id) => {
+                note(
+                    addr,
+                    &format_args!(
+                        "{} connections already wait for their handshake: the oldest was closed to admit this one",
+                        secure::MAX_PENDING_HANDSHAKES
+                    ),
+                );
+                id
+            }
+            secure::Admission::AddressFull => {
+                note(
+                    addr,
+                    &format_args!(
+                        "closed: {} connections from this address already wait for their handshake",
+                        secure::MAX_PENDING_PER_ADDRESS
+                    ),
+                );
+                continue;
+            }
+        };
+        tune_tcp(&s, TCP_USER_TIMEOUT_MS);
+        let (mut s, dup) = super::transport::raise_socket(s);
+        conn += 1;
+        let c = conn;
+        let tx = tx.clone();
+        let upgrades = upgrades.clone();
+        let auth = auth.clone();
+        let note = note.clone();
+        let slot_guard = SlotGuard(slots.clone(), id);
+        let keyed_slots = slots.clone();
+        let task = tokio::spawn(async move {
+            let session = match secure::respond_keyed(&mut s, &auth, || keyed_slots.keyed(id)).await {
+                Ok(x) => x,
+                Err(e) => {
+                    note(addr, &format_args!("refused: {e}"));
+                    return;
+                }
+            };
+            drop(slot_guard);
+            let mut link = super::transport::secure_link(s, session, addr.to_string(), dup);
+            // The first message must be a hello; the handshake's record already holds it.
+            let first = tokio::time::timeout(secure::HANDSHAKE_TIMEOUT, link.rx.recv()).await;
+            match first {
+                Ok(Some(LinkEvent::Message(m))) if m.msgtype == MsgType::Control && m.topic == "hello" => {
+                    // Answer the child's transport offers here, off the loop (opening a device takes
+                    // milliseconds).
+                    let local = link.sock.as_ref().and_then(local_ip);
+                    let answers = upgrades.answer(local, &m.json()).await;
+                    let _ = tx.send(Event::ChildHello { conn: c, msg: m, link, answers });
+                }
+                Ok(Some(LinkEvent::Message(m))) => {
+                    warn!("overlay peer {addr}: expected hello, got {:?} '{}'; disconnecting", m.msgtype, m.topic);
+                }
+                Ok(Some(LinkEvent::Closed(why))) => warn!("overlay peer {addr} disconnected before hello: {why}"),
+                Ok(None) => {}
+                Err(_) => warn!(
+                    "overlay peer {addr}: no hello within {}s; disconnecting",
+                    secure::HANDSHAKE_TIMEOUT.as_secs()
+                ),
+            }
+        });
+        slots.attach(id, task.abort_handle());
+    }
+}
+
+/// Frees a connection's handshake slot however its task ends (done, failed, or aborted to make room).
+struct SlotGuard(std::sync::Arc<secure::HandshakeSlots>, u64);
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        self.0.release(self.1);
+    }
+}
+
+/// Whether the node at `addr` (an IP and a port no TCP listener is expected on: a broker's UDP probe port) answers
+/// a TCP connection attempt within `wait`: its kernel sends a SYN-ACK, or a reset where nothing listens, from its
+/// receive path, whatever its processes do; a dead node or a cut link sends nothing (`confirm.rs` in the core).
+pub(super) async fn node_answers(addr: std::net::SocketAddr, wait: Duration) -> bool {
+    match tokio::time::timeout(wait, tokio::net::TcpStream::connect(addr)).await {
+        Ok(Ok(_)) => true,
+        Ok(Err(e)) => e.kind() == std::io::ErrorKind::ConnectionRefused,
+        Err(_) => false,
+    }
+}
+
+/// Connect to the parent at `ep` (retrying until `tbon.connect_timeout`), say hello (asking to be adopted in
+/// place of the lost rank `adopt`, if given) and move the link onto the transport the hello agrees.
+pub(super) async fn connect_parent(
+    opts: &BrokerOptions,
+    transport: &dyn Transport,
+    upgrades: &Upgrades,
+    probe_port: Option<u16>,
+    ep: &str,
+    adopt: Option<u32>,
+) -> Result<ParentLink, String> {
+    let deadline = Instant::now() + Duration::from_secs_f64(opts.connect_timeout.clamp(0.0, 1e7));
+    let mut delay = Duration::from_millis(5);
+    let mut last_error = String::from("no answer");
+    let mut warned = false;
+    loop {
+        match transport.connect(ep.to_string()).await {
+            Ok(mut link) => {
+                // Offer the transports tbon.transport allows on our end of this connection (upgrade.rs).
+                let local = link.sock.as_ref().and_then(local_ip);
+                let offers = upgrades.offer(local)?;
+                let mut fields = merge(
+                    super::liveness::hello_payload(opts.rank, &opts.instance, opts.size, &opts.topo, &opts.hostname),
+                    json!({"probe_port": probe_port}),
+                );
+                if let Some(lost) = adopt {
+                    // Asking to be adopted: our parent `lost` was lost (see reparent.rs).
+                    fields["adopt"] = json!(lost);
+                }
+                let fields = merge(fields, offers.hello_fields());
+                let hello = Message::control("hello", &fields);
+                let _ = link.tx.send(hello);
+                match tokio::time::timeout(Duration::from_secs(10), link.rx.recv()).await {
+                    Ok(Some(LinkEvent::Message(m))) if m.topic == "hello-ack" => {
+                        let ack = m.json();
+                        let (link, choice) = offers.finish(&ack, link).await?;
+                        info!("overlay link to parent: {}", choice.describe());
+                        // Its node's responder, which our prober asks too (see `Broker::probe_parent`).
+                        let port = ack.get("probe_port").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok());
+                        let ip = link.sock.as_ref().and_then(peer_ip);
+                        let probe = ip.zip(port).map(|(ip, port)| std::net::SocketAddr::new(ip, port));
+                        return Ok(ParentLink { link, choice, probe });
+                    }
+                    Ok(Some(LinkEvent::Message(m))) if m.topic == "refused" => {
+                        return Err(format!("parent at {ep} refused us: {}", m.errstr().unwrap_or_default()))
+                    }
+                    other => {
+                        // A parent that stops (a restart of rank 0) closes the connections of its handshakes.
+                        let what = match other {
+                            Ok(Some(LinkEvent::Message(m))) => format!("it answered '{}' to our hello", m.topic),
+                            Ok(Some(LinkEvent::Closed(why))) => format!("it closed the connection ({why})"),
+                            Ok(None) => "it closed the connection".to_string(),
+                            Err(_) => "no answer to our hello in 10 s".to_string(),
+                        };
+                        warn!("parent at {ep}: no handshake: {what}; retrying");
+                    }
+                }
+            }
+            Err(e) => {
+                debug!("connect {ep}: {e}");
+                if adopt.is_some() && e.kind() == std::io::ErrorKind::ConnectionRefused {
+                    // A candidate adoptive parent is up or it is not: nothing listens there, try the next one now
+                    // (a first parent, by contrast, may still be starting: retried until tbon.connect_timeout).
+                    return Err(format!("nothing listens at {ep} ({e})"));
+                }
+                last_error = match e.kind() {
+                    // The parent closes a connection whose handshake fails: the keys (or instance ids) differ, or
+                    // its listener is flooded. Its own log says which.
+                    std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::PermissionDenied => {
+                        let why = format!(
+                            "the parent closed our authentication handshake ({e}): it holds another overlay key or \
+                             instance id, or its listener is flooded with connections (its log says which)"
+                        );
+                        if !warned {
+                            warn!(
+                                "parent at {ep}: {why}; retrying for up to {}s (tbon.connect_timeout)",
+                                opts.connect_timeout
+                            );
+                            warned = true;
+                        }
+                        why
+                    }
+                    _ => e.to_string(),
+                };
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("could not connect to parent at {ep} within {}s: {last_error}", opts.connect_timeout));
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(200));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::core::Peer;
+    use crate::broker::link_set::LinkSet;
+    use crate::broker::transport::{MemNetwork, MemTransport};
+    use crate::broker::ListenSpec;
+    use crate::hwloc::TopologySource;
+    use crate::topology::Topology;
+    use std::path::PathBuf;
+
+    /// Rank `rank` of a 2-broker instance whose parent listens at `mem://rank0`.
+    fn options(rank: u32, config: crate::attrs::BrokerConfig) -> BrokerOptions {
+        let topo: Topology = "kary:2".parse().expect("a topology");
+        BrokerOptions {
+            rank,
+            size: 2,
+            topo,
+            hostname: format!("node{rank}"),
+            instance: "mem".into(),
+            endpoints: vec!["mem://rank0".into(), "mem://rank1".into()],
+            hosts: Vec::new(),
+            listen: ListenSpec::Endpoint(String::new()),
+            rundir: PathBuf::from("/nonexistent/vigil-mem"),
+            config,
+            initial_program: None,
+            topology: TopologySource::Live,
+            declared_gpus: None,
+            discovered: None,
+            connect_timeout: 5.0,
+            resources_override: None,
+            parent_uri: None,
+            key: crate::keyfile::OverlayKey::from_hex(&"5a".repeat(32)).expect("a valid key"),
+        }
+    }
+
+    /// The parent's side of a hello, as the driver does it (answers from `upgrades`, then the hello-ack): the
+    /// hello it got, and its end of the link with what it runs on.
+    async fn answer_one(
+        listener: &mut crate::broker::transport::MemListener,
+        upgrades: &Upgrades,
+    ) -> (Value, Link, LinkChoice) {
+        let mut link = listener.accept().await.expect("a connection");
+        let Some(LinkEvent::Message(hello)) = link.rx.recv().await else { panic!("no hello") };
+        let answers = upgrades.answer(None, &hello.json()).await;
+        assert!(answers.refusal().is_none());
+        let ack = merge(json!({"rank": 0, "probe_port": null}), answers.ack_fields());
+        link.tx.send(Message::control("hello-ack", &ack)).expect("sent");
+        let (link, choice) = answers.accept(link).expect("accepted");
+        (hello.json(), link, choice)
+    }
+
+    /// Two brokers' ends of a parent link over in-memory pipes: the child's hello (with its transports' offers and
+    /// an adoption request), the parent's answers, the reasons the link stays on TCP, then messages both ways
+    /// through the loop's link set.
+    #[tokio::test]
+    async fn a_parent_link_over_in_memory_pipes() {
+        let config = crate::attrs::BrokerConfig { ofi_provider: "no-such-provider".into(), ..Default::default() };
+        let net = MemNetwork::default();
+        let mut listener = net.listen("rank0");
+        let parent_upgrades = Upgrades::new(&config);
+        let parent = tokio::spawn(async move { answer_one(&mut listener, &parent_upgrades).await });
+        let child = options(1, config.clone());
+        let transport = MemTransport { net, name: "rank1".into() };
+        let ParentLink { link, choice, probe } =
+            connect_parent(&child, &transport, &Upgrades::new(&config), Some(4242), "mem://rank0", Some(3))
+                .await
+                .expect("connected");
+        let (hello, p_link, p_choice) = parent.await.expect("parent side");
+        assert_eq!(
+            (hello["rank"].as_u64(), hello["probe_port"].as_u64(), hello["adopt"].as_u64()),
+            (Some(1), Some(4242), Some(3))
+        );
+        assert!(hello["rdma_unavailable"].is_string() && hello["ofi_unavailable"].is_string(), "{hello}");
+        assert_eq!((choice.transport, p_choice.transport), ("tcp", "tcp"));
+        assert!(
+            choice.detail.starts_with("this side: local address of the overlay connection unknown; "),
+            "{}",
+            choice.detail
+        );
+        assert!(p_choice.detail.starts_with("child: "), "{}", p_choice.detail);
+        assert!(probe.is_none(), "no socket, no parent address to probe");
+        // Messages both ways, each end's receiving half polled by a link set as the driver's loop does.
+        let mut child_links = LinkSet::default();
+        child_links.insert(Peer::Parent, 0, link.rx);
+        let mut parent_links = LinkSet::default();
+        parent_links.insert(Peer::Child(1), 7, p_link.rx);
+        link.tx.send(Message::request("broker.ping", 0, &json!({}))).expect("sent");
+        let ev = std::future::poll_fn(|cx| parent_links.poll_next(cx)).await;
+        assert!(matches!(ev, Event::Peer(Peer::Child(1), 7, m) if m.topic == "broker.ping"));
+        p_link.tx.send(Message::control("hb", &json!({}))).expect("sent");
+        let ev = std::future::poll_fn(|cx| child_links.poll_next(cx)).await;
+        assert!(matches!(ev, Event::Peer(Peer::Parent, 0, m) if m.topic == "hb"));
+        // The parent goes away: the child's loop sees its link close.
+        drop(p_link.tx);
+        let ev = std::future::poll_fn(|cx| child_links.poll_next(cx)).await;
+        assert!(matches!(ev, Event::PeerClosed(Peer::Parent, 0, _)));
+    }
+
+    /// A parent that refuses the child (here: it requires libfabric, which the child cannot offer): the child
+    /// gets the parent's reason.
+    #[tokio::test]
+    async fn a_refused_child_is_told_why() {
+        let net = MemNetwork::default();
+        let mut listener = net.listen("rank0");
+        let strict = crate::attrs::BrokerConfig {
+            transport: crate::attrs::Transport::Ofi,
+            ofi_provider: "no-such-provider".into(),
+            ..Default::default()
+        };
+        let parent = tokio::spawn(async move {
+            let mut link = listener.accept().await.expect("a connection");
+            let Some(LinkEvent::Message(hello)) = link.rx.recv().await else { panic!("no hello") };
+            let why = Upgrades::new(&strict).answer(None, &hello.json()).await.refusal().expect("refused");
+            link.tx.send(Message::control("refused", &json!({"errstr": why}))).expect("sent");
+            link
+        });
+        let config = crate::attrs::BrokerConfig { ofi_provider: "no-such-provider".into(), ..Default::default() };
+        let transport = MemTransport { net, name: "rank1".into() };
+        let r =
+            connect_parent(&options(1, config.clone()), &transport, &Upgrades::new(&config), None, "mem://rank0", None)
+                .await;
+        let e = r.err().expect("refused");
+        assert!(e.starts_with("parent at mem://rank0 refused us: tbon.transport=ofi but "), "{e}");
+        drop(parent.await);
+    }
+}
