@@ -4,7 +4,8 @@
 //!
 //! What the links are is `transport.rs`'s (with `secure.rs` for the handshake and `upgrade.rs` for moving a link
 //! onto another transport after its hello); the loop that polls them is `link_set.rs`'s; what the broker makes
-//! of a hello, and the effects that accept or refuse a child or ask for a parent, are `driver.rs`'s.
+//! of a hello is `driver.rs`'s, and carrying out the effects that accept or refuse a child or ask for a parent is
+//! `effects.rs`'s.
 
 use super::driver::Event;
 use super::secure;

@@ -16,6 +16,7 @@ pub mod config;
 pub(crate) mod detect;
 mod discover;
 mod driver;
+mod effects;
 mod link_set;
 mod links_up;
 mod local;

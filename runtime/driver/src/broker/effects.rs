@@ -1,0 +1,468 @@
+//! The effect executor: [`Driver::execute`] carries out each [`Effect`] the broker hands back (a message to
+//! send, a child to accept, a parent to connect to, a node to check, a shell to start or signal...), including
+//! starting job shells ([`Driver::spawn_shell`]) and the initial program ([`run_initial`]).
+//!
+//! Where the effects come from, and where the inputs they produce go back to the broker, is `driver.rs`'s
+//! ([`Driver::flush`]). A shell's process is created in its cgroup by `spawn.rs`, its cgroup made by
+//! `cgroup.rs`, its tasks placed by `placement.rs`; a parent link is made by `links_up.rs`.
+
+use super::confirm::CheckTarget;
+use super::core::{Effect, Input, Peer, PARENT};
+use super::driver::{Driver, Event};
+use super::links_up::{connect_parent, node_answers, ChildLink};
+use super::transport::{merge, tcp_ack_state, Link, TcpTransport};
+use crate::jobs::JobId;
+use crate::message::{errno, Message, MsgType, FLAG_NORESPONSE};
+use crate::shellproto::{ShellInput, ShellReport};
+use serde_json::json;
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+impl Driver {
+    /// Carry out one effect; inputs it produces go on `queue`.
+    pub(super) fn execute(&mut self, e: Effect, queue: &mut VecDeque<Input>) {
+        match e {
+            Effect::Send(peer, msg) => {
+                let tx = match peer {
+                    Peer::Parent => self.parent.as_ref(),
+                    Peer::Child(r) => self.children.get(&r).map(|c| &c.tx),
+                    Peer::Local(id) => self.locals.get(&id),
+                };
+                let r = match tx {
+                    Some(t) => t.send(msg),
+                    None => Err(msg),
+                };
+                if let Err(msg) = r {
+                    if msg.msgtype == MsgType::Request && msg.flags & FLAG_NORESPONSE == 0 {
+                        queue.push_back(Input::Bounced(peer, msg));
+                    }
+                }
+            }
+            Effect::AcceptChild { conn, rank } => {
+                let Some(p) = self.pending.remove(&conn) else { return };
+                // Our probe port: the child probes our node's responder as we probe its (`probe_parent`).
+                let me = json!({"rank": self.broker.rank(), "probe_port": self.detect.as_ref().map(|d| d.probe_port)});
+                let ack = merge(me, p.answers.ack_fields());
+                let _ = p.link.tx.send(Message::control("hello-ack", &ack));
+                let Some((link, choice)) = p.answers.accept(p.link) else { return };
+                info!("overlay link to child rank {rank}: {}", choice.describe());
+                let Link { tx, rx, peer, sock, tasks } = link;
+                let tuple = sock.as_ref().and_then(|s| self.detect.as_ref().and_then(|d| d.watch_link(rank, s)));
+                if let (Some(d), Some(port)) = (self.detect.as_mut(), p.probe_port) {
+                    if let Ok(addr) = peer.parse::<std::net::SocketAddr>() {
+                        d.probe_child(rank, std::net::SocketAddr::new(addr.ip(), port));
+                    }
+                }
+                self.children.insert(rank, ChildLink { tx, conn, sock, tasks, tuple });
+                self.links.insert(Peer::Child(rank), conn, rx);
+            }
+            Effect::RefuseChild { conn, why } => {
+                if let Some(p) = self.pending.remove(&conn) {
+                    // Its writer flushes this and ends when the link is dropped here.
+                    let _ = p.link.tx.send(Message::control("refused", &json!({"errstr": why})));
+                }
+            }
+            Effect::DropLink(Peer::Parent, _) => {
+                self.parent = None;
+                self.parent_sock = None;
+                if let (Some(t), Some(d)) = (self.parent_tuple.take(), self.detect.as_ref()) {
+                    d.unwatch_link(t);
+                }
+                self.probe_parent(None);
+            }
+            Effect::ConnectParent { rank, lost, timeout } => {
+                self.parent_gen += 1;
+                let gen = self.parent_gen;
+                let mut opts = self.broker.opts.clone();
+                opts.connect_timeout = timeout.as_secs_f64();
+                let ep = opts.endpoints.get(rank as usize).cloned();
+                let transport = TcpTransport { auth: self.auth.clone() };
+                let upgrades = self.upgrades.clone();
+                let probe_port = self.detect.as_ref().map(|d| d.probe_port);
+                let tx = self.input_tx.clone();
+                tokio::spawn(async move {
+                    let result = match ep {
+                        Some(ep) => connect_parent(&opts, &transport, &upgrades, probe_port, &ep, Some(lost))
+                            .await
+                            .map_err(|e| format!("rank {rank}: {e}")),
+                        None => Err(format!("no endpoint known for rank {rank}")),
+                    };
+                    let _ = tx.send(Event::ParentLink { gen, result });
+                });
+            }
+            Effect::DropLink(Peer::Child(r), conn) => {
+                if self.children.get(&r).is_some_and(|c| c.conn == conn) {
+                    self.children.remove(&r);
+                }
+            }
+            Effect::DropLink(Peer::Local(id), _) => {
+                self.locals.remove(&id);
+            }
+            Effect::ForgetChild(r) => {
+                let tuple = self.children.get(&r).and_then(|c| c.tuple);
+                if let Some(d) = self.detect.as_ref() {
+                    d.prober_cmd(super::detect::ProbeCmd::Remove(r));
+                    if let Some(t) = tuple {
+                        d.unwatch_link(t);
+                    }
+                }
+            }
+            Effect::Beat => {
+                if let Some(d) = self.detect.as_mut() {
+                    d.beat_clock();
+                }
+            }
+            Effect::Heartbeat | Effect::SampleAcks => {
+                if matches!(e, Effect::Heartbeat) {
+                    if let Some(d) = self.detect.as_mut() {
+                        d.beat();
+                    }
+                }
+                let mut samples = Vec::with_capacity(self.children.len() + 1);
+                if self.parent.is_some() {
+                    if let Some((unacked, age_ms, rtt_us)) = self.parent_sock.as_ref().and_then(tcp_ack_state) {
+                        samples.push((PARENT, unacked, f64::from(age_ms) / 1e3, f64::from(rtt_us) / 1e6));
+                    }
+                }
+                for (&r, c) in &self.children {
+                    if let Some((unacked, age_ms, rtt_us)) = c.sock.as_ref().and_then(tcp_ack_state) {
+                        samples.push((r, unacked, f64::from(age_ms) / 1e3, f64::from(rtt_us) / 1e6));
+                    }
+                }
+                if !samples.is_empty() {
+                    queue.push_back(Input::AckSamples(samples));
+                }
+            }
+            Effect::SpawnShell { id, mut input, tmpdir } => {
+                // This broker's placement, whatever the input that came over the overlay said.
+                input.placement = self.placer.place(&input);
+                let result = self.spawn_shell(id, &input, tmpdir);
+                queue.push_back(Input::ShellStarted { id, result });
+            }
+            Effect::SignalShell { id, signal } => {
+                if let Some(&pgid) = self.shells.get(&id) {
+                    // SAFETY: killpg with a pgid we created (the shell's own group) and a plain signal number.
+                    unsafe { libc::killpg(pgid, signal) };
+                }
+            }
+            Effect::KillShells => {
+                for pgid in self.shells.values() {
+                    let _ =
+                        nix::sys::signal::killpg(nix::unistd::Pid::from_raw(*pgid), nix::sys::signal::Signal::SIGKILL);
+                }
+            }
+            Effect::StartInitial(argv) => {
+                let tx = self.input_tx.clone();
+                let uri = self.broker.env.local_uri.clone();
+                tokio::spawn(async move {
+                    let code = run_initial(argv, uri, tx.clone()).await;
+                    let _ = tx.send(Event::InitialExit(code));
+                });
+            }
+            Effect::CheckNode { token, target, wait } => {
+                let addr = match target {
+                    CheckTarget::Parent => self.parent_check,
+                    CheckTarget::Node { node, port } => node
+                        .parse::<std::net::SocketAddr>()
+                        .ok()
+                        .zip(port)
+                        .map(|(a, p)| std::net::SocketAddr::new(a.ip(), p)),
+                };
+                match addr {
+                    None => queue.push_back(Input::NodeChecked { token, answered: None }),
+                    Some(addr) => {
+                        let tx = self.input_tx.clone();
+                        tokio::spawn(async move {
+                            let answered = node_answers(addr, wait).await;
+                            let _ = tx.send(Event::NodeChecked { token, answered: Some(answered) });
+                        });
+                    }
+                }
+            }
+            Effect::SignalInitial(sig) => {
+                if let Some(pg) = self.initial_pgid {
+                    // SAFETY: killpg on the initial program's own process group with a plain signal number.
+                    unsafe { libc::killpg(pg, sig) };
+                }
+            }
+            Effect::WriteFile(path, contents) => {
+                if let Err(e) = std::fs::write(&path, contents) {
+                    warn!("cannot write {}: {e}", path.display());
+                }
+            }
+            Effect::ReportNested { uri, report } => {
+                tokio::spawn(async move {
+                    match crate::client::Client::connect(&uri).await {
+                        Ok(c) => {
+                            if let Err(e) = c.rpc("job-exec.nested", 0, &report).await {
+                                warn!("could not report to the enclosing instance: {e}");
+                            }
+                        }
+                        Err(e) => warn!("could not reach the enclosing instance at {uri}: {e}"),
+                    }
+                });
+            }
+            Effect::WatchPid(pid) => match self.detect.as_mut() {
+                None => queue.push_back(Input::WatchFailed(
+                    pid,
+                    errno::ENOSYS,
+                    "no failure detectors on this broker".into(),
+                )),
+                Some(d) if !d.watch_pid(pid) => queue.push_back(Input::WatchFailed(
+                    pid,
+                    errno::ENOSYS,
+                    "the process-exit detector is not loaded (yet)".into(),
+                )),
+                Some(_) => {
+                    self.watched.insert(pid);
+                }
+            },
+        }
+    }
+
+    /// Start job `id`'s shell: its input on stdin, its report read from stdout, its exit reported as
+    /// [`Event::ShellDone`]. Returns its pid (also its process group).
+    fn spawn_shell(&mut self, id: JobId, input: &ShellInput, tmpdir: PathBuf) -> Result<i32, String> {
+        use std::ffi::OsString;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let path = self.shell_path();
+        let detector_rank = self.broker.opts.config.detector_rank.unwrap_or(self.broker.rank());
+        let args = [OsString::from(format!("--jobid={id}"))];
+        let mut env: Vec<(OsString, OsString)> = vec![
+            (crate::client::URI_ENV.into(), self.broker.env.local_uri.clone().into()),
+            (crate::shellproto::DETECTOR_RANK_ENV.into(), detector_rank.to_string().into()),
+        ];
+        // Its cgroup, which the shell is created in, or moved into before it reads its input (see cgroup.rs).
+        let cgroup = match self.containment.as_ref() {
+            super::cgroup::Containment::Cgroup(c) => match c.job(id) {
+                Ok(cg) => Some(cg),
+                Err(e) => {
+                    warn!("job {id}: {e}; its shell is kept by its process group only");
+                    None
+                }
+            },
+            super::cgroup::Containment::ProcessGroups(_) => None,
+        };
+        // Its memory limit (`-o memory=SIZE`, checked at submit): applied, or the shell tells the job why not.
+        if let Some(v) = input.options.get("memory") {
+            let why = match (v.as_str().map(crate::shellproto::parse_memory_size), self.containment.as_ref(), &cgroup) {
+                (Some(Ok(bytes)), super::cgroup::Containment::Cgroup(c), Some(cg)) => {
+                    c.memory.clone().and_then(|()| cg.limit_memory(bytes)).err()
+                }
+                (Some(Ok(_)), super::cgroup::Containment::ProcessGroups(why), _) => {
+                    Some(format!("jobs are not in cgroups here ({why})"))
+                }
+                (Some(Ok(_)), _, _) => Some("the job's cgroup could not be made".into()),
+                (Some(Err(e)), _, _) => Some(e),
+                (None, _, _) => Some("memory=SIZE needs a size".into()),
+            };
+            if let Some(why) = why {
+                info!("job {id}: memory={} not applied: {why}", v.as_str().unwrap_or_default());
+                env.push((crate::shellproto::MEMORY_NOTE_ENV.into(), why.into()));
+            }
+        }
+        let direct = match (self.containment.as_ref(), &cgroup) {
+            (super::cgroup::Containment::Cgroup(c), Some(_)) => c.direct.is_ok() && !self.spawn_moves,
+            _ => false,
+        };
+        if let (true, Some(cg)) = (direct, &cgroup) {
+            env.push((crate::shellproto::CGROUP_ENV.into(), cg.dir().as_os_str().to_owned()));
+        }
+        let shell = if direct { self.spawn_into(&path, &args, &env, cgroup.as_ref(), id)? } else { None };
+        let (mut shell, in_cgroup) = match shell {
+            Some(s) => (s, true),
+            None => {
+                let mut cmd = tokio::process::Command::new(&path);
+                cmd.args(&args)
+                    .stdin(std::process::Stdio::piped())
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::inherit())
+                    .process_group(0)
+                    // Moved into its cgroup only after it started (if at all): it finds its cgroup itself.
+                    .envs(env.iter().filter(|(k, _)| k != crate::shellproto::CGROUP_ENV).map(|(k, v)| (k, v)))
+                    .kill_on_drop(false);
+                let child = cmd.spawn().map_err(|e| format!("cannot run {}: {e}", path.display()))?;
+                (ShellProcess::from_command(child)?, false)
+            }
+        };
+        let pid = shell.pid;
+        self.shells.insert(id, pid);
+        let mut stdin = shell.stdin.take();
+        let mut stdout = shell.stdout.take();
+        let tx = self.input_tx.clone();
+        let data = serde_json::to_vec(input).unwrap_or_default();
+        tokio::spawn(async move {
+            // Into its cgroup before it gets its input, where it was not created there: it starts nothing before
+            // it has read it all. Off the broker's loop: a write to `cgroup.procs` waits for an RCU grace period
+            // (milliseconds, more under load).
+            let cgroup = match cgroup {
+                Some(cg) if !in_cgroup => tokio::task::spawn_blocking(move || {
+                    if let Err(e) = cg.adopt(pid) {
+                        warn!("job {id}: {e}; its shell is kept by its process group only");
+                    }
+                    cg
+                })
+                .await
+                .ok(),
+                other => other,
+            };
+            if let Some(mut s) = stdin.take() {
+                let _ = s.write_all(&data).await;
+                let _ = s.shutdown().await;
+            }
+            let mut out = String::new();
+            if let Some(s) = stdout.as_mut() {
+                let _ = s.read_to_string(&mut out).await;
+            }
+            let status = shell.exit.await;
+            let mut report = out.lines().rev().find_map(|l| serde_json::from_str::<ShellReport>(l).ok());
+            // Whatever the job left in the background dies with it (the shell's process group, and its cgroup with
+            // whatever left that group), and the shell's job tmpdir goes too if the shell was killed before
+            // removing it.
+            // SAFETY: killpg on the process group the shell led; no memory is touched.
+            unsafe { libc::killpg(pid, libc::SIGKILL) };
+            let mut ended = None;
+            if let Some(cg) = cgroup {
+                if let Ok((usage, rest)) = tokio::task::spawn_blocking(move || cg.finish()).await {
+                    if let Some(r) = report.as_mut() {
+                        r.usage = Some(usage);
+                    }
+                    ended = Some(rest);
+                }
+            }
+            let _ = std::fs::remove_dir_all(&tmpdir);
+            let _ = tx.send(Event::ShellDone { id, report, status });
+            // The empty cgroup goes after the job's end is reported: nothing waits for it.
+            if let Some(rest) = ended {
+                let _ = tokio::task::spawn_blocking(move || rest.remove()).await;
+            }
+        });
+        Ok(pid)
+    }
+
+    /// Start a shell created in its cgroup ([`super::spawn`]). `Ok(None)`: not possible here after all (said
+    /// once; from then on shells are moved in after start).
+    fn spawn_into(
+        &mut self,
+        path: &Path,
+        args: &[std::ffi::OsString],
+        env: &[(std::ffi::OsString, std::ffi::OsString)],
+        cgroup: Option<&super::cgroup::JobCgroup>,
+        id: JobId,
+    ) -> Result<Option<ShellProcess>, String> {
+        let Some(cg) = cgroup else { return Ok(None) };
+        let dir = match cg.open_dir() {
+            Ok(d) => d,
+            Err(e) => {
+                warn!("job {id}: {e}; its shell is moved into its cgroup after start");
+                return Ok(None);
+            }
+        };
+        match super::spawn::spawn(path, args, env, &dir) {
+            Ok(s) => ShellProcess::from_spawned(s).map(Some),
+            Err(super::spawn::SpawnError::Unsupported(e)) => {
+                warn!("shells cannot be created in their cgroup ({e}); they are moved in after start from now on");
+                self.spawn_moves = true;
+                Ok(None)
+            }
+            Err(super::spawn::SpawnError::Failed(e)) => Err(format!("cannot run {}: {e}", path.display())),
+        }
+    }
+
+    /// The job shell program: `exec.shell`, else `$VIGIL_SHELL`, else `vigil-shell` beside this program.
+    fn shell_path(&self) -> PathBuf {
+        if let Some(p) = &self.broker.opts.config.shell {
+            return p.clone();
+        }
+        if let Ok(p) = std::env::var("VIGIL_SHELL") {
+            return p.into();
+        }
+        std::env::current_exe()
+            .ok()
+            .and_then(|p| p.parent().map(|d| d.join("vigil-shell")))
+            .unwrap_or_else(|| "vigil-shell".into())
+    }
+}
+
+/// Run the initial program in its own process group, made the terminal's foreground group when stdin is a
+/// tty (so Ctrl-C reaches it, not the brokers). Reports its pgid, then its exit code.
+async fn run_initial(argv: Vec<String>, uri: String, tx: mpsc::UnboundedSender<Event>) -> i32 {
+    let mut cmd = std::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..]).env(crate::client::URI_ENV, &uri);
+    if let Some(dir) = std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.to_path_buf())) {
+        let path = std::env::var("PATH").unwrap_or_default();
+        cmd.env("PATH", format!("{}:{path}", dir.display()));
+    }
+    let tty = crate::foreground::own_foreground_group(&mut cmd);
+    let mut cmd = tokio::process::Command::from(cmd);
+    cmd.kill_on_drop(true);
+    let code = match cmd.spawn() {
+        Ok(mut child) => {
+            if let Some(pid) = child.id() {
+                let _ = tx.send(Event::InitialStarted(pid as i32));
+            }
+            match child.wait().await {
+                Ok(s) => {
+                    use std::os::unix::process::ExitStatusExt;
+                    s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0))
+                }
+                Err(_) => 1,
+            }
+        }
+        Err(e) => {
+            eprintln!("vigil: cannot run initial program '{}': {e}", argv[0]);
+            if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            }
+        }
+    };
+    if tty {
+        // Take the terminal back for `vigil start`'s process group.
+        crate::foreground::take_terminal_back();
+    }
+    code
+}
+
+/// A job shell's process as the driver keeps it, however it was started: its pid (also its process group), the
+/// broker's ends of its stdin and stdout, and its raw wait status once it has exited.
+struct ShellProcess {
+    pid: i32,
+    stdin: Option<Box<dyn tokio::io::AsyncWrite + Send + Unpin>>,
+    stdout: Option<Box<dyn tokio::io::AsyncRead + Send + Unpin>>,
+    exit: std::pin::Pin<Box<dyn std::future::Future<Output = i32> + Send>>,
+}
+
+/// The wait status given for a shell whose exit could not be waited for (as if stopped: not an exit code).
+const UNKNOWN_STATUS: i32 = 0x7f00;
+
+impl ShellProcess {
+    /// One started by `tokio::process::Command`.
+    fn from_command(mut child: tokio::process::Child) -> Result<ShellProcess, String> {
+        // The shell's pid is its process group, signalled later: never 0 (which would be the broker's own group).
+        let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()).filter(|p| *p > 0) else {
+            return Err("the job shell exited before it could be watched".into());
+        };
+        let stdin = child.stdin.take().map(|s| Box::new(s) as Box<dyn tokio::io::AsyncWrite + Send + Unpin>);
+        let stdout = child.stdout.take().map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Send + Unpin>);
+        let exit = Box::pin(async move {
+            use std::os::unix::process::ExitStatusExt;
+            child.wait().await.map(|st| st.into_raw()).unwrap_or(UNKNOWN_STATUS)
+        });
+        Ok(ShellProcess { pid, stdin, stdout, exit })
+    }
+
+    /// One created in its cgroup by [`super::spawn::spawn`].
+    fn from_spawned(s: super::spawn::Spawned) -> Result<ShellProcess, String> {
+        use tokio::net::unix::pipe;
+        let stdin = pipe::Sender::from_owned_fd(s.stdin).map_err(|e| format!("the job shell's stdin: {e}"))?;
+        let stdout = pipe::Receiver::from_owned_fd(s.stdout).map_err(|e| format!("the job shell's stdout: {e}"))?;
+        let pid = s.pid;
+        let pidfd = s.pidfd;
+        let exit = Box::pin(async move { super::spawn::wait(pid, pidfd).await.unwrap_or(UNKNOWN_STATUS) });
+        Ok(ShellProcess { pid, stdin: Some(Box::new(stdin)), stdout: Some(Box::new(stdout)), exit })
+    }
+}
