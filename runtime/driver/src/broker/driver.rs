@@ -17,7 +17,7 @@ use super::link_set::LinkSet;
 use super::links_up::{accept_children, connect_parent, ChildLink, ParentLink, PendingChild};
 use super::local;
 use super::secure;
-use super::statedir_io::{open_statedir, Syncer, Writer};
+use super::statedir_io::{open_statedir, start_store_threads, Syncer, Writer};
 use super::transport::{Link, LinkEvent, LinkRx, LinkTx, TcpTransport};
 use super::upgrade::{Answers, Upgrades};
 use crate::jobs::JobId;
@@ -151,94 +151,34 @@ pub async fn run(opts: BrokerOptions) -> i32 {
     }
 }
 
+/// Start a broker, run its loop until the instance shuts down, and end it: the node discovered, the overlay
+/// listener and the local connector serving, signals watched, the state directory opened (rank 0) and the
+/// broker restored from it, the detectors started, the parent connected to ([`Driver::connect_first_parent`]);
+/// then the loop ([`Driver::serve`]) and the end ([`Driver::finish`]). Returns the exit code.
+///
+/// # Errors
+/// The broker cannot start: why (a topology too deep, a listener or socket that cannot be bound, containment or
+/// a state directory that cannot be had, no parent).
 async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
     let rank = opts.rank;
     opts.topo.check_depth(opts.size)?;
     let (resources, topology_str) = discover(&opts);
     info!(rank, cores = resources.cores, gpus = resources.gpus, source = %resources.source, "node discovered");
 
-    let (input_tx, mut input_rx) = mpsc::unbounded_channel::<Event>();
+    let (input_tx, input_rx) = mpsc::unbounded_channel::<Event>();
 
     // Overlay listener.
-    let listener = match &opts.listen {
-        ListenSpec::Fd(fd) => {
-            // SAFETY: `vigil start` bound this TCP listener and passed us its descriptor, which nothing else in
-            // this process owns; we take ownership exactly once here.
-            let std_l = unsafe { <std::net::TcpListener as std::os::fd::FromRawFd>::from_raw_fd(*fd) };
-            // It came without FD_CLOEXEC (it had to outlive our exec). Set it now: the initial program and the job
-            // shells must not inherit the overlay's port, or they would hold it after this broker dies and a
-            // restarted rank 0 could not bind it again.
-            // SAFETY: F_GETFD/F_SETFD on the descriptor `std_l` owns.
-            unsafe {
-                let flags = libc::fcntl(*fd, libc::F_GETFD);
-                if flags >= 0 {
-                    libc::fcntl(*fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
-                }
-            }
-            std_l.set_nonblocking(true).map_err(|e| format!("listener fd {fd}: {e}"))?;
-            tokio::net::TcpListener::from_std(std_l).map_err(|e| format!("listener fd {fd}: {e}"))?
-        }
-        ListenSpec::Endpoint(ep) => {
-            let addr = ep.strip_prefix("tcp://").unwrap_or(ep);
-            tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot bind overlay endpoint {ep}: {e}"))?
-        }
-    };
-    // The overlay's own address (a wildcard listener uses the address peers know us by).
-    let listen_ip = listener.local_addr().ok().map(|a| a.ip()).and_then(|ip| {
-        if ip.is_unspecified() {
-            opts.endpoints.get(opts.rank as usize).and_then(|ep| {
-                let hp = ep.strip_prefix("tcp://").unwrap_or(ep);
-                hp.parse::<std::net::SocketAddr>().ok().map(|a| a.ip())
-            })
-        } else {
-            Some(ip)
-        }
-    });
+    let listener = bind_overlay(&opts.listen).await?;
+    let listen_ip = overlay_ip(&listener, &opts);
     let auth = std::sync::Arc::new(secure::LinkAuth::new(opts.key.clone(), &opts.instance));
     let upgrades = std::sync::Arc::new(Upgrades::new(&opts.config));
     let refusals = std::sync::Arc::new(std::sync::Mutex::new(secure::RefusalLog::default()));
     tokio::spawn(accept_children(listener, input_tx.clone(), auth.clone(), upgrades.clone(), refusals.clone()));
 
-    // Local connector.
-    std::fs::create_dir_all(&opts.rundir)
-        .map_err(|e| format!("cannot create rundir {}: {e}", opts.rundir.display()))?;
-    let sock = opts.rundir.join(format!("local-{rank}"));
-    let _ = std::fs::remove_file(&sock);
-    let ul = tokio::net::UnixListener::bind(&sock).map_err(|e| format!("cannot bind {}: {e}", sock.display()))?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        // Access control is the SO_PEERCRED check, which gives a clear refusal; the file mode stays open.
-        let _ = std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o777));
-    }
     let uid = nix::unistd::getuid().as_raw();
-    let local_uri = format!("local://{}", sock.display());
-    // Rank 0 tells its clients how long the instance waits for it when it is lost (they may wait as long).
-    let rank0_grace = if rank == 0 { opts.config.parent_grace() } else { 0.0 };
-    tokio::spawn(local::accept_local(ul, input_tx.clone(), uid, rank, opts.size, opts.instance.clone(), rank0_grace));
-
-    // Signals.
-    for (kind, num) in [
-        (tokio::signal::unix::SignalKind::terminate(), libc::SIGTERM),
-        (tokio::signal::unix::SignalKind::interrupt(), libc::SIGINT),
-        (tokio::signal::unix::SignalKind::hangup(), libc::SIGHUP),
-    ] {
-        if let Ok(mut s) = tokio::signal::unix::signal(kind) {
-            let tx = input_tx.clone();
-            tokio::spawn(async move {
-                while s.recv().await.is_some() {
-                    let _ = tx.send(Event::Signal(num));
-                }
-            });
-        }
-    }
-
-    let containment = super::cgroup::Containment::choose(&opts.config.containment, &opts.config.cgroup_spawn, rank)?;
-    match &containment {
-        super::cgroup::Containment::ProcessGroups(why) if opts.config.containment != "pgroup" => {
-            warn!("jobs are kept by process groups only, not cgroups: {why} (a task that calls setsid escapes its job)")
-        }
-        c => info!("jobs contained by {}", c.describe()),
-    }
+    let local_uri = serve_local(&opts, uid, &input_tx)?;
+    watch_signals(&input_tx);
+    let containment = choose_containment(&opts)?;
     let env = Environment {
         uid,
         pid: std::process::id(),
@@ -249,13 +189,7 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         containment: containment.describe(),
     };
     let (store, statedir, kept) = open_statedir(&opts)?;
-    let syncer = store.as_ref().map(|_| Syncer::start(|w| w.run(), input_tx.clone())).transpose()?;
-    let writer = store
-        .map(|s| {
-            let dir = s.dir().to_path_buf();
-            Writer::start(s, &dir)
-        })
-        .transpose()?;
+    let (syncer, writer) = start_store_threads(store, &input_tx)?;
     let origin = Instant::now();
     let mut d = Driver {
         broker: Broker::new(opts, env, Time::ZERO),
@@ -294,44 +228,8 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         info!("state directory: jobs restored in {:.3}s", t.elapsed().as_secs_f64());
     }
     d.start_detectors(listen_ip);
-
-    // Connect to the parent.
-    let opts = &d.broker.opts;
-    if let Some(parent) = opts.topo.parent(opts.size, rank) {
-        let ep = opts
-            .endpoints
-            .get(parent as usize)
-            .cloned()
-            .ok_or_else(|| format!("no endpoint for parent rank {parent}"))?;
-        let probe_port = d.detect.as_ref().map(|d| d.probe_port);
-        let transport = TcpTransport { auth };
-        // Until the loop runs, SIGTERM and SIGINT are watched here: a broker still retrying its parent (which
-        // may take tbon.connect_timeout) stops when told to.
-        let stop = async {
-            use tokio::signal::unix::{signal, SignalKind};
-            match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
-                (Ok(mut t), Ok(mut i)) => tokio::select! {
-                    _ = t.recv() => libc::SIGTERM,
-                    _ = i.recv() => libc::SIGINT,
-                },
-                _ => std::future::pending().await,
-            }
-        };
-        let ParentLink { link, choice, probe } = tokio::select! {
-            r = connect_parent(opts, &transport, &d.upgrades, probe_port, &ep, None) => r?,
-            sig = stop => {
-                warn!(rank, "signal {sig} while connecting to the parent at {ep}; exiting");
-                return Ok(128 + sig);
-            }
-        };
-        d.parent = Some(link.tx.clone());
-        d.parent_sock = link.sock;
-        d.parent_tuple =
-            d.parent_sock.as_ref().and_then(|s| d.detect.as_ref().and_then(|det| det.watch_link(PARENT, s)));
-        d.probe_parent(probe);
-        d.links.insert(Peer::Parent, 0, link.rx);
-        d.step(Input::ParentUp(choice));
-        info!(rank, parent, "connected to parent at {ep}");
+    if let Some(sig) = d.connect_first_parent(auth).await? {
+        return Ok(128 + sig);
     }
     // The eBPF detectors load in the background now that we have joined the overlay.
     if let Some(det) = d.detect.as_mut() {
@@ -341,54 +239,115 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
     // Register with rank 0 (locally on rank 0); on a single-broker instance nothing else arrives.
     d.step(Input::Start);
     d.flush();
-    // One timer for the loop, moved only when the deadline changes: registering a new timer for every input
-    // cost a timer-wheel insertion and removal per message.
-    let timer = tokio::time::sleep(Duration::from_secs(86400));
-    tokio::pin!(timer);
-    let mut armed: Option<Time> = None;
-    loop {
-        let deadline = d.broker.next_deadline();
-        if deadline != armed {
-            if let Some(t) = deadline {
-                timer.as_mut().reset(tokio::time::Instant::from_std(d.instant(t)));
-            }
-            armed = deadline;
-        }
-        // The overlay links are polled here, by this task, between its other inputs (see link_set.rs).
-        let event = tokio::select! {
-            i = input_rx.recv() => i,
-            i = std::future::poll_fn(|cx| d.links.poll_next(cx)) => Some(i),
-            _ = &mut timer, if armed.is_some() => None,
-        };
-        match event {
-            Some(e) => d.on_event(e),
-            None => d.step(Input::Timer),
-        }
-        if d.grouping {
-            // Group commit: what else is ready joins this turn, and one transaction writes it all before
-            // anything it caused is carried out; submissions are answered once an fsync covers it.
-            for _ in 1..GROUP_MAX {
-                match input_rx.try_recv().ok().or_else(|| d.links.try_next(None)) {
-                    Some(e) => d.on_event(e),
-                    None => break,
-                }
-            }
-            d.flush();
-        }
-        if d.broker.finished() {
-            break;
-        }
-    }
-    // What rank 0 still had to write, and what waited for it (answers, the last messages to its children); then
-    // what stopping changes (jobs the shutdown ended, finished: `Broker::stop`), written too.
-    d.writes_may_wait = false;
-    d.flush();
-    d.broker.stop();
-    d.flush();
-    d.cleanup();
-    let code = d.broker.exit_code();
+    d.serve(input_rx).await;
+    let code = d.finish();
     info!(rank, code, "broker exiting");
     Ok(code)
+}
+
+/// The overlay's listening socket: the one `vigil start` bound and passed down (`ListenSpec::Fd`), or one bound
+/// here.
+///
+/// # Errors
+/// The inherited descriptor cannot be used, or the endpoint cannot be bound.
+async fn bind_overlay(listen: &ListenSpec) -> Result<tokio::net::TcpListener, String> {
+    match listen {
+        ListenSpec::Fd(fd) => {
+            // SAFETY: `vigil start` bound this TCP listener and passed us its descriptor, which nothing else in
+            // this process owns; we take ownership exactly once here.
+            let std_l = unsafe { <std::net::TcpListener as std::os::fd::FromRawFd>::from_raw_fd(*fd) };
+            // It came without FD_CLOEXEC (it had to outlive our exec). Set it now: the initial program and the job
+            // shells must not inherit the overlay's port, or they would hold it after this broker dies and a
+            // restarted rank 0 could not bind it again.
+            // SAFETY: F_GETFD/F_SETFD on the descriptor `std_l` owns.
+            unsafe {
+                let flags = libc::fcntl(*fd, libc::F_GETFD);
+                if flags >= 0 {
+                    libc::fcntl(*fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+                }
+            }
+            std_l.set_nonblocking(true).map_err(|e| format!("listener fd {fd}: {e}"))?;
+            tokio::net::TcpListener::from_std(std_l).map_err(|e| format!("listener fd {fd}: {e}"))
+        }
+        ListenSpec::Endpoint(ep) => {
+            let addr = ep.strip_prefix("tcp://").unwrap_or(ep);
+            tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot bind overlay endpoint {ep}: {e}"))
+        }
+    }
+}
+
+/// The overlay's own address: the listener's, or for a wildcard listener the address peers know us by (this
+/// rank's endpoint). `None`: neither is known.
+fn overlay_ip(listener: &tokio::net::TcpListener, opts: &BrokerOptions) -> Option<std::net::IpAddr> {
+    listener.local_addr().ok().map(|a| a.ip()).and_then(|ip| {
+        if ip.is_unspecified() {
+            opts.endpoints.get(opts.rank as usize).and_then(|ep| {
+                let hp = ep.strip_prefix("tcp://").unwrap_or(ep);
+                hp.parse::<std::net::SocketAddr>().ok().map(|a| a.ip())
+            })
+        } else {
+            Some(ip)
+        }
+    })
+}
+
+/// Serve the local connector (`local.rs`) on the socket `local-RANK` in the rundir, which is created if need
+/// be; clients of user `uid` are this instance's owner. Returns the socket's URI.
+///
+/// # Errors
+/// The rundir cannot be created, or the socket bound.
+fn serve_local(opts: &BrokerOptions, uid: u32, events: &mpsc::UnboundedSender<Event>) -> Result<String, String> {
+    let rank = opts.rank;
+    std::fs::create_dir_all(&opts.rundir)
+        .map_err(|e| format!("cannot create rundir {}: {e}", opts.rundir.display()))?;
+    let sock = opts.rundir.join(format!("local-{rank}"));
+    let _ = std::fs::remove_file(&sock);
+    let ul = tokio::net::UnixListener::bind(&sock).map_err(|e| format!("cannot bind {}: {e}", sock.display()))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        // Access control is the SO_PEERCRED check, which gives a clear refusal; the file mode stays open.
+        let _ = std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o777));
+    }
+    let local_uri = format!("local://{}", sock.display());
+    // Rank 0 tells its clients how long the instance waits for it when it is lost (they may wait as long).
+    let rank0_grace = if rank == 0 { opts.config.parent_grace() } else { 0.0 };
+    tokio::spawn(local::accept_local(ul, events.clone(), uid, rank, opts.size, opts.instance.clone(), rank0_grace));
+    Ok(local_uri)
+}
+
+/// Hand SIGTERM, SIGINT and SIGHUP to the loop, as [`Event::Signal`]s.
+fn watch_signals(events: &mpsc::UnboundedSender<Event>) {
+    for (kind, num) in [
+        (tokio::signal::unix::SignalKind::terminate(), libc::SIGTERM),
+        (tokio::signal::unix::SignalKind::interrupt(), libc::SIGINT),
+        (tokio::signal::unix::SignalKind::hangup(), libc::SIGHUP),
+    ] {
+        if let Ok(mut s) = tokio::signal::unix::signal(kind) {
+            let tx = events.clone();
+            tokio::spawn(async move {
+                while s.recv().await.is_some() {
+                    let _ = tx.send(Event::Signal(num));
+                }
+            });
+        }
+    }
+}
+
+/// How this broker keeps its job shells (`exec.containment`, `exec.cgroup-spawn`: see `cgroup.rs`), said once in
+/// the log.
+///
+/// # Errors
+/// `exec.containment=cgroup` and no cgroup can be had.
+fn choose_containment(opts: &BrokerOptions) -> Result<super::cgroup::Containment, String> {
+    let containment =
+        super::cgroup::Containment::choose(&opts.config.containment, &opts.config.cgroup_spawn, opts.rank)?;
+    match &containment {
+        super::cgroup::Containment::ProcessGroups(why) if opts.config.containment != "pgroup" => {
+            warn!("jobs are kept by process groups only, not cgroups: {why} (a task that calls setsid escapes its job)")
+        }
+        c => info!("jobs contained by {}", c.describe()),
+    }
+    Ok(containment)
 }
 
 /// Forward a local client's link events into the driver's channel, tagged with the peer (overlay links are
@@ -418,6 +377,115 @@ impl Driver {
     /// The instant of a time on the broker's clock.
     fn instant(&self, t: Time) -> Instant {
         self.origin + Duration::from_nanos(t.as_nanos())
+    }
+
+    /// The loop: hand the broker each event from the driver's tasks, each message on an overlay link and its
+    /// timer, until it has finished. With a state directory, what else is ready joins the turn (group commit,
+    /// at most [`GROUP_MAX`] events) before the turn's effects are carried out ([`Driver::flush`]).
+    async fn serve(&mut self, mut input_rx: mpsc::UnboundedReceiver<Event>) {
+        // One timer for the loop, moved only when the deadline changes: registering a new timer for every input
+        // cost a timer-wheel insertion and removal per message.
+        let timer = tokio::time::sleep(Duration::from_secs(86400));
+        tokio::pin!(timer);
+        let mut armed: Option<Time> = None;
+        loop {
+            let deadline = self.broker.next_deadline();
+            if deadline != armed {
+                if let Some(t) = deadline {
+                    timer.as_mut().reset(tokio::time::Instant::from_std(self.instant(t)));
+                }
+                armed = deadline;
+            }
+            // The overlay links are polled here, by this task, between its other inputs (see link_set.rs).
+            let event = tokio::select! {
+                i = input_rx.recv() => i,
+                i = std::future::poll_fn(|cx| self.links.poll_next(cx)) => Some(i),
+                _ = &mut timer, if armed.is_some() => None,
+            };
+            match event {
+                Some(e) => self.on_event(e),
+                None => self.step(Input::Timer),
+            }
+            if self.grouping {
+                // Group commit: what else is ready joins this turn, and one transaction writes it all before
+                // anything it caused is carried out; submissions are answered once an fsync covers it.
+                for _ in 1..GROUP_MAX {
+                    match input_rx.try_recv().ok().or_else(|| self.links.try_next(None)) {
+                        Some(e) => self.on_event(e),
+                        None => break,
+                    }
+                }
+                self.flush();
+            }
+            if self.broker.finished() {
+                break;
+            }
+        }
+    }
+
+    /// After the loop: write what rank 0 still had to write, stop the broker, clean up ([`Driver::cleanup`]).
+    /// Returns the broker's exit code.
+    fn finish(&mut self) -> i32 {
+        // What rank 0 still had to write, and what waited for it (answers, the last messages to its children); then
+        // what stopping changes (jobs the shutdown ended, finished: `Broker::stop`), written too.
+        self.writes_may_wait = false;
+        self.flush();
+        self.broker.stop();
+        self.flush();
+        self.cleanup();
+        self.broker.exit_code()
+    }
+
+    /// Connect to the parent at start, if this broker has one (retrying for up to `tbon.connect_timeout`), and
+    /// take the link ([`Driver::parent_up`]). `Some(signal)`: SIGTERM or SIGINT came first, and the broker exits.
+    ///
+    /// # Errors
+    /// No endpoint is known for the parent, or no link could be made to it (refused, or not within the timeout).
+    async fn connect_first_parent(&mut self, auth: std::sync::Arc<secure::LinkAuth>) -> Result<Option<i32>, String> {
+        let opts = &self.broker.opts;
+        let rank = opts.rank;
+        let Some(parent) = opts.topo.parent(opts.size, rank) else { return Ok(None) };
+        let ep = opts
+            .endpoints
+            .get(parent as usize)
+            .cloned()
+            .ok_or_else(|| format!("no endpoint for parent rank {parent}"))?;
+        let probe_port = self.detect.as_ref().map(|d| d.probe_port);
+        let transport = TcpTransport { auth };
+        // Until the loop runs, SIGTERM and SIGINT are watched here: a broker still retrying its parent (which
+        // may take tbon.connect_timeout) stops when told to.
+        let stop = async {
+            use tokio::signal::unix::{signal, SignalKind};
+            match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+                (Ok(mut t), Ok(mut i)) => tokio::select! {
+                    _ = t.recv() => libc::SIGTERM,
+                    _ = i.recv() => libc::SIGINT,
+                },
+                _ => std::future::pending().await,
+            }
+        };
+        let link = tokio::select! {
+            r = connect_parent(opts, &transport, &self.upgrades, probe_port, &ep, None) => r?,
+            sig = stop => {
+                warn!(rank, "signal {sig} while connecting to the parent at {ep}; exiting");
+                return Ok(Some(sig));
+            }
+        };
+        self.parent_up(0, link);
+        info!(rank, parent, "connected to parent at {ep}");
+        Ok(None)
+    }
+
+    /// Take a new parent link, of connection number `gen`: watch it (TCP watcher), probe the parent's node,
+    /// poll it in the loop and tell the broker ([`Input::ParentUp`]).
+    fn parent_up(&mut self, gen: u64, ParentLink { link, choice, probe }: ParentLink) {
+        self.parent = Some(link.tx.clone());
+        self.parent_sock = link.sock;
+        self.parent_tuple =
+            self.parent_sock.as_ref().and_then(|s| self.detect.as_ref().and_then(|det| det.watch_link(PARENT, s)));
+        self.probe_parent(probe);
+        self.links.insert(Peer::Parent, gen, link.rx);
+        self.step(Input::ParentUp(choice));
     }
 
     /// Hand the broker an input, then carry out what it asks, including the inputs those effects produce at once
@@ -582,17 +650,7 @@ impl Driver {
                     return;
                 }
                 match result {
-                    Ok(ParentLink { link, choice, probe }) => {
-                        self.parent = Some(link.tx.clone());
-                        self.parent_sock = link.sock;
-                        self.parent_tuple = self
-                            .parent_sock
-                            .as_ref()
-                            .and_then(|s| self.detect.as_ref().and_then(|det| det.watch_link(PARENT, s)));
-                        self.probe_parent(probe);
-                        self.links.insert(Peer::Parent, gen, link.rx);
-                        self.step(Input::ParentUp(choice));
-                    }
+                    Ok(link) => self.parent_up(gen, link),
                     Err(why) => self.step(Input::ParentFailed(why)),
                 }
             }

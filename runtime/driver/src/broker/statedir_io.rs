@@ -62,7 +62,7 @@ impl Writer {
     ///
     /// # Errors
     /// The log's first segment cannot be created, or the thread started.
-    pub(super) fn start(mut store: super::store::Store, dir: &std::path::Path) -> Result<Writer, String> {
+    fn start(mut store: super::store::Store, dir: &std::path::Path) -> Result<Writer, String> {
         let redo = super::redo::RedoLog::create(dir, store.redo_seq)
             .map_err(|e| format!("state directory {} cannot be written: {e}", dir.display()))?;
         store.mark_running(true).map_err(|e| format!("state directory {} cannot be written: {e}", dir.display()))?;
@@ -223,7 +223,7 @@ impl Syncer {
     ///
     /// # Errors
     /// The thread cannot be started.
-    pub(super) fn start(
+    fn start(
         mut sync: impl FnMut(super::redo::SyncWork) -> Result<(), super::store::CommitError> + Send + 'static,
         events: mpsc::UnboundedSender<Event>,
     ) -> Result<Syncer, String> {
@@ -269,6 +269,25 @@ impl Syncer {
             let _ = t.join();
         }
     }
+}
+
+/// Rank 0's store threads for `store`, none without one: the [`Syncer`], then the [`Writer`] (which takes the
+/// store).
+///
+/// # Errors
+/// A thread cannot be started, or the redo log created.
+pub(super) fn start_store_threads(
+    store: Option<super::store::Store>,
+    events: &mpsc::UnboundedSender<Event>,
+) -> Result<(Option<Syncer>, Option<Writer>), String> {
+    let syncer = store.as_ref().map(|_| Syncer::start(|w| w.run(), events.clone())).transpose()?;
+    let writer = store
+        .map(|s| {
+            let dir = s.dir().to_path_buf();
+            Writer::start(s, &dir)
+        })
+        .transpose()?;
+    Ok((syncer, writer))
 }
 
 /// Rank 0's state directory, opened (`-S statedir`): the store and what it kept, or why it cannot be read.
