@@ -40,24 +40,7 @@ impl Driver {
                     }
                 }
             }
-            Effect::AcceptChild { conn, rank } => {
-                let Some(p) = self.pending.remove(&conn) else { return };
-                // Our probe port: the child probes our node's responder as we probe its (`probe_parent`).
-                let me = json!({"rank": self.broker.rank(), "probe_port": self.detect.as_ref().map(|d| d.probe_port)});
-                let ack = merge(me, p.answers.ack_fields());
-                let _ = p.link.tx.send(Message::control("hello-ack", &ack));
-                let Some((link, choice)) = p.answers.accept(p.link) else { return };
-                info!("overlay link to child rank {rank}: {}", choice.describe());
-                let Link { tx, rx, peer, sock, tasks } = link;
-                let tuple = sock.as_ref().and_then(|s| self.detect.as_ref().and_then(|d| d.watch_link(rank, s)));
-                if let (Some(d), Some(port)) = (self.detect.as_mut(), p.probe_port) {
-                    if let Ok(addr) = peer.parse::<std::net::SocketAddr>() {
-                        d.probe_child(rank, std::net::SocketAddr::new(addr.ip(), port));
-                    }
-                }
-                self.children.insert(rank, ChildLink { tx, conn, sock, tasks, tuple });
-                self.links.insert(Peer::Child(rank), conn, rx);
-            }
+            Effect::AcceptChild { conn, rank } => self.accept_child(conn, rank),
             Effect::RefuseChild { conn, why } => {
                 if let Some(p) = self.pending.remove(&conn) {
                     // Its writer flushes this and ends when the link is dropped here.
@@ -72,26 +55,7 @@ impl Driver {
                 }
                 self.probe_parent(None);
             }
-            Effect::ConnectParent { rank, lost, timeout } => {
-                self.parent_gen += 1;
-                let gen = self.parent_gen;
-                let mut opts = self.broker.opts.clone();
-                opts.connect_timeout = timeout.as_secs_f64();
-                let ep = opts.endpoints.get(rank as usize).cloned();
-                let transport = TcpTransport { auth: self.auth.clone() };
-                let upgrades = self.upgrades.clone();
-                let probe_port = self.detect.as_ref().map(|d| d.probe_port);
-                let tx = self.input_tx.clone();
-                tokio::spawn(async move {
-                    let result = match ep {
-                        Some(ep) => connect_parent(&opts, &transport, &upgrades, probe_port, &ep, Some(lost))
-                            .await
-                            .map_err(|e| format!("rank {rank}: {e}")),
-                        None => Err(format!("no endpoint known for rank {rank}")),
-                    };
-                    let _ = tx.send(Event::ParentLink { gen, result });
-                });
-            }
+            Effect::ConnectParent { rank, lost, timeout } => self.connect_adoptive_parent(rank, lost, timeout),
             Effect::DropLink(Peer::Child(r), conn) => {
                 if self.children.get(&r).is_some_and(|c| c.conn == conn) {
                     self.children.remove(&r);
@@ -120,20 +84,7 @@ impl Driver {
                         d.beat();
                     }
                 }
-                let mut samples = Vec::with_capacity(self.children.len() + 1);
-                if self.parent.is_some() {
-                    if let Some((unacked, age_ms, rtt_us)) = self.parent_sock.as_ref().and_then(tcp_ack_state) {
-                        samples.push((PARENT, unacked, f64::from(age_ms) / 1e3, f64::from(rtt_us) / 1e6));
-                    }
-                }
-                for (&r, c) in &self.children {
-                    if let Some((unacked, age_ms, rtt_us)) = c.sock.as_ref().and_then(tcp_ack_state) {
-                        samples.push((r, unacked, f64::from(age_ms) / 1e3, f64::from(rtt_us) / 1e6));
-                    }
-                }
-                if !samples.is_empty() {
-                    queue.push_back(Input::AckSamples(samples));
-                }
+                self.sample_acks(queue);
             }
             Effect::SpawnShell { id, mut input, tmpdir } => {
                 // This broker's placement, whatever the input that came over the overlay said.
@@ -161,26 +112,7 @@ impl Driver {
                     let _ = tx.send(Event::InitialExit(code));
                 });
             }
-            Effect::CheckNode { token, target, wait } => {
-                let addr = match target {
-                    CheckTarget::Parent => self.parent_check,
-                    CheckTarget::Node { node, port } => node
-                        .parse::<std::net::SocketAddr>()
-                        .ok()
-                        .zip(port)
-                        .map(|(a, p)| std::net::SocketAddr::new(a.ip(), p)),
-                };
-                match addr {
-                    None => queue.push_back(Input::NodeChecked { token, answered: None }),
-                    Some(addr) => {
-                        let tx = self.input_tx.clone();
-                        tokio::spawn(async move {
-                            let answered = node_answers(addr, wait).await;
-                            let _ = tx.send(Event::NodeChecked { token, answered: Some(answered) });
-                        });
-                    }
-                }
-            }
+            Effect::CheckNode { token, target, wait } => self.check_node(token, target, wait, queue),
             Effect::SignalInitial(sig) => {
                 if let Some(pg) = self.initial_pgid {
                     // SAFETY: killpg on the initial program's own process group with a plain signal number.
@@ -219,6 +151,90 @@ impl Driver {
                     self.watched.insert(pid);
                 }
             },
+        }
+    }
+
+    /// [`Effect::AcceptChild`]: acknowledge the hello of the would-be child on link `conn`, put its link in
+    /// service as `rank`'s (on the transport agreed), watch it and probe its node.
+    fn accept_child(&mut self, conn: u64, rank: u32) {
+        let Some(p) = self.pending.remove(&conn) else { return };
+        // Our probe port: the child probes our node's responder as we probe its (`probe_parent`).
+        let me = json!({"rank": self.broker.rank(), "probe_port": self.detect.as_ref().map(|d| d.probe_port)});
+        let ack = merge(me, p.answers.ack_fields());
+        let _ = p.link.tx.send(Message::control("hello-ack", &ack));
+        let Some((link, choice)) = p.answers.accept(p.link) else { return };
+        info!("overlay link to child rank {rank}: {}", choice.describe());
+        let Link { tx, rx, peer, sock, tasks } = link;
+        let tuple = sock.as_ref().and_then(|s| self.detect.as_ref().and_then(|d| d.watch_link(rank, s)));
+        if let (Some(d), Some(port)) = (self.detect.as_mut(), p.probe_port) {
+            if let Ok(addr) = peer.parse::<std::net::SocketAddr>() {
+                d.probe_child(rank, std::net::SocketAddr::new(addr.ip(), port));
+            }
+        }
+        self.children.insert(rank, ChildLink { tx, conn, sock, tasks, tuple });
+        self.links.insert(Peer::Child(rank), conn, rx);
+    }
+
+    /// [`Effect::ConnectParent`]: connect to `rank` as an adoptive parent in place of the lost `lost`, within
+    /// `timeout`, off the loop; the outcome comes back as [`Event::ParentLink`].
+    fn connect_adoptive_parent(&mut self, rank: u32, lost: u32, timeout: std::time::Duration) {
+        self.parent_gen += 1;
+        let gen = self.parent_gen;
+        let mut opts = self.broker.opts.clone();
+        opts.connect_timeout = timeout.as_secs_f64();
+        let ep = opts.endpoints.get(rank as usize).cloned();
+        let transport = TcpTransport { auth: self.auth.clone() };
+        let upgrades = self.upgrades.clone();
+        let probe_port = self.detect.as_ref().map(|d| d.probe_port);
+        let tx = self.input_tx.clone();
+        tokio::spawn(async move {
+            let result = match ep {
+                Some(ep) => connect_parent(&opts, &transport, &upgrades, probe_port, &ep, Some(lost))
+                    .await
+                    .map_err(|e| format!("rank {rank}: {e}")),
+                None => Err(format!("no endpoint known for rank {rank}")),
+            };
+            let _ = tx.send(Event::ParentLink { gen, result });
+        });
+    }
+
+    /// Sample every link's kernel ACK state (for [`Effect::Heartbeat`] and [`Effect::SampleAcks`]): `queue`
+    /// gets the samples, if any.
+    fn sample_acks(&self, queue: &mut VecDeque<Input>) {
+        let mut samples = Vec::with_capacity(self.children.len() + 1);
+        if self.parent.is_some() {
+            if let Some((unacked, age_ms, rtt_us)) = self.parent_sock.as_ref().and_then(tcp_ack_state) {
+                samples.push((PARENT, unacked, f64::from(age_ms) / 1e3, f64::from(rtt_us) / 1e6));
+            }
+        }
+        for (&r, c) in &self.children {
+            if let Some((unacked, age_ms, rtt_us)) = c.sock.as_ref().and_then(tcp_ack_state) {
+                samples.push((r, unacked, f64::from(age_ms) / 1e3, f64::from(rtt_us) / 1e6));
+            }
+        }
+        if !samples.is_empty() {
+            queue.push_back(Input::AckSamples(samples));
+        }
+    }
+
+    /// [`Effect::CheckNode`]: whether `target`'s node answers, asked off the loop ([`node_answers`]); the answer
+    /// comes back as [`Event::NodeChecked`], or on `queue` at once when there is no address to ask.
+    fn check_node(&self, token: u64, target: CheckTarget, wait: std::time::Duration, queue: &mut VecDeque<Input>) {
+        let addr = match target {
+            CheckTarget::Parent => self.parent_check,
+            CheckTarget::Node { node, port } => {
+                node.parse::<std::net::SocketAddr>().ok().zip(port).map(|(a, p)| std::net::SocketAddr::new(a.ip(), p))
+            }
+        };
+        match addr {
+            None => queue.push_back(Input::NodeChecked { token, answered: None }),
+            Some(addr) => {
+                let tx = self.input_tx.clone();
+                tokio::spawn(async move {
+                    let answered = node_answers(addr, wait).await;
+                    let _ = tx.send(Event::NodeChecked { token, answered: Some(answered) });
+                });
+            }
         }
     }
 
