@@ -5,11 +5,11 @@
 //! down, a timer, a detector signal, a shell's exit...) with the time, and carries out the effects it hands back
 //! (send, spawn or signal a shell, write the store, exit). See `docs/architecture.md`, "Crates".
 //!
-//! What is here: [`broker`] (the loop in `driver.rs`; the overlay links behind one seam, [`broker::transport`],
-//! with TCP, in-memory, verbs and libfabric implementations; the local connector; job shell processes and their
-//! cgroups; the eBPF and userspace detectors; rank 0's SQLite store; a system instance's TOML bootstrap,
-//! [`broker::config`]), [`keyfile`] (making, reading and writing the overlay key) and [`foreground`] (the initial
-//! program and the terminal). The `vigil` crate's CLI starts brokers with [`broker::run`].
+//! What is here: [`broker`] (the loop in `driver.rs`, its effects in `effects.rs`; the overlay links behind one
+//! seam, [`broker::transport`], with TCP, in-memory, verbs and libfabric implementations; the local connector; job
+//! shell processes and their cgroups; the eBPF and userspace detectors; rank 0's SQLite store; a system instance's
+//! TOML bootstrap, [`broker::config`]), [`keyfile`] (making, reading and writing the overlay key) and
+//! [`foreground`] (the initial program and the terminal). The `vigil` crate's CLI starts brokers with [`broker::run`].
 
 /// Shadows std's `eprintln!` in this crate: same output, but a failed write (standard error a closed pipe, as with
 /// `vigil start ... 2>&1 | head`, or a log collector gone) is ignored. std's version panics then, and a broker

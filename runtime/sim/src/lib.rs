@@ -307,7 +307,7 @@ enum Ev {
 }
 
 /// How long rank 0's fsync of its store takes with [`Config::statedir`] (the real driver's store thread,
-/// `broker/driver.rs`): submissions written meanwhile wait for the next one, as with a real disk.
+/// `broker/statedir_io.rs`): submissions written meanwhile wait for the next one, as with a real disk.
 const SYNC_DELAY: Duration = Duration::from_millis(2);
 
 /// What a parent's prober knows of one child (the fields of the real prober's target that shape what it

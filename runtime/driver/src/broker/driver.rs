@@ -8,6 +8,12 @@
 //! back. It never knows which transport a link runs on: a link's hello negotiates that through the upgrade
 //! seam (`upgrade.rs`), and the link's [`LinkChoice`] describes it.
 //!
+//! Here: the [`Driver`], its [`Event`]s, the start ([`run`] and its steps), the loop and its turn (step, flush
+//! and group commit), the detectors' glue and the clean-up. Next door, each a job of its own: `effects.rs`
+//! carries out the effects (and starts job shells), `links_up.rs` brings overlay links up (children accepted,
+//! parent connected), `discover.rs` finds what the node has, and `statedir_io.rs` runs rank 0's state directory
+//! (redo log writer, fsync thread).
+//!
 //! [`Effect`]: super::core::Effect
 //! [`LinkChoice`]: super::transport::LinkChoice
 
