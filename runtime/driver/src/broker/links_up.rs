@@ -168,15 +168,38 @@ impl Drop for SlotGuard {
     }
 }
 
+/// Connection attempts of one [`node_answers`] check, started a third of its wait apart.
+const CHECK_ATTEMPTS: u32 = 3;
+
 /// Whether the node at `addr` (an IP and a port no TCP listener is expected on: a broker's UDP probe port) answers
 /// a TCP connection attempt within `wait`: its kernel sends a SYN-ACK, or a reset where nothing listens, from its
 /// receive path, whatever its processes do; a dead node or a cut link sends nothing (`confirm.rs` in the core).
+///
+/// A lost SYN is sent again by the kernel only after a second, far past any wait a judge gives a check, so one
+/// attempt on a lossy link (2 % loss each way fails about 4 checks in 100) would make a live node look dead:
+/// [`CHECK_ATTEMPTS`] attempts, each on its own socket and started a third of `wait` apart, and any answer counts.
 pub(super) async fn node_answers(addr: std::net::SocketAddr, wait: Duration) -> bool {
-    match tokio::time::timeout(wait, tokio::net::TcpStream::connect(addr)).await {
-        Ok(Ok(_)) => true,
-        Ok(Err(e)) => e.kind() == std::io::ErrorKind::ConnectionRefused,
-        Err(_) => false,
+    let attempt = |delay: Duration| async move {
+        tokio::time::sleep(delay).await;
+        match tokio::net::TcpStream::connect(addr).await {
+            Ok(_) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionRefused,
+        }
+    };
+    let mut attempts = tokio::task::JoinSet::new();
+    for i in 0..CHECK_ATTEMPTS {
+        attempts.spawn(attempt(wait * i / CHECK_ATTEMPTS));
     }
+    let any = async {
+        while let Some(answered) = attempts.join_next().await {
+            if answered.unwrap_or(false) {
+                return true;
+            }
+        }
+        false
+    };
+    // Dropping the set aborts the attempts still waiting.
+    tokio::time::timeout(wait, any).await.unwrap_or(false)
 }
 
 /// Connect to the parent at `ep` (retrying until `tbon.connect_timeout`), say hello (asking to be adopted in
@@ -282,6 +305,22 @@ mod tests {
     use crate::hwloc::TopologySource;
     use crate::topology::Topology;
     use std::path::PathBuf;
+
+    /// A node's kernel answers a check with a SYN-ACK where something listens and with a reset where nothing
+    /// does; either is an answer, at once (loopback only here: what a dead node sends is nothing).
+    #[tokio::test]
+    async fn a_node_answers_with_a_syn_ack_or_a_reset() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let open = l.local_addr().expect("addr");
+        let closed = {
+            let c = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            c.local_addr().expect("addr")
+        };
+        let since = std::time::Instant::now();
+        assert!(node_answers(open, Duration::from_secs(60)).await, "a listener answers");
+        assert!(node_answers(closed, Duration::from_secs(60)).await, "a reset is an answer");
+        assert!(since.elapsed() < Duration::from_secs(60), "the first answer ends the check, not its wait");
+    }
 
     /// Rank `rank` of a 2-broker instance whose parent listens at `mem://rank0`.
     fn options(rank: u32, config: crate::attrs::BrokerConfig) -> BrokerOptions {
