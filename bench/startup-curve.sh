@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Start-up curve: `vigil start --test-size=N` for each N and topology, RUNS times each, all brokers on this
-# machine. Per run: seconds from launching `vigil start` to every rank online (rank 0's `vigil overlay status`),
+# machine. Per run: seconds from launching `vigil start` to every rank online (`vigil overlay status --wait=full`),
 # seconds of `vigil run -N N true`, and rank 0's broker CPU seconds (user + system, /proc) at that point. Prints a
 # markdown table of medians (min-max) and the ratio of each median to the smallest N's, so growth can be read
 # against N's own growth (linear = the N ratio). Packed instances stretch their periods (README: 32 brokers per
@@ -22,11 +22,7 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 # The instance's initial program: wait for N online, time the job, read rank 0's CPU time ($PPID is rank 0).
 inner='n=$1; t0=$2; tck=$3
-for _ in $(seq 1 6000); do
-    c=$(vigil overlay status --json 2>/dev/null | grep -o "\"state\":\"online\"" | wc -l)
-    [ "$c" -ge "$n" ] && break
-    sleep 0.05
-done
+vigil overlay status --wait=full --timeout=300s > /dev/null
 t1=$(date +%s.%N)
 vigil run -N"$n" true
 t2=$(date +%s.%N)

@@ -87,6 +87,12 @@ fn check_topology(size: u32, topo: Option<&str>) {
         assert!(o.stdout.contains(&probing), "want {probing:?}:\n{}", o.dump());
         let bad = inst.vigil(&["overlay", "status", "--rank", &size.to_string()]);
         assert!(bad.code != 0 && bad.stderr.contains("the instance has ranks"), "{}", bad.dump());
+        // `--wait` (flux overlay status --wait): the router's subtree is full; waiting for it to be degraded
+        // times out, exit code 1, naming what it is.
+        inst.vigil(&["overlay", "status", "--rank", &rs, "--wait", "full", "--timeout", "60s"]).ok();
+        let w = inst.vigil(&["overlay", "status", "--rank", &rs, "--wait", "degraded", "--timeout", "0.2s"]);
+        w.code_is(1);
+        assert!(w.stderr.contains("waiting for rank") && w.stderr.contains("(it is full)"), "{}", w.dump());
     }
 
     // The level attribute of the deepest rank agrees with the tree.

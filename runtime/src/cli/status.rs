@@ -76,6 +76,13 @@ pub enum OverlayCmd {
         /// view of its children), as `flux overlay status --rank`.
         #[arg(short, long, default_value_t = 0)]
         rank: u32,
+        /// Wait until the subtree's health is STATE before reporting, as `flux overlay status --wait`: full
+        /// (every rank online), partial (some offline), degraded (some lost or torpid), lost or offline (its root).
+        #[arg(long, value_name = "STATE", value_parser = ["full", "partial", "degraded", "lost", "offline"])]
+        wait: Option<String>,
+        /// With --wait: give up after this long (e.g. 30s, 2m; exit code 1). Default: wait for ever.
+        #[arg(long, value_name = "DURATION", requires = "wait")]
+        timeout: Option<String>,
     },
 }
 
@@ -366,32 +373,19 @@ pub(crate) async fn resource(cmd: ResourceCmd) -> Result<i32, String> {
 
 /// Health of the subtree rooted at `rank`: full, partial (some offline), degraded (some lost or torpid), lost,
 /// offline.
+/// The health of `rank`'s subtree from an `overlay.status` answer's rows (`vigil_core`'s rule, as rank 0 applies
+/// it for `--wait`).
 fn subtree_health(ranks: &[Value], rank: usize) -> &'static str {
-    let st = |r: usize| ranks.get(r).and_then(|v| v["state"].as_str()).unwrap_or("offline");
-    match st(rank) {
-        "lost" => return "lost",
-        "offline" => return "offline",
-        _ => {}
-    }
-    let mut stack = vec![rank];
-    let (mut offline, mut lost) = (false, false);
-    while let Some(r) = stack.pop() {
-        match st(r) {
-            "lost" | "torpid" => lost = true,
-            "offline" => offline = true,
-            _ => {}
-        }
-        if let Some(ch) = ranks.get(r).and_then(|v| v["children"].as_array()) {
-            stack.extend(ch.iter().filter_map(|c| c.as_u64()).map(|c| c as usize));
-        }
-    }
-    if lost {
-        "degraded"
-    } else if offline {
-        "partial"
-    } else {
-        "full"
-    }
+    let st = |r: u32| ranks.get(r as usize).and_then(|v| v["state"].as_str()).unwrap_or("offline");
+    let children = |r: u32| {
+        ranks
+            .get(r as usize)
+            .and_then(|v| v["children"].as_array())
+            .map(|ch| ch.iter().filter_map(|c| c.as_u64()).filter_map(|c| u32::try_from(c).ok()).collect())
+            .unwrap_or_default()
+    };
+    let size = u32::try_from(ranks.len()).unwrap_or(u32::MAX);
+    vigil_core::broker::services::overlay::subtree_health(rank as u32, size, st, children)
 }
 
 fn draw(ranks: &[Value], rank: usize, prefix: &str, last: bool, root: bool, out: &mut String) {
@@ -430,11 +424,63 @@ fn draw(ranks: &[Value], rank: usize, prefix: &str, last: bool, root: bool, out:
     }
 }
 
+/// `vigil overlay status --wait=STATE [--timeout=DURATION]`: ask rank 0 for the health of `rank`'s subtree
+/// (`overlay.status` with `health`) until it is `want`, every 20 ms at first and at most every 250 ms.
+async fn wait_for_health(
+    c: &crate::client::Client,
+    rank: u32,
+    want: &str,
+    timeout: Option<&str>,
+) -> Result<(), String> {
+    let limit = match timeout {
+        None => None,
+        Some(t) => Some(
+            crate::duration::parse_duration_secs(t)
+                .ok()
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .map(std::time::Duration::from_secs_f64)
+                .ok_or_else(|| format!("invalid --timeout '{t}': expected a duration such as 30s or 2m"))?,
+        ),
+    };
+    let since = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(20);
+    loop {
+        let r = c.rpc("overlay.status", 0, &json!({"health": rank})).await.map_err(|e| e.errstr)?;
+        let health = match r["health"].as_str() {
+            Some(h) => h.to_string(),
+            // An older rank 0 answers every row: the same rule on them.
+            None => {
+                let size = r["size"].as_u64().unwrap_or(0);
+                if u64::from(rank) >= size {
+                    return Err(format!("--rank {rank}: the instance has ranks 0-{}", size.saturating_sub(1)));
+                }
+                subtree_health(r["ranks"].as_array().map_or(&[][..], |v| v.as_slice()), rank as usize).to_string()
+            }
+        };
+        if health == want {
+            return Ok(());
+        }
+        if let Some(l) = limit {
+            if since.elapsed() >= l {
+                return Err(format!(
+                    "timed out after {:.1} s waiting for rank {rank}'s subtree to be {want} (it is {health})",
+                    l.as_secs_f64()
+                ));
+            }
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(std::time::Duration::from_millis(250));
+    }
+}
+
 /// `vigil overlay status`.
 pub(crate) async fn overlay(cmd: OverlayCmd) -> Result<i32, String> {
     let c = connect().await?;
     match cmd {
-        OverlayCmd::Status { json: as_json, rank } => {
+        OverlayCmd::Status { json: as_json, rank, wait, timeout } => {
+            if let Some(want) = wait {
+                wait_for_health(&c, rank, &want, timeout.as_deref()).await?;
+            }
             let mut r = c.rpc("overlay.status", 0, &json!({})).await.map_err(|e| e.errstr)?;
             let size = r["size"].as_u64().unwrap_or(0);
             if u64::from(rank) >= size {

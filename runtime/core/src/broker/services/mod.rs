@@ -151,7 +151,7 @@ mod detect;
 pub(super) mod job_exec;
 pub(super) mod job_info;
 mod job_manager;
-pub(super) mod overlay;
+pub mod overlay;
 mod resource;
 mod rexec;
 

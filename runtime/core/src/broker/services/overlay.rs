@@ -141,12 +141,75 @@ fn reparent(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     Ok(Some(json!({}).into()))
 }
 
+/// The health of rank `root`'s subtree in an instance of `size` ranks, as `flux overlay status` names it: `lost`
+/// or `offline` when `root` itself is; else `degraded` when a rank below it is lost or torpid, `partial` when one
+/// is offline, and `full` when every one is online. `state(r)` is rank r's state as [`MemberState`] names it
+/// (`online`, `torpid`, `offline`, `lost`), `children(r)` its current children; a rank is visited once, so a
+/// shape that is not a tree cannot make it loop.
+pub fn subtree_health<S: AsRef<str>>(
+    root: u32,
+    size: u32,
+    state: impl Fn(u32) -> S,
+    children: impl Fn(u32) -> Vec<u32>,
+) -> &'static str {
+    match state(root).as_ref() {
+        "lost" => return "lost",
+        "offline" => return "offline",
+        _ => {}
+    }
+    let (mut degraded, mut partial) = (false, false);
+    let mut seen = std::collections::BTreeSet::new();
+    let mut stack = vec![root];
+    while let Some(r) = stack.pop() {
+        if r >= size || !seen.insert(r) {
+            continue;
+        }
+        match state(r).as_ref() {
+            "lost" | "torpid" => degraded = true,
+            "offline" => partial = true,
+            _ => {}
+        }
+        stack.extend(children(r));
+    }
+    if degraded {
+        "degraded"
+    } else if partial {
+        "partial"
+    } else {
+        "full"
+    }
+}
+
+/// An `overlay.status` request: `{}` for every rank's row, or `{"health": R}` for only the health of rank R's
+/// subtree ([`subtree_health`]; `vigil overlay status --wait` asks it again and again, so it stays small).
+#[derive(Debug, Deserialize)]
+struct StatusRequest {
+    /// The root of the subtree whose health alone is asked, below the instance size.
+    health: Option<u32>,
+}
+
 /// `overlay.status`.
 fn status(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
-    lazy.object()?;
+    let req: StatusRequest = lazy.decode()?;
     let size = core.opts.size;
     let topo = core.opts.topo;
     let jc = core.jobcore.as_ref().ok_or(ServiceError::enosys("not rank 0"))?;
+    if let Some(root) = req.health {
+        if root >= size {
+            return Err(ServiceError::einval(format!("'health' must be a rank below the instance size {size}")));
+        }
+        let state = |r: u32| {
+            let s = core.members.get(&r).map_or(MemberState::Offline, |m| m.0.clone());
+            match s {
+                MemberState::Online => "online",
+                MemberState::Torpid => "torpid",
+                MemberState::Offline => "offline",
+                MemberState::Lost => "lost",
+            }
+        };
+        let health = subtree_health(root, size, state, |r| core.children_of(r));
+        return Ok(Some(json!({"size": size, "rank": root, "health": health}).into()));
+    }
     let ranks: Vec<Value> = (0..size)
         .map(|r| {
             let (state, why, since) =
@@ -191,3 +254,31 @@ fn transport(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
 
 /// The start of the reason of a rank torpid because a router above it is: "... rank R" (`overlay.torpid`).
 pub(crate) const BEHIND: &str = "unreachable behind torpid router rank";
+
+#[cfg(test)]
+mod tests {
+    use super::subtree_health;
+
+    /// Rank 0 with children 1 and 2; 1 with 3 and 4.
+    fn health(states: [&'static str; 5], root: u32) -> &'static str {
+        let children = |r: u32| match r {
+            0 => vec![1, 2],
+            1 => vec![3, 4],
+            _ => vec![],
+        };
+        subtree_health(root, 5, |r| states[r as usize], children)
+    }
+
+    #[test]
+    fn a_subtree_is_as_healthy_as_its_worst_rank() {
+        let on = "online";
+        assert_eq!(health([on; 5], 0), "full");
+        assert_eq!(health([on, on, on, "offline", on], 0), "partial");
+        assert_eq!(health([on, on, "offline", "torpid", on], 0), "degraded", "lost or torpid outweighs offline");
+        assert_eq!(health([on, on, "lost", on, on], 1), "full", "only the subtree counts");
+        assert_eq!(health([on, "lost", on, on, on], 1), "lost", "its root's own state");
+        assert_eq!(health([on, "offline", on, on, on], 0), "partial");
+        // A shape that is not a tree (a rank its own child) and out-of-range children end.
+        assert_eq!(subtree_health(0, 2, |_| "online", |r| vec![r, r + 1, 7]), "full");
+    }
+}
