@@ -41,12 +41,13 @@ pub(crate) enum Containment {
 
 impl Containment {
     /// Choose by `exec.containment` (`auto`, `cgroup`, `pgroup`) and `exec.cgroup-spawn` (`auto`, `move`):
-    /// `Err` only when `cgroup` was asked for and cannot be had.
-    pub(crate) fn choose(how: &str, spawn: &str, rank: u32) -> Result<Containment, String> {
+    /// `Err` only when `cgroup` was asked for and cannot be had. `sweep`: remove first what brokers that died
+    /// without cleaning up left beside ours (one broker per machine does it: see [`Cgroups::create`]).
+    pub(crate) fn choose(how: &str, spawn: &str, rank: u32, sweep: bool) -> Result<Containment, String> {
         if how == "pgroup" {
             return Ok(Containment::ProcessGroups("exec.containment=pgroup".into()));
         }
-        match Cgroups::create(rank, spawn == "move") {
+        match Cgroups::create(rank, spawn == "move", sweep) {
             Ok(c) => Ok(Containment::Cgroup(c)),
             Err(why) if how == "cgroup" => Err(format!("exec.containment=cgroup, but {why}")),
             Err(why) => Ok(Containment::ProcessGroups(why)),
@@ -108,12 +109,17 @@ fn own_cgroup() -> Option<String> {
 }
 
 impl Cgroups {
-    /// Make this broker's subtree, or say why not.
-    fn create(rank: u32, move_shells: bool) -> Result<Cgroups, String> {
+    /// Make this broker's subtree, or say why not; with `sweep`, first remove the stale subtrees beside it
+    /// ([`remove_stale`]). Every broker of a test instance shares one parent cgroup, so one sweeping each would
+    /// look up every other broker's process: N × N lookups (a quarter of a 1,024-broker start-up's CPU), hence
+    /// one per machine, the detector rank (`broker.detector-rank`; every broker where it is unset, one per node).
+    fn create(rank: u32, move_shells: bool, sweep: bool) -> Result<Cgroups, String> {
         let mount = cgroup2_mount().ok_or("no cgroup2 file system is mounted")?;
         let own = own_cgroup().ok_or("this process is in no cgroup v2 (/proc/self/cgroup has no 0:: line)")?;
         let base = mount.join(own.trim_start_matches('/'));
-        remove_stale(&base);
+        if sweep {
+            remove_stale(&base);
+        }
         let root = base.join(format!("vigil-broker-{}-{rank}", std::process::id()));
         std::fs::create_dir(&root).map_err(|e| format!("cannot create a cgroup under {}: {e}", base.display()))?;
         // A cgroup we cannot move a process into is of no use: find out now, with one that is thrown away.
@@ -347,7 +353,7 @@ mod tests {
     /// cgroup of its first run, killed at its end, is still there.
     #[tokio::test]
     async fn a_job_that_runs_again_gets_a_new_cgroup_and_its_shell_lives() {
-        let cgroups = match Cgroups::create(u32::MAX, false) {
+        let cgroups = match Cgroups::create(u32::MAX, false, true) {
             Ok(c) => c,
             Err(e) => return eprintln!("no usable cgroup2 here ({e}): skipped"),
         };

@@ -345,8 +345,10 @@ fn watch_signals(events: &mpsc::UnboundedSender<Event>) {
 /// # Errors
 /// `exec.containment=cgroup` and no cgroup can be had.
 fn choose_containment(opts: &BrokerOptions) -> Result<super::cgroup::Containment, String> {
+    // One broker per machine sweeps what dead brokers left (the detector rank of a test instance).
+    let sweep = opts.config.detector_rank.is_none_or(|r| r == opts.rank);
     let containment =
-        super::cgroup::Containment::choose(&opts.config.containment, &opts.config.cgroup_spawn, opts.rank)?;
+        super::cgroup::Containment::choose(&opts.config.containment, &opts.config.cgroup_spawn, opts.rank, sweep)?;
     match &containment {
         super::cgroup::Containment::ProcessGroups(why) if opts.config.containment != "pgroup" => {
             warn!("jobs are kept by process groups only, not cgroups: {why} (a task that calls setsid escapes its job)")
