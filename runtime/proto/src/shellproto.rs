@@ -149,6 +149,10 @@ pub struct ShellInput {
     /// is unique to this instance and removed with it; set by the broker that starts the shell.
     #[serde(default)]
     pub tmpdir: Option<String>,
+    /// The allocation's directory on this node (`VIGIL_ALLOC_TMPDIR`), chosen by the broker that starts the
+    /// shell with [`alloc_tmpdir`]. Absent (an older broker): the tasks get none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alloc_tmpdir: Option<AllocTmpdir>,
     /// Files to create in the job's temporary directory before the tasks start (`attributes.system.files` of
     /// the jobspec: name → `{"data": "...", "mode": 493}`); a batch script travels this way.
     #[serde(default)]
@@ -163,6 +167,62 @@ pub struct ShellInput {
     /// does not know the node's topology). Absent for a `cpu-count` node, whose shell places tasks by CPU number.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<ShellPlacement>,
+}
+
+/// Environment variable naming a job's allocation directory on the task's node: node-local storage that every
+/// job of a batch or alloc allocation sees, and that lasts until the allocation ends (the place for checkpoints).
+pub const ALLOC_TMPDIR_ENV: &str = "VIGIL_ALLOC_TMPDIR";
+
+/// Name of the allocation directory inside the job's own temporary directory, where the admin named no base
+/// (`exec.alloc-tmpdir-base`).
+pub const ALLOC_SUBDIR: &str = "alloc";
+
+/// A job's allocation directory on one node (`VIGIL_ALLOC_TMPDIR`), and who owns it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocTmpdir {
+    /// Its path.
+    pub path: String,
+    /// Whether this job's shell creates it (mode 0700) and removes it when the job ends: true for a job of an
+    /// instance that runs in no allocation (the job is its own), false inside a batch or alloc job, whose
+    /// directory belongs to the enclosing job's shell on the node.
+    pub owned: bool,
+}
+
+/// Where job `id_f58`'s allocation directory is on the node of its shell `shell_rank`:
+/// - `enclosing`: this instance runs as a batch or alloc job (the `alloc-tmpdir` attribute, from the
+///   `VIGIL_ALLOC_TMPDIR` its brokers were started with): that directory, shared by every job of the instance
+///   and not theirs to remove;
+/// - else `base` (`exec.alloc-tmpdir-base`, set by the admin): `BASE/vigil-INSTANCE-ID.SHELL_RANK`, owned by
+///   the job (the instance name, reduced to letters, digits, `-` and `_` and at most 16 of them, keeps two
+///   instances of one node apart);
+/// - else `ALLOC_SUBDIR` in the job's own temporary directory `job_tmpdir`, owned by the job.
+///
+/// A job of the system instance is thus its own allocation: its directory lives as long as it does. Pure: no
+/// file is touched.
+pub fn alloc_tmpdir(
+    enclosing: Option<&str>,
+    base: Option<&str>,
+    job_tmpdir: &str,
+    instance: &str,
+    id_f58: &str,
+    shell_rank: u32,
+) -> AllocTmpdir {
+    if let Some(p) = enclosing {
+        return AllocTmpdir { path: p.to_string(), owned: false };
+    }
+    let path = match base {
+        Some(b) => {
+            let inst: String = instance
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+                .take(16)
+                .collect();
+            let inst = if inst.is_empty() { "vigil".to_string() } else { inst };
+            std::path::Path::new(b).join(format!("vigil-{inst}-{id_f58}.{shell_rank}"))
+        }
+        None => std::path::Path::new(job_tmpdir).join(ALLOC_SUBDIR),
+    };
+    AllocTmpdir { path: path.display().to_string(), owned: true }
 }
 
 impl ShellInput {
@@ -447,6 +507,25 @@ pub fn status_exited(code: i32) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Inside a batch or alloc job every job shares the enclosing allocation's directory and owns none of it;
+    /// elsewhere a job owns its own, under the admin's base or else in its job tmpdir.
+    #[test]
+    fn alloc_tmpdir_is_the_enclosing_allocation_s_else_the_job_s_own() {
+        let t = "/run/vigil/jf1.2";
+        let shared = alloc_tmpdir(Some("/run/vigil/jfB.0/alloc"), Some("/dev/shm"), t, "vigil", "fA", 2);
+        assert_eq!(shared, AllocTmpdir { path: "/run/vigil/jfB.0/alloc".into(), owned: false });
+        let own = alloc_tmpdir(None, None, t, "vigil", "fA", 2);
+        assert_eq!(own, AllocTmpdir { path: "/run/vigil/jf1.2/alloc".into(), owned: true });
+        let based = alloc_tmpdir(None, Some("/dev/shm"), t, "cluster", "fA", 2);
+        assert_eq!(based, AllocTmpdir { path: "/dev/shm/vigil-cluster-fA.2".into(), owned: true });
+        // An instance name never leaves the base directory, nor makes a long name.
+        let odd = alloc_tmpdir(None, Some("/scratch/"), t, "../../etc/passwd-and-then-some", "fA", 0);
+        assert_eq!(odd.path, "/scratch/vigil-______etc_passwd-fA.0");
+        assert_eq!(alloc_tmpdir(None, Some("/s"), t, "", "fA", 1).path, "/s/vigil-vigil-fA.1");
+        // Each node of a job has its own.
+        assert_ne!(alloc_tmpdir(None, Some("/s"), t, "x", "fA", 0), alloc_tmpdir(None, Some("/s"), t, "x", "fA", 1));
+    }
 
     #[test]
     fn a_job_ended_by_a_lost_node_exits_69_whatever_its_tasks_gave() {

@@ -1186,6 +1186,7 @@ impl JobCore {
                 declared_gpus,
                 uri: String::new(),
                 tmpdir: None,
+                alloc_tmpdir: None,
                 files: files.clone(),
                 // Input ended with nothing held never grows again (`JobCore::stdin` refuses it): no shell asks.
                 stdin: !(job.stdin_eof && job.stdin.is_empty()),
