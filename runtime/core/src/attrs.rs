@@ -4,8 +4,8 @@
 //! `tbon.fanout`, `rank`, `size`, `local-uri`...). Where they come from:
 //! - `-S NAME=VALUE` on `vigil start`, `vigil broker`, and for the child brokers of `vigil batch` / `vigil alloc`
 //!   ([`Access::CommandLine`]);
-//! - `[tbon] topo` and `[bootstrap] statedir` of the TOML bootstrap file for `tbon.topo` and `statedir`
-//!   ([`Access::CommandLineOrToml`]; `-S` wins);
+//! - `[tbon] topo`, `[bootstrap] statedir` and `[exec] alloc-tmpdir-base` of the TOML bootstrap file for
+//!   `tbon.topo`, `statedir` and `exec.alloc-tmpdir-base` ([`Access::CommandLineOrToml`]; `-S` wins);
 //! - a nested instance's PMI bootstrap, from the enclosing instance ([`Access::Bootstrap`]; `-S` wins);
 //! - the broker itself, for what it learns as it runs: rank, size, endpoints, pid... ([`Access::Broker`]:
 //!   refused on the command line, shown by `vigil lsattr` / `vigil getattr`).
@@ -69,8 +69,8 @@ impl Kind {
 pub enum Access {
     /// `-S NAME=VALUE` on `vigil start` / `vigil broker` (and `vigil batch` / `alloc` for the child brokers).
     CommandLine,
-    /// As [`Access::CommandLine`], or the TOML bootstrap file (`[tbon] topo`, `[bootstrap] statedir`); the
-    /// command line wins.
+    /// As [`Access::CommandLine`], or the TOML bootstrap file (`[tbon] topo`, `[bootstrap] statedir`, `[exec]
+    /// alloc-tmpdir-base`); the command line wins.
     CommandLineOrToml,
     /// Set by a nested instance's PMI bootstrap from the enclosing instance; `-S` overrides it.
     Bootstrap,
@@ -223,6 +223,10 @@ pub static ATTRS: &[Attr] = &[
     attr("exec.cgroup-spawn", Kind::Enum(&["auto", "move"]), is("auto"), CommandLine,
         "how a shell gets into its cgroup: auto (created there, clone3 CLONE_INTO_CGROUP, where the kernel can), \
         move (moved in after start: milliseconds per shell)"),
+    attr("exec.alloc-tmpdir-base", Kind::Path, otherwise("the job's own temporary directory", "/dev/shm"),
+        CommandLineOrToml, "where each job's node-local VIGIL_ALLOC_TMPDIR is made, e.g. a fast local disk or /dev/shm \
+        ([exec] alloc-tmpdir-base in the TOML file); ignored in a batch or alloc job, whose jobs share the \
+        enclosing allocation's"),
     // The broker.
     attr("log-level", Kind::LogLevel, otherwise("$VIGIL_LOG, else warn (error in a nested instance)", "info"),
         CommandLine, "broker log level on standard error"),
@@ -235,6 +239,8 @@ pub static ATTRS: &[Attr] = &[
         "nesting depth: 0 for a system or test instance, the enclosing instance's + 1 for a batch/alloc job"),
     attr("jobid", Kind::Text, otherwise("none: not a nested instance", "f3Yq9b"), Bootstrap,
         "id of the enclosing instance's job this instance runs as"),
+    attr("alloc-tmpdir", Kind::Path, otherwise("none: not a nested instance", "/run/vigil/jfB.0/alloc"), Bootstrap,
+        "the enclosing allocation's directory on this node (its VIGIL_ALLOC_TMPDIR), every job's VIGIL_ALLOC_TMPDIR"),
     attr("parent-uri", Kind::Uri, otherwise("none: not a nested instance", "local:///run/vigil/local-0"), Bootstrap,
         "URI of the enclosing instance's broker on this node"),
     // Set by the broker.
@@ -491,6 +497,10 @@ pub struct BrokerConfig {
     pub containment: String,
     /// `exec.cgroup-spawn`: `auto` or `move` (see `broker/spawn.rs`).
     pub cgroup_spawn: String,
+    /// `exec.alloc-tmpdir-base`: where a job of an instance that runs in no allocation gets its node-local
+    /// allocation directory; `None` = in its own temporary directory
+    /// ([`vigil_proto::shellproto::alloc_tmpdir`]).
+    pub alloc_tmpdir_base: Option<PathBuf>,
     /// `log-level`: an `EnvFilter` directive; `None` = `$VIGIL_LOG`, else `warn` (the command starting the
     /// broker resolves it before the broker runs).
     pub log_level: Option<String>,
@@ -504,6 +514,9 @@ pub struct BrokerConfig {
     pub jobid: Option<String>,
     /// `parent-uri`: the enclosing instance's broker on this node (nested instances only).
     pub parent_uri: Option<String>,
+    /// `alloc-tmpdir`: the enclosing allocation's directory on this node, which every job of this (nested)
+    /// instance shares as its `VIGIL_ALLOC_TMPDIR`; `None` outside a batch or alloc job.
+    pub alloc_tmpdir: Option<PathBuf>,
 }
 
 impl Default for BrokerConfig {
@@ -536,12 +549,14 @@ impl Default for BrokerConfig {
             shell: None,
             containment: "auto".into(),
             cgroup_spawn: "auto".into(),
+            alloc_tmpdir_base: None,
             log_level: None,
             rundir: None,
             statedir: None,
             instance_level: 0,
             jobid: None,
             parent_uri: None,
+            alloc_tmpdir: None,
         }
     }
 }
@@ -804,6 +819,13 @@ impl Draft {
                     _ => return Err("expected auto or move".into()),
                 }
             }
+            "exec.alloc-tmpdir-base" => {
+                if !v.starts_with('/') {
+                    return Err("expected an absolute path (each node's shell makes the directories there)".into());
+                }
+                c.alloc_tmpdir_base = Some(path(v)?)
+            }
+            "alloc-tmpdir" => c.alloc_tmpdir = Some(path(v)?),
             "log-level" => {
                 let word = LOG_LEVELS.contains(&v);
                 if !word && (!v.contains('=') || tracing_subscriber::EnvFilter::try_new(v).is_err()) {
@@ -965,6 +987,8 @@ impl BrokerConfig {
             "exec.shell" => self.shell.as_ref()?.display().to_string(),
             "exec.containment" => self.containment.clone(),
             "exec.cgroup-spawn" => self.cgroup_spawn.clone(),
+            "exec.alloc-tmpdir-base" => self.alloc_tmpdir_base.as_ref()?.display().to_string(),
+            "alloc-tmpdir" => self.alloc_tmpdir.as_ref()?.display().to_string(),
             "log-level" => self.log_level.clone()?,
             "rundir" => self.rundir.as_ref()?.display().to_string(),
             "statedir" => self.statedir.as_ref()?.display().to_string(),

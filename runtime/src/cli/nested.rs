@@ -233,6 +233,15 @@ fn broker_args(o: &InstanceOpts) -> Result<Vec<String>, String> {
     }
     let map = super::parse_attrs(&attrs)?;
     super::start::check_attrs(&map).map_err(|e| format!("child broker: {e}"))?;
+    // The jobs of a batch or alloc job share its own node-local directory: no other is theirs to choose.
+    for name in ["exec.alloc-tmpdir-base", "alloc-tmpdir"] {
+        if map.contains_key(name) {
+            return Err(format!(
+                "child broker: {name} cannot be set for a batch or alloc job: every job inside it shares the \
+                 allocation's VIGIL_ALLOC_TMPDIR (exec.alloc-tmpdir-base is the system instance's, set by the admin)"
+            ));
+        }
+    }
     Ok(attrs.into_iter().map(|a| format!("--setattr={a}")).collect())
 }
 

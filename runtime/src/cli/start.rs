@@ -601,6 +601,9 @@ fn config_bootstrap(a: &BrokerArgs, path: &str, mut attrs: BTreeMap<String, Stri
     if let Some(d) = &cfg.bootstrap.statedir {
         attrs.entry("statedir".into()).or_insert_with(|| d.clone());
     }
+    if let Some(d) = &cfg.exec.alloc_tmpdir_base {
+        attrs.entry("exec.alloc-tmpdir-base".into()).or_insert_with(|| d.clone());
+    }
     let config = check_attrs(&attrs)?;
     let ranks = cfg.ranks().map_err(|e| e.to_string())?;
     let host = a.hostname.clone().unwrap_or_else(hostname);
@@ -645,7 +648,8 @@ fn config_bootstrap(a: &BrokerArgs, path: &str, mut attrs: BTreeMap<String, Stri
 /// fetches those it may connect to (its parent's and its adoptive parents'). Two kinds of launcher:
 /// - **A Vigil job** (batch/alloc: `$VIGIL_JOB_TMPDIR` is set): resources come from the enclosing job's R
 ///   (`$VIGIL_JOB_TMPDIR/R.json`), ranks renumbered from 0; the node's topology source from
-///   `$VIGIL_NODE_TOPOLOGY`; the run directory is in the job's directory.
+///   `$VIGIL_NODE_TOPOLOGY`; the run directory is in the job's directory; the allocation's node-local
+///   directory (`$VIGIL_ALLOC_TMPDIR`) becomes the `alloc-tmpdir` attribute, every job's `VIGIL_ALLOC_TMPDIR`.
 /// - **Any other PMI launcher** (MPICH's hydra, Flux, Slurm's `srun --mpi=pmi2`...): each broker owns the whole
 ///   node it runs on (discovered as `vigil start` does), binds the address its host name resolves to (127.0.0.1
 ///   if that is a loopback address), and makes a private run directory under `$TMPDIR`, returned so that it is
@@ -694,6 +698,13 @@ async fn pmi_bootstrap(
         return Err("no --config FILE given, and not started by a PMI launcher (PMI_FD is not set): see docs/system-instance.md".into());
     }
     let job_tmpdir = std::env::var("VIGIL_JOB_TMPDIR").ok().map(PathBuf::from);
+    // A Vigil batch or alloc job: its shell on this node gave its tasks (this broker) the allocation's directory,
+    // which every job of this instance shares.
+    if let (Some(_), Ok(d)) = (&job_tmpdir, std::env::var(crate::shellproto::ALLOC_TMPDIR_ENV)) {
+        if !d.is_empty() {
+            attrs.insert("alloc-tmpdir".into(), d);
+        }
+    }
     if job_tmpdir.is_none() {
         if a.job_script.is_some() {
             return Err("--job-script names a script of a Vigil batch job, but VIGIL_JOB_TMPDIR is not set".into());

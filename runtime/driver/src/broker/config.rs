@@ -14,6 +14,8 @@
 //! statedir = "/var/lib/vigil"          # optional: rank 0 keeps its jobs here (docs/statedir.md)
 //! [tbon]
 //! topo = "kary:2"                      # optional
+//! [exec]
+//! alloc-tmpdir-base = "/dev/shm"       # optional: where jobs' VIGIL_ALLOC_TMPDIR is made (default: job tmpdir)
 //! ```
 
 use crate::hostlist::Hostlist;
@@ -65,6 +67,15 @@ pub struct TbonTable {
     pub topo: Option<String>,
 }
 
+/// The `[exec]` table.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecTable {
+    /// `exec.alloc-tmpdir-base` (`-S` wins): where each job's node-local `VIGIL_ALLOC_TMPDIR` is made.
+    #[serde(rename = "alloc-tmpdir-base")]
+    pub alloc_tmpdir_base: Option<String>,
+}
+
 /// A whole config file.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -74,6 +85,9 @@ pub struct ConfigFile {
     /// Optional TBON table.
     #[serde(default)]
     pub tbon: TbonTable,
+    /// Optional exec table.
+    #[serde(default)]
+    pub exec: ExecTable,
 }
 
 /// One rank of the instance, resolved.
@@ -208,6 +222,8 @@ hosts = [ { host = "node0", bind = "tcp://10.200.0.1:9000", connect = "tcp://10.
 statedir = "/var/lib/vigil"
 [tbon]
 topo = "kary:2"
+[exec]
+alloc-tmpdir-base = "/dev/shm"
 "#,
         )
         .unwrap();
@@ -219,6 +235,7 @@ topo = "kary:2"
         assert!(matches!(c.rank_of("nope"), Err(ConfigError::UnknownHost(_))));
         assert_eq!(c.tbon.topo.as_deref(), Some("kary:2"));
         assert_eq!(c.bootstrap.statedir.as_deref(), Some("/var/lib/vigil"));
+        assert_eq!(c.exec.alloc_tmpdir_base.as_deref(), Some("/dev/shm"));
     }
 
     /// The JSON form (`vigil start`'s) reads as the TOML form with the same keys, and is refused as it is.
@@ -246,6 +263,7 @@ topo = "kary:2"
     fn rejects_bad_configs() {
         assert!(ConfigFile::parse("[bootstrap]\nhosts = []").is_err());
         assert!(ConfigFile::parse("[bootstrap]\nhosts = [{host='a'}]\nbogus = 1").is_err());
+        assert!(ConfigFile::parse("[bootstrap]\nhosts = [{host='a'}]\n[exec]\nalloc_tmpdir_base = '/x'").is_err());
         let c = ConfigFile::parse("[bootstrap]\nhosts = [{host='a'}]").unwrap();
         assert!(matches!(c.ranks(), Err(ConfigError::NoEndpoint { .. })));
     }

@@ -96,6 +96,17 @@ fn spawn_shell(core: &mut Broker, msg: &Message, req: SpawnRequest) -> Reply {
     // to 108 bytes.
     let tmpdir = core.opts.rundir.join(format!("j{id}.{}", input.shell_rank));
     input.tmpdir = Some(tmpdir.display().to_string());
+    // Node-local storage for the allocation: the enclosing batch/alloc job's where this instance is one, else the
+    // job's own (under the admin's base, or in its tmpdir).
+    let cfg = &core.opts.config;
+    input.alloc_tmpdir = Some(crate::shellproto::alloc_tmpdir(
+        cfg.alloc_tmpdir.as_deref().and_then(|p| p.to_str()),
+        cfg.alloc_tmpdir_base.as_deref().and_then(|p| p.to_str()),
+        &tmpdir.display().to_string(),
+        &core.opts.instance,
+        &input.id_f58,
+        input.shell_rank,
+    ));
     core.shells.insert(id);
     core.spawning.insert(id, msg.clone());
     core.effect(Effect::SpawnShell { id, input: Box::new(input), tmpdir });
