@@ -34,7 +34,8 @@ use vigil_client::Client;
 use vigil_proto::affinity::{format_cpulist, CpuAffinity, GpuAffinity};
 use vigil_proto::message::NODEID_ANY;
 use vigil_proto::shellproto::{
-    status_exited, OutputLine, ShellInput, ShellReport, TaskPlacement, TOPIC_OUTPUT, TOPIC_TASK_EXIT,
+    status_exited, OutputLine, ShellInput, ShellReport, TaskPlacement, ALLOC_SUBDIR, ALLOC_TMPDIR_ENV, TOPIC_OUTPUT,
+    TOPIC_TASK_EXIT,
 };
 
 /// Longest line forwarded as one output entry (bytes); longer lines are split.
@@ -185,6 +186,15 @@ async fn run() -> i32 {
     0
 }
 
+/// Make directory `dir`, new (not one that exists already), mode 0700, owned by this process's user.
+fn make_private_dir(dir: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new().mode(0o700).create(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    // Whatever the umask took away.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| format!("cannot chmod {}: {e}", dir.display()))
+}
+
 /// The job's nodes as one compressed host list (`node[1-3,7]`, RFC 29), from R's `execution.nodelist` (RFC 20:
 /// host lists in rank order), as Slurm's `SLURM_JOB_NODELIST`; `None` when R has none or it does not parse.
 fn job_nodelist(r: &serde_json::Value) -> Option<String> {
@@ -194,6 +204,8 @@ fn job_nodelist(r: &serde_json::Value) -> Option<String> {
 
 struct Shell {
     tmpdir: Option<std::path::PathBuf>,
+    /// The tasks' `VIGIL_ALLOC_TMPDIR` on this node, and whether this shell removes it at the end (it made it).
+    alloc_tmpdir: Option<(std::path::PathBuf, bool)>,
     input: ShellInput,
     client: Client,
     placement: Vec<TaskPlacement>,
@@ -233,14 +245,14 @@ impl Shell {
             }
             let placement = cpu_count_placement(&input, cpu, gpu);
             let bind = cpu != CpuAffinity::Off;
-            return Ok(Shell { tmpdir: None, input, client, placement, bind, notes });
+            return Ok(Shell { tmpdir: None, alloc_tmpdir: None, input, client, placement, bind, notes });
         };
         if let Some(e) = p.error {
             return Err(e);
         }
         notes.extend(p.notes);
         let (placement, bind) = (p.tasks, p.bind);
-        Ok(Shell { tmpdir: None, input, client, placement, bind, notes })
+        Ok(Shell { tmpdir: None, alloc_tmpdir: None, input, client, placement, bind, notes })
     }
 
     /// Task `rank` was killed by the OOM killer: a non-fatal exception naming it, the node and the broker rank,
@@ -277,6 +289,11 @@ impl Shell {
         if let Some(t) = &self.tmpdir {
             env.insert("VIGIL_JOB_TMPDIR".into(), t.display().to_string());
         }
+        // This node's, never the one the submitter's environment carried from another node.
+        match &self.alloc_tmpdir {
+            Some((a, _)) => env.insert(ALLOC_TMPDIR_ENV.into(), a.display().to_string()),
+            None => env.remove(ALLOC_TMPDIR_ENV),
+        };
         if let Some(p) = self.placement.get(local as usize) {
             if let Some(cpus) = &p.cpus {
                 env.insert("VIGIL_TASK_CPUS".into(), format_cpulist(cpus));
@@ -324,8 +341,50 @@ impl Shell {
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
                 .map_err(|e| format!("chmod {}: {e}", path.display()))?;
         }
+        self.alloc_tmpdir = self.make_alloc_tmpdir(&dir);
         self.tmpdir = Some(dir);
         Ok(())
+    }
+
+    /// The allocation's directory on this node (`VIGIL_ALLOC_TMPDIR`, chosen by the broker). One this job owns
+    /// is made here, new and mode 0700 (never one that someone made first: in a shared base such as /dev/shm
+    /// that could be another user's); where it cannot be, the job gets `ALLOC_SUBDIR` of its tmpdir `job_dir`
+    /// instead, and its stderr says why. One of the enclosing allocation is only checked. `None`: the tasks get
+    /// none (said on stderr, unless the broker is too old to choose one).
+    fn make_alloc_tmpdir(&mut self, job_dir: &std::path::Path) -> Option<(std::path::PathBuf, bool)> {
+        let a = self.input.alloc_tmpdir.clone()?;
+        let path = std::path::PathBuf::from(&a.path);
+        let host = nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_default();
+        let on = format!("on {host} (rank {})", self.input.broker_rank);
+        if !a.owned {
+            if path.is_dir() {
+                return Some((path, false));
+            }
+            self.notes.push(format!(
+                "vigil-shell: the allocation's directory {} does not exist {on}: VIGIL_ALLOC_TMPDIR is unset",
+                path.display()
+            ));
+            return None;
+        }
+        let fallback = job_dir.join(ALLOC_SUBDIR);
+        match make_private_dir(&path) {
+            Ok(()) => return Some((path, true)),
+            Err(e) if path == fallback => {
+                self.notes.push(format!("vigil-shell: {e} {on}: VIGIL_ALLOC_TMPDIR is unset"));
+                return None;
+            }
+            Err(e) => self.notes.push(format!(
+                "vigil-shell: {e} {on} (exec.alloc-tmpdir-base): VIGIL_ALLOC_TMPDIR is {} instead",
+                fallback.display()
+            )),
+        }
+        match make_private_dir(&fallback) {
+            Ok(()) => Some((fallback, true)),
+            Err(e) => {
+                self.notes.push(format!("vigil-shell: {e} {on}: VIGIL_ALLOC_TMPDIR is unset"));
+                None
+            }
+        }
     }
 
     /// Remove the job's temporary directory `dir`: the files this shell wrote into it, then the directory, which
@@ -377,7 +436,13 @@ impl Shell {
         }
         let (mut out_file, mut err_file) = match self.output_files() {
             Ok(f) => f,
-            Err(e) => return ShellReport::failed(e),
+            Err(e) => {
+                // The broker removes the job's tmpdir; an allocation directory elsewhere is ours to remove.
+                if let Some((a, true)) = self.alloc_tmpdir.take() {
+                    let _ = std::fs::remove_dir_all(a);
+                }
+                return ShellReport::failed(e);
+            }
         };
         // Bounded: a task that writes faster than rank 0 takes its output blocks on its pipe (backpressure)
         // instead of growing the shell's memory.
@@ -811,6 +876,9 @@ impl Shell {
         let _ = NODEID_ANY;
         tasks.sort_unstable();
         let status = tasks.iter().map(|t| t.1).max_by_key(|s| vigil_proto::shellproto::exit_code(*s)).unwrap_or(0);
+        if let Some((a, true)) = self.alloc_tmpdir.take() {
+            let _ = std::fs::remove_dir_all(a);
+        }
         if let Some(t) = self.tmpdir.take() {
             self.remove_tmpdir(&t);
         }

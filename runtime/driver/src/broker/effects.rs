@@ -309,6 +309,9 @@ impl Driver {
         let mut stdout = shell.stdout.take();
         let tx = self.input_tx.clone();
         let data = serde_json::to_vec(input).unwrap_or_default();
+        // The node-local allocation directory this job's shell makes (`VIGIL_ALLOC_TMPDIR`, where not the enclosing
+        // allocation's), for the case the shell is killed before it removes it.
+        let alloc_dir = input.alloc_tmpdir.as_ref().filter(|a| a.owned).map(|a| PathBuf::from(&a.path));
         tokio::spawn(async move {
             // Into its cgroup before it gets its input, where it was not created there: it starts nothing before
             // it has read it all. Off the broker's loop: a write to `cgroup.procs` waits for an RCU grace period
@@ -349,6 +352,10 @@ impl Driver {
                 }
             }
             let _ = std::fs::remove_dir_all(&tmpdir);
+            // A shell that reported removed its own (and left alone one it found made by someone else).
+            if let (Some(a), None) = (alloc_dir, &report) {
+                let _ = std::fs::remove_dir_all(a);
+            }
             let _ = tx.send(Event::ShellDone { id, report, status });
             // The empty cgroup goes after the job's end is reported: nothing waits for it.
             if let Some(rest) = ended {
