@@ -571,3 +571,112 @@ fn batch_exit_codes() {
     assert_eq!(read(&inst, &format!("vigil-{a}.out")).trim(), "fine");
     assert_eq!(read(&inst, &format!("vigil-{b}.out")).trim(), "before");
 }
+
+/// The `KEY VALUE...` lines of `text` starting with `key`, by their first word after it (a broker rank).
+fn rows<'a>(text: &'a str, key: &str) -> BTreeMap<u32, Vec<&'a str>> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(key)?.strip_prefix(' '))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter_map(|w| Some((w.first()?.parse().ok()?, w[1..].to_vec())))
+        .collect()
+}
+
+/// A batch job on 2 nodes whose first job writes a file in `$VIGIL_ALLOC_TMPDIR` on each node and whose second
+/// reads it back there: `wrote RANK DIR MODE OWNER ME JOBDIR` and `read RANK DIR JOB CONTENT...` lines.
+const ALLOC_SCRIPT: &str = r#"#!/bin/sh
+# vigil: -N 2
+echo "script $VIGIL_ALLOC_TMPDIR"
+vigil run -N2 -n2 sh -c 'echo "rank $VIGIL_BROKER_RANK of job $VIGIL_JOB_ID" > "$VIGIL_ALLOC_TMPDIR/mark" &&
+    echo "wrote $VIGIL_BROKER_RANK $VIGIL_ALLOC_TMPDIR $(stat -c "%a %u" "$VIGIL_ALLOC_TMPDIR") $(id -u) $VIGIL_JOB_TMPDIR"' || exit 11
+vigil run -N2 -n2 sh -c 'echo "read $VIGIL_BROKER_RANK $VIGIL_ALLOC_TMPDIR $VIGIL_JOB_ID $(cat "$VIGIL_ALLOC_TMPDIR/mark")"' || exit 12
+"#;
+
+/// Node-local storage for an allocation (`VIGIL_ALLOC_TMPDIR`): each node of a batch job has one directory, mode
+/// 0700 and the job's user's, that every job inside sees; it outlives those jobs (the second reads on each node
+/// what the first wrote there; the first's own `VIGIL_JOB_TMPDIR` is gone) and goes when the batch job ends. An
+/// ordinary job of the system instance is its own allocation: its directory lasts as long as it does.
+#[test]
+fn alloc_tmpdir_outlives_the_inner_jobs_and_goes_with_the_allocation() {
+    let inst = Instance::start(3, &[]);
+    let s = script(&inst, "alloc.sh", ALLOC_SCRIPT);
+    let id = batch(&inst, &[&s]);
+    let w = inst.vigil_t(&["job", "wait", &id], NESTED_TIMEOUT);
+    let text = read(&inst, &format!("vigil-{id}.out"));
+    let ctx = format!("{}\n--- vigil-{id}.out ---\n{text}", w.dump());
+    assert_eq!(w.code, 0, "{ctx}");
+    let (wrote, readback) = (rows(&text, "wrote"), rows(&text, "read"));
+    assert_eq!(wrote.keys().copied().collect::<Vec<_>>(), vec![0, 1], "{ctx}");
+    assert_eq!(readback.keys().copied().collect::<Vec<_>>(), vec![0, 1], "{ctx}");
+    assert_ne!(wrote[&0][0], wrote[&1][0], "one directory per node:\n{ctx}");
+    for r in [0u32, 1] {
+        let (w, rd) = (&wrote[&r], &readback[&r]);
+        assert_eq!(w.len(), 5, "{ctx}");
+        let dir = Path::new(w[0]);
+        assert!(dir.is_absolute(), "{ctx}");
+        assert_eq!(w[1], "700", "mode of {}:\n{ctx}", w[0]);
+        assert_eq!(w[2], w[3], "owned by the job's user:\n{ctx}");
+        assert!(!Path::new(w[4]).exists(), "the first job's VIGIL_JOB_TMPDIR {} should be gone:\n{ctx}", w[4]);
+        assert!(!dir.starts_with(w[4]), "an inner job's tmpdir holds the allocation's:\n{ctx}");
+        // The second job, on the same node, finds the same directory and what the first job wrote there.
+        assert_eq!(rd[0], w[0], "rank {r}: another directory for the second job:\n{ctx}");
+        let want = ["rank".to_string(), r.to_string(), "of".into(), "job".into()];
+        assert_eq!(rd[2..6], want, "rank {r} read back:\n{ctx}");
+        assert_ne!(rd[6], rd[1], "the mark was written by the first job, not the second:\n{ctx}");
+        assert!(!dir.exists(), "{} outlived the batch job:\n{ctx}", dir.display());
+    }
+    // The batch script itself has its node's.
+    assert!(text.lines().any(|l| l == format!("script {}", wrote[&0][0])), "{ctx}");
+
+    // In the system instance a job is its own allocation.
+    let o = inst.vigil(&[
+        "run",
+        "-N2",
+        "-n2",
+        "sh",
+        "-c",
+        "test -d \"$VIGIL_ALLOC_TMPDIR\" && echo \"own $VIGIL_BROKER_RANK $VIGIL_ALLOC_TMPDIR $VIGIL_JOB_TMPDIR\"",
+    ]);
+    o.ok();
+    let own = rows(&o.stdout, "own");
+    assert_eq!(own.len(), 2, "{}", o.dump());
+    for w in own.values() {
+        assert_eq!(Path::new(w[0]), Path::new(w[1]).join("alloc"), "{}", o.dump());
+        assert!(!Path::new(w[0]).exists(), "{} outlived its job", w[0]);
+    }
+}
+
+/// `exec.alloc-tmpdir-base`: the admin's place for allocation directories (a fast local disk, /dev/shm); a batch
+/// job's inner jobs share the batch job's there, and neither `vigil batch` nor `vigil alloc` lets a user choose
+/// another for the jobs inside.
+#[test]
+fn alloc_tmpdir_base_holds_the_allocations_directories() {
+    let base = tempdir();
+    let b = base.path().display().to_string();
+    let inst = Instance::start(3, &[&format!("exec.alloc-tmpdir-base={b}")]);
+    let g = inst.vigil(&["getattr", "exec.alloc-tmpdir-base"]);
+    assert_eq!(g.ok().stdout.trim(), b, "{}", g.dump());
+    let s = script(&inst, "alloc.sh", ALLOC_SCRIPT);
+    let id = batch(&inst, &[&s]);
+    let w = inst.vigil_t(&["job", "wait", &id], NESTED_TIMEOUT);
+    let text = read(&inst, &format!("vigil-{id}.out"));
+    let ctx = format!("{}\n--- vigil-{id}.out ---\n{text}", w.dump());
+    assert_eq!(w.code, 0, "{ctx}");
+    let (wrote, readback) = (rows(&text, "wrote"), rows(&text, "read"));
+    assert_eq!(wrote.len(), 2, "{ctx}");
+    for (r, w) in &wrote {
+        let name = Path::new(w[0]).strip_prefix(&b).unwrap_or_else(|_| panic!("{} is not under {b}:\n{ctx}", w[0]));
+        // vigil-INSTANCE-JOBID.SHELLRANK: a test instance's name is random hex.
+        let name = name.to_string_lossy();
+        assert!(name.starts_with("vigil-") && name.ends_with(&format!("-{id}.{r}")), "{name}:\n{ctx}");
+        assert_eq!(readback[r][0], w[0], "{ctx}");
+        assert_eq!(readback[r][2..4], ["rank", &r.to_string()], "{ctx}");
+    }
+    let left: Vec<_> = std::fs::read_dir(base.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "left in the base: {left:?}");
+    let set_base = format!("exec.alloc-tmpdir-base={b}");
+    for args in [&["batch", "-S", &set_base, "./alloc.sh"][..], &["alloc", "-S", "alloc-tmpdir=/x", "true"]] {
+        let o = inst.vigil(args);
+        assert_ne!(o.code, 0, "{}", o.dump());
+        assert!(o.stderr.contains("VIGIL_ALLOC_TMPDIR"), "{}", o.dump());
+    }
+}
