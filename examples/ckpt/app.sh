@@ -1,7 +1,8 @@
 #!/bin/sh
 # A checkpointing application (one task per node), SCR-style partner scheme.
-# Every STEP_S seconds each rank advances its state, writes a checkpoint to its node's local directory
-# ($CKPT_ROOT/<node>/ckpt.<rank>), and a copy to its partner's node (rank+1 mod size) as partner.<rank>.
+# Every STEP_S seconds each rank advances its state, writes a checkpoint to its node's local storage
+# ($VIGIL_ALLOC_TMPDIR/ckpt.<rank>: the allocation's, kept across relaunches until the batch job ends), and a copy
+# to its partner's node (rank+1 mod size) as partner.<rank>, there reached as $CKPT_ROOT/<node> (see batch.sh).
 # On start a rank resumes from the newest checkpoint of its rank it can find on its node; after a relaunch it
 # refuses (exit 3) to resume from older than the newest complete one batch.sh found ($CKPT_ROOT/expect.<rank>).
 # Usage: app.sh STEPS   (environment: CKPT_ROOT, STEP_S)
@@ -10,8 +11,7 @@ steps=$1
 rank=$VIGIL_TASK_RANK
 size=$VIGIL_JOB_SIZE
 node=$(vigil getattr hostname)
-dir=$CKPT_ROOT/$node
-mkdir -p "$dir"
+dir=${VIGIL_ALLOC_TMPDIR:?not set: run this as a Vigil job}
 state=0
 if [ -f "$dir/ckpt.$rank" ]; then
     state=$(cat "$dir/ckpt.$rank")

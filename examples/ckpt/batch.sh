@@ -2,6 +2,11 @@
 # N+1 checkpoint/restart: run the application on N nodes of an N+1-node allocation; if a node is lost, put every
 # rank's newest checkpoint on the node where the relaunch will run it (rebuilt from its partner copy when its own
 # node died with it), and relaunch on the N surviving nodes. Works whichever application node, or the spare, dies.
+# Checkpoints live in node-local storage, each node's VIGIL_ALLOC_TMPDIR, which the relaunch finds as the first launch
+# left it and which goes when this batch job ends. The rebuild below and app.sh's partner copies reach another
+# node's as $CKPT_ROOT/<node>, a symbolic link: the "nodes" of ci/netns-cluster.sh share one file system (on a
+# cluster those copies go over the network, as SCR's do over MPI). At the end the last checkpoints are flushed to
+# $CKPT_ROOT/<node>, real directories in place of the links, which outlive the allocation.
 # Usage (inside a Vigil instance): vigil batch -N5 batch.sh APP STEPS   (environment: CKPT_ROOT, STEP_S)
 # Exit code: the last launch's; 3 if a rank would resume from a checkpoint older than its newest complete one.
 set -u
@@ -9,6 +14,18 @@ app=$1
 steps=$2
 n=$(( $(vigil getattr size) - 1 ))
 ts() { date +%s.%N; }
+# Every node's local storage as $CKPT_ROOT/<node>, the spare's too (replacing what a previous run flushed there).
+# Where brokers share a host name (vigil start --test-size) one link wins: the partner scheme is not exercised there.
+vigil run -N$((n + 1)) -n$((n + 1)) sh -c \
+    'l=$CKPT_ROOT/$(vigil getattr hostname); rm -rf "$l"; ln -s "$VIGIL_ALLOC_TMPDIR" "$l" 2>/dev/null || [ -L "$l" ]' ||
+    exit 1
+flush() {
+    for l in "$CKPT_ROOT"/*; do
+        [ -L "$l" ] || continue
+        if cp -R "$l/." "$l.flush" 2>/dev/null; then rm "$l" && mv "$l.flush" "$l"; else rm -rf "$l.flush"; fi
+    done
+}
+trap flush EXIT
 echo "$(ts) launch 1: $n ranks on $n nodes of ${VIGIL_JOB_NODELIST:-the allocation}, 1 spare"
 vigil run -N"$n" -n"$n" "$app" "$steps"
 rc=$?
