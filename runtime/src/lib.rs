@@ -41,7 +41,7 @@ pub use vigil_driver::{broker, broker_now, foreground, keyfile};
 pub use vigil_core::{attrs, jobs, membership};
 // The pure formats and codecs live in `vigil-proto` (shared with the job shell); re-exported under their old
 // paths, so `crate::idset`, `vigil::message` and the rest name the same modules as before.
-pub use vigil_proto::{duration, eventlog, hostlist, idset, jobspec, message, r, shellproto, topology};
+pub use vigil_proto::{duration, eventlog, hostlist, idset, jobspec, message, r, shellproto, taskmap, topology};
 // The local-connector client and the frame reader/writer live in `vigil-client` (the job shell uses them too).
 pub use vigil_client::{self as client, frame};
 // Node discovery and placement live in `vigil-hwloc` (the job shell uses them too).

@@ -27,6 +27,8 @@ pub mod probe;
 pub mod signal;
 
 // The pure formats and codecs (`vigil-proto`), under the same paths as in `vigil`.
-pub use vigil_proto::{constraint, duration, eventlog, hostlist, idset, jobspec, message, r, shellproto, topology};
+pub use vigil_proto::{
+    constraint, duration, eventlog, hostlist, idset, jobspec, message, r, shellproto, taskmap, topology,
+};
 // The PMI-1 limits, for the PMI barrier's checks (broker/services/job_exec.rs).
 use vigil_proto::pmi;

@@ -6,7 +6,8 @@
 //! tested and fuzzed in isolation (decoders never panic: bad input is an error).
 //!
 //! - formats from the Flux RFCs: [`idset`] (RFC 22), [`hostlist`] (RFC 29), [`duration`] (RFC 23),
-//!   [`eventlog`] (RFC 18), [`r`] (RFC 20), [`jobspec`] (RFC 14/25);
+//!   [`eventlog`] (RFC 18), [`r`] (RFC 20), [`jobspec`] (RFC 14/25), [`taskmap`] (RFC 34, and `--taskmap`'s
+//!   schemes);
 //! - [`topology`]: TBON math (parent, children, routers, critical ranks, next hop);
 //! - [`node`]: what a broker reports of its node, and where the node's topology comes from; [`key`]: the
 //!   overlay key as a value (reading and writing key files is the runtime's);
@@ -61,4 +62,5 @@ pub mod pmi;
 pub mod pmi2;
 pub mod r;
 pub mod shellproto;
+pub mod taskmap;
 pub mod topology;
