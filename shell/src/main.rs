@@ -267,11 +267,12 @@ impl Shell {
         );
     }
 
-    fn task_env(&self, local: u32) -> BTreeMap<String, String> {
+    /// The environment of local task `local`, global task rank `rank` (the job's task map gave it to this node).
+    fn task_env(&self, local: u32, rank: u32) -> BTreeMap<String, String> {
         let i = &self.input;
         let mut env = i.environment.clone();
         env.insert("VIGIL_JOB_ID".into(), i.id_f58.clone());
-        env.insert("VIGIL_TASK_RANK".into(), (i.first_task + local).to_string());
+        env.insert("VIGIL_TASK_RANK".into(), rank.to_string());
         env.insert("VIGIL_TASK_LOCAL_RANK".into(), local.to_string());
         env.insert("VIGIL_JOB_SIZE".into(), i.ntasks.to_string());
         env.insert("VIGIL_JOB_NNODES".into(), i.nshells.to_string());
@@ -501,10 +502,12 @@ impl Shell {
 
         // PMI-1: one socketpair per task, served by this shell; `-o pmi=off` disables it.
         let use_pmi = self.input.option_str("pmi").is_none_or(|v| v != "off" && v != "none");
+        // This node's global task ranks, in local order: a run of ranks (block), or those a task map lists.
+        let ranks = self.input.task_ranks();
         let mut pmi_srv = pmi::PmiServer::new(
             format!("vigil-{}", self.input.id_f58),
             self.input.ntasks,
-            self.input.first_task..self.input.first_task + self.input.local_tasks,
+            ranks.iter().copied(),
             vigil_proto::pmi::process_mapping(&self.input.taskmap),
         );
         let (pmi_tx, mut pmi_rx) = mpsc::unbounded_channel::<(u32, Option<Vec<u8>>)>();
@@ -530,10 +533,10 @@ impl Shell {
         let mut tasks: Vec<(u32, i32)> = Vec::new();
         let mut readers = Vec::new();
         let mut stdins: Vec<mpsc::UnboundedSender<Option<Vec<u8>>>> = Vec::new();
-        for local in 0..self.input.local_tasks {
-            let rank = self.input.first_task + local;
+        for (local, &rank) in ranks.iter().enumerate() {
+            let local = local as u32;
             let Some(prog) = self.input.command.first() else { break };
-            let env = self.task_env(local);
+            let env = self.task_env(local, rank);
             // Spawned without a fork (posix_spawn: the kernel copies none of this shell's page tables), which
             // std does only for a program named by its path, with no code run between fork and exec: so the
             // program is looked up in the task's PATH here, the PMI socket is inherited without CLOEXEC, and the
@@ -716,7 +719,7 @@ impl Shell {
         let (barrier_tx, mut barrier_rx) = mpsc::unbounded_channel::<Result<BTreeMap<String, String>, String>>();
         let mut abort_code: Option<i32> = None;
         let mut broker_gone = false;
-        let n = self.input.local_tasks as usize;
+        let n = ranks.len();
         while tasks.len() < n {
             let mut outs = Vec::new();
             tokio::select! {

@@ -123,7 +123,9 @@ impl PmiServer {
             }
             "get" => {
                 let Some(k) = line.get("key") else { return vec![err("get_result", "missing_key")] };
-                if k == "PMI_process_mapping" {
+                // An empty mapping (one that does not fit in a PMI value) is left out: the task finds no key, as
+                // under a launcher that gives none, rather than a wrong or truncated map.
+                if k == "PMI_process_mapping" && !self.mapping.is_empty() {
                     let m = self.mapping.clone();
                     return vec![ok("get_result", &[("value", &m)])];
                 }
@@ -223,6 +225,21 @@ mod tests {
         assert_eq!(reply(&s.handle(0, b"cmd=finalize\n")).cmd, "finalize_ack");
         assert!(s.closed(0).is_empty(), "finalized tasks may close");
         assert_eq!(reply(&s.handle(0, b"cmd=bogus\n")).get("msg"), Some("unknown_command"));
+    }
+
+    /// A cyclic task map: this shell runs ranks 0 and 2 of 4; the mapping describes it, and without one (too
+    /// long for a PMI value) the key is absent.
+    #[test]
+    fn cyclic_ranks_and_their_mapping() {
+        let mut s = PmiServer::new("kvs-1".into(), 4, [0, 2], "(vector,(0,2,1),(0,2,1))".into());
+        assert_eq!(reply(&s.handle(2, b"cmd=get_universe_size\n")).get("size"), Some("4"));
+        let m = s.handle(2, b"cmd=get kvsname=kvs-1 key=PMI_process_mapping\n");
+        assert_eq!(reply(&m).get("value"), Some("(vector,(0,2,1),(0,2,1))"));
+        assert!(s.handle(0, b"cmd=barrier_in\n").is_empty(), "waits for local rank 2, not 1");
+        assert!(matches!(s.handle(2, b"cmd=barrier_in\n")[0], Out::Barrier(_)));
+        let mut none = PmiServer::new("kvs-1".into(), 4, [0, 2], String::new());
+        let m = none.handle(0, b"cmd=get kvsname=kvs-1 key=PMI_process_mapping\n");
+        assert_eq!(reply(&m).get("rc"), Some("-1"));
     }
 
     #[test]

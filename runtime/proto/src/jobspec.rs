@@ -255,8 +255,18 @@ pub struct JobRequest {
     /// Requeue the job when it fails because one of its nodes was lost: `attributes.system.requeue: true`
     /// ([`REQUEUE_KEY`]), or the shell option `requeue` set to true, 1, yes or on.
     pub requeue: bool,
-    /// Which nodes the job may run on (`attributes.system.constraints`, RFC 31); `None`: any.
+    /// Which nodes the job may run on (`attributes.system.constraints`, RFC 31); `None`: any. A `hostfile` task
+    /// map adds its hosts here: the job runs on exactly those.
     pub constraint: Option<crate::constraint::Constraint>,
+    /// Most nodes, when the node count is a range (`count: {min, max}` of RFC 14, `-N MIN-MAX`, Slurm's
+    /// `--nodes=min-max`): the job takes as many free nodes as it can up to this, at least [`JobRequest::nnodes`]
+    /// (the minimum). `None`: exactly `nnodes`.
+    pub nnodes_max: Option<u32>,
+    /// One task per slot (`tasks[0].count.per_slot`): with a node range the job's task count follows the nodes it
+    /// gets, and [`JobRequest::ntasks`] is the count at the minimum.
+    pub tasks_per_slot: bool,
+    /// How tasks are mapped to the job's nodes (the shell option `taskmap`, `--taskmap`, RFC 34 schemes).
+    pub taskmap: crate::taskmap::Scheme,
     /// Non-fatal findings, e.g. `attributes.system.foo: unknown key, ignored`.
     pub warnings: Vec<String>,
 }
@@ -426,6 +436,27 @@ fn v1_count(count: &Count, path: &str) -> Result<u32, JobspecError> {
     u32::try_from(value).map_err(|_| invalid(p, format!("must be at most {}", u32::MAX)))
 }
 
+/// The most nodes of a node count that is a range (`{min, max}`, RFC 14), given its minimum `min` (already
+/// checked): `None` for a fixed count, a range without `max`, or `max == min`. Only ranges of every count between
+/// the two are supported (operator `+`, operand 1, RFC 14's defaults).
+fn node_range_max(count: &Count, min: u32) -> Result<Option<u32>, JobspecError> {
+    let Count::Range(r) = count else { return Ok(None) };
+    if r.operator.as_deref().is_some_and(|o| o != "+") {
+        return Err(invalid("resources[0].count.operator", "only + is supported for a node count"));
+    }
+    if r.operand.is_some_and(|o| o != 1) {
+        return Err(invalid("resources[0].count.operand", "only 1 is supported for a node count"));
+    }
+    match r.max {
+        None => Ok(None),
+        Some(max) => {
+            let max = u32::try_from(max)
+                .map_err(|_| invalid("resources[0].count.max", format!("must be at most {}", u32::MAX)))?;
+            Ok((max > min).then_some(max))
+        }
+    }
+}
+
 /// Check a leaf (`core`/`gpu`) vertex inside a slot.
 fn v1_leaf(r: &Resource, path: &str) -> Result<u32, JobspecError> {
     if !r.with.is_empty() {
@@ -498,7 +529,8 @@ impl Jobspec {
     /// `node` (count, optional `exclusive`) containing exactly one `slot`, or
     /// a `slot`; the slot has a non-empty `label`, a count, and contains one
     /// `core` and at most one `gpu` (counts `>= 1`, no children); counts are
-    /// integers or `{min: N}` (min is used); `tasks` has exactly one task
+    /// integers or `{min: N}` (min is used), except that a node count `{min, max}` is a range (Slurm's
+    /// `--nodes=min-max`: [`JobRequest::nnodes_max`]); `tasks` has exactly one task
     /// with a non-empty `command`, `slot` equal to the slot label, and count
     /// `{per_slot: 1}` or `{total: N >= 1}`; `attributes.system.duration`
     /// is present (seconds, 0 = unlimited).
@@ -522,9 +554,11 @@ impl Jobspec {
                 format!("must contain exactly one resource (node or slot), got {}", self.resources.len()),
             ));
         };
+        let mut nnodes_max = None;
         let (nnodes, slot, slot_path, exclusive) = match top.kind.as_str() {
             "node" => {
                 let n = v1_count(&top.count, "resources[0].count")?;
+                nnodes_max = node_range_max(&top.count, n)?;
                 if top.label.is_some() {
                     return Err(invalid("resources[0].label", "only allowed on slot"));
                 }
@@ -650,6 +684,22 @@ impl Jobspec {
                     .map_err(|e| invalid(e.path, e.message))?,
             ),
         };
+        let taskmap = match shell_options.get("taskmap") {
+            None | Some(Value::Null) => crate::taskmap::Scheme::Block,
+            Some(v) => crate::taskmap::Scheme::from_value(v)
+                .map_err(|e| invalid("attributes.system.shell.options.taskmap", e.to_string()))?,
+        };
+        // Checked with the node count only when it is fixed: a range or a slot request learns it at allocation.
+        let fixed_nodes = if nnodes_max.is_some() { None } else { nnodes };
+        taskmap.check(fixed_nodes, ntasks).map_err(|e| invalid("attributes.system.shell.options.taskmap", e.0))?;
+        let mut constraint = constraint;
+        if let crate::taskmap::Scheme::Hostfile { .. } = &taskmap {
+            let hosts = crate::constraint::Constraint::Hosts(taskmap.hosts().into_iter().collect());
+            constraint = Some(match constraint {
+                None => hosts,
+                Some(c) => crate::constraint::Constraint::And(vec![c, hosts]),
+            });
+        }
         let mut warnings = Vec::new();
         for key in sys.other.keys() {
             if key != REQUEUE_KEY && !RECOGNIZED_SYSTEM_KEYS.contains(&key.as_str()) {
@@ -676,6 +726,9 @@ impl Jobspec {
             exclusive,
             requeue,
             constraint,
+            nnodes_max,
+            tasks_per_slot: matches!(task.count, TaskCount::PerSlot(_)),
+            taskmap,
             warnings,
         })
     }
@@ -750,6 +803,10 @@ pub struct JobspecBuilder {
     pub requeue: bool,
     /// `--requires`, `--nodelist`, `--exclude`: `attributes.system.constraints` (RFC 31).
     pub constraint: Option<crate::constraint::Constraint>,
+    /// `-N MIN-MAX`: the most nodes (`nnodes` is then the least); the node count becomes an RFC 14 range.
+    pub nnodes_max: Option<u32>,
+    /// `--taskmap`: the shell option `taskmap` (left out for the default, `block`).
+    pub taskmap: Option<crate::taskmap::Scheme>,
 }
 
 impl JobspecBuilder {
@@ -832,6 +889,19 @@ impl JobspecBuilder {
         self
     }
 
+    /// Set `-N MIN-MAX`: at least `min`, at most `max` nodes.
+    pub fn nnodes_range(mut self, min: u32, max: u32) -> Self {
+        self.nnodes = Some(min);
+        self.nnodes_max = Some(max);
+        self
+    }
+
+    /// Set `--taskmap` (the `taskmap` shell option).
+    pub fn taskmap(mut self, scheme: crate::taskmap::Scheme) -> Self {
+        self.taskmap = Some(scheme);
+        self
+    }
+
     /// Produce the jobspec (which passes [`Jobspec::validate`]).
     ///
     /// # Errors
@@ -861,6 +931,21 @@ impl JobspecBuilder {
         }
         if self.exclusive && self.nnodes.is_none() {
             return err("--exclusive requires -N/--nodes");
+        }
+        match (self.nnodes, self.nnodes_max) {
+            (None, Some(_)) => return err("-N MIN-MAX: a node range needs its minimum"),
+            (Some(min), Some(max)) if max < min => {
+                return Err(JobspecError::Builder(format!(
+                    "-N {min}-{max}: the minimum ({min}) is more than the maximum ({max})"
+                )))
+            }
+            _ => {}
+        }
+        let mut shell_options = self.shell_options;
+        if let Some(t) = &self.taskmap {
+            if *t != crate::taskmap::Scheme::Block {
+                shell_options.insert("taskmap".into(), t.to_value());
+            }
         }
         // The request's totals must fit in 32 bits (as `validate` requires): said here in option terms.
         let max = u64::from(u32::MAX);
@@ -898,15 +983,16 @@ impl JobspecBuilder {
             exclusive: None,
             with: leaves.clone(),
         };
+        let max = self.nnodes_max;
         let (resource, count) = match (self.nnodes, self.ntasks) {
             (None, n) => (slot(n.unwrap_or(1)), TaskCount::PerSlot(1)),
-            (Some(nodes), None) => (node(nodes, self.exclusive, slot(1)), TaskCount::PerSlot(1)),
+            (Some(nodes), None) => (node(nodes, max, self.exclusive, slot(1)), TaskCount::PerSlot(1)),
             (Some(nodes), Some(n)) => {
                 if n < nodes {
                     return err("-n must be >= -N");
                 }
                 let per_node = n.div_ceil(nodes);
-                (node(nodes, self.exclusive, slot(per_node)), TaskCount::Total(u64::from(n)))
+                (node(nodes, max, self.exclusive, slot(per_node)), TaskCount::Total(u64::from(n)))
             }
         };
         Ok(Jobspec {
@@ -918,8 +1004,7 @@ impl JobspecBuilder {
                     duration: Some(duration),
                     cwd: self.cwd,
                     environment: self.environment,
-                    shell: (!self.shell_options.is_empty())
-                        .then(|| Shell { options: self.shell_options, other: Map::new() }),
+                    shell: (!shell_options.is_empty()).then(|| Shell { options: shell_options, other: Map::new() }),
                     other: {
                         let mut other = Map::new();
                         if self.requeue {
@@ -947,14 +1032,18 @@ fn leaf(kind: &str, count: u32) -> Resource {
     }
 }
 
-fn node(count: u32, exclusive: bool, slot: Resource) -> Resource {
-    Resource {
-        kind: "node".into(),
-        count: Count::Fixed(u64::from(count)),
-        label: None,
-        exclusive: exclusive.then_some(true),
-        with: vec![slot],
-    }
+/// A node vertex: `count` nodes, or with `max` the RFC 14 range `{min: count, max, operator: "+", operand: 1}`.
+fn node(count: u32, max: Option<u32>, exclusive: bool, slot: Resource) -> Resource {
+    let count = match max {
+        Some(max) if max > count => Count::Range(CountRange {
+            min: u64::from(count),
+            max: Some(u64::from(max)),
+            operator: Some("+".into()),
+            operand: Some(1),
+        }),
+        _ => Count::Fixed(u64::from(count)),
+    };
+    Resource { kind: "node".into(), count, label: None, exclusive: exclusive.then_some(true), with: vec![slot] }
 }
 
 #[cfg(test)]
@@ -1039,6 +1128,7 @@ attributes:
                 ntasks: 4,
                 command: vec!["hostname".into()],
                 duration: None,
+                tasks_per_slot: true,
                 ..Default::default()
             }
         );
@@ -1064,6 +1154,60 @@ attributes:
         let b = JobspecBuilder::new(["true"]).shell_option("requeue", json!("maybe"));
         let e = b.build().unwrap().validate().unwrap_err().to_string();
         assert!(e.contains("attributes.system.shell.options.requeue"), "{e}");
+    }
+
+    /// `-N MIN-MAX` is an RFC 14 range on the node count; MIN > MAX and operators other than `+` are refused,
+    /// naming the field.
+    #[test]
+    fn node_ranges() {
+        let b = JobspecBuilder::new(["hostname"]).nnodes_range(2, 3);
+        let js = b.build().expect("builds");
+        let v: Value = serde_json::from_str(&js.to_json()).unwrap();
+        assert_eq!(v.pointer("/resources/0/count"), Some(&json!({"min": 2, "max": 3, "operator": "+", "operand": 1})));
+        let req = js.validate().unwrap();
+        assert_eq!((req.nnodes, req.nnodes_max, req.ntasks, req.tasks_per_slot), (Some(2), Some(3), 2, true));
+        let e = JobspecBuilder::new(["x"]).nnodes_range(3, 2).build().unwrap_err().to_string();
+        assert!(e.contains("the minimum (3) is more than the maximum (2)"), "{e}");
+        let with = |count: Value| {
+            let mut v = v.clone();
+            v["resources"][0]["count"] = count;
+            Jobspec::from_value(&v).unwrap().validate().map_err(|e| e.to_string())
+        };
+        assert_eq!(with(json!({"min": 3, "max": 2})).unwrap_err(), "resources[0].count.max: must be >= min");
+        assert!(with(json!({"min": 2, "max": 8, "operator": "*", "operand": 2})).unwrap_err().contains("operator"));
+        assert_eq!(with(json!({"min": 2, "max": 2})).unwrap().nnodes_max, None, "a range of one count is fixed");
+        assert_eq!(with(json!({"min": 2})).unwrap().nnodes_max, None, "V1: min alone is used");
+    }
+
+    /// `--taskmap`: the shell option in Flux's `{scheme, value}` form; an impossible map is refused naming the
+    /// option; a hostfile places the job on its hosts.
+    #[test]
+    fn taskmap_option() {
+        use crate::taskmap::{Scheme, Taskmap};
+        let b = JobspecBuilder::new(["x"]).nnodes(2).ntasks(4).taskmap(Scheme::Cyclic(1));
+        let js = b.build().unwrap();
+        let v: Value = serde_json::from_str(&js.to_json()).unwrap();
+        assert_eq!(
+            v.pointer("/attributes/system/shell/options/taskmap"),
+            Some(&json!({"scheme": "cyclic", "value": "1"}))
+        );
+        assert_eq!(js.validate().unwrap().taskmap, Scheme::Cyclic(1));
+        let manual = Scheme::Manual(Taskmap::decode(&json!([[0, 2, 1, 2]])).unwrap());
+        let ok = JobspecBuilder::new(["x"]).nnodes(2).ntasks(4).taskmap(manual.clone()).build().unwrap();
+        assert!(ok.validate().is_ok());
+        let bad = JobspecBuilder::new(["x"]).nnodes(2).ntasks(3).taskmap(manual.clone()).build().unwrap();
+        let e = bad.validate().unwrap_err().to_string();
+        assert_eq!(e, "attributes.system.shell.options.taskmap: got 4 tasks, expected 3");
+        let range = JobspecBuilder::new(["x"]).nnodes_range(2, 3).ntasks(4).taskmap(manual).build().unwrap();
+        assert!(range.validate().unwrap_err().to_string().contains("needs a fixed node count"));
+        let hf = Scheme::Hostfile { path: "f".into(), hosts: vec!["b".into(), "a".into()] };
+        let req = JobspecBuilder::new(["x"]).nnodes(2).ntasks(2).taskmap(hf).build().unwrap().validate().unwrap();
+        let c = req.constraint.expect("the hostfile's hosts");
+        assert!(c.matches(0, "a") && c.matches(1, "b") && !c.matches(2, "c"));
+        let mut v = v.clone();
+        v["attributes"]["system"]["shell"]["options"]["taskmap"] = json!({"scheme": "spiral"});
+        let e = Jobspec::from_value(&v).unwrap().validate().unwrap_err().to_string();
+        assert!(e.starts_with("attributes.system.shell.options.taskmap: unknown scheme 'spiral'"), "{e}");
     }
 
     #[test]

@@ -119,6 +119,11 @@ pub struct ShellInput {
     pub first_task: u32,
     /// Number of tasks this shell runs.
     pub local_tasks: u32,
+    /// The global ranks of this shell's tasks, ascending, when they are not the run
+    /// `first_task..first_task + local_tasks` (a cyclic, manual or hostfile task map, RFC 34). Absent (as from
+    /// an older broker): that run. Use [`ShellInput::task_ranks`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks: Option<Vec<u32>>,
     /// Core ids (hwloc logical indices) allocated on this node.
     pub cores: Vec<u32>,
     /// GPU ids allocated on this node.
@@ -235,8 +240,18 @@ impl ShellInput {
         })
     }
 
+    /// The global ranks of this shell's tasks, in local order (local task i is `task_ranks()[i]`): `tasks`, or
+    /// the run from `first_task`.
+    pub fn task_ranks(&self) -> Vec<u32> {
+        match &self.tasks {
+            Some(t) => t.clone(),
+            None => (self.first_task..self.first_task.saturating_add(self.local_tasks)).collect(),
+        }
+    }
+
     /// Check the numbers a shell does arithmetic with: its tasks `first_task..first_task + local_tasks` lie within
-    /// the job's `ntasks`, and `shell_rank` is below `nshells`. A broker checks this before it starts a shell
+    /// the job's `ntasks` (and `tasks`, when listed, has `local_tasks` ascending ranks below it), and
+    /// `shell_rank` is below `nshells`. A broker checks this before it starts a shell
     /// with an input that came over the overlay.
     ///
     /// # Errors
@@ -249,6 +264,17 @@ impl ShellInput {
                     "tasks {}+{} exceed the job's ntasks {}",
                     self.first_task, self.local_tasks, self.ntasks
                 ))
+            }
+        }
+        if let Some(t) = &self.tasks {
+            if t.len() as u64 != u64::from(self.local_tasks) {
+                return Err(format!("tasks lists {} ranks but local_tasks is {}", t.len(), self.local_tasks));
+            }
+            if t.windows(2).any(|w| w[0] >= w[1]) {
+                return Err("tasks must be ascending, each once".into());
+            }
+            if let Some(last) = t.last().filter(|l| **l >= self.ntasks) {
+                return Err(format!("task {last} is not below the job's ntasks {}", self.ntasks));
             }
         }
         if self.shell_rank >= self.nshells {

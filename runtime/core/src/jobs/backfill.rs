@@ -57,6 +57,7 @@ pub struct Reservation {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Shape {
     nnodes: Option<u32>,
+    nnodes_max: Option<u32>,
     nslots: u32,
     per_node: Option<u32>,
     cores: u32,
@@ -68,6 +69,7 @@ impl Shape {
     fn of(r: &JobRequest) -> Shape {
         Shape {
             nnodes: r.nnodes,
+            nnodes_max: r.nnodes_max,
             nslots: r.nslots,
             per_node: r.slots_per_node,
             cores: r.cores_per_slot,

@@ -270,6 +270,8 @@ pub struct ShellState {
     pub rank: u32,
     /// Tasks on this shell.
     pub ntasks: u32,
+    /// Their global ranks (empty when not known: a shell rank 0 found running after it restarted).
+    pub tasks: IdSet,
     /// The broker confirmed the shell started.
     pub spawned: bool,
     /// The shell is gone (exited, failed to start or its rank was lost).
@@ -460,6 +462,8 @@ pub struct Job {
     pub usage: Option<crate::shellproto::Usage>,
     /// Times the job went back to the queue after losing a node (`requeue.rs`).
     pub requeues: u32,
+    /// The RFC 34 task map of its last start (which node runs which task rank), as the `start` event carries it.
+    pub taskmap: Option<Value>,
     /// Set when a loss makes the job fail and it will be requeued once its resources are released: why.
     requeue_pending: Option<String>,
     /// Ranks of the allocation already released early (RFC 32 partial release of lost nodes).
@@ -535,6 +539,7 @@ impl Job {
             cut_off: BTreeMap::new(),
             usage: None,
             requeues: 0,
+            taskmap: None,
             requeue_pending: None,
             released: IdSet::new(),
             nspawned: 0,
@@ -629,7 +634,10 @@ impl Job {
             "name": self.name.as_deref()
                 .or_else(|| self.req.command.first().map(|c| c.rsplit('/').next().unwrap_or(c))).unwrap_or(""),
             // Nodes held once allocated; before, the number asked for (`-N`), null when the jobspec names none.
-            "ntasks": self.req.ntasks,
+            // Tasks run once allocated (a node range's follow its nodes); before, the number asked for.
+            "ntasks": if self.shells.is_empty() { self.req.ntasks } else { self.shells.values().map(|s| s.ntasks).sum() },
+            "taskmap": self.taskmap.clone().or_else(|| self.eventlog.iter().rev()
+                .find(|e| e.name == "start").and_then(|e| e.context.get("taskmap").cloned())),
             "nnodes": if self.alloc.is_empty() { self.req.nnodes.map(Value::from).unwrap_or(Value::Null) } else { self.alloc.len().into() },
             "ranks": ranks.to_string(), "nodelist": nodelist,
             "t_submit": self.t_submit, "t_run": self.t_run, "t_finish": self.t_finish(), "t_inactive": self.t_inactive,
@@ -1058,6 +1066,19 @@ impl JobCore {
     ) -> Result<JobId, SubmitError> {
         let spec = Jobspec::from_value(jobspec).map_err(|e| SubmitError::Jobspec(e.to_string()))?;
         let mut req = spec.validate().map_err(|e| SubmitError::Jobspec(e.to_string()))?;
+        if let crate::taskmap::Scheme::Hostfile { .. } = &req.taskmap {
+            // A host the instance does not have: the job could never run (its nodes are the hostfile's).
+            let known: std::collections::BTreeSet<&str> =
+                self.pool.ranks.values().map(|p| p.hostname.as_str()).collect();
+            let unknown: crate::hostlist::Hostlist =
+                req.taskmap.hosts().into_iter().filter(|h| !known.contains(h.as_str())).collect();
+            if !unknown.is_empty() {
+                return Err(SubmitError::Jobspec(format!(
+                    "attributes.system.shell.options.taskmap: the hostfile names {unknown}, not a node of this \
+                     instance"
+                )));
+            }
+        }
         // Nodes the constraints name that this instance does not have (a typo, most likely): said either way.
         let unknown = req.constraint.as_ref().map(|c| self.unknown_nodes(c)).filter(|u| !u.is_empty());
         if let Err(err) = self.pool.feasible(&req) {
@@ -1145,7 +1166,24 @@ impl JobCore {
                 })
                 .collect()
         };
-        let taskmap = taskmap(&counts);
+        // The job's task map (RFC 34): the scheme asked for, over the block counts above. Submit checked what it
+        // could; what only the nodes reveal (a manual map for a node range) fails the job here, saying why.
+        let hostnames: Vec<String> = ranks.iter().map(|r| r.hostname.clone()).collect();
+        let layout = job.req.taskmap.layout(&counts, &hostnames);
+        let map = match layout {
+            Ok(m) => m,
+            Err(e) => {
+                // Not expected (submit refuses what could fail here): the resources go back and the job ends.
+                self.pool.free(&alloc, None);
+                let note = format!("attributes.system.shell.options.taskmap: {e}");
+                self.drop_pending(now, id, Exception { kind: "exec".into(), severity: 0, note });
+                return;
+            }
+        };
+        let by_node = map.tasks_by_node(alloc.len());
+        let counts: Vec<u32> = by_node.iter().map(|t| t.len() as u32).collect();
+        let ntasks: u32 = counts.iter().sum();
+        let taskmap = map.to_value();
         self.queue.remove(&id);
         self.running.insert(id);
         for a in &alloc {
@@ -1156,9 +1194,9 @@ impl JobCore {
         job.r = Some(r.clone());
         job.t_run = Some(now);
         job.expiration = expiration;
+        job.taskmap = Some(taskmap.clone());
         let rv = serde_json::to_value(&r).unwrap_or(Value::Null);
         job.post(now, "alloc", json!({"R": rv}));
-        let mut first = 0;
         let nshells = alloc.len() as u32;
         let files = job.files();
         for (i, a) in alloc.iter().enumerate() {
@@ -1169,9 +1207,11 @@ impl JobCore {
                 shell_rank: i as u32,
                 broker_rank: a.rank,
                 nshells,
-                ntasks: job.req.ntasks,
-                first_task: first,
+                ntasks,
+                first_task: by_node[i].first().copied().unwrap_or(0),
                 local_tasks: counts[i],
+                // Listed only when they are not one run of ranks (a cyclic, manual or hostfile map).
+                tasks: by_node[i].windows(2).any(|w| w[1] != w[0] + 1).then(|| by_node[i].clone()),
                 cores: a.cores.iter().collect(),
                 gpus: a.gpus.iter().collect(),
                 cores_per_task: job.req.cores_per_slot,
@@ -1198,6 +1238,7 @@ impl JobCore {
                     shell_rank: i as u32,
                     rank: a.rank,
                     ntasks: counts[i],
+                    tasks: by_node[i].iter().copied().collect(),
                     spawned: false,
                     exited: false,
                     status: None,
@@ -1206,7 +1247,6 @@ impl JobCore {
                     batches: BatchOrder::default(),
                 },
             );
-            first += counts[i];
             self.actions.push_back(Action::SpawnShell { id, rank: a.rank, input: Box::new(input) });
         }
         self.actions.push_back(Action::Updated(id));
@@ -1225,7 +1265,12 @@ impl JobCore {
                 sh.spawned = true;
                 job.nspawned += 1;
                 if job.state == JobState::Run && job.nspawned == job.shells.len() {
-                    job.post(now, "start", json!({}));
+                    // The task map in the start event, as Flux's `shell.start` carries it (`vigil job info`).
+                    let ctx = match &job.taskmap {
+                        Some(t) => json!({"taskmap": t}),
+                        None => json!({}),
+                    };
+                    job.post(now, "start", ctx);
                     self.actions.push_back(Action::Updated(id));
                 }
                 if job.nspawned == job.shells.len() && job.first_exit.is_some() && job.exit_clock.is_none() {
@@ -1630,16 +1675,9 @@ fn trim_output(j: &mut Job, keep: usize) {
     }
 }
 
-/// RFC 34 task map for per-node task counts (consecutive nodes with equal counts are merged).
+/// RFC 34 task map for per-node task counts, block-wise ([`crate::taskmap::Taskmap::block`]).
 pub fn taskmap(counts: &[u32]) -> Value {
-    let mut map: Vec<[u32; 4]> = Vec::new();
-    for (i, &c) in counts.iter().enumerate() {
-        match map.last_mut() {
-            Some(b) if b[2] == c && b[0] + b[1] == i as u32 => b[1] += 1,
-            _ => map.push([i as u32, 1, c, 1]),
-        }
-    }
-    json!({"version": 1, "map": map})
+    crate::taskmap::Taskmap::block(counts).to_value()
 }
 
 #[cfg(test)]

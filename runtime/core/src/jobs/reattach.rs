@@ -84,6 +84,7 @@ impl JobCore {
                     shell_rank: i as u32,
                     rank: a.rank,
                     ntasks: 0,
+                    tasks: crate::idset::IdSet::new(),
                     spawned: true,
                     exited: gone,
                     status: done.map(|d| d.0),

@@ -80,6 +80,7 @@ impl JobCore {
         job.status = None;
         job.pmi_exchanges = 0;
         job.instance = None;
+        job.taskmap = None;
         job.cut_off = BTreeMap::new();
         self.running.remove(&id);
         self.queue.insert(id);

@@ -312,8 +312,10 @@ impl Pool {
         match req.nnodes {
             Some(n) => {
                 let per = req.slots_per_node.unwrap_or(1);
+                // A node range takes as many as fit now up to its maximum, and is placed with its minimum.
+                let most = req.nnodes_max.unwrap_or(n).max(n);
                 for r in self.ranks.values().filter(|r| r.schedulable() && eligible(req, r)) {
-                    if plan.len() as u32 == n {
+                    if plan.len() as u32 == most {
                         break;
                     }
                     if req.exclusive && (!r.alloc_cores.is_empty() || !r.alloc_gpus.is_empty()) {
@@ -415,6 +417,10 @@ impl Pool {
                 }
                 let (pc, pg) = (per.saturating_mul(c), per.saturating_mul(g));
                 let nodes = if n == 1 { "node" } else { "nodes" };
+                let n = match req.nnodes_max {
+                    Some(max) if max > n => format!("{n} (up to {max})"),
+                    _ => n.to_string(),
+                };
                 let what = if req.exclusive {
                     format!("whole {nodes} with at least {}", amount(pc, pg))
                 } else {
@@ -545,6 +551,30 @@ mod tests {
         assert!(p.pending_reason(&wait).contains("0 can take it now (1 busy)"), "{}", p.pending_reason(&wait));
         let none = Constraint::from_options(&["host:login1".into()], None, None).unwrap();
         assert_eq!(p.feasible(&with(req(None, 1, 1, 0), none)), Err(Unsatisfiable::Constrained { want: 1, have: 0 }));
+    }
+
+    /// `-N MIN-MAX`: as many nodes as fit now, up to MAX; placed once MIN fit; waiting (and said so) below MIN.
+    #[test]
+    fn node_range_takes_up_to_max() {
+        let range = |min: u32, max: u32| {
+            let b = crate::jobspec::JobspecBuilder::new(vec!["true".to_string()]).nnodes_range(min, max);
+            b.build().unwrap().validate().unwrap()
+        };
+        let mut p = pool(4, 1, 0);
+        let a = p.allocate(&range(2, 3)).unwrap();
+        assert_eq!(a.iter().map(|x| x.rank).collect::<Vec<_>>(), vec![0, 1, 2], "all three it may take");
+        p.ranks.get_mut(&3).unwrap().drained = Some("maint".into());
+        let r = range(1, 4);
+        assert!(p.allocate(&r).is_none() && !p.counts(&r).fits(&r), "no node free");
+        assert_eq!(
+            p.pending_reason(&r),
+            "resources: needs 1 (up to 4) node with 1 core free, 0 can take it now (3 busy, 1 drained)"
+        );
+        p.free(&a, Some(&IdSet::from_iter([1])));
+        let b = p.allocate(&r).unwrap();
+        assert_eq!(b.iter().map(|x| x.rank).collect::<Vec<_>>(), vec![1], "MIN is enough to start");
+        assert_eq!(p.feasible(&range(5, 6)), Err(Unsatisfiable::Nodes { want: 5, have: 4 }));
+        assert!(p.feasible(&range(4, 9)).is_ok(), "MAX beyond the instance is fine");
     }
 
     #[test]

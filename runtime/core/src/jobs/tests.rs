@@ -385,6 +385,64 @@ fn tasks_spread_evenly_over_requested_nodes() {
     assert_eq!(s[0].2.taskmap, json!({"version": 1, "map": [[0, 1, 2, 1], [1, 2, 1, 1]]}));
 }
 
+/// `--taskmap=cyclic`: each shell learns its task ranks (listed, not a run), the start event and `info` carry the
+/// map, the per-node counts stay the scheduler's.
+#[test]
+fn cyclic_taskmap_lists_each_nodes_ranks() {
+    use crate::taskmap::Scheme;
+    let mut c = core(2, 4, 0);
+    let id = c.submit(T0, &spec(cmd().nnodes(2).ntasks(5).taskmap(Scheme::Cyclic(1))), 0).unwrap();
+    let s = spawns(&actions(&mut c));
+    let got: Vec<_> = s.iter().map(|x| (x.1, x.2.ntasks, x.2.local_tasks, x.2.task_ranks())).collect();
+    assert_eq!(got, vec![(0, 5, 3, vec![0, 2, 4]), (1, 5, 2, vec![1, 3])]);
+    assert!(s.iter().all(|x| x.2.check().is_ok() && x.2.tasks.is_some()));
+    let map = json!({"version": 1, "map": [[0, 2, 1, 2], [0, 1, 1, 1]]});
+    assert_eq!(s[0].2.taskmap, map);
+    for r in 0..2 {
+        c.shell_spawned(T0 + 1.0, id, r, Ok(()));
+    }
+    let start = c.jobs[&id].eventlog.iter().find(|e| e.name == "start").expect("start").clone();
+    assert_eq!(start.context.get("taskmap"), Some(&map));
+    assert_eq!(c.jobs[&id].info()["taskmap"], map);
+    // Block jobs keep the plain run of ranks (no list).
+    c.submit(T0, &spec(cmd().nnodes(1).ntasks(2)), 0).unwrap();
+    let s = spawns(&actions(&mut c));
+    assert!(s.iter().all(|x| x.2.tasks.is_none()), "{:?}", s[0].2.tasks);
+}
+
+/// A hostfile naming a host the instance lacks, and a manual map of the wrong size, are refused at submit naming
+/// the option; a valid hostfile runs on its hosts, task i on line i's.
+#[test]
+fn impossible_taskmaps_are_refused_at_submit() {
+    use crate::taskmap::{Scheme, Taskmap};
+    let mut c = core(3, 2, 0);
+    let hf = |h: &[&str]| Scheme::Hostfile { path: "f".into(), hosts: h.iter().map(|s| s.to_string()).collect() };
+    let e = c.submit(T0, &spec(cmd().nnodes(2).ntasks(2).taskmap(hf(&["node1", "node9"]))), 0).unwrap_err();
+    assert!(e.to_string().contains("taskmap: the hostfile names node9, not a node of this instance"), "{e}");
+    let m = Scheme::Manual(Taskmap::decode(&json!([[0, 3, 1, 1]])).unwrap());
+    let e = c.submit(T0, &spec(cmd().nnodes(2).ntasks(3).taskmap(m)), 0).unwrap_err();
+    assert!(e.to_string().contains("taskmap: got 3 nodes, expected 2"), "{e}");
+    let id = c.submit(T0, &spec(cmd().nnodes(2).ntasks(3).taskmap(hf(&["node2", "node1"]))), 0).unwrap();
+    let s = spawns(&actions(&mut c));
+    let got: Vec<_> = s.iter().map(|x| (x.1, x.2.task_ranks())).collect();
+    assert_eq!(got, vec![(1, vec![1]), (2, vec![0, 2])], "job {id}: on node1 and node2 only");
+}
+
+/// `-N MIN-MAX`: the job takes what is free up to MAX, starting as soon as MIN are; its tasks (one per node) follow.
+#[test]
+fn node_range_takes_what_is_free() {
+    let mut c = core(3, 1, 0);
+    let busy = c.submit(T0, &spec(cmd().nnodes(1)), 0).unwrap();
+    let _ = actions(&mut c);
+    let id = c.submit(T0, &spec(cmd().nnodes_range(2, 3)), 0).unwrap();
+    let s = spawns(&actions(&mut c));
+    assert_eq!(s.iter().map(|x| (x.1, x.2.ntasks)).collect::<Vec<_>>(), vec![(1, 2), (2, 2)]);
+    assert_eq!((c.jobs[&id].info()["nnodes"].clone(), c.jobs[&id].info()["ntasks"].clone()), (json!(2), json!(2)));
+    assert_eq!(c.jobs[&busy].state, JobState::Run);
+    let e = c.submit(T0, &spec(cmd().nnodes_range(4, 5)), 0).unwrap_err().to_string();
+    assert!(e.contains("requested 4 nodes but this instance has 3"), "{e}");
+}
+
 #[test]
 fn taskmap_blocks() {
     assert_eq!(taskmap(&[2, 2, 2, 2]), json!({"version": 1, "map": [[0, 4, 2, 1]]}));

@@ -125,25 +125,22 @@ impl JobCore {
             } else if let (Some(f), Some(t)) = (j.exit_clock, j.exit_timeout) {
                 if now >= f + t {
                     let lim = fmt_limit(t);
-                    // Each shell's tasks are a block of the job's task ranks, in shell order.
+                    // Each shell's task ranks are those the job's task map gave it.
                     let mut shells: Vec<_> = j.shells.values().collect();
                     shells.sort_by_key(|s| s.shell_rank);
-                    let mut first = 0u32;
                     let mut named = Vec::new();
                     let mut running = 0;
                     for s in shells {
-                        let tasks = first..first + s.ntasks;
-                        first += s.ntasks;
                         if s.exited {
                             continue;
                         }
                         running += 1;
                         if named.len() < HOSTS_NAMED {
                             let host = self.pool.ranks.get(&s.rank).map_or("?", |p| p.hostname.as_str());
-                            let t = match tasks.len() {
+                            let t = match s.tasks.len() {
                                 0 => String::new(),
-                                1 => format!(", task {}", tasks.start),
-                                _ => format!(", tasks {}-{}", tasks.start, tasks.end - 1),
+                                1 => format!(", task {}", s.tasks),
+                                _ => format!(", tasks {}", s.tasks),
                             };
                             named.push(format!("{host} (broker rank {}{t})", s.rank));
                         }
