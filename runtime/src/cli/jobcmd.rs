@@ -12,9 +12,10 @@ use std::io::Write;
 #[derive(Args, Debug, Clone)]
 #[command(trailing_var_arg = true)]
 pub struct SubmitArgs {
-    /// Number of nodes.
-    #[arg(short = 'N', long = "nodes")]
-    pub nodes: Option<u32>,
+    /// Number of nodes: N, or MIN-MAX (Slurm's --nodes=min-max: as many free nodes as there are, up to MAX, at
+    /// least MIN; the job starts as soon as MIN are free).
+    #[arg(short = 'N', long = "nodes", value_name = "N|MIN-MAX")]
+    pub nodes: Option<NodeCount>,
     /// Number of tasks (default: 1, or one per node with -N).
     #[arg(short = 'n', long = "ntasks")]
     pub ntasks: Option<u32>,
@@ -33,6 +34,12 @@ pub struct SubmitArgs {
     /// Which nodes the job may run on.
     #[command(flatten)]
     pub select: NodeSelection,
+    /// Which node runs which task rank (Flux's --taskmap, RFC 34): block (the default: consecutive ranks on each
+    /// node), cyclic[:N] (dealt round-robin over the nodes, N at a time), manual:TASKMAP (an RFC 34 map, e.g.
+    /// `manual:[[0,2,1,2]]`; needs -N), hostfile:FILE (task i on the host of line i of FILE, lines reused from
+    /// the top; read now, and the job runs on exactly those hosts).
+    #[arg(long, value_name = "SCHEME")]
+    pub taskmap: Option<String>,
     /// If the job fails because one of its nodes is lost, put it back in the queue ahead of later jobs and run it
     /// again on live nodes (same id), at most `sched.max-requeue` times (`-o requeue` is the same).
     #[arg(long)]
@@ -100,6 +107,55 @@ impl NodeSelection {
             self.exclude.as_deref(),
         )
     }
+}
+
+/// A `-N` value: a node count `N` (`min == max`), or a range `MIN-MAX` (Slurm's `--nodes=min-max`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeCount {
+    /// Fewest nodes the job runs on.
+    pub min: u32,
+    /// Most nodes it takes (equal to `min` for a plain count).
+    pub max: u32,
+}
+
+impl std::str::FromStr for NodeCount {
+    type Err = String;
+    /// `N` or `MIN-MAX`, each at least 1, MIN no more than MAX.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let num = |t: &str, what: &str| -> Result<u32, String> {
+            match t.trim().parse::<u32>() {
+                Ok(0) => Err(format!("{what} must be at least 1")),
+                Ok(n) => Ok(n),
+                Err(_) => Err(format!("'{s}': expected a node count N or a range MIN-MAX (e.g. 4, 2-4)")),
+            }
+        };
+        match s.split_once('-') {
+            None => num(s, "the node count").map(|n| NodeCount { min: n, max: n }),
+            Some((a, b)) => {
+                let (min, max) = (num(a, "MIN")?, num(b, "MAX")?);
+                if min > max {
+                    return Err(format!("{s}: MIN ({min}) is more than MAX ({max})"));
+                }
+                Ok(NodeCount { min, max })
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for NodeCount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.min == self.max {
+            write!(f, "{}", self.min)
+        } else {
+            write!(f, "{}-{}", self.min, self.max)
+        }
+    }
+}
+
+/// Parse `--taskmap` (reading a `hostfile:` now, relative to the current directory).
+pub(crate) fn parse_taskmap(s: &str) -> Result<crate::taskmap::Scheme, String> {
+    crate::taskmap::Scheme::parse(s, |path| std::fs::read_to_string(path).map_err(|e| e.to_string()))
+        .map_err(|e| format!("--taskmap={s}: {e}"))
 }
 
 /// Most `--cc` submissions in flight on the connection at once: enough to keep rank 0's loop busy, few enough
@@ -260,11 +316,21 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
         .exclusive(a.exclusive)
         .requeue(a.requeue)
         .constraint(a.select.constraint()?);
-    if let Some(n) = a.nodes {
-        if n == 0 {
+    let taskmap = a.taskmap.as_deref().map(parse_taskmap).transpose()?;
+    let mut nodes = a.nodes;
+    if let Some(t) = &taskmap {
+        // A hostfile names the job's nodes: their number is the node count when -N is left out.
+        let hosts = t.hosts().len() as u32;
+        if nodes.is_none() && hosts > 0 {
+            nodes = Some(NodeCount { min: hosts, max: hosts });
+        }
+        b = b.taskmap(t.clone());
+    }
+    if let Some(n) = nodes {
+        if n.min == 0 {
             return Err("-N must be at least 1".into());
         }
-        b = b.nnodes(n);
+        b = if n.max > n.min { b.nnodes_range(n.min, n.max) } else { b.nnodes(n.min) };
     }
     if let Some(n) = a.ntasks {
         if n == 0 {
@@ -341,13 +407,19 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
             {
                 return Err(format!("-o {o}: expected requeue[=1|0|true|false|yes|no|on|off]"));
             }
+            ("taskmap", Value::String(s)) => {
+                // Its JSON form: a hostfile is read now, as for --taskmap.
+                let t = parse_taskmap(s).map_err(|e| format!("-o {o}: {e}"))?;
+                b = b.shell_option(k, t.to_value());
+                continue;
+            }
             (
                 "cpu-affinity" | "gpu-affinity" | "exit-timeout" | "kill-timeout" | "pmi" | "output" | "exit-on-error"
                 | "requeue",
                 _,
             ) => {}
             _ => eprintln!(
-                "vigil: warning: unknown shell option '{k}' (known: cpu-affinity, gpu-affinity, exit-timeout, kill-timeout, pmi, exit-on-error, requeue, memory)"
+                "vigil: warning: unknown shell option '{k}' (known: cpu-affinity, gpu-affinity, exit-timeout, kill-timeout, pmi, exit-on-error, requeue, memory, taskmap)"
             ),
         }
         b = b.shell_option(k, v);

@@ -15,9 +15,14 @@ use serde_json::{json, Value};
 /// Options shared by `batch` and `alloc` (also accepted in `# vigil:` directives of a batch script).
 #[derive(Args, Debug, Clone, Default)]
 pub struct InstanceOpts {
-    /// Number of nodes (whole nodes are allocated; default 1).
-    #[arg(short = 'N', long = "nodes")]
-    pub nodes: Option<u32>,
+    /// Number of nodes (whole nodes are allocated; default 1): N, or MIN-MAX (Slurm's --nodes=min-max: as many
+    /// free nodes as there are up to MAX, at least MIN; the instance's size is what it got).
+    #[arg(short = 'N', long = "nodes", value_name = "N|MIN-MAX")]
+    pub nodes: Option<super::jobcmd::NodeCount>,
+    /// Not supported: the tasks of a batch or alloc job are its instance's brokers, one per node in node order;
+    /// give --taskmap to the `vigil run` inside it.
+    #[arg(long, value_name = "SCHEME")]
+    pub taskmap: Option<String>,
     /// Not supported: batch and alloc allocate whole nodes (-N).
     #[arg(short = 'n', long = "ntasks")]
     pub ntasks: Option<u32>,
@@ -188,6 +193,7 @@ pub(crate) fn merge_opts(mut cli: InstanceOpts, dir: Option<InstanceOpts>) -> Re
     merge("-N", &mut cli.nodes, &d.nodes)?;
     merge("-n", &mut cli.ntasks, &d.ntasks)?;
     merge("-t", &mut cli.time_limit, &d.time_limit)?;
+    merge("--taskmap", &mut cli.taskmap, &d.taskmap)?;
     merge("--output", &mut cli.output, &d.output)?;
     merge("--error", &mut cli.error, &d.error)?;
     merge("--cwd", &mut cli.cwd, &d.cwd)?;
@@ -255,8 +261,14 @@ fn instance_jobspec(
     if o.ntasks.is_some() {
         return Err("-n is not supported by batch and alloc: they allocate whole nodes, use -N".into());
     }
-    let nodes = o.nodes.unwrap_or(1);
-    if nodes == 0 {
+    if let Some(t) = &o.taskmap {
+        return Err(format!(
+            "--taskmap={t}: batch and alloc jobs run one broker per node (the instance's ranks follow node order), \
+             not tasks to map; give --taskmap to `vigil run` inside the allocation"
+        ));
+    }
+    let nodes = o.nodes.unwrap_or(super::jobcmd::NodeCount { min: 1, max: 1 });
+    if nodes.min == 0 {
         return Err("-N must be at least 1".into());
     }
     let mut setopt = o.setopt.clone();
@@ -265,12 +277,14 @@ fn instance_jobspec(
     }
     let a = SubmitArgs {
         nodes: Some(nodes),
-        ntasks: Some(nodes),
+        // One broker per node: a task per slot, however many nodes a range gets.
+        ntasks: None,
         cores_per_task: 1,
         gpus_per_task: 0,
         time_limit: o.time_limit.clone(),
         exclusive: true,
         select: o.select.clone(),
+        taskmap: None,
         requeue: o.requeue,
         env: o.env.clone(),
         cwd: o.cwd.clone(),
@@ -592,7 +606,12 @@ pub(crate) async fn alloc(a: AllocArgs) -> Result<i32, String> {
         }
     };
     // As salloc's "Granted job allocation": the job id, for `vigil jobs` and `vigil cancel` from elsewhere.
-    let n = a.opts.nodes.unwrap_or(1);
+    // The nodes it got (a range -N MIN-MAX gets what was free).
+    let n = match c.rpc("job-manager.info", 0, &json!({"id": id.0})).await {
+        Ok(info) => info.pointer("/info/nnodes").and_then(Value::as_u64).unwrap_or(0),
+        Err(_) => 0,
+    };
+    let n = if n > 0 { n } else { u64::from(a.opts.nodes.map_or(1, |n| n.min)) };
     eprintln!("vigil: job {id}: allocated {n} node{}", if n == 1 { "" } else { "s" });
     let code = run_in_allocation(&c, id, &uri, &a.command).await?;
     // Shut the child instance down and wait until the job is gone.
@@ -636,7 +655,7 @@ mod tests {
         assert!(split_words("'open").is_err());
         let s = "#!/bin/sh\n# vigil: -N 4 -t 10m\n#vigil: -S tbon.topo=kary:2\n\necho hi\n# vigil: -N 9\n";
         let d = parse_directives(s).unwrap().unwrap();
-        assert_eq!(d.nodes, Some(4), "directives after the first command are ignored");
+        assert_eq!(d.nodes.map(|n| n.min), Some(4), "directives after the first command are ignored");
         assert_eq!(d.time_limit.as_deref(), Some("10m"));
         assert_eq!(d.setattr, vec!["tbon.topo=kary:2"]);
         assert!(parse_directives("#!/bin/sh\necho\n").unwrap().is_none());
@@ -645,12 +664,13 @@ mod tests {
 
     #[test]
     fn contradictions_are_errors() {
-        let cli = InstanceOpts { nodes: Some(2), ..Default::default() };
-        let dir = InstanceOpts { nodes: Some(4), time_limit: Some("5m".into()), ..Default::default() };
+        let n = |n: u32| Some(super::super::jobcmd::NodeCount { min: n, max: n });
+        let cli = InstanceOpts { nodes: n(2), ..Default::default() };
+        let dir = InstanceOpts { nodes: n(4), time_limit: Some("5m".into()), ..Default::default() };
         let e = merge_opts(cli.clone(), Some(dir)).unwrap_err();
         assert!(e.contains("-N") && e.contains("contradicts"), "{e}");
-        let same = InstanceOpts { nodes: Some(2), time_limit: Some("5m".into()), ..Default::default() };
+        let same = InstanceOpts { nodes: n(2), time_limit: Some("5m".into()), ..Default::default() };
         let m = merge_opts(cli, Some(same)).unwrap();
-        assert_eq!((m.nodes, m.time_limit.as_deref()), (Some(2), Some("5m")));
+        assert_eq!((m.nodes, m.time_limit.as_deref()), (n(2), Some("5m")));
     }
 }

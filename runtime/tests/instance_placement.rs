@@ -1,0 +1,102 @@
+//! Where a job's tasks go, end to end (issue 36, item 1): `--taskmap` (Flux's RFC 34 schemes) decides which node
+//! runs which task rank, and `-N MIN-MAX` (Slurm's node ranges) runs on what is free.
+
+mod common;
+
+use common::*;
+
+/// `vigil run -N2 -n4 --taskmap=cyclic`: ranks are dealt round-robin, so node 0 (broker rank 0) runs tasks 0 and
+/// 2 and node 1 runs 1 and 3; PMI_RANK agrees with VIGIL_TASK_RANK; `vigil job info` shows the RFC 34 map. Without
+/// the option, ranks stay block-wise.
+#[test]
+fn cyclic_taskmap_deals_ranks_over_the_nodes() {
+    let inst = Instance::start(2, &[]);
+    let placed = |extra: &[&str]| {
+        let mut args = vec!["run", "-N2", "-n4"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["sh", "-c", "echo $VIGIL_TASK_RANK $PMI_RANK $VIGIL_BROKER_RANK"]);
+        let o = inst.vigil(&args);
+        o.ok();
+        let mut rows: Vec<(u32, u32, u32)> = o
+            .lines()
+            .iter()
+            .map(|l| {
+                let f: Vec<u32> = l.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+                assert_eq!(f.len(), 3, "line {l:?}:\n{}", o.dump());
+                (f[0], f[1], f[2])
+            })
+            .collect();
+        rows.sort_unstable();
+        rows
+    };
+    assert_eq!(placed(&["--taskmap=cyclic"]), vec![(0, 0, 0), (1, 1, 1), (2, 2, 0), (3, 3, 1)]);
+    assert_eq!(placed(&[]), vec![(0, 0, 0), (1, 1, 0), (2, 2, 1), (3, 3, 1)], "block by default");
+
+    let id = inst.submit(&["-N2", "-n4", "--taskmap=cyclic", "true"]);
+    assert!(inst.wait_state(&id, "INACTIVE", CMD_TIMEOUT));
+    let info = inst.job_info(&id);
+    let map = serde_json::json!({"version": 1, "map": [[0, 2, 1, 2]]});
+    assert_eq!(info["info"]["taskmap"], map, "{info}");
+    let o = inst.vigil(&["job", "eventlog", "--json", &id]);
+    let start = o.stdout.lines().find(|l| l.contains("\"start\"")).unwrap_or_else(|| panic!("{}", o.dump()));
+    assert!(start.contains("\"taskmap\""), "the start event carries the map: {start}");
+}
+
+/// An impossible task map is refused at submit, naming the option; batch and alloc refuse --taskmap, saying
+/// where it belongs.
+#[test]
+fn impossible_taskmaps_are_refused_at_submit() {
+    let inst = Instance::start(2, &[]);
+    let o = inst.vigil(&["run", "-N2", "-n3", "--taskmap=manual:[[0,2,1,2]]", "true"]);
+    assert!(o.code != 0 && o.stderr.contains("taskmap: got 4 tasks, expected 3"), "{}", o.dump());
+    let o = inst.vigil(&["run", "-N2", "-n2", "--taskmap=manual:[[0,1,2,1]]", "true"]);
+    assert!(o.code != 0 && o.stderr.contains("got 1 nodes, expected 2"), "{}", o.dump());
+    let o = inst.vigil(&["run", "-N2", "--taskmap=spiral", "true"]);
+    assert!(o.code != 0 && o.stderr.contains("--taskmap=spiral: unknown scheme 'spiral'"), "{}", o.dump());
+    let hosts = inst.dir.path().join("hosts");
+    std::fs::write(&hosts, "no-such-node\n").unwrap();
+    let o = inst.vigil(&["run", &format!("--taskmap=hostfile:{}", hosts.display()), "true"]);
+    assert!(
+        o.code != 0 && o.stderr.contains("hostfile names no-such-node, not a node of this instance"),
+        "{}",
+        o.dump()
+    );
+    let o = inst.vigil(&["alloc", "-N2", "--taskmap=cyclic", "true"]);
+    assert!(o.code != 0 && o.stderr.contains("give --taskmap to `vigil run` inside the allocation"), "{}", o.dump());
+    // A manual map that fits runs as given: task 0 on node 1.
+    let o = inst.vigil(&[
+        "run",
+        "-N2",
+        "-n2",
+        "--taskmap=manual:[[1,1,1,1],[0,1,1,1]]",
+        "sh",
+        "-c",
+        "echo $VIGIL_TASK_RANK $VIGIL_BROKER_RANK",
+    ]);
+    o.ok();
+    let mut lines = o.lines();
+    lines.sort_unstable();
+    assert_eq!(lines, vec!["0 1", "1 0"], "{}", o.dump());
+}
+
+/// `-N2-3` with one of three nodes drained runs at once on the two that are left; a range whose minimum is more
+/// than the instance has, or more than its maximum, is refused with the reason.
+#[test]
+fn node_range_runs_on_what_is_free() {
+    let inst = Instance::start(3, &[]);
+    inst.vigil(&["resource", "drain", "2", "maintenance"]).ok();
+    let o = inst.vigil(&["run", "-N2-3", "sh", "-c", "echo $VIGIL_BROKER_RANK $VIGIL_JOB_NNODES $VIGIL_JOB_SIZE"]);
+    o.ok();
+    let mut lines = o.lines();
+    lines.sort_unstable();
+    assert_eq!(lines, vec!["0 2 2", "1 2 2"], "{}", o.dump());
+    let o = inst.vigil(&["run", "-N4-5", "true"]);
+    assert!(o.code != 0 && o.stderr.contains("requested 4 nodes but this instance has 3"), "{}", o.dump());
+    let o = inst.vigil(&["run", "-N3-2", "true"]);
+    assert!(o.code != 0 && o.stderr.contains("MIN (3) is more than MAX (2)"), "{}", o.dump());
+    // Undrained, a range takes every node up to its maximum.
+    inst.vigil(&["resource", "undrain", "2"]).ok();
+    let id = inst.submit(&["-N2-3", "true"]);
+    assert!(inst.wait_state(&id, "INACTIVE", CMD_TIMEOUT));
+    assert_eq!(inst.job(&id)["nnodes"], 3, "{}", inst.job(&id));
+}
