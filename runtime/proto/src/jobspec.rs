@@ -684,6 +684,10 @@ impl Jobspec {
                     .map_err(|e| invalid(e.path, e.message))?,
             ),
         };
+        // A node range with a task total takes no more nodes than it has tasks (each node runs one at least).
+        if let (TaskCount::Total(_), Some(min)) = (&task.count, nnodes) {
+            nnodes_max = nnodes_max.map(|m| m.min(ntasks)).filter(|m| *m > min);
+        }
         let taskmap = match shell_options.get("taskmap") {
             None | Some(Value::Null) => crate::taskmap::Scheme::Block,
             Some(v) => crate::taskmap::Scheme::from_value(v)
@@ -1177,6 +1181,8 @@ attributes:
         assert!(with(json!({"min": 2, "max": 8, "operator": "*", "operand": 2})).unwrap_err().contains("operator"));
         assert_eq!(with(json!({"min": 2, "max": 2})).unwrap().nnodes_max, None, "a range of one count is fixed");
         assert_eq!(with(json!({"min": 2})).unwrap().nnodes_max, None, "V1: min alone is used");
+        let few = JobspecBuilder::new(["x"]).nnodes_range(2, 4).ntasks(3).build().unwrap().validate().unwrap();
+        assert_eq!(few.nnodes_max, Some(3), "no more nodes than tasks");
     }
 
     /// `--taskmap`: the shell option in Flux's `{scheme, value}` form; an impossible map is refused naming the

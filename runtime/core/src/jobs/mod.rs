@@ -1146,13 +1146,15 @@ impl JobCore {
         let r = Rv1::from_ranks(&ranks, now, expiration.unwrap_or(0.0));
         // Distribute tasks: with a node count, evenly over the nodes (the first nodes get one more), as
         // `srun -N` / `flux run -N` do; without, over the slots in allocation order.
+        // One task per slot: as many as the slots allocated (a node range's grow with the nodes it got).
+        let ntasks = if job.req.tasks_per_slot { alloc.iter().map(|a| a.slots).sum() } else { job.req.ntasks };
         let counts: Vec<u32> = if job.req.nnodes.is_some() {
             let n = alloc.len().max(1) as u32;
-            let (base, extra) = (job.req.ntasks / n, job.req.ntasks % n);
+            let (base, extra) = (ntasks / n, ntasks % n);
             (0..alloc.len() as u32).map(|i| base + u32::from(i < extra)).collect()
         } else {
             let nslots: u32 = alloc.iter().map(|a| a.slots).sum::<u32>().max(1);
-            let (base, extra) = (job.req.ntasks / nslots, job.req.ntasks % nslots);
+            let (base, extra) = (ntasks / nslots, ntasks % nslots);
             let mut slot_index = 0u32;
             alloc
                 .iter()

@@ -432,6 +432,16 @@ fn impossible_taskmaps_are_refused_at_submit() {
 #[test]
 fn node_range_takes_what_is_free() {
     let mut c = core(3, 1, 0);
+    let all = c.submit(T0, &spec(cmd().nnodes_range(2, 3)), 0).unwrap();
+    let s = spawns(&actions(&mut c));
+    assert_eq!(
+        s.iter().map(|x| (x.1, x.2.ntasks, x.2.local_tasks)).collect::<Vec<_>>(),
+        vec![(0, 3, 1), (1, 3, 1), (2, 3, 1)]
+    );
+    for r in 0..3 {
+        exit_shell(&mut c, T0, all, r, 0);
+    }
+    let _ = actions(&mut c);
     let busy = c.submit(T0, &spec(cmd().nnodes(1)), 0).unwrap();
     let _ = actions(&mut c);
     let id = c.submit(T0, &spec(cmd().nnodes_range(2, 3)), 0).unwrap();
