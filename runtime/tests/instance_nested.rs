@@ -595,15 +595,23 @@ vigil run -N2 -n2 sh -c 'echo "read $VIGIL_BROKER_RANK $VIGIL_ALLOC_TMPDIR $VIGI
 /// 0700 and the job's user's, that every job inside sees; it outlives those jobs (the second reads on each node
 /// what the first wrote there; the first's own `VIGIL_JOB_TMPDIR` is gone) and goes when the batch job ends. An
 /// ordinary job of the system instance is its own allocation: its directory lasts as long as it does.
+/// Run `ALLOC_SCRIPT` as a batch job of `inst` and wait for it (it must succeed): its id, its output, and the
+/// output with the wait's dump for assertion messages.
+#[track_caller]
+fn run_alloc_script(inst: &Instance) -> (String, String, String) {
+    let s = script(inst, "alloc.sh", ALLOC_SCRIPT);
+    let id = batch(inst, &[&s]);
+    let w = inst.vigil_t(&["job", "wait", &id], NESTED_TIMEOUT);
+    let text = read(inst, &format!("vigil-{id}.out"));
+    let ctx = format!("{}\n--- vigil-{id}.out ---\n{text}", w.dump());
+    assert_eq!(w.code, 0, "{ctx}");
+    (id, text, ctx)
+}
+
 #[test]
 fn alloc_tmpdir_outlives_the_inner_jobs_and_goes_with_the_allocation() {
     let inst = Instance::start(3, &[]);
-    let s = script(&inst, "alloc.sh", ALLOC_SCRIPT);
-    let id = batch(&inst, &[&s]);
-    let w = inst.vigil_t(&["job", "wait", &id], NESTED_TIMEOUT);
-    let text = read(&inst, &format!("vigil-{id}.out"));
-    let ctx = format!("{}\n--- vigil-{id}.out ---\n{text}", w.dump());
-    assert_eq!(w.code, 0, "{ctx}");
+    let (_, text, ctx) = run_alloc_script(&inst);
     let (wrote, readback) = (rows(&text, "wrote"), rows(&text, "read"));
     assert_eq!(wrote.keys().copied().collect::<Vec<_>>(), vec![0, 1], "{ctx}");
     assert_eq!(readback.keys().copied().collect::<Vec<_>>(), vec![0, 1], "{ctx}");
@@ -655,12 +663,7 @@ fn alloc_tmpdir_base_holds_the_allocations_directories() {
     let inst = Instance::start(3, &[&format!("exec.alloc-tmpdir-base={b}")]);
     let g = inst.vigil(&["getattr", "exec.alloc-tmpdir-base"]);
     assert_eq!(g.ok().stdout.trim(), b, "{}", g.dump());
-    let s = script(&inst, "alloc.sh", ALLOC_SCRIPT);
-    let id = batch(&inst, &[&s]);
-    let w = inst.vigil_t(&["job", "wait", &id], NESTED_TIMEOUT);
-    let text = read(&inst, &format!("vigil-{id}.out"));
-    let ctx = format!("{}\n--- vigil-{id}.out ---\n{text}", w.dump());
-    assert_eq!(w.code, 0, "{ctx}");
+    let (id, text, ctx) = run_alloc_script(&inst);
     let (wrote, readback) = (rows(&text, "wrote"), rows(&text, "read"));
     assert_eq!(wrote.len(), 2, "{ctx}");
     for (r, w) in &wrote {
