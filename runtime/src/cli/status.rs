@@ -80,9 +80,9 @@ pub enum OverlayCmd {
         /// (every rank online), partial (some offline), degraded (some lost or torpid), lost or offline (its root).
         #[arg(long, value_name = "STATE", value_parser = ["full", "partial", "degraded", "lost", "offline"])]
         wait: Option<String>,
-        /// With --wait: give up after this long (e.g. 30s, 2m; exit code 1). Default: wait for ever.
-        #[arg(long, value_name = "DURATION", requires = "wait")]
-        timeout: Option<String>,
+        /// With --wait: give up after this long (e.g. 30s, 2m, inf; exit code 1). Default: wait for ever.
+        #[arg(long, value_name = "DURATION", requires = "wait", value_parser = parse_wait_timeout)]
+        timeout: Option<WaitTimeout>,
     },
 }
 
@@ -424,28 +424,37 @@ fn draw(ranks: &[Value], rank: usize, prefix: &str, last: bool, root: bool, out:
     }
 }
 
+/// `--timeout` of `vigil overlay status --wait`: how long to wait (`None`: for ever).
+#[derive(Clone, Copy, Debug)]
+pub struct WaitTimeout(Option<std::time::Duration>);
+
+/// Parses `--timeout` of `vigil overlay status --wait`: a duration (`30s`, `2m`, `1.5h`), or `inf` for none; one
+/// too long for the clock is none too. A usage error (exit 2) otherwise.
+fn parse_wait_timeout(t: &str) -> Result<WaitTimeout, String> {
+    if t == "inf" {
+        return Ok(WaitTimeout(None));
+    }
+    let s = crate::duration::parse_duration_secs(t)
+        .ok()
+        .filter(|s| !s.is_nan() && *s >= 0.0)
+        .ok_or_else(|| format!("expected a duration such as 30s, 2m or inf, not '{t}'"))?;
+    Ok(WaitTimeout(std::time::Duration::try_from_secs_f64(s).ok()))
+}
+
 /// `vigil overlay status --wait=STATE [--timeout=DURATION]`: ask rank 0 for the health of `rank`'s subtree
-/// (`overlay.status` with `health`) until it is `want`, every 20 ms at first and at most every 250 ms.
+/// (`overlay.status` with `health`) until it is `want`, every 20 ms at first and at most every 250 ms; `limit`:
+/// give up after it (none: wait for ever).
 async fn wait_for_health(
     c: &crate::client::Client,
     rank: u32,
     want: &str,
-    timeout: Option<&str>,
+    limit: Option<std::time::Duration>,
 ) -> Result<(), String> {
-    let limit = match timeout {
-        None => None,
-        Some(t) => Some(
-            crate::duration::parse_duration_secs(t)
-                .ok()
-                .filter(|s| s.is_finite() && *s >= 0.0)
-                .map(std::time::Duration::from_secs_f64)
-                .ok_or_else(|| format!("invalid --timeout '{t}': expected a duration such as 30s or 2m"))?,
-        ),
-    };
     let since = std::time::Instant::now();
     let mut pause = std::time::Duration::from_millis(20);
     loop {
-        let r = c.rpc("overlay.status", 0, &json!({"health": rank})).await.map_err(|e| e.errstr)?;
+        let body = json!({"health": rank});
+        let r = c.rpc("overlay.status", 0, &body).await.map_err(|e| format!("--rank {rank}: {}", e.errstr))?;
         let health = match r["health"].as_str() {
             Some(h) => h.to_string(),
             // An older rank 0 answers every row: the same rule on them.
@@ -479,29 +488,43 @@ pub(crate) async fn overlay(cmd: OverlayCmd) -> Result<i32, String> {
     match cmd {
         OverlayCmd::Status { json: as_json, rank, wait, timeout } => {
             if let Some(want) = wait {
-                wait_for_health(&c, rank, &want, timeout.as_deref()).await?;
+                wait_for_health(&c, rank, &want, timeout.and_then(|t| t.0)).await?;
             }
             let mut r = c.rpc("overlay.status", 0, &json!({})).await.map_err(|e| e.errstr)?;
             let size = r["size"].as_u64().unwrap_or(0);
             if u64::from(rank) >= size {
                 return Err(format!("--rank {rank}: the instance has ranks 0-{}", size.saturating_sub(1)));
             }
+            let mut unknown = None;
             if rank != 0 {
-                // overlay.status is rank 0's service; a router's own detectors come from its broker.info.
-                let info = c.rpc("broker.info", rank, &json!({})).await.map_err(|e| {
+                // overlay.status is rank 0's service; a router's own detectors come from its broker.info, asked
+                // for a bounded time: a stopped or lost broker does not keep the tree from being drawn.
+                let empty = json!({});
+                let ask = c.rpc("broker.info", rank, &empty);
+                let why = match tokio::time::timeout(std::time::Duration::from_secs(2), ask).await {
+                    Ok(Ok(info)) => {
+                        r["detectors"] = info["detectors"].clone();
+                        r["security"] = info["security"].clone();
+                        None
+                    }
+                    Ok(Err(e)) => Some(e.errstr),
+                    Err(_) => Some("no answer within 2 s".to_string()),
+                };
+                if let Some(why) = why {
                     // Why it does not answer, from rank 0's view, as `vigil ping` says it.
                     let row = &r["ranks"][rank as usize];
-                    let why = match (row["state"].as_str(), row["reason"].as_str()) {
+                    let state = match (row["state"].as_str(), row["reason"].as_str()) {
                         (Some(st), Some(w)) if st != "online" && !w.is_empty() => {
                             format!(" (rank {rank} is {st}: {w})")
                         }
                         (Some(st), _) if st != "online" => format!(" (rank {rank} is {st})"),
                         _ => String::new(),
                     };
-                    format!("rank {rank}: {}{why}", e.errstr)
-                })?;
-                r["detectors"] = info["detectors"].clone();
-                r["security"] = info["security"].clone();
+                    let why = format!("unknown: rank {rank}: {why}{state}");
+                    r["detectors"] = json!({"error": why});
+                    r["security"] = Value::Null;
+                    unknown = Some(why);
+                }
             }
             if as_json {
                 println!("{r}");
@@ -516,6 +539,9 @@ pub(crate) async fn overlay(cmd: OverlayCmd) -> Result<i32, String> {
                 r["transport"].as_str().unwrap_or(""),
                 r["critical_ranks"].as_str().unwrap_or("")
             );
+            if let Some(why) = &unknown {
+                println!("detectors (rank {rank}): {why}");
+            }
             for l in detector_lines(&r["detectors"]) {
                 println!("detectors (rank {rank}): {l}");
             }

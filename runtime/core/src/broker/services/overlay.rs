@@ -196,7 +196,7 @@ fn status(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     let jc = core.jobcore.as_ref().ok_or(ServiceError::enosys("not rank 0"))?;
     if let Some(root) = req.health {
         if root >= size {
-            return Err(ServiceError::einval(format!("'health' must be a rank below the instance size {size}")));
+            return Err(ServiceError::einval(format!("the instance has ranks 0-{}", size - 1)));
         }
         let state = |r: u32| {
             let s = core.members.get(&r).map_or(MemberState::Offline, |m| m.0.clone());
