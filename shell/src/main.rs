@@ -350,24 +350,41 @@ impl Shell {
     /// The allocation's directory on this node (`VIGIL_ALLOC_TMPDIR`, chosen by the broker). One this job owns
     /// is made here, new and mode 0700 (never one that someone made first: in a shared base such as /dev/shm
     /// that could be another user's); where it cannot be, the job gets `ALLOC_SUBDIR` of its tmpdir `job_dir`
-    /// instead, and its stderr says why. One of the enclosing allocation is only checked. `None`: the tasks get
-    /// none (said on stderr, unless the broker is too old to choose one).
+    /// instead, and its stderr says why. One of the enclosing allocation is checked, and made again if a job of
+    /// the allocation removed it. `None`: the tasks get none (said on stderr, unless the broker is too old to
+    /// choose one).
     fn make_alloc_tmpdir(&mut self, job_dir: &std::path::Path) -> Option<(std::path::PathBuf, bool)> {
         let a = self.input.alloc_tmpdir.clone()?;
         let path = std::path::PathBuf::from(&a.path);
         let host = nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_default();
         let on = format!("on {host} (rank {})", self.input.broker_rank);
+        let fallback = job_dir.join(ALLOC_SUBDIR);
         if !a.owned {
             if path.is_dir() {
                 return Some((path, false));
             }
-            self.notes.push(format!(
-                "vigil-shell: the allocation's directory {} does not exist {on}: VIGIL_ALLOC_TMPDIR is unset",
-                path.display()
-            ));
-            return None;
+            // Removed by a job of the allocation (its owner, the batch job's shell, removes it only at the end):
+            // made again, still the allocation's; else this job's own, as where one cannot be made.
+            match make_private_dir(&path) {
+                Ok(()) => {
+                    self.notes.push(format!(
+                        "vigil-shell: the allocation's directory {} was gone {on}: made again, empty",
+                        path.display()
+                    ));
+                    return Some((path, false));
+                }
+                Err(e) => self.notes.push(format!(
+                    "vigil-shell: the allocation's directory was gone and {e} {on}: VIGIL_ALLOC_TMPDIR is {} instead",
+                    fallback.display()
+                )),
+            }
+            return make_private_dir(&fallback)
+                .map(|()| (fallback, true))
+                .map_err(|e| {
+                    self.notes.push(format!("vigil-shell: {e} {on}: VIGIL_ALLOC_TMPDIR is unset"));
+                })
+                .ok();
         }
-        let fallback = job_dir.join(ALLOC_SUBDIR);
         match make_private_dir(&path) {
             Ok(()) => return Some((path, true)),
             Err(e) if path == fallback => {
