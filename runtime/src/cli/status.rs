@@ -499,31 +499,18 @@ pub(crate) async fn overlay(cmd: OverlayCmd) -> Result<i32, String> {
             if rank != 0 {
                 // overlay.status is rank 0's service; a router's own detectors come from its broker.info, asked
                 // for a bounded time: a stopped or lost broker does not keep the tree from being drawn.
-                let empty = json!({});
-                let ask = c.rpc("broker.info", rank, &empty);
-                let why = match tokio::time::timeout(std::time::Duration::from_secs(2), ask).await {
-                    Ok(Ok(info)) => {
+                match rpc_within(&c, "broker.info", rank, json!({}), rank, (2.0, "2 s")).await {
+                    Ok(info) => {
                         r["detectors"] = info["detectors"].clone();
                         r["security"] = info["security"].clone();
-                        None
                     }
-                    Ok(Err(e)) => Some(e.errstr),
-                    Err(_) => Some("no answer within 2 s".to_string()),
-                };
-                if let Some(why) = why {
-                    // Why it does not answer, from rank 0's view, as `vigil ping` says it.
-                    let row = &r["ranks"][rank as usize];
-                    let state = match (row["state"].as_str(), row["reason"].as_str()) {
-                        (Some(st), Some(w)) if st != "online" && !w.is_empty() => {
-                            format!(" (rank {rank} is {st}: {w})")
-                        }
-                        (Some(st), _) if st != "online" => format!(" (rank {rank} is {st})"),
-                        _ => String::new(),
-                    };
-                    let why = format!("unknown: rank {rank}: {why}{state}");
-                    r["detectors"] = json!({"error": why});
-                    r["security"] = Value::Null;
-                    unknown = Some(why);
+                    Err(why) => {
+                        // Why it does not answer, from rank 0's view, as `vigil ping` says it.
+                        let why = format!("unknown: {why}");
+                        r["detectors"] = json!({"error": why});
+                        r["security"] = Value::Null;
+                        unknown = Some(why);
+                    }
                 }
             }
             if as_json {
