@@ -100,18 +100,22 @@ jobs_pid=$!
 
 RANDOM=$seed
 victims=(1 3 4 5 6 7)
+# The victim in $picked, none of the arguments. Not in a command substitution: bash reseeds RANDOM in each
+# subshell, so victims drawn there would not follow SEED.
 pick() {
     local v
     while :; do
         v=${victims[$((RANDOM % ${#victims[@]}))]}
-        case " $* " in *" $v "*) ;; *) echo "$v"; return ;; esac
+        case " $* " in *" $v "*) ;; *) picked=$v; return ;; esac
     done
 }
 start=$(date +%s)
 cycles=0
 gone=""
 while [ $(( $(date +%s) - start )) -lt "$dur" ]; do
-    a=$(pick) b=$(pick "$a") c=$(pick "$a" "$b")
+    pick; a=$picked
+    pick "$a"; b=$picked
+    pick "$a" "$b"; c=$picked
     sleep 10
     inject stall "$a"
     if ! ci/netns-cluster.sh stall "$name" "$a"; then
