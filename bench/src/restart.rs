@@ -1,7 +1,7 @@
 //! `vigil-bench restart`: rank 0 killed with SIGKILL and restarted on its state directory (issue 17).
 //!
 //! The instance is a 4-broker system instance on loopback: a TOML bootstrap (`[bootstrap] statedir`), each broker
-//! started with `vigil broker --rank=R` and one core, as `runtime/tests/instance_statedir.rs` starts them, with
+//! started with `vigil broker --rank=R` and one core, as `runtime/cli/tests/instance_statedir.rs` starts them, with
 //! `tbon.parent_grace` long enough that ranks 1-3 wait for rank 0 through every restart.
 //!
 //! **Restart to ready**, for each store size (0, 10,000 and 100,000 INACTIVE jobs by default): rank 0 is killed

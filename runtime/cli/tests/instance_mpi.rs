@@ -18,7 +18,7 @@ const MPI_TIMEOUT: Duration = Duration::from_secs(40);
 /// A missing `mpicc` is a failure, not a skip.
 #[track_caller]
 fn mpi_program(dir: &Path, name: &str) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mpi").join(format!("{name}.c"));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/mpi").join(format!("{name}.c"));
     assert!(src.exists(), "MPI example {} is missing", src.display());
     let bin = dir.join(name);
     let mut c = Command::new("mpicc");

@@ -24,7 +24,7 @@ const VERDICT: Duration = Duration::from_secs(10);
 const JOB_END: Duration = Duration::from_secs(60);
 
 fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("workspace root")
 }
 
 fn cluster_script() -> PathBuf {

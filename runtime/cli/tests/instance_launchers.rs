@@ -122,7 +122,7 @@ fn hydra_bootstraps_through_pmi1_or_pmi2_when_told_to() {
 
 /// `ci/slurm-cluster.sh` of this repository.
 fn slurm_script() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../ci/slurm-cluster.sh")
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../ci/slurm-cluster.sh")
 }
 
 /// A one-node Slurm cluster of its own (`ci/slurm-cluster.sh`), stopped when dropped.
