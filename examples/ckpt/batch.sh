@@ -1,78 +1,55 @@
 #!/bin/sh
-# N+1 checkpoint/restart: run the application on N nodes of an N+1-node allocation; if a node is lost, put every
-# rank's newest checkpoint on the node where the relaunch will run it (rebuilt from its partner copy when its own
-# node died with it), and relaunch on the N surviving nodes. Works whichever application node, or the spare, dies.
-# Checkpoints live in node-local storage, each node's VIGIL_ALLOC_TMPDIR, which the relaunch finds as the first launch
-# left it and which goes when this batch job ends. The rebuild below and app.sh's partner copies reach another
-# node's as $CKPT_ROOT/<node>, a symbolic link: the "nodes" of ci/netns-cluster.sh share one file system (on a
-# cluster those copies go over the network, as SCR's do over MPI). At the end the last checkpoints are flushed to
-# $CKPT_ROOT/<node>, real directories in place of the links, which outlive the allocation.
-# Usage (inside a Vigil instance): vigil batch -N5 batch.sh APP STEPS   (environment: CKPT_ROOT, STEP_S)
-# Exit code: the last launch's; 3 if a rank would resume from a checkpoint older than its newest complete one.
+# N+1 checkpoint/restart in the manner of SCR: run app.sh's N ranks on N nodes and keep a spare; when a node dies,
+# rebuild its rank's checkpoint on the spare from the partner copy and relaunch on N good nodes, each rank where its
+# checkpoint is (a host file task map), all inside this batch job, without going back to the queue.
+# This script runs on the allocation's first node, rank 0 of the batch job's instance, whose loss ends the job (as
+# the batch host's does under any batch system): the ranks run on the N+1 other nodes, the last one being the spare.
+# Usage: vigil batch -N$((N+2)) batch.sh APP STEPS   (environment: CKPT_ROOT, a directory every node sees; STEP_S)
+# Exit code: the last launch's (0: every rank completed; 3: app.sh found a rank resuming from older than its last
+# complete checkpoint); 75 (EX_TEMPFAIL) if a rank's node was lost with no spare left, or with its partner's node.
 set -u
-app=$1
-steps=$2
-n=$(( $(vigil getattr size) - 1 ))
-ts() { date +%s.%N; }
-# Every node's local storage as $CKPT_ROOT/<node>, the spare's too (replacing what a previous run flushed there).
-# Where brokers share a host name (vigil start --test-size) one link wins: the partner scheme is not exercised there.
-vigil run -N$((n + 1)) -n$((n + 1)) sh -c \
-    'l=$CKPT_ROOT/$(vigil getattr hostname); rm -rf "$l"; ln -s "$VIGIL_ALLOC_TMPDIR" "$l" 2>/dev/null || [ -L "$l" ]' ||
-    exit 1
-flush() {
-    for l in "$CKPT_ROOT"/*; do
-        [ -L "$l" ] || continue
-        if cp -R "$l/." "$l.flush" 2>/dev/null; then rm "$l" && mv "$l.flush" "$l"; else rm -rf "$l.flush"; fi
-    done
-}
-trap flush EXIT
-echo "$(ts) launch 1: $n ranks on $n nodes of ${VIGIL_JOB_NODELIST:-the allocation}, 1 spare"
-vigil run -N"$n" -n"$n" "$app" "$steps"
-rc=$?
-echo "$(ts) launch 1 ended with exit code $rc"
-if [ $rc -ne 0 ]; then
-    vigil resource status
-    # The nodes still up, in rank order: the relaunch puts rank r on the r-th of them (first fit in rank order).
-    avail=$(vigil resource status --json | python3 -c 'import json,sys; print(" ".join(r["hostname"] for r in sorted(json.load(sys.stdin)["ranks"], key=lambda r: r["rank"]) if r["state"]=="avail"))')
-    if [ "$(vigil hostlist -c $avail)" -lt "$n" ]; then
-        echo "$(ts) only $(vigil hostlist -c $avail) nodes left ($(vigil hostlist $avail)), $n needed: giving up"
-        exit $rc
-    fi
-    targets=$(vigil hostlist -e -L "$n" $avail)
-    echo "$(ts) surviving nodes: $(vigil hostlist $avail); relaunch on $(vigil hostlist $targets)"
-    r=0
-    for target in $targets; do
-        # The rank's newest complete checkpoint: its own copy where its node survives, else (or if newer) the
-        # partner copy.
-        best=""; step=-1; from=""
-        for f in ckpt partner; do
-            for h in $avail; do
-                if [ -f "$CKPT_ROOT/$h/$f.$r" ] && [ "$(cat "$CKPT_ROOT/$h/$f.$r")" -gt "$step" ]; then
-                    best=$CKPT_ROOT/$h/$f.$r; step=$(cat "$best"); from=$h
-                fi
-            done
-        done
-        if [ -z "$best" ]; then
-            echo "$(ts) no checkpoint of rank $r survives: it restarts from step 0"
-            step=0
-        elif [ "$best" != "$CKPT_ROOT/$target/ckpt.$r" ]; then
-            mkdir -p "$CKPT_ROOT/$target"
-            cp "$best" "$CKPT_ROOT/$target/ckpt.$r.tmp" && mv "$CKPT_ROOT/$target/ckpt.$r.tmp" "$CKPT_ROOT/$target/ckpt.$r"
-            case "$best" in
-                */partner.*) what="rebuilt checkpoint of rank $r (step $step) on $target from the partner copy on $from" ;;
-                *) what="moved checkpoint of rank $r (step $step) from $from to $target" ;;
-            esac
-            # The spare, by name: a node not in the first launch's placement.
-            grep -qx "$target" "$CKPT_ROOT"/map.* || what="$what (the spare)"
-            echo "$(ts) $what"
-        fi
-        # What the rank must resume from: app.sh refuses anything older (exit 3).
-        echo "$step" > "$CKPT_ROOT/expect.$r"
-        r=$((r + 1))
-    done
-    echo "$(ts) launch 2: $n ranks on the $n surviving nodes"
-    vigil run -N"$n" -n"$n" -w "$(vigil hostlist $targets)" "$app" "$steps"
+app=$1 steps=$2
+say() { echo "$(date +%s.%N) $*"; }
+has() { case " $1 " in *" $2 "*) return 0 ;; esac; return 1; }
+others=$(vigil hostlist -e -x "$(vigil getattr hostname)" "$VIGIL_JOB_NODELIST")
+n=$(( $(echo $others | wc -w) - 1 ))
+hosts=$(vigil hostlist -e -L $n $others)    # rank r runs on the (r+1)-th of them
+spares=$(vigil hostlist -e -L -1 $others)
+# Each node's storage, reached from the others as $CKPT_ROOT/node.HOST. On a cluster the partner copies and the
+# rebuild go over the network (SCR's go over MPI); the nodes of ci/netns-cluster.sh share a file system, where a link
+# to each node's VIGIL_ALLOC_TMPDIR stands in for that. A lost node's link is removed: its storage went with it.
+rm -f "$CKPT_ROOT"/node.* "$CKPT_ROOT"/complete.*
+vigil run -N$((n + 1)) -n$((n + 1)) -w "$(vigil hostlist $others)" \
+    sh -c 'ln -s "$VIGIL_ALLOC_TMPDIR" "$CKPT_ROOT/node.$(vigil getattr hostname)"' || exit 1
+launch=1
+while :; do
+    printf '%s\n' $hosts > "$VIGIL_ALLOC_TMPDIR/hosts"    # line r+1: the node of rank r
+    say "launch $launch: ranks 0-$((n - 1)) on $(vigil hostlist $hosts), spare: ${spares:-none}"
+    CKPT_HOSTS="$hosts" vigil run -N$n -n$n --taskmap=hostfile:"$VIGIL_ALLOC_TMPDIR/hosts" "$app" "$steps"
     rc=$?
-    echo "$(ts) launch 2 ended with exit code $rc"
-fi
-exit $rc
+    say "launch $launch ended with exit code $rc"
+    [ $rc -eq 0 ] && exit 0
+    # Which nodes died: this instance never gets them back.
+    lost=$(vigil resource status -s lost,down -no '{nodelist}' | vigil hostlist -e -)
+    say "lost nodes: ${lost:-none}"
+    for h in $lost; do rm -f "$CKPT_ROOT/node.$h"; done
+    left=""; for h in $spares; do has "$lost" $h || left="$left $h"; done; spares=$left
+    r=0 relaunch="" moved=""
+    for h in $hosts; do
+        if has "$lost" $h; then
+            set -- $spares
+            [ $# -gt 0 ] || { say "rank $r lost its node $h and no spare is left: giving up"; exit 75; }
+            p=$(echo $hosts | cut -d' ' -f$(( (r + 1) % n + 1 )))    # rank r+1's node holds rank r's partner copy
+            has "$lost" $p && { say "rank $r lost its node $h and its partner copy on $p: giving up"; exit 75; }
+            if cp "$CKPT_ROOT/node.$p/partner.$r" "$CKPT_ROOT/node.$1/ckpt.$r" 2>/dev/null; then
+                say "rebuilt rank $r's checkpoint (step $(cat "$CKPT_ROOT/node.$1/ckpt.$r")) on $1 from its partner copy on $p"
+            else
+                say "no partner copy of rank $r on $p: rank $r starts over on $1"
+            fi
+            h=$1 moved=1; shift; spares=$*
+        fi
+        relaunch="$relaunch $h" r=$((r + 1))
+    done
+    [ -n "$moved" ] || exit $rc    # no rank lost its node: the application failed by itself
+    hosts=$relaunch launch=$((launch + 1))
+done

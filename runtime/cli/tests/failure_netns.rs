@@ -633,111 +633,148 @@ fn ordinary_job_loses_a_node() {
     }
 }
 
-/// Newest checkpoint per application rank: rank -> (node, step), from CKPT_ROOT/node*/ckpt.RANK.
-fn checkpoints(root: &Path) -> BTreeMap<u32, (String, u32)> {
-    newest(root, "ckpt.")
-}
+// ----------------------------------------------------------------- N+1 checkpoint/restart (examples/ckpt)
 
-/// The newest partner copy of each application rank's checkpoint: rank -> (node holding it, step).
-fn partner_copies(root: &Path) -> BTreeMap<u32, (String, u32)> {
-    newest(root, "partner.")
-}
+/// Steps of `examples/ckpt/app.sh` in these tests, one every [`STEP_S`] seconds.
+const STEPS: u32 = 16;
+const STEP_S: &str = "0.25";
+/// Application ranks. The batch job takes node1-6 of a 7-node cluster (node0 is drained, a login node): node1 runs
+/// `batch.sh` (it is the batch instance's rank 0), application rank r runs on node r+2, and node6 is the spare.
+const RANKS: u32 = 4;
+const SPARE: u32 = 6;
+/// Every rank has a complete checkpoint at this step or later before a node is killed.
+const MIN_STEP: u32 = 3;
 
-/// The newest file `<root>/node*/<prefix><rank>` of each rank: rank -> (node, step it holds).
-fn newest(root: &Path, prefix: &str) -> BTreeMap<u32, (String, u32)> {
-    let mut m = BTreeMap::new();
-    let Ok(rd) = std::fs::read_dir(root) else { return m };
-    for node in rd.flatten() {
-        let nname = node.file_name().to_string_lossy().into_owned();
-        if !nname.starts_with("node") {
-            continue;
-        }
-        let Ok(files) = std::fs::read_dir(node.path()) else { continue };
-        for f in files.flatten() {
-            let fname = f.file_name().to_string_lossy().into_owned();
-            let Some(rank) = fname.strip_prefix(prefix).and_then(|r| r.parse::<u32>().ok()) else { continue };
-            let Some(step) = std::fs::read_to_string(f.path()).ok().and_then(|s| s.trim().parse::<u32>().ok()) else {
-                continue;
-            };
-            let e = m.entry(rank).or_insert((nname.clone(), step));
-            if step > e.1 {
-                *e = (nname.clone(), step);
-            }
-        }
-    }
-    m
-}
-
-/// A running N+1 checkpoint/restart batch job on a 6-node cluster with rank 0 drained.
+/// A running `examples/ckpt` batch job.
 struct Ckpt {
     c: Cluster,
     id: String,
+    /// `CKPT_ROOT`: the links to each node's storage and each rank's `complete.RANK` record.
     root: PathBuf,
+    /// Where the batch job was submitted (its output file).
     work: PathBuf,
 }
 
-const STEPS: u32 = 16;
-
-#[track_caller]
-fn start_ckpt(min_step: u32) -> Ckpt {
-    let c = Cluster::up(6);
-    c.vigil(&["resource", "drain", "0", "login"]).ok();
-    let root = c.path().join("ckpt");
-    let work = c.path().join("work");
-    std::fs::create_dir_all(&root).unwrap();
-    std::fs::create_dir_all(&work).unwrap();
-    let ex = repo_root().join("examples/ckpt");
-    let (batch, app) = (ex.join("batch.sh"), ex.join("app.sh"));
-    let o = c.vigil_in(
-        &work,
-        &[("CKPT_ROOT", root.to_str().unwrap()), ("STEP_S", "0.25")],
-        &["batch", "-N5", batch.to_str().unwrap(), app.to_str().unwrap(), &STEPS.to_string()],
-        CMD_TIMEOUT,
-    );
-    o.ok();
-    let id = o.stdout.trim().to_string();
-    assert!(id.starts_with('f'), "{}", o.dump());
-    let since = Instant::now();
-    // Both copies of every rank's checkpoint: the partner copy is written just after the local one, and a node
-    // killed between the two would leave only an older partner copy to rebuild from.
-    let ready = wait_for(Duration::from_secs(30), || {
-        let (m, p) = (checkpoints(&root), partner_copies(&root));
-        (0..4).all(|r| [&m, &p].iter().all(|c| c.get(&r).is_some_and(|(_, s)| *s >= min_step)))
-    });
-    let m = checkpoints(&root);
-    assert!(
-        ready,
-        "the 4 app ranks did not reach step {min_step}: {m:?}\n{}",
-        std::fs::read_to_string(work.join(format!("vigil-{id}.out"))).unwrap_or_default()
-    );
-    eprintln!(
-        "[{}] batch job {id}: all ranks at step >= {min_step} after {:.2}s: {m:?}",
-        c.name,
-        since.elapsed().as_secs_f64()
-    );
-    // Application rank r runs on child rank r = node r+1; the spare is node5.
-    for r in 0..4 {
-        assert_eq!(m[&r].0, format!("node{}", r + 1), "unexpected placement: {m:?}");
-    }
-    Ckpt { c, id, root, work }
-}
-
 impl Ckpt {
+    /// `vigil batch -N6 BATCH_ARGS batch.sh app.sh STEPS` on a fresh 7-node cluster, returned once every rank has a
+    /// complete checkpoint at step [`MIN_STEP`] or later.
+    #[track_caller]
+    fn start(batch_args: &[&str]) -> Ckpt {
+        let c = Cluster::up(7);
+        c.vigil(&["resource", "drain", "0", "login"]).ok();
+        let (root, work) = (c.path().join("ckpt"), c.path().join("work"));
+        for d in [&root, &work] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let ex = repo_root().join("examples/ckpt");
+        let (batch, app, steps) = (ex.join("batch.sh"), ex.join("app.sh"), STEPS.to_string());
+        let script = [batch.to_str().unwrap(), app.to_str().unwrap(), &steps];
+        let args = [&["batch", "-N6"], batch_args, &script].concat();
+        let o = c.vigil_in(&work, &[("CKPT_ROOT", root.to_str().unwrap()), ("STEP_S", STEP_S)], &args, CMD_TIMEOUT);
+        o.ok();
+        let id = o.stdout.trim().to_string();
+        assert!(id.starts_with('f'), "{}", o.dump());
+        let k = Ckpt { c, id, root, work };
+        let since = Instant::now();
+        let ready = wait_for(Duration::from_secs(30), || {
+            k.complete().values().filter(|s| **s >= MIN_STEP).count() == RANKS as usize
+        });
+        assert!(ready, "the {RANKS} ranks did not reach step {MIN_STEP}: {:?}\n{}", k.complete(), k.output());
+        eprintln!(
+            "[{}] batch job {}: every rank at step >= {MIN_STEP} after {:.2}s",
+            k.c.name,
+            k.id,
+            since.elapsed().as_secs_f64()
+        );
+        k
+    }
+
     fn output(&self) -> String {
         std::fs::read_to_string(self.work.join(format!("vigil-{}.out", self.id))).unwrap_or_default()
     }
+
+    /// Each rank's last complete checkpoint, as app.sh records it (`CKPT_ROOT/complete.RANK`).
+    fn complete(&self) -> BTreeMap<u32, u32> {
+        let step = |r: u32| std::fs::read_to_string(self.root.join(format!("complete.{r}"))).ok()?.trim().parse().ok();
+        (0..RANKS).filter_map(|r| Some((r, step(r)?))).collect()
+    }
 }
 
-/// The timestamp at the start of the first line of `out` containing `what`, and that line.
-fn stamped<'a>(out: &'a str, what: &str) -> Option<(f64, &'a str)> {
-    out.lines().find(|l| l.contains(what)).and_then(|l| Some((l.split_whitespace().next()?.parse().ok()?, l)))
+/// One launch of the application by `batch.sh`, from the job's output.
+#[derive(Default, Debug)]
+struct Launch {
+    /// Rank -> (node, step it resumed from, its last complete checkpoint then, time of the line).
+    resumed: BTreeMap<u32, (String, u32, u32, f64)>,
+    /// Ranks that completed every step.
+    completed: BTreeSet<u32>,
+    /// Time of its end and exit code.
+    ended: Option<(f64, i32)>,
 }
 
-#[test]
-fn n_plus_one_checkpoint_restart() {
-    let k = start_ckpt(3);
+/// The launches in `batch.sh`'s output, in order (lines "TIME launch K: ...", "TIME rank R on NODE: resuming from
+/// step S (last complete checkpoint: step C)", "TIME rank R on NODE: completed N steps", "TIME launch K ended with
+/// exit code X").
+fn launches(out: &str) -> Vec<Launch> {
+    let mut v: Vec<Launch> = Vec::new();
+    for l in out.lines() {
+        let Some((t, rest)) = l.split_once(' ').and_then(|(t, r)| Some((t.parse::<f64>().ok()?, r))) else { continue };
+        if rest.starts_with("launch ") && rest.contains(": ranks ") {
+            v.push(Launch::default());
+        }
+        let Some(cur) = v.last_mut() else { continue };
+        if let Some((_, code)) = rest.split_once(" ended with exit code ") {
+            cur.ended = code.trim().parse().ok().map(|c| (t, c));
+        } else if let Some(r) = rest.strip_prefix("rank ") {
+            let w: Vec<&str> = r.split_whitespace().collect();
+            let (Some(rank), Some(node)) = (w.first().and_then(|s| s.parse().ok()), w.get(2)) else { continue };
+            let node = node.trim_end_matches(':').to_string();
+            let num = |i: usize| w.get(i).and_then(|s| s.trim_end_matches(')').parse().ok()).unwrap_or(u32::MAX);
+            if r.contains(": resuming from step ") {
+                cur.resumed.insert(rank, (node, num(6), num(11), t));
+            } else if r.ends_with(&format!(": completed {STEPS} steps")) {
+                cur.completed.insert(rank);
+            }
+        }
+    }
+    v
+}
+
+/// How one N+1 case ended.
+struct Ended {
+    /// The job and its cluster, torn down when this is dropped, after the case's own assertions.
+    _k: Ckpt,
+    /// `vigil job wait`'s exit code: the batch job's.
+    code: i32,
+    /// The job in `vigil jobs -a --json`.
+    job: Value,
+    launches: Vec<Launch>,
+    out: String,
+    /// What to print on a failed assertion.
+    ctx: String,
+}
+
+/// The N+1 example (`vigil batch` arguments `batch_args`) with nodes `kills` silently killed in turn, the first
+/// once every rank has a complete checkpoint at step [`MIN_STEP`], each next once the parent raised the previous
+/// one's exception; then waited for. Checks what holds in every case:
+/// - the parent raised one non-fatal (severity 2) `node-failure` exception per killed node, naming it;
+/// - the first launch put rank r on node r+2, from step 0;
+/// - if a killed node ran a rank, the script got control: the first launch ended after the kill, with a non-zero
+///   exit code;
+/// - every rank of every relaunch resumed at its last complete checkpoint, at step [`MIN_STEP`] or later, or at the
+///   step after it (a rank writes its node's copy first and its partner's next; the step is complete with both);
+/// - the job is INACTIVE, and if it exited 0, its result is COMPLETED and every rank of its last launch completed.
+#[track_caller]
+fn n_plus_one(batch_args: &[&str], kills: &[u32]) -> Ended {
+    let k = Ckpt::start(batch_args);
     let c = &k.c;
-    let t_kill = c.kill_node(4);
+    let mut t_kill = 0.0;
+    for (i, node) in kills.iter().enumerate() {
+        if i > 0 {
+            let told = wait_for(VERDICT, || exceptions(&c.job_eventlog(&k.id)).len() >= i);
+            assert!(told, "no exception for node{} within {VERDICT:?}: {:?}", kills[i - 1], c.job_eventlog(&k.id));
+        }
+        t_kill = c.kill_node(*node);
+    }
     let w = c.vigil_in(c.path(), &[], &["job", "wait", &k.id], JOB_END);
     let out = k.output();
     let log = c.job_eventlog(&k.id);
@@ -747,115 +784,143 @@ fn n_plus_one_checkpoint_restart() {
         k.id,
         log.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")
     );
-    assert_eq!((w.timed_out, w.code), (false, 0), "the batch job did not survive the loss of node4:\n{ctx}");
-
-    // Parent: exactly one exception, non-fatal, and rank 4 released early.
+    assert!(!w.timed_out, "the batch job did not end:\n{ctx}");
+    let job = c.job(&k.id);
+    assert_eq!(job["state"], "INACTIVE", "{ctx}");
     let ex = exceptions(&log);
-    assert_eq!(ex.len(), 1, "exactly one exception expected:\n{ctx}");
-    assert_eq!(ex[0]["context"]["type"], "node-failure", "{ctx}");
-    assert_eq!(ex[0]["context"]["severity"], 2, "{ctx}");
-    assert!(
-        log.iter().any(|e| e["name"] == "release" && e["context"]["final"] == false && e["context"]["ranks"] == "4"),
-        "no release{{final=false}} of rank 4:\n{ctx}"
-    );
-    let t_exc = ex[0]["timestamp"].as_f64().unwrap_or(0.0);
-
-    // The batch script: launch 1 fails after the kill, the lost checkpoint is rebuilt on the spare, launch 2 resumes.
-    let (t_end1, l1) =
-        stamped(&out, "launch 1 ended with exit code").unwrap_or_else(|| panic!("launch 1 did not end:\n{ctx}"));
-    let rc1: i32 = l1.rsplit(' ').next().and_then(|s| s.parse().ok()).unwrap_or(0);
-    assert_ne!(rc1, 0, "launch 1 should fail:\n{ctx}");
-    assert!(t_end1 > t_kill, "launch 1 ended before the kill:\n{ctx}");
-    let (t_rebuilt, rebuilt) =
-        stamped(&out, "rebuilt checkpoint of rank 3").unwrap_or_else(|| panic!("no rebuild of rank 3:\n{ctx}"));
-    assert!(rebuilt.contains("on node5") && rebuilt.ends_with("(the spare)"), "{rebuilt}\n{ctx}");
-    let rebuilt_step: u32 =
-        rebuilt.split("(step ").nth(1).and_then(|s| s.split(')').next()).and_then(|s| s.parse().ok()).unwrap_or(0);
-    assert!(rebuilt_step >= 3, "rebuilt from an old partner copy:\n{ctx}");
-    assert_eq!(out.matches("rebuilt checkpoint").count(), 1, "only rank 3 should be rebuilt:\n{ctx}");
-    let launch2 = out.find("launch 2:").unwrap_or_else(|| panic!("no launch 2:\n{ctx}"));
-    let after = &out[launch2..];
-    let mut resumed = BTreeMap::new();
-    let mut completed = BTreeSet::new();
-    for l in after.lines() {
-        let Some(rest) = l.strip_prefix("rank ") else { continue };
-        let rank: u32 = rest.split_whitespace().next().and_then(|s| s.parse().ok()).unwrap_or(99);
-        if let Some(s) = l.split("resuming from checkpoint at step ").nth(1) {
-            resumed.insert(rank, s.trim().parse::<u32>().unwrap_or(0));
-        }
-        if l.ends_with(&format!("completed {STEPS} steps")) {
-            completed.insert(rank);
-        }
-        assert!(!l.contains("starting from step 0"), "a rank restarted from scratch: {l}\n{ctx}");
+    assert_eq!(ex.len(), kills.len(), "one exception per lost node:\n{ctx}");
+    for (e, node) in ex.iter().zip(kills) {
+        let e = &e["context"];
+        assert!(e["type"] == "node-failure" && e["severity"] == 2, "a non-fatal node-failure expected: {e}\n{ctx}");
+        assert!(e["note"].as_str().unwrap_or("").contains(&format!("node{node}")), "{e}\n{ctx}");
     }
-    assert_eq!(resumed.keys().copied().collect::<Vec<_>>(), vec![0, 1, 2, 3], "every rank must resume:\n{ctx}");
-    assert!(resumed.values().all(|s| *s >= 3), "resumed too early: {resumed:?}\n{ctx}");
-    assert!(after.contains("rank 3 on node5: resuming"), "rank 3 should resume on the spare:\n{ctx}");
-    assert_eq!(completed, (0..4).collect(), "not every rank completed:\n{ctx}");
-    assert!(out.contains("launch 2 ended with exit code 0"), "{ctx}");
 
-    let off = c.resource_event_time("offline", 4);
-    eprintln!(
-        "[{}] N+1: kill at {t_kill:.3}; parent offline event +{}; node-failure exception +{}; launch 1 ended +{} (exit {rc1}); rebuilt +{}; resumed at steps {resumed:?}",
-        c.name,
-        off.map(|t| ms(t - t_kill)).unwrap_or_else(|| "none".into()),
-        ms(t_exc - t_kill),
-        ms(t_end1 - t_kill),
-        ms(t_rebuilt - t_kill),
-    );
-    // The final checkpoints: rank 3 finished on the spare, the others where they started.
-    let m = checkpoints(&k.root);
-    let want: BTreeMap<u32, (String, u32)> =
-        (0..4).map(|r| (r, (format!("node{}", if r == 3 { 5 } else { r + 1 }), STEPS))).collect();
-    assert_eq!(m, want, "final checkpoints:\n{ctx}");
+    let launches = launches(&out);
+    let first: BTreeMap<u32, (String, u32)> =
+        launches.first().map(|l| l.resumed.iter().map(|(r, v)| (*r, (v.0.clone(), v.1))).collect()).unwrap_or_default();
+    let want: BTreeMap<u32, (String, u32)> = (0..RANKS).map(|r| (r, (format!("node{}", r + 2), 0))).collect();
+    assert_eq!(first, want, "launch 1: (node, step) of each rank:\n{ctx}");
+    if kills.iter().any(|n| (2..2 + RANKS).contains(n)) {
+        let (t_end, rc) = launches[0].ended.unwrap_or_else(|| panic!("launch 1 did not end:\n{ctx}"));
+        assert!(
+            rc != 0 && t_end > t_kill,
+            "no control after the kill at {t_kill:.3}: launch 1 ended at {t_end:.3} with exit code {rc}\n{ctx}"
+        );
+    }
+    for (i, l) in launches.iter().enumerate().skip(1) {
+        assert_eq!(l.resumed.len(), RANKS as usize, "launch {}: not every rank started:\n{ctx}", i + 1);
+        for (r, (node, step, last, _)) in &l.resumed {
+            assert!(
+                *last >= MIN_STEP && (*last..=*last + 1).contains(step),
+                "launch {}: rank {r} on {node} resumed from step {step}, its last complete checkpoint being step {last}\n{ctx}",
+                i + 1
+            );
+        }
+    }
+    if w.code == 0 {
+        assert_eq!(job["result"], "COMPLETED", "{ctx}");
+        let last = launches.last().map(|l| l.completed.clone()).unwrap_or_default();
+        assert_eq!(last, (0..RANKS).collect(), "ranks that completed every step in the last launch:\n{ctx}");
+    }
+    if let (Some(l1), Some(l2)) = (launches.first(), launches.get(1)) {
+        let resumed = l2.resumed.values().map(|v| v.3).fold(0.0, f64::max);
+        eprintln!(
+            "[{}] node{} killed: launch 1 ended +{}, every rank resumed +{} after the kill",
+            c.name,
+            kills.last().unwrap_or(&0),
+            l1.ended.map_or("never".into(), |(t, _)| ms(t - t_kill)),
+            ms(resumed - t_kill)
+        );
+    }
+    let code = w.code;
+    Ended { _k: k, code, job, launches, out, ctx }
 }
 
-/// The N+1 batch job once every rank reached step `min_step`, node `node` killed, and the job waited for: it
-/// must end with exit code 0. Gives the job, its output, and what to print on a failed assertion.
+/// The node of application rank `rank` dies: the script rebuilds the rank's checkpoint on the spare from its
+/// partner copy (on the node of rank+1 mod N), relaunches every other rank on its own node, and the job completes.
 #[track_caller]
-fn ckpt_survives(min_step: u32, node: u32) -> (Ckpt, String, String) {
-    let k = start_ckpt(min_step);
-    k.c.kill_node(node);
-    let w = k.c.vigil_in(k.c.path(), &[], &["job", "wait", &k.id], JOB_END);
-    let out = k.output();
-    let ctx = format!("{}\n--- vigil-{}.out ---\n{out}", w.dump(), k.id);
-    assert_eq!((w.timed_out, w.code), (false, 0), "the batch job did not survive the loss of node{node}:\n{ctx}");
-    (k, out, ctx)
+fn n_plus_one_loses_rank(batch_args: &[&str], rank: u32) {
+    let e = n_plus_one(batch_args, &[rank + 2]);
+    let ctx = &e.ctx;
+    assert_eq!((e.code, e.launches.len()), (0, 2), "exit code 0 after one relaunch expected:\n{ctx}");
+    let partner = (rank + 1) % RANKS + 2;
+    let rebuilt = e.out.lines().find(|l| l.contains(&format!("rebuilt rank {rank}'s checkpoint")));
+    let want = format!("on node{SPARE} from its partner copy on node{partner}");
+    assert!(rebuilt.is_some_and(|l| l.ends_with(&want)), "rank {rank} not rebuilt {want}:\n{ctx}");
+    let placed: BTreeMap<u32, String> = e.launches[1].resumed.iter().map(|(r, v)| (*r, v.0.clone())).collect();
+    let want: BTreeMap<u32, String> =
+        (0..RANKS).map(|r| (r, format!("node{}", if r == rank { SPARE } else { r + 2 }))).collect();
+    assert_eq!(placed, want, "launch 2: each rank with its checkpoint:\n{ctx}");
 }
 
-/// The node of a middle application rank dies (node2, rank 1 of 4): the relaunch puts rank r on the r-th
-/// surviving node, so rank 1's checkpoint is rebuilt from its partner copy where rank 1 will run (node3), ranks
-/// 2 and 3 move up one node (rank 3 onto the spare), and every rank resumes from its newest checkpoint (app.sh
-/// exits 3 otherwise), none from step 0.
 #[test]
-fn n_plus_one_survives_a_middle_node() {
-    let (k, out, ctx) = ckpt_survives(3, 2);
-    let (_, rebuilt) =
-        stamped(&out, "rebuilt checkpoint of rank 1").unwrap_or_else(|| panic!("no rebuild of rank 1:\n{ctx}"));
-    assert!(rebuilt.contains("on node3 from the partner copy on node3"), "{rebuilt}\n{ctx}");
-    assert!(out.contains("moved checkpoint of rank 3") && out.contains("to node5 (the spare)"), "{ctx}");
-    let after = &out[out.find("launch 2:").unwrap_or_else(|| panic!("no launch 2:\n{ctx}"))..];
-    assert!(!after.contains("starting from step 0") && !after.contains("ERROR"), "{ctx}");
-    for (r, node) in [(0, "node1"), (1, "node3"), (2, "node4"), (3, "node5")] {
-        assert!(after.contains(&format!("rank {r} on {node}: resuming")), "rank {r} should resume on {node}:\n{ctx}");
-    }
-    let m = checkpoints(&k.root);
-    assert!((0..4).all(|r| m.get(&r).is_some_and(|(_, s)| *s == STEPS)), "final checkpoints {m:?}:\n{ctx}");
+fn n_plus_one_loses_the_first_rank() {
+    n_plus_one_loses_rank(&[], 0);
 }
 
-/// The spare dies (node5): the application never ran there, so launch 1 goes on to the end, with no relaunch.
+#[test]
+fn n_plus_one_loses_a_middle_rank() {
+    n_plus_one_loses_rank(&[], 1);
+}
+
+#[test]
+fn n_plus_one_loses_the_last_rank() {
+    n_plus_one_loses_rank(&[], RANKS - 1);
+}
+
+/// With `kary:2` the batch instance's rank 1 (node2, application rank 0) routes for its ranks 3 and 4 (node4 and
+/// node5, application ranks 2 and 3): they re-parent and keep their checkpoints while rank 0 moves to the spare.
+#[test]
+fn n_plus_one_loses_a_router_of_the_batch_instance() {
+    n_plus_one_loses_rank(&["-S", "tbon.topo=kary:2"], 0);
+}
+
+/// The spare dies: the application never ran there, so launch 1 goes on to the end, with no relaunch.
 #[test]
 fn n_plus_one_losing_the_spare_changes_nothing() {
-    let (k, out, ctx) = ckpt_survives(2, 5);
-    assert!(out.contains("launch 1 ended with exit code 0") && !out.contains("launch 2"), "{ctx}");
-    let m = checkpoints(&k.root);
-    let want: BTreeMap<u32, (String, u32)> = (0..4).map(|r| (r, (format!("node{}", r + 1), STEPS))).collect();
-    assert_eq!(m, want, "final checkpoints:\n{ctx}");
+    let e = n_plus_one(&[], &[SPARE]);
+    let ended = e.launches.iter().map(|l| l.ended.map(|(_, c)| c)).collect::<Vec<_>>();
+    assert_eq!((e.code, ended), (0, vec![Some(0)]), "one launch, exit code 0, expected:\n{}", e.ctx);
 }
 
+/// The spare dies, then the node of rank 1: no spare is left, and the script gives up with its own exit code, 75.
+#[test]
+fn n_plus_one_gives_up_without_a_spare() {
+    let e = n_plus_one(&[], &[SPARE, 3]);
+    assert_eq!((e.code, e.launches.len()), (75, 1), "batch.sh's exit code 75 after one launch expected:\n{}", e.ctx);
+    assert_eq!(e.job["result"], "FAILED", "{}", e.ctx);
+    assert!(e.out.contains("rank 1 lost its node node3 and no spare is left: giving up"), "{}", e.ctx);
+}
+
+/// app.sh's own check: a rank that resumes from older than its last complete checkpoint fails (exit 3), as when a
+/// relaunch puts it away from its data. Here the second job has an allocation directory of its own, so no checkpoint.
+#[test]
+fn n_plus_one_app_refuses_an_older_checkpoint() {
+    let c = Cluster::up(2);
+    let root = c.path().join("ckpt");
+    for node in ["node0", "node1"] {
+        std::fs::create_dir_all(root.join(format!("node.{node}"))).unwrap();
+    }
+    let app = repo_root().join("examples/ckpt/app.sh");
+    let env = [("CKPT_ROOT", root.to_str().unwrap()), ("CKPT_HOSTS", "node0 node1"), ("STEP_S", "0.05")];
+    let run = |steps: &str| c.vigil_in(c.path(), &env, &["run", "-N2", "-n2", app.to_str().unwrap(), steps], JOB_END);
+    let o = run("2");
+    assert!(o.code == 0 && o.stdout.contains("rank 1 on node1: completed 2 steps"), "{}", o.dump());
+    let o = run("4");
+    assert_eq!(o.code, 3, "{}", o.dump());
+    assert!(
+        o.stderr
+            .contains("rank 0 on node0: ERROR: resuming from step 0, older than its last complete checkpoint (step 2)"),
+        "{}",
+        o.dump()
+    );
+}
+
+/// The batch host dies (node1, the batch instance's rank 0, where `batch.sh` runs): that is fatal to the job, and
+/// nothing of it remains on the other nodes.
 #[test]
 fn critical_rank_loss_is_fatal() {
-    let k = start_ckpt(1);
+    let k = Ckpt::start(&[]);
     let c = &k.c;
     let t_kill = c.kill_node(1);
     let w = c.vigil_in(c.path(), &[], &["job", "wait", &k.id], JOB_END);
@@ -885,7 +950,7 @@ fn critical_rank_loss_is_fatal() {
     );
 
     // Nothing of the job (child brokers, shells, app, its sleeps) remains on the other nodes.
-    let others = [0u32, 2, 3, 4, 5];
+    let others = [0u32, 2, 3, 4, 5, 6];
     let since = Instant::now();
     let clean = wait_for(Duration::from_secs(10), || others.iter().all(|k| c.node_leftovers(*k).is_empty()));
     let left: Vec<_> = others.iter().map(|k| (*k, c.node_leftovers(*k))).filter(|(_, l)| !l.is_empty()).collect();
