@@ -532,12 +532,7 @@ impl Detectors {
                     }
                 })
                 .inspect(grow_receive_buffer)
-                .and_then(|s| {
-                    // SAFETY: the UdpSocket owns its descriptor, which stays open and the same until the AsyncFd
-                    // that holds the socket drops it (after deregistering it).
-                    unsafe { tokio::io::unix::AsyncFd::register_with_interest(s, tokio::io::Interest::READABLE) }
-                        .map_err(|e| e.into_parts().1)
-                }) {
+            {
                 Ok(s) => s,
                 Err(e) => {
                     warn!(
@@ -550,7 +545,16 @@ impl Detectors {
             let period = Duration::from_secs_f64(self.probe_period.max(crate::membership::MIN_PROBE_PERIOD));
             let stats = Arc::new(ProberStats::default());
             self.prober_stats = Some(stats.clone());
-            tokio::spawn(prober_task(sock, rx, self.input_tx.clone(), period, group, stats, self.stall_max));
+            let (input_tx, stall_max) = (self.input_tx.clone(), self.stall_max);
+            if let Err(e) = std::thread::Builder::new()
+                .name("vigil-prober".into())
+                .stack_size(PROBER_STACK)
+                .spawn(move || prober_thread(sock, rx, input_tx, period, group, stats, stall_max))
+            {
+                warn!("no heartbeat prober (thread: {e}); children are judged on TCP alone");
+                self.prober_stats = None;
+                return;
+            }
             if let Some(t) = &self.table {
                 let _ = tx.send(ProbeCmd::Collector(t.clone()));
             }
@@ -1408,6 +1412,13 @@ impl Prober {
             let missed = probe::missed_excused(outstanding_news, t.excused, patience);
             if !void && missed >= 1 && missed > t.missed_reported && t.kernel.is_some() && timing.armed() {
                 t.missed_reported = missed;
+                tracing::debug!(
+                    "child rank {r}: {missed} probes missed: {outstanding_news} periods without news, {} allowed \
+                     (reply time {:.0} ms), {} excused",
+                    patience,
+                    probe::judged_by(&t.timing, &self.all).reply_time().max(self.all.reply_time()) * 1e3,
+                    t.excused
+                );
                 let _ = self.tx.send(DetectInput::Probe(*r, Signal::ProbeMissed { misses: missed }));
             }
             // A grouped child that missed a round also gets a unicast probe: it double-checks over another path
@@ -1562,6 +1573,42 @@ fn readable_now(sock: &ProbeSocket) -> Option<tokio::io::unix::AsyncFdReadyGuard
 /// it can (no datagram reaches the socket), else read from the socket as they arrive. Misses are counted only
 /// at the start of a period after every reply that has arrived was read, so a starved prober never blames its
 /// children.
+/// Stack of the prober's thread (bytes): it runs one small task; the default 2 MiB would be reserved by every
+/// broker of a test instance.
+const PROBER_STACK: usize = 256 * 1024;
+
+/// The prober's own thread: a current-thread runtime that runs [`prober_task`] until the broker drops its command
+/// channel. Not a task of the broker's runtime: there, every period waited behind whatever the broker's loop was
+/// doing (a job's launch, a burst of messages, a store write), and a starved loop made the prober read replies late
+/// and send probes late: on the overload soak, rounds came every 25 ms instead of 10 and the replies it timed took
+/// up to 1.3 s on links of 200 ms, so a dead node was judged after seconds. A thread of its own is woken by its
+/// timer as soon as the kernel schedules it, whatever the loop does. Verdicts still go through the loop.
+fn prober_thread(
+    sock: std::net::UdpSocket,
+    rx: mpsc::UnboundedReceiver<ProbeCmd>,
+    tx: mpsc::UnboundedSender<DetectInput>,
+    period: Duration,
+    group: Option<SocketAddrV4>,
+    stats: Arc<ProberStats>,
+    stall_max: f64,
+) {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            warn!("no heartbeat prober (runtime: {e}); children are judged on TCP alone");
+            return;
+        }
+    };
+    rt.block_on(async move {
+        // SAFETY: the UdpSocket owns its descriptor, which stays open and the same until the AsyncFd that holds the
+        // socket drops it (after deregistering it).
+        match unsafe { tokio::io::unix::AsyncFd::register_with_interest(sock, tokio::io::Interest::READABLE) } {
+            Ok(sock) => prober_task(sock, rx, tx, period, group, stats, stall_max).await,
+            Err(e) => warn!("no heartbeat prober (UDP socket: {}); children are judged on TCP alone", e.into_parts().1),
+        }
+    });
+}
+
 async fn prober_task(
     sock: ProbeSocket,
     mut rx: mpsc::UnboundedReceiver<ProbeCmd>,
