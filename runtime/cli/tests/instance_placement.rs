@@ -57,7 +57,11 @@ fn impossible_taskmaps_are_refused_at_submit() {
     std::fs::write(&hosts, "no-such-node\n").unwrap();
     let o = inst.vigil(&["run", &format!("--taskmap=hostfile:{}", hosts.display()), "true"]);
     assert!(
-        o.code != 0 && o.stderr.contains("hostfile names no-such-node, not a node of this instance"),
+        o.code != 0
+            && o.stderr.contains(&format!(
+                "--taskmap=hostfile:{}: not a node of this instance: line 1: no-such-node (its nodes: ",
+                hosts.display()
+            )),
         "{}",
         o.dump()
     );
@@ -99,4 +103,53 @@ fn node_range_runs_on_what_is_free() {
     let id = inst.submit(&["-N2-3", "true"]);
     assert!(inst.wait_state(&id, "INACTIVE", CMD_TIMEOUT));
     assert_eq!(inst.job(&id)["nnodes"], 3, "{}", inst.job(&id));
+}
+
+/// `-N2-3 -n6` on nodes of 2 cores: 2 nodes cannot hold 3 tasks each, so the job takes 3 (Slurm's rule: the
+/// largest count of the range that fits), 2 tasks on each; `-n8` fits no count of the range and is refused,
+/// saying what each end would need.
+#[test]
+fn node_range_with_a_task_total_runs_on_the_most_nodes_that_fit() {
+    let inst = Instance::start(3, &["resource.synthetic=pack:1 core:2 pu:1"]);
+    let o = inst.vigil(&["run", "-N2-3", "-n6", "sh", "-c", "echo $VIGIL_BROKER_RANK $VIGIL_JOB_NNODES"]);
+    o.ok();
+    let mut lines = o.lines();
+    lines.sort_unstable();
+    assert_eq!(lines, vec!["0 3", "0 3", "1 3", "1 3", "2 3", "2 3"], "{}", o.dump());
+    let o = inst.vigil(&["run", "-N2-3", "-n8", "true"]);
+    assert!(
+        o.code != 0
+            && o.stderr.contains(
+                "requested 8 tasks on 2-3 nodes but no node count in that range fits this instance: 3 nodes would \
+                 need 3 cores each (none has that); 2 nodes would need 4 cores each (none has that)"
+            ),
+        "{}",
+        o.dump()
+    );
+}
+
+/// A hostfile task map: `#` comments and blank lines are skipped, each line without `-n` is a task, and what
+/// cannot run is refused naming the option and the line: a host `-n` leaves without a task (not "-n must be >=
+/// -N"), a `-N` other than its host count.
+#[test]
+fn hostfile_lines_comments_and_errors() {
+    let inst = Instance::start(2, &[]);
+    let o = inst.vigil(&["getattr", "hostname"]);
+    o.ok();
+    let me = o.stdout.trim().to_string();
+    let file = inst.dir.path().join("hosts");
+    std::fs::write(&file, format!("# where each rank's data is\n\n{me}\n{me}   # rank 1 too\n")).unwrap();
+    let opt = format!("--taskmap=hostfile:{}", file.display());
+    let o = inst.vigil(&["run", &opt, "sh", "-c", "echo $VIGIL_TASK_RANK $VIGIL_JOB_SIZE"]);
+    o.ok();
+    let mut lines = o.lines();
+    lines.sort_unstable();
+    assert_eq!(lines, vec!["0 2", "1 2"], "one task per line: {}", o.dump());
+    std::fs::write(&file, "# two hosts\nhostA\n\nhostB\n").unwrap();
+    let o = inst.vigil(&["run", "-n1", &opt, "true"]);
+    assert_ne!(o.code, 0, "refused: {}", o.dump());
+    assert!(o.stderr.contains(&format!("{opt}: line 4: host hostB would run no task")), "{}", o.dump());
+    assert!(!o.stderr.contains("-n must be >= -N"), "{}", o.dump());
+    let o = inst.vigil(&["run", "-N3", &opt, "true"]);
+    assert!(o.code != 0 && o.stderr.contains("the file names 2 host(s) (hostA,hostB)"), "{}", o.dump());
 }

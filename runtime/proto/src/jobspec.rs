@@ -78,7 +78,7 @@ pub enum JobspecError {
         message: String,
     },
     /// A [`JobspecBuilder`] option was invalid (message uses CLI option names,
-    /// e.g. `-n must be >= -N`).
+    /// e.g. `-n 2 is fewer tasks than the 4 node(s) of -N 4: ...`).
     #[error("{0}")]
     Builder(String),
     /// Serialization failed (only from [`Jobspec::to_yaml`]).
@@ -269,6 +269,29 @@ pub struct JobRequest {
     pub taskmap: crate::taskmap::Scheme,
     /// Non-fatal findings, e.g. `attributes.system.foo: unknown key, ignored`.
     pub warnings: Vec<String>,
+}
+
+impl JobRequest {
+    /// Whether the slots each node needs depend on how many nodes the job gets: a node range with a task total
+    /// (`-N MIN-MAX -n N`), whose N tasks are spread over the nodes it gets, as Slurm's `--nodes=min-max
+    /// --ntasks=N` spreads them.
+    pub fn slots_vary(&self) -> bool {
+        self.nnodes.is_some() && self.nnodes_max.is_some() && !self.tasks_per_slot
+    }
+
+    /// Slots each node needs when the job runs on `nodes` nodes: the jobspec's per-node slot count, or, for a
+    /// node range with a task total ([`JobRequest::slots_vary`]), enough for its tasks spread over `nodes`
+    /// (`ceil(ntasks / nodes)`) if that is more. So `-N 2-3 -n 6` needs 3 slots on each of 2 nodes or 2 on each
+    /// of 3: the scheduler takes the largest count that fits (Slurm's rule), and it is refused only when no
+    /// count of the range can ever fit.
+    pub fn slots_on(&self, nodes: u32) -> u32 {
+        let per = self.slots_per_node.unwrap_or(1);
+        if self.slots_vary() {
+            per.max(self.ntasks.div_ceil(nodes.max(1)))
+        } else {
+            per
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -911,7 +934,7 @@ impl JobspecBuilder {
     /// # Errors
     /// [`JobspecError::Builder`] for an empty command, `-N`/`-n`/`-c` of 0,
     /// a negative or non-finite `-t`, `--exclusive` without `-N`,
-    /// `-n must be >= -N`, or totals (slots, cores, GPUs) beyond 4294967295.
+    /// `-n` fewer than `-N` (its minimum, for a range), or totals (slots, cores, GPUs) beyond 4294967295.
     pub fn build(self) -> Result<Jobspec, JobspecError> {
         let err = |m: &str| Err(JobspecError::Builder(m.to_string()));
         if self.command.is_empty() {
@@ -993,9 +1016,15 @@ impl JobspecBuilder {
             (Some(nodes), None) => (node(nodes, max, self.exclusive, slot(1)), TaskCount::PerSlot(1)),
             (Some(nodes), Some(n)) => {
                 if n < nodes {
-                    return err("-n must be >= -N");
+                    let range = max.filter(|m| *m > nodes).map(|m| format!("{nodes}-{m}")).unwrap_or(nodes.to_string());
+                    return Err(JobspecError::Builder(format!(
+                        "-n {n} is fewer tasks than the {nodes} node(s) of -N {range}: every node of a job runs \
+                         a task at least (give -n {nodes} or more, or fewer nodes)"
+                    )));
                 }
-                let per_node = n.div_ceil(nodes);
+                // A node range sizes its slots for the most nodes it may get (fewer nodes then need more slots
+                // each: `JobRequest::slots_on`), so that the largest node count that fits can be taken.
+                let per_node = n.div_ceil(max.map_or(nodes, |m| m.clamp(nodes, n)));
                 (node(nodes, max, self.exclusive, slot(per_node)), TaskCount::Total(u64::from(n)))
             }
         };
@@ -1183,6 +1212,34 @@ attributes:
         assert_eq!(with(json!({"min": 2})).unwrap().nnodes_max, None, "V1: min alone is used");
         let few = JobspecBuilder::new(["x"]).nnodes_range(2, 4).ntasks(3).build().unwrap().validate().unwrap();
         assert_eq!(few.nnodes_max, Some(3), "no more nodes than tasks");
+        assert_eq!((few.slots_on(2), few.slots_on(3)), (2, 1));
+    }
+
+    /// `-N 2-3 -n 6` (Slurm's `--nodes=2-3 --ntasks=6`): the jobspec asks for the slots of the most nodes, and
+    /// the request needs 3 slots per node on 2 nodes, 2 on 3; a fixed count or one task per node does not vary.
+    #[test]
+    fn a_node_range_with_a_task_total_sizes_its_slots_by_the_nodes_it_gets() {
+        let js = JobspecBuilder::new(["x"]).nnodes_range(2, 3).ntasks(6).build().unwrap();
+        let v: Value = serde_json::from_str(&js.to_json()).unwrap();
+        assert_eq!(v.pointer("/resources/0/with/0/count"), Some(&json!(2)), "slots for 3 nodes");
+        let req = js.validate().unwrap();
+        assert!(req.slots_vary());
+        assert_eq!((req.nnodes, req.nnodes_max, req.ntasks), (Some(2), Some(3), 6));
+        assert_eq!((req.slots_on(2), req.slots_on(3)), (3, 2));
+        // An uneven spread needs the larger share on every node (as a fixed -N 2 -n 5 asks for 3 slots each).
+        let odd = JobspecBuilder::new(["x"]).nnodes_range(2, 4).ntasks(7).build().unwrap().validate().unwrap();
+        assert_eq!((odd.slots_on(2), odd.slots_on(3), odd.slots_on(4)), (4, 3, 2));
+        let fixed = JobspecBuilder::new(["x"]).nnodes(2).ntasks(6).build().unwrap().validate().unwrap();
+        assert!(!fixed.slots_vary());
+        assert_eq!((fixed.slots_on(2), fixed.slots_on(3)), (3, 3));
+        let per_node = JobspecBuilder::new(["x"]).nnodes_range(2, 3).build().unwrap().validate().unwrap();
+        assert!(!per_node.slots_vary());
+        assert_eq!(per_node.slots_on(3), 1);
+        // A jobspec written with the slots of the minimum (as vigil did before) keeps them at every count.
+        let mut old = v.clone();
+        old["resources"][0]["with"][0]["count"] = json!(3);
+        let req = Jobspec::from_value(&old).unwrap().validate().unwrap();
+        assert_eq!((req.slots_on(2), req.slots_on(3)), (3, 3));
     }
 
     /// `--taskmap`: the shell option in Flux's `{scheme, value}` form; an impossible map is refused naming the
@@ -1566,7 +1623,16 @@ attributes:
     fn builder_errors() {
         let cases = [
             (JobspecBuilder::new(Vec::<String>::new()), "command must not be empty"),
-            (JobspecBuilder::new(["a"]).nnodes(4).ntasks(2), "-n must be >= -N"),
+            (
+                JobspecBuilder::new(["a"]).nnodes(4).ntasks(2),
+                "-n 2 is fewer tasks than the 4 node(s) of -N 4: every node of a job runs a task at least (give -n 4 \
+                 or more, or fewer nodes)",
+            ),
+            (
+                JobspecBuilder::new(["a"]).nnodes_range(4, 6).ntasks(2),
+                "-n 2 is fewer tasks than the 4 node(s) of -N 4-6: every node of a job runs a task at least (give \
+                 -n 4 or more, or fewer nodes)",
+            ),
             (JobspecBuilder::new(["a"]).ntasks(0), "-n/--ntasks must be >= 1"),
             (JobspecBuilder::new(["a"]).nnodes(0), "-N/--nodes must be >= 1"),
             (JobspecBuilder::new(["a"]).cores_per_task(0), "-c/--cores-per-task must be >= 1"),

@@ -13,7 +13,7 @@
 //! - `cyclic[:N]`: the same per-node counts, dealt N at a time round-robin over the nodes;
 //! - `manual:TASKMAP`: the given map, which must cover exactly the job's nodes and tasks;
 //! - `hostfile:FILE`: task i runs on the host named on line i of FILE (a line may be an RFC 29 host list; the
-//!   lines are reused from the top when there are fewer than tasks). Unlike Flux, which reads FILE in the job
+//!   lines are reused from the top when there are fewer than tasks; blank lines and `#` comments are skipped). Unlike Flux, which reads FILE in the job
 //!   shell, Vigil reads it at submit (`hosts`), so that the nodes need not share a file system and a bad file is
 //!   refused before the job waits in the queue; the job is then placed on exactly those hosts.
 //!
@@ -444,25 +444,35 @@ impl Scheme {
     }
 }
 
-/// The host names of a hostfile's text: one host or RFC 29 host list per line, blank lines skipped.
+/// The host names of a hostfile's text, in order ([`hostfile_entries`] without the line numbers).
+///
+/// # Errors
+/// As [`hostfile_entries`].
+pub fn hostfile_hosts(text: &str) -> Result<Vec<String>, String> {
+    Ok(hostfile_entries(text)?.into_iter().map(|(_, h)| h).collect())
+}
+
+/// The host names of a hostfile's text, each with the line (from 1) that names it: one host or RFC 29 host list
+/// per line; blank lines, and from a `#` to the end of its line, are skipped (comments, as in the hostfiles of
+/// Open MPI and of Flux's users).
 ///
 /// # Errors
 /// A bad host list (naming its line), no host at all, or more than [`HOSTFILE_MAX`] names.
-pub fn hostfile_hosts(text: &str) -> Result<Vec<String>, String> {
+pub fn hostfile_entries(text: &str) -> Result<Vec<(usize, String)>, String> {
     let mut hosts = Vec::new();
     for (i, line) in text.lines().enumerate() {
-        let t = line.trim();
+        let t = line.split_once('#').map_or(line, |(before, _)| before).trim();
         if t.is_empty() {
             continue;
         }
-        let h = Hostlist::parse(t).map_err(|e| format!("line {}: {e}", i + 1))?;
+        let h = Hostlist::parse(t).map_err(|e| format!("line {}: {t:?}: {e}", i + 1))?;
         if hosts.len() + h.len() > HOSTFILE_MAX {
-            return Err(format!("more than {HOSTFILE_MAX} host names"));
+            return Err(format!("line {}: more than {HOSTFILE_MAX} host names", i + 1));
         }
-        hosts.extend(h.into_vec());
+        hosts.extend(h.into_vec().into_iter().map(|h| (i + 1, h)));
     }
     if hosts.is_empty() {
-        return Err("no host name in the file".into());
+        return Err("no host name in the file (only blank lines or # comments)".into());
     }
     Ok(hosts)
 }
@@ -511,7 +521,7 @@ mod tests {
         assert_eq!(map.tasks_by_node(2), vec![vec![1], vec![0]]);
         let h = Scheme::parse("hostfile:f", |p| {
             assert_eq!(p, "f");
-            Ok("node1\n\nnode[0-1]\n".into())
+            Ok("# rank 0 goes back to its data\nnode1\n\n  # a comment\nnode[0-1]  # ranks 1-2\n".into())
         })
         .unwrap();
         assert_eq!(
@@ -555,6 +565,19 @@ mod tests {
             assert!(Taskmap::decode(&bad).is_err(), "{bad}");
         }
         assert!(Taskmap::decode(&json!([[0, 65536, 65536, 2]])).is_err(), "more than 2^32 - 1 tasks");
+    }
+
+    /// Hostfile lines: comments and blank lines skipped, each host with its line; errors name the line.
+    #[test]
+    fn hostfile_lines_are_numbered_and_comments_skipped() {
+        let e = hostfile_entries("#head\n\nnode[1-2]\n node3 # spare\n").unwrap();
+        assert_eq!(e, vec![(3, "node1".into()), (3, "node2".into()), (4, "node3".into())]);
+        let bad = hostfile_entries("node1\nnode[2-\n").unwrap_err();
+        assert!(bad.starts_with("line 2: \"node[2-\":"), "{bad}");
+        assert_eq!(
+            hostfile_entries("# only\n\n").unwrap_err(),
+            "no host name in the file (only blank lines or # comments)"
+        );
     }
 
     proptest! {

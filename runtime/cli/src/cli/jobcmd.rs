@@ -37,7 +37,8 @@ pub struct SubmitArgs {
     /// Which node runs which task rank (Flux's --taskmap, RFC 34): block (the default: consecutive ranks on each
     /// node), cyclic[:N] (dealt round-robin over the nodes, N at a time), manual:TASKMAP (an RFC 34 map, e.g.
     /// `manual:[[0,2,1,2]]`; needs -N), hostfile:FILE (task i on the host of line i of FILE, lines reused from
-    /// the top; read now, and the job runs on exactly those hosts).
+    /// the top, blank lines and # comments skipped, one task per line without -n; read now, and the job runs on
+    /// exactly those hosts).
     #[arg(long, value_name = "SCHEME")]
     pub taskmap: Option<String>,
     /// If the job fails because one of its nodes is lost, put it back in the queue ahead of later jobs and run it
@@ -156,6 +157,92 @@ impl std::fmt::Display for NodeCount {
 pub(crate) fn parse_taskmap(s: &str) -> Result<crate::taskmap::Scheme, String> {
     crate::taskmap::Scheme::parse(s, |path| std::fs::read_to_string(path).map_err(|e| e.to_string()))
         .map_err(|e| format!("--taskmap={s}: {e}"))
+}
+
+/// A `hostfile:FILE` task map as the command line gave it: the option's text (`--taskmap=hostfile:FILE` or
+/// `-o taskmap=hostfile:FILE`) and the file's hosts with their lines, so that errors name the option and the line.
+struct Hostfile {
+    option: String,
+    entries: Vec<(usize, String)>,
+}
+
+impl Hostfile {
+    /// The hostfile of `a`'s `--taskmap` or `-o taskmap=`, if it names one (read now).
+    fn of(a: &SubmitArgs) -> Result<Option<Hostfile>, String> {
+        let given = a
+            .taskmap
+            .as_deref()
+            .map(|t| (format!("--taskmap={t}"), t))
+            .into_iter()
+            .chain(a.setopt.iter().filter_map(|o| o.strip_prefix("taskmap=").map(|t| (format!("-o {o}"), t))));
+        for (option, t) in given {
+            let Some(path) = t.strip_prefix("hostfile:").filter(|p| !p.is_empty()) else { continue };
+            let text = std::fs::read_to_string(path).map_err(|e| format!("{option}: {e}"))?;
+            let entries = crate::taskmap::hostfile_entries(&text).map_err(|e| format!("{option}: {e}"))?;
+            return Ok(Some(Hostfile { option, entries }));
+        }
+        Ok(None)
+    }
+
+    /// Its distinct hosts, in the order they first appear, each with the line that first names it and the index
+    /// of that entry (tasks 0, 1, ... take the entries in order).
+    fn hosts(&self) -> Vec<(usize, usize, &str)> {
+        let mut seen = std::collections::HashSet::new();
+        self.entries
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, h))| seen.insert(h.as_str()))
+            .map(|(i, (line, h))| (*line, i, h.as_str()))
+            .collect()
+    }
+
+    /// Check it against `-N` and `-n` as given: its hosts are the job's nodes, one each, and each must run a
+    /// task. Returns the task count: `-n`, or one task per entry (line) of the file without it.
+    fn check(&self, nodes: Option<NodeCount>, ntasks: Option<u32>) -> Result<u32, String> {
+        let hosts = self.hosts();
+        let list: crate::hostlist::Hostlist = hosts.iter().map(|(_, _, h)| h.to_string()).collect();
+        if let Some(n) = nodes {
+            if n.min != n.max || n.min as usize != hosts.len() {
+                return Err(format!(
+                    "{}: the file names {} host(s) ({list}) and they are the job's nodes, one each, but -N {n} asks \
+                     for other counts (leave -N out, or give -N {})",
+                    self.option,
+                    hosts.len(),
+                    hosts.len()
+                ));
+            }
+        }
+        let n = ntasks.unwrap_or(self.entries.len().min(u32::MAX as usize) as u32);
+        if let Some((line, i, h)) = hosts.iter().find(|(_, i, _)| *i >= n as usize) {
+            return Err(format!(
+                "{}: line {line}: host {h} would run no task: task i runs on the host of the file's entry i, and -n \
+                 {n} stops before it; every host of the file is a node of the job and must run a task (give -n {} \
+                 or more, or drop the host from the file)",
+                self.option,
+                i + 1
+            ));
+        }
+        Ok(n)
+    }
+
+    /// Refuse, naming their lines, hosts that are not nodes of the instance `c` leads to (`resource.status`):
+    /// the job could never run. Said by rank 0 too, without the lines; nothing if rank 0 does not answer.
+    async fn check_nodes(&self, c: &Client) -> Result<(), String> {
+        let Ok(st) = super::rpc_to_rank0(c, "resource.status", &json!({})).await else { return Ok(()) };
+        let Some(ranks) = st["ranks"].as_array() else { return Ok(()) };
+        let known: std::collections::HashSet<&str> = ranks.iter().filter_map(|r| r["hostname"].as_str()).collect();
+        let unknown: Vec<String> = self
+            .hosts()
+            .into_iter()
+            .filter(|(_, _, h)| !known.contains(h))
+            .map(|(line, _, h)| format!("line {line}: {h}"))
+            .collect();
+        if unknown.is_empty() {
+            return Ok(());
+        }
+        let nodes: crate::hostlist::Hostlist = known.iter().map(|h| h.to_string()).collect();
+        Err(format!("{}: not a node of this instance: {} (its nodes: {nodes})", self.option, unknown.join(", ")))
+    }
 }
 
 /// Most `--cc` submissions in flight on the connection at once: enough to keep rank 0's loop busy, few enough
@@ -318,12 +405,17 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
         .constraint(a.select.constraint()?);
     let taskmap = a.taskmap.as_deref().map(parse_taskmap).transpose()?;
     let mut nodes = a.nodes;
-    if let Some(t) = &taskmap {
-        // A hostfile names the job's nodes: their number is the node count when -N is left out.
-        let hosts = t.hosts().len() as u32;
-        if nodes.is_none() && hosts > 0 {
-            nodes = Some(NodeCount { min: hosts, max: hosts });
+    let mut ntasks = a.ntasks;
+    if let Some(hf) = Hostfile::of(a)? {
+        // A hostfile names the job's nodes: their number is the node count when -N is left out, and without -n
+        // each of its entries (lines) is a task.
+        if a.ntasks != Some(0) {
+            ntasks = Some(hf.check(a.nodes, a.ntasks)?);
         }
+        let hosts = hf.hosts().len() as u32;
+        nodes = Some(NodeCount { min: hosts, max: hosts });
+    }
+    if let Some(t) = &taskmap {
         b = b.taskmap(t.clone());
     }
     if let Some(n) = nodes {
@@ -332,7 +424,7 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
         }
         b = if n.max > n.min { b.nnodes_range(n.min, n.max) } else { b.nnodes(n.min) };
     }
-    if let Some(n) = a.ntasks {
+    if let Some(n) = ntasks {
         if n == 0 {
             return Err("-n must be at least 1".into());
         }
@@ -455,6 +547,9 @@ pub(crate) async fn run(a: SubmitArgs, attach_after: bool) -> Result<i32, String
         return Ok(0);
     }
     let c = connect().await?;
+    if let Some(hf) = Hostfile::of(&a)? {
+        hf.check_nodes(&c).await?;
+    }
     let id = submit_with(&c, &spec, attach_after).await?;
     if !attach_after {
         println!("{id}");

@@ -53,28 +53,41 @@ pub struct Reservation {
     pub plan: Vec<RankAlloc>,
 }
 
-/// What makes two requests place alike (their durations aside).
+/// What makes two requests place alike (their durations aside): their counts, and the nodes they may use (a
+/// job that waits for the node it names says nothing of one that may run elsewhere).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Shape {
     nnodes: Option<u32>,
     nnodes_max: Option<u32>,
     nslots: u32,
     per_node: Option<u32>,
+    /// The task total of a node range whose slots per node follow its node count (`JobRequest::slots_vary`).
+    spread: Option<u32>,
     cores: u32,
     gpus: u32,
     exclusive: bool,
+    /// A hash of its constraints (RFC 31) as JSON; 0 without.
+    constraint: u64,
 }
 
 impl Shape {
     fn of(r: &JobRequest) -> Shape {
+        let constraint = r.constraint.as_ref().map_or(0, |c| {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            c.to_value().to_string().hash(&mut h);
+            h.finish() | 1
+        });
         Shape {
             nnodes: r.nnodes,
             nnodes_max: r.nnodes_max,
             nslots: r.nslots,
             per_node: r.slots_per_node,
+            spread: r.slots_vary().then_some(r.ntasks),
             cores: r.cores_per_slot,
             gpus: r.gpus_per_slot,
             exclusive: r.exclusive,
+            constraint,
         }
     }
 }

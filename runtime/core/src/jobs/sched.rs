@@ -120,6 +120,20 @@ pub enum Unsatisfiable {
         /// Nodes of the instance that satisfy the constraints.
         have: u32,
     },
+    /// A node range with a task total (`-N MIN-MAX -n N`) that no node count of its range can hold: each count
+    /// needs its own number of slots per node ([`JobRequest::slots_on`]).
+    #[error("requested {ntasks} tasks on {min}-{max} nodes but no node count in that range fits this instance: {why}")]
+    NodeRange {
+        /// Fewest nodes.
+        min: u32,
+        /// Most nodes.
+        max: u32,
+        /// Tasks to spread over them.
+        ntasks: u32,
+        /// What the largest and the smallest count would need and how many nodes have it, e.g. `3 nodes would
+        /// need 2 cores each (2 nodes have that); 2 nodes would need 3 cores each (none has that)`.
+        why: String,
+    },
     /// More slots than the instance can hold.
     #[error("requested {want} slots of {cores} cores and {gpus} GPUs but this instance holds at most {have}")]
     Slots {
@@ -175,11 +189,13 @@ impl Counts {
         let ranks = self.rows.iter().filter(|r| r.schedulable);
         match req.nnodes {
             Some(n) => {
+                let open = ranks.filter(|r| !req.exclusive || (r.alloc_cores == 0 && r.alloc_gpus == 0));
+                if req.slots_vary() {
+                    return range_count(req, open.map(|r| Pool::fit(r.free_cores, r.free_gpus, c, g)).collect())
+                        .is_some();
+                }
                 let per = req.slots_per_node.unwrap_or(1);
-                let ok = ranks
-                    .filter(|r| !req.exclusive || (r.alloc_cores == 0 && r.alloc_gpus == 0))
-                    .filter(|r| Pool::fit(r.free_cores, r.free_gpus, c, g) >= per)
-                    .count();
+                let ok = open.filter(|r| Pool::fit(r.free_cores, r.free_gpus, c, g) >= per).count();
                 ok as u64 >= u64::from(n)
             }
             None => {
@@ -188,6 +204,19 @@ impl Counts {
             }
         }
     }
+}
+
+/// The most nodes a node range with a task total ([`JobRequest::slots_vary`]) can take, given how many slots each
+/// candidate node can hold (`caps`, in any order): the largest count `k` of its range for which `k` nodes hold
+/// [`JobRequest::slots_on`]`(k)` slots each (Slurm takes as many nodes of `--nodes=min-max` as it can). `None`
+/// if no count of the range can be placed.
+fn range_count(req: &JobRequest, mut caps: Vec<u32>) -> Option<u32> {
+    let min = req.nnodes?;
+    let max = req.nnodes_max.unwrap_or(min).max(min);
+    caps.sort_unstable_by(|a, b| b.cmp(a));
+    let top = max.min(u32::try_from(caps.len()).unwrap_or(u32::MAX));
+    // caps[k - 1] is the k-th largest: k nodes hold s slots each iff it holds s.
+    (min..=top).rev().find(|&k| caps[k as usize - 1] >= req.slots_on(k))
 }
 
 /// Whether the job's constraints (RFC 31) let it run on rank `r`.
@@ -266,9 +295,15 @@ impl Pool {
                 if n > have {
                     return Err(Unsatisfiable::Nodes { want: n, have });
                 }
+                let cap = |r: &RankPool| Self::fit(r.cores.len() as u32, r.gpus.len() as u32, c, g);
+                if req.slots_vary() {
+                    if range_count(req, ranks().map(cap).collect()).is_none() {
+                        return Err(Self::range_unsatisfiable(req, ranks().map(cap).collect()));
+                    }
+                    return Ok(());
+                }
                 let per = req.slots_per_node.unwrap_or(1);
-                let fits = ranks().filter(|r| Self::fit(r.cores.len() as u32, r.gpus.len() as u32, c, g) >= per).count()
-                    as u32;
+                let fits = ranks().filter(|r| cap(r) >= per).count() as u32;
                 if fits < n {
                     // Saturating: a jobspec may ask for 2^31 slots of 2 cores.
                     return Err(Unsatisfiable::NodeTooSmall {
@@ -303,17 +338,53 @@ impl Pool {
         Ok(())
     }
 
+    /// Why a node range with a task total fits no count of its range, given the slots each node could hold
+    /// (`caps`): what its largest possible count and its minimum would need ([`Unsatisfiable::NodeRange`]).
+    fn range_unsatisfiable(req: &JobRequest, caps: Vec<u32>) -> Unsatisfiable {
+        let (c, g) = (req.cores_per_slot, req.gpus_per_slot);
+        let min = req.nnodes.unwrap_or(1);
+        let max = req.nnodes_max.unwrap_or(min).max(min);
+        let top = max.min(caps.len() as u32).max(min);
+        let counts = if top == min { vec![min] } else { vec![top, min] };
+        let why: Vec<String> = counts
+            .into_iter()
+            .map(|k| {
+                let per = req.slots_on(k);
+                let (pc, pg) = (per.saturating_mul(c), per.saturating_mul(g));
+                let amount = if pg == 0 { format!("{pc} cores") } else { format!("{pc} cores and {pg} GPUs") };
+                let have = match caps.iter().filter(|&&cap| cap >= per).count() {
+                    0 => "none has that".to_string(),
+                    1 => "1 node has that".to_string(),
+                    h => format!("{h} nodes have that"),
+                };
+                format!("{k} nodes would need {amount} each ({have})")
+            })
+            .collect();
+        Unsatisfiable::NodeRange { min, max, ntasks: req.ntasks, why: why.join("; ") }
+    }
+
     /// Try to allocate `req` now from schedulable ranks. `None` if it does not fit at the moment.
-    /// On success the resources are marked allocated.
+    /// On success the resources are marked allocated. A node range takes as many nodes as fit now up to its
+    /// maximum; with a task total, the largest count whose share of the tasks fits on that many nodes
+    /// ([`JobRequest::slots_on`]).
     pub fn allocate(&mut self, req: &JobRequest) -> Option<Vec<RankAlloc>> {
         let c = req.cores_per_slot;
         let g = req.gpus_per_slot;
         let mut plan: Vec<RankAlloc> = Vec::new();
         match req.nnodes {
             Some(n) => {
-                let per = req.slots_per_node.unwrap_or(1);
-                // A node range takes as many as fit now up to its maximum, and is placed with its minimum.
-                let most = req.nnodes_max.unwrap_or(n).max(n);
+                let (per, most) = if req.slots_vary() {
+                    let open = self.ranks.values().filter(|r| {
+                        r.schedulable()
+                            && eligible(req, r)
+                            && (!req.exclusive || (r.alloc_cores.is_empty() && r.alloc_gpus.is_empty()))
+                    });
+                    let k = range_count(req, open.map(|r| Self::fit(r.nfree().0, r.nfree().1, c, g)).collect())?;
+                    (req.slots_on(k), k)
+                } else {
+                    // A node range takes as many as fit now up to its maximum.
+                    (req.slots_per_node.unwrap_or(1), req.nnodes_max.unwrap_or(n).max(n))
+                };
                 for r in self.ranks.values().filter(|r| r.schedulable() && eligible(req, r)) {
                     if plan.len() as u32 == most {
                         break;
@@ -371,10 +442,12 @@ impl Pool {
     /// can give at the moment, and the ranks out of scheduling (the REASON of Slurm's `squeue`, Flux's
     /// `reason_pending`). Shape: `resources: needs 4 nodes with 2 cores free, 2 can take it now (1 busy, 1 torpid, 1 down)` or
     /// `resources: needs 8 slots of 2 cores, 3 free now (1 drained)`; `gone` counts ranks lost for good (shrink).
+    /// Only the ranks the job may run on are counted (its constraints: `--requires`, `-w`, `--exclude`, a
+    /// hostfile's hosts), not the whole instance.
     pub fn pending_reason(&self, req: &JobRequest) -> String {
         let (c, g) = (req.cores_per_slot, req.gpus_per_slot);
         let (mut down, mut torpid, mut drained, mut gone) = (0u32, 0u32, 0u32, 0u32);
-        for r in self.ranks.values() {
+        for r in self.ranks.values().filter(|r| eligible(req, r)) {
             if r.removed {
                 gone += 1;
             } else if !r.up {
@@ -404,7 +477,9 @@ impl Pool {
         };
         match req.nnodes {
             Some(n) => {
-                let per = req.slots_per_node.unwrap_or(1);
+                // A node range with a task total: counted for its most nodes, the smallest share each.
+                let max = req.nnodes_max.unwrap_or(n).max(n);
+                let per = req.slots_on(max);
                 let (mut now, mut busy) = (0u32, 0u32);
                 for r in self.ranks.values().filter(|r| r.schedulable() && eligible(req, r)) {
                     let (nc, ng) = r.nfree();
@@ -417,6 +492,19 @@ impl Pool {
                 }
                 let (pc, pg) = (per.saturating_mul(c), per.saturating_mul(g));
                 let nodes = if n == 1 { "node" } else { "nodes" };
+                if req.slots_vary() && max > n {
+                    let (fc, fg) = (req.slots_on(n).saturating_mul(c), req.slots_on(n).saturating_mul(g));
+                    let whole = if req.exclusive { "whole nodes, " } else { "" };
+                    return format!(
+                        "resources: needs {n}-{max} {whole}nodes for {} tasks: {max} with {} free each, or {n} with \
+                         {} free each; {now} can take {} now{}",
+                        req.ntasks,
+                        amount(pc, pg),
+                        amount(fc, fg),
+                        amount(pc, pg),
+                        out(Some(busy))
+                    );
+                }
                 let n = match req.nnodes_max {
                     Some(max) if max > n => format!("{n} (up to {max})"),
                     _ => n.to_string(),

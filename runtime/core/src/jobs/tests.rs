@@ -453,6 +453,86 @@ fn node_range_takes_what_is_free() {
     assert!(e.contains("requested 4 nodes but this instance has 3"), "{e}");
 }
 
+/// `-N 2-3 -n 6` on nodes of 2 cores: 2 nodes cannot hold 3 tasks each, 3 nodes hold 2 each, so it takes 3
+/// (Slurm's rule: the largest count of the range that fits), and fewer nodes when fewer are free and large enough.
+#[test]
+fn node_range_with_a_task_total_takes_the_largest_count_that_fits() {
+    let mut c = core(3, 2, 0);
+    let id = c.submit(T0, &spec(cmd().nnodes_range(2, 3).ntasks(6)), 0).expect("3 nodes of 2 cores hold it");
+    let s = spawns(&actions(&mut c));
+    assert_eq!(
+        s.iter().map(|x| (x.1, x.2.ntasks, x.2.local_tasks)).collect::<Vec<_>>(),
+        vec![(0, 6, 2), (1, 6, 2), (2, 6, 2)]
+    );
+    assert_eq!(c.jobs[&id].alloc.iter().map(|a| a.slots).collect::<Vec<_>>(), vec![2, 2, 2]);
+    for r in 0..3 {
+        exit_shell(&mut c, T0, id, r, 0);
+    }
+    let _ = actions(&mut c);
+    // Nodes of 4 cores, one busy: 2 nodes of 3 tasks each now rather than waiting for the third.
+    let mut c = core(3, 4, 0);
+    let busy = c.submit(T0, &spec(cmd().nnodes(1).ntasks(4)), 0).unwrap();
+    let _ = actions(&mut c);
+    let id = c.submit(T0, &spec(cmd().nnodes_range(2, 3).ntasks(6)), 0).unwrap();
+    let s = spawns(&actions(&mut c));
+    assert_eq!(s.iter().map(|x| (x.1, x.2.local_tasks)).collect::<Vec<_>>(), vec![(1, 3), (2, 3)]);
+    assert_eq!(c.jobs[&busy].state, JobState::Run);
+    assert_eq!(c.jobs[&id].info()["nnodes"], json!(2));
+    // Never: neither 2 nodes of 4 tasks nor 3 of 3 fit nodes of 2 cores; said for both ends of the range.
+    let mut c = core(3, 2, 0);
+    let e = c.submit(T0, &spec(cmd().nnodes_range(2, 3).ntasks(8)), 0).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "unsatisfiable request: requested 8 tasks on 2-3 nodes but no node count in that range fits this instance: 3 nodes would need \
+         3 cores each (none has that); 2 nodes would need 4 cores each (none has that)"
+    );
+    // It waits while only 2 nodes of 2 cores are free, saying what each end of the range needs.
+    let busy = c.submit(T0, &spec(cmd().nnodes(1).ntasks(1)), 0).unwrap();
+    let _ = actions(&mut c);
+    let id = c.submit(T0, &spec(cmd().nnodes_range(2, 3).ntasks(6)), 0).unwrap();
+    assert_eq!(c.jobs[&id].state, JobState::Sched);
+    let why = c.pending_reason(id).unwrap();
+    assert!(
+        why.starts_with("resources: needs 2-3 nodes for 6 tasks: 3 with 2 cores free each, or 2 with 3 cores free each; 2 can take 2 cores now (1 busy)"),
+        "{why}"
+    );
+    exit_shell(&mut c, T0 + 1.0, busy, 0, 0);
+    assert_eq!(c.jobs[&id].state, JobState::Run);
+    assert_eq!(c.jobs[&id].alloc.len(), 3);
+}
+
+/// A job that waits for the node it names (`-w`) does not hold back a job of the same shape that may run
+/// elsewhere: jobs of one shape but other constraints are not alike to the scheduling pass.
+#[test]
+fn a_constrained_job_waiting_does_not_hold_back_an_unconstrained_one() {
+    let mut c = core(2, 1, 0);
+    let busy0 = c.submit(T0, &spec(cmd().nnodes(1)), 0).unwrap();
+    let busy1 = c.submit(T0, &spec(cmd().nnodes(1)), 0).unwrap();
+    let _ = actions(&mut c);
+    assert_eq!((c.jobs[&busy0].alloc[0].rank, c.jobs[&busy1].alloc[0].rank), (0, 1));
+    let on0 = crate::constraint::Constraint::Ranks(IdSet::from_iter([0]));
+    let waits = c.submit(T0, &spec(cmd().nnodes(1).constraint(Some(on0))), 0).unwrap();
+    let free = c.submit(T0, &spec(cmd().nnodes(1)), 0).unwrap();
+    // Rank 1 comes free: one pass looks at both jobs, the constrained one first.
+    exit_shell(&mut c, T0 + 1.0, busy1, 1, 0);
+    assert_eq!(c.jobs[&waits].state, JobState::Sched);
+    assert_eq!(c.jobs[&free].state, JobState::Run, "rank 1 is free and the job may run there");
+}
+
+/// The pending reason of a job limited to some nodes counts those nodes, not the whole instance.
+#[test]
+fn a_pending_reason_counts_the_nodes_the_job_may_use() {
+    let mut c = core(4, 1, 0);
+    c.ranks_lost(T0, &IdSet::from_iter([2, 3]));
+    let busy = c.submit(T0, &spec(cmd().nnodes(1)), 0).unwrap();
+    let _ = actions(&mut c);
+    assert_eq!(c.jobs[&busy].alloc[0].rank, 0);
+    let on01 = crate::constraint::Constraint::Ranks(IdSet::from_iter([0, 1]));
+    let id = c.submit(T0, &spec(cmd().nnodes(2).constraint(Some(on01))), 0).unwrap();
+    let why = c.pending_reason(id).unwrap();
+    assert_eq!(why, "resources: needs 2 nodes with 1 core free, 1 can take it now (1 busy)", "ranks 2-3 are not its");
+}
+
 #[test]
 fn taskmap_blocks() {
     assert_eq!(taskmap(&[2, 2, 2, 2]), json!({"version": 1, "map": [[0, 4, 2, 1]]}));
