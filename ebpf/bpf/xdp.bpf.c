@@ -54,6 +54,38 @@ struct {
 	__type(value, struct vigil_slot_claim);
 } SLOT_CLAIMS SEC(".maps");
 
+/* The broker that loaded this object: its tgid and its key in RESPONDERS (set by userspace once it registered). */
+struct vigil_owner {
+	__u32 pid;
+	__u32 key;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct vigil_owner);
+} OWNER SEC(".maps");
+
+/* The owner's main thread exits (killed, crashed: a clean exit leaves RESPONDERS first): from now on this node's
+ * kernel answers its parent's probes with "broker dead", within a round trip, whether or not the FIN or reset of
+ * its connections reaches the parent. Runs before the process's files are released, so while this program is
+ * still attached. A classic tracepoint reading nothing but the current task's ids: loads on old kernels. */
+SEC("tracepoint/sched/sched_process_exit")
+int vigil_owner_exit(void *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 zero = 0;
+	struct vigil_owner *o = bpf_map_lookup_elem(&OWNER, &zero);
+	if (!o || o->pid == 0 || o->pid != (__u32)(id >> 32) || (__u32)id != (__u32)(id >> 32))
+		return 0; /* another process, or a thread other than the main one */
+	__u32 key = o->key;
+	struct vigil_hb_state *st = bpf_map_lookup_elem(&RESPONDERS, &key);
+	if (st && st->pid == o->pid)
+		st->alive = 0;
+	return 0;
+}
+
 static __always_inline __u64 htonll(__u64 v)
 {
 	return ((__u64)bpf_htonl((__u32)v) << 32) | bpf_htonl((__u32)(v >> 32));

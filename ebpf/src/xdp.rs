@@ -27,9 +27,9 @@ use std::{path::Path, sync::Mutex};
 
 use aya::{
     Ebpf, EbpfLoader, Pod,
-    maps::{HashMap, Map, MapData, MapError},
+    maps::{Array, HashMap, Map, MapData, MapError},
     programs::{
-        Xdp, XdpMode,
+        TracePoint, Xdp, XdpMode,
         links::{FdLink, PinnedLink},
         xdp::XdpLink,
     },
@@ -59,6 +59,17 @@ pub struct HbState {
 // SAFETY: HbState is repr(C), made only of integers, with no padding (8+8+4+4 bytes): every bit pattern is valid.
 unsafe impl Pod for HbState {}
 const _: () = assert!(std::mem::size_of::<HbState>() == 24);
+
+/// Value of the `OWNER` array (`struct vigil_owner` in `bpf/xdp.bpf.c`): the broker whose exit the kernel reports.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct Owner {
+    pid: u32,
+    key: u32,
+}
+
+// SAFETY: Owner is repr(C), two u32 and no padding: every bit pattern is valid.
+unsafe impl Pod for Owner {}
 
 fn key(port: u16) -> u32 {
     // The BPF program widens the network-order `udp->dest` into a u32 key.
@@ -203,7 +214,9 @@ pub struct XdpResponder {
     /// The attachment once pinned ([`XdpResponder::pin_link`]), and where.
     pinned_link: Option<(PinnedLink, std::path::PathBuf)>,
     // Owns the program.
-    _bpf: Ebpf,
+    bpf: Ebpf,
+    /// The owner-exit tracepoint is attached ([`XdpResponder::mark_dead_on_exit`]).
+    exit_report: bool,
 }
 
 impl std::fmt::Debug for XdpResponder {
@@ -283,7 +296,8 @@ impl XdpResponder {
             pinned: Vec::new(),
             link: Some(link),
             pinned_link: None,
-            _bpf: bpf,
+            bpf,
+            exit_report: false,
         })
     }
 
@@ -345,6 +359,35 @@ impl XdpResponder {
             .pin(path)
             .map_err(|e| format!("pinning the XDP link at {}: {e}; the XDP program is detached", path.display()))?;
         self.pinned_link = Some((pinned, path.to_path_buf()));
+        Ok(())
+    }
+
+    /// Has this node's kernel mark the entry of broker `pid` on `port` dead (`alive` 0) as soon as that
+    /// process's main thread exits (`sched/sched_process_exit`), so that its parent's next probe is answered
+    /// "broker dead" within a round trip, even when the FIN or reset of its connections is lost or late (a lossy
+    /// or congested link). For the broker that loaded this responder (the other brokers of a machine that share
+    /// it are marked by their owner's exit watches, `HbTable::mark_dead`); call after it registered. The
+    /// tracepoint lives as long as this responder: a clean exit unregisters first, so it marks nothing then.
+    /// Called again, it only changes the broker watched.
+    ///
+    /// # Errors
+    /// [`EbpfError::Tracefs`] if tracefs cannot be mounted, [`EbpfError::Missing`] or
+    /// [`EbpfError::Program`] if the program or its map is missing or the kernel refuses it (the responder
+    /// still answers; only this report is lost).
+    pub fn mark_dead_on_exit(&mut self, pid: u32, port: u16) -> Result<(), EbpfError> {
+        sys::ensure_tracefs().map_err(EbpfError::Tracefs)?;
+        let mut owner: Array<&mut MapData, Owner> =
+            self.bpf.map_mut("OWNER").ok_or(EbpfError::Missing("OWNER"))?.try_into().map_err(map_err("OWNER"))?;
+        owner.set(0, Owner { pid, key: key(port) }, 0).map_err(map_err("OWNER"))?;
+        if self.exit_report {
+            return Ok(());
+        }
+        let name = "vigil_owner_exit";
+        let prog: &mut TracePoint =
+            self.bpf.program_mut(name).ok_or(EbpfError::Missing(name))?.try_into().map_err(prog_err(name))?;
+        prog.load().map_err(prog_err(name))?;
+        prog.attach("sched", "sched_process_exit").map_err(prog_err(name))?;
+        self.exit_report = true;
         Ok(())
     }
 

@@ -335,3 +335,36 @@ fn a_pinned_link_keeps_the_program_while_another_broker_is_registered() {
     assert_eq!(answered_after_sweep, None, "the program is detached once its link pin is removed");
     assert_eq!(alone, (vigil_ebpf::Release::Detached, 0), "an owner alone detaches and removes its pins");
 }
+
+/// The kernel marks its owner broker dead when that process's main thread exits (a kill -9 here), not when one of
+/// its other threads ends.
+#[test]
+fn the_kernel_marks_its_owner_dead_when_the_process_exits_not_when_a_thread_does() {
+    let tag = std::process::id() % 100_000;
+    let a = format!("vx{tag}e");
+    let _ns = Netns(vec![a.clone()]);
+    ip(&format!("netns add {a}"));
+    ip(&format!("-n {a} link set lo up"));
+    let (thread_end, killed) = in_ns(&a, move || {
+        let mut resp = XdpResponder::attach("lo").expect("attach on lo");
+        let table = resp.table();
+        // This process as the owner: a thread that ends is not the broker's death.
+        let me = std::process::id();
+        table.register(7300, me).unwrap();
+        resp.mark_dead_on_exit(me, 7300).expect("exit tracepoint");
+        std::thread::spawn(|| ()).join().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let thread_end = table.get(7300).expect("registered").alive;
+        // A child process as the owner, killed.
+        let mut child = Command::new("sleep").arg("30").spawn().expect("sleep");
+        table.register(7301, child.id()).unwrap();
+        resp.mark_dead_on_exit(child.id(), 7301).expect("exit tracepoint");
+        assert_eq!(table.get(7301).expect("registered").alive, 1);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let killed = table.get(7301).expect("still registered").alive;
+        (thread_end, killed)
+    });
+    assert_eq!(thread_end, 1, "a thread's end is not the broker's exit");
+    assert_eq!(killed, 0, "the owner's exit clears `alive` in the kernel");
+}

@@ -504,6 +504,41 @@ fn forced_userspace_detectors_say_so_on_every_rank() {
     }
 }
 
+/// Rank 0's `probing` detector line once its prober runs, in a test instance of 2 started with `env`.
+fn probing_line(env: &[(&str, &str)]) -> String {
+    let dir = tempdir();
+    let mut c = vigil_cmd(dir.path());
+    c.envs(env.iter().copied());
+    c.args([
+        "start",
+        "--test-size=2",
+        "sh",
+        "-c",
+        "for i in $(seq 200); do s=$(vigil overlay status --json); case $s in *'prober thread'*) break;; esac; \
+         sleep 0.1; done; echo \"$s\"",
+    ]);
+    let out = run(c, Duration::from_secs(60), Some(dir.path()));
+    kill_marked(dir.path());
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap_or_default();
+    v["detectors"]["probing"].as_str().map(str::to_string).unwrap_or_else(|| out.dump())
+}
+
+/// The prober thread runs at real-time priority where it may (root here), and says so; where it may not, it runs
+/// at normal priority and says why (the fallback forced with `VIGIL_PROBER_NO_RT`).
+#[test]
+fn the_prober_thread_says_how_it_is_scheduled() {
+    let normal = probing_line(&[("VIGIL_PROBER_NO_RT", "1")]);
+    assert!(
+        normal.contains("prober thread at normal priority (real-time refused: VIGIL_PROBER_NO_RT is set)"),
+        "{normal}"
+    );
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let rt = probing_line(&[]);
+        assert!(rt.contains("prober thread real-time (SCHED_RR 1)"), "{rt}");
+    }
+}
+
 /// A router lost with `tbon.reparent=off`: its own reason names what happened to it; the ranks behind it say
 /// they were cut off by it.
 #[test]
