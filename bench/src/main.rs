@@ -32,6 +32,9 @@
 //! - `vigil-bench auth` (module [`auth`]): authenticated, encrypted overlay links against plain ones, same
 //!   harness as `uring`, plus handshake time and, with `--before`, start-up of a plain build against this one.
 //!
+//! - `vigil-bench ckpt` (module [`ckpt`], root only): the N+1 checkpoint/restart example under a silent node
+//!   kill, kill to every rank resumed from its checkpoint, against Slurm 22.05 in the same run.
+//!
 //! - `vigil-bench fwq` (module [`fwq`]): fixed-work-quanta OS noise on the core it is pinned to, one JSON line;
 //!   `bench/probe-cost.sh` runs it on the parent's core.
 //!
@@ -46,6 +49,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 mod auth;
+mod ckpt;
 mod detect;
 mod fwq;
 mod jobcore;
@@ -123,6 +127,9 @@ enum TopCmd {
     /// Cost per job of the job manager and scheduler at queue depth (200, 10,000, 64,000), in-process: the
     /// sans-IO job core alone and rank 0's broker in the simulator, with heap bytes per queued job.
     Jobcore(jobcore::JobcoreArgs),
+    /// The N+1 checkpoint/restart example under a silent node kill: time until every rank resumed from its
+    /// checkpoint, Vigil and Slurm 22.05 in the same run (needs root).
+    Ckpt(ckpt::CkptArgs),
     /// Failure-detection latencies on network-namespace nodes (needs root).
     Detect(detect::DetectArgs),
     /// io_uring vs tokio (epoll) for overlay TCP links: RPC round trip and streaming throughput.
@@ -341,6 +348,7 @@ fn main() {
         Some(TopCmd::Restart(a)) => report(restart::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Jobcore(a)) => report(jobcore::run(&a, cli.out_dir)),
         Some(TopCmd::Detect(a)) => report(detect::run(&a, cli.vigil, cli.out_dir)),
+        Some(TopCmd::Ckpt(a)) => report(ckpt::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Uring(a)) => report(uring::run(&a, cli.out_dir)),
         Some(TopCmd::Auth(a)) => report(auth::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Sim(a)) => std::process::exit(sim::run(&a, cli.out_dir)),

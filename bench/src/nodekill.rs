@@ -121,9 +121,9 @@ pub(crate) struct NodeKill {
 }
 
 /// A netns cluster of the harness's own, removed (`netns-cluster.sh down`) when dropped.
-struct Netns {
-    name: String,
-    vigil: PathBuf,
+pub(crate) struct Netns {
+    pub(crate) name: String,
+    pub(crate) vigil: PathBuf,
 }
 
 impl Netns {
@@ -132,13 +132,13 @@ impl Netns {
     }
 
     /// Run `netns-cluster.sh args` (bounded to `timeout_s`).
-    fn run(vigil: &Path, args: &[&str], timeout_s: u64) -> Result<String, String> {
+    pub(crate) fn run(vigil: &Path, args: &[&str], timeout_s: u64) -> Result<String, String> {
         let mut c = Command::new(Self::script());
         c.args(args).env("VIGIL", vigil);
         out_of(c, &format!("netns-cluster.sh {}", args.join(" ")), timeout_s)
     }
 
-    fn dir(&self) -> PathBuf {
+    pub(crate) fn dir(&self) -> PathBuf {
         std::env::var_os("VIGIL_NETNS_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("/tmp"))
@@ -146,7 +146,7 @@ impl Netns {
     }
 
     /// Silent death of node `k`; the wall time (s since the epoch) just before.
-    fn kill(&self, k: u32) -> Result<f64, String> {
+    pub(crate) fn kill(&self, k: u32) -> Result<f64, String> {
         let t = crate::now_epoch_s();
         Self::run(&self.vigil, &["kill", &self.name, &k.to_string()], 30)?;
         Ok(t)
@@ -162,19 +162,19 @@ impl Drop for Netns {
 }
 
 /// A Slurm cluster on a [`Netns`], stopped (`slurm-cluster.sh down`) when dropped.
-struct Slurm {
-    dir: PathBuf,
+pub(crate) struct Slurm {
+    pub(crate) dir: PathBuf,
     /// Node 0's namespace, where clients run.
-    ns0: String,
+    pub(crate) ns0: String,
 }
 
 impl Slurm {
-    fn script() -> PathBuf {
+    pub(crate) fn script() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../ci/slurm-cluster.sh")
     }
 
     /// A Slurm client command run in node 0's namespace, pointed at this cluster.
-    fn cmd(&self, args: &[&str]) -> Command {
+    pub(crate) fn cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &self.ns0]).args(args).env("SLURM_CONF", self.dir.join("slurm.conf"));
         for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("SLURM_") && k != "SLURM_CONF") {
@@ -183,7 +183,7 @@ impl Slurm {
         c
     }
 
-    fn out(&self, args: &[&str]) -> Result<String, String> {
+    pub(crate) fn out(&self, args: &[&str]) -> Result<String, String> {
         out_of(self.cmd(args), &args.join(" "), 60)
     }
 }
@@ -200,7 +200,7 @@ impl Drop for Slurm {
 }
 
 /// Stdout of `c` if it exits 0 within `timeout_s`, else an error quoting its stderr.
-fn out_of(c: Command, what: &str, timeout_s: u64) -> Result<String, String> {
+pub(crate) fn out_of(c: Command, what: &str, timeout_s: u64) -> Result<String, String> {
     match run_captured(c, Duration::from_secs(timeout_s))? {
         Captured::Exited { status, stdout, .. } if status.success() => Ok(stdout),
         Captured::Exited { status, stderr, stdout, .. } => {
@@ -211,7 +211,7 @@ fn out_of(c: Command, what: &str, timeout_s: u64) -> Result<String, String> {
 }
 
 /// A short cluster name of this process (netns-cluster.sh takes at most 6 characters).
-fn name(tag: char) -> String {
+pub(crate) fn name(tag: char) -> String {
     format!("nk{tag}{:03}", std::process::id() % 1000)
 }
 

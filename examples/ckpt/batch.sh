@@ -28,8 +28,7 @@ while :; do
     CKPT_HOSTS="$hosts" vigil run -N$n -n$n --taskmap=hostfile:"$VIGIL_ALLOC_TMPDIR/hosts" "$app" "$steps"
     rc=$?
     say "launch $launch ended with exit code $rc"
-    [ $rc -eq 0 ] && exit 0
-    # Which nodes died: this instance never gets them back.
+    # Which nodes died, if any: this instance never gets them back.
     lost=$(vigil resource status -s lost,down -no '{nodelist}' | vigil hostlist -e -)
     say "lost nodes: ${lost:-none}"
     for h in $lost; do rm -f "$CKPT_ROOT/node.$h"; done
@@ -50,6 +49,6 @@ while :; do
         fi
         relaunch="$relaunch $h" r=$((r + 1))
     done
-    [ -n "$moved" ] || exit $rc    # no rank lost its node: the application failed by itself
+    [ -n "$moved" ] || exit $rc    # no rank lost its node: done, or the application failed by itself
     hosts=$relaunch launch=$((launch + 1))
 done
