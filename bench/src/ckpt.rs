@@ -413,7 +413,8 @@ fn markdown(series: &[Series], a: &CkptArgs, load: Option<f64>, took_s: f64) -> 
          `examples/ckpt/batch.sh` with Slurm's commands (`sinfo -t down` to learn the lost node, `srun \
          --exclude=LOST --distribution=arbitrary` with `SLURM_HOSTFILE` to put each rank with its checkpoint) \
          around the same `app.sh`; its first launch ends only when slurmctld sets the silent node down, which \
-         follows `SlurmdTimeout`.\n",
+         follows `SlurmdTimeout`. The SlurmdTimeout=300 s series has 2 trials by default (`--slurm-trials 20,2`): \
+         each takes 6-7 minutes, so 20 would take over two hours.\n",
     );
     for s in series {
         for (i, t) in s.trials.iter().enumerate() {
