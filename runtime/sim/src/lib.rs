@@ -506,6 +506,8 @@ pub struct Sim {
     restarts0: u64,
     /// Rank 0 with [`Config::statedir`]: the life (`restarts0`) of the broker whose fsync is under way.
     sync0: Option<u64>,
+    /// Rank 0's broker was asked for an fsync whose report it has not handled yet.
+    sync_unreported: bool,
     /// What the client did and saw, for the restart invariants.
     pub(crate) client: ClientLog,
 }
@@ -656,6 +658,7 @@ impl Sim {
             crash_in_commit: false,
             restarts0: 0,
             sync0: None,
+            sync_unreported: false,
             client: ClientLog::default(),
             static_fanout: match cfg.topo {
                 Topology::Kary(k) if k > 0 => k as usize,
@@ -984,21 +987,35 @@ impl Sim {
             if watched && !matches!(i, Input::Timer | Input::AckSamples(_)) {
                 eprintln!("{:.6} r{n} < {}", now.as_secs_f64(), describe_input(&i));
             }
+            let synced = matches!(i, Input::Synced { .. });
             b.handle(now, i);
             let mut asked = Vec::new();
             if n == 0 && self.kept.is_some() {
-                // As the real driver: the turn's journal batch is written before anything it asked for, and put
-                // off while an fsync is under way if it asked for nothing (a later write takes it).
+                if synced {
+                    self.sync_unreported = false;
+                }
+                // As the real driver (Driver::cut): the turn's journal batch is written before anything it asked
+                // for, and put off while an fsync is in flight if the turn asked for nothing and changed nothing
+                // but submissions (Broker::journal_may_wait).
+                let may_wait = self.sync_unreported && b.journal_may_wait();
                 asked.extend(std::iter::from_fn(|| b.poll_effect()));
-                if !asked.is_empty() || self.sync0.is_none() {
-                    if self.crash_in_commit && b.journal().is_some_and(|j| j.is_some()) {
-                        self.crash_in_commit = false;
-                        self.rank0_crashed(true);
-                        self.process_gone(0, 137);
-                        self.scratch = queue;
-                        return;
+                if !may_wait {
+                    for _ in 0..4 {
+                        let Some(b) = self.nodes[0].broker.as_mut() else { break };
+                        let Some(batch) = b.take_journal() else { break };
+                        if self.crash_in_commit && batch.is_some() {
+                            self.crash_in_commit = false;
+                            self.rank0_crashed(true);
+                            self.process_gone(0, 137);
+                            self.scratch = queue;
+                            return;
+                        }
+                        let last = batch.is_none();
+                        self.commit0(batch);
+                        if last {
+                            break;
+                        }
                     }
-                    self.commit0();
                 }
                 self.sync0();
             }
@@ -1046,10 +1063,9 @@ impl Sim {
 
     /// Rank 0 with [`Config::statedir`]: apply its journal batch to the store and tell it ([`Input::Stored`]), as
     /// the real driver's commit does (`broker/driver.rs`).
-    fn commit0(&mut self) {
+    fn commit0(&mut self, batch: Option<crate::jobs::journal::Journal>) {
         let now = self.now;
         let Some(b) = self.nodes[0].broker.as_mut() else { return };
-        let Some(batch) = b.journal() else { return };
         let Some(kept) = self.kept.as_mut() else { return };
         let result = match &batch {
             Some(j) => kept.apply(j).map_err(|e| vigil_core::broker::store::CommitError {
@@ -1071,10 +1087,11 @@ impl Sim {
     /// is under way, as the real driver does. Its store is in memory: what was written stays whatever happens
     /// to the broker (`kill -9` loses nothing written; a power cut is not simulated).
     fn sync0(&mut self) {
-        if self.sync0.is_some() {
+        if self.sync_unreported {
             return;
         }
         let Some(upto) = self.nodes[0].broker.as_ref().and_then(|b| b.sync_wanted()) else { return };
+        self.sync_unreported = true;
         self.sync0 = Some(self.restarts0);
         self.after(SYNC_DELAY, Ev::Synced0(upto, self.restarts0));
     }
@@ -1871,6 +1888,7 @@ impl Sim {
                     self.restarts0 += 1;
                     // The fsync of the old process is not this one's.
                     self.sync0 = None;
+                    self.sync_unreported = false;
                 }
                 self.nodes[n as usize] = self.fresh_node(n);
                 self.connect(n);
