@@ -506,8 +506,6 @@ pub struct Sim {
     restarts0: u64,
     /// Rank 0 with [`Config::statedir`]: the life (`restarts0`) of the broker whose fsync is under way.
     sync0: Option<u64>,
-    /// Rank 0's broker was asked for an fsync whose report it has not handled yet.
-    sync_unreported: bool,
     /// What the client did and saw, for the restart invariants.
     pub(crate) client: ClientLog,
 }
@@ -658,7 +656,6 @@ impl Sim {
             crash_in_commit: false,
             restarts0: 0,
             sync0: None,
-            sync_unreported: false,
             client: ClientLog::default(),
             static_fanout: match cfg.topo {
                 Topology::Kary(k) if k > 0 => k as usize,
@@ -987,50 +984,20 @@ impl Sim {
             if watched && !matches!(i, Input::Timer | Input::AckSamples(_)) {
                 eprintln!("{:.6} r{n} < {}", now.as_secs_f64(), describe_input(&i));
             }
-            let synced = matches!(i, Input::Synced { .. });
             b.handle(now, i);
-            let mut asked = Vec::new();
-            if n == 0 && self.kept.is_some() {
-                if synced {
-                    self.sync_unreported = false;
-                }
-                // As the real driver (Driver::cut): the turn's journal batch is written before anything it asked
-                // for, and put off while an fsync is in flight if the turn asked for nothing and changed nothing
-                // but submissions (Broker::journal_may_wait).
-                let may_wait = self.sync_unreported && b.journal_may_wait();
-                asked.extend(std::iter::from_fn(|| b.poll_effect()));
-                if !may_wait {
-                    for _ in 0..4 {
-                        let Some(b) = self.nodes[0].broker.as_mut() else { break };
-                        let Some(batch) = b.take_journal() else { break };
-                        if self.crash_in_commit && batch.is_some() {
-                            self.crash_in_commit = false;
-                            self.rank0_crashed(true);
-                            self.process_gone(0, 137);
-                            self.scratch = queue;
-                            return;
-                        }
-                        let last = batch.is_none();
-                        self.commit0(batch);
-                        if last {
-                            break;
-                        }
-                    }
-                }
-                self.sync0();
-            }
-            for e in asked {
-                if self.nodes[n as usize].broker.is_none() {
-                    break;
-                }
-                if watched && !quiet(&e) {
-                    eprintln!("{:.6} r{n} > {}", now.as_secs_f64(), describe_effect(&e));
-                }
-                self.execute(n, e, &mut queue);
-            }
+            // As the real driver: rank 0's journal batch (Effect::Store) comes first, its fsync (Effect::Sync)
+            // next, then what the input asked for.
             while let Some(e) = self.nodes[n as usize].broker.as_mut().and_then(|b| b.poll_effect()) {
                 if watched && !quiet(&e) {
                     eprintln!("{:.6} r{n} > {}", now.as_secs_f64(), describe_effect(&e));
+                }
+                if self.crash_in_commit && matches!(e, Effect::Store { batch: Some(_) }) {
+                    // Killed before its batch is written: nothing of the turn is kept, nothing it asked for done.
+                    self.crash_in_commit = false;
+                    self.rank0_crashed(true);
+                    self.process_gone(0, 137);
+                    self.scratch = queue;
+                    return;
                 }
                 self.execute(n, e, &mut queue);
             }
@@ -1061,13 +1028,13 @@ impl Sim {
         }
     }
 
-    /// Rank 0 with [`Config::statedir`]: apply its journal batch to the store and tell it ([`Input::Stored`]), as
-    /// the real driver's commit does (`broker/driver.rs`).
-    fn commit0(&mut self, batch: Option<crate::jobs::journal::Journal>) {
+    /// Rank 0 with [`Config::statedir`] ([`Effect::Store`]): apply its journal batch to the store and tell it
+    /// ([`Input::Stored`]), as the real driver's commit does (`broker/statedir_io.rs`).
+    fn commit0(&mut self, batch: Option<&crate::jobs::journal::Journal>) {
         let now = self.now;
         let Some(b) = self.nodes[0].broker.as_mut() else { return };
         let Some(kept) = self.kept.as_mut() else { return };
-        let result = match &batch {
+        let result = match batch {
             Some(j) => kept.apply(j).map_err(|e| vigil_core::broker::store::CommitError {
                 why: e.to_string(),
                 errno: crate::message::errno::EIO,
@@ -1077,21 +1044,17 @@ impl Sim {
         if let Err(e) = &result {
             self.violations.push(format!("rank 0's journal batch does not apply to its store: {e}"));
         }
-        let input = Input::Stored { batch: batch.map(std::sync::Arc::new), result, durable: false };
+        let input = Input::Stored { result, durable: false };
         self.events += 1;
         self.trace = fnv(fnv(fnv(self.trace, now.as_nanos()), 0), kind(&input));
         b.handle(now, input);
     }
 
-    /// Rank 0 with [`Config::statedir`]: start an fsync ([`Ev::Synced0`]) if submissions wait for one and none
-    /// is under way, as the real driver does. Its store is in memory: what was written stays whatever happens
-    /// to the broker (`kill -9` loses nothing written; a power cut is not simulated).
-    fn sync0(&mut self) {
-        if self.sync_unreported {
-            return;
-        }
-        let Some(upto) = self.nodes[0].broker.as_ref().and_then(|b| b.sync_wanted()) else { return };
-        self.sync_unreported = true;
+    /// Rank 0 with [`Config::statedir`] ([`Effect::Sync`]): start an fsync covering write `upto`, reported
+    /// ([`Ev::Synced0`]) after [`SYNC_DELAY`], as the real driver's store thread does. Its store is in memory:
+    /// what was written stays whatever happens to the broker (`kill -9` loses nothing written; a power cut is
+    /// not simulated).
+    fn sync0(&mut self, upto: u64) {
         self.sync0 = Some(self.restarts0);
         self.after(SYNC_DELAY, Ev::Synced0(upto, self.restarts0));
     }
@@ -1225,6 +1188,8 @@ impl Sim {
     fn execute(&mut self, n: u32, e: Effect, queue: &mut VecDeque<Input>) {
         let lat = self.cfg.latency;
         match e {
+            Effect::Store { batch } => self.commit0(batch.as_deref()),
+            Effect::Sync { upto } => self.sync0(upto),
             Effect::Send(Peer::Local(id), m) => {
                 if n == 0 && id == CLIENT {
                     self.client_got(m);
@@ -1888,7 +1853,6 @@ impl Sim {
                     self.restarts0 += 1;
                     // The fsync of the old process is not this one's.
                     self.sync0 = None;
-                    self.sync_unreported = false;
                 }
                 self.nodes[n as usize] = self.fresh_node(n);
                 self.connect(n);

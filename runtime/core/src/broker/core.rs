@@ -102,13 +102,33 @@ pub struct PmiBarrier {
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// How long shells' exit reports may wait for the fsync that acknowledges them when no submission waits for one
-/// ([`Broker::sync_wanted`]): 20 ms. Nothing waits on that acknowledgement (the reporting broker keeps the
+/// (before an [`Effect::Sync`] goes out for them): 20 ms. Nothing waits on that acknowledgement (the reporting broker keeps the
 /// report until then, and the job finished when rank 0 took the report), so reports are grouped: at most 50
 /// fsyncs a second for them however many jobs end, instead of about one per job ending (measured: 0.9 per job
 /// in a flood of `true` jobs, each fsync ~0.1 ms of CPU). A `kill -9` of rank 0 loses nothing by it (the report
 /// is written before); a power cut of rank 0's node meanwhile may lose the last 20 ms of exit statuses, which
 /// their brokers still hold and send again to the restarted rank 0.
 pub const EXIT_REPORT_SYNC_DELAY: Duration = Duration::from_millis(20);
+
+/// Most [`Effect::Store`]s one cut hands out: 4. The first writes what the inputs changed; handling its outcome
+/// rarely changes the journal again (a refused write ends its submissions' jobs, which is written next), and a
+/// store that keeps refusing is tried again at the next cut rather than in a loop.
+pub const MAX_STORES_PER_CUT: u8 = 4;
+
+/// Where [`Broker::poll_effect`] is in a cut: durability first ([`Effect::Store`], [`Effect::Sync`]), then the
+/// effects asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cut {
+    /// The last drain ended (or none began): the next poll begins a cut.
+    Due,
+    /// Writing: this many [`Effect::Store`]s handed out in this cut (at [`MAX_STORES_PER_CUT`], none more).
+    Writing(u8),
+    /// An [`Effect::Store`] is out (the `written`th of the cut): nothing else goes out before its
+    /// [`Input::Stored`]. `last`: it wrote nothing (`None`), and the cut writes no more.
+    Awaiting { written: u8, last: bool },
+    /// The effects asked for go out, in order, until none is left.
+    Draining,
+}
 
 /// What a broker's stop means for the brokers below it ([`Broker::begin_shutdown_for`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -203,18 +223,14 @@ pub enum Input {
     /// (a SYN-ACK or a reset), `Some(false)` nothing answered within the wait, `None` it could not be tried (no
     /// address known for that node).
     NodeChecked { token: u64, answered: Option<bool> },
-    /// The driver wrote the journal ([`Broker::journal`]) in one transaction: `batch` is what it wrote (`None`:
-    /// nothing was left to write), `result` whether the store took it, `durable` whether the write was also
-    /// fsynced (with everything before it). The submissions held for this batch are answered now when `durable`;
-    /// otherwise once an [`Input::Synced`] covers this write (refused at once if the write failed).
-    Stored {
-        batch: Option<std::sync::Arc<crate::jobs::journal::Journal>>,
-        result: Result<(), super::store::CommitError>,
-        durable: bool,
-    },
-    /// The driver's fsync of the store, started once [`Broker::sync_wanted`] had said `upto`, ended: every write
-    /// numbered up to `upto` (the count of successful [`Input::Stored`] so far) is on disk (`Ok`), or may not be
-    /// (`Err`: their held submissions are refused and their jobs end, as for a failed write).
+    /// The driver carried out the [`Effect::Store`] it was handed last, in one transaction: `result` whether the
+    /// store took the batch, `durable` whether the write was also fsynced (with everything before it). Handed in
+    /// at once, before the next [`Broker::poll_effect`]. The submissions held for this batch are answered now when
+    /// `durable`; otherwise once an [`Input::Synced`] covers this write (refused at once if the write failed).
+    Stored { result: Result<(), super::store::CommitError>, durable: bool },
+    /// The driver's fsync of the store, asked for by [`Effect::Sync`] `upto`, ended: every write numbered up to
+    /// `upto` (the count of successful [`Input::Stored`] so far) is on disk (`Ok`), or may not be (`Err`: their
+    /// held submissions are refused and their jobs end, as for a failed write).
     Synced { upto: u64, result: Result<(), super::store::CommitError> },
 }
 
@@ -256,9 +272,32 @@ pub enum StateDir {
     },
 }
 
-/// What the broker asks its driver to do, in order.
+/// What the broker asks its driver to do, in order ([`Broker::poll_effect`]).
+///
+/// Durability goes out here too, ahead of the rest: with a state directory (rank 0), the first poll after inputs
+/// were handled (a *cut*) hands out the journal batch of everything those inputs changed ([`Effect::Store`]),
+/// and an fsync ([`Effect::Sync`]) when held answers want one, before any other effect they asked for. So a
+/// shell start, an answer or a message is carried out only once the change that led to it is written: a
+/// `kill -9` of rank 0 loses nothing that a client, a shell or another broker has learnt of.
 #[derive(Debug)]
 pub enum Effect {
+    /// Write this batch of the job core's journal (`jobs/journal.rs`) to the store in one transaction (`None`:
+    /// nothing is left to write, only answers wait for a write: "written" at once), and hand the outcome back
+    /// with [`Input::Stored`] at once, before polling again: until then nothing else goes out (a poll returns
+    /// `None`). Handed out first in a cut, so that every effect after it follows the write; a few times in a row
+    /// at most ([`MAX_STORES_PER_CUT`]) when handling the outcome changed the journal again (a refused write ends
+    /// the jobs of its submissions). Put off to a later cut only while an fsync is in flight and the inputs
+    /// since the last batch were submissions alone and asked for nothing (their answers wait for an fsync
+    /// anyway, and no one outside rank 0 has learnt of them): group commit, one write per fsync in a flood of
+    /// submissions; never once the driver's loop has ended ([`Broker::loop_ended`]).
+    Store { batch: Option<std::sync::Arc<crate::jobs::journal::Journal>> },
+    /// Fsync the store so that every write numbered up to `upto` (the count of successful [`Input::Stored`]) is
+    /// on disk; answer with [`Input::Synced`] when it ends, which may be long after (the broker goes on, and the
+    /// answers held for those writes wait). One at a time: the next goes out, in a later cut, once this one's
+    /// [`Input::Synced`] came, covering everything written meanwhile. Handed out in a cut after its
+    /// [`Effect::Store`]s, before the other effects: at once for a submission, after
+    /// [`EXIT_REPORT_SYNC_DELAY`] for shells' exit reports alone ([`Broker::next_deadline`] says when).
+    Sync { upto: u64 },
     /// Send a message on the link to this peer. A request that cannot be sent comes back as [`Input::Bounced`].
     Send(Peer, Message),
     /// Accept the would-be child on link `conn` as `rank`: acknowledge its hello, put the link in service
@@ -448,14 +487,22 @@ pub struct Broker {
     /// Requests taken by the job core (submissions, shell exit reports) and not answered until the driver has
     /// written what they changed ([`Input::Stored`]): each request with what it is answered.
     pub awaiting_durable: Vec<(Message, Held)>,
-    /// The requests of [`Broker::awaiting_durable`] when the driver took the batch being written
+    /// Where [`Broker::poll_effect`] is in its cut ([`Effect::Store`], [`Effect::Sync`], then the rest).
+    cut: Cut,
+    /// The batch of the [`Effect::Store`] being written.
+    cut_batch: Option<std::sync::Arc<crate::jobs::journal::Journal>>,
+    /// The requests of [`Broker::awaiting_durable`] when the batch being written was taken
     /// ([`Broker::take_journal`]): those its [`Input::Stored`] is for. Later ones wait for the next batch.
     cut_held: Option<Vec<(Message, Held)>>,
     /// The job core's [`JobCore::change_mark`] when that batch was taken.
     cut_mark: Option<[u64; 4]>,
     /// The journal changed since the last batch taken by an input other than a submission
-    /// ([`Broker::journal_may_wait`]).
+    /// ([`Broker::write_may_wait`]).
     unheld_changes: bool,
+    /// An [`Effect::Sync`] went out and its [`Input::Synced`] has not come yet.
+    sync_in_flight: bool,
+    /// The driver's loop has ended ([`Broker::loop_ended`]): no batch is put off for a later cut.
+    loop_ended: bool,
     /// Requests written but not yet known to be on disk: the number of the write that holds each (see
     /// [`Input::Synced`]), the request and what it is answered, in write order.
     pub awaiting_sync: VecDeque<(u64, Message, Held)>,
@@ -539,9 +586,13 @@ impl Broker {
             awaiting_sync: VecDeque::new(),
             sync_owed_since: VecDeque::new(),
             submissions_unsynced: 0,
+            cut: Cut::Due,
+            cut_batch: None,
             cut_held: None,
             cut_mark: None,
             unheld_changes: false,
+            sync_in_flight: false,
+            loop_ended: false,
             writes: 0,
             syncs: 0,
             sync_failed: false,
@@ -618,10 +669,10 @@ impl Broker {
         self.statedir = statedir;
     }
 
-    /// What the driver must write before it carries out anything asked since the last time: the job
-    /// core's journal batch, or `Some(None)` when only answers are held and nothing is left to write. `None`
-    /// without a state directory or with nothing to do.
-    pub fn journal(&self) -> Option<Option<crate::jobs::journal::Journal>> {
+    /// What must be written before anything asked since the last batch goes out: the job core's journal batch,
+    /// or `Some(None)` when only answers are held and nothing is left to write. `None` without a state directory
+    /// or with nothing to do.
+    fn journal(&self) -> Option<Option<crate::jobs::journal::Journal>> {
         if !matches!(self.statedir, StateDir::Open { .. }) {
             return None;
         }
@@ -632,10 +683,9 @@ impl Broker {
         }
     }
 
-    /// [`Broker::journal`], for a driver that writes it while the broker goes on (on another thread): the
-    /// requests held until now are those its [`Input::Stored`] answers; those taken later wait for the next
-    /// batch. One batch at a time: the next is taken once this one's [`Input::Stored`] has been handled.
-    pub fn take_journal(&mut self) -> Option<Option<crate::jobs::journal::Journal>> {
+    /// [`Broker::journal`], taken for an [`Effect::Store`]: the requests held until now are those its
+    /// [`Input::Stored`] answers; those taken later wait for the next batch.
+    fn take_journal(&mut self) -> Option<Option<crate::jobs::journal::Journal>> {
         let batch = self.journal()?;
         self.unheld_changes = false;
         self.cut_held = Some(std::mem::take(&mut self.awaiting_durable));
@@ -643,28 +693,12 @@ impl Broker {
         Some(batch)
     }
 
-    /// Whether there is something to write that is not in a batch already taken ([`Broker::take_journal`]) and
-    /// not yet stored (cheap: nothing is built).
-    pub fn journal_pending(&self) -> bool {
-        if !matches!(self.statedir, StateDir::Open { .. }) {
-            return false;
-        }
-        if !self.awaiting_durable.is_empty() {
-            return true;
-        }
-        match (self.jobcore.as_ref(), self.cut_mark) {
-            (Some(jc), Some(mark)) => jc.change_mark() != mark,
-            (Some(jc), None) => jc.journal_pending(),
-            (None, _) => false,
-        }
-    }
-
     /// The write an fsync must cover for held requests to be answered ([`Input::Synced`]): the latest write that
     /// holds any, `None` when none waits or none needs it yet. A submission wants one at once; shells' exit
     /// reports alone once the oldest has waited [`EXIT_REPORT_SYNC_DELAY`] (then [`Broker::next_deadline`]
-    /// says when). The driver starts one fsync at a time; what is written while it runs waits for the next one,
-    /// which covers it all (group commit).
-    pub fn sync_wanted(&self) -> Option<u64> {
+    /// says when). [`Broker::poll_effect`] hands out one [`Effect::Sync`] at a time; what is written while it
+    /// runs waits for the next one, which covers it all (group commit).
+    fn sync_wanted(&self) -> Option<u64> {
         let last = self.awaiting_sync.back().map(|(seq, ..)| *seq)?;
         if self.submissions_unsynced > 0 || self.exit_sync_due().is_none_or(|due| due <= self.now) {
             Some(last)
@@ -681,12 +715,11 @@ impl Broker {
 
     /// [`Input::Stored`]: hold the submissions of this write until it is on disk (answer them now if it is),
     /// or refuse them (and end their jobs) if the store failed.
-    fn on_stored(
-        &mut self,
-        batch: Option<std::sync::Arc<crate::jobs::journal::Journal>>,
-        result: Result<(), super::store::CommitError>,
-        durable: bool,
-    ) {
+    fn on_stored(&mut self, result: Result<(), super::store::CommitError>, durable: bool) {
+        if let Cut::Awaiting { written, last } = self.cut {
+            self.cut = Cut::Writing(if last { MAX_STORES_PER_CUT } else { written });
+        }
+        let batch = self.cut_batch.take();
         let held = self.cut_held.take().unwrap_or_else(|| std::mem::take(&mut self.awaiting_durable));
         self.cut_mark = None;
         if !matches!(self.statedir, StateDir::Open { .. }) {
@@ -717,6 +750,7 @@ impl Broker {
 
     /// [`Input::Synced`]: answer the submissions of every write up to `upto`, or refuse them if the fsync failed.
     fn on_synced(&mut self, upto: u64, result: Result<(), super::store::CommitError>) {
+        self.sync_in_flight = false;
         let n = self.awaiting_sync.iter().take_while(|(seq, ..)| *seq <= upto).count();
         let covered: Vec<(Message, Held)> = self.awaiting_sync.drain(..n).map(|(_, req, held)| (req, held)).collect();
         self.submissions_unsynced -= covered.iter().filter(|(_, h)| matches!(h, Held::Submission(_))).count();
@@ -797,19 +831,63 @@ impl Broker {
         self.out.push_back(e);
     }
 
-    /// The next thing to do, in the order asked.
+    /// The next thing to do, in the order asked; `None` once nothing is left (or while an [`Effect::Store`]
+    /// waits for its [`Input::Stored`]). Poll until `None` after handing in inputs: the first poll after that
+    /// begins a cut, which hands out what must be durable first ([`Effect::Store`], then [`Effect::Sync`] if one
+    /// is wanted and none is in flight) and then the effects asked for, in order.
     pub fn poll_effect(&mut self) -> Option<Effect> {
-        self.out.pop_front()
+        loop {
+            match self.cut {
+                Cut::Due => {
+                    let writes = if self.write_may_wait() { MAX_STORES_PER_CUT } else { 0 };
+                    self.cut = Cut::Writing(writes);
+                }
+                Cut::Writing(written) => {
+                    if written < MAX_STORES_PER_CUT {
+                        if let Some(batch) = self.take_journal() {
+                            let last = batch.is_none();
+                            let batch = batch.map(std::sync::Arc::new);
+                            self.cut_batch.clone_from(&batch);
+                            self.cut = Cut::Awaiting { written: written + 1, last };
+                            return Some(Effect::Store { batch });
+                        }
+                    }
+                    self.cut = Cut::Draining;
+                    if !self.sync_in_flight {
+                        if let Some(upto) = self.sync_wanted() {
+                            self.sync_in_flight = true;
+                            return Some(Effect::Sync { upto });
+                        }
+                    }
+                }
+                Cut::Awaiting { .. } => return None,
+                Cut::Draining => {
+                    let e = self.out.pop_front();
+                    if e.is_none() {
+                        self.cut = Cut::Due;
+                    }
+                    return e;
+                }
+            }
+        }
     }
 
-    /// Whether what the journal holds may wait for a later batch ([`Broker::take_journal`]) without anyone
-    /// outside rank 0 having learnt of it: no effect waits to be carried out ([`Broker::poll_effect`]: a message,
-    /// an answer not held, a spawn, a timer), and every change since the last batch taken came from submissions,
-    /// whose answers wait for the fsync of their record (a client that gets none may look for its job or submit
-    /// again). A change any other input made (a shell's start, an exit report, a drain, a timer's) is written at
-    /// once: its sender may never say it again.
-    pub fn journal_may_wait(&self) -> bool {
-        self.out.is_empty() && !self.unheld_changes
+    /// Whether what the journal holds may wait for a later cut without anyone outside rank 0 having learnt of
+    /// it: an fsync is in flight (the answers of a write now would wait for the next one anyway), the driver's
+    /// loop goes on, no effect waits to be carried out (a message, an answer not held, a spawn, a timer), and
+    /// every change since the last batch taken came from submissions, whose answers wait for the fsync of their
+    /// record (a client that gets none may look for its job or submit again). A change any other input made (a
+    /// shell's start, an exit report, a drain, a timer's) is written at once: its sender may never say it again.
+    /// It is written with the next cut that asks for something, at the latest the one after the fsync's
+    /// [`Input::Synced`], before the next fsync goes out.
+    fn write_may_wait(&self) -> bool {
+        self.sync_in_flight && !self.loop_ended && self.out.is_empty() && !self.unheld_changes
+    }
+
+    /// The driver's loop has ended; its last turns follow ([`Broker::stop`] and the writes before and after it):
+    /// from now on what the journal holds is written at the next cut, never put off for a later one.
+    pub fn loop_ended(&mut self) {
+        self.loop_ended = true;
     }
 
     /// The process exit code once [`Broker::finished`] (rank 0: the initial program's).
@@ -820,6 +898,10 @@ impl Broker {
     /// Handle one input at time `now` (not earlier than the last one's); then drain [`Broker::poll_effect`].
     pub fn handle(&mut self, now: Time, input: Input) {
         self.now = self.now.max(now);
+        if matches!(self.cut, Cut::Draining) {
+            // Handed an input in the middle of a drain: what it changes is written before anything goes out.
+            self.cut = Cut::Due;
+        }
         let submission = matches!(&input, Input::Message(_, _, m)
             if m.msgtype == crate::message::MsgType::Request && m.topic == "job-manager.submit");
         let mark = self.jobcore.as_ref().map(JobCore::change_mark);
@@ -967,7 +1049,7 @@ impl Broker {
             Input::Status(s) => self.status = s,
             Input::Timer => self.on_timer(),
             Input::NodeChecked { token, answered } => self.on_node_checked(token, answered),
-            Input::Stored { batch, result, durable } => self.on_stored(batch, result, durable),
+            Input::Stored { result, durable } => self.on_stored(result, durable),
             Input::Synced { upto, result } => self.on_synced(upto, result),
         }
         self.drain_actions();
@@ -1018,8 +1100,8 @@ impl Broker {
         if let Some(d) = self.rank0_deadline() {
             earliest(d);
         }
-        // Exit reports' fsync, when it is still to come (once due, the driver starts it at the end of the turn,
-        // or at the end of the one under way).
+        // Exit reports' fsync, when it is still to come (once due, its Effect::Sync goes out at the next cut, or
+        // at the first one after the fsync in flight).
         if let Some(d) = self.exit_sync_due().filter(|d| *d > self.now) {
             earliest(d);
         }

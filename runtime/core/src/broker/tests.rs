@@ -17,8 +17,17 @@ fn broker(rank: u32) -> Broker {
     super::testing::new_broker(rank, 7, Topology::Kary(2), 4, Config::default(), Time::ZERO)
 }
 
+/// Every effect the broker hands out now, in order. An [`Effect::Store`] (rank 0 with a state directory) is
+/// answered at once, as by a store that takes every batch.
 fn effects(b: &mut Broker) -> Vec<Effect> {
-    std::iter::from_fn(|| b.poll_effect()).collect()
+    let mut out = Vec::new();
+    while let Some(e) = b.poll_effect() {
+        if matches!(e, Effect::Store { .. }) {
+            b.handle(b.now, Input::Stored { result: Ok(()), durable: false });
+        }
+        out.push(e);
+    }
+    out
 }
 
 fn hello(rank: u64, instance: &str) -> Message {
@@ -854,33 +863,97 @@ fn journaling_root() -> (Broker, serde_json::Value) {
     (b, spec)
 }
 
+/// Play a journaling rank 0's driver for one turn at `now`: carry out every effect, answering each
+/// [`Effect::Store`] at once (before polling again, as the effect asks) with what `store` says of its batch
+/// (`durable`: the write was fsynced too). Returns the other effects ([`Effect::Sync`] among them), in order.
+fn drive(
+    b: &mut Broker,
+    now: Time,
+    durable: bool,
+    mut store: impl FnMut(Option<&crate::jobs::journal::Journal>) -> Result<(), super::store::CommitError>,
+) -> Vec<Effect> {
+    let mut out = Vec::new();
+    while let Some(e) = b.poll_effect() {
+        match e {
+            Effect::Store { batch } => {
+                let result = store(batch.as_deref());
+                assert!(b.poll_effect().is_none(), "nothing goes out before the write's outcome is in");
+                b.handle(now, Input::Stored { result, durable });
+            }
+            e => out.push(e),
+        }
+    }
+    out
+}
+
+/// [`drive`] with a store that takes every batch: how many batches were written, and the other effects.
+fn drive_ok(b: &mut Broker, now: Time) -> (usize, Vec<Effect>) {
+    let mut written = 0;
+    let out = drive(b, now, false, |_| {
+        written += 1;
+        Ok(())
+    });
+    (written, out)
+}
+
+/// Nothing written, nothing to carry out (what [`drive_ok`] returns for a turn put off).
+fn nothing(r: &(usize, Vec<Effect>)) -> bool {
+    r.0 == 0 && r.1.is_empty()
+}
+
+/// The fsync asked for among `out`, if any: the write it must cover.
+fn sync_asked(out: &[Effect]) -> Option<u64> {
+    let mut syncs = out.iter().filter_map(|e| match e {
+        Effect::Sync { upto } => Some(*upto),
+        _ => None,
+    });
+    let upto = syncs.next();
+    assert!(syncs.next().is_none(), "one fsync at a time");
+    upto
+}
+
+/// Client 5's request `topic` with `payload` and matchtag `tag`, handed in at `now` (its effects not polled).
+fn send(b: &mut Broker, now: Time, tag: u32, topic: &str, payload: Value) {
+    let mut m = Message::request(topic, 0, &payload);
+    m.matchtag = tag;
+    b.handle(now, Input::Message(Peer::Local(5), 0, m));
+}
+
+/// The answers to client 5 among `out`: (matchtag, errno).
+fn answers(out: &[Effect]) -> Vec<(u32, u32)> {
+    responses(out, Peer::Local(5)).into_iter().map(|m| (m.matchtag, m.errnum)).collect()
+}
+
 /// With a state directory a submission is answered only once the driver says its batch is durable
-/// ([`Input::Stored`]); a batch the store refused refuses its submissions and ends their jobs; a damaged store
-/// refuses submissions at once.
+/// ([`Input::Stored`], handed in for the [`Effect::Store`] that goes out before anything else); a batch the store
+/// refused refuses its submissions and ends their jobs; a damaged store refuses submissions at once.
 #[test]
 fn a_submission_is_answered_once_durable_and_refused_if_it_cannot_be() {
     use super::core::StateDir;
     use super::store::CommitError;
     let (mut b, spec) = journaling_root();
-    assert!(ask(&mut b, "job-manager.submit", json!({ "jobspec": spec }), 0).is_empty(), "not answered yet");
-    let batch = b.journal().expect("something to make durable").expect("a batch");
-    assert_eq!(batch.jobs.len(), 1);
-    b.handle(t(0.2), Input::Stored { batch: Some(std::sync::Arc::new(batch)), result: Ok(()), durable: true });
-    let r = responses(&effects(&mut b), Peer::Local(5)).into_iter().cloned().collect::<Vec<_>>();
-    assert_eq!(r.len(), 1);
-    assert_eq!(r[0].errnum, 0, "{:?}", r[0].errstr());
-    assert!(b.journal().is_none(), "nothing left to write");
+    send(&mut b, t(0.1), 1, "job-manager.submit", json!({ "jobspec": spec }));
+    let mut batches = Vec::new();
+    let out = drive(&mut b, t(0.2), true, |j| {
+        batches.push(j.map(|j| j.jobs.len()));
+        Ok(())
+    });
+    assert_eq!(batches, [Some(1)], "the submission's job, written first");
+    assert_eq!(answers(&out), [(1, 0)]);
+    assert_eq!(drive_ok(&mut b, t(0.2)).0, 0, "nothing left to write");
     // The store fails: the submission is refused and its job ends.
-    assert!(ask(&mut b, "job-manager.submit", json!({ "jobspec": spec }), 0).is_empty());
-    let batch = b.journal().expect("something").expect("a batch");
-    let id = batch.jobs.iter().map(|r| r.id).max().expect("a job");
+    send(&mut b, t(0.3), 2, "job-manager.submit", json!({ "jobspec": spec }));
     let full = CommitError { why: "database or disk is full".into(), errno: errno::ENOSPC };
-    b.handle(t(0.3), Input::Stored { batch: Some(std::sync::Arc::new(batch)), result: Err(full), durable: true });
-    let r = responses(&effects(&mut b), Peer::Local(5)).into_iter().cloned().collect::<Vec<_>>();
+    let mut id = None;
+    let out = drive(&mut b, t(0.3), true, |j| {
+        id = id.or_else(|| j.and_then(|j| j.jobs.iter().map(|r| r.id).max()));
+        Err(full.clone())
+    });
+    let r = responses(&out, Peer::Local(5)).into_iter().cloned().collect::<Vec<_>>();
     assert_eq!(r.len(), 1);
     assert_eq!(r[0].errnum, errno::ENOSPC);
     assert!(r[0].errstr().unwrap_or_default().contains("could not be made durable"), "{:?}", r[0].errstr());
-    let job = &b.jobcore.as_ref().expect("rank 0").jobs[&id];
+    let job = &b.jobcore.as_ref().expect("rank 0").jobs[&id.expect("a job written")];
     assert_eq!(job.fatal.as_ref().map(|e| e.kind.as_str()), Some("store"));
     assert!(matches!(&b.statedir, StateDir::Open { failing: Some(_), .. }));
     // A damaged store: refused at once, scheduling stopped.
@@ -899,86 +972,122 @@ fn a_submission_is_answered_once_durable_and_refused_if_it_cannot_be() {
     assert!(e.1.contains("kept by their brokers"), "{}", e.1);
 }
 
-/// What the journal holds may wait for a later batch (the driver writes it with a later turn while an fsync is
-/// under way) only while submissions alone changed it: a cancel, a drain (or a shell's start, an exit report)
-/// must be written with its own turn, since its sender may never say it again.
+/// The write goes out before what the turn asked for: an answer, a message, a shell start is carried out only
+/// after the [`Effect::Store`] of the change that led to it.
+#[test]
+fn the_journal_batch_goes_out_before_the_effects_of_its_turn() {
+    let (mut b, _) = journaling_root();
+    send(&mut b, t(0.1), 1, "resource.drain", json!({"ranks": "0", "reason": "test"}));
+    let out = effects(&mut b);
+    assert!(matches!(out.first(), Some(Effect::Store { batch: Some(_) })), "{out:?}");
+    assert_eq!(answers(&out[1..]), [(1, 0)], "the drain answered after its write");
+}
+
+/// What the journal holds may wait for a later write (while an fsync is in flight) only while submissions alone
+/// changed it and the turn asked for nothing: a cancel or a drain (or a shell's start, an exit report) is written
+/// with its own turn, since its sender may never say it again; what was put off is written with it, or at the
+/// latest once the fsync's report came; and nothing is put off once the driver's loop has ended.
 #[test]
 fn only_submissions_may_wait_for_a_later_write() {
     let (mut b, spec) = journaling_root();
     // Nothing to schedule on: the submissions stay pending and ask for nothing but their held answers.
     assert!(ask1(&mut b, "resource.drain", json!({"ranks": "0", "reason": "test"})).is_ok());
-    assert!(!b.journal_may_wait(), "a drain is written with its turn");
-    let _ = b.take_journal();
-    assert!(b.journal_may_wait(), "nothing since the batch taken");
-    for _ in 0..3 {
-        assert!(ask(&mut b, "job-manager.submit", json!({ "jobspec": spec }), 0).is_empty(), "held");
-        assert!(b.journal_may_wait(), "submissions alone may wait");
+    let submit = |b: &mut Broker, tag: u32| send(b, t(0.1), tag, "job-manager.submit", json!({ "jobspec": spec }));
+    submit(&mut b, 1);
+    let mut first_job = None;
+    let out = drive(&mut b, t(0.1), false, |j| {
+        first_job = j.and_then(|j| j.jobs.first()).map(|r| r.id);
+        Ok(())
+    });
+    let first = sync_asked(&out).expect("an fsync for the submission");
+    let first_job = first_job.expect("the submission's job written");
+    for tag in 2..=3 {
+        submit(&mut b, tag);
+        let r = drive_ok(&mut b, t(0.1));
+        assert!(nothing(&r), "submission {tag} put off while the fsync runs: {r:?}");
     }
-    let batch = b.take_journal().expect("a batch").expect("jobs");
-    assert_eq!(batch.jobs.len(), 3, "the three submissions in one batch");
-    let id = batch.jobs[0].id;
-    b.handle(t(0.2), Input::Stored { batch: Some(std::sync::Arc::new(batch)), result: Ok(()), durable: true });
-    effects(&mut b);
-    assert!(b.journal_may_wait());
-    assert!(ask1(&mut b, "job-manager.cancel", json!({"id": id.0})).is_ok());
-    assert!(!b.journal_may_wait(), "a cancel is written with its turn");
-    assert!(ask(&mut b, "job-manager.submit", json!({ "jobspec": spec }), 0).is_empty());
-    assert!(!b.journal_may_wait(), "still: the cancel is not written yet");
-    let _ = b.take_journal();
-    assert!(b.journal_may_wait());
+    // A cancel is written with its turn, and takes the submissions put off with it.
+    send(&mut b, t(0.1), 10, "job-manager.cancel", json!({"id": first_job.0}));
+    let mut jobs = 0;
+    let out = drive(&mut b, t(0.1), false, |j| {
+        jobs += j.map_or(0, |j| j.jobs.len());
+        Ok(())
+    });
+    assert_eq!(jobs, 3, "the cancelled job and submissions 2 and 3 in one write");
+    assert_eq!(answers(&out), [(10, 0)], "the cancel answered; the submissions wait for an fsync");
+    assert_eq!(sync_asked(&out), None, "one fsync at a time");
+    submit(&mut b, 4);
+    assert!(nothing(&drive_ok(&mut b, t(0.1))), "put off");
+    // The fsync's report: submission 1 answered; submission 4 written at once, and the next fsync asked for.
+    b.handle(t(0.2), Input::Synced { upto: first, result: Ok(()) });
+    let (written, out) = drive_ok(&mut b, t(0.2));
+    assert_eq!((written, answers(&out)), (1, vec![(1, 0)]));
+    assert!(sync_asked(&out).is_some_and(|u| u > first));
+    // An undrain is written with its turn too, fsync in flight or not.
+    send(&mut b, t(0.3), 11, "resource.undrain", json!({"ranks": "0"}));
+    let (written, out) = drive_ok(&mut b, t(0.3));
+    assert_eq!(written, 1, "{out:?}");
+    // Once the driver's loop has ended, nothing is put off.
+    b.loop_ended();
+    submit(&mut b, 5);
+    assert_eq!(drive_ok(&mut b, t(0.4)).0, 1, "written at once");
 }
 
-/// Pipelined commits (driver.rs): a submission whose batch is written but not yet fsynced is not answered; an
-/// fsync ([`Input::Synced`]) answers exactly the submissions of the writes it covers, in order; those written while
-/// it ran are answered together by the next one (group commit); a failed fsync refuses exactly the submissions of
-/// the writes it covered (and ends their jobs), and only a successful fsync clears the failure.
+/// Pipelined commits: a submission whose batch is written but not yet fsynced is not answered; an fsync
+/// ([`Effect::Sync`], one at a time) answers exactly the submissions of the writes it covers, in order; those
+/// that came while it ran are written together and answered together by the next one (group commit); a failed
+/// fsync refuses exactly the submissions of the writes it covered (and ends their jobs), and only a successful
+/// fsync clears the failure.
 #[test]
 fn submissions_are_answered_only_by_the_fsync_that_covers_their_write() {
     use super::core::StateDir;
     use super::store::CommitError;
     let (mut b, spec) = journaling_root();
-    // One turn of the driver: submission `tag` arrives, its batch is written without an fsync; what is sent.
-    let turn = |b: &mut Broker, tag: u32| -> Vec<Message> {
-        let mut m = Message::request("job-manager.submit", 0, &json!({ "jobspec": spec }));
-        m.matchtag = tag;
-        b.handle(t(0.1), Input::Message(Peer::Local(5), 0, m));
-        let batch = b.journal().expect("something to write").expect("a batch");
-        b.handle(t(0.1), Input::Stored { batch: Some(std::sync::Arc::new(batch)), result: Ok(()), durable: false });
-        responses(&effects(b), Peer::Local(5)).into_iter().cloned().collect()
+    // Nothing to schedule on: the submissions ask for nothing but their held answers.
+    assert!(ask1(&mut b, "resource.drain", json!({"ranks": "0", "reason": "test"})).is_ok());
+    // One turn of the driver: submission `tag` arrives; how many batches were written, and what went out.
+    let turn = |b: &mut Broker, tag: u32| -> (usize, Vec<Effect>) {
+        send(b, t(0.1), tag, "job-manager.submit", json!({ "jobspec": spec }));
+        drive_ok(b, t(0.1))
     };
-    let synced = |b: &mut Broker, upto: u64, result: Result<(), CommitError>| -> Vec<(u32, u32)> {
+    let synced = |b: &mut Broker, upto: u64, result: Result<(), CommitError>| -> (Vec<(u32, u32)>, Option<u64>) {
         b.handle(t(0.2), Input::Synced { upto, result });
-        responses(&effects(b), Peer::Local(5)).into_iter().map(|m| (m.matchtag, m.errnum)).collect()
+        let (_, out) = drive_ok(b, t(0.2));
+        (answers(&out), sync_asked(&out))
     };
-    assert!(b.sync_wanted().is_none(), "nothing waits");
-    assert!(turn(&mut b, 1).is_empty(), "written, not on disk: not answered");
-    let first = b.sync_wanted().expect("an fsync wanted");
-    // That fsync is slow: a burst arrives meanwhile, written turn by turn, none answered.
+    let (written, out) = turn(&mut b, 1);
+    assert_eq!((written, answers(&out)), (1, vec![]), "written, not on disk: not answered");
+    let first = sync_asked(&out).expect("an fsync asked for");
+    // That fsync is slow: a burst arrives meanwhile, none written nor answered.
     for tag in 2..=4 {
-        assert!(turn(&mut b, tag).is_empty(), "submission {tag} answered before its fsync");
+        assert!(nothing(&turn(&mut b, tag)), "submission {tag}: put off, not answered");
     }
-    assert_eq!(b.sync_wanted(), Some(first + 3), "the next fsync is to cover the whole burst");
-    // The slow fsync (started after the first write) ends: the first submission only.
-    assert_eq!(synced(&mut b, first, Ok(())), [(1, 0)]);
+    // The slow fsync ends: the first submission only; the burst is written in one batch, and one fsync asked.
+    let (answered, next) = synced(&mut b, first, Ok(()));
+    assert_eq!(answered, [(1, 0)]);
+    let group = next.expect("an fsync for the burst");
+    assert_eq!(group, first + 1, "the burst in one write");
     // One fsync for the burst answers all of it, in order.
-    let group = b.sync_wanted().expect("the burst waits");
-    assert_eq!(synced(&mut b, group, Ok(())), [(2, 0), (3, 0), (4, 0)]);
-    assert!(b.sync_wanted().is_none());
-    // Two writes, an fsync for them, a third write while it runs; the fsync fails: the first two are refused.
-    assert!(turn(&mut b, 5).is_empty() && turn(&mut b, 6).is_empty());
-    let upto = b.sync_wanted().expect("5 and 6 wait");
-    assert!(turn(&mut b, 7).is_empty());
+    assert_eq!(synced(&mut b, group, Ok(())), (vec![(2, 0), (3, 0), (4, 0)], None));
+    // A failed fsync: 6 and 7 come while 5's fsync runs (and are written together once it ended), 8 while
+    // theirs runs; it fails: 6 and 7 are refused, 8 is not.
+    let (_, out) = turn(&mut b, 5);
+    let upto5 = sync_asked(&out).expect("an fsync for 5");
+    assert!(nothing(&turn(&mut b, 6)) && nothing(&turn(&mut b, 7)));
+    let (answered, next) = synced(&mut b, upto5, Ok(()));
+    assert_eq!(answered, [(5, 0)]);
+    let upto = next.expect("6 and 7 written, their fsync asked for");
+    assert!(nothing(&turn(&mut b, 8)), "put off while that fsync runs");
     let eio = CommitError { why: "cannot sync the write-ahead log: Input/output error".into(), errno: errno::EIO };
-    assert_eq!(synced(&mut b, upto, Err(eio)), [(5, errno::EIO), (6, errno::EIO)]);
+    let (answered, next) = synced(&mut b, upto, Err(eio));
+    assert_eq!(answered, [(6, errno::EIO), (7, errno::EIO)]);
     let jc = b.jobcore.as_ref().expect("rank 0");
     let store_failed = jc.jobs.values().filter(|j| j.fatal.as_ref().is_some_and(|e| e.kind == "store")).count();
     assert_eq!(store_failed, 2, "the refused submissions' jobs end, and only theirs");
-    assert!(matches!(&b.statedir, StateDir::Open { failing: Some(_), .. }));
-    // A write succeeds: still failing until an fsync does.
-    assert!(turn(&mut b, 8).is_empty());
     assert!(matches!(&b.statedir, StateDir::Open { failing: Some(_), .. }), "a write alone does not clear it");
-    let upto = b.sync_wanted().expect("7 and 8 wait");
-    assert_eq!(synced(&mut b, upto, Ok(())), [(7, 0), (8, 0)]);
+    // Submission 8 (and the ended jobs) written meanwhile; its fsync succeeds, and clears the failure.
+    let upto = next.expect("8 waits");
+    assert_eq!(synced(&mut b, upto, Ok(())), (vec![(8, 0)], None));
     assert!(matches!(&b.statedir, StateDir::Open { failing: None, .. }));
 }
 
@@ -992,29 +1101,26 @@ fn a_shell_exit_report_is_acknowledged_only_once_durable() {
     let mut b = root_with_client();
     b.restore(StateDir::Open { dir: "/state".into(), restarts: 0, failing: None }, None);
     let report = json!({"id": 77, "rank": 0, "report": null, "shell_status": 0});
-    assert!(ask(&mut b, "job-exec.shell-exit", report, 0).is_empty(), "acknowledged before it was written");
+    send(&mut b, t(0.1), 1, "job-exec.shell-exit", report);
     let full = CommitError { why: "database or disk is full".into(), errno: errno::ENOSPC };
-    let batch = b.journal().expect("the report waits for a write");
-    b.handle(t(0.2), Input::Stored { batch: batch.map(std::sync::Arc::new), result: Err(full), durable: false });
-    assert!(responses(&effects(&mut b), Peer::Local(5)).is_empty(), "acknowledged (or refused) while failing");
+    let out = drive(&mut b, t(0.2), false, |_| Err(full.clone()));
+    assert_eq!(answers(&out), [], "acknowledged (or refused) while failing");
     assert!(matches!(&b.statedir, StateDir::Open { failing: Some(_), .. }));
     // The disk has room again: written, then fsynced.
-    let batch = b.journal().expect("the report still waits for a write");
-    b.handle(t(0.3), Input::Stored { batch: batch.map(std::sync::Arc::new), result: Ok(()), durable: false });
-    assert!(responses(&effects(&mut b), Peer::Local(5)).is_empty(), "acknowledged before its fsync");
+    let (written, out) = drive_ok(&mut b, t(0.3));
+    assert_eq!((written, answers(&out)), (1, vec![]), "the report still waits for a write, then for its fsync");
     // Reports alone wait a while for their fsync, so that the reports of many jobs share one: the broker says
     // when it is due.
-    assert_eq!(b.sync_wanted(), None, "an fsync at once for an exit report alone");
+    assert_eq!(sync_asked(&out), None, "an fsync at once for an exit report alone");
     let due = t(0.3) + super::core::EXIT_REPORT_SYNC_DELAY;
     assert!(b.next_deadline().is_some_and(|d| d <= due), "{:?}", b.next_deadline());
     b.handle(due, Input::Timer);
-    let upto = b.sync_wanted().expect("an fsync wanted once due");
+    let upto = sync_asked(&drive_ok(&mut b, due).1).expect("an fsync asked for once due");
     assert!(b.next_deadline().is_none_or(|d| d > due), "the due fsync is no deadline any more");
     b.handle(t(0.4), Input::Synced { upto, result: Ok(()) });
-    let r = responses(&effects(&mut b), Peer::Local(5)).into_iter().cloned().collect::<Vec<_>>();
-    assert_eq!(r.len(), 1);
-    assert_eq!(r[0].errnum, 0, "{:?}", r[0].errstr());
-    assert!(b.journal().is_none() && b.sync_wanted().is_none(), "nothing left waiting");
+    let (written, out) = drive_ok(&mut b, t(0.4));
+    assert_eq!((written, answers(&out)), (0, vec![(1, 0)]));
+    assert!(nothing(&drive_ok(&mut b, t(0.5))), "nothing left waiting");
 }
 
 /// Exit reports waiting for their (delayed) fsync do not delay a submission's: one arriving meanwhile wants an
@@ -1028,22 +1134,19 @@ fn a_submission_does_not_wait_for_the_exit_reports_delay() {
     let mut b = root_with_client();
     b.restore(StateDir::Open { dir: "/state".into(), restarts: 0, failing: None }, None);
     let report = json!({"id": 77, "rank": 0, "report": null, "shell_status": 0});
-    assert!(ask(&mut b, "job-exec.shell-exit", report, 0).is_empty());
-    let batch = b.journal().expect("the report waits for a write");
-    b.handle(t(0.2), Input::Stored { batch: batch.map(std::sync::Arc::new), result: Ok(()), durable: false });
-    assert_eq!(b.sync_wanted(), None, "the report alone waits");
-    let mut m = Message::request("job-manager.submit", 0, &json!({ "jobspec": spec }));
-    m.matchtag = 9;
-    b.handle(t(0.201), Input::Message(Peer::Local(5), 0, m));
-    let batch = b.journal().expect("the submission waits for a write");
-    b.handle(t(0.201), Input::Stored { batch: batch.map(std::sync::Arc::new), result: Ok(()), durable: false });
-    let upto = b.sync_wanted().expect("a submission wants its fsync at once");
+    send(&mut b, t(0.2), 1, "job-exec.shell-exit", report);
+    let (written, out) = drive_ok(&mut b, t(0.2));
+    assert_eq!((written, sync_asked(&out)), (1, None), "the report alone waits");
+    send(&mut b, t(0.201), 9, "job-manager.submit", json!({ "jobspec": spec }));
+    let (written, out) = drive_ok(&mut b, t(0.201));
+    assert_eq!(written, 1);
+    let upto = sync_asked(&out).expect("a submission wants its fsync at once");
     b.handle(t(0.203), Input::Synced { upto, result: Ok(()) });
-    let r: Vec<(u32, u32)> =
-        responses(&effects(&mut b), Peer::Local(5)).into_iter().map(|m| (m.matchtag, m.errnum)).collect();
+    let r = answers(&drive_ok(&mut b, t(0.203)).1);
     assert_eq!(r.len(), 2, "the report and the submission, both answered by one fsync: {r:?}");
     assert!(r.iter().all(|(_, e)| *e == 0) && r.iter().any(|(tag, _)| *tag == 9), "{r:?}");
-    assert!(b.sync_wanted().is_none() && b.next_deadline().is_none_or(|d| d > t(10.0)), "nothing owed");
+    assert!(b.next_deadline().is_none_or(|d| d > t(10.0)), "nothing owed");
+    assert!(nothing(&drive_ok(&mut b, t(0.3))), "nothing owed");
 }
 
 /// Rank `rank` of the 7-broker tree with `tbon.parent_grace=60s`, its parent link up and joined.

@@ -12,7 +12,7 @@
 //! and group commit), the detectors' glue and the clean-up. Next door, each a job of its own: `effects.rs`
 //! carries out the effects (and starts job shells), `links_up.rs` brings overlay links up (children accepted,
 //! parent connected), `discover.rs` finds what the node has, and `statedir_io.rs` runs rank 0's state directory
-//! (redo log writer, fsync thread).
+//! (redo log writer, fsync thread) and carries out the broker's `Effect::Store` and `Effect::Sync`.
 //!
 //! [`Effect`]: super::core::Effect
 //! [`LinkChoice`]: super::transport::LinkChoice
@@ -130,14 +130,13 @@ pub(crate) struct Driver {
     /// older parent link are dropped.
     pub(super) parent_gen: u64,
     /// Rank 0's redo log and writer thread ([`Writer`]), when it has a state directory it could open.
-    writer: Option<Writer>,
+    pub(super) writer: Option<Writer>,
     /// Group commit (with a store): [`Driver::step`] only hands the broker its input; what it asks for waits
-    /// for [`Driver::flush`] at the end of the loop's turn, which writes one batch of the journal first.
+    /// for [`Driver::flush`] at the end of the loop's turn, where the broker hands out one batch of the journal
+    /// first (`Effect::Store`).
     grouping: bool,
     /// The store thread that fsyncs what the writer wrote (with a store): see [`Syncer`].
-    syncer: Option<Syncer>,
-    /// Whether a turn's journal batch may wait for a later turn ([`Driver::cut`]): not once the loop has ended.
-    writes_may_wait: bool,
+    pub(super) syncer: Option<Syncer>,
 }
 
 /// Most events one turn of the loop takes before its commit (group commit with a state directory): enough to
@@ -225,7 +224,6 @@ async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
         grouping: writer.is_some(),
         writer,
         syncer,
-        writes_may_wait: true,
     };
     let t = Instant::now();
     let restoring = kept.is_some();
@@ -378,7 +376,7 @@ pub(crate) async fn pump(mut rx: LinkRx, peer: Peer, conn: u64, tx: mpsc::Unboun
 
 impl Driver {
     /// The broker's clock now.
-    fn now(&self) -> Time {
+    pub(super) fn now(&self) -> Time {
         Time::from_nanos(u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX))
     }
 
@@ -436,7 +434,7 @@ impl Driver {
     fn finish(&mut self) -> i32 {
         // What rank 0 still had to write, and what waited for it (answers, the last messages to its children); then
         // what stopping changes (jobs the shutdown ended, finished: `Broker::stop`), written too.
-        self.writes_may_wait = false;
+        self.broker.loop_ended();
         self.flush();
         self.broker.stop();
         self.flush();
@@ -511,16 +509,18 @@ impl Driver {
     /// Carry out what the broker asked for, then hand it the inputs those effects produced at once (all of them),
     /// and carry out what they asked for, until none is left.
     ///
-    /// With a state directory, the journal's batch (everything the turn changed) is appended to the redo log
-    /// first ([`Writer`]), so that what the broker asks for (shell starts, answers, messages) is carried out only
-    /// once the changes that led to it would survive a `kill -9` of rank 0. Submissions are answered later still,
-    /// once an fsync covers their record ([`Syncer`]). A turn that changed nothing but submissions and asks for
-    /// nothing while an fsync is under way is written with a later one ([`Driver::cut`]).
+    /// With a state directory, the broker hands out the journal's batch (everything the turn changed) first
+    /// (`Effect::Store`), which is appended to the redo log at once ([`Writer`]), so that what it asks for next
+    /// (shell starts, answers, messages) is carried out only once the changes that led to it would survive a
+    /// `kill -9` of rank 0. Submissions are answered later still, once an fsync covers their record
+    /// (`Effect::Sync`, [`Syncer`]). When a batch may wait for a later turn (group commit) is the broker's rule
+    /// (`Effect::Store`'s documentation).
     pub(crate) fn flush(&mut self) {
         let mut queue = VecDeque::new();
         loop {
-            self.cut();
-            self.start_sync(&mut queue);
+            if let Some(w) = self.writer.as_mut() {
+                w.hand_over(false);
+            }
             while let Some(e) = self.broker.poll_effect() {
                 self.execute(e, &mut queue);
             }
@@ -531,53 +531,6 @@ impl Driver {
             for i in queue.drain(..) {
                 self.broker.handle(now, i);
             }
-        }
-    }
-
-    /// Hand the writer thread what the redo log holds if due ([`Writer::hand_over`]); take the broker's journal
-    /// batch and append it to the log ([`Writer::append`]); what handling that changed (the jobs a failed write
-    /// ends) is taken next, a few times at most.
-    fn cut(&mut self) {
-        if let Some(w) = self.writer.as_mut() {
-            w.hand_over(false);
-        }
-        if self.writes_may_wait && self.syncer.as_ref().is_some_and(Syncer::busy) && self.broker.journal_may_wait() {
-            // Group commit at the write: this turn asks for nothing to be carried out and changed nothing but
-            // submissions, whose answers wait for an fsync, and none can start before the one under way returns;
-            // nothing outside rank 0 has learnt of it yet. It is written with the next turn that asks for
-            // something, at the latest when that fsync's report comes (`Event::Synced`), before the next fsync
-            // starts. In a flood of submissions that is one write per fsync instead of one per turn.
-            return;
-        }
-        for _ in 0..4 {
-            let now = self.now();
-            let Some(w) = self.writer.as_mut() else { return };
-            let Some(batch) = self.broker.take_journal() else { return };
-            let Some(batch) = batch else {
-                // Nothing to write (only answers held): "written" at once.
-                self.broker.handle(now, Input::Stored { batch: None, result: Ok(()), durable: false });
-                return;
-            };
-            let batch = std::sync::Arc::new(batch);
-            let result = w.append(&batch).map_err(Into::into);
-            self.broker.handle(now, Input::Stored { batch: Some(batch), result, durable: false });
-        }
-    }
-
-    /// Ask the store thread for an fsync if submissions wait for one and none is under way. If the thread is
-    /// gone, the fsync failed: `queue` gets that.
-    fn start_sync(&mut self, queue: &mut VecDeque<Input>) {
-        let (Some(s), Some(w)) = (self.syncer.as_mut(), self.writer.as_mut()) else { return };
-        if s.busy() {
-            return;
-        }
-        let Some(upto) = self.broker.sync_wanted() else { return };
-        if !s.ask(upto, w.sync_work()) {
-            let why = "the state directory's store thread has stopped".to_string();
-            queue.push_back(Input::Synced {
-                upto,
-                result: Err(vigil_core::broker::store::CommitError { why, errno: crate::message::errno::EIO }),
-            });
         }
     }
 
@@ -642,12 +595,7 @@ impl Driver {
     fn on_event(&mut self, e: Event) {
         self.refresh_status();
         match e {
-            Event::Synced { upto, result } => {
-                if let Some(s) = self.syncer.as_mut() {
-                    s.reported();
-                }
-                self.step(Input::Synced { upto, result: result.map_err(Into::into) });
-            }
+            Event::Synced { upto, result } => self.step(Input::Synced { upto, result: result.map_err(Into::into) }),
             Event::Peer(Peer::Parent, conn, _) | Event::PeerClosed(Peer::Parent, conn, _)
                 if conn != self.parent_gen =>
             {

@@ -113,6 +113,8 @@ impl Driver {
                 });
             }
             Effect::CheckNode { token, target, wait } => self.check_node(token, target, wait, queue),
+            Effect::Store { batch } => self.store(batch),
+            Effect::Sync { upto } => self.start_sync(upto, queue),
             Effect::SignalInitial(sig) => {
                 if let Some(pg) = self.initial_pgid {
                     // SAFETY: killpg on the initial program's own process group with a plain signal number.

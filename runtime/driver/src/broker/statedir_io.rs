@@ -1,12 +1,16 @@
 //! Rank 0's state directory as the driver runs it: opening it at start ([`open_statedir`]), the redo log and
-//! the writer thread that folds it into the store ([`Writer`]), and the thread that fsyncs the log ([`Syncer`]).
+//! the writer thread that folds it into the store ([`Writer`]), the thread that fsyncs the log ([`Syncer`]), and
+//! the two effects that use them: the broker's `Effect::Store` (append a batch of the journal to the log,
+//! [`Driver::store`]) and `Effect::Sync` (fsync it, [`Driver::start_sync`]).
 //!
 //! The formats are the neighbours': `redo.rs` (the redo log's segments and records) and `store.rs` (the SQLite
-//! store). When the loop appends and when it asks for an fsync (group commit) is `driver.rs`'s
-//! (`Driver::flush`, `Driver::cut`, `Driver::start_sync`).
+//! store). When a batch is written and when an fsync is asked for (group commit) is the broker's rule: it hands
+//! them out ahead of the effects that depend on them (`Effect::Store`'s documentation in `vigil-core`).
 
-use super::driver::Event;
+use super::core::Input;
+use super::driver::{Driver, Event};
 use super::BrokerOptions;
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tracing::info;
@@ -14,8 +18,9 @@ use tracing::info;
 /// Rank 0's end of the state directory while it runs: the redo log (`redo.rs`), appended on the loop, and the
 /// writer thread, which folds its records into the store (`store.rs`) off the loop.
 ///
-/// The loop appends each batch of the journal to the log before it carries out anything the broker asked for
-/// in the same turn ([`Driver::flush`]): one `write` of the batch's record, a few microseconds, so no client,
+/// The loop appends each batch of the journal to the log ([`Driver::store`]) before it carries out anything the
+/// broker asked for in the same turn (the broker hands the batch out first): one `write` of the batch's record,
+/// a few microseconds, so no client,
 /// shell or broker learns of a change a `kill -9` of rank 0 would lose, and a job's way from one write to the
 /// next is not held up (a SQLite transaction there cost 0.1 to 0.3 ms each, twice on the way of each job). The
 /// batches (shared, not copied) go to the thread every [`FOLD_PERIOD`] (or [`FOLD_MAX`] records), all at once:
@@ -23,7 +28,6 @@ use tracing::info;
 /// appends. The thread folds them into SQLite in one durable transaction, then removes the log's segments the
 /// store holds whole. Fsyncs of the log are the [`Syncer`]'s.
 ///
-/// [`Driver::flush`]: super::driver::Driver::flush
 pub(super) struct Writer {
     /// The log.
     redo: super::redo::RedoLog,
@@ -205,14 +209,13 @@ fn fold_loop(
     }
 }
 
-/// Rank 0's store thread: fsyncs the redo log ([`super::redo::SyncWork`]) when the loop asks, and reports
-/// each fsync to the loop ([`Event::Synced`]). One is asked for at a time ([`Syncer::busy`]): whatever the loop
-/// writes meanwhile waits for the next, which covers it all (group commit).
+/// Rank 0's store thread: fsyncs the redo log ([`super::redo::SyncWork`]) when the loop asks (the broker's
+/// `Effect::Sync`, [`Driver::start_sync`]), and reports each fsync to the loop ([`Event::Synced`]). The broker
+/// asks for one at a time: whatever the loop writes meanwhile waits for the next, which covers it all (group
+/// commit).
 pub(super) struct Syncer {
     /// Asks for an fsync covering write `upto`, and what it must sync.
     tx: std::sync::mpsc::Sender<(u64, super::redo::SyncWork)>,
-    /// An fsync was asked for and has not been reported yet.
-    busy: bool,
     /// The thread, joined by [`Syncer::stop`].
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -238,27 +241,12 @@ impl Syncer {
                 }
             })
             .map_err(|e| format!("cannot start the state directory's store thread: {e}"))?;
-        Ok(Syncer { tx, busy: false, thread: Some(thread) })
-    }
-
-    /// An fsync was asked for and has not been reported yet: whatever the loop writes meanwhile waits for the
-    /// next.
-    pub(super) fn busy(&self) -> bool {
-        self.busy
+        Ok(Syncer { tx, thread: Some(thread) })
     }
 
     /// Ask for an fsync covering write `upto`, with what it must sync. `false`: the thread is gone.
-    pub(super) fn ask(&mut self, upto: u64, work: super::redo::SyncWork) -> bool {
-        let asked = self.tx.send((upto, work)).is_ok();
-        if asked {
-            self.busy = true;
-        }
-        asked
-    }
-
-    /// The fsync asked for was reported ([`Event::Synced`]).
-    pub(super) fn reported(&mut self) {
-        self.busy = false;
+    pub(super) fn ask(&self, upto: u64, work: super::redo::SyncWork) -> bool {
+        self.tx.send((upto, work)).is_ok()
     }
 
     /// End the thread (after the fsync under way, if any).
@@ -267,6 +255,42 @@ impl Syncer {
         drop(tx);
         if let Some(t) = thread {
             let _ = t.join();
+        }
+    }
+}
+
+impl Driver {
+    /// Carry out the broker's `Effect::Store`: append `batch` to the redo log (`None`: nothing to write, "written"
+    /// at once), then hand the broker the outcome ([`Input::Stored`]) at once, as the effect asks, before the
+    /// next effect is polled.
+    pub(super) fn store(&mut self, batch: Option<std::sync::Arc<crate::jobs::journal::Journal>>) {
+        let result = match (batch, self.writer.as_mut()) {
+            (None, _) => Ok(()),
+            (Some(b), Some(w)) => w.append(&b).map_err(Into::into),
+            // The broker writes only with a state directory open, which the writer is.
+            (Some(_), None) => Err(vigil_core::broker::store::CommitError {
+                why: "the state directory's redo log is not open".into(),
+                errno: crate::message::errno::EIO,
+            }),
+        };
+        let now = self.now();
+        self.broker.handle(now, Input::Stored { result, durable: false });
+    }
+
+    /// Carry out the broker's `Effect::Sync`: ask the store thread for an fsync covering write `upto`
+    /// ([`Syncer`]), reported later as [`Event::Synced`]. If the thread is gone, the fsync failed: `queue` gets
+    /// that.
+    pub(super) fn start_sync(&mut self, upto: u64, queue: &mut VecDeque<Input>) {
+        let asked = match (self.syncer.as_ref(), self.writer.as_mut()) {
+            (Some(s), Some(w)) => s.ask(upto, w.sync_work()),
+            _ => false,
+        };
+        if !asked {
+            let why = "the state directory's store thread has stopped".to_string();
+            queue.push_back(Input::Synced {
+                upto,
+                result: Err(vigil_core::broker::store::CommitError { why, errno: crate::message::errno::EIO }),
+            });
         }
     }
 }
