@@ -206,7 +206,8 @@ kill)
     k=${3:?K}
     ip -n "$hub" link set "$(hostveth "$k")" down
     ip -n "$(ns "$k")" link set eth0 down 2>/dev/null || true
-    for _ in 1 2 3; do
+    # Up to 2 s: on a starved machine a SIGKILLed process may take that long to be reaped.
+    for _ in $(seq 40); do
         p=$(node_pids "$k"); [ -z "$p" ] && break
         kill -9 $p 2>/dev/null || true
         sleep 0.05
