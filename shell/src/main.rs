@@ -756,9 +756,9 @@ impl Shell {
                         continue;
                     };
                     let v = ev.json();
-                    let note = v.get("note").and_then(|n| n.as_str()).unwrap_or("");
-                    let _ = out_tx.try_send(OutputLine::text(self.input.first_task, "stderr",
-                        format!("vigil-shell: node failure: lost job shell(s) {} on {note}; the job continues", v.get("lost_shells").map(|l| l.to_string()).unwrap_or_default())));
+                    // The note speaks in the job's own terms (for a batch job, its instance's ranks): said as is.
+                    let note = v.get("note").and_then(|n| n.as_str()).unwrap_or("a node was lost; the job continues");
+                    let _ = out_tx.try_send(OutputLine::text(self.input.first_task, "stderr", format!("vigil-shell: {note}")));
                 }
                 Some((rank, line)) = pmi_rx.recv() => {
                     outs = match line {

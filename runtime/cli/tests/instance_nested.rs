@@ -196,6 +196,16 @@ fn batch_survives_its_non_critical_broker_killed() {
         .map(|v| v["context"]["final"].clone())
         .collect();
     assert_eq!(releases, vec![serde_json::json!(false), serde_json::json!(true)], "{}", e.dump());
+    // The exception names the node in its context too, and `vigil job info` lists what the job lost and how many
+    // nodes it holds now beside the count it started with.
+    assert!(c["ranks"].is_string() && c["hosts"].is_string(), "{}", e.dump());
+    let o = inst.vigil(&["job", "info", "--json", &id]);
+    o.ok();
+    let info: serde_json::Value = serde_json::from_str(&o.stdout).unwrap_or_else(|_| panic!("{}", o.dump()));
+    let i = &info["info"];
+    assert_eq!((i["nnodes"].as_u64(), i["nnodes_current"].as_u64()), (Some(2), Some(1)), "{info}");
+    assert_eq!(i["lost_ranks"], c["ranks"], "{info}");
+    assert_eq!(i["lost_nodelist"], c["hosts"], "{info}");
 }
 
 /// The exceptions in job `id`'s eventlog, as (severity, note).

@@ -1115,10 +1115,15 @@ pub enum JobCmd {
     },
     /// Cancel a job.
     Cancel(CancelArgs),
-    /// Print a job's summary, jobspec and R as JSON.
+    /// Print a job's summary, jobspec and R as JSON (as `flux job info`). The summary's `lost_nodelist` and
+    /// `lost_ranks` are the nodes its run lost (a batch or alloc job goes on without them), `nnodes_current` how
+    /// many it holds now (`nnodes`: how many it started with).
     Info {
         /// Job id.
         id: String,
+        /// The output is JSON with or without it (accepted as `vigil jobs --json` takes it).
+        #[arg(long)]
+        json: bool,
     },
     /// Purge INACTIVE jobs (their records and eventlogs, from the state directory too), as `flux job purge`:
     /// those older than --age-limit, the oldest beyond --num-limit, or the given ids. Without --force, only
@@ -1266,7 +1271,7 @@ pub(crate) async fn job(cmd: JobCmd) -> Result<i32, String> {
         }
         JobCmd::Cancel(a) => cancel(a).await,
         JobCmd::Purge(a) => purge(a).await,
-        JobCmd::Info { id } => {
+        JobCmd::Info { id, json: _ } => {
             let id = parse_id(&id)?;
             let c = connect().await?;
             let r = c.rpc("job-manager.info", 0, &json!({"id": id.0})).await.map_err(|e| e.errstr)?;

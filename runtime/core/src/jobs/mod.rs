@@ -102,7 +102,8 @@ pub enum Action {
         rank: u32,
         /// Shell ranks lost.
         lost_shells: Vec<u32>,
-        /// Hosts and ranks, for the shell's message.
+        /// The shell's message, in the terms of the job's own instance (its host names and ranks there, which
+        /// are the shell ranks): `this instance lost node node3 (rank 2); it continues on the remaining nodes`.
         note: String,
     },
 }
@@ -553,6 +554,25 @@ impl Job {
         }
     }
 
+    /// The ranks and hosts of the nodes the job's last run lost: those its exceptions name in their `ranks` and
+    /// `hosts` (a lost node's `node-failure`; a batch or alloc job's broker that failed while its node lived on),
+    /// since its last `requeue`.
+    pub fn lost(&self) -> (IdSet, crate::hostlist::Hostlist) {
+        let since = self.eventlog.iter().rposition(|e| e.name == "requeue").map_or(0, |i| i + 1);
+        let mut ranks = IdSet::new();
+        let mut hosts: Vec<String> = Vec::new();
+        for e in self.eventlog[since..].iter().filter(|e| e.name == "exception") {
+            let (Some(r), Some(h)) = (e.context.get("ranks"), e.context.get("hosts")) else { continue };
+            if let Some(set) = r.as_str().and_then(|r| IdSet::parse(r).ok()) {
+                ranks = ranks.union(&set);
+            }
+            if let Some(list) = h.as_str().and_then(|h| crate::hostlist::Hostlist::parse(h).ok()) {
+                hosts.extend(list.into_vec().into_iter().filter(|h| !hosts.contains(h)).collect::<Vec<_>>());
+            }
+        }
+        (ranks, hosts.into_iter().collect())
+    }
+
     /// The jobspec as submitted.
     pub fn jobspec(&self) -> Value {
         serde_json::from_str(&self.jobspec_text).unwrap_or(Value::Null)
@@ -629,7 +649,12 @@ impl Job {
     pub fn info(&self) -> Value {
         let nodelist = self.r.as_ref().and_then(|r| r.execution.nodelist.first().cloned()).unwrap_or_default();
         let ranks: IdSet = self.alloc.iter().map(|a| a.rank).collect();
+        let (lost_ranks, lost_hosts) = self.lost();
         json!({
+            // The nodes its run lost and kept going without (a batch or alloc job) or died of, and how many it
+            // holds now (`nnodes` stays the count it started with).
+            "lost_ranks": lost_ranks.to_string(), "lost_nodelist": lost_hosts.to_string(),
+            "nnodes_current": ranks.iter().filter(|r| !lost_ranks.contains(*r)).count(),
             "id": self.id.0, "id_f58": self.id.f58(), "userid": self.userid, "state": self.state.name(),
             "name": self.name.as_deref()
                 .or_else(|| self.req.command.first().map(|c| c.rsplit('/').next().unwrap_or(c))).unwrap_or(""),
@@ -986,45 +1011,101 @@ impl JobCore {
     }
 
     /// The lost-rank rules of [`JobCore::ranks_lost`] for each job and the ranks it lost (shells there).
+    ///
+    /// The exception's note names each node once, as its host name and its rank in this instance, and says what
+    /// of the job ran there (`lost node node3 (rank 3), where task 2 ran`; of a batch or alloc job, `where rank 2
+    /// of the job's instance ran`); its context also carries `ranks` (an idset) and `hosts` (a host list) of the
+    /// lost nodes, which `vigil job info` gathers ([`Job::info`]).
     fn jobs_lose_ranks(&mut self, now: f64, hit: BTreeMap<JobId, Vec<u32>>) {
         for (id, lost) in hit {
             let Some(job) = self.jobs.get(&id) else { continue };
             let critical = Self::critical_ranks(job);
             let lost_set: IdSet = lost.iter().copied().collect();
-            let what = self.describe_ranks(&lost_set);
+            let what = self.describe_lost(job, &lost_set);
             let fatal = lost.iter().any(|r| critical.contains(*r));
+            let nested = job.instance.is_some();
+            let hosts: crate::hostlist::Hostlist = lost.iter().map(|r| self.hostname(*r)).collect();
+            let ctx = |note: &str, severity: u32| {
+                json!({"type": "node-failure", "severity": severity, "note": note,
+                       "ranks": lost_set.to_string(), "hosts": hosts.to_string()})
+            };
+            // In the job's own instance (a batch or alloc job): its ranks are the shell ranks.
+            let inner: Vec<String> = lost
+                .iter()
+                .filter_map(|r| job.shells.get(r).map(|s| format!("{} (rank {})", self.hostname(*r), s.shell_rank)))
+                .collect();
             for r in &lost {
                 self.shell_gone(id, *r);
             }
             if fatal {
-                let mut note = format!("lost critical rank: {what}");
+                let mut note = format!("lost {what}");
+                if nested {
+                    note.push_str("; the job's instance cannot go on without it");
+                }
                 if let Some(more) = self.arm_requeue(id, &what) {
                     note = format!("{note}; {more}");
                 }
-                self.raise_inner(now, id, "node-failure", 0, &note, true);
+                self.raise_ctx(now, id, ctx(&note, 0), true);
             } else {
-                self.raise(
-                    now,
-                    id,
-                    "node-failure",
-                    2,
-                    &format!("lost node {what}; the job continues on the remaining nodes"),
-                );
+                let note = format!("lost {what}; the job continues on the remaining nodes");
+                self.raise_ctx(now, id, ctx(&note, 2), false);
                 let Some(j) = self.jobs.get(&id) else { continue };
                 let leader = j.shells.values().filter(|s| !s.exited).min_by_key(|s| s.shell_rank).map(|s| s.rank);
                 let shell_ranks: Vec<u32> = lost.iter().filter_map(|r| j.shells.get(r).map(|s| s.shell_rank)).collect();
                 self.release_partly(now, id, &lost_set);
                 if let Some(leader) = leader {
+                    let nodes = if inner.len() == 1 { "node" } else { "nodes" };
                     self.actions.push_back(Action::NotifyShell {
                         id,
                         rank: leader,
                         lost_shells: shell_ranks,
-                        note: what.clone(),
+                        note: format!(
+                            "this instance lost {nodes} {}; it continues on the remaining nodes",
+                            inner.join(", ")
+                        ),
                     });
                 }
             }
             self.maybe_finish(now, id);
         }
+    }
+
+    /// The host name of broker rank `rank` (`?` if it never joined).
+    fn hostname(&self, rank: u32) -> String {
+        self.pool.ranks.get(&rank).map_or_else(|| "?".to_string(), |p| p.hostname.clone())
+    }
+
+    /// `node node3 (rank 3), where task 2 ran` for the lost `ranks` of `job` (`nodes ..., where tasks 4-5 ran,
+    /// and ...`); of a batch or alloc job, `where rank 2 of the job's instance ran`. Ranks are this instance's.
+    fn describe_lost(&self, job: &Job, ranks: &IdSet) -> String {
+        // Its map, or after a restart of rank 0 the one its `start` event carries.
+        let map = job.taskmap.clone().or_else(|| {
+            job.eventlog.iter().rev().find(|e| e.name == "start").and_then(|e| e.context.get("taskmap").cloned())
+        });
+        let by_node = map.and_then(|m| crate::taskmap::Taskmap::decode(&m).ok()).map(|m| {
+            let n = job.shells.values().map(|s| s.shell_rank as usize + 1).max().unwrap_or(0);
+            m.tasks_by_node(n)
+        });
+        let parts: Vec<String> = ranks
+            .iter()
+            .map(|r| {
+                let node = format!("{} (rank {r})", self.hostname(r));
+                let Some(sh) = job.shells.get(&r) else { return node };
+                if job.instance.is_some() {
+                    return format!("{node}, where rank {} of the job's instance ran", sh.shell_rank);
+                }
+                match by_node.as_ref().and_then(|b| b.get(sh.shell_rank as usize)) {
+                    Some(tasks) if !tasks.is_empty() => {
+                        let set: IdSet = tasks.iter().copied().collect();
+                        let word = if tasks.len() == 1 { "task" } else { "tasks" };
+                        format!("{node}, where {word} {set} ran")
+                    }
+                    _ => node,
+                }
+            })
+            .collect();
+        let nodes = if parts.len() == 1 { "node" } else { "nodes" };
+        format!("{nodes} {}", parts.join("; "))
     }
 
     /// The shell of job `id` on `rank` is gone (exited, failed to start, or its rank was lost): false if it was
@@ -1554,13 +1635,22 @@ impl JobCore {
     /// [`JobCore::raise`]; a fatal exception cancels a pending requeue (`requeue.rs`) unless `keep_requeue` (the
     /// loss that armed it).
     fn raise_inner(&mut self, now: f64, id: JobId, kind: &str, severity: u32, note: &str, keep_requeue: bool) -> bool {
+        self.raise_ctx(now, id, json!({"type": kind, "severity": severity, "note": note}), keep_requeue)
+    }
+
+    /// [`JobCore::raise_inner`] with the exception's whole context: `type`, `severity` and `note`, and any keys
+    /// beside them (`ranks` and `hosts` of the nodes a job lost).
+    pub(super) fn raise_ctx(&mut self, now: f64, id: JobId, ctx: Value, keep_requeue: bool) -> bool {
+        let kind = ctx["type"].as_str().unwrap_or("").to_string();
+        let severity = ctx["severity"].as_u64().unwrap_or(0) as u32;
+        let note = ctx["note"].as_str().unwrap_or("").to_string();
         let Some(job) = self.jobs.get_mut(&id) else { return false };
         if !job.state.is_active() {
             return false;
         }
-        let exc = Exception { kind: kind.to_string(), severity, note: note.to_string() };
+        let exc = Exception { kind: kind.clone(), severity, note };
         if severity != 0 {
-            job.post(now, "exception", json!({"type": kind, "severity": severity, "note": note}));
+            job.post(now, "exception", ctx);
             self.actions.push_back(Action::Updated(id));
             return true;
         }
@@ -1573,7 +1663,7 @@ impl JobCore {
             }
             return true;
         }
-        job.post(now, "exception", json!({"type": kind, "severity": severity, "note": note}));
+        job.post(now, "exception", ctx);
         self.actions.push_back(Action::Updated(id));
         if !keep_requeue {
             job.requeue_pending = None;

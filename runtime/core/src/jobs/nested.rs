@@ -8,7 +8,8 @@
 //!
 //! - **Killed by a signal**, or a rank other than 0 **exited non-zero** (other than below): the broker failed.
 //!   A critical one ends the job (exception `exec`, severity 0, naming the broker); any other raises severity 2
-//!   ("the instance continues without it") and its status does not count in the job's exit code, which is the
+//!   ("the instance continues without it", with the node's `ranks` and `hosts` in its context, as a lost node's
+//!   `node-failure` has them) and its status does not count in the job's exit code, which is the
 //!   instance's (that of its rank 0, which runs the script).
 //! - A rank other than 0 **exited with [`BROKER_EXIT_CUT_OFF`]**: it did not fail; it lost its way to its rank 0
 //!   because something above it did. The failure that caused it is reported on its own, but later: a killed
@@ -76,7 +77,10 @@ impl JobCore {
                 if job.fatal.is_some() || critical_ended() {
                     return true; // the instance is ending anyway
                 }
-                self.raise(now, id, "exec", 2, &format!("{what} {how}; the instance continues without it"));
+                let note = format!("{what} {how}; the instance continues without it");
+                let ctx = serde_json::json!({"type": "exec", "severity": 2, "note": note, "ranks": rank.to_string(),
+                                             "hosts": host});
+                self.raise_ctx(now, id, ctx, false);
                 // The instance has lost that rank for good (it shrinks): its node goes back to this one.
                 self.release_partly(now, id, &IdSet::from_iter([rank]));
                 self.schedule(now);
@@ -120,7 +124,10 @@ impl JobCore {
                 let note = format!("{what}; it is critical (rank {child} of the instance), which cannot go on");
                 self.raise(now, id, "exec", 0, &note);
             } else {
-                self.raise(now, id, "exec", 2, &format!("{what}; the instance continues without it"));
+                let note = format!("{what}; the instance continues without it");
+                let ctx = serde_json::json!({"type": "exec", "severity": 2, "note": note, "ranks": rank.to_string(),
+                                             "hosts": host});
+                self.raise_ctx(now, id, ctx, false);
                 self.release_partly(now, id, &IdSet::from_iter([rank]));
                 self.schedule(now);
             }

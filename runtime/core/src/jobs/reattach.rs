@@ -321,7 +321,7 @@ mod tests {
 
     /// Found by the simulator (`restart`): a shell's exit report answered before rank 0 died (its broker then
     /// forgets it) left no trace in the journal while the job's other shells ran, so the restarted rank 0 waited
-    /// for that shell, its broker rejoined without listing the job, and the job failed for a "lost critical rank"
+    /// for that shell, its broker rejoined without listing the job, and the job failed for a lost node
     /// that was never lost. The exit is now journaled (`shell-exit`) before the report is answered.
     #[test]
     fn a_shell_whose_exit_was_answered_before_the_restart_counts_with_its_status() {
@@ -493,7 +493,11 @@ mod tests {
         c.handle_timeout(T0 + 70.0);
         let l = &c.jobs[&a];
         assert_eq!(l.fatal.as_ref().map(|e| e.kind.as_str()), Some("node-failure"));
-        assert!(l.fatal.as_ref().is_some_and(|e| e.note.contains("lost critical rank")), "{:?}", l.fatal);
+        assert!(
+            l.fatal.as_ref().is_some_and(|e| e.note.starts_with("lost node node2 (rank 2), where task")),
+            "{:?}",
+            l.fatal
+        );
         assert_eq!(l.state, JobState::Cleanup, "rank 1's shell is told to stop");
         let sig = super::super::tests::signals(&actions(&mut c));
         assert!(sig.iter().any(|(r, s)| r == &vec![1] && *s == crate::signal::SIGTERM), "{sig:?}");
@@ -507,7 +511,11 @@ mod tests {
         join(&mut c, T0 + 12.0, 1, &[a]);
         join(&mut c, T0 + 12.0, 2, &[]);
         let l = &c.jobs[&a];
-        assert!(l.fatal.as_ref().is_some_and(|e| e.kind == "node-failure" && e.note.contains("lost critical rank")));
+        assert!(
+            l.fatal.as_ref().is_some_and(|e| e.kind == "node-failure" && e.note.starts_with("lost node node")),
+            "{:?}",
+            l.fatal
+        );
         exit_shell(&mut c, T0 + 13.0, a, 1, 15);
         assert_eq!(c.jobs[&a].state, JobState::Inactive);
         assert!(c.pool.ranks[&2].alloc_cores.is_empty(), "its cores there are free once it ends");

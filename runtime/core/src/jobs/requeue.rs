@@ -10,7 +10,7 @@
 //! RFC 21 has no requeue state, so the job goes through it with the events it has, plus one:
 //!
 //! ```text
-//! ... alloc, start, exception{type:node-failure, severity:0, note:"lost critical rank ...; requeued (1 of at most 3)"},
+//! ... alloc, start, exception{type:node-failure, severity:0, note:"lost node ...; requeued (1 of at most 3)"},
 //! finish (if a shell reported), release{final:true}, free,
 //! requeue{count:1, max:3, note}      CLEANUP -> SCHED (the only event that leaves CLEANUP but `clean`)
 //! alloc, start, finish, release, free, clean                           (the rerun, on live nodes)

@@ -749,8 +749,70 @@ fn losing_a_critical_rank_is_fatal() {
     let j = &c.jobs[&id];
     let e = j.fatal.clone().expect("fatal");
     assert_eq!((e.kind.as_str(), e.severity), ("node-failure", 0));
-    assert!(e.note.contains("critical") && e.note.contains("rank 2"), "{e:?}");
+    assert_eq!(
+        e.note,
+        "lost node node2 (rank 2), where rank 2 of the job's instance ran; the job's instance cannot go on without it"
+    );
     assert_eq!(signals(&actions(&mut c)), vec![(vec![0, 1, 3], crate::signal::SIGTERM)], "survivors are killed");
+}
+
+/// Every message names a lost node one way, its host name and its rank in the instance that speaks, and says
+/// what ran there, without "critical" (issue 36, item 4): an ordinary job's tasks; a batch job's instance rank,
+/// which the notice to its leader shell speaks in (that instance's ranks). `vigil job info` lists what the job
+/// lost and how many nodes it holds now; the exception's context carries `ranks` and `hosts` beside its note.
+#[test]
+fn lost_nodes_are_named_once_with_what_ran_there() {
+    let mut c = core(6, 2, 0);
+    let first = c.submit(T0, &spec(cmd().nnodes(1)), 0).unwrap();
+    let job = c.submit(T0, &spec(cmd().nnodes(2).ntasks(4).taskmap(crate::taskmap::Scheme::Cyclic(1))), 0).unwrap();
+    actions(&mut c);
+    assert_eq!(c.jobs[&job].alloc.iter().map(|a| a.rank).collect::<Vec<_>>(), vec![1, 2]);
+    c.ranks_lost(T0 + 1.0, &IdSet::from_iter([2]));
+    let e = c.jobs[&job].fatal.clone().expect("fatal");
+    assert_eq!((e.kind.as_str(), e.note.as_str()), ("node-failure", "lost node node2 (rank 2), where tasks 1,3 ran"));
+    let info = c.jobs[&job].info();
+    assert_eq!((info["lost_ranks"].clone(), info["lost_nodelist"].clone()), (json!("2"), json!("node2")));
+    assert_eq!((info["nnodes"].clone(), info["nnodes_current"].clone()), (json!(2), json!(1)));
+    let exc = c.jobs[&job].eventlog.iter().rev().find(|e| e.name == "exception").unwrap().context.clone();
+    assert_eq!(
+        (exc["ranks"].clone(), exc["hosts"].clone(), exc["severity"].clone()),
+        (json!("2"), json!("node2"), json!(0))
+    );
+    assert!(c.jobs[&first].info()["lost_ranks"] == json!(""), "{}", c.jobs[&first].info());
+
+    // A batch job on ranks 3-5 (its instance's ranks 0-2) loses rank 5, its instance's rank 2.
+    let batch = c.submit(T0 + 2.0, &spec(cmd().nnodes(3).exclusive(true)), 0).unwrap();
+    actions(&mut c);
+    assert_eq!(c.jobs[&batch].alloc.iter().map(|a| a.rank).collect::<Vec<_>>(), vec![3, 4, 5]);
+    for r in 3..6 {
+        c.shell_spawned(T0 + 2.0, batch, r, Ok(()));
+    }
+    make_instance(&mut c, batch, "3");
+    c.ranks_lost(T0 + 3.0, &IdSet::from_iter([5]));
+    let j = &c.jobs[&batch];
+    assert_eq!(j.state, JobState::Run);
+    let exc = j.eventlog.iter().rev().find(|e| e.name == "exception").unwrap();
+    assert_eq!(
+        exc.context["note"],
+        json!("lost node node5 (rank 5), where rank 2 of the job's instance ran; the job continues on the remaining nodes")
+    );
+    let note = actions(&mut c).into_iter().find_map(|a| match a {
+        Action::NotifyShell { rank: 3, note, .. } => Some(note),
+        _ => None,
+    });
+    assert_eq!(note.as_deref(), Some("this instance lost node node5 (rank 2); it continues on the remaining nodes"));
+    let j = &c.jobs[&batch];
+    let info = j.info();
+    assert_eq!(
+        (info["lost_nodelist"].clone(), info["nnodes"].clone(), info["nnodes_current"].clone()),
+        (json!("node5"), json!(3), json!(2))
+    );
+    assert!(j.eventlog.iter().all(|e| !e
+        .context
+        .get("note")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .contains("critical")));
 }
 
 #[test]
