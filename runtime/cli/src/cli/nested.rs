@@ -550,14 +550,15 @@ fn job_env(id: JobId, info: &Value) -> Vec<(String, String)> {
 /// Runs `command` against the instance of job `id` (at `uri`) until it exits, or until the job ends under it
 /// (canceled, time limit, a fatal exception): the job's exceptions are printed as `vigil run` prints them and
 /// the command's process group is terminated (SIGTERM, SIGKILL 5 s later). Returns the command's exit code, or, if the job
-/// ended first, the job's (RFC 21 severity 0 with a zero status gives 1).
+/// ended first, the job's, as `vigil run` gives it (`shellproto::job_exit_code`: 69 for a lost node it could not
+/// lose; a fatal exception with a zero status gives 1).
 async fn run_in_allocation(c: &Client, id: JobId, uri: &str, command: &[String]) -> Result<i32, String> {
     let info = c.rpc("job-manager.info", 0, &json!({"id": id.0})).await.map_err(|e| e.errstr)?;
     let mut cmd = Command::spawn(uri, command, &job_env(id, &info))?;
     let mut events =
         c.rpc_stream("job-manager.eventlog", 0, &json!({"id": id.0, "follow": true})).map_err(|e| e.errstr)?;
     let mut following = true;
-    let mut fatal = false;
+    let mut fatal: Option<String> = None;
     loop {
         tokio::select! {
             code = cmd.wait() => return code,
@@ -571,7 +572,9 @@ async fn run_in_allocation(c: &Client, id: JobId, uri: &str, command: &[String])
                 match e["name"].as_str() {
                     Some("exception") => {
                         let sev = ctx["severity"].as_u64().unwrap_or(0);
-                        fatal |= sev == 0;
+                        if sev == 0 && fatal.is_none() {
+                            fatal = Some(ctx["type"].as_str().unwrap_or("").to_string());
+                        }
                         eprintln!(
                             "vigil: job {id}: exception type={} severity={sev}: {}",
                             ctx["type"].as_str().unwrap_or("?"),
@@ -579,10 +582,10 @@ async fn run_in_allocation(c: &Client, id: JobId, uri: &str, command: &[String])
                         );
                     }
                     Some("finish") => {
-                        let code = crate::shellproto::exit_code(ctx["status"].as_i64().unwrap_or(0) as i32);
+                        let status = ctx["status"].as_i64().unwrap_or(0) as i32;
                         eprintln!("vigil: job {id}: the allocation ended under the command; terminating it");
                         cmd.terminate().await;
-                        return Ok(if code == 0 && fatal { 1 } else { code });
+                        return Ok(crate::shellproto::job_exit_code(Some(status), fatal.as_deref()));
                     }
                     _ => {}
                 }
