@@ -238,6 +238,33 @@ fn time_limit_escalates_to_sigkill_after_kill_timeout() {
     assert!(o.stderr.contains("type=timelimit"), "{}", o.dump());
 }
 
+/// `-o kill-timeout=1s` (issue 36, item 6): a job that ignores SIGTERM is SIGKILLed after its own timeout, not
+/// the instance's `exec.kill-timeout` (30 s here, which `vigil job wait` is not given the time to reach); one above
+/// `exec.kill-timeout-max` is refused at submit, naming the option and the bound.
+#[test]
+fn a_job_ignoring_sigterm_is_killed_after_its_own_kill_timeout() {
+    let inst = Instance::start(1, &["exec.kill-timeout=30s", "exec.kill-timeout-max=40s"]);
+    let id =
+        inst.submit(&["-o", "kill-timeout=1s", "sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.1; done"]);
+    assert!(inst.wait_state(&id, "RUN", CMD_TIMEOUT));
+    let ready = || inst.vigil(&["job", "attach", &id]).stdout.contains("ready");
+    let t = Instant::now();
+    while !ready() && t.elapsed() < CMD_TIMEOUT {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    inst.vigil(&["cancel", &id]).ok();
+    let w = inst.vigil_t(&["job", "wait", &id], Duration::from_secs(20));
+    assert!(!w.timed_out, "still running 20 s after the cancel: {}", w.dump());
+    w.code_is(137);
+    let o = inst.vigil(&["run", "-o", "kill-timeout=41s", "true"]);
+    assert!(
+        o.code != 0
+            && o.stderr.contains("kill-timeout: 41s is more than this instance allows, 40s (exec.kill-timeout-max)"),
+        "{}",
+        o.dump()
+    );
+}
+
 #[test]
 
 fn huge_time_limit_does_not_crash_the_instance() {

@@ -202,7 +202,9 @@ pub static ATTRS: &[Attr] = &[
         "hwloc, or cpu-count to skip hwloc and report the CPU count"),
     // Jobs.
     attr("exec.kill-timeout", Kind::Duration, is("5s"), CommandLine,
-        "after SIGTERM to a job's shells (cancel, exception), SIGKILL this much later"),
+        "after SIGTERM to a job's shells (cancel, exception), SIGKILL this much later, unless the job set its own"),
+    attr("exec.kill-timeout-max", Kind::Duration, is("60s"), CommandLine,
+        "the longest kill timeout a job may ask for (-o kill-timeout; at least exec.kill-timeout): longer is refused"),
     attr("sched.policy", Kind::Enum(SchedPolicy::NAMES), is("easy"), CommandLine,
         "easy: EASY backfill on time limits (Slurm's default); fcfs: strict first come, first served"),
     attr("sched.default-duration", Kind::Duration, is("inf"), CommandLine,
@@ -479,6 +481,9 @@ pub struct BrokerConfig {
     pub discovery: Discovery,
     /// `exec.kill-timeout`, seconds (may be infinite): SIGTERM to SIGKILL.
     pub kill_timeout: f64,
+    /// `exec.kill-timeout-max`, seconds (may be infinite): the most a job's own `kill-timeout` may be; the
+    /// instance's `exec.kill-timeout` is always allowed too.
+    pub kill_timeout_max: f64,
     /// `sched.policy`.
     pub sched_policy: SchedPolicy,
     /// `sched.default-duration`, seconds (> 0; infinite = no limit): the time limit of jobs submitted without one.
@@ -540,6 +545,7 @@ impl Default for BrokerConfig {
             gpus: None,
             discovery: Discovery::Hwloc,
             kill_timeout: crate::jobs::DEFAULT_KILL_TIMEOUT,
+            kill_timeout_max: crate::jobs::DEFAULT_KILL_TIMEOUT_MAX,
             sched_policy: SchedPolicy::Easy,
             default_duration: f64::INFINITY,
             max_requeue: crate::jobs::DEFAULT_MAX_REQUEUE,
@@ -790,6 +796,7 @@ impl Draft {
             "resource.gpus" => c.gpus = Some(count(v)?),
             "resource.discovery" => c.discovery = word(v, Discovery::from_name, Discovery::NAMES)?,
             "exec.kill-timeout" => c.kill_timeout = duration(v)?,
+            "exec.kill-timeout-max" => c.kill_timeout_max = duration(v)?,
             "sched.policy" => c.sched_policy = word(v, SchedPolicy::from_name, SchedPolicy::NAMES)?,
             "sched.default-duration" => {
                 c.default_duration = duration(v)?;
@@ -978,6 +985,7 @@ impl BrokerConfig {
             "resource.gpus" => self.gpus?.to_string(),
             "resource.discovery" => self.discovery.name().into(),
             "exec.kill-timeout" => fmt_duration(self.kill_timeout),
+            "exec.kill-timeout-max" => fmt_duration(self.kill_timeout_max),
             "sched.policy" => self.sched_policy.name().into(),
             "sched.default-duration" => fmt_duration(self.default_duration),
             "sched.max-requeue" => self.max_requeue.to_string(),

@@ -279,6 +279,13 @@ impl JobRequest {
         self.nnodes.is_some() && self.nnodes_max.is_some() && !self.tasks_per_slot
     }
 
+    /// The job's own kill timeout, seconds from SIGTERM to SIGKILL: the shell option `kill-timeout` (`-o
+    /// kill-timeout=DURATION`, an RFC 23 duration or a number of seconds), checked by [`Jobspec::validate`];
+    /// `None` when the job leaves it to the instance (`exec.kill-timeout`).
+    pub fn kill_timeout(&self) -> Option<f64> {
+        kill_timeout_secs(self.shell_options.get(KILL_TIMEOUT_KEY)?).ok()
+    }
+
     /// Slots each node needs when the job runs on `nodes` nodes: the jobspec's per-node slot count, or, for a
     /// node range with a task total ([`JobRequest::slots_vary`]), enough for its tasks spread over `nodes`
     /// (`ceil(ntasks / nodes)`) if that is more. So `-N 2-3 -n 6` needs 3 slots on each of 2 nodes or 2 on each
@@ -292,6 +299,23 @@ impl JobRequest {
             per
         }
     }
+}
+
+/// The shell option of a job's own kill timeout (`attributes.system.shell.options.kill-timeout`).
+pub const KILL_TIMEOUT_KEY: &str = "kill-timeout";
+
+/// Seconds of a `kill-timeout` shell option: an RFC 23 duration (`10s`, `1m`) or a number of seconds, finite and
+/// `>= 0`.
+fn kill_timeout_secs(v: &Value) -> Result<f64, String> {
+    let secs = match v {
+        Value::String(s) => crate::duration::parse_duration_secs(s).map_err(|e| e.to_string())?,
+        Value::Number(n) => n.as_f64().unwrap_or(f64::NAN),
+        _ => return Err("must be a duration such as 10s (RFC 23) or a number of seconds".into()),
+    };
+    if !(secs.is_finite() && secs >= 0.0) {
+        return Err(format!("must be a finite duration >= 0, got {v}"));
+    }
+    Ok(secs)
 }
 
 // ---------------------------------------------------------------------------
@@ -683,6 +707,9 @@ impl Jobspec {
             Some(d) => (d > 0.0).then_some(d),
         };
         let shell_options = sys.shell.as_ref().map(|s| s.options.clone()).unwrap_or_default();
+        if let Some(v) = shell_options.get(KILL_TIMEOUT_KEY) {
+            kill_timeout_secs(v).map_err(|e| invalid("attributes.system.shell.options.kill-timeout", e))?;
+        }
         let requeue = match sys.other.get(REQUEUE_KEY) {
             None => false,
             Some(Value::Bool(b)) => *b,

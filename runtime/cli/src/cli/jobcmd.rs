@@ -54,7 +54,8 @@ pub struct SubmitArgs {
     pub cwd: Option<String>,
     /// Shell option NAME[=VALUE] (repeatable): cpu-affinity=off|on|per-task, gpu-affinity=..., exit-timeout=DURATION|none
     /// (0 is none),
-    /// kill-timeout=DURATION (SIGKILL this long after SIGTERM; at most the instance's exec.kill-timeout),
+    /// kill-timeout=DURATION (SIGKILL this long after SIGTERM instead of exec.kill-timeout; at most
+    /// exec.kill-timeout-max, 60s by default),
     /// exit-on-error (a task that exits non-zero or by a signal fails the whole job at once), memory=SIZE (per
     /// node, e.g. 4G; MiB without a unit, as Slurm's --mem; where the memory controller is enabled).
     #[arg(short = 'o', long = "setopt", value_name = "OPT")]
@@ -491,7 +492,7 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
             ("kill-timeout", Value::String(s)) => {
                 let t = crate::duration::parse_duration_secs(s).map_err(|e| format!("-o {o}: {e}"))?;
                 if !t.is_finite() {
-                    return Err(format!("-o {o}: a kill timeout must be finite (at most the instance's exec.kill-timeout)"));
+                    return Err(format!("-o {o}: a kill timeout must be finite (at most the instance's exec.kill-timeout-max)"));
                 }
             }
             ("requeue", Value::String(s))

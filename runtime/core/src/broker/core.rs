@@ -527,6 +527,7 @@ impl Broker {
         let jobcore = (opts.rank == 0).then(|| {
             let mut jc = JobCore::new(env.wall_origin + now.as_secs_f64());
             jc.kill_timeout = opts.config.kill_timeout;
+            jc.kill_timeout_max = opts.config.kill_timeout_max;
             // Running jobs kept in the state directory wait this long for their shells (jobs/reattach.rs).
             jc.reattach_grace = opts.config.parent_grace();
             let c = &opts.config;

@@ -59,6 +59,10 @@ pub const INACTIVE_OUTPUT_TOTAL: usize = 64 << 20;
 /// Default time between SIGTERM and SIGKILL when a job is cancelled or fails (seconds).
 pub const DEFAULT_KILL_TIMEOUT: f64 = 5.0;
 
+/// Default of `exec.kill-timeout-max` (seconds): the longest kill timeout a job may ask for with `-o
+/// kill-timeout` (Slurm's KillWait, one setting for all, defaults to 30 s).
+pub const DEFAULT_KILL_TIMEOUT_MAX: f64 = 60.0;
+
 /// The exception type of the jobs still running when their instance is shut down
 /// ([`JobCore::instance_shutdown`]; severity 0).
 pub const SHUTDOWN_EXCEPTION: &str = "shutdown";
@@ -423,9 +427,10 @@ pub struct Job {
     pub expiration: Option<f64>,
     /// exit-timeout in seconds (`None` = none).
     pub exit_timeout: Option<f64>,
-    /// The job's own `kill-timeout` shell option (seconds from SIGTERM to SIGKILL), if it set one: it may only
-    /// shorten the instance's `exec.kill-timeout` (a job that traps SIGTERM would otherwise hold its nodes, and a
-    /// restart script waiting on it, that long).
+    /// The job's own `kill-timeout` shell option (seconds from SIGTERM to SIGKILL), if it set one, instead of the
+    /// instance's `exec.kill-timeout`: shorter, so that a job that traps SIGTERM does not hold its nodes (and a
+    /// restart script waiting on it) that long, or longer, to flush on SIGTERM, up to `exec.kill-timeout-max`
+    /// (checked at submit).
     pub kill_timeout: Option<f64>,
     /// When the first task exited.
     pub first_exit: Option<f64>,
@@ -499,12 +504,7 @@ impl Job {
             Some(Value::Number(n)) => n.as_f64().filter(|v| *v > 0.0),
             _ => Some(DEFAULT_EXIT_TIMEOUT),
         };
-        let kill_timeout = match req.shell_options.get("kill-timeout") {
-            Some(Value::String(s)) => crate::duration::parse_duration_secs(s).ok(),
-            Some(Value::Number(n)) => n.as_f64(),
-            _ => None,
-        }
-        .filter(|v| v.is_finite() && *v >= 0.0);
+        let kill_timeout = req.kill_timeout();
         Job {
             id,
             userid,
@@ -708,6 +708,9 @@ pub struct JobCore {
     seq: u32,
     /// Seconds between SIGTERM and SIGKILL when a job is killed.
     pub kill_timeout: f64,
+    /// The longest kill timeout a job may ask for (`exec.kill-timeout-max`, seconds; `kill_timeout` is always
+    /// allowed too): a longer one is refused at submit.
+    pub kill_timeout_max: f64,
     /// RFC 44 resource eventlog.
     pub resource_eventlog: Vec<Event>,
     /// Topology source string per rank (for shell input).
@@ -755,6 +758,7 @@ impl JobCore {
             last_ms: 0,
             seq: 0,
             kill_timeout: DEFAULT_KILL_TIMEOUT,
+            kill_timeout_max: DEFAULT_KILL_TIMEOUT_MAX,
             resource_eventlog: Vec::new(),
             topology: BTreeMap::new(),
             inactive_output: VecDeque::new(),
@@ -1147,6 +1151,19 @@ impl JobCore {
     ) -> Result<JobId, SubmitError> {
         let spec = Jobspec::from_value(jobspec).map_err(|e| SubmitError::Jobspec(e.to_string()))?;
         let mut req = spec.validate().map_err(|e| SubmitError::Jobspec(e.to_string()))?;
+        if let Some(k) = req.kill_timeout() {
+            // A job may choose any kill timeout up to the admin's bound (and the instance's own is always fine).
+            let max = self.kill_timeout_max.max(self.kill_timeout);
+            if k > max {
+                let fmt = crate::attrs::fmt_duration;
+                return Err(SubmitError::Jobspec(format!(
+                    "attributes.system.shell.options.kill-timeout: {} is more than this instance allows, {} \
+                     (exec.kill-timeout-max)",
+                    fmt(k),
+                    fmt(max)
+                )));
+            }
+        }
         if let crate::taskmap::Scheme::Hostfile { .. } = &req.taskmap {
             // A host the instance does not have: the job could never run (its nodes are the hostfile's).
             let known: std::collections::BTreeSet<&str> =

@@ -173,20 +173,27 @@ fn cancel_pending_and_running() {
     assert!(c.cancel(T0 + 9.0, run, 0, true, "again").is_err(), "inactive jobs cannot be canceled");
 }
 
-/// `-o kill-timeout=1s` brings SIGKILL sooner after SIGTERM; a longer one than the instance's `exec.kill-timeout`
-/// is held to it.
+/// `-o kill-timeout=1s` brings SIGKILL sooner after SIGTERM, `30s` later (up to `exec.kill-timeout-max`, 60 s by
+/// default); a longer one, or one that is not a duration, is refused at submit naming the option and the bound.
 #[test]
-fn a_job_may_shorten_its_kill_timeout_but_not_lengthen_it() {
+fn a_job_chooses_its_kill_timeout_up_to_the_admins_bound() {
     let mut c = core(2, 1, 0);
     let short = c.submit(T0, &spec(cmd().shell_option("kill-timeout", json!("1s"))), 0).unwrap();
-    let long = c.submit(T0, &spec(cmd().shell_option("kill-timeout", json!("10m"))), 0).unwrap();
+    let long = c.submit(T0, &spec(cmd().shell_option("kill-timeout", json!("30s"))), 0).unwrap();
     actions(&mut c);
     c.cancel(T0 + 1.0, short, 0, true, "test").unwrap();
     assert_eq!(c.next_deadline(), Some(T0 + 2.0));
     c.handle_timeout(T0 + 2.0);
     assert_eq!(signals(&actions(&mut c)), vec![(vec![0], crate::signal::SIGTERM), (vec![0], crate::signal::SIGKILL)]);
     c.cancel(T0 + 3.0, long, 0, true, "test").unwrap();
-    assert_eq!(c.next_deadline(), Some(T0 + 3.0 + DEFAULT_KILL_TIMEOUT));
+    assert_eq!(c.next_deadline(), Some(T0 + 3.0 + 30.0));
+    let e = c.submit(T0, &spec(cmd().shell_option("kill-timeout", json!("10m"))), 0).unwrap_err().to_string();
+    assert_eq!(e, "attributes.system.shell.options.kill-timeout: 10m is more than this instance allows, 1m (exec.kill-timeout-max)");
+    let e = c.submit(T0, &spec(cmd().shell_option("kill-timeout", json!("soon"))), 0).unwrap_err().to_string();
+    assert!(e.starts_with("attributes.system.shell.options.kill-timeout: "), "{e}");
+    // The instance's own is always allowed, even above the bound.
+    c.kill_timeout = 120.0;
+    assert!(c.submit(T0, &spec(cmd().shell_option("kill-timeout", json!("2m"))), 0).is_ok());
 }
 
 #[test]

@@ -9,7 +9,8 @@
 //! - the first task's exit plus its `exit-timeout`, counted from when every shell had started if one had not
 //!   yet (`JobCore::task_exit`): fatal `exec` exception naming the ranks whose shells are still running;
 //! - a cut-off nested broker's verdict (`nested.rs`);
-//! - once SIGTERM was sent (any fatal exception), SIGTERM plus `exec.kill-timeout`: SIGKILL to what is left.
+//! - once SIGTERM was sent (any fatal exception), SIGTERM plus the job's kill timeout (`-o kill-timeout`, else
+//!   `exec.kill-timeout`): SIGKILL to what is left.
 
 use super::{fmt_limit, Action, JobCore, JobId, JobState};
 use std::cmp::Ordering;
@@ -55,10 +56,10 @@ impl JobCore {
         [j.expiration, exit, self.cut_off_deadline(id)].into_iter().flatten().min_by(f64::total_cmp)
     }
 
-    /// Seconds from SIGTERM to SIGKILL for job `j`: the instance's `exec.kill-timeout`, or the job's own
-    /// `kill-timeout` if shorter.
+    /// Seconds from SIGTERM to SIGKILL for job `j`: its own `kill-timeout` if it set one (submit held it to
+    /// `exec.kill-timeout-max`), else the instance's `exec.kill-timeout`.
     pub(super) fn kill_timeout_of(&self, j: &super::Job) -> f64 {
-        j.kill_timeout.map_or(self.kill_timeout, |k| k.min(self.kill_timeout))
+        j.kill_timeout.unwrap_or(self.kill_timeout)
     }
 
     /// File job `id` under its current next deadline (after anything that may have moved it).
