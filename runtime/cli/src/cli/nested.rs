@@ -199,23 +199,20 @@ pub(crate) fn merge_opts(mut cli: InstanceOpts, dir: Option<InstanceOpts>) -> Re
     merge("--cwd", &mut cli.cwd, &d.cwd)?;
     merge("--nodelist", &mut cli.select.nodelist, &d.select.nodelist)?;
     merge("--exclude", &mut cli.select.exclude, &d.select.exclude)?;
-    let mut req = d.select.requires;
-    req.extend(cli.select.requires);
-    cli.select.requires = req;
     cli.requeue |= d.requeue;
-    let mut env = d.env;
-    env.extend(cli.env);
-    cli.env = env;
-    let mut o = d.setopt;
-    o.extend(cli.setopt);
-    cli.setopt = o;
-    let mut s = d.setattr;
-    s.extend(cli.setattr);
-    cli.setattr = s;
-    let mut b = d.broker_opts;
-    b.extend(cli.broker_opts);
-    cli.broker_opts = b;
+    // Lists: the script's directives first, the command line's after them (a later one wins where order matters).
+    prepend(&mut cli.select.requires, d.select.requires);
+    prepend(&mut cli.env, d.env);
+    prepend(&mut cli.setopt, d.setopt);
+    prepend(&mut cli.setattr, d.setattr);
+    prepend(&mut cli.broker_opts, d.broker_opts);
     Ok(cli)
+}
+
+/// `first`, then what `list` held.
+fn prepend<T>(list: &mut Vec<T>, mut first: Vec<T>) {
+    first.append(list);
+    *list = first;
 }
 
 /// Child broker arguments from `-S` and `--broker-opts`, validated here so a typo is one clear error at submit.
