@@ -195,7 +195,8 @@ restart)
     # A killed broker may take a moment to be gone (its eBPF links are released after RCU grace periods).
     for _ in $(seq 1 100); do [ -z "$(node_pids "$k")" ] && break; sleep 0.1; done
     if [ -n "$(node_pids "$k")" ]; then
-        echo "netns-cluster: node $k still runs processes ($(node_pids "$k" | tr '\n' ' ')): kill it first" >&2
+        echo "netns-cluster: node $k still runs processes: kill it first" >&2
+        ps -o pid,stat,wchan:24,etime,args -p "$(node_pids "$k" | paste -sd,)" >&2 || true
         exit 1
     fi
     ip -n "$hub" link set "$(hostveth "$k")" up
