@@ -663,6 +663,12 @@ impl Ckpt {
     /// complete checkpoint at step [`MIN_STEP`] or later.
     #[track_caller]
     fn start(batch_args: &[&str]) -> Ckpt {
+        Ckpt::start_steps(batch_args, STEPS)
+    }
+
+    /// [`Ckpt::start`] with `steps` steps of app.sh instead of [`STEPS`].
+    #[track_caller]
+    fn start_steps(batch_args: &[&str], steps: u32) -> Ckpt {
         let c = Cluster::up(7);
         c.vigil(&["resource", "drain", "0", "login"]).ok();
         let (root, work) = (c.path().join("ckpt"), c.path().join("work"));
@@ -670,7 +676,7 @@ impl Ckpt {
             std::fs::create_dir_all(d).unwrap();
         }
         let ex = repo_root().join("examples/ckpt");
-        let (batch, app, steps) = (ex.join("batch.sh"), ex.join("app.sh"), STEPS.to_string());
+        let (batch, app, steps) = (ex.join("batch.sh"), ex.join("app.sh"), steps.to_string());
         let script = [batch.to_str().unwrap(), app.to_str().unwrap(), &steps];
         let args = [&["batch", "-N6"], batch_args, &script].concat();
         let o = c.vigil_in(&work, &[("CKPT_ROOT", root.to_str().unwrap()), ("STEP_S", STEP_S)], &args, CMD_TIMEOUT);
@@ -877,6 +883,38 @@ fn n_plus_one_loses_the_last_rank() {
 #[test]
 fn n_plus_one_loses_a_router_of_the_batch_instance() {
     n_plus_one_loses_rank(&["-S", "tbon.topo=kary:2"], 0);
+}
+
+/// The batch instance's router (rank 1, node2) dies under a launch whose tasks would run for a minute more, with
+/// `exec.kill-timeout=30s` in the batch instance: the fatal exception's SIGTERM to the shells behind the router
+/// (ranks 3 and 4) cannot go through it, and goes once they have re-parented (jobs/kills.rs). So the launch ends
+/// before the kill timeout: by the tasks' own end or by SIGKILL it would have taken a minute or 30 s.
+#[test]
+fn n_plus_one_launch_behind_a_lost_router_ends_before_the_kill_timeout() {
+    const KILL_TIMEOUT: f64 = 30.0;
+    // 300 steps of 0.25 s: launch 1 would run for more than a minute after the kill.
+    let k = Ckpt::start_steps(&["-S", "tbon.topo=kary:2", "-S", "exec.kill-timeout=30s"], 300);
+    let c = &k.c;
+    let t_kill = c.kill_node(2);
+    let ended = || launches(&k.output()).first().and_then(|l| l.ended);
+    wait_for(Duration::from_secs_f64(2.0 * KILL_TIMEOUT), || ended().is_some());
+    let log = c.job_eventlog(&k.id);
+    let ctx = || format!("--- output ---\n{}\n--- eventlog ---\n{log:?}", k.output());
+    let (t_end, rc) = ended().unwrap_or_else(|| panic!("launch 1 did not end:\n{}", ctx()));
+    eprintln!(
+        "[{}] node2 (router) killed: launch 1 ended +{} after the kill, exit code {rc}",
+        c.name,
+        ms(t_end - t_kill)
+    );
+    assert!(rc != 0, "launch 1 lost a node, yet exited 0:\n{}", ctx());
+    assert!(
+        t_end - t_kill < KILL_TIMEOUT,
+        "launch 1 ended {:.1} s after the kill: not before the kill timeout of {KILL_TIMEOUT} s\n{}",
+        t_end - t_kill,
+        ctx()
+    );
+    // The relaunch is not waited for (a minute more): the job is cancelled.
+    c.vigil(&["cancel", &k.id]).ok();
 }
 
 /// The spare dies: the application never ran there, so launch 1 goes on to the end, with no relaunch.

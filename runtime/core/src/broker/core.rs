@@ -363,6 +363,15 @@ pub enum Internal {
         rank: u32,
     },
     Ignore,
+    /// A `rexec.kill` from rank 0's exec system: `signal` to the shell of job `id` on `rank`, sent along `path`
+    /// ([`Broker::path_to`]). EHOSTUNREACH is told to the job core, which keeps the signal until the rank is
+    /// reachable again (`jobs/kills.rs`, [`Broker::kill_unreachable`]).
+    Kill {
+        id: JobId,
+        rank: u32,
+        signal: i32,
+        path: Vec<u32>,
+    },
     /// A job shell's exit report (kept in [`Broker::exit_reports`] until answered).
     ShellExit,
     /// One round trip of overlay RTT measurement `run` (`broker.rtt`), sent at the given time.
@@ -1203,10 +1212,11 @@ impl Broker {
                     self.internal_request("rexec.spawn", rank, &payload, Internal::Spawn { id, rank });
                 }
                 Action::SignalShells { id, ranks, signal } => {
+                    // Answered, so that one whose route is down is known and sent again (jobs/kills.rs).
                     for r in ranks {
-                        let mut m = Message::request("rexec.kill", r, &json!({"id": id.0, "signal": signal}));
-                        m.flags = crate::message::FLAG_NORESPONSE;
-                        self.route_request(SELF, m);
+                        let path = self.path_to(r);
+                        let payload = json!({"id": id.0, "signal": signal});
+                        self.internal_request("rexec.kill", r, &payload, Internal::Kill { id, rank: r, signal, path });
                     }
                 }
                 Action::Updated(id) => super::services::job_info::wake_watchers(self, id),

@@ -51,12 +51,13 @@
 
 use super::core::{Broker, Effect, MemberState, Time, SELF};
 use crate::idset::IdSet;
+use crate::jobs::JobId;
 use crate::message::{errno, Message, MsgType, FLAG_NORESPONSE};
 use crate::topology::{Hop, Topology};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::Duration;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 /// Messages an orphan queues for its next parent while it re-parents.
 pub const UP_QUEUE_MAX: usize = 16_384;
@@ -231,6 +232,42 @@ impl Broker {
         );
         v.sort_unstable();
         v
+    }
+
+    /// The ranks a request from here to `target` passes through, as this broker knows the tree now (current
+    /// parents): from `target` up to, not including, this broker; empty for this broker itself. What a kill went
+    /// along, to tell whether its route has changed since it failed ([`Broker::kill_unreachable`]).
+    pub fn path_to(&self, target: u32) -> Vec<u32> {
+        let me = self.rank();
+        let mut out = Vec::new();
+        let mut x = Some(target);
+        // Every current parent is higher in the static tree than its child: the walk ends within the depth.
+        for _ in 0..=crate::topology::MAX_DEPTH * 2 {
+            match x {
+                Some(r) if r != me => {
+                    out.push(r);
+                    x = self.parent_of(r);
+                }
+                _ => break,
+            }
+        }
+        out
+    }
+
+    /// Rank 0: `signal` for the shell of job `id` on `rank` came back EHOSTUNREACH, sent along `path`
+    /// ([`Broker::path_to`]): the job core keeps it until `rank` is reachable again (`jobs/kills.rs`), which
+    /// [`Broker::record_reparent`] and [`Broker::on_register`] say. If the route has changed since it was sent
+    /// (the rank re-parented while the kill was on its way) and its first hop is up, it is reachable now. Each
+    /// retry rests on a route change, a real event: a route that keeps failing cannot make kills loop.
+    pub fn kill_unreachable(&mut self, id: JobId, rank: u32, signal: i32, path: &[u32]) {
+        debug!("signal {signal} to the shell of job {id} on rank {rank}: unreachable; kept until it is reachable");
+        let now = self.path_to(rank);
+        let first_hop_up = matches!(self.next_hop(rank), Hop::Child(c) if self.connected(super::core::Peer::Child(c)));
+        let Some(jc) = self.jobcore.as_mut() else { return };
+        jc.signal_unreachable(id, rank, signal);
+        if now != path && first_hop_up {
+            jc.ranks_reachable(&IdSet::from_iter([rank]));
+        }
     }
 
     /// Learn that `rank`'s parent is now `parent`.
@@ -496,6 +533,7 @@ impl Broker {
             // knows only the static tree, and would otherwise route to it through its lost static parent.
             self.learn_parent(rank, adopter);
             self.known_lost.remove(&rank);
+            self.reachable_again(rank);
             return;
         }
         let back = self.members.get(&rank).is_some_and(|m| m.0 == MemberState::Lost || m.0 == MemberState::Offline);
@@ -504,8 +542,21 @@ impl Broker {
         }
         self.learn_parent(rank, parent);
         self.known_lost.remove(&rank);
+        self.reachable_again(rank);
         info!("rank {rank} is back, under its static parent rank {parent}");
         self.publish("overlay.reparent", &json!({"rank": rank, "parent": parent}));
+    }
+
+    /// Rank 0: `rank` and the ranks below it are reachable again; kills that could not reach them go now.
+    fn reachable_again(&mut self, rank: u32) {
+        // The subtree's walk only when a kill waits (a re-parent at 16,384 brokers must stay cheap).
+        if self.jobcore.as_ref().is_none_or(|jc| jc.unreachable_signals_kept() == 0) {
+            return;
+        }
+        let ids: IdSet = self.subtree_of(rank).into_iter().collect();
+        if let Some(jc) = self.jobcore.as_mut() {
+            jc.ranks_reachable(&ids);
+        }
     }
 
     /// Rank 0: `rank` lost; its current children must re-parent within [`REPARENT_TIMEOUT`].
@@ -584,6 +635,7 @@ impl Broker {
         let (rank, parent) = (get("rank")?, get("parent")?);
         let lost = get("lost").ok();
         self.learn_parent(rank, parent);
+        self.reachable_again(rank);
         if body.get("again").and_then(Value::as_bool) == Some(true) && self.orphans.remove(&rank).is_none() {
             // Sent again by an orphan that did not see our event (it may have died on the way down): recorded
             // once already, or cut off since; it hears the event again.

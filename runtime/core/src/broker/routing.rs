@@ -319,6 +319,11 @@ impl Broker {
                 }
             }
             Internal::Ignore => {}
+            Internal::Kill { id, rank, signal, path } => {
+                if msg.errnum == errno::EHOSTUNREACH {
+                    self.kill_unreachable(id, rank, signal, &path);
+                }
+            }
             Internal::ShellExit => {
                 // An error (no route meanwhile) keeps it for the next parent.
                 if msg.errnum == 0 {

@@ -1849,3 +1849,75 @@ fn lost_reason(out: &[Effect]) -> String {
         })
         .unwrap_or_else(|| panic!("no overlay.lost notice: {out:?}"))
 }
+
+/// The `rexec.kill` requests among `out`, as (the peer sent to, the target rank, the signal).
+fn kills(out: &[Effect]) -> Vec<(Peer, u32, i64)> {
+    out.iter()
+        .filter_map(|e| match e {
+            Effect::Send(p, m) if m.msgtype == MsgType::Request && m.topic == "rexec.kill" => {
+                Some((*p, m.nodeid, m.json()["signal"].as_i64().unwrap_or(0)))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Rank 0 of a 7-broker binary tree loses router rank 1 under a job running on ranks 1-4: the SIGTERM for the
+/// shells of ranks 3 and 4 behind it cannot be routed and comes back EHOSTUNREACH; each goes, once, through the
+/// adopter when rank 0 records its re-parent (jobs/kills.rs).
+#[test]
+fn a_kill_behind_a_lost_router_goes_once_the_orphan_re_parents() {
+    let mut b = broker(0);
+    b.handle(t(0.0), Input::Start);
+    assert_eq!(judge(&mut b, t(0.001), 7, hello(1, "sim"), None), Ok(1));
+    assert_eq!(judge(&mut b, t(0.001), 8, hello(2, "sim"), None), Ok(2));
+    for (r, via, conn) in [(1, 1, 7), (2, 2, 8), (3, 1, 7), (4, 1, 7), (5, 2, 8), (6, 2, 8)] {
+        let reg = json!({"rank": r, "hostname": format!("node{r}"), "resources": {"cores": 4, "pus": 4, "numa": 1,
+            "packages": 1, "gpus": 0, "gpu_names": [], "source": "test"}, "cores": "0-3", "gpus": ""});
+        let mut m = Message::request("resource.register", 0, &reg);
+        m.flags = crate::message::FLAG_NORESPONSE;
+        m.userid = super::testing::UID;
+        m.route = vec![r];
+        b.handle(t(0.002), Input::Message(Peer::Child(via), conn, m));
+    }
+    effects(&mut b);
+    let jc = b.jobcore.as_mut().expect("rank 0");
+    for r in [0, 5, 6] {
+        jc.drain(0.0, &crate::idset::IdSet::from_iter([r]), "test", crate::jobs::DrainMode::Refuse).expect("drain");
+    }
+    let spec = crate::jobspec::JobspecBuilder::new(["sleep", "60"]).nnodes(4).build().expect("jobspec");
+    let spec: Value = serde_json::from_str(&spec.to_json()).expect("json");
+    let id = jc.submit(super::testing::WALL_ORIGIN, &spec, super::testing::UID).expect("submit");
+    // Its shells started (their spawn requests are not the point here: taken from the job core unsent).
+    while jc.poll_action().is_some() {}
+    for r in 1..=4 {
+        jc.shell_spawned(super::testing::WALL_ORIGIN, id, r, Ok(()));
+    }
+    while jc.poll_action().is_some() {}
+
+    // Router rank 1's link resets: it is lost, and its job with it; SIGTERM to the shells left.
+    b.handle(t(1.0), Input::Closed(Peer::Child(1), 7, "connection reset".into()));
+    let out = effects(&mut b);
+    assert_eq!(kills(&out), vec![(Peer::Child(2), 2, 15)], "only rank 2 is reachable now: {out:?}");
+    let jc = b.jobcore.as_ref().expect("rank 0");
+    assert_eq!(jc.unreachable_signals(), vec![(id, 3, 15), (id, 4, 15)]);
+
+    // Rank 3 re-parents under rank 2: its SIGTERM goes there now; rank 4's waits for its own re-parent.
+    let reparent = |rank: u32| {
+        let mut m = Message::request("overlay.reparent", 0, &json!({"rank": rank, "parent": 2, "lost": 1}));
+        m.flags = crate::message::FLAG_NORESPONSE;
+        m.userid = super::testing::UID;
+        m.route = vec![rank];
+        m
+    };
+    b.handle(t(1.3), Input::Message(Peer::Child(2), 8, reparent(3)));
+    assert_eq!(kills(&effects(&mut b)), vec![(Peer::Child(2), 3, 15)]);
+    b.handle(t(1.31), Input::Message(Peer::Child(2), 8, reparent(4)));
+    assert_eq!(kills(&effects(&mut b)), vec![(Peer::Child(2), 4, 15)]);
+    // Once: a re-parent notice sent again changes nothing.
+    let mut again = reparent(3);
+    again.payload = serde_json::to_vec(&json!({"rank": 3, "parent": 2, "lost": 1, "again": true})).expect("json");
+    b.handle(t(1.4), Input::Message(Peer::Child(2), 8, again));
+    assert!(kills(&effects(&mut b)).is_empty());
+    assert!(b.jobcore.as_ref().expect("rank 0").unreachable_signals().is_empty());
+}

@@ -15,6 +15,7 @@
 //! | `shrink.rs` | a nested instance's lost rank leaves it for good (RFC 28) |
 //! | `nested.rs` | critical-rank rules for the brokers of a nested instance |
 //! | `timers.rs` | time limits, exit-timeout, SIGKILL escalation, from an ordered index of deadlines |
+//! | `kills.rs` | a kill that could not reach its rank goes once the rank is reachable again |
 //! | this file | submission, allocation to shells, shell reports, lost ranks, exceptions, output and input |
 //!
 //! The cost of one event does not grow with the number of jobs queued or ever run: pending jobs are an ordered
@@ -23,6 +24,7 @@
 mod backfill;
 pub mod jobid;
 pub mod journal;
+mod kills;
 mod nested;
 pub mod purge;
 mod reattach;
@@ -734,6 +736,8 @@ pub struct JobCore {
     pub reattach_grace: f64,
     /// Jobs being re-attached after a restart, while any are (`reattach.rs`).
     reattach: Option<reattach::Reattach>,
+    /// Signals that could not reach their shell's rank, until it is reachable again (`kills.rs`).
+    unreachable_kills: kills::UnreachableKills,
 }
 
 impl JobCore {
@@ -770,6 +774,7 @@ impl JobCore {
             stopped: None,
             reattach_grace: 0.0,
             reattach: None,
+            unreachable_kills: Default::default(),
         }
     }
 
@@ -1122,6 +1127,7 @@ impl JobCore {
         }
         sh.exited = true;
         job.nexited += 1;
+        self.forget_unreachable_signal(id, rank);
         if let Some(set) = self.by_rank.get_mut(&rank) {
             set.remove(&id);
             if set.is_empty() {
