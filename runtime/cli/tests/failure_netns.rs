@@ -592,16 +592,37 @@ fn exceptions(log: &[Value]) -> Vec<&Value> {
     log.iter().filter(|e| e["name"] == "exception").collect()
 }
 
+/// An ordinary job, followed by `vigil run` and `vigil job wait`, loses node3: both exit with the lost-node code
+/// and print the exception that ended it, which names the node once, as its host name and rank in this instance,
+/// with the task that ran there, and without "critical" (issue 36).
 #[test]
 fn ordinary_job_loses_a_node() {
     let c = Cluster::up(4);
-    let id = c.submit(&["-N4", "-n4", "sleep", "60"]);
+    let (run, w, id, t0) = std::thread::scope(|s| {
+        let run = s.spawn(|| c.vigil_in(c.path(), &[], &["run", "-N4", "-n4", "sleep", "60"], JOB_END));
+        let has_sleep = |k: u32| c.node_processes(k).iter().any(|(_, cl)| cl == "sleep 60");
+        let started = wait_for(Duration::from_secs(20), || (0..4).all(has_sleep));
+        let jobs = c.json(&["jobs", "--json"]);
+        let id = jobs["jobs"][0]["id_f58"].as_str().unwrap_or_default().to_string();
+        if !started || id.is_empty() {
+            c.vigil(&["cancel", &id]);
+            panic!("the job's tasks did not start on every node: {jobs}\n{}", run.join().unwrap().dump());
+        }
+        let t0 = c.kill_node(3);
+        let w = c.vigil_in(c.path(), &[], &["job", "wait", &id], JOB_END);
+        (run.join().unwrap(), w, id, t0)
+    });
     let has_sleep = |k: u32| c.node_processes(k).iter().any(|(_, cl)| cl == "sleep 60");
-    assert!(wait_for(Duration::from_secs(20), || (0..4).all(has_sleep)), "the job's tasks did not start on every node");
-    let t0 = c.kill_node(3);
-    let w = c.vigil_in(c.path(), &[], &["job", "wait", &id], JOB_END);
-    assert!(!w.timed_out, "job wait hung:\n{}", w.dump());
-    assert_eq!(w.code, 69, "job wait after losing a critical node: the lost-node exit code\n{}", w.dump());
+    assert!(!w.timed_out && !run.timed_out, "job wait or run hung:\n{}\n{}", w.dump(), run.dump());
+    assert_eq!(w.code, 69, "job wait after losing a node: the lost-node exit code\n{}", w.dump());
+    assert_eq!(run.code, 69, "vigil run after losing a node: the lost-node exit code\n{}", run.dump());
+    let told = format!(
+        "vigil: job {id}: exception type=node-failure severity=0: lost node node3 (rank 3), where task 3 ran\n"
+    );
+    for o in [&run, &w] {
+        assert!(o.stderr.contains(&told), "{told:?} expected:\n{}", o.dump());
+        assert!(!o.stderr.contains("critical"), "{}", o.dump());
+    }
     let j = c.job(&id);
     assert_eq!(j["state"], "INACTIVE", "{j}");
     eprintln!(
@@ -982,9 +1003,13 @@ fn critical_rank_loss_is_fatal() {
     assert!(!ex.is_empty(), "{ctx}");
     assert_eq!(ex[0]["context"]["type"], "node-failure", "{ctx}");
     assert_eq!(ex[0]["context"]["severity"], 0, "{ctx}");
-    assert!(ex[0]["context"]["note"].as_str().unwrap_or("").contains("node1"), "{ctx}");
+    // Named once, with what ran there, in plain words, by `vigil job wait` too (issue 36).
+    let note = "lost node node1 (rank 1), where rank 0 of the job's instance ran; the job's instance cannot go on \
+                without it";
+    assert_eq!(ex[0]["context"]["note"], note, "{ctx}");
+    assert!(w.stderr.contains(&format!("exception type=node-failure severity=0: {note}\n")), "{ctx}");
     eprintln!(
-        "[{}] critical rank lost: node-failure exception +{}, job inactive +{} after the kill (job wait exit {})",
+        "[{}] the batch host lost: node-failure exception +{}, job inactive +{} after the kill (job wait exit {})",
         c.name,
         ms(ex[0]["timestamp"].as_f64().unwrap_or(0.0) - t_kill),
         ms(j["t_inactive"].as_f64().unwrap_or(0.0) - t_kill),

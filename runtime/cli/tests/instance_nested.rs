@@ -186,7 +186,7 @@ fn batch_survives_its_non_critical_broker_killed() {
     assert_eq!(exc.len(), 1, "{}", e.dump());
     let c = &exc[0]["context"];
     assert_eq!((c["type"].as_str(), c["severity"].as_u64()), (Some("exec"), Some(2)), "{}", e.dump());
-    assert!(c["note"].as_str().unwrap_or_default().contains("the instance continues without it"), "{}", e.dump());
+    assert!(c["note"].as_str().unwrap_or_default().contains("the job's instance continues without it"), "{}", e.dump());
     // Its node went back to this instance while the job ran on (release{final:false}), then the rest at the end.
     let releases: Vec<serde_json::Value> = e
         .stdout
@@ -280,7 +280,10 @@ sleep 60
     let exc = exceptions(&inst, &id);
     assert_eq!(exc.len(), 1, "{exc:?}");
     assert_eq!(exc[0].0, 0, "{exc:?}");
-    assert!(exc[0].1.contains("SIGKILL") && exc[0].1.contains("critical"), "{exc:?}");
+    // Named once (host and rank here, and what ran there), in plain words (issue 36).
+    assert!(exc[0].1.contains("where rank 0 of the job's instance ran, ended (killed by SIGKILL)"), "{exc:?}");
+    assert!(exc[0].1.ends_with("the job's instance cannot go on without it"), "{exc:?}");
+    assert!(!exc[0].1.contains("critical"), "{exc:?}");
     assert_eq!(inst.job(&id)["result"].as_str(), Some("FAILED"), "{}", inst.job(&id));
 }
 
@@ -302,7 +305,8 @@ sleep 60
     let exc = exceptions(&inst, &id);
     assert_eq!(exc.len(), 1, "{exc:?}");
     assert_eq!(exc[0].0, 0, "{exc:?}");
-    assert!(exc[0].1.contains("rank 1 of the instance") && exc[0].1.contains("critical"), "{exc:?}");
+    assert!(exc[0].1.contains("where rank 1 of the job's instance ran, ended (killed by SIGKILL)"), "{exc:?}");
+    assert!(exc[0].1.ends_with("cannot go on without it") && !exc[0].1.contains("critical"), "{exc:?}");
 }
 
 #[test]

@@ -1109,7 +1109,8 @@ pub enum JobCmd {
         #[arg(short = 'l', long = "label-io")]
         label_io: bool,
     },
-    /// Wait for a job to finish and exit with its exit code.
+    /// Wait for a job to finish and exit with its exit code; the exception that ended it, if one did, is printed on
+    /// stderr as `vigil run` prints it (Flux's `flux job wait` says why a job failed too).
     Wait {
         /// Job id.
         id: String,
@@ -1235,6 +1236,8 @@ pub(crate) async fn job(cmd: JobCmd) -> Result<i32, String> {
             let mut s = c.rpc_stream("job-manager.eventlog", 0, &payload).map_err(|e| e.errstr)?;
             let (mut status, mut fatal): (Option<i32>, Option<String>) = (None, None);
             let mut replayed = None;
+            // The fatal exceptions already printed: an eventlog replayed after a restart of rank 0 repeats them.
+            let mut told = std::collections::BTreeSet::new();
             loop {
                 let item = match replayed.take() {
                     Some(v) => Ok(v),
@@ -1262,7 +1265,14 @@ pub(crate) async fn job(cmd: JobCmd) -> Result<i32, String> {
                 match e["name"].as_str() {
                     Some("finish") => status = Some(e["context"]["status"].as_i64().unwrap_or(0) as i32),
                     Some("exception") if e["context"]["severity"].as_u64() == Some(0) && fatal.is_none() => {
-                        fatal = Some(e["context"]["type"].as_str().unwrap_or("").to_string())
+                        let kind = e["context"]["type"].as_str().unwrap_or("").to_string();
+                        if told.insert(e["timestamp"].to_string()) {
+                            eprintln!(
+                                "vigil: job {id}: exception type={kind} severity=0: {}",
+                                e["context"]["note"].as_str().unwrap_or("")
+                            );
+                        }
+                        fatal = Some(kind);
                     }
                     Some("requeue") => (status, fatal) = (None, None),
                     _ => {}

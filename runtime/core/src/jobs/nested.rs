@@ -7,8 +7,10 @@
 //! and every router). The shell's report carries the broker's wait status, which says what happened:
 //!
 //! - **Killed by a signal**, or a rank other than 0 **exited non-zero** (other than below): the broker failed.
-//!   A critical one ends the job (exception `exec`, severity 0, naming the broker); any other raises severity 2
-//!   ("the instance continues without it", with the node's `ranks` and `hosts` in its context, as a lost node's
+//!   A critical one ends the job (exception `exec`, severity 0: "the job's broker on node3 (rank 3), where rank 0
+//!   of the job's instance ran, ended (killed by SIGKILL); the job's instance cannot go on without it"; the notes
+//!   name each node once and leave "critical" out, issue 36); any other raises severity 2
+//!   ("the job's instance continues without it", with the node's `ranks` and `hosts` in its context, as a lost node's
 //!   `node-failure` has them) and its status does not count in the job's exit code, which is the
 //!   instance's (that of its rank 0, which runs the script).
 //! - A rank other than 0 **exited with [`BROKER_EXIT_CUT_OFF`]**: it did not fail; it lost its way to its rank 0
@@ -28,6 +30,20 @@ use crate::shellproto::{describe_status, exit_code, BROKER_EXIT_CUT_OFF};
 /// How long the verdict on a cut-off broker of a nested instance waits for the failure that caused it to be
 /// reported (seconds): more than the second a job shell drains its tasks' output before it reports.
 pub(super) const CUT_OFF_GRACE: f64 = 3.0;
+
+/// The end of the note when the ended broker was one the nested instance cannot lose (it reported it critical:
+/// its rank 0, and its routers if its brokers do not re-parent); said without that jargon (issue 36).
+const CANNOT_GO_ON: &str = "the job's instance cannot go on without it";
+
+/// The end of the note when the nested instance goes on without the ended broker.
+const GOES_ON: &str = "the job's instance continues without it";
+
+/// The broker of a nested instance as the notes name it, once: the host name and rank of its node in this
+/// instance, and what ran there (`the job's broker on node3 (rank 3), where rank 2 of the job's instance ran`), as
+/// a lost node's `node-failure` note names it (`JobCore::describe_lost`).
+fn broker_on(host: &str, rank: u32, child: u32) -> String {
+    format!("the job's broker on {host} (rank {rank}), where rank {child} of the job's instance ran")
+}
 
 /// What a nested broker's wait status says.
 #[derive(Debug, PartialEq)]
@@ -62,12 +78,12 @@ impl JobCore {
         // The nested instance numbers its brokers in the order of the job's ranks (its R, renumbered), which is
         // the shells' order.
         let child = job.shells.get(&rank).map_or(0, |s| s.shell_rank);
-        let what = format!("broker of the nested instance on {host} (rank {rank})");
+        let what = broker_on(host, rank, child);
         match classify(child, status) {
             BrokerEnd::Normal => true,
             BrokerEnd::Failed(how) if critical.contains(rank) => {
                 job.cut_off.clear(); // their cause is this one
-                let note = format!("{what} {how}; it is critical (rank {child} of the instance), which cannot go on");
+                let note = format!("{what}, ended ({how}); {CANNOT_GO_ON}");
                 self.raise(now, id, "exec", 0, &note);
                 true
             }
@@ -77,7 +93,7 @@ impl JobCore {
                 if job.fatal.is_some() || critical_ended() {
                     return true; // the instance is ending anyway
                 }
-                let note = format!("{what} {how}; the instance continues without it");
+                let note = format!("{what}, ended ({how}); {GOES_ON}");
                 let ctx = serde_json::json!({"type": "exec", "severity": 2, "note": note, "ranks": rank.to_string(),
                                              "hosts": host});
                 self.raise_ctx(now, id, ctx, false);
@@ -117,14 +133,14 @@ impl JobCore {
             let child = job.shells.get(&rank).map_or(0, |s| s.shell_rank);
             let host = self.pool.ranks.get(&rank).map(|p| p.hostname.clone()).unwrap_or_default();
             let what = format!(
-                "broker of the nested instance on {host} (rank {rank}) lost its way to the instance's rank 0 \
-                 (exit code {BROKER_EXIT_CUT_OFF})"
+                "{}, lost its way to the instance's rank 0 (exit code {BROKER_EXIT_CUT_OFF})",
+                broker_on(&host, rank, child)
             );
             if critical.contains(rank) {
-                let note = format!("{what}; it is critical (rank {child} of the instance), which cannot go on");
+                let note = format!("{what}; {CANNOT_GO_ON}");
                 self.raise(now, id, "exec", 0, &note);
             } else {
-                let note = format!("{what}; the instance continues without it");
+                let note = format!("{what}; {GOES_ON}");
                 let ctx = serde_json::json!({"type": "exec", "severity": 2, "note": note, "ranks": rank.to_string(),
                                              "hosts": host});
                 self.raise_ctx(now, id, ctx, false);
