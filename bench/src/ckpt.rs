@@ -9,11 +9,12 @@
 //! every process of the node SIGKILLed), and the script has to find out, rebuild the lost rank's checkpoint on the
 //! spare from its partner copy and relaunch with every rank where its checkpoint is.
 //!
-//! Vigil runs `examples/ckpt/batch.sh` as it is. Slurm runs [`SLURM_SCRIPT`], the same script with Slurm's commands
-//! (`scontrol show hostnames`, `sinfo -t down`, `srun --exclude=LOST --distribution=arbitrary` with
-//! `SLURM_HOSTFILE` as the placement) around the same `examples/ckpt/app.sh`, given Vigil's variables from
-//! Slurm's and a `vigil` shim that answers `getattr hostname`; each node's storage is a directory of
-//! `CKPT_ROOT` there (no per-allocation node-local directory is configured in that cluster).
+//! Both run `examples/ckpt/batch.sh` itself (one script, read from the source tree at run time): Vigil as it is,
+//! Slurm with `CKPT_SCHED=slurm`, which picks the script's Slurm commands (`scontrol show hostnames`, `sinfo -t
+//! down`, `srun --exclude=LOST --distribution=arbitrary` with `SLURM_HOSTFILE` as the placement) around the same
+//! `examples/ckpt/app.sh`, given Vigil's variables from Slurm's and a `vigil` shim that answers `getattr hostname`;
+//! each node's storage is a directory of `CKPT_ROOT` there (no per-allocation node-local directory is configured in
+//! that cluster).
 //!
 //! Measured, from the lines both scripts and the application stamp with `date +%s.%N` (one clock, one machine), in
 //! seconds after the kill: the script gets control (its first launch ended), and every rank resumed (the last
@@ -94,53 +95,6 @@ impl Series {
         self.trials.iter().filter(|t| t.error.is_none())
     }
 }
-
-/// The Slurm twin of `examples/ckpt/batch.sh` (see the module doc); environment: `APP`, `STEPS`, `CKPT_ROOT`,
-/// `STEP_S`, and `PATH` with the `vigil` shim first.
-const SLURM_SCRIPT: &str = r#"#!/bin/sh
-# vigil-bench ckpt: examples/ckpt/batch.sh with Slurm's commands, around the same app.sh.
-set -u
-say() { echo "$(date +%s.%N) $*"; }
-has() { case " $1 " in *" $2 "*) return 0 ;; esac; return 1; }
-others=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | grep -vx "$(hostname)" | tr '\n' ' ')
-n=$(( $(echo $others | wc -w) - 1 ))
-hosts=$(echo $others | cut -d' ' -f1-$n)
-spares=$(echo $others | cut -d' ' -f$((n + 1))-)
-rm -rf "$CKPT_ROOT"/node.* "$CKPT_ROOT"/complete.*
-for h in $others; do mkdir -p "$CKPT_ROOT/node.$h"; done
-launch=1 lost=""
-while :; do
-    printf '%s\n' $hosts > "$CKPT_ROOT/hosts"
-    say "launch $launch: ranks 0-$((n - 1)) on $hosts, spare: ${spares:-none}"
-    SLURM_HOSTFILE=$CKPT_ROOT/hosts CKPT_HOSTS="$hosts" srun --overlap -n$n --distribution=arbitrary \
-        ${lost:+--exclude=$(echo $lost | tr ' ' ,)} sh -c 'VIGIL_TASK_RANK=$SLURM_PROCID VIGIL_JOB_SIZE=$SLURM_NTASKS \
-        VIGIL_ALLOC_TMPDIR=$CKPT_ROOT/node.$(hostname) exec "$0" "$1"' "$APP" "$STEPS"
-    rc=$?
-    say "launch $launch ended with exit code $rc"
-    lost=$(sinfo -h -N -t down,drain,fail -n "$SLURM_JOB_NODELIST" -o %N | sort -u | tr '\n' ' ')
-    say "lost nodes: ${lost:-none}"
-    for h in $lost; do rm -rf "$CKPT_ROOT/node.$h"; done
-    left=""; for h in $spares; do has "$lost" $h || left="$left $h"; done; spares=$left
-    r=0 relaunch="" moved=""
-    for h in $hosts; do
-        if has "$lost" $h; then
-            set -- $spares
-            [ $# -gt 0 ] || { say "rank $r lost its node $h and no spare is left: giving up"; exit 75; }
-            p=$(echo $hosts | cut -d' ' -f$(( (r + 1) % n + 1 )))
-            has "$lost" $p && { say "rank $r lost its node $h and its partner copy on $p: giving up"; exit 75; }
-            if cp "$CKPT_ROOT/node.$p/partner.$r" "$CKPT_ROOT/node.$1/ckpt.$r" 2>/dev/null; then
-                say "rebuilt rank $r's checkpoint (step $(cat "$CKPT_ROOT/node.$1/ckpt.$r")) on $1 from its partner copy on $p"
-            else
-                say "no partner copy of rank $r on $p: rank $r starts over on $1"
-            fi
-            h=$1 moved=1; shift; spares=$*
-        fi
-        relaunch="$relaunch $h" r=$((r + 1))
-    done
-    [ -n "$moved" ] || exit $rc
-    hosts=$relaunch launch=$((launch + 1))
-done
-"#;
 
 /// What app.sh calls of `vigil` (`getattr hostname`), for its Slurm runs.
 const VIGIL_SHIM: &str =
@@ -283,16 +237,14 @@ fn slurm_measure(vigil: &Path, timeout_s: u64, steps: u32, t: &mut Trial) -> Res
     up.arg("netns").arg(&dir).arg(&net.name).arg(NODES.to_string());
     up.env("SLURM_EXTRA_CONF", format!("SlurmdTimeout={timeout_s}"));
     out_of(up, "slurm-cluster.sh netns", 120)?;
-    let script = work.join("job.sh");
+    let vigil_shim = shim.join("vigil");
     use std::os::unix::fs::PermissionsExt;
-    for (f, text) in [(&script, SLURM_SCRIPT), (&shim.join("vigil"), VIGIL_SHIM)] {
-        std::fs::write(f, text).map_err(|e| format!("{}: {e}", f.display()))?;
-        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o755))
-            .map_err(|e| format!("{}: {e}", f.display()))?;
-    }
+    std::fs::write(&vigil_shim, VIGIL_SHIM).map_err(|e| format!("{}: {e}", vigil_shim.display()))?;
+    std::fs::set_permissions(&vigil_shim, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| format!("{}: {e}", vigil_shim.display()))?;
     let mut c = s.cmd(&["sbatch", "--parsable", "--no-kill", "-N6", "--exclusive", "-o"]);
-    c.arg(work.join("slurm-%j.out")).arg(&script).current_dir(&work);
-    c.env("APP", examples().join("app.sh")).env("STEPS", steps.to_string()).env("CKPT_ROOT", &root);
+    c.arg(work.join("slurm-%j.out")).arg(examples().join("batch.sh")).arg(examples().join("app.sh"));
+    c.arg(steps.to_string()).current_dir(&work).env("CKPT_SCHED", "slurm").env("CKPT_ROOT", &root);
     c.env("STEP_S", STEP_S).env("PATH", format!("{}:{}", shim.display(), std::env::var("PATH").unwrap_or_default()));
     let id = out_of(c, "sbatch", 60)?.trim().to_string();
     let out_path = work.join(format!("slurm-{id}.out"));
@@ -409,10 +361,10 @@ fn markdown(series: &[Series], a: &CkptArgs, load: Option<f64>, took_s: f64) -> 
         }
     ));
     md.push_str(
-        "\np99 is nearest-rank: with fewer than 100 trials it is the maximum. Slurm's script is \
-         `examples/ckpt/batch.sh` with Slurm's commands (`sinfo -t down` to learn the lost node, `srun \
-         --exclude=LOST --distribution=arbitrary` with `SLURM_HOSTFILE` to put each rank with its checkpoint) \
-         around the same `app.sh`; its first launch ends only when slurmctld sets the silent node down, which \
+        "\np99 is nearest-rank: with fewer than 100 trials it is the maximum. Slurm runs the same \
+         `examples/ckpt/batch.sh` with `CKPT_SCHED=slurm`, its Slurm commands (`sinfo -t down` to learn the lost \
+         node, `srun --exclude=LOST --distribution=arbitrary` with `SLURM_HOSTFILE` to put each rank with its \
+         checkpoint) around the same `app.sh`; its first launch ends only when slurmctld sets the silent node down, which \
          follows `SlurmdTimeout`. The SlurmdTimeout=300 s series has 2 trials by default (`--slurm-trials 20,2`): \
          each takes 6-7 minutes, so 20 would take over two hours.\n",
     );

@@ -6,32 +6,71 @@
 # the batch host's does under any batch system): the ranks run on the N+1 other nodes, the last one being the spare.
 # Usage: vigil batch -N$((N+2)) batch.sh APP STEPS   (environment: CKPT_ROOT, a directory every node sees; STEP_S)
 # Exit code: the last launch's (0: every rank completed; 3: app.sh found a rank resuming from older than its last
-# complete checkpoint); 75 (EX_TEMPFAIL) if a rank's node was lost with no spare left, or with its partner's node.
+# complete checkpoint); 75 (EX_TEMPFAIL) if a rank's node was lost with no spare left, or with its partner's node;
+# 64 (EX_USAGE) for a CKPT_SCHED it does not know.
+#
+# The few commands that differ between batch systems are the functions below, chosen by CKPT_SCHED: `vigil` (the
+# default), or `slurm` (the default inside a Slurm job: `sbatch --no-kill -N$((N+2)) batch.sh APP STEPS`, which
+# vigil-bench ckpt runs beside Vigil; app.sh then needs a `vigil` on PATH that answers `getattr hostname`).
 set -u
 app=$1 steps=$2
 say() { echo "$(date +%s.%N) $*"; }
 has() { case " $1 " in *" $2 "*) return 0 ;; esac; return 1; }
-others=$(vigil hostlist -e -x "$(vigil getattr hostname)" "$VIGIL_JOB_NODELIST")
+sched=${CKPT_SCHED:-$([ -n "${SLURM_JOB_NODELIST:-}" ] && echo slurm || echo vigil)}
+case $sched in
+vigil)
+    # The allocation's nodes but this one, one a word.
+    other_nodes() { vigil hostlist -e -x "$(vigil getattr hostname)" "$VIGIL_JOB_NODELIST"; }
+    # Hosts as one compressed host list, for the log.
+    compress() { vigil hostlist "$@"; }
+    # Each node's storage, reached from the others as $CKPT_ROOT/node.HOST. On a cluster the partner copies and the
+    # rebuild go over the network (SCR's go over MPI); the nodes of ci/netns-cluster.sh share a file system, where a
+    # link to each node's VIGIL_ALLOC_TMPDIR stands in for that.
+    storage() {
+        vigil run -N$# -n$# -w "$(vigil hostlist "$@")" \
+            sh -c 'ln -s "$VIGIL_ALLOC_TMPDIR" "$CKPT_ROOT/node.$(vigil getattr hostname)"'
+    }
+    hostfile=$VIGIL_ALLOC_TMPDIR/hosts
+    # The application on $hosts, rank r on line r+1 of $hostfile.
+    launch_app() { CKPT_HOSTS="$hosts" vigil run -N$n -n$n --taskmap=hostfile:"$hostfile" "$app" "$steps"; }
+    # The nodes this instance lost (it never gets them back), one a word.
+    lost_nodes() { vigil resource status -s lost,down -no '{nodelist}' | vigil hostlist -e -; }
+    ;;
+slurm)
+    other_nodes() { scontrol show hostnames "$SLURM_JOB_NODELIST" | grep -vx "$(hostname)" | tr '\n' ' '; }
+    compress() { echo "$*"; }
+    # No per-allocation node-local directory there: a directory of CKPT_ROOT for each node.
+    storage() { for h in "$@"; do mkdir -p "$CKPT_ROOT/node.$h"; done; }
+    hostfile=$CKPT_ROOT/hosts
+    # app.sh's Vigil variables from Slurm's; the lost nodes excluded, or srun waits for them.
+    launch_app() {
+        SLURM_HOSTFILE=$hostfile CKPT_HOSTS="$hosts" srun --overlap -n$n --distribution=arbitrary \
+            ${lost:+--exclude=$(echo $lost | tr ' ' ,)} sh -c 'VIGIL_TASK_RANK=$SLURM_PROCID \
+            VIGIL_JOB_SIZE=$SLURM_NTASKS VIGIL_ALLOC_TMPDIR=$CKPT_ROOT/node.$(hostname) exec "$0" "$1"' "$app" "$steps"
+    }
+    lost_nodes() { sinfo -h -N -t down,drain,fail -n "$SLURM_JOB_NODELIST" -o %N | sort -u | tr '\n' ' '; }
+    ;;
+*) echo "batch.sh: CKPT_SCHED=$sched: vigil or slurm expected" >&2; exit 64 ;;
+esac
+
+others=$(other_nodes)
 n=$(( $(echo $others | wc -w) - 1 ))
-hosts=$(vigil hostlist -e -L $n $others)    # rank r runs on the (r+1)-th of them
-spares=$(vigil hostlist -e -L -1 $others)
-# Each node's storage, reached from the others as $CKPT_ROOT/node.HOST. On a cluster the partner copies and the
-# rebuild go over the network (SCR's go over MPI); the nodes of ci/netns-cluster.sh share a file system, where a link
-# to each node's VIGIL_ALLOC_TMPDIR stands in for that. A lost node's link is removed: its storage went with it.
-rm -f "$CKPT_ROOT"/node.* "$CKPT_ROOT"/complete.*
-vigil run -N$((n + 1)) -n$((n + 1)) -w "$(vigil hostlist $others)" \
-    sh -c 'ln -s "$VIGIL_ALLOC_TMPDIR" "$CKPT_ROOT/node.$(vigil getattr hostname)"' || exit 1
-launch=1
+hosts=$(echo $others | cut -d' ' -f1-$n)    # rank r runs on the (r+1)-th of them
+spares=$(echo $others | cut -d' ' -f$((n + 1))-)
+# A lost node's storage is removed with it.
+rm -rf "$CKPT_ROOT"/node.* "$CKPT_ROOT"/complete.*
+storage $others || exit 1
+launch=1 lost=""
 while :; do
-    printf '%s\n' $hosts > "$VIGIL_ALLOC_TMPDIR/hosts"    # line r+1: the node of rank r
-    say "launch $launch: ranks 0-$((n - 1)) on $(vigil hostlist $hosts), spare: ${spares:-none}"
-    CKPT_HOSTS="$hosts" vigil run -N$n -n$n --taskmap=hostfile:"$VIGIL_ALLOC_TMPDIR/hosts" "$app" "$steps"
+    printf '%s\n' $hosts > "$hostfile"    # line r+1: the node of rank r
+    say "launch $launch: ranks 0-$((n - 1)) on $(compress $hosts), spare: ${spares:-none}"
+    launch_app
     rc=$?
     say "launch $launch ended with exit code $rc"
-    # Which nodes died, if any: this instance never gets them back.
-    lost=$(vigil resource status -s lost,down -no '{nodelist}' | vigil hostlist -e -)
+    # Which nodes died, if any.
+    lost=$(lost_nodes)
     say "lost nodes: ${lost:-none}"
-    for h in $lost; do rm -f "$CKPT_ROOT/node.$h"; done
+    for h in $lost; do rm -rf "$CKPT_ROOT/node.$h"; done
     left=""; for h in $spares; do has "$lost" $h || left="$left $h"; done; spares=$left
     r=0 relaunch="" moved=""
     for h in $hosts; do
