@@ -710,17 +710,17 @@ impl Shell {
         }
 
         let mut sigs = Vec::new();
-        for k in [
-            tokio::signal::unix::SignalKind::terminate(),
-            tokio::signal::unix::SignalKind::interrupt(),
-            tokio::signal::unix::SignalKind::hangup(),
-            tokio::signal::unix::SignalKind::user_defined1(),
-            tokio::signal::unix::SignalKind::user_defined2(),
-        ] {
+        for name in vigil_proto::shellproto::SHELL_FORWARDED_SIGNALS {
+            let Ok(sig) = name.parse::<nix::sys::signal::Signal>() else { continue };
+            let k = tokio::signal::unix::SignalKind::from_raw(sig as i32);
             if let Ok(s) = tokio::signal::unix::signal(k) {
                 sigs.push((k.as_raw_value(), s));
             }
         }
+        // A task gets SIGTERM from its shell once: when this shell already sent it (its job failed here), the
+        // exec system's SIGTERM for the same failure, which follows, is not passed on a second time (a task
+        // that takes a second SIGTERM as "quit now" would skip its clean-up). SIGKILL follows at the kill timeout.
+        let mut termed = false;
         let (sig_tx, mut sig_rx) = mpsc::unbounded_channel::<i32>();
         for (num, mut s) in sigs {
             let tx = sig_tx.clone();
@@ -818,9 +818,14 @@ impl Shell {
                     None => break,
                 },
                 Some(sig) = sig_rx.recv() => {
-                    for p in &pids {
-                        // SAFETY: plain kill(2) on a child pid we spawned.
-                        unsafe { libc::kill(*p, sig) };
+                    if sig == libc::SIGTERM && std::mem::replace(&mut termed, true) {
+                        continue;
+                    }
+                    if signal_own_group(sig) == 0 {
+                        for p in &pids {
+                            // SAFETY: plain kill(2) on a child pid we spawned.
+                            unsafe { libc::kill(*p, sig) };
+                        }
                     }
                 }
             }
@@ -861,9 +866,11 @@ impl Shell {
                             &serde_json::json!({"id": id, "type": "exec", "severity": 0, "note": note,
                                 "rank": self.input.broker_rank}),
                         );
-                        for p in &pids {
-                            // SAFETY: plain kill(2) on a child pid we spawned.
-                            unsafe { libc::kill(*p, libc::SIGTERM) };
+                        if !std::mem::replace(&mut termed, true) && signal_own_group(libc::SIGTERM) == 0 {
+                            for p in &pids {
+                                // SAFETY: plain kill(2) on a child pid we spawned.
+                                unsafe { libc::kill(*p, libc::SIGTERM) };
+                            }
                         }
                     }
                 }
@@ -909,10 +916,18 @@ impl Shell {
     }
 }
 
-/// SIGKILL to every process of this shell's process group but the shell itself: the job's tasks and whatever they
-/// started without leaving the group (the broker started the shell as the leader of a group of its own). Found
-/// through `/proc/PID/stat` (its fifth field is the process group); returns how many were signalled.
+/// SIGKILL to every process of this shell's process group but the shell itself ([`signal_own_group`]).
 fn kill_own_group() -> usize {
+    signal_own_group(libc::SIGKILL)
+}
+
+/// Signal `sig` to every process of this shell's process group but the shell itself: the job's tasks and whatever
+/// they started without leaving the group (the broker started the shell as the leader of a group of its own), so
+/// that each gets one copy (the broker signals the shell alone for the signals it passes on,
+/// [`vigil_proto::shellproto::SHELL_FORWARDED_SIGNALS`]). Found through `/proc/PID/stat` (its fifth field is the
+/// process group); returns how many were signalled: 0 when this shell does not lead a group of its own (started
+/// by hand), and the caller then signals its tasks one by one.
+fn signal_own_group(sig: i32) -> usize {
     // SAFETY: getpgrp and getpid have no preconditions and cannot fail.
     let (pgrp, me) = unsafe { (libc::getpgrp(), libc::getpid()) };
     if pgrp != me {
@@ -930,7 +945,7 @@ fn kill_own_group() -> usize {
         let group = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(2)?.parse::<i32>().ok());
         if group == Some(pgrp) {
             // SAFETY: plain kill(2) on a process of our own process group.
-            if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {
+            if unsafe { libc::kill(pid, sig) } == 0 {
                 n += 1;
             }
         }

@@ -152,6 +152,44 @@ fn cancel_kills_the_job_and_records_it() {
     assert_eq!(row.split_whitespace().nth(3), Some("CA"), "{row}");
 }
 
+/// A canceled job's tasks get SIGTERM once each, and so does what they started in the background (found by a user
+/// whose tasks counted their signals: the broker signaled the shell's process group, which holds the tasks, and
+/// the shell passed the signal on too, so a task got it twice, microseconds apart, whenever it ran in between; a
+/// task that takes a second SIGTERM as "quit now" skips its clean-up). Each task waits in bash's `wait`, which
+/// runs its trap as soon as a signal comes, so a second copy is counted rather than merged with the first.
+#[test]
+fn a_canceled_jobs_tasks_get_sigterm_once() {
+    let inst = Instance::start(2, &[]);
+    let marker = format!("100.{}", unique_token());
+    let dir = std::env::temp_dir().join(format!("vigil-sigterm-{}", unique_token()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = format!(
+        "exec >> {}/$VIGIL_TASK_RANK 2>&1; n=0; trap 'n=$((n+1)); echo TERM $n' TERM; \
+         sh -c 'trap \"echo child TERM; exit 0\" TERM; sleep {marker} & wait' & \
+         echo ready; while [ $n -eq 0 ]; do sleep 5 & wait $!; done; \
+         t=0; while [ $t -lt 20 ]; do sleep 0.05 & wait $!; t=$((t+1)); done; wait; echo done $n",
+        dir.display()
+    );
+    let out = || {
+        let mut all = String::new();
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            all += &std::fs::read_to_string(e.path()).unwrap_or_default();
+        }
+        all
+    };
+    let id = inst.submit(&["-N2", "-n4", "-o", "kill-timeout=10s", "bash", "-c", &script]);
+    assert!(wait_for(CMD_TIMEOUT, || out().matches("ready").count() == 4), "tasks never all ready: {}", out());
+    inst.vigil(&["cancel", &id]).ok();
+    let w = inst.vigil_t(&["job", "wait", &id], Duration::from_secs(20));
+    assert!(!w.timed_out, "{}", w.dump());
+    let out = out();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(out.matches("TERM 1").count(), 4, "each task got SIGTERM: {out}");
+    assert_eq!(out.matches("TERM 2").count(), 0, "a task got SIGTERM twice: {out}");
+    assert_eq!(out.matches("child TERM").count(), 4, "what a task started got SIGTERM: {out}");
+    assert_eq!(out.matches("done 1").count(), 4, "{out}");
+}
+
 /// Fill all 4 cores of a 2-broker instance with one running job: (its id, the marker in its `sleep` argument).
 fn fill_the_cores(inst: &Instance) -> (String, String) {
     let marker = format!("100.{}", unique_token());

@@ -174,6 +174,12 @@ pub struct ShellInput {
     pub placement: Option<ShellPlacement>,
 }
 
+/// Signals a job shell catches and passes on to each of its tasks (by name, as `kill -l` spells them). The broker
+/// sends these to the shell process alone, so that each task gets one copy: sent to the shell's process group,
+/// which holds the tasks too, every task got the signal twice (once from the group, once passed on by its shell).
+/// Other signals (SIGKILL, SIGSTOP, SIGCONT, ...) go to the whole group, which the shell does not relay.
+pub const SHELL_FORWARDED_SIGNALS: [&str; 5] = ["SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2"];
+
 /// Environment variable naming a job's allocation directory on the task's node: node-local storage that every
 /// job of a batch or alloc allocation sees, and that lasts until the allocation ends (the place for checkpoints).
 pub const ALLOC_TMPDIR_ENV: &str = "VIGIL_ALLOC_TMPDIR";

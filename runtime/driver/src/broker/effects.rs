@@ -94,8 +94,14 @@ impl Driver {
             }
             Effect::SignalShell { id, signal } => {
                 if let Some(&pgid) = self.shells.get(&id) {
-                    // SAFETY: killpg with a pgid we created (the shell's own group) and a plain signal number.
-                    unsafe { libc::killpg(pgid, signal) };
+                    if shell_forwards(signal) {
+                        // The shell leads its group (pid == pgid) and passes the signal on to each task.
+                        // SAFETY: kill(2) on the shell we started, with a plain signal number.
+                        unsafe { libc::kill(pgid, signal) };
+                    } else {
+                        // SAFETY: killpg with a pgid we created (the shell's own group) and a plain signal number.
+                        unsafe { libc::killpg(pgid, signal) };
+                    }
                 }
             }
             Effect::KillShells => {
@@ -489,5 +495,28 @@ impl ShellProcess {
         let pidfd = s.pidfd;
         let exit = Box::pin(async move { super::spawn::wait(pid, pidfd).await.unwrap_or(UNKNOWN_STATUS) });
         Ok(ShellProcess { pid, stdin: Some(Box::new(stdin)), stdout: Some(Box::new(stdout)), exit })
+    }
+}
+
+/// Whether a job shell relays `signal` to its tasks itself ([`vigil_proto::shellproto::SHELL_FORWARDED_SIGNALS`]):
+/// then the broker signals the shell alone, else the shell's whole process group.
+fn shell_forwards(signal: i32) -> bool {
+    vigil_proto::shellproto::SHELL_FORWARDED_SIGNALS
+        .iter()
+        .any(|name| name.parse::<nix::sys::signal::Signal>().is_ok_and(|s| s as i32 == signal))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shell_forwards;
+
+    #[test]
+    fn the_shell_alone_gets_what_it_passes_on_the_group_gets_the_rest() {
+        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR1, libc::SIGUSR2] {
+            assert!(shell_forwards(s), "signal {s}");
+        }
+        for s in [libc::SIGKILL, libc::SIGSTOP, libc::SIGCONT, libc::SIGQUIT, 0, -1, 999] {
+            assert!(!shell_forwards(s), "signal {s}");
+        }
     }
 }
