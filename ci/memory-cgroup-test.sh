@@ -39,13 +39,13 @@ oom=$(vigil submit -o memory=64M python3 -c 'b = bytearray(256 << 20); print(len
 vigil job attach "$oom" 2> "$T/oom.err"
 echo "oom-rc=$?"
 cat "$T/oom.err"
-vigil job info "$oom" > "$T/oom.info"
+vigil job info --json "$oom" > "$T/oom.info"
 vigil job eventlog "$oom" > "$T/oom.eventlog"
 # 32 MiB under 128 MiB: runs, its peak recorded.
 ok=$(vigil submit -o memory=128M python3 -c 'b = bytearray(32 << 20); print(len(b))')
 vigil job attach "$ok"
 echo "ok-rc=$?"
-vigil job info "$ok" > "$T/ok.info"
+vigil job info --json "$ok" > "$T/ok.info"
 EOF
 sed -i "s|\$T|$T|g" "$T/initial.sh"
 chmod +x "$T/initial.sh"

@@ -1086,8 +1086,8 @@ exit $rc
     );
 
     // The child reports its URI in a memo event, which may land just after its initial program started.
-    let uri = || c.json(&["job", "info", &id])["info"]["instance"]["uri"].as_str().map(str::to_string);
-    assert!(wait_for(VERDICT, || uri().is_some()), "no child uri: {}", c.json(&["job", "info", &id]));
+    let uri = || c.json(&["job", "info", "--json", &id])["info"]["instance"]["uri"].as_str().map(str::to_string);
+    assert!(wait_for(VERDICT, || uri().is_some()), "no child uri: {}", c.json(&["job", "info", "--json", &id]));
     let child_uri = uri().unwrap_or_default();
     let t_kill = c.kill_node(kill);
     // Wait until both the parent and the child know.

@@ -390,12 +390,33 @@ fn jobspec_files_yaml_and_json() {
     let mut l = a.lines();
     l.sort_unstable();
     assert_eq!(l, vec!["json-0-/", "json-1-/"], "{}", a.dump());
-    // The stored jobspec and R are what was asked for.
-    let info = inst.vigil(&["job", "info", &id]);
+    // The stored jobspec and R are what was asked for (`--json`: the reply as it is, for scripts).
+    let info = inst.vigil(&["job", "info", "--json", &id]);
     info.ok();
     let v = info.json();
     assert_eq!(v["jobspec"]["resources"][0]["type"].as_str(), Some("node"), "{v}");
     assert_eq!(v["info"]["nnodes"].as_u64(), Some(2), "{v}");
+    assert_eq!(info.stdout.trim_end(), serde_json::to_string_pretty(&v).unwrap(), "pretty-printed, as before");
+    // Without it, the same record for people: aligned `key: value` lines.
+    let h = inst.vigil(&["job", "info", &id]);
+    h.ok();
+    let i = &v["info"];
+    let want = [
+        format!("id:         {} ({})", i["id_f58"].as_str().unwrap(), i["id"]),
+        "state:      INACTIVE".to_string(),
+        "result:     COMPLETED, exit code 0".to_string(),
+        "exception:  -".to_string(),
+        "nodes:      2".to_string(),
+        format!("nodelist:   {} (ranks 0-1)", i["nodelist"].as_str().unwrap()),
+        "lost:       -".to_string(),
+        "tasks:      2, task map [[0,2,1,1]]".to_string(),
+        "time limit: none".to_string(),
+    ];
+    for w in &want {
+        assert!(h.stdout.lines().any(|l| l == w), "{w:?} expected:\n{}", h.dump());
+    }
+    assert!(h.stdout.lines().all(|l| l.len() > 12 && l.as_bytes()[11] == b' '), "aligned:\n{}", h.dump());
+    assert!(serde_json::from_str::<serde_json::Value>(&h.stdout).is_err(), "{}", h.dump());
 
     // From stdin.
     let mut c = inst.cmd();

@@ -206,6 +206,15 @@ fn batch_survives_its_non_critical_broker_killed() {
     assert_eq!((i["nnodes"].as_u64(), i["nnodes_current"].as_u64()), (Some(2), Some(1)), "{info}");
     assert_eq!(i["lost_ranks"], c["ranks"], "{info}");
     assert_eq!(i["lost_nodelist"], c["hosts"], "{info}");
+    // For people: the node counts now and at start, the lost node by host and rank.
+    let h = inst.vigil(&["job", "info", &id]);
+    h.ok();
+    let lost = format!("lost:       {} (rank {})", c["hosts"].as_str().unwrap(), c["ranks"].as_str().unwrap());
+    for w in ["nodes:      1 now, 2 at start", lost.as_str(), "result:     COMPLETED, exit code 0"] {
+        assert!(h.stdout.lines().any(|l| l == w), "{w:?} expected:\n{}", h.dump());
+    }
+    let uri = i["instance"]["uri"].as_str().unwrap_or("?");
+    assert!(h.stdout.lines().any(|l| l == format!("instance:   {uri}")), "{}", h.dump());
 }
 
 /// The exceptions in job `id`'s eventlog, as (severity, note).

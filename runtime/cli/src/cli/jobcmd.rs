@@ -936,6 +936,15 @@ pub struct JobsArgs {
     pub json: bool,
 }
 
+/// The login name of user id `uid`, or its number if it has none.
+fn user_name(uid: u32) -> String {
+    nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+        .ok()
+        .flatten()
+        .map(|u| u.name)
+        .unwrap_or_else(|| uid.to_string())
+}
+
 fn short_state(j: &Value) -> &'static str {
     match (j["state"].as_str().unwrap_or(""), j["result"].as_str()) {
         ("NEW", _) => "N",
@@ -965,12 +974,7 @@ pub(crate) async fn jobs(a: JobsArgs) -> Result<i32, String> {
         "JOBID", "USER", "NAME", "ST", "NTASKS", "NNODES", "TIME"
     );
     for j in r["jobs"].as_array().cloned().unwrap_or_default() {
-        let uid = j["userid"].as_u64().unwrap_or(0) as u32;
-        let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
-            .ok()
-            .flatten()
-            .map(|u| u.name)
-            .unwrap_or_else(|| uid.to_string());
+        let user = user_name(j["userid"].as_u64().unwrap_or(0) as u32);
         let t_run = j["t_run"].as_f64();
         // How long its tasks ran: to their end (as their node saw it), else to the job's end, else now.
         let t_end = j["t_finish"].as_f64().or_else(|| j["t_inactive"].as_f64()).unwrap_or(now);
@@ -1123,7 +1127,8 @@ pub enum JobCmd {
     Info {
         /// Job id.
         id: String,
-        /// The output is JSON with or without it (accepted as `vigil jobs --json` takes it).
+        /// Print the reply as JSON (the job's record under "info", its "jobspec" and "R"), for scripts; without
+        /// it, the record as aligned `key: value` lines for people.
         #[arg(long)]
         json: bool,
     },
@@ -1282,11 +1287,15 @@ pub(crate) async fn job(cmd: JobCmd) -> Result<i32, String> {
         }
         JobCmd::Cancel(a) => cancel(a).await,
         JobCmd::Purge(a) => purge(a).await,
-        JobCmd::Info { id, json: _ } => {
+        JobCmd::Info { id, json } => {
             let id = parse_id(&id)?;
             let c = connect().await?;
             let r = c.rpc("job-manager.info", 0, &json!({"id": id.0})).await.map_err(|e| e.errstr)?;
-            println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+            } else {
+                print!("{}", super::jobinfo::human(&r["info"], crate::broker_now(), user_name));
+            }
             Ok(0)
         }
     }

@@ -8,6 +8,7 @@
 
 mod hostlist;
 mod jobcmd;
+mod jobinfo;
 mod nested;
 mod start;
 mod status;

@@ -394,7 +394,7 @@ impl Instance {
     /// `vigil job info ID` as JSON.
     #[track_caller]
     pub(crate) fn job_info(&self, id: &str) -> serde_json::Value {
-        let o = self.vigil(&["job", "info", id]);
+        let o = self.vigil(&["job", "info", "--json", id]);
         o.ok();
         o.json()
     }
