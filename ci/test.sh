@@ -87,6 +87,9 @@ done
 for s in 1 2 3 4 7; do
     target/ci/vigil-bench sim --brokers 1024 --topo kary:8 --scenario restart --seed "$s"
 done
+# Found at 256 brokers: an orphan whose live candidates were all full (16 children each) and the rest dead is
+# adopted by rank 0 as a last resort, not cut off (docs/failure-detection.md, "Last resort"; about 4 s).
+target/ci/vigil-bench sim --brokers 256 --topo kary:8 --scenario restart --seed 6
 target/ci/vigil-bench sim --brokers 1024 --topo flat --scenario restart --seed 1
 # Under load (`overload`: links queueing up to 200 ms and losing 5 % of probes, a fifth of the nodes starved up to
 # 300 ms at a time, half of them without a kernel responder): no live broker is ever declared lost, every dead one is

@@ -140,7 +140,8 @@ pub(crate) fn run(a: &SimArgs, out_dir: Option<PathBuf>) -> i32 {
             println!(
                 "  re-parents {} after {} losses ({} µs links): loss → reachable {} ms; rank 0's verdict → reachable \
                  {} ms; orphan's verdict → reachable {} ms; loss → orphan's verdict {} ms (median / p99 / max); \
-                 per loss, all orphans reachable {} ms (median / max); max candidates asked {}; max children {}",
+                 per loss, all orphans reachable {} ms (median / max); max candidates asked {}; max children {}; \
+                 adopted by rank 0 as a last resort {}",
                 f["reparents"],
                 f["losses"],
                 a.latency_us,
@@ -151,6 +152,7 @@ pub(crate) fn run(a: &SimArgs, out_dir: Option<PathBuf>) -> i32 {
                 triple(&f["loss_to_all_reachable_ms"]),
                 f["max_attempts"],
                 r["max_children"],
+                f["last_resort"],
             );
         }
         if let Some(f) = r.get("restarts").filter(|f| !f.is_null()) {

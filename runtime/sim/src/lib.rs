@@ -222,6 +222,8 @@ pub struct ReparentFigures {
     pub max_attempts: u32,
     /// The most children any broker had at once, and its rank.
     pub max_children: (u32, u32),
+    /// Orphans rank 0 adopted on their last round (every live candidate was full; `reparent.rs`, "Last resort").
+    pub last_resort: u32,
 }
 
 /// A fault to inject.
@@ -386,8 +388,11 @@ pub(crate) struct ReparentWatch {
     /// with how many.
     pub over_limit: BTreeMap<u32, usize>,
     /// Ranks that had more children than their static ones plus the adoption limit (a returning static child
-    /// is accepted whatever the count: its static parent is its only way back), with how many.
+    /// is accepted whatever the count: its static parent is its only way back), with how many; rank 0's
+    /// last-resort adoptees do not count.
     pub over_bound: BTreeMap<u32, usize>,
+    /// Orphans rank 0 adopted on their last round (`last_resort`), each time: past its limit if it was still full.
+    pub last_resort: u32,
 }
 
 /// One simulated node.
@@ -433,6 +438,8 @@ struct LinkState {
     parent: u32,
     /// Opened by a hello asking to be adopted: a refusal sends the child on to its next candidate.
     adopt: bool,
+    /// That hello was the orphan's last round (`last_resort`): rank 0 may adopt it past its limit.
+    last_resort: bool,
     /// The parent's socket is open.
     at_parent: bool,
     /// The child's socket is open.
@@ -591,6 +598,7 @@ fn kind(i: &Input) -> u64 {
         Input::Start => 1,
         Input::ParentUp(_) => 2,
         Input::ParentFailed(_) => 19,
+        Input::ParentRefused { full, .. } => 23 + u64::from(*full) * 256,
         Input::Message(p, _, m) => 3 + (m.msgtype as u64) * 16 + peer_code(*p) * 256 + u64::from(m.matchtag) * 4096,
         Input::Closed(p, ..) => 4 + peer_code(*p) * 256,
         Input::Bounced(..) => 5,
@@ -919,21 +927,22 @@ impl Sim {
     /// A child starts connecting: its hello reaches the parent after the link's latency.
     fn connect(&mut self, n: u32) {
         let Some(p) = self.cfg.topo.parent(self.cfg.brokers, n) else { return };
-        self.connect_to(n, p, None);
+        self.connect_to(n, p, None, false);
     }
 
     /// Rank `n` connects to rank `p` as its parent (asking to be adopted when its parent `adopt` was lost).
-    fn connect_to(&mut self, n: u32, p: u32, adopt: Option<u32>) {
+    fn connect_to(&mut self, n: u32, p: u32, adopt: Option<u32>, last_resort: bool) {
         if self.nodes[n as usize].broker.is_none() {
             return;
         }
         let conn = self.next_conn;
         self.next_conn += 1;
-        self.links.insert(n, LinkState { conn, parent: p, adopt: adopt.is_some(), at_parent: false, at_child: true });
+        let link = LinkState { conn, parent: p, adopt: adopt.is_some(), last_resort, at_parent: false, at_child: true };
+        self.links.insert(n, link);
         let mut body =
             crate::broker::liveness::hello_payload(n, "sim", self.cfg.brokers, &self.cfg.topo, &format!("node{n}"));
         if let Some(l) = adopt {
-            body["adopt"] = serde_json::json!(l);
+            crate::broker::reparent::ask_adoption(&mut body, l, last_resort);
         }
         let hello = Message::control("hello", &body);
         let lat = self.cfg.latency;
@@ -1115,11 +1124,18 @@ impl Sim {
     fn children_grew(&mut self, n: u32) {
         let Some(b) = self.broker(n) else { return };
         let c = b.children.len();
+        // Rank 0's last resort (reparent.rs): past its limit, one child per orphan that every live candidate
+        // refused for capacity.
+        let last_resort = if n == 0 {
+            self.links.iter().filter(|(r, l)| l.parent == 0 && l.last_resort && b.children.contains_key(*r)).count()
+        } else {
+            0
+        };
         if c > self.watch.max_children.0 {
             self.watch.max_children = (c, n);
         }
         let (topo, size) = (self.cfg.topo, self.cfg.brokers);
-        let bound = crate::broker::reparent::adopt_limit(topo, size, n) + topo.children(size, n).len();
+        let bound = crate::broker::reparent::adopt_limit(topo, size, n) + topo.children(size, n).len() + last_resort;
         if c > bound {
             let worst = self.watch.over_bound.entry(n).or_insert(0);
             *worst = (*worst).max(c);
@@ -1251,10 +1267,10 @@ impl Sim {
                 self.at(at, Ev::Input(to, Input::Message(seen_as, conn, m)));
             }
             Effect::AcceptChild { conn, rank } => {
-                let adopt = match self.links.get_mut(&rank) {
+                let (adopt, last_resort) = match self.links.get_mut(&rank) {
                     Some(l) if l.conn == conn => {
                         l.at_parent = true;
-                        l.adopt
+                        (l.adopt, l.last_resort)
                     }
                     _ => {
                         // A hello read late (this broker was stopped) from a child that gave up on this link or
@@ -1273,7 +1289,11 @@ impl Sim {
                     }
                 };
                 let children = self.broker(n).map_or(0, |b| b.children.len());
-                if adopt && children > crate::broker::reparent::adopt_limit(self.cfg.topo, self.cfg.brokers, n) {
+                let limit = crate::broker::reparent::adopt_limit(self.cfg.topo, self.cfg.brokers, n);
+                if adopt && n == 0 && last_resort {
+                    // Rank 0's last resort (reparent.rs): past its limit if it is still full.
+                    self.watch.last_resort += 1;
+                } else if adopt && children > limit {
                     let worst = self.watch.over_limit.entry(n).or_insert(0);
                     *worst = (*worst).max(children);
                 }
@@ -1298,11 +1318,11 @@ impl Sim {
                     }
                 }
             }
-            Effect::RefuseChild { conn, why } => {
+            Effect::RefuseChild { conn, why, full } => {
                 if let Some((&child, l)) = self.links.iter().find(|(_, l)| l.conn == conn) {
                     if l.adopt {
                         self.links.remove(&child);
-                        self.after(lat, Ev::Input(child, Input::ParentFailed(why)));
+                        self.after(lat, Ev::Input(child, Input::ParentRefused { why, full }));
                         return;
                     }
                     self.links.remove(&child);
@@ -1311,7 +1331,7 @@ impl Sim {
                 }
             }
             Effect::DropLink(Peer::Parent, _) => self.close_end(n, n, "EOF"),
-            Effect::ConnectParent { rank: p, lost, timeout } => {
+            Effect::ConnectParent { rank: p, lost, timeout, last_resort } => {
                 let now = self.now;
                 let open = self.watch.open.entry(n).or_insert((lost, now, 0, 0));
                 if open.0 != lost {
@@ -1333,7 +1353,7 @@ impl Sim {
                     self.after(lat * 2, Ev::Input(n, Input::ParentFailed("connection refused".into())));
                 } else {
                     let conn = self.next_conn;
-                    self.connect_to(n, p, Some(lost));
+                    self.connect_to(n, p, Some(lost), last_resort);
                     self.after(timeout, Ev::ConnectDeadline(n, conn));
                 }
             }
@@ -1961,6 +1981,7 @@ fn describe_input(i: &Input) -> String {
         Input::Hello { conn, msg, .. } => format!("hello conn {conn}: {}", describe_msg(msg)),
         Input::Closed(p, c, why) => format!("closed {p:?} conn {c}: {why}"),
         Input::ParentFailed(why) => format!("parent failed: {why}"),
+        Input::ParentRefused { why, full } => format!("parent refused (full: {full}): {why}"),
         Input::ParentUp(_) => "parent up".into(),
         Input::Probe(r, s) => format!("probe {r}: {s:?}"),
         Input::Timer => "timer".into(),

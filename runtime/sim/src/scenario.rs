@@ -43,7 +43,8 @@
 //! there, and rank 0's view of every rank matches what runs; no broker on a live node exits; with re-parenting,
 //! no rank is ever declared lost unless it died or its own link was cut; no broker adopts past
 //! `reparent::adopt_limit` (twice the fanout) nor ever holds more children than its static ones plus that limit
-//! (a restarted static child is never refused); every orphan that re-parents answers a ping from rank 0 within
+//! (a restarted static child is never refused), except rank 0's last resort: an orphan every live candidate
+//! refused for capacity (`reparent.rs`, "Last resort"; counted as `last_resort`); every orphan that re-parents answers a ping from rank 0 within
 //! [`REATTACH_BASE`] of its parent's loss, plus the candidate timeout for each candidate that never answered it;
 //! and at the end every running broker answers a ping from rank 0. With a state directory, rank 0's restarts
 //! lose, duplicate and hang no acknowledged job (see `restart_invariants`).
@@ -824,7 +825,8 @@ fn check(sim: &mut Sim, scenario: Scenario, submits: &[u32], pings: &[u32], swee
         }
     }
     // (9) No broker adopted past its limit (twice the fanout), and none ever had more children than its static
-    // ones plus that limit (static children coming back after a restart are never refused).
+    // ones plus that limit (static children coming back after a restart are never refused), rank 0's last-resort
+    // adoptees apart.
     for (r, c) in &sim.watch.over_limit {
         v.push(format!("rank {r} adopted a child with {c} children, past its limit {}", adopt_limit(topo, size, *r)));
     }
@@ -1170,6 +1172,7 @@ fn reparent_figures(
         loss_to_all_reachable_ms: (!all.is_empty()).then(|| (quantile(&all, 0.5), all[all.len() - 1])),
         max_attempts,
         max_children: (mc as u32, mr),
+        last_resort: sim.watch.last_resort,
     })
 }
 

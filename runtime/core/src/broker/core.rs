@@ -181,8 +181,13 @@ pub enum Input {
     Start,
     /// The parent link is up (authenticated, hello acknowledged), using this transport.
     ParentUp(super::links::LinkChoice),
-    /// The candidate parent asked for with [`Effect::ConnectParent`] did not take us: why.
+    /// The candidate parent asked for with [`Effect::ConnectParent`] could not be reached (nothing listens, no
+    /// answer within the timeout, no handshake): why.
     ParentFailed(String),
+    /// The candidate parent asked for with [`Effect::ConnectParent`] answered our hello with a refusal (it is
+    /// alive): why, and whether for capacity alone (`full`: it has the most children it adopts up to, the
+    /// `refused` message's `full` field; see `reparent.rs`, "Last resort").
+    ParentRefused { why: String, full: bool },
     /// A message on a link (`conn`: the child link's connection number; 0 for the parent and local clients).
     Message(Peer, u64, Message),
     /// A link closed, or the kernel said so (reset); `conn` as for [`Input::Message`].
@@ -303,16 +308,18 @@ pub enum Effect {
     /// Accept the would-be child on link `conn` as `rank`: acknowledge its hello, put the link in service
     /// (RDMA if agreed), and start probing and watching it.
     AcceptChild { conn: u64, rank: u32 },
-    /// Refuse the would-be child on link `conn`, saying why (a `refused` control message), and drop the link.
-    RefuseChild { conn: u64, why: String },
+    /// Refuse the would-be child on link `conn`, saying why (a `refused` control message, with `full: true` when
+    /// `full`: refused for capacity alone, see [`super::reparent::Refusal`]), and drop the link.
+    RefuseChild { conn: u64, why: String, full: bool },
     /// Drop the link to this peer (a child's only if it is still connection `conn`).
     DropLink(Peer, u64),
     /// Stop probing child `rank` and watching its connection.
     ForgetChild(u32),
     /// Connect to rank `rank` as our new parent, asking it to adopt us (our parent `lost` was lost): its
-    /// endpoint, our hello with `adopt`, within `timeout`. Answered with [`Input::ParentUp`] or
-    /// [`Input::ParentFailed`].
-    ConnectParent { rank: u32, lost: u32, timeout: Duration },
+    /// endpoint, our hello with `adopt` (and `last_resort` when `last_resort`: every live candidate refused us
+    /// for capacity, rank 0 is asked to adopt us past its limit; [`super::reparent::ask_adoption`]), within
+    /// `timeout`. Answered with [`Input::ParentUp`], [`Input::ParentRefused`] or [`Input::ParentFailed`].
+    ConnectParent { rank: u32, lost: u32, timeout: Duration, last_resort: bool },
     /// Beat this broker's heartbeat clock and sample every link's kernel ACK state ([`Input::AckSamples`]).
     Heartbeat,
     /// Beat this broker's heartbeat clock only (the age its node's responder reports to the parent's probes, in
@@ -926,6 +933,7 @@ impl Broker {
         match input {
             Input::Start => self.join(),
             Input::ParentFailed(why) => self.on_parent_failed(&why),
+            Input::ParentRefused { why, full } => self.on_parent_refused(&why, full),
             Input::ParentUp(choice) => {
                 self.parent_up = true;
                 // A link that replaces a lost one (re-parent, rank 0 back) is judged at once, not after LINK_SETTLE.

@@ -4,6 +4,7 @@
 //! rank 0 (`rejoin.rs`) or end, a child that said goodbye is offline, not lost.
 
 use super::core::{Broker, Effect, Peer, PARENT, SELF};
+use super::reparent::Refusal;
 use crate::idset::IdSet;
 use crate::membership::{PeerState, Signal, Transition};
 use crate::message::{Message, FLAG_NORESPONSE, WIRE_VERSION};
@@ -37,8 +38,18 @@ impl Broker {
     /// A would-be child's hello on authenticated link `conn` from `addr` (see `docs/wire-format.md`): accepted
     /// ([`Effect::AcceptChild`]) or refused with the reason ([`Effect::RefuseChild`]), never anything else.
     pub fn on_hello(&mut self, conn: u64, msg: Message, addr: &str, refusal: Option<String>) {
-        match self.judge_hello(conn, &msg).and_then(|rank| refusal.map_or(Ok(rank), Err)) {
+        match self.judge_hello(conn, &msg).and_then(|rank| refusal.map_or(Ok(rank), |why| Err(why.into()))) {
             Ok(rank) => {
+                if self.adopts_past_limit(rank) {
+                    // Rank 0's last resort (reparent.rs): once per adoption, since it costs rank 0 load.
+                    let (topo, size) = self.tree();
+                    warn!(
+                        "adopting rank {rank} past this broker's limit of {} children (it has {}): every live \
+                         candidate refused it for capacity, and a live node cut off would lose its jobs (last resort)",
+                        super::reparent::adopt_limit(topo, size, self.rank()),
+                        self.children.len()
+                    );
+                }
                 self.effect(Effect::AcceptChild { conn, rank });
                 self.children.insert(rank, conn);
                 let hello = msg.json();
@@ -77,9 +88,9 @@ impl Broker {
                     self.effect(Effect::Send(Peer::Child(rank), Message::control("grace", &grace)));
                 }
             }
-            Err(why) => {
+            Err(Refusal { why, full }) => {
                 warn!("refusing overlay peer {addr}: {why}");
-                self.effect(Effect::RefuseChild { conn, why });
+                self.effect(Effect::RefuseChild { conn, why, full });
             }
         }
     }
@@ -92,12 +103,33 @@ impl Broker {
     /// - `instance` (required): this instance's id (the handshake's prologue already binds it; never echoed);
     /// - `version` (optional, as the frames carry it too): [`WIRE_VERSION`];
     /// - `size`, `topo` (optional, for older children): this instance's, else the child computes another tree;
+    /// - `adopt` (optional): present in an orphan's hello (`reparent.rs`); `last_resort` (optional, `false` when
+    ///   absent): `true` or `false`, honoured by rank 0 alone ([`super::reparent::LAST_RESORT`]);
     /// - `hostname`, `probe_port` and the RDMA offer are not read here (the driver reads the last two, each
     ///   checked by type and range there).
     ///
+    /// A refusal for capacity alone is marked [`Refusal::full`].
+    ///
     /// A link is judged once: a second hello on a link already accepted is refused (the driver only hands in a
     /// link's first message as a hello, but a broker does not rely on that to keep one rank per link).
-    fn judge_hello(&self, conn: u64, msg: &Message) -> Result<u32, String> {
+    fn judge_hello(&self, conn: u64, msg: &Message) -> Result<u32, Refusal> {
+        let (rank, v) = self.check_hello(conn, msg)?;
+        // An orphan, even one of our own static children coming back after its adopter was lost, joins within
+        // the adoption bound (reparent.rs).
+        if let Some(why) = self.adoption_refusal(rank, &v) {
+            return Err(why);
+        }
+        if self.shutting_down.is_some() {
+            return Err("broker is shutting down".into());
+        }
+        if self.children.contains_key(&rank) {
+            return Err(format!("rank {rank} is already connected").into());
+        }
+        Ok(rank)
+    }
+
+    /// The fields of a hello on link `conn` ([`Broker::judge_hello`]): its rank and its payload, or why not.
+    fn check_hello(&self, conn: u64, msg: &Message) -> Result<(u32, Value), String> {
         if let Some((r, _)) = self.children.iter().find(|(_, c)| **c == conn) {
             return Err(format!("this link already joined as rank {r}"));
         }
@@ -150,22 +182,14 @@ impl Broker {
         if rank >= size {
             return Err(format!("rank {rank} is not in this instance of {size} brokers"));
         }
+        if v.get(super::reparent::LAST_RESORT).is_some_and(|l| !l.is_boolean()) {
+            return Err(format!("hello of rank {rank}: '{}' must be true or false", super::reparent::LAST_RESORT));
+        }
         if topo.parent(size, rank) != Some(self.rank()) && v.get("adopt").is_none() {
             // Not ours in the tree: only an orphan asking to be adopted may join (reparent.rs).
             return Err(format!("rank {rank} is not a child of rank {}", self.rank()));
         }
-        // An orphan, even one of our own static children coming back after its adopter was lost, joins within
-        // the adoption bound (reparent.rs).
-        if let Some(why) = self.adoption_refusal(rank, &v) {
-            return Err(why);
-        }
-        if self.shutting_down.is_some() {
-            return Err("broker is shutting down".into());
-        }
-        if self.children.contains_key(&rank) {
-            return Err(format!("rank {rank} is already connected"));
-        }
-        Ok(rank)
+        Ok((rank, v))
     }
 
     /// Control messages: `shutdown` and `adopted` (the re-parents it knows of) from the parent, `goodbye` from a

@@ -53,7 +53,7 @@ impl Broker {
         self.parent_up = false;
         self.membership.remove(super::core::PARENT);
         self.reparenting = Some(Reparent::new(0, vec![0], self.now, Some((until, None))));
-        self.effect(Effect::ConnectParent { rank: 0, lost: 0, timeout: CANDIDATE_TIMEOUT });
+        self.effect(Effect::ConnectParent { rank: 0, lost: 0, timeout: CANDIDATE_TIMEOUT, last_resort: false });
         true
     }
 
@@ -78,7 +78,7 @@ impl Broker {
         }
         if retry.is_some_and(|t| t <= now) {
             *retry = None;
-            self.effect(Effect::ConnectParent { rank: 0, lost: 0, timeout: CANDIDATE_TIMEOUT });
+            self.effect(Effect::ConnectParent { rank: 0, lost: 0, timeout: CANDIDATE_TIMEOUT, last_resort: false });
         }
     }
 

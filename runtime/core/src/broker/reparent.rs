@@ -17,6 +17,17 @@
 //!   has announced lost: it was cut off, not dead (a partition healed), its jobs have had their exceptions and
 //!   its resources are out of the pool; it rejoins by restarting. Refused by every candidate, it exits as an
 //!   orphan that found no parent, and its children re-parent.
+//! - **Last resort.** A refusal for capacity alone says so ([`Refusal::full`], the `refused` message's `full`).
+//!   When the candidates ran out, at least one refused the orphan for capacity and none refused it for another
+//!   reason (those that did not answer are dead or cut off, and do not count), the orphan makes one last round:
+//!   it asks rank 0 again with `last_resort` in its hello ([`ask_adoption`]), and rank 0 adopts it past its
+//!   limit. A loaded rank 0 is slower; a live node cut off loses its jobs (found by the simulator: `restart`,
+//!   kary:8, 256 brokers, seed 6, where every live candidate of an orphan was full). Rank 0 says so in its log,
+//!   once per adoption. Nobody else adopts past its limit, and rank 0 honours the mark only in an authenticated
+//!   hello that passed every other check (a rank of this instance, below rank 0, not announced lost, not
+//!   already connected): one child per rank, so however many such hellos come, rank 0 holds fewer children than
+//!   the instance has brokers. An older rank 0 ignores the mark and refuses as before; an older candidate's
+//!   refusal lacks `full` and counts as a refusal for another reason, so no last round is made.
 //! - **Who learns.** The adopter at once, every broker on the adopter's path to rank 0 as the orphan's
 //!   `overlay.reparent` request passes up through it, and then every broker from rank 0's `overlay.reparent`
 //!   event: routing uses each rank's current parent ([`Broker::next_hop`]). Rank 0 records a `reparent` event in
@@ -76,6 +87,50 @@ pub const REPARENTING: &str = "unreachable while re-parenting: below rank";
 /// How long an orphan waits for one candidate to accept it before it tries the next.
 pub const CANDIDATE_TIMEOUT: Duration = Duration::from_millis(500);
 
+/// Why a broker refuses a would-be child: what it is told (the `refused` control message's `errstr`) and
+/// whether for capacity alone (`full`, sent as `"full": true`: the broker has the [`adopt_limit`] children it
+/// adopts up to). An orphan refused for capacity by every live candidate asks rank 0 as a last resort (module
+/// rules).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The reason, said to the peer and logged.
+    pub why: String,
+    /// Refused for capacity alone.
+    pub full: bool,
+}
+
+impl Refusal {
+    /// A refusal for capacity alone.
+    pub fn full(why: String) -> Refusal {
+        Refusal { why, full: true }
+    }
+}
+
+impl From<String> for Refusal {
+    fn from(why: String) -> Refusal {
+        Refusal { why, full: false }
+    }
+}
+
+impl From<&str> for Refusal {
+    fn from(why: &str) -> Refusal {
+        Refusal { why: why.to_string(), full: false }
+    }
+}
+
+/// The hello field of an orphan's last round: rank 0, adopt me past your limit (module rules, "Last resort").
+pub const LAST_RESORT: &str = "last_resort";
+
+/// Add to `hello` what an orphan asks of a candidate parent (docs/wire-format.md): `adopt`, the rank of its lost
+/// parent, and `last_resort: true` on its last round ([`LAST_RESORT`]; absent otherwise, which is `false`, so
+/// that older brokers read the same hello as before).
+pub fn ask_adoption(hello: &mut Value, lost: u32, last_resort: bool) {
+    hello["adopt"] = json!(lost);
+    if last_resort {
+        hello[LAST_RESORT] = json!(true);
+    }
+}
+
 /// An orphan's search for an adoptive parent.
 #[derive(Debug)]
 pub struct Reparent {
@@ -97,6 +152,12 @@ pub struct Reparent {
     /// Set when the parent lost is rank 0 and `tbon.parent_grace` keeps this broker waiting for it (`rejoin.rs`):
     /// until when, and when to try rank 0 again (`None`: an attempt is in flight).
     pub grace: Option<(Time, Option<Time>)>,
+    /// The candidates that refused us for capacity alone ([`Refusal::full`]), in the order asked.
+    pub full: Vec<u32>,
+    /// Whether a candidate refused us for another reason (then no last round is made).
+    pub declined: bool,
+    /// Whether the last round is under way: rank 0, appended to `candidates`, asked to adopt us past its limit.
+    pub last_resort: bool,
 }
 
 impl Reparent {
@@ -113,7 +174,16 @@ impl Reparent {
             dropped: 0,
             queue_tags: Default::default(),
             grace,
+            full: Vec::new(),
+            declined: false,
+            last_resort: false,
         }
+    }
+
+    /// Whether, the candidates having run out, a last round asking rank 0 is due: some candidate refused us for
+    /// capacity, none for another reason, and no last round was made yet.
+    pub fn last_resort_due(&self) -> bool {
+        !self.full.is_empty() && !self.declined && !self.last_resort && self.grace.is_none()
     }
 }
 
@@ -310,19 +380,31 @@ impl Broker {
         true
     }
 
+    /// Ask the next candidate to adopt us; when none is left, make the last round (rank 0 asked to adopt us past
+    /// its limit, when [`Reparent::last_resort_due`]) or give up and exit, cut off.
     pub fn try_candidate(&mut self) {
-        let Some(rp) = self.reparenting.as_ref() else { return };
+        let Some(rp) = self.reparenting.as_mut() else { return };
+        if rp.trying == rp.candidates.len() && rp.last_resort_due() {
+            warn!(
+                "re-parenting: every candidate that answered has the most children it adopts (ranks {}); asking \
+                 rank 0 to adopt us past its limit (last resort)",
+                IdSet::from_iter(rp.full.iter().copied())
+            );
+            rp.last_resort = true;
+            rp.candidates.push(0);
+        }
         match rp.candidates.get(rp.trying).copied() {
             Some(rank) => {
-                let lost = rp.lost;
-                self.effect(Effect::ConnectParent { rank, lost, timeout: CANDIDATE_TIMEOUT });
+                let (lost, last_resort) = (rp.lost, rp.last_resort);
+                self.effect(Effect::ConnectParent { rank, lost, timeout: CANDIDATE_TIMEOUT, last_resort });
             }
             None => {
                 let rp = self.reparenting.take().expect("checked");
                 error!(
-                    "lost parent rank {}; no adoptive parent accepted us (tried {}); exiting",
+                    "lost parent rank {}; no adoptive parent accepted us (tried {}{}); exiting",
                     rp.lost,
-                    IdSet::from_iter(rp.candidates.iter().copied())
+                    IdSet::from_iter(rp.candidates.iter().copied()),
+                    if rp.last_resort { ", rank 0 again as a last resort" } else { "" }
                 );
                 self.exit_code = crate::shellproto::BROKER_EXIT_CUT_OFF;
                 self.begin_shutdown("lost parent");
@@ -341,6 +423,24 @@ impl Broker {
         self.try_candidate();
     }
 
+    /// The candidate being tried answered and refused us (`why`; `full`: for capacity alone): noted for the
+    /// last round ([`Reparent::last_resort_due`]), then the next one.
+    pub fn on_parent_refused(&mut self, why: &str, full: bool) {
+        let Some(rp) = self.reparenting.as_mut() else { return };
+        if rp.grace.is_some() {
+            return self.rank0_failed(why);
+        }
+        let rank = rp.candidates.get(rp.trying).copied().unwrap_or(0);
+        if full {
+            rp.full.push(rank);
+        } else {
+            rp.declined = true;
+        }
+        info!("re-parenting: rank {rank} refused to adopt us: {why}");
+        rp.trying += 1;
+        self.try_candidate();
+    }
+
     /// The parent link is up. After a re-parent: tell rank 0 (through the new parent) and send what waited.
     pub fn on_parent_up(&mut self) {
         let Some(rp) = self.reparenting.take() else { return };
@@ -350,7 +450,12 @@ impl Broker {
         let Some(&parent) = rp.candidates.get(rp.trying) else { return };
         self.parent = Some(parent);
         let took = self.now.since(rp.since);
-        info!("re-parented under rank {parent} (rank {} was lost) after {:.0} ms", rp.lost, took.as_secs_f64() * 1e3);
+        let how = if rp.last_resort { ", past its adoption limit (last resort)" } else { "" };
+        info!(
+            "re-parented under rank {parent}{how} (rank {} was lost) after {:.0} ms",
+            rp.lost,
+            took.as_secs_f64() * 1e3
+        );
         if rp.dropped > 0 {
             warn!("re-parenting: {} message(s) to rank 0 were dropped (queue full)", rp.dropped);
         }
@@ -430,13 +535,15 @@ impl Broker {
         Ok(())
     }
 
-    /// Whether the would-be child `rank`, whose hello asks to be adopted, may be: `None` if so, else why not.
-    pub fn adoption_refusal(&self, rank: u32, hello: &Value) -> Option<String> {
+    /// Whether the would-be child `rank`, whose hello asks to be adopted, may be: `None` if so, else why not
+    /// ([`Refusal::full`] when for capacity alone). Rank 0 takes one past its limit when its hello carries
+    /// [`LAST_RESORT`] (module rules, "Last resort"; its type is checked by the caller).
+    pub fn adoption_refusal(&self, rank: u32, hello: &Value) -> Option<Refusal> {
         let (topo, size) = self.tree();
         let me = self.rank();
         hello.get("adopt")?;
         if !self.opts.config.reparent && topo.parent(size, rank) != Some(me) {
-            return Some(format!("rank {rank} asks to be adopted, but tbon.reparent=off here"));
+            return Some(format!("rank {rank} asks to be adopted, but tbon.reparent=off here").into());
         }
         // One waiting for rank 0 (rejoin.rs) is alive and keeps its place in the tree: it adopts (what the
         // adoptee sends rank 0 waits in its queue, and it passes the `rejoin` down when rank 0 is back).
@@ -446,16 +553,31 @@ impl Broker {
         if self.known_lost.contains(&rank) {
             // Cut off, not dead: its jobs were failed and its resources taken out; it rejoins by restarting
             // (and its children re-parent once it gives up).
-            return Some(format!("rank 0 declared rank {rank} lost; it must restart to rejoin"));
+            return Some(format!("rank 0 declared rank {rank} lost; it must restart to rejoin").into());
         }
         if topo.level(size, me) >= topo.level(size, rank) {
-            return Some(format!("rank {rank} is not below rank {me} in the tree; it may not be adopted here"));
+            return Some(format!("rank {rank} is not below rank {me} in the tree; it may not be adopted here").into());
         }
         let limit = adopt_limit(topo, size, me);
         if self.children.len() >= limit {
-            return Some(format!("rank {me} has {} children, the most it adopts up to", self.children.len()));
+            // Rank 0 adopts past its limit an orphan every live candidate refused for capacity (bounded: one
+            // child per rank of the instance, each rank checked by the caller).
+            if me == 0 && hello.get(LAST_RESORT).and_then(Value::as_bool) == Some(true) {
+                return None;
+            }
+            return Some(Refusal::full(format!(
+                "rank {me} has {} children, the most it adopts up to",
+                self.children.len()
+            )));
         }
         None
+    }
+
+    /// Whether adopting `rank` now takes this broker past its [`adopt_limit`] (rank 0's last resort).
+    pub fn adopts_past_limit(&self, rank: u32) -> bool {
+        let (topo, size) = self.tree();
+        let me = self.rank();
+        topo.parent(size, rank) != Some(me) && self.children.len() >= adopt_limit(topo, size, me)
     }
 
     /// Rank 0 and the brokers on the way: `rank` re-parented under `parent` (both run, then).

@@ -41,7 +41,7 @@ fn judge(b: &mut Broker, now: Time, conn: u64, msg: Message, refusal: Option<Str
     for e in out {
         match e {
             Effect::AcceptChild { conn: c, rank } if c == conn => return Ok(rank),
-            Effect::RefuseChild { conn: c, why } if c == conn => return Err(why),
+            Effect::RefuseChild { conn: c, why, .. } if c == conn => return Err(why),
             _ => {}
         }
     }
@@ -826,6 +826,160 @@ fn an_orphan_asks_candidates_announced_lost_last_and_nobody_adopts_a_lost_rank()
     // Seen alive again (it adopted someone, or rank 0 announced it back): no longer refused.
     event(&mut c, t(2.0), "overlay.reparent", json!({"rank": 5, "parent": 2}));
     assert_eq!(judge(&mut c, t(2.1), 2, adopt_hello(5, 2), None), Ok(5));
+}
+
+/// The candidates an orphan asks among `out`, with whether as a last resort.
+fn asked(out: &[Effect]) -> Vec<(u32, bool)> {
+    out.iter()
+        .filter_map(|e| match e {
+            Effect::ConnectParent { rank, last_resort, .. } => Some((*rank, *last_resort)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// An orphan's hello asking to be adopted as a last resort ([`super::reparent::ask_adoption`]).
+fn last_resort_hello(rank: u32, lost: u32) -> Message {
+    let mut body = json!({"rank": rank, "instance": "sim"});
+    super::reparent::ask_adoption(&mut body, lost, true);
+    Message::control("hello", &body)
+}
+
+/// Hand `b` a hello and return its verdict, a refusal with whether for capacity alone (`full`).
+fn judge_full(b: &mut Broker, now: Time, conn: u64, msg: Message) -> Result<u32, (String, bool)> {
+    b.handle(now, Input::Hello { conn, msg, addr: "peer".into(), refusal: None });
+    for e in effects(b) {
+        match e {
+            Effect::AcceptChild { conn: c, rank } if c == conn => return Ok(rank),
+            Effect::RefuseChild { conn: c, why, full } if c == conn => return Err((why, full)),
+            _ => {}
+        }
+    }
+    panic!("neither accepted nor refused");
+}
+
+/// Rank 0 of a 15-broker binary tree holding its limit of 4 children: its own 1 and 2, and ranks 3 and 4
+/// adopted (their parent 1 was lost).
+fn full_root() -> Broker {
+    let mut b = super::testing::new_broker(0, 15, Topology::Kary(2), 4, Config::default(), Time::ZERO);
+    b.handle(t(0.0), Input::Start);
+    effects(&mut b);
+    assert_eq!(super::reparent::adopt_limit(Topology::Kary(2), 15, 0), 4);
+    assert_eq!(judge(&mut b, t(0.01), 1, hello(1, "sim"), None), Ok(1));
+    assert_eq!(judge(&mut b, t(0.01), 2, hello(2, "sim"), None), Ok(2));
+    assert_eq!(judge(&mut b, t(0.02), 3, adopt_hello(3, 1), None), Ok(3));
+    assert_eq!(judge(&mut b, t(0.02), 4, adopt_hello(4, 1), None), Ok(4));
+    b
+}
+
+/// Issue 42 (the simulator's `restart`, kary:8, 256 brokers, seed 6): an orphan whose live candidates all
+/// refused it for capacity, the others being dead, asks rank 0 once more as a last resort, and rank 0 adopts it
+/// past its limit; the orphan is not cut off.
+#[test]
+fn an_orphan_every_live_candidate_refused_for_capacity_is_adopted_by_rank_0_as_a_last_resort() {
+    // Rank 7's parent is 3; its candidates: 3's sibling 4, then 1, then 0.
+    let mut b = joined15(7);
+    b.handle(t(1.0), Input::Closed(Peer::Parent, 0, "reset".into()));
+    assert_eq!(asked(&effects(&mut b)), [(4, false)]);
+    // Rank 4 is dead (no answer: does not count), rank 1 and rank 0 are full.
+    b.handle(t(1.5), Input::ParentFailed("no answer".into()));
+    assert_eq!(asked(&effects(&mut b)), [(1, false)]);
+    let full =
+        |r: u32| Input::ParentRefused { why: format!("rank {r} has 4 children, the most it adopts up to"), full: true };
+    b.handle(t(1.501), full(1));
+    assert_eq!(asked(&effects(&mut b)), [(0, false)]);
+    b.handle(t(1.502), full(0));
+    assert_eq!(asked(&effects(&mut b)), [(0, true)], "the last round asks rank 0, marked");
+    assert!(b.shutting_down.is_none());
+
+    // Rank 0, full, takes it: marked for capacity when refused, adopted past its limit with the mark.
+    let mut root = full_root();
+    let (why, full) = judge_full(&mut root, t(1.0), 5, adopt_hello(7, 3)).expect_err("full");
+    assert!(full && why.contains("the most it adopts"), "{why}");
+    assert_eq!(judge_full(&mut root, t(1.502), 6, last_resort_hello(7, 3)), Ok(7));
+    assert_eq!(root.children.len(), 5);
+    assert_eq!(root.parent_of(7), Some(0));
+
+    // The orphan is up under rank 0 and says so.
+    b.handle(t(1.503), Input::ParentUp(super::links::LinkChoice { transport: "tcp", detail: String::new() }));
+    let out = effects(&mut b);
+    assert_eq!(b.parent, Some(0));
+    let told = out.iter().any(|e| {
+        matches!(e, Effect::Send(Peer::Parent, m) if m.topic == "overlay.reparent" && m.json()["parent"] == json!(0))
+    });
+    assert!(told, "{out:?}");
+    assert_eq!(b.exit_code, 0);
+}
+
+/// No last round when a candidate refused for a reason other than capacity, or when nobody answered at all.
+#[test]
+fn refusals_for_other_reasons_make_no_last_round() {
+    let full =
+        |r: u32| Input::ParentRefused { why: format!("rank {r} has 4 children, the most it adopts up to"), full: true };
+    // Rank 4 full, rank 1 re-parenting itself, rank 0 full: cut off, as before.
+    let mut b = joined15(7);
+    b.handle(t(1.0), Input::Closed(Peer::Parent, 0, "reset".into()));
+    effects(&mut b);
+    b.handle(t(1.1), full(4));
+    effects(&mut b);
+    b.handle(t(1.2), Input::ParentRefused { why: "this broker is re-parenting itself".into(), full: false });
+    assert_eq!(asked(&effects(&mut b)), [(0, false)]);
+    b.handle(t(1.3), full(0));
+    assert!(asked(&effects(&mut b)).is_empty(), "no last round");
+    assert!(b.shutting_down.is_some());
+    assert_eq!(b.exit_code, crate::shellproto::BROKER_EXIT_CUT_OFF);
+    // Every candidate dead or unreachable: nobody could take it, no last round either.
+    let mut b = joined15(7);
+    b.handle(t(1.0), Input::Closed(Peer::Parent, 0, "reset".into()));
+    effects(&mut b);
+    for (i, want) in [(1, false), (0, false)].into_iter().enumerate() {
+        b.handle(t(1.5 + i as f64 * 0.5), Input::ParentFailed("no answer".into()));
+        assert_eq!(asked(&effects(&mut b)), [want]);
+    }
+    b.handle(t(2.5), Input::ParentFailed("no answer".into()));
+    assert!(asked(&effects(&mut b)).is_empty(), "no last round");
+    assert_eq!(b.exit_code, crate::shellproto::BROKER_EXIT_CUT_OFF);
+    // The last round is made once: rank 0 refusing it again (it was declared lost meanwhile) ends the search.
+    let mut b = joined15(7);
+    b.handle(t(1.0), Input::Closed(Peer::Parent, 0, "reset".into()));
+    effects(&mut b);
+    for (i, r) in [4, 1, 0].into_iter().enumerate() {
+        b.handle(t(1.1 + i as f64 * 0.1), full(r));
+    }
+    assert_eq!(asked(&effects(&mut b)), [(1, false), (0, false), (0, true)]);
+    b.handle(t(1.5), full(0));
+    assert!(asked(&effects(&mut b)).is_empty());
+    assert_eq!(b.exit_code, crate::shellproto::BROKER_EXIT_CUT_OFF);
+}
+
+/// A last-resort hello is honoured by rank 0 alone, from a rank of this instance that may otherwise join; a
+/// forged or repeated one adds no child.
+#[test]
+fn a_last_resort_hello_from_an_unknown_rank_is_refused() {
+    let mut root = full_root();
+    let why = judge(&mut root, t(1.0), 5, last_resort_hello(99, 3), None).expect_err("unknown rank");
+    assert!(why.contains("not in this instance"), "{why}");
+    let mut bad = json!({"rank": 7, "instance": "sim", "adopt": 3, "last_resort": "yes"});
+    let why = judge(&mut root, t(1.0), 6, Message::control("hello", &bad), None).expect_err("not a bool");
+    assert!(why.contains("'last_resort' must be true or false"), "{why}");
+    // `false` is the same as absent: refused for capacity.
+    bad["last_resort"] = json!(false);
+    assert!(matches!(judge_full(&mut root, t(1.0), 7, Message::control("hello", &bad)), Err((_, true))));
+    // A rank rank 0 declared lost must restart, last resort or not.
+    root.known_lost.insert(8);
+    let why = judge(&mut root, t(1.2), 8, last_resort_hello(8, 3), None).expect_err("declared lost");
+    assert!(why.contains("must restart"), "{why}");
+    // Once adopted, the same rank again adds nothing.
+    assert_eq!(judge(&mut root, t(1.3), 9, last_resort_hello(7, 3), None), Ok(7));
+    let why = judge(&mut root, t(1.4), 10, last_resort_hello(7, 3), None).expect_err("connected");
+    assert!(why.contains("already connected"), "{why}");
+    assert_eq!(root.children.len(), 5);
+    // Any broker but rank 0 ignores the mark: full is full.
+    let mut b = joined15(1);
+    for (conn, r) in [(1, 5), (2, 6), (3, 11), (4, 12)] {
+        assert_eq!(judge(&mut b, t(0.1), conn, adopt_hello(r, 2), None), Ok(r));
+    }
+    assert!(matches!(judge_full(&mut b, t(0.2), 5, last_resort_hello(13, 6)), Err((_, true))));
 }
 
 #[test]

@@ -20,7 +20,7 @@
 use super::core::{Broker, DriverStatus, Environment, Input, Peer, Time, PARENT};
 use super::discover::discover;
 use super::link_set::LinkSet;
-use super::links_up::{accept_children, connect_parent, ChildLink, ParentLink, PendingChild};
+use super::links_up::{accept_children, connect_parent, ChildLink, ParentError, ParentLink, PendingChild};
 use super::local;
 use super::secure;
 use super::statedir_io::{open_statedir, start_store_threads, Syncer, Writer};
@@ -78,7 +78,7 @@ pub(crate) enum Event {
     /// unless still the latest).
     ParentLink {
         gen: u64,
-        result: Result<ParentLink, String>,
+        result: Result<ParentLink, ParentError>,
     },
 }
 
@@ -471,7 +471,7 @@ impl Driver {
             }
         };
         let link = tokio::select! {
-            r = connect_parent(opts, &transport, &self.upgrades, probe_port, &ep, None) => r?,
+            r = connect_parent(opts, &transport, &self.upgrades, probe_port, &ep, None) => r.map_err(|e| e.to_string())?,
             sig = stop => {
                 warn!(rank, "signal {sig} while connecting to the parent at {ep}; exiting");
                 return Ok(Some(sig));
@@ -607,7 +607,8 @@ impl Driver {
                 }
                 match result {
                     Ok(link) => self.parent_up(gen, link),
-                    Err(why) => self.step(Input::ParentFailed(why)),
+                    Err(ParentError::Unreachable(why)) => self.step(Input::ParentFailed(why)),
+                    Err(ParentError::Refused { why, full }) => self.step(Input::ParentRefused { why, full }),
                 }
             }
             Event::Peer(peer, conn, msg) => self.step(Input::Message(peer, conn, msg)),

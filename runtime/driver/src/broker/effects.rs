@@ -41,10 +41,15 @@ impl Driver {
                 }
             }
             Effect::AcceptChild { conn, rank } => self.accept_child(conn, rank),
-            Effect::RefuseChild { conn, why } => {
+            Effect::RefuseChild { conn, why, full } => {
                 if let Some(p) = self.pending.remove(&conn) {
-                    // Its writer flushes this and ends when the link is dropped here.
-                    let _ = p.link.tx.send(Message::control("refused", &json!({"errstr": why})));
+                    // Its writer flushes this and ends when the link is dropped here. `full` only when set: an
+                    // older child reads the same message as before.
+                    let mut body = json!({"errstr": why});
+                    if full {
+                        body["full"] = json!(true);
+                    }
+                    let _ = p.link.tx.send(Message::control("refused", &body));
                 }
             }
             Effect::DropLink(Peer::Parent, _) => {
@@ -55,7 +60,9 @@ impl Driver {
                 }
                 self.probe_parent(None);
             }
-            Effect::ConnectParent { rank, lost, timeout } => self.connect_adoptive_parent(rank, lost, timeout),
+            Effect::ConnectParent { rank, lost, timeout, last_resort } => {
+                self.connect_adoptive_parent(rank, (lost, last_resort), timeout)
+            }
             Effect::DropLink(Peer::Child(r), conn) => {
                 if self.children.get(&r).is_some_and(|c| c.conn == conn) {
                     self.children.remove(&r);
@@ -183,9 +190,10 @@ impl Driver {
         self.links.insert(Peer::Child(rank), conn, rx);
     }
 
-    /// [`Effect::ConnectParent`]: connect to `rank` as an adoptive parent in place of the lost `lost`, within
-    /// `timeout`, off the loop; the outcome comes back as [`Event::ParentLink`].
-    fn connect_adoptive_parent(&mut self, rank: u32, lost: u32, timeout: std::time::Duration) {
+    /// [`Effect::ConnectParent`]: connect to `rank` as an adoptive parent in place of the lost rank of `adopt`
+    /// (and as a last resort if its flag says so), within `timeout`, off the loop; the outcome comes back as
+    /// [`Event::ParentLink`].
+    fn connect_adoptive_parent(&mut self, rank: u32, adopt: (u32, bool), timeout: std::time::Duration) {
         self.parent_gen += 1;
         let gen = self.parent_gen;
         let mut opts = self.broker.opts.clone();
@@ -197,10 +205,10 @@ impl Driver {
         let tx = self.input_tx.clone();
         tokio::spawn(async move {
             let result = match ep {
-                Some(ep) => connect_parent(&opts, &transport, &upgrades, probe_port, &ep, Some(lost))
+                Some(ep) => connect_parent(&opts, &transport, &upgrades, probe_port, &ep, Some(adopt))
                     .await
-                    .map_err(|e| format!("rank {rank}: {e}")),
-                None => Err(format!("no endpoint known for rank {rank}")),
+                    .map_err(|e| e.context(&format!("rank {rank}"))),
+                None => Err(format!("no endpoint known for rank {rank}").into()),
             };
             let _ = tx.send(Event::ParentLink { gen, result });
         });

@@ -29,6 +29,40 @@ pub(crate) struct ParentLink {
     pub(super) probe: Option<std::net::SocketAddr>,
 }
 
+/// Why [`connect_parent`] made no link.
+#[derive(Debug)]
+pub(crate) enum ParentError {
+    /// No parent there: nothing listens, no answer or no handshake within `tbon.connect_timeout`.
+    Unreachable(String),
+    /// The parent answered our hello with `refused`: why, and whether for capacity alone (its `full` field,
+    /// absent from older brokers: `false`; `reparent.rs`, "Last resort").
+    Refused { why: String, full: bool },
+}
+
+impl ParentError {
+    /// The same error, its reason prefixed with `what` (e.g. `rank 5`).
+    pub(super) fn context(self, what: &str) -> ParentError {
+        match self {
+            ParentError::Unreachable(why) => ParentError::Unreachable(format!("{what}: {why}")),
+            ParentError::Refused { why, full } => ParentError::Refused { why: format!("{what}: {why}"), full },
+        }
+    }
+}
+
+impl std::fmt::Display for ParentError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ParentError::Unreachable(why) | ParentError::Refused { why, .. } => f.write_str(why),
+        }
+    }
+}
+
+impl From<String> for ParentError {
+    fn from(why: String) -> ParentError {
+        ParentError::Unreachable(why)
+    }
+}
+
 /// A child's overlay link.
 pub(super) struct ChildLink {
     pub(super) tx: LinkTx,
@@ -203,15 +237,17 @@ pub(super) async fn node_answers(addr: std::net::SocketAddr, wait: Duration) -> 
 }
 
 /// Connect to the parent at `ep` (retrying until `tbon.connect_timeout`), say hello (asking to be adopted in
-/// place of the lost rank `adopt`, if given) and move the link onto the transport the hello agrees.
+/// place of the lost rank `adopt`, if given: its rank, and whether as a last resort, see
+/// [`reparent::ask_adoption`](super::reparent::ask_adoption)) and move the link onto the transport the hello
+/// agrees.
 pub(super) async fn connect_parent(
     opts: &BrokerOptions,
     transport: &dyn Transport,
     upgrades: &Upgrades,
     probe_port: Option<u16>,
     ep: &str,
-    adopt: Option<u32>,
-) -> Result<ParentLink, String> {
+    adopt: Option<(u32, bool)>,
+) -> Result<ParentLink, ParentError> {
     let deadline = Instant::now() + Duration::from_secs_f64(opts.connect_timeout.clamp(0.0, 1e7));
     let mut delay = Duration::from_millis(5);
     let mut last_error = String::from("no answer");
@@ -226,9 +262,9 @@ pub(super) async fn connect_parent(
                     super::liveness::hello_payload(opts.rank, &opts.instance, opts.size, &opts.topo, &opts.hostname),
                     json!({"probe_port": probe_port}),
                 );
-                if let Some(lost) = adopt {
+                if let Some((lost, last_resort)) = adopt {
                     // Asking to be adopted: our parent `lost` was lost (see reparent.rs).
-                    fields["adopt"] = json!(lost);
+                    super::reparent::ask_adoption(&mut fields, lost, last_resort);
                 }
                 let fields = merge(fields, offers.hello_fields());
                 let hello = Message::control("hello", &fields);
@@ -245,7 +281,9 @@ pub(super) async fn connect_parent(
                         return Ok(ParentLink { link, choice, probe });
                     }
                     Ok(Some(LinkEvent::Message(m))) if m.topic == "refused" => {
-                        return Err(format!("parent at {ep} refused us: {}", m.errstr().unwrap_or_default()))
+                        let why = format!("parent at {ep} refused us: {}", m.errstr().unwrap_or_default());
+                        let full = m.json().get("full").and_then(Value::as_bool).unwrap_or(false);
+                        return Err(ParentError::Refused { why, full });
                     }
                     other => {
                         // A parent that stops (a restart of rank 0) closes the connections of its handshakes.
@@ -264,7 +302,7 @@ pub(super) async fn connect_parent(
                 if adopt.is_some() && e.kind() == std::io::ErrorKind::ConnectionRefused {
                     // A candidate adoptive parent is up or it is not: nothing listens there, try the next one now
                     // (a first parent, by contrast, may still be starting: retried until tbon.connect_timeout).
-                    return Err(format!("nothing listens at {ep} ({e})"));
+                    return Err(format!("nothing listens at {ep} ({e})").into());
                 }
                 last_error = match e.kind() {
                     // The parent closes a connection whose handshake fails: the keys (or instance ids) differ, or
@@ -288,7 +326,8 @@ pub(super) async fn connect_parent(
             }
         }
         if Instant::now() >= deadline {
-            return Err(format!("could not connect to parent at {ep} within {}s: {last_error}", opts.connect_timeout));
+            let why = format!("could not connect to parent at {ep} within {}s: {last_error}", opts.connect_timeout);
+            return Err(why.into());
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_millis(200));
@@ -376,7 +415,7 @@ mod tests {
         let child = options(1, config.clone());
         let transport = MemTransport { net, name: "rank1".into() };
         let ParentLink { link, choice, probe } =
-            connect_parent(&child, &transport, &Upgrades::new(&config), Some(4242), "mem://rank0", Some(3))
+            connect_parent(&child, &transport, &Upgrades::new(&config), Some(4242), "mem://rank0", Some((3, false)))
                 .await
                 .expect("connected");
         let (hello, p_link, p_choice) = parent.await.expect("parent side");
@@ -434,7 +473,8 @@ mod tests {
             connect_parent(&options(1, config.clone()), &transport, &Upgrades::new(&config), None, "mem://rank0", None)
                 .await;
         let e = r.err().expect("refused");
-        assert!(e.starts_with("parent at mem://rank0 refused us: tbon.transport=ofi but "), "{e}");
+        assert!(matches!(e, ParentError::Refused { full: false, .. }), "{e:?}");
+        assert!(e.to_string().starts_with("parent at mem://rank0 refused us: tbon.transport=ofi but "), "{e}");
         drop(parent.await);
     }
 }

@@ -36,7 +36,7 @@ pub mod transport;
 mod upgrade;
 
 // The broker's rules (`vigil-core`), under the paths this crate's driver and simulator use.
-pub(crate) use vigil_core::broker::{confirm, core, liveness};
+pub(crate) use vigil_core::broker::{confirm, core, liveness, reparent};
 
 pub use self::discover::{discover_in_child_to, discover_node_main};
 pub use self::driver::{run, BrokerOptions, ListenSpec};
