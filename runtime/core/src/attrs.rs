@@ -443,9 +443,10 @@ impl std::fmt::Display for ProbeGroup {
 /// ([`BrokerConfig::parse`]). Durations are in seconds.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BrokerConfig {
-    /// `tbon.topo` / `tbon.fanout`: the TBON shape.
+    /// `tbon.topo` / `tbon.fanout`: the TBON shape (routing, liveness, re-parenting and getattr all read it here).
     pub topo: Topology,
-    /// `tbon.connect_timeout`, seconds (finite, > 0): how long a broker retries its parent.
+    /// `tbon.connect_timeout`, seconds (finite, > 0): how long a broker retries its parent at start (the driver
+    /// reads it here when it connects).
     pub connect_timeout: f64,
     /// `tbon.reparent`: a broker whose parent is lost re-parents (true) or exits (false).
     pub reparent: bool,
@@ -473,9 +474,10 @@ pub struct BrokerConfig {
     /// `tbon.rdma_frame`.
     pub rdma_frame: RdmaFrame,
     /// `resource.synthetic` / `resource.xml` (at most one), else the live machine. Not loaded here: the command
-    /// starting the broker loads a synthetic or XML one once to check it.
+    /// starting the broker loads a synthetic or XML one once to check it, the driver's node discovery again.
     pub topology: TopologySource,
-    /// `resource.gpus`: GPUs declared, overriding discovery.
+    /// `resource.gpus`: GPUs declared, overriding discovery (the driver's discovery uses it, and the node's
+    /// registration with rank 0 carries it to its job shells).
     pub gpus: Option<u32>,
     /// `resource.discovery`.
     pub discovery: Discovery,
@@ -517,7 +519,8 @@ pub struct BrokerConfig {
     pub instance_level: u32,
     /// `jobid`: the enclosing instance's job this instance runs as (nested instances only).
     pub jobid: Option<String>,
-    /// `parent-uri`: the enclosing instance's broker on this node (nested instances only).
+    /// `parent-uri`: the enclosing instance's broker on this node (nested instances only), where rank 0 reports,
+    /// once the instance is up, where it lives and which of its ranks are critical.
     pub parent_uri: Option<String>,
     /// `alloc-tmpdir`: the enclosing allocation's directory on this node, which every job of this (nested)
     /// instance shares as its `VIGIL_ALLOC_TMPDIR`; `None` outside a batch or alloc job.

@@ -3,7 +3,7 @@
 use super::{fail, parse_attrs};
 use crate::attrs::{BrokerConfig, DetectorChoice, Transport};
 use crate::broker::config::ConfigFile;
-use crate::broker::{BrokerOptions, ListenSpec};
+use crate::broker::{BrokerOptions, DriverOptions, ListenSpec};
 use crate::hwloc::TopologySource;
 use crate::keyfile::KeyFile as _;
 use clap::Args;
@@ -551,12 +551,12 @@ pub(super) fn broker(a: BrokerArgs) -> i32 {
     let mut own_rundir = None;
     let opts = match &a.config {
         Some(path) => config_bootstrap(&a, path, attrs.clone()),
-        None => rt.block_on(pmi_bootstrap(&a, attrs.clone())).map(|(o, dir)| {
+        None => rt.block_on(pmi_bootstrap(&a, attrs.clone())).map(|(o, io, dir)| {
             own_rundir = dir;
-            o
+            (o, io)
         }),
     };
-    let mut opts = match opts {
+    let (mut opts, io) = match opts {
         Ok(o) => o,
         Err(e) => return fail(e),
     };
@@ -575,7 +575,7 @@ pub(super) fn broker(a: BrokerArgs) -> i32 {
     // write to the runtime's eventfd (and an epoll event) every time, while waking a task from the same thread
     // is a queue push. The pumps wake the loop for every overlay message.
     let code = rt.block_on(async move {
-        match tokio::spawn(crate::broker::run(opts)).await {
+        match tokio::spawn(crate::broker::run(opts, io)).await {
             Ok(code) => code,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             Err(_) => 1,
@@ -585,7 +585,11 @@ pub(super) fn broker(a: BrokerArgs) -> i32 {
     code
 }
 
-fn config_bootstrap(a: &BrokerArgs, path: &str, mut attrs: BTreeMap<String, String>) -> Result<BrokerOptions, String> {
+fn config_bootstrap(
+    a: &BrokerArgs,
+    path: &str,
+    mut attrs: BTreeMap<String, String>,
+) -> Result<(BrokerOptions, DriverOptions), String> {
     let cfg = ConfigFile::load(path).map_err(|e| e.to_string())?;
     let key_file = cfg.bootstrap.overlay_key.as_deref().ok_or_else(|| {
         format!(
@@ -622,26 +626,19 @@ fn config_bootstrap(a: &BrokerArgs, path: &str, mut attrs: BTreeMap<String, Stri
         .clone()
         .or_else(|| config.rundir.clone())
         .unwrap_or_else(|| PathBuf::from("/tmp").join(format!("vigil-broker-{rank}-{}", std::process::id())));
-    Ok(BrokerOptions {
+    let opts = BrokerOptions {
         rank,
         size: ranks.len() as u32,
-        topo: config.topo,
         hostname: if a.rank.is_some() && a.hostname.is_none() { ranks[rank as usize].host.clone() } else { host },
         instance: a.instance.clone().or_else(|| cfg.bootstrap.instance.clone()).unwrap_or_else(|| "vigil".into()),
         endpoints: ranks.iter().map(|r| r.connect.clone()).collect(),
         hosts: ranks.iter().map(|r| r.host.clone()).collect(),
-        listen,
         rundir,
         initial_program: if rank == 0 && !a.command.is_empty() { Some(a.command.clone()) } else { None },
-        topology: config.topology.clone(),
-        declared_gpus: config.gpus,
-        discovered: a.discovered.clone(),
-        connect_timeout: config.connect_timeout,
         resources_override: None,
-        parent_uri: None,
-        key,
         config,
-    })
+    };
+    Ok((opts, DriverOptions { listen, key, discovered: a.discovered.clone() }))
 }
 
 /// Bootstrap an instance through PMI (PMI-1 or PMI-2, see [`crate::pmi`]): every broker binds a port, puts its endpoint, and after the barrier
@@ -657,7 +654,7 @@ fn config_bootstrap(a: &BrokerArgs, path: &str, mut attrs: BTreeMap<String, Stri
 async fn pmi_bootstrap(
     a: &BrokerArgs,
     mut attrs: BTreeMap<String, String>,
-) -> Result<(BrokerOptions, Option<RemoveOnDrop>), String> {
+) -> Result<(BrokerOptions, DriverOptions, Option<RemoveOnDrop>), String> {
     let parent_uri = std::env::var(crate::client::URI_ENV).ok();
     // Level 1 under a foreign launcher too (where Flux says 0): the instance lives in another system's allocation,
     // whose lost nodes do not come back, so it shrinks on a node loss as a Vigil batch job does.
@@ -829,24 +826,18 @@ async fn pmi_bootstrap(
     let opts = BrokerOptions {
         rank,
         size,
-        topo,
         hostname,
         instance,
         endpoints,
         hosts: Vec::new(),
-        listen: ListenSpec::Fd(std::os::fd::IntoRawFd::into_raw_fd(listener)),
         rundir: tmpdir.join("r"),
         initial_program,
-        topology: config.topology.clone(),
-        declared_gpus: config.gpus,
-        discovered: None,
-        connect_timeout: config.connect_timeout,
         resources_override: mine.map(|m| (m.cores, m.gpus)),
-        parent_uri,
-        key,
         config,
     };
-    Ok((opts, own))
+    let io =
+        DriverOptions { listen: ListenSpec::Fd(std::os::fd::IntoRawFd::into_raw_fd(listener)), key, discovered: None };
+    Ok((opts, io, own))
 }
 
 /// The address a broker started by a foreign launcher binds and advertises: the first IPv4 address this host's

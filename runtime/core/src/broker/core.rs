@@ -559,7 +559,7 @@ impl Broker {
             };
             jc
         });
-        let opts_parent = opts.topo.parent(opts.size, opts.rank);
+        let opts_parent = opts.config.topo.parent(opts.size, opts.rank);
         Broker {
             membership: Membership::new(opts.config.membership),
             confirm: Default::default(),
@@ -658,7 +658,7 @@ impl Broker {
                     // The orphans of a rank lost before the restart that had not re-parented yet: waited for
                     // again, from now (`expire_orphans` cuts off those that never come back).
                     if self.opts.config.reparent {
-                        let (topo, size) = (self.opts.topo, self.opts.size);
+                        let (topo, size) = (self.opts.config.topo, self.opts.size);
                         let due = self.now + super::reparent::REPARENT_TIMEOUT;
                         let orphans =
                             crate::jobs::journal::pending_orphans(&jc.resource_eventlog, |r| topo.parent(size, r));
@@ -1081,7 +1081,7 @@ impl Broker {
         };
         let reg = json!({"rank": self.rank(), "hostname": self.opts.hostname, "resources": self.env.resources,
             "cores": cores.to_string(), "gpus": gpus.to_string(),
-            "topology": self.env.topology, "declared_gpus": self.opts.declared_gpus,
+            "topology": self.env.topology, "declared_gpus": self.opts.config.gpus,
             // The jobs still here: a restarted rank 0 re-attaches them (rejoin.rs, jobs/reattach.rs).
             "jobs": self.attached_jobs(),
             // Where it is: after a re-parent, a restarted rank 0 learns the route to it from this.
@@ -1260,10 +1260,10 @@ impl Broker {
         // Tells `vigil start` the instance is up: from now on a broker's death is the instance's business
         // (a lost rank), not a failed start.
         self.effect(Effect::WriteFile(self.opts.rundir.join("up"), format!("{}\n", self.opts.size)));
-        if let (Some(uri), Some(jobid)) = (self.opts.parent_uri.clone(), self.opts.config.jobid.clone()) {
+        if let (Some(uri), Some(jobid)) = (self.opts.config.parent_uri.clone(), self.opts.config.jobid.clone()) {
             // A nested instance tells its parent's exec system where it lives and which ranks are critical.
             let report = json!({"id": jobid, "uri": self.env.local_uri, "size": self.opts.size,
-                "critical_ranks": super::reparent::critical_ranks(self.opts.topo, self.opts.size,
+                "critical_ranks": super::reparent::critical_ranks(self.opts.config.topo, self.opts.size,
                     self.opts.config.reparent).to_string()});
             self.effect(Effect::ReportNested { uri, report });
         }
@@ -1274,6 +1274,6 @@ impl Broker {
 
     /// The TBON shape and size (routing and liveness need both).
     pub fn tree(&self) -> (Topology, u32) {
-        (self.opts.topo, self.opts.size)
+        (self.opts.config.topo, self.opts.size)
     }
 }

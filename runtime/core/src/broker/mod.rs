@@ -36,4 +36,4 @@ pub mod testing;
 #[cfg(test)]
 mod tests;
 
-pub use self::options::{BrokerOptions, ListenSpec};
+pub use self::options::BrokerOptions;

@@ -266,7 +266,7 @@ impl Broker {
         }
         match self.adopted.get(&rank) {
             Some(&p) => Some(p),
-            None => self.opts.topo.parent(self.opts.size, rank),
+            None => self.opts.config.topo.parent(self.opts.size, rank),
         }
     }
 
@@ -278,7 +278,7 @@ impl Broker {
             return Hop::Local;
         }
         if self.adopted.is_empty() {
-            return self.opts.topo.next_hop(self.opts.size, me, target);
+            return self.opts.config.topo.next_hop(self.opts.size, me, target);
         }
         let mut x = target;
         // Every current parent is higher in the static tree than its child: the walk ends within the depth.
@@ -345,7 +345,7 @@ impl Broker {
         if rank == self.rank() {
             return;
         }
-        if self.opts.topo.parent(self.opts.size, rank) == Some(parent) {
+        if self.opts.config.topo.parent(self.opts.size, rank) == Some(parent) {
             self.adopted.remove(&rank);
         } else {
             self.adopted.insert(rank, parent);

@@ -2,9 +2,9 @@
 //! `node<rank>` with `cores` cores, the instance owner [`UID`], eventlog times counted from [`WALL_ORIGIN`].
 
 use super::core::{Broker, Environment, Time};
-use super::{BrokerOptions, ListenSpec};
+use super::BrokerOptions;
 use crate::topology::Topology;
-use vigil_proto::node::{NodeResources, TopologySource};
+use vigil_proto::node::NodeResources;
 
 /// The simulated instance owner.
 pub const UID: u32 = 1000;
@@ -24,12 +24,10 @@ pub fn new_broker(
     let opts = BrokerOptions {
         rank,
         size,
-        topo,
         hostname: format!("node{rank}"),
         instance: "sim".into(),
         endpoints: Vec::new(),
         hosts: Vec::new(),
-        listen: ListenSpec::Endpoint(String::new()),
         rundir: std::path::PathBuf::from("/nonexistent/vigil-sim"),
         // FCFS, so that the scenarios' order check (scenario.rs, invariant 5) holds; the simulated jobs have no
         // time limits, and EASY backfill is property-tested on the job core (jobs/tests_sched.rs).
@@ -40,13 +38,7 @@ pub fn new_broker(
             ..Default::default()
         },
         initial_program: None,
-        topology: TopologySource::Live,
-        declared_gpus: None,
-        discovered: None,
-        connect_timeout: 30.0,
         resources_override: None,
-        parent_uri: None,
-        key: vigil_proto::key::OverlayKey::from_hex(&"5a".repeat(32)).expect("a valid key"),
     };
     let env = Environment {
         uid: UID,

@@ -17,11 +17,11 @@ use tracing::{debug, warn};
 /// node loads hwloc's plugins and libpciaccess, whose PCI name tables are never freed, and leaves the broker's
 /// heap fragmented, ~1 MB resident for the broker's whole life for a result of a few numbers. Should the child
 /// not run (no `vigil` binary to start), the broker discovers the node itself.
-pub(super) fn discover(opts: &BrokerOptions) -> (NodeResources, String) {
+pub(super) fn discover(opts: &BrokerOptions, discovered: Option<&std::path::Path>) -> (NodeResources, String) {
     let rank = opts.rank;
     let forced = opts.config.discovery == crate::attrs::Discovery::CpuCount;
     let xml = opts.rundir.join(format!("topology-{rank}.xml"));
-    let shared = opts.discovered.as_ref().and_then(|p| match read_discovered(p) {
+    let shared = discovered.and_then(|p| match read_discovered(p) {
         Ok(d) => Some(d),
         Err(e) => {
             debug!("{}: {e}; discovering the node", p.display());
@@ -33,11 +33,11 @@ pub(super) fn discover(opts: &BrokerOptions) -> (NodeResources, String) {
     } else if let Some(d) = shared {
         d
     } else {
-        match discover_in_child(&opts.topology, opts.declared_gpus, &xml) {
+        match discover_in_child(&opts.config.topology, opts.config.gpus, &xml) {
             Ok(r) => r,
             Err(why) => {
                 debug!("node discovery in a child process failed ({why}); discovering here");
-                discover_node(&opts.topology, opts.declared_gpus, &xml)
+                discover_node(&opts.config.topology, opts.config.gpus, &xml)
             }
         }
     };
@@ -54,7 +54,7 @@ pub(super) fn discover(opts: &BrokerOptions) -> (NodeResources, String) {
                 pus: n,
                 numa: 1,
                 packages: 1,
-                gpus: opts.declared_gpus.unwrap_or(0),
+                gpus: opts.config.gpus.unwrap_or(0),
                 gpu_names: vec![],
                 source: format!("cpu-count ({e})"),
             };
@@ -104,7 +104,7 @@ fn read_discovered(p: &std::path::Path) -> Result<Result<(NodeResources, String)
 }
 
 /// Runs `vigil discover-node` (the binary `exe`) and writes its answer to `out`, for brokers to read with
-/// [`BrokerOptions::discovered`]. `Err` says why there is no answer (the brokers then discover the node
+/// [`DriverOptions::discovered`](super::DriverOptions::discovered). `Err` says why there is no answer (the brokers then discover the node
 /// themselves); an hwloc failure is an answer, which each broker then reports.
 pub fn discover_in_child_to(
     exe: &std::path::Path,

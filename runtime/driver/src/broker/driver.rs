@@ -22,6 +22,7 @@ use super::discover::discover;
 use super::link_set::LinkSet;
 use super::links_up::{accept_children, connect_parent, ChildLink, ParentError, ParentLink, PendingChild};
 use super::local;
+use super::options::{DriverOptions, ListenSpec};
 use super::secure;
 use super::statedir_io::{open_statedir, start_store_threads, Syncer, Writer};
 use super::transport::{Link, LinkEvent, LinkRx, LinkTx, TcpTransport};
@@ -34,7 +35,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
-pub use vigil_core::broker::{BrokerOptions, ListenSpec};
+pub use vigil_core::broker::BrokerOptions;
 
 /// What the driver's tasks report, through its one channel.
 pub(crate) enum Event {
@@ -144,9 +145,10 @@ pub(crate) struct Driver {
 const GROUP_MAX: usize = 256;
 
 /// Run a broker until the instance shuts down; returns the process exit code (rank 0: the initial program's).
-pub async fn run(opts: BrokerOptions) -> i32 {
+/// `opts` is what the sans-IO broker runs on, `io` what only this driver needs (listener, key, node discovered).
+pub async fn run(opts: BrokerOptions, io: DriverOptions) -> i32 {
     let rank = opts.rank;
-    match run_inner(opts).await {
+    match run_inner(opts, io).await {
         Ok(code) => code,
         Err(e) => {
             // Once, in the log's format, and even with log-level=off: this is why the broker is exiting.
@@ -164,18 +166,18 @@ pub async fn run(opts: BrokerOptions) -> i32 {
 /// # Errors
 /// The broker cannot start: why (a topology too deep, a listener or socket that cannot be bound, containment or
 /// a state directory that cannot be had, no parent).
-async fn run_inner(opts: BrokerOptions) -> Result<i32, String> {
+async fn run_inner(opts: BrokerOptions, io: DriverOptions) -> Result<i32, String> {
     let rank = opts.rank;
-    opts.topo.check_depth(opts.size)?;
-    let (resources, topology_str) = discover(&opts);
+    opts.config.topo.check_depth(opts.size)?;
+    let (resources, topology_str) = discover(&opts, io.discovered.as_deref());
     info!(rank, cores = resources.cores, gpus = resources.gpus, source = %resources.source, "node discovered");
 
     let (input_tx, input_rx) = mpsc::unbounded_channel::<Event>();
 
     // Overlay listener.
-    let listener = bind_overlay(&opts.listen).await?;
+    let listener = bind_overlay(&io.listen).await?;
     let listen_ip = overlay_ip(&listener, &opts);
-    let auth = std::sync::Arc::new(secure::LinkAuth::new(opts.key.clone(), &opts.instance));
+    let auth = std::sync::Arc::new(secure::LinkAuth::new(io.key, &opts.instance));
     let upgrades = std::sync::Arc::new(Upgrades::new(&opts.config));
     let refusals = std::sync::Arc::new(std::sync::Mutex::new(secure::RefusalLog::default()));
     tokio::spawn(accept_children(listener, input_tx.clone(), auth.clone(), upgrades.clone(), refusals.clone()));
@@ -450,7 +452,7 @@ impl Driver {
     async fn connect_first_parent(&mut self, auth: std::sync::Arc<secure::LinkAuth>) -> Result<Option<i32>, String> {
         let opts = &self.broker.opts;
         let rank = opts.rank;
-        let Some(parent) = opts.topo.parent(opts.size, rank) else { return Ok(None) };
+        let Some(parent) = opts.config.topo.parent(opts.size, rank) else { return Ok(None) };
         let ep = opts
             .endpoints
             .get(parent as usize)
@@ -471,7 +473,7 @@ impl Driver {
             }
         };
         let link = tokio::select! {
-            r = connect_parent(opts, &transport, &self.upgrades, probe_port, &ep, None) => r.map_err(|e| e.to_string())?,
+            r = connect_parent(opts, opts.config.connect_timeout, &transport, &self.upgrades, probe_port, &ep, None) => r.map_err(|e| e.to_string())?,
             sig = stop => {
                 warn!(rank, "signal {sig} while connecting to the parent at {ep}; exiting");
                 return Ok(Some(sig));
@@ -669,7 +671,7 @@ impl Driver {
             }
         });
         let mc = opts.config.membership;
-        let ranks = (rank, opts.topo.parent(opts.size, rank));
+        let ranks = (rank, opts.config.topo.parent(opts.size, rank));
         match super::detect::Detectors::start(&opts.config, &opts.instance, ip, owner, ranks, &mc, dtx) {
             Ok(d) => self.detect = Some(d),
             Err(e) => warn!("failure detectors unavailable ({e}); membership relies on TCP alone"),

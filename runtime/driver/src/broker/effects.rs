@@ -196,8 +196,7 @@ impl Driver {
     fn connect_adoptive_parent(&mut self, rank: u32, adopt: (u32, bool), timeout: std::time::Duration) {
         self.parent_gen += 1;
         let gen = self.parent_gen;
-        let mut opts = self.broker.opts.clone();
-        opts.connect_timeout = timeout.as_secs_f64();
+        let opts = self.broker.opts.clone();
         let ep = opts.endpoints.get(rank as usize).cloned();
         let transport = TcpTransport { auth: self.auth.clone() };
         let upgrades = self.upgrades.clone();
@@ -205,9 +204,11 @@ impl Driver {
         let tx = self.input_tx.clone();
         tokio::spawn(async move {
             let result = match ep {
-                Some(ep) => connect_parent(&opts, &transport, &upgrades, probe_port, &ep, Some(adopt))
-                    .await
-                    .map_err(|e| e.context(&format!("rank {rank}"))),
+                Some(ep) => {
+                    connect_parent(&opts, timeout.as_secs_f64(), &transport, &upgrades, probe_port, &ep, Some(adopt))
+                        .await
+                        .map_err(|e| e.context(&format!("rank {rank}")))
+                }
                 None => Err(format!("no endpoint known for rank {rank}").into()),
             };
             let _ = tx.send(Event::ParentLink { gen, result });

@@ -236,19 +236,20 @@ pub(super) async fn node_answers(addr: std::net::SocketAddr, wait: Duration) -> 
     tokio::time::timeout(wait, any).await.unwrap_or(false)
 }
 
-/// Connect to the parent at `ep` (retrying until `tbon.connect_timeout`), say hello (asking to be adopted in
-/// place of the lost rank `adopt`, if given: its rank, and whether as a last resort, see
-/// [`reparent::ask_adoption`](super::reparent::ask_adoption)) and move the link onto the transport the hello
-/// agrees.
+/// Connect to the parent at `ep` (retrying for up to `timeout` seconds: `tbon.connect_timeout` for the first
+/// parent), say hello (asking to be adopted in place of the lost rank `adopt`, if given: its rank, and whether as
+/// a last resort, see [`reparent::ask_adoption`](super::reparent::ask_adoption)) and move the link onto the
+/// transport the hello agrees.
 pub(super) async fn connect_parent(
     opts: &BrokerOptions,
+    timeout: f64,
     transport: &dyn Transport,
     upgrades: &Upgrades,
     probe_port: Option<u16>,
     ep: &str,
     adopt: Option<(u32, bool)>,
 ) -> Result<ParentLink, ParentError> {
-    let deadline = Instant::now() + Duration::from_secs_f64(opts.connect_timeout.clamp(0.0, 1e7));
+    let deadline = Instant::now() + Duration::from_secs_f64(timeout.clamp(0.0, 1e7));
     let mut delay = Duration::from_millis(5);
     let mut last_error = String::from("no answer");
     let mut warned = false;
@@ -259,7 +260,13 @@ pub(super) async fn connect_parent(
                 let local = link.sock.as_ref().and_then(local_ip);
                 let offers = upgrades.offer(local)?;
                 let mut fields = merge(
-                    super::liveness::hello_payload(opts.rank, &opts.instance, opts.size, &opts.topo, &opts.hostname),
+                    super::liveness::hello_payload(
+                        opts.rank,
+                        &opts.instance,
+                        opts.size,
+                        &opts.config.topo,
+                        &opts.hostname,
+                    ),
                     json!({"probe_port": probe_port}),
                 );
                 if let Some((lost, last_resort)) = adopt {
@@ -313,10 +320,7 @@ pub(super) async fn connect_parent(
                              instance id, or its listener is flooded with connections (its log says which)"
                         );
                         if !warned {
-                            warn!(
-                                "parent at {ep}: {why}; retrying for up to {}s (tbon.connect_timeout)",
-                                opts.connect_timeout
-                            );
+                            warn!("parent at {ep}: {why}; retrying for up to {timeout}s (tbon.connect_timeout)");
                             warned = true;
                         }
                         why
@@ -326,7 +330,7 @@ pub(super) async fn connect_parent(
             }
         }
         if Instant::now() >= deadline {
-            let why = format!("could not connect to parent at {ep} within {}s: {last_error}", opts.connect_timeout);
+            let why = format!("could not connect to parent at {ep} within {timeout}s: {last_error}");
             return Err(why.into());
         }
         tokio::time::sleep(delay).await;
@@ -340,8 +344,6 @@ mod tests {
     use crate::broker::core::Peer;
     use crate::broker::link_set::LinkSet;
     use crate::broker::transport::{MemNetwork, MemTransport};
-    use crate::broker::ListenSpec;
-    use crate::hwloc::TopologySource;
     use crate::topology::Topology;
     use std::path::PathBuf;
 
@@ -361,30 +363,25 @@ mod tests {
         assert!(since.elapsed() < Duration::from_secs(60), "the first answer ends the check, not its wait");
     }
 
-    /// Rank `rank` of a 2-broker instance whose parent listens at `mem://rank0`.
+    /// Rank `rank` of a 2-broker instance whose parent listens at `mem://rank0`, in shape kary:2.
     fn options(rank: u32, config: crate::attrs::BrokerConfig) -> BrokerOptions {
         let topo: Topology = "kary:2".parse().expect("a topology");
         BrokerOptions {
             rank,
             size: 2,
-            topo,
             hostname: format!("node{rank}"),
             instance: "mem".into(),
             endpoints: vec!["mem://rank0".into(), "mem://rank1".into()],
             hosts: Vec::new(),
-            listen: ListenSpec::Endpoint(String::new()),
             rundir: PathBuf::from("/nonexistent/vigil-mem"),
-            config,
+            config: crate::attrs::BrokerConfig { topo, ..config },
             initial_program: None,
-            topology: TopologySource::Live,
-            declared_gpus: None,
-            discovered: None,
-            connect_timeout: 5.0,
             resources_override: None,
-            parent_uri: None,
-            key: crate::keyfile::OverlayKey::from_hex(&"5a".repeat(32)).expect("a valid key"),
         }
     }
+
+    /// How long the tests' brokers retry their parent, seconds.
+    const CONNECT_TIMEOUT: f64 = 5.0;
 
     /// The parent's side of a hello, as the driver does it (answers from `upgrades`, then the hello-ack): the
     /// hello it got, and its end of the link with what it runs on.
@@ -414,10 +411,17 @@ mod tests {
         let parent = tokio::spawn(async move { answer_one(&mut listener, &parent_upgrades).await });
         let child = options(1, config.clone());
         let transport = MemTransport { net, name: "rank1".into() };
-        let ParentLink { link, choice, probe } =
-            connect_parent(&child, &transport, &Upgrades::new(&config), Some(4242), "mem://rank0", Some((3, false)))
-                .await
-                .expect("connected");
+        let ParentLink { link, choice, probe } = connect_parent(
+            &child,
+            CONNECT_TIMEOUT,
+            &transport,
+            &Upgrades::new(&config),
+            Some(4242),
+            "mem://rank0",
+            Some((3, false)),
+        )
+        .await
+        .expect("connected");
         let (hello, p_link, p_choice) = parent.await.expect("parent side");
         assert_eq!(
             (hello["rank"].as_u64(), hello["probe_port"].as_u64(), hello["adopt"].as_u64()),
@@ -469,9 +473,16 @@ mod tests {
         });
         let config = crate::attrs::BrokerConfig { ofi_provider: "no-such-provider".into(), ..Default::default() };
         let transport = MemTransport { net, name: "rank1".into() };
-        let r =
-            connect_parent(&options(1, config.clone()), &transport, &Upgrades::new(&config), None, "mem://rank0", None)
-                .await;
+        let r = connect_parent(
+            &options(1, config.clone()),
+            CONNECT_TIMEOUT,
+            &transport,
+            &Upgrades::new(&config),
+            None,
+            "mem://rank0",
+            None,
+        )
+        .await;
         let e = r.err().expect("refused");
         assert!(matches!(e, ParentError::Refused { full: false, .. }), "{e:?}");
         assert!(e.to_string().starts_with("parent at mem://rank0 refused us: tbon.transport=ofi but "), "{e}");

@@ -7,7 +7,7 @@
 //! to the driver through one channel, so a slow peer or client never stalls routing.
 //!
 //! What is here: `driver.rs` (the loop), `effects.rs` (carrying out the broker's effects, starting job shells),
-//! `links_up.rs` (accepting children, connecting to the parent), `discover.rs` (what the node has), `transport.rs`,
+//! `links_up.rs` (accepting children, connecting to the parent), `discover.rs` (what the node has), `options.rs` (what only the driver needs to start), `transport.rs`,
 //! `rdma_link.rs`, `ofi_link.rs` and [`secure`] (the overlay links), `local.rs` (the local connector), `detect.rs`
 //! (failure detectors and the prober), `spawn.rs` and `cgroup.rs` (job shell processes and their containment),
 //! `store.rs` and `redo.rs` (rank 0's state directory in SQLite and its redo log) with `statedir_io.rs` (their
@@ -23,6 +23,7 @@ mod link_set;
 mod links_up;
 mod local;
 mod ofi_link;
+mod options;
 mod placement;
 pub(crate) mod rdma_link;
 pub mod secure;
@@ -39,4 +40,5 @@ mod upgrade;
 pub(crate) use vigil_core::broker::{confirm, core, liveness, reparent};
 
 pub use self::discover::{discover_in_child_to, discover_node_main};
-pub use self::driver::{run, BrokerOptions, ListenSpec};
+pub use self::driver::{run, BrokerOptions};
+pub use self::options::{DriverOptions, ListenSpec};

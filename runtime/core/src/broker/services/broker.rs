@@ -211,17 +211,12 @@ fn attrs(core: &Broker) -> std::collections::BTreeMap<&'static str, Option<Strin
             "rank" => o.rank.to_string(),
             "size" => o.size.to_string(),
             "hostname" => o.hostname.clone(),
-            "tbon.topo" => o.topo.to_string(),
-            "tbon.fanout" => match o.topo {
-                crate::topology::Topology::Kary(k) => k.to_string(),
-                crate::topology::Topology::Binomial => return None,
-            },
-            "tbon.level" => o.topo.level(o.size, o.rank).to_string(),
-            "tbon.maxlevel" => o.topo.depth(o.size).saturating_sub(1).to_string(),
+            "tbon.level" => o.config.topo.level(o.size, o.rank).to_string(),
+            "tbon.maxlevel" => o.config.topo.depth(o.size).saturating_sub(1).to_string(),
             "tbon.transport-active" => core.links.summary(),
             "tbon.endpoint" => o.endpoints.get(o.rank as usize).cloned().unwrap_or_default(),
             "tbon.parent-endpoint" => {
-                o.endpoints.get(o.topo.parent(o.size, o.rank)? as usize).cloned().unwrap_or_default()
+                o.endpoints.get(o.config.topo.parent(o.size, o.rank)? as usize).cloned().unwrap_or_default()
             }
             "rundir" => o.rundir.display().to_string(),
             "local-uri" => core.env.local_uri.clone(),
@@ -247,8 +242,8 @@ fn broker_info(core: &Broker) -> Value {
     };
     json!({
         "rank": o.rank, "size": o.size, "hostname": o.hostname, "state": state,
-        "uptime": core.clock(), "topo": o.topo.to_string(),
-        "depth": o.topo.depth(o.size), "level": o.topo.level(o.size, o.rank),
+        "uptime": core.clock(), "topo": o.config.topo.to_string(),
+        "depth": o.config.topo.depth(o.size), "level": o.config.topo.level(o.size, o.rank),
         "transport": core.links.summary(), "instance_level": o.config.instance_level.to_string(),
         "detectors": detectors(core),
         "resource_source": core.env.resources.source,

@@ -45,7 +45,7 @@ fn torpid_or_lively(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply 
             // subtree adds nothing, and walking every reported rank's subtree would be quadratic.
             continue;
         }
-        for d in core.opts.topo.subtree(core.opts.size, r).into_iter().filter(|d| *d != r) {
+        for d in core.opts.config.topo.subtree(core.opts.size, r).into_iter().filter(|d| *d != r) {
             let m = core.members.get(&d);
             let ok = if torpid {
                 m.is_some_and(|m| m.0 == MemberState::Online)
@@ -192,7 +192,7 @@ struct StatusRequest {
 fn status(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     let req: StatusRequest = lazy.decode()?;
     let size = core.opts.size;
-    let topo = core.opts.topo;
+    let topo = core.opts.config.topo;
     let jc = core.jobcore.as_ref().ok_or(ServiceError::enosys("not rank 0"))?;
     if let Some(root) = req.health {
         if root >= size {
