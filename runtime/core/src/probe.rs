@@ -13,8 +13,8 @@
 //! those are the fast ones.) A dead node is then lost after `probe_misses` misses past its patience: 30-40 ms on a
 //! quiet link as before, about 1.5 times the link's longest recent round trip more on a jittery one. When links
 //! slow down faster than that is learned, several children fall silent at once: such periods of **correlated
-//! silence** blame nobody ([`correlated_silence`]). Both the driver's prober (`vigil-driver`, `broker/detect.rs`)
-//! and the simulator's use these rules.
+//! silence** blame nobody ([`correlated_silence`]). Both the driver's prober (`vigil-driver`,
+//! `broker/detect/prober.rs`) and the simulator's use these rules.
 
 use serde::{Deserialize, Serialize};
 

@@ -8,7 +8,7 @@
 //! - **each node's kernel**: it keeps acknowledging TCP data and answering probes while its broker is stopped
 //!   (`SIGSTOP`: inputs queue up and are handled on resume), and stops doing either when the node dies;
 //! - **each parent's prober**: probes every child node each `tbon.probe_period` and forwards what the real prober
-//!   forwards (`broker/detect.rs`): a reply when it changes a verdict or once a second, every new miss;
+//!   forwards (`broker/detect/prober.rs`): a reply when it changes a verdict or once a second, every new miss;
 //! - **job shells**: a shell "runs" its tasks for the seconds its command says (`sleep S`; anything else ends at
 //!   once) and reports like a real one; a signal ends it; it dies with its node or its broker;
 //! - **a client** on rank 0 that submits jobs and pings ranks.

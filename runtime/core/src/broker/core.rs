@@ -146,7 +146,8 @@ pub enum Stop {
 /// with [`Input::Status`] whenever it changes.
 #[derive(Clone, Debug, Default)]
 pub struct DriverStatus {
-    /// Which failure detectors run, as `{process_exit, tcp, responder, probes[, probing]}` (detect.rs).
+    /// Which failure detectors run, as `{process_exit, tcp, responder, probes[, probing]}` (the driver's
+    /// `broker/detect/status.rs`).
     pub detectors: Value,
     /// Overlay connections refused before authentication (see `secure::RefusalLog`).
     pub refused: u64,

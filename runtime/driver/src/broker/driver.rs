@@ -67,7 +67,7 @@ pub(crate) enum Event {
         result: Result<(), super::store::CommitError>,
     },
     Signal(i32),
-    /// From the failure detectors (`detect.rs`); `requeued` marks a kernel TCP event already put back once.
+    /// From the failure detectors (`detect/`); `requeued` marks a kernel TCP event already put back once.
     Detect(super::detect::DetectInput, bool),
     /// The outcome of an [`Effect::CheckNode`](super::core::Effect::CheckNode): whether the node's kernel
     /// answered.

@@ -32,8 +32,9 @@ use decode::json_kind;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-/// Which failure detectors this broker runs, as `{process_exit, tcp, responder, probes}` (detect.rs), and on a
-/// parent `probing` (children by group datagram / unicast, where replies are read).
+/// Which failure detectors this broker runs, as `{process_exit, tcp, responder, probes}` (the driver's
+/// `broker/detect/status.rs`), and on a parent `probing` (children by group datagram / unicast, where replies are
+/// read).
 fn detectors(core: &Broker) -> Value {
     let mut d = core.status.detectors.clone();
     if let Value::Object(m) = &mut d {

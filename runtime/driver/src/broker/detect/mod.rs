@@ -1,0 +1,392 @@
+//! A broker's failure detectors (the `ebpf/` crate) and their glue to the membership machine.
+//!
+//! * **process exit** (`sched_process_exit` + `signal_generate` + `oom/mark_victim`, or pidfd/waitid): job shells
+//!   register their tasks (`detect.watch`), and each exit reaches the shell before the kernel has torn the task's
+//!   memory down; rank 0 of a test instance also watches the other brokers of its machine.
+//! * **TCP** (`inet_sock_set_state`, `tcp_receive_reset`, `tcp_retransmit_skb`) on the overlay's sockets: a reset
+//!   or close makes the peer lost at once; a retransmit is a hint that makes the prober probe that child now.
+//! * **heartbeat responder**: the node's kernel (XDP) answers the parent's UDP probes with this broker's
+//!   liveness and heartbeat age; without XDP a userspace thread answers (it stops with the broker, so its
+//!   silence is never read as a dead node).
+//! * **prober** (parents): every `tbon.probe_period` a probe to each child node; consecutive misses and
+//!   replies go to the membership machine as [`Signal::ProbeMissed`] / [`Signal::ProbeReply`].
+//!
+//! eBPF loading costs ~0.1 s of CPU, so it runs in the background after the broker is up, and only once per
+//! machine in a test instance (`broker.detector-rank`: the other brokers use that rank's detectors). Every
+//! fallback is logged once and shown by `vigil uptime` / `vigil overlay status` ([`DetectorStatus`]).
+//!
+//! Where each part is, one job a file:
+//! - here: [`Detectors`], what the driver holds. It starts the detectors ([`Detectors::start`]: the probe
+//!   socket, the userspace responder, the background loader), feeds the responder the broker's heartbeat, hands
+//!   the watchers the pids and overlay sockets to watch, starts the prober with the first child, and cleans up
+//!   on exit; and [`DetectInput`], what the detectors send the driver's loop.
+//! - `load.rs`: loading and attaching the eBPF programs in the background (once per machine, sharing the XDP
+//!   responder through pinned maps), and taking them into use with the one report of what degraded.
+//! - `watch.rs`: the tasks that watch process exits and the overlay's TCP connections.
+//! - `status.rs`: what runs and what the prober does, as `vigil uptime` / `vigil overlay status` show it.
+//! - `prober.rs`: the prober's state, child by child, and its rounds: what a reply or a silence means.
+//! - `prober_thread.rs`: the prober's own thread, its period and its loop; `probe_socket.rs`: its UDP socket.
+//!
+//! The rules these carry out live in the core: `vigil_core::membership` decides online / torpid / lost from the
+//! signals sent here (docs/failure-detection.md), and `vigil_core::probe` holds the prober's rules on reply times,
+//! patience and correlated silence, which `prober.rs` applies child by child.
+
+mod load;
+mod probe_socket;
+mod prober;
+mod prober_thread;
+mod status;
+mod watch;
+
+pub(crate) use self::load::Loaded;
+use self::load::{load, mode, sweep_pins, table_pin_path, xdp_attach};
+use self::probe_socket::{grow_receive_buffer, multicast_sender};
+pub(crate) use self::prober_thread::ProbeCmd;
+use self::prober_thread::{prober_thread, PROBER_STACK};
+pub(crate) use self::status::{DetectorStatus, ProberStats};
+pub(crate) use self::watch::unread_bytes;
+use self::watch::{socket_tuple, ExitCmd, TcpCmd};
+use crate::attrs::BrokerConfig;
+use crate::membership::Signal;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+use vigil_ebpf::{
+    DetectorMode, ExitEvent, HbTable, HeartbeatClock, TcpEvent, TcpTuple, UserspaceResponder, XdpAttach, XdpResponder,
+};
+
+/// Inputs the detectors send to the core loop.
+pub(crate) enum DetectInput {
+    /// Background loading finished.
+    Loaded(Box<Loaded>),
+    /// A watched process exited.
+    Exit(ExitEvent),
+    /// A process could not be watched (already gone): pid, why.
+    WatchFailed(u32, String),
+    /// A kernel event on the overlay connection of `rank` (u32::MAX = the parent).
+    Tcp(u32, TcpEvent),
+    /// A liveness signal about child `rank` from the prober.
+    Probe(u32, Signal),
+}
+
+/// The detectors of one broker.
+pub(crate) struct Detectors {
+    /// What runs, for status output.
+    pub status: DetectorStatus,
+    /// UDP port of this broker's probe socket (told to the parent in the hello).
+    pub probe_port: u16,
+    clock: Arc<HeartbeatClock>,
+    table: Option<Arc<HbTable>>,
+    xdp: Option<XdpResponder>,
+    /// Pins this broker made of a table it shares, removed when it leaves.
+    shared_pins: Vec<std::path::PathBuf>,
+    /// `broker.xdp_mode` as asked (a shared program keeps its owner's mode).
+    xdp_how: XdpAttach,
+    _user: Option<UserspaceResponder>,
+    exit_tx: Option<mpsc::UnboundedSender<ExitCmd>>,
+    tcp_tx: Option<mpsc::UnboundedSender<TcpCmd>>,
+    prober: Option<mpsc::UnboundedSender<ProbeCmd>>,
+    /// Brokers of this machine whose exits we watch (test-instance owner), by pid.
+    watched_brokers: std::collections::HashSet<u32>,
+    owner: bool,
+    bind_ip: Ipv4Addr,
+    input_tx: mpsc::UnboundedSender<DetectInput>,
+    probe_period: f64,
+    /// `tbon.stall_max`, seconds (probe replies with a heartbeat half that old are all forwarded).
+    stall_max: f64,
+    /// The group this broker probes its children on (None: `tbon.probe_group=off`, or the overlay is on
+    /// loopback, where one node holds every child).
+    group: Option<SocketAddrV4>,
+    /// What the prober does (once this broker has children).
+    pub(crate) prober_stats: Option<Arc<ProberStats>>,
+    /// The background load, until [`begin_load`](Self::begin_load) starts it.
+    loader: Option<Box<dyn FnOnce() -> Loaded + Send>>,
+    /// Log fallbacks at info, not warn (a nested instance: its stderr is the user's job output).
+    quiet: bool,
+}
+
+impl Detectors {
+    /// Binds the probe socket on `bind_ip`, starts the userspace responder (replaced by XDP once loaded) and
+    /// the background loader. `owner` = this broker loads the machine's detectors (else it uses
+    /// `broker.detector-rank`'s through the pinned table).
+    pub(crate) fn start(
+        config: &BrokerConfig,
+        instance: &str,
+        bind_ip: Ipv4Addr,
+        owner: bool,
+        ranks: (u32, Option<u32>),
+        cfg: &crate::membership::Config,
+        input_tx: mpsc::UnboundedSender<DetectInput>,
+    ) -> Result<Detectors, String> {
+        let (rank, parent) = ranks;
+        let sock = std::net::UdpSocket::bind((bind_ip, 0)).map_err(|e| format!("probe socket on {bind_ip}: {e}"))?;
+        let probe_port = sock.local_addr().map_err(|e| e.to_string())?.port();
+        let groups = config.probe_group;
+        let group = groups.for_parent(rank).filter(|_| !bind_ip.is_loopback());
+        if let Some(g) = parent.and_then(|p| groups.for_parent(p)).filter(|_| !bind_ip.is_loopback()) {
+            // The kernel answers group probes before any socket sees them; joining only tells multicast-aware
+            // switches (IGMP snooping) to deliver the group here.
+            if let Err(e) = sock.join_multicast_v4(g.ip(), &bind_ip) {
+                info!("not joining probe group {g} on {bind_ip} ({e}); a snooping switch may not deliver it");
+            }
+        }
+        let clock = Arc::new(HeartbeatClock::default());
+        clock.beat();
+        let user = UserspaceResponder::spawn(sock, clock.clone()).map_err(|e| format!("responder thread: {e}"))?;
+        let mode = mode(config);
+        let xdp_how = xdp_attach(config);
+        let pending = "userspace (eBPF detectors loading)".to_string();
+        let status = DetectorStatus {
+            process_exit: pending.clone(),
+            tcp: pending.clone(),
+            responder: "userspace (XDP responder loading)".into(),
+            probes: format!(
+                "every {:.0} ms{}; a child whose kernel (XDP) answers is lost after {} unanswered in a row",
+                cfg.probe_period * 1e3,
+                match (groups.for_parent(rank), bind_ip.is_loopback()) {
+                    _ if mode == DetectorMode::ForceUserspace => {
+                        ", by unicast (group probes need this node's XDP responder to collect the replies)".into()
+                    }
+                    (Some(g), false) =>
+                        format!(", by one multicast datagram to {g} once a child's kernel has answered"),
+                    (Some(_), true) => ", by unicast (loopback: group probes need one node per child)".into(),
+                    (None, _) => ", by unicast (tbon.probe_group=off)".into(),
+                },
+                cfg.probe_misses
+            ),
+        };
+        let mut d = Detectors {
+            status,
+            probe_port,
+            clock,
+            table: None,
+            xdp: None,
+            shared_pins: Vec::new(),
+            xdp_how,
+            _user: Some(user),
+            exit_tx: None,
+            tcp_tx: None,
+            prober: None,
+            watched_brokers: Default::default(),
+            owner,
+            bind_ip,
+            input_tx: input_tx.clone(),
+            probe_period: cfg.probe_period,
+            stall_max: cfg.stall_max,
+            group,
+            prober_stats: None,
+            loader: None,
+            quiet: config.instance_level != 0,
+        };
+        let ifname = vigil_ebpf::interface_for_addr(bind_ip);
+        let pin = table_pin_path(instance);
+        let test_instance = config.detector_rank.is_some();
+        d.loader = Some(Box::new(move || load(mode, xdp_how, owner, ifname, test_instance.then_some(pin))));
+        Ok(d)
+    }
+
+    /// Start loading the eBPF detectors in the background, once the link to the parent is up (the ~0.1 s of
+    /// CPU it costs then does not delay joining the overlay).
+    pub(crate) fn begin_load(&mut self) {
+        let Some(f) = self.loader.take() else { return };
+        let input_tx = self.input_tx.clone();
+        // A plain thread, not spawn_blocking: a short-lived broker must not wait for the load to finish on exit.
+        let rt = tokio::runtime::Handle::current();
+        let spawned = std::thread::Builder::new().name("vigil-detectors".into()).spawn(move || {
+            let _g = rt.enter();
+            let loaded = f();
+            let _ = input_tx.send(DetectInput::Loaded(Box::new(loaded)));
+        });
+        if let Err(e) = spawned {
+            warn!("cannot start the detector loader thread ({e}); detectors stay userspace");
+        }
+    }
+
+    /// Called every `tbon.stall_max / 4` from the core (`Effect::Beat`):
+    /// the userspace heartbeat the responder reports (its table in the kernel, or the userspace responder's clock).
+    pub(crate) fn beat_clock(&mut self) {
+        self.clock.beat();
+        if let Some(t) = &self.table {
+            let _ = t.heartbeat(self.probe_port);
+        }
+    }
+
+    /// Called every heartbeat period from the core loop: [`Detect::beat_clock`], and (on the machine's detector
+    /// owner) exit watches on the brokers registered in its table.
+    pub(crate) fn beat(&mut self) {
+        self.beat_clock();
+        if let Some(t) = &self.table {
+            if self.owner && self.xdp.is_some() {
+                if let Some(tx) = &self.exit_tx {
+                    let me = std::process::id();
+                    for (_, st) in t.entries() {
+                        if st.pid != me && st.alive == 1 && self.watched_brokers.insert(st.pid) {
+                            let _ = tx.send(ExitCmd::Watch(st.pid));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A watched process exited: if it is a broker of this machine, the responder now answers "dead" for it.
+    /// Returns true if the pid was a broker.
+    pub(crate) fn on_exit(&mut self, pid: u32) -> bool {
+        if self.watched_brokers.remove(&pid) {
+            if let Some(t) = &self.table {
+                t.mark_dead(pid);
+            }
+            return true;
+        }
+        false
+    }
+
+    /// Watch a process's exit (for a local client); false if no exit detector is loaded yet.
+    pub(crate) fn watch_pid(&self, pid: u32) -> bool {
+        self.exit_tx.as_ref().is_some_and(|tx| tx.send(ExitCmd::Watch(pid)).is_ok())
+    }
+
+    /// Watch the overlay connection of `rank` (u32::MAX = parent) given a duplicate of its socket.
+    pub(crate) fn watch_link(&self, rank: u32, sock: &std::os::fd::OwnedFd) -> Option<TcpTuple> {
+        let tx = self.tcp_tx.as_ref()?;
+        let t = socket_tuple(sock)?;
+        let _ = tx.send(TcpCmd::Watch(rank, t));
+        Some(t)
+    }
+
+    /// Stop watching a connection.
+    pub(crate) fn unwatch_link(&self, t: TcpTuple) {
+        if let Some(tx) = &self.tcp_tx {
+            let _ = tx.send(TcpCmd::Unwatch(t));
+        }
+    }
+
+    /// Start probing child `rank` whose node answers at `addr` (its overlay address, its probe port).
+    pub(crate) fn probe_child(&mut self, rank: u32, addr: SocketAddr) {
+        if self.prober.is_none() {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let mut group = self.group;
+            let sock = match std::net::UdpSocket::bind((self.bind_ip, 0))
+                .and_then(|s| s.set_nonblocking(true).map(|_| s))
+                .inspect(|s| {
+                    if let (Some(g), Err(e)) = (group, multicast_sender(s, self.bind_ip)) {
+                        warn!(
+                            "group probes to {g} off (multicast from {}: {e}); children probed by unicast",
+                            self.bind_ip
+                        );
+                        group = None;
+                    }
+                })
+                .inspect(grow_receive_buffer)
+            {
+                Ok(s) => s,
+                Err(e) => {
+                    warn!(
+                        "no heartbeat prober (UDP socket on {}: {e}); children are judged on TCP alone",
+                        self.bind_ip
+                    );
+                    return;
+                }
+            };
+            let period = Duration::from_secs_f64(self.probe_period.max(crate::membership::MIN_PROBE_PERIOD));
+            let stats = Arc::new(ProberStats::default());
+            self.prober_stats = Some(stats.clone());
+            let (input_tx, stall_max, rt) = (self.input_tx.clone(), self.stall_max, self.owner);
+            if let Err(e) = std::thread::Builder::new()
+                .name("vigil-prober".into())
+                .stack_size(PROBER_STACK)
+                .spawn(move || prober_thread(sock, rx, input_tx, period, group, stats, stall_max, rt))
+            {
+                warn!("no heartbeat prober (thread: {e}); children are judged on TCP alone");
+                self.prober_stats = None;
+                return;
+            }
+            if let Some(t) = &self.table {
+                let _ = tx.send(ProbeCmd::Collector(t.clone()));
+            }
+            self.prober = Some(tx);
+        }
+        if let Some(p) = &self.prober {
+            let _ = p.send(ProbeCmd::Add(rank, addr));
+        }
+    }
+
+    /// Send a command to the prober (no-op without one).
+    pub(crate) fn prober_cmd(&self, c: ProbeCmd) {
+        if let Some(p) = &self.prober {
+            let _ = p.send(c);
+        }
+    }
+
+    /// Clean exit: remove this broker from the responder table (a killed broker stays, marked dead by the
+    /// machine's detector owner).
+    ///
+    /// The owner of the XDP program leaves it attached while other brokers of the machine use it (a nested
+    /// instance's; its pinned link keeps it attached if the owner is killed too); a broker sharing it removes the
+    /// pins it made and, if it was the last live user, the program.
+    pub(crate) fn shutdown(&mut self) {
+        let Some(t) = self.table.take() else { return };
+        let _ = t.unregister(self.probe_port);
+        match self.xdp.take() {
+            Some(x) => {
+                let interface = x.interface().to_owned();
+                match x.release() {
+                    vigil_ebpf::Release::Detached => {}
+                    vigil_ebpf::Release::Kept(n) => {
+                        info!("leaving the XDP responder on {interface} attached for {n} other brokers of this machine")
+                    }
+                    vigil_ebpf::Release::NotKept(n) => warn!(
+                        "the XDP responder on {interface} is detached although {n} other brokers of this machine use \
+                         it (its link could not be pinned): only their userspace responders answer now"
+                    ),
+                }
+            }
+            None => {
+                for p in self.shared_pins.drain(..) {
+                    let _ = std::fs::remove_file(p);
+                }
+                sweep_pins("leaving");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+/// The attributes that choose how the detectors run.
+mod tests {
+    use super::*;
+    use crate::attrs::ProbeGroup;
+
+    /// The config of a broker started with `-S name=v`, or the attribute error.
+    fn config(name: &str, v: &str) -> Result<BrokerConfig, String> {
+        BrokerConfig::parse(&std::collections::BTreeMap::from([(name.to_string(), v.to_string())]))
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn xdp_mode_attribute() {
+        let a = |v: &str| config("broker.xdp_mode", v).map(|c| xdp_attach(&c));
+        assert_eq!(xdp_attach(&BrokerConfig::default()), XdpAttach::Auto);
+        assert_eq!(a("native"), Ok(XdpAttach::Native));
+        assert_eq!(a("generic"), Ok(XdpAttach::Generic));
+        for bad in ["driver", "skb", "", "Native"] {
+            let e = a(bad).unwrap_err();
+            assert!(e.contains("broker.xdp_mode") && e.contains("expected auto, native or generic"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn probe_group_attribute() {
+        let a = |v: &str| config("tbon.probe_group", v).map(|c| c.probe_group);
+        assert_eq!(BrokerConfig::default().probe_group, ProbeGroup::Auto);
+        assert_eq!(a("off"), Ok(ProbeGroup::Off));
+        assert_eq!(ProbeGroup::Auto.for_parent(258), Some("239.255.1.2:22087".parse().unwrap()));
+        let fixed = a("239.1.2.3:999").unwrap();
+        assert_eq!(fixed.for_parent(7), Some("239.1.2.3:999".parse().unwrap()));
+        for bad in ["10.0.0.1:5", "239.1.2.3:0", "239.1.2.3", "yes", "224.0.0.1:5000"] {
+            assert!(a(bad).unwrap_err().contains("tbon.probe_group"), "{bad}");
+        }
+    }
+}
