@@ -558,21 +558,28 @@ impl Job {
 
     /// The ranks and hosts of the nodes the job's last run lost: those its exceptions name in their `ranks` and
     /// `hosts` (a lost node's `node-failure`; a batch or alloc job's broker that failed while its node lived on),
-    /// since its last `requeue`.
+    /// since its last `requeue`. The hosts are in rank order, as the ranks are.
     pub fn lost(&self) -> (IdSet, crate::hostlist::Hostlist) {
-        let since = self.eventlog.iter().rposition(|e| e.name == "requeue").map_or(0, |i| i + 1);
-        let mut ranks = IdSet::new();
-        let mut hosts: Vec<String> = Vec::new();
-        for e in self.eventlog[since..].iter().filter(|e| e.name == "exception") {
-            let (Some(r), Some(h)) = (e.context.get("ranks"), e.context.get("hosts")) else { continue };
-            if let Some(set) = r.as_str().and_then(|r| IdSet::parse(r).ok()) {
-                ranks = ranks.union(&set);
-            }
-            if let Some(list) = h.as_str().and_then(|h| crate::hostlist::Hostlist::parse(h).ok()) {
-                hosts.extend(list.into_vec().into_iter().filter(|h| !hosts.contains(h)).collect::<Vec<_>>());
+        lost_in(journal::this_run(&self.eventlog))
+    }
+
+    /// What each earlier run of a requeued job lost ([`Job::lost`] of each run before a `requeue`), oldest first:
+    /// `(run, ranks, hosts)` with runs numbered from 1, only runs that lost nodes.
+    pub fn lost_earlier(&self) -> Vec<(usize, IdSet, crate::hostlist::Hostlist)> {
+        let mut out = Vec::new();
+        let mut from = 0;
+        let mut run = 1;
+        for (i, e) in self.eventlog.iter().enumerate() {
+            if e.name == "requeue" {
+                let (ranks, hosts) = lost_in(&self.eventlog[from..i]);
+                if !ranks.is_empty() || !hosts.is_empty() {
+                    out.push((run, ranks, hosts));
+                }
+                from = i + 1;
+                run += 1;
             }
         }
-        (ranks, hosts.into_iter().collect())
+        out
     }
 
     /// The jobspec as submitted.
@@ -656,6 +663,10 @@ impl Job {
             // The nodes its run lost and kept going without (a batch or alloc job) or died of, and how many it
             // holds now (`nnodes` stays the count it started with).
             "lost_ranks": lost_ranks.to_string(), "lost_nodelist": lost_hosts.to_string(),
+            // What the runs before a requeue lost (the fields above are the current run's), oldest first.
+            "lost_earlier": self.lost_earlier().into_iter()
+                .map(|(run, r, h)| json!({"run": run, "lost_ranks": r.to_string(), "lost_nodelist": h.to_string()}))
+                .collect::<Vec<_>>(),
             "nnodes_current": ranks.iter().filter(|r| !lost_ranks.contains(*r)).count(),
             "id": self.id.0, "id_f58": self.id.f58(), "userid": self.userid, "state": self.state.name(),
             "name": self.name.as_deref()
@@ -674,6 +685,36 @@ impl Job {
             "uri": self.instance.as_ref().and_then(|i| i.get("uri")).cloned(),
         })
     }
+}
+
+/// The ranks and hosts of the nodes that the exceptions among `events` name in their `ranks` and `hosts`, the
+/// hosts in rank order (each exception lists its hosts in the order of its ranks), so that `lost_nodelist` reads
+/// as `lost_ranks` does: `node[3,6]` beside `3,6`, whichever was lost first.
+fn lost_in(events: &[std::sync::Arc<Event>]) -> (IdSet, crate::hostlist::Hostlist) {
+    let mut by_rank: BTreeMap<u32, String> = BTreeMap::new();
+    let mut unranked: Vec<String> = Vec::new();
+    for e in events.iter().filter(|e| e.name == "exception") {
+        let (Some(r), Some(h)) = (e.context.get("ranks"), e.context.get("hosts")) else { continue };
+        let ranks = r.as_str().and_then(|r| IdSet::parse(r).ok()).unwrap_or_default();
+        let hosts = h.as_str().and_then(|h| crate::hostlist::Hostlist::parse(h).ok()).map(|l| l.into_vec());
+        let hosts = hosts.unwrap_or_default();
+        if ranks.len() == hosts.len() {
+            by_rank.extend(ranks.iter().zip(hosts));
+        } else {
+            unranked.extend(hosts);
+        }
+        for r in ranks.iter() {
+            by_rank.entry(r).or_default();
+        }
+    }
+    let ranks: IdSet = by_rank.keys().copied().collect();
+    let mut hosts: Vec<String> = by_rank.into_values().filter(|h| !h.is_empty()).collect();
+    for h in unranked {
+        if !hosts.contains(&h) {
+            hosts.push(h);
+        }
+    }
+    (ranks, hosts.into_iter().collect())
 }
 
 /// The job manager, scheduler and exec system of one instance.

@@ -1168,3 +1168,16 @@ fn held_batches_are_bounded_past_a_gap() {
     assert_eq!(out, 200, "everything after the gap came out once the gap was given up");
     assert!(o.take(1, line()).is_empty());
 }
+
+/// What a job lost reads in rank order, as `lost_ranks` does, whichever node went first (issue 36, trial item
+/// 4b: `lost_nodelist: "node[6,3]"` beside `lost_ranks: "3,6"`).
+#[test]
+fn lost_nodes_are_listed_in_rank_order() {
+    let (mut c, id) = running_instance(6, "0");
+    for r in [4, 2, 5] {
+        c.ranks_lost(T0 + f64::from(r), &IdSet::from_iter([r]));
+    }
+    let info = c.jobs[&id].info();
+    assert_eq!((info["lost_ranks"].clone(), info["lost_nodelist"].clone()), (json!("2,4-5"), json!("node[2,4-5]")));
+    assert_eq!(info["nnodes_current"], json!(3));
+}

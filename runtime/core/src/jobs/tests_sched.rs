@@ -249,6 +249,10 @@ fn a_requeue_job_that_loses_a_node_reruns_ahead_of_later_jobs() {
     assert!(a.iter().any(|x| matches!(x, Action::Requeued(id) if *id == job)));
     assert_eq!(spawns(&a).iter().map(|s| s.1).collect::<Vec<_>>(), vec![0, 2]);
     assert_eq!(state(&c, later), JobState::Sched, "needs 3 of the 3 live nodes");
+    // The record of what was lost survives the requeue, per run: the current run lost nothing yet.
+    let info = c.jobs[&job].info();
+    assert_eq!((info["lost_ranks"].clone(), info["lost_nodelist"].clone()), (json!(""), json!("")));
+    assert_eq!(info["lost_earlier"], json!([{"run": 1, "lost_ranks": "1", "lost_nodelist": "node1"}]));
     finish(&mut c, T0 + 4.0, job);
     let j = &c.jobs[&job];
     assert_eq!((j.state, j.result()), (JobState::Inactive, Some("COMPLETED")));
