@@ -443,10 +443,12 @@ impl Pool {
     /// `reason_pending`). Shape: `resources: needs 4 nodes with 2 cores free, 2 can take it now (1 busy, 1 torpid, 1 down)` or
     /// `resources: needs 8 slots of 2 cores, 3 free now (1 drained)`; `gone` counts ranks lost for good (shrink).
     /// Only the ranks the job may run on are counted (its constraints: `--requires`, `-w`, `--exclude`, a
-    /// hostfile's hosts), not the whole instance.
+    /// hostfile's hosts), not the whole instance; the others are said as `N outside its node selection`, so that a
+    /// job waiting because of its own `-x` or `-w` says so.
     pub fn pending_reason(&self, req: &JobRequest) -> String {
         let (c, g) = (req.cores_per_slot, req.gpus_per_slot);
         let (mut down, mut torpid, mut drained, mut gone) = (0u32, 0u32, 0u32, 0u32);
+        let outside = self.ranks.values().filter(|r| !r.removed && !eligible(req, r)).count() as u32;
         for r in self.ranks.values().filter(|r| eligible(req, r)) {
             if r.removed {
                 gone += 1;
@@ -463,12 +465,18 @@ impl Pool {
             (c, g) => format!("{c} core{} and {g} GPU{}", if c == 1 { "" } else { "s" }, if g == 1 { "" } else { "s" }),
         };
         let out = |busy: Option<u32>| {
-            let parts: Vec<String> =
-                [(busy.unwrap_or(0), "busy"), (torpid, "torpid"), (down, "down"), (drained, "drained"), (gone, "gone")]
-                    .iter()
-                    .filter(|(k, _)| *k > 0)
-                    .map(|(k, what)| format!("{k} {what}"))
-                    .collect();
+            let parts: Vec<String> = [
+                (busy.unwrap_or(0), "busy"),
+                (torpid, "torpid"),
+                (down, "down"),
+                (drained, "drained"),
+                (gone, "gone"),
+                (outside, "outside its node selection"),
+            ]
+            .iter()
+            .filter(|(k, _)| *k > 0)
+            .map(|(k, what)| format!("{k} {what}"))
+            .collect();
             if parts.is_empty() {
                 String::new()
             } else {
@@ -636,7 +644,10 @@ mod tests {
         let wait = with(req(Some(1), 1, 1, 0), only3);
         assert!(p.allocate(&wait).is_none() && !p.counts(&wait).fits(&wait));
         assert!(p.counts(&req(Some(1), 1, 1, 0)).fits(&req(Some(1), 1, 1, 0)), "unconstrained, node1 fits");
-        assert!(p.pending_reason(&wait).contains("0 can take it now (1 busy)"), "{}", p.pending_reason(&wait));
+        assert_eq!(
+            p.pending_reason(&wait),
+            "resources: needs 1 node with 1 core free, 0 can take it now (1 busy, 3 outside its node selection)"
+        );
         let none = Constraint::from_options(&["host:login1".into()], None, None).unwrap();
         assert_eq!(p.feasible(&with(req(None, 1, 1, 0), none)), Err(Unsatisfiable::Constrained { want: 1, have: 0 }));
     }

@@ -537,7 +537,10 @@ fn a_pending_reason_counts_the_nodes_the_job_may_use() {
     let on01 = crate::constraint::Constraint::Ranks(IdSet::from_iter([0, 1]));
     let id = c.submit(T0, &spec(cmd().nnodes(2).constraint(Some(on01))), 0).unwrap();
     let why = c.pending_reason(id).unwrap();
-    assert_eq!(why, "resources: needs 2 nodes with 1 core free, 1 can take it now (1 busy)", "ranks 2-3 are not its");
+    assert_eq!(
+        why, "resources: needs 2 nodes with 1 core free, 1 can take it now (1 busy, 2 outside its node selection)",
+        "ranks 2-3 are not its, and said so (issue 36, trial item 4f)"
+    );
 }
 
 #[test]
