@@ -297,7 +297,8 @@ fn a_job_ignoring_sigterm_is_killed_after_its_own_kill_timeout() {
     let o = inst.vigil(&["run", "-o", "kill-timeout=41s", "true"]);
     assert!(
         o.code != 0
-            && o.stderr.contains("kill-timeout: 41s is more than this instance allows, 40s (exec.kill-timeout-max)"),
+            && o.stderr
+                .contains("-o kill-timeout=41s: 41s is more than this instance allows, 40s (exec.kill-timeout-max)"),
         "{}",
         o.dump()
     );

@@ -48,7 +48,12 @@ fn cyclic_taskmap_deals_ranks_over_the_nodes() {
 fn impossible_taskmaps_are_refused_at_submit() {
     let inst = Instance::start(2, &[]);
     let o = inst.vigil(&["run", "-N2", "-n3", "--taskmap=manual:[[0,2,1,2]]", "true"]);
-    assert!(o.code != 0 && o.stderr.contains("taskmap: got 4 tasks, expected 3"), "{}", o.dump());
+    assert_eq!(
+        (o.code, o.stderr.trim()),
+        (1, "vigil: --taskmap=manual:[[0,2,1,2]]: got 4 tasks, expected 3"),
+        "{}",
+        o.dump()
+    );
     let o = inst.vigil(&["run", "-N2", "-n2", "--taskmap=manual:[[0,1,2,1]]", "true"]);
     assert!(o.code != 0 && o.stderr.contains("got 1 nodes, expected 2"), "{}", o.dump());
     let o = inst.vigil(&["run", "-N2", "--taskmap=spiral", "true"]);
@@ -152,4 +157,36 @@ fn hostfile_lines_comments_and_errors() {
     assert!(!o.stderr.contains("-n must be >= -N"), "{}", o.dump());
     let o = inst.vigil(&["run", "-N3", &opt, "true"]);
     assert!(o.code != 0 && o.stderr.contains("the file names 2 host(s) (hostA,hostB)"), "{}", o.dump());
+    // A bad line: the option named once, not `--taskmap=hostfile:F: hostfile:F: line 2: ...` (trial item 4c).
+    std::fs::write(&file, "hostA\nnode[\n").unwrap();
+    let o = inst.vigil(&["run", &opt, "true"]);
+    assert_eq!(o.code, 1, "{}", o.dump());
+    assert!(o.stderr.starts_with(&format!("vigil: {opt}: line 2: ")), "{}", o.dump());
+    assert!(!o.stderr.contains("hostfile:hostfile:") && o.stderr.matches("hostfile:").count() == 1, "{}", o.dump());
+}
+
+/// A refusal of what a command-line option put in the jobspec names the option as typed, not its jobspec path
+/// (trial item 4d); a jobspec file keeps its paths.
+#[test]
+fn refusals_name_the_option_as_typed() {
+    let inst = Instance::start(3, &[]);
+    let said = |args: &[&str]| {
+        let o = inst.vigil(args);
+        assert_eq!(o.code, 1, "{}", o.dump());
+        o.stderr.trim().to_string()
+    };
+    let e = said(&["run", "-o", "kill-timeout", "true"]);
+    assert!(e.starts_with("vigil: -o kill-timeout: expected kill-timeout=DURATION"), "{e}");
+    let e = said(&["run", "-o", "kill-timeout=100s", "true"]);
+    assert!(e.contains("-o kill-timeout=100s: ") && e.contains("is more than this instance allows"), "{e}");
+    assert!(!e.contains("attributes.system"), "{e}");
+    let e = said(&["run", "-N3", "--taskmap=manual:[[0,2,1,2]]", "true"]);
+    assert!(e.starts_with("vigil: --taskmap=manual:[[0,2,1,2]]: "), "{e}");
+    assert!(!e.contains("attributes.system"), "{e}");
+    let o = inst.vigil(&["run", "--dry-run", "-o", "kill-timeout=100s", "true"]);
+    o.ok();
+    let file = inst.dir.path().join("job.json");
+    std::fs::write(&file, &o.stdout).unwrap();
+    let e = said(&["job", "submit", file.to_str().unwrap()]);
+    assert!(e.contains("attributes.system.shell.options.kill-timeout: ") && e.contains("is more than"), "{e}");
 }

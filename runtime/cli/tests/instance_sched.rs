@@ -181,10 +181,26 @@ fn node_selection_options_choose_where_a_job_runs() {
     let o = inst.vigil(&["run", "-w", "no-such-host", "true"]);
     assert!(o.stderr.contains("0 of this instance's nodes satisfy"), "{}", o.dump());
     assert!(o.stderr.contains("(no-such-host is not a node of this instance)"), "{}", o.dump());
-    // A typo that still leaves enough nodes: the job runs, and the submitter is told.
+    // A typo in -x is refused (as Slurm's --exclude refuses an invalid node name), naming it, even though enough
+    // nodes are left: the node meant to be avoided would otherwise stay in the job's choice.
     let o = inst.vigil(&["run", "-x", "7", "true"]);
-    o.ok();
-    assert!(o.stderr.contains("no broker of rank 7 has joined this instance"), "{}", o.dump());
+    assert_eq!(o.code, 1, "{}", o.dump());
+    assert_eq!(
+        o.stderr.trim(),
+        "vigil: --exclude 7: not a node of this instance: rank 7 (its ranks: 0-2)",
+        "{}",
+        o.dump()
+    );
+    let o = inst.vigil(&["run", "-N2", "-x", "no-such-host", "true"]);
+    assert_eq!(o.code, 1, "{}", o.dump());
+    assert_eq!(
+        o.stderr.trim(),
+        format!("vigil: --exclude no-such-host: not a node of this instance: no-such-host (its nodes: {host},{host},{host})"),
+        "{}",
+        o.dump()
+    );
+    let o = inst.vigil(&["alloc", "-N1", "-x", "no-such-host", "true"]);
+    assert!(o.code == 1 && o.stderr.contains("--exclude no-such-host: not a node"), "{}", o.dump());
     let o = inst.vigil(&["run", "--requires=gpu:1", "true"]);
     assert!(o.stderr.contains("expected host:HOSTLIST or rank:IDSET"), "{}", o.dump());
 }

@@ -154,10 +154,30 @@ impl std::fmt::Display for NodeCount {
     }
 }
 
-/// Parse `--taskmap` (reading a `hostfile:` now, relative to the current directory).
+/// Parse `--taskmap` (reading a `hostfile:` now, relative to the current directory). Errors name the option once
+/// (`--taskmap=hostfile:F: line 4: ...`, where the scheme's own message starts with `hostfile:F: ` too).
 pub(crate) fn parse_taskmap(s: &str) -> Result<crate::taskmap::Scheme, String> {
-    crate::taskmap::Scheme::parse(s, |path| std::fs::read_to_string(path).map_err(|e| e.to_string()))
-        .map_err(|e| format!("--taskmap={s}: {e}"))
+    crate::taskmap::Scheme::parse(s, |path| std::fs::read_to_string(path).map_err(|e| e.to_string())).map_err(|e| {
+        let e = e.to_string();
+        let scheme = s.split(':').next().unwrap_or(s);
+        let why = e.strip_prefix(&format!("{s}: ")).or_else(|| e.strip_prefix(&format!("{scheme}: "))).unwrap_or(&e);
+        format!("--taskmap={s}: {why}")
+    })
+}
+
+/// `e` (a refusal of the jobspec, by [`Jobspec::validate`] here or by rank 0) with each jobspec path of a shell
+/// option the command line set said as the user typed it: `-o kill-timeout=100s: ...` or `--taskmap=...: ...`
+/// instead of `attributes.system.shell.options.kill-timeout: ...`. A jobspec file keeps its paths.
+pub(crate) fn said_as_typed(setopt: &[String], taskmap: Option<&str>, e: String) -> String {
+    let mut out = e;
+    let typed = setopt
+        .iter()
+        .map(|o| (o.split_once('=').map_or(o.as_str(), |(k, _)| k), format!("-o {o}")))
+        .chain(taskmap.map(|t| ("taskmap", format!("--taskmap={t}"))));
+    for (key, typed) in typed {
+        out = out.replace(&format!("attributes.system.shell.options.{key}"), &typed);
+    }
+    out
 }
 
 /// A `hostfile:FILE` task map as the command line gave it: the option's text (`--taskmap=hostfile:FILE` or
@@ -229,9 +249,8 @@ impl Hostfile {
     /// Refuse, naming their lines, hosts that are not nodes of the instance `c` leads to (`resource.status`):
     /// the job could never run. Said by rank 0 too, without the lines; nothing if rank 0 does not answer.
     async fn check_nodes(&self, c: &Client) -> Result<(), String> {
-        let Ok(st) = super::rpc_to_rank0(c, "resource.status", &json!({})).await else { return Ok(()) };
-        let Some(ranks) = st["ranks"].as_array() else { return Ok(()) };
-        let known: std::collections::HashSet<&str> = ranks.iter().filter_map(|r| r["hostname"].as_str()).collect();
+        let Some(nodes) = instance_nodes(c).await else { return Ok(()) };
+        let known: std::collections::HashSet<&str> = nodes.iter().map(|(_, h)| h.as_str()).collect();
         let unknown: Vec<String> = self
             .hosts()
             .into_iter()
@@ -241,9 +260,60 @@ impl Hostfile {
         if unknown.is_empty() {
             return Ok(());
         }
-        let nodes: crate::hostlist::Hostlist = known.iter().map(|h| h.to_string()).collect();
-        Err(format!("{}: not a node of this instance: {} (its nodes: {nodes})", self.option, unknown.join(", ")))
+        Err(format!(
+            "{}: not a node of this instance: {} (its nodes: {})",
+            self.option,
+            unknown.join(", "),
+            in_rank_order(&nodes)
+        ))
     }
+}
+
+/// The nodes of the instance `c` leads to, `(rank, host name)` in rank order (`resource.status`); `None` if rank
+/// 0 does not answer.
+async fn instance_nodes(c: &Client) -> Option<Vec<(u32, String)>> {
+    let st = super::rpc_to_rank0(c, "resource.status", &json!({})).await.ok()?;
+    let mut nodes: Vec<(u32, String)> = st["ranks"]
+        .as_array()?
+        .iter()
+        .filter_map(|r| Some((u32::try_from(r["rank"].as_u64()?).ok()?, r["hostname"].as_str()?.to_string())))
+        .collect();
+    nodes.sort();
+    Some(nodes)
+}
+
+/// Host names in rank order, as one RFC 29 host list (`node[0-6]`, not `node[0,4,3,5,1,6,2]`).
+fn in_rank_order(nodes: &[(u32, String)]) -> crate::hostlist::Hostlist {
+    nodes.iter().map(|(_, h)| h.clone()).collect()
+}
+
+/// Refuse a `-x/--exclude` that names a node the instance `c` leads to does not have (a host name, or a rank
+/// beyond its size), as Slurm's `--exclude` refuses an invalid node name: a typo would otherwise leave the node
+/// meant to be avoided in the job's choice. (`-w` and `--requires=host:` name a set to choose from, which may hold
+/// more than the instance's nodes: a host there that is not a node is only warned about by rank 0.) Nothing if
+/// rank 0 does not answer.
+pub(crate) async fn check_exclude(c: &Client, select: &NodeSelection) -> Result<(), String> {
+    let Some(x) = select.exclude.as_deref() else { return Ok(()) };
+    let Some(nodes) = instance_nodes(c).await else { return Ok(()) };
+    let (unknown, theirs): (Vec<String>, String) = match crate::idset::IdSet::parse(x) {
+        Ok(ranks) => (
+            ranks.iter().filter(|r| !nodes.iter().any(|(n, _)| n == r)).map(|r| format!("rank {r}")).collect(),
+            format!("its ranks: {}", nodes.iter().map(|(r, _)| *r).collect::<crate::idset::IdSet>()),
+        ),
+        Err(_) => (
+            crate::hostlist::Hostlist::parse(x)
+                .map_err(|e| format!("--exclude {x}: {e}"))?
+                .iter()
+                .filter(|h| !nodes.iter().any(|(_, n)| n == h))
+                .map(str::to_string)
+                .collect(),
+            format!("its nodes: {}", in_rank_order(&nodes)),
+        ),
+    };
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    Err(format!("--exclude {x}: not a node of this instance: {} ({theirs})", unknown.join(", ")))
 }
 
 /// Most `--cc` submissions in flight on the connection at once: enough to keep rank 0's loop busy, few enough
@@ -495,6 +565,9 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
                     return Err(format!("-o {o}: a kill timeout must be finite (at most the instance's exec.kill-timeout-max)"));
                 }
             }
+            ("kill-timeout" | "exit-timeout", Value::Bool(_)) => {
+                return Err(format!("-o {o}: expected {o}=DURATION (e.g. 2s, an RFC 23 duration)"));
+            }
             ("requeue", Value::String(s))
                 if !matches!(s.as_str(), "1" | "true" | "yes" | "on" | "0" | "false" | "no" | "off") =>
             {
@@ -529,7 +602,7 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
     if !out.is_empty() {
         b = b.shell_option("output", Value::Object(out));
     }
-    b.build().map_err(|e| e.to_string())
+    b.build().map_err(|e| said_as_typed(&a.setopt, a.taskmap.as_deref(), e.to_string()))
 }
 
 /// `vigil run` (attach = true) and `vigil submit`.
@@ -551,7 +624,9 @@ pub(crate) async fn run(a: SubmitArgs, attach_after: bool) -> Result<i32, String
     if let Some(hf) = Hostfile::of(&a)? {
         hf.check_nodes(&c).await?;
     }
-    let id = submit_with(&c, &spec, attach_after).await?;
+    check_exclude(&c, &a.select).await?;
+    let id =
+        submit_with(&c, &spec, attach_after).await.map_err(|e| said_as_typed(&a.setopt, a.taskmap.as_deref(), e))?;
     if !attach_after {
         println!("{id}");
         return Ok(0);

@@ -170,15 +170,15 @@ pub(crate) fn parse_directives(script: &str) -> Result<Option<InstanceOpts>, Str
         .map_err(|e| format!("batch directive: {}", e.to_string().lines().next().unwrap_or("")))
 }
 
-fn merge<T: PartialEq + Clone + std::fmt::Debug>(
+/// Take directive `dir` into `cli` when the command line did not give option `name`; the same option with another
+/// value is an error, naming both as the user wrote them (`-N 3` against `-N 4-5`).
+fn merge<T: PartialEq + Clone + std::fmt::Display>(
     name: &str,
     cli: &mut Option<T>,
     dir: &Option<T>,
 ) -> Result<(), String> {
     match (&*cli, dir) {
-        (Some(a), Some(b)) if a != b => {
-            Err(format!("option {name} {a:?} contradicts the script's directive {name} {b:?}"))
-        }
+        (Some(a), Some(b)) if a != b => Err(format!("option {name} {a} contradicts the script's directive {name} {b}")),
         (None, Some(b)) => {
             *cli = Some(b.clone());
             Ok(())
@@ -187,9 +187,12 @@ fn merge<T: PartialEq + Clone + std::fmt::Debug>(
     }
 }
 
-/// Merge directives into command-line options; the same option with different values is an error.
+/// Merge directives into command-line options; the same option with different values is an error. Options that
+/// batch and alloc refuse whatever their value are refused first, so that a conflict does not hide that.
 pub(crate) fn merge_opts(mut cli: InstanceOpts, dir: Option<InstanceOpts>) -> Result<InstanceOpts, String> {
+    refuse_task_options(&cli)?;
     let Some(d) = dir else { return Ok(cli) };
+    refuse_task_options(&d).map_err(|e| format!("batch directive: {e}"))?;
     merge("-N", &mut cli.nodes, &d.nodes)?;
     merge("-n", &mut cli.ntasks, &d.ntasks)?;
     merge("-t", &mut cli.time_limit, &d.time_limit)?;
@@ -248,13 +251,8 @@ fn broker_args(o: &InstanceOpts) -> Result<Vec<String>, String> {
     Ok(attrs.into_iter().map(|a| format!("--setattr={a}")).collect())
 }
 
-fn instance_jobspec(
-    o: &InstanceOpts,
-    name: &str,
-    command: Vec<String>,
-    default_output: Option<&str>,
-    files: Option<Value>,
-) -> Result<Value, String> {
+/// `-n` and `--taskmap`, which batch and alloc refuse: their tasks are the instance's brokers, one per node.
+fn refuse_task_options(o: &InstanceOpts) -> Result<(), String> {
     if o.ntasks.is_some() {
         return Err("-n is not supported by batch and alloc: they allocate whole nodes, use -N".into());
     }
@@ -264,6 +262,17 @@ fn instance_jobspec(
              not tasks to map; give --taskmap to `vigil run` inside the allocation"
         ));
     }
+    Ok(())
+}
+
+fn instance_jobspec(
+    o: &InstanceOpts,
+    name: &str,
+    command: Vec<String>,
+    default_output: Option<&str>,
+    files: Option<Value>,
+) -> Result<Value, String> {
+    refuse_task_options(o)?;
     let nodes = o.nodes.unwrap_or(super::jobcmd::NodeCount { min: 1, max: 1 });
     if nodes.min == 0 {
         return Err("-N must be at least 1".into());
@@ -389,7 +398,8 @@ pub(crate) async fn batch(a: BatchArgs) -> Result<i32, String> {
         return Ok(0);
     }
     let c = connect().await?;
-    let id = submit_value(&c, &v, false).await?;
+    super::jobcmd::check_exclude(&c, &opts.select).await?;
+    let id = submit_value(&c, &v, false).await.map_err(|e| super::jobcmd::said_as_typed(&opts.setopt, None, e))?;
     println!("{id}");
     Ok(0)
 }
@@ -597,7 +607,8 @@ pub(crate) async fn alloc(a: AllocArgs) -> Result<i32, String> {
     cmd.extend(broker_args(&a.opts)?);
     let v = instance_jobspec(&a.opts, "alloc", cmd, None, None)?;
     let c = connect().await?;
-    let id = submit_value(&c, &v, false).await?;
+    super::jobcmd::check_exclude(&c, &a.opts.select).await?;
+    let id = submit_value(&c, &v, false).await.map_err(|e| super::jobcmd::said_as_typed(&a.opts.setopt, None, e))?;
     let uri = tokio::select! {
         r = wait_for_instance(&c, id) => r?,
         _ = tokio::signal::ctrl_c() => {
@@ -668,7 +679,17 @@ mod tests {
         let cli = InstanceOpts { nodes: n(2), ..Default::default() };
         let dir = InstanceOpts { nodes: n(4), time_limit: Some("5m".into()), ..Default::default() };
         let e = merge_opts(cli.clone(), Some(dir)).unwrap_err();
-        assert!(e.contains("-N") && e.contains("contradicts"), "{e}");
+        assert_eq!(e, "option -N 2 contradicts the script's directive -N 4");
+        let range =
+            InstanceOpts { nodes: Some(super::super::jobcmd::NodeCount { min: 4, max: 5 }), ..Default::default() };
+        let e = merge_opts(cli.clone(), Some(range.clone())).unwrap_err();
+        assert_eq!(e, "option -N 2 contradicts the script's directive -N 4-5");
+        // A refusal whatever the value comes before any conflict, from the command line or the script.
+        let cyclic = InstanceOpts { taskmap: Some("cyclic".into()), ..cli.clone() };
+        let e = merge_opts(cyclic, Some(range.clone())).unwrap_err();
+        assert!(e.starts_with("--taskmap=cyclic: batch and alloc jobs run one broker per node"), "{e}");
+        let e = merge_opts(cli.clone(), Some(InstanceOpts { ntasks: Some(3), ..range })).unwrap_err();
+        assert!(e.starts_with("batch directive: -n is not supported"), "{e}");
         let same = InstanceOpts { nodes: n(2), time_limit: Some("5m".into()), ..Default::default() };
         let m = merge_opts(cli, Some(same)).unwrap();
         assert_eq!((m.nodes, m.time_limit.as_deref()), (n(2), Some("5m")));
