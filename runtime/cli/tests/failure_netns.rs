@@ -1142,6 +1142,11 @@ exit $rc
     assert_eq!(ex.len(), 1, "{ctx}");
     assert_eq!(ex[0]["context"]["type"], "node-failure", "{ctx}");
     assert_eq!(ex[0]["context"]["severity"], 2, "{ctx}");
+    // `vigil jobs -a` shows that the job went on without the node, beside its exit code (trial item 6).
+    let jobs = c.vigil(&["jobs", "-a"]);
+    jobs.ok();
+    let row = jobs.stdout.lines().find(|l| l.contains(id.as_str())).unwrap_or_default();
+    assert!(row.ends_with(&format!("exit 0, lost node{kill}")), "{}", jobs.dump());
 }
 
 /// A nested instance on the nodes of its parent shares the parent brokers' XDP responder (one XDP program per

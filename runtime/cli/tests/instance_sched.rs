@@ -220,6 +220,15 @@ fn resource_status_prints_the_nodes_of_a_state_for_scripts() {
     assert_eq!(o.stdout, "STATE:NNODES:REASON\ndrained:1:maintenance\n", "{}", o.dump());
     let o = inst.vigil(&["resource", "status", "-s", "lost", "-no", "{nodelist}"]);
     assert_eq!((o.code, o.stdout.as_str()), (0, ""), "{}", o.dump());
+    // Only states that hold nodes get a row, with or without --states (trial item 5: an empty `down` row was
+    // always shown, an empty `lost` one never, and `-o '{state} {ranks} {nnodes}'` printed `down  0`).
+    let o = inst.vigil(&["resource", "status", "-no", "{state} {ranks} {nnodes}"]);
+    o.ok();
+    assert_eq!(o.stdout, "avail 0-1 2\ndrained 2 1\n", "{}", o.dump());
+    let o = inst.vigil(&["resource", "status", "-n"]);
+    o.ok();
+    let states: Vec<&str> = o.stdout.lines().filter_map(|l| l.split_whitespace().next()).collect();
+    assert_eq!(states, ["avail", "drained"], "{}", o.dump());
     let o = inst.vigil(&["resource", "status", "-s", "gone"]);
     assert!(o.code != 0 && o.stderr.contains("unknown state 'gone'"), "{}", o.dump());
 }

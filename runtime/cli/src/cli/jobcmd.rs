@@ -1035,6 +1035,15 @@ fn short_state(j: &Value) -> &'static str {
     }
 }
 
+/// What a job that went on without some of its nodes lost, for the INFO column of `vigil jobs` (`, lost node3`,
+/// `, lost node[3,5]`), as Flux's listing notes a job's non-fatal exceptions; empty when it lost none.
+fn lost_nodes_note(j: &Value) -> String {
+    match j["lost_nodelist"].as_str().filter(|l| !l.is_empty()) {
+        Some(l) => format!(", lost {l}"),
+        None => String::new(),
+    }
+}
+
 /// `vigil jobs`.
 pub(crate) async fn jobs(a: JobsArgs) -> Result<i32, String> {
     let c = connect().await?;
@@ -1061,10 +1070,11 @@ pub(crate) async fn jobs(a: JobsArgs) -> Result<i32, String> {
                     e.get("type").and_then(Value::as_str).unwrap_or(""),
                     e.get("note").and_then(Value::as_str).unwrap_or("")
                 ),
-                None => format!("exit {}", j["exit_code"].as_i64().unwrap_or(0)),
+                None => format!("exit {}{}", j["exit_code"].as_i64().unwrap_or(0), lost_nodes_note(&j)),
             },
             Some("RUN") if j["uri"].is_string() => {
-                format!("{} {}", j["nodelist"].as_str().unwrap_or(""), j["uri"].as_str().unwrap_or(""))
+                let (nodes, uri) = (j["nodelist"].as_str().unwrap_or(""), j["uri"].as_str().unwrap_or(""));
+                format!("{nodes} {uri}{}", lost_nodes_note(&j))
             }
             Some("SCHED") => {
                 let why = j["reason_pending"].as_str().unwrap_or("");

@@ -10,14 +10,14 @@ use std::collections::BTreeMap;
 /// `vigil resource` subcommands.
 #[derive(Subcommand, Debug)]
 pub enum ResourceCmd {
-    /// Show which ranks are avail, torpid, drained, lost or down, with hostlists (drained* is drained and also lost
-    /// or down; the JSON has each rank's "liveness": online, lost or down).
+    /// Show which ranks are avail, torpid, drained, lost or down, with hostlists, one row per state that holds nodes
+    /// (drained* is drained and also lost or down; the JSON has each rank's "liveness": online, lost or down).
     Status {
         /// Print JSON.
         #[arg(long)]
         json: bool,
         /// Only these states, comma-separated: avail, torpid, drained, lost, down (a drained node that is lost or
-        /// down is in both); groups with no node are then left out.
+        /// down is in both). A state with no node has no row, with or without this option.
         #[arg(short = 's', long, value_name = "STATES", value_delimiter = ',')]
         states: Vec<String>,
         /// Print each group with this format: `{state}`, `{nnodes}`, `{ranks}`, `{nodelist}`, `{reason}` (e.g.
@@ -235,21 +235,9 @@ pub(crate) async fn resource(cmd: ResourceCmd) -> Result<i32, String> {
                 groups.entry((order, st, reason)).or_default().push(row);
             }
 
-            for s in ["avail", "drained", "down"] {
-                if !states.is_empty() {
-                    break;
-                }
-                if !groups.keys().any(|k| k.1.trim_end_matches('*') == s) {
-                    groups.insert(
-                        (
-                            ["avail", "torpid", "drained", "lost", "down"].iter().position(|x| *x == s).unwrap_or(9),
-                            s.into(),
-                            String::new(),
-                        ),
-                        vec![],
-                    );
-                }
-            }
+            // Only states that hold nodes are shown, with or without --states (as `flux resource status` skips
+            // empty ones), so that a row always has ranks and a host list: `-s lost,down -no {nodelist}` prints
+            // nothing when no node is lost.
             // A drained node that is lost or down ("drained*") answers to either state.
             let wanted = |st: &str, rs: &[&Value]| {
                 states.is_empty()
