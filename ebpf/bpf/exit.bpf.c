@@ -109,10 +109,27 @@ int vigil_mark_victim(struct trace_event_raw_mark_victim *ctx)
 	return 0;
 }
 
+/* Whether the exiting thread is the last one of its thread group.
+ *
+ * Linux 6.16 gave sched_process_exit its own record with a group_dead field, and moved it before exit_mm()
+ * (before, the event used the sched_process_template class: comm, pid, prio, and fired after the address space
+ * was released, so there the event of a large process comes after its memory is freed). Where the field is missing (6.1, 5.14, 4.18), the CO-RE
+ * existence check is false and the verifier never walks the read of it; the answer comes from the counter
+ * do_exit() decremented before the tracepoint on every kernel: signal->live is 0 once the last thread passed
+ * atomic_dec_and_test(). A non-last thread that reaches the tracepoint after that also sees 0; the claim on
+ * WATCHED below still reports the group once, at most a few microseconds before its last thread. */
+static __always_inline bool vigil_group_dead(struct trace_event_raw_sched_process_exit *ctx, struct task_struct *task)
+{
+	if (bpf_core_field_exists(ctx->group_dead))
+		return ctx->group_dead;
+	return BPF_CORE_READ(task, signal, live.counter) == 0;
+}
+
 SEC("tracepoint/sched/sched_process_exit")
 int vigil_process_exit(struct trace_event_raw_sched_process_exit *ctx)
 {
-	if (!ctx->group_dead)
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	if (!vigil_group_dead(ctx, task))
 		return 0;
 
 	__u64 id = bpf_get_current_pid_tgid();
@@ -123,7 +140,6 @@ int vigil_process_exit(struct trace_event_raw_sched_process_exit *ctx)
 	if (bpf_map_delete_elem(&WATCHED, &tgid) != 0)
 		return 0;
 
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	int exit_code = BPF_CORE_READ(task, exit_code);
 	unsigned int sflags = BPF_CORE_READ(task, signal, flags);
 	int group_code = BPF_CORE_READ(task, signal, group_exit_code);

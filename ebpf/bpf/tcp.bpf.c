@@ -8,6 +8,7 @@
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
 #include "events.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -76,16 +77,43 @@ int vigil_inet_sock_set_state(struct trace_event_raw_inet_sock_set_state *ctx)
 	return 0;
 }
 
+/* tcp_retransmit_skb's record before it became an event of its own (Linux 6.17 added `err` and the type
+ * trace_event_raw_tcp_retransmit_skb): an event of the class tcp_event_sk_skb, shared with tcp_send_reset. The
+ * fields read here have the same names and types in both; CO-RE matches this type to the kernel's
+ * trace_event_raw_tcp_event_sk_skb (the ___ suffix is ignored), so their offsets come from the running kernel. */
+struct trace_event_raw_tcp_event_sk_skb___vigil {
+	int state;
+	__u16 sport;
+	__u16 dport;
+	__u16 family;
+	__u8 saddr[4];
+	__u8 daddr[4];
+} __attribute__((preserve_access_index));
+
+/* One body for both record types (a macro: the two are distinct C types). */
+#define VIGIL_RETRANSMIT(rec)                                                                                  \
+	do {                                                                                                   \
+		if ((rec)->family != VIGIL_AF_INET)                                                            \
+			return 0;                                                                              \
+		struct vigil_tcp_key k = {};                                                                   \
+		make_key(&k, (rec)->saddr, (rec)->daddr, (rec)->sport, (rec)->dport);                          \
+		if (!bpf_map_lookup_elem(&WATCHED_TCP, &k))                                                    \
+			return 0;                                                                              \
+		emit(&k, VIGIL_TCP_RETRANSMIT, -1, (rec)->state);                                              \
+	} while (0)
+
 SEC("tracepoint/tcp/tcp_retransmit_skb")
-int vigil_tcp_retransmit_skb(struct trace_event_raw_tcp_retransmit_skb *ctx)
+int vigil_tcp_retransmit_skb(void *ctx)
 {
-	if (ctx->family != VIGIL_AF_INET)
-		return 0;
-	struct vigil_tcp_key k = {};
-	make_key(&k, ctx->saddr, ctx->daddr, ctx->sport, ctx->dport);
-	if (!bpf_map_lookup_elem(&WATCHED_TCP, &k))
-		return 0;
-	emit(&k, VIGIL_TCP_RETRANSMIT, -1, ctx->state);
+	/* Exactly one branch survives the relocation to a constant; the verifier never walks the other, whose
+	 * field reads the loader could not relocate on this kernel. */
+	if (bpf_core_type_exists(struct trace_event_raw_tcp_retransmit_skb)) {
+		struct trace_event_raw_tcp_retransmit_skb *rec = ctx;
+		VIGIL_RETRANSMIT(rec);
+	} else {
+		struct trace_event_raw_tcp_event_sk_skb___vigil *rec = ctx;
+		VIGIL_RETRANSMIT(rec);
+	}
 	return 0;
 }
 

@@ -66,14 +66,56 @@ const LINK_DIR: &str = "/sys/fs/bpf/vigil-tp";
 /// Why: detaching a tracepoint program waits for RCU grace periods (`tracepoint_synchronize_unregister`, tens of
 /// ms each on a small VM). Closing a link's last file descriptor detaches it in the caller's context, so a
 /// process holding six links waited for six grace periods in `exit`, and its parent with it. Removing a pin
-/// only drops the kernel's reference, and the kernel detaches the link in a worker, after the process is gone.
+/// only drops the kernel's reference, and on recent kernels (6.18 here: `bpf_link_put` defers the free to a
+/// worker since 2023) the kernel detaches the link in a worker. On older ones (6.1, traced in the VM), bpffs drops
+/// a pinned link's last reference in the `unlink` itself and waits there for the detach (`synchronize_rcu_tasks_trace` in `perf_event_free_bpf_prog`,
+/// ~40-70 ms per link measured in the 6.1 VM), so the pins are removed by a detached grandchild process
+/// ([`unlink_detached`]) on every kernel: the caller, and its exit, never wait.
 #[derive(Debug, Default)]
 pub(crate) struct LinkPins(Vec<PathBuf>);
 
 impl Drop for LinkPins {
     fn drop(&mut self) {
-        for p in self.0.drain(..) {
-            let _ = std::fs::remove_file(p);
+        unlink_detached(std::mem::take(&mut self.0));
+    }
+}
+
+/// Removes `paths` in a grandchild process and returns once the intermediate child is reaped (a fork and an exit,
+/// not the removals): the grandchild, re-parented to init (or the nearest subreaper), waits for whatever the
+/// kernel does on `unlink`. Falls back to removing them here if `fork` fails. Errors are ignored (a pin already
+/// gone, or one the next process sweeps).
+fn unlink_detached(paths: Vec<PathBuf>) {
+    use std::os::unix::ffi::OsStrExt;
+    let paths: Vec<std::ffi::CString> =
+        paths.iter().filter_map(|p| std::ffi::CString::new(p.as_os_str().as_bytes()).ok()).collect();
+    if paths.is_empty() {
+        return;
+    }
+    // SAFETY: fork in a possibly multi-threaded process: the children call only async-signal-safe functions
+    // (fork, unlink, _exit) and read memory prepared before the fork; nothing is allocated or locked there.
+    let child = unsafe { libc::fork() };
+    match child {
+        0 => {
+            // SAFETY: as above (in the child).
+            unsafe {
+                if libc::fork() == 0 {
+                    for p in &paths {
+                        libc::unlink(p.as_ptr());
+                    }
+                }
+                libc::_exit(0)
+            }
+        }
+        -1 => {
+            for p in &paths {
+                // SAFETY: unlink(2) of a NUL-terminated path we own.
+                unsafe { libc::unlink(p.as_ptr()) };
+            }
+        }
+        pid => {
+            let mut status = 0;
+            // SAFETY: waits for our own child; ECHILD (a reaper elsewhere in the process took it) is harmless.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
         }
     }
 }

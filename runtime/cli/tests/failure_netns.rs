@@ -375,7 +375,14 @@ fn broker_kill_is_lost() {
         c.name,
         ms(took)
     );
-    assert!(reason.to_lowercase().contains("connection"), "reason should mention the connection: {reason:?}");
+    // Two detectors race for a killed broker: its TCP connection closed by its kernel, and its node's kernel
+    // answering probes with "broker dead" (the XDP responder's owner-exit tracepoint, earlier in `do_exit` than
+    // the closing of its files). On this machine the connection wins by microseconds; on a slower kernel (the
+    // 6.1 VM, emulated) a probe can come first. Either is a right verdict.
+    assert!(
+        reason.to_lowercase().contains("connection") || reason.contains("broker process exited"),
+        "reason should mention the connection or the broker's exit: {reason:?}"
+    );
 
     let rs = c.json(&["resource", "status", "--json"]);
     assert_eq!(rank_entry(&rs, 2)["state"], "lost", "{rs}");
