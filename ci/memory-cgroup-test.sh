@@ -3,9 +3,10 @@
 # inside the rxe-vm harness by ci/rdma-tests.sh (the guest boots its own kernel, where cgroup2 with every
 # controller can be mounted), or on any machine whose cgroup2 offers the memory controller to the caller.
 #   ci/memory-cgroup-test.sh BIN_DIR OUT_DIR
-# Checks, with the eBPF exit detector and with the userspace one, and for a system-instance broker alone in a
-# cgroup that has the memory controller without giving it to its children (as a systemd unit with Delegate=yes:
-# the broker must move itself into a leaf first): `vigil uptime` says memory limits are available;
+# Checks, with the eBPF exit detector (broker.detectors=ebpf: a detector the kernel refuses fails the start) and
+# with the userspace one, and for a system-instance broker alone in a cgroup that has the memory controller
+# without giving it to its children (as a systemd unit with Delegate=yes: the broker must move itself into a leaf
+# first): `vigil uptime` says memory limits are available;
 # a job over its `-o memory=` limit is killed by the OOM killer, exits 137, and the OOM kill is reported (an `oom`
 # exception naming the task and node, on stderr and in the eventlog; `oom_kills` in its usage); a job under its
 # limit exits 0 and its peak memory is recorded, below the limit.
@@ -61,14 +62,14 @@ hosts = [ { host = "n0", bind = "tcp://127.0.0.1:8061", connect = "tcp://127.0.0
 EOF
 mkdir -p "$T/rundir"
 
-for det in auto userspace delegated; do
+for det in ebpf userspace delegated; do
     echo "== memory-cgroup-test: $det"
     if [ $det = delegated ]; then
         mkdir -p "$deleg" || fail "cannot make $deleg"
         # Not enabled for its children: the broker must do that, from a leaf of its own.
         grep -qw memory "$deleg/cgroup.subtree_control" && fail "$deleg already gives memory to its children"
         timeout 120 sh -c 'echo 0 > "$1/cgroup.procs" && exec vigil broker --config "$2/vigil.toml" --rank 0 \
-            --rundir "$2/rundir" "$2/initial.sh"' sh "$deleg" "$T" > "$T/out" 2>&1 </dev/null
+            -S broker.detectors=ebpf --rundir "$2/rundir" "$2/initial.sh"' sh "$deleg" "$T" > "$T/out" 2>&1 </dev/null
         rc=$?
         grep -qw memory "$deleg/cgroup.subtree_control" || fail "the broker did not enable memory in $deleg"
     else

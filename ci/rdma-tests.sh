@@ -12,8 +12,9 @@
 #    pair of its own, and removes them afterwards.
 # Tests: the verbs layer (vigil-rdma: connect, send/receive, flow control, large messages, peer QP destroyed),
 # a 2-broker instance on the two rxe addresses running jobs over RDMA, the libfabric overlay on
-# `verbs;ofi_rxm` over the same devices (ci/ofi-verbs-test.sh), then the link-down test (it cuts veth1,
-# so it comes last). Results go to $RDMA_OUT (default /mnt/out inside the VM, else target/rdma-tests).
+# `verbs;ofi_rxm` over the same devices (ci/ofi-verbs-test.sh), memory limits (ci/memory-cgroup-test.sh) and the
+# eBPF detectors (ci/ebpf-vm-test.sh) on the guest's own kernel, then the link-down test (it cuts veth1, so it
+# comes last). Results go to $RDMA_OUT (default /mnt/out inside the VM, else target/rdma-tests).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -37,9 +38,17 @@ for l in sys.stdin:
     [ -x "$exe" ] || { echo "rdma-tests: could not find the verbs test binary" >&2; exit 1; }
     ofi=$(test_exe vigil-ofi endpoints)
     [ -x "$ofi" ] || { echo "rdma-tests: could not find vigil-ofi's endpoints test binary" >&2; exit 1; }
+    # The eBPF detectors' tests, run in the guest on its own kernel (ci/ebpf-vm-test.sh).
+    ebpf=()
+    for t in exit tcp oom xdp exit_detach; do
+        e=$(test_exe vigil-ebpf "$t")
+        [ -x "$e" ] || { echo "rdma-tests: could not find vigil-ebpf's $t test binary" >&2; exit 1; }
+        ebpf+=("$e")
+    done
     cargo build --locked -p vigil -p vigil-shell --quiet
-    printf 'VERBS_TEST=%q\nOFI_TEST=%q\nVIGIL_BIN=%q\n' "$exe" "$ofi" "$ROOT/target/debug" > "$STATE/bins.env"
-    echo "rdma-tests: built $exe $ofi"
+    printf 'VERBS_TEST=%q\nOFI_TEST=%q\nVIGIL_BIN=%q\nEBPF_TESTS=%q\n' "$exe" "$ofi" "$ROOT/target/debug" "${ebpf[*]}" \
+        > "$STATE/bins.env"
+    echo "rdma-tests: built $exe $ofi ${ebpf[*]}"
     exit 0
 fi
 [ "$MODE" = run ] || { echo "usage: $0 build|run" >&2; exit 2; }
@@ -146,6 +155,11 @@ fi
 # Not RDMA, but needs this guest's own kernel too: memory limits and OOM reports with a full cgroup v2.
 if [ -x "$ROOT/ci/memory-cgroup-test.sh" ]; then
     step memory "$ROOT/ci/memory-cgroup-test.sh" "$VIGIL_BIN" "$OUT"
+fi
+# Not RDMA either: every eBPF detector must load and work on this guest's kernel (Debian 12's 6.1 in the harness),
+# not only on the build machine's; a detector falling back to userspace fails the step.
+if [ -x "$ROOT/ci/ebpf-vm-test.sh" ] && [ -n "${EBPF_TESTS:-}" ]; then
+    step ebpf "$ROOT/ci/ebpf-vm-test.sh" "$VIGIL_BIN" "$OUT" "$EBPF_TESTS"
 fi
 # Last: cuts veth1, then restores the wire.
 step linkdown env VIGIL_RDMA_LINKDOWN=1 RXE_NETDEV1=veth1 "$VERBS_TEST" --exact peer_link_down --nocapture

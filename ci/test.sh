@@ -119,7 +119,7 @@ else
     harness=${RXE_VM:-$(cd .. && pwd)/shared/tools/rxe-vm/run-rxe-vm.sh}
     if [ "$(id -u)" -eq 0 ] && [ -f "$harness" ]; then
         ci/rdma-tests.sh build
-        WORK=${RXE_VM_WORK:-/tmp/rxe-vm-ci} VM_TIMEOUT=${RXE_VM_TIMEOUT:-600} bash "$harness" run "$PWD/ci/rdma-tests.sh" run
+        WORK=${RXE_VM_WORK:-/tmp/rxe-vm-ci} VM_TIMEOUT=${RXE_VM_TIMEOUT:-1200} bash "$harness" run "$PWD/ci/rdma-tests.sh" run
     else
         echo "RDMA tests skipped: this kernel has no rdma_rxe and no rxe-vm harness at $harness (or not root)"
     fi
