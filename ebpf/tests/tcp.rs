@@ -11,6 +11,9 @@ use std::{
 
 use vigil_ebpf::{TcpEvent, TcpEventKind, TcpTuple, TcpWatcher};
 
+mod netns;
+use netns::{Netns, in_ns, ip};
+
 const TCP_ESTABLISHED: i32 = 1;
 const TCP_CLOSE: i32 = 7;
 const TCP_CLOSE_WAIT: i32 = 8;
@@ -92,43 +95,13 @@ async fn unwatched_connection_is_silent() {
     assert!(next(&mut w, 300).await.is_none());
 }
 
-/// Network namespaces this test made; removed on drop (their veth pair with them).
-struct Netns(Vec<&'static str>);
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        for n in &self.0 {
-            let _ = Command::new("ip").args(["netns", "del", n]).status();
-        }
-    }
-}
-
-fn ip(args: &str) {
-    let st = Command::new("ip").args(args.split_whitespace()).status().expect("ip");
-    assert!(st.success(), "ip {args}");
-}
-
-/// Runs `f` on a thread that entered network namespace `ns` (sockets made there stay in it).
-fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let path = format!("/var/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let fd = std::fs::File::open(&path).expect("netns file");
-        // SAFETY: setns on a valid netns fd; affects only this thread.
-        let rc = unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
-        f()
-    })
-    .join()
-    .expect("netns thread")
-}
-
 /// A peer whose kernel stops taking the connection's segments (its address removed: they are dropped on
 /// arrival) makes the sender retransmit, and the watcher reports it (`tcp/tcp_retransmit_skb`, whose record
 /// changed type in Linux 6.17: this runs on both shapes).
 #[tokio::test]
 async fn unanswered_data_reports_a_retransmit() {
     let (a, b) = ("vgtcp-a", "vgtcp-b");
-    let _ns = Netns(vec![a, b]);
+    let _ns = Netns(vec![a.to_string(), b.to_string()]);
     for n in [a, b] {
         let _ = Command::new("ip").args(["netns", "del", n]).status();
         ip(&format!("netns add {n}"));

@@ -5,34 +5,8 @@ use std::{net::UdpSocket, process::Command, sync::Arc, time::Duration};
 
 use vigil_ebpf::{HbTable, Probe, ProbeKind, ReplyArea, XdpResponder, monotonic_ns};
 
-struct Netns(Vec<String>);
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        for n in &self.0 {
-            let _ = Command::new("ip").args(["netns", "del", n]).status();
-        }
-    }
-}
-
-fn ip(args: &str) {
-    let st = Command::new("ip").args(args.split_whitespace()).status().expect("ip");
-    assert!(st.success(), "ip {args}");
-}
-
-/// Runs `f` on a thread that entered network namespace `ns`.
-fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let path = format!("/var/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let fd = std::fs::File::open(&path).expect("netns file");
-        // SAFETY: setns on a valid netns fd; affects only this thread.
-        let rc = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&fd), libc::CLONE_NEWNET) };
-        assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
-        f()
-    })
-    .join()
-    .expect("netns thread")
-}
+mod netns;
+use netns::{Netns, in_ns, ip};
 
 fn probe(sock: &UdpSocket, to: &str, seq: u32) -> Option<Probe> {
     sock.send_to(&Probe::request(seq, 5, monotonic_ns()).encode(), to).unwrap();
