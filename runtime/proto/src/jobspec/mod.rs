@@ -41,15 +41,17 @@
 //!
 //! | file | holds |
 //! |------|-------|
+//! | `parse.rs` | text or JSON to [`Jobspec`], checking the RFC 14 structure ([`Jobspec::parse`]) |
 //! | `builder.rs` | [`JobspecBuilder`]: a V1 jobspec from `flux run`-style options |
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::Serialize;
 use serde_json::{Map, Value};
 use thiserror::Error;
 
 mod builder;
+mod parse;
 
 pub use builder::JobspecBuilder;
 
@@ -329,152 +331,6 @@ fn kill_timeout_secs(v: &Value) -> Result<f64, String> {
     Ok(secs)
 }
 
-// ---------------------------------------------------------------------------
-// Structural parsing (Value -> Jobspec) with paths.
-
-fn check_keys(obj: &Map<String, Value>, allowed: &[&str], path: &str) -> Result<(), JobspecError> {
-    for key in obj.keys() {
-        if !allowed.contains(&key.as_str()) {
-            let p = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
-            return Err(invalid(p, format!("unknown key (expected one of: {})", allowed.join(", "))));
-        }
-    }
-    Ok(())
-}
-
-fn as_object<'a>(v: &'a Value, path: &str) -> Result<&'a Map<String, Value>, JobspecError> {
-    v.as_object().ok_or_else(|| invalid(path, "must be a mapping"))
-}
-
-fn as_count_int(v: &Value, path: &str) -> Result<u64, JobspecError> {
-    v.as_u64().ok_or_else(|| invalid(path, "must be an integer >= 1"))
-}
-
-fn as_string(v: &Value, path: &str) -> Result<String, JobspecError> {
-    v.as_str().map(str::to_string).ok_or_else(|| invalid(path, "must be a string"))
-}
-
-fn parse_count(v: &Value, path: &str) -> Result<Count, JobspecError> {
-    match v {
-        Value::Object(obj) => {
-            check_keys(obj, &["min", "max", "operator", "operand"], path)?;
-            let min_path = format!("{path}.min");
-            let min = as_count_int(obj.get("min").ok_or_else(|| invalid(&min_path, "required"))?, &min_path)?;
-            let max = obj.get("max").map(|m| as_count_int(m, &format!("{path}.max"))).transpose()?;
-            let operator = match obj.get("operator") {
-                None => None,
-                Some(Value::String(s)) if matches!(s.as_str(), "+" | "*" | "^") => Some(s.clone()),
-                Some(_) => return Err(invalid(format!("{path}.operator"), "must be one of +, *, ^")),
-            };
-            let operand = obj.get("operand").map(|m| as_count_int(m, &format!("{path}.operand"))).transpose()?;
-            Ok(Count::Range(CountRange { min, max, operator, operand }))
-        }
-        _ => as_count_int(v, path).map(Count::Fixed),
-    }
-}
-
-fn parse_resource(v: &Value, path: &str) -> Result<Resource, JobspecError> {
-    let obj = as_object(v, path)?;
-    check_keys(obj, &["type", "count", "label", "exclusive", "with"], path)?;
-    let kind = match obj.get("type") {
-        Some(Value::String(s)) if !s.is_empty() => s.clone(),
-        _ => return Err(invalid(format!("{path}.type"), "required non-empty string")),
-    };
-    let count_path = format!("{path}.count");
-    let count = parse_count(obj.get("count").ok_or_else(|| invalid(&count_path, "required"))?, &count_path)?;
-    let label = obj.get("label").map(|l| as_string(l, &format!("{path}.label"))).transpose()?;
-    let exclusive = match obj.get("exclusive") {
-        None => None,
-        Some(Value::Bool(b)) => Some(*b),
-        Some(_) => return Err(invalid(format!("{path}.exclusive"), "must be a boolean")),
-    };
-    let with = match obj.get("with") {
-        None => Vec::new(),
-        Some(Value::Array(items)) => items
-            .iter()
-            .enumerate()
-            .map(|(i, item)| parse_resource(item, &format!("{path}.with[{i}]")))
-            .collect::<Result<_, _>>()?,
-        Some(_) => return Err(invalid(format!("{path}.with"), "must be a list of resources")),
-    };
-    Ok(Resource { kind, count, label, exclusive, with })
-}
-
-fn parse_task(v: &Value, path: &str) -> Result<Task, JobspecError> {
-    let obj = as_object(v, path)?;
-    check_keys(obj, &["command", "slot", "count", "attributes"], path)?;
-    let cmd_err = || invalid(format!("{path}.command"), "must be a non-empty array of strings");
-    let command = match obj.get("command") {
-        Some(Value::Array(items)) => {
-            items.iter().map(|a| a.as_str().map(str::to_string).ok_or_else(cmd_err)).collect::<Result<Vec<_>, _>>()?
-        }
-        _ => return Err(cmd_err()),
-    };
-    let slot = match obj.get("slot") {
-        Some(Value::String(s)) => s.clone(),
-        _ => return Err(invalid(format!("{path}.slot"), "required string (the slot label)")),
-    };
-    let count_path = format!("{path}.count");
-    let count_obj = as_object(obj.get("count").ok_or_else(|| invalid(&count_path, "required"))?, &count_path)?;
-    check_keys(count_obj, &["per_slot", "total"], &count_path)?;
-    let count = match (count_obj.get("per_slot"), count_obj.get("total")) {
-        (Some(n), None) => TaskCount::PerSlot(as_count_int(n, &format!("{count_path}.per_slot"))?),
-        (None, Some(n)) => TaskCount::Total(as_count_int(n, &format!("{count_path}.total"))?),
-        _ => return Err(invalid(count_path, "must have exactly one of per_slot or total")),
-    };
-    let attributes = obj.get("attributes").map(|a| as_object(a, &format!("{path}.attributes")).cloned()).transpose()?;
-    Ok(Task { command, slot, count, attributes })
-}
-
-fn parse_system(v: &Value) -> Result<System, JobspecError> {
-    let path = "attributes.system";
-    let obj = as_object(v, path)?;
-    let mut sys = System::default();
-    for (key, value) in obj {
-        let p = format!("{path}.{key}");
-        match key.as_str() {
-            "duration" => {
-                let d = value
-                    .as_f64()
-                    .filter(|d| d.is_finite() && *d >= 0.0)
-                    .ok_or_else(|| invalid(&p, "must be a number of seconds >= 0"))?;
-                sys.duration = Some(d);
-            }
-            "cwd" => sys.cwd = Some(as_string(value, &p)?),
-            "environment" => {
-                for (name, val) in as_object(value, &p)? {
-                    let s = as_string(val, &format!("{p}.{name}"))?;
-                    sys.environment.insert(name.clone(), s);
-                }
-            }
-            "shell" => {
-                let shell_obj = as_object(value, &p)?;
-                let mut shell = Shell::default();
-                for (sk, sv) in shell_obj {
-                    if sk == "options" {
-                        shell.options = as_object(sv, &format!("{p}.options"))?.clone();
-                    } else {
-                        shell.other.insert(sk.clone(), sv.clone());
-                    }
-                }
-                sys.shell = Some(shell);
-            }
-            _ => {
-                sys.other.insert(key.clone(), value.clone());
-            }
-        }
-    }
-    Ok(sys)
-}
-
-fn parse_attributes(v: &Value) -> Result<Attributes, JobspecError> {
-    let obj = as_object(v, "attributes")?;
-    check_keys(obj, &["system", "user"], "attributes")?;
-    let system = obj.get("system").map(parse_system).transpose()?.unwrap_or_default();
-    let user = obj.get("user").map(|u| as_object(u, "attributes.user").cloned()).transpose()?.unwrap_or_default();
-    Ok(Attributes { system, user })
-}
-
 /// Check a V1 count: integer or `{min}` with `1 <= value <= u32::MAX`.
 fn v1_count(count: &Count, path: &str) -> Result<u32, JobspecError> {
     let (value, p) = match count {
@@ -530,57 +386,6 @@ fn v1_leaf(r: &Resource, path: &str) -> Result<u32, JobspecError> {
 }
 
 impl Jobspec {
-    /// Parse jobspec text: JSON if it starts with `{` (after whitespace),
-    /// otherwise YAML. Checks the RFC 14 structure only; call
-    /// [`Jobspec::validate`] for the RFC 25 V1 rules.
-    ///
-    /// # Errors
-    /// [`JobspecError::Syntax`] for malformed JSON/YAML;
-    /// [`JobspecError::Invalid`] naming the field for unknown keys (e.g.
-    /// `foo: unknown key`), missing or mistyped fields.
-    pub fn parse(text: &str) -> Result<Jobspec, JobspecError> {
-        let value: Value = if text.trim_start().starts_with('{') {
-            serde_json::from_str(text).map_err(|e| JobspecError::Syntax(format!("JSON: {e}")))?
-        } else {
-            serde_yaml::from_str(text).map_err(|e| JobspecError::Syntax(format!("YAML: {e}")))?
-        };
-        Jobspec::from_value(&value)
-    }
-
-    /// Convert a JSON value to a [`Jobspec`], checking RFC 14 structure.
-    ///
-    /// Required: `version` (non-negative integer), `resources` (list),
-    /// `tasks` (list). Optional: `attributes` with `system` and `user`.
-    ///
-    /// # Errors
-    /// As [`Jobspec::parse`], without `Syntax`.
-    pub fn from_value(value: &Value) -> Result<Jobspec, JobspecError> {
-        let root = value.as_object().ok_or_else(|| invalid("(root)", "jobspec must be a mapping"))?;
-        check_keys(root, &["version", "resources", "tasks", "attributes"], "")?;
-        let version = match root.get("version") {
-            None => return Err(invalid("version", "required")),
-            Some(v) => v.as_u64().ok_or_else(|| invalid("version", format!("must be 1, got {v}")))?,
-        };
-        let resources = match root.get("resources") {
-            Some(Value::Array(items)) => items
-                .iter()
-                .enumerate()
-                .map(|(i, r)| parse_resource(r, &format!("resources[{i}]")))
-                .collect::<Result<_, _>>()?,
-            _ => return Err(invalid("resources", "required list of resources")),
-        };
-        let tasks = match root.get("tasks") {
-            Some(Value::Array(items)) => items
-                .iter()
-                .enumerate()
-                .map(|(i, t)| parse_task(t, &format!("tasks[{i}]")))
-                .collect::<Result<_, _>>()?,
-            _ => return Err(invalid("tasks", "required list of tasks")),
-        };
-        let attributes = root.get("attributes").map(parse_attributes).transpose()?.unwrap_or_default();
-        Ok(Jobspec { version, resources, tasks, attributes })
-    }
-
     /// Apply the RFC 25 Jobspec V1 rules and summarise the request.
     ///
     /// Rules: `version` is 1; `resources` has exactly one vertex, either
@@ -809,22 +614,6 @@ impl Jobspec {
     /// [`JobspecError::Serialize`] if the YAML emitter fails.
     pub fn to_yaml(&self) -> Result<String, JobspecError> {
         serde_yaml::to_string(self).map_err(|e| JobspecError::Serialize(e.to_string()))
-    }
-}
-
-impl<'de> Deserialize<'de> for Jobspec {
-    /// Deserialize with the structural checks of [`Jobspec::from_value`].
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let v = Value::deserialize(deserializer)?;
-        Jobspec::from_value(&v).map_err(serde::de::Error::custom)
-    }
-}
-
-impl std::str::FromStr for Jobspec {
-    type Err = JobspecError;
-    /// Same as [`Jobspec::parse`].
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Jobspec::parse(s)
     }
 }
 
