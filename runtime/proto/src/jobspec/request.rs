@@ -1,0 +1,101 @@
+//! [`JobRequest`]: the validated summary of a V1 jobspec that the scheduler and the exec system work from, and the
+//! job's own kill timeout ([`KILL_TIMEOUT_KEY`]). It is produced by `validate.rs`; the jobspec types are in
+//! `mod.rs`.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+
+/// The validated summary of a V1 jobspec, produced by [`Jobspec::validate`](super::Jobspec::validate).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct JobRequest {
+    /// Number of nodes when a `node` level is present, else `None`.
+    pub nnodes: Option<u32>,
+    /// Total slots: `nnodes * slots_per_node` with a node level, else the slot count.
+    pub nslots: u32,
+    /// Slots per node when a `node` level is present.
+    pub slots_per_node: Option<u32>,
+    /// Cores in each slot (`>= 1`).
+    pub cores_per_slot: u32,
+    /// GPUs in each slot (0 if none requested).
+    pub gpus_per_slot: u32,
+    /// Total number of tasks.
+    pub ntasks: u32,
+    /// Command and arguments (non-empty).
+    pub command: Vec<String>,
+    /// Time limit in seconds; `None` means unlimited (`duration: 0`).
+    pub duration: Option<f64>,
+    /// Working directory.
+    pub cwd: Option<String>,
+    /// Task environment.
+    pub environment: BTreeMap<String, String>,
+    /// Job shell options (`attributes.system.shell.options`).
+    pub shell_options: Map<String, Value>,
+    /// Whether nodes are requested exclusively.
+    pub exclusive: bool,
+    /// Requeue the job when it fails because one of its nodes was lost: `attributes.system.requeue: true`
+    /// ([`REQUEUE_KEY`](super::REQUEUE_KEY)), or the shell option `requeue` set to true, 1, yes or on.
+    pub requeue: bool,
+    /// Which nodes the job may run on (`attributes.system.constraints`, RFC 31); `None`: any. A `hostfile` task
+    /// map adds its hosts here: the job runs on exactly those.
+    pub constraint: Option<crate::constraint::Constraint>,
+    /// Most nodes, when the node count is a range (`count: {min, max}` of RFC 14, `-N MIN-MAX`, Slurm's
+    /// `--nodes=min-max`): the job takes as many free nodes as it can up to this, at least [`JobRequest::nnodes`]
+    /// (the minimum). `None`: exactly `nnodes`.
+    pub nnodes_max: Option<u32>,
+    /// One task per slot (`tasks[0].count.per_slot`): with a node range the job's task count follows the nodes it
+    /// gets, and [`JobRequest::ntasks`] is the count at the minimum.
+    pub tasks_per_slot: bool,
+    /// How tasks are mapped to the job's nodes (the shell option `taskmap`, `--taskmap`, RFC 34 schemes).
+    pub taskmap: crate::taskmap::Scheme,
+    /// Non-fatal findings, e.g. `attributes.system.foo: unknown key, ignored`.
+    pub warnings: Vec<String>,
+}
+
+impl JobRequest {
+    /// Whether the slots each node needs depend on how many nodes the job gets: a node range with a task total
+    /// (`-N MIN-MAX -n N`), whose N tasks are spread over the nodes it gets, as Slurm's `--nodes=min-max
+    /// --ntasks=N` spreads them.
+    pub fn slots_vary(&self) -> bool {
+        self.nnodes.is_some() && self.nnodes_max.is_some() && !self.tasks_per_slot
+    }
+
+    /// The job's own kill timeout, seconds from SIGTERM to SIGKILL: the shell option `kill-timeout` (`-o
+    /// kill-timeout=DURATION`, an RFC 23 duration or a number of seconds), checked by
+    /// [`Jobspec::validate`](super::Jobspec::validate); `None` when the job leaves it to the instance
+    /// (`exec.kill-timeout`).
+    pub fn kill_timeout(&self) -> Option<f64> {
+        kill_timeout_secs(self.shell_options.get(KILL_TIMEOUT_KEY)?).ok()
+    }
+
+    /// Slots each node needs when the job runs on `nodes` nodes: the jobspec's per-node slot count, or, for a
+    /// node range with a task total ([`JobRequest::slots_vary`]), enough for its tasks spread over `nodes`
+    /// (`ceil(ntasks / nodes)`) if that is more. So `-N 2-3 -n 6` needs 3 slots on each of 2 nodes or 2 on each
+    /// of 3: the scheduler takes the largest count that fits (Slurm's rule), and it is refused only when no
+    /// count of the range can ever fit.
+    pub fn slots_on(&self, nodes: u32) -> u32 {
+        let per = self.slots_per_node.unwrap_or(1);
+        if self.slots_vary() {
+            per.max(self.ntasks.div_ceil(nodes.max(1)))
+        } else {
+            per
+        }
+    }
+}
+
+/// The shell option of a job's own kill timeout (`attributes.system.shell.options.kill-timeout`).
+pub const KILL_TIMEOUT_KEY: &str = "kill-timeout";
+
+/// Seconds of a `kill-timeout` shell option: an RFC 23 duration (`10s`, `1m`) or a number of seconds, finite and
+/// `>= 0`.
+pub(super) fn kill_timeout_secs(v: &Value) -> Result<f64, String> {
+    let secs = match v {
+        Value::String(s) => crate::duration::parse_duration_secs(s).map_err(|e| e.to_string())?,
+        Value::Number(n) => n.as_f64().unwrap_or(f64::NAN),
+        _ => return Err("must be a duration such as 10s (RFC 23) or a number of seconds".into()),
+    };
+    if !(secs.is_finite() && secs >= 0.0) {
+        return Err(format!("must be a finite duration >= 0, got {v}"));
+    }
+    Ok(secs)
+}
