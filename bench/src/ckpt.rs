@@ -16,8 +16,8 @@
 //! each node's storage is a directory of `CKPT_ROOT` there (no per-allocation node-local directory is configured in
 //! that cluster).
 //!
-//! Measured, from the lines both scripts and the application stamp with `date +%s.%N` (one clock, one machine), in
-//! seconds after the kill: the script gets control (its first launch ended), and every rank resumed (the last
+//! Measured, from the lines both scripts and the application stamp with `date -u +%FT%T.%6NZ` (ISO 8601 UTC; one
+//! clock, one machine), in seconds after the kill: the script gets control (its first launch ended), and every rank resumed (the last
 //! "resuming" line of the relaunch). A trial counts only if the job exited 0, every rank of the relaunch resumed at
 //! its last complete checkpoint or later (app.sh refuses anything older) and the lost rank was rebuilt on the spare.
 //! Slurm runs once per `SlurmdTimeout` asked for, with its own number of trials: its verdict on a silent node
@@ -127,9 +127,16 @@ fn wait_ready(root: &Path, output: impl Fn() -> String) -> Result<(), String> {
     Ok(())
 }
 
+/// Seconds since the Unix epoch of an RFC 3339 UTC time with a fraction (`2026-12-06T21:55:43.123456Z`, the stamp
+/// of every line batch.sh and app.sh print); `None` for anything else.
+fn iso_secs(s: &str) -> Option<f64> {
+    let t = humantime::parse_rfc3339(s).ok()?;
+    Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs_f64())
+}
+
 /// Fill `t` from the script's output (times relative to `t_kill`); an error if the trial does not count.
 fn parse(out: &str, t_kill: f64, t: &mut Trial) -> Result<(), String> {
-    let stamped = |l: &str| l.split_once(' ').and_then(|(s, rest)| Some((s.parse::<f64>().ok()?, rest.to_string())));
+    let stamped = |l: &str| l.split_once(' ').and_then(|(s, rest)| Some((iso_secs(s)?, rest.to_string())));
     let lines: Vec<(f64, String)> = out.lines().filter_map(stamped).collect();
     let mut launch = 0;
     let mut resumed = Vec::new();
@@ -384,4 +391,42 @@ fn markdown(series: &[Series], a: &CkptArgs, load: Option<f64>, took_s: f64) -> 
     }
     md.push('\n');
     md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scripts_iso_stamps_are_read_to_the_microsecond() {
+        let t = iso_secs("2026-12-06T21:55:43.123456Z").unwrap();
+        assert!((t - 1_796_594_143.123_456).abs() < 1e-6, "{t}");
+        assert_eq!(iso_secs("1796594143.123456"), None, "the old epoch stamps are not ISO times");
+        assert_eq!(iso_secs("launch"), None);
+    }
+
+    #[test]
+    fn a_trial_is_read_from_stamped_lines() {
+        let out = "2026-12-06T21:55:40.000000Z launch 1: ranks 0-3 on node[2-5], spare: node6\n\
+                   2026-12-06T21:55:41.500000Z launch 1 ended with exit code 1\n\
+                   2026-12-06T21:55:41.550000Z rebuilt rank 0's checkpoint (step 3) on node6 from its partner copy on \
+                   node3\n\
+                   2026-12-06T21:55:41.600000Z launch 2: ranks 0-3 on node[2,4-6], spare: none\n"
+            .to_string()
+            + &(0..RANKS)
+                .map(|r| {
+                    format!(
+                        "2026-12-06T21:55:42.{}00000Z rank {r} on node{}: resuming from step {MIN_STEP} (last complete \
+                         checkpoint: step {MIN_STEP})\n",
+                        r,
+                        r + 2
+                    )
+                })
+                .collect::<String>();
+        let t_kill = iso_secs("2026-12-06T21:55:41.000000Z").unwrap();
+        let mut t = Trial::default();
+        parse(&out, t_kill, &mut t).unwrap();
+        assert_eq!(t.control_s, Some(0.5));
+        assert_eq!(t.resumed_s, Some(1.3), "the last rank resumed 1.3 s after the kill");
+    }
 }

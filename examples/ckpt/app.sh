@@ -14,7 +14,7 @@ node=$(vigil getattr hostname)
 partner=$CKPT_ROOT/node.$(echo $CKPT_HOSTS | cut -d' ' -f$(( (rank + 1) % VIGIL_JOB_SIZE + 1 )))
 step=0; [ -f "$dir/ckpt.$rank" ] && step=$(cat "$dir/ckpt.$rank")
 last=0; [ -f "$CKPT_ROOT/complete.$rank" ] && last=$(cat "$CKPT_ROOT/complete.$rank")
-echo "$(date +%s.%N) rank $rank on $node: resuming from step $step (last complete checkpoint: step $last)"
+echo "$(date -u +%Y-%m-%dT%H:%M:%S.%6NZ) rank $rank on $node: resuming from step $step (last complete checkpoint: step $last)"
 if [ "$step" -lt "$last" ]; then
     echo "rank $rank on $node: ERROR: resuming from step $step, older than its last complete checkpoint (step $last)" >&2
     exit 3
@@ -27,4 +27,4 @@ while [ "$step" -lt "$1" ]; do
     put $step "$partner/partner.$rank"
     put $step "$CKPT_ROOT/complete.$rank"
 done
-echo "$(date +%s.%N) rank $rank on $node: completed $1 steps"
+echo "$(date -u +%Y-%m-%dT%H:%M:%S.%6NZ) rank $rank on $node: completed $1 steps"

@@ -6,15 +6,17 @@
 # the batch host's does under any batch system): the ranks run on the N+1 other nodes, the last one being the spare.
 # Usage: vigil batch -N$((N+2)) batch.sh APP STEPS   (environment: CKPT_ROOT, a directory every node sees; STEP_S)
 # Exit code: the last launch's (0: every rank completed; 3: app.sh found a rank resuming from older than its last
-# complete checkpoint); 75 (EX_TEMPFAIL) if a rank's node was lost with no spare left, or with its partner's node;
-# 64 (EX_USAGE) for a CKPT_SCHED it does not know.
+# complete checkpoint); 75 (EX_TEMPFAIL) if a rank's node was lost with no spare left, or with its partner's node,
+# also while the storage was set up; 64 (EX_USAGE) for a CKPT_SCHED it does not know; 71 (EX_OSERR) if setting up the
+# nodes' storage failed with no node lost (the reason is on standard error). Every line it prints starts with the
+# time in UTC, ISO 8601 with microseconds (2026-12-06T21:55:43.123456Z), as app.sh's do.
 #
 # The few commands that differ between batch systems are the functions below, chosen by CKPT_SCHED: `vigil` (the
 # default), or `slurm` (the default inside a Slurm job: `sbatch --no-kill -N$((N+2)) batch.sh APP STEPS`, which
 # vigil-bench ckpt runs beside Vigil; app.sh then needs a `vigil` on PATH that answers `getattr hostname`).
 set -u
 app=$1 steps=$2
-say() { echo "$(date +%s.%N) $*"; }
+say() { echo "$(date -u +%Y-%m-%dT%H:%M:%S.%6NZ) $*"; }
 has() { case " $1 " in *" $2 "*) return 0 ;; esac; return 1; }
 sched=${CKPT_SCHED:-$([ -n "${SLURM_JOB_NODELIST:-}" ] && echo slurm || echo vigil)}
 case $sched in
@@ -28,7 +30,7 @@ vigil)
     # link to each node's VIGIL_ALLOC_TMPDIR stands in for that.
     storage() {
         vigil run -N$# -n$# -w "$(vigil hostlist "$@")" \
-            sh -c 'ln -s "$VIGIL_ALLOC_TMPDIR" "$CKPT_ROOT/node.$(vigil getattr hostname)"'
+            sh -c 'ln -sfn "$VIGIL_ALLOC_TMPDIR" "$CKPT_ROOT/node.$(vigil getattr hostname)"'
     }
     hostfile=$VIGIL_ALLOC_TMPDIR/hosts
     # The application on $hosts, rank r on line r+1 of $hostfile.
@@ -55,11 +57,27 @@ esac
 
 others=$(other_nodes)
 n=$(( $(echo $others | wc -w) - 1 ))
+rm -rf "$CKPT_ROOT"/node.* "$CKPT_ROOT"/complete.*
+# Each node's storage, made reachable from the others. A node lost meanwhile is left out (its storage with it) and
+# the step is tried again on the rest (it is idempotent); the ranks go on the first n nodes left, the spares after.
+setup=1
+while :; do
+    say "setting up storage on $(compress $others)"
+    storage $others && break
+    rc=$?
+    lost=$(lost_nodes)
+    [ -n "$lost" ] || { sleep 1; lost=$(lost_nodes); }    # a verdict may come just after the launch ended
+    left=""
+    for h in $others; do has "$lost" $h && { rm -rf "$CKPT_ROOT/node.$h"; continue; }; left="$left $h"; done
+    [ "$left" != "$(printf ' %s' $others)" ] || { say "setting up storage failed (exit code $rc), no node lost: giving up" >&2; exit 71; }
+    say "lost while setting up storage: $(compress $lost)"
+    others=${left# }
+    [ $(echo $others | wc -w) -ge $n ] || { say "fewer than $n nodes left for $n ranks: giving up"; exit 75; }
+    setup=$((setup + 1))
+    [ $setup -le 4 ] || { say "setting up storage failed $((setup - 1)) times: giving up"; exit 75; }
+done
 hosts=$(echo $others | cut -d' ' -f1-$n)    # rank r runs on the (r+1)-th of them
 spares=$(echo $others | cut -d' ' -f$((n + 1))-)
-# A lost node's storage is removed with it.
-rm -rf "$CKPT_ROOT"/node.* "$CKPT_ROOT"/complete.*
-storage $others || exit 1
 launch=1 lost=""
 while :; do
     printf '%s\n' $hosts > "$hostfile"    # line r+1: the node of rank r

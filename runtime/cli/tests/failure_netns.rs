@@ -697,6 +697,25 @@ impl Ckpt {
     /// [`Ckpt::start`] with `steps` steps of app.sh instead of [`STEPS`].
     #[track_caller]
     fn start_steps(batch_args: &[&str], steps: u32) -> Ckpt {
+        let k = Ckpt::submit(batch_args, steps);
+        let since = Instant::now();
+        // Generous: a loaded machine (CI running other netns clusters beside this one) has taken 25 s for 2 steps.
+        let ready = wait_for(Duration::from_secs(180), || {
+            k.complete().values().filter(|s| **s >= MIN_STEP).count() == RANKS as usize
+        });
+        assert!(ready, "the {RANKS} ranks did not reach step {MIN_STEP}: {:?}\n{}", k.complete(), k.output());
+        eprintln!(
+            "[{}] batch job {}: every rank at step >= {MIN_STEP} after {:.2}s",
+            k.c.name,
+            k.id,
+            since.elapsed().as_secs_f64()
+        );
+        k
+    }
+
+    /// The batch job of [`Ckpt::start_steps`], returned as soon as it is submitted.
+    #[track_caller]
+    fn submit(batch_args: &[&str], steps: u32) -> Ckpt {
         let c = Cluster::up(7);
         c.vigil(&["resource", "drain", "0", "login"]).ok();
         let (root, work) = (c.path().join("ckpt"), c.path().join("work"));
@@ -711,20 +730,7 @@ impl Ckpt {
         o.ok();
         let id = o.stdout.trim().to_string();
         assert!(id.starts_with('f'), "{}", o.dump());
-        let k = Ckpt { c, id, root, work };
-        let since = Instant::now();
-        // Generous: a loaded machine (CI running other netns clusters beside this one) has taken 25 s for 2 steps.
-        let ready = wait_for(Duration::from_secs(180), || {
-            k.complete().values().filter(|s| **s >= MIN_STEP).count() == RANKS as usize
-        });
-        assert!(ready, "the {RANKS} ranks did not reach step {MIN_STEP}: {:?}\n{}", k.complete(), k.output());
-        eprintln!(
-            "[{}] batch job {}: every rank at step >= {MIN_STEP} after {:.2}s",
-            k.c.name,
-            k.id,
-            since.elapsed().as_secs_f64()
-        );
-        k
+        Ckpt { c, id, root, work }
     }
 
     fn output(&self) -> String {
@@ -749,13 +755,20 @@ struct Launch {
     ended: Option<(f64, i32)>,
 }
 
+/// Seconds since the Unix epoch of the RFC 3339 UTC time that starts each line of batch.sh and app.sh
+/// (`2026-12-06T21:55:43.123456Z`).
+fn iso_secs(s: &str) -> Option<f64> {
+    let t = humantime::parse_rfc3339(s).ok()?;
+    Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs_f64())
+}
+
 /// The launches in `batch.sh`'s output, in order (lines "TIME launch K: ...", "TIME rank R on NODE: resuming from
 /// step S (last complete checkpoint: step C)", "TIME rank R on NODE: completed N steps", "TIME launch K ended with
 /// exit code X").
 fn launches(out: &str) -> Vec<Launch> {
     let mut v: Vec<Launch> = Vec::new();
     for l in out.lines() {
-        let Some((t, rest)) = l.split_once(' ').and_then(|(t, r)| Some((t.parse::<f64>().ok()?, r))) else { continue };
+        let Some((t, rest)) = l.split_once(' ').and_then(|(t, r)| Some((iso_secs(t)?, r))) else { continue };
         if rest.starts_with("launch ") && rest.contains(": ranks ") {
             v.push(Launch::default());
         }
@@ -960,6 +973,37 @@ fn n_plus_one_gives_up_without_a_spare() {
     assert_eq!((e.code, e.launches.len()), (75, 1), "batch.sh's exit code 75 after one launch expected:\n{}", e.ctx);
     assert_eq!(e.job["result"], "FAILED", "{}", e.ctx);
     assert!(e.out.contains("rank 1 lost its node node3 and no spare is left: giving up"), "{}", e.ctx);
+}
+
+/// A node dies while batch.sh sets up the nodes' storage (its first step, a `vigil run` on every node but its own):
+/// the script leaves the node out, sets the storage up again on the rest, and runs the ranks there (the spare takes
+/// the place of the lost node, in node order); the job completes with one non-fatal exception.
+#[test]
+fn n_plus_one_loses_a_node_while_setting_up_storage() {
+    let k = Ckpt::submit(&[], STEPS);
+    let c = &k.c;
+    let setting_up = wait_for(Duration::from_secs(60), || k.output().contains(" setting up storage on "));
+    assert!(setting_up, "batch.sh did not start setting up storage:\n{}", k.output());
+    let t_kill = c.kill_node(3);
+    let w = c.vigil_in(c.path(), &[], &["job", "wait", &k.id], 4 * JOB_END);
+    let out = k.output();
+    let log = c.job_eventlog(&k.id);
+    let ctx = format!("{}\n--- output ---\n{out}\n--- eventlog ---\n{log:?}", w.dump());
+    let set_up = out.lines().filter(|l| l.contains(" setting up storage on ")).count();
+    eprintln!("[{}] node3 killed at {t_kill:.3}: storage set up {set_up} times", c.name);
+    assert!(out.contains(" lost while setting up storage: node3"), "the loss missed the set-up step:\n{ctx}");
+    assert_eq!(w.code, 0, "{ctx}");
+    let ex = exceptions(&log);
+    assert!(
+        ex.len() == 1 && ex[0]["context"]["severity"] == 2 && ex[0]["context"]["type"] == "node-failure",
+        "one non-fatal node-failure expected:\n{ctx}"
+    );
+    let l = launches(&out);
+    let placed: BTreeMap<u32, String> = l[0].resumed.iter().map(|(r, v)| (*r, v.0.clone())).collect();
+    let want: BTreeMap<u32, String> =
+        [2, 4, 5, 6].iter().enumerate().map(|(r, n)| (r as u32, format!("node{n}"))).collect();
+    assert_eq!((l.len(), placed), (1, want), "one launch on the nodes left:\n{ctx}");
+    assert_eq!(l[0].completed, (0..RANKS).collect(), "{ctx}");
 }
 
 /// app.sh's own check: a rank that resumes from older than its last complete checkpoint fails (exit 3), as when a
