@@ -1006,6 +1006,78 @@ fn n_plus_one_loses_a_node_while_setting_up_storage() {
     assert_eq!(l[0].completed, (0..RANKS).collect(), "{ctx}");
 }
 
+/// A host-file task map (`--taskmap=hostfile:FILE`, what batch.sh relaunches with) that names a node the job could
+/// never run on is refused naming the file's line: a node its own -x/-w leave out; inside a batch job, a node the
+/// batch instance lost (it never gets it back: before, the job waited for it forever). In the system instance a
+/// lost node may come back: the job is accepted, with a warning naming the node.
+#[test]
+fn a_hostfile_naming_a_lost_or_excluded_node_is_refused_with_its_line() {
+    let c = Cluster::up(5);
+    c.vigil(&["resource", "drain", "0", "login"]).ok();
+    let dir = c.path();
+    let file = |name: &str, hosts: &[&str]| {
+        let p = dir.join(name);
+        std::fs::write(&p, hosts.iter().map(|h| format!("{h}\n")).collect::<String>()).unwrap();
+        format!("--taskmap=hostfile:{}", p.display())
+    };
+    let (h23, h24) = (file("h23", &["node2", "node3"]), file("h24", &["node2", "node4"]));
+    let o = c.vigil(&["run", "-N2", "-n2", "-x", "node3", &h23, "true"]);
+    assert!(
+        o.code == 1
+            && o.stderr.contains(&format!(
+                "{h23}: line 2: node3: the job's node selection (-x node3) leaves it out, and every host of the file \
+                 is a node of the job"
+            )),
+        "{}",
+        o.dump()
+    );
+    let o = c.vigil(&["run", "-N2", "-n2", "-w", "node[1-2]", &h23, "true"]);
+    assert!(o.code == 1 && o.stderr.contains("line 2: node3: the job's node selection (-w node[1-2])"), "{}", o.dump());
+
+    // A batch job on node1-4 whose script, once told and once its instance too has node4 lost, relaunches on node2
+    // and node4.
+    let go = dir.join("go");
+    let script = dir.join("relaunch.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\necho ready\nwhile [ ! -e {go} ]; do sleep 0.05; done\nuntil vigil resource status -s lost -no \
+             '{{nodelist}}' | grep -q node4; do sleep 0.05; done\nvigil run -N2 -n2 {h24} hostname\necho rc=$?\n",
+            go = go.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = dir.join("relaunch.out");
+    let o = c.vigil(&["batch", "-N4", &format!("--output={}", out.display()), script.to_str().unwrap()]);
+    let id = o.ok().stdout.trim().to_string();
+    let text = || std::fs::read_to_string(&out).unwrap_or_default();
+    assert!(wait_for(Duration::from_secs(60), || text().contains("ready")), "{}", text());
+    c.kill_node(4);
+    let told = wait_for(VERDICT, || !exceptions(&c.job_eventlog(&id)).is_empty());
+    assert!(told, "no exception for node4: {:?}", c.job_eventlog(&id));
+    std::fs::write(&go, "").unwrap();
+    let w = c.vigil_in(dir, &[], &["job", "wait", &id], JOB_END);
+    let ctx = format!("{}\n--- output ---\n{}\n--- eventlog ---\n{:?}", w.dump(), text(), c.job_eventlog(&id));
+    assert!(text().contains("rc=1"), "the relaunch naming a lost node was not refused:\n{ctx}");
+    assert!(
+        text().contains(&format!("{h24}: line 2: node4 (lost: node not responding: "))
+            && text().contains("this instance is a job's (a batch or alloc job) and never gets a lost node back"),
+        "{ctx}"
+    );
+
+    // The system instance lost node4 too: a job naming it is accepted (it may come back), with a warning.
+    let o = c.vigil(&["submit", "-N2", "-n2", &h24, "true"]);
+    assert!(
+        o.code == 0
+            && o.stderr.contains(&format!("{h24}: line 2: node4 is lost: "))
+            && o.stderr.contains("the job waits until it is back"),
+        "{}",
+        o.dump()
+    );
+    c.vigil(&["cancel", o.stdout.trim()]).ok();
+}
+
 /// app.sh's own check: a rank that resumes from older than its last complete checkpoint fails (exit 3), as when a
 /// relaunch puts it away from its data. Here the second job has an allocation directory of its own, so no checkpoint.
 #[test]

@@ -101,6 +101,19 @@ pub struct NodeSelection {
 }
 
 impl NodeSelection {
+    /// The options as typed, for messages: `-x node2 -w node[1,4] --requires=host:node1`.
+    pub(crate) fn as_typed(&self) -> String {
+        let mut v = Vec::new();
+        if let Some(w) = &self.nodelist {
+            v.push(format!("-w {w}"));
+        }
+        if let Some(x) = &self.exclude {
+            v.push(format!("-x {x}"));
+        }
+        v.extend(self.requires.iter().map(|r| format!("--requires={r}")));
+        v.join(" ")
+    }
+
     /// The constraint these options make, if any.
     pub(crate) fn constraint(&self) -> Result<Option<vigil_proto::constraint::Constraint>, String> {
         vigil_proto::constraint::Constraint::from_options(
@@ -246,26 +259,87 @@ impl Hostfile {
         Ok(n)
     }
 
-    /// Refuse, naming their lines, hosts that are not nodes of the instance `c` leads to (`resource.status`):
-    /// the job could never run. Said by rank 0 too, without the lines; nothing if rank 0 does not answer.
-    async fn check_nodes(&self, c: &Client) -> Result<(), String> {
-        let Some(nodes) = instance_nodes(c).await else { return Ok(()) };
-        let known: std::collections::HashSet<&str> = nodes.iter().map(|(_, h)| h.as_str()).collect();
-        let unknown: Vec<String> = self
-            .hosts()
-            .into_iter()
-            .filter(|(_, _, h)| !known.contains(h))
+    /// Refuse, naming their lines, hosts on which the job could never run: not nodes of the instance `c` leads to
+    /// (`resource.status`), left out by the job's own node selection (`select`: -x, -w, --requires), or lost in an
+    /// instance that never gets a lost node back (a batch or alloc job's: `instance-level` above 0). Hosts that
+    /// are lost, down or drained in a system instance are only warned about: the job waits for them. Said by rank 0
+    /// too, without the lines; nothing if rank 0 does not answer.
+    async fn check_nodes(&self, c: &Client, select: &NodeSelection) -> Result<(), String> {
+        let Some(st) = super::rpc_to_rank0(c, "resource.status", &json!({})).await.ok() else { return Ok(()) };
+        let rows: Vec<&Value> = st["ranks"].as_array().map(|a| a.iter().collect()).unwrap_or_default();
+        let by_host: std::collections::HashMap<&str, &Value> =
+            rows.iter().filter_map(|r| Some((r["hostname"].as_str()?, *r))).collect();
+        let hosts = self.hosts();
+        let unknown: Vec<String> = hosts
+            .iter()
+            .filter(|(_, _, h)| !by_host.contains_key(h))
             .map(|(line, _, h)| format!("line {line}: {h}"))
             .collect();
-        if unknown.is_empty() {
-            return Ok(());
+        if !unknown.is_empty() {
+            let mut nodes: Vec<(u32, String)> = rows
+                .iter()
+                .filter_map(|r| Some((u32::try_from(r["rank"].as_u64()?).ok()?, r["hostname"].as_str()?.to_string())))
+                .collect();
+            nodes.sort();
+            return Err(format!(
+                "{}: not a node of this instance: {} (its nodes: {})",
+                self.option,
+                unknown.join(", "),
+                in_rank_order(&nodes)
+            ));
         }
-        Err(format!(
-            "{}: not a node of this instance: {} (its nodes: {})",
-            self.option,
-            unknown.join(", "),
-            in_rank_order(&nodes)
-        ))
+        if let Some(cons) = select.constraint()? {
+            let left_out: Vec<String> = hosts
+                .iter()
+                .filter(|(_, _, h)| {
+                    let rank = by_host[h]["rank"].as_u64().and_then(|r| u32::try_from(r).ok()).unwrap_or(u32::MAX);
+                    !cons.matches(rank, h)
+                })
+                .map(|(line, _, h)| format!("line {line}: {h}"))
+                .collect();
+            if !left_out.is_empty() {
+                return Err(format!(
+                    "{}: {}: the job's node selection ({}) leaves {} out, and every host of the file is a node of \
+                     the job",
+                    self.option,
+                    left_out.join(", "),
+                    select.as_typed(),
+                    if left_out.len() == 1 { "it" } else { "them" }
+                ));
+            }
+        }
+        let nested = c
+            .rpc("broker.getattr", crate::message::NODEID_ANY, &json!({"name": "instance-level"}))
+            .await
+            .ok()
+            .and_then(|v| v["value"].as_str()?.parse::<u32>().ok())
+            .is_some_and(|l| l > 0);
+        let mut lost = Vec::new();
+        for (line, _, h) in &hosts {
+            let row = by_host[h];
+            let state = row["state"].as_str().unwrap_or("");
+            if matches!(state, "avail" | "torpid") {
+                continue;
+            }
+            let reason = row["reason"].as_str().filter(|r| !r.is_empty()).map(|r| format!(": {r}")).unwrap_or_default();
+            if state == "lost" && nested {
+                lost.push(format!("line {line}: {h} ({state}{reason})"));
+            } else {
+                eprintln!(
+                    "vigil: warning: {}: line {line}: {h} is {state}{reason}; the job waits until it is back",
+                    self.option
+                );
+            }
+        }
+        if !lost.is_empty() {
+            return Err(format!(
+                "{}: {}: this instance is a job's (a batch or alloc job) and never gets a lost node back; `vigil \
+                 resource status -s lost,down` lists the nodes to leave out",
+                self.option,
+                lost.join(", ")
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -622,7 +696,7 @@ pub(crate) async fn run(a: SubmitArgs, attach_after: bool) -> Result<i32, String
     }
     let c = connect().await?;
     if let Some(hf) = Hostfile::of(&a)? {
-        hf.check_nodes(&c).await?;
+        hf.check_nodes(&c, &a.select).await?;
     }
     check_exclude(&c, &a.select).await?;
     let id =
