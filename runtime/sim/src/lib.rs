@@ -22,6 +22,7 @@
 //! | file | holds |
 //! |------|-------|
 //! | `trace.rs` | the trace hash of every input (same seed, same trace) and `VIGIL_SIM_WATCH` debugging output |
+//! | `rng.rs` | [`Rng`], the seeded generator of every draw |
 //! | `scenario.rs` | the named scenarios and their invariants |
 //! | `depth.rs` | the depth experiment |
 //! | `tests.rs` | unit tests |
@@ -47,8 +48,10 @@ use std::time::Duration;
 
 pub use scenario::{run, Scenario, SCENARIOS};
 
+mod rng;
 mod trace;
 
+pub use rng::Rng;
 use trace::{describe_effect, describe_input, fnv, kind, quiet, watched};
 
 /// What to simulate.
@@ -549,42 +552,6 @@ pub(crate) struct ClientLog {
     pub crashes: Vec<(Time, bool, Vec<JobId>)>,
     /// Rank 0's restarts: when, and when every broker still running had registered with it again.
     pub restarts: Vec<(Time, Option<Time>)>,
-}
-
-/// SplitMix64: small, fast, and the same sequence everywhere for a seed (also the test bed's draws: `vigil-bench
-/// netswitch`).
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// The generator for `seed`.
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (`n > 0`).
-    fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
-    }
-
-    /// Uniform in `[a, b)` seconds.
-    fn secs(&mut self, a: f64, b: f64) -> f64 {
-        a + (b - a) * self.unit()
-    }
-
-    /// Uniform in `[0, 1)`.
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
 }
 
 // The simulated broker (options, environment), the instance owner and the wall-clock origin are the core's, which
