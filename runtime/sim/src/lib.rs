@@ -26,7 +26,7 @@
 //! | `config.rs` | [`Config`] and [`Load`]: what to simulate |
 //! | `report.rs` | [`Report`] and its figures: what a run measured |
 //! | `faults.rs` | [`Fault`]s, injected now or at a time, and a stopped broker's resumption |
-//! | `probe.rs` | each parent's prober: probe rounds, replies and misses, as the real prober forwards them (a target's state, `ProbeTarget`, stays beside `Node` here) |
+//! | `probe.rs` | each parent's prober: probe rounds, replies, misses, what the real prober forwards |
 //! | `effects.rs` | [`Sim::execute`]: what the simulated driver does with each broker effect |
 //! | `scenario.rs` | the named scenarios and their invariants |
 //! | `depth.rs` | the depth experiment |
