@@ -28,11 +28,12 @@ pub struct Config {
     /// `sched.policy` of rank 0: FCFS (the default here, so that the scenarios' order check, invariant 5 of
     /// `scenario.rs`, holds) or EASY (`depth.rs`).
     pub sched_policy: crate::attrs::SchedPolicy,
-    /// Rank 0 has a state directory: it journals every turn into an in-memory store ([`Kept`], the same contract as
-    /// the SQLite one) that outlives its broker, commits before carrying out the turn's effects (as the real
-    /// driver does), and is restored from it when it restarts ([`Fault::Restart`] of rank 0); every broker runs
-    /// with `tbon.parent_grace` [`PARENT_GRACE`] (the real default with a state directory), so that the others
-    /// outlive rank 0 and rejoin it. The client retries a submission its connection failed for.
+    /// Rank 0 has a state directory: it journals every turn into an in-memory store
+    /// ([`Kept`](crate::jobs::journal::Kept), the same contract as the SQLite one) that outlives its broker,
+    /// commits before carrying out the turn's effects (as the real driver does), and is restored from it when it
+    /// restarts ([`Fault::Restart`](crate::Fault::Restart) of rank 0); every broker runs with `tbon.parent_grace`
+    /// [`PARENT_GRACE`] (the real default with a state directory), so that the others outlive rank 0 and rejoin
+    /// it. The client retries a submission its connection failed for.
     pub statedir: bool,
     /// Load on the machine and its network ([`Load`]); none by default (the other scenarios' traces are those of a
     /// quiet machine).

@@ -27,7 +27,7 @@
 //! | `report.rs` | [`Report`] and its figures: what a run measured |
 //! | `faults.rs` | [`Fault`]s, injected now or at a time, and a stopped broker's resumption |
 //! | `probe.rs` | each parent's prober: probe rounds, replies, misses, what the real prober forwards |
-//! | `effects.rs` | [`Sim::execute`]: what the simulated driver does with each broker effect |
+//! | `effects.rs` | `Sim::execute`: what the simulated driver does with each broker effect |
 //! | `scenario.rs` | the named scenarios and their invariants |
 //! | `depth.rs` | the depth experiment |
 //! | `tests.rs` | unit tests |

@@ -35,17 +35,17 @@ pub struct Report {
     pub faults: BTreeMap<String, u32>,
     /// Virtual time from a silent node loss to rank 0 recording the rank lost, milliseconds: median and max.
     pub loss_detect_ms: Option<(f64, f64)>,
-    /// One-way latency of every overlay link, milliseconds ([`Config::latency`]).
+    /// One-way latency of every overlay link, milliseconds ([`Config::latency`](crate::Config::latency)).
     pub latency_ms: f64,
     /// The most children any broker had at once during the run (its static children and any it adopted).
     pub max_children: u32,
     /// Re-parenting figures, when some orphan re-parented.
     pub reparent: Option<ReparentFigures>,
-    /// Rank 0's restarts on its store ([`Config::statedir`]), when it restarted.
+    /// Rank 0's restarts on its store ([`Config::statedir`](crate::Config::statedir)), when it restarted.
     pub restarts: Option<RestartFigures>,
 }
 
-/// Rank 0's restarts in a run ([`Config::statedir`]).
+/// Rank 0's restarts in a run ([`Config::statedir`](crate::Config::statedir)).
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct RestartFigures {
     /// Times rank 0's broker was killed and started again on its store.
