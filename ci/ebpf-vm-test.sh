@@ -69,8 +69,8 @@ cat "$T/out"
 if [ $rc != 0 ]; then
     fail_step instance "the instance with broker.detectors=ebpf exited $rc"
 else
-    grep -q '^detectors (rank 0): process-exit ebpf$' "$T/out" || fail_step detectors "process-exit is not ebpf"
-    grep -q '^detectors (rank 0): tcp ebpf$' "$T/out" || fail_step detectors "tcp is not ebpf"
+    grep -q '^detectors (rank 0): process-exit ebpf (' "$T/out" || fail_step detectors "process-exit is not ebpf"
+    grep -q '^detectors (rank 0): tcp ebpf (' "$T/out" || fail_step detectors "tcp is not ebpf"
     grep -q '^detectors (rank 0): responder xdp' "$T/out" || fail_step detectors "the responder is not xdp"
     if grep '^detectors' "$T/out" | grep -q userspace; then fail_step detectors "a detector reads userspace"; fi
     grep -q '^kill-rc=137$' "$T/out" || fail_step task-kill "the job whose task was SIGKILLed did not exit 137"

@@ -7,7 +7,16 @@
 //! relocations make the objects portable to other kernels.
 use std::{env, path::PathBuf, process::Command};
 
-const PROGRAMS: &[&str] = &["exit", "tcp", "xdp", "hub"];
+/// (source in bpf/, object name, extra clang flags): the tracing programs twice, with the ring buffer and with the
+/// perf buffer of older kernels (bpf/output.h).
+const PROGRAMS: &[(&str, &str, &[&str])] = &[
+    ("exit", "exit", &[]),
+    ("exit", "exit-perfbuf", &["-DVIGIL_PERFBUF"]),
+    ("tcp", "tcp", &[]),
+    ("tcp", "tcp-perfbuf", &["-DVIGIL_PERFBUF"]),
+    ("xdp", "xdp", &[]),
+    ("hub", "hub", &[]),
+];
 
 fn main() {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));
@@ -18,12 +27,13 @@ fn main() {
     println!("cargo:rerun-if-changed=bpf/events.h");
     println!("cargo:rerun-if-changed=bpf/probe.h");
     println!("cargo:rerun-if-changed=bpf/frame.h");
-    for prog in PROGRAMS {
+    println!("cargo:rerun-if-changed=bpf/output.h");
+    for (prog, name, flags) in PROGRAMS {
         let src = format!("bpf/{prog}.bpf.c");
         println!("cargo:rerun-if-changed={src}");
-        let obj = out.join(format!("{prog}.bpf.o"));
+        let obj = out.join(format!("{name}.bpf.o"));
         let mut cmd = Command::new(&clang);
-        cmd.args(["-O2", "-g", "-target", "bpf", "-D__TARGET_ARCH_x86", "-Wall", "-Werror"]).arg("-Ibpf");
+        cmd.args(["-O2", "-g", "-target", "bpf", "-D__TARGET_ARCH_x86", "-Wall", "-Werror"]).arg("-Ibpf").args(*flags);
         if let Ok(inc) = env::var("LIBBPF_INCLUDE") {
             cmd.arg(format!("-I{inc}"));
         }

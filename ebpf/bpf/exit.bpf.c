@@ -11,6 +11,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
 #include "events.h"
+#include "output.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -47,10 +48,7 @@ struct {
 	__type(value, struct vigil_pending);
 } PENDING SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 256 * 1024);
-} EXIT_EVENTS SEC(".maps");
+VIGIL_EVENTS_MAP(EXIT_EVENTS);
 
 static __always_inline struct vigil_pending *pending_get(__u32 tgid)
 {
@@ -147,11 +145,9 @@ int vigil_process_exit(struct trace_event_raw_sched_process_exit *ctx)
 	/* Same rule as wait_task_zombie(). */
 	__u32 status = (sflags & SIGNAL_GROUP_EXIT) ? (__u32)group_code : (__u32)exit_code;
 
-	struct vigil_exit_event *e = bpf_ringbuf_reserve(&EXIT_EVENTS, sizeof(*e), 0);
-	if (!e) {
-		bpf_map_delete_elem(&PENDING, &tgid);
-		return 0;
-	}
+	struct vigil_exit_event ev;
+	__builtin_memset(&ev, 0, sizeof(ev));
+	struct vigil_exit_event *e = &ev;
 	e->ktime_ns = bpf_ktime_get_ns();
 	e->pid = tgid;
 	e->tid = (__u32)id;
@@ -176,6 +172,6 @@ int vigil_process_exit(struct trace_event_raw_sched_process_exit *ctx)
 		}
 		bpf_map_delete_elem(&PENDING, &tgid);
 	}
-	bpf_ringbuf_submit(e, 0);
+	vigil_output(ctx, &EXIT_EVENTS, e);
 	return 0;
 }

@@ -10,6 +10,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
 #include "events.h"
+#include "output.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -27,10 +28,7 @@ struct {
 	__type(value, __u8);
 } WATCHED_TCP SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 256 * 1024);
-} TCP_EVENTS SEC(".maps");
+VIGIL_EVENTS_MAP(TCP_EVENTS);
 
 static __always_inline void make_key(struct vigil_tcp_key *k, const __u8 *saddr, const __u8 *daddr,
 				     __u16 sport, __u16 dport)
@@ -44,18 +42,17 @@ static __always_inline void make_key(struct vigil_tcp_key *k, const __u8 *saddr,
 	k->dport = dport;
 }
 
-static __always_inline void emit(const struct vigil_tcp_key *k, __u32 kind, int oldstate, int newstate)
+static __always_inline void emit(void *ctx, const struct vigil_tcp_key *k, __u32 kind, int oldstate, int newstate)
 {
-	struct vigil_tcp_event *e = bpf_ringbuf_reserve(&TCP_EVENTS, sizeof(*e), 0);
-	if (!e)
-		return;
-	e->ktime_ns = bpf_ktime_get_ns();
-	e->key = *k;
-	e->kind = kind;
-	e->oldstate = oldstate;
-	e->newstate = newstate;
-	e->pid = bpf_get_current_pid_tgid() >> 32;
-	bpf_ringbuf_submit(e, 0);
+	struct vigil_tcp_event e;
+	__builtin_memset(&e, 0, sizeof(e));
+	e.ktime_ns = bpf_ktime_get_ns();
+	e.key = *k;
+	e.kind = kind;
+	e.oldstate = oldstate;
+	e.newstate = newstate;
+	e.pid = bpf_get_current_pid_tgid() >> 32;
+	vigil_output(ctx, &TCP_EVENTS, &e);
 }
 
 SEC("tracepoint/sock/inet_sock_set_state")
@@ -71,7 +68,7 @@ int vigil_inet_sock_set_state(struct trace_event_raw_inet_sock_set_state *ctx)
 	make_key(&k, ctx->saddr, ctx->daddr, ctx->sport, ctx->dport);
 	if (!bpf_map_lookup_elem(&WATCHED_TCP, &k))
 		return 0;
-	emit(&k, VIGIL_TCP_CLOSE, ctx->oldstate, newstate);
+	emit(ctx, &k, VIGIL_TCP_CLOSE, ctx->oldstate, newstate);
 	if (newstate == TCPS_CLOSE)
 		bpf_map_delete_elem(&WATCHED_TCP, &k); /* connection is gone: drop the watch */
 	return 0;
@@ -82,6 +79,7 @@ int vigil_inet_sock_set_state(struct trace_event_raw_inet_sock_set_state *ctx)
  * fields read here have the same names and types in both; CO-RE matches this type to the kernel's
  * trace_event_raw_tcp_event_sk_skb (the ___ suffix is ignored), so their offsets come from the running kernel. */
 struct trace_event_raw_tcp_event_sk_skb___vigil {
+	const void *skaddr;
 	int state;
 	__u16 sport;
 	__u16 dport;
@@ -90,16 +88,28 @@ struct trace_event_raw_tcp_event_sk_skb___vigil {
 	__u8 daddr[4];
 } __attribute__((preserve_access_index));
 
+/* The socket's family, from the record where it has the field (Linux 5.12 added `family` to the tcp records),
+ * else from the socket the record points to (4.15-5.11). Only one branch survives the relocation. */
+#define VIGIL_FAMILY(rec)                                                                                      \
+	(bpf_core_field_exists((rec)->family) ? (int)(rec)->family                                             \
+					       : (int)BPF_CORE_READ((struct sock *)(rec)->skaddr, __sk_common.skc_family))
+
+/* The socket's TCP state, from the retransmit record where it has the field (added after 4.19), else from the
+ * socket. */
+#define VIGIL_STATE(rec)                                                                                       \
+	(bpf_core_field_exists((rec)->state) ? (int)(rec)->state                                               \
+					      : (int)BPF_CORE_READ((struct sock *)(rec)->skaddr, __sk_common.skc_state))
+
 /* One body for both record types (a macro: the two are distinct C types). */
 #define VIGIL_RETRANSMIT(rec)                                                                                  \
 	do {                                                                                                   \
-		if ((rec)->family != VIGIL_AF_INET)                                                            \
+		if (VIGIL_FAMILY(rec) != VIGIL_AF_INET)                                                        \
 			return 0;                                                                              \
 		struct vigil_tcp_key k = {};                                                                   \
 		make_key(&k, (rec)->saddr, (rec)->daddr, (rec)->sport, (rec)->dport);                          \
 		if (!bpf_map_lookup_elem(&WATCHED_TCP, &k))                                                    \
 			return 0;                                                                              \
-		emit(&k, VIGIL_TCP_RETRANSMIT, -1, (rec)->state);                                              \
+		emit(ctx, &k, VIGIL_TCP_RETRANSMIT, -1, VIGIL_STATE(rec));                                          \
 	} while (0)
 
 SEC("tracepoint/tcp/tcp_retransmit_skb")
@@ -120,12 +130,12 @@ int vigil_tcp_retransmit_skb(void *ctx)
 SEC("tracepoint/tcp/tcp_receive_reset")
 int vigil_tcp_receive_reset(struct trace_event_raw_tcp_event_sk *ctx)
 {
-	if (ctx->family != VIGIL_AF_INET)
+	if (VIGIL_FAMILY(ctx) != VIGIL_AF_INET)
 		return 0;
 	struct vigil_tcp_key k = {};
 	make_key(&k, ctx->saddr, ctx->daddr, ctx->sport, ctx->dport);
 	if (!bpf_map_lookup_elem(&WATCHED_TCP, &k))
 		return 0;
-	emit(&k, VIGIL_TCP_RESET, -1, -1);
+	emit(ctx, &k, VIGIL_TCP_RESET, -1, -1);
 	return 0;
 }

@@ -6,7 +6,7 @@ use std::{
     task::{Context, Poll},
 };
 
-use crate::{ExitEvent, ExitWatcher, PidfdWatcher, error::EbpfError, sys};
+use crate::{EventChannel, ExitEvent, ExitWatcher, PidfdWatcher, error::EbpfError, sys};
 
 /// Common interface of the exit detectors.
 pub trait ExitDetector: Send {
@@ -123,8 +123,14 @@ impl Detector {
 
     /// Like [`with_mode`](Self::with_mode) without logging the choice (for callers that report it themselves).
     pub fn choose(mode: DetectorMode) -> Result<Detector, EbpfError> {
+        Self::choose_with(mode, EventChannel::RingBuffer)
+    }
+
+    /// Like [`choose`](Self::choose), loading the eBPF variant that hands events over through `channel` (the
+    /// choice of [`plan`](crate::plan) for the running kernel).
+    pub fn choose_with(mode: DetectorMode, channel: EventChannel) -> Result<Detector, EbpfError> {
         let det = match mode {
-            DetectorMode::RequireEbpf => Detector::Ebpf(Box::new(ExitWatcher::new()?)),
+            DetectorMode::RequireEbpf => Detector::Ebpf(Box::new(ExitWatcher::with_channel(channel)?)),
             DetectorMode::ForceUserspace => {
                 Detector::Userspace { watcher: PidfdWatcher::new()?, reason: "userspace (forced)".to_owned() }
             }
@@ -133,13 +139,16 @@ impl Detector {
                 if euid != 0 {
                     Detector::Userspace { watcher: PidfdWatcher::new()?, reason: "userspace (no root)".to_owned() }
                 } else {
-                    match ExitWatcher::new() {
+                    match ExitWatcher::with_channel(channel) {
                         Ok(w) => Detector::Ebpf(Box::new(w)),
                         Err(EbpfError::NoRuntime) => return Err(EbpfError::NoRuntime),
-                        Err(e) => Detector::Userspace {
-                            watcher: PidfdWatcher::new()?,
-                            reason: format!("userspace (BPF load failed: {e})"),
-                        },
+                        Err(e) => {
+                            log::debug!("vigil exit detector: {e}");
+                            Detector::Userspace {
+                                watcher: PidfdWatcher::new()?,
+                                reason: format!("userspace (BPF load failed: {})", e.summary()),
+                            }
+                        }
                     }
                 }
             }

@@ -9,17 +9,20 @@ use std::{
 
 use aya::{
     Ebpf,
-    maps::{HashMap, MapData, MapError, RingBuf},
+    maps::{HashMap, MapData, MapError},
 };
-use tokio::{io::unix::AsyncFd, sync::mpsc};
+use tokio::sync::mpsc;
 
 use crate::{
+    EventChannel,
     error::{EbpfError, map_err},
     event::{EventSource, ExitEvent, RawExitEvent},
     ring, sys,
 };
 
 static EXIT_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/exit.bpf.o"));
+/// The same programs with a perf buffer instead of the ring buffer (`bpf/output.h`).
+static EXIT_PERFBUF_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/exit-perfbuf.bpf.o"));
 
 /// eBPF process-exit detector.
 ///
@@ -37,7 +40,7 @@ static EXIT_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/
 /// [`futures_core::Stream`] impl.
 pub struct ExitWatcher {
     watched: Mutex<HashMap<MapData, u32, u8>>,
-    ring: AsyncFd<RingBuf<MapData>>,
+    events: ring::Events,
     raced_tx: mpsc::UnboundedSender<ExitEvent>,
     raced_rx: mpsc::UnboundedReceiver<ExitEvent>,
     // The tracepoint links, pinned: dropping removes the pins, and the kernel detaches in the background.
@@ -53,10 +56,20 @@ impl std::fmt::Debug for ExitWatcher {
 }
 
 impl ExitWatcher {
-    /// Loads and attaches the BPF programs. Needs root and a tokio runtime;
+    /// Loads and attaches the BPF programs (the ring buffer variant). Needs root and a tokio runtime;
     /// mounts tracefs on `/sys/kernel/tracing` if needed.
     pub fn new() -> Result<ExitWatcher, EbpfError> {
-        let mut bpf = ring::load(EXIT_OBJ)?;
+        Self::with_channel(EventChannel::RingBuffer)
+    }
+
+    /// Like [`new`](Self::new), with the variant of the programs that hands events over through `channel`
+    /// (the perf buffer one for kernels without the BPF ring buffer, see [`plan`](crate::plan)).
+    pub fn with_channel(channel: EventChannel) -> Result<ExitWatcher, EbpfError> {
+        let object = match channel {
+            EventChannel::RingBuffer => EXIT_OBJ,
+            EventChannel::PerfBuffer => EXIT_PERFBUF_OBJ,
+        };
+        let mut bpf = ring::load(object)?;
         let mut pins = ring::LinkPins::default();
         // Attach signal/OOM first so no fatal signal is missed between attaches.
         ring::attach_tracepoint(&mut bpf, &mut pins, "vigil_signal_generate", "signal", "signal_generate")?;
@@ -64,9 +77,9 @@ impl ExitWatcher {
         ring::attach_tracepoint(&mut bpf, &mut pins, "vigil_process_exit", "sched", "sched_process_exit")?;
         let watched_map = bpf.take_map("WATCHED").ok_or(EbpfError::Missing("WATCHED"))?;
         let watched = HashMap::try_from(watched_map).map_err(map_err("WATCHED"))?;
-        let ring = ring::take_ring(&mut bpf, "EXIT_EVENTS")?;
+        let events = ring::take_events(&mut bpf, "EXIT_EVENTS", channel)?;
         let (raced_tx, raced_rx) = mpsc::unbounded_channel();
-        Ok(ExitWatcher { watched: Mutex::new(watched), ring, raced_tx, raced_rx, _links: pins, _bpf: bpf })
+        Ok(ExitWatcher { watched: Mutex::new(watched), events, raced_tx, raced_rx, _links: pins, _bpf: bpf })
     }
 
     /// Starts watching process `pid` (a tgid, initial pid namespace).
@@ -124,7 +137,7 @@ impl ExitWatcher {
         if let Poll::Ready(Some(ev)) = self.raced_rx.poll_recv(cx) {
             return Poll::Ready(Some(ev));
         }
-        ring::poll_ring::<RawExitEvent>(&mut self.ring, cx).map(|r| r.map(ExitEvent::from))
+        ring::poll_events::<RawExitEvent>(&mut self.events, cx).map(|r| r.map(ExitEvent::from))
     }
 
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<MapData, u32, u8>> {

@@ -72,6 +72,52 @@ pub enum EbpfError {
     Io(#[from] io::Error),
 }
 
+impl EbpfError {
+    /// One line for a status or a log: the message without the verifier's whole walk of the program. A program
+    /// the kernel refused reads `BPF program NAME: refused by the kernel (os error): LINE`, where LINE is the
+    /// verifier's first line that states an error ([`verifier_error_line`]); the full output stays in
+    /// `Display` (logged at debug level by the callers).
+    pub fn summary(&self) -> String {
+        let full = self.to_string();
+        match full.split_once("Verifier output: ") {
+            Some((head, log)) => {
+                let head = head.trim_end().trim_end_matches('.');
+                let head = head.replace("the BPF_PROG_LOAD syscall returned", "refused by the kernel");
+                match verifier_error_line(log) {
+                    Some(line) => format!("{head}: {line}"),
+                    None => head.to_string(),
+                }
+            }
+            None => full,
+        }
+    }
+}
+
+/// The verifier's first line that states an error: its output begins with notes (`func#0 @0`, the BTF check of
+/// the main program's argument that 6.1 prints for every tracepoint program, `reg type unsupported for arg#0`),
+/// then the walk of the instructions (`12: (85) call ...`, `; source line`, `R1=ctx() ...`, `from 3 to 5: ...`),
+/// then the error, then statistics (`processed N insns`). `None` for an empty log.
+pub fn verifier_error_line(log: &str) -> Option<&str> {
+    let walk_or_note = |l: &str| {
+        let numbered = l.split_once(':').is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        numbered
+            || l.starts_with("; ")
+            || l.starts_with("func#")
+            || l.starts_with("reg type unsupported for arg#0")
+            || l.starts_with("from ")
+            || l.starts_with("R") && l.as_bytes().get(1).is_some_and(u8::is_ascii_digit)
+            || l.starts_with("last_idx")
+            || l.starts_with("regs=")
+            || l.starts_with("parent ")
+            || l.starts_with("Validating ")
+            || l.starts_with("Func#")
+            || l.starts_with("mark_precise")
+    };
+    let stats =
+        |l: &str| l.starts_with("processed ") || l.starts_with("verification time") || l.starts_with("stack depth");
+    log.lines().map(str::trim).find(|l| !l.is_empty() && !walk_or_note(l) && !stats(l))
+}
+
 /// Renders an error with its `source()` chain ("a: b: c"); aya's top-level
 /// messages alone are often too terse to diagnose a verifier rejection.
 fn chain(e: &dyn std::error::Error) -> String {
@@ -111,6 +157,19 @@ pub(crate) fn prog_err(name: &'static str) -> impl FnOnce(aya::programs::Program
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_verifier_line_is_the_error_not_the_notes_or_the_walk() {
+        // What Debian 12's 6.1 printed for a CO-RE read it could not relocate (issue 43).
+        let log = "reg type unsupported for arg#0 function vigil_process_exit#57\n\
+                   0: R1=ctx(off=0,imm=0) R10=fp0\n\
+                   ; int vigil_process_exit(struct trace_event_raw_sched_process_exit *ctx)\n\
+                   0: (85) call unknown#195896080\n\
+                   invalid func unknown#195896080\n\
+                   processed 1 insns (limit 1000000) max_states_per_insn 0 total_states 0 peak_states 0 mark_read 0\n";
+        assert_eq!(verifier_error_line(log), Some("invalid func unknown#195896080"));
+        assert_eq!(verifier_error_line("processed 0 insns\n"), None);
+    }
 
     #[test]
     fn e2big_is_found_in_a_chain_of_errors() {

@@ -15,6 +15,11 @@
 //!   in the kernel with each registered broker's liveness and heartbeat age;
 //!   [`UserspaceResponder`] is its fallback.
 //!
+//! * [`KernelFeatures`] and [`plan`]: what the running kernel offers (probed at load, or a recording named by
+//!   `$VIGIL_KERNEL_FEATURES`) and the pure rule that picks each detector's variant from it, `ebpf (variant)`
+//!   or `userspace (needs kernel >= X: why)`, so a program the kernel cannot load is not tried (`choice.rs`
+//!   lists what each BPF object needs; docs/failure-detection.md has the table per kernel).
+//!
 //! All timestamps are `CLOCK_MONOTONIC` nanoseconds (the clock of
 //! `bpf_ktime_get_ns()`); compare them with [`monotonic_ns`].
 //!
@@ -25,10 +30,12 @@
 
 #![warn(missing_docs)]
 
+mod choice;
 mod detector;
 mod ebpf_exit;
 mod error;
 mod event;
+mod features;
 mod hub;
 mod pidfd;
 mod probe;
@@ -38,10 +45,12 @@ mod sys;
 mod tcp;
 mod xdp;
 
+pub use choice::{Choice, DetectorPlan, EventChannel, plan, process_exit_choice, responder_choice, tcp_choice};
 pub use detector::{Backend, DETECTOR_ENV, Detector, DetectorMode, ExitDetector};
 pub use ebpf_exit::ExitWatcher;
-pub use error::EbpfError;
+pub use error::{EbpfError, verifier_error_line};
 pub use event::{EventSource, ExitEvent, ExitStatus};
+pub use features::{FEATURES_ENV, KernelFeatures, TRACEPOINTS};
 pub use hub::HubRedirect;
 pub use pidfd::PidfdWatcher;
 pub use probe::{FLAG_ALIVE, FLAG_UNKNOWN, HeartbeatClock, PROBE_LEN, Probe, ProbeKind, UserspaceResponder};

@@ -9,7 +9,10 @@ use std::{
 
 use aya::{
     Btf, Ebpf, EbpfLoader,
-    maps::{MapData, RingBuf},
+    maps::{
+        MapData, RingBuf,
+        perf::{PerfEvent, PerfEventArray, PerfEventArrayBuffer},
+    },
     programs::{TracePoint, links::FdLink},
 };
 use tokio::io::unix::AsyncFd;
@@ -189,6 +192,87 @@ pub(crate) fn attach_tracepoint(
         }
     }
     Ok(())
+}
+
+/// Where a tracing object's events arrive (`bpf/output.h`): its ring buffer, or its perf event array's buffers,
+/// one per online CPU, each registered with tokio.
+pub(crate) enum Events {
+    /// `BPF_MAP_TYPE_RINGBUF`.
+    Ring(AsyncFd<RingBuf<MapData>>),
+    /// `BPF_MAP_TYPE_PERF_EVENT_ARRAY`: the buffers, and the records drained from them not yet returned.
+    Perf { buffers: Vec<AsyncFd<PerfEventArrayBuffer<MapData>>>, drained: std::collections::VecDeque<Vec<u8>> },
+}
+
+/// Pages (a power of two) of each CPU's perf buffer: 32 KiB with 4 KiB pages, ~550 exit records per CPU between
+/// two reads.
+const PERF_PAGES: usize = 8;
+
+/// Takes the event map `name` of an object built for `channel` out of `bpf` and registers it with tokio.
+pub(crate) fn take_events(
+    bpf: &mut Ebpf,
+    name: &'static str,
+    channel: crate::EventChannel,
+) -> Result<Events, EbpfError> {
+    match channel {
+        crate::EventChannel::RingBuffer => take_ring(bpf, name).map(Events::Ring),
+        crate::EventChannel::PerfBuffer => {
+            let map = bpf.take_map(name).ok_or(EbpfError::Missing(name))?;
+            let mut array = PerfEventArray::try_from(map).map_err(map_err(name))?;
+            let cpus =
+                aya::util::online_cpus().map_err(|(what, e)| std::io::Error::new(e.kind(), format!("{what}: {e}")))?;
+            let mut buffers = Vec::with_capacity(cpus.len());
+            for cpu in cpus {
+                let buf = array
+                    .open(cpu, Some(PERF_PAGES))
+                    .map_err(|e| std::io::Error::other(format!("perf buffer of CPU {cpu} for {name}: {e}")))?;
+                // SAFETY: as in `take_ring`: the buffer owns its perf event fd, moves into the `AsyncFd` and is only
+                // reached through `get_inner_mut`, which never replaces it; the fd stays open for the AsyncFd's life.
+                let afd = unsafe { AsyncFd::register_with_interest(buf, tokio::io::Interest::READABLE) }
+                    .map_err(std::io::Error::from)?;
+                buffers.push(afd);
+            }
+            Ok(Events::Perf { buffers, drained: Default::default() })
+        }
+    }
+}
+
+/// Polls the next record of type `T` from `events` (see [`poll_ring`]; records shorter than `T` are skipped, and
+/// records the kernel dropped from a full perf buffer are logged).
+pub(crate) fn poll_events<T: Copy>(events: &mut Events, cx: &mut Context<'_>) -> Poll<Option<T>> {
+    let (buffers, drained) = match events {
+        Events::Ring(ring) => return poll_ring(ring, cx),
+        Events::Perf { buffers, drained } => (buffers, drained),
+    };
+    loop {
+        while let Some(rec) = drained.pop_front() {
+            if let Some(v) = read_pod::<T>(&rec) {
+                return Poll::Ready(Some(v));
+            }
+        }
+        let mut any = false;
+        for buf in buffers.iter_mut() {
+            let mut guard = match buf.poll_read_ready_mut(cx) {
+                Poll::Pending => continue,
+                Poll::Ready(Ok(g)) => g,
+                Poll::Ready(Err(e)) => {
+                    log::error!("vigil-ebpf: perf buffer poll failed: {e}");
+                    return Poll::Ready(None);
+                }
+            };
+            // Drain, then clear readiness: a record written after the drain sets it again (new epoll tick).
+            guard.get_inner_mut().for_each(|ev| match ev {
+                PerfEvent::Sample { head, tail } => drained.push_back([head, tail].concat()),
+                PerfEvent::Lost { count } => {
+                    log::warn!("vigil-ebpf: the kernel dropped {count} events (perf buffer full)")
+                }
+            });
+            guard.clear_ready();
+            any = true;
+        }
+        if !any && drained.is_empty() {
+            return Poll::Pending;
+        }
+    }
 }
 
 /// Takes ring buffer map `name` out of `bpf` and registers it with tokio.

@@ -168,3 +168,36 @@ pub fn interface_for_addr(addr: std::net::Ipv4Addr) -> Option<String> {
         found
     }
 }
+
+/// The running kernel's release (`uname -r`), or `unknown`.
+pub(crate) fn kernel_release() -> String {
+    // SAFETY: all-zero is a valid utsname; uname fills it with NUL-terminated strings.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a valid, writable utsname.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return "unknown".into();
+    }
+    // SAFETY: uname NUL-terminates `release` within the array.
+    unsafe { CStr::from_ptr(u.release.as_ptr()) }.to_string_lossy().into_owned()
+}
+
+/// Whether an array map with `BPF_F_MMAPABLE` can be created (Linux 5.5, `kernel/bpf/arraymap.c`): the flag the
+/// XDP reply collector's array needs. aya's probes create arrays without flags, so this is a `BPF_MAP_CREATE` of
+/// its own: map type, key size, value size, max entries, flags, the rest of `union bpf_attr` zero.
+pub(crate) fn mmapable_array_supported() -> bool {
+    const BPF_MAP_CREATE: libc::c_long = 0;
+    const BPF_MAP_TYPE_ARRAY: u32 = 2;
+    const BPF_F_MMAPABLE: u32 = 1 << 10;
+    let mut attr = [0u32; 32];
+    attr[..5].copy_from_slice(&[BPF_MAP_TYPE_ARRAY, 4, 8, 1, BPF_F_MMAPABLE]);
+    // SAFETY: bpf(2) reads `size` bytes of `attr`, a live buffer of that size; a returned fd is ours to close.
+    let fd = unsafe {
+        libc::syscall(libc::SYS_bpf, BPF_MAP_CREATE, attr.as_mut_ptr(), std::mem::size_of_val(&attr) as libc::c_uint)
+    };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: `fd` was just returned by bpf(2) and nothing else owns it.
+    drop(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+    true
+}

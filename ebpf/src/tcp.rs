@@ -9,16 +9,18 @@ use std::{
 
 use aya::{
     Ebpf, Pod,
-    maps::{HashMap, MapData, MapError, RingBuf},
+    maps::{HashMap, MapData, MapError},
 };
-use tokio::io::unix::AsyncFd;
 
 use crate::{
+    EventChannel,
     error::{EbpfError, map_err},
     ring,
 };
 
 static TCP_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tcp.bpf.o"));
+/// The same programs with a perf buffer instead of the ring buffer (`bpf/output.h`).
+static TCP_PERFBUF_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tcp-perfbuf.bpf.o"));
 
 /// A TCP connection seen from one local socket: (local addr:port,
 /// remote addr:port). IPv4 only.
@@ -130,7 +132,7 @@ const KIND_RETRANSMIT: u32 = 3;
 /// watched IPv4 connections. Needs root and a tokio runtime.
 pub struct TcpWatcher {
     watched: Mutex<HashMap<MapData, RawTcpKey, u8>>,
-    ring: AsyncFd<RingBuf<MapData>>,
+    events: ring::Events,
     // The tracepoint links, pinned: dropping removes the pins, and the kernel detaches in the background.
     _links: ring::LinkPins,
     // Owns the programs (and their links where they could not be pinned; dropping detaches those).
@@ -145,17 +147,27 @@ impl std::fmt::Debug for TcpWatcher {
 
 impl TcpWatcher {
     /// Loads and attaches `bpf/tcp.bpf.c` to `sock/inet_sock_set_state`,
-    /// `tcp/tcp_retransmit_skb` and `tcp/tcp_receive_reset`.
+    /// `tcp/tcp_retransmit_skb` and `tcp/tcp_receive_reset` (the ring buffer variant).
     pub fn new() -> Result<TcpWatcher, EbpfError> {
-        let mut bpf = ring::load(TCP_OBJ)?;
+        Self::with_channel(EventChannel::RingBuffer)
+    }
+
+    /// Like [`new`](Self::new), with the variant of the programs that hands events over through `channel`
+    /// (the perf buffer one for kernels without the BPF ring buffer, see [`plan`](crate::plan)).
+    pub fn with_channel(channel: EventChannel) -> Result<TcpWatcher, EbpfError> {
+        let object = match channel {
+            EventChannel::RingBuffer => TCP_OBJ,
+            EventChannel::PerfBuffer => TCP_PERFBUF_OBJ,
+        };
+        let mut bpf = ring::load(object)?;
         let mut pins = ring::LinkPins::default();
         ring::attach_tracepoint(&mut bpf, &mut pins, "vigil_inet_sock_set_state", "sock", "inet_sock_set_state")?;
         ring::attach_tracepoint(&mut bpf, &mut pins, "vigil_tcp_retransmit_skb", "tcp", "tcp_retransmit_skb")?;
         ring::attach_tracepoint(&mut bpf, &mut pins, "vigil_tcp_receive_reset", "tcp", "tcp_receive_reset")?;
         let map = bpf.take_map("WATCHED_TCP").ok_or(EbpfError::Missing("WATCHED_TCP"))?;
         let watched = HashMap::try_from(map).map_err(map_err("WATCHED_TCP"))?;
-        let ring = ring::take_ring(&mut bpf, "TCP_EVENTS")?;
-        Ok(TcpWatcher { watched: Mutex::new(watched), ring, _links: pins, _bpf: bpf })
+        let events = ring::take_events(&mut bpf, "TCP_EVENTS", channel)?;
+        Ok(TcpWatcher { watched: Mutex::new(watched), events, _links: pins, _bpf: bpf })
     }
 
     /// Starts watching a connection (from the local socket's point of view).
@@ -179,7 +191,7 @@ impl TcpWatcher {
     /// Poll form of [`next_event`](Self::next_event).
     pub fn poll_next_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<TcpEvent>> {
         loop {
-            let raw = match ring::poll_ring::<RawTcpEvent>(&mut self.ring, cx) {
+            let raw = match ring::poll_events::<RawTcpEvent>(&mut self.events, cx) {
                 Poll::Ready(Some(r)) => r,
                 Poll::Ready(None) => return Poll::Ready(None),
                 Poll::Pending => return Poll::Pending,

@@ -147,6 +147,12 @@ macro_rules! both {
             async fn userspace() {
                 $body(USER).await
             }
+            /// The variant for kernels without the BPF ring buffer (before 5.8), forced here.
+            #[tokio::test]
+            async fn ebpf_perf_buffer() {
+                CHANNEL.set(vigil_ebpf::EventChannel::PerfBuffer);
+                $body(EBPF).await
+            }
         }
     };
 }

@@ -1,5 +1,5 @@
 //! TCP watcher on a loopback pair, and across two network namespaces this test creates (a veth pair in
-//! 10.200.251.0/24) for retransmits, which loopback never needs. Run as root.
+//! 10.200.251.0/24, and 10.200.252.0/24 for the perf buffer variant) for retransmits, which loopback never needs. Run as root.
 
 use std::{
     io::Write,
@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use vigil_ebpf::{TcpEvent, TcpEventKind, TcpTuple, TcpWatcher};
+use vigil_ebpf::{EventChannel, TcpEvent, TcpEventKind, TcpTuple, TcpWatcher};
 
 mod netns;
 use netns::{Netns, in_ns, ip};
@@ -33,9 +33,8 @@ async fn next(w: &mut TcpWatcher, ms: u64) -> Option<TcpEvent> {
     tokio::time::timeout(Duration::from_millis(ms), w.next_event()).await.ok().flatten()
 }
 
-#[tokio::test]
-async fn orderly_close_reports_close_wait_then_close() {
-    let mut w = TcpWatcher::new().unwrap();
+async fn orderly_close_reports_close_wait_then_close(channel: EventChannel) {
+    let mut w = TcpWatcher::with_channel(channel).unwrap();
     let (client, server) = pair();
     let t = tuple(&client);
     w.watch(t).unwrap();
@@ -52,9 +51,8 @@ async fn orderly_close_reports_close_wait_then_close() {
     assert!(next(&mut w, 200).await.is_none());
 }
 
-#[tokio::test]
-async fn abortive_close_reports_reset() {
-    let mut w = TcpWatcher::new().unwrap();
+async fn abortive_close_reports_reset(channel: EventChannel) {
+    let mut w = TcpWatcher::with_channel(channel).unwrap();
     let (client, server) = pair();
     let t = tuple(&client);
     w.watch(t).unwrap();
@@ -81,9 +79,8 @@ async fn abortive_close_reports_reset() {
     drop(client);
 }
 
-#[tokio::test]
-async fn unwatched_connection_is_silent() {
-    let mut w = TcpWatcher::new().unwrap();
+async fn unwatched_connection_is_silent(channel: EventChannel) {
+    let mut w = TcpWatcher::with_channel(channel).unwrap();
     let (client, server) = pair();
     let (c2, s2) = pair();
     w.watch(tuple(&c2)).unwrap();
@@ -98,27 +95,30 @@ async fn unwatched_connection_is_silent() {
 /// A peer whose kernel stops taking the connection's segments (its address removed: they are dropped on
 /// arrival) makes the sender retransmit, and the watcher reports it (`tcp/tcp_retransmit_skb`, whose record
 /// changed type in Linux 6.17: this runs on both shapes).
-#[tokio::test]
-async fn unanswered_data_reports_a_retransmit() {
-    let (a, b) = ("vgtcp-a", "vgtcp-b");
+async fn unanswered_data_reports_a_retransmit(channel: EventChannel) {
+    // Names and subnet of their own per variant: the two run at the same time.
+    let (a, b, dev_a, dev_b, net) = match channel {
+        EventChannel::RingBuffer => ("vgtcp-a", "vgtcp-b", "vgtcpa0", "vgtcpb0", "10.200.251"),
+        EventChannel::PerfBuffer => ("vgtcpp-a", "vgtcpp-b", "vgtcppa0", "vgtcppb0", "10.200.252"),
+    };
     let _ns = Netns(vec![a.to_string(), b.to_string()]);
     for n in [a, b] {
         let _ = Command::new("ip").args(["netns", "del", n]).status();
         ip(&format!("netns add {n}"));
     }
-    ip(&format!("link add vgtcpa0 netns {a} type veth peer name vgtcpb0 netns {b}"));
-    ip(&format!("-n {a} addr add 10.200.251.1/24 dev vgtcpa0"));
-    ip(&format!("-n {b} addr add 10.200.251.2/24 dev vgtcpb0"));
-    ip(&format!("-n {a} link set vgtcpa0 up"));
-    ip(&format!("-n {b} link set vgtcpb0 up"));
-    let listener = in_ns(b, || TcpListener::bind("10.200.251.2:0").unwrap());
+    ip(&format!("link add {dev_a} netns {a} type veth peer name {dev_b} netns {b}"));
+    ip(&format!("-n {a} addr add {net}.1/24 dev {dev_a}"));
+    ip(&format!("-n {b} addr add {net}.2/24 dev {dev_b}"));
+    ip(&format!("-n {a} link set {dev_a} up"));
+    ip(&format!("-n {b} link set {dev_b} up"));
+    let listener = in_ns(b, move || TcpListener::bind(format!("{net}.2:0")).unwrap());
     let to = listener.local_addr().unwrap();
     let mut client = in_ns(a, move || TcpStream::connect(to).unwrap());
     let (server, _) = listener.accept().unwrap();
     let t = tuple(&client);
-    let mut w = TcpWatcher::new().unwrap();
+    let mut w = TcpWatcher::with_channel(channel).unwrap();
     w.watch(t).unwrap();
-    ip(&format!("-n {b} addr del 10.200.251.2/24 dev vgtcpb0"));
+    ip(&format!("-n {b} addr del {net}.2/24 dev {dev_b}"));
     client.write_all(b"unanswered").unwrap();
     // The first retransmission comes after the minimum RTO (200 ms); allow for a slow (emulated) machine.
     let ev = next(&mut w, 10_000).await.expect("retransmit event");
@@ -127,3 +127,26 @@ async fn unanswered_data_reports_a_retransmit() {
     assert_eq!(ev.kind, TcpEventKind::Retransmit { state: TCP_ESTABLISHED });
     drop(server);
 }
+
+/// Each test with the ring buffer (the default objects) and with the perf buffer variant of kernels before 5.8.
+macro_rules! both_channels {
+    ($($name:ident),*) => {
+        $(mod $name {
+            use super::EventChannel;
+            #[tokio::test]
+            async fn ring_buffer() {
+                super::$name(EventChannel::RingBuffer).await
+            }
+            #[tokio::test]
+            async fn perf_buffer() {
+                super::$name(EventChannel::PerfBuffer).await
+            }
+        })*
+    };
+}
+both_channels!(
+    orderly_close_reports_close_wait_then_close,
+    abortive_close_reports_reset,
+    unwatched_connection_is_silent,
+    unanswered_data_reports_a_retransmit
+);

@@ -7,7 +7,12 @@ use std::{
     time::Duration,
 };
 
-use vigil_ebpf::{Detector, DetectorMode, ExitEvent};
+use vigil_ebpf::{Detector, DetectorMode, EventChannel, ExitEvent};
+
+thread_local! {
+    /// The eBPF variant [`detector`] loads on this thread (each `#[tokio::test]` runs on a thread of its own).
+    pub(crate) static CHANNEL: std::cell::Cell<EventChannel> = const { std::cell::Cell::new(EventChannel::RingBuffer) };
+}
 
 pub(crate) const TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -38,7 +43,7 @@ pub(crate) fn wait_ready(child: &mut Child) {
 }
 
 pub(crate) fn detector(mode: DetectorMode) -> Detector {
-    let d = Detector::with_mode(mode).expect("detector");
+    let d = Detector::choose_with(mode, CHANNEL.get()).expect("detector");
     match mode {
         DetectorMode::RequireEbpf => assert_eq!(d.description(), "ebpf"),
         DetectorMode::ForceUserspace => assert_eq!(d.description(), "userspace (forced)"),

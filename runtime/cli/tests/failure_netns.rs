@@ -417,8 +417,8 @@ fn silent_node_loss_is_lost() {
     // As root (CI) the nodes' kernels answer the probes; the verdict must then come from the probe rule.
     if nix_is_root() {
         assert!(kernel, "the XDP responder should run as root: {d}");
-        assert_eq!(d["process_exit"], "ebpf", "{d}");
-        assert_eq!(d["tcp"], "ebpf", "{d}");
+        assert!(d["process_exit"].as_str().unwrap_or_default().starts_with("ebpf ("), "{d}");
+        assert!(d["tcp"].as_str().unwrap_or_default().starts_with("ebpf ("), "{d}");
     }
     // Let the prober see a few kernel replies from the children.
     std::thread::sleep(Duration::from_millis(300));

@@ -504,6 +504,67 @@ fn forced_userspace_detectors_say_so_on_every_rank() {
     }
 }
 
+/// Rank 0's `detectors` lines of `vigil overlay status` once the detectors loaded, in a test instance of 2 started
+/// with `env`.
+fn detector_lines(env: &[(&str, &str)]) -> String {
+    let dir = tempdir();
+    let mut c = vigil_cmd(dir.path());
+    c.envs(env.iter().copied());
+    c.args([
+        "start",
+        "--test-size=2",
+        "sh",
+        "-c",
+        "for i in $(seq 200); do vigil overlay status | grep -q loading || break; sleep 0.1; done; \
+         vigil overlay status | grep '^detectors'",
+    ]);
+    let out = run(c, Duration::from_secs(60), Some(dir.path()));
+    kill_marked(dir.path());
+    out.stdout
+}
+
+/// Each detector says which variant it runs and why. Here (root) on this machine's kernel: the eBPF variants, with
+/// the kernel's release; judged on a recorded mainline 4.18 (`VIGIL_KERNEL_FEATURES`): userspace, naming the
+/// feature that kernel lacks and the release that brought it, without trying a load the kernel would refuse.
+#[test]
+fn detector_lines_say_which_variant_runs_and_why() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: the eBPF detectors need root");
+        return;
+    }
+    let here = detector_lines(&[]);
+    for want in
+        ["process-exit ebpf (classic tracepoints, CO-RE, ring buffer; last thread by ", "tcp ebpf (classic tracepoints"]
+    {
+        assert!(here.contains(want), "{want:?} not in:\n{here}");
+    }
+    assert!(here.contains("; kernel ") && here.contains("responder xdp ("), "{here}");
+    let features = concat!(env!("CARGO_MANIFEST_DIR"), "/../../ebpf/tests/kernels/4.18.txt");
+    let old = detector_lines(&[("VIGIL_KERNEL_FEATURES", features)]);
+    for want in [
+        "process-exit userspace (needs kernel >= 5.4: kernel BTF",
+        "tcp userspace (needs kernel >= 5.4: kernel BTF",
+        "responder userspace (needs kernel >= 5.5: mmapable BPF arrays",
+    ] {
+        assert!(old.contains(want), "{want:?} not in:\n{old}");
+    }
+    assert!(!old.contains("BPF load failed") && !old.contains("Verifier"), "{old}");
+    // This kernel judged without its ring buffer: the tracing detectors load their perf buffer variant here.
+    let dir = tempdir();
+    let here_text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../ebpf/tests/kernels/6.18.txt"));
+    let no_ring = dir.path().join("no-ringbuf.txt");
+    std::fs::write(&no_ring, here_text.unwrap().replace("map.ringbuf yes", "map.ringbuf no")).unwrap();
+    let perf = detector_lines(&[("VIGIL_KERNEL_FEATURES", no_ring.to_str().unwrap())]);
+    for want in [
+        "process-exit ebpf (classic tracepoints, CO-RE, perf buffer (no ring buffer before 5.8); ",
+        "tcp ebpf (classic tracepoints, CO-RE, perf buffer (no ring buffer before 5.8); ",
+        "responder xdp (",
+    ] {
+        assert!(perf.contains(want), "{want:?} not in:\n{perf}");
+    }
+}
+
 /// Rank 0's `probing` detector line once its prober runs, in a test instance of 2 started with `env`.
 fn probing_line(env: &[(&str, &str)]) -> String {
     let dir = tempdir();

@@ -7,8 +7,11 @@
 //! Vigil broker's program already attached, share its responder table through pins on bpffs ([`PIN_DIR`]),
 //! which are swept when nothing uses them any more. [`Detectors::loaded`] then starts the watchers' tasks
 //! (`watch.rs`), registers this broker with the responder and logs, once, what runs and what fell back to
-//! userspace (a warning unless everything is eBPF, shared, forced or in a nested instance). Each detector and its
-//! fallback is in docs/failure-detection.md ("The detectors"); what each needs of the kernel, in the `ebpf/` crate.
+//! userspace (a warning unless everything is eBPF, shared, forced or in a nested instance). Before loading, the
+//! kernel is judged ([`judge_kernel`]): its features are probed (`vigil_ebpf::KernelFeatures`) and the pure rule
+//! `vigil_ebpf::plan` (`ebpf/src/choice.rs`) says per detector which variant loads (ring buffer or perf buffer
+//! objects) or why it stays in userspace; the status lines show that choice. Each detector and its fallback is in
+//! docs/failure-detection.md ("The detectors", "Which variant a kernel runs").
 
 use super::prober_thread::ProbeCmd;
 use super::watch::{exit_task, tcp_task};
@@ -18,7 +21,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
-use vigil_ebpf::{Detector, DetectorMode, HbTable, TcpWatcher, XdpAttach, XdpResponder};
+use vigil_ebpf::{
+    Choice, Detector, DetectorMode, DetectorPlan, HbTable, KernelFeatures, PidfdWatcher, TcpWatcher, XdpAttach,
+    XdpResponder,
+};
 
 /// How the detectors are chosen (`broker.detectors`; with `auto`, `$VIGIL_EXIT_DETECTOR` may still force one).
 pub(super) fn mode(c: &BrokerConfig) -> DetectorMode {
@@ -100,6 +106,9 @@ pub(super) fn sweep_pins(when: &str) -> Vec<std::path::PathBuf> {
 pub(crate) struct Loaded {
     exit: Result<Detector, String>,
     tcp: Result<TcpWatcher, String>,
+    /// What the plan said the eBPF detectors run (`ebpf (variant)`), shown when they loaded.
+    exit_variant: Option<String>,
+    tcp_variant: Option<String>,
     xdp: Result<XdpResponder, String>,
     shared_table: Option<Arc<HbTable>>,
     /// Pins this broker made of a table it shares (for the other brokers of its test instance).
@@ -114,7 +123,10 @@ impl Detectors {
         let pid = std::process::id();
         match l.exit {
             Ok(det) => {
-                self.status.process_exit = det.description().to_string();
+                self.status.process_exit = match (&det, l.exit_variant) {
+                    (Detector::Ebpf(_), Some(v)) => v,
+                    _ => det.description().to_string(),
+                };
                 let (tx, rx) = mpsc::unbounded_channel();
                 tokio::spawn(exit_task(det, rx, self.input_tx.clone()));
                 self.exit_tx = Some(tx);
@@ -123,7 +135,7 @@ impl Detectors {
         }
         match l.tcp {
             Ok(w) => {
-                self.status.tcp = "ebpf".into();
+                self.status.tcp = l.tcp_variant.unwrap_or_else(|| "ebpf".into());
                 let (tx, rx) = mpsc::unbounded_channel();
                 tokio::spawn(tcp_task(w, rx, self.input_tx.clone()));
                 self.tcp_tx = Some(tx);
@@ -203,7 +215,8 @@ impl Detectors {
             }
         }
         let s = &self.status;
-        let all_ebpf = !s.process_exit.starts_with("userspace") && s.tcp == "ebpf" && s.responder.starts_with("xdp");
+        let all_ebpf =
+            !s.process_exit.starts_with("userspace") && s.tcp.starts_with("ebpf") && s.responder.starts_with("xdp");
         let shared = s.responder.starts_with("xdp (shared");
         let forced = s.tcp.contains("forced");
         if all_ebpf || shared || forced || self.quiet {
@@ -246,6 +259,8 @@ pub(super) fn load(
         return Loaded {
             exit: Err(why.clone()),
             tcp: Err(why.clone()),
+            exit_variant: None,
+            tcp_variant: None,
             xdp: Err(if shared.is_some() || forced { why } else { "userspace (no shared XDP responder found)".into() }),
             shared_table: shared,
             shared_pins: Vec::new(),
@@ -253,19 +268,40 @@ pub(super) fn load(
         };
     }
     let forced = mode == DetectorMode::ForceUserspace;
+    // What this kernel can load, judged before anything is tried (as root: without root nothing loads anyway, and
+    // the watchers say so). A detector the plan puts in userspace is not loaded: its line names the missing feature
+    // instead of a verifier dump.
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let plan = (!forced && root).then(judge_kernel);
+    let ebpf_text = |c: &Choice| c.is_ebpf().then(|| c.to_string());
+    let exit_variant = plan.as_ref().and_then(|p| ebpf_text(&p.process_exit));
+    let tcp_variant = plan.as_ref().and_then(|p| ebpf_text(&p.tcp));
+    let channel = plan.as_ref().map(|p| p.channel).unwrap_or_default();
     let watchers = || {
-        let exit = Detector::choose(mode).map_err(|e| format!("userspace (none: {e})")).map(|d| match d {
-            // Say why, as the other detectors' lines do.
-            Detector::Userspace { watcher, .. } if forced => Detector::Userspace {
-                watcher,
-                reason: "userspace (forced by broker.detectors=userspace): pidfd".into(),
-            },
-            d => d,
-        });
-        let tcp = if forced {
-            Err("userspace (forced by broker.detectors=userspace): socket errors and TCP_INFO".into())
-        } else {
-            TcpWatcher::new().map_err(|e| format!("userspace (BPF load failed: {e}): socket errors and TCP_INFO"))
+        let exit = match plan.as_ref().map(|p| &p.process_exit) {
+            Some(Choice::Userspace(why)) if mode == DetectorMode::RequireEbpf => Err(format!("userspace ({why})")),
+            Some(Choice::Userspace(why)) => PidfdWatcher::new()
+                .map(|watcher| Detector::Userspace { watcher, reason: format!("userspace ({why}): pidfd") })
+                .map_err(|e| format!("userspace (none: {e})")),
+            _ => Detector::choose_with(mode, channel).map_err(|e| format!("userspace (none: {})", e.summary())).map(
+                |d| match d {
+                    // Say why, as the other detectors' lines do.
+                    Detector::Userspace { watcher, .. } if forced => Detector::Userspace {
+                        watcher,
+                        reason: "userspace (forced by broker.detectors=userspace): pidfd".into(),
+                    },
+                    d => d,
+                },
+            ),
+        };
+        let tcp = match plan.as_ref().map(|p| &p.tcp) {
+            _ if forced => Err("userspace (forced by broker.detectors=userspace): socket errors and TCP_INFO".into()),
+            Some(Choice::Userspace(why)) => Err(format!("userspace ({why}): socket errors and TCP_INFO")),
+            _ => TcpWatcher::with_channel(channel).map_err(|e| {
+                tracing::debug!("TCP detector: {e}");
+                format!("userspace (BPF load failed: {}): socket errors and TCP_INFO", e.summary())
+            }),
         };
         (exit, tcp)
     };
@@ -276,9 +312,10 @@ pub(super) fn load(
     let xdp = if forced {
         Err("userspace (forced by broker.detectors=userspace)".into())
     } else {
-        match &ifname {
-            None => Err("userspace (no interface carries the overlay address)".into()),
-            Some(i) => match attach_after_sweep(i, xdp_how) {
+        match (&ifname, plan.as_ref().map(|p| &p.responder)) {
+            (_, Some(Choice::Userspace(why))) => Err(format!("userspace ({why})")),
+            (None, _) => Err("userspace (no interface carries the overlay address)".into()),
+            (Some(i), _) => match attach_after_sweep(i, xdp_how) {
                 Ok(mut x) => {
                     // Other brokers of this machine (nested instances, the rest of a test instance) register
                     // their probe ports through the pinned table.
@@ -316,7 +353,19 @@ pub(super) fn load(
     // aya keeps parsed BTF and relocation scratch in freed heap; hand it back to the system.
     // SAFETY: malloc_trim only releases free heap memory; it is safe to call at any time.
     unsafe { libc::malloc_trim(0) };
-    Loaded { exit, tcp, xdp, shared_table, shared_pins, required_failed }
+    Loaded { exit, tcp, exit_variant, tcp_variant, xdp, shared_table, shared_pins, required_failed }
+}
+
+/// The plan for this kernel ([`vigil_ebpf::plan`] of its probed features, or of the recorded set named by
+/// `$VIGIL_KERNEL_FEATURES`); every detector in userspace, with the reason, if that recording cannot be read.
+fn judge_kernel() -> DetectorPlan {
+    match KernelFeatures::from_env_or_probe() {
+        Ok(f) => vigil_ebpf::plan(&f),
+        Err(e) => {
+            let c = Choice::Userspace(format!("cannot judge the kernel: {e}"));
+            DetectorPlan { process_exit: c.clone(), tcp: c.clone(), responder: c, channel: Default::default() }
+        }
+    }
 }
 
 /// Attaches the XDP responder to `interface`, after removing the pins nothing uses any more: a program kept
