@@ -39,6 +39,7 @@ cleanup() {
     [ -n "$stalled" ] && ci/netns-cluster.sh cont "$name" "$stalled" 2>/dev/null || true
     mkdir -p "$logs"
     for f in "$dir"/node*/broker.log; do [ -f "$f" ] && cp "$f" "$logs/$(basename "$(dirname "$f")").log"; done
+    [ -f "$dir/netswitch.log" ] && cp "$dir/netswitch.log" "$logs/"
     ci/netns-cluster.sh down "$name" 2>/dev/null || true
 }
 trap cleanup EXIT
@@ -83,7 +84,7 @@ while True:
     for i in range(0, n, 4096):
         buf[i] = (buf[i] + 1) & 255
 ' "$mem_mib" & hogs+=($!)
-[ "$impair" != none ] && echo "soak: links impaired: delay, jitter (ms), loss (%): $impair (seed $seed)"
+[ "$impair" != none ] && echo "soak: links impaired: delay, jitter (ms), loss (%): $impair (seed $seed); $(head -n1 "$dir/netswitch.log" 2>/dev/null)"
 
 # Jobs flowing: a 4-node job every 2 s; each outcome logged (a job on a node killed meanwhile may fail).
 (

@@ -50,9 +50,34 @@ pub(crate) struct NetswitchArgs {
     /// Seed of the loss and delay draws.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Run at normal priority instead of real-time (see [`SWITCH_RT_PRIORITY`]): the switch then shares the CPUs
+    /// with the nodes' processes, and every frame waits as long as the switch does for a CPU on top of its drawn
+    /// delay.
+    #[arg(long)]
+    pub normal_priority: bool,
     /// The switch's ports: the hub's ends of the nodes' veths, in this network namespace, off any bridge.
     #[arg(required = true)]
     pub ports: Vec<String>,
+}
+
+/// The switch's real-time priority (`SCHED_FIFO`). A switch has silicon of its own and does not slow down when the
+/// hosts' CPUs are busy; on this one machine it shares 2 CPUs with the nodes, and at normal priority, under the
+/// overload soak's busy loops and brokers, it waited for a CPU often enough to add tens to hundreds of milliseconds
+/// to every frame at once, beyond the delay it was told to add. Real-time, it adds what it draws. Above the probers'
+/// `SCHED_RR` 1 (`vigil-prober`), so a prober never runs ahead of the network it measures; its work is a few
+/// microseconds per frame.
+pub(crate) const SWITCH_RT_PRIORITY: libc::c_int = 2;
+
+/// Makes this process `SCHED_FIFO` at [`SWITCH_RT_PRIORITY`]; the error if the kernel refuses (no
+/// `CAP_SYS_NICE`, or a real-time runtime limit).
+fn go_real_time() -> io::Result<()> {
+    let p = libc::sched_param { sched_priority: SWITCH_RT_PRIORITY };
+    // SAFETY: sched_setscheduler on pid 0 (this process) with a valid sched_param we own.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// A frame held until its release time; ordered by (release time, arrival order).
@@ -215,8 +240,16 @@ pub(crate) fn run(a: &NetswitchArgs) -> i32 {
         forwarded: 0,
         dropped: 0,
     };
+    let priority = if a.normal_priority {
+        "normal priority (--normal-priority)".to_string()
+    } else {
+        match go_real_time() {
+            Ok(()) => format!("real-time (SCHED_FIFO {SWITCH_RT_PRIORITY})"),
+            Err(e) => format!("normal priority (real-time refused: {e})"),
+        }
+    };
     eprintln!(
-        "netswitch: {} ports, delay {} ms ± {} ms, loss {} %, seed {}",
+        "netswitch: {} ports, delay {} ms ± {} ms, loss {} %, seed {}, {priority}",
         a.ports.len(),
         a.delay_ms,
         a.jitter_ms,
