@@ -504,23 +504,27 @@ fn forced_userspace_detectors_say_so_on_every_rank() {
     }
 }
 
-/// Rank 0's `detectors` lines of `vigil overlay status` once the detectors loaded, in a test instance of 2 started
-/// with `env`.
-fn detector_lines(env: &[(&str, &str)]) -> String {
+/// The standard output of `script`, run by `vigil start --test-size=2` with `env` (as the instance's initial
+/// program, so it asks rank 0), the instance stopped after it.
+fn in_test_instance_of_2(env: &[(&str, &str)], script: &str) -> Output {
     let dir = tempdir();
     let mut c = vigil_cmd(dir.path());
     c.envs(env.iter().copied());
-    c.args([
-        "start",
-        "--test-size=2",
-        "sh",
-        "-c",
-        "for i in $(seq 200); do vigil overlay status | grep -q loading || break; sleep 0.1; done; \
-         vigil overlay status | grep '^detectors'",
-    ]);
+    c.args(["start", "--test-size=2", "sh", "-c", script]);
     let out = run(c, Duration::from_secs(60), Some(dir.path()));
     kill_marked(dir.path());
-    out.stdout
+    out
+}
+
+/// Rank 0's `detectors` lines of `vigil overlay status` once the detectors loaded, in a test instance of 2 started
+/// with `env`.
+fn detector_lines(env: &[(&str, &str)]) -> String {
+    in_test_instance_of_2(
+        env,
+        "for i in $(seq 200); do vigil overlay status | grep -q loading || break; sleep 0.1; done; \
+         vigil overlay status | grep '^detectors'",
+    )
+    .stdout
 }
 
 /// Each detector says which variant it runs and why. Here (root) on this machine's kernel: the eBPF variants, with
@@ -567,19 +571,11 @@ fn detector_lines_say_which_variant_runs_and_why() {
 
 /// Rank 0's `probing` detector line once its prober runs, in a test instance of 2 started with `env`.
 fn probing_line(env: &[(&str, &str)]) -> String {
-    let dir = tempdir();
-    let mut c = vigil_cmd(dir.path());
-    c.envs(env.iter().copied());
-    c.args([
-        "start",
-        "--test-size=2",
-        "sh",
-        "-c",
+    let out = in_test_instance_of_2(
+        env,
         "for i in $(seq 200); do s=$(vigil overlay status --json); case $s in *'prober thread'*) break;; esac; \
          sleep 0.1; done; echo \"$s\"",
-    ]);
-    let out = run(c, Duration::from_secs(60), Some(dir.path()));
-    kill_marked(dir.path());
+    );
     let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap_or_default();
     v["detectors"]["probing"].as_str().map(str::to_string).unwrap_or_else(|| out.dump())
 }
