@@ -158,13 +158,14 @@ pub(crate) fn run(a: &SimArgs, out_dir: Option<PathBuf>) -> i32 {
         if let Some(f) = r.get("restarts").filter(|f| !f.is_null()) {
             println!(
                 "  rank 0 restarts {} ({} in a commit), outages {} s; every broker back {} ms (median / max); \
-                 acknowledged {}, retried {} (connection) + {} (EAGAIN); running at a death {}: {} completed, {} \
-                 failed (a node lost)",
+                 acknowledged {} ({} as duplicates), retried {} (connection) + {} (EAGAIN); running at a death {}: \
+                 {} completed, {} failed (a node lost)",
                 f["restarts"],
                 f["in_commit"],
                 pair(&f["outage_s"], 1),
                 pair(&f["rejoin_ms"], 0),
                 f["acknowledged"],
+                f["duplicates"],
                 f["retried"],
                 f["retried_eagain"],
                 f["running_at_crash"],

@@ -316,8 +316,9 @@ pub(crate) struct ClientLog {
     /// Each submission request (every retry included) → the key of the submission it carries (its first
     /// request's matchtag: the jobspec's command names it, `key=K`) and its payload (to send it again).
     pub submits: BTreeMap<u32, (u32, serde_json::Value)>,
-    /// Submissions answered with an id (acknowledged): (key, id, when).
-    pub acked: Vec<(u32, JobId, Time)>,
+    /// Submissions answered with an id (acknowledged): (key, id, when, whether the answer said it was a
+    /// duplicate: a request sent again whose job rank 0 already held).
+    pub acked: Vec<(u32, JobId, Time, bool)>,
     /// Requests that failed on the client's side: refused (rank 0 down) or reset (rank 0 died with them in
     /// flight): matchtag → errno.
     pub conn_failed: BTreeMap<u32, u32>,
@@ -815,7 +816,9 @@ impl Sim {
 
     /// The client submits `jobspec` from rank 0 at `t` (its matchtag returned). With [`Config::statedir`] the
     /// command names the submission (`key=K`, K its first matchtag), so that a job can be told from another
-    /// submission's, and a submission whose connection fails is sent again.
+    /// submission's, and a submission whose connection fails is sent again, with the same submission key
+    /// (`submit_key`, `jobs/submit_key.rs`, as `vigil submit` does): rank 0 answers a request sent again for a
+    /// job it already made with that job.
     pub fn submit_at(&mut self, t: Time, mut jobspec: serde_json::Value) -> u32 {
         let key = self.next_tag;
         if self.cfg.statedir {
@@ -823,7 +826,11 @@ impl Sim {
                 cmd.push(serde_json::json!(format!("key={key}")));
             }
         }
-        let payload = serde_json::json!({ "jobspec": jobspec });
+        let payload = if self.cfg.statedir {
+            serde_json::json!({ "jobspec": jobspec, "submit_key": format!("sim-{key:08x}") })
+        } else {
+            serde_json::json!({ "jobspec": jobspec })
+        };
         let tag = self.request_at(t, "job-manager.submit", 0, &payload);
         if self.cfg.statedir {
             self.client.submits.insert(tag, (key, payload));
@@ -999,9 +1006,11 @@ impl Sim {
         }
         if self.pending.remove(&m.matchtag).is_some() {
             if let Some((key, _)) = self.client.submits.get(&m.matchtag) {
-                let id = m.json().get("id").and_then(serde_json::Value::as_u64);
+                let answer = m.json();
+                let id = answer.get("id").and_then(serde_json::Value::as_u64);
+                let duplicate = answer.get("duplicate").and_then(serde_json::Value::as_bool).unwrap_or(false);
                 if let (0, Some(id)) = (m.errnum, id) {
-                    self.client.acked.push((*key, JobId(id), self.now));
+                    self.client.acked.push((*key, JobId(id), self.now, duplicate));
                 }
                 if m.errnum == crate::message::errno::EAGAIN {
                     // "Try again": a restarted rank 0 whose brokers have not all rejoined yet.

@@ -60,6 +60,9 @@ pub struct RestartFigures {
     pub rejoin_ms: Option<(f64, f64)>,
     /// Submissions answered with an id (acknowledged).
     pub acknowledged: u64,
+    /// Of those answers, the ones to a submission sent again whose job rank 0 already held (its submission key,
+    /// `jobs/submit_key.rs`): the job made by the first request, marked `"duplicate": true`, not a new one.
+    pub duplicates: u64,
     /// Submission requests the client sent again after its connection to rank 0 was refused or reset.
     pub retried: u64,
     /// Submission requests the client sent again after an EAGAIN (a restarted rank 0 whose brokers had not all

@@ -867,9 +867,11 @@ fn submission_key(j: &Job) -> Option<u32> {
 /// - every acknowledged job is in rank 0's final job core, under its own submission (lost: absent; an id given
 ///   to two submissions: another's), and INACTIVE (none hung);
 /// - no submission is in the core twice (duplicated), none acknowledged twice, and every one is acknowledged in
-///   the end (the client sends a submission again when its connection failed: refused while rank 0 was down,
-///   or reset with the request in flight);
-/// - job ids acknowledged only go up (an id is never given again, across restarts);
+///   the end (the client sends a submission again, with its submission key, when its connection failed: refused
+///   while rank 0 was down, or reset with the request in flight; rank 0 answers one whose job it made already
+///   with that job, `"duplicate": true`);
+/// - job ids acknowledged only go up (an id is never given again, across restarts), a duplicate's apart (its
+///   id is its job's, given when the first request made it);
 /// - a job running when rank 0 died, whose outage `tbon.parent_grace` covered, completes with its real exit
 ///   status (0 here) unless one of its nodes was lost meanwhile: no `restart` exception, no other;
 /// - a job that completed without an exception has a `start` before its `finish`.
@@ -898,15 +900,18 @@ fn restart_invariants(
     }
     let mut acked = BTreeSet::new();
     let mut highest: Option<JobId> = None;
-    for &(key, id, t) in &c.acked {
+    for &(key, id, t, duplicate) in &c.acked {
         let t = t.as_secs_f64();
         if !acked.insert(key) {
             v.push(format!("submission {key} acknowledged twice (again as job {id} at {t:.3} s)"));
         }
-        if let Some(h) = highest.filter(|h| id <= *h) {
+        // A duplicate's id is its job's, given when the first request made it (that answer was lost): not new.
+        if let Some(h) = highest.filter(|h| id <= *h && !duplicate) {
             v.push(format!("job id {id} acknowledged at {t:.3} s is not above {h}, acknowledged before it"));
         }
-        highest = highest.max(Some(id));
+        if !duplicate {
+            highest = highest.max(Some(id));
+        }
         match jc.jobs.get(&id) {
             None => v.push(format!(
                 "acknowledged job {id} (submission {key}, at {t:.3} s) is lost: not in rank 0's job core"
@@ -982,6 +987,7 @@ fn restart_invariants(
         outage_s: (outages.iter().copied().fold(f64::INFINITY, f64::min), outages.iter().copied().fold(0.0, f64::max)),
         rejoin_ms: (!rejoin.is_empty()).then(|| (quantile(&rejoin, 0.5), rejoin[rejoin.len() - 1])),
         acknowledged: c.acked.len() as u64,
+        duplicates: c.acked.iter().filter(|a| a.3).count() as u64,
         retried: c.retried.keys().filter(|t| c.conn_failed.contains_key(t)).count() as u64,
         retried_eagain: c.retried.keys().filter(|t| !c.conn_failed.contains_key(t)).count() as u64,
         running_at_crash: running.len() as u64,

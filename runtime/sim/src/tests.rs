@@ -334,7 +334,7 @@ fn the_restart_invariants_catch_a_lost_a_duplicated_and_a_hung_job() {
     let r = scenario::run_with(Config::new(64, kary(4), 7), Scenario::Restart, |sim| {
         let acked = sim.client.acked.clone();
         let now = sim.now();
-        sim.client.acked.push((acked[1].0, acked[1].1, now));
+        sim.client.acked.push((acked[1].0, acked[1].1, now, false));
         let jc = sim.nodes[0].broker.as_mut().and_then(|b| b.jobcore.as_mut()).expect("rank 0");
         jc.jobs.remove(&acked[0].1);
         jc.jobs.get_mut(&acked[2].1).expect("kept").state = crate::jobs::JobState::Run;

@@ -244,7 +244,8 @@ pub enum Input {
 /// [`Broker::awaiting_sync`]).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Held {
-    /// A submission, with its answer (the job id): refused, and its job ended, if the store fails.
+    /// A submission, with its answer (the job id): refused, and its job ended, if the store fails. One sent again
+    /// with its key (`"duplicate": true`) is refused then too, and leaves its job to the first one's answer.
     Submission(Value),
     /// A job shell's exit report (`job-exec.shell-exit`), acknowledged with `{}`: the reporting broker drops the
     /// report then, so only once its exit status is durable. While the store fails it is not acknowledged (it
@@ -823,6 +824,9 @@ impl Broker {
             };
             let note = format!("not accepted: it could not be made durable in the state directory {dir}: {e}");
             self.respond_error(&req, e.errno, &format!("job {}", note));
+            if answer.get("duplicate").is_some_and(|d| d == true) {
+                continue; // a submission sent again: its job is the first one's, which that one's answer ends
+            }
             let id = answer.get("id").and_then(Value::as_u64).map(JobId);
             if let (Some(id), Some(jc)) = (id, self.jobcore.as_mut()) {
                 jc.raise(wall, id, "store", 0, &note);

@@ -2075,3 +2075,25 @@ fn a_kill_behind_a_lost_router_goes_once_the_orphan_re_parents() {
     assert!(kills(&effects(&mut b)).is_empty());
     assert!(b.jobcore.as_ref().expect("rank 0").unreachable_signals().is_empty());
 }
+
+/// `job-manager.submit` with a `submit_key` (jobs/submit_key.rs): sent again, the same job, `"duplicate": true`;
+/// a bad key is refused naming the field (EINVAL); the same key with another jobspec, EEXIST.
+#[test]
+fn a_submission_sent_again_with_its_key_answers_the_same_job() {
+    let mut b = root_with_client();
+    let spec = |n: u32| -> serde_json::Value {
+        let b = crate::jobspec::JobspecBuilder::new(["true"]).ntasks(n);
+        serde_json::from_str(&b.build().expect("jobspec").to_json()).expect("json")
+    };
+    let first = ask1(&mut b, "job-manager.submit", json!({"jobspec": spec(1), "submit_key": "a1b2"})).expect("ok");
+    assert_eq!(first.get("duplicate"), None, "{first}");
+    let again = ask1(&mut b, "job-manager.submit", json!({"jobspec": spec(1), "submit_key": "a1b2"})).expect("ok");
+    assert_eq!((again["id"].clone(), again["duplicate"].clone()), (first["id"].clone(), json!(true)), "{again}");
+    assert_eq!(b.jobcore.as_ref().expect("rank 0").jobs.len(), 1);
+    let e = ask1(&mut b, "job-manager.submit", json!({"jobspec": spec(1), "submit_key": 12})).expect_err("bad");
+    assert!(e.0 == errno::EINVAL && e.1.starts_with("submit_key: must be a string"), "{e:?}");
+    let e = ask1(&mut b, "job-manager.submit", json!({"jobspec": spec(2), "submit_key": "a1b2"})).expect_err("reused");
+    assert!(e.0 == errno::EEXIST && e.1.contains("submit_key"), "{e:?}");
+    let other = ask1(&mut b, "job-manager.submit", json!({"jobspec": spec(1)})).expect("ok");
+    assert_ne!(other["id"], first["id"], "no key: a new job");
+}

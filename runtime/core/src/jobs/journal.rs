@@ -7,7 +7,8 @@
 //! [`JobCore::restore`] rebuilds the core from what was kept ([`Kept`]). No I/O here: [`Kept::apply`] is an
 //! in-memory store with the same contract, for tests and the simulator.
 //!
-//! Kept per job: the jobspec as submitted, the submitting uid, the RFC 18 eventlog (the state, R, the exit status
+//! Kept per job: the jobspec as submitted, the submitting uid, the client's submission key if it sent one
+//! (`submit_key.rs`: a submission sent again after a restart finds its job), the RFC 18 eventlog (the state, R, the exit status
 //! and the first fatal exception are replayed from it), and its output: while it runs, every chunk as it comes,
 //! up to what rank 0 holds in memory ([`super::OUTPUT_KEEP`] bytes, the oldest dropped first), with the number of
 //! the next output batch due from each of its shells; once INACTIVE, the tail of it (at most
@@ -80,6 +81,9 @@ pub struct JobRecord {
     /// The jobspec as submitted (JSON text, shared with the job: not parsed or copied to be written): in the
     /// job's first batch only.
     pub jobspec: Option<std::sync::Arc<str>>,
+    /// The client's submission key (`submit_key.rs`), if it sent one: in the job's first batch only, with the
+    /// jobspec.
+    pub submit_key: Option<std::sync::Arc<str>>,
     /// Index in the job's eventlog of `events[0]`.
     pub first_event: usize,
     /// Eventlog entries appended since the job's last saved batch.
@@ -153,6 +157,8 @@ pub struct KeptJob {
     pub userid: u32,
     /// The jobspec as submitted.
     pub jobspec: Value,
+    /// The client's submission key, if it sent one (`submit_key.rs`).
+    pub submit_key: Option<String>,
     /// Its RFC 18 eventlog.
     pub eventlog: Vec<Event>,
     /// R of its last allocation.
@@ -175,6 +181,7 @@ impl KeptJob {
         KeptJob {
             userid,
             jobspec,
+            submit_key: None,
             eventlog: Vec::new(),
             r: None,
             status: None,
@@ -268,6 +275,9 @@ impl Kept {
                 .jobs
                 .entry(r.id)
                 .or_insert_with(|| KeptJob::new(r.userid, parse_jobspec(r.jobspec.as_deref()), r.state));
+            if let Some(key) = &r.submit_key {
+                k.submit_key = Some(key.to_string());
+            }
             k.eventlog.truncate(r.first_event);
             k.eventlog.extend(r.events.iter().map(|e| Event::clone(e)));
             if r.row {
@@ -469,6 +479,9 @@ impl JobCore {
                     userid: j.userid,
                     state: j.state,
                     jobspec: (j.saved_events == 0).then(|| j.jobspec_text.clone()),
+                    submit_key: (j.saved_events == 0)
+                        .then(|| j.submit_key.as_ref().map(super::SubmitKey::shared))
+                        .flatten(),
                     first_event: j.saved_events,
                     events: events.to_vec(),
                     row,
@@ -614,8 +627,14 @@ impl JobCore {
         for (id, k) in kept.jobs {
             let (output, output_base, batches) = (k.output, k.output_base, k.batches);
             let kept_row = (k.state, k.status);
+            // A key kept that does not read as one (a store edited by hand) is dropped: the job is kept.
+            let key = k.submit_key.as_deref().and_then(|s| super::SubmitKey::parse_str(s).ok());
             let mut job = self.replay(id, k.userid, k.jobspec, k.eventlog, &mut out);
             job.saved_row = Some(kept_row);
+            if let Some(key) = key {
+                self.submit_keys.insert((job.userid, key.clone()), id);
+                job.submit_key = Some(key);
+            }
             if job.state != JobState::Inactive {
                 // The output kept while it ran (a requeued job's earlier runs too): it goes on after it.
                 for l in output.iter().cloned() {

@@ -16,6 +16,7 @@
 //! | `nested.rs` | critical-rank rules for the brokers of a nested instance |
 //! | `timers.rs` | time limits, exit-timeout, SIGKILL escalation, from an ordered index of deadlines |
 //! | `kills.rs` | a kill that could not reach its rank goes once the rank is reachable again |
+//! | `submit_key.rs` | a submission sent again with its key makes no second job |
 //! | this file | submission, allocation to shells, shell reports, lost ranks, exceptions, output and input |
 //!
 //! The cost of one event does not grow with the number of jobs queued or ever run: pending jobs are an ordered
@@ -32,6 +33,7 @@ mod requeue;
 pub mod sched;
 mod shrink;
 pub mod state;
+pub mod submit_key;
 mod timers;
 
 use crate::eventlog::Event;
@@ -48,6 +50,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 pub use crate::attrs::SchedPolicy;
 pub use backfill::{Reservation, BACKFILL_DEPTH};
 pub use requeue::DEFAULT_MAX_REQUEUE;
+pub use submit_key::{SubmitKey, Submitted, SUBMIT_KEY_MAX};
 
 /// Default `exit-timeout`: after the first task exits, the others have this long (seconds).
 pub const DEFAULT_EXIT_TIMEOUT: f64 = 30.0;
@@ -186,6 +189,15 @@ pub enum SubmitError {
         err: sched::Unsatisfiable,
         /// The ranks lost, `host (rank r)`, in the order they were lost.
         lost: String,
+    },
+    /// The request's submission key is malformed (`submit_key.rs`; the message names the field).
+    #[error("{0}")]
+    SubmitKey(String),
+    /// The submission key names a job submitted with another jobspec: one key, one submission.
+    #[error("submit_key: already names job {id}, submitted with another jobspec (use a new key for a new job)")]
+    SubmitKeyReused {
+        /// The job the key names.
+        id: JobId,
     },
 }
 
@@ -396,6 +408,8 @@ pub struct Job {
     pub id: JobId,
     /// Submitting user.
     pub userid: u32,
+    /// The client's key for the submission that made the job, if it sent one (`submit_key.rs`).
+    pub submit_key: Option<SubmitKey>,
     /// State (RFC 21).
     pub state: JobState,
     /// The jobspec as submitted, as compact JSON text ([`Job::jobspec`] parses it): a parsed `Value` of even a
@@ -510,6 +524,7 @@ impl Job {
         Job {
             id,
             userid,
+            submit_key: None,
             state: JobState::New,
             jobspec_text: jobspec.to_string().into(),
             name: jobspec.pointer("/attributes/system/job/name").and_then(Value::as_str).map(Into::into),
@@ -779,6 +794,8 @@ pub struct JobCore {
     reattach: Option<reattach::Reattach>,
     /// Signals that could not reach their shell's rank, until it is reachable again (`kills.rs`).
     unreachable_kills: kills::UnreachableKills,
+    /// The submission keys of the jobs held (`submit_key.rs`).
+    submit_keys: submit_key::KeyIndex,
 }
 
 impl JobCore {
@@ -816,6 +833,7 @@ impl JobCore {
             reattach_grace: 0.0,
             reattach: None,
             unreachable_kills: Default::default(),
+            submit_keys: Default::default(),
         }
     }
 

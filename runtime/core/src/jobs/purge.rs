@@ -139,6 +139,7 @@ impl JobCore {
     /// Remove inactive job `id` from the core, and from the store with the next batch.
     fn remove_inactive(&mut self, id: JobId) {
         let Some(j) = self.jobs.remove(&id) else { return };
+        self.forget_submit_key(&j);
         self.inactive_kept = self.inactive_kept.saturating_sub(1);
         if !j.output.is_empty() {
             self.inactive_output_bytes = self.inactive_output_bytes.saturating_sub(j.output_bytes);

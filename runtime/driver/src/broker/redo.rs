@@ -72,6 +72,9 @@ struct RecordJob<'a> {
     /// the job core keeps).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     jobspec: Option<Cow<'a, str>>,
+    /// The client's submission key (`jobs/submit_key.rs`), with the jobspec; absent without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    submit_key: Option<Cow<'a, str>>,
     first_event: usize,
     events: Vec<Cow<'a, Event>>,
     row: bool,
@@ -118,6 +121,7 @@ impl<'a> Record<'a> {
                 state: j.state,
                 raw_jobspec: j.jobspec.as_deref().is_some_and(raw),
                 jobspec: j.jobspec.as_deref().filter(|t| !raw(t)).map(Cow::Borrowed),
+                submit_key: j.submit_key.as_deref().map(Cow::Borrowed),
                 first_event: j.first_event,
                 events: j.events.iter().map(|e| Cow::Borrowed(&**e)).collect(),
                 row: j.row,
@@ -167,6 +171,7 @@ impl<'a> Record<'a> {
                 userid: j.userid,
                 state: j.state,
                 jobspec,
+                submit_key: j.submit_key.map(|s| Arc::from(s.into_owned())),
                 first_event: j.first_event,
                 events,
                 row: j.row,
@@ -545,6 +550,7 @@ mod tests {
             userid: 1000,
             state: JobState::Run,
             jobspec: Some(Arc::from(r#"{"version":1,"tasks":[{"command":["true"]}]}"#)),
+            submit_key: Some(Arc::from(format!("{id:032x}"))),
             first_event: 0,
             events: vec![Arc::new(
                 Event::parse_line(r#"{"timestamp":1.5,"name":"submit","context":{"urgency":16}}"#).unwrap(),

@@ -23,6 +23,11 @@ struct SubmitRequest {
     /// Whether the submitter streams the job's standard input (`job-exec.stdin`, as `vigil run` does); false when
     /// absent.
     stdin: Option<bool>,
+    /// The client's key for this submission (`jobs/submit_key.rs`): a string of 1 to 128 printable ASCII
+    /// characters, e.g. a random 128-bit number in hex. A submission sent again with the same key (by the same
+    /// user) gets the job the first made, `"duplicate": true` in the answer. Absent: a new job every time.
+    /// Checked by the job core (a `Value` here, so that a wrong type is refused naming the field).
+    submit_key: Option<Value>,
 }
 
 /// `job-manager.submit`.
@@ -33,6 +38,10 @@ fn submit(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     let jc = job_core!(core);
     let spec = &req.jobspec;
     let stdin = req.stdin.unwrap_or(false);
+    let key = match &req.submit_key {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(crate::jobs::SubmitKey::parse(v).map_err(|e| ServiceError::einval(e.to_string()))?),
+    };
     match &core.statedir {
         StateDir::Damaged { dir, why } => {
             return Err(ServiceError::erofs(format!(
@@ -44,13 +53,20 @@ fn submit(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
         StateDir::Open { .. } | StateDir::None => {}
     }
     // `vigil run` streams its standard input to the tasks (job-exec.stdin).
-    match jc.submit_with_stdin(n, spec, msg.userid, stdin) {
-        Ok(id) => {
-            info!("job {id} submitted");
+    match jc.submit_keyed(n, spec, msg.userid, stdin, key) {
+        Ok(crate::jobs::Submitted { id, duplicate }) => {
             // RFC 14: unknown attributes.system keys are ignored, and the submitter is told.
             let warnings = jc.jobs.get(&id).map(|j| j.req.warnings.clone()).unwrap_or_default();
-            let answer = json!({"id": id.0, "id_f58": id.f58(), "warnings": warnings});
+            let mut answer = json!({"id": id.0, "id_f58": id.f58(), "warnings": warnings});
+            if duplicate {
+                // Sent again with its key (its first answer was lost): the job it made, not a new one.
+                info!("job {id} submitted again with its submit_key: no new job");
+                answer["duplicate"] = Value::Bool(true);
+            } else {
+                info!("job {id} submitted");
+            }
             if jc.journaling() {
+                // A duplicate too: the job it names may not be durable yet (its first answer is held as well).
                 // Answered once the job's record is durable (Input::Stored, then Input::Synced), not before.
                 core.awaiting_durable.push((msg.head(), Held::Submission(answer)));
                 return Ok(None);
@@ -79,6 +95,9 @@ fn submit(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                 return Err(ServiceError::eagain(format!(
                     "{e}, as only {joined} of its {size} brokers have joined so far: try again"
                 )));
+            }
+            if let crate::jobs::SubmitError::SubmitKeyReused { .. } = e {
+                return Err(ServiceError::eexist(e.to_string()));
             }
             Err(ServiceError::einval(e.to_string()))
         }

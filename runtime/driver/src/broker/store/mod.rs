@@ -22,9 +22,10 @@
 //!   share a few pages, and a change of state rewrites a few hundred bytes); `R` JSON, `output` the JSON array of
 //!   an INACTIVE job's output lines (its tail) in a store written before schema 2 (since, its output is in
 //!   `job_output`);
-//! - `jobspecs(id, jobspec)`: each job's jobspec (JSON) as submitted, written once (since schema 3; before, a
-//!   column of `jobs`, rewritten with every change of the row: a jobspec carries the submitter's environment,
-//!   kilobytes);
+//! - `jobspecs(id, jobspec, submit_key)`: each job's jobspec (JSON) as submitted, written once (since schema 3;
+//!   before, a column of `jobs`, rewritten with every change of the row: a jobspec carries the submitter's
+//!   environment, kilobytes), with the client's submission key (`jobs/submit_key.rs`; NULL without one, and in
+//!   rows written before schema 4), so that a submission sent again after a restart finds its job;
 //! - `job_events(id, seq, event)`: each job's RFC 18 eventlog, as written: one row per job per fold of the redo
 //!   log ([`Store::fold`]), `event` the lines of the events numbered from `seq` (one line per event, `\n` between
 //!   them; one event per row before schema 3, one per write of the journal before the fold merged them);
@@ -38,7 +39,8 @@
 //!   rank 0 counts ranks that have not joined again yet (since schema 3).
 //!
 //! Older schemas are brought to this one at open, in one transaction: 1 (before `job_output`) by adding it, 2
-//! (the jobspec in `jobs`) by moving the jobspecs to their table. Rows of one event each read the same in 3.
+//! (the jobspec in `jobs`) by moving the jobspecs to their table, 3 (no submission keys) by adding the column.
+//! Rows of one event each read the same in 3.
 //!
 //! A file this build cannot read (not SQLite, damaged, truncated, another schema version) is [`OpenError::Damaged`]:
 //! rank 0 then runs without a store, with scheduling stopped and submissions refused, and leaves the file as it is
@@ -78,7 +80,7 @@ use write::{write_jobs, write_meta_kept};
 pub const FILE: &str = "vigil.sqlite";
 
 /// The schema this build writes and reads (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// `PRAGMA application_id` of a Vigil store: "VGL1".
 pub const APPLICATION_ID: i64 = 0x5647_4c31;

@@ -48,7 +48,11 @@ const SCHEMA_3_TABLES: &str = "
     CREATE TABLE jobspecs(id INTEGER PRIMARY KEY, jobspec TEXT NOT NULL);
     CREATE TABLE ranks(rank INTEGER PRIMARY KEY, hostname TEXT NOT NULL, cores TEXT NOT NULL, gpus TEXT NOT NULL);";
 
-/// Bring a store of schema 1 or 2 (checked by [`check`]) to [`SCHEMA_VERSION`], in one transaction: none of
+/// What schema 4 changed in schema 3: the client's submission key beside each job's jobspec (NULL: none).
+const SCHEMA_4_CHANGE: &str = "
+    ALTER TABLE jobspecs ADD COLUMN submit_key TEXT;";
+
+/// Bring a store of schema 1, 2 or 3 (checked by [`check`]) to [`SCHEMA_VERSION`], in one transaction: none of
 /// it is changed if any step fails.
 pub(crate) fn upgrade(c: &Connection) -> rusqlite::Result<()> {
     let version: i64 = c.query_row("PRAGMA user_version", [], |r| r.get(0))?;
@@ -56,14 +60,23 @@ pub(crate) fn upgrade(c: &Connection) -> rusqlite::Result<()> {
         return Ok(());
     }
     let output = if version == 1 { RUNNING_OUTPUT_TABLES } else { "" };
+    let to_3 = if version < 3 {
+        format!(
+            "{output}
+             ALTER TABLE jobs RENAME TO jobs_2;
+             {SCHEMA_3_TABLES}
+             INSERT INTO jobs(id, userid, state, R, status, output)
+                 SELECT id, userid, state, R, status, output FROM jobs_2;
+             INSERT INTO jobspecs(id, jobspec) SELECT id, jobspec FROM jobs_2;
+             DROP TABLE jobs_2;"
+        )
+    } else {
+        String::new()
+    };
     let r = c.execute_batch(&format!(
         "BEGIN;
-         {output}
-         ALTER TABLE jobs RENAME TO jobs_2;
-         {SCHEMA_3_TABLES}
-         INSERT INTO jobs(id, userid, state, R, status, output) SELECT id, userid, state, R, status, output FROM jobs_2;
-         INSERT INTO jobspecs(id, jobspec) SELECT id, jobspec FROM jobs_2;
-         DROP TABLE jobs_2;
+         {to_3}
+         {SCHEMA_4_CHANGE}
          PRAGMA user_version = {SCHEMA_VERSION};
          COMMIT;"
     ));
@@ -82,6 +95,7 @@ pub(crate) fn create(c: &Connection) -> rusqlite::Result<()> {
          BEGIN;
          CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
          {SCHEMA_3_TABLES}
+         {SCHEMA_4_CHANGE}
          CREATE TABLE job_events(id INTEGER NOT NULL, seq INTEGER NOT NULL, event TEXT NOT NULL,
                                  PRIMARY KEY(id, seq)) WITHOUT ROWID;
          CREATE TABLE resource_events(seq INTEGER PRIMARY KEY, event TEXT NOT NULL);

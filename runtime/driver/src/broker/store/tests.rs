@@ -20,6 +20,8 @@ pub(in crate::broker) fn record(id: u64, first: usize, events: &[&str], spec: bo
         userid: 1000,
         state: JobState::Sched,
         jobspec: spec.then(|| json!({"version": 1, "id": id}).to_string().into()),
+        // Every other job was submitted with a key (`jobs/submit_key.rs`), as a client of today's does.
+        submit_key: (spec && id.is_multiple_of(2)).then(|| format!("key-{id}").into()),
         first_event: first,
         events: events.iter().map(|n| std::sync::Arc::new(ev(1.5, n))).collect(),
         row: true,
@@ -381,6 +383,55 @@ fn older_schemas_are_brought_to_this_one() {
         let (_, kept) = Store::open(d.path()).unwrap();
         assert_eq!(kept.as_ref(), Some(&mem), "schema {version}, written on");
     }
+}
+
+/// A job's submission key (`jobs/submit_key.rs`) is written with its jobspec and comes back at the next
+/// open, from the file and from the redo log alike; a job without one has none; a purged job's goes with it.
+#[test]
+fn submission_keys_come_back_after_reopening() {
+    use super::super::redo::RedoLog;
+    let d = tempfile::tempdir().unwrap();
+    let (mut s, _) = Store::open(d.path()).unwrap();
+    let keyed = |id: u64, key: &str| {
+        let mut r = record(id, 0, &["submit"], true);
+        r.submit_key = Some(key.into());
+        r
+    };
+    let b1 = batch(vec![keyed(3, "0123456789abcdef0123456789abcdef"), record(5, 0, &["submit"], true)], 0, 0, 5);
+    s.commit(&b1).unwrap();
+    // A later record of job 3 carries no key: the kept one stays.
+    s.commit(&batch(vec![record(3, 1, &["validate"], false), keyed(7, "purged-soon")], 0, 0, 7)).unwrap();
+    s.commit(&Journal { purged: vec![JobId(7)], ..batch(vec![], 0, 0, 7) }).unwrap();
+    // Job 9 only in the redo log (rank 0 killed before the fold).
+    let mut log = RedoLog::create(d.path(), s.redo_seq).unwrap();
+    log.append(&batch(vec![keyed(9, "in-the-log")], 0, 0, 9)).unwrap();
+    drop((s, log));
+    let (_s, kept) = Store::open(d.path()).unwrap();
+    let kept = kept.unwrap();
+    let keys: Vec<(u64, Option<&str>)> = kept.jobs.iter().map(|(id, k)| (id.0, k.submit_key.as_deref())).collect();
+    assert_eq!(keys, [(3, Some("0123456789abcdef0123456789abcdef")), (5, None), (9, Some("in-the-log"))]);
+    assert_eq!(kept.jobs[&JobId(3)].eventlog.len(), 2);
+}
+
+/// A store of schema 3 (no submission keys) is brought to this one: its jobs come back without a key, and
+/// keyed jobs are written on.
+#[test]
+fn a_schema_3_store_gains_submission_keys() {
+    let d = tempfile::tempdir().unwrap();
+    let (mut s, _) = Store::open(d.path()).unwrap();
+    s.commit(&batch(vec![record(1, 0, &["submit"], true)], 0, 0, 1)).unwrap();
+    s.conn
+        .execute_batch("ALTER TABLE jobspecs DROP COLUMN submit_key; PRAGMA user_version = 3;")
+        .expect("made a schema 3 store");
+    drop(s);
+    let (mut s, kept) = Store::open(d.path()).unwrap();
+    let v: i64 = s.conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+    assert_eq!(v, SCHEMA_VERSION);
+    assert_eq!(kept.unwrap().jobs[&JobId(1)].submit_key, None);
+    s.commit(&batch(vec![record(2, 0, &["submit"], true)], 0, 0, 2)).unwrap();
+    drop(s);
+    let (_, kept) = Store::open(d.path()).unwrap();
+    assert_eq!(kept.unwrap().jobs[&JobId(2)].submit_key.as_deref(), Some("key-2"));
 }
 
 /// A job's events of one write are one row; rows of one event (older stores) and of several read alike.

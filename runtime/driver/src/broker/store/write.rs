@@ -42,7 +42,8 @@ pub(crate) fn write_jobs(c: &Connection, batches: &[&Journal]) -> Result<(), Com
          ON CONFLICT(id) DO UPDATE SET state = excluded.state, R = excluded.R, status = excluded.status,
          output = COALESCE(excluded.output, output)",
     )?;
-    let mut jobspec = c.prepare_cached("INSERT OR REPLACE INTO jobspecs(id, jobspec) VALUES(?1, ?2)")?;
+    let mut jobspec =
+        c.prepare_cached("INSERT OR REPLACE INTO jobspecs(id, jobspec, submit_key) VALUES(?1, ?2, ?3)")?;
     let mut update = c.prepare_cached(
         "UPDATE jobs SET state = ?2, R = ?3, status = ?4, output = COALESCE(?5, output) WHERE id = ?1",
     )?;
@@ -53,7 +54,7 @@ pub(crate) fn write_jobs(c: &Connection, batches: &[&Journal]) -> Result<(), Com
         // The row: a record writes it when it adds the job (its jobspec), says `row`, or carries output (a
         // store written before schema 2); each such write sets state, R and status, and the output unless
         // NULL, so the last one's values stand, with the last output given.
-        let spec = records.iter().rev().find_map(|r| r.jobspec.as_deref());
+        let spec = records.iter().rev().find(|r| r.jobspec.is_some());
         let last = records.iter().rev().find(|r| r.jobspec.is_some() || r.row || r.output.is_some());
         if let Some(last) = last {
             let rv = last.r.as_ref().map(|v| v.to_string());
@@ -63,9 +64,9 @@ pub(crate) fn write_jobs(c: &Connection, batches: &[&Journal]) -> Result<(), Com
                 .find_map(|r| r.output.as_ref())
                 .map(|o| serde_json::to_string(o).unwrap_or_else(|_| "[]".into()));
             match spec {
-                Some(spec) => {
+                Some(first) => {
                     new_job.execute(params![id, i64::from(last.userid), last.state.name(), rv, last.status, output])?;
-                    jobspec.execute(params![id, spec])?;
+                    jobspec.execute(params![id, first.jobspec.as_deref(), first.submit_key.as_deref()])?;
                 }
                 None => {
                     if update.execute(params![id, last.state.name(), rv, last.status, output])? != 1 {
