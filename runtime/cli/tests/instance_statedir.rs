@@ -758,3 +758,74 @@ fn a_job_ended_by_vigil_shutdown_is_kept_inactive_with_its_reason() {
     assert!(end - run < 2.5 + 1.0, "ended with the shutdown, not at the next start: {j}");
     inst.stop_cleanly(brokers);
 }
+
+/// `job-manager.submit` of `jobspec` with `key` over a connection to `uri`, as `vigil submit` sends it: the answer
+/// (the job id, and `duplicate` when the key named a job already held) or the error.
+fn submit_keyed(uri: &str, jobspec: &Value, key: &str) -> Result<Value, String> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let c = vigil::client::Client::connect(uri).await.map_err(|e| e.to_string())?;
+        let payload = serde_json::json!({"jobspec": jobspec, "stdin": false, "submit_key": key});
+        c.rpc("job-manager.submit", 0, &payload).await.map_err(|e| e.errstr)
+    })
+}
+
+/// Idempotent submission across a restart of rank 0 (`submit_key`, docs/statedir.md). Making rank 0 die after
+/// its store took a submission and before its answer went out cannot be timed from here, so the two halves of
+/// that case are tried one by one:
+/// - the rank 0 side: a submission made durable, rank 0 killed with SIGKILL and restarted, then the same
+///   submission sent again with its key, as a client whose answer was lost does: the answer is the job the first
+///   made (`"duplicate": true`), and `vigil jobs -a` lists it once; another key makes a new job;
+/// - the client side: `vigil submit` through rank 1 while rank 0 is stopped, rank 0 then killed with the request
+///   in flight (rank 1 answers EHOSTUNREACH) and restarted 3 s later: the command waits, sends the submission
+///   again with its key, and prints the job's id, exit code 0; the job exists once and runs.
+#[test]
+fn a_submission_sent_again_after_a_restart_of_rank_0_is_one_job() {
+    let inst = SystemInstance::new(2, true);
+    let mut brokers = inst.start_all(&[]);
+    inst.client(&["resource", "drain", "0", "rank 0 restarts in this test"]).ok();
+    let uri0 = format!("local://{}", inst.dir.path().join("r0").join("local-0").display());
+    let dry = inst.client(&["submit", "--dry-run", "-N1", "-n1", "true"]);
+    dry.ok();
+    let jobspec: Value = serde_json::from_str(dry.stdout.trim()).expect("a jobspec");
+    let key = "5d1c0f2a9b7e4c3d8a6f1e2b3c4d5e6f";
+    let first = submit_keyed(&uri0, &jobspec, key).expect("accepted");
+    assert_eq!(first.get("duplicate"), None, "{first}");
+    let id = first["id_f58"].as_str().expect("an id").to_string();
+    assert!(wait_for(Duration::from_secs(30), || inst.jobs()[&id]["state"] == "INACTIVE"), "{:?}", inst.jobs());
+    let r0 = brokers.remove(0);
+    kill9(r0.pid());
+    r0.wait(Duration::from_secs(10));
+    let r0 = inst.restart_rank0();
+    let again = submit_keyed(&uri0, &jobspec, key).expect("accepted");
+    assert_eq!((again["id_f58"].as_str(), &again["duplicate"]), (Some(id.as_str()), &Value::Bool(true)), "{again}");
+    let other = submit_keyed(&uri0, &jobspec, "another-key").expect("accepted");
+    assert!(other.get("duplicate").is_none() && other["id_f58"] != first["id_f58"], "{other}");
+    let other = other["id_f58"].as_str().expect("an id").to_string();
+    let jobs = inst.jobs();
+    assert_eq!(jobs.len(), 2, "the first job once, and the other: {jobs:?}");
+    assert!(wait_for(Duration::from_secs(30), || inst.jobs()[&other]["state"] == "INACTIVE"), "{:?}", inst.jobs());
+
+    // The client side: the request in flight when rank 0 dies.
+    let mut c = vigil_cmd(inst.dir.path());
+    c.env("VIGIL_URI", format!("local://{}", inst.dir.path().join("r1").join("local-1").display()))
+        .args(["submit", "-N1", "-n1", "true"]);
+    // SAFETY: kill(2) of a process this test started.
+    unsafe { libc::kill(r0.pid() as i32, libc::SIGSTOP) };
+    let submit = spawn(c, Some(inst.dir.path()));
+    std::thread::sleep(Duration::from_secs(1));
+    kill9(r0.pid());
+    r0.wait(Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(3));
+    let r0 = inst.restart_rank0();
+    let o = submit.wait(Duration::from_secs(60));
+    o.ok();
+    assert!(o.stderr.contains("sending it again once rank 0 is back"), "{}", o.dump());
+    let new = o.stdout.trim().to_string();
+    assert!(wait_for(Duration::from_secs(30), || inst.jobs().get(&new).is_some_and(|j| j["state"] == "INACTIVE")));
+    let jobs = inst.jobs();
+    assert_eq!(jobs.len(), 3, "one job of the command's submission: {jobs:?}");
+    assert_eq!(jobs[&new]["result"], "COMPLETED", "{}", jobs[&new]);
+    brokers.insert(0, r0);
+    inst.stop_cleanly(brokers);
+}

@@ -438,8 +438,8 @@ pub(crate) async fn submit_all(specs: Vec<(u32, Value)>) -> Result<i32, String> 
     loop {
         while inflight.len() < CC_WINDOW {
             let Some((i, v)) = specs.next() else { break };
-            let c = c.clone();
-            inflight.push_back((i, tokio::spawn(async move { submit_value(&c, &v, false).await })));
+            let mut c = c.clone();
+            inflight.push_back((i, tokio::spawn(async move { submit_value(&mut c, &v, false).await })));
         }
         let Some((i, h)) = inflight.pop_front() else { break };
         match h.await.map_err(|e| e.to_string()).and_then(|r| r) {
@@ -694,13 +694,14 @@ pub(crate) async fn run(a: SubmitArgs, attach_after: bool) -> Result<i32, String
         println!("{}", spec.to_json());
         return Ok(0);
     }
-    let c = connect().await?;
+    let mut c = connect().await?;
     if let Some(hf) = Hostfile::of(&a)? {
         hf.check_nodes(&c, &a.select).await?;
     }
     check_exclude(&c, &a.select).await?;
-    let id =
-        submit_with(&c, &spec, attach_after).await.map_err(|e| said_as_typed(&a.setopt, a.taskmap.as_deref(), e))?;
+    let id = submit_with(&mut c, &spec, attach_after)
+        .await
+        .map_err(|e| said_as_typed(&a.setopt, a.taskmap.as_deref(), e))?;
     if !attach_after {
         println!("{id}");
         return Ok(0);
@@ -767,36 +768,18 @@ fn lost_note(e: &str, id: JobId) -> String {
     )
 }
 
-async fn submit(c: &Client, spec: &Jobspec) -> Result<JobId, String> {
+async fn submit(c: &mut Client, spec: &Jobspec) -> Result<JobId, String> {
     submit_with(c, spec, false).await
 }
 
-/// Submit; with `stdin` the job's tasks read what this process then sends as `job-exec.stdin`.
-async fn submit_with(c: &Client, spec: &Jobspec, stdin: bool) -> Result<JobId, String> {
+/// Submit ([`submit_value`]: `c` is the new connection if rank 0 restarted meanwhile); with `stdin` the job's
+/// tasks read what this process then sends as `job-exec.stdin`.
+async fn submit_with(c: &mut Client, spec: &Jobspec, stdin: bool) -> Result<JobId, String> {
     let v: Value = serde_json::from_str(&spec.to_json()).map_err(|e| e.to_string())?;
     submit_value(c, &v, stdin).await
 }
 
-/// Submit a jobspec already in JSON form (`job-manager.submit`); returns the new job's id.
-pub(crate) async fn submit_value(c: &Client, v: &Value, stdin: bool) -> Result<JobId, String> {
-    let r =
-        super::rpc_to_rank0(c, "job-manager.submit", &json!({"jobspec": v, "stdin": stdin})).await.map_err(|e| {
-            if e == crate::client::RpcError::disconnected_text() {
-                // Rank 0 may have made the job durable and died (or been restarted) before answering: resubmitting
-                // blindly would run it twice.
-                format!(
-                    "{e}: the job may have been accepted all the same; look for it with `vigil jobs -a` before \
-                     submitting it again"
-                )
-            } else {
-                e
-            }
-        })?;
-    for w in r.get("warnings").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str) {
-        eprintln!("vigil: warning: jobspec {w}");
-    }
-    r.get("id").and_then(Value::as_u64).map(JobId).ok_or_else(|| "malformed submit response".into())
-}
+pub(crate) use super::submit::submit_value;
 
 /// Says on standard error that job `id` is pending, with the scheduler's reason, if it is (SCHED); nothing
 /// otherwise, or if rank 0 does not answer. For `vigil run` and `vigil alloc` after [`PENDING_NOTE_AFTER`].
@@ -984,7 +967,7 @@ pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, cr
 
 /// How long past the instance's grace for rank 0 ([`crate::client::Welcome::rank0_grace`]) a client that lost it
 /// keeps trying: the other brokers retry rank 0 every second, and a restarted rank 0 first reads its store.
-const RANK0_WAIT_MARGIN: f64 = 5.0;
+pub(crate) const RANK0_WAIT_MARGIN: f64 = 5.0;
 
 /// After the stream of `topic` (`job-info.attach`, `job-manager.eventlog`) for job `id` ended with "rank 0 lost"
 /// (the connection to rank 0 closed, or our broker answered EHOSTUNREACH): wait for rank 0 to come back and ask
@@ -1363,8 +1346,8 @@ pub(crate) async fn job(cmd: JobCmd) -> Result<i32, String> {
             let spec = Jobspec::parse(&text).map_err(|e| format!("{file}: {e}"))?;
             // The checks the instance makes at submission, here too, so that every error names the file.
             spec.validate().map_err(|e| format!("{file}: {e}"))?;
-            let c = connect().await?;
-            let id = submit(&c, &spec).await?;
+            let mut c = connect().await?;
+            let id = submit(&mut c, &spec).await?;
             println!("{id}");
             Ok(0)
         }

@@ -12,6 +12,7 @@ mod jobinfo;
 mod nested;
 mod start;
 mod status;
+mod submit;
 
 use crate::keyfile::KeyFile as _;
 use clap::{Parser, Subcommand};
@@ -227,10 +228,22 @@ pub(crate) async fn rpc_to_rank0(
     topic: &str,
     payload: &serde_json::Value,
 ) -> Result<serde_json::Value, String> {
+    rpc_to_rank0_err(c, topic, payload).await.map_err(|e| e.errstr)
+}
+
+/// [`rpc_to_rank0`], with the error's errno (`submit.rs` tells a lost connection from a refusal).
+///
+/// # Errors
+/// The request's error.
+pub(crate) async fn rpc_to_rank0_err(
+    c: &crate::client::Client,
+    topic: &str,
+    payload: &serde_json::Value,
+) -> Result<serde_json::Value, crate::client::RpcError> {
     let call = c.rpc(topic, 0, payload);
     tokio::pin!(call);
     tokio::select! {
-        r = &mut call => return r.map_err(|e| e.errstr),
+        r = &mut call => return r,
         () = tokio::time::sleep(SLOW_RANK0_NOTICE) => {}
     }
     // Once per command: the copies of `vigil submit --cc` wait together.
@@ -242,7 +255,7 @@ pub(crate) async fn rpc_to_rank0(
             SLOW_RANK0_NOTICE.as_secs()
         );
     }
-    call.await.map_err(|e| e.errstr)
+    call.await
 }
 
 /// Parse `-S name=value` pairs.

@@ -397,9 +397,9 @@ pub(crate) async fn batch(a: BatchArgs) -> Result<i32, String> {
         println!("{v}");
         return Ok(0);
     }
-    let c = connect().await?;
+    let mut c = connect().await?;
     super::jobcmd::check_exclude(&c, &opts.select).await?;
-    let id = submit_value(&c, &v, false).await.map_err(|e| super::jobcmd::said_as_typed(&opts.setopt, None, e))?;
+    let id = submit_value(&mut c, &v, false).await.map_err(|e| super::jobcmd::said_as_typed(&opts.setopt, None, e))?;
     println!("{id}");
     Ok(0)
 }
@@ -606,9 +606,10 @@ pub(crate) async fn alloc(a: AllocArgs) -> Result<i32, String> {
     let mut cmd = vec![vigil_exe()?, "broker".into()];
     cmd.extend(broker_args(&a.opts)?);
     let v = instance_jobspec(&a.opts, "alloc", cmd, None, None)?;
-    let c = connect().await?;
+    let mut c = connect().await?;
     super::jobcmd::check_exclude(&c, &a.opts.select).await?;
-    let id = submit_value(&c, &v, false).await.map_err(|e| super::jobcmd::said_as_typed(&a.opts.setopt, None, e))?;
+    let id =
+        submit_value(&mut c, &v, false).await.map_err(|e| super::jobcmd::said_as_typed(&a.opts.setopt, None, e))?;
     let uri = tokio::select! {
         r = wait_for_instance(&c, id) => r?,
         _ = tokio::signal::ctrl_c() => {
