@@ -1272,6 +1272,115 @@ exit $rc
     assert!(row.ends_with(&format!("exit 0, lost node{kill}")), "{}", jobs.dump());
 }
 
+/// A 4-node batch job (child brokers `batch_args`) on nodes 1-4 of a 5-node cluster whose node `kill` is silently killed as soon as the job
+/// starts: while its instance's brokers start (their PMI exchange, rank 0 waiting for every broker to join), before
+/// the instance reports its critical ranks. Returns the cluster, the job id, `vigil job wait`'s output, the job's
+/// eventlog, the script's output, and the kill's wall time.
+fn batch_loses_a_node_at_start(batch_args: &[&str], kill: u32) -> (Cluster, String, Output, Vec<Value>, String, f64) {
+    let c = Cluster::up(5);
+    c.vigil(&["resource", "drain", "0", "login"]).ok();
+    let work = c.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let script = work.join("job.sh");
+    std::fs::write(
+        &script,
+        r#"#!/bin/sh
+vigil run -N3 -n3 sh -c 'echo "host: $(vigil getattr hostname)"'
+rc=$?
+echo "inner run exit code $rc"
+echo "status-json: $(vigil resource status --json)"
+exit $rc
+"#,
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let o = c.vigil_in(&work, &[], &[&["batch", "-N4"], batch_args, &[script.to_str().unwrap()]].concat(), CMD_TIMEOUT);
+    o.ok();
+    let id = o.stdout.trim().to_string();
+    let started = || c.job_eventlog(&id).iter().any(|e| e["name"] == "start");
+    assert!(wait_for(VERDICT, started), "never started: {:?}", c.job_eventlog(&id));
+    let t_kill = c.kill_node(kill);
+    let w = c.vigil_in(c.path(), &[], &["job", "wait", &id], JOB_END);
+    let out = std::fs::read_to_string(work.join(format!("vigil-{id}.out"))).unwrap_or_default();
+    let log = c.job_eventlog(&id);
+    (c, id, w, log, out, t_kill)
+}
+
+/// A batch job loses a node other than its batch host while its instance starts (killed as soon as the job
+/// starts, before the instance is up): the PMI exchange of its shells ends without the lost shell, the instance's
+/// rank 0 stops waiting for the lost broker (the enclosing job's `node-failure` says which it is) and comes up with
+/// the other three, showing that rank lost, and the script's `vigil run -N3` runs on the survivors; the job gets
+/// one severity-2 node-failure and ends with exit 0 (issue 36).
+#[test]
+fn a_batch_job_survives_a_node_lost_while_its_instance_starts() {
+    batch_survives_a_node_lost_at_start(&[], 3, 2);
+}
+
+/// [`batch_loses_a_node_at_start`] of node `kill`, which holds child rank `lost`: the job goes on without it.
+#[track_caller]
+fn batch_survives_a_node_lost_at_start(batch_args: &[&str], kill: u32, lost: u32) {
+    let (c, _id, w, log, out, t_kill) = batch_loses_a_node_at_start(batch_args, kill);
+    let ctx = format!(
+        "{}\n--- out ---\n{out}\n--- eventlog ---\n{}",
+        w.dump(),
+        log.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")
+    );
+    let ex = exceptions(&log);
+    assert_eq!(ex.len(), 1, "{ctx}");
+    let ex = ex[0];
+    assert_eq!((ex["context"]["type"].as_str(), ex["context"]["severity"].as_u64()), (Some("node-failure"), Some(2)));
+    assert_eq!(ex["context"]["shell_ranks"], lost.to_string().as_str(), "node{kill} holds child rank {lost}: {ctx}");
+    // The loss came while the instance started: before it reported itself (its memo).
+    let memo = log.iter().position(|e| e["name"] == "memo" && e["context"]["critical_ranks"].is_string());
+    let first = log.iter().position(|e| e["name"] == "exception");
+    assert!(first < memo || memo.is_none(), "the loss came after the instance was up: {ctx}");
+    assert_eq!((w.timed_out, w.code), (false, 0), "{ctx}");
+    assert!(out.contains("inner run exit code 0"), "{ctx}");
+    let hosts: BTreeSet<String> =
+        out.lines().filter_map(|l| l.strip_prefix("host: ")).map(|h| h.trim().to_string()).collect();
+    let want: BTreeSet<String> = (1..5).filter(|k| *k != kill).map(|k| format!("node{k}")).collect();
+    assert_eq!(hosts, want, "{ctx}");
+    let status: Value = out
+        .lines()
+        .find_map(|l| l.strip_prefix("status-json: "))
+        .and_then(|s| serde_json::from_str(s).ok())
+        .unwrap_or_else(|| panic!("no child resource status:\n{ctx}"));
+    for r in 0..4 {
+        let want = if r == lost { "lost" } else { "avail" };
+        assert_eq!(rank_entry(&status, r)["state"], want, "rank {r}: {status}\n{ctx}");
+    }
+    eprintln!(
+        "[{}] node{kill} lost at start: exception +{}, job ended exit 0 +{}",
+        c.name,
+        ms(ex["timestamp"].as_f64().unwrap_or(0.0) - t_kill),
+        ms(log.last().and_then(|e| e["timestamp"].as_f64()).unwrap_or(0.0) - t_kill)
+    );
+}
+
+/// The batch host (the instance's rank 0, node1) lost while the instance starts is fatal, as it is later: the
+/// job's critical ranks are known from its jobspec before the instance reports them (issue 36).
+#[test]
+fn a_batch_job_fails_when_its_host_is_lost_while_its_instance_starts() {
+    let (_c, _id, w, log, out, _) = batch_loses_a_node_at_start(&[], 1);
+    let ctx = format!(
+        "{}\n--- out ---\n{out}\n--- eventlog ---\n{}",
+        w.dump(),
+        log.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")
+    );
+    assert_eq!((w.timed_out, w.code), (false, 69), "the lost-node exit code: {ctx}");
+    let ex = exceptions(&log);
+    assert!(!ex.is_empty(), "{ctx}");
+    assert_eq!(
+        (ex[0]["context"]["type"].as_str(), ex[0]["context"]["severity"].as_u64()),
+        (Some("node-failure"), Some(0))
+    );
+    let note = "lost node node1 (rank 1), where rank 0 of the job's instance ran; the job's instance cannot go on \
+                without it";
+    assert_eq!(ex[0]["context"]["note"], note, "{ctx}");
+    assert!(!out.contains("inner run exit code"), "the script never ran: {ctx}");
+}
+
 /// A nested instance on the nodes of its parent shares the parent brokers' XDP responder (one XDP program per
 /// interface) instead of falling back, and leaves without any false "lost" verdict.
 #[test]

@@ -59,6 +59,19 @@ fn highest_bit(r: u32) -> u32 {
 pub const MAX_DEPTH: u32 = crate::message::MAX_ROUTE as u32 / 2;
 
 impl Topology {
+    /// The shape of a nested instance (a batch or alloc job) of `size` brokers that sets no `tbon.topo`. With
+    /// re-parenting (`reparent`, the default) its only critical rank is rank 0 whatever the shape, so it keeps the
+    /// system instance's `kary:32` (rank 0 serves at most 32 children, flat up to 33 brokers). Without it every
+    /// router is critical, so it takes the tree with the fewest routers: flat (`kary:0`) up to 257 brokers, then
+    /// `kary:256` (docs/failure-detection.md, "Re-parenting").
+    pub fn nested_default(size: u32, reparent: bool) -> Topology {
+        match reparent {
+            false if size <= 257 => Topology::Kary(0),
+            false => Topology::Kary(256),
+            true => Topology::Kary(32),
+        }
+    }
+
     /// Parent of `rank` in an instance of `size` brokers; `None` for rank 0 (and for ranks >= size).
     pub fn parent(&self, size: u32, rank: u32) -> Option<u32> {
         if rank == 0 || rank >= size {

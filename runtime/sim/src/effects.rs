@@ -275,7 +275,8 @@ impl Sim {
             Effect::StartInitial(_)
             | Effect::SignalInitial(_)
             | Effect::WriteFile(..)
-            | Effect::ReportNested { .. } => {}
+            | Effect::ReportNested { .. }
+            | Effect::WatchEnclosing { .. } => {}
         }
     }
 }

@@ -20,6 +20,7 @@ pub(crate) fn kind(i: &Input) -> u64 {
         Input::Start => 1,
         Input::ParentUp(_) => 2,
         Input::ParentFailed(_) => 19,
+        Input::FirstParentFailed(_) => 25,
         Input::ParentRefused { full, .. } => 23 + u64::from(*full) * 256,
         Input::Message(p, _, m) => 3 + (m.msgtype as u64) * 16 + peer_code(*p) * 256 + u64::from(m.matchtag) * 4096,
         Input::Closed(p, ..) => 4 + peer_code(*p) * 256,
@@ -40,6 +41,7 @@ pub(crate) fn kind(i: &Input) -> u64 {
         Input::Stored { result, .. } => 20 + u64::from(result.is_err()) * 256,
         Input::Synced { result, .. } => 21 + u64::from(result.is_err()) * 256,
         Input::NodeChecked { token, answered } => 22 + u64::from(*answered == Some(true)) * 256 + token * 1024,
+        Input::EnclosingLost { ranks, .. } => 24 + ranks.len() as u64 * 256,
     }
 }
 

@@ -220,6 +220,27 @@ fn prepend<T>(list: &mut Vec<T>, mut first: Vec<T>) {
 
 /// Child broker arguments from `-S` and `--broker-opts`, validated here so a typo is one clear error at submit.
 fn broker_args(o: &InstanceOpts) -> Result<Vec<String>, String> {
+    Ok(child_attrs(o)?.0.into_iter().map(|a| format!("--setattr={a}")).collect())
+}
+
+/// The jobspec's `attributes.system.instance` (`vigil_proto::jobspec::INSTANCE_KEY`): the shape the child
+/// instance will have, from its `-S` attributes, so that the enclosing exec system knows its critical ranks from
+/// the start, before the instance reports them.
+fn instance_shape(o: &InstanceOpts) -> Result<Value, String> {
+    let (_, map, config) = child_attrs(o)?;
+    let mut v = json!({"tbon.reparent": if config.reparent { "on" } else { "off" }});
+    if map.contains_key("tbon.topo") || map.contains_key("tbon.fanout") {
+        v["tbon.topo"] = json!(config.topo.to_string());
+    }
+    Ok(v)
+}
+
+/// The child brokers' attributes from `-S` and `--broker-opts` (`ATTR=VAL` each), as given, as a map, and as the
+/// child's brokers will take them.
+type ChildAttrs = (Vec<String>, std::collections::BTreeMap<String, String>, crate::attrs::BrokerConfig);
+
+/// [`ChildAttrs`] of `o`, validated here so a typo is one clear error at submit.
+fn child_attrs(o: &InstanceOpts) -> Result<ChildAttrs, String> {
     let mut attrs = Vec::new();
     for s in &o.setattr {
         attrs.push(s.clone());
@@ -238,7 +259,7 @@ fn broker_args(o: &InstanceOpts) -> Result<Vec<String>, String> {
         }
     }
     let map = super::parse_attrs(&attrs)?;
-    super::start::check_attrs(&map).map_err(|e| format!("child broker: {e}"))?;
+    let config = super::start::check_attrs(&map).map_err(|e| format!("child broker: {e}"))?;
     // The jobs of a batch or alloc job share its own node-local directory: no other is theirs to choose.
     for name in ["exec.alloc-tmpdir-base", "alloc-tmpdir"] {
         if map.contains_key(name) {
@@ -248,7 +269,7 @@ fn broker_args(o: &InstanceOpts) -> Result<Vec<String>, String> {
             ));
         }
     }
-    Ok(attrs.into_iter().map(|a| format!("--setattr={a}")).collect())
+    Ok((attrs, map, config))
 }
 
 /// `-n` and `--taskmap`, which batch and alloc refuse: their tasks are the instance's brokers, one per node.
@@ -330,6 +351,7 @@ fn instance_jobspec(
             opts.insert("files".into(), f);
         }
         opts.insert("job".into(), json!({"name": name}));
+        opts.insert(vigil_proto::jobspec::INSTANCE_KEY.into(), instance_shape(o)?);
     }
     Ok(v)
 }

@@ -735,17 +735,11 @@ async fn pmi_bootstrap(
         pmi.get("vigil.instance").map_err(|e| e.to_string())?.ok_or("PMI: vigil.instance missing after barrier")?;
     let key = pmi.get("vigil.key").map_err(|e| e.to_string())?.ok_or("PMI: vigil.key missing after barrier")?;
     let key = crate::keyfile::OverlayKey::from_hex(&key).map_err(|e| format!("PMI: vigil.key: {e}"))?;
-    // A nested instance's tree. With re-parenting (the default) its critical ranks are rank 0 alone whatever the
-    // shape, so it keeps the system instance's kary:32: rank 0 serves at most 32 children, flat up to 33 brokers.
-    // Without it every router is critical, so the default is the tree with the fewest routers: flat up to 257
-    // brokers, then kary:256 (docs/failure-detection.md, "Re-parenting").
+    // A nested instance's tree (Topology::nested_default): kary:32 with re-parenting, else the fewest routers. The
+    // enclosing exec system judges a loss during start-up by the same rule (jobspec::NestedInstance).
     if !attrs.contains_key("tbon.topo") && !attrs.contains_key("tbon.fanout") {
-        let topo = match attrs.get("tbon.reparent").map(String::as_str) {
-            Some("off") if size <= 257 => "kary:0",
-            Some("off") => "kary:256",
-            _ => "kary:32",
-        };
-        attrs.insert("tbon.topo".into(), topo.into());
+        let reparent = attrs.get("tbon.reparent").map(String::as_str) != Some("off");
+        attrs.insert("tbon.topo".into(), vigil_proto::topology::Topology::nested_default(size, reparent).to_string());
     }
     // The node's topology source, as the enclosing instance's broker on this node has it.
     if !attrs.contains_key("resource.synthetic") && !attrs.contains_key("resource.xml") {
@@ -767,12 +761,14 @@ async fn pmi_bootstrap(
     let mut endpoints = vec![String::new(); size as usize];
     endpoints[rank as usize] = me;
     // The parent's endpoint, and those of every adoptive parent this broker may have to re-parent to: the
-    // KVS is gone once the launcher's PMI is finalized.
+    // KVS is gone once the launcher's PMI is finalized. One that is absent belongs to a broker whose node was lost
+    // before the exchange ended (a Vigil job's shells exchange without a lost shell's puts): left empty, it is
+    // never asked to adopt this broker.
     for p in vigil_core::broker::reparent::parent_endpoints(topo, size, rank) {
-        endpoints[p as usize] = pmi
-            .get(&format!("vigil.ep.{p}"))
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("PMI: no endpoint for rank {p}"))?;
+        match pmi.get(&format!("vigil.ep.{p}")).map_err(|e| e.to_string())? {
+            Some(ep) => endpoints[p as usize] = ep,
+            None => tracing::info!("PMI: no endpoint for rank {p}: its node was lost during start-up"),
+        }
     }
     pmi.finalize().map_err(|e| e.to_string())?;
     drop(pmi);

@@ -27,7 +27,7 @@ use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::time::Duration;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 use vigil_proto::node::NodeResources;
 
 /// A point on the broker's monotonic clock: nanoseconds since an origin the driver chooses (the tokio driver: the
@@ -90,12 +90,11 @@ pub const SELF: Peer = Peer::Local(u32::MAX);
 /// Membership key for the parent link.
 pub const PARENT: u32 = u32::MAX;
 
-/// A PMI barrier in progress (`job-exec.pmi-barrier`): the waiting request of each shell that arrived, by shell
-/// rank, and the union of their puts.
+/// A PMI barrier in progress (`job-exec.pmi-barrier`): the waiting request of each shell that arrived, with its
+/// puts, by shell rank.
 #[derive(Debug, Default)]
 pub struct PmiBarrier {
-    pub waiting: BTreeMap<u32, Message>,
-    pub kvs: serde_json::Map<String, Value>,
+    pub waiting: BTreeMap<u32, (Message, serde_json::Map<String, Value>)>,
 }
 
 /// How long a broker waits for its children to leave during shutdown.
@@ -189,6 +188,10 @@ pub enum Input {
     /// alive): why, and whether for capacity alone (`full`: it has the most children it adopts up to, the
     /// `refused` message's `full` field; see `reparent.rs`, "Last resort").
     ParentRefused { why: String, full: bool },
+    /// The static parent could not be had at start (before [`Input::Start`]), why: its endpoint is absent (a
+    /// nested broker whose parent's node was lost during start-up). Re-parent as from a
+    /// parent lost later (`reparent.rs`); when that cannot be (re-parenting off, no candidate), exit.
+    FirstParentFailed(String),
     /// A message on a link (`conn`: the child link's connection number; 0 for the parent and local clients).
     Message(Peer, u64, Message),
     /// A link closed, or the kernel said so (reset); `conn` as for [`Input::Message`].
@@ -208,6 +211,10 @@ pub enum Input {
     InitialExit(i32),
     /// The broker process received this signal.
     Signal(i32),
+    /// The enclosing instance declared lost the nodes of these ranks of this nested instance (its job's
+    /// `node-failure` exception, whose `shell_ranks` are this instance's ranks), saying `why` (its note); see
+    /// [`Effect::WatchEnclosing`].
+    EnclosingLost { ranks: IdSet, why: String },
     /// The kernel's ACK state of each link, as `(rank, unacked segments, age of the last ACK in seconds, round
     /// trip bound in seconds)` ([`PARENT`] = the parent), sampled for one [`Effect::Heartbeat`] or
     /// [`Effect::SampleAcks`]. The bound is the kernel's `srtt + 4 × rttvar` of the connection (`TCP_INFO`), 0 when
@@ -345,6 +352,10 @@ pub enum Effect {
     WriteFile(PathBuf, String),
     /// Tell the enclosing instance (at `uri`) where this nested instance lives (`job-exec.nested`).
     ReportNested { uri: String, report: Value },
+    /// Rank 0 of a nested instance (a batch or alloc job): follow its job `id` in the enclosing instance at `uri`
+    /// (the job's eventlog) and hand in the brokers of this instance whose nodes the enclosing instance declares
+    /// lost ([`Input::EnclosingLost`]): during start-up, before they join, nothing in this instance can judge them.
+    WatchEnclosing { uri: String, id: String },
     /// Report when process `pid` exits ([`Input::ProcessExit`] or [`Input::WatchFailed`]).
     WatchPid(u32),
     /// Check whether the node of `target` answers at the kernel level: a TCP connection attempt to its probe port,
@@ -457,6 +468,9 @@ pub struct Broker {
     pub members: BTreeMap<u32, (MemberState, String, f64)>,
     pub shutting_down: Option<Time>,
     pub initial_started: bool,
+    /// Its registration waits for the end of a re-parent begun at start ([`Input::FirstParentFailed`]): sent
+    /// once adopted, naming the adopter as its parent.
+    pub join_pending: bool,
     pub exit_code: i32,
     /// PMI barriers in progress, by job.
     pub pmi_barriers: HashMap<JobId, PmiBarrier>,
@@ -582,6 +596,7 @@ impl Broker {
             members: BTreeMap::new(),
             shutting_down: None,
             initial_started: false,
+            join_pending: false,
             exit_code: 0,
             pmi_barriers: HashMap::new(),
             next_heartbeat: now,
@@ -936,8 +951,19 @@ impl Broker {
     /// [`Broker::handle`] of one input.
     fn handle_input(&mut self, input: Input) {
         match input {
-            Input::Start => self.join(),
+            Input::Start => {
+                self.join();
+                self.watch_enclosing();
+            }
+            Input::EnclosingLost { ranks, why } => self.enclosing_lost(&ranks, &why),
             Input::ParentFailed(why) => self.on_parent_failed(&why),
+            Input::FirstParentFailed(why) => {
+                if !self.start_reparent(&why) {
+                    error!("no parent: {why}; exiting");
+                    self.exit_code = 1;
+                    self.begin_shutdown("no parent");
+                }
+            }
             Input::ParentRefused { why, full } => self.on_parent_refused(&why, full),
             Input::ParentUp(choice) => {
                 self.parent_up = true;
@@ -1080,6 +1106,12 @@ impl Broker {
 
     /// Register this node with rank 0 (locally on rank 0), and on a single-broker instance act on it at once.
     pub fn join(&mut self) {
+        if self.reparenting.as_ref().is_some_and(|rp| rp.grace.is_none()) {
+            // Not adopted yet (its parent was lost at start): registered once it is, under its adopter, so that
+            // rank 0 routes to it through the adopter rather than the lost static parent.
+            self.join_pending = true;
+            return;
+        }
         let (cores, gpus): (IdSet, IdSet) = match &self.opts.resources_override {
             Some((c, g)) => (c.clone(), g.clone()),
             None => ((0..self.env.resources.cores).collect(), (0..self.env.resources.gpus).collect()),
@@ -1238,6 +1270,9 @@ impl Broker {
                     self.pmi_barriers.remove(&id);
                 }
                 Action::NotifyShell { id, rank, lost_shells, note } => {
+                    // The job goes on without the lost shells: a PMI exchange that waited for them ends without
+                    // them (a batch job whose node was lost while its instance's brokers started).
+                    self.pmi_barrier_complete(id);
                     let mut m = Message::request(
                         "rexec.notify",
                         rank,
@@ -1251,13 +1286,78 @@ impl Broker {
         self.maybe_start_initial();
     }
 
-    /// Rank 0, once every broker has registered: the instance is up; run the initial program.
+    /// Rank 0: end job `id`'s PMI barrier if every one of its live shells is in it: answer each waiting shell with
+    /// the union of the puts of the shells still there. A shell that is gone (its node lost, or it exited) is not
+    /// waited for, and what it put is left out, even if it arrived before it went: its tasks are gone too (a lost
+    /// nested broker's endpoint, which its would-be children then know not to wait for). Nothing while a live
+    /// shell has yet to arrive, or when no barrier is in progress.
+    pub fn pmi_barrier_complete(&mut self, id: JobId) {
+        let Some(job) = self.jobcore.as_ref().and_then(|jc| jc.jobs.get(&id)) else { return };
+        let Some(b) = self.pmi_barriers.get(&id) else { return };
+        let live: BTreeSet<u32> = job.shells.values().filter(|s| !s.exited).map(|s| s.shell_rank).collect();
+        if live.is_empty() || !live.iter().all(|s| b.waiting.contains_key(s)) {
+            return;
+        }
+        let b = self.pmi_barriers.remove(&id).unwrap_or_default();
+        let mut kvs = serde_json::Map::new();
+        for (shell, (_, puts)) in &b.waiting {
+            if live.contains(shell) {
+                kvs.extend(puts.clone());
+            }
+        }
+        let payload = json!({"kvs": kvs});
+        for (shell, (r, _)) in &b.waiting {
+            if live.contains(shell) {
+                self.respond(r, &payload);
+            }
+        }
+    }
+
+    /// Rank 0 of a nested instance: follow its job in the enclosing instance ([`Effect::WatchEnclosing`]).
+    fn watch_enclosing(&mut self) {
+        if self.rank() != 0 || self.opts.size < 2 {
+            return;
+        }
+        if let (Some(uri), Some(id)) = (self.opts.config.parent_uri.clone(), self.opts.config.jobid.clone()) {
+            self.effect(Effect::WatchEnclosing { uri, id });
+        }
+    }
+
+    /// Rank 0 of a nested instance: the enclosing instance lost the nodes of `ranks` ([`Input::EnclosingLost`]).
+    /// They are lost here too, as on a judge's verdict (`overlay.lost`), unless this instance judged them lost or
+    /// offline already: a broker whose node died during start-up never joins, and only the enclosing instance
+    /// can tell. The instance then comes up without it ([`Broker::maybe_start_initial`]).
+    fn enclosing_lost(&mut self, ranks: &IdSet, why: &str) {
+        if self.rank() != 0 {
+            return;
+        }
+        let size = self.opts.size;
+        let fresh: IdSet = ranks
+            .iter()
+            .filter(|r| *r != 0 && *r < size)
+            .filter(|r| !self.members.get(r).is_some_and(|m| m.0 == MemberState::Lost || m.0 == MemberState::Offline))
+            .collect();
+        if fresh.is_empty() {
+            return;
+        }
+        let reason = format!("its node was lost in the enclosing instance ({why})");
+        let mut m = Message::request("overlay.lost", 0, &json!({"ranks": fresh.to_string(), "reason": reason}));
+        m.flags = crate::message::FLAG_NORESPONSE;
+        self.route_request(SELF, m);
+        self.maybe_start_initial();
+    }
+
+    /// Rank 0, once every broker has registered, or been declared lost before it could (a nested
+    /// broker whose node died during start-up, [`Broker::enclosing_lost`]): the instance is up; run the initial
+    /// program.
     fn maybe_start_initial(&mut self) {
         if self.initial_started || self.rank() != 0 || self.shutting_down.is_some() {
             return;
         }
         let Some(jc) = &self.jobcore else { return };
-        if (jc.ranks_joined() as u32) < self.opts.size {
+        let never_joined =
+            self.members.iter().filter(|(r, m)| m.0 == MemberState::Lost && !jc.pool.ranks.contains_key(r)).count();
+        if ((jc.ranks_joined() + never_joined) as u32) < self.opts.size {
             return;
         }
         self.initial_started = true;

@@ -466,6 +466,9 @@ impl Broker {
         for m in rp.queue {
             self.send_up(m);
         }
+        if std::mem::take(&mut self.join_pending) {
+            self.join();
+        }
         // A notice from before this re-parent is replaced (kept after the resends: this one was just sent).
         self.reparent_report = None;
         self.resend_exit_reports(&rp.queue_tags);

@@ -2097,3 +2097,165 @@ fn a_submission_sent_again_with_its_key_answers_the_same_job() {
     let other = ask1(&mut b, "job-manager.submit", json!({"jobspec": spec(1)})).expect("ok");
     assert_ne!(other["id"], first["id"], "no key: a new job");
 }
+
+/// Rank `rank` joins `b` (rank 0) as a child on link `conn` and registers, as its broker does.
+fn join_and_register(b: &mut Broker, now: Time, rank: u32, conn: u64) {
+    assert_eq!(judge(b, now, conn, hello(u64::from(rank), "sim"), None), Ok(rank));
+    let reg = json!({"rank": rank, "hostname": format!("node{rank}"), "resources": {"cores": 4, "pus": 4, "numa": 1,
+        "packages": 1, "gpus": 0, "gpu_names": [], "source": "test"}, "cores": "0-3", "gpus": ""});
+    let mut m = Message::request("resource.register", 0, &reg);
+    m.flags = crate::message::FLAG_NORESPONSE;
+    m.userid = super::testing::UID;
+    b.handle(now, Input::Message(Peer::Child(rank), conn, m));
+    effects(b);
+}
+
+/// Rank 0 of [`broker`] with ranks 1 and 2 registered, client 5, and a running 3-node batch-like job (its
+/// jobspec says its tasks are a nested instance, `attributes.system.instance`, whose only critical rank is its
+/// rank 0, on broker rank 0) with every shell started: its id.
+fn root_running_a_nested_job() -> (Broker, u64) {
+    let mut b = root_with_client();
+    join_and_register(&mut b, t(0.01), 1, 7);
+    join_and_register(&mut b, t(0.01), 2, 8);
+    let mut spec: serde_json::Value = serde_json::from_str(
+        &crate::jobspec::JobspecBuilder::new(["vigil", "broker"]).nnodes(3).exclusive(true).build().unwrap().to_json(),
+    )
+    .unwrap();
+    spec["attributes"]["system"]["instance"] = json!({"tbon.reparent": "on"});
+    let id = ask1(&mut b, "job-manager.submit", json!({"jobspec": spec})).expect("submitted")["id"].as_u64().unwrap();
+    let jc = b.jobcore.as_mut().unwrap();
+    for r in 0..3 {
+        jc.shell_spawned(super::testing::WALL_ORIGIN + 0.1, crate::jobs::JobId(id), r, Ok(()));
+    }
+    effects(&mut b);
+    (b, id)
+}
+
+/// Shell `shell` of job `id` enters the PMI barrier with one put, `k<shell>=v<shell>` (request `matchtag`
+/// `10 + shell`): the responses client 5 gets now.
+fn pmi_enter(b: &mut Broker, id: u64, shell: u32) -> Vec<Message> {
+    let mut m = Message::request(
+        "job-exec.pmi-barrier",
+        0,
+        &json!({"id": id, "shell_rank": shell, "kvs": {format!("k{shell}"): format!("v{shell}")}}),
+    );
+    m.matchtag = 10 + shell;
+    b.handle(t(0.2), Input::Message(Peer::Local(5), 0, m));
+    responses(&effects(b), Peer::Local(5)).into_iter().cloned().collect()
+}
+
+/// Broker rank `rank`'s node is lost (its judge's verdict reaches rank 0): the responses client 5 gets.
+fn lose(b: &mut Broker, rank: u32) -> Vec<Message> {
+    let mut m = Message::request("overlay.lost", 0, &json!({"ranks": rank.to_string(), "reason": "test"}));
+    m.flags = crate::message::FLAG_NORESPONSE;
+    b.handle(t(0.3), Input::Message(Peer::Local(5), 0, m));
+    responses(&effects(b), Peer::Local(5)).into_iter().cloned().collect()
+}
+
+/// The PMI exchange of a job's shells (how a batch job's nested brokers swap endpoints) ends over the live
+/// shells when a shell's node is lost, without what the lost shell put, whether the loss comes before the last
+/// live shell arrives or after (issue 36: a node lost while a batch job's instance starts).
+#[test]
+fn a_pmi_barrier_ends_without_a_shell_whose_node_was_lost() {
+    // Shell 1 arrives, then is lost; the barrier ends when the last live shell arrives.
+    let (mut b, id) = root_running_a_nested_job();
+    assert!(pmi_enter(&mut b, id, 1).is_empty());
+    assert!(pmi_enter(&mut b, id, 0).is_empty());
+    assert!(lose(&mut b, 1).is_empty(), "shell 2 has yet to arrive");
+    let out = pmi_enter(&mut b, id, 2);
+    assert_eq!(out.iter().map(|m| m.matchtag).collect::<BTreeSet<_>>(), BTreeSet::from([10, 12]), "{out:?}");
+    for m in &out {
+        assert_eq!(m.json(), json!({"kvs": {"k0": "v0", "k2": "v2"}}), "the lost shell's puts are left out");
+    }
+    let job = &b.jobcore.as_ref().unwrap().jobs[&crate::jobs::JobId(id)];
+    assert_eq!(job.state, crate::jobs::JobState::Run, "a severity-2 loss: {:?}", job.eventlog);
+    // The next barrier counts the two live shells only.
+    assert!(pmi_enter(&mut b, id, 0).is_empty());
+    assert_eq!(pmi_enter(&mut b, id, 2).len(), 2);
+
+    // The live shells are all in when the loss comes: it ends the barrier.
+    let (mut b, id) = root_running_a_nested_job();
+    assert!(pmi_enter(&mut b, id, 0).is_empty());
+    assert!(pmi_enter(&mut b, id, 2).is_empty());
+    let out = lose(&mut b, 1);
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert!(out.iter().all(|m| m.json() == json!({"kvs": {"k0": "v0", "k2": "v2"}})), "{out:?}");
+}
+
+/// Rank 0 of a nested instance (a batch job's) follows its job in the enclosing instance, and a broker whose
+/// node the enclosing instance declared lost before it joined is not waited for: it is lost here too, and the
+/// instance comes up (its initial program, the batch script, starts; it tells the enclosing instance where it
+/// is) with the others. A rank declared lost again, or one that is not a rank of the instance, changes nothing
+/// (issue 36).
+#[test]
+fn a_nested_rank_0_stops_waiting_for_a_broker_the_enclosing_instance_lost() {
+    let mut b = super::testing::new_broker(0, 4, Topology::Kary(32), 4, Config::default(), Time::ZERO);
+    b.opts.config.parent_uri = Some("local:///enclosing".into());
+    b.opts.config.jobid = Some("f2x".into());
+    b.opts.initial_program = Some(vec!["batch.sh".into()]);
+    b.handle(t(0.0), Input::Start);
+    let out = effects(&mut b);
+    assert!(
+        out.iter()
+            .any(|e| matches!(e, Effect::WatchEnclosing { uri, id } if uri == "local:///enclosing" && id == "f2x")),
+        "{out:?}"
+    );
+    join_and_register(&mut b, t(0.1), 1, 7);
+    join_and_register(&mut b, t(0.1), 3, 9);
+    assert!(!b.initial_started, "rank 2 has not joined");
+    b.handle(t(0.4), Input::EnclosingLost { ranks: [2, 9].into_iter().collect(), why: "node3".into() });
+    let out = effects(&mut b);
+    assert!(out.iter().any(|e| matches!(e, Effect::StartInitial(_))), "{out:?}");
+    assert!(out.iter().any(|e| matches!(e, Effect::ReportNested { .. })), "{out:?}");
+    assert_eq!(b.members[&2].0, MemberState::Lost);
+    assert!(b.members[&2].1.contains("node3"), "{:?}", b.members[&2]);
+    assert!(!b.members.contains_key(&9));
+    let pool = &b.jobcore.as_ref().unwrap().pool;
+    assert_eq!(pool.ranks.keys().copied().collect::<Vec<_>>(), vec![0, 1, 3], "jobs go to the three others");
+    b.handle(t(0.5), Input::EnclosingLost { ranks: [2].into_iter().collect(), why: "again".into() });
+    assert!(effects(&mut b).is_empty(), "said once");
+    assert!(b.members[&2].1.contains("node3"));
+
+    // An ordinary instance (no enclosing job) follows nothing.
+    let mut b = super::testing::new_broker(0, 4, Topology::Kary(32), 4, Config::default(), Time::ZERO);
+    b.handle(t(0.0), Input::Start);
+    assert!(!effects(&mut b).iter().any(|e| matches!(e, Effect::WatchEnclosing { .. })));
+}
+
+/// A broker whose static parent cannot be had at start (a nested broker whose parent's node was lost while the
+/// instance started, its endpoint left out of the launcher's exchange) re-parents as from a parent lost later:
+/// it asks the parent's sibling to adopt it, holds its registration until adopted, then registers and tells
+/// rank 0 where it is. With re-parenting off it exits, as before (issue 36).
+#[test]
+fn a_broker_whose_parent_was_lost_during_start_up_is_adopted() {
+    let mut b = broker(3);
+    b.handle(t(0.0), Input::FirstParentFailed("its node was lost during start-up (rank 1)".into()));
+    let out = effects(&mut b);
+    assert!(out.iter().any(|e| matches!(e, Effect::ConnectParent { rank: 2, lost: 1, .. })), "{out:?}");
+    b.handle(t(0.0), Input::Start);
+    let out = effects(&mut b);
+    assert!(!out.iter().any(|e| matches!(e, Effect::Send(Peer::Parent, _))), "nothing goes up yet: {out:?}");
+    b.handle(t(0.1), Input::ParentUp(super::links::LinkChoice { transport: "tcp", detail: String::new() }));
+    let out = effects(&mut b);
+    let up: Vec<&str> = out
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Send(Peer::Parent, m) => Some(m.topic.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(up[..2], ["overlay.reparent", "resource.register"], "{up:?}");
+    let reg = out.iter().find_map(|e| match e {
+        Effect::Send(Peer::Parent, m) if m.topic == "resource.register" => Some(m.json()),
+        _ => None,
+    });
+    assert_eq!(reg.unwrap()["parent"], json!(2), "registered under its adopter, not its lost static parent");
+    assert_eq!(b.parent, Some(2));
+    assert!(b.shutting_down.is_none());
+
+    let mut b = broker(3);
+    b.opts.config.reparent = false;
+    b.handle(t(0.0), Input::FirstParentFailed("its node was lost during start-up (rank 1)".into()));
+    effects(&mut b);
+    assert!(b.shutting_down.is_some() && b.exit_code != 0, "exits");
+}

@@ -1008,18 +1008,30 @@ impl JobCore {
         }
     }
 
-    /// Critical broker ranks of a job: every shell of an ordinary job; for a nested instance, the ranks it
-    /// reported (its rank 0, and its routers if its brokers do not re-parent), mapped to this instance's ranks.
+    /// Critical broker ranks of a job: every shell of an ordinary job; for a nested instance (a batch or alloc
+    /// job), the ranks it reported (its rank 0, and its routers if its brokers do not re-parent), mapped to this
+    /// instance's ranks. Until it reports them (its `memo`, once every broker of it has joined or been lost), the
+    /// ranks its jobspec's shape says it will report (`attributes.system.instance`,
+    /// [`crate::jobspec::NestedInstance`]), so that a node lost during its start-up is judged as it would be a
+    /// moment later.
     pub fn critical_ranks(job: &Job) -> IdSet {
-        match job
+        if let Some(c) = job
             .instance
             .as_ref()
             .and_then(|i| i.get("critical_broker_ranks"))
             .and_then(Value::as_str)
             .and_then(|s| IdSet::parse(s).ok())
         {
-            Some(c) => c,
-            None => job.shells.keys().copied().collect(),
+            return c;
+        }
+        match &job.req.instance {
+            // The nested instance numbers its brokers in the order of the job's shells (shell_rank).
+            Some(shape) if !job.shells.is_empty() => {
+                let size = job.shells.len() as u32;
+                let inner = crate::broker::reparent::critical_ranks(shape.topo(size), size, shape.reparent);
+                job.shells.values().filter(|s| inner.contains(s.shell_rank)).map(|s| s.rank).collect()
+            }
+            _ => job.shells.keys().copied().collect(),
         }
     }
 
@@ -1091,11 +1103,15 @@ impl JobCore {
             let lost_set: IdSet = lost.iter().copied().collect();
             let what = self.describe_lost(job, &lost_set);
             let fatal = lost.iter().any(|r| critical.contains(*r));
-            let nested = job.instance.is_some();
+            let nested = job.instance.is_some() || job.req.instance.is_some();
             let hosts: crate::hostlist::Hostlist = lost.iter().map(|r| self.hostname(*r)).collect();
+            // The lost shells' ranks, which are the lost brokers' ranks in a batch or alloc job's own instance:
+            // its rank 0 reads them from this exception to stop waiting for them during its start-up.
+            let shell_set: IdSet = lost.iter().filter_map(|r| job.shells.get(r).map(|s| s.shell_rank)).collect();
             let ctx = |note: &str, severity: u32| {
                 json!({"type": "node-failure", "severity": severity, "note": note,
-                       "ranks": lost_set.to_string(), "hosts": hosts.to_string()})
+                       "ranks": lost_set.to_string(), "hosts": hosts.to_string(),
+                       "shell_ranks": shell_set.to_string()})
             };
             // In the job's own instance (a batch or alloc job): its ranks are the shell ranks.
             let inner: Vec<String> = lost
@@ -1159,7 +1175,7 @@ impl JobCore {
             .map(|r| {
                 let node = format!("{} (rank {r})", self.hostname(r));
                 let Some(sh) = job.shells.get(&r) else { return node };
-                if job.instance.is_some() {
+                if job.instance.is_some() || job.req.instance.is_some() {
                     return format!("{node}, where rank {} of the job's instance ran", sh.shell_rank);
                 }
                 match by_node.as_ref().and_then(|b| b.get(sh.shell_rank as usize)) {

@@ -1184,3 +1184,88 @@ fn lost_nodes_are_listed_in_rank_order() {
     assert_eq!((info["lost_ranks"].clone(), info["lost_nodelist"].clone()), (json!("2,4-5"), json!("node[2,4-5]")));
     assert_eq!(info["nnodes_current"], json!(3));
 }
+
+/// A batch or alloc job's critical ranks are known from its jobspec (`attributes.system.instance`) before its
+/// instance reports them (issue 36): a node lost while the instance starts is judged as it will be later, by the
+/// instance's shape (rank 0 alone when it re-parents; rank 0 and its routers without), in the nested instance's
+/// own numbering (the job's shells in rank order, here broker ranks 1-5), and the exception names the lost ranks
+/// of that instance (`shell_ranks`), which its rank 0 reads to stop waiting for them.
+#[test]
+fn a_nested_instance_is_judged_by_its_shape_before_it_reports_its_critical_ranks() {
+    let start = |shape: Value| {
+        let mut c = core(6, 2, 0);
+        c.drain(T0, &IdSet::from_iter([0]), "batch host elsewhere", DrainMode::Refuse).unwrap();
+        let mut v = spec(cmd().nnodes(5).exclusive(true));
+        v["attributes"]["system"]["instance"] = shape;
+        let id = c.submit(T0, &v, 0).unwrap();
+        actions(&mut c);
+        for r in 1..6 {
+            c.shell_spawned(T0, id, r, Ok(()));
+        }
+        assert!(c.jobs[&id].instance.is_none(), "no memo yet");
+        (c, id)
+    };
+    let last = |c: &JobCore, id: JobId| {
+        c.jobs[&id].eventlog.iter().rev().find(|e| e.name == "exception").map(|e| e.context.clone())
+    };
+    let severity = |c: &JobCore, id: JobId| last(c, id).map(|e| e["severity"].clone());
+    // Re-parenting on (the default): only the instance's rank 0 (broker rank 1) is critical.
+    for lost in [2, 3, 5] {
+        let (mut c, id) = start(json!({"tbon.reparent": "on"}));
+        c.ranks_lost(T0 + 0.1, &IdSet::from_iter([lost]));
+        assert_eq!((c.jobs[&id].state, severity(&c, id)), (JobState::Run, Some(json!(2))), "lost {lost}");
+        let e = last(&c, id).unwrap();
+        assert_eq!(e["shell_ranks"], json!((lost - 1).to_string()), "its rank in the job's instance");
+        let note = format!(
+            "lost node node{lost} (rank {lost}), where rank {} of the job's instance ran; the job continues on the \
+             remaining nodes",
+            lost - 1
+        );
+        assert_eq!(e["note"], json!(note));
+    }
+    let (mut c, id) = start(json!({}));
+    c.ranks_lost(T0 + 0.1, &IdSet::from_iter([1]));
+    assert_eq!(severity(&c, id), Some(json!(0)), "its rank 0");
+    assert_eq!(
+        last(&c, id).unwrap()["note"],
+        json!(
+            "lost node node1 (rank 1), where rank 0 of the job's instance ran; the job's instance cannot go on \
+             without it"
+        )
+    );
+    // Re-parenting off on kary:2: the instance's ranks 0 and 1 route (1's children: 3, 4), 2 does not.
+    let off = json!({"tbon.reparent": "off", "tbon.topo": "kary:2"});
+    let (mut c, id) = start(off.clone());
+    c.ranks_lost(T0 + 0.1, &IdSet::from_iter([3]));
+    assert_eq!(severity(&c, id), Some(json!(2)), "instance rank 2, a leaf");
+    let (mut c, id) = start(off);
+    c.ranks_lost(T0 + 0.1, &IdSet::from_iter([2]));
+    assert_eq!(severity(&c, id), Some(json!(0)), "instance rank 1, a router");
+    // Off with no shape given: flat (Topology::nested_default), rank 0 alone.
+    let (mut c, id) = start(json!({"tbon.reparent": "off"}));
+    c.ranks_lost(T0 + 0.1, &IdSet::from_iter([2]));
+    assert_eq!(severity(&c, id), Some(json!(2)), "flat: no router");
+    // The memo, once it comes, is what counts.
+    let (mut c, id) = start(json!({}));
+    make_instance(&mut c, id, "1-2");
+    c.ranks_lost(T0 + 0.1, &IdSet::from_iter([2]));
+    assert_eq!(severity(&c, id), Some(json!(0)), "as reported");
+    // An ordinary job loses its all.
+    let mut c = core(3, 2, 0);
+    let id = c.submit(T0, &spec(cmd().nnodes(3)), 0).unwrap();
+    actions(&mut c);
+    c.ranks_lost(T0 + 0.1, &IdSet::from_iter([2]));
+    assert_eq!(severity(&c, id), Some(json!(0)));
+    // A bad shape is refused at submit, naming the field.
+    for (bad, field) in [
+        (json!({"tbon.reparent": "maybe"}), "attributes.system.instance.tbon.reparent"),
+        (json!({"tbon.topo": "ring"}), "attributes.system.instance.tbon.topo"),
+        (json!({"tbon.fanout": "2"}), "attributes.system.instance.tbon.fanout"),
+        (json!("on"), "attributes.system.instance"),
+    ] {
+        let mut v = spec(cmd().nnodes(1));
+        v["attributes"]["system"]["instance"] = bad;
+        let e = core(1, 2, 0).submit(T0, &v, 0).unwrap_err();
+        assert!(e.to_string().contains(field), "{e}");
+    }
+}

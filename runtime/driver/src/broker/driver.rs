@@ -61,6 +61,12 @@ pub(crate) enum Event {
     },
     InitialStarted(i32),
     InitialExit(i32),
+    /// The enclosing instance lost the nodes of these ranks of this nested instance, saying why (see
+    /// [`Effect::WatchEnclosing`](super::core::Effect::WatchEnclosing)).
+    EnclosingLost {
+        ranks: crate::idset::IdSet,
+        why: String,
+    },
     /// Rank 0's store thread fsynced the redo log, asked to once write `upto` was written.
     Synced {
         upto: u64,
@@ -458,6 +464,14 @@ impl Driver {
             .get(parent as usize)
             .cloned()
             .ok_or_else(|| format!("no endpoint for parent rank {parent}"))?;
+        // A parent below rank 0 whose endpoint is absent (a nested broker whose parent's node was lost before the
+        // launcher's PMI exchange ended, which left it out) is re-parented from at once, as one lost later would
+        // be (reparent.rs), when re-parenting is on.
+        if ep.is_empty() && opts.config.reparent && parent != 0 {
+            warn!(rank, parent, "no endpoint for parent rank {parent}: its node was lost during start-up");
+            self.step(Input::FirstParentFailed(format!("its node was lost during start-up (rank {parent})")));
+            return Ok(None);
+        }
         let probe_port = self.detect.as_ref().map(|d| d.probe_port);
         let transport = TcpTransport { auth };
         // Until the loop runs, SIGTERM and SIGINT are watched here: a broker still retrying its parent (which
@@ -646,6 +660,7 @@ impl Driver {
                 let _ = std::fs::write(self.broker.opts.rundir.join("initial.pgid"), pgid.to_string());
             }
             Event::InitialExit(code) => self.step(Input::InitialExit(code)),
+            Event::EnclosingLost { ranks, why } => self.step(Input::EnclosingLost { ranks, why }),
             Event::Signal(sig) => self.step(Input::Signal(sig)),
             Event::Detect(d, requeued) => self.on_detect(d, requeued),
             Event::NodeChecked { token, answered } => self.step(Input::NodeChecked { token, answered }),

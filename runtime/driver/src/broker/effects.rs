@@ -151,6 +151,9 @@ impl Driver {
                     }
                 });
             }
+            Effect::WatchEnclosing { uri, id } => {
+                tokio::spawn(watch_enclosing(uri, id, self.input_tx.clone()));
+            }
             Effect::WatchPid(pid) => match self.detect.as_mut() {
                 None => queue.push_back(Input::WatchFailed(
                     pid,
@@ -428,6 +431,35 @@ impl Driver {
 
 /// Run the initial program in its own process group, made the terminal's foreground group when stdin is a
 /// tty (so Ctrl-C reaches it, not the brokers). Reports its pgid, then its exit code.
+/// [`Effect::WatchEnclosing`]: follow job `id`'s eventlog in the enclosing instance at `uri` and hand in the
+/// ranks of this instance that each of its `node-failure` exceptions names (`shell_ranks`: the job's shells are
+/// this instance's brokers, in rank order) as [`Event::EnclosingLost`]. Ends with the eventlog (the job ended),
+/// the link, or the broker.
+async fn watch_enclosing(uri: String, id: String, tx: mpsc::UnboundedSender<Event>) {
+    let c = match crate::client::Client::connect(&uri).await {
+        Ok(c) => c,
+        Err(e) => return warn!("cannot follow this instance's job in the enclosing instance at {uri}: {e}"),
+    };
+    let mut s = match c.rpc_stream("job-manager.eventlog", 0, &json!({"id": id, "follow": true})) {
+        Ok(s) => s,
+        Err(e) => return warn!("cannot follow this instance's job {id} in the enclosing instance: {}", e.errstr),
+    };
+    while let Some(Ok(v)) = s.next().await {
+        let ctx = &v["event"]["context"];
+        if v["event"]["name"] != "exception" || ctx["type"] != "node-failure" {
+            continue;
+        }
+        let Some(ranks) = ctx["shell_ranks"].as_str().and_then(|r| crate::idset::IdSet::parse(r).ok()) else {
+            continue;
+        };
+        let hosts = ctx["hosts"].as_str().unwrap_or_default();
+        let why = format!("the enclosing instance lost {hosts} (job {id})");
+        if !ranks.is_empty() && tx.send(Event::EnclosingLost { ranks, why }).is_err() {
+            return;
+        }
+    }
+}
+
 async fn run_initial(argv: Vec<String>, uri: String, tx: mpsc::UnboundedSender<Event>) -> i32 {
     let mut cmd = std::process::Command::new(&argv[0]);
     cmd.args(&argv[1..]).env(crate::client::URI_ENV, &uri);

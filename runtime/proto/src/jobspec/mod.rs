@@ -61,7 +61,7 @@ mod tests;
 mod validate;
 
 pub use builder::JobspecBuilder;
-pub use request::{JobRequest, KILL_TIMEOUT_KEY};
+pub use request::{JobRequest, NestedInstance, KILL_TIMEOUT_KEY};
 
 /// Most tasks a request may place on each core it asks for: `tasks[0].count.total` may exceed the slot count
 /// (tasks then share their slots' cores), but at most this many times the cores requested. A job shell starts,
@@ -81,6 +81,15 @@ pub const RECOGNIZED_SYSTEM_KEYS: &[&str] =
 /// `attributes.system` open to the resource manager's own keys. The job shell option of the same name (`-o requeue`)
 /// asks for the same thing.
 pub const REQUEUE_KEY: &str = "requeue";
+
+/// `attributes.system.instance`: the job's tasks are the brokers of a nested Vigil instance (a batch or alloc job),
+/// and this object says the shape it will have, with the brokers' own attribute names: `{"tbon.reparent": "on" |
+/// "off", "tbon.topo": "kary:K" | "binomial"}` (both optional; `vigil batch` and `vigil alloc` write it from their
+/// `-S` options). The enclosing instance's exec system learns the nested instance's critical ranks from it at once
+/// ([`NestedInstance`]), before the instance reports them itself (its `memo`), so that a node lost in the first
+/// moments of the job (the nested instance's start-up) is judged as it will be later. Not in RFC 14, which leaves
+/// `attributes.system` open.
+pub const INSTANCE_KEY: &str = "instance";
 
 /// Errors from parsing, validating or building a jobspec (RFC 14/25).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]

@@ -48,6 +48,8 @@ pub struct JobRequest {
     pub tasks_per_slot: bool,
     /// How tasks are mapped to the job's nodes (the shell option `taskmap`, `--taskmap`, RFC 34 schemes).
     pub taskmap: crate::taskmap::Scheme,
+    /// The nested instance the job's tasks make up, for a batch or alloc job ([`INSTANCE_KEY`](super::INSTANCE_KEY)).
+    pub instance: Option<NestedInstance>,
     /// Non-fatal findings, e.g. `attributes.system.foo: unknown key, ignored`.
     pub warnings: Vec<String>,
 }
@@ -98,4 +100,52 @@ pub(super) fn kill_timeout_secs(v: &Value) -> Result<f64, String> {
         return Err(format!("must be a finite duration >= 0, got {v}"));
     }
     Ok(secs)
+}
+
+/// The shape of the nested instance a batch or alloc job runs ([`INSTANCE_KEY`](super::INSTANCE_KEY)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NestedInstance {
+    /// `tbon.reparent`: its brokers re-parent when a router is lost (the default, `on`), so that only its rank 0
+    /// is critical; `off`: rank 0 and every router are.
+    pub reparent: bool,
+    /// `tbon.topo`, when set; else the nested instance's default ([`Topology::nested_default`]).
+    ///
+    /// [`Topology::nested_default`]: crate::topology::Topology::nested_default
+    pub topo: Option<crate::topology::Topology>,
+}
+
+impl NestedInstance {
+    /// The TBON shape the nested instance has with `size` brokers.
+    pub fn topo(&self, size: u32) -> crate::topology::Topology {
+        self.topo.unwrap_or_else(|| crate::topology::Topology::nested_default(size, self.reparent))
+    }
+
+    /// Parse `attributes.system.instance`; errors name the field.
+    pub(super) fn from_value(v: &Value) -> Result<NestedInstance, super::JobspecError> {
+        let path = "attributes.system.instance";
+        let obj = v.as_object().ok_or_else(|| super::invalid(path, "must be an object"))?;
+        let mut out = NestedInstance { reparent: true, topo: None };
+        for (k, v) in obj {
+            let s = v.as_str().ok_or_else(|| super::invalid(format!("{path}.{k}"), "must be a string"))?;
+            match k.as_str() {
+                "tbon.reparent" => {
+                    out.reparent = match s {
+                        "on" => true,
+                        "off" => false,
+                        _ => return Err(super::invalid(format!("{path}.{k}"), format!("{s}: on or off expected"))),
+                    }
+                }
+                "tbon.topo" => {
+                    out.topo = Some(s.parse().map_err(|e| super::invalid(format!("{path}.{k}"), format!("{e}")))?)
+                }
+                _ => {
+                    return Err(super::invalid(
+                        format!("{path}.{k}"),
+                        "unknown key (expected tbon.reparent, tbon.topo)",
+                    ))
+                }
+            }
+        }
+        Ok(out)
+    }
 }

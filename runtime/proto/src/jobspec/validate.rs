@@ -5,8 +5,8 @@ use serde_json::Value;
 
 use super::request::kill_timeout_secs;
 use super::{
-    invalid, Count, JobRequest, Jobspec, JobspecError, Resource, TaskCount, KILL_TIMEOUT_KEY, MAX_TASKS_PER_CORE,
-    RECOGNIZED_SYSTEM_KEYS, REQUEUE_KEY,
+    invalid, Count, JobRequest, Jobspec, JobspecError, Resource, TaskCount, INSTANCE_KEY, KILL_TIMEOUT_KEY,
+    MAX_TASKS_PER_CORE, RECOGNIZED_SYSTEM_KEYS, REQUEUE_KEY,
 };
 
 /// Check a V1 count: integer or `{min}` with `1 <= value <= u32::MAX`.
@@ -248,9 +248,10 @@ impl Jobspec {
                 Some(c) => crate::constraint::Constraint::And(vec![c, hosts]),
             });
         }
+        let instance = sys.other.get(INSTANCE_KEY).map(super::NestedInstance::from_value).transpose()?;
         let mut warnings = Vec::new();
         for key in sys.other.keys() {
-            if key != REQUEUE_KEY && !RECOGNIZED_SYSTEM_KEYS.contains(&key.as_str()) {
+            if key != REQUEUE_KEY && key != INSTANCE_KEY && !RECOGNIZED_SYSTEM_KEYS.contains(&key.as_str()) {
                 warnings.push(format!("attributes.system.{key}: unknown key, ignored"));
             }
         }
@@ -277,6 +278,7 @@ impl Jobspec {
             nnodes_max,
             tasks_per_slot: matches!(task.count, TaskCount::PerSlot(_)),
             taskmap,
+            instance,
             warnings,
         })
     }

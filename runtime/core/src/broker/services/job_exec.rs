@@ -179,8 +179,9 @@ fn nested(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     Ok(Some(json!({}).into()))
 }
 
-/// A `job-exec.pmi-barrier` request, from a job's shell: its tasks' PMI-1 puts, held until every shell of the
-/// job has sent its own, then answered with the union (`{"kvs": {...}}`).
+/// A `job-exec.pmi-barrier` request, from a job's shell: its tasks' PMI-1 puts, held until every live shell of the
+/// job has sent its own, then answered with the union (`{"kvs": {...}}`). A shell whose node is lost meanwhile (or
+/// that is otherwise gone) is not waited for, and its puts are left out (`Broker::pmi_barrier_complete`).
 #[derive(Debug, Deserialize)]
 struct PmiBarrierRequest {
     /// The job.
@@ -195,9 +196,9 @@ struct PmiBarrierRequest {
 fn pmi_barrier(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     let req: PmiBarrierRequest = lazy.decode()?;
     let jc = job_core!(core);
-    // One exchange per barrier per shell: hold each shell's request until every one of the job's shells
-    // has arrived (counted by `shell_rank`, so a shell that asks twice cannot end a barrier early), then
-    // answer all of them with the union of their puts.
+    // One exchange per barrier per shell: hold each shell's request until every live shell of the job has
+    // arrived (counted by `shell_rank`, so a shell that asks twice cannot end a barrier early), then answer all
+    // of them with the union of their puts.
     let id = req.id.id()?;
     let shell = req.shell_rank;
     let kvs = pmi_puts(req.kvs.unwrap_or_default())?;
@@ -215,15 +216,8 @@ fn pmi_barrier(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
         return Err(ServiceError::einval(format!("shell {shell} of job {id} is already in this PMI barrier")));
     }
     job.pmi_exchanges += 1;
-    b.waiting.insert(shell, msg.clone());
-    b.kvs.extend(kvs);
-    if b.waiting.len() >= nshells {
-        let b = core.pmi_barriers.remove(&id).unwrap_or_default();
-        let payload = json!({"kvs": b.kvs});
-        for r in b.waiting.values() {
-            core.respond(r, &payload);
-        }
-    }
+    b.waiting.insert(shell, (msg.clone(), kvs));
+    core.pmi_barrier_complete(id);
     Ok(None)
 }
 
