@@ -238,7 +238,21 @@ fn stale_pins_of_killed_brokers_are_swept_and_live_ones_kept() {
                 let m = aya::maps::MapData::from_pin(d2.join(from)).expect("open pin");
                 m.pin(d2.join(to)).expect("pin again");
             }
+            let dead_map = aya::maps::MapInfo::from_pin(d2.join("dead")).expect("dead pin").id();
             drop(dead);
+            // The kernel frees a detached program in deferred work: until then the program still lists the table
+            // as used, and the sweep rightly keeps it (a later sweep removes it). Wait for that here (seen taking
+            // longer than the sweep's start while other tests attached programs beside this one).
+            let used = || {
+                aya::programs::loaded_programs()
+                    .flatten()
+                    .any(|p| p.map_ids().ok().flatten().is_some_and(|ids| ids.contains(&dead_map)))
+            };
+            let t0 = std::time::Instant::now();
+            while used() && t0.elapsed() < std::time::Duration::from_secs(10) {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            assert!(!used(), "the dropped responder's program still holds its table after 10 s");
         });
         let mut removed = vigil_ebpf::sweep_stale_pins(&d).expect("sweep");
         removed.sort();
