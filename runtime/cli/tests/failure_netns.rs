@@ -1061,7 +1061,7 @@ fn a_hostfile_naming_a_lost_or_excluded_node_is_refused_with_its_line() {
     let ctx = format!("{}\n--- output ---\n{}\n--- eventlog ---\n{:?}", w.dump(), text(), c.job_eventlog(&id));
     assert!(text().contains("rc=1"), "the relaunch naming a lost node was not refused:\n{ctx}");
     assert!(
-        text().contains(&format!("{h24}: line 2: node4 (lost: node not responding: "))
+        text().contains(&format!("{h24}: line 2: node4 (lost: "))
             && text().contains("this instance is a job's (a batch or alloc job) and never gets a lost node back"),
         "{ctx}"
     );
