@@ -32,3 +32,16 @@ pub use vigil_proto::{
 };
 // The PMI-1 limits, for the PMI barrier's checks (broker/services/job_exec.rs).
 use vigil_proto::pmi;
+
+/// What a JSON value is, for error messages that name what a peer or client sent ("an array", "null").
+pub(crate) fn json_kind(v: &serde_json::Value) -> &'static str {
+    use serde_json::Value;
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}

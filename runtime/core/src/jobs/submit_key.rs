@@ -42,7 +42,7 @@ impl SubmitKey {
             Value::String(s) => SubmitKey::parse_str(s),
             other => Err(SubmitError::SubmitKey(format!(
                 "submit_key: must be a string (e.g. a random 128-bit number in hex), not {}",
-                json_kind(other)
+                crate::json_kind(other)
             ))),
         }
     }
@@ -80,18 +80,6 @@ impl SubmitKey {
 impl std::fmt::Display for SubmitKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)
-    }
-}
-
-/// The kind of a JSON value, for an error message.
-fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 

@@ -62,18 +62,6 @@ pub(super) fn decode<'de, T: Deserialize<'de>>(v: &'de Value) -> Result<T, Servi
     })
 }
 
-/// What a JSON value is, for error messages ("an array").
-pub(super) fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

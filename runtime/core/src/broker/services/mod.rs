@@ -27,8 +27,8 @@
 use crate::broker::core::Broker;
 use crate::idset::IdSet;
 use crate::jobs::JobId;
+use crate::json_kind;
 use crate::message::{errno, Message, ROUTE_LOCAL};
-use decode::json_kind;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
