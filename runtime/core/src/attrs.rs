@@ -4,8 +4,9 @@
 //! `tbon.fanout`, `rank`, `size`, `local-uri`...). Where they come from:
 //! - `-S NAME=VALUE` on `vigil start`, `vigil broker`, and for the child brokers of `vigil batch` / `vigil alloc`
 //!   ([`Access::CommandLine`]);
-//! - `[tbon] topo`, `[bootstrap] statedir` and `[exec] alloc-tmpdir-base` of the TOML bootstrap file for
-//!   `tbon.topo`, `statedir` and `exec.alloc-tmpdir-base` ([`Access::CommandLineOrToml`]; `-S` wins);
+//! - `[tbon] topo`, `[bootstrap] statedir`, `[exec] alloc-tmpdir-base` and `[health] program`, `interval`,
+//!   `timeout` of the TOML bootstrap file for `tbon.topo`, `statedir`, `exec.alloc-tmpdir-base` and `health.*`
+//!   ([`Access::CommandLineOrToml`]; `-S` wins);
 //! - a nested instance's PMI bootstrap, from the enclosing instance ([`Access::Bootstrap`]; `-S` wins);
 //! - the broker itself, for what it learns as it runs: rank, size, endpoints, pid... ([`Access::Broker`]:
 //!   refused on the command line, shown by `vigil lsattr` / `vigil getattr`).
@@ -70,7 +71,7 @@ pub enum Access {
     /// `-S NAME=VALUE` on `vigil start` / `vigil broker` (and `vigil batch` / `alloc` for the child brokers).
     CommandLine,
     /// As [`Access::CommandLine`], or the TOML bootstrap file (`[tbon] topo`, `[bootstrap] statedir`, `[exec]
-    /// alloc-tmpdir-base`); the command line wins.
+    /// alloc-tmpdir-base`, `[health]`); the command line wins.
     CommandLineOrToml,
     /// Set by a nested instance's PMI bootstrap from the enclosing instance; `-S` overrides it.
     Bootstrap,
@@ -229,6 +230,16 @@ pub static ATTRS: &[Attr] = &[
         CommandLineOrToml, "where each job's node-local VIGIL_ALLOC_TMPDIR is made, e.g. a fast local disk or /dev/shm \
         ([exec] alloc-tmpdir-base in the TOML file); ignored in a batch or alloc job, whose jobs share the \
         enclosing allocation's"),
+    // Node health (docs/system-instance.md, "Health checks").
+    attr("health.program", Kind::Path, otherwise("none: no health check", "/etc/vigil/health-check.sh"),
+        CommandLineOrToml, "program each broker runs at start and every health.interval (Slurm's HealthCheckProgram, \
+        [health] program in the TOML file): a non-zero exit drains the node with its first output line as the reason, \
+        a pass undrains it if a health check drained it"),
+    attr("health.interval", Kind::Duration, is("5m"), CommandLineOrToml,
+        "time from one health check run's start to the next ([health] interval in the TOML file)"),
+    attr("health.timeout", Kind::Duration, is("1m"), CommandLineOrToml,
+        "a health check run still going this long after it started is killed with its process group and fails \
+        ([health] timeout in the TOML file)"),
     // The broker.
     attr("log-level", Kind::LogLevel, otherwise("$VIGIL_LOG, else warn (error in a nested instance)", "info"),
         CommandLine, "broker log level on standard error"),
@@ -508,6 +519,12 @@ pub struct BrokerConfig {
     /// allocation directory; `None` = in its own temporary directory
     /// ([`vigil_proto::shellproto::alloc_tmpdir`]).
     pub alloc_tmpdir_base: Option<PathBuf>,
+    /// `health.program`: the node health check program; `None` = no health check (`crate::health`).
+    pub health_program: Option<PathBuf>,
+    /// `health.interval`, seconds (finite, > 0): from one run's start to the next.
+    pub health_interval: f64,
+    /// `health.timeout`, seconds (finite, > 0): a run going on this long fails and is killed.
+    pub health_timeout: f64,
     /// `log-level`: an `EnvFilter` directive; `None` = `$VIGIL_LOG`, else `warn` (the command starting the
     /// broker resolves it before the broker runs).
     pub log_level: Option<String>,
@@ -559,6 +576,9 @@ impl Default for BrokerConfig {
             containment: "auto".into(),
             cgroup_spawn: "auto".into(),
             alloc_tmpdir_base: None,
+            health_program: None,
+            health_interval: crate::health::DEFAULT_INTERVAL,
+            health_timeout: crate::health::DEFAULT_TIMEOUT,
             log_level: None,
             rundir: None,
             statedir: None,
@@ -664,6 +684,18 @@ fn liveness(v: &str) -> Result<f64, String> {
     }
     Ok(s)
 }
+
+/// A `health.interval` or `health.timeout`: finite, at least [`MIN_HEALTH`], at most a day.
+fn health_duration(v: &str, what: &str) -> Result<f64, String> {
+    let s = duration(v)?;
+    if !s.is_finite() || !(MIN_HEALTH..=86400.0).contains(&s) {
+        return Err(format!("expected a duration from 100ms to a day {what}"));
+    }
+    Ok(s)
+}
+
+/// Shortest `health.interval` and `health.timeout` accepted, seconds.
+const MIN_HEALTH: f64 = 0.1;
 
 /// A count that fits `T`.
 fn count<T: std::str::FromStr>(v: &str) -> Result<T, String> {
@@ -836,6 +868,9 @@ impl Draft {
                 c.alloc_tmpdir_base = Some(path(v)?)
             }
             "alloc-tmpdir" => c.alloc_tmpdir = Some(path(v)?),
+            "health.program" => c.health_program = Some(path(v)?),
+            "health.interval" => c.health_interval = health_duration(v, "between two runs")?,
+            "health.timeout" => c.health_timeout = health_duration(v, "for a run")?,
             "log-level" => {
                 let word = LOG_LEVELS.contains(&v);
                 if !word && (!v.contains('=') || tracing_subscriber::EnvFilter::try_new(v).is_err()) {
@@ -1000,6 +1035,9 @@ impl BrokerConfig {
             "exec.cgroup-spawn" => self.cgroup_spawn.clone(),
             "exec.alloc-tmpdir-base" => self.alloc_tmpdir_base.as_ref()?.display().to_string(),
             "alloc-tmpdir" => self.alloc_tmpdir.as_ref()?.display().to_string(),
+            "health.program" => self.health_program.as_ref()?.display().to_string(),
+            "health.interval" => fmt_duration(self.health_interval),
+            "health.timeout" => fmt_duration(self.health_timeout),
             "log-level" => self.log_level.clone()?,
             "rundir" => self.rundir.as_ref()?.display().to_string(),
             "statedir" => self.statedir.as_ref()?.display().to_string(),

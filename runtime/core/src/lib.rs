@@ -13,6 +13,7 @@
 //!   requeue, time limits, kill escalation, critical-rank failure rules) and rank 0's journal;
 //! - [`membership`]: one link's liveness (online, torpid, lost) from every signal; [`probe`]: when a kernel
 //!   probe counts as missed (each child's reply time);
+//! - [`health`]: when a node's health check runs, and when it drains and undrains the node;
 //! - [`attrs`]: every broker attribute in one table, parsed once into a typed [`attrs::BrokerConfig`];
 //! - [`signal`]: the signal numbers the rules hand out (Linux's values), so that no libc is linked.
 //!
@@ -21,6 +22,7 @@
 
 pub mod attrs;
 pub mod broker;
+pub mod health;
 pub mod jobs;
 pub mod membership;
 pub mod probe;

@@ -153,6 +153,9 @@ pub struct DriverStatus {
     /// Why rank 0's writer thread cannot fold the redo log into its store (a full disk), while it cannot: the
     /// log keeps every record meanwhile (durable), and grows (`vigil uptime` says so).
     pub fold_failing: Option<String>,
+    /// The node health check (`crate::health`): `null` when `health.program` is unset, else `{program,
+    /// interval (seconds), state: starting|ok|failing, reason, runs}`.
+    pub health: Value,
 }
 
 /// Facts about this broker's process and node that the driver finds out once, before the broker starts.

@@ -980,6 +980,36 @@ impl JobCore {
         Ok(())
     }
 
+    /// A health check drains `rank` with `reason` (which starts with [`crate::health::REASON_PREFIX`]; a
+    /// broker's `resource.drain` with `"by": "health"`): drained if it is not, given the new reason if a health
+    /// check drained it with another, left alone if an admin drained it (the admin's reason stays, and the later
+    /// undrain by the check will not undo it). Returns whether the drain or its reason changed.
+    ///
+    /// # Errors
+    /// `rank` is not in the instance (it has not registered).
+    pub fn health_drain(&mut self, now: f64, rank: u32, reason: &str) -> Result<bool, String> {
+        let ranks: IdSet = [rank].into_iter().collect();
+        self.check_ranks(&ranks)?;
+        match self.pool.ranks[&rank].drained.as_deref() {
+            Some(r) if r == reason || !r.starts_with(crate::health::REASON_PREFIX) => Ok(false),
+            _ => self.drain(now, &ranks, reason, DrainMode::Force).map(|()| true),
+        }
+    }
+
+    /// A health check passes on `rank`: undrained if a health check drained it (its reason starts with
+    /// [`crate::health::REASON_PREFIX`]), else left as it is. Returns whether it was undrained.
+    ///
+    /// # Errors
+    /// `rank` is not in the instance.
+    pub fn health_undrain(&mut self, now: f64, rank: u32) -> Result<bool, String> {
+        let ranks: IdSet = [rank].into_iter().collect();
+        self.check_ranks(&ranks)?;
+        match self.pool.ranks[&rank].drained.as_deref() {
+            Some(r) if r.starts_with(crate::health::REASON_PREFIX) => self.undrain(now, &ranks).map(|()| true),
+            _ => Ok(false),
+        }
+    }
+
     fn check_ranks(&self, ranks: &IdSet) -> Result<(), String> {
         let bad: IdSet = ranks.iter().filter(|r| !self.pool.ranks.contains_key(r)).collect();
         if ranks.is_empty() {

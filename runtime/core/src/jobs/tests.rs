@@ -380,6 +380,34 @@ fn a_rank_drained_already_is_refused_unless_forced_or_updated() {
     assert_eq!(c.resource_eventlog.len(), n, "nothing new to drain: no event");
 }
 
+/// A health check drains a node and undrains only its own drain: an admin's drain keeps its reason through the
+/// check's failures and passes, and a drain by the check survives as a reason the admin sees.
+#[test]
+fn a_health_check_undoes_only_its_own_drain() {
+    let mut c = core(3, 1, 0);
+    let reason = |c: &JobCore, r: u32| c.pool.ranks[&r].drained.clone();
+    let hc = |s: &str| format!("{}{s}", crate::health::REASON_PREFIX);
+    assert_eq!(c.health_drain(T0, 1, &hc("/tmp full")), Ok(true));
+    assert_eq!(reason(&c, 1), Some(hc("/tmp full")));
+    assert_eq!(c.health_drain(T0 + 1.0, 1, &hc("/tmp full")), Ok(false), "same reason: no new event");
+    assert_eq!(c.health_drain(T0 + 2.0, 1, &hc("no /scratch")), Ok(true), "its own drain gets the new reason");
+    assert_eq!(reason(&c, 1), Some(hc("no /scratch")));
+    assert_eq!(c.health_undrain(T0 + 3.0, 1), Ok(true));
+    assert_eq!(reason(&c, 1), None);
+    assert_eq!(c.health_undrain(T0 + 3.0, 1), Ok(false), "not drained: nothing to do");
+    // The admin's drain: the check neither replaces its reason nor undoes it.
+    c.drain(T0 + 4.0, &IdSet::from_iter([2]), "bad fan", DrainMode::Refuse).unwrap();
+    assert_eq!(c.health_drain(T0 + 5.0, 2, &hc("/tmp full")), Ok(false));
+    assert_eq!(c.health_undrain(T0 + 6.0, 2), Ok(false));
+    assert_eq!(reason(&c, 2), Some("bad fan".into()));
+    // The admin's drain over the check's (forced) is the admin's from then on.
+    c.health_drain(T0 + 7.0, 0, &hc("/tmp full")).unwrap();
+    c.drain(T0 + 8.0, &IdSet::from_iter([0]), "replace disk", DrainMode::Force).unwrap();
+    assert_eq!(c.health_undrain(T0 + 9.0, 0), Ok(false));
+    assert_eq!(reason(&c, 0), Some("replace disk".into()));
+    assert!(c.health_drain(T0, 7, &hc("x")).unwrap_err().contains("not in this instance"));
+}
+
 #[test]
 fn tasks_spread_evenly_over_requested_nodes() {
     let mut c = core(4, 2, 0);

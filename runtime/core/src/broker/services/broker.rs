@@ -250,6 +250,7 @@ fn broker_info(core: &Broker) -> Value {
         "containment": core.env.containment,
         "security": security(core),
         "statedir": statedir(core),
+        "health": core.status.health,
     })
 }
 

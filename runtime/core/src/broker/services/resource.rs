@@ -166,6 +166,9 @@ struct DrainRequest {
     /// Drain only: what to do with ranks drained already. Absent or empty: refuse them; `force`: drain them again
     /// with this reason; `update`: drain only those not drained yet (Flux's `-f`, `-u`).
     mode: Option<String>,
+    /// `health`: a broker's health check asks, for its own rank (`ranks` is one rank, `mode` is ignored): drain
+    /// unless an admin drained it, undrain only if a health check drained it (`crate::health`). Absent: the admin.
+    by: Option<String>,
 }
 
 /// `resource.drain` and `resource.undrain`.
@@ -181,6 +184,26 @@ fn drain_or_undrain(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply 
         Some(m) => return Err(ServiceError::einval(format!("mode: '{m}' is not 'force' or 'update'"))),
     };
     let jc = core.jobcore.as_mut().ok_or(ServiceError::enosys("not rank 0"))?;
+    match req.by.as_deref() {
+        None | Some("") => {}
+        Some("health") => {
+            let rank = match (ranks.len(), ranks.iter().next()) {
+                (1, Some(r)) => r,
+                _ => return Err(ServiceError::einval(format!("ranks: '{}' is not one rank (by: health)", req.ranks))),
+            };
+            if msg.topic == "resource.drain" && !reason.starts_with(crate::health::REASON_PREFIX) {
+                let p = crate::health::REASON_PREFIX;
+                return Err(ServiceError::einval(format!("reason: a health check's reason starts with '{p}'")));
+            }
+            let changed = if msg.topic == "resource.drain" {
+                jc.health_drain(n, rank, reason)
+            } else {
+                jc.health_undrain(n, rank)
+            };
+            return changed.map(|c| Some(json!({"changed": c}).into())).map_err(ServiceError::einval);
+        }
+        Some(b) => return Err(ServiceError::einval(format!("by: '{b}' is not 'health'"))),
+    }
     let r = if msg.topic == "resource.drain" { jc.drain(n, &ranks, reason, mode) } else { jc.undrain(n, &ranks) };
     r.map(|_| Some(json!({}).into())).map_err(ServiceError::einval)
 }
