@@ -608,6 +608,9 @@ fn config_bootstrap(
     if let Some(d) = &cfg.exec.alloc_tmpdir_base {
         attrs.entry("exec.alloc-tmpdir-base".into()).or_insert_with(|| d.clone());
     }
+    for (k, v) in cfg.health.attrs() {
+        attrs.entry(k.into()).or_insert(v);
+    }
     let config = check_attrs(&attrs)?;
     let ranks = cfg.ranks().map_err(|e| e.to_string())?;
     let host = a.hostname.clone().unwrap_or_else(hostname);

@@ -638,7 +638,22 @@ pub(crate) async fn uptime() -> Result<i32, String> {
     println!(" {}", security_line(&r["security"]));
     println!(" jobs contained by: {}", r["containment"].as_str().unwrap_or("?"));
     println!(" {}", statedir_line(&r["statedir"]));
+    if let Some(l) = health_line(&r["health"]) {
+        println!(" {l}");
+    }
     Ok(0)
+}
+
+/// The node health check of the broker asked (`health.program`): `None` when it has none.
+fn health_line(h: &Value) -> Option<String> {
+    let program = h["program"].as_str()?;
+    let every = h["interval"].as_f64().map_or_else(|| "?".into(), |s| format!("{s}s"));
+    let runs = h["runs"].as_u64().unwrap_or(0);
+    let mut l = format!("health check: {program} every {every}, {runs} run(s): {}", h["state"].as_str().unwrap_or("?"));
+    if let Some(r) = h["reason"].as_str() {
+        l.push_str(&format!(" ({r})"));
+    }
+    Some(l)
 }
 
 /// Rank 0's state directory: where it is, how many restarts it has seen, or why it cannot be used.

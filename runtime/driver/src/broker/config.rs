@@ -16,6 +16,10 @@
 //! topo = "kary:2"                      # optional
 //! [exec]
 //! alloc-tmpdir-base = "/dev/shm"       # optional: where jobs' VIGIL_ALLOC_TMPDIR is made (default: job tmpdir)
+//! [health]                             # optional: the node health check (docs/system-instance.md)
+//! program = "/etc/vigil/health-check.sh"
+//! interval = "5m"                      # RFC 23 durations
+//! timeout = "1m"
 //! ```
 
 use crate::hostlist::Hostlist;
@@ -76,6 +80,28 @@ pub struct ExecTable {
     pub alloc_tmpdir_base: Option<String>,
 }
 
+/// The `[health]` table: the `health.*` attributes (`-S` wins), checked as they are.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthTable {
+    /// `health.program`.
+    pub program: Option<String>,
+    /// `health.interval`, an RFC 23 duration.
+    pub interval: Option<String>,
+    /// `health.timeout`, an RFC 23 duration.
+    pub timeout: Option<String>,
+}
+
+impl HealthTable {
+    /// `(attribute, value)` of each key set.
+    pub fn attrs(&self) -> Vec<(&'static str, String)> {
+        [("health.program", &self.program), ("health.interval", &self.interval), ("health.timeout", &self.timeout)]
+            .into_iter()
+            .filter_map(|(k, v)| v.clone().map(|v| (k, v)))
+            .collect()
+    }
+}
+
 /// A whole config file.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -88,6 +114,9 @@ pub struct ConfigFile {
     /// Optional exec table.
     #[serde(default)]
     pub exec: ExecTable,
+    /// Optional health check table.
+    #[serde(default)]
+    pub health: HealthTable,
 }
 
 /// One rank of the instance, resolved.
@@ -236,6 +265,21 @@ alloc-tmpdir-base = "/dev/shm"
         assert_eq!(c.tbon.topo.as_deref(), Some("kary:2"));
         assert_eq!(c.bootstrap.statedir.as_deref(), Some("/var/lib/vigil"));
         assert_eq!(c.exec.alloc_tmpdir_base.as_deref(), Some("/dev/shm"));
+        assert!(c.health.attrs().is_empty(), "no [health]: no health check");
+    }
+
+    /// `[health]` gives the `health.*` attributes; an unknown key in it is refused, naming it.
+    #[test]
+    fn health_table_gives_the_health_attributes() {
+        let hosts = "[bootstrap]\nhosts = [{host='a', bind='tcp://1.2.3.4:1', connect='tcp://1.2.3.4:1'}]\n";
+        let c = ConfigFile::parse(&format!("{hosts}[health]\nprogram = '/etc/vigil/hc.sh'\ninterval = '10m'\n"))
+            .expect("parse");
+        assert_eq!(
+            c.health.attrs(),
+            [("health.program", "/etc/vigil/hc.sh".to_string()), ("health.interval", "10m".to_string())]
+        );
+        let e = ConfigFile::parse(&format!("{hosts}[health]\nprogramme = 'x'\n")).unwrap_err().to_string();
+        assert!(e.contains("programme"), "{e}");
     }
 
     /// The JSON form (`vigil start`'s) reads as the TOML form with the same keys, and is refused as it is.

@@ -144,6 +144,8 @@ pub(crate) struct Driver {
     grouping: bool,
     /// The store thread that fsyncs what the writer wrote (with a store): see [`Syncer`].
     pub(super) syncer: Option<Syncer>,
+    /// The node health check's state, from its task (`health.rs`), for status output.
+    health: super::health::Shared,
 }
 
 /// Most events one turn of the loop takes before its commit (group commit with a state directory): enough to
@@ -232,6 +234,7 @@ async fn run_inner(opts: BrokerOptions, io: DriverOptions) -> Result<i32, String
         grouping: writer.is_some(),
         writer,
         syncer,
+        health: super::health::Shared::default(),
     };
     let t = Instant::now();
     let restoring = kept.is_some();
@@ -251,6 +254,7 @@ async fn run_inner(opts: BrokerOptions, io: DriverOptions) -> Result<i32, String
     // Register with rank 0 (locally on rank 0); on a single-broker instance nothing else arrives.
     d.step(Input::Start);
     d.flush();
+    super::health::start(&d.broker.opts.config, rank, &d.broker.env.local_uri, &d.health);
     d.serve(input_rx).await;
     let code = d.finish();
     info!(rank, code, "broker exiting");
@@ -555,7 +559,8 @@ impl Driver {
     fn status_key(&self) -> [u64; 8] {
         use std::sync::atomic::Ordering::Relaxed;
         let refused = self.refusals.lock().map(|r| r.count).unwrap_or(0);
-        let mut k = [refused, self.detect_generation, u64::from(self.detect.is_some()), 0, 0, 0, 0, 0];
+        let health = self.health.lock().map(|h| h.1).unwrap_or(0);
+        let mut k = [refused, self.detect_generation, u64::from(self.detect.is_some()) | health << 1, 0, 0, 0, 0, 0];
         k[7] = u64::from(self.fold_failing().is_some());
         if let Some(s) = self.detect.as_ref().and_then(|d| d.prober_stats.as_ref()) {
             k[3] = u64::from(s.grouped.load(Relaxed));
@@ -604,7 +609,13 @@ impl Driver {
                 "responder": "none (overlay address is not IPv4)", "probes": "none"}),
         };
         let fold_failing = self.fold_failing();
-        self.step(Input::Status(DriverStatus { detectors, refused: key[0], fold_failing }));
+        let cfg = &self.broker.opts.config;
+        let health = match (&cfg.health_program, self.health.lock()) {
+            (Some(p), Ok(h)) => json!({"program": p.display().to_string(), "interval": cfg.health_interval,
+                "state": h.0.state, "reason": h.0.reason, "runs": h.0.runs}),
+            _ => Value::Null,
+        };
+        self.step(Input::Status(DriverStatus { detectors, refused: key[0], fold_failing, health }));
     }
 
     /// One event from the driver's tasks.

@@ -7,12 +7,12 @@
 //! to the driver through one channel, so a slow peer or client never stalls routing.
 //!
 //! What is here: `driver.rs` (the loop), `effects.rs` (carrying out the broker's effects, starting job shells),
-//! `links_up.rs` (accepting children, connecting to the parent), `discover.rs` (what the node has), `options.rs`
-//! (what only the driver needs to start), `transport.rs`, `rdma_link.rs`, `ofi_link.rs` and [`secure`] (the
-//! overlay links), `local.rs` (the local connector), `detect/` (failure detectors and the prober, a file per
-//! job), `spawn.rs` and `cgroup.rs` (job shell processes and their containment),
-//! `store.rs` and `redo.rs` (rank 0's state directory in SQLite and its redo log) with `statedir_io.rs` (their
-//! threads while the broker runs), [`config`] (a system instance's TOML bootstrap).
+//! `links_up.rs` (accepting children, connecting to the parent), `health.rs` (the node health check),
+//! `discover.rs` (what the node has), `options.rs` (what only the driver needs to start), `transport.rs`,
+//! `rdma_link.rs`, `ofi_link.rs` and [`secure`] (the overlay links), `local.rs` (the local connector), `detect/`
+//! (failure detectors and the prober, a file per job), `spawn.rs` and `cgroup.rs` (job shell processes and their
+//! containment), `store.rs` and `redo.rs` (rank 0's state directory in SQLite and its redo log) with
+//! `statedir_io.rs` (their threads while the broker runs), [`config`] (a system instance's TOML bootstrap).
 
 mod cgroup;
 pub mod config;
@@ -20,6 +20,7 @@ pub(crate) mod detect;
 mod discover;
 mod driver;
 mod effects;
+mod health;
 mod link_set;
 mod links_up;
 mod local;
