@@ -29,9 +29,9 @@
 //! Job ids go on from the highest id kept, counted from the epoch kept: an id is never given twice, even if the
 //! clock went back meanwhile. Ranks that were drained are drained again, with the same reason, when they join.
 
+use super::output::{retire_stdin, trim_output};
 use super::{
-    trim_output, BatchOrder, Exception, Job, JobCore, JobId, JobState, INACTIVE_OUTPUT_KEEP, INACTIVE_OUTPUT_TOTAL,
-    OUTPUT_KEEP,
+    BatchOrder, Exception, Job, JobCore, JobId, JobState, INACTIVE_OUTPUT_KEEP, INACTIVE_OUTPUT_TOTAL, OUTPUT_KEEP,
 };
 use crate::eventlog::Event;
 use crate::idset::IdSet;
@@ -699,7 +699,7 @@ impl JobCore {
                     }
                     job.post(now, "clean", json!({}));
                     job.t_inactive = Some(now);
-                    super::retire_stdin(&mut job);
+                    retire_stdin(&mut job);
                     trim_output(&mut job, INACTIVE_OUTPUT_KEEP);
                     self.inactive_output.push_back(id);
                     self.became_inactive(id);
@@ -755,7 +755,7 @@ impl JobCore {
                         .and_then(|r| r.to_ranks().ok())
                         .unwrap_or_default()
                         .into_iter()
-                        .map(|x| super::RankAlloc { rank: x.rank, cores: x.cores, gpus: x.gpus, slots: 0 })
+                        .map(|x| super::sched::RankAlloc { rank: x.rank, cores: x.cores, gpus: x.gpus, slots: 0 })
                         .collect();
                     job.expiration = job.r.as_ref().map(|r| r.execution.expiration).filter(|x| *x > 0.0);
                 }

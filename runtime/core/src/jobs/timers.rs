@@ -12,7 +12,7 @@
 //! - once SIGTERM was sent (any fatal exception), SIGTERM plus the job's kill timeout (`-o kill-timeout`, else
 //!   `exec.kill-timeout`): SIGKILL to what is left.
 
-use super::{fmt_limit, Action, JobCore, JobId, JobState};
+use super::{Action, JobCore, JobId, JobState};
 use std::cmp::Ordering;
 
 /// Hosts an exit-timeout exception names at most (its ranks are all named, as an idset).
@@ -166,4 +166,11 @@ impl JobCore {
             }
         }
     }
+}
+
+/// A time limit in RFC 23 form (`10m`, `2h`, `1.5s`), or as seconds if it is no duration (too large, negative).
+fn fmt_limit(secs: f64) -> String {
+    std::time::Duration::try_from_secs_f64(secs)
+        .map(crate::duration::format_duration)
+        .unwrap_or_else(|_| format!("{secs}s"))
 }
