@@ -4,11 +4,15 @@
 use super::sched::RankAlloc;
 use super::{Action, BatchOrder, Exception, JobCore, JobId, JobState, ShellState};
 use crate::idset::IdSet;
+use crate::jobspec::JobRequest;
 use crate::r::{RankResources, Rv1};
 use crate::shellproto::{exit_code, ShellExit, ShellInput};
 use serde_json::{json, Value};
 
 impl JobCore {
+    /// Start pending job `id` on `alloc`, the scheduler's choice (`backfill.rs`): R with the time limit's
+    /// expiration, the task map over the nodes, the `alloc` event, and one shell per node ([`JobCore::spawn_shells`]).
+    /// A task map that only the nodes show impossible ends the job instead, and its resources go back.
     pub(super) fn start(&mut self, now: f64, id: JobId, alloc: Vec<RankAlloc>) {
         let ranks: Vec<RankResources> = alloc
             .iter()
@@ -22,30 +26,7 @@ impl JobCore {
         let Some(job) = self.jobs.get_mut(&id) else { return };
         let expiration = job.req.duration.filter(|d| *d > 0.0).map(|d| now + d);
         let r = Rv1::from_ranks(&ranks, now, expiration.unwrap_or(0.0));
-        // Distribute tasks: with a node count, evenly over the nodes (the first nodes get one more), as
-        // `srun -N` / `flux run -N` do; without, over the slots in allocation order.
-        // One task per slot: as many as the slots allocated (a node range's grow with the nodes it got).
-        let ntasks = if job.req.tasks_per_slot { alloc.iter().map(|a| a.slots).sum() } else { job.req.ntasks };
-        let counts: Vec<u32> = if job.req.nnodes.is_some() {
-            let n = alloc.len().max(1) as u32;
-            let (base, extra) = (ntasks / n, ntasks % n);
-            (0..alloc.len() as u32).map(|i| base + u32::from(i < extra)).collect()
-        } else {
-            let nslots: u32 = alloc.iter().map(|a| a.slots).sum::<u32>().max(1);
-            let (base, extra) = (ntasks / nslots, ntasks % nslots);
-            let mut slot_index = 0u32;
-            alloc
-                .iter()
-                .map(|a| {
-                    let mut n = 0;
-                    for _ in 0..a.slots {
-                        n += base + u32::from(slot_index < extra);
-                        slot_index += 1;
-                    }
-                    n
-                })
-                .collect()
-        };
+        let counts = block_counts(&job.req, &alloc);
         // The job's task map (RFC 34): the scheme asked for, over the block counts above. Submit checked what it
         // could; what only the nodes reveal (a manual map for a node range) fails the job here, saying why.
         let hostnames: Vec<String> = ranks.iter().map(|r| r.hostname.clone()).collect();
@@ -61,8 +42,6 @@ impl JobCore {
             }
         };
         let by_node = map.tasks_by_node(alloc.len());
-        let counts: Vec<u32> = by_node.iter().map(|t| t.len() as u32).collect();
-        let ntasks: u32 = counts.iter().sum();
         let taskmap = map.to_value();
         self.queue.remove(&id);
         self.running.insert(id);
@@ -77,6 +56,18 @@ impl JobCore {
         job.taskmap = Some(taskmap.clone());
         let rv = serde_json::to_value(&r).unwrap_or(Value::Null);
         job.post(now, "alloc", json!({"R": rv}));
+        self.spawn_shells(id, &alloc, &by_node, &taskmap, &rv);
+        self.actions.push_back(Action::Updated(id));
+        self.rearm(id);
+    }
+
+    /// The shells of job `id`, started just now on `alloc` with tasks `by_node` (task ranks by node, in allocation
+    /// order): each node's [`ShellState`], and an [`Action::SpawnShell`] with its input (`taskmap`, the RFC 34 map;
+    /// `rv`, R as JSON), in allocation order.
+    fn spawn_shells(&mut self, id: JobId, alloc: &[RankAlloc], by_node: &[Vec<u32>], taskmap: &Value, rv: &Value) {
+        let Some(job) = self.jobs.get_mut(&id) else { return };
+        let counts: Vec<u32> = by_node.iter().map(|t| t.len() as u32).collect();
+        let ntasks: u32 = counts.iter().sum();
         let nshells = alloc.len() as u32;
         let files = job.files();
         for (i, a) in alloc.iter().enumerate() {
@@ -129,8 +120,6 @@ impl JobCore {
             );
             self.actions.push_back(Action::SpawnShell { id, rank: a.rank, input: Box::new(input) });
         }
-        self.actions.push_back(Action::Updated(id));
-        self.rearm(id);
     }
 
     /// The broker on `rank` started (Ok) or failed to start (Err) the job's shell.
@@ -321,6 +310,33 @@ impl JobCore {
             }
         }
         true
+    }
+}
+
+/// Tasks per node of `alloc` for request `req`, in allocation order: with a node count, evenly over the nodes (the
+/// first nodes get one more), as `srun -N` / `flux run -N` do; without, over the slots in allocation order. With
+/// one task per slot, as many tasks as the slots allocated (a node range's grow with the nodes it got).
+fn block_counts(req: &JobRequest, alloc: &[RankAlloc]) -> Vec<u32> {
+    let ntasks = if req.tasks_per_slot { alloc.iter().map(|a| a.slots).sum() } else { req.ntasks };
+    if req.nnodes.is_some() {
+        let n = alloc.len().max(1) as u32;
+        let (base, extra) = (ntasks / n, ntasks % n);
+        (0..alloc.len() as u32).map(|i| base + u32::from(i < extra)).collect()
+    } else {
+        let nslots: u32 = alloc.iter().map(|a| a.slots).sum::<u32>().max(1);
+        let (base, extra) = (ntasks / nslots, ntasks % nslots);
+        let mut slot_index = 0u32;
+        alloc
+            .iter()
+            .map(|a| {
+                let mut n = 0;
+                for _ in 0..a.slots {
+                    n += base + u32::from(slot_index < extra);
+                    slot_index += 1;
+                }
+                n
+            })
+            .collect()
     }
 }
 

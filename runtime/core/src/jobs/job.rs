@@ -30,7 +30,8 @@ pub struct ShellState {
     pub status: Option<i32>,
     /// Exit code requested by a task's PMI abort on this shell.
     pub abort_code: Option<i32>,
-    /// When its tasks ended, as its node saw it (wall-clock seconds since the Unix epoch, [`ShellExit::ended`]).
+    /// When its tasks ended, as its node saw it (wall-clock seconds since the Unix epoch,
+    /// [`ShellExit::ended`](crate::shellproto::ShellExit::ended)).
     #[serde(skip)]
     pub ended: Option<f64>,
     /// This shell's output batches, put back in the order it numbered them.
@@ -58,7 +59,8 @@ pub struct Job {
     pub req: JobRequest,
     /// RFC 18 eventlog.
     pub eventlog: Vec<std::sync::Arc<Event>>,
-    /// Task output kept for watchers, in arrival order; at most [`OUTPUT_KEEP`] bytes, oldest dropped first.
+    /// Task output kept for watchers, in arrival order; at most [`OUTPUT_KEEP`](super::OUTPUT_KEEP) bytes, oldest
+    /// dropped first.
     pub output: VecDeque<OutputLine>,
     /// Absolute index of `output[0]` (chunks dropped so far).
     pub output_base: usize,
@@ -107,7 +109,7 @@ pub struct Job {
     /// For a nested instance (batch/alloc): `{"uri", "size", "critical_ranks", "critical_broker_ranks"}`.
     pub instance: Option<Value>,
     /// Standard input sent by `vigil run` (base64 chunks), broadcast to every task; held until the job is
-    /// INACTIVE, at most [`STDIN_KEEP`] bytes of input.
+    /// INACTIVE, at most [`STDIN_KEEP`](super::STDIN_KEEP) bytes of input.
     pub stdin: Vec<String>,
     /// Bytes of input (decoded) in `stdin`.
     pub stdin_bytes: usize,

@@ -60,7 +60,7 @@ impl JobCore {
 
     /// `rank`, online again just now ([`JobCore::rank_online`]), registered under `parent`, which is not its
     /// static parent (it was adopted, and rank 0 restarted): its `online` event says so, so that a later restart
-    /// of rank 0 knows where it is ([`journal::pending_orphans`]).
+    /// of rank 0 knows where it is ([`super::journal::pending_orphans`]).
     pub fn online_under(&mut self, rank: u32, parent: u32) {
         let Some(e) = self.resource_eventlog.last_mut() else { return };
         if e.name == "online" && e.context.get("idset").and_then(Value::as_str) == Some(rank.to_string().as_str()) {

@@ -3,7 +3,9 @@
 
 use super::tests::{actions, cmd, core, exit_shell, names, spawns, spec, T0};
 use super::*;
+use crate::idset::IdSet;
 use proptest::prelude::*;
+use serde_json::{json, Value};
 
 /// Submit `b` with time limit `limit` seconds (0 = none) at `t`.
 fn submit(c: &mut JobCore, t: f64, b: crate::jobspec::JobspecBuilder, limit: f64) -> JobId {
