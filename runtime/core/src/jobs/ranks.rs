@@ -1,6 +1,7 @@
-//! The instance's resources as the job core sees them (RFC 44 resource eventlog): ranks online, drained
-//! (by an admin, [`DrainMode`], or by a health check), torpid, down or lost. A lost rank under a running job applies the critical-rank rules:
-//! fatal for a critical rank, a `node-failure` exception and a partial release (RFC 32) otherwise.
+//! The instance's resources as the job core sees them (RFC 44 resource eventlog): ranks online, drained (by an
+//! admin, [`DrainMode`], or by a health check), torpid, down or lost. A lost rank under a running job applies the
+//! critical-rank rules: fatal for a critical rank, a `node-failure` exception and a partial release (RFC 32)
+//! otherwise.
 
 use super::{Action, Job, JobCore, JobId};
 use crate::eventlog::Event;
