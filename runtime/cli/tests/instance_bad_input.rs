@@ -187,6 +187,10 @@ fn wrong_fields(job: u64) -> Vec<(&'static str, Value)> {
         ("resource.drain", json!({"ranks": "0-4294967295"})),
         ("resource.drain", json!({"ranks": "4294967295"})),
         ("resource.drain", json!({"ranks": "1", "reason": 5})),
+        // RFC 22: ids unique and ascending.
+        ("resource.drain", json!({"ranks": "2,1"})),
+        ("resource.drain", json!({"ranks": "1,1"})),
+        ("resource.undrain", json!({"ranks": "1-2,2"})),
         ("resource.undrain", json!({"ranks": ["1"]})),
         ("overlay.transport", json!({"rank": 4_294_967_297u64, "transport": "tcp"})),
         ("overlay.transport", json!({"rank": 99, "transport": "tcp"})),

@@ -202,6 +202,15 @@ fn synthetic_gpus_per_task() {
 #[test]
 fn drain_blocks_scheduling_until_undrain() {
     let inst = Instance::start(2, &[]);
+    // RFC 22: the ids of an idset are unique and ascending; as `flux resource drain` does, a list that is not is
+    // refused (with the idset's error, not read as host names), and nothing is drained.
+    for bad in ["1,0", "1,1", "0-1,1"] {
+        let o = inst.vigil(&["resource", "drain", bad, "maintenance"]);
+        assert_eq!(o.code, 1, "{}", o.dump());
+        assert!(o.stderr.contains("out of order") && o.stderr.contains("unique and ascending"), "{}", o.dump());
+    }
+    let v = inst.vigil(&["resource", "status", "--json"]).json();
+    assert!(v["ranks"].as_array().expect("ranks").iter().all(|r| r["state"] == "avail"), "{v}");
     inst.vigil(&["resource", "drain", "1", "maintenance"]).ok();
     let s = inst.vigil(&["resource", "status"]);
     s.ok();

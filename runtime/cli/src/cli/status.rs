@@ -144,9 +144,16 @@ async fn rank_state_hint(c: &crate::client::Client, rank: u32) -> String {
     }
 }
 
+/// The ranks named by `t`: an RFC 22 idset, else an RFC 29 hostlist of the instance's host names (as `flux
+/// resource drain` reads its targets). Text of idset characters only (`3,2`, `2,2`) is an idset, and is refused
+/// with the idset's error when RFC 22 refuses it (ids unique and ascending), never read as host names.
 async fn resolve_targets(c: &crate::client::Client, t: &str) -> Result<IdSet, String> {
-    if let Ok(s) = IdSet::parse(t) {
-        return Ok(s);
+    match IdSet::parse(t) {
+        Ok(s) => return Ok(s),
+        Err(e) if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit() || b"-,[]".contains(&b)) => {
+            return Err(e.to_string())
+        }
+        Err(_) => {}
     }
     let hl = Hostlist::parse(t).map_err(|e| format!("'{t}' is neither an idset of ranks nor a hostlist: {e}"))?;
     let st = super::rpc_to_rank0(c, "resource.status", &json!({})).await?;
