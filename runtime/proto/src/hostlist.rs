@@ -9,7 +9,17 @@
 //! When the low bound has a leading zero (`"01"`), all numbers of that range
 //! are zero-padded to that many digits (`node[08-10]` gives `node08,node09,
 //! node10`); otherwise numbers are printed without padding (`node[7-10]`
-//! gives `node7 .. node10`).
+//! gives `node7 .. node10`). This is what flux-core's decoder does. RFC 29's
+//! text says instead that the leading zeros of the *first* element apply to
+//! the whole bracket (`[005,4]` would be `005,004`); the two readings agree on
+//! everything [`Hostlist`] prints, because the encoder puts in one bracket only
+//! numbers written with the first one's padding (`foo08,foo9` stays as it is;
+//! `docs/conformance.md`).
+//!
+//! Empty hostlist expressions are empty lists (RFC 29), so empty terms add no
+//! host: `",1,2,3"`, `"a,,b"` and `"a,"` are `1,2,3`, `a,b` and `a`, as in
+//! flux-core. Host names are printable ASCII other than whitespace, `,`, `[`
+//! and `]` (RFC 29).
 //!
 //! [`Hostlist`] keeps the hosts in the given order (duplicates included).
 
@@ -30,12 +40,6 @@ pub const MAX_EXPANDED_BYTES: u64 = 64 << 20;
 /// Errors returned by [`Hostlist::parse`] (RFC 29).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum HostlistError {
-    /// A comma-separated term was empty (e.g. `"a,,b"` or a trailing comma).
-    #[error("hostlist {input:?}: empty hostname")]
-    EmptyHost {
-        /// The full input string.
-        input: String,
-    },
     /// A `[` without matching `]`, a `]` without `[`, nested brackets, or
     /// more than one bracket expression in one hostname.
     #[error("hostlist {input:?}: unbalanced, nested or repeated brackets")]
@@ -68,7 +72,8 @@ pub enum HostlistError {
         /// The offending range element.
         range: String,
     },
-    /// A hostname contained whitespace or a control character.
+    /// A hostname contained whitespace, a control character or a character
+    /// outside ASCII (RFC 29: printable, non-whitespace ASCII).
     #[error("hostlist {input:?}: invalid character {ch:?} in hostname")]
     InvalidChar {
         /// The full input string.
@@ -90,8 +95,8 @@ pub enum HostlistError {
 /// `Display` (and serde serialization) produce the compressed form, e.g.
 /// `["node0","node1","node2","node4"]` prints as `"node[0-2,4]"`; parsing that
 /// string gives back the same list. Hostnames containing `,`, `[`, `]`,
-/// whitespace, or empty hostnames cannot be represented and will not
-/// round-trip.
+/// whitespace or characters outside ASCII, or empty hostnames, cannot be
+/// represented and will not round-trip.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Hostlist(Vec<String>);
 
@@ -128,18 +133,19 @@ impl Hostlist {
     /// Expand an RFC 29 hostlist string, e.g. `"fluke[6-13],node[01-03,7],foo"`.
     ///
     /// The empty string is the empty list. Each comma-separated term is a
-    /// literal hostname or `prefix[ranges]suffix` with one bracket expression.
+    /// literal hostname or `prefix[ranges]suffix` with one bracket expression;
+    /// an empty term is an empty list (RFC 29), so `",a,,b,"` is `a,b`.
     ///
     /// # Errors
-    /// [`HostlistError`] for empty terms, bad brackets, malformed/reversed/
-    /// overflowing ranges, whitespace or control characters, or more than
+    /// [`HostlistError`] for bad brackets, malformed/reversed/overflowing
+    /// ranges, whitespace, control or non-ASCII characters, or more than
     /// [`MAX_HOSTS`] hosts.
     pub fn parse(s: &str) -> Result<Hostlist, HostlistError> {
         let mut hosts = Vec::new();
         if s.is_empty() {
             return Ok(Hostlist(hosts));
         }
-        if let Some(ch) = s.chars().find(|c| c.is_whitespace() || c.is_control()) {
+        if let Some(ch) = s.chars().find(|c| !c.is_ascii_graphic()) {
             return Err(HostlistError::InvalidChar { input: clip(s), ch });
         }
         let mut total = Budget::default();
@@ -242,7 +248,8 @@ impl Budget {
 
 fn expand_term(input: &str, term: &str, hosts: &mut Vec<String>, total: &mut Budget) -> Result<(), HostlistError> {
     if term.is_empty() {
-        return Err(HostlistError::EmptyHost { input: clip(input) });
+        // RFC 29: an empty hostlist expression is an empty list.
+        return Ok(());
     }
     let Some(open) = term.find('[') else {
         if !total.charge(1, term.len()) {
@@ -317,9 +324,12 @@ struct Run<'a> {
 }
 
 impl fmt::Display for Hostlist {
-    /// RFC 29 compressed form. Consecutive hosts sharing prefix and suffix are
+    /// RFC 29 compressed form. Consecutive hosts sharing prefix and suffix, and
+    /// whose numbers are written with the first one's zero padding, are
     /// bracketed; within a bracket, ascending consecutive numbers with
     /// compatible padding become `lo-hi` ranges. A single host is printed as-is.
+    /// (Keeping one padding per bracket makes the output read the same under
+    /// flux-core's per-element padding and RFC 29's first-element rule.)
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut first = true;
         let mut i = 0;
@@ -334,10 +344,14 @@ impl fmt::Display for Hostlist {
                 i += 1;
                 continue;
             };
-            let mut runs = vec![Run { lo_digits: head.digits, hi: head.value, width: pad_width(head.digits) }];
+            let head_width = pad_width(head.digits);
+            let mut runs = vec![Run { lo_digits: head.digits, hi: head.value, width: head_width }];
             let mut j = i + 1;
             while let Some(next) = self.0.get(j).and_then(|h| split_host(h)) {
-                if next.prefix != head.prefix || next.suffix != head.suffix {
+                if next.prefix != head.prefix
+                    || next.suffix != head.suffix
+                    || format_num(next.value, head_width) != next.digits
+                {
                     break;
                 }
                 let extends = runs.last().is_some_and(|run| {
@@ -413,12 +427,50 @@ mod tests {
     }
 
     #[test]
+    fn rfc29_test_vectors() {
+        // The test vectors of RFC 29, written out: input, then the expanded list.
+        let vectors: [(&str, &[&str]); 9] = [
+            ("", &[]),
+            ("foox,fooy,fooz", &["foox", "fooy", "fooz"]),
+            ("[1-3,5-6]", &["1", "2", "3", "5", "6"]),
+            ("foo[1-5]", &["foo1", "foo2", "foo3", "foo4", "foo5"]),
+            ("foo[0-4]-eth2", &["foo0-eth2", "foo1-eth2", "foo2-eth2", "foo3-eth2", "foo4-eth2"]),
+            ("foo1,foo1,foo1", &["foo1", "foo1", "foo1"]),
+            ("[00-02]", &["00", "01", "02"]),
+            ("[00-2]", &["00", "01", "02"]),
+            ("foo[1,1,2,1]", &["foo1", "foo1", "foo2", "foo1"]),
+        ];
+        for (input, want) in vectors {
+            assert_eq!(expand(input), want, "{input:?}");
+            // What we print for it reads back as the same list.
+            let list = Hostlist::parse(input).expect(input);
+            assert_eq!(Hostlist::parse(&list.to_string()), Ok(list), "{input:?}");
+        }
+    }
+
+    #[test]
+    fn empty_terms_are_empty_lists() {
+        // RFC 29: an empty hostlist expression represents an empty list (flux-core skips them alike).
+        assert_eq!(expand(",1,2,3"), ["1", "2", "3"]);
+        assert_eq!(expand(",1,2,3,"), ["1", "2", "3"]);
+        assert_eq!(expand("a,,b"), ["a", "b"]);
+        assert_eq!(expand(",n[1-2],,"), ["n1", "n2"]);
+        assert_eq!(expand(","), Vec::<String>::new());
+        assert_eq!(expand(",,,"), Vec::<String>::new());
+        // Inside brackets an empty element is not an id.
+        assert!(Hostlist::parse("n[1,,2]").is_err());
+    }
+
+    #[test]
     fn compresses() {
         assert_eq!(hl(&["node0", "node1", "node2", "node4"]).to_string(), "node[0-2,4]");
-        assert_eq!(hl(&["node01", "node02", "node03", "node7"]).to_string(), "node[01-03,7]");
+        assert_eq!(hl(&["node01", "node02", "node03", "node7"]).to_string(), "node[01-03],node7");
         assert_eq!(hl(&["foo08", "foo09", "foo10"]).to_string(), "foo[08-10]");
         assert_eq!(hl(&["foo9", "foo10"]).to_string(), "foo[9-10]");
-        assert_eq!(hl(&["foo08", "foo9"]).to_string(), "foo[08,9]");
+        // One padding per bracket: `foo[08,9]` would be foo08,foo09 under RFC 29's first-element rule.
+        assert_eq!(hl(&["foo08", "foo9"]).to_string(), "foo08,foo9");
+        assert_eq!(hl(&["foo08", "foo09", "foo5", "foo6"]).to_string(), "foo[08-09],foo[5-6]");
+        assert_eq!(hl(&["foo08", "foo10", "foo11"]).to_string(), "foo[08,10-11]");
         assert_eq!(hl(&["rack1-a", "rack2-a", "rack3-b"]).to_string(), "rack[1-2]-a,rack3-b");
         assert_eq!(hl(&["foo", "bar1"]).to_string(), "foo,bar1");
         assert_eq!(hl(&["n1", "x", "n2"]).to_string(), "n1,x,n2");
@@ -441,8 +493,6 @@ mod tests {
     #[test]
     fn rejects_bad_input() {
         let cases = [
-            ("a,,b", "empty hostname"),
-            ("a,", "empty hostname"),
             ("n[1-3", "brackets"),
             ("n1-3]", "brackets"),
             ("n[[1]]", "brackets"),
@@ -456,6 +506,8 @@ mod tests {
             ("n[0-99999999999]", "too large"),
             (&format!("n[{}0-999999]", "0".repeat(200)), "too large"),
             ("a b", "invalid character"),
+            ("nöde1", "invalid character"),
+            ("a\u{7f}", "invalid character"),
         ];
         for (input, want) in cases {
             let err = Hostlist::parse(input).expect_err(input).to_string();
@@ -486,10 +538,48 @@ mod tests {
         })
     }
 
+    /// RFC 29's own reading of a bracket (the first element's leading zeros apply to every number in it), for
+    /// well-formed input only: the encoder's output must expand the same under it.
+    fn expand_first_element_padding(s: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        for term in split_terms(s).unwrap_or_default().into_iter().filter(|t| !t.is_empty()) {
+            let Some((prefix, rest)) = term.split_once('[') else {
+                out.push(term.to_string());
+                continue;
+            };
+            let (ranges, suffix) = rest.split_once(']').unwrap_or((rest, ""));
+            let first = ranges.split([',', '-']).next().unwrap_or("");
+            let width = pad_width(first);
+            for element in ranges.split(',') {
+                let (lo, hi) = element.split_once('-').unwrap_or((element, element));
+                let (lo, hi) = (lo.parse::<u64>().unwrap_or(0), hi.parse::<u64>().unwrap_or(0));
+                out.extend((lo..=hi).map(|n| format!("{prefix}{}{suffix}", format_num(n, width))));
+            }
+        }
+        out
+    }
+
     proptest! {
         #[test]
         fn parse_never_panics(s in "\\PC*") {
             let _ = Hostlist::parse(&s);
+        }
+
+        #[test]
+        fn decode_then_encode_is_canonical(s in "[a-c0-9\\[\\],-]{0,24}") {
+            // Whatever is accepted prints in a form that reads back as the same list and prints the same again.
+            if let Ok(list) = Hostlist::parse(&s) {
+                let text = list.to_string();
+                prop_assert_eq!(Hostlist::parse(&text), Ok(list.clone()), "printed as {}", text);
+                prop_assert_eq!(Hostlist::parse(&text).map(|l| l.to_string()), Ok(text.clone()));
+            }
+        }
+
+        #[test]
+        fn encoding_reads_the_same_under_rfc29_padding(hosts in proptest::collection::vec(host_strategy(), 0..40)) {
+            let list: Hostlist = hosts.iter().cloned().collect();
+            let text = list.to_string();
+            prop_assert_eq!(expand_first_element_padding(&text), hosts, "printed as {}", text);
         }
 
         #[test]
