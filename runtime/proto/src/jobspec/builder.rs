@@ -225,6 +225,8 @@ impl JobspecBuilder {
             count: Count::Fixed(u64::from(count)),
             label: Some("task".into()),
             exclusive: None,
+            unit: None,
+            id: None,
             with: leaves.clone(),
         };
         let max = self.nnodes_max;
@@ -248,7 +250,13 @@ impl JobspecBuilder {
         Ok(Jobspec {
             version: 1,
             resources: vec![resource],
-            tasks: vec![Task { command: self.command, slot: "task".into(), count, attributes: None }],
+            tasks: vec![Task {
+                command: self.command,
+                slot: "task".into(),
+                count,
+                attributes: None,
+                distribution: None,
+            }],
             attributes: Attributes {
                 system: System {
                     duration: Some(duration),
@@ -278,6 +286,8 @@ fn leaf(kind: &str, count: u32) -> Resource {
         count: Count::Fixed(u64::from(count)),
         label: None,
         exclusive: None,
+        unit: None,
+        id: None,
         with: Vec::new(),
     }
 }
@@ -293,7 +303,15 @@ fn node(count: u32, max: Option<u32>, exclusive: bool, slot: Resource) -> Resour
         }),
         _ => Count::Fixed(u64::from(count)),
     };
-    Resource { kind: "node".into(), count, label: None, exclusive: exclusive.then_some(true), with: vec![slot] }
+    Resource {
+        kind: "node".into(),
+        count,
+        label: None,
+        exclusive: exclusive.then_some(true),
+        unit: None,
+        id: None,
+        with: vec![slot],
+    }
 }
 
 #[cfg(test)]

@@ -46,6 +46,7 @@
 //! | `request.rs` | what validation yields: [`JobRequest`] |
 //! | `builder.rs` | [`JobspecBuilder`]: a V1 jobspec from `flux run`-style options |
 //! | `tests.rs` | parse and validate tests, proptests on hostile input |
+//! | `conformance.rs` | the examples of RFC 14 and RFC 25, rewritten, each with its verdict (`docs/conformance.md`) |
 
 use std::collections::BTreeMap;
 
@@ -54,6 +55,8 @@ use serde_json::{Map, Value};
 use thiserror::Error;
 
 mod builder;
+#[cfg(test)]
+mod conformance;
 mod parse;
 mod request;
 #[cfg(test)]
@@ -74,7 +77,7 @@ pub const MAX_TASKS_PER_CORE: u32 = 64;
 /// warnings. Any other key besides `duration`, `cwd`, `environment`,
 /// `shell` and `requeue` yields a warning in [`JobRequest::warnings`].
 pub const RECOGNIZED_SYSTEM_KEYS: &[&str] =
-    &["queue", "bank", "project", "constraints", "dependencies", "files", "job"];
+    &["queue", "bank", "project", "constraints", "dependencies", "files", "job", "preemptible-after"];
 
 /// `attributes.system.requeue` (a boolean; `vigil submit --requeue`, Slurm's `sbatch --requeue`): a job that fails
 /// because one of its nodes was lost goes back to the queue instead of ending. Not in RFC 14, which leaves
@@ -147,12 +150,19 @@ pub struct Resource {
     /// Exclusive allocation (`exclusive`), meaningful on `node`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exclusive: Option<bool>,
+    /// Units of `count` (`unit`, RFC 14), e.g. `GB` for memory; kept, not interpreted (the V1 types `node`,
+    /// `slot`, `core` and `gpu` are counted in units of themselves).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
+    /// Identifiers of the resources to match (`id`, RFC 14); refused by [`Jobspec::validate`] (not in V1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
     /// Child vertices (`with`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub with: Vec<Resource>,
 }
 
-/// A resource `count`: an integer or an RFC 14 range object.
+/// A resource `count`: an integer, an RFC 14 range object, or an RFC 14 count string.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
 pub enum Count {
@@ -160,6 +170,9 @@ pub enum Count {
     Fixed(u64),
     /// A range, e.g. `count: {min: 2}`; V1 uses `min`.
     Range(CountRange),
+    /// A count string (RFC 14): an RFC 22 idset of acceptable counts (`"4,9,16"`) or an RFC 45 range
+    /// (`"2-8:2:*"`). Kept as written; refused by [`Jobspec::validate`] (V1 counts are integers).
+    Text(String),
 }
 
 /// RFC 14 range count: `{min, max?, operator?, operand?}`.
@@ -190,9 +203,13 @@ pub struct Task {
     /// Per-task attributes (`attributes`), kept opaque.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub attributes: Option<Map<String, Value>>,
+    /// Task placement hint for the launcher (`distribution`, RFC 14); kept, not interpreted (Vigil's shell
+    /// places tasks by its `taskmap` option), so [`Jobspec::validate`] warns when it is given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub distribution: Option<String>,
 }
 
-/// Task `count`: `{per_slot: N}` or `{total: N}` (serialized as a
+/// Task `count`: `{per_slot: N}`, `{total: N}` or `{per_resource: {type, count}}` (serialized as a
 /// one-entry mapping in both JSON and YAML).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TaskCount {
@@ -200,17 +217,27 @@ pub enum TaskCount {
     PerSlot(u64),
     /// `{total: N}`: N tasks distributed over all slots.
     Total(u64),
+    /// `{per_resource: {type: T, count: N}}` (RFC 14): N tasks on each resource of type T in the slot; refused
+    /// by [`Jobspec::validate`] (not in V1).
+    PerResource {
+        /// The resource type (`type`), e.g. `node`.
+        kind: String,
+        /// Tasks on each such resource (`count`).
+        count: u64,
+    },
 }
 
 impl Serialize for TaskCount {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
-        let (key, n) = match self {
-            TaskCount::PerSlot(n) => ("per_slot", n),
-            TaskCount::Total(n) => ("total", n),
-        };
         let mut map = serializer.serialize_map(Some(1))?;
-        map.serialize_entry(key, n)?;
+        match self {
+            TaskCount::PerSlot(n) => map.serialize_entry("per_slot", n)?,
+            TaskCount::Total(n) => map.serialize_entry("total", n)?,
+            TaskCount::PerResource { kind, count } => {
+                map.serialize_entry("per_resource", &serde_json::json!({"type": kind, "count": count}))?
+            }
+        }
         map.end()
     }
 }

@@ -28,20 +28,51 @@ fn as_string(v: &Value, path: &str) -> Result<String, JobspecError> {
     v.as_str().map(str::to_string).ok_or_else(|| invalid(path, "must be a string"))
 }
 
+/// An integer `>= 1` (RFC 14's "positive integer").
+fn as_positive_int(v: &Value, path: &str) -> Result<u64, JobspecError> {
+    v.as_u64().filter(|n| *n >= 1).ok_or_else(|| invalid(path, "must be an integer >= 1"))
+}
+
+/// RFC 14 count: an integer, a range mapping `{min, max?, operator?, operand?}` with RFC 14's rules (`min` and
+/// `operand` positive, `max >= min`, `operator` and `operand` together, `operand >= 2` for `*` and `^`, `min >= 2`
+/// for `^`), or a count string (an RFC 22 idset or an RFC 45 range; only its characters are checked here, since
+/// V1 refuses it anyway). Integer counts of 0 pass here: which types may be 0 is [`Jobspec::validate`]'s rule.
 fn parse_count(v: &Value, path: &str) -> Result<Count, JobspecError> {
     match v {
         Value::Object(obj) => {
             check_keys(obj, &["min", "max", "operator", "operand"], path)?;
             let min_path = format!("{path}.min");
-            let min = as_count_int(obj.get("min").ok_or_else(|| invalid(&min_path, "required"))?, &min_path)?;
-            let max = obj.get("max").map(|m| as_count_int(m, &format!("{path}.max"))).transpose()?;
+            let min = as_positive_int(obj.get("min").ok_or_else(|| invalid(&min_path, "required"))?, &min_path)?;
+            let max = obj.get("max").map(|m| as_positive_int(m, &format!("{path}.max"))).transpose()?;
+            if max.is_some_and(|max| max < min) {
+                return Err(invalid(format!("{path}.max"), "must be >= min"));
+            }
             let operator = match obj.get("operator") {
                 None => None,
                 Some(Value::String(s)) if matches!(s.as_str(), "+" | "*" | "^") => Some(s.clone()),
                 Some(_) => return Err(invalid(format!("{path}.operator"), "must be one of +, *, ^")),
             };
-            let operand = obj.get("operand").map(|m| as_count_int(m, &format!("{path}.operand"))).transpose()?;
+            let operand = obj.get("operand").map(|m| as_positive_int(m, &format!("{path}.operand"))).transpose()?;
+            match (&operator, operand) {
+                (Some(_), None) => return Err(invalid(format!("{path}.operand"), "required with operator (RFC 14)")),
+                (None, Some(_)) => return Err(invalid(format!("{path}.operator"), "required with operand (RFC 14)")),
+                (Some(op), Some(n)) if op != "+" && n < 2 => {
+                    return Err(invalid(format!("{path}.operand"), format!("must be >= 2 with operator {op}")))
+                }
+                (Some(op), _) if op == "^" && min < 2 => return Err(invalid(min_path, "must be >= 2 with operator ^")),
+                _ => {}
+            }
             Ok(Count::Range(CountRange { min, max, operator, operand }))
+        }
+        Value::String(s) => {
+            let idset = crate::idset::IdSet::parse(s).is_ok_and(|ids| !ids.is_empty());
+            let range = s.bytes().any(|b| b.is_ascii_digit())
+                && s.bytes().all(|b| b.is_ascii_digit() || b"-+:*^[]".contains(&b));
+            if idset || range {
+                Ok(Count::Text(s.clone()))
+            } else {
+                Err(invalid(path, "must be an integer, a mapping {min, max, operator, operand}, or a count string (an RFC 22 idset or RFC 45 range)"))
+            }
         }
         _ => as_count_int(v, path).map(Count::Fixed),
     }
@@ -49,7 +80,7 @@ fn parse_count(v: &Value, path: &str) -> Result<Count, JobspecError> {
 
 fn parse_resource(v: &Value, path: &str) -> Result<Resource, JobspecError> {
     let obj = as_object(v, path)?;
-    check_keys(obj, &["type", "count", "label", "exclusive", "with"], path)?;
+    check_keys(obj, &["type", "count", "unit", "label", "exclusive", "with", "id"], path)?;
     let kind = match obj.get("type") {
         Some(Value::String(s)) if !s.is_empty() => s.clone(),
         _ => return Err(invalid(format!("{path}.type"), "required non-empty string")),
@@ -57,6 +88,8 @@ fn parse_resource(v: &Value, path: &str) -> Result<Resource, JobspecError> {
     let count_path = format!("{path}.count");
     let count = parse_count(obj.get("count").ok_or_else(|| invalid(&count_path, "required"))?, &count_path)?;
     let label = obj.get("label").map(|l| as_string(l, &format!("{path}.label"))).transpose()?;
+    let unit = obj.get("unit").map(|u| as_string(u, &format!("{path}.unit"))).transpose()?;
+    let id = obj.get("id").map(|u| as_string(u, &format!("{path}.id"))).transpose()?;
     let exclusive = match obj.get("exclusive") {
         None => None,
         Some(Value::Bool(b)) => Some(*b),
@@ -64,6 +97,9 @@ fn parse_resource(v: &Value, path: &str) -> Result<Resource, JobspecError> {
     };
     let with = match obj.get("with") {
         None => Vec::new(),
+        Some(Value::Array(items)) if items.is_empty() => {
+            return Err(invalid(format!("{path}.with"), "must contain at least one resource (RFC 14), or be left out"))
+        }
         Some(Value::Array(items)) => items
             .iter()
             .enumerate()
@@ -71,12 +107,12 @@ fn parse_resource(v: &Value, path: &str) -> Result<Resource, JobspecError> {
             .collect::<Result<_, _>>()?,
         Some(_) => return Err(invalid(format!("{path}.with"), "must be a list of resources")),
     };
-    Ok(Resource { kind, count, label, exclusive, with })
+    Ok(Resource { kind, count, label, exclusive, unit, id, with })
 }
 
 fn parse_task(v: &Value, path: &str) -> Result<Task, JobspecError> {
     let obj = as_object(v, path)?;
-    check_keys(obj, &["command", "slot", "count", "attributes"], path)?;
+    check_keys(obj, &["command", "slot", "count", "attributes", "distribution"], path)?;
     let cmd_err = || invalid(format!("{path}.command"), "must be a non-empty array of strings");
     let command = match obj.get("command") {
         Some(Value::Array(items)) => {
@@ -90,14 +126,27 @@ fn parse_task(v: &Value, path: &str) -> Result<Task, JobspecError> {
     };
     let count_path = format!("{path}.count");
     let count_obj = as_object(obj.get("count").ok_or_else(|| invalid(&count_path, "required"))?, &count_path)?;
-    check_keys(count_obj, &["per_slot", "total"], &count_path)?;
-    let count = match (count_obj.get("per_slot"), count_obj.get("total")) {
-        (Some(n), None) => TaskCount::PerSlot(as_count_int(n, &format!("{count_path}.per_slot"))?),
-        (None, Some(n)) => TaskCount::Total(as_count_int(n, &format!("{count_path}.total"))?),
-        _ => return Err(invalid(count_path, "must have exactly one of per_slot or total")),
+    check_keys(count_obj, &["per_slot", "total", "per_resource"], &count_path)?;
+    let count = match (count_obj.get("per_slot"), count_obj.get("total"), count_obj.get("per_resource")) {
+        (Some(n), None, None) => TaskCount::PerSlot(as_count_int(n, &format!("{count_path}.per_slot"))?),
+        (None, Some(n), None) => TaskCount::Total(as_count_int(n, &format!("{count_path}.total"))?),
+        (None, None, Some(r)) => {
+            let p = format!("{count_path}.per_resource");
+            let r = as_object(r, &p)?;
+            check_keys(r, &["type", "count"], &p)?;
+            let kind = match r.get("type") {
+                Some(Value::String(s)) if !s.is_empty() => s.clone(),
+                _ => return Err(invalid(format!("{p}.type"), "required non-empty string")),
+            };
+            let count_p = format!("{p}.count");
+            let count = as_positive_int(r.get("count").ok_or_else(|| invalid(&count_p, "required"))?, &count_p)?;
+            TaskCount::PerResource { kind, count }
+        }
+        _ => return Err(invalid(count_path, "must have exactly one of per_slot, total or per_resource")),
     };
     let attributes = obj.get("attributes").map(|a| as_object(a, &format!("{path}.attributes")).cloned()).transpose()?;
-    Ok(Task { command, slot, count, attributes })
+    let distribution = obj.get("distribution").map(|d| as_string(d, &format!("{path}.distribution"))).transpose()?;
+    Ok(Task { command, slot, count, attributes, distribution })
 }
 
 fn parse_system(v: &Value) -> Result<System, JobspecError> {
@@ -117,6 +166,11 @@ fn parse_system(v: &Value) -> Result<System, JobspecError> {
             "cwd" => sys.cwd = Some(as_string(value, &p)?),
             "environment" => {
                 for (name, val) in as_object(value, &p)? {
+                    // RFC 14: null unsets the variable. The tasks' environment is this mapping (and the shell's
+                    // own variables), so an unset variable is one left out.
+                    if val.is_null() {
+                        continue;
+                    }
                     let s = as_string(val, &format!("{p}.{name}"))?;
                     sys.environment.insert(name.clone(), s);
                 }
@@ -134,11 +188,60 @@ fn parse_system(v: &Value) -> Result<System, JobspecError> {
                 sys.shell = Some(shell);
             }
             _ => {
+                check_system_value(key, value, &p)?;
                 sys.other.insert(key.clone(), value.clone());
             }
         }
     }
     Ok(sys)
+}
+
+/// The types RFC 14 gives the other `attributes.system` keys it names (kept verbatim in [`System::other`]):
+/// `queue`, `bank`, `project` strings; `preemptible-after` a number of seconds `>= 0`; `job` a mapping of strings;
+/// `files` a mapping (RFC 37); `constraints` a mapping (RFC 31; its operators are checked by
+/// [`Jobspec::validate`]); `dependencies` a list of RFC 26 dependency objects (`{scheme, value}` strings, other
+/// keys allowed). Keys RFC 14 does not name pass unchecked.
+fn check_system_value(key: &str, value: &Value, p: &str) -> Result<(), JobspecError> {
+    match key {
+        "queue" | "bank" | "project" => {
+            as_string(value, p)?;
+        }
+        "preemptible-after" => {
+            value
+                .as_f64()
+                .filter(|d| d.is_finite() && *d >= 0.0)
+                .ok_or_else(|| invalid(p, "must be a number of seconds >= 0"))?;
+        }
+        "job" => {
+            for (name, val) in as_object(value, p)? {
+                as_string(val, &format!("{p}.{name}"))?;
+            }
+        }
+        "files" => {
+            as_object(value, p)?;
+        }
+        "constraints" => {
+            value.as_object().ok_or_else(|| invalid(p, "must be a mapping of constraint operators (RFC 31)"))?;
+        }
+        "dependencies" => {
+            let list = value
+                .as_array()
+                .ok_or_else(|| invalid(p, "must be a list of dependencies (RFC 26: {scheme, value})"))?;
+            for (i, dep) in list.iter().enumerate() {
+                let dp = format!("{p}[{i}]");
+                let obj = dep.as_object().ok_or_else(|| invalid(&dp, "must be a mapping {scheme, value} (RFC 26)"))?;
+                for field in ["scheme", "value"] {
+                    match obj.get(field) {
+                        Some(Value::String(_)) => {}
+                        Some(_) => return Err(invalid(format!("{dp}.{field}"), "must be a string")),
+                        None => return Err(invalid(format!("{dp}.{field}"), "required string (RFC 26)")),
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 fn parse_attributes(v: &Value) -> Result<Attributes, JobspecError> {

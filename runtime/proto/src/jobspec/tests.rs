@@ -124,7 +124,7 @@ fn node_ranges() {
     let with = |count: Value| {
         let mut v = v.clone();
         v["resources"][0]["count"] = count;
-        Jobspec::from_value(&v).unwrap().validate().map_err(|e| e.to_string())
+        Jobspec::from_value(&v).and_then(|j| j.validate()).map_err(|e| e.to_string())
     };
     assert_eq!(with(json!({"min": 3, "max": 2})).unwrap_err(), "resources[0].count.max: must be >= min");
     assert!(with(json!({"min": 2, "max": 8, "operator": "*", "operand": 2})).unwrap_err().contains("operator"));
@@ -260,9 +260,46 @@ fn rejections_name_the_field() {
         (Box::new(|v| remove(&mut v["resources"][0], "count")), "resources[0].count: required"),
         (Box::new(|v| v["resources"][0]["exclusive"] = json!("yes")), "resources[0].exclusive: must be a boolean"),
         (Box::new(|v| v["resources"][0]["label"] = json!("x")), "resources[0].label: only allowed on slot"),
-        (Box::new(|v| v["resources"][0]["unit"] = json!("GB")), "resources[0].unit: unknown key"),
+        (Box::new(|v| v["resources"][0]["unit"] = json!(5)), "resources[0].unit: must be a string"),
+        (Box::new(|v| v["resources"][0]["id"] = json!(5)), "resources[0].id: must be a string"),
+        (
+            Box::new(|v| v["resources"][0]["id"] = json!("0-3")),
+            "resources[0].id: not allowed in a version 1 jobspec (RFC 25)",
+        ),
         (Box::new(|v| v["resources"][0]["with"] = json!({})), "resources[0].with: must be a list"),
-        (Box::new(|v| v["resources"][0]["with"] = json!([])), "resources[0].with: node must contain exactly one slot"),
+        (
+            Box::new(|v| v["resources"][0]["with"] = json!([])),
+            "resources[0].with: must contain at least one resource (RFC 14)",
+        ),
+        (
+            Box::new(|v| v["resources"][0]["count"] = json!("4,9,16")),
+            "resources[0].count: a count string is not allowed in a version 1 jobspec (RFC 25)",
+        ),
+        (
+            Box::new(|v| v["resources"][0]["count"] = json!("2-8:2:*")),
+            "resources[0].count: a count string is not allowed in a version 1 jobspec (RFC 25)",
+        ),
+        (Box::new(|v| v["resources"][0]["count"] = json!("many")), "resources[0].count: must be an integer"),
+        (
+            Box::new(|v| v["resources"][0]["count"] = json!({"min": 2, "operator": "+"})),
+            "resources[0].count.operand: required with operator (RFC 14)",
+        ),
+        (
+            Box::new(|v| v["resources"][0]["count"] = json!({"min": 2, "operand": 1})),
+            "resources[0].count.operator: required with operand (RFC 14)",
+        ),
+        (
+            Box::new(|v| v["resources"][0]["count"] = json!({"min": 2, "operator": "*", "operand": 1})),
+            "resources[0].count.operand: must be >= 2 with operator *",
+        ),
+        (
+            Box::new(|v| v["resources"][0]["count"] = json!({"min": 1, "operator": "^", "operand": 2})),
+            "resources[0].count.min: must be >= 2 with operator ^",
+        ),
+        (
+            Box::new(|v| v["resources"][0]["count"] = json!({"min": 1, "max": 0})),
+            "resources[0].count.max: must be an integer >= 1",
+        ),
         (
             Box::new(move |v| {
                 if let Some(s) = v.pointer_mut(slot) {
@@ -338,10 +375,10 @@ fn rejections_name_the_field() {
         (
             Box::new(move |v| {
                 if let Some(s) = v.pointer_mut(slot) {
-                    s["exclusive"] = json!(true)
+                    s["exclusive"] = json!(false)
                 }
             }),
-            "resources[0].with[0].exclusive: only allowed on node",
+            "resources[0].with[0].exclusive: a slot's resources are always its own",
         ),
         (
             Box::new(move |v| {
@@ -381,7 +418,23 @@ fn rejections_name_the_field() {
                     s["with"][1]["count"] = json!("one")
                 }
             }),
-            "resources[0].with[0].with[1].count: must be an integer >= 1",
+            "resources[0].with[0].with[1].count: must be an integer",
+        ),
+        (
+            Box::new(move |v| {
+                if let Some(s) = v.pointer_mut(slot) {
+                    s["with"][1]["count"] = json!(-1)
+                }
+            }),
+            "resources[0].with[0].with[1].count: must be an integer",
+        ),
+        (
+            Box::new(move |v| {
+                if let Some(s) = v.pointer_mut(slot) {
+                    s["with"][1]["id"] = json!("0")
+                }
+            }),
+            "resources[0].with[0].with[1].id: not allowed in a version 1 jobspec",
         ),
         (
             Box::new(move |v| {
@@ -401,7 +454,7 @@ fn rejections_name_the_field() {
         ),
         (
             Box::new(
-                |v| v["resources"] = json!([{"type": "slot", "count": 1, "label": "task", "with": [{"type": "core", "count": 1}]}, {"type": "slot", "count": 1, "label": "b", "with": []}]),
+                |v| v["resources"] = json!([{"type": "slot", "count": 1, "label": "task", "with": [{"type": "core", "count": 1}]}, {"type": "slot", "count": 1, "label": "b", "with": [{"type": "core", "count": 1}]}]),
             ),
             "resources: must contain exactly one resource (node or slot), got 2",
         ),
@@ -425,8 +478,21 @@ fn rejections_name_the_field() {
         (Box::new(|v| v["tasks"][0]["count"] = json!({"total": 0})), "tasks[0].count.total: must be an integer >= 1"),
         (
             Box::new(|v| v["tasks"][0]["count"] = json!({"total": 1, "per_slot": 1})),
-            "tasks[0].count: must have exactly one of per_slot or total",
+            "tasks[0].count: must have exactly one of per_slot, total or per_resource",
         ),
+        (
+            Box::new(|v| v["tasks"][0]["count"] = json!({"per_resource": {"type": "node", "count": 1}})),
+            "tasks[0].count.per_resource: not allowed in a version 1 jobspec (RFC 25)",
+        ),
+        (
+            Box::new(|v| v["tasks"][0]["count"] = json!({"per_resource": {"type": "node", "count": 0}})),
+            "tasks[0].count.per_resource.count: must be an integer >= 1",
+        ),
+        (
+            Box::new(|v| v["tasks"][0]["count"] = json!({"per_resource": {"count": 1}})),
+            "tasks[0].count.per_resource.type: required non-empty string",
+        ),
+        (Box::new(|v| v["tasks"][0]["distribution"] = json!(1)), "tasks[0].distribution: must be a string"),
         (Box::new(|v| v["tasks"][0]["count"] = json!({"each": 1})), "tasks[0].count.each: unknown key"),
         (Box::new(|v| v["tasks"][0]["count"] = json!(1)), "tasks[0].count: must be a mapping"),
         (Box::new(|v| v["tasks"][0]["where"] = json!(1)), "tasks[0].where: unknown key"),
@@ -457,6 +523,62 @@ fn rejections_name_the_field() {
             Box::new(|v| v["attributes"]["system"]["shell"]["options"] = json!(1)),
             "attributes.system.shell.options: must be a mapping",
         ),
+        // The other attributes.system keys RFC 14 names, by their RFC 14 types.
+        (
+            Box::new(|v| v["attributes"]["system"]["constraints"] = json!(null)),
+            "attributes.system.constraints: must be a mapping of constraint operators (RFC 31)",
+        ),
+        (
+            Box::new(|v| v["attributes"]["system"]["constraints"] = json!(["rank:0"])),
+            "attributes.system.constraints: must be a mapping of constraint operators (RFC 31)",
+        ),
+        (
+            Box::new(|v| v["attributes"]["system"]["constraints"] = json!({"ranks": ["3,2"]})),
+            "attributes.system.constraints.ranks[0]: idset \"3,2\": \"2\" is out of order",
+        ),
+        (
+            Box::new(|v| v["attributes"]["system"]["dependencies"] = json!({"scheme": "afterok"})),
+            "attributes.system.dependencies: must be a list of dependencies (RFC 26: {scheme, value})",
+        ),
+        (
+            Box::new(|v| v["attributes"]["system"]["dependencies"] = json!(["afterok:f1"])),
+            "attributes.system.dependencies[0]: must be a mapping {scheme, value} (RFC 26)",
+        ),
+        (
+            Box::new(|v| v["attributes"]["system"]["dependencies"] = json!([{"scheme": "afterok"}])),
+            "attributes.system.dependencies[0].value: required string (RFC 26)",
+        ),
+        (
+            Box::new(|v| v["attributes"]["system"]["dependencies"] = json!([{"scheme": 1, "value": "f1"}])),
+            "attributes.system.dependencies[0].scheme: must be a string",
+        ),
+        (
+            Box::new(|v| {
+                v["attributes"]["system"]["dependencies"] =
+                    json!([{"scheme": "afterok", "value": "f1"}, {"scheme": "afterany", "value": 2}])
+            }),
+            "attributes.system.dependencies[1].value: must be a string",
+        ),
+        (
+            Box::new(|v| v["attributes"]["system"]["dependencies"] = json!([{"scheme": "afterok", "value": "f1"}])),
+            "attributes.system.dependencies: job dependencies are not supported yet (first: scheme \"afterok\")",
+        ),
+        (Box::new(|v| v["attributes"]["system"]["queue"] = json!(1)), "attributes.system.queue: must be a string"),
+        (Box::new(|v| v["attributes"]["system"]["bank"] = json!([])), "attributes.system.bank: must be a string"),
+        (
+            Box::new(|v| v["attributes"]["system"]["project"] = json!(null)),
+            "attributes.system.project: must be a string",
+        ),
+        (
+            Box::new(|v| v["attributes"]["system"]["preemptible-after"] = json!(-1)),
+            "attributes.system.preemptible-after: must be a number of seconds >= 0",
+        ),
+        (
+            Box::new(|v| v["attributes"]["system"]["job"] = json!({"name": 3})),
+            "attributes.system.job.name: must be a string",
+        ),
+        (Box::new(|v| v["attributes"]["system"]["job"] = json!("x")), "attributes.system.job: must be a mapping"),
+        (Box::new(|v| v["attributes"]["system"]["files"] = json!([])), "attributes.system.files: must be a mapping"),
     ];
     for (edit, want) in cases {
         let got = error_after(edit);

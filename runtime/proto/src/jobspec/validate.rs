@@ -9,8 +9,8 @@ use super::{
     MAX_TASKS_PER_CORE, RECOGNIZED_SYSTEM_KEYS, REQUEUE_KEY,
 };
 
-/// Check a V1 count: integer or `{min}` with `1 <= value <= u32::MAX`.
-fn v1_count(count: &Count, path: &str) -> Result<u32, JobspecError> {
+/// Check a V1 count: integer or `{min}` with `least <= value <= u32::MAX` (`least` is 1, or 0 for a `gpu`).
+fn v1_count(count: &Count, path: &str, least: u64) -> Result<u32, JobspecError> {
     let (value, p) = match count {
         Count::Fixed(n) => (*n, path.to_string()),
         Count::Range(r) => {
@@ -21,11 +21,22 @@ fn v1_count(count: &Count, path: &str) -> Result<u32, JobspecError> {
             }
             (r.min, format!("{path}.min"))
         }
+        Count::Text(_) => {
+            return Err(invalid(path, "a count string is not allowed in a version 1 jobspec (RFC 25): give an integer"))
+        }
     };
-    if value < 1 {
-        return Err(invalid(p, "must be an integer >= 1"));
+    if value < least {
+        return Err(invalid(p, format!("must be an integer >= {least}")));
     }
     u32::try_from(value).map_err(|_| invalid(p, format!("must be at most {}", u32::MAX)))
+}
+
+/// Refuse the RFC 14 vertex keys a V1 jobspec does not have (`id`); `unit` is allowed (RFC 25) and ignored.
+fn v1_keys(r: &Resource, path: &str) -> Result<(), JobspecError> {
+    if r.id.is_some() {
+        return Err(invalid(format!("{path}.id"), "not allowed in a version 1 jobspec (RFC 25)"));
+    }
+    Ok(())
 }
 
 /// The most nodes of a node count that is a range (`{min, max}`, RFC 14), given its minimum `min` (already
@@ -49,8 +60,10 @@ fn node_range_max(count: &Count, min: u32) -> Result<Option<u32>, JobspecError> 
     }
 }
 
-/// Check a leaf (`core`/`gpu`) vertex inside a slot.
+/// Check a leaf (`core`/`gpu`) vertex inside a slot. A `gpu` count may be 0 (no GPU), as flux-core's V1
+/// validator allows (RFC 25's schema says `>= 1`; its text only "a single integer").
 fn v1_leaf(r: &Resource, path: &str) -> Result<u32, JobspecError> {
+    v1_keys(r, path)?;
     if !r.with.is_empty() {
         return Err(invalid(format!("{path}.with"), format!("{} may not contain other resources", r.kind)));
     }
@@ -60,7 +73,7 @@ fn v1_leaf(r: &Resource, path: &str) -> Result<u32, JobspecError> {
     if r.exclusive.is_some() {
         return Err(invalid(format!("{path}.exclusive"), "only allowed on node"));
     }
-    v1_count(&r.count, &format!("{path}.count"))
+    v1_count(&r.count, &format!("{path}.count"), if r.kind == "gpu" { 0 } else { 1 })
 }
 
 impl Jobspec {
@@ -69,15 +82,20 @@ impl Jobspec {
     /// Rules: `version` is 1; `resources` has exactly one vertex, either
     /// `node` (count, optional `exclusive`) containing exactly one `slot`, or
     /// a `slot`; the slot has a non-empty `label`, a count, and contains one
-    /// `core` and at most one `gpu` (counts `>= 1`, no children); counts are
+    /// `core` (count `>= 1`) and at most one `gpu` (count `>= 0`; 0 asks for
+    /// none), neither with children; a vertex may carry `unit` (ignored) but not
+    /// `id`; `exclusive` is allowed on the node, and on the slot only as `true`
+    /// (RFC 14's default for slots); counts are
     /// integers or `{min: N}` (min is used), except that a node count `{min, max}` is a range (Slurm's
-    /// `--nodes=min-max`: [`JobRequest::nnodes_max`]); `tasks` has exactly one task
+    /// `--nodes=min-max`: [`JobRequest::nnodes_max`]); count strings are refused; `tasks` has exactly one task
     /// with a non-empty `command`, `slot` equal to the slot label, and count
-    /// `{per_slot: 1}` or `{total: N >= 1}`; `attributes.system.duration`
-    /// is present (seconds, 0 = unlimited).
+    /// `{per_slot: 1}` or `{total: N >= 1}` (not `per_resource`); `attributes.system.duration`
+    /// is present (seconds, 0 = unlimited); `attributes.system.dependencies`
+    /// (RFC 26) is refused unless empty: job dependencies are not supported yet,
+    /// and running a job before what it depends on would be worse than refusing it.
     ///
     /// Unknown `attributes.system` keys (other than
-    /// [`RECOGNIZED_SYSTEM_KEYS`]) and unknown `attributes.system.shell` keys
+    /// [`RECOGNIZED_SYSTEM_KEYS`]), unknown `attributes.system.shell` keys and a task's `distribution`
     /// become [`JobRequest::warnings`].
     ///
     /// # Errors
@@ -98,7 +116,8 @@ impl Jobspec {
         let mut nnodes_max = None;
         let (nnodes, slot, slot_path, exclusive) = match top.kind.as_str() {
             "node" => {
-                let n = v1_count(&top.count, "resources[0].count")?;
+                v1_keys(top, "resources[0]")?;
+                let n = v1_count(&top.count, "resources[0].count", 1)?;
                 nnodes_max = node_range_max(&top.count, n)?;
                 if top.label.is_some() {
                     return Err(invalid("resources[0].label", "only allowed on slot"));
@@ -114,14 +133,18 @@ impl Jobspec {
             "slot" => (None, top, "resources[0]", false),
             other => return Err(invalid("resources[0].type", format!("must be node or slot, got {other}"))),
         };
-        if slot.exclusive.is_some() {
-            return Err(invalid(format!("{slot_path}.exclusive"), "only allowed on node"));
+        v1_keys(slot, slot_path)?;
+        if slot.exclusive == Some(false) {
+            return Err(invalid(
+                format!("{slot_path}.exclusive"),
+                "a slot's resources are always its own: false (shared) is not supported",
+            ));
         }
         let label = match &slot.label {
             Some(l) if !l.is_empty() => l.as_str(),
             _ => return Err(invalid(format!("{slot_path}.label"), "required non-empty string")),
         };
-        let slots = v1_count(&slot.count, &format!("{slot_path}.count"))?;
+        let slots = v1_count(&slot.count, &format!("{slot_path}.count"), 1)?;
         let mut cores = None;
         let mut gpus = None;
         for (i, child) in slot.with.iter().enumerate() {
@@ -179,7 +202,13 @@ impl Jobspec {
             TaskCount::PerSlot(_) => return Err(invalid("tasks[0].count.per_slot", "must be 1")),
             // N tasks distributed over the slots; fewer tasks than slots is
             // normal (`flux run -N2 -n3` gives 4 slots, 3 tasks).
-            TaskCount::Total(n) => v1_count(&Count::Fixed(n), "tasks[0].count.total")?,
+            TaskCount::Total(n) => v1_count(&Count::Fixed(n), "tasks[0].count.total", 1)?,
+            TaskCount::PerResource { .. } => {
+                return Err(invalid(
+                    "tasks[0].count.per_resource",
+                    "not allowed in a version 1 jobspec (RFC 25): use per_slot or total",
+                ))
+            }
         };
         let ncores = u64::from(nslots) * u64::from(cores_per_slot);
         if u64::from(ntasks) > ncores * u64::from(MAX_TASKS_PER_CORE) {
@@ -248,8 +277,20 @@ impl Jobspec {
                 Some(c) => crate::constraint::Constraint::And(vec![c, hosts]),
             });
         }
+        if let Some(Value::Array(deps)) = sys.other.get("dependencies") {
+            if let Some(dep) = deps.first() {
+                let scheme = dep.get("scheme").and_then(Value::as_str).unwrap_or_default();
+                return Err(invalid(
+                    "attributes.system.dependencies",
+                    format!("job dependencies are not supported yet (first: scheme {scheme:?})"),
+                ));
+            }
+        }
         let instance = sys.other.get(INSTANCE_KEY).map(super::NestedInstance::from_value).transpose()?;
         let mut warnings = Vec::new();
+        if task.distribution.is_some() {
+            warnings.push("tasks[0].distribution: ignored (the shell's taskmap option places tasks)".to_string());
+        }
         for key in sys.other.keys() {
             if key != REQUEUE_KEY && key != INSTANCE_KEY && !RECOGNIZED_SYSTEM_KEYS.contains(&key.as_str()) {
                 warnings.push(format!("attributes.system.{key}: unknown key, ignored"));
