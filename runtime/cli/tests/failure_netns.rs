@@ -1381,6 +1381,197 @@ fn a_batch_job_fails_when_its_host_is_lost_while_its_instance_starts() {
     assert!(!out.contains("inner run exit code"), "the script never ran: {ctx}");
 }
 
+/// The first file under `root` whose path ends with `suffix`, if any (a walk of the whole tree).
+fn find_file(root: &Path, suffix: &str) -> Option<PathBuf> {
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.to_string_lossy().ends_with(suffix) {
+                return Some(p);
+            }
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                todo.push(p);
+            }
+        }
+    }
+    None
+}
+
+/// A 5-node batch job (`-S tbon.topo=kary:2`) on nodes 1-5 of a 6-node cluster, whose instance's rank `r` runs
+/// on node `r + 1`: rank 1 (node2) is the router of ranks 3 (node4) and 4 (node5). Those two cannot reach node2
+/// (a blackhole route in their namespaces) until `router_down` has run, which is called as soon as the router's
+/// broker is past the endpoint exchange (its local socket exists): after the exchange, before its children could
+/// connect to it. Returns the cluster, `vigil job wait`'s output, the job's eventlog, the script's output (its
+/// inner `vigil run -N run_nodes` lines, then the instance's resource and overlay status) and when
+/// `router_down` returned.
+fn batch_router_out_of_reach_at_start(
+    run_nodes: u32,
+    router_down: impl FnOnce(&Cluster, &Path),
+) -> (Cluster, Output, Vec<Value>, String, f64) {
+    let c = Cluster::up(6);
+    c.vigil(&["resource", "drain", "0", "login"]).ok();
+    let router_ip = "10.200.0.3/32";
+    for k in ["4", "5"] {
+        c.script(&["run", &c.name, k, "ip", "route", "add", "blackhole", router_ip]).ok();
+    }
+    let work = c.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let script = work.join("job.sh");
+    std::fs::write(
+        &script,
+        format!(
+            r#"#!/bin/sh
+vigil run -N{run_nodes} -n{run_nodes} sh -c 'echo "host: $(vigil getattr hostname)"'
+rc=$?
+echo "inner run exit code $rc"
+echo "status-json: $(vigil resource status --json)"
+echo "overlay-json: $(vigil overlay status --json)"
+exit $rc
+"#
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let o = c.vigil_in(
+        &work,
+        &[],
+        &["batch", "-N5", "-S", "tbon.topo=kary:2", "-S", "log-level=info", script.to_str().unwrap()],
+        CMD_TIMEOUT,
+    );
+    o.ok();
+    let id = o.stdout.trim().to_string();
+    // The router's broker made its local socket (`r/local-1` in its job directory): the exchange is over.
+    let roots = [c.path().to_path_buf(), PathBuf::from(format!("/tmp/vigil-netns-{}", c.name))];
+    let past = || roots.iter().any(|r| find_file(r, "/r/local-1").is_some());
+    assert!(wait_for(VERDICT, past), "the router never got past the exchange: {:?}", c.job_eventlog(&id));
+    let out_path = work.join(format!("vigil-{id}.out"));
+    router_down(&c, &out_path);
+    let t_down = now_s();
+    eprintln!("[{}] router's node down (or stalled) at {t_down:.3}", c.name);
+    for k in ["4", "5"] {
+        c.script(&["run", &c.name, k, "ip", "route", "del", "blackhole", router_ip]).ok();
+    }
+    let w = c.vigil_in(c.path(), &[], &["job", "wait", &id], JOB_END);
+    let out = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let log = c.job_eventlog(&id);
+    (c, w, log, out, t_down)
+}
+
+/// The instance's resource and overlay status as the script printed them.
+fn script_status(out: &str, ctx: &str) -> (Value, Value) {
+    let get = |key: &str| -> Value {
+        out.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|s| serde_json::from_str(s).ok())
+            .unwrap_or_else(|| panic!("no {key} in the script's output:\n{ctx}"))
+    };
+    (get("status-json: "), get("overlay-json: "))
+}
+
+/// A router of a batch job's instance (rank 1 of kary:2, node2) whose node dies after the endpoint exchange,
+/// before its children (ranks 3, 4) connected to it: they find its node silent and re-parent onto a live ancestor
+/// rather than retrying it for `tbon.connect_timeout` and exiting; the instance learns from the enclosing one that
+/// rank 1's node was lost, comes up without it, and the script's `vigil run -N4` runs on the four survivors; one
+/// severity-2 node-failure, exit 0 (issue 36).
+#[test]
+fn a_batch_job_survives_its_router_lost_before_its_children_connect() {
+    let (c, w, log, out, t_down) = batch_router_out_of_reach_at_start(4, |c, _| {
+        c.kill_node(2);
+    });
+    let ctx = format!(
+        "{}\n--- out ---\n{out}\n--- eventlog ---\n{}",
+        w.dump(),
+        log.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")
+    );
+    assert_eq!((w.timed_out, w.code), (false, 0), "{ctx}");
+    let ex = exceptions(&log);
+    assert_eq!(ex.len(), 1, "{ctx}");
+    assert_eq!(
+        (ex[0]["context"]["type"].as_str(), ex[0]["context"]["severity"].as_u64()),
+        (Some("node-failure"), Some(2)),
+        "{ctx}"
+    );
+    assert_eq!(ex[0]["context"]["shell_ranks"], "1", "node2 holds the instance's rank 1: {ctx}");
+    assert!(out.contains("inner run exit code 0"), "{ctx}");
+    let hosts: BTreeSet<String> =
+        out.lines().filter_map(|l| l.strip_prefix("host: ")).map(|h| h.trim().to_string()).collect();
+    let want: BTreeSet<String> = [1, 3, 4, 5].iter().map(|k| format!("node{k}")).collect();
+    assert_eq!(hosts, want, "{ctx}");
+    let (status, overlay) = script_status(&out, &ctx);
+    for r in 0..5 {
+        let want = if r == 1 { "lost" } else { "avail" };
+        assert_eq!(rank_entry(&status, r)["state"], want, "rank {r}: {status}\n{ctx}");
+    }
+    for r in [3, 4] {
+        let e = rank_entry(&overlay, r);
+        assert_eq!(e["adopted"], true, "rank {r} re-parented: {overlay}\n{ctx}");
+        assert_ne!(e["parent"], 1, "rank {r} still under the lost router: {overlay}\n{ctx}");
+    }
+    eprintln!(
+        "[{}] router's node lost before its children connected: job ended exit 0 +{} after the kill",
+        c.name,
+        ms(log.last().and_then(|e| e["timestamp"].as_f64()).unwrap_or(0.0) - t_down)
+    );
+}
+
+/// A router of a batch job's instance (rank 1 of kary:2, node2) that is alive but slow (its broker stopped as
+/// soon as it is past the endpoint exchange) and out of its children's reach: they find its node silent and
+/// re-parent onto a live ancestor, no verdict on it; once it runs again it joins as a leaf, finding them adopted.
+/// Nothing is lost: the instance comes up with all five brokers, ranks 3 and 4 under their adopters, and the
+/// script's `vigil run -N5` runs on every node; no exception, exit 0 (issue 36).
+#[test]
+fn a_slow_router_whose_children_were_adopted_at_start_joins_as_a_leaf() {
+    let (c, w, log, out, _) = batch_router_out_of_reach_at_start(5, |c, out_path| {
+        // The router's broker (the job's task on node2: `vigil broker --job-script=...`, bootstrapped through PMI).
+        let pids: Vec<i32> = c
+            .node_processes(2)
+            .into_iter()
+            .filter(|(_, cl)| cl.contains(" broker --job-script="))
+            .map(|(p, _)| p)
+            .collect();
+        assert_eq!(pids.len(), 1, "one nested broker on node2: {:?}", c.node_processes(2));
+        let signal = |sig: &str| {
+            let ok = Command::new("kill").args([sig, &pids[0].to_string()]).status().is_ok_and(|s| s.success());
+            assert!(ok, "kill {sig} {}", pids[0]);
+        };
+        signal("-STOP");
+        let adopted = || {
+            let out = std::fs::read_to_string(out_path).unwrap_or_default();
+            ["3", "4"].iter().all(|r| out.contains(&format!("vigil-broker[{r}]: info: re-parented under rank")))
+        };
+        let both = wait_for(VERDICT, adopted);
+        signal("-CONT");
+        assert!(both, "ranks 3 and 4 did not re-parent:\n{}", std::fs::read_to_string(out_path).unwrap_or_default());
+    });
+    let ctx = format!(
+        "{}\n--- out ---\n{out}\n--- eventlog ---\n{}",
+        w.dump(),
+        log.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")
+    );
+    assert_eq!((w.timed_out, w.code), (false, 0), "{ctx}");
+    assert!(exceptions(&log).is_empty(), "{ctx}");
+    assert!(out.contains("inner run exit code 0"), "{ctx}");
+    let hosts: BTreeSet<String> =
+        out.lines().filter_map(|l| l.strip_prefix("host: ")).map(|h| h.trim().to_string()).collect();
+    let want: BTreeSet<String> = (1..6).map(|k| format!("node{k}")).collect();
+    assert_eq!(hosts, want, "{ctx}");
+    let (status, overlay) = script_status(&out, &ctx);
+    for r in 0..5 {
+        assert_eq!(rank_entry(&status, r)["state"], "avail", "rank {r}: {status}\n{ctx}");
+    }
+    for r in [3, 4] {
+        let e = rank_entry(&overlay, r);
+        assert_eq!(e["adopted"], true, "rank {r} re-parented: {overlay}\n{ctx}");
+        assert_ne!(e["parent"], 1, "rank {r}: {overlay}\n{ctx}");
+    }
+    let router = rank_entry(&overlay, 1);
+    assert_eq!(router["state"], "online", "{overlay}\n{ctx}");
+    eprintln!("[{}] slow router joined as a leaf; its children stayed with their adopters", c.name);
+}
+
 /// A nested instance on the nodes of its parent shares the parent brokers' XDP responder (one XDP program per
 /// interface) instead of falling back, and leaves without any false "lost" verdict.
 #[test]

@@ -641,7 +641,7 @@ fn config_bootstrap(
         resources_override: None,
         config,
     };
-    Ok((opts, DriverOptions { listen, key, discovered: a.discovered.clone() }))
+    Ok((opts, DriverOptions { listen, key, discovered: a.discovered.clone(), endpoints_exchanged: false }))
 }
 
 /// Bootstrap an instance through PMI (PMI-1 or PMI-2, see [`crate::pmi`]): every broker binds a port, puts its endpoint, and after the barrier
@@ -834,8 +834,13 @@ async fn pmi_bootstrap(
         resources_override: mine.map(|m| (m.cores, m.gpus)),
         config,
     };
-    let io =
-        DriverOptions { listen: ListenSpec::Fd(std::os::fd::IntoRawFd::into_raw_fd(listener)), key, discovered: None };
+    // Every endpoint listed was bound before its broker put it, and the exchange has ended.
+    let io = DriverOptions {
+        listen: ListenSpec::Fd(std::os::fd::IntoRawFd::into_raw_fd(listener)),
+        key,
+        discovered: None,
+        endpoints_exchanged: true,
+    };
     Ok((opts, io, own))
 }
 

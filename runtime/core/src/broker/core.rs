@@ -191,9 +191,12 @@ pub enum Input {
     /// alive): why, and whether for capacity alone (`full`: it has the most children it adopts up to, the
     /// `refused` message's `full` field; see `reparent.rs`, "Last resort").
     ParentRefused { why: String, full: bool },
-    /// The static parent could not be had at start (before [`Input::Start`]), why: its endpoint is absent (a
-    /// nested broker whose parent's node was lost during start-up). Re-parent as from a
-    /// parent lost later (`reparent.rs`); when that cannot be (re-parenting off, no candidate), exit.
+    /// The static parent could not be had at start (before [`Input::Start`]), why: a nested broker's (its
+    /// endpoints exchanged through PMI after every broker bound its listener) whose parent's endpoint is absent
+    /// (its node was lost before the exchange ended), where nothing listens any more (its broker is gone), or
+    /// whose node's kernel does not answer (dead or cut off after the exchange). Re-parent as from a parent lost
+    /// later (`reparent.rs`): tree repair, no verdict on that parent, which joins as a leaf if it comes up after
+    /// all; when that cannot be (re-parenting off, no candidate), exit.
     FirstParentFailed(String),
     /// A message on a link (`conn`: the child link's connection number; 0 for the parent and local clients).
     Message(Peer, u64, Message),
@@ -961,7 +964,7 @@ impl Broker {
             Input::EnclosingLost { ranks, why } => self.enclosing_lost(&ranks, &why),
             Input::ParentFailed(why) => self.on_parent_failed(&why),
             Input::FirstParentFailed(why) => {
-                if !self.start_reparent(&why) {
+                if !self.start_reparent_at_start(&why) {
                     error!("no parent: {why}; exiting");
                     self.exit_code = 1;
                     self.begin_shutdown("no parent");

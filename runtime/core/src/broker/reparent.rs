@@ -158,6 +158,9 @@ pub struct Reparent {
     pub declined: bool,
     /// Whether the last round is under way: rank 0, appended to `candidates`, asked to adopt us past its limit.
     pub last_resort: bool,
+    /// Whether the parent left was never had: the static parent at start, out of reach
+    /// ([`Input::FirstParentFailed`](super::core::Input::FirstParentFailed)), on which this is no verdict.
+    pub at_start: bool,
 }
 
 impl Reparent {
@@ -177,6 +180,7 @@ impl Reparent {
             full: Vec::new(),
             declined: false,
             last_resort: false,
+            at_start: false,
         }
     }
 
@@ -355,6 +359,17 @@ impl Broker {
     /// Our parent is lost (`why`): start re-parenting, or say no (re-parenting off, shutting down, the parent
     /// was rank 0, no candidate) so that the caller ends this broker as before.
     pub fn start_reparent(&mut self, why: &str) -> bool {
+        self.reparent_from(why, false)
+    }
+
+    /// [`Broker::start_reparent`] from the static parent at start, out of reach (`why`): tree repair, no verdict on
+    /// it ([`Input::FirstParentFailed`](super::core::Input::FirstParentFailed)).
+    pub fn start_reparent_at_start(&mut self, why: &str) -> bool {
+        self.reparent_from(why, true)
+    }
+
+    /// [`Broker::start_reparent`]; `at_start` as for [`Reparent::at_start`].
+    fn reparent_from(&mut self, why: &str, at_start: bool) -> bool {
         let Some(lost) = self.parent else { return false };
         // Whatever comes next, what went up through the lost parent will never be answered.
         self.fail_sent_up(lost);
@@ -371,11 +386,21 @@ impl Broker {
         // CANDIDATE_TIMEOUT. Last, not left out: one may have come back unannounced, and the list must still end
         // at rank 0.
         candidates.sort_by_key(|c| self.known_lost.contains(c));
-        warn!("lost parent rank {lost} ({why}); re-parenting: trying rank {} first", candidates[0]);
+        if at_start {
+            warn!(
+                "parent rank {lost} out of reach at start ({why}); re-parenting, no verdict on it: trying rank {} \
+                 first",
+                candidates[0]
+            );
+        } else {
+            warn!("lost parent rank {lost} ({why}); re-parenting: trying rank {} first", candidates[0]);
+        }
         self.parent = None;
         self.parent_up = false;
         self.membership.remove(super::core::PARENT);
-        self.reparenting = Some(Reparent::new(lost, candidates, self.now, None));
+        let mut rp = Reparent::new(lost, candidates, self.now, None);
+        rp.at_start = at_start;
+        self.reparenting = Some(rp);
         self.try_candidate();
         true
     }
@@ -451,8 +476,9 @@ impl Broker {
         self.parent = Some(parent);
         let took = self.now.since(rp.since);
         let how = if rp.last_resort { ", past its adoption limit (last resort)" } else { "" };
+        let left = if rp.at_start { "out of reach at start" } else { "was lost" };
         info!(
-            "re-parented under rank {parent}{how} (rank {} was lost) after {:.0} ms",
+            "re-parented under rank {parent}{how} (rank {} {left}) after {:.0} ms",
             rp.lost,
             took.as_secs_f64() * 1e3
         );

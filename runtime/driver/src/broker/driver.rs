@@ -20,7 +20,9 @@
 use super::core::{Broker, DriverStatus, Environment, Input, Peer, Time, PARENT};
 use super::discover::discover;
 use super::link_set::LinkSet;
-use super::links_up::{accept_children, connect_parent, ChildLink, ParentError, ParentLink, PendingChild};
+use super::links_up::{
+    accept_children, connect_parent, first_parent_gone, Ask, ChildLink, ParentError, ParentLink, PendingChild,
+};
 use super::local;
 use super::options::{DriverOptions, ListenSpec};
 use super::secure;
@@ -243,7 +245,7 @@ async fn run_inner(opts: BrokerOptions, io: DriverOptions) -> Result<i32, String
         info!("state directory: jobs restored in {:.3}s", t.elapsed().as_secs_f64());
     }
     d.start_detectors(listen_ip);
-    if let Some(sig) = d.connect_first_parent(auth).await? {
+    if let Some(sig) = d.connect_first_parent(auth, io.endpoints_exchanged).await? {
         return Ok(128 + sig);
     }
     // The eBPF detectors load in the background now that we have joined the overlay.
@@ -457,9 +459,19 @@ impl Driver {
     /// Connect to the parent at start, if this broker has one (retrying for up to `tbon.connect_timeout`), and
     /// take the link ([`Driver::parent_up`]). `Some(signal)`: SIGTERM or SIGINT came first, and the broker exits.
     ///
+    /// A broker that re-parents, whose parent is not rank 0 and whose endpoints were `exchanged`
+    /// ([`DriverOptions::endpoints_exchanged`]: a nested instance's) re-parents at once
+    /// ([`Input::FirstParentFailed`], as from a parent lost later) when that parent's endpoint is absent, when
+    /// nothing listens there, or when its node does not answer ([`first_parent_gone`]): a router whose node died
+    /// after the exchange but before its children connected. It never does so while that node answers.
+    ///
     /// # Errors
     /// No endpoint is known for the parent, or no link could be made to it (refused, or not within the timeout).
-    async fn connect_first_parent(&mut self, auth: std::sync::Arc<secure::LinkAuth>) -> Result<Option<i32>, String> {
+    async fn connect_first_parent(
+        &mut self,
+        auth: std::sync::Arc<secure::LinkAuth>,
+        exchanged: bool,
+    ) -> Result<Option<i32>, String> {
         let opts = &self.broker.opts;
         let rank = opts.rank;
         let Some(parent) = opts.config.topo.parent(opts.size, rank) else { return Ok(None) };
@@ -476,6 +488,15 @@ impl Driver {
             self.step(Input::FirstParentFailed(format!("its node was lost during start-up (rank {parent})")));
             return Ok(None);
         }
+        // Tree repair at start (a nested instance): the parent's listener was bound before the exchange ended.
+        let repair = exchanged && opts.config.reparent && parent != 0;
+        let addr: Option<std::net::SocketAddr> = ep.strip_prefix("tcp://").unwrap_or(&ep).parse().ok();
+        let gone = async {
+            match addr.filter(|_| repair) {
+                Some(a) => first_parent_gone(a).await,
+                None => std::future::pending().await,
+            }
+        };
         let probe_port = self.detect.as_ref().map(|d| d.probe_port);
         let transport = TcpTransport { auth };
         // Until the loop runs, SIGTERM and SIGINT are watched here: a broker still retrying its parent (which
@@ -490,11 +511,28 @@ impl Driver {
                 _ => std::future::pending().await,
             }
         };
-        let link = tokio::select! {
-            r = connect_parent(opts, opts.config.connect_timeout, &transport, &self.upgrades, probe_port, &ep, None) => r.map_err(|e| e.to_string())?,
+        let ask = Ask::First { exchanged };
+        let timeout = opts.config.connect_timeout;
+        let outcome = tokio::select! {
+            r = connect_parent(opts, timeout, &transport, &self.upgrades, probe_port, &ep, ask) => match r {
+                Ok(link) => Ok(link),
+                // Nothing listens where it was (its broker is gone), or it never took our hello: adopted
+                // elsewhere rather than exiting.
+                Err(ParentError::Unreachable(why)) if repair => Err(why),
+                Err(e) => return Err(e.to_string()),
+            },
+            why = gone => Err(why),
             sig = stop => {
                 warn!(rank, "signal {sig} while connecting to the parent at {ep}; exiting");
                 return Ok(Some(sig));
+            }
+        };
+        let link = match outcome {
+            Ok(link) => link,
+            Err(why) => {
+                warn!(rank, parent, "parent rank {parent} at {ep}: {why}; re-parenting (no verdict on it)");
+                self.step(Input::FirstParentFailed(format!("rank {parent}: {why}")));
+                return Ok(None);
             }
         };
         self.parent_up(0, link);

@@ -9,7 +9,7 @@
 use super::confirm::CheckTarget;
 use super::core::{Effect, Input, Peer, PARENT};
 use super::driver::{Driver, Event};
-use super::links_up::{connect_parent, node_answers, ChildLink};
+use super::links_up::{connect_parent, node_answers, Ask, ChildLink};
 use super::transport::{merge, tcp_ack_state, Link, TcpTransport};
 use crate::jobs::JobId;
 use crate::message::{errno, Message, MsgType, FLAG_NORESPONSE};
@@ -207,11 +207,17 @@ impl Driver {
         let tx = self.input_tx.clone();
         tokio::spawn(async move {
             let result = match ep {
-                Some(ep) => {
-                    connect_parent(&opts, timeout.as_secs_f64(), &transport, &upgrades, probe_port, &ep, Some(adopt))
-                        .await
-                        .map_err(|e| e.context(&format!("rank {rank}")))
-                }
+                Some(ep) => connect_parent(
+                    &opts,
+                    timeout.as_secs_f64(),
+                    &transport,
+                    &upgrades,
+                    probe_port,
+                    &ep,
+                    Ask::Adoption { lost: adopt.0, last_resort: adopt.1 },
+                )
+                .await
+                .map_err(|e| e.context(&format!("rank {rank}"))),
                 None => Err(format!("no endpoint known for rank {rank}").into()),
             };
             let _ = tx.send(Event::ParentLink { gen, result });

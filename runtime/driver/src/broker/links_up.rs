@@ -236,10 +236,56 @@ pub(super) async fn node_answers(addr: std::net::SocketAddr, wait: Duration) -> 
     tokio::time::timeout(wait, any).await.unwrap_or(false)
 }
 
+/// How long a first parent whose endpoint was exchanged ([`Ask::First`]) may go without a link before its node is
+/// checked ([`first_parent_gone`]): a live one makes it in milliseconds, since its listener was bound before the
+/// exchange ended.
+pub(super) const FIRST_PARENT_CHECK_AFTER: Duration = Duration::from_millis(500);
+
+/// How long after a check that its node answered that node is checked again, while no link is made yet.
+pub(super) const FIRST_PARENT_RECHECK: Duration = Duration::from_secs(2);
+
+/// How long one check of a first parent's node waits for an answer ([`node_answers`]).
+pub(super) const FIRST_PARENT_CHECK_WAIT: Duration = Duration::from_secs(1);
+
+/// Resolves, saying why, once the node of the first parent at `addr` (its overlay endpoint, exchanged) does not
+/// answer: checked ([`node_answers`], within [`FIRST_PARENT_CHECK_WAIT`]) [`FIRST_PARENT_CHECK_AFTER`] after the
+/// start and then every [`FIRST_PARENT_RECHECK`], for as long as the caller waits for the link. A node that
+/// answers holds a parent that is slow (stopped, loaded, still starting), not gone: it is waited for, as always.
+/// One that does not answer is dead, or cut off from this broker: its children go to an adoptive parent, which
+/// is tree repair and no verdict on it (the instance learns a lost node from the enclosing instance, or judges a
+/// broker that joined); should it come up after all, it finds them adopted and joins as a leaf (`reparent.rs`).
+pub(super) async fn first_parent_gone(addr: std::net::SocketAddr) -> String {
+    let mut wait = FIRST_PARENT_CHECK_AFTER;
+    loop {
+        tokio::time::sleep(wait).await;
+        if !node_answers(addr, FIRST_PARENT_CHECK_WAIT).await {
+            return format!(
+                "its node does not answer at {addr} (neither a SYN-ACK nor a reset within {} ms)",
+                FIRST_PARENT_CHECK_WAIT.as_millis()
+            );
+        }
+        wait = FIRST_PARENT_RECHECK;
+    }
+}
+
+/// What a broker asks of the parent it connects to ([`connect_parent`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ask {
+    /// To be its child: its static parent, at start. `exchanged`: the parent's endpoint came from an exchange that
+    /// ended after it bound its listener ([`DriverOptions::endpoints_exchanged`](super::DriverOptions)), so a
+    /// refused connection means it is gone; otherwise it may still be starting, and is retried.
+    First { exchanged: bool },
+    /// To adopt it in place of its lost parent `lost`, and whether as a last resort (see
+    /// [`reparent::ask_adoption`](super::reparent::ask_adoption)). A refused connection ends the attempt: a
+    /// candidate is up or it is not.
+    Adoption { lost: u32, last_resort: bool },
+}
+
 /// Connect to the parent at `ep` (retrying for up to `timeout` seconds: `tbon.connect_timeout` for the first
-/// parent), say hello (asking to be adopted in place of the lost rank `adopt`, if given: its rank, and whether as
-/// a last resort, see [`reparent::ask_adoption`](super::reparent::ask_adoption)) and move the link onto the
-/// transport the hello agrees.
+/// parent), say hello (asking what `ask` says) and move the link onto the transport the hello agrees.
+///
+/// A connection refused (nothing listens at `ep`) ends the attempt at once, [`ParentError::Unreachable`], for an
+/// adoption and for a first parent whose endpoint was exchanged ([`Ask`]).
 pub(super) async fn connect_parent(
     opts: &BrokerOptions,
     timeout: f64,
@@ -247,7 +293,7 @@ pub(super) async fn connect_parent(
     upgrades: &Upgrades,
     probe_port: Option<u16>,
     ep: &str,
-    adopt: Option<(u32, bool)>,
+    ask: Ask,
 ) -> Result<ParentLink, ParentError> {
     let deadline = Instant::now() + Duration::from_secs_f64(timeout.clamp(0.0, 1e7));
     let mut delay = Duration::from_millis(5);
@@ -269,7 +315,7 @@ pub(super) async fn connect_parent(
                     ),
                     json!({"probe_port": probe_port}),
                 );
-                if let Some((lost, last_resort)) = adopt {
+                if let Ask::Adoption { lost, last_resort } = ask {
                     // Asking to be adopted: our parent `lost` was lost (see reparent.rs).
                     super::reparent::ask_adoption(&mut fields, lost, last_resort);
                 }
@@ -306,9 +352,11 @@ pub(super) async fn connect_parent(
             }
             Err(e) => {
                 debug!("connect {ep}: {e}");
-                if adopt.is_some() && e.kind() == std::io::ErrorKind::ConnectionRefused {
+                if ask != (Ask::First { exchanged: false }) && e.kind() == std::io::ErrorKind::ConnectionRefused {
                     // A candidate adoptive parent is up or it is not: nothing listens there, try the next one now
-                    // (a first parent, by contrast, may still be starting: retried until tbon.connect_timeout).
+                    // (so for a first parent whose listener was bound before the exchange that named it; one
+                    // from a bootstrap file, by contrast, may still be starting: retried until
+                    // tbon.connect_timeout).
                     return Err(format!("nothing listens at {ep} ({e})").into());
                 }
                 last_error = match e.kind() {
@@ -418,7 +466,7 @@ mod tests {
             &Upgrades::new(&config),
             Some(4242),
             "mem://rank0",
-            Some((3, false)),
+            Ask::Adoption { lost: 3, last_resort: false },
         )
         .await
         .expect("connected");
@@ -480,7 +528,7 @@ mod tests {
             &Upgrades::new(&config),
             None,
             "mem://rank0",
-            None,
+            Ask::First { exchanged: false },
         )
         .await;
         let e = r.err().expect("refused");

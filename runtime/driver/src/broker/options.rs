@@ -39,4 +39,11 @@ pub struct DriverOptions {
     /// of a test instance. `None` (and a file that cannot be read): the broker discovers its node itself, from
     /// `resource.synthetic` / `resource.xml` / the live machine, with `resource.gpus` declared (`discover.rs`).
     pub discovered: Option<PathBuf>,
+    /// The endpoints came from an exchange (a PMI launcher's KVS) that ended after every broker in it had bound
+    /// its overlay listener and put its endpoint: a first parent that refuses a connection is gone, not still
+    /// starting, and one whose node's kernel does not answer is not worth waiting for. Such a broker, when it
+    /// re-parents (`tbon.reparent`, the default) and its parent is not rank 0, goes to an adoptive parent
+    /// instead of retrying it for `tbon.connect_timeout` (`links_up::first_parent_gone`). `false`: a bootstrap
+    /// file's endpoints, whose brokers start in any order.
+    pub endpoints_exchanged: bool,
 }
