@@ -256,6 +256,13 @@ pub static ATTRS: &[Attr] = &[
         "the enclosing allocation's directory on this node (its VIGIL_ALLOC_TMPDIR), every job's VIGIL_ALLOC_TMPDIR"),
     attr("parent-uri", Kind::Uri, otherwise("none: not a nested instance", "local:///run/vigil/local-0"), Bootstrap,
         "URI of the enclosing instance's broker on this node"),
+    // Metrics (docs/metrics.md).
+    attr("metrics.listen", Kind::Text, otherwise("off: no metrics endpoint", "127.0.0.1:9250"), CommandLine,
+        "ADDR:PORT where each broker serves OpenMetrics (GET /metrics) and /livez, /readyz over HTTP; port 0: any \
+        free port (vigil uptime shows it); off by default"),
+    attr("metrics.ranks", Kind::Text, otherwise("every broker", "0"), CommandLine,
+        "the ranks (an idset) that serve metrics.listen: e.g. 0 when every broker of a test instance shares one \
+        machine and so one port"),
     // Set by the broker.
     attr("rank", Kind::Count, BROKER_SET, Broker, "this broker's rank, 0..size-1"),
     attr("size", Kind::Count, BROKER_SET, Broker, "number of brokers in the instance"),
@@ -542,6 +549,11 @@ pub struct BrokerConfig {
     /// `alloc-tmpdir`: the enclosing allocation's directory on this node, which every job of this (nested)
     /// instance shares as its `VIGIL_ALLOC_TMPDIR`; `None` outside a batch or alloc job.
     pub alloc_tmpdir: Option<PathBuf>,
+    /// `metrics.listen`: where the broker serves its metrics over HTTP (`driver/src/broker/metrics.rs`); `None` =
+    /// nowhere.
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// `metrics.ranks`: the ranks that serve `metrics.listen`; `None` = every rank.
+    pub metrics_ranks: Option<crate::idset::IdSet>,
 }
 
 impl Default for BrokerConfig {
@@ -586,6 +598,8 @@ impl Default for BrokerConfig {
             jobid: None,
             parent_uri: None,
             alloc_tmpdir: None,
+            metrics_listen: None,
+            metrics_ranks: None,
         }
     }
 }
@@ -871,6 +885,15 @@ impl Draft {
             "health.program" => c.health_program = Some(path(v)?),
             "health.interval" => c.health_interval = health_duration(v, "between two runs")?,
             "health.timeout" => c.health_timeout = health_duration(v, "for a run")?,
+            "metrics.listen" => {
+                c.metrics_listen = Some(v.parse().map_err(|_| "expected ADDR:PORT, e.g. 127.0.0.1:9250 or [::1]:0")?)
+            }
+            "metrics.ranks" => {
+                c.metrics_ranks = Some(
+                    crate::idset::IdSet::parse(v)
+                        .map_err(|e| format!("expected an idset of ranks, e.g. 0 or 0-3 ({e})"))?,
+                )
+            }
             "log-level" => {
                 let word = LOG_LEVELS.contains(&v);
                 if !word && (!v.contains('=') || tracing_subscriber::EnvFilter::try_new(v).is_err()) {
@@ -949,6 +972,12 @@ pub(crate) fn fmt_duration(s: f64) -> String {
 pub const DEFAULT_PARENT_GRACE: f64 = 60.0;
 
 impl BrokerConfig {
+    /// Where broker `rank` serves its metrics (`metrics.listen`, if `metrics.ranks` includes it); `None`: it
+    /// serves none.
+    pub fn metrics_address(&self, rank: u32) -> Option<std::net::SocketAddr> {
+        self.metrics_listen.filter(|_| self.metrics_ranks.as_ref().is_none_or(|r| r.contains(rank)))
+    }
+
     /// `tbon.parent_grace` in effect, seconds: as set, else [`DEFAULT_PARENT_GRACE`] when the instance has a
     /// state directory (`statedir`, given to this broker or in the TOML bootstrap), else 0: without one a
     /// restarted rank 0 knows no job, so there is nothing to keep running for.
@@ -1038,6 +1067,8 @@ impl BrokerConfig {
             "health.program" => self.health_program.as_ref()?.display().to_string(),
             "health.interval" => fmt_duration(self.health_interval),
             "health.timeout" => fmt_duration(self.health_timeout),
+            "metrics.listen" => self.metrics_listen?.to_string(),
+            "metrics.ranks" => self.metrics_ranks.as_ref()?.to_string(),
             "log-level" => self.log_level.clone()?,
             "rundir" => self.rundir.as_ref()?.display().to_string(),
             "statedir" => self.statedir.as_ref()?.display().to_string(),
@@ -1255,6 +1286,18 @@ mod tests {
         assert!(err(&[("tbon.topo", "binomial"), ("tbon.fanout", "2")]).contains("disagree"));
         assert_eq!(parse(&[("tbon.topo", "kary:3"), ("tbon.fanout", "3")]).unwrap().topo, Topology::Kary(3));
         assert_eq!(parse(&[("tbon.fanout", "0")]).unwrap().topo, Topology::Kary(0));
+    }
+
+    #[test]
+    fn metrics_listen_takes_an_address_and_metrics_ranks_picks_the_brokers() {
+        assert!(err(&[("metrics.listen", "localhost")]).contains("expected ADDR:PORT"));
+        assert!(err(&[("metrics.ranks", "x")]).contains("expected an idset of ranks"));
+        let c = parse(&[("metrics.listen", "127.0.0.1:0"), ("metrics.ranks", "0,2")]).expect("valid");
+        assert_eq!(c.metrics_address(0), Some("127.0.0.1:0".parse().expect("addr")));
+        assert_eq!(c.metrics_address(1), None);
+        let c = parse(&[("metrics.listen", "[::1]:9250")]).expect("valid");
+        assert!(c.metrics_address(7).is_some(), "every rank by default");
+        assert_eq!(BrokerConfig::default().metrics_address(0), None, "off by default");
     }
 
     #[test]

@@ -46,7 +46,7 @@ pub const MIN_PROBE_PERIOD: f64 = 0.005;
 pub const LINK_SETTLE: f64 = 0.5;
 
 /// Liveness of a peer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PeerState {
     /// Connected and heard from recently.
@@ -153,6 +153,67 @@ pub struct Transition {
     pub to: PeerState,
     /// Why, for logs and `vigil overlay status`.
     pub reason: String,
+    /// Which rule made it (for the verdict counters: [`Membership::verdicts`]).
+    pub rule: Rule,
+}
+
+/// The rule of this module that made a state change: the `rule` label of `vigil_verdicts_total`
+/// (docs/metrics.md). The words are stable: dashboards select on them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Rule {
+    /// The peer connected and said hello (online).
+    Connected,
+    /// The peer said goodbye (offline).
+    Goodbye,
+    /// Its connection closed or failed without a goodbye (lost).
+    Closed,
+    /// A process-exit report for its broker from this node's detectors (lost).
+    ProcessExit,
+    /// Its node's kernel replied that the broker process is dead (lost).
+    ExitReply,
+    /// `tbon.probe_misses` probes in a row unanswered by its node's kernel (lost).
+    ProbeMisses,
+    /// Data unacknowledged past `tbon.lost_timeout`, and no independent path found its node answering (lost).
+    AckConfirmed,
+    /// Its node's kernel reports its heartbeat older than `tbon.stall_max` (torpid).
+    Stall,
+    /// No traffic for `tbon.torpid_max` (torpid).
+    Silence,
+    /// Traffic again from a torpid peer (online).
+    Lively,
+}
+
+impl Rule {
+    /// Every rule, in label order.
+    pub const ALL: [Rule; 10] = [
+        Rule::Connected,
+        Rule::Goodbye,
+        Rule::Closed,
+        Rule::ProcessExit,
+        Rule::ExitReply,
+        Rule::ProbeMisses,
+        Rule::AckConfirmed,
+        Rule::Stall,
+        Rule::Silence,
+        Rule::Lively,
+    ];
+
+    /// The label word: `connected`, `goodbye`, `closed`, `process-exit`, `exit-reply`, `probe-misses`,
+    /// `ack-confirmed`, `stall`, `silence`, `lively`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Rule::Connected => "connected",
+            Rule::Goodbye => "goodbye",
+            Rule::Closed => "closed",
+            Rule::ProcessExit => "process-exit",
+            Rule::ExitReply => "exit-reply",
+            Rule::ProbeMisses => "probe-misses",
+            Rule::AckConfirmed => "ack-confirmed",
+            Rule::Stall => "stall",
+            Rule::Silence => "silence",
+            Rule::Lively => "lively",
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -193,6 +254,8 @@ pub struct Membership {
     lateness: f64,
     /// Peers the TCP rule made suspect since the last [`Membership::take_suspects`].
     suspects: Vec<u32>,
+    /// State changes made so far, by new state and rule ([`Membership::verdicts`]).
+    verdicts: BTreeMap<(PeerState, Rule), u64>,
 }
 
 impl Membership {
@@ -205,6 +268,7 @@ impl Membership {
             ack_quiet_until: f64::MIN,
             lateness: 1.0,
             suspects: Vec::new(),
+            verdicts: BTreeMap::new(),
         }
     }
 
@@ -279,7 +343,7 @@ impl Membership {
         let kernel_answers = p.kernel_reply.is_some_and(|k| now < k + KERNEL_REPLY_STALE);
         let Some(since) = p.unacked_since.filter(|_| !kernel_answers) else { return vec![] };
         let why = format!("node not responding: no TCP acknowledgement for {:.0} ms; {why}", (now - since) * 1e3);
-        self.set(rank, PeerState::Lost, why).into_iter().collect()
+        self.set(rank, PeerState::Lost, Rule::AckConfirmed, why).into_iter().collect()
     }
 
     /// The thresholds.
@@ -302,7 +366,17 @@ impl Membership {
         self.peers.iter().map(|(r, p)| (*r, p.state))
     }
 
-    fn set(&mut self, rank: u32, to: PeerState, reason: String) -> Option<Transition> {
+    /// State changes made since this membership was created, by new state and rule (counters: they only grow).
+    pub fn verdicts(&self) -> impl Iterator<Item = (PeerState, Rule, u64)> + '_ {
+        self.verdicts.iter().map(|((s, r), n)| (*s, *r, *n))
+    }
+
+    /// The judge's lateness factor now (>= 1; [`Membership::set_lateness`]).
+    pub fn lateness(&self) -> f64 {
+        self.lateness
+    }
+
+    fn set(&mut self, rank: u32, to: PeerState, rule: Rule, reason: String) -> Option<Transition> {
         let p = self.peers.get_mut(&rank)?;
         if p.state == to {
             return None;
@@ -311,7 +385,8 @@ impl Membership {
         p.state = to;
         p.reason = reason.clone();
         self.next.set(None);
-        Some(Transition { rank, from, to, reason })
+        *self.verdicts.entry((to, rule)).or_default() += 1;
+        Some(Transition { rank, from, to, reason, rule })
     }
 
     /// Feed one observation about `rank` at time `now` (seconds).
@@ -334,7 +409,7 @@ impl Membership {
             p.kernel_reply = None;
             p.connected_at = now;
             p.confirming = None;
-            return self.set(rank, PeerState::Online, "connected".into()).into_iter().collect();
+            return self.set(rank, PeerState::Online, Rule::Connected, "connected".into()).into_iter().collect();
         }
         let Some(p) = self.peers.get_mut(&rank) else { return vec![] };
         let state = p.state;
@@ -343,12 +418,12 @@ impl Membership {
         }
         match s {
             Signal::Connected => vec![],
-            Signal::Goodbye => self.set(rank, PeerState::Offline, "left".into()).into_iter().collect(),
-            Signal::Closed(why) => self.set(rank, PeerState::Lost, why).into_iter().collect(),
-            Signal::ProcessExit(why) => self.set(rank, PeerState::Lost, why).into_iter().collect(),
+            Signal::Goodbye => self.set(rank, PeerState::Offline, Rule::Goodbye, "left".into()).into_iter().collect(),
+            Signal::Closed(why) => self.set(rank, PeerState::Lost, Rule::Closed, why).into_iter().collect(),
+            Signal::ProcessExit(why) => self.set(rank, PeerState::Lost, Rule::ProcessExit, why).into_iter().collect(),
             Signal::ProbeReply { kernel: false, .. } => vec![],
             Signal::ProbeReply { kernel: true, alive: false, .. } => self
-                .set(rank, PeerState::Lost, "broker process exited (its node's kernel reports)".into())
+                .set(rank, PeerState::Lost, Rule::ExitReply, "broker process exited (its node's kernel reports)".into())
                 .into_iter()
                 .collect(),
             Signal::ProbeReply { kernel: true, alive: true, hb_age } => {
@@ -365,7 +440,7 @@ impl Membership {
                         self.cfg.stall_max * 1e3,
                         hb_age * 1e3
                     );
-                    return self.set(rank, PeerState::Torpid, why).into_iter().collect();
+                    return self.set(rank, PeerState::Torpid, Rule::Stall, why).into_iter().collect();
                 }
                 vec![]
             }
@@ -394,13 +469,13 @@ impl Membership {
                         String::new()
                     }
                 );
-                self.set(rank, PeerState::Lost, why).into_iter().collect()
+                self.set(rank, PeerState::Lost, Rule::ProbeMisses, why).into_iter().collect()
             }
             Signal::Traffic => {
                 p.last_traffic = now;
                 p.unacked_since = None;
                 if state == PeerState::Torpid {
-                    return self.set(rank, PeerState::Online, "lively".into()).into_iter().collect();
+                    return self.set(rank, PeerState::Online, Rule::Lively, "lively".into()).into_iter().collect();
                 }
                 vec![]
             }
@@ -445,7 +520,7 @@ impl Membership {
                         "broker silent longer than tbon.torpid_max ({:.0} ms); its node still acknowledges",
                         cfg.torpid_max * 1e3
                     );
-                    return self.set(rank, PeerState::Torpid, why).into_iter().collect();
+                    return self.set(rank, PeerState::Torpid, Rule::Silence, why).into_iter().collect();
                 }
                 vec![]
             }

@@ -644,6 +644,10 @@ pub(crate) async fn uptime() -> Result<i32, String> {
     }
     println!(" {}", security_line(&r["security"]));
     println!(" jobs contained by: {}", r["containment"].as_str().unwrap_or("?"));
+    // A broker older than the metrics endpoint has no such field: say nothing rather than "off".
+    if let Some(m) = r["metrics"].as_str() {
+        println!(" metrics (rank {}): {m}", r["rank"].as_u64().unwrap_or(0));
+    }
     println!(" {}", statedir_line(&r["statedir"]));
     if let Some(l) = health_line(&r["health"]) {
         println!(" {l}");

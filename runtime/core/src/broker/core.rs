@@ -175,6 +175,9 @@ pub struct Environment {
     pub topology: String,
     /// How job shells are contained, for status output: `cgroup2 (PATH)` or `process groups (why)`.
     pub containment: String,
+    /// Where this broker serves its metrics, for status output: `http://ADDR/metrics ...`, `off`, or `off:
+    /// cannot listen on ADDR (why)` (`-S metrics.listen`, docs/metrics.md).
+    pub metrics: String,
 }
 
 /// One input to the broker, handed in with the time it happened ([`Broker::handle`]).
@@ -553,6 +556,8 @@ pub struct Broker {
     pub writes: u64,
     /// Successful fsyncs of the store so far ([`Input::Synced`] with `Ok`), for `vigil uptime`.
     pub syncs: u64,
+    /// Events counted for the metrics snapshot ([`Broker::metrics`], `metrics.rs`).
+    pub counters: super::metrics::Counters,
     /// The last failure of the store was an fsync's ([`Input::Synced`]): only a successful fsync, not a mere
     /// write, shows the store works again.
     sync_failed: bool,
@@ -635,6 +640,7 @@ impl Broker {
             loop_ended: false,
             writes: 0,
             syncs: 0,
+            counters: super::metrics::Counters::default(),
             sync_failed: false,
             out: VecDeque::new(),
         }

@@ -22,6 +22,7 @@ mod fuzz_tests;
 pub mod links;
 #[doc(hidden)]
 pub mod liveness;
+pub mod metrics;
 mod options;
 #[doc(hidden)]
 pub mod rejoin;

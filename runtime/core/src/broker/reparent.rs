@@ -794,6 +794,7 @@ impl Broker {
             return Ok(());
         }
         self.orphans.remove(&rank);
+        self.counters.reparents += 1;
         let wall = self.wall();
         let ids: IdSet = self.subtree_of(rank).into_iter().collect();
         info!("rank {rank} re-parented under rank {parent} (subtree {ids})");

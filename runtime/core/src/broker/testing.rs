@@ -56,6 +56,7 @@ pub fn new_broker(
         },
         topology: "simulated".into(),
         containment: "simulated".into(),
+        metrics: "off".into(),
     };
     Broker::new(opts, env, now)
 }

@@ -2259,3 +2259,40 @@ fn a_broker_whose_parent_was_lost_during_start_up_is_adopted() {
     effects(&mut b);
     assert!(b.shutting_down.is_some() && b.exit_code != 0, "exits");
 }
+
+/// Rank 0's metrics snapshot: ranks by state (every state listed), its judge's peers and verdicts by rule, jobs
+/// by state and submissions; a child lost by the probe rule counts as a lost rank and a `probe-misses` verdict.
+#[test]
+fn the_metrics_snapshot_counts_ranks_verdicts_and_jobs() {
+    use crate::membership::Rule;
+    let mut b = root_with_child();
+    let m = b.metrics();
+    assert!(m.not_ready.is_none(), "{:?}", m.not_ready);
+    let inst = m.instance.as_ref().expect("rank 0 speaks for the instance");
+    assert_eq!(inst.ranks, vec![("lost", 0), ("offline", 5), ("online", 2), ("torpid", 0)]);
+    assert!(m.peers.contains(&(PeerState::Online, 1)), "{:?}", m.peers);
+    assert_eq!(m.verdicts, vec![(PeerState::Online, Rule::Connected, 1)]);
+    assert!(broker(1).metrics().instance.is_none(), "only rank 0 has instance figures");
+    assert_eq!(broker(1).metrics().not_ready.as_deref(), Some("not joined: no parent link"));
+    // A job: counted as submitted, and by its state.
+    b.handle(t(0.01), Input::LocalNew { id: 5, uid: super::testing::UID });
+    let spec: serde_json::Value =
+        serde_json::from_str(&crate::jobspec::JobspecBuilder::new(["true"]).build().expect("jobspec").to_json())
+            .expect("json");
+    let mut req = Message::request("job-manager.submit", 0, &json!({"jobspec": spec}));
+    req.matchtag = 1;
+    b.handle(t(0.02), Input::Message(Peer::Local(5), 0, req));
+    effects(&mut b);
+    let inst = b.metrics().instance.expect("instance");
+    assert_eq!(inst.submits, 1);
+    assert_eq!(inst.jobs.iter().map(|j| j.1).sum::<u64>(), 1, "{:?}", inst.jobs);
+    assert_eq!(inst.jobs.len(), 7, "every RFC 21 state listed: {:?}", inst.jobs);
+    // Rank 1's node stops answering probes: lost, by the probe rule.
+    let c = *b.membership.config();
+    b.handle(t(0.1), Input::Probe(1, Signal::ProbeReply { kernel: true, alive: true, hb_age: 0.0 }));
+    b.handle(t(0.2), Input::Probe(1, Signal::ProbeMissed { misses: c.probe_misses }));
+    effects(&mut b);
+    let m = b.metrics();
+    assert!(m.instance.expect("instance").ranks.contains(&("lost", 1)));
+    assert!(m.verdicts.contains(&(PeerState::Lost, Rule::ProbeMisses, 1)), "{:?}", m.verdicts);
+}

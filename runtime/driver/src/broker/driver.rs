@@ -83,6 +83,8 @@ pub(crate) enum Event {
         token: u64,
         answered: Option<bool>,
     },
+    /// The metrics endpoint asks for a snapshot (`metrics.rs`).
+    Metrics(tokio::sync::oneshot::Sender<super::metrics::Snapshot>),
     /// The outcome of an [`Effect::ConnectParent`](super::core::Effect::ConnectParent): attempt `gen` (stale
     /// unless still the latest).
     ParentLink {
@@ -196,6 +198,8 @@ async fn run_inner(opts: BrokerOptions, io: DriverOptions) -> Result<i32, String
     let local_uri = serve_local(&opts, uid, &input_tx)?;
     watch_signals(&input_tx);
     let containment = choose_containment(&opts)?;
+    let observed = super::metrics::Observed::default();
+    let metrics = super::metrics::start(opts.config.metrics_address(rank), input_tx.clone(), observed.clone()).await;
     let env = Environment {
         uid,
         pid: std::process::id(),
@@ -204,9 +208,10 @@ async fn run_inner(opts: BrokerOptions, io: DriverOptions) -> Result<i32, String
         resources,
         topology: topology_str,
         containment: containment.describe(),
+        metrics,
     };
     let (store, statedir, kept) = open_statedir(&opts)?;
-    let (syncer, writer) = start_store_threads(store, &input_tx)?;
+    let (syncer, writer) = start_store_threads(store, &input_tx, observed.fsync)?;
     let origin = Instant::now();
     let mut d = Driver {
         broker: Broker::new(opts, env, Time::ZERO),
@@ -713,6 +718,15 @@ impl Driver {
             Event::Signal(sig) => self.step(Input::Signal(sig)),
             Event::Detect(d, requeued) => self.on_detect(d, requeued),
             Event::NodeChecked { token, answered } => self.step(Input::NodeChecked { token, answered }),
+            Event::Metrics(reply) => {
+                use std::sync::atomic::Ordering::Relaxed;
+                let stats = self.detect.as_ref().and_then(|d| d.prober_stats.as_ref());
+                let _ = reply.send(super::metrics::Snapshot {
+                    core: self.broker.metrics(),
+                    probes: stats.map(|s| (s.sent.load(Relaxed), s.replies.load(Relaxed))),
+                    excused: stats.map(|s| (s.void_rounds.load(Relaxed), s.correlated_rounds.load(Relaxed))),
+                });
+            }
         }
     }
 

@@ -24,6 +24,7 @@ mod health;
 mod link_set;
 mod links_up;
 mod local;
+mod metrics;
 mod ofi_link;
 mod options;
 mod placement;

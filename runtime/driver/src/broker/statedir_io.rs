@@ -221,21 +221,25 @@ pub(super) struct Syncer {
 }
 
 impl Syncer {
-    /// Start the thread, which calls `sync` (normally [`super::redo::SyncWork::run`]) for each fsync asked for;
-    /// it ends when the [`Syncer`] is dropped.
+    /// Start the thread, which calls `sync` (normally [`super::redo::SyncWork::run`]) for each fsync asked for,
+    /// timing each into `times` (seconds, for the metrics endpoint); it ends when the [`Syncer`] is dropped.
     ///
     /// # Errors
     /// The thread cannot be started.
     fn start(
         mut sync: impl FnMut(super::redo::SyncWork) -> Result<(), super::store::CommitError> + Send + 'static,
         events: mpsc::UnboundedSender<Event>,
+        times: prometheus_client::metrics::histogram::Histogram,
     ) -> Result<Syncer, String> {
         let (tx, rx) = std::sync::mpsc::channel::<(u64, super::redo::SyncWork)>();
         let thread = std::thread::Builder::new()
             .name("vigil-store-sync".into())
             .spawn(move || {
                 while let Ok((upto, work)) = rx.recv() {
-                    if events.send(Event::Synced { upto, result: sync(work) }).is_err() {
+                    let t = std::time::Instant::now();
+                    let result = sync(work);
+                    times.observe(t.elapsed().as_secs_f64());
+                    if events.send(Event::Synced { upto, result }).is_err() {
                         break;
                     }
                 }
@@ -303,8 +307,9 @@ impl Driver {
 pub(super) fn start_store_threads(
     store: Option<super::store::Store>,
     events: &mpsc::UnboundedSender<Event>,
+    fsync_times: prometheus_client::metrics::histogram::Histogram,
 ) -> Result<(Option<Syncer>, Option<Writer>), String> {
-    let syncer = store.as_ref().map(|_| Syncer::start(|w| w.run(), events.clone())).transpose()?;
+    let syncer = store.as_ref().map(|_| Syncer::start(|w| w.run(), events.clone(), fsync_times)).transpose()?;
     let writer = store
         .map(|s| {
             let dir = s.dir().to_path_buf();
@@ -436,7 +441,12 @@ mod tests {
     fn the_store_thread_reports_an_fsync_only_once_it_returned() {
         let (release, gate) = std::sync::mpsc::channel::<Result<(), CommitError>>();
         let (events, mut reports) = mpsc::unbounded_channel();
-        let s = Syncer::start(move |_| gate.recv().expect("released"), events).expect("thread");
+        let s = Syncer::start(
+            move |_| gate.recv().expect("released"),
+            events,
+            super::super::metrics::Observed::default().fsync,
+        )
+        .expect("thread");
         let work = || super::super::redo::SyncWork { files: Vec::new(), dir: None };
         s.tx.send((7, work())).expect("asked");
         std::thread::sleep(Duration::from_millis(100));

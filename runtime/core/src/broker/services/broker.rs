@@ -248,6 +248,7 @@ fn broker_info(core: &Broker) -> Value {
         "detectors": detectors(core),
         "resource_source": core.env.resources.source,
         "containment": core.env.containment,
+        "metrics": core.env.metrics,
         "security": security(core),
         "statedir": statedir(core),
         "health": core.status.health,

@@ -64,6 +64,7 @@ fn submit(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                 answer["duplicate"] = Value::Bool(true);
             } else {
                 info!("job {id} submitted");
+                core.counters.submits += 1;
             }
             if jc.journaling() {
                 // A duplicate too: the job it names may not be durable yet (its first answer is held as well).

@@ -110,6 +110,10 @@ pub(super) struct Prober {
     stall_logged: bool,
     /// Periods of correlated silence (see [`Prober::next_round`]), and whether that was logged.
     pub(super) correlated_rounds: u64,
+    /// Replies accepted (an echo of one of our requests from the address probed), news or not: for metrics.
+    pub(super) replies: u64,
+    /// Probe datagrams sent (unicast requests and group datagrams): for metrics.
+    pub(super) sent: u64,
     correlated_logged: bool,
     /// Unjudged rounds in a row just now.
     void_streak: u32,
@@ -162,6 +166,8 @@ impl Prober {
             void_rounds: 0,
             stall_logged: false,
             correlated_rounds: 0,
+            replies: 0,
+            sent: 0,
             correlated_logged: false,
             void_streak: 0,
             group_suspect: 0,
@@ -285,6 +291,7 @@ impl Prober {
         if from != t.addr {
             return;
         }
+        self.replies += 1;
         // Every kernel reply times the node, news or not (vigil_core::probe); a userspace responder's replies never
         // arm the miss rule.
         if kernel && p.seq != t.timed_seq {

@@ -240,6 +240,7 @@ async fn prober_task(
                     let round = pr.round;
                     if let (Some(t), true) = (pr.targets.get_mut(&r), round > 0) {
                         t.last_unicast = round;
+                        pr.sent += 1;
                         let _ = sock.get_ref().send_to(&Probe::request(round, t.id, vigil_ebpf::monotonic_ns() ^ pr.key).encode(), t.addr);
                     }
                 }
@@ -278,6 +279,8 @@ async fn prober_task(
                     stats.unreached.store(unreached, Relaxed);
                     stats.void_rounds.store(pr.void_rounds, Relaxed);
                     stats.correlated_rounds.store(pr.correlated_rounds, Relaxed);
+                    stats.replies.store(pr.replies, Relaxed);
+                    stats.sent.store(pr.sent, Relaxed);
                     stats.collected.store(pr.area.is_some(), Relaxed);
                 }
                 let now = vigil_ebpf::monotonic_ns() ^ pr.key;
@@ -290,12 +293,14 @@ async fn prober_task(
                     let pkts: Vec<([u8; vigil_ebpf::PROBE_LEN], SocketAddr)> =
                         chunk.iter().map(|(r, addr)| (Probe::request(pr.round, *r, now).encode(), *addr)).collect();
                     send_batch(&sock, &pkts);
+                    pr.sent += pkts.len() as u64;
                     if pr.area.is_none() {
                         drain(&mut pr, &sock);
                     }
                 }
                 if let (true, Some(g)) = (group_wanted, pr.group) {
                     let _ = sock.get_ref().send_to(&Probe::group(pr.round, now).encode(), SocketAddr::V4(g));
+                    pr.sent += 1;
                 }
             }
         }

@@ -35,6 +35,10 @@ pub(crate) struct ProberStats {
     /// Periods in which several children were past their reply time at once and none was blamed
     /// (`vigil_core::probe::correlated_silence`).
     pub correlated_rounds: std::sync::atomic::AtomicU64,
+    /// Probe replies accepted so far (`Prober::replies`).
+    pub replies: std::sync::atomic::AtomicU64,
+    /// Probe datagrams sent so far (`Prober::sent`).
+    pub sent: std::sync::atomic::AtomicU64,
     /// The parent's node is probed too (by unicast; not counted in `unicast`).
     pub parent: std::sync::atomic::AtomicBool,
     /// The prober thread's scheduling, once it started (`prober_thread.rs`).
