@@ -134,9 +134,34 @@ fn a_check_that_cannot_run_drains_with_why_and_the_broker_goes_on() {
 
 #[test]
 fn bad_health_attributes_are_refused_naming_them() {
-    for (attr, says) in [("health.interval=0", "health.interval"), ("health.timeout=inf", "health.timeout")] {
+    for (attr, says) in [
+        ("health.interval=0", "health.interval"),
+        ("health.timeout=inf", "health.timeout"),
+        ("health.program=check.sh", "expected an absolute path"),
+    ] {
         let (out, _d) = start_and_run(1, &[attr], &["true"], Duration::from_secs(30));
         assert_ne!(out.code, 0, "{attr}: {}", out.dump());
         assert!(out.stderr.contains(says), "{attr}: {}", out.dump());
     }
+}
+
+/// A check under way when the instance stops goes with its broker, with what it started (found by a new user's
+/// trial: its `sleep`s outlived the instance, adopted by init); `health.program=none` is no check at all.
+#[test]
+fn a_check_running_when_the_instance_stops_leaves_nothing_behind() {
+    let d = tempdir();
+    let token = unique_token();
+    let started = d.path().join("started");
+    let prog =
+        script(d.path(), "hc.sh", &format!("touch '{}'; sleep 1000.{token} & sleep 1001.{token}", started.display()));
+    let attrs = health_attrs(&prog, "60s");
+    let inst = Instance::start(2, &attrs.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(wait_for(SHOWS, || started.exists()), "the check never ran");
+    let (out, left) = inst.stop_with(0);
+    assert_eq!(out.code, 0, "{}", out.dump());
+    let ours: Vec<_> = left.iter().filter(|(_, argv)| argv.contains(&token)).collect();
+    assert!(ours.is_empty(), "the check's processes outlived the instance: {ours:?}");
+    let (out, _dir) = start_and_run(1, &["health.program=none"], &["vigil", "uptime"], Duration::from_secs(30));
+    assert_eq!(out.code, 0, "{}", out.dump());
+    assert!(!out.stdout.contains("health check"), "{}", out.dump());
 }

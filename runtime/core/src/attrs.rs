@@ -882,7 +882,16 @@ impl Draft {
                 c.alloc_tmpdir_base = Some(path(v)?)
             }
             "alloc-tmpdir" => c.alloc_tmpdir = Some(path(v)?),
-            "health.program" => c.health_program = Some(path(v)?),
+            "health.program" => {
+                c.health_program = match v {
+                    // As `vigil lsattr --doc` shows its default.
+                    "none" | "" => None,
+                    _ if !v.starts_with('/') => {
+                        return Err("expected an absolute path (as Slurm's HealthCheckProgram), or none".into())
+                    }
+                    _ => Some(path(v)?),
+                }
+            }
             "health.interval" => c.health_interval = health_duration(v, "between two runs")?,
             "health.timeout" => c.health_timeout = health_duration(v, "for a run")?,
             "metrics.listen" => {

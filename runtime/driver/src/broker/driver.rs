@@ -860,6 +860,8 @@ impl Driver {
         if let Some(d) = self.detect.as_mut() {
             d.shutdown();
         }
+        // A health check under way goes with its broker, and whatever it started.
+        super::health::stop();
         if let Some(pg) = self.initial_pgid.take() {
             // Whatever the initial program left behind (background jobs) ends with the instance; an empty group
             // (the usual case: the program exited and left nothing) costs no grace period.

@@ -42,6 +42,18 @@ pub(super) fn start(cfg: &vigil_core::attrs::BrokerConfig, rank: u32, uri: &str,
     tokio::spawn(run(rule, program, rank, uri.to_string(), shared.clone()));
 }
 
+/// The process group of the run under way (its leader's pid; 0: none), for [`stop`] when the broker exits: the
+/// loop's task is dropped then, and dropping the child kills only the program itself, not what it started.
+static RUNNING_GROUP: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// The broker is exiting: kill the process group of the run under way, if any (a check leaves nothing behind).
+pub(super) fn stop() {
+    let pgid = RUNNING_GROUP.swap(0, std::sync::atomic::Ordering::SeqCst);
+    if pgid > 0 {
+        kill_group(pgid);
+    }
+}
+
 /// The health check's loop: never ends while the broker runs, never panics on what the program does.
 async fn run(cfg: Config, program: PathBuf, rank: u32, uri: String, shared: Shared) {
     let origin = Instant::now();
@@ -56,6 +68,9 @@ async fn run(cfg: Config, program: PathBuf, rank: u32, uri: String, shared: Shar
                 Action::Run { run } => match spawn(&program, rank, &uri) {
                     Ok((child, out)) => {
                         running = child.id().map(|pid| (run, pid as i32));
+                        if let Some((_, pgid)) = running {
+                            RUNNING_GROUP.store(pgid, std::sync::atomic::Ordering::SeqCst);
+                        }
                         tokio::spawn(wait(run, child, out, tx.clone()));
                     }
                     Err(e) => rule.finished(now(), run, Outcome::NotRun(e)),
@@ -133,6 +148,12 @@ async fn wait(run: u64, mut child: tokio::process::Child, out: std::io::PipeRead
     // What is left of its group goes too (a check leaves nothing behind), so the pipe ends soon after.
     if let Some(pgid) = pgid {
         kill_group(pgid as i32);
+        let _ = RUNNING_GROUP.compare_exchange(
+            pgid as i32,
+            0,
+            std::sync::atomic::Ordering::SeqCst,
+            std::sync::atomic::Ordering::SeqCst,
+        );
     }
     let outcome = match status {
         Err(e) => Outcome::NotRun(format!("cannot wait for it: {e}")),
