@@ -59,6 +59,18 @@ pub enum PeerState {
     Offline,
 }
 
+impl PeerState {
+    /// The word for it, as serialized: `online`, `torpid`, `lost`, `offline`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PeerState::Online => "online",
+            PeerState::Torpid => "torpid",
+            PeerState::Lost => "lost",
+            PeerState::Offline => "offline",
+        }
+    }
+}
+
 /// Thresholds (seconds). Defaults chosen by measurement (see docs/failure-detection.md).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Config {

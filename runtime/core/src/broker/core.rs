@@ -436,6 +436,18 @@ pub enum MemberState {
     Lost,
 }
 
+impl MemberState {
+    /// The word `vigil overlay status` and the metrics use: `online`, `torpid`, `offline`, `lost`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            MemberState::Online => "online",
+            MemberState::Torpid => "torpid",
+            MemberState::Offline => "offline",
+            MemberState::Lost => "lost",
+        }
+    }
+}
+
 /// A streaming request for a job's eventlog and/or output.
 #[derive(Debug)]
 pub struct Watcher {

@@ -108,12 +108,7 @@ impl Broker {
                     ["online", "torpid", "offline", "lost"].iter().map(|s| (*s, 0)).collect();
                 for r in 0..self.opts.size {
                     // A rank never heard of has not joined: offline, as `vigil overlay status` shows it.
-                    let s = match self.members.get(&r).map(|m| &m.0) {
-                        Some(MemberState::Online) => "online",
-                        Some(MemberState::Torpid) => "torpid",
-                        Some(MemberState::Lost) => "lost",
-                        Some(MemberState::Offline) | None => "offline",
-                    };
+                    let s = self.members.get(&r).map_or(MemberState::Offline.name(), |m| m.0.name());
                     *ranks.entry(s).or_default() += 1;
                 }
                 let mut jobs: BTreeMap<&'static str, u64> = JOB_STATES.iter().map(|s| (s.name(), 0)).collect();

@@ -229,12 +229,12 @@ pub(crate) fn encode(snap: &Snapshot, observed: &Observed) -> Result<String, std
     );
     let peers = Family::<StateLabel, Gauge>::default();
     for (s, n) in &m.peers {
-        peers.get_or_create(&StateLabel { state: peer_state(*s).into() }).set(*n as i64);
+        peers.get_or_create(&StateLabel { state: s.name().into() }).set(*n as i64);
     }
     reg.register("peers", "Peers this broker judges (its children, and its parent) by state", peers);
     let verdicts = Family::<VerdictLabels, Counter>::default();
     for (s, r, n) in &m.verdicts {
-        verdicts.get_or_create(&VerdictLabels { state: peer_state(*s).into(), rule: r.name().into() }).inc_by(*n);
+        verdicts.get_or_create(&VerdictLabels { state: s.name().into(), rule: r.name().into() }).inc_by(*n);
     }
     reg.register("verdicts", "State changes this broker's judge made, by new state and rule", verdicts);
     let lateness = Gauge::<f64, AtomicU64>::default();
@@ -297,16 +297,6 @@ pub(crate) fn encode(snap: &Snapshot, observed: &Observed) -> Result<String, std
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &reg)?;
     Ok(out)
-}
-
-fn peer_state(s: vigil_core::membership::PeerState) -> &'static str {
-    use vigil_core::membership::PeerState;
-    match s {
-        PeerState::Online => "online",
-        PeerState::Torpid => "torpid",
-        PeerState::Lost => "lost",
-        PeerState::Offline => "offline",
-    }
 }
 
 /// This process's CPU seconds (user + system) and resident bytes, from `/proc/self/stat` and `/proc/self/statm`.

@@ -198,15 +198,7 @@ fn status(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
         if root >= size {
             return Err(ServiceError::einval(format!("the instance has ranks 0-{}", size - 1)));
         }
-        let state = |r: u32| {
-            let s = core.members.get(&r).map_or(MemberState::Offline, |m| m.0.clone());
-            match s {
-                MemberState::Online => "online",
-                MemberState::Torpid => "torpid",
-                MemberState::Offline => "offline",
-                MemberState::Lost => "lost",
-            }
-        };
+        let state = |r: u32| core.members.get(&r).map_or(MemberState::Offline.name(), |m| m.0.name());
         let health = subtree_health(root, size, state, |r| core.children_of(r));
         return Ok(Some(json!({"size": size, "rank": root, "health": health}).into()));
     }
