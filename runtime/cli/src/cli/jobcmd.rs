@@ -34,6 +34,9 @@ pub struct SubmitArgs {
     /// Which nodes the job may run on.
     #[command(flatten)]
     pub select: NodeSelection,
+    /// Its name, and when and in which order it leaves the queue.
+    #[command(flatten)]
+    pub queue: super::queue::QueueOpts,
     /// Which node runs which task rank (Flux's --taskmap, RFC 34): block (the default: consecutive ranks on each
     /// node), cyclic[:N] (dealt round-robin over the nodes, N at a time), manual:TASKMAP (an RFC 34 map, e.g.
     /// `manual:[[0,2,1,2]]`; needs -N), hostfile:FILE (task i on the host of line i of FILE, lines reused from
@@ -548,6 +551,9 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
         .exclusive(a.exclusive)
         .requeue(a.requeue)
         .constraint(a.select.constraint()?);
+    if let Some(n) = a.queue.name()? {
+        b = b.name(n);
+    }
     let taskmap = a.taskmap.as_deref().map(parse_taskmap).transpose()?;
     let mut nodes = a.nodes;
     let mut ntasks = a.ntasks;
@@ -1066,6 +1072,10 @@ pub struct JobsArgs {
     /// Print JSON (one object with a "jobs" array).
     #[arg(long)]
     pub json: bool,
+    /// Only jobs of this name (`--job-name`, or the command's basename when none was given), as `flux jobs
+    /// --name` and `squeue --name`; with `-a`, inactive ones too.
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
 }
 
 /// The login name of user id `uid`, or its number if it has none.
@@ -1104,7 +1114,10 @@ fn lost_nodes_note(j: &Value) -> String {
 /// `vigil jobs`.
 pub(crate) async fn jobs(a: JobsArgs) -> Result<i32, String> {
     let c = connect().await?;
-    let r = super::rpc_to_rank0(&c, "job-manager.list", &json!({"all": a.all})).await?;
+    let mut r = super::rpc_to_rank0(&c, "job-manager.list", &json!({"all": a.all})).await?;
+    if let (Some(name), Some(list)) = (&a.name, r.get_mut("jobs").and_then(Value::as_array_mut)) {
+        list.retain(|j| j["name"].as_str() == Some(name.as_str()));
+    }
     if a.json {
         println!("{r}");
         return Ok(0);

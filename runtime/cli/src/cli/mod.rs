@@ -10,6 +10,7 @@ mod hostlist;
 mod jobcmd;
 mod jobinfo;
 mod nested;
+mod queue;
 mod start;
 mod status;
 mod submit;

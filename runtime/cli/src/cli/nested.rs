@@ -44,6 +44,9 @@ pub struct InstanceOpts {
     /// Which nodes the allocation may take (`--requires`, `-w/--nodelist`, `-x/--exclude`), as for `vigil run`.
     #[command(flatten)]
     pub select: super::jobcmd::NodeSelection,
+    /// Its name, and when and in which order it leaves the queue, as for `vigil run`.
+    #[command(flatten)]
+    pub queue: super::queue::QueueOpts,
     /// Job shell options (`-o requeue` is `--requeue`).
     #[arg(short = 'o', long = "setopt")]
     pub setopt: Vec<String>,
@@ -203,6 +206,7 @@ pub(crate) fn merge_opts(mut cli: InstanceOpts, dir: Option<InstanceOpts>) -> Re
     merge("--nodelist", &mut cli.select.nodelist, &d.select.nodelist)?;
     merge("--exclude", &mut cli.select.exclude, &d.select.exclude)?;
     cli.requeue |= d.requeue;
+    cli.queue.merge(d.queue)?;
     // Lists: the script's directives first, the command line's after them (a later one wins where order matters).
     prepend(&mut cli.select.requires, d.select.requires);
     prepend(&mut cli.env, d.env);
@@ -311,6 +315,7 @@ fn instance_jobspec(
         time_limit: o.time_limit.clone(),
         exclusive: true,
         select: o.select.clone(),
+        queue: o.queue.clone(),
         taskmap: None,
         requeue: o.requeue,
         env: o.env.clone(),
@@ -350,7 +355,7 @@ fn instance_jobspec(
         if let Some(f) = files {
             opts.insert("files".into(), f);
         }
-        opts.insert("job".into(), json!({"name": name}));
+        opts.insert("job".into(), json!({"name": o.queue.name()?.unwrap_or(name)}));
         opts.insert(vigil_proto::jobspec::INSTANCE_KEY.into(), instance_shape(o)?);
     }
     Ok(v)

@@ -51,6 +51,12 @@ pub struct JobspecBuilder {
     pub nnodes_max: Option<u32>,
     /// `--taskmap`: the shell option `taskmap` (left out for the default, `block`).
     pub taskmap: Option<crate::taskmap::Scheme>,
+    /// `--job-name`: `attributes.system.job.name` (as Flux keeps it); left out, the job is known by its command's
+    /// basename.
+    pub name: Option<String>,
+    /// `--dependency`, `--begin-time`: `attributes.system.dependencies`, RFC 26 dependency objects
+    /// (`{"scheme": "afterok", "value": "fXYZ"}`), in order.
+    pub dependencies: Vec<Value>,
 }
 
 impl JobspecBuilder {
@@ -137,6 +143,18 @@ impl JobspecBuilder {
     pub fn nnodes_range(mut self, min: u32, max: u32) -> Self {
         self.nnodes = Some(min);
         self.nnodes_max = Some(max);
+        self
+    }
+
+    /// Set `--job-name` (`attributes.system.job.name`).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Add an RFC 26 dependency object (`attributes.system.dependencies`).
+    pub fn dependency(mut self, dep: Value) -> Self {
+        self.dependencies.push(dep);
         self
     }
 
@@ -270,6 +288,12 @@ impl JobspecBuilder {
                         }
                         if let Some(c) = &self.constraint {
                             other.insert("constraints".to_string(), c.to_value());
+                        }
+                        if let Some(n) = &self.name {
+                            other.insert("job".to_string(), serde_json::json!({ "name": n }));
+                        }
+                        if !self.dependencies.is_empty() {
+                            other.insert("dependencies".to_string(), Value::Array(self.dependencies.clone()));
                         }
                         other
                     },

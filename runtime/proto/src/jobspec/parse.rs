@@ -214,7 +214,14 @@ fn check_system_value(key: &str, value: &Value, p: &str) -> Result<(), JobspecEr
         }
         "job" => {
             for (name, val) in as_object(value, p)? {
-                as_string(val, &format!("{p}.{name}"))?;
+                let s = as_string(val, &format!("{p}.{name}"))?;
+                // The job's name is shown in `vigil jobs` and matched by `vigil jobs --name`: one line of text.
+                if name == "name" && (s.is_empty() || s.chars().any(char::is_control)) {
+                    return Err(invalid(
+                        format!("{p}.name"),
+                        "must be a non-empty string without control characters (a newline, a tab)",
+                    ));
+                }
             }
         }
         "files" => {
