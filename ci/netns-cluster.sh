@@ -192,8 +192,13 @@ pids) node_pids "${3:?K}" ;;
 restart)
     k=${3:?K}
     [ -d "$dir/node$k" ] || { echo "netns-cluster: no node $k in cluster $name" >&2; exit 2; }
-    # A killed broker may take a moment to be gone (its eBPF links are released after RCU grace periods).
-    for _ in $(seq 1 100); do [ -z "$(node_pids "$k")" ] && break; sleep 0.1; done
+    # A killed broker may take a moment to be gone (its eBPF links are released after RCU grace periods), and on
+    # a starved machine much longer: one was seen in uninterruptible sleep for 58 s. Wait up to 120 s, saying so.
+    for i in $(seq 1 1200); do
+        [ -z "$(node_pids "$k")" ] && break
+        [ "$i" = 100 ] && echo "netns-cluster: node $k: killed processes not yet reaped after 10 s; waiting" >&2
+        sleep 0.1
+    done
     if [ -n "$(node_pids "$k")" ]; then
         echo "netns-cluster: node $k still runs processes: kill it first" >&2
         ps -o pid,stat,wchan:24,etime,args -p "$(node_pids "$k" | paste -sd,)" >&2 || true

@@ -87,6 +87,26 @@ fn a_port_taken_by_another_program_is_reported_and_the_broker_runs_on() {
     // The instance works.
     let run = inst.vigil(&["run", "-N2", "true"]);
     run.ok();
+    // Another rank says what it serves (nothing here) and leaves rank 0's state directory out.
+    let up1 = inst.vigil(&["uptime", "-r", "1"]);
+    up1.ok();
+    assert!(up1.stdout.contains("metrics (rank 1): off"), "{}", up1.dump());
+    assert!(!up1.stdout.contains("state directory"), "{}", up1.dump());
+    let none = inst.vigil(&["uptime", "--rank", "7"]);
+    assert_ne!(none.code, 0, "{}", none.dump());
+    assert!(none.stderr.contains("rank 7"), "{}", none.dump());
+}
+
+#[test]
+fn metrics_ranks_naming_no_broker_stop_the_start_with_the_reason() {
+    let (out, _dir) =
+        start_and_run(2, &["metrics.listen=127.0.0.1:0", "metrics.ranks=0,5"], &["true"], Duration::from_secs(60));
+    assert_ne!(out.code, 0, "{}", out.dump());
+    assert!(
+        out.stderr.contains("metrics.ranks=0,5 names rank 5, but this instance has 2 brokers (ranks 0-1)"),
+        "{}",
+        out.dump()
+    );
 }
 
 #[test]

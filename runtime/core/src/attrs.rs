@@ -987,6 +987,27 @@ impl BrokerConfig {
         self.metrics_listen.filter(|_| self.metrics_ranks.as_ref().is_none_or(|r| r.contains(rank)))
     }
 
+    /// Checks `metrics.ranks` against the instance's `size`: a rank it names that no broker has would serve
+    /// nothing, and an admin scraping it would see only a refused connection, so it is refused at start-up.
+    ///
+    /// # Errors
+    /// The ranks past `size - 1`, the size, and what would fit.
+    pub fn check_metrics_ranks(&self, size: u32) -> Result<(), String> {
+        let Some(ranks) = &self.metrics_ranks else { return Ok(()) };
+        let mut beyond = crate::idset::IdSet::new();
+        for r in ranks.iter().rev().take_while(|&r| r >= size) {
+            beyond.insert(r);
+        }
+        if beyond.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "metrics.ranks={ranks} names rank{} {beyond}, but this instance has {size} broker{}",
+            if beyond.len() == 1 { "" } else { "s" },
+            if size == 1 { " (rank 0)".to_string() } else { format!("s (ranks 0-{})", size - 1) },
+        ))
+    }
+
     /// `tbon.parent_grace` in effect, seconds: as set, else [`DEFAULT_PARENT_GRACE`] when the instance has a
     /// state directory (`statedir`, given to this broker or in the TOML bootstrap), else 0: without one a
     /// restarted rank 0 knows no job, so there is nothing to keep running for.
@@ -1307,6 +1328,19 @@ mod tests {
         let c = parse(&[("metrics.listen", "[::1]:9250")]).expect("valid");
         assert!(c.metrics_address(7).is_some(), "every rank by default");
         assert_eq!(BrokerConfig::default().metrics_address(0), None, "off by default");
+    }
+
+    #[test]
+    fn metrics_ranks_beyond_the_instance_are_refused() {
+        let c = parse(&[("metrics.listen", "127.0.0.1:0"), ("metrics.ranks", "0,2,7-9")]).unwrap();
+        assert_eq!(
+            c.check_metrics_ranks(4).unwrap_err(),
+            "metrics.ranks=0,2,7-9 names ranks 7-9, but this instance has 4 brokers (ranks 0-3)"
+        );
+        assert!(c.check_metrics_ranks(10).is_ok());
+        let one = parse(&[("metrics.ranks", "1")]).unwrap();
+        assert!(one.check_metrics_ranks(1).unwrap_err().contains("names rank 1, but this instance has 1 broker"));
+        assert!(BrokerConfig::default().check_metrics_ranks(1).is_ok(), "every broker by default");
     }
 
     #[test]

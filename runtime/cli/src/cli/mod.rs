@@ -62,8 +62,9 @@ pub enum Cmd {
     /// Overlay subcommands: status.
     #[command(subcommand)]
     Overlay(status::OverlayCmd),
-    /// Show the instance's state, size, depth, uptime and transport.
-    Uptime,
+    /// Show the instance's state, size, depth, uptime and transport, and one broker's detectors, metrics
+    /// endpoint and health check (rank 0's unless `-r`).
+    Uptime(status::UptimeArgs),
     /// Stop the whole instance: every broker, every job shell (rank 0's jobs stay in its state directory, if any).
     Shutdown(status::ShutdownArgs),
     /// Print the value of a broker attribute.
@@ -162,7 +163,7 @@ pub fn main() -> i32 {
                     Cmd::Job(c) => jobcmd::job(c).await,
                     Cmd::Resource(c) => status::resource(c).await,
                     Cmd::Overlay(c) => status::overlay(c).await,
-                    Cmd::Uptime => status::uptime().await,
+                    Cmd::Uptime(a) => status::uptime(a).await,
                     Cmd::Shutdown(a) => status::shutdown(a).await,
                     Cmd::Getattr(a) => status::getattr(a).await,
                     Cmd::Lsattr(a) => status::lsattr(a).await,

@@ -96,6 +96,15 @@ pub struct GetattrArgs {
     pub rank: Option<u32>,
 }
 
+/// Options of `vigil uptime`.
+#[derive(Args, Debug)]
+pub struct UptimeArgs {
+    /// Ask this rank's broker for its lines (detectors, metrics endpoint, health check); default rank 0, which
+    /// also holds the state directory.
+    #[arg(short, long, default_value_t = 0)]
+    pub rank: u32,
+}
+
 /// Options of `vigil lsattr`.
 #[derive(Args, Debug)]
 pub struct LsattrArgs {
@@ -623,9 +632,9 @@ fn broker_tally(ov: &Value) -> String {
     format!("{size} {noun}: {} running, {}", size.saturating_sub(away), rest.join(", "))
 }
 
-pub(crate) async fn uptime() -> Result<i32, String> {
+pub(crate) async fn uptime(a: UptimeArgs) -> Result<i32, String> {
     let c = connect().await?;
-    let r = c.rpc("broker.info", 0, &json!({})).await.map_err(|e| e.errstr)?;
+    let r = c.rpc("broker.info", a.rank, &json!({})).await.map_err(|e| format!("rank {}: {}", a.rank, e.errstr))?;
     let owner = nix::unistd::User::from_uid(nix::unistd::getuid()).ok().flatten().map(|u| u.name).unwrap_or_default();
     let now = chrono_like_now();
     println!(
@@ -648,7 +657,10 @@ pub(crate) async fn uptime() -> Result<i32, String> {
     if let Some(m) = r["metrics"].as_str() {
         println!(" metrics (rank {}): {m}", r["rank"].as_u64().unwrap_or(0));
     }
-    println!(" {}", statedir_line(&r["statedir"]));
+    // Only rank 0 keeps jobs: another rank's "none" would read as a fact about the instance.
+    if a.rank == 0 {
+        println!(" {}", statedir_line(&r["statedir"]));
+    }
     if let Some(l) = health_line(&r["health"]) {
         println!(" {l}");
     }
