@@ -60,6 +60,9 @@ fn rank_0_serves_openmetrics_livez_and_readyz_and_refuses_the_rest() {
     let (_, text) = http(addr, "GET", "/metrics");
     assert_eq!(value(&text, "vigil_jobs_submitted_total"), Some(1.0), "{text}");
     assert_eq!(value(&text, "vigil_jobs_inactive{result=\"COMPLETED\"}"), Some(1.0), "{text}");
+    // Rank 0 probes its children's node (this machine): the loop timed the reports it took.
+    assert!(value(&text, "vigil_probe_replies_total").is_some_and(|n| n > 0.0), "{text}");
+    assert!(value(&text, "vigil_detect_report_delay_seconds_count").is_some_and(|n| n > 0.0), "{text}");
     assert_eq!(http(addr, "GET", "/livez"), (200, "ok\n".into()));
     assert_eq!(http(addr, "GET", "/readyz"), (200, "ok\n".into()));
     assert_eq!(http(addr, "POST", "/metrics").0, 405);

@@ -127,6 +127,10 @@ pub(crate) struct Driver {
     pub(super) initial_pgid: Option<i32>,
     /// Failure detectors (None if the overlay address is not IPv4).
     pub detect: Option<super::detect::Detectors>,
+    /// What the detectors report, read by the loop before its other inputs ([`Driver::serve`]).
+    detect_rx: Option<mpsc::UnboundedReceiver<super::detect::DetectInput>>,
+    /// Time from a prober report to its turn in the loop (`vigil_detect_report_delay_seconds`).
+    report_delay: prometheus_client::metrics::histogram::Histogram,
     /// Processes the broker asked to watch (`detect.watch`).
     pub(super) watched: HashSet<u32>,
     /// The transports a link may move onto after its hello, in `tbon.transport`'s order.
@@ -181,6 +185,7 @@ pub async fn run(opts: BrokerOptions, io: DriverOptions) -> i32 {
 async fn run_inner(opts: BrokerOptions, io: DriverOptions) -> Result<i32, String> {
     let rank = opts.rank;
     opts.config.topo.check_depth(opts.size)?;
+    opts.config.check_metrics_ranks(opts.size)?;
     let (resources, topology_str) = discover(&opts, io.discovered.as_deref());
     info!(rank, cores = resources.cores, gpus = resources.gpus, source = %resources.source, "node discovered");
 
@@ -232,6 +237,8 @@ async fn run_inner(opts: BrokerOptions, io: DriverOptions) -> Result<i32, String
         containment: std::sync::Arc::new(containment),
         initial_pgid: None,
         detect: None,
+        detect_rx: None,
+        report_delay: observed.report_delay.clone(),
         watched: HashSet::new(),
         upgrades,
         status_key: [u64::MAX; 8],
@@ -421,8 +428,15 @@ impl Driver {
                 }
                 armed = deadline;
             }
-            // The overlay links are polled here, by this task, between its other inputs (see link_set.rs).
+            // The overlay links are polled here, by this task, between its other inputs (see link_set.rs). What the
+            // detectors report comes first: a verdict must not wait behind a backlog of other work (a loop starved
+            // of CPU falls behind on everything; measured as vigil_detect_report_delay_seconds).
+            let detect_rx = &mut self.detect_rx;
             let event = tokio::select! {
+                biased;
+                Some(d) = async { match detect_rx.as_mut() { Some(r) => r.recv().await, None => None } } => {
+                    Some(Event::Detect(d, false))
+                }
                 i = input_rx.recv() => i,
                 i = std::future::poll_fn(|cx| self.links.poll_next(cx)) => Some(i),
                 _ = &mut timer, if armed.is_some() => None,
@@ -435,7 +449,9 @@ impl Driver {
                 // Group commit: what else is ready joins this turn, and one transaction writes it all before
                 // anything it caused is carried out; submissions are answered once an fsync covers it.
                 for _ in 1..GROUP_MAX {
-                    match input_rx.try_recv().ok().or_else(|| self.links.try_next(None)) {
+                    let detected =
+                        self.detect_rx.as_mut().and_then(|r| r.try_recv().ok()).map(|d| Event::Detect(d, false));
+                    match detected.or_else(|| input_rx.try_recv().ok()).or_else(|| self.links.try_next(None)) {
                         Some(e) => self.on_event(e),
                         None => break,
                     }
@@ -739,15 +755,8 @@ impl Driver {
             warn!("overlay address is not IPv4: heartbeat probes and XDP disabled; membership relies on TCP");
             return;
         };
-        let (dtx, mut drx) = mpsc::unbounded_channel();
-        let itx = self.input_tx.clone();
-        tokio::spawn(async move {
-            while let Some(d) = drx.recv().await {
-                if itx.send(Event::Detect(d, false)).is_err() {
-                    return;
-                }
-            }
-        });
+        let (dtx, drx) = mpsc::unbounded_channel();
+        self.detect_rx = Some(drx);
         let mc = opts.config.membership;
         let ranks = (rank, opts.config.topo.parent(opts.size, rank));
         match super::detect::Detectors::start(&opts.config, &opts.instance, ip, owner, ranks, &mc, dtx) {
@@ -844,7 +853,17 @@ impl Driver {
                     self.step(Input::Closed(Peer::Child(rank), conn, why));
                 }
             }
-            DetectInput::Probe(rank, sig) => self.step(Input::Probe(rank, sig)),
+            DetectInput::Probe(rank, sig, sent) => {
+                let late = sent.elapsed().as_secs_f64();
+                self.report_delay.observe(late);
+                if late > 0.1 && matches!(sig, vigil_core::membership::Signal::ProbeMissed { .. }) {
+                    debug!(
+                        "probe miss of child rank {rank} reached the loop {:.0} ms after the prober sent it",
+                        late * 1e3
+                    );
+                }
+                self.step(Input::Probe(rank, sig))
+            }
         }
     }
 

@@ -59,12 +59,18 @@ pub(crate) struct Snapshot {
 pub(crate) struct Observed {
     /// Rank 0's fsyncs of its state directory's redo log, seconds.
     pub fsync: Histogram,
+    /// From a prober report (a reply or a miss) to its turn in the broker's loop, seconds: how late the judge
+    /// hears its detectors (a loop starved of CPU or behind on other work).
+    pub report_delay: Histogram,
 }
 
 impl Default for Observed {
     fn default() -> Observed {
         // 100 µs .. ~3.3 s, doubling.
-        Observed { fsync: Histogram::new(exponential_buckets(1e-4, 2.0, 16)) }
+        Observed {
+            fsync: Histogram::new(exponential_buckets(1e-4, 2.0, 16)),
+            report_delay: Histogram::new(exponential_buckets(1e-4, 2.0, 16)),
+        }
     }
 }
 
@@ -243,6 +249,12 @@ pub(crate) fn encode(snap: &Snapshot, observed: &Observed) -> Result<String, std
     if let Some((sent, replies)) = snap.probes {
         reg.register("probes_sent", "Heartbeat probe datagrams sent", counter(sent));
         reg.register("probe_replies", "Heartbeat probe replies accepted", counter(replies));
+        reg.register_with_unit(
+            "detect_report_delay",
+            "Time from a prober report (a reply or a miss) to its turn in the broker's loop",
+            Unit::Seconds,
+            observed.report_delay.clone(),
+        );
     }
     if let Some((void, correlated)) = snap.excused {
         let f = Family::<ExcusedLabel, Counter>::default();

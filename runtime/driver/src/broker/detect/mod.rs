@@ -67,8 +67,9 @@ pub(crate) enum DetectInput {
     WatchFailed(u32, String),
     /// A kernel event on the overlay connection of `rank` (u32::MAX = the parent).
     Tcp(u32, TcpEvent),
-    /// A liveness signal about child `rank` from the prober.
-    Probe(u32, Signal),
+    /// A liveness signal about child `rank` from the prober, and when the prober sent it (the loop measures how
+    /// late it hears its detectors: `vigil_detect_report_delay_seconds`).
+    Probe(u32, Signal, std::time::Instant),
 }
 
 /// The detectors of one broker.

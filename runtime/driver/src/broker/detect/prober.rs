@@ -331,8 +331,11 @@ impl Prober {
             t.kernel = Some(kernel);
             t.stalled = stalled;
             t.forwarded_ns = now;
-            let _ =
-                self.tx.send(DetectInput::Probe(rank, Signal::ProbeReply { kernel, alive: p.alive(), hb_age: age }));
+            let _ = self.tx.send(DetectInput::Probe(
+                rank,
+                Signal::ProbeReply { kernel, alive: p.alive(), hb_age: age },
+                std::time::Instant::now(),
+            ));
         }
     }
 
@@ -484,7 +487,11 @@ impl Prober {
                     probe::judged_by(&t.timing, &self.all).reply_time().max(self.all.reply_time()) * 1e3,
                     t.excused
                 );
-                let _ = self.tx.send(DetectInput::Probe(*r, Signal::ProbeMissed { misses: missed }));
+                let _ = self.tx.send(DetectInput::Probe(
+                    *r,
+                    Signal::ProbeMissed { misses: missed },
+                    std::time::Instant::now(),
+                ));
             }
             // A grouped child that missed a round also gets a unicast probe: it double-checks over another path
             // and teaches a node that forgot us (LRU, reboot) who we are.
