@@ -3,7 +3,7 @@
 set -euo pipefail
 PKGS=(pkg-config libhwloc-dev libudev-dev hwloc iproute2 procps mpich libmpich-dev clang libbpf-dev python3 slurm-wlm munge
     libibverbs-dev librdmacm-dev ibverbs-providers libclang-dev libfabric-dev libfabric-bin libsqlite3-dev
-    libc6-dev binutils)
+    libc6-dev binutils openmpi-bin libopenmpi-dev libpmix-dev)
 # Installed without their recommends: Prometheus (its instance_metrics test scrapes a broker) would pull in node
 # exporters and smartmontools.
 BARE=(prometheus)
@@ -27,4 +27,12 @@ if ((${#missing[@]} + ${#bare[@]})); then
         DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${bare[@]}" >/dev/null
     fi
 fi
+# Open MPI installs beside MPICH and takes over the `mpicc`/`mpirun` alternatives when it is installed after it:
+# the plain names stay MPICH's (the MPICH tests and the benchmark call `mpicc`); Open MPI is `mpicc.openmpi`.
+for alt in mpi:/usr/bin/mpicc.mpich mpirun:/usr/bin/mpirun.mpich; do
+    name=${alt%%:*} path=${alt#*:}
+    if [ -e "$path" ] && [ "$(update-alternatives --query "$name" 2>/dev/null | sed -n 's/^Value: //p')" != "$path" ]; then
+        ${SUDO:-$( [ "$(id -u)" -ne 0 ] && echo sudo )} update-alternatives --quiet --set "$name" "$path"
+    fi
+done
 command -v cargo >/dev/null || { echo "ci/setup.sh: cargo not found: install a Rust toolchain (rustup)" >&2; exit 1; }
