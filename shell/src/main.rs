@@ -19,6 +19,7 @@
 
 mod bind;
 mod pmi;
+mod pmix;
 
 use bind::CpuMask;
 use std::collections::BTreeMap;
@@ -309,6 +310,48 @@ impl Shell {
         env
     }
 
+    /// Start this node's PMIx server (`vigil-pmix`) for local tasks `ranks`, with the job's layout.
+    async fn start_pmix(&self, ranks: &[u32]) -> Result<pmix::Helper, String> {
+        let i = &self.input;
+        let by_node = vigil_proto::taskmap::Taskmap::decode(&i.taskmap)
+            .map_err(|e| format!("task map: {e}"))?
+            .tasks_by_node(i.nshells as usize);
+        if by_node.get(i.shell_rank as usize).map(Vec::as_slice) != Some(ranks) {
+            return Err(format!("the task map does not give shell {} its tasks", i.shell_rank));
+        }
+        // R's hosts, in the order of the job's nodes; made-up names where R has none for every node.
+        let hosts: Vec<String> = vigil_proto::r::Rv1::from_value(&i.r)
+            .ok()
+            .and_then(|r| r.hosts().ok())
+            .map(|h| h.into_vec())
+            .filter(|h| h.len() == i.nshells as usize)
+            .unwrap_or_else(|| (0..i.nshells).map(|n| format!("vigil-node{n}")).collect());
+        // Several brokers of one host (a test instance) are still different nodes to the job: Open MPI takes
+        // processes of one host name for neighbours and joins them through shared memory, which fails across
+        // shells. Such names get their node index.
+        let distinct = hosts.iter().collect::<std::collections::BTreeSet<_>>().len() == hosts.len();
+        let hosts: Vec<String> =
+            if distinct { hosts } else { hosts.into_iter().enumerate().map(|(n, h)| format!("{h}-{n}")).collect() };
+        let tmpdir = self.tmpdir.as_ref().ok_or("no job directory")?.display().to_string();
+        // Open MPI 4.1 takes a process for direct-launched (its `ess` component `pmi`) only when a resource
+        // manager it knows claims it (its `schizo` components: Slurm, Flux, LSF's jsm); else its `orte` one
+        // declares it a singleton. Excluding that one lets the PMIx server be found: the equivalent of a `schizo`
+        // component of Vigil's own.
+        let mut defaults = BTreeMap::from([("OMPI_MCA_schizo".to_string(), "^orte".to_string())]);
+        if !distinct {
+            // Its shared-memory segments are named by host, job and local rank in /dev/shm: the shells of one
+            // host would share them. Each node's go to its own job directory.
+            defaults.insert("OMPI_MCA_btl_vader_backing_directory".into(), tmpdir.clone());
+        }
+        let setup = serde_json::json!({
+            "nspace": format!("vigil.{}", i.id_f58), "jobid": i.id_f58, "nodeid": i.shell_rank, "size": i.ntasks,
+            "ranks": by_node, "hosts": hosts, "tmpdir": tmpdir,
+        });
+        let mut h = pmix::Helper::start(&setup).await?;
+        h.defaults = defaults;
+        Ok(h)
+    }
+
     /// Create the job's temporary directory on this node: `R.json` (the job's R, RFC 20) and the jobspec's files.
     fn make_tmpdir(&mut self) -> Result<(), String> {
         use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -517,10 +560,32 @@ impl Shell {
             }
         });
 
-        // PMI-1: one socketpair per task, served by this shell; `-o pmi=off` disables it.
-        let use_pmi = self.input.option_str("pmi").is_none_or(|v| v != "off" && v != "none");
+        // PMI-1: one socketpair per task, served by this shell; PMIx: a `vigil-pmix` helper on this node
+        // (`-o pmi=LIST`, both by default; `-o pmi=off` neither).
+        let pmi_opt = self.input.option_str("pmi");
+        let choice = match pmix::PmiChoice::parse(pmi_opt.as_deref()) {
+            Ok(c) => c,
+            Err(e) => return ShellReport::failed(e),
+        };
+        let use_pmi = choice.simple;
         // This node's global task ranks, in local order: a run of ranks (block), or those a task map lists.
         let ranks = self.input.task_ranks();
+        let mut helper: Option<pmix::Helper> = None;
+        if choice.pmix && !ranks.is_empty() {
+            match self.start_pmix(&ranks).await {
+                Ok(h) => helper = Some(h),
+                // Asked for by name: the job cannot run as asked. By default: said, and the job runs on PMI-1.
+                Err(e) if pmi_opt.is_some() => return ShellReport::failed(format!("PMIx: {e}")),
+                Err(e) if e.contains("is not installed") => {}
+                Err(e) => {
+                    let _ = out_tx.try_send(OutputLine::text(
+                        self.input.first_task,
+                        "stderr",
+                        format!("vigil-shell: PMIx not served on rank {}: {e}", self.input.broker_rank),
+                    ));
+                }
+            }
+        }
         let mut pmi_srv = pmi::PmiServer::new(
             format!("vigil-{}", self.input.id_f58),
             self.input.ntasks,
@@ -553,7 +618,10 @@ impl Shell {
         for (local, &rank) in ranks.iter().enumerate() {
             let local = local as u32;
             let Some(prog) = self.input.command.first() else { break };
-            let env = self.task_env(local, rank);
+            let mut env = self.task_env(local, rank);
+            if let Some(h) = &helper {
+                h.add_env(rank, &mut env);
+            }
             // Spawned without a fork (posix_spawn: the kernel copies none of this shell's page tables), which
             // std does only for a program named by its path, with no code run between fork and exec: so the
             // program is looked up in the task's PATH here, the PMI socket is inherited without CLOEXEC, and the
@@ -734,6 +802,8 @@ impl Shell {
         // Lost-shell notices (node failures elsewhere in the job) arrive as events on `shell.<jobid>`.
         let _ = self.client.subscribe(&format!("shell.{}", self.input.id_f58)).await;
         let (barrier_tx, mut barrier_rx) = mpsc::unbounded_channel::<Result<BTreeMap<String, String>, String>>();
+        // PMIx fences in flight through the same barrier: the fence's number, and every shell's puts.
+        let (fence_tx, mut fence_rx) = mpsc::unbounded_channel::<(u64, Result<BTreeMap<String, String>, String>)>();
         let mut abort_code: Option<i32> = None;
         let mut broker_gone = false;
         let n = ranks.len();
@@ -765,6 +835,51 @@ impl Shell {
                         Some(l) => pmi_srv.handle(rank, &l),
                         None => pmi_srv.closed(rank),
                     };
+                }
+                Some(v) = async {
+                    match helper.as_mut() {
+                        Some(h) => h.rx.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => match pmix::Event::decode(&v) {
+                    Ok(pmix::Event::Fence { seq, data }) => {
+                        if self.input.nshells <= 1 {
+                            if let Some(h) = &helper {
+                                h.fence_done(seq, vec![data]);
+                            }
+                        } else {
+                            let c = self.client.clone();
+                            let tx = fence_tx.clone();
+                            let body = serde_json::json!({"id": id, "shell_rank": self.input.shell_rank,
+                                "kvs": pmix::fence_kvs(self.input.shell_rank, &data)});
+                            tokio::spawn(async move {
+                                let r = c.rpc("job-exec.pmi-barrier", 0, &body).await.map_err(|e| e.errstr).and_then(|v| {
+                                    serde_json::from_value::<BTreeMap<String, String>>(v.get("kvs").cloned().unwrap_or_default())
+                                        .map_err(|e| e.to_string())
+                                });
+                                let _ = tx.send((seq, r));
+                            });
+                        }
+                    }
+                    Ok(pmix::Event::Abort { rank, status, msg }) => {
+                        let msg = if msg.is_empty() { String::new() } else { format!(": {msg}") };
+                        outs.push(pmi::Out::Fatal { note: format!("task {rank}: MPI_Abort / PMIx_Abort with exit code {status}{msg}"), exit_code: Some(status) });
+                    }
+                    Ok(pmix::Event::Other) => {}
+                    Err(e) => outs.push(pmi::Out::Fatal { note: format!("vigil-pmix: {e}"), exit_code: None }),
+                },
+                Some((seq, r)) = fence_rx.recv() => {
+                    let blobs = r.and_then(|all| pmix::fence_blobs(&all, self.input.nshells));
+                    match (blobs, &helper) {
+                        (Ok(b), Some(h)) => h.fence_done(seq, b),
+                        (Err(e), h) => {
+                            if let Some(h) = h {
+                                h.fence_failed(seq, &e);
+                            }
+                            outs.push(pmi::Out::Fatal { note: format!("PMIx fence failed: {e}"), exit_code: None });
+                        }
+                        (Ok(_), None) => {}
+                    }
                 }
                 Some(r) = barrier_rx.recv() => match r {
                     Ok(all) => outs = pmi_srv.barrier_done(all),

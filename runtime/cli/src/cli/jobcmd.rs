@@ -633,8 +633,15 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
                 crate::shellproto::parse_memory_size(s).map_err(|e| format!("-o {o}: {e}"))?;
             }
             ("memory", _) => return Err(format!("-o {o}: expected memory=SIZE (per node, e.g. 4G)")),
-            ("pmi", Value::String(s)) if !matches!(s.as_str(), "simple" | "pmi1" | "on" | "off" | "none") => {
-                return Err(format!("-o {o}: expected pmi=simple|off (PMI-1 served to the tasks, or none)"));
+            // The job shell's `PmiChoice` (shell/src/pmix.rs) reads the same grammar.
+            ("pmi", Value::String(s))
+                if !matches!(s.as_str(), "on" | "off" | "none")
+                    && !s.split(',').all(|n| matches!(n.trim(), "simple" | "pmi1" | "pmix")) =>
+            {
+                return Err(format!(
+                    "-o {o}: expected pmi=LIST of simple (PMI-1, MPICH) and pmix (PMIx, Open MPI), or pmi=off \
+                     (default: both)"
+                ));
             }
             ("exit-timeout", Value::String(s)) if s != "none" => {
                 crate::duration::parse_duration_secs(s).map_err(|e| format!("-o {o}: {e}"))?;

@@ -1,0 +1,277 @@
+//! PMIx for the job's tasks: the choice of PMI services (`-o pmi=LIST`), the `vigil-pmix` helper that runs the
+//! OpenPMIx server of this node, and the fence exchange carried over the job's PMI barrier.
+//!
+//! The shell is linked statically and Debian ships no static `libpmix`, so the PMIx server runs in a helper process
+//! (`vigil-pmix`, installed beside `vigil-shell`, linked dynamically with OpenPMIx), one per node of a job that asks
+//! for PMIx. The shell writes it the job's layout as one JSON line, reads back the environment each task needs to
+//! reach it (`PMIX_SERVER_URI*`, `PMIX_NAMESPACE`, `PMIX_RANK`...), and then serves its upcalls: a fence is this
+//! node's blob, exchanged with every other node through `job-exec.pmi-barrier` (cut into PMI-sized values, see
+//! [`fence_kvs`]), an abort fails the job. The protocol is written down in `shell/pmix/src/protocol.rs`.
+
+use base64::Engine as _;
+use std::collections::BTreeMap;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::mpsc;
+
+/// Which PMI services the tasks get, from `-o pmi=LIST`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PmiChoice {
+    /// PMI-1's simple wire protocol (`PMI_FD`), which MPICH speaks.
+    pub(crate) simple: bool,
+    /// A PMIx server (OpenPMIx, through `vigil-pmix`), which Open MPI needs.
+    pub(crate) pmix: bool,
+}
+
+impl PmiChoice {
+    /// Parse the `pmi` shell option: absent or `on` is both services; `off` or `none` is neither; else a
+    /// comma-separated list of `simple` (or `pmi1`) and `pmix`. An unknown name is an error naming it.
+    pub(crate) fn parse(v: Option<&str>) -> Result<PmiChoice, String> {
+        let (mut simple, mut pmix) = (false, false);
+        match v.map(str::trim) {
+            None | Some("on") | Some("") => return Ok(PmiChoice { simple: true, pmix: true }),
+            Some("off") | Some("none") => return Ok(PmiChoice { simple: false, pmix: false }),
+            Some(list) => {
+                for name in list.split(',').map(str::trim) {
+                    match name {
+                        "simple" | "pmi1" => simple = true,
+                        "pmix" => pmix = true,
+                        other => {
+                            return Err(format!(
+                                "-o pmi={list}: unknown PMI '{other}' (expected a list of simple, pmix; or off)"
+                            ))
+                        }
+                    }
+                }
+            }
+        }
+        Ok(PmiChoice { simple, pmix })
+    }
+}
+
+/// Characters of base64 per barrier value: within PMI-1's value size (`VALLEN_MAX`), which rank 0 enforces on
+/// every value of a barrier.
+const CHUNK: usize = 896;
+
+/// The puts of shell `shell_rank` for a fence whose blob is `data` (base64): `pmix.S.n` (the count) and `pmix.S.I`
+/// for each piece of at most [`CHUNK`] characters.
+pub(crate) fn fence_kvs(shell_rank: u32, data: &str) -> BTreeMap<String, String> {
+    let mut kvs = BTreeMap::new();
+    // base64 is ASCII, so cutting by bytes cuts between characters.
+    let pieces: Vec<&str> = data.as_bytes().chunks(CHUNK).map(|c| std::str::from_utf8(c).unwrap_or_default()).collect();
+    kvs.insert(format!("pmix.{shell_rank}.n"), pieces.len().to_string());
+    for (i, p) in pieces.iter().enumerate() {
+        kvs.insert(format!("pmix.{shell_rank}.{i}"), p.to_string());
+    }
+    kvs
+}
+
+/// Every node's blob (base64) from the union of a fence's puts, in shell order. A shell that is not in it (its
+/// node was lost, and the barrier went on without it) is skipped: its tasks are gone. An error names a count or a
+/// piece that is missing or malformed.
+pub(crate) fn fence_blobs(all: &BTreeMap<String, String>, nshells: u32) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    for s in 0..nshells {
+        let Some(n) = all.get(&format!("pmix.{s}.n")) else { continue };
+        let n: usize = n.parse().map_err(|_| format!("pmix.{s}.n: '{n}' is not a count"))?;
+        let mut blob = String::new();
+        for i in 0..n {
+            let p = all.get(&format!("pmix.{s}.{i}")).ok_or_else(|| format!("pmix.{s}.{i}: missing"))?;
+            blob.push_str(p);
+        }
+        out.push(blob);
+    }
+    Ok(out)
+}
+
+/// Where the helper is: beside this shell's executable.
+fn helper_path() -> Result<std::path::PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find vigil-shell's own path: {e}"))?;
+    let p = exe.with_file_name("vigil-pmix");
+    if !p.exists() {
+        return Err(format!("{} is not installed (build the vigil-pmix crate, which needs libpmix-dev)", p.display()));
+    }
+    Ok(p)
+}
+
+/// How long the helper may take to start its server and register the job (OpenPMIx takes a few ms here).
+const START_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A running `vigil-pmix`.
+#[derive(Debug)]
+pub(crate) struct Helper {
+    /// Lines to it (a writer task sends them).
+    pub(crate) tx: mpsc::UnboundedSender<String>,
+    /// Its messages, one JSON value each, until it exits.
+    pub(crate) rx: mpsc::UnboundedReceiver<serde_json::Value>,
+    /// The environment of each local task (by global rank) that points it at the server.
+    pub(crate) env: BTreeMap<u32, BTreeMap<String, String>>,
+    /// Variables every task gets unless its environment already sets them (settings for Open MPI).
+    pub(crate) defaults: BTreeMap<String, String>,
+    _child: tokio::process::Child,
+}
+
+impl Helper {
+    /// Start the helper and hand it `setup` (its `Setup`); wait for its server to be ready.
+    pub(crate) async fn start(setup: &serde_json::Value) -> Result<Helper, String> {
+        let path = helper_path()?;
+        let mut child = tokio::process::Command::new(&path)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", path.display()))?;
+        let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err("vigil-pmix: no pipes".into());
+        };
+        let (tx, mut wrx) = mpsc::unbounded_channel::<String>();
+        let (rtx, mut rx) = mpsc::unbounded_channel::<serde_json::Value>();
+        tokio::spawn(async move {
+            while let Some(l) = wrx.recv().await {
+                if stdin.write_all(l.as_bytes()).await.is_err() {
+                    break;
+                }
+            }
+        });
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(l)) = lines.next_line().await {
+                match serde_json::from_str::<serde_json::Value>(&l) {
+                    Ok(v) => {
+                        if rtx.send(v).is_err() {
+                            break;
+                        }
+                    }
+                    Err(e) => eprintln!("vigil-shell: a line from vigil-pmix that is not JSON: {e}"),
+                }
+            }
+        });
+        let _ = tx.send(format!("{setup}\n"));
+        let first = tokio::time::timeout(START_TIMEOUT, rx.recv())
+            .await
+            .map_err(|_| format!("vigil-pmix did not start its server within {} s", START_TIMEOUT.as_secs()))?
+            .ok_or_else(|| "vigil-pmix exited before its server was ready".to_string())?;
+        if let Some(e) = first.get("error").and_then(|e| e.as_str()) {
+            return Err(format!("vigil-pmix: {e}"));
+        }
+        let ready = first.get("ready").ok_or_else(|| format!("vigil-pmix: unexpected first message {first}"))?;
+        let env: BTreeMap<u32, BTreeMap<String, String>> =
+            serde_json::from_value(ready.get("env").cloned().unwrap_or_default())
+                .map_err(|e| format!("vigil-pmix: malformed environment: {e}"))?;
+        Ok(Helper { tx, rx, env, defaults: BTreeMap::new(), _child: child })
+    }
+
+    /// Add what task `rank` needs to reach the server to its environment `env`, and the [`Helper::defaults`] it
+    /// does not set itself.
+    pub(crate) fn add_env(&self, rank: u32, env: &mut BTreeMap<String, String>) {
+        if let Some(e) = self.env.get(&rank) {
+            env.extend(e.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        for (k, v) in &self.defaults {
+            env.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
+
+    /// Answer fence `seq` with every node's blob.
+    pub(crate) fn fence_done(&self, seq: u64, blobs: Vec<String>) {
+        let _ = self.tx.send(format!("{}\n", serde_json::json!({"fence_done": {"seq": seq, "data": blobs}})));
+    }
+
+    /// Fail fence `seq`.
+    pub(crate) fn fence_failed(&self, seq: u64, error: &str) {
+        let _ = self.tx.send(format!("{}\n", serde_json::json!({"fence_failed": {"seq": seq, "error": error}})));
+    }
+}
+
+/// A message of the helper, as the shell acts on it.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Event {
+    /// This node entered fence `seq` with blob `data` (base64).
+    Fence {
+        /// Fence number.
+        seq: u64,
+        /// This node's blob, base64 (checked).
+        data: String,
+    },
+    /// Task `rank` aborted the job with `status`.
+    Abort {
+        /// The task.
+        rank: u32,
+        /// Its exit status for the job.
+        status: i32,
+        /// Its message.
+        msg: String,
+    },
+    /// Something to ignore (connected, finalized), or a message the shell does not know.
+    Other,
+}
+
+impl Event {
+    /// Decode one helper message; an error names what is wrong.
+    pub(crate) fn decode(v: &serde_json::Value) -> Result<Event, String> {
+        if let Some(f) = v.get("fence") {
+            let seq = f.get("seq").and_then(|s| s.as_u64()).ok_or("fence.seq: missing or not a number")?;
+            let data = f.get("data").and_then(|d| d.as_str()).ok_or("fence.data: missing or not a string")?;
+            base64::engine::general_purpose::STANDARD.decode(data).map_err(|e| format!("fence.data: {e}"))?;
+            return Ok(Event::Fence { seq, data: data.to_string() });
+        }
+        if let Some(a) = v.get("abort") {
+            let rank = a.get("rank").and_then(|r| r.as_u64()).ok_or("abort.rank: missing or not a number")?;
+            let status = a.get("status").and_then(|s| s.as_i64()).unwrap_or(1);
+            let msg = a.get("msg").and_then(|m| m.as_str()).unwrap_or_default().to_string();
+            return Ok(Event::Abort { rank: rank as u32, status: status as i32, msg });
+        }
+        Ok(Event::Other)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_pmi_option_is_a_list() {
+        let both = PmiChoice { simple: true, pmix: true };
+        assert_eq!(PmiChoice::parse(None), Ok(both));
+        assert_eq!(PmiChoice::parse(Some("on")), Ok(both));
+        assert_eq!(PmiChoice::parse(Some("simple,pmix")), Ok(both));
+        assert_eq!(PmiChoice::parse(Some("pmix")), Ok(PmiChoice { simple: false, pmix: true }));
+        assert_eq!(PmiChoice::parse(Some("pmi1")), Ok(PmiChoice { simple: true, pmix: false }));
+        assert_eq!(PmiChoice::parse(Some("off")), Ok(PmiChoice { simple: false, pmix: false }));
+        let e = PmiChoice::parse(Some("simple,pmi3")).unwrap_err();
+        assert!(e.contains("'pmi3'"), "{e}");
+    }
+
+    #[test]
+    fn fence_blobs_go_through_pmi_sized_values_and_come_back_whole() {
+        let big = "QUJD".repeat(1000); // 4,000 characters: five pieces
+        let mut all = fence_kvs(0, &big);
+        assert_eq!(all.get("pmix.0.n").map(String::as_str), Some("5"));
+        assert!(all.values().all(|v| v.len() <= CHUNK));
+        all.extend(fence_kvs(2, "eHl6"));
+        all.extend(fence_kvs(3, ""));
+        // Shell 1 was lost: skipped; an empty blob stays an (empty) blob.
+        assert_eq!(fence_blobs(&all, 4), Ok(vec![big, "eHl6".to_string(), String::new()]));
+        let mut bad_count = all.clone();
+        bad_count.insert("pmix.2.n".into(), "x".into());
+        assert!(fence_blobs(&bad_count, 4).unwrap_err().contains("pmix.2.n"));
+        all.remove("pmix.0.3");
+        assert_eq!(fence_blobs(&all, 4), Err("pmix.0.3: missing".to_string()));
+    }
+
+    #[test]
+    fn malformed_helper_messages_are_errors_naming_the_field() {
+        assert_eq!(
+            Event::decode(&json!({"fence": {"seq": 3, "data": "eHl6"}})),
+            Ok(Event::Fence { seq: 3, data: "eHl6".into() })
+        );
+        assert!(Event::decode(&json!({"fence": {"seq": "3", "data": ""}})).unwrap_err().contains("fence.seq"));
+        assert!(Event::decode(&json!({"fence": {"seq": 3, "data": "!!"}})).unwrap_err().contains("fence.data"));
+        assert!(Event::decode(&json!({"abort": {"status": 7}})).unwrap_err().contains("abort.rank"));
+        assert_eq!(
+            Event::decode(&json!({"abort": {"rank": 5, "status": 7, "msg": "bye"}})),
+            Ok(Event::Abort { rank: 5, status: 7, msg: "bye".into() })
+        );
+        assert_eq!(Event::decode(&json!({"connected": {"rank": 1}})), Ok(Event::Other));
+    }
+}
