@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use std::time::Duration;
 
 /// The row of job `id` in `vigil jobs` output.
 fn row<'a>(table: &'a str, id: &str) -> &'a str {
@@ -36,4 +37,44 @@ fn a_job_is_known_by_its_name() {
     bad.code_is(1);
     assert!(bad.stderr.contains("--job-name"), "{}", bad.dump());
     inst.vigil(&["cancel", &first, &plain]).ok();
+}
+
+/// The example: `a=$(vigil submit --job-name first sleep 1); vigil submit --dependency=afterok:$a true`. The
+/// second waits (`D`, `dependency: afterok:ID` in `vigil jobs`), then runs; one after a job that fails never runs
+/// and ends with a `dependency` exception; bad dependencies are refused naming the option.
+#[test]
+fn a_job_waits_for_the_job_it_depends_on() {
+    let inst = Instance::start(1, &[]);
+    let a = inst.submit(&["--job-name", "first", "sleep", "2"]);
+    let b = inst.submit(&[&format!("--dependency=afterok:{a}"), "true"]);
+    let never = inst.submit(&["-d", &format!("afternotok:{a}"), "true"]);
+    let fails = inst.submit(&["--dependency", &format!("afterany:{a}"), "false"]);
+    let chained = inst.submit(&[&format!("--dependency=afterok:{fails}"), "true"]);
+    assert_eq!(inst.state(&b), "DEPEND");
+    let t = inst.vigil(&["jobs"]);
+    let r = row(&t.stdout, &b);
+    assert!(r.contains(" D ") && r.contains(&format!("dependency: afterok:{a}")), "{}", t.stdout);
+    let events = inst.vigil(&["job", "eventlog", &b]);
+    assert!(events.stdout.contains(&format!("dependency-add description=afterok:{a}")), "{}", events.stdout);
+    assert!(inst.wait_state(&chained, "INACTIVE", Duration::from_secs(30)), "{:?}", inst.jobs());
+    let info = |id: &str| inst.job(id);
+    assert_eq!(info(&b)["result"], "COMPLETED", "{}", info(&b));
+    assert!(info(&b)["t_run"].as_f64() >= info(&a)["t_finish"].as_f64(), "b ran after a ended");
+    for (id, why) in [(&never, "completed"), (&chained, "FAILED")] {
+        let e = &info(id)["exception"];
+        assert_eq!((e["type"].as_str(), e["severity"].as_u64()), (Some("dependency"), Some(0)), "{}", info(id));
+        assert!(e["note"].as_str().unwrap_or("").contains(why), "{e}");
+        assert!(info(id)["t_run"].is_null(), "it never ran");
+    }
+    let e = inst.vigil(&["job", "eventlog", &b]);
+    assert!(e.stdout.contains("dependency-remove") && e.stdout.contains(" depend"), "{}", e.stdout);
+    for (args, says) in [
+        (vec!["--dependency=afterfoo:f2", "true"], "--dependency=afterfoo:f2: unknown dependency scheme"),
+        (vec!["--dependency=afterok:f0O", "true"], "is not a job id"),
+        (vec!["--dependency=afterok:fZZZZ", "true"], "attributes.system.dependencies[0].value: no job fZZZZ"),
+    ] {
+        let o = inst.vigil(&[&["submit"], args.as_slice()].concat());
+        o.code_is(1);
+        assert!(o.stderr.contains(says), "{says}:\n{}", o.dump());
+    }
 }

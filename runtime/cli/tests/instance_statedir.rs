@@ -829,3 +829,45 @@ fn a_submission_sent_again_after_a_restart_of_rank_0_is_one_job() {
     brokers.insert(0, r0);
     inst.stop_cleanly(brokers);
 }
+
+/// A chain of three jobs (`--dependency=afterok:`, issue 39) across kill -9 of rank 0 while its head runs: the
+/// restarted rank 0 knows what each still waits for (its state directory kept the jobspecs and the
+/// `dependency-add` events), the head is re-attached and completes, and the chain then runs in order.
+#[test]
+fn a_dependency_chain_survives_kill_9_of_rank_0() {
+    let inst = SystemInstance::new(2, true);
+    let mut brokers = inst.start_all(&[]);
+    inst.client(&["resource", "drain", "0", "rank 0 restarts in this test"]).ok();
+    let submit = |args: &[&str]| {
+        let o = inst.client(&[&["submit"], args].concat());
+        o.ok();
+        o.stdout.trim().to_string()
+    };
+    let a = submit(&["--job-name", "first", "sleep", "8"]);
+    let b = submit(&[&format!("--dependency=afterok:{a}"), "--job-name", "second", "true"]);
+    let c = submit(&["--dependency", &format!("afterok:{b}"), "--job-name", "third", "true"]);
+    assert!(wait_for(Duration::from_secs(30), || inst.jobs()[&a]["state"] == "RUN"), "{:?}", inst.jobs());
+    let t = inst.client(&["jobs"]);
+    let row = t.stdout.lines().find(|l| l.starts_with(&format!("{b:>14}"))).unwrap_or("");
+    assert!(row.contains(&format!("dependency: afterok:{a}")) && row.contains(" D "), "{}", t.stdout);
+    let r0 = brokers.remove(0);
+    kill9(r0.pid());
+    r0.wait(Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(2));
+    let r0 = inst.restart_rank0();
+    assert_eq!(inst.jobs()[&c]["state"], "DEPEND", "{:?}", inst.jobs());
+    assert!(
+        wait_for(Duration::from_secs(60), || inst.jobs().get(&c).is_some_and(|j| j["state"] == "INACTIVE")),
+        "the chain did not finish: {:?}",
+        inst.jobs()
+    );
+    let jobs = inst.jobs();
+    for id in [&a, &b, &c] {
+        assert_eq!(jobs[id]["result"], "COMPLETED", "{}", jobs[id]);
+    }
+    let t = |id: &str, k: &str| jobs[id][k].as_f64().unwrap_or(f64::NAN);
+    // Rank 0's own times (a re-attached job's `finish` carries its node's clock).
+    assert!(t(&b, "t_run") >= t(&a, "t_inactive") && t(&c, "t_run") >= t(&b, "t_inactive"), "in order: {jobs:?}");
+    brokers.insert(0, r0);
+    inst.stop_cleanly(brokers);
+}

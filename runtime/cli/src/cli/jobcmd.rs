@@ -554,6 +554,9 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
     if let Some(n) = a.queue.name()? {
         b = b.name(n);
     }
+    for d in super::queue::parse_dependencies(&a.queue.dependency)? {
+        b = b.dependency(d);
+    }
     let taskmap = a.taskmap.as_deref().map(parse_taskmap).transpose()?;
     let mut nodes = a.nodes;
     let mut ntasks = a.ntasks;
@@ -1153,7 +1156,7 @@ pub(crate) async fn jobs(a: JobsArgs) -> Result<i32, String> {
                 let (nodes, uri) = (j["nodelist"].as_str().unwrap_or(""), j["uri"].as_str().unwrap_or(""));
                 format!("{nodes} {uri}{}", lost_nodes_note(&j))
             }
-            Some("SCHED") => {
+            Some("SCHED" | "DEPEND") => {
                 let why = j["reason_pending"].as_str().unwrap_or("");
                 // The job holding the reservation: when it is expected to start (Flux's `eta:`).
                 match j.pointer("/annotations/sched/t_estimate").and_then(Value::as_f64) {

@@ -155,6 +155,10 @@ impl JobCore {
                 break;
             }
         }
+        if std::mem::take(&mut self.depend.released) {
+            // A job it started let others go on to the queue (`after`, depend.rs): they may start too.
+            self.schedule(now);
+        }
     }
 
     /// Job `id` was just submitted (it is last in the queue): when nothing changed since the last full pass and

@@ -81,7 +81,8 @@ impl JobCore {
     }
 
     /// A pending job (never allocated, or requeued) gets fatal exception `exc` and ends at once. True when it held
-    /// the reservation (`backfill.rs`): then the caller runs a scheduling pass. Another pending job's removal
+    /// the reservation (`backfill.rs`), or its end let a job waiting on it go on to the queue (`depend.rs`): then
+    /// the caller runs a scheduling pass. Another pending job's removal
     /// changes no verdict of the last pass (a job deeper than `sched.backfill-depth` that it lets into the window
     /// is looked at by the next pass).
     pub(super) fn drop_pending(&mut self, now: f64, id: JobId, exc: Exception) -> bool {
@@ -94,13 +95,16 @@ impl JobCore {
         job.t_inactive = Some(now);
         retire_stdin(job);
         self.queue.remove(&id);
+        self.depend_forget(id);
         self.became_inactive(id);
         self.actions.push_back(Action::Updated(id));
         let held = self.reservation.as_ref().is_some_and(|r| r.id == id);
         if held {
             self.sched_dirty = true;
         }
-        held
+        // The jobs waiting on it: some may go on to the queue (afterany, afternotok), some end with it.
+        let released = self.depend_fired(now, id);
+        held || released
     }
 
     /// Cancel job `id` on behalf of `userid` (`owner` = the instance owner may cancel any job).

@@ -58,6 +58,10 @@ impl JobCore {
         job.post(now, "alloc", json!({"R": rv}));
         self.spawn_shells(id, &alloc, &by_node, &taskmap, &rv);
         self.actions.push_back(Action::Updated(id));
+        // `after` dependencies on it are met (the pass under way ends with another if one went on to the queue).
+        if self.depend_fired(now, id) {
+            self.depend.released = true;
+        }
         self.rearm(id);
     }
 
@@ -289,6 +293,7 @@ impl JobCore {
         self.became_inactive(id);
         self.actions.push_back(Action::Updated(id));
         self.retire_output(id);
+        self.depend_fired(now, id); // the pass below takes the jobs it lets go on
         self.schedule(now);
     }
 

@@ -145,6 +145,8 @@ pub struct Job {
     /// Its state and exit status as its row in the state directory last had them (`journal.rs`): the row is
     /// written again only when they change (or R does, at an `alloc`).
     pub(super) saved_row: Option<(JobState, Option<i32>)>,
+    /// The RFC 26 dependencies it still waits for, while in DEPEND (`depend.rs`).
+    pub(super) deps: Vec<super::depend::Dependency>,
 }
 
 impl Job {
@@ -207,6 +209,7 @@ impl Job {
             saved_chunks: 0,
             saved_marks: BTreeMap::new(),
             saved_row: None,
+            deps: Vec::new(),
         }
     }
 
@@ -234,6 +237,14 @@ impl Job {
             }
         }
         out
+    }
+
+    /// Its name as `vigil jobs` shows it: `attributes.system.job.name`, else its command's basename.
+    pub fn display_name(&self) -> &str {
+        self.name
+            .as_deref()
+            .or_else(|| self.req.command.first().map(|c| c.rsplit('/').next().unwrap_or(c)))
+            .unwrap_or("")
     }
 
     /// The jobspec as submitted.
@@ -323,8 +334,7 @@ impl Job {
                 .collect::<Vec<_>>(),
             "nnodes_current": ranks.iter().filter(|r| !lost_ranks.contains(*r)).count(),
             "id": self.id.0, "id_f58": self.id.f58(), "userid": self.userid, "state": self.state.name(),
-            "name": self.name.as_deref()
-                .or_else(|| self.req.command.first().map(|c| c.rsplit('/').next().unwrap_or(c))).unwrap_or(""),
+            "name": self.display_name(),
             // Nodes held once allocated; before, the number asked for (`-N`), null when the jobspec names none.
             // Tasks run once allocated (a node range's follow its nodes); before, the number asked for.
             "ntasks": if self.shells.is_empty() { self.req.ntasks } else { self.shells.values().map(|s| s.ntasks).sum() },

@@ -11,6 +11,7 @@
 //! | `state.rs` | RFC 21 states and the events that drive them |
 //! | `sched.rs` | the resource pool: first-fit allocation, feasibility, why a job waits |
 //! | `backfill.rs` | which pending job starts when: EASY backfill or FCFS (`sched.policy`) |
+//! | `depend.rs` | RFC 26 dependencies (`after`, `afterok`... , `begin-time`, `singleton`): DEPEND until met |
 //! | `requeue.rs` | a `--requeue` job that lost a node goes back to the queue (`sched.max-requeue`) |
 //! | `shrink.rs` | a nested instance's lost rank leaves it for good (RFC 28) |
 //! | `nested.rs` | critical-rank rules for the brokers of a nested instance |
@@ -32,6 +33,7 @@
 //! set, running jobs are indexed by rank and by deadline, and counters replace scans over a job's shells.
 
 mod backfill;
+pub mod depend;
 mod exceptions;
 mod exec;
 mod job;
@@ -253,6 +255,8 @@ pub struct JobCore {
     unreachable_kills: kills::UnreachableKills,
     /// The submission keys of the jobs held (`submit_key.rs`).
     submit_keys: submit_key::KeyIndex,
+    /// Jobs in DEPEND, by the jobs and times they wait for (`depend.rs`).
+    depend: depend::Waits,
 }
 
 impl JobCore {
@@ -291,6 +295,7 @@ impl JobCore {
             reattach: None,
             unreachable_kills: Default::default(),
             submit_keys: Default::default(),
+            depend: Default::default(),
         }
     }
 
@@ -328,5 +333,7 @@ impl JobCore {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_depend;
 #[cfg(test)]
 mod tests_sched;

@@ -54,6 +54,8 @@ impl JobState {
             (New, "validate") => Depend,
             (New, "invalidate") => Inactive,
             (Depend, "depend") => Priority,
+            // RFC 21: a dependency waited for, and met (`depend.rs`).
+            (Depend, "dependency-add" | "dependency-remove") => Depend,
             (Priority, "priority") => Sched,
             (Sched, "alloc") => Run,
             (Run, "finish") => Cleanup,

@@ -61,6 +61,8 @@ impl JobCore {
     ) -> Result<JobId, SubmitError> {
         let spec = Jobspec::from_value(jobspec).map_err(|e| SubmitError::Jobspec(e.to_string()))?;
         let mut req = spec.validate().map_err(|e| SubmitError::Jobspec(e.to_string()))?;
+        let deps = super::depend::Dependency::all_of(jobspec).map_err(SubmitError::Jobspec)?;
+        self.depend_check(&deps).map_err(SubmitError::Jobspec)?;
         if let Some(k) = req.kill_timeout() {
             // A job may choose any kill timeout up to the admin's bound (and the instance's own is always fine).
             let max = self.kill_timeout_max.max(self.kill_timeout);
@@ -112,12 +114,24 @@ impl JobCore {
         job.stdin_eof = !stdin;
         job.post(now, "submit", json!({"userid": userid, "urgency": 16, "flags": 0, "version": 1}));
         job.post(now, "validate", json!({}));
-        job.post(now, "depend", json!({}));
-        job.post(now, "priority", json!({"priority": 16}));
+        if deps.is_empty() {
+            job.post(now, "depend", json!({}));
+            job.post(now, "priority", json!({"priority": 16}));
+            self.jobs.insert(id, job);
+            self.queue.insert(id);
+            self.actions.push_back(Action::Updated(id));
+            self.schedule_submitted(now, id);
+            return Ok(id);
+        }
         self.jobs.insert(id, job);
-        self.queue.insert(id);
         self.actions.push_back(Action::Updated(id));
-        self.schedule_submitted(now, id);
+        // It waits in DEPEND (depend.rs), unless every dependency is met already.
+        let released = self.depend.released;
+        self.depend_start(now, id, deps);
+        self.depend.released = released;
+        if self.jobs.get(&id).is_some_and(|j| j.state == super::JobState::Sched) {
+            self.schedule_submitted(now, id);
+        }
         Ok(id)
     }
 

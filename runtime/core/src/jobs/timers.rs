@@ -82,7 +82,10 @@ impl JobCore {
     pub fn next_deadline(&self) -> Option<f64> {
         let first = self.timers.first().map(|(d, _)| d.0).filter(|t| t.is_finite());
         let rejoin = self.awaiting_ranks().then_some(self.saved.rejoin_until);
-        [first, self.reattach_deadline(), self.purge_deadline(), rejoin].into_iter().flatten().min_by(f64::total_cmp)
+        [first, self.reattach_deadline(), self.purge_deadline(), rejoin, self.depend_deadline()]
+            .into_iter()
+            .flatten()
+            .min_by(f64::total_cmp)
     }
 
     /// Fire every rule whose time has come: time limits, exit-timeout, SIGKILL escalation, purges of INACTIVE
@@ -96,6 +99,9 @@ impl JobCore {
         }
         if self.reattach_deadline().is_some_and(|t| t <= now) {
             self.reattach_expire(now);
+        }
+        if self.depend_timeout(now) {
+            self.schedule(now); // begin times came (depend.rs)
         }
         while let Some(&(Due(t), id)) = self.timers.first() {
             if t > now {

@@ -206,10 +206,11 @@ fn rfc14_system_attributes_on_a_v1_jobspec() {
         Jobspec::parse(&text).and_then(|j| j.validate()).map_err(|e| e.to_string())
     };
     let deps = "    dependencies:\n      - scheme: afterok\n        value: f2oLkTLb\n";
-    assert_eq!(
-        v1(deps).err().as_deref(),
-        Some("attributes.system.dependencies: job dependencies are not supported yet (first: scheme \"afterok\")")
-    );
+    assert!(v1(deps).is_ok(), "RFC 26 afterok on a job id: the job manager checks the id");
+    let begin = "    dependencies:\n      - scheme: begin-time\n        value: 1700000000.5\n";
+    assert!(v1(begin).is_ok(), "Flux's begin-time takes a number");
+    let odd = "    dependencies:\n      - scheme: string\n        value: x\n";
+    assert!(v1(odd).err().is_some_and(|e| e.starts_with("attributes.system.dependencies[0].scheme: unknown")));
     assert!(v1("    dependencies: []\n").is_ok(), "no dependency is nothing to refuse");
     let props = "    constraints:\n      properties:\n        - nvme\n";
     assert!(v1(props)

@@ -64,6 +64,7 @@ mod tests;
 mod validate;
 
 pub use builder::JobspecBuilder;
+pub use parse::DEPENDENCY_SCHEMES;
 pub use request::{JobRequest, NestedInstance, KILL_TIMEOUT_KEY};
 
 /// Most tasks a request may place on each core it asks for: `tasks[0].count.total` may exceed the slot count

@@ -196,6 +196,13 @@ fn parse_system(v: &Value) -> Result<System, JobspecError> {
     Ok(sys)
 }
 
+/// The RFC 26 dependency schemes a job may name in `attributes.system.dependencies`: Flux's `after` (once the job
+/// named has started), `afterany`, `afterok`, `afternotok`, `afterexcept` (once it has ended: any way, successfully,
+/// not successfully, with a fatal exception), `begin-time` (not before a time, seconds since the epoch) and
+/// `singleton` (after every earlier active job of the same user and name has ended).
+pub const DEPENDENCY_SCHEMES: &[&str] =
+    &["after", "afterany", "afterok", "afternotok", "afterexcept", "begin-time", "singleton"];
+
 /// The types RFC 14 gives the other `attributes.system` keys it names (kept verbatim in [`System::other`]):
 /// `queue`, `bank`, `project` strings; `preemptible-after` a number of seconds `>= 0`; `job` a mapping of strings;
 /// `files` a mapping (RFC 37); `constraints` a mapping (RFC 31; its operators are checked by
@@ -237,12 +244,17 @@ fn check_system_value(key: &str, value: &Value, p: &str) -> Result<(), JobspecEr
             for (i, dep) in list.iter().enumerate() {
                 let dp = format!("{p}[{i}]");
                 let obj = dep.as_object().ok_or_else(|| invalid(&dp, "must be a mapping {scheme, value} (RFC 26)"))?;
-                for field in ["scheme", "value"] {
-                    match obj.get(field) {
-                        Some(Value::String(_)) => {}
-                        Some(_) => return Err(invalid(format!("{dp}.{field}"), "must be a string")),
-                        None => return Err(invalid(format!("{dp}.{field}"), "required string (RFC 26)")),
-                    }
+                let scheme = match obj.get("scheme") {
+                    Some(Value::String(s)) => s.as_str(),
+                    Some(_) => return Err(invalid(format!("{dp}.scheme"), "must be a string")),
+                    None => return Err(invalid(format!("{dp}.scheme"), "required string (RFC 26)")),
+                };
+                match obj.get("value") {
+                    Some(Value::String(_)) => {}
+                    // Flux gives a begin time as a number of seconds since the epoch.
+                    Some(Value::Number(_)) if scheme == "begin-time" => {}
+                    Some(_) => return Err(invalid(format!("{dp}.value"), "must be a string")),
+                    None => return Err(invalid(format!("{dp}.value"), "required string (RFC 26)")),
                 }
             }
         }

@@ -560,8 +560,9 @@ fn rejections_name_the_field() {
             "attributes.system.dependencies[1].value: must be a string",
         ),
         (
-            Box::new(|v| v["attributes"]["system"]["dependencies"] = json!([{"scheme": "afterok", "value": "f1"}])),
-            "attributes.system.dependencies: job dependencies are not supported yet (first: scheme \"afterok\")",
+            Box::new(|v| v["attributes"]["system"]["dependencies"] = json!([{"scheme": "afterfoo", "value": "f1"}])),
+            "attributes.system.dependencies[0].scheme: unknown dependency scheme \"afterfoo\" (known: after, afterany, \
+             afterok, afternotok, afterexcept, begin-time, singleton)",
         ),
         (Box::new(|v| v["attributes"]["system"]["queue"] = json!(1)), "attributes.system.queue: must be a string"),
         (Box::new(|v| v["attributes"]["system"]["bank"] = json!([])), "attributes.system.bank: must be a string"),

@@ -5,8 +5,8 @@ use serde_json::Value;
 
 use super::request::kill_timeout_secs;
 use super::{
-    invalid, Count, JobRequest, Jobspec, JobspecError, Resource, TaskCount, INSTANCE_KEY, KILL_TIMEOUT_KEY,
-    MAX_TASKS_PER_CORE, RECOGNIZED_SYSTEM_KEYS, REQUEUE_KEY,
+    invalid, Count, JobRequest, Jobspec, JobspecError, Resource, TaskCount, DEPENDENCY_SCHEMES, INSTANCE_KEY,
+    KILL_TIMEOUT_KEY, MAX_TASKS_PER_CORE, RECOGNIZED_SYSTEM_KEYS, REQUEUE_KEY,
 };
 
 /// Check a V1 count: integer or `{min}` with `least <= value <= u32::MAX` (`least` is 1, or 0 for a `gpu`).
@@ -91,8 +91,7 @@ impl Jobspec {
     /// with a non-empty `command`, `slot` equal to the slot label, and count
     /// `{per_slot: 1}` or `{total: N >= 1}` (not `per_resource`); `attributes.system.duration`
     /// is present (seconds, 0 = unlimited); `attributes.system.dependencies`
-    /// (RFC 26) is refused unless empty: job dependencies are not supported yet,
-    /// and running a job before what it depends on would be worse than refusing it.
+    /// (RFC 26) name schemes of [`DEPENDENCY_SCHEMES`] (the jobs they name are the job manager's to check).
     ///
     /// Unknown `attributes.system` keys (other than
     /// [`RECOGNIZED_SYSTEM_KEYS`]), unknown `attributes.system.shell` keys and a task's `distribution`
@@ -277,12 +276,13 @@ impl Jobspec {
                 Some(c) => crate::constraint::Constraint::And(vec![c, hosts]),
             });
         }
-        if let Some(Value::Array(deps)) = sys.other.get("dependencies") {
-            if let Some(dep) = deps.first() {
-                let scheme = dep.get("scheme").and_then(Value::as_str).unwrap_or_default();
+        // RFC 14 lets any scheme be named (use case 2.8's `fluid`); a job manager runs only the ones it knows.
+        for (i, dep) in sys.other.get("dependencies").and_then(Value::as_array).into_iter().flatten().enumerate() {
+            let scheme = dep.get("scheme").and_then(Value::as_str).unwrap_or_default();
+            if !DEPENDENCY_SCHEMES.contains(&scheme) {
                 return Err(invalid(
-                    "attributes.system.dependencies",
-                    format!("job dependencies are not supported yet (first: scheme {scheme:?})"),
+                    format!("attributes.system.dependencies[{i}].scheme"),
+                    format!("unknown dependency scheme {scheme:?} (known: {})", DEPENDENCY_SCHEMES.join(", ")),
                 ));
             }
         }

@@ -115,11 +115,12 @@ struct ListRequest {
 /// `job-manager.list`.
 fn list(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     let req: ListRequest = lazy.decode()?;
+    let n = core.wall();
     let jc = job_core!(core);
     let all = req.all.unwrap_or(false);
     let with_reason = |j: &crate::jobs::Job| {
         let mut v = j.info();
-        if let (Some(r), Some(o)) = (jc.pending_reason(j.id), v.as_object_mut()) {
+        if let (Some(r), Some(o)) = (jc.pending_reason(j.id).or_else(|| jc.depend_reason(j.id, n)), v.as_object_mut()) {
             o.insert("reason_pending".into(), Value::String(r));
         }
         if let (Some(t), Some(o)) = (jc.estimate(j.id), v.as_object_mut()) {
@@ -142,11 +143,12 @@ struct InfoRequest {
 /// `job-manager.info`.
 fn info(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     let req: InfoRequest = lazy.decode()?;
+    let n = core.wall();
     let jc = job_core!(core);
     let id = req.id.id()?;
     let j = jc.jobs.get(&id).ok_or(ServiceError::enoent(format!("unknown job id {id}")))?;
     let mut info = j.info();
-    if let (Some(r), Some(o)) = (jc.pending_reason(id), info.as_object_mut()) {
+    if let (Some(r), Some(o)) = (jc.pending_reason(id).or_else(|| jc.depend_reason(id, n)), info.as_object_mut()) {
         o.insert("reason_pending".into(), Value::String(r));
     }
     if let (Some(t), Some(o)) = (jc.estimate(id), info.as_object_mut()) {

@@ -209,6 +209,20 @@ impl JobCore {
                 self.jobs.insert(id, job);
                 out.inactive += 1;
             }
+            JobState::New | JobState::Depend
+                if !crate::jobs::depend::Dependency::all_of(&job.jobspec()).unwrap_or_default().is_empty() =>
+            {
+                // Waiting for its dependencies (depend.rs): what it still waits for is looked at again.
+                if job.state == JobState::New {
+                    job.post(now, "validate", json!({}));
+                }
+                if job.req.duration.is_none() {
+                    job.req.duration = self.config.default_duration;
+                }
+                self.jobs.insert(id, job);
+                self.depend_resume(now, id);
+                out.pending += 1;
+            }
             JobState::New | JobState::Depend | JobState::Priority | JobState::Sched => {
                 // Submission posts these four at once; a record cut between them is completed here.
                 for (from, name, ctx) in [
