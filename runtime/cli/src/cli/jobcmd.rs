@@ -1089,7 +1089,7 @@ pub struct JobsArgs {
 }
 
 /// The login name of user id `uid`, or its number if it has none.
-fn user_name(uid: u32) -> String {
+pub(crate) fn user_name(uid: u32) -> String {
     nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
         .ok()
         .flatten()

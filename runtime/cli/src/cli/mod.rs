@@ -14,6 +14,7 @@ mod queue;
 mod start;
 mod status;
 mod submit;
+pub mod top;
 
 use crate::keyfile::KeyFile as _;
 use clap::{Parser, Subcommand};
@@ -65,6 +66,9 @@ pub enum Cmd {
     /// Show the instance's state, size, depth, uptime and transport, and one broker's detectors, metrics
     /// endpoint and health check (rank 0's unless `-r`).
     Uptime(status::UptimeArgs),
+    /// A full-screen live view: the tree's health, nodes by state, the queue with pending reasons, recent
+    /// verdicts (the `vigil-top` program, as `flux top`; Enter descends into a batch or alloc job's instance).
+    Top(top::TopArgs),
     /// Stop the whole instance: every broker, every job shell (rank 0's jobs stay in its state directory, if any).
     Shutdown(status::ShutdownArgs),
     /// Print the value of a broker attribute.
@@ -141,6 +145,7 @@ pub fn main() -> i32 {
         Cmd::Broker(a) => start::broker(a),
         Cmd::Keygen(a) => keygen(a),
         Cmd::Hostlist(a) => hostlist::hostlist(a),
+        Cmd::Top(a) => top::exec_top(&a),
         Cmd::DiscoverNode(a) => {
             // SAFETY: no thread has started yet.
             unsafe { crate::hwloc::skip_unused_plugins() };
@@ -169,7 +174,12 @@ pub fn main() -> i32 {
                     Cmd::Lsattr(a) => status::lsattr(a).await,
                     Cmd::Ping(a) => status::ping(a).await,
                     Cmd::Event(c) => status::event(c).await,
-                    Cmd::Start(_) | Cmd::Broker(_) | Cmd::Keygen(_) | Cmd::Hostlist(_) | Cmd::DiscoverNode(_) => Ok(0),
+                    Cmd::Start(_)
+                    | Cmd::Broker(_)
+                    | Cmd::Keygen(_)
+                    | Cmd::Hostlist(_)
+                    | Cmd::Top(_)
+                    | Cmd::DiscoverNode(_) => Ok(0),
                 };
                 r.unwrap_or_else(fail)
             })
@@ -190,7 +200,7 @@ pub(crate) async fn connect() -> Result<crate::client::Client, String> {
 
 /// What a command says when it cannot reach its broker: the error, and when nothing listens on the socket
 /// (refused, or no such file) what that usually means, rather than a bare `os error 111`.
-fn connect_error(e: &crate::client::ConnectError) -> String {
+pub(crate) fn connect_error(e: &crate::client::ConnectError) -> String {
     use std::io::ErrorKind;
     match e {
         crate::client::ConnectError::Io { err, .. }

@@ -379,7 +379,7 @@ pub(crate) async fn resource(cmd: ResourceCmd) -> Result<i32, String> {
 /// offline.
 /// The health of `rank`'s subtree from an `overlay.status` answer's rows (`vigil_core`'s rule, as rank 0 applies
 /// it for `--wait`).
-fn subtree_health(ranks: &[Value], rank: usize) -> &'static str {
+pub(crate) fn subtree_health(ranks: &[Value], rank: usize) -> &'static str {
     let st = |r: u32| ranks.get(r as usize).and_then(|v| v["state"].as_str()).unwrap_or("offline");
     let children = |r: u32| {
         ranks
