@@ -1,7 +1,8 @@
 //! `vigil top` as an operator meets it, driven in a detached tmux session of a known size (`send-keys`,
 //! `capture-pane -p`): the tree and the nodes of a 4-broker instance, a pending job with its reason, a killed
 //! broker marked lost, a terminal too small said so, `q` leaving the alternate screen with the shell back and exit
-//! code 0, and a lost instance ending it with the CLI's hint and exit code 1.
+//! code 0, and a lost instance ending it with the CLI's hint and exit code 1; Enter on a batch job descending into
+//! its instance and Esc coming back.
 
 mod common;
 
@@ -147,4 +148,37 @@ fn top_shows_the_tree_a_pending_job_and_a_lost_rank_and_quits_cleanly() {
     let s = t.wait_screen("the exit on a lost instance", long, |s| s.contains("top-exit=1"));
     assert!(s.contains("vigil: lost connection to broker") && s.contains("no broker listens there"), "{s}");
     assert!(!s.contains("┌ verdicts "), "the terminal is restored\n{s}");
+}
+
+#[test]
+fn top_descends_into_a_batch_jobs_instance_and_comes_back() {
+    if !have_tmux() {
+        eprintln!("SKIP: no tmux (apt-get install tmux)");
+        return;
+    }
+    let inst = Instance::start(4, &[]);
+    let script = inst.dir.path().join("b.sh");
+    std::fs::write(&script, "#!/bin/sh\nsleep 300\n").expect("script");
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let o = inst.vigil(&["batch", "-N2", script.to_str().expect("utf-8")]);
+    o.ok();
+    let batch = o.stdout.trim().to_string();
+    let long = Duration::from_secs(30);
+    assert!(wait_for(long, || inst.job(&batch)["uri"].is_string()), "the batch job's instance never reported its URI");
+    let t = tmux_session(&inst);
+    t.wait_screen("the shell's prompt", long, |s| s.contains("top-test$"));
+    t.type_line("vigil top --delay 300ms; echo top-exit=$?");
+    // The only job, so selected: Enter reconnects to its instance (2 brokers), Esc comes back (4).
+    t.wait_screen("the batch job as an instance", long, |s| {
+        s.lines().any(|l| l.contains(&batch) && l.contains("[instance]"))
+    });
+    t.cmd(&["send-keys", "-t", "top", "Enter"]);
+    let s = t.wait_screen("the nested instance", long, |s| s.contains("2 brokers (2 online)"));
+    assert!(s.contains(&format!("instance > {batch}")) && s.contains("Esc back"), "{s}");
+    t.cmd(&["send-keys", "-t", "top", "Escape"]);
+    let s = t.wait_screen("the enclosing instance again", long, |s| s.contains("4 brokers (4 online)"));
+    assert!(!s.contains(&format!("instance > {batch}")), "{s}");
+    t.cmd(&["send-keys", "-t", "top", "q"]);
+    t.wait_screen("the shell again", long, |s| s.contains("top-exit=0"));
 }

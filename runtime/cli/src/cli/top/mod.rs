@@ -1,7 +1,7 @@
 //! `vigil top`: a full-screen live view of an instance, as `flux top`: the TBON's health, the nodes by state, the
 //! queue with pending reasons and the recent liveness verdicts, refreshed every `--delay`.
 //!
-//! Shape: [`model`] gathers from rank 0's services into a plain [`model::Model`]; [`draw`] is a pure function of
+//! Shape: `model` gathers from rank 0's services into a plain `Model`; `draw` is a pure function of
 //! it onto a ratatui frame (tested with ratatui's `TestBackend`); this module runs the loop: a gathering in flight
 //! as a task, keys from a thread reading the terminal, and a redraw after each. Enter on a running batch or alloc
 //! job reconnects to its instance's URI (the `uri` `job-manager.list` reports, as `vigil proxy` uses it); Esc goes
@@ -166,6 +166,8 @@ async fn run(term: &mut ratatui::DefaultTerminal, c: Client, uri: String, delay:
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut inflight: Option<tokio::task::JoinHandle<Result<Model, GatherError>>> = None;
     let mut late_since: Option<std::time::Instant> = None;
+    // The notice shown says something of the answers (late, refused): the next good answer clears it.
+    let mut gather_notice = false;
     loop {
         tokio::select! {
             _ = tick.tick() => {
@@ -180,7 +182,10 @@ async fn run(term: &mut ratatui::DefaultTerminal, c: Client, uri: String, delay:
                     Ok(m) => {
                         model = m;
                         ui.selected = ui.selected.min(model.jobs.len().saturating_sub(1));
-                        ui.notice = None;
+                        // A notice about the answers goes with them; one about a key stays until the next key.
+                        if std::mem::take(&mut gather_notice) {
+                            ui.notice = None;
+                        }
                         late_since = None;
                     }
                     Err(GatherError::Slow) => {
@@ -189,8 +194,12 @@ async fn run(term: &mut ratatui::DefaultTerminal, c: Client, uri: String, delay:
                             "no answer from rank 0 for {:.0} s (restarting? its brokers keep requests for it)",
                             (since.elapsed() + GATHER_LIMIT).as_secs_f64()
                         ));
+                        gather_notice = true;
                     }
-                    Err(GatherError::Refused(why)) => ui.notice = Some(why),
+                    Err(GatherError::Refused(why)) => {
+                        ui.notice = Some(why);
+                        gather_notice = true;
+                    }
                     Err(GatherError::Disconnected) => {
                         if stack.len() > 1 {
                             let gone = stack.pop().map(|l| l.label).unwrap_or_default();
@@ -220,6 +229,9 @@ async fn run(term: &mut ratatui::DefaultTerminal, c: Client, uri: String, delay:
                     term.draw(|f| draw::draw(f, &model, &ui)).map_err(|e| e.to_string())?;
                     continue;
                 };
+                if k.kind != KeyEventKind::Release {
+                    ui.notice = None;
+                }
                 match on_key(&mut ui, k, model.jobs.len()) {
                     Act::Quit => return Ok(0),
                     Act::Redraw => {}
