@@ -4,8 +4,9 @@
 //! `tbon.fanout`, `rank`, `size`, `local-uri`...). Where they come from:
 //! - `-S NAME=VALUE` on `vigil start`, `vigil broker`, and for the child brokers of `vigil batch` / `vigil alloc`
 //!   ([`Access::CommandLine`]);
-//! - `[tbon] topo`, `[bootstrap] statedir`, `[exec] alloc-tmpdir-base` and `[health] program`, `interval`,
-//!   `timeout` of the TOML bootstrap file for `tbon.topo`, `statedir`, `exec.alloc-tmpdir-base` and `health.*`
+//! - `[tbon] topo`, `[bootstrap] statedir`, `[exec] alloc-tmpdir-base`, `[access] allow-guest-users` and `[health]
+//!   program`, `interval`, `timeout` of the TOML bootstrap file for `tbon.topo`, `statedir`,
+//!   `exec.alloc-tmpdir-base`, `access.allow-guest-users` and `health.*`
 //!   ([`Access::CommandLineOrToml`]; `-S` wins);
 //! - a nested instance's PMI bootstrap, from the enclosing instance ([`Access::Bootstrap`]; `-S` wins);
 //! - the broker itself, for what it learns as it runs: rank, size, endpoints, pid... ([`Access::Broker`]:
@@ -71,7 +72,7 @@ pub enum Access {
     /// `-S NAME=VALUE` on `vigil start` / `vigil broker` (and `vigil batch` / `alloc` for the child brokers).
     CommandLine,
     /// As [`Access::CommandLine`], or the TOML bootstrap file (`[tbon] topo`, `[bootstrap] statedir`, `[exec]
-    /// alloc-tmpdir-base`, `[health]`); the command line wins.
+    /// alloc-tmpdir-base`, `[access] allow-guest-users`, `[health]`); the command line wins.
     CommandLineOrToml,
     /// Set by a nested instance's PMI bootstrap from the enclosing instance; `-S` overrides it.
     Bootstrap,
@@ -240,6 +241,11 @@ pub static ATTRS: &[Attr] = &[
     attr("health.timeout", Kind::Duration, is("1m"), CommandLineOrToml,
         "a health check run still going this long after it started is killed with its process group and fails \
         ([health] timeout in the TOML file)"),
+    // Who may use the instance (docs/security.md).
+    attr("access.allow-guest-users", Kind::Enum(&["false", "true"]), is("false"), CommandLineOrToml,
+        "true: users other than the instance owner (guests) may connect and submit jobs, each to their own jobs \
+        (Flux's access.allow-guest-user; [access] allow-guest-users in the TOML file); a system instance only, \
+        refused by vigil start"),
     // The broker.
     attr("log-level", Kind::LogLevel, otherwise("$VIGIL_LOG, else warn (error in a nested instance)", "info"),
         CommandLine, "broker log level on standard error"),
@@ -526,6 +532,9 @@ pub struct BrokerConfig {
     /// allocation directory; `None` = in its own temporary directory
     /// ([`vigil_proto::shellproto::alloc_tmpdir`]).
     pub alloc_tmpdir_base: Option<PathBuf>,
+    /// `access.allow-guest-users`: users other than the instance owner may connect (a multi-user system
+    /// instance, docs/security.md); false: the owner only.
+    pub allow_guest_users: bool,
     /// `health.program`: the node health check program; `None` = no health check (`crate::health`).
     pub health_program: Option<PathBuf>,
     /// `health.interval`, seconds (finite, > 0): from one run's start to the next.
@@ -588,6 +597,7 @@ impl Default for BrokerConfig {
             containment: "auto".into(),
             cgroup_spawn: "auto".into(),
             alloc_tmpdir_base: None,
+            allow_guest_users: false,
             health_program: None,
             health_interval: crate::health::DEFAULT_INTERVAL,
             health_timeout: crate::health::DEFAULT_TIMEOUT,
@@ -882,6 +892,13 @@ impl Draft {
                 c.alloc_tmpdir_base = Some(path(v)?)
             }
             "alloc-tmpdir" => c.alloc_tmpdir = Some(path(v)?),
+            "access.allow-guest-users" => {
+                c.allow_guest_users = match v {
+                    "true" => true,
+                    "false" => false,
+                    _ => return Err("expected true or false".into()),
+                }
+            }
             "health.program" => {
                 c.health_program = match v {
                     // As `vigil lsattr --doc` shows its default.
@@ -1094,6 +1111,7 @@ impl BrokerConfig {
             "exec.cgroup-spawn" => self.cgroup_spawn.clone(),
             "exec.alloc-tmpdir-base" => self.alloc_tmpdir_base.as_ref()?.display().to_string(),
             "alloc-tmpdir" => self.alloc_tmpdir.as_ref()?.display().to_string(),
+            "access.allow-guest-users" => self.allow_guest_users.to_string(),
             "health.program" => self.health_program.as_ref()?.display().to_string(),
             "health.interval" => fmt_duration(self.health_interval),
             "health.timeout" => fmt_duration(self.health_timeout),

@@ -132,6 +132,11 @@ pub struct ShellInput {
     pub cores_per_task: u32,
     /// GPUs per task.
     pub gpus_per_task: u32,
+    /// The uid of the job's submitter (RFC 21's `userid` of its `submit` event): the shell runs as this user
+    /// where the broker is not that user (a multi-user instance whose broker is root, docs/security.md). Absent
+    /// (an older broker): the broker's own user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub userid: Option<u32>,
     /// Task command line.
     pub command: Vec<String>,
     /// Task environment (the submitter's, as edited by `--env`).

@@ -1079,6 +1079,10 @@ pub struct JobsArgs {
     /// Include inactive jobs.
     #[arg(short = 'a', long)]
     pub all: bool,
+    /// Every user's jobs, not only yours (as `flux jobs -A`). Each shows its user; the command and environment of
+    /// a job are only for its owner and the instance owner (`vigil job info`).
+    #[arg(short = 'A', long = "all-users")]
+    pub all_users: bool,
     /// Print JSON (one object with a "jobs" array).
     #[arg(long)]
     pub json: bool,
@@ -1124,7 +1128,11 @@ fn lost_nodes_note(j: &Value) -> String {
 /// `vigil jobs`.
 pub(crate) async fn jobs(a: JobsArgs) -> Result<i32, String> {
     let c = connect().await?;
-    let mut r = super::rpc_to_rank0(&c, "job-manager.list", &json!({"all": a.all})).await?;
+    let mut req = json!({"all": a.all});
+    if !a.all_users {
+        req["userid"] = nix::unistd::getuid().as_raw().into();
+    }
+    let mut r = super::rpc_to_rank0(&c, "job-manager.list", &req).await?;
     if let (Some(name), Some(list)) = (&a.name, r.get_mut("jobs").and_then(Value::as_array_mut)) {
         list.retain(|j| j["name"].as_str() == Some(name.as_str()));
     }
@@ -1223,7 +1231,7 @@ pub(crate) async fn cancel(a: CancelArgs) -> Result<i32, String> {
     let c = connect().await?;
     if a.all {
         let me = u64::from(nix::unistd::getuid().as_raw());
-        let r = c.rpc("job-manager.list", 0, &json!({"all": false})).await.map_err(|e| e.errstr)?;
+        let r = c.rpc("job-manager.list", 0, &json!({"all": false, "userid": me})).await.map_err(|e| e.errstr)?;
         ids = r["jobs"]
             .as_array()
             .into_iter()
@@ -1299,7 +1307,7 @@ pub enum JobCmd {
     },
     /// Purge INACTIVE jobs (their records and eventlogs, from the state directory too), as `flux job purge`:
     /// those older than --age-limit, the oldest beyond --num-limit, or the given ids. Without --force, only
-    /// says how many would go. The instance owner only.
+    /// says how many would go. A user names its own jobs by id; --age-limit and --num-limit are the instance owner's.
     Purge(PurgeArgs),
 }
 

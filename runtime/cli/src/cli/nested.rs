@@ -264,6 +264,13 @@ fn child_attrs(o: &InstanceOpts) -> Result<ChildAttrs, String> {
     }
     let map = super::parse_attrs(&attrs)?;
     let config = super::start::check_attrs(&map).map_err(|e| format!("child broker: {e}"))?;
+    if config.allow_guest_users {
+        return Err(
+            "child broker: access.allow-guest-users cannot be set for a batch or alloc job: a nested instance \
+             is its user's own (docs/security.md)"
+                .into(),
+        );
+    }
     // The jobs of a batch or alloc job share its own node-local directory: no other is theirs to choose.
     for name in ["exec.alloc-tmpdir-base", "alloc-tmpdir"] {
         if map.contains_key(name) {

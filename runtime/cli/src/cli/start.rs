@@ -218,6 +218,11 @@ pub(super) fn start(a: StartArgs) -> i32 {
 
 fn start_inner(a: StartArgs) -> Result<i32, String> {
     let mut config = check_attrs(&parse_attrs(&a.setattr)?)?;
+    if config.allow_guest_users {
+        return Err("access.allow-guest-users is for a system instance (vigil broker --config, [access] in its TOML \
+             file): a personal instance serves its owner only (docs/security.md)"
+            .into());
+    }
     init_logging(&mut config, 0);
     if a.test_size == 0 {
         return Err("--test-size must be at least 1".into());
@@ -607,6 +612,9 @@ fn config_bootstrap(
     }
     if let Some(d) = &cfg.exec.alloc_tmpdir_base {
         attrs.entry("exec.alloc-tmpdir-base".into()).or_insert_with(|| d.clone());
+    }
+    if let Some(g) = cfg.access.allow_guest_users {
+        attrs.entry("access.allow-guest-users".into()).or_insert_with(|| g.to_string());
     }
     for (k, v) in cfg.health.attrs() {
         attrs.entry(k.into()).or_insert(v);

@@ -161,7 +161,8 @@ pub struct DriverStatus {
 /// Facts about this broker's process and node that the driver finds out once, before the broker starts.
 #[derive(Clone, Debug)]
 pub struct Environment {
-    /// The instance owner (this process's uid): the only user the instance serves.
+    /// The instance owner (this process's uid): the only user a personal instance serves, and the one who may
+    /// do everything in a multi-user one (`broker/access.rs`).
     pub uid: u32,
     /// This broker's process id (`broker.ping`, `broker.pid`).
     pub pid: u32,

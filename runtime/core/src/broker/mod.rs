@@ -14,6 +14,7 @@
 //! The modules are public for the driver and the simulator, which drive the state machine and read its state;
 //! the contract is the module documentation of `core.rs`, not every field.
 
+pub mod access;
 pub mod confirm;
 #[doc(hidden)]
 pub mod core;

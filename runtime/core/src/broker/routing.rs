@@ -120,10 +120,12 @@ impl Broker {
             }
             Peer::Parent => msg.route.push(self.parent.unwrap_or(0)),
         }
-        // The userid was set by the broker whose local connector checked the caller (SO_PEERCRED), which admits
-        // only the owner: in this single-owner instance, a request from a peer carrying any other userid did not
-        // come from a checked caller.
-        if !matches!(from, Peer::Local(_)) && msg.userid != self.env.uid {
+        // The userid was set by the broker whose local connector checked the caller (SO_PEERCRED). A personal
+        // instance admits only the owner there: a request from a peer carrying any other userid did not come from
+        // a checked caller. A multi-user instance admits every user, and trusts the userid a peer broker stamped
+        // as far as it trusts the peer, an overlay member holding the key (docs/security.md: what a compromised
+        // broker can do).
+        if !matches!(from, Peer::Local(_)) && msg.userid != self.env.uid && !self.opts.config.allow_guest_users {
             warn!("refusing '{}' from {from:?}: userid {} is not the instance owner's", msg.topic, msg.userid);
             return self.respond_error(
                 &msg,

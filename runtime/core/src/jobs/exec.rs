@@ -91,6 +91,7 @@ impl JobCore {
                 gpus: a.gpus.iter().collect(),
                 cores_per_task: job.req.cores_per_slot,
                 gpus_per_task: job.req.gpus_per_slot,
+                userid: Some(job.userid),
                 command: job.req.command.clone(),
                 environment: job.req.environment.clone(),
                 cwd: job.req.cwd.clone(),

@@ -16,6 +16,8 @@
 //! topo = "kary:2"                      # optional
 //! [exec]
 //! alloc-tmpdir-base = "/dev/shm"       # optional: where jobs' VIGIL_ALLOC_TMPDIR is made (default: job tmpdir)
+//! [access]                             # optional: who may use the instance (docs/security.md)
+//! allow-guest-users = true             # users other than the brokers' own may connect (default false)
 //! [health]                             # optional: the node health check (docs/system-instance.md)
 //! program = "/etc/vigil/health-check.sh"
 //! interval = "5m"                      # RFC 23 durations
@@ -80,6 +82,16 @@ pub struct ExecTable {
     pub alloc_tmpdir_base: Option<String>,
 }
 
+/// The `[access]` table: who may use the instance (docs/security.md).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccessTable {
+    /// `access.allow-guest-users` (`-S` wins): users other than the instance owner may connect (Flux's
+    /// `access.allow-guest-user`).
+    #[serde(rename = "allow-guest-users")]
+    pub allow_guest_users: Option<bool>,
+}
+
 /// The `[health]` table: the `health.*` attributes (`-S` wins), checked as they are.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -117,6 +129,9 @@ pub struct ConfigFile {
     /// Optional health check table.
     #[serde(default)]
     pub health: HealthTable,
+    /// Optional access table.
+    #[serde(default)]
+    pub access: AccessTable,
 }
 
 /// One rank of the instance, resolved.
@@ -310,5 +325,16 @@ alloc-tmpdir-base = "/dev/shm"
         assert!(ConfigFile::parse("[bootstrap]\nhosts = [{host='a'}]\n[exec]\nalloc_tmpdir_base = '/x'").is_err());
         let c = ConfigFile::parse("[bootstrap]\nhosts = [{host='a'}]").unwrap();
         assert!(matches!(c.ranks(), Err(ConfigError::NoEndpoint { .. })));
+    }
+
+    /// `[access] allow-guest-users` is a boolean; absent, the instance is its owner's only.
+    #[test]
+    fn the_access_table_says_whether_guests_may_connect() {
+        let base = "[bootstrap]\nhosts = [{host='a'}]\n";
+        assert_eq!(ConfigFile::parse(base).unwrap().access.allow_guest_users, None);
+        let c = ConfigFile::parse(&format!("{base}[access]\nallow-guest-users = true")).unwrap();
+        assert_eq!(c.access.allow_guest_users, Some(true));
+        assert!(ConfigFile::parse(&format!("{base}[access]\nallow-guest-users = 'yes'")).is_err());
+        assert!(ConfigFile::parse(&format!("{base}[access]\nallow_guest_users = true")).is_err());
     }
 }

@@ -337,11 +337,32 @@ fn serve_local(opts: &BrokerOptions, uid: u32, events: &mpsc::UnboundedSender<Ev
         use std::os::unix::fs::PermissionsExt;
         // Access control is the SO_PEERCRED check, which gives a clear refusal; the file mode stays open.
         let _ = std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o777));
+        if opts.config.allow_guest_users {
+            // Every user must reach the socket: the rundir (made 0700 when it is a new temporary directory) is
+            // opened to all for search and reading, and a directory above it that others cannot search is said.
+            let _ = std::fs::set_permissions(&opts.rundir, std::fs::Permissions::from_mode(0o755));
+            if let Some(d) = opts
+                .rundir
+                .ancestors()
+                .find(|d| std::fs::metadata(d).is_ok_and(|m| m.permissions().mode() & 0o001 == 0))
+            {
+                tracing::warn!(
+                    "multi-user instance: {} is not searchable by other users, who cannot reach {} (chmod o+x it)",
+                    d.display(),
+                    sock.display()
+                );
+            }
+        }
     }
     let local_uri = format!("local://{}", sock.display());
     // Rank 0 tells its clients how long the instance waits for it when it is lost (they may wait as long).
     let rank0_grace = if rank == 0 { opts.config.parent_grace() } else { 0.0 };
-    tokio::spawn(local::accept_local(ul, events.clone(), uid, rank, opts.size, opts.instance.clone(), rank0_grace));
+    let guests = opts.config.allow_guest_users;
+    // What every admitted client is told first: where it is, and who owns the instance.
+    let welcome = serde_json::json!({
+        "rank": rank, "size": opts.size, "instance": opts.instance, "uid": uid, "rank0_grace": rank0_grace,
+    });
+    tokio::spawn(local::accept_local(ul, events.clone(), uid, guests, welcome));
     Ok(local_uri)
 }
 

@@ -96,7 +96,11 @@ impl Driver {
             Effect::SpawnShell { id, mut input, tmpdir } => {
                 // This broker's placement, whatever the input that came over the overlay said.
                 input.placement = self.placer.place(&input);
-                let result = self.spawn_shell(id, &input, tmpdir);
+                let result = self.spawn_shell(id, &input, tmpdir.clone());
+                if result.is_err() {
+                    // One made for another user before the shell failed to start (empty: remove_dir takes no more).
+                    let _ = std::fs::remove_dir(&tmpdir);
+                }
                 queue.push_back(Input::ShellStarted { id, result });
             }
             Effect::SignalShell { id, signal } => {
@@ -276,6 +280,8 @@ impl Driver {
             (crate::client::URI_ENV.into(), self.broker.env.local_uri.clone().into()),
             (crate::shellproto::DETECTOR_RANK_ENV.into(), detector_rank.to_string().into()),
         ];
+        // The user it runs as: its job's submitter, where that is not this broker's user (docs/security.md).
+        let run_as = self.run_as(input, &tmpdir)?;
         // Its cgroup, which the shell is created in, or moved into before it reads its input (see cgroup.rs).
         let cgroup = match self.containment.as_ref() {
             super::cgroup::Containment::Cgroup(c) => match c.job(id) {
@@ -312,7 +318,8 @@ impl Driver {
         if let (true, Some(cg)) = (direct, &cgroup) {
             env.push((crate::shellproto::CGROUP_ENV.into(), cg.dir().as_os_str().to_owned()));
         }
-        let shell = if direct { self.spawn_into(&path, &args, &env, cgroup.as_ref(), id)? } else { None };
+        let shell =
+            if direct { self.spawn_into(&path, &args, &env, cgroup.as_ref(), id, run_as.as_ref())? } else { None };
         let (mut shell, in_cgroup) = match shell {
             Some(s) => (s, true),
             None => {
@@ -325,6 +332,13 @@ impl Driver {
                     // Moved into its cgroup only after it started (if at all): it finds its cgroup itself.
                     .envs(env.iter().filter(|(k, _)| k != crate::shellproto::CGROUP_ENV).map(|(k, v)| (k, v)))
                     .kill_on_drop(false);
+                if let Some(u) = run_as.clone() {
+                    // SAFETY: the closure runs in the forked child before exec and makes only raw system calls
+                    // (`RunAs::become_user`), which are async-signal-safe.
+                    unsafe {
+                        cmd.pre_exec(move || u.become_user().map_err(std::io::Error::from_raw_os_error));
+                    }
+                }
                 let child = cmd.spawn().map_err(|e| format!("cannot run {}: {e}", path.display()))?;
                 (ShellProcess::from_command(child)?, false)
             }
@@ -400,6 +414,7 @@ impl Driver {
         env: &[(std::ffi::OsString, std::ffi::OsString)],
         cgroup: Option<&super::cgroup::JobCgroup>,
         id: JobId,
+        run_as: Option<&super::spawn::RunAs>,
     ) -> Result<Option<ShellProcess>, String> {
         let Some(cg) = cgroup else { return Ok(None) };
         let dir = match cg.open_dir() {
@@ -409,7 +424,7 @@ impl Driver {
                 return Ok(None);
             }
         };
-        match super::spawn::spawn(path, args, env, &dir) {
+        match super::spawn::spawn(path, args, env, &dir, run_as) {
             Ok(s) => ShellProcess::from_spawned(s).map(Some),
             Err(super::spawn::SpawnError::Unsupported(e)) => {
                 warn!("shells cannot be created in their cgroup ({e}); they are moved in after start from now on");
@@ -418,6 +433,38 @@ impl Driver {
             }
             Err(super::spawn::SpawnError::Failed(e)) => Err(format!("cannot run {}: {e}", path.display())),
         }
+    }
+
+    /// The user job `input`'s shell runs as: `None` for this broker's own (the job's submitter is this broker's
+    /// user, or an older rank 0 did not say); the submitter where this broker is root (a multi-user instance without
+    /// `vigil-imp`: docs/security.md), whose job temporary directory `tmpdir` is then made here, mode 0700 and
+    /// owned by the user (the shell could not make it in the broker's run directory).
+    ///
+    /// # Errors
+    /// The submitter is another user and this broker is not root (rank 0 refuses such a submission; this is the
+    /// node's own check), the user has no account on this node, or its directory cannot be made.
+    fn run_as(&self, input: &ShellInput, tmpdir: &Path) -> Result<Option<super::spawn::RunAs>, String> {
+        let me = self.broker.env.uid;
+        let uid = match input.userid {
+            Some(u) if u != me => u,
+            _ => return Ok(None),
+        };
+        if me != 0 {
+            return Err(format!(
+                "running jobs as uid {uid} needs vigil-imp, not yet available: this broker runs as uid {me}"
+            ));
+        }
+        let user = super::spawn::RunAs::lookup(uid)?;
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(tmpdir)
+                .map_err(|e| format!("cannot create {}: {e}", tmpdir.display()))?;
+            std::os::unix::fs::chown(tmpdir, Some(user.uid), Some(user.gid))
+                .map_err(|e| format!("cannot give {} to uid {uid}: {e}", tmpdir.display()))?;
+        }
+        Ok(Some(user))
     }
 
     /// The job shell program: `exec.shell`, else `$VIGIL_SHELL`, else `vigil-shell` beside this program.

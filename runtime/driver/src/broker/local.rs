@@ -1,5 +1,9 @@
-//! Local connector: a Unix socket per broker. Only the instance owner's uid is admitted (SO_PEERCRED); any
-//! other uid receives a `refused` control message saying why, and is disconnected.
+//! Local connector: a Unix socket per broker. The kernel says who connected (SO_PEERCRED): that uid is the
+//! client's identity, which the broker writes into the `userid` of every request the client sends
+//! (`vigil_core::broker::routing`), whatever the client put there. A personal instance admits its owner's uid
+//! only; a multi-user system instance (`access.allow-guest-users`) admits every uid, and what each may do is
+//! `vigil_core::broker::access`'s table. A refused uid receives a `refused` control message saying why, and is
+//! disconnected.
 
 use super::core::Peer;
 use super::driver::{pump, Event};
@@ -9,14 +13,14 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
+/// Accept clients on `l` for ever: each admitted one (the instance `owner`'s uid, or any uid when `guests`) is
+/// sent `welcome` and handed to the loop as [`Event::LocalNew`] with the uid the kernel gave.
 pub(crate) async fn accept_local(
     l: tokio::net::UnixListener,
     tx: mpsc::UnboundedSender<Event>,
     owner: u32,
-    rank: u32,
-    size: u32,
-    instance: String,
-    rank0_grace: f64,
+    guests: bool,
+    welcome: serde_json::Value,
 ) {
     let mut next: u32 = 0;
     loop {
@@ -36,11 +40,14 @@ pub(crate) async fn accept_local(
             }
         };
         let link = link_from_stream(s, format!("uid {uid}"));
-        if uid != owner {
+        if uid != owner && !guests {
             info!("refusing local connection from uid {uid}: not the instance owner");
             let _ = link.tx.send(Message::control(
                 "refused",
-                &json!({"errstr": format!("permission denied: uid {uid} is not the owner of this instance (uid {owner})")}),
+                &json!({"errstr": format!(
+                    "permission denied: uid {uid} is not the owner of this instance (uid {owner}), which serves its \
+                     owner only (a multi-user system instance sets [access] allow-guest-users = true)"
+                )}),
             ));
             // Keep the writer alive long enough to flush, then drop.
             tokio::spawn(async move {
@@ -51,10 +58,7 @@ pub(crate) async fn accept_local(
         }
         next = (next + 1) % (1 << 30);
         let id = next;
-        let _ = link.tx.send(Message::control(
-            "welcome",
-            &json!({"rank": rank, "size": size, "instance": instance, "uid": owner, "rank0_grace": rank0_grace}),
-        ));
+        let _ = link.tx.send(Message::control("welcome", &welcome));
         if tx.send(Event::LocalNew { id, uid, tx: link.tx }).is_err() {
             return;
         }

@@ -68,8 +68,62 @@ struct Plan {
     stdout: RawFd,
     /// 0, or the errno of the step that failed in the child.
     errno: AtomicI32,
-    /// 0, or which step failed (1 setpgid, 2 dup2, 3 execve), for the error message.
+    /// 0, or which step failed (1 setpgid, 2 dup2, 3 execve, 4 becoming the job's user), for the error message.
     step: AtomicI32,
+    /// The user to become before `execve`, if not the broker's.
+    user: Option<RunAs>,
+}
+
+/// A user a job shell runs as (a multi-user instance's root broker starts each shell as its job's submitter,
+/// docs/security.md): its uid, primary gid and supplementary groups, looked up by the parent (`initgroups` reads
+/// the group database, which a child that may only make system calls cannot).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct RunAs {
+    /// The user's uid.
+    pub(crate) uid: u32,
+    /// Its primary group.
+    pub(crate) gid: u32,
+    /// Its groups, as `initgroups` would set them (the primary one included).
+    pub(crate) groups: Vec<libc::gid_t>,
+}
+
+impl RunAs {
+    /// The account of `uid` on this node, with its groups.
+    ///
+    /// # Errors
+    /// No such user here, or its groups cannot be read: said with the uid.
+    pub(crate) fn lookup(uid: u32) -> Result<RunAs, String> {
+        use nix::unistd::{getgrouplist, Uid, User};
+        let user = User::from_uid(Uid::from_raw(uid))
+            .map_err(|e| format!("cannot look up uid {uid}: {e}"))?
+            .ok_or_else(|| format!("uid {uid} has no account on this node"))?;
+        let name = std::ffi::CString::new(user.name.as_bytes()).map_err(|_| format!("uid {uid}: a NUL in its name"))?;
+        let groups = getgrouplist(&name, user.gid).map_err(|e| format!("cannot read the groups of uid {uid}: {e}"))?;
+        Ok(RunAs { uid, gid: user.gid.as_raw(), groups: groups.iter().map(|g| g.as_raw()).collect() })
+    }
+
+    /// Become this user in a child before `execve`: groups, then gid, then uid (real, effective and saved, so
+    /// that it cannot come back). Raw system calls, which change this task only (libc's wrappers would signal
+    /// every thread of the broker to change theirs too, from a child that shares its memory). Async-signal-safe.
+    ///
+    /// # Errors
+    /// The errno of the call that failed.
+    pub(crate) fn become_user(&self) -> Result<(), i32> {
+        // SAFETY: plain system calls on integers and on `groups`, which outlives them; none allocates.
+        unsafe {
+            let calls = [
+                libc::syscall(libc::SYS_setgroups, self.groups.len(), self.groups.as_ptr()),
+                libc::syscall(libc::SYS_setresgid, self.gid, self.gid, self.gid),
+                libc::syscall(libc::SYS_setresuid, self.uid, self.uid, self.uid),
+            ];
+            for r in calls {
+                if r != 0 {
+                    return Err(*libc::__errno_location());
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The kernel's `struct clone_args` (include/uapi/linux/sched.h), up to `cgroup` (`CLONE_ARGS_SIZE_VER2`, 88 bytes).
@@ -122,7 +176,8 @@ fn cstring(s: &[u8]) -> io::Result<CString> {
 
 /// Start `path` with `args` (after argv\[0\], which is `path`) in the cgroup whose directory `cgroup` is open,
 /// in a process group of its own, with the broker's environment plus `env` (which replace variables of the
-/// same name), stderr shared with the broker and pipes for stdin and stdout.
+/// same name), stderr shared with the broker and pipes for stdin and stdout; as `user` when given (the broker
+/// is root).
 ///
 /// Errors: [`SpawnError::Unsupported`] where a process cannot be created in a cgroup here (try another way);
 /// [`SpawnError::Failed`] when the program cannot be run (e.g. `ENOENT`), as `Command::spawn` would say.
@@ -131,6 +186,7 @@ pub(crate) fn spawn(
     args: &[OsString],
     env: &[(OsString, OsString)],
     cgroup: &std::fs::File,
+    user: Option<&RunAs>,
 ) -> Result<Spawned, SpawnError> {
     let failed = SpawnError::Failed;
     let c_path = cstring(path.as_os_str().as_bytes()).map_err(failed)?;
@@ -158,6 +214,7 @@ pub(crate) fn spawn(
         stdout: stdout_w.as_raw_fd(),
         errno: AtomicI32::new(0),
         step: AtomicI32::new(0),
+        user: user.cloned(),
     };
     let mut pidfd: libc::c_int = -1;
     let args = CloneArgs {
@@ -189,6 +246,7 @@ pub(crate) fn spawn(
         let what = match plan.step.load(Ordering::Acquire) {
             1 => "setpgid",
             2 => "dup2",
+            4 => "becoming the job's user",
             _ => return Err(SpawnError::Failed(e)),
         };
         return Err(SpawnError::Failed(io::Error::new(e.kind(), format!("{what} in the new process: {e}"))));
@@ -285,6 +343,12 @@ extern "C" fn child_main(plan: *const Plan) -> ! {
         if libc::dup2(plan.stdin, 0) < 0 || libc::dup2(plan.stdout, 1) < 0 {
             fail(2);
         }
+        if let Some(u) = &plan.user {
+            if let Err(e) = u.become_user() {
+                *libc::__errno_location() = e;
+                fail(4);
+            }
+        }
         let mut none: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut none);
         libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
@@ -374,6 +438,7 @@ mod tests {
             &["-c".into(), script.into()],
             &[("VIGIL_SPAWN_TEST".into(), "yes".into())],
             &cg,
+            None,
         ) {
             Err(SpawnError::Unsupported(e)) => {
                 eprintln!("clone3(CLONE_INTO_CGROUP) not supported here ({e}): skipped");
@@ -397,11 +462,50 @@ mod tests {
         assert_eq!(words[3], pid.to_string(), "its own process group");
     }
 
+    /// As root, a child given a user is that user (uid, gid, groups) when it runs, in its cgroup.
+    #[tokio::test]
+    async fn a_child_given_a_user_runs_as_that_user() {
+        if !nix::unistd::geteuid().is_root() {
+            return eprintln!("not root: skipped");
+        }
+        let Ok(nobody) = RunAs::lookup(65534) else { return eprintln!("no uid 65534 here: skipped") };
+        let Some(dir) = test_cgroup("user") else { return };
+        let cg = std::fs::File::open(&dir).unwrap();
+        let s = spawn(
+            Path::new("/bin/sh"),
+            &["-c".into(), "echo $(id -u) $(id -g) $(id -G)".into()],
+            &[],
+            &cg,
+            Some(&nobody),
+        );
+        let s = match s {
+            Err(SpawnError::Unsupported(_)) => return,
+            r => r.unwrap(),
+        };
+        drop(s.stdin);
+        let mut out = String::new();
+        std::fs::File::from(s.stdout).read_to_string(&mut out).unwrap();
+        let status = wait(s.pid, s.pidfd).await.unwrap();
+        let _ = std::fs::remove_dir(&dir);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "status {status:#x}");
+        let want: Vec<String> =
+            [nobody.uid, nobody.gid].iter().chain(nobody.groups.iter()).map(u32::to_string).collect();
+        let got: Vec<&str> = out.split_whitespace().collect();
+        assert_eq!(got[..2], [want[0].as_str(), want[1].as_str()], "{out}");
+        let mut groups: Vec<&str> = got[2..].to_vec();
+        groups.sort();
+        let mut want_groups: Vec<&str> = want[2..].iter().map(String::as_str).collect();
+        want_groups.sort();
+        want_groups.dedup();
+        groups.dedup();
+        assert_eq!(groups, want_groups, "{out}");
+    }
+
     #[test]
     fn a_program_that_cannot_be_run_is_an_error() {
         let Some(dir) = test_cgroup("missing") else { return };
         let cg = std::fs::File::open(&dir).unwrap();
-        let r = spawn(Path::new("/nonexistent/vigil-shell"), &[], &[], &cg);
+        let r = spawn(Path::new("/nonexistent/vigil-shell"), &[], &[], &cg, None);
         let _ = std::fs::remove_dir(&dir);
         match r {
             Err(SpawnError::Failed(e)) => assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{e}"),
@@ -426,7 +530,7 @@ mod tests {
     #[test]
     fn a_cgroup_that_is_not_one_is_refused_without_starting_anything() {
         let f = std::fs::File::open("/tmp").unwrap();
-        match spawn(Path::new("/bin/true"), &[], &[], &f) {
+        match spawn(Path::new("/bin/true"), &[], &[], &f, None) {
             Ok(s) => panic!("spawned pid {} into a plain directory", s.pid),
             Err(e) => assert!(!e.to_string().is_empty()),
         }

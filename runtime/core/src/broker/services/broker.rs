@@ -4,17 +4,17 @@
 use super::*;
 use crate::broker::core::{RttRun, StateDir};
 
-/// Topics of the `broker` service: who may call each ([`Access`]) and its handler.
+/// Topics of the `broker` service: and their handlers (who may call each: `broker/access.rs`).
 pub(super) const TOPICS: &[Topic] = &[
-    Topic { name: "broker.ping", access: Access::Instance, handler: ping },
-    Topic { name: "broker.getattr", access: Access::Instance, handler: getattr },
-    Topic { name: "broker.lsattr", access: Access::Instance, handler: lsattr },
-    Topic { name: "broker.info", access: Access::Instance, handler: info },
-    Topic { name: "broker.rtt", access: Access::Instance, handler: rtt },
-    Topic { name: "broker.sub", access: Access::Local, handler: sub_or_unsub },
-    Topic { name: "broker.unsub", access: Access::Local, handler: sub_or_unsub },
-    Topic { name: "broker.pub", access: Access::Instance, handler: publish },
-    Topic { name: "broker.shutdown", access: Access::Owner, handler: shutdown },
+    Topic { name: "broker.ping", handler: ping },
+    Topic { name: "broker.getattr", handler: getattr },
+    Topic { name: "broker.lsattr", handler: lsattr },
+    Topic { name: "broker.info", handler: info },
+    Topic { name: "broker.rtt", handler: rtt },
+    Topic { name: "broker.sub", handler: sub_or_unsub },
+    Topic { name: "broker.unsub", handler: sub_or_unsub },
+    Topic { name: "broker.pub", handler: publish },
+    Topic { name: "broker.shutdown", handler: shutdown },
 ];
 
 /// `broker.ping`.
@@ -121,7 +121,7 @@ struct SubRequest {
 /// `broker.sub` and `broker.unsub`.
 fn sub_or_unsub(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     let topic = lazy.decode::<SubRequest>()?.topic;
-    // A local client's (Access::Local): its route is its connection.
+    // A local client's (access::Rule::LocalClient): its route is its connection.
     let Some(&last) = msg.route.first() else { return Err(ServiceError::eproto("not a local client")) };
     if let Some(c) = core.locals.get_mut(&(last & !ROUTE_LOCAL)) {
         if msg.topic == "broker.unsub" {

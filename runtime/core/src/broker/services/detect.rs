@@ -4,8 +4,8 @@
 use super::*;
 use crate::broker::core::Effect;
 
-/// Topics of the `detect` service: who may call each ([`Access`]) and its handler.
-pub(super) const TOPICS: &[Topic] = &[Topic { name: "detect.watch", access: Access::Instance, handler: watch }];
+/// Topics of the `detect` service: and their handlers (who may call each: `broker/access.rs`).
+pub(super) const TOPICS: &[Topic] = &[Topic { name: "detect.watch", handler: watch }];
 
 /// A `detect.watch` request: answer when a process of this node exits.
 #[derive(Debug, Deserialize)]

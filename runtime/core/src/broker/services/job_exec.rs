@@ -8,15 +8,15 @@ use crate::shellproto::{OutputLine, ShellExit};
 use std::collections::BTreeMap;
 use tracing::{debug, info};
 
-/// Topics of the `job-exec` service: who may call each ([`Access`]) and its handler.
+/// Topics of the `job-exec` service: and their handlers (who may call each: `broker/access.rs`).
 pub(super) const TOPICS: &[Topic] = &[
-    Topic { name: "job-exec.stdin", access: Access::Job, handler: stdin },
-    Topic { name: "job-exec.output", access: Access::Instance, handler: output },
-    Topic { name: "job-exec.task-exit", access: Access::Instance, handler: task_exit },
-    Topic { name: "job-exec.exception", access: Access::Instance, handler: exception },
-    Topic { name: "job-exec.nested", access: Access::Instance, handler: nested },
-    Topic { name: "job-exec.pmi-barrier", access: Access::Instance, handler: pmi_barrier },
-    Topic { name: "job-exec.shell-exit", access: Access::Instance, handler: shell_exit },
+    Topic { name: "job-exec.stdin", handler: stdin },
+    Topic { name: "job-exec.output", handler: output },
+    Topic { name: "job-exec.task-exit", handler: task_exit },
+    Topic { name: "job-exec.exception", handler: exception },
+    Topic { name: "job-exec.nested", handler: nested },
+    Topic { name: "job-exec.pmi-barrier", handler: pmi_barrier },
+    Topic { name: "job-exec.shell-exit", handler: shell_exit },
 ];
 
 /// A `job-exec.stdin` request, from `vigil run`: a chunk of the job's standard input, for its shells to read

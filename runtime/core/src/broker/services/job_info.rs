@@ -5,11 +5,11 @@ use crate::broker::core::{Internal, Watcher};
 use crate::jobs::JobState;
 use crate::message::FLAG_STREAMING;
 
-/// Topics of the `job-info` service: who may call each ([`Access`]) and its handler.
+/// Topics of the `job-info` service: and their handlers (who may call each: `broker/access.rs`).
 pub(super) const TOPICS: &[Topic] = &[
-    Topic { name: "job-info.attach", access: Access::Instance, handler: attach_or_eventlog },
-    Topic { name: "job-info.stdin", access: Access::Instance, handler: stdin },
-    Topic { name: "job-info.disconnect", access: Access::Instance, handler: disconnect },
+    Topic { name: "job-info.attach", handler: attach_or_eventlog },
+    Topic { name: "job-info.stdin", handler: stdin },
+    Topic { name: "job-info.disconnect", handler: disconnect },
 ];
 
 /// A `job-info.attach` request (`vigil attach`, `vigil run`) or a `job-manager.eventlog` request (`vigil job

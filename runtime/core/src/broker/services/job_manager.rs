@@ -4,15 +4,15 @@ use super::*;
 use crate::broker::core::{Held, StateDir};
 use tracing::info;
 
-/// Topics of the `job-manager` service: who may call each ([`Access`]) and its handler.
+/// Topics of the `job-manager` service: and their handlers (who may call each: `broker/access.rs`).
 pub(super) const TOPICS: &[Topic] = &[
-    Topic { name: "job-manager.submit", access: Access::Instance, handler: submit },
-    Topic { name: "job-manager.list", access: Access::Instance, handler: list },
-    Topic { name: "job-manager.info", access: Access::Instance, handler: info },
-    Topic { name: "job-manager.cancel", access: Access::Job, handler: cancel },
-    Topic { name: "job-manager.raise", access: Access::Job, handler: raise },
-    Topic { name: "job-manager.purge", access: Access::Owner, handler: purge },
-    Topic { name: "job-manager.eventlog", access: Access::Instance, handler: super::job_info::attach_or_eventlog },
+    Topic { name: "job-manager.submit", handler: submit },
+    Topic { name: "job-manager.list", handler: list },
+    Topic { name: "job-manager.info", handler: info },
+    Topic { name: "job-manager.cancel", handler: cancel },
+    Topic { name: "job-manager.raise", handler: raise },
+    Topic { name: "job-manager.purge", handler: purge },
+    Topic { name: "job-manager.eventlog", handler: super::job_info::attach_or_eventlog },
 ];
 
 /// A `job-manager.submit` request (`vigil submit`, `vigil run`; Flux's `job-ingest.submit`).
@@ -33,6 +33,8 @@ struct SubmitRequest {
 /// `job-manager.submit`.
 fn submit(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     let req: SubmitRequest = lazy.decode()?;
+    // A guest's job runs as the guest, or not at all (never as the brokers' user).
+    crate::broker::access::may_submit(msg.userid, core.env.uid).map_err(|d| ServiceError::new(d.errno, d.message))?;
     let n = core.wall();
     let size = core.opts.size;
     let jc = job_core!(core);
@@ -110,6 +112,10 @@ fn submit(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
 struct ListRequest {
     /// Inactive jobs too (`vigil jobs -a`); false when absent: active jobs only.
     all: Option<bool>,
+    /// Only this user's jobs (`vigil jobs`, Flux's `userid` of `job-list.list`); absent: every user's (`vigil jobs
+    /// -A`). Each job shows its user; none shows its command or environment (those are in `job-manager.info`, for
+    /// the job's owner and the instance owner).
+    userid: Option<u32>,
 }
 
 /// `job-manager.list`.
@@ -129,7 +135,14 @@ fn list(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
         }
         v
     };
-    let jobs: Vec<Value> = jc.jobs.values().rev().filter(|j| all || j.state.is_active()).map(with_reason).collect();
+    let user = req.userid;
+    let jobs: Vec<Value> = jc
+        .jobs
+        .values()
+        .rev()
+        .filter(|j| (all || j.state.is_active()) && user.is_none_or(|u| j.userid == u))
+        .map(with_reason)
+        .collect();
     Ok(Some(json!({"jobs": jobs}).into()))
 }
 
@@ -231,7 +244,7 @@ fn purge(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     let req: PurgeRequest = lazy.decode()?;
     let n = core.wall();
     let jc = job_core!(core);
-    // Flux's `flux job purge`: the instance owner's (Access::Owner), as its limits are.
+    // Flux's `flux job purge`: a guest names its own jobs by id; limits are the instance owner's (access.rs).
     let age_limit = match req.age_limit {
         Some(a) if !(a.is_finite() && a >= 0.0) => {
             return Err(ServiceError::eproto("'age_limit' must be a number of seconds >= 0, got a number"))

@@ -1,6 +1,6 @@
 //! The broker's services, one file each, in the manner of flux-core's modules: a request's topic is
-//! `SERVICE.METHOD`, and the service's file holds the table of its methods (`TOPICS`: topic, who may call it,
-//! handler) and their handlers.
+//! `SERVICE.METHOD`, and the service's file holds the table of its methods (`TOPICS`: topic, handler) and their
+//! handlers.
 //!
 //! | service | file | offered on |
 //! |---|---|---|
@@ -20,9 +20,8 @@
 //! struct does not name are ignored, as in Flux. What decoding cannot say (a rank inside the instance, a
 //! severity 0..=7, a job id's f58 text) is checked by the handler after, and refused with a [`ServiceError`].
 //!
-//! Who may call a topic is its row's `Access`. In this single-owner instance every caller is the instance
-//! owner (the local connector admits only the owner's uid, and `routing.rs` refuses any other userid from a
-//! peer); the column says what each topic will demand of the other users a multi-user instance admits.
+//! Who may call a topic is not here but in one table for every service, `broker/access.rs`, checked by
+//! [`dispatch`] before the handler runs; a unit test checks that every topic of these tables has its rule there.
 
 use crate::broker::core::Broker;
 use crate::idset::IdSet;
@@ -156,29 +155,14 @@ pub mod overlay;
 mod resource;
 mod rexec;
 
-/// Who may call a topic.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Access {
-    /// Any caller the instance admits.
-    Instance,
-    /// The instance owner only (refused with EPERM to anyone else).
-    Owner,
-    /// The owner, or the user who submitted the job the request names (EPERM "not your job" to anyone else).
-    Job,
-    /// A client connected to this broker's local socket (refused with EPROTO from elsewhere).
-    Local,
-}
-
 /// A request handler: answers with a payload (`Ok(Some)`), later (`Ok(None)`: the request is held, e.g. until an
 /// event or a durable write), or with a [`ServiceError`].
 type Handler = fn(&mut Broker, &Message, &Body<'_>) -> Reply;
 
-/// One row of a service's table: its topic, who may call it, its handler.
+/// One row of a service's table: its topic and its handler (who may call it: [`crate::broker::access`]).
 pub(super) struct Topic {
     /// `SERVICE.METHOD`.
     name: &'static str,
-    /// Who may call it.
-    access: Access,
     /// What answers it.
     handler: Handler,
 }
@@ -207,18 +191,20 @@ pub fn offers(rank: u32, service: &str) -> bool {
     SERVICES.iter().any(|s| s.name == service && (rank == 0 || !s.rank0_only))
 }
 
-/// Whether the caller of `msg` may use `t` by its [`Access`] rule: EPERM or EPROTO saying why not. The
-/// [`Access::Job`] rule needs the job, and is checked by its handlers.
-fn permitted(core: &Broker, msg: &Message, t: &Topic) -> Result<(), ServiceError> {
-    match t.access {
-        Access::Owner if msg.userid != core.env.uid => {
-            Err(ServiceError::eperm(format!("only the instance owner may use '{}'", t.name)))
-        }
-        Access::Local if !(msg.route.len() == 1 && msg.route[0] & ROUTE_LOCAL != 0) => {
-            Err(ServiceError::eproto(format!("'{}' is for clients of this broker's local socket only", t.name)))
-        }
-        _ => Ok(()),
-    }
+/// Whether the caller of `msg` may use its topic, by the one table of `broker/access.rs`: EPERM or EPROTO
+/// saying who may. The payload is parsed only for a guest's job request (`body`, parsed once for the handler too).
+fn permitted(core: &Broker, msg: &Message, body: &Body<'_>) -> Result<(), ServiceError> {
+    use crate::broker::access::{self, Rule};
+    let owner = core.env.uid;
+    let job_rule = matches!(access::rule(&msg.topic), Rule::JobOwner | Rule::JobsOwner);
+    let req = access::Request {
+        topic: &msg.topic,
+        uid: msg.userid,
+        local: msg.route.len() == 1 && msg.route[0] & ROUTE_LOCAL != 0,
+        payload: if job_rule && msg.userid != owner { body.json().ok() } else { None },
+    };
+    let job_owner = |id: JobId| core.jobcore.as_ref().and_then(|jc| jc.jobs.get(&id)).map(|j| j.userid);
+    access::check(&req, owner, job_owner).map_err(|d| ServiceError::new(d.errno, d.message))
 }
 
 /// The row of `topic`, if any service has one.
@@ -300,10 +286,13 @@ fn severity(s: Option<u64>) -> Result<u32, ServiceError> {
 /// Handle a request addressed to this broker.
 pub fn dispatch(core: &mut Broker, msg: Message) {
     let r = match lookup(&msg.topic) {
-        Some(t) => match permitted(core, &msg, t) {
-            Ok(()) => (t.handler)(core, &msg, &Body::new(&msg)),
-            Err(e) => Err(e),
-        },
+        Some(t) => {
+            let body = Body::new(&msg);
+            match permitted(core, &msg, &body) {
+                Ok(()) => (t.handler)(core, &msg, &body),
+                Err(e) => Err(e),
+            }
+        }
         None => Err(ServiceError::enosys(format!("unknown service method '{}'", msg.topic))),
     };
     match r {
@@ -389,17 +378,32 @@ mod tests {
             for t in s.topics {
                 assert_eq!(t.name.split('.').next(), Some(s.name), "{} in the table of {}", t.name, s.name);
                 assert!(seen.insert(t.name), "{} twice", t.name);
-                assert_eq!(lookup(t.name).map(|r| (r.name, r.access)), Some((t.name, t.access)));
+                assert_eq!(lookup(t.name).map(|r| r.name), Some(t.name));
                 assert!(offers(0, s.name) && offers(1, s.name) != s.rank0_only);
             }
         }
         assert!(lookup("job-manager.nosuch").is_none() && lookup("nosuch").is_none() && lookup("").is_none());
     }
 
-    /// The access column is what dispatch enforces: an Owner topic refuses another user before its handler
-    /// runs (nothing happens: no shutdown, no drain), a Local topic refuses a request that came over the overlay.
+    /// Every topic a service registers has its row in the one access table, and every row of it names a
+    /// registered topic (a topic added without a rule would be the instance owner's only: deny by default).
     #[test]
-    fn the_access_column_is_enforced() {
+    fn every_registered_topic_has_an_access_rule() {
+        let registered: std::collections::BTreeSet<&str> = all_topics().collect();
+        let ruled: std::collections::BTreeSet<&str> = crate::broker::access::RULES.iter().map(|(t, _)| *t).collect();
+        let unruled: Vec<_> = registered.difference(&ruled).collect();
+        assert!(unruled.is_empty(), "topics without a rule in broker/access.rs: {unruled:?}");
+        let stale: Vec<_> = ruled.difference(&registered).collect();
+        assert!(stale.is_empty(), "rules for topics no service registers: {stale:?}");
+        assert_eq!(ruled.len(), crate::broker::access::RULES.len(), "a topic ruled twice");
+    }
+
+    /// The access table is what dispatch enforces: an instance-owner topic refuses another user before its handler
+    /// runs (nothing happens: no shutdown, no drain), a job topic refuses a guest's request that names no job
+    /// (`access.rs` tests the rest of each rule), a local-client topic refuses a request that came over the overlay.
+    #[test]
+    fn the_access_table_is_enforced() {
+        use crate::broker::access::{rule, Rule};
         let mut b = crate::broker::testing::new_broker(0, 3, Topology::Kary(2), 4, Default::default(), Time::ZERO);
         b.handle(Time::ZERO, Input::Start);
         let hello = Message::control("hello", &json!({"rank": 1, "instance": "sim"}));
@@ -407,10 +411,12 @@ mod tests {
         b.handle(Time::ZERO, Input::LocalNew { id: 6, uid: crate::broker::testing::UID + 1 });
         let mut rows = 0;
         for t in SERVICES.iter().flat_map(|s| s.topics) {
-            let (from, want) = match t.access {
-                Access::Owner => (Peer::Local(6), errno::EPERM),
-                Access::Local => (Peer::Child(1), errno::EPROTO),
-                Access::Instance | Access::Job => continue,
+            let (from, want) = match rule(t.name) {
+                Rule::InstanceOwner => (Peer::Local(6), errno::EPERM),
+                Rule::LocalClient => (Peer::Child(1), errno::EPROTO),
+                // A job topic without a job id from a guest: refused before the handler.
+                Rule::JobOwner | Rule::JobsOwner => (Peer::Local(6), errno::EPROTO),
+                Rule::Anyone => continue,
             };
             let mut m = Message::request(t.name, 0, &json!({"ranks": "1", "topic": "x"}));
             m.matchtag = 9;

@@ -5,15 +5,15 @@ use super::*;
 use crate::broker::core::MemberState;
 use tracing::{debug, warn};
 
-/// Topics of the `overlay` service: who may call each ([`Access`]) and its handler.
+/// Topics of the `overlay` service: and their handlers (who may call each: `broker/access.rs`).
 pub(super) const TOPICS: &[Topic] = &[
-    Topic { name: "overlay.torpid", access: Access::Instance, handler: torpid_or_lively },
-    Topic { name: "overlay.lively", access: Access::Instance, handler: torpid_or_lively },
-    Topic { name: "overlay.lost", access: Access::Instance, handler: lost_or_offline },
-    Topic { name: "overlay.offline", access: Access::Instance, handler: lost_or_offline },
-    Topic { name: "overlay.reparent", access: Access::Instance, handler: reparent },
-    Topic { name: "overlay.status", access: Access::Instance, handler: status },
-    Topic { name: "overlay.transport", access: Access::Instance, handler: transport },
+    Topic { name: "overlay.torpid", handler: torpid_or_lively },
+    Topic { name: "overlay.lively", handler: torpid_or_lively },
+    Topic { name: "overlay.lost", handler: lost_or_offline },
+    Topic { name: "overlay.offline", handler: lost_or_offline },
+    Topic { name: "overlay.reparent", handler: reparent },
+    Topic { name: "overlay.status", handler: status },
+    Topic { name: "overlay.transport", handler: transport },
 ];
 
 /// An `overlay.torpid` or `overlay.lively` request: a judge's verdict (a parent's, on its children) that ranks

@@ -6,15 +6,15 @@ use crate::broker::core::{MemberState, StateDir};
 use tracing::debug;
 use vigil_proto::node::NodeResources;
 
-/// Topics of the `resource` service: who may call each ([`Access`]) and its handler.
+/// Topics of the `resource` service: and their handlers (who may call each: `broker/access.rs`).
 pub(super) const TOPICS: &[Topic] = &[
-    Topic { name: "resource.register", access: Access::Instance, handler: register },
-    Topic { name: "resource.status", access: Access::Instance, handler: status },
-    Topic { name: "resource.list", access: Access::Instance, handler: list },
-    Topic { name: "resource.drain", access: Access::Owner, handler: drain_or_undrain },
-    Topic { name: "resource.undrain", access: Access::Owner, handler: drain_or_undrain },
-    Topic { name: "resource.eventlog", access: Access::Instance, handler: eventlog },
-    Topic { name: "resource.R", access: Access::Instance, handler: r },
+    Topic { name: "resource.register", handler: register },
+    Topic { name: "resource.status", handler: status },
+    Topic { name: "resource.list", handler: list },
+    Topic { name: "resource.drain", handler: drain_or_undrain },
+    Topic { name: "resource.undrain", handler: drain_or_undrain },
+    Topic { name: "resource.eventlog", handler: eventlog },
+    Topic { name: "resource.R", handler: r },
 ];
 
 /// A `resource.register` request: a broker joins (or joins again), with its node's resources. Sent by every

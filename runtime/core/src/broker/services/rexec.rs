@@ -5,11 +5,11 @@ use crate::broker::core::Effect;
 use crate::shellproto::ShellInput;
 use tracing::debug;
 
-/// Topics of the `rexec` service: who may call each ([`Access`]) and its handler.
+/// Topics of the `rexec` service: and their handlers (who may call each: `broker/access.rs`).
 pub(super) const TOPICS: &[Topic] = &[
-    Topic { name: "rexec.notify", access: Access::Instance, handler: notify },
-    Topic { name: "rexec.spawn", access: Access::Instance, handler: spawn },
-    Topic { name: "rexec.kill", access: Access::Instance, handler: kill },
+    Topic { name: "rexec.notify", handler: notify },
+    Topic { name: "rexec.spawn", handler: spawn },
+    Topic { name: "rexec.kill", handler: kill },
 ];
 
 /// A `rexec.notify` request: a lost-shell notice for the leader shell of a job on this node. The whole payload
