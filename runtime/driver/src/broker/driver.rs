@@ -93,6 +93,31 @@ pub(crate) enum Event {
     },
 }
 
+impl Event {
+    /// What kind of input this is, for the log of a slow turn of the loop.
+    fn label(&self) -> String {
+        match self {
+            Event::Peer(p, _, m) => format!("message {} from {p:?}", m.topic),
+            Event::PeerClosed(p, _, _) => format!("{p:?} closed"),
+            Event::ChildHello { .. } => "a child's hello".into(),
+            Event::LocalNew { .. } => "a local connection".into(),
+            Event::ShellDone { id, .. } => format!("job {id}'s shell ended"),
+            Event::InitialStarted(_) | Event::InitialExit(_) => "the initial program".into(),
+            Event::EnclosingLost { .. } => "the enclosing instance's lost nodes".into(),
+            Event::Synced { .. } => "an fsync".into(),
+            Event::Signal(s) => format!("signal {s}"),
+            Event::Detect(..) => "a detector report".into(),
+            Event::NodeChecked { .. } => "a node check".into(),
+            Event::Metrics(_) => "a metrics scrape".into(),
+            Event::ParentLink { .. } => "a parent link attempt".into(),
+        }
+    }
+}
+
+/// A turn of the loop that takes this long (seconds) is logged at debug level with what it handled: the loop
+/// is the judge, and a verdict waits for it.
+const SLOW_TURN: f64 = 0.05;
+
 /// Every piece of I/O of one broker, around its sans-IO [`Broker`].
 ///
 /// Its parts are `pub(super)` for the effect executor (`effects.rs`, which carries out the broker's effects on
@@ -462,9 +487,17 @@ impl Driver {
                 i = std::future::poll_fn(|cx| self.links.poll_next(cx)) => Some(i),
                 _ = &mut timer, if armed.is_some() => None,
             };
+            let turn = Instant::now();
+            let label = tracing::enabled!(tracing::Level::DEBUG).then(|| event.as_ref().map(Event::label));
             match event {
                 Some(e) => self.on_event(e),
                 None => self.step(Input::Timer),
+            }
+            let took = turn.elapsed().as_secs_f64();
+            if took > SLOW_TURN {
+                if let Some(l) = label {
+                    debug!("slow turn of the loop: {:.0} ms on {}", took * 1e3, l.as_deref().unwrap_or("its timer"));
+                }
             }
             if self.grouping {
                 // Group commit: what else is ready joins this turn, and one transaction writes it all before
