@@ -1,6 +1,6 @@
-//! Open MPI end to end, through the PMIx server Vigil gives every node of a job (`vigil-pmix`, started by the job
-//! shell): programs written here and compiled with Debian's `mpicc.openmpi` run unmodified under `vigil run` on
-//! several brokers (the fence carried by the job's PMI barrier), `MPI_Abort` ends the job with its code and an
+//! Open MPI end to end, through the PMIx server Vigil gives every node of a job that asks for it with
+//! `-o pmi=pmix` (`vigil-pmix`, started by the job shell): programs written here and compiled with Debian's
+//! `mpicc.openmpi` run unmodified under `vigil run -o pmi=pmix` on several brokers (the fence carried by the job's PMI barrier), `MPI_Abort` ends the job with its code and an
 //! exception, `-o pmi=LIST` picks the services, and MPICH still runs through PMI-1 in the same instance.
 //!
 //! Skipped, saying so, where `mpicc.openmpi` is not installed (`ci/setup.sh` installs `openmpi-bin
@@ -100,11 +100,11 @@ fn openmpi_hello_and_allreduce_on_four_brokers() {
     let inst = Instance::start(4, &[]);
     let Some(prog) = compile("mpicc.openmpi", inst.dir.path(), "hello", HELLO) else { return };
     // 4 brokers x 2 tasks: the fence of MPI_Init crosses every node.
-    let o = inst.vigil_t(&run_args(&["-N4", "-n8", "-l"], &prog), MPI_TIMEOUT);
+    let o = inst.vigil_t(&run_args(&["-N4", "-n8", "-l", "-o", "pmi=pmix"], &prog), MPI_TIMEOUT);
     o.ok();
     check_hello(&o, 8);
     // One node, 2 ranks: the fence stays on the node; shared memory between the tasks.
-    let o = inst.vigil_t(&run_args(&["-N1", "-n2", "-l"], &prog), MPI_TIMEOUT);
+    let o = inst.vigil_t(&run_args(&["-N1", "-n2", "-l", "-o", "pmi=pmix"], &prog), MPI_TIMEOUT);
     o.ok();
     check_hello(&o, 2);
 }
@@ -113,7 +113,7 @@ fn openmpi_hello_and_allreduce_on_four_brokers() {
 fn openmpi_abort_ends_the_job_with_its_code() {
     let inst = Instance::start(4, &[]);
     let Some(prog) = compile("mpicc.openmpi", inst.dir.path(), "abort", ABORT) else { return };
-    let o = inst.vigil_t(&run_args(&["-N4", "-n8"], &prog), MPI_TIMEOUT);
+    let o = inst.vigil_t(&run_args(&["-N4", "-n8", "-o", "pmi=pmix"], &prog), MPI_TIMEOUT);
     o.code_is(7);
     assert!(
         o.stderr.contains("exception type=exec severity=0: task 5: MPI_Abort / PMIx_Abort with exit code 7"),
@@ -127,9 +127,13 @@ fn pmi_option_picks_the_services_and_mpich_still_runs() {
     let inst = Instance::start(2, &[]);
     let Some(ompi) = compile("mpicc.openmpi", inst.dir.path(), "ohello", HELLO) else { return };
     let mpich = compile("mpicc.mpich", inst.dir.path(), "mhello", HELLO).expect("mpicc.mpich (install mpich)");
-    // By default both: MPICH through PMI-1, Open MPI through PMIx, in the same instance.
-    for prog in [&mpich, &ompi] {
-        let o = inst.vigil_t(&run_args(&["-N2", "-n4", "-l"], prog), MPI_TIMEOUT);
+    // By default PMI-1 alone: MPICH runs.
+    let o = inst.vigil_t(&run_args(&["-N2", "-n4", "-l"], &mpich), MPI_TIMEOUT);
+    o.ok();
+    check_hello(&o, 4);
+    // Both services in one job (`pmi=on` is the same): MPICH through PMI-1, Open MPI through PMIx.
+    for (prog, list) in [(&mpich, "pmi=simple,pmix"), (&ompi, "pmi=simple,pmix"), (&ompi, "pmi=on")] {
+        let o = inst.vigil_t(&run_args(&["-N2", "-n4", "-l", "-o", list], prog), MPI_TIMEOUT);
         o.ok();
         check_hello(&o, 4);
     }
@@ -140,8 +144,9 @@ fn pmi_option_picks_the_services_and_mpich_still_runs() {
     let o = inst.vigil_t(&run_args(&["-N2", "-n4", "-l", "-o", "pmi=pmix"], &ompi), MPI_TIMEOUT);
     o.ok();
     check_hello(&o, 4);
-    // Without PMIx, each Open MPI task starts alone (a singleton of size 1): the service is what made the job.
-    let o = inst.vigil_t(&run_args(&["-N2", "-n2", "-l", "-o", "pmi=simple"], &ompi), MPI_TIMEOUT);
+    // Without PMIx (the default), each Open MPI task starts alone (a singleton of size 1): the service is what made
+    // the job.
+    let o = inst.vigil_t(&run_args(&["-N2", "-n2", "-l"], &ompi), MPI_TIMEOUT);
     o.ok();
     let lines = o.lines();
     assert_eq!(lines.len(), 2, "{}", o.dump());

@@ -642,8 +642,8 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
                     && !s.split(',').all(|n| matches!(n.trim(), "simple" | "pmi1" | "pmix")) =>
             {
                 return Err(format!(
-                    "-o {o}: expected pmi=LIST of simple (PMI-1, MPICH) and pmix (PMIx, Open MPI), or pmi=off \
-                     (default: both)"
+                    "-o {o}: expected pmi=LIST of simple (PMI-1, MPICH) and pmix (PMIx, Open MPI), pmi=on \
+                     (both) or pmi=off (default: simple)"
                 ));
             }
             ("exit-timeout", Value::String(s)) if s != "none" => {
