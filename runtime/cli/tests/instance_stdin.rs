@@ -37,3 +37,30 @@ fn submitted_jobs_read_end_of_file() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("waited"));
 }
+
+#[test]
+fn run_ends_with_its_job_while_its_input_stays_open() {
+    // A terminal, or a pipe nobody closes: `vigil run` reads it for the tasks, and must still end as soon as
+    // its job does, not at the user's next key.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vigil"))
+        .args(["start", "--test-size=1", "sh", "-c", "vigil run -N1 true; echo run-exited-$?"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("vigil start");
+    let input = child.stdin.take().expect("stdin"); // kept open, never written
+    let mut out = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut out, &mut s);
+        let _ = tx.send(s);
+    });
+    let got = rx.recv_timeout(std::time::Duration::from_secs(60));
+    drop(input);
+    let _ = child.kill();
+    let _ = child.wait();
+    let got = got.expect("the instance ended within 60 s while its standard input stayed open");
+    assert!(got.contains("run-exited-0"), "{got}");
+}

@@ -156,7 +156,7 @@ pub fn main() -> i32 {
                 Ok(rt) => rt,
                 Err(e) => return fail(format!("cannot start runtime: {e}")),
             };
-            rt.block_on(async move {
+            let code = rt.block_on(async move {
                 let r = match cmd {
                     Cmd::Run(a) => jobcmd::run(a, true).await,
                     Cmd::Submit(a) => jobcmd::run(a, false).await,
@@ -182,7 +182,11 @@ pub fn main() -> i32 {
                     | Cmd::DiscoverNode(_) => Ok(0),
                 };
                 r.unwrap_or_else(fail)
-            })
+            });
+            // Not the runtime's drop, which waits for its blocking threads: one may sit in a read of a terminal's
+            // standard input (`vigil run` forwards it) until the user presses a key, long after the job ended.
+            rt.shutdown_background();
+            code
         }
     }
 }

@@ -33,8 +33,9 @@ pub(crate) fn parse_dependencies(list: &[String]) -> Result<Vec<Value>, String> 
     for arg in list {
         let bad = |why: String| format!("--dependency={arg}: {why}");
         if arg.contains('?') {
-            return Err(bad("`?` (any one of them) is not supported: give dependencies that must all hold,                             joined by `,`"
-                .into()));
+            return Err(bad(
+                "`?` (any one of them) is not supported: give dependencies that must all hold, joined by `,`".into(),
+            ));
         }
         for part in arg.split(',') {
             let mut fields = part.split(':');
@@ -50,7 +51,11 @@ pub(crate) fn parse_dependencies(list: &[String]) -> Result<Vec<Value>, String> 
                     for id in ids {
                         let parsed = crate::jobs::JobId::parse(id)
                             .map_err(|_| bad(format!("{id:?} is not a job id (f58 such as fAbC1, or decimal)")))?;
-                        out.push(json!({"scheme": s, "value": parsed.f58()}));
+                        // `afterok:A:A` (or a script repeating the line) is one dependency, as Slurm takes it.
+                        let dep = json!({"scheme": s, "value": parsed.f58()});
+                        if !out.contains(&dep) {
+                            out.push(dep);
+                        }
                     }
                 }
                 "" => return Err(bad("empty dependency".into())),
@@ -93,14 +98,14 @@ impl QueueOpts {
         Ok(())
     }
 
-    /// The job name given, checked: non-empty, one line.
+    /// The job name given, checked: not blank, one line.
     ///
     /// # Errors
     /// `--job-name ...: ...` naming what is wrong.
     pub(crate) fn name(&self) -> Result<Option<&str>, String> {
         match self.job_name.as_deref() {
-            Some(n) if n.is_empty() || n.chars().any(char::is_control) => Err(format!(
-                "--job-name {n:?}: a job name must be non-empty, without control characters (a newline, a tab)"
+            Some(n) if n.trim().is_empty() || n.chars().any(char::is_control) => Err(format!(
+                "--job-name {n:?}: a job name must be non-blank, without control characters (a newline, a tab)"
             )),
             n => Ok(n),
         }
@@ -116,6 +121,7 @@ mod tests {
         let q = |n: &str| QueueOpts { job_name: Some(n.into()), ..Default::default() };
         assert_eq!(q("first").name().unwrap(), Some("first"));
         assert!(q("").name().unwrap_err().starts_with("--job-name"));
+        assert!(q("   ").name().unwrap_err().contains("non-blank"), "spaces alone show as no name");
         assert!(q("a\nb").name().unwrap_err().contains("control characters"));
         assert_eq!(QueueOpts::default().name().unwrap(), None);
     }
@@ -132,6 +138,11 @@ mod tests {
         let e = p(&["afterok:fx0l"]).unwrap_err();
         assert!(e.contains("\"fx0l\" is not a job id"), "{e}");
         assert!(p(&["afterok"]).unwrap_err().contains("needs a job id"));
-        assert!(p(&["afterok:f2?afterany:f3"]).unwrap_err().contains("`?`"));
+        let e = p(&["afterok:f2?afterany:f3"]).unwrap_err();
+        assert!(
+            e.ends_with("`?` (any one of them) is not supported: give dependencies that must all hold, joined by `,`")
+        );
+        let once = p(&["afterok:f2:f2", "afterok:f2"]).unwrap();
+        assert_eq!(once, [json!({"scheme": "afterok", "value": "f2"})], "one dependency, however often named");
     }
 }

@@ -223,10 +223,10 @@ fn check_system_value(key: &str, value: &Value, p: &str) -> Result<(), JobspecEr
             for (name, val) in as_object(value, p)? {
                 let s = as_string(val, &format!("{p}.{name}"))?;
                 // The job's name is shown in `vigil jobs` and matched by `vigil jobs --name`: one line of text.
-                if name == "name" && (s.is_empty() || s.chars().any(char::is_control)) {
+                if name == "name" && (s.trim().is_empty() || s.chars().any(char::is_control)) {
                     return Err(invalid(
                         format!("{p}.name"),
-                        "must be a non-empty string without control characters (a newline, a tab)",
+                        "must be a non-blank string without control characters (a newline, a tab)",
                     ));
                 }
             }

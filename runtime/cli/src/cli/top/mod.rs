@@ -44,6 +44,9 @@ fn parse_delay(s: &str) -> Result<Delay, String> {
     if secs < 0.1 {
         return Err(format!("'{s}' is shorter than the shortest refresh, 100ms"));
     }
+    if secs > 3600.0 {
+        return Err(format!("'{s}' is longer than the longest refresh, 1h"));
+    }
     Ok(Delay(Duration::from_secs_f64(secs)))
 }
 
@@ -315,5 +318,6 @@ mod tests {
         assert_eq!(parse_delay("2").unwrap().0.as_secs(), 2);
         assert!(parse_delay("10ms").unwrap_err().contains("100ms"));
         assert!(parse_delay("soon").unwrap_err().contains("not 'soon'"));
+        assert!(parse_delay("1e30s").unwrap_err().contains("longest refresh, 1h"), "no panic on a huge delay");
     }
 }
