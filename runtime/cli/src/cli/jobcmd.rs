@@ -423,7 +423,7 @@ async fn submit_copies(a: &SubmitArgs, cc: &str) -> Result<i32, String> {
         }
         return Ok(0);
     }
-    submit_all(specs).await
+    submit_all(specs, a.queue.urgency()).await
 }
 
 /// Submits jobspecs `(copy id, jobspec)` (already checked) over one connection, [`CC_WINDOW`] at a time, and
@@ -431,7 +431,7 @@ async fn submit_copies(a: &SubmitArgs, cc: &str) -> Result<i32, String> {
 /// the others go on. Consecutive copies refused for the same reason are said once, as a range (`copies 12-300:
 /// ...`): a connection lost in a flood fails every copy after it the same way. For `--cc` of `vigil submit` and
 /// `vigil batch`.
-pub(crate) async fn submit_all(specs: Vec<(u32, Value)>) -> Result<i32, String> {
+pub(crate) async fn submit_all(specs: Vec<(u32, Value)>, urgency: Option<u32>) -> Result<i32, String> {
     let c = connect().await?;
     let mut rc = 0;
     let mut inflight = std::collections::VecDeque::new();
@@ -442,7 +442,7 @@ pub(crate) async fn submit_all(specs: Vec<(u32, Value)>) -> Result<i32, String> 
         while inflight.len() < CC_WINDOW {
             let Some((i, v)) = specs.next() else { break };
             let mut c = c.clone();
-            inflight.push_back((i, tokio::spawn(async move { submit_value(&mut c, &v, false).await })));
+            inflight.push_back((i, tokio::spawn(async move { submit_value(&mut c, &v, false, urgency).await })));
         }
         let Some((i, h)) = inflight.pop_front() else { break };
         match h.await.map_err(|e| e.to_string()).and_then(|r| r) {
@@ -554,7 +554,7 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
     if let Some(n) = a.queue.name()? {
         b = b.name(n);
     }
-    for d in super::queue::parse_dependencies(&a.queue.dependency)? {
+    for d in a.queue.dependencies(crate::broker_now())? {
         b = b.dependency(d);
     }
     let taskmap = a.taskmap.as_deref().map(parse_taskmap).transpose()?;
@@ -715,7 +715,7 @@ pub(crate) async fn run(a: SubmitArgs, attach_after: bool) -> Result<i32, String
         hf.check_nodes(&c, &a.select).await?;
     }
     check_exclude(&c, &a.select).await?;
-    let id = submit_with(&mut c, &spec, attach_after)
+    let id = submit_with(&mut c, &spec, attach_after, a.queue.urgency())
         .await
         .map_err(|e| said_as_typed(&a.setopt, a.taskmap.as_deref(), e))?;
     if !attach_after {
@@ -785,14 +785,14 @@ fn lost_note(e: &str, id: JobId) -> String {
 }
 
 async fn submit(c: &mut Client, spec: &Jobspec) -> Result<JobId, String> {
-    submit_with(c, spec, false).await
+    submit_with(c, spec, false, None).await
 }
 
 /// Submit ([`submit_value`]: `c` is the new connection if rank 0 restarted meanwhile); with `stdin` the job's
 /// tasks read what this process then sends as `job-exec.stdin`.
-async fn submit_with(c: &mut Client, spec: &Jobspec, stdin: bool) -> Result<JobId, String> {
+async fn submit_with(c: &mut Client, spec: &Jobspec, stdin: bool, urgency: Option<u32>) -> Result<JobId, String> {
     let v: Value = serde_json::from_str(&spec.to_json()).map_err(|e| e.to_string())?;
-    submit_value(c, &v, stdin).await
+    submit_value(c, &v, stdin, urgency).await
 }
 
 pub(crate) use super::submit::submit_value;
@@ -1294,6 +1294,26 @@ pub enum JobCmd {
     },
     /// Cancel a job.
     Cancel(CancelArgs),
+    /// Set a pending job's urgency (RFC 21, Flux's `flux job urgency`): 0 to 31, or `hold` (0), `default` (16),
+    /// `expedite` (31). Pending jobs start in order of urgency, then of submission. Prints the urgency it had.
+    Urgency {
+        /// Job id.
+        id: String,
+        /// The new urgency.
+        urgency: String,
+    },
+    /// Hold pending jobs (urgency 0), as Slurm's `scontrol hold`: they stay pending until released.
+    Hold {
+        /// Job ids.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Release held jobs (back to urgency 16), as Slurm's `scontrol release`; a job not held is refused.
+    Release {
+        /// Job ids.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
     /// Print a job's summary, jobspec and R as JSON (as `flux job info`). The summary's `lost_nodelist` and
     /// `lost_ranks` are the nodes its run lost (a batch or alloc job goes on without them), `nnodes_current` how
     /// many it holds now (`nnodes`: how many it started with).
@@ -1357,6 +1377,22 @@ async fn purge(a: PurgeArgs) -> Result<i32, String> {
         println!("{count} inactive job(s) would be purged (of {left}); use --force to purge them");
     }
     Ok(0)
+}
+
+/// `vigil job hold` and `vigil job release`: each job's urgency set (with `release`, only if it is held); a
+/// refusal is said on standard error and the others go on (exit code 1 if any was refused).
+async fn urgency_all(ids: &[String], urgency: u32, release: bool) -> Result<i32, String> {
+    let ids = ids.iter().map(|s| parse_id(s)).collect::<Result<Vec<_>, _>>()?;
+    let c = connect().await?;
+    let mut rc = 0;
+    for id in ids {
+        let body = json!({"id": id.0, "urgency": urgency, "release": release});
+        if let Err(e) = c.rpc("job-manager.urgency", 0, &body).await {
+            eprintln!("vigil: {} {id}: {}", if release { "release" } else { "hold" }, e.errstr);
+            rc = 1;
+        }
+    }
+    Ok(rc)
 }
 
 fn parse_id(s: &str) -> Result<JobId, String> {
@@ -1459,6 +1495,25 @@ pub(crate) async fn job(cmd: JobCmd) -> Result<i32, String> {
             Ok(crate::shellproto::job_exit_code(status, fatal.as_deref()))
         }
         JobCmd::Cancel(a) => cancel(a).await,
+        JobCmd::Urgency { id, urgency } => {
+            let id = parse_id(&id)?;
+            let u = match urgency.as_str() {
+                "hold" => 0,
+                "default" => crate::jobs::DEFAULT_URGENCY,
+                "expedite" => crate::jobs::MAX_URGENCY,
+                s => s
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|u| *u <= crate::jobs::MAX_URGENCY)
+                    .ok_or_else(|| format!("urgency {s}: expected 0 to 31, hold, default or expedite"))?,
+            };
+            let c = connect().await?;
+            let r = c.rpc("job-manager.urgency", 0, &json!({"id": id.0, "urgency": u})).await.map_err(|e| e.errstr)?;
+            println!("{}", r["old"]);
+            Ok(0)
+        }
+        JobCmd::Hold { ids } => urgency_all(&ids, 0, false).await,
+        JobCmd::Release { ids } => urgency_all(&ids, crate::jobs::DEFAULT_URGENCY, true).await,
         JobCmd::Purge(a) => purge(a).await,
         JobCmd::Info { id, json } => {
             let id = parse_id(&id)?;

@@ -424,7 +424,7 @@ pub(crate) async fn batch(a: BatchArgs) -> Result<i32, String> {
             }
             return Ok(0);
         }
-        return super::jobcmd::submit_all(specs).await;
+        return super::jobcmd::submit_all(specs, opts.queue.urgency()).await;
     }
     let v = spec(&opts, &a.script[1..])?;
     if a.dry_run {
@@ -433,7 +433,9 @@ pub(crate) async fn batch(a: BatchArgs) -> Result<i32, String> {
     }
     let mut c = connect().await?;
     super::jobcmd::check_exclude(&c, &opts.select).await?;
-    let id = submit_value(&mut c, &v, false).await.map_err(|e| super::jobcmd::said_as_typed(&opts.setopt, None, e))?;
+    let id = submit_value(&mut c, &v, false, opts.queue.urgency())
+        .await
+        .map_err(|e| super::jobcmd::said_as_typed(&opts.setopt, None, e))?;
     println!("{id}");
     Ok(0)
 }
@@ -642,8 +644,9 @@ pub(crate) async fn alloc(a: AllocArgs) -> Result<i32, String> {
     let v = instance_jobspec(&a.opts, "alloc", cmd, None, None)?;
     let mut c = connect().await?;
     super::jobcmd::check_exclude(&c, &a.opts.select).await?;
-    let id =
-        submit_value(&mut c, &v, false).await.map_err(|e| super::jobcmd::said_as_typed(&a.opts.setopt, None, e))?;
+    let id = submit_value(&mut c, &v, false, a.opts.queue.urgency())
+        .await
+        .map_err(|e| super::jobcmd::said_as_typed(&a.opts.setopt, None, e))?;
     let uri = tokio::select! {
         r = wait_for_instance(&c, id) => r?,
         _ = tokio::signal::ctrl_c() => {

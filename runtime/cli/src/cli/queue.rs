@@ -18,6 +18,18 @@ pub struct QueueOpts {
     /// yours with this name has ended). A dependency that can never hold ends the job (exception `dependency`).
     #[arg(short = 'd', long = "dependency", value_name = "SCHEME:JOBID")]
     pub dependency: Vec<String>,
+    /// RFC 21 urgency, 0 to 31 (default 16): pending jobs start in order of urgency, then of submission; 0 holds the
+    /// job (`vigil job release ID` lets it go), 31 expedites it. More than 16 is the instance owner's only.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=31))]
+    pub urgency: Option<u32>,
+    /// Submit the job held (urgency 0), as Slurm's `--hold` and Flux's `--urgency=hold`: it stays pending until
+    /// `vigil job release ID`.
+    #[arg(long, conflicts_with = "urgency")]
+    pub hold: bool,
+    /// Not before TIME: +DURATION (+30s, +5m, +2h), @EPOCH, or a UTC time (2026-12-07T05:00:00Z, "2026-12-07
+    /// 05:00"), as Flux's --begin-time (an RFC 26 `begin-time` dependency). A time already past is refused.
+    #[arg(long, value_name = "TIME")]
+    pub begin_time: Option<String>,
 }
 
 /// The `after*` schemes `--dependency` takes, each with the jobs it names.
@@ -72,6 +84,28 @@ pub(crate) fn parse_dependencies(list: &[String]) -> Result<Vec<Value>, String> 
 }
 
 impl QueueOpts {
+    /// The urgency to submit with, if one was given (`--hold` is 0).
+    pub(crate) fn urgency(&self) -> Option<u32> {
+        if self.hold {
+            Some(0)
+        } else {
+            self.urgency
+        }
+    }
+
+    /// Every RFC 26 dependency object the options ask for: `--dependency`, then `--begin-time` (from `now`,
+    /// seconds since the epoch).
+    ///
+    /// # Errors
+    /// Naming the option, as [`parse_dependencies`] and [`parse_begin_time`].
+    pub(crate) fn dependencies(&self, now: f64) -> Result<Vec<Value>, String> {
+        let mut deps = parse_dependencies(&self.dependency)?;
+        if let Some(t) = &self.begin_time {
+            deps.push(json!({"scheme": "begin-time", "value": parse_begin_time(t, now)?}));
+        }
+        Ok(deps)
+    }
+
     /// Take a batch script's directives (`dir`) where the command line gave nothing; the same option with another
     /// value is an error naming both.
     ///
@@ -91,6 +125,9 @@ impl QueueOpts {
             }
         }
         one("--job-name", &mut self.job_name, dir.job_name)?;
+        one("--urgency", &mut self.urgency, dir.urgency)?;
+        one("--begin-time", &mut self.begin_time, dir.begin_time)?;
+        self.hold |= dir.hold;
         // Lists: the script's first.
         let mut deps = dir.dependency;
         deps.append(&mut self.dependency);
@@ -110,6 +147,45 @@ impl QueueOpts {
             n => Ok(n),
         }
     }
+}
+
+/// `--begin-time` as seconds since the epoch: `+DURATION` from `now` (RFC 23: `+30s`, `+5m`, `+1h`; Flux's
+/// `--begin-time=+FSD`), `@SECONDS` since the epoch, or a UTC date and time (`2026-12-07T05:00:00Z`, `2026-12-07
+/// 05:00`, RFC 3339 in UTC). A time already past is refused.
+///
+/// # Errors
+/// `--begin-time=...: ...` naming what is wrong.
+pub(crate) fn parse_begin_time(s: &str, now: f64) -> Result<f64, String> {
+    let bad = |why: String| format!("--begin-time={s}: {why}");
+    let t = s.trim();
+    let at = if let Some(d) = t.strip_prefix('+') {
+        let secs = crate::duration::parse_duration_secs(d).map_err(|e| bad(e.to_string()))?;
+        if !secs.is_finite() {
+            return Err(bad("a begin time must be finite".into()));
+        }
+        now + secs
+    } else if let Some(e) = t.strip_prefix('@') {
+        e.parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite())
+            .ok_or_else(|| bad("expected @SECONDS since the epoch".into()))?
+    } else {
+        let iso = if t.len() == 16 && t.as_bytes().get(10).is_some_and(|c| *c == b' ' || *c == b'T') {
+            format!("{t}:00") // minutes without seconds
+        } else {
+            t.to_string()
+        };
+        let parsed = humantime::parse_rfc3339_weak(&iso).or_else(|_| humantime::parse_rfc3339(&iso)).map_err(|_| {
+            bad("expected +DURATION (+30s, +5m, +2h), @EPOCH, or a UTC time such as 2026-12-07T05:00:00Z or \
+                     \"2026-12-07 05:00\""
+                .into())
+        })?;
+        parsed.duration_since(std::time::UNIX_EPOCH).map_err(|_| bad("before 1970".into()))?.as_secs_f64()
+    };
+    if at < now - 1.0 {
+        return Err(bad(format!("that time has passed ({:.0} s ago)", now - at)));
+    }
+    Ok(at)
 }
 
 #[cfg(test)]
@@ -144,5 +220,21 @@ mod tests {
         );
         let once = p(&["afterok:f2:f2", "afterok:f2"]).unwrap();
         assert_eq!(once, [json!({"scheme": "afterok", "value": "f2"})], "one dependency, however often named");
+    }
+
+    #[test]
+    fn begin_times_relative_absolute_and_past() {
+        let now = 1_800_000_000.0;
+        assert_eq!(parse_begin_time("+30s", now), Ok(now + 30.0));
+        assert_eq!(parse_begin_time("+5m", now), Ok(now + 300.0));
+        assert_eq!(parse_begin_time("@1800000100", now), Ok(1_800_000_100.0));
+        let t = parse_begin_time("2027-01-15T08:00:00Z", now).unwrap();
+        assert_eq!(t, 1_800_000_000.0, "2027-01-15T08:00:00Z is 1.8e9 s since the epoch");
+        assert_eq!(parse_begin_time("2027-01-15 08:00", now), Ok(t), "minutes without seconds, a space for T");
+        let e = parse_begin_time("2020-01-01T00:00:00Z", now).unwrap_err();
+        assert!(e.starts_with("--begin-time=2020-01-01T00:00:00Z: that time has passed"), "{e}");
+        let e = parse_begin_time("tomorrow", now).unwrap_err();
+        assert!(e.starts_with("--begin-time=tomorrow: expected +DURATION"), "{e}");
+        assert!(parse_begin_time("+soon", now).unwrap_err().starts_with("--begin-time=+soon:"));
     }
 }

@@ -56,9 +56,17 @@ fn outcome_unknown(e: &RpcError) -> bool {
 /// # Errors
 /// Rank 0's refusal; or rank 0 lost with the submission in flight and not back in time (the job may exist:
 /// said so).
-pub(crate) async fn submit_value(c: &mut Client, v: &Value, stdin: bool) -> Result<JobId, String> {
+pub(crate) async fn submit_value(
+    c: &mut Client,
+    v: &Value,
+    stdin: bool,
+    urgency: Option<u32>,
+) -> Result<JobId, String> {
     let key = new_submit_key()?;
-    let payload = json!({"jobspec": v, "stdin": stdin, "submit_key": key});
+    let mut payload = json!({"jobspec": v, "stdin": stdin, "submit_key": key});
+    if let Some(u) = urgency {
+        payload["urgency"] = json!(u); // RFC 21, as Flux's submit request carries it
+    }
     let mut deadline: Option<tokio::time::Instant> = None;
     let r = loop {
         let e = match rpc_to_rank0_err(c, "job-manager.submit", &payload).await {

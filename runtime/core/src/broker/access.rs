@@ -87,6 +87,7 @@ pub const RULES: &[(&str, Rule)] = &[
     ("job-manager.list", Rule::Anyone),
     ("job-manager.info", Rule::JobOwner),
     ("job-manager.cancel", Rule::JobOwner),
+    ("job-manager.urgency", Rule::JobOwner),
     ("job-manager.raise", Rule::JobOwner),
     ("job-manager.purge", Rule::JobsOwner),
     ("job-manager.eventlog", Rule::JobOwner),

@@ -1,9 +1,10 @@
 //! Which pending job starts when: EASY backfill (Slurm's default scheduler, `sched.policy=easy`) or strict first
 //! come, first served (`sched.policy=fcfs`).
 //!
-//! Pending (SCHED) jobs are kept in priority order, which is submission order: every job has the same urgency
-//! (16) and a job id grows with its submission time, so a requeued job (`requeue.rs`) goes back ahead of every job
-//! submitted after it. A pass walks them in that order:
+//! Pending (SCHED) jobs are kept in priority order: urgency first (`urgency.rs`; 16 unless set, held jobs, of
+//! urgency 0, are not looked at), then submission order, as a job id grows with its submission time, so a
+//! requeued job (`requeue.rs`) goes back ahead of every job of its urgency submitted after it. A pass walks them
+//! in that order:
 //!
 //! 1. A job that fits now starts now, as long as no earlier job holds the reservation.
 //! 2. A job that could not run on the ranks schedulable now even once every job on them has ended waits with its
@@ -36,7 +37,6 @@ use super::{JobCore, JobId, JobState};
 use crate::attrs::SchedPolicy;
 use crate::jobspec::JobRequest;
 use std::collections::HashSet;
-use std::ops::Bound::{Excluded, Unbounded};
 
 /// Default of `sched.backfill-depth`: most pending jobs one scheduling pass looks at (Slurm's `bf_max_job_test`
 /// is 500 by default): jobs deeper in the queue wait until those ahead of them have started.
@@ -139,14 +139,15 @@ impl JobCore {
             return;
         }
         let mut pass = Pass::new(None);
-        let mut cursor: Option<JobId> = None;
+        let mut cursor = None;
         for seen in 1.. {
             let next = match cursor {
-                None => self.queue.first().copied(),
-                Some(c) => self.queue.range((Excluded(c), Unbounded)).next().copied(),
+                None => self.queue.first(),
+                Some(c) => self.queue.after(c),
             };
-            let Some(id) = next else { break };
-            cursor = Some(id);
+            let Some(key) = next else { break };
+            cursor = Some(key);
+            let id = key.1;
             if seen > self.config.backfill_depth {
                 self.examined_all = false;
                 break;
@@ -161,14 +162,18 @@ impl JobCore {
         }
     }
 
-    /// Job `id` was just submitted (it is last in the queue): when nothing changed since the last full pass and
-    /// that pass saw every pending job, the new job alone needs a look; otherwise a full pass.
+    /// Job `id` was just submitted: when it is last in the queue, nothing changed since the last full pass and
+    /// that pass saw every pending job, the new job alone needs a look; otherwise (a higher urgency puts it ahead
+    /// of others, `urgency.rs`) a full pass. A held job needs none.
     pub(super) fn schedule_submitted(&mut self, now: f64, id: JobId) {
         if self.stopped.is_some() || self.awaiting_ranks() {
             self.sched_dirty = true;
             return;
         }
-        if self.sched_dirty {
+        if self.queue.key(id).is_none() {
+            return;
+        }
+        if self.sched_dirty || !self.queue.is_last(id) {
             self.schedule(now);
         } else if self.examined_all && self.queue.len() <= self.config.backfill_depth {
             self.consider(now, id, &mut Pass::new(Some(u64::MAX)));
@@ -351,6 +356,9 @@ impl JobCore {
     /// ([`Pool::pending_reason`]), or, behind the reservation, the job it waits behind.
     pub fn pending_reason(&self, id: JobId) -> Option<String> {
         let job = self.jobs.get(&id).filter(|j| j.state == JobState::Sched)?;
+        if job.urgency == 0 {
+            return Some(format!("held: urgency 0 (`vigil job release {}` lets it go)", id.f58()));
+        }
         if let Some(why) = &self.stopped {
             return Some(format!("scheduling stopped: {why}"));
         }
@@ -362,7 +370,7 @@ impl JobCore {
             ));
         }
         Some(match &self.reservation {
-            Some(r) if id > r.id => match self.config.policy {
+            Some(r) if self.queue.key(id) > self.queue.key(r.id) => match self.config.policy {
                 SchedPolicy::Fcfs => format!("priority: queued behind job {} (first come, first served)", r.id.f58()),
                 SchedPolicy::Easy => format!(
                     "priority: queued behind job {}, which holds the reservation (backfill: a job runs before it \

@@ -310,8 +310,9 @@ impl JobCore {
     /// Job `id` left DEPEND: it takes its priority and goes on to the queue (a scheduling pass is due).
     pub(super) fn enter_queue(&mut self, now: f64, id: JobId) {
         let Some(job) = self.jobs.get_mut(&id) else { return };
-        job.post(now, "priority", json!({"priority": 16}));
-        self.queue.insert(id);
+        let urgency = job.urgency;
+        job.post(now, "priority", json!({"priority": urgency}));
+        self.queue.insert(id, urgency);
         self.actions.push_back(Action::Updated(id));
         self.depend.released = true;
         self.sched_dirty = true;

@@ -145,6 +145,8 @@ pub struct Job {
     /// Its state and exit status as its row in the state directory last had them (`journal.rs`): the row is
     /// written again only when they change (or R does, at an `alloc`).
     pub(super) saved_row: Option<(JobState, Option<i32>)>,
+    /// Its RFC 21 urgency, 0 (held) to 31 (expedite); its priority is the same (`urgency.rs`).
+    pub urgency: u32,
     /// The RFC 26 dependencies it still waits for, while in DEPEND (`depend.rs`).
     pub(super) deps: Vec<super::depend::Dependency>,
 }
@@ -210,6 +212,7 @@ impl Job {
             saved_marks: BTreeMap::new(),
             saved_row: None,
             deps: Vec::new(),
+            urgency: super::DEFAULT_URGENCY,
         }
     }
 
@@ -334,6 +337,7 @@ impl Job {
                 .collect::<Vec<_>>(),
             "nnodes_current": ranks.iter().filter(|r| !lost_ranks.contains(*r)).count(),
             "id": self.id.0, "id_f58": self.id.f58(), "userid": self.userid, "state": self.state.name(),
+            "urgency": self.urgency,
             "name": self.display_name(),
             // Nodes held once allocated; before, the number asked for (`-N`), null when the jobspec names none.
             // Tasks run once allocated (a node range's follow its nodes); before, the number asked for.

@@ -12,6 +12,7 @@
 //! | `sched.rs` | the resource pool: first-fit allocation, feasibility, why a job waits |
 //! | `backfill.rs` | which pending job starts when: EASY backfill or FCFS (`sched.policy`) |
 //! | `depend.rs` | RFC 26 dependencies (`after`, `afterok`... , `begin-time`, `singleton`): DEPEND until met |
+//! | `urgency.rs` | RFC 21 urgency: queue order (urgency, then submission), holds (0) and releases |
 //! | `requeue.rs` | a `--requeue` job that lost a node goes back to the queue (`sched.max-requeue`) |
 //! | `shrink.rs` | a nested instance's lost rank leaves it for good (RFC 28) |
 //! | `nested.rs` | critical-rank rules for the brokers of a nested instance |
@@ -52,6 +53,7 @@ pub mod state;
 mod submit;
 pub mod submit_key;
 mod timers;
+mod urgency;
 
 use crate::eventlog::Event;
 use crate::shellproto::ShellInput;
@@ -70,6 +72,7 @@ pub use requeue::DEFAULT_MAX_REQUEUE;
 pub use state::JobState;
 pub use submit::SubmitError;
 pub use submit_key::{SubmitKey, Submitted, SUBMIT_KEY_MAX};
+pub use urgency::{DEFAULT_URGENCY, MAX_URGENCY};
 
 /// Default `exit-timeout`: after the first task exits, the others have this long (seconds).
 pub const DEFAULT_EXIT_TIMEOUT: f64 = 30.0;
@@ -200,8 +203,8 @@ pub struct JobCore {
     pub jobs: BTreeMap<JobId, Job>,
     /// How this instance schedules.
     pub config: SchedConfig,
-    /// SCHED jobs in priority order (submission order: ids grow with time).
-    queue: BTreeSet<JobId>,
+    /// SCHED jobs in priority order (urgency, then submission: ids grow with time), and those held (`urgency.rs`).
+    queue: urgency::Queue,
     /// RUN and CLEANUP jobs (holding resources).
     running: BTreeSet<JobId>,
     /// Jobs with a live shell on each rank (ranks_down looks up only those).
@@ -266,7 +269,7 @@ impl JobCore {
             pool: Pool::default(),
             jobs: BTreeMap::new(),
             config: SchedConfig::default(),
-            queue: BTreeSet::new(),
+            queue: Default::default(),
             running: BTreeSet::new(),
             by_rank: BTreeMap::new(),
             timers: BTreeSet::new(),
@@ -315,9 +318,10 @@ impl JobCore {
         self.actions.pop_front()
     }
 
-    /// Jobs pending (SCHED), running (holding resources) and held in all (INACTIVE ones too), without a scan.
+    /// Jobs pending (SCHED, held ones too), running (holding resources) and held in all (INACTIVE ones too),
+    /// without a scan.
     pub fn counts(&self) -> (usize, usize, usize) {
-        (self.queue.len(), self.running.len(), self.jobs.len())
+        (self.queue.pending(), self.running.len(), self.jobs.len())
     }
 
     /// Pending jobs looked at by every scheduling pass so far (a counter: tests bound the work of one pass).
@@ -337,3 +341,5 @@ mod tests;
 mod tests_depend;
 #[cfg(test)]
 mod tests_sched;
+#[cfg(test)]
+mod tests_urgency;

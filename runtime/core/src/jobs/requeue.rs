@@ -82,8 +82,9 @@ impl JobCore {
         job.instance = None;
         job.taskmap = None;
         job.cut_off = BTreeMap::new();
+        let urgency = job.urgency;
         self.running.remove(&id);
-        self.queue.insert(id);
+        self.queue.insert(id, urgency);
         self.rearm(id);
         self.actions.push_back(Action::Requeued(id));
         self.actions.push_back(Action::Updated(id));

@@ -36,7 +36,7 @@ impl JobCore {
         let what = self.describe_ranks(&gone);
         self.shrunk.push(what.clone());
         // Once per loss, over the queue: a node loss is not a per-job event.
-        let pending: Vec<JobId> = self.queue.iter().copied().collect();
+        let pending: Vec<JobId> = self.queue.ids().collect();
         for id in pending {
             let Some(job) = self.jobs.get(&id) else { continue };
             if let Err(e) = self.pool.feasible(&job.req) {

@@ -56,6 +56,8 @@ impl JobState {
             (Depend, "depend") => Priority,
             // RFC 21: a dependency waited for, and met (`depend.rs`).
             (Depend, "dependency-add" | "dependency-remove") => Depend,
+            // RFC 21: a pending job's urgency changed (`urgency.rs`); a job in SCHED gets its priority again.
+            (Depend | Priority | Sched, "urgency") => self,
             (Priority, "priority") => Sched,
             (Sched, "alloc") => Run,
             (Run, "finish") => Cleanup,

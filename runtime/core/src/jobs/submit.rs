@@ -59,6 +59,20 @@ impl JobCore {
         userid: u32,
         stdin: bool,
     ) -> Result<JobId, SubmitError> {
+        self.submit_urgent(now, jobspec, userid, stdin, super::DEFAULT_URGENCY)
+    }
+
+    /// [`JobCore::submit_with_stdin`], with the job's RFC 21 `urgency` (0 holds it, 31 expedites it; the caller
+    /// checked it is at most [`super::MAX_URGENCY`] and who may ask for it, `urgency.rs`).
+    pub fn submit_urgent(
+        &mut self,
+        now: f64,
+        jobspec: &Value,
+        userid: u32,
+        stdin: bool,
+        urgency: u32,
+    ) -> Result<JobId, SubmitError> {
+        let urgency = urgency.min(super::MAX_URGENCY);
         let spec = Jobspec::from_value(jobspec).map_err(|e| SubmitError::Jobspec(e.to_string()))?;
         let mut req = spec.validate().map_err(|e| SubmitError::Jobspec(e.to_string()))?;
         let deps = super::depend::Dependency::all_of(jobspec).map_err(SubmitError::Jobspec)?;
@@ -112,13 +126,14 @@ impl JobCore {
         let id = self.new_id(now);
         let mut job = Job::new(id, userid, jobspec, req, now);
         job.stdin_eof = !stdin;
-        job.post(now, "submit", json!({"userid": userid, "urgency": 16, "flags": 0, "version": 1}));
+        job.urgency = urgency;
+        job.post(now, "submit", json!({"userid": userid, "urgency": urgency, "flags": 0, "version": 1}));
         job.post(now, "validate", json!({}));
         if deps.is_empty() {
             job.post(now, "depend", json!({}));
-            job.post(now, "priority", json!({"priority": 16}));
+            job.post(now, "priority", json!({"priority": urgency}));
             self.jobs.insert(id, job);
-            self.queue.insert(id);
+            self.queue.insert(id, urgency);
             self.actions.push_back(Action::Updated(id));
             self.schedule_submitted(now, id);
             return Ok(id);

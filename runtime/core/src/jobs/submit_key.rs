@@ -111,8 +111,26 @@ impl JobCore {
         stdin: bool,
         key: Option<SubmitKey>,
     ) -> Result<Submitted, SubmitError> {
+        self.submit_keyed_urgent(now, jobspec, userid, stdin, key, super::DEFAULT_URGENCY)
+    }
+
+    /// [`JobCore::submit_keyed`], with the job's RFC 21 urgency ([`JobCore::submit_urgent`]).
+    ///
+    /// # Errors
+    /// As [`JobCore::submit_keyed`].
+    pub fn submit_keyed_urgent(
+        &mut self,
+        now: f64,
+        jobspec: &Value,
+        userid: u32,
+        stdin: bool,
+        key: Option<SubmitKey>,
+        urgency: u32,
+    ) -> Result<Submitted, SubmitError> {
         let Some(key) = key else {
-            return self.submit_with_stdin(now, jobspec, userid, stdin).map(|id| Submitted { id, duplicate: false });
+            return self
+                .submit_urgent(now, jobspec, userid, stdin, urgency)
+                .map(|id| Submitted { id, duplicate: false });
         };
         if let Some(&id) = self.submit_keys.get(&(userid, key.clone())) {
             let same = self.jobs.get(&id).is_some_and(|j| *j.jobspec_text == *jobspec.to_string().as_str());
@@ -121,7 +139,7 @@ impl JobCore {
             }
             return Ok(Submitted { id, duplicate: true });
         }
-        let id = self.submit_with_stdin(now, jobspec, userid, stdin)?;
+        let id = self.submit_urgent(now, jobspec, userid, stdin, urgency)?;
         self.keep_submit_key(id, key);
         Ok(Submitted { id, duplicate: false })
     }

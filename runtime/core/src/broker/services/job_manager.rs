@@ -10,6 +10,7 @@ pub(super) const TOPICS: &[Topic] = &[
     Topic { name: "job-manager.list", handler: list },
     Topic { name: "job-manager.info", handler: info },
     Topic { name: "job-manager.cancel", handler: cancel },
+    Topic { name: "job-manager.urgency", handler: urgency },
     Topic { name: "job-manager.raise", handler: raise },
     Topic { name: "job-manager.purge", handler: purge },
     Topic { name: "job-manager.eventlog", handler: super::job_info::attach_or_eventlog },
@@ -28,6 +29,24 @@ struct SubmitRequest {
     /// user) gets the job the first made, `"duplicate": true` in the answer. Absent: a new job every time.
     /// Checked by the job core (a `Value` here, so that a wrong type is refused naming the field).
     submit_key: Option<Value>,
+    /// The job's RFC 21 urgency, an integer from 0 (held) to 31 (expedite); 16 when absent. More than 16 is the
+    /// instance owner's only (`jobs/urgency.rs`).
+    urgency: Option<Value>,
+}
+
+/// An urgency as a request gives it (`urgency` of `job-manager.submit` and `job-manager.urgency`), checked.
+fn urgency_of(v: Option<&Value>, owner: bool) -> Result<u32, ServiceError> {
+    let Some(v) = v.filter(|v| !v.is_null()) else { return Ok(crate::jobs::DEFAULT_URGENCY) };
+    let u = v.as_u64().filter(|u| *u <= u64::from(crate::jobs::MAX_URGENCY)).ok_or_else(|| {
+        ServiceError::einval(format!("urgency: must be an integer from 0 (hold) to 31 (expedite), got {v}"))
+    })?;
+    if !owner && u > u64::from(crate::jobs::DEFAULT_URGENCY) {
+        return Err(ServiceError::eperm(format!(
+            "urgency {u}: only the instance owner may give more than {}",
+            crate::jobs::DEFAULT_URGENCY
+        )));
+    }
+    Ok(u as u32)
 }
 
 /// `job-manager.submit`.
@@ -37,6 +56,7 @@ fn submit(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     crate::broker::access::may_submit(msg.userid, core.env.uid).map_err(|d| ServiceError::new(d.errno, d.message))?;
     let n = core.wall();
     let size = core.opts.size;
+    let urgency = urgency_of(req.urgency.as_ref(), msg.userid == core.env.uid)?;
     let jc = job_core!(core);
     let spec = &req.jobspec;
     let stdin = req.stdin.unwrap_or(false);
@@ -55,7 +75,7 @@ fn submit(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
         StateDir::Open { .. } | StateDir::None => {}
     }
     // `vigil run` streams its standard input to the tasks (job-exec.stdin).
-    match jc.submit_keyed(n, spec, msg.userid, stdin, key) {
+    match jc.submit_keyed_urgent(n, spec, msg.userid, stdin, key, urgency) {
         Ok(crate::jobs::Submitted { id, duplicate }) => {
             // RFC 14: unknown attributes.system keys are ignored, and the submitter is told.
             let warnings = jc.jobs.get(&id).map(|j| j.req.warnings.clone()).unwrap_or_default();
@@ -189,6 +209,32 @@ fn cancel(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     let note = req.note.unwrap_or_else(|| "canceled by user".to_string());
     jc.cancel(n, id, msg.userid, owner, &note).map_err(|(errno, message)| ServiceError { errno, message })?;
     Ok(Some(json!({}).into()))
+}
+
+/// A `job-manager.urgency` request (`vigil job urgency`, `hold`, `release`; Flux's `job-manager.urgency`).
+#[derive(Debug, Deserialize)]
+struct UrgencyRequest {
+    /// The job: the caller's own, unless the caller is the instance owner. It must be pending.
+    id: JobRef,
+    /// The new urgency, 0 (hold) to 31 (expedite); more than 16 is the instance owner's only.
+    urgency: Value,
+    /// Change it only if the job is held (urgency 0), else refuse (`vigil job release`); false when absent.
+    release: Option<bool>,
+}
+
+/// `job-manager.urgency`: answers the urgency the job had, `{"old": 16}`.
+fn urgency(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
+    let req: UrgencyRequest = lazy.decode()?;
+    let n = core.wall();
+    let owner = msg.userid == core.env.uid;
+    let u = urgency_of(Some(&req.urgency), owner)?;
+    let jc = job_core!(core);
+    let id = req.id.id()?;
+    let old = jc
+        .set_urgency(n, id, msg.userid, owner, u, req.release.unwrap_or(false))
+        .map_err(|(errno, message)| ServiceError { errno, message })?;
+    info!("job {id}: urgency {old} -> {u}");
+    Ok(Some(json!({"old": old}).into()))
 }
 
 /// A `job-manager.raise` request (`vigil job raise`; Flux's `job-manager.raise`): an exception on a job (RFC 21).

@@ -228,7 +228,7 @@ impl JobCore {
                 for (from, name, ctx) in [
                     (JobState::New, "validate", json!({})),
                     (JobState::Depend, "depend", json!({})),
-                    (JobState::Priority, "priority", json!({"priority": 16})),
+                    (JobState::Priority, "priority", json!({"priority": job.urgency})),
                 ] {
                     if job.state == from {
                         job.post(now, name, ctx);
@@ -237,8 +237,9 @@ impl JobCore {
                 if job.req.duration.is_none() {
                     job.req.duration = self.config.default_duration;
                 }
+                let urgency = job.urgency;
                 self.jobs.insert(id, job);
-                self.queue.insert(id);
+                self.queue.insert(id, urgency);
                 out.pending += 1;
             }
             JobState::Run | JobState::Cleanup
@@ -336,6 +337,13 @@ impl JobCore {
                     job.usage = ctx.get("usage").and_then(|u| serde_json::from_value(u.clone()).ok());
                 }
                 "memo" if ctx.get("uri").is_some() => job.instance = Some(ctx),
+                // Its urgency (urgency.rs): as submitted, then as changed.
+                "submit" | "urgency" => {
+                    if let Some(u) = ctx.get("urgency").and_then(Value::as_u64) {
+                        job.urgency =
+                            u32::try_from(u).unwrap_or(crate::jobs::MAX_URGENCY).min(crate::jobs::MAX_URGENCY);
+                    }
+                }
                 "requeue" => {
                     // The lost run is forgotten (requeue.rs).
                     job.requeues += 1;
