@@ -48,6 +48,7 @@ const TOPICS: &[&str] = &[
     "job-manager.raise",
     "job-manager.purge",
     "job-manager.eventlog",
+    "job-manager.urgency",
     "job-exec.stdin",
     "job-info.stdin",
     "job-info.disconnect",
