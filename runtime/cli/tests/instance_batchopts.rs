@@ -80,3 +80,79 @@ fn a_job_waits_for_the_job_it_depends_on() {
         assert!(o.stderr.contains(says), "{says}:\n{}", o.dump());
     }
 }
+
+/// Holds, urgency and begin times on a 1-node instance kept busy by a `sleep`: a `--hold` job (and one held with
+/// `vigil job hold`) stays pending with reason `held` until `vigil job release`; pending jobs start in order of
+/// urgency (`--urgency`, `vigil job urgency`), not of submission; `--begin-time=+3s` waits (`begin-time`), then
+/// runs; an urgency above 31 and a begin time that cannot be read are refused naming the option.
+#[test]
+fn holds_urgency_and_begin_time_order_the_queue() {
+    let inst = Instance::start(1, &[]);
+    let hog = inst.submit(&["-N1", "--exclusive", "sleep", "300"]);
+    assert!(inst.wait_state(&hog, "RUN", Duration::from_secs(20)), "{:?}", inst.jobs());
+    let one = ["-N1", "--exclusive", "true"];
+    let held = inst.submit(&[&["--hold"], one.as_slice()].concat());
+    let plain = inst.submit(&one);
+    let low = inst.submit(&[&["--urgency=4"], one.as_slice()].concat());
+    let high = inst.submit(&[&["--urgency", "31"], one.as_slice()].concat());
+    let later = inst.submit(&one);
+    // `vigil job urgency` prints the urgency the job had; `plain` now goes after `low`.
+    let u = inst.vigil(&["job", "urgency", &plain, "2"]);
+    u.ok();
+    assert_eq!(u.stdout.trim(), "16", "{}", u.dump());
+    inst.vigil(&["job", "hold", &later]).ok();
+    assert_eq!((inst.job(&held)["urgency"].as_u64(), inst.job(&high)["urgency"].as_u64()), (Some(0), Some(31)));
+    let t = inst.vigil(&["jobs"]);
+    t.ok();
+    for id in [&held, &later] {
+        assert_eq!(inst.state(id), "SCHED");
+        assert!(row(&t.stdout, id).contains("held"), "{id}:\n{}", t.stdout);
+        assert!(inst.job(id)["reason_pending"].as_str().unwrap_or("").starts_with("held"), "{}", inst.job(id));
+    }
+    let not_held = inst.vigil(&["job", "release", &high]);
+    not_held.code_is(1);
+    assert!(not_held.stderr.contains("is not held"), "{}", not_held.dump());
+    inst.vigil(&["cancel", &hog]).ok();
+    assert!(inst.wait_state(&plain, "INACTIVE", Duration::from_secs(60)), "{:?}", inst.jobs());
+    let run = |id: &str| inst.job(id)["t_run"].as_f64().unwrap_or_else(|| panic!("{id} never ran"));
+    assert!(run(&high) < run(&low) && run(&low) < run(&plain), "urgency 31, then 4, then 2: {:?}", inst.jobs());
+    // The held ones are still pending, with the node free; released, they run.
+    for id in [&held, &later] {
+        assert_eq!(inst.state(id), "SCHED", "{}", inst.job(id));
+    }
+    inst.vigil(&["job", "release", &held, &later]).ok();
+    for id in [&held, &later] {
+        assert!(inst.wait_state(id, "INACTIVE", Duration::from_secs(30)), "{}", inst.job(id));
+        assert_eq!(inst.job(id)["result"].as_str(), Some("COMPLETED"), "{}", inst.job(id));
+    }
+    // Not before 3 s from now: DEPEND with a `begin-time` reason, then it runs.
+    let begin = inst.submit(&["--begin-time=+3s", "true"]);
+    let j = inst.job(&begin);
+    let t_submit = j["t_submit"].as_f64().expect("t_submit");
+    if j["t_run"].is_null() {
+        assert_eq!(j["state"].as_str(), Some("DEPEND"), "{j}");
+        assert!(j["reason_pending"].as_str().unwrap_or("").starts_with("begin-time: not before"), "{j}");
+        let t = inst.vigil(&["jobs"]);
+        assert!(row(&t.stdout, &begin).contains("begin-time"), "{}", t.stdout);
+    }
+    assert!(inst.wait_state(&begin, "INACTIVE", Duration::from_secs(30)), "{}", inst.job(&begin));
+    let j = inst.job(&begin);
+    assert_eq!(j["result"].as_str(), Some("COMPLETED"), "{j}");
+    let spec = inst.job_info(&begin)["jobspec"].clone();
+    let at = spec.pointer("/attributes/system/dependencies/0/value").and_then(|v| v.as_f64()).expect("begin-time");
+    assert!(at <= t_submit + 3.0 && at > t_submit - 60.0, "3 s from the submitting command's now: {at} {t_submit}");
+    assert!(j["t_run"].as_f64().unwrap_or(0.0) >= at, "not before its begin time: {j}");
+    // Bad input, refused naming the option.
+    let o = inst.vigil(&["submit", "--urgency=32", "true"]);
+    assert_ne!(o.code, 0, "{}", o.dump());
+    assert!(o.stderr.contains("--urgency"), "{}", o.dump());
+    for (args, says) in [
+        (vec!["submit", "--begin-time=whenever", "true"], "--begin-time=whenever: expected"),
+        (vec!["submit", "--begin-time=2020-01-01T00:00:00Z", "true"], "that time has passed"),
+        (vec!["job", "urgency", &held, "32"], "urgency 32: expected 0 to 31"),
+    ] {
+        let o = inst.vigil(&args);
+        o.code_is(1);
+        assert!(o.stderr.contains(says), "{says}:\n{}", o.dump());
+    }
+}
