@@ -1,12 +1,12 @@
 //! `vigil-pmix`: the PMIx server of one node of a job, started by the job shell (`vigil-shell`).
 //!
 //! The job shell is linked statically and Debian ships no static `libpmix`, so the PMIx server library (OpenPMIx,
-//! linked dynamically) runs in this small helper, one per node of a job that asks for PMIx (`-o pmi=...,pmix`, the
-//! default). The shell talks to it over the helper's stdin and stdout, one JSON object per line ([`protocol`]):
+//! linked dynamically) runs in this small helper, one per node of a job that asks for PMIx (`-o pmi=pmix`, or `on` for
+//! PMI-1 too). The shell talks to it over the helper's stdin and stdout, one JSON object per line ([`protocol`]):
 //!
 //! 1. The shell sends [`protocol::Setup`]: the job's namespace, sizes, the ranks of every node, the hosts. The helper
 //!    calls `PMIx_server_init`, registers the namespace with its job-level keys and the per-process keys of every
-//!    rank, registers each local task as a client, and answers [`protocol::Ready`] with the environment
+//!    rank, registers each local task as a client, and answers [`protocol::FromHelper::Ready`] with the environment
 //!    `PMIx_server_setup_fork` gave each local task (the shell adds it to the task's environment), or
 //!    [`protocol::FromHelper::Error`].
 //! 2. The PMIx server's upcalls become messages to the shell: a fence ([`protocol::FromHelper::Fence`]) with this
