@@ -45,6 +45,16 @@ if cargo tree --locked -p vigil-driver -e normal --prefix none | awk '{print $1}
     exit 1
 fi
 cargo test --workspace --locked -- --test-threads=4 "$@"
+# The Python API (python/, docs/python.md), installed as a user installs it: into a fresh virtual environment of
+# Debian's Python 3.11, from the tree alone (pure Python: no index, no build isolation, so no network), then its
+# pytest suite against real instances of the debug binaries, bounded at 10 minutes (about 30 s here).
+# From another directory, so that the tests import the installed module, not the tree's.
+root=$PWD pyenv=$(mktemp -d)
+/usr/bin/python3 -m venv --system-site-packages "$pyenv/venv"
+"$pyenv/venv/bin/pip" install --quiet --no-index --no-build-isolation ./python
+(cd "$pyenv" && VIGIL_BIN="$root/target/debug/vigil" timeout 600 venv/bin/python -m pytest -q -p no:cacheprovider \
+    "$root/python/tests")
+rm -rf "$pyenv" python/build python/vigil.egg-info
 # Verdicts under overload (two CPU hogs per core, every netns link 50 ms +- 50 ms with 2 % loss through
 # `vigil-bench netswitch`): alone, since it loads the whole machine (about 15 s).
 cargo test --workspace --locked --test failure_netns -- --ignored --test-threads=1 under_overload

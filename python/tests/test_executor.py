@@ -1,0 +1,109 @@
+"""vigil.VigilExecutor against a real instance: 100 jobs' futures, failures raising, a cancel, an eventlog; and
+across a restart of rank 0 on its state directory."""
+
+import concurrent.futures as cf
+import errno
+import os
+import signal
+import time
+
+import pytest
+
+import vigil
+from conftest import wait_for
+
+
+def test_a_hundred_jobs_resolve_to_their_exit_codes(instance):
+    with vigil.VigilExecutor(instance.uri) as ex:
+        futs = {i: ex.submit(["sh", "-c", f"exit {i % 5}"], nodes=1, ntasks=1) for i in range(100)}
+        # Refused by the instance: the future raises the refusal (errno and message).
+        refused = ex.submit(["true"], nodes=9)
+        # Ended by a fatal exception (its time limit): the future raises JobException.
+        timed_out = ex.submit(["sleep", "60"], time_limit=1)
+        # Canceled while it runs: the job is canceled in the instance too.
+        long = ex.submit(["sleep", "60"])
+        c = ex.client
+        assert wait_for(30, lambda: c.job_info(long.jobid())["info"]["state"] == "RUN")
+        assert long.cancel() and long.cancelled()
+        done, not_done = cf.wait(list(futs.values()), timeout=120)
+        assert not not_done
+        assert {i: f.result() for i, f in futs.items()} == {i: i % 5 for i in range(100)}
+        assert len({f.jobid() for f in futs.values()}) == 100
+        with pytest.raises(vigil.VigilError) as e:
+            refused.result(timeout=30)
+        assert e.value.errno == errno.EINVAL and "9 nodes" in str(e.value)
+        with pytest.raises(vigil.JobException) as je:
+            timed_out.result(timeout=60)
+        assert je.value.type == "timelimit" and je.value.jobid == timed_out.jobid()
+        with pytest.raises(cf.CancelledError):
+            long.result()
+        # The canceled job's eventlog: a fatal cancel exception, then its end.
+        assert wait_for(30, lambda: c.job_info(long.jobid())["info"]["state"] == "INACTIVE")
+        ev = list(c.eventlog(long.jobid()))
+        names = [e["name"] for e in ev]
+        assert names[-1] == "clean", names
+        exc = next(e for e in ev if e["name"] == "exception")
+        assert exc["context"]["type"] == "cancel" and exc["context"]["severity"] == 0 and "finish" in names
+    # The CLI sees the same jobs.
+    o = instance.vigil("jobs", "-a", "--json")
+    assert o.returncode == 0, o
+
+
+def test_done_callbacks_may_use_the_client(instance):
+    # Futures are resolved off the connection's reader thread: a callback may make requests.
+    with vigil.VigilExecutor(instance.uri) as ex:
+        seen = []
+        f = ex.submit(["true"])
+        f.add_done_callback(lambda f: seen.append(ex.client.job_info(f.jobid())["info"]["state"]))
+        assert f.result(timeout=30) == 0
+        assert wait_for(10, lambda: seen == ["INACTIVE"]), seen
+
+
+def test_futures_survive_a_restart_of_rank_0_on_its_state_directory(system_instance):
+    inst = system_instance
+    # Jobs run on rank 1, which keeps them while rank 0 is away.
+    o = inst.vigil("resource", "drain", "0", "rank 0 restarts in this test")
+    assert o.returncode == 0, o
+    ex = vigil.VigilExecutor(inst.uri)
+    assert ex.client.welcome.rank0_grace > 0
+    running = ex.submit(["sh", "-c", "sleep 3; exit 7"])
+    c = ex.client
+    assert wait_for(30, lambda: c.job_info(running.jobid())["info"]["state"] == "RUN")
+    os.kill(inst.brokers[0].pid, signal.SIGKILL)
+    inst.brokers[0].wait()
+    # Submitted while rank 0 is down: sent again (same key) once it is back.
+    during = ex.submit(["true"])
+    time.sleep(2)
+    inst.start_broker(0)
+    assert running.result(timeout=90) == 7
+    assert during.result(timeout=60) == 0
+    # One job per submission, though it was sent more than once.
+    jobs = c.jobs(all=True)
+    assert sorted(j["id"] for j in jobs) == sorted([running.jobid(), during.jobid()])
+    restarts = [e for e in c.eventlog(running.jobid()) if e["name"] == "restart"]
+    assert restarts, list(c.eventlog(running.jobid()))
+    # And Client.wait follows a job across a restart too.
+    jid = c.submit(["sh", "-c", "sleep 3; exit 5"])
+    assert wait_for(30, lambda: c.job_info(jid)["info"]["state"] == "RUN")
+    os.kill(inst.brokers[0].pid, signal.SIGKILL)
+    inst.brokers[0].wait()
+    w = vigil.Client(inst.uri.replace("r0/local-0", "r1/local-1"))
+    assert w.welcome.rank == 1
+    inst.start_broker(0)
+    assert w.wait(jid) == 5
+    ex.shutdown()
+
+
+def test_futures_raise_with_the_clis_hint_when_rank_0_is_lost_for_good(instance):
+    # A test instance keeps no state directory (no grace for rank 0): its loss ends every unfinished future.
+    ex = vigil.VigilExecutor(instance.uri)
+    f = ex.submit(["sleep", "60"])
+    jid = f.jobid(timeout=30)
+    from conftest import kill_marked
+    kill_marked(str(instance.dir))
+    with pytest.raises(vigil.ConnectionLost) as e:
+        f.result(timeout=30)
+    assert e.value.errno == errno.EHOSTUNREACH and f"vigil job attach {vigil.f58(jid)}" in str(e.value)
+    with pytest.raises(RuntimeError):
+        ex.shutdown()
+        ex.submit(["true"])

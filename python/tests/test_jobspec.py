@@ -1,0 +1,51 @@
+"""Jobspecs built here are the ones `vigil submit -N -n -c -g -t --job-name` builds (its --dry-run output)."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from conftest import vigil_bin
+from vigil import jobspec_from_command
+
+CASES = [
+    ({}, []),
+    ({"nodes": 2, "ntasks": 4}, ["-N2", "-n4"]),
+    ({"nodes": 2, "ntasks": 3}, ["-N2", "-n3"]),
+    ({"ntasks": 3}, ["-n3"]),
+    ({"nodes": 2}, ["-N2"]),
+    ({"nodes": 1, "ntasks": 2, "cores_per_task": 2, "gpus_per_task": 1}, ["-N1", "-n2", "-c2", "-g1"]),
+    ({"nodes": 1, "exclusive": True, "time_limit": 90.0, "name": "py"},
+     ["-N1", "--exclusive", "-t", "1.5m", "--job-name", "py"]),
+]
+
+
+@pytest.mark.parametrize("opts,flags", CASES, ids=[" ".join(f) or "defaults" for _, f in CASES])
+def test_the_jobspec_of_a_command_is_the_clis(opts, flags, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VIGIL_")}
+    cmd = ["app", "--flag", "x y"]
+    out = subprocess.run([vigil_bin(), "submit", "--dry-run", *flags, *cmd], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, check=True)
+    cli = json.loads(out.stdout)
+    # The CLI's process has its own `_` and PWD: compare with the environment it saw.
+    ours = jobspec_from_command(cmd, cwd=str(tmp_path), env=cli["attributes"]["system"]["environment"], **opts)
+    assert ours == cli
+
+
+def test_bad_counts_are_refused_with_the_clis_words():
+    with pytest.raises(ValueError, match="fewer tasks than the 3 node"):
+        jobspec_from_command(["true"], nodes=3, ntasks=2)
+    with pytest.raises(ValueError, match="-N must be at least 1"):
+        jobspec_from_command(["true"], nodes=0)
+    with pytest.raises(ValueError, match="non-empty list"):
+        jobspec_from_command("true")
+    with pytest.raises(ValueError, match="--exclusive requires"):
+        jobspec_from_command(["true"], exclusive=True)
+
+
+def test_the_default_environment_is_this_processs_without_vigil_variables(monkeypatch):
+    monkeypatch.setenv("VIGIL_URI", "local:///nowhere")
+    monkeypatch.setenv("PY_API_TEST", "1")
+    env = jobspec_from_command(["true"])["attributes"]["system"]["environment"]
+    assert env["PY_API_TEST"] == "1" and not any(k.startswith("VIGIL_") for k in env)
