@@ -453,7 +453,7 @@ class Client:
 
     def cancel(self, jobid: JobId, note: str = "") -> None:
         """Cancel a job (a ``cancel`` exception; a running job's tasks are killed). Raises :class:`VigilError`
-        (ENOENT unknown job, EEXIST already inactive, EPERM not yours)."""
+        (ENOENT unknown job, EINVAL already inactive, EPERM not yours)."""
         self.rpc("job-manager.cancel", {"id": parse_jobid(jobid), "note": note})
 
     def jobs(self, all: bool = False, all_users: bool = False) -> List[Dict[str, Any]]:
