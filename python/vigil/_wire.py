@@ -120,6 +120,14 @@ def check_length(length: int) -> None:
         raise DecodeError("Truncated", f"truncated frame ({length} bytes)")
 
 
+def check_start(head: bytes) -> None:
+    """Check the first 4 bytes after the length prefix (magic, version) before the rest of a frame is read."""
+    if head[:2] != MAGIC:
+        raise DecodeError("BadMagic", f"bad magic {bytes(head[:2])!r}: not a Vigil peer")
+    if head[2] != WIRE_VERSION:
+        raise DecodeError("Version", f"unsupported wire version {head[2]} (this client speaks {WIRE_VERSION})")
+
+
 def decode_body(body: bytes) -> Message:
     """Decode the bytes after the length prefix; raises :class:`DecodeError`."""
     if len(body) < HEADER_LEN:

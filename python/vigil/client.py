@@ -129,9 +129,15 @@ class _Connection:
         self.rfile = s.makefile("rb")
         try:
             first = self._read()
-        except (OSError, _wire.DecodeError) as e:
+        except socket.timeout:
             self.close()
-            raise ConnectError(_errno.EPROTO, f"protocol error during connect: {e} ({DROPPED_HINT})") from None
+            raise ConnectError(_errno.ETIMEDOUT, f"no welcome from the broker at {path} within {timeout} s") from None
+        except (OSError, EOFError, _wire.DecodeError) as e:
+            self.close()
+            # Accepted, then dropped before its welcome: the broker was going away (the CLI's hint).
+            dropped = isinstance(e, (ConnectionError, EOFError)) or getattr(e, "kind", "") == "Truncated"
+            hint = f" ({DROPPED_HINT})" if dropped else ""
+            raise ConnectError(_errno.EPROTO, f"protocol error during connect: {e}{hint}") from None
         if first is None:
             self.close()
             raise ConnectError(_errno.EPERM, "broker refused connection: connection closed by broker")
@@ -171,7 +177,10 @@ class _Connection:
             raise _wire.DecodeError("Truncated", f"truncated frame ({len(head)} bytes)")
         (n,) = struct.unpack(">I", head)
         _wire.check_length(n)
-        return _wire.decode_body(self._read_exact(n))
+        # The magic and version before a large length from an unknown peer is trusted (as frame.rs reads).
+        first = self._read_exact(4)
+        _wire.check_start(first)
+        return _wire.decode_body(first + self._read_exact(n - 4))
 
     def _run(self) -> None:
         try:
