@@ -23,7 +23,7 @@ def test_a_hundred_jobs_resolve_to_their_exit_codes(instance):
         # Canceled while it runs: the job is canceled in the instance too.
         long = ex.submit(["sleep", "60"])
         c = ex.client
-        assert wait_for(30, lambda: c.job_info(long.jobid())["info"]["state"] == "RUN")
+        assert wait_for(90, lambda: c.job_info(long.jobid())["info"]["state"] == "RUN")
         assert long.cancel() and long.cancelled()
         done, not_done = cf.wait(list(futs.values()), timeout=120)
         assert not not_done
