@@ -69,7 +69,7 @@ fn bytes_per_job(n: usize) -> (f64, f64) {
     let all: vigil::idset::IdSet = (0..depth::RANKS).collect();
     c.drain(t, &all, "bench", vigil::jobs::DrainMode::Refuse).expect("drain");
     for _ in 0..n {
-        c.submit(t, &spec, 1000).expect("submit");
+        c.submit(t, vigil::jobs::SubmitRequest::new(&spec, 1000)).expect("submit");
     }
     while c.poll_action().is_some() {}
     let pending = (LIVE.load(Ordering::Relaxed) - before) as f64 / n as f64;
@@ -88,7 +88,7 @@ fn list_ns_per_job(n: usize) -> f64 {
     let t = 1_000_000.0;
     let mut c = depth::fresh_core(t);
     for _ in 0..n {
-        c.submit(t, &spec, 1000).expect("submit");
+        c.submit(t, vigil::jobs::SubmitRequest::new(&spec, 1000)).expect("submit");
     }
     while c.poll_action().is_some() {}
     let t0 = Instant::now();

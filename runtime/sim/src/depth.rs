@@ -12,7 +12,7 @@
 //! `jobs/tests_sched.rs` bounds.
 
 use super::{Config, Sim};
-use crate::jobs::{Action, JobCore, JobId};
+use crate::jobs::{Action, JobCore, JobId, SubmitRequest};
 use crate::jobspec::JobspecBuilder;
 use crate::shellproto::{ShellExit, ShellReport};
 use crate::topology::Topology;
@@ -79,7 +79,7 @@ pub fn core_cycle(depth: usize, jobs: usize) -> Figures {
     };
     let running = (RANKS * CORES) as usize;
     for _ in 0..depth + running {
-        c.submit(t, &spec, 1000).expect("submit");
+        c.submit(t, SubmitRequest::new(&spec, 1000)).expect("submit");
     }
     drain(&mut c, &mut shells, t);
     let examined0 = c.examined();
@@ -90,7 +90,7 @@ pub fn core_cycle(depth: usize, jobs: usize) -> Figures {
         let report = ShellReport { status: 0, tasks: vec![], error: None, abort_code: None, usage: None, ended: None };
         c.shell_exit(t, ShellExit { id: id.0, rank, report: Some(report), shell_status: 0, ended: None });
         drain(&mut c, &mut shells, t);
-        c.submit(t, &spec, 1000).expect("submit");
+        c.submit(t, SubmitRequest::new(&spec, 1000)).expect("submit");
         drain(&mut c, &mut shells, t);
     }
     let el = t0.elapsed();

@@ -2041,7 +2041,10 @@ fn a_kill_behind_a_lost_router_goes_once_the_orphan_re_parents() {
     }
     let spec = crate::jobspec::JobspecBuilder::new(["sleep", "60"]).nnodes(4).build().expect("jobspec");
     let spec: Value = serde_json::from_str(&spec.to_json()).expect("json");
-    let id = jc.submit(super::testing::WALL_ORIGIN, &spec, super::testing::UID).expect("submit");
+    let id = jc
+        .submit(super::testing::WALL_ORIGIN, crate::jobs::SubmitRequest::new(&spec, super::testing::UID))
+        .expect("submit")
+        .id;
     // Its shells started (their spawn requests are not the point here: taken from the job core unsent).
     while jc.poll_action().is_some() {}
     for r in 1..=4 {

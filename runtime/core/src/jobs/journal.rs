@@ -513,6 +513,7 @@ pub(super) fn this_run(eventlog: &[std::sync::Arc<Event>]) -> &[std::sync::Arc<E
 mod tests {
     use super::super::tests::{actions, cmd, core, exit_shell, spawns, spec, T0};
     use super::*;
+    use crate::jobs::SubmitRequest;
 
     /// A job's eventlog as the store keeps it.
     fn plain(log: &[std::sync::Arc<Event>]) -> Vec<Event> {
@@ -552,8 +553,10 @@ mod tests {
         let mut c2 = JobCore::new(T0 + 10.0);
         c2.restore(T0 + 10.0, kept.clone());
         assert!(c2.pool.ranks.len() == 3 && c2.pool.ranks.values().all(|p| !p.up), "known, down");
-        let id =
-            c2.submit(T0 + 11.0, &spec(cmd().nnodes(3).ntasks(3)), 1000).expect("accepted while its ranks are away");
+        let id = c2
+            .submit(T0 + 11.0, SubmitRequest::new(&spec(cmd().nnodes(3).ntasks(3)), 1000))
+            .expect("accepted while its ranks are away")
+            .id;
         assert!(spawns(&actions(&mut c2)).is_empty(), "nothing runs on ranks not back");
         for rank in 0..3 {
             c2.rank_online(
@@ -590,8 +593,8 @@ mod tests {
         for back_at in [Some(T0 + 12.0), None] {
             let mut c2 = JobCore::new(T0 + 10.0);
             c2.restore(T0 + 10.0, kept.clone());
-            let big = c2.submit(T0 + 10.5, &spec(cmd().nnodes(3).ntasks(3)), 1000).unwrap();
-            let small = c2.submit(T0 + 10.6, &spec(cmd().nnodes(1).ntasks(1)), 1000).unwrap();
+            let big = c2.submit(T0 + 10.5, SubmitRequest::new(&spec(cmd().nnodes(3).ntasks(3)), 1000)).unwrap().id;
+            let small = c2.submit(T0 + 10.6, SubmitRequest::new(&spec(cmd().nnodes(1).ntasks(1)), 1000)).unwrap().id;
             online(&mut c2, T0 + 11.0, 0);
             online(&mut c2, T0 + 11.0, 1);
             assert!(spawns(&actions(&mut c2)).is_empty(), "started on the first ranks back");
@@ -623,7 +626,7 @@ mod tests {
         let mut c = core(2, 1, 0);
         c.enable_journal();
         let mut kept = Kept::default();
-        let long = c.submit(T0 + 1.0, &spec(cmd().nnodes(1).ntasks(1)), 1000).unwrap();
+        let long = c.submit(T0 + 1.0, SubmitRequest::new(&spec(cmd().nnodes(1).ntasks(1)), 1000)).unwrap().id;
         let (_, rank, _) = spawns(&actions(&mut c))[0];
         c.shell_spawned(T0 + 1.5, long, rank, Ok(()));
         save(&mut c, &mut kept);
@@ -635,7 +638,7 @@ mod tests {
             c2.rank_online(T0 + 11.0, rr, &format!("node{rr}"), (0..1).collect(), IdSet::new(), ("live".into(), None));
         }
         assert_eq!(c2.pool.ranks[&rank].alloc_cores.len(), 1, "its core is held again");
-        let other = c2.submit(T0 + 12.0, &spec(cmd().nnodes(1).ntasks(1)), 1000).unwrap();
+        let other = c2.submit(T0 + 12.0, SubmitRequest::new(&spec(cmd().nnodes(1).ntasks(1)), 1000)).unwrap().id;
         let placed: Vec<(JobId, u32)> = spawns(&actions(&mut c2)).into_iter().map(|s| (s.0, s.1)).collect();
         assert_eq!(placed, [(other, 1 - rank)], "placed on the other rank, not on the held core");
     }
@@ -646,20 +649,20 @@ mod tests {
         c.enable_journal();
         let mut kept = Kept::default();
         // One job completes, one fails, one runs on every core, two wait behind it.
-        let done = c.submit(T0 + 1.0, &spec(cmd().ntasks(1)), 1000).unwrap();
-        let failed = c.submit(T0 + 1.0, &spec(cmd().ntasks(1)), 1000).unwrap();
+        let done = c.submit(T0 + 1.0, SubmitRequest::new(&spec(cmd().ntasks(1)), 1000)).unwrap().id;
+        let failed = c.submit(T0 + 1.0, SubmitRequest::new(&spec(cmd().ntasks(1)), 1000)).unwrap().id;
         for (id, rank, _) in spawns(&actions(&mut c)) {
             c.shell_spawned(T0 + 1.5, id, rank, Ok(()));
             exit_shell(&mut c, T0 + 2.0, id, rank, if id == done { 0 } else { 256 * 3 });
         }
         save(&mut c, &mut kept);
-        let long = c.submit(T0 + 3.0, &spec(cmd().nnodes(2).ntasks(4)), 1000).unwrap();
-        let p1 = c.submit(T0 + 4.0, &spec(cmd().ntasks(1)), 1001).unwrap();
-        let p2 = c.submit(T0 + 4.0, &spec(cmd().ntasks(1)), 1001).unwrap();
+        let long = c.submit(T0 + 3.0, SubmitRequest::new(&spec(cmd().nnodes(2).ntasks(4)), 1000)).unwrap().id;
+        let p1 = c.submit(T0 + 4.0, SubmitRequest::new(&spec(cmd().ntasks(1)), 1001)).unwrap().id;
+        let p2 = c.submit(T0 + 4.0, SubmitRequest::new(&spec(cmd().ntasks(1)), 1001)).unwrap().id;
         c.drain(T0 + 4.5, &IdSet::parse("1").unwrap(), "bad fan", crate::jobs::DrainMode::Refuse).unwrap();
         save(&mut c, &mut kept);
         // Not saved: lost with rank 0, like a submit that was never answered.
-        let unsaved = c.submit(T0 + 5.0, &spec(cmd().ntasks(1)), 1000).unwrap();
+        let unsaved = c.submit(T0 + 5.0, SubmitRequest::new(&spec(cmd().ntasks(1)), 1000)).unwrap().id;
         assert_eq!(c.jobs[&long].state, JobState::Run);
         assert_eq!(c.jobs[&p2].state, JobState::Sched);
 
@@ -682,9 +685,9 @@ mod tests {
         assert!(c2.jobs[&p1].alloc.iter().all(|a| a.rank == 0));
         // New ids are above every kept one, even with a clock that went back.
         let (mut c3, _) = restart(&kept, T0 - 50.0);
-        let new = c3.submit(T0 - 49.0, &spec(cmd().ntasks(1)), 1000).unwrap();
+        let new = c3.submit(T0 - 49.0, SubmitRequest::new(&spec(cmd().ntasks(1)), 1000)).unwrap().id;
         assert!(new > p2 && new > long, "{new:?} after {p2:?}");
-        let new2 = c2.submit(T0 + 101.0, &spec(cmd().ntasks(1)), 1000).unwrap();
+        let new2 = c2.submit(T0 + 101.0, SubmitRequest::new(&spec(cmd().ntasks(1)), 1000)).unwrap().id;
         assert!(new2 > p2);
         // The restore's own events are journaled, and a second restart sees them.
         save(&mut c2, &mut kept);
@@ -700,12 +703,12 @@ mod tests {
     fn a_batch_that_was_not_saved_is_in_the_next_one() {
         let mut c = core(1, 2, 0);
         c.enable_journal();
-        let a = c.submit(T0 + 1.0, &spec(cmd().ntasks(1)), 1000).unwrap();
+        let a = c.submit(T0 + 1.0, SubmitRequest::new(&spec(cmd().ntasks(1)), 1000)).unwrap().id;
         let first = c.journal().expect("a batch");
         assert_eq!(first.jobs.len(), 1);
         assert!(first.jobs[0].jobspec.is_some());
         // Not saved (the store failed): the next batch still carries the job from its first event.
-        let b = c.submit(T0 + 2.0, &spec(cmd().ntasks(1)), 1000).unwrap();
+        let b = c.submit(T0 + 2.0, SubmitRequest::new(&spec(cmd().ntasks(1)), 1000)).unwrap().id;
         let second = c.journal().expect("a batch");
         assert_eq!(second.jobs.iter().map(|r| (r.id, r.first_event)).collect::<Vec<_>>(), vec![(a, 0), (b, 0)]);
         let mut kept = Kept::default();
@@ -732,14 +735,14 @@ mod tests {
     fn what_changed_while_a_batch_was_written_is_in_the_next_one() {
         let mut c = core(1, 2, 0);
         c.enable_journal();
-        let a = c.submit(T0 + 1.0, &spec(cmd().ntasks(1)), 1000).unwrap();
+        let a = c.submit(T0 + 1.0, SubmitRequest::new(&spec(cmd().ntasks(1)), 1000)).unwrap().id;
         let taken = c.journal().expect("a batch");
         assert!(c.journal_pending());
         // While it is written: `a` starts (new events) and `b` is submitted.
         for (id, rank, _) in spawns(&actions(&mut c)) {
             c.shell_spawned(T0 + 2.0, id, rank, Ok(()));
         }
-        let b = c.submit(T0 + 2.5, &spec(cmd().ntasks(1)), 1000).unwrap();
+        let b = c.submit(T0 + 2.5, SubmitRequest::new(&spec(cmd().ntasks(1)), 1000)).unwrap().id;
         let mut kept = Kept::default();
         kept.apply(&taken).unwrap();
         c.journal_saved(&taken);
@@ -790,7 +793,7 @@ mod tests {
             for s in steps {
                 t += 1.0;
                 match s {
-                    0 | 1 => { let _ = c.submit(t, &spec(cmd().ntasks(1 + u32::from(s))), 1000); }
+                    0 | 1 => { let _ = c.submit(t, SubmitRequest::new(&spec(cmd().ntasks(1 + u32::from(s))), 1000)); }
                     2 => for (id, rank, _) in spawns(&actions(&mut c)) { c.shell_spawned(t, id, rank, Ok(())); }
                     3 => {
                         let running: Vec<(JobId, u32)> = c.jobs.values().filter(|j| j.state == JobState::Run)

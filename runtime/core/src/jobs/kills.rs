@@ -95,12 +95,13 @@ mod tests {
     use super::super::tests::{actions, cmd, core, exit_shell, spec, T0};
     use super::*;
     use crate::jobs::JobState;
+    use crate::jobs::SubmitRequest;
     use crate::signal::{SIGKILL, SIGTERM};
 
     /// Ranks 0-3 and a 4-node job running on them, its actions drained.
     fn running() -> (JobCore, JobId) {
         let mut c = core(4, 1, 0);
-        let id = c.submit(T0, &spec(cmd().nnodes(4)), 0).expect("submit");
+        let id = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(4)), 0)).expect("submit").id;
         for r in 0..4 {
             c.shell_spawned(T0, id, r, Ok(()));
         }

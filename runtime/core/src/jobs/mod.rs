@@ -70,7 +70,7 @@ pub use output::{Batch, BatchOrder, StdinError, INACTIVE_OUTPUT_KEEP, INACTIVE_O
 pub use ranks::DrainMode;
 pub use requeue::DEFAULT_MAX_REQUEUE;
 pub use state::JobState;
-pub use submit::SubmitError;
+pub use submit::{SubmitError, SubmitRequest};
 pub use submit_key::{SubmitKey, Submitted, SUBMIT_KEY_MAX};
 pub use urgency::{DEFAULT_URGENCY, MAX_URGENCY};
 

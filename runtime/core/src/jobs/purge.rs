@@ -159,6 +159,7 @@ impl JobCore {
 mod tests {
     use super::*;
     use crate::jobs::tests::{actions, cmd, core, exit_shell, spec, T0};
+    use crate::jobs::SubmitRequest;
 
     /// A `true` job on one node submitted at `t`, run to INACTIVE at `t + 0.5`.
     fn submit_true(c: &mut JobCore, t: f64) -> JobId {
@@ -170,7 +171,7 @@ mod tests {
 
     /// A one-node job submitted at `t` and left running.
     fn submit_sleep(c: &mut JobCore, t: f64) -> JobId {
-        let id = c.submit(t, &spec(cmd().nnodes(1)), 1000).unwrap();
+        let id = c.submit(t, SubmitRequest::new(&spec(cmd().nnodes(1)), 1000)).unwrap().id;
         let _ = actions(c);
         c.shell_spawned(t, id, 0, Ok(()));
         id

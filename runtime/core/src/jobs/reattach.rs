@@ -263,6 +263,7 @@ mod tests {
     use super::super::tests::{actions, cmd, core, exit_shell, spawns, spec, T0};
     use super::super::BatchOrder;
     use super::*;
+    use crate::jobs::SubmitRequest;
     use crate::shellproto::ShellExit;
 
     /// Three ranks of 2 cores; job `a` runs on ranks 1-2 (one shell each), job `b` on rank 0; all kept. Then rank 0
@@ -270,8 +271,8 @@ mod tests {
     fn restarted() -> (JobCore, JobId, JobId) {
         let mut c = core(3, 2, 0);
         c.enable_journal();
-        let b = c.submit(T0 + 1.0, &spec(cmd().nnodes(1).ntasks(2)), 1000).unwrap();
-        let a = c.submit(T0 + 1.0, &spec(cmd().nnodes(2).ntasks(4)), 1000).unwrap();
+        let b = c.submit(T0 + 1.0, SubmitRequest::new(&spec(cmd().nnodes(1).ntasks(2)), 1000)).unwrap().id;
+        let a = c.submit(T0 + 1.0, SubmitRequest::new(&spec(cmd().nnodes(2).ntasks(4)), 1000)).unwrap().id;
         for (id, rank, _) in spawns(&actions(&mut c)) {
             c.shell_spawned(T0 + 1.5, id, rank, Ok(()));
         }
@@ -302,7 +303,7 @@ mod tests {
         join(&mut c, T0 + 12.0, 1, &[a]);
         join(&mut c, T0 + 12.0, 2, &[a]);
         join(&mut c, T0 + 12.0, 0, &[b]);
-        let n = c.submit(T0 + 13.0, &spec(cmd().nnodes(1).ntasks(1)), 1000).unwrap();
+        let n = c.submit(T0 + 13.0, SubmitRequest::new(&spec(cmd().nnodes(1).ntasks(1)), 1000)).unwrap().id;
         assert_eq!(c.jobs[&n].state, JobState::Sched, "every core is held by a re-attached job");
         // The shells' exit reports finish it: exit code 3 from rank 2.
         exit_shell(&mut c, T0 + 20.0, a, 1, 0);
@@ -327,7 +328,7 @@ mod tests {
     fn a_shell_whose_exit_was_answered_before_the_restart_counts_with_its_status() {
         let mut c = core(3, 2, 0);
         c.enable_journal();
-        let a = c.submit(T0 + 1.0, &spec(cmd().nnodes(2).ntasks(4)), 1000).unwrap();
+        let a = c.submit(T0 + 1.0, SubmitRequest::new(&spec(cmd().nnodes(2).ntasks(4)), 1000)).unwrap().id;
         for (id, rank, _) in spawns(&actions(&mut c)) {
             c.shell_spawned(T0 + 1.5, id, rank, Ok(()));
         }
@@ -361,7 +362,7 @@ mod tests {
     fn a_start_lost_with_rank_0_is_rebuilt_when_the_shells_are_back() {
         let mut c = core(3, 2, 0);
         c.enable_journal();
-        let a = c.submit(T0 + 1.0, &spec(cmd().nnodes(2).ntasks(4)), 1000).unwrap();
+        let a = c.submit(T0 + 1.0, SubmitRequest::new(&spec(cmd().nnodes(2).ntasks(4)), 1000)).unwrap().id;
         let spawned = spawns(&actions(&mut c));
         // What was kept: the job allocated, its shells asked for; then the spawn reports come and are not kept.
         let mut kept = Kept::default();
@@ -458,7 +459,7 @@ mod tests {
         c.shell_exit(T0 + 40.0, ShellExit { id: b.0, rank: 0, ended: Some(T0 + 99.0), ..exit(0, None) });
         assert_eq!(c.jobs[&b].eventlog.iter().find(|e| e.name == "finish").map(|e| e.timestamp), Some(T0 + 40.0));
         // Without a restart the report's coming stamps it, whatever its broker said.
-        let n = c.submit(T0 + 41.0, &spec(cmd().nnodes(1).ntasks(1)), 1000).unwrap();
+        let n = c.submit(T0 + 41.0, SubmitRequest::new(&spec(cmd().nnodes(1).ntasks(1)), 1000)).unwrap().id;
         let rank = c.jobs[&n].alloc[0].rank;
         for (id, r, _) in spawns(&actions(&mut c)) {
             c.shell_spawned(T0 + 41.5, id, r, Ok(()));
@@ -527,7 +528,8 @@ mod tests {
     fn a_requeued_job_running_again_is_re_attached() {
         let mut c = core(3, 1, 0);
         c.enable_journal();
-        let a = c.submit(T0 + 1.0, &spec(cmd().nnodes(1).ntasks(1).requeue(true)), 1000).unwrap();
+        let a =
+            c.submit(T0 + 1.0, SubmitRequest::new(&spec(cmd().nnodes(1).ntasks(1).requeue(true)), 1000)).unwrap().id;
         for (id, rank, _) in spawns(&actions(&mut c)) {
             c.shell_spawned(T0 + 1.5, id, rank, Ok(()));
         }
@@ -564,8 +566,8 @@ mod tests {
         use crate::shellproto::OutputLine;
         let mut c = core(3, 2, 0);
         c.enable_journal();
-        let a = c.submit(T0 + 1.0, &spec(cmd().nnodes(2).ntasks(2)), 1000).unwrap();
-        let quiet = c.submit(T0 + 1.0, &spec(cmd().nnodes(1).ntasks(1)), 1000).unwrap();
+        let a = c.submit(T0 + 1.0, SubmitRequest::new(&spec(cmd().nnodes(2).ntasks(2)), 1000)).unwrap().id;
+        let quiet = c.submit(T0 + 1.0, SubmitRequest::new(&spec(cmd().nnodes(1).ntasks(1)), 1000)).unwrap().id;
         for (id, rank, _) in spawns(&actions(&mut c)) {
             c.shell_spawned(T0 + 1.5, id, rank, Ok(()));
         }

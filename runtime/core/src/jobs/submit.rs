@@ -1,7 +1,7 @@
 //! Submission: a jobspec is parsed, validated and checked against what the instance could ever run (refusals are
 //! [`SubmitError`]s naming the field), then queued as a new job with an id that grows with time.
 
-use super::{sched, Action, Job, JobCore, JobId};
+use super::{sched, Action, Job, JobCore, JobId, SubmitKey, Submitted};
 use crate::idset::IdSet;
 use crate::jobspec::Jobspec;
 use serde_json::{json, Value};
@@ -42,36 +42,80 @@ pub enum SubmitError {
     },
 }
 
+/// One submission to [`JobCore::submit`]: the jobspec, who submits it, and what else the submitter asked for.
+///
+/// [`SubmitRequest::new`] makes the common case (no standard input, the default urgency, no key); the builder
+/// methods of the same names as the fields set the rest:
+/// `SubmitRequest::new(&jobspec, uid).stdin(true).urgency(20).key(Some(key))`.
+#[derive(Clone, Debug)]
+pub struct SubmitRequest<'a> {
+    /// The jobspec (RFC 25, as JSON), as the client sent it.
+    pub jobspec: &'a Value,
+    /// The submitting user's uid, which the job runs as.
+    pub userid: u32,
+    /// True for a job whose standard input the submitter will stream ([`JobCore::stdin`], as `vigil run` does):
+    /// set before the job can be scheduled, since its shells, which may start at once, ask rank 0 for it only
+    /// then. Default false: the tasks' standard input is at end of file.
+    pub stdin: bool,
+    /// The job's RFC 21 urgency, 0 (held) to [`super::MAX_URGENCY`] (expedited); larger values are taken as
+    /// [`super::MAX_URGENCY`]. The caller checked who may ask for it (`urgency.rs`). Default
+    /// [`super::DEFAULT_URGENCY`].
+    pub urgency: u32,
+    /// The client's submission key, if it sent one (`submit_key.rs`): the job that key already names, if the core
+    /// holds one, is the answer instead of a new job. Default none: every submission makes a new job.
+    pub key: Option<SubmitKey>,
+}
+
+impl<'a> SubmitRequest<'a> {
+    /// `jobspec` submitted by `userid`, without standard input, at the default urgency, without a key.
+    pub fn new(jobspec: &'a Value, userid: u32) -> Self {
+        SubmitRequest { jobspec, userid, stdin: false, urgency: super::DEFAULT_URGENCY, key: None }
+    }
+
+    /// This request with [`SubmitRequest::stdin`] set.
+    #[must_use]
+    pub fn stdin(mut self, stdin: bool) -> Self {
+        self.stdin = stdin;
+        self
+    }
+
+    /// This request with [`SubmitRequest::urgency`] set.
+    #[must_use]
+    pub fn urgency(mut self, urgency: u32) -> Self {
+        self.urgency = urgency;
+        self
+    }
+
+    /// This request with [`SubmitRequest::key`] set.
+    #[must_use]
+    pub fn key(mut self, key: Option<SubmitKey>) -> Self {
+        self.key = key;
+        self
+    }
+}
+
 impl JobCore {
-    /// Submit a jobspec (RFC 25, as JSON) for `userid`, without standard input. Refuses malformed and
-    /// never-satisfiable requests without creating anything.
-    pub fn submit(&mut self, now: f64, jobspec: &Value, userid: u32) -> Result<JobId, SubmitError> {
-        self.submit_with_stdin(now, jobspec, userid, false)
+    /// Submit `req` at wall time `now` (seconds since the Unix epoch): the new job's id, or, when `req.key` names
+    /// a job the core holds, that job's id marked a duplicate ([`Submitted`], `submit_key.rs`).
+    ///
+    /// # Errors
+    /// Refuses malformed and never-satisfiable requests without creating anything ([`SubmitError`], naming the
+    /// field); [`SubmitError::SubmitKeyReused`] when `req.key` names a job submitted with another jobspec.
+    pub fn submit(&mut self, now: f64, req: SubmitRequest<'_>) -> Result<Submitted, SubmitError> {
+        let Some(key) = req.key.clone() else {
+            return self.enqueue(now, &req).map(|id| Submitted { id, duplicate: false });
+        };
+        if let Some(id) = self.duplicate_of(req.userid, &key, req.jobspec)? {
+            return Ok(Submitted { id, duplicate: true });
+        }
+        let id = self.enqueue(now, &req)?;
+        self.keep_submit_key(id, key);
+        Ok(Submitted { id, duplicate: false })
     }
 
-    /// [`JobCore::submit`], with `stdin` true for a job whose standard input the submitter will stream
-    /// ([`JobCore::stdin`], as `vigil run` does): set before the job can be scheduled, since its shells, which
-    /// may start at once, ask rank 0 for it only then.
-    pub fn submit_with_stdin(
-        &mut self,
-        now: f64,
-        jobspec: &Value,
-        userid: u32,
-        stdin: bool,
-    ) -> Result<JobId, SubmitError> {
-        self.submit_urgent(now, jobspec, userid, stdin, super::DEFAULT_URGENCY)
-    }
-
-    /// [`JobCore::submit_with_stdin`], with the job's RFC 21 `urgency` (0 holds it, 31 expedites it; the caller
-    /// checked it is at most [`super::MAX_URGENCY`] and who may ask for it, `urgency.rs`).
-    pub fn submit_urgent(
-        &mut self,
-        now: f64,
-        jobspec: &Value,
-        userid: u32,
-        stdin: bool,
-        urgency: u32,
-    ) -> Result<JobId, SubmitError> {
+    /// Parse, validate and queue `req` as a new job (its key aside).
+    fn enqueue(&mut self, now: f64, req: &SubmitRequest<'_>) -> Result<JobId, SubmitError> {
+        let SubmitRequest { jobspec, userid, stdin, urgency, key: _ } = *req;
         let urgency = urgency.min(super::MAX_URGENCY);
         let spec = Jobspec::from_value(jobspec).map_err(|e| SubmitError::Jobspec(e.to_string()))?;
         let mut req = spec.validate().map_err(|e| SubmitError::Jobspec(e.to_string()))?;

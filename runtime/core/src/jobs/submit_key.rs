@@ -5,7 +5,7 @@
 //! not sent, it may be lost. With a submission key the client may send it again, as often as it needs to: the
 //! job exists once.
 //!
-//! The rules ([`JobCore::submit_keyed`]):
+//! The rules ([`JobCore::submit`] with a [`super::SubmitRequest::key`]):
 //! - A key is a string of 1 to [`SUBMIT_KEY_MAX`] printable ASCII characters (no space or control character), e.g.
 //!   a random 128-bit number in hex or a UUID; anything else is refused, naming the field ([`SubmitKey::parse`]).
 //! - Keys are per submitting user: the same key from two users names two submissions.
@@ -83,7 +83,7 @@ impl std::fmt::Display for SubmitKey {
     }
 }
 
-/// What a submission made ([`JobCore::submit_keyed`]).
+/// What a submission made ([`JobCore::submit`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Submitted {
     /// The job.
@@ -96,52 +96,22 @@ pub struct Submitted {
 pub(super) type KeyIndex = std::collections::HashMap<(u32, SubmitKey), JobId>;
 
 impl JobCore {
-    /// Submit a jobspec (RFC 25, as JSON) for `userid`, with `stdin` as [`JobCore::submit_with_stdin`], and the
-    /// client's submission key `key` if it sent one (module doc): the job that key already names, if the core
-    /// holds one, is the answer instead of a new job.
+    /// The job `userid`'s key `key` already names, if the core holds one, submitted with `jobspec`.
     ///
     /// # Errors
-    /// As [`JobCore::submit_with_stdin`]; [`SubmitError::SubmitKeyReused`] when `key` names a job submitted with
-    /// another jobspec.
-    pub fn submit_keyed(
-        &mut self,
-        now: f64,
-        jobspec: &Value,
+    /// [`SubmitError::SubmitKeyReused`] when the job it names was submitted with another jobspec.
+    pub(super) fn duplicate_of(
+        &self,
         userid: u32,
-        stdin: bool,
-        key: Option<SubmitKey>,
-    ) -> Result<Submitted, SubmitError> {
-        self.submit_keyed_urgent(now, jobspec, userid, stdin, key, super::DEFAULT_URGENCY)
-    }
-
-    /// [`JobCore::submit_keyed`], with the job's RFC 21 urgency ([`JobCore::submit_urgent`]).
-    ///
-    /// # Errors
-    /// As [`JobCore::submit_keyed`].
-    pub fn submit_keyed_urgent(
-        &mut self,
-        now: f64,
+        key: &SubmitKey,
         jobspec: &Value,
-        userid: u32,
-        stdin: bool,
-        key: Option<SubmitKey>,
-        urgency: u32,
-    ) -> Result<Submitted, SubmitError> {
-        let Some(key) = key else {
-            return self
-                .submit_urgent(now, jobspec, userid, stdin, urgency)
-                .map(|id| Submitted { id, duplicate: false });
-        };
-        if let Some(&id) = self.submit_keys.get(&(userid, key.clone())) {
-            let same = self.jobs.get(&id).is_some_and(|j| *j.jobspec_text == *jobspec.to_string().as_str());
-            if !same {
-                return Err(SubmitError::SubmitKeyReused { id });
-            }
-            return Ok(Submitted { id, duplicate: true });
+    ) -> Result<Option<JobId>, SubmitError> {
+        let Some(&id) = self.submit_keys.get(&(userid, key.clone())) else { return Ok(None) };
+        let same = self.jobs.get(&id).is_some_and(|j| *j.jobspec_text == *jobspec.to_string().as_str());
+        if !same {
+            return Err(SubmitError::SubmitKeyReused { id });
         }
-        let id = self.submit_urgent(now, jobspec, userid, stdin, urgency)?;
-        self.keep_submit_key(id, key);
-        Ok(Submitted { id, duplicate: false })
+        Ok(Some(id))
     }
 
     /// The job that `userid`'s submission key `key` names, if the core holds one.
@@ -173,6 +143,7 @@ mod tests {
     use crate::jobs::journal::Kept;
     use crate::jobs::purge::PurgeRequest;
     use crate::jobs::tests::{actions, cmd, core, exit_shell, spec, T0};
+    use crate::jobs::SubmitRequest;
     use serde_json::json;
 
     fn key(s: &str) -> Option<SubmitKey> {
@@ -185,18 +156,20 @@ mod tests {
     fn a_submission_sent_again_with_its_key_is_the_same_job() {
         let mut c = core(2, 2, 0);
         let s = spec(cmd().ntasks(1));
-        let first = c.submit_keyed(T0 + 1.0, &s, 1000, false, key("0123abcd")).expect("accepted");
+        let first = c.submit(T0 + 1.0, SubmitRequest::new(&s, 1000).key(key("0123abcd"))).expect("accepted");
         assert!(!first.duplicate);
         actions(&mut c);
-        let again = c.submit_keyed(T0 + 2.0, &s, 1000, false, key("0123abcd")).expect("accepted");
+        let again = c.submit(T0 + 2.0, SubmitRequest::new(&s, 1000).key(key("0123abcd"))).expect("accepted");
         assert_eq!(again, Submitted { id: first.id, duplicate: true });
         assert!(actions(&mut c).is_empty(), "nothing new to do");
         assert_eq!(c.jobs.len(), 1);
         assert_eq!(c.job_of_submit_key(1000, &SubmitKey::parse_str("0123abcd").unwrap()), Some(first.id));
-        let other_user = c.submit_keyed(T0 + 3.0, &s, 1001, false, key("0123abcd")).expect("accepted");
+        let other_user = c.submit(T0 + 3.0, SubmitRequest::new(&s, 1001).key(key("0123abcd"))).expect("accepted");
         assert!(!other_user.duplicate && other_user.id != first.id, "keys are per user");
-        let keyless =
-            [c.submit_keyed(T0 + 4.0, &s, 1000, false, None), c.submit_keyed(T0 + 4.0, &s, 1000, false, None)];
+        let keyless = [
+            c.submit(T0 + 4.0, SubmitRequest::new(&s, 1000).key(None)),
+            c.submit(T0 + 4.0, SubmitRequest::new(&s, 1000).key(None)),
+        ];
         let keyless: Vec<Submitted> = keyless.into_iter().map(|r| r.expect("accepted")).collect();
         assert!(keyless.iter().all(|k| !k.duplicate) && keyless[0].id != keyless[1].id, "{keyless:?}");
         assert_eq!(c.jobs.len(), 4);
@@ -206,8 +179,8 @@ mod tests {
     #[test]
     fn a_key_sent_with_another_jobspec_is_refused() {
         let mut c = core(2, 2, 0);
-        let id = c.submit_keyed(T0, &spec(cmd().ntasks(1)), 1000, false, key("k1")).expect("accepted").id;
-        let e = c.submit_keyed(T0, &spec(cmd().ntasks(2)), 1000, false, key("k1")).expect_err("refused");
+        let id = c.submit(T0, SubmitRequest::new(&spec(cmd().ntasks(1)), 1000).key(key("k1"))).expect("accepted").id;
+        let e = c.submit(T0, SubmitRequest::new(&spec(cmd().ntasks(2)), 1000).key(key("k1"))).expect_err("refused");
         assert!(matches!(e, SubmitError::SubmitKeyReused { id: x } if x == id), "{e:?}");
         assert!(e.to_string().starts_with("submit_key:") && e.to_string().contains(&id.to_string()), "{e}");
         assert_eq!(c.jobs.len(), 1);
@@ -243,22 +216,22 @@ mod tests {
         let mut c = core(2, 2, 0);
         c.enable_journal();
         let s = spec(cmd().ntasks(1));
-        let kept_id = c.submit_keyed(T0 + 1.0, &s, 1000, false, key("kept")).expect("accepted").id;
+        let kept_id = c.submit(T0 + 1.0, SubmitRequest::new(&s, 1000).key(key("kept"))).expect("accepted").id;
         let mut kept = Kept::default();
         save(&mut c, &mut kept);
         assert_eq!(kept.jobs[&kept_id].submit_key.as_deref(), Some("kept"));
-        let lost = c.submit_keyed(T0 + 2.0, &s, 1000, false, key("unsaved")).expect("accepted").id;
+        let lost = c.submit(T0 + 2.0, SubmitRequest::new(&s, 1000).key(key("unsaved"))).expect("accepted").id;
         let later = c.journal().expect("a batch");
         let record = later.jobs.iter().find(|r| r.id == lost).expect("the job's first batch");
         assert_eq!(record.submit_key.as_deref(), Some("unsaved"));
         // Rank 0 dies before that batch is saved; it restarts on what was kept.
         let mut c2 = JobCore::new(T0 + 10.0);
         c2.restore(T0 + 10.0, kept.clone());
-        let again = c2.submit_keyed(T0 + 11.0, &s, 1000, false, key("kept")).expect("accepted");
+        let again = c2.submit(T0 + 11.0, SubmitRequest::new(&s, 1000).key(key("kept"))).expect("accepted");
         assert_eq!(again, Submitted { id: kept_id, duplicate: true });
-        let unsaved = c2.submit_keyed(T0 + 11.0, &s, 1000, false, key("unsaved")).expect("accepted");
+        let unsaved = c2.submit(T0 + 11.0, SubmitRequest::new(&s, 1000).key(key("unsaved"))).expect("accepted");
         assert!(!unsaved.duplicate && unsaved.id > kept_id, "{unsaved:?}");
-        let third = c2.submit_keyed(T0 + 12.0, &s, 1000, false, key("unsaved")).expect("accepted");
+        let third = c2.submit(T0 + 12.0, SubmitRequest::new(&s, 1000).key(key("unsaved"))).expect("accepted");
         assert_eq!(third, Submitted { duplicate: true, ..unsaved });
         assert_eq!(c2.jobs.len(), 2);
         // The key is kept once, with the first batch of its job.
@@ -273,13 +246,13 @@ mod tests {
     fn a_purged_jobs_key_is_forgotten() {
         let mut c = core(1, 2, 0);
         let s = spec(cmd().ntasks(1));
-        let id = c.submit_keyed(T0, &s, 1000, false, key("k")).expect("accepted").id;
+        let id = c.submit(T0, SubmitRequest::new(&s, 1000).key(key("k"))).expect("accepted").id;
         actions(&mut c);
         c.shell_spawned(T0 + 1.0, id, 0, Ok(()));
         exit_shell(&mut c, T0 + 2.0, id, 0, 0);
         c.purge(T0 + 3.0, &PurgeRequest { ids: vec![id], force: true, ..Default::default() }).expect("purged");
         assert_eq!(c.job_of_submit_key(1000, &SubmitKey::parse_str("k").unwrap()), None);
-        let next = c.submit_keyed(T0 + 4.0, &s, 1000, false, key("k")).expect("accepted");
+        let next = c.submit(T0 + 4.0, SubmitRequest::new(&s, 1000).key(key("k"))).expect("accepted");
         assert!(!next.duplicate && next.id != id);
     }
 }

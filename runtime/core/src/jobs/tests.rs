@@ -74,7 +74,7 @@ pub(super) fn names(c: &JobCore, id: JobId) -> Vec<String> {
 #[test]
 fn job_runs_through_every_state() {
     let mut c = core(4, 2, 0);
-    let id = c.submit(T0 + 1.0, &spec(cmd().nnodes(4).ntasks(8)), 1000).unwrap();
+    let id = c.submit(T0 + 1.0, SubmitRequest::new(&spec(cmd().nnodes(4).ntasks(8)), 1000)).unwrap().id;
     let a = actions(&mut c);
     let s = spawns(&a);
     assert_eq!(s.len(), 4);
@@ -108,7 +108,7 @@ fn job_runs_through_every_state() {
 #[test]
 fn exit_code_is_the_largest_task_code() {
     let mut c = core(2, 2, 0);
-    let id = c.submit(T0, &spec(cmd().nnodes(2).ntasks(2)), 0).unwrap();
+    let id = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(2).ntasks(2)), 0)).unwrap().id;
     actions(&mut c);
     exit_shell(&mut c, T0 + 1.0, id, 0, status_exited(3));
     assert_eq!(c.jobs[&id].state, JobState::Run, "waits for every shell");
@@ -121,9 +121,9 @@ fn exit_code_is_the_largest_task_code() {
 fn fcfs_waits_and_never_backfills() {
     let mut c = core(1, 2, 0);
     c.config.policy = SchedPolicy::Fcfs;
-    let a = c.submit(T0, &spec(cmd().ntasks(1)), 0).unwrap();
-    let b = c.submit(T0, &spec(cmd().ntasks(2)), 0).unwrap();
-    let d = c.submit(T0, &spec(cmd().ntasks(1)), 0).unwrap();
+    let a = c.submit(T0, SubmitRequest::new(&spec(cmd().ntasks(1)), 0)).unwrap().id;
+    let b = c.submit(T0, SubmitRequest::new(&spec(cmd().ntasks(2)), 0)).unwrap().id;
+    let d = c.submit(T0, SubmitRequest::new(&spec(cmd().ntasks(1)), 0)).unwrap().id;
     assert_eq!(c.jobs[&a].state, JobState::Run);
     assert_eq!(c.jobs[&b].state, JobState::Sched, "does not fit yet");
     assert_eq!(c.jobs[&d].state, JobState::Sched, "strict FCFS: no backfill past the blocked head");
@@ -138,15 +138,15 @@ fn fcfs_waits_and_never_backfills() {
 #[test]
 fn refused_requests_create_nothing() {
     let mut c = core(4, 2, 0);
-    let e = c.submit(T0, &spec(cmd().nnodes(5)), 0).unwrap_err().to_string();
+    let e = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(5)), 0)).unwrap_err().to_string();
     assert!(e.contains("5 nodes"), "{e}");
-    let e = c.submit(T0, &spec(cmd().cores_per_task(3)), 0).unwrap_err().to_string();
+    let e = c.submit(T0, SubmitRequest::new(&spec(cmd().cores_per_task(3)), 0)).unwrap_err().to_string();
     assert!(e.contains("cores"), "{e}");
-    let e = c.submit(T0, &spec(cmd().gpus_per_task(1)), 0).unwrap_err().to_string();
+    let e = c.submit(T0, SubmitRequest::new(&spec(cmd().gpus_per_task(1)), 0)).unwrap_err().to_string();
     assert!(e.contains("GPUs"), "{e}");
     let mut bad = spec(cmd());
     bad["version"] = json!(2);
-    let e = c.submit(T0, &bad, 0).unwrap_err().to_string();
+    let e = c.submit(T0, SubmitRequest::new(&bad, 0)).unwrap_err().to_string();
     assert!(e.contains("version"), "{e}");
     assert!(c.jobs.is_empty());
     assert!(actions(&mut c).is_empty());
@@ -155,8 +155,8 @@ fn refused_requests_create_nothing() {
 #[test]
 fn cancel_pending_and_running() {
     let mut c = core(1, 1, 0);
-    let run = c.submit(T0, &spec(cmd()), 7).unwrap();
-    let pend = c.submit(T0, &spec(cmd()), 7).unwrap();
+    let run = c.submit(T0, SubmitRequest::new(&spec(cmd()), 7)).unwrap().id;
+    let pend = c.submit(T0, SubmitRequest::new(&spec(cmd()), 7)).unwrap().id;
     actions(&mut c);
     assert_eq!(c.cancel(T0 + 1.0, pend, 8, false, "x").unwrap_err().0, crate::message::errno::EPERM);
     c.cancel(T0 + 1.0, pend, 7, false, "user").unwrap();
@@ -180,8 +180,8 @@ fn cancel_pending_and_running() {
 #[test]
 fn a_job_chooses_its_kill_timeout_up_to_the_admins_bound() {
     let mut c = core(2, 1, 0);
-    let short = c.submit(T0, &spec(cmd().shell_option("kill-timeout", json!("1s"))), 0).unwrap();
-    let long = c.submit(T0, &spec(cmd().shell_option("kill-timeout", json!("30s"))), 0).unwrap();
+    let short = c.submit(T0, SubmitRequest::new(&spec(cmd().shell_option("kill-timeout", json!("1s"))), 0)).unwrap().id;
+    let long = c.submit(T0, SubmitRequest::new(&spec(cmd().shell_option("kill-timeout", json!("30s"))), 0)).unwrap().id;
     actions(&mut c);
     c.cancel(T0 + 1.0, short, 0, true, "test").unwrap();
     assert_eq!(c.next_deadline(), Some(T0 + 2.0));
@@ -189,19 +189,25 @@ fn a_job_chooses_its_kill_timeout_up_to_the_admins_bound() {
     assert_eq!(signals(&actions(&mut c)), vec![(vec![0], crate::signal::SIGTERM), (vec![0], crate::signal::SIGKILL)]);
     c.cancel(T0 + 3.0, long, 0, true, "test").unwrap();
     assert_eq!(c.next_deadline(), Some(T0 + 3.0 + 30.0));
-    let e = c.submit(T0, &spec(cmd().shell_option("kill-timeout", json!("10m"))), 0).unwrap_err().to_string();
+    let e = c
+        .submit(T0, SubmitRequest::new(&spec(cmd().shell_option("kill-timeout", json!("10m"))), 0))
+        .unwrap_err()
+        .to_string();
     assert_eq!(e, "attributes.system.shell.options.kill-timeout: 10m is more than this instance allows, 1m (exec.kill-timeout-max)");
-    let e = c.submit(T0, &spec(cmd().shell_option("kill-timeout", json!("soon"))), 0).unwrap_err().to_string();
+    let e = c
+        .submit(T0, SubmitRequest::new(&spec(cmd().shell_option("kill-timeout", json!("soon"))), 0))
+        .unwrap_err()
+        .to_string();
     assert!(e.starts_with("attributes.system.shell.options.kill-timeout: "), "{e}");
     // The instance's own is always allowed, even above the bound.
     c.kill_timeout = 120.0;
-    assert!(c.submit(T0, &spec(cmd().shell_option("kill-timeout", json!("2m"))), 0).is_ok());
+    assert!(c.submit(T0, SubmitRequest::new(&spec(cmd().shell_option("kill-timeout", json!("2m"))), 0)).is_ok());
 }
 
 #[test]
 fn time_limit_and_exit_timeout() {
     let mut c = core(2, 2, 0);
-    let id = c.submit(T0, &spec(cmd().duration(10.0)), 0).unwrap();
+    let id = c.submit(T0, SubmitRequest::new(&spec(cmd().duration(10.0)), 0)).unwrap().id;
     actions(&mut c);
     assert_eq!(c.next_deadline(), Some(T0 + 10.0));
     c.handle_timeout(T0 + 9.999);
@@ -210,7 +216,10 @@ fn time_limit_and_exit_timeout() {
     assert_eq!(c.jobs[&id].fatal.as_ref().map(|e| e.kind.as_str()), Some("timelimit"));
     assert_eq!(signals(&actions(&mut c)).len(), 1);
 
-    let id2 = c.submit(T0, &spec(cmd().nnodes(1).ntasks(2).shell_option("exit-timeout", json!("2s"))), 0).unwrap();
+    let id2 = c
+        .submit(T0, SubmitRequest::new(&spec(cmd().nnodes(1).ntasks(2).shell_option("exit-timeout", json!("2s"))), 0))
+        .unwrap()
+        .id;
     actions(&mut c);
     let rank = c.jobs[&id2].shells.keys().next().copied().expect("allocated");
     c.shell_spawned(T0, id2, rank, Ok(()));
@@ -220,9 +229,9 @@ fn time_limit_and_exit_timeout() {
     let e = c.jobs[&id2].fatal.clone().unwrap();
     assert!(e.note.contains("exit-timeout"), "{e:?}");
 
-    let zero = c.submit(T0, &spec(cmd().shell_option("exit-timeout", json!("0"))), 0).unwrap();
+    let zero = c.submit(T0, SubmitRequest::new(&spec(cmd().shell_option("exit-timeout", json!("0"))), 0)).unwrap().id;
     assert_eq!(c.jobs[&zero].exit_timeout, None, "0 is none, as -t 0 is");
-    let id3 = c.submit(T0, &spec(cmd().shell_option("exit-timeout", json!("none"))), 0).unwrap();
+    let id3 = c.submit(T0, SubmitRequest::new(&spec(cmd().shell_option("exit-timeout", json!("none"))), 0)).unwrap().id;
     actions(&mut c);
     c.task_exit(T0 + 1.0, id3, 0, 0);
     c.handle_timeout(T0 + 1000.0);
@@ -234,7 +243,10 @@ fn time_limit_and_exit_timeout() {
 #[test]
 fn exit_timeout_waits_for_every_shell_to_start_and_names_the_late_ranks() {
     let mut c = core(3, 1, 0);
-    let id = c.submit(T0, &spec(cmd().nnodes(3).ntasks(3).shell_option("exit-timeout", json!("2s"))), 0).unwrap();
+    let id = c
+        .submit(T0, SubmitRequest::new(&spec(cmd().nnodes(3).ntasks(3).shell_option("exit-timeout", json!("2s"))), 0))
+        .unwrap()
+        .id;
     actions(&mut c);
     c.shell_spawned(T0 + 0.1, id, 0, Ok(()));
     c.task_exit(T0 + 0.2, id, 0, 0);
@@ -253,8 +265,11 @@ fn exit_timeout_waits_for_every_shell_to_start_and_names_the_late_ranks() {
     assert!(e.note.contains("on 1 of 3 nodes after the first task exited: node1 (broker rank 1, task 1)"), "{e:?}");
 
     // Every shell up before the first exit: the clock starts at that exit, as before.
-    let id2 = c.submit(T0 + 50.0, &spec(cmd().nnodes(1).ntasks(1).shell_option("exit-timeout", json!("2s"))), 0);
-    let id2 = id2.unwrap();
+    let id2 = c.submit(
+        T0 + 50.0,
+        SubmitRequest::new(&spec(cmd().nnodes(1).ntasks(1).shell_option("exit-timeout", json!("2s"))), 0),
+    );
+    let id2 = id2.unwrap().id;
     exit_shell(&mut c, T0 + 50.0, id, 1, 0);
     actions(&mut c);
     let rank = c.jobs[&id2].shells.keys().next().copied().expect("allocated");
@@ -266,7 +281,7 @@ fn exit_timeout_waits_for_every_shell_to_start_and_names_the_late_ranks() {
 #[test]
 fn shell_failures_are_fatal_and_never_hang() {
     let mut c = core(2, 1, 0);
-    let id = c.submit(T0, &spec(cmd().nnodes(2)), 0).unwrap();
+    let id = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(2)), 0)).unwrap().id;
     actions(&mut c);
     c.shell_spawned(T0, id, 0, Ok(()));
     c.shell_spawned(T0, id, 1, Err("no such file".into()));
@@ -276,7 +291,7 @@ fn shell_failures_are_fatal_and_never_hang() {
     assert_eq!(c.jobs[&id].state, JobState::Inactive);
 
     // A shell that dies without writing its report.
-    let id = c.submit(T0, &spec(cmd().nnodes(2)), 0).unwrap();
+    let id = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(2)), 0)).unwrap().id;
     actions(&mut c);
     c.shell_exit(T0 + 1.0, ShellExit { id: id.0, rank: 1, report: None, shell_status: 11, ended: None });
     let e = c.jobs[&id].fatal.clone().unwrap();
@@ -288,8 +303,8 @@ fn shell_failures_are_fatal_and_never_hang() {
 #[test]
 fn lost_rank_fails_its_jobs_and_leaves_the_pool() {
     let mut c = core(3, 1, 0);
-    let id = c.submit(T0, &spec(cmd().nnodes(2)), 0).unwrap();
-    let other = c.submit(T0, &spec(cmd().nnodes(1)), 0).unwrap();
+    let id = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(2)), 0)).unwrap().id;
+    let other = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(1)), 0)).unwrap().id;
     actions(&mut c);
     c.ranks_lost(T0 + 1.0, &IdSet::from_iter([1]));
     assert_eq!(c.jobs[&id].fatal.as_ref().map(|e| e.kind.as_str()), Some("node-failure"));
@@ -299,7 +314,7 @@ fn lost_rank_fails_its_jobs_and_leaves_the_pool() {
     // Its exit code says a node was lost, not the 143 of the survivors its tasks were killed on.
     assert_eq!(c.jobs[&id].exit_code(), Some(crate::shellproto::JOB_EXIT_NODE_LOST));
     assert!(!c.pool.ranks[&1].up);
-    let id3 = c.submit(T0 + 3.0, &spec(cmd().nnodes(1)), 0).unwrap();
+    let id3 = c.submit(T0 + 3.0, SubmitRequest::new(&spec(cmd().nnodes(1)), 0)).unwrap().id;
     let s = spawns(&actions(&mut c));
     assert_eq!(s.iter().map(|x| x.1).collect::<Vec<_>>(), vec![0], "lost rank 1 gets no new work");
     let _ = id3;
@@ -310,8 +325,8 @@ fn lost_rank_fails_its_jobs_and_leaves_the_pool() {
 #[test]
 fn an_instance_shutdown_ends_running_jobs_saying_so() {
     let mut c = core(2, 1, 0);
-    let running = c.submit(T0, &spec(cmd().nnodes(2)), 0).unwrap();
-    let pending = c.submit(T0, &spec(cmd().nnodes(2)), 0).unwrap();
+    let running = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(2)), 0)).unwrap().id;
+    let pending = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(2)), 0)).unwrap().id;
     actions(&mut c);
     assert_eq!(c.jobs[&running].state, JobState::Run);
     c.instance_shutdown(T0 + 1.0, "shutdown requested");
@@ -331,8 +346,8 @@ fn an_instance_shutdown_ends_running_jobs_saying_so() {
 #[test]
 fn jobs_whose_shells_never_reported_are_finished_when_the_instance_stops() {
     let mut c = core(3, 1, 0);
-    let silent = c.submit(T0, &spec(cmd().nnodes(2)), 0).unwrap();
-    let pending = c.submit(T0, &spec(cmd().nnodes(3)), 0).unwrap();
+    let silent = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(2)), 0)).unwrap().id;
+    let pending = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(3)), 0)).unwrap().id;
     actions(&mut c);
     c.instance_shutdown(T0 + 1.0, "shutdown requested");
     exit_shell(&mut c, T0 + 1.5, silent, 0, 15);
@@ -354,7 +369,7 @@ fn drain_blocks_new_work_until_undrain() {
     let mut c = core(2, 1, 0);
     c.drain(T0, &IdSet::from_iter([1]), "maintenance", DrainMode::Refuse).unwrap();
     assert!(c.drain(T0, &IdSet::from_iter([5]), "x", DrainMode::Refuse).is_err());
-    let id = c.submit(T0, &spec(cmd().nnodes(2)), 0).unwrap();
+    let id = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(2)), 0)).unwrap().id;
     assert_eq!(c.jobs[&id].state, JobState::Sched);
     assert!(c.undrain(T0, &IdSet::from_iter([0])).is_err(), "rank 0 is not drained");
     c.undrain(T0 + 1.0, &IdSet::from_iter([1])).unwrap();
@@ -413,7 +428,7 @@ fn a_health_check_undoes_only_its_own_drain() {
 #[test]
 fn tasks_spread_evenly_over_requested_nodes() {
     let mut c = core(4, 2, 0);
-    c.submit(T0, &spec(cmd().nnodes(3).ntasks(4)), 0).unwrap();
+    c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(3).ntasks(4)), 0)).unwrap();
     let s = spawns(&actions(&mut c));
     assert_eq!(
         s.iter().map(|x| (x.1, x.2.first_task, x.2.local_tasks)).collect::<Vec<_>>(),
@@ -428,7 +443,8 @@ fn tasks_spread_evenly_over_requested_nodes() {
 fn cyclic_taskmap_lists_each_nodes_ranks() {
     use crate::taskmap::Scheme;
     let mut c = core(2, 4, 0);
-    let id = c.submit(T0, &spec(cmd().nnodes(2).ntasks(5).taskmap(Scheme::Cyclic(1))), 0).unwrap();
+    let id =
+        c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(2).ntasks(5).taskmap(Scheme::Cyclic(1))), 0)).unwrap().id;
     let s = spawns(&actions(&mut c));
     let got: Vec<_> = s.iter().map(|x| (x.1, x.2.ntasks, x.2.local_tasks, x.2.task_ranks())).collect();
     assert_eq!(got, vec![(0, 5, 3, vec![0, 2, 4]), (1, 5, 2, vec![1, 3])]);
@@ -442,7 +458,7 @@ fn cyclic_taskmap_lists_each_nodes_ranks() {
     assert_eq!(start.context.get("taskmap"), Some(&map));
     assert_eq!(c.jobs[&id].info()["taskmap"], map);
     // Block jobs keep the plain run of ranks (no list).
-    c.submit(T0, &spec(cmd().nnodes(1).ntasks(2)), 0).unwrap();
+    c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(1).ntasks(2)), 0)).unwrap();
     let s = spawns(&actions(&mut c));
     assert!(s.iter().all(|x| x.2.tasks.is_none()), "{:?}", s[0].2.tasks);
 }
@@ -454,12 +470,17 @@ fn impossible_taskmaps_are_refused_at_submit() {
     use crate::taskmap::{Scheme, Taskmap};
     let mut c = core(3, 2, 0);
     let hf = |h: &[&str]| Scheme::Hostfile { path: "f".into(), hosts: h.iter().map(|s| s.to_string()).collect() };
-    let e = c.submit(T0, &spec(cmd().nnodes(2).ntasks(2).taskmap(hf(&["node1", "node9"]))), 0).unwrap_err();
+    let e = c
+        .submit(T0, SubmitRequest::new(&spec(cmd().nnodes(2).ntasks(2).taskmap(hf(&["node1", "node9"]))), 0))
+        .unwrap_err();
     assert!(e.to_string().contains("taskmap: the hostfile names node9, not a node of this instance"), "{e}");
     let m = Scheme::Manual(Taskmap::decode(&json!([[0, 3, 1, 1]])).unwrap());
-    let e = c.submit(T0, &spec(cmd().nnodes(2).ntasks(3).taskmap(m)), 0).unwrap_err();
+    let e = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(2).ntasks(3).taskmap(m)), 0)).unwrap_err();
     assert!(e.to_string().contains("taskmap: got 3 nodes, expected 2"), "{e}");
-    let id = c.submit(T0, &spec(cmd().nnodes(2).ntasks(3).taskmap(hf(&["node2", "node1"]))), 0).unwrap();
+    let id = c
+        .submit(T0, SubmitRequest::new(&spec(cmd().nnodes(2).ntasks(3).taskmap(hf(&["node2", "node1"]))), 0))
+        .unwrap()
+        .id;
     let s = spawns(&actions(&mut c));
     let got: Vec<_> = s.iter().map(|x| (x.1, x.2.task_ranks())).collect();
     assert_eq!(got, vec![(1, vec![1]), (2, vec![0, 2])], "job {id}: on node1 and node2 only");
@@ -469,7 +490,7 @@ fn impossible_taskmaps_are_refused_at_submit() {
 #[test]
 fn node_range_takes_what_is_free() {
     let mut c = core(3, 1, 0);
-    let all = c.submit(T0, &spec(cmd().nnodes_range(2, 3)), 0).unwrap();
+    let all = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes_range(2, 3)), 0)).unwrap().id;
     let s = spawns(&actions(&mut c));
     assert_eq!(
         s.iter().map(|x| (x.1, x.2.ntasks, x.2.local_tasks)).collect::<Vec<_>>(),
@@ -479,14 +500,14 @@ fn node_range_takes_what_is_free() {
         exit_shell(&mut c, T0, all, r, 0);
     }
     let _ = actions(&mut c);
-    let busy = c.submit(T0, &spec(cmd().nnodes(1)), 0).unwrap();
+    let busy = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(1)), 0)).unwrap().id;
     let _ = actions(&mut c);
-    let id = c.submit(T0, &spec(cmd().nnodes_range(2, 3)), 0).unwrap();
+    let id = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes_range(2, 3)), 0)).unwrap().id;
     let s = spawns(&actions(&mut c));
     assert_eq!(s.iter().map(|x| (x.1, x.2.ntasks)).collect::<Vec<_>>(), vec![(1, 2), (2, 2)]);
     assert_eq!((c.jobs[&id].info()["nnodes"].clone(), c.jobs[&id].info()["ntasks"].clone()), (json!(2), json!(2)));
     assert_eq!(c.jobs[&busy].state, JobState::Run);
-    let e = c.submit(T0, &spec(cmd().nnodes_range(4, 5)), 0).unwrap_err().to_string();
+    let e = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes_range(4, 5)), 0)).unwrap_err().to_string();
     assert!(e.contains("requested 4 nodes but this instance has 3"), "{e}");
 }
 
@@ -495,7 +516,10 @@ fn node_range_takes_what_is_free() {
 #[test]
 fn node_range_with_a_task_total_takes_the_largest_count_that_fits() {
     let mut c = core(3, 2, 0);
-    let id = c.submit(T0, &spec(cmd().nnodes_range(2, 3).ntasks(6)), 0).expect("3 nodes of 2 cores hold it");
+    let id = c
+        .submit(T0, SubmitRequest::new(&spec(cmd().nnodes_range(2, 3).ntasks(6)), 0))
+        .expect("3 nodes of 2 cores hold it")
+        .id;
     let s = spawns(&actions(&mut c));
     assert_eq!(
         s.iter().map(|x| (x.1, x.2.ntasks, x.2.local_tasks)).collect::<Vec<_>>(),
@@ -508,25 +532,25 @@ fn node_range_with_a_task_total_takes_the_largest_count_that_fits() {
     let _ = actions(&mut c);
     // Nodes of 4 cores, one busy: 2 nodes of 3 tasks each now rather than waiting for the third.
     let mut c = core(3, 4, 0);
-    let busy = c.submit(T0, &spec(cmd().nnodes(1).ntasks(4)), 0).unwrap();
+    let busy = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(1).ntasks(4)), 0)).unwrap().id;
     let _ = actions(&mut c);
-    let id = c.submit(T0, &spec(cmd().nnodes_range(2, 3).ntasks(6)), 0).unwrap();
+    let id = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes_range(2, 3).ntasks(6)), 0)).unwrap().id;
     let s = spawns(&actions(&mut c));
     assert_eq!(s.iter().map(|x| (x.1, x.2.local_tasks)).collect::<Vec<_>>(), vec![(1, 3), (2, 3)]);
     assert_eq!(c.jobs[&busy].state, JobState::Run);
     assert_eq!(c.jobs[&id].info()["nnodes"], json!(2));
     // Never: neither 2 nodes of 4 tasks nor 3 of 3 fit nodes of 2 cores; said for both ends of the range.
     let mut c = core(3, 2, 0);
-    let e = c.submit(T0, &spec(cmd().nnodes_range(2, 3).ntasks(8)), 0).unwrap_err().to_string();
+    let e = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes_range(2, 3).ntasks(8)), 0)).unwrap_err().to_string();
     assert_eq!(
         e,
         "unsatisfiable request: requested 8 tasks on 2-3 nodes but no node count in that range fits this instance: 3 nodes would need \
          3 cores each (none has that); 2 nodes would need 4 cores each (none has that)"
     );
     // It waits while only 2 nodes of 2 cores are free, saying what each end of the range needs.
-    let busy = c.submit(T0, &spec(cmd().nnodes(1).ntasks(1)), 0).unwrap();
+    let busy = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(1).ntasks(1)), 0)).unwrap().id;
     let _ = actions(&mut c);
-    let id = c.submit(T0, &spec(cmd().nnodes_range(2, 3).ntasks(6)), 0).unwrap();
+    let id = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes_range(2, 3).ntasks(6)), 0)).unwrap().id;
     assert_eq!(c.jobs[&id].state, JobState::Sched);
     let why = c.pending_reason(id).unwrap();
     assert!(
@@ -543,13 +567,13 @@ fn node_range_with_a_task_total_takes_the_largest_count_that_fits() {
 #[test]
 fn a_constrained_job_waiting_does_not_hold_back_an_unconstrained_one() {
     let mut c = core(2, 1, 0);
-    let busy0 = c.submit(T0, &spec(cmd().nnodes(1)), 0).unwrap();
-    let busy1 = c.submit(T0, &spec(cmd().nnodes(1)), 0).unwrap();
+    let busy0 = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(1)), 0)).unwrap().id;
+    let busy1 = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(1)), 0)).unwrap().id;
     let _ = actions(&mut c);
     assert_eq!((c.jobs[&busy0].alloc[0].rank, c.jobs[&busy1].alloc[0].rank), (0, 1));
     let on0 = crate::constraint::Constraint::Ranks(IdSet::from_iter([0]));
-    let waits = c.submit(T0, &spec(cmd().nnodes(1).constraint(Some(on0))), 0).unwrap();
-    let free = c.submit(T0, &spec(cmd().nnodes(1)), 0).unwrap();
+    let waits = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(1).constraint(Some(on0))), 0)).unwrap().id;
+    let free = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(1)), 0)).unwrap().id;
     // Rank 1 comes free: one pass looks at both jobs, the constrained one first.
     exit_shell(&mut c, T0 + 1.0, busy1, 1, 0);
     assert_eq!(c.jobs[&waits].state, JobState::Sched);
@@ -561,11 +585,11 @@ fn a_constrained_job_waiting_does_not_hold_back_an_unconstrained_one() {
 fn a_pending_reason_counts_the_nodes_the_job_may_use() {
     let mut c = core(4, 1, 0);
     c.ranks_lost(T0, &IdSet::from_iter([2, 3]));
-    let busy = c.submit(T0, &spec(cmd().nnodes(1)), 0).unwrap();
+    let busy = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(1)), 0)).unwrap().id;
     let _ = actions(&mut c);
     assert_eq!(c.jobs[&busy].alloc[0].rank, 0);
     let on01 = crate::constraint::Constraint::Ranks(IdSet::from_iter([0, 1]));
-    let id = c.submit(T0, &spec(cmd().nnodes(2).constraint(Some(on01))), 0).unwrap();
+    let id = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(2).constraint(Some(on01))), 0)).unwrap().id;
     let why = c.pending_reason(id).unwrap();
     assert_eq!(
         why, "resources: needs 2 nodes with 1 core free, 1 can take it now (1 busy, 2 outside its node selection)",
@@ -596,7 +620,7 @@ fn many_jobs_on_thousands_of_ranks() {
     let mut ids = Vec::new();
     for _ in 0..1000 {
         let n = (next() % 256 + 1) as u32;
-        ids.push(c.submit(t, &spec(cmd().nnodes(n).ntasks(n * 2)), 0).unwrap());
+        ids.push(c.submit(t, SubmitRequest::new(&spec(cmd().nnodes(n).ntasks(n * 2)), 0)).unwrap().id);
     }
     let mut running: Vec<(JobId, Vec<u32>)> = Vec::new();
     let mut started_order = Vec::new();
@@ -636,7 +660,7 @@ pub(super) fn make_instance(c: &mut JobCore, id: JobId, critical_broker_ranks: &
 /// reported.
 fn running_instance(nranks: u32, critical_broker_ranks: &str) -> (JobCore, JobId) {
     let mut c = core(nranks, 2, 0);
-    let id = c.submit(T0, &spec(cmd().nnodes(nranks).exclusive(true)), 0).unwrap();
+    let id = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(nranks).exclusive(true)), 0)).unwrap().id;
     actions(&mut c);
     for r in 0..nranks {
         c.shell_spawned(T0, id, r, Ok(()));
@@ -698,7 +722,7 @@ fn nested_instance_survives_a_non_critical_broker_killed() {
         .iter()
         .any(|e| e.name == "release" && e.context["final"] == json!(false) && e.context["ranks"] == "1"));
     assert!(c.pool.ranks[&1].alloc_cores.is_empty(), "rank 1's cores are free again");
-    let waiting = c.submit(T0 + 1.5, &spec(cmd().nnodes(1)), 0).unwrap();
+    let waiting = c.submit(T0 + 1.5, SubmitRequest::new(&spec(cmd().nnodes(1)), 0)).unwrap().id;
     assert_eq!(c.jobs[&waiting].state, JobState::Run, "runs on the node the instance gave back");
     assert!(signals(&actions(&mut c)).is_empty(), "nothing is killed");
     exit_shell(&mut c, T0 + 1.8, waiting, 1, 0);
@@ -793,7 +817,7 @@ fn a_cut_off_broker_is_judged_after_its_grace() {
 #[test]
 fn losing_a_critical_rank_is_fatal() {
     let mut c = core(5, 2, 0);
-    let id = c.submit(T0, &spec(cmd().nnodes(4).exclusive(true)), 0).unwrap();
+    let id = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(4).exclusive(true)), 0)).unwrap().id;
     actions(&mut c);
     make_instance(&mut c, id, "0,2");
     c.ranks_lost(T0 + 1.0, &IdSet::from_iter([2]));
@@ -814,8 +838,11 @@ fn losing_a_critical_rank_is_fatal() {
 #[test]
 fn lost_nodes_are_named_once_with_what_ran_there() {
     let mut c = core(6, 2, 0);
-    let first = c.submit(T0, &spec(cmd().nnodes(1)), 0).unwrap();
-    let job = c.submit(T0, &spec(cmd().nnodes(2).ntasks(4).taskmap(crate::taskmap::Scheme::Cyclic(1))), 0).unwrap();
+    let first = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(1)), 0)).unwrap().id;
+    let job = c
+        .submit(T0, SubmitRequest::new(&spec(cmd().nnodes(2).ntasks(4).taskmap(crate::taskmap::Scheme::Cyclic(1))), 0))
+        .unwrap()
+        .id;
     actions(&mut c);
     assert_eq!(c.jobs[&job].alloc.iter().map(|a| a.rank).collect::<Vec<_>>(), vec![1, 2]);
     c.ranks_lost(T0 + 1.0, &IdSet::from_iter([2]));
@@ -832,7 +859,7 @@ fn lost_nodes_are_named_once_with_what_ran_there() {
     assert!(c.jobs[&first].info()["lost_ranks"] == json!(""), "{}", c.jobs[&first].info());
 
     // A batch job on ranks 3-5 (its instance's ranks 0-2) loses rank 5, its instance's rank 2.
-    let batch = c.submit(T0 + 2.0, &spec(cmd().nnodes(3).exclusive(true)), 0).unwrap();
+    let batch = c.submit(T0 + 2.0, SubmitRequest::new(&spec(cmd().nnodes(3).exclusive(true)), 0)).unwrap().id;
     actions(&mut c);
     assert_eq!(c.jobs[&batch].alloc.iter().map(|a| a.rank).collect::<Vec<_>>(), vec![3, 4, 5]);
     for r in 3..6 {
@@ -870,7 +897,7 @@ fn lost_nodes_are_named_once_with_what_ran_there() {
 fn torpid_ranks_get_no_new_work_until_lively() {
     let mut c = core(2, 1, 0);
     c.ranks_torpid(T0, &IdSet::from_iter([1]), true);
-    let id = c.submit(T0, &spec(cmd().nnodes(2)), 0).unwrap();
+    let id = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(2)), 0)).unwrap().id;
     assert_eq!(c.jobs[&id].state, JobState::Sched);
     c.ranks_torpid(T0 + 1.0, &IdSet::from_iter([1]), false);
     assert_eq!(c.jobs[&id].state, JobState::Run);
@@ -883,7 +910,7 @@ fn torpid_ranks_get_no_new_work_until_lively() {
 #[test]
 fn large_instance_loses_many_nodes() {
     let mut c = core(4096, 4, 0);
-    let id = c.submit(T0, &spec(cmd().nnodes(2048).exclusive(true)), 0).unwrap();
+    let id = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(2048).exclusive(true)), 0)).unwrap().id;
     actions(&mut c);
     make_instance(&mut c, id, "0");
     let mut t = T0;
@@ -907,7 +934,7 @@ fn output_retention_is_bounded() {
     let chunk = "x".repeat(64 * 1024);
     let mut ids = Vec::new();
     for k in 0..80 {
-        let id = c.submit(T0 + k as f64, &spec(cmd()), 0).unwrap();
+        let id = c.submit(T0 + k as f64, SubmitRequest::new(&spec(cmd()), 0)).unwrap().id;
         actions(&mut c);
         // 20 MiB of output: more than the 16 MiB kept while running.
         let lines: Vec<OutputLine> = (0..320).map(|_| OutputLine::text(0, "stdout", chunk.clone())).collect();
@@ -928,9 +955,9 @@ fn output_retention_is_bounded() {
 fn pending_jobs_say_why_they_wait() {
     let mut c = core(2, 1, 0);
     c.config.policy = SchedPolicy::Fcfs;
-    let run = c.submit(T0, &spec(cmd().nnodes(2).ntasks(2)), 7).unwrap();
-    let head = c.submit(T0, &spec(cmd()), 7).unwrap();
-    let behind = c.submit(T0, &spec(cmd()), 7).unwrap();
+    let run = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(2).ntasks(2)), 7)).unwrap().id;
+    let head = c.submit(T0, SubmitRequest::new(&spec(cmd()), 7)).unwrap().id;
+    let behind = c.submit(T0, SubmitRequest::new(&spec(cmd()), 7)).unwrap().id;
     actions(&mut c);
     assert_eq!(c.pending_reason(run), None, "a running job waits for nothing");
     assert_eq!(
@@ -1046,8 +1073,8 @@ proptest! {
                     c.rank_online(t, r, "node", (0..cores).collect(), (0..gpus).collect(), ("live".into(), None))
                 }
                 Input::Submit(n, s, cores, g, total) => {
-                    if let Ok(id) = c.submit(t, &counted_jobspec(n, s, cores, g, total), 1000) {
-                        ids.push(id);
+                    if let Ok(sub) = c.submit(t, SubmitRequest::new(&counted_jobspec(n, s, cores, g, total), 1000)) {
+                        ids.push(sub.id);
                     }
                 }
                 Input::Lost(r) => c.ranks_lost(t, &IdSet::from_iter([r])),
@@ -1082,11 +1109,11 @@ proptest! {
 #[test]
 fn rank_rejoining_with_fewer_cores_than_allocated() {
     let mut c = core(2, 4, 0);
-    let a = c.submit(T0 + 1.0, &spec(cmd().nnodes(1).ntasks(4)), 1000).unwrap();
+    let a = c.submit(T0 + 1.0, SubmitRequest::new(&spec(cmd().nnodes(1).ntasks(4)), 1000)).unwrap().id;
     assert_eq!(c.jobs[&a].state, JobState::Run);
     let on = c.jobs[&a].alloc[0].rank;
     c.rank_online(T0 + 2.0, on, "node", (0..1).collect(), IdSet::new(), ("live".into(), None));
-    let b = c.submit(T0 + 3.0, &spec(cmd().nnodes(1).ntasks(2)), 1000).unwrap();
+    let b = c.submit(T0 + 3.0, SubmitRequest::new(&spec(cmd().nnodes(1).ntasks(2)), 1000)).unwrap().id;
     assert_eq!(c.jobs[&b].state, JobState::Run);
     assert_ne!(c.jobs[&b].alloc[0].rank, on, "nothing is free on the shrunken rank");
     let _ = actions(&mut c);
@@ -1097,7 +1124,7 @@ fn rank_rejoining_with_fewer_cores_than_allocated() {
 #[test]
 fn shell_inputs_are_checked() {
     let mut c = core(2, 2, 0);
-    c.submit(T0, &spec(cmd().nnodes(2).ntasks(4)), 1000).unwrap();
+    c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(2).ntasks(4)), 1000)).unwrap();
     let s = spawns(&actions(&mut c));
     assert_eq!(s.len(), 2);
     for (_, _, input) in &s {
@@ -1121,7 +1148,7 @@ fn stdin_is_bounded_per_job_and_dropped_when_the_job_ends() {
     use base64::Engine as _;
     let b64 = |n: usize| base64::engine::general_purpose::STANDARD.encode(vec![b'x'; n]);
     let mut c = core(1, 1, 0);
-    let id = c.submit(T0, &spec(cmd()), 0).unwrap();
+    let id = c.submit(T0, SubmitRequest::new(&spec(cmd()), 0)).unwrap().id;
     actions(&mut c);
     c.jobs.get_mut(&id).unwrap().stdin_eof = false; // submitted with `stdin`, as `vigil run` does
     assert_eq!(c.stdin(id, Some(b64(STDIN_KEEP - 10)), false), Ok(()));
@@ -1145,7 +1172,7 @@ fn stdin_is_bounded_per_job_and_dropped_when_the_job_ends() {
 fn shells_ask_for_stdin_only_when_the_job_has_some() {
     for stdin in [true, false] {
         let mut c = core(1, 1, 0);
-        c.submit_with_stdin(T0, &spec(cmd()), 0, stdin).unwrap();
+        c.submit(T0, SubmitRequest::new(&spec(cmd()), 0).stdin(stdin)).unwrap();
         let asks: Vec<bool> = actions(&mut c)
             .into_iter()
             .filter_map(|a| match a {
@@ -1160,7 +1187,7 @@ fn shells_ask_for_stdin_only_when_the_job_has_some() {
 #[test]
 fn output_batches_are_taken_once_and_in_order() {
     let mut c = core(1, 1, 0);
-    let id = c.submit(T0, &spec(cmd()), 0).unwrap();
+    let id = c.submit(T0, SubmitRequest::new(&spec(cmd()), 0)).unwrap().id;
     actions(&mut c);
     let line = |s: &str| vec![OutputLine::text(0, "stdout", s.to_string())];
     let n = |seq: u64| Batch::Numbered { rank: 0, seq };
@@ -1212,7 +1239,7 @@ fn a_nested_instance_is_judged_by_its_shape_before_it_reports_its_critical_ranks
         c.drain(T0, &IdSet::from_iter([0]), "batch host elsewhere", DrainMode::Refuse).unwrap();
         let mut v = spec(cmd().nnodes(5).exclusive(true));
         v["attributes"]["system"]["instance"] = shape;
-        let id = c.submit(T0, &v, 0).unwrap();
+        let id = c.submit(T0, SubmitRequest::new(&v, 0)).unwrap().id;
         actions(&mut c);
         for r in 1..6 {
             c.shell_spawned(T0, id, r, Ok(()));
@@ -1267,7 +1294,7 @@ fn a_nested_instance_is_judged_by_its_shape_before_it_reports_its_critical_ranks
     assert_eq!(severity(&c, id), Some(json!(0)), "as reported");
     // An ordinary job loses its all.
     let mut c = core(3, 2, 0);
-    let id = c.submit(T0, &spec(cmd().nnodes(3)), 0).unwrap();
+    let id = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(3)), 0)).unwrap().id;
     actions(&mut c);
     c.ranks_lost(T0 + 0.1, &IdSet::from_iter([2]));
     assert_eq!(severity(&c, id), Some(json!(0)));
@@ -1280,7 +1307,7 @@ fn a_nested_instance_is_judged_by_its_shape_before_it_reports_its_critical_ranks
     ] {
         let mut v = spec(cmd().nnodes(1));
         v["attributes"]["system"]["instance"] = bad;
-        let e = core(1, 2, 0).submit(T0, &v, 0).unwrap_err();
+        let e = core(1, 2, 0).submit(T0, SubmitRequest::new(&v, 0)).unwrap_err();
         assert!(e.to_string().contains(field), "{e}");
     }
 }

@@ -26,11 +26,11 @@ fn run_to_end(c: &mut JobCore, t: f64, id: JobId, status: i32) {
 #[test]
 fn afterok_waits_then_runs_and_afterok_on_a_failure_never_does() {
     let mut c = core(1, 1, 0);
-    let a = c.submit(T0 + 1.0, &spec(cmd().ntasks(1)), 1000).unwrap();
+    let a = c.submit(T0 + 1.0, SubmitRequest::new(&spec(cmd().ntasks(1)), 1000)).unwrap().id;
     assert_eq!(c.jobs[&a].state, JobState::Run);
-    let ok = c.submit(T0 + 2.0, &after(&[("afterok", a)]), 1000).unwrap();
-    let notok = c.submit(T0 + 2.0, &after(&[("afternotok", a)]), 1000).unwrap();
-    let any = c.submit(T0 + 2.0, &after(&[("afterany", a)]), 1000).unwrap();
+    let ok = c.submit(T0 + 2.0, SubmitRequest::new(&after(&[("afterok", a)]), 1000)).unwrap().id;
+    let notok = c.submit(T0 + 2.0, SubmitRequest::new(&after(&[("afternotok", a)]), 1000)).unwrap().id;
+    let any = c.submit(T0 + 2.0, SubmitRequest::new(&after(&[("afterany", a)]), 1000)).unwrap().id;
     for id in [ok, notok, any] {
         assert_eq!(c.jobs[&id].state, JobState::Depend);
         assert!(names(&c, id).contains(&"dependency-add".to_string()), "{:?}", names(&c, id));
@@ -50,9 +50,9 @@ fn afterok_waits_then_runs_and_afterok_on_a_failure_never_does() {
     assert_eq!((e.kind.as_str(), e.severity), ("dependency", 0));
     assert!(e.note.contains(&format!("afternotok:{}", a.f58())) && e.note.contains("completed"), "{}", e.note);
     // A chain: afterok on a job that fails ends the job after it too, and the one after that.
-    let b = c.submit(T0 + 6.0, &after(&[("afterany", ok)]), 1000).unwrap();
-    let b2 = c.submit(T0 + 6.0, &after(&[("afterok", b)]), 1000).unwrap();
-    let b3 = c.submit(T0 + 6.0, &after(&[("afterok", b2)]), 1000).unwrap();
+    let b = c.submit(T0 + 6.0, SubmitRequest::new(&after(&[("afterany", ok)]), 1000)).unwrap().id;
+    let b2 = c.submit(T0 + 6.0, SubmitRequest::new(&after(&[("afterok", b)]), 1000)).unwrap().id;
+    let b3 = c.submit(T0 + 6.0, SubmitRequest::new(&after(&[("afterok", b2)]), 1000)).unwrap().id;
     run_to_end(&mut c, T0 + 7.0, ok, 0);
     run_to_end(&mut c, T0 + 8.0, any, 0);
     assert_eq!(c.jobs[&b].state, JobState::Run);
@@ -68,22 +68,22 @@ fn afterok_waits_then_runs_and_afterok_on_a_failure_never_does() {
 #[test]
 fn an_unknown_job_is_refused_and_after_means_started() {
     let mut c = core(1, 1, 0);
-    let e = c.submit(T0, &after(&[("afterok", JobId(12345))]), 1000).unwrap_err().to_string();
+    let e = c.submit(T0, SubmitRequest::new(&after(&[("afterok", JobId(12345))]), 1000)).unwrap_err().to_string();
     assert!(e.starts_with("attributes.system.dependencies[0].value: no job"), "{e}");
     assert!(c.jobs.is_empty(), "nothing made");
-    let hog = c.submit(T0 + 1.0, &spec(cmd().ntasks(1)), 1000).unwrap();
-    let a = c.submit(T0 + 2.0, &spec(cmd().ntasks(1)), 1000).unwrap();
-    let s = c.submit(T0 + 2.0, &after(&[("after", a)]), 1000).unwrap();
-    let never = c.submit(T0 + 2.0, &after(&[("after", a)]), 1000).unwrap();
+    let hog = c.submit(T0 + 1.0, SubmitRequest::new(&spec(cmd().ntasks(1)), 1000)).unwrap().id;
+    let a = c.submit(T0 + 2.0, SubmitRequest::new(&spec(cmd().ntasks(1)), 1000)).unwrap().id;
+    let s = c.submit(T0 + 2.0, SubmitRequest::new(&after(&[("after", a)]), 1000)).unwrap().id;
+    let never = c.submit(T0 + 2.0, SubmitRequest::new(&after(&[("after", a)]), 1000)).unwrap().id;
     assert_eq!((c.jobs[&a].state, c.jobs[&s].state), (JobState::Sched, JobState::Depend));
     c.cancel(T0 + 2.5, never, 1000, false, "x").unwrap();
     run_to_end(&mut c, T0 + 3.0, hog, 0);
     assert_eq!(c.jobs[&a].state, JobState::Run);
     assert_eq!(c.jobs[&s].state, JobState::Sched, "a started: s goes on to the queue");
     // Canceling a pending job ends its afterok dependents and lets its afterany ones go.
-    let p = c.submit(T0 + 4.0, &spec(cmd().ntasks(1)), 1000).unwrap();
-    let ok = c.submit(T0 + 4.0, &after(&[("afterok", p)]), 1000).unwrap();
-    let any = c.submit(T0 + 4.0, &after(&[("afterany", p)]), 1000).unwrap();
+    let p = c.submit(T0 + 4.0, SubmitRequest::new(&spec(cmd().ntasks(1)), 1000)).unwrap().id;
+    let ok = c.submit(T0 + 4.0, SubmitRequest::new(&after(&[("afterok", p)]), 1000)).unwrap().id;
+    let any = c.submit(T0 + 4.0, SubmitRequest::new(&after(&[("afterany", p)]), 1000)).unwrap().id;
     c.cancel(T0 + 5.0, p, 1000, false, "no").unwrap();
     assert_eq!(c.jobs[&ok].state, JobState::Inactive);
     assert!(c.jobs[&ok].fatal.as_ref().unwrap().note.contains("CANCELED"), "{:?}", c.jobs[&ok].fatal);
@@ -95,7 +95,7 @@ fn a_begin_time_holds_a_job_until_it_comes() {
     let mut c = core(1, 1, 0);
     let at = T0 + 100.0;
     let s = spec(cmd().ntasks(1).dependency(json!({"scheme": "begin-time", "value": at})));
-    let id = c.submit(T0 + 1.0, &s, 1000).unwrap();
+    let id = c.submit(T0 + 1.0, SubmitRequest::new(&s, 1000)).unwrap().id;
     assert_eq!(c.jobs[&id].state, JobState::Depend);
     assert_eq!(c.next_deadline(), Some(at));
     assert_eq!(c.depend_reason(id, T0 + 40.0).unwrap(), format!("begin-time: not before {at:.0} (in 60 s)"));
@@ -105,7 +105,7 @@ fn a_begin_time_holds_a_job_until_it_comes() {
     assert_eq!(c.jobs[&id].state, JobState::Run, "{:?}", names(&c, id));
     // One already past at submit does not hold it.
     let past = spec(cmd().ntasks(1).dependency(json!({"scheme": "begin-time", "value": T0})));
-    let p = c.submit(T0 + 101.0, &past, 1000).unwrap();
+    let p = c.submit(T0 + 101.0, SubmitRequest::new(&past, 1000)).unwrap().id;
     assert_eq!(c.jobs[&p].state, JobState::Sched);
 }
 
@@ -119,10 +119,10 @@ fn singleton_waits_for_the_earlier_jobs_of_its_name() {
         }
         spec(b)
     };
-    let a = c.submit(T0 + 1.0, &named("x", false), 1000).unwrap();
-    let other = c.submit(T0 + 1.0, &named("y", true), 1000).unwrap();
-    let b = c.submit(T0 + 2.0, &named("x", true), 1000).unwrap();
-    let mine = c.submit(T0 + 2.0, &named("x", true), 2000).unwrap();
+    let a = c.submit(T0 + 1.0, SubmitRequest::new(&named("x", false), 1000)).unwrap().id;
+    let other = c.submit(T0 + 1.0, SubmitRequest::new(&named("y", true), 1000)).unwrap().id;
+    let b = c.submit(T0 + 2.0, SubmitRequest::new(&named("x", true), 1000)).unwrap().id;
+    let mine = c.submit(T0 + 2.0, SubmitRequest::new(&named("x", true), 2000)).unwrap().id;
     assert_eq!(c.jobs[&other].state, JobState::Run, "no other y");
     assert_eq!(c.jobs[&b].state, JobState::Depend, "a is x too");
     assert_eq!(c.jobs[&mine].state, JobState::Sched, "another user's x does not count");
@@ -143,11 +143,11 @@ fn save(c: &mut JobCore, kept: &mut Kept) {
 fn a_restart_keeps_the_jobs_waiting() {
     let mut c = core(1, 1, 0);
     c.enable_journal();
-    let a = c.submit(T0 + 1.0, &spec(cmd().ntasks(1)), 1000).unwrap();
-    let b = c.submit(T0 + 2.0, &after(&[("afterok", a)]), 1000).unwrap();
-    let d = c.submit(T0 + 2.0, &after(&[("afterok", b)]), 1000).unwrap();
+    let a = c.submit(T0 + 1.0, SubmitRequest::new(&spec(cmd().ntasks(1)), 1000)).unwrap().id;
+    let b = c.submit(T0 + 2.0, SubmitRequest::new(&after(&[("afterok", a)]), 1000)).unwrap().id;
+    let d = c.submit(T0 + 2.0, SubmitRequest::new(&after(&[("afterok", b)]), 1000)).unwrap().id;
     let begin = spec(cmd().ntasks(1).dependency(json!({"scheme": "begin-time", "value": T0 + 50.0})));
-    let t = c.submit(T0 + 3.0, &begin, 1000).unwrap();
+    let t = c.submit(T0 + 3.0, SubmitRequest::new(&begin, 1000)).unwrap().id;
     let mut kept = Kept::default();
     save(&mut c, &mut kept);
     let mut c2 = JobCore::new(T0 + 10.0);
@@ -169,10 +169,10 @@ fn a_restart_keeps_the_jobs_waiting() {
 fn a_restart_with_a_pending_chain_runs_it_in_order() {
     let mut c = core(1, 1, 0);
     c.enable_journal();
-    let hog = c.submit(T0 + 1.0, &spec(cmd().ntasks(1)), 1000).unwrap();
-    let a = c.submit(T0 + 2.0, &spec(cmd().ntasks(1)), 1000).unwrap();
-    let b = c.submit(T0 + 2.0, &after(&[("afterok", a)]), 1000).unwrap();
-    let d = c.submit(T0 + 2.0, &after(&[("afterok", b)]), 1000).unwrap();
+    let hog = c.submit(T0 + 1.0, SubmitRequest::new(&spec(cmd().ntasks(1)), 1000)).unwrap().id;
+    let a = c.submit(T0 + 2.0, SubmitRequest::new(&spec(cmd().ntasks(1)), 1000)).unwrap().id;
+    let b = c.submit(T0 + 2.0, SubmitRequest::new(&after(&[("afterok", a)]), 1000)).unwrap().id;
+    let d = c.submit(T0 + 2.0, SubmitRequest::new(&after(&[("afterok", b)]), 1000)).unwrap().id;
     let mut kept = Kept::default();
     save(&mut c, &mut kept);
     let _ = hog;

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 /// Submit `b` with time limit `limit` seconds (0 = none) at `t`.
 fn submit(c: &mut JobCore, t: f64, b: crate::jobspec::JobspecBuilder, limit: f64) -> JobId {
-    c.submit(t, &spec(b.duration(limit)), 0).expect("submitted")
+    c.submit(t, SubmitRequest::new(&spec(b.duration(limit)), 0)).expect("submitted").id
 }
 
 /// End every shell of running job `id` at `t` with status 0.
@@ -192,7 +192,7 @@ fn a_nested_instance_shrinks_and_fails_what_can_no_longer_fit() {
     assert_eq!(j.result(), Some("FAILED"));
     assert!(c.resource_eventlog.iter().any(|e| e.name == "shrink" && e.context["idset"] == "3"));
     // A new submission that cannot fit is refused at once, saying why.
-    let err = c.submit(T0 + 4.0, &spec(cmd().nnodes(4)), 0).unwrap_err();
+    let err = c.submit(T0 + 4.0, SubmitRequest::new(&spec(cmd().nnodes(4)), 0)).unwrap_err();
     assert!(matches!(err, SubmitError::Shrunk { .. }), "{err}");
     let msg = err.to_string();
     assert!(
@@ -200,7 +200,7 @@ fn a_nested_instance_shrinks_and_fails_what_can_no_longer_fit() {
         "{msg}"
     );
     // Never feasible even before the shrink: the plain error.
-    let e5 = c.submit(T0 + 4.0, &spec(cmd().nnodes(5)), 0).unwrap_err();
+    let e5 = c.submit(T0 + 4.0, SubmitRequest::new(&spec(cmd().nnodes(5)), 0)).unwrap_err();
     assert!(matches!(e5, SubmitError::Unsatisfiable(_)), "{e5}");
     // The 3-node job fits what is left: it runs once the 2-node job ends.
     finish(&mut c, T0 + 5.0, two);
@@ -214,7 +214,7 @@ fn a_nested_instance_shrinks_and_fails_what_can_no_longer_fit() {
 fn a_system_instance_does_not_shrink() {
     let mut c = core(4, 1, 0);
     c.ranks_lost(T0, &IdSet::parse("3").unwrap());
-    assert!(c.submit(T0, &spec(cmd().nnodes(4)), 0).is_ok(), "accepted: the node may return");
+    assert!(c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(4)), 0)).is_ok(), "accepted: the node may return");
     assert!(!c.resource_eventlog.iter().any(|e| e.name == "shrink"));
 }
 
@@ -306,7 +306,8 @@ fn only_node_loss_requeues_and_a_cancel_wins() {
 #[test]
 fn a_batch_job_requeues_on_its_critical_rank_only() {
     let mut c = core(5, 1, 0);
-    let job = c.submit(T0, &spec(cmd().nnodes(3).shell_option("requeue", json!(true))), 0).unwrap();
+    let job =
+        c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(3).shell_option("requeue", json!(true))), 0)).unwrap().id;
     super::tests::make_instance(&mut c, job, "0");
     actions(&mut c);
     c.ranks_lost(T0 + 1.0, &IdSet::parse("2").unwrap());
@@ -483,8 +484,8 @@ proptest! {
                 if let Some(n) = s.nodes {
                     b = b.nnodes(n);
                 }
-                if let Ok(id) = c.submit(now, &spec(b), 0) {
-                    runtime.insert(id, if s.limit > 0.0 { s.limit * s.frac } else { 150.0 * s.frac });
+                if let Ok(sub) = c.submit(now, SubmitRequest::new(&spec(b), 0)) {
+                    runtime.insert(sub.id, if s.limit > 0.0 { s.limit * s.frac } else { 150.0 * s.frac });
                 }
             }
             c.handle_timeout(now);
@@ -549,7 +550,7 @@ fn throughput_at_depth() {
         let mut live: VecDeque<(JobId, u32)> = VecDeque::new();
         for _ in 0..n {
             t += 1e-6;
-            c.submit(t, &spec(cmd()), 0).unwrap();
+            c.submit(t, SubmitRequest::new(&spec(cmd()), 0)).unwrap();
             let _ = c.next_deadline();
         }
         let submitted = t0.elapsed();

@@ -15,12 +15,12 @@ fn end(c: &mut JobCore, t: f64, id: JobId) {
 #[test]
 fn urgency_orders_the_queue_and_zero_holds() {
     let mut c = core(1, 1, 0);
-    let hog = c.submit(T0 + 1.0, &spec(cmd().ntasks(1)), 1000).unwrap();
+    let hog = c.submit(T0 + 1.0, SubmitRequest::new(&spec(cmd().ntasks(1)), 1000)).unwrap().id;
     let s = spec(cmd().ntasks(1));
-    let low = c.submit_urgent(T0 + 2.0, &s, 1000, false, 4).unwrap();
-    let plain = c.submit(T0 + 3.0, &s, 1000).unwrap();
-    let held = c.submit_urgent(T0 + 4.0, &s, 1000, false, 0).unwrap();
-    let urgent = c.submit_urgent(T0 + 5.0, &s, 1000, false, MAX_URGENCY).unwrap();
+    let low = c.submit(T0 + 2.0, SubmitRequest::new(&s, 1000).urgency(4)).unwrap().id;
+    let plain = c.submit(T0 + 3.0, SubmitRequest::new(&s, 1000)).unwrap().id;
+    let held = c.submit(T0 + 4.0, SubmitRequest::new(&s, 1000).urgency(0)).unwrap().id;
+    let urgent = c.submit(T0 + 5.0, SubmitRequest::new(&s, 1000).urgency(MAX_URGENCY)).unwrap().id;
     assert_eq!(c.counts().0, 4, "held jobs are pending too");
     assert!(c.pending_reason(held).unwrap().starts_with("held: urgency 0"), "{:?}", c.pending_reason(held));
     assert!(c.pending_reason(low).unwrap().contains(&urgent.f58()), "behind the expedited one");
@@ -44,8 +44,8 @@ fn urgency_orders_the_queue_and_zero_holds() {
 #[test]
 fn urgency_changes_are_checked() {
     let mut c = core(1, 1, 0);
-    let run = c.submit(T0 + 1.0, &spec(cmd().ntasks(1)), 1000).unwrap();
-    let p = c.submit(T0 + 2.0, &spec(cmd().ntasks(1)), 1000).unwrap();
+    let run = c.submit(T0 + 1.0, SubmitRequest::new(&spec(cmd().ntasks(1)), 1000)).unwrap().id;
+    let p = c.submit(T0 + 2.0, SubmitRequest::new(&spec(cmd().ntasks(1)), 1000)).unwrap().id;
     let err = |r: Result<u32, (u32, String)>| r.unwrap_err().1;
     assert!(err(c.set_urgency(T0, run, 1000, false, 0, false)).contains("pending jobs only"));
     assert!(err(c.set_urgency(T0, p, 1000, false, 32, false)).contains("0 (hold) to 31"));
@@ -62,12 +62,12 @@ fn urgency_changes_are_checked() {
 fn a_restart_keeps_urgency_and_holds() {
     let mut c = core(1, 1, 0);
     c.enable_journal();
-    let hog = c.submit(T0 + 1.0, &spec(cmd().ntasks(1)), 1000).unwrap();
+    let hog = c.submit(T0 + 1.0, SubmitRequest::new(&spec(cmd().ntasks(1)), 1000)).unwrap().id;
     let s = spec(cmd().ntasks(1));
-    let first = c.submit(T0 + 2.0, &s, 1000).unwrap();
-    let held = c.submit(T0 + 3.0, &s, 1000).unwrap();
+    let first = c.submit(T0 + 2.0, SubmitRequest::new(&s, 1000)).unwrap().id;
+    let held = c.submit(T0 + 3.0, SubmitRequest::new(&s, 1000)).unwrap().id;
     c.set_urgency(T0 + 3.5, held, 1000, false, 0, false).unwrap();
-    let urgent = c.submit_urgent(T0 + 4.0, &s, 1000, false, 30).unwrap();
+    let urgent = c.submit(T0 + 4.0, SubmitRequest::new(&s, 1000).urgency(30)).unwrap().id;
     let mut kept = Kept::default();
     if let Some(b) = c.journal() {
         kept.apply(&b).expect("applies");

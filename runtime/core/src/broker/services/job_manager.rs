@@ -75,7 +75,7 @@ fn submit(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
         StateDir::Open { .. } | StateDir::None => {}
     }
     // `vigil run` streams its standard input to the tasks (job-exec.stdin).
-    match jc.submit_keyed_urgent(n, spec, msg.userid, stdin, key, urgency) {
+    match jc.submit(n, crate::jobs::SubmitRequest::new(spec, msg.userid).stdin(stdin).key(key).urgency(urgency)) {
         Ok(crate::jobs::Submitted { id, duplicate }) => {
             // RFC 14: unknown attributes.system keys are ignored, and the submitter is told.
             let warnings = jc.jobs.get(&id).map(|j| j.req.warnings.clone()).unwrap_or_default();
