@@ -56,6 +56,11 @@ pub(crate) enum Event {
         uid: u32,
         tx: LinkTx,
     },
+    /// Job `id`'s shell started (its pid) or could not (why), from the thread that started it (`shells.rs`).
+    ShellStarted {
+        id: JobId,
+        result: Result<i32, String>,
+    },
     ShellDone {
         id: JobId,
         report: Option<ShellReport>,
@@ -101,6 +106,7 @@ impl Event {
             Event::PeerClosed(p, _, _) => format!("{p:?} closed"),
             Event::ChildHello { .. } => "a child's hello".into(),
             Event::LocalNew { .. } => "a local connection".into(),
+            Event::ShellStarted { id, .. } => format!("job {id}'s shell started"),
             Event::ShellDone { id, .. } => format!("job {id}'s shell ended"),
             Event::InitialStarted(_) | Event::InitialExit(_) => "the initial program".into(),
             Event::EnclosingLost { .. } => "the enclosing instance's lost nodes".into(),
@@ -141,10 +147,10 @@ pub(crate) struct Driver {
     pub(super) links: LinkSet,
     pub(super) pending: HashMap<u64, PendingChild>,
     pub(super) locals: HashMap<u32, LinkTx>,
-    /// Job shells' process groups.
-    pub(super) shells: HashMap<JobId, i32>,
+    /// Job shells, started and starting (shared with the threads that start them: `shells.rs`).
+    pub(super) shells: super::shells::Shells,
     /// Shells are moved into their cgroup after start: creating them there failed once (see spawn.rs).
-    pub(super) spawn_moves: bool,
+    pub(super) spawn_moves: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// The node's topology, for the placement of the tasks of the shells started here.
     pub(super) placer: super::placement::Placer,
     /// How job shells are contained (a cgroup v2 each, or process groups only).
@@ -256,8 +262,8 @@ async fn run_inner(opts: BrokerOptions, io: DriverOptions) -> Result<i32, String
         links: LinkSet::default(),
         pending: HashMap::new(),
         locals: HashMap::new(),
-        shells: HashMap::new(),
-        spawn_moves: false,
+        shells: super::shells::Shells::default(),
+        spawn_moves: std::sync::Arc::default(),
         placer: super::placement::Placer::default(),
         containment: std::sync::Arc::new(containment),
         initial_pgid: None,
@@ -774,8 +780,9 @@ impl Driver {
                 self.locals.insert(id, tx);
                 self.step(Input::LocalNew { id, uid });
             }
+            Event::ShellStarted { id, result } => self.step(Input::ShellStarted { id, result }),
             Event::ShellDone { id, report, status } => {
-                self.shells.remove(&id);
+                self.shells.ended(id);
                 self.step(Input::ShellDone { id, report, status });
             }
             Event::InitialStarted(pgid) => {
@@ -944,9 +951,7 @@ impl Driver {
                 let _ = nix::sys::signal::killpg(pg, nix::sys::signal::Signal::SIGKILL);
             }
         }
-        for (_, pgid) in self.shells.drain() {
-            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
-        }
+        self.shells.close();
         if let super::cgroup::Containment::Cgroup(c) = self.containment.as_ref() {
             c.remove();
         }

@@ -1,22 +1,21 @@
 //! The effect executor: [`Driver::execute`] carries out each [`Effect`] the broker hands back (a message to
 //! send, a child to accept, a parent to connect to, a node to check, a shell to start or signal...), including
-//! starting job shells ([`Driver::spawn_shell`]) and the initial program ([`run_initial`]).
+//! starting job shells (on a thread of their own: `shells.rs`) and the initial program ([`run_initial`]).
 //!
 //! Where the effects come from, and where the inputs they produce go back to the broker, is `driver.rs`'s
-//! ([`Driver::flush`]). A shell's process is created in its cgroup by `spawn.rs`, its cgroup made by
-//! `cgroup.rs`, its tasks placed by `placement.rs`; a parent link is made by `links_up.rs`.
+//! ([`Driver::flush`]). A shell is started by `shells.rs`, its tasks placed by `placement.rs`; a parent link is
+//! made by `links_up.rs`.
 
 use super::confirm::CheckTarget;
 use super::core::{Effect, Input, Peer, PARENT};
 use super::driver::{Driver, Event};
 use super::links_up::{connect_parent, node_answers, Ask, ChildLink};
 use super::transport::{merge, tcp_ack_state, Link, TcpTransport};
-use crate::jobs::JobId;
 use crate::message::{errno, Message, MsgType, FLAG_NORESPONSE};
-use crate::shellproto::{ShellInput, ShellReport};
+
 use serde_json::json;
 use std::collections::VecDeque;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -96,31 +95,11 @@ impl Driver {
             Effect::SpawnShell { id, mut input, tmpdir } => {
                 // This broker's placement, whatever the input that came over the overlay said.
                 input.placement = self.placer.place(&input);
-                let result = self.spawn_shell(id, &input, tmpdir.clone());
-                if result.is_err() {
-                    // One made for another user before the shell failed to start (empty: remove_dir takes no more).
-                    let _ = std::fs::remove_dir(&tmpdir);
-                }
-                queue.push_back(Input::ShellStarted { id, result });
+                // Started off the loop (shells.rs): its outcome comes back as an event.
+                self.launcher().start(id, *input, tmpdir);
             }
-            Effect::SignalShell { id, signal } => {
-                if let Some(&pgid) = self.shells.get(&id) {
-                    if shell_forwards(signal) {
-                        // The shell leads its group (pid == pgid) and passes the signal on to each task.
-                        // SAFETY: kill(2) on the shell we started, with a plain signal number.
-                        unsafe { libc::kill(pgid, signal) };
-                    } else {
-                        // SAFETY: killpg with a pgid we created (the shell's own group) and a plain signal number.
-                        unsafe { libc::killpg(pgid, signal) };
-                    }
-                }
-            }
-            Effect::KillShells => {
-                for pgid in self.shells.values() {
-                    let _ =
-                        nix::sys::signal::killpg(nix::unistd::Pid::from_raw(*pgid), nix::sys::signal::Signal::SIGKILL);
-                }
-            }
+            Effect::SignalShell { id, signal } => self.shells.signal(id, signal),
+            Effect::KillShells => self.shells.kill_all(),
             Effect::StartInitial(argv) => {
                 let tx = self.input_tx.clone();
                 let uri = self.broker.env.local_uri.clone();
@@ -268,203 +247,21 @@ impl Driver {
         }
     }
 
-    /// Start job `id`'s shell: its input on stdin, its report read from stdout, its exit reported as
-    /// [`Event::ShellDone`]. Returns its pid (also its process group).
-    fn spawn_shell(&mut self, id: JobId, input: &ShellInput, tmpdir: PathBuf) -> Result<i32, String> {
-        use std::ffi::OsString;
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let path = self.shell_path();
+    /// What a shell this broker starts needs from it ([`super::shells::Launcher`]).
+    fn launcher(&self) -> super::shells::Launcher {
         let detector_rank = self.broker.opts.config.detector_rank.unwrap_or(self.broker.rank());
-        let args = [OsString::from(format!("--jobid={id}"))];
-        let mut env: Vec<(OsString, OsString)> = vec![
-            (crate::client::URI_ENV.into(), self.broker.env.local_uri.clone().into()),
-            (crate::shellproto::DETECTOR_RANK_ENV.into(), detector_rank.to_string().into()),
-        ];
-        // The user it runs as: its job's submitter, where that is not this broker's user (docs/security.md).
-        let run_as = self.run_as(input, &tmpdir)?;
-        // Its cgroup, which the shell is created in, or moved into before it reads its input (see cgroup.rs).
-        let cgroup = match self.containment.as_ref() {
-            super::cgroup::Containment::Cgroup(c) => match c.job(id) {
-                Ok(cg) => Some(cg),
-                Err(e) => {
-                    warn!("job {id}: {e}; its shell is kept by its process group only");
-                    None
-                }
-            },
-            super::cgroup::Containment::ProcessGroups(_) => None,
-        };
-        // Its memory limit (`-o memory=SIZE`, checked at submit): applied, or the shell tells the job why not.
-        if let Some(v) = input.options.get("memory") {
-            let why = match (v.as_str().map(crate::shellproto::parse_memory_size), self.containment.as_ref(), &cgroup) {
-                (Some(Ok(bytes)), super::cgroup::Containment::Cgroup(c), Some(cg)) => {
-                    c.memory.clone().and_then(|()| cg.limit_memory(bytes)).err()
-                }
-                (Some(Ok(_)), super::cgroup::Containment::ProcessGroups(why), _) => {
-                    Some(format!("jobs are not in cgroups here ({why})"))
-                }
-                (Some(Ok(_)), _, _) => Some("the job's cgroup could not be made".into()),
-                (Some(Err(e)), _, _) => Some(e),
-                (None, _, _) => Some("memory=SIZE needs a size".into()),
-            };
-            if let Some(why) = why {
-                info!("job {id}: memory={} not applied: {why}", v.as_str().unwrap_or_default());
-                env.push((crate::shellproto::MEMORY_NOTE_ENV.into(), why.into()));
-            }
+        super::shells::Launcher {
+            program: self.shell_path(),
+            env: vec![
+                (crate::client::URI_ENV.into(), self.broker.env.local_uri.clone().into()),
+                (crate::shellproto::DETECTOR_RANK_ENV.into(), detector_rank.to_string().into()),
+            ],
+            uid: self.broker.env.uid,
+            containment: self.containment.clone(),
+            moves: self.spawn_moves.clone(),
+            shells: self.shells.clone(),
+            events: self.input_tx.clone(),
         }
-        let direct = match (self.containment.as_ref(), &cgroup) {
-            (super::cgroup::Containment::Cgroup(c), Some(_)) => c.direct.is_ok() && !self.spawn_moves,
-            _ => false,
-        };
-        if let (true, Some(cg)) = (direct, &cgroup) {
-            env.push((crate::shellproto::CGROUP_ENV.into(), cg.dir().as_os_str().to_owned()));
-        }
-        let shell =
-            if direct { self.spawn_into(&path, &args, &env, cgroup.as_ref(), id, run_as.as_ref())? } else { None };
-        let (mut shell, in_cgroup) = match shell {
-            Some(s) => (s, true),
-            None => {
-                let mut cmd = tokio::process::Command::new(&path);
-                cmd.args(&args)
-                    .stdin(std::process::Stdio::piped())
-                    .stdout(std::process::Stdio::piped())
-                    .stderr(std::process::Stdio::inherit())
-                    .process_group(0)
-                    // Moved into its cgroup only after it started (if at all): it finds its cgroup itself.
-                    .envs(env.iter().filter(|(k, _)| k != crate::shellproto::CGROUP_ENV).map(|(k, v)| (k, v)))
-                    .kill_on_drop(false);
-                if let Some(u) = run_as.clone() {
-                    // SAFETY: the closure runs in the forked child before exec and makes only raw system calls
-                    // (`RunAs::become_user`), which are async-signal-safe.
-                    unsafe {
-                        cmd.pre_exec(move || u.become_user().map_err(std::io::Error::from_raw_os_error));
-                    }
-                }
-                let child = cmd.spawn().map_err(|e| format!("cannot run {}: {e}", path.display()))?;
-                (ShellProcess::from_command(child)?, false)
-            }
-        };
-        let pid = shell.pid;
-        self.shells.insert(id, pid);
-        let mut stdin = shell.stdin.take();
-        let mut stdout = shell.stdout.take();
-        let tx = self.input_tx.clone();
-        let data = serde_json::to_vec(input).unwrap_or_default();
-        // The node-local allocation directory this job's shell makes (`VIGIL_ALLOC_TMPDIR`, where not the enclosing
-        // allocation's), for the case the shell is killed before it removes it.
-        let alloc_dir = input.alloc_tmpdir.as_ref().filter(|a| a.owned).map(|a| PathBuf::from(&a.path));
-        tokio::spawn(async move {
-            // Into its cgroup before it gets its input, where it was not created there: it starts nothing before
-            // it has read it all. Off the broker's loop: a write to `cgroup.procs` waits for an RCU grace period
-            // (milliseconds, more under load).
-            let cgroup = match cgroup {
-                Some(cg) if !in_cgroup => tokio::task::spawn_blocking(move || {
-                    if let Err(e) = cg.adopt(pid) {
-                        warn!("job {id}: {e}; its shell is kept by its process group only");
-                    }
-                    cg
-                })
-                .await
-                .ok(),
-                other => other,
-            };
-            if let Some(mut s) = stdin.take() {
-                let _ = s.write_all(&data).await;
-                let _ = s.shutdown().await;
-            }
-            let mut out = String::new();
-            if let Some(s) = stdout.as_mut() {
-                let _ = s.read_to_string(&mut out).await;
-            }
-            let status = shell.exit.await;
-            let mut report = out.lines().rev().find_map(|l| serde_json::from_str::<ShellReport>(l).ok());
-            // Whatever the job left in the background dies with it (the shell's process group, and its cgroup with
-            // whatever left that group), and the shell's job tmpdir goes too if the shell was killed before
-            // removing it.
-            // SAFETY: killpg on the process group the shell led; no memory is touched.
-            unsafe { libc::killpg(pid, libc::SIGKILL) };
-            let mut ended = None;
-            if let Some(cg) = cgroup {
-                if let Ok((usage, rest)) = tokio::task::spawn_blocking(move || cg.finish()).await {
-                    if let Some(r) = report.as_mut() {
-                        r.usage = Some(usage);
-                    }
-                    ended = Some(rest);
-                }
-            }
-            let _ = std::fs::remove_dir_all(&tmpdir);
-            // A shell that reported removed its own (and left alone one it found made by someone else).
-            if let (Some(a), None) = (alloc_dir, &report) {
-                let _ = std::fs::remove_dir_all(a);
-            }
-            let _ = tx.send(Event::ShellDone { id, report, status });
-            // The empty cgroup goes after the job's end is reported: nothing waits for it.
-            if let Some(rest) = ended {
-                let _ = tokio::task::spawn_blocking(move || rest.remove()).await;
-            }
-        });
-        Ok(pid)
-    }
-
-    /// Start a shell created in its cgroup ([`super::spawn`]). `Ok(None)`: not possible here after all (said
-    /// once; from then on shells are moved in after start).
-    fn spawn_into(
-        &mut self,
-        path: &Path,
-        args: &[std::ffi::OsString],
-        env: &[(std::ffi::OsString, std::ffi::OsString)],
-        cgroup: Option<&super::cgroup::JobCgroup>,
-        id: JobId,
-        run_as: Option<&super::spawn::RunAs>,
-    ) -> Result<Option<ShellProcess>, String> {
-        let Some(cg) = cgroup else { return Ok(None) };
-        let dir = match cg.open_dir() {
-            Ok(d) => d,
-            Err(e) => {
-                warn!("job {id}: {e}; its shell is moved into its cgroup after start");
-                return Ok(None);
-            }
-        };
-        match super::spawn::spawn(path, args, env, &dir, run_as) {
-            Ok(s) => ShellProcess::from_spawned(s).map(Some),
-            Err(super::spawn::SpawnError::Unsupported(e)) => {
-                warn!("shells cannot be created in their cgroup ({e}); they are moved in after start from now on");
-                self.spawn_moves = true;
-                Ok(None)
-            }
-            Err(super::spawn::SpawnError::Failed(e)) => Err(format!("cannot run {}: {e}", path.display())),
-        }
-    }
-
-    /// The user job `input`'s shell runs as: `None` for this broker's own (the job's submitter is this broker's
-    /// user, or an older rank 0 did not say); the submitter where this broker is root (a multi-user instance without
-    /// `vigil-imp`: docs/security.md), whose job temporary directory `tmpdir` is then made here, mode 0700 and
-    /// owned by the user (the shell could not make it in the broker's run directory).
-    ///
-    /// # Errors
-    /// The submitter is another user and this broker is not root (rank 0 refuses such a submission; this is the
-    /// node's own check), the user has no account on this node, or its directory cannot be made.
-    fn run_as(&self, input: &ShellInput, tmpdir: &Path) -> Result<Option<super::spawn::RunAs>, String> {
-        let me = self.broker.env.uid;
-        let uid = match input.userid {
-            Some(u) if u != me => u,
-            _ => return Ok(None),
-        };
-        if me != 0 {
-            return Err(format!(
-                "running jobs as uid {uid} needs vigil-imp, not yet available: this broker runs as uid {me}"
-            ));
-        }
-        let user = super::spawn::RunAs::lookup(uid)?;
-        {
-            use std::os::unix::fs::DirBuilderExt;
-            std::fs::DirBuilder::new()
-                .mode(0o700)
-                .create(tmpdir)
-                .map_err(|e| format!("cannot create {}: {e}", tmpdir.display()))?;
-            std::os::unix::fs::chown(tmpdir, Some(user.uid), Some(user.gid))
-                .map_err(|e| format!("cannot give {} to uid {uid}: {e}", tmpdir.display()))?;
-        }
-        Ok(Some(user))
     }
 
     /// The job shell program: `exec.shell`, else `$VIGIL_SHELL`, else `vigil-shell` beside this program.
@@ -550,67 +347,4 @@ async fn run_initial(argv: Vec<String>, uri: String, tx: mpsc::UnboundedSender<E
         crate::foreground::take_terminal_back();
     }
     code
-}
-
-/// A job shell's process as the driver keeps it, however it was started: its pid (also its process group), the
-/// broker's ends of its stdin and stdout, and its raw wait status once it has exited.
-struct ShellProcess {
-    pid: i32,
-    stdin: Option<Box<dyn tokio::io::AsyncWrite + Send + Unpin>>,
-    stdout: Option<Box<dyn tokio::io::AsyncRead + Send + Unpin>>,
-    exit: std::pin::Pin<Box<dyn std::future::Future<Output = i32> + Send>>,
-}
-
-/// The wait status given for a shell whose exit could not be waited for (as if stopped: not an exit code).
-const UNKNOWN_STATUS: i32 = 0x7f00;
-
-impl ShellProcess {
-    /// One started by `tokio::process::Command`.
-    fn from_command(mut child: tokio::process::Child) -> Result<ShellProcess, String> {
-        // The shell's pid is its process group, signalled later: never 0 (which would be the broker's own group).
-        let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()).filter(|p| *p > 0) else {
-            return Err("the job shell exited before it could be watched".into());
-        };
-        let stdin = child.stdin.take().map(|s| Box::new(s) as Box<dyn tokio::io::AsyncWrite + Send + Unpin>);
-        let stdout = child.stdout.take().map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Send + Unpin>);
-        let exit = Box::pin(async move {
-            use std::os::unix::process::ExitStatusExt;
-            child.wait().await.map(|st| st.into_raw()).unwrap_or(UNKNOWN_STATUS)
-        });
-        Ok(ShellProcess { pid, stdin, stdout, exit })
-    }
-
-    /// One created in its cgroup by [`super::spawn::spawn`].
-    fn from_spawned(s: super::spawn::Spawned) -> Result<ShellProcess, String> {
-        use tokio::net::unix::pipe;
-        let stdin = pipe::Sender::from_owned_fd(s.stdin).map_err(|e| format!("the job shell's stdin: {e}"))?;
-        let stdout = pipe::Receiver::from_owned_fd(s.stdout).map_err(|e| format!("the job shell's stdout: {e}"))?;
-        let pid = s.pid;
-        let pidfd = s.pidfd;
-        let exit = Box::pin(async move { super::spawn::wait(pid, pidfd).await.unwrap_or(UNKNOWN_STATUS) });
-        Ok(ShellProcess { pid, stdin: Some(Box::new(stdin)), stdout: Some(Box::new(stdout)), exit })
-    }
-}
-
-/// Whether a job shell relays `signal` to its tasks itself ([`vigil_proto::shellproto::SHELL_FORWARDED_SIGNALS`]):
-/// then the broker signals the shell alone, else the shell's whole process group.
-fn shell_forwards(signal: i32) -> bool {
-    vigil_proto::shellproto::SHELL_FORWARDED_SIGNALS
-        .iter()
-        .any(|name| name.parse::<nix::sys::signal::Signal>().is_ok_and(|s| s as i32 == signal))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::shell_forwards;
-
-    #[test]
-    fn the_shell_alone_gets_what_it_passes_on_the_group_gets_the_rest() {
-        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGUSR1, libc::SIGUSR2] {
-            assert!(shell_forwards(s), "signal {s}");
-        }
-        for s in [libc::SIGKILL, libc::SIGSTOP, libc::SIGCONT, libc::SIGQUIT, 0, -1, 999] {
-            assert!(!shell_forwards(s), "signal {s}");
-        }
-    }
 }

@@ -6,7 +6,8 @@
 //! inputs and carries out its effects. Everything that blocks (sockets, processes) runs in small tasks that talk
 //! to the driver through one channel, so a slow peer or client never stalls routing.
 //!
-//! What is here: `driver.rs` (the loop), `effects.rs` (carrying out the broker's effects, starting job shells),
+//! What is here: `driver.rs` (the loop), `effects.rs` (carrying out the broker's effects), `shells.rs` (starting
+//! job shells off the loop),
 //! `links_up.rs` (accepting children, connecting to the parent), `health.rs` (the node health check),
 //! `discover.rs` (what the node has), `options.rs` (what only the driver needs to start), `transport.rs`,
 //! `rdma_link.rs`, `ofi_link.rs` and [`secure`] (the overlay links), `local.rs` (the local connector), `detect/`
@@ -30,6 +31,7 @@ mod options;
 mod placement;
 pub(crate) mod rdma_link;
 pub mod secure;
+mod shells;
 mod spawn;
 mod statedir_io;
 // Public only for `vigil-bench restart`, which fills a store with the real `Store::commit`; not an API.
