@@ -343,10 +343,15 @@ impl Shell {
             // host would share them. Each node's go to its own job directory.
             defaults.insert("OMPI_MCA_btl_vader_backing_directory".into(), tmpdir.clone());
         }
-        let setup = serde_json::json!({
-            "nspace": format!("vigil.{}", i.id_f58), "jobid": i.id_f58, "nodeid": i.shell_rank, "size": i.ntasks,
-            "ranks": by_node, "hosts": hosts, "tmpdir": tmpdir,
-        });
+        let setup = vigil_proto::pmix::Setup {
+            nspace: format!("vigil.{}", i.id_f58),
+            jobid: i.id_f58.clone(),
+            nodeid: i.shell_rank,
+            size: i.ntasks,
+            ranks: by_node,
+            hosts,
+            tmpdir,
+        };
         let mut h = pmix::Helper::start(&setup).await?;
         h.defaults = defaults;
         Ok(h)

@@ -6,12 +6,13 @@
 //! for PMIx. The shell writes it the job's layout as one JSON line, reads back the environment each task needs to
 //! reach it (`PMIX_SERVER_URI*`, `PMIX_NAMESPACE`, `PMIX_RANK`...), and then serves its upcalls: a fence is this
 //! node's blob, exchanged with every other node through `job-exec.pmi-barrier` (cut into PMI-sized values, see
-//! [`fence_kvs`]), an abort fails the job. The protocol is written down in `shell/pmix/src/protocol.rs`.
+//! [`fence_kvs`]), an abort fails the job. The protocol, both sides' types, is [`vigil_proto::pmix`].
 
 use base64::Engine as _;
 use std::collections::BTreeMap;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
+use vigil_proto::pmix::{self as proto, FromHelper, Setup, ToHelper};
 
 /// Which PMI services the tasks get, from `-o pmi=LIST`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,8 +119,8 @@ pub(crate) struct Helper {
 }
 
 impl Helper {
-    /// Start the helper and hand it `setup` (its `Setup`); wait for its server to be ready.
-    pub(crate) async fn start(setup: &serde_json::Value) -> Result<Helper, String> {
+    /// Start the helper and hand it `setup`; wait for its server to be ready.
+    pub(crate) async fn start(setup: &Setup) -> Result<Helper, String> {
         let path = helper_path()?;
         let mut child = tokio::process::Command::new(&path)
             .stdin(std::process::Stdio::piped())
@@ -152,18 +153,17 @@ impl Helper {
                 }
             }
         });
-        let _ = tx.send(format!("{setup}\n"));
+        let _ = tx.send(proto::line(setup));
         let first = tokio::time::timeout(START_TIMEOUT, rx.recv())
             .await
             .map_err(|_| format!("vigil-pmix did not start its server within {} s", START_TIMEOUT.as_secs()))?
             .ok_or_else(|| "vigil-pmix exited before its server was ready".to_string())?;
-        if let Some(e) = first.get("error").and_then(|e| e.as_str()) {
-            return Err(format!("vigil-pmix: {e}"));
-        }
-        let ready = first.get("ready").ok_or_else(|| format!("vigil-pmix: unexpected first message {first}"))?;
-        let env: BTreeMap<u32, BTreeMap<String, String>> =
-            serde_json::from_value(ready.get("env").cloned().unwrap_or_default())
-                .map_err(|e| format!("vigil-pmix: malformed environment: {e}"))?;
+        let env = match FromHelper::decode(&first) {
+            Ok(Some(FromHelper::Ready { env, .. })) => env,
+            Ok(Some(FromHelper::Error { error })) => return Err(format!("vigil-pmix: {error}")),
+            Err(e) => return Err(format!("vigil-pmix: malformed first message: {e}")),
+            Ok(_) => return Err(format!("vigil-pmix: unexpected first message {first}")),
+        };
         Ok(Helper { tx, rx, env, defaults: BTreeMap::new(), _child: child })
     }
 
@@ -180,12 +180,12 @@ impl Helper {
 
     /// Answer fence `seq` with every node's blob.
     pub(crate) fn fence_done(&self, seq: u64, blobs: Vec<String>) {
-        let _ = self.tx.send(format!("{}\n", serde_json::json!({"fence_done": {"seq": seq, "data": blobs}})));
+        let _ = self.tx.send(proto::line(&ToHelper::FenceDone { seq, data: blobs }));
     }
 
     /// Fail fence `seq`.
     pub(crate) fn fence_failed(&self, seq: u64, error: &str) {
-        let _ = self.tx.send(format!("{}\n", serde_json::json!({"fence_failed": {"seq": seq, "error": error}})));
+        let _ = self.tx.send(proto::line(&ToHelper::FenceFailed { seq, error: error.to_string() }));
     }
 }
 
@@ -213,21 +213,17 @@ pub(crate) enum Event {
 }
 
 impl Event {
-    /// Decode one helper message; an error names what is wrong.
+    /// Decode one helper message ([`FromHelper::decode`]), with a fence's blob checked to be base64; an error
+    /// names what is wrong.
     pub(crate) fn decode(v: &serde_json::Value) -> Result<Event, String> {
-        if let Some(f) = v.get("fence") {
-            let seq = f.get("seq").and_then(|s| s.as_u64()).ok_or("fence.seq: missing or not a number")?;
-            let data = f.get("data").and_then(|d| d.as_str()).ok_or("fence.data: missing or not a string")?;
-            base64::engine::general_purpose::STANDARD.decode(data).map_err(|e| format!("fence.data: {e}"))?;
-            return Ok(Event::Fence { seq, data: data.to_string() });
+        match FromHelper::decode(v)? {
+            Some(FromHelper::Fence { seq, data }) => {
+                base64::engine::general_purpose::STANDARD.decode(&data).map_err(|e| format!("fence.data: {e}"))?;
+                Ok(Event::Fence { seq, data })
+            }
+            Some(FromHelper::Abort { rank, status, msg }) => Ok(Event::Abort { rank, status, msg }),
+            _ => Ok(Event::Other),
         }
-        if let Some(a) = v.get("abort") {
-            let rank = a.get("rank").and_then(|r| r.as_u64()).ok_or("abort.rank: missing or not a number")?;
-            let status = a.get("status").and_then(|s| s.as_i64()).unwrap_or(1);
-            let msg = a.get("msg").and_then(|m| m.as_str()).unwrap_or_default().to_string();
-            return Ok(Event::Abort { rank: rank as u32, status: status as i32, msg });
-        }
-        Ok(Event::Other)
     }
 }
 

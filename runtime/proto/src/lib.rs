@@ -20,6 +20,7 @@
 //!   blocking client a nested broker bootstraps with is in `vigil`;
 //! - [`pmi2`]: the PMI-2 wire protocol's command codec (MPICH's `pmi-2.0.txt`, what Slurm's `srun --mpi=pmi2`
 //!   serves), for the same client.
+//! - [`pmix`]: the JSON-lines protocol between the job shell and its PMIx server helper (`vigil-pmix`).
 
 /// Implements `FromStr`, `Serialize` and `Deserialize` for a type whose canonical form is a string: parsing with
 /// `$ty::parse` and printing with its `Display` (idsets, hostlists).
@@ -60,6 +61,7 @@ pub mod message;
 pub mod node;
 pub mod pmi;
 pub mod pmi2;
+pub mod pmix;
 pub mod r;
 pub mod shellproto;
 pub mod taskmap;

@@ -2,13 +2,14 @@
 //! answers ([`ToHelper`]) handed back to the library. OpenPMIx calls the upcalls on its own progress thread; this
 //! module's main thread reads the shell's lines; what they share is [`STATE`].
 
-use crate::protocol::{self, FromHelper, Setup, ToHelper};
+use crate::send;
 use base64::Engine as _;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::io::BufRead as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
+use vigil_proto::pmix::{FromHelper, Setup, ToHelper};
 
 #[allow(
     non_camel_case_types,
@@ -203,8 +204,8 @@ fn check(s: &Setup) -> Result<(), String> {
 fn setup(s: &Setup) -> Result<BTreeMap<u32, BTreeMap<String, String>>, String> {
     check(s)?;
     let mut module = pmix_server_module_t {
-        client_connected: Some(client_connected),
-        client_finalized: Some(client_finalized),
+        client_connected: Some(client_state::<false>),
+        client_finalized: Some(client_state::<true>),
         abort: Some(abort),
         fence_nb: Some(fence_nb),
         direct_modex: Some(direct_modex),
@@ -333,7 +334,7 @@ pub(crate) fn run() -> i32 {
     let s: Setup = match serde_json::from_str(&setup_line) {
         Ok(s) => s,
         Err(e) => {
-            protocol::send(&FromHelper::Error { error: format!("malformed set-up: {e}") });
+            send(&FromHelper::Error { error: format!("malformed set-up: {e}") });
             return 1;
         }
     };
@@ -341,10 +342,10 @@ pub(crate) fn run() -> i32 {
         Ok(env) => {
             // SAFETY: PMIx_Get_version returns a static NUL-terminated string.
             let version = unsafe { CStr::from_ptr(PMIx_Get_version()) }.to_string_lossy().into_owned();
-            protocol::send(&FromHelper::Ready { env, version });
+            send(&FromHelper::Ready { env, version });
         }
         Err(error) => {
-            protocol::send(&FromHelper::Error { error });
+            send(&FromHelper::Error { error });
             return 1;
         }
     }
@@ -415,7 +416,8 @@ unsafe fn our_rank(proc: *const pmix_proc_t) -> Option<u32> {
     (field_str(&p.nspace) == st.nspace).then_some(p.rank)
 }
 
-extern "C" fn client_connected(
+/// A client connected (`FINALIZED` false: `PMIx_Init`) or finalized (`PMIx_Finalize`): the shell is told which.
+extern "C" fn client_state<const FINALIZED: bool>(
     proc: *const pmix_proc_t,
     _server_object: *mut c_void,
     _cbfunc: pmix_op_cbfunc_t,
@@ -423,20 +425,7 @@ extern "C" fn client_connected(
 ) -> pmix_status_t {
     // SAFETY: the library passes a valid proc.
     if let Some(rank) = unsafe { our_rank(proc) } {
-        protocol::send(&FromHelper::Connected { rank });
-    }
-    PMIX_OPERATION_SUCCEEDED
-}
-
-extern "C" fn client_finalized(
-    proc: *const pmix_proc_t,
-    _server_object: *mut c_void,
-    _cbfunc: pmix_op_cbfunc_t,
-    _cbdata: *mut c_void,
-) -> pmix_status_t {
-    // SAFETY: the library passes a valid proc.
-    if let Some(rank) = unsafe { our_rank(proc) } {
-        protocol::send(&FromHelper::Finalized { rank });
+        send(&if FINALIZED { FromHelper::Finalized { rank } } else { FromHelper::Connected { rank } });
     }
     PMIX_OPERATION_SUCCEEDED
 }
@@ -461,7 +450,7 @@ extern "C" fn abort(
         unsafe { CStr::from_ptr(msg) }.to_string_lossy().chars().take(1024).collect()
     };
     // The whole job is brought down by the shell, whatever subset `procs` names.
-    protocol::send(&FromHelper::Abort { rank, status, msg });
+    send(&FromHelper::Abort { rank, status, msg });
     PMIX_OPERATION_SUCCEEDED
 }
 
@@ -530,7 +519,7 @@ extern "C" fn fence_nb(
     if let Ok(mut p) = st.pending.lock() {
         p.insert(seq, (cbfunc, cbdata as usize));
     }
-    protocol::send(&FromHelper::Fence { seq, data: base64::engine::general_purpose::STANDARD.encode(bytes) });
+    send(&FromHelper::Fence { seq, data: base64::engine::general_purpose::STANDARD.encode(bytes) });
     PMIX_SUCCESS as pmix_status_t
 }
 
