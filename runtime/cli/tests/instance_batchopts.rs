@@ -156,3 +156,56 @@ fn holds_urgency_and_begin_time_order_the_queue() {
         assert!(o.stderr.contains(says), "{says}:\n{}", o.dump());
     }
 }
+
+/// `--signal=SIG@TIME` (Flux's and Slurm's): SIG reaches the tasks TIME before the time limit, once, and the
+/// eventlog says so; `--signal` alone is SIGUSR1@60 on every submitting command; a TIME not below the time limit
+/// or an unknown signal is refused naming the option.
+#[test]
+fn a_job_is_warned_before_its_time_limit() {
+    let inst = Instance::start(1, &[]);
+    let script = "trap 'echo warned; exit 0' USR2; sleep 30 & wait";
+    let o = inst.vigil_t(&["run", "-t", "6s", "--signal=USR2@4", "sh", "-c", script], Duration::from_secs(60));
+    o.ok();
+    assert!(o.stdout.contains("warned"), "{}", o.dump());
+    let all = inst.vigil(&["jobs", "-a", "--json"]).json();
+    let id = all["jobs"][0]["id_f58"].as_str().expect("the job, newest first").to_string();
+    let ev = inst.vigil(&["job", "eventlog", &id]);
+    ev.ok();
+    let line = ev.stdout.lines().find(|l| l.contains(" signal ")).unwrap_or("");
+    assert!(line.contains("signum=12") && line.contains("SIGUSR2") && line.contains("timeleft=4"), "{}", ev.stdout);
+    assert_eq!(inst.job(&id)["result"].as_str(), Some("COMPLETED"), "it ended on the warning: {}", inst.job(&id));
+    // `--signal` alone, before the command (it takes no separate word), on submit and batch.
+    let plain = inst.submit(&["-t", "5m", "--signal", "sleep", "300"]);
+    let opt = |id: &str| inst.job_info(id)["jobspec"].pointer("/attributes/system/shell/options/signal").cloned();
+    assert_eq!(opt(&plain), Some(serde_json::json!({"signum": 10, "timeleft": 60.0})));
+    let dir = tempdir();
+    let path = dir.path().join("job.sh");
+    std::fs::write(&path, "#!/bin/sh\n# vigil: --signal=TERM@2m\nsleep 300\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let b = inst.vigil(&[
+        "batch",
+        "-t",
+        "1h",
+        "--output",
+        &dir.path().join("o").display().to_string(),
+        &path.display().to_string(),
+    ]);
+    b.ok();
+    let batch = b.stdout.trim().to_string();
+    assert_eq!(opt(&batch), Some(serde_json::json!({"signum": 15, "timeleft": 120.0})), "{}", b.dump());
+    inst.vigil(&["cancel", &plain, &batch]).ok();
+    for (args, says) in [
+        (
+            vec!["submit", "-t", "30s", "--signal", "true"],
+            "--signal=SIGUSR1@60: 60 s before the time limit is not less",
+        ),
+        (vec!["submit", "-t", "5m", "--signal=FOO@10", "true"], "--signal=FOO@10: unknown signal \"FOO\""),
+        (vec!["submit", "-t", "5m", "--signal=USR1@soon", "true"], "--signal=USR1@soon: TIME \"soon\""),
+    ] {
+        let o = inst.vigil(&args);
+        o.code_is(1);
+        assert!(o.stderr.contains(says), "{says}:\n{}", o.dump());
+    }
+}
+

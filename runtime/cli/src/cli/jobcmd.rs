@@ -193,7 +193,8 @@ pub(crate) fn said_as_typed(setopt: &[String], taskmap: Option<&str>, e: String)
     for (key, typed) in typed {
         out = out.replace(&format!("attributes.system.shell.options.{key}"), &typed);
     }
-    out
+    // The job manager's check of a warning against the instance's default time limit.
+    out.replace("attributes.system.shell.options.signal", "--signal")
 }
 
 /// A `hostfile:FILE` task map as the command line gave it: the option's text (`--taskmap=hostfile:FILE` or
@@ -587,8 +588,12 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
     if a.cores_per_task == 0 {
         return Err("-c must be at least 1".into());
     }
-    if let Some(t) = &a.time_limit {
-        b = b.duration(parse_time_limit(t)?);
+    let limit = a.time_limit.as_deref().map(parse_time_limit).transpose()?;
+    if let Some(l) = limit {
+        b = b.duration(l);
+    }
+    if let Some(w) = a.queue.warning(limit)? {
+        b = b.shell_option(crate::jobspec::SIGNAL_KEY, w.to_value());
     }
     // Relative to where the command runs, as Slurm's --chdir.
     let here = || std::env::current_dir().map_err(|e| format!("cannot read the current directory: {e}"));

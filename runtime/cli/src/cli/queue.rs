@@ -30,6 +30,18 @@ pub struct QueueOpts {
     /// 05:00"), as Flux's --begin-time (an RFC 26 `begin-time` dependency). A time already past is refused.
     #[arg(long, value_name = "TIME")]
     pub begin_time: Option<String>,
+    /// Send signal SIG to the job's tasks TIME before its time limit, once (Flux's and Slurm's `--signal`): SIG a
+    /// name (USR1, SIGTERM) or number, TIME an RFC 23 duration (90s, 5m; a bare number is seconds). Either may be
+    /// left out; `--signal` alone is SIGUSR1@60. TIME must be less than the time limit. Recorded in the eventlog
+    /// (`signal`) when sent.
+    #[arg(
+        long,
+        value_name = "SIG@TIME",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "SIGUSR1@60"
+    )]
+    pub signal: Option<String>,
 }
 
 /// The `after*` schemes `--dependency` takes, each with the jobs it names.
@@ -127,12 +139,32 @@ impl QueueOpts {
         one("--job-name", &mut self.job_name, dir.job_name)?;
         one("--urgency", &mut self.urgency, dir.urgency)?;
         one("--begin-time", &mut self.begin_time, dir.begin_time)?;
+        one("--signal", &mut self.signal, dir.signal)?;
         self.hold |= dir.hold;
         // Lists: the script's first.
         let mut deps = dir.dependency;
         deps.append(&mut self.dependency);
         self.dependency = deps;
         Ok(())
+    }
+
+    /// The warning signal asked for (`--signal`), checked against the time limit given (`-t`, seconds; `None`:
+    /// none given, the instance's default is checked by the job manager).
+    ///
+    /// # Errors
+    /// `--signal=...: ...` naming what is wrong.
+    pub(crate) fn warning(&self, limit: Option<f64>) -> Result<Option<crate::jobspec::WarnSignal>, String> {
+        let Some(s) = &self.signal else { return Ok(None) };
+        let w = crate::jobspec::WarnSignal::parse(s).map_err(|e| format!("--signal={s}: {e}"))?;
+        if let Some(l) = limit.filter(|l| *l > 0.0) {
+            if w.timeleft >= l {
+                return Err(format!(
+                    "--signal={s}: {} s before the time limit is not less than the time limit itself (-t, {l} s)",
+                    w.timeleft
+                ));
+            }
+        }
+        Ok(Some(w))
     }
 
     /// The job name given, checked: not blank, one line.
@@ -220,6 +252,18 @@ mod tests {
         );
         let once = p(&["afterok:f2:f2", "afterok:f2"]).unwrap();
         assert_eq!(once, [json!({"scheme": "afterok", "value": "f2"})], "one dependency, however often named");
+    }
+
+    #[test]
+    fn warning_signal_checked_against_the_time_limit() {
+        use crate::jobspec::WarnSignal;
+        let q = |s: &str| QueueOpts { signal: Some(s.into()), ..Default::default() };
+        assert_eq!(q("USR2@30").warning(Some(60.0)), Ok(Some(WarnSignal { signum: 12, timeleft: 30.0 })));
+        assert_eq!(q("SIGUSR1@60").warning(None), Ok(Some(WarnSignal::default())));
+        let e = q("USR1@2m").warning(Some(60.0)).unwrap_err();
+        assert!(e.starts_with("--signal=USR1@2m: 120 s before the time limit is not less"), "{e}");
+        assert!(q("BOGUS@1").warning(None).unwrap_err().starts_with("--signal=BOGUS@1: unknown signal"));
+        assert_eq!(QueueOpts::default().warning(Some(1.0)), Ok(None));
     }
 
     #[test]

@@ -149,6 +149,8 @@ pub struct Job {
     pub urgency: u32,
     /// The RFC 26 dependencies it still waits for, while in DEPEND (`depend.rs`).
     pub(super) deps: Vec<super::depend::Dependency>,
+    /// Its warning signal before the time limit (`req.signal`, `--signal`) was sent in this run (`timers.rs`).
+    pub(super) warned: bool,
 }
 
 impl Job {
@@ -213,6 +215,7 @@ impl Job {
             saved_row: None,
             deps: Vec::new(),
             urgency: super::DEFAULT_URGENCY,
+            warned: false,
         }
     }
 

@@ -16,7 +16,7 @@
 //! | `requeue.rs` | a `--requeue` job that lost a node goes back to the queue (`sched.max-requeue`) |
 //! | `shrink.rs` | a nested instance's lost rank leaves it for good (RFC 28) |
 //! | `nested.rs` | critical-rank rules for the brokers of a nested instance |
-//! | `timers.rs` | time limits, exit-timeout, SIGKILL escalation, from an ordered index of deadlines |
+//! | `timers.rs` | time limits and the warning before them (`--signal`), exit-timeout, SIGKILL escalation, from an ordered index of deadlines |
 //! | `kills.rs` | a kill that could not reach its rank goes once the rank is reachable again |
 //! | `submit_key.rs` | a submission sent again with its key makes no second job |
 //! | `submit.rs` | submission: validation, the refusals of [`SubmitError`], job ids |
@@ -341,5 +341,7 @@ mod tests;
 mod tests_depend;
 #[cfg(test)]
 mod tests_sched;
+#[cfg(test)]
+mod tests_signal;
 #[cfg(test)]
 mod tests_urgency;

@@ -75,6 +75,7 @@ impl JobCore {
         job.exit_clock = None;
         job.term_sent = None;
         job.kill_sent = false;
+        job.warned = false;
         job.fatal = None;
         job.fatal_shell = None;
         job.status = None;

@@ -167,6 +167,7 @@ impl JobCore {
             // sched.default-duration: the time limit of a job submitted without one.
             req.duration = self.config.default_duration;
         }
+        check_warning(&req)?;
         let id = self.new_id(now);
         let mut job = Job::new(id, userid, jobspec, req, now);
         job.stdin_eof = !stdin;
@@ -226,4 +227,25 @@ impl JobCore {
         }
         JobId::from_parts(self.last_ms, self.seq)
     }
+}
+
+/// A warning signal (`--signal`, the shell option `signal`) must come before the time limit: `timeleft` below the
+/// job's duration (after `sched.default-duration`). A job without a time limit is never warned, and is accepted.
+///
+/// # Errors
+/// `attributes.system.shell.options.signal: ...` naming both times.
+pub(super) fn check_warning(req: &crate::jobspec::JobRequest) -> Result<(), SubmitError> {
+    if let (Some(w), Some(d)) = (req.signal, req.duration) {
+        if w.timeleft >= d {
+            let fmt = crate::attrs::fmt_duration;
+            return Err(SubmitError::Jobspec(format!(
+                "attributes.system.shell.options.signal: {} {} before the time limit must be less than the time \
+                 limit itself ({})",
+                crate::jobspec::signal_label(w.signum),
+                fmt(w.timeleft),
+                fmt(d)
+            )));
+        }
+    }
+    Ok(())
 }

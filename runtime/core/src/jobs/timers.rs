@@ -5,6 +5,9 @@
 //! [`JobCore::handle_timeout`] visits only the jobs whose deadline has come, however many jobs there are. A job's
 //! next deadline is the earliest of:
 //!
+//! - its warning before the time limit (`--signal=SIG@TIME`, the shell option `signal`, Flux's and Slurm's): at
+//!   `expiration - timeleft`, once per run, SIG goes to the tasks of every shell still running (a `signal` event
+//!   in the eventlog: `signum`, `timeleft`); submit refused a `timeleft` not below the time limit;
 //! - its time limit expiry (R's `expiration`): fatal `timelimit` exception;
 //! - the first task's exit plus its `exit-timeout`, counted from when every shell had started if one had not
 //!   yet (`JobCore::task_exit`): fatal `exec` exception naming the ranks whose shells are still running;
@@ -53,7 +56,11 @@ impl JobCore {
             (Some(f), Some(t)) => Some(f + t),
             _ => None,
         };
-        [j.expiration, exit, self.cut_off_deadline(id)].into_iter().flatten().min_by(f64::total_cmp)
+        let warn = match (j.req.signal, j.expiration) {
+            (Some(w), Some(e)) if !j.warned && j.state == JobState::Run => Some(e - w.timeleft),
+            _ => None,
+        };
+        [warn, j.expiration, exit, self.cut_off_deadline(id)].into_iter().flatten().min_by(f64::total_cmp)
     }
 
     /// Seconds from SIGTERM to SIGKILL for job `j`: its own `kill-timeout` if it set one (submit held it to
@@ -126,6 +133,8 @@ impl JobCore {
             return;
         }
         if j.term_sent.is_none() {
+            self.warn_due(now, id);
+            let Some(j) = self.jobs.get(&id) else { return };
             if j.expiration.is_some_and(|e| now >= e) {
                 let lim = fmt_limit(j.req.duration.unwrap_or(0.0));
                 self.raise(now, id, "timelimit", 0, &format!("job exceeded its time limit of {lim}"));
@@ -171,6 +180,26 @@ impl JobCore {
                 self.actions.push_back(Action::SignalShells { id, ranks, signal: crate::signal::SIGKILL });
             }
         }
+    }
+}
+
+impl JobCore {
+    /// Job `id`'s warning signal, if it has one, its time has come and it was not sent in this run: to the
+    /// shells still running, recorded as a `signal` event.
+    fn warn_due(&mut self, now: f64, id: JobId) {
+        let Some(j) = self.jobs.get_mut(&id) else { return };
+        let (Some(w), Some(e)) = (j.req.signal, j.expiration) else { return };
+        if j.warned || j.state != JobState::Run || now < e - w.timeleft {
+            return;
+        }
+        j.warned = true;
+        let ranks: Vec<u32> = j.shells.values().filter(|s| !s.exited).map(|s| s.rank).collect();
+        let name = crate::jobspec::signal_label(w.signum);
+        j.post(now, "signal", serde_json::json!({"signum": w.signum, "signal": name, "timeleft": w.timeleft}));
+        if !ranks.is_empty() {
+            self.actions.push_back(Action::SignalShells { id, ranks, signal: w.signum });
+        }
+        self.actions.push_back(Action::Updated(id));
     }
 }
 

@@ -44,6 +44,7 @@
 //! | `parse.rs` | text or JSON to [`Jobspec`], checking the RFC 14 structure ([`Jobspec::parse`]) |
 //! | `validate.rs` | the RFC 25 V1 rules ([`Jobspec::validate`]) |
 //! | `request.rs` | what validation yields: [`JobRequest`] |
+//! | `warning.rs` | [`WarnSignal`]: the signal sent before the time limit (`--signal=SIG@TIME`) |
 //! | `builder.rs` | [`JobspecBuilder`]: a V1 jobspec from `flux run`-style options |
 //! | `tests.rs` | parse and validate tests, proptests on hostile input |
 //! | `conformance.rs` | the examples of RFC 14 and RFC 25, rewritten, each with its verdict (`docs/conformance.md`) |
@@ -62,10 +63,12 @@ mod request;
 #[cfg(test)]
 mod tests;
 mod validate;
+mod warning;
 
 pub use builder::JobspecBuilder;
 pub use parse::DEPENDENCY_SCHEMES;
 pub use request::{JobRequest, NestedInstance, KILL_TIMEOUT_KEY};
+pub use warning::{signal_label, signal_number, WarnSignal, DEFAULT_WARN_SIGNUM, DEFAULT_WARN_TIMELEFT, SIGNAL_KEY};
 
 /// Most tasks a request may place on each core it asks for: `tasks[0].count.total` may exceed the slot count
 /// (tasks then share their slots' cores), but at most this many times the cores requested. A job shell starts,

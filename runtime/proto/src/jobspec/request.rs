@@ -50,6 +50,10 @@ pub struct JobRequest {
     pub taskmap: crate::taskmap::Scheme,
     /// The nested instance the job's tasks make up, for a batch or alloc job ([`INSTANCE_KEY`](super::INSTANCE_KEY)).
     pub instance: Option<NestedInstance>,
+    /// The signal sent to the tasks before the time limit (the shell option `signal`, `--signal=SIG@TIME`),
+    /// checked by [`Jobspec::validate`](super::Jobspec::validate); `None`: none. Whether it comes before the
+    /// limit is the job manager's to check, which knows the instance's default time limit.
+    pub signal: Option<super::WarnSignal>,
     /// Non-fatal findings, e.g. `attributes.system.foo: unknown key, ignored`.
     pub warnings: Vec<String>,
 }

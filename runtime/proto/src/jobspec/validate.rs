@@ -232,6 +232,12 @@ impl Jobspec {
         if let Some(v) = shell_options.get(KILL_TIMEOUT_KEY) {
             kill_timeout_secs(v).map_err(|e| invalid("attributes.system.shell.options.kill-timeout", e))?;
         }
+        let signal = match shell_options.get(super::SIGNAL_KEY) {
+            None | Some(Value::Null) | Some(Value::Bool(false)) => None,
+            Some(v) => Some(
+                super::WarnSignal::from_value(v).map_err(|e| invalid("attributes.system.shell.options.signal", e))?,
+            ),
+        };
         let requeue = match sys.other.get(REQUEUE_KEY) {
             None => false,
             Some(Value::Bool(b)) => *b,
@@ -320,6 +326,7 @@ impl Jobspec {
             tasks_per_slot: matches!(task.count, TaskCount::PerSlot(_)),
             taskmap,
             instance,
+            signal,
             warnings,
         })
     }

@@ -344,9 +344,12 @@ impl JobCore {
                             u32::try_from(u).unwrap_or(crate::jobs::MAX_URGENCY).min(crate::jobs::MAX_URGENCY);
                     }
                 }
+                // Its warning before the time limit went out in this run (timers.rs).
+                "signal" => job.warned = true,
                 "requeue" => {
                     // The lost run is forgotten (requeue.rs).
                     job.requeues += 1;
+                    job.warned = false;
                     job.alloc = Vec::new();
                     job.r = None;
                     job.t_run = None;
