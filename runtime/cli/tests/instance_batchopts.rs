@@ -209,3 +209,75 @@ fn a_job_is_warned_before_its_time_limit() {
     }
 }
 
+/// `vigil jobs --states`, `--user`, `--since`, `-c` and `--format` (Flux's `{field}` style), as a user types them;
+/// an unknown field or state is refused naming it.
+#[test]
+fn jobs_are_found_by_state_user_time_and_shown_as_asked() {
+    let inst = Instance::start(1, &[]);
+    let done = inst.submit(&["--job-name", "done", "true"]);
+    assert!(inst.wait_state(&done, "INACTIVE", Duration::from_secs(30)), "{:?}", inst.jobs());
+    let hog = inst.submit(&["-N1", "--exclusive", "--job-name", "hog", "sleep", "300"]);
+    assert!(inst.wait_state(&hog, "RUN", Duration::from_secs(20)), "{:?}", inst.jobs());
+    let waits = inst.submit(&["-N1", "--exclusive", "--job-name", "waits", "true"]);
+    let ids = |args: &[&str]| -> Vec<String> {
+        let o = inst.vigil(&[&["jobs", "--no-header", "--format={id}"], args].concat());
+        o.ok();
+        o.stdout.lines().map(str::to_string).collect()
+    };
+    assert_eq!(ids(&["--states=pending"]), vec![waits.clone()]);
+    assert_eq!(ids(&["--states=run"]), vec![hog.clone()]);
+    assert_eq!(ids(&["--states=active"]), vec![waits.clone(), hog.clone()], "newest first");
+    assert_eq!(ids(&["--states=inactive"]), vec![done.clone()], "inactive states imply -a");
+    assert_eq!(ids(&["--states=completed,sched"]), vec![waits.clone(), done.clone()]);
+    assert_eq!(ids(&["-a", "-c", "2"]), vec![waits.clone(), hog.clone()]);
+    assert_eq!(ids(&["--since=-1h"]), vec![waits.clone(), hog.clone(), done.clone()], "active ones, and done");
+    assert_eq!(ids(&["--since=@9999999999"]), vec![waits.clone(), hog.clone()], "no job ended after then");
+    let me = nix_uid();
+    assert_eq!(ids(&["--user", &me, "--states=run"]), vec![hog.clone()]);
+    assert_eq!(ids(&["--user=all", "--states=run"]), vec![hog.clone()]);
+    assert!(ids(&["--user=0", "-a"]).is_empty() || me == "0", "no job of root's");
+    // Named fields, widths, the header.
+    let o = inst.vigil(&[
+        "jobs",
+        "-a",
+        "--format={id.f58:>12} {id.dec} {name:<6} {user} {state} {nnodes} {ntasks} {runtime} {nodelist}",
+    ]);
+    o.ok();
+    let header: Vec<&str> = o.stdout.lines().next().unwrap_or("").split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["JOBID", "JOBID", "NAME", "USER", "STATE", "NNODES", "NTASKS", "TIME", "NODELIST"],
+        "{}",
+        o.stdout
+    );
+    let line = o.stdout.lines().find(|l| l.contains(&hog)).unwrap_or("");
+    let dec = inst.job(&hog)["id"].as_u64().unwrap().to_string();
+    let f: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!((f[0], f[1], f[2], f[4], f[5], f[6]), (hog.as_str(), dec.as_str(), "hog", "RUN", "1", "1"), "{line}");
+    assert!(line.starts_with(&format!("{hog:>12}")), "right-aligned in 12: {line:?}");
+    // --json keeps working, filtered.
+    let js = inst.vigil(&["jobs", "--states=pending", "--json"]);
+    assert_eq!(js.json()["jobs"].as_array().map(Vec::len), Some(1), "{}", js.stdout);
+    for (args, says) in [
+        (vec!["jobs", "--format={id} {bogus}"], "--format: unknown field {bogus} (known: id,"),
+        (vec!["jobs", "--format={id"], "--format: '{' at character 0 is never closed"),
+        (vec!["jobs", "--states=runing"], "--states=runing: unknown state \"runing\""),
+        (vec!["jobs", "--since=yesterday"], "--since=yesterday: expected"),
+        (vec!["jobs", "--user=no-such-user-here"], "--user=no-such-user-here: no such user"),
+    ] {
+        let o = inst.vigil(&args);
+        o.code_is(1);
+        assert!(o.stderr.contains(says), "{says}:\n{}", o.dump());
+    }
+    inst.vigil(&["cancel", &hog, &waits]).ok();
+}
+
+/// This user's uid, as `id -u` prints it.
+fn nix_uid() -> String {
+    std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+

@@ -1,6 +1,6 @@
 //! Job commands: `run`, `submit`, `jobs`, `cancel`, `job submit|eventlog|attach|wait|cancel|info`.
 
-use super::{connect, fmt_secs};
+use super::connect;
 use crate::client::Client;
 use crate::jobs::JobId;
 use crate::jobspec::{Jobspec, JobspecBuilder};
@@ -1084,17 +1084,42 @@ pub struct JobsArgs {
     /// Include inactive jobs.
     #[arg(short = 'a', long)]
     pub all: bool,
-    /// Every user's jobs, not only yours (as `flux jobs -A`). Each shows its user; the command and environment of
-    /// a job are only for its owner and the instance owner (`vigil job info`).
-    #[arg(short = 'A', long = "all-users")]
+    /// Every user's jobs, not only yours (as `flux jobs -A`, `--user=all`). Each shows its user; the command and
+    /// environment of a job are only for its owner and the instance owner (`vigil job info`).
+    #[arg(short = 'A', long = "all-users", conflicts_with = "user")]
     pub all_users: bool,
-    /// Print JSON (one object with a "jobs" array).
-    #[arg(long)]
+    /// Only the jobs of USER, a login name or uid, or `all` (as `-A`); yours by default.
+    #[arg(short = 'u', long, value_name = "USER")]
+    pub user: Option<String>,
+    /// Print JSON (one object with a "jobs" array), after the filters.
+    #[arg(long, conflicts_with = "format")]
     pub json: bool,
     /// Only jobs of this name (`--job-name`, or the command's basename when none was given), as `flux jobs
     /// --name` and `squeue --name`; with `-a`, inactive ones too.
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,
+    /// Only jobs in these states, a comma-separated LIST of RFC 21 states (new, depend, priority, sched, run,
+    /// cleanup, inactive), Flux's groups (pending, running, active) or results of inactive jobs (completed,
+    /// failed, canceled, timeout), as `flux jobs --filter`. Inactive states imply `-a`.
+    #[arg(long, value_name = "LIST", visible_alias = "filter")]
+    pub states: Option<String>,
+    /// Inactive jobs only if they ended after TIME: -DURATION ago (-1h, -30m), @EPOCH, or a UTC time
+    /// (2026-12-07T05:00:00Z, "2026-12-07 05:00"), as `flux jobs --since`. Implies `-a`.
+    #[arg(long, value_name = "TIME")]
+    pub since: Option<String>,
+    /// At most COUNT jobs (the newest first), after the other filters.
+    #[arg(short = 'c', long, value_name = "COUNT")]
+    pub count: Option<usize>,
+    /// Lines in Flux's style: named fields in braces, each with an optional [<|>|^][WIDTH][.MAX] spec, e.g.
+    /// `{id.f58:>12} {name:<16.16} {state} {runtime}`. Fields: id, id.f58, id.dec, id.hex, name, user, userid,
+    /// state, state_single, result, status, urgency, nnodes, ntasks, nodelist, ranks, runtime, duration,
+    /// t_submit, t_run, t_inactive, returncode, exception.type, exception.note, reason, requeues, info (see
+    /// docs/queue.md).
+    #[arg(long, value_name = "FORMAT")]
+    pub format: Option<String>,
+    /// No header line.
+    #[arg(short = 'n', long)]
+    pub no_header: bool,
 }
 
 /// The login name of user id `uid`, or its number if it has none.
@@ -1106,90 +1131,67 @@ pub(crate) fn user_name(uid: u32) -> String {
         .unwrap_or_else(|| uid.to_string())
 }
 
-fn short_state(j: &Value) -> &'static str {
-    match (j["state"].as_str().unwrap_or(""), j["result"].as_str()) {
-        ("NEW", _) => "N",
-        ("DEPEND", _) => "D",
-        ("PRIORITY", _) => "P",
-        ("SCHED", _) => "S",
-        ("RUN", _) => "R",
-        ("CLEANUP", _) => "C",
-        (_, Some("COMPLETED")) => "CD",
-        (_, Some("CANCELED")) => "CA",
-        (_, Some("TIMEOUT")) => "TO",
-        _ => "F",
+/// `--user`: a uid, a login name, or `all` (`None`: every user's).
+fn user_id(u: &str) -> Result<Option<u32>, String> {
+    if u == "all" {
+        return Ok(None);
     }
-}
-
-/// What a job that went on without some of its nodes lost, for the INFO column of `vigil jobs` (`, lost node3`,
-/// `, lost node[3,5]`), as Flux's listing notes a job's non-fatal exceptions; empty when it lost none.
-fn lost_nodes_note(j: &Value) -> String {
-    match j["lost_nodelist"].as_str().filter(|l| !l.is_empty()) {
-        Some(l) => format!(", lost {l}"),
-        None => String::new(),
+    if let Ok(n) = u.parse::<u32>() {
+        return Ok(Some(n));
+    }
+    match nix::unistd::User::from_name(u) {
+        Ok(Some(user)) => Ok(Some(user.uid.as_raw())),
+        _ => Err(format!("--user={u}: no such user (a login name, a uid, or all)")),
     }
 }
 
 /// `vigil jobs`.
 pub(crate) async fn jobs(a: JobsArgs) -> Result<i32, String> {
+    use super::jobsfmt::{Ctx, Format, States, DEFAULT_FORMAT};
+    let now = crate::broker_now();
+    // Every option is checked before the instance is asked anything.
+    let format = Format::parse(a.format.as_deref().unwrap_or(DEFAULT_FORMAT)).map_err(|e| format!("--format: {e}"))?;
+    let states = a
+        .states
+        .as_deref()
+        .map(States::parse)
+        .transpose()
+        .map_err(|e| format!("--states={}: {e}", a.states.as_deref().unwrap_or("")))?;
+    let since = a.since.as_deref().map(|s| super::jobsfmt::parse_since(s, now)).transpose()?;
+    let user = match (&a.user, a.all_users) {
+        (Some(u), _) => user_id(u)?,
+        (None, true) => None,
+        (None, false) => Some(nix::unistd::getuid().as_raw()),
+    };
+    let all = a.all || since.is_some() || states.as_ref().is_some_and(States::wants_inactive);
     let c = connect().await?;
-    let mut req = json!({"all": a.all});
-    if !a.all_users {
-        req["userid"] = nix::unistd::getuid().as_raw().into();
+    let mut req = json!({"all": all});
+    if let Some(u) = user {
+        req["userid"] = u.into();
     }
     let mut r = super::rpc_to_rank0(&c, "job-manager.list", &req).await?;
-    if let (Some(name), Some(list)) = (&a.name, r.get_mut("jobs").and_then(Value::as_array_mut)) {
-        list.retain(|j| j["name"].as_str() == Some(name.as_str()));
+    if let Some(list) = r.get_mut("jobs").and_then(Value::as_array_mut) {
+        list.retain(|j| {
+            a.name.as_deref().is_none_or(|n| j["name"].as_str() == Some(n))
+                && states.as_ref().is_none_or(|s| s.matches(j))
+                && since.is_none_or(|t| j["state"] != "INACTIVE" || j["t_inactive"].as_f64().is_some_and(|e| e > t))
+        });
+        if let Some(n) = a.count {
+            list.truncate(n);
+        }
     }
     if a.json {
         println!("{r}");
         return Ok(0);
     }
-    let now = crate::broker_now();
-    println!(
-        "{:>14} {:>8} {:<12} {:>2} {:>6} {:>6} {:>8} INFO",
-        "JOBID", "USER", "NAME", "ST", "NTASKS", "NNODES", "TIME"
-    );
+    if !a.no_header {
+        println!("{}", format.header());
+    }
+    let names = std::cell::RefCell::new(std::collections::HashMap::new());
+    let user = |uid: u32| names.borrow_mut().entry(uid).or_insert_with(|| user_name(uid)).clone();
+    let ctx = Ctx { now, user: &user };
     for j in r["jobs"].as_array().cloned().unwrap_or_default() {
-        let user = user_name(j["userid"].as_u64().unwrap_or(0) as u32);
-        let t_run = j["t_run"].as_f64();
-        // How long its tasks ran: to their end (as their node saw it), else to the job's end, else now.
-        let t_end = j["t_finish"].as_f64().or_else(|| j["t_inactive"].as_f64()).unwrap_or(now);
-        let time = t_run.map(|t| fmt_secs(t_end - t)).unwrap_or_else(|| "-".into());
-        let info = match j["state"].as_str() {
-            Some("INACTIVE") => match j["exception"].as_object() {
-                Some(e) => format!(
-                    "{}: {}",
-                    e.get("type").and_then(Value::as_str).unwrap_or(""),
-                    e.get("note").and_then(Value::as_str).unwrap_or("")
-                ),
-                None => format!("exit {}{}", j["exit_code"].as_i64().unwrap_or(0), lost_nodes_note(&j)),
-            },
-            Some("RUN") if j["uri"].is_string() => {
-                let (nodes, uri) = (j["nodelist"].as_str().unwrap_or(""), j["uri"].as_str().unwrap_or(""));
-                format!("{nodes} {uri}{}", lost_nodes_note(&j))
-            }
-            Some("SCHED" | "DEPEND") => {
-                let why = j["reason_pending"].as_str().unwrap_or("");
-                // The job holding the reservation: when it is expected to start (Flux's `eta:`).
-                match j.pointer("/annotations/sched/t_estimate").and_then(Value::as_f64) {
-                    Some(t) => format!("eta:{} {why}", fmt_secs((t - now).max(0.0))),
-                    None => why.to_string(),
-                }
-            }
-            _ => j["nodelist"].as_str().unwrap_or("").to_string(),
-        };
-        println!(
-            "{:>14} {:>8} {:<12} {:>2} {:>6} {:>6} {:>8} {}",
-            j["id_f58"].as_str().unwrap_or(""),
-            user,
-            j["name"].as_str().unwrap_or("").chars().take(12).collect::<String>(),
-            short_state(&j),
-            j["ntasks"].as_u64().unwrap_or(0),
-            j["nnodes"].as_u64().map_or_else(|| "-".to_string(), |n| n.to_string()),
-            time,
-            info
-        );
+        println!("{}", format.line(&j, &ctx));
     }
     Ok(0)
 }

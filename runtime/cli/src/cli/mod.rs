@@ -9,6 +9,7 @@
 mod hostlist;
 mod jobcmd;
 mod jobinfo;
+mod jobsfmt;
 mod nested;
 mod queue;
 mod start;

@@ -196,28 +196,32 @@ pub(crate) fn parse_begin_time(s: &str, now: f64) -> Result<f64, String> {
             return Err(bad("a begin time must be finite".into()));
         }
         now + secs
-    } else if let Some(e) = t.strip_prefix('@') {
-        e.parse::<f64>()
-            .ok()
-            .filter(|v| v.is_finite())
-            .ok_or_else(|| bad("expected @SECONDS since the epoch".into()))?
     } else {
-        let iso = if t.len() == 16 && t.as_bytes().get(10).is_some_and(|c| *c == b' ' || *c == b'T') {
-            format!("{t}:00") // minutes without seconds
-        } else {
-            t.to_string()
-        };
-        let parsed = humantime::parse_rfc3339_weak(&iso).or_else(|_| humantime::parse_rfc3339(&iso)).map_err(|_| {
+        parse_time(t).ok_or_else(|| {
             bad("expected +DURATION (+30s, +5m, +2h), @EPOCH, or a UTC time such as 2026-12-07T05:00:00Z or \
-                     \"2026-12-07 05:00\""
+                 \"2026-12-07 05:00\""
                 .into())
-        })?;
-        parsed.duration_since(std::time::UNIX_EPOCH).map_err(|_| bad("before 1970".into()))?.as_secs_f64()
+        })?
     };
     if at < now - 1.0 {
         return Err(bad(format!("that time has passed ({:.0} s ago)", now - at)));
     }
     Ok(at)
+}
+
+/// An absolute time as seconds since the epoch: `@SECONDS`, or a UTC date and time (`2026-12-07T05:00:00Z`,
+/// `2026-12-07 05:00`, RFC 3339 in UTC, from 1970). `None` if it is none of these.
+pub(crate) fn parse_time(t: &str) -> Option<f64> {
+    if let Some(e) = t.strip_prefix('@') {
+        return e.parse::<f64>().ok().filter(|v| v.is_finite());
+    }
+    let iso = if t.len() == 16 && t.as_bytes().get(10).is_some_and(|c| *c == b' ' || *c == b'T') {
+        format!("{t}:00") // minutes without seconds
+    } else {
+        t.to_string()
+    };
+    let parsed = humantime::parse_rfc3339_weak(&iso).or_else(|_| humantime::parse_rfc3339(&iso)).ok()?;
+    parsed.duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_secs_f64())
 }
 
 #[cfg(test)]
