@@ -281,3 +281,51 @@ fn nix_uid() -> String {
         .unwrap_or_default()
 }
 
+/// `vigil update ID KEY=VALUE...`: a pending job's time limit, name and urgency change, the eventlog says so; a
+/// running job may only shorten its limit; bad keys and values are refused naming them.
+#[test]
+fn a_pending_job_is_updated_and_a_running_one_only_shortened() {
+    let inst = Instance::start(1, &[]);
+    let hog = inst.submit(&["-N1", "--exclusive", "-t", "1h", "sleep", "300"]);
+    assert!(inst.wait_state(&hog, "RUN", Duration::from_secs(20)), "{:?}", inst.jobs());
+    let p = inst.submit(&["-N1", "--exclusive", "-t", "10m", "--job-name", "before", "sleep", "300"]);
+    inst.vigil(&["update", &p, "duration=+5m", "name=after", "urgency=hold"]).ok();
+    let j = inst.job(&p);
+    assert_eq!(
+        (j["duration"].as_f64(), j["name"].as_str(), j["urgency"].as_u64()),
+        (Some(900.0), Some("after"), Some(0)),
+        "{j}"
+    );
+    let ev = inst.vigil(&["job", "eventlog", &p]);
+    assert!(
+        ev.stdout.contains("jobspec-update") && ev.stdout.contains("attributes.system.duration=900"),
+        "{}",
+        ev.stdout
+    );
+    let dec = inst.job(&p)["id"].as_u64().unwrap().to_string();
+    inst.vigil(&["update", &dec, "duration=20m"]).ok();
+    assert_eq!(inst.job(&p)["duration"].as_f64(), Some(1200.0), "a decimal id works too");
+    // Running: shorter only.
+    let longer = inst.vigil(&["update", &hog, "duration=2h"]);
+    longer.code_is(1);
+    assert!(longer.stderr.contains("may only be reduced"), "{}", longer.dump());
+    let named = inst.vigil(&["update", &hog, "name=x"]);
+    named.code_is(1);
+    assert!(named.stderr.contains("only its time limit may change"), "{}", named.dump());
+    inst.vigil(&["update", &hog, "duration=3s"]).ok();
+    assert!(inst.wait_state(&hog, "INACTIVE", Duration::from_secs(30)), "{}", inst.job(&hog));
+    assert_eq!(inst.job(&hog)["result"].as_str(), Some("TIMEOUT"), "{}", inst.job(&hog));
+    for (args, says) in [
+        (vec!["update", &p, "nodes=2"], "nodes: unknown key (known: duration, name, urgency)"),
+        (vec!["update", &p, "duration=soon"], "duration:"),
+        (vec!["update", &p, "urgency=40"], "urgency: must be 0 (hold) to 31"),
+        (vec!["update", &p, "name"], "name: expected KEY=VALUE"),
+        (vec!["update", &hog, "duration=1m"], "may no longer change"),
+        (vec!["update", "fZZZZZZ", "name=x"], "unknown job id"),
+    ] {
+        let o = inst.vigil(&args);
+        o.code_is(1);
+        assert!(o.stderr.contains(says), "{says}:\n{}", o.dump());
+    }
+    inst.vigil(&["cancel", &p]).ok();
+}

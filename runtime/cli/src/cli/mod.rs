@@ -55,6 +55,9 @@ pub enum Cmd {
     Jobs(jobcmd::JobsArgs),
     /// Cancel jobs.
     Cancel(jobcmd::CancelArgs),
+    /// Change a job: `vigil update ID duration=30m name=x urgency=20` (Flux's `flux update`). A pending job may
+    /// change its time limit, name and urgency; a running job only its time limit, and only down.
+    Update(jobcmd::UpdateArgs),
     /// Job subcommands: submit a jobspec file, eventlog, attach, wait, cancel, info.
     #[command(subcommand)]
     Job(jobcmd::JobCmd),
@@ -166,6 +169,7 @@ pub fn main() -> i32 {
                     Cmd::Proxy(a) => nested::proxy(a).await,
                     Cmd::Jobs(a) => jobcmd::jobs(a).await,
                     Cmd::Cancel(a) => jobcmd::cancel(a).await,
+                    Cmd::Update(a) => jobcmd::update(a).await,
                     Cmd::Job(c) => jobcmd::job(c).await,
                     Cmd::Resource(c) => status::resource(c).await,
                     Cmd::Overlay(c) => status::overlay(c).await,

@@ -88,6 +88,7 @@ pub const RULES: &[(&str, Rule)] = &[
     ("job-manager.info", Rule::JobOwner),
     ("job-manager.cancel", Rule::JobOwner),
     ("job-manager.urgency", Rule::JobOwner),
+    ("job-manager.update", Rule::JobOwner),
     ("job-manager.raise", Rule::JobOwner),
     ("job-manager.purge", Rule::JobsOwner),
     ("job-manager.eventlog", Rule::JobOwner),

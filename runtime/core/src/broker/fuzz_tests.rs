@@ -49,6 +49,7 @@ const TOPICS: &[&str] = &[
     "job-manager.purge",
     "job-manager.eventlog",
     "job-manager.urgency",
+    "job-manager.update",
     "job-exec.stdin",
     "job-info.stdin",
     "job-info.disconnect",

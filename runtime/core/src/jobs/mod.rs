@@ -18,6 +18,7 @@
 //! | `nested.rs` | critical-rank rules for the brokers of a nested instance |
 //! | `timers.rs` | time limits and the warning before them (`--signal`), exit-timeout, SIGKILL escalation, from an ordered index of deadlines |
 //! | `kills.rs` | a kill that could not reach its rank goes once the rank is reachable again |
+//! | `update.rs` | a job changed after submission (`vigil update`): time limit, name, urgency |
 //! | `submit_key.rs` | a submission sent again with its key makes no second job |
 //! | `submit.rs` | submission: validation, the refusals of [`SubmitError`], job ids |
 //! | `exec.rs` | a job's start on its shells, their reports (spawned, task exit, shell exit), its finish |
@@ -53,6 +54,7 @@ pub mod state;
 mod submit;
 pub mod submit_key;
 mod timers;
+pub mod update;
 mod urgency;
 
 use crate::eventlog::Event;
@@ -343,5 +345,7 @@ mod tests_depend;
 mod tests_sched;
 #[cfg(test)]
 mod tests_signal;
+#[cfg(test)]
+mod tests_update;
 #[cfg(test)]
 mod tests_urgency;

@@ -11,6 +11,7 @@ pub(super) const TOPICS: &[Topic] = &[
     Topic { name: "job-manager.info", handler: info },
     Topic { name: "job-manager.cancel", handler: cancel },
     Topic { name: "job-manager.urgency", handler: urgency },
+    Topic { name: "job-manager.update", handler: update },
     Topic { name: "job-manager.raise", handler: raise },
     Topic { name: "job-manager.purge", handler: purge },
     Topic { name: "job-manager.eventlog", handler: super::job_info::attach_or_eventlog },
@@ -235,6 +236,30 @@ fn urgency(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
         .map_err(|(errno, message)| ServiceError { errno, message })?;
     info!("job {id}: urgency {old} -> {u}");
     Ok(Some(json!({"old": old}).into()))
+}
+
+/// A `job-manager.update` request (`vigil update`; Flux's `job-manager.update`): change a job's time limit,
+/// name or urgency (`jobs/update.rs` says which state allows what).
+#[derive(Debug, Deserialize)]
+struct UpdateRequest {
+    /// The job: the caller's own, unless the caller is the instance owner.
+    id: JobRef,
+    /// What to change: `{"duration": "30m" | SECONDS | "+10m", "name": "x", "urgency": N}`.
+    updates: serde_json::Map<String, Value>,
+}
+
+/// `job-manager.update`: answers what changed, the `jobspec-update` context (`{"attributes.system.duration":
+/// 1800}`), with `urgency: {old, new}` when it changed.
+fn update(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
+    let req: UpdateRequest = lazy.decode()?;
+    let n = core.wall();
+    let owner = msg.userid == core.env.uid;
+    let u = crate::jobs::update::Update::parse(&req.updates).map_err(ServiceError::einval)?;
+    let jc = job_core!(core);
+    let id = req.id.id()?;
+    let answer = jc.update(n, id, msg.userid, owner, &u).map_err(|(errno, message)| ServiceError { errno, message })?;
+    info!("job {id} updated: {answer}");
+    Ok(Some(answer.into()))
 }
 
 /// A `job-manager.raise` request (`vigil job raise`; Flux's `job-manager.raise`): an exception on a job (RFC 21).

@@ -295,7 +295,9 @@ impl JobCore {
     }
 
     /// A job as its kept eventlog leaves it: state, times, R, exit status, first fatal exception, requeues.
-    fn replay(&self, id: JobId, userid: u32, jobspec: Value, eventlog: Vec<Event>, out: &mut Restored) -> Job {
+    fn replay(&self, id: JobId, userid: u32, mut jobspec: Value, eventlog: Vec<Event>, out: &mut Restored) -> Job {
+        // As changed since submission (`vigil update`, update.rs).
+        super::super::update::apply_updates(&mut jobspec, &eventlog);
         let req = match Jobspec::from_value(&jobspec)
             .map_err(|e| e.to_string())
             .and_then(|s| s.validate().map_err(|e| e.to_string()))
@@ -342,6 +344,12 @@ impl JobCore {
                     if let Some(u) = ctx.get("urgency").and_then(Value::as_u64) {
                         job.urgency =
                             u32::try_from(u).unwrap_or(crate::jobs::MAX_URGENCY).min(crate::jobs::MAX_URGENCY);
+                    }
+                }
+                // A running job's limit reduced (update.rs): it ends that long after its start.
+                "jobspec-update" if job.t_run.is_some() => {
+                    if let Some(d) = ctx.get(super::super::update::DURATION_KEY).and_then(Value::as_f64) {
+                        job.expiration = job.t_run.filter(|_| d > 0.0).map(|t| t + d);
                     }
                 }
                 // Its warning before the time limit went out in this run (timers.rs).
