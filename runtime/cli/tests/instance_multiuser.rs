@@ -14,7 +14,7 @@ mod common;
 use common::*;
 use serde_json::Value;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -66,67 +66,29 @@ impl Drop for Users {
     }
 }
 
-/// The multi-user system instance: its directory, TOML file and brokers.
+/// The multi-user system instance ([`LoopbackSystem`]: 3 root brokers of 4 cores, `kary:2`), acted on as each user.
 struct System {
-    dir: tempfile::TempDir,
-    config: PathBuf,
-    size: u32,
+    sys: LoopbackSystem,
+}
+
+impl std::ops::Deref for System {
+    type Target = LoopbackSystem;
+    fn deref(&self) -> &LoopbackSystem {
+        &self.sys
+    }
 }
 
 impl System {
     fn new(size: u32, multi_user: bool) -> System {
-        let dir = tempdir();
-        let d = dir.path();
-        let key = d.join("overlay.key");
-        let mut c = vigil_cmd(d);
-        c.arg("keygen").arg(&key);
-        run(c, Duration::from_secs(10), None).ok();
-        let hosts: Vec<String> = (0..size)
-            .map(|r| {
-                let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-                let p = l.local_addr().unwrap().port();
-                format!("{{ host = \"n{r}\", bind = \"tcp://127.0.0.1:{p}\", connect = \"tcp://127.0.0.1:{p}\" }}")
-            })
-            .collect();
         let access = if multi_user { "[access]\nallow-guest-users = true\n" } else { "" };
-        let config = d.join("vigil.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[bootstrap]\ninstance = \"mu\"\noverlay_key = \"{}\"\nhosts = [ {} ]\n[tbon]\ntopo = \"kary:2\"\n{access}",
-                key.display(),
-                hosts.join(", ")
-            ),
-        )
-        .unwrap();
-        System { dir, config, size }
-    }
-
-    fn rundir(&self, rank: u32) -> PathBuf {
-        self.dir.path().join(format!("r{rank}"))
-    }
-
-    fn uri(&self) -> String {
-        format!("local://{}", self.rundir(0).join("local-0").display())
+        System {
+            sys: LoopbackSystem::new(tempdir(), "mu", size, 4, "", &format!("[tbon]\ntopo = \"kary:2\"\n{access}")),
+        }
     }
 
     fn start(&self) -> Vec<Running> {
-        let d = self.dir.path();
-        let brokers: Vec<Running> = (0..self.size)
-            .map(|rank| {
-                let mut c = vigil_cmd(d);
-                c.args(["broker", &format!("--rank={rank}")])
-                    .arg(format!("--config={}", self.config.display()))
-                    .arg(format!("--rundir={}", self.rundir(rank).display()))
-                    .args(["-S", "resource.synthetic=pack:1 core:4 pu:1", "-S", "log-level=info"]);
-                spawn(c, Some(d))
-            })
-            .collect();
-        let up = wait_for(Duration::from_secs(60), || {
-            let o = self.as_user(None, None, &["uptime"]);
-            o.code == 0 && o.stdout.contains(" run ")
-        });
-        assert!(up, "the instance did not come up:\n{}", self.as_user(None, None, &["uptime"]).dump());
+        let brokers: Vec<Running> = (0..self.size).map(|rank| self.broker(rank, &[])).collect();
+        assert!(self.is_up(), "the instance did not come up:\n{}", self.as_user(None, None, &["uptime"]).dump());
         brokers
     }
 

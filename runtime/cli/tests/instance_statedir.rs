@@ -10,47 +10,30 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// A system instance on loopback (TOML bootstrap, `--rank`), each broker with one core, started and killed broker
-/// by broker.
+/// A system instance on loopback ([`LoopbackSystem`]), each broker with one core, started and killed broker by
+/// broker, with rank 0's state directory.
 struct SystemInstance {
-    dir: tempfile::TempDir,
-    config: PathBuf,
-    size: u32,
+    sys: LoopbackSystem,
     statedir: PathBuf,
+}
+
+impl std::ops::Deref for SystemInstance {
+    type Target = LoopbackSystem;
+    fn deref(&self) -> &LoopbackSystem {
+        &self.sys
+    }
 }
 
 impl SystemInstance {
     /// `size` brokers; the state directory in `[bootstrap] statedir` when `in_toml`, else given with `-S`.
     fn new(size: u32, in_toml: bool) -> SystemInstance {
         let dir = tempdir();
-        let d = dir.path();
-        let statedir = d.join("state");
-        let key = d.join("overlay.key");
-        let mut c = vigil_cmd(d);
-        c.arg("keygen").arg(&key);
-        run(c, Duration::from_secs(10), None).ok();
-        let hosts: Vec<String> = (0..size)
-            .map(|r| {
-                let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-                let p = l.local_addr().unwrap().port();
-                format!("{{ host = \"n{r}\", bind = \"tcp://127.0.0.1:{p}\", connect = \"tcp://127.0.0.1:{p}\" }}")
-            })
-            .collect();
+        let statedir = dir.path().join("state");
         let sd = if in_toml { format!("statedir = \"{}\"\n", statedir.display()) } else { String::new() };
-        let config = d.join("vigil.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[bootstrap]\ninstance = \"sys\"\noverlay_key = \"{}\"\n{sd}hosts = [ {} ]\n",
-                key.display(),
-                hosts.join(", ")
-            ),
-        )
-        .unwrap();
-        SystemInstance { dir, config, size, statedir }
+        let sys = LoopbackSystem::new(dir, "sys", size, 1, &sd, "");
+        SystemInstance { sys, statedir }
     }
 
-    /// `vigil broker --rank=RANK` with one core and `-S` attributes.
     /// Starts rank 0 again (on the same state directory) and waits until the other brokers have rejoined it
     /// (`vigil uptime` says `run`), at most 30 s.
     #[track_caller]
@@ -65,19 +48,6 @@ impl SystemInstance {
             self.client(&["uptime"]).dump()
         );
         r0
-    }
-
-    fn broker(&self, rank: u32, attrs: &[&str]) -> Running {
-        let d = self.dir.path();
-        let mut c = vigil_cmd(d);
-        c.args(["broker", &format!("--rank={rank}")])
-            .arg(format!("--config={}", self.config.display()))
-            .arg(format!("--rundir={}", d.join(format!("r{rank}")).display()))
-            .args(["-S", "resource.synthetic=pack:1 core:1 pu:1", "-S", "log-level=info"]);
-        for a in attrs {
-            c.arg("-S").arg(a);
-        }
-        spawn(c, Some(d))
     }
 
     /// Every broker, and wait until the instance is up (every rank joined).
@@ -103,24 +73,9 @@ impl SystemInstance {
         b
     }
 
-    /// Whether the instance comes up (every rank joined) within 60 s.
-    fn is_up(&self) -> bool {
-        wait_for(Duration::from_secs(60), || {
-            let o = self.client(&["uptime"]);
-            o.code == 0 && o.stdout.contains(" run ")
-        })
-    }
-
     /// Wait until the instance is up (every rank joined).
     fn wait_up(&self) {
         assert!(self.is_up(), "the instance did not come up:\n{}", self.client(&["uptime"]).dump());
-    }
-
-    /// A `vigil` client command of rank 0.
-    fn client(&self, args: &[&str]) -> Output {
-        let mut c = vigil_cmd(self.dir.path());
-        c.env("VIGIL_URI", format!("local://{}", self.dir.path().join("r0").join("local-0").display())).args(args);
-        run(c, CMD_TIMEOUT, None)
     }
 
     /// `vigil jobs -a --json`, by id (f58).
@@ -147,12 +102,6 @@ impl SystemInstance {
         for o in self.stop(brokers) {
             assert!(!o.timed_out, "`vigil shutdown` left a broker running:\n{}", o.dump());
         }
-    }
-}
-
-impl Drop for SystemInstance {
-    fn drop(&mut self) {
-        kill_marked(self.dir.path());
     }
 }
 
@@ -189,7 +138,7 @@ fn every_acknowledged_job_survives_kill_9_of_rank_0() {
     let threads: Vec<_> = (0..4)
         .map(|_| {
             let acked = acked.clone();
-            let uri = format!("local://{}", inst.dir.path().join("r0").join("local-0").display());
+            let uri = inst.uri();
             let d = inst.dir.path().to_path_buf();
             std::thread::spawn(move || {
                 for _ in 0..50 {
@@ -784,7 +733,7 @@ fn a_submission_sent_again_after_a_restart_of_rank_0_is_one_job() {
     let inst = SystemInstance::new(2, true);
     let mut brokers = inst.start_all(&[]);
     inst.client(&["resource", "drain", "0", "rank 0 restarts in this test"]).ok();
-    let uri0 = format!("local://{}", inst.dir.path().join("r0").join("local-0").display());
+    let uri0 = inst.uri();
     let dry = inst.client(&["submit", "--dry-run", "-N1", "-n1", "true"]);
     dry.ok();
     let jobspec: Value = serde_json::from_str(dry.stdout.trim()).expect("a jobspec");

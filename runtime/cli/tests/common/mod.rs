@@ -464,6 +464,104 @@ impl Drop for Instance {
     }
 }
 
+/// A system instance on loopback, set up as an administrator would: an overlay key, a TOML file whose
+/// `[bootstrap]` table names each broker's host and address, and brokers started one by one with
+/// `vigil broker --rank=R` (run directory `DIR/rR`, a synthetic node of `cores` cores). Every broker the test
+/// started is killed when it is dropped.
+pub(crate) struct LoopbackSystem {
+    /// Temporary directory (marker, TMPDIR, cwd), holding the key, the TOML file and the run directories.
+    pub(crate) dir: tempfile::TempDir,
+    /// The TOML file.
+    pub(crate) config: PathBuf,
+    /// Number of brokers.
+    pub(crate) size: u32,
+    /// Cores of each broker's synthetic node.
+    cores: u32,
+}
+
+impl LoopbackSystem {
+    /// Instance `name` of `size` brokers of `cores` cores each, in `dir` (from [`tempdir`]): `bootstrap` goes into
+    /// the `[bootstrap]` table before `hosts` (e.g. `statedir = "..."\n`), `tables` after it (e.g.
+    /// `[tbon]\ntopo = "kary:2"\n`).
+    pub(crate) fn new(
+        dir: tempfile::TempDir,
+        name: &str,
+        size: u32,
+        cores: u32,
+        bootstrap: &str,
+        tables: &str,
+    ) -> LoopbackSystem {
+        let d = dir.path();
+        let key = d.join("overlay.key");
+        let mut c = vigil_cmd(d);
+        c.arg("keygen").arg(&key);
+        run(c, Duration::from_secs(10), None).ok();
+        let hosts: Vec<String> = (0..size)
+            .map(|r| {
+                let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+                let p = l.local_addr().unwrap().port();
+                format!("{{ host = \"n{r}\", bind = \"tcp://127.0.0.1:{p}\", connect = \"tcp://127.0.0.1:{p}\" }}")
+            })
+            .collect();
+        let config = d.join("vigil.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[bootstrap]\ninstance = \"{name}\"\noverlay_key = \"{}\"\n{bootstrap}hosts = [ {} ]\n{tables}",
+                key.display(),
+                hosts.join(", ")
+            ),
+        )
+        .unwrap();
+        LoopbackSystem { dir, config, size, cores }
+    }
+
+    /// Rank `rank`'s run directory.
+    pub(crate) fn rundir(&self, rank: u32) -> PathBuf {
+        self.dir.path().join(format!("r{rank}"))
+    }
+
+    /// `VIGIL_URI` of rank 0.
+    pub(crate) fn uri(&self) -> String {
+        format!("local://{}", self.rundir(0).join("local-0").display())
+    }
+
+    /// Start `vigil broker --rank=RANK` (logging at info level) with `-S` attributes `attrs`.
+    pub(crate) fn broker(&self, rank: u32, attrs: &[&str]) -> Running {
+        let d = self.dir.path();
+        let mut c = vigil_cmd(d);
+        c.args(["broker", &format!("--rank={rank}")])
+            .arg(format!("--config={}", self.config.display()))
+            .arg(format!("--rundir={}", self.rundir(rank).display()))
+            .args(["-S", &format!("resource.synthetic=pack:1 core:{} pu:1", self.cores), "-S", "log-level=info"]);
+        for a in attrs {
+            c.arg("-S").arg(a);
+        }
+        spawn(c, Some(d))
+    }
+
+    /// A `vigil` client command of rank 0, as the instance owner.
+    pub(crate) fn client(&self, args: &[&str]) -> Output {
+        let mut c = vigil_cmd(self.dir.path());
+        c.env("VIGIL_URI", self.uri()).args(args);
+        run(c, CMD_TIMEOUT, None)
+    }
+
+    /// Whether the instance comes up (every rank joined: `vigil uptime` says `run`) within 60 s.
+    pub(crate) fn is_up(&self) -> bool {
+        wait_for(Duration::from_secs(60), || {
+            let o = self.client(&["uptime"]);
+            o.code == 0 && o.stdout.contains(" run ")
+        })
+    }
+}
+
+impl Drop for LoopbackSystem {
+    fn drop(&mut self) {
+        kill_marked(self.dir.path());
+    }
+}
+
 /// Connect once to a rank-0 local socket under `dir` (any `vigil-*/local-0`); true if connected.
 pub(crate) fn poke_local_socket(dir: &Path) -> bool {
     let Ok(rd) = std::fs::read_dir(dir) else { return false };
