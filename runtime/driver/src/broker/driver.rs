@@ -162,6 +162,8 @@ pub(crate) struct Driver {
     detect_rx: Option<mpsc::UnboundedReceiver<super::detect::DetectInput>>,
     /// Time from a prober report to its turn in the loop (`vigil_detect_report_delay_seconds`).
     report_delay: prometheus_client::metrics::histogram::Histogram,
+    /// The loop's scheduling, on the machine's detector owner (`priority.rs`).
+    loop_priority: Option<String>,
     /// Processes the broker asked to watch (`detect.watch`).
     pub(super) watched: HashSet<u32>,
     /// The transports a link may move onto after its hello, in `tbon.transport`'s order.
@@ -270,6 +272,7 @@ async fn run_inner(opts: BrokerOptions, io: DriverOptions) -> Result<i32, String
         detect: None,
         detect_rx: None,
         report_delay: observed.report_delay.clone(),
+        loop_priority: None,
         watched: HashSet::new(),
         upgrades,
         status_key: [u64::MAX; 8],
@@ -499,12 +502,9 @@ impl Driver {
                 Some(e) => self.on_event(e),
                 None => self.step(Input::Timer),
             }
-            let took = turn.elapsed().as_secs_f64();
-            if took > SLOW_TURN {
-                if let Some(l) = label {
-                    debug!("slow turn of the loop: {:.0} ms on {}", took * 1e3, l.as_deref().unwrap_or("its timer"));
-                }
-            }
+            let first = turn.elapsed().as_secs_f64();
+            let mut more = 0;
+            let mut flushed = 0.0;
             if self.grouping {
                 // Group commit: what else is ready joins this turn, and one transaction writes it all before
                 // anything it caused is carried out; submissions are answered once an fsync covers it.
@@ -512,11 +512,28 @@ impl Driver {
                     let detected =
                         self.detect_rx.as_mut().and_then(|r| r.try_recv().ok()).map(|d| Event::Detect(d, false));
                     match detected.or_else(|| input_rx.try_recv().ok()).or_else(|| self.links.try_next(None)) {
-                        Some(e) => self.on_event(e),
+                        Some(e) => {
+                            self.on_event(e);
+                            more += 1;
+                        }
                         None => break,
                     }
                 }
+                let f = Instant::now();
                 self.flush();
+                flushed = f.elapsed().as_secs_f64();
+            }
+            let took = turn.elapsed().as_secs_f64();
+            if took > SLOW_TURN {
+                if let Some(l) = label {
+                    debug!(
+                        "slow turn of the loop: {:.0} ms on {} ({:.0} ms), {more} more events, flush {:.0} ms",
+                        took * 1e3,
+                        l.as_deref().unwrap_or("its timer"),
+                        first * 1e3,
+                        flushed * 1e3
+                    );
+                }
             }
             if self.broker.finished() {
                 break;
@@ -720,7 +737,11 @@ impl Driver {
             Some(d) => {
                 let mut v = serde_json::to_value(&d.status).unwrap_or_default();
                 if let (Some(s), Some(o)) = (&d.prober_stats, v.as_object_mut()) {
-                    o.insert("probing".into(), s.describe().into());
+                    let mut probing = s.describe();
+                    if let Some(p) = &self.loop_priority {
+                        probing.push_str(&format!("; {p}"));
+                    }
+                    o.insert("probing".into(), probing.into());
                 }
                 v
             }
@@ -823,6 +844,11 @@ impl Driver {
         match super::detect::Detectors::start(&opts.config, &opts.instance, ip, owner, ranks, &mc, dtx) {
             Ok(d) => self.detect = Some(d),
             Err(e) => warn!("failure detectors unavailable ({e}); membership relies on TCP alone"),
+        }
+        // The loop of the machine's detector owner is where its verdicts are made: it must run when the CPUs are
+        // saturated (priority.rs). Other brokers of a test instance share the machine with it at normal priority.
+        if owner {
+            self.loop_priority = Some(super::priority::raise_loop());
         }
     }
 

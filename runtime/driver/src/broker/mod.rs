@@ -29,6 +29,7 @@ mod metrics;
 mod ofi_link;
 mod options;
 mod placement;
+mod priority;
 pub(crate) mod rdma_link;
 pub mod secure;
 mod shells;
