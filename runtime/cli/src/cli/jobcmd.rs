@@ -676,11 +676,11 @@ pub(crate) fn build_jobspec(a: &SubmitArgs) -> Result<Jobspec, String> {
             }
             (
                 "cpu-affinity" | "gpu-affinity" | "exit-timeout" | "kill-timeout" | "pmi" | "output" | "exit-on-error"
-                | "requeue",
+                | "requeue" | "on-node-loss",
                 _,
             ) => {}
             _ => eprintln!(
-                "vigil: warning: unknown shell option '{k}' (known: cpu-affinity, gpu-affinity, exit-timeout, kill-timeout, pmi, exit-on-error, requeue, memory, taskmap)"
+                "vigil: warning: unknown shell option '{k}' (known: cpu-affinity, gpu-affinity, exit-timeout, kill-timeout, pmi, exit-on-error, requeue, on-node-loss, memory, taskmap)"
             ),
         }
         b = b.shell_option(k, v);

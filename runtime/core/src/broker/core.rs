@@ -1294,14 +1294,15 @@ impl Broker {
                     // The lost run's PMI exchange, if it was in one, is not the rerun's.
                     self.pmi_barriers.remove(&id);
                 }
-                Action::NotifyShell { id, rank, lost_shells, note } => {
+                Action::NotifyShell { id, rank, leader, lost_shells, tasks, hosts, note } => {
                     // The job goes on without the lost shells: a PMI exchange that waited for them ends without
                     // them (a batch job whose node was lost while its instance's brokers started).
                     self.pmi_barrier_complete(id);
                     let mut m = Message::request(
                         "rexec.notify",
                         rank,
-                        &json!({"id": id.0, "lost_shells": lost_shells, "note": note}),
+                        &json!({"id": id.0, "leader": leader, "lost_shells": lost_shells, "tasks": tasks,
+                                "hosts": hosts, "note": note}),
                     );
                     m.flags = crate::message::FLAG_NORESPONSE;
                     self.route_request(SELF, m);

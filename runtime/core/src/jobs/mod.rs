@@ -110,14 +110,23 @@ pub enum Action {
     Updated(JobId),
     /// Job `id` went back to the queue (`requeue.rs`): forget what belonged to its lost run (PMI barriers).
     Requeued(JobId),
-    /// Tell the job's leader shell (on broker `rank`) that shells were lost to a node failure.
+    /// Tell a surviving shell of job `id` (on broker `rank`) that shells were lost to a node failure: the job's
+    /// leader shell always; every surviving shell of a job that asked for it (`-o on-node-loss=notify`), which
+    /// raises the PMIx event for the lost processes to its tasks.
     NotifyShell {
         /// Job.
         id: JobId,
-        /// Broker rank of the leader shell.
+        /// Broker rank of the shell.
         rank: u32,
+        /// Whether it is the leader shell (the lowest shell rank still running), which says the note on the job's
+        /// standard error; the others only pass the loss on to their tasks.
+        leader: bool,
         /// Shell ranks lost.
         lost_shells: Vec<u32>,
+        /// The job's task ranks that ran on the lost nodes (empty for a batch or alloc job).
+        tasks: Vec<u32>,
+        /// The lost nodes' host names, one per lost shell, in the order of `lost_shells`.
+        hosts: Vec<String>,
         /// The shell's message, in the terms of the job's own instance (its host names and ranks there, which
         /// are the shell ranks): `this instance lost node node3 (rank 2); it continues on the remaining nodes`.
         note: String,

@@ -214,6 +214,8 @@ impl JobCore {
                 let inner = crate::broker::reparent::critical_ranks(shape.topo(size), size, shape.reparent);
                 job.shells.values().filter(|s| inner.contains(s.shell_rank)).map(|s| s.rank).collect()
             }
+            // `-o on-node-loss=notify`: none (the job fails only when no shell of it is left, jobs_lose_ranks).
+            _ if job.req.on_node_loss == crate::jobspec::OnNodeLoss::Notify => IdSet::new(),
             _ => job.shells.keys().copied().collect(),
         }
     }
@@ -223,6 +225,11 @@ impl JobCore {
     /// back to the queue, `requeue.rs`); losing any other raises a `node-failure` exception (severity 2), releases
     /// the lost ranks' resources early (RFC 32 partial release), tells the job's leader shell, and the job keeps
     /// running on the survivors. A nested instance then shrinks (`shrink.rs`).
+    ///
+    /// An ordinary job's shells are all critical unless it asked to survive (`-o on-node-loss=notify`,
+    /// [`crate::jobspec::OnNodeLoss`]): then none is, the job fails only when no shell of it is left running, and
+    /// every surviving shell (not only the leader) is told, with the lost task ranks and host names, so that it can
+    /// raise the PMIx event to its tasks.
     pub fn ranks_lost(&mut self, now: f64, ranks: &IdSet) {
         self.ranks_down(now, ranks, "lost", "")
     }
@@ -267,16 +274,26 @@ impl JobCore {
             let critical = Self::critical_ranks(job);
             let lost_set: IdSet = lost.iter().copied().collect();
             let what = self.describe_lost(job, &lost_set);
-            let fatal = lost.iter().any(|r| critical.contains(*r));
+            let notify = job.req.on_node_loss == crate::jobspec::OnNodeLoss::Notify;
+            // Under `on-node-loss=notify` no shell is critical, but a job with no shell left running has failed.
+            let none_left = job.shells.iter().all(|(r, s)| s.exited || lost_set.contains(*r));
+            let fatal = lost.iter().any(|r| critical.contains(*r)) || (notify && none_left);
             let nested = job.instance.is_some() || job.req.instance.is_some();
             let hosts: crate::hostlist::Hostlist = lost.iter().map(|r| self.hostname(*r)).collect();
             // The lost shells' ranks, which are the lost brokers' ranks in a batch or alloc job's own instance:
             // its rank 0 reads them from this exception to stop waiting for them during its start-up.
             let shell_set: IdSet = lost.iter().filter_map(|r| job.shells.get(r).map(|s| s.shell_rank)).collect();
+            // The job's tasks that ran there (none for a batch or alloc job, whose tasks are its brokers).
+            let tasks: Vec<u32> = if nested { Vec::new() } else { Self::tasks_on(job, &lost_set) };
+            let task_set: IdSet = tasks.iter().copied().collect();
             let ctx = |note: &str, severity: u32| {
-                json!({"type": "node-failure", "severity": severity, "note": note,
+                let mut c = json!({"type": "node-failure", "severity": severity, "note": note,
                        "ranks": lost_set.to_string(), "hosts": hosts.to_string(),
-                       "shell_ranks": shell_set.to_string()})
+                       "shell_ranks": shell_set.to_string()});
+                if !nested {
+                    c["tasks"] = json!(task_set.to_string());
+                }
+                c
             };
             // In the job's own instance (a batch or alloc job): its ranks are the shell ranks.
             let inner: Vec<String> = lost
@@ -288,6 +305,9 @@ impl JobCore {
             }
             if fatal {
                 let mut note = format!("lost {what}");
+                if notify && none_left && !nested {
+                    note.push_str("; no node of the job is left");
+                }
                 if nested {
                     note.push_str("; the job's instance cannot go on without it");
                 }
@@ -299,19 +319,27 @@ impl JobCore {
                 let note = format!("lost {what}; the job continues on the remaining nodes");
                 self.raise_ctx(now, id, ctx(&note, 2), false);
                 let Some(j) = self.jobs.get(&id) else { continue };
-                let leader = j.shells.values().filter(|s| !s.exited).min_by_key(|s| s.shell_rank).map(|s| s.rank);
-                let shell_ranks: Vec<u32> = lost.iter().filter_map(|r| j.shells.get(r).map(|s| s.shell_rank)).collect();
+                let running: Vec<(u32, u32)> =
+                    j.shells.values().filter(|s| !s.exited).map(|s| (s.shell_rank, s.rank)).collect();
+                let leader = running.iter().min().map(|(_, r)| *r);
+                let lost_shells: Vec<(u32, String)> =
+                    lost.iter().filter_map(|r| j.shells.get(r).map(|s| (s.shell_rank, self.hostname(*r)))).collect();
                 self.release_partly(now, id, &lost_set);
-                if let Some(leader) = leader {
-                    let nodes = if inner.len() == 1 { "node" } else { "nodes" };
+                // The leader says it on the job's stderr; under `notify` every survivor passes it to its tasks.
+                let told: Vec<u32> =
+                    if notify { running.iter().map(|(_, r)| *r).collect() } else { Vec::from_iter(leader) };
+                let nodes = if inner.len() == 1 { "node" } else { "nodes" };
+                let note =
+                    format!("this instance lost {nodes} {}; it continues on the remaining nodes", inner.join(", "));
+                for rank in told {
                     self.actions.push_back(Action::NotifyShell {
                         id,
-                        rank: leader,
-                        lost_shells: shell_ranks,
-                        note: format!(
-                            "this instance lost {nodes} {}; it continues on the remaining nodes",
-                            inner.join(", ")
-                        ),
+                        rank,
+                        leader: Some(rank) == leader,
+                        lost_shells: lost_shells.iter().map(|(s, _)| *s).collect(),
+                        tasks: tasks.clone(),
+                        hosts: lost_shells.iter().map(|(_, h)| h.clone()).collect(),
+                        note: note.clone(),
                     });
                 }
             }
@@ -342,17 +370,36 @@ impl JobCore {
         self.pool.ranks.get(&rank).map_or_else(|| "?".to_string(), |p| p.hostname.clone())
     }
 
-    /// `node node3 (rank 3), where task 2 ran` for the lost `ranks` of `job` (`nodes ..., where tasks 4-5 ran,
-    /// and ...`); of a batch or alloc job, `where rank 2 of the job's instance ran`. Ranks are this instance's.
-    fn describe_lost(&self, job: &Job, ranks: &IdSet) -> String {
-        // Its map, or after a restart of rank 0 the one its `start` event carries.
+    /// The task ranks of each of `job`'s shells, by shell rank, from its task map (or, after a restart of rank 0,
+    /// the one its `start` event carries); `None` when it has none.
+    fn tasks_by_shell(job: &Job) -> Option<Vec<Vec<u32>>> {
         let map = job.taskmap.clone().or_else(|| {
             job.eventlog.iter().rev().find(|e| e.name == "start").and_then(|e| e.context.get("taskmap").cloned())
         });
-        let by_node = map.and_then(|m| crate::taskmap::Taskmap::decode(&m).ok()).map(|m| {
+        map.and_then(|m| crate::taskmap::Taskmap::decode(&m).ok()).map(|m| {
             let n = job.shells.values().map(|s| s.shell_rank as usize + 1).max().unwrap_or(0);
             m.tasks_by_node(n)
-        });
+        })
+    }
+
+    /// The task ranks of `job` that ran on broker `ranks` (its shells there), in order.
+    fn tasks_on(job: &Job, ranks: &IdSet) -> Vec<u32> {
+        let Some(by_shell) = Self::tasks_by_shell(job) else { return Vec::new() };
+        let mut out: Vec<u32> = ranks
+            .iter()
+            .filter_map(|r| job.shells.get(&r))
+            .filter_map(|s| by_shell.get(s.shell_rank as usize))
+            .flatten()
+            .copied()
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// `node node3 (rank 3), where task 2 ran` for the lost `ranks` of `job` (`nodes ..., where tasks 4-5 ran,
+    /// and ...`); of a batch or alloc job, `where rank 2 of the job's instance ran`. Ranks are this instance's.
+    fn describe_lost(&self, job: &Job, ranks: &IdSet) -> String {
+        let by_node = Self::tasks_by_shell(job);
         let parts: Vec<String> = ranks
             .iter()
             .map(|r| {

@@ -1311,3 +1311,73 @@ fn a_nested_instance_is_judged_by_its_shape_before_it_reports_its_critical_ranks
         assert!(e.to_string().contains(field), "{e}");
     }
 }
+
+/// `-o on-node-loss=notify` (Slurm's `--no-kill`): an ordinary job on 4 nodes survives the loss of node2 (tasks 2
+/// and 6 under a cyclic map), even of its first node; the exception (severity 2) names the lost task ranks and
+/// hosts; every surviving shell is told (the leader says it), the lost node is released, and the job completes with
+/// the survivors' code. Losing the last nodes it runs on fails it.
+#[test]
+fn a_job_asking_to_be_notified_survives_its_nodes_until_none_is_left() {
+    let mut c = core(4, 2, 0);
+    let b = cmd()
+        .nnodes(4)
+        .ntasks(8)
+        .taskmap(crate::taskmap::Scheme::Cyclic(1))
+        .shell_option("on-node-loss", json!("notify"));
+    let id = c.submit(T0, SubmitRequest::new(&spec(b), 0)).unwrap().id;
+    actions(&mut c);
+    for r in 0..4 {
+        c.shell_spawned(T0, id, r, Ok(()));
+    }
+    actions(&mut c);
+    c.ranks_lost(T0 + 1.0, &IdSet::from_iter([2]));
+    let j = &c.jobs[&id];
+    assert_eq!(j.state, JobState::Run, "the job goes on");
+    assert!(j.fatal.is_none());
+    let exc = j.eventlog.iter().rev().find(|e| e.name == "exception").unwrap().context.clone();
+    assert_eq!(
+        (exc["severity"].clone(), exc["tasks"].clone(), exc["hosts"].clone(), exc["shell_ranks"].clone()),
+        (json!(2), json!("2,6"), json!("node2"), json!("2"))
+    );
+    let told: Vec<(u32, bool, Vec<u32>, Vec<u32>, Vec<String>)> = actions(&mut c)
+        .into_iter()
+        .filter_map(|a| match a {
+            Action::NotifyShell { rank, leader, lost_shells, tasks, hosts, .. } => {
+                Some((rank, leader, lost_shells, tasks, hosts))
+            }
+            _ => None,
+        })
+        .collect();
+    let want = |r: u32| (r, r == 0, vec![2], vec![2, 6], vec!["node2".to_string()]);
+    assert_eq!(told, vec![want(0), want(1), want(3)], "every survivor, the leader once");
+    assert!(c.pool.ranks[&2].alloc_cores.is_empty(), "the lost node is released");
+
+    // Its first node too: shell 1 leads now.
+    c.ranks_lost(T0 + 2.0, &IdSet::from_iter([0]));
+    assert!(c.jobs[&id].fatal.is_none(), "no shell is critical");
+    let leaders: Vec<u32> = actions(&mut c)
+        .into_iter()
+        .filter_map(|a| match a {
+            Action::NotifyShell { rank, leader: true, .. } => Some(rank),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(leaders, vec![1]);
+    exit_shell(&mut c, T0 + 3.0, id, 1, 0);
+    exit_shell(&mut c, T0 + 3.0, id, 3, 0);
+    let j = &c.jobs[&id];
+    assert_eq!((j.state, j.exit_code()), (JobState::Inactive, Some(0)), "completes with the survivors' code");
+
+    // Without a shell left, the loss is fatal.
+    let id =
+        c.submit(T0 + 4.0, SubmitRequest::new(&spec(cmd().nnodes(2).shell_option("on-node-loss", json!("notify"))), 0));
+    let id = id.unwrap().id;
+    actions(&mut c);
+    let ranks: Vec<u32> = c.jobs[&id].alloc.iter().map(|a| a.rank).collect();
+    for r in &ranks {
+        c.shell_spawned(T0 + 4.0, id, *r, Ok(()));
+    }
+    c.ranks_lost(T0 + 5.0, &ranks.iter().copied().collect());
+    let e = c.jobs[&id].fatal.clone().expect("fatal without a shell left");
+    assert!(e.note.ends_with("; no node of the job is left"), "{e:?}");
+}

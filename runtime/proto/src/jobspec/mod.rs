@@ -67,7 +67,7 @@ mod warning;
 
 pub use builder::JobspecBuilder;
 pub use parse::DEPENDENCY_SCHEMES;
-pub use request::{JobRequest, NestedInstance, KILL_TIMEOUT_KEY};
+pub use request::{JobRequest, NestedInstance, OnNodeLoss, KILL_TIMEOUT_KEY, ON_NODE_LOSS_KEY};
 pub use warning::{signal_label, signal_number, WarnSignal, DEFAULT_WARN_SIGNUM, DEFAULT_WARN_TIMELEFT, SIGNAL_KEY};
 
 /// Most tasks a request may place on each core it asks for: `tasks[0].count.total` may exceed the slot count

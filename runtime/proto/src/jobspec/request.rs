@@ -54,6 +54,9 @@ pub struct JobRequest {
     /// checked by [`Jobspec::validate`](super::Jobspec::validate); `None`: none. Whether it comes before the
     /// limit is the job manager's to check, which knows the instance's default time limit.
     pub signal: Option<super::WarnSignal>,
+    /// What the loss of one of its nodes does to an ordinary job: the shell option `on-node-loss`
+    /// ([`ON_NODE_LOSS_KEY`], [`OnNodeLoss`]).
+    pub on_node_loss: OnNodeLoss,
     /// Non-fatal findings, e.g. `attributes.system.foo: unknown key, ignored`.
     pub warnings: Vec<String>,
 }
@@ -85,6 +88,38 @@ impl JobRequest {
             per.max(self.ntasks.div_ceil(nodes.max(1)))
         } else {
             per
+        }
+    }
+}
+
+/// The shell option saying what the loss of a node does to an ordinary job
+/// (`attributes.system.shell.options.on-node-loss`, `-o on-node-loss=kill|notify`; [`OnNodeLoss`]).
+pub const ON_NODE_LOSS_KEY: &str = "on-node-loss";
+
+/// What the loss of one of its nodes does to an ordinary job (a batch or alloc job survives the loss of any node
+/// but those its instance cannot lose, whatever this says).
+///
+/// The name says the trigger and the reaction, with Slurm's choice as the model: `notify` is Slurm's `--no-kill`
+/// (`-k`), under which "the job will assume all responsibilities for fault-tolerance", and `kill` its default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnNodeLoss {
+    /// The job fails with a fatal `node-failure` exception (severity 0): every shell of an ordinary job is
+    /// critical. The default.
+    #[default]
+    Kill,
+    /// The job survives the loss of any of its nodes while one of its shells still runs: a `node-failure`
+    /// exception of severity 2, the lost nodes released, and every surviving shell told (its PMIx clients get
+    /// the event for the lost processes). It fails only when no shell of it is left running.
+    Notify,
+}
+
+impl OnNodeLoss {
+    /// Parse the shell option's value: `kill` or `notify`.
+    pub(super) fn parse(v: &Value) -> Result<OnNodeLoss, String> {
+        match v.as_str() {
+            Some("kill") => Ok(OnNodeLoss::Kill),
+            Some("notify") => Ok(OnNodeLoss::Notify),
+            _ => Err(format!("{v}: kill or notify expected")),
         }
     }
 }

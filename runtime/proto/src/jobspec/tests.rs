@@ -109,6 +109,19 @@ fn requeue_is_a_system_attribute_or_a_shell_option() {
     assert!(e.contains("attributes.system.shell.options.requeue"), "{e}");
 }
 
+/// `-o on-node-loss=kill|notify`: kill by default; any other value is refused, naming the option.
+#[test]
+fn on_node_loss_is_kill_or_notify() {
+    let with = |v: Value| JobspecBuilder::new(["true"]).shell_option(ON_NODE_LOSS_KEY, v).build().unwrap().validate();
+    assert_eq!(JobspecBuilder::new(["true"]).build().unwrap().validate().unwrap().on_node_loss, OnNodeLoss::Kill);
+    assert_eq!(with(json!("notify")).unwrap().on_node_loss, OnNodeLoss::Notify);
+    assert_eq!(with(json!("kill")).unwrap().on_node_loss, OnNodeLoss::Kill);
+    for bad in [json!("no-kill"), json!(true), json!(1)] {
+        let e = with(bad.clone()).unwrap_err().to_string();
+        assert!(e.contains("attributes.system.shell.options.on-node-loss") && e.contains("notify"), "{bad}: {e}");
+    }
+}
+
 /// `-N MIN-MAX` is an RFC 14 range on the node count; MIN > MAX and operators other than `+` are refused,
 /// naming the field.
 #[test]

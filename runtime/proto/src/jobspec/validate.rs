@@ -238,6 +238,12 @@ impl Jobspec {
                 super::WarnSignal::from_value(v).map_err(|e| invalid("attributes.system.shell.options.signal", e))?,
             ),
         };
+        let on_node_loss = match shell_options.get(super::request::ON_NODE_LOSS_KEY) {
+            None | Some(Value::Null) => super::OnNodeLoss::Kill,
+            Some(v) => {
+                super::OnNodeLoss::parse(v).map_err(|e| invalid("attributes.system.shell.options.on-node-loss", e))?
+            }
+        };
         let requeue = match sys.other.get(REQUEUE_KEY) {
             None => false,
             Some(Value::Bool(b)) => *b,
@@ -327,6 +333,7 @@ impl Jobspec {
             taskmap,
             instance,
             signal,
+            on_node_loss,
             warnings,
         })
     }
