@@ -47,7 +47,7 @@ fn build() -> Result<String, String> {
         bindgen::Builder::default()
             .header("csrc/wrapper.h")
             .clang_args(&clang_args)
-            .allowlist_function("PMIx_server_.*|PMIx_Info_list_.*|PMIx_Error_string|PMIx_Get_version|PMIx_generate_.*|PMIx_Data_array_destruct")
+            .allowlist_function("PMIx_server_.*|PMIx_Info_list_.*|PMIx_Error_string|PMIx_Get_version|PMIx_generate_.*|PMIx_Data_array_destruct|PMIx_Notify_event")
             .allowlist_type("pmix_.*")
             .allowlist_var("PMIX_.*")
             .derive_default(true)

@@ -831,9 +831,15 @@ impl Shell {
                         continue;
                     };
                     let v = ev.json();
-                    // The note speaks in the job's own terms (for a batch job, its instance's ranks): said as is.
-                    let note = v.get("note").and_then(|n| n.as_str()).unwrap_or("a node was lost; the job continues");
-                    let _ = out_tx.try_send(OutputLine::text(self.input.first_task, "stderr", format!("vigil-shell: {note}")));
+                    // The note speaks in the job's own terms (for a batch job, its instance's ranks): said as is,
+                    // by the leader shell only; every shell passes the loss on to its PMIx clients.
+                    if v.get("leader").and_then(|l| l.as_bool()) != Some(false) {
+                        let note = v.get("note").and_then(|n| n.as_str()).unwrap_or("a node was lost; the job continues");
+                        let _ = out_tx.try_send(OutputLine::text(self.input.first_task, "stderr", format!("vigil-shell: {note}")));
+                    }
+                    if let (Some(h), Some(lost)) = (&helper, pmix::LostNodes::from_notice(&v)) {
+                        h.node_lost(&lost);
+                    }
                 }
                 Some((rank, line)) = pmi_rx.recv() => {
                     outs = match line {

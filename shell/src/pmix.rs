@@ -187,6 +187,34 @@ impl Helper {
     pub(crate) fn fence_failed(&self, seq: u64, error: &str) {
         let _ = self.tx.send(proto::line(&ToHelper::FenceFailed { seq, error: error.to_string() }));
     }
+
+    /// Pass on a lost-node notice (`shell.<jobid>.lost`, see [`LostNodes::from_notice`]): the helper raises the
+    /// PMIx node-down event for the lost processes to this node's tasks.
+    pub(crate) fn node_lost(&self, lost: &LostNodes) {
+        let m = ToHelper::NodeLost { ranks: lost.tasks.clone(), hosts: lost.hosts.clone() };
+        let _ = self.tx.send(proto::line(&m));
+    }
+}
+
+/// What a lost-node notice from the exec system (`rexec.notify`, delivered as the event `shell.<jobid>.lost`)
+/// says: the job's tasks that ran on the lost nodes and the nodes' host names.
+#[derive(Debug, PartialEq)]
+pub(crate) struct LostNodes {
+    /// Global task ranks.
+    pub(crate) tasks: Vec<u32>,
+    /// Host names.
+    pub(crate) hosts: Vec<String>,
+}
+
+impl LostNodes {
+    /// The lost tasks and hosts of a notice; `None` when it names no task (a batch job's, whose tasks are its
+    /// brokers) or is malformed.
+    pub(crate) fn from_notice(v: &serde_json::Value) -> Option<LostNodes> {
+        let tasks: Vec<u32> = serde_json::from_value(v.get("tasks")?.clone()).ok()?;
+        let hosts: Vec<String> =
+            serde_json::from_value(v.get("hosts").cloned().unwrap_or_default()).unwrap_or_default();
+        (!tasks.is_empty()).then_some(LostNodes { tasks, hosts })
+    }
 }
 
 /// A message of the helper, as the shell acts on it.
@@ -260,6 +288,14 @@ mod tests {
         assert!(fence_blobs(&bad_count, 4).unwrap_err().contains("pmix.2.n"));
         all.remove("pmix.0.3");
         assert_eq!(fence_blobs(&all, 4), Err("pmix.0.3: missing".to_string()));
+    }
+
+    #[test]
+    fn a_lost_node_notice_names_tasks_and_hosts() {
+        let v = json!({"id": 7, "leader": false, "lost_shells": [3], "tasks": [3, 7], "hosts": ["node3"], "note": ""});
+        assert_eq!(LostNodes::from_notice(&v), Some(LostNodes { tasks: vec![3, 7], hosts: vec!["node3".into()] }));
+        assert_eq!(LostNodes::from_notice(&json!({"lost_shells": [2], "tasks": []})), None, "a batch job's");
+        assert_eq!(LostNodes::from_notice(&json!({"tasks": ["x"]})), None);
     }
 
     #[test]

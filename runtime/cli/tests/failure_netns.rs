@@ -1947,3 +1947,260 @@ fn overloaded(c: Cluster, onset: bool) {
     let offline: Vec<&Value> = log.iter().filter(|e| e["name"] == "offline").collect();
     assert_eq!(offline.len(), 1, "only rank 4 may go offline: {offline:?}");
 }
+
+// ------------------------------------------------- failure events to the survivors (issue 38, item 3)
+
+/// A PMIx client that registers for `PMIX_EVENT_NODE_DOWN`, says it is ready (a file `ready.RANK` in `$READY_DIR`),
+/// and prints the event when it comes: the lost processes (`PMIX_EVENT_AFFECTED_PROCS`), the lost hosts
+/// (`vigil.lost.hosts`) and the wall time of its arrival. It exits 0 a second after the event, 4 without one in 60 s.
+const NODE_DOWN_C: &str = r#"
+#include <pmix.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static volatile int got;
+static pmix_proc_t me;
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+static void handler(size_t id, pmix_status_t status, const pmix_proc_t *source, pmix_info_t info[], size_t ninfo,
+                    pmix_info_t results[], size_t nresults, pmix_event_notification_cbfunc_fn_t cbfunc,
+                    void *cbdata) {
+    double t = now();
+    char lost[4096] = "", hosts[1024] = "";
+    for (size_t i = 0; i < ninfo; i++) {
+        if (PMIX_CHECK_KEY(&info[i], PMIX_EVENT_AFFECTED_PROCS) && info[i].value.type == PMIX_DATA_ARRAY) {
+            pmix_data_array_t *a = info[i].value.data.darray;
+            pmix_proc_t *p = (pmix_proc_t *)a->array;
+            for (size_t k = 0; k < a->size && strlen(lost) < sizeof lost - 16; k++)
+                sprintf(lost + strlen(lost), "%s%u", k ? "," : "", p[k].rank);
+        } else if (PMIX_CHECK_KEY(&info[i], "vigil.lost.hosts") && info[i].value.type == PMIX_STRING) {
+            snprintf(hosts, sizeof hosts, "%s", info[i].value.data.string);
+        }
+    }
+    printf("event %s rank %u lost %s hosts %s at %.6f\n", PMIx_Error_string(status), me.rank, lost, hosts, t);
+    fflush(stdout);
+    got = 1;
+    if (cbfunc)
+        cbfunc(PMIX_EVENT_ACTION_COMPLETE, NULL, 0, NULL, NULL, cbdata);
+}
+
+int main(void) {
+    if (PMIx_Init(&me, NULL, 0) != PMIX_SUCCESS) {
+        fprintf(stderr, "PMIx_Init failed\n");
+        return 2;
+    }
+    pmix_status_t code = PMIX_EVENT_NODE_DOWN;
+    pmix_status_t rc = PMIx_Register_event_handler(&code, 1, NULL, 0, handler, NULL, NULL);
+    if (rc < 0) {
+        fprintf(stderr, "rank %u: PMIx_Register_event_handler: %s\n", me.rank, PMIx_Error_string(rc));
+        return 3;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/ready.%u", getenv("READY_DIR"), me.rank);
+    FILE *f = fopen(path, "w");
+    if (f)
+        fclose(f);
+    for (int i = 0; i < 60000 && !got; i++)
+        usleep(1000);
+    if (!got) {
+        fprintf(stderr, "rank %u: no node-down event within 60 s\n", me.rank);
+        return 4;
+    }
+    sleep(1);
+    PMIx_Finalize(NULL, 0);
+    return 0;
+}
+"#;
+
+/// Task 0 also follows the job's eventlog from inside the job, as a script that does not speak PMIx would (the
+/// documented answer to "which node died?"): the first `node-failure` exception is printed with its arrival time.
+const EVENTLOG_SH: &str = r#"#!/bin/sh
+# $1: the vigil command, $2: the PMIx program.
+if [ "$VIGIL_TASK_RANK" = 0 ]; then
+    "$1" job eventlog -f --json "$VIGIL_JOB_ID" | grep -m1 '"node-failure"' | while read -r l; do
+        echo "eventlog at $(date +%s.%N) $l"
+    done &
+fi
+exec "$2"
+"#;
+
+/// The node-down program compiled against OpenPMIx into `dir`, and the wrapper script; `None` (saying why) where
+/// libpmix, a C compiler or the `vigil-pmix` helper is missing.
+fn node_down_prog(dir: &Path) -> Option<(PathBuf, PathBuf)> {
+    if !bin_dir().join("vigil-pmix").exists() {
+        eprintln!("SKIPPED: vigil-pmix is not built beside vigil (cargo build -p vigil-pmix; needs libpmix-dev)");
+        return None;
+    }
+    let flags = |what: &str| {
+        Command::new("pkg-config")
+            .args([what, "pmix"])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).split_whitespace().map(String::from).collect::<Vec<_>>())
+    };
+    let (Some(cflags), Some(libs)) = (flags("--cflags"), flags("--libs")) else {
+        eprintln!("SKIPPED: pkg-config finds no pmix (apt-get install libpmix-dev)");
+        return None;
+    };
+    let (src, prog) = (dir.join("node_down.c"), dir.join("node_down"));
+    std::fs::write(&src, NODE_DOWN_C).unwrap();
+    let out = match Command::new("cc").args(&cflags).arg("-o").arg(&prog).arg(&src).args(&libs).output() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("SKIPPED: cannot run cc: {e}");
+            return None;
+        }
+    };
+    assert!(out.status.success(), "cc failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let script = dir.join("eventlog.sh");
+    std::fs::write(&script, EVENTLOG_SH).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    Some((prog, script))
+}
+
+/// Latencies of one trial of [`survivors_are_told_which_node_died`], seconds.
+struct NotifyTrial {
+    /// Kill → the `node-failure` exception (the verdict).
+    verdict: f64,
+    /// Kill → the PMIx event in each survivor (tasks 0-2).
+    events: Vec<f64>,
+    /// Kill → the exception read by `vigil job eventlog -f` inside the job.
+    eventlog: f64,
+}
+
+/// `vigil run -N4 -n4 -o pmi=pmix -o on-node-loss=notify` of the node-down program on 4 netns nodes; node3 is
+/// killed silently once every task has registered its handler. Checked: the job exits 0; each survivor got one
+/// `PMIX_EVENT_NODE_DOWN` naming task 3 and node3; task 0's `vigil job eventlog -f` saw the severity-2 exception
+/// with the lost host, task and shell ranks; the leader shell said it once on stderr.
+fn notify_trial(prog: &Path, script: &Path) -> NotifyTrial {
+    let c = Cluster::up(4);
+    let ready = c.path().join("ready");
+    std::fs::create_dir_all(&ready).unwrap();
+    let ready_env = format!("--env=READY_DIR={}", ready.display());
+    let args = [
+        "run",
+        "-N4",
+        "-n4",
+        "-l",
+        "-o",
+        "pmi=pmix",
+        "-o",
+        "on-node-loss=notify",
+        &ready_env,
+        script.to_str().unwrap(),
+        vigil_bin(),
+        prog.to_str().unwrap(),
+    ];
+    let (run, t0) = std::thread::scope(|s| {
+        let run = s.spawn(|| c.vigil_in(c.path(), &[], &args, JOB_END));
+        let all_ready = wait_for(Duration::from_secs(60), || (0..4).all(|r| ready.join(format!("ready.{r}")).exists()));
+        if !all_ready {
+            let jobs = c.json(&["jobs", "--json"]);
+            c.vigil(&["cancel", jobs["jobs"][0]["id_f58"].as_str().unwrap_or_default()]);
+            panic!("the tasks did not all register their handler: {jobs}\n{}", run.join().unwrap().dump());
+        }
+        let t0 = c.kill_node(3);
+        (run.join().unwrap(), t0)
+    });
+    run.ok();
+    let id = c.json(&["jobs", "-a", "--json"])["jobs"][0]["id_f58"].as_str().unwrap_or_default().to_string();
+    let log = c.job_eventlog(&id);
+    let ex = exceptions(&log);
+    assert_eq!(ex.len(), 1, "one exception expected: {log:?}");
+    let ctx = &ex[0]["context"];
+    let want = (Some("node-failure"), Some(2), Some("node3"), Some("3"), Some("3"));
+    let got = |c: &Value| {
+        (
+            c["type"].as_str(),
+            c["severity"].as_u64(),
+            c["hosts"].as_str(),
+            c["tasks"].as_str(),
+            c["shell_ranks"].as_str(),
+        )
+    };
+    assert_eq!(got(ctx), want, "{ctx}");
+    let verdict = ex[0]["timestamp"].as_f64().unwrap_or(0.0) - t0;
+
+    let mut events = BTreeMap::new();
+    let mut eventlog = None;
+    for l in run.lines() {
+        let (task, rest) = l.split_once(": ").unwrap_or_else(|| panic!("unlabelled line {l:?}:\n{}", run.dump()));
+        let task: u32 = task.parse().unwrap_or_else(|_| panic!("bad label in {l:?}"));
+        if let Some(rest) = rest.strip_prefix("event ") {
+            let w: Vec<&str> = rest.split_whitespace().collect();
+            // PMIX_EVENT_NODE_DOWN rank R lost 3 hosts node3 at T
+            assert_eq!(w.len(), 9, "{l:?}");
+            assert_eq!(
+                (w[1], w[2], w[3], w[4], w[5], w[6]),
+                ("rank", &*task.to_string(), "lost", "3", "hosts", "node3"),
+                "{l:?}"
+            );
+            let at: f64 = w[8].parse().unwrap_or_else(|_| panic!("bad time in {l:?}"));
+            assert!(events.insert(task, at - t0).is_none(), "task {task} got the event twice:\n{}", run.dump());
+        } else if let Some(rest) = rest.strip_prefix("eventlog at ") {
+            let (at, json) = rest.split_once(' ').unwrap_or_else(|| panic!("{l:?}"));
+            let e: Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("{l:?}: {e}"));
+            assert_eq!(got(&e["context"]), want, "{l:?}");
+            eventlog = Some(at.parse::<f64>().unwrap_or_else(|_| panic!("{l:?}")) - t0);
+        } else {
+            panic!("unexpected line {l:?}:\n{}", run.dump());
+        }
+    }
+    assert_eq!(events.keys().copied().collect::<Vec<_>>(), vec![0, 1, 2], "each survivor once:\n{}", run.dump());
+    let said = "vigil-shell: lost node node3 (rank 3), where task 3 ran; the job continues on the remaining nodes";
+    assert_eq!(run.stderr.matches(said).count(), 1, "the leader shell says it once:\n{}", run.dump());
+    let eventlog = eventlog.unwrap_or_else(|| panic!("task 0's eventlog follower saw nothing:\n{}", run.dump()));
+    let t = NotifyTrial { verdict, events: events.into_values().collect(), eventlog };
+    eprintln!(
+        "[{}] kill -> exception {}, -> PMIx event in the survivors {}, -> eventlog -f in the job {}",
+        c.name,
+        ms(t.verdict),
+        t.events.iter().map(|e| ms(*e)).collect::<Vec<_>>().join(", "),
+        ms(t.eventlog)
+    );
+    t
+}
+
+/// The median of `v` (not empty).
+fn p50(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Issue 38, item 3: a job that asks for it (`-o on-node-loss=notify`) survives a silent node loss, and each of its
+/// surviving tasks learns which processes and node were lost: through PMIx (`PMIX_EVENT_NODE_DOWN` from each
+/// node's `vigil-pmix`), and without PMIx through `vigil job eventlog -f` inside the job. `VIGIL_NOTIFY_TRIALS`
+/// (default 1) runs more trials for the latency figures (printed, never asserted).
+#[test]
+fn survivors_are_told_which_node_died() {
+    if !nix_is_root() {
+        eprintln!("SKIPPED: network-namespace nodes need root");
+        return;
+    }
+    let dir = tempdir();
+    let Some((prog, script)) = node_down_prog(dir.path()) else { return };
+    let trials: usize = std::env::var("VIGIL_NOTIFY_TRIALS").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1);
+    let all: Vec<NotifyTrial> = (0..trials).map(|_| notify_trial(&prog, &script)).collect();
+    let events: Vec<f64> = all.iter().flat_map(|t| t.events.iter().copied()).collect();
+    let after: Vec<f64> = all.iter().flat_map(|t| t.events.iter().map(move |e| e - t.verdict)).collect();
+    eprintln!(
+        "{trials} trial(s), {} events: kill -> PMIx event p50 {} (max {}); exception -> event p50 {}; \
+         kill -> exception p50 {}; kill -> eventlog -f p50 {}",
+        events.len(),
+        ms(p50(events.clone())),
+        ms(events.iter().copied().fold(0.0, f64::max)),
+        ms(p50(after)),
+        ms(p50(all.iter().map(|t| t.verdict).collect())),
+        ms(p50(all.iter().map(|t| t.eventlog).collect())),
+    );
+}

@@ -140,6 +140,15 @@ pub enum ToHelper {
         /// Why.
         error: String,
     },
+    /// Nodes of the job were lost and the job goes on (`-o on-node-loss=notify`): raise `PMIX_EVENT_NODE_DOWN`
+    /// to this node's clients, the lost processes as `PMIX_EVENT_AFFECTED_PROCS`.
+    NodeLost {
+        /// The global ranks of the processes that ran on the lost nodes (each below the job's size, which the
+        /// helper checks).
+        ranks: Vec<u32>,
+        /// The lost nodes' host names (the event's `vigil.lost.hosts`, comma-separated).
+        hosts: Vec<String>,
+    },
 }
 
 /// `m` as one line of the protocol: its JSON and a newline.
@@ -188,6 +197,7 @@ mod tests {
         for m in [
             ToHelper::FenceDone { seq: 7, data: vec!["eHl6".into(), String::new()] },
             ToHelper::FenceFailed { seq: 8, error: "a node was lost".into() },
+            ToHelper::NodeLost { ranks: vec![3, 7], hosts: vec!["node3".into()] },
         ] {
             assert_eq!(serde_json::from_str::<ToHelper>(&line(&m)).unwrap(), m);
         }
@@ -204,6 +214,10 @@ mod tests {
         assert_eq!(
             v(line(&ToHelper::FenceFailed { seq: 3, error: "e".into() })),
             json!({"fence_failed": {"seq": 3, "error": "e"}})
+        );
+        assert_eq!(
+            v(line(&ToHelper::NodeLost { ranks: vec![3], hosts: vec!["node3".into()] })),
+            json!({"node_lost": {"ranks": [3], "hosts": ["node3"]}})
         );
         assert_eq!(v(line(&FromHelper::Connected { rank: 4 })), json!({"connected": {"rank": 4}}));
         assert_eq!(

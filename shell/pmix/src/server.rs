@@ -373,12 +373,81 @@ pub(crate) fn run() -> i32 {
                 eprintln!("vigil-pmix: fence {seq} failed: {error}");
                 complete(seq, PMIX_ERROR, Vec::new());
             }
+            Ok(ToHelper::NodeLost { ranks, hosts }) => {
+                if let Err(e) = node_lost(&ranks, &hosts) {
+                    eprintln!("vigil-pmix: the node-down event for rank(s) {ranks:?}: {e}");
+                }
+            }
             Err(e) => eprintln!("vigil-pmix: malformed line from the shell: {e}"),
         }
     }
     // SAFETY: the server was initialised above; finalized once, at the end.
     unsafe { PMIx_server_finalize() };
     0
+}
+
+/// The info key under which the node-down event names the lost nodes' host names (comma-separated): PMIx has no
+/// standard key for it, and a host key of its own is what the standard allows.
+const LOST_HOSTS_KEY: &[u8] = b"vigil.lost.hosts\0";
+
+/// Raise `PMIX_EVENT_NODE_DOWN` to this node's clients (range local) for the loss of `hosts`, where the job's
+/// processes `ranks` ran: `PMIX_EVENT_AFFECTED_PROCS` lists them, [`LOST_HOSTS_KEY`] names the hosts. The event is
+/// delivered to the handlers registered for the code and to default handlers, and cached by the server for a
+/// client that registers later.
+fn node_lost(ranks: &[u32], hosts: &[String]) -> Result<(), String> {
+    let st = STATE.get().ok_or("the server is not set up")?;
+    if ranks.is_empty() {
+        return Err("ranks: no lost process named".into());
+    }
+    if let Some(r) = ranks.iter().find(|&&r| r >= st.size) {
+        return Err(format!("ranks: {r} is not a rank of a job of {}", st.size));
+    }
+    let mut procs: Vec<pmix_proc_t> = ranks.iter().map(|&r| proc_of(&st.nspace, r)).collect();
+    let arr = pmix_data_array_t {
+        type_: PMIX_PROC as pmix_data_type_t,
+        size: procs.len(),
+        array: procs.as_mut_ptr() as *mut c_void,
+    };
+    let mut info = InfoList::new();
+    // The library copies the array and its procs before returning.
+    info.add(PMIX_EVENT_AFFECTED_PROCS, &arr as *const pmix_data_array_t as *const c_void, PMIX_DATA_ARRAY)?;
+    info.string(LOST_HOSTS_KEY, &hosts.join(","))?;
+    let infos = Box::new(info.convert()?);
+    let (p, n) = (infos.0.array as *const pmix_info_t, infos.0.size);
+    let keep = Box::into_raw(infos) as *mut c_void;
+    // SAFETY: a valid info array, kept alive (in `keep`) until the library calls `notified`; a null source is the
+    // server itself.
+    let rc = unsafe {
+        PMIx_Notify_event(
+            PMIX_EVENT_NODE_DOWN,
+            std::ptr::null(),
+            PMIX_RANGE_LOCAL as pmix_data_range_t,
+            p,
+            n,
+            Some(notified),
+            keep,
+        )
+    };
+    if rc != PMIX_SUCCESS as pmix_status_t {
+        // The callback will not be called.
+        // SAFETY: `keep` is the box leaked above, not handed to the library.
+        drop(unsafe { Box::from_raw(keep as *mut DataArray) });
+        if rc != PMIX_OPERATION_SUCCEEDED {
+            return Err(format!("PMIx_Notify_event: {}", error_string(rc)));
+        }
+    }
+    Ok(())
+}
+
+/// Frees a node-down event's info once the library is done with it.
+extern "C" fn notified(status: pmix_status_t, cbdata: *mut c_void) {
+    if status != PMIX_SUCCESS as pmix_status_t {
+        eprintln!("vigil-pmix: the node-down event: {}", error_string(status));
+    }
+    if !cbdata.is_null() {
+        // SAFETY: `cbdata` is the Box<DataArray> leaked by `node_lost`, released once here.
+        drop(unsafe { Box::from_raw(cbdata as *mut DataArray) });
+    }
 }
 
 /// Frees a fence's result once the library has taken it.

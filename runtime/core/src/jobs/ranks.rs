@@ -329,8 +329,12 @@ impl JobCore {
                 let told: Vec<u32> =
                     if notify { running.iter().map(|(_, r)| *r).collect() } else { Vec::from_iter(leader) };
                 let nodes = if inner.len() == 1 { "node" } else { "nodes" };
-                let note =
-                    format!("this instance lost {nodes} {}; it continues on the remaining nodes", inner.join(", "));
+                // A batch or alloc job's leader speaks in its instance's terms; an ordinary job's as the exception.
+                let note = if nested {
+                    format!("this instance lost {nodes} {}; it continues on the remaining nodes", inner.join(", "))
+                } else {
+                    note
+                };
                 for rank in told {
                     self.actions.push_back(Action::NotifyShell {
                         id,

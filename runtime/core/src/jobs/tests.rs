@@ -1339,7 +1339,8 @@ fn a_job_asking_to_be_notified_survives_its_nodes_until_none_is_left() {
         (exc["severity"].clone(), exc["tasks"].clone(), exc["hosts"].clone(), exc["shell_ranks"].clone()),
         (json!(2), json!("2,6"), json!("node2"), json!("2"))
     );
-    let told: Vec<(u32, bool, Vec<u32>, Vec<u32>, Vec<String>)> = actions(&mut c)
+    type Told = (u32, bool, Vec<u32>, Vec<u32>, Vec<String>);
+    let told: Vec<Told> = actions(&mut c)
         .into_iter()
         .filter_map(|a| match a {
             Action::NotifyShell { rank, leader, lost_shells, tasks, hosts, .. } => {
