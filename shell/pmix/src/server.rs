@@ -209,6 +209,7 @@ fn setup(s: &Setup) -> Result<BTreeMap<u32, BTreeMap<String, String>>, String> {
         abort: Some(abort),
         fence_nb: Some(fence_nb),
         direct_modex: Some(direct_modex),
+        register_events: Some(register_events),
         ..Default::default()
     };
     let mut init = InfoList::new();
@@ -437,6 +438,20 @@ fn node_lost(ranks: &[u32], hosts: &[String]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// A client registers an event handler: acknowledged at once. The events this server raises (node down) come from
+/// the shell, not from a subscription the host keeps; without this upcall OpenPMIx fails the client's
+/// `PMIx_Register_event_handler` (`SERVER FAILED REQUEST`).
+extern "C" fn register_events(
+    _codes: *mut pmix_status_t,
+    _ncodes: usize,
+    _info: *const pmix_info_t,
+    _ninfo: usize,
+    _cbfunc: pmix_op_cbfunc_t,
+    _cbdata: *mut c_void,
+) -> pmix_status_t {
+    PMIX_OPERATION_SUCCEEDED
 }
 
 /// Frees a node-down event's info once the library is done with it.
