@@ -107,3 +107,44 @@ def test_futures_raise_with_the_clis_hint_when_rank_0_is_lost_for_good(instance)
     with pytest.raises(RuntimeError):
         ex.shutdown()
         ex.submit(["true"])
+
+
+def test_bad_options_are_refused_at_submit_naming_the_option(instance):
+    with vigil.VigilExecutor(instance.uri) as ex:
+        with pytest.raises(ValueError, match="urgency 40"):
+            ex.submit(["true"], urgency=40)
+        with pytest.raises(TypeError, match="env"):
+            ex.submit(["true"], env={"A": 1})
+        with pytest.raises(ValueError, match="time_limit"):
+            ex.submit(["true"], time_limit="10x")
+        # A typo: named, with the options there are.
+        with pytest.raises(TypeError, match=r"unknown option tasks: .*\bntasks\b.*\burgency\b"):
+            ex.submit(["true"], tasks=2)
+        with pytest.raises(ValueError, match="urgency 40"):
+            ex.client.submit(["true"], urgency=40)
+        with pytest.raises(TypeError, match="unknown option tasks"):
+            ex.client.submit(["true"], tasks=2)
+        # The CLI's duration forms and urgency words are taken.
+        f = ex.submit(["true"], time_limit="10m", urgency="default")
+        assert f.result(timeout=60) == 0
+        assert ex.client.job_info(f.jobid())["jobspec"]["attributes"]["system"]["duration"] == 600.0
+
+
+def test_a_submit_after_the_instance_ended_says_no_job_was_submitted(instance):
+    ex = vigil.VigilExecutor(instance.uri)
+    assert ex.submit(["true"]).result(timeout=60) == 0
+    out = instance.vigil("shutdown")
+    assert out.returncode == 0, out.stderr
+    assert wait_for(30, lambda: not ex.client.connected)
+    try:
+        f = ex.submit(["true"])
+        with pytest.raises(vigil.VigilError) as e:
+            f.result(timeout=30)
+        err = e.value
+    except vigil.VigilError as raised:
+        err = raised
+    assert isinstance(err, (vigil.ConnectError, vigil.ConnectionLost))
+    msg = str(err)
+    assert "not submitted" in msg and "no broker listens there" in msg, msg
+    assert "not yet acknowledged" not in msg and "may still be running" not in msg, msg
+    ex.shutdown(wait=False)

@@ -18,6 +18,10 @@ CASES = [
     ({"nodes": 1, "ntasks": 2, "cores_per_task": 2, "gpus_per_task": 1}, ["-N1", "-n2", "-c2", "-g1"]),
     ({"nodes": 1, "exclusive": True, "time_limit": 90.0, "name": "py"},
      ["-N1", "--exclusive", "-t", "1.5m", "--job-name", "py"]),
+    # A duration string, as -t takes one (RFC 23).
+    ({"time_limit": "10m"}, ["-t", "10m"]),
+    ({"time_limit": "2h"}, ["-t", "2h"]),
+    ({"time_limit": "45s"}, ["-t", "45s"]),
 ]
 
 
@@ -49,3 +53,23 @@ def test_the_default_environment_is_this_processs_without_vigil_variables(monkey
     monkeypatch.setenv("PY_API_TEST", "1")
     env = jobspec_from_command(["true"])["attributes"]["system"]["environment"]
     assert env["PY_API_TEST"] == "1" and not any(k.startswith("VIGIL_") for k in env)
+
+
+def test_time_limits_are_seconds_or_durations_and_bad_ones_name_the_option():
+    def duration(t):
+        return jobspec_from_command(["true"], env={}, time_limit=t)["attributes"]["system"]["duration"]
+
+    assert [duration(t) for t in (90, 1.5, "90", "30s", "10m", "1h", "250ms", "inf", None)] == [
+        90.0, 1.5, 90.0, 30.0, 600.0, 3600.0, 0.25, 0.0, 0.0]
+    for bad in ("10x", "ten", "", "1 m", "-5m"):
+        with pytest.raises(ValueError, match="time_limit"):
+            duration(bad)
+    with pytest.raises(TypeError, match="time_limit"):
+        duration([10])
+
+
+def test_a_bad_environment_is_refused_naming_env():
+    with pytest.raises(TypeError, match="env"):
+        jobspec_from_command(["true"], env={"A": 1})
+    with pytest.raises(TypeError, match="env"):
+        jobspec_from_command(["true"], env=["A=1"])

@@ -32,7 +32,7 @@ from .errors import (
     lost_note,
     parse_jobid,
 )
-from .jobspec import from_command
+from .jobspec import check_options, from_command, parse_urgency
 
 #: Environment variable naming the broker's URI.
 URI_ENV = "VIGIL_URI"
@@ -399,9 +399,12 @@ class Client:
         ``time_limit``, ``cwd``, ``env``, ``name``, ``exclusive``) or a jobspec (a dict, RFC 14/25).
         ``urgency`` 0-31 (0 holds the job). Sent again with the same submission key if rank 0 is lost with it in
         flight, so it makes one job. Raises :class:`VigilError` (e.g. ENOSPC, EINVAL with the field named)."""
-        spec = dict(job) if isinstance(job, Mapping) else from_command(job, **opts)
+        urgency = parse_urgency(urgency)
         if isinstance(job, Mapping) and opts:
             raise TypeError(f"options {sorted(opts)} apply to a command, not to a jobspec")
+        if not isinstance(job, Mapping):
+            check_options(opts, extra=("urgency",))
+        spec = dict(job) if isinstance(job, Mapping) else from_command(job, **opts)
         payload: Dict[str, Any] = {"jobspec": spec, "stdin": False, "submit_key": new_submit_key()}
         if urgency is not None:
             payload["urgency"] = urgency

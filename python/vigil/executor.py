@@ -17,8 +17,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import _wire
 from .client import Client, _Verdict, new_submit_key
-from .errors import ConnectionLost, JobException, VigilError, f58, lost_note
-from .jobspec import from_command
+from .errors import NO_BROKER_HINT, ConnectError, ConnectionLost, JobException, VigilError, f58, lost_note
+from .jobspec import check_options, from_command, parse_urgency
 
 
 class VigilFuture(cf.Future):
@@ -66,6 +66,8 @@ class _Job:
         self.verdict: Optional[_Verdict] = None
         # Since when its requests have failed for a lost rank 0 or connection (monotonic); None while answered.
         self.lost_since: Optional[float] = None
+        # Whether its submission was ever written to a connection: until then, rank 0 cannot have accepted it.
+        self.sent = False
 
 
 class VigilExecutor(cf.Executor):
@@ -103,13 +105,26 @@ class VigilExecutor(cf.Executor):
         """Submit ``job`` (a command list or a jobspec dict) and return its future (see the class doc)."""
         if args:
             raise TypeError("VigilExecutor.submit takes a command list or a jobspec, and keyword options only")
-        urgency = opts.pop("urgency", None)
+        # Every option is checked here, at once, as the CLI checks its flags: a typo, a bad urgency or time
+        # limit must not surface later, from the instance, in result().
+        urgency = parse_urgency(opts.pop("urgency", None))
         if isinstance(job, Mapping):
             if opts:
                 raise TypeError(f"options {sorted(opts)} apply to a command, not to a jobspec")
             spec = dict(job)
         else:
+            check_options(opts, extra=("urgency",))
             spec = from_command(job, **opts)
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("cannot submit after shutdown")
+        if not self._client.connected and self._client._rank0_wait() is None:
+            # The connection has ended (the instance is gone, or rank 0 with no state directory to come back
+            # on): connect again now, or say that this job was not submitted, with the CLI's hint.
+            try:
+                self._client.reconnect()
+            except ConnectError as e:
+                raise ConnectError(e.errno, f"the job was not submitted: {e.strerror}") from None
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot submit after shutdown")
@@ -124,6 +139,7 @@ class VigilExecutor(cf.Executor):
     def _send_submit(self, j: _Job) -> None:
         try:
             self._client.rpc_async("job-manager.submit", j.payload, lambda m: self._on_submit(j, m))
+            j.sent = True
         except ConnectionLost:
             self._on_submit(j, None)
 
@@ -247,10 +263,25 @@ class VigilExecutor(cf.Executor):
                     else:
                         self._send_follow(j)
                 else:
-                    what = f58(j.jobid) if j.jobid is not None else "(not yet acknowledged)"
-                    if j.jobid is None:
-                        j.fut._set_id(None)
-                    self._finish(j, exc=ConnectionLost(lost_note("lost connection to broker", what)))
+                    self._finish(j, exc=self._lost_error(j))
+
+    @staticmethod
+    def _lost_error(j: _Job) -> ConnectionLost:
+        """The error of a job whose rank 0 or connection was lost for good, by how far it got: followed (it may
+        still run: the CLI's `vigil job attach` hint), sent but not acknowledged (it may have been accepted),
+        or never sent (no job was submitted)."""
+        if j.jobid is not None:
+            return ConnectionLost(lost_note("lost connection to broker", f58(j.jobid)))
+        j.fut._set_id(None)
+        if j.sent:
+            return ConnectionLost(
+                "lost connection to broker before the submission was acknowledged: the job may have been accepted "
+                "all the same (rank 0 may have made it durable before it was lost); look for it with `vigil jobs "
+                "-a` before submitting it again"
+            )
+        return ConnectionLost(
+            f"lost connection to broker: the job was not submitted (it never reached the broker; {NO_BROKER_HINT})"
+        )
 
     # -- shutdown -----------------------------------------------------------------------------------------------
 
