@@ -1381,6 +1381,242 @@ fn a_batch_job_fails_when_its_host_is_lost_while_its_instance_starts() {
     assert!(!out.contains("inner run exit code"), "the script never ran: {ctx}");
 }
 
+// ------------------------------------------------------------ a node lost between allocation and start
+
+/// How the node is lost in [`lost_before_its_shell_starts`].
+#[derive(Clone, Copy, Debug)]
+enum Loss {
+    /// `kill -9` of its broker: the kernel closes its links.
+    Broker,
+    /// Silent node death (`ci/netns-cluster.sh kill`): the link is cut first, nothing reaches the peers.
+    Silent,
+}
+
+/// A 4-node job (ordinary with `-n4`, or a batch job running a 3-node `vigil run`) on nodes 1-4 of a 5-node cluster
+/// (node0 drained), whose node3 is lost after the job was allocated, before its shell started there: node3's
+/// broker is stopped first (`tbon.torpid_max` and `tbon.stall_max` are long, so that it still gets work), the job
+/// is submitted and allocated, its shell's start on node3 waits unanswered, and only then is node3 lost (`loss`).
+/// Returns the cluster, the job id, `vigil job wait`'s output, the job's eventlog, the script's output (batch) and
+/// the loss's wall time.
+fn lost_before_its_shell_starts(batch: bool, loss: Loss) -> (Cluster, String, Output, Vec<Value>, String, f64) {
+    let c = Cluster::up_with(5, &["-S", "tbon.torpid_max=60s", "-S", "tbon.stall_max=60s"]);
+    c.vigil(&["resource", "drain", "0", "login"]).ok();
+    let work = c.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    c.script(&["stall", &c.name, "3"]).ok();
+    let id = if batch {
+        let script = work.join("job.sh");
+        std::fs::write(
+            &script,
+            r#"#!/bin/sh
+vigil run -N3 -n3 sh -c 'echo "host: $(vigil getattr hostname)"'
+rc=$?
+echo "inner run exit code $rc"
+echo "status-json: $(vigil resource status --json)"
+exit $rc
+"#,
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let o = c.vigil_in(&work, &[], &["batch", "-N4", script.to_str().unwrap()], CMD_TIMEOUT);
+        o.ok();
+        o.stdout.trim().to_string()
+    } else {
+        c.submit(&["-N4", "-n4", "sleep", "30"])
+    };
+    let allocated = || c.job_eventlog(&id).iter().any(|e| e["name"] == "alloc");
+    assert!(wait_for(VERDICT, allocated), "never allocated: {:?}", c.job_eventlog(&id));
+    // The other shells start; the one on the stopped node cannot.
+    std::thread::sleep(Duration::from_millis(500));
+    let log = c.job_eventlog(&id);
+    assert!(!log.iter().any(|e| e["name"] == "start"), "every shell started, node3's too: {log:?}");
+    let t_kill = match loss {
+        Loss::Broker => {
+            let t = now_s();
+            let pid = c.broker_pid(3);
+            let k = Command::new("kill").args(["-9", &pid.to_string()]).status().expect("kill");
+            assert!(k.success(), "kill -9 {pid}");
+            t
+        }
+        Loss::Silent => c.kill_node(3),
+    };
+    let w = c.vigil_in(c.path(), &[], &["job", "wait", &id], JOB_END);
+    let out = std::fs::read_to_string(work.join(format!("vigil-{id}.out"))).unwrap_or_default();
+    let log = c.job_eventlog(&id);
+    (c, id, w, log, out, t_kill)
+}
+
+/// An ordinary job whose node3 is lost before its shell started there ([`lost_before_its_shell_starts`]) gets
+/// one fatal node-failure exception naming the node at once, ends with the lost-node exit code, and node3 is not
+/// given to the next job.
+#[track_caller]
+fn ordinary_job_lost_before_its_shell_starts(loss: Loss) {
+    let (c, id, w, log, _, t_kill) = lost_before_its_shell_starts(false, loss);
+    let ctx =
+        format!("{}\n--- eventlog ---\n{}", w.dump(), log.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n"));
+    assert!(!w.timed_out, "job wait hung: {ctx}");
+    assert_eq!(w.code, 69, "the lost-node exit code: {ctx}");
+    let ex = exceptions(&log);
+    assert_eq!(ex.len(), 1, "one exception, the node's loss: {ctx}");
+    assert_eq!(
+        (ex[0]["context"]["type"].as_str(), ex[0]["context"]["severity"].as_u64()),
+        (Some("node-failure"), Some(0)),
+        "{ctx}"
+    );
+    assert_eq!(ex[0]["context"]["note"], "lost node node3 (rank 3), where task 2 ran", "{ctx}");
+    assert!(w.stderr.contains("exception type=node-failure severity=0: lost node node3 (rank 3)"), "{ctx}");
+    assert_eq!(c.lost_ranks(), BTreeSet::from([3]), "{ctx}");
+    // node3's resources are not given again while it is lost: first fit would take ranks 1-3.
+    let r = c.vigil(&["run", "-N3", "-n3", "hostname"]);
+    r.ok();
+    let hosts: BTreeSet<&str> = r.stdout.lines().map(str::trim).collect();
+    assert_eq!(hosts, BTreeSet::from(["node1", "node2", "node4"]), "{}", r.dump());
+    eprintln!(
+        "[{}] {loss:?} loss before the shell started: exception +{}, job inactive +{}",
+        c.name,
+        ms(ex[0]["timestamp"].as_f64().unwrap_or(0.0) - t_kill),
+        ms(log.last().and_then(|e| e["timestamp"].as_f64()).unwrap_or(0.0) - t_kill)
+    );
+}
+
+#[test]
+fn an_ordinary_job_whose_broker_is_killed_before_its_shell_starts_fails_at_once() {
+    ordinary_job_lost_before_its_shell_starts(Loss::Broker);
+}
+
+#[test]
+fn an_ordinary_job_whose_node_dies_before_its_shell_starts_fails_at_once() {
+    ordinary_job_lost_before_its_shell_starts(Loss::Silent);
+}
+
+/// A batch job whose node3 (its instance's rank 2) is lost before its shell started there gets one severity-2
+/// node-failure naming it; its instance comes up on the other three, the script runs on them, exit 0; node3 is
+/// released and not given again.
+#[track_caller]
+fn batch_job_lost_before_its_shell_starts(loss: Loss) {
+    let (c, id, w, log, out, t_kill) = lost_before_its_shell_starts(true, loss);
+    let ctx = format!(
+        "{}\n--- out ---\n{out}\n--- eventlog ---\n{}",
+        w.dump(),
+        log.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")
+    );
+    assert!(!w.timed_out, "job wait hung: {ctx}");
+    let ex = exceptions(&log);
+    assert_eq!(ex.len(), 1, "one exception, the node's loss: {ctx}");
+    assert_eq!(
+        (ex[0]["context"]["type"].as_str(), ex[0]["context"]["severity"].as_u64()),
+        (Some("node-failure"), Some(2)),
+        "{ctx}"
+    );
+    assert_eq!(ex[0]["context"]["shell_ranks"], "2", "{ctx}");
+    assert!(ex[0]["context"]["note"].as_str().unwrap_or("").starts_with("lost node node3 (rank 3)"), "{ctx}");
+    assert_eq!(w.code, 0, "{ctx}");
+    assert!(out.contains("inner run exit code 0"), "{ctx}");
+    let hosts: BTreeSet<String> =
+        out.lines().filter_map(|l| l.strip_prefix("host: ")).map(|h| h.trim().to_string()).collect();
+    assert_eq!(hosts, BTreeSet::from(["node1".to_string(), "node2".into(), "node4".into()]), "{ctx}");
+    let released =
+        log.iter().any(|e| e["name"] == "release" && e["context"]["ranks"] == "3" && e["context"]["final"] == false);
+    assert!(released, "node3 released early: {ctx}");
+    let r = c.vigil(&["run", "-N3", "-n3", "hostname"]);
+    r.ok();
+    let hosts: BTreeSet<&str> = r.stdout.lines().map(str::trim).collect();
+    assert_eq!(hosts, BTreeSet::from(["node1", "node2", "node4"]), "{}", r.dump());
+    eprintln!(
+        "[{}] batch, {loss:?} loss before the shell started: exception +{}, job ended +{}",
+        c.name,
+        ms(ex[0]["timestamp"].as_f64().unwrap_or(0.0) - t_kill),
+        ms(log.last().and_then(|e| e["timestamp"].as_f64()).unwrap_or(0.0) - t_kill)
+    );
+    let _ = id;
+}
+
+#[test]
+fn a_batch_job_whose_broker_is_killed_before_its_shell_starts_goes_on_without_it() {
+    batch_job_lost_before_its_shell_starts(Loss::Broker);
+}
+
+#[test]
+fn a_batch_job_whose_node_dies_before_its_shell_starts_goes_on_without_it() {
+    batch_job_lost_before_its_shell_starts(Loss::Silent);
+}
+
+/// A 4-node batch job (`batch_args`) on nodes 1-4 of a 5-node cluster whose instance's broker on node3 (its rank
+/// 2) dies on a live node before it joined: node3 cannot reach node1 (the instance's rank 0, its parent) through
+/// a blackhole route, so its broker retries its connection; it is killed there (`kill -9`). Returns the cluster,
+/// `vigil job wait`'s output, the job's eventlog, the script's output and the kill's wall time.
+fn nested_broker_dies_at_start(batch_args: &[&str]) -> (Cluster, Output, Vec<Value>, String, f64) {
+    let c = Cluster::up(5);
+    c.vigil(&["resource", "drain", "0", "login"]).ok();
+    c.script(&["run", &c.name, "3", "ip", "route", "add", "blackhole", "10.200.0.2/32"]).ok();
+    let work = c.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let script = work.join("job.sh");
+    std::fs::write(
+        &script,
+        r#"#!/bin/sh
+echo "nodes: $VIGIL_JOB_NNODES $VIGIL_JOB_NODELIST"
+vigil run -N3 -n3 sh -c 'echo "host: $(vigil getattr hostname)"'
+rc=$?
+echo "inner run exit code $rc"
+exit $rc
+"#,
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let o = c.vigil_in(&work, &[], &[&["batch", "-N4"], batch_args, &[script.to_str().unwrap()]].concat(), CMD_TIMEOUT);
+    o.ok();
+    let id = o.stdout.trim().to_string();
+    let nested = || -> Vec<i32> {
+        c.node_processes(3).into_iter().filter(|(_, cl)| cl.contains(" broker --job-script=")).map(|(p, _)| p).collect()
+    };
+    assert!(wait_for(VERDICT, || nested().len() == 1), "no nested broker on node3: {:?}", c.node_processes(3));
+    // Past its PMI exchange, retrying its parent.
+    std::thread::sleep(Duration::from_millis(500));
+    let t_kill = now_s();
+    let pid = nested()[0];
+    assert!(Command::new("kill").args(["-9", &pid.to_string()]).status().is_ok_and(|s| s.success()), "kill {pid}");
+    let w = c.vigil_in(c.path(), &[], &["job", "wait", &id], JOB_END);
+    let out = std::fs::read_to_string(work.join(format!("vigil-{id}.out"))).unwrap_or_default();
+    let log = c.job_eventlog(&id);
+    c.script(&["run", &c.name, "3", "ip", "route", "del", "blackhole", "10.200.0.2/32"]).ok();
+    (c, w, log, out, t_kill)
+}
+
+/// A batch job's broker that dies on a live node before it joined its instance (slice 2 of the start-up
+/// failures): the enclosing instance reports it at once, naming the node and what the shell saw, releases the
+/// node, and tells the instance, which comes up on the other three (`--tolerate-lost=1`); the script runs there.
+#[test]
+fn a_batch_jobs_broker_that_dies_before_it_joins_is_reported_at_once() {
+    let (c, w, log, out, t_kill) = nested_broker_dies_at_start(&[]);
+    let ctx = format!(
+        "{}\n--- out ---\n{out}\n--- eventlog ---\n{}",
+        w.dump(),
+        log.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")
+    );
+    assert!(!w.timed_out, "job wait hung: {ctx}");
+    let ex = exceptions(&log);
+    assert_eq!(ex.len(), 1, "{ctx}");
+    let note =
+        "the job's broker on node3 (rank 3), where rank 2 of the job's instance ran, ended (killed by SIGKILL); \
+                the job's instance continues without it";
+    assert_eq!(ex[0]["context"]["note"], note, "{ctx}");
+    assert_eq!((ex[0]["context"]["severity"].as_u64(), ex[0]["context"]["shell_ranks"].as_str()), (Some(2), Some("2")));
+    assert!(log.iter().any(|e| e["name"] == "release" && e["context"]["ranks"] == "3"), "released: {ctx}");
+    assert_eq!(w.code, 0, "{ctx}");
+    let hosts: BTreeSet<String> =
+        out.lines().filter_map(|l| l.strip_prefix("host: ")).map(|h| h.trim().to_string()).collect();
+    assert_eq!(hosts, BTreeSet::from(["node1".to_string(), "node2".into(), "node4".into()]), "{ctx}");
+    eprintln!(
+        "[{}] nested broker killed at start: exception +{}, job ended +{}",
+        c.name,
+        ms(ex[0]["timestamp"].as_f64().unwrap_or(0.0) - t_kill),
+        ms(log.last().and_then(|e| e["timestamp"].as_f64()).unwrap_or(0.0) - t_kill)
+    );
+}
+
 /// The first file under `root` whose path ends with `suffix`, if any (a walk of the whole tree).
 fn find_file(root: &Path, suffix: &str) -> Option<PathBuf> {
     let mut todo = vec![root.to_path_buf()];

@@ -222,7 +222,8 @@ pub enum Input {
     /// The broker process received this signal.
     Signal(i32),
     /// The enclosing instance declared lost the nodes of these ranks of this nested instance (its job's
-    /// `node-failure` exception, whose `shell_ranks` are this instance's ranks), saying `why` (its note); see
+    /// `node-failure` exception, whose `shell_ranks` are this instance's ranks), or their brokers failed on live
+    /// nodes (a severity-2 `exec` exception with `shell_ranks`), saying `why` (the reason the ranks get here); see
     /// [`Effect::WatchEnclosing`].
     EnclosingLost { ranks: IdSet, why: String },
     /// The kernel's ACK state of each link, as `(rank, unacked segments, age of the last ACK in seconds, round
@@ -1349,8 +1350,8 @@ impl Broker {
         }
     }
 
-    /// Rank 0 of a nested instance: the enclosing instance lost the nodes of `ranks` ([`Input::EnclosingLost`]).
-    /// They are lost here too, as on a judge's verdict (`overlay.lost`), unless this instance judged them lost or
+    /// Rank 0 of a nested instance: the enclosing instance lost the nodes of `ranks`, or their brokers failed on
+    /// live nodes ([`Input::EnclosingLost`]; `why` says which). They are lost here too, as on a judge's verdict (`overlay.lost`), unless this instance judged them lost or
     /// offline already: a broker whose node died during start-up never joins, and only the enclosing instance
     /// can tell. The instance then comes up without it ([`Broker::maybe_start_initial`]).
     fn enclosing_lost(&mut self, ranks: &IdSet, why: &str) {
@@ -1366,7 +1367,7 @@ impl Broker {
         if fresh.is_empty() {
             return;
         }
-        let reason = format!("its node was lost in the enclosing instance ({why})");
+        let reason = why.to_string();
         let mut m = Message::request("overlay.lost", 0, &json!({"ranks": fresh.to_string(), "reason": reason}));
         m.flags = crate::message::FLAG_NORESPONSE;
         self.route_request(SELF, m);

@@ -127,7 +127,9 @@ impl JobCore {
         }
     }
 
-    /// The broker on `rank` started (Ok) or failed to start (Err) the job's shell.
+    /// The broker on `rank` started (Ok) or failed to start (Err) the job's shell. A failure is fatal (`exec`),
+    /// unless the shell is gone already: its node was lost with the start request in flight, and the lost-rank
+    /// rules judged that (`ranks.rs`: fatal `node-failure` for an ordinary job, severity 2 for a batch job).
     pub fn shell_spawned(&mut self, now: f64, id: JobId, rank: u32, result: Result<(), String>) {
         let Some(job) = self.jobs.get_mut(&id) else { return };
         let Some(sh) = job.shells.get_mut(&rank) else { return };
@@ -154,7 +156,12 @@ impl JobCore {
                 }
             }
             Err(e) => {
-                self.shell_gone(id, rank);
+                if !self.shell_gone(id, rank) {
+                    // Gone already: its node was lost (the judge reports a loss before it fails the requests in
+                    // flight to the node, so the verdict comes first), and this error is that loss, judged by the
+                    // lost-rank rules (ranks.rs), not a second failure.
+                    return;
+                }
                 let host = self.pool.ranks.get(&rank).map(|p| p.hostname.clone()).unwrap_or_default();
                 self.raise(now, id, "exec", 0, &format!("failed to start job shell on {host} (rank {rank}): {e}"));
                 self.maybe_finish(now, id);
@@ -204,7 +211,9 @@ impl JobCore {
             job.usage.get_or_insert_with(Default::default).add(u);
         }
         let killing = job.term_sent.is_some();
-        let nested = job.instance.is_some();
+        // A batch or alloc job, whether or not its instance has reported itself yet: a broker that ends while the
+        // instance starts is judged by the same rules (nested.rs).
+        let nested = job.instance.is_some() || job.req.instance.is_some();
         match &exit.report {
             Some(rep) if nested && !killing && rep.error.is_none() => {
                 // A broker of a nested instance ended: the critical-rank rules of nested.rs.

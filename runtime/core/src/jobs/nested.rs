@@ -22,6 +22,12 @@
 //!
 //! While the job is being killed (after a fatal exception, a cancel or a time limit), broker exits are only
 //! recorded.
+//!
+//! The rules hold from the job's start, before the instance has reported itself (its critical ranks are then
+//! those its jobspec's shape gives, `JobCore::critical_ranks`): a broker that dies while its instance starts, before
+//! it joined, is reported at once by the enclosing instance. A severity-2 exception carries the broker's rank in
+//! the job's instance (`shell_ranks`), which that instance's rank 0 reads, as it reads a lost node's, to stop
+//! waiting for the broker (`Broker::enclosing_lost`).
 
 use super::{JobCore, JobId};
 use crate::idset::IdSet;
@@ -95,7 +101,7 @@ impl JobCore {
                 }
                 let note = format!("{what}, ended ({how}); {GOES_ON}");
                 let ctx = serde_json::json!({"type": "exec", "severity": 2, "note": note, "ranks": rank.to_string(),
-                                             "hosts": host});
+                                             "hosts": host, "shell_ranks": child.to_string()});
                 self.raise_ctx(now, id, ctx, false);
                 // The instance has lost that rank for good (it shrinks): its node goes back to this one.
                 self.release_partly(now, id, &IdSet::from_iter([rank]));
@@ -142,7 +148,7 @@ impl JobCore {
             } else {
                 let note = format!("{what}; {GOES_ON}");
                 let ctx = serde_json::json!({"type": "exec", "severity": 2, "note": note, "ranks": rank.to_string(),
-                                             "hosts": host});
+                                             "hosts": host, "shell_ranks": child.to_string()});
                 self.raise_ctx(now, id, ctx, false);
                 self.release_partly(now, id, &IdSet::from_iter([rank]));
                 self.schedule(now);

@@ -1382,3 +1382,103 @@ fn a_job_asking_to_be_notified_survives_its_nodes_until_none_is_left() {
     let e = c.jobs[&id].fatal.clone().expect("fatal without a shell left");
     assert!(e.note.ends_with("; no node of the job is left"), "{e:?}");
 }
+
+/// A node lost after its job was allocated, before its shell started there: the lost verdict comes first (the
+/// judge reports it before it fails the requests in flight to the node), then the shell's start request comes back
+/// with an error (EHOSTUNREACH). That error is the loss already judged, not a second failure: one exception, the
+/// node-failure (fatal for an ordinary job, severity 2 for a batch job, which goes on), and a `--requeue` job still
+/// goes back to the queue.
+#[test]
+fn a_start_that_fails_because_its_node_was_lost_is_that_loss_only() {
+    let unreachable = || Err("rank 2 was lost with this request in flight".to_string());
+    // Ordinary job: shells on 1 and 3 started, 2 never answered.
+    let mut c = core(4, 1, 0);
+    let id = c.submit(T0, &spec(cmd().nnodes(3)), 0).unwrap();
+    actions(&mut c);
+    assert_eq!(c.jobs[&id].alloc.iter().map(|a| a.rank).collect::<Vec<_>>(), vec![0, 1, 2]);
+    c.shell_spawned(T0, id, 0, Ok(()));
+    c.shell_spawned(T0, id, 1, Ok(()));
+    c.ranks_lost(T0 + 1.0, &IdSet::from_iter([2]));
+    c.shell_spawned(T0 + 1.0, id, 2, unreachable());
+    let ex: Vec<_> = c.jobs[&id].eventlog.iter().filter(|e| e.name == "exception").collect();
+    assert_eq!(ex.len(), 1, "{ex:?}");
+    assert_eq!((ex[0].context["type"].clone(), ex[0].context["severity"].clone()), (json!("node-failure"), json!(0)));
+    assert_eq!(ex[0].context["note"], json!("lost node node2 (rank 2), where task 2 ran"));
+    for r in [0, 1] {
+        exit_shell(&mut c, T0 + 2.0, id, r, 15);
+    }
+    assert_eq!(c.jobs[&id].state, JobState::Inactive);
+    assert_eq!(c.jobs[&id].exit_code(), Some(crate::shellproto::JOB_EXIT_NODE_LOST));
+    // Not given again while lost.
+    let next = c.submit(T0 + 3.0, &spec(cmd().nnodes(3)), 0).unwrap();
+    let s = spawns(&actions(&mut c));
+    assert_eq!(s.iter().map(|x| x.1).collect::<Vec<_>>(), vec![0, 1, 3], "{next:?}");
+
+    // A --requeue job goes back to the queue: the late error does not cancel its requeue.
+    let mut c = core(4, 1, 0);
+    let id = c.submit(T0, &spec(cmd().nnodes(3).requeue(true)), 0).unwrap();
+    actions(&mut c);
+    c.shell_spawned(T0, id, 0, Ok(()));
+    c.ranks_lost(T0 + 1.0, &IdSet::from_iter([2]));
+    c.shell_spawned(T0 + 1.0, id, 2, unreachable());
+    c.shell_spawned(T0 + 1.0, id, 1, Ok(()));
+    for r in [0, 1] {
+        exit_shell(&mut c, T0 + 2.0, id, r, 15);
+    }
+    assert!(c.jobs[&id].state.is_active(), "requeued: {:?}", names(&c, id));
+
+    // A batch job (its instance's rank 0 on broker rank 1) goes on without the node, its resources released.
+    let mut c = core(4, 1, 0);
+    c.drain(T0, &IdSet::from_iter([0]), "login", DrainMode::Refuse).unwrap();
+    let mut v = spec(cmd().nnodes(3).exclusive(true));
+    v["attributes"]["system"]["instance"] = json!({});
+    let id = c.submit(T0, &v, 0).unwrap();
+    actions(&mut c);
+    c.shell_spawned(T0, id, 1, Ok(()));
+    c.shell_spawned(T0, id, 3, Ok(()));
+    c.ranks_lost(T0 + 1.0, &IdSet::from_iter([2]));
+    c.shell_spawned(T0 + 1.0, id, 2, unreachable());
+    let j = &c.jobs[&id];
+    assert_eq!(j.state, JobState::Run, "{:?}", names(&c, id));
+    let ex: Vec<_> = j.eventlog.iter().filter(|e| e.name == "exception").collect();
+    assert_eq!(ex.len(), 1, "{ex:?}");
+    assert_eq!((ex[0].context["severity"].clone(), ex[0].context["shell_ranks"].clone()), (json!(2), json!("1")));
+    assert!(j.fatal.is_none());
+    assert!(j.eventlog.iter().any(|e| e.name == "release" && e.context["ranks"] == json!("2")), "released early");
+}
+
+/// A batch job's broker that dies on a live node while its instance starts, before the instance reported itself
+/// (no memo): judged at once by the nested-broker rules, as later (a severity-2 `exec` exception naming the node
+/// and how the broker ended, with its rank in the job's instance for that instance's rank 0), and its node released;
+/// its instance's rank 0 dying then is fatal.
+#[test]
+fn a_nested_broker_that_dies_while_its_instance_starts_is_reported_at_once() {
+    let mut c = core(5, 1, 0);
+    c.drain(T0, &IdSet::from_iter([0]), "login", DrainMode::Refuse).unwrap();
+    let mut v = spec(cmd().nnodes(4).exclusive(true));
+    v["attributes"]["system"]["instance"] = json!({});
+    let id = c.submit(T0, &v, 0).unwrap();
+    actions(&mut c);
+    for r in 1..5 {
+        c.shell_spawned(T0, id, r, Ok(()));
+    }
+    assert!(c.jobs[&id].instance.is_none());
+    exit_shell(&mut c, T0 + 1.0, id, 3, 9);
+    let j = &c.jobs[&id];
+    assert_eq!(j.state, JobState::Run);
+    let e = j.eventlog.iter().rev().find(|e| e.name == "exception").expect("an exception").context.clone();
+    assert_eq!(
+        e["note"],
+        json!(
+            "the job's broker on node3 (rank 3), where rank 2 of the job's instance ran, ended (killed by SIGKILL); \
+             the job's instance continues without it"
+        )
+    );
+    assert_eq!(
+        (e["severity"].clone(), e["shell_ranks"].clone(), e["hosts"].clone()),
+        (json!(2), json!("2"), json!("node3"))
+    );
+    assert!(j.eventlog.iter().any(|e| e.name == "release" && e.context["ranks"] == json!("3")), "released");
+    exit_shell(&mut c, T0 + 2.0, id, 1, 9);
+    assert!(c.jobs[&id].fatal.is_some(), "its rank 0: fatal");
+}

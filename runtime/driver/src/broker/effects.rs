@@ -283,7 +283,8 @@ impl Driver {
 /// tty (so Ctrl-C reaches it, not the brokers). Reports its pgid, then its exit code.
 /// [`Effect::WatchEnclosing`]: follow job `id`'s eventlog in the enclosing instance at `uri` and hand in the
 /// ranks of this instance that each of its `node-failure` exceptions names (`shell_ranks`: the job's shells are
-/// this instance's brokers, in rank order) as [`Event::EnclosingLost`]. Ends with the eventlog (the job ended),
+/// this instance's brokers, in rank order), and each severity-2 `exec` exception of a broker of it that failed on a
+/// live node, as [`Event::EnclosingLost`]. Ends with the eventlog (the job ended),
 /// the link, or the broker.
 async fn watch_enclosing(uri: String, id: String, tx: mpsc::UnboundedSender<Event>) {
     let c = match crate::client::Client::connect(&uri).await {
@@ -296,14 +297,21 @@ async fn watch_enclosing(uri: String, id: String, tx: mpsc::UnboundedSender<Even
     };
     while let Some(Ok(v)) = s.next().await {
         let ctx = &v["event"]["context"];
-        if v["event"]["name"] != "exception" || ctx["type"] != "node-failure" {
+        // A lost node (`node-failure`), or a broker of this instance that failed on a live node (`exec`, severity
+        // 2: jobs/nested.rs); both name this instance's ranks in `shell_ranks`.
+        let broker_failed = ctx["type"] == "exec" && ctx["severity"].as_u64().is_some_and(|s| s > 0);
+        if v["event"]["name"] != "exception" || !(ctx["type"] == "node-failure" || broker_failed) {
             continue;
         }
         let Some(ranks) = ctx["shell_ranks"].as_str().and_then(|r| crate::idset::IdSet::parse(r).ok()) else {
             continue;
         };
         let hosts = ctx["hosts"].as_str().unwrap_or_default();
-        let why = format!("the enclosing instance lost {hosts} (job {id})");
+        let why = if broker_failed {
+            format!("its broker failed while its node lives ({hosts}, job {id} of the enclosing instance)")
+        } else {
+            format!("its node was lost in the enclosing instance (the enclosing instance lost {hosts}, job {id})")
+        };
         if !ranks.is_empty() && tx.send(Event::EnclosingLost { ranks, why }).is_err() {
             return;
         }

@@ -236,8 +236,13 @@ fn shell_exit(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
             dir.display()
         )));
     }
+    let id = crate::jobs::JobId(exit.id);
     jc.shell_exit(n, exit);
-    if jc.journaling() {
+    let journaling = jc.journaling();
+    // A shell gone before its job's PMI exchange ended (a nested instance's broker that died while its instance
+    // started) is not waited for: the others' exchange ends without it.
+    core.pmi_barrier_complete(id);
+    if journaling {
         // Acknowledged once the exit status is durable (Input::Stored, then Input::Synced): the reporting
         // broker drops its report then (core.rs, Held::ExitReport).
         core.awaiting_durable.push((msg.head(), Held::ExitReport));
