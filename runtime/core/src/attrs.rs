@@ -262,6 +262,9 @@ pub static ATTRS: &[Attr] = &[
         "the enclosing allocation's directory on this node (its VIGIL_ALLOC_TMPDIR), every job's VIGIL_ALLOC_TMPDIR"),
     attr("parent-uri", Kind::Uri, otherwise("none: not a nested instance", "local:///run/vigil/local-0"), Bootstrap,
         "URI of the enclosing instance's broker on this node"),
+    attr("broker.tolerate-lost", Kind::Count, is("0"), CommandLine,
+        "a nested instance starts when all but at most this many of its brokers joined, the others' nodes lost or \
+        their brokers failed before they joined (vigil batch|alloc --tolerate-lost=K); more fail the job at once"),
     // Metrics (docs/metrics.md).
     attr("metrics.listen", Kind::Text, otherwise("off: no metrics endpoint", "127.0.0.1:9250"), CommandLine,
         "ADDR:PORT where each broker serves OpenMetrics (GET /metrics) and /livez, /readyz over HTTP; port 0: any \
@@ -555,6 +558,9 @@ pub struct BrokerConfig {
     /// `parent-uri`: the enclosing instance's broker on this node (nested instances only), where rank 0 reports,
     /// once the instance is up, where it lives and which of its ranks are critical.
     pub parent_uri: Option<String>,
+    /// `broker.tolerate-lost`: how many of a nested instance's brokers may never join (their node lost, or their
+    /// broker failed, before they joined) and the instance still start, without them; more fail its job at once.
+    pub tolerate_lost: u32,
     /// `alloc-tmpdir`: the enclosing allocation's directory on this node, which every job of this (nested)
     /// instance shares as its `VIGIL_ALLOC_TMPDIR`; `None` outside a batch or alloc job.
     pub alloc_tmpdir: Option<PathBuf>,
@@ -577,6 +583,7 @@ impl Default for BrokerConfig {
             probe_group: ProbeGroup::Auto,
             detectors: DetectorChoice::Auto,
             detector_rank: None,
+            tolerate_lost: 0,
             xdp_mode: XdpMode::Auto,
             transport: Transport::Auto,
             ofi_provider: "cxi".into(),
@@ -932,6 +939,7 @@ impl Draft {
             "instance-level" => c.instance_level = count(v)?,
             "jobid" => c.jobid = Some(v.into()),
             "parent-uri" => c.parent_uri = Some(v.into()),
+            "broker.tolerate-lost" => c.tolerate_lost = count(v)?,
             // ATTRS lists an attribute this function does not know: a unit test catches it.
             _ => return Err("this build cannot set it".into()),
         }
@@ -1123,6 +1131,7 @@ impl BrokerConfig {
             "instance-level" => self.instance_level.to_string(),
             "jobid" => self.jobid.clone()?,
             "parent-uri" => self.parent_uri.clone()?,
+            "broker.tolerate-lost" => self.tolerate_lost.to_string(),
             _ => return None,
         })
     }

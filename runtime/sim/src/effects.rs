@@ -272,7 +272,7 @@ impl Sim {
                     Some(_) => self.after(wait, Ev::Input(n, input(Some(false)))),
                 }
             }
-            Effect::StartInitial(_)
+            Effect::StartInitial { .. }
             | Effect::SignalInitial(_)
             | Effect::WriteFile(..)
             | Effect::ReportNested { .. }

@@ -54,6 +54,12 @@ pub struct InstanceOpts {
     /// ahead of later jobs and run the script again, at most `sched.max-requeue` times.
     #[arg(long)]
     pub requeue: bool,
+    /// Start the instance when all but at most K of its brokers join (0 <= K < N; default 0): the nodes of the
+    /// others (lost, or whose broker failed, before it joined) are reported in a severity-2 exception naming them
+    /// and given back, and the script starts on the rest (its VIGIL_JOB_NNODES and VIGIL_JOB_NODELIST say so).
+    /// With more missing, or without this option and one missing, the job fails at once naming them.
+    #[arg(long = "tolerate-lost", value_name = "K", allow_hyphen_values = true)]
+    pub tolerate_lost: Option<String>,
     /// Attribute of the child instance's brokers (repeatable), e.g. `-S tbon.topo=kary:2`.
     #[arg(short = 'S', long = "setattr", value_name = "ATTR=VAL")]
     pub setattr: Vec<String>,
@@ -205,6 +211,7 @@ pub(crate) fn merge_opts(mut cli: InstanceOpts, dir: Option<InstanceOpts>) -> Re
     merge("--cwd", &mut cli.cwd, &d.cwd)?;
     merge("--nodelist", &mut cli.select.nodelist, &d.select.nodelist)?;
     merge("--exclude", &mut cli.select.exclude, &d.select.exclude)?;
+    merge("--tolerate-lost", &mut cli.tolerate_lost, &d.tolerate_lost)?;
     cli.requeue |= d.requeue;
     cli.queue.merge(d.queue)?;
     // Lists: the script's directives first, the command line's after them (a later one wins where order matters).
@@ -239,6 +246,23 @@ fn instance_shape(o: &InstanceOpts) -> Result<Value, String> {
     Ok(v)
 }
 
+/// `--tolerate-lost=K` of `o`, checked against the job's least node count `min`: a count from 0 to `min - 1`
+/// (the instance keeps at least one broker, its rank 0).
+fn tolerate_lost(o: &InstanceOpts, min: u32) -> Result<Option<u32>, String> {
+    let Some(k) = &o.tolerate_lost else { return Ok(None) };
+    let v: i64 = k.trim().parse().map_err(|_| format!("--tolerate-lost={k}: expected a count of nodes (0 or more)"))?;
+    if v < 0 {
+        return Err(format!("--tolerate-lost={k}: must be 0 or more"));
+    }
+    if v >= i64::from(min) {
+        return Err(format!(
+            "--tolerate-lost={k}: must be less than the job's node count ({min}): the instance needs at least one of \
+             its brokers"
+        ));
+    }
+    Ok(Some(v as u32))
+}
+
 /// The child brokers' attributes from `-S` and `--broker-opts` (`ATTR=VAL` each), as given, as a map, and as the
 /// child's brokers will take them.
 type ChildAttrs = (Vec<String>, std::collections::BTreeMap<String, String>, crate::attrs::BrokerConfig);
@@ -248,6 +272,9 @@ fn child_attrs(o: &InstanceOpts) -> Result<ChildAttrs, String> {
     let mut attrs = Vec::new();
     for s in &o.setattr {
         attrs.push(s.clone());
+    }
+    if let Some(k) = tolerate_lost(o, u32::MAX)? {
+        attrs.push(format!("broker.tolerate-lost={k}"));
     }
     for b in &o.broker_opts {
         let w = split_words(b)?;
@@ -309,6 +336,7 @@ fn instance_jobspec(
     if nodes.min == 0 {
         return Err("-N must be at least 1".into());
     }
+    tolerate_lost(o, nodes.min)?;
     let mut setopt = o.setopt.clone();
     if !setopt.iter().any(|s| s.starts_with("exit-timeout")) {
         setopt.push("exit-timeout=none".into());
@@ -731,5 +759,39 @@ mod tests {
         let same = InstanceOpts { nodes: n(2), time_limit: Some("5m".into()), ..Default::default() };
         let m = merge_opts(cli, Some(same)).unwrap();
         assert_eq!((m.nodes, m.time_limit.as_deref()), (n(2), Some("5m")));
+    }
+
+    /// `--tolerate-lost=K` (issue 40): 0 <= K < N, refused otherwise at submit naming the option; given to the
+    /// child brokers as `broker.tolerate-lost`; a directive and the command line must agree.
+    #[test]
+    fn tolerate_lost_is_checked_at_submit_and_given_to_the_child_brokers() {
+        let n = |n: u32| Some(super::super::jobcmd::NodeCount { min: n, max: n });
+        let with =
+            |k: &str, nodes: u32| InstanceOpts { nodes: n(nodes), tolerate_lost: Some(k.into()), ..Default::default() };
+        let spec = |o: &InstanceOpts| instance_jobspec(o, "batch", vec!["x".into()], None, None);
+        for (k, nodes, want) in [
+            ("-1", 5, "--tolerate-lost=-1: must be 0 or more"),
+            ("5", 5, "--tolerate-lost=5: must be less than the job's node count (5)"),
+            ("9", 5, "--tolerate-lost=9: must be less than the job's node count (5)"),
+            ("x", 5, "--tolerate-lost=x: expected a count of nodes (0 or more)"),
+            ("1", 1, "--tolerate-lost=1: must be less than the job's node count (1)"),
+        ] {
+            let e = spec(&with(k, nodes)).unwrap_err();
+            assert!(e.starts_with(want), "{k} of {nodes}: {e}");
+        }
+        // A node range: the least count it may get.
+        let range = InstanceOpts {
+            nodes: Some(super::super::jobcmd::NodeCount { min: 2, max: 6 }),
+            tolerate_lost: Some("2".into()),
+            ..Default::default()
+        };
+        assert!(spec(&range).unwrap_err().contains("node count (2)"));
+        for (k, nodes) in [("0", 1), ("1", 5), ("4", 5)] {
+            assert!(spec(&with(k, nodes)).is_ok(), "{k} of {nodes}");
+            assert_eq!(broker_args(&with(k, nodes)).unwrap(), vec![format!("--setattr=broker.tolerate-lost={k}")]);
+        }
+        assert!(broker_args(&InstanceOpts::default()).unwrap().is_empty(), "not given: the default, 0");
+        let e = merge_opts(with("1", 5), Some(with("2", 5))).unwrap_err();
+        assert_eq!(e, "option --tolerate-lost 1 contradicts the script's directive --tolerate-lost 2");
     }
 }

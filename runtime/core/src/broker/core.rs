@@ -355,8 +355,15 @@ pub enum Effect {
     SignalShell { id: JobId, signal: i32 },
     /// SIGKILL every job shell's process group (the broker is shutting down).
     KillShells,
-    /// Run the initial program.
-    StartInitial(Vec<String>),
+    /// Run the initial program (`argv`), with `env` set in its environment besides the broker's own (a nested
+    /// instance that started without some of its brokers: `VIGIL_JOB_NNODES` and `VIGIL_JOB_NODELIST` of the nodes
+    /// it has).
+    StartInitial {
+        /// The program and its arguments.
+        argv: Vec<String>,
+        /// Variables to set.
+        env: Vec<(String, String)>,
+    },
     /// Signal the initial program's process group.
     SignalInitial(i32),
     /// Write a file (rundir markers for `vigil start`).
@@ -1375,19 +1382,39 @@ impl Broker {
     }
 
     /// Rank 0, once every broker has registered, or been declared lost before it could (a nested
-    /// broker whose node died during start-up, [`Broker::enclosing_lost`]): the instance is up; run the initial
-    /// program.
+    /// broker whose node died, or whose broker failed, during start-up, [`Broker::enclosing_lost`]): the instance
+    /// is up; run the initial program. A nested instance some of whose brokers never joined starts without them if
+    /// they are no more than `broker.tolerate-lost` (`vigil batch --tolerate-lost=K`), its initial program told the
+    /// nodes it has; with more it does not start, and tells the enclosing instance, which fails the job at once
+    /// naming them (`job-exec.nested`'s `never_joined`).
     fn maybe_start_initial(&mut self) {
         if self.initial_started || self.rank() != 0 || self.shutting_down.is_some() {
             return;
         }
         let Some(jc) = &self.jobcore else { return };
-        let never_joined =
-            self.members.iter().filter(|(r, m)| m.0 == MemberState::Lost && !jc.pool.ranks.contains_key(r)).count();
-        if ((jc.ranks_joined() + never_joined) as u32) < self.opts.size {
+        let never: IdSet = self
+            .members
+            .iter()
+            .filter(|(r, m)| m.0 == MemberState::Lost && !jc.pool.ranks.contains_key(r))
+            .map(|(r, _)| *r)
+            .collect();
+        if ((jc.ranks_joined() + never.len()) as u32) < self.opts.size {
             return;
         }
+        let hosts: crate::hostlist::Hostlist =
+            jc.pool.ranks.values().filter(|p| p.up && !p.removed).map(|p| p.hostname.clone()).collect();
+        let nhosts = jc.pool.ranks.values().filter(|p| p.up && !p.removed).count();
         self.initial_started = true;
+        let tolerated = self.opts.config.tolerate_lost;
+        if let (Some(uri), Some(jobid)) = (self.opts.config.parent_uri.clone(), self.opts.config.jobid.clone()) {
+            if never.len() as u32 > tolerated {
+                error!("the instance cannot start: rank(s) {never} never joined, and broker.tolerate-lost={tolerated}");
+                let report = json!({"id": jobid, "uri": self.env.local_uri, "size": self.opts.size,
+                    "never_joined": never.to_string(), "tolerate_lost": tolerated});
+                self.effect(Effect::ReportNested { uri, report });
+                return;
+            }
+        }
         info!("instance of {} brokers is up after {:.3}s", self.opts.size, self.clock());
         // Tells `vigil start` the instance is up: from now on a broker's death is the instance's business
         // (a lost rank), not a failed start.
@@ -1400,7 +1427,17 @@ impl Broker {
             self.effect(Effect::ReportNested { uri, report });
         }
         if let Some(argv) = self.opts.initial_program.clone() {
-            self.effect(Effect::StartInitial(argv));
+            // Started without some of its brokers: the initial program's node count and list are those it has.
+            let env = if never.is_empty() {
+                Vec::new()
+            } else {
+                warn!("the instance starts without rank(s) {never}, which never joined (broker.tolerate-lost={tolerated})");
+                vec![
+                    ("VIGIL_JOB_NNODES".to_string(), nhosts.to_string()),
+                    ("VIGIL_JOB_NODELIST".into(), hosts.to_string()),
+                ]
+            };
+            self.effect(Effect::StartInitial { argv, env });
         }
     }
 

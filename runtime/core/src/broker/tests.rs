@@ -2193,6 +2193,7 @@ fn a_pmi_barrier_ends_without_a_shell_whose_node_was_lost() {
 #[test]
 fn a_nested_rank_0_stops_waiting_for_a_broker_the_enclosing_instance_lost() {
     let mut b = super::testing::new_broker(0, 4, Topology::Kary(32), 4, Config::default(), Time::ZERO);
+    b.opts.config.tolerate_lost = 1;
     b.opts.config.parent_uri = Some("local:///enclosing".into());
     b.opts.config.jobid = Some("f2x".into());
     b.opts.initial_program = Some(vec!["batch.sh".into()]);
@@ -2208,7 +2209,13 @@ fn a_nested_rank_0_stops_waiting_for_a_broker_the_enclosing_instance_lost() {
     assert!(!b.initial_started, "rank 2 has not joined");
     b.handle(t(0.4), Input::EnclosingLost { ranks: [2, 9].into_iter().collect(), why: "node3".into() });
     let out = effects(&mut b);
-    assert!(out.iter().any(|e| matches!(e, Effect::StartInitial(_))), "{out:?}");
+    let env = out.iter().find_map(|e| match e {
+        Effect::StartInitial { env, .. } => Some(env.clone()),
+        _ => None,
+    });
+    let want: Vec<(String, String)> =
+        vec![("VIGIL_JOB_NNODES".into(), "3".into()), ("VIGIL_JOB_NODELIST".into(), "node[0-1,3]".into())];
+    assert_eq!(env, Some(want), "started with the three that joined, and says so: {out:?}");
     assert!(out.iter().any(|e| matches!(e, Effect::ReportNested { .. })), "{out:?}");
     assert_eq!(b.members[&2].0, MemberState::Lost);
     assert!(b.members[&2].1.contains("node3"), "{:?}", b.members[&2]);
@@ -2218,6 +2225,26 @@ fn a_nested_rank_0_stops_waiting_for_a_broker_the_enclosing_instance_lost() {
     b.handle(t(0.5), Input::EnclosingLost { ranks: [2].into_iter().collect(), why: "again".into() });
     assert!(effects(&mut b).is_empty(), "said once");
     assert!(b.members[&2].1.contains("node3"));
+
+    // Without `broker.tolerate-lost` (`vigil batch --tolerate-lost`), a broker that never joined keeps the instance
+    // from starting: the initial program does not run, and the enclosing instance is told which (issue 40).
+    let mut b = super::testing::new_broker(0, 4, Topology::Kary(32), 4, Config::default(), Time::ZERO);
+    b.opts.config.parent_uri = Some("local:///enclosing".into());
+    b.opts.config.jobid = Some("f2x".into());
+    b.opts.initial_program = Some(vec!["batch.sh".into()]);
+    b.handle(t(0.0), Input::Start);
+    effects(&mut b);
+    join_and_register(&mut b, t(0.1), 1, 7);
+    join_and_register(&mut b, t(0.1), 3, 9);
+    b.handle(t(0.4), Input::EnclosingLost { ranks: [2].into_iter().collect(), why: "node2".into() });
+    let out = effects(&mut b);
+    assert!(!out.iter().any(|e| matches!(e, Effect::StartInitial { .. })), "{out:?}");
+    let report = out.iter().find_map(|e| match e {
+        Effect::ReportNested { report, .. } => Some(report.clone()),
+        _ => None,
+    });
+    let report = report.expect("the enclosing instance is told");
+    assert_eq!((report["never_joined"].clone(), report["tolerate_lost"].clone()), (json!("2"), json!(0)), "{report}");
 
     // An ordinary instance (no enclosing job) follows nothing.
     let mut b = super::testing::new_broker(0, 4, Topology::Kary(32), 4, Config::default(), Time::ZERO);

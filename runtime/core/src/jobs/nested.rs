@@ -117,6 +117,38 @@ impl JobCore {
         }
     }
 
+    /// The instance of batch or alloc job `id` could not start: its brokers of ranks `never` (its own numbering)
+    /// never joined it (their nodes lost, or their brokers failed, during its start-up), more than the `tolerated`
+    /// it allows (`vigil batch --tolerate-lost`, `broker.tolerate-lost`). A fatal `node-failure` exception names
+    /// their nodes (`the job's instance could not start without node5 (rank 5), where rank 4 of the job's instance
+    /// was to run: its broker never joined, and --tolerate-lost=0 allows none`), so the job's exit code is the
+    /// lost-node one and a `--requeue` job goes back to the queue; the job is killed at once.
+    pub fn nested_start_failed(&mut self, now: f64, id: JobId, never: &IdSet, tolerated: u32) {
+        let Some(job) = self.jobs.get(&id) else { return };
+        let by_shell: std::collections::BTreeMap<u32, u32> =
+            job.shells.values().map(|s| (s.shell_rank, s.rank)).collect();
+        let ranks: Vec<(u32, u32)> = never.iter().filter_map(|c| by_shell.get(&c).map(|r| (*r, c))).collect();
+        let parts: Vec<String> = ranks
+            .iter()
+            .map(|(r, c)| format!("{} (rank {r}), where rank {c} of the job's instance was to run", self.hostname(*r)))
+            .collect();
+        let (nodes, brokers) = if parts.len() == 1 { ("node", "its broker") } else { ("nodes", "their brokers") };
+        let allows = if tolerated == 0 { "none".to_string() } else { format!("at most {tolerated}") };
+        let what = format!("{nodes} {}", parts.join("; "));
+        let mut note = format!(
+            "the job's instance could not start without {what}: {brokers} never joined, and --tolerate-lost={tolerated} \
+             allows {allows}"
+        );
+        if let Some(more) = self.arm_requeue(id, &what) {
+            note = format!("{note}; {more}");
+        }
+        let lost: IdSet = ranks.iter().map(|(r, _)| *r).collect();
+        let hosts: crate::hostlist::Hostlist = ranks.iter().map(|(r, _)| self.hostname(*r)).collect();
+        let ctx = serde_json::json!({"type": "node-failure", "severity": 0, "note": note, "ranks": lost.to_string(),
+                                     "hosts": hosts.to_string(), "shell_ranks": never.to_string()});
+        self.raise_ctx(now, id, ctx, true);
+    }
+
     /// When the next cut-off verdict of job `id` is due (see [`CUT_OFF_GRACE`]).
     pub(super) fn cut_off_deadline(&self, id: JobId) -> Option<f64> {
         self.jobs.get(&id)?.cut_off.values().map(|t| t + CUT_OFF_GRACE).min_by(f64::total_cmp)

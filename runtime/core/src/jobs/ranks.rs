@@ -370,7 +370,7 @@ impl JobCore {
     }
 
     /// The host name of broker rank `rank` (`?` if it never joined).
-    fn hostname(&self, rank: u32) -> String {
+    pub(super) fn hostname(&self, rank: u32) -> String {
         self.pool.ranks.get(&rank).map_or_else(|| "?".to_string(), |p| p.hostname.clone())
     }
 

@@ -1482,3 +1482,34 @@ fn a_nested_broker_that_dies_while_its_instance_starts_is_reported_at_once() {
     exit_shell(&mut c, T0 + 2.0, id, 1, 9);
     assert!(c.jobs[&id].fatal.is_some(), "its rank 0: fatal");
 }
+
+/// A batch job whose instance could not start because more of its brokers never joined than it tolerates
+/// (`--tolerate-lost`, issue 40) fails at once, naming their nodes, with the lost-node exit code.
+#[test]
+fn a_nested_instance_that_cannot_start_fails_its_job_naming_the_nodes() {
+    let mut c = core(6, 1, 0);
+    c.drain(T0, &IdSet::from_iter([0]), "login", DrainMode::Refuse).unwrap();
+    let mut v = spec(cmd().nnodes(5).exclusive(true));
+    v["attributes"]["system"]["instance"] = json!({});
+    let id = c.submit(T0, &v, 0).unwrap();
+    actions(&mut c);
+    for r in 1..6 {
+        c.shell_spawned(T0, id, r, Ok(()));
+    }
+    c.ranks_lost(T0 + 1.0, &IdSet::from_iter([5]));
+    assert!(c.jobs[&id].fatal.is_none(), "the loss alone: severity 2");
+    c.nested_start_failed(T0 + 1.1, id, &IdSet::from_iter([4]), 0);
+    let e = c.jobs[&id].fatal.clone().expect("fatal");
+    assert_eq!(e.kind, "node-failure");
+    assert_eq!(
+        e.note,
+        "the job's instance could not start without node node5 (rank 5), where rank 4 of the job's instance was to \
+         run: its broker never joined, and --tolerate-lost=0 allows none"
+    );
+    assert_eq!(signals(&actions(&mut c)).len(), 1, "its shells are killed at once");
+    for r in 1..5 {
+        exit_shell(&mut c, T0 + 2.0, id, r, 15);
+    }
+    assert_eq!(c.jobs[&id].state, JobState::Inactive);
+    assert_eq!(c.jobs[&id].exit_code(), Some(crate::shellproto::JOB_EXIT_NODE_LOST));
+}

@@ -100,11 +100,11 @@ impl Driver {
             }
             Effect::SignalShell { id, signal } => self.shells.signal(id, signal),
             Effect::KillShells => self.shells.kill_all(),
-            Effect::StartInitial(argv) => {
+            Effect::StartInitial { argv, env } => {
                 let tx = self.input_tx.clone();
                 let uri = self.broker.env.local_uri.clone();
                 tokio::spawn(async move {
-                    let code = run_initial(argv, uri, tx.clone()).await;
+                    let code = run_initial(argv, env, uri, tx.clone()).await;
                     let _ = tx.send(Event::InitialExit(code));
                 });
             }
@@ -318,9 +318,14 @@ async fn watch_enclosing(uri: String, id: String, tx: mpsc::UnboundedSender<Even
     }
 }
 
-async fn run_initial(argv: Vec<String>, uri: String, tx: mpsc::UnboundedSender<Event>) -> i32 {
+async fn run_initial(
+    argv: Vec<String>,
+    env: Vec<(String, String)>,
+    uri: String,
+    tx: mpsc::UnboundedSender<Event>,
+) -> i32 {
     let mut cmd = std::process::Command::new(&argv[0]);
-    cmd.args(&argv[1..]).env(crate::client::URI_ENV, &uri);
+    cmd.args(&argv[1..]).envs(env).env(crate::client::URI_ENV, &uri);
     if let Some(dir) = std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.to_path_buf())) {
         let path = std::env::var("PATH").unwrap_or_default();
         cmd.env("PATH", format!("{}:{path}", dir.display()));

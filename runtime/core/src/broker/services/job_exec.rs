@@ -155,6 +155,11 @@ struct NestedRequest {
     critical_ranks: Option<String>,
     /// Its size, in brokers; 0 when absent.
     size: Option<u32>,
+    /// The ranks of it (an idset, its own numbering) that never joined, when more than it tolerates
+    /// (`tolerate_lost`): it could not start, and the job fails naming their nodes (`JobCore::nested_start_failed`).
+    never_joined: Option<String>,
+    /// How many of its brokers may never join (`broker.tolerate-lost`); 0 when absent.
+    tolerate_lost: Option<u32>,
 }
 
 /// `job-exec.nested`.
@@ -169,6 +174,18 @@ fn nested(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     let crit = IdSet::parse(req.critical_ranks.as_deref().unwrap_or("0"))
         .map_err(|e| ServiceError::eproto(format!("critical_ranks: {e}")))?;
     let size = req.size.unwrap_or(0);
+    if let Some(never) = &req.never_joined {
+        let never = IdSet::parse(never).map_err(|e| ServiceError::eproto(format!("never_joined: {e}")))?;
+        let tolerated = req.tolerate_lost.unwrap_or(0);
+        if never.len() as u32 > tolerated {
+            if !jc.jobs.contains_key(&id) {
+                return Err(ServiceError::enoent(format!("unknown job id {id}")));
+            }
+            tracing::warn!("job {id}: its instance could not start: ranks {never} of it never joined");
+            jc.nested_start_failed(n, id, &never, tolerated);
+            return Ok(Some(json!({}).into()));
+        }
+    }
     let job = jc.jobs.get_mut(&id).ok_or(ServiceError::enoent(format!("unknown job id {id}")))?;
     let ranks: Vec<u32> = job.alloc.iter().map(|a| a.rank).collect();
     let parent_crit: IdSet = crit.iter().filter_map(|c| ranks.get(c as usize).copied()).collect();
