@@ -1393,7 +1393,7 @@ fn a_start_that_fails_because_its_node_was_lost_is_that_loss_only() {
     let unreachable = || Err("rank 2 was lost with this request in flight".to_string());
     // Ordinary job: shells on 1 and 3 started, 2 never answered.
     let mut c = core(4, 1, 0);
-    let id = c.submit(T0, &spec(cmd().nnodes(3)), 0).unwrap();
+    let id = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(3)), 0)).unwrap().id;
     actions(&mut c);
     assert_eq!(c.jobs[&id].alloc.iter().map(|a| a.rank).collect::<Vec<_>>(), vec![0, 1, 2]);
     c.shell_spawned(T0, id, 0, Ok(()));
@@ -1410,13 +1410,13 @@ fn a_start_that_fails_because_its_node_was_lost_is_that_loss_only() {
     assert_eq!(c.jobs[&id].state, JobState::Inactive);
     assert_eq!(c.jobs[&id].exit_code(), Some(crate::shellproto::JOB_EXIT_NODE_LOST));
     // Not given again while lost.
-    let next = c.submit(T0 + 3.0, &spec(cmd().nnodes(3)), 0).unwrap();
+    let next = c.submit(T0 + 3.0, SubmitRequest::new(&spec(cmd().nnodes(3)), 0)).unwrap().id;
     let s = spawns(&actions(&mut c));
     assert_eq!(s.iter().map(|x| x.1).collect::<Vec<_>>(), vec![0, 1, 3], "{next:?}");
 
     // A --requeue job goes back to the queue: the late error does not cancel its requeue.
     let mut c = core(4, 1, 0);
-    let id = c.submit(T0, &spec(cmd().nnodes(3).requeue(true)), 0).unwrap();
+    let id = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(3).requeue(true)), 0)).unwrap().id;
     actions(&mut c);
     c.shell_spawned(T0, id, 0, Ok(()));
     c.ranks_lost(T0 + 1.0, &IdSet::from_iter([2]));
@@ -1432,7 +1432,7 @@ fn a_start_that_fails_because_its_node_was_lost_is_that_loss_only() {
     c.drain(T0, &IdSet::from_iter([0]), "login", DrainMode::Refuse).unwrap();
     let mut v = spec(cmd().nnodes(3).exclusive(true));
     v["attributes"]["system"]["instance"] = json!({});
-    let id = c.submit(T0, &v, 0).unwrap();
+    let id = c.submit(T0, SubmitRequest::new(&v, 0)).unwrap().id;
     actions(&mut c);
     c.shell_spawned(T0, id, 1, Ok(()));
     c.shell_spawned(T0, id, 3, Ok(()));
@@ -1457,7 +1457,7 @@ fn a_nested_broker_that_dies_while_its_instance_starts_is_reported_at_once() {
     c.drain(T0, &IdSet::from_iter([0]), "login", DrainMode::Refuse).unwrap();
     let mut v = spec(cmd().nnodes(4).exclusive(true));
     v["attributes"]["system"]["instance"] = json!({});
-    let id = c.submit(T0, &v, 0).unwrap();
+    let id = c.submit(T0, SubmitRequest::new(&v, 0)).unwrap().id;
     actions(&mut c);
     for r in 1..5 {
         c.shell_spawned(T0, id, r, Ok(()));
@@ -1491,7 +1491,7 @@ fn a_nested_instance_that_cannot_start_fails_its_job_naming_the_nodes() {
     c.drain(T0, &IdSet::from_iter([0]), "login", DrainMode::Refuse).unwrap();
     let mut v = spec(cmd().nnodes(5).exclusive(true));
     v["attributes"]["system"]["instance"] = json!({});
-    let id = c.submit(T0, &v, 0).unwrap();
+    let id = c.submit(T0, SubmitRequest::new(&v, 0)).unwrap().id;
     actions(&mut c);
     for r in 1..6 {
         c.shell_spawned(T0, id, r, Ok(()));
