@@ -384,6 +384,16 @@ class Client:
                     return False
         return False
 
+    def _rank0_back(self, e: "VigilError", deadline: Optional[float]) -> "tuple[bool, Optional[float]]":
+        """After request error ``e``: re-raise it unless it says rank 0 was lost (EHOSTUNREACH); else wait for rank 0
+        to come back, within ``deadline`` (set from now on the first loss). Returns whether it came back, and the
+        deadline to keep for the next loss of the same request."""
+        if e.errno != _errno.EHOSTUNREACH:
+            raise e
+        if deadline is None:
+            deadline = self._rank0_deadline()
+        return (deadline is not None and self._recover(deadline)), deadline
+
     # -- jobs -----------------------------------------------------------------------------------------------------
 
     def submit(
@@ -414,11 +424,8 @@ class Client:
                 r = self.rpc("job-manager.submit", payload)
                 return int(r["id"])
             except VigilError as e:
-                if e.errno != _errno.EHOSTUNREACH:
-                    raise
-                if deadline is None:
-                    deadline = self._rank0_deadline()
-                if deadline is None or not self._recover(deadline):
+                back, deadline = self._rank0_back(e, deadline)
+                if not back:
                     raise VigilError(
                         e.errno,
                         f"{e.strerror}: the job may have been accepted all the same (rank 0 may have made it "
@@ -437,11 +444,8 @@ class Client:
                     yield v
                 return
             except VigilError as e:
-                if e.errno != _errno.EHOSTUNREACH:
-                    raise
-                if deadline is None:
-                    deadline = self._rank0_deadline()
-                if deadline is None or not self._recover(deadline):
+                back, deadline = self._rank0_back(e, deadline)
+                if not back:
                     raise ConnectionLost(lost_note(e.strerror, f58(jobid))) from None
                 yield None
 

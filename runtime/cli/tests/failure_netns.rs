@@ -1542,33 +1542,47 @@ fn a_batch_job_whose_node_dies_before_its_shell_starts_goes_on_without_it() {
     batch_job_lost_before_its_shell_starts(Loss::Silent);
 }
 
+/// A cluster of `size` nodes (node0 drained) whose node `cut` cannot reach node1 (a blackhole route to it), and a
+/// batch job `-N{size-1}` (`batch_args` added) on nodes 1 to `size - 1`: its script says the nodes it got and runs
+/// one task on each of all but one of them. Node `cut`'s broker of the job's instance retries its parent there.
+/// Returns the cluster, the script's working directory (its output file) and the job's id.
+fn batch_with_a_node_cut_off(size: u32, cut: u32, batch_args: &[&str]) -> (Cluster, std::path::PathBuf, String) {
+    let c = Cluster::up(size);
+    c.vigil(&["resource", "drain", "0", "login"]).ok();
+    c.script(&["run", &c.name, &cut.to_string(), "ip", "route", "add", "blackhole", "10.200.0.2/32"]).ok();
+    let work = c.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let script = work.join("job.sh");
+    let inner = size - 2;
+    std::fs::write(
+        &script,
+        format!(
+            r#"#!/bin/sh
+echo "nodes: $VIGIL_JOB_NNODES $VIGIL_JOB_NODELIST"
+vigil run -N{inner} -n{inner} sh -c 'echo "host: $(vigil getattr hostname)"'
+rc=$?
+echo "inner run exit code $rc"
+exit $rc
+"#
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let nnodes = format!("-N{}", size - 1);
+    let o =
+        c.vigil_in(&work, &[], &[&["batch", &nnodes], batch_args, &[script.to_str().unwrap()]].concat(), CMD_TIMEOUT);
+    o.ok();
+    let id = o.stdout.trim().to_string();
+    (c, work, id)
+}
+
 /// A 4-node batch job (`batch_args`) on nodes 1-4 of a 5-node cluster whose instance's broker on node3 (its rank
 /// 2) dies on a live node before it joined: node3 cannot reach node1 (the instance's rank 0, its parent) through
 /// a blackhole route, so its broker retries its connection; it is killed there (`kill -9`). Returns the cluster,
 /// `vigil job wait`'s output, the job's eventlog, the script's output and the kill's wall time.
 fn nested_broker_dies_at_start(batch_args: &[&str]) -> (Cluster, Output, Vec<Value>, String, f64) {
-    let c = Cluster::up(5);
-    c.vigil(&["resource", "drain", "0", "login"]).ok();
-    c.script(&["run", &c.name, "3", "ip", "route", "add", "blackhole", "10.200.0.2/32"]).ok();
-    let work = c.path().join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    let script = work.join("job.sh");
-    std::fs::write(
-        &script,
-        r#"#!/bin/sh
-echo "nodes: $VIGIL_JOB_NNODES $VIGIL_JOB_NODELIST"
-vigil run -N3 -n3 sh -c 'echo "host: $(vigil getattr hostname)"'
-rc=$?
-echo "inner run exit code $rc"
-exit $rc
-"#,
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let o = c.vigil_in(&work, &[], &[&["batch", "-N4"], batch_args, &[script.to_str().unwrap()]].concat(), CMD_TIMEOUT);
-    o.ok();
-    let id = o.stdout.trim().to_string();
+    let (c, work, id) = batch_with_a_node_cut_off(5, 3, batch_args);
     let nested = || -> Vec<i32> {
         c.node_processes(3).into_iter().filter(|(_, cl)| cl.contains(" broker --job-script=")).map(|(p, _)| p).collect()
     };
@@ -1658,28 +1672,7 @@ fn a_batch_jobs_broker_that_dies_before_it_joins_fails_the_job_at_once_without_t
 /// past its PMI exchange, retries; then node5 is silently killed. Returns the cluster, `vigil job wait`'s output,
 /// the job's eventlog, the script's output and the kill's wall time.
 fn fifth_node_dies_before_its_broker_joins(batch_args: &[&str]) -> (Cluster, Output, Vec<Value>, String, f64) {
-    let c = Cluster::up(6);
-    c.vigil(&["resource", "drain", "0", "login"]).ok();
-    c.script(&["run", &c.name, "5", "ip", "route", "add", "blackhole", "10.200.0.2/32"]).ok();
-    let work = c.path().join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    let script = work.join("job.sh");
-    std::fs::write(
-        &script,
-        r#"#!/bin/sh
-echo "nodes: $VIGIL_JOB_NNODES $VIGIL_JOB_NODELIST"
-vigil run -N4 -n4 sh -c 'echo "host: $(vigil getattr hostname)"'
-rc=$?
-echo "inner run exit code $rc"
-exit $rc
-"#,
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let o = c.vigil_in(&work, &[], &[&["batch", "-N5"], batch_args, &[script.to_str().unwrap()]].concat(), CMD_TIMEOUT);
-    o.ok();
-    let id = o.stdout.trim().to_string();
+    let (c, work, id) = batch_with_a_node_cut_off(6, 5, batch_args);
     let nested = || c.node_processes(5).iter().any(|(_, cl)| cl.contains(" broker --job-script="));
     assert!(wait_for(VERDICT, nested), "no nested broker on node5: {:?}", c.node_processes(5));
     std::thread::sleep(Duration::from_millis(200));
