@@ -39,6 +39,9 @@ fn urgency_orders_the_queue_and_zero_holds() {
     assert_eq!(c.jobs[&held].state, JobState::Run, "{:?}", names(&c, held));
     let ev = names(&c, held);
     assert!(ev.windows(2).any(|w| w == ["urgency", "priority"]), "{ev:?}");
+    // A job past pending is refused, its state said in words.
+    let e = c.set_urgency(T0 + 21.0, held, 1000, false, DEFAULT_URGENCY, true).unwrap_err();
+    assert!(e.1.ends_with("is running: urgency orders pending jobs only"), "{e:?}");
 }
 
 #[test]

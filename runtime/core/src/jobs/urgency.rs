@@ -128,7 +128,14 @@ impl JobCore {
         if !matches!(job.state, JobState::New | JobState::Depend | JobState::Priority | JobState::Sched) {
             return Err((
                 errno::EINVAL,
-                format!("job {id} is {}: urgency orders pending jobs only", job.state.name().to_lowercase()),
+                format!(
+                    "job {id} is {}: urgency orders pending jobs only",
+                    match job.state {
+                        JobState::Run => "running",
+                        JobState::Cleanup => "ending",
+                        _ => "inactive",
+                    }
+                ),
             ));
         }
         let old = job.urgency;
