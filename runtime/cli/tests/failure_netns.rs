@@ -437,8 +437,8 @@ fn silent_node_loss_is_lost() {
             std::thread::sleep(Duration::from_millis(50));
         }
         assert!(probing.starts_with(want), "{probing}");
-        // Each node's broker owns its node's detectors: its prober runs real-time.
-        assert!(probing.ends_with("; prober thread real-time (SCHED_RR 1)"), "{probing}");
+        // Each node's broker owns its node's detectors: its prober runs real-time, its loop at nice -10.
+        assert!(probing.ends_with("; prober thread real-time (SCHED_RR 1); loop at nice -10"), "{probing}");
     }
     let since = Instant::now();
     let t0 = c.kill_node(2);

@@ -580,19 +580,21 @@ fn probing_line(env: &[(&str, &str)]) -> String {
     v["detectors"]["probing"].as_str().map(str::to_string).unwrap_or_else(|| out.dump())
 }
 
-/// The prober thread runs at real-time priority where it may (root here), and says so; where it may not, it runs
-/// at normal priority and says why (the fallback forced with `VIGIL_PROBER_NO_RT`).
+/// The prober thread runs at real-time priority and the detector owner's loop at nice -10 where they may (root
+/// here), and say so; where they may not, they run at normal priority and say why (the fallbacks forced with
+/// `VIGIL_PROBER_NO_RT` and `VIGIL_LOOP_NO_NICE`).
 #[test]
-fn the_prober_thread_says_how_it_is_scheduled() {
-    let normal = probing_line(&[("VIGIL_PROBER_NO_RT", "1")]);
+fn the_prober_thread_and_the_loop_say_how_they_are_scheduled() {
+    let normal = probing_line(&[("VIGIL_PROBER_NO_RT", "1"), ("VIGIL_LOOP_NO_NICE", "1")]);
     assert!(
         normal.contains("prober thread at normal priority (real-time refused: VIGIL_PROBER_NO_RT is set)"),
         "{normal}"
     );
+    assert!(normal.contains("loop at normal priority (nice -10 refused: VIGIL_LOOP_NO_NICE is set)"), "{normal}");
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
         let rt = probing_line(&[]);
-        assert!(rt.contains("prober thread real-time (SCHED_RR 1)"), "{rt}");
+        assert!(rt.contains("prober thread real-time (SCHED_RR 1); loop at nice -10"), "{rt}");
     }
 }
 
