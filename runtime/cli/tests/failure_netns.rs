@@ -594,6 +594,12 @@ fn stalled_broker_is_torpid_never_lost() {
 
 // ------------------------------------------------------------------------------------------- exec rules
 
+/// What a failed assertion about a batch job shows: `vigil job wait`'s output, the script's output, the eventlog.
+fn job_context(w: &Output, out: &str, log: &[Value]) -> String {
+    let events = log.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n");
+    format!("{}\n--- out ---\n{out}\n--- eventlog ---\n{events}", w.dump())
+}
+
 /// The exception events of a job eventlog.
 fn exceptions(log: &[Value]) -> Vec<&Value> {
     log.iter().filter(|e| e["name"] == "exception").collect()
@@ -1230,11 +1236,7 @@ exit $rc
     let w = c.vigil_in(c.path(), &[], &["job", "wait", &id], JOB_END);
     let out = std::fs::read_to_string(&out_path).unwrap_or_default();
     let log = c.job_eventlog(&id);
-    let ctx = format!(
-        "{}\n--- out ---\n{out}\n--- eventlog ---\n{}",
-        w.dump(),
-        log.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")
-    );
+    let ctx = job_context(&w, &out, &log);
     assert_eq!((w.timed_out, w.code), (false, 0), "{ctx}");
     assert!(out.contains("inner run exit code 0"), "{ctx}");
     let hosts: BTreeSet<&str> = out.lines().filter_map(|l| l.strip_prefix("host: ")).map(str::trim).collect();
@@ -1321,11 +1323,7 @@ fn a_batch_job_survives_a_node_lost_while_its_instance_starts() {
 #[track_caller]
 fn batch_survives_a_node_lost_at_start(batch_args: &[&str], kill: u32, lost: u32) {
     let (c, _id, w, log, out, t_kill) = batch_loses_a_node_at_start(batch_args, kill);
-    let ctx = format!(
-        "{}\n--- out ---\n{out}\n--- eventlog ---\n{}",
-        w.dump(),
-        log.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")
-    );
+    let ctx = job_context(&w, &out, &log);
     let ex = exceptions(&log);
     assert_eq!(ex.len(), 1, "{ctx}");
     let ex = ex[0];
@@ -1363,11 +1361,7 @@ fn batch_survives_a_node_lost_at_start(batch_args: &[&str], kill: u32, lost: u32
 #[test]
 fn a_batch_job_fails_when_its_host_is_lost_while_its_instance_starts() {
     let (_c, _id, w, log, out, _) = batch_loses_a_node_at_start(&[], 1);
-    let ctx = format!(
-        "{}\n--- out ---\n{out}\n--- eventlog ---\n{}",
-        w.dump(),
-        log.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")
-    );
+    let ctx = job_context(&w, &out, &log);
     assert_eq!((w.timed_out, w.code), (false, 69), "the lost-node exit code: {ctx}");
     let ex = exceptions(&log);
     assert!(!ex.is_empty(), "{ctx}");
@@ -1496,11 +1490,7 @@ fn an_ordinary_job_whose_node_dies_before_its_shell_starts_fails_at_once() {
 #[track_caller]
 fn batch_job_lost_before_its_shell_starts(loss: Loss) {
     let (c, id, w, log, out, t_kill) = lost_before_its_shell_starts(true, loss);
-    let ctx = format!(
-        "{}\n--- out ---\n{out}\n--- eventlog ---\n{}",
-        w.dump(),
-        log.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")
-    );
+    let ctx = job_context(&w, &out, &log);
     assert!(!w.timed_out, "job wait hung: {ctx}");
     let ex = exceptions(&log);
     assert_eq!(ex.len(), 1, "one exception, the node's loss: {ctx}");
@@ -1611,11 +1601,7 @@ fn nested_broker_dies_at_start(batch_args: &[&str]) -> (Cluster, Output, Vec<Val
 #[test]
 fn a_batch_jobs_broker_that_dies_before_it_joins_is_reported_at_once() {
     let (c, w, log, out, t_kill) = nested_broker_dies_at_start(&["--tolerate-lost=1"]);
-    let ctx = format!(
-        "{}\n--- out ---\n{out}\n--- eventlog ---\n{}",
-        w.dump(),
-        log.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")
-    );
+    let ctx = job_context(&w, &out, &log);
     assert!(!w.timed_out, "job wait hung: {ctx}");
     let ex = exceptions(&log);
     assert_eq!(ex.len(), 1, "{ctx}");
@@ -1644,11 +1630,7 @@ fn a_batch_jobs_broker_that_dies_before_it_joins_is_reported_at_once() {
 #[test]
 fn a_batch_jobs_broker_that_dies_before_it_joins_fails_the_job_at_once_without_tolerate_lost() {
     let (c, w, log, out, t_kill) = nested_broker_dies_at_start(&[]);
-    let ctx = format!(
-        "{}\n--- out ---\n{out}\n--- eventlog ---\n{}",
-        w.dump(),
-        log.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")
-    );
+    let ctx = job_context(&w, &out, &log);
     assert!(!w.timed_out, "job wait hung: {ctx}");
     assert_eq!(w.code, 69, "the lost-node exit code: {ctx}");
     let ex = exceptions(&log);
@@ -1689,11 +1671,7 @@ fn fifth_node_dies_before_its_broker_joins(batch_args: &[&str]) -> (Cluster, Out
 #[test]
 fn a_batch_job_with_tolerate_lost_starts_without_a_node_that_never_joined() {
     let (c, w, log, out, t_kill) = fifth_node_dies_before_its_broker_joins(&["--tolerate-lost=1"]);
-    let ctx = format!(
-        "{}\n--- out ---\n{out}\n--- eventlog ---\n{}",
-        w.dump(),
-        log.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")
-    );
+    let ctx = job_context(&w, &out, &log);
     assert_eq!((w.timed_out, w.code), (false, 0), "{ctx}");
     let ex = exceptions(&log);
     assert_eq!(ex.len(), 1, "{ctx}");
@@ -1720,11 +1698,7 @@ fn a_batch_job_with_tolerate_lost_starts_without_a_node_that_never_joined() {
 #[test]
 fn a_batch_job_whose_node_never_joined_fails_at_once_without_tolerate_lost() {
     let (c, w, log, out, t_kill) = fifth_node_dies_before_its_broker_joins(&[]);
-    let ctx = format!(
-        "{}\n--- out ---\n{out}\n--- eventlog ---\n{}",
-        w.dump(),
-        log.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")
-    );
+    let ctx = job_context(&w, &out, &log);
     assert_eq!((w.timed_out, w.code), (false, 69), "{ctx}");
     let ex = exceptions(&log);
     let fatal: Vec<&&Value> = ex.iter().filter(|e| e["context"]["severity"] == 0).collect();
@@ -1851,11 +1825,7 @@ fn a_batch_job_survives_its_router_lost_before_its_children_connect() {
     let (c, w, log, out, t_down) = batch_router_out_of_reach_at_start(4, |c, _| {
         c.kill_node(2);
     });
-    let ctx = format!(
-        "{}\n--- out ---\n{out}\n--- eventlog ---\n{}",
-        w.dump(),
-        log.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")
-    );
+    let ctx = job_context(&w, &out, &log);
     assert_eq!((w.timed_out, w.code), (false, 0), "{ctx}");
     let ex = exceptions(&log);
     assert_eq!(ex.len(), 1, "{ctx}");
@@ -1916,11 +1886,7 @@ fn a_slow_router_whose_children_were_adopted_at_start_joins_as_a_leaf() {
         signal("-CONT");
         assert!(both, "ranks 3 and 4 did not re-parent:\n{}", std::fs::read_to_string(out_path).unwrap_or_default());
     });
-    let ctx = format!(
-        "{}\n--- out ---\n{out}\n--- eventlog ---\n{}",
-        w.dump(),
-        log.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")
-    );
+    let ctx = job_context(&w, &out, &log);
     assert_eq!((w.timed_out, w.code), (false, 0), "{ctx}");
     assert!(exceptions(&log).is_empty(), "{ctx}");
     assert!(out.contains("inner run exit code 0"), "{ctx}");
