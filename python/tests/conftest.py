@@ -40,8 +40,13 @@ def clean_env(d: pathlib.Path) -> dict:
 
 
 def kill_marked(marker: str) -> None:
-    """Kill every process whose command line or environment contains ``marker``."""
+    """Kill every process whose command line or environment contains ``marker``.
+
+    All of them are stopped (SIGSTOP) before any is killed: `vigil start` gives its brokers a parent-death signal
+    (SIGTERM), and a broker that saw its parent die first would shut down cleanly (ending jobs with a `shutdown`
+    exception) instead of being lost, which is what the tests that call this mean."""
     me = os.getpid()
+    marked = []
     for p in pathlib.Path("/proc").iterdir():
         if not p.name.isdigit() or int(p.name) == me:
             continue
@@ -50,8 +55,11 @@ def kill_marked(marker: str) -> None:
         except OSError:
             continue
         if marker.encode() in blob:
+            marked.append(int(p.name))
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in marked:
             try:
-                os.kill(int(p.name), signal.SIGKILL)
+                os.kill(pid, sig)
             except OSError:
                 pass
 
