@@ -432,7 +432,7 @@ mod tests {
     #[test]
     fn every_field_is_documented() {
         let doc = include_str!("../../../../docs/queue.md");
-        let help = include_str!("jobcmd/mod.rs");
+        let help = include_str!("jobcmd/jobs.rs");
         for f in FIELDS {
             assert!(doc.contains(&format!("`{}`", f.name)), "docs/queue.md lacks {}", f.name);
             assert!(doc.contains(f.header), "docs/queue.md lacks {}'s heading {}", f.name, f.header);

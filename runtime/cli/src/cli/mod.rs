@@ -4,7 +4,7 @@
 //! Exit codes: 0 success; 1 error (one line on stderr naming what is wrong); 2 usage error (from clap);
 //! `vigil run` / `vigil job wait` / `vigil start` exit with the job's or initial program's exit code, and `vigil
 //! run` / `vigil job attach` / `vigil job wait` with 255 when they lost rank 0 while following the job (its exit
-//! code is not known then: see `jobcmd::EXIT_RANK0_LOST`).
+//! code is not known then: see `jobcmd/attach.rs`, `EXIT_RANK0_LOST`).
 
 mod hostlist;
 mod jobcmd;

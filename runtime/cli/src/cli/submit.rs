@@ -8,7 +8,7 @@
 //! (`"duplicate": true`), one that does not makes it. Either way the job exists once, and a batch script gets
 //! its job id rather than an error.
 //!
-//! How long it waits (the reconnection rules of `vigil job attach`, `jobcmd.rs` `await_rank0`):
+//! How long it waits (the reconnection rules of `vigil job attach`, `jobcmd/attach.rs` `await_rank0`):
 //! - connected to rank 0: only if the instance keeps its jobs while rank 0 restarts (`rank0_grace` > 0 in rank
 //!   0's welcome: a state directory), and at most that long plus [`super::jobcmd::RANK0_WAIT_MARGIN`],
 //!   reconnecting to `$VIGIL_URI` every [`RESEND_EVERY`];

@@ -1,0 +1,123 @@
+//! `vigil jobs`: the queue, filtered and formatted (`jobsfmt`).
+
+use crate::cli::connect;
+use clap::Args;
+use serde_json::{json, Value};
+
+/// Options of `vigil jobs`.
+#[derive(Args, Debug)]
+pub struct JobsArgs {
+    /// Include inactive jobs.
+    #[arg(short = 'a', long)]
+    pub all: bool,
+    /// Every user's jobs, not only yours (as `flux jobs -A`, `--user=all`). Each shows its user; the command and
+    /// environment of a job are only for its owner and the instance owner (`vigil job info`).
+    #[arg(short = 'A', long = "all-users", conflicts_with = "user")]
+    pub all_users: bool,
+    /// Only the jobs of USER, a login name or uid, or `all` (as `-A`); yours by default.
+    #[arg(short = 'u', long, value_name = "USER")]
+    pub user: Option<String>,
+    /// Print JSON (one object with a "jobs" array), after the filters.
+    #[arg(long, conflicts_with = "format")]
+    pub json: bool,
+    /// Only jobs of this name (`--job-name`, or the command's basename when none was given), as `flux jobs
+    /// --name` and `squeue --name`; with `-a`, inactive ones too.
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// Only jobs in these states, a comma-separated LIST of RFC 21 states (new, depend, priority, sched, run,
+    /// cleanup, inactive), Flux's groups (pending, running, active) or results of inactive jobs (completed,
+    /// failed, canceled, timeout), as `flux jobs --filter`. Inactive states imply `-a`.
+    #[arg(long, value_name = "LIST", visible_alias = "filter")]
+    pub states: Option<String>,
+    /// Inactive jobs only if they ended after TIME: -DURATION ago (-1h, -30m), @EPOCH, or a UTC time
+    /// (2026-12-07T05:00:00Z, "2026-12-07 05:00"), as `flux jobs --since`. Implies `-a`.
+    #[arg(long, value_name = "TIME")]
+    pub since: Option<String>,
+    /// At most COUNT jobs (the newest first), after the other filters.
+    #[arg(short = 'c', long, value_name = "COUNT")]
+    pub count: Option<usize>,
+    /// Lines in Flux's style: named fields in braces, each with an optional [<|>|^][WIDTH][.MAX] spec, e.g.
+    /// `{id.f58:>12} {name:<16.16} {state} {runtime}`. Fields: id, id.f58, id.dec, id.hex, name, user, userid,
+    /// state, state_single, result, status, urgency, nnodes, ntasks, nodelist, ranks, runtime, duration,
+    /// t_submit, t_run, t_inactive, returncode, exception.type, exception.note, reason, requeues, info (see
+    /// docs/queue.md).
+    #[arg(long, value_name = "FORMAT")]
+    pub format: Option<String>,
+    /// No header line.
+    #[arg(short = 'n', long)]
+    pub no_header: bool,
+}
+
+/// The login name of user id `uid`, or its number if it has none.
+pub(crate) fn user_name(uid: u32) -> String {
+    nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+        .ok()
+        .flatten()
+        .map(|u| u.name)
+        .unwrap_or_else(|| uid.to_string())
+}
+
+/// `--user`: a uid, a login name, or `all` (`None`: every user's).
+fn user_id(u: &str) -> Result<Option<u32>, String> {
+    if u == "all" {
+        return Ok(None);
+    }
+    if let Ok(n) = u.parse::<u32>() {
+        return Ok(Some(n));
+    }
+    match nix::unistd::User::from_name(u) {
+        Ok(Some(user)) => Ok(Some(user.uid.as_raw())),
+        _ => Err(format!("--user={u}: no such user (a login name, a uid, or all)")),
+    }
+}
+
+/// `vigil jobs`.
+pub(crate) async fn jobs(a: JobsArgs) -> Result<i32, String> {
+    use crate::cli::jobsfmt::{Ctx, Format, States, DEFAULT_FORMAT};
+    let now = crate::broker_now();
+    // Every option is checked before the instance is asked anything.
+    let format = Format::parse(a.format.as_deref().unwrap_or(DEFAULT_FORMAT)).map_err(|e| format!("--format: {e}"))?;
+    let states = a
+        .states
+        .as_deref()
+        .map(States::parse)
+        .transpose()
+        .map_err(|e| format!("--states={}: {e}", a.states.as_deref().unwrap_or("")))?;
+    let since = a.since.as_deref().map(|s| crate::cli::jobsfmt::parse_since(s, now)).transpose()?;
+    let user = match (&a.user, a.all_users) {
+        (Some(u), _) => user_id(u)?,
+        (None, true) => None,
+        (None, false) => Some(nix::unistd::getuid().as_raw()),
+    };
+    let all = a.all || since.is_some() || states.as_ref().is_some_and(States::wants_inactive);
+    let c = connect().await?;
+    let mut req = json!({"all": all});
+    if let Some(u) = user {
+        req["userid"] = u.into();
+    }
+    let mut r = crate::cli::rpc_to_rank0(&c, "job-manager.list", &req).await?;
+    if let Some(list) = r.get_mut("jobs").and_then(Value::as_array_mut) {
+        list.retain(|j| {
+            a.name.as_deref().is_none_or(|n| j["name"].as_str() == Some(n))
+                && states.as_ref().is_none_or(|s| s.matches(j))
+                && since.is_none_or(|t| j["state"] != "INACTIVE" || j["t_inactive"].as_f64().is_some_and(|e| e > t))
+        });
+        if let Some(n) = a.count {
+            list.truncate(n);
+        }
+    }
+    if a.json {
+        println!("{r}");
+        return Ok(0);
+    }
+    if !a.no_header {
+        println!("{}", format.header());
+    }
+    let names = std::cell::RefCell::new(std::collections::HashMap::new());
+    let user = |uid: u32| names.borrow_mut().entry(uid).or_insert_with(|| user_name(uid)).clone();
+    let ctx = Ctx { now, user: &user };
+    for j in r["jobs"].as_array().cloned().unwrap_or_default() {
+        println!("{}", format.line(&j, &ctx));
+    }
+    Ok(0)
+}
