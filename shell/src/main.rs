@@ -495,12 +495,15 @@ impl Shell {
         Ok((open("stdout")?, open("stderr")?))
     }
 
+    /// The shell's run, in steps: set up (the tmpdirs, output files, [`Shell::spawn_forwarder`], PMI-1 and PMIx),
+    /// [`Shell::start_tasks`], their standard input and signals passed on, then serve them (PMI, exits, early exit
+    /// reports, lost-node notices, signals) until every one has exited, and [`Shell::end`].
     async fn run(&mut self) -> ShellReport {
         let id = self.input.id;
         if let Err(e) = self.make_tmpdir() {
             return ShellReport::failed(e);
         }
-        let (mut out_file, mut err_file) = match self.output_files() {
+        let (out_file, err_file) = match self.output_files() {
             Ok(f) => f,
             Err(e) => {
                 // The broker removes the job's tmpdir; an allocation directory elsewhere is ours to remove.
@@ -512,58 +515,12 @@ impl Shell {
         };
         // Bounded: a task that writes faster than rank 0 takes its output blocks on its pipe (backpressure)
         // instead of growing the shell's memory.
-        let (out_tx, mut out_rx) = mpsc::channel::<OutputLine>(OUTPUT_QUEUE);
+        let (out_tx, out_rx) = mpsc::channel::<OutputLine>(OUTPUT_QUEUE);
         for n in self.notes.drain(..) {
             let _ = out_tx.try_send(OutputLine::text(self.input.first_task, "stderr", n));
         }
         // Forwarder: batch lines, send without waiting; the final flush below waits for rank 0's ack.
-        let client = self.client.clone();
-        let broker_rank = self.input.broker_rank;
-        let fwd = tokio::spawn(async move {
-            let mut inflight: std::collections::VecDeque<tokio::task::JoinHandle<()>> =
-                std::collections::VecDeque::new();
-            // Batches are numbered, so that rank 0 takes one that is sent again (see `send_output`) once, in order.
-            let mut seq: u64 = 0;
-            while let Some(first) = out_rx.recv().await {
-                let mut batch = vec![first];
-                while batch.len() < BATCH_LINES {
-                    match out_rx.try_recv() {
-                        Ok(l) => batch.push(l),
-                        Err(_) => break,
-                    }
-                }
-                let mut rest = Vec::new();
-                for l in batch {
-                    use std::io::Write as _;
-                    let f =
-                        if l.stream == "stderr" { err_file.as_mut().or(out_file.as_mut()) } else { out_file.as_mut() };
-                    match f {
-                        Some(f) => {
-                            let _ = f.write_all(&l.bytes());
-                        }
-                        None => rest.push(l),
-                    }
-                }
-                if rest.is_empty() {
-                    continue;
-                }
-                // At most OUTPUT_WINDOW batches in flight: rank 0's acknowledgements pace the shell.
-                if inflight.len() >= OUTPUT_WINDOW {
-                    if let Some(h) = inflight.pop_front() {
-                        let _ = h.await;
-                    }
-                }
-                let c = client.clone();
-                let body = serde_json::json!({"id": id, "lines": rest, "broker_rank": broker_rank, "seq": seq});
-                seq += 1;
-                inflight.push_back(tokio::spawn(async move {
-                    let _ = send_output(&c, &body).await;
-                }));
-            }
-            for h in inflight {
-                let _ = h.await;
-            }
-        });
+        let fwd = self.spawn_forwarder(out_rx, out_file, err_file);
 
         // PMI-1: one socketpair per task, served by this shell; PMIx: a `vigil-pmix` helper on this node
         // (`-o pmi=LIST`, both by default; `-o pmi=off` neither).
@@ -598,12 +555,9 @@ impl Shell {
             vigil_proto::pmi::process_mapping(&self.input.taskmap),
         );
         let (pmi_tx, mut pmi_rx) = mpsc::unbounded_channel::<(u32, Option<Vec<u8>>)>();
-        let mut pmi_writers: BTreeMap<u32, mpsc::UnboundedSender<String>> = BTreeMap::new();
         let (exit_tx, mut exit_rx) = mpsc::unbounded_channel::<(u32, i32)>();
         // Early exit reports from the exit detector (eBPF: at the kernel's exit tracepoint): rank, report.
         let (early_tx, mut early_rx) = mpsc::unbounded_channel::<(u32, serde_json::Value)>();
-        let detector_rank: Option<u32> =
-            std::env::var(vigil_proto::shellproto::DETECTOR_RANK_ENV).ok().and_then(|r| r.parse().ok());
         let exit_on_error = self.input.options.get("exit-on-error").is_some_and(|v| match v {
             serde_json::Value::Bool(b) => *b,
             serde_json::Value::String(s) => !matches!(s.as_str(), "0" | "false" | "no" | "off"),
@@ -616,193 +570,23 @@ impl Shell {
         let mut oom_reported: std::collections::HashSet<u32> = std::collections::HashSet::new();
         let memory_events = own_memory_events();
         let mut oom_seen = memory_events.as_deref().and_then(oom_kills).unwrap_or(0);
-        let mut pids = Vec::new();
         let mut tasks: Vec<(u32, i32)> = Vec::new();
-        let mut readers = Vec::new();
-        let mut stdins: Vec<mpsc::UnboundedSender<Option<Vec<u8>>>> = Vec::new();
-        for (local, &rank) in ranks.iter().enumerate() {
-            let local = local as u32;
-            let Some(prog) = self.input.command.first() else { break };
-            let mut env = self.task_env(local, rank);
-            if let Some(h) = &helper {
-                h.add_env(rank, &mut env);
-            }
-            // Spawned without a fork (posix_spawn: the kernel copies none of this shell's page tables), which
-            // std does only for a program named by its path, with no code run between fork and exec: so the
-            // program is looked up in the task's PATH here, the PMI socket is inherited without CLOEXEC, and the
-            // task's CPU binding is inherited from the spawning thread.
-            let resolved = resolve_program(prog, env.get("PATH").map(String::as_str), self.input.cwd.as_deref());
-            let mut cmd = std::process::Command::new(resolved.as_deref().unwrap_or(std::path::Path::new(prog)));
-            cmd.arg0(prog)
-                .args(&self.input.command[1..])
-                .env_clear()
-                .envs(env)
-                .stdin(if self.input.stdin { Stdio::piped() } else { Stdio::null() })
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            let mut pmi_parent: Option<std::os::unix::net::UnixStream> = None;
-            let mut pmi_child: Option<OwnedFd> = None;
-            if use_pmi {
-                match std::os::unix::net::UnixStream::pair() {
-                    Ok((a, b)) => {
-                        let fd = b.as_raw_fd();
-                        cmd.env("PMI_FD", fd.to_string())
-                            .env("PMI_RANK", rank.to_string())
-                            .env("PMI_SIZE", self.input.ntasks.to_string());
-                        // The task inherits its own end of the socketpair: close-on-exec is cleared on it only
-                        // for this spawn (this single-threaded shell spawns nothing else meanwhile, and closes
-                        // that end just after); every other descriptor stays close-on-exec.
-                        // SAFETY: fcntl on a descriptor we own.
-                        if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } < 0 {
-                            let _ = out_tx.try_send(OutputLine::text(
-                                rank,
-                                "stderr",
-                                format!(
-                                    "vigil-shell: cannot pass the PMI socket to task {rank}: {}",
-                                    std::io::Error::last_os_error()
-                                ),
-                            ));
-                        }
-                        pmi_parent = Some(a);
-                        pmi_child = Some(b.into());
-                    }
-                    Err(e) => {
-                        let _ = out_tx.try_send(OutputLine::text(
-                            rank,
-                            "stderr",
-                            format!("vigil-shell: cannot create PMI socket for task {rank}: {e}"),
-                        ));
-                    }
-                }
-            }
-            if let Some(cwd) = &self.input.cwd {
-                cmd.current_dir(cwd);
-            }
-            let mut mask = None;
-            if self.bind {
-                if let Some(cpus) = self.placement.get(local as usize).and_then(|p| p.cpus.clone()) {
-                    match CpuMask::new(&cpus) {
-                        Ok(m) => mask = Some(m),
-                        Err(e) => {
-                            let _ = out_tx.try_send(OutputLine::text(
-                                rank,
-                                "stderr",
-                                format!("vigil-shell: cannot bind task {rank}: {e}"),
-                            ));
-                        }
-                    }
-                }
-            }
-            let mut cmd = tokio::process::Command::from(cmd);
-            // The task is bound as it is created: this thread holds the task's CPUs over the spawn.
-            let spawned = match mask.as_ref().map(BoundThread::bind).transpose() {
-                Ok(bound) => {
-                    let r = cmd.spawn();
-                    drop(bound);
-                    r
-                }
-                Err(e) => Err(e),
-            };
-            drop(pmi_child);
-            if let (Ok(_), Some(p)) = (&spawned, pmi_parent) {
-                if p.set_nonblocking(true).is_ok() {
-                    if let Ok(p) = tokio::net::UnixStream::from_std(p) {
-                        pmi_writers.insert(rank, pmi_conn(p, rank, pmi_tx.clone()));
-                    }
-                }
-            }
-            match spawned {
-                Ok(mut child) => {
-                    if let Some(pid) = child.id() {
-                        pids.push(pid as i32);
-                        // Be told of the task's death by the node's exit detector, before its memory is freed.
-                        if let Some(dr) = detector_rank {
-                            let c = self.client.clone();
-                            let tx = early_tx.clone();
-                            tokio::spawn(async move {
-                                if let Ok(v) = c
-                                    .rpc(
-                                        vigil_proto::shellproto::TOPIC_DETECT_WATCH,
-                                        dr,
-                                        &serde_json::json!({"pid": pid}),
-                                    )
-                                    .await
-                                {
-                                    let _ = tx.send((rank, v));
-                                }
-                            });
-                        }
-                    }
-                    if let Some(si) = child.stdin.take() {
-                        stdins.push(stdin_writer(si));
-                    }
-                    if let Some(o) = child.stdout.take() {
-                        readers.push(tokio::spawn(forward(o, rank, "stdout", out_tx.clone())));
-                    }
-                    if let Some(e) = child.stderr.take() {
-                        readers.push(tokio::spawn(forward(e, rank, "stderr", out_tx.clone())));
-                    }
-                    let etx = exit_tx.clone();
-                    tokio::spawn(async move {
-                        let st = child.wait().await.map(|s| s.into_raw()).unwrap_or(status_exited(1));
-                        let _ = etx.send((rank, st));
-                    });
-                }
-                Err(e) => {
-                    let code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
-                    let _ = out_tx.try_send(OutputLine::text(
-                        rank,
-                        "stderr",
-                        format!("vigil-shell: task {rank}: cannot execute '{prog}': {e}"),
-                    ));
-                    let _ = exit_tx.send((rank, status_exited(code)));
-                }
-            }
-        }
+        let Started { pids, readers, stdins, pmi_writers } = self.start_tasks(
+            &ranks,
+            helper.as_ref(),
+            use_pmi,
+            &out_tx,
+            TaskReports { pmi: &pmi_tx, exit: &exit_tx, early: &early_tx },
+        );
         drop(exit_tx);
-        // The job's standard input (from `vigil run`), broadcast to every task; EOF closes their stdin. A job
-        // without any reads /dev/null, and rank 0 is not asked.
-        if self.input.stdin {
-            let c = self.client.clone();
-            let stdins = std::mem::take(&mut stdins);
-            tokio::spawn(async move {
-                use base64::Engine as _;
-                if let Ok(mut s) = c.rpc_stream("job-info.stdin", 0, &serde_json::json!({"id": id})) {
-                    while let Some(Ok(v)) = s.next().await {
-                        let Some(d) = v.get("data").and_then(|d| d.as_str()) else { continue };
-                        let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(d) else { continue };
-                        for w in &stdins {
-                            let _ = w.send(Some(bytes.clone()));
-                        }
-                    }
-                }
-                for w in &stdins {
-                    let _ = w.send(None);
-                }
-            });
-        }
+        self.forward_stdin(stdins);
 
-        let mut sigs = Vec::new();
-        for name in vigil_proto::shellproto::SHELL_FORWARDED_SIGNALS {
-            let Ok(sig) = name.parse::<nix::sys::signal::Signal>() else { continue };
-            let k = tokio::signal::unix::SignalKind::from_raw(sig as i32);
-            if let Ok(s) = tokio::signal::unix::signal(k) {
-                sigs.push((k.as_raw_value(), s));
-            }
-        }
         // A task gets SIGTERM from its shell once: when this shell already sent it (its job failed here), the
         // exec system's SIGTERM for the same failure, which follows, is not passed on a second time (a task
         // that takes a second SIGTERM as "quit now" would skip its clean-up). SIGKILL follows at the kill timeout.
         let mut termed = false;
         let (sig_tx, mut sig_rx) = mpsc::unbounded_channel::<i32>();
-        for (num, mut s) in sigs {
-            let tx = sig_tx.clone();
-            tokio::spawn(async move {
-                while s.recv().await.is_some() {
-                    let _ = tx.send(num);
-                }
-            });
-        }
+        forward_signals(&sig_tx);
 
         // Lost-shell notices (node failures elsewhere in the job) arrive as events on `shell.<jobid>`.
         let _ = self.client.subscribe(&format!("shell.{}", self.input.id_f58)).await;
@@ -1002,6 +786,266 @@ impl Shell {
                 }
             }
         }
+        self.end(readers, out_tx, fwd, tasks, abort_code, broker_gone).await
+    }
+
+    /// The output forwarder: takes the tasks' lines from `out_rx` in batches, writes those of a stream with an output
+    /// file (`out_file`, `err_file`: the job's `--output`, `--error`) there, and sends the rest to rank 0
+    /// (`job-exec.output`) without waiting, at most [`OUTPUT_WINDOW`] batches in flight. Ends when `out_rx` does.
+    fn spawn_forwarder(
+        &self,
+        mut out_rx: mpsc::Receiver<OutputLine>,
+        mut out_file: Option<std::fs::File>,
+        mut err_file: Option<std::fs::File>,
+    ) -> tokio::task::JoinHandle<()> {
+        let id = self.input.id;
+        let client = self.client.clone();
+        let broker_rank = self.input.broker_rank;
+        tokio::spawn(async move {
+            let mut inflight: std::collections::VecDeque<tokio::task::JoinHandle<()>> =
+                std::collections::VecDeque::new();
+            // Batches are numbered, so that rank 0 takes one that is sent again (see `send_output`) once, in order.
+            let mut seq: u64 = 0;
+            while let Some(first) = out_rx.recv().await {
+                let mut batch = vec![first];
+                while batch.len() < BATCH_LINES {
+                    match out_rx.try_recv() {
+                        Ok(l) => batch.push(l),
+                        Err(_) => break,
+                    }
+                }
+                let mut rest = Vec::new();
+                for l in batch {
+                    use std::io::Write as _;
+                    let f =
+                        if l.stream == "stderr" { err_file.as_mut().or(out_file.as_mut()) } else { out_file.as_mut() };
+                    match f {
+                        Some(f) => {
+                            let _ = f.write_all(&l.bytes());
+                        }
+                        None => rest.push(l),
+                    }
+                }
+                if rest.is_empty() {
+                    continue;
+                }
+                // At most OUTPUT_WINDOW batches in flight: rank 0's acknowledgements pace the shell.
+                if inflight.len() >= OUTPUT_WINDOW {
+                    if let Some(h) = inflight.pop_front() {
+                        let _ = h.await;
+                    }
+                }
+                let c = client.clone();
+                let body = serde_json::json!({"id": id, "lines": rest, "broker_rank": broker_rank, "seq": seq});
+                seq += 1;
+                inflight.push_back(tokio::spawn(async move {
+                    let _ = send_output(&c, &body).await;
+                }));
+            }
+            for h in inflight {
+                let _ = h.await;
+            }
+        })
+    }
+
+    /// Start this node's tasks (`ranks`: their global task ranks, in local order), each without a fork, bound to
+    /// its CPUs, with its environment, PMI-1 socket and PMIx variables (`helper`); their output goes to `out_tx`,
+    /// their PMI lines, exits and early exit reports (the node's exit detector) to `to`. A task that cannot be
+    /// started is said on its stderr and exits 127 (not found) or 126.
+    fn start_tasks(
+        &self,
+        ranks: &[u32],
+        helper: Option<&pmix::Helper>,
+        use_pmi: bool,
+        out_tx: &mpsc::Sender<OutputLine>,
+        to: TaskReports<'_>,
+    ) -> Started {
+        let detector_rank: Option<u32> =
+            std::env::var(vigil_proto::shellproto::DETECTOR_RANK_ENV).ok().and_then(|r| r.parse().ok());
+        let mut pmi_writers: BTreeMap<u32, mpsc::UnboundedSender<String>> = BTreeMap::new();
+        let mut pids = Vec::new();
+        let mut readers = Vec::new();
+        let mut stdins: Vec<mpsc::UnboundedSender<Option<Vec<u8>>>> = Vec::new();
+        for (local, &rank) in ranks.iter().enumerate() {
+            let local = local as u32;
+            let Some(prog) = self.input.command.first() else { break };
+            let mut env = self.task_env(local, rank);
+            if let Some(h) = &helper {
+                h.add_env(rank, &mut env);
+            }
+            // Spawned without a fork (posix_spawn: the kernel copies none of this shell's page tables), which
+            // std does only for a program named by its path, with no code run between fork and exec: so the
+            // program is looked up in the task's PATH here, the PMI socket is inherited without CLOEXEC, and the
+            // task's CPU binding is inherited from the spawning thread.
+            let resolved = resolve_program(prog, env.get("PATH").map(String::as_str), self.input.cwd.as_deref());
+            let mut cmd = std::process::Command::new(resolved.as_deref().unwrap_or(std::path::Path::new(prog)));
+            cmd.arg0(prog)
+                .args(&self.input.command[1..])
+                .env_clear()
+                .envs(env)
+                .stdin(if self.input.stdin { Stdio::piped() } else { Stdio::null() })
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            let mut pmi_parent: Option<std::os::unix::net::UnixStream> = None;
+            let mut pmi_child: Option<OwnedFd> = None;
+            if use_pmi {
+                match std::os::unix::net::UnixStream::pair() {
+                    Ok((a, b)) => {
+                        let fd = b.as_raw_fd();
+                        cmd.env("PMI_FD", fd.to_string())
+                            .env("PMI_RANK", rank.to_string())
+                            .env("PMI_SIZE", self.input.ntasks.to_string());
+                        // The task inherits its own end of the socketpair: close-on-exec is cleared on it only
+                        // for this spawn (this single-threaded shell spawns nothing else meanwhile, and closes
+                        // that end just after); every other descriptor stays close-on-exec.
+                        // SAFETY: fcntl on a descriptor we own.
+                        if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } < 0 {
+                            let _ = out_tx.try_send(OutputLine::text(
+                                rank,
+                                "stderr",
+                                format!(
+                                    "vigil-shell: cannot pass the PMI socket to task {rank}: {}",
+                                    std::io::Error::last_os_error()
+                                ),
+                            ));
+                        }
+                        pmi_parent = Some(a);
+                        pmi_child = Some(b.into());
+                    }
+                    Err(e) => {
+                        let _ = out_tx.try_send(OutputLine::text(
+                            rank,
+                            "stderr",
+                            format!("vigil-shell: cannot create PMI socket for task {rank}: {e}"),
+                        ));
+                    }
+                }
+            }
+            if let Some(cwd) = &self.input.cwd {
+                cmd.current_dir(cwd);
+            }
+            let mut mask = None;
+            if self.bind {
+                if let Some(cpus) = self.placement.get(local as usize).and_then(|p| p.cpus.clone()) {
+                    match CpuMask::new(&cpus) {
+                        Ok(m) => mask = Some(m),
+                        Err(e) => {
+                            let _ = out_tx.try_send(OutputLine::text(
+                                rank,
+                                "stderr",
+                                format!("vigil-shell: cannot bind task {rank}: {e}"),
+                            ));
+                        }
+                    }
+                }
+            }
+            let mut cmd = tokio::process::Command::from(cmd);
+            // The task is bound as it is created: this thread holds the task's CPUs over the spawn.
+            let spawned = match mask.as_ref().map(BoundThread::bind).transpose() {
+                Ok(bound) => {
+                    let r = cmd.spawn();
+                    drop(bound);
+                    r
+                }
+                Err(e) => Err(e),
+            };
+            drop(pmi_child);
+            if let (Ok(_), Some(p)) = (&spawned, pmi_parent) {
+                if p.set_nonblocking(true).is_ok() {
+                    if let Ok(p) = tokio::net::UnixStream::from_std(p) {
+                        pmi_writers.insert(rank, pmi_conn(p, rank, to.pmi.clone()));
+                    }
+                }
+            }
+            match spawned {
+                Ok(mut child) => {
+                    if let Some(pid) = child.id() {
+                        pids.push(pid as i32);
+                        // Be told of the task's death by the node's exit detector, before its memory is freed.
+                        if let Some(dr) = detector_rank {
+                            let c = self.client.clone();
+                            let tx = to.early.clone();
+                            tokio::spawn(async move {
+                                if let Ok(v) = c
+                                    .rpc(
+                                        vigil_proto::shellproto::TOPIC_DETECT_WATCH,
+                                        dr,
+                                        &serde_json::json!({"pid": pid}),
+                                    )
+                                    .await
+                                {
+                                    let _ = tx.send((rank, v));
+                                }
+                            });
+                        }
+                    }
+                    if let Some(si) = child.stdin.take() {
+                        stdins.push(stdin_writer(si));
+                    }
+                    if let Some(o) = child.stdout.take() {
+                        readers.push(tokio::spawn(forward(o, rank, "stdout", out_tx.clone())));
+                    }
+                    if let Some(e) = child.stderr.take() {
+                        readers.push(tokio::spawn(forward(e, rank, "stderr", out_tx.clone())));
+                    }
+                    let etx = to.exit.clone();
+                    tokio::spawn(async move {
+                        let st = child.wait().await.map(|s| s.into_raw()).unwrap_or(status_exited(1));
+                        let _ = etx.send((rank, st));
+                    });
+                }
+                Err(e) => {
+                    let code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
+                    let _ = out_tx.try_send(OutputLine::text(
+                        rank,
+                        "stderr",
+                        format!("vigil-shell: task {rank}: cannot execute '{prog}': {e}"),
+                    ));
+                    let _ = to.exit.send((rank, status_exited(code)));
+                }
+            }
+        }
+        Started { pids, readers, stdins, pmi_writers }
+    }
+
+    /// The job's standard input (from `vigil run`), broadcast to every task; EOF closes their stdin. A job
+    /// without any reads /dev/null, and rank 0 is not asked.
+    fn forward_stdin(&self, stdins: Vec<mpsc::UnboundedSender<Option<Vec<u8>>>>) {
+        let id = self.input.id;
+        if self.input.stdin {
+            let c = self.client.clone();
+            tokio::spawn(async move {
+                use base64::Engine as _;
+                if let Ok(mut s) = c.rpc_stream("job-info.stdin", 0, &serde_json::json!({"id": id})) {
+                    while let Some(Ok(v)) = s.next().await {
+                        let Some(d) = v.get("data").and_then(|d| d.as_str()) else { continue };
+                        let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(d) else { continue };
+                        for w in &stdins {
+                            let _ = w.send(Some(bytes.clone()));
+                        }
+                    }
+                }
+                for w in &stdins {
+                    let _ = w.send(None);
+                }
+            });
+        }
+    }
+
+    /// End, once every task has exited: give the output pipes a moment to drain (`readers`), end the forwarder
+    /// (`out_tx`, `fwd`) and flush it to rank 0, remove the tmpdirs, and make the report (`tasks`: rank and wait
+    /// status of each; `abort_code`: the first failure's code). If the broker is gone, what the tasks started since
+    /// is killed.
+    async fn end(
+        &mut self,
+        readers: Vec<tokio::task::JoinHandle<()>>,
+        out_tx: mpsc::Sender<OutputLine>,
+        fwd: tokio::task::JoinHandle<()>,
+        mut tasks: Vec<(u32, i32)>,
+        abort_code: Option<i32>,
+        broker_gone: bool,
+    ) -> ShellReport {
+        let id = self.input.id;
         // Every task has exited (the time is reported: the shell itself may end much later, below).
         let ended = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_secs_f64());
         // A process the tasks left in the background may still hold their stdout open.
@@ -1039,6 +1083,44 @@ impl Shell {
             kill_own_group(); // what the tasks started since
         }
         ShellReport { status, tasks, error: None, abort_code, usage: None, ended }
+    }
+}
+
+/// What [`Shell::start_tasks`] leaves to serve: the tasks' pids, their output readers, their stdin writers (for
+/// [`Shell::forward_stdin`]) and their PMI-1 connections by task rank.
+struct Started {
+    pids: Vec<i32>,
+    readers: Vec<tokio::task::JoinHandle<()>>,
+    stdins: Vec<mpsc::UnboundedSender<Option<Vec<u8>>>>,
+    pmi_writers: BTreeMap<u32, mpsc::UnboundedSender<String>>,
+}
+
+/// Where the tasks [`Shell::start_tasks`] starts report to the serve loop of [`Shell::run`]: PMI-1 lines (`None`:
+/// the connection closed), wait statuses, and early exit reports of the node's exit detector, each by task rank.
+struct TaskReports<'a> {
+    pmi: &'a mpsc::UnboundedSender<(u32, Option<Vec<u8>>)>,
+    exit: &'a mpsc::UnboundedSender<(u32, i32)>,
+    early: &'a mpsc::UnboundedSender<(u32, serde_json::Value)>,
+}
+
+/// Pass the signals the broker sends this shell for its tasks ([`vigil_proto::shellproto::SHELL_FORWARDED_SIGNALS`])
+/// to `sig_tx`, by number.
+fn forward_signals(sig_tx: &mpsc::UnboundedSender<i32>) {
+    let mut sigs = Vec::new();
+    for name in vigil_proto::shellproto::SHELL_FORWARDED_SIGNALS {
+        let Ok(sig) = name.parse::<nix::sys::signal::Signal>() else { continue };
+        let k = tokio::signal::unix::SignalKind::from_raw(sig as i32);
+        if let Ok(s) = tokio::signal::unix::signal(k) {
+            sigs.push((k.as_raw_value(), s));
+        }
+    }
+    for (num, mut s) in sigs {
+        let tx = sig_tx.clone();
+        tokio::spawn(async move {
+            while s.recv().await.is_some() {
+                let _ = tx.send(num);
+            }
+        });
     }
 }
 
