@@ -18,8 +18,9 @@
 //!
 //! Measured, from the lines both scripts and the application stamp with `date -u +%FT%T.%6NZ` (ISO 8601 UTC; one
 //! clock, one machine), in seconds after the kill: the script gets control (its first launch ended), and every rank resumed (the last
-//! "resuming" line of the relaunch). A trial counts only if the job exited 0, every rank of the relaunch resumed at
-//! its last complete checkpoint or later (app.sh refuses anything older) and the lost rank was rebuilt on the spare.
+//! "resuming" line of the relaunch). A trial counts only if the job exited 0, every rank of the relaunch resumed from
+//! the same step, the newest checkpoint complete on every rank (app.sh refuses to run without it), and the lost rank
+//! was rebuilt on the spare.
 //! Slurm runs once per `SlurmdTimeout` asked for, with its own number of trials: its verdict on a silent node
 //! follows that setting (about 3x it, see `results/sched.md`), so the default 300 s costs 6-7 minutes a trial.
 
@@ -157,13 +158,18 @@ fn parse(out: &str, t_kill: f64, t: &mut Trial) -> Result<(), String> {
         return Err(format!("{} ranks resumed in a second launch, not {RANKS}: {}", resumed.len(), out_tail()));
     }
     t.resumed_s = resumed.iter().map(|r| r.0).max_by(f64::total_cmp).map(|x| r4(x - t_kill));
+    // Every rank resumes from the newest checkpoint complete on every rank: the smallest of their last ones.
+    let common = resumed.iter().filter_map(|r| r.3).min().unwrap_or(0);
     for (_, rank, step, last) in &resumed {
         let (Some(rank), Some(step), Some(last)) = (rank, step, last) else {
             return Err(format!("unreadable resume line: {}", out_tail()));
         };
         t.resumed_steps.push((*step, *last));
-        if step < last || *last < MIN_STEP {
-            return Err(format!("rank {rank} resumed from step {step}, its last complete checkpoint being {last}"));
+        if *step != common || common < MIN_STEP {
+            return Err(format!(
+                "rank {rank} resumed from step {step} (its last complete checkpoint: {last}), not from step {common}, \
+                 the newest complete on every rank"
+            ));
         }
     }
     let rebuilt = format!("rebuilt rank {}'s checkpoint", t.rank);
@@ -327,8 +333,8 @@ fn markdown(series: &[Series], a: &CkptArgs, load: Option<f64>, took_s: f64) -> 
          of `examples/ckpt/app.sh` ({} steps of {STEP_S} s) on node2-5, node6 the spare. Once every rank has a \
          complete checkpoint at step {MIN_STEP}, the node of rank `trial mod 4` is killed silently (link cut, every \
          process SIGKILLed). Seconds after the kill, from the time stamps of the script's and the application's \
-         lines. A trial counts if the job exited 0, every rank resumed at its last complete checkpoint or later and \
-         the lost rank was rebuilt on the spare. 1-minute load average before the run: {}; the run took {:.0} \
+         lines. A trial counts if the job exited 0, every rank resumed from the newest checkpoint complete on every \
+         rank and the lost rank was rebuilt on the spare. 1-minute load average before the run: {}; the run took {:.0} \
          minutes.\n\n",
         a.steps,
         load.map_or("unknown".into(), |l: f64| format!("{l:.2}")),

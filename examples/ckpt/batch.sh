@@ -5,8 +5,10 @@
 # This script runs on the allocation's first node, rank 0 of the batch job's instance, whose loss ends the job (as
 # the batch host's does under any batch system): the ranks run on the N+1 other nodes, the last one being the spare.
 # Usage: vigil batch -N$((N+2)) batch.sh APP STEPS   (environment: CKPT_ROOT, a directory every node sees; STEP_S)
-# Exit code: the last launch's (0: every rank completed; 3: app.sh found a rank resuming from older than its last
-# complete checkpoint); 75 (EX_TEMPFAIL) if a rank's node was lost with no spare left, or with its partner's node,
+# Every relaunch resumes every rank from the same step, the newest checkpoint complete on every rank (app.sh says why
+# that is every rank's last or the one before), as an SCR restart of a coupled code does.
+# Exit code: the last launch's (0: every rank completed; 3: app.sh found a rank's node without the checkpoint it
+# resumes from); 75 (EX_TEMPFAIL) if a rank's node was lost with no spare left, or with its partner's node,
 # also while the storage was set up; 64 (EX_USAGE) for a CKPT_SCHED it does not know; 71 (EX_OSERR) if setting up the
 # nodes' storage failed with no node lost (the reason is on standard error). Every line it prints starts with the
 # time in UTC, ISO 8601 with microseconds (2026-12-06T21:55:43.123456Z), as app.sh's do.
@@ -90,6 +92,13 @@ while :; do
     say "lost nodes: ${lost:-none}"
     for h in $lost; do rm -rf "$CKPT_ROOT/node.$h"; done
     left=""; for h in $spares; do has "$lost" $h || left="$left $h"; done; spares=$left
+    # Where every rank resumes: the newest checkpoint complete on every rank (app.sh's rule, SCR's index).
+    restart=""
+    r=0; while [ $r -lt $n ]; do
+        c=$(cat "$CKPT_ROOT/complete.$r" 2>/dev/null || echo 0)
+        [ -z "$restart" ] || [ "$c" -lt "$restart" ] && restart=$c
+        r=$((r + 1))
+    done
     r=0 relaunch="" moved=""
     for h in $hosts; do
         if has "$lost" $h; then
@@ -97,15 +106,20 @@ while :; do
             [ $# -gt 0 ] || { say "rank $r lost its node $h and no spare is left: giving up"; exit 75; }
             p=$(echo $hosts | cut -d' ' -f$(( (r + 1) % n + 1 )))    # rank r+1's node holds rank r's partner copy
             has "$lost" $p && { say "rank $r lost its node $h and its partner copy on $p: giving up"; exit 75; }
-            if cp "$CKPT_ROOT/node.$p/partner.$r" "$CKPT_ROOT/node.$1/ckpt.$r" 2>/dev/null; then
-                say "rebuilt rank $r's checkpoint (step $(cat "$CKPT_ROOT/node.$1/ckpt.$r")) on $1 from its partner copy on $p"
+            if [ "$restart" -eq 0 ]; then
+                say "no checkpoint is complete on every rank: rank $r starts over on $1"
+            elif cp "$CKPT_ROOT/node.$p/partner.$r.$restart" "$CKPT_ROOT/node.$1/ckpt.$r.$restart" 2>/dev/null; then
+                say "rebuilt rank $r's checkpoint (step $restart) on $1 from its partner copy on $p"
             else
-                say "no partner copy of rank $r on $p: rank $r starts over on $1"
+                # Without it no step is complete on every rank any more: every rank starts over.
+                say "no partner copy of rank $r's step $restart on $p: every rank starts over"
+                rm -f "$CKPT_ROOT"/complete.*; restart=0
             fi
             h=$1 moved=1; shift; spares=$*
         fi
         relaunch="$relaunch $h" r=$((r + 1))
     done
     [ -n "$moved" ] || exit $rc    # no rank lost its node: done, or the application failed by itself
+    say "every rank resumes from step $restart, the newest checkpoint complete on every rank"
     hosts=$relaunch launch=$((launch + 1))
 done
