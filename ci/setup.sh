@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the Debian packages Vigil needs to build and test (Debian 12). Idempotent and quiet when all is present.
 set -euo pipefail
-PKGS=(pkg-config libhwloc-dev libudev-dev hwloc iproute2 procps mpich libmpich-dev clang libbpf-dev python3 slurm-wlm munge
+PKGS=(pkg-config libhwloc-dev libudev-dev hwloc iproute2 procps mpich libmpich-dev clang libbpf-dev python3 slurm-wlm munge libmunge-dev
     libibverbs-dev librdmacm-dev ibverbs-providers libclang-dev libfabric-dev libfabric-bin libsqlite3-dev
     libc6-dev binutils openmpi-bin libopenmpi-dev libpmix-dev tmux
     python3-venv python3-setuptools python3-wheel python3-pytest)
