@@ -7,9 +7,11 @@
 //!
 //! A `VIGIL_URI` has the form `local:///path/to/local-N` (a bare path is accepted too). On connect the broker
 //! answers with a `welcome` control message (`{"rank", "size", "instance", "uid"}`) or a `refused` one
-//! (`{"errstr"}`), e.g. when the connecting uid is not the instance owner's (SO_PEERCRED check).
+//! (`{"errstr"}`), e.g. when the connecting uid is not the instance owner's (SO_PEERCRED check). [`munge`] makes
+//! the credential a guest's submission to a multi-user instance carries.
 
 pub mod frame;
+pub mod munge;
 
 use crate::frame::read_frame;
 use serde::Serialize;
@@ -96,6 +98,10 @@ pub struct Welcome {
     /// client following a job may wait for rank 0 to come back. 0 (and from other ranks): they stop with it.
     #[serde(default)]
     pub rank0_grace: f64,
+    /// A multi-user instance (`access.allow-guest-users`): users other than the owner may connect, and their
+    /// submissions carry a munge credential ([`munge`]). False from brokers that do not say.
+    #[serde(default)]
+    pub guests: bool,
 }
 
 type Pending = Arc<Mutex<HashMap<u32, mpsc::UnboundedSender<Message>>>>;

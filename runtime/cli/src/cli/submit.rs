@@ -67,6 +67,9 @@ pub(crate) async fn submit_value(
     if let Some(u) = urgency {
         payload["urgency"] = json!(u); // RFC 21, as Flux's submit request carries it
     }
+    if let Some(cred) = guest_credential(c, v) {
+        payload["credential"] = json!(cred);
+    }
     let mut deadline: Option<tokio::time::Instant> = None;
     let r = loop {
         let e = match rpc_to_rank0_err(c, "job-manager.submit", &payload).await {
@@ -112,6 +115,19 @@ pub(crate) async fn submit_value(
         eprintln!("vigil: warning: jobspec {w}");
     }
     r.get("id").and_then(Value::as_u64).map(JobId).ok_or_else(|| "malformed submit response".into())
+}
+
+/// The munge credential of a guest's submission to a multi-user instance (`vigil_client::munge`: what
+/// `vigil-imp` checks before it runs the job as its submitter), over the jobspec's JSON text as sent; `None` for
+/// the instance owner, in an instance that is not multi-user, and where munge is not available: the field is
+/// optional, and brokers do not require it yet (docs/security.md, "Not yet").
+fn guest_credential(c: &Client, jobspec: &Value) -> Option<String> {
+    // SAFETY: getuid cannot fail.
+    if !c.welcome.guests || unsafe { libc::getuid() } == c.welcome.uid {
+        return None;
+    }
+    let text = serde_json::to_string(jobspec).ok()?;
+    crate::client::munge::credential(&c.welcome.instance, text.as_bytes(), None).ok()
 }
 
 /// How long to wait for rank 0 before sending a submission again (module doc); `None`: not at all (connected to

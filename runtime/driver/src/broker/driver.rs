@@ -392,9 +392,11 @@ fn serve_local(opts: &BrokerOptions, uid: u32, events: &mpsc::UnboundedSender<Ev
     // Rank 0 tells its clients how long the instance waits for it when it is lost (they may wait as long).
     let rank0_grace = if rank == 0 { opts.config.parent_grace() } else { 0.0 };
     let guests = opts.config.allow_guest_users;
-    // What every admitted client is told first: where it is, and who owns the instance.
+    // What every admitted client is told first: where it is, who owns the instance, and whether it is multi-user
+    // (then a guest's submission carries a munge credential: vigil_client::munge).
     let welcome = serde_json::json!({
         "rank": rank, "size": opts.size, "instance": opts.instance, "uid": uid, "rank0_grace": rank0_grace,
+        "guests": guests,
     });
     tokio::spawn(local::accept_local(ul, events.clone(), uid, guests, welcome));
     Ok(local_uri)
