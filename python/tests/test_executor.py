@@ -24,7 +24,10 @@ def test_a_hundred_jobs_resolve_to_their_exit_codes(instance):
         long = ex.submit(["sleep", "60"])
         c = ex.client
         assert wait_for(90, lambda: c.job_info(long.jobid())["info"]["state"] == "RUN")
+        # Its future is running: cancelling it ends the future at once, as cancelled, and waiters see it done.
+        assert wait_for(30, long.running)
         assert long.cancel() and long.cancelled()
+        assert cf.wait([long], timeout=0).done == {long}
         done, not_done = cf.wait(list(futs.values()), timeout=120)
         assert not not_done
         assert {i: f.result() for i, f in futs.items()} == {i: i % 5 for i in range(100)}
@@ -47,6 +50,50 @@ def test_a_hundred_jobs_resolve_to_their_exit_codes(instance):
     # The CLI sees the same jobs.
     o = instance.vigil("jobs", "-a", "--json")
     assert o.returncode == 0, o
+
+
+def test_a_future_is_pending_until_its_job_starts_then_running_until_it_ends(instance):
+    with vigil.VigilExecutor(instance.uri) as ex:
+        c = ex.client
+        # Held (urgency 0): the job waits in the queue, and its future is pending.
+        f = ex.submit(["sh", "-c", "sleep 2; exit 4"], urgency="hold")
+        jid = f.jobid(timeout=30)
+        assert wait_for(30, lambda: c.job_info(jid)["info"]["state"] == "PRIORITY" or
+                        c.job_info(jid)["info"]["state"] == "SCHED")
+        time.sleep(1)
+        assert not f.running() and not f.done()
+        # Released: the job starts, and its future is running until the job ends.
+        c.rpc("job-manager.urgency", {"id": jid, "urgency": 16})
+        assert wait_for(30, f.running), c.job_info(jid)["info"]["state"]
+        assert "start" in [e["name"] for e in c.eventlog(jid)]
+        assert not f.done()
+        assert f.result(timeout=60) == 4
+        assert not f.running() and f.done()
+        # A held job canceled before it starts: from pending straight to cancelled; cancel() on a done future
+        # says whether it was cancelled.
+        held = ex.submit(["true"], urgency="hold")
+        held.jobid(timeout=30)
+        assert held.cancel() and held.cancelled() and held.cancel()
+        assert cf.wait([held], timeout=30).done == {held}
+        assert wait_for(30, lambda: c.job_info(held.jobid())["info"]["state"] == "INACTIVE")
+        done = ex.submit(["true"])
+        assert done.result(timeout=60) == 0 and not done.cancel()
+
+
+def test_map_runs_a_command_for_each_item_and_yields_exit_codes_in_order(instance):
+    with vigil.VigilExecutor(instance.uri) as ex:
+        # Executor.map is inherited: map(command, items) runs `command ITEM`, as map(fn, items) calls fn(item).
+        assert list(ex.map(["sh", "-c", "sleep 0.$((4 - $0)); exit $0"], range(4), timeout=120)) == [0, 1, 2, 3]
+        # Several iterables give several arguments; paths are taken too.
+        import pathlib
+        codes = ex.map(["sh", "-c", "exit $(($0 + $1))"], [1, 2], [pathlib.PurePath("3"), "4"])
+        assert list(codes) == [4, 6]
+        # A failing item is a result; a refused one raises when map reaches it.
+        assert list(ex.map(["sh", "-c", "exit $0"], ["7"])) == [7]
+        with pytest.raises(TypeError, match="arguments must be strings, paths or ints"):
+            list(ex.map(["echo"], [1.5]))
+        with pytest.raises(TypeError, match="only a command list"):
+            ex.submit({"version": 1}, "x")
 
 
 def test_done_callbacks_may_use_the_client(instance):

@@ -9,7 +9,9 @@ callbacks never run on the reader thread) and one that recovers from a lost rank
 from __future__ import annotations
 
 import concurrent.futures as cf
+import concurrent.futures._base as _cfb
 import errno as _errno
+import os
 import queue
 import threading
 import time
@@ -27,8 +29,13 @@ class VigilFuture(cf.Future):
     limit, node lost...), :class:`vigil.VigilError` when the instance refused the job (e.g. ENOSPC), and
     :class:`vigil.ConnectionLost` when rank 0 was lost and did not come back in time.
 
+    The future is *pending* until the job starts (its ``start`` event: the job shells run its tasks), then
+    *running* (``running()`` is True) until it ends; a job that never starts (refused, canceled while queued)
+    goes from pending to done.
+
     ``jobid()`` waits for and returns the job's id. ``cancel()`` cancels the job in the instance too (before
-    it ends) and returns True: the future is then cancelled (``result()`` raises ``CancelledError``)."""
+    it ends, running or not) and returns True: the future is then cancelled (``result()`` raises
+    ``CancelledError``). Unlike a plain ``Future``, a running one can be cancelled: its job can."""
 
     def __init__(self, executor: "VigilExecutor"):
         super().__init__()
@@ -51,9 +58,37 @@ class VigilFuture(cf.Future):
 
     def cancel(self) -> bool:
         if self.done():
-            return False
+            return self.cancelled()
         self._executor._cancel_job(self)
-        return super().cancel()
+        with self._condition:
+            if self._state != _cfb.RUNNING:
+                return super().cancel()  # pending: the executor tells waiters when it would have started it
+            # Running: the job is being canceled in the instance, so the future ends here, as cancelled. No
+            # executor thread will start it, so waiters (``wait``, ``as_completed``) are told now.
+            self._state = _cfb.CANCELLED_AND_NOTIFIED
+            for w in self._waiters:
+                w.add_cancelled(self)
+            self._condition.notify_all()
+        self._invoke_callbacks()
+        return True
+
+
+def _start(fut: VigilFuture) -> bool:
+    """Mark ``fut`` running (on the resolver thread, when its job starts or ends): True if it is running now (or
+    was already), False if it was cancelled (its waiters are told, once)."""
+    with fut._condition:  # an RLock: set_running_or_notify_cancel takes it again
+        if fut._state == _cfb.RUNNING:
+            return True
+        if fut._state in (_cfb.CANCELLED_AND_NOTIFIED, _cfb.FINISHED):
+            return False
+        return fut.set_running_or_notify_cancel()
+
+
+def _arg(a: Any) -> str:
+    """One more argument of a command given to ``submit`` (or ``map``) positionally."""
+    if isinstance(a, bool) or not isinstance(a, (str, int, os.PathLike)):
+        raise TypeError(f"a command's arguments must be strings, paths or ints, got {type(a).__name__} {a!r}")
+    return os.fspath(a) if isinstance(a, os.PathLike) else str(a)
 
 
 class _Job:
@@ -102,9 +137,15 @@ class VigilExecutor(cf.Executor):
     # -- submission ---------------------------------------------------------------------------------------------
 
     def submit(self, job: Union[Sequence[str], Mapping[str, Any]], /, *args: Any, **opts: Any) -> VigilFuture:  # type: ignore[override]
-        """Submit ``job`` (a command list or a jobspec dict) and return its future (see the class doc)."""
+        """Submit ``job`` (a command list or a jobspec dict) and return its future (see the class doc).
+
+        Positional ``args`` after a command are more of its arguments (strings, paths or ints), as
+        ``Executor.submit(fn, *args)`` calls ``fn(*args)``: so the inherited ``map(["cmd"], items)`` runs
+        ``cmd ITEM`` for each item and yields the exit codes in order."""
         if args:
-            raise TypeError("VigilExecutor.submit takes a command list or a jobspec, and keyword options only")
+            if isinstance(job, Mapping):
+                raise TypeError("arguments after a jobspec: only a command list takes more arguments")
+            job = list(job) + [_arg(a) for a in args]
         # Every option is checked here, at once, as the CLI checks its flags: a typo, a bad urgency or time
         # limit must not surface later, from the instance, in result().
         urgency = parse_urgency(opts.pop("urgency", None))
@@ -191,6 +232,9 @@ class VigilExecutor(cf.Executor):
         ev = (m.json() or {}).get("event")
         if isinstance(ev, dict):
             j.verdict.add(ev)
+            if ev.get("name") == "start":
+                # In order with the job's end: both go through the resolver thread.
+                self._done_q.put(lambda: _start(j.fut))
 
     # -- ends -----------------------------------------------------------------------------------------------------
 
@@ -200,12 +244,15 @@ class VigilExecutor(cf.Executor):
             self._all_done.notify_all()
 
         def resolve() -> None:
-            if not j.fut.set_running_or_notify_cancel():
+            if not _start(j.fut):
                 return  # cancelled meanwhile
-            if exc is not None:
-                j.fut.set_exception(exc)
-            else:
-                j.fut.set_result(result)
+            try:
+                if exc is not None:
+                    j.fut.set_exception(exc)
+                else:
+                    j.fut.set_result(result)
+            except cf.InvalidStateError:
+                pass  # cancelled just now, while running: cancel() told its waiters
 
         self._done_q.put(resolve)
 
