@@ -1174,6 +1174,121 @@ fn nested_instance_with_a_tree_survives_its_router_node_lost() {
     batch_loses_a_node(&["-S", "tbon.topo=kary:2"], 2, 1);
 }
 
+/// How much later than the enclosing instance's verdict a nested instance may judge the same node lost when it
+/// learns it from the enclosing instance (measured: a few milliseconds; a loaded 2-core machine delays a turn by
+/// tens). Its own detectors are slowed to about 10 s in the test, so this bounds the source, not the speed.
+const FROM_ENCLOSING: f64 = 1.0;
+
+/// Issue 38, item 4: a batch job's instance learns a lost node from the enclosing instance in the same notice, not
+/// only from its own detectors. Its brokers' own detectors are slowed down (`tbon.lost_timeout=10s`,
+/// `tbon.probe_misses=1000`: about 10 s to judge a silent node), so only the enclosing instance's verdict can be
+/// quick. First the enclosing broker on node4 is stopped: torpid there, which must change nothing inside (the
+/// node's broker of the nested instance lives, and only a lost verdict counts). Then node4 dies silently: the
+/// nested instance's rank 0 (following its job's eventlog in the enclosing instance) judges its rank 3 lost within
+/// [`FROM_ENCLOSING`] of the enclosing instance's `node-failure`, its overlay naming the source, no other rank
+/// lost; the batch script's `vigil run -N3` then runs on the three survivors.
+#[test]
+fn a_nested_instance_learns_a_lost_node_from_the_enclosing_instance() {
+    if !nix_is_root() {
+        eprintln!("SKIPPED: network-namespace nodes need root");
+        return;
+    }
+    let c = Cluster::up(5);
+    c.vigil(&["resource", "drain", "0", "login"]).ok();
+    let work = c.path().join("work");
+    let gate = c.path().join("gate");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::create_dir_all(&gate).unwrap();
+    let script = work.join("job.sh");
+    std::fs::write(
+        &script,
+        r#"#!/bin/sh
+echo started > "$GATE/started"
+while [ ! -e "$GATE/go" ]; do sleep 0.05; done
+vigil run -N3 -n3 sh -c 'echo "host: $(vigil getattr hostname)"'
+rc=$?
+echo "inner run exit code $rc"
+exit $rc
+"#,
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let slow = ["-S", "tbon.lost_timeout=10s", "-S", "tbon.probe_misses=1000"];
+    let o = c.vigil_in(
+        &work,
+        &[("GATE", gate.to_str().unwrap())],
+        &[&["batch", "-N4"][..], &slow, &[script.to_str().unwrap()]].concat(),
+        CMD_TIMEOUT,
+    );
+    o.ok();
+    let id = o.stdout.trim().to_string();
+    let out_path = work.join(format!("vigil-{id}.out"));
+    let started = wait_for(Duration::from_secs(30), || gate.join("started").exists());
+    assert!(started, "batch script did not start:\n{}", std::fs::read_to_string(&out_path).unwrap_or_default());
+    let uri = || c.json(&["job", "info", "--json", &id])["info"]["instance"]["uri"].as_str().map(str::to_string);
+    assert!(wait_for(VERDICT, || uri().is_some()), "no child uri: {}", c.json(&["job", "info", "--json", &id]));
+    let child_uri = uri().unwrap_or_default();
+    // Child rank 3 (flat kary:32 over nodes 1-4) is on node4, the enclosing instance's rank 4.
+    let child = |rank: u32| {
+        let o = vigil_at(c.path(), &child_uri, &["overlay", "status", "--json"], CMD_TIMEOUT);
+        o.ok();
+        let v = o.json();
+        (rank_entry(&v, rank), v)
+    };
+    assert_eq!(child(3).0["hostname"], "node4", "{}", child(3).1);
+
+    // Torpid in the enclosing instance is not lost: the nested instance keeps its rank 3.
+    let since = Instant::now();
+    c.script(&["stall", &c.name, "4"]).ok();
+    let (took, reason) = c.wait_overlay_state(4, "torpid", since, Duration::from_millis(20));
+    eprintln!("[{}] enclosing broker on node4 stopped: torpid after {} ({reason})", c.name, ms(took));
+    std::thread::sleep(Duration::from_millis(1000));
+    let (e3, all) = child(3);
+    c.script(&["cont", &c.name, "4"]).ok();
+    assert_eq!(e3["state"], "online", "the enclosing instance's torpid verdict changed the nested one: {all}");
+    assert!(exceptions(&c.job_eventlog(&id)).is_empty(), "{:?}", c.job_eventlog(&id));
+    c.wait_overlay_state(4, "online", Instant::now(), Duration::from_millis(20));
+
+    // Lost in the enclosing instance: lost in the nested one, at once, naming the source.
+    let t_kill = c.kill_node(4);
+    let failure = || {
+        let log = c.job_eventlog(&id);
+        exceptions(&log).iter().find(|e| e["context"]["type"] == "node-failure").map(|e| (*e).clone())
+    };
+    assert!(wait_for(VERDICT, || failure().is_some()), "no node-failure exception: {:?}", c.job_eventlog(&id));
+    let enclosing = failure().unwrap_or_default()["timestamp"].as_f64().unwrap_or(0.0);
+    assert!(wait_for(VERDICT, || child(3).0["state"] == "lost"), "the child never saw rank 3 lost: {}", child(3).1);
+    let (e3, all) = child(3);
+    let (nested, reason) = (e3["since"].as_f64().unwrap_or(0.0), e3["reason"].as_str().unwrap_or(""));
+    eprintln!(
+        "[{}] kill -> enclosing verdict {}, -> nested verdict {} (enclosing -> nested {}): {reason}",
+        c.name,
+        ms(enclosing - t_kill),
+        ms(nested - t_kill),
+        ms(nested - enclosing)
+    );
+    assert!(reason.starts_with("reported by the enclosing instance, which lost node4"), "{all}");
+    assert!(
+        nested - enclosing <= FROM_ENCLOSING,
+        "nested verdict {} after the enclosing one: {all}",
+        ms(nested - enclosing)
+    );
+    for r in [0, 1, 2] {
+        assert_eq!(rank_entry(&all, r)["state"], "online", "rank {r}: {all}");
+    }
+
+    std::fs::write(gate.join("go"), "").unwrap();
+    let w = c.vigil_in(c.path(), &[], &["job", "wait", &id], JOB_END);
+    let out = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let log = c.job_eventlog(&id);
+    let ctx = job_context(&w, &out, &log);
+    assert_eq!((w.timed_out, w.code), (false, 0), "{ctx}");
+    let hosts: BTreeSet<&str> = out.lines().filter_map(|l| l.strip_prefix("host: ")).map(str::trim).collect();
+    assert_eq!(hosts, BTreeSet::from(["node1", "node2", "node3"]), "{ctx}");
+    assert_eq!(exceptions(&log).len(), 1, "{ctx}");
+}
+
 /// A 4-node batch job (child brokers `batch_args`) on nodes 1-4 of a 5-node cluster loses node `kill`, which
 /// holds its child rank `lost`: the parent raises a severity-2 node-failure, the child sees only that rank lost,
 /// and the script's `vigil run -N3` runs on the three other nodes.

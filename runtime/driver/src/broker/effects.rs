@@ -307,10 +307,12 @@ async fn watch_enclosing(uri: String, id: String, tx: mpsc::UnboundedSender<Even
             continue;
         };
         let hosts = ctx["hosts"].as_str().unwrap_or_default();
+        // The verdict is the enclosing instance's, and the reason says so first: `vigil overlay status` inside
+        // then reads `lost (reported by the enclosing instance: ...)`.
         let why = if broker_failed {
-            format!("its broker failed while its node lives ({hosts}, job {id} of the enclosing instance)")
+            format!("reported by the enclosing instance: its broker on {hosts} failed while the node lives (job {id})")
         } else {
-            format!("its node was lost in the enclosing instance (the enclosing instance lost {hosts}, job {id})")
+            format!("reported by the enclosing instance, which lost {hosts} (job {id}'s node-failure)")
         };
         if !ranks.is_empty() && tx.send(Event::EnclosingLost { ranks, why }).is_err() {
             return;
