@@ -4,7 +4,7 @@
 //! exception, `-o pmi=LIST` picks the services, and MPICH still runs through PMI-1 in the same instance.
 //!
 //! Skipped, saying so, where `mpicc.openmpi` is not installed (`ci/setup.sh` installs `openmpi-bin
-//! libopenmpi-dev libpmix-dev`).
+//! libopenmpi-dev libpmix-dev`), and the mpi4py test where Debian's `python3-mpi4py` is not.
 
 mod common;
 
@@ -155,4 +155,36 @@ fn pmi_option_picks_the_services_and_mpich_still_runs() {
     let o = inst.vigil(&["run", "-o", "pmi=simple,pmi3", "true"]);
     assert_ne!(o.code, 0, "{}", o.dump());
     assert!(o.stderr.contains("-o pmi=simple,pmi3: expected pmi=LIST"), "{}", o.dump());
+}
+
+/// HELLO in Python: Debian's mpi4py (`python3-mpi4py`, built against Open MPI 4.1).
+const HELLO_PY: &str = r#"
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+total = comm.allreduce(rank, op=MPI.SUM)
+print(f"rank {rank} of {size} sum {total}", flush=True)
+"#;
+
+/// Debian's Python, which has Debian's mpi4py (another `python3` first on PATH may not).
+const DEBIAN_PYTHON: &str = "/usr/bin/python3";
+
+/// mpi4py's allreduce across 4 brokers, 8 ranks, under `-o pmi=pmix`: Open MPI's Python binding starts through
+/// the same PMIx server as a C program (issue 38).
+#[test]
+fn mpi4py_allreduce_on_four_brokers() {
+    let has = Command::new(DEBIAN_PYTHON).args(["-c", "import mpi4py"]).output();
+    if !has.is_ok_and(|o| o.status.success()) {
+        eprintln!("SKIPPED: {DEBIAN_PYTHON} has no mpi4py (apt-get install python3-mpi4py)");
+        return;
+    }
+    let inst = Instance::start(4, &[]);
+    let script = inst.dir.path().join("hello.py");
+    std::fs::write(&script, HELLO_PY).expect("write the Python script");
+    let mut args = vec!["run"];
+    args.extend(ROOT_ENV);
+    args.extend(["-N4", "-n8", "-l", "-o", "pmi=pmix", DEBIAN_PYTHON, script.to_str().expect("a UTF-8 path")]);
+    let o = inst.vigil_t(&args, MPI_TIMEOUT);
+    o.ok();
+    check_hello(&o, 8);
 }
