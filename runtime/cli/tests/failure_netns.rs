@@ -2628,7 +2628,8 @@ fn p50(mut v: Vec<f64>) -> f64 {
 /// Issue 38, item 3: a job that asks for it (`-o on-node-loss=notify`) survives a silent node loss, and each of its
 /// surviving tasks learns which processes and node were lost: through PMIx (`PMIX_EVENT_NODE_DOWN` from each
 /// node's `vigil-pmix`), and without PMIx through `vigil job eventlog -f` inside the job. `VIGIL_NOTIFY_TRIALS`
-/// (default 1) runs more trials for the latency figures (printed, never asserted).
+/// (default 1) runs more trials for the latency figures (printed, never asserted); `VIGIL_NOTIFY_JSON=FILE` writes
+/// every trial's figures there after each trial (`bench/node-down.sh`).
 #[test]
 fn survivors_are_told_which_node_died() {
     if !nix_is_root() {
@@ -2638,7 +2639,19 @@ fn survivors_are_told_which_node_died() {
     let dir = tempdir();
     let Some((prog, script)) = node_down_prog(dir.path()) else { return };
     let trials: usize = std::env::var("VIGIL_NOTIFY_TRIALS").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1);
-    let all: Vec<NotifyTrial> = (0..trials).map(|_| notify_trial(&prog, &script)).collect();
+    let json_out = std::env::var_os("VIGIL_NOTIFY_JSON").map(PathBuf::from);
+    let mut all: Vec<NotifyTrial> = Vec::new();
+    for _ in 0..trials {
+        all.push(notify_trial(&prog, &script));
+        if let Some(path) = &json_out {
+            // Seconds after the kill, per trial: the verdict, each survivor's PMIx event, the eventlog follower.
+            let v: Vec<Value> = all
+                .iter()
+                .map(|t| serde_json::json!({"verdict": t.verdict, "events": t.events, "eventlog": t.eventlog}))
+                .collect();
+            std::fs::write(path, serde_json::to_string_pretty(&serde_json::json!({"trials": v})).unwrap()).unwrap();
+        }
+    }
     let events: Vec<f64> = all.iter().flat_map(|t| t.events.iter().copied()).collect();
     let after: Vec<f64> = all.iter().flat_map(|t| t.events.iter().map(move |e| e - t.verdict)).collect();
     eprintln!(
