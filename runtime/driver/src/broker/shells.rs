@@ -215,10 +215,14 @@ impl Launcher {
                     .stdin(std::process::Stdio::piped())
                     .stdout(std::process::Stdio::piped())
                     .stderr(std::process::Stdio::inherit())
-                    .process_group(0)
                     // Moved into its cgroup only after it started (if at all): it finds its cgroup itself.
                     .envs(env.iter().filter(|(k, _)| k != crate::shellproto::CGROUP_ENV).map(|(k, v)| (k, v)))
                     .kill_on_drop(false);
+                // A session (and process group) of its own, as spawn.rs gives the shells it starts.
+                // SAFETY: setsid is async-signal-safe; it runs in the forked child before exec.
+                unsafe {
+                    cmd.pre_exec(|| if libc::setsid() < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) });
+                }
                 if let Some(u) = run_as {
                     // SAFETY: the closure runs in the forked child before exec and makes only raw system calls
                     // (`RunAs::become_user`), which are async-signal-safe.

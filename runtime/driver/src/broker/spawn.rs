@@ -68,7 +68,7 @@ struct Plan {
     stdout: RawFd,
     /// 0, or the errno of the step that failed in the child.
     errno: AtomicI32,
-    /// 0, or which step failed (1 setpgid, 2 dup2, 3 execve, 4 becoming the job's user), for the error message.
+    /// 0, or which step failed (1 setsid, 2 dup2, 3 execve, 4 becoming the job's user), for the error message.
     step: AtomicI32,
     /// The user to become before `execve`, if not the broker's.
     user: Option<RunAs>,
@@ -244,7 +244,7 @@ pub(crate) fn spawn(
         unsafe { libc::waitpid(pid, &mut status, 0) };
         let e = io::Error::from_raw_os_error(errno);
         let what = match plan.step.load(Ordering::Acquire) {
-            1 => "setpgid",
+            1 => "setsid",
             2 => "dup2",
             4 => "becoming the job's user",
             _ => return Err(SpawnError::Failed(e)),
@@ -337,7 +337,10 @@ extern "C" fn child_main(plan: *const Plan) -> ! {
                 libc::sigaction(sig, &dfl, std::ptr::null_mut());
             }
         }
-        if libc::setpgid(0, 0) != 0 {
+        // A session of its own (and so a process group: the job's signals go to it): the broker's session, and
+        // with it its autogroup raised to nice -10 (priority.rs), is not shared with jobs, as Slurm's tasks do not
+        // share slurmd's.
+        if libc::setsid() < 0 {
             fail(1);
         }
         if libc::dup2(plan.stdin, 0) < 0 || libc::dup2(plan.stdout, 1) < 0 {
@@ -432,7 +435,7 @@ mod tests {
         };
         let cg = std::fs::File::open(&dir).unwrap();
         let script =
-            "read line; echo \"$line $VIGIL_SPAWN_TEST $(grep ^0:: /proc/self/cgroup) $(ps -o pgid= -p $$)\"; exit 3";
+            "read line; echo \"$line $VIGIL_SPAWN_TEST $(grep ^0:: /proc/self/cgroup) $(ps -o pgid=,sid= -p $$)\"; exit 3";
         let s = match spawn(
             Path::new("/bin/sh"),
             &["-c".into(), script.into()],
@@ -460,6 +463,7 @@ mod tests {
         let cgroup_name = dir.file_name().unwrap().to_str().unwrap();
         assert!(words[2].ends_with(cgroup_name), "born in {} instead of {cgroup_name}", words[2]);
         assert_eq!(words[3], pid.to_string(), "its own process group");
+        assert_eq!(words[4], pid.to_string(), "its own session");
     }
 
     /// As root, a child given a user is that user (uid, gid, groups) when it runs, in its cgroup.
