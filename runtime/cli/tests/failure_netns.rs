@@ -437,8 +437,13 @@ fn silent_node_loss_is_lost() {
             std::thread::sleep(Duration::from_millis(50));
         }
         assert!(probing.starts_with(want), "{probing}");
-        // Each node's broker owns its node's detectors: its prober runs real-time, its loop at nice -10.
-        assert!(probing.ends_with("; prober thread real-time (SCHED_RR 1); loop at nice -10"), "{probing}");
+        // Each node's broker owns its node's detectors: its prober runs real-time, its loop at nice -10, and, as the
+        // leader of its session (netns-cluster.sh starts it with setsid), its autogroup too where the kernel has
+        // autogroups on (priority.rs).
+        let autogroup =
+            std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled").is_ok_and(|s| s.trim() == "1");
+        let end = if autogroup { "loop at nice -10, autogroup nice -10" } else { "loop at nice -10" };
+        assert!(probing.ends_with(&format!("; prober thread real-time (SCHED_RR 1); {end}")), "{probing}");
     }
     let since = Instant::now();
     let t0 = c.kill_node(2);

@@ -595,6 +595,11 @@ fn the_prober_thread_and_the_loop_say_how_they_are_scheduled() {
     if unsafe { libc::geteuid() } == 0 {
         let rt = probing_line(&[]);
         assert!(rt.contains("prober thread real-time (SCHED_RR 1); loop at nice -10"), "{rt}");
+        // The brokers of `vigil start` share the session of whoever started it: their autogroup is that whole
+        // session's, and is left alone (priority.rs).
+        if std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled").is_ok_and(|s| s.trim() == "1") {
+            assert!(rt.contains(", autogroup left at nice ") && rt.contains("(shared with its session)"), "{rt}");
+        }
     }
 }
 

@@ -13,6 +13,21 @@
 //! loop from then on (job shells, the initial program, health checks, the blocking threads that start shells)
 //! starts at nice 0. Needs `CAP_SYS_NICE`; without it the loop stays at normal priority, said once in the log and
 //! in `vigil overlay status`. `VIGIL_LOOP_NO_NICE` in the environment turns it off (for comparisons).
+//!
+//! **The autogroup.** A thread's nice weighs only against the threads of its own scheduling group. With
+//! `CONFIG_SCHED_AUTOGROUP` on (`kernel.sched_autogroup_enabled = 1`, the default of Debian's and RHEL's kernels),
+//! every session (`setsid`) of a process in the root CPU cgroup is such a group, and the CPUs are shared between
+//! groups by the group's own nice (`/proc/PID/autogroup`, sched(7)), whatever its threads' nice. A broker started
+//! as a session leader (a systemd unit, `ci/netns-cluster.sh`) is alone in its group, and its loop at nice −10
+//! still waited: on the overload soak (load average ~19, 72 brokers) rank 0's loop thread, runnable, waited
+//! 0.2-4.5 s for a CPU at a time, about 50 s of each 100 s, and silent kills were judged 0.5-3.1 s late; with its
+//! autogroup at nice −10 too, 0.34-0.5 s (bench/results/soak.txt). So a broker that leads its session also sets its autogroup's nice to
+//! [`LOOP_NICE`] (the group holds the broker alone: job shells start sessions of their own, spawn.rs). One that does not lead its
+//! session (brokers of `vigil start`, sharing the user's terminal session) leaves the group alone, since raising it
+//! would raise every process of that session, and says so. Under a CPU cgroup of its own (a systemd unit with
+//! `CPUAccounting=`) the autogroup does not apply; the unit's `CPUWeight=` does.
+
+use std::path::Path;
 
 /// The nice value the detector owner's loop runs at.
 pub(super) const LOOP_NICE: i32 = -10;
@@ -20,7 +35,46 @@ pub(super) const LOOP_NICE: i32 = -10;
 /// Raise the calling thread (the broker's loop) to [`LOOP_NICE`], its children reset to normal priority. Returns
 /// what `vigil overlay status` says about it.
 pub(super) fn raise_loop() -> String {
-    said(try_raise(std::env::var_os("VIGIL_LOOP_NO_NICE").is_some()))
+    let off = std::env::var_os("VIGIL_LOOP_NO_NICE").is_some();
+    let thread = try_raise(off);
+    let raised = thread.is_ok();
+    let mut s = said(thread);
+    if raised {
+        // SAFETY: getsid(0) and getpid have no preconditions.
+        let leader = unsafe { libc::getsid(0) == libc::getpid() };
+        let enabled = std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled").ok();
+        s += &autogroup(enabled.as_deref(), leader, Path::new("/proc/self/autogroup"));
+    }
+    s
+}
+
+/// Set the caller's autogroup to nice [`LOOP_NICE`] when autogroups are on (`enabled`: the content of
+/// `kernel.sched_autogroup_enabled`, `None` if the kernel has none) and the caller leads its session; `file` is
+/// `/proc/self/autogroup` (content `/autogroup-N nice X`, sched(7)). Returns what to add to the status line: empty
+/// when autogroups are off, else `, autogroup nice -10`, or why the group was left as it is (logged once).
+fn autogroup(enabled: Option<&str>, leader: bool, file: &Path) -> String {
+    if enabled.map(str::trim) != Some("1") {
+        return String::new();
+    }
+    let current = || {
+        std::fs::read_to_string(file)
+            .ok()
+            .and_then(|c| c.split_whitespace().nth(2).and_then(|n| n.parse::<i32>().ok()))
+            .map_or_else(|| "?".to_string(), |n| n.to_string())
+    };
+    if !leader {
+        return format!(", autogroup left at nice {} (shared with its session)", current());
+    }
+    match std::fs::write(file, LOOP_NICE.to_string()) {
+        Ok(()) => format!(", autogroup nice {LOOP_NICE}"),
+        Err(e) => {
+            tracing::warn!(
+                "the broker's autogroup stays at nice {} (nice {LOOP_NICE} refused: {e}); under CPU overload its verdicts may come late",
+                current()
+            );
+            format!(", autogroup left at nice {} (nice {LOOP_NICE} refused: {e})", current())
+        }
+    }
 }
 
 /// What is logged (once) and shown of the outcome of [`try_raise`].
@@ -62,6 +116,26 @@ mod tests {
         // Field 19 (nice) counted after the command's closing parenthesis.
         let rest = &stat[stat.rfind(')').expect("comm") + 2..];
         rest.split(' ').nth(16).expect("nice").parse().expect("number")
+    }
+
+    #[test]
+    fn the_autogroup_is_raised_only_when_on_and_the_broker_leads_its_session() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = dir.path().join("autogroup");
+        std::fs::write(&f, "/autogroup-7 nice 0\n").unwrap();
+        // Off, or a kernel without autogroups: nothing said, nothing written.
+        assert_eq!(super::autogroup(Some("0\n"), true, &f), "");
+        assert_eq!(super::autogroup(None, true, &f), "");
+        // On, but the group is the user's whole session: left, and said.
+        assert_eq!(super::autogroup(Some("1\n"), false, &f), ", autogroup left at nice 0 (shared with its session)");
+        assert_eq!(std::fs::read_to_string(&f).unwrap(), "/autogroup-7 nice 0\n");
+        // On, and the broker leads its session: the group's nice is written.
+        assert_eq!(super::autogroup(Some("1\n"), true, &f), ", autogroup nice -10");
+        assert_eq!(std::fs::read_to_string(&f).unwrap().trim(), "-10");
+        // A refusal is said with the group's nice as it stays.
+        let gone = dir.path().join("no/such/autogroup");
+        let said = super::autogroup(Some("1"), true, &gone);
+        assert!(said.starts_with(", autogroup left at nice ? (nice -10 refused: "), "{said}");
     }
 
     #[test]
