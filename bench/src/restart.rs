@@ -464,6 +464,8 @@ fn fill_store(statedir: &Path, target: usize) -> Result<(usize, f64), String> {
             epoch: kept.epoch,
             purged: Vec::new(),
             ranks: Vec::new(),
+            history: Vec::new(),
+            history_expired: Vec::new(),
             tick: 0,
         };
         store.commit(&b).map_err(|e| format!("commit: {e}"))?;

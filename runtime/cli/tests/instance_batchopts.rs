@@ -332,3 +332,166 @@ fn a_pending_job_is_updated_and_a_running_one_only_shortened() {
     }
     inst.vigil(&["cancel", &p]).ok();
 }
+
+/// `vigil history` (item 7 of issue 39): every ended job's record stays after the job is purged and across a
+/// `kill -9` and restart of rank 0 (state directory), with how it ended, its nodes and times; it is found by
+/// result, name, time and count, as a table (with CPU time and peak memory columns), a `--format` or JSON; the
+/// history's own count limit removes the oldest records.
+#[test]
+fn ended_jobs_stay_in_the_history_after_their_purge_and_a_restart() {
+    let dir = tempdir();
+    let statedir = dir.path().join("state");
+    let sys = LoopbackSystem::new(dir, "hist", 1, 1, &format!("statedir = \"{}\"\n", statedir.display()), "");
+    // Rank 0 keeps only the newest inactive job whole; the history keeps 3 records.
+    let attrs = ["job-manager.inactive-num-limit=1", "job-manager.history-num-limit=3"];
+    let r0 = sys.broker(0, &attrs);
+    assert!(sys.is_up(), "rank 0 did not come up");
+    let run = |args: &[&str]| -> String {
+        let o = sys.client(&[&["submit"], args].concat());
+        o.ok();
+        let id = o.stdout.trim().to_string();
+        sys.client(&["job", "wait", &id]);
+        id
+    };
+    let gone = run(&["true"]);
+    let ok = run(&["--job-name", "keep", "true"]);
+    let failed = run(&["--job-name", "keep", "sh", "-c", "exit 3"]);
+    let canceled = {
+        let o = sys.client(&["submit", "--job-name", "long", "sleep", "300"]);
+        o.ok();
+        let id = o.stdout.trim().to_string();
+        assert!(
+            wait_for(Duration::from_secs(20), || sys
+                .client(&["jobs", "--states=run", "--no-header", "--format={id}"])
+                .stdout
+                .contains(&id)),
+            "{id} never ran"
+        );
+        sys.client(&["cancel", &id]).ok();
+        sys.client(&["job", "wait", &id]);
+        id
+    };
+    let ids = |args: &[&str]| -> Vec<String> {
+        let o = sys.client(&[&["history", "--no-header", "--format={id}"], args].concat());
+        o.ok();
+        o.stdout.lines().map(str::to_string).collect()
+    };
+    // Purged from `vigil jobs -a` (all but the newest), listed by `vigil history`; the oldest record went.
+    let listed = sys.client(&["jobs", "-a", "--no-header", "--format={id}"]);
+    assert!(
+        wait_for(Duration::from_secs(10), || sys
+            .client(&["jobs", "-a", "--no-header", "--format={id}"])
+            .stdout
+            .lines()
+            .count()
+            == 1),
+        "{}",
+        listed.dump()
+    );
+    let all = vec![canceled.clone(), failed.clone(), ok.clone()];
+    assert_eq!(ids(&[]), all, "newest first, the oldest ({gone}) beyond history-num-limit=3");
+    // Rank 0 killed and started again on the same state directory: the records are back.
+    kill9(r0.pid());
+    r0.wait(Duration::from_secs(10));
+    let r0 = sys.broker(0, &attrs);
+    assert!(sys.is_up(), "rank 0 did not come back");
+    assert_eq!(ids(&[]), all, "after a kill -9 and restart of rank 0");
+    let js = sys.client(&["history", "--json"]);
+    js.ok();
+    let rec = |id: &str| js.json()["jobs"].as_array().unwrap().iter().find(|j| j["id_f58"] == id).cloned().unwrap();
+    let f = rec(&failed);
+    assert_eq!(
+        (f["result"].as_str(), f["exit_code"].as_i64(), f["name"].as_str()),
+        (Some("FAILED"), Some(3), Some("keep")),
+        "{f}"
+    );
+    assert_eq!(
+        (f["nnodes"].as_u64(), f["ranks"].as_str(), f["state"].as_str()),
+        (Some(1), Some("0"), Some("INACTIVE")),
+        "{f}"
+    );
+    assert!(!f["nodelist"].as_str().unwrap_or("").is_empty(), "{f}");
+    assert!(f["t_run"].as_f64().is_some() && f["t_inactive"].as_f64() >= f["t_run"].as_f64(), "{f}");
+    let c = rec(&canceled);
+    assert_eq!(
+        (c["result"].as_str(), c.pointer("/exception/type").and_then(|v| v.as_str())),
+        (Some("CANCELED"), Some("cancel")),
+        "{c}"
+    );
+    // Filters, as a user types them.
+    assert_eq!(ids(&["--states=failed"]), vec![failed.clone()]);
+    assert_eq!(ids(&["--states=completed,canceled"]), vec![canceled.clone(), ok.clone()]);
+    assert_eq!(ids(&["--name", "keep", "-c", "1"]), vec![failed.clone()]);
+    assert_eq!(ids(&["-c", "0"]).len(), 3, "0: no limit");
+    assert_eq!(ids(&["--since=-1h", "-A"]).len(), 3);
+    assert!(ids(&["--until=-1h"]).is_empty(), "nothing ended more than an hour ago");
+    assert!(ids(&["--user=0"]).is_empty() || nix_uid() == "0");
+    let table = sys.client(&["history"]);
+    table.ok();
+    let head: Vec<&str> = table.stdout.lines().next().unwrap_or("").split_whitespace().collect();
+    assert_eq!(
+        head,
+        ["JOBID", "USER", "NAME", "ST", "NNODES", "ENDED", "TIME", "CPUTIME", "MAXMEM", "INFO"],
+        "{}",
+        table.stdout
+    );
+    let line = table.stdout.lines().find(|l| l.contains(&failed)).unwrap_or("");
+    assert!(line.contains(" F ") && line.contains("exit 3"), "{}", table.stdout);
+    for (args, says) in [
+        (vec!["history", "--states=running"], "\"running\" is not how a job ends"),
+        (vec!["history", "--until=tomorrow"], "--until=tomorrow: expected"),
+        (vec!["history", "--format={bogus}"], "--format: unknown field {bogus}"),
+    ] {
+        let o = sys.client(&args);
+        o.code_is(1);
+        assert!(o.stderr.contains(says), "{says}:\n{}", o.dump());
+    }
+    drop(r0);
+}
+
+/// SIGKILL of process `pid` (a broker this test started).
+fn kill9(pid: u32) {
+    // SAFETY: kill(2) of a process this test started.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+}
+
+/// Fresh-user findings: `--signal USR1@60 COMMAND` (a space, as Slurm and Flux users also type it) is taken, a
+/// signal name alone after a space is taken and said, and one with no command after it is refused; a begin time
+/// waits with its time in local ISO 8601 and the time left; `vigil jobs -c 0` is no limit.
+#[test]
+fn a_signal_after_a_space_a_local_begin_time_and_count_zero() {
+    let inst = Instance::start(1, &[]);
+    let opt = |id: &str| inst.job_info(id)["jobspec"].pointer("/attributes/system/shell/options/signal").cloned();
+    let spaced = inst.submit(&["-t", "5m", "--signal", "USR2@30", "sleep", "300"]);
+    assert_eq!(opt(&spaced), Some(serde_json::json!({"signum": 12, "timeleft": 30.0})));
+    assert_eq!(inst.job(&spaced)["name"].as_str(), Some("sleep"), "the command is sleep, not USR2@30");
+    let o = inst.vigil(&["submit", "-t", "5m", "--signal", "USR1", "sleep", "300"]);
+    o.ok();
+    let named = o.stdout.trim().to_string();
+    assert!(
+        o.stderr.contains("--signal USR1: taken as --signal=USR1") && o.stderr.contains("\"sleep\""),
+        "{}",
+        o.dump()
+    );
+    assert_eq!(opt(&named), Some(serde_json::json!({"signum": 10, "timeleft": 60.0})));
+    let o = inst.vigil(&["batch", "-t", "5m", "--signal", "USR1"]);
+    o.code_is(1);
+    assert!(o.stderr.contains("--signal USR1: nothing follows \"USR1\""), "{}", o.dump());
+    inst.vigil(&["cancel", &spaced, &named]).ok();
+    // A begin time: the reason in local time with its offset (the job manager says UTC), and the time left.
+    let later = inst.submit(&["--begin-time=+2h", "true"]);
+    let js = inst.job(&later);
+    let why = js["reason_pending"].as_str().unwrap_or("").to_string();
+    let soon = |r: &str| r.contains("(in 1h59m)") || r.contains("(in 2h00m)");
+    assert!(why.starts_with("begin-time: not before 20") && why.contains("Z (in ") && soon(&why), "{js}");
+    let t = inst.vigil(&["jobs"]);
+    let r = row(&t.stdout, &later);
+    let at = r.find("not before ").map(|i| i + "not before ".len()).expect("the reason");
+    let stamp = &r[at..at + 25];
+    assert!(matches!(stamp.as_bytes()[19], b'+' | b'-') && stamp.as_bytes()[22] == b':', "ISO 8601 local time: {r}");
+    assert!(soon(r), "{r}");
+    let c0 = inst.vigil(&["jobs", "-a", "-c", "0", "--no-header", "--format={id}"]);
+    c0.ok();
+    assert_eq!(c0.stdout.lines().count(), 3, "-c 0 is no limit: {}", c0.stdout);
+    inst.vigil(&["cancel", &later]).ok();
+}

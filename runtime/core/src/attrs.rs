@@ -220,6 +220,11 @@ pub static ATTRS: &[Attr] = &[
         ended (Flux's job-manager.inactive-age-limit); inf: never"),
     attr("job-manager.inactive-num-limit", Kind::Count, is("0"), CommandLine,
         "most INACTIVE jobs kept, the oldest purged first (Flux's job-manager.inactive-num-limit); 0: no limit"),
+    attr("job-manager.history-age-limit", Kind::Duration, is("inf"), CommandLine,
+        "a job's history record (vigil history; kept after the job is purged) goes this long after the job ended; \
+        inf: never"),
+    attr("job-manager.history-num-limit", Kind::Count, is("0"), CommandLine,
+        "most job history records kept, the oldest removed first; 0: no limit"),
     attr("exec.shell", Kind::Path, otherwise("$VIGIL_SHELL, else vigil-shell beside vigil", "/usr/libexec/vigil-shell"),
         CommandLine, "job shell program"),
     attr("exec.containment", Kind::Enum(&["auto", "cgroup", "pgroup"]), is("auto"), CommandLine,
@@ -525,6 +530,10 @@ pub struct BrokerConfig {
     pub inactive_age_limit: f64,
     /// `job-manager.inactive-num-limit`: most INACTIVE jobs kept; 0: no limit.
     pub inactive_num_limit: usize,
+    /// `job-manager.history-age-limit`: seconds after its job ended that a history record goes; `inf`: never.
+    pub history_age_limit: f64,
+    /// `job-manager.history-num-limit`: most history records kept; 0: no limit.
+    pub history_num_limit: usize,
     /// `exec.shell`: the job shell program; `None` = `$VIGIL_SHELL`, else `vigil-shell` beside `vigil`.
     pub shell: Option<PathBuf>,
     /// `exec.containment`: `auto`, `cgroup` or `pgroup` (see `broker/cgroup.rs`).
@@ -600,6 +609,8 @@ impl Default for BrokerConfig {
             backfill_depth: crate::jobs::BACKFILL_DEPTH,
             inactive_age_limit: f64::INFINITY,
             inactive_num_limit: 0,
+            history_age_limit: f64::INFINITY,
+            history_num_limit: 0,
             shell: None,
             containment: "auto".into(),
             cgroup_spawn: "auto".into(),
@@ -879,6 +890,8 @@ impl Draft {
             }
             "job-manager.inactive-age-limit" => c.inactive_age_limit = duration(v)?,
             "job-manager.inactive-num-limit" => c.inactive_num_limit = count(v)?,
+            "job-manager.history-age-limit" => c.history_age_limit = duration(v)?,
+            "job-manager.history-num-limit" => c.history_num_limit = count(v)?,
             "exec.shell" => c.shell = Some(path(v)?),
             "exec.containment" => {
                 c.containment = match v {
@@ -1114,6 +1127,8 @@ impl BrokerConfig {
             "sched.backfill-depth" => self.backfill_depth.to_string(),
             "job-manager.inactive-age-limit" => fmt_duration(self.inactive_age_limit),
             "job-manager.inactive-num-limit" => self.inactive_num_limit.to_string(),
+            "job-manager.history-age-limit" => fmt_duration(self.history_age_limit),
+            "job-manager.history-num-limit" => self.history_num_limit.to_string(),
             "exec.shell" => self.shell.as_ref()?.display().to_string(),
             "exec.containment" => self.containment.clone(),
             "exec.cgroup-spawn" => self.cgroup_spawn.clone(),

@@ -35,7 +35,9 @@ pub(crate) fn human(info: &Value, now: f64, user: impl Fn(u32) -> String) -> Str
     line(
         "state",
         match s("reason_pending") {
-            Some(why) if state == "SCHED" => format!("{state} ({why})"),
+            Some(why) if state == "SCHED" || state == "DEPEND" => {
+                format!("{state} ({})", super::jobsfmt::local_reason(&why))
+            }
             _ => state.clone(),
         },
     );

@@ -45,6 +45,53 @@ fn runtime(j: &Value, now: f64) -> String {
     j["t_run"].as_f64().map(|t| super::fmt_secs(t_end - t)).unwrap_or_else(|| "-".into())
 }
 
+/// Seconds since the epoch as an ISO 8601 local time with its offset, `2026-12-07T06:00:00+01:00` (`None` if the
+/// C library cannot say).
+pub(crate) fn local_iso8601(secs: i64) -> Option<String> {
+    let t = libc::time_t::try_from(secs).ok()?;
+    // SAFETY: `tm` is plain old data (integers and a pointer that may be null): all zeroes is a valid value.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: localtime_r reads `t` and writes only into `tm`, both live for the call; it is thread-safe.
+    if unsafe { libc::localtime_r(&t, &mut tm) }.is_null() {
+        return None;
+    }
+    let off = tm.tm_gmtoff;
+    let (sign, a) = (if off < 0 { '-' } else { '+' }, off.abs());
+    Some(format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}{sign}{:02}:{:02}",
+        i64::from(tm.tm_year) + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec,
+        a / 3600,
+        a / 60 % 60
+    ))
+}
+
+/// A pending reason as `vigil` shows it: the begin time the job manager gives in UTC (`begin-time: not before
+/// 2026-12-07T05:00:00Z (in 4m05s)`) in local time with its offset (`... not before 2026-12-07T06:00:00+01:00
+/// (in 4m05s)`); any other reason as it is.
+pub(crate) fn local_reason(r: &str) -> String {
+    const MARK: &str = "not before ";
+    let Some(at) = r.find(MARK).map(|i| i + MARK.len()) else { return r.to_string() };
+    let end = r[at..].find(' ').map_or(r.len(), |i| at + i);
+    let local = humantime::parse_rfc3339(&r[at..end])
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .and_then(|d| local_iso8601(i64::try_from(d.as_secs()).ok()?));
+    match local {
+        Some(l) => format!("{}{l}{}", &r[..at], &r[end..]),
+        None => r.to_string(),
+    }
+}
+
+/// A byte count in MiB, as `vigil job info` shows peak memory (`64.0M`).
+fn mib(b: u64) -> String {
+    format!("{:.1}M", b as f64 / f64::from(1u32 << 20))
+}
+
 /// Flux's single-letter states, a result's two letters once inactive.
 fn short_state(j: &Value) -> &'static str {
     match (j["state"].as_str().unwrap_or(""), j["result"].as_str()) {
@@ -86,7 +133,7 @@ fn info(j: &Value, now: f64) -> String {
             format!("{nodes} {uri}{}", lost_nodes_note(j))
         }
         Some("SCHED" | "DEPEND") => {
-            let why = j["reason_pending"].as_str().unwrap_or("");
+            let why = local_reason(j["reason_pending"].as_str().unwrap_or(""));
             // The job holding the reservation: when it is expected to start (Flux's `eta:`).
             match j.pointer("/annotations/sched/t_estimate").and_then(Value::as_f64) {
                 Some(t) => format!("eta:{} {why}", super::fmt_secs((t - now).max(0.0))),
@@ -151,8 +198,22 @@ const FIELDS: &[Field] = &[
         header: "NOTE",
         get: |j, _| j.pointer("/exception/note").and_then(Value::as_str).unwrap_or("").into(),
     },
-    Field { name: "reason", header: "REASON", get: |j, _| s(j, "reason_pending") },
+    Field { name: "reason", header: "REASON", get: |j, _| local_reason(&s(j, "reason_pending")) },
     Field { name: "requeues", header: "REQ", get: |j, _| s(j, "requeues") },
+    Field {
+        name: "cputime",
+        header: "CPUTIME",
+        get: |j, _| {
+            j.pointer("/usage/cpu_usec")
+                .and_then(Value::as_u64)
+                .map_or_else(|| "-".into(), |u| super::fmt_secs(u as f64 / 1e6))
+        },
+    },
+    Field {
+        name: "maxmem",
+        header: "MAXMEM",
+        get: |j, _| j.pointer("/usage/memory_peak").and_then(Value::as_u64).map_or_else(|| "-".into(), mib),
+    },
     Field { name: "info", header: "INFO", get: |j, c| info(j, c.now) },
 ];
 
@@ -402,6 +463,34 @@ mod tests {
         assert_eq!(f.header(), "         JOBID     USER NAME         ST NTASKS NNODES     TIME INFO");
         let line = f.line(&job(), &ctx());
         assert_eq!(line, "          fABC       u7 sim           R      4      2     1.0m node[1-2]");
+    }
+
+    #[test]
+    fn a_begin_time_reads_in_local_time_with_its_offset() {
+        let r = local_reason("begin-time: not before 2026-12-07T05:00:00Z (in 4m05s)");
+        let local = local_iso8601(1_796_619_600).unwrap();
+        assert_eq!(r, format!("begin-time: not before {local} (in 4m05s)"));
+        // The same instant: the local time less its offset is the UTC time.
+        let (wall, off) = local.split_at(19);
+        let sign = if off.starts_with('-') { -1 } else { 1 };
+        let secs = humantime::parse_rfc3339(&format!("{wall}Z"))
+            .unwrap()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        let off_secs = sign * (off[1..3].parse::<i64>().unwrap() * 3600 + off[4..6].parse::<i64>().unwrap() * 60);
+        assert_eq!(secs - off_secs, 1_796_619_600);
+        assert_eq!(local_reason("held: urgency 0"), "held: urgency 0");
+    }
+
+    #[test]
+    fn usage_fields_from_the_cgroups_or_a_dash() {
+        let f = Format::parse("{cputime}|{maxmem}").unwrap();
+        assert_eq!(f.line(&job(), &ctx()), "-|-");
+        let mut j = job();
+        j["usage"] = json!({"cpu_usec": 90_000_000u64, "memory_peak": 67_108_864u64});
+        assert_eq!(f.line(&j, &ctx()), "1.5m|64.0M");
+        assert_eq!(f.header(), "CPUTIME|MAXMEM");
     }
 
     #[test]

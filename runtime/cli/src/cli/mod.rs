@@ -6,6 +6,7 @@
 //! run` / `vigil job attach` / `vigil job wait` with 255 when they lost rank 0 while following the job (its exit
 //! code is not known then: see `jobcmd/attach.rs`, `EXIT_RANK0_LOST`).
 
+mod history;
 mod hostlist;
 mod jobcmd;
 mod jobinfo;
@@ -53,6 +54,8 @@ pub enum Cmd {
     Proxy(nested::ProxyArgs),
     /// List jobs.
     Jobs(jobcmd::JobsArgs),
+    /// List ended jobs' records, purged ones too: times, nodes, exit code, CPU time, peak memory (as `sacct`).
+    History(history::HistoryArgs),
     /// Cancel jobs.
     Cancel(jobcmd::CancelArgs),
     /// Change a job: `vigil update ID duration=30m name=x urgency=20` (Flux's `flux update`). A pending job may
@@ -161,13 +164,34 @@ pub fn main() -> i32 {
                 Err(e) => return fail(format!("cannot start runtime: {e}")),
             };
             let code = rt.block_on(async move {
+                let bare = queue::signal_bare(std::env::args().skip(1));
+                let spaced = |q: &mut queue::QueueOpts, c: &mut Vec<String>| {
+                    let note = queue::spaced_signal(q, c, bare)?;
+                    if let Some(n) = note {
+                        eprintln!("{n}");
+                    }
+                    Ok::<(), String>(())
+                };
                 let r = match cmd {
-                    Cmd::Run(a) => jobcmd::run(a, true).await,
-                    Cmd::Submit(a) => jobcmd::run(a, false).await,
-                    Cmd::Batch(a) => nested::batch(a).await,
-                    Cmd::Alloc(a) => nested::alloc(a).await,
+                    Cmd::Run(mut a) => match spaced(&mut a.queue, &mut a.command) {
+                        Ok(()) => jobcmd::run(a, true).await,
+                        Err(e) => Err(e),
+                    },
+                    Cmd::Submit(mut a) => match spaced(&mut a.queue, &mut a.command) {
+                        Ok(()) => jobcmd::run(a, false).await,
+                        Err(e) => Err(e),
+                    },
+                    Cmd::Batch(mut a) => match spaced(&mut a.opts.queue, &mut a.script) {
+                        Ok(()) => nested::batch(a).await,
+                        Err(e) => Err(e),
+                    },
+                    Cmd::Alloc(mut a) => match spaced(&mut a.opts.queue, &mut a.command) {
+                        Ok(()) => nested::alloc(a).await,
+                        Err(e) => Err(e),
+                    },
                     Cmd::Proxy(a) => nested::proxy(a).await,
                     Cmd::Jobs(a) => jobcmd::jobs(a).await,
+                    Cmd::History(a) => history::history(a).await,
                     Cmd::Cancel(a) => jobcmd::cancel(a).await,
                     Cmd::Update(a) => jobcmd::update(a).await,
                     Cmd::Job(c) => jobcmd::job(c).await,

@@ -39,9 +39,63 @@ pub struct QueueOpts {
         value_name = "SIG@TIME",
         num_args = 0..=1,
         require_equals = true,
-        default_missing_value = "SIGUSR1@60"
+        default_missing_value = SIGNAL_DEFAULT
     )]
     pub signal: Option<String>,
+}
+
+/// What a bare `--signal` means (no value after `=`): Flux's and Slurm's default.
+pub(crate) const SIGNAL_DEFAULT: &str = "SIGUSR1@60";
+
+/// Whether `word` names a program or a script: a path that exists (a file here too), or a name found in `$PATH`.
+fn is_program(word: &str) -> bool {
+    if word.contains('/') || std::path::Path::new(word).is_file() {
+        return std::path::Path::new(word).exists();
+    }
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| !d.as_os_str().is_empty() && d.join(word).is_file()))
+}
+
+/// `--signal` followed by its value after a space (`--signal USR1@60 script`, as Slurm and Flux users type it):
+/// clap takes a bare `--signal` (the default, [`SIGNAL_DEFAULT`]) and makes the value the first word of the
+/// command. When `bare` (the command line held `--signal` alone) and the command's first word reads as a
+/// `--signal` value and is no program, it is taken as the value. Returns a note to print when that word has no
+/// `@` (a signal name alone, `USR1`: it could have been meant as the command).
+///
+/// # Errors
+/// The word is all the command there is (`vigil batch --signal USR1`): naming both readings.
+pub(crate) fn spaced_signal(
+    q: &mut QueueOpts,
+    command: &mut Vec<String>,
+    bare: bool,
+) -> Result<Option<String>, String> {
+    if !bare || q.signal.as_deref() != Some(SIGNAL_DEFAULT) {
+        return Ok(None);
+    }
+    let Some(word) = command.first().cloned() else { return Ok(None) };
+    if crate::jobspec::WarnSignal::parse(&word).is_err() || is_program(&word) {
+        return Ok(None);
+    }
+    if command.len() == 1 {
+        return Err(format!(
+            "--signal {word}: nothing follows {word:?}, which would be the command; write --signal={word} before the \
+             command (or --signal -- {word} to run a program of that name after a bare --signal)"
+        ));
+    }
+    command.remove(0);
+    q.signal = Some(word.clone());
+    Ok((!word.contains('@')).then(|| {
+        format!(
+            "vigil: --signal {word}: taken as --signal={word} (the warning signal), not as the command; \
+             the command is {:?}",
+            command[0]
+        )
+    }))
+}
+
+/// Whether the command line (`args`, without the program name) gives `--signal` with no `=`, before any `--`.
+pub(crate) fn signal_bare(args: impl IntoIterator<Item = String>) -> bool {
+    args.into_iter().take_while(|a| a != "--").any(|a| a == "--signal")
 }
 
 /// The `after*` schemes `--dependency` takes, each with the jobs it names.
@@ -227,6 +281,32 @@ pub(crate) fn parse_time(t: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_signal_value_after_a_space_is_taken_and_a_bare_signal_keeps_its_command() {
+        let words = |w: &[&str]| w.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let bare = || QueueOpts { signal: Some(SIGNAL_DEFAULT.into()), ..Default::default() };
+        // `--signal USR1@60 job.sh`: unambiguous, taken silently.
+        let (mut q, mut cmd) = (bare(), words(&["USR1@60", "job.sh"]));
+        assert_eq!(spaced_signal(&mut q, &mut cmd, true), Ok(None));
+        assert_eq!((q.signal.as_deref(), cmd), (Some("USR1@60"), words(&["job.sh"])));
+        // `--signal USR1 job.sh`: taken, and said.
+        let (mut q, mut cmd) = (bare(), words(&["USR1", "job.sh"]));
+        let note = spaced_signal(&mut q, &mut cmd, true).unwrap().expect("a note");
+        assert!(note.contains("taken as --signal=USR1") && note.contains("\"job.sh\""), "{note}");
+        assert_eq!(q.signal.as_deref(), Some("USR1"));
+        // `--signal sleep 10`: a program: the default signal, the command as typed.
+        let (mut q, mut cmd) = (bare(), words(&["sleep", "10"]));
+        assert_eq!(spaced_signal(&mut q, &mut cmd, true), Ok(None));
+        assert_eq!((q.signal.as_deref(), cmd.len()), (Some(SIGNAL_DEFAULT), 2));
+        // `--signal=SIGUSR1@60 USR1 x` (not bare) is left alone; `--signal USR1` alone is refused.
+        let (mut q, mut cmd) = (bare(), words(&["USR1", "x"]));
+        assert_eq!(spaced_signal(&mut q, &mut cmd, false), Ok(None));
+        let e = spaced_signal(&mut bare(), &mut words(&["USR1"]), true).unwrap_err();
+        assert!(e.starts_with("--signal USR1: nothing follows"), "{e}");
+        assert!(signal_bare(words(&["run", "--signal", "USR1", "x"])));
+        assert!(!signal_bare(words(&["run", "--signal=USR1", "x"])) && !signal_bare(words(&["run", "--", "--signal"])));
+    }
 
     #[test]
     fn a_job_name_is_one_line_of_text() {

@@ -85,6 +85,7 @@ pub const RULES: &[(&str, Rule)] = &[
     // job-manager.
     ("job-manager.submit", Rule::Anyone),
     ("job-manager.list", Rule::Anyone),
+    ("job-manager.history", Rule::Anyone),
     ("job-manager.info", Rule::JobOwner),
     ("job-manager.cancel", Rule::JobOwner),
     ("job-manager.urgency", Rule::JobOwner),

@@ -604,6 +604,8 @@ impl Broker {
                 shrink: c.instance_level > 0,
                 inactive_age_limit: Some(c.inactive_age_limit).filter(|d| d.is_finite()),
                 inactive_num_limit: Some(c.inactive_num_limit).filter(|n| *n > 0),
+                history_age_limit: Some(c.history_age_limit).filter(|d| d.is_finite()),
+                history_num_limit: Some(c.history_num_limit).filter(|n| *n > 0),
             };
             jc
         });

@@ -505,6 +505,37 @@ fn subscriptions_are_a_bounded_set_per_client() {
     assert_eq!(ask1(&mut b, "broker.sub", json!({ "topic": long })).map_err(|e| e.0), Err(errno::EINVAL));
 }
 
+/// A held job's reason says how to release it only to who may (its owner, the instance owner); a guest listing
+/// every job sees the reason alone, as `vigil jobs -A` shows it.
+#[test]
+fn the_release_hint_is_for_who_may_release_the_job() {
+    let mut b = root_with_client();
+    b.opts.config.allow_guest_users = true;
+    let spec: serde_json::Value =
+        serde_json::from_str(&crate::jobspec::JobspecBuilder::new(["true"]).build().expect("jobspec").to_json())
+            .expect("json");
+    let id = ask1(&mut b, "job-manager.submit", json!({"jobspec": spec, "urgency": 0})).expect("submitted")["id"]
+        .as_u64()
+        .expect("an id");
+    let f58 = crate::jobs::JobId(id).f58();
+    let owner = ask1(&mut b, "job-manager.list", json!({})).expect("listed");
+    assert_eq!(
+        owner["jobs"][0]["reason_pending"].as_str(),
+        Some(format!("held: urgency 0 (`vigil job release {f58}` lets it go)").as_str()),
+        "{owner}"
+    );
+    b.handle(t(0.2), Input::LocalNew { id: 6, uid: 4242 });
+    effects(&mut b);
+    let mut m = Message::request("job-manager.list", 0, &json!({}));
+    m.matchtag = 3;
+    b.handle(t(0.3), Input::Message(Peer::Local(6), 0, m));
+    let out = effects(&mut b);
+    let r = responses(&out, Peer::Local(6));
+    assert_eq!(r.len(), 1);
+    let guest = r[0].json();
+    assert_eq!(guest["jobs"][0]["reason_pending"].as_str(), Some(crate::jobs::HELD_REASON), "{guest}");
+}
+
 #[test]
 fn job_stdin_is_bounded_and_what_was_accepted_is_kept() {
     use base64::Engine as _;

@@ -42,6 +42,10 @@ use std::collections::HashSet;
 /// is 500 by default): jobs deeper in the queue wait until those ahead of them have started.
 pub const BACKFILL_DEPTH: usize = 1024;
 
+/// Why a held job (urgency 0) waits ([`JobCore::pending_reason`]). The command that releases it is added by the
+/// service that answers, only for a caller who may release it (its owner, the instance owner).
+pub const HELD_REASON: &str = "held: urgency 0";
+
 /// The reservation of the first job that must wait (rule 3 of the module doc).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Reservation {
@@ -352,12 +356,13 @@ impl JobCore {
         self.reservation.as_ref().filter(|r| r.id == id && r.start.is_finite()).map(|r| r.start)
     }
 
-    /// Why job `id` is still waiting for resources (`None` unless it is SCHED): what the pool lacks
+    /// Why job `id` is still waiting for resources (`None` unless it is SCHED); [`HELD_REASON`] for a held job: what the pool lacks
     /// ([`Pool::pending_reason`]), or, behind the reservation, the job it waits behind.
     pub fn pending_reason(&self, id: JobId) -> Option<String> {
         let job = self.jobs.get(&id).filter(|j| j.state == JobState::Sched)?;
         if job.urgency == 0 {
-            return Some(format!("held: urgency 0 (`vigil job release {}` lets it go)", id.f58()));
+            // The hint that says how to release it is added by who answers, for those who may (`job-manager.list`).
+            return Some(HELD_REASON.into());
         }
         if let Some(why) = &self.stopped {
             return Some(format!("scheduling stopped: {why}"));

@@ -395,7 +395,8 @@ impl JobCore {
     }
 
     /// Why job `id`, in DEPEND, waits (for `vigil jobs`, as squeue's `(Dependency)` and `(BeginTime)`):
-    /// `dependency: afterok:fXYZ, singleton` or, when only begin times are left, `begin-time: in 4.5m`. `None`
+    /// `dependency: afterok:fXYZ, singleton` or, when only begin times are left, `begin-time: not before
+    /// 2026-12-07T05:00:00Z (in 4m05s)` (UTC; `vigil` shows it in local time). `None`
     /// unless the job is in DEPEND.
     pub fn depend_reason(&self, id: JobId, now: f64) -> Option<String> {
         let job = self.jobs.get(&id).filter(|j| j.state == JobState::Depend)?;
@@ -404,15 +405,53 @@ impl JobCore {
             job.deps.iter().filter(|d| !matches!(d, Dependency::BeginTime(_))).map(Dependency::description).collect();
         if others.is_empty() {
             let t = begin.fold(f64::NEG_INFINITY, f64::max);
-            return Some(format!("begin-time: not before {t:.0} (in {:.0} s)", (t - now).max(0.0)));
+            return Some(format!("begin-time: not before {} (in {})", utc_iso8601(t), time_left(t - now)));
         }
         Some(format!("dependency: {}", others.join(", ")))
+    }
+}
+
+/// `t` (seconds since the Unix epoch) as an ISO 8601 UTC time to the second, `2026-12-07T05:00:00Z` (the broker
+/// knows no user's time zone: `vigil` shows it in local time).
+pub fn utc_iso8601(t: f64) -> String {
+    let secs = t.floor() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's days-to-civil algorithm (proleptic Gregorian).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+/// A time left, to the second, in its two largest units: `45s`, `4m05s`, `2h03m`, `3d04h`.
+pub fn time_left(secs: f64) -> String {
+    let s = secs.max(0.0).ceil() as u64;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..86_400 => format!("{}h{:02}m", s / 3600, s / 60 % 60),
+        _ => format!("{}d{:02}h", s / 86_400, s / 3600 % 24),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn begin_times_read_as_utc_and_what_is_left() {
+        assert_eq!(utc_iso8601(0.0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc_iso8601(1_796_619_600.0), "2026-12-07T05:00:00Z");
+        assert_eq!(utc_iso8601(951_782_400.5), "2000-02-29T00:00:00Z");
+        assert_eq!((time_left(0.2), time_left(59.0), time_left(245.0)), ("1s".into(), "59s".into(), "4m05s".into()));
+        assert_eq!((time_left(7380.0), time_left(273_600.0)), ("2h03m".into(), "3d04h".into()));
+    }
 
     #[test]
     fn dependency_objects_are_read_naming_the_element() {

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 pub const SHUTDOWN_EXCEPTION: &str = "shutdown";
 
 /// An RFC 21 exception.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Exception {
     /// Type, e.g. `cancel`, `timelimit`, `exec`, `node-failure`.
     #[serde(rename = "type")]

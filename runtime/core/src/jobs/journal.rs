@@ -33,6 +33,7 @@ mod restore;
 
 pub use restore::{down_ranks, pending_orphans, Restored, REJOIN_HOLD};
 
+use super::history::HistoryRecord;
 use super::{BatchOrder, Job, JobCore, JobId, JobState, INACTIVE_OUTPUT_KEEP, OUTPUT_KEEP};
 use crate::eventlog::Event;
 use crate::idset::IdSet;
@@ -63,6 +64,10 @@ pub struct Journal {
     pub purged: Vec<JobId>,
     /// Ranks whose node (hostname, cores, GPUs) joined for the first time or changed since the last saved batch.
     pub ranks: Vec<(u32, KeptRank)>,
+    /// History records of jobs that ended since the last saved batch (`history.rs`), in the order they ended.
+    pub history: Vec<std::sync::Arc<HistoryRecord>>,
+    /// History records removed by the retention rules since the last saved batch: they go, after `history`.
+    pub history_expired: Vec<JobId>,
     /// The job core's change count when the batch was taken: a job changed after that stays in the journal
     /// when this batch is saved ([`JobCore::journal_saved`]).
     pub tick: u64,
@@ -147,6 +152,8 @@ pub struct Kept {
     pub resource_eventlog: Vec<Event>,
     /// Every rank that ever joined, as it last joined.
     pub ranks: BTreeMap<u32, KeptRank>,
+    /// The job history's records (`history.rs`), in the order they were added.
+    pub history: Vec<HistoryRecord>,
 }
 
 /// One job as kept.
@@ -307,6 +314,13 @@ impl Kept {
         for id in &b.purged {
             self.jobs.remove(id);
         }
+        for r in &b.history {
+            // A batch applied twice adds nothing twice.
+            if !self.history.iter().any(|k| k.id == r.id) {
+                self.history.push(HistoryRecord::clone(r));
+            }
+        }
+        self.history.retain(|k| !b.history_expired.contains(&k.id));
         Ok(())
     }
 }
@@ -423,6 +437,8 @@ impl JobCore {
                 .iter()
                 .filter_map(|r| self.pool.ranks.get(r).map(|p| (*r, kept_rank(p))))
                 .collect(),
+            history: self.history.added.clone(),
+            history_expired: self.history.expired.clone(),
             tick: self.actions.tick,
         })
     }
@@ -430,7 +446,9 @@ impl JobCore {
     /// A mark of what the journal covers now: equal marks, nothing changed between them (what a batch taken at
     /// the first holds is all there is to write).
     pub fn change_mark(&self) -> [u64; 4] {
-        [self.actions.tick, self.resource_eventlog.len() as u64, self.last_id().0, self.purged.len() as u64]
+        // Purges and expired history records only ever grow between saves: their sum moves with either.
+        let gone = self.purged.len() + self.history.expired.len();
+        [self.actions.tick, self.resource_eventlog.len() as u64, self.last_id().0, gone as u64]
     }
 
     /// Whether [`JobCore::journal`] has a batch to give, without making it.
@@ -441,6 +459,8 @@ impl JobCore {
                 || self.saved.resource != self.resource_eventlog.len()
                 || self.saved.last_id != self.last_id()
                 || !self.saved.ranks_dirty.is_empty()
+                || !self.history.added.is_empty()
+                || !self.history.expired.is_empty()
         })
     }
 
@@ -475,6 +495,10 @@ impl JobCore {
         }
         // Purges are only ever appended: the batch held the first ones.
         self.purged.drain(..b.purged.len().min(self.purged.len()));
+        // History records too are only ever appended (one added and expired before a save is in neither).
+        let saved: std::collections::HashSet<JobId> = b.history.iter().map(|r| r.id).collect();
+        self.history.added.retain(|r| !saved.contains(&r.id));
+        self.history.expired.retain(|id| !b.history_expired.contains(id));
     }
 
     /// The highest id given so far (or the floor below the next one).

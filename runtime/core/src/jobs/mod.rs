@@ -29,6 +29,7 @@
 //! | `journal.rs` | what rank 0 keeps in its state directory, and the restore at start-up |
 //! | `reattach.rs` | a restored running job waits for its shells to come back |
 //! | `purge.rs` | INACTIVE jobs purged by age or count |
+//! | `history.rs` | every ended job's record, kept after its purge (`vigil history`), with its own retention |
 //! | this file | the [`JobCore`] itself, the [`Action`]s it hands out, scheduling configuration |
 //!
 //! The cost of one event does not grow with the number of jobs queued or ever run: pending jobs are an ordered
@@ -38,6 +39,7 @@ mod backfill;
 pub mod depend;
 mod exceptions;
 mod exec;
+pub mod history;
 mod job;
 pub mod jobid;
 pub mod journal;
@@ -63,7 +65,7 @@ use sched::Pool;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 pub use crate::attrs::SchedPolicy;
-pub use backfill::{Reservation, BACKFILL_DEPTH};
+pub use backfill::{Reservation, BACKFILL_DEPTH, HELD_REASON};
 pub use exceptions::{Exception, SHUTDOWN_EXCEPTION};
 pub use exec::taskmap;
 pub use job::{Job, ShellState};
@@ -188,6 +190,11 @@ pub struct SchedConfig {
     pub inactive_age_limit: Option<f64>,
     /// `job-manager.inactive-num-limit`: most INACTIVE jobs kept, the oldest purged first; `None`: no limit.
     pub inactive_num_limit: Option<usize>,
+    /// `job-manager.history-age-limit`: seconds after its job ended that a history record goes (`history.rs`);
+    /// `None`: never.
+    pub history_age_limit: Option<f64>,
+    /// `job-manager.history-num-limit`: most history records kept, the oldest removed first; `None`: no limit.
+    pub history_num_limit: Option<usize>,
 }
 
 impl Default for SchedConfig {
@@ -201,6 +208,8 @@ impl Default for SchedConfig {
             shrink: false,
             inactive_age_limit: None,
             inactive_num_limit: None,
+            history_age_limit: None,
+            history_num_limit: None,
         }
     }
 }
@@ -254,6 +263,8 @@ pub struct JobCore {
     inactive_kept: usize,
     /// Jobs purged since the last batch saved (`journal.rs`).
     purged: Vec<JobId>,
+    /// Every ended job's record, purged ones too (`history.rs`).
+    history: history::History,
     /// Bytes of output they hold together.
     inactive_output_bytes: usize,
     /// What the journal saved last, and the drains kept from before a restart (`journal.rs`).
@@ -303,6 +314,7 @@ impl JobCore {
             inactive: VecDeque::new(),
             inactive_kept: 0,
             purged: Vec::new(),
+            history: Default::default(),
             saved: journal::Marks::default(),
             stopped: None,
             reattach_grace: 0.0,

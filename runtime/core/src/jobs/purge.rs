@@ -55,6 +55,7 @@ impl JobCore {
     pub(super) fn became_inactive(&mut self, id: JobId) {
         self.inactive.push_back(id);
         self.inactive_kept += 1;
+        self.record_history(id);
     }
 
     /// The inactive jobs oldest first, as the queue says, skipping entries of jobs purged by id.

@@ -98,7 +98,8 @@ fn a_begin_time_holds_a_job_until_it_comes() {
     let id = c.submit(T0 + 1.0, SubmitRequest::new(&s, 1000)).unwrap().id;
     assert_eq!(c.jobs[&id].state, JobState::Depend);
     assert_eq!(c.next_deadline(), Some(at));
-    assert_eq!(c.depend_reason(id, T0 + 40.0).unwrap(), format!("begin-time: not before {at:.0} (in 60 s)"));
+    let when = crate::jobs::depend::utc_iso8601(at);
+    assert_eq!(c.depend_reason(id, T0 + 40.0).unwrap(), format!("begin-time: not before {when} (in 1m00s)"));
     c.handle_timeout(at - 0.5);
     assert_eq!(c.jobs[&id].state, JobState::Depend, "not yet");
     c.handle_timeout(at);

@@ -89,16 +89,24 @@ impl JobCore {
     pub fn next_deadline(&self) -> Option<f64> {
         let first = self.timers.first().map(|(d, _)| d.0).filter(|t| t.is_finite());
         let rejoin = self.awaiting_ranks().then_some(self.saved.rejoin_until);
-        [first, self.reattach_deadline(), self.purge_deadline(), rejoin, self.depend_deadline()]
-            .into_iter()
-            .flatten()
-            .min_by(f64::total_cmp)
+        [
+            first,
+            self.reattach_deadline(),
+            self.purge_deadline(),
+            rejoin,
+            self.depend_deadline(),
+            self.history_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min_by(f64::total_cmp)
     }
 
     /// Fire every rule whose time has come: time limits, exit-timeout, SIGKILL escalation, purges of INACTIVE
     /// jobs (`purge.rs`).
     pub fn handle_timeout(&mut self, now: f64) {
         self.purge_due(now);
+        self.history_due(now);
         if self.awaiting_ranks() && self.saved.rejoin_until <= now {
             // Ranks that were up when rank 0 stopped and are not back yet: scheduled without (journal.rs).
             self.saved.ranks_expected.clear();

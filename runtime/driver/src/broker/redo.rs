@@ -24,6 +24,7 @@
 //! SQLite's own log.
 
 use crate::eventlog::Event;
+use crate::jobs::history::HistoryRecord;
 use crate::jobs::journal::{JobRecord, Journal, KeptRank, OutputRows};
 use crate::jobs::{JobId, JobState};
 use crate::shellproto::OutputLine;
@@ -57,6 +58,12 @@ struct Record<'a> {
     purged: Vec<u64>,
     /// (rank, hostname, cores, GPUs): the idsets as RFC 22 strings.
     ranks: Vec<(u32, Cow<'a, str>, String, String)>,
+    /// History records added (`jobs/history.rs`); absent from records written before the history was.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    history: Vec<Cow<'a, HistoryRecord>>,
+    /// History records removed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    history_expired: Vec<u64>,
 }
 
 /// One job's record in a [`Record`] ([`JobRecord`]).
@@ -148,6 +155,8 @@ impl<'a> Record<'a> {
                 .iter()
                 .map(|(r, k)| (*r, Cow::Borrowed(k.hostname.as_str()), k.cores.to_string(), k.gpus.to_string()))
                 .collect(),
+            history: b.history.iter().map(|r| Cow::Borrowed(&**r)).collect(),
+            history_expired: b.history_expired.iter().map(|id| id.0).collect(),
         }
     }
 
@@ -203,6 +212,8 @@ impl<'a> Record<'a> {
             epoch: self.epoch,
             purged: self.purged.into_iter().map(JobId).collect(),
             ranks,
+            history: self.history.into_iter().map(|r| Arc::new(r.into_owned())).collect(),
+            history_expired: self.history_expired.into_iter().map(JobId).collect(),
             tick: 0,
         })
     }
@@ -543,6 +554,8 @@ mod tests {
             epoch: 1_796_000_000.25,
             purged: Vec::new(),
             ranks: Vec::new(),
+            history: Vec::new(),
+            history_expired: Vec::new(),
             tick: 0,
         };
         j.jobs.push(JobRecord {

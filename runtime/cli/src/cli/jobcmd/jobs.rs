@@ -33,14 +33,14 @@ pub struct JobsArgs {
     /// (2026-12-07T05:00:00Z, "2026-12-07 05:00"), as `flux jobs --since`. Implies `-a`.
     #[arg(long, value_name = "TIME")]
     pub since: Option<String>,
-    /// At most COUNT jobs (the newest first), after the other filters.
+    /// At most COUNT jobs (the newest first), after the other filters; 0: no limit (as `flux jobs -c 0`).
     #[arg(short = 'c', long, value_name = "COUNT")]
     pub count: Option<usize>,
     /// Lines in Flux's style: named fields in braces, each with an optional [<|>|^][WIDTH][.MAX] spec, e.g.
     /// `{id.f58:>12} {name:<16.16} {state} {runtime}`. Fields: id, id.f58, id.dec, id.hex, name, user, userid,
     /// state, state_single, result, status, urgency, nnodes, ntasks, nodelist, ranks, runtime, duration,
-    /// t_submit, t_run, t_inactive, returncode, exception.type, exception.note, reason, requeues, info (see
-    /// docs/queue.md).
+    /// t_submit, t_run, t_inactive, returncode, exception.type, exception.note, reason, requeues, cputime,
+    /// maxmem, info (see docs/queue.md).
     #[arg(long, value_name = "FORMAT")]
     pub format: Option<String>,
     /// No header line.
@@ -58,7 +58,7 @@ pub(crate) fn user_name(uid: u32) -> String {
 }
 
 /// `--user`: a uid, a login name, or `all` (`None`: every user's).
-fn user_id(u: &str) -> Result<Option<u32>, String> {
+pub(crate) fn user_id(u: &str) -> Result<Option<u32>, String> {
     if u == "all" {
         return Ok(None);
     }
@@ -102,7 +102,8 @@ pub(crate) async fn jobs(a: JobsArgs) -> Result<i32, String> {
                 && states.as_ref().is_none_or(|s| s.matches(j))
                 && since.is_none_or(|t| j["state"] != "INACTIVE" || j["t_inactive"].as_f64().is_some_and(|e| e > t))
         });
-        if let Some(n) = a.count {
+        // 0 is no limit, as Flux's `flux jobs -c 0`.
+        if let Some(n) = a.count.filter(|n| *n > 0) {
             list.truncate(n);
         }
     }

@@ -14,6 +14,7 @@ pub(super) const TOPICS: &[Topic] = &[
     Topic { name: "job-manager.update", handler: update },
     Topic { name: "job-manager.raise", handler: raise },
     Topic { name: "job-manager.purge", handler: purge },
+    Topic { name: "job-manager.history", handler: history },
     Topic { name: "job-manager.eventlog", handler: super::job_info::attach_or_eventlog },
 ];
 
@@ -139,15 +140,26 @@ struct ListRequest {
     userid: Option<u32>,
 }
 
+/// Why pending job `j` waits, as caller `uid` is told: a held job's reason says how to release it only to who may
+/// (its owner, the instance owner `owner`), as the other hints of `vigil` are for who may act on them.
+fn reason_for(jc: &crate::jobs::JobCore, j: &crate::jobs::Job, now: f64, uid: u32, owner: u32) -> Option<String> {
+    let r = jc.pending_reason(j.id).or_else(|| jc.depend_reason(j.id, now))?;
+    if r == crate::jobs::HELD_REASON && (uid == owner || uid == j.userid) {
+        return Some(format!("{r} (`vigil job release {}` lets it go)", j.id.f58()));
+    }
+    Some(r)
+}
+
 /// `job-manager.list`.
-fn list(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
+fn list(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     let req: ListRequest = lazy.decode()?;
     let n = core.wall();
-    let jc = job_core!(core);
+    let (uid, owner) = (msg.userid, core.env.uid);
+    let jc: &crate::jobs::JobCore = job_core!(core);
     let all = req.all.unwrap_or(false);
     let with_reason = |j: &crate::jobs::Job| {
         let mut v = j.info();
-        if let (Some(r), Some(o)) = (jc.pending_reason(j.id).or_else(|| jc.depend_reason(j.id, n)), v.as_object_mut()) {
+        if let (Some(r), Some(o)) = (reason_for(jc, j, n, uid, owner), v.as_object_mut()) {
             o.insert("reason_pending".into(), Value::String(r));
         }
         if let (Some(t), Some(o)) = (jc.estimate(j.id), v.as_object_mut()) {
@@ -167,6 +179,75 @@ fn list(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
     Ok(Some(json!({"jobs": jobs}).into()))
 }
 
+/// A `job-manager.history` request (`vigil history`): ended jobs' records (`jobs/history.rs`), purged ones too,
+/// newest first. Every field is optional.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HistoryRequest {
+    /// Jobs that ended at or after this time (seconds since the Unix epoch).
+    since: Option<f64>,
+    /// Jobs that ended before this time.
+    until: Option<f64>,
+    /// Only this user's jobs; absent: every user's (as `job-manager.list`, no record holds a command or an
+    /// environment).
+    userid: Option<u32>,
+    /// Only jobs of this name.
+    name: Option<String>,
+    /// Only jobs with one of these results: COMPLETED, FAILED, CANCELED, TIMEOUT (any case).
+    results: Option<Vec<String>>,
+    /// At most this many, the newest.
+    count: Option<u64>,
+}
+
+/// The most bytes of records one `job-manager.history` answer holds (JSON): well within a message's
+/// `MAX_FRAME` (64 MiB). Past it the answer says `"truncated": true` (ask with `until`
+/// set to the oldest end time given for the rest).
+const HISTORY_ANSWER_BYTES: usize = 48 << 20;
+
+/// `job-manager.history`.
+fn history(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
+    let req: HistoryRequest = lazy.decode()?;
+    for (field, t) in [("since", req.since), ("until", req.until)] {
+        if t.is_some_and(|t| !t.is_finite()) {
+            return Err(ServiceError::eproto(format!("'{field}' must be a finite number of seconds")));
+        }
+    }
+    let results = req.results.unwrap_or_default();
+    for r in &results {
+        if !["COMPLETED", "FAILED", "CANCELED", "TIMEOUT"].iter().any(|k| k.eq_ignore_ascii_case(r)) {
+            return Err(ServiceError::einval(format!(
+                "results: unknown result '{r}' (known: COMPLETED, FAILED, CANCELED, TIMEOUT)"
+            )));
+        }
+    }
+    let jc = job_core!(core);
+    let q = crate::jobs::history::HistoryQuery {
+        since: req.since,
+        until: req.until,
+        userid: req.userid,
+        name: req.name,
+        results,
+        count: req.count.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+    };
+    // The answer's JSON written as it goes (no value per record): `{"jobs": [...], "kept": N, "truncated": B}`.
+    let mut buf = Vec::from(&b"{\"jobs\":["[..]);
+    let mut truncated = false;
+    for (i, r) in jc.history(&q).iter().enumerate() {
+        let mark = buf.len();
+        if i > 0 {
+            buf.push(b',');
+        }
+        r.write_json(&mut buf);
+        if buf.len() > HISTORY_ANSWER_BYTES {
+            buf.truncate(mark);
+            truncated = true;
+            break;
+        }
+    }
+    buf.extend_from_slice(format!("],\"kept\":{},\"truncated\":{truncated}}}", jc.history_len()).as_bytes());
+    Ok(Some(Out(buf)))
+}
+
 /// A `job-manager.info` request (`vigil job info`): a job's state, jobspec and R.
 #[derive(Debug, Deserialize)]
 struct InfoRequest {
@@ -175,14 +256,15 @@ struct InfoRequest {
 }
 
 /// `job-manager.info`.
-fn info(core: &mut Broker, _msg: &Message, lazy: &Body<'_>) -> Reply {
+fn info(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     let req: InfoRequest = lazy.decode()?;
     let n = core.wall();
-    let jc = job_core!(core);
+    let (uid, owner) = (msg.userid, core.env.uid);
+    let jc: &crate::jobs::JobCore = job_core!(core);
     let id = req.id.id()?;
     let j = jc.jobs.get(&id).ok_or(ServiceError::enoent(format!("unknown job id {id}")))?;
     let mut info = j.info();
-    if let (Some(r), Some(o)) = (jc.pending_reason(id).or_else(|| jc.depend_reason(id, n)), info.as_object_mut()) {
+    if let (Some(r), Some(o)) = (reason_for(jc, j, n, uid, owner), info.as_object_mut()) {
         o.insert("reason_pending".into(), Value::String(r));
     }
     if let (Some(t), Some(o)) = (jc.estimate(id), info.as_object_mut()) {

@@ -118,10 +118,12 @@ impl JobCore {
         self.seq = (floor.0 & 0x3ff) as u32;
         self.saved.last_id = self.last_id();
         self.restore_resources(now, kept.resource_eventlog, kept.ranks);
+        self.history.restore(kept.history);
         for (id, k) in kept.jobs {
             self.restore_job(now, id, k, &mut out);
         }
         self.restore_inactive_order();
+        self.history_backfill();
         self.sched_dirty = true;
         self.schedule(now);
         out

@@ -36,10 +36,13 @@
 //!   carries every shell's number), so that once the job is INACTIVE its rows are its tail; a purged job's go;
 //! - `resource_events(seq, event)`: the RFC 44 resource eventlog;
 //! - `ranks(rank, hostname, cores, gpus)`: each rank's node as it last joined (idsets), so that a restarted
-//!   rank 0 counts ranks that have not joined again yet (since schema 3).
+//!   rank 0 counts ranks that have not joined again yet (since schema 3);
+//! - `history(id, t_inactive, record)`: every ended job's history record (`jobs/history.rs`, JSON), kept after the
+//!   job is purged, until the history's own retention removes it (since schema 5).
 //!
 //! Older schemas are brought to this one at open, in one transaction: 1 (before `job_output`) by adding it, 2
-//! (the jobspec in `jobs`) by moving the jobspecs to their table, 3 (no submission keys) by adding the column.
+//! (the jobspec in `jobs`) by moving the jobspecs to their table, 3 (no submission keys) by adding the column,
+//! 4 (no history) by adding the table (the restore then writes a record for each INACTIVE job kept).
 //! Rows of one event each read the same in 3.
 //!
 //! A file this build cannot read (not SQLite, damaged, truncated, another schema version) is [`OpenError::Damaged`]:
@@ -80,7 +83,7 @@ use write::{write_jobs, write_meta_kept};
 pub const FILE: &str = "vigil.sqlite";
 
 /// The schema this build writes and reads (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// `PRAGMA application_id` of a Vigil store: "VGL1".
 pub const APPLICATION_ID: i64 = 0x5647_4c31;

@@ -97,6 +97,13 @@ impl Store {
             let k = KeptRank { hostname: r.get(1).map_err(s)?, cores: set(2)?, gpus: set(3)? };
             kept.ranks.insert(rank, k);
         }
+        let mut q = c.prepare("SELECT id, record FROM history ORDER BY t_inactive, id").map_err(s)?;
+        let mut rows = q.query([]).map_err(s)?;
+        while let Some(r) = rows.next().map_err(s)? {
+            let id: i64 = r.get(0).map_err(s)?;
+            let text: String = r.get(1).map_err(s)?;
+            kept.history.push(serde_json::from_str(&text).map_err(|e| format!("history record of job {id}: {e}"))?);
+        }
         Ok(Some(kept))
     }
 }

@@ -52,7 +52,13 @@ const SCHEMA_3_TABLES: &str = "
 const SCHEMA_4_CHANGE: &str = "
     ALTER TABLE jobspecs ADD COLUMN submit_key TEXT;";
 
-/// Bring a store of schema 1, 2 or 3 (checked by [`check`]) to [`SCHEMA_VERSION`], in one transaction: none of
+/// What schema 5 added to schema 4: the job history (`jobs/history.rs`), one row per ended job, its record as
+/// JSON, indexed by end time for queries by time range.
+const SCHEMA_5_CHANGE: &str = "
+    CREATE TABLE history(id INTEGER PRIMARY KEY, t_inactive REAL NOT NULL, record TEXT NOT NULL);
+    CREATE INDEX history_by_end ON history(t_inactive);";
+
+/// Bring a store of schema 1 to 4 (checked by [`check`]) to [`SCHEMA_VERSION`], in one transaction: none of
 /// it is changed if any step fails.
 pub(crate) fn upgrade(c: &Connection) -> rusqlite::Result<()> {
     let version: i64 = c.query_row("PRAGMA user_version", [], |r| r.get(0))?;
@@ -73,10 +79,12 @@ pub(crate) fn upgrade(c: &Connection) -> rusqlite::Result<()> {
     } else {
         String::new()
     };
+    let to_4 = if version < 4 { SCHEMA_4_CHANGE } else { "" };
     let r = c.execute_batch(&format!(
         "BEGIN;
          {to_3}
-         {SCHEMA_4_CHANGE}
+         {to_4}
+         {SCHEMA_5_CHANGE}
          PRAGMA user_version = {SCHEMA_VERSION};
          COMMIT;"
     ));
@@ -96,6 +104,7 @@ pub(crate) fn create(c: &Connection) -> rusqlite::Result<()> {
          CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
          {SCHEMA_3_TABLES}
          {SCHEMA_4_CHANGE}
+         {SCHEMA_5_CHANGE}
          CREATE TABLE job_events(id INTEGER NOT NULL, seq INTEGER NOT NULL, event TEXT NOT NULL,
                                  PRIMARY KEY(id, seq)) WITHOUT ROWID;
          CREATE TABLE resource_events(seq INTEGER PRIMARY KEY, event TEXT NOT NULL);

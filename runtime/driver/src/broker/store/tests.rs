@@ -42,6 +42,8 @@ pub(in crate::broker) fn batch(jobs: Vec<JobRecord>, resource_first: usize, nres
         epoch: 1000.25,
         purged: vec![],
         ranks: vec![],
+        history: Vec::new(),
+        history_expired: Vec::new(),
         tick: 0,
     }
 }
@@ -421,7 +423,7 @@ fn a_schema_3_store_gains_submission_keys() {
     let (mut s, _) = Store::open(d.path()).unwrap();
     s.commit(&batch(vec![record(1, 0, &["submit"], true)], 0, 0, 1)).unwrap();
     s.conn
-        .execute_batch("ALTER TABLE jobspecs DROP COLUMN submit_key; PRAGMA user_version = 3;")
+        .execute_batch("DROP TABLE history; ALTER TABLE jobspecs DROP COLUMN submit_key; PRAGMA user_version = 3;")
         .expect("made a schema 3 store");
     drop(s);
     let (mut s, kept) = Store::open(d.path()).unwrap();
@@ -432,6 +434,52 @@ fn a_schema_3_store_gains_submission_keys() {
     drop(s);
     let (_, kept) = Store::open(d.path()).unwrap();
     assert_eq!(kept.unwrap().jobs[&JobId(2)].submit_key.as_deref(), Some("key-2"));
+}
+
+/// A store of schema 4 (no history) is brought to this one: it has no records yet (the job core writes one for
+/// each INACTIVE job it keeps, `jobs/history.rs`); records written on come back, and expired ones go.
+#[test]
+fn a_schema_4_store_gains_the_history() {
+    use crate::jobs::history::HistoryRecord;
+    let d = tempfile::tempdir().unwrap();
+    let (mut s, _) = Store::open(d.path()).unwrap();
+    s.commit(&batch(vec![record(1, 0, &["submit"], true)], 0, 0, 1)).unwrap();
+    s.conn.execute_batch("DROP TABLE history; PRAGMA user_version = 4;").expect("made a schema 4 store");
+    drop(s);
+    let (mut s, kept) = Store::open(d.path()).unwrap();
+    let v: i64 = s.conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+    assert_eq!(v, SCHEMA_VERSION);
+    assert!(kept.unwrap().history.is_empty());
+    let rec = |id: u64, t: f64| HistoryRecord {
+        id: JobId(id),
+        userid: 1000,
+        name: format!("j{id}"),
+        t_submit: t - 2.0,
+        t_run: Some(t - 1.0),
+        t_finish: Some(t),
+        t_inactive: t,
+        duration: None,
+        nnodes: 1,
+        ntasks: 1,
+        ranks: "0".into(),
+        nodelist: "node0".into(),
+        result: "COMPLETED".into(),
+        exit_code: 0,
+        exception: None,
+        usage: Some(crate::shellproto::Usage { cpu_usec: Some(1500), ..Default::default() }),
+        requeues: 0,
+        lost_nodelist: String::new(),
+    };
+    let mut b = batch(vec![], 0, 0, 3);
+    b.history = vec![std::sync::Arc::new(rec(3, 30.0)), std::sync::Arc::new(rec(2, 20.0))];
+    s.commit(&b).unwrap();
+    let mut b = batch(vec![], 0, 0, 4);
+    b.history = vec![std::sync::Arc::new(rec(4, 40.0))];
+    b.history_expired = vec![JobId(2)];
+    s.commit(&b).unwrap();
+    drop(s);
+    let (_, kept) = Store::open(d.path()).unwrap();
+    assert_eq!(kept.unwrap().history, vec![rec(3, 30.0), rec(4, 40.0)], "in end order, the expired one gone");
 }
 
 /// A job's events of one write are one row; rows of one event (older stores) and of several read alike.

@@ -23,6 +23,7 @@ pub(crate) fn write_meta_kept(
     let covered = kept.map(|(id, _)| id).max(new_rows).unwrap_or_default();
     let write_meta =
         kept.map(|(_, epoch)| epoch) != Some(b.epoch.to_bits()) || !b.purged.is_empty() || covered < b.last_id;
+    write_history(c, b)?;
     write_rest(c, b, write_meta)?;
     Ok((if write_meta { b.last_id.max(covered) } else { covered }, b.epoch.to_bits()))
 }
@@ -103,6 +104,26 @@ pub(crate) fn write_jobs(c: &Connection, batches: &[&Journal]) -> Result<(), Com
         for r in records {
             write_output_rows(c, r)?;
         }
+    }
+    Ok(())
+}
+
+/// The history records batch `b` adds and removes (`jobs/history.rs`), in its order: added first.
+fn write_history(c: &Connection, b: &Journal) -> Result<(), CommitError> {
+    if b.history.is_empty() && b.history_expired.is_empty() {
+        return Ok(());
+    }
+    let mut add = c.prepare_cached("INSERT OR REPLACE INTO history(id, t_inactive, record) VALUES(?1, ?2, ?3)")?;
+    for r in &b.history {
+        let text = serde_json::to_string(&**r).map_err(|e| CommitError {
+            why: format!("history record of job {}: {e}", r.id),
+            errno: crate::message::errno::EIO,
+        })?;
+        add.execute(params![r.id.0 as i64, r.t_inactive, text])?;
+    }
+    let mut del = c.prepare_cached("DELETE FROM history WHERE id = ?1")?;
+    for id in &b.history_expired {
+        del.execute(params![id.0 as i64])?;
     }
     Ok(())
 }

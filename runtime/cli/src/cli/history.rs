@@ -1,0 +1,146 @@
+//! `vigil history`: ended jobs' records, purged ones too (`jobs/history.rs`, `job-manager.history`), as Slurm's
+//! `sacct` lists them: by time range, user, name and result, in a table, a `--format` or JSON.
+
+use super::jobcmd::{user_id, user_name};
+use super::jobsfmt::{parse_since, Ctx, Format};
+use clap::Args;
+use serde_json::json;
+
+/// The table `vigil history` prints without `--format`.
+pub(crate) const HISTORY_FORMAT: &str = "{id:>14} {user:>8} {name:<12.12} {state_single:>2} {nnodes:>6} \
+     {t_inactive:<20} {runtime:>8} {cputime:>8} {maxmem:>9} {info}";
+
+/// Options of `vigil history`.
+#[derive(Args, Debug)]
+pub struct HistoryArgs {
+    /// Jobs that ended at or after TIME: -DURATION ago (-1h, -2d), @EPOCH, or a UTC time (2026-12-07T05:00:00Z,
+    /// "2026-12-07 05:00"), as `sacct --starttime`.
+    #[arg(short = 'S', long, value_name = "TIME")]
+    pub since: Option<String>,
+    /// Jobs that ended before TIME (the same forms), as `sacct --endtime`.
+    #[arg(short = 'E', long, value_name = "TIME")]
+    pub until: Option<String>,
+    /// Every user's jobs, not only yours.
+    #[arg(short = 'A', long = "all-users", conflicts_with = "user")]
+    pub all_users: bool,
+    /// Only the jobs of USER, a login name or uid, or `all` (as `-A`); yours by default.
+    #[arg(short = 'u', long, value_name = "USER")]
+    pub user: Option<String>,
+    /// Only jobs of this name.
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// Only jobs that ended so, a comma-separated LIST of completed, failed, canceled, timeout (any case);
+    /// `inactive` is any of them.
+    #[arg(long, value_name = "LIST", visible_alias = "filter")]
+    pub states: Option<String>,
+    /// At most COUNT jobs, the newest; 0: no limit (as `flux jobs -c 0`).
+    #[arg(short = 'c', long, value_name = "COUNT")]
+    pub count: Option<usize>,
+    /// Print JSON: one object with a "jobs" array of records, newest first.
+    #[arg(long, conflicts_with = "format")]
+    pub json: bool,
+    /// Lines in `vigil jobs --format`'s style and with its fields (see docs/queue.md).
+    #[arg(long, value_name = "FORMAT")]
+    pub format: Option<String>,
+    /// No header line.
+    #[arg(short = 'n', long)]
+    pub no_header: bool,
+}
+
+/// `--states` of `vigil history`: the results it names (empty: any).
+///
+/// # Errors
+/// A word that is not a result of an ended job, naming it.
+pub(crate) fn results(list: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    for w in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+        match w.to_ascii_lowercase().as_str() {
+            "inactive" => return Ok(Vec::new()),
+            r @ ("completed" | "failed" | "canceled" | "timeout") => out.push(r.to_ascii_uppercase()),
+            _ => {
+                return Err(format!(
+                    "--states={list}: \"{w}\" is not how a job ends (known: completed, failed, canceled, timeout, \
+                     inactive; the history holds ended jobs only: `vigil jobs` lists the others)"
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `vigil history`.
+pub(crate) async fn history(a: HistoryArgs) -> Result<i32, String> {
+    let now = crate::broker_now();
+    let format = Format::parse(a.format.as_deref().unwrap_or(HISTORY_FORMAT)).map_err(|e| format!("--format: {e}"))?;
+    let since = a.since.as_deref().map(|s| parse_since(s, now)).transpose()?;
+    let until =
+        a.until.as_deref().map(|s| parse_since(s, now).map_err(|e| e.replacen("--since", "--until", 1))).transpose()?;
+    let results = a.states.as_deref().map(results).transpose()?.unwrap_or_default();
+    let user = match (&a.user, a.all_users) {
+        (Some(u), _) => user_id(u)?,
+        (None, true) => None,
+        (None, false) => Some(nix::unistd::getuid().as_raw()),
+    };
+    let mut req = json!({});
+    if let Some(t) = since {
+        req["since"] = t.into();
+    }
+    if let Some(t) = until {
+        req["until"] = t.into();
+    }
+    if let Some(u) = user {
+        req["userid"] = u.into();
+    }
+    if let Some(n) = &a.name {
+        req["name"] = n.clone().into();
+    }
+    if !results.is_empty() {
+        req["results"] = results.into();
+    }
+    if let Some(n) = a.count.filter(|n| *n > 0) {
+        req["count"] = n.into();
+    }
+    let c = super::connect().await?;
+    let r = super::rpc_to_rank0(&c, "job-manager.history", &req).await?;
+    if r["truncated"] == true {
+        eprintln!(
+            "vigil: the answer was cut at rank 0's bound; narrow it (--since, --until, -c) for the older records"
+        );
+    }
+    if a.json {
+        println!("{r}");
+        return Ok(0);
+    }
+    if !a.no_header {
+        println!("{}", format.header());
+    }
+    let names = std::cell::RefCell::new(std::collections::HashMap::new());
+    let user = |uid: u32| names.borrow_mut().entry(uid).or_insert_with(|| user_name(uid)).clone();
+    let ctx = Ctx { now, user: &user };
+    let mut out = String::new();
+    for j in r["jobs"].as_array().map(Vec::as_slice).unwrap_or_default() {
+        out.push_str(&format.line(j, &ctx));
+        out.push('\n');
+    }
+    print!("{out}");
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_are_results_of_ended_jobs() {
+        assert_eq!(results("completed,Failed"), Ok(vec!["COMPLETED".to_string(), "FAILED".to_string()]));
+        assert_eq!(results("timeout,inactive"), Ok(vec![]));
+        let e = results("completed,running").unwrap_err();
+        assert!(e.contains("\"running\" is not how a job ends") && e.contains("vigil jobs"), "{e}");
+    }
+
+    #[test]
+    fn the_default_table_parses() {
+        let f = Format::parse(HISTORY_FORMAT).unwrap();
+        assert!(f.header().contains("CPUTIME") && f.header().contains("MAXMEM") && f.header().contains("ENDED"));
+    }
+}
