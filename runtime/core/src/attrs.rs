@@ -204,7 +204,8 @@ pub static ATTRS: &[Attr] = &[
         "hwloc, or cpu-count to skip hwloc and report the CPU count"),
     // Jobs.
     attr("exec.kill-timeout", Kind::Duration, is("5s"), CommandLine,
-        "after SIGTERM to a job's shells (cancel, exception), SIGKILL this much later, unless the job set its own"),
+        "after SIGTERM to a job's shells (cancel, exception), SIGKILL this much later, unless the job set its own; \
+         processes still in a job's cgroup this long after SIGKILL are unkillable: the job ends, the node is drained"),
     attr("exec.kill-timeout-max", Kind::Duration, is("60s"), CommandLine,
         "the longest kill timeout a job may ask for (-o kill-timeout; at least exec.kill-timeout): longer is refused"),
     attr("sched.policy", Kind::Enum(SchedPolicy::NAMES), is("easy"), CommandLine,
@@ -513,7 +514,8 @@ pub struct BrokerConfig {
     pub gpus: Option<u32>,
     /// `resource.discovery`.
     pub discovery: Discovery,
-    /// `exec.kill-timeout`, seconds (may be infinite): SIGTERM to SIGKILL.
+    /// `exec.kill-timeout`, seconds (may be infinite): SIGTERM to SIGKILL, and on each node, SIGKILL of a job's
+    /// cgroup to the verdict that what is left in it is unkillable (`broker/unkillable.rs`).
     pub kill_timeout: f64,
     /// `exec.kill-timeout-max`, seconds (may be infinite): the most a job's own `kill-timeout` may be; the
     /// instance's `exec.kill-timeout` is always allowed too.

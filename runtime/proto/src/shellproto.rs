@@ -386,6 +386,12 @@ pub struct ShellExit {
     /// report came).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended: Option<f64>,
+    /// Processes still in the shell's cgroup `exec.kill-timeout` after its broker killed the cgroup
+    /// (`cgroup.kill`, when the shell ended): their pids, as the broker listed them then. Empty when the cgroup
+    /// emptied, or where there is none. Rank 0 drains the node (`unkillable tasks of job ID`) and notes it in the
+    /// job's eventlog (docs/failure-detection.md, "Unkillable tasks"). Absent from older brokers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unkillable: Vec<u32>,
 }
 
 /// One chunk of task output: a line, or part of one. Output is carried byte for byte: a chunk that is not

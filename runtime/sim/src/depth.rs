@@ -88,7 +88,10 @@ pub fn core_cycle(depth: usize, jobs: usize) -> Figures {
         t += 1e-4;
         let (id, rank) = shells.pop_front().expect("a running shell");
         let report = ShellReport { status: 0, tasks: vec![], error: None, abort_code: None, usage: None, ended: None };
-        c.shell_exit(t, ShellExit { id: id.0, rank, report: Some(report), shell_status: 0, ended: None });
+        c.shell_exit(
+            t,
+            ShellExit { id: id.0, rank, report: Some(report), shell_status: 0, ended: None, unkillable: vec![] },
+        );
         drain(&mut c, &mut shells, t);
         c.submit(t, SubmitRequest::new(&spec, 1000)).expect("submit");
         drain(&mut c, &mut shells, t);

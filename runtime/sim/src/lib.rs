@@ -592,7 +592,7 @@ impl Sim {
                 if self.nodes[n as usize].shells.remove(&id).is_some() {
                     let report =
                         ShellReport { status, tasks: vec![], error: None, abort_code: None, usage: None, ended: None };
-                    self.deliver(n, Input::ShellDone { id, report: Some(report), status: 0 });
+                    self.deliver(n, Input::ShellDone { id, report: Some(report), status: 0, lingering: vec![] });
                 }
             }
             Ev::Resume(n) => self.resume(n),

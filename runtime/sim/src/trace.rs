@@ -29,6 +29,7 @@ pub(crate) fn kind(i: &Input) -> u64 {
         Input::LocalNew { .. } => 7,
         Input::ShellStarted { id, .. } => 8 + id.0 * 256,
         Input::ShellDone { id, .. } => 9 + id.0 * 256,
+        Input::CgroupEmptied(id) => 26 + id.0 * 256,
         Input::InitialExit(_) => 10,
         Input::Signal(_) => 11,
         Input::AckSamples(v) => 12 + v.len() as u64 * 256 + v.iter().map(|x| u64::from(x.1)).sum::<u64>(),

@@ -215,8 +215,13 @@ pub enum Input {
     LocalNew { id: u32, uid: u32 },
     /// The job shell asked for with [`Effect::SpawnShell`] runs as this pid, or could not be started.
     ShellStarted { id: JobId, result: Result<i32, String> },
-    /// The job shell of `id` exited with this wait status; `report` is what it wrote on stdout.
-    ShellDone { id: JobId, report: Option<ShellReport>, status: i32 },
+    /// The job shell of `id` exited with this wait status; `report` is what it wrote on stdout. `lingering`: the
+    /// pids still in its cgroup after the driver killed it (`cgroup.kill`), empty when it emptied (or there is no
+    /// cgroup); then the report waits for [`Input::CgroupEmptied`] or `exec.kill-timeout` (`unkillable.rs`).
+    ShellDone { id: JobId, report: Option<ShellReport>, status: i32, lingering: Vec<u32> },
+    /// The cgroup of job `id`'s shell, which still held processes when the shell ended ([`Input::ShellDone`]'s
+    /// `lingering`), is empty now.
+    CgroupEmptied(JobId),
     /// The initial program exited with this code.
     InitialExit(i32),
     /// The broker process received this signal.
@@ -532,6 +537,8 @@ pub struct Broker {
     pub orphans: BTreeMap<u32, (Time, u32)>,
     /// Job shells' exit reports not yet answered by rank 0, by matchtag (sent again after a re-parent).
     pub exit_reports: BTreeMap<u32, Message>,
+    /// Job shells' exit reports held while their cgroup still holds processes (`unkillable.rs`).
+    pub lingering: super::unkillable::Lingering,
     /// Ranks rank 0 announced lost (`overlay.lost` events) and not seen back since: an orphan asks them last.
     pub known_lost: BTreeSet<u32>,
     /// Children this broker judged lost whose loss rank 0 has not announced yet (no `overlay.lost` event naming
@@ -645,6 +652,7 @@ impl Broker {
             reparenting: None,
             orphans: BTreeMap::new(),
             exit_reports: BTreeMap::new(),
+            lingering: Default::default(),
             known_lost: BTreeSet::new(),
             lost_reports: BTreeMap::new(),
             reparent_report: None,
@@ -1053,18 +1061,26 @@ impl Broker {
                     }
                 }
             }
-            Input::ShellDone { id, report, status } => {
+            Input::ShellDone { id, report, status, lingering } => {
                 self.shells.remove(&id);
                 // When its tasks ended: the shell says (it may have waited long after them to deliver output to a
                 // restarting rank 0); else now.
                 let ended = Some(report.as_ref().and_then(|r| r.ended).unwrap_or_else(|| self.wall()));
-                let exit = ShellExit { id: id.0, rank: self.rank(), report, shell_status: status, ended };
-                // Answered by rank 0, and kept until then: a report lost in flight with a router that died is
-                // sent again once this broker has re-parented (rank 0 takes a report once).
-                let m = Message::request(crate::shellproto::TOPIC_SHELL_EXIT, 0, &exit);
-                let tag = self.next_tag;
-                self.exit_reports.insert(tag, m.clone());
-                self.internal_request_msg(m, Internal::ShellExit);
+                let exit =
+                    ShellExit { id: id.0, rank: self.rank(), report, shell_status: status, ended, unkillable: vec![] };
+                if lingering.is_empty() {
+                    self.send_shell_exit(exit);
+                } else {
+                    // Its end is reported once they are gone, or exec.kill-timeout from now (unkillable.rs).
+                    let timeout = self.opts.config.kill_timeout;
+                    info!("job {id}: processes {lingering:?} still in its cgroup after SIGKILL; waiting up to {timeout} s");
+                    self.lingering.hold(self.now, timeout, exit, lingering);
+                }
+            }
+            Input::CgroupEmptied(id) => {
+                if let Some(exit) = self.lingering.emptied(id) {
+                    self.send_shell_exit(exit);
+                }
             }
             Input::InitialExit(code) => {
                 info!("initial program exited with code {code}");
@@ -1163,6 +1179,29 @@ impl Broker {
         self.route_request(SELF, m);
     }
 
+    /// Send job shell exit report `exit` to rank 0. Answered by rank 0, and kept until then: a report lost in
+    /// flight with a router that died is sent again once this broker has re-parented (rank 0 takes a report once).
+    pub(super) fn send_shell_exit(&mut self, exit: ShellExit) {
+        let m = Message::request(crate::shellproto::TOPIC_SHELL_EXIT, 0, &exit);
+        let tag = self.next_tag;
+        self.exit_reports.insert(tag, m.clone());
+        self.internal_request_msg(m, Internal::ShellExit);
+    }
+
+    /// The exit reports whose cgroup did not empty within `exec.kill-timeout` go now, naming what is left
+    /// (`unkillable.rs`).
+    pub(super) fn expire_lingering(&mut self) {
+        for exit in self.lingering.expire(self.now) {
+            warn!(
+                "job {}: processes {:?} still in its cgroup exec.kill-timeout after SIGKILL: unkillable; rank 0 \
+                 drains this node",
+                JobId(exit.id),
+                exit.unkillable
+            );
+            self.send_shell_exit(exit);
+        }
+    }
+
     /// When the broker should next get [`Input::Timer`], if ever.
     pub fn next_deadline(&self) -> Option<Time> {
         let mut t: Option<Time> = None;
@@ -1182,6 +1221,9 @@ impl Broker {
             earliest(Time::from_secs_f64(d));
         }
         if let Some(d) = self.confirm.next_deadline() {
+            earliest(d);
+        }
+        if let Some(d) = self.lingering.next_deadline() {
             earliest(d);
         }
         if let Some(d) = self.orphan_deadline() {

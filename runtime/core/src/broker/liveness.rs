@@ -312,6 +312,9 @@ impl Broker {
         if self.confirm.next_deadline().is_some_and(|d| d <= self.now) {
             self.expire_confirmations();
         }
+        if self.lingering.next_deadline().is_some_and(|d| d <= self.now) {
+            self.expire_lingering();
+        }
         if self.shutting_down.is_none() && self.now >= self.next_heartbeat {
             self.heartbeat();
             sampled = true;

@@ -37,5 +37,6 @@ pub mod store;
 pub mod testing;
 #[cfg(test)]
 mod tests;
+pub mod unkillable;
 
 pub use self::options::BrokerOptions;

@@ -155,9 +155,11 @@ impl Broker {
         }
     }
 
-    /// The jobs this broker has a shell or an unanswered exit report for, ascending (in `resource.register`).
+    /// The jobs this broker has a shell or an unanswered (or held, `unkillable.rs`) exit report for, ascending (in
+    /// `resource.register`).
     pub fn attached_jobs(&self) -> Vec<u64> {
         let mut ids: std::collections::BTreeSet<u64> = self.shells.iter().map(|j| j.0).collect();
+        ids.extend(self.lingering.jobs().map(|j| j.0));
         for m in self.exit_reports.values() {
             if let Some(id) = m.json().get("id").and_then(Value::as_u64) {
                 ids.insert(id);

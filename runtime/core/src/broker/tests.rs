@@ -270,7 +270,7 @@ fn rexec_spawn_is_answered_when_the_driver_has_started_the_shell() {
         usage: None,
         ended: None,
     };
-    b.handle(t(0.2), Input::ShellDone { id, report: Some(report), status: 0 });
+    b.handle(t(0.2), Input::ShellDone { id, report: Some(report), status: 0, lingering: vec![] });
     effects(&mut b);
     let job = &b.jobcore.as_ref().expect("rank 0").jobs[&id];
     assert_eq!((job.state, job.status), (crate::jobs::JobState::Inactive, Some(0)));
@@ -654,7 +654,10 @@ fn requests_sent_up_through_a_lost_parent_get_ehostunreach_from_the_orphan() {
         usage: None,
         ended: None,
     };
-    b.handle(t(0.02), Input::ShellDone { id: crate::jobs::JobId(7), report: Some(report), status: 0 });
+    b.handle(
+        t(0.02),
+        Input::ShellDone { id: crate::jobs::JobId(7), report: Some(report), status: 0, lingering: vec![] },
+    );
     effects(&mut b);
 
     b.handle(t(0.05), Input::Closed(Peer::Parent, 0, "connection reset".into()));
@@ -1024,7 +1027,10 @@ fn brokers_below_a_re_parented_rank_send_their_unanswered_exit_reports_again() {
         usage: None,
         ended: None,
     };
-    b.handle(t(1.0), Input::ShellDone { id: crate::jobs::JobId(42), report: Some(report), status: 0 });
+    b.handle(
+        t(1.0),
+        Input::ShellDone { id: crate::jobs::JobId(42), report: Some(report), status: 0, lingering: vec![] },
+    );
     let reports = |out: &[Effect]| {
         out.iter()
             .filter(|e| matches!(e, Effect::Send(Peer::Parent, m) if m.topic == crate::shellproto::TOPIC_SHELL_EXIT))
@@ -1362,7 +1368,7 @@ fn shell_done(b: &mut Broker, now: Time, id: u64) -> Vec<Effect> {
         usage: None,
         ended: None,
     };
-    b.handle(now, Input::ShellDone { id: crate::jobs::JobId(id), report: Some(report), status: 0 });
+    b.handle(now, Input::ShellDone { id: crate::jobs::JobId(id), report: Some(report), status: 0, lingering: vec![] });
     effects(b)
 }
 
@@ -2356,4 +2362,37 @@ fn the_metrics_snapshot_counts_ranks_verdicts_and_jobs() {
     let m = b.metrics();
     assert!(m.instance.expect("instance").ranks.contains(&("lost", 1)));
     assert!(m.verdicts.contains(&(PeerState::Lost, Rule::ProbeMisses, 1)), "{:?}", m.verdicts);
+}
+
+/// Unkillable tasks on a shell's node (`unkillable.rs`), in virtual time: the exit report of a shell whose cgroup
+/// still holds processes after `cgroup.kill` is held (the job keeps its resources) and goes when the cgroup
+/// empties; one whose cgroup never empties goes `exec.kill-timeout` after the shell's end, naming the pids left.
+#[test]
+fn a_shell_exit_report_waits_for_its_cgroup_to_empty_up_to_the_kill_timeout() {
+    use crate::shellproto::TOPIC_SHELL_EXIT;
+    let mut b = graced(3);
+    b.opts.config.kill_timeout = 2.0;
+    let done = |b: &mut Broker, now: Time, id: u64, lingering: Vec<u32>| {
+        b.handle(now, Input::ShellDone { id: crate::jobs::JobId(id), report: None, status: 9, lingering });
+        effects(b)
+    };
+    // Job 5's cgroup empties half a second after its shell's end: the report goes then, as it is.
+    assert!(sent_up(&done(&mut b, t(1.0), 5, vec![100]), TOPIC_SHELL_EXIT).is_empty());
+    assert_eq!(b.attached_jobs(), vec![5], "a held report keeps its job attached");
+    b.handle(t(1.5), Input::CgroupEmptied(crate::jobs::JobId(5)));
+    let out = effects(&mut b);
+    let sent = sent_up(&out, TOPIC_SHELL_EXIT);
+    assert_eq!(sent.len(), 1, "{out:?}");
+    assert_eq!((sent[0].json()["id"].clone(), sent[0].json().get("unkillable").cloned()), (json!(5), None));
+    // Job 6's never does: nothing until 2 s after its shell's end, then the report with the pids left.
+    assert!(sent_up(&done(&mut b, t(2.0), 6, vec![200, 201]), TOPIC_SHELL_EXIT).is_empty());
+    assert!(sent_up(&run_to(&mut b, t(3.999)), TOPIC_SHELL_EXIT).is_empty());
+    let out = run_to(&mut b, t(4.0));
+    let sent = sent_up(&out, TOPIC_SHELL_EXIT);
+    assert_eq!(sent.len(), 1, "{out:?}");
+    assert_eq!((sent[0].json()["id"].clone(), sent[0].json()["unkillable"].clone()), (json!(6), json!([200, 201])));
+    // Its cgroup empties at last: nothing more goes up. A shell whose cgroup emptied at once reports at once.
+    b.handle(t(9.0), Input::CgroupEmptied(crate::jobs::JobId(6)));
+    assert!(sent_up(&effects(&mut b), TOPIC_SHELL_EXIT).is_empty());
+    assert_eq!(sent_up(&done(&mut b, t(10.0), 7, vec![]), TOPIC_SHELL_EXIT).len(), 1);
 }

@@ -248,6 +248,10 @@ impl JobCore {
                 }
             }
         }
+        if !exit.unkillable.is_empty() {
+            // Processes its node could not kill (unkillable.rs): the node is drained before the job frees it.
+            self.unkillable(now, id, exit.rank, &host, &exit.unkillable);
+        }
         self.journal_shell_exit(now, id, exit.rank);
         self.maybe_finish(now, id);
         self.rearm(id);

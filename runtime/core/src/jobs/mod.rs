@@ -18,6 +18,7 @@
 //! | `nested.rs` | critical-rank rules for the brokers of a nested instance |
 //! | `timers.rs` | time limits and the warning before them (`--signal`), exit-timeout, SIGKILL escalation, from an ordered index of deadlines |
 //! | `kills.rs` | a kill that could not reach its rank goes once the rank is reachable again |
+//! | `unkillable.rs` | a shell whose node could not kill its processes: the node drained, the job ended anyway |
 //! | `update.rs` | a job changed after submission (`vigil update`): time limit, name, urgency |
 //! | `submit_key.rs` | a submission sent again with its key makes no second job |
 //! | `submit.rs` | submission: validation, the refusals of [`SubmitError`], job ids |
@@ -56,6 +57,7 @@ pub mod state;
 mod submit;
 pub mod submit_key;
 mod timers;
+mod unkillable;
 pub mod update;
 mod urgency;
 
@@ -76,6 +78,7 @@ pub use requeue::DEFAULT_MAX_REQUEUE;
 pub use state::JobState;
 pub use submit::{SubmitError, SubmitRequest};
 pub use submit_key::{SubmitKey, Submitted, SUBMIT_KEY_MAX};
+pub use unkillable::{unkillable_reason, UNKILLABLE_EXCEPTION, UNKILLABLE_SEVERITY};
 pub use urgency::{DEFAULT_URGENCY, MAX_URGENCY};
 
 /// Default `exit-timeout`: after the first task exits, the others have this long (seconds).

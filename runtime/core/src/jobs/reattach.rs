@@ -442,6 +442,7 @@ mod tests {
             }),
             shell_status: 0,
             ended,
+            unkillable: vec![],
         };
         join(&mut c, T0 + 30.0, 1, &[a]);
         join(&mut c, T0 + 30.0, 2, &[a]);

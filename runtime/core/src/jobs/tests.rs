@@ -63,6 +63,7 @@ pub(super) fn exit_shell(c: &mut JobCore, t: f64, id: JobId, rank: u32, status: 
             }),
             shell_status: 0,
             ended: None,
+            unkillable: vec![],
         },
     );
 }
@@ -293,7 +294,10 @@ fn shell_failures_are_fatal_and_never_hang() {
     // A shell that dies without writing its report.
     let id = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(2)), 0)).unwrap().id;
     actions(&mut c);
-    c.shell_exit(T0 + 1.0, ShellExit { id: id.0, rank: 1, report: None, shell_status: 11, ended: None });
+    c.shell_exit(
+        T0 + 1.0,
+        ShellExit { id: id.0, rank: 1, report: None, shell_status: 11, ended: None, unkillable: vec![] },
+    );
     let e = c.jobs[&id].fatal.clone().unwrap();
     assert!(e.note.contains("rank 1") && e.note.contains("without reporting"), "{e:?}");
     exit_shell(&mut c, T0 + 2.0, id, 0, 15);

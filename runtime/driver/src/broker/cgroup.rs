@@ -275,6 +275,44 @@ impl EndedCgroup {
     pub(crate) fn remove(self) {
         let _ = remove_when_empty(&self.dir);
     }
+
+    /// The pids still in it or below, waiting up to `wait` for the killed processes to leave (they do within
+    /// milliseconds, unless one is in uninterruptible sleep: `unkillable.rs` in the broker's core). Empty once
+    /// `cgroup.events` says it is not populated (or the cgroup is gone).
+    pub(crate) fn left_after(&self, wait: std::time::Duration) -> Vec<u32> {
+        let start = std::time::Instant::now();
+        loop {
+            if !self.populated() {
+                return Vec::new();
+            }
+            if start.elapsed() >= wait {
+                return pids_below(&self.dir);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+
+    /// Whether a process is still in it or below (`populated 1` in `cgroup.events`; false if it cannot be read).
+    pub(crate) fn populated(&self) -> bool {
+        std::fs::read_to_string(self.dir.join("cgroup.events"))
+            .is_ok_and(|s| s.lines().any(|l| l.trim() == "populated 1"))
+    }
+}
+
+/// Every pid in cgroup `dir` and its descendants (`cgroup.procs` of each), ascending.
+fn pids_below(dir: &Path) -> Vec<u32> {
+    let mut pids: Vec<u32> = std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())) {
+            pids.extend(pids_below(&e.path()));
+        }
+    }
+    pids.sort_unstable();
+    pids
 }
 
 /// What the kernel accounted for cgroup `dir`: CPU time (`cpu.stat`, present in every cgroup2 cgroup) and peak

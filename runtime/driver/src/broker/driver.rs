@@ -61,10 +61,17 @@ pub(crate) enum Event {
         id: JobId,
         result: Result<i32, String>,
     },
+    /// Job `id`'s shell ended: its report, its wait status, and the pids still in its cgroup after it was killed
+    /// (`shells.rs`; empty once it emptied).
     ShellDone {
         id: JobId,
         report: Option<ShellReport>,
         status: i32,
+        lingering: Vec<u32>,
+    },
+    /// Job `id`'s cgroup, which still held processes when its shell ended, is empty now (`shells.rs`).
+    CgroupEmptied {
+        id: JobId,
     },
     InitialStarted(i32),
     InitialExit(i32),
@@ -108,6 +115,7 @@ impl Event {
             Event::LocalNew { .. } => "a local connection".into(),
             Event::ShellStarted { id, .. } => format!("job {id}'s shell started"),
             Event::ShellDone { id, .. } => format!("job {id}'s shell ended"),
+            Event::CgroupEmptied { id } => format!("job {id}'s cgroup emptied"),
             Event::InitialStarted(_) | Event::InitialExit(_) => "the initial program".into(),
             Event::EnclosingLost { .. } => "the enclosing instance's lost nodes".into(),
             Event::Synced { .. } => "an fsync".into(),
@@ -804,10 +812,11 @@ impl Driver {
                 self.step(Input::LocalNew { id, uid });
             }
             Event::ShellStarted { id, result } => self.step(Input::ShellStarted { id, result }),
-            Event::ShellDone { id, report, status } => {
+            Event::ShellDone { id, report, status, lingering } => {
                 self.shells.ended(id);
-                self.step(Input::ShellDone { id, report, status });
+                self.step(Input::ShellDone { id, report, status, lingering });
             }
+            Event::CgroupEmptied { id } => self.step(Input::CgroupEmptied(id)),
             Event::InitialStarted(pgid) => {
                 self.initial_pgid = Some(pgid);
                 // For `vigil start`, which outlives a killed rank 0 and then ends what it started.

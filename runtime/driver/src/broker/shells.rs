@@ -353,12 +353,48 @@ async fn watch(id: JobId, l: Launched, input: ShellInput, tmpdir: PathBuf, tx: m
     if let (Some(a), None) = (alloc_dir, &report) {
         let _ = std::fs::remove_dir_all(a);
     }
-    let _ = tx.send(Event::ShellDone { id, report, status });
-    // The empty cgroup goes after the job's end is reported: nothing waits for it.
-    if let Some(rest) = ended {
+    // What is still in the cgroup a moment after `cgroup.kill`: the broker's core holds the report while any is
+    // left, up to exec.kill-timeout (the core's `broker/unkillable.rs`), and hears here when the cgroup empties.
+    let (ended, lingering) = match ended {
+        Some(rest) => tokio::task::spawn_blocking(move || {
+            let left = rest.left_after(LEAVE_WAIT);
+            (Some(rest), left)
+        })
+        .await
+        .unwrap_or((None, Vec::new())),
+        None => (None, Vec::new()),
+    };
+    let stuck = !lingering.is_empty();
+    let _ = tx.send(Event::ShellDone { id, report, status, lingering });
+    let Some(rest) = ended else { return };
+    if stuck {
+        // Looked at again and again, less often as time goes by (a process in uninterruptible sleep may never
+        // leave); the cgroup goes once it is empty.
+        let mut every = std::time::Duration::from_millis(10);
+        let mut rest = rest;
+        loop {
+            tokio::time::sleep(every).await;
+            every = (every * 2).min(std::time::Duration::from_secs(1));
+            let Ok((populated, r)) = tokio::task::spawn_blocking(move || (rest.populated(), rest)).await else {
+                return;
+            };
+            rest = r;
+            if !populated {
+                break;
+            }
+        }
+        info!("job {id}: its cgroup is empty at last");
+        let _ = tx.send(Event::CgroupEmptied { id });
         let _ = tokio::task::spawn_blocking(move || rest.remove()).await;
+        return;
     }
+    // The empty cgroup goes after the job's end is reported: nothing waits for it.
+    let _ = tokio::task::spawn_blocking(move || rest.remove()).await;
 }
+
+/// How long a shell's killed cgroup has to empty before its end is reported as leaving processes behind (which
+/// the broker's core then waits for, up to exec.kill-timeout): killed processes leave within milliseconds.
+const LEAVE_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A job shell's process as the driver keeps it, however it was started: its pid (also its process group), the
 /// broker's ends of its stdin and stdout, and its raw wait status once it has exited.
