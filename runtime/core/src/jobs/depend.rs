@@ -279,7 +279,7 @@ impl JobCore {
                 }
                 Verdict::Never(why) => {
                     self.depend_forget(id);
-                    let note = format!("dependency {} can never be satisfied: {why}", d.description());
+                    let note = format!("{} can never be satisfied: {why}", d.description());
                     let exc = Exception { kind: "dependency".into(), severity: 0, note };
                     if self.drop_pending(now, id, exc) {
                         self.depend.released = true; // it held nothing, but say a pass is due all the same

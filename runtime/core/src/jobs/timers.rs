@@ -149,7 +149,8 @@ impl JobCore {
             } else if let (Some(f), Some(t)) = (j.exit_clock, j.exit_timeout) {
                 if now >= f + t {
                     let lim = fmt_limit(t);
-                    // Each shell's task ranks are those the job's task map gave it.
+                    // Each shell's task ranks are those the job's task map gave it; a shell reports its end only
+                    // when all of its tasks have ended, so of a shell with several, one or more still run.
                     let mut shells: Vec<_> = j.shells.values().collect();
                     shells.sort_by_key(|s| s.shell_rank);
                     let mut named = Vec::new();
@@ -164,7 +165,7 @@ impl JobCore {
                             let t = match s.tasks.len() {
                                 0 => String::new(),
                                 1 => format!(", task {}", s.tasks),
-                                _ => format!(", tasks {}", s.tasks),
+                                _ => format!(", one or more of tasks {}", s.tasks),
                             };
                             named.push(format!("{host} (broker rank {}{t})", s.rank));
                         }
