@@ -1,8 +1,8 @@
 //! `vigil history`: ended jobs' records, purged ones too (`jobs/history.rs`, `job-manager.history`), as Slurm's
 //! `sacct` lists them: by time range, user, name and result, in a table, a `--format` or JSON.
 
-use super::jobcmd::{user_id, user_name};
-use super::jobsfmt::{parse_since, Ctx, Format};
+use super::jobcmd::{print_jobs, user_id};
+use super::jobsfmt::{parse_since, Format};
 use clap::Args;
 use serde_json::json;
 
@@ -107,22 +107,7 @@ pub(crate) async fn history(a: HistoryArgs) -> Result<i32, String> {
             "vigil: the answer was cut at rank 0's bound; narrow it (--since, --until, -c) for the older records"
         );
     }
-    if a.json {
-        println!("{r}");
-        return Ok(0);
-    }
-    if !a.no_header {
-        println!("{}", format.header());
-    }
-    let names = std::cell::RefCell::new(std::collections::HashMap::new());
-    let user = |uid: u32| names.borrow_mut().entry(uid).or_insert_with(|| user_name(uid)).clone();
-    let ctx = Ctx { now, user: &user };
-    let mut out = String::new();
-    for j in r["jobs"].as_array().map(Vec::as_slice).unwrap_or_default() {
-        out.push_str(&format.line(j, &ctx));
-        out.push('\n');
-    }
-    print!("{out}");
+    print_jobs(&r, &format, now, a.json, a.no_header);
     Ok(0)
 }
 

@@ -73,7 +73,7 @@ pub(crate) fn user_id(u: &str) -> Result<Option<u32>, String> {
 
 /// `vigil jobs`.
 pub(crate) async fn jobs(a: JobsArgs) -> Result<i32, String> {
-    use crate::cli::jobsfmt::{Ctx, Format, States, DEFAULT_FORMAT};
+    use crate::cli::jobsfmt::{Format, States, DEFAULT_FORMAT};
     let now = crate::broker_now();
     // Every option is checked before the instance is asked anything.
     let format = Format::parse(a.format.as_deref().unwrap_or(DEFAULT_FORMAT)).map_err(|e| format!("--format: {e}"))?;
@@ -107,18 +107,28 @@ pub(crate) async fn jobs(a: JobsArgs) -> Result<i32, String> {
             list.truncate(n);
         }
     }
-    if a.json {
+    print_jobs(&r, &format, now, a.json, a.no_header);
+    Ok(0)
+}
+
+/// Print an answer that holds a `jobs` array (`job-manager.list`, `job-manager.history`) as `vigil jobs` and `vigil
+/// history` do: the whole answer as JSON with `json`; else a header line (unless `no_header`) and one line per job in
+/// `format`, `now` being the broker's clock (seconds since the epoch), each user's name looked up once.
+pub(crate) fn print_jobs(r: &Value, format: &crate::cli::jobsfmt::Format, now: f64, json: bool, no_header: bool) {
+    if json {
         println!("{r}");
-        return Ok(0);
+        return;
     }
-    if !a.no_header {
+    if !no_header {
         println!("{}", format.header());
     }
     let names = std::cell::RefCell::new(std::collections::HashMap::new());
     let user = |uid: u32| names.borrow_mut().entry(uid).or_insert_with(|| user_name(uid)).clone();
-    let ctx = Ctx { now, user: &user };
-    for j in r["jobs"].as_array().cloned().unwrap_or_default() {
-        println!("{}", format.line(&j, &ctx));
+    let ctx = crate::cli::jobsfmt::Ctx { now, user: &user };
+    let mut out = String::new();
+    for j in r["jobs"].as_array().map(Vec::as_slice).unwrap_or_default() {
+        out.push_str(&format.line(j, &ctx));
+        out.push('\n');
     }
-    Ok(0)
+    print!("{out}");
 }
