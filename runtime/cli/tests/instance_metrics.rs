@@ -180,3 +180,61 @@ fn prometheus_scrapes_rank_0_and_sees_a_killed_broker_lost() {
         t0.elapsed().as_secs_f64()
     );
 }
+
+#[test]
+fn a_killed_brokers_lost_verdict_is_timed_from_the_event_its_detector_saw() {
+    let port = free_port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let listen = format!("metrics.listen={addr}");
+    let inst = Instance::start(4, &[&listen, "metrics.ranks=0"]);
+    assert!(wait_for(Duration::from_secs(20), || {
+        let (code, text) = http(addr, "GET", "/metrics");
+        code == 200 && value(&text, "vigil_peers{state=\"online\"}") == Some(3.0)
+    }));
+    // The kernel's TCP events time a verdict made on a link's end of file: wait for the eBPF detectors to load.
+    let ebpf =
+        wait_for(Duration::from_secs(20), || inst.vigil(&["uptime"]).stdout.contains("detectors (rank 0): tcp ebpf"));
+    if !ebpf {
+        eprintln!("SKIP: no eBPF TCP detector on this machine: {}", inst.vigil(&["uptime"]).stdout);
+        return;
+    }
+    // No family until a verdict is timed.
+    let (_, text) = http(addr, "GET", "/metrics");
+    assert!(!text.contains("vigil_verdict_latency_seconds"), "{text}");
+    // Rank 2 is one of rank 0's children in every topology of 4 brokers: rank 0's judge makes its verdict.
+    let pid = inst.vigil(&["getattr", "-r", "2", "broker.pid"]);
+    pid.ok();
+    let pid: i32 = pid.stdout.trim().parse().expect("pid");
+    let t0 = Instant::now();
+    // SAFETY: kill(2) of a process this test's instance started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let lost = |text: &str| {
+        text.lines()
+            .filter(|l| l.starts_with("vigil_verdicts_total{state=\"lost\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    assert!(wait_for(Duration::from_secs(30), || lost(&http(addr, "GET", "/metrics").1) == 1.0));
+    let waited = t0.elapsed().as_secs_f64();
+    let (_, text) = http(addr, "GET", "/metrics");
+    // The one lost verdict, by whichever detector saw the death first: timed if that detector knew when it
+    // happened (the kernel's exit report, its TCP close, the responder's reply that the broker is dead).
+    let rule = text
+        .lines()
+        .find(|l| l.starts_with("vigil_verdicts_total{state=\"lost\"") && l.ends_with(" 1"))
+        .and_then(|l| l.split("rule=\"").nth(1)?.split('"').next())
+        .expect("the lost verdict's rule")
+        .to_string();
+    let series =
+        |s: &str| value(&text, &format!("vigil_verdict_latency_seconds_{s}{{state=\"lost\",rule=\"{rule}\"}}"));
+    let (Some(count), Some(sum)) = (series("count"), series("sum")) else {
+        panic!("the lost verdict (rule {rule}) was not timed:\n{text}");
+    };
+    assert_eq!(count, 1.0, "{text}");
+    // From the event to the verdict: after the kill, within the wait for it (and never negative).
+    assert!((0.0..=waited).contains(&sum), "latency {sum} s, verdict seen {waited:.3} s after the kill:\n{text}");
+    let inf =
+        value(&text, &format!("vigil_verdict_latency_seconds_bucket{{le=\"+Inf\",state=\"lost\",rule=\"{rule}\"}}"));
+    assert_eq!(inf, Some(1.0), "{text}");
+    eprintln!("kill -9 of rank 2: lost by rule {rule}, {:.2} ms after the event", sum * 1e3);
+}

@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 pub use vigil_core::broker::BrokerOptions;
+use vigil_core::membership::PeerState;
 
 /// What the driver's tasks report, through its one channel.
 pub(crate) enum Event {
@@ -128,6 +129,10 @@ impl Event {
     }
 }
 
+/// How long a lost verdict made with no event time waits for a kernel TCP event to time it ([`Driver::time_late`]),
+/// ns.
+const LATE_EVENT_NS: u64 = 5_000_000_000;
+
 /// A turn of the loop that takes this long (seconds) is logged at debug level with what it handled: the loop
 /// is the judge, and a verdict waits for it.
 const SLOW_TURN: f64 = 0.05;
@@ -170,6 +175,15 @@ pub(crate) struct Driver {
     detect_rx: Option<mpsc::UnboundedReceiver<super::detect::DetectInput>>,
     /// Time from a prober report to its turn in the loop (`vigil_detect_report_delay_seconds`).
     report_delay: prometheus_client::metrics::histogram::Histogram,
+    /// What the metrics endpoint shows beside the broker's snapshot; here for the time from a detected event to
+    /// the verdict on it (`vigil_verdict_latency_seconds`, [`Driver::step_timed`]).
+    observed: super::metrics::Observed,
+    /// Lost verdicts on children made on an input that carried no event time (the link's end of file or reset, as
+    /// its reader read it), by rank: when (`CLOCK_MONOTONIC` ns) and by which rule. A kernel TCP event on that link
+    /// arriving after them tells when the connection ended, and times them then ([`Driver::time_late`]).
+    untimed_lost: HashMap<u32, (u64, vigil_core::membership::Rule)>,
+    /// Lost verdicts by rule already accounted for: timed at once, or noted in `untimed_lost`.
+    lost_seen: std::collections::BTreeMap<vigil_core::membership::Rule, u64>,
     /// The loop's scheduling, on the machine's detector owner (`priority.rs`).
     loop_priority: Option<String>,
     /// Processes the broker asked to watch (`detect.watch`).
@@ -257,7 +271,7 @@ async fn run_inner(opts: BrokerOptions, io: DriverOptions) -> Result<i32, String
         metrics,
     };
     let (store, statedir, kept) = open_statedir(&opts)?;
-    let (syncer, writer) = start_store_threads(store, &input_tx, observed.fsync)?;
+    let (syncer, writer) = start_store_threads(store, &input_tx, observed.fsync.clone())?;
     let origin = Instant::now();
     let mut d = Driver {
         broker: Broker::new(opts, env, Time::ZERO),
@@ -280,6 +294,9 @@ async fn run_inner(opts: BrokerOptions, io: DriverOptions) -> Result<i32, String
         detect: None,
         detect_rx: None,
         report_delay: observed.report_delay.clone(),
+        observed: observed.clone(),
+        untimed_lost: HashMap::new(),
+        lost_seen: std::collections::BTreeMap::new(),
         loop_priority: None,
         watched: HashSet::new(),
         upgrades,
@@ -672,6 +689,56 @@ impl Driver {
         }
     }
 
+    /// [`Driver::step`] on a detector's report of an event that happened at `event_ns` (`CLOCK_MONOTONIC` ns):
+    /// each verdict the judge makes on it is timed from the event (`vigil_verdict_latency_seconds`). Only
+    /// observes: the verdicts are the broker's, by the same rules as any input.
+    fn step_timed(&mut self, input: Input, event_ns: Option<u64>) {
+        let Some(at) = event_ns else { return self.step(input) };
+        let before: Vec<_> = self.broker.membership.verdicts().collect();
+        let now = self.now();
+        self.broker.handle(now, input);
+        let latency = vigil_ebpf::monotonic_ns().saturating_sub(at) as f64 / 1e9;
+        for (state, rule, n) in self.broker.membership.verdicts() {
+            let old = before.iter().find(|b| (b.0, b.1) == (state, rule)).map_or(0, |b| b.2);
+            if n > old {
+                self.observed.verdicts_timed(state, rule, n - old, latency);
+                if state == PeerState::Lost {
+                    *self.lost_seen.entry(rule).or_default() += n - old;
+                }
+            }
+        }
+        if !self.grouping {
+            self.flush();
+        }
+    }
+
+    /// The broker forgets child `r` (`Effect::ForgetChild`): if a lost verdict on it is not accounted for yet, it
+    /// was made on an input with no event time; note it for [`Driver::time_late`].
+    pub(super) fn note_lost_verdict(&mut self, r: u32) {
+        let now = vigil_ebpf::monotonic_ns();
+        for (state, rule, n) in self.broker.membership.verdicts() {
+            let seen = self.lost_seen.entry(rule).or_default();
+            if state != PeerState::Lost || n <= *seen {
+                continue;
+            }
+            *seen += 1;
+            self.untimed_lost.retain(|_, (at, _)| now.saturating_sub(*at) < LATE_EVENT_NS);
+            self.untimed_lost.insert(r, (now, rule));
+            return;
+        }
+    }
+
+    /// A kernel event at `event_ns` ended the link to child `rank` after the lost verdict on it was made on its
+    /// reader's end of file: that verdict is timed from the event now (an event after the verdict is our own
+    /// close, not the cause, and is not used).
+    fn time_late(&mut self, rank: u32, event_ns: u64) {
+        if let Some((at, rule)) = self.untimed_lost.remove(&rank) {
+            if event_ns <= at {
+                self.observed.verdicts_timed(PeerState::Lost, rule, 1, (at - event_ns) as f64 / 1e9);
+            }
+        }
+    }
+
     /// Carry out what the broker asked for, then hand it the inputs those effects produced at once (all of them),
     /// and carry out what they asked for, until none is left.
     ///
@@ -898,7 +965,7 @@ impl Driver {
                     let body = json!({"pid": pid, "exit_code": code, "signal": signal,
                         "oom_killed": ev.oom_killed, "sender_pid": ev.sender_pid, "ktime_ns": ev.ktime_ns,
                         "source": format!("{:?}", ev.source)});
-                    self.step(Input::ProcessExit(pid, body));
+                    self.step_timed(Input::ProcessExit(pid, body), Some(ev.ktime_ns));
                 }
             }
             DetectInput::WatchFailed(pid, why) => {
@@ -945,13 +1012,15 @@ impl Driver {
                 };
                 if rank == PARENT {
                     if self.parent.is_some() {
-                        self.step(Input::Closed(Peer::Parent, 0, why));
+                        self.step_timed(Input::Closed(Peer::Parent, 0, why), Some(ev.ktime_ns));
                     }
                 } else if let Some(conn) = self.children.get(&rank).map(|c| c.conn) {
-                    self.step(Input::Closed(Peer::Child(rank), conn, why));
+                    self.step_timed(Input::Closed(Peer::Child(rank), conn, why), Some(ev.ktime_ns));
+                } else {
+                    self.time_late(rank, ev.ktime_ns);
                 }
             }
-            DetectInput::Probe(rank, sig, sent) => {
+            DetectInput::Probe(rank, sig, sent, event_ns) => {
                 let late = sent.elapsed().as_secs_f64();
                 self.report_delay.observe(late);
                 if late > 0.1 && matches!(sig, vigil_core::membership::Signal::ProbeMissed { .. }) {
@@ -960,7 +1029,7 @@ impl Driver {
                         late * 1e3
                     );
                 }
-                self.step(Input::Probe(rank, sig))
+                self.step_timed(Input::Probe(rank, sig), event_ns)
             }
         }
     }

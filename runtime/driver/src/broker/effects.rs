@@ -71,6 +71,7 @@ impl Driver {
                 self.locals.remove(&id);
             }
             Effect::ForgetChild(r) => {
+                self.note_lost_verdict(r);
                 let tuple = self.children.get(&r).and_then(|c| c.tuple);
                 if let Some(d) = self.detect.as_ref() {
                     d.prober_cmd(super::detect::ProbeCmd::Remove(r));

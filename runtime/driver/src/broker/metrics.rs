@@ -29,6 +29,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tracing::{debug, warn};
 use vigil_core::broker::metrics::Metrics;
+use vigil_core::membership::{PeerState, Rule};
 
 /// Connections served at once; more are closed as soon as they are accepted.
 pub(super) const MAX_CONNECTIONS: usize = 16;
@@ -62,6 +63,21 @@ pub(crate) struct Observed {
     /// From a prober report (a reply or a miss) to its turn in the broker's loop, seconds: how late the judge
     /// hears its detectors (a loop starved of CPU or behind on other work).
     pub report_delay: Histogram,
+    /// From the event a detector reported to the verdict this broker's judge made on it, seconds, by new state and
+    /// rule; only where the detector knows when the event happened ([`VerdictLatency`]).
+    pub verdict_latency: VerdictLatency,
+}
+
+/// `vigil_verdict_latency_seconds{state, rule}`: one histogram per verdict kind, 100 µs .. ~13 s, doubling. Timed
+/// from the event where its detector knows it: a kernel exit report (the exit's time), a kernel TCP event (reset
+/// or close; also when it follows a verdict made on the link's end of file as its reader read it), the last kernel
+/// probe reply before the misses, a kernel reply saying the broker is dead (its arrival) or its stalled heartbeat
+/// (the last beat). Verdicts with no such event (a goodbye, unacknowledged data, silence) are counted in
+/// `vigil_verdicts_total` only.
+pub(crate) type VerdictLatency = Family<VerdictLabels, Histogram, fn() -> Histogram>;
+
+fn verdict_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1e-4, 2.0, 18))
 }
 
 impl Default for Observed {
@@ -70,6 +86,18 @@ impl Default for Observed {
         Observed {
             fsync: Histogram::new(exponential_buckets(1e-4, 2.0, 16)),
             report_delay: Histogram::new(exponential_buckets(1e-4, 2.0, 16)),
+            verdict_latency: Family::new_with_constructor(verdict_histogram),
+        }
+    }
+}
+
+impl Observed {
+    /// Record that the judge made `n` verdicts to `state` by `rule`, `latency` seconds after their event.
+    pub(crate) fn verdicts_timed(&self, state: PeerState, rule: Rule, n: u64, latency: f64) {
+        let h =
+            self.verdict_latency.get_or_create(&VerdictLabels { state: state.name().into(), rule: rule.name().into() });
+        for _ in 0..n {
+            h.observe(latency);
         }
     }
 }
@@ -189,7 +217,7 @@ struct StateLabel {
 
 /// Labels `{state, rule}` of a verdict.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct VerdictLabels {
+pub(crate) struct VerdictLabels {
     state: String,
     rule: String,
 }
@@ -243,6 +271,13 @@ pub(crate) fn encode(snap: &Snapshot, observed: &Observed) -> Result<String, std
         verdicts.get_or_create(&VerdictLabels { state: s.name().into(), rule: r.name().into() }).inc_by(*n);
     }
     reg.register("verdicts", "State changes this broker's judge made, by new state and rule", verdicts);
+    reg.register_with_unit(
+        "verdict_latency",
+        "Time from the event a detector reported (an exit, a TCP reset or close, the last probe reply) to the \
+         verdict this judge made on it, by new state and rule; only where the event's time is known",
+        Unit::Seconds,
+        observed.verdict_latency.clone(),
+    );
     let lateness = Gauge::<f64, AtomicU64>::default();
     lateness.set(m.lateness);
     reg.register("judge_lateness", "This judge's lateness factor (1: on time; its timeouts stretch by it)", lateness);
@@ -329,7 +364,6 @@ fn own_usage() -> Option<(f64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vigil_core::membership::{PeerState, Rule};
 
     fn snapshot() -> Snapshot {
         Snapshot {
@@ -363,5 +397,24 @@ mod tests {
             assert!(out.contains(want), "missing {want:?} in:\n{out}");
         }
         assert!(!out.contains("vigil_ranks"), "only rank 0 has instance figures");
+    }
+
+    /// A timed verdict is a histogram series of its own state and rule, in seconds.
+    #[test]
+    fn timed_verdicts_are_a_histogram_by_state_and_rule() {
+        let observed = Observed::default();
+        observed.verdicts_timed(PeerState::Lost, Rule::ProbeMisses, 2, 0.03);
+        observed.verdicts_timed(PeerState::Lost, Rule::Closed, 1, 0.0005);
+        let out = encode(&snapshot(), &observed).expect("encoded");
+        for want in [
+            "# TYPE vigil_verdict_latency_seconds histogram",
+            "vigil_verdict_latency_seconds_count{state=\"lost\",rule=\"probe-misses\"} 2",
+            "vigil_verdict_latency_seconds_sum{state=\"lost\",rule=\"probe-misses\"} 0.06",
+            "vigil_verdict_latency_seconds_bucket{le=\"0.0512\",state=\"lost\",rule=\"probe-misses\"} 2",
+            "vigil_verdict_latency_seconds_bucket{le=\"0.0256\",state=\"lost\",rule=\"probe-misses\"} 0",
+            "vigil_verdict_latency_seconds_count{state=\"lost\",rule=\"closed\"} 1",
+        ] {
+            assert!(out.contains(want), "missing {want:?} in:\n{out}");
+        }
     }
 }

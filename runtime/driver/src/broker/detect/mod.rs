@@ -67,9 +67,11 @@ pub(crate) enum DetectInput {
     WatchFailed(u32, String),
     /// A kernel event on the overlay connection of `rank` (u32::MAX = the parent).
     Tcp(u32, TcpEvent),
-    /// A liveness signal about child `rank` from the prober, and when the prober sent it (the loop measures how
-    /// late it hears its detectors: `vigil_detect_report_delay_seconds`).
-    Probe(u32, Signal, std::time::Instant),
+    /// A liveness signal about child `rank` from the prober, when the prober sent it (the loop measures how
+    /// late it hears its detectors: `vigil_detect_report_delay_seconds`), and when the event behind it happened
+    /// (`CLOCK_MONOTONIC` ns, if known: the last reply before misses, a reply saying the broker is dead, the
+    /// last heartbeat a reply reports), which a verdict on it is timed from (`vigil_verdict_latency_seconds`).
+    Probe(u32, Signal, std::time::Instant, Option<u64>),
 }
 
 /// The detectors of one broker.

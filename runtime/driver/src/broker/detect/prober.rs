@@ -49,6 +49,9 @@ pub(super) struct ProbeTarget {
     timing: ReplyTiming,
     /// The round during which its last news came (a reply to a newer probe than any before).
     news_round: u32,
+    /// When its last news came (`CLOCK_MONOTONIC` ns; None: no reply yet): the misses after it are timed from it
+    /// (`vigil_verdict_latency_seconds`).
+    news_ns: Option<u64>,
     /// Periods of its current silence excused as correlated (`vigil_core::probe::correlated_silence`).
     excused: u32,
     /// The round of the last reply timed: a reply collected by the kernel stays in its slot and is read again
@@ -235,6 +238,7 @@ impl Prober {
             no_group: false,
             timing: self.all,
             news_round: self.round,
+            news_ns: None,
             excused: 0,
             timed_seq: 0,
         };
@@ -311,6 +315,7 @@ impl Prober {
         t.answered = p.seq;
         // News: the silence counted by the miss rule starts again.
         t.news_round = round;
+        t.news_ns = Some(now);
         t.excused = 0;
         self.newest = self.newest.max(p.seq);
         let recovered = t.missed_reported > 0;
@@ -331,10 +336,14 @@ impl Prober {
             t.kernel = Some(kernel);
             t.stalled = stalled;
             t.forwarded_ns = now;
+            // The event behind a verdict on this reply: the reply itself if it says the broker is dead, else the
+            // broker's last heartbeat (a stall's start).
+            let event_ns = if p.alive() { now.saturating_sub(p.hb_age_ns) } else { now };
             let _ = self.tx.send(DetectInput::Probe(
                 rank,
                 Signal::ProbeReply { kernel, alive: p.alive(), hb_age: age },
                 std::time::Instant::now(),
+                Some(event_ns),
             ));
         }
     }
@@ -491,6 +500,7 @@ impl Prober {
                     *r,
                     Signal::ProbeMissed { misses: missed },
                     std::time::Instant::now(),
+                    t.news_ns,
                 ));
             }
             // A grouped child that missed a round also gets a unicast probe: it double-checks over another path

@@ -93,18 +93,10 @@ pub(super) async fn tcp_task(
     let mut ranks: HashMap<TcpTuple, u32> = HashMap::new();
     loop {
         tokio::select! {
-            c = rx.recv() => match c {
-                Some(TcpCmd::Watch(rank, t)) => {
-                    if w.watch(t).is_ok() {
-                        ranks.insert(t, rank);
-                    }
-                }
-                Some(TcpCmd::Unwatch(t)) => {
-                    let _ = w.unwatch(t);
-                    ranks.remove(&t);
-                }
-                None => return,
-            },
+            // Events first: the close of a link the loop has already judged (on its reader's end of file) is
+            // still reported, and times that verdict (`vigil_verdict_latency_seconds`), though the loop's
+            // unwatch may be waiting beside it.
+            biased;
             ev = w.next_event() => match ev {
                 Some(ev) => {
                     if let Some(&r) = ranks.get(&ev.tuple) {
@@ -116,6 +108,18 @@ pub(super) async fn tcp_task(
                             return;
                         }
                     }
+                }
+                None => return,
+            },
+            c = rx.recv() => match c {
+                Some(TcpCmd::Watch(rank, t)) => {
+                    if w.watch(t).is_ok() {
+                        ranks.insert(t, rank);
+                    }
+                }
+                Some(TcpCmd::Unwatch(t)) => {
+                    let _ = w.unwatch(t);
+                    ranks.remove(&t);
                 }
                 None => return,
             },

@@ -46,7 +46,7 @@ fn reply(pr: &mut Prober, rank: u32, kind: ProbeKind) {
 fn misses(rx: &mut mpsc::UnboundedReceiver<DetectInput>) -> Vec<(u32, u32)> {
     let mut v = Vec::new();
     while let Ok(d) = rx.try_recv() {
-        if let DetectInput::Probe(r, Signal::ProbeMissed { misses }, _) = d {
+        if let DetectInput::Probe(r, Signal::ProbeMissed { misses }, ..) = d {
             v.push((r, misses));
         }
     }
@@ -128,7 +128,7 @@ fn a_childs_replies_count_once_its_reply_time_is_known() {
     let replies = |rx: &mut mpsc::UnboundedReceiver<DetectInput>| {
         let mut n = 0;
         while let Ok(d) = rx.try_recv() {
-            n += usize::from(matches!(d, DetectInput::Probe(_, Signal::ProbeReply { kernel: true, .. }, _)));
+            n += usize::from(matches!(d, DetectInput::Probe(_, Signal::ProbeReply { kernel: true, .. }, ..)));
         }
         n
     };
