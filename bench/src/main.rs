@@ -23,6 +23,9 @@
 //! - `vigil-bench sched` (module [`sched`]): throughput of 200, 10,000 and 64,000 `true` jobs queued at once
 //!   and `vigil run` latency, against a one-node Slurm 22.05 cluster started and stopped in the same run.
 //!
+//! - `vigil-bench metrics-cost` (module [`metrics_cost`]): 10,000-job throughput with rank 0's metrics endpoint
+//!   scraped every second against not scraped, alternating in the same run.
+//!
 //! - `vigil-bench restart` (module [`restart`]): rank 0 killed with SIGKILL and restarted on its state directory,
 //!   time to ready at 0, 10,000 and 100,000 kept jobs, and submit throughput with the store on and off.
 //!
@@ -53,6 +56,7 @@ mod ckpt;
 mod detect;
 mod fwq;
 mod jobcore;
+mod metrics_cost;
 mod mpi;
 mod netswitch;
 mod nodekill;
@@ -121,6 +125,9 @@ enum TopCmd {
     Mpi(mpi::MpiArgs),
     /// Job throughput at queue depth (200, 10,000, 64,000) and job latency, Vigil and Slurm in the same run.
     Sched(sched::SchedArgs),
+    /// Cost of serving metrics: 10,000-job throughput with rank 0's `/metrics` scraped every second against not
+    /// scraped, alternating in the same run.
+    MetricsCost(metrics_cost::MetricsCostArgs),
     /// Rank 0 restart to ready (kill -9, restart on its state directory) at 0, 10,000, 100,000 jobs, and submit
     /// throughput with the store on and off.
     Restart(restart::RestartArgs),
@@ -345,6 +352,7 @@ fn main() {
         Some(TopCmd::Inner(InnerCmd::ProbeCost(a))) => detect::inner_cost(a),
         Some(TopCmd::Mpi(a)) => report(mpi::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Sched(a)) => report(sched::run(&a, cli.vigil, cli.out_dir)),
+        Some(TopCmd::MetricsCost(a)) => report(metrics_cost::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Restart(a)) => report(restart::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Jobcore(a)) => report(jobcore::run(&a, cli.out_dir)),
         Some(TopCmd::Detect(a)) => report(detect::run(&a, cli.vigil, cli.out_dir)),

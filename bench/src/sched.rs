@@ -109,19 +109,19 @@ pub(crate) struct InnerSchedArgs {
 
 /// Results of `vigil-bench inner sched`.
 #[derive(Serialize, Deserialize, Debug, Default)]
-struct InnerSchedResult {
+pub(crate) struct InnerSchedResult {
     /// Seconds until every submit was answered.
-    submit_s: Option<f64>,
+    pub(crate) submit_s: Option<f64>,
     /// Seconds from the first submit to the last job INACTIVE (or to the bound).
-    total_s: Option<f64>,
+    pub(crate) total_s: Option<f64>,
     /// Jobs INACTIVE at `total_s` (all of them unless the bound was hit).
-    done: Option<usize>,
+    pub(crate) done: Option<usize>,
     /// `vigil run -N1 true` wall times, seconds.
     run_n1_s: Vec<f64>,
     /// `vigil run -n4 true` wall times, seconds.
     run_n4_s: Vec<f64>,
     /// First error met, if any.
-    error: Option<String>,
+    pub(crate) error: Option<String>,
 }
 
 /// `vigil-bench inner sched`: measure in this instance, write the results, exit 0 only if all was measured.
@@ -244,11 +244,20 @@ fn timed_ok(cmd: Command, what: &str) -> Result<f64, String> {
 
 /// One fresh 4-broker instance running `vigil-bench inner sched` with `args`.
 fn vigil_instance(vigil: &Path, args: &[String], timeout_s: u64) -> InnerSchedResult {
+    vigil_instance_with(vigil, &[], args, timeout_s)
+}
+
+/// [`vigil_instance`] with broker attributes `attrs` (`-S NAME=VALUE` of `vigil start`).
+pub(crate) fn vigil_instance_with(vigil: &Path, attrs: &[String], args: &[String], timeout_s: u64) -> InnerSchedResult {
     let out = scratch_file("sched");
     let r = (|| -> Result<InnerSchedResult, String> {
         let me = std::env::current_exe().map_err(|e| format!("cannot locate this binary: {e}"))?;
         let mut cmd = Command::new(vigil);
-        cmd.arg("start").arg(format!("--test-size={SIZE}")).arg(&me).args(["inner", "sched"]).args(args);
+        cmd.arg("start").arg(format!("--test-size={SIZE}"));
+        for a in attrs {
+            cmd.arg("-S").arg(a);
+        }
+        cmd.arg(&me).args(["inner", "sched"]).args(args);
         cmd.arg("--vigil").arg(vigil).arg("--out").arg(&out);
         let ended = run_timed(cmd, Duration::from_secs(timeout_s))?;
         let mut res: InnerSchedResult = match std::fs::read_to_string(&out) {
@@ -488,7 +497,7 @@ fn fmt3(x: Option<f64>, prec: usize) -> String {
 type VigilDepth = (usize, Vec<f64>, Vec<f64>, Option<String>, Option<(usize, f64)>);
 
 /// The 1-minute load average now: whether the machine was quiet.
-fn load_avg() -> Option<f64> {
+pub(crate) fn load_avg() -> Option<f64> {
     std::fs::read_to_string("/proc/loadavg").ok().and_then(|l| l.split_whitespace().next()?.parse().ok())
 }
 
