@@ -145,8 +145,14 @@ fn pmi_option_picks_the_services_and_mpich_still_runs() {
     o.ok();
     check_hello(&o, 4);
     // Without PMIx (the default), each Open MPI task starts alone (a singleton of size 1): the service is what made
-    // the job.
-    let o = inst.vigil_t(&run_args(&["-N2", "-n2", "-l"], &ompi), MPI_TIMEOUT);
+    // the job. Each in a TMPDIR of its own: Open MPI 4.1's singletons started at once on one host race to create their
+    // shared session directory (`ompi.HOST.UID`) and the loser fails with "File exists" (seen in CI).
+    let alone = format!(
+        "TMPDIR=${TMPDIR:-/tmp}/task$VIGIL_TASK_RANK; mkdir -p $TMPDIR; export TMPDIR; exec {}",
+        ompi.display()
+    );
+    let o =
+        inst.vigil_t(&[&run_args(&["-N2", "-n2", "-l"], Path::new("sh"))[..], &["-c", &alone]].concat(), MPI_TIMEOUT);
     o.ok();
     let lines = o.lines();
     assert_eq!(lines.len(), 2, "{}", o.dump());
