@@ -148,7 +148,7 @@ fn pmi_option_picks_the_services_and_mpich_still_runs() {
     // the job. Each in a TMPDIR of its own: Open MPI 4.1's singletons started at once on one host race to create their
     // shared session directory (`ompi.HOST.UID`) and the loser fails with "File exists" (seen in CI).
     let alone = format!(
-        "TMPDIR=${TMPDIR:-/tmp}/task$VIGIL_TASK_RANK; mkdir -p $TMPDIR; export TMPDIR; exec {}",
+        "TMPDIR=${{TMPDIR:-/tmp}}/task$VIGIL_TASK_RANK; mkdir -p $TMPDIR; export TMPDIR; exec {}",
         ompi.display()
     );
     let o =
