@@ -43,6 +43,7 @@ const TOPICS: &[&str] = &[
     "resource.undrain",
     "job-manager.submit",
     "job-manager.list",
+    "job-manager.history",
     "job-manager.info",
     "job-manager.cancel",
     "job-manager.raise",
