@@ -1368,10 +1368,15 @@ impl Broker {
     /// the union of the puts of the shells still there. A shell that is gone (its node lost, or it exited) is not
     /// waited for, and what it put is left out, even if it arrived before it went: its tasks are gone too (a lost
     /// nested broker's endpoint, which its would-be children then know not to wait for). Nothing while a live
-    /// shell has yet to arrive, or when no barrier is in progress.
+    /// shell has yet to arrive, when no barrier is in progress, or once the job has a fatal exception.
     pub fn pmi_barrier_complete(&mut self, id: JobId) {
         let Some(job) = self.jobcore.as_ref().and_then(|jc| jc.jobs.get(&id)) else { return };
         let Some(b) = self.pmi_barriers.get(&id) else { return };
+        // A job with a fatal exception (a task that left before PMI_Finalize, say) releases no one: its shells are
+        // being killed, and a task let out of the barrier would go on as if the exchange had worked.
+        if job.fatal.is_some() {
+            return;
+        }
         let live: BTreeSet<u32> = job.shells.values().filter(|s| !s.exited).map(|s| s.shell_rank).collect();
         if live.is_empty() || !live.iter().all(|s| b.waiting.contains_key(s)) {
             return;
