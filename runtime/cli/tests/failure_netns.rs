@@ -1199,41 +1199,8 @@ fn a_nested_instance_learns_a_lost_node_from_the_enclosing_instance() {
         return;
     }
     let c = Cluster::up(5);
-    c.vigil(&["resource", "drain", "0", "login"]).ok();
-    let work = c.path().join("work");
-    let gate = c.path().join("gate");
-    std::fs::create_dir_all(&work).unwrap();
-    std::fs::create_dir_all(&gate).unwrap();
-    let script = work.join("job.sh");
-    std::fs::write(
-        &script,
-        r#"#!/bin/sh
-echo started > "$GATE/started"
-while [ ! -e "$GATE/go" ]; do sleep 0.05; done
-vigil run -N3 -n3 sh -c 'echo "host: $(vigil getattr hostname)"'
-rc=$?
-echo "inner run exit code $rc"
-exit $rc
-"#,
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     let slow = ["-S", "tbon.lost_timeout=10s", "-S", "tbon.probe_misses=1000"];
-    let o = c.vigil_in(
-        &work,
-        &[("GATE", gate.to_str().unwrap())],
-        &[&["batch", "-N4"][..], &slow, &[script.to_str().unwrap()]].concat(),
-        CMD_TIMEOUT,
-    );
-    o.ok();
-    let id = o.stdout.trim().to_string();
-    let out_path = work.join(format!("vigil-{id}.out"));
-    let started = wait_for(Duration::from_secs(30), || gate.join("started").exists());
-    assert!(started, "batch script did not start:\n{}", std::fs::read_to_string(&out_path).unwrap_or_default());
-    let uri = || c.json(&["job", "info", "--json", &id])["info"]["instance"]["uri"].as_str().map(str::to_string);
-    assert!(wait_for(VERDICT, || uri().is_some()), "no child uri: {}", c.json(&["job", "info", "--json", &id]));
-    let child_uri = uri().unwrap_or_default();
+    let GatedBatch { id, gate, out_path, child_uri } = gated_batch(&c, &slow, "exit $rc\n");
     // Child rank 3 (flat kary:32 over nodes 1-4) is on node4, the enclosing instance's rank 4.
     let child = |rank: u32| {
         let o = vigil_at(c.path(), &child_uri, &["overlay", "status", "--json"], CMD_TIMEOUT);
@@ -1294,33 +1261,35 @@ exit $rc
     assert_eq!(exceptions(&log).len(), 1, "{ctx}");
 }
 
-/// A 4-node batch job (child brokers `batch_args`) on nodes 1-4 of a 5-node cluster loses node `kill`, which
-/// holds its child rank `lost`: the parent raises a severity-2 node-failure, the child sees only that rank lost,
-/// and the script's `vigil run -N3` runs on the three other nodes.
+/// A gated batch job ([`gated_batch`]): its id, the directory of its gate files, its output file, and its nested
+/// instance's URI.
+struct GatedBatch {
+    id: String,
+    gate: PathBuf,
+    out_path: PathBuf,
+    child_uri: String,
+}
+
+/// `vigil batch -N4 BATCH_ARGS job.sh` on nodes 1-4 of `c` (node0 drained), returned once the script has started and
+/// the nested instance's URI is known. The script writes `$GATE/started`, waits for `$GATE/go`, runs `vigil run -N3
+/// -n3` printing each host (`host: NODE`), prints `inner run exit code RC`, then runs `tail` (shell lines; `$rc` is
+/// the inner run's exit code).
 #[track_caller]
-fn batch_loses_a_node(batch_args: &[&str], kill: u32, lost: u32) {
-    let c = Cluster::up(5);
+fn gated_batch(c: &Cluster, batch_args: &[&str], tail: &str) -> GatedBatch {
     c.vigil(&["resource", "drain", "0", "login"]).ok();
     let work = c.path().join("work");
-    std::fs::create_dir_all(&work).unwrap();
     let gate = c.path().join("gate");
+    std::fs::create_dir_all(&work).unwrap();
     std::fs::create_dir_all(&gate).unwrap();
     let script = work.join("job.sh");
-    std::fs::write(
-        &script,
-        r#"#!/bin/sh
+    let head = r#"#!/bin/sh
 echo started > "$GATE/started"
 while [ ! -e "$GATE/go" ]; do sleep 0.05; done
 vigil run -N3 -n3 sh -c 'echo "host: $(vigil getattr hostname)"'
 rc=$?
 echo "inner run exit code $rc"
-echo "status-json: $(vigil resource status --json)"
-echo "overlay-json: $(vigil overlay status --json)"
-vigil resource status
-exit $rc
-"#,
-    )
-    .unwrap();
+"#;
+    std::fs::write(&script, format!("{head}{tail}")).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     let o = c.vigil_in(
@@ -1337,11 +1306,23 @@ exit $rc
         "batch script did not start:\n{}",
         std::fs::read_to_string(&out_path).unwrap_or_default()
     );
-
     // The child reports its URI in a memo event, which may land just after its initial program started.
     let uri = || c.json(&["job", "info", "--json", &id])["info"]["instance"]["uri"].as_str().map(str::to_string);
     assert!(wait_for(VERDICT, || uri().is_some()), "no child uri: {}", c.json(&["job", "info", "--json", &id]));
     let child_uri = uri().unwrap_or_default();
+    GatedBatch { id, gate, out_path, child_uri }
+}
+
+/// A 4-node batch job (child brokers `batch_args`) on nodes 1-4 of a 5-node cluster loses node `kill`, which
+/// holds its child rank `lost`: the parent raises a severity-2 node-failure, the child sees only that rank lost,
+/// and the script's `vigil run -N3` runs on the three other nodes.
+#[track_caller]
+fn batch_loses_a_node(batch_args: &[&str], kill: u32, lost: u32) {
+    let c = Cluster::up(5);
+    let tail = "echo \"status-json: $(vigil resource status --json)\"\n\
+                echo \"overlay-json: $(vigil overlay status --json)\"\n\
+                vigil resource status\nexit $rc\n";
+    let GatedBatch { id, gate, out_path, child_uri } = gated_batch(&c, batch_args, tail);
     let t_kill = c.kill_node(kill);
     // Wait until both the parent and the child know.
     assert!(
