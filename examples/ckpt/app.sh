@@ -11,26 +11,30 @@
 # hold that checkpoint fails (exit 3): its data was not put where it runs.
 # Usage: app.sh STEPS   (environment: CKPT_ROOT; CKPT_HOSTS, the node of each rank in rank order; STEP_S, seconds)
 set -eu
-rank=$VIGIL_TASK_RANK size=$VIGIL_JOB_SIZE
+steps=$1 rank=$VIGIL_TASK_RANK size=$VIGIL_JOB_SIZE
 dir=${VIGIL_ALLOC_TMPDIR:?not set: run this as a Vigil job}
 node=$(vigil getattr hostname)
 stamp() { date -u +%Y-%m-%dT%H:%M:%S.%6NZ; }
-# The partner's storage, as batch.sh makes it reachable.
-partner=$CKPT_ROOT/node.$(echo $CKPT_HOSTS | cut -d' ' -f$(( (rank + 1) % size + 1 )))
-# Rank $1's last complete checkpoint (0: none), with shell built-ins only: the barrier polls it.
-last_of() { c=0; [ -f "$CKPT_ROOT/complete.$1" ] && read -r c < "$CKPT_ROOT/complete.$1"; echo "${c:-0}"; }
-# The newest checkpoint complete on every rank.
+# Shell built-ins only from here to the end of a restart and in the barrier, which polls: on a busy node every
+# fork waits for a CPU, and a restart is on every rank's critical path.
+# The partner's storage, as batch.sh makes it reachable: the node of rank (rank+1) mod size in CKPT_HOSTS.
+set -- $CKPT_HOSTS
+i=0; while [ $i -lt $(( (rank + 1) % size )) ]; do shift; i=$((i + 1)); done
+partner=$CKPT_ROOT/node.$1
+# Rank $1's last complete checkpoint (0: none), into $c.
+last_of() { c=0; [ -f "$CKPT_ROOT/complete.$1" ] && read -r c < "$CKPT_ROOT/complete.$1"; c=${c:-0}; }
+# The newest checkpoint complete on every rank, into $m.
 common() {
     m=""; i=0
     while [ $i -lt "$size" ]; do
-        c=0; [ -f "$CKPT_ROOT/complete.$i" ] && read -r c < "$CKPT_ROOT/complete.$i"
-        [ -z "$m" ] || [ "${c:-0}" -lt "$m" ] && m=${c:-0}
+        last_of $i
+        [ -z "$m" ] || [ "$c" -lt "$m" ] && m=$c
         i=$((i + 1))
     done
-    echo "${m:-0}"
+    m=${m:-0}
 }
-last=$(last_of $rank)
-step=$(common)
+last_of $rank; last=$c
+common; step=$m
 echo "$(stamp) rank $rank on $node: resuming from step $step (last complete checkpoint: step $last)"
 if [ "$step" -gt 0 ] && ! [ -f "$dir/ckpt.$rank.$step" ]; then
     echo "rank $rank on $node: ERROR: no checkpoint of step $step on this node, the newest checkpoint complete on every rank" >&2
@@ -42,9 +46,9 @@ if [ "$last" -gt "$step" ]; then
     rm -f "$dir/ckpt.$rank.$last"
     put $step "$CKPT_ROOT/complete.$rank"
 fi
-while [ "$step" -lt "$1" ]; do
+while [ "$step" -lt "$steps" ]; do
     # The halo exchange: every rank has completed this step.
-    while [ "$(common)" -lt "$step" ]; do sleep 0.02; done
+    while common; [ "$m" -lt "$step" ]; do sleep 0.02; done
     sleep "${STEP_S:-0.25}"
     step=$((step + 1))
     put $step "$dir/ckpt.$rank.$step"
@@ -52,4 +56,4 @@ while [ "$step" -lt "$1" ]; do
     put $step "$CKPT_ROOT/complete.$rank"
     rm -f "$dir/ckpt.$rank.$((step - 2))" "$partner/partner.$rank.$((step - 2))"
 done
-echo "$(stamp) rank $rank on $node: completed $1 steps"
+echo "$(stamp) rank $rank on $node: completed $steps steps"

@@ -20,6 +20,8 @@ set -u
 app=$1 steps=$2
 say() { echo "$(date -u +%Y-%m-%dT%H:%M:%S.%6NZ) $*"; }
 has() { case " $1 " in *" $2 "*) return 0 ;; esac; return 1; }
+# The K-th of the words after K, into $word (built-ins only: no fork).
+word() { k=$1; shift; while [ "$k" -gt 1 ]; do shift; k=$((k - 1)); done; word=${1:-}; }
 sched=${CKPT_SCHED:-$([ -n "${SLURM_JOB_NODELIST:-}" ] && echo slurm || echo vigil)}
 case $sched in
 vigil)
@@ -93,9 +95,10 @@ while :; do
     for h in $lost; do rm -rf "$CKPT_ROOT/node.$h"; done
     left=""; for h in $spares; do has "$lost" $h || left="$left $h"; done; spares=$left
     # Where every rank resumes: the newest checkpoint complete on every rank (app.sh's rule, SCR's index).
+    # Shell built-ins only (no $(cat ...)): every fork on this path waits for a CPU on a busy node.
     restart=""
     r=0; while [ $r -lt $n ]; do
-        c=$(cat "$CKPT_ROOT/complete.$r" 2>/dev/null || echo 0)
+        c=0; [ -f "$CKPT_ROOT/complete.$r" ] && read -r c < "$CKPT_ROOT/complete.$r"; c=${c:-0}
         [ -z "$restart" ] || [ "$c" -lt "$restart" ] && restart=$c
         r=$((r + 1))
     done
@@ -104,7 +107,7 @@ while :; do
         if has "$lost" $h; then
             set -- $spares
             [ $# -gt 0 ] || { say "rank $r lost its node $h and no spare is left: giving up"; exit 75; }
-            p=$(echo $hosts | cut -d' ' -f$(( (r + 1) % n + 1 )))    # rank r+1's node holds rank r's partner copy
+            word $(( (r + 1) % n + 1 )) $hosts; p=$word    # rank r+1's node holds rank r's partner copy
             has "$lost" $p && { say "rank $r lost its node $h and its partner copy on $p: giving up"; exit 75; }
             if [ "$restart" -eq 0 ]; then
                 say "no checkpoint is complete on every rank: rank $r starts over on $1"
