@@ -95,6 +95,9 @@ pub const PARENT: u32 = u32::MAX;
 #[derive(Debug, Default)]
 pub struct PmiBarrier {
     pub waiting: BTreeMap<u32, (Message, serde_json::Map<String, Value>)>,
+    /// Bytes of the waiting shells' puts as JSON, summed: the union answered to every shell is at most this
+    /// large, and may not pass [`super::services::job_exec::PMI_EXCHANGE_MAX`].
+    pub bytes: usize,
 }
 
 /// How long a broker waits for its children to leave during shutdown.

@@ -2222,6 +2222,45 @@ fn a_pmi_barrier_ends_without_a_shell_whose_node_was_lost() {
     assert!(out.iter().all(|m| m.json() == json!({"kvs": {"k0": "v0", "k2": "v2"}})), "{out:?}");
 }
 
+/// A PMI exchange whose union could not be answered in one overlay message is refused to the shell that would
+/// take it past [`super::services::job_exec::PMI_EXCHANGE_MAX`], with ENOSPC, and ends its job with a fatal
+/// exception saying why, so the shells already in the barrier are not left waiting for an answer that cannot be
+/// sent (issue 38: a fence larger than a bound).
+#[test]
+fn a_pmi_exchange_too_large_for_one_message_ends_its_job() {
+    let (mut b, id) = root_running_a_nested_job();
+    let max = super::services::job_exec::PMI_EXCHANGE_MAX;
+    // Shells 0 and 1 put just under half the bound each; shell 2's few more bytes are too many.
+    let value = "v".repeat(crate::pmi::VALLEN_MAX);
+    let puts = |shell: u32, n: usize| -> serde_json::Map<String, serde_json::Value> {
+        (0..n).map(|i| (format!("s{shell}k{i:08}"), json!(value))).collect()
+    };
+    let per_entry = serde_json::to_vec(&puts(0, 2)).unwrap().len() - serde_json::to_vec(&puts(0, 1)).unwrap().len();
+    let half = max / 2 / per_entry;
+    for shell in 0..2 {
+        let mut m = Message::request(
+            "job-exec.pmi-barrier",
+            0,
+            &json!({"id": id, "shell_rank": shell, "kvs": puts(shell, half)}),
+        );
+        m.matchtag = 10 + shell;
+        b.handle(t(0.2), Input::Message(Peer::Local(5), 0, m));
+        assert!(responses(&effects(&mut b), Peer::Local(5)).is_empty(), "shell {shell} waits");
+    }
+    let mut m = Message::request("job-exec.pmi-barrier", 0, &json!({"id": id, "shell_rank": 2, "kvs": puts(2, 64)}));
+    m.matchtag = 12;
+    b.handle(t(0.2), Input::Message(Peer::Local(5), 0, m));
+    let out: Vec<Message> = responses(&effects(&mut b), Peer::Local(5)).into_iter().cloned().collect();
+    assert_eq!(out.len(), 1, "only shell 2 is answered: {out:?}");
+    assert_eq!((out[0].matchtag, out[0].errnum), (12, crate::message::errno::ENOSPC), "{:?}", out[0]);
+    let job = &b.jobcore.as_ref().unwrap().jobs[&crate::jobs::JobId(id)];
+    let fatal = job.fatal.as_ref().expect("a fatal exception");
+    assert!(format!("{fatal:?}").contains("PMI exchange too large"), "{fatal:?}");
+    // Shells 0 and 1 are released by no one (their job is being killed), even when shell 2 comes back with less.
+    let out = pmi_enter(&mut b, id, 2);
+    assert!(out.iter().all(|m| m.matchtag == 12 && m.errnum != 0), "{out:?}");
+}
+
 /// Rank 0 of a nested instance (a batch job's) follows its job in the enclosing instance, and a broker whose
 /// node the enclosing instance declared lost before it joined is not waited for: it is lost here too, and the
 /// instance comes up (its initial program, the batch script, starts; it tells the enclosing instance where it

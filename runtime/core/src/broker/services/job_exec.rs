@@ -209,9 +209,18 @@ struct PmiBarrierRequest {
     kvs: Option<std::collections::BTreeMap<String, String>>,
 }
 
+/// The most one PMI exchange (the puts of every shell of a job in one barrier, as JSON) may hold, in bytes:
+/// 63 MiB. Rank 0 answers every shell with their union in one message, which must fit an overlay frame
+/// ([`crate::message::MAX_FRAME`], 64 MiB, the rest left for the message's header and route). A shell whose puts
+/// would take the exchange past it is refused (ENOSPC) and its job gets a fatal `exec` exception saying so, so no
+/// shell waits for an answer that could never be sent. (A job that large wants PMIx's direct modex, or fewer
+/// puts per task.)
+pub const PMI_EXCHANGE_MAX: usize = crate::message::MAX_FRAME as usize - (1 << 20);
+
 /// `job-exec.pmi-barrier`.
 fn pmi_barrier(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     let req: PmiBarrierRequest = lazy.decode()?;
+    let n = core.wall();
     let jc = job_core!(core);
     // One exchange per barrier per shell: hold each shell's request until every live shell of the job has
     // arrived (counted by `shell_rank`, so a shell that asks twice cannot end a barrier early), then answer all
@@ -232,7 +241,21 @@ fn pmi_barrier(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     if b.waiting.contains_key(&shell) {
         return Err(ServiceError::einval(format!("shell {shell} of job {id} is already in this PMI barrier")));
     }
+    let bytes = serde_json::to_vec(&kvs).map_or(usize::MAX, |v| v.len());
+    if b.bytes.saturating_add(bytes) > PMI_EXCHANGE_MAX {
+        let note = format!(
+            "PMI exchange too large: shell {shell} puts {bytes} bytes onto the {} its job's shells put already, \
+             over the {} MiB one exchange may hold",
+            b.bytes,
+            PMI_EXCHANGE_MAX >> 20
+        );
+        if job.fatal.is_none() {
+            jc.raise(n, id, "exec", 0, &note);
+        }
+        return Err(ServiceError::enospc(note));
+    }
     job.pmi_exchanges += 1;
+    b.bytes += bytes;
     b.waiting.insert(shell, (msg.clone(), kvs));
     core.pmi_barrier_complete(id);
     Ok(None)
