@@ -215,7 +215,7 @@ struct PmiBarrierRequest {
 /// would take the exchange past it is refused (ENOSPC) and its job gets a fatal `exec` exception saying so, so no
 /// shell waits for an answer that could never be sent. (A job that large wants PMIx's direct modex, or fewer
 /// puts per task.)
-pub const PMI_EXCHANGE_MAX: usize = crate::message::MAX_FRAME as usize - (1 << 20);
+pub(crate) const PMI_EXCHANGE_MAX: usize = crate::message::MAX_FRAME as usize - (1 << 20);
 
 /// `job-exec.pmi-barrier`.
 fn pmi_barrier(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
