@@ -96,7 +96,7 @@ pub const PARENT: u32 = u32::MAX;
 pub struct PmiBarrier {
     pub waiting: BTreeMap<u32, (Message, serde_json::Map<String, Value>)>,
     /// Bytes of the waiting shells' puts as JSON, summed: the union answered to every shell is at most this
-    /// large, and may not pass [`super::services::job_exec::PMI_EXCHANGE_MAX`].
+    /// large, and may not pass 63 MiB (`PMI_EXCHANGE_MAX` in `services/job_exec.rs`).
     pub bytes: usize,
 }
 
