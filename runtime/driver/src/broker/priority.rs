@@ -25,7 +25,9 @@
 //! [`LOOP_NICE`] (the group holds the broker alone: job shells start sessions of their own, spawn.rs). One that does not lead its
 //! session (brokers of `vigil start`, sharing the user's terminal session) leaves the group alone, since raising it
 //! would raise every process of that session, and says so. Under a CPU cgroup of its own (a systemd unit with
-//! `CPUAccounting=`) the autogroup does not apply; the unit's `CPUWeight=` does.
+//! `CPUAccounting=`) the autogroup does not apply: the broker and its job shells share the unit's CPU group (the
+//! broker enables only the memory controller below it, cgroup.rs), where the loop's nice weighs against the jobs'
+//! tasks; the unit's `CPUWeight=` weighs it against other units.
 
 use std::path::Path;
 
