@@ -1,7 +1,7 @@
 //! The metrics endpoint (`-S metrics.listen`, docs/metrics.md) as an operator meets it: `/metrics` in the
 //! OpenMetrics text format, `/livez` and `/readyz`, clear answers to anything else, and a real Prometheus
 //! (Debian's `prometheus`, started here on loopback with a configuration of its own) scraping rank 0 and seeing a
-//! killed broker counted as lost.
+//! killed broker counted as lost; the overlay's links by transport, the scheduler's passes and ended jobs.
 
 mod common;
 
@@ -76,6 +76,57 @@ fn rank_0_serves_openmetrics_livez_and_readyz_and_refuses_the_rest() {
     let got = inst.vigil(&["getattr", "metrics.ranks"]);
     got.ok();
     assert_eq!(got.stdout.trim(), "0");
+}
+
+/// Where rank `r` serves its metrics, as `vigil uptime -r R` says (`metrics.listen` with port 0).
+fn metrics_addr(inst: &Instance, r: u32) -> SocketAddr {
+    let up = inst.vigil(&["uptime", "-r", &r.to_string()]);
+    up.ok();
+    let after = format!("metrics (rank {r}): http://");
+    let rest = up.stdout.split(&after).nth(1).unwrap_or_else(|| panic!("no metrics address: {}", up.dump()));
+    rest.split("/metrics").next().and_then(|a| a.parse().ok()).unwrap_or_else(|| panic!("{}", up.dump()))
+}
+
+/// The overlay's links by transport (rank 0: the instance's, every transport listed; a child: its own parent
+/// link), the scheduler's passes with their time, the probe datagrams dropped, and jobs ended by result.
+#[test]
+fn links_by_transport_sched_passes_and_ended_jobs_are_series() {
+    let inst = Instance::start(4, &["metrics.listen=127.0.0.1:0"]);
+    let (a0, a1) = (metrics_addr(&inst, 0), metrics_addr(&inst, 1));
+    // Each child reports its parent link to rank 0 once it is up: 3 TCP links on loopback.
+    assert!(wait_for(Duration::from_secs(20), || {
+        value(&http(a0, "GET", "/metrics").1, "vigil_links{transport=\"tcp\"}") == Some(3.0)
+    }));
+    let (_, text) = http(a0, "GET", "/metrics");
+    assert_eq!(value(&text, "vigil_links{transport=\"rdma\"}"), Some(0.0), "{text}");
+    assert_eq!(value(&text, "vigil_links{transport=\"ofi\"}"), Some(0.0), "{text}");
+    assert_eq!(value(&text, "vigil_probe_replies_rejected_total"), Some(0.0), "{text}");
+    assert!(!text.contains("vigil_parent_link"), "rank 0 has no parent: {text}");
+    let (code, text) = http(a1, "GET", "/metrics");
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(value(&text, "vigil_parent_link{transport=\"tcp\"}"), Some(1.0), "{text}");
+    assert_eq!(value(&text, "vigil_parent_link{transport=\"rdma\"}"), Some(0.0), "{text}");
+    assert!(!text.contains("vigil_sched_pass"), "only rank 0 schedules: {text}");
+    // A job on one core, a second one waiting behind it for every core; cancelling the first lets a pass start the
+    // second.
+    let first = inst.submit(&["-N1", "-c1", "sleep", "60"]);
+    assert!(inst.wait_state(&first, "RUN", Duration::from_secs(30)));
+    let second = inst.submit(&["-N4", "-c2", "true"]);
+    assert!(inst.wait_state(&second, "SCHED", Duration::from_secs(10)));
+    let before = value(&http(a0, "GET", "/metrics").1, "vigil_sched_passes_total").expect("a pass count");
+    inst.vigil(&["cancel", &first]).ok();
+    assert!(inst.wait_state(&second, "INACTIVE", Duration::from_secs(30)));
+    let (_, text) = http(a0, "GET", "/metrics");
+    assert_eq!(value(&text, "vigil_jobs_ended_total{result=\"CANCELED\"}"), Some(1.0), "{text}");
+    assert_eq!(value(&text, "vigil_jobs_ended_total{result=\"COMPLETED\"}"), Some(1.0), "{text}");
+    assert_eq!(value(&text, "vigil_jobs_ended_total{result=\"FAILED\"}"), Some(0.0), "{text}");
+    let passes = value(&text, "vigil_sched_passes_total").expect("passes");
+    assert!(passes > before, "{before} -> {passes}: {text}");
+    // Each input that ran a pass is timed: at least one since then, and within the histogram's buckets.
+    let count = value(&text, "vigil_sched_pass_seconds_count").expect("a histogram");
+    let sum = value(&text, "vigil_sched_pass_seconds_sum").expect("a histogram");
+    assert!(count >= 1.0 && count <= passes, "count {count}, passes {passes}: {text}");
+    assert!(sum > 0.0, "{text}");
 }
 
 #[test]

@@ -37,6 +37,9 @@ pub struct Metrics {
     pub verdicts: Vec<(PeerState, Rule, u64)>,
     /// The judge's lateness factor (>= 1; 1 = on time): its timeouts are stretched by it.
     pub lateness: f64,
+    /// What this broker's link to its parent runs on now ([`TRANSPORTS`]); `None` on rank 0 and while it has no
+    /// parent link (before it joined, while it re-parents).
+    pub parent_link: Option<&'static str>,
     /// Rank 0 only: the instance's figures.
     pub instance: Option<InstanceMetrics>,
 }
@@ -50,6 +53,9 @@ pub struct InstanceMetrics {
     pub adopted: u64,
     /// Re-parents recorded since this rank 0 started.
     pub reparents: u64,
+    /// The instance's overlay links by transport, every one of [`TRANSPORTS`] listed: each rank up now (online or
+    /// torpid) that has reported its parent link (`overlay.transport`) counts once, under that link's transport.
+    pub links: Vec<(&'static str, u64)>,
     /// Jobs held in memory by state (RFC 21 names: `SCHED`, `RUN`, `INACTIVE`...), every state listed.
     pub jobs: Vec<(&'static str, u64)>,
     /// INACTIVE jobs held in memory by result (`COMPLETED`, `FAILED`, `CANCELED`, `TIMEOUT`).
@@ -58,6 +64,11 @@ pub struct InstanceMetrics {
     pub submits: u64,
     /// Pending jobs looked at by scheduling passes since this rank 0 started.
     pub examined: u64,
+    /// Full scheduling passes over a non-empty queue since this rank 0 started.
+    pub passes: u64,
+    /// Jobs that ended since this rank 0 started, by result (`COMPLETED`, `FAILED`, `CANCELED`, `TIMEOUT`), every
+    /// result listed.
+    pub ended: Vec<(&'static str, u64)>,
     /// Scheduling is stopped (why is in `not_ready`).
     pub scheduling_stopped: bool,
     /// The state directory, if rank 0 keeps one.
@@ -76,6 +87,13 @@ pub struct StoreMetrics {
     /// 0 ok, 1 failing (writes fail, submissions refused), 2 damaged (unreadable at start).
     pub health: u8,
 }
+
+/// The transports an overlay link may run on ([`super::links::LinkChoice::transport`]): TCP, RDMA verbs,
+/// libfabric.
+pub const TRANSPORTS: [&str; 3] = ["tcp", "rdma", "ofi"];
+
+/// A job's results once INACTIVE (`Job::result`).
+const RESULTS: [&str; 4] = ["COMPLETED", "FAILED", "CANCELED", "TIMEOUT"];
 
 const PEER_STATES: [PeerState; 4] = [PeerState::Online, PeerState::Torpid, PeerState::Lost, PeerState::Offline];
 
@@ -103,6 +121,7 @@ impl Broker {
             peers: peers.into_iter().collect(),
             verdicts: self.membership.verdicts().collect(),
             lateness: self.membership.lateness(),
+            parent_link: self.links.parent.as_ref().filter(|_| self.parent_up).map(|c| c.transport),
             instance: self.jobcore.as_ref().map(|jc| {
                 let mut ranks: BTreeMap<&'static str, u64> =
                     ["online", "torpid", "offline", "lost"].iter().map(|s| (*s, 0)).collect();
@@ -119,14 +138,25 @@ impl Broker {
                         *results.entry(r).or_default() += 1;
                     }
                 }
+                let mut links: BTreeMap<&'static str, u64> = TRANSPORTS.iter().map(|t| (*t, 0)).collect();
+                for (r, c) in &self.links.by_rank {
+                    if matches!(self.members.get(r), Some((MemberState::Online | MemberState::Torpid, ..))) {
+                        *links.entry(c.transport).or_default() += 1;
+                    }
+                }
+                let mut ended: BTreeMap<&'static str, u64> = RESULTS.iter().map(|r| (*r, 0)).collect();
+                ended.extend(jc.ended());
                 InstanceMetrics {
                     ranks: ranks.into_iter().collect(),
                     adopted: self.adopted.len() as u64,
                     reparents: self.counters.reparents,
+                    links: links.into_iter().collect(),
                     jobs: jobs.into_iter().collect(),
                     results: results.into_iter().collect(),
                     submits: self.counters.submits,
                     examined: jc.examined(),
+                    passes: jc.passes(),
+                    ended: ended.into_iter().collect(),
                     scheduling_stopped: jc.scheduling_stopped().is_some(),
                     statedir: match &self.statedir {
                         StateDir::None => None,

@@ -2403,6 +2403,45 @@ fn the_metrics_snapshot_counts_ranks_verdicts_and_jobs() {
     assert!(m.verdicts.contains(&(PeerState::Lost, Rule::ProbeMisses, 1)), "{:?}", m.verdicts);
 }
 
+/// Rank 0's metrics snapshot: the instance's overlay links by transport (ranks up only, every transport listed),
+/// its full scheduling passes, and the jobs that ended by result; a child's own parent link.
+#[test]
+fn the_metrics_snapshot_counts_links_passes_and_ended_jobs() {
+    let mut b = root_with_child();
+    b.handle(t(0.01), Input::LocalNew { id: 5, uid: super::testing::UID });
+    b.links.on_report(&json!({"rank": 1, "transport": "rdma", "detail": "rxe0"})).expect("a report");
+    // Rank 3 never joined: its (stale or early) report does not make it a link.
+    b.links.on_report(&json!({"rank": 3, "transport": "tcp", "detail": "no verbs devices"})).expect("a report");
+    let m = b.metrics();
+    assert_eq!(m.parent_link, None, "rank 0 has no parent");
+    let inst = m.instance.expect("instance");
+    assert_eq!(inst.links, vec![("ofi", 0), ("rdma", 1), ("tcp", 0)]);
+    assert_eq!((inst.passes, inst.ended.iter().map(|e| e.1).sum::<u64>()), (0, 0));
+    assert_eq!(inst.ended.len(), 4, "every result listed: {:?}", inst.ended);
+    // Nothing can start while every rank is drained: two jobs wait; cancelling one ends it as CANCELED.
+    assert!(ask1(&mut b, "resource.drain", json!({"ranks": "0-1", "reason": "test"})).is_ok());
+    let spec: serde_json::Value =
+        serde_json::from_str(&crate::jobspec::JobspecBuilder::new(["true"]).build().expect("jobspec").to_json())
+            .expect("json");
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let r = ask1(&mut b, "job-manager.submit", json!({"jobspec": spec})).expect("submitted");
+        ids.push(r["id"].as_u64().expect("an id"));
+    }
+    assert!(ask1(&mut b, "job-manager.cancel", json!({"id": ids[0]})).is_ok());
+    let inst = b.metrics().instance.expect("instance");
+    assert!(inst.ended.contains(&("CANCELED", 1)) && inst.ended.contains(&("COMPLETED", 0)), "{:?}", inst.ended);
+    let before = inst.passes;
+    // Resources come back: a full pass over the queue (the other job) runs.
+    assert!(ask1(&mut b, "resource.undrain", json!({"ranks": "0-1"})).is_ok());
+    assert!(b.metrics().instance.expect("instance").passes > before);
+    // A child reports the transport of its parent link once it is up, and none before.
+    let mut c = broker(1);
+    assert_eq!(c.metrics().parent_link, None);
+    c.handle(t(0.0), Input::ParentUp(super::links::LinkChoice { transport: "ofi", detail: "cxi".into() }));
+    assert_eq!(c.metrics().parent_link, Some("ofi"));
+}
+
 /// Unkillable tasks on a shell's node (`unkillable.rs`), in virtual time: the exit report of a shell whose cgroup
 /// still holds processes after `cgroup.kill` is held (the job keeps its resources) and goes when the cgroup
 /// empties; one whose cgroup never empties goes `exec.kill-timeout` after the shell's end, naming the pids left.

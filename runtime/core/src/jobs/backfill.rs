@@ -142,6 +142,7 @@ impl JobCore {
         if self.queue.is_empty() || self.stopped.is_some() {
             return;
         }
+        self.passes += 1;
         let mut pass = Pass::new(None);
         let mut cursor = None;
         for seen in 1.. {

@@ -97,6 +97,7 @@ impl JobCore {
         self.queue.remove(&id);
         self.depend_forget(id);
         self.became_inactive(id);
+        self.count_ended(id);
         self.actions.push_back(Action::Updated(id));
         let held = self.reservation.as_ref().is_some_and(|r| r.id == id);
         if held {

@@ -305,6 +305,7 @@ impl JobCore {
         self.running.remove(&id);
         self.rearm(id);
         self.became_inactive(id);
+        self.count_ended(id);
         self.actions.push_back(Action::Updated(id));
         self.retire_output(id);
         self.depend_fired(now, id); // the pass below takes the jobs it lets go on

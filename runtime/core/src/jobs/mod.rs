@@ -243,6 +243,11 @@ pub struct JobCore {
     examined_all: bool,
     /// Pending jobs looked at by scheduling passes so far (`backfill.rs`): what bounds a pass's cost.
     examined: u64,
+    /// Full scheduling passes that walked the queue so far (`backfill.rs`; a look at a new job alone is not one).
+    passes: u64,
+    /// Jobs that ended (became INACTIVE) since this rank 0 started, by result (`Job::result`); jobs restored
+    /// already ended are not counted.
+    ended: BTreeMap<&'static str, u64>,
     /// What this nested instance lost for good, in order (`shrink.rs`).
     shrunk: Vec<String>,
     actions: Outbox,
@@ -303,6 +308,8 @@ impl JobCore {
             sched_dirty: false,
             examined_all: true,
             examined: 0,
+            passes: 0,
+            ended: BTreeMap::new(),
             shrunk: Vec::new(),
             actions: Outbox::default(),
             epoch,
@@ -353,6 +360,25 @@ impl JobCore {
     /// Pending jobs looked at by every scheduling pass so far (a counter: tests bound the work of one pass).
     pub fn examined(&self) -> u64 {
         self.examined
+    }
+
+    /// Full scheduling passes that walked a non-empty queue so far (a counter). The driver times the input that
+    /// ran one by seeing this grow (`vigil_sched_pass_seconds`): the core itself reads no clock.
+    pub fn passes(&self) -> u64 {
+        self.passes
+    }
+
+    /// Jobs that ended since this rank 0 started, by result (`COMPLETED`, `FAILED`, `CANCELED`, `TIMEOUT`; a
+    /// result not seen yet is absent): counters, unlike the INACTIVE jobs held, which purges lower.
+    pub fn ended(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        self.ended.iter().map(|(r, n)| (*r, *n))
+    }
+
+    /// Job `id` just became INACTIVE: count it by its result.
+    fn count_ended(&mut self, id: JobId) {
+        if let Some(r) = self.jobs.get(&id).and_then(|j| j.result()) {
+            *self.ended.entry(r).or_default() += 1;
+        }
     }
 
     /// Jobs not yet INACTIVE, in id order.

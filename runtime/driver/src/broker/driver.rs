@@ -683,7 +683,7 @@ impl Driver {
     /// the rest at the end of the loop's turn.
     pub(crate) fn step(&mut self, input: Input) {
         let now = self.now();
-        self.broker.handle(now, input);
+        self.handle(now, input);
         if !self.grouping {
             self.flush();
         }
@@ -696,7 +696,7 @@ impl Driver {
         let Some(at) = event_ns else { return self.step(input) };
         let before: Vec<_> = self.broker.membership.verdicts().collect();
         let now = self.now();
-        self.broker.handle(now, input);
+        self.handle(now, input);
         let latency = vigil_ebpf::monotonic_ns().saturating_sub(at) as f64 / 1e9;
         for (state, rule, n) in self.broker.membership.verdicts() {
             let old = before.iter().find(|b| (b.0, b.1) == (state, rule)).map_or(0, |b| b.2);
@@ -709,6 +709,20 @@ impl Driver {
         }
         if !self.grouping {
             self.flush();
+        }
+    }
+
+    /// Hand the broker one input. On rank 0, an input that ran a full scheduling pass (the core's pass counter
+    /// grew) is timed into `vigil_sched_pass_seconds`: the core reads no clock, so the pass is timed with the rest
+    /// of that input's rules.
+    pub(super) fn handle(&mut self, now: Time, input: Input) {
+        let Some(passes) = self.broker.jobcore.as_ref().map(|jc| jc.passes()) else {
+            return self.broker.handle(now, input);
+        };
+        let t = Instant::now();
+        self.broker.handle(now, input);
+        if self.broker.jobcore.as_ref().is_some_and(|jc| jc.passes() != passes) {
+            self.observed.sched_pass.observe(t.elapsed().as_secs_f64());
         }
     }
 
@@ -762,7 +776,7 @@ impl Driver {
             }
             let now = self.now();
             for i in queue.drain(..) {
-                self.broker.handle(now, i);
+                self.handle(now, i);
             }
         }
     }
@@ -899,7 +913,7 @@ impl Driver {
                 let stats = self.detect.as_ref().and_then(|d| d.prober_stats.as_ref());
                 let _ = reply.send(super::metrics::Snapshot {
                     core: self.broker.metrics(),
-                    probes: stats.map(|s| (s.sent.load(Relaxed), s.replies.load(Relaxed))),
+                    probes: stats.map(|s| (s.sent.load(Relaxed), s.replies.load(Relaxed), s.rejected.load(Relaxed))),
                     excused: stats.map(|s| (s.void_rounds.load(Relaxed), s.correlated_rounds.load(Relaxed))),
                 });
             }

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tracing::{debug, warn};
-use vigil_core::broker::metrics::Metrics;
+use vigil_core::broker::metrics::{Metrics, TRANSPORTS};
 use vigil_core::membership::{PeerState, Rule};
 
 /// Connections served at once; more are closed as soon as they are accepted.
@@ -48,8 +48,9 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 pub(crate) struct Snapshot {
     /// The broker's own figures.
     pub core: Metrics,
-    /// Probe datagrams sent and replies accepted by this broker's prober (`None`: no prober runs).
-    pub probes: Option<(u64, u64)>,
+    /// Probe datagrams sent, replies accepted and datagrams dropped as no reply of ours by this broker's prober
+    /// (`None`: no prober runs).
+    pub probes: Option<(u64, u64, u64)>,
     /// Periods the prober excused: no child answered (its own receive path looked stalled), several children late
     /// at once.
     pub excused: Option<(u64, u64)>,
@@ -66,6 +67,10 @@ pub(crate) struct Observed {
     /// From the event a detector reported to the verdict this broker's judge made on it, seconds, by new state and
     /// rule; only where the detector knows when the event happened ([`VerdictLatency`]).
     pub verdict_latency: VerdictLatency,
+    /// Rank 0: the time the broker took to handle each input that ran one or more full scheduling passes (the
+    /// passes and the rest of that input's rules, not the effects carried out after), seconds. The sans-IO core
+    /// reads no clock: the driver times the input and sees the core's pass counter grow.
+    pub sched_pass: Histogram,
 }
 
 /// `vigil_verdict_latency_seconds{state, rule}`: one histogram per verdict kind, 100 µs .. ~13 s, doubling. Timed
@@ -87,6 +92,8 @@ impl Default for Observed {
             fsync: Histogram::new(exponential_buckets(1e-4, 2.0, 16)),
             report_delay: Histogram::new(exponential_buckets(1e-4, 2.0, 16)),
             verdict_latency: Family::new_with_constructor(verdict_histogram),
+            // 10 µs .. ~1.3 s, doubling.
+            sched_pass: Histogram::new(exponential_buckets(1e-5, 2.0, 18)),
         }
     }
 }
@@ -228,6 +235,12 @@ struct ResultLabel {
     result: String,
 }
 
+/// Labels `{transport}` of an overlay link: tcp, rdma, ofi.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TransportLabel {
+    transport: String,
+}
+
 /// Labels `{reason}` of an excused probe period: `void` (no child answered: this node's own receive path looked
 /// stalled) or `correlated` (several children late at once).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -281,9 +294,21 @@ pub(crate) fn encode(snap: &Snapshot, observed: &Observed) -> Result<String, std
     let lateness = Gauge::<f64, AtomicU64>::default();
     lateness.set(m.lateness);
     reg.register("judge_lateness", "This judge's lateness factor (1: on time; its timeouts stretch by it)", lateness);
-    if let Some((sent, replies)) = snap.probes {
+    if let Some(now) = m.parent_link {
+        let f = Family::<TransportLabel, Gauge>::default();
+        for t in TRANSPORTS {
+            f.get_or_create(&TransportLabel { transport: t.into() }).set(i64::from(t == now));
+        }
+        reg.register("parent_link", "This broker's link to its parent: 1 under the transport it runs on", f);
+    }
+    if let Some((sent, replies, rejected)) = snap.probes {
         reg.register("probes_sent", "Heartbeat probe datagrams sent", counter(sent));
         reg.register("probe_replies", "Heartbeat probe replies accepted", counter(replies));
+        reg.register(
+            "probe_replies_rejected",
+            "Datagrams read on the probe socket and dropped: no reply to one of this prober's requests",
+            counter(rejected),
+        );
         reg.register_with_unit(
             "detect_report_delay",
             "Time from a prober report (a reply or a miss) to its turn in the broker's loop",
@@ -305,6 +330,11 @@ pub(crate) fn encode(snap: &Snapshot, observed: &Observed) -> Result<String, std
         reg.register("ranks", "The instance's ranks by state (rank 0's view)", ranks);
         reg.register("adopted_ranks", "Ranks under a parent that is not their static one", gauge(i.adopted));
         reg.register("reparents", "Re-parents recorded by rank 0", counter(i.reparents));
+        let links = Family::<TransportLabel, Gauge>::default();
+        for (t, n) in &i.links {
+            links.get_or_create(&TransportLabel { transport: (*t).into() }).set(*n as i64);
+        }
+        reg.register("links", "The instance's overlay links (each rank up to its parent) by transport", links);
         let jobs = Family::<StateLabel, Gauge>::default();
         for (s, n) in &i.jobs {
             jobs.get_or_create(&StateLabel { state: (*s).into() }).set(*n as i64);
@@ -315,10 +345,23 @@ pub(crate) fn encode(snap: &Snapshot, observed: &Observed) -> Result<String, std
             results.get_or_create(&ResultLabel { result: (*r).into() }).set(*n as i64);
         }
         reg.register("jobs_inactive", "INACTIVE jobs held by rank 0 by result", results);
+        let ended = Family::<ResultLabel, Counter>::default();
+        for (r, n) in &i.ended {
+            ended.get_or_create(&ResultLabel { result: (*r).into() }).inc_by(*n);
+        }
+        reg.register("jobs_ended", "Jobs that ended (became INACTIVE) since rank 0 started, by result", ended);
         let pending = i.jobs.iter().filter(|(s, _)| matches!(*s, "DEPEND" | "PRIORITY" | "SCHED")).map(|j| j.1).sum();
         reg.register("queue_depth", "Jobs waiting to run (DEPEND, PRIORITY, SCHED)", gauge(pending));
         reg.register("jobs_submitted", "Jobs submitted to this rank 0", counter(i.submits));
         reg.register("sched_examined", "Pending jobs looked at by scheduling passes", counter(i.examined));
+        reg.register("sched_passes", "Full scheduling passes over a non-empty queue", counter(i.passes));
+        reg.register_with_unit(
+            "sched_pass",
+            "Time rank 0 took to handle each input that ran a full scheduling pass (the pass with the rest of that \
+             input's rules)",
+            Unit::Seconds,
+            observed.sched_pass.clone(),
+        );
         reg.register("scheduling_stopped", "1 while scheduling is stopped", gauge(u64::from(i.scheduling_stopped)));
         if let Some(s) = &i.statedir {
             reg.register("store_writes", "Transactions written to the state directory", counter(s.writes));
@@ -374,9 +417,10 @@ mod tests {
                 peers: vec![(PeerState::Online, 2), (PeerState::Lost, 1)],
                 verdicts: vec![(PeerState::Lost, Rule::ProbeMisses, 1), (PeerState::Online, Rule::Connected, 3)],
                 lateness: 1.5,
+                parent_link: Some("rdma"),
                 instance: None,
             },
-            probes: Some((100, 97)),
+            probes: Some((100, 97, 3)),
             excused: Some((1, 2)),
         }
     }
@@ -397,6 +441,52 @@ mod tests {
             assert!(out.contains(want), "missing {want:?} in:\n{out}");
         }
         assert!(!out.contains("vigil_ranks"), "only rank 0 has instance figures");
+        for want in [
+            "vigil_probe_replies_rejected_total 3",
+            "vigil_parent_link{transport=\"rdma\"} 1",
+            "vigil_parent_link{transport=\"tcp\"} 0",
+        ] {
+            assert!(out.contains(want), "missing {want:?} in:\n{out}");
+        }
+    }
+
+    /// Rank 0's links by transport, its scheduling passes (a count and the histogram of their inputs' times) and
+    /// its ended jobs by result.
+    #[test]
+    fn rank_0_has_links_sched_passes_and_ended_jobs() {
+        use vigil_core::broker::metrics::InstanceMetrics;
+        let mut snap = snapshot();
+        snap.core.parent_link = None;
+        snap.core.instance = Some(InstanceMetrics {
+            ranks: vec![("online", 4)],
+            adopted: 0,
+            reparents: 0,
+            links: vec![("ofi", 0), ("rdma", 2), ("tcp", 1)],
+            jobs: vec![("SCHED", 1)],
+            results: vec![],
+            submits: 5,
+            examined: 9,
+            passes: 3,
+            ended: vec![("CANCELED", 1), ("COMPLETED", 3)],
+            scheduling_stopped: false,
+            statedir: None,
+        });
+        let observed = Observed::default();
+        observed.sched_pass.observe(0.0003);
+        let out = encode(&snap, &observed).expect("encoded");
+        for want in [
+            "vigil_links{transport=\"rdma\"} 2",
+            "vigil_links{transport=\"tcp\"} 1",
+            "vigil_sched_passes_total 3",
+            "# TYPE vigil_sched_pass_seconds histogram",
+            "vigil_sched_pass_seconds_count 1",
+            "vigil_sched_pass_seconds_bucket{le=\"0.00032\"} 1",
+            "vigil_sched_pass_seconds_bucket{le=\"0.00016\"} 0",
+            "vigil_jobs_ended_total{result=\"COMPLETED\"} 3",
+        ] {
+            assert!(out.contains(want), "missing {want:?} in:\n{out}");
+        }
+        assert!(!out.contains("vigil_parent_link"), "rank 0 has no parent link");
     }
 
     /// A timed verdict is a histogram series of its own state and rule, in seconds.

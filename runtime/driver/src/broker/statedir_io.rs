@@ -278,7 +278,7 @@ impl Driver {
             }),
         };
         let now = self.now();
-        self.broker.handle(now, Input::Stored { result, durable: false });
+        self.handle(now, Input::Stored { result, durable: false });
     }
 
     /// Carry out the broker's `Effect::Sync`: ask the store thread for an fsync covering write `upto`

@@ -117,6 +117,9 @@ pub(super) struct Prober {
     pub(super) replies: u64,
     /// Probe datagrams sent (unicast requests and group datagrams): for metrics.
     pub(super) sent: u64,
+    /// Datagrams read on the probe socket and dropped: not a reply to one of our requests (undecodable, an id we
+    /// did not give, a stale, future or forged echo, from another address than the one probed): for metrics.
+    pub(super) rejected: u64,
     correlated_logged: bool,
     /// Unjudged rounds in a row just now.
     void_streak: u32,
@@ -171,6 +174,7 @@ impl Prober {
             correlated_rounds: 0,
             replies: 0,
             sent: 0,
+            rejected: 0,
             correlated_logged: false,
             void_streak: 0,
             group_suspect: 0,
@@ -274,9 +278,15 @@ impl Prober {
     }
 
     /// A reply (read from the socket, `from` its sender; or collected by the kernel, which checked the sender).
+    /// One it does not accept is counted in [`Prober::rejected`].
     pub(super) fn reply(&mut self, p: &Probe, from: SocketAddr) {
-        let Some(&rank) = self.ids.get(&p.rank) else { return };
-        self.accept(rank, p, from, vigil_ebpf::monotonic_ns());
+        let before = self.replies;
+        if let Some(&rank) = self.ids.get(&p.rank) {
+            self.accept(rank, p, from, vigil_ebpf::monotonic_ns());
+        }
+        if self.replies == before {
+            self.rejected += 1;
+        }
     }
 
     /// A reply for child `rank` (its id already matched), at `now` (CLOCK_MONOTONIC, ns).

@@ -225,10 +225,9 @@ async fn prober_task(
     let mut tick = Ticker::new(period);
     let mut rbufs = vec![[0u8; 128]; PROBE_GROUP];
     let mut drain = |pr: &mut Prober, sock: &ProbeSocket| {
-        drain_replies(sock, &mut rbufs, |n, b, from| {
-            if let Some(p) = Probe::decode(&b[..n]) {
-                pr.reply(&p, from);
-            }
+        drain_replies(sock, &mut rbufs, |n, b, from| match Probe::decode(&b[..n]) {
+            Some(p) => pr.reply(&p, from),
+            None => pr.rejected += 1,
         })
     };
     loop {
@@ -281,6 +280,7 @@ async fn prober_task(
                     stats.correlated_rounds.store(pr.correlated_rounds, Relaxed);
                     stats.replies.store(pr.replies, Relaxed);
                     stats.sent.store(pr.sent, Relaxed);
+                    stats.rejected.store(pr.rejected, Relaxed);
                     stats.collected.store(pr.area.is_some(), Relaxed);
                 }
                 let now = vigil_ebpf::monotonic_ns() ^ pr.key;

@@ -39,6 +39,8 @@ pub(crate) struct ProberStats {
     pub replies: std::sync::atomic::AtomicU64,
     /// Probe datagrams sent so far (`Prober::sent`).
     pub sent: std::sync::atomic::AtomicU64,
+    /// Datagrams read on the probe socket and dropped as no reply of ours (`Prober::rejected`).
+    pub rejected: std::sync::atomic::AtomicU64,
     /// The parent's node is probed too (by unicast; not counted in `unicast`).
     pub parent: std::sync::atomic::AtomicBool,
     /// The prober thread's scheduling, once it started (`prober_thread.rs`).

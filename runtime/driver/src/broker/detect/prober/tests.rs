@@ -308,8 +308,12 @@ fn stale_forged_and_foreign_replies_are_ignored() {
     pr.reply(&Probe { sent_ns: 12345, ..good }, addr(2)); // not keyed with our secret
     pr.reply(&good, addr(9)); // from another address
     pr.reply(&Probe { seq: pr.round + 1, ..good }, addr(2)); // a round not sent yet
+    pr.reply(&Probe { rank: pr.targets[&1].id ^ 0x55, ..good }, addr(2)); // an id we never gave
     assert_eq!(pr.targets[&1].answered, 0);
+    // Each is dropped and counted (vigil_probe_replies_rejected_total), none as a reply.
+    assert_eq!((pr.rejected, pr.replies), (4, 0));
     pr.reply(&good, addr(2));
     assert_eq!(pr.targets[&1].answered, pr.round);
+    assert_eq!((pr.rejected, pr.replies), (4, 1));
     let _ = misses(&mut rx);
 }
