@@ -177,7 +177,28 @@ pub struct ShellInput {
     /// does not know the node's topology). Absent for a `cpu-count` node, whose shell places tasks by CPU number.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<ShellPlacement>,
+    /// A guest's job in a multi-user instance: the submitter's munge credential and the jobspec's text it covers
+    /// ([`ImpCredential`]), which a broker that is not root hands to `vigil-imp` to start the shell as the
+    /// submitter, and which the shell then checks its input against ([`ShellInput::check_signed`]). Absent: none
+    /// was sent (the instance owner's job, a root broker's instance, an older rank 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub imp: Option<ImpCredential>,
 }
+
+/// A submitter's munge credential and the exact jobspec text it covers (the `vigil-imp` crate's docs, "The
+/// credential"): rank 0 keeps both with the job, unchanged by `vigil update`, and sends them with each shell's
+/// input; rank 0 never decodes the credential (decoding consumes it, munge's replay cache).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImpCredential {
+    /// munge's text (`MUNGE:...:`), as the client made it.
+    pub credential: String,
+    /// The jobspec's compact JSON text as submitted, whose SHA-256 the credential's payload names.
+    pub jobspec: String,
+}
+
+/// The environment variable in which `vigil-imp` gives the job shell the SHA-256 (lowercase hex) of the jobspec
+/// it checked the credential against.
+pub const IMP_JOBSPEC_SHA_ENV: &str = "VIGIL_IMP_JOBSPEC_SHA256";
 
 /// Signals a job shell catches and passes on to each of its tasks (by name, as `kill -l` spells them). The broker
 /// sends these to the shell process alone, so that each task gets one copy: sent to the shell's process group,
@@ -290,6 +311,42 @@ impl ShellInput {
         }
         if self.shell_rank >= self.nshells {
             return Err(format!("shell_rank {} is not below nshells {}", self.shell_rank, self.nshells));
+        }
+        Ok(())
+    }
+
+    /// Check that this input runs what its submitter signed: its command, environment, working directory,
+    /// shell options and files are those of the jobspec in [`ShellInput::imp`] (the text `vigil-imp` checked the
+    /// credential against; the shell compares its SHA-256 with [`IMP_JOBSPEC_SHA_ENV`] first). A broker, or
+    /// anyone holding the overlay key, can then not run another command as the user under a good credential.
+    ///
+    /// # Errors
+    /// No signed jobspec, one that does not parse or validate, or a field that differs: the message names it.
+    pub fn check_signed(&self) -> Result<(), String> {
+        let Some(imp) = &self.imp else {
+            return Err("the input carries no signed jobspec (imp)".into());
+        };
+        let v: serde_json::Value =
+            serde_json::from_str(&imp.jobspec).map_err(|e| format!("the signed jobspec is not JSON: {e}"))?;
+        let req = crate::jobspec::Jobspec::from_value(&v)
+            .and_then(|s| s.validate())
+            .map_err(|e| format!("the signed jobspec is not valid: {e}"))?;
+        let files = v.pointer("/attributes/system/files").and_then(serde_json::Value::as_object).cloned();
+        let differs = |field: &str| Err(format!("its {field} is not the signed jobspec's"));
+        if req.command != self.command {
+            return differs("command");
+        }
+        if req.environment != self.environment {
+            return differs("environment");
+        }
+        if req.cwd != self.cwd {
+            return differs("working directory");
+        }
+        if req.shell_options != self.options {
+            return differs("shell options");
+        }
+        if files.unwrap_or_default() != self.files {
+            return differs("file list");
         }
         Ok(())
     }
@@ -550,6 +607,37 @@ pub fn status_exited(code: i32) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A shell's input runs what its submitter signed, or the shell refuses it naming the field that differs.
+    #[test]
+    fn an_input_is_checked_against_the_signed_jobspec() {
+        let js = crate::jobspec::JobspecBuilder::new(["app", "-v"]).cwd("/home/a").env("X", "1").build().expect("ok");
+        let text = js.to_json();
+        let req = js.validate().expect("valid");
+        let mut input: ShellInput = serde_json::from_value(serde_json::json!({
+            "id": 1, "id_f58": "f1", "shell_rank": 0, "broker_rank": 0, "nshells": 1, "ntasks": 1,
+            "first_task": 0, "local_tasks": 1, "cores": [0], "gpus": [], "cores_per_task": 1,
+            "gpus_per_task": 0, "command": req.command, "environment": req.environment, "cwd": req.cwd,
+            "options": req.shell_options, "taskmap": null, "r": null, "topology": "live", "declared_gpus": null,
+            "uri": "local:///x",
+        }))
+        .expect("input");
+        assert!(input.check_signed().unwrap_err().contains("no signed jobspec"));
+        input.imp = Some(ImpCredential { credential: "MUNGE:x:".into(), jobspec: text });
+        input.check_signed().expect("the same job");
+        let mut forged = input.clone();
+        forged.command = vec!["rm".into(), "-rf".into(), "/home/a".into()];
+        assert_eq!(forged.check_signed().unwrap_err(), "its command is not the signed jobspec's");
+        let mut forged = input.clone();
+        forged.environment.insert("LD_PRELOAD".into(), "/tmp/x.so".into());
+        assert_eq!(forged.check_signed().unwrap_err(), "its environment is not the signed jobspec's");
+        let mut forged = input.clone();
+        forged.files.insert("script".into(), serde_json::json!({"data": "evil"}));
+        assert_eq!(forged.check_signed().unwrap_err(), "its file list is not the signed jobspec's");
+        let mut forged = input;
+        forged.cwd = Some("/".into());
+        assert_eq!(forged.check_signed().unwrap_err(), "its working directory is not the signed jobspec's");
+    }
 
     /// Inside a batch or alloc job every job shares the enclosing allocation's directory and owns none of it;
     /// elsewhere a job owns its own, under the admin's base or else in its job tmpdir.

@@ -216,21 +216,23 @@ fn job_id(v: &Value) -> Option<JobId> {
 }
 
 /// Whether `uid` may submit jobs to an instance owned by `owner` whose brokers run as `owner`: the owner always;
-/// a guest only where the job's shell can be started as the guest. Without the privileged launcher
-/// (`vigil-imp`, not yet available) that is only a broker running as root (docs/security.md), which starts each
-/// shell as its job's submitter; any other broker would run the guest's job as itself, which it must not.
+/// a guest only where the job's shell can be started as the guest. A broker running as root starts each shell as
+/// its job's submitter itself; brokers running as another user (a multi-user instance refuses to start without
+/// `vigil-imp` then: `exec.imp`) hand it to `vigil-imp`, which needs the submitter's munge credential
+/// (`credential`: whether the submission carries one). Without one the job could never start: refused now.
 ///
 /// # Errors
-/// EPERM saying why, for a guest of an instance whose brokers are not root.
-pub fn may_submit(uid: u32, owner: u32) -> Result<(), Denied> {
-    if uid == owner || owner == 0 {
+/// EPERM saying why, for a guest without a credential of an instance whose brokers are not root.
+pub fn may_submit(uid: u32, owner: u32, credential: bool) -> Result<(), Denied> {
+    if uid == owner || owner == 0 || credential {
         return Ok(());
     }
     Err(Denied {
         errno: errno::EPERM,
         message: format!(
-            "permission denied: running jobs as uid {uid} needs vigil-imp, not yet available: this instance's brokers \
-             run as uid {owner}, and would run your job as that user (docs/security.md)"
+            "permission denied: this instance's brokers run as uid {owner} and start your job (uid {uid}) through \
+             vigil-imp, which needs a munge credential over the jobspec, and the submission carries none: is munged \
+             running on this node (or $VIGIL_MUNGE_SOCKET set to its socket)? (docs/security.md)"
         ),
     })
 }
@@ -306,10 +308,14 @@ mod tests {
 
     #[test]
     fn guests_submit_only_where_the_broker_can_run_their_job_as_them() {
-        assert_eq!(may_submit(OWNER, OWNER), Ok(()));
-        let e = may_submit(A, OWNER).expect_err("a non-root broker");
-        assert!(e.message.contains("running jobs as uid 1001 needs vigil-imp, not yet available"), "{e}");
-        assert_eq!(may_submit(A, 0), Ok(()), "a root broker starts the shell as the submitter");
+        assert_eq!(may_submit(OWNER, OWNER, false), Ok(()));
+        let e = may_submit(A, OWNER, false).expect_err("a non-root broker, no credential");
+        assert!(
+            e.message.contains("needs a munge credential over the jobspec, and the submission carries none"),
+            "{e}"
+        );
+        assert_eq!(may_submit(A, OWNER, true), Ok(()), "vigil-imp starts the shell as the submitter");
+        assert_eq!(may_submit(A, 0, false), Ok(()), "a root broker starts the shell as the submitter");
         assert!(sees_details(A, OWNER, A) && sees_details(OWNER, OWNER, A) && !sees_details(B, OWNER, A));
     }
 }

@@ -107,6 +107,7 @@ impl JobCore {
                 // Input ended with nothing held never grows again (`JobCore::stdin` refuses it): no shell asks.
                 stdin: !(job.stdin_eof && job.stdin.is_empty()),
                 placement: None,
+                imp: job.credential.as_deref().cloned(),
             };
             job.shells.insert(
                 a.rank,

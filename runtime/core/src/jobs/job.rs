@@ -48,6 +48,9 @@ pub struct Job {
     pub userid: u32,
     /// The client's key for the submission that made the job, if it sent one (`submit_key.rs`).
     pub submit_key: Option<SubmitKey>,
+    /// A guest's munge credential and the jobspec text it covers, as submitted (not changed by `vigil update`):
+    /// each shell's input carries it, for `vigil-imp` (docs/security.md). `None`: none was sent.
+    pub credential: Option<std::sync::Arc<crate::shellproto::ImpCredential>>,
     /// State (RFC 21).
     pub state: JobState,
     /// The jobspec as submitted, as compact JSON text ([`Job::jobspec`] parses it): a parsed `Value` of even a
@@ -170,6 +173,7 @@ impl Job {
             id,
             userid,
             submit_key: None,
+            credential: None,
             state: JobState::New,
             jobspec_text: jobspec.to_string().into(),
             name: jobspec.pointer("/attributes/system/job/name").and_then(Value::as_str).map(Into::into),

@@ -88,6 +88,9 @@ pub struct JobRecord {
     /// The client's submission key (`submit_key.rs`), if it sent one: in the job's first batch only, with the
     /// jobspec.
     pub submit_key: Option<std::sync::Arc<str>>,
+    /// A guest's munge credential and the jobspec text it covers ([`Job::credential`](super::Job)), if it sent
+    /// one: in the job's first batch only, with the jobspec.
+    pub credential: Option<std::sync::Arc<crate::shellproto::ImpCredential>>,
     /// Index in the job's eventlog of `events[0]`.
     pub first_event: usize,
     /// Eventlog entries appended since the job's last saved batch.
@@ -165,6 +168,8 @@ pub struct KeptJob {
     pub jobspec: Value,
     /// The client's submission key, if it sent one (`submit_key.rs`).
     pub submit_key: Option<String>,
+    /// A guest's munge credential and the jobspec text it covers, if it sent one.
+    pub credential: Option<crate::shellproto::ImpCredential>,
     /// Its RFC 18 eventlog.
     pub eventlog: Vec<Event>,
     /// R of its last allocation.
@@ -188,6 +193,7 @@ impl KeptJob {
             userid,
             jobspec,
             submit_key: None,
+            credential: None,
             eventlog: Vec::new(),
             r: None,
             status: None,
@@ -283,6 +289,9 @@ impl Kept {
                 .or_insert_with(|| KeptJob::new(r.userid, parse_jobspec(r.jobspec.as_deref()), r.state));
             if let Some(key) = &r.submit_key {
                 k.submit_key = Some(key.to_string());
+            }
+            if let Some(c) = &r.credential {
+                k.credential = Some(crate::shellproto::ImpCredential::clone(c));
             }
             k.eventlog.truncate(r.first_event);
             k.eventlog.extend(r.events.iter().map(|e| Event::clone(e)));
@@ -408,6 +417,7 @@ impl JobCore {
                     submit_key: (j.saved_events == 0)
                         .then(|| j.submit_key.as_ref().map(super::SubmitKey::shared))
                         .flatten(),
+                    credential: (j.saved_events == 0).then(|| j.credential.clone()).flatten(),
                     first_event: j.saved_events,
                     events: events.to_vec(),
                     row,

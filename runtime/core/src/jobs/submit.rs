@@ -64,12 +64,15 @@ pub struct SubmitRequest<'a> {
     /// The client's submission key, if it sent one (`submit_key.rs`): the job that key already names, if the core
     /// holds one, is the answer instead of a new job. Default none: every submission makes a new job.
     pub key: Option<SubmitKey>,
+    /// The submitter's munge credential over the jobspec's text as sent (`vigil_client::munge`), kept with the
+    /// job for `vigil-imp` ([`crate::shellproto::ImpCredential`]); never decoded here. Default none.
+    pub credential: Option<String>,
 }
 
 impl<'a> SubmitRequest<'a> {
     /// `jobspec` submitted by `userid`, without standard input, at the default urgency, without a key.
     pub fn new(jobspec: &'a Value, userid: u32) -> Self {
-        SubmitRequest { jobspec, userid, stdin: false, urgency: super::DEFAULT_URGENCY, key: None }
+        SubmitRequest { jobspec, userid, stdin: false, urgency: super::DEFAULT_URGENCY, key: None, credential: None }
     }
 
     /// This request with [`SubmitRequest::stdin`] set.
@@ -90,6 +93,13 @@ impl<'a> SubmitRequest<'a> {
     #[must_use]
     pub fn key(mut self, key: Option<SubmitKey>) -> Self {
         self.key = key;
+        self
+    }
+
+    /// This request with [`SubmitRequest::credential`] set.
+    #[must_use]
+    pub fn credential(mut self, credential: Option<String>) -> Self {
+        self.credential = credential;
         self
     }
 }
@@ -115,7 +125,7 @@ impl JobCore {
 
     /// Parse, validate and queue `req` as a new job (its key aside).
     fn enqueue(&mut self, now: f64, req: &SubmitRequest<'_>) -> Result<JobId, SubmitError> {
-        let SubmitRequest { jobspec, userid, stdin, urgency, key: _ } = *req;
+        let SubmitRequest { jobspec, userid, stdin, urgency, key: _, ref credential } = *req;
         let urgency = urgency.min(super::MAX_URGENCY);
         let spec = Jobspec::from_value(jobspec).map_err(|e| SubmitError::Jobspec(e.to_string()))?;
         let mut req = spec.validate().map_err(|e| SubmitError::Jobspec(e.to_string()))?;
@@ -170,6 +180,12 @@ impl JobCore {
         check_warning(&req)?;
         let id = self.new_id(now);
         let mut job = Job::new(id, userid, jobspec, req, now);
+        job.credential = credential.as_ref().map(|c| {
+            std::sync::Arc::new(crate::shellproto::ImpCredential {
+                credential: c.clone(),
+                jobspec: job.jobspec_text.to_string(),
+            })
+        });
         job.stdin_eof = !stdin;
         job.urgency = urgency;
         job.post(now, "submit", json!({"userid": userid, "urgency": urgency, "flags": 0, "version": 1}));

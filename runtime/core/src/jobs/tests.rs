@@ -1517,3 +1517,42 @@ fn a_nested_instance_that_cannot_start_fails_its_job_naming_the_nodes() {
     assert_eq!(c.jobs[&id].state, JobState::Inactive);
     assert_eq!(c.jobs[&id].exit_code(), Some(crate::shellproto::JOB_EXIT_NODE_LOST));
 }
+
+/// A guest's munge credential (docs/security.md) stays with its job as submitted, through `vigil update` and a
+/// restart of rank 0, and each shell's input carries it with the jobspec text it covers, for `vigil-imp`.
+#[test]
+fn a_guests_credential_goes_with_its_job_to_every_shell_through_an_update_and_a_restart() {
+    let mut c = core(2, 1, 0);
+    c.enable_journal();
+    let busy = c.submit(T0, SubmitRequest::new(&spec(cmd().nnodes(2).ntasks(2)), 1000)).unwrap().id;
+    assert_eq!(c.jobs[&busy].state, JobState::Run);
+    let guest_spec = spec(cmd().nnodes(2).ntasks(2));
+    let signed = guest_spec.to_string();
+    let g = c.submit(T0 + 1.0, SubmitRequest::new(&guest_spec, 1001).credential(Some("MUNGE:abc:".into()))).unwrap().id;
+    let u = update::Update { name: Some("renamed".into()), duration: None, urgency: None };
+    c.update(T0 + 2.0, g, 1001, false, &u).expect("renamed");
+    assert_ne!(*c.jobs[&g].jobspec_text, *signed, "the update changed the jobspec");
+    let mut kept = journal::Kept::default();
+    let b = c.journal().expect("a batch");
+    kept.apply(&b).expect("applies");
+    assert_eq!(kept.jobs[&g].credential.as_ref().map(|k| k.credential.as_str()), Some("MUNGE:abc:"));
+    let mut c2 = JobCore::new(T0 + 10.0);
+    for r in 0..2 {
+        c2.rank_online(T0 + 10.0, r, &format!("node{r}"), (0..1).collect(), IdSet::new(), ("live".into(), None));
+    }
+    c2.restore(T0 + 10.0, kept);
+    // The busy job ended with the restart (no reattach grace): the guest's starts, on both nodes.
+    c2.schedule(T0 + 11.0);
+    let s = spawns(&actions(&mut c2));
+    assert_eq!(s.len(), 2, "{:?}", names(&c2, g));
+    for (id, _, input) in s {
+        assert_eq!(id, g);
+        let imp = input.imp.clone().expect("the credential goes with the input");
+        assert_eq!((imp.credential.as_str(), imp.jobspec.as_str()), ("MUNGE:abc:", signed.as_str()));
+        input.check_signed().expect("the input runs what was signed");
+    }
+    // A job submitted without one carries none.
+    let mut c = core(1, 1, 0);
+    c.submit(T0, SubmitRequest::new(&spec(cmd()), 1000)).unwrap();
+    assert!(spawns(&actions(&mut c)).iter().all(|(_, _, i)| i.imp.is_none()));
+}

@@ -82,6 +82,9 @@ struct RecordJob<'a> {
     /// The client's submission key (`jobs/submit_key.rs`), with the jobspec; absent without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     submit_key: Option<Cow<'a, str>>,
+    /// A guest's munge credential and the jobspec text it covers, with the jobspec; absent without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    credential: Option<Cow<'a, crate::shellproto::ImpCredential>>,
     first_event: usize,
     events: Vec<Cow<'a, Event>>,
     row: bool,
@@ -129,6 +132,7 @@ impl<'a> Record<'a> {
                 raw_jobspec: j.jobspec.as_deref().is_some_and(raw),
                 jobspec: j.jobspec.as_deref().filter(|t| !raw(t)).map(Cow::Borrowed),
                 submit_key: j.submit_key.as_deref().map(Cow::Borrowed),
+                credential: j.credential.as_deref().map(Cow::Borrowed),
                 first_event: j.first_event,
                 events: j.events.iter().map(|e| Cow::Borrowed(&**e)).collect(),
                 row: j.row,
@@ -181,6 +185,7 @@ impl<'a> Record<'a> {
                 state: j.state,
                 jobspec,
                 submit_key: j.submit_key.map(|s| Arc::from(s.into_owned())),
+                credential: j.credential.map(|c| Arc::new(c.into_owned())),
                 first_event: j.first_event,
                 events,
                 row: j.row,
@@ -564,6 +569,10 @@ mod tests {
             state: JobState::Run,
             jobspec: Some(Arc::from(r#"{"version":1,"tasks":[{"command":["true"]}]}"#)),
             submit_key: Some(Arc::from(format!("{id:032x}"))),
+            credential: Some(Arc::new(crate::shellproto::ImpCredential {
+                credential: format!("MUNGE:{id}:"),
+                jobspec: r#"{"version":1,"tasks":[{"command":["true"]}]}"#.into(),
+            })),
             first_event: 0,
             events: vec![Arc::new(
                 Event::parse_line(r#"{"timestamp":1.5,"name":"submit","context":{"urgency":16}}"#).unwrap(),

@@ -34,6 +34,26 @@ struct SubmitRequest {
     /// The job's RFC 21 urgency, an integer from 0 (held) to 31 (expedite); 16 when absent. More than 16 is the
     /// instance owner's only (`jobs/urgency.rs`).
     urgency: Option<Value>,
+    /// A guest's munge credential over the jobspec's JSON text as sent (`vigil_client::munge`), a string of at
+    /// most [`MAX_CREDENTIAL`] bytes: kept with the job, never decoded here, handed to `vigil-imp` on each node
+    /// (docs/security.md). Required of a guest when the brokers are not root.
+    credential: Option<Value>,
+}
+
+/// The longest credential a submission may carry (munge's own are a few hundred bytes over a small payload).
+const MAX_CREDENTIAL: usize = 16 << 10;
+
+/// A submission's `credential`, checked: a string of printable ASCII of at most [`MAX_CREDENTIAL`] bytes.
+fn credential_of(v: Option<&Value>) -> Result<Option<String>, ServiceError> {
+    let Some(v) = v.filter(|v| !v.is_null()) else { return Ok(None) };
+    match v.as_str() {
+        Some(s) if !s.is_empty() && s.len() <= MAX_CREDENTIAL && s.bytes().all(|b| b.is_ascii_graphic()) => {
+            Ok(Some(s.to_string()))
+        }
+        _ => Err(ServiceError::einval(format!(
+            "credential: must be a munge credential, a string of printable ASCII of at most {MAX_CREDENTIAL} bytes"
+        ))),
+    }
 }
 
 /// An urgency as a request gives it (`urgency` of `job-manager.submit` and `job-manager.urgency`), checked.
@@ -54,8 +74,10 @@ fn urgency_of(v: Option<&Value>, owner: bool) -> Result<u32, ServiceError> {
 /// `job-manager.submit`.
 fn submit(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     let req: SubmitRequest = lazy.decode()?;
+    let credential = credential_of(req.credential.as_ref())?;
     // A guest's job runs as the guest, or not at all (never as the brokers' user).
-    crate::broker::access::may_submit(msg.userid, core.env.uid).map_err(|d| ServiceError::new(d.errno, d.message))?;
+    crate::broker::access::may_submit(msg.userid, core.env.uid, credential.is_some())
+        .map_err(|d| ServiceError::new(d.errno, d.message))?;
     let n = core.wall();
     let size = core.opts.size;
     let urgency = urgency_of(req.urgency.as_ref(), msg.userid == core.env.uid)?;
@@ -77,7 +99,8 @@ fn submit(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
         StateDir::Open { .. } | StateDir::None => {}
     }
     // `vigil run` streams its standard input to the tasks (job-exec.stdin).
-    match jc.submit(n, crate::jobs::SubmitRequest::new(spec, msg.userid).stdin(stdin).key(key).urgency(urgency)) {
+    let sub = crate::jobs::SubmitRequest::new(spec, msg.userid).stdin(stdin).key(key).urgency(urgency);
+    match jc.submit(n, sub.credential(credential)) {
         Ok(crate::jobs::Submitted { id, duplicate }) => {
             // RFC 14: unknown attributes.system keys are ignored, and the submitter is told.
             let warnings = jc.jobs.get(&id).map(|j| j.req.warnings.clone()).unwrap_or_default();

@@ -181,8 +181,10 @@ impl JobCore {
         let kept_row = (k.state, k.status);
         // A key kept that does not read as one (a store edited by hand) is dropped: the job is kept.
         let key = k.submit_key.as_deref().and_then(|s| SubmitKey::parse_str(s).ok());
+        let credential = k.credential.map(std::sync::Arc::new);
         let mut job = self.replay(id, k.userid, k.jobspec, k.eventlog, out);
         job.saved_row = Some(kept_row);
+        job.credential = credential;
         if let Some(key) = key {
             self.submit_keys.insert((job.userid, key.clone()), id);
             job.submit_key = Some(key);

@@ -22,10 +22,13 @@
 //!   share a few pages, and a change of state rewrites a few hundred bytes); `R` JSON, `output` the JSON array of
 //!   an INACTIVE job's output lines (its tail) in a store written before schema 2 (since, its output is in
 //!   `job_output`);
-//! - `jobspecs(id, jobspec, submit_key)`: each job's jobspec (JSON) as submitted, written once (since schema 3;
-//!   before, a column of `jobs`, rewritten with every change of the row: a jobspec carries the submitter's
-//!   environment, kilobytes), with the client's submission key (`jobs/submit_key.rs`; NULL without one, and in
-//!   rows written before schema 4), so that a submission sent again after a restart finds its job;
+//! - `jobspecs(id, jobspec, submit_key, credential)`: each job's jobspec (JSON) as submitted, written once (since
+//!   schema 3; before, a column of `jobs`, rewritten with every change of the row: a jobspec carries the
+//!   submitter's environment, kilobytes), with the client's submission key (`jobs/submit_key.rs`; NULL without
+//!   one, and in rows written before schema 4), so that a submission sent again after a restart finds its job, and
+//!   a guest's munge credential with the jobspec text it covers (JSON `{"credential", "jobspec"}`; NULL without
+//!   one, and in rows written before schema 6), so that a restarted rank 0 can still start the job through
+//!   `vigil-imp`;
 //! - `job_events(id, seq, event)`: each job's RFC 18 eventlog, as written: one row per job per fold of the redo
 //!   log ([`Store::fold`]), `event` the lines of the events numbered from `seq` (one line per event, `\n` between
 //!   them; one event per row before schema 3, one per write of the journal before the fold merged them);
@@ -42,7 +45,8 @@
 //!
 //! Older schemas are brought to this one at open, in one transaction: 1 (before `job_output`) by adding it, 2
 //! (the jobspec in `jobs`) by moving the jobspecs to their table, 3 (no submission keys) by adding the column,
-//! 4 (no history) by adding the table (the restore then writes a record for each INACTIVE job kept).
+//! 4 (no history) by adding the table (the restore then writes a record for each INACTIVE job kept), 5 (no
+//! credentials) by adding the column.
 //! Rows of one event each read the same in 3.
 //!
 //! A file this build cannot read (not SQLite, damaged, truncated, another schema version) is [`OpenError::Damaged`]:
@@ -83,7 +87,7 @@ use write::{write_jobs, write_meta_kept};
 pub const FILE: &str = "vigil.sqlite";
 
 /// The schema this build writes and reads (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// `PRAGMA application_id` of a Vigil store: "VGL1".
 pub const APPLICATION_ID: i64 = 0x5647_4c31;

@@ -24,7 +24,10 @@ impl Store {
         let last_id = JobId(self.meta_u64("last_id").map_err(s)?).max(JobId(top.unwrap_or(0) as u64));
         let mut kept = Kept { epoch, last_id, ..Kept::default() };
         let mut q = c
-            .prepare("SELECT id, userid, state, jobspec, R, status, submit_key FROM jobs LEFT JOIN jobspecs USING(id)")
+            .prepare(
+                "SELECT id, userid, state, jobspec, R, status, submit_key, credential FROM jobs LEFT JOIN jobspecs \
+                 USING(id)",
+            )
             .map_err(s)?;
         let mut rows = q.query([]).map_err(s)?;
         while let Some(r) = rows.next().map_err(s)? {
@@ -43,6 +46,9 @@ impl Store {
             job.r = rv.map(|t| serde_json::from_str(&t)).transpose().map_err(|e| format!("job {id}: R: {e}"))?;
             job.status = r.get(5).map_err(s)?;
             job.submit_key = r.get(6).map_err(s)?;
+            let cred: Option<String> = r.get(7).map_err(s)?;
+            job.credential =
+                cred.map(|t| serde_json::from_str(&t)).transpose().map_err(|e| format!("job {id}: credential: {e}"))?;
             kept.jobs.insert(id, job);
         }
         let mut q = c.prepare("SELECT id, seq, event FROM job_events ORDER BY id, seq").map_err(s)?;

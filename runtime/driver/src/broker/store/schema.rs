@@ -58,7 +58,12 @@ const SCHEMA_5_CHANGE: &str = "
     CREATE TABLE history(id INTEGER PRIMARY KEY, t_inactive REAL NOT NULL, record TEXT NOT NULL);
     CREATE INDEX history_by_end ON history(t_inactive);";
 
-/// Bring a store of schema 1 to 4 (checked by [`check`]) to [`SCHEMA_VERSION`], in one transaction: none of
+/// What schema 6 added to schema 5: a guest's munge credential beside its job's jobspec, the JSON of
+/// [`ImpCredential`](crate::shellproto::ImpCredential) (the credential and the jobspec text it covers; NULL: none).
+const SCHEMA_6_CHANGE: &str = "
+    ALTER TABLE jobspecs ADD COLUMN credential TEXT;";
+
+/// Bring a store of schema 1 to 5 (checked by [`check`]) to [`SCHEMA_VERSION`], in one transaction: none of
 /// it is changed if any step fails.
 pub(crate) fn upgrade(c: &Connection) -> rusqlite::Result<()> {
     let version: i64 = c.query_row("PRAGMA user_version", [], |r| r.get(0))?;
@@ -80,11 +85,13 @@ pub(crate) fn upgrade(c: &Connection) -> rusqlite::Result<()> {
         String::new()
     };
     let to_4 = if version < 4 { SCHEMA_4_CHANGE } else { "" };
+    let to_5 = if version < 5 { SCHEMA_5_CHANGE } else { "" };
     let r = c.execute_batch(&format!(
         "BEGIN;
          {to_3}
          {to_4}
-         {SCHEMA_5_CHANGE}
+         {to_5}
+         {SCHEMA_6_CHANGE}
          PRAGMA user_version = {SCHEMA_VERSION};
          COMMIT;"
     ));
@@ -105,6 +112,7 @@ pub(crate) fn create(c: &Connection) -> rusqlite::Result<()> {
          {SCHEMA_3_TABLES}
          {SCHEMA_4_CHANGE}
          {SCHEMA_5_CHANGE}
+         {SCHEMA_6_CHANGE}
          CREATE TABLE job_events(id INTEGER NOT NULL, seq INTEGER NOT NULL, event TEXT NOT NULL,
                                  PRIMARY KEY(id, seq)) WITHOUT ROWID;
          CREATE TABLE resource_events(seq INTEGER PRIMARY KEY, event TEXT NOT NULL);

@@ -22,6 +22,13 @@ pub(in crate::broker) fn record(id: u64, first: usize, events: &[&str], spec: bo
         jobspec: spec.then(|| json!({"version": 1, "id": id}).to_string().into()),
         // Every other job was submitted with a key (`jobs/submit_key.rs`), as a client of today's does.
         submit_key: (spec && id.is_multiple_of(2)).then(|| format!("key-{id}").into()),
+        // Every third, a guest's, with its munge credential (docs/security.md).
+        credential: (spec && id.is_multiple_of(3)).then(|| {
+            std::sync::Arc::new(crate::shellproto::ImpCredential {
+                credential: format!("MUNGE:cred-{id}:"),
+                jobspec: json!({"version": 1, "id": id}).to_string(),
+            })
+        }),
         first_event: first,
         events: events.iter().map(|n| std::sync::Arc::new(ev(1.5, n))).collect(),
         row: true,
@@ -413,6 +420,33 @@ fn submission_keys_come_back_after_reopening() {
     let keys: Vec<(u64, Option<&str>)> = kept.jobs.iter().map(|(id, k)| (id.0, k.submit_key.as_deref())).collect();
     assert_eq!(keys, [(3, Some("0123456789abcdef0123456789abcdef")), (5, None), (9, Some("in-the-log"))]);
     assert_eq!(kept.jobs[&JobId(3)].eventlog.len(), 2);
+    // Guests' credentials (jobs 3 and 9: `record`) come back the same way, from the file and from the log.
+    let creds: Vec<(u64, Option<&str>)> =
+        kept.jobs.iter().map(|(id, k)| (id.0, k.credential.as_ref().map(|c| c.credential.as_str()))).collect();
+    assert_eq!(creds, [(3, Some("MUNGE:cred-3:")), (5, None), (9, Some("MUNGE:cred-9:"))]);
+    assert_eq!(kept.jobs[&JobId(9)].credential.as_ref().unwrap().jobspec, r#"{"id":9,"version":1}"#);
+}
+
+/// A store of schema 5 (no credentials) is brought to this one: its jobs come back without one, and guests'
+/// jobs with theirs are written on.
+#[test]
+fn a_schema_5_store_gains_credentials() {
+    let d = tempfile::tempdir().unwrap();
+    let (mut s, _) = Store::open(d.path()).unwrap();
+    s.commit(&batch(vec![record(3, 0, &["submit"], true)], 0, 0, 3)).unwrap();
+    s.conn
+        .execute_batch("ALTER TABLE jobspecs DROP COLUMN credential; PRAGMA user_version = 5;")
+        .expect("made a schema 5 store");
+    drop(s);
+    let (mut s, kept) = Store::open(d.path()).unwrap();
+    let v: i64 = s.conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+    assert_eq!(v, SCHEMA_VERSION);
+    assert_eq!(kept.unwrap().jobs[&JobId(3)].credential, None);
+    s.commit(&batch(vec![record(6, 0, &["submit"], true)], 0, 0, 6)).unwrap();
+    drop(s);
+    let (_, kept) = Store::open(d.path()).unwrap();
+    let c = kept.unwrap().jobs[&JobId(6)].credential.clone().expect("job 6's credential");
+    assert_eq!(c.credential, "MUNGE:cred-6:");
 }
 
 /// A store of schema 3 (no submission keys) is brought to this one: its jobs come back without a key, and
@@ -423,7 +457,10 @@ fn a_schema_3_store_gains_submission_keys() {
     let (mut s, _) = Store::open(d.path()).unwrap();
     s.commit(&batch(vec![record(1, 0, &["submit"], true)], 0, 0, 1)).unwrap();
     s.conn
-        .execute_batch("DROP TABLE history; ALTER TABLE jobspecs DROP COLUMN submit_key; PRAGMA user_version = 3;")
+        .execute_batch(
+            "DROP TABLE history; ALTER TABLE jobspecs DROP COLUMN submit_key; ALTER TABLE jobspecs DROP COLUMN \
+             credential; PRAGMA user_version = 3;",
+        )
         .expect("made a schema 3 store");
     drop(s);
     let (mut s, kept) = Store::open(d.path()).unwrap();
@@ -444,7 +481,9 @@ fn a_schema_4_store_gains_the_history() {
     let d = tempfile::tempdir().unwrap();
     let (mut s, _) = Store::open(d.path()).unwrap();
     s.commit(&batch(vec![record(1, 0, &["submit"], true)], 0, 0, 1)).unwrap();
-    s.conn.execute_batch("DROP TABLE history; PRAGMA user_version = 4;").expect("made a schema 4 store");
+    s.conn
+        .execute_batch("DROP TABLE history; ALTER TABLE jobspecs DROP COLUMN credential; PRAGMA user_version = 4;")
+        .expect("made a schema 4 store");
     drop(s);
     let (mut s, kept) = Store::open(d.path()).unwrap();
     let v: i64 = s.conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();

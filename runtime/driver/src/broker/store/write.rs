@@ -43,8 +43,9 @@ pub(crate) fn write_jobs(c: &Connection, batches: &[&Journal]) -> Result<(), Com
          ON CONFLICT(id) DO UPDATE SET state = excluded.state, R = excluded.R, status = excluded.status,
          output = COALESCE(excluded.output, output)",
     )?;
-    let mut jobspec =
-        c.prepare_cached("INSERT OR REPLACE INTO jobspecs(id, jobspec, submit_key) VALUES(?1, ?2, ?3)")?;
+    let mut jobspec = c.prepare_cached(
+        "INSERT OR REPLACE INTO jobspecs(id, jobspec, submit_key, credential) VALUES(?1, ?2, ?3, ?4)",
+    )?;
     let mut update = c.prepare_cached(
         "UPDATE jobs SET state = ?2, R = ?3, status = ?4, output = COALESCE(?5, output) WHERE id = ?1",
     )?;
@@ -67,7 +68,8 @@ pub(crate) fn write_jobs(c: &Connection, batches: &[&Journal]) -> Result<(), Com
             match spec {
                 Some(first) => {
                     new_job.execute(params![id, i64::from(last.userid), last.state.name(), rv, last.status, output])?;
-                    jobspec.execute(params![id, first.jobspec.as_deref(), first.submit_key.as_deref()])?;
+                    let cred = first.credential.as_ref().and_then(|c| serde_json::to_string(&**c).ok());
+                    jobspec.execute(params![id, first.jobspec.as_deref(), first.submit_key.as_deref(), cred])?;
                 }
                 None => {
                     if update.execute(params![id, last.state.name(), rv, last.status, output])? != 1 {
