@@ -178,6 +178,12 @@ async fn run() -> i32 {
             return 1;
         }
     };
+    // Started by vigil-imp as a guest (docs/security.md): run only what the submitter signed.
+    if let Err(e) = check_signed(&input, std::env::var(vigil_proto::shellproto::IMP_JOBSPEC_SHA_ENV).ok().as_deref()) {
+        let report = ShellReport::failed(format!("refused: {e}"));
+        let _ = writeln!(std::io::stdout(), "{}", serde_json::to_string(&report).unwrap_or_default());
+        return 0;
+    }
     let report = match Shell::new(input).await {
         Ok(mut sh) => sh.run().await,
         Err(e) => ShellReport::failed(e),
@@ -185,6 +191,24 @@ async fn run() -> i32 {
     // The broker reads this report from our stdout; if it is gone there is nobody to tell.
     let _ = writeln!(std::io::stdout(), "{}", serde_json::to_string(&report).unwrap_or_default());
     0
+}
+
+/// Where `vigil-imp` started this shell (it says so in `sha`, [`vigil_proto::shellproto::IMP_JOBSPEC_SHA_ENV`]: the
+/// SHA-256 of the jobspec it checked the submitter's credential against), check that `input` is that job: its
+/// signed jobspec has that SHA-256, and its command, environment, working directory, options and files are that
+/// jobspec's. Nothing to check otherwise.
+///
+/// # Errors
+/// What differs.
+fn check_signed(input: &ShellInput, sha: Option<&str>) -> Result<(), String> {
+    let Some(sha) = sha else { return Ok(()) };
+    let Some(imp) = &input.imp else {
+        return Err("started by vigil-imp, but the input carries no signed jobspec".into());
+    };
+    if vigil_client::munge::sha256_hex(imp.jobspec.as_bytes()) != sha {
+        return Err("the input's jobspec is not the one vigil-imp checked (their SHA-256 differ)".into());
+    }
+    input.check_signed()
 }
 
 /// Make directory `dir`, new (not one that exists already), mode 0700, owned by this process's user.

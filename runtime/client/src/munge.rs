@@ -34,8 +34,8 @@ pub fn payload(instance: &str, jobspec: &[u8]) -> String {
     format!("vigil-imp-credential 1\ninstance={instance}\njobspec-sha256={}\n", sha256_hex(jobspec))
 }
 
-/// Lowercase hex SHA-256.
-fn sha256_hex(b: &[u8]) -> String {
+/// Lowercase hex SHA-256 of `b` (a jobspec's, as the credential's payload and `vigil-imp` name it).
+pub fn sha256_hex(b: &[u8]) -> String {
     use ring::digest::{digest, SHA256};
     digest(&SHA256, b).as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -228,6 +228,9 @@ pub static ATTRS: &[Attr] = &[
         "most job history records kept, the oldest removed first; 0: no limit"),
     attr("exec.shell", Kind::Path, otherwise("$VIGIL_SHELL, else vigil-shell beside vigil", "/usr/libexec/vigil-shell"),
         CommandLine, "job shell program"),
+    attr("exec.imp", Kind::Path, otherwise("vigil-imp beside vigil", "/usr/libexec/vigil/vigil-imp"), CommandLineOrToml,
+        "the privileged launcher a broker that is not root starts guests' job shells with, in a multi-user instance \
+        ([exec] imp in the TOML file; docs/security.md): such an instance refuses to start without it"),
     attr("exec.containment", Kind::Enum(&["auto", "cgroup", "pgroup"]), is("auto"), CommandLine,
         "how a job's processes are kept: auto (a cgroup v2 per job, else process groups), cgroup (no fallback), pgroup"),
     attr("exec.cgroup-spawn", Kind::Enum(&["auto", "move"]), is("auto"), CommandLine,
@@ -538,6 +541,9 @@ pub struct BrokerConfig {
     pub history_num_limit: usize,
     /// `exec.shell`: the job shell program; `None` = `$VIGIL_SHELL`, else `vigil-shell` beside `vigil`.
     pub shell: Option<PathBuf>,
+    /// `exec.imp`: the privileged launcher (`vigil-imp`) of a multi-user instance whose brokers are not root;
+    /// `None` = `vigil-imp` beside `vigil`.
+    pub imp: Option<PathBuf>,
     /// `exec.containment`: `auto`, `cgroup` or `pgroup` (see `broker/cgroup.rs`).
     pub containment: String,
     /// `exec.cgroup-spawn`: `auto` or `move` (see `broker/spawn.rs`).
@@ -614,6 +620,7 @@ impl Default for BrokerConfig {
             history_age_limit: f64::INFINITY,
             history_num_limit: 0,
             shell: None,
+            imp: None,
             containment: "auto".into(),
             cgroup_spawn: "auto".into(),
             alloc_tmpdir_base: None,
@@ -895,6 +902,12 @@ impl Draft {
             "job-manager.history-age-limit" => c.history_age_limit = duration(v)?,
             "job-manager.history-num-limit" => c.history_num_limit = count(v)?,
             "exec.shell" => c.shell = Some(path(v)?),
+            "exec.imp" => {
+                if !v.starts_with('/') {
+                    return Err("expected an absolute path (it is run as a setuid program)".into());
+                }
+                c.imp = Some(path(v)?)
+            }
             "exec.containment" => {
                 c.containment = match v {
                     "auto" | "cgroup" | "pgroup" => v.to_string(),
@@ -1132,6 +1145,7 @@ impl BrokerConfig {
             "job-manager.history-age-limit" => fmt_duration(self.history_age_limit),
             "job-manager.history-num-limit" => self.history_num_limit.to_string(),
             "exec.shell" => self.shell.as_ref()?.display().to_string(),
+            "exec.imp" => self.imp.as_ref()?.display().to_string(),
             "exec.containment" => self.containment.clone(),
             "exec.cgroup-spawn" => self.cgroup_spawn.clone(),
             "exec.alloc-tmpdir-base" => self.alloc_tmpdir_base.as_ref()?.display().to_string(),

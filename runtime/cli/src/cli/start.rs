@@ -613,6 +613,9 @@ fn config_bootstrap(
     if let Some(d) = &cfg.exec.alloc_tmpdir_base {
         attrs.entry("exec.alloc-tmpdir-base".into()).or_insert_with(|| d.clone());
     }
+    if let Some(p) = &cfg.exec.imp {
+        attrs.entry("exec.imp".into()).or_insert_with(|| p.clone());
+    }
     if let Some(g) = cfg.access.allow_guest_users {
         attrs.entry("access.allow-guest-users".into()).or_insert_with(|| g.to_string());
     }

@@ -80,6 +80,8 @@ pub struct ExecTable {
     /// `exec.alloc-tmpdir-base` (`-S` wins): where each job's node-local `VIGIL_ALLOC_TMPDIR` is made.
     #[serde(rename = "alloc-tmpdir-base")]
     pub alloc_tmpdir_base: Option<String>,
+    /// `exec.imp` (`-S` wins): the privileged launcher of a multi-user instance whose brokers are not root.
+    pub imp: Option<String>,
 }
 
 /// The `[access]` table: who may use the instance (docs/security.md).

@@ -162,6 +162,8 @@ pub(crate) struct Driver {
     pub(super) locals: HashMap<u32, LinkTx>,
     /// Job shells, started and starting (shared with the threads that start them: `shells.rs`).
     pub(super) shells: super::shells::Shells,
+    /// The privileged launcher guests' shells are started with (`imp.rs`), where this broker needs one.
+    pub(super) imp: Option<std::path::PathBuf>,
     /// Shells are moved into their cgroup after start: creating them there failed once (see spawn.rs).
     pub(super) spawn_moves: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// The node's topology, for the placement of the tasks of the shells started here.
@@ -255,6 +257,12 @@ async fn run_inner(opts: BrokerOptions, io: DriverOptions) -> Result<i32, String
     tokio::spawn(accept_children(listener, input_tx.clone(), auth.clone(), upgrades.clone(), refusals.clone()));
 
     let uid = nix::unistd::getuid().as_raw();
+    // A multi-user instance whose brokers are not root starts guests' jobs through vigil-imp: checked before
+    // anyone can connect, so that such an instance never takes a job it could not start.
+    let imp = super::imp::needed(opts.config.allow_guest_users, uid, opts.config.imp.as_deref())?;
+    if let Some(p) = &imp {
+        info!("guests' jobs start through {}", p.display());
+    }
     let local_uri = serve_local(&opts, uid, &input_tx)?;
     watch_signals(&input_tx);
     let containment = choose_containment(&opts)?;
@@ -287,6 +295,7 @@ async fn run_inner(opts: BrokerOptions, io: DriverOptions) -> Result<i32, String
         pending: HashMap::new(),
         locals: HashMap::new(),
         shells: super::shells::Shells::default(),
+        imp,
         spawn_moves: std::sync::Arc::default(),
         placer: super::placement::Placer::default(),
         containment: std::sync::Arc::new(containment),

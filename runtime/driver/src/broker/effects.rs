@@ -258,6 +258,7 @@ impl Driver {
                 (crate::shellproto::DETECTOR_RANK_ENV.into(), detector_rank.to_string().into()),
             ],
             uid: self.broker.env.uid,
+            imp: self.imp.clone(),
             containment: self.containment.clone(),
             moves: self.spawn_moves.clone(),
             shells: self.shells.clone(),

@@ -7,7 +7,8 @@
 //! to the driver through one channel, so a slow peer or client never stalls routing.
 //!
 //! What is here: `driver.rs` (the loop), `effects.rs` (carrying out the broker's effects), `shells.rs` (starting
-//! job shells off the loop),
+//! job shells off the loop; `imp.rs`, the privileged launcher `vigil-imp` a multi-user instance's brokers use when
+//! they are not root),
 //! `links_up.rs` (accepting children, connecting to the parent), `health.rs` (the node health check),
 //! `discover.rs` (what the node has), `options.rs` (what only the driver needs to start), `transport.rs`,
 //! `rdma_link.rs`, `ofi_link.rs` and [`secure`] (the overlay links), `local.rs` (the local connector), `detect/`
@@ -22,6 +23,7 @@ mod discover;
 mod driver;
 mod effects;
 mod health;
+mod imp;
 mod link_set;
 mod links_up;
 mod local;

@@ -29,7 +29,7 @@ pub(super) struct Shells(Arc<Mutex<Table>>);
 
 #[derive(Debug, Default)]
 struct Table {
-    started: HashMap<JobId, i32>,
+    started: HashMap<JobId, Target>,
     starting: HashMap<JobId, Vec<i32>>,
     /// The broker is closing: a shell that starts now is killed at once.
     closed: bool,
@@ -45,8 +45,8 @@ impl Shells {
     /// none here.
     pub(super) fn signal(&self, id: JobId, signal: i32) {
         let mut t = self.lock();
-        if let Some(&pgid) = t.started.get(&id) {
-            deliver(pgid, signal);
+        if let Some(target) = t.started.get(&id) {
+            deliver(target, signal);
         } else if let Some(kept) = t.starting.get_mut(&id) {
             kept.push(signal);
         }
@@ -55,8 +55,8 @@ impl Shells {
     /// SIGKILL to every shell's process group, those still starting included.
     pub(super) fn kill_all(&self) {
         let mut t = self.lock();
-        for &pgid in t.started.values() {
-            deliver(pgid, libc::SIGKILL);
+        for target in t.started.values() {
+            deliver(target, libc::SIGKILL);
         }
         for kept in t.starting.values_mut() {
             kept.push(libc::SIGKILL);
@@ -72,8 +72,8 @@ impl Shells {
     pub(super) fn close(&self) {
         let mut t = self.lock();
         t.closed = true;
-        for (_, pgid) in t.started.drain() {
-            deliver(pgid, libc::SIGKILL);
+        for (_, target) in t.started.drain() {
+            deliver(&target, libc::SIGKILL);
         }
     }
 
@@ -81,19 +81,21 @@ impl Shells {
         self.lock().starting.insert(id, Vec::new());
     }
 
-    /// Job `id`'s shell has process group `pgid`: the signals kept for it are delivered now, in order. False
-    /// when the broker is closing (the shell was killed).
-    fn started(&self, id: JobId, pgid: i32) -> bool {
+    /// Job `id`'s shell has process group `pgid` (another user's, reached through `vigil-imp kill`, when `imp`
+    /// is the launcher and its job's cgroup): the signals kept for it are delivered now, in order. False when the
+    /// broker is closing (the shell was killed).
+    fn started(&self, id: JobId, pgid: i32, imp: Option<(PathBuf, PathBuf)>) -> bool {
+        let target = Target { pgid, imp };
         let mut t = self.lock();
         let kept = t.starting.remove(&id).unwrap_or_default();
         if t.closed {
-            deliver(pgid, libc::SIGKILL);
+            deliver(&target, libc::SIGKILL);
             return false;
         }
-        t.started.insert(id, pgid);
         for signal in kept {
-            deliver(pgid, signal);
+            deliver(&target, signal);
         }
+        t.started.insert(id, target);
         true
     }
 
@@ -102,8 +104,30 @@ impl Shells {
     }
 }
 
-/// Signal a shell: the shell alone for a signal it passes on to its tasks, else its whole process group.
-fn deliver(pgid: i32, signal: i32) {
+/// A started shell, as its signals reach it.
+#[derive(Debug)]
+struct Target {
+    /// Its pid, which is also its process group.
+    pgid: i32,
+    /// A guest's shell started through `vigil-imp` (the launcher, the job's cgroup): another user's processes,
+    /// which this broker signals through `vigil-imp kill`.
+    imp: Option<(PathBuf, PathBuf)>,
+}
+
+/// Signal a shell: the shell alone for a signal it passes on to its tasks, else its whole process group (a
+/// guest's: every process of its job's cgroup, through `vigil-imp kill`, on a thread of its own).
+fn deliver(target: &Target, signal: i32) {
+    let pgid = target.pgid;
+    if let Some((imp, cgroup)) = &target.imp {
+        let (imp, cgroup) = (imp.clone(), cgroup.clone());
+        let pid = shell_forwards(signal).then_some(pgid);
+        std::thread::spawn(move || {
+            if let Err(e) = super::imp::kill(&imp, &cgroup, signal, pid) {
+                warn!("signal {signal} to {}: {e}", cgroup.display());
+            }
+        });
+        return;
+    }
     if shell_forwards(signal) {
         // SAFETY: kill(2) on a shell this broker started (pid == pgid), with a plain signal number.
         unsafe { libc::kill(pgid, signal) };
@@ -122,6 +146,9 @@ pub(super) struct Launcher {
     pub(super) env: Vec<(OsString, OsString)>,
     /// This broker's uid.
     pub(super) uid: u32,
+    /// The privileged launcher that starts guests' shells, where this broker needs one (`imp.rs`: a multi-user
+    /// instance whose brokers are not root).
+    pub(super) imp: Option<PathBuf>,
     pub(super) containment: Arc<Containment>,
     /// Shells are moved into their cgroup after start: creating them there failed once (see spawn.rs).
     pub(super) moves: Arc<AtomicBool>,
@@ -135,17 +162,40 @@ struct Launched {
     cgroup: Option<JobCgroup>,
     /// Created in its cgroup (else moved in before it reads its input).
     in_cgroup: bool,
+    /// What goes on its standard input before its input: `vigil-imp`'s request, for a guest's shell started
+    /// through it (empty otherwise).
+    preamble: Vec<u8>,
+    /// Started through `vigil-imp` (the launcher, the job's cgroup): its signals go through it too.
+    imp: Option<(PathBuf, PathBuf)>,
+}
+
+/// As whom a shell runs.
+enum Identity {
+    /// This broker's user.
+    Own,
+    /// Another user, whom this broker (root) becomes in the child before exec.
+    User(super::spawn::RunAs),
+    /// A guest, through `vigil-imp` (this broker is not root), with the submitter's credential.
+    Imp { uid: u32, launcher: PathBuf, credential: crate::shellproto::ImpCredential },
 }
 
 impl Launcher {
     /// Start job `id`'s shell on a blocking thread (`input` placed already; `tmpdir` its job directory): its
     /// outcome, a pid or why not, comes back as [`Event::ShellStarted`], then its end as [`Event::ShellDone`].
-    pub(super) fn start(self, id: JobId, input: ShellInput, tmpdir: PathBuf) {
+    pub(super) fn start(self, id: JobId, mut input: ShellInput, tmpdir: PathBuf) {
+        if self.through_imp(&input) {
+            // The guest's shell cannot make its directories in this broker's run directory: it makes its job's
+            // in $TMPDIR or /tmp, its own, and the allocation's there too (unless an enclosing one is shared).
+            input.tmpdir = None;
+            if input.alloc_tmpdir.as_ref().is_some_and(|a| a.owned) {
+                input.alloc_tmpdir = None;
+            }
+        }
         self.shells.starting(id);
         tokio::task::spawn_blocking(move || match self.launch(id, &input, &tmpdir) {
             Ok(l) => {
                 let pid = l.shell.pid;
-                if !self.shells.started(id, pid) {
+                if !self.shells.started(id, pid, l.imp.clone()) {
                     return;
                 }
                 // Sent before the watch starts: the loop hears of the start before the end.
@@ -168,7 +218,13 @@ impl Launcher {
         let args = [OsString::from(format!("--jobid={id}"))];
         let mut env = self.env.clone();
         // The user it runs as: its job's submitter, where that is not this broker's user (docs/security.md).
-        let run_as = self.run_as(input, tmpdir)?;
+        let run_as = match self.run_as(input, tmpdir)? {
+            Identity::Own => None,
+            Identity::User(u) => Some(u),
+            Identity::Imp { uid, launcher, credential } => {
+                return self.launch_imp(id, input, uid, launcher, &credential, env);
+            }
+        };
         // Its cgroup, which the shell is created in, or moved into before it reads its input (see cgroup.rs).
         let cgroup = match self.containment.as_ref() {
             Containment::Cgroup(c) => match c.job(id) {
@@ -234,7 +290,71 @@ impl Launcher {
                 (ShellProcess::from_command(child)?, false)
             }
         };
-        Ok(Launched { shell, cgroup, in_cgroup })
+        Ok(Launched { shell, cgroup, in_cgroup, preamble: Vec::new(), imp: None })
+    }
+
+    /// Whether job `input`'s shell is started through `vigil-imp`: a guest's job, on a broker that is not root
+    /// and has the launcher.
+    fn through_imp(&self, input: &ShellInput) -> bool {
+        self.uid != 0 && self.imp.is_some() && input.userid.is_some_and(|u| u != self.uid)
+    }
+
+    /// Start a guest's shell through `vigil-imp exec` (`launcher`), as `uid`, in its job's cgroup, which the
+    /// launcher joins (the job's processes are another user's: only the cgroup reaches them all, so a guest's job
+    /// runs only where jobs have cgroups); `env` this broker's variables for the shell (the launcher passes on
+    /// the `VIGIL_*` ones only). The launcher's request goes before the shell's input (`watch`).
+    fn launch_imp(
+        &self,
+        id: JobId,
+        input: &ShellInput,
+        uid: u32,
+        launcher: PathBuf,
+        credential: &crate::shellproto::ImpCredential,
+        mut env: Vec<(OsString, OsString)>,
+    ) -> Result<Launched, String> {
+        let cgroup = match self.containment.as_ref() {
+            Containment::Cgroup(c) => c.job(id)?,
+            Containment::ProcessGroups(why) => {
+                return Err(format!(
+                    "a guest's job (uid {uid}) runs in a cgroup of its own, and jobs here have none ({why})"
+                ))
+            }
+        };
+        if let Some(v) = input.options.get("memory") {
+            let why = match v.as_str().map(crate::shellproto::parse_memory_size) {
+                Some(Ok(bytes)) => match self.containment.as_ref() {
+                    Containment::Cgroup(c) => c.memory.clone().and_then(|()| cgroup.limit_memory(bytes)).err(),
+                    Containment::ProcessGroups(why) => Some(why.clone()),
+                },
+                Some(Err(e)) => Some(e),
+                None => Some("memory=SIZE needs a size".into()),
+            };
+            if let Some(why) = why {
+                env.push((crate::shellproto::MEMORY_NOTE_ENV.into(), why.into()));
+            }
+        }
+        env.push((crate::shellproto::CGROUP_ENV.into(), cgroup.dir().as_os_str().to_owned()));
+        let mut cmd = tokio::process::Command::new(&launcher);
+        cmd.arg("exec")
+            .arg(&self.program)
+            .arg(format!("--jobid={id}"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            // Read by `watch`: a refusal of the launcher is said in the job's exception.
+            .stderr(std::process::Stdio::piped())
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .kill_on_drop(false);
+        // SAFETY: setsid is async-signal-safe; it runs in the forked child before exec.
+        unsafe {
+            cmd.pre_exec(|| if libc::setsid() < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) });
+        }
+        let mut child = cmd.spawn().map_err(|e| format!("cannot run {}: {e}", launcher.display()))?;
+        let stderr = child.stderr.take();
+        let mut shell = ShellProcess::from_command(child)?;
+        shell.stderr = stderr.map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Send + Unpin>);
+        let preamble = super::imp::request(uid, Some(cgroup.dir()), credential);
+        let imp = Some((launcher, cgroup.dir().to_path_buf()));
+        Ok(Launched { shell, cgroup: Some(cgroup), in_cgroup: true, preamble, imp })
     }
 
     /// Start a shell created in its cgroup ([`super::spawn`]). `Ok(None)`: not possible here after all (said
@@ -268,24 +388,35 @@ impl Launcher {
         }
     }
 
-    /// The user job `input`'s shell runs as: `None` for this broker's own (the job's submitter is this broker's
-    /// user, or an older rank 0 did not say); the submitter where this broker is root (a multi-user instance without
-    /// `vigil-imp`: docs/security.md), whose job temporary directory `tmpdir` is then made here, mode 0700 and
-    /// owned by the user (the shell could not make it in the broker's run directory).
+    /// The user job `input`'s shell runs as: [`Identity::Own`] for this broker's own (the job's submitter is this
+    /// broker's user, or an older rank 0 did not say); the submitter where this broker is root, whose job
+    /// temporary directory `tmpdir` is then made here, mode 0700 and owned by the user (the shell could not make
+    /// it in the broker's run directory); the submitter through `vigil-imp` where this broker is not root and has
+    /// the launcher (a multi-user instance: docs/security.md), with the credential the input carries.
     ///
     /// # Errors
-    /// The submitter is another user and this broker is not root (rank 0 refuses such a submission; this is the
-    /// node's own check), the user has no account on this node, or its directory cannot be made.
-    fn run_as(&self, input: &ShellInput, tmpdir: &Path) -> Result<Option<super::spawn::RunAs>, String> {
+    /// The submitter is another user and this broker is not root and has no launcher, or the input carries no
+    /// credential (rank 0 refuses such a submission; this is the node's own check), the user has no account on
+    /// this node, or its directory cannot be made.
+    fn run_as(&self, input: &ShellInput, tmpdir: &Path) -> Result<Identity, String> {
         let me = self.uid;
         let uid = match input.userid {
             Some(u) if u != me => u,
-            _ => return Ok(None),
+            _ => return Ok(Identity::Own),
         };
         if me != 0 {
-            return Err(format!(
-                "running jobs as uid {uid} needs vigil-imp, not yet available: this broker runs as uid {me}"
-            ));
+            let Some(launcher) = self.imp.clone() else {
+                return Err(format!(
+                    "running jobs as uid {uid} needs vigil-imp: this broker runs as uid {me}, in an instance that \
+                     is not multi-user"
+                ));
+            };
+            let Some(credential) = input.imp.clone() else {
+                return Err(format!(
+                    "the job of uid {uid} carries no munge credential, which vigil-imp needs to run it as that user"
+                ));
+            };
+            return Ok(Identity::Imp { uid, launcher, credential });
         }
         let user = super::spawn::RunAs::lookup(uid)?;
         {
@@ -297,7 +428,7 @@ impl Launcher {
             std::os::unix::fs::chown(tmpdir, Some(user.uid), Some(user.gid))
                 .map_err(|e| format!("cannot give {} to uid {uid}: {e}", tmpdir.display()))?;
         }
-        Ok(Some(user))
+        Ok(Identity::User(user))
     }
 }
 
@@ -305,9 +436,10 @@ impl Launcher {
 /// read, then whatever it left behind killed and its directories removed; its end sent as [`Event::ShellDone`].
 async fn watch(id: JobId, l: Launched, input: ShellInput, tmpdir: PathBuf, tx: mpsc::UnboundedSender<Event>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Launched { mut shell, cgroup, in_cgroup } = l;
+    let Launched { mut shell, cgroup, in_cgroup, preamble, imp: _ } = l;
     let pid = shell.pid;
-    let data = serde_json::to_vec(&input).unwrap_or_default();
+    let mut data = preamble;
+    data.extend(serde_json::to_vec(&input).unwrap_or_default());
     // The node-local allocation directory this job's shell makes (`VIGIL_ALLOC_TMPDIR`, where not the enclosing
     // allocation's), for the case the shell is killed before it removes it.
     let alloc_dir = input.alloc_tmpdir.as_ref().filter(|a| a.owned).map(|a| PathBuf::from(&a.path));
@@ -329,12 +461,39 @@ async fn watch(id: JobId, l: Launched, input: ShellInput, tmpdir: PathBuf, tx: m
         let _ = s.write_all(&data).await;
         let _ = s.shutdown().await;
     }
+    // A guest's shell started through vigil-imp: what is written on its standard error is passed on to this
+    // broker's, and its first lines kept, which say why, if the launcher refused.
+    let errors = shell.stderr.take().map(|mut s| {
+        tokio::spawn(async move {
+            let mut kept = String::new();
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = s.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                let text = String::from_utf8_lossy(&buf[..n]);
+                eprint!("{text}");
+                if kept.len() < IMP_ERROR_KEEP {
+                    kept.push_str(&text);
+                }
+            }
+            kept
+        })
+    });
     let mut out = String::new();
     if let Some(s) = shell.stdout.as_mut() {
         let _ = s.read_to_string(&mut out).await;
     }
     let status = shell.exit.await;
     let mut report = out.lines().rev().find_map(|l| serde_json::from_str::<ShellReport>(l).ok());
+    if let Some(e) = errors {
+        let said = e.await.unwrap_or_default();
+        let why = said.lines().find(|l| l.starts_with("vigil-imp: ")).map(str::to_string);
+        if let (None, Some(why)) = (&report, why) {
+            // The launcher refused (its exit codes 64 to 69): the job's exception says why.
+            report = Some(ShellReport::failed(why));
+        }
+    }
     // Whatever the job left in the background dies with it (the shell's process group, and its cgroup with
     // whatever left that group), and the shell's job tmpdir goes too if the shell was killed before removing it.
     // SAFETY: killpg on the process group the shell led; no memory is touched.
@@ -392,6 +551,9 @@ async fn watch(id: JobId, l: Launched, input: ShellInput, tmpdir: PathBuf, tx: m
     let _ = tokio::task::spawn_blocking(move || rest.remove()).await;
 }
 
+/// The most of a guest's shell's standard error kept to name a refusal of `vigil-imp` (bytes).
+const IMP_ERROR_KEEP: usize = 4096;
+
 /// How long a shell's killed cgroup has to empty before its end is reported as leaving processes behind (which
 /// the broker's core then waits for, up to exec.kill-timeout): killed processes leave within milliseconds.
 const LEAVE_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
@@ -402,6 +564,8 @@ struct ShellProcess {
     pid: i32,
     stdin: Option<Box<dyn tokio::io::AsyncWrite + Send + Unpin>>,
     stdout: Option<Box<dyn tokio::io::AsyncRead + Send + Unpin>>,
+    /// Its standard error, where the broker reads it (a shell started through `vigil-imp`); else inherited.
+    stderr: Option<Box<dyn tokio::io::AsyncRead + Send + Unpin>>,
     exit: std::pin::Pin<Box<dyn std::future::Future<Output = i32> + Send>>,
 }
 
@@ -421,7 +585,7 @@ impl ShellProcess {
             use std::os::unix::process::ExitStatusExt;
             child.wait().await.map(|st| st.into_raw()).unwrap_or(UNKNOWN_STATUS)
         });
-        Ok(ShellProcess { pid, stdin, stdout, exit })
+        Ok(ShellProcess { pid, stdin, stdout, stderr: None, exit })
     }
 
     /// One created in its cgroup by [`super::spawn::spawn`].
@@ -432,7 +596,7 @@ impl ShellProcess {
         let pid = s.pid;
         let pidfd = s.pidfd;
         let exit = Box::pin(async move { super::spawn::wait(pid, pidfd).await.unwrap_or(UNKNOWN_STATUS) });
-        Ok(ShellProcess { pid, stdin: Some(Box::new(stdin)), stdout: Some(Box::new(stdout)), exit })
+        Ok(ShellProcess { pid, stdin: Some(Box::new(stdin)), stdout: Some(Box::new(stdout)), stderr: None, exit })
     }
 }
 
@@ -476,7 +640,7 @@ mod tests {
         let mut s = shell();
         std::thread::sleep(std::time::Duration::from_millis(20));
         assert!(s.try_wait().expect("wait").is_none(), "killed before it started");
-        assert!(shells.started(id, s.id() as i32));
+        assert!(shells.started(id, s.id() as i32, None));
         assert_eq!(s.wait().expect("wait").signal(), Some(libc::SIGKILL));
         shells.ended(id);
         assert!(shells.lock().started.is_empty() && shells.lock().starting.is_empty());
@@ -488,18 +652,18 @@ mod tests {
         let (a, b, c) = (JobId(1), JobId(2), JobId(3));
         let mut sa = shell();
         shells.starting(a);
-        assert!(shells.started(a, sa.id() as i32));
+        assert!(shells.started(a, sa.id() as i32, None));
         shells.starting(b);
         shells.kill_all();
         assert_eq!(sa.wait().expect("wait").signal(), Some(libc::SIGKILL));
         let mut sb = shell();
-        assert!(shells.started(b, sb.id() as i32));
+        assert!(shells.started(b, sb.id() as i32, None));
         assert_eq!(sb.wait().expect("wait").signal(), Some(libc::SIGKILL));
         // Closing: a shell whose start was under way is killed as it starts, and not kept.
         shells.starting(c);
         shells.close();
         let mut sc = shell();
-        assert!(!shells.started(c, sc.id() as i32));
+        assert!(!shells.started(c, sc.id() as i32, None));
         assert_eq!(sc.wait().expect("wait").signal(), Some(libc::SIGKILL));
         assert!(shells.lock().started.is_empty());
     }
