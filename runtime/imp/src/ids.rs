@@ -94,6 +94,27 @@ pub(crate) fn join_cgroup(dir: &Path) -> Result<(), String> {
         .map_err(|e| format!("cannot join the job's cgroup: {}: {e}", procs.display()))
 }
 
+/// The processes in cgroup directory `dir` and in the cgroups below it (their `cgroup.procs`).
+///
+/// # Errors
+/// A directory or `cgroup.procs` cannot be read.
+pub(crate) fn cgroup_pids(dir: &Path) -> Result<Vec<i32>, String> {
+    let mut pids = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        let procs = d.join("cgroup.procs");
+        let text = std::fs::read_to_string(&procs).map_err(|e| format!("{}: {e}", procs.display()))?;
+        pids.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+        for e in std::fs::read_dir(&d).map_err(|e| format!("{}: {e}", d.display()))?.flatten() {
+            // A cgroup's children are directories; its files are not followed (no symbolic links in cgroupfs).
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                dirs.push(e.path());
+            }
+        }
+    }
+    Ok(pids)
+}
+
 /// The last OS error, as text.
 fn os_error() -> std::io::Error {
     std::io::Error::last_os_error()

@@ -10,7 +10,15 @@
 //!
 //! ```text
 //! vigil-imp exec SHELL [ARGS...]      # the request on standard input, below
+//! vigil-imp kill CGROUP SIGNAL [PID]  # a signal to a job's processes (below)
 //! ```
+//!
+//! `kill` lets the broker user signal a guest's job, whose processes are another user's: `SIGNAL` (a number,
+//! 1 to 64) goes to every process in the cgroup directory `CGROUP` and the cgroups below it, or to `PID` alone
+//! if it is one of them. The caller must be the broker user and `CGROUP` a cgroup2 directory strictly under
+//! `cgroup-root`: the brokers' delegated subtree, into which only the brokers (and this program, for the jobs it
+//! starts) put processes, since moving a process into a cgroup needs write access to the cgroup above both, which
+//! only root has. It exits 0 when the signal was sent to each (a process that ended meanwhile is not an error).
 //!
 //! The request comes on standard input, framed so that `vigil-imp` reads exactly its own bytes and leaves the
 //! rest of the stream to the shell it executes (which inherits standard input, output and error): the broker
@@ -96,7 +104,7 @@ enum Exit {
     Request = 67,
     /// The credential is refused (by munge, or it does not cover this user, jobspec or instance).
     Credential = 68,
-    /// Becoming the user failed (cgroup, groups, ids), or the shell could not be executed.
+    /// Becoming the user failed (cgroup, groups, ids), the shell could not be executed, or a signal not sent.
     Launch = 69,
 }
 
@@ -115,8 +123,12 @@ impl Refusal {
 
 fn main() -> ExitCode {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
-    match run(&args) {
-        Ok(never) => match never {},
+    let r = match args.first() {
+        Some(c) if c == "kill" => kill(&args[1..]),
+        _ => run(&args).map(|never| match never {}),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
         Err(r) => {
             eprintln!("vigil-imp: {}", r.message);
             ExitCode::from(r.exit as u8)
@@ -125,14 +137,11 @@ fn main() -> ExitCode {
 }
 
 /// The usage line.
-const USAGE: &str = "usage: vigil-imp exec SHELL [ARGS...] (the request on standard input: see its crate docs)";
+const USAGE: &str = "usage: vigil-imp exec SHELL [ARGS...] (the request on standard input: see its crate docs), or \
+                     vigil-imp kill CGROUP SIGNAL [PID]";
 
-/// Everything, to the shell's execution (which does not return) or a refusal.
-fn run(args: &[OsString]) -> Result<std::convert::Infallible, Refusal> {
-    let (shell, shell_args) = match args {
-        [cmd, shell, rest @ ..] if cmd == "exec" => (shell, rest),
-        _ => return Err(Refusal::new(Exit::Usage, USAGE)),
-    };
+/// The configuration, loaded and checked, and the caller checked against its broker user.
+fn load_for_caller() -> Result<config::Config, Refusal> {
     let path = config::path();
     let cfg = config::Config::load(&path).map_err(|e| Refusal::new(Exit::Config, e))?;
     // SAFETY: getuid cannot fail and touches no memory.
@@ -148,6 +157,62 @@ fn run(args: &[OsString]) -> Result<std::convert::Infallible, Refusal> {
             ),
         ));
     }
+    Ok(cfg)
+}
+
+/// `vigil-imp kill CGROUP SIGNAL [PID]` (crate docs).
+fn kill(args: &[OsString]) -> Result<(), Refusal> {
+    let (dir, signal, pid) = match args {
+        [d, s] => (d, s, None),
+        [d, s, p] => (d, s, Some(p)),
+        _ => return Err(Refusal::new(Exit::Usage, USAGE)),
+    };
+    let cfg = load_for_caller()?;
+    let signal: i32 =
+        signal.to_str().and_then(|s| s.parse().ok()).filter(|s| (1..=64).contains(s)).ok_or_else(|| {
+            Refusal::new(Exit::Usage, format!("refused: signal {signal:?} is not a number from 1 to 64"))
+        })?;
+    let pid: Option<i32> = match pid {
+        Some(p) => Some(
+            p.to_str()
+                .and_then(|s| s.parse().ok())
+                .filter(|p| *p > 0)
+                .ok_or_else(|| Refusal::new(Exit::Usage, format!("refused: pid {p:?} is not a process id")))?,
+        ),
+        None => None,
+    };
+    let dir = cfg.check_cgroup(std::path::Path::new(dir)).map_err(|e| Refusal::new(Exit::Request, e))?;
+    let pids = ids::cgroup_pids(&dir).map_err(|e| Refusal::new(Exit::Request, e))?;
+    let targets: Vec<i32> = match pid {
+        Some(p) if pids.contains(&p) => vec![p],
+        Some(p) => {
+            return Err(Refusal::new(
+                Exit::Request,
+                format!("refused: pid {p} is not in the job's cgroup {}", dir.display()),
+            ))
+        }
+        None => pids,
+    };
+    for p in targets {
+        // SAFETY: kill(2) with a plain pid and signal number; a process gone meanwhile (ESRCH) is fine.
+        if unsafe { libc::kill(p, signal) } != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+        {
+            return Err(Refusal::new(
+                Exit::Launch,
+                format!("signal {signal} to pid {p}: {}", std::io::Error::last_os_error()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Everything, to the shell's execution (which does not return) or a refusal.
+fn run(args: &[OsString]) -> Result<std::convert::Infallible, Refusal> {
+    let (shell, shell_args) = match args {
+        [cmd, shell, rest @ ..] if cmd == "exec" => (shell, rest),
+        _ => return Err(Refusal::new(Exit::Usage, USAGE)),
+    };
+    let cfg = load_for_caller()?;
     let shell = cfg.check_shell(shell).map_err(|e| Refusal::new(Exit::Request, e))?;
     // Standard input unbuffered (not `std::io::stdin()`, which reads ahead): what follows the request is the shell's.
     // SAFETY: fd 0 is this process's standard input; ManuallyDrop never closes it.
