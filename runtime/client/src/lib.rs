@@ -243,6 +243,19 @@ impl Client {
         }
     }
 
+    /// [`Client::rpc`], its answer's payload as it came (JSON text), unparsed: for an answer too large to hold as a
+    /// [`Value`] at once (`vigil history` of 100,000 records is 40 MB of it), which the caller parses as it goes.
+    pub async fn rpc_bytes(&self, topic: &str, nodeid: u32, payload: &impl Serialize) -> Result<Vec<u8>, RpcError> {
+        let (tag, mut rx) = self.send_request(topic, nodeid, payload, 0)?;
+        let r = rx.recv().await;
+        self.forget(tag);
+        match r {
+            Some(m) if m.errnum == 0 => Ok(m.payload),
+            Some(m) => Err(RpcError::from_response(&m)),
+            None => Err(RpcError::disconnected()),
+        }
+    }
+
     /// Send a request that wants no response.
     pub fn send(&self, topic: &str, nodeid: u32, payload: &impl Serialize) -> Result<(), RpcError> {
         self.send_request(topic, nodeid, payload, FLAG_NORESPONSE).map(|_| ())

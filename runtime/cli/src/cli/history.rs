@@ -1,7 +1,7 @@
 //! `vigil history`: ended jobs' records, purged ones too (`jobs/history.rs`, `job-manager.history`), as Slurm's
 //! `sacct` lists them: by time range, user, name and result, in a table, a `--format` or JSON.
 
-use super::jobcmd::{print_jobs, user_id};
+use super::jobcmd::{user_id, JobLines};
 use super::jobsfmt::{parse_since, Format};
 use clap::Args;
 use serde_json::json;
@@ -101,14 +101,85 @@ pub(crate) async fn history(a: HistoryArgs) -> Result<i32, String> {
         req["count"] = n.into();
     }
     let c = super::connect().await?;
-    let r = super::rpc_to_rank0(&c, "job-manager.history", &req).await?;
-    if r["truncated"] == true {
+    // Unparsed: 100,000 records are 40 MB of JSON. `--json` passes it on as it came; a table is written record by
+    // record as the answer is parsed, none held as a value longer than its line takes (bench/README.md, history).
+    let answer = super::rpc_to_rank0_bytes(&c, "job-manager.history", &req).await?;
+    let truncated = if a.json {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(&answer).and_then(|()| out.write_all(b"\n"));
+        answer_truncated(&answer)
+    } else {
+        let mut lines = JobLines::new(&format, now, a.no_header);
+        each_record(&answer, |j| lines.push(&j)).map_err(|e| format!("job-manager.history: bad answer: {e}"))?
+    };
+    if truncated {
         eprintln!(
             "vigil: the answer was cut at rank 0's bound; narrow it (--since, --until, -c) for the older records"
         );
     }
-    print_jobs(&r, &format, now, a.json, a.no_header);
     Ok(0)
+}
+
+/// Whether a `job-manager.history` answer says it was cut (`"truncated":true`, written last by rank 0).
+fn answer_truncated(answer: &[u8]) -> bool {
+    let tail = &answer[answer.len().saturating_sub(64)..];
+    let needle: &[u8] = b"\"truncated\":true";
+    tail.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Parse a `job-manager.history` answer (`{"jobs": [...], "kept": N, "truncated": B}`) as it goes, handing each
+/// record to `each` as soon as it is read; returns `truncated`.
+///
+/// # Errors
+/// The answer is not such JSON.
+fn each_record(answer: &[u8], each: impl FnMut(serde_json::Value)) -> Result<bool, serde_json::Error> {
+    use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+    use std::fmt;
+
+    struct Answer<F>(F);
+    impl<'de, F: FnMut(serde_json::Value)> Visitor<'de> for Answer<F> {
+        type Value = bool;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an object with a jobs array")
+        }
+        fn visit_map<A: MapAccess<'de>>(mut self, mut m: A) -> Result<bool, A::Error> {
+            let mut truncated = false;
+            while let Some(k) = m.next_key::<String>()? {
+                match k.as_str() {
+                    "jobs" => m.next_value_seed(Records(&mut self.0))?,
+                    "truncated" => truncated = m.next_value()?,
+                    _ => {
+                        m.next_value::<IgnoredAny>()?;
+                    }
+                }
+            }
+            Ok(truncated)
+        }
+    }
+    struct Records<'f, F>(&'f mut F);
+    impl<'de, F: FnMut(serde_json::Value)> DeserializeSeed<'de> for Records<'_, F> {
+        type Value = ();
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_seq(self)
+        }
+    }
+    impl<'de, F: FnMut(serde_json::Value)> Visitor<'de> for Records<'_, F> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an array of job records")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            while let Some(j) = seq.next_element()? {
+                (self.0)(j);
+            }
+            Ok(())
+        }
+    }
+    let mut d = serde_json::Deserializer::from_slice(answer);
+    let t = d.deserialize_map(Answer(each))?;
+    d.end()?;
+    Ok(t)
 }
 
 #[cfg(test)]
@@ -121,6 +192,20 @@ mod tests {
         assert_eq!(results("timeout,inactive"), Ok(vec![]));
         let e = results("completed,running").unwrap_err();
         assert!(e.contains("\"running\" is not how a job ends") && e.contains("vigil jobs"), "{e}");
+    }
+
+    #[test]
+    fn an_answer_is_read_record_by_record() {
+        let answer = br#"{"jobs":[{"id":1,"name":"a"},{"id":2,"name":"b"}],"kept":7,"truncated":true}"#;
+        let mut names = Vec::new();
+        let t = each_record(answer, |j| names.push(j["name"].as_str().unwrap_or("").to_string())).unwrap();
+        assert_eq!((names, t), (vec!["a".to_string(), "b".to_string()], true));
+        assert!(answer_truncated(answer));
+        let plain = br#"{"jobs":[],"kept":0,"truncated":false}"#;
+        assert_eq!(each_record(plain, |_| panic!("no record")).unwrap(), false);
+        assert!(!answer_truncated(plain));
+        assert!(each_record(b"{\"jobs\":[{}", |_| {}).is_err());
+        assert!(each_record(b"[1]", |_| {}).is_err());
     }
 
     #[test]

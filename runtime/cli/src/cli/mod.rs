@@ -285,7 +285,23 @@ pub(crate) async fn rpc_to_rank0_err(
     topic: &str,
     payload: &serde_json::Value,
 ) -> Result<serde_json::Value, crate::client::RpcError> {
-    let call = c.rpc(topic, 0, payload);
+    noticed_if_slow(c.rpc(topic, 0, payload)).await
+}
+
+/// [`rpc_to_rank0`], the answer's payload unparsed ([`crate::client::Client::rpc_bytes`]).
+///
+/// # Errors
+/// The request's error.
+pub(crate) async fn rpc_to_rank0_bytes(
+    c: &crate::client::Client,
+    topic: &str,
+    payload: &serde_json::Value,
+) -> Result<Vec<u8>, String> {
+    noticed_if_slow(c.rpc_bytes(topic, 0, payload)).await.map_err(|e| e.errstr)
+}
+
+/// `call`'s outcome; a notice on standard error if rank 0 takes longer than [`SLOW_RANK0_NOTICE`] to answer.
+async fn noticed_if_slow<T>(call: impl std::future::Future<Output = T>) -> T {
     tokio::pin!(call);
     tokio::select! {
         r = &mut call => return r,

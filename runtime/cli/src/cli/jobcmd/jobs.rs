@@ -119,16 +119,49 @@ pub(crate) fn print_jobs(r: &Value, format: &crate::cli::jobsfmt::Format, now: f
         println!("{r}");
         return;
     }
-    if !no_header {
-        println!("{}", format.header());
-    }
-    let names = std::cell::RefCell::new(std::collections::HashMap::new());
-    let user = |uid: u32| names.borrow_mut().entry(uid).or_insert_with(|| user_name(uid)).clone();
-    let ctx = crate::cli::jobsfmt::Ctx { now, user: &user };
-    let mut out = String::new();
+    let mut lines = JobLines::new(format, now, no_header);
     for j in r["jobs"].as_array().map(Vec::as_slice).unwrap_or_default() {
-        out.push_str(&format.line(j, &ctx));
-        out.push('\n');
+        lines.push(j);
     }
-    print!("{out}");
+}
+
+/// One job per line in a `--format`, written to standard output as the jobs come (a header first unless asked
+/// not): `vigil history` feeds it one record at a time from the answer it parses as it goes, so that 100,000
+/// records are never held as values at once. Each user's name is looked up once.
+pub(crate) struct JobLines<'a> {
+    format: &'a crate::cli::jobsfmt::Format,
+    now: f64,
+    names: std::cell::RefCell<std::collections::HashMap<u32, String>>,
+    out: std::io::BufWriter<std::io::StdoutLock<'static>>,
+}
+
+impl<'a> JobLines<'a> {
+    /// Lines in `format`, `now` being the broker's clock (seconds since the epoch); the header line written now
+    /// unless `no_header`.
+    pub(crate) fn new(format: &'a crate::cli::jobsfmt::Format, now: f64, no_header: bool) -> JobLines<'a> {
+        let mut l = JobLines {
+            format,
+            now,
+            names: Default::default(),
+            out: std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock()),
+        };
+        if !no_header {
+            l.write(&format.header());
+        }
+        l
+    }
+
+    /// The line of job `j` (an object of `vigil jobs --json`'s fields).
+    pub(crate) fn push(&mut self, j: &Value) {
+        let user = |uid: u32| self.names.borrow_mut().entry(uid).or_insert_with(|| user_name(uid)).clone();
+        let ctx = crate::cli::jobsfmt::Ctx { now: self.now, user: &user };
+        let line = self.format.line(j, &ctx);
+        self.write(&line);
+    }
+
+    fn write(&mut self, line: &str) {
+        use std::io::Write;
+        // A closed standard output (`| head`) ends the output, not the command.
+        let _ = writeln!(self.out, "{line}");
+    }
 }

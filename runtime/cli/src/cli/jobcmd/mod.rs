@@ -33,7 +33,7 @@ pub(crate) use copies::submit_all;
 pub(crate) use job::JobCmd;
 pub(crate) use job::{human_event, job};
 pub(crate) use jobs::JobsArgs;
-pub(crate) use jobs::{jobs, print_jobs, user_id, user_name};
+pub(crate) use jobs::{jobs, user_id, user_name, JobLines};
 pub(crate) use nodes::check_exclude;
 pub(crate) use run::run;
 pub(crate) use spec::{build_jobspec, check_output_template, said_as_typed};
