@@ -490,8 +490,8 @@ impl Shell {
         }
     }
 
-    /// Open the files named by the `output` shell option (`{"stdout": {"path"}, "stderr": {"path"}}`, `{{id}}`
-    /// replaced by the job id), relative to the job's working directory, for appending.
+    /// Open the files named by the `output` shell option (`{"stdout": {"path"}, "stderr": {"path"}}`, its
+    /// templates filled in: `{{id}}`, `{{name}}`, [`vigil_proto::shellproto::output_path`]), relative to the job's working directory, for appending.
     fn output_files(&self) -> Result<(Option<std::fs::File>, Option<std::fs::File>), String> {
         let open = |which: &str| -> Result<Option<std::fs::File>, String> {
             let Some(p) = self
@@ -504,7 +504,8 @@ impl Shell {
             else {
                 return Ok(None);
             };
-            let p = p.replace("{{id}}", &self.input.id_f58);
+            let i = &self.input;
+            let p = vigil_proto::shellproto::output_path(p, i.id, &i.id_f58, i.name.as_deref());
             let path = match &self.input.cwd {
                 Some(c) if !p.starts_with('/') => std::path::Path::new(c).join(&p),
                 _ => std::path::PathBuf::from(&p),

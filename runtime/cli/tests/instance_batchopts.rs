@@ -495,3 +495,66 @@ fn a_signal_after_a_space_a_local_begin_time_and_count_zero() {
     assert_eq!(c0.stdout.lines().count(), 3, "-c 0 is no limit: {}", c0.stdout);
     inst.vigil(&["cancel", &later]).ok();
 }
+
+/// Slurm's `B:` prefix of `--signal` on a batch job: the warning reaches the script (which ends on it, COMPLETED)
+/// and the job's broker lives on; `B:` on a job without a script and Slurm's `R:` (reservations) are refused naming
+/// the prefix. The same job's output goes where `--output=DIR/{{name}}-{{id}}.out` says, and `{{name}}`,
+/// `{{id.dec}}` fill in a plain job's output path; a `{{cc}}` without `--cc` is refused.
+#[test]
+fn a_batch_script_is_warned_with_b_prefix_and_output_paths_take_name_and_id() {
+    let inst = Instance::start(1, &[]);
+    let dir = tempdir();
+    let d = dir.path().display().to_string();
+    let path = dir.path().join("warned.sh");
+    std::fs::write(&path, "#!/bin/sh\ntrap 'echo script-warned; exit 0' USR1\necho started\nsleep 120 & wait\n")
+        .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out_tpl = format!("--output={d}/{{{{name}}}}-{{{{id}}}}.out");
+    let b = inst.vigil(&["batch", "-t", "60s", "--signal=B:USR1@45", &out_tpl, &path.display().to_string()]);
+    b.ok();
+    let id = b.stdout.trim().to_string();
+    assert!(inst.wait_state(&id, "INACTIVE", Duration::from_secs(120)), "{:?}", inst.jobs());
+    assert_eq!(inst.job(&id)["result"].as_str(), Some("COMPLETED"), "ended on the warning: {}", inst.job(&id));
+    let out = std::fs::read_to_string(dir.path().join(format!("warned.sh-{id}.out"))).unwrap_or_default();
+    assert!(out.contains("script-warned"), "the script got USR1: {out:?}");
+    let ev = inst.vigil(&["job", "eventlog", &id]);
+    assert!(ev.stdout.contains("signum=10"), "{}", ev.stdout);
+    // A plain job: {{name}} and {{id.dec}}.
+    let plain =
+        inst.submit(&["--job-name", "sim", &format!("--output={d}/{{{{name}}}}.{{{{id.dec}}}}.txt"), "echo", "hi"]);
+    assert!(inst.wait_state(&plain, "INACTIVE", Duration::from_secs(30)), "{:?}", inst.jobs());
+    let dec = inst.job(&plain)["id"].as_u64().expect("decimal id");
+    let text = std::fs::read_to_string(dir.path().join(format!("sim.{dec}.txt"))).unwrap_or_default();
+    assert_eq!(text.trim(), "hi", "{:?}", std::fs::read_dir(dir.path()).map(|r| r.count()));
+    let script = path.display().to_string();
+    for (args, says) in [
+        (vec!["submit", "-t", "5m", "--signal=B:USR1", "true"], "--signal=B:USR1: B: signals only a batch script"),
+        (vec!["run", "-t", "5m", "--signal=R:USR1@10", "true"], "R: (Slurm's"),
+        (vec!["batch", "-t", "5m", "--signal=RB:USR1", &script], "no reservations"),
+        (vec!["submit", "--output=o-{{cc}}.txt", "true"], "{{cc}} is the copy's id of --cc, and no --cc is given"),
+        (vec!["submit", "--error=e-{{jobid}}", "true"], "unknown template {{jobid}}"),
+    ] {
+        let o = inst.vigil(&args);
+        o.code_is(1);
+        assert!(o.stderr.contains(says), "{says}:\n{}", o.dump());
+    }
+}
+
+/// Fresh-user findings: a job id typed in decimal is echoed as typed in a refusal (not in f58), and a refused `-x`
+/// names `-x` (Vigil's, as Slurm's, is `--exclude`; Flux users reach for it as `--exclusive`, which it says).
+#[test]
+fn a_refusal_echoes_the_id_as_typed_and_names_x() {
+    let inst = Instance::start(1, &[]);
+    for args in [vec!["job", "info", "12345"], vec!["job", "eventlog", "12345"], vec!["update", "12345", "name=x"]] {
+        let o = inst.vigil(&args);
+        o.code_is(1);
+        assert!(o.stderr.contains("unknown job id 12345"), "{}", o.dump());
+    }
+    let o = inst.vigil(&["job", "hold", "12345"]);
+    o.code_is(1);
+    assert!(o.stderr.contains("hold 12345: unknown job id 12345"), "{}", o.dump());
+    let o = inst.vigil(&["submit", "-N1", "-x", "sleep", "10"]);
+    o.code_is(1);
+    assert!(o.stderr.contains("-x/--exclude sleep: not a node") && o.stderr.contains("--exclusive"), "{}", o.dump());
+}

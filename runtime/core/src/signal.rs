@@ -6,6 +6,10 @@
 pub const SIGINT: i32 = 2;
 /// Kill, which cannot be caught: 9.
 pub const SIGKILL: i32 = 9;
+/// User-defined signal 1 (a job's warning before its time limit, `--signal`'s default): 10.
+pub const SIGUSR1: i32 = 10;
+/// User-defined signal 2: 12.
+pub const SIGUSR2: i32 = 12;
 /// Termination request: 15.
 pub const SIGTERM: i32 = 15;
 /// Continue a stopped process: 18.

@@ -173,6 +173,10 @@ pub struct ShellInput {
     /// nothing. Absent (an older broker): true.
     #[serde(default = "yes")]
     pub stdin: bool,
+    /// The job's name (`attributes.system.job.name`, else its command's basename), for `{{name}}` in its output
+    /// paths ([`output_path`]). Absent (an older broker): `{{name}}` is left as written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// The tasks' placement on this node, filled in by the broker that starts the shell (not by rank 0, which
     /// does not know the node's topology). Absent for a `cpu-count` node, whose shell places tasks by CPU number.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -199,6 +203,22 @@ pub struct ImpCredential {
 /// The environment variable in which `vigil-imp` gives the job shell the SHA-256 (lowercase hex) of the jobspec
 /// it checked the credential against.
 pub const IMP_JOBSPEC_SHA_ENV: &str = "VIGIL_IMP_JOBSPEC_SHA256";
+
+/// The templates an output path (`--output`, `--error`, the shell option `output`) may hold, as Flux writes them:
+/// `{{id}}` (`{{id.f58}}`) the job id in f58, `{{id.dec}}` in decimal, `{{name}}` the job's name. (`{{cc}}`, the
+/// copy's id of `--cc`, is filled in by `vigil` before it submits.)
+pub const OUTPUT_TEMPLATES: [&str; 4] = ["id", "id.f58", "id.dec", "name"];
+
+/// Output path `template` with its [`OUTPUT_TEMPLATES`] filled in for job `id` (`id_f58`) named `name`: a `/` in
+/// the name becomes `_`, so that the file stays in the directory the path names. A template not known, or
+/// `{{name}}` without a name, is left as written.
+pub fn output_path(template: &str, id: u64, id_f58: &str, name: Option<&str>) -> String {
+    let mut p = template.replace("{{id}}", id_f58).replace("{{id.f58}}", id_f58).replace("{{id.dec}}", &id.to_string());
+    if let Some(n) = name {
+        p = p.replace("{{name}}", &n.replace('/', "_"));
+    }
+    p
+}
 
 /// Signals a job shell catches and passes on to each of its tasks (by name, as `kill -l` spells them). The broker
 /// sends these to the shell process alone, so that each task gets one copy: sent to the shell's process group,
@@ -606,6 +626,17 @@ pub fn status_exited(code: i32) -> i32 {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn output_paths_fill_in_id_and_name() {
+        let p = |t: &str, n: Option<&str>| super::output_path(t, 603979776, "fvNZ9R", n);
+        assert_eq!(p("out-{{id}}.txt", None), "out-fvNZ9R.txt");
+        assert_eq!(p("{{name}}-{{id.dec}}-{{id.f58}}.log", Some("sim")), "sim-603979776-fvNZ9R.log");
+        assert_eq!(p("{{name}}.out", Some("a/b")), "a_b.out");
+        assert_eq!(p("{{name}}.out", None), "{{name}}.out");
+        assert_eq!(p("plain.out", Some("x")), "plain.out");
+    }
+
     use super::*;
 
     /// A shell's input runs what its submitter signed, or the shell refuses it naming the field that differs.

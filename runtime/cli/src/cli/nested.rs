@@ -350,7 +350,11 @@ fn instance_jobspec(
         time_limit: o.time_limit.clone(),
         exclusive: true,
         select: o.select.clone(),
-        queue: o.queue.clone(),
+        queue: {
+            let mut q = o.queue.clone();
+            q.batch_signal();
+            q
+        },
         taskmap: None,
         requeue: o.requeue,
         env: o.env.clone(),
@@ -708,7 +712,10 @@ pub(crate) async fn alloc(a: AllocArgs) -> Result<i32, String> {
 pub(crate) async fn proxy(a: ProxyArgs) -> Result<i32, String> {
     let id = JobId::parse(&a.id).map_err(|e| e.to_string())?;
     let c = connect().await?;
-    let r = c.rpc("job-manager.info", 0, &json!({"id": id.0})).await.map_err(|e| e.errstr)?;
+    let r = c
+        .rpc("job-manager.info", 0, &json!({"id": id.0}))
+        .await
+        .map_err(|e| super::jobcmd::as_typed(e.errstr, &a.id))?;
     let uri = r["info"]["uri"]
         .as_str()
         .ok_or_else(|| format!("job {id} is not a running instance (no URI reported)"))?

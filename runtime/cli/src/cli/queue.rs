@@ -93,6 +93,13 @@ pub(crate) fn spaced_signal(
     }))
 }
 
+/// Slurm's prefix of a `--signal` value (`B:USR1@60`, `R:`, `RB:`): the letters before the `:`, if they are only
+/// `R` and `B` (no signal name or time holds a `:`).
+fn slurm_prefix(s: &str) -> Option<&str> {
+    let (p, _) = s.trim_start().split_once(':')?;
+    (!p.is_empty() && p.chars().all(|c| c == 'R' || c == 'B')).then_some(p)
+}
+
 /// Whether the command line (`args`, without the program name) gives `--signal` with no `=`, before any `--`.
 pub(crate) fn signal_bare(args: impl IntoIterator<Item = String>) -> bool {
     args.into_iter().take_while(|a| a != "--").any(|a| a == "--signal")
@@ -209,6 +216,19 @@ impl QueueOpts {
     /// `--signal=...: ...` naming what is wrong.
     pub(crate) fn warning(&self, limit: Option<f64>) -> Result<Option<crate::jobspec::WarnSignal>, String> {
         let Some(s) = &self.signal else { return Ok(None) };
+        if let Some(p) = slurm_prefix(s) {
+            return Err(if p.contains('R') {
+                format!(
+                    "--signal={s}: R: (Slurm's: the job may overlap a reservation with MaxStartDelay) has no meaning \
+                     here: Vigil has no reservations; leave it out"
+                )
+            } else {
+                format!(
+                    "--signal={s}: B: signals only a batch script, and this job has none (B: is for vigil batch \
+                     and alloc); its tasks get the signal: leave B: out"
+                )
+            });
+        }
         let w = crate::jobspec::WarnSignal::parse(s).map_err(|e| format!("--signal={s}: {e}"))?;
         if let Some(l) = limit.filter(|l| *l > 0.0) {
             if w.timeleft >= l {
@@ -219,6 +239,17 @@ impl QueueOpts {
             }
         }
         Ok(Some(w))
+    }
+
+    /// A batch or alloc job's `--signal`: Slurm's `B:` prefix (signal the batch script only) taken off, as that is
+    /// where Vigil sends a batch or alloc job's warning anyway (its shell hands it to the job's brokers, rank 0 to
+    /// the initial program, no job of the instance gets it). `R:` is left for [`QueueOpts::warning`] to refuse.
+    pub(crate) fn batch_signal(&mut self) {
+        if let Some(s) = &self.signal {
+            if slurm_prefix(s) == Some("B") {
+                self.signal = Some(s[2..].to_string());
+            }
+        }
     }
 
     /// The job name given, checked: not blank, one line.
@@ -348,6 +379,20 @@ mod tests {
         assert!(e.starts_with("--signal=USR1@2m: 120 s before the time limit is not less"), "{e}");
         assert!(q("BOGUS@1").warning(None).unwrap_err().starts_with("--signal=BOGUS@1: unknown signal"));
         assert_eq!(QueueOpts::default().warning(Some(1.0)), Ok(None));
+        // Slurm's prefixes: B: only on batch and alloc (taken off there), R: nowhere, each refusal naming it.
+        let e = q("B:USR1@30").warning(Some(60.0)).unwrap_err();
+        assert!(e.starts_with("--signal=B:USR1@30: B: signals only a batch script"), "{e}");
+        for r in ["R:USR1", "RB:USR2@10", "BR:1"] {
+            let e = q(r).warning(None).unwrap_err();
+            assert!(e.contains("R: (Slurm's") && e.contains("no reservations"), "{e}");
+        }
+        let mut b = q("B:USR2@30");
+        b.batch_signal();
+        assert_eq!(b.warning(Some(60.0)), Ok(Some(WarnSignal { signum: 12, timeleft: 30.0 })));
+        let mut r = q("RB:USR2@30");
+        r.batch_signal();
+        assert!(r.warning(None).unwrap_err().contains("no reservations"));
+        assert!(q("b:USR1").warning(None).unwrap_err().contains("unknown signal"), "prefixes are upper case");
     }
 
     #[test]

@@ -1090,6 +1090,16 @@ impl Broker {
                 self.exit_code = code;
                 self.begin_shutdown("initial program exited");
             }
+            Input::Signal(sig) if sig == crate::signal::SIGUSR1 || sig == crate::signal::SIGUSR2 => {
+                // A batch or alloc job's warning before its time limit (`--signal`, Slurm's `B:`): its shell hands
+                // it to the brokers of the job's instance; rank 0 passes it to the initial program (the script),
+                // the others have no one to pass it to. Never a reason to stop.
+                if self.rank() == 0 && self.initial_started {
+                    self.effect(Effect::SignalInitial(sig));
+                } else {
+                    debug!("signal {sig}: no initial program here to pass it to");
+                }
+            }
             Input::Signal(sig) => {
                 if sig == crate::signal::SIGTERM && self.stops_for_restart() {
                     // `systemctl stop|restart` of rank 0 with a state directory: its jobs are kept and the other

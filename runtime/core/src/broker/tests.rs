@@ -1481,6 +1481,22 @@ fn shutdown_on_sigterm(b: &mut Broker) -> (Value, bool) {
     (m, out.iter().any(|e| matches!(e, Effect::SignalInitial(_))))
 }
 
+/// SIGUSR1/2 (a batch job's warning before its time limit, `--signal`) never stops a broker, even a rank 0 without
+/// an initial program (which stops on SIGINT and SIGHUP); a rank 0 whose initial program runs passes it on.
+#[test]
+fn sigusr_goes_to_the_initial_program_and_stops_nothing() {
+    let mut b = root_with_child();
+    b.handle(t(1.0), Input::Signal(crate::signal::SIGUSR1));
+    let out = effects(&mut b);
+    assert!(b.shutting_down.is_none(), "USR1 stopped rank 0");
+    assert!(!out.iter().any(|e| matches!(e, Effect::SignalInitial(_))), "no initial program to signal");
+    b.initial_started = true;
+    b.handle(t(2.0), Input::Signal(crate::signal::SIGUSR2));
+    let out = effects(&mut b);
+    assert!(b.shutting_down.is_none(), "USR2 stopped rank 0");
+    assert!(out.iter().any(|e| matches!(e, Effect::SignalInitial(12))), "passed to the script");
+}
+
 /// SIGTERM (`systemctl stop|restart`) of rank 0 that keeps its jobs in a state directory stops rank 0 alone: its
 /// children are asked to wait for it. Without a state directory, or with an initial program (a test instance, a
 /// batch job), it stops the instance as before.

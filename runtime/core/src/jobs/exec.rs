@@ -106,6 +106,7 @@ impl JobCore {
                 files: files.clone(),
                 // Input ended with nothing held never grows again (`JobCore::stdin` refuses it): no shell asks.
                 stdin: !(job.stdin_eof && job.stdin.is_empty()),
+                name: Some(job.display_name().to_string()),
                 placement: None,
                 imp: job.credential.as_deref().cloned(),
             };

@@ -436,12 +436,15 @@ fn serve_local(opts: &BrokerOptions, uid: u32, events: &mpsc::UnboundedSender<Ev
     Ok(local_uri)
 }
 
-/// Hand SIGTERM, SIGINT and SIGHUP to the loop, as [`Event::Signal`]s.
+/// Hand SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 to the loop, as [`Event::Signal`]s (SIGUSR1/2: a batch job's
+/// warning before its time limit, which its shell passes to the job's brokers and which must not kill them).
 fn watch_signals(events: &mpsc::UnboundedSender<Event>) {
     for (kind, num) in [
         (tokio::signal::unix::SignalKind::terminate(), libc::SIGTERM),
         (tokio::signal::unix::SignalKind::interrupt(), libc::SIGINT),
         (tokio::signal::unix::SignalKind::hangup(), libc::SIGHUP),
+        (tokio::signal::unix::SignalKind::user_defined1(), libc::SIGUSR1),
+        (tokio::signal::unix::SignalKind::user_defined2(), libc::SIGUSR2),
     ] {
         if let Ok(mut s) = tokio::signal::unix::signal(kind) {
             let tx = events.clone();

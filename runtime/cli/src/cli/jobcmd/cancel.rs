@@ -59,12 +59,17 @@ pub(crate) async fn cancel(a: CancelArgs) -> Result<i32, String> {
     }
     let mut rc = 0;
     let mut done = 0usize;
-    for id in &ids {
+    for (i, id) in ids.iter().enumerate() {
         let note = a.message.clone().unwrap_or_else(|| "canceled by user".into());
         match c.rpc("job-manager.cancel", 0, &json!({"id": id.0, "note": note})).await {
             Ok(_) => done += 1,
             Err(e) => {
-                eprintln!("vigil: cancel {id}: {}", e.errstr);
+                // Said with the id as typed (`vigil cancel 12345`), rank 0's f58 form for those --all found.
+                let typed = if a.all { None } else { a.ids.get(i) };
+                match typed {
+                    Some(t) => eprintln!("vigil: cancel {t}: {}", super::as_typed(e.errstr, t)),
+                    None => eprintln!("vigil: cancel {id}: {}", e.errstr),
+                }
                 rc = 1;
             }
         }

@@ -133,13 +133,14 @@ async fn purge(a: PurgeArgs) -> Result<i32, String> {
 /// `vigil job hold` and `vigil job release`: each job's urgency set (with `release`, only if it is held); a
 /// refusal is said on standard error and the others go on (exit code 1 if any was refused).
 async fn urgency_all(ids: &[String], urgency: u32, release: bool) -> Result<i32, String> {
-    let ids = ids.iter().map(|s| parse_id(s)).collect::<Result<Vec<_>, _>>()?;
+    let parsed = ids.iter().map(|s| parse_id(s)).collect::<Result<Vec<_>, _>>()?;
     let c = connect().await?;
     let mut rc = 0;
-    for id in ids {
+    for (typed, id) in ids.iter().zip(parsed) {
         let body = json!({"id": id.0, "urgency": urgency, "release": release});
         if let Err(e) = c.rpc("job-manager.urgency", 0, &body).await {
-            eprintln!("vigil: {} {id}: {}", if release { "release" } else { "hold" }, e.errstr);
+            let what = if release { "release" } else { "hold" };
+            eprintln!("vigil: {what} {typed}: {}", super::as_typed(e.errstr, typed));
             rc = 1;
         }
     }
@@ -150,8 +151,24 @@ fn parse_id(s: &str) -> Result<JobId, String> {
     JobId::parse(s).map_err(|e| e.to_string())
 }
 
-/// `vigil job ...`.
+/// `vigil job ...`: an error about the one job named is said with the id as the user typed it.
 pub(crate) async fn job(cmd: JobCmd) -> Result<i32, String> {
+    let typed = match &cmd {
+        JobCmd::Eventlog { id, .. }
+        | JobCmd::Attach { id, .. }
+        | JobCmd::Wait { id }
+        | JobCmd::Urgency { id, .. }
+        | JobCmd::Info { id, .. } => Some(id.clone()),
+        _ => None,
+    };
+    let r = job_cmd(cmd).await;
+    match typed {
+        Some(t) => r.map_err(|e| super::as_typed(e, &t)),
+        None => r,
+    }
+}
+
+async fn job_cmd(cmd: JobCmd) -> Result<i32, String> {
     match cmd {
         JobCmd::Submit { file } => {
             let text = if file == "-" {

@@ -39,3 +39,14 @@ pub(crate) use run::run;
 pub(crate) use spec::{build_jobspec, check_output_template, said_as_typed};
 pub(crate) use update::update;
 pub(crate) use update::UpdateArgs;
+
+/// Error text `e` about the job the user wrote as `typed` (f58, decimal, any accepted form), with rank 0's name for
+/// it (its f58 form) put back as the user wrote it: `vigil job info 12345` says `unknown job id 12345`, not the f58
+/// form the user never typed (issue 39).
+pub(crate) fn as_typed(e: String, typed: &str) -> String {
+    let typed = typed.trim();
+    match crate::jobs::JobId::parse(typed) {
+        Ok(id) if id.f58() != typed => e.replace(&id.f58(), typed),
+        _ => e,
+    }
+}

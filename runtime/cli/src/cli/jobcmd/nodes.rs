@@ -188,7 +188,7 @@ pub(crate) async fn check_exclude(c: &Client, select: &NodeSelection) -> Result<
         ),
         Err(_) => (
             crate::hostlist::Hostlist::parse(x)
-                .map_err(|e| format!("--exclude {x}: {e}"))?
+                .map_err(|e| format!("-x/--exclude {x}: {e}{}", EXCLUSIVE_HINT))?
                 .iter()
                 .filter(|h| !nodes.iter().any(|(_, n)| n == h))
                 .map(str::to_string)
@@ -199,5 +199,8 @@ pub(crate) async fn check_exclude(c: &Client, select: &NodeSelection) -> Result<
     if unknown.is_empty() {
         return Ok(());
     }
-    Err(format!("--exclude {x}: not a node of this instance: {} ({theirs})", unknown.join(", ")))
+    Err(format!("-x/--exclude {x}: not a node of this instance: {} ({theirs}){EXCLUSIVE_HINT}", unknown.join(", ")))
 }
+
+/// Said with a refused `-x`: Flux's `-x` is `--exclusive`, Vigil's (as Slurm's) `--exclude`.
+const EXCLUSIVE_HINT: &str = "; -x is --exclude, as in Slurm (whole nodes, Flux's -x: --exclusive)";

@@ -33,16 +33,22 @@ pub(crate) fn said_as_typed(setopt: &[String], taskmap: Option<&str>, e: String)
     out.replace("attributes.system.shell.options.signal", "--signal")
 }
 
-/// An `--output`/`--error` path may hold `{{id}}` (the job id) and no other `{{...}}` template.
+/// An `--output`/`--error` path may hold the templates the job shell fills in
+/// ([`crate::shellproto::OUTPUT_TEMPLATES`]: `{{id}}`, `{{id.f58}}`, `{{id.dec}}`, `{{name}}`) and no other; a
+/// `{{cc}}` left here had no `--cc` to fill it in (`copies.rs` does before this check).
 pub(crate) fn check_output_template(opt: &str, path: &str) -> Result<(), String> {
     let mut rest = path;
     while let Some(i) = rest.find("{{") {
         let after = &rest[i + 2..];
         let Some(j) = after.find("}}") else { break };
         let name = &after[..j];
-        if name != "id" {
+        if name == "cc" {
+            return Err(format!("{opt} {path}: {{{{cc}}}} is the copy's id of --cc, and no --cc is given"));
+        }
+        if !crate::shellproto::OUTPUT_TEMPLATES.contains(&name) {
             return Err(format!(
-                "{opt} {path}: unknown template {{{{{name}}}}} (only {{{{id}}}}, the job id, is known)"
+                "{opt} {path}: unknown template {{{{{name}}}}} (known: {{{{id}}}}, {{{{id.f58}}}}, {{{{id.dec}}}}, \
+                 {{{{name}}}}, and {{{{cc}}}} with --cc)"
             ));
         }
         rest = &after[j + 2..];
@@ -241,6 +247,9 @@ mod tests {
         assert!(check_output_template("--output", "plain.txt").is_ok());
         let e = check_output_template("--output", "/tmp/o-{{id}}-{{bogus}}.txt").unwrap_err();
         assert!(e.contains("unknown template {{bogus}}"), "{e}");
+        assert!(check_output_template("--error", "{{name}}-{{id.dec}}-{{id.f58}}.err").is_ok());
+        let e = check_output_template("--output", "o-{{cc}}.txt").unwrap_err();
+        assert!(e.contains("no --cc is given"), "{e}");
     }
 
     #[test]

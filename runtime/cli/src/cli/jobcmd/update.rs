@@ -29,6 +29,6 @@ pub(crate) async fn update(a: UpdateArgs) -> Result<i32, String> {
     let c = connect().await?;
     c.rpc("job-manager.update", 0, &json!({"id": id.0, "updates": updates}))
         .await
-        .map_err(|e| format!("update {}: {}", a.id, e.errstr))?;
+        .map_err(|e| format!("update {}: {}", a.id, super::as_typed(e.errstr, &a.id)))?;
     Ok(0)
 }
