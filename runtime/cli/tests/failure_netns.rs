@@ -2391,9 +2391,12 @@ fn overloaded(c: Cluster, onset: bool) {
 
 // ------------------------------------------------- failure events to the survivors (issue 38, item 3)
 
-/// A PMIx client that registers for `PMIX_EVENT_NODE_DOWN`, says it is ready (a file `ready.RANK` in `$READY_DIR`),
-/// and prints the event when it comes: the lost processes (`PMIX_EVENT_AFFECTED_PROCS`), the lost hosts
-/// (`vigil.lost.hosts`) and the wall time of its arrival. It exits 0 a second after the event, 4 without one in 60 s.
+/// A PMIx client that registers one handler for `PMIX_EVENT_NODE_DOWN` and `PMIX_ERR_PROC_ABORTED` (the code Open
+/// MPI's ULFM registers for), says it is ready (a file `ready.RANK` in `$READY_DIR`), and prints each event when it
+/// comes: `node-down` or `proc-aborted`, the lost processes (for node-down, `PMIX_EVENT_AFFECTED_PROCS`; for
+/// proc-aborted, the `PMIX_EVENT_AFFECTED_PROC` entries, one process each, as ULFM reads them), the lost hosts
+/// (`vigil.lost.hosts`) and the wall time of its arrival. It exits 0 a second after both events, 4 without them in
+/// 60 s.
 const NODE_DOWN_C: &str = r#"
 #include <pmix.h>
 #include <stdio.h>
@@ -2402,7 +2405,7 @@ const NODE_DOWN_C: &str = r#"
 #include <time.h>
 #include <unistd.h>
 
-static volatile int got;
+static volatile int got; /* 1: node-down, 2: proc-aborted */
 static pmix_proc_t me;
 
 static double now(void) {
@@ -2416,19 +2419,23 @@ static void handler(size_t id, pmix_status_t status, const pmix_proc_t *source, 
                     void *cbdata) {
     double t = now();
     char lost[4096] = "", hosts[1024] = "";
+    int down = status == PMIX_EVENT_NODE_DOWN;
     for (size_t i = 0; i < ninfo; i++) {
-        if (PMIX_CHECK_KEY(&info[i], PMIX_EVENT_AFFECTED_PROCS) && info[i].value.type == PMIX_DATA_ARRAY) {
+        if (down && PMIX_CHECK_KEY(&info[i], PMIX_EVENT_AFFECTED_PROCS) && info[i].value.type == PMIX_DATA_ARRAY) {
             pmix_data_array_t *a = info[i].value.data.darray;
             pmix_proc_t *p = (pmix_proc_t *)a->array;
             for (size_t k = 0; k < a->size && strlen(lost) < sizeof lost - 16; k++)
                 sprintf(lost + strlen(lost), "%s%u", k ? "," : "", p[k].rank);
+        } else if (!down && info[i].value.type == PMIX_PROC && strlen(lost) < sizeof lost - 16) {
+            sprintf(lost + strlen(lost), "%s%u", lost[0] ? "," : "", info[i].value.data.proc->rank);
         } else if (PMIX_CHECK_KEY(&info[i], "vigil.lost.hosts") && info[i].value.type == PMIX_STRING) {
             snprintf(hosts, sizeof hosts, "%s", info[i].value.data.string);
         }
     }
-    printf("event %s rank %u lost %s hosts %s at %.6f\n", PMIx_Error_string(status), me.rank, lost, hosts, t);
+    printf("event %s rank %u lost %s hosts %s at %.6f\n", down ? "node-down" : "proc-aborted", me.rank, lost, hosts,
+           t);
     fflush(stdout);
-    got = 1;
+    got |= down ? 1 : 2;
     if (cbfunc)
         cbfunc(PMIX_EVENT_ACTION_COMPLETE, NULL, 0, NULL, NULL, cbdata);
 }
@@ -2438,8 +2445,8 @@ int main(void) {
         fprintf(stderr, "PMIx_Init failed\n");
         return 2;
     }
-    pmix_status_t code = PMIX_EVENT_NODE_DOWN;
-    pmix_status_t rc = PMIx_Register_event_handler(&code, 1, NULL, 0, handler, NULL, NULL);
+    pmix_status_t codes[2] = {PMIX_EVENT_NODE_DOWN, PMIX_ERR_PROC_ABORTED};
+    pmix_status_t rc = PMIx_Register_event_handler(codes, 2, NULL, 0, handler, NULL, NULL);
     if (rc < 0) {
         fprintf(stderr, "rank %u: PMIx_Register_event_handler: %s\n", me.rank, PMIx_Error_string(rc));
         return 3;
@@ -2449,10 +2456,10 @@ int main(void) {
     FILE *f = fopen(path, "w");
     if (f)
         fclose(f);
-    for (int i = 0; i < 60000 && !got; i++)
+    for (int i = 0; i < 60000 && got != 3; i++)
         usleep(1000);
-    if (!got) {
-        fprintf(stderr, "rank %u: no node-down event within 60 s\n", me.rank);
+    if (got != 3) {
+        fprintf(stderr, "rank %u: not both events within 60 s (%d)\n", me.rank, got);
         return 4;
     }
     sleep(1);
@@ -2513,15 +2520,17 @@ fn node_down_prog(dir: &Path) -> Option<(PathBuf, PathBuf)> {
 struct NotifyTrial {
     /// Kill → the `node-failure` exception (the verdict).
     verdict: f64,
-    /// Kill → the PMIx event in each survivor (tasks 0-2).
+    /// Kill → the PMIx node-down event in each survivor (tasks 0-2).
     events: Vec<f64>,
+    /// Kill → the PMIx proc-aborted event (ULFM's) in each survivor (tasks 0-2).
+    aborted: Vec<f64>,
     /// Kill → the exception read by `vigil job eventlog -f` inside the job.
     eventlog: f64,
 }
 
 /// `vigil run -N4 -n4 -o pmi=pmix -o on-node-loss=notify` of the node-down program on 4 netns nodes; node3 is
 /// killed silently once every task has registered its handler. Checked: the job exits 0; each survivor got one
-/// `PMIX_EVENT_NODE_DOWN` naming task 3 and node3; task 0's `vigil job eventlog -f` saw the severity-2 exception
+/// `PMIX_ERR_PROC_ABORTED` (ULFM's code) and one `PMIX_EVENT_NODE_DOWN`, each naming task 3 and node3; task 0's `vigil job eventlog -f` saw the severity-2 exception
 /// with the lost host, task and shell ranks; the leader shell said it once on stderr.
 fn notify_trial(prog: &Path, script: &Path) -> NotifyTrial {
     let c = Cluster::up(4);
@@ -2566,13 +2575,14 @@ fn notify_trial(prog: &Path, script: &Path) -> NotifyTrial {
     let verdict = ex[0]["timestamp"].as_f64().unwrap_or(0.0) - t0;
 
     let mut events = BTreeMap::new();
+    let mut aborted = BTreeMap::new();
     let mut eventlog = None;
     for l in run.lines() {
         let (task, rest) = l.split_once(": ").unwrap_or_else(|| panic!("unlabelled line {l:?}:\n{}", run.dump()));
         let task: u32 = task.parse().unwrap_or_else(|_| panic!("bad label in {l:?}"));
         if let Some(rest) = rest.strip_prefix("event ") {
             let w: Vec<&str> = rest.split_whitespace().collect();
-            // PMIX_EVENT_NODE_DOWN rank R lost 3 hosts node3 at T
+            // node-down|proc-aborted rank R lost 3 hosts node3 at T
             assert_eq!(w.len(), 9, "{l:?}");
             assert_eq!(
                 (w[1], w[2], w[3], w[4], w[5], w[6]),
@@ -2580,7 +2590,12 @@ fn notify_trial(prog: &Path, script: &Path) -> NotifyTrial {
                 "{l:?}"
             );
             let at: f64 = w[8].parse().unwrap_or_else(|_| panic!("bad time in {l:?}"));
-            assert!(events.insert(task, at - t0).is_none(), "task {task} got the event twice:\n{}", run.dump());
+            let seen = match w[0] {
+                "node-down" => &mut events,
+                "proc-aborted" => &mut aborted,
+                k => panic!("unexpected event {k:?} in {l:?}"),
+            };
+            assert!(seen.insert(task, at - t0).is_none(), "task {task} got {} twice:\n{}", w[0], run.dump());
         } else if let Some(rest) = rest.strip_prefix("eventlog at ") {
             let (at, json) = rest.split_once(' ').unwrap_or_else(|| panic!("{l:?}"));
             let e: Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("{l:?}: {e}"));
@@ -2591,15 +2606,23 @@ fn notify_trial(prog: &Path, script: &Path) -> NotifyTrial {
         }
     }
     assert_eq!(events.keys().copied().collect::<Vec<_>>(), vec![0, 1, 2], "each survivor once:\n{}", run.dump());
+    assert_eq!(aborted.keys().copied().collect::<Vec<_>>(), vec![0, 1, 2], "each survivor once:\n{}", run.dump());
     let said = "vigil-shell: lost node node3 (rank 3), where task 3 ran; the job continues on the remaining nodes";
     assert_eq!(run.stderr.matches(said).count(), 1, "the leader shell says it once:\n{}", run.dump());
     let eventlog = eventlog.unwrap_or_else(|| panic!("task 0's eventlog follower saw nothing:\n{}", run.dump()));
-    let t = NotifyTrial { verdict, events: events.into_values().collect(), eventlog };
+    let t = NotifyTrial {
+        verdict,
+        events: events.into_values().collect(),
+        aborted: aborted.into_values().collect(),
+        eventlog,
+    };
     eprintln!(
-        "[{}] kill -> exception {}, -> PMIx event in the survivors {}, -> eventlog -f in the job {}",
+        "[{}] kill -> exception {}, -> PMIx node-down in the survivors {} (proc-aborted {}), -> eventlog -f in the \
+         job {}",
         c.name,
         ms(t.verdict),
         t.events.iter().map(|e| ms(*e)).collect::<Vec<_>>().join(", "),
+        t.aborted.iter().map(|e| ms(*e)).collect::<Vec<_>>().join(", "),
         ms(t.eventlog)
     );
     t
@@ -2633,7 +2656,10 @@ fn survivors_are_told_which_node_died() {
             // Seconds after the kill, per trial: the verdict, each survivor's PMIx event, the eventlog follower.
             let v: Vec<Value> = all
                 .iter()
-                .map(|t| serde_json::json!({"verdict": t.verdict, "events": t.events, "eventlog": t.eventlog}))
+                .map(|t| {
+                    serde_json::json!({"verdict": t.verdict, "events": t.events, "aborted": t.aborted,
+                                       "eventlog": t.eventlog})
+                })
                 .collect();
             std::fs::write(path, serde_json::to_string_pretty(&serde_json::json!({"trials": v})).unwrap()).unwrap();
         }

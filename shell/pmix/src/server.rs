@@ -376,7 +376,7 @@ pub(crate) fn run() -> i32 {
             }
             Ok(ToHelper::NodeLost { ranks, hosts }) => {
                 if let Err(e) = node_lost(&ranks, &hosts) {
-                    eprintln!("vigil-pmix: the node-down event for rank(s) {ranks:?}: {e}");
+                    eprintln!("vigil-pmix: the lost-node events for rank(s) {ranks:?}: {e}");
                 }
             }
             Err(e) => eprintln!("vigil-pmix: malformed line from the shell: {e}"),
@@ -387,14 +387,22 @@ pub(crate) fn run() -> i32 {
     0
 }
 
-/// The info key under which the node-down event names the lost nodes' host names (comma-separated): PMIx has no
+/// The info key under which the lost-node events name the lost nodes' host names (comma-separated): PMIx has no
 /// standard key for it, and a host key of its own is what the standard allows.
 const LOST_HOSTS_KEY: &[u8] = b"vigil.lost.hosts\0";
 
-/// Raise `PMIX_EVENT_NODE_DOWN` to this node's clients (range local) for the loss of `hosts`, where the job's
-/// processes `ranks` ran: `PMIX_EVENT_AFFECTED_PROCS` lists them, [`LOST_HOSTS_KEY`] names the hosts. The event is
-/// delivered to the handlers registered for the code and to default handlers, and cached by the server for a
-/// client that registers later.
+/// Tell this node's clients (range local) that `hosts` were lost, where the job's processes `ranks` ran, by two
+/// events, in this order:
+/// 1. `PMIX_ERR_PROC_ABORTED`, the code Open MPI's ULFM registers for (with `PMIX_ERR_PROC_TERM_WO_SYNC` and
+///    `PMIX_ERR_PROC_ABORTED_BY_SIG`, all handled alike): one `PMIX_EVENT_AFFECTED_PROC` per lost process, which is
+///    what ULFM reads (one `pmix_proc_t` each; it skips arrays), then `PMIX_EVENT_AFFECTED_PROCS` and
+///    [`LOST_HOSTS_KEY`]. Delivered to default handlers too: a process that registered no handler of its own for
+///    it learns a peer is gone (Open MPI without ULFM aborts on it, as it would on any peer's loss).
+/// 2. `PMIX_EVENT_NODE_DOWN`, with `PMIX_EVENT_AFFECTED_PROCS` and [`LOST_HOSTS_KEY`], for handlers registered
+///    for that code (SCR, tools), and marked `PMIX_EVENT_NON_DEFAULT`: a default handler, already told by the
+///    first, is not told twice (Open MPI's, even with ULFM, aborts on an event code it does not handle).
+///
+/// The server caches each event for a client that registers later.
 fn node_lost(ranks: &[u32], hosts: &[String]) -> Result<(), String> {
     let st = STATE.get().ok_or("the server is not set up")?;
     if ranks.is_empty() {
@@ -404,37 +412,49 @@ fn node_lost(ranks: &[u32], hosts: &[String]) -> Result<(), String> {
         return Err(format!("ranks: {r} is not a rank of a job of {}", st.size));
     }
     let mut procs: Vec<pmix_proc_t> = ranks.iter().map(|&r| proc_of(&st.nspace, r)).collect();
+    let mut aborted = InfoList::new();
+    for p in &procs {
+        // The library copies the proc before returning.
+        aborted.add(PMIX_EVENT_AFFECTED_PROC, p as *const pmix_proc_t as *const c_void, PMIX_PROC)?;
+    }
+    lost_procs_and_hosts(&mut aborted, &mut procs, hosts)?;
+    // Each event is tried even if the other fails.
+    let first = notify("proc-aborted", PMIX_ERR_PROC_ABORTED, aborted);
+    let mut down = InfoList::new();
+    lost_procs_and_hosts(&mut down, &mut procs, hosts)?;
+    let non_default = true;
+    down.add(PMIX_EVENT_NON_DEFAULT, &non_default as *const bool as *const c_void, PMIX_BOOL)?;
+    first.and(notify("node-down", PMIX_EVENT_NODE_DOWN, down))
+}
+
+/// Add `PMIX_EVENT_AFFECTED_PROCS` (`procs`, as one array) and [`LOST_HOSTS_KEY`] (`hosts`) to `info`.
+fn lost_procs_and_hosts(info: &mut InfoList, procs: &mut [pmix_proc_t], hosts: &[String]) -> Result<(), String> {
     let arr = pmix_data_array_t {
         type_: PMIX_PROC as pmix_data_type_t,
         size: procs.len(),
         array: procs.as_mut_ptr() as *mut c_void,
     };
-    let mut info = InfoList::new();
     // The library copies the array and its procs before returning.
     info.add(PMIX_EVENT_AFFECTED_PROCS, &arr as *const pmix_data_array_t as *const c_void, PMIX_DATA_ARRAY)?;
-    info.string(LOST_HOSTS_KEY, &hosts.join(","))?;
+    info.string(LOST_HOSTS_KEY, &hosts.join(","))
+}
+
+/// Raise event `code` (`what`, for errors) from the server itself to this node's clients, with `info`.
+fn notify(what: &'static str, code: pmix_status_t, info: InfoList) -> Result<(), String> {
     let infos = Box::new(info.convert()?);
     let (p, n) = (infos.0.array as *const pmix_info_t, infos.0.size);
     let keep = Box::into_raw(infos) as *mut c_void;
     // SAFETY: a valid info array, kept alive (in `keep`) until the library calls `notified`; a null source is the
     // server itself.
     let rc = unsafe {
-        PMIx_Notify_event(
-            PMIX_EVENT_NODE_DOWN,
-            std::ptr::null(),
-            PMIX_RANGE_LOCAL as pmix_data_range_t,
-            p,
-            n,
-            Some(notified),
-            keep,
-        )
+        PMIx_Notify_event(code, std::ptr::null(), PMIX_RANGE_LOCAL as pmix_data_range_t, p, n, Some(notified), keep)
     };
     if rc != PMIX_SUCCESS as pmix_status_t {
         // The callback will not be called.
         // SAFETY: `keep` is the box leaked above, not handed to the library.
         drop(unsafe { Box::from_raw(keep as *mut DataArray) });
         if rc != PMIX_OPERATION_SUCCEEDED {
-            return Err(format!("PMIx_Notify_event: {}", error_string(rc)));
+            return Err(format!("PMIx_Notify_event({what}): {}", error_string(rc)));
         }
     }
     Ok(())
@@ -454,13 +474,13 @@ extern "C" fn register_events(
     PMIX_OPERATION_SUCCEEDED
 }
 
-/// Frees a node-down event's info once the library is done with it.
+/// Frees a lost-node event's info once the library is done with it.
 extern "C" fn notified(status: pmix_status_t, cbdata: *mut c_void) {
     if status != PMIX_SUCCESS as pmix_status_t {
-        eprintln!("vigil-pmix: the node-down event: {}", error_string(status));
+        eprintln!("vigil-pmix: a lost-node event: {}", error_string(status));
     }
     if !cbdata.is_null() {
-        // SAFETY: `cbdata` is the Box<DataArray> leaked by `node_lost`, released once here.
+        // SAFETY: `cbdata` is the Box<DataArray> leaked by `notify`, released once here.
         drop(unsafe { Box::from_raw(cbdata as *mut DataArray) });
     }
 }
