@@ -171,6 +171,13 @@ pub static ATTRS: &[Attr] = &[
         "consecutive unanswered probes after which a node whose kernel answered before is lost (at least 1)"),
     attr("tbon.probe_group", Kind::ProbeGroup, is("auto"), CommandLine,
         "where a parent sends its one-per-period group probe: auto (239.255.R1.R0:22087), off (unicast), ADDR:PORT"),
+    attr("tbon.job_network", Kind::Text, otherwise("none: the job network is not probed", "hsn0"), CommandLineOrToml,
+        "network interface of this node's job network (a high-speed fabric): the parent probes it too, and a node \
+        whose job network stops answering while its management network answers is drained as fabric-down \
+        (job_network in its [bootstrap] hosts entry of the TOML file)"),
+    attr("tbon.job_network_undrain_after", Kind::Duration, is("inf"), CommandLine,
+        "a node drained as fabric-down is undrained once its job network has answered this long without a miss \
+        (inf: only an admin undrains it, vigil resource undrain)"),
     attr("broker.detectors", Kind::Enum(DetectorChoice::NAMES), is("auto"), CommandLine,
         "failure detectors: auto (eBPF, else userspace, per detector), ebpf (needs root, no fallback), userspace"),
     attr("broker.detector-rank", Kind::Count, otherwise("this broker", "0"), CommandLine,
@@ -493,6 +500,12 @@ pub struct BrokerConfig {
     pub membership: crate::membership::Config,
     /// `tbon.probe_group`.
     pub probe_group: ProbeGroup,
+    /// `tbon.job_network`: the interface of this node's job network, probed by the parent besides the
+    /// management network (`crate::membership::FabricWatch`); `None` = not probed.
+    pub job_network: Option<String>,
+    /// `tbon.job_network_undrain_after`, seconds (> 0; infinite = never): how long a fabric-down node's job
+    /// network must answer without a miss before the parent undrains it.
+    pub job_network_undrain_after: f64,
     /// `broker.detectors`.
     pub detectors: DetectorChoice,
     /// `broker.detector-rank`: the rank that loads this machine's eBPF detectors; `None` = each broker its own.
@@ -598,6 +611,8 @@ impl Default for BrokerConfig {
             parent_grace_set: None,
             membership: crate::membership::Config::default(),
             probe_group: ProbeGroup::Auto,
+            job_network: None,
+            job_network_undrain_after: f64::INFINITY,
             detectors: DetectorChoice::Auto,
             detector_rank: None,
             tolerate_lost: 0,
@@ -857,6 +872,11 @@ impl Draft {
                 m.probe_misses = v.parse().ok().filter(|n| *n > 0).ok_or("expected a positive integer")?;
             }
             "tbon.probe_group" => c.probe_group = ProbeGroup::parse(v)?,
+            "tbon.job_network" => c.job_network = job_network(v)?,
+            "tbon.job_network_undrain_after" => {
+                c.job_network_undrain_after =
+                    Some(duration(v)?).filter(|d| *d > 0.0).ok_or("expected a positive duration or inf")?
+            }
             "broker.detectors" => c.detectors = word(v, DetectorChoice::from_name, DetectorChoice::NAMES)?,
             "broker.detector-rank" => c.detector_rank = Some(v.parse().map_err(|_| "expected a rank")?),
             "broker.xdp_mode" => c.xdp_mode = word(v, XdpMode::from_name, XdpMode::NAMES)?,
@@ -1007,6 +1027,20 @@ impl Draft {
 }
 
 /// A non-empty path.
+/// `tbon.job_network`: an interface name as Linux allows one (1 to 15 bytes, no `/`, whitespace or `:`), or
+/// `none`. Whether this node has it is found at start (a missing one turns the probe off, said once).
+fn job_network(v: &str) -> Result<Option<String>, String> {
+    if v == "none" || v.is_empty() {
+        return Ok(None);
+    }
+    let ok = v.len() <= 15 && v != "." && v != ".." && !v.bytes().any(|b| b == b'/' || b == b':' || b.is_ascii_whitespace() || b < 0x20);
+    if ok {
+        Ok(Some(v.to_string()))
+    } else {
+        Err("expected a network interface name (at most 15 characters, no '/', ':' or spaces), or none".into())
+    }
+}
+
 fn path(v: &str) -> Result<PathBuf, String> {
     if v.is_empty() {
         return Err("expected a path".into());
@@ -1114,6 +1148,8 @@ impl BrokerConfig {
             "tbon.reparent" => (if self.reparent { "on" } else { "off" }).into(),
             "tbon.parent_grace" => fmt_duration(self.parent_grace()),
             "tbon.probe_group" => self.probe_group.to_string(),
+            "tbon.job_network" => self.job_network.clone()?,
+            "tbon.job_network_undrain_after" => fmt_duration(self.job_network_undrain_after),
             "broker.detectors" => self.detectors.name().into(),
             "broker.detector-rank" => self.detector_rank?.to_string(),
             "broker.xdp_mode" => self.xdp_mode.name().into(),
@@ -1261,11 +1297,13 @@ mod tests {
             ("tbon.fanout", "32"),
             ("tbon.rdma_max_inline", "236"),
             ("tbon.probe_group", "auto"),
+            ("tbon.job_network_undrain_after", "inf"),
         ] {
             assert_eq!(d.value(name).as_deref(), Some(want), "{name}");
         }
         assert_eq!(d.value("exec.shell"), None);
         assert_eq!(d.value("resource.xml"), None);
+        assert_eq!(d.value("tbon.job_network"), None, "no job network unless one is named");
     }
 
     #[test]
@@ -1299,6 +1337,11 @@ mod tests {
             ("tbon.probe_group", "239.1.2.3", "multicast"),
             ("tbon.probe_group", "yes", "multicast"),
             ("tbon.probe_group", "224.0.0.1:5000", "link-local"),
+            ("tbon.job_network", "eth0:1", "network interface name"),
+            ("tbon.job_network", "a/b", "network interface name"),
+            ("tbon.job_network", "sixteen_chars_xx", "at most 15 characters"),
+            ("tbon.job_network_undrain_after", "0", "positive duration"),
+            ("tbon.job_network_undrain_after", "x", "invalid number"),
             ("broker.detectors", "bpf", "expected auto, ebpf or userspace"),
             ("broker.detector-rank", "-1", "expected a rank"),
             ("broker.xdp_mode", "driver", "expected auto, native or generic"),

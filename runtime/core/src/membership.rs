@@ -666,6 +666,124 @@ fn ack_deadline(lost_timeout: f64, lateness: f64, quiet: f64, p: &Peer, since: f
     (since + ack_wait(lost_timeout, lateness, p.rtt_bound)).max(quiet).max(p.connected_at + LINK_SETTLE)
 }
 
+/// Prefix of the drain reason of a fabric-down node ([`FabricWatch`]): `fabric-down: hsn0`. Rank 0 tells these
+/// drains by it (only they are undone by `tbon.job_network_undrain_after`).
+pub const FABRIC_REASON_PREFIX: &str = "fabric-down: ";
+
+/// The drain reason of a node whose job network `iface` is down: `fabric-down: IFACE`.
+pub fn fabric_reason(iface: &str) -> String {
+    format!("{FABRIC_REASON_PREFIX}{iface}")
+}
+
+/// A verdict of the fabric-down rule ([`FabricWatch`]) on one child node.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FabricVerdict {
+    /// The node's job network stopped answering while its management network answers: drain it with `reason`
+    /// ([`fabric_reason`]) and raise an exception on the jobs with tasks there; the node is not lost.
+    Down {
+        /// Child rank.
+        rank: u32,
+        /// `fabric-down: IFACE`.
+        reason: String,
+    },
+    /// Its job network has answered without a miss for `tbon.job_network_undrain_after`: undrain it if the
+    /// fabric-down rule drained it.
+    Up {
+        /// Child rank.
+        rank: u32,
+    },
+}
+
+/// The **fabric-down** rule: a node whose job network (`tbon.job_network`, a high-speed fabric that carries the
+/// jobs' MPI traffic) stops answering while its management network (the overlay's) still answers.
+///
+/// A parent probes each child on both networks, each every `tbon.probe_period`, and counts the misses of each the
+/// same way (`crate::probe`: a period without news past the child's reply time is a miss, once the child has
+/// answered [`crate::probe::ARM_REPLIES`] times). What it observes of a child goes to [`FabricWatch::observe`]:
+/// - `tbon.probe_misses` misses in a row on the job network while the management network answers (no miss
+///   there, the broker's heartbeat fresh): **fabric-down**, [`FabricVerdict::Down`]. The node stays in the
+///   instance (its broker is fine); rank 0 drains it with the reason `fabric-down: IFACE` and fails or notifies
+///   the jobs with tasks there as node loss does (`crate::jobs::JobCore::fabric_down`). The verdict is given once
+///   until the node is up again.
+/// - both networks silent: no verdict here; the node-loss rules of [`Membership`] judge it (a dead node must be
+///   lost, not drained).
+/// - the management network silent or the broker stalled, the job network answering or not: no verdict (the
+///   job-network responder is the broker's own thread, which a stalled broker stops too).
+/// - a fabric-down node whose job network has answered without a miss for `tbon.job_network_undrain_after`:
+///   [`FabricVerdict::Up`]. By default (infinite) only an admin undrains it (`vigil resource undrain`), and the
+///   node is judged afresh as soon as its job network answers, so that a later cut drains it again.
+///
+/// Time passed in (seconds on any monotonic clock); the prober observes a child when what it saw changes, and
+/// once a second besides (the undrain timer is judged then).
+#[derive(Debug, Default)]
+pub struct FabricWatch {
+    misses: u32,
+    undrain_after: f64,
+    nodes: BTreeMap<u32, FabricNode>,
+}
+
+#[derive(Debug)]
+struct FabricNode {
+    iface: String,
+    down: bool,
+    /// While down: since when its job network has answered without a miss.
+    answering_since: Option<f64>,
+}
+
+impl FabricWatch {
+    /// The rule with `tbon.probe_misses` (`misses`, at least 1) and `tbon.job_network_undrain_after`
+    /// (`undrain_after`, seconds; infinite or NaN: never).
+    pub fn new(misses: u32, undrain_after: f64) -> FabricWatch {
+        FabricWatch { misses: misses.max(1), undrain_after, nodes: BTreeMap::new() }
+    }
+
+    /// Child `rank` has a job network on interface `iface` (its hello said so): watch it (anew).
+    pub fn watch(&mut self, rank: u32, iface: &str) {
+        self.nodes.insert(rank, FabricNode { iface: iface.to_string(), down: false, answering_since: None });
+    }
+
+    /// Child `rank` is gone from this parent.
+    pub fn forget(&mut self, rank: u32) {
+        self.nodes.remove(&rank);
+    }
+
+    /// Whether child `rank` is fabric-down now.
+    pub fn is_down(&self, rank: u32) -> bool {
+        self.nodes.get(&rank).is_some_and(|n| n.down)
+    }
+
+    /// What the prober sees of child `rank` at `now`: `fabric_missed` job-network probes missed in a row (0: it
+    /// answers), and whether its management network answers (`mgmt_ok`: no miss, its broker's heartbeat fresh).
+    /// Returns the verdict, if this observation makes one.
+    pub fn observe(&mut self, now: f64, rank: u32, fabric_missed: u32, mgmt_ok: bool) -> Option<FabricVerdict> {
+        let n = self.nodes.get_mut(&rank)?;
+        if !n.down {
+            if fabric_missed >= self.misses && mgmt_ok {
+                n.down = true;
+                n.answering_since = None;
+                return Some(FabricVerdict::Down { rank, reason: fabric_reason(&n.iface) });
+            }
+            return None;
+        }
+        if fabric_missed > 0 {
+            n.answering_since = None;
+            return None;
+        }
+        if !self.undrain_after.is_finite() {
+            // Only an admin undrains it; judged afresh from now on, so that a later cut is seen again.
+            n.down = false;
+            return None;
+        }
+        let since = *n.answering_since.get_or_insert(now);
+        if now - since >= self.undrain_after {
+            n.down = false;
+            n.answering_since = None;
+            return Some(FabricVerdict::Up { rank });
+        }
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -1069,6 +1187,98 @@ mod tests {
                 PeerState::Online
             };
             assert_eq!(m.state(r), want, "rank {r}");
+        }
+    }
+
+    /// The fabric-down rule in virtual time, fed as the prober feeds it: one observation per 10 ms period.
+    mod fabric {
+        use super::super::*;
+
+        const P: f64 = 0.01;
+
+        /// Feeds `periods` periods from `t` of (job-network missed in a row, management ok); the verdicts.
+        fn run(w: &mut FabricWatch, t: &mut f64, periods: u32, fabric_silent: bool, mgmt_ok: bool) -> Vec<FabricVerdict> {
+            let mut out = Vec::new();
+            let mut missed = 0;
+            for _ in 0..periods {
+                *t += P;
+                missed = if fabric_silent { missed + 1 } else { 0 };
+                out.extend(w.observe(*t, 3, missed, mgmt_ok));
+            }
+            out
+        }
+
+        #[test]
+        fn a_silent_job_network_on_a_live_node_is_fabric_down_after_the_probe_misses() {
+            let mut w = FabricWatch::new(3, f64::INFINITY);
+            w.watch(3, "hsn0");
+            let mut t = 0.0;
+            assert!(run(&mut w, &mut t, 100, false, true).is_empty(), "both answer: nothing");
+            // Two misses are not enough; the third is (tbon.probe_misses = 3), once, 30 ms after the cut.
+            assert_eq!(w.observe(t + P, 3, 1, true), None);
+            assert_eq!(w.observe(t + 2.0 * P, 3, 2, true), None);
+            let v = w.observe(t + 3.0 * P, 3, 3, true);
+            assert_eq!(v, Some(FabricVerdict::Down { rank: 3, reason: "fabric-down: hsn0".into() }));
+            assert!(w.is_down(3));
+            assert_eq!(w.observe(t + 4.0 * P, 3, 4, true), None, "said once");
+            // An unwatched child (no job network) is never judged.
+            assert_eq!(w.observe(t, 4, 99, true), None);
+        }
+
+        #[test]
+        fn a_dead_or_stalled_node_is_not_fabric_down() {
+            let mut w = FabricWatch::new(3, f64::INFINITY);
+            w.watch(3, "hsn0");
+            let mut t = 0.0;
+            // The whole node silent (the management network misses too): the node-loss rules judge it.
+            assert!(run(&mut w, &mut t, 50, true, false).is_empty());
+            assert!(!w.is_down(3));
+            // Its broker stalled (the management kernel answers, the heartbeat is stale: not ok): nothing either.
+            let mut w = FabricWatch::new(3, f64::INFINITY);
+            w.watch(3, "hsn0");
+            assert!(run(&mut w, &mut t, 50, true, false).is_empty());
+            // Forgotten (re-parented away): never judged again here.
+            w.forget(3);
+            assert!(run(&mut w, &mut t, 50, true, true).is_empty());
+        }
+
+        #[test]
+        fn by_default_only_the_admin_undrains_and_a_second_cut_is_seen_again() {
+            let mut w = FabricWatch::new(3, f64::INFINITY);
+            w.watch(3, "ib0");
+            let mut t = 0.0;
+            assert_eq!(run(&mut w, &mut t, 3, true, true).len(), 1);
+            // It answers again for an hour: no undrain verdict.
+            assert!(run(&mut w, &mut t, 360_000, false, true).is_empty());
+            // Cut again: drained again.
+            assert_eq!(
+                run(&mut w, &mut t, 3, true, true),
+                vec![FabricVerdict::Down { rank: 3, reason: "fabric-down: ib0".into() }]
+            );
+        }
+
+        #[test]
+        fn with_undrain_after_a_stable_job_network_undrains_and_a_flap_restarts_the_wait() {
+            let mut w = FabricWatch::new(3, 0.995);
+            w.watch(3, "hsn0");
+            let mut t = 0.0;
+            assert_eq!(run(&mut w, &mut t, 5, true, true).len(), 1);
+            // 0.5 s of answers, a miss, then answers: the second stretch is timed from its own start.
+            assert!(run(&mut w, &mut t, 50, false, true).is_empty());
+            assert!(run(&mut w, &mut t, 1, true, true).is_empty(), "one miss: no new verdict");
+            let before = t;
+            let mut up = None;
+            for _ in 0..200 {
+                t += P;
+                if let Some(v) = w.observe(t, 3, 0, true) {
+                    up = Some((t - before, v));
+                    break;
+                }
+            }
+            let (after, v) = up.expect("undrained");
+            assert_eq!(v, FabricVerdict::Up { rank: 3 });
+            assert!((after - 1.01).abs() < 1e-6, "1 s after the first answer of the stretch, got {after}");
+            assert!(!w.is_down(3));
         }
     }
 }

@@ -40,6 +40,7 @@ mod backfill;
 pub mod depend;
 mod exceptions;
 mod exec;
+mod fabric;
 pub mod history;
 mod job;
 pub mod jobid;

@@ -269,6 +269,12 @@ impl JobCore {
     /// of the job's instance ran`); its context also carries `ranks` (an idset) and `hosts` (a host list) of the
     /// lost nodes, which `vigil job info` gathers ([`Job::info`]).
     pub(super) fn jobs_lose_ranks(&mut self, now: f64, hit: BTreeMap<JobId, Vec<u32>>) {
+        self.jobs_lose_ranks_as(now, hit, "lost")
+    }
+
+    /// [`JobCore::jobs_lose_ranks`], the notes saying `cause` where a loss says `lost` (`fabric-down on`: the
+    /// node lives, its job network does not, `fabric.rs`).
+    pub(super) fn jobs_lose_ranks_as(&mut self, now: f64, hit: BTreeMap<JobId, Vec<u32>>, cause: &str) {
         for (id, lost) in hit {
             let Some(job) = self.jobs.get(&id) else { continue };
             let critical = Self::critical_ranks(job);
@@ -304,7 +310,7 @@ impl JobCore {
                 self.shell_gone(id, *r);
             }
             if fatal {
-                let mut note = format!("lost {what}");
+                let mut note = format!("{cause} {what}");
                 if notify && none_left && !nested {
                     note.push_str("; no node of the job is left");
                 }
@@ -316,7 +322,7 @@ impl JobCore {
                 }
                 self.raise_ctx(now, id, ctx(&note, 0), true);
             } else {
-                let note = format!("lost {what}; the job continues on the remaining nodes");
+                let note = format!("{cause} {what}; the job continues on the remaining nodes");
                 self.raise_ctx(now, id, ctx(&note, 2), false);
                 let Some(j) = self.jobs.get(&id) else { continue };
                 let running: Vec<(u32, u32)> =

@@ -167,7 +167,9 @@ struct DrainRequest {
     /// with this reason; `update`: drain only those not drained yet (Flux's `-f`, `-u`).
     mode: Option<String>,
     /// `health`: a broker's health check asks, for its own rank (`ranks` is one rank, `mode` is ignored): drain
-    /// unless an admin drained it, undrain only if a health check drained it (`crate::health`). Absent: the admin.
+    /// unless an admin drained it, undrain only if a health check drained it (`crate::health`). `fabric`: a
+    /// parent's fabric-down rule, for its child's rank: drain it and fail or notify its jobs
+    /// (`crate::jobs::JobCore::fabric_down`), undrain only a fabric-down drain. Absent: the admin.
     by: Option<String>,
 }
 
@@ -202,7 +204,20 @@ fn drain_or_undrain(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply 
             };
             return changed.map(|c| Some(json!({"changed": c}).into())).map_err(ServiceError::einval);
         }
-        Some(b) => return Err(ServiceError::einval(format!("by: '{b}' is not 'health'"))),
+        Some("fabric") => {
+            // A parent's fabric-down rule (`crate::membership::FabricWatch`), for its child's rank.
+            let rank = match (ranks.len(), ranks.iter().next()) {
+                (1, Some(r)) => r,
+                _ => return Err(ServiceError::einval(format!("ranks: '{}' is not one rank (by: fabric)", req.ranks))),
+            };
+            let changed = if msg.topic == "resource.drain" {
+                jc.fabric_down(n, rank, reason)
+            } else {
+                jc.fabric_undrain(n, rank)
+            };
+            return changed.map(|c| Some(json!({"changed": c}).into())).map_err(ServiceError::einval);
+        }
+        Some(b) => return Err(ServiceError::einval(format!("by: '{b}' is not 'health' or 'fabric'"))),
     }
     let r = if msg.topic == "resource.drain" { jc.drain(n, &ranks, reason, mode) } else { jc.undrain(n, &ranks) };
     r.map(|_| Some(json!({}).into())).map_err(ServiceError::einval)
