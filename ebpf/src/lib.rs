@@ -56,6 +56,6 @@ pub use pidfd::PidfdWatcher;
 pub use probe::{FLAG_ALIVE, FLAG_UNKNOWN, HeartbeatClock, PROBE_LEN, Probe, ProbeKind, UserspaceResponder};
 pub use replies::{ReplyArea, SLOT_BLOCK, SLOTS};
 pub use ring::with_kernel_btf;
-pub use sys::{interface_for_addr, monotonic_ns};
+pub use sys::{interface_for_addr, interface_ipv4, monotonic_ns};
 pub use tcp::{TcpEvent, TcpEventKind, TcpTuple, TcpWatcher};
 pub use xdp::{HbState, HbTable, LINK_PREFIX, Release, TABLE_PREFIX, XdpAttach, XdpResponder, sweep_stale_pins};

@@ -169,6 +169,40 @@ pub fn interface_for_addr(addr: std::net::Ipv4Addr) -> Option<String> {
     }
 }
 
+/// The first IPv4 address of network interface `name` (`tbon.job_network`): `Err` says why there is none (no
+/// such interface, or it has no IPv4 address).
+pub fn interface_ipv4(name: &str) -> Result<std::net::Ipv4Addr, String> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    let mut exists = false;
+    // SAFETY: getifaddrs fills `head` with a list we free below with freeifaddrs; we only read nodes while the
+    // list is alive, and check every pointer before dereferencing it.
+    unsafe {
+        if libc::getifaddrs(&mut head) != 0 {
+            return Err(format!("cannot list the interfaces: {}", std::io::Error::last_os_error()));
+        }
+        let mut found = None;
+        let mut cur = head;
+        while !cur.is_null() {
+            let ifa = &*cur;
+            if !ifa.ifa_name.is_null() && CStr::from_ptr(ifa.ifa_name).to_bytes() == name.as_bytes() {
+                exists = true;
+                if !ifa.ifa_addr.is_null() && (*ifa.ifa_addr).sa_family as i32 == libc::AF_INET {
+                    let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
+                    found = Some(std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
+                    break;
+                }
+            }
+            cur = ifa.ifa_next;
+        }
+        libc::freeifaddrs(head);
+        match (found, exists) {
+            (Some(a), _) => Ok(a),
+            (None, true) => Err(format!("interface {name} has no IPv4 address")),
+            (None, false) => Err(format!("no interface {name} on this node")),
+        }
+    }
+}
+
 /// The running kernel's release (`uname -r`), or `unknown`.
 pub(crate) fn kernel_release() -> String {
     // SAFETY: all-zero is a valid utsname; uname fills it with NUL-terminated strings.

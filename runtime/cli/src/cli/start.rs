@@ -622,7 +622,7 @@ fn config_bootstrap(
     for (k, v) in cfg.health.attrs() {
         attrs.entry(k.into()).or_insert(v);
     }
-    let config = check_attrs(&attrs)?;
+    let mut config = check_attrs(&attrs)?;
     let ranks = cfg.ranks().map_err(|e| e.to_string())?;
     let host = a.hostname.clone().unwrap_or_else(hostname);
     let rank = match a.rank {
@@ -631,6 +631,12 @@ fn config_bootstrap(
         None => cfg.rank_of(&host).map_err(|e| e.to_string())?,
     };
     check_topology(&config)?;
+    // This host's `job_network` in its hosts entry, unless `-S tbon.job_network` set it; checked as `-S` is.
+    if let (Some(jn), false) = (&ranks[rank as usize].job_network, attrs.contains_key("tbon.job_network")) {
+        let one = BTreeMap::from([("tbon.job_network".to_string(), jn.clone())]);
+        let checked = check_attrs(&one).map_err(|e| format!("{path}: bootstrap.hosts: job_network: {e}"))?;
+        config.job_network = checked.job_network;
+    }
     let listen = match a.listen_fd {
         Some(fd) => ListenSpec::Fd(fd),
         None => ListenSpec::Endpoint(ranks[rank as usize].bind.clone()),

@@ -724,6 +724,7 @@ fn detector_lines(d: &Value) -> Vec<String> {
         ("tcp", "tcp"),
         ("responder", "responder"),
         ("probes", "probes"),
+        ("job-network", "job_network"),
         ("probing", "probing"),
         ("judge", "judge"),
     ]

@@ -9,7 +9,8 @@
 //! default_connect = "tcp://%h:%p"
 //! hosts = [
 //!   { host = "node0", bind = "tcp://10.200.0.1:8050", connect = "tcp://10.200.0.1:8050" },
-//!   { host = "node[1-3]" },            # RFC 29 hostlist; ranks follow the order of the expanded list
+//!   { host = "node[1-3]", job_network = "hsn0" }, # RFC 29 hostlist; ranks follow the order of the expanded
+//!                                      # list; job_network: these nodes' job network (`tbon.job_network`)
 //! ]
 //! statedir = "/var/lib/vigil"          # optional: rank 0 keeps its jobs here (docs/statedir.md)
 //! [tbon]
@@ -37,6 +38,9 @@ pub struct HostEntry {
     pub bind: Option<String>,
     /// Endpoint peers connect to, overriding `default_connect`.
     pub connect: Option<String>,
+    /// The interface of these hosts' job network (`tbon.job_network`, which `-S` overrides): the parent probes
+    /// it too, and drains a node whose job network alone stops answering as fabric-down.
+    pub job_network: Option<String>,
 }
 
 /// The `[bootstrap]` table.
@@ -145,6 +149,8 @@ pub struct RankEndpoint {
     pub bind: String,
     /// Endpoint to connect to.
     pub connect: String,
+    /// Its `job_network`, if its hosts entry names one.
+    pub job_network: Option<String>,
 }
 
 /// Error in a config file.
@@ -236,7 +242,7 @@ impl ConfigFile {
                     .or(b.default_connect.as_deref())
                     .map(sub)
                     .ok_or(ConfigError::NoEndpoint { what: "connect", host: h.to_string() })?;
-                out.push(RankEndpoint { host: h.to_string(), bind, connect });
+                out.push(RankEndpoint { host: h.to_string(), bind, connect, job_network: e.job_network.clone() });
             }
         }
         Ok(out)
@@ -255,6 +261,18 @@ impl ConfigFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hosts_entry_names_its_job_network() {
+        let c = ConfigFile::parse(
+            "[bootstrap]\ndefault_bind = 'tcp://%h:1'\ndefault_connect = 'tcp://%h:1'\n\
+             hosts = [{ host = 'n0' }, { host = 'n[1-2]', job_network = 'hsn0' }]\n",
+        )
+        .expect("parses");
+        let r = c.ranks().expect("ranks");
+        let jn: Vec<Option<&str>> = r.iter().map(|e| e.job_network.as_deref()).collect();
+        assert_eq!(jn, vec![None, Some("hsn0"), Some("hsn0")]);
+    }
 
     #[test]
     fn expands_hosts_and_defaults() {

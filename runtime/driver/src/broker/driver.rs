@@ -21,7 +21,8 @@ use super::core::{Broker, DriverStatus, Environment, Input, Peer, Time, PARENT};
 use super::discover::discover;
 use super::link_set::LinkSet;
 use super::links_up::{
-    accept_children, connect_parent, first_parent_gone, Ask, ChildLink, ParentError, ParentLink, PendingChild,
+    accept_children, connect_parent, first_parent_gone, Ask, ChildLink, JobNetwork, ParentError, ParentLink,
+    PendingChild,
 };
 use super::local;
 use super::options::{DriverOptions, ListenSpec};
@@ -634,7 +635,7 @@ impl Driver {
                 None => std::future::pending().await,
             }
         };
-        let probe_port = self.detect.as_ref().map(|d| d.probe_port);
+        let probe = self.detect.as_ref().map_or_else(|| json!({"probe_port": null}), |d| d.hello_fields());
         let transport = TcpTransport { auth };
         // Until the loop runs, SIGTERM and SIGINT are watched here: a broker still retrying its parent (which
         // may take tbon.connect_timeout) stops when told to.
@@ -651,7 +652,7 @@ impl Driver {
         let ask = Ask::First { exchanged };
         let timeout = opts.config.connect_timeout;
         let outcome = tokio::select! {
-            r = connect_parent(opts, timeout, &transport, &self.upgrades, probe_port, &ep, ask) => match r {
+            r = connect_parent(opts, timeout, &transport, &self.upgrades, &probe, &ep, ask) => match r {
                 Ok(link) => Ok(link),
                 // Nothing listens where it was (its broker is gone), or it never took our hello: adopted
                 // elsewhere rather than exiting.
@@ -736,6 +737,36 @@ impl Driver {
         if self.broker.jobcore.as_ref().is_some_and(|jc| jc.passes() != passes) {
             self.observed.sched_pass.observe(t.elapsed().as_secs_f64());
         }
+    }
+
+    /// Carry out a verdict of the fabric-down rule on a child (`vigil_core::membership::FabricWatch`): ask rank 0
+    /// to drain it and fail or notify its jobs (`resource.drain` with `"by": "fabric"`), or, after
+    /// `tbon.job_network_undrain_after`, to undrain it (`resource.undrain`, which undoes only a fabric-down
+    /// drain). Off the loop; an answer that is not a success is logged.
+    fn fabric_verdict(&mut self, v: vigil_core::membership::FabricVerdict) {
+        use vigil_core::membership::FabricVerdict;
+        let (topic, body, what) = match v {
+            FabricVerdict::Down { rank, reason } => {
+                warn!("child rank {rank}: {reason}: its job network stopped answering while its management network \
+                       answers; asking rank 0 to drain it and end or notify its jobs");
+                let body = json!({"ranks": rank.to_string(), "reason": reason, "by": "fabric"});
+                ("resource.drain", body, format!("drain rank {rank} as fabric-down"))
+            }
+            FabricVerdict::Up { rank } => {
+                info!("child rank {rank}: its job network has answered for tbon.job_network_undrain_after; undrained");
+                ("resource.undrain", json!({"ranks": rank.to_string(), "by": "fabric"}), format!("undrain rank {rank}"))
+            }
+        };
+        let uri = self.broker.env.local_uri.clone();
+        tokio::spawn(async move {
+            let r = match vigil_client::Client::connect(&uri).await {
+                Err(e) => Err(e.to_string()),
+                Ok(c) => c.rpc(topic, 0, &body).await.map(|_| ()).map_err(|e| e.errstr),
+            };
+            if let Err(e) = r {
+                warn!("cannot {what}: {e}");
+            }
+        });
     }
 
     /// The broker forgets child `r` (`Effect::ForgetChild`): if a lost verdict on it is not accounted for yet, it
@@ -892,8 +923,9 @@ impl Driver {
                 let refusal = answers.refusal();
                 let probe_port =
                     msg.json().get("probe_port").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok());
+                let job_network = JobNetwork::from_hello(&msg.json());
                 let addr = link.peer.clone();
-                self.pending.insert(conn, PendingChild { link, answers, probe_port });
+                self.pending.insert(conn, PendingChild { link, answers, probe_port, job_network });
                 self.step(Input::Hello { conn, msg, addr, refusal });
                 // Judged at once (its acceptance carried out now, even in a group commit's turn): whatever the
                 // broker did not accept is dropped.
@@ -1044,6 +1076,12 @@ impl Driver {
                     self.step_timed(Input::Closed(Peer::Child(rank), conn, why), Some(ev.ktime_ns));
                 } else {
                     self.time_late(rank, ev.ktime_ns);
+                }
+            }
+            DetectInput::Fabric { rank, missed, mgmt_ok } => {
+                let verdict = self.detect.as_mut().and_then(|d| d.on_fabric(rank, missed, mgmt_ok));
+                if let Some(v) = verdict {
+                    self.fabric_verdict(v);
                 }
             }
             DetectInput::Probe(rank, sig, sent, event_ns) => {

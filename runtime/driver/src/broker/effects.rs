@@ -73,8 +73,8 @@ impl Driver {
             Effect::ForgetChild(r) => {
                 self.note_lost_verdict(r);
                 let tuple = self.children.get(&r).and_then(|c| c.tuple);
-                if let Some(d) = self.detect.as_ref() {
-                    d.prober_cmd(super::detect::ProbeCmd::Remove(r));
+                if let Some(d) = self.detect.as_mut() {
+                    d.forget_child(r);
                     if let Some(t) = tuple {
                         d.unwatch_link(t);
                     }
@@ -171,6 +171,9 @@ impl Driver {
         if let (Some(d), Some(port)) = (self.detect.as_mut(), p.probe_port) {
             if let Ok(addr) = peer.parse::<std::net::SocketAddr>() {
                 d.probe_child(rank, std::net::SocketAddr::new(addr.ip(), port));
+                if let Some(jn) = &p.job_network {
+                    d.probe_child_fabric(rank, &jn.iface, jn.addr);
+                }
             }
         }
         self.children.insert(rank, ChildLink { tx, conn, sock, tasks, tuple });
@@ -187,7 +190,7 @@ impl Driver {
         let ep = opts.endpoints.get(rank as usize).cloned();
         let transport = TcpTransport { auth: self.auth.clone() };
         let upgrades = self.upgrades.clone();
-        let probe_port = self.detect.as_ref().map(|d| d.probe_port);
+        let probe = self.detect.as_ref().map_or_else(|| json!({"probe_port": null}), |d| d.hello_fields());
         let tx = self.input_tx.clone();
         tokio::spawn(async move {
             let result = match ep {
@@ -196,7 +199,7 @@ impl Driver {
                     timeout.as_secs_f64(),
                     &transport,
                     &upgrades,
-                    probe_port,
+                    &probe,
                     &ep,
                     Ask::Adoption { lost: adopt.0, last_resort: adopt.1 },
                 )

@@ -15,7 +15,7 @@ use super::transport::{
 use super::upgrade::{Answers, Upgrades};
 use super::BrokerOptions;
 use crate::message::{Message, MsgType};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
@@ -86,6 +86,38 @@ pub(super) struct PendingChild {
     pub(super) link: Link,
     pub(super) answers: Answers,
     pub(super) probe_port: Option<u16>,
+    /// Its job network, if its hello named one (`tbon.job_network`).
+    pub(super) job_network: Option<JobNetwork>,
+}
+
+/// A child's job network as its hello tells it (`"job_network": {"iface": "hsn0", "addr": "10.201.0.3:4711"}`,
+/// optional: an older child does not send it).
+pub(super) struct JobNetwork {
+    /// Interface name on the child's node (for the drain reason).
+    pub(super) iface: String,
+    /// Where its job-network responder answers.
+    pub(super) addr: std::net::SocketAddr,
+}
+
+impl JobNetwork {
+    /// From a hello; a field that is not what it should be is logged with the field's name and ignored (the child
+    /// is probed on its management network only).
+    pub(super) fn from_hello(hello: &Value) -> Option<JobNetwork> {
+        let jn = hello.get("job_network").filter(|v| !v.is_null())?;
+        let iface = jn.get("iface").and_then(Value::as_str).filter(|s| !s.is_empty() && s.len() <= 15);
+        let addr = jn.get("addr").and_then(Value::as_str).and_then(|a| a.parse::<std::net::SocketAddr>().ok());
+        match (iface, addr) {
+            (Some(i), Some(a)) if a.is_ipv4() && a.port() != 0 => Some(JobNetwork { iface: i.to_string(), addr: a }),
+            (None, _) => {
+                warn!("a child's hello: job_network.iface is not an interface name; its job network is not probed");
+                None
+            }
+            _ => {
+                warn!("a child's hello: job_network.addr is not an IPv4 ADDR:PORT; its job network is not probed");
+                None
+            }
+        }
+    }
 }
 
 /// Accept child connections: each runs the responder's handshake ([`secure::respond`]) under the bounds stated
@@ -291,7 +323,7 @@ pub(super) async fn connect_parent(
     timeout: f64,
     transport: &dyn Transport,
     upgrades: &Upgrades,
-    probe_port: Option<u16>,
+    probe: &Value,
     ep: &str,
     ask: Ask,
 ) -> Result<ParentLink, ParentError> {
@@ -313,7 +345,7 @@ pub(super) async fn connect_parent(
                         &opts.config.topo,
                         &opts.hostname,
                     ),
-                    json!({"probe_port": probe_port}),
+                    probe.clone(),
                 );
                 if let Ask::Adoption { lost, last_resort } = ask {
                     // Asking to be adopted: our parent `lost` was lost (see reparent.rs).
@@ -393,6 +425,7 @@ mod tests {
     use crate::broker::link_set::LinkSet;
     use crate::broker::transport::{MemNetwork, MemTransport};
     use crate::topology::Topology;
+    use serde_json::json;
     use std::path::PathBuf;
 
     /// A node's kernel answers a check with a SYN-ACK where something listens and with a reset where nothing
@@ -464,7 +497,7 @@ mod tests {
             CONNECT_TIMEOUT,
             &transport,
             &Upgrades::new(&config),
-            Some(4242),
+            &json!({"probe_port": 4242}),
             "mem://rank0",
             Ask::Adoption { lost: 3, last_resort: false },
         )
@@ -526,7 +559,7 @@ mod tests {
             CONNECT_TIMEOUT,
             &transport,
             &Upgrades::new(&config),
-            None,
+            &json!({"probe_port": null}),
             "mem://rank0",
             Ask::First { exchanged: false },
         )

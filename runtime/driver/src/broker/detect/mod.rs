@@ -26,11 +26,15 @@
 //! - `status.rs`: what runs and what the prober does, as `vigil uptime` / `vigil overlay status` show it.
 //! - `prober.rs`: the prober's state, child by child, and its rounds: what a reply or a silence means.
 //! - `prober_thread.rs`: the prober's own thread, its period and its loop; `probe_socket.rs`: its UDP socket.
+//! - `fabric_prober.rs`: the prober's probes of its children's job networks (`tbon.job_network`), whose
+//!   silence while the management network answers makes a node fabric-down
+//!   (`vigil_core::membership::FabricWatch`, applied here by [`Detectors::on_fabric`]).
 //!
 //! The rules these carry out live in the core: `vigil_core::membership` decides online / torpid / lost from the
 //! signals sent here (docs/failure-detection.md), and `vigil_core::probe` holds the prober's rules on reply times,
 //! patience and correlated silence, which `prober.rs` applies child by child.
 
+mod fabric_prober;
 mod load;
 mod probe_socket;
 mod prober;
@@ -72,6 +76,17 @@ pub(crate) enum DetectInput {
     /// (`CLOCK_MONOTONIC` ns, if known: the last reply before misses, a reply saying the broker is dead, the
     /// last heartbeat a reply reports), which a verdict on it is timed from (`vigil_verdict_latency_seconds`).
     Probe(u32, Signal, std::time::Instant, Option<u64>),
+    /// What the prober sees of child `rank`'s job network (sent when it changes, and once a second): `missed`
+    /// probes in a row unanswered there, and whether its management network answers
+    /// (`vigil_core::membership::FabricWatch::observe`).
+    Fabric {
+        /// Child rank.
+        rank: u32,
+        /// Job-network probes missed in a row (0: it answers).
+        missed: u32,
+        /// Its management network answers and its broker beats.
+        mgmt_ok: bool,
+    },
 }
 
 /// The detectors of one broker.
@@ -108,6 +123,20 @@ pub(crate) struct Detectors {
     loader: Option<Box<dyn FnOnce() -> Loaded + Send>>,
     /// Log fallbacks at info, not warn (a nested instance: its stderr is the user's job output).
     quiet: bool,
+    /// This node's job network (`tbon.job_network`) as told to the parent: interface, and where its responder
+    /// answers. `None`: none set, or not found (said once in [`DetectorStatus::job_network`]).
+    job_network: Option<(String, SocketAddrV4)>,
+    /// The responder on the job network (a userspace thread; the XDP responder is on the management
+    /// interface only).
+    _fabric_responder: Option<UserspaceResponder>,
+    /// The XDP responder on the job network's interface, once the background load attached it (the kernel
+    /// answers there as on the management interface, so a busy node does not look fabric-down).
+    fabric_xdp: Arc<std::sync::Mutex<Option<XdpResponder>>>,
+    fabric_xdp_wanted: bool,
+    fabric_xdp_said: bool,
+    /// The fabric-down rule over this broker's children, with its clock's origin.
+    fabric: vigil_core::membership::FabricWatch,
+    origin: std::time::Instant,
 }
 
 impl Detectors {
@@ -145,6 +174,7 @@ impl Detectors {
             process_exit: pending.clone(),
             tcp: pending.clone(),
             responder: "userspace (XDP responder loading)".into(),
+            job_network: String::new(),
             probes: format!(
                 "every {:.0} ms{}; a child whose kernel (XDP) answers is lost after {} unanswered in a row",
                 cfg.probe_period * 1e3,
@@ -160,6 +190,8 @@ impl Detectors {
                 cfg.probe_misses
             ),
         };
+        let (job_network, fabric_responder, jn_status) = job_network(config, probe_port, &clock);
+        let status = DetectorStatus { job_network: jn_status, ..status };
         let mut d = Detectors {
             status,
             probe_port,
@@ -182,6 +214,13 @@ impl Detectors {
             prober_stats: None,
             loader: None,
             quiet: config.instance_level != 0,
+            job_network,
+            _fabric_responder: fabric_responder,
+            fabric_xdp: Default::default(),
+            fabric_xdp_wanted: config.detector_rank.is_none() && mode != DetectorMode::ForceUserspace,
+            fabric_xdp_said: false,
+            fabric: vigil_core::membership::FabricWatch::new(cfg.probe_misses, config.job_network_undrain_after),
+            origin: std::time::Instant::now(),
         };
         let ifname = vigil_ebpf::interface_for_addr(bind_ip);
         let pin = table_pin_path(instance);
@@ -195,12 +234,22 @@ impl Detectors {
     pub(crate) fn begin_load(&mut self) {
         let Some(f) = self.loader.take() else { return };
         let input_tx = self.input_tx.clone();
+        // The job network's XDP responder too: one broker per node only (the brokers of a test instance share
+        // the machine's interfaces), and not when userspace detectors were asked for.
+        let fabric = self
+            .job_network
+            .as_ref()
+            .filter(|_| self.fabric_xdp_wanted)
+            .map(|(iface, addr)| (iface.clone(), addr.port(), self.fabric_xdp.clone(), self.xdp_how));
         // A plain thread, not spawn_blocking: a short-lived broker must not wait for the load to finish on exit.
         let rt = tokio::runtime::Handle::current();
         let spawned = std::thread::Builder::new().name("vigil-detectors".into()).spawn(move || {
             let _g = rt.enter();
             let loaded = f();
             let _ = input_tx.send(DetectInput::Loaded(Box::new(loaded)));
+            if let Some((iface, port, slot, how)) = fabric {
+                attach_fabric(&iface, port, how, &slot);
+            }
         });
         if let Err(e) = spawned {
             warn!("cannot start the detector loader thread ({e}); detectors stay userspace");
@@ -211,6 +260,20 @@ impl Detectors {
     /// the userspace heartbeat the responder reports (its table in the kernel, or the userspace responder's clock).
     pub(crate) fn beat_clock(&mut self) {
         self.clock.beat();
+        if let Some((_, addr)) = &self.job_network {
+            if let Ok(x) = self.fabric_xdp.lock() {
+                if let Some(x) = x.as_ref() {
+                    let _ = x.table().heartbeat(addr.port());
+                    if !self.fabric_xdp_said {
+                        self.fabric_xdp_said = true;
+                        self.status.job_network = self
+                            .status
+                            .job_network
+                            .replace("answered by userspace", &format!("answered by xdp ({} on {})", x.mode(), x.interface()));
+                    }
+                }
+            }
+        }
         if let Some(t) = &self.table {
             let _ = t.heartbeat(self.probe_port);
         }
@@ -316,6 +379,42 @@ impl Detectors {
         }
     }
 
+    /// The probe fields of this broker's hello to a parent: `probe_port`, and `job_network` (`{"iface": IFACE,
+    /// "addr": "IP:PORT"}`, where its job-network responder answers) when it has one. An older parent ignores the
+    /// field; a parent without it in a child's hello probes the management network only.
+    pub(crate) fn hello_fields(&self) -> serde_json::Value {
+        let mut v = serde_json::json!({"probe_port": self.probe_port});
+        if let Some((iface, addr)) = &self.job_network {
+            v["job_network"] = serde_json::json!({"iface": iface, "addr": addr.to_string()});
+        }
+        v
+    }
+
+    /// Probe child `rank`'s job network (interface `iface` there) at `addr` too, and judge it by the fabric-down
+    /// rule. After [`Detectors::probe_child`] (which starts the prober).
+    pub(crate) fn probe_child_fabric(&mut self, rank: u32, iface: &str, addr: SocketAddr) {
+        if let Some(p) = &self.prober {
+            self.fabric.watch(rank, iface);
+            let _ = p.send(ProbeCmd::AddFabric(rank, addr));
+        }
+    }
+
+    /// Child `rank` is no longer probed here.
+    pub(crate) fn forget_child(&mut self, rank: u32) {
+        self.fabric.forget(rank);
+        self.prober_cmd(ProbeCmd::Remove(rank));
+    }
+
+    /// [`DetectInput::Fabric`]: the fabric-down rule's verdict on it, if any.
+    pub(crate) fn on_fabric(
+        &mut self,
+        rank: u32,
+        missed: u32,
+        mgmt_ok: bool,
+    ) -> Option<vigil_core::membership::FabricVerdict> {
+        self.fabric.observe(self.origin.elapsed().as_secs_f64(), rank, missed, mgmt_ok)
+    }
+
     /// Send a command to the prober (no-op without one).
     pub(crate) fn prober_cmd(&self, c: ProbeCmd) {
         if let Some(p) = &self.prober {
@@ -353,6 +452,62 @@ impl Detectors {
                 sweep_pins("leaving");
             }
         }
+    }
+}
+
+/// Attach the XDP responder to the job network's interface `iface` in `how` mode and have it answer for our
+/// job-network responder's `port` (in the background loader's thread); said once in the log either way. On success
+/// it is put in `slot` (dropped, so detached, with the broker's detectors).
+fn attach_fabric(iface: &str, port: u16, how: XdpAttach, slot: &std::sync::Mutex<Option<XdpResponder>>) {
+    match XdpResponder::attach_with(iface, how) {
+        Ok(x) => match x.table().register(port, std::process::id()) {
+            Ok(()) => {
+                info!("job network {iface}: probes answered by xdp ({})", x.mode());
+                if let Ok(mut s) = slot.lock() {
+                    *s = Some(x);
+                }
+            }
+            Err(e) => info!("job network {iface}: probes answered by userspace (xdp table: {e})"),
+        },
+        Err(e) => info!("job network {iface}: probes answered by userspace (xdp: {e})"),
+    }
+}
+
+/// This node's job network (`tbon.job_network`): its interface's IPv4 address, and a userspace responder there on
+/// the management probe port if it is free (else on any port), answering with `clock`. Returns what the hello
+/// tells the parent, the responder, and the status line. A missing interface (or one without IPv4, or a socket
+/// refused) is said once and turns the job-network probes of this node off; the broker runs on.
+fn job_network(
+    config: &BrokerConfig,
+    probe_port: u16,
+    clock: &Arc<HeartbeatClock>,
+) -> (Option<(String, SocketAddrV4)>, Option<UserspaceResponder>, String) {
+    let Some(iface) = config.job_network.clone() else { return (None, None, "none".into()) };
+    let off = |why: String| {
+        warn!("tbon.job_network={iface}: {why}; this node's job network is not probed (no fabric-down detection)");
+        (None, None, format!("{iface}: not probed ({why})"))
+    };
+    let ip = match vigil_ebpf::interface_ipv4(&iface) {
+        Ok(ip) => ip,
+        Err(e) => return off(e),
+    };
+    let sock = match std::net::UdpSocket::bind((ip, probe_port)).or_else(|_| std::net::UdpSocket::bind((ip, 0))) {
+        Ok(s) => s,
+        Err(e) => return off(format!("no responder socket on {ip}: {e}")),
+    };
+    let addr = match sock.local_addr() {
+        Ok(SocketAddr::V4(a)) => a,
+        Ok(a) => return off(format!("responder socket on {a} is not IPv4")),
+        Err(e) => return off(format!("responder socket: {e}")),
+    };
+    match UserspaceResponder::spawn(sock, clock.clone()) {
+        Ok(r) => {
+            info!("job network {iface}: probes answered at {addr}");
+            let line = format!("{iface} ({addr}): probed by the parent, answered by userspace; fabric-down after {}                                 unanswered in a row while the management network answers",
+                config.membership.probe_misses);
+            (Some((iface, addr)), Some(r), line)
+        }
+        Err(e) => off(format!("responder thread: {e}")),
     }
 }
 

@@ -57,6 +57,9 @@ pub(super) struct ProbeTarget {
     /// The round of the last reply timed: a reply collected by the kernel stays in its slot and is read again
     /// each period until another replaces it, and is timed once.
     timed_seq: u32,
+    /// Its last news said its broker's heartbeat was half way to stalled or more, or its broker dead
+    /// ([`Prober::answers`]).
+    hb_stale: bool,
 }
 
 /// Group-only rounds in a row a child may miss while it still answers unicast probes before it is probed by
@@ -245,6 +248,7 @@ impl Prober {
             news_ns: None,
             excused: 0,
             timed_seq: 0,
+            hb_stale: false,
         };
         self.targets.insert(rank, t);
     }
@@ -335,6 +339,7 @@ impl Prober {
         // Forwarded every time once the child's heartbeat is half way to torpid (the membership machine applies
         // the real threshold; this only limits how often replies reach the core).
         let stalled = age >= self.stall_note;
+        t.hb_stale = stalled || !p.alive();
         // Forward what changes a verdict, and once a second that replies still come. A kernel reply arms the probe
         // rules in the core (and vouches for the node's TCP), so none is forwarded before the node's reply time is
         // known (but one saying its broker is dead): meanwhile the node is judged on TCP, confirmed
@@ -372,6 +377,16 @@ impl Prober {
             }
         }
         self.scratch = slots;
+    }
+
+    /// Whether child `rank`'s management network answers, as the fabric-down rule needs it
+    /// (`vigil_core::membership::FabricWatch`): its node has answered, no probe of it is
+    /// missed past its reply time, and its last news said its broker beats (a stalled broker stops its
+    /// job-network responder too, which must not read as a dead fabric).
+    pub(super) fn answers(&self, rank: u32) -> bool {
+        let Some(t) = self.targets.get(&rank) else { return false };
+        let patience = probe::patience_of(&t.timing, &self.all, self.period);
+        t.kernel.is_some() && !t.hb_stale && probe::missed_excused(self.round - t.news_round, t.excused, patience) == 0
     }
 
     /// Start of a period: count misses, then the next round's probes: (group datagram wanted, unicast list).

@@ -5,6 +5,7 @@
 //! socket calls `probe_socket.rs`'s; the prober starts with a broker's first child (`Detectors::probe_child`).
 
 use super::probe_socket::{drain_replies, readable_now, send_batch, ProbeSocket, PROBE_GROUP};
+use super::fabric_prober::FabricProber;
 use super::prober::Prober;
 use super::status::ProberStats;
 use super::DetectInput;
@@ -20,7 +21,9 @@ use vigil_ebpf::{HbTable, Probe};
 pub(crate) enum ProbeCmd {
     /// Probe child `rank` at this address.
     Add(u32, SocketAddr),
-    /// Stop probing `rank`.
+    /// Probe child `rank`'s job network too, at this address (its job-network responder).
+    AddFabric(u32, SocketAddr),
+    /// Stop probing `rank` (on both networks).
     Remove(u32),
     /// Probe `rank` now (suspect hint).
     Now(u32),
@@ -186,6 +189,27 @@ pub(super) fn prober_thread(
     });
 }
 
+/// The job-network probes' socket (see [`prober_task`]), nonblocking, watched by the runtime; `None` (said once)
+/// if it cannot be made: the job networks are then not probed.
+fn fabric_socket() -> Option<ProbeSocket> {
+    let made = std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, 0))
+        .and_then(|s| s.set_nonblocking(true).map(|_| s))
+        .inspect(super::probe_socket::grow_receive_buffer)
+        .and_then(|s| {
+            // SAFETY: the UdpSocket owns its descriptor, which stays open and the same until the AsyncFd that
+            // holds the socket drops it (after deregistering it).
+            unsafe { tokio::io::unix::AsyncFd::register_with_interest(s, tokio::io::Interest::READABLE) }
+                .map_err(|e| e.into_parts().1)
+        });
+    match made {
+        Ok(s) => Some(s),
+        Err(e) => {
+            warn!("job networks not probed (UDP socket: {e}); fabric-down is not detected under this broker");
+            None
+        }
+    }
+}
+
 /// Makes the calling thread `SCHED_RR` at priority 1 (see [`prober_thread`]).
 fn realtime() -> std::io::Result<()> {
     if std::env::var_os("VIGIL_PROBER_NO_RT").is_some() {
@@ -220,8 +244,21 @@ async fn prober_task(
         let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut k));
         u64::from_ne_bytes(k) ^ vigil_ebpf::monotonic_ns()
     };
+    let mut fabric = FabricProber::new(key, period.as_secs_f64(), tx.clone());
     let mut pr = Prober::new(key, port, group, tx, stall_max / 2.0);
     pr.period = period.as_secs_f64();
+    // The job-network probes' socket, made with the first child that has a job network: bound to no address, so
+    // that the kernel sends from this node's address on the route to the child's job network (its own job
+    // network where it has one) and the replies come back over it.
+    let mut fsock: Option<ProbeSocket> = None;
+    let mut fbufs = vec![[0u8; 128]; PROBE_GROUP];
+    let drain_fabric = |f: &mut FabricProber, sock: &ProbeSocket, bufs: &mut Vec<[u8; 128]>| {
+        drain_replies(sock, bufs, |n, b, from| {
+            if let Some(p) = Probe::decode(&b[..n]) {
+                f.reply(&p, from, vigil_ebpf::monotonic_ns());
+            }
+        })
+    };
     let mut tick = Ticker::new(period);
     let mut rbufs = vec![[0u8; 128]; PROBE_GROUP];
     let mut drain = |pr: &mut Prober, sock: &ProbeSocket| {
@@ -234,7 +271,18 @@ async fn prober_task(
         tokio::select! {
             c = rx.recv() => match c {
                 Some(ProbeCmd::Add(r, addr)) => pr.add(r, addr),
-                Some(ProbeCmd::Remove(r)) => pr.remove(r),
+                Some(ProbeCmd::Remove(r)) => {
+                    pr.remove(r);
+                    fabric.remove(r);
+                }
+                Some(ProbeCmd::AddFabric(r, addr)) => {
+                    if fsock.is_none() {
+                        fsock = fabric_socket();
+                    }
+                    if fsock.is_some() {
+                        fabric.add(r, addr);
+                    }
+                }
                 Some(ProbeCmd::Now(r)) => {
                     let round = pr.round;
                     if let (Some(t), true) = (pr.targets.get_mut(&r), round > 0) {
@@ -250,6 +298,16 @@ async fn prober_task(
                 }
                 None => return,
             },
+            r = async {
+                match &fsock {
+                    Some(f) => f.readable().await.map(|mut g| g.clear_ready()),
+                    None => std::future::pending().await,
+                }
+            } => {
+                if let (Ok(()), Some(f)) = (r, &fsock) {
+                    drain_fabric(&mut fabric, f, &mut fbufs);
+                }
+            }
             r = sock.readable() => {
                 if let Ok(mut ready) = r {
                     drain(&mut pr, &sock);
@@ -267,6 +325,16 @@ async fn prober_task(
                     ready.clear_ready();
                 }
                 pr.read_collected();
+                // The job networks, judged against the management probes of the same period (before
+                // `next_round` moves on), then probed again.
+                if let Some(f) = &fsock {
+                    drain_fabric(&mut fabric, f, &mut fbufs);
+                    let pkts = fabric.next_round(&pr, vigil_ebpf::monotonic_ns());
+                    if !pkts.is_empty() {
+                        send_batch(f, &pkts);
+                    }
+                    stats.fabric.store(fabric.len() as u32, std::sync::atomic::Ordering::Relaxed);
+                }
                 let (group_wanted, unicast) = pr.next_round();
                 {
                     use std::sync::atomic::Ordering::Relaxed;

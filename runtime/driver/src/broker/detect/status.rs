@@ -17,6 +17,9 @@ pub(crate) struct DetectorStatus {
     pub responder: String,
     /// Probing of children: period and misses that make a kernel-answering node lost.
     pub probes: String,
+    /// This node's job network (`tbon.job_network`): `none`, `IFACE (ADDR), answered by ...`, or why it is not
+    /// probed (said once, here and in the log).
+    pub job_network: String,
 }
 
 /// What the prober does right now (parents only), for `vigil overlay status`: updated every period.
@@ -41,6 +44,8 @@ pub(crate) struct ProberStats {
     pub sent: std::sync::atomic::AtomicU64,
     /// Datagrams read on the probe socket and dropped as no reply of ours (`Prober::rejected`).
     pub rejected: std::sync::atomic::AtomicU64,
+    /// Children whose job network is probed too (`fabric_prober.rs`).
+    pub fabric: std::sync::atomic::AtomicU32,
     /// The parent's node is probed too (by unicast; not counted in `unicast`).
     pub parent: std::sync::atomic::AtomicBool,
     /// The prober thread's scheduling, once it started (`prober_thread.rs`).
@@ -54,10 +59,12 @@ impl ProberStats {
         let unreached = self.unreached.load(Relaxed);
         let void = self.void_rounds.load(Relaxed);
         let correlated = self.correlated_rounds.load(Relaxed);
+        let fabric = self.fabric.load(Relaxed);
         format!(
-            "{} children by group datagram, {} by unicast{}{}; replies {}{}{}{}",
+            "{} children by group datagram, {} by unicast{}{}{}; replies {}{}{}{}",
             self.grouped.load(Relaxed),
             self.unicast.load(Relaxed),
+            if fabric > 0 { format!(", {fabric} also on their job network") } else { String::new() },
             if unreached > 0 { format!(" ({unreached} not reached by the group)") } else { String::new() },
             if self.parent.load(Relaxed) { ", and the parent's node by unicast" } else { "" },
             if self.collected.load(Relaxed) {
