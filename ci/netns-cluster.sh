@@ -23,6 +23,13 @@
 #                                                      as $VIGIL_BENCH or next to $VIGIL); unimpair NAME puts the bridge back;
 #                                                      VIGIL_NETNS_IMPAIR="DELAY JITTER LOSS [SEED]" makes `up` impair first
 #   ci/netns-cluster.sh down   NAME                    kill everything and remove namespaces, links and files
+#   ci/netns-cluster.sh fcut NAME K | fheal NAME K     with a fabric (below): take node K's fabric link down / up
+#                                                      (its management link and processes untouched); fcut
+#                                                      prints the time the link went down (seconds, epoch)
+#
+# VIGIL_NETNS_FABRIC=1 given to `up` or `nodes`: each node also gets a second network, a "fabric" (a high-speed
+# network for jobs): interface fab0 with address 10.201.(K/200).(K%200+1) on a second bridge of the hub; `up` names
+# it as each host's job_network in the config (`tbon.job_network`), so the parents probe it too.
 #
 # NAME is a short tag (<= 6 characters) so several clusters can coexist; each has its own hub namespace holding
 # the bridge, so addresses never leak into the root namespace. State lives in ${VIGIL_NETNS_DIR:-/tmp}/vigil-netns-NAME.
@@ -37,13 +44,15 @@ if [ -z "${VIGIL:-}" ]; then
     [ -n "$VIGIL" ] || { [ -x "$root/target/release/vigil" ] && VIGIL=$root/target/release/vigil; } || VIGIL=$root/target/debug/vigil
 fi
 cmd=${1:-}; name=${2:-}
-[ -n "$cmd" ] && [ -n "$name" ] || { sed -n '2,30p' "$0"; exit 2; }
+[ -n "$cmd" ] && [ -n "$name" ] || { sed -n '2,36p' "$0"; exit 2; }
 [ ${#name} -le 6 ] || { echo "netns-cluster: NAME must be at most 6 characters" >&2; exit 2; }
 dir=${VIGIL_NETNS_DIR:-/tmp}/vigil-netns-$name
 hub=vn-$name-hub
 ns() { echo "vn-$name-n$1"; }
 hostveth() { echo "vn${name}h$1"; }
+fabveth() { echo "vn${name}f$1"; }
 addr() { echo "10.200.$(($1 / 200)).$(($1 % 200 + 1))"; }
+fabaddr() { echo "10.201.$(($1 / 200)).$(($1 % 200 + 1))"; }
 
 node_pids() { ip netns pids "$(ns "$1")" 2>/dev/null || true; }
 
@@ -79,6 +88,19 @@ make_nodes() {
         ip -n "$nsk" link set eth0 up
         ip -n "$nsk" link set lo up
     done
+    if [ -n "${VIGIL_NETNS_FABRIC:-}" ]; then
+        ip -n "$hub" link add br1 type bridge
+        ip -n "$hub" link set br1 up
+        for ((k = 0; k < n; k++)); do
+            nsk=$(ns $k)
+            ip link add "$(fabveth $k)" type veth peer name fab0 netns "$nsk"
+            ip link set "$(fabveth $k)" netns "$hub"
+            ip -n "$hub" link set "$(fabveth $k)" master br1 up
+            ip -n "$nsk" addr add "$(fabaddr $k)/16" dev fab0
+            ip -n "$nsk" link set fab0 up
+        done
+        : > "$dir/fabric"
+    fi
     echo "$n" > "$dir/size"
 }
 
@@ -140,7 +162,9 @@ up)
         echo "overlay_key = \"$dir/overlay.key\""
         echo "hosts = ["
         for ((k = 0; k < n; k++)); do
-            echo "  { host = \"node$k\", bind = \"tcp://$(addr $k):8050\", connect = \"tcp://$(addr $k):8050\" },"
+            jn=""
+            [ -n "${VIGIL_NETNS_FABRIC:-}" ] && jn=", job_network = \"fab0\""
+            echo "  { host = \"node$k\", bind = \"tcp://$(addr $k):8050\", connect = \"tcp://$(addr $k):8050\"$jn },"
         done
         echo "]"
     } > "$dir/config.toml"
@@ -223,6 +247,15 @@ stall) kill -STOP "$(cat "$dir/node${3:?K}/broker.pid")" ;;
 cont) kill -CONT "$(cat "$dir/node${3:?K}/broker.pid")" ;;
 cut) ip -n "$hub" link set "$(hostveth "${3:?K}")" down ;;
 heal) ip -n "$hub" link set "$(hostveth "${3:?K}")" up; ip -n "$(ns "${3:?K}")" link set eth0 up 2>/dev/null || true ;;
+fcut | fheal)
+    [ -e "$dir/fabric" ] || { echo "netns-cluster: cluster $name has no fabric (make it with VIGIL_NETNS_FABRIC=1)" >&2; exit 2; }
+    if [ "$cmd" = fcut ]; then
+        ip -n "$hub" link set "$(fabveth "${3:?K}")" down
+        date +%s.%N # when the link went down (for latency figures)
+    else
+        ip -n "$hub" link set "$(fabveth "${3:?K}")" up; ip -n "$(ns "${3:?K}")" link set fab0 up 2>/dev/null || true
+    fi
+    ;;
 impair) impair "$@" ;;
 unimpair)
     n=$(cat "$dir/size")
@@ -242,5 +275,5 @@ down)
     for k in $(ip netns list | awk -v p="vn-$name-n" 'index($1, p) == 1 { print $1 }'); do ip netns del "$k" 2>/dev/null || true; done
     rm -rf "$dir"
     ;;
-*) sed -n '2,30p' "$0"; exit 2 ;;
+*) sed -n '2,36p' "$0"; exit 2 ;;
 esac

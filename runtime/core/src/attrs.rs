@@ -1033,7 +1033,10 @@ fn job_network(v: &str) -> Result<Option<String>, String> {
     if v == "none" || v.is_empty() {
         return Ok(None);
     }
-    let ok = v.len() <= 15 && v != "." && v != ".." && !v.bytes().any(|b| b == b'/' || b == b':' || b.is_ascii_whitespace() || b < 0x20);
+    let ok = v.len() <= 15
+        && v != "."
+        && v != ".."
+        && !v.bytes().any(|b| b == b'/' || b == b':' || b.is_ascii_whitespace() || b < 0x20);
     if ok {
         Ok(Some(v.to_string()))
     } else {

@@ -1197,7 +1197,13 @@ mod tests {
         const P: f64 = 0.01;
 
         /// Feeds `periods` periods from `t` of (job-network missed in a row, management ok); the verdicts.
-        fn run(w: &mut FabricWatch, t: &mut f64, periods: u32, fabric_silent: bool, mgmt_ok: bool) -> Vec<FabricVerdict> {
+        fn run(
+            w: &mut FabricWatch,
+            t: &mut f64,
+            periods: u32,
+            fabric_silent: bool,
+            mgmt_ok: bool,
+        ) -> Vec<FabricVerdict> {
             let mut out = Vec::new();
             let mut missed = 0;
             for _ in 0..periods {

@@ -747,8 +747,10 @@ impl Driver {
         use vigil_core::membership::FabricVerdict;
         let (topic, body, what) = match v {
             FabricVerdict::Down { rank, reason } => {
-                warn!("child rank {rank}: {reason}: its job network stopped answering while its management network \
-                       answers; asking rank 0 to drain it and end or notify its jobs");
+                warn!(
+                    "child rank {rank}: {reason}: its job network stopped answering while its management network \
+                       answers; asking rank 0 to drain it and end or notify its jobs"
+                );
                 let body = json!({"ranks": rank.to_string(), "reason": reason, "by": "fabric"});
                 ("resource.drain", body, format!("drain rank {rank} as fabric-down"))
             }

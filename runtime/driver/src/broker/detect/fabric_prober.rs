@@ -126,11 +126,8 @@ impl FabricProber {
         }
         self.round += 1;
         let stamp = now ^ self.key;
-        let out: Vec<_> = self
-            .targets
-            .iter()
-            .map(|(rank, t)| (Probe::request(self.round, *rank, stamp).encode(), t.addr))
-            .collect();
+        let out: Vec<_> =
+            self.targets.iter().map(|(rank, t)| (Probe::request(self.round, *rank, stamp).encode(), t.addr)).collect();
         self.sent += out.len() as u64;
         out
     }

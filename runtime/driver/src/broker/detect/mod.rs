@@ -266,10 +266,10 @@ impl Detectors {
                     let _ = x.table().heartbeat(addr.port());
                     if !self.fabric_xdp_said {
                         self.fabric_xdp_said = true;
-                        self.status.job_network = self
-                            .status
-                            .job_network
-                            .replace("answered by userspace", &format!("answered by xdp ({} on {})", x.mode(), x.interface()));
+                        self.status.job_network = self.status.job_network.replace(
+                            "answered by userspace",
+                            &format!("answered by xdp ({} on {})", x.mode(), x.interface()),
+                        );
                     }
                 }
             }

@@ -4,8 +4,8 @@
 //! real-time priority where it may, is said at [`prober_thread`]. The state and its rules are `prober.rs`'s, the
 //! socket calls `probe_socket.rs`'s; the prober starts with a broker's first child (`Detectors::probe_child`).
 
-use super::probe_socket::{drain_replies, readable_now, send_batch, ProbeSocket, PROBE_GROUP};
 use super::fabric_prober::FabricProber;
+use super::probe_socket::{drain_replies, readable_now, send_batch, ProbeSocket, PROBE_GROUP};
 use super::prober::Prober;
 use super::status::ProberStats;
 use super::DetectInput;
