@@ -166,8 +166,9 @@ mod tests {
         // Armed after 8 replies: one observation, no miss (the management prober has no such child: not ok).
         assert_eq!(seen, vec![(3, 0, false)]);
         assert_eq!(f.replies, 20);
-        // Silent from now on: 1, 2, 3 misses, one observation each.
-        for _ in 0..3 {
+        // Silent from now on: the period of the last reply is judged clean, then 1, 2, 3 misses, one observation
+        // each.
+        for _ in 0..4 {
             f.next_round(&mgmt, now);
             now += 10_000_000;
         }
