@@ -442,6 +442,7 @@ fn fill_store(statedir: &Path, target: usize) -> Result<(usize, f64), String> {
                 state: JobState::Inactive,
                 jobspec: Some(template.jobspec.to_string().into()),
                 submit_key: None,
+                credential: None,
                 first_event: 0,
                 events,
                 row: true,
