@@ -554,3 +554,49 @@ fn carbon_copies_submit_one_job_per_id() {
     let text = std::fs::read_to_string(d.path().join("3.out")).unwrap_or_default();
     assert_eq!(text.trim(), "hi", "{}", o.dump());
 }
+
+/// `vigil job attach` is a viewer: terminated (`timeout`), or its output closed (`| head -1`), it stops and the job
+/// goes on, where `vigil run`'s own job would be canceled (a fresh user's `timeout 3 vigil job attach` canceled
+/// the job it watched).
+#[test]
+fn a_viewer_stopped_or_piped_into_head_leaves_the_job_running() {
+    use std::io::BufRead;
+    let inst = Instance::start(1, &[]);
+    let id = inst.submit(&["-t", "5m", "sh", "-c", "while :; do echo tick; sleep 0.2; done"]);
+    assert!(inst.wait_state(&id, "RUN", CMD_TIMEOUT));
+    let first_line = |child: &mut std::process::Child| {
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.as_mut().expect("stdout")).read_line(&mut line).expect("a line");
+        line
+    };
+    // Terminated: exit 143, the job still runs.
+    let mut c = inst.cmd();
+    c.args(["job", "attach", &id]).stdout(std::process::Stdio::piped());
+    let mut child = c.spawn().expect("vigil job attach");
+    assert_eq!(first_line(&mut child), "tick\n");
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let st = child.wait().expect("wait");
+    assert_eq!(st.code(), Some(143), "{st:?}");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(inst.state(&id), "RUN", "terminating a viewer canceled the job");
+    // Its reader gone: exit 141, the job still runs.
+    let mut c = inst.cmd();
+    c.args(["job", "attach", &id]).stdout(std::process::Stdio::piped());
+    let mut child = c.spawn().expect("vigil job attach");
+    assert_eq!(first_line(&mut child), "tick\n");
+    drop(child.stdout.take());
+    let t = Instant::now();
+    let st = loop {
+        if let Some(st) = child.try_wait().expect("try_wait") {
+            break st;
+        }
+        assert!(t.elapsed() < CMD_TIMEOUT, "vigil job attach did not stop when its reader left");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(st.code(), Some(141), "{st:?}");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(inst.state(&id), "RUN", "closing a viewer's output canceled the job");
+    // Done with it.
+    inst.vigil(&["cancel", &id]).ok();
+}

@@ -49,12 +49,23 @@ pub(crate) async fn say_if_pending(c: &Client, id: JobId) {
 /// How long `vigil run` (and `vigil alloc`) waits for a job's allocation before saying that it is pending and why.
 pub(crate) const PENDING_NOTE_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// Who follows a job in [`attach`]: the command that submitted it and lives for it, or a viewer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Follower {
+    /// `vigil run`: the job is its, so SIGTERM or a closed stdout cancel the job (as srun's do).
+    Run,
+    /// `vigil job attach`: a viewer; SIGTERM or a closed stdout end the viewing only (exit 143 or 141), and the
+    /// job goes on, as `flux job attach` killed by `timeout` or piped into `head` leaves it.
+    Attach,
+}
+
 /// Stream a job's output and exceptions until it is INACTIVE; return its exit code.
-/// Ctrl-C or SIGTERM once cancels the job (and keeps waiting for it to end); Ctrl-C twice detaches. If our
-/// stdout is closed (`vigil run ... | head`), the job is canceled too, as srun does. If rank 0 is lost meanwhile
+/// Ctrl-C once cancels the job (and keeps waiting for it to end); Ctrl-C twice detaches. SIGTERM, or our stdout
+/// closed (`vigil run ... | head`), cancel the job too for `vigil run`, as srun does, and only detach a viewer
+/// ([`Follower::Attach`]). If rank 0 is lost meanwhile
 /// and the instance keeps its jobs while it restarts (a state directory: [`await_rank0`]), this waits for it and
 /// goes on where it was, printing nothing twice.
-pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, crate::client::RpcError> {
+pub(crate) async fn attach(c: &Client, id: JobId, label: bool, who: Follower) -> Result<i32, crate::client::RpcError> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut c = c.clone();
     let mut s = c.rpc_stream("job-info.attach", 0, &json!({"id": id.0}))?;
@@ -106,6 +117,11 @@ pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, cr
                 return Ok(130);
             }
             _ = recv(&mut sigterm) => {
+                if who == Follower::Attach {
+                    let _ = stdout.flush();
+                    eprintln!("vigil: detached from job {id} (terminated); the job goes on");
+                    return Ok(128 + libc::SIGTERM);
+                }
                 let _ = c.rpc("job-manager.cancel", 0, &json!({"id": id.0, "note": "vigil run was terminated"})).await;
                 continue;
             }
@@ -168,6 +184,10 @@ pub(crate) async fn attach(c: &Client, id: JobId, label: bool) -> Result<i32, cr
             buf.extend_from_slice(&bytes);
             let r = if is_err { stderr.write_all(&buf) } else { stdout.write_all(&buf).and_then(|_| stdout.flush()) };
             if r.is_err() && !is_err {
+                if who == Follower::Attach {
+                    // A viewer whose reader left (`| head`): it stops viewing, the job goes on.
+                    return Ok(128 + libc::SIGPIPE);
+                }
                 closed = true;
                 let _ = c
                     .rpc("job-manager.cancel", 0, &json!({"id": id.0, "note": "output of vigil run was closed"}))

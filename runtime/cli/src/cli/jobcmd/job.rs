@@ -1,6 +1,6 @@
 //! `vigil job ...`: submit a jobspec file, eventlog, attach, wait, cancel, urgency, hold, release, info, purge.
 
-use super::attach::{attach, await_rank0, followed};
+use super::attach::{attach, await_rank0, followed, Follower};
 use super::cancel::{cancel, CancelArgs};
 use super::jobs::user_name;
 use super::run::submit;
@@ -209,7 +209,7 @@ async fn job_cmd(cmd: JobCmd) -> Result<i32, String> {
         JobCmd::Attach { id, label_io } => {
             let id = parse_id(&id)?;
             let c = connect().await?;
-            followed(attach(&c, id, label_io).await, id)
+            followed(attach(&c, id, label_io, Follower::Attach).await, id)
         }
         JobCmd::Wait { id } => {
             let id = parse_id(&id)?;

@@ -2,7 +2,7 @@
 //! feed it standard input and follow it to its end.
 
 use super::args::SubmitArgs;
-use super::attach::{attach, followed};
+use super::attach::{attach, followed, Follower};
 use super::copies::submit_copies;
 use super::nodes::{check_exclude, Hostfile};
 use super::spec::{build_jobspec, said_as_typed};
@@ -68,7 +68,7 @@ pub(crate) async fn run(a: SubmitArgs, attach_after: bool) -> Result<i32, String
         }
         let _ = c2.rpc("job-exec.stdin", 0, &json!({"id": id.0, "eof": true})).await;
     });
-    let r = followed(attach(&c, id, a.label_io).await, id);
+    let r = followed(attach(&c, id, a.label_io, Follower::Run).await, id);
     feeder.abort();
     r
 }
