@@ -59,10 +59,15 @@ pub(crate) async fn cancel(a: CancelArgs) -> Result<i32, String> {
     }
     let mut rc = 0;
     let mut done = 0usize;
+    let mut ended = 0usize;
     for (i, id) in ids.iter().enumerate() {
         let note = a.message.clone().unwrap_or_else(|| "canceled by user".into());
         match c.rpc("job-manager.cancel", 0, &json!({"id": id.0, "note": note})).await {
             Ok(_) => done += 1,
+            // With --all, a job listed active that ended before its cancel came is not an error (flux cancel --all).
+            Err(e) if a.all && e.errnum == crate::message::errno::EINVAL && e.errstr.ends_with(" is inactive") => {
+                ended += 1;
+            }
             Err(e) => {
                 // Said with the id as typed (`vigil cancel 12345`), rank 0's f58 form for those --all found.
                 let typed = if a.all { None } else { a.ids.get(i) };
@@ -75,7 +80,8 @@ pub(crate) async fn cancel(a: CancelArgs) -> Result<i32, String> {
         }
     }
     if a.all {
-        eprintln!("vigil: canceled {done} job{}", if done == 1 { "" } else { "s" });
+        let also = if ended > 0 { format!(" ({ended} ended by themselves meanwhile)") } else { String::new() };
+        eprintln!("vigil: canceled {done} job{}{also}", if done == 1 { "" } else { "s" });
     }
     Ok(rc)
 }
