@@ -28,6 +28,8 @@ struct FabricTarget {
     /// Last observation sent (misses, management ok) and when (`CLOCK_MONOTONIC` ns).
     reported: Option<(u32, bool)>,
     reported_ns: u64,
+    /// Whether its last reply came from its node's kernel (XDP on the job network), not the broker's thread.
+    kernel: bool,
 }
 
 /// The job-network probes of one prober.
@@ -37,6 +39,9 @@ pub(super) struct FabricProber {
     key: u64,
     all: ReplyTiming,
     period: f64,
+    /// Periods of silence from a child answered by its broker's thread, not its kernel, that do not count as
+    /// misses ([`FabricProber::new`]).
+    userspace_grace: u32,
     tx: mpsc::UnboundedSender<DetectInput>,
     /// Replies accepted, probes sent (for `vigil overlay status`).
     pub(super) replies: u64,
@@ -45,13 +50,19 @@ pub(super) struct FabricProber {
 
 impl FabricProber {
     /// Probes keyed with `key` (as the management ones: a forged reply must echo it), every `period` seconds.
-    pub(super) fn new(key: u64, period: f64, tx: mpsc::UnboundedSender<DetectInput>) -> FabricProber {
+    /// `stall_max` (seconds, `tbon.stall_max`): a child whose job network is answered by its broker's thread (no
+    /// XDP responder there) and not its kernel is silent that long before a miss counts, since such silence is
+    /// also what a starved broker shows while its heartbeat is still fresh (at load 177 every such child of a
+    /// parent was drained within the 3 misses of a kernel-answered one); a kernel answer is never starved.
+    pub(super) fn new(key: u64, period: f64, stall_max: f64, tx: mpsc::UnboundedSender<DetectInput>) -> FabricProber {
+        let userspace_grace = if period > 0.0 { (stall_max / period).ceil().clamp(0.0, 1e6) as u32 } else { 0 };
         FabricProber {
             targets: HashMap::new(),
             round: 0,
             key,
             all: ReplyTiming::default(),
             period,
+            userspace_grace,
             tx,
             replies: 0,
             sent: 0,
@@ -68,6 +79,7 @@ impl FabricProber {
             timed_seq: 0,
             reported: None,
             reported_ns: 0,
+            kernel: false,
         };
         self.targets.insert(rank, t);
     }
@@ -96,6 +108,7 @@ impl FabricProber {
             return;
         }
         self.replies += 1;
+        t.kernel = p.kind == ProbeKind::ReplyKernel;
         if p.seq != t.timed_seq {
             t.timed_seq = p.seq;
             let rtt = now.saturating_sub(sent) as f64 / 1e9;
@@ -116,7 +129,10 @@ impl FabricProber {
                 continue;
             }
             let patience = probe::patience_of(&t.timing, &self.all, self.period);
-            let missed = probe::missed(self.round - t.news_round, patience);
+            let mut missed = probe::missed(self.round - t.news_round, patience);
+            if !t.kernel {
+                missed = missed.saturating_sub(self.userspace_grace);
+            }
             let seen = (missed, mgmt.answers(*rank));
             if t.reported != Some(seen) || now.saturating_sub(t.reported_ns) >= REFRESH_NS {
                 t.reported = Some(seen);
@@ -139,7 +155,7 @@ mod tests {
 
     fn reply_to(req: &[u8]) -> Probe {
         let p = Probe::decode(req).expect("a request");
-        Probe { kind: ProbeKind::ReplyUserspace, flags: 1, ..p }
+        Probe { kind: ProbeKind::ReplyKernel, flags: 1, ..p }
     }
 
     /// A child whose job network answers, then stops: once armed, its misses grow by one a period and are sent
@@ -148,7 +164,7 @@ mod tests {
     fn misses_are_counted_once_armed_and_sent_when_they_change() {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let mgmt = Prober::new(7, 1, None, tx.clone(), 0.05);
-        let mut f = FabricProber::new(7, 0.01, tx);
+        let mut f = FabricProber::new(7, 0.01, 0.05, tx);
         let addr: SocketAddr = "10.201.0.3:5000".parse().unwrap();
         f.add(3, addr);
         let mut now = 1_000_000_000u64;
@@ -176,6 +192,37 @@ mod tests {
         while let Ok(DetectInput::Fabric { missed, .. }) = rx.try_recv() {
             seen.push(missed);
         }
+        assert_eq!(seen, vec![1, 2, 3]);
+    }
+
+    /// A child answered by its broker's thread (no XDP responder on its job network) is silent for
+    /// `tbon.stall_max` before its misses count: a starved broker whose heartbeat is still fresh looks the same.
+    #[test]
+    fn a_userspace_answer_is_given_the_stall_window_before_misses_count() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mgmt = Prober::new(7, 1, None, tx.clone(), 0.05);
+        // 10 ms periods, stall_max 50 ms: 5 periods of grace.
+        let mut f = FabricProber::new(7, 0.01, 0.05, tx);
+        let addr: SocketAddr = "10.201.0.4:5000".parse().unwrap();
+        f.add(4, addr);
+        let mut now = 1_000_000_000u64;
+        for _ in 0..20 {
+            let out = f.next_round(&mgmt, now);
+            now += 1_000_000;
+            let p = Probe { kind: ProbeKind::ReplyUserspace, ..reply_to(&out[0].0) };
+            f.reply(&p, addr, now);
+            now += 9_000_000;
+        }
+        while rx.try_recv().is_ok() {}
+        for _ in 0..9 {
+            f.next_round(&mgmt, now);
+            now += 10_000_000;
+        }
+        let mut seen = Vec::new();
+        while let Ok(DetectInput::Fabric { missed, .. }) = rx.try_recv() {
+            seen.push(missed);
+        }
+        // 8 periods judged silent: the first 5 are the grace, then 1, 2, 3.
         assert_eq!(seen, vec![1, 2, 3]);
     }
 }

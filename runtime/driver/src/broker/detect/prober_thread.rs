@@ -244,7 +244,7 @@ async fn prober_task(
         let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut k));
         u64::from_ne_bytes(k) ^ vigil_ebpf::monotonic_ns()
     };
-    let mut fabric = FabricProber::new(key, period.as_secs_f64(), tx.clone());
+    let mut fabric = FabricProber::new(key, period.as_secs_f64(), stall_max, tx.clone());
     let mut pr = Prober::new(key, port, group, tx, stall_max / 2.0);
     pr.period = period.as_secs_f64();
     // The job-network probes' socket, made with the first child that has a job network: bound to no address, so
