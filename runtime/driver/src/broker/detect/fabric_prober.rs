@@ -158,11 +158,11 @@ mod tests {
         Probe { kind: ProbeKind::ReplyKernel, flags: 1, ..p }
     }
 
-    /// A child whose job network answers, then stops: once armed, its misses grow by one a period and are sent
-    /// (only when they change); replies from elsewhere or not echoing our key count for nothing.
-    #[test]
-    fn misses_are_counted_once_armed_and_sent_when_they_change() {
-        let (tx, mut rx) = mpsc::unbounded_channel();
+    /// A fabric prober (10 ms periods, `tbon.stall_max` 50 ms) whose child 3 answered 20 rounds within 1 ms with
+    /// replies of `kind` (each also sent again from another address, which counts for nothing): the prober, the
+    /// management prober (which has no such child: "not ok"), the receiver of observations, and the time now.
+    fn armed(kind: ProbeKind) -> (FabricProber, Prober, mpsc::UnboundedReceiver<DetectInput>, u64) {
+        let (tx, rx) = mpsc::unbounded_channel();
         let mgmt = Prober::new(7, 1, None, tx.clone(), 0.05);
         let mut f = FabricProber::new(7, 0.01, 0.05, tx);
         let addr: SocketAddr = "10.201.0.3:5000".parse().unwrap();
@@ -171,10 +171,39 @@ mod tests {
         for _ in 0..20 {
             let out = f.next_round(&mgmt, now);
             now += 1_000_000; // answered within 1 ms
-            f.reply(&reply_to(&out[0].0), addr, now);
-            f.reply(&reply_to(&out[0].0), "10.201.0.9:5000".parse().unwrap(), now);
+            let p = Probe { kind, ..reply_to(&out[0].0) };
+            f.reply(&p, addr, now);
+            f.reply(&p, "10.201.0.9:5000".parse().unwrap(), now);
             now += 9_000_000;
         }
+        (f, mgmt, rx, now)
+    }
+
+    /// `rounds` periods of silence after [`armed`]: the misses each observation sent said.
+    fn silent(
+        f: &mut FabricProber,
+        mgmt: &Prober,
+        rx: &mut mpsc::UnboundedReceiver<DetectInput>,
+        mut now: u64,
+        rounds: usize,
+    ) -> Vec<u32> {
+        while rx.try_recv().is_ok() {}
+        for _ in 0..rounds {
+            f.next_round(mgmt, now);
+            now += 10_000_000;
+        }
+        let mut seen = Vec::new();
+        while let Ok(DetectInput::Fabric { missed, .. }) = rx.try_recv() {
+            seen.push(missed);
+        }
+        seen
+    }
+
+    /// A child whose job network answers, then stops: once armed, its misses grow by one a period and are sent
+    /// (only when they change); replies from elsewhere or not echoing our key count for nothing.
+    #[test]
+    fn misses_are_counted_once_armed_and_sent_when_they_change() {
+        let (mut f, mgmt, mut rx, now) = armed(ProbeKind::ReplyKernel);
         let mut seen = Vec::new();
         while let Ok(DetectInput::Fabric { rank, missed, mgmt_ok }) = rx.try_recv() {
             seen.push((rank, missed, mgmt_ok));
@@ -184,45 +213,15 @@ mod tests {
         assert_eq!(f.replies, 20);
         // Silent from now on: the period of the last reply is judged clean, then 1, 2, 3 misses, one observation
         // each.
-        for _ in 0..4 {
-            f.next_round(&mgmt, now);
-            now += 10_000_000;
-        }
-        let mut seen = Vec::new();
-        while let Ok(DetectInput::Fabric { missed, .. }) = rx.try_recv() {
-            seen.push(missed);
-        }
-        assert_eq!(seen, vec![1, 2, 3]);
+        assert_eq!(silent(&mut f, &mgmt, &mut rx, now, 4), vec![1, 2, 3]);
     }
 
     /// A child answered by its broker's thread (no XDP responder on its job network) is silent for
     /// `tbon.stall_max` before its misses count: a starved broker whose heartbeat is still fresh looks the same.
     #[test]
     fn a_userspace_answer_is_given_the_stall_window_before_misses_count() {
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let mgmt = Prober::new(7, 1, None, tx.clone(), 0.05);
-        // 10 ms periods, stall_max 50 ms: 5 periods of grace.
-        let mut f = FabricProber::new(7, 0.01, 0.05, tx);
-        let addr: SocketAddr = "10.201.0.4:5000".parse().unwrap();
-        f.add(4, addr);
-        let mut now = 1_000_000_000u64;
-        for _ in 0..20 {
-            let out = f.next_round(&mgmt, now);
-            now += 1_000_000;
-            let p = Probe { kind: ProbeKind::ReplyUserspace, ..reply_to(&out[0].0) };
-            f.reply(&p, addr, now);
-            now += 9_000_000;
-        }
-        while rx.try_recv().is_ok() {}
-        for _ in 0..9 {
-            f.next_round(&mgmt, now);
-            now += 10_000_000;
-        }
-        let mut seen = Vec::new();
-        while let Ok(DetectInput::Fabric { missed, .. }) = rx.try_recv() {
-            seen.push(missed);
-        }
-        // 8 periods judged silent: the first 5 are the grace, then 1, 2, 3.
-        assert_eq!(seen, vec![1, 2, 3]);
+        let (mut f, mgmt, mut rx, now) = armed(ProbeKind::ReplyUserspace);
+        // 8 periods judged silent: the first 5 (50 ms of 10 ms periods) are the grace, then 1, 2, 3.
+        assert_eq!(silent(&mut f, &mgmt, &mut rx, now, 9), vec![1, 2, 3]);
     }
 }
