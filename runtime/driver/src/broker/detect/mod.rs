@@ -482,7 +482,7 @@ fn job_network(
     probe_port: u16,
     clock: &Arc<HeartbeatClock>,
 ) -> (Option<(String, SocketAddrV4)>, Option<UserspaceResponder>, String) {
-    let Some(iface) = config.job_network.clone() else { return (None, None, "none".into()) };
+    let Some(iface) = config.job_network.clone() else { return (None, None, "off (tbon.job_network unset)".into()) };
     let off = |why: String| {
         warn!("tbon.job_network={iface}: {why}; this node's job network is not probed (no fabric-down detection)");
         (None, None, format!("{iface}: not probed ({why})"))

@@ -17,8 +17,8 @@ pub(crate) struct DetectorStatus {
     pub responder: String,
     /// Probing of children: period and misses that make a kernel-answering node lost.
     pub probes: String,
-    /// This node's job network (`tbon.job_network`): `none`, `IFACE (ADDR), answered by ...`, or why it is not
-    /// probed (said once, here and in the log).
+    /// This node's job network (`tbon.job_network`): `off (tbon.job_network unset)`, `IFACE (ADDR), answered by
+    /// ...`, or why it is not probed (said once, here and in the log).
     pub job_network: String,
 }
 
