@@ -187,7 +187,8 @@ fn node_selection_options_choose_where_a_job_runs() {
     assert_eq!(o.code, 1, "{}", o.dump());
     assert_eq!(
         o.stderr.trim(),
-        "vigil: --exclude 7: not a node of this instance: rank 7 (its ranks: 0-2)",
+        "vigil: -x/--exclude 7: not a node of this instance: rank 7 (its ranks: 0-2); -x is --exclude, as in Slurm \
+         (whole nodes, Flux's -x: --exclusive)",
         "{}",
         o.dump()
     );
@@ -195,7 +196,10 @@ fn node_selection_options_choose_where_a_job_runs() {
     assert_eq!(o.code, 1, "{}", o.dump());
     assert_eq!(
         o.stderr.trim(),
-        format!("vigil: --exclude no-such-host: not a node of this instance: no-such-host (its nodes: {host},{host},{host})"),
+        format!(
+            "vigil: -x/--exclude no-such-host: not a node of this instance: no-such-host (its nodes: \
+             {host},{host},{host}); -x is --exclude, as in Slurm (whole nodes, Flux's -x: --exclusive)"
+        ),
         "{}",
         o.dump()
     );
