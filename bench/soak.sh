@@ -61,7 +61,7 @@ silent_kill() {
 }
 broker_kill9() { local pid; read -r pid < "$SOAK_DIR/node$1/broker.pid"; inject kill9 "$1"; kill -9 "$pid"; }
 stall() { inject stall "$1"; ci/netns-cluster.sh stall "$SOAK_NAME" "$1"; }
-export -f now inject silent_kill broker_kill9 stall
+export -f inject silent_kill broker_kill9 stall
 
 # Links impaired from the start (before any broker starts).
 if [ "$impair" != none ]; then export VIGIL_NETNS_IMPAIR="$impair $seed"; fi
