@@ -255,6 +255,55 @@ impl Event {
     }
 }
 
+impl crate::Shell {
+    /// Start this node's PMIx server (`vigil-pmix`) for local tasks `ranks`, with the job's layout.
+    pub(crate) async fn start_pmix(&self, ranks: &[u32]) -> Result<Helper, String> {
+        let i = &self.input;
+        let by_node = vigil_proto::taskmap::Taskmap::decode(&i.taskmap)
+            .map_err(|e| format!("task map: {e}"))?
+            .tasks_by_node(i.nshells as usize);
+        if by_node.get(i.shell_rank as usize).map(Vec::as_slice) != Some(ranks) {
+            return Err(format!("the task map does not give shell {} its tasks", i.shell_rank));
+        }
+        // R's hosts, in the order of the job's nodes; made-up names where R has none for every node.
+        let hosts: Vec<String> = vigil_proto::r::Rv1::from_value(&i.r)
+            .ok()
+            .and_then(|r| r.hosts().ok())
+            .map(|h| h.into_vec())
+            .filter(|h| h.len() == i.nshells as usize)
+            .unwrap_or_else(|| (0..i.nshells).map(|n| format!("vigil-node{n}")).collect());
+        // Several brokers of one host (a test instance) are still different nodes to the job: Open MPI takes
+        // processes of one host name for neighbours and joins them through shared memory, which fails across
+        // shells. Such names get their node index.
+        let distinct = hosts.iter().collect::<std::collections::BTreeSet<_>>().len() == hosts.len();
+        let hosts: Vec<String> =
+            if distinct { hosts } else { hosts.into_iter().enumerate().map(|(n, h)| format!("{h}-{n}")).collect() };
+        let tmpdir = self.tmpdir.as_ref().ok_or("no job directory")?.display().to_string();
+        // Open MPI 4.1 takes a process for direct-launched (its `ess` component `pmi`) only when a resource
+        // manager it knows claims it (its `schizo` components: Slurm, Flux, LSF's jsm); else its `orte` one
+        // declares it a singleton. Excluding that one lets the PMIx server be found: the equivalent of a `schizo`
+        // component of Vigil's own.
+        let mut defaults = BTreeMap::from([("OMPI_MCA_schizo".to_string(), "^orte".to_string())]);
+        if !distinct {
+            // Its shared-memory segments are named by host, job and local rank in /dev/shm: the shells of one
+            // host would share them. Each node's go to its own job directory.
+            defaults.insert("OMPI_MCA_btl_vader_backing_directory".into(), tmpdir.clone());
+        }
+        let setup = vigil_proto::pmix::Setup {
+            nspace: format!("vigil.{}", i.id_f58),
+            jobid: i.id_f58.clone(),
+            nodeid: i.shell_rank,
+            size: i.ntasks,
+            ranks: by_node,
+            hosts,
+            tmpdir,
+        };
+        let mut h = Helper::start(&setup).await?;
+        h.defaults = defaults;
+        Ok(h)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
