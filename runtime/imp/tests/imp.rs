@@ -418,3 +418,75 @@ fn unsafe_or_missing_configurations_are_refused() {
         assert!(err.contains("/etc/vigil/imp.toml") && o.status.code() == Some(65), "{err}");
     }
 }
+
+/// Run `vigil-imp kill ARGS...` (as `user` if given, else root) with config `conf`.
+fn imp_kill(user: Option<&str>, conf: &Path, args: &[&str]) -> Output {
+    let mut c = match user {
+        Some(u) => {
+            let mut c = Command::new("setpriv");
+            c.args([&format!("--reuid={u}"), &format!("--regid={}", gid_of(u)), "--init-groups", IMP]);
+            c
+        }
+        None => Command::new(IMP),
+    };
+    c.arg("kill").args(args).env("VIGIL_IMP_CONFIG", conf).stdin(Stdio::null());
+    c.output().unwrap_or_else(|e| panic!("{c:?}: {e}"))
+}
+
+/// `vigil-imp kill` signals the processes of a job's cgroup under `cgroup-root` (or one of them), for the broker
+/// user only, and nothing elsewhere.
+#[test]
+fn kill_signals_a_jobs_cgroup_under_cgroup_root_only() {
+    if !is_root() {
+        eprintln!("skipped: vigil-imp's tests run as root");
+        return;
+    }
+    let Some(users) = Users::create() else { return };
+    let Some(cg) = Cgroup::create() else { return };
+    let dir = confdir();
+    let conf = format!(
+        "instance = '{INSTANCE}'\nbroker-user = 'root'\nallowed-shells = ['/bin/sh']\ncgroup-root = '{}'\n",
+        cg.root.display()
+    );
+    let conf = write_config(dir.path(), "imp.toml", &conf);
+    // Two processes in the job's cgroup, one outside it.
+    let start_in = |cgroup: Option<&Path>| {
+        let join = cgroup.map(|d| format!("echo $$ > {}/cgroup.procs && ", d.display())).unwrap_or_default();
+        Command::new("sh").arg("-c").arg(format!("{join}exec sleep 60")).spawn().expect("sleep")
+    };
+    let job = cg.job();
+    let (mut t1, mut t2, mut outside) = (start_in(Some(&job)), start_in(Some(&job)), start_in(None));
+    let t0 = Instant::now();
+    while cg.procs().lines().count() < 2 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the sleeps did not join the job's cgroup");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let job_s = job.display().to_string();
+    // Not the broker user: refused, nothing signalled.
+    let b_conf = write_config(dir.path(), "b.toml", &fs_text(&conf).replace("'root'", "'nobody-here-at-all'"));
+    refused(&imp_kill(None, &b_conf, &[&job_s, "15"]), 65, "broker-user");
+    refused(&imp_kill(Some(&users.b), &conf, &[&job_s, "15"]), 66, "only the broker user root");
+    // Outside cgroup-root, a pid not in the job's cgroup, a bad signal: refused.
+    refused(&imp_kill(None, &conf, &[&cg.root.display().to_string(), "15"]), 67, "is not under cgroup-root");
+    refused(&imp_kill(None, &conf, &[&job_s, "15", &outside.id().to_string()]), 67, "is not in the job's cgroup");
+    refused(&imp_kill(None, &conf, &[&job_s, "99"]), 64, "is not a number from 1 to 64");
+    for c in [&mut t1, &mut t2, &mut outside] {
+        assert!(c.try_wait().unwrap().is_none(), "a refusal signalled a process");
+    }
+    // One of them, then all of the cgroup's; the process outside it lives on.
+    let o = imp_kill(None, &conf, &[&job_s, "15", &t1.id().to_string()]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(t1.wait().unwrap().signal(), Some(15));
+    assert!(t2.try_wait().unwrap().is_none(), "only the pid named");
+    let o = imp_kill(None, &conf, &[&job_s, "9"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(t2.wait().unwrap().signal(), Some(9));
+    assert!(outside.try_wait().unwrap().is_none(), "a process outside the cgroup was signalled");
+    let _ = outside.kill();
+    let _ = outside.wait();
+}
+
+fn fs_text(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap()
+}
