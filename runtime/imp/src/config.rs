@@ -9,6 +9,8 @@
 //! cgroup-root = "/sys/fs/cgroup/vigil" # optional: jobs' cgroups are under it (without: a request naming a
 //!                                      # cgroup is refused)
 //! munge-socket = "/run/munge/munge.socket.2"            # optional: munged's socket (default: munge's own)
+//! credential-max-age = 604800          # optional: seconds a credential stays good from its making, past
+//!                                      # munge's own TTL (default 7 days; crate docs, "Credentials that wait")
 //! ```
 //!
 //! Unknown keys are refused. The file's safety (owner, mode, directories) is checked before it is read.
@@ -53,7 +55,11 @@ struct File {
     allow_root: bool,
     cgroup_root: Option<PathBuf>,
     munge_socket: Option<PathBuf>,
+    credential_max_age: Option<u64>,
 }
+
+/// [`Config::credential_max_age`]'s default: 7 days, in seconds.
+pub(crate) const DEFAULT_CREDENTIAL_MAX_AGE: u64 = 7 * 24 * 3600;
 
 /// The configuration, checked.
 #[derive(Debug)]
@@ -71,6 +77,9 @@ pub(crate) struct Config {
     cgroup_root: Option<PathBuf>,
     /// munged's socket; `None`: libmunge's default.
     pub(crate) munge_socket: Option<PathBuf>,
+    /// How long a credential stays good from its making, in seconds: a job may wait in the queue, or be requeued,
+    /// longer than munge's TTL (crate docs, "Credentials that wait").
+    pub(crate) credential_max_age: u64,
 }
 
 /// Whether `mode` lets others than the owner write (group or world).
@@ -159,6 +168,11 @@ impl Config {
             allow_root: f.allow_root,
             cgroup_root: f.cgroup_root,
             munge_socket: f.munge_socket,
+            credential_max_age: match f.credential_max_age {
+                Some(0) => return Err("credential-max-age: must be at least 1 (seconds)".into()),
+                Some(s) => s,
+                None => DEFAULT_CREDENTIAL_MAX_AGE,
+            },
         })
     }
 
@@ -250,6 +264,12 @@ mod tests {
         assert!(e.starts_with("broker-user:"), "{e}");
         let e = Config::parse("broker-user = 'root'\nallowed-shells = ['/bin/sh']").unwrap_err();
         assert!(e.contains("instance"), "{e}");
+        assert_eq!(c.credential_max_age, DEFAULT_CREDENTIAL_MAX_AGE);
+        assert_eq!(Config::parse(&format!("{GOOD}credential-max-age = 60")).expect("good").credential_max_age, 60);
+        let e = Config::parse(&format!("{GOOD}credential-max-age = 0")).unwrap_err();
+        assert!(e.contains("credential-max-age: must be at least 1"), "{e}");
+        let e = Config::parse(&format!("{GOOD}credential-max-age = -5")).unwrap_err();
+        assert!(!e.is_empty(), "a negative age: {e}");
     }
 
     #[test]

@@ -67,11 +67,24 @@
 //! 4. The job's user: never root unless `allow-root = true`; one of `allowed-users` where that is set; known to
 //!    the node's user database.
 //! 5. The job's cgroup, when given: a directory of a cgroup2 file system strictly under `cgroup-root`.
-//! 6. The credential, decoded by the node's munged (`munge-socket`, or munge's default): munge's own checks
-//!    apply (a forged or another key's credential, an expired one past its TTL, one replayed on this node, each
-//!    refused with munge's reason); its uid must be the request's `uid`; its payload must name this instance
-//!    (`instance` in the configuration) and the SHA-256 of the jobspec received. Nothing before this step
-//!    consumes the credential: a request refused earlier leaves it usable.
+//! 6. The credential, decoded by the node's munged (`munge-socket`, or munge's default): munge must have made it
+//!    with its key (a forged, altered or another key's credential is refused with munge's reason, as is one made
+//!    in the future); its uid must be the request's `uid`; its payload must name this instance (`instance` in the
+//!    configuration) and the SHA-256 of the jobspec received; and it must be at most `credential-max-age`
+//!    seconds old (below). Nothing before this step consumes the credential: a request refused earlier leaves it
+//!    usable.
+//!
+//! ## Credentials that wait
+//!
+//! A job may wait in the queue longer than munge's TTL (300 s by default, at most munged's `--max-ttl`), and a
+//! job requeued after a node failed starts again, perhaps on a node whose munged decoded its credential before.
+//! munge's own time and replay checks would refuse both, so they are not this program's rule: a credential past
+//! its TTL (`EMUNGE_CRED_EXPIRED`) or decoded before on this node (`EMUNGE_CRED_REPLAYED`) is still good when
+//! munge verified it, it binds the user, instance and jobspec as above, and it was made at most
+//! `credential-max-age` seconds ago (default 7 days) by munge's encode time. What munge's TTL guarded, that a
+//! credential is used at once, rank 0 enforces where the submitter is: it refuses a submission whose credential
+//! a job of its own already has (a replay). What the broker user can do with a credential it holds is bounded
+//! by the binding: run that user's very jobspec, in this instance, within the max age (docs/security.md).
 //!
 //! Then it joins the job's cgroup (writes its pid to `cgroup.procs`), sets its groups (`initgroups`), its gid and
 //! its uid (real, effective and saved), checks that it can no longer become root again (`setresuid(0, 0, 0)` and
@@ -229,6 +242,9 @@ fn run(args: &[OsString]) -> Result<std::convert::Infallible, Refusal> {
     let decoded = munge::decode(&req.credential, cfg.munge_socket.as_deref())
         .map_err(|e| Refusal::new(Exit::Credential, format!("credential refused: {e}")))?;
     request::check_credential(&decoded, req.uid, &cfg.instance, &sha)
+        .map_err(|e| Refusal::new(Exit::Credential, format!("credential refused: {e}")))?;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+    request::check_age(&decoded, now, cfg.credential_max_age)
         .map_err(|e| Refusal::new(Exit::Credential, format!("credential refused: {e}")))?;
     if let Some(c) = &cgroup {
         ids::join_cgroup(c).map_err(|e| Refusal::new(Exit::Launch, e))?;

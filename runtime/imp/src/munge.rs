@@ -12,14 +12,21 @@ struct MungeCtx {
 
 /// `MUNGE_OPT_SOCKET` (a `const char *`).
 const MUNGE_OPT_SOCKET: c_int = 8;
+/// `MUNGE_OPT_ENCODE_TIME` (a `time_t`, got after a decode).
+const MUNGE_OPT_ENCODE_TIME: c_int = 6;
 /// `EMUNGE_SUCCESS`.
 const EMUNGE_SUCCESS: c_int = 0;
+/// `EMUNGE_CRED_EXPIRED`: good, but older than its TTL.
+const EMUNGE_CRED_EXPIRED: c_int = 15;
+/// `EMUNGE_CRED_REPLAYED`: good, but decoded before by this munged.
+const EMUNGE_CRED_REPLAYED: c_int = 17;
 
 #[link(name = "munge")]
 extern "C" {
     fn munge_ctx_create() -> *mut MungeCtx;
     fn munge_ctx_destroy(ctx: *mut MungeCtx);
     fn munge_ctx_set(ctx: *mut MungeCtx, opt: c_int, ...) -> c_int;
+    fn munge_ctx_get(ctx: *mut MungeCtx, opt: c_int, ...) -> c_int;
     fn munge_ctx_strerror(ctx: *mut MungeCtx) -> *const c_char;
     fn munge_strerror(e: c_int) -> *const c_char;
     fn munge_decode(
@@ -32,12 +39,38 @@ extern "C" {
     ) -> c_int;
 }
 
-/// A credential munged accepted: who made it, and its payload.
+/// What munged said of a credential whose MAC it verified (made with its key, unaltered).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Status {
+    /// Within its TTL, and decoded for the first time on this node.
+    Fresh,
+    /// Older than its TTL (`EMUNGE_CRED_EXPIRED`).
+    Expired,
+    /// Decoded before on this node (`EMUNGE_CRED_REPLAYED`): a job requeued here, or another node of the job
+    /// sharing this munged.
+    Replayed,
+}
+
+impl Status {
+    /// munge's name for it, for messages.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Status::Fresh => "EMUNGE_SUCCESS",
+            Status::Expired => "EMUNGE_CRED_EXPIRED",
+            Status::Replayed => "EMUNGE_CRED_REPLAYED",
+        }
+    }
+}
+
+/// A credential munged verified: who made it, when, its payload, and whether it is past its TTL or replayed.
 #[derive(Debug)]
 pub(crate) struct Decoded {
     /// The uid of the process that encoded it (munged's word, from the encoder's socket credentials).
     pub(crate) uid: u32,
     pub(crate) payload: Vec<u8>,
+    /// When it was made (munged's clock on the encoding node), in seconds since the Unix epoch.
+    pub(crate) encoded_at: i64,
+    pub(crate) status: Status,
 }
 
 /// munge's error codes this program names (`munge_err_t`), beside munge's own text.
@@ -65,12 +98,13 @@ impl Drop for Ctx {
     }
 }
 
-/// Decode `cred` with the munged at `socket` (libmunge's default without). Every munge check applies: the
-/// credential is munged's key's, not expired (its TTL) nor rewound, and not decoded before on this node (munged's
-/// replay cache; the decoding records it).
+/// Decode `cred` with the munged at `socket` (libmunge's default without). munge's checks of its making apply: the
+/// credential is munged's key's (its MAC), well formed, and not rewound (made in the future). Past its TTL or
+/// decoded before on this node (munged's replay cache; the decoding records it) it is returned with that
+/// [`Status`]: the caller's rule decides (crate docs, "Credentials that wait").
 ///
 /// # Errors
-/// munge's refusal, with its code's name (`EMUNGE_CRED_REPLAYED`...) and munge's own message.
+/// munge's refusal, with its code's name (`EMUNGE_CRED_INVALID`...) and munge's own message.
 pub(crate) fn decode(cred: &str, socket: Option<&Path>) -> Result<Decoded, String> {
     let c = CString::new(cred).map_err(|_| "it has a NUL byte".to_string())?;
     // SAFETY: no arguments; a null result is handled.
@@ -102,10 +136,19 @@ pub(crate) fn decode(cred: &str, socket: Option<&Path>) -> Result<Decoded, Strin
         // SAFETY: `buf` was allocated by libmunge with malloc, and is ours to free, once.
         unsafe { libc::free(buf) };
     }
-    if e != EMUNGE_SUCCESS {
-        return Err(format!("{} ({})", message(&ctx, e), name(e)));
+    let status = match e {
+        EMUNGE_SUCCESS => Status::Fresh,
+        EMUNGE_CRED_EXPIRED => Status::Expired,
+        EMUNGE_CRED_REPLAYED => Status::Replayed,
+        _ => return Err(format!("{} ({})", message(&ctx, e), name(e))),
+    };
+    let mut encoded_at: libc::time_t = 0;
+    // SAFETY: MUNGE_OPT_ENCODE_TIME writes a time_t through the pointer, to our local.
+    let g = unsafe { munge_ctx_get(ctx.0, MUNGE_OPT_ENCODE_TIME, &mut encoded_at as *mut libc::time_t) };
+    if g != EMUNGE_SUCCESS || encoded_at <= 0 {
+        return Err(format!("munge did not say when it was made ({})", message(&ctx, g)));
     }
-    Ok(Decoded { uid, payload })
+    Ok(Decoded { uid, payload, encoded_at: encoded_at as i64, status })
 }
 
 /// munge's message for `e`: the context's (more precise) or the code's.

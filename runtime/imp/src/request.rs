@@ -1,6 +1,8 @@
 //! The request on standard input (crate docs, "Invocation") and the credential's payload ("The credential").
 
 use crate::munge::Decoded;
+#[cfg(test)]
+use crate::munge::Status;
 use sha2::{Digest, Sha256};
 use std::io::Read;
 use std::path::PathBuf;
@@ -139,6 +141,24 @@ pub(crate) fn check_credential(d: &Decoded, uid: u32, instance: &str, sha: &str)
     }
 }
 
+/// The age rule (crate docs, "Credentials that wait"): a credential munged verified is good for
+/// `max_age` seconds from its making, `now` (seconds since the Unix epoch): past munge's TTL, or decoded before
+/// on this node, it is still good within that age.
+///
+/// # Errors
+/// It is older than `max_age`: its age, the limit, and munge's word on it.
+pub(crate) fn check_age(d: &Decoded, now: i64, max_age: u64) -> Result<(), String> {
+    // A clock behind the encoding node's by less than munge's allowed skew: age 0.
+    let age = now.saturating_sub(d.encoded_at).max(0) as u64;
+    if age > max_age {
+        return Err(format!(
+            "it was made {age} s ago, more than credential-max-age ({max_age} s) allows ({}): submit the job again",
+            d.status.name()
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,7 +207,7 @@ mod tests {
         assert_eq!(sha, "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a");
         // The client crate's munge module writes exactly this (its test has the same text).
         let payload = format!("vigil-imp-credential 1\ninstance=cluster\njobspec-sha256={sha}\n");
-        let d = Decoded { uid: 1001, payload: payload.into_bytes() };
+        let d = Decoded { uid: 1001, payload: payload.into_bytes(), encoded_at: 1, status: Status::Fresh };
         assert!(check_credential(&d, 1001, "cluster", &sha).is_ok());
         let e = check_credential(&d, 1002, "cluster", &sha).unwrap_err();
         assert!(e.contains("made by uid 1001, but the job's user is uid 1002"), "{e}");
@@ -195,7 +215,26 @@ mod tests {
         assert!(e.contains("for instance 'cluster', not 'other'"), "{e}");
         let e = check_credential(&d, 1001, "cluster", &sha256_hex(b"[]")).unwrap_err();
         assert!(e.contains("another jobspec"), "{e}");
-        let d = Decoded { uid: 1001, payload: b"hello".to_vec() };
+        let d = Decoded { uid: 1001, payload: b"hello".to_vec(), encoded_at: 1, status: Status::Fresh };
         assert!(check_credential(&d, 1001, "cluster", &sha).unwrap_err().contains("does not start with"));
+    }
+
+    #[test]
+    fn a_credential_past_its_ttl_or_replayed_is_good_within_the_max_age_only() {
+        let made = 1_000_000;
+        let d = |status| Decoded { uid: 1, payload: Vec::new(), encoded_at: made, status };
+        // A job that waited in the queue past munge's TTL (300 s), or was requeued on the same node: good.
+        for s in [Status::Fresh, Status::Expired, Status::Replayed] {
+            assert_eq!(check_age(&d(s), made + 3600, 7200), Ok(()), "{s:?}");
+            assert_eq!(check_age(&d(s), made + 7200, 7200), Ok(()), "{s:?}: at the limit");
+        }
+        // A clock a little behind the encoding node's.
+        assert_eq!(check_age(&d(Status::Fresh), made - 2, 10), Ok(()));
+        // Past the max age: refused, saying how old, the limit, and munge's word.
+        let e = check_age(&d(Status::Expired), made + 7201, 7200).unwrap_err();
+        assert!(e.contains("made 7201 s ago, more than credential-max-age (7200 s)"), "{e}");
+        assert!(e.contains("EMUNGE_CRED_EXPIRED"), "{e}");
+        let e = check_age(&d(Status::Replayed), made + 11, 10).unwrap_err();
+        assert!(e.contains("EMUNGE_CRED_REPLAYED"), "{e}");
     }
 }

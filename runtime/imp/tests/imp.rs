@@ -340,9 +340,11 @@ fn credentials_are_checked_before_the_shell_runs_as_its_user() {
     assert!(out.contains(&format!("USER={}", users.a)) && out.contains("PATH=/usr/local/bin:/usr/bin:/bin"));
     assert!(out.ends_with("the shell's input\n"), "the rest of standard input is the shell's: {out}");
 
-    // Replayed: the same credential again.
+    // Decoded before on this node (a job requeued here, or another of its nodes sharing this munged): good
+    // within credential-max-age, as A again (rank 0 refuses a credential sent with a second submission).
     let o = imp(None, &conf, &sh, &request(ua, job.as_deref(), &good, jobspec, b""));
-    refused(&o, 68, "EMUNGE_CRED_REPLAYED");
+    assert!(o.status.success(), "a requeue: {}", text(&o.stderr));
+    assert_eq!(text(&o.stdout).lines().next(), Some(ua.to_string().as_str()));
     // Another jobspec.
     let other = munged.encode(&users.a, &payload(INSTANCE, b"{\"other\":1}"), 300);
     refused(&imp(None, &conf, &sh, &request(ua, None, &other, jobspec, b"")), 68, "covers another jobspec");
@@ -359,10 +361,16 @@ fn credentials_are_checked_before_the_shell_runs_as_its_user() {
     // Forged: not a credential at all.
     let o = imp(None, &conf, &sh, &request(ua, None, "MUNGE:AAAAforged:", jobspec, b""));
     refused(&o, 68, "credential refused");
-    // Expired: past its TTL of 1 s.
+    // Past its TTL of 1 s (a job that waited in the queue): good within credential-max-age (default 7 days);
+    // past a credential-max-age of 1 s, refused, saying how old it is and the limit.
     let short = munged.encode(&users.a, &payload(INSTANCE, jobspec), 1);
+    let short2 = munged.encode(&users.a, &payload(INSTANCE, jobspec), 1);
     std::thread::sleep(Duration::from_millis(2500));
-    refused(&imp(None, &conf, &sh, &request(ua, None, &short, jobspec, b"")), 68, "EMUNGE_CRED_EXPIRED");
+    let o = imp(None, &conf, &sh, &request(ua, None, &short, jobspec, b""));
+    assert!(o.status.success(), "past munge's TTL: {}", text(&o.stderr));
+    let strict = write_config(dir.path(), "strict.toml", &format!("{}credential-max-age = 1\n", fs_text(&conf)));
+    let o = imp(None, &strict, &sh, &request(ua, None, &short2, jobspec, b""));
+    refused(&o, 68, "more than credential-max-age (1 s) allows (EMUNGE_CRED_EXPIRED)");
     if let Some(c) = &cg {
         assert_eq!(c.procs(), "", "no refused run joined the job's cgroup");
     }
