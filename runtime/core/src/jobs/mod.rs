@@ -21,6 +21,7 @@
 //! | `unkillable.rs` | a shell whose node could not kill its processes: the node drained, the job ended anyway |
 //! | `update.rs` | a job changed after submission (`vigil update`): time limit, name, urgency |
 //! | `submit_key.rs` | a submission sent again with its key makes no second job |
+//! | `credentials.rs` | a guest's munge credential makes one job (a replay is refused) |
 //! | `submit.rs` | submission: validation, the refusals of [`SubmitError`], job ids |
 //! | `exec.rs` | a job's start on its shells, their reports (spawned, task exit, shell exit), its finish |
 //! | `ranks.rs` | resources: ranks online, drained, torpid, down; the critical-rank rules for a lost rank |
@@ -37,6 +38,7 @@
 //! set, running jobs are indexed by rank and by deadline, and counters replace scans over a job's shells.
 
 mod backfill;
+mod credentials;
 pub mod depend;
 mod exceptions;
 mod exec;
@@ -289,6 +291,8 @@ pub struct JobCore {
     unreachable_kills: kills::UnreachableKills,
     /// The submission keys of the jobs held (`submit_key.rs`).
     submit_keys: submit_key::KeyIndex,
+    /// The munge credentials of the guests' jobs held (`credentials.rs`).
+    credentials: credentials::CredentialIndex,
     /// Jobs in DEPEND, by the jobs and times they wait for (`depend.rs`).
     depend: depend::Waits,
 }
@@ -332,6 +336,7 @@ impl JobCore {
             reattach: None,
             unreachable_kills: Default::default(),
             submit_keys: Default::default(),
+            credentials: Default::default(),
             depend: Default::default(),
         }
     }

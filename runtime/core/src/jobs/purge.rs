@@ -141,6 +141,7 @@ impl JobCore {
     fn remove_inactive(&mut self, id: JobId) {
         let Some(j) = self.jobs.remove(&id) else { return };
         self.forget_submit_key(&j);
+        self.forget_credential(&j);
         self.inactive_kept = self.inactive_kept.saturating_sub(1);
         if !j.output.is_empty() {
             self.inactive_output_bytes = self.inactive_output_bytes.saturating_sub(j.output_bytes);

@@ -40,6 +40,15 @@ pub enum SubmitError {
         /// The job the key names.
         id: JobId,
     },
+    /// The munge credential is one a job held has already: a replay (`credentials.rs`).
+    #[error(
+        "credential: already used by job {id}, a replay (a munge credential authorizes one submission: vigil submit \
+         makes a new one each time)"
+    )]
+    CredentialReused {
+        /// The job that has it.
+        id: JobId,
+    },
 }
 
 /// One submission to [`JobCore::submit`]: the jobspec, who submits it, and what else the submitter asked for.
@@ -113,12 +122,15 @@ impl JobCore {
     /// field); [`SubmitError::SubmitKeyReused`] when `req.key` names a job submitted with another jobspec.
     pub fn submit(&mut self, now: f64, req: SubmitRequest<'_>) -> Result<Submitted, SubmitError> {
         let Some(key) = req.key.clone() else {
-            return self.enqueue(now, &req).map(|id| Submitted { id, duplicate: false });
+            let id = self.enqueue(now, &req)?;
+            self.keep_credential(id);
+            return Ok(Submitted { id, duplicate: false });
         };
         if let Some(id) = self.duplicate_of(req.userid, &key, req.jobspec)? {
             return Ok(Submitted { id, duplicate: true });
         }
         let id = self.enqueue(now, &req)?;
+        self.keep_credential(id);
         self.keep_submit_key(id, key);
         Ok(Submitted { id, duplicate: false })
     }
@@ -126,6 +138,7 @@ impl JobCore {
     /// Parse, validate and queue `req` as a new job (its key aside).
     fn enqueue(&mut self, now: f64, req: &SubmitRequest<'_>) -> Result<JobId, SubmitError> {
         let SubmitRequest { jobspec, userid, stdin, urgency, key: _, ref credential } = *req;
+        self.credential_unused(credential.as_deref())?;
         let urgency = urgency.min(super::MAX_URGENCY);
         let spec = Jobspec::from_value(jobspec).map_err(|e| SubmitError::Jobspec(e.to_string()))?;
         let mut req = spec.validate().map_err(|e| SubmitError::Jobspec(e.to_string()))?;

@@ -144,7 +144,9 @@ fn submit(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
                     "{e}, as only {joined} of its {size} brokers have joined so far: try again"
                 )));
             }
-            if let crate::jobs::SubmitError::SubmitKeyReused { .. } = e {
+            if let crate::jobs::SubmitError::SubmitKeyReused { .. }
+            | crate::jobs::SubmitError::CredentialReused { .. } = e
+            {
                 return Err(ServiceError::eexist(e.to_string()));
             }
             Err(ServiceError::einval(e.to_string()))

@@ -185,6 +185,9 @@ impl JobCore {
         let mut job = self.replay(id, k.userid, k.jobspec, k.eventlog, out);
         job.saved_row = Some(kept_row);
         job.credential = credential;
+        if let Some(c) = &job.credential {
+            self.credentials.insert(std::sync::Arc::from(c.credential.as_str()), id);
+        }
         if let Some(key) = key {
             self.submit_keys.insert((job.userid, key.clone()), id);
             job.submit_key = Some(key);
