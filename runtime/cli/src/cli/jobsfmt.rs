@@ -92,6 +92,21 @@ fn mib(b: u64) -> String {
     format!("{:.1}M", b as f64 / f64::from(1u32 << 20))
 }
 
+/// Every letter [`short_state`] prints, with the state or result it stands for (the README's ST legend says each).
+#[cfg(test)]
+const SHORT_STATES: &[(&str, &str)] = &[
+    ("N", "new"),
+    ("D", "depend"),
+    ("P", "priority"),
+    ("S", "sched"),
+    ("R", "run"),
+    ("C", "cleanup"),
+    ("CD", "completed"),
+    ("F", "failed"),
+    ("CA", "canceled"),
+    ("TO", "timeout"),
+];
+
 /// Flux's single-letter states, a result's two letters once inactive.
 fn short_state(j: &Value) -> &'static str {
     match (j["state"].as_str().unwrap_or(""), j["result"].as_str()) {
@@ -426,6 +441,24 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use serde_json::json;
+
+    #[test]
+    fn the_readme_legend_names_every_state_letter() {
+        let states = ["NEW", "DEPEND", "PRIORITY", "SCHED", "RUN", "CLEANUP"].map(|s| json!({"state": s}));
+        let results = ["COMPLETED", "FAILED", "CANCELED", "TIMEOUT"].map(|r| json!({"state": "INACTIVE", "result": r}));
+        let printed: Vec<&str> = states.iter().chain(&results).map(short_state).collect();
+        let known: Vec<&str> = SHORT_STATES.iter().map(|(l, _)| *l).collect();
+        assert_eq!(printed, known);
+        let readme = include_str!("../../../../README.md");
+        let legend =
+            readme.split("(ST: ").nth(1).and_then(|r| r.split(';').next()).expect("the README has an ST legend");
+        for (letter, name) in SHORT_STATES {
+            assert!(
+                legend.split(", ").any(|w| w == format!("{letter} {name}")),
+                "ST legend lacks '{letter} {name}': {legend}"
+            );
+        }
+    }
 
     fn ctx() -> Ctx<'static> {
         Ctx { now: 1000.0, user: &|u| format!("u{u}") }
