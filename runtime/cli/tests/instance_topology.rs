@@ -249,7 +249,7 @@ fn lsattr_and_getattr_list_the_attribute_table_with_values_in_effect() {
 fn bad_attributes_are_refused_before_any_broker_starts() {
     for (attr, words) in [
         ("rank=3", &["attribute 'rank' is read-only"][..]),
-        ("tbon.fanut=2", &["unknown attribute 'tbon.fanut'", "tbon.fanout"][..]),
+        ("tbon.fanut=2", &["unknown attribute 'tbon.fanut' (did you mean tbon.fanout?"][..]),
         ("tbon.heartbeat_period=1s", &["tbon.heartbeat_period (1000 ms) must be shorter than tbon.torpid_max"][..]),
         ("tbon.transport=ib", &["invalid tbon.transport 'ib': expected auto, rdma, ofi or tcp"][..]),
     ] {

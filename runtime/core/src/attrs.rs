@@ -659,8 +659,9 @@ impl Default for BrokerConfig {
 /// Why a set of attributes was refused ([`BrokerConfig::parse`]). Each names the attribute and what is expected.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum AttrError {
-    /// A name not in [`ATTRS`].
-    #[error("unknown attribute '{0}' (known: {known})", known = settable_names())]
+    /// A name not in [`ATTRS`]: the settable name nearest to it is offered when one is close (a typo such as
+    /// `tbon.fanuot`), else every settable name.
+    #[error("unknown attribute '{0}' ({hint})", hint = unknown_hint(.0))]
     Unknown(String),
     /// A name the broker sets itself ([`Access::Broker`]).
     #[error("attribute '{0}' is read-only: the broker sets it (see `vigil lsattr`)")]
@@ -714,6 +715,26 @@ pub enum AttrError {
 /// The names `-S` accepts, comma-separated.
 fn settable_names() -> String {
     ATTRS.iter().filter(|a| a.access.settable()).map(|a| a.name).collect::<Vec<_>>().join(", ")
+}
+
+/// The settable attribute nearest to `name` by edit distance (Levenshtein, over characters), if within two edits or
+/// a quarter of its length, whichever is more: what a typo of one most likely meant.
+fn nearest_settable(name: &str) -> Option<&'static str> {
+    ATTRS
+        .iter()
+        .filter(|a| a.access.settable())
+        .map(|a| (strsim::levenshtein(name, a.name), a.name))
+        .min()
+        .filter(|(d, a)| *d <= 2.max(a.len() / 4))
+        .map(|(_, a)| a)
+}
+
+/// What [`AttrError::Unknown`] adds after the name: `did you mean X?`, or the settable names.
+fn unknown_hint(name: &str) -> String {
+    match nearest_settable(name) {
+        Some(a) => format!("did you mean {a}? `vigil lsattr` lists them all"),
+        None => format!("known: {}", settable_names()),
+    }
 }
 
 /// `a, b or c`.
@@ -1318,6 +1339,10 @@ mod tests {
             let e = err(&[(a.name, "5")]);
             assert_eq!(e, format!("attribute '{}' is read-only: the broker sets it (see `vigil lsattr`)", a.name));
         }
+        // A typo gets the name it most likely meant, not the list.
+        let e = err(&[("tbon.fanuot", "2")]);
+        assert_eq!(e, "unknown attribute 'tbon.fanuot' (did you mean tbon.fanout? `vigil lsattr` lists them all)");
+        assert!(err(&[("tbon.top", "kary:2")]).contains("did you mean tbon.topo?"));
         // Names are checked before values.
         assert!(err(&[("tbon.torpid_max", "x"), ("zzz", "1")]).contains("unknown attribute 'zzz'"));
     }
