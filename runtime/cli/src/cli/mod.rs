@@ -285,7 +285,7 @@ pub(crate) async fn rpc_to_rank0_err(
     topic: &str,
     payload: &serde_json::Value,
 ) -> Result<serde_json::Value, crate::client::RpcError> {
-    noticed_if_slow(c.rpc(topic, 0, payload)).await
+    noticed_if_slow(c, c.rpc(topic, 0, payload)).await
 }
 
 /// [`rpc_to_rank0`], the answer's payload unparsed ([`crate::client::Client::rpc_bytes`]).
@@ -297,11 +297,12 @@ pub(crate) async fn rpc_to_rank0_bytes(
     topic: &str,
     payload: &serde_json::Value,
 ) -> Result<Vec<u8>, String> {
-    noticed_if_slow(c.rpc_bytes(topic, 0, payload)).await.map_err(|e| e.errstr)
+    noticed_if_slow(c, c.rpc_bytes(topic, 0, payload)).await.map_err(|e| e.errstr)
 }
 
-/// `call`'s outcome; a notice on standard error if rank 0 takes longer than [`SLOW_RANK0_NOTICE`] to answer.
-async fn noticed_if_slow<T>(call: impl std::future::Future<Output = T>) -> T {
+/// `call`'s outcome (a request on `c`); a notice on standard error ([`slow_notice`]) if rank 0 takes longer than
+/// [`SLOW_RANK0_NOTICE`] to answer.
+async fn noticed_if_slow<T>(c: &crate::client::Client, call: impl std::future::Future<Output = T>) -> T {
     tokio::pin!(call);
     tokio::select! {
         r = &mut call => return r,
@@ -310,13 +311,30 @@ async fn noticed_if_slow<T>(call: impl std::future::Future<Output = T>) -> T {
     // Once per command: the copies of `vigil submit --cc` wait together.
     static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
-        eprintln!(
-            "vigil: no answer from rank 0 after {} s; waiting (if rank 0 is restarting, this node's broker keeps \
-             the request until it is back; Ctrl-C to stop)",
-            SLOW_RANK0_NOTICE.as_secs()
-        );
+        eprintln!("{}", slow_notice(&c.welcome));
     }
     call.await
+}
+
+/// What a command says when rank 0 is slow to answer, its connection's broker having said `w`: that it waits; and
+/// that a restarting rank 0 would explain it only where rank 0 can restart and the request is kept meanwhile,
+/// i.e. connected to another broker (it keeps requests for rank 0 while it waits for it), or to a rank 0 that keeps
+/// its jobs across a restart (`rank0_grace` > 0: a state directory). A rank 0 without one is just busy.
+fn slow_notice(w: &crate::client::Welcome) -> String {
+    let secs = SLOW_RANK0_NOTICE.as_secs();
+    if w.rank != 0 {
+        format!(
+            "vigil: no answer from rank 0 after {secs} s; waiting (rank 0 is busy, or restarting: this node's broker \
+             keeps the request until it is back; Ctrl-C to stop)"
+        )
+    } else if w.rank0_grace > 0.0 {
+        format!(
+            "vigil: no answer from rank 0 after {secs} s; waiting (rank 0 is busy, or restarting: it keeps its jobs \
+             across a restart; Ctrl-C to stop)"
+        )
+    } else {
+        format!("vigil: no answer from rank 0 after {secs} s; waiting (rank 0 is busy; Ctrl-C to stop)")
+    }
 }
 
 /// Parse `-S name=value` pairs.
@@ -366,6 +384,16 @@ mod tests {
         assert!(said.contains("Connection reset") && said.contains("stopping or restarting"), "{said}");
         let odd = ConnectError::Protocol("unexpected Event 'x'".into());
         assert!(!super::connect_error(&odd).contains("restarting"));
+    }
+
+    #[test]
+    fn a_slow_rank0_is_said_to_restart_only_where_it_can() {
+        let w = |rank, rank0_grace| crate::client::Welcome { rank, rank0_grace, ..Default::default() };
+        // Connected to a rank 0 without a state directory: it cannot restart and keep the request.
+        let plain = super::slow_notice(&w(0, 0.0));
+        assert!(plain.contains("rank 0 is busy") && !plain.contains("restart"), "{plain}");
+        assert!(super::slow_notice(&w(0, 30.0)).contains("restarting"));
+        assert!(super::slow_notice(&w(3, 0.0)).contains("this node's broker keeps the request"));
     }
 
     #[test]
