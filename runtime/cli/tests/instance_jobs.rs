@@ -544,6 +544,22 @@ fn carbon_copies_submit_one_job_per_id() {
         assert_ne!(o.code, 0, "{}", o.dump());
         assert!(o.stderr.contains("--cc"), "{}", o.dump());
     }
+    // Bounded as Slurm's MaxArraySize bounds an array: refused whole, naming the option and the limit.
+    let sd = tempfile::tempdir().unwrap();
+    let script = sd.path().join("job.sh");
+    std::fs::write(&script, "#!/bin/sh\ntrue\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    for cmd in ["submit", "batch"] {
+        let what = if cmd == "submit" { "true".to_string() } else { script.display().to_string() };
+        let o = inst.vigil(&[cmd, "--cc", "1-100000", &what]);
+        assert_eq!(o.code, 1, "{}", o.dump());
+        assert!(
+            o.stderr.contains("--cc 1-100000: 100000 copies, more than the 10001 this instance allows")
+                && o.stderr.contains("job-manager.cc-limit"),
+            "{}",
+            o.dump()
+        );
+    }
     assert_eq!(inst.vigil(&["jobs", "-a", "--json"]).json()["jobs"].as_array().map(Vec::len), Some(12));
     // `{{cc}}` in --output, as `{{id}}` is written there.
     let d = tempfile::tempdir().unwrap();

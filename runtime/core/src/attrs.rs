@@ -228,6 +228,9 @@ pub static ATTRS: &[Attr] = &[
         ended (Flux's job-manager.inactive-age-limit); inf: never"),
     attr("job-manager.inactive-num-limit", Kind::Count, is("0"), CommandLine,
         "most INACTIVE jobs kept, the oldest purged first (Flux's job-manager.inactive-num-limit); 0: no limit"),
+    attr("job-manager.cc-limit", Kind::Count, is("10001"), CommandLine,
+        "most copies one `vigil submit --cc` / `vigil batch --cc` makes (as Slurm's MaxArraySize bounds a job \
+        array); checked by the command before it submits any; 0: no limit"),
     attr("job-manager.history-age-limit", Kind::Duration, is("inf"), CommandLine,
         "a job's history record (vigil history; kept after the job is purged) goes this long after the job ended; \
         inf: never"),
@@ -548,6 +551,8 @@ pub struct BrokerConfig {
     pub inactive_age_limit: f64,
     /// `job-manager.inactive-num-limit`: most INACTIVE jobs kept; 0: no limit.
     pub inactive_num_limit: usize,
+    /// `job-manager.cc-limit`: most copies one `--cc` makes ([`DEFAULT_CC_LIMIT`]); 0: no limit.
+    pub cc_limit: usize,
     /// `job-manager.history-age-limit`: seconds after its job ended that a history record goes; `inf`: never.
     pub history_age_limit: f64,
     /// `job-manager.history-num-limit`: most history records kept; 0: no limit.
@@ -634,6 +639,7 @@ impl Default for BrokerConfig {
             inactive_num_limit: 0,
             history_age_limit: f64::INFINITY,
             history_num_limit: 0,
+            cc_limit: DEFAULT_CC_LIMIT,
             shell: None,
             imp: None,
             containment: "auto".into(),
@@ -745,6 +751,10 @@ fn one_of(words: &[&str]) -> String {
         [rest @ .., last] => format!("{} or {last}", rest.join(", ")),
     }
 }
+
+/// `job-manager.cc-limit`'s default: most copies one `--cc` makes, Slurm's MaxArraySize shape (its default is
+/// 1,001 array indices; ours is ten times that, for the thousands of short jobs a test of the queue submits).
+pub const DEFAULT_CC_LIMIT: usize = 10_001;
 
 /// Shortest `tbon.heartbeat_period` accepted (seconds).
 const MIN_HEARTBEAT: f64 = 0.001;
@@ -942,6 +952,7 @@ impl Draft {
             "job-manager.inactive-num-limit" => c.inactive_num_limit = count(v)?,
             "job-manager.history-age-limit" => c.history_age_limit = duration(v)?,
             "job-manager.history-num-limit" => c.history_num_limit = count(v)?,
+            "job-manager.cc-limit" => c.cc_limit = count(v)?,
             "exec.shell" => c.shell = Some(path(v)?),
             "exec.imp" => {
                 if !v.starts_with('/') {
@@ -1204,6 +1215,7 @@ impl BrokerConfig {
             "job-manager.inactive-num-limit" => self.inactive_num_limit.to_string(),
             "job-manager.history-age-limit" => fmt_duration(self.history_age_limit),
             "job-manager.history-num-limit" => self.history_num_limit.to_string(),
+            "job-manager.cc-limit" => self.cc_limit.to_string(),
             "exec.shell" => self.shell.as_ref()?.display().to_string(),
             "exec.imp" => self.imp.as_ref()?.display().to_string(),
             "exec.containment" => self.containment.clone(),

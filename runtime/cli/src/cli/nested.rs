@@ -433,10 +433,7 @@ pub(crate) async fn batch(a: BatchArgs) -> Result<i32, String> {
         instance_jobspec(opts, &name, cmd, Some("vigil-{{id}}.out"), Some(files))
     };
     if let Some(cc) = &a.cc {
-        let set = crate::idset::IdSet::parse(cc).map_err(|e| format!("--cc {cc}: {e}"))?;
-        if set.is_empty() {
-            return Err(format!("--cc {cc}: no id"));
-        }
+        let set = super::jobcmd::cc_set(cc).await?;
         // Every copy is built (and so checked) before the first is submitted.
         let specs = set
             .iter()

@@ -14,10 +14,7 @@ const CC_WINDOW: usize = 256;
 /// `vigil submit --cc IDSET`: one job per id, submitted pipelined on one connection; prints their ids in IDSET
 /// order. Returns 1 if any copy was refused (each refusal is said, naming its id), else 0.
 pub(super) async fn submit_copies(a: &SubmitArgs, cc: &str) -> Result<i32, String> {
-    let set = crate::idset::IdSet::parse(cc).map_err(|e| format!("--cc {cc}: {e}"))?;
-    if set.is_empty() {
-        return Err(format!("--cc {cc}: no id"));
-    }
+    let set = cc_set(cc).await?;
     let copy = |i: u32| -> Result<Value, String> {
         // `{{cc}}` too, as `{{id}}` is written in --output (Flux's mustache form).
         let sub = |t: &str| t.replace("{{cc}}", &i.to_string()).replace("{cc}", &i.to_string());
@@ -38,6 +35,42 @@ pub(super) async fn submit_copies(a: &SubmitArgs, cc: &str) -> Result<i32, Strin
         return Ok(0);
     }
     submit_all(specs, a.queue.urgency()).await
+}
+
+/// `--cc IDSET` parsed and bounded: not empty, and at most `job-manager.cc-limit` ids (as Slurm's MaxArraySize
+/// bounds an array), that limit asked of this node's broker (its default, [`DEFAULT_CC_LIMIT`], when there is no
+/// broker to ask, as for `--dry-run` outside an instance), before any copy is built.
+///
+/// # Errors
+/// A bad IDSET, an empty one, or one of more ids than the limit, each naming `--cc`.
+///
+/// [`DEFAULT_CC_LIMIT`]: crate::attrs::DEFAULT_CC_LIMIT
+pub(crate) async fn cc_set(cc: &str) -> Result<crate::idset::IdSet, String> {
+    let set = crate::idset::IdSet::parse(cc).map_err(|e| format!("--cc {cc}: {e}"))?;
+    if set.is_empty() {
+        return Err(format!("--cc {cc}: no id"));
+    }
+    let limit = match crate::client::Client::connect_env().await {
+        Ok(c) => c
+            .rpc("broker.getattr", crate::message::NODEID_ANY, &serde_json::json!({"name": "job-manager.cc-limit"}))
+            .await
+            .ok()
+            .and_then(|v| v["value"].as_str().and_then(|n| n.parse().ok())),
+        Err(_) => None,
+    };
+    within_cc_limit(cc, set.len(), limit.unwrap_or(crate::attrs::DEFAULT_CC_LIMIT))?;
+    Ok(set)
+}
+
+/// Refuses `--cc cc` of `n` ids past `limit` (0: none), naming the option, the limit and how to raise it.
+fn within_cc_limit(cc: &str, n: usize, limit: usize) -> Result<(), String> {
+    if limit == 0 || n <= limit {
+        return Ok(());
+    }
+    Err(format!(
+        "--cc {cc}: {n} copies, more than the {limit} this instance allows (job-manager.cc-limit, as Slurm's \
+         MaxArraySize): submit them in parts, or start the instance with -S job-manager.cc-limit=N (0: no limit)"
+    ))
 }
 
 /// Submits jobspecs `(copy id, jobspec)` (already checked) over one connection, [`CC_WINDOW`] at a time, and
@@ -117,6 +150,19 @@ impl Refusals {
 
 #[cfg(test)]
 mod tests {
+    use super::within_cc_limit;
+
+    #[test]
+    fn copies_past_the_limit_are_refused_naming_the_option_and_the_limit() {
+        assert_eq!(within_cc_limit("1-10001", 10_001, 10_001), Ok(()));
+        let e = within_cc_limit("1-100000", 100_000, 10_001).unwrap_err();
+        assert!(
+            e.starts_with("--cc 1-100000: 100000 copies, more than the 10001") && e.contains("job-manager.cc-limit"),
+            "{e}"
+        );
+        assert_eq!(within_cc_limit("1-100000", 100_000, 0), Ok(()));
+    }
+
     /// Found by a fresh-user trial: a connection lost in a `--cc 1-300` flood printed a line per copy.
     #[test]
     fn copies_refused_alike_in_a_row_are_said_once() {

@@ -29,7 +29,7 @@ pub(crate) use args::{NodeCount, NodeSelection, SubmitArgs};
 pub(crate) use attach::{say_if_pending, PENDING_NOTE_AFTER, RANK0_WAIT_MARGIN};
 pub(crate) use cancel::cancel;
 pub(crate) use cancel::CancelArgs;
-pub(crate) use copies::submit_all;
+pub(crate) use copies::{cc_set, submit_all};
 pub(crate) use job::JobCmd;
 pub(crate) use job::{human_event, job};
 pub(crate) use jobs::JobsArgs;
