@@ -37,14 +37,18 @@ def test_the_jobspec_of_a_command_is_the_clis(opts, flags, tmp_path):
     assert ours == cli
 
 
-def test_bad_counts_are_refused_with_the_clis_words():
-    with pytest.raises(ValueError, match="fewer tasks than the 3 node"):
+def test_bad_counts_are_refused_naming_the_keyword_option():
+    # Named as the caller wrote them: keyword options, not the CLI's flags.
+    with pytest.raises(ValueError, match=r"^ntasks=2 is fewer tasks than the 3 node\(s\) of nodes=3"):
         jobspec_from_command(["true"], nodes=3, ntasks=2)
-    with pytest.raises(ValueError, match="-N must be at least 1"):
+    with pytest.raises(ValueError, match=r"^nodes=0: must be at least 1"):
         jobspec_from_command(["true"], nodes=0)
+    for opt, bad in (("ntasks", 0), ("cores_per_task", 0), ("gpus_per_task", -1)):
+        with pytest.raises(ValueError, match=f"^{opt}={bad}: must be at least"):
+            jobspec_from_command(["true"], **{opt: bad})
     with pytest.raises(ValueError, match="non-empty list"):
         jobspec_from_command("true")
-    with pytest.raises(ValueError, match="--exclusive requires"):
+    with pytest.raises(ValueError, match="^exclusive=True requires nodes"):
         jobspec_from_command(["true"], exclusive=True)
 
 
@@ -73,3 +77,10 @@ def test_a_bad_environment_is_refused_naming_env():
         jobspec_from_command(["true"], env={"A": 1})
     with pytest.raises(TypeError, match="env"):
         jobspec_from_command(["true"], env=["A=1"])
+
+
+def test_unknown_option_error_is_exported():
+    import vigil
+    assert "UnknownOptionError" in vigil.__all__ and issubclass(vigil.UnknownOptionError, TypeError)
+    with pytest.raises(vigil.UnknownOptionError, match="unknown option tasks"):
+        vigil.jobspec.check_options({"tasks": 2})

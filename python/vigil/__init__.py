@@ -8,6 +8,7 @@ and resolve to their exit codes. See docs/python.md.
 from .client import Client, JobOutput, OutputLine, Welcome, exit_code, job_exit_code
 from .errors import ConnectError, ConnectionLost, JobException, VigilError, f58, parse_jobid
 from .executor import VigilExecutor, VigilFuture
+from .jobspec import UnknownOptionError
 from .jobspec import from_command as jobspec_from_command
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "JobException",
     "JobOutput",
     "OutputLine",
+    "UnknownOptionError",
     "VigilError",
     "VigilExecutor",
     "VigilFuture",

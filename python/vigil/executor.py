@@ -33,9 +33,11 @@ class VigilFuture(cf.Future):
     *running* (``running()`` is True) until it ends; a job that never starts (refused, canceled while queued)
     goes from pending to done.
 
-    ``jobid()`` waits for and returns the job's id. ``cancel()`` cancels the job in the instance too (before
-    it ends, running or not) and returns True: the future is then cancelled (``result()`` raises
-    ``CancelledError``). Unlike a plain ``Future``, a running one can be cancelled: its job can."""
+    ``jobid()`` waits for and returns the job's id. ``cancel()`` follows ``concurrent.futures`` (and Flux's
+    ``FluxExecutorFuture``): a pending future is cancelled, its job canceled in the instance too, and it returns
+    True (``result()`` then raises ``CancelledError``); a running one is not, and it returns False, its job going
+    on. A running job is stopped by canceling the job, ``Client.cancel(f.jobid())``: the future then raises
+    :class:`vigil.JobException` (``type == "cancel"``)."""
 
     def __init__(self, executor: "VigilExecutor"):
         super().__init__()
@@ -57,19 +59,12 @@ class VigilFuture(cf.Future):
         self._id_set.set()
 
     def cancel(self) -> bool:
-        if self.done():
-            return self.cancelled()
+        # Pending -> cancelled under the future's lock (running and done futures refuse), so the resolver thread
+        # cannot start it meanwhile; it tells the waiters when it would have started it (``_start``).
+        if not super().cancel():
+            return False
+        # Cancelled here, so canceled in the instance too: a job that would otherwise run for nobody.
         self._executor._cancel_job(self)
-        with self._condition:
-            if self._state != _cfb.RUNNING:
-                return super().cancel()  # pending: the executor tells waiters when it would have started it
-            # Running: the job is being canceled in the instance, so the future ends here, as cancelled. No
-            # executor thread will start it, so waiters (``wait``, ``as_completed``) are told now.
-            self._state = _cfb.CANCELLED_AND_NOTIFIED
-            for w in self._waiters:
-                w.add_cancelled(self)
-            self._condition.notify_all()
-        self._invoke_callbacks()
         return True
 
 
@@ -252,7 +247,7 @@ class VigilExecutor(cf.Executor):
                 else:
                     j.fut.set_result(result)
             except cf.InvalidStateError:
-                pass  # cancelled just now, while running: cancel() told its waiters
+                pass  # already resolved
 
         self._done_q.put(resolve)
 
@@ -333,8 +328,9 @@ class VigilExecutor(cf.Executor):
     # -- shutdown -----------------------------------------------------------------------------------------------
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """No more submissions; with ``cancel_futures`` cancel every unfinished job; with ``wait`` wait until
-        every future is resolved. Then the connection is closed."""
+        """No more submissions; with ``cancel_futures`` cancel every pending future and its job (running jobs go
+        on, as ``concurrent.futures`` has it); with ``wait`` wait until every future is resolved. Then the
+        connection is closed."""
         with self._lock:
             self._shutdown = True
             pending = [j.fut for j in self._jobs.values()]

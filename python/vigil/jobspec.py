@@ -110,20 +110,21 @@ def from_command(
     ``nodes`` (-N), ``ntasks`` (-n), ``cores_per_task`` (-c), ``gpus_per_task`` (-g); ``time_limit`` in seconds
     or a duration string such as ``'10m'`` (-t; 0, None or ``'inf'``: none; see :func:`parse_time_limit`); ``cwd`` (default: the current directory); ``env``: the job's whole environment
     (default: this process's, without its ``VIGIL_*`` variables, as the CLI sends it); ``name`` (--job-name);
-    ``exclusive`` (--exclusive, needs ``nodes``). Raises ValueError naming the option, with the CLI's words.
+    ``exclusive`` (--exclusive, needs ``nodes``). Raises ValueError naming the keyword option (``nodes=0: must
+    be at least 1 (vigil submit -N)``), TypeError for a value of the wrong type.
     """
     if isinstance(command, (str, bytes)) or not command or not all(isinstance(a, str) for a in command):
         raise ValueError("command must be a non-empty list of strings (program and arguments)")
     nodes, ntasks = _count("nodes", nodes), _count("ntasks", ntasks)
     cores_per_task, gpus_per_task = _count("cores_per_task", cores_per_task), _count("gpus_per_task", gpus_per_task)
     if nodes is not None and nodes < 1:
-        raise ValueError("-N must be at least 1")
+        raise ValueError(f"nodes={nodes}: must be at least 1 (vigil submit -N)")
     if ntasks is not None and ntasks < 1:
-        raise ValueError("-n must be at least 1")
+        raise ValueError(f"ntasks={ntasks}: must be at least 1 (vigil submit -n)")
     if cores_per_task is None or cores_per_task < 1:
-        raise ValueError("-c must be at least 1")
+        raise ValueError(f"cores_per_task={cores_per_task}: must be at least 1 (vigil submit -c)")
     if gpus_per_task is None or gpus_per_task < 0:
-        raise ValueError("-g must be at least 0")
+        raise ValueError(f"gpus_per_task={gpus_per_task}: must be at least 0 (vigil submit -g)")
     duration = parse_time_limit(time_limit)
     if env is not None:
         if not isinstance(env, Mapping):
@@ -136,7 +137,7 @@ def from_command(
     if name is not None and not isinstance(name, str):
         raise TypeError(f"name must be a string, not {type(name).__name__}")
     if exclusive and nodes is None:
-        raise ValueError("--exclusive requires -N/--nodes")
+        raise ValueError("exclusive=True requires nodes (as vigil submit --exclusive requires -N)")
     leaves = [{"type": "core", "count": cores_per_task}]
     if gpus_per_task > 0:
         leaves.append({"type": "gpu", "count": gpus_per_task})
@@ -157,8 +158,8 @@ def from_command(
     else:
         if ntasks < nodes:
             raise ValueError(
-                f"-n {ntasks} is fewer tasks than the {nodes} node(s) of -N {nodes}: every node of a job runs a task "
-                f"at least (give -n {nodes} or more, or fewer nodes)"
+                f"ntasks={ntasks} is fewer tasks than the {nodes} node(s) of nodes={nodes}: every node of a job runs "
+                f"a task at least (give ntasks={nodes} or more, or fewer nodes)"
             )
         resource, task_count = node(nodes, slot(_div_ceil(ntasks, nodes))), {"total": ntasks}
     if env is None:
