@@ -538,7 +538,6 @@ fn bad_batch_and_alloc_input_is_refused() {
         (&["batch", "./missing.sh"], &["missing.sh", "No such file"]),
         (&["batch", "./noexec.sh"], &["noexec.sh", "not executable"]),
         (&["batch", "./noshebang.sh"], &["noshebang.sh", "#!"]),
-        (&["batch", "-N", "2", "./n4.sh"], &["-N", "contradicts"]),
         (&["batch", "-N", "5", "./ok.sh"], &["5 nodes", "3"]),
         (&["batch", "./n4.sh"], &["4 nodes", "3"]),
         (&["batch", "-n", "4", "./ok.sh"], &["-n", "use -N"]),
@@ -557,6 +556,11 @@ fn bad_batch_and_alloc_input_is_refused() {
         }
     }
     assert_eq!(inst.jobs().len(), before, "no job may be left in the parent: {:#?}", inst.jobs());
+    // The command line wins over the script's directive, as sbatch's options over #SBATCH lines: -N 2 against the
+    // script's -N 4 (more nodes than the instance has) is a 2-node job.
+    let id = batch(&inst, &["-N", "2", "./n4.sh"]);
+    inst.vigil_t(&["job", "wait", &id], NESTED_TIMEOUT).ok();
+    assert_eq!(inst.job(&id)["nnodes"].as_u64(), Some(2), "{}", inst.job(&id));
 }
 
 #[test]

@@ -179,41 +179,35 @@ pub(crate) fn parse_directives(script: &str) -> Result<Option<InstanceOpts>, Str
         .map_err(|e| format!("batch directive: {}", e.to_string().lines().next().unwrap_or("")))
 }
 
-/// Take directive `dir` into `cli` when the command line did not give option `name`; the same option with another
-/// value is an error, naming both as the user wrote them (`-N 3` against `-N 4-5`).
-fn merge<T: PartialEq + Clone + std::fmt::Display>(
-    name: &str,
-    cli: &mut Option<T>,
-    dir: &Option<T>,
-) -> Result<(), String> {
-    match (&*cli, dir) {
-        (Some(a), Some(b)) if a != b => Err(format!("option {name} {a} contradicts the script's directive {name} {b}")),
-        (None, Some(b)) => {
-            *cli = Some(b.clone());
-            Ok(())
-        }
-        _ => Ok(()),
+/// Take directive `dir` into `cli` when the command line did not give that option: where both give it, the command
+/// line wins (as sbatch's options override its `#SBATCH` lines, and flux batch's its directives).
+fn merge<T: Clone>(cli: &mut Option<T>, dir: &Option<T>) {
+    if cli.is_none() {
+        cli.clone_from(dir);
     }
 }
 
-/// Merge directives into command-line options; the same option with different values is an error. Options that
-/// batch and alloc refuse whatever their value are refused first, so that a conflict does not hide that.
+/// Merge directives into command-line options, the command line winning where both give an option ([`merge`]).
+/// Options that batch and alloc refuse whatever their value are refused first, from either.
+///
+/// # Errors
+/// An option batch and alloc refuse (`-n`, `--taskmap=cyclic`...), on the command line or in a directive.
 pub(crate) fn merge_opts(mut cli: InstanceOpts, dir: Option<InstanceOpts>) -> Result<InstanceOpts, String> {
     refuse_task_options(&cli)?;
     let Some(d) = dir else { return Ok(cli) };
     refuse_task_options(&d).map_err(|e| format!("batch directive: {e}"))?;
-    merge("-N", &mut cli.nodes, &d.nodes)?;
-    merge("-n", &mut cli.ntasks, &d.ntasks)?;
-    merge("-t", &mut cli.time_limit, &d.time_limit)?;
-    merge("--taskmap", &mut cli.taskmap, &d.taskmap)?;
-    merge("--output", &mut cli.output, &d.output)?;
-    merge("--error", &mut cli.error, &d.error)?;
-    merge("--cwd", &mut cli.cwd, &d.cwd)?;
-    merge("--nodelist", &mut cli.select.nodelist, &d.select.nodelist)?;
-    merge("--exclude", &mut cli.select.exclude, &d.select.exclude)?;
-    merge("--tolerate-lost", &mut cli.tolerate_lost, &d.tolerate_lost)?;
+    merge(&mut cli.nodes, &d.nodes);
+    merge(&mut cli.ntasks, &d.ntasks);
+    merge(&mut cli.time_limit, &d.time_limit);
+    merge(&mut cli.taskmap, &d.taskmap);
+    merge(&mut cli.output, &d.output);
+    merge(&mut cli.error, &d.error);
+    merge(&mut cli.cwd, &d.cwd);
+    merge(&mut cli.select.nodelist, &d.select.nodelist);
+    merge(&mut cli.select.exclude, &d.select.exclude);
+    merge(&mut cli.tolerate_lost, &d.tolerate_lost);
     cli.requeue |= d.requeue;
-    cli.queue.merge(d.queue)?;
+    cli.queue.merge(d.queue);
     // Lists: the script's directives first, the command line's after them (a later one wins where order matters).
     prepend(&mut cli.select.requires, d.select.requires);
     prepend(&mut cli.env, d.env);
@@ -744,16 +738,16 @@ mod tests {
     }
 
     #[test]
-    fn contradictions_are_errors() {
+    fn the_command_line_wins_over_directives() {
         let n = |n: u32| Some(super::super::jobcmd::NodeCount { min: n, max: n });
         let cli = InstanceOpts { nodes: n(2), ..Default::default() };
         let dir = InstanceOpts { nodes: n(4), time_limit: Some("5m".into()), ..Default::default() };
-        let e = merge_opts(cli.clone(), Some(dir)).unwrap_err();
-        assert_eq!(e, "option -N 2 contradicts the script's directive -N 4");
+        // As sbatch: the command line's -N, the directive's -t where the command line gave none.
+        let m = merge_opts(cli.clone(), Some(dir)).unwrap();
+        assert_eq!((m.nodes, m.time_limit.as_deref()), (n(2), Some("5m")));
         let range =
             InstanceOpts { nodes: Some(super::super::jobcmd::NodeCount { min: 4, max: 5 }), ..Default::default() };
-        let e = merge_opts(cli.clone(), Some(range.clone())).unwrap_err();
-        assert_eq!(e, "option -N 2 contradicts the script's directive -N 4-5");
+        assert_eq!(merge_opts(cli.clone(), Some(range.clone())).unwrap().nodes, n(2));
         // A refusal whatever the value comes before any conflict, from the command line or the script.
         let cyclic = InstanceOpts { taskmap: Some("cyclic".into()), ..cli.clone() };
         let e = merge_opts(cyclic, Some(range.clone())).unwrap_err();
@@ -766,7 +760,7 @@ mod tests {
     }
 
     /// `--tolerate-lost=K` (issue 40): 0 <= K < N, refused otherwise at submit naming the option; given to the
-    /// child brokers as `broker.tolerate-lost`; a directive and the command line must agree.
+    /// child brokers as `broker.tolerate-lost`; the command line's wins over a directive's.
     #[test]
     fn tolerate_lost_is_checked_at_submit_and_given_to_the_child_brokers() {
         let n = |n: u32| Some(super::super::jobcmd::NodeCount { min: n, max: n });
@@ -795,7 +789,7 @@ mod tests {
             assert_eq!(broker_args(&with(k, nodes)).unwrap(), vec![format!("--setattr=broker.tolerate-lost={k}")]);
         }
         assert!(broker_args(&InstanceOpts::default()).unwrap().is_empty(), "not given: the default, 0");
-        let e = merge_opts(with("1", 5), Some(with("2", 5))).unwrap_err();
-        assert_eq!(e, "option --tolerate-lost 1 contradicts the script's directive --tolerate-lost 2");
+        let m = merge_opts(with("1", 5), Some(with("2", 5))).unwrap();
+        assert_eq!(m.tolerate_lost.as_deref(), Some("1"), "the command line wins");
     }
 }

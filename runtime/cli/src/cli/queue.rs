@@ -179,34 +179,24 @@ impl QueueOpts {
         Ok(deps)
     }
 
-    /// Take a batch script's directives (`dir`) where the command line gave nothing; the same option with another
-    /// value is an error naming both.
-    ///
-    /// # Errors
-    /// `option --job-name a contradicts the script's directive --job-name b`.
-    pub(crate) fn merge(&mut self, dir: QueueOpts) -> Result<(), String> {
-        fn one<T: PartialEq + std::fmt::Debug>(name: &str, cli: &mut Option<T>, dir: Option<T>) -> Result<(), String> {
-            match (&*cli, dir) {
-                (Some(a), Some(b)) if *a != b => {
-                    Err(format!("option {name} {a:?} contradicts the script's directive {name} {b:?}"))
-                }
-                (None, Some(b)) => {
-                    *cli = Some(b);
-                    Ok(())
-                }
-                _ => Ok(()),
+    /// Take a batch script's directives (`dir`) where the command line gave nothing: where both give an option,
+    /// the command line wins (as sbatch's options override its `#SBATCH` lines); lists are joined, the script's
+    /// first.
+    pub(crate) fn merge(&mut self, dir: QueueOpts) {
+        fn one<T>(cli: &mut Option<T>, dir: Option<T>) {
+            if cli.is_none() {
+                *cli = dir;
             }
         }
-        one("--job-name", &mut self.job_name, dir.job_name)?;
-        one("--urgency", &mut self.urgency, dir.urgency)?;
-        one("--begin-time", &mut self.begin_time, dir.begin_time)?;
-        one("--signal", &mut self.signal, dir.signal)?;
+        one(&mut self.job_name, dir.job_name);
+        one(&mut self.urgency, dir.urgency);
+        one(&mut self.begin_time, dir.begin_time);
+        one(&mut self.signal, dir.signal);
         self.hold |= dir.hold;
         // Lists: the script's first.
         let mut deps = dir.dependency;
         deps.append(&mut self.dependency);
         self.dependency = deps;
-        Ok(())
     }
 
     /// The warning signal asked for (`--signal`), checked against the time limit given (`-t`, seconds; `None`:
