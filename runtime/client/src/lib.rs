@@ -50,6 +50,15 @@ impl RpcError {
     pub fn disconnected_text() -> &'static str {
         "lost connection to broker"
     }
+
+    /// A request whose connection was closed because what the broker sent could not be read (`why`, e.g. a
+    /// frame larger than `MAX_FRAME`): EPROTO, not a lost broker, which is still there.
+    fn unreadable(why: &str) -> RpcError {
+        RpcError {
+            errnum: errno::EPROTO,
+            errstr: format!("the broker's answer could not be read ({why}); the connection was closed"),
+        }
+    }
 }
 
 /// Short description of the errno values Vigil uses (defined in `vigil-proto`, beside the values).
@@ -116,6 +125,9 @@ pub struct Client {
     /// The connection has ended (set by its reader before it drops every waiter): a request made after that is
     /// answered "disconnected" at once instead of waiting forever.
     closed: Arc<AtomicBool>,
+    /// Why the reader ended, when it was not the broker closing the connection (an unreadable frame): requests
+    /// are then answered with that ([`RpcError::unreadable`]), not "lost connection".
+    broken: Arc<Mutex<Option<String>>>,
     /// The broker's welcome (its rank, the instance size...).
     pub welcome: Welcome,
 }
@@ -167,8 +179,20 @@ impl Client {
         let p2 = pending.clone();
         let closed = Arc::new(AtomicBool::new(false));
         let c2 = closed.clone();
+        let broken: Arc<Mutex<Option<String>>> = Arc::default();
+        let b2 = broken.clone();
         tokio::spawn(async move {
-            while let Ok(Some(m)) = read_frame(&mut rd).await {
+            loop {
+                let m = match read_frame(&mut rd).await {
+                    Ok(Some(m)) => m,
+                    Ok(None) | Err(vigil_proto::message::FrameError::Io(_)) => break,
+                    Err(e @ vigil_proto::message::FrameError::Decode(_)) => {
+                        if let Ok(mut b) = b2.lock() {
+                            *b = Some(e.to_string());
+                        }
+                        break;
+                    }
+                };
                 match m.msgtype {
                     MsgType::Response => {
                         let tx = p2.lock().ok().and_then(|g| g.get(&m.matchtag).cloned());
@@ -194,8 +218,18 @@ impl Client {
             events: Arc::new(tokio::sync::Mutex::new(erx)),
             next_tag: Arc::new(AtomicU32::new(1)),
             closed,
+            broken,
             welcome,
         })
+    }
+
+    /// The error of a request whose connection has ended: "lost connection to broker", or, where the broker is
+    /// still there but what it sent could not be read, that ([`RpcError::unreadable`]).
+    fn gone(&self) -> RpcError {
+        match self.broken.lock().ok().and_then(|b| b.clone()) {
+            Some(why) => RpcError::unreadable(&why),
+            None => RpcError::disconnected(),
+        }
     }
 
     fn send_request(
@@ -218,9 +252,9 @@ impl Client {
         // Checked after the insert: a reader that ends later drops this waiter with the others.
         if self.closed.load(Ordering::SeqCst) {
             self.forget(tag);
-            return Err(RpcError::disconnected());
+            return Err(self.gone());
         }
-        self.tx.send(m).map_err(|_| RpcError::disconnected())?;
+        self.tx.send(m).map_err(|_| self.gone())?;
         Ok((tag, rx))
     }
 
@@ -239,7 +273,7 @@ impl Client {
         match r {
             Some(m) if m.errnum == 0 => Ok(m.json()),
             Some(m) => Err(RpcError::from_response(&m)),
-            None => Err(RpcError::disconnected()),
+            None => Err(self.gone()),
         }
     }
 
@@ -252,7 +286,7 @@ impl Client {
         match r {
             Some(m) if m.errnum == 0 => Ok(m.payload),
             Some(m) => Err(RpcError::from_response(&m)),
-            None => Err(RpcError::disconnected()),
+            None => Err(self.gone()),
         }
     }
 
@@ -299,7 +333,7 @@ impl RpcStream {
             Some(m) if m.errnum == 0 => return Some(Ok(m.json())),
             Some(m) if m.errnum == errno::ENODATA => None,
             Some(m) => Some(Err(RpcError::from_response(&m))),
-            None => Some(Err(RpcError::disconnected())),
+            None => Some(Err(self.client.gone())),
         };
         self.done = true;
         self.client.forget(self.tag);
@@ -310,5 +344,38 @@ impl RpcStream {
 impl Drop for RpcStream {
     fn drop(&mut self) {
         self.client.forget(self.tag);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An answer the client cannot read (a frame past `MAX_FRAME`, as a listing of 100,000 jobs once was) from a
+    /// broker that is still there is said as such (EPROTO), not as a lost connection, which would send the user
+    /// looking for a dead broker (and `vigil submit` sending its job again).
+    #[tokio::test]
+    async fn an_unreadable_answer_is_not_a_lost_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("local-0");
+        let l = tokio::net::UnixListener::bind(&path).unwrap();
+        let broker = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let welcome = Message::control("welcome", &serde_json::json!({"rank": 0, "size": 1}));
+            s.write_all(&welcome.encode()).await.unwrap();
+            let (mut rd, mut wr) = s.split();
+            let _request = read_frame(&mut rd).await.unwrap();
+            let len = vigil_proto::message::MAX_FRAME + 1;
+            wr.write_all(&len.to_be_bytes()).await.unwrap();
+            // Still there: the connection stays open while the client reads.
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+        });
+        let c = Client::connect(path.to_str().unwrap()).await.unwrap();
+        let e = c.rpc("job-manager.list", 0, &serde_json::json!({})).await.unwrap_err();
+        assert_eq!(e.errnum, errno::EPROTO, "{e}");
+        assert!(e.errstr.starts_with("the broker's answer could not be read (") && e.errstr.contains("exceeds"), "{e}");
+        // Later requests on the closed connection say the same.
+        assert_eq!(c.rpc("broker.ping", 0, &serde_json::json!({})).await.unwrap_err().errnum, errno::EPROTO);
+        broker.abort();
     }
 }
