@@ -479,7 +479,14 @@ class Client:
         req: Dict[str, Any] = {"all": all}
         if not all_users:
             req["userid"] = os.getuid()
-        return list(self.rpc("job-manager.list", req).get("jobs", []))
+        # Rank 0 answers a page at a time (about 16 MB of JSON); ``next`` names the page's oldest job when more follow.
+        jobs: List[Dict[str, Any]] = []
+        while True:
+            r = self.rpc("job-manager.list", req)
+            jobs.extend(r.get("jobs", []))
+            if r.get("next") is None:
+                return jobs
+            req["before"] = r["next"]
 
     def job_info(self, jobid: JobId) -> Dict[str, Any]:
         """A job's state, jobspec and R (``vigil job info --json``): ``{"info", "jobspec", "R"}``."""

@@ -616,3 +616,40 @@ fn a_viewer_stopped_or_piped_into_head_leaves_the_job_running() {
     // Done with it.
     inst.vigil(&["cancel", &id]).ok();
 }
+
+/// `vigil jobs` over thousands of jobs (a fresh user's 100,000 timed out as one answer too large for a message):
+/// rank 0 answers page by page (`job-manager.list`'s `count`, `before`, `next`), the command prints each as it
+/// comes, newest first, none twice or missed across pages; `-c N` asks rank 0 for N only; a filter (`--name`)
+/// finds a job pages down.
+#[test]
+fn thousands_of_jobs_are_listed_page_by_page() {
+    let inst = Instance::start(1, &[]);
+    // Held: pending for ever, nothing runs. The odd one first, so that it is the oldest, on the last page.
+    inst.vigil(&["submit", "--hold", "--job-name", "odd", "true"]).ok();
+    let n = 2500;
+    let o = inst.vigil_t(&["submit", "--hold", "--cc", &format!("1-{n}"), "true"], Duration::from_secs(60));
+    o.ok();
+    assert_eq!(o.lines().len(), n, "{}", o.dump());
+    let all = inst.vigil(&["jobs", "--json"]);
+    all.ok();
+    let ids: Vec<u64> = all.json()["jobs"].as_array().expect("jobs").iter().filter_map(|j| j["id"].as_u64()).collect();
+    assert_eq!(ids.len(), n + 1, "every job once, across pages");
+    assert!(ids.windows(2).all(|w| w[0] > w[1]), "newest first, none twice");
+    // -c 7: the newest 7, as a table.
+    let c = inst.vigil(&["jobs", "-c", "7", "-n", "--format", "{id.dec}"]);
+    c.ok();
+    let newest: Vec<String> = ids[..7].iter().map(u64::to_string).collect();
+    assert_eq!(c.lines(), newest.iter().map(String::as_str).collect::<Vec<_>>(), "{}", c.dump());
+    // A filter of the command's own, past the first pages.
+    let odd = inst.vigil(&["jobs", "--name", "odd", "--json"]);
+    odd.ok();
+    let found: Vec<u64> =
+        odd.json()["jobs"].as_array().expect("jobs").iter().filter_map(|j| j["id"].as_u64()).collect();
+    assert_eq!(found, vec![ids[n]], "{}", odd.dump());
+    // The table: a header and a line per job.
+    assert_eq!(inst.vigil(&["jobs", "-c", "0"]).lines().len(), n + 2);
+    // `vigil cancel --all` walks the pages too.
+    let k = inst.vigil_t(&["cancel", "--all"], Duration::from_secs(60));
+    k.ok();
+    assert!(k.stderr.contains(&format!("canceled {} jobs", n + 1)), "{}", k.dump());
+}

@@ -111,7 +111,9 @@ pub(crate) async fn history(a: HistoryArgs) -> Result<i32, String> {
         answer_truncated(&answer)
     } else {
         let mut lines = JobLines::new(&format, now, a.no_header);
-        each_record(&answer, |j| lines.push(&j)).map_err(|e| format!("job-manager.history: bad answer: {e}"))?
+        let rest =
+            each_record(&answer, |j| lines.push(&j)).map_err(|e| format!("job-manager.history: bad answer: {e}"))?;
+        rest.get("truncated").and_then(serde_json::Value::as_bool).unwrap_or(false)
     };
     if truncated {
         eprintln!(
@@ -128,33 +130,35 @@ fn answer_truncated(answer: &[u8]) -> bool {
     tail.windows(needle.len()).any(|w| w == needle)
 }
 
-/// Parse a `job-manager.history` answer (`{"jobs": [...], "kept": N, "truncated": B}`) as it goes, handing each
-/// record to `each` as soon as it is read; returns `truncated`.
+/// Parse an answer that holds a `jobs` array (`job-manager.history`: `{"jobs": [...], "kept": N, "truncated": B}`,
+/// `job-manager.list`: `{"jobs": [...], "next": ID}`) as it goes, handing each record to `each` as soon as it is
+/// read; returns the answer's other fields.
 ///
 /// # Errors
 /// The answer is not such JSON.
-fn each_record(answer: &[u8], each: impl FnMut(serde_json::Value)) -> Result<bool, serde_json::Error> {
-    use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+pub(crate) fn each_record(
+    answer: &[u8],
+    each: impl FnMut(serde_json::Value),
+) -> Result<serde_json::Map<String, serde_json::Value>, serde_json::Error> {
+    use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
     use std::fmt;
 
     struct Answer<F>(F);
     impl<'de, F: FnMut(serde_json::Value)> Visitor<'de> for Answer<F> {
-        type Value = bool;
+        type Value = serde_json::Map<String, serde_json::Value>;
         fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             f.write_str("an object with a jobs array")
         }
-        fn visit_map<A: MapAccess<'de>>(mut self, mut m: A) -> Result<bool, A::Error> {
-            let mut truncated = false;
+        fn visit_map<A: MapAccess<'de>>(mut self, mut m: A) -> Result<Self::Value, A::Error> {
+            let mut rest = serde_json::Map::new();
             while let Some(k) = m.next_key::<String>()? {
-                match k.as_str() {
-                    "jobs" => m.next_value_seed(Records(&mut self.0))?,
-                    "truncated" => truncated = m.next_value()?,
-                    _ => {
-                        m.next_value::<IgnoredAny>()?;
-                    }
+                if k == "jobs" {
+                    m.next_value_seed(Records(&mut self.0))?;
+                } else {
+                    rest.insert(k, m.next_value()?);
                 }
             }
-            Ok(truncated)
+            Ok(rest)
         }
     }
     struct Records<'f, F>(&'f mut F);
@@ -198,11 +202,12 @@ mod tests {
     fn an_answer_is_read_record_by_record() {
         let answer = br#"{"jobs":[{"id":1,"name":"a"},{"id":2,"name":"b"}],"kept":7,"truncated":true}"#;
         let mut names = Vec::new();
-        let t = each_record(answer, |j| names.push(j["name"].as_str().unwrap_or("").to_string())).unwrap();
-        assert_eq!((names, t), (vec!["a".to_string(), "b".to_string()], true));
+        let rest = each_record(answer, |j| names.push(j["name"].as_str().unwrap_or("").to_string())).unwrap();
+        assert_eq!(names, vec!["a".to_string(), "b".to_string()]);
+        assert_eq!((rest["truncated"].as_bool(), rest["kept"].as_u64()), (Some(true), Some(7)));
         assert!(answer_truncated(answer));
         let plain = br#"{"jobs":[],"kept":0,"truncated":false}"#;
-        assert!(!each_record(plain, |_| panic!("no record")).unwrap());
+        assert_eq!(each_record(plain, |_| panic!("no record")).unwrap()["truncated"], false);
         assert!(!answer_truncated(plain));
         assert!(each_record(b"{\"jobs\":[{}", |_| {}).is_err());
         assert!(each_record(b"[1]", |_| {}).is_err());

@@ -6,7 +6,7 @@
 //! run` / `vigil job attach` / `vigil job wait` with 255 when they lost rank 0 while following the job (its exit
 //! code is not known then: see `jobcmd/attach.rs`, `EXIT_RANK0_LOST`).
 
-mod history;
+pub(crate) mod history;
 mod hostlist;
 mod jobcmd;
 mod jobinfo;

@@ -536,6 +536,55 @@ fn the_release_hint_is_for_who_may_release_the_job() {
     assert_eq!(guest["jobs"][0]["reason_pending"].as_str(), Some(crate::jobs::HELD_REASON), "{guest}");
 }
 
+/// `job-manager.list` in pages (`vigil jobs -c N`, and any listing of more jobs than a message holds): `count`
+/// bounds a page, `next` names its oldest job when more follow, and `before` asks for the jobs older than that.
+#[test]
+fn the_job_list_comes_in_pages_newest_first() {
+    let mut b = root_with_client();
+    let spec: serde_json::Value =
+        serde_json::from_str(&crate::jobspec::JobspecBuilder::new(["true"]).build().expect("jobspec").to_json())
+            .expect("json");
+    let ids: Vec<u64> = (0..5)
+        .map(|_| {
+            let r = ask1(&mut b, "job-manager.submit", json!({"jobspec": spec, "urgency": 0})).expect("submitted");
+            r["id"].as_u64().expect("an id")
+        })
+        .collect();
+    let newest: Vec<u64> = ids.iter().rev().copied().collect();
+    let listed = |r: &serde_json::Value| -> Vec<u64> {
+        r["jobs"].as_array().expect("jobs").iter().filter_map(|j| j["id"].as_u64()).collect()
+    };
+    // Without count: every job, no next.
+    let all = ask1(&mut b, "job-manager.list", json!({})).expect("listed");
+    assert_eq!((listed(&all), all.get("next")), (newest.clone(), None), "{all}");
+    // Pages of 2: walked with `before`, the last page without `next`.
+    let mut got: Vec<u64> = Vec::new();
+    let mut before: Option<u64> = None;
+    for page in 0.. {
+        assert!(page < 3, "more pages than 5 jobs make in pages of 2");
+        let mut req = json!({"count": 2});
+        if let Some(id) = before {
+            req["before"] = id.into();
+        }
+        let r = ask1(&mut b, "job-manager.list", req).expect("listed");
+        let l = listed(&r);
+        assert!(l.len() <= 2, "{r}");
+        got.extend(&l);
+        match r.get("next").and_then(serde_json::Value::as_u64) {
+            Some(next) => {
+                assert_eq!(Some(&next), l.last(), "next is the page's oldest job: {r}");
+                before = Some(next);
+            }
+            None => break,
+        }
+    }
+    assert_eq!(got, newest);
+    // `before` takes an f58 id too; a bad one is refused naming it.
+    let r = ask1(&mut b, "job-manager.list", json!({"before": crate::jobs::JobId(ids[1]).f58()})).expect("listed");
+    assert_eq!(listed(&r), vec![ids[0]]);
+    assert!(ask1(&mut b, "job-manager.list", json!({"before": "nope"})).is_err());
+}
+
 #[test]
 fn job_stdin_is_bounded_and_what_was_accepted_is_kept() {
     use base64::Engine as _;

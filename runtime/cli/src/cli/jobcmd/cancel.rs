@@ -47,15 +47,29 @@ pub(crate) async fn cancel(a: CancelArgs) -> Result<i32, String> {
     let c = connect().await?;
     if a.all {
         let me = u64::from(nix::unistd::getuid().as_raw());
-        let r = c.rpc("job-manager.list", 0, &json!({"all": false, "userid": me})).await.map_err(|e| e.errstr)?;
-        ids = r["jobs"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|j| j["userid"].as_u64() == Some(me))
-            .filter(|j| cancel_takes(&a.states, j["state"].as_str().unwrap_or("")))
-            .filter_map(|j| j["id"].as_u64().map(JobId))
-            .collect();
+        // Every page of the list (`job-manager.list`'s `next`): rank 0 answers at most a page at once.
+        ids.clear();
+        let mut before: Option<u64> = None;
+        loop {
+            let mut req = json!({"all": false, "userid": me});
+            if let Some(b) = before {
+                req["before"] = b.into();
+            }
+            let r = c.rpc("job-manager.list", 0, &req).await.map_err(|e| e.errstr)?;
+            ids.extend(
+                r["jobs"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|j| j["userid"].as_u64() == Some(me))
+                    .filter(|j| cancel_takes(&a.states, j["state"].as_str().unwrap_or("")))
+                    .filter_map(|j| j["id"].as_u64().map(JobId)),
+            );
+            before = r.get("next").and_then(serde_json::Value::as_u64);
+            if before.is_none() {
+                break;
+            }
+        }
     }
     let mut rc = 0;
     let mut done = 0usize;

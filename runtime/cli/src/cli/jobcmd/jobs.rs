@@ -90,43 +90,87 @@ pub(crate) async fn jobs(a: JobsArgs) -> Result<i32, String> {
         (None, false) => Some(nix::unistd::getuid().as_raw()),
     };
     let all = a.all || since.is_some() || states.as_ref().is_some_and(States::wants_inactive);
+    let wanted = |j: &Value| {
+        a.name.as_deref().is_none_or(|n| j["name"].as_str() == Some(n))
+            && states.as_ref().is_none_or(|s| s.matches(j))
+            && since.is_none_or(|t| j["state"] != "INACTIVE" || j["t_inactive"].as_f64().is_some_and(|e| e > t))
+    };
+    let filtered = a.name.is_some() || states.is_some() || since.is_some();
     let c = connect().await?;
-    let mut req = json!({"all": all});
-    if let Some(u) = user {
-        req["userid"] = u.into();
-    }
-    let mut r = crate::cli::rpc_to_rank0(&c, "job-manager.list", &req).await?;
-    if let Some(list) = r.get_mut("jobs").and_then(Value::as_array_mut) {
-        list.retain(|j| {
-            a.name.as_deref().is_none_or(|n| j["name"].as_str() == Some(n))
-                && states.as_ref().is_none_or(|s| s.matches(j))
-                && since.is_none_or(|t| j["state"] != "INACTIVE" || j["t_inactive"].as_f64().is_some_and(|e| e > t))
-        });
-        // 0 is no limit, as Flux's `flux jobs -c 0`.
-        if let Some(n) = a.count.filter(|n| *n > 0) {
-            list.truncate(n);
+    // 0 is no limit, as Flux's `flux jobs -c 0`.
+    let mut left = a.count.filter(|n| *n > 0).unwrap_or(usize::MAX);
+    let mut out = JobsOut::new(&format, now, a.json, a.no_header);
+    // Page by page, newest first (`job-manager.list`'s `before` and `next`), each printed as it comes: rank 0
+    // builds one page at a time (no answer too large for a message, its loop free between pages), and stops
+    // building at `-c` jobs when no filter of ours may drop some of them.
+    let mut before: Option<u64> = None;
+    loop {
+        let mut req = json!({"all": all, "count": if filtered { LIST_PAGE } else { left.min(LIST_PAGE) }});
+        if let Some(u) = user {
+            req["userid"] = u.into();
+        }
+        if let Some(b) = before {
+            req["before"] = b.into();
+        }
+        let answer = crate::cli::rpc_to_rank0_bytes(&c, "job-manager.list", &req).await?;
+        let rest = crate::cli::history::each_record(&answer, |j| {
+            if left > 0 && wanted(&j) {
+                out.push(&j);
+                left -= 1;
+            }
+        })
+        .map_err(|e| format!("job-manager.list: bad answer: {e}"))?;
+        before = rest.get("next").and_then(Value::as_u64);
+        if before.is_none() || left == 0 {
+            break;
         }
     }
-    print_jobs(&r, &format, now, a.json, a.no_header);
+    out.end();
     Ok(0)
 }
 
-/// Print an answer that holds a `jobs` array (`job-manager.list`, `job-manager.history`) as `vigil jobs` and `vigil
-/// history` do: the whole answer as JSON with `json`; else a header line (unless `no_header`) and one line per job in
-/// `format`, `now` being the broker's clock (seconds since the epoch), each user's name looked up once.
-pub(crate) fn print_jobs(r: &Value, format: &crate::cli::jobsfmt::Format, now: f64, json: bool, no_header: bool) {
-    if json {
-        println!("{r}");
-        return;
+/// Most jobs `vigil jobs` asks rank 0 for at once (a page of `job-manager.list`): about 1 MB of JSON.
+const LIST_PAGE: usize = 1000;
+
+/// Where `vigil jobs` writes the jobs as they come: lines in a format ([`JobLines`]), or one JSON object with a
+/// "jobs" array (`--json`), written job by job.
+enum JobsOut<'a> {
+    Lines(JobLines<'a>),
+    Json { out: std::io::BufWriter<std::io::StdoutLock<'static>>, first: bool },
+}
+
+impl<'a> JobsOut<'a> {
+    fn new(format: &'a crate::cli::jobsfmt::Format, now: f64, json: bool, no_header: bool) -> JobsOut<'a> {
+        if !json {
+            return JobsOut::Lines(JobLines::new(format, now, no_header));
+        }
+        let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
+        let _ = std::io::Write::write_all(&mut out, b"{\"jobs\":[");
+        JobsOut::Json { out, first: true }
     }
-    let mut lines = JobLines::new(format, now, no_header);
-    for j in r["jobs"].as_array().map(Vec::as_slice).unwrap_or_default() {
-        lines.push(j);
+
+    fn push(&mut self, j: &Value) {
+        match self {
+            JobsOut::Lines(l) => l.push(j),
+            JobsOut::Json { out, first } => {
+                // A closed standard output (`| head`) ends the output, not the command.
+                if !std::mem::take(first) {
+                    let _ = std::io::Write::write_all(out, b",");
+                }
+                let _ = serde_json::to_writer(&mut *out, j);
+            }
+        }
+    }
+
+    fn end(self) {
+        if let JobsOut::Json { mut out, .. } = self {
+            let _ = std::io::Write::write_all(&mut out, b"]}\n");
+        }
     }
 }
 
 /// One job per line in a `--format`, written to standard output as the jobs come (a header first unless asked
-/// not): `vigil history` feeds it one record at a time from the answer it parses as it goes, so that 100,000
+/// not): `vigil history` and `vigil jobs` feed it one record at a time from the answers they parse as they go, so that 100,000
 /// records are never held as values at once. Each user's name is looked up once.
 pub(crate) struct JobLines<'a> {
     format: &'a crate::cli::jobsfmt::Format,

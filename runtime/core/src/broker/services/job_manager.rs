@@ -154,7 +154,11 @@ fn submit(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     }
 }
 
-/// A `job-manager.list` request (`vigil jobs`).
+/// A `job-manager.list` request (`vigil jobs`): one page of the jobs, newest first. The answer is `{"jobs":
+/// [...], "next": ID}`: `next`, present when more jobs follow, is the id of the page's last (oldest) job, to ask
+/// for the next page with (`before`).
+/// A page ends at `count` jobs, or at [`LIST_ANSWER_BYTES`] of JSON; without `count`, only the latter, so a page is
+/// never too large for a message however many jobs rank 0 holds.
 #[derive(Debug, Deserialize)]
 struct ListRequest {
     /// Inactive jobs too (`vigil jobs -a`); false when absent: active jobs only.
@@ -163,7 +167,16 @@ struct ListRequest {
     /// -A`). Each job shows its user; none shows its command or environment (those are in `job-manager.info`, for
     /// the job's owner and the instance owner).
     userid: Option<u32>,
+    /// At most this many jobs in the page (`vigil jobs -c`: rank 0 builds no more than asked for); absent or 0: up
+    /// to [`LIST_ANSWER_BYTES`].
+    count: Option<u64>,
+    /// Only jobs older than this one (a job id, its number or f58 text): the `next` of the previous page.
+    before: Option<JobRef>,
 }
+
+/// The most bytes of jobs one `job-manager.list` answer holds (JSON): well within a message's `MAX_FRAME`
+/// (64 MiB); 100,000 jobs are about 70 MB of it, so such a listing comes in pages (`next`).
+const LIST_ANSWER_BYTES: usize = 16 << 20;
 
 /// Why pending job `j` waits, as caller `uid` is told: a held job's reason says how to release it only to who may
 /// (its owner, the instance owner `owner`), as the other hints of `vigil` are for who may act on them.
@@ -194,14 +207,33 @@ fn list(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
         v
     };
     let user = req.userid;
-    let jobs: Vec<Value> = jc
-        .jobs
-        .values()
-        .rev()
-        .filter(|j| (all || j.state.is_active()) && user.is_none_or(|u| j.userid == u))
-        .map(with_reason)
-        .collect();
-    Ok(Some(json!({"jobs": jobs}).into()))
+    let count = req.count.filter(|n| *n > 0).map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX));
+    let before = req.before.as_ref().map(JobRef::id).transpose()?;
+    let older = match before {
+        Some(b) => jc.jobs.range(..b),
+        None => jc.jobs.range(..),
+    };
+    // The answer's JSON written job by job (one value at a time, not one per job held at once).
+    let mut buf = Vec::from(&b"{\"jobs\":["[..]);
+    let (mut n, mut last, mut next) = (0usize, None, None);
+    for j in older.rev().map(|(_, j)| j).filter(|j| (all || j.state.is_active()) && user.is_none_or(|u| j.userid == u))
+    {
+        if n == count || buf.len() > LIST_ANSWER_BYTES {
+            next = last; // the next page starts with this job, older than the last one listed
+            break;
+        }
+        if n > 0 {
+            buf.push(b',');
+        }
+        serde_json::to_writer(&mut buf, &with_reason(j)).map_err(|e| ServiceError::eproto(e.to_string()))?;
+        (n, last) = (n + 1, Some(j.id.0));
+    }
+    buf.push(b']');
+    if let Some(id) = next {
+        buf.extend_from_slice(format!(",\"next\":{id}").as_bytes());
+    }
+    buf.push(b'}');
+    Ok(Some(Out(buf)))
 }
 
 /// A `job-manager.history` request (`vigil history`): ended jobs' records (`jobs/history.rs`), purged ones too,
