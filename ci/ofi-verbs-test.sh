@@ -119,6 +119,19 @@ for r in 0 1 2; do
     cat "$T/r$r.log"
 done
 cp "$T/out.txt" "$OUT/ofi-verbs.out" 2>/dev/null
+# A broker that crashed (139: SIGSEGV, 134: SIGABRT) left a core where ci/rdma-tests.sh pointed the guest's
+# kernel: its backtrace, every thread.
+if [[ " $rc ${rcs[*]} " =~ \ 1(39|34)\  ]]; then
+    for c in "$OUT"/core.*; do
+        [ -f "$c" ] || continue
+        echo "--- backtrace of $c"
+        if command -v gdb >/dev/null; then
+            timeout 300 gdb -batch -nx -ex 'info threads' -ex 'thread apply all bt 30' "$BIN/vigil" "$c" 2>&1 | tail -200
+        else
+            echo "(gdb not installed)"
+        fi
+    done
+fi
 [ $rc = 0 ] || fail "rank 0 exited with $rc"
 [ "${rcs[*]}" = "0 0" ] || fail "ranks 1 and 2 exited with ${rcs[*]}"
 for r in 1 2; do

@@ -134,6 +134,10 @@ if [ -z "${RXE_A0:-}" ]; then
     ulimit -l unlimited 2>/dev/null || true
 else
     A0=$RXE_A0 A1=$RXE_A1
+    # The guest's own kernel: a crashing broker leaves a core in the results, and the step that saw it prints
+    # its backtrace (ci/ofi-verbs-test.sh).
+    echo "$OUT/core.%e.%p" > /proc/sys/kernel/core_pattern
+    ulimit -c unlimited
 fi
 wait_ready || { echo "rdma-tests: rxe devices not ready" >&2; rdma link show; exit 1; }
 export RXE_A0=$A0 RXE_A1=$A1 VIGIL_RDMA_TESTS=1

@@ -3,7 +3,7 @@
 set -euo pipefail
 PKGS=(pkg-config libhwloc-dev libudev-dev hwloc iproute2 procps mpich libmpich-dev clang libbpf-dev python3 slurm-wlm munge libmunge-dev
     libibverbs-dev librdmacm-dev ibverbs-providers libclang-dev libfabric-dev libfabric-bin libsqlite3-dev
-    libc6-dev binutils openmpi-bin libopenmpi-dev libpmix-dev python3-mpi4py tmux
+    libc6-dev binutils openmpi-bin libopenmpi-dev libpmix-dev python3-mpi4py tmux gdb
     python3-venv python3-setuptools python3-wheel python3-pytest)
 # Installed without their recommends: Prometheus (its instance_metrics test scrapes a broker) would pull in node
 # exporters and smartmontools.

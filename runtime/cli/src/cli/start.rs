@@ -587,7 +587,26 @@ pub(super) fn broker(a: BrokerArgs) -> i32 {
         }
     });
     drop(own_rundir);
-    code
+    end_broker_process(rt, code)
+}
+
+/// The end of a broker process: its tasks dropped (links closed, except a libfabric endpoint, which is left to
+/// the process's end: [`crate::broker::process_exiting`]), standard output and error flushed, then `_exit`.
+///
+/// Not `exit`: that runs the C libraries' destructors (libfabric's `fi_fini`, libibverbs', librdmacm's) while
+/// threads the broker does not join may still run (the eBPF detector loader, which takes seconds on a slow
+/// machine, and tokio's blocking pool); a destructor racing them, or tearing down a provider whose endpoint is
+/// still open, crashes a broker that had shut down cleanly. Everything the broker must finish is finished by
+/// now: the store's threads were stopped and joined, shells told, the run directory removed.
+fn end_broker_process(rt: tokio::runtime::Runtime, code: i32) -> ! {
+    use std::io::Write as _;
+    crate::broker::process_exiting();
+    // Not the runtime's drop, which waits for its blocking threads (a DNS lookup or file read under way).
+    rt.shutdown_timeout(std::time::Duration::from_millis(100));
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: _exit ends the process at once; nothing after it runs.
+    unsafe { libc::_exit(code) }
 }
 
 fn config_bootstrap(

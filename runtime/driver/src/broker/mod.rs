@@ -49,4 +49,5 @@ pub(crate) use vigil_core::broker::{confirm, core, liveness, reparent};
 
 pub use self::discover::{discover_in_child_to, discover_node_main};
 pub use self::driver::{run, BrokerOptions};
+pub use self::ofi_link::process_exiting;
 pub use self::options::{DriverOptions, ListenSpec};

@@ -41,6 +41,33 @@ use vigil_ofi::{AsyncEndpoint, Endpoint, Event, PeerId};
 /// The longest endpoint name taken from a peer (bytes, decoded): cxi and tcp names are tens of bytes.
 const NAME_MAX: usize = 256;
 
+/// Set by [`process_exiting`]: the endpoint is left to the process's end instead of being closed.
+static EXITING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Say that the broker process is about to end (with `_exit`, which runs no library destructors): this
+/// broker's libfabric endpoint, if one is open, is then not torn down (`fi_close` of the endpoint, its queues,
+/// domain and fabric) when its task is dropped. The kernel releases what the provider holds (queue pairs,
+/// registered memory, the device's file) when the process ends. libfabric's teardown is the part of it with a
+/// history of crashes (ofiwg/libfabric#6414, #11828: connection close racing the peer's own disconnect), and a
+/// broker that crashed on its way out after a clean shutdown (CI, `verbs;ofi_rxm` on soft-RoCE, exit 139 after
+/// "broker exiting ... code=0") fails the job that shut it down as surely as one that crashed in service.
+/// Call it only where the process ends right after; an endpoint dropped in a running process is closed.
+pub fn process_exiting() {
+    EXITING.store(true, std::sync::atomic::Ordering::Release);
+}
+
+/// The endpoint as its task owns it: closed on drop, unless the process is exiting ([`process_exiting`]).
+struct Owned(std::mem::ManuallyDrop<AsyncEndpoint>);
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        if !EXITING.load(std::sync::atomic::Ordering::Acquire) {
+            // SAFETY: dropped once, here; never used afterwards.
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.0) }
+        }
+    }
+}
+
 /// `tbon.transport` and `tbon.ofi_provider`, and this broker's endpoint once opened.
 #[derive(Debug)]
 pub(crate) struct Settings {
@@ -189,7 +216,9 @@ impl Hub {
 }
 
 /// The endpoint's task: commands from the links, events to them.
-async fn run(mut ep: AsyncEndpoint, mut rx: mpsc::UnboundedReceiver<Cmd>) {
+async fn run(ep: AsyncEndpoint, mut rx: mpsc::UnboundedReceiver<Cmd>) {
+    let mut owned = Owned(std::mem::ManuallyDrop::new(ep));
+    let ep: &mut AsyncEndpoint = &mut owned.0;
     type Peers = HashMap<PeerId, (mpsc::UnboundedSender<LinkEvent>, Heard)>;
     let mut peers: Peers = HashMap::new();
     let close = |peers: &mut Peers, p: PeerId, why: String| {
