@@ -95,3 +95,19 @@ def test_a_lost_connection_raises_with_the_clis_hint(instance):
     assert time.monotonic() - t < 10
     with pytest.raises(vigil.ConnectionLost):
         c.jobs()
+
+
+def test_job_ids_in_every_rfc19_form():
+    # RFC 19's example FLUID in each form it names, read in its order; the forms not read say so.
+    from vigil.errors import parse_jobid
+
+    fluid = 6731191091817518
+    for form in ["ƒuZZybuNNy", "fuZZybuNNy", "0x17e9fb8df16c2e", "0017.e9fb.8df1.6c2e", " 6731191091817518\n", fluid]:
+        assert parse_jobid(form) == fluid, form
+    with pytest.raises(ValueError, match="mnemonic"):
+        parse_jobid("reform-remote-galileo--heart-package-academy")
+    with pytest.raises(ValueError, match="dotted hex has four groups"):
+        parse_jobid("f1.2")
+    for bad in ["0x", "0xg1", "0x10000000000000000", "1e3", "+5", "", "٣"]:
+        with pytest.raises(ValueError, match="invalid job id"):
+            parse_jobid(bad)

@@ -85,21 +85,55 @@ def f58(jobid: int) -> str:
     return "f" + "".join(reversed(out))
 
 
+_FORMS = "expected f58 (f3Yq9b), decimal, hex (0x1a2b) or dotted hex (0000.0001.a2b0.0000)"
+
+
 def parse_jobid(s: "int | str") -> int:
-    """A job id given as an int, a decimal string or an f58 string (``f...`` or ``ƒ...``); ValueError otherwise."""
+    """A job id given as an int or in an RFC 19 form, read in RFC 19's order: dotted hex (contains ``.``), words
+    (contains ``-``: not read), f58 (``f...`` or ``ƒ...``), emoji (not read), hex (``0x...``), decimal; whitespace
+    around it ignored. ValueError naming the text and why otherwise (as ``vigil``'s own ``JobId::parse``)."""
     if isinstance(s, int):
         return s
     t = s.strip()
-    body: Optional[str] = t[1:] if t[:1] in ("f", "ƒ") else None
-    if body:
+
+    def bad(why: str) -> ValueError:
+        return ValueError(f"invalid job id '{s}': {why}")
+
+    def hexa(h: str, most: int) -> int:
+        if not h or len(h) > most or any(c not in "0123456789abcdefABCDEF" for c in h):
+            raise bad(_FORMS)
+        return int(h, 16)
+
+    if "." in t:
+        groups = t.split(".")
+        if len(groups) != 4:
+            raise bad("dotted hex has four groups of hex digits (0000.0001.a2b0.0000)")
+        n = 0
+        for g in groups:
+            n = (n << 16) | hexa(g, 4)
+        return n
+    if "-" in t:
+        raise bad("mnemonic (words) job ids are not read here: give the f58, decimal or hex form")
+    if t[:1] in ("f", "ƒ"):
+        body = t[1:]
+        if not body:
+            raise bad(_FORMS)
         n = 0
         for c in body:
             d = _F58.find(c)
             if d < 0:
-                raise ValueError(f"invalid job id '{s}': expected an f58 id like f3Yq9b or a decimal id")
+                raise bad(_FORMS)
             n = n * 58 + d
+        if n >= 1 << 64:
+            raise bad("more than 64 bits")
         return n
-    try:
-        return int(t)
-    except ValueError:
-        raise ValueError(f"invalid job id '{s}': expected an f58 id like f3Yq9b or a decimal id") from None
+    if t.encode()[:2] == b"\xf0\x9f":
+        raise bad("emoji job ids are not read here: give the f58, decimal or hex form")
+    if t.startswith("0x"):
+        return hexa(t[2:], 16)
+    if not t or not t.isascii() or not t.isdigit():
+        raise bad(_FORMS)
+    n = int(t)
+    if n >= 1 << 64:
+        raise bad("more than 64 bits")
+    return n

@@ -109,7 +109,8 @@ pub(crate) fn signal_bare(args: impl IntoIterator<Item = String>) -> bool {
 const AFTER_SCHEMES: &[&str] = &["after", "afterany", "afterok", "afternotok", "afterexcept"];
 
 /// `--dependency` values as RFC 26 dependency objects, in order: `afterok:ID:ID,afterany:ID` (Slurm's list,
-/// Flux's `afterok:ID`) and `singleton`; each job id checked to be one (f58 or decimal).
+/// Flux's `afterok:ID`) and `singleton`; each job id checked to be one (any RFC 19 form [`crate::jobs::JobId::parse`]
+/// reads), and sent as f58.
 ///
 /// # Errors
 /// `--dependency=afterfoo:f1: unknown dependency scheme "afterfoo" (known: ...)`, and the like.
@@ -117,17 +118,34 @@ pub(crate) fn parse_dependencies(list: &[String]) -> Result<Vec<Value>, String> 
     let mut out = Vec::new();
     for arg in list {
         let bad = |why: String| format!("--dependency={arg}: {why}");
-        if arg.contains('?') {
-            return Err(bad(
-                "`?` (any one of them) is not supported: give dependencies that must all hold, joined by `,`".into(),
-            ));
-        }
         for part in arg.split(',') {
+            // RFC 26's URI form: `scheme:value?key=val[&key=val...]` (or `;`), the pairs extra keys of the object.
+            // A `?` followed by anything else is Slurm's "any one of them", which is not supported.
+            let (part, extra) = match part.split_once('?') {
+                None => (part, serde_json::Map::new()),
+                Some((head, query)) => match uri_query(query) {
+                    Some(extra) => (head, extra),
+                    None if query.contains(':') || query.is_empty() => {
+                        return Err(bad("`?` (any one of them) is not supported: give dependencies that must all \
+                                        hold, joined by `,`"
+                            .into()))
+                    }
+                    None => {
+                        return Err(bad(format!("{query:?}: expected key=value pairs joined by `&` or `;` (RFC 26)")))
+                    }
+                },
+            };
+            let with_extra = |mut dep: Value| {
+                for (k, v) in &extra {
+                    dep[k] = v.clone();
+                }
+                dep
+            };
             let mut fields = part.split(':');
             let scheme = fields.next().unwrap_or("").trim();
             let ids: Vec<&str> = fields.map(str::trim).collect();
             match scheme {
-                "singleton" if ids.is_empty() => out.push(json!({"scheme": "singleton", "value": ""})),
+                "singleton" if ids.is_empty() => out.push(with_extra(json!({"scheme": "singleton", "value": ""}))),
                 "singleton" => return Err(bad("singleton takes no job id".into())),
                 s if AFTER_SCHEMES.contains(&s) => {
                     if ids.is_empty() || ids.iter().any(|i| i.is_empty()) {
@@ -135,9 +153,9 @@ pub(crate) fn parse_dependencies(list: &[String]) -> Result<Vec<Value>, String> 
                     }
                     for id in ids {
                         let parsed = crate::jobs::JobId::parse(id)
-                            .map_err(|_| bad(format!("{id:?} is not a job id (f58 such as fAbC1, or decimal)")))?;
+                            .map_err(|e| bad(format!("{id:?} is not a job id: {}", e.1)))?;
                         // `afterok:A:A` (or a script repeating the line) is one dependency, as Slurm takes it.
-                        let dep = json!({"scheme": s, "value": parsed.f58()});
+                        let dep = with_extra(json!({"scheme": s, "value": parsed.f58()}));
                         if !out.contains(&dep) {
                             out.push(dep);
                         }
@@ -154,6 +172,20 @@ pub(crate) fn parse_dependencies(list: &[String]) -> Result<Vec<Value>, String> 
         }
     }
     Ok(out)
+}
+
+/// An RFC 26 URI query, `key=val[&key=val...]` (`;` also delimits), as the extra keys of a dependency object:
+/// `None` unless every pair has a non-empty key, other than `scheme` and `value`, and an `=`.
+fn uri_query(q: &str) -> Option<serde_json::Map<String, Value>> {
+    let mut m = serde_json::Map::new();
+    for pair in q.split(['&', ';']) {
+        let (k, v) = pair.split_once('=')?;
+        if k.is_empty() || k == "scheme" || k == "value" || k.contains(':') {
+            return None;
+        }
+        m.insert(k.to_string(), Value::String(v.to_string()));
+    }
+    Some(m)
 }
 
 impl QueueOpts {
@@ -355,6 +387,16 @@ mod tests {
         assert!(
             e.ends_with("`?` (any one of them) is not supported: give dependencies that must all hold, joined by `,`")
         );
+        // RFC 26's URI form: the query's pairs are extra keys of the object (`&` or `;` between them).
+        let q = p(&["afterany:ƒ2oLkTLb?type=out", "afterok:f3?a=1&b=;c=x=y"]).unwrap();
+        assert_eq!(q[0], json!({"scheme": "afterany", "value": "f2oLkTLb", "type": "out"}));
+        assert_eq!(q[1], json!({"scheme": "afterok", "value": "f3", "a": "1", "b": "", "c": "x=y"}));
+        assert!(p(&["afterok:f2?afterany"]).unwrap_err().contains("expected key=value pairs"));
+        assert!(p(&["afterok:f2?value=f3"]).unwrap_err().contains("expected key=value pairs"), "no overriding");
+        // Any RFC 19 form of a job id is one, sent as f58.
+        let forms = p(&["afterok:0x3", "afterok:0000.0000.0000.0004", "afterok:ƒ6"]).unwrap();
+        let values: Vec<&str> = forms.iter().map(|d| d["value"].as_str().unwrap()).collect();
+        assert_eq!(values, ["f4", "f5", "f6"]);
         let once = p(&["afterok:f2:f2", "afterok:f2"]).unwrap();
         assert_eq!(once, [json!({"scheme": "afterok", "value": "f2"})], "one dependency, however often named");
     }

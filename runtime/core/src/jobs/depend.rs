@@ -68,7 +68,8 @@ impl Dependency {
     /// Read one RFC 26 dependency object (`{"scheme": "afterok", "value": "fXYZ"}`); `path` names it in errors.
     ///
     /// # Errors
-    /// `attributes.system.dependencies[0].value: "x" is not a job id (f58 or decimal)`, and the like.
+    /// `attributes.system.dependencies[0].value: "x" is not a job id: expected f58 (f3Yq9b), decimal, ...`, and
+    /// the like (any RFC 19 form [`JobId::parse`] reads is a job id).
     pub fn parse(v: &Value, path: &str) -> Result<Dependency, String> {
         let scheme =
             v.get("scheme").and_then(Value::as_str).ok_or_else(|| format!("{path}.scheme: required string"))?;
@@ -101,7 +102,7 @@ impl Dependency {
             }
         };
         let s = value.as_str().ok_or_else(|| format!("{path}.value: must be a job id string"))?;
-        let id = JobId::parse(s).map_err(|_| format!("{path}.value: {s:?} is not a job id (f58 or decimal)"))?;
+        let id = JobId::parse(s).map_err(|e| format!("{path}.value: {s:?} is not a job id: {}", e.1))?;
         Ok(Dependency::After(after, id))
     }
 
@@ -459,11 +460,20 @@ mod tests {
         let id = JobId::from_parts(1000, 3);
         assert_eq!(p(json!({"scheme": "afterok", "value": id.f58()})), Ok(Dependency::After(After::Ok, id)));
         assert_eq!(p(json!({"scheme": "after", "value": id.0.to_string()})), Ok(Dependency::After(After::Start, id)));
+        // RFC 26: "the antecedent jobid, in any valid FLUID encoding from RFC 19".
+        for form in [format!("ƒ{}", &id.f58()[1..]), id.hex(), id.dothex()] {
+            assert_eq!(
+                p(json!({"scheme": "afterany", "value": form})),
+                Ok(Dependency::After(After::Any, id)),
+                "{form}"
+            );
+        }
         assert_eq!(p(json!({"scheme": "begin-time", "value": 17.5})), Ok(Dependency::BeginTime(17.5)));
         assert_eq!(p(json!({"scheme": "singleton", "value": ""})), Ok(Dependency::Singleton));
         assert_eq!(
             p(json!({"scheme": "afterok", "value": "fx0"})).unwrap_err(),
-            "d[0].value: \"fx0\" is not a job id (f58 or decimal)"
+            "d[0].value: \"fx0\" is not a job id: expected f58 (f3Yq9b), decimal, hex (0x1a2b) or dotted hex \
+             (0000.0001.a2b0.0000)"
         );
         assert!(p(json!({"scheme": "afterfoo", "value": "f1"})).unwrap_err().starts_with("d[0].scheme: unknown"));
         assert!(p(json!({"scheme": "begin-time", "value": "soon"})).unwrap_err().starts_with("d[0].value:"));

@@ -252,3 +252,17 @@ fn rfc14_parts_survive_a_round_trip() {
     assert_eq!(Jobspec::parse(&js.to_json()), Ok(js.clone()));
     assert_eq!(js.to_yaml().and_then(|y| Jobspec::parse(&y)), Ok(js));
 }
+
+#[test]
+fn rfc26_no_dependency_no_key() {
+    // RFC 26: "If job requests no dependencies, the key attributes.system.dependencies SHALL NOT be added".
+    let system = |b: JobspecBuilder| {
+        let v: serde_json::Value = serde_json::from_str(&b.build().expect("valid").to_json()).expect("JSON");
+        v["attributes"]["system"].clone()
+    };
+    let none = system(JobspecBuilder::new(vec!["a".to_string()]));
+    assert!(none.get("dependencies").is_none(), "{none}");
+    let dep = serde_json::json!({"scheme": "afterany", "value": "f2oLkTLb", "type": "out"});
+    let one = system(JobspecBuilder::new(vec!["a".to_string()]).dependency(dep.clone()));
+    assert_eq!(one["dependencies"], serde_json::json!([dep]), "extra keys are kept (RFC 26: the scheme's)");
+}
