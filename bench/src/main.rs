@@ -53,6 +53,7 @@ use std::time::{Duration, Instant};
 
 mod auth;
 mod ckpt;
+mod depsched;
 mod detect;
 mod fwq;
 mod jobcore;
@@ -134,6 +135,9 @@ enum TopCmd {
     /// Cost per job of the job manager and scheduler at queue depth (200, 10,000, 64,000), in-process: the
     /// sans-IO job core alone and rank 0's broker in the simulator, with heap bytes per queued job.
     Jobcore(jobcore::JobcoreArgs),
+    /// Issue 39's scheduler benchmark: 10,000 jobs in 1,000 `afterok` chains of 10, and 10,000 at random
+    /// urgencies, against 10,000 plain jobs, in the job core (in-process) and in real instances, same run.
+    Depsched(depsched::DepschedArgs),
     /// The N+1 checkpoint/restart example under a silent node kill: time until every rank resumed from its
     /// checkpoint, Vigil and Slurm 22.05 in the same run (needs root).
     Ckpt(ckpt::CkptArgs),
@@ -355,6 +359,7 @@ fn main() {
         Some(TopCmd::MetricsCost(a)) => report(metrics_cost::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Restart(a)) => report(restart::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Jobcore(a)) => report(jobcore::run(&a, cli.out_dir)),
+        Some(TopCmd::Depsched(a)) => report(depsched::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Detect(a)) => report(detect::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Ckpt(a)) => report(ckpt::run(&a, cli.vigil, cli.out_dir)),
         Some(TopCmd::Uring(a)) => report(uring::run(&a, cli.out_dir)),

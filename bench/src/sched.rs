@@ -99,6 +99,10 @@ pub(crate) struct InnerSchedArgs {
     /// Seconds after which the burst stops waiting and reports how many jobs were done (partial).
     #[arg(long, default_value_t = 3600)]
     bound_s: u64,
+    /// What the burst is (`vigil-bench depsched`): `plain` (every job alike), `chains` (`afterok` chains of 10),
+    /// `urgency` (random urgencies).
+    #[arg(long, default_value = "plain")]
+    workload: String,
     /// The `vigil` binary used for `vigil run`.
     #[arg(long)]
     vigil: PathBuf,
@@ -161,9 +165,13 @@ fn inner_measure(a: &InnerSchedArgs, res: &mut InnerSchedResult) -> Result<(), S
         let spec =
             vigil::jobspec::JobspecBuilder::new(vec!["true"]).build().map_err(|e| format!("jobspec: {e}"))?.to_json();
         let spec: Value = serde_json::from_str(&spec).map_err(|e| format!("jobspec JSON: {e}"))?;
-        let payload = json!({"jobspec": spec});
+        let payload = json!({"jobspec": spec.clone()});
         burst(&client, &payload, 8, Duration::from_secs(60)).await?; // untimed warm-up
-        let (submit_s, total_s, done) = burst(&client, &payload, a.jobs, Duration::from_secs(a.bound_s)).await?;
+        let bound = Duration::from_secs(a.bound_s);
+        let (submit_s, total_s, done) = match crate::depsched::Workload::parse(&a.workload)? {
+            crate::depsched::Workload::Plain => burst(&client, &payload, a.jobs, bound).await?,
+            w => crate::depsched::instance_burst(&client, &spec, w, a.jobs, bound).await?,
+        };
         res.submit_s = Some(submit_s);
         res.total_s = Some(total_s);
         res.done = Some(done);
