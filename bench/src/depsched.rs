@@ -302,10 +302,10 @@ fn med(v: &[f64]) -> f64 {
 
 /// Run it; print the markdown and write `results/depsched.{json,md}`.
 pub(crate) fn run(a: &DepschedArgs, vigil: Option<PathBuf>, out_dir: Option<PathBuf>) -> Result<i32, String> {
-    if a.jobs == 0 || a.jobs % CHAIN != 0 {
+    if a.jobs == 0 || !a.jobs.is_multiple_of(CHAIN) {
         return Err(format!("--jobs {}: must be a positive multiple of {CHAIN}", a.jobs));
     }
-    let ws: Vec<Workload> = a.workloads.iter().map(|w| Workload::parse(w)).collect::<Result<_, _>>()?;
+    let ws: Vec<Workload> = a.workloads.iter().map(String::as_str).map(Workload::parse).collect::<Result<_, _>>()?;
     if !ws.contains(&Workload::Plain) {
         for r in 0..a.core_runs {
             for &w in &ws {
