@@ -66,6 +66,7 @@ pub const RULES: &[(&str, Rule)] = &[
     ("rexec.notify", Rule::InstanceOwner),
     ("rexec.spawn", Rule::InstanceOwner),
     ("rexec.kill", Rule::InstanceOwner),
+    ("rexec.pmi-answer", Rule::InstanceOwner),
     // overlay: the brokers' own membership reports, and the status anyone may read.
     ("overlay.torpid", Rule::InstanceOwner),
     ("overlay.lively", Rule::InstanceOwner),

@@ -90,8 +90,8 @@ pub const SELF: Peer = Peer::Local(u32::MAX);
 /// Membership key for the parent link.
 pub const PARENT: u32 = u32::MAX;
 
-/// A PMI barrier in progress (`job-exec.pmi-barrier`): the waiting request of each shell that arrived, with its
-/// puts, by shell rank.
+/// A PMI barrier in progress (`job-exec.pmi-barrier`): the waiting request of each shell that arrived (its head:
+/// what an answer needs), with its puts, by shell rank.
 #[derive(Debug, Default)]
 pub struct PmiBarrier {
     pub waiting: BTreeMap<u32, (Message, serde_json::Map<String, Value>)>,
@@ -1378,7 +1378,7 @@ impl Broker {
     }
 
     /// Rank 0: end job `id`'s PMI barrier if every one of its live shells is in it: answer each waiting shell with
-    /// the union of the puts of the shells still there. A shell that is gone (its node lost, or it exited) is not
+    /// the union of the puts of the shells still there, sent down the tree once per link (`pmi_down.rs`). A shell that is gone (its node lost, or it exited) is not
     /// waited for, and what it put is left out, even if it arrived before it went: its tasks are gone too (a lost
     /// nested broker's endpoint, which its would-be children then know not to wait for). Nothing while a live
     /// shell has yet to arrive, when no barrier is in progress, or once the job has a fatal exception.
@@ -1401,12 +1401,15 @@ impl Broker {
                 kvs.extend(puts.clone());
             }
         }
-        let payload = json!({"kvs": kvs});
-        for (shell, (r, _)) in &b.waiting {
-            if live.contains(shell) {
-                self.respond(r, &payload);
-            }
-        }
+        // The same answer for every shell: down the tree once per link (pmi_down.rs), not once per shell.
+        let answer = serde_json::to_vec(&json!({"kvs": kvs})).unwrap_or_default();
+        let to = b
+            .waiting
+            .into_iter()
+            .filter(|(shell, (r, _))| live.contains(shell) && r.flags & crate::message::FLAG_NORESPONSE == 0)
+            .map(|(_, (r, _))| super::pmi_down::Recipient(r.matchtag, r.userid, r.route))
+            .collect();
+        self.pmi_answer_down(to, &answer);
     }
 
     /// Rank 0 of a nested instance: follow its job in the enclosing instance ([`Effect::WatchEnclosing`]).

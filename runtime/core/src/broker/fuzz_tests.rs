@@ -32,6 +32,7 @@ const TOPICS: &[&str] = &[
     "rexec.notify",
     "rexec.spawn",
     "rexec.kill",
+    "rexec.pmi-answer",
     "resource.register",
     "overlay.reparent",
     "overlay.status",

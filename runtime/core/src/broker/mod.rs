@@ -8,7 +8,8 @@
 //! thousands of brokers on virtual time.
 //!
 //! Services and their topics:
-//! - every rank: `broker.*` (ping, getattr, lsattr, sub, unsub, info), `rexec.*` (start and signal job shells);
+//! - every rank: `broker.*` (ping, getattr, lsattr, sub, unsub, info), `rexec.*` (start and signal job shells,
+//!   and pass a PMI exchange's answer down the tree: `pmi_down.rs`);
 //! - rank 0: `job-manager.*`, `job-info.*`, `job-exec.*`, `resource.*`, `overlay.*`.
 //!
 //! The modules are public for the driver and the simulator, which drive the state machine and read its state;
@@ -25,6 +26,7 @@ pub mod links;
 pub mod liveness;
 pub mod metrics;
 mod options;
+pub mod pmi_down;
 #[doc(hidden)]
 pub mod rejoin;
 #[doc(hidden)]

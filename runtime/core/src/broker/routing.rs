@@ -208,9 +208,15 @@ impl Broker {
     /// A response from child `c` (or the parent, `c` = [`PARENT`]): its request is no longer in flight there (a
     /// streaming one once it ends).
     fn answered(&mut self, c: u32, resp: &Message) {
+        self.answered_route(c, resp.matchtag, &resp.route, resp.errnum);
+    }
+
+    /// [`Broker::answered`] for a response known by its `matchtag`, `route` (as it reaches this broker) and
+    /// `errnum` (an answer that comes down the tree in another form: `pmi_down.rs`).
+    pub(super) fn answered_route(&mut self, c: u32, matchtag: u32, route: &[u32], errnum: u32) {
         let Some(m) = self.inflight.get_mut(&c) else { return };
-        let key = (resp.matchtag, route_key(&resp.route));
-        if m.get(&key).is_some_and(|req| req.flags & FLAG_STREAMING == 0 || resp.errnum != 0) {
+        let key = (matchtag, route_key(route));
+        if m.get(&key).is_some_and(|req| req.flags & FLAG_STREAMING == 0 || errnum != 0) {
             m.remove(&key);
         }
     }

@@ -2326,6 +2326,271 @@ fn a_pmi_exchange_too_large_for_one_message_ends_its_job() {
     assert!(out.iter().all(|m| m.matchtag == 12 && m.errnum != 0), "{out:?}");
 }
 
+/// The brokers of a 3-level PMI exchange in virtual time, on [`broker`]'s tree (0 → 1, 2; 1 → 3, 4; 2 → 5, 6):
+/// rank 0 with every rank registered and a running 7-node batch-like job (every shell started), router rank 1 with
+/// its children 3 and 4 joined, and leaf rank 3; ranks 1 and 3 each have a shell connected as client 9.
+struct Tree {
+    root: Broker,
+    router: Broker,
+    leaf: Broker,
+    id: u64,
+}
+
+/// Client 9 of a broker other than rank 0: its job shell.
+const SHELL: u32 = crate::message::ROUTE_LOCAL | 9;
+
+fn tree() -> Tree {
+    let mut root = root_with_client();
+    join_and_register(&mut root, t(0.01), 1, 7);
+    join_and_register(&mut root, t(0.01), 2, 8);
+    for r in 3..7 {
+        let reg = json!({"rank": r, "hostname": format!("node{r}"), "resources": {"cores": 4, "pus": 4, "numa": 1,
+            "packages": 1, "gpus": 0, "gpu_names": [], "source": "test"}, "cores": "0-3", "gpus": ""});
+        let mut m = Message::request("resource.register", 0, &reg);
+        (m.flags, m.userid) = (crate::message::FLAG_NORESPONSE, super::testing::UID);
+        let via = if r < 5 { 1 } else { 2 };
+        root.handle(t(0.01), Input::Message(Peer::Child(via), 6 + u64::from(via), m));
+        effects(&mut root);
+    }
+    let mut spec: serde_json::Value = serde_json::from_str(
+        &crate::jobspec::JobspecBuilder::new(["vigil", "broker"]).nnodes(7).exclusive(true).build().unwrap().to_json(),
+    )
+    .unwrap();
+    spec["attributes"]["system"]["instance"] = json!({"tbon.reparent": "on"});
+    let id =
+        ask1(&mut root, "job-manager.submit", json!({"jobspec": spec})).expect("submitted")["id"].as_u64().unwrap();
+    // Every shell starts: rank 0's at once, the others as their brokers answer rank 0's `rexec.spawn`.
+    let jc = root.jobcore.as_mut().unwrap();
+    jc.shell_spawned(super::testing::WALL_ORIGIN + 0.1, crate::jobs::JobId(id), 0, Ok(()));
+    effects(&mut root);
+    for (c, reqs) in root.inflight.clone() {
+        for req in reqs.values() {
+            let m = Message::response_to(req, &json!({}));
+            root.handle(t(0.1), Input::Message(Peer::Child(c), 6 + u64::from(c), m));
+        }
+    }
+    effects(&mut root);
+    assert!(root.inflight.values().all(|m| m.is_empty()), "{:?}", root.inflight);
+    let shells = &root.jobcore.as_ref().unwrap().jobs[&crate::jobs::JobId(id)].shells;
+    assert!(shells.iter().all(|(rank, s)| s.shell_rank == *rank), "shell i on rank i: {shells:?}");
+    let mut router = router();
+    assert_eq!(judge(&mut router, t(0.01), 3, hello(3, "sim"), None), Ok(3));
+    assert_eq!(judge(&mut router, t(0.01), 4, hello(4, "sim"), None), Ok(4));
+    let mut leaf = broker(3);
+    leaf.handle(t(0.0), Input::ParentUp(super::links::LinkChoice { transport: "tcp", detail: String::new() }));
+    for b in [&mut router, &mut leaf] {
+        b.handle(t(0.0), Input::LocalNew { id: 9, uid: super::testing::UID });
+        effects(b);
+    }
+    Tree { root, router, leaf, id }
+}
+
+/// Shell `shell`'s `job-exec.pmi-barrier` request of job `id` (matchtag `10 + shell`, one put `k<shell>`).
+fn pmi_request(id: u64, shell: u32) -> Message {
+    let kvs = json!({format!("k{shell}"): format!("v{shell}")});
+    let mut m = Message::request("job-exec.pmi-barrier", 0, &json!({"id": id, "shell_rank": shell, "kvs": kvs}));
+    m.matchtag = 10 + shell;
+    m
+}
+
+/// What `b` sends its parent among `out`.
+fn up(out: &[Effect]) -> Vec<Message> {
+    out.iter()
+        .filter_map(|e| match e {
+            Effect::Send(Peer::Parent, m) => Some(m.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The `rexec.pmi-answer` hops among `out`, by child: the requests each names (matchtag, route) and its answer.
+fn answer_hops(out: &[Effect]) -> Vec<(u32, Vec<(u32, Vec<u32>)>, Value)> {
+    out.iter()
+        .filter_map(|e| match e {
+            Effect::Send(Peer::Child(c), m) if m.topic == super::pmi_down::TOPIC => {
+                let (to, answer) = super::pmi_down::decode(&m.payload).expect("a well-formed hop");
+                let to = to.into_iter().map(|r| (r.0, r.2)).collect();
+                Some((*c, to, serde_json::from_slice(answer).expect("JSON answer")))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Every response among `out`, to whom: (peer, matchtag, errno).
+fn all_responses(out: &[Effect]) -> Vec<(Peer, u32, u32)> {
+    out.iter()
+        .filter_map(|e| match e {
+            Effect::Send(p, m) if m.msgtype == MsgType::Response => Some((*p, m.matchtag, m.errnum)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Shells 0..7 enter the exchange, each through its own broker: shell 3 through the leaf and the router, shell 1
+/// through the router, shell 4 as the router's child sends it; the others straight into rank 0 with the routes
+/// their brokers would stamp. Returns rank 0's effects after the last (`except` is left out).
+fn enter_all(tr: &mut Tree, except: Option<u32>) -> Vec<Effect> {
+    let mut last = Vec::new();
+    for shell in (0..7).filter(|s| Some(*s) != except) {
+        let at_root = match shell {
+            0 => {
+                tr.root.handle(t(0.2), Input::Message(Peer::Local(5), 0, pmi_request(tr.id, 0)));
+                last = effects(&mut tr.root);
+                continue;
+            }
+            1 | 3 | 4 => {
+                let from_router = if shell == 1 {
+                    tr.router.handle(t(0.2), Input::Message(Peer::Local(9), 0, pmi_request(tr.id, 1)));
+                    up(&effects(&mut tr.router))
+                } else {
+                    let m = if shell == 3 {
+                        tr.leaf.handle(t(0.2), Input::Message(Peer::Local(9), 0, pmi_request(tr.id, 3)));
+                        up(&effects(&mut tr.leaf)).pop().expect("the leaf sends it up")
+                    } else {
+                        let mut m = pmi_request(tr.id, 4);
+                        (m.route, m.userid) = (vec![SHELL], super::testing::UID);
+                        m
+                    };
+                    tr.router.handle(t(0.2), Input::Message(Peer::Child(shell), u64::from(shell), m));
+                    up(&effects(&mut tr.router))
+                };
+                assert_eq!(from_router.len(), 1, "the router sends shell {shell}'s request up");
+                (1, from_router[0].clone())
+            }
+            _ => {
+                let mut m = pmi_request(tr.id, shell);
+                let route = if shell == 2 { vec![SHELL] } else { vec![SHELL, shell] };
+                (m.route, m.userid) = (route, super::testing::UID);
+                (2, m)
+            }
+        };
+        let (via, m) = at_root;
+        tr.root.handle(t(0.2), Input::Message(Peer::Child(via), 6 + u64::from(via), m));
+        last = effects(&mut tr.root);
+    }
+    last
+}
+
+/// Issue 38: rank 0 answers a PMI exchange with one message per child link, not one per shell: the union goes
+/// to each child once, naming the requests answered below it; rank 0's own shell is answered directly. The router
+/// answers its own shell, passes one message to each child with shells below it, and forgets the requests it had
+/// sent up (no stale error when its parent is lost later); the leaf answers its shell with the same union.
+#[test]
+fn a_pmi_exchange_is_answered_down_the_tree_once_per_link() {
+    let mut tr = tree();
+    let out = enter_all(&mut tr, None);
+    let union: serde_json::Map<String, Value> = (0..7).map(|s| (format!("k{s}"), json!(format!("v{s}")))).collect();
+    let union = json!({"kvs": union});
+    assert_eq!(all_responses(&out), [(Peer::Local(5), 10, 0)], "rank 0 answers only its own shell: {out:?}");
+    assert_eq!(responses(&out, Peer::Local(5))[0].json(), union);
+    let hops = answer_hops(&out);
+    let hop = |c: u32, to: &[(u32, &[u32])]| {
+        (c, to.iter().map(|(tag, r)| (*tag, r.to_vec())).collect::<Vec<_>>(), union.clone())
+    };
+    assert_eq!(
+        hops,
+        [
+            hop(1, &[(11, &[SHELL]), (13, &[SHELL, 3]), (14, &[SHELL, 4])]),
+            hop(2, &[(12, &[SHELL]), (15, &[SHELL, 5]), (16, &[SHELL, 6])]),
+        ],
+        "one message per child link"
+    );
+    let sent = out.iter().filter(|e| matches!(e, Effect::Send(Peer::Child(_), _))).count();
+    assert_eq!(sent, 2, "nothing else goes down: {out:?}");
+
+    // The router: its own shell answered, one hop to each child, nothing left in flight to its parent.
+    assert_eq!(tr.router.inflight.get(&PARENT).map_or(0, |m| m.len()), 3, "shells 1, 3 and 4 went up through it");
+    let to_router = out
+        .iter()
+        .find_map(|e| match e {
+            Effect::Send(Peer::Child(1), m) => Some(m.clone()),
+            _ => None,
+        })
+        .expect("a hop to rank 1");
+    tr.router.handle(t(0.3), Input::Message(Peer::Parent, 0, to_router));
+    let out = effects(&mut tr.router);
+    assert_eq!(all_responses(&out), [(Peer::Local(9), 11, 0)], "{out:?}");
+    assert_eq!(responses(&out, Peer::Local(9))[0].json(), union);
+    assert_eq!(answer_hops(&out), [hop(3, &[(13, &[SHELL])]), hop(4, &[(14, &[SHELL])])]);
+    assert!(up(&out).is_empty(), "nothing goes back up: {out:?}");
+    assert_eq!(tr.router.inflight.get(&PARENT).map_or(0, |m| m.len()), 0, "answered: no longer in flight");
+    tr.router.handle(t(0.4), Input::Closed(Peer::Parent, 0, "connection reset".into()));
+    assert!(responses(&effects(&mut tr.router), Peer::Local(9)).is_empty(), "no stale EHOSTUNREACH");
+
+    // The leaf: its shell gets the union as the response to its request.
+    let to_leaf = out
+        .iter()
+        .find_map(|e| match e {
+            Effect::Send(Peer::Child(3), m) => Some(m.clone()),
+            _ => None,
+        })
+        .expect("a hop to rank 3");
+    tr.leaf.handle(t(0.3), Input::Message(Peer::Parent, 0, to_leaf));
+    let out = effects(&mut tr.leaf);
+    assert_eq!(all_responses(&out), [(Peer::Local(9), 13, 0)], "{out:?}");
+    let r = responses(&out, Peer::Local(9))[0];
+    assert_eq!((r.topic.as_str(), r.json()), ("job-exec.pmi-barrier", union));
+    assert!(answer_hops(&out).is_empty() && up(&out).is_empty(), "{out:?}");
+}
+
+/// A router lost during a PMI exchange: its node's shell is left out (a batch-like job survives the loss), rank 0
+/// answers the others down the links it still has, and drops the answer of the shell whose request came up through
+/// the lost router; that shell's broker, orphaned, answers it EHOSTUNREACH, so its shell fails the exchange (a job
+/// exception) rather than wait. A shell that re-parented under rank 2 and enters after the loss is answered
+/// through rank 2.
+#[test]
+fn a_router_lost_during_a_pmi_exchange_leaves_no_shell_waiting() {
+    let mut tr = tree();
+    assert!(all_responses(&enter_all(&mut tr, Some(4))).is_empty(), "shell 4 has yet to arrive");
+    tr.root.handle(t(0.3), Input::Closed(Peer::Child(1), 7, "connection reset".into()));
+    let out = effects(&mut tr.root);
+    assert!(all_responses(&out).is_empty() && answer_hops(&out).is_empty(), "shell 4 is alive: {out:?}");
+    let job = &tr.root.jobcore.as_ref().unwrap().jobs[&crate::jobs::JobId(tr.id)];
+    assert_eq!(job.state, crate::jobs::JobState::Run, "a severity-2 loss: {:?}", job.eventlog);
+    // Rank 4, adopted by rank 2, sends its shell's request up through it.
+    let mut m = pmi_request(tr.id, 4);
+    (m.route, m.userid) = (vec![SHELL, 4], super::testing::UID);
+    tr.root.handle(t(0.4), Input::Message(Peer::Child(2), 8, m));
+    let out = effects(&mut tr.root);
+    assert_eq!(all_responses(&out), [(Peer::Local(5), 10, 0)], "{out:?}");
+    let union: serde_json::Map<String, Value> =
+        [0, 2, 3, 4, 5, 6].iter().map(|s| (format!("k{s}"), json!(format!("v{s}")))).collect();
+    let to = |v: &[(u32, &[u32])]| v.iter().map(|(tag, r)| (*tag, r.to_vec())).collect::<Vec<_>>();
+    assert_eq!(
+        answer_hops(&out),
+        [(2, to(&[(12, &[SHELL]), (14, &[SHELL, 4]), (15, &[SHELL, 5]), (16, &[SHELL, 6])]), json!({"kvs": union}))],
+        "nothing down the lost link, the lost node's puts left out"
+    );
+    assert!(!out.iter().any(|e| matches!(e, Effect::Send(Peer::Child(1), _))), "{out:?}");
+    // Shell 3's request went up through the lost router: its broker answers it when it loses its parent.
+    tr.leaf.handle(t(0.3), Input::Closed(Peer::Parent, 0, "connection reset".into()));
+    let out = effects(&mut tr.leaf);
+    let r = responses(&out, Peer::Local(9));
+    assert_eq!(r.iter().map(|m| (m.matchtag, m.errnum)).collect::<Vec<_>>(), [(13, errno::EHOSTUNREACH)], "{out:?}");
+}
+
+/// `rexec.pmi-answer` is taken from the broker's parent only, and a malformed one is refused naming what is
+/// wrong, never relayed: a local client cannot forge the answers of other clients.
+#[test]
+fn a_pmi_answer_comes_from_the_parent_only_and_is_checked() {
+    let mut tr = tree();
+    let payload = super::pmi_down::encode(&[super::pmi_down::Recipient(77, 0, vec![SHELL])], b"{\"kvs\":{}}");
+    let mut m = Message::request_json(super::pmi_down::TOPIC, 1, payload);
+    m.matchtag = 3;
+    tr.router.handle(t(0.2), Input::Message(Peer::Local(9), 0, m));
+    let out = effects(&mut tr.router);
+    assert_eq!(all_responses(&out), [(Peer::Local(9), 3, errno::EPERM)], "{out:?}");
+    let mut m = Message::request_json(super::pmi_down::TOPIC, 1, b"{\"to\": [[1, 2, []]]}\n{}".to_vec());
+    m.userid = super::testing::UID;
+    tr.router.handle(t(0.2), Input::Message(Peer::Parent, 0, m));
+    let out = effects(&mut tr.router);
+    assert_eq!(all_responses(&out), [(Peer::Parent, 0, errno::EPROTO)], "refused, not relayed: {out:?}");
+    let why = responses(&out, Peer::Parent)[0].errstr().unwrap_or_default();
+    assert!(why.contains("matchtag 1: a route of 0 entries"), "{why}");
+    assert_eq!(out.iter().filter(|e| matches!(e, Effect::Send(..))).count(), 1, "{out:?}");
+}
+
 /// Rank 0 of a nested instance (a batch job's) follows its job in the enclosing instance, and a broker whose
 /// node the enclosing instance declared lost before it joined is not waited for: it is lost here too, and the
 /// instance comes up (its initial program, the batch script, starts; it tells the enclosing instance where it

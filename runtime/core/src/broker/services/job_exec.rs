@@ -210,8 +210,9 @@ struct PmiBarrierRequest {
 }
 
 /// The most one PMI exchange (the puts of every shell of a job in one barrier, as JSON) may hold, in bytes:
-/// 63 MiB. Rank 0 answers every shell with their union in one message, which must fit an overlay frame
-/// ([`crate::message::MAX_FRAME`], 64 MiB, the rest left for the message's header and route). A shell whose puts
+/// 63 MiB. Every shell is answered with their union in one message (sent down the TBON once per link,
+/// `broker/pmi_down.rs`), which must fit an overlay frame ([`crate::message::MAX_FRAME`], 64 MiB, the rest left
+/// for the message's header, route and the list of requests it answers). A shell whose puts
 /// would take the exchange past it is refused (ENOSPC) and its job gets a fatal `exec` exception saying so, so no
 /// shell waits for an answer that could never be sent. (A job that large wants PMIx's direct modex, or fewer
 /// puts per task.)
@@ -256,7 +257,7 @@ fn pmi_barrier(core: &mut Broker, msg: &Message, lazy: &Body<'_>) -> Reply {
     }
     job.pmi_exchanges += 1;
     b.bytes += bytes;
-    b.waiting.insert(shell, (msg.clone(), kvs));
+    b.waiting.insert(shell, (msg.head(), kvs));
     core.pmi_barrier_complete(id);
     Ok(None)
 }

@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | `broker` (ping, getattr, lsattr, info, rtt, sub, unsub, pub, shutdown) | `broker.rs` | every rank |
 //! | `detect` (watch: a process's exit) | `detect.rs` | every rank |
-//! | `rexec` (spawn, kill, notify: job shells) | `rexec.rs` | every rank |
+//! | `rexec` (spawn, kill, notify: job shells; pmi-answer: a PMI exchange's answer down the tree) | `rexec.rs` | every rank |
 //! | `overlay` (torpid, lively, lost, offline, reparent, transport, status) | `overlay.rs` | rank 0 |
 //! | `resource` (register, status, list, drain, undrain, eventlog, R) | `resource.rs` | rank 0 |
 //! | `job-manager` (submit, list, info, cancel, raise, purge, eventlog) | `job_manager.rs` | rank 0 |

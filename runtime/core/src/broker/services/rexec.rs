@@ -1,4 +1,5 @@
-//! The `rexec` service, on every rank: start, signal and notify the job shells of this node.
+//! The `rexec` service, on every rank: start, signal and notify the job shells of this node, and pass a PMI
+//! exchange's answer to them and down the tree.
 
 use super::*;
 use crate::broker::core::Effect;
@@ -10,7 +11,20 @@ pub(super) const TOPICS: &[Topic] = &[
     Topic { name: "rexec.notify", handler: notify },
     Topic { name: "rexec.spawn", handler: spawn },
     Topic { name: "rexec.kill", handler: kill },
+    Topic { name: "rexec.pmi-answer", handler: pmi_answer },
 ];
+
+/// `rexec.pmi-answer`: a PMI exchange's answer on its way down the TBON, from this broker's parent only (its
+/// payload: `broker/pmi_down.rs`). This broker answers its own shell's request and passes the rest to its
+/// children, one message per child. Not answered (a hop of a one-way relay).
+fn pmi_answer(core: &mut Broker, msg: &Message, _lazy: &Body<'_>) -> Reply {
+    if msg.route.len() != 1 || msg.route[0] & ROUTE_LOCAL != 0 {
+        return Err(ServiceError::eperm("rexec.pmi-answer: only from this broker's parent"));
+    }
+    let (to, answer) = crate::broker::pmi_down::decode(&msg.payload).map_err(ServiceError::eproto)?;
+    core.pmi_answer_down(to, answer);
+    Ok(None)
+}
 
 /// A `rexec.notify` request: a lost-shell notice for the leader shell of a job on this node. The whole payload
 /// is handed to the shell as the event's.
