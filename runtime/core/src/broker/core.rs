@@ -1378,10 +1378,11 @@ impl Broker {
     }
 
     /// Rank 0: end job `id`'s PMI barrier if every one of its live shells is in it: answer each waiting shell with
-    /// the union of the puts of the shells still there, sent down the tree once per link (`pmi_down.rs`). A shell that is gone (its node lost, or it exited) is not
-    /// waited for, and what it put is left out, even if it arrived before it went: its tasks are gone too (a lost
-    /// nested broker's endpoint, which its would-be children then know not to wait for). Nothing while a live
-    /// shell has yet to arrive, when no barrier is in progress, or once the job has a fatal exception.
+    /// the union of the puts of the shells still there, sent down the tree once per link (`pmi_down.rs`). A shell
+    /// that is gone (its node lost, or it exited) is not waited for, and what it put is left out, even if it
+    /// arrived before it went: its tasks are gone too (a lost nested broker's endpoint, which its would-be children
+    /// then know not to wait for). Nothing while a live shell has yet to arrive, when no barrier is in progress, or
+    /// once the job has a fatal exception.
     pub fn pmi_barrier_complete(&mut self, id: JobId) {
         let Some(job) = self.jobcore.as_ref().and_then(|jc| jc.jobs.get(&id)) else { return };
         let Some(b) = self.pmi_barriers.get(&id) else { return };

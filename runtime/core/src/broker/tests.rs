@@ -2575,12 +2575,18 @@ fn a_router_lost_during_a_pmi_exchange_leaves_no_shell_waiting() {
 #[test]
 fn a_pmi_answer_comes_from_the_parent_only_and_is_checked() {
     let mut tr = tree();
-    let payload = super::pmi_down::encode(&[super::pmi_down::Recipient(77, 0, vec![SHELL])], b"{\"kvs\":{}}");
-    let mut m = Message::request_json(super::pmi_down::TOPIC, 1, payload);
+    let m_payload = super::pmi_down::encode(&[super::pmi_down::Recipient(77, 0, vec![SHELL])], b"{\"kvs\":{}}");
+    let mut m = Message::request_json(super::pmi_down::TOPIC, 1, m_payload.clone());
     m.matchtag = 3;
     tr.router.handle(t(0.2), Input::Message(Peer::Local(9), 0, m));
     let out = effects(&mut tr.router);
     assert_eq!(all_responses(&out), [(Peer::Local(9), 3, errno::EPERM)], "{out:?}");
+    // Nor from a child.
+    let mut m = Message::request_json(super::pmi_down::TOPIC, 1, m_payload.clone());
+    (m.matchtag, m.userid) = (4, super::testing::UID);
+    tr.router.handle(t(0.2), Input::Message(Peer::Child(3), 3, m));
+    let out = effects(&mut tr.router);
+    assert_eq!(all_responses(&out), [(Peer::Child(3), 4, errno::EPERM)], "{out:?}");
     let mut m = Message::request_json(super::pmi_down::TOPIC, 1, b"{\"to\": [[1, 2, []]]}\n{}".to_vec());
     m.userid = super::testing::UID;
     tr.router.handle(t(0.2), Input::Message(Peer::Parent, 0, m));

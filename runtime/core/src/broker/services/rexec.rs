@@ -18,7 +18,8 @@ pub(super) const TOPICS: &[Topic] = &[
 /// payload: `broker/pmi_down.rs`). This broker answers its own shell's request and passes the rest to its
 /// children, one message per child. Not answered (a hop of a one-way relay).
 fn pmi_answer(core: &mut Broker, msg: &Message, _lazy: &Body<'_>) -> Reply {
-    if msg.route.len() != 1 || msg.route[0] & ROUTE_LOCAL != 0 {
+    // Its route is the one hop from the parent: not a local client's, nor a child's.
+    if msg.route.len() != 1 || msg.route[0] & ROUTE_LOCAL != 0 || core.parent != Some(msg.route[0]) {
         return Err(ServiceError::eperm("rexec.pmi-answer: only from this broker's parent"));
     }
     let (to, answer) = crate::broker::pmi_down::decode(&msg.payload).map_err(ServiceError::eproto)?;
