@@ -2403,8 +2403,11 @@ fn up(out: &[Effect]) -> Vec<Message> {
         .collect()
 }
 
-/// The `rexec.pmi-answer` hops among `out`, by child: the requests each names (matchtag, route) and its answer.
-fn answer_hops(out: &[Effect]) -> Vec<(u32, Vec<(u32, Vec<u32>)>, Value)> {
+/// One `rexec.pmi-answer` hop: the child it goes to, the requests it names (matchtag, route) and its answer.
+type AnswerHop = (u32, Vec<(u32, Vec<u32>)>, Value);
+
+/// The `rexec.pmi-answer` hops among `out`, by child.
+fn answer_hops(out: &[Effect]) -> Vec<AnswerHop> {
     out.iter()
         .filter_map(|e| match e {
             Effect::Send(Peer::Child(c), m) if m.topic == super::pmi_down::TOPIC => {
