@@ -1427,17 +1427,38 @@ fn a_batch_job_survives_a_node_lost_while_its_instance_starts() {
 /// [`batch_loses_a_node_at_start`] of node `kill`, which holds child rank `lost`: the job goes on without it.
 #[track_caller]
 fn batch_survives_a_node_lost_at_start(batch_args: &[&str], kill: u32, lost: u32) {
-    let (c, _id, w, log, out, t_kill) = batch_loses_a_node_at_start(batch_args, kill);
-    let ctx = job_context(&w, &out, &log);
-    let ex = exceptions(&log);
+    // The scenario is a loss while the instance starts: the kill follows the job's start at once, but on a loaded
+    // machine the kill itself can take longer than the instance's start (seen: 807 ms). A run where the instance
+    // was up first tested the later case (which has tests of its own), not this one: it is run again, up to 3
+    // times, and the last one must have the loss first.
+    const TRIES: u32 = 3;
+    for attempt in 1..=TRIES {
+        let (c, _id, w, log, out, t_kill) = batch_loses_a_node_at_start(batch_args, kill);
+        let memo = log.iter().position(|e| e["name"] == "memo" && e["context"]["critical_ranks"].is_string());
+        let first = log.iter().position(|e| e["name"] == "exception");
+        let loss_first = first < memo || memo.is_none();
+        if !loss_first && attempt < TRIES {
+            eprintln!("[{}] the instance was up before node{kill}'s loss (try {attempt}): again", c.name);
+            continue;
+        }
+        check_batch_survived(&c, (&w, &log, &out, t_kill), (kill, lost), loss_first);
+        return;
+    }
+}
+
+/// The checks of [`batch_survives_a_node_lost_at_start`] on one run: `loss_first`, the loss came before the
+/// instance reported itself (its memo).
+#[track_caller]
+fn check_batch_survived(c: &Cluster, run: (&Output, &[Value], &str, f64), node: (u32, u32), loss_first: bool) {
+    let (w, log, out, t_kill) = run;
+    let (kill, lost) = node;
+    let ctx = job_context(w, out, log);
+    let ex = exceptions(log);
     assert_eq!(ex.len(), 1, "{ctx}");
     let ex = ex[0];
     assert_eq!((ex["context"]["type"].as_str(), ex["context"]["severity"].as_u64()), (Some("node-failure"), Some(2)));
     assert_eq!(ex["context"]["shell_ranks"], lost.to_string().as_str(), "node{kill} holds child rank {lost}: {ctx}");
-    // The loss came while the instance started: before it reported itself (its memo).
-    let memo = log.iter().position(|e| e["name"] == "memo" && e["context"]["critical_ranks"].is_string());
-    let first = log.iter().position(|e| e["name"] == "exception");
-    assert!(first < memo || memo.is_none(), "the loss came after the instance was up: {ctx}");
+    assert!(loss_first, "the loss came after the instance was up: {ctx}");
     assert_eq!((w.timed_out, w.code), (false, 0), "{ctx}");
     assert!(out.contains("inner run exit code 0"), "{ctx}");
     let hosts: BTreeSet<String> =
