@@ -86,7 +86,8 @@
 //! a job of its own already has (a replay). What the broker user can do with a credential it holds is bounded
 //! by the binding: run that user's very jobspec, in this instance, within the max age (docs/security.md).
 //!
-//! Then it joins the job's cgroup (writes its pid to `cgroup.procs`), sets its groups (`initgroups`), its gid and
+//! Then it joins the job's cgroup (writes its pid to `cgroup.procs`, unless the broker created it there), sets its
+//! groups (`initgroups`), its gid and
 //! its uid (real, effective and saved), checks that it can no longer become root again (`setresuid(0, 0, 0)` and
 //! `setresgid(0, 0, 0)` must fail, unless the job's user is root), marks every descriptor above 2
 //! close-on-exec, and executes `SHELL ARGS...` with an environment of its own making: the caller's `VIGIL_*`

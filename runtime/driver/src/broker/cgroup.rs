@@ -401,7 +401,7 @@ mod tests {
         let again = cgroups.job(id).expect("the second run's cgroup");
         assert_ne!(again.dir(), first.dir.as_path());
         let dir = again.open_dir().expect("open");
-        match super::super::spawn::spawn(Path::new("/bin/true"), &[], &[], &dir, None) {
+        match super::super::spawn::spawn(Path::new("/bin/true"), &[], &[], &dir, None, false) {
             Err(super::super::spawn::SpawnError::Unsupported(e)) => eprintln!("no clone3 into a cgroup ({e})"),
             Err(e) => panic!("{e}"),
             Ok(child) => {

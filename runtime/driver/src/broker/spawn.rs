@@ -56,6 +56,8 @@ pub(crate) struct Spawned {
     pub(crate) stdin: OwnedFd,
     /// The read end of its standard output (close-on-exec, blocking).
     pub(crate) stdout: OwnedFd,
+    /// The read end of its standard error, when asked for (else it shares the broker's).
+    pub(crate) stderr: Option<OwnedFd>,
 }
 
 /// Everything the child uses, prepared by the parent before the clone: the child allocates nothing.
@@ -66,6 +68,8 @@ struct Plan {
     /// The descriptors to become the child's 0 and 1 (each at least 3, so that neither move undoes the other).
     stdin: RawFd,
     stdout: RawFd,
+    /// The descriptor to become the child's 2 (at least 3), or -1: the broker's standard error.
+    stderr: RawFd,
     /// 0, or the errno of the step that failed in the child.
     errno: AtomicI32,
     /// 0, or which step failed (1 setsid, 2 dup2, 3 execve, 4 becoming the job's user), for the error message.
@@ -176,8 +180,8 @@ fn cstring(s: &[u8]) -> io::Result<CString> {
 
 /// Start `path` with `args` (after argv\[0\], which is `path`) in the cgroup whose directory `cgroup` is open,
 /// in a process group of its own, with the broker's environment plus `env` (which replace variables of the
-/// same name), stderr shared with the broker and pipes for stdin and stdout; as `user` when given (the broker
-/// is root).
+/// same name), pipes for stdin and stdout, and for stderr when `pipe_stderr` (else shared with the broker); as
+/// `user` when given (the broker is root).
 ///
 /// Errors: [`SpawnError::Unsupported`] where a process cannot be created in a cgroup here (try another way);
 /// [`SpawnError::Failed`] when the program cannot be run (e.g. `ENOENT`), as `Command::spawn` would say.
@@ -187,6 +191,7 @@ pub(crate) fn spawn(
     env: &[(OsString, OsString)],
     cgroup: &std::fs::File,
     user: Option<&RunAs>,
+    pipe_stderr: bool,
 ) -> Result<Spawned, SpawnError> {
     let failed = SpawnError::Failed;
     let c_path = cstring(path.as_os_str().as_bytes()).map_err(failed)?;
@@ -206,12 +211,20 @@ pub(crate) fn spawn(
     let (stdin_r, stdin_w) = pipe().map_err(failed)?;
     let (stdout_r, stdout_w) = pipe().map_err(failed)?;
     let (stdin_r, stdout_w) = (above_stdio(&stdin_r).map_err(failed)?, above_stdio(&stdout_w).map_err(failed)?);
+    let stderr_pipe = match pipe_stderr {
+        true => {
+            let (r, w) = pipe().map_err(failed)?;
+            Some((r, above_stdio(&w).map_err(failed)?))
+        }
+        false => None,
+    };
     let plan = Plan {
         path: c_path,
         argv: argv_owned.iter().map(|a| a.as_ptr()).chain([std::ptr::null()]).collect(),
         envp: env_owned.iter().map(|a| a.as_ptr()).chain([std::ptr::null()]).collect(),
         stdin: stdin_r.as_raw_fd(),
         stdout: stdout_w.as_raw_fd(),
+        stderr: stderr_pipe.as_ref().map_or(-1, |(_, w)| w.as_raw_fd()),
         errno: AtomicI32::new(0),
         step: AtomicI32::new(0),
         user: user.cloned(),
@@ -252,7 +265,8 @@ pub(crate) fn spawn(
         return Err(SpawnError::Failed(io::Error::new(e.kind(), format!("{what} in the new process: {e}"))));
     }
     drop((stdin_r, stdout_w));
-    Ok(Spawned { pid, pidfd, stdin: stdin_w, stdout: stdout_r })
+    let stderr = stderr_pipe.map(|(r, _w)| r);
+    Ok(Spawned { pid, pidfd, stdin: stdin_w, stdout: stdout_r, stderr })
 }
 
 /// Clone as described in the module docs, with every signal blocked in this thread meanwhile. Returns the child's
@@ -343,7 +357,10 @@ extern "C" fn child_main(plan: *const Plan) -> ! {
         if libc::setsid() < 0 {
             fail(1);
         }
-        if libc::dup2(plan.stdin, 0) < 0 || libc::dup2(plan.stdout, 1) < 0 {
+        if libc::dup2(plan.stdin, 0) < 0
+            || libc::dup2(plan.stdout, 1) < 0
+            || (plan.stderr >= 0 && libc::dup2(plan.stderr, 2) < 0)
+        {
             fail(2);
         }
         if let Some(u) = &plan.user {
@@ -435,13 +452,14 @@ mod tests {
         };
         let cg = std::fs::File::open(&dir).unwrap();
         let script =
-            "read line; echo \"$line $VIGIL_SPAWN_TEST $(grep ^0:: /proc/self/cgroup) $(ps -o pgid=,sid= -p $$)\"; exit 3";
+            "read line; echo \"$line $VIGIL_SPAWN_TEST $(grep ^0:: /proc/self/cgroup) $(ps -o pgid=,sid= -p $$)\"; echo said >&2; exit 3";
         let s = match spawn(
             Path::new("/bin/sh"),
             &["-c".into(), script.into()],
             &[("VIGIL_SPAWN_TEST".into(), "yes".into())],
             &cg,
             None,
+            true,
         ) {
             Err(SpawnError::Unsupported(e)) => {
                 eprintln!("clone3(CLONE_INTO_CGROUP) not supported here ({e}): skipped");
@@ -454,6 +472,9 @@ mod tests {
         std::fs::File::from(s.stdin).write_all(b"hello\n").unwrap();
         let mut out = String::new();
         std::fs::File::from(s.stdout).read_to_string(&mut out).unwrap();
+        let mut err = String::new();
+        std::fs::File::from(s.stderr.expect("a stderr pipe, as asked")).read_to_string(&mut err).unwrap();
+        assert_eq!(err, "said\n", "its standard error comes through the pipe");
         let status = wait(pid, s.pidfd).await.unwrap();
         let _ = std::fs::remove_dir(&dir);
         assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 3, "status {status:#x}");
@@ -481,6 +502,7 @@ mod tests {
             &[],
             &cg,
             Some(&nobody),
+            false,
         );
         let s = match s {
             Err(SpawnError::Unsupported(_)) => return,
@@ -509,7 +531,7 @@ mod tests {
     fn a_program_that_cannot_be_run_is_an_error() {
         let Some(dir) = test_cgroup("missing") else { return };
         let cg = std::fs::File::open(&dir).unwrap();
-        let r = spawn(Path::new("/nonexistent/vigil-shell"), &[], &[], &cg, None);
+        let r = spawn(Path::new("/nonexistent/vigil-shell"), &[], &[], &cg, None, false);
         let _ = std::fs::remove_dir(&dir);
         match r {
             Err(SpawnError::Failed(e)) => assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{e}"),
@@ -534,7 +556,7 @@ mod tests {
     #[test]
     fn a_cgroup_that_is_not_one_is_refused_without_starting_anything() {
         let f = std::fs::File::open("/tmp").unwrap();
-        match spawn(Path::new("/bin/true"), &[], &[], &f, None) {
+        match spawn(Path::new("/bin/true"), &[], &[], &f, None, false) {
             Ok(s) => panic!("spawned pid {} into a plain directory", s.pid),
             Err(e) => assert!(!e.to_string().is_empty()),
         }
