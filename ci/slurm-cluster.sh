@@ -95,7 +95,15 @@ SlurmdLogFile=$dir/slurmd.log"
 fi
 # Ports of our own, away from Slurm's defaults (6817/6818), picked per directory so that two clusters can coexist
 # (a netns cluster has addresses of its own).
-[ "$cmd" = netns ] || base=$((20000 + $(printf '%s' "$dir" | cksum | cut -d' ' -f1) % 20000))
+# Below the kernel's ephemeral range (32768 and up by default), where an outgoing connection can take any port,
+# and moved on past ports something already listens on: slurmctld exits at once on "Address already in use", and
+# the cluster would only be found dead when its node never became idle.
+if [ "$cmd" != netns ]; then
+    base=$((20000 + $(printf '%s' "$dir" | cksum | cut -d' ' -f1) % 12000))
+    while ss -Htln "( sport = :$base or sport = :$((base + 1)) )" 2>/dev/null | grep -q .; do
+        base=$((base + 2))
+    done
+fi
 stop
 rm -rf "$dir/state" "$dir/spool"
 mkdir -p "$dir/state" "$dir/spool"
