@@ -261,8 +261,11 @@ impl Launcher {
         if let (true, Some(cg)) = (direct, &cgroup) {
             env.push((crate::shellproto::CGROUP_ENV.into(), cg.dir().as_os_str().to_owned()));
         }
-        let shell =
-            if direct { self.spawn_into(path, &args, &env, cgroup.as_ref(), id, run_as.as_ref())? } else { None };
+        let shell = if direct {
+            self.spawn_into((path, &args), &env, cgroup.as_ref(), id, run_as.as_ref(), false)?
+        } else {
+            None
+        };
         let (shell, in_cgroup) = match shell {
             Some(s) => (s, true),
             None => {
@@ -341,7 +344,8 @@ impl Launcher {
         // and writes no `cgroup.procs`, a move that waits for an RCU grace period (~15 ms here: bench/imp.sh).
         if let (Containment::Cgroup(c), false) = (self.containment.as_ref(), self.moves.load(Ordering::Relaxed)) {
             if c.direct.is_ok() {
-                if let Some(shell) = self.spawn_imp_into(&launcher, &args, &env, &cgroup, id)? {
+                // Its standard error piped: read by `watch`, which says a refusal of the launcher in the exception.
+                if let Some(shell) = self.spawn_into((&launcher, &args), &env, Some(&cgroup), id, None, true)? {
                     return Ok(Launched { shell, cgroup: Some(cgroup), in_cgroup: true, preamble, imp });
                 }
             }
@@ -365,55 +369,17 @@ impl Launcher {
         Ok(Launched { shell, cgroup: Some(cgroup), in_cgroup: true, preamble, imp })
     }
 
-    /// Start `vigil-imp` (`launcher`) created in job `id`'s cgroup, its standard error piped to the broker (read
-    /// by `watch`). `Ok(None)`: not possible here after all (said once); the caller starts it the usual way and
-    /// the launcher joins the cgroup itself.
-    fn spawn_imp_into(
-        &self,
-        launcher: &Path,
-        args: &[OsString],
-        env: &[(OsString, OsString)],
-        cgroup: &JobCgroup,
-        id: JobId,
-    ) -> Result<Option<ShellProcess>, String> {
-        let dir = match cgroup.open_dir() {
-            Ok(d) => d,
-            Err(e) => {
-                warn!("job {id}: {e}; vigil-imp joins the job's cgroup itself");
-                return Ok(None);
-            }
-        };
-        match super::spawn::spawn(launcher, args, env, &dir, None, true) {
-            Ok(mut s) => {
-                let stderr = s.stderr.take();
-                let mut shell = ShellProcess::from_spawned(s)?;
-                if let Some(fd) = stderr {
-                    let r = tokio::net::unix::pipe::Receiver::from_owned_fd(fd)
-                        .map_err(|e| format!("vigil-imp's stderr: {e}"))?;
-                    shell.stderr = Some(Box::new(r));
-                }
-                Ok(Some(shell))
-            }
-            Err(super::spawn::SpawnError::Unsupported(e)) => {
-                if !self.moves.swap(true, Ordering::Relaxed) {
-                    warn!("shells cannot be created in their cgroup ({e}); they are moved in after start from now on");
-                }
-                Ok(None)
-            }
-            Err(super::spawn::SpawnError::Failed(e)) => Err(format!("cannot run {}: {e}", launcher.display())),
-        }
-    }
-
-    /// Start a shell created in its cgroup ([`super::spawn`]). `Ok(None)`: not possible here after all (said
-    /// once; from then on shells are moved in after start).
+    /// Start a shell (or `vigil-imp`) created in its cgroup ([`super::spawn`]), its stderr piped when `pipe_stderr`
+    /// (else the broker's); `(path, args)` as [`super::spawn::spawn`] takes them. `Ok(None)`: not possible here
+    /// after all (said once; from then on shells are moved in after start).
     fn spawn_into(
         &self,
-        path: &Path,
-        args: &[OsString],
+        (path, args): (&Path, &[OsString]),
         env: &[(OsString, OsString)],
         cgroup: Option<&JobCgroup>,
         id: JobId,
         run_as: Option<&super::spawn::RunAs>,
+        pipe_stderr: bool,
     ) -> Result<Option<ShellProcess>, String> {
         let Some(cg) = cgroup else { return Ok(None) };
         let dir = match cg.open_dir() {
@@ -423,7 +389,7 @@ impl Launcher {
                 return Ok(None);
             }
         };
-        match super::spawn::spawn(path, args, env, &dir, run_as, false) {
+        match super::spawn::spawn(path, args, env, &dir, run_as, pipe_stderr) {
             Ok(s) => ShellProcess::from_spawned(s).map(Some),
             Err(super::spawn::SpawnError::Unsupported(e)) => {
                 if !self.moves.swap(true, Ordering::Relaxed) {
@@ -640,10 +606,20 @@ impl ShellProcess {
         use tokio::net::unix::pipe;
         let stdin = pipe::Sender::from_owned_fd(s.stdin).map_err(|e| format!("the job shell's stdin: {e}"))?;
         let stdout = pipe::Receiver::from_owned_fd(s.stdout).map_err(|e| format!("the job shell's stdout: {e}"))?;
+        let stderr = match s.stderr {
+            Some(fd) => Some(pipe::Receiver::from_owned_fd(fd).map_err(|e| format!("the job shell's stderr: {e}"))?),
+            None => None,
+        };
         let pid = s.pid;
         let pidfd = s.pidfd;
         let exit = Box::pin(async move { super::spawn::wait(pid, pidfd).await.unwrap_or(UNKNOWN_STATUS) });
-        Ok(ShellProcess { pid, stdin: Some(Box::new(stdin)), stdout: Some(Box::new(stdout)), stderr: None, exit })
+        Ok(ShellProcess {
+            pid,
+            stdin: Some(Box::new(stdin)),
+            stdout: Some(Box::new(stdout)),
+            stderr: stderr.map(|r| Box::new(r) as Box<dyn tokio::io::AsyncRead + Send + Unpin>),
+            exit,
+        })
     }
 }
 
